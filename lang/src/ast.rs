@@ -1,0 +1,656 @@
+//! The syntax tree of a `.gov` policy.
+//!
+//! Every node keeps the byte span of the text it came from so that every
+//! diagnostic can point at the exact source. Spans never take part in
+//! equality: two trees parsed from differently formatted text are equal when
+//! they say the same thing (`parse(fmt(tree)) == tree`).
+//!
+//! The tree is a faithful picture of what was written, not of what is valid:
+//! numbers are signed and zero is allowed so that the compiler, not the
+//! parser, can say "must be positive" with a span and a help line.
+
+use std::fmt;
+
+// === Spans ===
+
+/// A byte range `[start, end)` in the source text. Equal to every other span.
+#[derive(Clone, Copy, Default)]
+pub struct Span {
+    pub start: usize,
+    pub end: usize,
+}
+
+impl Span {
+    pub const fn new(start: usize, end: usize) -> Self {
+        Self { start, end }
+    }
+
+    pub const fn len(&self) -> usize {
+        self.end.saturating_sub(self.start)
+    }
+
+    pub const fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The smallest span that covers both.
+    pub fn join(self, other: Span) -> Span {
+        Span::new(self.start.min(other.start), self.end.max(other.end))
+    }
+}
+
+impl PartialEq for Span {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Span {}
+
+impl std::hash::Hash for Span {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
+}
+
+impl fmt::Debug for Span {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}..{}", self.start, self.end)
+    }
+}
+
+impl From<Span> for miette::SourceSpan {
+    fn from(s: Span) -> Self {
+        (s.start, s.len()).into()
+    }
+}
+
+/// A value with the span of its text.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Spanned<T> {
+    pub node: T,
+    pub span: Span,
+}
+
+impl<T> Spanned<T> {
+    pub const fn new(node: T, span: Span) -> Self {
+        Self { node, span }
+    }
+}
+
+/// A name: `[A-Za-z_][A-Za-z0-9_-]*`.
+pub type Ident = Spanned<String>;
+
+/// A string literal, unescaped (`"a\"b"` holds `a"b`).
+pub type Str = Spanned<String>;
+
+// === Literals ===
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TimeUnit {
+    Millis,  // ms
+    Seconds, // s
+    Minutes, // m or min
+    Hours,   // h
+}
+
+/// A duration exactly as written: `10ms`, `30s`, `1m`, `2h`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Duration {
+    pub value: i64,
+    pub unit: TimeUnit,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SizeUnit {
+    B,
+    KB,  // 1000
+    MB,  // 1000^2
+    GB,  // 1000^3
+    KiB, // 1024
+    MiB, // 1024^2
+    GiB, // 1024^3
+}
+
+/// A byte size exactly as written: `512B`, `10KiB`, `5MB`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Size {
+    pub value: i64,
+    pub unit: SizeUnit,
+}
+
+/// A percentage in thousandths of a percent: `50%` is 50_000, `12.5%` is 12_500.
+/// At most three decimals are accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Percent {
+    pub milli: i64,
+}
+
+/// `100 per 1s`: an amount per window.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Rate<T> {
+    pub amount: Spanned<T>,
+    pub window: Spanned<Duration>,
+}
+
+/// An HTTP status code as written (range checked by the compiler).
+pub type Status = Spanned<i64>;
+
+// === Policy ===
+
+/// One `.gov` file.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Policy {
+    pub items: Vec<Item>,
+    /// Every `# ...` comment with its span, in source order. Kept for the
+    /// formatter; not part of the meaning, so ignored by equality.
+    pub comments: Comments,
+}
+
+/// Comments, ignored by equality like spans.
+#[derive(Clone, Debug, Default)]
+pub struct Comments(pub Vec<Comment>);
+
+impl PartialEq for Comments {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for Comments {}
+impl std::hash::Hash for Comments {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
+}
+
+/// `# text` (the text excludes the `#` and the line end).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Comment {
+    pub text: String,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Item {
+    Registry(Registry),
+    Service(Service),
+}
+
+// === Registry ===
+
+/// ```gov
+/// registry eureka {
+///   server_cache 30s
+///   client_refresh 30s
+///   balancer_refresh 30s
+/// }
+/// ```
+/// The time a consumer may keep calling a deregistered instance is the sum
+/// of the three caches.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Registry {
+    pub name: Ident,
+    pub settings: Vec<RegistrySetting>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RegistrySetting {
+    pub key: Spanned<RegistryKey>,
+    pub value: Spanned<Duration>,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RegistryKey {
+    ServerCache,     // server_cache
+    ClientRefresh,   // client_refresh
+    BalancerRefresh, // balancer_refresh
+}
+
+// === Service ===
+
+/// `service NAME { statement... }`
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Service {
+    pub name: Ident,
+    pub body: Vec<ServiceStmt>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ServiceStmt {
+    Domain(DomainStmt),
+    Registry(UsesRegistry),
+    Consumer(ConsumerStmt),
+    Capacity(Capacity),
+    Match(MatchDef),
+    Bulkhead(Bulkhead),
+    Limit(Limit),
+    Fuse(Fuse),
+    Warmup(Warmup),
+    Shutdown(Shutdown),
+}
+
+/// `domain "trade"`: the service domain, the scope of `per domain` limits.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DomainStmt {
+    pub name: Str,
+    pub span: Span,
+}
+
+/// `registry eureka`: the registry this service registers with.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct UsesRegistry {
+    pub name: Ident,
+    pub span: Span,
+}
+
+/// `consumer from header "x-gov-consumer"`: where the caller's identity is read.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ConsumerStmt {
+    pub header: Str,
+    pub span: Span,
+}
+
+/// What the service declares about itself; used by lints.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Capacity {
+    /// `capacity workers 20`: the size of the service's own worker pool.
+    Workers { count: Spanned<i64>, span: Span },
+    /// `capacity instances 3`: how many instances normally run.
+    Instances { count: Spanned<i64>, span: Span },
+    /// `capacity rate 200 per 1s`: the request rate the service normally sees.
+    Rate { rate: Rate<i64>, span: Span },
+}
+
+// === Matches ===
+
+/// `match NAME = EXPR [latency DURATION]`
+///
+/// `latency` declares how long the matched calls are expected to take (or
+/// their timeout); the queueing lint compares it with bulkhead waits.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MatchDef {
+    pub name: Ident,
+    pub expr: MatchExpr,
+    pub latency: Option<Spanned<Duration>>,
+    pub span: Span,
+}
+
+/// A match expression. `and` binds tighter than `or`; parentheses group.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum MatchExpr {
+    /// `path exact "/a"` or `path prefix "/a"`
+    Path { kind: PathKind, value: Str, span: Span },
+    /// `method GET` (one method; combine with `or`)
+    Method { method: Ident, span: Span },
+    /// `header "x-tenant" = "gold"`
+    Header { name: Str, value: Str, span: Span },
+    /// `consumer "crm"`
+    Consumer { name: Str, span: Span },
+    /// `calls to inventory`: outbound calls to another service (client side).
+    CallsTo { service: Ident, span: Span },
+    /// `any`: every call.
+    Any { span: Span },
+    /// A reference to a named match of the same service.
+    Ref { name: Ident },
+    And { lhs: Box<MatchExpr>, rhs: Box<MatchExpr>, span: Span },
+    Or { lhs: Box<MatchExpr>, rhs: Box<MatchExpr>, span: Span },
+    /// `( expr )`; kept so the formatter can print what was written.
+    Group { inner: Box<MatchExpr>, span: Span },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PathKind {
+    Exact,
+    Prefix,
+}
+
+impl MatchExpr {
+    pub fn span(&self) -> Span {
+        match self {
+            MatchExpr::Path { span, .. }
+            | MatchExpr::Method { span, .. }
+            | MatchExpr::Header { span, .. }
+            | MatchExpr::Consumer { span, .. }
+            | MatchExpr::CallsTo { span, .. }
+            | MatchExpr::Any { span }
+            | MatchExpr::And { span, .. }
+            | MatchExpr::Or { span, .. }
+            | MatchExpr::Group { span, .. } => *span,
+            MatchExpr::Ref { name } => name.span,
+        }
+    }
+}
+
+// === Bulkhead ===
+
+/// ```gov
+/// bulkhead slow_calls on slow {
+///   max_concurrent 10
+///   max_wait 10ms
+///   queue 50
+///   timeout 2s
+///   reject with 408
+/// }
+/// bulkhead per_instance on calls to inventory {
+///   per instance
+///   max_concurrent 20
+///   max_wait 1s
+/// }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Bulkhead {
+    pub name: Ident,
+    pub on: MatchExpr,
+    pub settings: Vec<BulkheadSetting>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum BulkheadSetting {
+    /// `max_concurrent N`
+    MaxConcurrent { value: Spanned<i64>, span: Span },
+    /// `max_wait D`: how long a call waits for a permit before rejection.
+    MaxWait { value: Spanned<Duration>, span: Span },
+    /// `queue N`: at most N calls wait at once; more are rejected at once.
+    Queue { value: Spanned<i64>, span: Span },
+    /// `timeout D`: per-call timeout once admitted.
+    Timeout { value: Spanned<Duration>, span: Span },
+    /// `reject with STATUS` (default 408).
+    RejectWith { status: Status, span: Span },
+    /// `per instance` | `per instance path`: client-side keying.
+    Per { key: Spanned<BulkheadKey>, span: Span },
+    /// `isolation semaphore` | `isolation pool`
+    Isolation { mode: Spanned<Isolation>, span: Span },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BulkheadKey {
+    /// One bulkhead for the whole match (server side, per operation).
+    Operation, // per operation
+    /// One per upstream instance (client side).
+    Instance, // per instance
+    /// One per upstream instance and request path (client side).
+    InstancePath, // per instance path
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isolation {
+    Semaphore,
+    Pool,
+}
+
+// === Limit ===
+
+/// ```gov
+/// limit crm_supplier on supplier {
+///   calls 100 per 1s
+///   bytes 10MiB per 1m
+///   per consumer
+///   release after 2h
+///   scope cluster sync batch 100ms
+/// }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Limit {
+    pub name: Ident,
+    pub on: MatchExpr,
+    pub settings: Vec<LimitSetting>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LimitSetting {
+    /// `calls N per D`
+    Calls { rate: Rate<i64>, span: Span },
+    /// `bytes SIZE per D` (request + response bytes)
+    Bytes { rate: Rate<Size>, span: Span },
+    /// `per all|domain|service|consumer`: whose calls share one counter.
+    Per { key: Spanned<LimitKey>, span: Span },
+    /// `action reject` | `action shape max_delay D`
+    Action { action: LimitAction, span: Span },
+    /// `reject with STATUS` (default 429)
+    RejectWith { status: Status, span: Span },
+    /// `release after D` | `release manual`: an exceeded limit latches
+    /// (engages) until released. Without it the limit resets every window.
+    Release { release: Release, span: Span },
+    /// `scope local` | `scope cluster sync exact` | `scope cluster sync batch D`
+    Scope { scope: LimitScope, span: Span },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LimitKey {
+    All,
+    Domain,
+    Service,
+    Consumer,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LimitAction {
+    Reject { span: Span },
+    Shape { max_delay: Spanned<Duration>, span: Span },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Release {
+    After { after: Spanned<Duration>, span: Span },
+    Manual { span: Span },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LimitScope {
+    Local { span: Span },
+    /// `sync` is optional in the grammar so that the compiler can say the
+    /// choice must be declared.
+    Cluster { sync: Option<ClusterSync>, span: Span },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ClusterSync {
+    /// Every call counts in the shared store before it is admitted.
+    Exact { span: Span },
+    /// Calls count locally and are flushed to the shared store every D.
+    Batch { every: Spanned<Duration>, span: Span },
+}
+
+// === Fuse ===
+
+/// ```gov
+/// fuse mdm on supplier {
+///   trip when business_error_ratio > 50% over 1m min_calls 20
+///   trip when system_errors >= 10 over 10s
+///   classify business status 500..599
+///   classify system connect_failure timeout status 401 403
+///   recover manual
+///   reject with 503
+/// }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Fuse {
+    pub name: Ident,
+    pub on: MatchExpr,
+    pub settings: Vec<FuseSetting>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum FuseSetting {
+    Trip(Trip),
+    Classify(Classify),
+    Recover { recover: Recover, span: Span },
+    RejectWith { status: Status, span: Span },
+}
+
+/// `trip when METRIC OP VALUE over D [min_calls N]`
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Trip {
+    pub metric: Spanned<TripMetric>,
+    pub op: Spanned<CompareOp>,
+    pub threshold: Spanned<Threshold>,
+    pub window: Spanned<Duration>,
+    pub min_calls: Option<Spanned<i64>>,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TripMetric {
+    BusinessErrors,     // business_errors
+    BusinessErrorRatio, // business_error_ratio
+    SystemErrors,       // system_errors
+    SystemErrorRatio,   // system_error_ratio
+    Errors,             // errors (business + system)
+    ErrorRatio,         // error_ratio
+}
+
+impl TripMetric {
+    pub const fn is_ratio(self) -> bool {
+        matches!(
+            self,
+            TripMetric::BusinessErrorRatio | TripMetric::SystemErrorRatio | TripMetric::ErrorRatio
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CompareOp {
+    Gt, // >
+    Ge, // >=
+}
+
+/// A count (`10`) or a percentage (`50%`); which one fits depends on the metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Threshold {
+    Count(i64),
+    Percent(Percent),
+}
+
+/// `classify business|system ITEM...`: which outcomes count as which error.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Classify {
+    pub class: Spanned<ErrorClass>,
+    pub items: Vec<ClassifyItem>,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    Business,
+    System,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ClassifyItem {
+    /// `status 500` or `status 500..599` (inclusive); several may follow one `status`:
+    /// `status 401 403 500..599`.
+    Status { codes: Vec<StatusRange>, span: Span },
+    /// `connect_failure`
+    ConnectFailure { span: Span },
+    /// `timeout`
+    Timeout { span: Span },
+    /// `reset`: the upstream closed the connection mid-response.
+    Reset { span: Span },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StatusRange {
+    pub from: Status,
+    /// `None` for a single code.
+    pub to: Option<Status>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Recover {
+    /// `recover manual`: stays tripped until an operator releases it.
+    Manual,
+    /// `recover after D probe N`: half-open after D, N probe calls decide.
+    After { after: Spanned<Duration>, probes: Spanned<i64> },
+}
+
+// === Warmup ===
+
+/// Ordered steps, run top to bottom when an instance starts.
+///
+/// ```gov
+/// warmup {
+///   ready when http GET "/application/readiness" is 200 every 10s after 15s
+///   register
+///   ramp 60s from 10%
+///   start consumers via http POST "/admin/consumers/start"
+/// }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Warmup {
+    pub steps: Vec<WarmupStep>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum WarmupStep {
+    /// `ready when http METHOD "PATH" is STATUS every D [after D] [timeout D]`
+    Ready {
+        probe: HttpCall,
+        status: Status,
+        every: Spanned<Duration>,
+        after: Option<Spanned<Duration>>,
+        timeout: Option<Spanned<Duration>>,
+        span: Span,
+    },
+    /// `register`: register with the registry (traffic may arrive from here on).
+    Register { span: Span },
+    /// `ramp D from P`: weight rises linearly from P to 100% over D.
+    Ramp { over: Spanned<Duration>, from: Spanned<Percent>, span: Span },
+    /// `start NAME via ACTION`, usually `start consumers via ...`.
+    Start { what: Ident, action: Action, span: Span },
+}
+
+/// `http METHOD "PATH"`, called on the local service.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HttpCall {
+    pub method: Ident,
+    pub path: Str,
+    pub span: Span,
+}
+
+/// How the agent asks the service to do something.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// `http POST "/admin/consumers/stop"`
+    Http(HttpCall),
+    /// `signal SIGUSR1`
+    Signal { signal: Ident, span: Span },
+}
+
+// === Shutdown ===
+
+/// Ordered steps, run top to bottom on termination.
+///
+/// ```gov
+/// shutdown {
+///   deregister
+///   wait for eureka
+///   stop consumers via http POST "/admin/consumers/stop"
+///   drain 30s
+///   stop kafka via signal SIGTERM
+/// }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Shutdown {
+    pub steps: Vec<ShutdownStep>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ShutdownStep {
+    /// `deregister`
+    Deregister { span: Span },
+    /// `wait D`
+    Wait { duration: Spanned<Duration>, span: Span },
+    /// `wait for REGISTRY`: as long as the registry's consumer caches take.
+    WaitFor { registry: Ident, span: Span },
+    /// `stop NAME via ACTION`; `consumers` are the MQ consumers, any other
+    /// name is a resource that in-flight requests may still need.
+    Stop { what: Ident, action: Action, span: Span },
+    /// `drain D`: stop accepting, let in-flight and queued requests finish
+    /// within D.
+    Drain { deadline: Spanned<Duration>, span: Span },
+}

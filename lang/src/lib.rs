@@ -1,0 +1,3 @@
+//! The `.gov` policy language: grammar, syntax tree with spans, parser and formatter.
+
+pub mod ast;
