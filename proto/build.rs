@@ -1,0 +1,71 @@
+//! Generates the gov wire types from `proto/gov/v1/*.proto` without a system
+//! `protoc`: protox parses the files, tonic-prost-build emits the prost types
+//! and the tonic client/server, pbjson-build emits serde impls (proto3 JSON
+//! mapping) from the same descriptor set.
+
+use std::path::PathBuf;
+
+use prost::Message;
+
+const PROTOS: &[&str] = &["proto/gov/v1/config.proto", "proto/gov/v1/control.proto"];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let fds = protox::compile(PROTOS, ["proto"])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+
+    // compile_fds() does not write a descriptor set: write it ourselves, for
+    // pbjson below and for gRPC reflection.
+    let descriptor_bytes = fds.encode_to_vec();
+    std::fs::write(out.join("gov_descriptor.bin"), &descriptor_bytes)?;
+
+    tonic_prost_build::configure()
+        // BTreeMap keeps label maps in a stable order in YAML output.
+        .btree_map(".")
+        // The `Connect` RPC would clash with the generated
+        // `ControlPlaneClient::connect(url)` constructor; build clients with
+        // `ControlPlaneClient::new(Channel)` instead.
+        .build_transport(false)
+        .compile_fds(fds)?;
+
+    pbjson_build::Builder::new()
+        .register_descriptors(&descriptor_bytes)?
+        // snake_case names in output (YAML reads like the .proto); both
+        // snake_case and camelCase are accepted on input.
+        .preserve_proto_field_names()
+        .btree_map(["."])
+        .build(&[".gov.v1"])?;
+
+    // proto3 JSON writes 64-bit integers as strings ("10"), which makes
+    // `govc compile -o yaml` hard to read (`max_wait_ms: '10'`). Write them as
+    // numbers; the generated deserializers accept both forms, so any proto3
+    // JSON is still read back.
+    let serde_path = out.join("gov.v1.serde.rs");
+    let generated = std::fs::read_to_string(&serde_path)?;
+    std::fs::write(&serde_path, numbers_not_strings(&generated))?;
+
+    println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rerun-if-changed=build.rs");
+    Ok(())
+}
+
+/// Rewrites pbjson's `ToString::to_string(&x).as_str()` (64-bit integers as
+/// strings) into `&x`, and `.map(ToString::to_string)` on repeated ones away.
+fn numbers_not_strings(src: &str) -> String {
+    const OPEN: &str = "ToString::to_string(&";
+    const CLOSE: &str = ").as_str()";
+    let mut out = String::with_capacity(src.len());
+    for line in src.lines() {
+        let line = line.replace(".map(ToString::to_string)", "");
+        match (line.find(OPEN), line.rfind(CLOSE)) {
+            (Some(start), Some(end)) if end > start => {
+                out.push_str(&line[..start]);
+                out.push('&');
+                out.push_str(&line[start + OPEN.len()..end]);
+                out.push_str(&line[end + CLOSE.len()..]);
+            }
+            _ => out.push_str(&line),
+        }
+        out.push('\n');
+    }
+    out
+}
