@@ -278,7 +278,11 @@ pub struct MatchDef {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum MatchExpr {
     /// `path exact "/a"` or `path prefix "/a"`
-    Path { kind: PathKind, value: Str, span: Span },
+    Path {
+        kind: PathKind,
+        value: Str,
+        span: Span,
+    },
     /// `method GET` (one method; combine with `or`)
     Method { method: Ident, span: Span },
     /// `header "x-tenant" = "gold"`
@@ -291,8 +295,16 @@ pub enum MatchExpr {
     Any { span: Span },
     /// A reference to a named match of the same service.
     Ref { name: Ident },
-    And { lhs: Box<MatchExpr>, rhs: Box<MatchExpr>, span: Span },
-    Or { lhs: Box<MatchExpr>, rhs: Box<MatchExpr>, span: Span },
+    And {
+        lhs: Box<MatchExpr>,
+        rhs: Box<MatchExpr>,
+        span: Span,
+    },
+    Or {
+        lhs: Box<MatchExpr>,
+        rhs: Box<MatchExpr>,
+        span: Span,
+    },
     /// `( expr )`; kept so the formatter can print what was written.
     Group { inner: Box<MatchExpr>, span: Span },
 }
@@ -349,17 +361,29 @@ pub enum BulkheadSetting {
     /// `max_concurrent N`
     MaxConcurrent { value: Spanned<i64>, span: Span },
     /// `max_wait D`: how long a call waits for a permit before rejection.
-    MaxWait { value: Spanned<Duration>, span: Span },
+    MaxWait {
+        value: Spanned<Duration>,
+        span: Span,
+    },
     /// `queue N`: at most N calls wait at once; more are rejected at once.
     Queue { value: Spanned<i64>, span: Span },
     /// `timeout D`: per-call timeout once admitted.
-    Timeout { value: Spanned<Duration>, span: Span },
+    Timeout {
+        value: Spanned<Duration>,
+        span: Span,
+    },
     /// `reject with STATUS` (default 408).
     RejectWith { status: Status, span: Span },
     /// `per instance` | `per instance path`: client-side keying.
-    Per { key: Spanned<BulkheadKey>, span: Span },
+    Per {
+        key: Spanned<BulkheadKey>,
+        span: Span,
+    },
     /// `isolation semaphore` | `isolation pool`
-    Isolation { mode: Spanned<Isolation>, span: Span },
+    Isolation {
+        mode: Spanned<Isolation>,
+        span: Span,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -426,22 +450,37 @@ pub enum LimitKey {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum LimitAction {
-    Reject { span: Span },
-    Shape { max_delay: Spanned<Duration>, span: Span },
+    Reject {
+        span: Span,
+    },
+    Shape {
+        max_delay: Spanned<Duration>,
+        span: Span,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Release {
-    After { after: Spanned<Duration>, span: Span },
-    Manual { span: Span },
+    After {
+        after: Spanned<Duration>,
+        span: Span,
+    },
+    Manual {
+        span: Span,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum LimitScope {
-    Local { span: Span },
+    Local {
+        span: Span,
+    },
     /// `sync` is optional in the grammar so that the compiler can say the
     /// choice must be declared.
-    Cluster { sync: Option<ClusterSync>, span: Span },
+    Cluster {
+        sync: Option<ClusterSync>,
+        span: Span,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -449,7 +488,10 @@ pub enum ClusterSync {
     /// Every call counts in the shared store before it is admitted.
     Exact { span: Span },
     /// Calls count locally and are flushed to the shared store every D.
-    Batch { every: Spanned<Duration>, span: Span },
+    Batch {
+        every: Spanned<Duration>,
+        span: Span,
+    },
 }
 
 // === Fuse ===
@@ -563,7 +605,10 @@ pub enum Recover {
     /// `recover manual`: stays tripped until an operator releases it.
     Manual,
     /// `recover after D probe N`: half-open after D, N probe calls decide.
-    After { after: Spanned<Duration>, probes: Spanned<i64> },
+    After {
+        after: Spanned<Duration>,
+        probes: Spanned<i64>,
+    },
 }
 
 // === Warmup ===
@@ -598,9 +643,17 @@ pub enum WarmupStep {
     /// `register`: register with the registry (traffic may arrive from here on).
     Register { span: Span },
     /// `ramp D from P`: weight rises linearly from P to 100% over D.
-    Ramp { over: Spanned<Duration>, from: Spanned<Percent>, span: Span },
+    Ramp {
+        over: Spanned<Duration>,
+        from: Spanned<Percent>,
+        span: Span,
+    },
     /// `start NAME via ACTION`, usually `start consumers via ...`.
-    Start { what: Ident, action: Action, span: Span },
+    Start {
+        what: Ident,
+        action: Action,
+        span: Span,
+    },
 }
 
 /// `http METHOD "PATH"`, called on the local service.
@@ -644,13 +697,129 @@ pub enum ShutdownStep {
     /// `deregister`
     Deregister { span: Span },
     /// `wait D`
-    Wait { duration: Spanned<Duration>, span: Span },
+    Wait {
+        duration: Spanned<Duration>,
+        span: Span,
+    },
     /// `wait for REGISTRY`: as long as the registry's consumer caches take.
     WaitFor { registry: Ident, span: Span },
     /// `stop NAME via ACTION`; `consumers` are the MQ consumers, any other
     /// name is a resource that in-flight requests may still need.
-    Stop { what: Ident, action: Action, span: Span },
+    Stop {
+        what: Ident,
+        action: Action,
+        span: Span,
+    },
     /// `drain D`: stop accepting, let in-flight and queued requests finish
     /// within D.
-    Drain { deadline: Spanned<Duration>, span: Span },
+    Drain {
+        deadline: Spanned<Duration>,
+        span: Span,
+    },
+}
+
+// === impl literals ===
+
+impl TimeUnit {
+    /// The unit as written after the number (`Minutes` prints as `m`).
+    pub const fn suffix(self) -> &'static str {
+        match self {
+            TimeUnit::Millis => "ms",
+            TimeUnit::Seconds => "s",
+            TimeUnit::Minutes => "m",
+            TimeUnit::Hours => "h",
+        }
+    }
+
+    pub const fn millis(self) -> i64 {
+        match self {
+            TimeUnit::Millis => 1,
+            TimeUnit::Seconds => 1_000,
+            TimeUnit::Minutes => 60_000,
+            TimeUnit::Hours => 3_600_000,
+        }
+    }
+}
+
+impl Duration {
+    /// The duration in milliseconds, `None` on overflow.
+    pub const fn as_millis(&self) -> Option<i64> {
+        self.value.checked_mul(self.unit.millis())
+    }
+}
+
+impl fmt::Display for Duration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.value, self.unit.suffix())
+    }
+}
+
+impl SizeUnit {
+    pub const fn suffix(self) -> &'static str {
+        match self {
+            SizeUnit::B => "B",
+            SizeUnit::KB => "KB",
+            SizeUnit::MB => "MB",
+            SizeUnit::GB => "GB",
+            SizeUnit::KiB => "KiB",
+            SizeUnit::MiB => "MiB",
+            SizeUnit::GiB => "GiB",
+        }
+    }
+
+    pub const fn bytes(self) -> i64 {
+        match self {
+            SizeUnit::B => 1,
+            SizeUnit::KB => 1_000,
+            SizeUnit::MB => 1_000_000,
+            SizeUnit::GB => 1_000_000_000,
+            SizeUnit::KiB => 1 << 10,
+            SizeUnit::MiB => 1 << 20,
+            SizeUnit::GiB => 1 << 30,
+        }
+    }
+}
+
+impl Size {
+    /// The size in bytes, `None` on overflow.
+    pub const fn as_bytes(&self) -> Option<i64> {
+        self.value.checked_mul(self.unit.bytes())
+    }
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.value, self.unit.suffix())
+    }
+}
+
+impl Percent {
+    /// The percentage as a fraction of one: `50%` is `0.5`.
+    pub fn as_fraction(&self) -> f64 {
+        self.milli as f64 / 100_000.0
+    }
+}
+
+/// Prints the shortest form: `50%`, `12.5%`, `0.125%`.
+impl fmt::Display for Percent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.milli < 0 { "-" } else { "" };
+        let abs = self.milli.unsigned_abs();
+        let (whole, frac) = (abs / 1000, abs % 1000);
+        if frac == 0 {
+            write!(f, "{sign}{whole}%")
+        } else {
+            let digits = format!("{frac:03}");
+            write!(f, "{sign}{whole}.{}%", digits.trim_end_matches('0'))
+        }
+    }
+}
+
+impl fmt::Display for Threshold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Threshold::Count(n) => write!(f, "{n}"),
+            Threshold::Percent(p) => write!(f, "{p}"),
+        }
+    }
 }

@@ -1,0 +1,523 @@
+//! Syntax errors as miette diagnostics.
+//!
+//! Pest reports the furthest position it reached and the rules it tried
+//! there. [`SyntaxError::from_pest`] rewords those rules through
+//! [`describe_rule`] (the model is tera's `renamed_rules`), points a label at
+//! the offending token, and adds a help line when the mistake is a common one:
+//! a misspelt keyword, a number without its unit, single quotes, an unclosed
+//! block.
+
+use std::fmt;
+
+use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
+use pest::error::{ErrorVariant, InputLocation};
+
+use crate::ast::Span;
+use crate::grammar::Rule;
+use crate::parser::{MAX_EXPR_TERMS, MAX_NESTING, code_bytes};
+
+/// A `.gov` file that cannot be parsed.
+///
+/// The details are boxed so that `Result<_, SyntaxError>` stays small.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.message)]
+pub struct SyntaxError(Box<Details>);
+
+#[derive(Debug)]
+struct Details {
+    message: String,
+    help: Option<String>,
+    span: Span,
+    labels: Vec<LabeledSpan>,
+    source_code: NamedSource<String>,
+}
+
+impl Diagnostic for SyntaxError {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        Some(Box::new("gov::syntax"))
+    }
+
+    fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        self.0
+            .help
+            .as_ref()
+            .map(|h| Box::new(h) as Box<dyn fmt::Display>)
+    }
+
+    fn source_code(&self) -> Option<&dyn SourceCode> {
+        Some(&self.0.source_code)
+    }
+
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        if self.0.labels.is_empty() {
+            None
+        } else {
+            Some(Box::new(self.0.labels.iter().cloned()))
+        }
+    }
+}
+
+// === impl SyntaxError ===
+
+impl SyntaxError {
+    /// What went wrong, in words.
+    pub fn message(&self) -> &str {
+        &self.0.message
+    }
+
+    /// The offending text (empty at the end of the input or for an oversize file).
+    pub fn span(&self) -> Span {
+        self.0.span
+    }
+
+    /// The advice, if any.
+    pub fn help_text(&self) -> Option<&str> {
+        self.0.help.as_deref()
+    }
+
+    fn new(name: &str, src: &str, message: String, span: Span, label: String) -> Self {
+        SyntaxError(Box::new(Details {
+            message,
+            help: None,
+            span,
+            labels: vec![LabeledSpan::new_primary_with_span(Some(label), span)],
+            source_code: NamedSource::new(name, src.to_owned()),
+        }))
+    }
+
+    fn with_help(mut self, help: impl Into<String>) -> Self {
+        self.0.help = Some(help.into());
+        self
+    }
+
+    pub(crate) fn too_large(name: &str, len: usize, max: usize) -> Self {
+        SyntaxError(Box::new(Details {
+            message: format!("`{name}` is too large: {len} bytes, the limit is {max} bytes"),
+            help: Some("split the policy into several files".to_owned()),
+            span: Span::default(),
+            labels: Vec::new(),
+            // The text is not kept: it is not shown and could be huge.
+            source_code: NamedSource::new(name, String::new()),
+        }))
+    }
+
+    pub(crate) fn too_deep(name: &str, src: &str, span: Span) -> Self {
+        SyntaxError::new(
+            name,
+            src,
+            format!("parentheses are nested more than {MAX_NESTING} deep"),
+            span,
+            "too deep".to_owned(),
+        )
+        .with_help("name parts of the expression with `match` and refer to them by name")
+    }
+
+    pub(crate) fn too_many_terms(name: &str, src: &str, span: Span) -> Self {
+        SyntaxError::new(
+            name,
+            src,
+            format!("match expression has more than {MAX_EXPR_TERMS} terms"),
+            span,
+            "one term too many".to_owned(),
+        )
+        .with_help("split the expression into several named matches")
+    }
+
+    pub(crate) fn number_too_large(name: &str, src: &str, span: Span) -> Self {
+        let text = src.get(span.start..span.end).unwrap_or("");
+        SyntaxError::new(
+            name,
+            src,
+            format!("number `{text}` is too large"),
+            span,
+            "too large".to_owned(),
+        )
+        .with_help("numbers must fit in 64 bits")
+    }
+
+    pub(crate) fn internal(name: &str, src: &str, span: Span) -> Self {
+        SyntaxError::new(
+            name,
+            src,
+            "internal parser error".to_owned(),
+            span,
+            "the parser did not expect this".to_owned(),
+        )
+        .with_help("this is a bug in govc; please report it with this file")
+    }
+
+    pub(crate) fn from_pest(name: &str, src: &str, err: pest::error::Error<Rule>) -> Self {
+        let pos = match err.location {
+            InputLocation::Pos(p) => p,
+            InputLocation::Span((s, _)) => s,
+        };
+        let pos = pos.min(src.len());
+        match err.variant {
+            ErrorVariant::CustomError { message } => {
+                let span = Span::new(pos, pos);
+                SyntaxError::new(
+                    name,
+                    src,
+                    format!("the policy is too complex to parse ({message})"),
+                    span,
+                    "here".into(),
+                )
+                .with_help("simplify or split the policy")
+            }
+            ErrorVariant::ParsingError {
+                positives,
+                negatives,
+            } => {
+                let expected = Expected::from_rules(&positives);
+                let found = Token::at(src, pos);
+                if positives.is_empty() && !negatives.is_empty() {
+                    let message = format!("unexpected {}", found.describe());
+                    return SyntaxError::new(
+                        name,
+                        src,
+                        message,
+                        found.span,
+                        "not allowed here".into(),
+                    );
+                }
+                unexpected(name, src, &expected, &found)
+            }
+        }
+    }
+}
+
+/// The error for "expected X, found Y", with the help that fits.
+fn unexpected(name: &str, src: &str, expected: &Expected, found: &Token<'_>) -> SyntaxError {
+    let list = expected.list();
+    // A string that is the problem itself gets its own message.
+    if expected.has_phrase(STRING)
+        && found.text.starts_with('"')
+        && let Some(err) = bad_string(name, src, found)
+    {
+        return err;
+    }
+    let message = format!("expected {list}, found {}", found.describe());
+    let mut err = SyntaxError::new(
+        name,
+        src,
+        message,
+        found.span,
+        format!("expected {}", expected.short()),
+    );
+    err.0.help = help(expected, found);
+    if found.is_end()
+        && expected.has_word("}")
+        && let Some(open) = unclosed_brace(src)
+    {
+        err.0.labels.push(LabeledSpan::new_with_span(
+            Some("this block is never closed".to_owned()),
+            open,
+        ));
+        err.0.help = Some("add `}` to close the block".to_owned());
+    }
+    err
+}
+
+/// An unterminated string or an unknown escape.
+fn bad_string(name: &str, src: &str, found: &Token<'_>) -> Option<SyntaxError> {
+    let text = found.text;
+    let mut chars = text.char_indices().skip(1);
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => {
+                let next = chars.next();
+                if !matches!(next, Some((_, '"' | '\\'))) {
+                    let len = next.map_or(1, |(_, n)| 1 + n.len_utf8());
+                    let at = found.span.start + i;
+                    let span = Span::new(at, at + len);
+                    let esc = src.get(span.start..span.end).unwrap_or("\\");
+                    return Some(
+                        SyntaxError::new(
+                            name,
+                            src,
+                            format!("unknown escape `{esc}` in a string"),
+                            span,
+                            "unknown escape".into(),
+                        )
+                        .with_help("strings know only the escapes `\\\"` and `\\\\`"),
+                    );
+                }
+            }
+            '"' => return None,
+            _ => {}
+        }
+    }
+    let span = Span::new(found.span.start, found.span.start + 1);
+    Some(
+        SyntaxError::new(
+            name,
+            src,
+            "this string is never closed".to_owned(),
+            span,
+            "the string starts here".into(),
+        )
+        .with_help("a string ends on the line where it starts: add the closing `\"`"),
+    )
+}
+
+/// The help line for common mistakes.
+fn help(expected: &Expected, found: &Token<'_>) -> Option<String> {
+    let text = found.text;
+    let numeric = text.strip_prefix('-').unwrap_or(text);
+    let starts_with_digit = numeric.starts_with(|c: char| c.is_ascii_digit());
+    let all_digits = !numeric.is_empty() && numeric.bytes().all(|b| b.is_ascii_digit());
+    if expected.has_phrase(DURATION) && starts_with_digit {
+        return Some(if all_digits {
+            format!(
+                "durations need a unit: `ms`, `s`, `m` or `h`, as in `{numeric}ms` or `{numeric}s`"
+            )
+        } else {
+            "a duration is a whole number followed by `ms`, `s`, `m` (or `min`) or `h`, as in `10ms`".to_owned()
+        });
+    }
+    if expected.has_phrase(SIZE) && starts_with_digit {
+        return Some(
+            "sizes need a unit: `B`, `KB`, `MB`, `GB`, `KiB`, `MiB` or `GiB`, as in `10MiB`"
+                .to_owned(),
+        );
+    }
+    if expected.has_phrase(PERCENT) && starts_with_digit {
+        if let Some((_, decimals)) = numeric.trim_end_matches('%').split_once('.')
+            && decimals.len() > 3
+        {
+            return Some("a percentage has at most three decimals, as in `12.125%`".to_owned());
+        }
+        if !text.ends_with('%') {
+            return Some(format!("percentages end with `%`, as in `{numeric}%`"));
+        }
+    }
+    if expected.has_phrase(INT) && starts_with_digit && !all_digits {
+        return Some("write a whole number without a unit or decimals".to_owned());
+    }
+    if expected.has_phrase(STRING) && (text.starts_with('\'') || text.starts_with('`')) {
+        return Some("strings use double quotes, as in `\"/orders\"`".to_owned());
+    }
+    if expected.has_phrase(STRING) && found.is_word() {
+        return Some(format!("write text in double quotes, as in `\"{text}\"`"));
+    }
+    if found.is_word()
+        && let Some(word) = did_you_mean(text, &expected.words)
+    {
+        return Some(format!("did you mean `{word}`?"));
+    }
+    None
+}
+
+/// The closest expected keyword, if one is close enough to be a typo.
+fn did_you_mean<'a>(found: &str, words: &'a [String]) -> Option<&'a str> {
+    words
+        .iter()
+        .filter(|w| w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .map(|w| (strsim::damerau_levenshtein(found, w), w))
+        .filter(|(d, w)| *d <= (w.len() / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, w)| w.as_str())
+}
+
+/// The last `{` without its `}`.
+fn unclosed_brace(src: &str) -> Option<Span> {
+    let mut open = Vec::new();
+    for (pos, b) in code_bytes(src) {
+        match b {
+            b'{' => open.push(pos),
+            b'}' => {
+                open.pop();
+            }
+            _ => {}
+        }
+    }
+    open.last().map(|&p| Span::new(p, p + 1))
+}
+
+// === What was expected ===
+
+const DURATION: &str = "a duration such as `10ms`";
+const SIZE: &str = "a size such as `10MiB`";
+const PERCENT: &str = "a percentage such as `50%`";
+const INT: &str = "a whole number";
+const STRING: &str = "a string such as `\"/orders\"`";
+const MATCH: &str = "a match expression";
+
+/// How a rule reads in "expected ...".
+enum Phrase {
+    /// A keyword or a punctuation mark, printed in backticks.
+    Word(String),
+    /// A description, printed as is.
+    Text(&'static str),
+}
+
+/// Rule names to phrases. Keywords (`kw_*`) read as themselves.
+fn describe_rule(rule: Rule) -> Vec<Phrase> {
+    use Phrase::{Text, Word};
+    let words = |ws: &[&str]| ws.iter().map(|w| Word((*w).to_owned())).collect();
+    match rule {
+        Rule::ident | Rule::match_ref => vec![Text("a name")],
+        Rule::string | Rule::string_body => vec![Text(STRING)],
+        Rule::int | Rule::status_range => vec![Text(INT)],
+        Rule::duration => vec![Text(DURATION)],
+        Rule::size => vec![Text(SIZE)],
+        Rule::percent => vec![Text(PERCENT)],
+        Rule::compare_op => words(&[">", ">="]),
+        Rule::lbrace => words(&["{"]),
+        Rule::rbrace => words(&["}"]),
+        Rule::lparen | Rule::group => words(&["("]),
+        Rule::rparen => words(&[")"]),
+        Rule::equals => words(&["="]),
+        Rule::range_dots => words(&[".."]),
+        Rule::EOI => vec![Text("end of input")],
+        Rule::match_expr | Rule::and_expr => vec![Text(MATCH)],
+        Rule::registry_setting => words(&["server_cache", "client_refresh", "balancer_refresh"]),
+        other => {
+            let name = format!("{other:?}");
+            match name.strip_prefix("kw_") {
+                Some(word) => vec![Word(word.to_owned())],
+                // Every other rule starts with a keyword and is never
+                // reported itself; keep a readable fallback anyway.
+                None => vec![Word(name.replace('_', " "))],
+            }
+        }
+    }
+}
+
+/// The phrases of the rules pest tried at the error position.
+struct Expected {
+    words: Vec<String>,
+    texts: Vec<&'static str>,
+}
+
+/// The keywords that start a match atom; when all are expected, "a match
+/// expression" says it better.
+const MATCH_STARTERS: [&str; 6] = ["path", "method", "header", "consumer", "calls", "any"];
+
+impl Expected {
+    fn from_rules(rules: &[Rule]) -> Self {
+        let mut words: Vec<String> = Vec::new();
+        let mut texts: Vec<&'static str> = Vec::new();
+        for &rule in rules {
+            for phrase in describe_rule(rule) {
+                match phrase {
+                    Phrase::Word(w) if !words.contains(&w) => words.push(w),
+                    Phrase::Text(t) if !texts.contains(&t) => texts.push(t),
+                    _ => {}
+                }
+            }
+        }
+        if MATCH_STARTERS.iter().all(|s| words.iter().any(|w| w == s)) {
+            words.retain(|w| !MATCH_STARTERS.contains(&w.as_str()) && w != "(");
+            texts.retain(|t| *t != "a name");
+            texts.insert(0, MATCH);
+        }
+        Expected { words, texts }
+    }
+
+    fn has_word(&self, w: &str) -> bool {
+        self.words.iter().any(|x| x == w)
+    }
+
+    fn has_phrase(&self, t: &str) -> bool {
+        self.texts.contains(&t)
+    }
+
+    fn items(&self) -> Vec<String> {
+        let mut items: Vec<String> = self.words.iter().map(|w| format!("`{w}`")).collect();
+        items.extend(self.texts.iter().map(|t| (*t).to_owned()));
+        items
+    }
+
+    /// "one of `a`, `b` or `c`"
+    fn list(&self) -> String {
+        let items = self.items();
+        match items.as_slice() {
+            [] => "something else".to_owned(),
+            [one] => one.clone(),
+            [rest @ .., last] => {
+                let prefix = if self.texts.is_empty() && items.len() > 2 {
+                    "one of "
+                } else {
+                    ""
+                };
+                format!("{prefix}{} or {last}", rest.join(", "))
+            }
+        }
+    }
+
+    /// The label text: the list, shortened when long.
+    fn short(&self) -> String {
+        let items = self.items();
+        if items.len() <= 3 {
+            self.list()
+        } else {
+            format!("one of {} things", items.len())
+        }
+    }
+}
+
+// === What was found ===
+
+/// The token at the error position.
+struct Token<'s> {
+    text: &'s str,
+    span: Span,
+}
+
+impl<'s> Token<'s> {
+    fn at(src: &'s str, pos: usize) -> Self {
+        let rest = src.get(pos..).unwrap_or("");
+        let line = rest.split('\n').next().unwrap_or("").trim_end_matches('\r');
+        let len = match line.chars().next() {
+            None => 0,
+            Some('"') => {
+                // Up to the closing quote, or the line end.
+                let mut end = line.len();
+                let mut escaped = false;
+                for (i, c) in line.char_indices().skip(1) {
+                    match c {
+                        '\\' if !escaped => escaped = true,
+                        '"' if !escaped => {
+                            end = i + 1;
+                            break;
+                        }
+                        _ => escaped = false,
+                    }
+                }
+                end
+            }
+            Some('\'') => line[1..].find('\'').map_or(line.len(), |i| i + 2),
+            Some(c) if is_word_char(c) => {
+                line.find(|c: char| !is_word_char(c)).unwrap_or(line.len())
+            }
+            Some(c) => c.len_utf8(),
+        };
+        let text = line.get(..len).unwrap_or("");
+        Token {
+            text,
+            span: Span::new(pos, pos + len),
+        }
+    }
+
+    fn is_end(&self) -> bool {
+        self.text.is_empty()
+    }
+
+    fn is_word(&self) -> bool {
+        self.text
+            .starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+    }
+
+    fn describe(&self) -> String {
+        if self.is_end() {
+            "the end of the file".to_owned()
+        } else {
+            format!("`{}`", self.text)
+        }
+    }
+}
+
+fn is_word_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '%')
+}

@@ -1,0 +1,510 @@
+//! The canonical layout of a policy: `govc fmt`.
+//!
+//! Two-space indent, one statement per line, one blank line between
+//! top-level items. Blank lines between statements are kept, collapsed to one.
+//! Comments are kept: a comment on its own line stays above the statement it
+//! precedes, a comment after a statement stays on its line, a comment before
+//! a closing `}` stays at the end of the block. A comment inside a statement
+//! (between its words) moves above the statement. Literals print as written,
+//! except that `1min` prints as `1m` and `12.50%` as `12.5%`.
+//!
+//! The formatter reads the tree for what to print and the source text only
+//! for where comments and blank lines were, so a generated tree (with empty
+//! spans and no comments) formats without any source.
+
+use crate::SyntaxError;
+use crate::ast::*;
+use crate::parser::{code_bytes, parse};
+
+/// Parses and formats one file.
+pub fn format_source(name: &str, src: &str) -> Result<String, SyntaxError> {
+    let policy = parse(name, src)?;
+    Ok(format(&policy, src))
+}
+
+/// Prints `policy` in the canonical layout. `src` is the text it was parsed
+/// from (for comments and blank lines); any text works for a tree without
+/// comments.
+pub fn format(policy: &Policy, src: &str) -> String {
+    let mut f = Formatter {
+        src,
+        comments: &policy.comments.0,
+        next: 0,
+        prev_end: 0,
+        fresh: true,
+        indent: 0,
+        out: String::new(),
+    };
+    for (i, item) in policy.items.iter().enumerate() {
+        if i > 0 {
+            f.out.push('\n');
+            f.fresh = true;
+        }
+        match item {
+            Item::Registry(r) => f.registry(r),
+            Item::Service(s) => f.service(s),
+        }
+    }
+    f.comments_before(usize::MAX);
+    f.out
+}
+
+struct Formatter<'a> {
+    src: &'a str,
+    comments: &'a [Comment],
+    /// The first comment not printed yet.
+    next: usize,
+    /// Where the last printed node or comment ended in `src`.
+    prev_end: usize,
+    /// Nothing printed yet in the current block (no blank line goes here).
+    fresh: bool,
+    indent: usize,
+    out: String,
+}
+
+// === Layout ===
+
+impl Formatter<'_> {
+    /// Prints, each on its own line, the comments that start before `pos`.
+    fn comments_before(&mut self, pos: usize) {
+        while let Some(c) = self.comments.get(self.next) {
+            if c.span.start >= pos {
+                break;
+            }
+            self.next += 1;
+            self.blank_line_before(c.span.start);
+            self.start_line();
+            self.out.push('#');
+            self.out.push_str(&c.text);
+            self.out.push('\n');
+            self.prev_end = self.prev_end.max(c.span.end);
+        }
+    }
+
+    /// One blank line if the source had at least one between the last
+    /// printed thing and `start`.
+    fn blank_line_before(&mut self, start: usize) {
+        let blank = self
+            .src
+            .get(self.prev_end..start)
+            .is_some_and(|gap| gap.bytes().filter(|&b| b == b'\n').count() >= 2);
+        if blank && !self.fresh {
+            self.out.push('\n');
+        }
+        self.fresh = false;
+    }
+
+    fn start_line(&mut self) {
+        for _ in 0..self.indent {
+            self.out.push_str("  ");
+        }
+    }
+
+    /// Ends the current line; a comment that followed `end` on the same
+    /// source line stays on it.
+    fn end_line(&mut self, end: usize) {
+        if let Some(c) = self.comments.get(self.next)
+            && self
+                .src
+                .get(end..c.span.start)
+                .is_some_and(|gap| gap.bytes().all(|b| b == b' ' || b == b'\t'))
+        {
+            self.next += 1;
+            self.out.push_str(" #");
+            self.out.push_str(&c.text);
+            self.prev_end = self.prev_end.max(c.span.end);
+        }
+        self.out.push('\n');
+        self.prev_end = self.prev_end.max(end);
+    }
+
+    /// A one-line statement.
+    fn stmt(&mut self, span: Span, text: &str) {
+        self.comments_before(span.end);
+        self.blank_line_before(span.start);
+        self.start_line();
+        self.out.push_str(text);
+        self.end_line(span.end);
+    }
+
+    /// `header { children }`; `span` covers the whole block.
+    fn block<T>(
+        &mut self,
+        span: Span,
+        header: &str,
+        children: &[T],
+        mut child: impl FnMut(&mut Self, &T),
+    ) {
+        let open = self.open_brace(span);
+        self.comments_before(open);
+        self.blank_line_before(span.start);
+        self.start_line();
+        self.out.push_str(header);
+        let close = span.end.saturating_sub(1);
+        let inner_comment = self
+            .comments
+            .get(self.next)
+            .is_some_and(|c| c.span.start < close);
+        if children.is_empty() && !inner_comment {
+            self.out.push_str(" {}");
+            self.end_line(span.end);
+            return;
+        }
+        self.out.push_str(" {");
+        self.end_line(open + 1);
+        self.indent += 1;
+        self.fresh = true;
+        for c in children {
+            child(self, c);
+        }
+        self.comments_before(close);
+        self.indent -= 1;
+        self.fresh = false;
+        self.start_line();
+        self.out.push('}');
+        self.end_line(span.end);
+    }
+
+    /// Where the block's `{` is: the first one in code after the start.
+    fn open_brace(&self, span: Span) -> usize {
+        self.src
+            .get(span.start..)
+            .and_then(|rest| code_bytes(rest).find(|&(_, b)| b == b'{'))
+            .map_or(span.start, |(i, _)| span.start + i)
+    }
+}
+
+// === Items ===
+
+impl Formatter<'_> {
+    fn registry(&mut self, r: &Registry) {
+        let header = format!("registry {}", r.name.node);
+        self.block(r.span, &header, &r.settings, |f, s| {
+            let key = match s.key.node {
+                RegistryKey::ServerCache => "server_cache",
+                RegistryKey::ClientRefresh => "client_refresh",
+                RegistryKey::BalancerRefresh => "balancer_refresh",
+            };
+            f.stmt(s.span, &format!("{key} {}", s.value.node));
+        });
+    }
+
+    fn service(&mut self, s: &Service) {
+        let header = format!("service {}", s.name.node);
+        self.block(s.span, &header, &s.body, Self::service_stmt);
+    }
+
+    fn service_stmt(&mut self, stmt: &ServiceStmt) {
+        match stmt {
+            ServiceStmt::Domain(d) => self.stmt(d.span, &format!("domain {}", quote(&d.name.node))),
+            ServiceStmt::Registry(r) => self.stmt(r.span, &format!("registry {}", r.name.node)),
+            ServiceStmt::Consumer(c) => self.stmt(
+                c.span,
+                &format!("consumer from header {}", quote(&c.header.node)),
+            ),
+            ServiceStmt::Capacity(c) => {
+                let (text, span) = match c {
+                    Capacity::Workers { count, span } => {
+                        (format!("capacity workers {}", count.node), span)
+                    }
+                    Capacity::Instances { count, span } => {
+                        (format!("capacity instances {}", count.node), span)
+                    }
+                    Capacity::Rate { rate, span } => {
+                        (format!("capacity rate {}", int_rate(rate)), span)
+                    }
+                };
+                self.stmt(*span, &text);
+            }
+            ServiceStmt::Match(m) => {
+                let mut text = format!("match {} = {}", m.name.node, expr(&m.expr));
+                if let Some(l) = &m.latency {
+                    text.push_str(&format!(" latency {}", l.node));
+                }
+                self.stmt(m.span, &text);
+            }
+            ServiceStmt::Bulkhead(b) => {
+                let header = format!("bulkhead {} on {}", b.name.node, expr(&b.on));
+                self.block(b.span, &header, &b.settings, |f, s| {
+                    let (text, span) = bulkhead_setting(s);
+                    f.stmt(span, &text);
+                });
+            }
+            ServiceStmt::Limit(l) => {
+                let header = format!("limit {} on {}", l.name.node, expr(&l.on));
+                self.block(l.span, &header, &l.settings, |f, s| {
+                    let (text, span) = limit_setting(s);
+                    f.stmt(span, &text);
+                });
+            }
+            ServiceStmt::Fuse(u) => {
+                let header = format!("fuse {} on {}", u.name.node, expr(&u.on));
+                self.block(u.span, &header, &u.settings, |f, s| {
+                    let (text, span) = fuse_setting(s);
+                    f.stmt(span, &text);
+                });
+            }
+            ServiceStmt::Warmup(w) => {
+                self.block(w.span, "warmup", &w.steps, |f, s| {
+                    let (text, span) = warmup_step(s);
+                    f.stmt(span, &text);
+                });
+            }
+            ServiceStmt::Shutdown(s) => {
+                self.block(s.span, "shutdown", &s.steps, |f, s| {
+                    let (text, span) = shutdown_step(s);
+                    f.stmt(span, &text);
+                });
+            }
+        }
+    }
+}
+
+// === Statements as text ===
+
+fn bulkhead_setting(s: &BulkheadSetting) -> (String, Span) {
+    match s {
+        BulkheadSetting::MaxConcurrent { value, span } => {
+            (format!("max_concurrent {}", value.node), *span)
+        }
+        BulkheadSetting::MaxWait { value, span } => (format!("max_wait {}", value.node), *span),
+        BulkheadSetting::Queue { value, span } => (format!("queue {}", value.node), *span),
+        BulkheadSetting::Timeout { value, span } => (format!("timeout {}", value.node), *span),
+        BulkheadSetting::RejectWith { status, span } => {
+            (format!("reject with {}", status.node), *span)
+        }
+        BulkheadSetting::Per { key, span } => {
+            let key = match key.node {
+                BulkheadKey::Operation => "operation",
+                BulkheadKey::Instance => "instance",
+                BulkheadKey::InstancePath => "instance path",
+            };
+            (format!("per {key}"), *span)
+        }
+        BulkheadSetting::Isolation { mode, span } => {
+            let mode = match mode.node {
+                Isolation::Semaphore => "semaphore",
+                Isolation::Pool => "pool",
+            };
+            (format!("isolation {mode}"), *span)
+        }
+    }
+}
+
+fn limit_setting(s: &LimitSetting) -> (String, Span) {
+    match s {
+        LimitSetting::Calls { rate, span } => (format!("calls {}", int_rate(rate)), *span),
+        LimitSetting::Bytes { rate, span } => (
+            format!("bytes {} per {}", rate.amount.node, rate.window.node),
+            *span,
+        ),
+        LimitSetting::Per { key, span } => {
+            let key = match key.node {
+                LimitKey::All => "all",
+                LimitKey::Domain => "domain",
+                LimitKey::Service => "service",
+                LimitKey::Consumer => "consumer",
+            };
+            (format!("per {key}"), *span)
+        }
+        LimitSetting::Action { action, span } => {
+            let text = match action {
+                LimitAction::Reject { .. } => "action reject".to_owned(),
+                LimitAction::Shape { max_delay, .. } => {
+                    format!("action shape max_delay {}", max_delay.node)
+                }
+            };
+            (text, *span)
+        }
+        LimitSetting::RejectWith { status, span } => {
+            (format!("reject with {}", status.node), *span)
+        }
+        LimitSetting::Release { release, span } => {
+            let text = match release {
+                Release::After { after, .. } => format!("release after {}", after.node),
+                Release::Manual { .. } => "release manual".to_owned(),
+            };
+            (text, *span)
+        }
+        LimitSetting::Scope { scope, span } => {
+            let text = match scope {
+                LimitScope::Local { .. } => "scope local".to_owned(),
+                LimitScope::Cluster { sync: None, .. } => "scope cluster".to_owned(),
+                LimitScope::Cluster {
+                    sync: Some(ClusterSync::Exact { .. }),
+                    ..
+                } => "scope cluster sync exact".to_owned(),
+                LimitScope::Cluster {
+                    sync: Some(ClusterSync::Batch { every, .. }),
+                    ..
+                } => {
+                    format!("scope cluster sync batch {}", every.node)
+                }
+            };
+            (text, *span)
+        }
+    }
+}
+
+fn fuse_setting(s: &FuseSetting) -> (String, Span) {
+    match s {
+        FuseSetting::Trip(t) => {
+            let metric = match t.metric.node {
+                TripMetric::BusinessErrors => "business_errors",
+                TripMetric::BusinessErrorRatio => "business_error_ratio",
+                TripMetric::SystemErrors => "system_errors",
+                TripMetric::SystemErrorRatio => "system_error_ratio",
+                TripMetric::Errors => "errors",
+                TripMetric::ErrorRatio => "error_ratio",
+            };
+            let op = match t.op.node {
+                CompareOp::Gt => ">",
+                CompareOp::Ge => ">=",
+            };
+            let mut text = format!(
+                "trip when {metric} {op} {} over {}",
+                t.threshold.node, t.window.node
+            );
+            if let Some(n) = &t.min_calls {
+                text.push_str(&format!(" min_calls {}", n.node));
+            }
+            (text, t.span)
+        }
+        FuseSetting::Classify(c) => {
+            let mut text = match c.class.node {
+                ErrorClass::Business => "classify business".to_owned(),
+                ErrorClass::System => "classify system".to_owned(),
+            };
+            for item in &c.items {
+                match item {
+                    ClassifyItem::Status { codes, .. } => {
+                        text.push_str(" status");
+                        for r in codes {
+                            text.push_str(&format!(" {}", r.from.node));
+                            if let Some(to) = &r.to {
+                                text.push_str(&format!("..{}", to.node));
+                            }
+                        }
+                    }
+                    ClassifyItem::ConnectFailure { .. } => text.push_str(" connect_failure"),
+                    ClassifyItem::Timeout { .. } => text.push_str(" timeout"),
+                    ClassifyItem::Reset { .. } => text.push_str(" reset"),
+                }
+            }
+            (text, c.span)
+        }
+        FuseSetting::Recover { recover, span } => {
+            let text = match recover {
+                Recover::Manual => "recover manual".to_owned(),
+                Recover::After { after, probes } => {
+                    format!("recover after {} probe {}", after.node, probes.node)
+                }
+            };
+            (text, *span)
+        }
+        FuseSetting::RejectWith { status, span } => (format!("reject with {}", status.node), *span),
+    }
+}
+
+fn warmup_step(s: &WarmupStep) -> (String, Span) {
+    match s {
+        WarmupStep::Ready {
+            probe,
+            status,
+            every,
+            after,
+            timeout,
+            span,
+        } => {
+            let mut text = format!(
+                "ready when {} is {} every {}",
+                http_call(probe),
+                status.node,
+                every.node
+            );
+            if let Some(a) = after {
+                text.push_str(&format!(" after {}", a.node));
+            }
+            if let Some(t) = timeout {
+                text.push_str(&format!(" timeout {}", t.node));
+            }
+            (text, *span)
+        }
+        WarmupStep::Register { span } => ("register".to_owned(), *span),
+        WarmupStep::Ramp { over, from, span } => {
+            (format!("ramp {} from {}", over.node, from.node), *span)
+        }
+        WarmupStep::Start {
+            what,
+            action: a,
+            span,
+        } => (format!("start {} via {}", what.node, action(a)), *span),
+    }
+}
+
+fn shutdown_step(s: &ShutdownStep) -> (String, Span) {
+    match s {
+        ShutdownStep::Deregister { span } => ("deregister".to_owned(), *span),
+        ShutdownStep::Wait { duration, span } => (format!("wait {}", duration.node), *span),
+        ShutdownStep::WaitFor { registry, span } => (format!("wait for {}", registry.node), *span),
+        ShutdownStep::Stop {
+            what,
+            action: a,
+            span,
+        } => (format!("stop {} via {}", what.node, action(a)), *span),
+        ShutdownStep::Drain { deadline, span } => (format!("drain {}", deadline.node), *span),
+    }
+}
+
+fn action(a: &Action) -> String {
+    match a {
+        Action::Http(call) => http_call(call),
+        Action::Signal { signal, .. } => format!("signal {}", signal.node),
+    }
+}
+
+fn http_call(c: &HttpCall) -> String {
+    format!("http {} {}", c.method.node, quote(&c.path.node))
+}
+
+fn int_rate(rate: &Rate<i64>) -> String {
+    format!("{} per {}", rate.amount.node, rate.window.node)
+}
+
+/// A match expression on one line, parentheses as written.
+fn expr(e: &MatchExpr) -> String {
+    match e {
+        MatchExpr::Path { kind, value, .. } => {
+            let kind = match kind {
+                PathKind::Exact => "exact",
+                PathKind::Prefix => "prefix",
+            };
+            format!("path {kind} {}", quote(&value.node))
+        }
+        MatchExpr::Method { method, .. } => format!("method {}", method.node),
+        MatchExpr::Header { name, value, .. } => {
+            format!("header {} = {}", quote(&name.node), quote(&value.node))
+        }
+        MatchExpr::Consumer { name, .. } => format!("consumer {}", quote(&name.node)),
+        MatchExpr::CallsTo { service, .. } => format!("calls to {}", service.node),
+        MatchExpr::Any { .. } => "any".to_owned(),
+        MatchExpr::Ref { name } => name.node.clone(),
+        MatchExpr::And { lhs, rhs, .. } => format!("{} and {}", expr(lhs), expr(rhs)),
+        MatchExpr::Or { lhs, rhs, .. } => format!("{} or {}", expr(lhs), expr(rhs)),
+        MatchExpr::Group { inner, .. } => format!("({})", expr(inner)),
+    }
+}
+
+/// A string literal: `a"b` prints as `"a\"b"`.
+fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        if matches!(c, '"' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}

@@ -1,0 +1,1052 @@
+//! From source text to the syntax tree.
+//!
+//! [`parse`] guards the input first (size, nesting of parentheses), then runs
+//! the pest grammar under a call budget, then walks the pairs into
+//! [`crate::ast`] nodes. Pest types stay inside this crate: every failure
+//! becomes a [`SyntaxError`].
+
+use std::num::NonZeroUsize;
+
+use pest::Parser as _;
+use pest::iterators::{Pair, Pairs};
+
+use crate::ast::*;
+use crate::diagnostic::SyntaxError;
+use crate::grammar::{GovParser, Rule};
+
+/// Larger sources are refused before parsing.
+pub const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
+
+/// The deepest nesting of parentheses in a match expression.
+pub const MAX_NESTING: usize = 64;
+
+/// The most atoms (`path ...`, `method ...`, names) one match expression may
+/// hold. The tree of a longer `a or b or ...` chain would be deep enough to
+/// make recursive walks (drop, equality, the formatter) a stack risk.
+pub const MAX_EXPR_TERMS: usize = 256;
+
+/// Pest rule calls allowed per parse. A valid policy of [`MAX_SOURCE_BYTES`]
+/// needs far fewer (about 15 calls per byte); the budget bounds the work a
+/// hostile input can cause.
+const CALL_LIMIT: usize = 200_000_000;
+
+/// Parses one `.gov` file. `name` is used in diagnostics.
+pub fn parse(name: &str, src: &str) -> Result<Policy, SyntaxError> {
+    if src.len() > MAX_SOURCE_BYTES {
+        return Err(SyntaxError::too_large(name, src.len(), MAX_SOURCE_BYTES));
+    }
+    check_nesting(name, src)?;
+    pest::set_call_limit(NonZeroUsize::new(CALL_LIMIT));
+    let mut pairs =
+        GovParser::parse(Rule::policy, src).map_err(|e| SyntaxError::from_pest(name, src, e))?;
+    let builder = Builder { name, src };
+    let policy = pairs
+        .next()
+        .ok_or_else(|| builder.internal(Span::new(0, 0)))?;
+    builder.policy(policy)
+}
+
+/// Refuses parentheses nested deeper than [`MAX_NESTING`] before pest
+/// recurses into them.
+fn check_nesting(name: &str, src: &str) -> Result<(), SyntaxError> {
+    let mut depth = 0usize;
+    for (pos, byte) in code_bytes(src) {
+        match byte {
+            b'(' => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Err(SyntaxError::too_deep(name, src, Span::new(pos, pos + 1)));
+                }
+            }
+            b')' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The bytes of `src` that are code: outside strings and comments. A string
+/// ends at its closing quote or at the end of its line (strings cannot span
+/// lines), a comment at the end of its line.
+pub(crate) fn code_bytes(src: &str) -> impl Iterator<Item = (usize, u8)> + '_ {
+    let bytes = src.as_bytes();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while let Some(&b) = bytes.get(i) {
+            match b {
+                b'"' => i = skip_string(bytes, i),
+                b'#' => i = skip_line(bytes, i),
+                _ => {
+                    i += 1;
+                    return Some((i - 1, b));
+                }
+            }
+        }
+        None
+    })
+}
+
+/// Every comment in `src`, in order. Only meaningful for a source that parsed.
+pub(crate) fn comments(src: &str) -> Vec<Comment> {
+    let bytes = src.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'"' => i = skip_string(bytes, i),
+            b'#' => {
+                let end = skip_line(bytes, i);
+                let text = src.get(i + 1..end).unwrap_or("").trim_end();
+                out.push(Comment {
+                    text: text.to_owned(),
+                    span: Span::new(i, i + 1 + text.len()),
+                });
+                i = end;
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+/// From the opening quote at `i` to just past the closing quote, or to the
+/// line end of an unterminated string.
+fn skip_string(bytes: &[u8], mut i: usize) -> usize {
+    i += 1;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'\\' => i += 2,
+            b'"' => return i + 1,
+            b'\n' => return i,
+            _ => i += 1,
+        }
+    }
+    bytes.len()
+}
+
+/// From `i` to the next `\n` (not included).
+fn skip_line(bytes: &[u8], mut i: usize) -> usize {
+    while let Some(&b) = bytes.get(i) {
+        if b == b'\n' {
+            return i;
+        }
+        i += 1;
+    }
+    bytes.len()
+}
+
+// === Builder ===
+
+/// Turns pairs into nodes. The grammar guarantees the shape of every pair, so
+/// a mismatch is a bug in this file and reported as an internal error rather
+/// than a panic.
+struct Builder<'s> {
+    name: &'s str,
+    src: &'s str,
+}
+
+type P<'i> = Pair<'i, Rule>;
+
+/// The span of a pair without trailing whitespace and comments. Pest skips
+/// them before an optional or repeated element even when the element is
+/// absent (`a ~ b?` is `a ~ skip ~ b?`), so a rule's own span may run on; the
+/// end of its last token is where the construct really ends.
+fn span_of(p: &P<'_>) -> Span {
+    let start = p.as_span().start();
+    let mut end = p.as_span().end();
+    let mut cur = p.clone();
+    // Strings and status ranges have no implicit whitespace; their last
+    // inner pair is not their last character.
+    while !matches!(cur.as_rule(), Rule::string | Rule::status_range)
+        && let Some(last) = cur.clone().into_inner().last()
+    {
+        end = last.as_span().end();
+        cur = last;
+    }
+    Span::new(start, end)
+}
+
+/// The children of a pair without punctuation.
+struct Kids<'i> {
+    pairs: Pairs<'i, Rule>,
+    span: Span,
+}
+
+impl<'i> Kids<'i> {
+    fn of(p: P<'i>) -> Self {
+        let span = span_of(&p);
+        Kids {
+            pairs: p.into_inner(),
+            span,
+        }
+    }
+
+    fn next(&mut self, b: &Builder<'_>) -> Result<P<'i>, SyntaxError> {
+        for p in self.pairs.by_ref() {
+            if !matches!(
+                p.as_rule(),
+                Rule::lbrace
+                    | Rule::rbrace
+                    | Rule::lparen
+                    | Rule::rparen
+                    | Rule::equals
+                    | Rule::range_dots
+            ) {
+                return Ok(p);
+            }
+        }
+        Err(b.internal(self.span))
+    }
+
+    /// The next child, which must be `rule`.
+    fn rule(&mut self, b: &Builder<'_>, rule: Rule) -> Result<P<'i>, SyntaxError> {
+        let p = self.next(b)?;
+        if p.as_rule() == rule {
+            Ok(p)
+        } else {
+            Err(b.internal(span_of(&p)))
+        }
+    }
+
+    /// Skips a keyword.
+    fn kw(&mut self, b: &Builder<'_>) -> Result<(), SyntaxError> {
+        self.next(b).map(drop)
+    }
+
+    /// The next child if it is `rule`.
+    fn opt(&mut self, rule: Rule) -> Option<P<'i>> {
+        let p = self.pairs.peek()?;
+        if p.as_rule() == rule {
+            self.pairs.next()
+        } else {
+            None
+        }
+    }
+
+    fn rest(self) -> impl Iterator<Item = P<'i>> {
+        self.pairs
+            .filter(|p| !matches!(p.as_rule(), Rule::lbrace | Rule::rbrace | Rule::EOI))
+    }
+}
+
+impl Builder<'_> {
+    fn internal(&self, span: Span) -> SyntaxError {
+        SyntaxError::internal(self.name, self.src, span)
+    }
+
+    fn policy(&self, p: P<'_>) -> Result<Policy, SyntaxError> {
+        let mut items = Vec::new();
+        for item in Kids::of(p).rest() {
+            items.push(match item.as_rule() {
+                Rule::registry_def => Item::Registry(self.registry(item)?),
+                Rule::service_def => Item::Service(self.service(item)?),
+                _ => return Err(self.internal(span_of(&item))),
+            });
+        }
+        Ok(Policy {
+            items,
+            comments: Comments(comments(self.src)),
+        })
+    }
+
+    fn registry(&self, p: P<'_>) -> Result<Registry, SyntaxError> {
+        let span = span_of(&p);
+        let mut k = Kids::of(p);
+        k.kw(self)?;
+        let name = self.ident(k.rule(self, Rule::ident)?);
+        let mut settings = Vec::new();
+        for s in k.rest() {
+            let span = span_of(&s);
+            let mut k = Kids::of(s);
+            let key_pair = k.next(self)?;
+            let key = match key_pair.as_rule() {
+                Rule::kw_server_cache => RegistryKey::ServerCache,
+                Rule::kw_client_refresh => RegistryKey::ClientRefresh,
+                Rule::kw_balancer_refresh => RegistryKey::BalancerRefresh,
+                _ => return Err(self.internal(span_of(&key_pair))),
+            };
+            let key = Spanned::new(key, span_of(&key_pair));
+            let value = self.duration(k.next(self)?)?;
+            settings.push(RegistrySetting { key, value, span });
+        }
+        Ok(Registry {
+            name,
+            settings,
+            span,
+        })
+    }
+
+    fn service(&self, p: P<'_>) -> Result<Service, SyntaxError> {
+        let span = span_of(&p);
+        let mut k = Kids::of(p);
+        k.kw(self)?;
+        let name = self.ident(k.rule(self, Rule::ident)?);
+        let mut body = Vec::new();
+        for s in k.rest() {
+            body.push(self.service_stmt(s)?);
+        }
+        Ok(Service { name, body, span })
+    }
+
+    fn service_stmt(&self, p: P<'_>) -> Result<ServiceStmt, SyntaxError> {
+        let span = span_of(&p);
+        let rule = p.as_rule();
+        let mut k = Kids::of(p);
+        Ok(match rule {
+            Rule::domain_stmt => {
+                k.kw(self)?;
+                ServiceStmt::Domain(DomainStmt {
+                    name: self.string(k.next(self)?),
+                    span,
+                })
+            }
+            Rule::uses_registry => {
+                k.kw(self)?;
+                ServiceStmt::Registry(UsesRegistry {
+                    name: self.ident(k.next(self)?),
+                    span,
+                })
+            }
+            Rule::consumer_stmt => {
+                k.kw(self)?;
+                k.kw(self)?;
+                k.kw(self)?;
+                ServiceStmt::Consumer(ConsumerStmt {
+                    header: self.string(k.next(self)?),
+                    span,
+                })
+            }
+            Rule::capacity_stmt => {
+                k.kw(self)?;
+                ServiceStmt::Capacity(self.capacity(k.next(self)?, span)?)
+            }
+            Rule::match_def => {
+                k.kw(self)?;
+                let name = self.ident(k.rule(self, Rule::ident)?);
+                let expr = self.match_expr(k.rule(self, Rule::match_expr)?, &mut 0)?;
+                let latency = match k.opt(Rule::latency) {
+                    Some(l) => {
+                        let mut k = Kids::of(l);
+                        k.kw(self)?;
+                        Some(self.duration(k.next(self)?)?)
+                    }
+                    None => None,
+                };
+                ServiceStmt::Match(MatchDef {
+                    name,
+                    expr,
+                    latency,
+                    span,
+                })
+            }
+            Rule::bulkhead_def => {
+                let (name, on) = self.header(&mut k)?;
+                let settings = k
+                    .rest()
+                    .map(|s| self.bulkhead_setting(s))
+                    .collect::<Result<_, _>>()?;
+                ServiceStmt::Bulkhead(Bulkhead {
+                    name,
+                    on,
+                    settings,
+                    span,
+                })
+            }
+            Rule::limit_def => {
+                let (name, on) = self.header(&mut k)?;
+                let settings = k
+                    .rest()
+                    .map(|s| self.limit_setting(s))
+                    .collect::<Result<_, _>>()?;
+                ServiceStmt::Limit(Limit {
+                    name,
+                    on,
+                    settings,
+                    span,
+                })
+            }
+            Rule::fuse_def => {
+                let (name, on) = self.header(&mut k)?;
+                let settings = k
+                    .rest()
+                    .map(|s| self.fuse_setting(s))
+                    .collect::<Result<_, _>>()?;
+                ServiceStmt::Fuse(Fuse {
+                    name,
+                    on,
+                    settings,
+                    span,
+                })
+            }
+            Rule::warmup_def => {
+                k.kw(self)?;
+                let steps = k
+                    .rest()
+                    .map(|s| self.warmup_step(s))
+                    .collect::<Result<_, _>>()?;
+                ServiceStmt::Warmup(Warmup { steps, span })
+            }
+            Rule::shutdown_def => {
+                k.kw(self)?;
+                let steps = k
+                    .rest()
+                    .map(|s| self.shutdown_step(s))
+                    .collect::<Result<_, _>>()?;
+                ServiceStmt::Shutdown(Shutdown { steps, span })
+            }
+            _ => return Err(self.internal(span)),
+        })
+    }
+
+    fn capacity(&self, p: P<'_>, span: Span) -> Result<Capacity, SyntaxError> {
+        let rule = p.as_rule();
+        let mut k = Kids::of(p);
+        k.kw(self)?;
+        Ok(match rule {
+            Rule::capacity_workers => Capacity::Workers {
+                count: self.int(k.next(self)?)?,
+                span,
+            },
+            Rule::capacity_instances => Capacity::Instances {
+                count: self.int(k.next(self)?)?,
+                span,
+            },
+            Rule::capacity_rate => Capacity::Rate {
+                rate: self.rate(&mut k, Self::int)?,
+                span,
+            },
+            _ => return Err(self.internal(span)),
+        })
+    }
+
+    /// `NAME on EXPR` of bulkheads, limits and fuses.
+    fn header(&self, k: &mut Kids<'_>) -> Result<(Ident, MatchExpr), SyntaxError> {
+        k.kw(self)?;
+        let name = self.ident(k.rule(self, Rule::ident)?);
+        k.kw(self)?;
+        let on = self.match_expr(k.rule(self, Rule::match_expr)?, &mut 0)?;
+        Ok((name, on))
+    }
+
+    /// `AMOUNT per WINDOW`
+    fn rate<T>(
+        &self,
+        k: &mut Kids<'_>,
+        amount: impl Fn(&Self, P<'_>) -> Result<Spanned<T>, SyntaxError>,
+    ) -> Result<Rate<T>, SyntaxError> {
+        let amount = amount(self, k.next(self)?)?;
+        k.kw(self)?;
+        let window = self.duration(k.next(self)?)?;
+        Ok(Rate { amount, window })
+    }
+
+    // === Matches ===
+
+    /// `terms` counts the atoms of the whole expression, see [`MAX_EXPR_TERMS`].
+    fn match_expr(&self, p: P<'_>, terms: &mut usize) -> Result<MatchExpr, SyntaxError> {
+        self.fold(p, terms, |lhs, rhs, span| MatchExpr::Or {
+            lhs: Box::new(lhs),
+            rhs: Box::new(rhs),
+            span,
+        })
+    }
+
+    fn and_expr(&self, p: P<'_>, terms: &mut usize) -> Result<MatchExpr, SyntaxError> {
+        self.fold(p, terms, |lhs, rhs, span| MatchExpr::And {
+            lhs: Box::new(lhs),
+            rhs: Box::new(rhs),
+            span,
+        })
+    }
+
+    /// Folds `x (op x)*` to the left: `a or b or c` is `(a or b) or c`.
+    fn fold(
+        &self,
+        p: P<'_>,
+        terms: &mut usize,
+        join: impl Fn(MatchExpr, MatchExpr, Span) -> MatchExpr,
+    ) -> Result<MatchExpr, SyntaxError> {
+        let is_or = p.as_rule() == Rule::match_expr;
+        let mut acc: Option<MatchExpr> = None;
+        for child in p.into_inner() {
+            let rule = child.as_rule();
+            if matches!(rule, Rule::kw_or | Rule::kw_and) {
+                continue;
+            }
+            let e = if is_or {
+                self.and_expr(child, terms)?
+            } else {
+                self.atom(child, terms)?
+            };
+            acc = Some(match acc {
+                None => e,
+                Some(lhs) => {
+                    let span = lhs.span().join(e.span());
+                    join(lhs, e, span)
+                }
+            });
+        }
+        acc.ok_or_else(|| self.internal(Span::default()))
+    }
+
+    fn atom(&self, p: P<'_>, terms: &mut usize) -> Result<MatchExpr, SyntaxError> {
+        let span = span_of(&p);
+        if p.as_rule() != Rule::group {
+            *terms += 1;
+            if *terms > MAX_EXPR_TERMS {
+                return Err(SyntaxError::too_many_terms(self.name, self.src, span));
+            }
+        }
+        let rule = p.as_rule();
+        let mut k = Kids::of(p);
+        Ok(match rule {
+            Rule::path_atom => {
+                k.kw(self)?;
+                let kind = match k.next(self)?.as_rule() {
+                    Rule::kw_exact => PathKind::Exact,
+                    _ => PathKind::Prefix,
+                };
+                MatchExpr::Path {
+                    kind,
+                    value: self.string(k.next(self)?),
+                    span,
+                }
+            }
+            Rule::method_atom => {
+                k.kw(self)?;
+                MatchExpr::Method {
+                    method: self.ident(k.next(self)?),
+                    span,
+                }
+            }
+            Rule::header_atom => {
+                k.kw(self)?;
+                let name = self.string(k.next(self)?);
+                let value = self.string(k.next(self)?);
+                MatchExpr::Header { name, value, span }
+            }
+            Rule::consumer_atom => {
+                k.kw(self)?;
+                MatchExpr::Consumer {
+                    name: self.string(k.next(self)?),
+                    span,
+                }
+            }
+            Rule::calls_to_atom => {
+                k.kw(self)?;
+                k.kw(self)?;
+                MatchExpr::CallsTo {
+                    service: self.ident(k.next(self)?),
+                    span,
+                }
+            }
+            Rule::any_atom => MatchExpr::Any { span },
+            Rule::group => {
+                let inner = self.match_expr(k.rule(self, Rule::match_expr)?, terms)?;
+                MatchExpr::Group {
+                    inner: Box::new(inner),
+                    span,
+                }
+            }
+            Rule::match_ref => MatchExpr::Ref {
+                name: self.ident(k.next(self)?),
+            },
+            _ => return Err(self.internal(span)),
+        })
+    }
+
+    // === Bulkheads, limits, fuses ===
+
+    fn bulkhead_setting(&self, p: P<'_>) -> Result<BulkheadSetting, SyntaxError> {
+        let span = span_of(&p);
+        let rule = p.as_rule();
+        let mut k = Kids::of(p);
+        k.kw(self)?;
+        Ok(match rule {
+            Rule::max_concurrent => BulkheadSetting::MaxConcurrent {
+                value: self.int(k.next(self)?)?,
+                span,
+            },
+            Rule::max_wait => BulkheadSetting::MaxWait {
+                value: self.duration(k.next(self)?)?,
+                span,
+            },
+            Rule::queue => BulkheadSetting::Queue {
+                value: self.int(k.next(self)?)?,
+                span,
+            },
+            Rule::call_timeout => BulkheadSetting::Timeout {
+                value: self.duration(k.next(self)?)?,
+                span,
+            },
+            Rule::reject_with => {
+                k.kw(self)?;
+                BulkheadSetting::RejectWith {
+                    status: self.int(k.next(self)?)?,
+                    span,
+                }
+            }
+            Rule::bulkhead_per => {
+                let first = k.next(self)?;
+                let mut key_span = span_of(&first);
+                let key = if first.as_rule() == Rule::kw_operation {
+                    BulkheadKey::Operation
+                } else if let Some(path) = k.opt(Rule::kw_path) {
+                    key_span = key_span.join(span_of(&path));
+                    BulkheadKey::InstancePath
+                } else {
+                    BulkheadKey::Instance
+                };
+                BulkheadSetting::Per {
+                    key: Spanned::new(key, key_span),
+                    span,
+                }
+            }
+            Rule::isolation => {
+                let m = k.next(self)?;
+                let mode = match m.as_rule() {
+                    Rule::kw_semaphore => Isolation::Semaphore,
+                    _ => Isolation::Pool,
+                };
+                BulkheadSetting::Isolation {
+                    mode: Spanned::new(mode, span_of(&m)),
+                    span,
+                }
+            }
+            _ => return Err(self.internal(span)),
+        })
+    }
+
+    fn limit_setting(&self, p: P<'_>) -> Result<LimitSetting, SyntaxError> {
+        let span = span_of(&p);
+        let rule = p.as_rule();
+        let mut k = Kids::of(p);
+        k.kw(self)?;
+        Ok(match rule {
+            Rule::calls_rate => LimitSetting::Calls {
+                rate: self.rate(&mut k, Self::int)?,
+                span,
+            },
+            Rule::bytes_rate => LimitSetting::Bytes {
+                rate: self.rate(&mut k, Self::size)?,
+                span,
+            },
+            Rule::limit_per => {
+                let w = k.next(self)?;
+                let key = match w.as_rule() {
+                    Rule::kw_all => LimitKey::All,
+                    Rule::kw_domain => LimitKey::Domain,
+                    Rule::kw_service => LimitKey::Service,
+                    Rule::kw_consumer => LimitKey::Consumer,
+                    _ => return Err(self.internal(span_of(&w))),
+                };
+                LimitSetting::Per {
+                    key: Spanned::new(key, span_of(&w)),
+                    span,
+                }
+            }
+            Rule::limit_action => {
+                let a = k.next(self)?;
+                let a_span = span_of(&a);
+                let action = if a.as_rule() == Rule::action_shape {
+                    let mut k = Kids::of(a);
+                    k.kw(self)?;
+                    k.kw(self)?;
+                    LimitAction::Shape {
+                        max_delay: self.duration(k.next(self)?)?,
+                        span: a_span,
+                    }
+                } else {
+                    LimitAction::Reject { span: a_span }
+                };
+                LimitSetting::Action { action, span }
+            }
+            Rule::reject_with => {
+                k.kw(self)?;
+                LimitSetting::RejectWith {
+                    status: self.int(k.next(self)?)?,
+                    span,
+                }
+            }
+            Rule::release => {
+                let r = k.next(self)?;
+                let r_span = span_of(&r);
+                let release = if r.as_rule() == Rule::release_after {
+                    let mut k = Kids::of(r);
+                    k.kw(self)?;
+                    Release::After {
+                        after: self.duration(k.next(self)?)?,
+                        span: r_span,
+                    }
+                } else {
+                    Release::Manual { span: r_span }
+                };
+                LimitSetting::Release { release, span }
+            }
+            Rule::scope => {
+                let s = k.next(self)?;
+                let s_span = span_of(&s);
+                let scope = if s.as_rule() == Rule::scope_cluster {
+                    let mut k = Kids::of(s);
+                    k.kw(self)?;
+                    let sync = match k.opt(Rule::kw_sync) {
+                        None => None,
+                        Some(_) => {
+                            let m = k.next(self)?;
+                            let m_span = span_of(&m);
+                            Some(if m.as_rule() == Rule::sync_batch {
+                                let mut k = Kids::of(m);
+                                k.kw(self)?;
+                                ClusterSync::Batch {
+                                    every: self.duration(k.next(self)?)?,
+                                    span: m_span,
+                                }
+                            } else {
+                                ClusterSync::Exact { span: m_span }
+                            })
+                        }
+                    };
+                    LimitScope::Cluster { sync, span: s_span }
+                } else {
+                    LimitScope::Local { span: s_span }
+                };
+                LimitSetting::Scope { scope, span }
+            }
+            _ => return Err(self.internal(span)),
+        })
+    }
+
+    fn fuse_setting(&self, p: P<'_>) -> Result<FuseSetting, SyntaxError> {
+        let span = span_of(&p);
+        let rule = p.as_rule();
+        let mut k = Kids::of(p);
+        k.kw(self)?;
+        Ok(match rule {
+            Rule::trip => {
+                k.kw(self)?;
+                let m = k.next(self)?;
+                let metric = match m.as_rule() {
+                    Rule::kw_business_errors => TripMetric::BusinessErrors,
+                    Rule::kw_business_error_ratio => TripMetric::BusinessErrorRatio,
+                    Rule::kw_system_errors => TripMetric::SystemErrors,
+                    Rule::kw_system_error_ratio => TripMetric::SystemErrorRatio,
+                    Rule::kw_errors => TripMetric::Errors,
+                    Rule::kw_error_ratio => TripMetric::ErrorRatio,
+                    _ => return Err(self.internal(span_of(&m))),
+                };
+                let metric = Spanned::new(metric, span_of(&m));
+                let o = k.rule(self, Rule::compare_op)?;
+                let op = if o.as_str() == ">=" {
+                    CompareOp::Ge
+                } else {
+                    CompareOp::Gt
+                };
+                let op = Spanned::new(op, span_of(&o));
+                let t = k.next(self)?;
+                let threshold = if t.as_rule() == Rule::percent {
+                    let p = self.percent(t)?;
+                    Spanned::new(Threshold::Percent(p.node), p.span)
+                } else {
+                    let n = self.int(t)?;
+                    Spanned::new(Threshold::Count(n.node), n.span)
+                };
+                k.kw(self)?;
+                let window = self.duration(k.next(self)?)?;
+                let min_calls = match k.opt(Rule::min_calls) {
+                    Some(m) => {
+                        let mut k = Kids::of(m);
+                        k.kw(self)?;
+                        Some(self.int(k.next(self)?)?)
+                    }
+                    None => None,
+                };
+                FuseSetting::Trip(Trip {
+                    metric,
+                    op,
+                    threshold,
+                    window,
+                    min_calls,
+                    span,
+                })
+            }
+            Rule::classify => {
+                let c = k.next(self)?;
+                let class = match c.as_rule() {
+                    Rule::kw_business => ErrorClass::Business,
+                    _ => ErrorClass::System,
+                };
+                let class = Spanned::new(class, span_of(&c));
+                let mut items = Vec::new();
+                for item in k.rest() {
+                    let i_span = span_of(&item);
+                    items.push(match item.as_rule() {
+                        Rule::classify_status => {
+                            let mut k = Kids::of(item);
+                            k.kw(self)?;
+                            let codes = k
+                                .rest()
+                                .map(|r| self.status_range(r))
+                                .collect::<Result<_, _>>()?;
+                            ClassifyItem::Status {
+                                codes,
+                                span: i_span,
+                            }
+                        }
+                        Rule::kw_connect_failure => ClassifyItem::ConnectFailure { span: i_span },
+                        Rule::kw_timeout => ClassifyItem::Timeout { span: i_span },
+                        Rule::kw_reset => ClassifyItem::Reset { span: i_span },
+                        _ => return Err(self.internal(i_span)),
+                    });
+                }
+                FuseSetting::Classify(Classify { class, items, span })
+            }
+            Rule::recover => {
+                let r = k.next(self)?;
+                let recover = if r.as_rule() == Rule::recover_after {
+                    let mut k = Kids::of(r);
+                    k.kw(self)?;
+                    let after = self.duration(k.next(self)?)?;
+                    k.kw(self)?;
+                    let probes = self.int(k.next(self)?)?;
+                    Recover::After { after, probes }
+                } else {
+                    Recover::Manual
+                };
+                FuseSetting::Recover { recover, span }
+            }
+            Rule::reject_with => {
+                k.kw(self)?;
+                FuseSetting::RejectWith {
+                    status: self.int(k.next(self)?)?,
+                    span,
+                }
+            }
+            _ => return Err(self.internal(span)),
+        })
+    }
+
+    fn status_range(&self, p: P<'_>) -> Result<StatusRange, SyntaxError> {
+        let span = span_of(&p);
+        let mut k = Kids::of(p);
+        let from = self.int(k.next(self)?)?;
+        let to = match k.opt(Rule::range_dots) {
+            Some(_) => Some(self.int(k.next(self)?)?),
+            None => None,
+        };
+        Ok(StatusRange { from, to, span })
+    }
+
+    // === Warmup and shutdown ===
+
+    fn warmup_step(&self, p: P<'_>) -> Result<WarmupStep, SyntaxError> {
+        let span = span_of(&p);
+        let rule = p.as_rule();
+        let mut k = Kids::of(p);
+        k.kw(self)?;
+        Ok(match rule {
+            Rule::ready => {
+                k.kw(self)?;
+                let probe = self.http_call(k.rule(self, Rule::http_call)?)?;
+                k.kw(self)?;
+                let status = self.int(k.next(self)?)?;
+                k.kw(self)?;
+                let every = self.duration(k.next(self)?)?;
+                let after = self.opt_duration(&mut k, Rule::ready_after)?;
+                let timeout = self.opt_duration(&mut k, Rule::ready_timeout)?;
+                WarmupStep::Ready {
+                    probe,
+                    status,
+                    every,
+                    after,
+                    timeout,
+                    span,
+                }
+            }
+            Rule::register_step => WarmupStep::Register { span },
+            Rule::ramp => {
+                let over = self.duration(k.next(self)?)?;
+                k.kw(self)?;
+                let from = self.percent(k.next(self)?)?;
+                WarmupStep::Ramp { over, from, span }
+            }
+            Rule::start => {
+                let what = self.ident(k.next(self)?);
+                k.kw(self)?;
+                let action = self.action(k.next(self)?)?;
+                WarmupStep::Start { what, action, span }
+            }
+            _ => return Err(self.internal(span)),
+        })
+    }
+
+    /// An optional `KEYWORD DURATION` child.
+    fn opt_duration(
+        &self,
+        k: &mut Kids<'_>,
+        rule: Rule,
+    ) -> Result<Option<Spanned<Duration>>, SyntaxError> {
+        match k.opt(rule) {
+            Some(p) => {
+                let mut k = Kids::of(p);
+                k.kw(self)?;
+                Ok(Some(self.duration(k.next(self)?)?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn shutdown_step(&self, p: P<'_>) -> Result<ShutdownStep, SyntaxError> {
+        let span = span_of(&p);
+        let rule = p.as_rule();
+        let mut k = Kids::of(p);
+        k.kw(self)?;
+        Ok(match rule {
+            Rule::deregister => ShutdownStep::Deregister { span },
+            Rule::wait => ShutdownStep::Wait {
+                duration: self.duration(k.next(self)?)?,
+                span,
+            },
+            Rule::wait_for => {
+                k.kw(self)?;
+                ShutdownStep::WaitFor {
+                    registry: self.ident(k.next(self)?),
+                    span,
+                }
+            }
+            Rule::stop => {
+                let what = self.ident(k.next(self)?);
+                k.kw(self)?;
+                let action = self.action(k.next(self)?)?;
+                ShutdownStep::Stop { what, action, span }
+            }
+            Rule::drain => ShutdownStep::Drain {
+                deadline: self.duration(k.next(self)?)?,
+                span,
+            },
+            _ => return Err(self.internal(span)),
+        })
+    }
+
+    fn action(&self, p: P<'_>) -> Result<Action, SyntaxError> {
+        if p.as_rule() == Rule::http_call {
+            return Ok(Action::Http(self.http_call(p)?));
+        }
+        let span = span_of(&p);
+        let mut k = Kids::of(p);
+        k.kw(self)?;
+        Ok(Action::Signal {
+            signal: self.ident(k.next(self)?),
+            span,
+        })
+    }
+
+    fn http_call(&self, p: P<'_>) -> Result<HttpCall, SyntaxError> {
+        let span = span_of(&p);
+        let mut k = Kids::of(p);
+        k.kw(self)?;
+        let method = self.ident(k.next(self)?);
+        let path = self.string(k.next(self)?);
+        Ok(HttpCall { method, path, span })
+    }
+
+    // === Tokens ===
+
+    fn ident(&self, p: P<'_>) -> Ident {
+        Spanned::new(p.as_str().to_owned(), span_of(&p))
+    }
+
+    /// The unescaped contents of a string; the span includes the quotes.
+    fn string(&self, p: P<'_>) -> Str {
+        let span = span_of(&p);
+        let raw = p.as_str();
+        let body = raw.get(1..raw.len().saturating_sub(1)).unwrap_or("");
+        Spanned::new(unescape(body), span)
+    }
+
+    fn int(&self, p: P<'_>) -> Result<Spanned<i64>, SyntaxError> {
+        let span = span_of(&p);
+        let n = self.number(p.as_str(), span)?;
+        Ok(Spanned::new(n, span))
+    }
+
+    fn number(&self, digits: &str, span: Span) -> Result<i64, SyntaxError> {
+        digits
+            .parse::<i64>()
+            .map_err(|_| SyntaxError::number_too_large(self.name, self.src, span))
+    }
+
+    /// Splits `10ms` into `10` and `ms`.
+    fn split_unit<'a>(&self, text: &'a str) -> (&'a str, &'a str) {
+        let at = text
+            .char_indices()
+            .find(|&(i, c)| !(c.is_ascii_digit() || (i == 0 && c == '-')))
+            .map_or(text.len(), |(i, _)| i);
+        text.split_at(at)
+    }
+
+    fn duration(&self, p: P<'_>) -> Result<Spanned<Duration>, SyntaxError> {
+        let span = span_of(&p);
+        let (digits, unit) = self.split_unit(p.as_str());
+        let value = self.number(digits, span)?;
+        let unit = match unit {
+            "ms" => TimeUnit::Millis,
+            "s" => TimeUnit::Seconds,
+            "m" | "min" => TimeUnit::Minutes,
+            "h" => TimeUnit::Hours,
+            _ => return Err(self.internal(span)),
+        };
+        Ok(Spanned::new(Duration { value, unit }, span))
+    }
+
+    fn size(&self, p: P<'_>) -> Result<Spanned<Size>, SyntaxError> {
+        let span = span_of(&p);
+        let (digits, unit) = self.split_unit(p.as_str());
+        let value = self.number(digits, span)?;
+        let unit = match unit {
+            "B" => SizeUnit::B,
+            "KB" => SizeUnit::KB,
+            "MB" => SizeUnit::MB,
+            "GB" => SizeUnit::GB,
+            "KiB" => SizeUnit::KiB,
+            "MiB" => SizeUnit::MiB,
+            "GiB" => SizeUnit::GiB,
+            _ => return Err(self.internal(span)),
+        };
+        Ok(Spanned::new(Size { value, unit }, span))
+    }
+
+    /// `12.5%` is 12_500 thousandths of a percent.
+    fn percent(&self, p: P<'_>) -> Result<Spanned<Percent>, SyntaxError> {
+        let span = span_of(&p);
+        let text = p.as_str().trim_end_matches('%');
+        let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
+        let negative = whole.starts_with('-');
+        let whole = self.number(whole, span)?;
+        // INVARIANT: the grammar allows one to three decimals.
+        let frac: i64 = format!("{frac:0<3}")
+            .parse()
+            .map_err(|_| self.internal(span))?;
+        let frac = if negative { -frac } else { frac };
+        let milli = whole
+            .checked_mul(1000)
+            .and_then(|w| w.checked_add(frac))
+            .ok_or_else(|| SyntaxError::number_too_large(self.name, self.src, span))?;
+        Ok(Spanned::new(Percent { milli }, span))
+    }
+}
+
+/// `\"` is `"` and `\\` is `\`; the grammar allows no other escape.
+fn unescape(body: &str) -> String {
+    let mut out = String::with_capacity(body.len());
+    let mut chars = body.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            if let Some(next) = chars.next() {
+                out.push(next);
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
