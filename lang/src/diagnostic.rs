@@ -196,25 +196,23 @@ fn unexpected(name: &str, src: &str, expected: &Expected, found: &Token<'_>) -> 
     {
         return err;
     }
-    let message = format!("expected {list}, found {}", found.describe());
-    let mut err = SyntaxError::new(
-        name,
-        src,
-        message,
-        found.span,
-        format!("expected {}", expected.short()),
-    );
-    err.0.help = help(expected, found);
     if found.is_end()
         && expected.has_word("}")
         && let Some(open) = unclosed_brace(src)
     {
-        err.0.labels.push(LabeledSpan::new_with_span(
-            Some("this block is never closed".to_owned()),
-            open,
-        ));
-        err.0.help = Some("add `}` to close the block".to_owned());
+        let message = "the file ends inside a block: a `{` is never closed".to_owned();
+        let label = "this `{` has no matching `}`".to_owned();
+        return SyntaxError::new(name, src, message, open, label)
+            .with_help("add `}` to close the block");
     }
+    let message = format!("expected {list}, found {}", found.describe());
+    let label = if found.is_end() {
+        "the file ends here".to_owned()
+    } else {
+        expected.short()
+    };
+    let mut err = SyntaxError::new(name, src, message, found.span, label);
+    err.0.help = help(expected, found);
     err
 }
 
@@ -412,6 +410,8 @@ impl Expected {
             texts.retain(|t| *t != "a name");
             texts.insert(0, MATCH);
         }
+        // Keywords in alphabetical order, then punctuation.
+        words.sort_by_key(|w| (!w.starts_with(|c: char| c.is_ascii_alphabetic()), w.clone()));
         Expected { words, texts }
     }
 
@@ -446,13 +446,12 @@ impl Expected {
         }
     }
 
-    /// The label text: the list, shortened when long.
+    /// The label text: the list, or "not valid here" when the list is long.
     fn short(&self) -> String {
-        let items = self.items();
-        if items.len() <= 3 {
-            self.list()
+        if self.items().len() <= 3 {
+            format!("expected {}", self.list())
         } else {
-            format!("one of {} things", items.len())
+            "not valid here".to_owned()
         }
     }
 }
@@ -494,6 +493,13 @@ impl<'s> Token<'s> {
             Some(c) => c.len_utf8(),
         };
         let text = line.get(..len).unwrap_or("");
+        if len == 0 {
+            // At the end of the file, point at its last character: a label
+            // past the last line would not show.
+            let last = src.trim_end().char_indices().next_back();
+            let span = last.map_or(Span::new(pos, pos), |(i, c)| Span::new(i, i + c.len_utf8()));
+            return Token { text, span };
+        }
         Token {
             text,
             span: Span::new(pos, pos + len),

@@ -4,4 +4,5 @@
 mod lang {
     pub mod common;
     mod examples;
+    mod syntax;
 }
