@@ -1,1 +1,182 @@
-//! Placeholder until this crate is built; see the open issues.
+//! The gov compiler: from parsed `.gov` files to one `TargetConfig` per
+//! service.
+//!
+//! ```
+//! use gov_compiler::{SourceFile, check, compile};
+//!
+//! let files = [SourceFile::new("a.gov", "service a { capacity workers 4 }")];
+//! assert!(!check(&files).diagnostics.has_errors());
+//! let compiled = compile(&files).map_err(|d| d.to_string())?;
+//! assert_eq!(compiled.bundle.targets[0].service, "a");
+//! # Ok::<(), String>(())
+//! ```
+//!
+//! - [`check`] parses every file, resolves names and runs every check and
+//!   lint (`check/*.rs`), returning every diagnostic, never only the first.
+//! - [`compile`] lowers a policy without errors to a [`Bundle`]: one
+//!   [`TargetConfig`] per service with defaults applied and a content-hash
+//!   `version` (see [`lower`]).
+//! - [`plan()`] diffs two bundles per service and per rule.
+
+use std::sync::Arc;
+
+use miette::NamedSource;
+
+pub use gov_proto::v1::{Bundle, TargetConfig};
+
+pub mod check;
+mod diagnostic;
+mod effective;
+pub mod lower;
+pub mod plan;
+mod resolve;
+mod suggest;
+pub mod units;
+
+pub use diagnostic::{Diagnostic, Diagnostics, FirstDefinedHere};
+pub use plan::{Plan, plan};
+
+/// One `.gov` file: its name (shown in diagnostics and source references)
+/// and its text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceFile {
+    pub name: String,
+    pub text: String,
+}
+
+impl SourceFile {
+    pub fn new(name: impl Into<String>, text: impl Into<String>) -> Self {
+        SourceFile {
+            name: name.into(),
+            text: text.into(),
+        }
+    }
+}
+
+/// What [`check`] found.
+#[derive(Debug)]
+pub struct Checked {
+    /// Syntax errors (per file, in file order), then semantic errors, then
+    /// lint warnings.
+    pub diagnostics: Diagnostics,
+    /// The resolved policy, when there is no error.
+    pub model: Option<Model>,
+}
+
+/// A resolved policy without errors: every file with its syntax tree.
+#[derive(Debug)]
+pub struct Model {
+    files: Vec<(SourceFile, gov_lang::ast::Policy)>,
+}
+
+impl Model {
+    /// The files and their syntax trees, in the order given.
+    pub fn files(&self) -> impl Iterator<Item = (&SourceFile, &gov_lang::ast::Policy)> {
+        self.files.iter().map(|(f, p)| (f, p))
+    }
+
+    /// The names of every service, sorted.
+    pub fn service_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .files
+            .iter()
+            .flat_map(|(_, p)| p.items.iter())
+            .filter_map(|item| match item {
+                gov_lang::ast::Item::Service(s) => Some(s.name.node.as_str()),
+                gov_lang::ast::Item::Registry(_) => None,
+            })
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// Lowers the policy to a bundle (cannot fail: the model has no errors).
+    pub fn lower(&self) -> Bundle {
+        let files: Vec<_> = self.files.iter().map(|(f, p)| (f, p)).collect();
+        with_ctx(&files, false, lower::bundle)
+    }
+}
+
+/// The output of [`compile`]: the bundle and the warnings.
+#[derive(Debug)]
+pub struct Compiled {
+    pub bundle: Bundle,
+    pub warnings: Diagnostics,
+}
+
+/// Parses, resolves and checks every file, and reports every diagnostic.
+pub fn check(files: &[SourceFile]) -> Checked {
+    let (diagnostics, parsed) = analyze(files);
+    let model = (!diagnostics.has_errors()).then(|| Model {
+        files: files
+            .iter()
+            .cloned()
+            .zip(parsed.into_iter().flatten())
+            .collect(),
+    });
+    Checked { diagnostics, model }
+}
+
+/// Checks and lowers: the bundle and its warnings, or every diagnostic when
+/// there is an error.
+pub fn compile(files: &[SourceFile]) -> Result<Compiled, Diagnostics> {
+    let (diagnostics, parsed) = analyze(files);
+    if diagnostics.has_errors() {
+        return Err(diagnostics);
+    }
+    let pairs: Vec<_> = files.iter().zip(parsed.iter().flatten()).collect();
+    let bundle = with_ctx(&pairs, false, lower::bundle);
+    Ok(Compiled {
+        bundle,
+        warnings: diagnostics,
+    })
+}
+
+/// Parses every file and runs every check. The second value has one entry
+/// per file (`None` when it did not parse).
+fn analyze(files: &[SourceFile]) -> (Diagnostics, Vec<Option<gov_lang::ast::Policy>>) {
+    let mut out = Vec::new();
+    let mut parsed = Vec::with_capacity(files.len());
+    for f in files {
+        match gov_lang::parse(&f.name, &f.text) {
+            Ok(p) => parsed.push(Some(p)),
+            Err(e) => {
+                out.push(Diagnostic::from(e));
+                parsed.push(None);
+            }
+        }
+    }
+    let pairs: Vec<_> = files
+        .iter()
+        .zip(parsed.iter())
+        .filter_map(|(f, p)| p.as_ref().map(|p| (f, p)))
+        .collect();
+    let incomplete = pairs.len() != files.len();
+    let mut semantic = with_ctx(&pairs, incomplete, |cx| {
+        let mut v = Vec::new();
+        check::run(cx, &mut v);
+        v
+    });
+    // Errors before warnings; each group keeps the order of the checks.
+    semantic.sort_by_key(Diagnostic::is_warning);
+    out.extend(semantic);
+    (Diagnostics(out), parsed)
+}
+
+fn with_ctx<T>(
+    files: &[(&SourceFile, &gov_lang::ast::Policy)],
+    incomplete: bool,
+    f: impl FnOnce(&resolve::Ctx<'_>) -> T,
+) -> T {
+    let files = files
+        .iter()
+        .map(|(file, policy)| resolve::File {
+            name: &file.name,
+            text: &file.text,
+            src: NamedSource::new(&file.name, Arc::<str>::from(file.text.as_str())),
+            policy,
+        })
+        .collect();
+    let cx = resolve::Ctx::new(files, incomplete);
+    f(&cx)
+}

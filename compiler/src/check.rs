@@ -1,0 +1,134 @@
+//! The semantic checks and lints, one per file (the model is ruff: one rule,
+//! one file, one doc, one fixture).
+//!
+//! Every check reads the resolved [`Ctx`] and pushes diagnostics; none stops
+//! the others, so `check` reports every mistake at once. Each module's doc
+//! says what it catches, why it matters, an example and the fix; the same
+//! text is in `docs/checks.md`.
+
+use gov_lang::ast::Span;
+use miette::SourceSpan;
+
+use crate::diagnostic::{Diagnostic, FirstDefinedHere};
+use crate::resolve::Ctx;
+
+pub mod bulkhead_over_workers;
+pub mod cluster_limit_inconsistent;
+pub mod cluster_sync;
+pub mod conflicting_rules;
+pub mod consumers_before_ready;
+pub mod drain_after_stop;
+pub mod duplicate_match;
+pub mod duplicate_registry;
+pub mod duplicate_rule;
+pub mod duplicate_service;
+pub mod duplicate_setting;
+pub mod match_cycle;
+pub mod missing_field;
+pub mod mixed_direction;
+pub mod non_positive;
+pub mod per_instance_inbound;
+pub mod percent_range;
+pub mod queueing_bulkhead;
+pub mod shape_inbound;
+pub mod shutdown_wait;
+pub mod status_code;
+pub mod threshold_kind;
+pub mod unknown_match;
+pub mod unknown_method;
+pub mod unknown_registry;
+pub mod unknown_service;
+pub mod unreachable_min_calls;
+
+/// Every stable code, errors then lints. Each has a fixture
+/// (`tests/fixtures/<name>.gov`) and an entry in `docs/checks.md`.
+pub const CODES: &[&str] = &[
+    "gov::unknown-match",
+    "gov::unknown-service",
+    "gov::unknown-registry",
+    "gov::unknown-method",
+    "gov::duplicate-service",
+    "gov::duplicate-registry",
+    "gov::duplicate-match",
+    "gov::duplicate-rule",
+    "gov::duplicate-setting",
+    "gov::missing-field",
+    "gov::non-positive",
+    "gov::percent-out-of-range",
+    "gov::threshold-kind",
+    "gov::invalid-status",
+    "gov::cluster-sync-undeclared",
+    "gov::shape-on-inbound",
+    "gov::per-instance-on-inbound",
+    "gov::mixed-direction",
+    "gov::match-cycle",
+    "gov::conflicting-rules",
+    "gov::lint::bulkhead-over-workers",
+    "gov::lint::queueing-bulkhead",
+    "gov::lint::shutdown-wait",
+    "gov::lint::drain-after-stop",
+    "gov::lint::consumers-before-ready",
+    "gov::lint::unreachable-min-calls",
+    "gov::lint::cluster-limit-inconsistent",
+];
+
+/// A check: reads the context, reports what it finds.
+type Check = fn(&Ctx<'_>, &mut Vec<Diagnostic>);
+
+/// Errors first, then lints; each list in a fixed order.
+const CHECKS: &[Check] = &[
+    duplicate_registry::check,
+    duplicate_service::check,
+    duplicate_match::check,
+    duplicate_rule::check,
+    duplicate_setting::check,
+    unknown_registry::check,
+    unknown_service::check,
+    unknown_match::check,
+    match_cycle::check,
+    unknown_method::check,
+    missing_field::check,
+    non_positive::check,
+    percent_range::check,
+    threshold_kind::check,
+    status_code::check,
+    cluster_sync::check,
+    mixed_direction::check,
+    shape_inbound::check,
+    per_instance_inbound::check,
+    conflicting_rules::check,
+    bulkhead_over_workers::check,
+    queueing_bulkhead::check,
+    shutdown_wait::check,
+    drain_after_stop::check,
+    consumers_before_ready::check,
+    unreachable_min_calls::check,
+    cluster_limit_inconsistent::check,
+];
+
+/// Runs every check.
+pub(crate) fn run(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+    for check in CHECKS {
+        check(cx, out);
+    }
+}
+
+/// The labels of a duplicate: "first defined here" in the same file, or a
+/// related note pointing into the other file.
+pub(crate) fn first_defined(
+    cx: &Ctx<'_>,
+    name: &str,
+    first: (usize, Span),
+    again_file: usize,
+) -> (Option<SourceSpan>, Vec<FirstDefinedHere>) {
+    if first.0 == again_file {
+        return (Some(first.1.into()), Vec::new());
+    }
+    let note = FirstDefinedHere {
+        name: name.to_string(),
+        file: cx.files[first.0].name.to_string(),
+        src: cx.src(first.0),
+        span: first.1.into(),
+    };
+    (None, vec![note])
+}

@@ -1,0 +1,59 @@
+//! `gov::cluster-sync-undeclared`: `scope cluster` without `sync exact` or
+//! `sync batch D`.
+//!
+//! Why: a cluster-wide limit shares its counters through a store. Exact
+//! sync costs a round trip per call; batched sync is cheap but lets each
+//! instance overshoot by what it admits between flushes. Which trade-off a
+//! limit makes must be a declared choice, not an accident of a default.
+//!
+//! Example: `limit l on api { calls 100 per 1s  scope cluster }`.
+//!
+//! Fix: `scope cluster sync exact` (precise, one store call per request) or
+//! `scope cluster sync batch 100ms` (cheap, may overshoot between flushes).
+
+use gov_lang::ast::{LimitScope, LimitSetting};
+use miette::SourceSpan;
+use thiserror::Error;
+
+use crate::diagnostic::Diagnostic;
+use crate::resolve::{Ctx, Rule, Src};
+
+#[derive(Debug, Error, miette::Diagnostic)]
+#[error("cluster limit `{name}` does not declare how its counters are shared")]
+#[diagnostic(
+    code("gov::cluster-sync-undeclared"),
+    help(
+        "add `sync exact` (one store call per request, precise) or `sync batch 100ms` (counted locally, flushed every 100ms, may overshoot between flushes)"
+    )
+)]
+pub struct ClusterSyncUndeclared {
+    pub name: String,
+    #[source_code]
+    pub src: Src,
+    #[label("`scope cluster` needs `sync exact` or `sync batch D`")]
+    pub span: SourceSpan,
+}
+
+pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+    for svc in &cx.services {
+        for rule in &svc.rules {
+            let Rule::Limit(l) = rule else { continue };
+            for s in &l.settings {
+                if let LimitSetting::Scope {
+                    scope: LimitScope::Cluster { sync: None, .. },
+                    span,
+                } = s
+                {
+                    out.push(
+                        ClusterSyncUndeclared {
+                            name: l.name.node.clone(),
+                            src: cx.src(svc.file),
+                            span: (*span).into(),
+                        }
+                        .into(),
+                    );
+                }
+            }
+        }
+    }
+}

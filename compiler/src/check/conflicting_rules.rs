@@ -1,0 +1,150 @@
+//! `gov::conflicting-rules`: two rules of one kind on the same calls that
+//! contradict each other.
+//!
+//! "The same calls" means the two `on` expressions are equal once match
+//! references are expanded (so `on slow` and `on path prefix "/slow"` are
+//! the same when `match slow = path prefix "/slow"`). Contradicting means:
+//!
+//! - two bulkheads with the same keying (`per`): two caps on the same
+//!   calls, of which only the smaller takes effect and whose waits and
+//!   rejection statuses disagree;
+//! - two limits with the same `per` key and the same scope (local or
+//!   cluster) that count the same unit over the same window
+//!   (`calls 100 per 1s` and `calls 200 per 1s`), or that act differently
+//!   (`reject` and `shape`). Limits over different windows (a burst and a
+//!   sustained limit) or different keys stack and are fine;
+//! - two fuses whose recovery or rejection status differ: one would
+//!   release the calls while the other keeps them out.
+//!
+//! Why: other systems evaluate such rules one by one and let the strictest
+//! win by accident; nobody checks rules against each other.
+//!
+//! Example: `bulkhead a on slow { max_concurrent 10 }` and
+//! `bulkhead b on slow { max_concurrent 20 }`.
+//!
+//! Fix: merge the two rules into one, or make them select different calls.
+
+use miette::SourceSpan;
+use thiserror::Error;
+
+use crate::diagnostic::Diagnostic;
+use crate::effective::{BulkheadEff, FuseEff, LimitEff};
+use crate::resolve::{Ctx, Rule, Src};
+
+#[derive(Debug, Error, miette::Diagnostic)]
+#[error("{kind}s `{first}` and `{second}` conflict on the same calls: {detail}")]
+#[diagnostic(code("gov::conflicting-rules"))]
+pub struct ConflictingRules {
+    pub kind: String,
+    pub first: String,
+    pub second: String,
+    pub detail: String,
+    #[source_code]
+    pub src: Src,
+    #[label("first {kind} here")]
+    pub first_span: SourceSpan,
+    #[label("conflicts with this one")]
+    pub second_span: SourceSpan,
+    #[help]
+    pub help: String,
+}
+
+fn conflict(a: &Rule<'_>, b: &Rule<'_>) -> Option<(String, &'static str)> {
+    match (a, b) {
+        (Rule::Bulkhead(x), Rule::Bulkhead(y)) => {
+            let (x, y) = (BulkheadEff::of(x), BulkheadEff::of(y));
+            if x.per != y.per {
+                return None;
+            }
+            let mc = |e: &BulkheadEff| {
+                e.max_concurrent
+                    .map_or("?".to_string(), |m| m.0.to_string())
+            };
+            Some((
+                format!("`max_concurrent {}` vs `max_concurrent {}`", mc(&x), mc(&y)),
+                "merge them into one bulkhead; with two, only the smaller cap takes effect",
+            ))
+        }
+        (Rule::Limit(x), Rule::Limit(y)) => {
+            let (x, y) = (LimitEff::of(x), LimitEff::of(y));
+            if x.per != y.per || x.scope.is_cluster() != y.scope.is_cluster() {
+                return None;
+            }
+            let help = "merge them into one limit, or count over different windows";
+            if let (Some(c), Some(d)) = (x.calls, y.calls)
+                && c.window_ms == d.window_ms
+            {
+                return Some((
+                    format!("`{}` vs `{}`", c.describe_calls(), d.describe_calls()),
+                    help,
+                ));
+            }
+            if let (Some(c), Some(d)) = (x.bytes, y.bytes)
+                && c.window_ms == d.window_ms
+            {
+                return Some((
+                    format!("`{}` vs `{}`", c.describe_bytes(), d.describe_bytes()),
+                    help,
+                ));
+            }
+            if x.action != y.action {
+                return Some((
+                    format!("`{}` vs `{}`", x.action.describe(), y.action.describe()),
+                    "calls over a limit are either rejected or shaped; choose one",
+                ));
+            }
+            None
+        }
+        (Rule::Fuse(x), Rule::Fuse(y)) => {
+            let (x, y) = (FuseEff::of(x), FuseEff::of(y));
+            let help = "merge the trip conditions into one fuse";
+            if x.recover != y.recover {
+                return Some((
+                    format!("`{}` vs `{}`", x.recover.describe(), y.recover.describe()),
+                    help,
+                ));
+            }
+            if x.reject != y.reject {
+                return Some((
+                    format!("`reject with {}` vs `reject with {}`", x.reject, y.reject),
+                    help,
+                ));
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+    for svc in &cx.services {
+        let norms: Vec<_> = svc.rules.iter().map(|r| svc.normalize(r.on())).collect();
+        for (j, b) in svc.rules.iter().enumerate() {
+            for (i, a) in svc.rules[..j].iter().enumerate() {
+                if a.kind() != b.kind() || norms[i] != norms[j] || !norms[i].is_valid() {
+                    continue;
+                }
+                // Same name: reported as a duplicate rule instead.
+                if a.name().node == b.name().node {
+                    continue;
+                }
+                let Some((detail, help)) = conflict(a, b) else {
+                    continue;
+                };
+                out.push(
+                    ConflictingRules {
+                        kind: a.kind().to_string(),
+                        first: a.name().node.clone(),
+                        second: b.name().node.clone(),
+                        detail,
+                        src: cx.src(svc.file),
+                        first_span: a.name().span.into(),
+                        second_span: b.name().span.into(),
+                        help: help.to_string(),
+                    }
+                    .into(),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! `gov::duplicate-setting`: one setting given twice in the same block: in a
+//! rule (`max_concurrent` twice), a registry (`server_cache` twice), a
+//! service (`capacity workers` or `domain` twice, two `warmup` blocks) or a
+//! lifecycle block (`register` twice).
+//!
+//! Why: which value wins would be an accident of the implementation. Other
+//! systems keep the last value silently; a reviewer reading the first one
+//! would be misled.
+//!
+//! Example: `bulkhead b on slow { max_concurrent 10  max_concurrent 20 }`.
+//!
+//! Fix: keep one of the two.
+
+use gov_lang::ast::{
+    BulkheadSetting, Capacity, ErrorClass, FuseSetting, LimitSetting, RegistryKey, ServiceStmt,
+    ShutdownStep, Span, WarmupStep,
+};
+use miette::SourceSpan;
+use thiserror::Error;
+
+use crate::diagnostic::Diagnostic;
+use crate::resolve::{Ctx, Rule, Src};
+
+#[derive(Debug, Error, miette::Diagnostic)]
+#[error("`{setting}` is set twice in {owner}")]
+#[diagnostic(
+    code("gov::duplicate-setting"),
+    help("keep one `{setting}`; which one wins would be an accident")
+)]
+pub struct DuplicateSetting {
+    pub setting: String,
+    pub owner: String,
+    #[source_code]
+    pub src: Src,
+    #[label("first set here")]
+    pub first: SourceSpan,
+    #[label("set again here")]
+    pub again: SourceSpan,
+}
+
+/// Reports every key seen twice in `items`.
+fn report(
+    cx: &Ctx<'_>,
+    file: usize,
+    owner: &str,
+    items: &[(&'static str, Span)],
+    out: &mut Vec<Diagnostic>,
+) {
+    for (i, (key, span)) in items.iter().enumerate() {
+        if let Some((_, first)) = items[..i].iter().find(|(k, _)| k == key) {
+            out.push(
+                DuplicateSetting {
+                    setting: (*key).to_string(),
+                    owner: owner.to_string(),
+                    src: cx.src(file),
+                    first: (*first).into(),
+                    again: (*span).into(),
+                }
+                .into(),
+            );
+        }
+    }
+}
+
+fn bulkhead_key(s: &BulkheadSetting) -> (&'static str, Span) {
+    match s {
+        BulkheadSetting::MaxConcurrent { span, .. } => ("max_concurrent", *span),
+        BulkheadSetting::MaxWait { span, .. } => ("max_wait", *span),
+        BulkheadSetting::Queue { span, .. } => ("queue", *span),
+        BulkheadSetting::Timeout { span, .. } => ("timeout", *span),
+        BulkheadSetting::RejectWith { span, .. } => ("reject with", *span),
+        BulkheadSetting::Per { span, .. } => ("per", *span),
+        BulkheadSetting::Isolation { span, .. } => ("isolation", *span),
+    }
+}
+
+fn limit_key(s: &LimitSetting) -> (&'static str, Span) {
+    match s {
+        LimitSetting::Calls { span, .. } => ("calls", *span),
+        LimitSetting::Bytes { span, .. } => ("bytes", *span),
+        LimitSetting::Per { span, .. } => ("per", *span),
+        LimitSetting::Action { span, .. } => ("action", *span),
+        LimitSetting::RejectWith { span, .. } => ("reject with", *span),
+        LimitSetting::Release { span, .. } => ("release", *span),
+        LimitSetting::Scope { span, .. } => ("scope", *span),
+    }
+}
+
+fn fuse_key(s: &FuseSetting) -> Option<(&'static str, Span)> {
+    match s {
+        FuseSetting::Trip(_) => None,
+        FuseSetting::Classify(c) => Some(match c.class.node {
+            ErrorClass::Business => ("classify business", c.span),
+            ErrorClass::System => ("classify system", c.span),
+        }),
+        FuseSetting::Recover { span, .. } => Some(("recover", *span)),
+        FuseSetting::RejectWith { span, .. } => Some(("reject with", *span)),
+    }
+}
+
+pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+    for (file, reg) in &cx.registries {
+        let items: Vec<_> = reg
+            .settings
+            .iter()
+            .map(|s| {
+                let key = match s.key.node {
+                    RegistryKey::ServerCache => "server_cache",
+                    RegistryKey::ClientRefresh => "client_refresh",
+                    RegistryKey::BalancerRefresh => "balancer_refresh",
+                };
+                (key, s.span)
+            })
+            .collect();
+        report(
+            cx,
+            *file,
+            &format!("registry `{}`", reg.name.node),
+            &items,
+            out,
+        );
+    }
+    for svc in &cx.services {
+        let mut stmts = Vec::new();
+        for stmt in &svc.ast.body {
+            match stmt {
+                ServiceStmt::Domain(d) => stmts.push(("domain", d.span)),
+                ServiceStmt::Registry(r) => stmts.push(("registry", r.span)),
+                ServiceStmt::Consumer(c) => stmts.push(("consumer from header", c.span)),
+                ServiceStmt::Capacity(Capacity::Workers { span, .. }) => {
+                    stmts.push(("capacity workers", *span));
+                }
+                ServiceStmt::Capacity(Capacity::Instances { span, .. }) => {
+                    stmts.push(("capacity instances", *span));
+                }
+                ServiceStmt::Capacity(Capacity::Rate { span, .. }) => {
+                    stmts.push(("capacity rate", *span));
+                }
+                ServiceStmt::Warmup(w) => {
+                    stmts.push(("warmup", w.span));
+                    let steps: Vec<_> = w
+                        .steps
+                        .iter()
+                        .filter_map(|s| match s {
+                            WarmupStep::Ready { span, .. } => Some(("ready when", *span)),
+                            WarmupStep::Register { span } => Some(("register", *span)),
+                            WarmupStep::Ramp { span, .. } => Some(("ramp", *span)),
+                            WarmupStep::Start { .. } => None,
+                        })
+                        .collect();
+                    report(
+                        cx,
+                        svc.file,
+                        &format!("the warmup of `{}`", svc.name()),
+                        &steps,
+                        out,
+                    );
+                }
+                ServiceStmt::Shutdown(s) => {
+                    stmts.push(("shutdown", s.span));
+                    let steps: Vec<_> = s
+                        .steps
+                        .iter()
+                        .filter_map(|s| match s {
+                            ShutdownStep::Deregister { span } => Some(("deregister", *span)),
+                            _ => None,
+                        })
+                        .collect();
+                    report(
+                        cx,
+                        svc.file,
+                        &format!("the shutdown of `{}`", svc.name()),
+                        &steps,
+                        out,
+                    );
+                }
+                ServiceStmt::Match(_)
+                | ServiceStmt::Bulkhead(_)
+                | ServiceStmt::Limit(_)
+                | ServiceStmt::Fuse(_) => {}
+            }
+        }
+        report(
+            cx,
+            svc.file,
+            &format!("service `{}`", svc.name()),
+            &stmts,
+            out,
+        );
+        for rule in &svc.rules {
+            let items: Vec<_> = match rule {
+                Rule::Bulkhead(b) => b.settings.iter().map(bulkhead_key).collect(),
+                Rule::Limit(l) => l.settings.iter().map(limit_key).collect(),
+                Rule::Fuse(f) => f.settings.iter().filter_map(fuse_key).collect(),
+            };
+            let owner = format!("{} `{}`", rule.kind(), rule.name().node);
+            report(cx, svc.file, &owner, &items, out);
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! `gov::non-positive`: a quantity that must be positive is zero or
+//! negative (or negative where zero is allowed).
+//!
+//! Why: `max_concurrent 0` rejects every call, `calls 100 per 0s` divides by
+//! zero, `every 0s` probes in a busy loop. These are typos, not policies.
+//!
+//! Zero is allowed for `max_wait` (fail at once), `queue` (no waiting),
+//! `after` of a readiness probe, registry cache timings and a `>` count
+//! threshold (`errors > 0`). Everything else must be above zero.
+//!
+//! Example: `max_concurrent 0`.
+//!
+//! Fix: write a positive value; to turn a rule off, delete it.
+
+use gov_lang::ast::{
+    BulkheadSetting, Capacity, ClusterSync, CompareOp, FuseSetting, LimitAction, LimitScope,
+    LimitSetting, Recover, Release, ServiceStmt, ShutdownStep, Span, Threshold, WarmupStep,
+};
+use miette::SourceSpan;
+use thiserror::Error;
+
+use crate::diagnostic::Diagnostic;
+use crate::resolve::{Ctx, Rule, Src};
+use crate::units::{bytes, millis};
+
+#[derive(Debug, Error, miette::Diagnostic)]
+#[error("`{what}` must be {bound}, found `{found}`")]
+#[diagnostic(code("gov::non-positive"))]
+pub struct NonPositive {
+    pub what: String,
+    pub bound: String,
+    pub found: String,
+    #[source_code]
+    pub src: Src,
+    #[label("must be {bound}")]
+    pub span: SourceSpan,
+    #[help]
+    pub help: String,
+}
+
+/// What one value must be.
+#[derive(Clone, Copy, PartialEq)]
+enum Bound {
+    Positive,
+    NotNegative,
+}
+
+struct Sink<'c, 'a> {
+    cx: &'c Ctx<'a>,
+    file: usize,
+    out: &'c mut Vec<Diagnostic>,
+}
+
+impl Sink<'_, '_> {
+    fn value(&mut self, what: &str, value: i64, span: Span, bound: Bound) {
+        let bad = match bound {
+            Bound::Positive => value <= 0,
+            Bound::NotNegative => value < 0,
+        };
+        if !bad {
+            return;
+        }
+        let (bound, help) = match bound {
+            Bound::Positive => (
+                "greater than zero",
+                "write a value above zero; to turn a rule off, delete the rule",
+            ),
+            Bound::NotNegative => ("zero or more", "write zero or a positive value"),
+        };
+        let found = self.cx.files[self.file]
+            .text
+            .get(span.start..span.end)
+            .unwrap_or_default();
+        self.out.push(
+            NonPositive {
+                what: what.to_string(),
+                bound: bound.to_string(),
+                found: found.to_string(),
+                src: self.cx.src(self.file),
+                span: span.into(),
+                help: help.to_string(),
+            }
+            .into(),
+        );
+    }
+
+    fn duration(
+        &mut self,
+        what: &str,
+        d: &gov_lang::ast::Spanned<gov_lang::ast::Duration>,
+        bound: Bound,
+    ) {
+        self.value(what, millis(&d.node), d.span, bound);
+    }
+}
+
+pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+    use Bound::{NotNegative, Positive};
+    for (file, reg) in &cx.registries {
+        let mut s = Sink {
+            cx,
+            file: *file,
+            out,
+        };
+        for setting in &reg.settings {
+            s.duration("registry cache time", &setting.value, NotNegative);
+        }
+    }
+    for svc in &cx.services {
+        let mut s = Sink {
+            cx,
+            file: svc.file,
+            out,
+        };
+        for stmt in &svc.ast.body {
+            match stmt {
+                ServiceStmt::Capacity(Capacity::Workers { count, .. }) => {
+                    s.value("capacity workers", count.node, count.span, Positive);
+                }
+                ServiceStmt::Capacity(Capacity::Instances { count, .. }) => {
+                    s.value("capacity instances", count.node, count.span, Positive);
+                }
+                ServiceStmt::Capacity(Capacity::Rate { rate, .. }) => {
+                    s.value(
+                        "capacity rate",
+                        rate.amount.node,
+                        rate.amount.span,
+                        Positive,
+                    );
+                    s.duration("rate window", &rate.window, Positive);
+                }
+                ServiceStmt::Match(m) => {
+                    if let Some(l) = &m.latency {
+                        s.duration("latency", l, Positive);
+                    }
+                }
+                ServiceStmt::Warmup(w) => {
+                    for step in &w.steps {
+                        match step {
+                            WarmupStep::Ready {
+                                every,
+                                after,
+                                timeout,
+                                ..
+                            } => {
+                                s.duration("every", every, Positive);
+                                if let Some(a) = after {
+                                    s.duration("after", a, NotNegative);
+                                }
+                                if let Some(t) = timeout {
+                                    s.duration("timeout", t, Positive);
+                                }
+                            }
+                            WarmupStep::Ramp { over, .. } => s.duration("ramp", over, Positive),
+                            WarmupStep::Register { .. } | WarmupStep::Start { .. } => {}
+                        }
+                    }
+                }
+                ServiceStmt::Shutdown(sd) => {
+                    for step in &sd.steps {
+                        match step {
+                            ShutdownStep::Wait { duration, .. } => {
+                                s.duration("wait", duration, Positive);
+                            }
+                            ShutdownStep::Drain { deadline, .. } => {
+                                s.duration("drain", deadline, Positive);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for rule in &svc.rules {
+            match rule {
+                Rule::Bulkhead(b) => {
+                    for setting in &b.settings {
+                        match setting {
+                            BulkheadSetting::MaxConcurrent { value, .. } => {
+                                s.value("max_concurrent", value.node, value.span, Positive);
+                            }
+                            BulkheadSetting::MaxWait { value, .. } => {
+                                s.duration("max_wait", value, NotNegative);
+                            }
+                            BulkheadSetting::Queue { value, .. } => {
+                                s.value("queue", value.node, value.span, NotNegative);
+                            }
+                            BulkheadSetting::Timeout { value, .. } => {
+                                s.duration("timeout", value, Positive);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                Rule::Limit(l) => {
+                    for setting in &l.settings {
+                        match setting {
+                            LimitSetting::Calls { rate, .. } => {
+                                s.value("calls", rate.amount.node, rate.amount.span, Positive);
+                                s.duration("window", &rate.window, Positive);
+                            }
+                            LimitSetting::Bytes { rate, .. } => {
+                                s.value(
+                                    "bytes",
+                                    bytes(&rate.amount.node),
+                                    rate.amount.span,
+                                    Positive,
+                                );
+                                s.duration("window", &rate.window, Positive);
+                            }
+                            LimitSetting::Action {
+                                action: LimitAction::Shape { max_delay, .. },
+                                ..
+                            } => s.duration("max_delay", max_delay, Positive),
+                            LimitSetting::Release {
+                                release: Release::After { after, .. },
+                                ..
+                            } => {
+                                s.duration("release after", after, Positive);
+                            }
+                            LimitSetting::Scope {
+                                scope:
+                                    LimitScope::Cluster {
+                                        sync: Some(ClusterSync::Batch { every, .. }),
+                                        ..
+                                    },
+                                ..
+                            } => s.duration("sync batch", every, Positive),
+                            _ => {}
+                        }
+                    }
+                }
+                Rule::Fuse(f) => {
+                    for setting in &f.settings {
+                        match setting {
+                            FuseSetting::Trip(t) => {
+                                s.duration("over", &t.window, Positive);
+                                if let Some(m) = &t.min_calls {
+                                    s.value("min_calls", m.node, m.span, Positive);
+                                }
+                                if let Threshold::Count(n) = t.threshold.node {
+                                    let bound = match t.op.node {
+                                        CompareOp::Gt => NotNegative,
+                                        CompareOp::Ge => Positive,
+                                    };
+                                    s.value("threshold", n, t.threshold.span, bound);
+                                }
+                            }
+                            FuseSetting::Recover {
+                                recover: Recover::After { after, probes },
+                                ..
+                            } => {
+                                s.duration("recover after", after, Positive);
+                                s.value("probe", probes.node, probes.span, Positive);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! `gov::per-instance-on-inbound`: `per instance` or `per instance path` on
+//! a bulkhead whose match is not an outbound `calls to` match.
+//!
+//! Why: "instance" means an upstream instance the caller picks; inbound
+//! calls have no upstream instance, so the keying would silently fall back
+//! to one shared bulkhead.
+//!
+//! Example: `bulkhead b on path prefix "/api" { per instance  max_concurrent 10 }`.
+//!
+//! Fix: drop `per instance` for a server-side (per operation) bulkhead, or
+//! put the bulkhead on `calls to PROVIDER`.
+
+use gov_lang::ast::{BulkheadKey, BulkheadSetting};
+use miette::SourceSpan;
+use thiserror::Error;
+
+use crate::diagnostic::Diagnostic;
+use crate::resolve::{Ctx, Rule, Src};
+
+#[derive(Debug, Error, miette::Diagnostic)]
+#[error("bulkhead `{name}` is keyed per upstream instance but guards inbound calls")]
+#[diagnostic(
+    code("gov::per-instance-on-inbound"),
+    help(
+        "remove `per instance` for a server-side bulkhead, or match `calls to SERVICE` for a client-side one"
+    )
+)]
+pub struct PerInstanceOnInbound {
+    pub name: String,
+    #[source_code]
+    pub src: Src,
+    #[label("only client-side (`calls to`) bulkheads have upstream instances")]
+    pub span: SourceSpan,
+    #[label("this match selects inbound calls")]
+    pub on: SourceSpan,
+}
+
+pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+    for svc in &cx.services {
+        for rule in &svc.rules {
+            let Rule::Bulkhead(b) = rule else { continue };
+            let norm = svc.normalize(&b.on);
+            if !norm.is_valid() || norm.is_outbound() {
+                continue;
+            }
+            for s in &b.settings {
+                if let BulkheadSetting::Per { key, span } = s
+                    && matches!(key.node, BulkheadKey::Instance | BulkheadKey::InstancePath)
+                {
+                    out.push(
+                        PerInstanceOnInbound {
+                            name: b.name.node.clone(),
+                            src: cx.src(svc.file),
+                            span: (*span).into(),
+                            on: b.on.span().into(),
+                        }
+                        .into(),
+                    );
+                }
+            }
+        }
+    }
+}

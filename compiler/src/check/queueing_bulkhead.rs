@@ -1,0 +1,84 @@
+//! `gov::lint::queueing-bulkhead` (warning): a bulkhead over slow calls
+//! that lets calls wait a long time for a permit, so it queues instead of
+//! failing fast.
+//!
+//! The calls are "slow" when the bulkhead's match (or a match it refers to)
+//! declares `latency L`. The lint fires when the bulkhead's `max_wait W`
+//!
+//! - is at least `L`: a waiting call waits as long as a whole slow call, or
+//! - is above 100ms while `L` is 100ms or more: on a slow route any wait
+//!   longer than that only moves the queue.
+//!
+//! Why: measured on a slow IO endpoint, a bulkhead with a long wait only
+//! moved the queue and raised latency for everyone; with a short wait the
+//! fast endpoint kept its latency and the slow one shed load (DESIGN.md,
+//! problem 1).
+//!
+//! Example: `match slow = path prefix "/report" latency 2s` and
+//! `bulkhead b on slow { max_concurrent 10  max_wait 5s }`.
+//!
+//! Fix: a short wait such as `max_wait 10ms` (or none: the default is 0).
+
+use miette::SourceSpan;
+use thiserror::Error;
+
+use crate::diagnostic::Diagnostic;
+use crate::effective::BulkheadEff;
+use crate::resolve::{Ctx, Rule, Src};
+use crate::units::{fmt_millis, millis};
+
+/// A route whose declared latency is at least this is slow.
+pub(crate) const SLOW_ROUTE_MS: i64 = 100;
+
+#[derive(Debug, Error, miette::Diagnostic)]
+#[error("bulkhead `{name}` queues calls for up to {wait} on calls that take {latency}")]
+#[diagnostic(
+    code("gov::lint::queueing-bulkhead"),
+    severity(Warning),
+    help(
+        "fail fast: a short `max_wait` (e.g. `10ms`) sheds load from the slow calls instead of making every caller queue behind them"
+    )
+)]
+pub struct QueueingBulkhead {
+    pub name: String,
+    pub wait: String,
+    pub latency: String,
+    #[source_code]
+    pub src: Src,
+    #[label("waits this long for a permit")]
+    pub span: SourceSpan,
+    #[label("declared latency")]
+    pub latency_span: SourceSpan,
+}
+
+pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+    for svc in &cx.services {
+        for rule in &svc.rules {
+            let Rule::Bulkhead(b) = rule else { continue };
+            let Some(latency) = svc.latency(&b.on) else {
+                continue;
+            };
+            let eff = BulkheadEff::of(b);
+            let Some(wait_span) = eff.max_wait_span else {
+                continue;
+            };
+            let (wait, lat) = (eff.max_wait_ms, millis(&latency.node));
+            let queueing =
+                (wait >= lat && wait > 0) || (lat >= SLOW_ROUTE_MS && wait > SLOW_ROUTE_MS);
+            if !queueing {
+                continue;
+            }
+            out.push(
+                QueueingBulkhead {
+                    name: b.name.node.clone(),
+                    wait: fmt_millis(wait),
+                    latency: fmt_millis(lat),
+                    src: cx.src(svc.file),
+                    span: wait_span.into(),
+                    latency_span: latency.span.into(),
+                }
+                .into(),
+            );
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! `gov::shape-on-inbound`: `action shape` on a limit whose match is not an
+//! outbound `calls to` match.
+//!
+//! Why: shaping delays calls toward a provider that cannot take more; it
+//! makes sense for the caller. On inbound calls it holds the service's own
+//! workers while the callers wait, the very queueing that limits prevent.
+//!
+//! Example: `limit l on path prefix "/api" { calls 10 per 1s  action shape max_delay 1s }`.
+//!
+//! Fix: use `action reject` (the default) on inbound limits, or put the
+//! shaping limit on `calls to PROVIDER` in the calling service.
+
+use gov_lang::ast::{LimitAction, LimitSetting};
+use miette::SourceSpan;
+use thiserror::Error;
+
+use crate::diagnostic::Diagnostic;
+use crate::resolve::{Ctx, Rule, Src};
+
+#[derive(Debug, Error, miette::Diagnostic)]
+#[error("limit `{name}` shapes inbound calls")]
+#[diagnostic(
+    code("gov::shape-on-inbound"),
+    help(
+        "shape outbound calls (`on calls to PROVIDER`) in the caller, or reject inbound calls with `action reject`"
+    )
+)]
+pub struct ShapeOnInbound {
+    pub name: String,
+    #[source_code]
+    pub src: Src,
+    #[label("`action shape` is only for outbound calls")]
+    pub span: SourceSpan,
+    #[label("this match selects inbound calls")]
+    pub on: SourceSpan,
+}
+
+pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+    for svc in &cx.services {
+        for rule in &svc.rules {
+            let Rule::Limit(l) = rule else { continue };
+            let norm = svc.normalize(&l.on);
+            if !norm.is_valid() || norm.is_outbound() {
+                continue;
+            }
+            for s in &l.settings {
+                if let LimitSetting::Action {
+                    action: LimitAction::Shape { .. },
+                    span,
+                } = s
+                {
+                    out.push(
+                        ShapeOnInbound {
+                            name: l.name.node.clone(),
+                            src: cx.src(svc.file),
+                            span: (*span).into(),
+                            on: l.on.span().into(),
+                        }
+                        .into(),
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The diagnostics of the compiler: one enum over small structs.
+//!
+//! Each struct lives in the check that produces it (`check/*.rs`) and has a
+//! stable code, a lowercase message, a label on the exact text, a help line,
+//! and the source with its file name. Lints are warnings
+//! (`severity(Warning)`); everything else is an error.
+
+use miette::{Diagnostic as _, Severity, SourceSpan};
+use thiserror::Error;
+
+use crate::check::*;
+use crate::resolve::Src;
+
+macro_rules! diagnostics {
+    ($($(#[$doc:meta])* $variant:ident($ty:ty),)*) => {
+        /// Every diagnostic `check` can report: syntax errors, semantic
+        /// errors and lint warnings.
+        #[derive(Debug, Error, miette::Diagnostic)]
+        pub enum Diagnostic {
+            /// A file did not parse.
+            #[error(transparent)]
+            #[diagnostic(transparent)]
+            Syntax(Box<gov_lang::SyntaxError>),
+            $(
+                $(#[$doc])*
+                #[error(transparent)]
+                #[diagnostic(transparent)]
+                $variant($ty),
+            )*
+        }
+
+        $(
+            impl From<$ty> for Diagnostic {
+                fn from(d: $ty) -> Self {
+                    Diagnostic::$variant(d)
+                }
+            }
+        )*
+    };
+}
+
+diagnostics! {
+    UnknownMatch(unknown_match::UnknownMatch),
+    UnknownService(unknown_service::UnknownService),
+    UnknownRegistry(unknown_registry::UnknownRegistry),
+    UnknownMethod(unknown_method::UnknownMethod),
+    DuplicateService(duplicate_service::DuplicateService),
+    DuplicateRegistry(duplicate_registry::DuplicateRegistry),
+    DuplicateMatch(duplicate_match::DuplicateMatch),
+    DuplicateRule(duplicate_rule::DuplicateRule),
+    DuplicateSetting(duplicate_setting::DuplicateSetting),
+    MissingField(missing_field::MissingField),
+    NonPositive(non_positive::NonPositive),
+    PercentOutOfRange(percent_range::PercentOutOfRange),
+    ThresholdKind(threshold_kind::ThresholdKind),
+    InvalidStatus(status_code::InvalidStatus),
+    ClusterSyncUndeclared(cluster_sync::ClusterSyncUndeclared),
+    ShapeOnInbound(shape_inbound::ShapeOnInbound),
+    PerInstanceOnInbound(per_instance_inbound::PerInstanceOnInbound),
+    MixedDirection(mixed_direction::MixedDirection),
+    MatchCycle(match_cycle::MatchCycle),
+    ConflictingRules(conflicting_rules::ConflictingRules),
+    BulkheadOverWorkers(bulkhead_over_workers::BulkheadOverWorkers),
+    QueueingBulkhead(queueing_bulkhead::QueueingBulkhead),
+    ShutdownWait(shutdown_wait::ShutdownWait),
+    DrainAfterStop(drain_after_stop::DrainAfterStop),
+    ConsumersBeforeReady(consumers_before_ready::ConsumersBeforeReady),
+    UnreachableMinCalls(unreachable_min_calls::UnreachableMinCalls),
+    ClusterLimitInconsistent(cluster_limit_inconsistent::ClusterLimitInconsistent),
+}
+
+impl From<gov_lang::SyntaxError> for Diagnostic {
+    fn from(e: gov_lang::SyntaxError) -> Self {
+        Diagnostic::Syntax(Box::new(e))
+    }
+}
+
+impl Diagnostic {
+    /// Warnings (lints) never block unless the caller asks for it.
+    pub fn is_warning(&self) -> bool {
+        matches!(self.severity(), Some(Severity::Warning | Severity::Advice))
+    }
+
+    pub fn is_error(&self) -> bool {
+        !self.is_warning()
+    }
+
+    /// The stable code, e.g. `gov::unknown-match`.
+    pub fn code_str(&self) -> String {
+        self.code().map(|c| c.to_string()).unwrap_or_default()
+    }
+}
+
+/// Every diagnostic of one run, errors and warnings, in a stable order.
+#[derive(Debug, Default)]
+pub struct Diagnostics(pub Vec<Diagnostic>);
+
+impl Diagnostics {
+    pub fn has_errors(&self) -> bool {
+        self.0.iter().any(Diagnostic::is_error)
+    }
+
+    pub fn error_count(&self) -> usize {
+        self.0.iter().filter(|d| d.is_error()).count()
+    }
+
+    pub fn warning_count(&self) -> usize {
+        self.0.iter().filter(|d| d.is_warning()).count()
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Diagnostic> {
+        self.0.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl IntoIterator for Diagnostics {
+    type Item = Diagnostic;
+    type IntoIter = std::vec::IntoIter<Diagnostic>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a Diagnostics {
+    type Item = &'a Diagnostic;
+    type IntoIter = std::slice::Iter<'a, Diagnostic>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl std::fmt::Display for Diagnostics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} error(s), {} warning(s)",
+            self.error_count(),
+            self.warning_count()
+        )
+    }
+}
+
+impl std::error::Error for Diagnostics {}
+
+/// The other half of a duplicate that was first defined in another file.
+#[derive(Debug, Error, miette::Diagnostic)]
+#[error("`{name}` is first defined in `{file}`")]
+#[diagnostic(severity(Advice))]
+pub struct FirstDefinedHere {
+    pub name: String,
+    pub file: String,
+    #[source_code]
+    pub src: Src,
+    #[label("first defined here")]
+    pub span: SourceSpan,
+}

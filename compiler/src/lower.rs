@@ -1,0 +1,537 @@
+//! Lowering: one `TargetConfig` per service, with defaults applied.
+//!
+//! - Match references are inlined (`on slow` becomes the expression of
+//!   `slow`) and `and`/`or` chains flattened; `match_name` keeps the name
+//!   when a rule is on one named match.
+//! - Defaults are written out so agents never guess: bulkhead rejection
+//!   408, limit 429, fuse 503; `max_wait` 0 (fail fast); fuse recovery
+//!   manual; error classification business = status 500..599 and
+//!   system = connect_failure, timeout, reset; consumer header
+//!   `x-gov-consumer`.
+//! - `wait for R` becomes a wait of R's expiry
+//!   (`server_cache + client_refresh + balancer_refresh`).
+//! - Each rule is named `service/rule` and carries a [`SourceRef`] (file,
+//!   line, column, first line of its text).
+//! - `version` is a content hash (sha-256, 16 hex digits) of the config
+//!   encoded with prost with `version` empty and every source reference
+//!   cleared, so reformatting or moving text between files never changes
+//!   it. Services are sorted by name; rules keep their written order. The
+//!   bundle version hashes the per-service versions.
+
+use gov_lang::ast::{
+    self, Action as AstAction, BulkheadKey, ClassifyItem, CompareOp, HttpCall as AstHttpCall,
+    Isolation, LimitKey, MatchExpr as AstExpr, ServiceStmt, ShutdownStep as AstShutdownStep, Span,
+    Threshold, TripMetric, WarmupStep as AstWarmupStep,
+};
+use gov_proto::v1 as pb;
+use prost::Message as _;
+use sha2::{Digest, Sha256};
+
+use crate::effective::{ActionEff, BulkheadEff, FuseEff, LimitEff, RecoverEff, ReleaseEff, Scope};
+use crate::resolve::{Ctx, File, Norm, Rule, Svc};
+use crate::units::millis;
+
+pub const DEFAULT_CONSUMER_HEADER: &str = "x-gov-consumer";
+
+/// Lowers every service (first definitions, sorted by name).
+pub(crate) fn bundle(cx: &Ctx<'_>) -> pb::Bundle {
+    // `service_index` is a BTreeMap: iteration is sorted by name.
+    let targets: Vec<pb::TargetConfig> = cx.unique_services().map(|svc| target(cx, svc)).collect();
+    let version = bundle_version(&targets);
+    pb::Bundle { targets, version }
+}
+
+/// The version of a bundle: a hash over its services' names and versions.
+pub fn bundle_version(targets: &[pb::TargetConfig]) -> String {
+    let mut h = Sha256::new();
+    for t in targets {
+        h.update(t.service.as_bytes());
+        h.update([0]);
+        h.update(t.version.as_bytes());
+        h.update([0]);
+    }
+    short(&h.finalize())
+}
+
+/// The content hash of one config, ignoring `version` and source references.
+pub fn target_version(t: &pb::TargetConfig) -> String {
+    let mut t = t.clone();
+    t.version.clear();
+    clear_sources(&mut t);
+    short(&Sha256::digest(t.encode_to_vec()))
+}
+
+fn short(digest: &[u8]) -> String {
+    hex::encode(&digest[..8])
+}
+
+/// Clears every source reference, the only part that depends on layout.
+pub fn clear_sources(t: &mut pb::TargetConfig) {
+    for m in &mut t.matches {
+        m.source = None;
+    }
+    for b in &mut t.bulkheads {
+        b.source = None;
+    }
+    for l in &mut t.limits {
+        l.source = None;
+    }
+    for f in &mut t.fuses {
+        f.source = None;
+        for trip in &mut f.trips {
+            trip.source = None;
+        }
+    }
+    for x in &mut t.timeouts {
+        x.source = None;
+    }
+    if let Some(w) = &mut t.warmup {
+        w.source = None;
+        for s in &mut w.steps {
+            s.source = None;
+        }
+    }
+    if let Some(s) = &mut t.shutdown {
+        s.source = None;
+        for step in &mut s.steps {
+            step.source = None;
+        }
+    }
+}
+
+struct Lower<'c, 'a> {
+    cx: &'c Ctx<'a>,
+    svc: &'c Svc<'a>,
+    file: &'c File<'a>,
+    /// Byte offset of each line start, for line and column numbers.
+    lines: Vec<usize>,
+}
+
+fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
+    let file = &cx.files[svc.file];
+    let lines = std::iter::once(0)
+        .chain(file.text.match_indices('\n').map(|(i, _)| i + 1))
+        .collect();
+    let l = Lower {
+        cx,
+        svc,
+        file,
+        lines,
+    };
+    let mut t = pb::TargetConfig {
+        service: svc.name().to_string(),
+        domain: svc.domain.map(|d| d.node.clone()).unwrap_or_default(),
+        version: String::new(),
+        consumer_header: svc
+            .consumer_header
+            .map_or(DEFAULT_CONSUMER_HEADER.to_string(), |h| {
+                h.node.to_ascii_lowercase()
+            }),
+        registry: svc
+            .registry
+            .map(|r| r.name.node.clone())
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    for stmt in &svc.ast.body {
+        match stmt {
+            ServiceStmt::Match(m) => {
+                if !std::ptr::eq(svc.matches[m.name.node.as_str()], m) {
+                    continue;
+                }
+                t.matches.push(pb::Match {
+                    name: m.name.node.clone(),
+                    expr: Some(l.expr(&m.expr)),
+                    latency_ms: m.latency.as_ref().map_or(0, |d| unsigned(millis(&d.node))),
+                    source: Some(l.source(m.span)),
+                });
+            }
+            ServiceStmt::Warmup(w) if svc.warmup.is_some_and(|x| std::ptr::eq(x, w)) => {
+                t.warmup = Some(l.warmup(w));
+            }
+            ServiceStmt::Shutdown(s) if svc.shutdown.is_some_and(|x| std::ptr::eq(x, s)) => {
+                t.shutdown = Some(l.shutdown(s));
+            }
+            _ => {}
+        }
+    }
+    for rule in &svc.rules {
+        match rule {
+            Rule::Bulkhead(b) => t.bulkheads.push(l.bulkhead(rule, b)),
+            Rule::Limit(x) => t.limits.push(l.limit(rule, x)),
+            Rule::Fuse(f) => t.fuses.push(l.fuse(rule, f)),
+        }
+    }
+    t.version = target_version(&t);
+    t
+}
+
+fn unsigned(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn u32_of(v: i64) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+fn lower_norm(n: &Norm) -> pb::MatchExpr {
+    use pb::match_expr::Kind;
+    let kind = match n {
+        Norm::Any | Norm::Invalid => Kind::Any(true),
+        Norm::PathExact(v) => Kind::Path(pb::PathMatch {
+            kind: pb::PathKind::Exact as i32,
+            value: v.clone(),
+        }),
+        Norm::PathPrefix(v) => Kind::Path(pb::PathMatch {
+            kind: pb::PathKind::Prefix as i32,
+            value: v.clone(),
+        }),
+        Norm::Method(m) => Kind::Method(m.clone()),
+        Norm::Header(name, value) => Kind::Header(pb::HeaderMatch {
+            name: name.clone(),
+            value: value.clone(),
+        }),
+        Norm::Consumer(c) => Kind::Consumer(c.clone()),
+        Norm::CallsTo(s) => Kind::CallsTo(s.clone()),
+        Norm::And(parts) => Kind::And(pb::MatchList {
+            exprs: parts.iter().map(lower_norm).collect(),
+        }),
+        Norm::Or(parts) => Kind::Or(pb::MatchList {
+            exprs: parts.iter().map(lower_norm).collect(),
+        }),
+    };
+    pb::MatchExpr { kind: Some(kind) }
+}
+
+impl Lower<'_, '_> {
+    fn source(&self, span: Span) -> pb::SourceRef {
+        let line = self.lines.partition_point(|&start| start <= span.start);
+        let line_start = self.lines.get(line.saturating_sub(1)).copied().unwrap_or(0);
+        let prefix = self
+            .file
+            .text
+            .get(line_start..span.start)
+            .unwrap_or_default();
+        let snippet = self
+            .file
+            .text
+            .get(span.start..span.end)
+            .unwrap_or_default()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim_end()
+            .to_string();
+        pb::SourceRef {
+            file: self.file.name.to_string(),
+            line: u32::try_from(line).unwrap_or(u32::MAX),
+            column: u32::try_from(prefix.chars().count() + 1).unwrap_or(u32::MAX),
+            snippet,
+        }
+    }
+
+    fn expr(&self, e: &AstExpr) -> pb::MatchExpr {
+        lower_norm(&self.svc.normalize(e))
+    }
+
+    /// The shared head of every rule.
+    fn head(&self, rule: &Rule<'_>) -> (String, pb::SourceRef, pb::MatchExpr, String, i32) {
+        let norm = self.svc.normalize(rule.on());
+        let direction = if norm.is_outbound() {
+            pb::Direction::Outbound
+        } else {
+            pb::Direction::Inbound
+        };
+        let match_name = match rule.on() {
+            AstExpr::Ref { name } => name.node.clone(),
+            _ => String::new(),
+        };
+        (
+            format!("{}/{}", self.svc.name(), rule.name().node),
+            self.source(rule.span()),
+            lower_norm(&norm),
+            match_name,
+            direction as i32,
+        )
+    }
+
+    fn bulkhead(&self, rule: &Rule<'_>, b: &ast::Bulkhead) -> pb::Bulkhead {
+        let (name, source, on, match_name, direction) = self.head(rule);
+        let e = BulkheadEff::of(b);
+        pb::Bulkhead {
+            rule: name,
+            source: Some(source),
+            on: Some(on),
+            match_name,
+            direction,
+            key: match e.per {
+                BulkheadKey::Operation => pb::BulkheadKey::Operation,
+                BulkheadKey::Instance => pb::BulkheadKey::Instance,
+                BulkheadKey::InstancePath => pb::BulkheadKey::InstancePath,
+            } as i32,
+            max_concurrent: e.max_concurrent.map_or(0, |m| u32_of(m.0)),
+            max_wait_ms: unsigned(e.max_wait_ms),
+            max_queue: e.queue.map_or(0, u32_of),
+            timeout_ms: e.timeout_ms.map_or(0, unsigned),
+            reject_status: u32_of(e.reject),
+            isolation: match e.isolation {
+                Isolation::Semaphore => pb::Isolation::Semaphore,
+                Isolation::Pool => pb::Isolation::Pool,
+            } as i32,
+        }
+    }
+
+    fn limit(&self, rule: &Rule<'_>, x: &ast::Limit) -> pb::Limit {
+        let (name, source, on, match_name, direction) = self.head(rule);
+        let e = LimitEff::of(x);
+        let rate = |c: crate::effective::Counter| pb::Rate {
+            amount: unsigned(c.amount),
+            window_ms: unsigned(c.window_ms),
+        };
+        let (scope, sync, batch) = match e.scope {
+            Scope::Local => (pb::LimitScope::Local, pb::ClusterSync::Exact, 0),
+            Scope::ClusterExact | Scope::ClusterUndeclared => {
+                (pb::LimitScope::Cluster, pb::ClusterSync::Exact, 0)
+            }
+            Scope::ClusterBatch(ms) => (pb::LimitScope::Cluster, pb::ClusterSync::Batch, ms),
+        };
+        pb::Limit {
+            rule: name,
+            source: Some(source),
+            on: Some(on),
+            match_name,
+            direction,
+            calls: e.calls.map(rate),
+            bytes: e.bytes.map(rate),
+            key: match e.per {
+                LimitKey::All => pb::LimitKey::All,
+                LimitKey::Domain => pb::LimitKey::Domain,
+                LimitKey::Service => pb::LimitKey::Service,
+                LimitKey::Consumer => pb::LimitKey::Consumer,
+            } as i32,
+            action: match e.action {
+                ActionEff::Reject => pb::LimitAction::Reject,
+                ActionEff::Shape(_) => pb::LimitAction::Shape,
+            } as i32,
+            max_delay_ms: match e.action {
+                ActionEff::Shape(ms) => unsigned(ms),
+                ActionEff::Reject => 0,
+            },
+            reject_status: u32_of(e.reject),
+            release: match e.release {
+                ReleaseEff::Window => None,
+                ReleaseEff::After(ms) => Some(pb::Release {
+                    kind: Some(pb::release::Kind::AfterMs(unsigned(ms))),
+                }),
+                ReleaseEff::Manual => Some(pb::Release {
+                    kind: Some(pb::release::Kind::Manual(true)),
+                }),
+            },
+            scope: scope as i32,
+            sync: sync as i32,
+            sync_batch_ms: unsigned(batch),
+        }
+    }
+
+    fn fuse(&self, rule: &Rule<'_>, f: &ast::Fuse) -> pb::Fuse {
+        let (name, source, on, match_name, direction) = self.head(rule);
+        let e = FuseEff::of(f);
+        let trips = e
+            .trips
+            .iter()
+            .map(|t| {
+                let (count, ratio) = match t.threshold.node {
+                    Threshold::Count(n) => (unsigned(n), 0),
+                    Threshold::Percent(p) => (0, u32_of(p.milli)),
+                };
+                pb::Trip {
+                    metric: match t.metric.node {
+                        TripMetric::Errors => pb::TripMetric::Errors,
+                        TripMetric::ErrorRatio => pb::TripMetric::ErrorRatio,
+                        TripMetric::BusinessErrors => pb::TripMetric::BusinessErrors,
+                        TripMetric::BusinessErrorRatio => pb::TripMetric::BusinessErrorRatio,
+                        TripMetric::SystemErrors => pb::TripMetric::SystemErrors,
+                        TripMetric::SystemErrorRatio => pb::TripMetric::SystemErrorRatio,
+                    } as i32,
+                    op: match t.op.node {
+                        CompareOp::Gt => pb::CompareOp::Gt,
+                        CompareOp::Ge => pb::CompareOp::Ge,
+                    } as i32,
+                    count,
+                    ratio_milli_percent: ratio,
+                    window_ms: unsigned(millis(&t.window.node)),
+                    min_calls: t.min_calls.as_ref().map_or(0, |m| unsigned(m.node)),
+                    source: Some(self.source(t.span)),
+                }
+            })
+            .collect();
+        let business = e.business.map_or_else(
+            || pb::ErrorClass {
+                status: vec![pb::StatusRange { from: 500, to: 599 }],
+                ..Default::default()
+            },
+            class,
+        );
+        let system = e.system.map_or_else(
+            || pb::ErrorClass {
+                connect_failure: true,
+                timeout: true,
+                reset: true,
+                ..Default::default()
+            },
+            class,
+        );
+        pb::Fuse {
+            rule: name,
+            source: Some(source),
+            on: Some(on),
+            match_name,
+            direction,
+            trips,
+            business: Some(business),
+            system: Some(system),
+            recover: Some(pb::Recovery {
+                kind: Some(match e.recover {
+                    RecoverEff::Manual => pb::recovery::Kind::Manual(true),
+                    RecoverEff::After { after_ms, probes } => {
+                        pb::recovery::Kind::After(pb::AutoRecovery {
+                            after_ms: unsigned(after_ms),
+                            probes: u32_of(probes),
+                        })
+                    }
+                }),
+            }),
+            reject_status: u32_of(e.reject),
+        }
+    }
+
+    fn warmup(&self, w: &ast::Warmup) -> pb::Warmup {
+        use pb::warmup_step::Step;
+        let steps = w
+            .steps
+            .iter()
+            .map(|s| {
+                let (step, span) = match s {
+                    AstWarmupStep::Ready {
+                        probe,
+                        status,
+                        every,
+                        after,
+                        timeout,
+                        span,
+                    } => (
+                        Step::Ready(pb::ReadyProbe {
+                            probe: Some(http(probe)),
+                            status: u32_of(status.node),
+                            every_ms: unsigned(millis(&every.node)),
+                            after_ms: after.as_ref().map_or(0, |d| unsigned(millis(&d.node))),
+                            timeout_ms: timeout.as_ref().map_or(0, |d| unsigned(millis(&d.node))),
+                        }),
+                        *span,
+                    ),
+                    AstWarmupStep::Register { span } => (Step::Register(true), *span),
+                    AstWarmupStep::Ramp { over, from, span } => (
+                        Step::Ramp(pb::Ramp {
+                            over_ms: unsigned(millis(&over.node)),
+                            from_milli_percent: u32_of(from.node.milli),
+                        }),
+                        *span,
+                    ),
+                    AstWarmupStep::Start { what, action, span } => {
+                        (Step::Start(invoke(what, action)), *span)
+                    }
+                };
+                pb::WarmupStep {
+                    source: Some(self.source(span)),
+                    step: Some(step),
+                }
+            })
+            .collect();
+        pb::Warmup {
+            steps,
+            source: Some(self.source(w.span)),
+        }
+    }
+
+    fn shutdown(&self, s: &ast::Shutdown) -> pb::Shutdown {
+        use pb::shutdown_step::Step;
+        let steps =
+            s.steps
+                .iter()
+                .map(|step| {
+                    let (lowered, span) = match step {
+                        AstShutdownStep::Deregister { span } => (Step::Deregister(true), *span),
+                        AstShutdownStep::Wait { duration, span } => (
+                            Step::Wait(pb::Wait {
+                                duration_ms: unsigned(millis(&duration.node)),
+                                registry: String::new(),
+                            }),
+                            *span,
+                        ),
+                        AstShutdownStep::WaitFor { registry, span } => (
+                            Step::Wait(pb::Wait {
+                                duration_ms: self.cx.registry(&registry.node).map_or(0, |r| {
+                                    unsigned(crate::check::shutdown_wait::expiry_ms(r))
+                                }),
+                                registry: registry.node.clone(),
+                            }),
+                            *span,
+                        ),
+                        AstShutdownStep::Stop { what, action, span } => {
+                            (Step::Stop(invoke(what, action)), *span)
+                        }
+                        AstShutdownStep::Drain { deadline, span } => {
+                            (Step::DrainMs(unsigned(millis(&deadline.node))), *span)
+                        }
+                    };
+                    pb::ShutdownStep {
+                        source: Some(self.source(span)),
+                        step: Some(lowered),
+                    }
+                })
+                .collect();
+        pb::Shutdown {
+            steps,
+            source: Some(self.source(s.span)),
+        }
+    }
+}
+
+fn class(items: &[ClassifyItem]) -> pb::ErrorClass {
+    let mut c = pb::ErrorClass::default();
+    for item in items {
+        match item {
+            ClassifyItem::Status { codes, .. } => {
+                for r in codes {
+                    let from = u32_of(r.from.node);
+                    c.status.push(pb::StatusRange {
+                        from,
+                        to: r.to.as_ref().map_or(from, |t| u32_of(t.node)),
+                    });
+                }
+            }
+            ClassifyItem::ConnectFailure { .. } => c.connect_failure = true,
+            ClassifyItem::Timeout { .. } => c.timeout = true,
+            ClassifyItem::Reset { .. } => c.reset = true,
+        }
+    }
+    c
+}
+
+fn http(call: &AstHttpCall) -> pb::HttpCall {
+    pb::HttpCall {
+        method: call.method.node.clone(),
+        path: call.path.node.clone(),
+    }
+}
+
+fn invoke(what: &ast::Ident, action: &AstAction) -> pb::Invoke {
+    let kind = match action {
+        AstAction::Http(call) => pb::action::Kind::Http(http(call)),
+        AstAction::Signal { signal, .. } => pb::action::Kind::Signal(signal.node.clone()),
+    };
+    pb::Invoke {
+        what: what.node.clone(),
+        action: Some(pb::Action { kind: Some(kind) }),
+    }
+}

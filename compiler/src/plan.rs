@@ -1,0 +1,660 @@
+//! Plan: what changes between two compiled bundles, per service and per
+//! rule, with field-level old -> new values in readable units.
+//!
+//! ```text
+//! ~ service order
+//!   ~ bulkhead order/slow_calls: max_concurrent 10 -> 20
+//!   + limit order/burst
+//! + service payments
+//!
+//! Plan: 1 service to add, 1 to change, 0 to remove.
+//! ```
+//!
+//! Services are compared by name, rules by kind and `service/rule` name.
+//! A service whose version is unchanged is unchanged: versions are content
+//! hashes (see [`crate::lower`]), so this is exact.
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+
+use gov_proto::v1 as pb;
+use serde::Serialize;
+
+use crate::units::{fmt_bytes, fmt_milli_percent, fmt_millis};
+
+/// The difference between two bundles.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub old_version: String,
+    pub new_version: String,
+    /// Every service of either bundle, sorted by name (unchanged ones too).
+    pub services: Vec<ServicePlan>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServicePlan {
+    pub service: String,
+    pub change: Change,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub old_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_version: Option<String>,
+    /// Changed, added and removed parts; empty when unchanged.
+    pub rules: Vec<RuleChange>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Change {
+    Unchanged,
+    Added,
+    Removed,
+    Changed,
+}
+
+/// What part of a service changed: a rule, a match, the lifecycle blocks
+/// or the service's own settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuleKind {
+    Service,
+    Match,
+    Bulkhead,
+    Limit,
+    Fuse,
+    Timeout,
+    Warmup,
+    Shutdown,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RuleChange {
+    pub kind: RuleKind,
+    /// `service/rule` (`service` for the service's own settings).
+    pub rule: String,
+    pub change: Change,
+    /// For a changed rule: every field that differs.
+    pub fields: Vec<FieldChange>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FieldChange {
+    pub field: String,
+    /// `None`: the field is not set on that side.
+    pub old: Option<String>,
+    pub new: Option<String>,
+}
+
+/// Compares two bundles.
+pub fn plan(old: &pb::Bundle, new: &pb::Bundle) -> Plan {
+    let olds: BTreeMap<&str, &pb::TargetConfig> = old
+        .targets
+        .iter()
+        .map(|t| (t.service.as_str(), t))
+        .collect();
+    let news: BTreeMap<&str, &pb::TargetConfig> = new
+        .targets
+        .iter()
+        .map(|t| (t.service.as_str(), t))
+        .collect();
+    let mut names: Vec<&str> = olds.keys().chain(news.keys()).copied().collect();
+    names.sort_unstable();
+    names.dedup();
+    let services = names
+        .into_iter()
+        .map(|name| {
+            let (o, n) = (olds.get(name).copied(), news.get(name).copied());
+            let rules = diff_items(
+                o.map(items).unwrap_or_default(),
+                n.map(items).unwrap_or_default(),
+            );
+            let change = match (o, n) {
+                (None, _) => Change::Added,
+                (_, None) => Change::Removed,
+                (Some(o), Some(n)) if o.version == n.version && rules.is_empty() => {
+                    Change::Unchanged
+                }
+                _ => Change::Changed,
+            };
+            ServicePlan {
+                service: name.to_string(),
+                change,
+                old_version: o.map(|t| t.version.clone()),
+                new_version: n.map(|t| t.version.clone()),
+                rules,
+            }
+        })
+        .collect();
+    Plan {
+        old_version: old.version.clone(),
+        new_version: new.version.clone(),
+        services,
+    }
+}
+
+// === impl Plan ===
+
+impl Plan {
+    /// Whether anything is added, removed or changed.
+    pub fn has_changes(&self) -> bool {
+        self.services.iter().any(|s| s.change != Change::Unchanged)
+    }
+
+    fn count(&self, change: Change) -> usize {
+        self.services.iter().filter(|s| s.change == change).count()
+    }
+
+    /// The human-readable plan (also what `Display` prints).
+    pub fn render(&self) -> String {
+        self.to_string()
+    }
+
+    /// The wire form, for the control plane's `ApplyResult`.
+    pub fn to_proto(&self) -> pb::Plan {
+        let change = |c: Change| match c {
+            Change::Unchanged => pb::Change::Unchanged,
+            Change::Added => pb::Change::Added,
+            Change::Removed => pb::Change::Removed,
+            Change::Changed => pb::Change::Changed,
+        } as i32;
+        let kind = |k: RuleKind| match k {
+            RuleKind::Service => pb::RuleKind::Service,
+            RuleKind::Match => pb::RuleKind::Match,
+            RuleKind::Bulkhead => pb::RuleKind::Bulkhead,
+            RuleKind::Limit => pb::RuleKind::Limit,
+            RuleKind::Fuse => pb::RuleKind::Fuse,
+            RuleKind::Timeout => pb::RuleKind::Timeout,
+            RuleKind::Warmup => pb::RuleKind::Warmup,
+            RuleKind::Shutdown => pb::RuleKind::Shutdown,
+        } as i32;
+        pb::Plan {
+            services: self
+                .services
+                .iter()
+                .map(|s| pb::ServicePlan {
+                    service: s.service.clone(),
+                    change: change(s.change),
+                    old_version: s.old_version.clone().unwrap_or_default(),
+                    new_version: s.new_version.clone().unwrap_or_default(),
+                    rules: s
+                        .rules
+                        .iter()
+                        .map(|r| pb::RuleChange {
+                            rule: r.rule.clone(),
+                            kind: kind(r.kind),
+                            change: change(r.change),
+                            fields: r
+                                .fields
+                                .iter()
+                                .map(|f| pb::FieldChange {
+                                    field: f.field.clone(),
+                                    old: f.old.clone().unwrap_or_default(),
+                                    new: f.new.clone().unwrap_or_default(),
+                                })
+                                .collect(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            rendered: self.render(),
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.has_changes() {
+            return writeln!(
+                f,
+                "No changes: {} service(s) up to date (version {}).",
+                self.services.len(),
+                self.new_version
+            );
+        }
+        for s in &self.services {
+            let sign = match s.change {
+                Change::Unchanged => continue,
+                Change::Added => '+',
+                Change::Removed => '-',
+                Change::Changed => '~',
+            };
+            writeln!(f, "{sign} service {}", s.service)?;
+            for r in &s.rules {
+                // The settings of a whole added or removed service say nothing new.
+                if r.kind == RuleKind::Service && s.change != Change::Changed {
+                    continue;
+                }
+                let sign = match r.change {
+                    Change::Unchanged => continue,
+                    Change::Added => '+',
+                    Change::Removed => '-',
+                    Change::Changed => '~',
+                };
+                let kind = kind_word(r.kind);
+                if r.fields.is_empty() || r.change != Change::Changed {
+                    writeln!(f, "  {sign} {kind} {}", r.rule)?;
+                    continue;
+                }
+                for field in &r.fields {
+                    let show =
+                        |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".to_string());
+                    writeln!(
+                        f,
+                        "  ~ {kind} {}: {} {} -> {}",
+                        r.rule,
+                        field.field,
+                        show(&field.old),
+                        show(&field.new)
+                    )?;
+                }
+            }
+        }
+        writeln!(
+            f,
+            "\nPlan: {} service(s) to add, {} to change, {} to remove.",
+            self.count(Change::Added),
+            self.count(Change::Changed),
+            self.count(Change::Removed)
+        )
+    }
+}
+
+fn kind_word(k: RuleKind) -> &'static str {
+    match k {
+        RuleKind::Service => "settings",
+        RuleKind::Match => "match",
+        RuleKind::Bulkhead => "bulkhead",
+        RuleKind::Limit => "limit",
+        RuleKind::Fuse => "fuse",
+        RuleKind::Timeout => "timeout",
+        RuleKind::Warmup => "warmup",
+        RuleKind::Shutdown => "shutdown",
+    }
+}
+
+// === Flattening ===
+
+/// One comparable part of a service: its kind, name and readable fields.
+type Item = (RuleKind, String, Vec<(String, String)>);
+
+fn diff_items(old: Vec<Item>, new: Vec<Item>) -> Vec<RuleChange> {
+    let mut out = Vec::new();
+    let find = |items: &[Item], k: RuleKind, n: &str| {
+        items
+            .iter()
+            .position(|(kind, name, _)| *kind == k && name == n)
+    };
+    for (kind, name, fields) in &old {
+        match find(&new, *kind, name) {
+            None => out.push(RuleChange {
+                kind: *kind,
+                rule: name.clone(),
+                change: Change::Removed,
+                fields: Vec::new(),
+            }),
+            Some(j) => {
+                let changes = diff_fields(fields, &new[j].2);
+                if !changes.is_empty() {
+                    out.push(RuleChange {
+                        kind: *kind,
+                        rule: name.clone(),
+                        change: Change::Changed,
+                        fields: changes,
+                    });
+                }
+            }
+        }
+    }
+    for (kind, name, _) in &new {
+        if find(&old, *kind, name).is_none() {
+            out.push(RuleChange {
+                kind: *kind,
+                rule: name.clone(),
+                change: Change::Added,
+                fields: Vec::new(),
+            });
+        }
+    }
+    out.sort_by(|a, b| (a.kind, &a.rule).cmp(&(b.kind, &b.rule)));
+    out
+}
+
+fn diff_fields(old: &[(String, String)], new: &[(String, String)]) -> Vec<FieldChange> {
+    let get =
+        |v: &[(String, String)], k: &str| v.iter().find(|(f, _)| f == k).map(|(_, x)| x.clone());
+    let mut keys: Vec<&String> = old.iter().map(|(k, _)| k).collect();
+    keys.extend(
+        new.iter()
+            .map(|(k, _)| k)
+            .filter(|k| !old.iter().any(|(o, _)| o == *k)),
+    );
+    keys.into_iter()
+        .filter_map(|k| {
+            let (o, n) = (get(old, k), get(new, k));
+            (o != n).then(|| FieldChange {
+                field: k.clone(),
+                old: o,
+                new: n,
+            })
+        })
+        .collect()
+}
+
+fn items(t: &pb::TargetConfig) -> Vec<Item> {
+    let mut out = Vec::new();
+    let mut settings = Vec::new();
+    push(&mut settings, "domain", quoted(&t.domain));
+    push(&mut settings, "consumer_header", quoted(&t.consumer_header));
+    push(&mut settings, "registry", t.registry.clone());
+    out.push((RuleKind::Service, t.service.clone(), settings));
+    for m in &t.matches {
+        let mut f = vec![("expr".to_string(), expr_opt(m.expr.as_ref()))];
+        if m.latency_ms != 0 {
+            f.push(("latency".to_string(), fmt_ms(m.latency_ms)));
+        }
+        out.push((RuleKind::Match, format!("{}/{}", t.service, m.name), f));
+    }
+    for b in &t.bulkheads {
+        let mut f = Vec::new();
+        push(&mut f, "on", expr_opt(b.on.as_ref()));
+        push(&mut f, "per", key_word(b.key()).to_string());
+        push(&mut f, "max_concurrent", b.max_concurrent.to_string());
+        push(&mut f, "max_wait", fmt_ms(b.max_wait_ms));
+        if b.max_queue != 0 {
+            push(&mut f, "queue", b.max_queue.to_string());
+        }
+        if b.timeout_ms != 0 {
+            push(&mut f, "timeout", fmt_ms(b.timeout_ms));
+        }
+        push(&mut f, "reject with", b.reject_status.to_string());
+        push(
+            &mut f,
+            "isolation",
+            if b.isolation() == pb::Isolation::Pool {
+                "pool"
+            } else {
+                "semaphore"
+            }
+            .to_string(),
+        );
+        out.push((RuleKind::Bulkhead, b.rule.clone(), f));
+    }
+    for l in &t.limits {
+        let mut f = Vec::new();
+        push(&mut f, "on", expr_opt(l.on.as_ref()));
+        if let Some(c) = &l.calls {
+            push(
+                &mut f,
+                "calls",
+                format!("{} per {}", c.amount, fmt_ms(c.window_ms)),
+            );
+        }
+        if let Some(b) = &l.bytes {
+            push(
+                &mut f,
+                "bytes",
+                format!(
+                    "{} per {}",
+                    fmt_bytes(i64::try_from(b.amount).unwrap_or(i64::MAX)),
+                    fmt_ms(b.window_ms)
+                ),
+            );
+        }
+        push(&mut f, "per", format!("{:?}", l.key()).to_lowercase());
+        let action = match l.action() {
+            pb::LimitAction::Reject => "reject".to_string(),
+            pb::LimitAction::Shape => format!("shape max_delay {}", fmt_ms(l.max_delay_ms)),
+        };
+        push(&mut f, "action", action);
+        push(&mut f, "reject with", l.reject_status.to_string());
+        let release = match l.release.as_ref().and_then(|r| r.kind.as_ref()) {
+            None => "every window".to_string(),
+            Some(pb::release::Kind::AfterMs(ms)) => format!("after {}", fmt_ms(*ms)),
+            Some(pb::release::Kind::Manual(_)) => "manual".to_string(),
+        };
+        push(&mut f, "release", release);
+        let scope = match (l.scope(), l.sync()) {
+            (pb::LimitScope::Local, _) => "local".to_string(),
+            (pb::LimitScope::Cluster, pb::ClusterSync::Exact) => "cluster sync exact".to_string(),
+            (pb::LimitScope::Cluster, pb::ClusterSync::Batch) => {
+                format!("cluster sync batch {}", fmt_ms(l.sync_batch_ms))
+            }
+        };
+        push(&mut f, "scope", scope);
+        out.push((RuleKind::Limit, l.rule.clone(), f));
+    }
+    for x in &t.fuses {
+        let mut f = Vec::new();
+        push(&mut f, "on", expr_opt(x.on.as_ref()));
+        for (i, trip) in x.trips.iter().enumerate() {
+            push(&mut f, &format!("trip {}", i + 1), trip_text(trip));
+        }
+        if let Some(c) = &x.business {
+            push(&mut f, "classify business", class_text(c));
+        }
+        if let Some(c) = &x.system {
+            push(&mut f, "classify system", class_text(c));
+        }
+        let recover = match x.recover.as_ref().and_then(|r| r.kind.as_ref()) {
+            None | Some(pb::recovery::Kind::Manual(_)) => "manual".to_string(),
+            Some(pb::recovery::Kind::After(a)) => {
+                format!("after {} probe {}", fmt_ms(a.after_ms), a.probes)
+            }
+        };
+        push(&mut f, "recover", recover);
+        push(&mut f, "reject with", x.reject_status.to_string());
+        out.push((RuleKind::Fuse, x.rule.clone(), f));
+    }
+    for x in &t.timeouts {
+        let f = vec![
+            ("on".to_string(), expr_opt(x.on.as_ref())),
+            ("timeout".to_string(), fmt_ms(x.timeout_ms)),
+        ];
+        out.push((RuleKind::Timeout, x.rule.clone(), f));
+    }
+    if let Some(w) = &t.warmup {
+        let f = w
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("step {}", i + 1), warmup_text(s)))
+            .collect();
+        out.push((RuleKind::Warmup, format!("{}/warmup", t.service), f));
+    }
+    if let Some(s) = &t.shutdown {
+        let f = s
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("step {}", i + 1), shutdown_text(s)))
+            .collect();
+        out.push((RuleKind::Shutdown, format!("{}/shutdown", t.service), f));
+    }
+    out
+}
+
+fn push(f: &mut Vec<(String, String)>, k: &str, v: String) {
+    if !v.is_empty() {
+        f.push((k.to_string(), v));
+    }
+}
+
+fn quoted(s: &str) -> String {
+    if s.is_empty() {
+        String::new()
+    } else {
+        format!("{s:?}")
+    }
+}
+
+fn fmt_ms(ms: u64) -> String {
+    fmt_millis(i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
+fn key_word(k: pb::BulkheadKey) -> &'static str {
+    match k {
+        pb::BulkheadKey::Operation => "operation",
+        pb::BulkheadKey::Instance => "instance",
+        pb::BulkheadKey::InstancePath => "instance path",
+    }
+}
+
+fn expr_opt(e: Option<&pb::MatchExpr>) -> String {
+    e.map(|e| expr_text(e, false)).unwrap_or_default()
+}
+
+/// A match expression in `.gov` syntax; `nested` adds parentheses around
+/// an `or` inside an `and`.
+pub fn expr_text(e: &pb::MatchExpr, nested: bool) -> String {
+    use pb::match_expr::Kind;
+    match &e.kind {
+        None | Some(Kind::Any(_)) => "any".to_string(),
+        Some(Kind::Path(p)) => {
+            let kind = if p.kind() == pb::PathKind::Exact {
+                "exact"
+            } else {
+                "prefix"
+            };
+            format!("path {kind} {:?}", p.value)
+        }
+        Some(Kind::Method(m)) => format!("method {m}"),
+        Some(Kind::Header(h)) => format!("header {:?} = {:?}", h.name, h.value),
+        Some(Kind::Consumer(c)) => format!("consumer {c:?}"),
+        Some(Kind::CallsTo(s)) => format!("calls to {s}"),
+        Some(Kind::And(l)) => l
+            .exprs
+            .iter()
+            .map(|x| expr_text(x, true))
+            .collect::<Vec<_>>()
+            .join(" and "),
+        Some(Kind::Or(l)) => {
+            let s = l
+                .exprs
+                .iter()
+                .map(|x| expr_text(x, false))
+                .collect::<Vec<_>>()
+                .join(" or ");
+            if nested { format!("({s})") } else { s }
+        }
+    }
+}
+
+fn trip_text(t: &pb::Trip) -> String {
+    let metric = match t.metric() {
+        pb::TripMetric::Errors => "errors",
+        pb::TripMetric::ErrorRatio => "error_ratio",
+        pb::TripMetric::BusinessErrors => "business_errors",
+        pb::TripMetric::BusinessErrorRatio => "business_error_ratio",
+        pb::TripMetric::SystemErrors => "system_errors",
+        pb::TripMetric::SystemErrorRatio => "system_error_ratio",
+    };
+    let op = if t.op() == pb::CompareOp::Ge {
+        ">="
+    } else {
+        ">"
+    };
+    let threshold = if metric.ends_with("ratio") {
+        fmt_milli_percent(i64::from(t.ratio_milli_percent))
+    } else {
+        t.count.to_string()
+    };
+    let mut s = format!("{metric} {op} {threshold} over {}", fmt_ms(t.window_ms));
+    if t.min_calls != 0 {
+        let _ = write!(s, " min_calls {}", t.min_calls);
+    }
+    s
+}
+
+fn class_text(c: &pb::ErrorClass) -> String {
+    let mut parts = Vec::new();
+    if !c.status.is_empty() {
+        let codes: Vec<String> = c
+            .status
+            .iter()
+            .map(|r| {
+                if r.to == 0 || r.to == r.from {
+                    r.from.to_string()
+                } else {
+                    format!("{}..{}", r.from, r.to)
+                }
+            })
+            .collect();
+        parts.push(format!("status {}", codes.join(" ")));
+    }
+    for (on, word) in [
+        (c.connect_failure, "connect_failure"),
+        (c.timeout, "timeout"),
+        (c.reset, "reset"),
+    ] {
+        if on {
+            parts.push(word.to_string());
+        }
+    }
+    parts.join(" ")
+}
+
+fn action_text(a: Option<&pb::Action>) -> String {
+    match a.and_then(|a| a.kind.as_ref()) {
+        Some(pb::action::Kind::Http(h)) => format!("http {} {:?}", h.method, h.path),
+        Some(pb::action::Kind::Signal(s)) => format!("signal {s}"),
+        None => String::new(),
+    }
+}
+
+fn warmup_text(s: &pb::WarmupStep) -> String {
+    use pb::warmup_step::Step;
+    match &s.step {
+        Some(Step::Ready(r)) => {
+            let probe = r
+                .probe
+                .as_ref()
+                .map(|p| format!("http {} {:?}", p.method, p.path))
+                .unwrap_or_default();
+            let mut s = format!(
+                "ready when {probe} is {} every {}",
+                r.status,
+                fmt_ms(r.every_ms)
+            );
+            if r.after_ms != 0 {
+                let _ = write!(s, " after {}", fmt_ms(r.after_ms));
+            }
+            if r.timeout_ms != 0 {
+                let _ = write!(s, " timeout {}", fmt_ms(r.timeout_ms));
+            }
+            s
+        }
+        Some(Step::Register(_)) => "register".to_string(),
+        Some(Step::Ramp(r)) => format!(
+            "ramp {} from {}",
+            fmt_ms(r.over_ms),
+            fmt_milli_percent(i64::from(r.from_milli_percent))
+        ),
+        Some(Step::Start(i)) => format!("start {} via {}", i.what, action_text(i.action.as_ref())),
+        None => String::new(),
+    }
+}
+
+fn shutdown_text(s: &pb::ShutdownStep) -> String {
+    use pb::shutdown_step::Step;
+    match &s.step {
+        Some(Step::Deregister(_)) => "deregister".to_string(),
+        Some(Step::Wait(w)) if !w.registry.is_empty() => {
+            format!("wait for {} ({})", w.registry, fmt_ms(w.duration_ms))
+        }
+        Some(Step::Wait(w)) => format!("wait {}", fmt_ms(w.duration_ms)),
+        Some(Step::Stop(i)) => format!("stop {} via {}", i.what, action_text(i.action.as_ref())),
+        Some(Step::DrainMs(ms)) => format!("drain {}", fmt_ms(*ms)),
+        None => String::new(),
+    }
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Change::Unchanged => "unchanged",
+            Change::Added => "added",
+            Change::Removed => "removed",
+            Change::Changed => "changed",
+        })
+    }
+}

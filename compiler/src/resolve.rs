@@ -1,0 +1,385 @@
+//! Name resolution: the index of registries, services, matches and rules
+//! that every check and the lowering read.
+//!
+//! Resolution never fails. The first definition of a name wins; later
+//! duplicates are reported by the duplicate checks and otherwise ignored, and
+//! unknown references resolve to [`Norm::Invalid`] so that one mistake gives
+//! one diagnostic, not a cascade.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gov_lang::ast::{
+    self, Bulkhead, Capacity, Fuse, Limit, MatchDef, MatchExpr, Policy, Rate, Registry, Service,
+    ServiceStmt, Shutdown, Span, Spanned, Warmup,
+};
+use miette::NamedSource;
+
+/// The source of one file, shared by every diagnostic that points into it.
+pub type Src = NamedSource<Arc<str>>;
+
+/// One parsed file.
+pub(crate) struct File<'a> {
+    pub name: &'a str,
+    pub text: &'a str,
+    pub src: Src,
+    pub policy: &'a Policy,
+}
+
+/// Everything the checks need, borrowed from the parsed files.
+pub(crate) struct Ctx<'a> {
+    pub files: Vec<File<'a>>,
+    /// Every registry as written, in file order.
+    pub registries: Vec<(usize, &'a Registry)>,
+    /// Name -> index into `registries` of the first definition.
+    pub registry_index: BTreeMap<&'a str, usize>,
+    /// Every service as written, in file order.
+    pub services: Vec<Svc<'a>>,
+    /// Name -> index into `services` of the first definition.
+    pub service_index: BTreeMap<&'a str, usize>,
+    /// Some file did not parse: names may be defined in it, so the
+    /// cross-file "unknown" checks stay quiet.
+    pub incomplete: bool,
+}
+
+/// One service and what it declares.
+pub(crate) struct Svc<'a> {
+    pub file: usize,
+    pub ast: &'a Service,
+    /// Name -> first definition.
+    pub matches: BTreeMap<&'a str, &'a MatchDef>,
+    /// Every rule in source order (duplicates included).
+    pub rules: Vec<Rule<'a>>,
+    pub workers: Option<&'a Spanned<i64>>,
+    pub instances: Option<&'a Spanned<i64>>,
+    pub rate: Option<&'a Rate<i64>>,
+    pub registry: Option<&'a ast::UsesRegistry>,
+    pub domain: Option<&'a ast::Str>,
+    pub consumer_header: Option<&'a ast::Str>,
+    pub warmup: Option<&'a Warmup>,
+    pub shutdown: Option<&'a Shutdown>,
+}
+
+/// A bulkhead, limit or fuse.
+#[derive(Clone, Copy)]
+pub(crate) enum Rule<'a> {
+    Bulkhead(&'a Bulkhead),
+    Limit(&'a Limit),
+    Fuse(&'a Fuse),
+}
+
+/// A match expression with references expanded, groups dropped and nested
+/// `and`/`or` flattened: two rules are on "the same match" when their
+/// `Norm`s are equal.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Norm {
+    Any,
+    PathExact(String),
+    PathPrefix(String),
+    Method(String),
+    Header(String, String),
+    Consumer(String),
+    CallsTo(String),
+    And(Vec<Norm>),
+    Or(Vec<Norm>),
+    /// An unknown or cyclic reference (reported elsewhere).
+    Invalid,
+}
+
+// === impl Ctx ===
+
+impl<'a> Ctx<'a> {
+    pub fn new(files: Vec<File<'a>>, incomplete: bool) -> Self {
+        let mut registries = Vec::new();
+        let mut registry_index = BTreeMap::new();
+        let mut services = Vec::new();
+        let mut service_index = BTreeMap::new();
+        for (file, f) in files.iter().enumerate() {
+            for item in &f.policy.items {
+                match item {
+                    ast::Item::Registry(r) => {
+                        registry_index
+                            .entry(r.name.node.as_str())
+                            .or_insert(registries.len());
+                        registries.push((file, r));
+                    }
+                    ast::Item::Service(s) => {
+                        service_index
+                            .entry(s.name.node.as_str())
+                            .or_insert(services.len());
+                        services.push(Svc::new(file, s));
+                    }
+                }
+            }
+        }
+        Ctx {
+            files,
+            registries,
+            registry_index,
+            services,
+            service_index,
+            incomplete,
+        }
+    }
+
+    pub fn src(&self, file: usize) -> Src {
+        self.files[file].src.clone()
+    }
+
+    pub fn registry(&self, name: &str) -> Option<&'a Registry> {
+        self.registry_index.get(name).map(|&i| self.registries[i].1)
+    }
+
+    /// The services that lowering sees: the first definition of each name.
+    pub fn unique_services(&self) -> impl Iterator<Item = &Svc<'a>> {
+        self.service_index.values().map(|&i| &self.services[i])
+    }
+}
+
+// === impl Svc ===
+
+impl<'a> Svc<'a> {
+    fn new(file: usize, ast: &'a Service) -> Self {
+        let mut svc = Svc {
+            file,
+            ast,
+            matches: BTreeMap::new(),
+            rules: Vec::new(),
+            workers: None,
+            instances: None,
+            rate: None,
+            registry: None,
+            domain: None,
+            consumer_header: None,
+            warmup: None,
+            shutdown: None,
+        };
+        for stmt in &ast.body {
+            match stmt {
+                ServiceStmt::Domain(d) => {
+                    svc.domain.get_or_insert(&d.name);
+                }
+                ServiceStmt::Registry(r) => {
+                    svc.registry.get_or_insert(r);
+                }
+                ServiceStmt::Consumer(c) => {
+                    svc.consumer_header.get_or_insert(&c.header);
+                }
+                ServiceStmt::Capacity(Capacity::Workers { count, .. }) => {
+                    svc.workers.get_or_insert(count);
+                }
+                ServiceStmt::Capacity(Capacity::Instances { count, .. }) => {
+                    svc.instances.get_or_insert(count);
+                }
+                ServiceStmt::Capacity(Capacity::Rate { rate, .. }) => {
+                    svc.rate.get_or_insert(rate);
+                }
+                ServiceStmt::Match(m) => {
+                    svc.matches.entry(m.name.node.as_str()).or_insert(m);
+                }
+                ServiceStmt::Bulkhead(b) => svc.rules.push(Rule::Bulkhead(b)),
+                ServiceStmt::Limit(l) => svc.rules.push(Rule::Limit(l)),
+                ServiceStmt::Fuse(f) => svc.rules.push(Rule::Fuse(f)),
+                ServiceStmt::Warmup(w) => {
+                    svc.warmup.get_or_insert(w);
+                }
+                ServiceStmt::Shutdown(s) => {
+                    svc.shutdown.get_or_insert(s);
+                }
+            }
+        }
+        svc
+    }
+
+    pub fn name(&self) -> &'a str {
+        &self.ast.name.node
+    }
+
+    pub fn match_names(&self) -> Vec<&'a str> {
+        self.matches.keys().copied().collect()
+    }
+
+    /// The expression with references expanded.
+    pub fn normalize(&self, expr: &MatchExpr) -> Norm {
+        let mut stack = Vec::new();
+        self.norm(expr, &mut stack)
+    }
+
+    fn norm(&self, expr: &'a MatchExpr, stack: &mut Vec<&'a str>) -> Norm {
+        match expr {
+            MatchExpr::Path {
+                kind: ast::PathKind::Exact,
+                value,
+                ..
+            } => Norm::PathExact(value.node.clone()),
+            MatchExpr::Path {
+                kind: ast::PathKind::Prefix,
+                value,
+                ..
+            } => Norm::PathPrefix(value.node.clone()),
+            MatchExpr::Method { method, .. } => Norm::Method(method.node.to_ascii_uppercase()),
+            MatchExpr::Header { name, value, .. } => {
+                Norm::Header(name.node.to_ascii_lowercase(), value.node.clone())
+            }
+            MatchExpr::Consumer { name, .. } => Norm::Consumer(name.node.clone()),
+            MatchExpr::CallsTo { service, .. } => Norm::CallsTo(service.node.clone()),
+            MatchExpr::Any { .. } => Norm::Any,
+            MatchExpr::Group { inner, .. } => self.norm(inner, stack),
+            MatchExpr::Ref { name } => {
+                let Some(def) = self.matches.get(name.node.as_str()) else {
+                    return Norm::Invalid;
+                };
+                if stack.contains(&name.node.as_str()) {
+                    return Norm::Invalid;
+                }
+                stack.push(&def.name.node);
+                let n = self.norm(&def.expr, stack);
+                stack.pop();
+                n
+            }
+            MatchExpr::And { lhs, rhs, .. } => {
+                let mut parts = Vec::new();
+                for side in [lhs, rhs] {
+                    match self.norm(side, stack) {
+                        Norm::And(inner) => parts.extend(inner),
+                        other => parts.push(other),
+                    }
+                }
+                Norm::And(parts)
+            }
+            MatchExpr::Or { lhs, rhs, .. } => {
+                let mut parts = Vec::new();
+                for side in [lhs, rhs] {
+                    match self.norm(side, stack) {
+                        Norm::Or(inner) => parts.extend(inner),
+                        other => parts.push(other),
+                    }
+                }
+                Norm::Or(parts)
+            }
+        }
+    }
+
+    /// The longest `latency` declared by a match the expression refers to.
+    pub fn latency(&self, expr: &MatchExpr) -> Option<&'a Spanned<ast::Duration>> {
+        let mut best: Option<&'a Spanned<ast::Duration>> = None;
+        let mut seen = Vec::new();
+        self.walk_refs(expr, &mut seen, &mut |def| {
+            if let Some(l) = &def.latency
+                && best
+                    .is_none_or(|b| crate::units::millis(&b.node) < crate::units::millis(&l.node))
+            {
+                best = Some(l);
+            }
+        });
+        best
+    }
+
+    fn walk_refs(
+        &self,
+        expr: &MatchExpr,
+        seen: &mut Vec<&'a str>,
+        f: &mut impl FnMut(&'a MatchDef),
+    ) {
+        match expr {
+            MatchExpr::Ref { name } => {
+                if let Some(def) = self.matches.get(name.node.as_str())
+                    && !seen.contains(&def.name.node.as_str())
+                {
+                    seen.push(&def.name.node);
+                    f(def);
+                    self.walk_refs(&def.expr, seen, f);
+                }
+            }
+            MatchExpr::And { lhs, rhs, .. } | MatchExpr::Or { lhs, rhs, .. } => {
+                self.walk_refs(lhs, seen, f);
+                self.walk_refs(rhs, seen, f);
+            }
+            MatchExpr::Group { inner, .. } => self.walk_refs(inner, seen, f),
+            _ => {}
+        }
+    }
+}
+
+// === impl Rule ===
+
+impl<'a> Rule<'a> {
+    pub fn name(&self) -> &'a ast::Ident {
+        match self {
+            Rule::Bulkhead(b) => &b.name,
+            Rule::Limit(l) => &l.name,
+            Rule::Fuse(f) => &f.name,
+        }
+    }
+
+    pub fn on(&self) -> &'a MatchExpr {
+        match self {
+            Rule::Bulkhead(b) => &b.on,
+            Rule::Limit(l) => &l.on,
+            Rule::Fuse(f) => &f.on,
+        }
+    }
+
+    pub fn span(&self) -> Span {
+        match self {
+            Rule::Bulkhead(b) => b.span,
+            Rule::Limit(l) => l.span,
+            Rule::Fuse(f) => f.span,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Rule::Bulkhead(_) => "bulkhead",
+            Rule::Limit(_) => "limit",
+            Rule::Fuse(_) => "fuse",
+        }
+    }
+}
+
+// === impl Norm ===
+
+impl Norm {
+    /// Outbound (client side): the expression selects calls to another service.
+    pub fn is_outbound(&self) -> bool {
+        match self {
+            Norm::CallsTo(_) => true,
+            Norm::And(parts) | Norm::Or(parts) => parts.iter().any(Norm::is_outbound),
+            _ => false,
+        }
+    }
+
+    pub fn is_valid(&self) -> bool {
+        match self {
+            Norm::Invalid => false,
+            Norm::And(parts) | Norm::Or(parts) => parts.iter().all(Norm::is_valid),
+            _ => true,
+        }
+    }
+}
+
+/// Every `calls to` in an expression (references not followed).
+pub(crate) fn calls_to<'e>(expr: &'e MatchExpr, out: &mut Vec<&'e ast::Ident>) {
+    match expr {
+        MatchExpr::CallsTo { service, .. } => out.push(service),
+        MatchExpr::And { lhs, rhs, .. } | MatchExpr::Or { lhs, rhs, .. } => {
+            calls_to(lhs, out);
+            calls_to(rhs, out);
+        }
+        MatchExpr::Group { inner, .. } => calls_to(inner, out),
+        _ => {}
+    }
+}
+
+/// Every match reference in an expression.
+pub(crate) fn refs<'e>(expr: &'e MatchExpr, out: &mut Vec<&'e ast::Ident>) {
+    match expr {
+        MatchExpr::Ref { name } => out.push(name),
+        MatchExpr::And { lhs, rhs, .. } | MatchExpr::Or { lhs, rhs, .. } => {
+            refs(lhs, out);
+            refs(rhs, out);
+        }
+        MatchExpr::Group { inner, .. } => refs(inner, out),
+        _ => {}
+    }
+}

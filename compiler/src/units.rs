@@ -1,0 +1,104 @@
+//! Units: durations and sizes as base numbers, and readable renderings.
+//!
+//! The compiler works in milliseconds and bytes. Values saturate instead of
+//! overflowing: a duration of `9223372036854775807h` is simply "huge", and the
+//! range checks say so.
+
+use gov_lang::ast::{Duration, Size, SizeUnit, TimeUnit};
+
+/// A duration in milliseconds.
+pub(crate) fn millis(d: &Duration) -> i64 {
+    let factor = match d.unit {
+        TimeUnit::Millis => 1,
+        TimeUnit::Seconds => 1_000,
+        TimeUnit::Minutes => 60_000,
+        TimeUnit::Hours => 3_600_000,
+    };
+    d.value.saturating_mul(factor)
+}
+
+/// A size in bytes.
+pub(crate) fn bytes(s: &Size) -> i64 {
+    let factor: i64 = match s.unit {
+        SizeUnit::B => 1,
+        SizeUnit::KB => 1_000,
+        SizeUnit::MB => 1_000_000,
+        SizeUnit::GB => 1_000_000_000,
+        SizeUnit::KiB => 1 << 10,
+        SizeUnit::MiB => 1 << 20,
+        SizeUnit::GiB => 1 << 30,
+    };
+    s.value.saturating_mul(factor)
+}
+
+/// `90000` -> `90s`, `1500` -> `1.5s`, `7200000` -> `2h`, `10` -> `10ms`.
+pub fn fmt_millis(ms: i64) -> String {
+    const UNITS: [(i64, &str); 3] = [(3_600_000, "h"), (60_000, "m"), (1_000, "s")];
+    for (factor, unit) in UNITS {
+        if ms != 0 && ms % factor == 0 {
+            return format!("{}{unit}", ms / factor);
+        }
+    }
+    if ms.abs() >= 1_000 {
+        // Not a whole number of seconds: at most three decimals.
+        let s = format!("{:.3}", ms as f64 / 1_000.0);
+        return format!("{}s", s.trim_end_matches('0').trim_end_matches('.'));
+    }
+    format!("{ms}ms")
+}
+
+/// `10485760` -> `10MiB`, `5000000` -> `5MB`, `700` -> `700B`.
+pub fn fmt_bytes(b: i64) -> String {
+    const UNITS: [(i64, &str); 6] = [
+        (1 << 30, "GiB"),
+        (1_000_000_000, "GB"),
+        (1 << 20, "MiB"),
+        (1_000_000, "MB"),
+        (1 << 10, "KiB"),
+        (1_000, "kB"),
+    ];
+    for (factor, unit) in UNITS {
+        if b != 0 && b % factor == 0 {
+            return format!("{}{unit}", b / factor);
+        }
+    }
+    format!("{b}B")
+}
+
+/// `50_000` thousandths -> `50%`, `12_500` -> `12.5%`.
+pub fn fmt_milli_percent(milli: i64) -> String {
+    if milli % 1_000 == 0 {
+        return format!("{}%", milli / 1_000);
+    }
+    let s = format!("{}.{:03}", milli / 1_000, (milli % 1_000).abs());
+    format!("{}%", s.trim_end_matches('0'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_readable_units() {
+        assert_eq!(fmt_millis(90_000), "90s");
+        assert_eq!(fmt_millis(1_500), "1.5s");
+        assert_eq!(fmt_millis(7_200_000), "2h");
+        assert_eq!(fmt_millis(60_000), "1m");
+        assert_eq!(fmt_millis(10), "10ms");
+        assert_eq!(fmt_millis(0), "0ms");
+        assert_eq!(fmt_bytes(10 << 20), "10MiB");
+        assert_eq!(fmt_bytes(5_000_000), "5MB");
+        assert_eq!(fmt_bytes(700), "700B");
+        assert_eq!(fmt_milli_percent(50_000), "50%");
+        assert_eq!(fmt_milli_percent(12_500), "12.5%");
+    }
+
+    #[test]
+    fn saturates_instead_of_overflowing() {
+        let d = Duration {
+            value: i64::MAX,
+            unit: TimeUnit::Hours,
+        };
+        assert_eq!(millis(&d), i64::MAX);
+    }
+}

@@ -1,0 +1,215 @@
+//! Lowering, version hashes and plans, on the real examples.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::path::{Path, PathBuf};
+
+use gov_compiler::plan::{Change, RuleKind};
+use gov_compiler::{Bundle, SourceFile, compile, plan};
+
+fn examples() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gov"))
+        .collect();
+    paths.sort();
+    assert!(!paths.is_empty());
+    paths
+}
+
+fn source(path: &Path) -> SourceFile {
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    SourceFile::new(name, std::fs::read_to_string(path).unwrap())
+}
+
+fn bundle(files: &[SourceFile]) -> Bundle {
+    match compile(files) {
+        Ok(c) => c.bundle,
+        Err(d) => panic!(
+            "does not compile: {:?}",
+            d.iter().map(|d| d.to_string()).collect::<Vec<_>>()
+        ),
+    }
+}
+
+fn versions(b: &Bundle) -> Vec<(String, String)> {
+    b.targets
+        .iter()
+        .map(|t| (t.service.clone(), t.version.clone()))
+        .collect()
+}
+
+#[test]
+fn the_same_input_gives_the_same_bytes() {
+    for path in examples() {
+        let a = bundle(&[source(&path)]);
+        let b = bundle(&[source(&path)]);
+        assert_eq!(a, b);
+        assert_eq!(
+            serde_yaml::to_string(&a).unwrap(),
+            serde_yaml::to_string(&b).unwrap()
+        );
+    }
+}
+
+#[test]
+fn reformatting_keeps_every_version() {
+    for path in examples() {
+        let file = source(&path);
+        let before = bundle(std::slice::from_ref(&file));
+        // The canonical layout, then a deliberately different one: every
+        // line indented further and blank lines doubled.
+        let formatted = gov_lang::format_source(&file.name, &file.text).unwrap();
+        let scrambled: String = file
+            .text
+            .lines()
+            .map(|l| {
+                if l.trim().is_empty() {
+                    "\n\n".to_string()
+                } else {
+                    format!("    {l}\n")
+                }
+            })
+            .collect();
+        for text in [formatted, scrambled] {
+            let after = bundle(&[SourceFile::new(file.name.clone(), text)]);
+            assert_eq!(versions(&before), versions(&after), "{}", path.display());
+            assert_eq!(before.version, after.version);
+        }
+    }
+}
+
+/// Splits a policy into one file per top-level item (registry or service).
+fn split_items(text: &str) -> Vec<String> {
+    let mut items = Vec::new();
+    let mut current = String::new();
+    let mut depth = 0i32;
+    for line in text.lines() {
+        let code = line.split('#').next().unwrap_or_default();
+        current.push_str(line);
+        current.push('\n');
+        depth += code.matches('{').count() as i32 - code.matches('}').count() as i32;
+        if depth == 0 && code.contains('}') {
+            items.push(std::mem::take(&mut current));
+        }
+    }
+    items
+}
+
+#[test]
+fn reordering_services_and_files_keeps_every_version() {
+    let shop = source(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/shop.gov"));
+    let before = bundle(std::slice::from_ref(&shop));
+    let items = split_items(&shop.text);
+    assert!(
+        items.len() >= 3,
+        "shop.gov should hold a registry and two services"
+    );
+    // All items in reverse order in one file.
+    let reversed: String = items.iter().rev().cloned().collect();
+    let after = bundle(&[SourceFile::new("shop.gov", reversed)]);
+    assert_eq!(versions(&before), versions(&after));
+    assert_eq!(before.version, after.version);
+    // One file per item, in reverse order.
+    let files: Vec<SourceFile> = items
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, text)| SourceFile::new(format!("part{i}.gov"), text.clone()))
+        .collect();
+    let after = bundle(&files);
+    assert_eq!(versions(&before), versions(&after));
+    assert_eq!(before.version, after.version);
+    // Source references do follow the text.
+    let order = |b: &Bundle| {
+        b.targets
+            .iter()
+            .find(|t| t.service == "order")
+            .unwrap()
+            .bulkheads
+            .clone()
+    };
+    assert_ne!(order(&before), order(&after));
+}
+
+#[test]
+fn changing_one_number_changes_exactly_that_service_and_rule() {
+    let shop = source(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/shop.gov"));
+    let old = bundle(std::slice::from_ref(&shop));
+    let needle = "max_concurrent 10\n";
+    assert_eq!(shop.text.matches(needle).count(), 1);
+    let changed = SourceFile::new("shop.gov", shop.text.replace(needle, "max_concurrent 12\n"));
+    let new = bundle(&[changed]);
+
+    let (o, n) = (versions(&old), versions(&new));
+    let differing: Vec<&str> = o
+        .iter()
+        .zip(&n)
+        .filter(|(a, b)| a != b)
+        .map(|(a, _)| a.0.as_str())
+        .collect();
+    assert_eq!(differing, ["order"]);
+    assert_ne!(old.version, new.version);
+
+    let p = plan(&old, &new);
+    assert!(p.has_changes());
+    let changed: Vec<_> = p
+        .services
+        .iter()
+        .filter(|s| s.change != Change::Unchanged)
+        .collect();
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].service, "order");
+    assert_eq!(changed[0].rules.len(), 1);
+    let rule = &changed[0].rules[0];
+    assert_eq!(
+        (rule.kind, rule.rule.as_str(), rule.change),
+        (RuleKind::Bulkhead, "order/slow_calls", Change::Changed)
+    );
+    assert_eq!(rule.fields.len(), 1);
+    assert_eq!(rule.fields[0].field, "max_concurrent");
+    assert_eq!(
+        (rule.fields[0].old.as_deref(), rule.fields[0].new.as_deref()),
+        (Some("10"), Some("12"))
+    );
+    insta::assert_snapshot!(p.render(), @r"
+    ~ service order
+      ~ bulkhead order/slow_calls: max_concurrent 10 -> 12
+
+    Plan: 0 service(s) to add, 1 to change, 0 to remove.
+    ");
+    assert!(!plan(&old, &old).has_changes());
+}
+
+#[test]
+fn plan_shows_added_and_removed_parts() {
+    let old = bundle(&[SourceFile::new(
+        "a.gov",
+        "service a {\n  match api = path prefix \"/api\"\n  limit l on api { calls 10 per 1s }\n}\nservice gone {}\n",
+    )]);
+    let new = bundle(&[SourceFile::new(
+        "a.gov",
+        "service a {\n  match api = path prefix \"/v2\"\n  bulkhead b on api { max_concurrent 4 }\n}\nservice fresh {}\n",
+    )]);
+    let p = plan(&old, &new);
+    insta::assert_snapshot!(p.render(), @r#"
+    ~ service a
+      ~ match a/api: expr path prefix "/api" -> path prefix "/v2"
+      + bulkhead a/b
+      - limit a/l
+    + service fresh
+    - service gone
+
+    Plan: 1 service(s) to add, 1 to change, 1 to remove.
+    "#);
+    let json = serde_json::to_value(&p).unwrap();
+    assert_eq!(json["services"][0]["change"], "changed");
+    assert_eq!(
+        json["services"][0]["rules"][0]["fields"][0]["old"],
+        "path prefix \"/api\""
+    );
+    let proto = p.to_proto();
+    assert_eq!(proto.services.len(), 3);
+}

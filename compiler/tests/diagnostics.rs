@@ -1,0 +1,118 @@
+//! Golden tests of what users read: every invalid fixture under
+//! `tests/fixtures/` is checked, must report the diagnostic its file is
+//! named after, and its rendered diagnostics are an insta snapshot.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::path::Path;
+
+use gov_compiler::{Diagnostics, SourceFile, check};
+use miette::{GraphicalReportHandler, GraphicalTheme};
+
+fn render(diagnostics: &Diagnostics) -> String {
+    let handler =
+        GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor()).with_width(100);
+    let mut out = String::new();
+    for d in diagnostics {
+        handler.render_report(&mut out, d).unwrap();
+        out.push('\n');
+    }
+    out
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+#[test]
+fn every_fixture_reports_its_code() {
+    insta::glob!("fixtures/*.gov", |path| {
+        let text = std::fs::read_to_string(path).unwrap();
+        let checked = check(&[SourceFile::new(file_name(path), text)]);
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let codes: Vec<String> = checked.diagnostics.iter().map(|d| d.code_str()).collect();
+        assert!(
+            codes
+                .iter()
+                .any(|c| c.rsplit("::").next() == Some(stem.as_str())),
+            "{stem}.gov must report `{stem}`, got {codes:?}"
+        );
+        // A fixture for one check should not trip over other checks.
+        assert!(
+            codes
+                .iter()
+                .all(|c| c.rsplit("::").next() == Some(stem.as_str())),
+            "{stem}.gov reports other codes too: {codes:?}"
+        );
+        assert!(checked.model.is_none() || checked.diagnostics.iter().all(|d| d.is_warning()));
+        insta::assert_snapshot!(render(&checked.diagnostics));
+    });
+}
+
+#[test]
+fn every_code_has_a_fixture_and_a_doc() {
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/checks.md")).unwrap();
+    for code in gov_compiler::check::CODES {
+        let short = code.rsplit("::").next().unwrap();
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/{short}.gov"));
+        assert!(fixture.exists(), "no fixture for {code}");
+        assert!(
+            docs.contains(&format!("`{code}`")),
+            "docs/checks.md does not document {code}"
+        );
+    }
+}
+
+#[test]
+fn syntax_errors_come_first_and_semantic_checks_still_run() {
+    let files = [
+        SourceFile::new("broken.gov", "service a {"),
+        SourceFile::new("ok.gov", "service b { capacity workers 0 }"),
+    ];
+    let checked = check(&files);
+    let codes: Vec<String> = checked.diagnostics.iter().map(|d| d.code_str()).collect();
+    assert_eq!(codes, ["gov::syntax", "gov::non-positive"]);
+    assert!(checked.model.is_none());
+}
+
+#[test]
+fn unknown_services_are_not_reported_when_a_file_did_not_parse() {
+    let files = [
+        SourceFile::new("broken.gov", "service inventory {"),
+        SourceFile::new(
+            "ok.gov",
+            "service b { bulkhead x on calls to inventory { max_concurrent 1 } }",
+        ),
+    ];
+    let codes: Vec<String> = check(&files)
+        .diagnostics
+        .iter()
+        .map(|d| d.code_str())
+        .collect();
+    assert_eq!(codes, ["gov::syntax"]);
+}
+
+#[test]
+fn a_duplicate_across_files_points_into_both() {
+    let files = [
+        SourceFile::new("a.gov", "service order {}\n"),
+        SourceFile::new("b.gov", "\n\nservice order {}\n"),
+    ];
+    let checked = check(&files);
+    let rendered = render(&checked.diagnostics);
+    assert!(rendered.contains("[b.gov:3:9]"), "{rendered}");
+    assert!(rendered.contains("[a.gov:1:9]"), "{rendered}");
+    assert!(rendered.contains("first defined here"), "{rendered}");
+    assert!(rendered.contains("defined again here"), "{rendered}");
+}
+
+#[test]
+fn warnings_do_not_block() {
+    let text = "service a {\n  capacity workers 2\n  bulkhead b on any { max_concurrent 5 }\n}\n";
+    let checked = check(&[SourceFile::new("a.gov", text)]);
+    assert_eq!(checked.diagnostics.warning_count(), 1);
+    assert!(!checked.diagnostics.has_errors());
+    assert!(checked.model.is_some());
+}
