@@ -1,0 +1,945 @@
+//! Drawing: a pure function of [`App`].
+//!
+//! Layout, top to bottom: a header (control plane, bundle version, connection,
+//! counts), a red DISCONNECTED banner while the control plane is gone, the
+//! agents table, then the rules table and the tripped fuses / engaged limits
+//! on the left with a detail pane for the selection on the right, and a footer
+//! with key hints. Help, the release confirmation and release results are
+//! popups over it. Only the visible rows of long tables are built.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style, Stylize};
+use ratatui::text::{Line, Span, Text};
+use ratatui::widgets::{
+    Block, BorderType, Borders, Cell, Clear, Gauge, Paragraph, Row, Sparkline, Table, TableState,
+    Wrap,
+};
+
+use crate::app::{App, Connection, Mode, Pane, Trip, agent_key, kind_name, service_of, trip_key};
+use crate::format::{
+    LATENCY_BOUNDS, ago, bar, duration, quantile_bucket, rate, short_version, truncate,
+};
+use crate::history::REASONS;
+use crate::proto::{AgentView, Phase, ReleaseKind, RuleKind, RuleView, SourceRef, SyncState};
+
+const FOCUS: Color = Color::Cyan;
+const SELECTED: Style = Style::new().add_modifier(Modifier::REVERSED);
+
+/// Draws the whole screen for `app`.
+pub fn render(app: &App, frame: &mut Frame<'_>) {
+    let area = frame.area();
+    let banner = matches!(app.connection, Connection::Disconnected { .. });
+    let [header, banner_area, body, footer] = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Length(u16::from(banner)),
+        Constraint::Fill(1),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+
+    render_header(app, frame, header);
+    if banner {
+        render_banner(app, frame, banner_area);
+    }
+    render_body(app, frame, body);
+    render_footer(app, frame, footer);
+
+    match &app.mode {
+        Mode::Help => render_help(app, frame, area),
+        Mode::ConfirmRelease { kind, rule, yes } => {
+            render_confirm(app, frame, area, *kind, rule, *yes);
+        }
+        Mode::Result { text, ok } => render_result(frame, area, text, *ok),
+        Mode::Normal | Mode::Filter => {}
+    }
+}
+
+fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
+    let mut spans = vec![
+        Span::styled(" gov ", Style::new().bold().black().on_cyan()),
+        Span::raw(" "),
+        Span::raw(app.url.as_str()),
+        Span::raw(" │ "),
+    ];
+    let version = app
+        .view
+        .as_ref()
+        .map(|v| v.version.as_str())
+        .filter(|v| !v.is_empty());
+    spans.push(Span::raw(match version {
+        Some(v) => format!("bundle {}", short_version(v)),
+        None => "no bundle applied".into(),
+    }));
+    spans.push(Span::raw(" │ "));
+    spans.push(match &app.connection {
+        Connection::Connecting => Span::styled("CONNECTING…", Style::new().yellow()),
+        Connection::Connected => Span::styled("● CONNECTED", Style::new().green()),
+        Connection::Disconnected { .. } => {
+            Span::styled("● DISCONNECTED", Style::new().red().bold())
+        }
+    });
+    if let Some(view) = &app.view {
+        let mut services: Vec<&str> = view.agents.iter().map(|a| a.service.as_str()).collect();
+        services.extend(view.rules.iter().map(|r| service_of(&r.rule)));
+        services.sort_unstable();
+        services.dedup();
+        let unsynced = view
+            .agents
+            .iter()
+            .filter(|a| a.state() != SyncState::Synced)
+            .count();
+        spans.push(Span::raw(format!(
+            " │ {} services · {} agents",
+            services.len(),
+            view.agents.len()
+        )));
+        if unsynced > 0 {
+            spans.push(Span::styled(
+                format!(" ({unsynced} not synced)"),
+                Style::new().yellow(),
+            ));
+        }
+        spans.push(Span::raw(format!(" · {} rules", view.rules.len())));
+        let trips = view.fuses.len() + view.limits.len();
+        if trips > 0 {
+            spans.push(Span::raw(" · "));
+            spans.push(Span::styled(
+                format!("{trips} tripped"),
+                Style::new().red().bold(),
+            ));
+        }
+        if view.at_unix_ms > 0 {
+            spans.push(Span::raw(format!(
+                " │ updated {}",
+                ago(app.now_ms, view.at_unix_ms)
+            )));
+        }
+    }
+    if app.readonly {
+        spans.push(Span::raw(" │ "));
+        spans.push(Span::styled("READ-ONLY", Style::new().black().on_yellow()));
+    }
+    frame.render_widget(Line::from(spans), area);
+}
+
+fn render_banner(app: &App, frame: &mut Frame<'_>, area: Rect) {
+    let Connection::Disconnected { since_ms, error } = &app.connection else {
+        return;
+    };
+    let mut text = format!(
+        " DISCONNECTED from {} for {}: {error} · reconnecting…",
+        app.url,
+        duration(app.now_ms.saturating_sub(*since_ms))
+    );
+    if app.view.is_some() {
+        text.push_str(" (showing the last view)");
+    }
+    frame.render_widget(
+        Paragraph::new(text).style(Style::new().white().on_red().bold()),
+        area,
+    );
+}
+
+fn render_body(app: &App, frame: &mut Frame<'_>, area: Rect) {
+    let agents = app.agents();
+    let trips = app.trips();
+    let agents_height = u16::try_from(agents.len().max(1) + 3)
+        .unwrap_or(u16::MAX)
+        .min((area.height * 3 / 10).max(5));
+    let [agents_area, rest] =
+        Layout::vertical([Constraint::Length(agents_height), Constraint::Fill(1)]).areas(area);
+    let [left, detail_area] =
+        Layout::horizontal([Constraint::Fill(62), Constraint::Fill(38)]).areas(rest);
+    let trips_height = u16::try_from(trips.len().max(1) + 3)
+        .unwrap_or(u16::MAX)
+        .min((left.height / 3).max(4));
+    let [rules_area, trips_area] =
+        Layout::vertical([Constraint::Fill(1), Constraint::Length(trips_height)]).areas(left);
+
+    render_agents(app, frame, agents_area, &agents);
+    render_rules(app, frame, rules_area);
+    render_trips(app, frame, trips_area, &trips);
+    render_detail(app, frame, detail_area);
+}
+
+fn pane_block(app: &App, pane: Pane, title: String) -> Block<'static> {
+    let focused = app.focus == pane;
+    let block = Block::new()
+        .borders(Borders::ALL)
+        .border_type(BorderType::Rounded)
+        .title(Line::from(format!(" {title} ")));
+    if focused {
+        block
+            .border_style(Style::new().fg(FOCUS))
+            .title_style(Style::new().fg(FOCUS).bold())
+    } else {
+        block.border_style(Style::new().dark_gray())
+    }
+}
+
+fn count_title(name: &str, shown: usize, total: usize) -> String {
+    if shown == total {
+        format!("{name} ({total})")
+    } else {
+        format!("{name} ({shown}/{total})")
+    }
+}
+
+/// The rows to build for a table of `len` rows in `area` (borders and header
+/// excluded) so that `selected` is visible, and the selection within them.
+fn window(len: usize, selected: Option<usize>, area: Rect) -> (usize, usize, Option<usize>) {
+    let visible = usize::from(area.height.saturating_sub(3)).max(1);
+    let sel = selected.unwrap_or(0);
+    let offset = sel.saturating_sub(visible - 1);
+    let end = (offset + visible).min(len);
+    (offset, end, selected.map(|s| s - offset))
+}
+
+/// One table pane: its frame, columns and the rows in view.
+struct TableSpec<'a> {
+    block: Block<'a>,
+    header: &'a [&'a str],
+    widths: &'a [Constraint],
+    rows: Vec<Row<'a>>,
+    /// Within `rows`.
+    selected: Option<usize>,
+    focused: bool,
+    /// Shown instead of an empty table.
+    empty: &'a str,
+}
+
+fn render_table(frame: &mut Frame<'_>, area: Rect, spec: TableSpec<'_>) {
+    let TableSpec {
+        block,
+        header,
+        widths,
+        rows,
+        selected,
+        focused,
+        empty,
+    } = spec;
+    if rows.is_empty() {
+        frame.render_widget(
+            Paragraph::new(Span::styled(empty.to_owned(), Style::new().dark_gray())).block(block),
+            area,
+        );
+        return;
+    }
+    let header = Row::new(header.iter().map(|h| Cell::from(*h))).style(Style::new().bold());
+    let table = Table::new(rows, widths.iter().copied())
+        .header(header)
+        .block(block)
+        .column_spacing(1)
+        .row_highlight_style(if focused {
+            SELECTED
+        } else {
+            Style::new().add_modifier(Modifier::BOLD)
+        });
+    let mut state = TableState::new().with_selected(selected);
+    frame.render_stateful_widget(table, area, &mut state);
+}
+
+// === agents ===
+
+fn sync_cell(a: &AgentView) -> Cell<'static> {
+    match a.state() {
+        SyncState::Synced => Cell::from("SYNCED").green(),
+        SyncState::Stale => Cell::from("STALE").yellow(),
+        SyncState::Nacked => {
+            let mut text = String::from("NACKED");
+            if !a.reason.is_empty() {
+                text.push_str(&format!(" ({})", a.reason));
+            }
+            Cell::from(text).red().bold()
+        }
+        SyncState::Disconnected => Cell::from("DISCONNECTED").dark_gray(),
+        SyncState::Unspecified => Cell::from("-"),
+    }
+}
+
+fn phase_name(p: Phase) -> &'static str {
+    match p {
+        Phase::Unspecified => "-",
+        Phase::Starting => "starting",
+        Phase::Warming => "warming",
+        Phase::Ready => "ready",
+        Phase::Draining => "draining",
+        Phase::Stopped => "stopped",
+    }
+}
+
+fn render_agents(app: &App, frame: &mut Frame<'_>, area: Rect, agents: &[&AgentView]) {
+    let total = app.view.as_ref().map_or(0, |v| v.agents.len());
+    let keys: Vec<String> = agents.iter().map(|a| agent_key(a)).collect();
+    let selected = app.selected_in(Pane::Agents, keys.iter().map(String::as_str));
+    let (from, to, sel) = window(agents.len(), selected, area);
+    let rows = agents[from..to]
+        .iter()
+        .map(|a| {
+            // A disconnected agent enforces its last good version.
+            let version = if a.state() == SyncState::Disconnected || a.version.is_empty() {
+                &a.last_good_version
+            } else {
+                &a.version
+            };
+            Row::new(vec![
+                Cell::from(a.service.clone()),
+                Cell::from(a.instance.clone()),
+                Cell::from(a.address.clone()),
+                Cell::from(short_version(version).to_owned()),
+                sync_cell(a),
+                Cell::from(phase_name(a.phase())),
+                Cell::from(ago(app.now_ms, a.last_seen_unix_ms)),
+            ])
+        })
+        .collect();
+    render_table(
+        frame,
+        area,
+        TableSpec {
+            block: pane_block(
+                app,
+                Pane::Agents,
+                count_title("Agents", agents.len(), total),
+            ),
+            header: &[
+                "SERVICE",
+                "INSTANCE",
+                "ADDRESS",
+                "VERSION",
+                "SYNC",
+                "PHASE",
+                "LAST SEEN",
+            ],
+            widths: &[
+                Constraint::Length(12),
+                Constraint::Length(18),
+                Constraint::Length(21),
+                Constraint::Length(8),
+                Constraint::Fill(1),
+                Constraint::Length(8),
+                Constraint::Length(10),
+            ],
+            rows,
+            selected: sel,
+            focused: app.focus == Pane::Agents,
+            empty: if app.view.is_none() {
+                "waiting for the control plane…"
+            } else {
+                "no agents connected"
+            },
+        },
+    );
+}
+
+// === rules ===
+
+fn kind_label(k: RuleKind) -> &'static str {
+    match k {
+        RuleKind::Bulkhead => "bulkhead",
+        RuleKind::Limit => "limit",
+        RuleKind::Fuse => "fuse",
+        RuleKind::Timeout => "timeout",
+        RuleKind::Match => "match",
+        RuleKind::Warmup => "warmup",
+        RuleKind::Shutdown => "shutdown",
+        RuleKind::Service => "service",
+        RuleKind::Unspecified => "-",
+    }
+}
+
+/// A text sparkline of the last `width` samples, scaled to their maximum.
+fn spark_text(samples: &[f64], width: usize) -> String {
+    const LEVELS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let tail = &samples[samples.len().saturating_sub(width)..];
+    let max = tail.iter().copied().fold(0.0, f64::max);
+    if max <= 0.0 {
+        return String::new();
+    }
+    tail.iter()
+        .map(|v| {
+            if *v <= 0.0 {
+                ' '
+            } else {
+                let level = (v / max * 7.0).round().clamp(0.0, 7.0);
+                LEVELS[level as usize]
+            }
+        })
+        .collect()
+}
+
+fn in_flight_text(in_flight: u64, capacity: u64) -> String {
+    if capacity == 0 {
+        format!("{:>6}", in_flight)
+    } else {
+        format!("{} {in_flight}/{capacity}", bar(in_flight, capacity, 6))
+    }
+}
+
+fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
+    let rules = app.rules();
+    let total = app.view.as_ref().map_or(0, |v| v.rules.len());
+    let selected = app.selected_in(Pane::Rules, rules.iter().map(|r| r.rule.as_str()));
+    let (from, to, sel) = window(rules.len(), selected, area);
+    let spark_width = 12;
+    let rows = rules[from..to]
+        .iter()
+        .map(|r| {
+            let stats = r.stats.clone().unwrap_or_default();
+            let rates = app.rates(&r.rule).copied().unwrap_or_default();
+            let samples: Vec<f64> = app.rejection_history(&r.rule).collect();
+            let rejected = Cell::from(rate(rates.rejected));
+            let rejected = if rates.rejected > 0.0 {
+                rejected.red().bold()
+            } else {
+                rejected
+            };
+            let tripped = app.view.as_ref().is_some_and(|v| {
+                v.fuses.iter().any(|f| f.rule == r.rule)
+                    || v.limits.iter().any(|l| l.rule == r.rule)
+            });
+            let name = Cell::from(r.rule.clone());
+            Row::new(vec![
+                if tripped { name.red().bold() } else { name },
+                Cell::from(kind_label(r.kind())),
+                Cell::from(in_flight_text(stats.in_flight, stats.capacity)),
+                Cell::from(stats.waiting.to_string()),
+                Cell::from(rate(rates.admitted)),
+                rejected,
+                Cell::from(quantile_bucket(&stats.latency_buckets, 0.99).unwrap_or("-")),
+                Cell::from(spark_text(&samples, spark_width)).red(),
+            ])
+        })
+        .collect();
+    render_table(
+        frame,
+        area,
+        TableSpec {
+            block: pane_block(app, Pane::Rules, count_title("Rules", rules.len(), total)),
+            header: &[
+                "RULE",
+                "KIND",
+                "IN FLIGHT",
+                "WAIT",
+                "ADM/s",
+                "REJ/s",
+                "P99",
+                "REJECTIONS",
+            ],
+            widths: &[
+                Constraint::Fill(1),
+                Constraint::Length(8),
+                Constraint::Length(14),
+                Constraint::Length(4),
+                Constraint::Length(6),
+                Constraint::Length(6),
+                Constraint::Length(6),
+                Constraint::Length(12),
+            ],
+            rows,
+            selected: sel,
+            focused: app.focus == Pane::Rules,
+            empty: if app.view.is_none() {
+                ""
+            } else {
+                "no rules: apply a policy with `govc apply`"
+            },
+        },
+    );
+}
+
+// === trips ===
+
+/// Time left until automatic release, counted down from the view's time.
+fn remaining_text(app: &App, t: &Trip<'_>) -> String {
+    if t.remaining_ms == 0 {
+        return "manual".into();
+    }
+    let at = app.view.as_ref().map_or(0, |v| v.at_unix_ms);
+    let elapsed = if at == 0 {
+        0
+    } else {
+        app.now_ms.saturating_sub(at)
+    };
+    format!("in {}", duration(t.remaining_ms.saturating_sub(elapsed)))
+}
+
+fn render_trips(app: &App, frame: &mut Frame<'_>, area: Rect, trips: &[Trip<'_>]) {
+    let total = app
+        .view
+        .as_ref()
+        .map_or(0, |v| v.fuses.len() + v.limits.len());
+    let keys: Vec<String> = trips.iter().map(|t| trip_key(*t)).collect();
+    let selected = app.selected_in(Pane::Trips, keys.iter().map(String::as_str));
+    let (from, to, sel) = window(trips.len(), selected, area);
+    let rows = trips[from..to]
+        .iter()
+        .map(|t| {
+            Row::new(vec![
+                Cell::from(kind_name(t.kind)),
+                Cell::from(t.rule.to_owned()),
+                Cell::from(t.state).red().bold(),
+                Cell::from(ago(app.now_ms, t.since_unix_ms)),
+                Cell::from(remaining_text(app, t)),
+                Cell::from(t.reason.to_owned()),
+            ])
+        })
+        .collect();
+    render_table(
+        frame,
+        area,
+        TableSpec {
+            block: pane_block(
+                app,
+                Pane::Trips,
+                count_title("Tripped fuses & engaged limits", trips.len(), total),
+            ),
+            header: &["KIND", "RULE", "STATE", "SINCE", "AUTO", "WHY"],
+            widths: &[
+                Constraint::Length(5),
+                Constraint::Length(20),
+                Constraint::Length(9),
+                Constraint::Length(9),
+                Constraint::Length(9),
+                Constraint::Fill(1),
+            ],
+            rows,
+            selected: sel,
+            focused: app.focus == Pane::Trips,
+            empty: "none: every fuse is closed and no limit is engaged",
+        },
+    );
+}
+
+// === detail ===
+
+fn render_detail(app: &App, frame: &mut Frame<'_>, area: Rect) {
+    let block = Block::new()
+        .borders(Borders::ALL)
+        .border_type(BorderType::Rounded)
+        .border_style(Style::new().dark_gray());
+    match app.focus {
+        Pane::Agents => match app.selected_agent() {
+            Some(a) => render_agent_detail(app, frame, area, block, a),
+            None => frame.render_widget(block.title(" Detail "), area),
+        },
+        Pane::Rules => {
+            let rule = app.selected_rule();
+            let trip = rule.and_then(|r| app.trips().into_iter().find(|t| t.rule == r.rule));
+            render_rule_detail(app, frame, area, block, rule, trip);
+        }
+        Pane::Trips => {
+            let trip = app.selected_trip();
+            let rule = trip.and_then(|t| {
+                app.view
+                    .as_ref()
+                    .and_then(|v| v.rules.iter().find(|r| r.rule == t.rule))
+            });
+            render_rule_detail(app, frame, area, block, rule, trip);
+        }
+    }
+}
+
+fn field(name: &str, value: impl Into<String>) -> Line<'static> {
+    Line::from(vec![
+        Span::styled(format!("{name:<11}"), Style::new().dark_gray()),
+        Span::raw(value.into()),
+    ])
+}
+
+fn render_agent_detail(
+    app: &App,
+    frame: &mut Frame<'_>,
+    area: Rect,
+    block: Block<'_>,
+    a: &AgentView,
+) {
+    let mut lines = vec![
+        field("service", a.service.clone()),
+        field("instance", a.instance.clone()),
+        field("address", a.address.clone()),
+        Line::from(vec![
+            Span::styled(format!("{:<11}", "sync"), Style::new().dark_gray()),
+            match a.state() {
+                SyncState::Synced => Span::raw("SYNCED").green(),
+                SyncState::Stale => Span::raw("STALE").yellow(),
+                SyncState::Nacked => Span::raw("NACKED").red().bold(),
+                SyncState::Disconnected => Span::raw("DISCONNECTED").dark_gray(),
+                SyncState::Unspecified => Span::raw("-"),
+            },
+        ]),
+    ];
+    if !a.reason.is_empty() {
+        lines.push(field("reason", a.reason.clone()));
+    }
+    if !a.rule.is_empty() {
+        lines.push(field("rule", a.rule.clone()));
+    }
+    lines.push(field("sent", a.version.clone()));
+    lines.push(field("enforcing", a.last_good_version.clone()));
+    lines.push(field("phase", phase_name(a.phase())));
+    lines.push(field("last seen", ago(app.now_ms, a.last_seen_unix_ms)));
+    for (k, v) in &a.labels {
+        lines.push(field("label", format!("{k}={v}")));
+    }
+    frame.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(block.title(format!(" Agent {} ", a.instance))),
+        area,
+    );
+}
+
+fn source_line(source: Option<&SourceRef>) -> String {
+    match source {
+        Some(s) if !s.file.is_empty() && s.line > 0 => format!("{}:{}", s.file, s.line),
+        Some(s) if !s.file.is_empty() => s.file.clone(),
+        _ => "-".into(),
+    }
+}
+
+fn render_rule_detail(
+    app: &App,
+    frame: &mut Frame<'_>,
+    area: Rect,
+    block: Block<'_>,
+    rule: Option<&RuleView>,
+    trip: Option<Trip<'_>>,
+) {
+    let name = rule
+        .map(|r| r.rule.as_str())
+        .or(trip.map(|t| t.rule))
+        .unwrap_or_default();
+    if name.is_empty() {
+        frame.render_widget(block.title(" Detail "), area);
+        return;
+    }
+    let block = block.title(format!(" {name} "));
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+
+    let stats = rule.and_then(|r| r.stats.clone()).unwrap_or_default();
+    let rates = app.rates(name).copied().unwrap_or_default();
+    let source = rule
+        .and_then(|r| r.source.as_ref())
+        .or(trip.and_then(|t| t.source));
+
+    let mut top = vec![field(
+        "kind",
+        rule.map_or_else(
+            || trip.map_or("-", |t| kind_name(t.kind)).to_owned(),
+            |r| kind_label(r.kind()).to_owned(),
+        ),
+    )];
+    top.push(field("source", source_line(source)));
+    if let Some(t) = trip {
+        top.push(Line::from(vec![
+            Span::styled(format!("{:<11}", "state"), Style::new().dark_gray()),
+            Span::raw(t.state).red().bold(),
+            Span::raw(format!(" since {}", ago(app.now_ms, t.since_unix_ms))),
+        ]));
+        top.push(field("why", t.reason.to_owned()));
+        top.push(field("auto", remaining_text(app, &t)));
+    }
+    top.push(field(
+        "traffic",
+        format!(
+            "waiting {} · admitted {}/s · rejected {}/s",
+            stats.waiting,
+            rate(rates.admitted),
+            rate(rates.rejected)
+        ),
+    ));
+    let reasons: Vec<String> = REASONS
+        .iter()
+        .zip(rates.by_reason)
+        .filter(|(_, r)| *r > 0.0)
+        .map(|(name, r)| format!("{name} {}/s", rate(r)))
+        .collect();
+    if !reasons.is_empty() {
+        top.push(Line::from(vec![
+            Span::styled(format!("{:<11}", "rejected"), Style::new().dark_gray()),
+            Span::raw(reasons.join(" · ")).red(),
+        ]));
+    }
+
+    let latency = latency_lines(&stats.latency_buckets);
+    let snippet: Vec<Line<'_>> = source
+        .map(|s| s.snippet.lines().map(Line::raw).collect())
+        .unwrap_or_default();
+
+    let [top_area, gauge_area, latency_area, spark_area, snippet_area] = Layout::vertical([
+        Constraint::Length(u16::try_from(top.len()).unwrap_or(u16::MAX)),
+        Constraint::Length(1),
+        Constraint::Length(u16::try_from(latency.len()).unwrap_or(u16::MAX)),
+        Constraint::Length(3),
+        Constraint::Fill(1),
+    ])
+    .areas(inner);
+
+    frame.render_widget(Paragraph::new(top), top_area);
+
+    let label = if stats.capacity == 0 {
+        format!("in flight {}", stats.in_flight)
+    } else {
+        format!("in flight {}/{}", stats.in_flight, stats.capacity)
+    };
+    let ratio = if stats.capacity == 0 {
+        0.0
+    } else {
+        (stats.in_flight as f64 / stats.capacity as f64).clamp(0.0, 1.0)
+    };
+    let gauge_style = if ratio >= 1.0 {
+        Style::new().red().on_black()
+    } else if ratio >= 0.8 {
+        Style::new().yellow().on_black()
+    } else {
+        Style::new().green().on_black()
+    };
+    frame.render_widget(
+        Gauge::default()
+            .ratio(ratio)
+            .label(label)
+            .gauge_style(gauge_style),
+        gauge_area,
+    );
+
+    frame.render_widget(Paragraph::new(latency), latency_area);
+
+    let samples: Vec<f64> = app.rejection_history(name).collect();
+    let max = samples.iter().copied().fold(0.0, f64::max);
+    let width = usize::from(spark_area.width);
+    // Rates are scaled to integers for the widget; its bars are relative anyway.
+    let data: Vec<u64> = samples[samples.len().saturating_sub(width)..]
+        .iter()
+        .map(|v| (v * 100.0).round() as u64)
+        .collect();
+    let [spark_label, spark_bars] =
+        Layout::vertical([Constraint::Length(1), Constraint::Length(2)]).areas(spark_area);
+    frame.render_widget(
+        Line::from(vec![
+            Span::styled("rejections/s, last 5m", Style::new().dark_gray()),
+            Span::raw(format!(" (max {})", rate(max))),
+        ]),
+        spark_label,
+    );
+    frame.render_widget(Sparkline::default().data(&data).red(), spark_bars);
+
+    frame.render_widget(
+        Paragraph::new(Text::from(snippet))
+            .block(
+                Block::new()
+                    .borders(Borders::TOP)
+                    .border_style(Style::new().dark_gray())
+                    .title(Span::styled(" source ", Style::new().dark_gray())),
+            )
+            .style(Style::new().fg(Color::Gray)),
+        snippet_area,
+    );
+}
+
+/// Two lines: bucket bounds and the share of calls in each.
+fn latency_lines(buckets: &[u64]) -> Vec<Line<'static>> {
+    let total: u64 = buckets.iter().sum();
+    if total == 0 {
+        return vec![field("latency", "no finished calls")];
+    }
+    let mut bounds = format!("{:<11}", "latency");
+    let mut shares = format!("{:<11}", "");
+    for (bound, n) in LATENCY_BOUNDS.iter().zip(buckets) {
+        let share = format!("{}%", n * 100 / total);
+        let w = bound.chars().count().max(share.len()) + 1;
+        bounds.push_str(&format!("{bound:<w$}"));
+        shares.push_str(&format!("{share:<w$}"));
+    }
+    vec![
+        Line::styled(bounds, Style::new().dark_gray()),
+        Line::raw(shares),
+    ]
+}
+
+// === footer and popups ===
+
+fn render_footer(app: &App, frame: &mut Frame<'_>, area: Rect) {
+    let key = |k: &'static str| Span::styled(k, Style::new().fg(FOCUS).bold());
+    let mut spans = Vec::new();
+    if app.mode == Mode::Filter {
+        spans.push(key("/"));
+        spans.push(Span::raw(format!("{}▏", app.filter)));
+        spans.push(Span::raw("  "));
+        spans.push(key("<enter>"));
+        spans.push(Span::raw(" keep  "));
+        spans.push(key("<esc>"));
+        spans.push(Span::raw(" clear"));
+    } else {
+        spans.extend([
+            key("<↑↓/jk>"),
+            Span::raw(" select  "),
+            key("<tab>"),
+            Span::raw(" pane  "),
+            key("</>"),
+            Span::raw(" filter  "),
+        ]);
+        if !app.readonly {
+            spans.extend([key("<r>"), Span::raw(" release  ")]);
+        }
+        spans.extend([
+            key("<?>"),
+            Span::raw(" help  "),
+            key("<q>"),
+            Span::raw(" quit"),
+        ]);
+        if !app.filter.is_empty() {
+            spans.push(Span::raw("  │ filter: "));
+            spans.push(Span::styled(app.filter.clone(), Style::new().yellow()));
+            spans.push(Span::raw(" (esc clears)"));
+        }
+    }
+    if let Some((kind, rule)) = &app.pending {
+        spans.push(Span::raw("  │ "));
+        spans.push(Span::styled(
+            format!("releasing {} {rule}…", kind_name(*kind)),
+            Style::new().yellow(),
+        ));
+    }
+    if let Some(notice) = &app.notice {
+        spans.push(Span::raw("  │ "));
+        spans.push(Span::styled(notice.clone(), Style::new().yellow()));
+    }
+    frame.render_widget(Line::from(spans), area);
+}
+
+/// A rectangle of at most `width` x `height` centered in `area`.
+fn centered(area: Rect, width: u16, height: u16) -> Rect {
+    let w = width.min(area.width);
+    let h = height.min(area.height);
+    Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    )
+}
+
+fn render_help(app: &App, frame: &mut Frame<'_>, area: Rect) {
+    let mut rows = vec![
+        ("↑ ↓  j k", "move the selection"),
+        ("PgUp PgDn  g G", "page, first, last"),
+        ("Tab  Shift-Tab", "next, previous pane"),
+        ("/", "filter by service, instance or rule"),
+        ("Esc", "back: close, clear the filter"),
+        ("?", "this help"),
+        ("q  Ctrl-C", "quit"),
+    ];
+    if app.readonly {
+        rows.push(("", "read-only: release is disabled"));
+    } else {
+        rows.push(("r", "release the selected fuse or limit"));
+        rows.push(("", "(asks first; the default is No)"));
+    }
+    let lines: Vec<Line<'_>> = rows
+        .into_iter()
+        .map(|(k, v)| {
+            Line::from(vec![
+                Span::styled(format!(" {k:<16}"), Style::new().fg(FOCUS).bold()),
+                Span::raw(v),
+            ])
+        })
+        .chain([
+            Line::raw(""),
+            Line::styled(
+                " sync: SYNCED acked · STALE sent, not acked ·",
+                Style::new().dark_gray(),
+            ),
+            Line::styled(
+                "       NACKED refused · DISCONNECTED no stream",
+                Style::new().dark_gray(),
+            ),
+        ])
+        .collect();
+    let popup = centered(area, 60, u16::try_from(lines.len() + 2).unwrap_or(u16::MAX));
+    frame.render_widget(Clear, popup);
+    frame.render_widget(
+        Paragraph::new(lines).block(
+            Block::bordered()
+                .border_type(BorderType::Rounded)
+                .border_style(Style::new().fg(FOCUS))
+                .title(" Help ")
+                .title_bottom(Line::from(" esc closes ").right_aligned()),
+        ),
+        popup,
+    );
+}
+
+fn render_confirm(
+    app: &App,
+    frame: &mut Frame<'_>,
+    area: Rect,
+    kind: ReleaseKind,
+    rule: &str,
+    yes: bool,
+) {
+    let service = service_of(rule);
+    let agents = app.view.as_ref().map_or(0, |v| {
+        v.agents.iter().filter(|a| a.service == service).count()
+    });
+    let button = |label: &'static str, on: bool| {
+        if on {
+            Span::styled(label, Style::new().black().on_red().bold())
+        } else {
+            Span::raw(label)
+        }
+    };
+    let lines = vec![
+        Line::from(format!(
+            "Release {} {rule} on all agents of {service}? [y/N]",
+            kind_name(kind)
+        ))
+        .bold(),
+        Line::styled(
+            format!(
+                "{agents} agent{} will let traffic through again; recorded in the audit log.",
+                if agents == 1 { "" } else { "s" }
+            ),
+            Style::new().dark_gray(),
+        ),
+        Line::raw(""),
+        Line::from(vec![
+            button("[ No ]", !yes),
+            Span::raw("   "),
+            button("[ Yes ]", yes),
+        ])
+        .centered(),
+    ];
+    let popup = centered(area, 76, 6);
+    frame.render_widget(Clear, popup);
+    frame.render_widget(
+        Paragraph::new(lines).wrap(Wrap { trim: true }).block(
+            Block::bordered()
+                .border_type(BorderType::Double)
+                .border_style(Style::new().red())
+                .title(" Confirm release ")
+                .title_bottom(Line::from(" y yes · n/esc/enter no · ←→ choose ").right_aligned()),
+        ),
+        popup,
+    );
+}
+
+fn render_result(frame: &mut Frame<'_>, area: Rect, text: &str, ok: bool) {
+    let popup = centered(area, 76, 5);
+    frame.render_widget(Clear, popup);
+    let color = if ok { Color::Green } else { Color::Red };
+    frame.render_widget(
+        Paragraph::new(truncate(text, 200))
+            .wrap(Wrap { trim: true })
+            .block(
+                Block::bordered()
+                    .border_type(BorderType::Rounded)
+                    .border_style(Style::new().fg(color))
+                    .title(if ok { " Released " } else { " Not released " })
+                    .title_bottom(Line::from(" any key closes ").right_aligned()),
+            ),
+        popup,
+    );
+}
