@@ -1,1 +1,75 @@
-//! Placeholder until this crate is built; see the open issues.
+//! gov-agent: the enforcement engine of gov (a library usable in process by
+//! Rust services) and the `gov-agent` sidecar proxy built on it.
+//!
+//! # The engine API
+//!
+//! ```no_run
+//! # async fn demo(target: gov_proto::v1::TargetConfig) -> Result<(), Box<dyn std::error::Error>> {
+//! use gov_agent::{Engine, Outcome, RequestInfo};
+//!
+//! let engine = Engine::empty("order");
+//! engine.apply_target(&target)?; // typed `InvalidConfig` (with the rule) on bad wire data
+//!
+//! let (method, headers) = (http::Method::GET, http::HeaderMap::new());
+//! match engine.admit(&RequestInfo::inbound(&method, "/orders/7", &headers)).await {
+//!     Ok(mut admission) => {
+//!         // ... forward, honouring `admission.timeout()`; count streamed
+//!         // bytes with `admission.add_bytes(n)` or `admission.byte_meter()` ...
+//!         admission.record(Outcome::Status(200)); // at the response head
+//!         drop(admission); // when the body is done: releases permits
+//!     }
+//!     Err(rejection) => {
+//!         let _response = rejection.to_response(); // status, `gov-rejected-by`, `Retry-After`
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! - [`Engine`] (cheap `Clone`): [`Engine::apply`] / [`Engine::apply_target`]
+//!   swap the config atomically, keeping the state of unchanged rules;
+//!   [`Engine::admit`] (async, may wait for a bulkhead permit or a shaping
+//!   delay) and [`Engine::try_admit`] (never waits; returns
+//!   [`Decision::Wait`] with a [`Pending`] to await) decide per request;
+//!   [`Engine::release_fuse`] / [`Engine::release_limit`] are the operator
+//!   commands; [`Engine::stats`] (per rule: in flight, waiting, admitted,
+//!   rejected by reason, latency buckets, fuse state, limit engaged),
+//!   [`Engine::tripped_fuses`], [`Engine::engaged_limits`] and
+//!   [`Engine::subscribe`] (fuse tripped / limit engaged / released events)
+//!   feed `/metrics` and the control plane.
+//! - [`Admission`]: an RAII guard. [`Admission::record`] reports the
+//!   [`Outcome`] (fuses, latency), dropping releases the permits;
+//!   [`Admission::timeout`] is the route's deadline, [`Admission::timed_out`]
+//!   turns an expired one into a 504 [`Rejection`].
+//! - [`Rejection`]: rule (`service/rule`), [`RejectReason`], status,
+//!   `Retry-After`; [`Rejection::to_response`] is the one mapping to HTTP.
+//! - [`GovernLayer`] / [`Govern`]: the same decision as a tower layer around
+//!   any `Service<http::Request<B>>`.
+//!
+//! The decision does not allocate and takes no lock when at most
+//! [`route::INLINE_RULES`] rules match and their scopes exist; only
+//! `tokio::time` is read, so every state machine runs under paused time in tests.
+
+mod bulkhead;
+pub mod config;
+pub mod engine;
+pub mod events;
+mod fuse;
+pub mod layer;
+mod limit;
+pub mod outcome;
+pub mod rejection;
+pub mod route;
+pub mod stats;
+mod window;
+
+pub use config::{CompiledConfig, Direction, InvalidConfig, RuleId, RuleKind};
+pub use engine::{
+    Admission, Applied, ByteMeter, CommandError, Decision, Engine, FuseView, LimitView, Pending,
+    RequestInfo, StatsSnapshot, Target,
+};
+pub use events::{Event, EventKind};
+pub use layer::{GovBody, Govern, GovernLayer, MeteredBody};
+pub use outcome::Outcome;
+pub use rejection::{REJECTED_BY, RejectReason, Rejection};
+pub use stats::{FuseState, LATENCY_BUCKETS_MS, RuleStats};
+

@@ -4,5 +4,7 @@
 mod lang {
     pub mod common;
     mod examples;
+    mod fuzz;
+    mod props;
     mod syntax;
 }

@@ -1,0 +1,2 @@
+//! Decision cost benchmark (being written).
+fn main() {}

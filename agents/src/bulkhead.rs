@@ -1,0 +1,349 @@
+//! Bulkheads: at most `max_concurrent` calls in flight per scope.
+//!
+//! A scope is the whole match (server side, per operation), or, on the client
+//! side, one upstream instance or one instance+path, created lazily on first
+//! use. Permits are a tokio [`Semaphore`]: FIFO, so a waiting call is never
+//! overtaken by a later one (a released permit goes to the oldest waiter).
+//! A call that finds no permit waits at most `max_wait`, with at most
+//! `max_queue` waiters per scope; else it is rejected.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::Semaphore;
+
+use crate::config::{BulkheadKey, BulkheadSpec};
+use crate::rejection::RejectReason;
+use crate::route::FxBuild;
+use crate::stats::Counters;
+
+/// Most lazily keyed scopes one bulkhead keeps. Beyond that, idle scopes are
+/// dropped, and if none is idle, new keys share the rule's overflow scope (so
+/// unbounded instance+path keys cannot exhaust memory).
+pub const MAX_KEYS: usize = 4096;
+
+/// The permits of one scope.
+#[derive(Debug)]
+pub(crate) struct Cell {
+    sem: Semaphore,
+    waiting: AtomicU32,
+}
+
+impl Cell {
+    fn new(permits: u32) -> Self {
+        Self {
+            sem: Semaphore::new(permits as usize),
+            waiting: AtomicU32::new(0),
+        }
+    }
+
+    /// Permits in use.
+    pub(crate) fn in_use(&self, max: u32) -> u64 {
+        u64::from(max).saturating_sub(self.sem.available_permits() as u64)
+    }
+}
+
+/// Which scope of a bulkhead a call uses.
+#[derive(Clone, Debug)]
+pub(crate) enum CellRef {
+    /// The rule's own scope (per operation, or the overflow scope).
+    Single,
+    Keyed(Arc<Cell>),
+}
+
+#[derive(Debug, Default)]
+struct InstanceEntry {
+    cell: Option<Arc<Cell>>,
+    paths: HashMap<Box<str>, Arc<Cell>, FxBuild>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Bulkhead {
+    pub(crate) spec: BulkheadSpec,
+    single: Cell,
+    keyed: RwLock<HashMap<Box<str>, InstanceEntry, FxBuild>>,
+    pub(crate) counters: Counters,
+}
+
+impl Bulkhead {
+    pub(crate) fn new(spec: BulkheadSpec) -> Self {
+        Self {
+            single: Cell::new(spec.max_concurrent),
+            spec,
+            keyed: RwLock::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The scope for a call to `instance` (outbound) at `path`.
+    pub(crate) fn cell_for(&self, instance: Option<&str>, path: &str) -> CellRef {
+        let Some(instance) = instance else {
+            return CellRef::Single;
+        };
+        let path = match self.spec.key {
+            BulkheadKey::Operation => return CellRef::Single,
+            BulkheadKey::Instance => None,
+            BulkheadKey::InstancePath => Some(path),
+        };
+        // Fast path: a read lock, no allocation.
+        if let Ok(map) = self.keyed.read()
+            && let Some(entry) = map.get(instance)
+        {
+            let cell = match path {
+                None => entry.cell.as_ref(),
+                Some(p) => entry.paths.get(p),
+            };
+            if let Some(cell) = cell {
+                return CellRef::Keyed(cell.clone());
+            }
+        }
+        self.insert(instance, path)
+    }
+
+    fn insert(&self, instance: &str, path: Option<&str>) -> CellRef {
+        let Ok(mut map) = self.keyed.write() else {
+            return CellRef::Single;
+        };
+        let keys: usize = map
+            .values()
+            .map(|e| usize::from(e.cell.is_some()) + e.paths.len())
+            .sum();
+        if keys >= MAX_KEYS {
+            let max = self.spec.max_concurrent;
+            let idle = |c: &Arc<Cell>| Arc::strong_count(c) == 1 && c.in_use(max) == 0;
+            for entry in map.values_mut() {
+                entry.paths.retain(|_, c| !idle(c));
+                if entry.cell.as_ref().is_some_and(idle) {
+                    entry.cell = None;
+                }
+            }
+            map.retain(|_, e| e.cell.is_some() || !e.paths.is_empty());
+            let keys: usize = map
+                .values()
+                .map(|e| usize::from(e.cell.is_some()) + e.paths.len())
+                .sum();
+            if keys >= MAX_KEYS {
+                return CellRef::Single;
+            }
+        }
+        let permits = self.spec.max_concurrent;
+        let entry = map.entry(instance.into()).or_default();
+        let cell = match path {
+            None => entry
+                .cell
+                .get_or_insert_with(|| Arc::new(Cell::new(permits))),
+            Some(p) => entry
+                .paths
+                .entry(p.into())
+                .or_insert_with(|| Arc::new(Cell::new(permits))),
+        };
+        CellRef::Keyed(cell.clone())
+    }
+
+    pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a Cell {
+        match r {
+            CellRef::Single => &self.single,
+            CellRef::Keyed(c) => c,
+        }
+    }
+
+    /// Takes a permit if one is free now.
+    pub(crate) fn try_acquire(&self, cell: &Cell) -> bool {
+        match cell.sem.try_acquire() {
+            Ok(permit) => {
+                // Released by hand in `release` (the admission outlives any borrow).
+                permit.forget();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Whether a call that found no permit may wait for one.
+    pub(crate) fn may_wait(&self) -> bool {
+        !self.spec.max_wait.is_zero()
+    }
+
+    /// Waits at most `max_wait` for a permit (bounded by `max_queue` waiters).
+    pub(crate) async fn acquire(&self, cell: &Cell) -> Result<(), RejectReason> {
+        if self.try_acquire(cell) {
+            return Ok(());
+        }
+        if !self.may_wait() {
+            return Err(RejectReason::BulkheadFull);
+        }
+        let waiters = cell.waiting.fetch_add(1, Relaxed);
+        let _queued = Queued {
+            cell,
+            counters: &self.counters,
+        };
+        self.counters.waiting.fetch_add(1, Relaxed);
+        if self.spec.max_queue.is_some_and(|max| waiters >= max) {
+            return Err(RejectReason::BulkheadFull);
+        }
+        match tokio::time::timeout(self.spec.max_wait, cell.sem.acquire()).await {
+            Ok(Ok(permit)) => {
+                permit.forget();
+                Ok(())
+            }
+            // The semaphore is never closed; treat it like a timeout anyway.
+            Ok(Err(_)) | Err(_) => Err(RejectReason::BulkheadTimeout),
+        }
+    }
+
+    /// Returns a permit taken by `try_acquire` or `acquire`.
+    pub(crate) fn release(&self, cell: &Cell) {
+        cell.sem.add_permits(1);
+    }
+
+    /// Permits in use over every scope.
+    pub(crate) fn in_use(&self) -> u64 {
+        let max = self.spec.max_concurrent;
+        let mut n = self.single.in_use(max);
+        if let Ok(map) = self.keyed.read() {
+            for e in map.values() {
+                n += e.cell.as_ref().map_or(0, |c| c.in_use(max));
+                n += e.paths.values().map(|c| c.in_use(max)).sum::<u64>();
+            }
+        }
+        n
+    }
+}
+
+/// Counts a waiter for as long as it waits (also when the wait is cancelled).
+struct Queued<'a> {
+    cell: &'a Cell,
+    counters: &'a Counters,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.cell.waiting.fetch_sub(1, Relaxed);
+        self.counters.waiting.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http::StatusCode;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    fn bulkhead(max: u32, wait_ms: u64, queue: Option<u32>, key: BulkheadKey) -> Arc<Bulkhead> {
+        Arc::new(Bulkhead::new(BulkheadSpec {
+            key,
+            max_concurrent: max,
+            max_wait: Duration::from_millis(wait_ms),
+            max_queue: queue,
+            timeout: None,
+            reject_status: StatusCode::REQUEST_TIMEOUT,
+        }))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fail_fast_without_wait() {
+        let b = bulkhead(2, 0, None, BulkheadKey::Operation);
+        let c = CellRef::Single;
+        assert!(b.acquire(b.cell(&c)).await.is_ok());
+        assert!(b.acquire(b.cell(&c)).await.is_ok());
+        assert_eq!(b.acquire(b.cell(&c)).await, Err(RejectReason::BulkheadFull));
+        assert_eq!(b.in_use(), 2);
+        b.release(b.cell(&c));
+        assert!(b.acquire(b.cell(&c)).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_at_most_max_wait() {
+        let b = bulkhead(1, 50, None, BulkheadKey::Operation);
+        assert!(b.try_acquire(b.cell(&CellRef::Single)));
+        let start = Instant::now();
+        assert_eq!(
+            b.acquire(b.cell(&CellRef::Single)).await,
+            Err(RejectReason::BulkheadTimeout)
+        );
+        assert_eq!(start.elapsed(), Duration::from_millis(50));
+        assert_eq!(b.counters.waiting.load(Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_gets_the_released_permit() {
+        let b = bulkhead(1, 100, None, BulkheadKey::Operation);
+        assert!(b.try_acquire(b.cell(&CellRef::Single)));
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let start = Instant::now();
+                b.acquire(b.cell(&CellRef::Single))
+                    .await
+                    .map(|()| start.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(b.counters.waiting.load(Relaxed), 1);
+        b.release(b.cell(&CellRef::Single));
+        // A later caller cannot overtake the waiter.
+        assert!(!b.try_acquire(b.cell(&CellRef::Single)));
+        let waited = waiter.await.unwrap().unwrap();
+        assert_eq!(waited, Duration::from_millis(30));
+        assert_eq!(b.in_use(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queue_bound_rejects_at_once() {
+        let b = bulkhead(1, 1000, Some(1), BulkheadKey::Operation);
+        assert!(b.try_acquire(b.cell(&CellRef::Single)));
+        let first = {
+            let b = b.clone();
+            tokio::spawn(async move { b.acquire(b.cell(&CellRef::Single)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let start = Instant::now();
+        assert_eq!(
+            b.acquire(b.cell(&CellRef::Single)).await,
+            Err(RejectReason::BulkheadFull)
+        );
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(first.await.unwrap(), Err(RejectReason::BulkheadTimeout));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn per_instance_scopes_are_independent() {
+        let b = bulkhead(1, 0, None, BulkheadKey::Instance);
+        let a1 = b.cell_for(Some("10.0.0.1:80"), "/x");
+        let a2 = b.cell_for(Some("10.0.0.1:80"), "/y");
+        let other = b.cell_for(Some("10.0.0.2:80"), "/x");
+        assert!(b.try_acquire(b.cell(&a1)));
+        assert!(!b.try_acquire(b.cell(&a2)), "same instance shares permits");
+        assert!(b.try_acquire(b.cell(&other)));
+        assert_eq!(b.in_use(), 2);
+
+        let p = bulkhead(1, 0, None, BulkheadKey::InstancePath);
+        let x = p.cell_for(Some("i"), "/x");
+        let y = p.cell_for(Some("i"), "/y");
+        assert!(p.try_acquire(p.cell(&x)));
+        assert!(p.try_acquire(p.cell(&y)), "instance+path keys are separate");
+        assert!(!p.try_acquire(p.cell(&p.cell_for(Some("i"), "/x"))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keyed_scopes_are_bounded() {
+        let b = bulkhead(1, 0, None, BulkheadKey::InstancePath);
+        let mut held = Vec::new();
+        for i in 0..MAX_KEYS {
+            let c = b.cell_for(Some("i"), &format!("/{i}"));
+            assert!(b.try_acquire(b.cell(&c)));
+            held.push(c);
+        }
+        // Every keyed scope is busy: a new key falls back to the overflow scope.
+        assert!(matches!(b.cell_for(Some("i"), "/new"), CellRef::Single));
+        // Idle scopes are evicted to make room.
+        for c in held.drain(..) {
+            b.release(b.cell(&c));
+        }
+        assert!(matches!(b.cell_for(Some("i"), "/new"), CellRef::Keyed(_)));
+    }
+}

@@ -1,0 +1,609 @@
+//! Fuses: service-level circuit breakers.
+//!
+//! Closed: every call passes; outcomes are counted in rolling windows (one
+//! per `trip when` condition) and each error re-evaluates the conditions.
+//! When one holds, the fuse trips (Open): every matching call is rejected,
+//! for all consumers. Recovery is manual (an operator's release) or, when
+//! declared, automatic: after `after`, the fuse goes half-open and admits
+//! `probes` calls; if they all succeed it closes, if one fails it opens
+//! again for another `after`.
+//!
+//! The fast path (Closed) is one atomic load on admission and one bucket
+//! increment per window on completion. State changes take a mutex (rare).
+
+use std::sync::atomic::{
+    AtomicU8, AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::{CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, TripSpec};
+use crate::events::{EventKind, Events};
+use crate::outcome::Outcome;
+use crate::stats::{Counters, FuseState};
+use crate::window::{Class, RollingWindow, Totals};
+
+const CLOSED: u8 = 0;
+const OPEN: u8 = 1;
+const HALF_OPEN: u8 = 2;
+
+#[derive(Debug)]
+pub(crate) struct Fuse {
+    pub(crate) spec: FuseSpec,
+    name: Arc<str>,
+    events: Events,
+    epoch: Instant,
+    // INVARIANT: one window per `spec.trips` entry, same order.
+    windows: Box<[RollingWindow]>,
+    state: AtomicU8,
+    opened_at_ms: AtomicU64,
+    probes_taken: AtomicU32,
+    probes_ok: AtomicU32,
+    /// Serialises state changes; holds the reason of the last trip.
+    transition: Mutex<String>,
+    pub(crate) counters: Counters,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Fuse {
+    pub(crate) fn new(spec: FuseSpec, name: Arc<str>, events: Events) -> Self {
+        Self {
+            windows: spec
+                .trips
+                .iter()
+                .map(|t| RollingWindow::new(ms(t.window)))
+                .collect(),
+            spec,
+            name,
+            events,
+            epoch: Instant::now(),
+            state: AtomicU8::new(CLOSED),
+            opened_at_ms: AtomicU64::new(0),
+            probes_taken: AtomicU32::new(0),
+            probes_ok: AtomicU32::new(0),
+            transition: Mutex::new(String::new()),
+            counters: Counters::default(),
+        }
+    }
+
+    fn now_ms(&self, now: Instant) -> u64 {
+        ms(now.saturating_duration_since(self.epoch))
+    }
+
+    /// Whether a call may pass. `Ok(true)`: it passes as a half-open probe.
+    pub(crate) fn try_admit(&self, now: Instant) -> Result<bool, ()> {
+        match self.state.load(Acquire) {
+            CLOSED => Ok(false),
+            OPEN => {
+                let RecoverSpec::After { after, .. } = self.spec.recover else {
+                    return Err(());
+                };
+                let opened = self.opened_at_ms.load(Relaxed);
+                if self.now_ms(now) < opened.saturating_add(ms(after)) {
+                    return Err(());
+                }
+                self.to_half_open(opened);
+                self.take_probe()
+            }
+            _ => self.take_probe(),
+        }
+    }
+
+    fn to_half_open(&self, opened: u64) {
+        let Ok(_reason) = self.transition.lock() else {
+            return;
+        };
+        // Someone else may have moved on already.
+        if self.state.load(Acquire) == OPEN && self.opened_at_ms.load(Relaxed) == opened {
+            self.probes_taken.store(0, Relaxed);
+            self.probes_ok.store(0, Relaxed);
+            self.state.store(HALF_OPEN, Release);
+            self.events.emit(
+                EventKind::FuseHalfOpen,
+                &self.name,
+                "half-open: admitting probe calls".into(),
+            );
+        }
+    }
+
+    fn take_probe(&self) -> Result<bool, ()> {
+        let RecoverSpec::After { probes, .. } = self.spec.recover else {
+            return Err(());
+        };
+        if self.state.load(Acquire) != HALF_OPEN {
+            // Closed in the meantime: pass normally; opened again: refuse.
+            return if self.state.load(Acquire) == CLOSED {
+                Ok(false)
+            } else {
+                Err(())
+            };
+        }
+        if self.probes_taken.fetch_add(1, Relaxed) < probes {
+            Ok(true)
+        } else {
+            self.abandon_probe();
+            Err(())
+        }
+    }
+
+    /// A probe that will never report (its call was refused elsewhere or dropped).
+    pub(crate) fn abandon_probe(&self) {
+        let _ = self
+            .probes_taken
+            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+    }
+
+    fn classify(&self, outcome: Outcome) -> Class {
+        let (system, business) = match outcome {
+            Outcome::Status(code) => (
+                self.spec.system.has_status(code),
+                self.spec.business.has_status(code),
+            ),
+            Outcome::ConnectFailure => (
+                self.spec.system.connect_failure,
+                self.spec.business.connect_failure,
+            ),
+            Outcome::Timeout => (self.spec.system.timeout, self.spec.business.timeout),
+            Outcome::Reset => (self.spec.system.reset, self.spec.business.reset),
+        };
+        if system {
+            Class::System
+        } else if business {
+            Class::Business
+        } else {
+            Class::Ok
+        }
+    }
+
+    /// Records how an admitted call ended.
+    pub(crate) fn record(&self, outcome: Outcome, probe: bool, now: Instant) {
+        let class = self.classify(outcome);
+        if probe {
+            self.record_probe(class, now);
+            return;
+        }
+        let now_ms = self.now_ms(now);
+        for w in &*self.windows {
+            w.record(now_ms, class);
+        }
+        if class == Class::Ok || self.state.load(Acquire) != CLOSED {
+            return;
+        }
+        for (trip, w) in self.spec.trips.iter().zip(&*self.windows) {
+            if let Some(reason) = fires(trip, w.totals(now_ms)) {
+                self.trip(now_ms, reason);
+                return;
+            }
+        }
+    }
+
+    fn record_probe(&self, class: Class, now: Instant) {
+        let RecoverSpec::After { probes, .. } = self.spec.recover else {
+            return;
+        };
+        if class == Class::Ok {
+            if self.probes_ok.fetch_add(1, Relaxed) + 1 >= probes {
+                let Ok(_reason) = self.transition.lock() else {
+                    return;
+                };
+                if self.state.load(Acquire) == HALF_OPEN {
+                    self.close();
+                    self.events.emit(
+                        EventKind::FuseReleased,
+                        &self.name,
+                        format!("{probes} probe calls succeeded"),
+                    );
+                }
+            }
+        } else {
+            let now_ms = self.now_ms(now);
+            let Ok(mut reason) = self.transition.lock() else {
+                return;
+            };
+            if self.state.load(Acquire) == HALF_OPEN {
+                self.opened_at_ms.store(now_ms, Relaxed);
+                self.state.store(OPEN, Release);
+                *reason = "a probe call failed".into();
+                self.events.emit(
+                    EventKind::FuseTripped,
+                    &self.name,
+                    "a probe call failed".into(),
+                );
+            }
+        }
+    }
+
+    fn trip(&self, now_ms: u64, why: String) {
+        let Ok(mut reason) = self.transition.lock() else {
+            return;
+        };
+        if self.state.load(Acquire) != CLOSED {
+            return;
+        }
+        self.opened_at_ms.store(now_ms, Relaxed);
+        self.state.store(OPEN, Release);
+        *reason = why.clone();
+        self.events.emit(EventKind::FuseTripped, &self.name, why);
+    }
+
+    /// Caller holds `transition`.
+    fn close(&self) {
+        for w in &*self.windows {
+            w.reset();
+        }
+        self.probes_taken.store(0, Relaxed);
+        self.probes_ok.store(0, Relaxed);
+        self.state.store(CLOSED, Release);
+    }
+
+    /// Operator release. Returns whether the fuse was open or half-open.
+    pub(crate) fn release(&self, who: &str) -> bool {
+        let Ok(_reason) = self.transition.lock() else {
+            return false;
+        };
+        if self.state.load(Acquire) == CLOSED {
+            return false;
+        }
+        self.close();
+        self.events.emit(
+            EventKind::FuseReleased,
+            &self.name,
+            format!("released by {who}"),
+        );
+        true
+    }
+
+    pub(crate) fn state(&self) -> FuseState {
+        match self.state.load(Acquire) {
+            CLOSED => FuseState::Closed,
+            OPEN => FuseState::Open,
+            _ => FuseState::HalfOpen,
+        }
+    }
+
+    /// Why it last tripped.
+    pub(crate) fn reason(&self) -> String {
+        self.transition
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default()
+    }
+
+    /// While open with automatic recovery: time until half-open.
+    pub(crate) fn remaining(&self) -> Option<Duration> {
+        let RecoverSpec::After { after, .. } = self.spec.recover else {
+            return None;
+        };
+        if self.state.load(Acquire) != OPEN {
+            return None;
+        }
+        let at = self.opened_at_ms.load(Relaxed).saturating_add(ms(after));
+        Some(Duration::from_millis(
+            at.saturating_sub(self.now_ms(Instant::now())),
+        ))
+    }
+}
+
+/// `Some(reason)` when the condition holds for these totals.
+fn fires(t: &TripSpec, tot: Totals) -> Option<String> {
+    if tot.calls == 0 || tot.calls < t.min_calls {
+        return None;
+    }
+    let errors = match t.metric {
+        TripMetric::Errors | TripMetric::ErrorRatio => tot.business + tot.system,
+        TripMetric::BusinessErrors | TripMetric::BusinessErrorRatio => tot.business,
+        TripMetric::SystemErrors | TripMetric::SystemErrorRatio => tot.system,
+    };
+    let cmp = |lhs: u128, rhs: u128| match t.op {
+        CompareOp::Gt => lhs > rhs,
+        CompareOp::Ge => lhs >= rhs,
+    };
+    let op = match t.op {
+        CompareOp::Gt => ">",
+        CompareOp::Ge => ">=",
+    };
+    let window = t.window.as_secs_f64();
+    match t.threshold {
+        Threshold::Count(n) => cmp(u128::from(errors), u128::from(n)).then(|| {
+            format!(
+                "{} {errors} {op} {n} over {window}s ({} calls)",
+                t.metric.as_str(),
+                tot.calls
+            )
+        }),
+        Threshold::MilliPercent(p) => cmp(
+            u128::from(errors) * 100_000,
+            u128::from(p) * u128::from(tot.calls),
+        )
+        .then(|| {
+            let actual = u128::from(errors) * 100_000 / u128::from(tot.calls);
+            format!(
+                "{} {} {op} {} over {window}s ({} calls)",
+                t.metric.as_str(),
+                percent(actual),
+                percent(u128::from(p)),
+                tot.calls
+            )
+        }),
+    }
+}
+
+/// `50000` -> `50%`, `12500` -> `12.5%`.
+fn percent(milli: u128) -> String {
+    let whole = milli / 1000;
+    let frac = milli % 1000;
+    if frac == 0 {
+        format!("{whole}%")
+    } else {
+        let s = format!("{whole}.{frac:03}");
+        format!("{}%", s.trim_end_matches('0'))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::StatusCode;
+
+    use super::*;
+    use crate::config::Classifier;
+    use crate::events::Event;
+
+    fn trip(
+        metric: TripMetric,
+        op: CompareOp,
+        threshold: Threshold,
+        window_s: u64,
+        min_calls: u64,
+    ) -> TripSpec {
+        TripSpec {
+            metric,
+            op,
+            threshold,
+            window: Duration::from_secs(window_s),
+            min_calls,
+        }
+    }
+
+    fn fuse(
+        trips: Vec<TripSpec>,
+        recover: RecoverSpec,
+    ) -> (Fuse, tokio::sync::broadcast::Receiver<Event>) {
+        let mut business = Classifier::default();
+        business.add_statuses(500, 599);
+        let system = Classifier {
+            connect_failure: true,
+            timeout: true,
+            reset: true,
+            ..Classifier::default()
+        };
+        let events = Events::new();
+        let rx = events.subscribe();
+        let spec = FuseSpec {
+            trips,
+            business,
+            system,
+            recover,
+            reject_status: StatusCode::SERVICE_UNAVAILABLE,
+        };
+        (Fuse::new(spec, "svc/f".into(), events), rx)
+    }
+
+    fn calls(f: &Fuse, n: usize, outcome: Outcome) {
+        for _ in 0..n {
+            assert!(
+                f.try_admit(Instant::now()).is_ok(),
+                "fuse refused while closed"
+            );
+            f.record(outcome, false, Instant::now());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn trips_on_count() {
+        let (f, mut rx) = fuse(
+            vec![trip(
+                TripMetric::SystemErrors,
+                CompareOp::Ge,
+                Threshold::Count(3),
+                10,
+                0,
+            )],
+            RecoverSpec::Manual,
+        );
+        calls(&f, 10, Outcome::Status(200));
+        calls(&f, 2, Outcome::ConnectFailure);
+        calls(&f, 5, Outcome::Status(500)); // business, not system
+        assert_eq!(f.state(), FuseState::Closed);
+        calls(&f, 1, Outcome::Timeout);
+        assert_eq!(f.state(), FuseState::Open);
+        assert!(f.try_admit(Instant::now()).is_err());
+        let e = rx.try_recv().unwrap();
+        assert_eq!(e.kind, EventKind::FuseTripped);
+        assert_eq!(e.reason, "system_errors 3 >= 3 over 10s (18 calls)");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_outside_the_window_do_not_count() {
+        let (f, _rx) = fuse(
+            vec![trip(
+                TripMetric::Errors,
+                CompareOp::Ge,
+                Threshold::Count(3),
+                10,
+                0,
+            )],
+            RecoverSpec::Manual,
+        );
+        calls(&f, 2, Outcome::Status(503));
+        tokio::time::advance(Duration::from_secs(11)).await;
+        calls(&f, 2, Outcome::Status(503));
+        assert_eq!(f.state(), FuseState::Closed);
+        calls(&f, 1, Outcome::Status(503));
+        assert_eq!(f.state(), FuseState::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn trips_on_ratio_only_after_min_calls() {
+        let (f, mut rx) = fuse(
+            vec![trip(
+                TripMetric::BusinessErrorRatio,
+                CompareOp::Gt,
+                Threshold::MilliPercent(50_000),
+                60,
+                20,
+            )],
+            RecoverSpec::Manual,
+        );
+        // 10 errors of 10 calls: 100%, but below min_calls.
+        calls(&f, 10, Outcome::Status(500));
+        assert_eq!(f.state(), FuseState::Closed);
+        // 10 successes: 20 calls, 50% is not > 50%.
+        calls(&f, 10, Outcome::Status(200));
+        calls(&f, 1, Outcome::Status(200));
+        assert_eq!(f.state(), FuseState::Closed);
+        // 11 of 22 = 50%: still not >; 12 of 23 = 52.17%: trips.
+        calls(&f, 1, Outcome::Status(500));
+        assert_eq!(f.state(), FuseState::Closed);
+        calls(&f, 1, Outcome::Status(502));
+        assert_eq!(f.state(), FuseState::Open);
+        assert_eq!(
+            rx.try_recv().unwrap().reason,
+            "business_error_ratio 52.173% > 50% over 60s (23 calls)"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn manual_fuse_stays_open_until_released() {
+        let (f, mut rx) = fuse(
+            vec![trip(
+                TripMetric::Errors,
+                CompareOp::Ge,
+                Threshold::Count(1),
+                10,
+                0,
+            )],
+            RecoverSpec::Manual,
+        );
+        calls(&f, 1, Outcome::Reset);
+        assert_eq!(f.state(), FuseState::Open);
+        tokio::time::advance(Duration::from_secs(86_400)).await;
+        assert!(f.try_admit(Instant::now()).is_err(), "latched");
+        assert_eq!(f.remaining(), None);
+        assert!(f.release("ops"));
+        assert!(!f.release("ops"));
+        assert_eq!(f.state(), FuseState::Closed);
+        // The old error is forgotten: one success does not re-trip.
+        calls(&f, 1, Outcome::Status(200));
+        assert_eq!(f.state(), FuseState::Closed);
+        let kinds: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, [EventKind::FuseTripped, EventKind::FuseReleased]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn half_open_probes_close_the_fuse() {
+        let (f, mut rx) = fuse(
+            vec![trip(
+                TripMetric::Errors,
+                CompareOp::Ge,
+                Threshold::Count(1),
+                10,
+                0,
+            )],
+            RecoverSpec::After {
+                after: Duration::from_secs(30),
+                probes: 2,
+            },
+        );
+        calls(&f, 1, Outcome::Status(500));
+        assert_eq!(f.remaining(), Some(Duration::from_secs(30)));
+        tokio::time::advance(Duration::from_secs(29)).await;
+        assert!(f.try_admit(Instant::now()).is_err());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(f.try_admit(Instant::now()), Ok(true));
+        assert_eq!(f.state(), FuseState::HalfOpen);
+        assert_eq!(f.try_admit(Instant::now()), Ok(true));
+        assert!(f.try_admit(Instant::now()).is_err(), "only two probes");
+        f.record(Outcome::Status(200), true, Instant::now());
+        assert_eq!(f.state(), FuseState::HalfOpen);
+        f.record(Outcome::Status(204), true, Instant::now());
+        assert_eq!(f.state(), FuseState::Closed);
+        assert_eq!(f.try_admit(Instant::now()), Ok(false));
+        let kinds: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                EventKind::FuseTripped,
+                EventKind::FuseHalfOpen,
+                EventKind::FuseReleased
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_probe_opens_again() {
+        let (f, _rx) = fuse(
+            vec![trip(
+                TripMetric::Errors,
+                CompareOp::Ge,
+                Threshold::Count(1),
+                10,
+                0,
+            )],
+            RecoverSpec::After {
+                after: Duration::from_secs(30),
+                probes: 3,
+            },
+        );
+        calls(&f, 1, Outcome::Status(500));
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(f.try_admit(Instant::now()), Ok(true));
+        f.record(Outcome::Status(200), true, Instant::now());
+        assert_eq!(f.try_admit(Instant::now()), Ok(true));
+        f.record(Outcome::ConnectFailure, true, Instant::now());
+        assert_eq!(f.state(), FuseState::Open);
+        // Another full `after` from the failed probe.
+        tokio::time::advance(Duration::from_secs(29)).await;
+        assert!(f.try_admit(Instant::now()).is_err());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(f.try_admit(Instant::now()), Ok(true));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn abandoned_probes_are_given_back() {
+        let (f, _rx) = fuse(
+            vec![trip(
+                TripMetric::Errors,
+                CompareOp::Ge,
+                Threshold::Count(1),
+                10,
+                0,
+            )],
+            RecoverSpec::After {
+                after: Duration::from_secs(1),
+                probes: 1,
+            },
+        );
+        calls(&f, 1, Outcome::Status(500));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(f.try_admit(Instant::now()), Ok(true));
+        assert!(f.try_admit(Instant::now()).is_err());
+        f.abandon_probe();
+        assert_eq!(f.try_admit(Instant::now()), Ok(true));
+    }
+
+    #[test]
+    fn percent_rendering() {
+        assert_eq!(percent(50_000), "50%");
+        assert_eq!(percent(12_500), "12.5%");
+        assert_eq!(percent(52_173), "52.173%");
+    }
+}

@@ -1,0 +1,155 @@
+//! Typed rejections and the one place they become HTTP responses.
+//!
+//! Every rejection names the rule that rejected the call
+//! (`gov-rejected-by: service/rule`), so an operator can trace any refused
+//! request back to the `.gov` text.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use gov_proto::v1 as proto;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::Full;
+
+/// The response header that names the rejecting rule.
+pub const REJECTED_BY: &str = "gov-rejected-by";
+
+/// Why a call was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// No permit, and no waiting allowed (no `max_wait`, or the queue is full).
+    BulkheadFull = 0,
+    /// Waited `max_wait` without a permit.
+    BulkheadTimeout = 1,
+    /// Too many calls in the window (or the limit is engaged).
+    LimitCalls = 2,
+    /// Too many bytes in the window.
+    LimitBytes = 3,
+    /// The fuse is tripped (or half-open with every probe taken).
+    FuseOpen = 4,
+    /// The admitted call exceeded its timeout.
+    Timeout = 5,
+}
+
+impl RejectReason {
+    /// Number of reasons (array sizes).
+    pub const COUNT: usize = 6;
+
+    /// Every reason, in index order.
+    pub const ALL: [RejectReason; Self::COUNT] = [
+        RejectReason::BulkheadFull,
+        RejectReason::BulkheadTimeout,
+        RejectReason::LimitCalls,
+        RejectReason::LimitBytes,
+        RejectReason::FuseOpen,
+        RejectReason::Timeout,
+    ];
+
+    /// The snake_case name used in metrics labels and the TUI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::BulkheadFull => "bulkhead_full",
+            RejectReason::BulkheadTimeout => "bulkhead_timeout",
+            RejectReason::LimitCalls => "limit_calls",
+            RejectReason::LimitBytes => "limit_bytes",
+            RejectReason::FuseOpen => "fuse_open",
+            RejectReason::Timeout => "timeout",
+        }
+    }
+
+    /// The wire form.
+    pub fn to_proto(self) -> proto::RejectReason {
+        match self {
+            RejectReason::BulkheadFull => proto::RejectReason::BulkheadFull,
+            RejectReason::BulkheadTimeout => proto::RejectReason::BulkheadTimeout,
+            RejectReason::LimitCalls => proto::RejectReason::LimitCalls,
+            RejectReason::LimitBytes => proto::RejectReason::LimitBytes,
+            RejectReason::FuseOpen => proto::RejectReason::FuseOpen,
+            RejectReason::Timeout => proto::RejectReason::Timeout,
+        }
+    }
+}
+
+/// A call the engine refused (or, for [`RejectReason::Timeout`], cut off).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("rejected by `{rule}`: {}", reason.as_str())]
+pub struct Rejection {
+    /// `service/rule`.
+    pub rule: Arc<str>,
+    pub reason: RejectReason,
+    /// The configured status (408 bulkheads, 429 limits, 503 fuses, 504 timeouts by default).
+    pub status: StatusCode,
+    /// When the caller may retry (limits). Sent as `Retry-After` in whole seconds, rounded up.
+    pub retry_after: Option<Duration>,
+}
+
+impl Rejection {
+    /// The `Retry-After` value in whole seconds (rounded up, at least 1).
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after.map(|d| {
+            let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+            secs.max(1)
+        })
+    }
+
+    /// The HTTP response for this rejection: the configured status,
+    /// `gov-rejected-by: service/rule`, `Retry-After` when known, and a short
+    /// plain-text body. The only place a rejection becomes HTTP.
+    pub fn to_response(&self) -> Response<Full<Bytes>> {
+        let body = format!("rejected by {} ({})\n", self.rule, self.reason.as_str());
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        // Rule names come from the compiler (identifiers), but a hand-written
+        // config could hold anything: never panic on a bad header value.
+        if let Ok(value) = HeaderValue::from_str(&self.rule) {
+            headers.insert(REJECTED_BY, value);
+        }
+        if let Some(secs) = self.retry_after_secs() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn response_names_the_rule() {
+        let r = Rejection {
+            rule: "order/crm_supplier".into(),
+            reason: RejectReason::LimitCalls,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            retry_after: Some(Duration::from_millis(1200)),
+        };
+        let resp = r.to_response();
+        assert_eq!(resp.status(), 429);
+        assert_eq!(resp.headers()[REJECTED_BY], "order/crm_supplier");
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "2");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"rejected by order/crm_supplier (limit_calls)\n");
+    }
+
+    #[test]
+    fn retry_after_is_at_least_one_second() {
+        let mut r = Rejection {
+            rule: "a/b".into(),
+            reason: RejectReason::LimitCalls,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            retry_after: Some(Duration::from_millis(1)),
+        };
+        assert_eq!(r.retry_after_secs(), Some(1));
+        r.retry_after = Some(Duration::from_secs(7200));
+        assert_eq!(r.retry_after_secs(), Some(7200));
+        r.retry_after = None;
+        assert!(r.to_response().headers().get(header::RETRY_AFTER).is_none());
+    }
+}

@@ -1,0 +1,160 @@
+//! Per-rule counters (atomics, cheap to bump on the request path) and the
+//! snapshot the agent reads about once a second for `/metrics` and the
+//! control plane's `Stats` message.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use gov_proto::v1 as proto;
+
+use crate::config::RuleKind;
+use crate::rejection::RejectReason;
+
+/// Upper bounds (inclusive, milliseconds) of the latency buckets; one more
+/// bucket counts everything above the last bound.
+pub const LATENCY_BUCKETS_MS: [u64; 7] = [10, 20, 50, 100, 200, 500, 1000];
+
+/// Number of latency buckets (`LATENCY_BUCKETS_MS` plus `+Inf`).
+pub const LATENCY_BUCKETS: usize = LATENCY_BUCKETS_MS.len() + 1;
+
+/// Counters of one rule. Cumulative since the rule's state was created
+/// (state survives config swaps that keep the rule unchanged).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub admitted: AtomicU64,
+    /// Admissions that ended (finished or dropped): `in_flight = admitted - ended`.
+    pub ended: AtomicU64,
+    pub waiting: AtomicU64,
+    pub rejected: [AtomicU64; RejectReason::COUNT],
+    pub latency: [AtomicU64; LATENCY_BUCKETS],
+}
+
+impl Counters {
+    pub(crate) fn reject(&self, reason: RejectReason) {
+        self.rejected[reason as usize].fetch_add(1, Relaxed);
+    }
+
+    /// An admission ended (finished or dropped).
+    pub(crate) fn end(&self) {
+        self.ended.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn latency(&self, latency: Duration) {
+        self.latency[bucket(latency)].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self, rule: &Arc<str>, kind: RuleKind) -> RuleStats {
+        let admitted = self.admitted.load(Relaxed);
+        let ended = self.ended.load(Relaxed);
+        RuleStats {
+            rule: rule.clone(),
+            kind,
+            in_flight: admitted.saturating_sub(ended),
+            waiting: self.waiting.load(Relaxed),
+            admitted,
+            rejected: std::array::from_fn(|i| self.rejected[i].load(Relaxed)),
+            latency: std::array::from_fn(|i| self.latency[i].load(Relaxed)),
+            fuse: None,
+            limit_engaged: false,
+            capacity: 0,
+        }
+    }
+}
+
+/// The latency bucket index of `d`.
+pub fn bucket(d: Duration) -> usize {
+    let ms = d.as_millis();
+    LATENCY_BUCKETS_MS
+        .iter()
+        .position(|&b| ms <= u128::from(b))
+        .unwrap_or(LATENCY_BUCKETS_MS.len())
+}
+
+/// A fuse's state as stats and the TUI show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FuseState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+/// One rule's stats at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleStats {
+    /// `service/rule`.
+    pub rule: Arc<str>,
+    pub kind: RuleKind,
+    /// Admitted and not yet ended (bulkheads: permits held).
+    pub in_flight: u64,
+    /// Waiting for a bulkhead permit or a shaped slot now.
+    pub waiting: u64,
+    /// Admitted, cumulative.
+    pub admitted: u64,
+    /// Rejected, cumulative, indexed by `RejectReason as usize`.
+    pub rejected: [u64; RejectReason::COUNT],
+    /// Ended admissions by latency bucket (see [`LATENCY_BUCKETS_MS`]);
+    /// not cumulative across buckets.
+    pub latency: [u64; LATENCY_BUCKETS],
+    /// Fuses only.
+    pub fuse: Option<FuseState>,
+    /// Limits only: engaged (latched) for at least one key.
+    pub limit_engaged: bool,
+    /// `max_concurrent` for bulkheads, calls per window for limits, else 0.
+    pub capacity: u64,
+}
+
+impl RuleStats {
+    /// Rejections for one reason.
+    pub fn rejected(&self, reason: RejectReason) -> u64 {
+        self.rejected[reason as usize]
+    }
+
+    /// The wire form (`gov.v1.RuleStats`).
+    pub fn to_proto(&self) -> proto::RuleStats {
+        let r = |reason| self.rejected(reason);
+        proto::RuleStats {
+            rule: self.rule.to_string(),
+            kind: match self.kind {
+                RuleKind::Bulkhead => proto::RuleKind::Bulkhead,
+                RuleKind::Limit => proto::RuleKind::Limit,
+                RuleKind::Fuse => proto::RuleKind::Fuse,
+                RuleKind::Timeout => proto::RuleKind::Timeout,
+            } as i32,
+            in_flight: self.in_flight,
+            waiting: self.waiting,
+            admitted: self.admitted,
+            rejected: Some(proto::Rejections {
+                bulkhead_full: r(RejectReason::BulkheadFull),
+                bulkhead_timeout: r(RejectReason::BulkheadTimeout),
+                limit_calls: r(RejectReason::LimitCalls),
+                limit_bytes: r(RejectReason::LimitBytes),
+                fuse_open: r(RejectReason::FuseOpen),
+                timeout: r(RejectReason::Timeout),
+            }),
+            latency_buckets: self.latency.to_vec(),
+            fuse_state: match self.fuse {
+                None | Some(FuseState::Closed) => proto::FuseState::Closed,
+                Some(FuseState::Open) => proto::FuseState::Open,
+                Some(FuseState::HalfOpen) => proto::FuseState::HalfOpen,
+            } as i32,
+            limit_engaged: self.limit_engaged,
+            capacity: self.capacity,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_inclusive_upper_bounds() {
+        assert_eq!(bucket(Duration::from_millis(0)), 0);
+        assert_eq!(bucket(Duration::from_millis(10)), 0);
+        assert_eq!(bucket(Duration::from_micros(10_500)), 0);
+        assert_eq!(bucket(Duration::from_millis(11)), 1);
+        assert_eq!(bucket(Duration::from_millis(1000)), 6);
+        assert_eq!(bucket(Duration::from_millis(1001)), 7);
+    }
+}

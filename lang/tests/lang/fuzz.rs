@@ -1,0 +1,210 @@
+//! Hostile input never panics the parser: arbitrary bytes, token soup built
+//! from the grammar's own words, and a checked-in corpus of awkward files
+//! replayed on every run. Whatever parses must also format idempotently.
+
+use proptest::prelude::*;
+
+/// Parses `src`; if it parses, formatting must read back as the same tree
+/// and be idempotent.
+fn check(src: &str) {
+    let Ok(tree) = gov_lang::parse("fuzz.gov", src) else {
+        return;
+    };
+    let text = gov_lang::format(&tree, src);
+    let back = gov_lang::parse("fuzz.gov", &text).unwrap_or_else(|e| {
+        panic!("formatted text does not parse: {e}\n--- input\n{src}\n--- formatted\n{text}")
+    });
+    assert_eq!(
+        back, tree,
+        "formatting changed the tree\n--- input\n{src}\n--- formatted\n{text}"
+    );
+    let again = gov_lang::format(&back, &text);
+    assert_eq!(
+        again, text,
+        "formatting is not idempotent\n--- input\n{src}"
+    );
+    assert_eq!(
+        back.comments.0.len(),
+        tree.comments.0.len(),
+        "comments lost\n--- input\n{src}"
+    );
+}
+
+/// Words, literals and punctuation of the language, plus a few near misses.
+const TOKENS: &[&str] = &[
+    "registry",
+    "service",
+    "domain",
+    "consumer",
+    "from",
+    "header",
+    "capacity",
+    "workers",
+    "instances",
+    "rate",
+    "per",
+    "match",
+    "=",
+    "latency",
+    "path",
+    "exact",
+    "prefix",
+    "method",
+    "calls",
+    "to",
+    "any",
+    "and",
+    "or",
+    "(",
+    ")",
+    "bulkhead",
+    "on",
+    "{",
+    "}",
+    "max_concurrent",
+    "max_wait",
+    "queue",
+    "timeout",
+    "reject",
+    "with",
+    "instance",
+    "operation",
+    "isolation",
+    "semaphore",
+    "pool",
+    "limit",
+    "bytes",
+    "all",
+    "action",
+    "shape",
+    "max_delay",
+    "release",
+    "after",
+    "manual",
+    "scope",
+    "local",
+    "cluster",
+    "sync",
+    "batch",
+    "fuse",
+    "trip",
+    "when",
+    "errors",
+    "error_ratio",
+    "business_errors",
+    ">",
+    ">=",
+    "over",
+    "min_calls",
+    "classify",
+    "business",
+    "system",
+    "status",
+    "500..599",
+    "connect_failure",
+    "reset",
+    "recover",
+    "probe",
+    "warmup",
+    "ready",
+    "http",
+    "GET",
+    "is",
+    "every",
+    "register",
+    "ramp",
+    "start",
+    "via",
+    "signal",
+    "SIGTERM",
+    "shutdown",
+    "deregister",
+    "wait",
+    "for",
+    "stop",
+    "drain",
+    "server_cache",
+    "0",
+    "10",
+    "-1",
+    "99999999999999999999",
+    "10ms",
+    "1min",
+    "2h",
+    "10KiB",
+    "5MB",
+    "50%",
+    "12.125%",
+    "12.3456%",
+    "\"/a\"",
+    "\"a\\\"b\"",
+    "\"#\"",
+    "\"\\q\"",
+    "\"open",
+    "'x'",
+    "#c\n",
+    "\n",
+    "\n\n",
+    "\t",
+    "x",
+    "a-b",
+    "_",
+    "é",
+    "\u{feff}",
+    "..",
+    "%",
+    ".",
+    "\r\n",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        check(&String::from_utf8_lossy(&bytes));
+    }
+
+    #[test]
+    fn token_soup_never_panics(
+        tokens in proptest::collection::vec(proptest::sample::select(TOKENS), 0..60),
+        sep in prop_oneof![Just(" "), Just("\n"), Just("")],
+    ) {
+        check(&tokens.join(sep));
+    }
+}
+
+/// Arbitrary strings rarely parse; these start from a valid policy and cut
+/// or duplicate a slice of it.
+#[test]
+fn mutated_examples_never_panic() {
+    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/shop.gov"))
+        .unwrap();
+    let bytes = src.as_bytes();
+    let step = (bytes.len() / 150).max(1);
+    for cut in (0..bytes.len()).step_by(step) {
+        for len in [1, 7, 40] {
+            let end = (cut + len).min(bytes.len());
+            let mut removed = bytes[..cut].to_vec();
+            removed.extend_from_slice(&bytes[end..]);
+            check(&String::from_utf8_lossy(&removed));
+            let mut doubled = bytes[..end].to_vec();
+            doubled.extend_from_slice(&bytes[cut..]);
+            check(&String::from_utf8_lossy(&doubled));
+        }
+    }
+}
+
+/// Every file in `tests/corpus/` is replayed.
+#[test]
+fn corpus_replays() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus");
+    let mut count = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        check(&String::from_utf8_lossy(&bytes));
+        count += 1;
+    }
+    assert!(count >= 10, "the corpus in {dir} looks incomplete");
+}

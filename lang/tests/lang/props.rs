@@ -1,0 +1,463 @@
+//! Property tests over generated syntax trees: the formatter prints a tree
+//! that parses back to the same tree, and formatting is idempotent.
+
+use gov_lang::ast::*;
+use proptest::prelude::*;
+
+use super::common::parse_ok;
+
+/// Words that can never be names (see `reserved` in `gov.pest`).
+const RESERVED: &[&str] = &[
+    "path", "method", "header", "consumer", "calls", "any", "and", "or", "service", "registry",
+    "domain", "capacity", "match", "bulkhead", "limit", "fuse", "warmup", "shutdown",
+];
+
+fn sp<T>(node: T) -> Spanned<T> {
+    Spanned::new(node, Span::default())
+}
+
+fn ident() -> impl Strategy<Value = Ident> {
+    "[A-Za-z_][A-Za-z0-9_-]{0,8}"
+        .prop_filter("reserved word", |s| !RESERVED.contains(&s.as_str()))
+        .prop_map(sp)
+}
+
+/// Any text without line breaks, with quotes, backslashes and `#` common.
+fn string() -> impl Strategy<Value = Str> {
+    let ch = prop_oneof![
+        Just('"'),
+        Just('\\'),
+        Just('#'),
+        Just(' '),
+        any::<char>().prop_filter("no line breaks", |c| !matches!(c, '\n' | '\r')),
+    ];
+    proptest::collection::vec(ch, 0..10).prop_map(|cs| sp(cs.into_iter().collect()))
+}
+
+fn int() -> impl Strategy<Value = Spanned<i64>> {
+    prop_oneof![any::<i64>(), -5i64..1000].prop_map(sp)
+}
+
+fn duration() -> impl Strategy<Value = Spanned<Duration>> {
+    let unit = prop_oneof![
+        Just(TimeUnit::Millis),
+        Just(TimeUnit::Seconds),
+        Just(TimeUnit::Minutes),
+        Just(TimeUnit::Hours)
+    ];
+    (any::<i64>(), unit).prop_map(|(value, unit)| sp(Duration { value, unit }))
+}
+
+fn size() -> impl Strategy<Value = Spanned<Size>> {
+    let unit = prop_oneof![
+        Just(SizeUnit::B),
+        Just(SizeUnit::KB),
+        Just(SizeUnit::MB),
+        Just(SizeUnit::GB),
+        Just(SizeUnit::KiB),
+        Just(SizeUnit::MiB),
+        Just(SizeUnit::GiB)
+    ];
+    (any::<i64>(), unit).prop_map(|(value, unit)| sp(Size { value, unit }))
+}
+
+fn percent() -> impl Strategy<Value = Spanned<Percent>> {
+    prop_oneof![any::<i64>(), -1000i64..200_000].prop_map(|milli| sp(Percent { milli }))
+}
+
+fn rate<T: std::fmt::Debug + Clone>(
+    amount: impl Strategy<Value = Spanned<T>>,
+) -> impl Strategy<Value = Rate<T>> {
+    (amount, duration()).prop_map(|(amount, window)| Rate { amount, window })
+}
+
+// === Matches ===
+
+fn leaf() -> impl Strategy<Value = MatchExpr> {
+    let span = Span::default();
+    prop_oneof![
+        (
+            prop_oneof![Just(PathKind::Exact), Just(PathKind::Prefix)],
+            string()
+        )
+            .prop_map(move |(kind, value)| MatchExpr::Path { kind, value, span }),
+        ident().prop_map(move |method| MatchExpr::Method { method, span }),
+        (string(), string()).prop_map(move |(name, value)| MatchExpr::Header { name, value, span }),
+        string().prop_map(move |name| MatchExpr::Consumer { name, span }),
+        ident().prop_map(move |service| MatchExpr::CallsTo { service, span }),
+        Just(MatchExpr::Any { span }),
+        ident().prop_map(|name| MatchExpr::Ref { name }),
+    ]
+}
+
+/// `a and b or c and d`, folded to the left as the parser does; operands
+/// are atoms or groups, so the tree is one the parser can produce.
+fn or_of(atom: impl Strategy<Value = MatchExpr> + Clone) -> impl Strategy<Value = MatchExpr> {
+    let and = proptest::collection::vec(atom, 1..4).prop_map(|atoms| {
+        fold(atoms, |lhs, rhs| MatchExpr::And {
+            lhs: Box::new(lhs),
+            rhs: Box::new(rhs),
+            span: Span::default(),
+        })
+    });
+    proptest::collection::vec(and, 1..3).prop_map(|ands| {
+        fold(ands, |lhs, rhs| MatchExpr::Or {
+            lhs: Box::new(lhs),
+            rhs: Box::new(rhs),
+            span: Span::default(),
+        })
+    })
+}
+
+fn fold(items: Vec<MatchExpr>, join: impl Fn(MatchExpr, MatchExpr) -> MatchExpr) -> MatchExpr {
+    let mut it = items.into_iter();
+    let first = it.next().unwrap();
+    it.fold(first, join)
+}
+
+fn match_expr() -> impl Strategy<Value = MatchExpr> {
+    let atom = leaf().prop_recursive(3, 24, 4, |atom| {
+        or_of(atom).prop_map(|inner| MatchExpr::Group {
+            inner: Box::new(inner),
+            span: Span::default(),
+        })
+    });
+    or_of(atom)
+}
+
+// === Statements ===
+
+fn bulkhead_setting() -> impl Strategy<Value = BulkheadSetting> {
+    let span = Span::default();
+    prop_oneof![
+        int().prop_map(move |value| BulkheadSetting::MaxConcurrent { value, span }),
+        duration().prop_map(move |value| BulkheadSetting::MaxWait { value, span }),
+        int().prop_map(move |value| BulkheadSetting::Queue { value, span }),
+        duration().prop_map(move |value| BulkheadSetting::Timeout { value, span }),
+        int().prop_map(move |status| BulkheadSetting::RejectWith { status, span }),
+        prop_oneof![
+            Just(BulkheadKey::Operation),
+            Just(BulkheadKey::Instance),
+            Just(BulkheadKey::InstancePath)
+        ]
+        .prop_map(move |key| BulkheadSetting::Per { key: sp(key), span }),
+        prop_oneof![Just(Isolation::Semaphore), Just(Isolation::Pool)].prop_map(move |mode| {
+            BulkheadSetting::Isolation {
+                mode: sp(mode),
+                span,
+            }
+        }),
+    ]
+}
+
+fn limit_setting() -> impl Strategy<Value = LimitSetting> {
+    let span = Span::default();
+    let key = prop_oneof![
+        Just(LimitKey::All),
+        Just(LimitKey::Domain),
+        Just(LimitKey::Service),
+        Just(LimitKey::Consumer)
+    ];
+    let action = prop_oneof![
+        Just(LimitAction::Reject { span }),
+        duration().prop_map(move |max_delay| LimitAction::Shape { max_delay, span }),
+    ];
+    let release = prop_oneof![
+        duration().prop_map(move |after| Release::After { after, span }),
+        Just(Release::Manual { span }),
+    ];
+    let sync = prop_oneof![
+        Just(None),
+        Just(Some(ClusterSync::Exact { span })),
+        duration().prop_map(move |every| Some(ClusterSync::Batch { every, span })),
+    ];
+    let scope = prop_oneof![
+        Just(LimitScope::Local { span }),
+        sync.prop_map(move |sync| LimitScope::Cluster { sync, span }),
+    ];
+    prop_oneof![
+        rate(int()).prop_map(move |rate| LimitSetting::Calls { rate, span }),
+        rate(size()).prop_map(move |rate| LimitSetting::Bytes { rate, span }),
+        key.prop_map(move |key| LimitSetting::Per { key: sp(key), span }),
+        action.prop_map(move |action| LimitSetting::Action { action, span }),
+        int().prop_map(move |status| LimitSetting::RejectWith { status, span }),
+        release.prop_map(move |release| LimitSetting::Release { release, span }),
+        scope.prop_map(move |scope| LimitSetting::Scope { scope, span }),
+    ]
+}
+
+fn fuse_setting() -> impl Strategy<Value = FuseSetting> {
+    let span = Span::default();
+    let metric = prop_oneof![
+        Just(TripMetric::BusinessErrors),
+        Just(TripMetric::BusinessErrorRatio),
+        Just(TripMetric::SystemErrors),
+        Just(TripMetric::SystemErrorRatio),
+        Just(TripMetric::Errors),
+        Just(TripMetric::ErrorRatio),
+    ];
+    let threshold = prop_oneof![
+        int().prop_map(|n| sp(Threshold::Count(n.node))),
+        percent().prop_map(|p| sp(Threshold::Percent(p.node))),
+    ];
+    let trip = (
+        metric,
+        prop_oneof![Just(CompareOp::Gt), Just(CompareOp::Ge)],
+        threshold,
+        duration(),
+        proptest::option::of(int()),
+    )
+        .prop_map(move |(metric, op, threshold, window, min_calls)| {
+            FuseSetting::Trip(Trip {
+                metric: sp(metric),
+                op: sp(op),
+                threshold,
+                window,
+                min_calls,
+                span,
+            })
+        });
+    let range = (int(), proptest::option::of(int())).prop_map(move |(from, to)| StatusRange {
+        from,
+        to,
+        span,
+    });
+    let item = prop_oneof![
+        proptest::collection::vec(range, 1..4)
+            .prop_map(move |codes| ClassifyItem::Status { codes, span }),
+        Just(ClassifyItem::ConnectFailure { span }),
+        Just(ClassifyItem::Timeout { span }),
+        Just(ClassifyItem::Reset { span }),
+    ];
+    let classify = (
+        prop_oneof![Just(ErrorClass::Business), Just(ErrorClass::System)],
+        proptest::collection::vec(item, 1..4),
+    )
+        .prop_map(move |(class, items)| {
+            FuseSetting::Classify(Classify {
+                class: sp(class),
+                items,
+                span,
+            })
+        });
+    let recover = prop_oneof![
+        Just(Recover::Manual),
+        (duration(), int()).prop_map(|(after, probes)| Recover::After { after, probes }),
+    ];
+    prop_oneof![
+        trip,
+        classify,
+        recover.prop_map(move |recover| FuseSetting::Recover { recover, span }),
+        int().prop_map(move |status| FuseSetting::RejectWith { status, span }),
+    ]
+}
+
+fn http_call() -> impl Strategy<Value = HttpCall> {
+    (ident(), string()).prop_map(|(method, path)| HttpCall {
+        method,
+        path,
+        span: Span::default(),
+    })
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        http_call().prop_map(Action::Http),
+        ident().prop_map(|signal| Action::Signal {
+            signal,
+            span: Span::default()
+        }),
+    ]
+}
+
+fn warmup_step() -> impl Strategy<Value = WarmupStep> {
+    let span = Span::default();
+    prop_oneof![
+        (
+            http_call(),
+            int(),
+            duration(),
+            proptest::option::of(duration()),
+            proptest::option::of(duration())
+        )
+            .prop_map(
+                move |(probe, status, every, after, timeout)| WarmupStep::Ready {
+                    probe,
+                    status,
+                    every,
+                    after,
+                    timeout,
+                    span,
+                }
+            ),
+        Just(WarmupStep::Register { span }),
+        (duration(), percent()).prop_map(move |(over, from)| WarmupStep::Ramp { over, from, span }),
+        (ident(), action()).prop_map(move |(what, action)| WarmupStep::Start {
+            what,
+            action,
+            span
+        }),
+    ]
+}
+
+fn shutdown_step() -> impl Strategy<Value = ShutdownStep> {
+    let span = Span::default();
+    prop_oneof![
+        Just(ShutdownStep::Deregister { span }),
+        duration().prop_map(move |duration| ShutdownStep::Wait { duration, span }),
+        ident().prop_map(move |registry| ShutdownStep::WaitFor { registry, span }),
+        (ident(), action()).prop_map(move |(what, action)| ShutdownStep::Stop {
+            what,
+            action,
+            span
+        }),
+        duration().prop_map(move |deadline| ShutdownStep::Drain { deadline, span }),
+    ]
+}
+
+fn service_stmt() -> impl Strategy<Value = ServiceStmt> {
+    let span = Span::default();
+    let capacity = prop_oneof![
+        int().prop_map(move |count| Capacity::Workers { count, span }),
+        int().prop_map(move |count| Capacity::Instances { count, span }),
+        rate(int()).prop_map(move |rate| Capacity::Rate { rate, span }),
+    ];
+    let settings = |n| 0..n;
+    prop_oneof![
+        string().prop_map(move |name| ServiceStmt::Domain(DomainStmt { name, span })),
+        ident().prop_map(move |name| ServiceStmt::Registry(UsesRegistry { name, span })),
+        string().prop_map(move |header| ServiceStmt::Consumer(ConsumerStmt { header, span })),
+        capacity.prop_map(ServiceStmt::Capacity),
+        (ident(), match_expr(), proptest::option::of(duration())).prop_map(
+            move |(name, expr, latency)| ServiceStmt::Match(MatchDef {
+                name,
+                expr,
+                latency,
+                span
+            })
+        ),
+        (
+            ident(),
+            match_expr(),
+            proptest::collection::vec(bulkhead_setting(), settings(5))
+        )
+            .prop_map(move |(name, on, settings)| {
+                ServiceStmt::Bulkhead(Bulkhead {
+                    name,
+                    on,
+                    settings,
+                    span,
+                })
+            }),
+        (
+            ident(),
+            match_expr(),
+            proptest::collection::vec(limit_setting(), settings(5))
+        )
+            .prop_map(move |(name, on, settings)| ServiceStmt::Limit(Limit {
+                name,
+                on,
+                settings,
+                span
+            })),
+        (
+            ident(),
+            match_expr(),
+            proptest::collection::vec(fuse_setting(), settings(5))
+        )
+            .prop_map(move |(name, on, settings)| ServiceStmt::Fuse(Fuse {
+                name,
+                on,
+                settings,
+                span
+            })),
+        proptest::collection::vec(warmup_step(), settings(5))
+            .prop_map(move |steps| ServiceStmt::Warmup(Warmup { steps, span })),
+        proptest::collection::vec(shutdown_step(), settings(5))
+            .prop_map(move |steps| ServiceStmt::Shutdown(Shutdown { steps, span })),
+    ]
+}
+
+fn item() -> impl Strategy<Value = Item> {
+    let span = Span::default();
+    let key = prop_oneof![
+        Just(RegistryKey::ServerCache),
+        Just(RegistryKey::ClientRefresh),
+        Just(RegistryKey::BalancerRefresh)
+    ];
+    let setting = (key, duration()).prop_map(move |(key, value)| RegistrySetting {
+        key: sp(key),
+        value,
+        span,
+    });
+    prop_oneof![
+        (ident(), proptest::collection::vec(setting, 0..4)).prop_map(move |(name, settings)| {
+            Item::Registry(Registry {
+                name,
+                settings,
+                span,
+            })
+        }),
+        (ident(), proptest::collection::vec(service_stmt(), 0..8))
+            .prop_map(move |(name, body)| Item::Service(Service { name, body, span })),
+    ]
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    proptest::collection::vec(item(), 0..4).prop_map(|items| Policy {
+        items,
+        comments: Comments::default(),
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// `parse(fmt(tree)) == tree` and `fmt(parse(fmt(tree))) == fmt(tree)`.
+    #[test]
+    fn format_then_parse_gives_the_same_tree(tree in policy()) {
+        let text = gov_lang::format(&tree, "");
+        let back = parse_ok("generated.gov", &text);
+        prop_assert_eq!(&back, &tree, "text:\n{}", text);
+        let again = gov_lang::format(&back, &text);
+        prop_assert_eq!(again, text);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Comments, blank lines and odd indentation added to formatted text:
+    /// the tree is the same, every comment survives in order, and the
+    /// result is stable.
+    #[test]
+    fn comments_and_blank_lines_survive_formatting(
+        tree in policy(),
+        edits in proptest::collection::vec((any::<proptest::sample::Index>(), 0u8..5), 0..24),
+    ) {
+        let text = gov_lang::format(&tree, "");
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        if lines.is_empty() {
+            lines.push(String::new());
+        }
+        for (i, (at, kind)) in edits.into_iter().enumerate() {
+            let at = at.index(lines.len());
+            match kind {
+                0 => lines[at].push_str(&format!(" # trailing {i}")),
+                1 => lines.insert(at, format!("# own line {i}")),
+                2 => lines.insert(at, String::new()),
+                3 => lines.insert(at, "\t ".to_owned()),
+                _ => lines[at] = format!("      {}", lines[at].trim_start()),
+            }
+        }
+        let src = lines.join("\n");
+        let parsed = parse_ok("edited.gov", &src);
+        prop_assert_eq!(&parsed, &tree, "source:\n{}", src);
+        let texts = |p: &Policy| p.comments.0.iter().map(|c| c.text.clone()).collect::<Vec<_>>();
+        let out = gov_lang::format(&parsed, &src);
+        let back = parse_ok("formatted.gov", &out);
+        prop_assert_eq!(&back, &tree);
+        prop_assert_eq!(texts(&back), texts(&parsed), "source:\n{}\nformatted:\n{}", src, out);
+        prop_assert_eq!(gov_lang::format(&back, &out), out.clone(), "source:\n{}", src);
+    }
+}
