@@ -1,0 +1,163 @@
+//! `govd`: the gov control plane. Flags have `GOV_...` environment variables
+//! (flag > env > default); logs go to stderr (`GOV_LOG` filters them).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use gov_control_plane::{ControlPlane, Error, Options, auth::read_token_file, serve};
+use tokio_util::sync::CancellationToken;
+
+/// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
+const EXIT_USAGE: u8 = 64;
+
+/// The gov control plane: compiles applied policies, pushes each service's
+/// config to its agents, tracks their sync state, fuses and limits.
+#[derive(Debug, Parser)]
+#[command(name = "govd", version, about)]
+struct Args {
+    /// gRPC listener (`gov.v1.ControlPlane` and `grpc.health.v1`).
+    #[arg(long, env = "GOV_LISTEN", default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+
+    /// Where the applied policy, its history, fuse/limit state and the audit
+    /// log are kept.
+    #[arg(long, env = "GOV_STATE_DIR", default_value = "./.gov-state")]
+    state_dir: PathBuf,
+
+    /// A file holding the bearer token operators must present for `Apply` and
+    /// `Release`. Unset: no token needed.
+    #[arg(long, env = "GOV_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+
+    /// A file holding the bearer token agents must present on `Connect`.
+    #[arg(long, env = "GOV_AGENT_TOKEN_FILE")]
+    agent_token_file: Option<PathBuf>,
+
+    /// How long in-flight calls may take to finish on SIGTERM/SIGINT.
+    #[arg(long, env = "GOV_DRAIN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    drain_timeout: Duration,
+
+    /// Applied versions kept in the history.
+    #[arg(long, env = "GOV_HISTORY", default_value_t = 50)]
+    history: usize,
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(error) => {
+            let code = if error.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GOV_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{:?}", miette::Report::new(error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Error> {
+    let mut options = Options::new(&args.state_dir);
+    options.token = args
+        .token_file
+        .as_deref()
+        .map(read_token_file)
+        .transpose()?;
+    options.agent_token = args
+        .agent_token_file
+        .as_deref()
+        .map(read_token_file)
+        .transpose()?;
+    options.history_limit = args.history;
+    if options.token.is_none() {
+        tracing::warn!(
+            "no --token-file: anyone who reaches {} can apply and release",
+            args.listen
+        );
+    }
+    let shutdown = CancellationToken::new();
+    let control_plane = ControlPlane::open(options, shutdown.clone())?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: args.listen.to_string(),
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| Error::Bind {
+        addr: args.listen.to_string(),
+        source,
+    })?;
+    // Tests and scripts read the bound port from this line.
+    tracing::info!(listen = %addr, state_dir = %args.state_dir.display(), "govd started");
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let signal = termination().await;
+            tracing::info!(signal, "received signal");
+            shutdown.cancel();
+            let signal = termination().await;
+            tracing::warn!(signal, "second signal while stopping: exiting now");
+            std::process::exit(130);
+        });
+    }
+    serve(listener, control_plane, shutdown, args.drain_timeout).await
+}
+
+/// Waits for SIGTERM or SIGINT and returns its name.
+async fn termination() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+/// `250ms`, `5s`, `2m`, or a bare number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration such as `5s` or `500ms`"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!(
+            "`{s}`: unknown unit `{unit}`, use `ms`, `s` or `m`"
+        )),
+    }
+}

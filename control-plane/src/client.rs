@@ -1,0 +1,60 @@
+//! Reaching a control plane from `govc` (and tests): a channel with HTTP/2
+//! keepalive and a connection error that says what to do.
+
+use std::time::Duration;
+
+use gov_proto::v1::control_plane_client::ControlPlaneClient;
+use tonic::transport::{Channel, Endpoint};
+
+/// The default control plane address.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7070";
+
+/// The control plane could not be reached.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+#[error("cannot reach the control plane at `{url}`: {reason}")]
+#[diagnostic(
+    code(gov::govc::unreachable),
+    help(
+        "is govd running? start it with `govd` (or point --control-plane / GOV_CONTROL_PLANE at it)"
+    )
+)]
+pub struct Unreachable {
+    pub url: String,
+    pub reason: String,
+}
+
+/// Connects to `url` (`http://host:port`).
+pub async fn connect(
+    url: &str,
+    timeout: Duration,
+) -> Result<ControlPlaneClient<Channel>, Unreachable> {
+    let unreachable = |reason: String| Unreachable {
+        url: url.to_owned(),
+        reason,
+    };
+    let endpoint = Endpoint::from_shared(url.to_owned())
+        .map_err(|e| unreachable(format!("not a valid URL ({e})")))?
+        .connect_timeout(timeout)
+        .http2_keep_alive_interval(crate::KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(crate::KEEPALIVE_TIMEOUT);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| unreachable(error_chain(&e)))?;
+    Ok(ControlPlaneClient::new(channel).max_decoding_message_size(64 << 20))
+}
+
+/// `error: cause: cause`, for one-line messages.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let c = cause.to_string();
+        if !s.contains(&c) {
+            s.push_str(": ");
+            s.push_str(&c);
+        }
+        source = cause.source();
+    }
+    s
+}

@@ -1,0 +1,91 @@
+//! Errors of the control plane (start-up, state on disk). Errors of one RPC
+//! are `tonic::Status` values built at the edge (see `server.rs`).
+
+use std::path::Path;
+
+/// Something the control plane could not do.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum Error {
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Io(#[from] StateIo),
+
+    #[error("the state file `{path}` is not valid JSON")]
+    #[diagnostic(
+        code(gov::govd::corrupt_state),
+        help("restore it from a backup, or move it away to start with an empty state")
+    )]
+    CorruptState {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    #[error("the state file `{path}` has format {found}, this govd reads format 1")]
+    #[diagnostic(
+        code(gov::govd::state_format),
+        help("run the govd version that wrote it")
+    )]
+    StateFormat { path: String, found: u32 },
+
+    #[error("cannot encode the state")]
+    #[diagnostic(code(gov::govd::encode))]
+    Encode(#[source] serde_json::Error),
+
+    #[error("cannot read the token file `{path}`")]
+    #[diagnostic(
+        code(gov::govd::token_file),
+        help("the file holds the bearer token on one line")
+    )]
+    TokenFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("the token file `{path}` is empty")]
+    #[diagnostic(
+        code(gov::govd::empty_token),
+        help("write a token (e.g. `openssl rand -hex 32`) into it")
+    )]
+    EmptyToken { path: String },
+
+    #[error("cannot listen on `{addr}`")]
+    #[diagnostic(
+        code(gov::govd::bind),
+        help("is another govd running? pick another address with --listen or GOV_LISTEN")
+    )]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("the gRPC server failed")]
+    #[diagnostic(code(gov::govd::serve))]
+    Serve(#[source] tonic::transport::Error),
+}
+
+/// A file operation in the state directory failed.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+#[error("cannot {op} `{path}`")]
+#[diagnostic(
+    code(gov::govd::state_io),
+    help("check that --state-dir is writable and the disk is not full")
+)]
+pub struct StateIo {
+    pub op: &'static str,
+    pub path: String,
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl StateIo {
+    pub fn new(op: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Self {
+            op,
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,1019 @@
+//! The control plane's in-memory model: the applied policy, every agent with
+//! its sync state, tripped fuses and engaged limits. Plain data with
+//! synchronous methods, guarded by one mutex in `server.rs`; nothing here
+//! awaits, so the lock is never held across a network call.
+//!
+//! Sync state per agent follows xDS: a pushed config carries a nonce; the
+//! agent's ACK or NACK names it. An agent is SYNCED only when its last ACK
+//! is the current version of its service; a NACK is NEVER counted as
+//! applied (istio#30498): it stays NACKED, with the reason and rule, and
+//! keeps its last good version until it ACKs a later push.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use gov_proto::v1 as pb;
+use pb::agent_message::Msg as AgentMsg;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::store::{AppliedPolicy, HistoryEntry, KnownAgent, Persisted, Trip, TripKind};
+
+/// Messages queued to one agent's stream.
+pub type AgentTx = mpsc::Sender<Result<pb::ControlMessage, Status>>;
+
+/// `(service, instance)`.
+pub type AgentKey = (String, String);
+
+/// Everything the control plane knows.
+#[derive(Debug, Default)]
+pub struct State {
+    pub applied: Option<AppliedPolicy>,
+    pub history: VecDeque<HistoryEntry>,
+    pub trips: BTreeMap<(TripKind, String), Trip>,
+    pub agents: BTreeMap<AgentKey, Agent>,
+    next_conn: u64,
+    next_nonce: u64,
+    nonce_prefix: u32,
+}
+
+/// One agent (connected or not).
+#[derive(Debug)]
+pub struct Agent {
+    pub service: String,
+    pub instance: String,
+    pub address: String,
+    pub labels: BTreeMap<String, String>,
+    pub conn: Option<Conn>,
+    /// The version last sent to it (or reported in its hello).
+    pub version: String,
+    /// The nonce of a push not yet answered.
+    pub pending: Option<String>,
+    /// The last NACK, until a later ACK.
+    pub nack: Option<Nacked>,
+    /// The last version it acknowledged (or reported in its hello).
+    pub last_good: String,
+    pub phase: pb::Phase,
+    pub last_seen_unix_ms: u64,
+    pub stats: Option<pb::Stats>,
+    /// Why the stream ended.
+    pub disconnect_reason: String,
+}
+
+#[derive(Debug)]
+pub struct Conn {
+    pub id: u64,
+    pub tx: AgentTx,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nacked {
+    pub version: String,
+    pub error: String,
+    pub rule: String,
+}
+
+/// A message to send once the lock is released.
+pub type Outbox = Vec<(AgentTx, pb::ControlMessage)>;
+
+/// What an agent message changed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Effect {
+    /// Sync state changed (wake `Apply` waiters).
+    pub sync: bool,
+    /// Fuse/limit state changed (persist now, wake the timer).
+    pub trips: bool,
+    /// Only stats changed (view at most once per second).
+    pub stats: bool,
+}
+
+// === impl State ===
+
+impl State {
+    pub fn from_persisted(p: Persisted) -> Self {
+        let mut state = State {
+            applied: p.applied,
+            history: p.history.into(),
+            nonce_prefix: rand::random(),
+            ..State::default()
+        };
+        for t in p.trips {
+            state.trips.insert((t.kind, t.rule.clone()), t);
+        }
+        for a in p.agents {
+            let key = (a.service.clone(), a.instance.clone());
+            state.agents.insert(
+                key,
+                Agent {
+                    service: a.service,
+                    instance: a.instance,
+                    address: a.address,
+                    labels: a.labels,
+                    conn: None,
+                    version: a.last_good_version.clone(),
+                    pending: None,
+                    nack: None,
+                    last_good: a.last_good_version,
+                    phase: pb::Phase::Unspecified,
+                    last_seen_unix_ms: 0,
+                    stats: None,
+                    disconnect_reason: "control plane restarted".into(),
+                },
+            );
+        }
+        state
+    }
+
+    pub fn to_persisted(&self) -> Persisted {
+        Persisted {
+            format: 0,
+            applied: self.applied.clone(),
+            history: self.history.iter().cloned().collect(),
+            trips: self.trips.values().cloned().collect(),
+            agents: self
+                .agents
+                .values()
+                .map(|a| KnownAgent {
+                    service: a.service.clone(),
+                    instance: a.instance.clone(),
+                    address: a.address.clone(),
+                    last_good_version: a.last_good.clone(),
+                    labels: a.labels.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The bundle version in force ("" before the first apply).
+    pub fn version(&self) -> &str {
+        self.applied.as_ref().map_or("", |a| a.version.as_str())
+    }
+
+    pub fn bundle(&self) -> Option<&pb::Bundle> {
+        self.applied.as_ref().map(|a| &a.bundle)
+    }
+
+    pub fn target(&self, service: &str) -> Option<&pb::TargetConfig> {
+        self.bundle()?.targets.iter().find(|t| t.service == service)
+    }
+
+    /// The version agents of `service` must enforce: `None` before any
+    /// apply (nothing to push), `""` for a service the policy does not name
+    /// (its agents get an empty config).
+    pub fn current_version(&self, service: &str) -> Option<String> {
+        self.applied.as_ref()?;
+        Some(
+            self.target(service)
+                .map(|t| t.version.clone())
+                .unwrap_or_default(),
+        )
+    }
+
+    fn config_for(&self, service: &str) -> pb::TargetConfig {
+        self.target(service)
+            .cloned()
+            .unwrap_or_else(|| pb::TargetConfig {
+                service: service.to_owned(),
+                ..Default::default()
+            })
+    }
+
+    fn nonce(&mut self) -> String {
+        self.next_nonce += 1;
+        format!("{:08x}-{}", self.nonce_prefix, self.next_nonce)
+    }
+
+    /// Queues the current config of `key`'s service to it, with a fresh
+    /// nonce, and marks it STALE until it answers.
+    fn push(&mut self, key: &AgentKey, out: &mut Outbox) {
+        let target = self.config_for(&key.0);
+        let nonce = self.nonce();
+        let Some(agent) = self.agents.get_mut(key) else {
+            return;
+        };
+        let Some(conn) = &agent.conn else { return };
+        agent.version = target.version.clone();
+        agent.pending = Some(nonce.clone());
+        out.push((
+            conn.tx.clone(),
+            pb::ControlMessage {
+                msg: Some(pb::control_message::Msg::Config(pb::Config {
+                    target: Some(target),
+                    nonce,
+                })),
+            },
+        ));
+    }
+
+    /// A new stream said hello. Returns its connection id; queues its config
+    /// when its version differs from the current one.
+    pub fn hello(
+        &mut self,
+        hello: pb::Hello,
+        tx: AgentTx,
+        now: u64,
+        out: &mut Outbox,
+    ) -> (AgentKey, u64) {
+        self.next_conn += 1;
+        let id = self.next_conn;
+        let key = (hello.service.clone(), hello.instance.clone());
+        let agent = self.agents.entry(key.clone()).or_insert_with(|| Agent {
+            service: hello.service.clone(),
+            instance: hello.instance.clone(),
+            address: String::new(),
+            labels: BTreeMap::new(),
+            conn: None,
+            version: String::new(),
+            pending: None,
+            nack: None,
+            last_good: String::new(),
+            phase: pb::Phase::Unspecified,
+            last_seen_unix_ms: now,
+            stats: None,
+            disconnect_reason: String::new(),
+        });
+        agent.address = hello.address;
+        agent.labels = hello.labels.into_iter().collect();
+        agent.conn = Some(Conn { id, tx });
+        agent.version = hello.last_version.clone();
+        agent.last_good = hello.last_version.clone();
+        agent.pending = None;
+        agent.nack = None;
+        agent.stats = None;
+        agent.last_seen_unix_ms = now;
+        agent.disconnect_reason.clear();
+        if let Some(current) = self.current_version(&key.0)
+            && current != hello.last_version
+        {
+            self.push(&key, out);
+        }
+        (key, id)
+    }
+
+    /// The stream `id` of `key` ended.
+    pub fn disconnect(&mut self, key: &AgentKey, id: u64, reason: &str, now: u64) -> bool {
+        let Some(agent) = self.agents.get_mut(key) else {
+            return false;
+        };
+        if agent.conn.as_ref().is_none_or(|c| c.id != id) {
+            // A newer stream replaced this one.
+            return false;
+        }
+        agent.conn = None;
+        agent.pending = None;
+        agent.stats = None;
+        agent.last_seen_unix_ms = now;
+        agent.disconnect_reason = reason.to_owned();
+        true
+    }
+
+    /// A message (other than the hello) from stream `id` of `key`.
+    pub fn on_message(&mut self, key: &AgentKey, id: u64, msg: AgentMsg, now: u64) -> Effect {
+        let mut effect = Effect::default();
+        let Some(agent) = self.agents.get_mut(key) else {
+            return effect;
+        };
+        if agent.conn.as_ref().is_none_or(|c| c.id != id) {
+            return effect;
+        }
+        agent.last_seen_unix_ms = now;
+        match msg {
+            AgentMsg::Hello(_) => {}
+            AgentMsg::Ack(ack) => {
+                if agent.pending.as_deref() == Some(ack.nonce.as_str()) {
+                    agent.pending = None;
+                    agent.nack = None;
+                }
+                // An ACK of an older push is still a config it enforces now.
+                agent.last_good = ack.version;
+                effect.sync = true;
+            }
+            AgentMsg::Nack(nack) => {
+                if agent.pending.as_deref() == Some(nack.nonce.as_str()) {
+                    agent.pending = None;
+                }
+                agent.nack = Some(Nacked {
+                    version: nack.version,
+                    error: nack.error,
+                    rule: nack.rule,
+                });
+                effect.sync = true;
+            }
+            AgentMsg::Lifecycle(l) => {
+                agent.phase = l.phase();
+                effect.stats = true;
+            }
+            AgentMsg::Stats(stats) => {
+                let instance = agent.instance.clone();
+                let service = agent.service.clone();
+                effect.trips |= self.reconcile(&service, &instance, &stats, now);
+                if let Some(agent) = self.agents.get_mut(key) {
+                    agent.stats = Some(stats);
+                }
+                effect.stats = true;
+            }
+            AgentMsg::Event(event) => {
+                let (service, instance) = (agent.service.clone(), agent.instance.clone());
+                effect.trips |= self.on_event(&service, &instance, &event, now);
+            }
+        }
+        effect
+    }
+
+    /// Records a fuse/limit event of an agent of `service`. Events about
+    /// rules of another service are ignored: an agent speaks for itself only.
+    pub fn on_event(&mut self, service: &str, instance: &str, event: &pb::Event, now: u64) -> bool {
+        if event.rule.split_once('/').map(|(s, _)| s) != Some(service) {
+            tracing::warn!(service, instance, rule = %event.rule, "ignoring an event about another service's rule");
+            return false;
+        }
+        let at = if event.at_unix_ms == 0 {
+            now
+        } else {
+            event.at_unix_ms
+        };
+        match event.kind() {
+            pb::EventKind::FuseTripped | pb::EventKind::FuseHalfOpen => {
+                let half_open = event.kind() == pb::EventKind::FuseHalfOpen;
+                let trip = self.trip(TripKind::Fuse, &event.rule, at, &event.reason);
+                trip.instances.insert(instance.to_owned());
+                trip.half_open = half_open;
+                if !half_open {
+                    trip.reason.clone_from(&event.reason);
+                }
+                true
+            }
+            pb::EventKind::LimitEngaged => {
+                let deadline = self
+                    .release_after(&event.rule)
+                    .map(|ms| at.saturating_add(ms));
+                let trip = self.trip(TripKind::Limit, &event.rule, at, &event.reason);
+                trip.instances.insert(instance.to_owned());
+                if trip.deadline_unix_ms.is_none() {
+                    trip.deadline_unix_ms = deadline;
+                }
+                true
+            }
+            pb::EventKind::FuseReleased => self.untrip(TripKind::Fuse, &event.rule, instance),
+            pb::EventKind::LimitReleased => self.untrip(TripKind::Limit, &event.rule, instance),
+            pb::EventKind::Unspecified => false,
+        }
+    }
+
+    fn trip(&mut self, kind: TripKind, rule: &str, at: u64, reason: &str) -> &mut Trip {
+        self.trips
+            .entry((kind, rule.to_owned()))
+            .or_insert_with(|| Trip {
+                kind,
+                rule: rule.to_owned(),
+                since_unix_ms: at,
+                reason: reason.to_owned(),
+                half_open: false,
+                deadline_unix_ms: None,
+                instances: Default::default(),
+            })
+    }
+
+    fn untrip(&mut self, kind: TripKind, rule: &str, instance: &str) -> bool {
+        let k = (kind, rule.to_owned());
+        let Some(trip) = self.trips.get_mut(&k) else {
+            return false;
+        };
+        trip.instances.remove(instance);
+        if trip.instances.is_empty() {
+            self.trips.remove(&k);
+        }
+        true
+    }
+
+    /// Stats are the agents' truth: a fuse an agent reports open is tripped
+    /// (an event may have been lost), one it reports closed is not tripped
+    /// on that agent any more.
+    fn reconcile(&mut self, service: &str, instance: &str, stats: &pb::Stats, now: u64) -> bool {
+        let mut changed = false;
+        for r in &stats.rules {
+            if r.rule.split_once('/').map(|(s, _)| s) != Some(service) {
+                continue;
+            }
+            match r.kind() {
+                pb::RuleKind::Fuse => {
+                    let open = r.fuse_state() != pb::FuseState::Closed;
+                    let tripped = self
+                        .trips
+                        .get(&(TripKind::Fuse, r.rule.clone()))
+                        .is_some_and(|t| t.instances.contains(instance));
+                    if open && !tripped {
+                        let trip =
+                            self.trip(TripKind::Fuse, &r.rule, now, "reported open by the agent");
+                        trip.instances.insert(instance.to_owned());
+                        changed = true;
+                    } else if !open && tripped {
+                        changed |= self.untrip(TripKind::Fuse, &r.rule, instance);
+                    }
+                }
+                pb::RuleKind::Limit => {
+                    let tripped = self
+                        .trips
+                        .get(&(TripKind::Limit, r.rule.clone()))
+                        .is_some_and(|t| t.instances.contains(instance));
+                    if r.limit_engaged && !tripped {
+                        let deadline = self.release_after(&r.rule).map(|ms| now.saturating_add(ms));
+                        let trip = self.trip(
+                            TripKind::Limit,
+                            &r.rule,
+                            now,
+                            "reported engaged by the agent",
+                        );
+                        trip.instances.insert(instance.to_owned());
+                        if trip.deadline_unix_ms.is_none() {
+                            trip.deadline_unix_ms = deadline;
+                        }
+                        changed = true;
+                    } else if !r.limit_engaged && tripped {
+                        changed |= self.untrip(TripKind::Limit, &r.rule, instance);
+                    }
+                }
+                _ => {}
+            }
+        }
+        changed
+    }
+
+    /// The `release after` of limit `rule`, if it has one.
+    pub fn release_after(&self, rule: &str) -> Option<u64> {
+        let (service, _) = rule.split_once('/')?;
+        let limit = self
+            .target(service)?
+            .limits
+            .iter()
+            .find(|l| l.rule == rule)?;
+        match limit.release.as_ref()?.kind.as_ref()? {
+            pb::release::Kind::AfterMs(ms) => Some(*ms),
+            pb::release::Kind::Manual(_) => None,
+        }
+    }
+
+    /// The automatic recovery delay of fuse `rule` (`None`: manual).
+    fn fuse_recovery(&self, rule: &str) -> Option<u64> {
+        let (service, _) = rule.split_once('/')?;
+        let fuse = self
+            .target(service)?
+            .fuses
+            .iter()
+            .find(|f| f.rule == rule)?;
+        match fuse.recover.as_ref()?.kind.as_ref()? {
+            pb::recovery::Kind::After(a) => Some(a.after_ms),
+            pb::recovery::Kind::Manual(_) => None,
+        }
+    }
+
+    /// Stores a new applied policy and queues it to every connected agent
+    /// of `changed` services. Returns the history entry.
+    pub fn apply(
+        &mut self,
+        policy: AppliedPolicy,
+        changed: &[String],
+        history_limit: usize,
+        out: &mut Outbox,
+    ) {
+        self.history.push_back(HistoryEntry {
+            version: policy.version.clone(),
+            who: policy.who.clone(),
+            at_unix_ms: policy.at_unix_ms,
+            services: changed.to_vec(),
+            sources: policy.sources.clone(),
+        });
+        while self.history.len() > history_limit.max(1) {
+            self.history.pop_front();
+        }
+        self.applied = Some(policy);
+        let keys: Vec<AgentKey> = self
+            .agents
+            .iter()
+            .filter(|(k, a)| a.conn.is_some() && changed.contains(&k.0))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            self.push(&key, out);
+        }
+    }
+
+    /// Connected agents of `service`.
+    pub fn connected(&self, service: &str) -> impl Iterator<Item = &Agent> {
+        self.agents
+            .values()
+            .filter(move |a| a.service == service && a.conn.is_some())
+    }
+
+    /// Whether every connected agent of `services` has answered its last push.
+    pub fn settled(&self, services: &[String]) -> bool {
+        services
+            .iter()
+            .all(|s| self.connected(s).all(|a| a.pending.is_none()))
+    }
+
+    /// The sync state of `agent`, as `istioctl proxy-status` would show it.
+    pub fn sync_state(&self, agent: &Agent) -> (pb::SyncState, String, String) {
+        if agent.conn.is_none() {
+            return (
+                pb::SyncState::Disconnected,
+                agent.disconnect_reason.clone(),
+                String::new(),
+            );
+        }
+        if agent.pending.is_some() {
+            return (
+                pb::SyncState::Stale,
+                "sent, not yet acknowledged".into(),
+                String::new(),
+            );
+        }
+        let current = self.current_version(&agent.service);
+        if let Some(n) = &agent.nack
+            && current.as_deref() == Some(n.version.as_str())
+        {
+            return (pb::SyncState::Nacked, n.error.clone(), n.rule.clone());
+        }
+        match current {
+            Some(v) if v == agent.last_good => {
+                (pb::SyncState::Synced, String::new(), String::new())
+            }
+            Some(_) => (pb::SyncState::Stale, "not sent".into(), String::new()),
+            None => (
+                pb::SyncState::Stale,
+                "nothing applied yet: the agent enforces its own last good config".into(),
+                String::new(),
+            ),
+        }
+    }
+
+    /// The outcome of every agent of `services` (for `ApplyResult`).
+    pub fn outcomes(&self, services: &[String]) -> Vec<pb::AgentOutcome> {
+        self.agents
+            .values()
+            .filter(|a| services.contains(&a.service))
+            .map(|a| {
+                let (state, error, rule) = self.sync_state(a);
+                pb::AgentOutcome {
+                    service: a.service.clone(),
+                    instance: a.instance.clone(),
+                    state: state as i32,
+                    version: a.last_good.clone(),
+                    error: if state == pb::SyncState::Nacked {
+                        error
+                    } else {
+                        String::new()
+                    },
+                    rule,
+                }
+            })
+            .collect()
+    }
+
+    /// Queues a release command to every connected agent of the rule's
+    /// service and forgets the trip. Returns (was tripped, instances notified).
+    pub fn release(
+        &mut self,
+        kind: TripKind,
+        rule: &str,
+        who: &str,
+        out: &mut Outbox,
+    ) -> (bool, Vec<String>) {
+        let service = rule.split_once('/').map_or("", |(s, _)| s).to_owned();
+        let mut was = self.trips.remove(&(kind, rule.to_owned())).is_some();
+        let mut notified = Vec::new();
+        for a in self.connected(&service) {
+            // Stats may know of a trip the events did not tell.
+            was |= a.stats.as_ref().is_some_and(|s| {
+                s.rules.iter().any(|r| {
+                    r.rule == rule
+                        && match kind {
+                            TripKind::Fuse => r.fuse_state() != pb::FuseState::Closed,
+                            TripKind::Limit => r.limit_engaged,
+                        }
+                })
+            });
+            if let Some(conn) = &a.conn {
+                let cmd = pb::ReleaseCommand {
+                    kind: match kind {
+                        TripKind::Fuse => pb::ReleaseKind::Fuse,
+                        TripKind::Limit => pb::ReleaseKind::Limit,
+                    } as i32,
+                    rule: rule.to_owned(),
+                    who: who.to_owned(),
+                };
+                out.push((
+                    conn.tx.clone(),
+                    pb::ControlMessage {
+                        msg: Some(pb::control_message::Msg::Command(pb::Command {
+                            kind: Some(pb::command::Kind::Release(cmd)),
+                        })),
+                    },
+                ));
+                notified.push(a.instance.clone());
+            }
+        }
+        (was, notified)
+    }
+
+    /// Whether the applied policy has a fuse or limit called `rule`.
+    pub fn has_rule(&self, kind: TripKind, rule: &str) -> bool {
+        let Some((service, _)) = rule.split_once('/') else {
+            return false;
+        };
+        let Some(t) = self.target(service) else {
+            return false;
+        };
+        match kind {
+            TripKind::Fuse => t.fuses.iter().any(|f| f.rule == rule),
+            TripKind::Limit => t.limits.iter().any(|l| l.rule == rule),
+        }
+    }
+
+    /// Limits whose `release after` deadline has passed.
+    pub fn expired(&self, now: u64) -> Vec<String> {
+        self.trips
+            .values()
+            .filter(|t| t.kind == TripKind::Limit && t.deadline_unix_ms.is_some_and(|d| d <= now))
+            .map(|t| t.rule.clone())
+            .collect()
+    }
+
+    /// The earliest limit deadline.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.trips.values().filter_map(|t| t.deadline_unix_ms).min()
+    }
+
+    /// The cluster as `Watch` and `Status` show it.
+    pub fn view(&self, now: u64) -> pb::ClusterView {
+        let agents = self
+            .agents
+            .values()
+            .map(|a| {
+                let (state, reason, rule) = self.sync_state(a);
+                pb::AgentView {
+                    service: a.service.clone(),
+                    instance: a.instance.clone(),
+                    address: a.address.clone(),
+                    state: state as i32,
+                    reason,
+                    rule,
+                    version: a.version.clone(),
+                    last_good_version: a.last_good.clone(),
+                    phase: a.phase as i32,
+                    last_seen_unix_ms: if a.conn.is_some() {
+                        now
+                    } else {
+                        a.last_seen_unix_ms
+                    },
+                    labels: a.labels.clone().into_iter().collect(),
+                }
+            })
+            .collect();
+        let mut rules = Vec::new();
+        for t in self
+            .bundle()
+            .map(|b| b.targets.as_slice())
+            .unwrap_or_default()
+        {
+            let mut add = |rule: &str, kind: pb::RuleKind, source: &Option<pb::SourceRef>| {
+                rules.push(pb::RuleView {
+                    rule: rule.to_owned(),
+                    kind: kind as i32,
+                    source: source.clone(),
+                    stats: Some(self.aggregate(&t.service, rule, kind)),
+                });
+            };
+            for b in &t.bulkheads {
+                add(&b.rule, pb::RuleKind::Bulkhead, &b.source);
+            }
+            for l in &t.limits {
+                add(&l.rule, pb::RuleKind::Limit, &l.source);
+            }
+            for f in &t.fuses {
+                add(&f.rule, pb::RuleKind::Fuse, &f.source);
+            }
+            for x in &t.timeouts {
+                add(&x.rule, pb::RuleKind::Timeout, &x.source);
+            }
+        }
+        let source = |kind: TripKind, rule: &str| -> Option<pb::SourceRef> {
+            let (service, _) = rule.split_once('/')?;
+            let t = self.target(service)?;
+            match kind {
+                TripKind::Fuse => t.fuses.iter().find(|f| f.rule == rule)?.source.clone(),
+                TripKind::Limit => t.limits.iter().find(|l| l.rule == rule)?.source.clone(),
+            }
+        };
+        let fuses = self
+            .trips
+            .values()
+            .filter(|t| t.kind == TripKind::Fuse)
+            .map(|t| pb::FuseView {
+                rule: t.rule.clone(),
+                state: if t.half_open {
+                    pb::FuseState::HalfOpen
+                } else {
+                    pb::FuseState::Open
+                } as i32,
+                since_unix_ms: t.since_unix_ms,
+                reason: t.reason.clone(),
+                remaining_ms: self.fuse_recovery(&t.rule).map_or(0, |after| {
+                    t.since_unix_ms
+                        .saturating_add(after)
+                        .saturating_sub(now)
+                        .max(1)
+                }),
+                source: source(TripKind::Fuse, &t.rule),
+            })
+            .collect();
+        let limits = self
+            .trips
+            .values()
+            .filter(|t| t.kind == TripKind::Limit)
+            .map(|t| pb::LimitView {
+                rule: t.rule.clone(),
+                since_unix_ms: t.since_unix_ms,
+                reason: t.reason.clone(),
+                remaining_ms: t
+                    .deadline_unix_ms
+                    .map_or(0, |d| d.saturating_sub(now).max(1)),
+                source: source(TripKind::Limit, &t.rule),
+            })
+            .collect();
+        pb::ClusterView {
+            at_unix_ms: now,
+            version: self.version().to_owned(),
+            agents,
+            rules,
+            fuses,
+            limits,
+        }
+    }
+
+    /// One rule's stats summed over the connected agents of its service.
+    /// Fuse state is the worst any agent reports; capacity is summed like
+    /// the in-flight count it bounds.
+    fn aggregate(&self, service: &str, rule: &str, kind: pb::RuleKind) -> pb::RuleStats {
+        let mut sum = pb::RuleStats {
+            rule: rule.to_owned(),
+            kind: kind as i32,
+            rejected: Some(pb::Rejections::default()),
+            ..Default::default()
+        };
+        let mut worst = pb::FuseState::Closed;
+        for a in self.connected(service) {
+            let Some(r) = a
+                .stats
+                .as_ref()
+                .and_then(|s| s.rules.iter().find(|r| r.rule == rule))
+            else {
+                continue;
+            };
+            sum.in_flight += r.in_flight;
+            sum.waiting += r.waiting;
+            sum.admitted += r.admitted;
+            sum.capacity += r.capacity;
+            sum.limit_engaged |= r.limit_engaged;
+            if let (Some(s), Some(x)) = (sum.rejected.as_mut(), r.rejected.as_ref()) {
+                s.bulkhead_full += x.bulkhead_full;
+                s.bulkhead_timeout += x.bulkhead_timeout;
+                s.limit_calls += x.limit_calls;
+                s.limit_bytes += x.limit_bytes;
+                s.fuse_open += x.fuse_open;
+                s.timeout += x.timeout;
+            }
+            if sum.latency_buckets.len() < r.latency_buckets.len() {
+                sum.latency_buckets.resize(r.latency_buckets.len(), 0);
+            }
+            for (s, x) in sum.latency_buckets.iter_mut().zip(&r.latency_buckets) {
+                *s += x;
+            }
+            worst = match (worst, r.fuse_state()) {
+                (pb::FuseState::Open, _) | (_, pb::FuseState::Open) => pb::FuseState::Open,
+                (pb::FuseState::HalfOpen, _) | (_, pb::FuseState::HalfOpen) => {
+                    pb::FuseState::HalfOpen
+                }
+                _ => pb::FuseState::Closed,
+            };
+        }
+        sum.fuse_state = worst as i32;
+        sum
+    }
+}
+
+/// Keeps only what concerns `service` ("" keeps everything).
+pub fn filter_view(mut view: pb::ClusterView, service: &str) -> pb::ClusterView {
+    if service.is_empty() {
+        return view;
+    }
+    let ours = |rule: &str| rule.split_once('/').is_some_and(|(s, _)| s == service);
+    view.agents.retain(|a| a.service == service);
+    view.rules.retain(|r| ours(&r.rule));
+    view.fuses.retain(|f| ours(&f.rule));
+    view.limits.retain(|l| ours(&l.rule));
+    view
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(version: &str, targets: Vec<pb::TargetConfig>) -> AppliedPolicy {
+        AppliedPolicy {
+            version: version.into(),
+            who: "t".into(),
+            at_unix_ms: 1,
+            sources: vec![],
+            bundle: pb::Bundle {
+                targets,
+                version: version.into(),
+            },
+        }
+    }
+
+    fn target(service: &str, version: &str) -> pb::TargetConfig {
+        pb::TargetConfig {
+            service: service.into(),
+            version: version.into(),
+            ..Default::default()
+        }
+    }
+
+    fn hello(service: &str, instance: &str, last: &str) -> pb::Hello {
+        pb::Hello {
+            service: service.into(),
+            instance: instance.into(),
+            last_version: last.into(),
+            ..Default::default()
+        }
+    }
+
+    fn nonce_of(msg: &pb::ControlMessage) -> String {
+        match &msg.msg {
+            Some(pb::control_message::Msg::Config(c)) => c.nonce.clone(),
+            other => panic!("not a config: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_nack_is_never_synced_and_keeps_the_last_good_version() {
+        let mut s = State::default();
+        s.apply(
+            policy("b1", vec![target("order", "v1")]),
+            &["order".into()],
+            10,
+            &mut Vec::new(),
+        );
+        let (tx, _rx) = mpsc::channel(8);
+        let mut out = Vec::new();
+        let (key, id) = s.hello(hello("order", "a", "v1"), tx, 1, &mut out);
+        assert!(out.is_empty(), "an agent already on v1 gets nothing");
+        assert_eq!(s.sync_state(&s.agents[&key]).0, pb::SyncState::Synced);
+
+        s.apply(
+            policy("b2", vec![target("order", "v2")]),
+            &["order".into()],
+            10,
+            &mut out,
+        );
+        assert_eq!(out.len(), 1);
+        let nonce = nonce_of(&out[0].1);
+        assert_eq!(s.sync_state(&s.agents[&key]).0, pb::SyncState::Stale);
+        assert!(!s.settled(&["order".into()]));
+
+        let nack = pb::Nack {
+            version: "v2".into(),
+            nonce,
+            error: "no redis".into(),
+            rule: "order/x".into(),
+        };
+        s.on_message(&key, id, AgentMsg::Nack(nack), 2);
+        assert!(s.settled(&["order".into()]));
+        let (state, reason, rule) = s.sync_state(&s.agents[&key]);
+        assert_eq!(
+            (state, reason.as_str(), rule.as_str()),
+            (pb::SyncState::Nacked, "no redis", "order/x")
+        );
+        let outcome = &s.outcomes(&["order".into()])[0];
+        assert_eq!(outcome.state(), pb::SyncState::Nacked);
+        assert_eq!(
+            outcome.version, "v1",
+            "still enforcing the last good version"
+        );
+    }
+
+    #[test]
+    fn stale_acks_do_not_settle_a_newer_push_and_old_streams_are_ignored() {
+        let mut s = State::default();
+        s.apply(
+            policy("b1", vec![target("order", "v1")]),
+            &["order".into()],
+            10,
+            &mut Vec::new(),
+        );
+        let (tx, _rx) = mpsc::channel(8);
+        let mut out = Vec::new();
+        let (key, id) = s.hello(hello("order", "a", ""), tx.clone(), 1, &mut out);
+        let first = nonce_of(&out[0].1);
+        s.apply(
+            policy("b2", vec![target("order", "v2")]),
+            &["order".into()],
+            10,
+            &mut out,
+        );
+        s.on_message(
+            &key,
+            id,
+            AgentMsg::Ack(pb::Ack {
+                version: "v1".into(),
+                nonce: first,
+            }),
+            2,
+        );
+        assert_eq!(s.sync_state(&s.agents[&key]).0, pb::SyncState::Stale);
+        // The agent reconnects; the old stream's end must not mark it disconnected.
+        let (key2, id2) = s.hello(hello("order", "a", "v1"), tx, 3, &mut out);
+        assert!(!s.disconnect(&key, id, "old", 4));
+        assert_eq!(s.sync_state(&s.agents[&key2]).0, pb::SyncState::Stale);
+        let last = nonce_of(&out.last().unwrap().1);
+        s.on_message(
+            &key2,
+            id2,
+            AgentMsg::Ack(pb::Ack {
+                version: "v2".into(),
+                nonce: last,
+            }),
+            5,
+        );
+        assert_eq!(s.sync_state(&s.agents[&key2]).0, pb::SyncState::Synced);
+        assert!(s.disconnect(&key2, id2, "gone", 6));
+        assert_eq!(
+            s.sync_state(&s.agents[&key2]).0,
+            pb::SyncState::Disconnected
+        );
+    }
+
+    #[test]
+    fn unchanged_services_get_nothing() {
+        let mut s = State::default();
+        s.apply(
+            policy("b1", vec![target("order", "v1"), target("pay", "p1")]),
+            &[],
+            10,
+            &mut Vec::new(),
+        );
+        let mut out = Vec::new();
+        let (tx, _rx) = mpsc::channel(8);
+        s.hello(hello("pay", "p", "p1"), tx, 1, &mut out);
+        s.apply(
+            policy("b2", vec![target("order", "v2"), target("pay", "p1")]),
+            &["order".into()],
+            10,
+            &mut out,
+        );
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn engaged_limits_get_an_absolute_deadline_and_stats_reconcile_fuses() {
+        let mut t = target("order", "v1");
+        t.limits.push(pb::Limit {
+            rule: "order/crm".into(),
+            release: Some(pb::Release {
+                kind: Some(pb::release::Kind::AfterMs(7_200_000)),
+            }),
+            ..Default::default()
+        });
+        let mut s = State::default();
+        s.apply(policy("b1", vec![t]), &[], 10, &mut Vec::new());
+        let engaged = pb::Event {
+            kind: pb::EventKind::LimitEngaged as i32,
+            rule: "order/crm".into(),
+            reason: "calls".into(),
+            at_unix_ms: 1_000,
+        };
+        assert!(s.on_event("order", "a", &engaged, 1_000));
+        assert_eq!(s.next_deadline(), Some(7_201_000));
+        assert_eq!(s.view(3_600_000).limits[0].remaining_ms, 3_601_000);
+        assert!(s.expired(7_200_999).is_empty());
+        assert_eq!(s.expired(7_201_000), vec!["order/crm".to_string()]);
+        // Another service's agent cannot engage our limit.
+        assert!(!s.on_event("pay", "p", &engaged, 1_000));
+
+        let stats = pb::Stats {
+            rules: vec![pb::RuleStats {
+                rule: "order/mdm".into(),
+                kind: pb::RuleKind::Fuse as i32,
+                fuse_state: pb::FuseState::Open as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(s.reconcile("order", "a", &stats, 5));
+        assert_eq!(s.view(6).fuses.len(), 1);
+        let mut out = Vec::new();
+        let (was, _) = s.release(TripKind::Fuse, "order/mdm", "op", &mut out);
+        assert!(was);
+        assert!(s.view(7).fuses.is_empty());
+    }
+}

@@ -1,0 +1,323 @@
+//! The control plane's state on disk, in `--state-dir`:
+//!
+//! - `state.json`: the applied policy (sources and compiled bundle), its
+//!   history (bounded), tripped fuses and engaged limits with absolute
+//!   deadlines, and the agents last seen. Rewritten atomically: temp file,
+//!   fsync, rename, fsync of the directory, so a crash leaves the old file
+//!   or the new one, never a torn one.
+//! - `audit.jsonl`: one JSON object per line for every operator action
+//!   (apply, release) and every timer release; append-only, fsynced.
+
+use std::collections::BTreeSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use gov_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, StateIo};
+
+/// Version of the `state.json` layout.
+const FORMAT: u32 = 1;
+const STATE_FILE: &str = "state.json";
+const AUDIT_FILE: &str = "audit.jsonl";
+
+/// Everything `state.json` holds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Persisted {
+    pub format: u32,
+    #[serde(default)]
+    pub applied: Option<AppliedPolicy>,
+    /// Oldest first, bounded.
+    #[serde(default)]
+    pub history: Vec<HistoryEntry>,
+    #[serde(default)]
+    pub trips: Vec<Trip>,
+    #[serde(default)]
+    pub agents: Vec<KnownAgent>,
+}
+
+/// The policy in force.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AppliedPolicy {
+    pub version: String,
+    pub who: String,
+    pub at_unix_ms: u64,
+    pub sources: Vec<Source>,
+    pub bundle: pb::Bundle,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Source {
+    pub name: String,
+    pub text: String,
+}
+
+/// One applied version (the current one is the last).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    pub version: String,
+    pub who: String,
+    pub at_unix_ms: u64,
+    /// Services added, changed or removed by this apply.
+    pub services: Vec<String>,
+    pub sources: Vec<Source>,
+}
+
+/// A tripped fuse or an engaged limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TripKind {
+    Fuse,
+    Limit,
+}
+
+impl TripKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TripKind::Fuse => "fuse",
+            TripKind::Limit => "limit",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trip {
+    pub kind: TripKind,
+    /// `service/rule`.
+    pub rule: String,
+    pub since_unix_ms: u64,
+    pub reason: String,
+    /// Fuses: half-open now (probing).
+    #[serde(default)]
+    pub half_open: bool,
+    /// Limits with `release after`: when the control plane releases it.
+    #[serde(default)]
+    pub deadline_unix_ms: Option<u64>,
+    /// Instances that reported it tripped/engaged.
+    #[serde(default)]
+    pub instances: BTreeSet<String>,
+}
+
+/// An agent the control plane has seen, shown as DISCONNECTED after a
+/// restart until it reconnects.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KnownAgent {
+    pub service: String,
+    pub instance: String,
+    pub address: String,
+    pub last_good_version: String,
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// One line of `audit.jsonl`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub at_unix_ms: u64,
+    pub who: String,
+    /// `apply`, `release`.
+    pub action: String,
+    /// Apply: the new bundle version.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    /// Release: `fuse` or `limit`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
+    /// Release: `service/rule`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub rule: String,
+    /// Apply: the services changed; release: the instances notified.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+/// The state directory.
+#[derive(Clone, Debug)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+impl Store {
+    /// Creates the directory if needed.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, Error> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(|source| StateIo::new("create", &dir, source))?;
+        Ok(Self { dir })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn state_path(&self) -> PathBuf {
+        self.dir.join(STATE_FILE)
+    }
+
+    pub fn audit_path(&self) -> PathBuf {
+        self.dir.join(AUDIT_FILE)
+    }
+
+    /// Reads `state.json`; a missing file is an empty state.
+    pub fn load(&self) -> Result<Persisted, Error> {
+        let path = self.state_path();
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Persisted {
+                    format: FORMAT,
+                    ..Persisted::default()
+                });
+            }
+            Err(source) => return Err(StateIo::new("read", &path, source).into()),
+        };
+        let state: Persisted =
+            serde_json::from_slice(&bytes).map_err(|source| Error::CorruptState {
+                path: path.display().to_string(),
+                source,
+            })?;
+        if state.format != FORMAT {
+            return Err(Error::StateFormat {
+                path: path.display().to_string(),
+                found: state.format,
+            });
+        }
+        Ok(state)
+    }
+
+    /// Replaces `state.json` atomically.
+    pub fn save(&self, state: &Persisted) -> Result<(), Error> {
+        let mut state = state.clone();
+        state.format = FORMAT;
+        let bytes = serde_json::to_vec_pretty(&state).map_err(Error::Encode)?;
+        write_atomic(&self.state_path(), &bytes)
+    }
+
+    /// Appends one line to `audit.jsonl` and syncs it.
+    pub fn audit(&self, entry: &AuditEntry) -> Result<(), Error> {
+        let path = self.audit_path();
+        let mut line = serde_json::to_vec(entry).map_err(Error::Encode)?;
+        line.push(b'\n');
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|source| StateIo::new("open", &path, source))?;
+        file.write_all(&line)
+            .map_err(|source| StateIo::new("write", &path, source))?;
+        file.sync_data()
+            .map_err(|source| StateIo::new("sync", &path, source))?;
+        Ok(())
+    }
+
+    /// Every audit entry, oldest first (unreadable lines are skipped).
+    pub fn read_audit(&self) -> Result<Vec<AuditEntry>, Error> {
+        let path = self.audit_path();
+        match fs::read_to_string(&path) {
+            Ok(text) => Ok(text
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(source) => Err(StateIo::new("read", &path, source).into()),
+        }
+    }
+}
+
+/// Writes `bytes` to `path` so that readers see the old content or the new,
+/// never a mix: temp file in the same directory, fsync, rename, fsync of the
+/// directory (so the rename itself survives a crash).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let dir = path.parent().unwrap_or_else(|| Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = (|| {
+        let mut file = File::create(&tmp).map_err(|source| StateIo::new("create", &tmp, source))?;
+        file.write_all(bytes)
+            .map_err(|source| StateIo::new("write", &tmp, source))?;
+        file.sync_all()
+            .map_err(|source| StateIo::new("sync", &tmp, source))?;
+        drop(file);
+        fs::rename(&tmp, path).map_err(|source| StateIo::new("rename", path, source))?;
+        let d = File::open(dir).map_err(|source| StateIo::new("open", dir, source))?;
+        d.sync_all()
+            .map_err(|source| StateIo::new("sync", dir, source))?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_round_trips_and_replaces_atomically() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("s")).unwrap();
+        assert!(store.load().unwrap().applied.is_none());
+        let mut state = Persisted::default();
+        state.trips.push(Trip {
+            kind: TripKind::Limit,
+            rule: "order/crm".into(),
+            since_unix_ms: 5,
+            reason: "calls 100 per 1s".into(),
+            half_open: false,
+            deadline_unix_ms: Some(7_200_005),
+            instances: ["a".to_string()].into(),
+        });
+        store.save(&state).unwrap();
+        store.save(&state).unwrap();
+        let back = store.load().unwrap();
+        assert_eq!(back.trips, state.trips);
+        // No temp file is left behind.
+        let names: Vec<_> = fs::read_dir(store.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("state.json")]);
+    }
+
+    #[test]
+    fn corrupt_state_is_an_error_not_an_empty_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        fs::write(store.state_path(), b"{not json").unwrap();
+        let err = store.load().unwrap_err();
+        assert!(err.to_string().contains("state.json"), "{err}");
+    }
+
+    #[test]
+    fn audit_appends_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        for who in ["alice", "bob"] {
+            store
+                .audit(&AuditEntry {
+                    at_unix_ms: 1,
+                    who: who.into(),
+                    action: "apply".into(),
+                    version: "v".into(),
+                    kind: String::new(),
+                    rule: String::new(),
+                    targets: vec![],
+                    detail: String::new(),
+                })
+                .unwrap();
+        }
+        let entries = store.read_audit().unwrap();
+        assert_eq!(
+            entries.iter().map(|e| e.who.as_str()).collect::<Vec<_>>(),
+            ["alice", "bob"]
+        );
+    }
+}
