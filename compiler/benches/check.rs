@@ -103,6 +103,14 @@ fn bench(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("policy_10k_rules_500_services");
     group.sample_size(20);
+    group.bench_function("parse_only", |b| {
+        b.iter(|| {
+            files
+                .iter()
+                .filter(|f| gov_lang::parse(&f.name, &f.text).is_ok())
+                .count()
+        })
+    });
     group.bench_function("check", |b| b.iter(|| check(&files)));
     group.bench_function("check_and_compile", |b| b.iter(|| compile(&files)));
     group.finish();

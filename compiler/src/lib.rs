@@ -18,10 +18,6 @@
 //!   `version` (see [`lower`]).
 //! - [`plan()`] diffs two bundles per service and per rule.
 
-use std::sync::Arc;
-
-use miette::NamedSource;
-
 pub use gov_proto::v1::{Bundle, TargetConfig};
 
 pub mod check;
@@ -170,12 +166,7 @@ fn with_ctx<T>(
 ) -> T {
     let files = files
         .iter()
-        .map(|(file, policy)| resolve::File {
-            name: &file.name,
-            text: &file.text,
-            src: NamedSource::new(&file.name, Arc::<str>::from(file.text.as_str())),
-            policy,
-        })
+        .map(|(file, policy)| resolve::File::new(&file.name, &file.text, policy))
         .collect();
     let cx = resolve::Ctx::new(files, incomplete);
     f(&cx)

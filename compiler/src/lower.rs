@@ -103,21 +103,11 @@ struct Lower<'c, 'a> {
     cx: &'c Ctx<'a>,
     svc: &'c Svc<'a>,
     file: &'c File<'a>,
-    /// Byte offset of each line start, for line and column numbers.
-    lines: Vec<usize>,
 }
 
 fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
     let file = &cx.files[svc.file];
-    let lines = std::iter::once(0)
-        .chain(file.text.match_indices('\n').map(|(i, _)| i + 1))
-        .collect();
-    let l = Lower {
-        cx,
-        svc,
-        file,
-        lines,
-    };
+    let l = Lower { cx, svc, file };
     let mut t = pb::TargetConfig {
         service: svc.name().to_string(),
         domain: svc.domain.map(|d| d.node.clone()).unwrap_or_default(),
@@ -155,11 +145,11 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
             _ => {}
         }
     }
-    for rule in &svc.rules {
+    for (rule, norm) in svc.rules_with_norms() {
         match rule {
-            Rule::Bulkhead(b) => t.bulkheads.push(l.bulkhead(rule, b)),
-            Rule::Limit(x) => t.limits.push(l.limit(rule, x)),
-            Rule::Fuse(f) => t.fuses.push(l.fuse(rule, f)),
+            Rule::Bulkhead(b) => t.bulkheads.push(l.bulkhead(rule, norm, b)),
+            Rule::Limit(x) => t.limits.push(l.limit(rule, norm, x)),
+            Rule::Fuse(f) => t.fuses.push(l.fuse(rule, norm, f)),
         }
     }
     t.version = target_version(&t);
@@ -205,8 +195,16 @@ fn lower_norm(n: &Norm) -> pb::MatchExpr {
 
 impl Lower<'_, '_> {
     fn source(&self, span: Span) -> pb::SourceRef {
-        let line = self.lines.partition_point(|&start| start <= span.start);
-        let line_start = self.lines.get(line.saturating_sub(1)).copied().unwrap_or(0);
+        let line = self
+            .file
+            .lines
+            .partition_point(|&start| start <= span.start);
+        let line_start = self
+            .file
+            .lines
+            .get(line.saturating_sub(1))
+            .copied()
+            .unwrap_or(0);
         let prefix = self
             .file
             .text
@@ -235,8 +233,11 @@ impl Lower<'_, '_> {
     }
 
     /// The shared head of every rule.
-    fn head(&self, rule: &Rule<'_>) -> (String, pb::SourceRef, pb::MatchExpr, String, i32) {
-        let norm = self.svc.normalize(rule.on());
+    fn head(
+        &self,
+        rule: &Rule<'_>,
+        norm: &Norm,
+    ) -> (String, pb::SourceRef, pb::MatchExpr, String, i32) {
         let direction = if norm.is_outbound() {
             pb::Direction::Outbound
         } else {
@@ -249,14 +250,14 @@ impl Lower<'_, '_> {
         (
             format!("{}/{}", self.svc.name(), rule.name().node),
             self.source(rule.span()),
-            lower_norm(&norm),
+            lower_norm(norm),
             match_name,
             direction as i32,
         )
     }
 
-    fn bulkhead(&self, rule: &Rule<'_>, b: &ast::Bulkhead) -> pb::Bulkhead {
-        let (name, source, on, match_name, direction) = self.head(rule);
+    fn bulkhead(&self, rule: &Rule<'_>, norm: &Norm, b: &ast::Bulkhead) -> pb::Bulkhead {
+        let (name, source, on, match_name, direction) = self.head(rule, norm);
         let e = BulkheadEff::of(b);
         pb::Bulkhead {
             rule: name,
@@ -281,8 +282,8 @@ impl Lower<'_, '_> {
         }
     }
 
-    fn limit(&self, rule: &Rule<'_>, x: &ast::Limit) -> pb::Limit {
-        let (name, source, on, match_name, direction) = self.head(rule);
+    fn limit(&self, rule: &Rule<'_>, norm: &Norm, x: &ast::Limit) -> pb::Limit {
+        let (name, source, on, match_name, direction) = self.head(rule, norm);
         let e = LimitEff::of(x);
         let rate = |c: crate::effective::Counter| pb::Rate {
             amount: unsigned(c.amount),
@@ -333,8 +334,8 @@ impl Lower<'_, '_> {
         }
     }
 
-    fn fuse(&self, rule: &Rule<'_>, f: &ast::Fuse) -> pb::Fuse {
-        let (name, source, on, match_name, direction) = self.head(rule);
+    fn fuse(&self, rule: &Rule<'_>, norm: &Norm, f: &ast::Fuse) -> pb::Fuse {
+        let (name, source, on, match_name, direction) = self.head(rule, norm);
         let e = FuseEff::of(f);
         let trips = e
             .trips

@@ -24,6 +24,28 @@ pub(crate) struct File<'a> {
     pub text: &'a str,
     pub src: Src,
     pub policy: &'a Policy,
+    /// Byte offset of each line start, for line and column numbers.
+    pub lines: Vec<usize>,
+}
+
+impl<'a> File<'a> {
+    pub fn new(name: &'a str, text: &'a str, policy: &'a Policy) -> Self {
+        let lines = std::iter::once(0).chain(memchr_lines(text)).collect();
+        File {
+            name,
+            text,
+            src: NamedSource::new(name, Arc::<str>::from(text)),
+            policy,
+            lines,
+        }
+    }
+}
+
+fn memchr_lines(text: &str) -> impl Iterator<Item = usize> + '_ {
+    text.bytes()
+        .enumerate()
+        .filter(|(_, b)| *b == b'\n')
+        .map(|(i, _)| i + 1)
 }
 
 /// Everything the checks need, borrowed from the parsed files.
@@ -50,6 +72,8 @@ pub(crate) struct Svc<'a> {
     pub matches: BTreeMap<&'a str, &'a MatchDef>,
     /// Every rule in source order (duplicates included).
     pub rules: Vec<Rule<'a>>,
+    /// The normalized `on` of each rule, computed once (same order as `rules`).
+    pub norms: Vec<Norm>,
     pub workers: Option<&'a Spanned<i64>>,
     pub instances: Option<&'a Spanned<i64>>,
     pub rate: Option<&'a Rate<i64>>,
@@ -145,6 +169,7 @@ impl<'a> Svc<'a> {
             ast,
             matches: BTreeMap::new(),
             rules: Vec::new(),
+            norms: Vec::new(),
             workers: None,
             instances: None,
             rate: None,
@@ -188,7 +213,13 @@ impl<'a> Svc<'a> {
                 }
             }
         }
+        svc.norms = svc.rules.iter().map(|r| svc.normalize(r.on())).collect();
         svc
+    }
+
+    /// Every rule with its normalized match.
+    pub fn rules_with_norms(&self) -> impl Iterator<Item = (&Rule<'a>, &Norm)> {
+        self.rules.iter().zip(&self.norms)
     }
 
     pub fn name(&self) -> &'a str {

@@ -50,9 +50,8 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
         if workers.node <= 0 {
             continue;
         }
-        for rule in &svc.rules {
+        for (rule, norm) in svc.rules_with_norms() {
             let Rule::Bulkhead(b) = rule else { continue };
-            let norm = svc.normalize(&b.on);
             if !norm.is_valid() || norm.is_outbound() {
                 continue;
             }

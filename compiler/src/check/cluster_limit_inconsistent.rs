@@ -66,10 +66,9 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             continue;
         }
         let limits: Vec<_> = svc
-            .rules
-            .iter()
-            .filter_map(|r| match r {
-                Rule::Limit(l) => Some((l, LimitEff::of(l), svc.normalize(&l.on))),
+            .rules_with_norms()
+            .filter_map(|(r, norm)| match r {
+                Rule::Limit(l) => Some((l, LimitEff::of(l), norm)),
                 _ => None,
             })
             .collect();

@@ -118,7 +118,7 @@ fn conflict(a: &Rule<'_>, b: &Rule<'_>) -> Option<(String, &'static str)> {
 
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
-        let norms: Vec<_> = svc.rules.iter().map(|r| svc.normalize(r.on())).collect();
+        let norms = &svc.norms;
         for (j, b) in svc.rules.iter().enumerate() {
             for (i, a) in svc.rules[..j].iter().enumerate() {
                 if a.kind() != b.kind() || norms[i] != norms[j] || !norms[i].is_valid() {

@@ -37,9 +37,8 @@ pub struct ShapeOnInbound {
 
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
-        for rule in &svc.rules {
+        for (rule, norm) in svc.rules_with_norms() {
             let Rule::Limit(l) = rule else { continue };
-            let norm = svc.normalize(&l.on);
             if !norm.is_valid() || norm.is_outbound() {
                 continue;
             }
