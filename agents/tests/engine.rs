@@ -1,0 +1,643 @@
+//! The engine through its public API: configs written as the YAML that
+//! `govc compile` prints, decisions under paused time, commands, stats,
+//! events, config swaps, and the tower layer around a real `service_fn`.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test fixtures fail the test loudly"
+)]
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use gov_agent::{
+    Admission, Decision, Engine, EventKind, FuseState, GovernLayer, Outcome, REJECTED_BY,
+    RejectReason, Rejection, RequestInfo,
+};
+use gov_proto::v1::TargetConfig;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt};
+
+fn target(yaml: &str) -> TargetConfig {
+    serde_yaml::from_str(yaml).unwrap()
+}
+
+fn engine(yaml: &str) -> Engine {
+    let engine = Engine::empty("order");
+    engine.apply_target(&target(yaml)).unwrap();
+    engine
+}
+
+fn headers(consumer: Option<&str>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if let Some(c) = consumer {
+        h.insert("x-gov-consumer", HeaderValue::from_str(c).unwrap());
+    }
+    h
+}
+
+/// Decides for `GET path` without waiting (panics if the engine asks to wait).
+fn now(engine: &Engine, path: &str, consumer: Option<&str>) -> Result<Admission, Rejection> {
+    let h = headers(consumer);
+    match engine.try_admit(&RequestInfo::inbound(&Method::GET, path, &h)) {
+        Decision::Admitted(a) => Ok(a),
+        Decision::Rejected(r) => Err(r),
+        Decision::Wait(_) => panic!("the engine asked to wait"),
+    }
+}
+
+async fn admit(
+    engine: &Engine,
+    path: &str,
+    consumer: Option<&str>,
+) -> Result<Admission, Rejection> {
+    let h = headers(consumer);
+    engine
+        .admit(&RequestInfo::inbound(&Method::GET, path, &h))
+        .await
+}
+
+fn stats(engine: &Engine, rule: &str) -> gov_agent::RuleStats {
+    engine
+        .stats()
+        .rules
+        .into_iter()
+        .find(|r| &*r.rule == rule)
+        .unwrap()
+}
+
+const BULKHEAD: &str = r#"
+service: order
+version: v1
+bulkheads:
+- rule: order/slow_calls
+  on: {path: {kind: PATH_KIND_PREFIX, value: /slow}}
+  max_concurrent: 2
+  max_wait_ms: 10
+  reject_status: 408
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn bulkhead_fails_fast_and_names_the_rule() {
+    let e = engine(BULKHEAD);
+    let a = admit(&e, "/slow/1", None).await.unwrap();
+    let b = admit(&e, "/slow/2", None).await.unwrap();
+    // Unmatched paths are not governed.
+    let free = admit(&e, "/fast", None).await.unwrap();
+    assert!(!free.is_governed());
+
+    let started = Instant::now();
+    let r = admit(&e, "/slow/3", None).await.unwrap_err();
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(10),
+        "waited max_wait"
+    );
+    assert_eq!(r.reason, RejectReason::BulkheadTimeout);
+    let resp = r.to_response();
+    assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(resp.headers()[REJECTED_BY], "order/slow_calls");
+
+    let s = stats(&e, "order/slow_calls");
+    assert_eq!((s.in_flight, s.admitted, s.capacity), (2, 2, 2));
+    assert_eq!(s.rejected(RejectReason::BulkheadTimeout), 1);
+
+    a.finish(Outcome::Status(200));
+    let c = admit(&e, "/slow/3", None).await.unwrap();
+    drop((b, c));
+    let s = stats(&e, "order/slow_calls");
+    assert_eq!((s.in_flight, s.admitted), (0, 3));
+    assert_eq!(
+        s.latency.iter().sum::<u64>(),
+        1,
+        "one call recorded its latency"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_call_gets_the_next_permit() {
+    let e = engine(&BULKHEAD.replace("max_wait_ms: 10", "max_wait_ms: 100"));
+    let a = admit(&e, "/slow", None).await.unwrap();
+    let _b = admit(&e, "/slow", None).await.unwrap();
+    let h = HeaderMap::new();
+    let Decision::Wait(pending) = e.try_admit(&RequestInfo::inbound(&Method::GET, "/slow", &h))
+    else {
+        panic!("expected to wait")
+    };
+    let waiter = tokio::spawn(async move {
+        let start = Instant::now();
+        pending.wait().await.map(|adm| (start.elapsed(), adm))
+    });
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    assert_eq!(stats(&e, "order/slow_calls").waiting, 1);
+    drop(a);
+    let (waited, _c) = waiter.await.unwrap().unwrap();
+    assert_eq!(waited, Duration::from_millis(40));
+    assert_eq!(stats(&e, "order/slow_calls").waiting, 0);
+}
+
+const LIMIT: &str = r#"
+service: order
+consumer_header: x-gov-consumer
+limits:
+- rule: order/crm_supplier
+  on:
+    and:
+      exprs:
+      - path: {kind: PATH_KIND_PREFIX, value: /mdm/supplier}
+      - consumer: crm
+  calls: {amount: 2, window_ms: 1000}
+  key: LIMIT_KEY_CONSUMER
+- rule: order/per_consumer
+  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
+  calls: {amount: 1, window_ms: 1000}
+  key: LIMIT_KEY_CONSUMER
+  release: {after_ms: 7200000}
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn limit_rejects_one_consumer_with_retry_after() {
+    let e = engine(LIMIT);
+    assert!(now(&e, "/mdm/supplier/1", Some("crm")).is_ok());
+    tokio::time::advance(Duration::from_millis(300)).await;
+    assert!(now(&e, "/mdm/supplier/2", Some("crm")).is_ok());
+    let r = now(&e, "/mdm/supplier/3", Some("crm")).unwrap_err();
+    assert_eq!(r.reason, RejectReason::LimitCalls);
+    let resp = r.to_response();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    assert_eq!(resp.headers()[REJECTED_BY], "order/crm_supplier");
+    // Other consumers do not match this limit at all.
+    for _ in 0..10 {
+        assert!(now(&e, "/mdm/supplier/1", Some("shop")).is_ok());
+    }
+    // A new window admits crm again.
+    tokio::time::advance(Duration::from_millis(700)).await;
+    assert!(now(&e, "/mdm/supplier/4", Some("crm")).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn engaged_limit_latches_per_consumer_until_released() {
+    let e = engine(LIMIT);
+    let mut events = e.subscribe();
+    assert!(now(&e, "/api", Some("a")).is_ok());
+    let r = now(&e, "/api", Some("a")).unwrap_err();
+    assert_eq!(r.retry_after_secs(), Some(7200));
+    assert_eq!(events.try_recv().unwrap().kind, EventKind::LimitEngaged);
+    // Engaged for consumer `a` only, and across windows.
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert!(now(&e, "/api", Some("a")).is_err());
+    assert!(now(&e, "/api", Some("b")).is_ok());
+    assert!(stats(&e, "order/per_consumer").limit_engaged);
+    let engaged = e.engaged_limits();
+    assert_eq!(engaged.len(), 1);
+    assert_eq!(engaged[0].remaining, Some(Duration::from_secs(7140)));
+
+    assert_eq!(e.release_limit("order/per_consumer", "ops"), Ok(true));
+    assert_eq!(events.try_recv().unwrap().kind, EventKind::LimitReleased);
+    assert!(now(&e, "/api", Some("a")).is_ok());
+    assert!(e.release_limit("order/nope", "ops").is_err());
+    assert!(
+        e.release_fuse("order/per_consumer", "ops").is_err(),
+        "not a fuse"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn limit_releases_itself_after_its_time() {
+    let e = engine(LIMIT);
+    assert!(now(&e, "/api", Some("a")).is_ok());
+    assert!(now(&e, "/api", Some("a")).is_err());
+    tokio::time::advance(Duration::from_secs(7199)).await;
+    assert!(now(&e, "/api", Some("a")).is_err());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(now(&e, "/api", Some("a")).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn byte_limit_counts_streamed_bytes() {
+    let e = engine(
+        r#"
+service: order
+limits:
+- rule: order/bytes
+  on: {any: true}
+  bytes: {amount: 1000, window_ms: 60000}
+"#,
+    );
+    let a = now(&e, "/upload", None).unwrap();
+    assert!(a.counts_bytes());
+    a.add_bytes(300); // request
+    a.byte_meter().unwrap().add(700); // response, from elsewhere
+    a.finish(Outcome::Status(200));
+    let r = now(&e, "/upload", None).unwrap_err();
+    assert_eq!(r.reason, RejectReason::LimitBytes);
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert!(now(&e, "/upload", None).is_ok());
+}
+
+const OUTBOUND: &str = r#"
+service: order
+limits:
+- rule: order/inventory_pace
+  on: {calls_to: inventory}
+  direction: DIRECTION_OUTBOUND
+  calls: {amount: 2, window_ms: 100}
+  action: LIMIT_ACTION_SHAPE
+  max_delay_ms: 150
+bulkheads:
+- rule: order/per_instance
+  on: {calls_to: inventory}
+  direction: DIRECTION_OUTBOUND
+  key: BULKHEAD_KEY_INSTANCE
+  max_concurrent: 1
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn outbound_shaping_delays_instead_of_rejecting() {
+    let e = engine(OUTBOUND);
+    let h = HeaderMap::new();
+    let call = |instance: &'static str| {
+        let e = e.clone();
+        let h = h.clone();
+        async move {
+            let start = Instant::now();
+            let info =
+                RequestInfo::outbound(&Method::GET, "/stock", &h, "inventory", Some(instance));
+            e.admit(&info).await.map(|a| (start.elapsed(), a))
+        }
+    };
+    // Two calls fit the window; the bulkhead is per instance.
+    let (d1, _a1) = call("10.0.0.1:80").await.unwrap();
+    let (d2, _a2) = call("10.0.0.2:80").await.unwrap();
+    assert_eq!((d1, d2), (Duration::ZERO, Duration::ZERO));
+    // The third waits for the next window (100 ms) instead of being rejected.
+    let (d3, _a3) = call("10.0.0.3:80").await.unwrap();
+    assert_eq!(d3, Duration::from_millis(100));
+    // The inbound side is not affected by outbound rules.
+    assert!(!now(&e, "/stock", None).unwrap().is_governed());
+    // Same instance again: its bulkhead (max 1, no wait) is full.
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let r = call("10.0.0.1:80").await.unwrap_err();
+    assert_eq!(r.reason, RejectReason::BulkheadFull);
+    assert_eq!(&*r.rule, "order/per_instance");
+}
+
+#[tokio::test(start_paused = true)]
+async fn shaping_gives_up_beyond_max_delay() {
+    let e = engine(&OUTBOUND.replace("max_delay_ms: 150", "max_delay_ms: 50"));
+    let h = HeaderMap::new();
+    let info = RequestInfo::outbound(&Method::GET, "/stock", &h, "inventory", None);
+    let _a = e.admit(&info).await.unwrap();
+    drop(e.admit(&info).await); // the shared bulkhead scope is full, the limit still counts it
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let r = e.admit(&info).await.unwrap_err();
+    assert_eq!(
+        r.reason,
+        RejectReason::LimitCalls,
+        "90 ms to the next window > 50 ms"
+    );
+    assert_eq!(r.retry_after, Some(Duration::from_millis(90)));
+}
+
+const FUSE: &str = r#"
+service: order
+fuses:
+- rule: order/mdm
+  on: {path: {kind: PATH_KIND_PREFIX, value: /mdm}}
+  trips:
+  - metric: TRIP_METRIC_BUSINESS_ERROR_RATIO
+    op: COMPARE_OP_GT
+    ratio_milli_percent: 50000
+    window_ms: 60000
+    min_calls: 4
+  business:
+    status: [{from: 500, to: 599}]
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn fuse_trips_for_everyone_and_a_release_admits_again() {
+    let e = engine(FUSE);
+    let mut events = e.subscribe();
+    now(&e, "/mdm/a", Some("crm"))
+        .unwrap()
+        .finish(Outcome::Status(200));
+    for _ in 0..3 {
+        now(&e, "/mdm/a", Some("crm"))
+            .unwrap()
+            .finish(Outcome::Status(500));
+    }
+    let event = events.try_recv().unwrap();
+    assert_eq!(event.kind, EventKind::FuseTripped);
+    assert_eq!(&*event.rule, "order/mdm");
+    assert_eq!(
+        event.reason,
+        "business_error_ratio 75% > 50% over 60s (4 calls)"
+    );
+    // Open for every consumer, with 503.
+    for consumer in [Some("crm"), Some("shop"), None] {
+        let r = now(&e, "/mdm/b", consumer).unwrap_err();
+        assert_eq!(r.reason, RejectReason::FuseOpen);
+        assert_eq!(r.to_response().status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // Manual recovery: still open a day later.
+    tokio::time::advance(Duration::from_secs(86_400)).await;
+    assert!(now(&e, "/mdm/b", None).is_err());
+    assert_eq!(e.tripped_fuses()[0].state, FuseState::Open);
+    assert_eq!(stats(&e, "order/mdm").fuse, Some(FuseState::Open));
+
+    assert_eq!(e.release_fuse("order/mdm", "ops"), Ok(true));
+    assert_eq!(events.try_recv().unwrap().kind, EventKind::FuseReleased);
+    assert!(now(&e, "/mdm/b", None).is_ok());
+    assert!(e.tripped_fuses().is_empty());
+    assert_eq!(e.release_fuse("order/mdm", "ops"), Ok(false));
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeouts_take_the_shortest_and_count_for_fuses() {
+    let e = engine(
+        r#"
+service: order
+timeouts:
+- rule: order/api_timeout
+  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
+  timeout_ms: 300
+bulkheads:
+- rule: order/api_bulkhead
+  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
+  max_concurrent: 10
+  timeout_ms: 2000
+fuses:
+- rule: order/api_fuse
+  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
+  trips:
+  - {metric: TRIP_METRIC_SYSTEM_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 10000}
+"#,
+    );
+    let a = now(&e, "/api/x", None).unwrap();
+    assert_eq!(a.timeout(), Some(Duration::from_millis(300)));
+    let r = a.timed_out().unwrap();
+    assert_eq!(r.reason, RejectReason::Timeout);
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(&*r.rule, "order/api_timeout");
+    assert_eq!(
+        stats(&e, "order/api_timeout").rejected(RejectReason::Timeout),
+        1
+    );
+    // A timeout is a system error by default: the fuse tripped.
+    assert_eq!(
+        now(&e, "/api/x", None).unwrap_err().reason,
+        RejectReason::FuseOpen
+    );
+    // The bulkhead's permit was returned.
+    assert_eq!(stats(&e, "order/api_bulkhead").in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_call_returns_the_permits_it_took() {
+    let e = engine(
+        r#"
+service: order
+bulkheads:
+- rule: order/b
+  on: {any: true}
+  max_concurrent: 1
+limits:
+- rule: order/l
+  on: {path: {kind: PATH_KIND_EXACT, value: /limited}}
+  calls: {amount: 1, window_ms: 1000}
+"#,
+    );
+    // Limits are checked before bulkheads, so a refused call holds nothing.
+    drop(now(&e, "/limited", None).unwrap());
+    assert_eq!(
+        now(&e, "/limited", None).unwrap_err().reason,
+        RejectReason::LimitCalls
+    );
+    assert_eq!(stats(&e, "order/b").in_flight, 0);
+    assert!(now(&e, "/other", None).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn reload_keeps_the_state_of_unchanged_rules() {
+    let e = engine(BULKHEAD);
+    let a = now(&e, "/slow", None).unwrap();
+    let b = now(&e, "/slow", None).unwrap();
+    // Same rule, same parameters, new version: in-flight permits still count.
+    let applied = e
+        .apply_target(&target(&BULKHEAD.replace("version: v1", "version: v2")))
+        .unwrap();
+    assert_eq!(
+        (&*applied.version, applied.kept, applied.fresh),
+        ("v2", 1, 0)
+    );
+    assert_eq!(e.config().version.as_ref(), "v2");
+    let d = e.try_admit(&RequestInfo::inbound(
+        &Method::GET,
+        "/slow",
+        &HeaderMap::new(),
+    ));
+    assert!(matches!(d, Decision::Wait(_)), "still full after reload");
+    drop(d);
+    assert_eq!(stats(&e, "order/slow_calls").in_flight, 2);
+    // Changed parameters: a fresh bulkhead.
+    let applied = e
+        .apply_target(&target(
+            &BULKHEAD.replace("max_concurrent: 2", "max_concurrent: 3"),
+        ))
+        .unwrap();
+    assert_eq!((applied.kept, applied.fresh), (0, 1));
+    assert_eq!(stats(&e, "order/slow_calls").in_flight, 0);
+    // Old admissions release into the old state without disturbing the new one.
+    drop((a, b));
+    assert_eq!(stats(&e, "order/slow_calls").in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_config_is_refused_and_the_old_one_stays() {
+    let e = engine(BULKHEAD);
+    let err = e
+        .apply_target(&target(
+            &BULKHEAD.replace("max_concurrent: 2", "max_concurrent: 0"),
+        ))
+        .unwrap_err();
+    assert_eq!(err.rule(), Some("order/slow_calls"));
+    assert_eq!(
+        err.to_string(),
+        "rule `order/slow_calls`: `max_concurrent` must be > 0"
+    );
+    assert_eq!(e.config().version.as_ref(), "v1");
+    let bad_match = BULKHEAD.replace("value: /slow", "value: slow");
+    let err = e.apply_target(&target(&bad_match)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "rule `order/slow_calls`: path `slow` does not start with `/`"
+    );
+    let dup = format!(
+        "{BULKHEAD}{}",
+        BULKHEAD
+            .lines()
+            .skip_while(|l| !l.starts_with("- rule"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let err = e.apply_target(&target(&dup)).unwrap_err();
+    assert_eq!(err.to_string(), "rule `order/slow_calls` is defined twice");
+}
+
+#[tokio::test(start_paused = true)]
+async fn stats_convert_to_the_wire() {
+    let e = engine(BULKHEAD);
+    let a = now(&e, "/slow", None).unwrap();
+    tokio::time::advance(Duration::from_millis(150)).await;
+    a.finish(Outcome::Status(200));
+    let wire = e.stats().to_proto(1234);
+    assert_eq!(wire.version, "v1");
+    let r = &wire.rules[0];
+    assert_eq!(r.rule, "order/slow_calls");
+    assert_eq!(
+        r.latency_buckets,
+        [0, 0, 0, 0, 1, 0, 0, 0],
+        "150 ms is in the <=200 ms bucket"
+    );
+    assert_eq!(r.admitted, 1);
+    assert_eq!(r.capacity, 2);
+}
+
+// === The tower layer ===
+
+#[tokio::test(start_paused = true)]
+async fn tower_layer_governs_a_real_service() {
+    let e = engine(
+        r#"
+service: order
+bulkheads:
+- rule: order/slow_calls
+  on: {path: {kind: PATH_KIND_PREFIX, value: /slow}}
+  max_concurrent: 1
+limits:
+- rule: order/bytes
+  on: {path: {kind: PATH_KIND_PREFIX, value: /big}}
+  bytes: {amount: 100, window_ms: 60000}
+"#,
+    );
+    let inner = tower::service_fn(
+        |req: Request<gov_agent::MeteredBody<Full<Bytes>>>| async move {
+            let path = req.uri().path().to_string();
+            // Read the request body through the meter.
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            if path.starts_with("/slow") {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let reply = if path.starts_with("/big") {
+                vec![b'x'; 80]
+            } else {
+                body.to_vec()
+            };
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(reply))))
+        },
+    );
+    let svc = GovernLayer::new(e.clone()).layer(inner);
+    let req = |path: &str, body: &'static str| {
+        Request::get(path)
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    };
+
+    // A slow call holds the only permit; a second one is refused at once with 408.
+    let first = tokio::spawn(svc.clone().oneshot(req("/slow/1", "")));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let second = svc.clone().oneshot(req("/slow/2", "")).await.unwrap();
+    assert_eq!(second.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(second.headers()[REJECTED_BY], "order/slow_calls");
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    // The permit is held until the body is read to the end.
+    assert_eq!(stats(&e, "order/slow_calls").in_flight, 1);
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.is_empty());
+    assert_eq!(stats(&e, "order/slow_calls").in_flight, 0);
+    let third = svc.clone().oneshot(req("/slow/3", "")).await.unwrap();
+    assert_eq!(third.status(), StatusCode::OK);
+    drop(third);
+
+    // Bytes: 30 request + 80 response > 100, so the next call is refused.
+    let big = svc
+        .clone()
+        .oneshot(req("/big", "012345678901234567890123456789"))
+        .await
+        .unwrap();
+    assert_eq!(big.status(), StatusCode::OK);
+    let body = big.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 80);
+    let refused = svc.clone().oneshot(req("/big", "")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()[REJECTED_BY], "order/bytes");
+    let text = refused.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&text[..], b"rejected by order/bytes (limit_bytes)\n");
+
+    // Ungoverned paths pass untouched.
+    let mut svc = svc;
+    let echo = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(req("/echo", "hi"))
+        .await
+        .unwrap();
+    assert_eq!(echo.into_body().collect().await.unwrap().to_bytes(), "hi");
+}
+
+#[tokio::test(start_paused = true)]
+async fn tower_layer_waits_and_times_out() {
+    let e = engine(
+        r#"
+service: order
+bulkheads:
+- rule: order/b
+  on: {any: true}
+  max_concurrent: 1
+  max_wait_ms: 500
+  timeout_ms: 200
+"#,
+    );
+    let inner = tower::service_fn(
+        |req: Request<gov_agent::MeteredBody<Full<Bytes>>>| async move {
+            let ms: u64 = req.uri().path()[1..].parse().unwrap();
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+        },
+    );
+    let svc = GovernLayer::new(e.clone()).layer(inner);
+    let req = |path: &str| Request::get(path).body(Full::new(Bytes::new())).unwrap();
+
+    let start = Instant::now();
+    let first = tokio::spawn({
+        let svc = svc.clone();
+        async move {
+            // The permit is held until the response body ends: read it.
+            let response = svc.oneshot(req("/100")).await.unwrap();
+            let status = response.status();
+            response.into_body().collect().await.unwrap();
+            status
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // Waits for the first call's permit (about 100 ms), then runs.
+    let second = svc.clone().oneshot(req("/50")).await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    drop(second);
+    assert_eq!(start.elapsed(), Duration::from_millis(150));
+    assert_eq!(first.await.unwrap(), StatusCode::OK);
+
+    // Exceeds the 200 ms timeout: 504 naming the bulkhead that set it.
+    let slow = svc.clone().oneshot(req("/1000")).await.unwrap();
+    assert_eq!(slow.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(slow.headers()[REJECTED_BY], "order/b");
+    assert_eq!(stats(&e, "order/b").in_flight, 0);
+}
