@@ -1,0 +1,186 @@
+//! Tools for `bench/proxy.sh` (not a criterion benchmark): a hello-world upstream and
+//! an open-loop, fixed-rate load generator with latency correction.
+//!
+//! ```text
+//! proxy_load upstream 127.0.0.1:18080
+//! proxy_load rate http://127.0.0.1:18081/ RATE SECONDS CONNECTIONS
+//! ```
+//!
+//! `rate` schedules request `i` at `start + i / RATE` whatever happened before (open
+//! loop) and measures each latency from that scheduled time, so a stall shows up in
+//! the latency of every request queued behind it (as `oha --latency-correction` and
+//! wrk2 do). Requests go over `CONNECTIONS` keep-alive HTTP/1.1 connections. It
+//! prints one line of `key=value` pairs: counts, achieved rate and percentiles in
+//! microseconds. Waits shorter than a millisecond spin (yielding to the runtime)
+//! because tokio's timer has millisecond resolution.
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, Uri};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+type Error = Box<dyn std::error::Error>;
+
+fn main() -> Result<(), Error> {
+    // `cargo bench` passes `--bench`; ignore it.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["upstream", addr] => runtime.block_on(upstream(addr)),
+        ["rate", url, rate, secs, conns] => runtime.block_on(open_loop(
+            url.parse()?,
+            rate.parse()?,
+            Duration::from_secs(secs.parse()?),
+            conns.parse()?,
+        )),
+        [] => Ok(()), // `cargo bench` without arguments: nothing to do.
+        _ => Err("usage: proxy_load upstream ADDR | rate URL RATE SECONDS CONNECTIONS".into()),
+    }
+}
+
+/// A hello-world HTTP/1.1 server (13-byte body), as in performance.md section 3.4.
+async fn upstream(addr: &str) -> Result<(), Error> {
+    let listener = TcpListener::bind(addr).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        stream.set_nodelay(true)?;
+        tokio::spawn(async move {
+            let service = service_fn(|_req| async {
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
+                    b"Hello, World!",
+                ))))
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Open-loop load at `rate` requests per second for `duration` over `conns`
+/// connections.
+async fn open_loop(uri: Uri, rate: u64, duration: Duration, conns: usize) -> Result<(), Error> {
+    let authority = uri.authority().ok_or("the URL needs host:port")?.clone();
+    let total = rate * duration.as_secs();
+    let period = Duration::from_nanos(1_000_000_000 / rate.max(1));
+
+    // Free connections announce themselves here; each worker has its own inbox.
+    let (free_tx, mut free_rx) = mpsc::unbounded_channel::<usize>();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Result<u32, ()>>();
+    let mut inboxes = Vec::with_capacity(conns);
+    for id in 0..conns {
+        let stream = TcpStream::connect(authority.as_str()).await?;
+        stream.set_nodelay(true)?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let (tx, mut rx) = mpsc::unbounded_channel::<Instant>();
+        inboxes.push(tx);
+        let free_tx = free_tx.clone();
+        let done_tx = done_tx.clone();
+        let uri = uri.clone();
+        let host = authority.to_string();
+        tokio::spawn(async move {
+            let _ = free_tx.send(id);
+            while let Some(scheduled) = rx.recv().await {
+                let req = Request::get(uri.clone())
+                    .header(http::header::HOST, host.as_str())
+                    .body(Empty::<Bytes>::new());
+                let outcome = match req {
+                    Ok(req) => match sender.send_request(req).await {
+                        Ok(res) if res.status().is_success() => {
+                            match res.into_body().collect().await {
+                                Ok(_) => Ok(micros(scheduled.elapsed())),
+                                Err(_) => Err(()),
+                            }
+                        }
+                        _ => Err(()),
+                    },
+                    Err(_) => Err(()),
+                };
+                let failed = outcome.is_err();
+                let _ = done_tx.send(outcome);
+                if failed {
+                    break;
+                }
+                let _ = free_tx.send(id);
+            }
+        });
+    }
+    drop(done_tx);
+    drop(free_tx);
+
+    let start = Instant::now() + Duration::from_millis(10);
+    for i in 0..total {
+        let scheduled = start + period * u32::try_from(i)?;
+        wait_until(scheduled).await;
+        // Waiting for a free connection counts in the latency (measured from
+        // `scheduled`).
+        let Some(id) = free_rx.recv().await else {
+            break;
+        };
+        if inboxes[id].send(scheduled).is_err() {
+            break;
+        }
+    }
+    drop(inboxes);
+    let mut latencies = Vec::with_capacity(usize::try_from(total)?);
+    let mut errors = 0_u64;
+    while let Some(outcome) = done_rx.recv().await {
+        match outcome {
+            Ok(us) => latencies.push(us),
+            Err(()) => errors += 1,
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let q = |p: f64| -> u32 {
+        if latencies.is_empty() {
+            return 0;
+        }
+        let rank = ((p * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len());
+        latencies[rank - 1]
+    };
+    println!(
+        "rate={rate} sent={total} ok={} errors={errors} achieved_rps={:.1} p50_us={} p90_us={} p99_us={} p999_us={}",
+        latencies.len(),
+        latencies.len() as f64 / elapsed,
+        q(0.50),
+        q(0.90),
+        q(0.99),
+        q(0.999),
+    );
+    Ok(())
+}
+
+/// Sleeps until `deadline`: the timer for the coarse part, then yields to the runtime
+/// (which polls IO on every yield) until the deadline passes.
+async fn wait_until(deadline: Instant) {
+    let now = Instant::now();
+    if deadline > now + Duration::from_millis(2) {
+        tokio::time::sleep_until((deadline - Duration::from_millis(1)).into()).await;
+    }
+    while Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn micros(d: Duration) -> u32 {
+    u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
+}

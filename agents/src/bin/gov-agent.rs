@@ -1,0 +1,245 @@
+//! `gov-agent`: the enforcement sidecar. Flags have `GOV_...` environment variables
+//! (flag > env > default); logs go to stderr (`GOV_LOG` filters them, default `info`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use gov_agent::sidecar::{Options, Sidecar};
+use http::uri::Authority;
+
+/// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
+const EXIT_USAGE: u8 = 64;
+
+/// The gov enforcement agent: a reverse proxy beside one service instance that
+/// enforces the service's bulkheads, limits and fuses.
+#[derive(Debug, Parser)]
+#[command(name = "gov-agent", version, about)]
+struct Args {
+    /// The service this agent runs beside.
+    #[arg(long, env = "GOV_SERVICE")]
+    service: String,
+
+    /// Inbound listener: clients of the service connect here.
+    #[arg(long, env = "GOV_LISTEN", default_value = "127.0.0.1:15006")]
+    listen: SocketAddr,
+
+    /// The local service (`host:port`).
+    #[arg(long, env = "GOV_UPSTREAM", value_parser = parse_authority)]
+    upstream: Authority,
+
+    /// Outbound listener: the service calls other services through here, naming the
+    /// callee with a `gov-service` or `host` header. Unset: no outbound listener.
+    #[arg(long, env = "GOV_OUTBOUND_LISTEN")]
+    outbound_listen: Option<SocketAddr>,
+
+    /// Admin listener: `/metrics`, `/ready`, `/live`, `POST /shutdown`.
+    #[arg(long, env = "GOV_ADMIN_LISTEN", default_value = "127.0.0.1:15000")]
+    admin_listen: SocketAddr,
+
+    /// The target config (YAML or JSON, as `govc compile` prints it), reloaded when
+    /// the file changes.
+    #[arg(long, env = "GOV_CONFIG")]
+    config: Option<PathBuf>,
+
+    /// How long in-flight requests may take to finish after SIGTERM (`5s`, `500ms`).
+    #[arg(long, env = "GOV_DRAIN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    drain_timeout: Duration,
+
+    /// Instances of a called service: `NAME=HOST:PORT,HOST:PORT`. Repeat the flag, or
+    /// separate services with `;`.
+    #[arg(long, env = "GOV_INSTANCES", value_delimiter = ';', value_parser = parse_instances)]
+    instances: Vec<(String, Vec<Authority>)>,
+
+    /// The control plane (`http://127.0.0.1:7070`). Unset: standalone, enforcing the
+    /// `--config` file only.
+    #[arg(long, env = "GOV_CONTROL_PLANE")]
+    control_plane: Option<String>,
+
+    /// Runtime worker threads. 1 (the default) runs everything on one thread, which
+    /// is the cheapest for a sidecar sharing a core with its service.
+    #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
+    worker_threads: usize,
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(error) => {
+            let code = if error.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_tracing();
+
+    let runtime = if args.worker_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.worker_threads)
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> ExitCode {
+    let options = Options {
+        service: args.service,
+        listen: args.listen,
+        upstream: args.upstream,
+        outbound_listen: args.outbound_listen,
+        admin_listen: Some(args.admin_listen),
+        config: args.config,
+        drain_timeout: args.drain_timeout,
+        instances: args.instances,
+        control_plane: args.control_plane,
+    };
+    let sidecar = match Sidecar::start(options).await {
+        Ok(sidecar) => sidecar,
+        Err(error) => {
+            report(&error);
+            return ExitCode::FAILURE;
+        }
+    };
+    let stopping = sidecar.stopping();
+    tokio::select! {
+        signal = termination() => {
+            tracing::info!(signal, "received signal");
+            sidecar.shutdown();
+        }
+        () = stopping.cancelled() => {}
+    }
+    // A second signal while draining means "stop now".
+    tokio::spawn(async {
+        let signal = termination().await;
+        tracing::warn!(signal, "second signal while draining: exiting now");
+        std::process::exit(130);
+    });
+    sidecar.stopped().await;
+    ExitCode::SUCCESS
+}
+
+/// Waits for SIGTERM or SIGINT and returns its name.
+async fn termination() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop the agent with POST /shutdown");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GOV_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+/// Prints an error with its code, causes and help, the way miette's plain handler
+/// would, without pulling the fancy renderer into the agent.
+fn report(error: &(dyn miette::Diagnostic + 'static)) {
+    match error.code() {
+        Some(code) => eprintln!("error[{code}]: {error}"),
+        None => eprintln!("error: {error}"),
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        eprintln!("  caused by: {cause}");
+        source = cause.source();
+    }
+    if let Some(help) = error.help() {
+        eprintln!("  help: {help}");
+    }
+}
+
+fn parse_authority(s: &str) -> Result<Authority, String> {
+    let authority: Authority = s
+        .parse()
+        .map_err(|e| format!("`{s}` is not `host:port`: {e}"))?;
+    if authority.port_u16().is_none() {
+        return Err(format!("`{s}` needs a port (`host:port`)"));
+    }
+    Ok(authority)
+}
+
+fn parse_instances(s: &str) -> Result<(String, Vec<Authority>), String> {
+    let (name, list) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not `NAME=HOST:PORT,...`"))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("`{s}` has no service name before `=`"));
+    }
+    let instances = list
+        .split(',')
+        .map(|a| parse_authority(a.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name.to_owned(), instances))
+}
+
+/// `250ms`, `5s`, `2m`, or a bare number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration such as `5s` or `500ms`"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!(
+            "`{s}`: unknown unit `{unit}`, use `ms`, `s` or `m`"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gov_agent::sidecar::DEFAULT_DRAIN_TIMEOUT;
+
+    #[test]
+    fn durations_and_instances_parse() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("5h").is_err());
+        let (name, list) = parse_instances("inventory=127.0.0.1:9001, 127.0.0.1:9002").unwrap();
+        assert_eq!(name, "inventory");
+        assert_eq!(list.len(), 2);
+        assert!(parse_instances("inventory").is_err());
+        assert!(parse_instances("inventory=127.0.0.1").is_err());
+    }
+
+    #[test]
+    fn default_drain_matches_the_library() {
+        let args =
+            Args::try_parse_from(["gov-agent", "--service", "s", "--upstream", "127.0.0.1:1"])
+                .unwrap();
+        assert_eq!(args.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
+    }
+}

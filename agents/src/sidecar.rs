@@ -1,0 +1,392 @@
+//! The `gov-agent` sidecar: a reverse proxy that enforces a service's `TargetConfig`.
+//!
+//! ```text
+//!  clients ──▶ inbound listener ──▶ local service           (server-side rules)
+//!  local service ──▶ outbound listener ──▶ other services   (client-side rules)
+//!  admin listener: /metrics /ready /live POST /shutdown
+//! ```
+//!
+//! [`Sidecar::start`] binds every listener, loads the config file (and watches it for
+//! changes), and serves until [`Sidecar::shutdown`] (or `POST /shutdown`); then it
+//! stops accepting, drains in-flight requests within the drain deadline, and
+//! [`Sidecar::stopped`] returns. The `gov-agent` binary is a thin shell around this,
+//! and the integration tests run it in process.
+
+mod admin;
+mod body;
+mod headers;
+mod metrics;
+mod proxy;
+mod reload;
+mod serve;
+mod upstream;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::uri::Authority;
+
+use crate::Engine;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+pub use admin::Health;
+pub use body::ProxyBody;
+pub use metrics::LATENCY_BUCKETS_SECONDS;
+pub use proxy::GOV_SERVICE;
+pub use reload::{ConfigError, ConfigStatus, parse_config, read_config};
+
+/// Default drain deadline: Istio's `terminationDrainDuration`.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How to run a sidecar.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The service this agent runs beside (the `service` of its `TargetConfig`).
+    pub service: String,
+    /// Inbound listener: clients of the local service connect here.
+    pub listen: SocketAddr,
+    /// The local service.
+    pub upstream: Authority,
+    /// Outbound listener: the local service calls other services through here.
+    pub outbound_listen: Option<SocketAddr>,
+    /// Admin listener (`/metrics`, `/ready`, `/live`, `POST /shutdown`).
+    pub admin_listen: Option<SocketAddr>,
+    /// The `TargetConfig` file (YAML or JSON), reloaded on change.
+    pub config: Option<PathBuf>,
+    /// How long in-flight requests may take to finish once stopping.
+    pub drain_timeout: Duration,
+    /// Static instance lists of the services the local service calls.
+    pub instances: Vec<(String, Vec<Authority>)>,
+    /// The control plane URL (used by the control-plane client; unset: standalone).
+    pub control_plane: Option<String>,
+}
+
+impl Options {
+    /// Options for `service` in front of `upstream`, every listener on an ephemeral
+    /// loopback port, no config file, default drain deadline.
+    pub fn new(service: impl Into<String>, upstream: Authority) -> Self {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self {
+            service: service.into(),
+            listen: any,
+            upstream,
+            outbound_listen: None,
+            admin_listen: None,
+            config: None,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            instances: Vec::new(),
+            control_plane: None,
+        }
+    }
+}
+
+/// A sidecar that could not start.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum StartError {
+    /// A listener could not bind.
+    #[error("cannot listen on `{addr}` for the {listener} listener")]
+    #[diagnostic(
+        code(gov::agent::bind),
+        help("is another process using the port? pick another with the matching --*listen flag")
+    )]
+    Bind {
+        /// Which listener.
+        listener: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file at start is unusable.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// A running sidecar.
+pub struct Sidecar {
+    inbound: SocketAddr,
+    outbound: Option<SocketAddr>,
+    admin: Option<SocketAddr>,
+    stop: CancellationToken,
+    health: Arc<Health>,
+    config: Arc<ConfigStatus>,
+    engine: Engine,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Sidecar {
+    /// Loads the config, binds every listener and starts serving.
+    pub async fn start(options: Options) -> Result<Self, StartError> {
+        let stop = CancellationToken::new();
+        let health = Arc::new(Health::default());
+        let config = Arc::new(ConfigStatus::default());
+
+        // The config first: a bad file at start is an error, not a silent empty policy.
+        let engine = Engine::empty(&options.service);
+        let initial = match &options.config {
+            Some(path) => {
+                let (bytes, target) = read_config(path).await?;
+                let version = apply(&engine, &options.service, path, &target)?;
+                config.record_applied(&version);
+                health.set_config_loaded();
+                tracing::info!(%version, path = %path.display(), "config loaded");
+                Some(bytes)
+            }
+            None => None,
+        };
+        // Standalone without a file: nothing will ever bring a config, so run with no
+        // rules rather than never becoming ready. With a control plane the agent is not
+        // ready until it sends a config.
+        if initial.is_none() && options.control_plane.is_none() {
+            tracing::warn!("no --config and no --control-plane: proxying with no rules");
+            health.set_config_loaded();
+        }
+
+        let inbound = bind("inbound", options.listen).await?;
+        let outbound = match options.outbound_listen {
+            Some(addr) => Some(bind("outbound", addr).await?),
+            None => None,
+        };
+        let admin = match options.admin_listen {
+            Some(addr) => Some(bind("admin", addr).await?),
+            None => None,
+        };
+        let inbound_addr = local_addr("inbound", &inbound)?;
+        let outbound_addr = outbound
+            .as_ref()
+            .map(|l| local_addr("outbound", l))
+            .transpose()?;
+        let admin_addr = admin.as_ref().map(|l| local_addr("admin", l)).transpose()?;
+
+        if let (Some(path), Some(bytes)) = (&options.config, initial) {
+            let status = config.clone();
+            let health = health.clone();
+            let engine = engine.clone();
+            let service = options.service.clone();
+            let file = path.clone();
+            reload::spawn_watch(
+                path.clone(),
+                bytes,
+                stop.clone(),
+                config.clone(),
+                move |target| {
+                    let version =
+                        apply(&engine, &service, &file, &target).map_err(|e| e.to_string())?;
+                    status.record_applied(&version);
+                    health.set_config_loaded();
+                    Ok(version)
+                },
+            )?;
+        }
+
+        let shared = Arc::new(proxy::Shared {
+            engine: engine.clone(),
+            client: upstream::client(),
+            local: options.upstream.clone(),
+            directory: upstream::Directory::new(&options.instances),
+        });
+
+        // The proxy listeners drain on `stop`; the admin listener keeps answering
+        // (`/ready` says 503) until they are done, then stops on `admin_stop`.
+        let mut proxies = JoinSet::new();
+        {
+            let shared = shared.clone();
+            proxies.spawn(serve::accept_loop(
+                "inbound",
+                inbound,
+                stop.clone(),
+                options.drain_timeout,
+                move |peer| {
+                    let conn = Arc::new(proxy::Inbound::new(shared.clone(), peer));
+                    move |req| {
+                        let conn = conn.clone();
+                        async move { conn.handle(req).await }
+                    }
+                },
+            ));
+        }
+        if let Some(listener) = outbound {
+            let shared = shared.clone();
+            proxies.spawn(serve::accept_loop(
+                "outbound",
+                listener,
+                stop.clone(),
+                options.drain_timeout,
+                move |peer| {
+                    let conn = Arc::new(proxy::Outbound::new(shared.clone(), peer));
+                    move |req| {
+                        let conn = conn.clone();
+                        async move { conn.handle(req).await }
+                    }
+                },
+            ));
+        }
+        let admin_stop = CancellationToken::new();
+        if let Some(listener) = admin {
+            let admin = Arc::new(admin::Admin {
+                health: health.clone(),
+                stop: stop.clone(),
+                metrics: metrics::Source {
+                    service: options.service.clone(),
+                    config: config.clone(),
+                    engine: engine.clone(),
+                },
+            });
+            tokio::spawn(serve::accept_loop(
+                "admin",
+                listener,
+                admin_stop.clone(),
+                Duration::from_secs(1),
+                move |_peer| {
+                    let admin = admin.clone();
+                    move |req| {
+                        let admin = admin.clone();
+                        async move { admin.handle(req).await }
+                    }
+                },
+            ));
+        }
+
+        let done = {
+            let stop = stop.clone();
+            let health = health.clone();
+            tokio::spawn(async move {
+                stop.cancelled().await;
+                health.set_draining();
+                tracing::info!("stopping: no new connections, draining in-flight requests");
+                while proxies.join_next().await.is_some() {}
+                admin_stop.cancel();
+                tracing::info!("stopped");
+            })
+        };
+
+        // Tests and scripts read the bound ports from this line.
+        tracing::info!(
+            service = %options.service,
+            inbound = %inbound_addr,
+            outbound = %OrDash(outbound_addr),
+            admin = %OrDash(admin_addr),
+            upstream = %options.upstream,
+            "gov-agent started"
+        );
+        Ok(Self {
+            inbound: inbound_addr,
+            outbound: outbound_addr,
+            admin: admin_addr,
+            stop,
+            health,
+            config,
+            engine,
+            done,
+        })
+    }
+
+    /// The address of the inbound listener.
+    pub fn inbound_addr(&self) -> SocketAddr {
+        self.inbound
+    }
+
+    /// The address of the outbound listener, if there is one.
+    pub fn outbound_addr(&self) -> Option<SocketAddr> {
+        self.outbound
+    }
+
+    /// The address of the admin listener, if there is one.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin
+    }
+
+    /// Readiness as `/ready` reports it.
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// The enforcement engine (stats, events, release commands).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The config in force.
+    pub fn config_status(&self) -> &ConfigStatus {
+        &self.config
+    }
+
+    /// Begins a graceful stop (idempotent): not ready, no new connections, drain.
+    pub fn shutdown(&self) {
+        self.stop.cancel();
+    }
+
+    /// A token that is cancelled when the sidecar begins to stop (by [`Self::shutdown`]
+    /// or `POST /shutdown`).
+    pub fn stopping(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// Waits until the sidecar has stopped: every proxy listener closed and drained
+    /// (or the drain deadline passed).
+    pub async fn stopped(self) {
+        if let Err(error) = self.done.await {
+            tracing::error!(%error, "the sidecar's supervisor task failed");
+        }
+    }
+}
+
+/// Checks that `target` is for this agent's service and swaps it into the engine;
+/// returns its version.
+fn apply(
+    engine: &Engine,
+    service: &str,
+    path: &std::path::Path,
+    target: &gov_proto::v1::TargetConfig,
+) -> Result<String, ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid {
+        path: path.to_owned(),
+        message,
+    };
+    if target.service != service {
+        return Err(invalid(format!(
+            "it is the config of service `{}`, and this agent runs beside `{service}`",
+            target.service
+        )));
+    }
+    let applied = engine
+        .apply_target(target)
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok(applied.version.to_string())
+}
+
+async fn bind(listener: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind {
+            listener,
+            addr,
+            source,
+        })
+}
+
+fn local_addr(listener: &'static str, l: &TcpListener) -> Result<SocketAddr, StartError> {
+    l.local_addr().map_err(|source| StartError::Bind {
+        listener,
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        source,
+    })
+}
+
+/// Displays an optional address, `-` when absent.
+struct OrDash(Option<SocketAddr>);
+
+impl std::fmt::Display for OrDash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(addr) => addr.fmt(f),
+            None => f.write_str("-"),
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! The admin listener: `/metrics`, `/ready`, `/live` and `POST /shutdown`.
+//!
+//! It runs on its own port so that probes and scrapes never queue behind proxied
+//! traffic or count against its rules, and it keeps answering while the proxy
+//! listeners drain (`/ready` then says 503).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics;
+
+/// Whether the agent should get traffic: a config is loaded and it is not draining.
+#[derive(Debug, Default)]
+pub struct Health {
+    config_loaded: AtomicBool,
+    draining: AtomicBool,
+}
+
+impl Health {
+    /// Records that a config is in force.
+    pub fn set_config_loaded(&self) {
+        self.config_loaded.store(true, Ordering::Release);
+    }
+
+    /// Records that the agent is stopping: from here on `/ready` fails.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Why the agent is not ready, or `None` when it is.
+    pub fn not_ready_reason(&self) -> Option<&'static str> {
+        if self.draining.load(Ordering::Acquire) {
+            Some("draining")
+        } else if !self.config_loaded.load(Ordering::Acquire) {
+            Some("no config loaded")
+        } else {
+            None
+        }
+    }
+}
+
+/// What the admin handlers read.
+pub(crate) struct Admin {
+    pub(crate) health: Arc<Health>,
+    pub(crate) stop: CancellationToken,
+    pub(crate) metrics: metrics::Source,
+}
+
+impl Admin {
+    pub(crate) async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        match (req.method(), req.uri().path()) {
+            (&Method::GET | &Method::HEAD, "/live") => text(StatusCode::OK, "live\n".into()),
+            (&Method::GET | &Method::HEAD, "/ready") => match self.health.not_ready_reason() {
+                None => text(StatusCode::OK, "ready\n".into()),
+                Some(reason) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready: {reason}\n"),
+                ),
+            },
+            (&Method::GET | &Method::HEAD, "/metrics") => {
+                let mut response =
+                    Response::new(Full::new(Bytes::from(self.metrics.render(&self.health))));
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                response
+            }
+            (&Method::POST, "/shutdown") => {
+                tracing::info!("shutdown requested on the admin listener");
+                self.stop.cancel();
+                text(StatusCode::ACCEPTED, "shutting down\n".into())
+            }
+            (_, "/live" | "/ready" | "/metrics" | "/shutdown") => text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed\n".into(),
+            ),
+            _ => text(
+                StatusCode::NOT_FOUND,
+                "not found: try /metrics, /ready, /live or POST /shutdown\n".into(),
+            ),
+        }
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}

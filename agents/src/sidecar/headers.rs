@@ -1,0 +1,127 @@
+//! Header handling of the proxy: hop-by-hop headers and `x-forwarded-for`.
+//!
+//! Hop-by-hop headers describe one connection, not the message, so a proxy must not
+//! forward them (RFC 9110 section 7.6.1): the fixed list below plus every header the
+//! `connection` header names.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+/// `x-forwarded-for`, which `http` has no constant for.
+pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// The headers that are hop-by-hop whatever `connection` says.
+static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes the hop-by-hop headers from `headers`. `te` is kept only as `te: trailers`,
+/// the one value that must reach an HTTP/2 (gRPC) upstream.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // The common case has no `connection` header at all: no allocation then.
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in &HOP_BY_HOP {
+        if headers.contains_key(name) {
+            headers.remove(name);
+        }
+    }
+    if let Some(te) = headers.get(header::TE)
+        && !te.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
+    {
+        headers.remove(header::TE);
+    }
+}
+
+/// Appends the client address to `x-forwarded-for` (`peer` is the address already
+/// rendered as a header value, once per connection).
+pub(crate) fn append_forwarded_for(headers: &mut HeaderMap, peer: &HeaderValue) {
+    match headers.get_mut(&X_FORWARDED_FOR) {
+        None => {
+            headers.insert(X_FORWARDED_FOR.clone(), peer.clone());
+        }
+        Some(existing) => {
+            let mut joined = Vec::with_capacity(existing.len() + 2 + peer.len());
+            joined.extend_from_slice(existing.as_bytes());
+            joined.extend_from_slice(b", ");
+            joined.extend_from_slice(peer.as_bytes());
+            if let Ok(value) = HeaderValue::from_bytes(&joined) {
+                *existing = value;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (k, v) in pairs {
+            headers.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        headers
+    }
+
+    #[test]
+    fn strips_fixed_and_connection_named_headers() {
+        let mut headers = map(&[
+            ("connection", "keep-alive, x-secret"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret", "1"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("te", "gzip"),
+            ("host", "a"),
+            ("x-kept", "2"),
+        ]);
+        strip_hop_by_hop(&mut headers);
+        let mut left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["host", "x-kept"]);
+    }
+
+    #[test]
+    fn keeps_te_trailers() {
+        let mut headers = map(&[("te", "trailers")]);
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.get("te").unwrap(), "trailers");
+    }
+
+    #[test]
+    fn forwarded_for_is_set_then_appended() {
+        let peer = HeaderValue::from_static("127.0.0.1");
+        let mut headers = HeaderMap::new();
+        append_forwarded_for(&mut headers, &peer);
+        assert_eq!(headers.get(&X_FORWARDED_FOR).unwrap(), "127.0.0.1");
+        let mut headers = map(&[("x-forwarded-for", "10.0.0.1")]);
+        append_forwarded_for(&mut headers, &peer);
+        assert_eq!(
+            headers.get(&X_FORWARDED_FOR).unwrap(),
+            "10.0.0.1, 127.0.0.1"
+        );
+    }
+}

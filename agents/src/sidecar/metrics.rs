@@ -1,0 +1,291 @@
+//! `/metrics`: the Prometheus text exposition format, written by hand over the
+//! engine's stats snapshot.
+//!
+//! A hand-written encoder is a screenful of code, needs no registry kept in sync with
+//! the engine's rules (rules come and go with every config), and costs nothing on the
+//! request path: the engine counts with atomics, and this module only reads a
+//! snapshot when scraped. Names are snake_case in base units, counters end in
+//! `_total`, and the only labels are the rule id (`service/name`) and small closed
+//! sets (`reason`, `le`).
+
+use std::fmt::Write as _;
+
+use crate::{Engine, FuseState, RejectReason, RuleKind, RuleStats};
+
+/// Upper bounds of the latency histogram buckets, in seconds (`+Inf` is implied):
+/// the engine's [`crate::LATENCY_BUCKETS_MS`].
+pub const LATENCY_BUCKETS_SECONDS: [f64; 7] = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0];
+
+/// Writes metric families in the text format into a `String`.
+#[derive(Debug, Default)]
+pub(crate) struct Encoder {
+    out: String,
+}
+
+impl Encoder {
+    /// Starts a family: its `# HELP` and `# TYPE` lines.
+    pub(crate) fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    /// Writes one sample with `labels` (name, value) pairs.
+    pub(crate) fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl Value) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (label, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                self.out.push_str(label);
+                self.out.push_str("=\"");
+                escape_into(&mut self.out, v);
+                self.out.push('"');
+            }
+            self.out.push('}');
+        }
+        self.out.push(' ');
+        value.write(&mut self.out);
+        self.out.push('\n');
+    }
+
+    pub(crate) fn finish(self) -> String {
+        self.out
+    }
+}
+
+/// A sample value.
+pub(crate) trait Value {
+    fn write(&self, out: &mut String);
+}
+
+impl Value for u64 {
+    fn write(&self, out: &mut String) {
+        let _ = write!(out, "{self}");
+    }
+}
+
+impl Value for f64 {
+    fn write(&self, out: &mut String) {
+        if self.is_infinite() {
+            out.push_str(if *self > 0.0 { "+Inf" } else { "-Inf" });
+        } else {
+            let _ = write!(out, "{self}");
+        }
+    }
+}
+
+/// Escapes a label value: backslash, double quote and newline.
+fn escape_into(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// Renders a bucket bound the way Prometheus clients do (`0.01`, `1`, `+Inf`).
+pub(crate) fn le_label(bound: f64) -> String {
+    let mut s = String::new();
+    bound.write(&mut s);
+    s
+}
+
+/// What `/metrics` reads.
+pub(crate) struct Source {
+    pub(crate) service: String,
+    pub(crate) config: std::sync::Arc<super::ConfigStatus>,
+    pub(crate) engine: Engine,
+}
+
+impl Source {
+    /// Renders every series.
+    pub(crate) fn render(&self, health: &super::Health) -> String {
+        let mut enc = Encoder::default();
+        self.render_agent(&mut enc, health);
+        render_rules(&mut enc, &self.engine.stats().rules);
+        enc.finish()
+    }
+
+    fn render_agent(&self, enc: &mut Encoder, health: &super::Health) {
+        enc.family(
+            "gov_agent_ready",
+            "gauge",
+            "1 when the agent has a config and is not draining, else 0.",
+        );
+        enc.sample(
+            "gov_agent_ready",
+            &[],
+            u64::from(health.not_ready_reason().is_none()),
+        );
+        enc.family(
+            "gov_agent_config_info",
+            "gauge",
+            "The config in force: always 1, the version is in the label.",
+        );
+        let version = self.config.version().unwrap_or_default();
+        enc.sample(
+            "gov_agent_config_info",
+            &[("service", &self.service), ("version", &version)],
+            1_u64,
+        );
+        let (applied, refused) = self.config.counts();
+        enc.family(
+            "gov_agent_config_reloads_total",
+            "counter",
+            "Configs applied and refused since start.",
+        );
+        enc.sample(
+            "gov_agent_config_reloads_total",
+            &[("result", "applied")],
+            applied,
+        );
+        enc.sample(
+            "gov_agent_config_reloads_total",
+            &[("result", "refused")],
+            refused,
+        );
+    }
+}
+
+/// The per-rule series, one family at a time (the text format wants the samples of
+/// a family together).
+fn render_rules(enc: &mut Encoder, rules: &[RuleStats]) {
+    enc.family(
+        "gov_agent_rule_in_flight",
+        "gauge",
+        "Calls admitted by the rule and not finished yet.",
+    );
+    for r in rules {
+        enc.sample(
+            "gov_agent_rule_in_flight",
+            &[("rule", &r.rule)],
+            r.in_flight,
+        );
+    }
+    enc.family(
+        "gov_agent_rule_waiting",
+        "gauge",
+        "Calls waiting for the rule (a bulkhead permit or a shaping delay).",
+    );
+    for r in rules {
+        enc.sample("gov_agent_rule_waiting", &[("rule", &r.rule)], r.waiting);
+    }
+    enc.family(
+        "gov_agent_rule_admitted_total",
+        "counter",
+        "Calls the rule admitted.",
+    );
+    for r in rules {
+        enc.sample(
+            "gov_agent_rule_admitted_total",
+            &[("rule", &r.rule)],
+            r.admitted,
+        );
+    }
+    enc.family(
+        "gov_agent_rule_rejected_total",
+        "counter",
+        "Calls the rule rejected, by reason.",
+    );
+    for r in rules {
+        for reason in RejectReason::ALL {
+            enc.sample(
+                "gov_agent_rule_rejected_total",
+                &[("rule", &r.rule), ("reason", reason.as_str())],
+                r.rejected(reason),
+            );
+        }
+    }
+    enc.family(
+        "gov_agent_rule_latency_seconds",
+        "histogram",
+        "Latency of admitted calls until the response head, per rule.",
+    );
+    for r in rules {
+        let mut cumulative = 0;
+        for (i, count) in r.latency.iter().enumerate() {
+            cumulative += count;
+            let le = LATENCY_BUCKETS_SECONDS
+                .get(i)
+                .map_or_else(|| "+Inf".to_owned(), |b| le_label(*b));
+            enc.sample(
+                "gov_agent_rule_latency_seconds_bucket",
+                &[("rule", &r.rule), ("le", &le)],
+                cumulative,
+            );
+        }
+        enc.sample(
+            "gov_agent_rule_latency_seconds_count",
+            &[("rule", &r.rule)],
+            cumulative,
+        );
+    }
+    enc.family(
+        "gov_agent_fuse_state",
+        "gauge",
+        "Fuse state: 0 closed, 1 open (tripped), 2 half-open.",
+    );
+    for r in rules {
+        if let Some(state) = r.fuse {
+            let value: u64 = match state {
+                FuseState::Closed => 0,
+                FuseState::Open => 1,
+                FuseState::HalfOpen => 2,
+            };
+            enc.sample("gov_agent_fuse_state", &[("rule", &r.rule)], value);
+        }
+    }
+    enc.family(
+        "gov_agent_limit_engaged",
+        "gauge",
+        "1 while the limit is engaged (rejecting until released), else 0.",
+    );
+    for r in rules.iter().filter(|r| r.kind == RuleKind::Limit) {
+        enc.sample(
+            "gov_agent_limit_engaged",
+            &[("rule", &r.rule)],
+            u64::from(r.limit_engaged),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_families_samples_and_escapes_labels() {
+        let mut enc = Encoder::default();
+        enc.family(
+            "gov_agent_rule_admitted_total",
+            "counter",
+            "Calls admitted.",
+        );
+        enc.sample(
+            "gov_agent_rule_admitted_total",
+            &[("rule", "shop/a\"b")],
+            3_u64,
+        );
+        enc.sample("gov_agent_up", &[], 1_u64);
+        enc.sample("x_bucket", &[("le", &le_label(f64::INFINITY))], 0.5_f64);
+        insta_free_assert(
+            &enc.finish(),
+            "# HELP gov_agent_rule_admitted_total Calls admitted.\n\
+             # TYPE gov_agent_rule_admitted_total counter\n\
+             gov_agent_rule_admitted_total{rule=\"shop/a\\\"b\"} 3\n\
+             gov_agent_up 1\n\
+             x_bucket{le=\"+Inf\"} 0.5\n",
+        );
+        assert_eq!(le_label(0.01), "0.01");
+        assert_eq!(le_label(1.0), "1");
+    }
+
+    fn insta_free_assert(got: &str, want: &str) {
+        assert_eq!(got, want, "\n--- got ---\n{got}\n--- want ---\n{want}");
+    }
+}

@@ -1,0 +1,323 @@
+//! The forwarding path: inbound (clients -> local service) and outbound (local
+//! service -> instances of other services).
+//!
+//! Each request is admitted by the engine first; a rejection is answered here without
+//! touching the upstream. An admitted request streams to the upstream through the
+//! pooled client with its hop-by-hop headers removed and `x-forwarded-for` appended;
+//! the response streams back the same way. Both bodies are counted as they pass, and
+//! the admission is held until the response body has finished (or the client left).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme, Uri};
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+
+use super::body::{Counted, ProxyBody, Tally};
+use super::headers::{append_forwarded_for, strip_hop_by_hop};
+use super::upstream::{Directory, UpstreamClient};
+use crate::{Admission, ByteMeter, Engine, Outcome, Rejection, RequestInfo};
+
+/// The header a local service may set on an outbound call to name the service it
+/// calls; without it the `host` header (without its port) names it.
+pub static GOV_SERVICE: HeaderName = HeaderName::from_static("gov-service");
+
+/// The body of every response of the proxy listeners.
+pub type ResponseBody = ProxyBody<Counted<Incoming, ResponseTally>>;
+
+/// Counts the request bytes of one admitted call for its byte limits.
+#[derive(Debug, Default)]
+pub struct RequestTally {
+    meter: Option<ByteMeter>,
+}
+
+impl Tally for RequestTally {
+    fn add(&mut self, bytes: u64) {
+        if let Some(meter) = &self.meter {
+            meter.add(bytes);
+        }
+    }
+}
+
+/// Counts the response bytes of one admitted call and holds its admission (bulkhead
+/// permits, in-flight gauges) until the response body is done or the client left.
+#[derive(Debug)]
+pub struct ResponseTally {
+    admission: Admission,
+}
+
+impl Tally for ResponseTally {
+    fn add(&mut self, bytes: u64) {
+        self.admission.add_bytes(bytes);
+    }
+}
+
+/// What both proxy listeners share.
+pub(crate) struct Shared {
+    pub(crate) engine: Engine,
+    pub(crate) client: UpstreamClient,
+    /// The local service, for the inbound listener.
+    pub(crate) local: Authority,
+    /// Other services' instances, for the outbound listener.
+    pub(crate) directory: Directory,
+}
+
+/// One client connection of the inbound listener.
+pub(crate) struct Inbound {
+    shared: Arc<Shared>,
+    peer: HeaderValue,
+}
+
+/// One connection of the local service to the outbound listener.
+pub(crate) struct Outbound {
+    shared: Arc<Shared>,
+    peer: HeaderValue,
+}
+
+/// Why a request could not be forwarded.
+enum Failure {
+    /// The request is not one the proxy can forward.
+    BadRequest(&'static str),
+    /// The outbound call names no known service.
+    UnknownService,
+    /// The upstream could not be connected to.
+    Connect,
+    /// The upstream failed after the connection was made.
+    Upstream,
+}
+
+// === impl Inbound ===
+
+impl Inbound {
+    pub(crate) fn new(shared: Arc<Shared>, peer: std::net::SocketAddr) -> Self {
+        Self {
+            shared,
+            peer: peer_value(peer),
+        }
+    }
+
+    /// Handles one request from a client of the local service.
+    pub(crate) async fn handle(&self, req: Request<Incoming>) -> Response<ResponseBody> {
+        let info = RequestInfo::inbound(req.method(), req.uri().path(), req.headers());
+        let admission = match self.shared.engine.admit(&info).await {
+            Ok(admission) => admission,
+            Err(rejection) => return rejection_response(&rejection),
+        };
+        let to = self.shared.local.clone();
+        forward(&self.shared.client, req, to, &self.peer, admission).await
+    }
+}
+
+// === impl Outbound ===
+
+impl Outbound {
+    pub(crate) fn new(shared: Arc<Shared>, peer: std::net::SocketAddr) -> Self {
+        Self {
+            shared,
+            peer: peer_value(peer),
+        }
+    }
+
+    /// Handles one call of the local service to another service.
+    pub(crate) async fn handle(&self, req: Request<Incoming>) -> Response<ResponseBody> {
+        let Some(service) = target_service(&req) else {
+            return failure_response(Failure::BadRequest(
+                "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
+            ));
+        };
+        let Some(instance) = self
+            .shared
+            .directory
+            .get(service)
+            .and_then(|pool| pool.pick())
+        else {
+            tracing::debug!(service, "outbound call to an unknown service");
+            return failure_response(Failure::UnknownService);
+        };
+        tracing::trace!(service, instance = %instance.id, "outbound call");
+        let info = RequestInfo::outbound(
+            req.method(),
+            req.uri().path(),
+            req.headers(),
+            service,
+            Some(&instance.id),
+        );
+        let admission = match self.shared.engine.admit(&info).await {
+            Ok(admission) => admission,
+            Err(rejection) => return rejection_response(&rejection),
+        };
+        let to = instance.authority.clone();
+        forward(&self.shared.client, req, to, &self.peer, admission).await
+    }
+}
+
+/// The service an outbound call is for: `gov-service`, else the host without port.
+fn target_service<B>(req: &Request<B>) -> Option<&str> {
+    if let Some(v) = req.headers().get(&GOV_SERVICE) {
+        return v.to_str().ok().filter(|s| !s.is_empty());
+    }
+    let host = match req.headers().get(header::HOST) {
+        Some(v) => v.to_str().ok()?,
+        None => req.uri().authority()?.as_str(),
+    };
+    // Strip the port; a bracketed IPv6 literal keeps its brackets.
+    let name = match host.rfind(':') {
+        Some(i) if !host[i..].contains(']') => &host[..i],
+        _ => host,
+    };
+    (!name.is_empty()).then_some(name)
+}
+
+/// Sends `req` to `to` under `admission` and streams the response back; reports the
+/// outcome (status, connect failure, reset, timeout) to the engine.
+async fn forward(
+    client: &UpstreamClient,
+    req: Request<Incoming>,
+    to: Authority,
+    peer: &HeaderValue,
+    admission: Admission,
+) -> Response<ResponseBody> {
+    let (mut parts, body) = req.into_parts();
+
+    let path = match parts.uri.path_and_query() {
+        Some(pq) => pq.clone(),
+        // Authority-form (`CONNECT host:port`) has no path: tunnels are not proxied.
+        // Such a request never reaches the upstream, so it ends no call: dropping
+        // the admission gives its permits back without an outcome.
+        None if parts.method == http::Method::CONNECT => {
+            return failure_response(Failure::BadRequest("gov-agent: CONNECT is not supported\n"));
+        }
+        None => PathAndQuery::from_static("/"),
+    };
+    // Keep the host the client asked for (HTTP/2 carries it as `:authority`).
+    if !parts.headers.contains_key(header::HOST)
+        && let Some(authority) = parts.uri.authority()
+        && let Ok(host) = HeaderValue::from_str(authority.as_str())
+    {
+        parts.headers.insert(header::HOST, host);
+    }
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(Scheme::HTTP);
+    uri.authority = Some(to);
+    uri.path_and_query = Some(path);
+    let Ok(uri) = Uri::from_parts(uri) else {
+        return failure_response(Failure::BadRequest("gov-agent: bad request target\n"));
+    };
+    parts.uri = uri;
+    // The upstream pool speaks HTTP/1.1 whatever the client spoke.
+    parts.version = Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    append_forwarded_for(&mut parts.headers, peer);
+
+    let tally = RequestTally {
+        meter: admission.byte_meter(),
+    };
+    let upstream_req = Request::from_parts(parts, Counted::new(body, tally));
+    let sent = client.request(upstream_req);
+    let result = match admission.timeout() {
+        None => sent.await,
+        Some(deadline) => match tokio::time::timeout(deadline, sent).await {
+            Ok(result) => result,
+            Err(_elapsed) => {
+                return match admission.timed_out() {
+                    Some(rejection) => rejection_response(&rejection),
+                    None => local_response(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "gov-agent: upstream timed out\n",
+                    ),
+                };
+            }
+        },
+    };
+    let response = match result {
+        Ok(response) => response,
+        Err(error) if error.is_connect() => {
+            tracing::debug!(%error, "upstream connect failed");
+            admission.finish(Outcome::ConnectFailure);
+            return failure_response(Failure::Connect);
+        }
+        Err(error) => {
+            tracing::debug!(%error, "upstream failed");
+            admission.finish(Outcome::Reset);
+            return failure_response(Failure::Upstream);
+        }
+    };
+
+    let (mut parts, body) = response.into_parts();
+    let mut admission = admission;
+    admission.record(Outcome::Status(parts.status.as_u16()));
+    strip_hop_by_hop(&mut parts.headers);
+    let body = ProxyBody::upstream(Counted::new(body, ResponseTally { admission }));
+    Response::from_parts(parts, body)
+}
+
+/// The response for a rejection, from the engine's one mapping of rejections to HTTP.
+fn rejection_response(rejection: &Rejection) -> Response<ResponseBody> {
+    rejection
+        .to_response()
+        .map(|body| ProxyBody::Local { body })
+}
+
+/// A short plain-text response made by the agent.
+pub(crate) fn local_response(status: StatusCode, body: &'static str) -> Response<ResponseBody> {
+    let mut response = Response::new(ProxyBody::local(Bytes::from_static(body.as_bytes())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn failure_response(failure: Failure) -> Response<ResponseBody> {
+    match failure {
+        Failure::BadRequest(body) => local_response(StatusCode::BAD_REQUEST, body),
+        Failure::UnknownService => local_response(
+            StatusCode::BAD_GATEWAY,
+            "gov-agent: no instances known for the called service\n",
+        ),
+        Failure::Connect => local_response(
+            StatusCode::BAD_GATEWAY,
+            "gov-agent: upstream connection failed\n",
+        ),
+        Failure::Upstream => {
+            local_response(StatusCode::BAD_GATEWAY, "gov-agent: upstream failed\n")
+        }
+    }
+}
+
+/// The peer address as an `x-forwarded-for` value, made once per connection.
+fn peer_value(peer: std::net::SocketAddr) -> HeaderValue {
+    HeaderValue::from_str(&peer.ip().to_string()).unwrap_or(HeaderValue::from_static("unknown"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outbound_target_prefers_gov_service_then_host_without_port() {
+        let req = Request::builder()
+            .header("gov-service", "inventory")
+            .header("host", "billing:8080")
+            .body(())
+            .unwrap();
+        assert_eq!(target_service(&req), Some("inventory"));
+        let req = Request::builder()
+            .header("host", "billing:8080")
+            .body(())
+            .unwrap();
+        assert_eq!(target_service(&req), Some("billing"));
+        let req = Request::builder()
+            .header("host", "billing")
+            .body(())
+            .unwrap();
+        assert_eq!(target_service(&req), Some("billing"));
+        let req = Request::builder().uri("http://[::1]:80/").body(()).unwrap();
+        assert_eq!(target_service(&req), Some("[::1]"));
+        let req = Request::builder().uri("/").body(()).unwrap();
+        assert_eq!(target_service(&req), None);
+    }
+}

@@ -1,0 +1,224 @@
+//! The config file: reading the `TargetConfig` that `govc compile` prints (YAML or
+//! JSON) and reloading it when the file changes.
+//!
+//! The watch is on the directory, not the file: editors and config management save by
+//! writing a temporary file and renaming it over the old one, which a watch on the
+//! file itself does not survive. Events are debounced (an editor save is several
+//! events), and a reload whose bytes did not change is skipped. A new config that
+//! fails to read, parse or convert is refused with a logged reason; the old one stays
+//! in force.
+
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use gov_proto::v1::TargetConfig;
+use notify::Watcher as _;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Quiet time after the last file event before the file is read.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// A config file that cannot be used.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("cannot read the config file `{path}`")]
+    #[diagnostic(
+        code(gov::agent::config_read),
+        help("check that the file exists and is readable")
+    )]
+    Read {
+        /// The config file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a `TargetConfig` in YAML or JSON.
+    #[error("the config file `{path}` is not a valid target config: {message}")]
+    #[diagnostic(
+        code(gov::agent::config_parse),
+        help("the file must be what `govc compile` prints for one service, in YAML or JSON")
+    )]
+    Parse {
+        /// The config file.
+        path: PathBuf,
+        /// The parser's message, with the position.
+        message: String,
+    },
+    /// The config parses but the engine refuses it.
+    #[error("the config file `{path}` was refused: {message}")]
+    #[diagnostic(
+        code(gov::agent::config_invalid),
+        help("recompile the policy with `govc compile`; the agent keeps its previous config")
+    )]
+    Invalid {
+        /// The config file.
+        path: PathBuf,
+        /// The engine's reason.
+        message: String,
+    },
+}
+
+/// What the agent knows about its config, for `/metrics` and logs.
+#[derive(Debug, Default)]
+pub struct ConfigStatus {
+    version: RwLock<Option<String>>,
+    applied: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl ConfigStatus {
+    /// The version of the config in force, if any.
+    pub fn version(&self) -> Option<String> {
+        self.version.read().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// How many configs were applied and refused since start.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.applied.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+        )
+    }
+
+    pub(crate) fn record_applied(&self, version: &str) {
+        if let Ok(mut v) = self.version.write() {
+            *v = Some(version.to_owned());
+        }
+        self.applied.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Parses a `TargetConfig` from the bytes of `path`: JSON for a `.json` file, YAML
+/// otherwise.
+pub fn parse_config(path: &Path, bytes: &[u8]) -> Result<TargetConfig, ConfigError> {
+    let is_json = path
+        .extension()
+        .is_some_and(|ext| ext.eq_ignore_ascii_case("json"));
+    let parsed = if is_json {
+        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    } else {
+        serde_yaml::from_slice(bytes).map_err(|e| e.to_string())
+    };
+    parsed.map_err(|message| ConfigError::Parse {
+        path: path.to_owned(),
+        message,
+    })
+}
+
+/// Reads and parses the config file at `path`.
+pub async fn read_config(path: &Path) -> Result<(Vec<u8>, TargetConfig), ConfigError> {
+    let bytes = tokio::fs::read(path)
+        .await
+        .map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+    let config = parse_config(path, &bytes)?;
+    Ok((bytes, config))
+}
+
+/// Watches `path` and calls `apply` with every changed, parseable config until `stop`.
+/// `last` is the content currently in force (so that an unchanged save is skipped).
+/// `apply` returns the engine's reason when it refuses the config.
+pub(crate) fn spawn_watch(
+    path: PathBuf,
+    mut last: Vec<u8>,
+    stop: CancellationToken,
+    status: std::sync::Arc<ConfigStatus>,
+    apply: impl Fn(TargetConfig) -> Result<String, String> + Send + 'static,
+) -> Result<(), ConfigError> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let (tx, mut rx) = mpsc::channel::<()>(1);
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        // Any event in the directory may be ours (a rename over the file, a symlink
+        // swap as Kubernetes does for config maps): the content check below decides.
+        if event.is_ok() {
+            let _ = tx.try_send(());
+        }
+    })
+    .and_then(|mut w| {
+        w.watch(&dir, notify::RecursiveMode::NonRecursive)
+            .map(|()| w)
+    })
+    .map_err(|e| ConfigError::Read {
+        path: dir.clone(),
+        source: std::io::Error::other(e),
+    })?;
+
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                event = rx.recv() => if event.is_none() { break },
+            }
+            // Debounce: wait until the directory has been quiet for a moment.
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(DEBOUNCE) => break,
+                    _ = rx.recv() => {}
+                }
+            }
+            let (bytes, config) = match read_config(&path).await {
+                Ok(read) => read,
+                Err(error) => {
+                    // A save in progress (the file briefly missing) lands here too; the
+                    // next event retries.
+                    if matches!(error, ConfigError::Read { .. }) {
+                        tracing::debug!(%error, "config file not readable now");
+                    } else {
+                        status.record_refused();
+                        tracing::warn!(%error, "new config refused; keeping the previous one");
+                    }
+                    continue;
+                }
+            };
+            if bytes == last {
+                continue;
+            }
+            last = bytes;
+            match apply(config) {
+                Ok(version) => tracing::info!(%version, path = %path.display(), "config reloaded"),
+                Err(message) => {
+                    status.record_refused();
+                    let error = ConfigError::Invalid {
+                        path: path.clone(),
+                        message,
+                    };
+                    tracing::warn!(%error, "new config refused; keeping the previous one");
+                }
+            }
+        }
+        drop(watcher.unwatch(&dir));
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_yaml_and_json_by_extension() {
+        let yaml = "service: shop\nversion: v1\n";
+        let config = parse_config(Path::new("shop.yaml"), yaml.as_bytes()).unwrap();
+        assert_eq!(config.service, "shop");
+        let json = r#"{"service": "shop", "version": "v2"}"#;
+        let config = parse_config(Path::new("shop.json"), json.as_bytes()).unwrap();
+        assert_eq!(config.version, "v2");
+        let err = parse_config(Path::new("shop.yaml"), b"service: [").unwrap_err();
+        assert!(err.to_string().contains("shop.yaml"), "{err}");
+    }
+}

@@ -1,0 +1,348 @@
+//! Rules enforced through the proxy: bulkheads, limits, fuses, and their metrics.
+
+use std::time::Duration;
+
+use gov_agent::REJECTED_BY;
+use http::StatusCode;
+
+use crate::support::{agent, http, load, ms, quantile, upstream};
+
+/// DESIGN.md's bulkhead experiment: a fast and a slow endpoint, a fail-fast bulkhead
+/// on the slow one, concurrent load on both. The slow endpoint sheds load with 408s;
+/// the fast one keeps its latency.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_fast_bulkhead_sheds_the_slow_endpoint_and_spares_the_fast_one() {
+    let up = upstream()
+        .fast("/fast", ms(1))
+        .slow("/slow", ms(100))
+        .start()
+        .await;
+    let agent = agent()
+        .config(
+            r#"
+service: shop
+version: bulkhead-v1
+bulkheads:
+  - rule: shop/slow_calls
+    on: { path: { kind: PATH_KIND_PREFIX, value: /slow } }
+    max_concurrent: 2
+"#,
+        )
+        .upstream(&up)
+        .start()
+        .await;
+    let client = http();
+
+    let unloaded: Vec<Duration> = load(&client, &agent.url("/fast"), 1, 40)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().1)
+        .collect();
+
+    // 16 callers hammer the slow endpoint while 4 call the fast one.
+    let (slow_url, fast_url) = (agent.url("/slow"), agent.url("/fast"));
+    let slow = load(&client, &slow_url, 16, 160);
+    let fast = load(&client, &fast_url, 4, 200);
+    let (slow, fast) = tokio::join!(slow, fast);
+
+    let fast: Vec<Duration> = fast
+        .into_iter()
+        .map(|r| {
+            let (status, latency) = r.unwrap();
+            assert_eq!(
+                status,
+                StatusCode::OK,
+                "the fast endpoint must never be rejected"
+            );
+            latency
+        })
+        .collect();
+    let slow_ok = slow
+        .iter()
+        .filter(|r| matches!(r, Ok((StatusCode::OK, _))))
+        .count();
+    let slow_408 = slow
+        .iter()
+        .filter(|r| matches!(r, Ok((StatusCode::REQUEST_TIMEOUT, _))))
+        .count();
+    assert_eq!(slow_ok + slow_408, slow.len(), "only 200 or 408: {slow:?}");
+    assert!(
+        slow_408 > 0 && slow_ok > 0,
+        "slow: {slow_ok} ok, {slow_408} shed"
+    );
+    assert!(
+        up.peak_in_flight("/slow") <= 2,
+        "the upstream saw {} slow calls at once",
+        up.peak_in_flight("/slow")
+    );
+
+    // Ranks, not wall-clock thresholds: under load the fast endpoint's p90 stays
+    // below the slow endpoint's own latency (100 ms), and its median stays within a
+    // few unloaded p90s (generous: this box is shared).
+    let p50 = quantile(&fast, 0.5);
+    let p90 = quantile(&fast, 0.9);
+    let unloaded_p90 = quantile(&unloaded, 0.9);
+    assert!(p90 < ms(100), "fast p90 under load {p90:?}");
+    assert!(
+        p50 < unloaded_p90 * 10 + ms(5),
+        "fast p50 under load {p50:?} vs unloaded p90 {unloaded_p90:?}"
+    );
+
+    // A rejection names its rule.
+    let reply = loop {
+        let tries: Vec<_> = (0..4).map(|_| client.get(&slow_url)).collect();
+        let replies = futures::future::join_all(tries).await;
+        if let Some(reply) = replies
+            .into_iter()
+            .map(Result::unwrap)
+            .find(|r| r.status == StatusCode::REQUEST_TIMEOUT)
+        {
+            break reply;
+        }
+    };
+    assert_eq!(reply.header(REJECTED_BY), Some("shop/slow_calls"));
+    assert!(reply.text().contains("shop/slow_calls"), "{}", reply.text());
+}
+
+#[tokio::test]
+async fn limits_by_calls_and_bytes_per_consumer_leave_other_consumers_alone() {
+    let up = upstream()
+        .fast("/calls", ms(0))
+        .sized("/bytes", 4_000)
+        .echo("/bytes/echo")
+        .start()
+        .await;
+    let agent = agent()
+        .config(
+            r#"
+service: shop
+version: limits-v1
+consumer_header: x-consumer
+limits:
+  - rule: shop/calls_per_consumer
+    on: { path: { kind: PATH_KIND_EXACT, value: /calls } }
+    key: LIMIT_KEY_CONSUMER
+    calls: { amount: 5, window_ms: 60000 }
+  - rule: shop/bytes_per_consumer
+    on: { path: { kind: PATH_KIND_PREFIX, value: /bytes } }
+    key: LIMIT_KEY_CONSUMER
+    bytes: { amount: 10000, window_ms: 60000 }
+"#,
+        )
+        .upstream(&up)
+        .start()
+        .await;
+    let client = http();
+    let get = |path: &'static str, consumer: &'static str| {
+        let client = client.clone();
+        let url = agent.url(path);
+        async move {
+            client
+                .get_with(&url, &[("x-consumer", consumer)])
+                .await
+                .unwrap()
+        }
+    };
+
+    // Calls: crm gets 5, then 429 with Retry-After; erp is unaffected.
+    let mut statuses = Vec::new();
+    for _ in 0..7 {
+        statuses.push(get("/calls", "crm").await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
+    let reply = get("/calls", "crm").await;
+    assert_eq!(reply.header(REJECTED_BY), Some("shop/calls_per_consumer"));
+    let retry: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "retry-after {retry}");
+    for _ in 0..5 {
+        assert_eq!(get("/calls", "erp").await.status, StatusCode::OK);
+    }
+
+    // Bytes: 4,000-byte responses; crm is cut off once it used its 10,000 bytes.
+    let mut ok = 0;
+    let rejected = loop {
+        let reply = get("/bytes", "crm").await;
+        if reply.status == StatusCode::OK {
+            ok += 1;
+            assert!(ok <= 3, "more than 12,000 bytes admitted");
+            continue;
+        }
+        break reply;
+    };
+    assert!(
+        ok >= 2,
+        "rejected after {ok} calls, before the limit was used"
+    );
+    assert_eq!(rejected.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        rejected.header(REJECTED_BY),
+        Some("shop/bytes_per_consumer")
+    );
+    assert_eq!(get("/bytes", "erp").await.status, StatusCode::OK);
+
+    // Request bytes count too: one 12,000-byte upload exhausts ops' budget.
+    let upload = |n: usize| {
+        let client = client.clone();
+        let url = agent.url("/bytes/echo");
+        async move {
+            let req = http::Request::post(url)
+                .header("x-consumer", "ops")
+                .body(http_body_util::Full::new(bytes::Bytes::from(vec![1_u8; n])))
+                .unwrap();
+            client.send(req).await.unwrap()
+        }
+    };
+    assert_eq!(upload(12_000).await.status, StatusCode::OK);
+    assert_eq!(upload(10).await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn fuse_trips_on_upstream_5xx_holds_for_everyone_and_admits_after_release() {
+    let up = upstream().flaky("/flaky").start().await;
+    let agent = agent()
+        .config(
+            r#"
+service: shop
+version: fuse-v1
+fuses:
+  - rule: shop/flaky_upstream
+    on: { path: { kind: PATH_KIND_PREFIX, value: /flaky } }
+    trips:
+      - { metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 3, window_ms: 60000 }
+"#,
+        )
+        .upstream(&up)
+        .start()
+        .await;
+    let client = http();
+    up.set_failing(true);
+
+    let mut errors = 0;
+    let tripped = loop {
+        let reply = client.get(&agent.url("/flaky")).await.unwrap();
+        if reply.status == StatusCode::INTERNAL_SERVER_ERROR {
+            errors += 1;
+            assert!(errors <= 3, "the fuse did not trip after 3 errors");
+            continue;
+        }
+        break reply;
+    };
+    assert_eq!(errors, 3);
+    assert_eq!(tripped.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(tripped.header(REJECTED_BY), Some("shop/flaky_upstream"));
+
+    // The upstream recovers, but the fuse stays open for every consumer until an
+    // operator releases it; the upstream sees no call meanwhile.
+    up.set_failing(false);
+    let seen = up.received();
+    for consumer in ["crm", "erp", "ops"] {
+        let reply = client
+            .get_with(&agent.url("/flaky"), &[("x-gov-consumer", consumer)])
+            .await
+            .unwrap();
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert_eq!(up.received(), seen);
+    let metrics = client
+        .get(&agent.admin_url("/metrics"))
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        metrics.contains("gov_agent_fuse_state{rule=\"shop/flaky_upstream\"} 1"),
+        "{metrics}"
+    );
+
+    assert_eq!(
+        agent
+            .sidecar
+            .engine()
+            .release_fuse("shop/flaky_upstream", "test"),
+        Ok(true)
+    );
+    let reply = client.get(&agent.url("/flaky")).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(up.received(), seen + 1);
+}
+
+#[tokio::test]
+async fn metrics_expose_every_rule_series() {
+    let up = upstream()
+        .fast("/a", ms(0))
+        .slow("/slow", ms(200))
+        .start()
+        .await;
+    let agent = agent()
+        .config(
+            r#"
+service: shop
+version: metrics-v1
+bulkheads:
+  - rule: shop/one_at_a_time
+    on: { path: { kind: PATH_KIND_EXACT, value: /slow } }
+    max_concurrent: 1
+limits:
+  - rule: shop/all_calls
+    on: { any: true }
+    calls: { amount: 1000, window_ms: 60000 }
+fuses:
+  - rule: shop/errors
+    on: { any: true }
+    trips:
+      - { metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 100, window_ms: 60000 }
+"#,
+        )
+        .upstream(&up)
+        .start()
+        .await;
+    let client = http();
+    for _ in 0..3 {
+        assert_eq!(
+            client.get(&agent.url("/a")).await.unwrap().status,
+            StatusCode::OK
+        );
+    }
+    let slow = agent.url("/slow");
+    let (a, b) = tokio::join!(client.get(&slow), client.get(&slow));
+    let mut statuses = [a.unwrap().status.as_u16(), b.unwrap().status.as_u16()];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 408]);
+
+    let reply = client.get(&agent.admin_url("/metrics")).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4")
+    );
+    let text = reply.text();
+    for line in [
+        "# TYPE gov_agent_rule_admitted_total counter",
+        "# TYPE gov_agent_rule_latency_seconds histogram",
+        "gov_agent_ready 1",
+        "gov_agent_config_info{service=\"shop\",version=\"metrics-v1\"} 1",
+        "gov_agent_config_reloads_total{result=\"refused\"} 0",
+        // The call the bulkhead rejected counts as admitted by no rule.
+        "gov_agent_rule_admitted_total{rule=\"shop/all_calls\"} 4",
+        "gov_agent_rule_admitted_total{rule=\"shop/one_at_a_time\"} 1",
+        "gov_agent_rule_rejected_total{rule=\"shop/one_at_a_time\",reason=\"bulkhead_full\"} 1",
+        "gov_agent_rule_rejected_total{rule=\"shop/all_calls\",reason=\"limit_calls\"} 0",
+        "gov_agent_rule_in_flight{rule=\"shop/all_calls\"} 0",
+        "gov_agent_rule_waiting{rule=\"shop/one_at_a_time\"} 0",
+        "gov_agent_rule_latency_seconds_bucket{rule=\"shop/all_calls\",le=\"0.01\"}",
+        "gov_agent_rule_latency_seconds_bucket{rule=\"shop/one_at_a_time\",le=\"+Inf\"} 1",
+        "gov_agent_rule_latency_seconds_count{rule=\"shop/all_calls\"} 4",
+        "gov_agent_fuse_state{rule=\"shop/errors\"} 0",
+        "gov_agent_limit_engaged{rule=\"shop/all_calls\"} 0",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in:\n{text}");
+    }
+    // The admitted slow call took at least 200 ms: none in the buckets up to 0.1 s.
+    assert!(
+        text.contains(
+            "gov_agent_rule_latency_seconds_bucket{rule=\"shop/one_at_a_time\",le=\"0.1\"} 0"
+        ),
+        "{text}"
+    );
+}

@@ -1,0 +1,14 @@
+//! Integration tests of the `gov-agent` sidecar on loopback: a real upstream server,
+//! the agent in process (or the built binary), real HTTP clients.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test fixtures fail the test loudly"
+)]
+
+mod support;
+
+mod enforce;
+mod proxy;
+mod shutdown;

@@ -1,0 +1,276 @@
+//! Forwarding without rules: bodies, headers, protocols, errors, admin endpoints.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::{Upstream, agent, http, ms, upstream};
+
+#[tokio::test]
+async fn forwards_requests_and_streams_bodies_both_ways() {
+    let up = upstream()
+        .fast("/hello", ms(0))
+        .echo("/echo")
+        .sized("/big", 1 << 20)
+        .start()
+        .await;
+    let agent = agent().upstream(&up).start().await;
+    let client = http();
+
+    let reply = client.get(&agent.url("/hello")).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.text(), "/hello");
+    assert_eq!(reply.header("x-upstream"), Some("1"));
+
+    let body = Bytes::from(vec![7_u8; 300_000]);
+    let reply = client
+        .post(&agent.url("/echo"), body.clone())
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, body);
+
+    let reply = client.get(&agent.url("/big")).await.unwrap();
+    assert_eq!(reply.body.len(), 1 << 20);
+
+    let reply = client.get(&agent.url("/missing")).await.unwrap();
+    assert_eq!(
+        reply.status,
+        StatusCode::NOT_FOUND,
+        "upstream statuses pass through"
+    );
+}
+
+#[tokio::test]
+async fn serves_http2_clients_with_prior_knowledge() {
+    let up = upstream().echo("/echo").start().await;
+    let agent = agent().upstream(&up).start().await;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = Request::post(agent.url("/echo"))
+        .body(Full::new(Bytes::from_static(b"over h2")))
+        .unwrap();
+    let response = client.request(req).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"over h2");
+}
+
+#[tokio::test]
+async fn strips_hop_by_hop_headers_and_appends_forwarded_for() {
+    // A one-shot raw upstream that records the request head it receives.
+    let raw = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let raw_upstream = Upstream::at(raw.local_addr().unwrap());
+    let head = tokio::spawn(async move {
+        let (mut s, _) = raw.accept().await.unwrap();
+        let mut buf = vec![0_u8; 4096];
+        let mut n = 0;
+        while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+            n += s.read(&mut buf[n..]).await.unwrap();
+        }
+        s.write_all(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: x-up-secret\r\nx-up-secret: 1\r\n\r\nok",
+        )
+        .await
+        .unwrap();
+        String::from_utf8_lossy(&buf[..n]).to_lowercase()
+    });
+    let agent = agent().upstream(&raw_upstream).start().await;
+    let reply = http()
+        .get_with(
+            &agent.url("/x"),
+            &[
+                ("connection", "x-secret"),
+                ("x-secret", "1"),
+                ("x-forwarded-for", "10.1.2.3"),
+                ("proxy-authorization", "basic abc"),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.text(), "ok");
+    assert!(
+        reply.header("x-up-secret").is_none(),
+        "a response hop-by-hop header leaked"
+    );
+    let head = head.await.unwrap();
+    assert!(!head.contains("x-secret"), "{head}");
+    assert!(!head.contains("proxy-authorization"), "{head}");
+    assert!(
+        head.contains("x-forwarded-for: 10.1.2.3, 127.0.0.1"),
+        "{head}"
+    );
+    assert!(head.starts_with("get /x http/1.1"), "{head}");
+}
+
+#[tokio::test]
+async fn upstream_down_is_a_502_with_a_short_body() {
+    // Bind and drop to get a port nothing listens on.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let fake = Upstream::at(port);
+    let agent = agent().upstream(&fake).start().await;
+    let reply = http().get(&agent.url("/x")).await.unwrap();
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    assert!(
+        reply.text().contains("upstream connection failed"),
+        "{}",
+        reply.text()
+    );
+}
+
+#[tokio::test]
+async fn malformed_requests_get_400_and_the_agent_keeps_serving() {
+    let up = upstream().fast("/ok", ms(0)).start().await;
+    let agent = agent().upstream(&up).start().await;
+    let garbage: [&[u8]; 4] = [
+        b"THIS IS NOT HTTP\r\n\r\n",
+        b"GET / HTTP/1.1\r\nhost: a\r\nbad header line\r\n\r\n",
+        b"GET / HTTP/1.1\r\nhost: a\r\ncontent-length: nope\r\n\r\n",
+        b"CONNECT example.org:443 HTTP/1.1\r\nhost: example.org:443\r\n\r\n",
+    ];
+    for bytes in garbage {
+        let mut s = TcpStream::connect(agent.sidecar.inbound_addr())
+            .await
+            .unwrap();
+        s.write_all(bytes).await.unwrap();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut chunk = [0_u8; 1024];
+            loop {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        buf.extend_from_slice(&chunk[..n]);
+                        if buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            break;
+                        }
+                    }
+                }
+            }
+        })
+        .await;
+        assert!(
+            read.is_ok(),
+            "no answer to {:?}",
+            String::from_utf8_lossy(bytes)
+        );
+        let text = String::from_utf8_lossy(&buf);
+        assert!(
+            text.starts_with("HTTP/1.1 400"),
+            "{:?} got {text:?}",
+            String::from_utf8_lossy(bytes)
+        );
+    }
+    let reply = http().get(&agent.url("/ok")).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        up.received(),
+        1,
+        "no malformed request reached the upstream"
+    );
+}
+
+#[tokio::test]
+async fn outbound_calls_are_routed_round_robin_by_service_name() {
+    let a = upstream().fast("/who", ms(0)).start().await;
+    let b = upstream().fast("/who", ms(0)).start().await;
+    let local = upstream().start().await;
+    let agent = agent()
+        .upstream(&local)
+        .instances("inventory", &[&a, &b])
+        .start()
+        .await;
+    let client = http();
+    for _ in 0..4 {
+        let reply = client
+            .get_with(&agent.outbound_url("/who"), &[("gov-service", "inventory")])
+            .await
+            .unwrap();
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    let reply = client
+        .get_with(&agent.outbound_url("/who"), &[("host", "inventory:80")])
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!((a.received(), b.received()), (3, 2));
+
+    let reply = client
+        .get_with(&agent.outbound_url("/who"), &[("gov-service", "billing")])
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    assert!(reply.text().contains("no instances"), "{}", reply.text());
+}
+
+#[tokio::test]
+async fn admin_answers_live_ready_and_shutdown_drains_in_flight_requests() {
+    let up = upstream().slow("/slow", ms(400)).start().await;
+    let agent = agent().upstream(&up).start().await;
+    let client = http();
+    assert_eq!(
+        client.get(&agent.admin_url("/live")).await.unwrap().status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        client.get(&agent.admin_url("/ready")).await.unwrap().status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        client.get(&agent.admin_url("/nope")).await.unwrap().status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        client
+            .get(&agent.admin_url("/shutdown"))
+            .await
+            .unwrap()
+            .status,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+
+    let in_flight = tokio::spawn({
+        let client = client.clone();
+        let url = agent.url("/slow");
+        async move { client.get(&url).await }
+    });
+    while up.received() == 0 {
+        tokio::time::sleep(ms(5)).await;
+    }
+    let reply = client
+        .post(&agent.admin_url("/shutdown"), "")
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::ACCEPTED);
+    // Draining: not ready, no new connections, the slow request still in flight.
+    let ready = client.get(&agent.admin_url("/ready")).await.unwrap();
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(ready.text().contains("draining"), "{}", ready.text());
+    assert!(
+        tokio::net::TcpStream::connect(agent.sidecar.inbound_addr())
+            .await
+            .is_err(),
+        "the inbound listener still accepts while draining"
+    );
+    let reply = in_flight.await.unwrap().unwrap();
+    assert_eq!(
+        reply.status,
+        StatusCode::OK,
+        "the in-flight request was not finished"
+    );
+    tokio::time::timeout(Duration::from_secs(10), agent.sidecar.stopped())
+        .await
+        .expect("the agent stops after POST /shutdown");
+}

@@ -1,0 +1,627 @@
+//! Loopback fixtures for the sidecar tests: a real upstream HTTP server, the agent in
+//! process or as the built binary, and a pooled HTTP client. Builders read like the
+//! scenario: `upstream().fast("/fast", ms(1)).slow("/slow", ms(100)).start()`,
+//! `agent().config(yaml).upstream(&up).start()`.
+
+#![allow(dead_code, reason = "each test uses a different part of the fixtures")]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use gov_agent::sidecar::{Options, Sidecar};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+// === upstream ===
+
+#[derive(Clone)]
+enum Behaviour {
+    /// 200 with the path as body after a delay.
+    Delay(Duration),
+    /// 200 with the request body as body.
+    Echo,
+    /// 200 with this many bytes.
+    Sized(usize),
+    /// 500 while the upstream's `failing` flag is set, else 200.
+    Flaky,
+}
+
+/// Builds a real upstream server on 127.0.0.1:0.
+pub fn upstream() -> UpstreamBuilder {
+    UpstreamBuilder::default()
+}
+
+#[derive(Default)]
+pub struct UpstreamBuilder {
+    routes: HashMap<String, Behaviour>,
+}
+
+impl UpstreamBuilder {
+    /// `path` answers 200 after `delay`.
+    pub fn fast(mut self, path: &str, delay: Duration) -> Self {
+        self.routes.insert(path.to_owned(), Behaviour::Delay(delay));
+        self
+    }
+
+    /// `path` answers 200 after `delay` (a slow IO endpoint).
+    pub fn slow(self, path: &str, delay: Duration) -> Self {
+        self.fast(path, delay)
+    }
+
+    /// `path` echoes the request body.
+    pub fn echo(mut self, path: &str) -> Self {
+        self.routes.insert(path.to_owned(), Behaviour::Echo);
+        self
+    }
+
+    /// `path` answers with `bytes` bytes.
+    pub fn sized(mut self, path: &str, bytes: usize) -> Self {
+        self.routes.insert(path.to_owned(), Behaviour::Sized(bytes));
+        self
+    }
+
+    /// `path` answers 500 while [`Upstream::set_failing`] is on.
+    pub fn flaky(mut self, path: &str) -> Self {
+        self.routes.insert(path.to_owned(), Behaviour::Flaky);
+        self
+    }
+
+    pub async fn start(self) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(UpstreamState {
+            routes: self.routes,
+            in_flight: Default::default(),
+            received: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            failing: AtomicBool::new(false),
+        });
+        let task_state = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let state = task_state.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let state = state.clone();
+                        async move { Ok::<_, Infallible>(state.answer(req).await) }
+                    });
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Upstream { addr, state, task }
+    }
+}
+
+struct UpstreamState {
+    routes: HashMap<String, Behaviour>,
+    /// Per path: (in flight now, the most ever in flight at once).
+    in_flight: std::sync::Mutex<HashMap<String, (u64, u64)>>,
+    received: AtomicU64,
+    completed: AtomicU64,
+    failing: AtomicBool,
+}
+
+impl UpstreamState {
+    async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        self.received.fetch_add(1, Ordering::SeqCst);
+        let behaviour = self.routes.get(req.uri().path()).cloned();
+        let mut response = match behaviour {
+            None => status(StatusCode::NOT_FOUND, "no such route\n"),
+            Some(Behaviour::Delay(delay)) => {
+                let path = req.uri().path().to_owned();
+                self.enter(&path, 1);
+                tokio::time::sleep(delay).await;
+                self.enter(&path, -1);
+                status(StatusCode::OK, path)
+            }
+            Some(Behaviour::Echo) => {
+                let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                match body {
+                    Ok(body) => Response::new(Full::new(body)),
+                    Err(_) => status(StatusCode::BAD_REQUEST, "body failed\n"),
+                }
+            }
+            Some(Behaviour::Sized(n)) => Response::new(Full::new(Bytes::from(vec![b'x'; n]))),
+            Some(Behaviour::Flaky) => {
+                if self.failing.load(Ordering::SeqCst) {
+                    status(StatusCode::INTERNAL_SERVER_ERROR, "failing\n")
+                } else {
+                    status(StatusCode::OK, "ok\n")
+                }
+            }
+        };
+        response
+            .headers_mut()
+            .insert("x-upstream", http::HeaderValue::from_static("1"));
+        self.completed.fetch_add(1, Ordering::SeqCst);
+        response
+    }
+}
+
+impl UpstreamState {
+    fn enter(&self, path: &str, delta: i64) {
+        let mut map = self.in_flight.lock().unwrap();
+        let entry = map.entry(path.to_owned()).or_default();
+        entry.0 = entry.0.checked_add_signed(delta).unwrap();
+        entry.1 = entry.1.max(entry.0);
+    }
+}
+
+fn status(code: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = code;
+    response
+}
+
+/// A running upstream.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    state: Arc<UpstreamState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Upstream {
+    /// A stand-in for an upstream that is not a fixture (a raw socket, or nothing), so
+    /// that the agent builder can point at it. Its counters stay at zero.
+    pub fn at(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            state: Arc::new(UpstreamState {
+                routes: HashMap::new(),
+                in_flight: Default::default(),
+                received: AtomicU64::new(0),
+                completed: AtomicU64::new(0),
+                failing: AtomicBool::new(false),
+            }),
+            task: tokio::spawn(async {}),
+        }
+    }
+
+    /// Requests that reached the upstream.
+    pub fn received(&self) -> u64 {
+        self.state.received.load(Ordering::SeqCst)
+    }
+
+    /// Requests the upstream answered.
+    pub fn completed(&self) -> u64 {
+        self.state.completed.load(Ordering::SeqCst)
+    }
+
+    /// The most requests to `path` (a `fast`/`slow` route) ever in flight at once.
+    pub fn peak_in_flight(&self, path: &str) -> u64 {
+        self.state
+            .in_flight
+            .lock()
+            .unwrap()
+            .get(path)
+            .map_or(0, |e| e.1)
+    }
+
+    /// Makes the `flaky` routes answer 500 (or 200 again).
+    pub fn set_failing(&self, failing: bool) {
+        self.state.failing.store(failing, Ordering::SeqCst);
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// === agent ===
+
+/// Builds a gov-agent running in this process.
+pub fn agent() -> AgentBuilder {
+    AgentBuilder {
+        config: None,
+        upstream: None,
+        outbound: false,
+        instances: Vec::new(),
+        drain: ms(5000),
+    }
+}
+
+pub struct AgentBuilder {
+    config: Option<String>,
+    upstream: Option<SocketAddr>,
+    outbound: bool,
+    instances: Vec<(String, Vec<SocketAddr>)>,
+    drain: Duration,
+}
+
+impl AgentBuilder {
+    /// The `TargetConfig` YAML, written to a file the agent watches.
+    pub fn config(mut self, yaml: &str) -> Self {
+        self.config = Some(yaml.to_owned());
+        self
+    }
+
+    pub fn upstream(mut self, upstream: &Upstream) -> Self {
+        self.upstream = Some(upstream.addr);
+        self
+    }
+
+    /// Also listen for outbound calls, to these instances of `service`.
+    pub fn instances(mut self, service: &str, instances: &[&Upstream]) -> Self {
+        self.outbound = true;
+        self.instances.push((
+            service.to_owned(),
+            instances.iter().map(|u| u.addr).collect(),
+        ));
+        self
+    }
+
+    pub fn drain(mut self, drain: Duration) -> Self {
+        self.drain = drain;
+        self
+    }
+
+    pub async fn start(self) -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        let config_path = dir.path().join("target.yaml");
+        let upstream = self
+            .upstream
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9)));
+        let mut options = Options::new("shop", upstream.to_string().parse().unwrap());
+        options.admin_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+        options.drain_timeout = self.drain;
+        if let Some(yaml) = &self.config {
+            std::fs::write(&config_path, yaml).unwrap();
+            options.config = Some(config_path.clone());
+        }
+        if self.outbound {
+            options.outbound_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+            options.instances = self
+                .instances
+                .iter()
+                .map(|(name, addrs)| {
+                    let addrs = addrs
+                        .iter()
+                        .map(|a| a.to_string().parse().unwrap())
+                        .collect();
+                    (name.clone(), addrs)
+                })
+                .collect();
+        }
+        let sidecar = Sidecar::start(options).await.unwrap();
+        Agent {
+            sidecar,
+            config_path,
+            _dir: dir,
+        }
+    }
+}
+
+/// A gov-agent running in this process.
+pub struct Agent {
+    pub sidecar: Sidecar,
+    pub config_path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Agent {
+    /// A URL on the inbound listener.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.sidecar.inbound_addr())
+    }
+
+    /// A URL on the outbound listener.
+    pub fn outbound_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.sidecar.outbound_addr().unwrap())
+    }
+
+    /// A URL on the admin listener.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.sidecar.admin_addr().unwrap())
+    }
+
+    /// Replaces the config file the way editors do: write a temporary file, rename it
+    /// over the old one.
+    pub fn write_config(&self, yaml: &str) {
+        write_atomically(&self.config_path, yaml);
+    }
+}
+
+pub fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+// === client ===
+
+/// A pooled HTTP/1.1 client.
+#[derive(Clone)]
+pub struct Http {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// A complete response.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+pub fn http() -> Http {
+    Http {
+        client: Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(64)
+            .build_http(),
+    }
+}
+
+impl Http {
+    pub async fn get(&self, url: &str) -> Result<Reply, String> {
+        self.send(Request::get(url).body(Full::default()).unwrap())
+            .await
+    }
+
+    pub async fn post(&self, url: &str, body: impl Into<Bytes>) -> Result<Reply, String> {
+        self.send(Request::post(url).body(Full::new(body.into())).unwrap())
+            .await
+    }
+
+    /// GET with extra headers.
+    pub async fn get_with(&self, url: &str, headers: &[(&str, &str)]) -> Result<Reply, String> {
+        let mut req = Request::get(url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        self.send(req.body(Full::default()).unwrap()).await
+    }
+
+    pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Reply, String> {
+        let response = self
+            .client
+            .request(req)
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        let (parts, body) = response.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e:?}"))?
+            .to_bytes();
+        Ok(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+}
+
+// === measuring ===
+
+/// Sends `total` GETs of `url` from `concurrency` tasks; returns each status with its
+/// latency (or the error). Bounded in count, and each request in time.
+pub async fn load(
+    client: &Http,
+    url: &str,
+    concurrency: usize,
+    total: usize,
+) -> Vec<Result<(StatusCode, Duration), String>> {
+    let per_task = total.div_ceil(concurrency);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let client = client.clone();
+        let url = url.to_owned();
+        tasks.spawn(async move {
+            let mut out = Vec::with_capacity(per_task);
+            for _ in 0..per_task {
+                let start = Instant::now();
+                let result = tokio::time::timeout(Duration::from_secs(10), client.get(&url)).await;
+                out.push(match result {
+                    Ok(Ok(reply)) => Ok((reply.status, start.elapsed())),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err("timed out after 10s".to_owned()),
+                });
+            }
+            out
+        });
+    }
+    let mut all = Vec::with_capacity(total);
+    while let Some(done) = tasks.join_next().await {
+        all.extend(done.unwrap());
+    }
+    all
+}
+
+/// The `p`-quantile (0..=1) of `samples` (nearest rank).
+pub fn quantile(samples: &[Duration], p: f64) -> Duration {
+    assert!(!samples.is_empty(), "no samples");
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+// === the built binary ===
+
+/// Builds a `gov-agent` process (the binary cargo built for these tests).
+pub fn binary() -> BinaryBuilder {
+    BinaryBuilder {
+        upstream: None,
+        drain: ms(5000),
+        config: None,
+    }
+}
+
+pub struct BinaryBuilder {
+    upstream: Option<SocketAddr>,
+    drain: Duration,
+    config: Option<String>,
+}
+
+impl BinaryBuilder {
+    pub fn upstream(mut self, upstream: &Upstream) -> Self {
+        self.upstream = Some(upstream.addr);
+        self
+    }
+
+    pub fn drain(mut self, drain: Duration) -> Self {
+        self.drain = drain;
+        self
+    }
+
+    pub fn config(mut self, yaml: &str) -> Self {
+        self.config = Some(yaml.to_owned());
+        self
+    }
+
+    /// Starts the process and waits (bounded) for its "started" log line, which says
+    /// the ports it bound.
+    pub fn spawn(self) -> Process {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+
+        let dir = tempfile::tempdir().unwrap();
+        let upstream = self.upstream.expect("an upstream");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gov-agent"));
+        cmd.args(["--service", "shop", "--listen", "127.0.0.1:0"])
+            .args(["--admin-listen", "127.0.0.1:0"])
+            .args(["--upstream", &upstream.to_string()])
+            .args(["--drain-timeout", &format!("{}ms", self.drain.as_millis())])
+            .env("GOV_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(yaml) = &self.config {
+            let path = dir.path().join("target.yaml");
+            std::fs::write(&path, yaml).unwrap();
+            cmd.arg("--config").arg(path);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let log = Arc::new(std::sync::Mutex::new(String::new()));
+        let log_writer = log.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                log_writer.lock().unwrap().push_str(&line);
+                log_writer.lock().unwrap().push('\n');
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let started = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains("gov-agent started") => break line,
+                Ok(_) => continue,
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("gov-agent did not start; log:\n{}", log.lock().unwrap());
+                }
+            }
+        };
+        let field = |name: &str| -> SocketAddr {
+            let start = started.find(&format!("{name}=")).unwrap() + name.len() + 1;
+            let rest = &started[start..];
+            let end = rest.find(' ').unwrap_or(rest.len());
+            rest[..end].parse().unwrap()
+        };
+        Process {
+            inbound: field("inbound"),
+            admin: field("admin"),
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+}
+
+/// A running `gov-agent` process; killed on drop if still running.
+pub struct Process {
+    pub inbound: SocketAddr,
+    pub admin: SocketAddr,
+    child: std::process::Child,
+    log: Arc<std::sync::Mutex<String>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Process {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.inbound)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits (bounded) for the exit code; `None` if it did not exit in time.
+    pub fn wait(mut self, limit: Duration) -> Option<i32> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(ms(10));
+        }
+        eprintln!("gov-agent log:\n{}", self.log.lock().unwrap());
+        None
+    }
+
+    /// Everything the process logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
