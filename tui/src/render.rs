@@ -59,9 +59,12 @@ fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
     let mut spans = vec![
         Span::styled(" gov ", Style::new().bold().black().on_cyan()),
         Span::raw(" "),
-        Span::raw(app.url.as_str()),
-        Span::raw(" │ "),
     ];
+    if app.readonly {
+        spans.push(Span::styled("READ-ONLY", Style::new().black().on_yellow()));
+        spans.push(Span::raw(" "));
+    }
+    spans.extend([Span::raw(app.url.as_str()), Span::raw(" │ ")]);
     let version = app
         .view
         .as_ref()
@@ -116,10 +119,6 @@ fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
             )));
         }
     }
-    if app.readonly {
-        spans.push(Span::raw(" │ "));
-        spans.push(Span::styled("READ-ONLY", Style::new().black().on_yellow()));
-    }
     frame.render_widget(Line::from(spans), area);
 }
 
@@ -128,7 +127,7 @@ fn render_banner(app: &App, frame: &mut Frame<'_>, area: Rect) {
         return;
     };
     let mut text = format!(
-        " DISCONNECTED from {} for {}: {error} · reconnecting…",
+        " DISCONNECTED from {} for {} · reconnecting… · {error}",
         app.url,
         duration(app.now_ms.saturating_sub(*since_ms))
     );
@@ -150,7 +149,7 @@ fn render_body(app: &App, frame: &mut Frame<'_>, area: Rect) {
     let [agents_area, rest] =
         Layout::vertical([Constraint::Length(agents_height), Constraint::Fill(1)]).areas(area);
     let [left, detail_area] =
-        Layout::horizontal([Constraint::Fill(62), Constraint::Fill(38)]).areas(rest);
+        Layout::horizontal([Constraint::Fill(2), Constraint::Fill(1)]).areas(rest);
     let trips_height = u16::try_from(trips.len().max(1) + 3)
         .unwrap_or(u16::MAX)
         .min((left.height / 3).max(4));
@@ -371,9 +370,9 @@ fn spark_text(samples: &[f64], width: usize) -> String {
 
 fn in_flight_text(in_flight: u64, capacity: u64) -> String {
     if capacity == 0 {
-        format!("{:>6}", in_flight)
+        format!("{:>4} {in_flight}", "")
     } else {
-        format!("{} {in_flight}/{capacity}", bar(in_flight, capacity, 6))
+        format!("{} {in_flight}/{capacity}", bar(in_flight, capacity, 4))
     }
 }
 
@@ -382,7 +381,7 @@ fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
     let total = app.view.as_ref().map_or(0, |v| v.rules.len());
     let selected = app.selected_in(Pane::Rules, rules.iter().map(|r| r.rule.as_str()));
     let (from, to, sel) = window(rules.len(), selected, area);
-    let spark_width = 12;
+    let spark_width = 10;
     let rows = rules[from..to]
         .iter()
         .map(|r| {
@@ -430,12 +429,12 @@ fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
             widths: &[
                 Constraint::Fill(1),
                 Constraint::Length(8),
-                Constraint::Length(14),
-                Constraint::Length(4),
-                Constraint::Length(6),
-                Constraint::Length(6),
-                Constraint::Length(6),
                 Constraint::Length(12),
+                Constraint::Length(4),
+                Constraint::Length(5),
+                Constraint::Length(5),
+                Constraint::Length(6),
+                Constraint::Length(10),
             ],
             rows,
             selected: sel,
@@ -500,7 +499,7 @@ fn render_trips(app: &App, frame: &mut Frame<'_>, area: Rect, trips: &[Trip<'_>]
                 Constraint::Length(5),
                 Constraint::Length(20),
                 Constraint::Length(9),
-                Constraint::Length(9),
+                Constraint::Length(10),
                 Constraint::Length(9),
                 Constraint::Fill(1),
             ],
@@ -642,27 +641,20 @@ fn render_rule_detail(
         top.push(field("why", t.reason.to_owned()));
         top.push(field("auto", remaining_text(app, &t)));
     }
-    top.push(field(
-        "traffic",
-        format!(
-            "waiting {} · admitted {}/s · rejected {}/s",
-            stats.waiting,
-            rate(rates.admitted),
-            rate(rates.rejected)
-        ),
-    ));
-    let reasons: Vec<String> = REASONS
-        .iter()
-        .zip(rates.by_reason)
-        .filter(|(_, r)| *r > 0.0)
-        .map(|(name, r)| format!("{name} {}/s", rate(r)))
-        .collect();
-    if !reasons.is_empty() {
-        top.push(Line::from(vec![
-            Span::styled(format!("{:<11}", "rejected"), Style::new().dark_gray()),
-            Span::raw(reasons.join(" · ")).red(),
-        ]));
+    top.push(field("waiting", stats.waiting.to_string()));
+    top.push(field("admitted", format!("{}/s", rate(rates.admitted))));
+    top.push(field("rejected", format!("{}/s", rate(rates.rejected))));
+    for (reason, r) in REASONS.iter().zip(rates.by_reason) {
+        if r > 0.0 {
+            top.push(Line::styled(
+                format!("{:<11}{reason} {}/s", "", rate(r)),
+                Style::new().red(),
+            ));
+        }
     }
+    // Long lines (a trip reason) wrap; count the rows they take.
+    let width = usize::from(inner.width.max(1));
+    let top_rows: usize = top.iter().map(|l| l.width().max(1).div_ceil(width)).sum();
 
     let latency = latency_lines(&stats.latency_buckets);
     let snippet: Vec<Line<'_>> = source
@@ -670,7 +662,7 @@ fn render_rule_detail(
         .unwrap_or_default();
 
     let [top_area, gauge_area, latency_area, spark_area, snippet_area] = Layout::vertical([
-        Constraint::Length(u16::try_from(top.len()).unwrap_or(u16::MAX)),
+        Constraint::Length(u16::try_from(top_rows).unwrap_or(u16::MAX)),
         Constraint::Length(1),
         Constraint::Length(u16::try_from(latency.len()).unwrap_or(u16::MAX)),
         Constraint::Length(3),
@@ -678,32 +670,27 @@ fn render_rule_detail(
     ])
     .areas(inner);
 
-    frame.render_widget(Paragraph::new(top), top_area);
+    frame.render_widget(Paragraph::new(top).wrap(Wrap { trim: false }), top_area);
 
-    let label = if stats.capacity == 0 {
-        format!("in flight {}", stats.in_flight)
+    if stats.capacity == 0 {
+        frame.render_widget(field("in flight", stats.in_flight.to_string()), gauge_area);
     } else {
-        format!("in flight {}/{}", stats.in_flight, stats.capacity)
-    };
-    let ratio = if stats.capacity == 0 {
-        0.0
-    } else {
-        (stats.in_flight as f64 / stats.capacity as f64).clamp(0.0, 1.0)
-    };
-    let gauge_style = if ratio >= 1.0 {
-        Style::new().red().on_black()
-    } else if ratio >= 0.8 {
-        Style::new().yellow().on_black()
-    } else {
-        Style::new().green().on_black()
-    };
-    frame.render_widget(
-        Gauge::default()
-            .ratio(ratio)
-            .label(label)
-            .gauge_style(gauge_style),
-        gauge_area,
-    );
+        let ratio = (stats.in_flight as f64 / stats.capacity as f64).clamp(0.0, 1.0);
+        let color = if ratio >= 1.0 {
+            Color::Red
+        } else if ratio >= 0.8 {
+            Color::Yellow
+        } else {
+            Color::Green
+        };
+        frame.render_widget(
+            Gauge::default()
+                .ratio(ratio)
+                .label(format!("in flight {}/{}", stats.in_flight, stats.capacity))
+                .gauge_style(Style::new().fg(color).bg(Color::Black)),
+            gauge_area,
+        );
+    }
 
     frame.render_widget(Paragraph::new(latency), latency_area);
 
@@ -745,18 +732,21 @@ fn latency_lines(buckets: &[u64]) -> Vec<Line<'static>> {
     if total == 0 {
         return vec![field("latency", "no finished calls")];
     }
-    let mut bounds = format!("{:<11}", "latency");
-    let mut shares = format!("{:<11}", "");
-    for (bound, n) in LATENCY_BOUNDS.iter().zip(buckets) {
-        let share = format!("{}%", n * 100 / total);
-        let w = bound.chars().count().max(share.len()) + 1;
-        bounds.push_str(&format!("{bound:<w$}"));
-        shares.push_str(&format!("{share:<w$}"));
+    // Two rows of four buckets, so that it fits a narrow pane.
+    let mut lines = Vec::new();
+    for (row, (names, counts)) in LATENCY_BOUNDS.chunks(4).zip(buckets.chunks(4)).enumerate() {
+        let mut bounds = format!("{:<11}", if row == 0 { "latency" } else { "" });
+        let mut shares = format!("{:<11}", "");
+        for (bound, n) in names.iter().zip(counts) {
+            let share = format!("{}%", n * 100 / total);
+            let w = bound.chars().count().max(share.len()) + 1;
+            bounds.push_str(&format!("{bound:<w$}"));
+            shares.push_str(&format!("{share:<w$}"));
+        }
+        lines.push(Line::styled(bounds, Style::new().dark_gray()));
+        lines.push(Line::raw(shares));
     }
-    vec![
-        Line::styled(bounds, Style::new().dark_gray()),
-        Line::raw(shares),
-    ]
+    lines
 }
 
 // === footer and popups ===

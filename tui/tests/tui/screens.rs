@@ -1,0 +1,144 @@
+//! Whole screens rendered into a `TestBackend`, 120x36, as insta snapshots.
+
+use gov_tui::proto::{ClusterView, SyncState};
+use gov_tui::{App, Msg, update};
+use insta::assert_snapshot;
+use ratatui::crossterm::event::KeyCode;
+
+use crate::fixtures::{T0, URL, V0, V1, busy_app, busy_view, ch, draw, key, press};
+
+#[test]
+fn before_the_first_view() {
+    let app = App::new(URL, false, T0);
+    assert_snapshot!(draw(&app, 120, 36));
+}
+
+#[test]
+fn empty_cluster() {
+    let mut app = App::new(URL, false, T0);
+    update(
+        &mut app,
+        Msg::View(ClusterView {
+            at_unix_ms: T0,
+            ..Default::default()
+        }),
+    );
+    assert_snapshot!(draw(&app, 120, 36));
+}
+
+#[test]
+fn busy_cluster() {
+    let app = busy_app();
+    assert_snapshot!(draw(&app, 120, 36));
+}
+
+#[test]
+fn busy_cluster_rule_detail() {
+    let mut app = busy_app();
+    update(&mut app, key(KeyCode::Tab));
+    press(&mut app, "jjjjjj");
+    assert_eq!(app.selected_rule().unwrap().rule, "order/slow_calls");
+    assert_snapshot!(draw(&app, 120, 36));
+}
+
+#[test]
+fn nacked_agent() {
+    let mut app = busy_app();
+    let mut view = busy_view(61);
+    let agent = view
+        .agents
+        .iter_mut()
+        .find(|a| a.instance == "order-7d9f-2")
+        .unwrap();
+    agent.state = SyncState::Nacked as i32;
+    agent.reason =
+        "bulkhead `order/slow_calls`: max_concurrent 500 exceeds the agent's limit of 256".into();
+    agent.rule = "order/slow_calls".into();
+    agent.version = "sha256:77aa00bb11cc".into();
+    agent.last_good_version = V1.into();
+    let stale = view
+        .agents
+        .iter_mut()
+        .find(|a| a.instance == "inventory-55c-2")
+        .unwrap();
+    stale.state = SyncState::Disconnected as i32;
+    stale.reason = "stream reset".into();
+    stale.version = V1.into();
+    stale.last_good_version = V0.into();
+    stale.last_seen_unix_ms = T0 - 95_000;
+    update(&mut app, Msg::Tick(T0 + 1_000));
+    update(&mut app, Msg::View(view));
+    update(&mut app, key(KeyCode::End));
+    assert_snapshot!(draw(&app, 120, 36));
+}
+
+#[test]
+fn tripped_fuse_with_the_confirmation_dialog() {
+    let mut app = busy_app();
+    update(&mut app, key(KeyCode::BackTab));
+    update(&mut app, ch('r'));
+    assert_snapshot!(draw(&app, 120, 36));
+}
+
+#[test]
+fn release_result() {
+    let mut app = busy_app();
+    update(&mut app, key(KeyCode::BackTab));
+    update(&mut app, ch('r'));
+    update(&mut app, ch('y'));
+    update(
+        &mut app,
+        Msg::ReleaseDone(gov_tui::ReleaseOutcome {
+            kind: gov_tui::proto::ReleaseKind::Fuse,
+            rule: "order/mdm".into(),
+            result: Ok(gov_tui::proto::ReleaseResult {
+                released: true,
+                message: String::new(),
+                agents_notified: 2,
+            }),
+        }),
+    );
+    assert_snapshot!(draw(&app, 120, 36));
+}
+
+#[test]
+fn disconnected_control_plane() {
+    let mut app = busy_app();
+    update(
+        &mut app,
+        Msg::Disconnected(
+            "transport error: tcp connect error: Connection refused (os error 111)".into(),
+        ),
+    );
+    update(&mut app, Msg::Tick(T0 + 12_000));
+    assert_snapshot!(draw(&app, 120, 36));
+}
+
+#[test]
+fn help() {
+    let mut app = busy_app();
+    update(&mut app, ch('?'));
+    assert_snapshot!(draw(&app, 120, 36));
+}
+
+#[test]
+fn filtering() {
+    let mut app = busy_app();
+    update(&mut app, ch('/'));
+    press(&mut app, "order");
+    assert_snapshot!(draw(&app, 120, 36));
+}
+
+#[test]
+fn small_terminal_does_not_panic() {
+    let app = busy_app();
+    for (w, h) in [(1, 1), (20, 5), (40, 10), (80, 24)] {
+        let _ = draw(&app, w, h);
+    }
+    let mut app = busy_app();
+    update(&mut app, key(KeyCode::BackTab));
+    update(&mut app, ch('r'));
+    for (w, h) in [(1, 1), (20, 5), (40, 10)] {
+        let _ = draw(&app, w, h);
+    }
+}
