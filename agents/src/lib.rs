@@ -73,5 +73,5 @@ pub use outcome::Outcome;
 pub use rejection::{REJECTED_BY, RejectReason, Rejection};
 pub use stats::{FuseState, LATENCY_BUCKETS_MS, RuleStats};
 
-
+pub mod control;
 pub mod sidecar;

@@ -317,6 +317,17 @@ impl Sidecar {
         &self.config
     }
 
+    /// What the control-plane client calls after the engine took a config (from its
+    /// state dir or pushed): records the version for `/metrics` and marks the agent
+    /// ready. (Added for `crate::control`.)
+    pub fn on_config_applied(&self) -> crate::control::OnApplied {
+        let (config, health) = (self.config.clone(), self.health.clone());
+        Arc::new(move |target: &gov_proto::v1::TargetConfig| {
+            config.record_applied(&target.version);
+            health.set_config_loaded();
+        })
+    }
+
     /// Begins a graceful stop (idempotent): not ready, no new connections, drain.
     pub fn shutdown(&self) {
         self.stop.cancel();

@@ -58,6 +58,20 @@ struct Args {
     #[arg(long, env = "GOV_CONTROL_PLANE")]
     control_plane: Option<String>,
 
+    /// This agent's name at the control plane (`govc status`). Default: `SERVICE@LISTEN`.
+    #[arg(long, env = "GOV_INSTANCE")]
+    instance: Option<String>,
+
+    /// Where the agent keeps the last good config the control plane sent, to enforce
+    /// it after a restart while the control plane is down. Unset: not kept.
+    #[arg(long, env = "GOV_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+
+    /// A file holding the token the control plane expects from agents
+    /// (`govd --agent-token-file`).
+    #[arg(long, env = "GOV_CONTROL_PLANE_TOKEN_FILE")]
+    control_plane_token_file: Option<PathBuf>,
+
     /// Runtime worker threads. 1 (the default) runs everything on one thread, which
     /// is the cheapest for a sidecar sharing a core with its service.
     #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
@@ -96,6 +110,27 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> ExitCode {
+    let control = args.control_plane.clone().map(|url| {
+        let mut c = gov_agent::control::ControlOptions::new(
+            url,
+            &args.service,
+            args.instance.clone().unwrap_or_default(),
+        );
+        c.state_dir = args.state_dir.clone();
+        c
+    });
+    let token = match args
+        .control_plane_token_file
+        .as_deref()
+        .map(std::fs::read_to_string)
+        .transpose()
+    {
+        Ok(token) => token.map(|t| t.trim().to_owned()),
+        Err(error) => {
+            eprintln!("error: cannot read --control-plane-token-file: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let options = Options {
         service: args.service,
         listen: args.listen,
@@ -115,6 +150,23 @@ async fn run(args: Args) -> ExitCode {
         }
     };
     let stopping = sidecar.stopping();
+    if let Some(mut control) = control {
+        // The control-plane client (gov_agent::control): pushed configs, ACK/NACK,
+        // stats, events, release and drain commands.
+        if control.instance.is_empty() {
+            control.instance = format!("{}@{}", control.service, sidecar.inbound_addr());
+        }
+        control.address = sidecar.inbound_addr().to_string();
+        control.token = token;
+        control.on_applied = Some(sidecar.on_config_applied());
+        let drain = stopping.clone();
+        control.on_drain = Some(std::sync::Arc::new(move |_| drain.cancel()));
+        tokio::spawn(gov_agent::control::run(
+            sidecar.engine().clone(),
+            control,
+            stopping.clone(),
+        ));
+    }
     tokio::select! {
         signal = termination() => {
             tracing::info!(signal, "received signal");

@@ -1,0 +1,625 @@
+//! The agent's control-plane client: one `Connect` stream to `govd`.
+//!
+//! ```text
+//!  agent                                   govd
+//!   │ Hello{service, instance, last_version} ─▶
+//!   │ ◀─ Config{target, nonce}                 (when last_version differs)
+//!   │ Ack{version, nonce} | Nack{error, rule} ─▶
+//!   │ Stats (every second), Event (as they happen) ─▶
+//!   │ ◀─ Command{Release | Drain}
+//! ```
+//!
+//! A pushed config is checked and applied through [`Engine::apply_target`]
+//! (an atomic swap); only then is it written to `--state-dir` (atomically)
+//! and ACKed. A config the agent cannot enforce is NACKed with the reason
+//! and the rule at fault, and the previous config stays in force. On start
+//! the last good config is loaded from disk before connecting, so an agent
+//! restarted while the control plane is down enforces what it had. When the
+//! control plane goes away the agent keeps enforcing and reconnects with
+//! exponential backoff and jitter; HTTP/2 keepalive notices a dead peer.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use gov_proto::v1 as proto;
+use gov_proto::v1::control_plane_client::ControlPlaneClient;
+use proto::control_message::Msg as ControlMsg;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::Engine;
+
+/// File name of the last good config in the state directory.
+pub const LAST_GOOD_FILE: &str = "last-good-config.json";
+
+/// Called with every config the agent starts enforcing (from disk or pushed).
+pub type OnApplied = Arc<dyn Fn(&proto::TargetConfig) + Send + Sync>;
+/// Called when the control plane commands a drain (deadline, 0 = default).
+pub type OnDrain = Arc<dyn Fn(Duration) + Send + Sync>;
+
+/// How to reach and talk to the control plane.
+#[derive(Clone)]
+pub struct ControlOptions {
+    /// `http://host:port`.
+    pub url: String,
+    pub service: String,
+    /// Unique per agent.
+    pub instance: String,
+    /// Where other agents reach this instance's inbound listener.
+    pub address: String,
+    pub labels: BTreeMap<String, String>,
+    /// Where the last good config is kept. `None`: nothing persisted.
+    pub state_dir: Option<PathBuf>,
+    /// The agent token, sent as `authorization: Bearer ...`.
+    pub token: Option<String>,
+    /// How often stats are sent.
+    pub stats_interval: Duration,
+    /// Reconnect delays.
+    pub backoff: Backoff,
+    /// Whether this agent has a shared counter store for `scope cluster`
+    /// limits. None does yet (no Redis client is built in), so such configs
+    /// are NACKed instead of silently counting per agent.
+    pub cluster_store: bool,
+    pub on_applied: Option<OnApplied>,
+    pub on_drain: Option<OnDrain>,
+}
+
+impl std::fmt::Debug for ControlOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlOptions")
+            .field("url", &self.url)
+            .field("service", &self.service)
+            .field("instance", &self.instance)
+            .field("address", &self.address)
+            .field("state_dir", &self.state_dir)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("cluster_store", &self.cluster_store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlOptions {
+    /// Options with defaults: stats every second, backoff 100ms..30s, no
+    /// state directory, no token.
+    pub fn new(
+        url: impl Into<String>,
+        service: impl Into<String>,
+        instance: impl Into<String>,
+    ) -> Self {
+        Self {
+            url: url.into(),
+            service: service.into(),
+            instance: instance.into(),
+            address: String::new(),
+            labels: BTreeMap::new(),
+            state_dir: None,
+            token: None,
+            stats_interval: Duration::from_secs(1),
+            backoff: Backoff::default(),
+            cluster_store: false,
+            on_applied: None,
+            on_drain: None,
+        }
+    }
+}
+
+/// Why a session with the control plane ended.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ControlError {
+    #[error("`{url}` is not a valid control plane URL")]
+    #[diagnostic(code(gov::agent::control_url), help("use `http://host:port`"))]
+    Url { url: String },
+    #[error("cannot connect to the control plane at `{url}`: {reason}")]
+    #[diagnostic(
+        code(gov::agent::control_connect),
+        help("the agent keeps enforcing its last good config and retries")
+    )]
+    Connect { url: String, reason: String },
+    #[error("the control plane refused the stream: {0}")]
+    #[diagnostic(code(gov::agent::control_refused))]
+    Refused(tonic::Status),
+    #[error("the stream to the control plane broke: {0}")]
+    #[diagnostic(code(gov::agent::control_stream))]
+    Stream(tonic::Status),
+    #[error("cannot {op} the last good config `{path}`")]
+    #[diagnostic(code(gov::agent::state_io), help("check that --state-dir is writable"))]
+    State {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the last good config `{path}` is unusable: {reason}")]
+    #[diagnostic(
+        code(gov::agent::state_corrupt),
+        help("delete it; the control plane will send the config again")
+    )]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+// === backoff ===
+
+/// Exponential backoff with jitter: attempt `n` waits a random time in
+/// `[d/2, d]` where `d = min(max, initial * 2^n)` ("equal jitter"), so a
+/// control-plane restart is not met by every agent at the same instant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pub initial: Duration,
+    pub max: Duration,
+    attempt: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new(Duration::from_millis(100), Duration::from_secs(30))
+    }
+}
+
+impl Backoff {
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max: max.max(initial),
+            attempt: 0,
+        }
+    }
+
+    /// The ceiling of the next delay (before jitter).
+    pub fn ceiling(&self) -> Duration {
+        let factor = 1u32.checked_shl(self.attempt.min(31)).unwrap_or(u32::MAX);
+        self.initial.saturating_mul(factor).min(self.max)
+    }
+
+    /// The next delay, drawn with `rng`.
+    pub fn next_with(&mut self, rng: &mut impl rand::Rng) -> Duration {
+        let ceiling = self.ceiling();
+        self.attempt = self.attempt.saturating_add(1);
+        // Whole milliseconds: the resolution of tokio's timer.
+        let ceiling_ms = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
+        let half = ceiling_ms / 2;
+        Duration::from_millis(half + rng.random_range(0..=ceiling_ms - half))
+    }
+
+    /// The next delay.
+    pub fn next_delay(&mut self) -> Duration {
+        self.next_with(&mut rand::rng())
+    }
+
+    /// After a session that got as far as the stream: start over.
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+// === the last good config on disk ===
+
+/// Reads the last good config of `service` from `dir` (`None`: there is
+/// none, or it belongs to another service).
+pub fn read_last_good(
+    dir: &Path,
+    service: &str,
+) -> Result<Option<proto::TargetConfig>, ControlError> {
+    let path = dir.join(LAST_GOOD_FILE);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(ControlError::State {
+                op: "read",
+                path,
+                source,
+            });
+        }
+    };
+    let target: proto::TargetConfig =
+        serde_json::from_slice(&bytes).map_err(|e| ControlError::Corrupt {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+    if target.service != service {
+        tracing::warn!(path = %path.display(), found = %target.service, service, "the last good config is for another service; ignoring it");
+        return Ok(None);
+    }
+    Ok(Some(target))
+}
+
+/// Writes the config atomically (temp file, fsync, rename, fsync dir).
+pub fn write_last_good(dir: &Path, target: &proto::TargetConfig) -> Result<(), ControlError> {
+    fn io<'a>(
+        op: &'static str,
+        path: &'a Path,
+    ) -> impl FnOnce(std::io::Error) -> ControlError + 'a {
+        move |source| ControlError::State {
+            op,
+            path: path.to_owned(),
+            source,
+        }
+    }
+    fs::create_dir_all(dir).map_err(io("create", dir))?;
+    let path = dir.join(LAST_GOOD_FILE);
+    let tmp = dir.join(format!(".{LAST_GOOD_FILE}.tmp"));
+    let bytes = serde_json::to_vec_pretty(target).map_err(|e| ControlError::Corrupt {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    let mut file = File::create(&tmp).map_err(io("create", &tmp))?;
+    file.write_all(&bytes).map_err(io("write", &tmp))?;
+    file.sync_all().map_err(io("sync", &tmp))?;
+    drop(file);
+    fs::rename(&tmp, &path).map_err(io("rename", &path))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("sync", dir))?;
+    Ok(())
+}
+
+// === the client ===
+
+/// Loads the last good config (if any) into `engine`, then keeps a stream
+/// to the control plane open until `shutdown`, reconnecting with backoff.
+/// Never returns an error: the agent keeps enforcing whatever it has.
+pub async fn run(engine: Engine, options: ControlOptions, shutdown: CancellationToken) {
+    let mut current = String::new();
+    if let Some(dir) = &options.state_dir {
+        match read_last_good(dir, &options.service) {
+            Ok(Some(target)) => match check(&options, &target).and_then(|()| {
+                engine
+                    .apply_target(&target)
+                    .map(|_| ())
+                    .map_err(|e| (e.to_string(), e.rule().map(str::to_owned)))
+            }) {
+                Ok(()) => {
+                    tracing::info!(version = %target.version, "enforcing the last good config from disk");
+                    current.clone_from(&target.version);
+                    if let Some(f) = &options.on_applied {
+                        f(&target);
+                    }
+                }
+                Err((error, _)) => {
+                    tracing::warn!(%error, "the last good config on disk is refused; starting without it")
+                }
+            },
+            Ok(None) => {}
+            Err(error) => tracing::warn!(error = %error, "cannot load the last good config"),
+        }
+    }
+    let mut backoff = options.backoff.clone();
+    loop {
+        match session(&engine, &options, &mut current, &shutdown, &mut backoff).await {
+            Ok(()) if shutdown.is_cancelled() => return,
+            Ok(()) => tracing::info!("the control plane closed the stream; reconnecting"),
+            Err(error) => {
+                tracing::warn!(%error, "control plane unavailable; enforcing the last good config")
+            }
+        }
+        let delay = backoff.next_delay();
+        tracing::debug!(?delay, "reconnecting after");
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Whether this agent can enforce `target`, beyond what the engine checks.
+fn check(
+    options: &ControlOptions,
+    target: &proto::TargetConfig,
+) -> Result<(), (String, Option<String>)> {
+    if target.service != options.service {
+        return Err((
+            format!(
+                "the config is for service `{}`, this agent runs beside `{}`",
+                target.service, options.service
+            ),
+            None,
+        ));
+    }
+    if !options.cluster_store
+        && let Some(l) = target
+            .limits
+            .iter()
+            .find(|l| l.scope() == proto::LimitScope::Cluster)
+    {
+        return Err((
+            format!(
+                "limit `{}` has `scope cluster`, which needs a shared counter store (Redis), and this agent has none configured",
+                l.rule
+            ),
+            Some(l.rule.clone()),
+        ));
+    }
+    Ok(())
+}
+
+/// One stream: hello, then configs and commands in, ACK/NACK, stats and
+/// events out. `Ok(())` when the server or `shutdown` ended it.
+async fn session(
+    engine: &Engine,
+    options: &ControlOptions,
+    current: &mut String,
+    shutdown: &CancellationToken,
+    backoff: &mut Backoff,
+) -> Result<(), ControlError> {
+    let endpoint = tonic::transport::Endpoint::from_shared(options.url.clone())
+        .map_err(|_| ControlError::Url {
+            url: options.url.clone(),
+        })?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| ControlError::Connect {
+            url: options.url.clone(),
+            reason: chain(&e),
+        })?;
+    let mut client = ControlPlaneClient::new(channel).max_decoding_message_size(64 << 20);
+
+    let (tx, rx) = mpsc::channel::<proto::AgentMessage>(64);
+    let send = |msg: proto::agent_message::Msg| proto::AgentMessage { msg: Some(msg) };
+    let hello = proto::Hello {
+        service: options.service.clone(),
+        instance: options.instance.clone(),
+        address: options.address.clone(),
+        labels: options.labels.clone().into_iter().collect(),
+        last_version: current.clone(),
+    };
+    // The queue is fresh: the hello always fits.
+    let _ = tx.try_send(send(proto::agent_message::Msg::Hello(hello)));
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    if let Some(token) = &options.token {
+        let value = format!("Bearer {}", token.trim()).parse().map_err(|_| {
+            ControlError::Refused(tonic::Status::invalid_argument(
+                "the agent token is not a valid header value",
+            ))
+        })?;
+        request.metadata_mut().insert("authorization", value);
+    }
+    let mut events = engine.subscribe();
+    let mut inbound = client
+        .connect(request)
+        .await
+        .map_err(ControlError::Refused)?
+        .into_inner();
+    backoff.reset();
+    tracing::info!(url = %options.url, last_version = %current, "connected to the control plane");
+
+    let mut stats = tokio::time::interval(options.stats_interval);
+    stats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            msg = inbound.message() => {
+                let msg = match msg {
+                    Ok(Some(m)) => m,
+                    Ok(None) => return Ok(()),
+                    Err(status) => return Err(ControlError::Stream(status)),
+                };
+                if let Some(reply) = handle(engine, options, current, msg).await
+                    && tx.send(send(reply)).await.is_err()
+                {
+                    return Ok(());
+                }
+            }
+            _ = stats.tick() => {
+                let s = engine.stats().to_proto(now_unix_ms());
+                if tx.send(send(proto::agent_message::Msg::Stats(s))).await.is_err() {
+                    return Ok(());
+                }
+            }
+            event = events.recv() => match event {
+                Ok(e) => {
+                    if tx.send(send(proto::agent_message::Msg::Event(e.to_proto()))).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                // Lost events are made good by the next stats (fuse state, limit engaged).
+                Err(broadcast::error::RecvError::Lagged(n)) => tracing::warn!(n, "dropped events"),
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            },
+        }
+    }
+}
+
+/// Handles one control message; returns the reply to send, if any.
+async fn handle(
+    engine: &Engine,
+    options: &ControlOptions,
+    current: &mut String,
+    msg: proto::ControlMessage,
+) -> Option<proto::agent_message::Msg> {
+    match msg.msg? {
+        ControlMsg::Config(proto::Config { target, nonce }) => {
+            let Some(target) = target else {
+                return Some(nack(
+                    current,
+                    "",
+                    nonce,
+                    "the config message has no target".into(),
+                    None,
+                ));
+            };
+            let version = target.version.clone();
+            let applied = check(options, &target).and_then(|()| {
+                engine
+                    .apply_target(&target)
+                    .map_err(|e| (e.to_string(), e.rule().map(str::to_owned)))
+            });
+            match applied {
+                Ok(applied) => {
+                    tracing::info!(version = %version, kept = applied.kept, fresh = applied.fresh, "config applied");
+                    *current = version.clone();
+                    if let Some(dir) = options.state_dir.clone() {
+                        let t = target.clone();
+                        let written =
+                            tokio::task::spawn_blocking(move || write_last_good(&dir, &t)).await;
+                        match written {
+                            Ok(Ok(())) => {}
+                            Ok(Err(error)) => {
+                                tracing::error!(%error, "cannot persist the config; it is enforced but will not survive a restart")
+                            }
+                            Err(error) => tracing::error!(%error, "cannot persist the config"),
+                        }
+                    }
+                    if let Some(f) = &options.on_applied {
+                        f(&target);
+                    }
+                    Some(proto::agent_message::Msg::Ack(proto::Ack {
+                        version,
+                        nonce,
+                    }))
+                }
+                Err((error, rule)) => {
+                    tracing::warn!(version = %version, %error, "config refused; keeping the previous one");
+                    Some(nack(current, &version, nonce, error, rule))
+                }
+            }
+        }
+        ControlMsg::Command(proto::Command { kind }) => {
+            match kind? {
+                proto::command::Kind::Release(r) => {
+                    let who = if r.who.is_empty() {
+                        "control plane"
+                    } else {
+                        r.who.as_str()
+                    };
+                    let result = match r.kind() {
+                        proto::ReleaseKind::Fuse => engine.release_fuse(&r.rule, who),
+                        proto::ReleaseKind::Limit => engine.release_limit(&r.rule, who),
+                    };
+                    match result {
+                        Ok(was) => tracing::info!(rule = %r.rule, who, was, "release command"),
+                        Err(error) => {
+                            tracing::warn!(rule = %r.rule, %error, "release command refused")
+                        }
+                    }
+                }
+                proto::command::Kind::Drain(d) => {
+                    tracing::info!(deadline_ms = d.deadline_ms, "drain command");
+                    if let Some(f) = &options.on_drain {
+                        f(Duration::from_millis(d.deadline_ms));
+                    }
+                }
+            }
+            None
+        }
+        ControlMsg::Endpoints(_) => None,
+    }
+}
+
+fn nack(
+    _current: &str,
+    version: &str,
+    nonce: String,
+    error: String,
+    rule: Option<String>,
+) -> proto::agent_message::Msg {
+    proto::agent_message::Msg::Nack(proto::Nack {
+        version: version.to_owned(),
+        nonce,
+        error,
+        rule: rule.unwrap_or_default(),
+    })
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng as _;
+
+    #[tokio::test(start_paused = true)]
+    async fn backoff_grows_with_jitter_caps_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut ceilings = Vec::new();
+        for _ in 0..8 {
+            let ceiling = b.ceiling();
+            let d = b.next_with(&mut rng);
+            assert!(
+                d >= ceiling / 2 && d <= ceiling,
+                "{d:?} outside [{:?}, {ceiling:?}]",
+                ceiling / 2
+            );
+            // The delay is a tokio sleep: under paused time it takes exactly that long.
+            let start = tokio::time::Instant::now();
+            tokio::time::sleep(d).await;
+            assert_eq!(start.elapsed(), d);
+            ceilings.push(ceiling.as_millis());
+        }
+        assert_eq!(ceilings, [100, 200, 400, 800, 1600, 2000, 2000, 2000]);
+        b.reset();
+        assert_eq!(b.ceiling(), Duration::from_millis(100));
+        // Jitter spreads agents out: 20 draws are not all equal.
+        let draws: std::collections::BTreeSet<_> = (0..20)
+            .map(|_| {
+                Backoff::new(Duration::from_secs(1), Duration::from_secs(1)).next_with(&mut rng)
+            })
+            .collect();
+        assert!(draws.len() > 1);
+    }
+
+    #[test]
+    fn the_last_good_config_round_trips_and_belongs_to_its_service() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(read_last_good(dir.path(), "order").unwrap().is_none());
+        let target = proto::TargetConfig {
+            service: "order".into(),
+            version: "abc".into(),
+            ..Default::default()
+        };
+        write_last_good(dir.path(), &target).unwrap();
+        write_last_good(dir.path(), &target).unwrap();
+        assert_eq!(read_last_good(dir.path(), "order").unwrap(), Some(target));
+        assert!(read_last_good(dir.path(), "payment").unwrap().is_none());
+        fs::write(dir.path().join(LAST_GOOD_FILE), b"{oops").unwrap();
+        assert!(read_last_good(dir.path(), "order").is_err());
+    }
+
+    #[test]
+    fn cluster_limits_are_refused_without_a_shared_store_naming_the_rule() {
+        let mut options = ControlOptions::new("http://127.0.0.1:1", "order", "a");
+        let target = proto::TargetConfig {
+            service: "order".into(),
+            limits: vec![proto::Limit {
+                rule: "order/crm".into(),
+                scope: proto::LimitScope::Cluster as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let (error, rule) = check(&options, &target).unwrap_err();
+        assert!(error.contains("scope cluster"), "{error}");
+        assert_eq!(rule.as_deref(), Some("order/crm"));
+        options.cluster_store = true;
+        assert!(check(&options, &target).is_ok());
+        let other = proto::TargetConfig {
+            service: "payment".into(),
+            ..Default::default()
+        };
+        assert!(check(&options, &other).is_err());
+    }
+}
