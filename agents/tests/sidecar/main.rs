@@ -11,4 +11,5 @@ mod support;
 
 mod enforce;
 mod proxy;
+mod reload;
 mod shutdown;
