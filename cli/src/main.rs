@@ -1,1 +1,57 @@
-fn main() {}
+//! `govc`: check, format, compile, plan and apply gov policies.
+//!
+//! Each subcommand lives in `cmd/<name>.rs` with an `Args` struct and a
+//! `run(Args) -> ExitCode`; this file only parses the command line and
+//! dispatches. Exit codes: 0 success, 1 errors, 64 usage errors (so that 2
+//! can mean "changes present" for `plan --detailed-exitcode`).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd {
+    pub mod check;
+    pub mod fmt;
+}
+mod input;
+mod report;
+
+/// Exit code for a command line that cannot be understood (sysexits EX_USAGE).
+const EXIT_USAGE: u8 = 64;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "govc",
+    version,
+    about = "Check, format, compile and apply gov service-governance policies"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Check(cmd::check::Args),
+    Fmt(cmd::fmt::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // `--help` and `--version` print to stdout and succeed; every
+            // other parse failure is a usage error.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match cli.command {
+        Command::Check(args) => cmd::check::run(args),
+        Command::Fmt(args) => cmd::fmt::run(args),
+    }
+}

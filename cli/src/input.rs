@@ -1,0 +1,46 @@
+//! Reading policy files for any command.
+//!
+//! A file is read up to one byte past [`gov_lang::MAX_SOURCE_BYTES`], so an
+//! enormous file costs no more memory than the limit and the parser still
+//! reports it as too large.
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+
+/// A policy file that could not be read.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum InputError {
+    #[error("cannot read `{}`", path.display())]
+    #[diagnostic(code(gov::io), help("check that the file exists and is readable"))]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{}` is not UTF-8 text (invalid byte at offset {offset})", path.display())]
+    #[diagnostic(code(gov::encoding), help("save the policy as UTF-8"))]
+    NotUtf8 { path: PathBuf, offset: usize },
+}
+
+/// The text of the policy at `path`.
+pub fn read_policy(path: &Path) -> Result<String, InputError> {
+    let read = |source| InputError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read)?;
+    let limit = u64::try_from(gov_lang::MAX_SOURCE_BYTES)
+        .unwrap_or(u64::MAX)
+        .saturating_add(1);
+    let mut bytes = Vec::new();
+    file.take(limit).read_to_end(&mut bytes).map_err(read)?;
+    String::from_utf8(bytes).map_err(|e| InputError::NotUtf8 {
+        path: path.to_owned(),
+        offset: e.utf8_error().valid_up_to(),
+    })
+}
+
+/// The name diagnostics use for `path`: the path as the user wrote it.
+pub fn display_name(path: &Path) -> String {
+    path.display().to_string()
+}

@@ -1,0 +1,126 @@
+//! Printing diagnostics, for people or for tools.
+//!
+//! Every command that reports diagnostics flattens [`ReportArgs`] into its
+//! arguments and hands its diagnostics to a [`Reporter`]:
+//!
+//! ```ignore
+//! let reporter = Reporter::new(args.report.error_format);
+//! let summary = reporter.emit(&diagnostics);
+//! summary.exit_code(args.deny_warnings)
+//! ```
+//!
+//! `human` is miette's graphical report, coloured only when stderr is a
+//! terminal and `NO_COLOR` is unset or empty. `json` is miette's JSON report,
+//! one object per diagnostic per line.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::process::ExitCode;
+
+use miette::{Diagnostic, GraphicalReportHandler, GraphicalTheme, JSONReportHandler, Severity};
+
+/// How diagnostics are printed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ErrorFormat {
+    /// Graphical reports with the source snippet.
+    #[default]
+    Human,
+    /// One JSON object per diagnostic per line.
+    Json,
+}
+
+/// The `--error-format` option.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ReportArgs {
+    /// How to print diagnostics on stderr.
+    #[arg(long, value_enum, env = "GOV_ERROR_FORMAT", default_value_t = ErrorFormat::Human)]
+    pub error_format: ErrorFormat,
+}
+
+/// Prints diagnostics to stderr.
+pub struct Reporter {
+    format: ErrorFormat,
+    color: bool,
+}
+
+/// How many diagnostics of each severity were printed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub errors: usize,
+    pub warnings: usize,
+}
+
+// === impl Reporter ===
+
+/// Width of human reports: fixed so output does not depend on the terminal.
+const WIDTH: usize = 100;
+
+impl Reporter {
+    /// Colour is on only for a terminal without `NO_COLOR`.
+    pub fn new(format: ErrorFormat) -> Self {
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Reporter {
+            format,
+            color: !no_color && std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// One diagnostic as text: a graphical report, or one JSON line.
+    pub fn render(&self, diagnostic: &dyn Diagnostic) -> String {
+        let mut out = String::new();
+        let result = match self.format {
+            ErrorFormat::Human => {
+                let theme = if self.color {
+                    GraphicalTheme::unicode()
+                } else {
+                    GraphicalTheme::unicode_nocolor()
+                };
+                GraphicalReportHandler::new_themed(theme)
+                    .with_width(WIDTH)
+                    .render_report(&mut out, diagnostic)
+            }
+            ErrorFormat::Json => JSONReportHandler::new().render_report(&mut out, diagnostic),
+        };
+        if result.is_err() {
+            // Rendering into a String fails only if a Display impl fails;
+            // the message alone is still worth printing.
+            out = diagnostic.to_string();
+        }
+        if self.format == ErrorFormat::Json {
+            out = out.replace('\n', " ");
+        }
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Prints every diagnostic to stderr and counts them.
+    pub fn emit<'a>(&self, diagnostics: impl IntoIterator<Item = &'a miette::Report>) -> Summary {
+        let mut summary = Summary::default();
+        let mut stderr = std::io::stderr().lock();
+        for report in diagnostics {
+            let diagnostic: &dyn Diagnostic = report.as_ref();
+            match diagnostic.severity() {
+                Some(Severity::Warning) => summary.warnings += 1,
+                Some(Severity::Advice) => {}
+                Some(Severity::Error) | None => summary.errors += 1,
+            }
+            // A closed stderr is not worth a panic; the exit code still tells.
+            let _ = stderr.write_all(self.render(diagnostic).as_bytes());
+        }
+        summary
+    }
+}
+
+// === impl Summary ===
+
+impl Summary {
+    /// 0 when clean, 1 on errors (or on warnings with `deny_warnings`).
+    pub fn exit_code(&self, deny_warnings: bool) -> ExitCode {
+        if self.errors > 0 || (deny_warnings && self.warnings > 0) {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        }
+    }
+}
