@@ -12,8 +12,12 @@ use clap::{Parser, Subcommand};
 mod cmd {
     pub mod check;
     pub mod fmt;
+    pub mod apply;
+    pub mod release;
+    pub mod status;
 }
 mod input;
+mod remote;
 mod report;
 
 /// Exit code for a command line that cannot be understood (sysexits EX_USAGE).
@@ -34,6 +38,12 @@ struct Cli {
 enum Command {
     Check(cmd::check::Args),
     Fmt(cmd::fmt::Args),
+    /// Apply policy files through the control plane and wait for the agents.
+    Apply(cmd::apply::Args),
+    /// Show agents, sync state, tripped fuses and engaged limits.
+    Status(cmd::status::Args),
+    /// Release a tripped fuse or an engaged limit on every agent of its service.
+    Release(cmd::release::Args),
 }
 
 fn main() -> ExitCode {
@@ -53,5 +63,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check(args) => cmd::check::run(args),
         Command::Fmt(args) => cmd::fmt::run(args),
+        Command::Apply(args) => cmd::apply::run(args),
+        Command::Status(args) => cmd::status::run(args),
+        Command::Release(args) => cmd::release::run(args),
     }
 }

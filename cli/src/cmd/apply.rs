@@ -1,0 +1,280 @@
+//! `govc apply FILE...`: send the policy to `govd`, which compiles it, shows
+//! the plan, pushes the changed configs and waits (bounded) for every
+//! connected agent of a changed service to ACK or NACK. Prints the plan and
+//! the outcome per service and agent.
+//!
+//! Exit codes: 0 applied and every connected agent SYNCED (or nothing to
+//! change), 1 invalid policy, control plane error, any NACK or any agent
+//! still STALE when the wait ends, 64 usage.
+//!
+//! [`plan_remote`] is `govc plan FILE...` against the live control plane (a
+//! dry-run apply).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use gov_proto::v1 as pb;
+
+use crate::input;
+use crate::remote::{self, RemoteArgs, WireDiagnostic, sync_name};
+use crate::report::{ReportArgs, Reporter};
+
+/// Apply policy files through the control plane and wait for the agents.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The policy files (together: the whole policy).
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+
+    /// How long to wait for every connected agent of a changed service to ACK or
+    /// NACK (`10s`, `500ms`; `0` does not wait).
+    #[arg(long, env = "GOV_WAIT", default_value = "10s", value_parser = parse_duration)]
+    pub wait: Duration,
+
+    /// Who applies, for the audit log. Default: `$USER`.
+    #[arg(long, env = "GOV_WHO")]
+    pub who: Option<String>,
+
+    #[command(flatten)]
+    pub report: ReportArgs,
+}
+
+pub fn run(args: Args) -> ExitCode {
+    let files = match read_files(&args.files) {
+        Ok(f) => f,
+        Err(code) => return code,
+    };
+    let reporter = Reporter::new(args.report.error_format);
+    let wait_ms = u32::try_from(args.wait.as_millis()).unwrap_or(u32::MAX);
+    let request = pb::ApplyRequest {
+        sources: files
+            .iter()
+            .map(|(name, text)| pb::SourceFile {
+                name: name.clone(),
+                text: text.clone(),
+            })
+            .collect(),
+        dry_run: false,
+        wait_ms,
+        who: args.who.clone().unwrap_or_else(who_am_i),
+    };
+    let result = match call_apply(&args.remote, request) {
+        Ok(r) => r,
+        Err(e) => return remote::fail(e),
+    };
+    if print_diagnostics(&reporter, &result.diagnostics, &files) {
+        eprintln!("error: the policy is invalid; the control plane applied nothing");
+        return ExitCode::FAILURE;
+    }
+    if let Some(plan) = &result.plan {
+        print!("{}", plan.rendered);
+        if !plan.rendered.ends_with('\n') {
+            println!();
+        }
+    }
+    if !result.applied {
+        println!(
+            "\nNo changes: version {} is already applied.",
+            short(&result.version)
+        );
+        return ExitCode::SUCCESS;
+    }
+    println!("\nApplied version {}.", short(&result.version));
+    outcome(&result, args.wait)
+}
+
+/// Prints the per-agent outcome and chooses the exit code.
+fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
+    let changed: Vec<&pb::ServicePlan> = result
+        .plan
+        .as_ref()
+        .map(|p| p.services.iter().collect())
+        .unwrap_or_default();
+    let mut rows = vec![vec![
+        "SERVICE".into(),
+        "INSTANCE".into(),
+        "STATE".into(),
+        "VERSION".into(),
+        "DETAIL".into(),
+    ]];
+    let (mut synced, mut nacked, mut stale, mut gone) = (0, 0, 0, 0);
+    for o in &result.outcomes {
+        let state = o.state();
+        let detail = match state {
+            pb::SyncState::Nacked if !o.rule.is_empty() => format!("rule {}: {}", o.rule, o.error),
+            pb::SyncState::Nacked => o.error.clone(),
+            pb::SyncState::Stale => format!(
+                "no answer within {}",
+                remote::human_ms(wait.as_millis() as u64)
+            ),
+            pb::SyncState::Disconnected => "gets it when it reconnects".into(),
+            _ => String::new(),
+        };
+        match state {
+            pb::SyncState::Synced => synced += 1,
+            pb::SyncState::Nacked => nacked += 1,
+            pb::SyncState::Disconnected => gone += 1,
+            _ => stale += 1,
+        }
+        rows.push(vec![
+            o.service.clone(),
+            o.instance.clone(),
+            sync_name(state).into(),
+            short(&o.version),
+            detail,
+        ]);
+    }
+    for s in &changed {
+        if !result.outcomes.iter().any(|o| o.service == s.service)
+            && s.change() != pb::Change::Removed
+        {
+            rows.push(vec![
+                s.service.clone(),
+                "-".into(),
+                "NO AGENTS".into(),
+                "-".into(),
+                "no agent is connected".into(),
+            ]);
+        }
+    }
+    if rows.len() > 1 {
+        print!("{}", remote::table(&rows));
+    }
+    println!("{synced} synced, {nacked} nacked, {stale} stale, {gone} disconnected.");
+    if nacked > 0 {
+        eprintln!(
+            "error: {nacked} agent(s) refused the config and keep enforcing their previous one; fix the rule(s) above and apply again"
+        );
+        return ExitCode::FAILURE;
+    }
+    if stale > 0 {
+        eprintln!(
+            "error: {stale} agent(s) did not answer in time; `govc status` shows their state"
+        );
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// `govc plan FILE...` against the live control plane: the difference
+/// between what `govd` has applied and these files. Exit codes like
+/// `govc plan`: 0 no change (or changes without `detailed_exitcode`),
+/// 1 error, 2 changes with `detailed_exitcode`.
+pub fn plan_remote(
+    files: &[PathBuf],
+    remote: &RemoteArgs,
+    report: &ReportArgs,
+    detailed_exitcode: bool,
+) -> ExitCode {
+    let files = match read_files(files) {
+        Ok(f) => f,
+        Err(code) => return code,
+    };
+    let reporter = Reporter::new(report.error_format);
+    let request = pb::ApplyRequest {
+        sources: files
+            .iter()
+            .map(|(name, text)| pb::SourceFile {
+                name: name.clone(),
+                text: text.clone(),
+            })
+            .collect(),
+        dry_run: true,
+        wait_ms: 0,
+        who: who_am_i(),
+    };
+    let result = match call_apply(remote, request) {
+        Ok(r) => r,
+        Err(e) => return remote::fail(e),
+    };
+    if print_diagnostics(&reporter, &result.diagnostics, &files) {
+        return ExitCode::FAILURE;
+    }
+    let plan = result.plan.unwrap_or_default();
+    print!("{}", plan.rendered);
+    if !plan.rendered.ends_with('\n') {
+        println!();
+    }
+    if detailed_exitcode && !plan.services.is_empty() {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn call_apply(
+    remote: &RemoteArgs,
+    request: pb::ApplyRequest,
+) -> Result<pb::ApplyResult, remote::RemoteError> {
+    remote::block_on(async {
+        let mut client = remote.connect().await?;
+        let request = remote.request(request)?;
+        client
+            .apply(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| remote.status(s))
+    })?
+}
+
+/// Prints every diagnostic; true when one is an error.
+fn print_diagnostics(
+    reporter: &Reporter,
+    diagnostics: &[pb::Diagnostic],
+    files: &[(String, String)],
+) -> bool {
+    let reports: Vec<miette::Report> = diagnostics
+        .iter()
+        .map(|d| miette::Report::new(WireDiagnostic::new(d, files)))
+        .collect();
+    reporter.emit(&reports).errors > 0
+}
+
+fn read_files(paths: &[PathBuf]) -> Result<Vec<(String, String)>, ExitCode> {
+    let mut files = Vec::new();
+    for path in paths {
+        match input::read_policy(path) {
+            Ok(text) => files.push((input::display_name(path), text)),
+            Err(e) => return Err(remote::fail(e)),
+        }
+    }
+    Ok(files)
+}
+
+fn who_am_i() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The first 12 characters of a version, as people quote them.
+pub fn short(version: &str) -> String {
+    if version.is_empty() {
+        "-".into()
+    } else {
+        version.chars().take(12).collect()
+    }
+}
+
+/// `250ms`, `10s`, `2m`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration such as `10s` or `500ms`"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!(
+            "`{s}`: unknown unit `{unit}`, use `ms`, `s` or `m`"
+        )),
+    }
+}

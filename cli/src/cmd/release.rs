@@ -1,0 +1,75 @@
+//! `govc release fuse|limit SERVICE/RULE`: release a tripped fuse or an
+//! engaged limit on every agent of the service. It asks nothing (the TUI
+//! asks); the control plane records who released what in its audit log.
+
+use std::process::ExitCode;
+
+use gov_proto::v1 as pb;
+
+use crate::remote::{self, RemoteArgs};
+
+/// Release a tripped fuse or an engaged limit on every agent of its service.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// What to release.
+    #[arg(value_enum)]
+    pub kind: Kind,
+
+    /// The rule, as `service/rule`.
+    #[arg(value_name = "SERVICE/RULE", value_parser = parse_rule)]
+    pub rule: String,
+
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+
+    /// Who releases, for the audit log. Default: `$USER`.
+    #[arg(long, env = "GOV_WHO")]
+    pub who: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    Fuse,
+    Limit,
+}
+
+pub fn run(args: Args) -> ExitCode {
+    let request = pb::ReleaseRequest {
+        kind: match args.kind {
+            Kind::Fuse => pb::ReleaseKind::Fuse,
+            Kind::Limit => pb::ReleaseKind::Limit,
+        } as i32,
+        rule: args.rule.clone(),
+        who: args
+            .who
+            .clone()
+            .or_else(|| std::env::var("USER").ok())
+            .filter(|w| !w.is_empty())
+            .unwrap_or_else(|| "unknown".into()),
+    };
+    let result = remote::block_on(async {
+        let mut client = args.remote.connect().await?;
+        let request = args.remote.request(request)?;
+        client
+            .release(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| args.remote.status(s))
+    });
+    match result {
+        Ok(Ok(r)) => {
+            println!("{}", r.message);
+            ExitCode::SUCCESS
+        }
+        Ok(Err(e)) | Err(e) => remote::fail(e),
+    }
+}
+
+fn parse_rule(s: &str) -> Result<String, String> {
+    match s.split_once('/') {
+        Some((service, rule)) if !service.is_empty() && !rule.is_empty() && !rule.contains('/') => {
+            Ok(s.to_owned())
+        }
+        _ => Err(format!("`{s}` is not `SERVICE/RULE` (e.g. `order/mdm`)")),
+    }
+}

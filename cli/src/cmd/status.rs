@@ -1,0 +1,226 @@
+//! `govc status`: what the control plane knows now, like
+//! `istioctl proxy-status`: the applied version, every agent with the
+//! version it enforces and its sync state, tripped fuses and engaged limits
+//! with the time left before they release themselves.
+
+use std::process::ExitCode;
+
+use gov_proto::v1 as pb;
+
+use crate::cmd::apply::short;
+use crate::remote::{self, RemoteArgs, human_ms, sync_name};
+
+/// Show agents, sync state, tripped fuses and engaged limits.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Only this service.
+    #[arg(long, short = 's', value_name = "SERVICE")]
+    pub service: Option<String>,
+
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+
+    /// `text` for people, `json` for tools (the `ClusterView` message).
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+pub fn run(args: Args) -> ExitCode {
+    let service = args.service.clone().unwrap_or_default();
+    let view = remote::block_on(async {
+        let mut client = args.remote.connect().await?;
+        client
+            .status(pb::StatusRequest { service })
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| args.remote.status(s))
+    });
+    let view = match view {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) | Err(e) => return remote::fail(e),
+    };
+    match args.output {
+        Output::Json => match serde_json::to_string_pretty(&view) {
+            Ok(json) => println!("{json}"),
+            Err(e) => {
+                eprintln!("error: cannot encode the view: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        Output::Text => print!("{}", render(&view)),
+    }
+    ExitCode::SUCCESS
+}
+
+/// The text form (a pure function of the view, so it can be tested).
+pub fn render(view: &pb::ClusterView) -> String {
+    let mut out = String::new();
+    let version = if view.version.is_empty() {
+        "nothing applied yet".to_owned()
+    } else {
+        view.version.clone()
+    };
+    out.push_str(&format!("Applied version: {version}\n\n"));
+    if view.agents.is_empty() {
+        out.push_str("No agents.\n");
+    } else {
+        let mut rows = vec![
+            [
+                "SERVICE",
+                "INSTANCE",
+                "ADDRESS",
+                "STATE",
+                "VERSION",
+                "LAST GOOD",
+                "DETAIL",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
+        for a in &view.agents {
+            let detail = match (a.rule.is_empty(), a.reason.is_empty()) {
+                (false, _) => format!("rule {}: {}", a.rule, a.reason),
+                (true, false) => a.reason.clone(),
+                (true, true) => String::new(),
+            };
+            rows.push(vec![
+                a.service.clone(),
+                a.instance.clone(),
+                if a.address.is_empty() {
+                    "-".into()
+                } else {
+                    a.address.clone()
+                },
+                sync_name(a.state()).into(),
+                short(&a.version),
+                short(&a.last_good_version),
+                detail,
+            ]);
+        }
+        out.push_str(&remote::table(&rows));
+    }
+    let now = view.at_unix_ms;
+    out.push('\n');
+    if view.fuses.is_empty() {
+        out.push_str("No tripped fuses.\n");
+    } else {
+        let mut rows = vec![
+            ["FUSE", "STATE", "FOR", "RECOVERS IN", "REASON"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for f in &view.fuses {
+            rows.push(vec![
+                f.rule.clone(),
+                match f.state() {
+                    pb::FuseState::HalfOpen => "HALF-OPEN",
+                    _ => "OPEN",
+                }
+                .into(),
+                human_ms(now.saturating_sub(f.since_unix_ms)),
+                if f.remaining_ms == 0 {
+                    "manual (govc release fuse)".into()
+                } else {
+                    human_ms(f.remaining_ms)
+                },
+                f.reason.clone(),
+            ]);
+        }
+        out.push_str(&remote::table(&rows));
+    }
+    if view.limits.is_empty() {
+        out.push_str("No engaged limits.\n");
+    } else {
+        let mut rows = vec![
+            ["LIMIT", "FOR", "RELEASES IN", "REASON"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for l in &view.limits {
+            rows.push(vec![
+                l.rule.clone(),
+                human_ms(now.saturating_sub(l.since_unix_ms)),
+                if l.remaining_ms == 0 {
+                    "manual (govc release limit)".into()
+                } else {
+                    human_ms(l.remaining_ms)
+                },
+                l.reason.clone(),
+            ]);
+        }
+        out.push_str(&remote::table(&rows));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_reads_like_proxy_status() {
+        let view = pb::ClusterView {
+            at_unix_ms: 10_000_000,
+            version: "0123456789abcdef".into(),
+            agents: vec![
+                pb::AgentView {
+                    service: "order".into(),
+                    instance: "order-1".into(),
+                    address: "127.0.0.1:9001".into(),
+                    state: pb::SyncState::Synced as i32,
+                    version: "aaaaaaaaaaaaaaaa".into(),
+                    last_good_version: "aaaaaaaaaaaaaaaa".into(),
+                    ..Default::default()
+                },
+                pb::AgentView {
+                    service: "order".into(),
+                    instance: "order-2".into(),
+                    state: pb::SyncState::Nacked as i32,
+                    reason: "scope cluster needs redis".into(),
+                    rule: "order/crm".into(),
+                    version: "bbbbbbbbbbbbbbbb".into(),
+                    last_good_version: "aaaaaaaaaaaaaaaa".into(),
+                    ..Default::default()
+                },
+            ],
+            fuses: vec![pb::FuseView {
+                rule: "order/mdm".into(),
+                state: pb::FuseState::Open as i32,
+                since_unix_ms: 9_940_000,
+                reason: "system_errors 10 >= 10 over 10s".into(),
+                ..Default::default()
+            }],
+            limits: vec![pb::LimitView {
+                rule: "order/crm".into(),
+                since_unix_ms: 9_000_000,
+                remaining_ms: 6_200_000,
+                reason: "calls 100 per 1s".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = render(&view);
+        assert!(text.contains("Applied version: 0123456789abcdef"), "{text}");
+        assert!(
+            text.contains("order-1   127.0.0.1:9001  SYNCED  aaaaaaaaaaaa  aaaaaaaaaaaa"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "NACKED  bbbbbbbbbbbb  aaaaaaaaaaaa  rule order/crm: scope cluster needs redis"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("order/mdm  OPEN   1m00s  manual (govc release fuse)"),
+            "{text}"
+        );
+        assert!(text.contains("order/crm  16m40s  1h43m"), "{text}");
+    }
+}
