@@ -368,6 +368,12 @@ fn describe_rule(rule: Rule) -> Vec<Phrase> {
         Rule::equals => words(&["="]),
         Rule::range_dots => words(&[".."]),
         Rule::EOI => vec![Text("end of input")],
+        // Reported instead of its alternatives when nothing at all parsed.
+        Rule::policy => vec![
+            Word("registry".to_owned()),
+            Word("service".to_owned()),
+            Text("end of input"),
+        ],
         Rule::match_expr | Rule::and_expr => vec![Text(MATCH)],
         Rule::registry_setting => words(&["server_cache", "client_refresh", "balancer_refresh"]),
         other => {

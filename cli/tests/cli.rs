@@ -1,0 +1,352 @@
+//! The `govc` binary as users run it: exit codes, output streams, formats.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+fn govc() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_govc"));
+    // Tests must not depend on the environment they run in.
+    cmd.env_remove("GOV_ERROR_FORMAT")
+        .env_remove("GOV_DENY_WARNINGS")
+        .env_remove("NO_COLOR");
+    cmd
+}
+
+fn examples() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gov"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no examples in {}", dir.display());
+    files
+}
+
+const FORMATTED: &str = "service order {\n  capacity workers 20 # own pool\n\n  match slow = path prefix \"/slow\"\n}\n";
+const UNFORMATTED: &str =
+    "service order {capacity workers 20 # own pool\n\n\n  match slow = path   prefix \"/slow\" }";
+const BROKEN: &str = "service order {\n  capacity workers\n}\n";
+
+/// A temporary directory holding one file.
+fn file_with(name: &str, text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+// === Exit codes ===
+
+#[test]
+fn check_passes_on_every_example() {
+    govc()
+        .arg("check")
+        .args(examples())
+        .assert()
+        .success()
+        .stdout("");
+}
+
+#[test]
+fn fmt_check_passes_on_every_example() {
+    govc()
+        .args(["fmt", "--check"])
+        .args(examples())
+        .assert()
+        .success()
+        .stdout("");
+}
+
+#[test]
+fn check_fails_with_a_diagnostic_on_a_syntax_error() {
+    let (_dir, path) = file_with("broken.gov", BROKEN);
+    govc()
+        .arg("check")
+        .arg(&path)
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(predicate::str::contains("gov::syntax"))
+        .stderr(predicate::str::contains(
+            "expected a whole number, found `}`",
+        ))
+        .stderr(predicate::str::contains("broken.gov:3:1"));
+}
+
+#[test]
+fn check_reports_every_file_not_only_the_first() {
+    let (dir, broken) = file_with("broken.gov", BROKEN);
+    let also = dir.path().join("also.gov");
+    std::fs::write(&also, "servce x {}\n").unwrap();
+    let missing = dir.path().join("missing.gov");
+    let out = govc()
+        .arg("check")
+        .args([&broken, &missing, &also])
+        .assert()
+        .code(1)
+        .get_output()
+        .clone();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("broken.gov:3:1"), "{stderr}");
+    // Long temporary paths may wrap, so look for the parts.
+    assert!(stderr.contains("cannot read `"), "{stderr}");
+    assert!(stderr.contains("missing.gov"), "{stderr}");
+    assert!(stderr.contains("did you mean `service`?"), "{stderr}");
+}
+
+#[test]
+fn usage_errors_exit_64() {
+    govc().assert().code(64);
+    govc()
+        .arg("check")
+        .assert()
+        .code(64)
+        .stderr(predicate::str::contains("<FILE>"));
+    govc().args(["fmt"]).assert().code(64);
+    govc()
+        .args(["check", "--no-such-flag", "x.gov"])
+        .assert()
+        .code(64);
+    govc()
+        .args(["check", "--error-format", "xml", "x.gov"])
+        .assert()
+        .code(64);
+    govc().args(["frobnicate"]).assert().code(64);
+    govc()
+        .args(["fmt", "--write", "--check", "x.gov"])
+        .assert()
+        .code(64);
+}
+
+#[test]
+fn help_and_version_exit_0_on_stdout() {
+    govc()
+        .arg("--help")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Usage: govc"));
+    govc()
+        .args(["check", "--help"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("--error-format"));
+    govc()
+        .arg("--version")
+        .assert()
+        .success()
+        .stdout(predicate::str::starts_with("govc "));
+}
+
+#[test]
+fn oversize_files_are_refused() {
+    let (_dir, path) = file_with("big.gov", &"#".repeat(gov_lang_limit() + 10));
+    govc()
+        .arg("check")
+        .arg(&path)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("is too large"));
+}
+
+fn gov_lang_limit() -> usize {
+    4 * 1024 * 1024
+}
+
+// === Error formats and colour ===
+
+#[test]
+fn json_prints_one_object_per_diagnostic_per_line() {
+    let (dir, broken) = file_with("broken.gov", BROKEN);
+    let missing = dir.path().join("missing.gov");
+    let out = govc()
+        .args(["check", "--error-format", "json"])
+        .args([&broken, &missing])
+        .assert()
+        .code(1)
+        .get_output()
+        .clone();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+
+    // The order of diagnostics across files is not part of the contract.
+    let by_code = |code: &str| {
+        lines
+            .iter()
+            .find(|l| l["code"] == code)
+            .unwrap_or_else(|| panic!("no {code} in {stderr}"))
+    };
+    let syntax = by_code("gov::syntax");
+    assert_eq!(syntax["severity"], "error");
+    assert_eq!(syntax["message"], "expected a whole number, found `}`");
+    assert!(syntax["filename"].as_str().unwrap().ends_with("broken.gov"));
+    let span = &syntax["labels"][0]["span"];
+    assert_eq!(span["offset"], BROKEN.find('}').unwrap());
+    assert_eq!(span["length"], 1);
+
+    let io = by_code("gov::io");
+    assert_eq!(io["severity"], "error");
+    assert!(io["message"].as_str().unwrap().contains("missing.gov"));
+}
+
+#[test]
+fn error_format_comes_from_the_environment_and_the_flag_wins() {
+    let (_dir, broken) = file_with("broken.gov", BROKEN);
+    let out = govc()
+        .env("GOV_ERROR_FORMAT", "json")
+        .arg("check")
+        .arg(&broken)
+        .assert()
+        .code(1)
+        .get_output()
+        .clone();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    serde_json::from_str::<serde_json::Value>(stderr.trim()).unwrap();
+
+    govc()
+        .env("GOV_ERROR_FORMAT", "json")
+        .args(["check", "--error-format", "human"])
+        .arg(&broken)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("× expected a whole number"));
+}
+
+#[test]
+fn no_colour_codes_without_a_terminal_or_with_no_color() {
+    let (_dir, broken) = file_with("broken.gov", BROKEN);
+    for no_color in [None, Some("1")] {
+        let mut cmd = govc();
+        if let Some(v) = no_color {
+            cmd.env("NO_COLOR", v);
+        }
+        cmd.arg("check")
+            .arg(&broken)
+            .assert()
+            .code(1)
+            .stderr(predicate::str::contains("gov::syntax"))
+            .stderr(predicate::str::contains("\u{1b}[").not());
+    }
+}
+
+// === fmt ===
+
+#[test]
+fn fmt_prints_the_formatted_file() {
+    let (_dir, path) = file_with("a.gov", UNFORMATTED);
+    govc()
+        .arg("fmt")
+        .arg(&path)
+        .assert()
+        .success()
+        .stdout(FORMATTED);
+    // The file itself is untouched.
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), UNFORMATTED);
+}
+
+#[test]
+fn fmt_check_lists_unformatted_files_and_fails() {
+    let (dir, bad) = file_with("bad.gov", UNFORMATTED);
+    let good = dir.path().join("good.gov");
+    std::fs::write(&good, FORMATTED).unwrap();
+    govc()
+        .args(["fmt", "--check"])
+        .args([&bad, &good])
+        .assert()
+        .code(1)
+        .stdout(format!("{}\n", bad.display()))
+        .stderr(predicate::str::contains("1 file is not formatted"));
+    govc()
+        .args(["fmt", "--check"])
+        .arg(&good)
+        .assert()
+        .success()
+        .stdout("");
+}
+
+#[test]
+fn fmt_write_rewrites_only_changed_files() {
+    let (dir, bad) = file_with("bad.gov", UNFORMATTED);
+    let good = dir.path().join("good.gov");
+    std::fs::write(&good, FORMATTED).unwrap();
+    let before = std::fs::metadata(&good).unwrap().modified().unwrap();
+    govc()
+        .args(["fmt", "--write"])
+        .args([&bad, &good])
+        .assert()
+        .success()
+        .stdout(format!("{}\n", bad.display()));
+    assert_eq!(std::fs::read_to_string(&bad).unwrap(), FORMATTED);
+    assert_eq!(
+        std::fs::metadata(&good).unwrap().modified().unwrap(),
+        before
+    );
+    // No temporary file is left behind.
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    // A second run has nothing to do.
+    govc()
+        .args(["fmt", "--write"])
+        .arg(&bad)
+        .assert()
+        .success()
+        .stdout("");
+}
+
+#[test]
+fn fmt_write_leaves_a_broken_file_alone() {
+    let (_dir, path) = file_with("broken.gov", BROKEN);
+    govc()
+        .args(["fmt", "--write"])
+        .arg(&path)
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(predicate::str::contains("gov::syntax"));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), BROKEN);
+}
+
+#[test]
+fn fmt_diff_prints_a_unified_diff() {
+    let (_dir, path) = file_with("a.gov", UNFORMATTED);
+    let name = path.display().to_string();
+    let out = govc()
+        .args(["fmt", "--diff"])
+        .arg(&path)
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.starts_with(&format!("--- a/{name}\n+++ b/{name}\n@@ ")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\n-service order {capacity workers 20 # own pool\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\n+  capacity workers 20 # own pool\n"),
+        "{stdout}"
+    );
+    // With --check the diff replaces the list and the exit code says "not formatted".
+    govc()
+        .args(["fmt", "--check", "--diff"])
+        .arg(&path)
+        .assert()
+        .code(1)
+        .stdout(stdout);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), UNFORMATTED);
+}
