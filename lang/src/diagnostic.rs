@@ -213,6 +213,20 @@ fn unexpected(name: &str, src: &str, expected: &Expected, found: &Token<'_>) -> 
     };
     let mut err = SyntaxError::new(name, src, message, found.span, label);
     err.0.help = help(expected, found);
+    // A group still open where `)` would fit: show where it started.
+    if expected.has_word(")")
+        && let Some(open) = src
+            .get(..found.span.start)
+            .and_then(|before| unclosed(before, b'(', b')'))
+    {
+        let label = "this `(` is not closed".to_owned();
+        err.0
+            .labels
+            .push(LabeledSpan::new_with_span(Some(label), open));
+        err.0
+            .help
+            .get_or_insert_with(|| "add `)` to close the group".to_owned());
+    }
     err
 }
 
@@ -319,17 +333,20 @@ fn did_you_mean<'a>(found: &str, words: &'a [String]) -> Option<&'a str> {
 
 /// The last `{` without its `}`.
 fn unclosed_brace(src: &str) -> Option<Span> {
-    let mut open = Vec::new();
+    unclosed(src, b'{', b'}')
+}
+
+/// The last `open` in `src` without its `close`.
+fn unclosed(src: &str, open: u8, close: u8) -> Option<Span> {
+    let mut stack = Vec::new();
     for (pos, b) in code_bytes(src) {
-        match b {
-            b'{' => open.push(pos),
-            b'}' => {
-                open.pop();
-            }
-            _ => {}
+        if b == open {
+            stack.push(pos);
+        } else if b == close {
+            stack.pop();
         }
     }
-    open.last().map(|&p| Span::new(p, p + 1))
+    stack.last().map(|&p| Span::new(p, p + 1))
 }
 
 // === What was expected ===
