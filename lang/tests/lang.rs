@@ -4,6 +4,7 @@
 mod lang {
     pub mod common;
     mod examples;
+    mod format;
     mod fuzz;
     mod props;
     mod syntax;

@@ -1,0 +1,51 @@
+//! Golden tests of the formatter: every file in `fixtures/fmt/` formatted,
+//! as a snapshot; formatting the result again changes nothing.
+
+use super::common::parse_ok;
+
+#[test]
+fn every_fmt_fixture_formats_canonically() {
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fmt");
+    insta::glob!(fixtures, "*.gov", |path| {
+        let src = std::fs::read_to_string(path).unwrap();
+        let tree = parse_ok("fixture.gov", &src);
+        let once = gov_lang::format(&tree, &src);
+        let back = parse_ok("formatted.gov", &once);
+        assert_eq!(back, tree);
+        assert_eq!(
+            back.comments.0.len(),
+            tree.comments.0.len(),
+            "comments lost"
+        );
+        assert_eq!(gov_lang::format(&back, &once), once, "not idempotent");
+        insta::assert_snapshot!(once);
+    });
+}
+
+#[test]
+fn literals_print_as_written() {
+    let src = "service s { match m = any latency 1min fuse f on m { trip when errors > 12.500% over 90s } \
+               limit l on m { bytes 10KiB per 2h calls -1 per 0ms } }";
+    let out = gov_lang::format_source("s.gov", src).unwrap();
+    assert!(out.contains("latency 1m\n"), "{out}");
+    assert!(out.contains("> 12.5% over 90s\n"), "{out}");
+    assert!(out.contains("bytes 10KiB per 2h\n"), "{out}");
+    assert!(out.contains("calls -1 per 0ms\n"), "{out}");
+}
+
+#[test]
+fn strings_are_escaped_again() {
+    let src = r#"service s { domain "a\"b\\c" }"#;
+    let tree = parse_ok("s.gov", src);
+    let gov_lang::ast::Item::Service(s) = &tree.items[0] else {
+        panic!()
+    };
+    let gov_lang::ast::ServiceStmt::Domain(d) = &s.body[0] else {
+        panic!()
+    };
+    assert_eq!(d.name.node, r#"a"b\c"#);
+    assert_eq!(
+        gov_lang::format(&tree, src),
+        "service s {\n  domain \"a\\\"b\\\\c\"\n}\n"
+    );
+}
