@@ -10,9 +10,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd {
-    pub mod check;
-    pub mod fmt;
     pub mod apply;
+    pub mod check;
+    pub mod compile;
+    pub mod fmt;
+    pub mod plan;
     pub mod release;
     pub mod status;
 }
@@ -38,6 +40,10 @@ struct Cli {
 enum Command {
     Check(cmd::check::Args),
     Fmt(cmd::fmt::Args),
+    /// Compile policy files to the per-service configs the agents enforce.
+    Compile(cmd::compile::Args),
+    /// Show what changes between two policies (or against the control plane).
+    Plan(cmd::plan::Args),
     /// Apply policy files through the control plane and wait for the agents.
     Apply(cmd::apply::Args),
     /// Show agents, sync state, tripped fuses and engaged limits.
@@ -63,6 +69,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check(args) => cmd::check::run(args),
         Command::Fmt(args) => cmd::fmt::run(args),
+        Command::Compile(args) => cmd::compile::run(args),
+        Command::Plan(args) => cmd::plan::run(args),
         Command::Apply(args) => cmd::apply::run(args),
         Command::Status(args) => cmd::status::run(args),
         Command::Release(args) => cmd::release::run(args),
