@@ -56,9 +56,20 @@ pub fn bundle_version(targets: &[pb::TargetConfig]) -> String {
 /// The content hash of one config, ignoring `version` and source references.
 pub fn target_version(t: &pb::TargetConfig) -> String {
     let mut t = t.clone();
+    version_in_place(&mut t);
+    t.version
+}
+
+/// Sets `t.version` without cloning: the source references are taken out
+/// for the encoding and put back.
+fn version_in_place(t: &mut pb::TargetConfig) {
     t.version.clear();
-    clear_sources(&mut t);
-    short(&Sha256::digest(t.encode_to_vec()))
+    let mut taken = Vec::new();
+    each_source(t, &mut |s| taken.push(s.take()));
+    let digest = Sha256::digest(t.encode_to_vec());
+    let mut taken = taken.into_iter();
+    each_source(t, &mut |s| *s = taken.next().flatten());
+    t.version = short(&digest);
 }
 
 fn short(digest: &[u8]) -> String {
@@ -67,34 +78,39 @@ fn short(digest: &[u8]) -> String {
 
 /// Clears every source reference, the only part that depends on layout.
 pub fn clear_sources(t: &mut pb::TargetConfig) {
+    each_source(t, &mut |s| *s = None);
+}
+
+/// Visits every source reference of a config, always in the same order.
+fn each_source(t: &mut pb::TargetConfig, f: &mut impl FnMut(&mut Option<pb::SourceRef>)) {
     for m in &mut t.matches {
-        m.source = None;
+        f(&mut m.source);
     }
     for b in &mut t.bulkheads {
-        b.source = None;
+        f(&mut b.source);
     }
     for l in &mut t.limits {
-        l.source = None;
+        f(&mut l.source);
     }
-    for f in &mut t.fuses {
-        f.source = None;
-        for trip in &mut f.trips {
-            trip.source = None;
+    for x in &mut t.fuses {
+        f(&mut x.source);
+        for trip in &mut x.trips {
+            f(&mut trip.source);
         }
     }
     for x in &mut t.timeouts {
-        x.source = None;
+        f(&mut x.source);
     }
     if let Some(w) = &mut t.warmup {
-        w.source = None;
+        f(&mut w.source);
         for s in &mut w.steps {
-            s.source = None;
+            f(&mut s.source);
         }
     }
     if let Some(s) = &mut t.shutdown {
-        s.source = None;
+        f(&mut s.source);
         for step in &mut s.steps {
-            step.source = None;
+            f(&mut step.source);
         }
     }
 }
@@ -152,7 +168,7 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
             Rule::Fuse(f) => t.fuses.push(l.fuse(rule, norm, f)),
         }
     }
-    t.version = target_version(&t);
+    version_in_place(&mut t);
     t
 }
 

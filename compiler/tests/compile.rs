@@ -47,6 +47,13 @@ fn the_same_input_gives_the_same_bytes() {
         let a = bundle(&[source(&path)]);
         let b = bundle(&[source(&path)]);
         assert_eq!(a, b);
+        for t in &a.targets {
+            // Recomputing a version (from a config with its source references
+            // in place) gives the stored one.
+            assert_eq!(gov_compiler::lower::target_version(t), t.version);
+            assert!(t.bulkheads.iter().all(|b| b.source.is_some()));
+        }
+        assert_eq!(gov_compiler::lower::bundle_version(&a.targets), a.version);
         assert_eq!(
             serde_yaml::to_string(&a).unwrap(),
             serde_yaml::to_string(&b).unwrap()
