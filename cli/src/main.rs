@@ -13,6 +13,7 @@ mod cmd {
     pub mod apply;
     pub mod check;
     pub mod compile;
+    pub mod demo;
     pub mod fmt;
     pub mod plan;
     pub mod release;
@@ -50,6 +51,8 @@ enum Command {
     Status(cmd::status::Args),
     /// Release a tripped fuse or an engaged limit on every agent of its service.
     Release(cmd::release::Args),
+    /// Run a control plane, demo services behind agents and a load in one process, and watch it.
+    Demo(cmd::demo::Args),
 }
 
 fn main() -> ExitCode {
@@ -74,5 +77,6 @@ fn main() -> ExitCode {
         Command::Apply(args) => cmd::apply::run(args),
         Command::Status(args) => cmd::status::run(args),
         Command::Release(args) => cmd::release::run(args),
+        Command::Demo(args) => cmd::demo::run(args),
     }
 }
