@@ -38,6 +38,23 @@ use tokio_util::sync::CancellationToken;
 
 use services::Supplier;
 
+/// `println!` that ignores a closed stdout (the terminal went away: the demo
+/// must still stop cleanly).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// The same on stderr, for warnings while stopping.
+macro_rules! warn_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// The fuse the supplier outage trips.
 const MDM_FUSE: &str = "order/mdm";
 /// When the first supplier outage begins.
@@ -188,12 +205,12 @@ async fn demo(args: Args) -> Result<(), DemoError> {
     .await?;
     let members = [order, inventory];
 
-    println!(
+    say!(
         "govc demo: control plane {url} (state in {})",
         dir_path.display()
     );
     for m in &members {
-        println!(
+        say!(
             "  {:<9} service {}  agent {}{}",
             m.name,
             m.service,
@@ -208,9 +225,9 @@ async fn demo(args: Args) -> Result<(), DemoError> {
     // Apply once both agents are connected, so that the answer shows them.
     wait_for_agents(&cp, members.len()).await;
     let version = apply(&url, sources).await?;
-    println!("applied policy {version}");
+    say!("applied policy {version}");
     for a in cp.status().agents {
-        println!(
+        say!(
             "  {}/{}: {}{}",
             a.service,
             a.instance,
@@ -223,7 +240,7 @@ async fn demo(args: Args) -> Result<(), DemoError> {
         );
     }
     let rate: f64 = load::STREAMS.iter().map(|s| s.rate).sum();
-    println!(
+    say!(
         "load: about {rate:.0} requests/s from consumers crm and web; the supplier backend starts failing at {}s and the `{MDM_FUSE}` fuse trips within a minute",
         FIRST_OUTAGE.as_secs()
     );
@@ -255,7 +272,7 @@ async fn demo(args: Args) -> Result<(), DemoError> {
         }
     };
     let outcome = if args.no_tui {
-        println!("every {}s a summary; Ctrl-C stops", args.every.max(1));
+        say!("every {}s a summary; Ctrl-C stops", args.every.max(1));
         tokio::select! {
             () = summaries(&cp, &counters, &notes, started, args.every.max(1)) => Ok(()),
             () = until => Ok(()),
@@ -284,7 +301,7 @@ async fn demo(args: Args) -> Result<(), DemoError> {
     };
 
     // Stop in order: load, agents (drain), services, control plane, files.
-    println!("stopping: load, agents (drain), services, control plane");
+    say!("stopping: load, agents (drain), services, control plane");
     load_stop.cancel();
     let _ = load_task.await;
     scenario_task.abort();
@@ -301,19 +318,19 @@ async fn demo(args: Args) -> Result<(), DemoError> {
     cp_stop.cancel();
     match cp_task.await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => eprintln!("warning: the control plane stopped with an error: {e}"),
-        Err(e) => eprintln!("warning: the control plane task failed: {e}"),
+        Ok(Err(e)) => warn_line!("warning: the control plane stopped with an error: {e}"),
+        Err(e) => warn_line!("warning: the control plane task failed: {e}"),
     }
     let shown = dir_path.display().to_string();
     match dir.close() {
-        Ok(()) => println!(
+        Ok(()) => say!(
             "stopped after {}s: {} requests sent, {} answered 2xx, {} rejected by gov; removed {shown}",
             started.elapsed().as_secs(),
             totals.sent,
             totals.ok,
             totals.rejected
         ),
-        Err(e) => eprintln!("warning: cannot remove {shown}: {e}"),
+        Err(e) => warn_line!("warning: cannot remove {shown}: {e}"),
     }
     outcome
 }
@@ -339,7 +356,7 @@ fn sources(paths: &[PathBuf]) -> Result<Vec<pb::SourceFile>, DemoError> {
     for (name, text) in files {
         let (text, changed) = policy::local_scope(&text);
         for limit in changed {
-            println!(
+            say!(
                 "note: limit `{limit}` ({name}) has `scope cluster`; gov-agent has no shared counter store (Redis) yet, so the demo applies it with `scope local` (one agent per service counts the same)"
             );
         }
@@ -534,24 +551,25 @@ async fn summaries(
             .unwrap_or_else(PoisonError::into_inner)
             .drain(..)
         {
-            println!("* {n}");
+            say!("* {n}");
         }
-        print!("{text}");
+        say!("{}", text.trim_end());
     }
 }
 
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
+/// Resolves on Ctrl-C (SIGINT), SIGTERM or SIGHUP (the terminal closed).
 async fn interrupted() {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
+    let (Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        _ = hup.recv() => {}
     }
 }
