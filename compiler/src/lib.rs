@@ -133,8 +133,8 @@ pub fn compile(files: &[SourceFile]) -> Result<Compiled, Diagnostics> {
 fn analyze(files: &[SourceFile]) -> (Diagnostics, Vec<Option<gov_lang::ast::Policy>>) {
     let mut out = Vec::new();
     let mut parsed = Vec::with_capacity(files.len());
-    for f in files {
-        match gov_lang::parse(&f.name, &f.text) {
+    for result in parse_all(files) {
+        match result {
             Ok(p) => parsed.push(Some(p)),
             Err(e) => {
                 out.push(Diagnostic::from(e));
@@ -157,6 +157,46 @@ fn analyze(files: &[SourceFile]) -> (Diagnostics, Vec<Option<gov_lang::ast::Poli
     semantic.sort_by_key(Diagnostic::is_warning);
     out.extend(semantic);
     (Diagnostics(out), parsed)
+}
+
+/// Below this much text, threads cost more than they save.
+const PARALLEL_PARSE_BYTES: usize = 256 * 1024;
+
+/// Parses every file, in order. Files are independent, so a large policy in
+/// several files is parsed on every core (file `i` on thread `i % n`).
+fn parse_all(files: &[SourceFile]) -> Vec<Result<gov_lang::ast::Policy, gov_lang::SyntaxError>> {
+    let parse = |f: &SourceFile| gov_lang::parse(&f.name, &f.text);
+    let total: usize = files.iter().map(|f| f.text.len()).sum();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .min(files.len());
+    if threads <= 1 || total < PARALLEL_PARSE_BYTES {
+        return files.iter().map(parse).collect();
+    }
+    let mut results: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    files
+                        .iter()
+                        .enumerate()
+                        .skip(t)
+                        .step_by(threads)
+                        .map(|(i, f)| (i, parse(f)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
 }
 
 fn with_ctx<T>(

@@ -116,3 +116,36 @@ fn warnings_do_not_block() {
     assert!(!checked.diagnostics.has_errors());
     assert!(checked.model.is_some());
 }
+
+#[test]
+fn large_policies_parse_in_parallel_and_report_in_file_order() {
+    // Over the parallel-parse threshold: 6 files of about 60KB each.
+    let service = |f: usize, i: usize| {
+        format!(
+            "service s{f}_{i} {{\n  match m = path prefix \"/x\"\n  bulkhead b on m {{\n    max_concurrent 1\n  }}\n}}\n"
+        )
+    };
+    let mut files: Vec<SourceFile> = (0..6)
+        .map(|f| {
+            let text: String = (0..700).map(|i| service(f, i)).collect();
+            SourceFile::new(format!("f{f}.gov"), text)
+        })
+        .collect();
+    assert!(files.iter().map(|f| f.text.len()).sum::<usize>() > 300 * 1024);
+    assert!(check(&files).model.is_some());
+    files[4].text.push_str("service broken {");
+    files[1].text.push_str("service broken {");
+    files[3].text.push_str("service s3_0 {}\n");
+    let checked = check(&files);
+    let codes: Vec<String> = checked.diagnostics.iter().map(|d| d.code_str()).collect();
+    assert_eq!(
+        codes,
+        ["gov::syntax", "gov::syntax", "gov::duplicate-service"]
+    );
+    let rendered = render(&checked.diagnostics);
+    let (one, four) = (
+        rendered.find("[f1.gov:").unwrap(),
+        rendered.find("[f4.gov:").unwrap(),
+    );
+    assert!(one < four, "{rendered}");
+}
