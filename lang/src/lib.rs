@@ -1,5 +1,18 @@
 //! The `.gov` policy language: grammar, syntax tree with spans, parser and formatter.
 //!
+//! - [`parse`] turns one file into an [`ast::Policy`] or a [`SyntaxError`]
+//!   (a miette diagnostic with the file name, a label at the offending token
+//!   and, where one fits, a help line). Input over [`MAX_SOURCE_BYTES`],
+//!   parentheses nested deeper than [`MAX_NESTING`] and match expressions of
+//!   more than [`MAX_EXPR_TERMS`] terms are refused.
+//! - [`format()`] prints a tree in the one canonical layout, keeping the
+//!   comments of the source it came from; [`format_source`] does both.
+//!
+//! The grammar is `src/gov.pest`; the words that start match expressions or
+//! statements (`path`, `method`, `header`, `consumer`, `calls`, `any`, `and`,
+//! `or`, `service`, `registry`, `domain`, `capacity`, `match`, `bulkhead`,
+//! `limit`, `fuse`, `warmup`, `shutdown`) cannot be used as names.
+//!
 //! ```
 //! let policy = gov_lang::parse("a.gov", "service a { capacity workers 4 }")?;
 //! assert_eq!(policy.items.len(), 1);
