@@ -2,7 +2,7 @@
 //!
 //! A file is read up to one byte past [`gov_lang::MAX_SOURCE_BYTES`], so an
 //! enormous file costs no more memory than the limit and the parser still
-//! reports it as too large.
+//! reports it as too large. The path `-` is standard input.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -28,19 +28,34 @@ pub fn read_policy(path: &Path) -> Result<String, InputError> {
         path: path.to_owned(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(read)?;
     let limit = u64::try_from(gov_lang::MAX_SOURCE_BYTES)
         .unwrap_or(u64::MAX)
         .saturating_add(1);
     let mut bytes = Vec::new();
-    file.take(limit).read_to_end(&mut bytes).map_err(read)?;
+    if is_stdin(path) {
+        let stdin = std::io::stdin().lock();
+        stdin.take(limit).read_to_end(&mut bytes).map_err(read)?;
+    } else {
+        let file = std::fs::File::open(path).map_err(read)?;
+        file.take(limit).read_to_end(&mut bytes).map_err(read)?;
+    }
     String::from_utf8(bytes).map_err(|e| InputError::NotUtf8 {
         path: path.to_owned(),
         offset: e.utf8_error().valid_up_to(),
     })
 }
 
-/// The name diagnostics use for `path`: the path as the user wrote it.
+/// The name diagnostics use for `path`: the path as the user wrote it, or
+/// `<stdin>`.
 pub fn display_name(path: &Path) -> String {
-    path.display().to_string()
+    if is_stdin(path) {
+        "<stdin>".to_owned()
+    } else {
+        path.display().to_string()
+    }
+}
+
+/// `-` stands for standard input.
+pub fn is_stdin(path: &Path) -> bool {
+    path.as_os_str() == "-"
 }

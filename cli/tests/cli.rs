@@ -350,3 +350,30 @@ fn fmt_diff_prints_a_unified_diff() {
         .stdout(stdout);
     assert_eq!(std::fs::read_to_string(&path).unwrap(), UNFORMATTED);
 }
+
+#[test]
+fn a_dash_reads_standard_input() {
+    govc()
+        .args(["fmt", "-"])
+        .write_stdin(UNFORMATTED)
+        .assert()
+        .success()
+        .stdout(FORMATTED);
+    govc()
+        .args(["fmt", "--check", "-"])
+        .write_stdin(UNFORMATTED)
+        .assert()
+        .code(1)
+        .stdout("<stdin>\n");
+    govc()
+        .args(["check", "-"])
+        .write_stdin(BROKEN)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("<stdin>:3:1"));
+    govc()
+        .args(["fmt", "--write", "-"])
+        .write_stdin(FORMATTED)
+        .assert()
+        .code(64);
+}

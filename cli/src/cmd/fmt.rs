@@ -13,7 +13,7 @@ use crate::report::{ReportArgs, Reporter};
 /// Without a flag, prints each file formatted to stdout.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The policy files.
+    /// The policy files (`-` reads standard input).
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
 
@@ -47,6 +47,12 @@ struct WriteError {
 }
 
 pub fn run(args: Args) -> ExitCode {
+    if args.write && args.files.iter().any(|f| input::is_stdin(f)) {
+        eprintln!(
+            "error: `--write` cannot rewrite standard input; leave out `--write` to print the result"
+        );
+        return ExitCode::from(crate::EXIT_USAGE);
+    }
     let reporter = Reporter::new(args.report.error_format);
     let mut diagnostics = Vec::new();
     let mut unformatted = 0usize;
