@@ -38,6 +38,7 @@ pub use body::ProxyBody;
 pub use metrics::LATENCY_BUCKETS_SECONDS;
 pub use proxy::GOV_SERVICE;
 pub use reload::{ConfigError, ConfigStatus, parse_config, read_config};
+pub use upstream::UpstreamProtocol;
 
 /// Default drain deadline: Istio's `terminationDrainDuration`.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -63,6 +64,8 @@ pub struct Options {
     pub instances: Vec<(String, Vec<Authority>)>,
     /// The control plane URL (used by the control-plane client; unset: standalone).
     pub control_plane: Option<String>,
+    /// The protocol spoken to upstreams (the local service and other services).
+    pub upstream_protocol: UpstreamProtocol,
 }
 
 impl Options {
@@ -80,6 +83,7 @@ impl Options {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             instances: Vec::new(),
             control_plane: None,
+            upstream_protocol: UpstreamProtocol::default(),
         }
     }
 }
@@ -187,7 +191,7 @@ impl Sidecar {
 
         let shared = Arc::new(proxy::Shared {
             engine: engine.clone(),
-            client: upstream::client(),
+            clients: upstream::Clients::new(options.upstream_protocol),
             local: options.upstream.clone(),
             directory: upstream::Directory::new(&options.instances),
         });

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gov_agent::sidecar::{Options, Sidecar};
+use gov_agent::sidecar::{Options, Sidecar, UpstreamProtocol};
 use http::uri::Authority;
 
 /// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
@@ -71,6 +71,11 @@ struct Args {
     /// (`govd --agent-token-file`).
     #[arg(long, env = "GOV_CONTROL_PLANE_TOKEN_FILE")]
     control_plane_token_file: Option<PathBuf>,
+
+    /// The protocol spoken to upstreams: `http1`, `http2` (prior knowledge, h2c), or
+    /// `downstream` (what the client spoke: gRPC clients get HTTP/2 with trailers).
+    #[arg(long, env = "GOV_UPSTREAM_PROTOCOL", default_value = "http1")]
+    upstream_protocol: UpstreamProtocol,
 
     /// Runtime worker threads. 1 (the default) runs everything on one thread, which
     /// is the cheapest for a sidecar sharing a core with its service.
@@ -141,6 +146,7 @@ async fn run(args: Args) -> ExitCode {
         drain_timeout: args.drain_timeout,
         instances: args.instances,
         control_plane: args.control_plane,
+        upstream_protocol: args.upstream_protocol,
     };
     let sidecar = match Sidecar::start(options).await {
         Ok(sidecar) => sidecar,

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
-use http::{Request, Response, StatusCode, Version};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use super::body::{Counted, ProxyBody, Tally};
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
-use super::upstream::{Directory, UpstreamClient};
+use super::upstream::{Clients, Directory};
 use crate::{Admission, ByteMeter, Engine, Outcome, Rejection, RequestInfo};
 
 /// The header a local service may set on an outbound call to name the service it
@@ -57,7 +57,7 @@ impl Tally for ResponseTally {
 /// What both proxy listeners share.
 pub(crate) struct Shared {
     pub(crate) engine: Engine,
-    pub(crate) client: UpstreamClient,
+    pub(crate) clients: Clients,
     /// The local service, for the inbound listener.
     pub(crate) local: Authority,
     /// Other services' instances, for the outbound listener.
@@ -106,7 +106,7 @@ impl Inbound {
             Err(rejection) => return rejection_response(&rejection),
         };
         let to = self.shared.local.clone();
-        forward(&self.shared.client, req, to, &self.peer, admission).await
+        forward(&self.shared.clients, req, to, &self.peer, admission).await
     }
 }
 
@@ -149,7 +149,7 @@ impl Outbound {
             Err(rejection) => return rejection_response(&rejection),
         };
         let to = instance.authority.clone();
-        forward(&self.shared.client, req, to, &self.peer, admission).await
+        forward(&self.shared.clients, req, to, &self.peer, admission).await
     }
 }
 
@@ -173,7 +173,7 @@ fn target_service<B>(req: &Request<B>) -> Option<&str> {
 /// Sends `req` to `to` under `admission` and streams the response back; reports the
 /// outcome (status, connect failure, reset, timeout) to the engine.
 async fn forward(
-    client: &UpstreamClient,
+    clients: &Clients,
     req: Request<Incoming>,
     to: Authority,
     peer: &HeaderValue,
@@ -206,8 +206,8 @@ async fn forward(
         return failure_response(Failure::BadRequest("gov-agent: bad request target\n"));
     };
     parts.uri = uri;
-    // The upstream pool speaks HTTP/1.1 whatever the client spoke.
-    parts.version = Version::HTTP_11;
+    let (client, version) = clients.pick(parts.version);
+    parts.version = version;
     strip_hop_by_hop(&mut parts.headers);
     append_forwarded_for(&mut parts.headers, peer);
 

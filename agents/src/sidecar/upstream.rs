@@ -18,12 +18,70 @@ use super::proxy::RequestTally;
 /// The body the proxy forwards upstream: the client's body, counted as it streams.
 pub(crate) type UpstreamBody = Counted<Incoming, RequestTally>;
 
-/// The pooled HTTP/1.1 client all upstream calls share.
+/// A pooled upstream client.
 pub(crate) type UpstreamClient = Client<HttpConnector, UpstreamBody>;
 
-/// Builds the upstream client: keep-alive connections pooled per upstream address,
-/// `TCP_NODELAY`, a bounded connect time.
-pub(crate) fn client() -> UpstreamClient {
+/// Which protocol the proxy speaks to upstreams.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 whatever the client spoke (the default: every HTTP server speaks it).
+    #[default]
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c), for upstreams that speak only HTTP/2.
+    Http2,
+    /// The protocol the client spoke: HTTP/2 clients (gRPC) get an HTTP/2 upstream
+    /// connection, with trailers passed through; HTTP/1 clients an HTTP/1.1 one.
+    Downstream,
+}
+
+impl std::str::FromStr for UpstreamProtocol {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "http1" => Ok(Self::Http1),
+            "http2" => Ok(Self::Http2),
+            "downstream" => Ok(Self::Downstream),
+            _ => Err(format!(
+                "`{s}` is not an upstream protocol: use `http1`, `http2` or `downstream`"
+            )),
+        }
+    }
+}
+
+/// The pooled clients all upstream calls share: keep-alive connections pooled per
+/// upstream address (HTTP/2 ones multiplexed), `TCP_NODELAY`, a bounded connect time.
+pub(crate) struct Clients {
+    protocol: UpstreamProtocol,
+    http1: UpstreamClient,
+    http2: UpstreamClient,
+}
+
+impl Clients {
+    pub(crate) fn new(protocol: UpstreamProtocol) -> Self {
+        Self {
+            protocol,
+            http1: client(false),
+            http2: client(true),
+        }
+    }
+
+    /// The client for a request that arrived as `version`, and the version to send.
+    pub(crate) fn pick(&self, version: http::Version) -> (&UpstreamClient, http::Version) {
+        let http2 = match self.protocol {
+            UpstreamProtocol::Http1 => false,
+            UpstreamProtocol::Http2 => true,
+            UpstreamProtocol::Downstream => version == http::Version::HTTP_2,
+        };
+        if http2 {
+            (&self.http2, http::Version::HTTP_2)
+        } else {
+            (&self.http1, http::Version::HTTP_11)
+        }
+    }
+}
+
+fn client(http2: bool) -> UpstreamClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(2)));
@@ -34,6 +92,7 @@ pub(crate) fn client() -> UpstreamClient {
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(1024)
         .timer(TokioTimer::new())
+        .http2_only(http2)
         .build(connector)
 }
 

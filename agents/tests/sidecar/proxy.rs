@@ -10,6 +10,8 @@ use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use gov_agent::sidecar::UpstreamProtocol;
+
 use crate::support::{Upstream, agent, http, ms, upstream};
 
 #[tokio::test]
@@ -60,8 +62,45 @@ async fn serves_http2_clients_with_prior_knowledge() {
     let response = client.request(req).await.unwrap();
     assert_eq!(response.version(), http::Version::HTTP_2);
     assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["x-upstream-version"],
+        "HTTP/1.1",
+        "by default the upstream is spoken to in HTTP/1.1"
+    );
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"over h2");
+}
+
+#[tokio::test]
+async fn grpc_style_calls_keep_http2_and_trailers_when_the_upstream_follows_the_client() {
+    let up = upstream().trailers("/shop.Orders/Get").start().await;
+    let agent = agent()
+        .upstream(&up)
+        .upstream_protocol(UpstreamProtocol::Downstream)
+        .start()
+        .await;
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = Request::post(agent.url("/shop.Orders/Get"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from_static(b"\0\0\0\0\x02hi")))
+        .unwrap();
+    let response = h2.request(req).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["x-upstream-version"], "HTTP/2.0");
+    let collected = response.into_body().collect().await.unwrap();
+    assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
+    assert_eq!(&collected.to_bytes()[..], b"\0\0\0\0\x02hi");
+
+    // An HTTP/1.1 client of the same agent still gets an HTTP/1.1 upstream.
+    let reply = http()
+        .post(&agent.url("/shop.Orders/Get"), "plain")
+        .await
+        .unwrap();
+    assert_eq!(reply.header("x-upstream-version"), Some("HTTP/1.1"));
+    assert_eq!(reply.text(), "plain");
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use gov_agent::sidecar::{Options, Sidecar};
+use gov_agent::sidecar::{Options, Sidecar, UpstreamProtocol};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -41,6 +41,8 @@ enum Behaviour {
     Sized(usize),
     /// 500 while the upstream's `failing` flag is set, else 200.
     Flaky,
+    /// The request body back, then a `grpc-status: 0` trailer (as gRPC answers).
+    Trailers,
 }
 
 /// Builds a real upstream server on 127.0.0.1:0.
@@ -74,6 +76,12 @@ impl UpstreamBuilder {
     /// `path` answers with `bytes` bytes.
     pub fn sized(mut self, path: &str, bytes: usize) -> Self {
         self.routes.insert(path.to_owned(), Behaviour::Sized(bytes));
+        self
+    }
+
+    /// `path` echoes the body and ends with a `grpc-status: 0` trailer.
+    pub fn trailers(mut self, path: &str) -> Self {
+        self.routes.insert(path.to_owned(), Behaviour::Trailers);
         self
     }
 
@@ -126,10 +134,11 @@ struct UpstreamState {
 }
 
 impl UpstreamState {
-    async fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn answer(&self, req: Request<Incoming>) -> Response<UpstreamBody> {
         self.received.fetch_add(1, Ordering::SeqCst);
+        let version = format!("{:?}", req.version());
         let behaviour = self.routes.get(req.uri().path()).cloned();
-        let mut response = match behaviour {
+        let response = match behaviour {
             None => status(StatusCode::NOT_FOUND, "no such route\n"),
             Some(Behaviour::Delay(delay)) => {
                 let path = req.uri().path().to_owned();
@@ -153,7 +162,29 @@ impl UpstreamState {
                     status(StatusCode::OK, "ok\n")
                 }
             }
+            Some(Behaviour::Trailers) => {
+                let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                let frames = [
+                    Ok::<_, Infallible>(hyper::body::Frame::data(body.unwrap_or_default())),
+                    Ok(hyper::body::Frame::trailers(trailers)),
+                ];
+                let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
+                let mut response = Response::new(body.boxed_unsync());
+                response.headers_mut().insert(
+                    "x-upstream-version",
+                    http::HeaderValue::from_str(&version).unwrap(),
+                );
+                self.completed.fetch_add(1, Ordering::SeqCst);
+                return response;
+            }
         };
+        let mut response = response.map(|b| b.boxed_unsync());
+        response.headers_mut().insert(
+            "x-upstream-version",
+            http::HeaderValue::from_str(&version).unwrap(),
+        );
         response
             .headers_mut()
             .insert("x-upstream", http::HeaderValue::from_static("1"));
@@ -170,6 +201,8 @@ impl UpstreamState {
         entry.1 = entry.1.max(entry.0);
     }
 }
+
+type UpstreamBody = http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>;
 
 fn status(code: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(body.into()));
@@ -247,6 +280,7 @@ pub fn agent() -> AgentBuilder {
         outbound: false,
         instances: Vec::new(),
         drain: ms(5000),
+        protocol: UpstreamProtocol::Http1,
     }
 }
 
@@ -256,9 +290,16 @@ pub struct AgentBuilder {
     outbound: bool,
     instances: Vec<(String, Vec<SocketAddr>)>,
     drain: Duration,
+    protocol: UpstreamProtocol,
 }
 
 impl AgentBuilder {
+    /// The protocol the agent speaks to upstreams.
+    pub fn upstream_protocol(mut self, protocol: UpstreamProtocol) -> Self {
+        self.protocol = protocol;
+        self
+    }
+
     /// The `TargetConfig` YAML, written to a file the agent watches.
     pub fn config(mut self, yaml: &str) -> Self {
         self.config = Some(yaml.to_owned());
@@ -294,6 +335,7 @@ impl AgentBuilder {
         let mut options = Options::new("shop", upstream.to_string().parse().unwrap());
         options.admin_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
         options.drain_timeout = self.drain;
+        options.upstream_protocol = self.protocol;
         if let Some(yaml) = &self.config {
             std::fs::write(&config_path, yaml).unwrap();
             options.config = Some(config_path.clone());
