@@ -346,3 +346,59 @@ fuses:
         "{text}"
     );
 }
+
+/// A client-side bulkhead per upstream instance on the outbound listener: each
+/// instance of `inventory` gets its own permits.
+#[tokio::test]
+async fn outbound_bulkhead_per_instance_caps_each_instance_separately() {
+    let a = upstream().slow("/stock", ms(200)).start().await;
+    let b = upstream().slow("/stock", ms(200)).start().await;
+    let local = upstream().start().await;
+    let agent = agent()
+        .config(
+            r#"
+service: shop
+version: outbound-v1
+bulkheads:
+  - rule: shop/per_instance
+    on: { calls_to: inventory }
+    direction: DIRECTION_OUTBOUND
+    key: BULKHEAD_KEY_INSTANCE
+    max_concurrent: 1
+"#,
+        )
+        .upstream(&local)
+        .instances("inventory", &[&a, &b])
+        .start()
+        .await;
+    let client = http();
+    let url = agent.outbound_url("/stock");
+    // Round robin sends calls 1 and 3 to `a`, 2 and 4 to `b`: the second call to each
+    // instance finds its one permit taken.
+    let calls: Vec<_> = (0..4)
+        .map(|_| client.get_with(&url, &[("gov-service", "inventory")]))
+        .collect();
+    let replies = futures::future::join_all(calls).await;
+    let mut statuses: Vec<u16> = replies
+        .iter()
+        .map(|r| r.as_ref().unwrap().status.as_u16())
+        .collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 408, 408]);
+    assert_eq!(
+        (a.peak_in_flight("/stock"), b.peak_in_flight("/stock")),
+        (1, 1)
+    );
+    let rejected = replies
+        .iter()
+        .map(|r| r.as_ref().unwrap())
+        .find(|r| r.status == StatusCode::REQUEST_TIMEOUT)
+        .unwrap();
+    assert_eq!(rejected.header(REJECTED_BY), Some("shop/per_instance"));
+
+    // Inbound calls are not governed by the outbound rule.
+    assert_eq!(
+        client.get(&agent.url("/")).await.unwrap().status,
+        StatusCode::NOT_FOUND
+    );
+}
