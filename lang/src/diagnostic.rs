@@ -309,13 +309,20 @@ fn help(expected: &Expected, found: &Token<'_>) -> Option<String> {
     if expected.has_phrase(STRING) && (text.starts_with('\'') || text.starts_with('`')) {
         return Some("strings use double quotes, as in `\"/orders\"`".to_owned());
     }
-    if expected.has_phrase(STRING) && found.is_word() {
+    if expected.has_phrase(STRING) && (found.is_word() || text.starts_with('/')) {
         return Some(format!("write text in double quotes, as in `\"{text}\"`"));
     }
     if found.is_word()
         && let Some(word) = did_you_mean(text, &expected.words)
     {
         return Some(format!("did you mean `{word}`?"));
+    }
+    if expected.has_phrase(DURATION) && found.is_word() {
+        return Some("write a duration as a number and a unit, as in `1s` or `1m`".to_owned());
+    }
+    if expected.has_phrase(NAME) && text.starts_with('"') {
+        let bare = text.trim_matches('"');
+        return Some(format!("names are written without quotes, as in `{bare}`"));
     }
     None
 }
@@ -357,6 +364,7 @@ const PERCENT: &str = "a percentage such as `50%`";
 const INT: &str = "a whole number";
 const STRING: &str = "a string such as `\"/orders\"`";
 const MATCH: &str = "a match expression";
+const NAME: &str = "a name";
 
 /// How a rule reads in "expected ...".
 enum Phrase {
@@ -371,7 +379,7 @@ fn describe_rule(rule: Rule) -> Vec<Phrase> {
     use Phrase::{Text, Word};
     let words = |ws: &[&str]| ws.iter().map(|w| Word((*w).to_owned())).collect();
     match rule {
-        Rule::ident | Rule::match_ref => vec![Text("a name")],
+        Rule::ident | Rule::match_ref => vec![Text(NAME)],
         Rule::string | Rule::string_body => vec![Text(STRING)],
         Rule::int | Rule::status_range => vec![Text(INT)],
         Rule::duration => vec![Text(DURATION)],
@@ -430,7 +438,7 @@ impl Expected {
         }
         if MATCH_STARTERS.iter().all(|s| words.iter().any(|w| w == s)) {
             words.retain(|w| !MATCH_STARTERS.contains(&w.as_str()) && w != "(");
-            texts.retain(|t| *t != "a name");
+            texts.retain(|t| *t != NAME);
             texts.insert(0, MATCH);
         }
         // Keywords in alphabetical order, then punctuation.
@@ -510,6 +518,10 @@ impl<'s> Token<'s> {
                 end
             }
             Some('\'') => line[1..].find('\'').map_or(line.len(), |i| i + 2),
+            // An unquoted path: up to the next space or delimiter.
+            Some('/') => line
+                .find(|c: char| c.is_whitespace() || "{}()=\"#".contains(c))
+                .unwrap_or(line.len()),
             Some(c) if is_word_char(c) => {
                 line.find(|c: char| !is_word_char(c)).unwrap_or(line.len())
             }
