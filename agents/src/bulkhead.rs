@@ -2,16 +2,21 @@
 //!
 //! A scope is the whole match (server side, per operation), or, on the client
 //! side, one upstream instance or one instance+path, created lazily on first
-//! use. Permits are a tokio [`Semaphore`]: FIFO, so a waiting call is never
-//! overtaken by a later one (a released permit goes to the oldest waiter).
+//! use. Permits are one atomic word per scope (permits in use, waiters): the
+//! fast path is a compare-exchange to take and a subtraction to return, no
+//! lock. While anyone waits, new calls do not take free permits ahead of
+//! them; waiters are woken one at a time in arrival order (tokio `Notify`).
 //! A call that finds no permit waits at most `max_wait`, with at most
 //! `max_queue` waiters per scope; else it is rejected.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU32, AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Arc, RwLock};
 
-use tokio::sync::Semaphore;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::config::{BulkheadKey, BulkheadSpec};
 use crate::rejection::RejectReason;
@@ -23,24 +28,56 @@ use crate::stats::Counters;
 /// unbounded instance+path keys cannot exhaust memory).
 pub const MAX_KEYS: usize = 4096;
 
+/// One waiter in the high half of `Cell::state`.
+const WAITER: u64 = 1 << 32;
+
 /// The permits of one scope.
 #[derive(Debug)]
 pub(crate) struct Cell {
-    sem: Semaphore,
+    /// Low 32 bits: permits in use; high 32 bits: calls waiting.
+    // INVARIANT: permits in use <= max_concurrent of the owning bulkhead.
+    state: AtomicU64,
+    notify: Notify,
     waiting: AtomicU32,
 }
 
 impl Cell {
-    fn new(permits: u32) -> Self {
+    fn new() -> Self {
         Self {
-            sem: Semaphore::new(permits as usize),
+            state: AtomicU64::new(0),
+            notify: Notify::new(),
             waiting: AtomicU32::new(0),
         }
     }
 
     /// Permits in use.
-    pub(crate) fn in_use(&self, max: u32) -> u64 {
-        u64::from(max).saturating_sub(self.sem.available_permits() as u64)
+    pub(crate) fn in_use(&self, _max: u32) -> u64 {
+        self.state.load(Relaxed) & 0xffff_ffff
+    }
+
+    /// Takes a permit if one is free; unless `waiter`, only when nobody waits.
+    fn take(&self, max: u32, waiter: bool) -> bool {
+        let mut current = self.state.load(Relaxed);
+        loop {
+            let in_use = current & 0xffff_ffff;
+            if in_use >= u64::from(max) || (!waiter && current >> 32 > 0) {
+                return false;
+            }
+            match self
+                .state
+                .compare_exchange_weak(current, current + 1, Acquire, Relaxed)
+            {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    fn give(&self) {
+        let before = self.state.fetch_sub(1, Release);
+        if before >> 32 > 0 {
+            self.notify.notify_one();
+        }
     }
 }
 
@@ -69,7 +106,7 @@ pub(crate) struct Bulkhead {
 impl Bulkhead {
     pub(crate) fn new(spec: BulkheadSpec) -> Self {
         Self {
-            single: Cell::new(spec.max_concurrent),
+            single: Cell::new(),
             spec,
             keyed: RwLock::default(),
             counters: Counters::default(),
@@ -127,16 +164,13 @@ impl Bulkhead {
                 return CellRef::Single;
             }
         }
-        let permits = self.spec.max_concurrent;
         let entry = map.entry(instance.into()).or_default();
         let cell = match path {
-            None => entry
-                .cell
-                .get_or_insert_with(|| Arc::new(Cell::new(permits))),
+            None => entry.cell.get_or_insert_with(|| Arc::new(Cell::new())),
             Some(p) => entry
                 .paths
                 .entry(p.into())
-                .or_insert_with(|| Arc::new(Cell::new(permits))),
+                .or_insert_with(|| Arc::new(Cell::new())),
         };
         CellRef::Keyed(cell.clone())
     }
@@ -148,16 +182,9 @@ impl Bulkhead {
         }
     }
 
-    /// Takes a permit if one is free now.
+    /// Takes a permit if one is free now and nobody is waiting for one.
     pub(crate) fn try_acquire(&self, cell: &Cell) -> bool {
-        match cell.sem.try_acquire() {
-            Ok(permit) => {
-                // Released by hand in `release` (the admission outlives any borrow).
-                permit.forget();
-                true
-            }
-            Err(_) => false,
-        }
+        cell.take(self.spec.max_concurrent, false)
     }
 
     /// Whether a call that found no permit may wait for one.
@@ -173,28 +200,42 @@ impl Bulkhead {
         if !self.may_wait() {
             return Err(RejectReason::BulkheadFull);
         }
+        let deadline = Instant::now() + self.spec.max_wait;
         let waiters = cell.waiting.fetch_add(1, Relaxed);
-        let _queued = Queued {
+        let mut queued = Queued {
             cell,
             counters: &self.counters,
+            max: self.spec.max_concurrent,
+            registered: false,
         };
         self.counters.waiting.fetch_add(1, Relaxed);
         if self.spec.max_queue.is_some_and(|max| waiters >= max) {
             return Err(RejectReason::BulkheadFull);
         }
-        match tokio::time::timeout(self.spec.max_wait, cell.sem.acquire()).await {
-            Ok(Ok(permit)) => {
-                permit.forget();
-                Ok(())
+        let before = cell.state.fetch_add(WAITER, AcqRel);
+        queued.registered = true;
+        // Behind older waiters: a permit free now is being handed to one of
+        // them, so wait for our turn instead of taking it.
+        let mut behind = before >> 32 > 0;
+        loop {
+            // Register for a wake-up before looking, so a release in between
+            // is not missed.
+            let notified = cell.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !behind && cell.take(self.spec.max_concurrent, true) {
+                return Ok(());
             }
-            // The semaphore is never closed; treat it like a timeout anyway.
-            Ok(Err(_)) | Err(_) => Err(RejectReason::BulkheadTimeout),
+            behind = false;
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(RejectReason::BulkheadTimeout);
+            }
         }
     }
 
     /// Returns a permit taken by `try_acquire` or `acquire`.
     pub(crate) fn release(&self, cell: &Cell) {
-        cell.sem.add_permits(1);
+        cell.give();
     }
 
     /// Permits in use over every scope.
@@ -215,12 +256,23 @@ impl Bulkhead {
 struct Queued<'a> {
     cell: &'a Cell,
     counters: &'a Counters,
+    max: u32,
+    /// Counted in `Cell::state`.
+    registered: bool,
 }
 
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
         self.cell.waiting.fetch_sub(1, Relaxed);
         self.counters.waiting.fetch_sub(1, Relaxed);
+        if self.registered {
+            let after = self.cell.state.fetch_sub(WAITER, AcqRel) - WAITER;
+            // This waiter may have consumed a wake-up meant for a free permit
+            // (then timed out or was cancelled): pass it on.
+            if after >> 32 > 0 && after & 0xffff_ffff < u64::from(self.max) {
+                self.cell.notify.notify_one();
+            }
+        }
     }
 }
 
@@ -290,6 +342,33 @@ mod tests {
         let waited = waiter.await.unwrap().unwrap();
         assert_eq!(waited, Duration::from_millis(30));
         assert_eq!(b.in_use(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiters_are_served_in_arrival_order() {
+        let b = bulkhead(1, 1000, None, BulkheadKey::Operation);
+        assert!(b.try_acquire(b.cell(&CellRef::Single)));
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for n in 0..3 {
+            let (b, order) = (b.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                b.acquire(b.cell(&CellRef::Single)).await.unwrap();
+                order.lock().unwrap().push(n);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                b.release(b.cell(&CellRef::Single));
+            }));
+            // Arrive one after the other.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        b.release(b.cell(&CellRef::Single));
+        // A newcomer does not take the permit being handed to a waiter.
+        assert!(!b.try_acquire(b.cell(&CellRef::Single)));
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
+        assert_eq!(b.in_use(), 0);
     }
 
     #[tokio::test(start_paused = true)]

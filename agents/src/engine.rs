@@ -208,7 +208,8 @@ pub struct Admission {
     /// `None` when no rule matched: nothing to hold or record.
     snap: Option<Arc<Snapshot>>,
     held: SmallVec<[Held; 4]>,
-    start: Instant,
+    /// When the decision began (`None` when no rule matched: no clock read).
+    start: Option<Instant>,
     /// The shortest matched timeout, and the rule it came from.
     timeout: Option<(Duration, u32)>,
     has_bytes: bool,
@@ -391,34 +392,40 @@ impl Engine {
         if router.is_empty {
             return Decision::Admitted(Admission::unmatched());
         }
-        let consumer = if router.needs_consumer {
-            req.headers
-                .get(&config.consumer_header)
-                .and_then(|v| v.to_str().ok())
-        } else {
-            None
-        };
         let target = req.target.map(|t| t.service);
-        let view = View {
-            method: req.method,
-            path: req.path,
-            headers: req.headers,
-            consumer,
+        let view = View::new(
+            req.method,
+            req.path,
+            req.headers,
+            &config.consumer_header,
             target,
-        };
+        );
         let mut matched = Matched::new();
         router.matches(&config.rules, &view, &mut matched);
         if matched.is_empty() {
             return Decision::Admitted(Admission::unmatched());
         }
 
+        // Read the consumer only when a consumer-keyed limit needs it.
+        let consumer = matched
+            .iter()
+            .any(|id| {
+                matches!(&config.rules[id.0 as usize].spec,
+                    RuleSpec::Limit(l) if l.key == LimitKey::Consumer)
+            })
+            .then(|| {
+                req.headers
+                    .get(&config.consumer_header)
+                    .and_then(|v| v.to_str().ok())
+            })
+            .flatten();
         let snap = Guard::into_inner(guard);
         let now = Instant::now();
         let mut steps = Steps::new();
         let mut admission = Admission {
             snap: None,
             held: SmallVec::new(),
-            start: now,
+            start: Some(now),
             timeout: None,
             has_bytes: false,
             admitted: false,
@@ -636,8 +643,7 @@ impl Admission {
         Self {
             snap: None,
             held: SmallVec::new(),
-            // Never read: there is nothing to record without a matched rule.
-            start: Instant::now(),
+            start: None,
             timeout: None,
             has_bytes: false,
             admitted: true,
@@ -657,7 +663,8 @@ impl Admission {
 
     /// Runs one step without waiting.
     fn step_now(&mut self, step: Step, now: Instant) -> Result<(), StepError> {
-        let Some(snap) = self.snap.clone() else {
+        // Borrow the snapshot field only (no refcount traffic on the hot path).
+        let Some(snap) = self.snap.as_deref() else {
             return Ok(());
         };
         match step {
@@ -691,7 +698,9 @@ impl Admission {
                         let shape = match l.spec.action {
                             LimitAction::Shape { max_delay } => {
                                 !e.engaged
-                                    && e.wait.is_some_and(|w| now + w <= self.start + max_delay)
+                                    && e.wait.is_some_and(|w| {
+                                        now + w <= self.start.unwrap_or(now) + max_delay
+                                    })
                             }
                             LimitAction::Reject => false,
                         };
@@ -832,11 +841,11 @@ impl Admission {
             return;
         }
         self.recorded = true;
-        let Some(snap) = self.snap.clone() else {
+        let Some(snap) = self.snap.as_deref() else {
             return;
         };
         let now = Instant::now();
-        let latency = now.saturating_duration_since(self.start);
+        let latency = now.saturating_duration_since(self.start.unwrap_or(now));
         for h in &mut self.held {
             let state = &snap.states[h.rule() as usize];
             state.counters().latency(latency);
@@ -867,7 +876,8 @@ impl Drop for Admission {
         let Some(snap) = &self.snap else { return };
         for h in &self.held {
             let state = &snap.states[h.rule() as usize];
-            if self.admitted {
+            // A recorded call ended in a latency bucket; count the others here.
+            if self.admitted && !self.recorded {
                 state.counters().end();
             }
             match (h, state) {

@@ -7,13 +7,14 @@
 //! can match, plus the rules whose match has no path requirement. Matching
 //! does not allocate for up to [`INLINE_RULES`] matched rules.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use smallvec::SmallVec;
 
-use crate::config::{Direction, LimitKey, Rule, RuleId, RuleSpec};
+use crate::config::{Direction, Rule, RuleId};
 
 /// Matched rules kept inline (no allocation) per request.
 pub const INLINE_RULES: usize = 8;
@@ -36,15 +37,49 @@ pub(crate) enum Cond {
 }
 
 /// The parts of a request that matches look at.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(crate) struct View<'a> {
     pub method: &'a Method,
     pub path: &'a str,
     pub headers: &'a HeaderMap,
-    /// The caller identity (consumer header), when present.
-    pub consumer: Option<&'a str>,
+    /// The header carrying the caller identity.
+    pub consumer_header: &'a HeaderName,
     /// The called service (outbound).
     pub target: Option<&'a str>,
+    /// The consumer, once looked up (most requests never need it).
+    consumer: Cell<Option<Option<&'a str>>>,
+}
+
+impl<'a> View<'a> {
+    pub(crate) fn new(
+        method: &'a Method,
+        path: &'a str,
+        headers: &'a HeaderMap,
+        consumer_header: &'a HeaderName,
+        target: Option<&'a str>,
+    ) -> Self {
+        Self {
+            method,
+            path,
+            headers,
+            consumer_header,
+            target,
+            consumer: Cell::new(None),
+        }
+    }
+
+    /// The caller identity (the consumer header), read on first use.
+    pub(crate) fn consumer(&self) -> Option<&'a str> {
+        if let Some(c) = self.consumer.get() {
+            return c;
+        }
+        let c = self
+            .headers
+            .get(self.consumer_header)
+            .and_then(|v| v.to_str().ok());
+        self.consumer.set(Some(c));
+        c
+    }
 }
 
 impl Cond {
@@ -55,18 +90,10 @@ impl Cond {
             Cond::PathPrefix(p) => r.path.starts_with(&**p),
             Cond::Method(m) => r.method == m,
             Cond::Header(name, value) => r.headers.get(name) == Some(value),
-            Cond::Consumer(c) => r.consumer == Some(&**c),
+            Cond::Consumer(c) => r.consumer() == Some(&**c),
             Cond::CallsTo(s) => r.target == Some(&**s),
             Cond::And(items) => items.iter().all(|c| c.eval(r)),
             Cond::Or(items) => items.iter().any(|c| c.eval(r)),
-        }
-    }
-
-    fn uses_consumer(&self) -> bool {
-        match self {
-            Cond::Consumer(_) => true,
-            Cond::And(items) | Cond::Or(items) => items.iter().any(Cond::uses_consumer),
-            _ => false,
         }
     }
 
@@ -139,8 +166,6 @@ pub(crate) struct Router {
     prefixes: Vec<(Box<str>, Vec<RuleId>)>,
     /// Rules without a path requirement: always evaluated.
     always: Vec<RuleId>,
-    /// Whether any rule looks at the consumer (read the header only then).
-    pub(crate) needs_consumer: bool,
     /// Whether the router has any rule at all.
     pub(crate) is_empty: bool,
 }
@@ -155,8 +180,6 @@ impl Router {
             }
             // The config has at most MAX_RULES rules, so the index fits.
             let id = RuleId(u32::try_from(i).unwrap_or(u32::MAX));
-            router.needs_consumer |= rule.on.uses_consumer()
-                || matches!(&rule.spec, RuleSpec::Limit(l) if l.key == LimitKey::Consumer);
             match rule.on.required_path() {
                 Some(PathReq::Exact(p)) => router.exact.entry(p.into()).or_default().push(id),
                 Some(PathReq::Prefix(p)) => prefixes.entry(p).or_default().push(id),
@@ -194,8 +217,14 @@ impl Router {
         }
         self.always.iter().copied().for_each(&mut push);
         // Rule-id order gives every request the same acquisition order.
-        if out.len() > 1 {
-            out.sort_unstable();
+        // Insertion sort: a handful of ids, mostly in order already (the
+        // slice sort's setup costs more than the sorting here).
+        for i in 1..out.len() {
+            let mut j = i;
+            while j > 0 && out[j - 1] > out[j] {
+                out.swap(j - 1, j);
+                j -= 1;
+            }
         }
     }
 }
@@ -248,14 +277,7 @@ mod tests {
             );
         }
         let method = Method::from_bytes(method.as_bytes()).unwrap();
-        let consumer = map.get(&cfg.consumer_header).and_then(|v| v.to_str().ok());
-        let view = View {
-            method: &method,
-            path,
-            headers: &map,
-            consumer,
-            target: None,
-        };
+        let view = View::new(&method, path, &map, &cfg.consumer_header, None);
         let mut out = Matched::new();
         cfg.inbound.matches(&cfg.rules, &view, &mut out);
         out.iter()
@@ -329,7 +351,6 @@ mod tests {
             matched(&cfg, "GET", "/", &[("x-tenant", "gold")]),
             ["svc/any", "svc/gold"]
         );
-        assert!(cfg.inbound.needs_consumer);
     }
 
     #[test]

@@ -23,8 +23,9 @@ pub const LATENCY_BUCKETS: usize = LATENCY_BUCKETS_MS.len() + 1;
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub admitted: AtomicU64,
-    /// Admissions that ended (finished or dropped): `in_flight = admitted - ended`.
-    pub ended: AtomicU64,
+    /// Admissions dropped without a recorded outcome. Every other admission
+    /// ends in a latency bucket: `in_flight = admitted - buckets - unrecorded`.
+    pub unrecorded: AtomicU64,
     pub waiting: AtomicU64,
     pub rejected: [AtomicU64; RejectReason::COUNT],
     pub latency: [AtomicU64; LATENCY_BUCKETS],
@@ -35,9 +36,9 @@ impl Counters {
         self.rejected[reason as usize].fetch_add(1, Relaxed);
     }
 
-    /// An admission ended (finished or dropped).
+    /// An admission ended without a recorded outcome.
     pub(crate) fn end(&self) {
-        self.ended.fetch_add(1, Relaxed);
+        self.unrecorded.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn latency(&self, latency: Duration) {
@@ -46,7 +47,9 @@ impl Counters {
 
     pub(crate) fn snapshot(&self, rule: &Arc<str>, kind: RuleKind) -> RuleStats {
         let admitted = self.admitted.load(Relaxed);
-        let ended = self.ended.load(Relaxed);
+        let latency: [u64; LATENCY_BUCKETS] =
+            std::array::from_fn(|i| self.latency[i].load(Relaxed));
+        let ended = latency.iter().sum::<u64>() + self.unrecorded.load(Relaxed);
         RuleStats {
             rule: rule.clone(),
             kind,
@@ -54,7 +57,7 @@ impl Counters {
             waiting: self.waiting.load(Relaxed),
             admitted,
             rejected: std::array::from_fn(|i| self.rejected[i].load(Relaxed)),
-            latency: std::array::from_fn(|i| self.latency[i].load(Relaxed)),
+            latency,
             fuse: None,
             limit_engaged: false,
             capacity: 0,
@@ -85,7 +88,8 @@ pub struct RuleStats {
     /// `service/rule`.
     pub rule: Arc<str>,
     pub kind: RuleKind,
-    /// Admitted and not yet ended (bulkheads: permits held).
+    /// Bulkheads: permits held. Other rules: admitted calls whose outcome
+    /// is not yet recorded.
     pub in_flight: u64,
     /// Waiting for a bulkhead permit or a shaped slot now.
     pub waiting: u64,

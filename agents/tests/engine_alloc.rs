@@ -1,0 +1,100 @@
+//! The decision does not allocate: a counting global allocator around many
+//! decisions (admit, record, release) with a realistic config. One test in
+//! this binary, so no other test allocates at the same time.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test fixtures fail the test loudly"
+)]
+
+use std::alloc::System;
+use std::hint::black_box;
+
+use gov_agent::{Decision, Engine, Outcome, RequestInfo};
+use gov_proto::v1::TargetConfig;
+use http::{HeaderMap, HeaderValue, Method};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+const CONFIG: &str = r#"
+service: order
+consumer_header: x-gov-consumer
+bulkheads:
+- rule: order/api_calls
+  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
+  max_concurrent: 1000
+- rule: order/per_instance
+  on: {calls_to: inventory}
+  direction: DIRECTION_OUTBOUND
+  key: BULKHEAD_KEY_INSTANCE
+  max_concurrent: 20
+limits:
+- rule: order/per_consumer
+  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
+  calls: {amount: 1000000000, window_ms: 1000}
+  bytes: {amount: 1000000000000, window_ms: 60000}
+  key: LIMIT_KEY_CONSUMER
+- rule: order/pace
+  on: {calls_to: inventory}
+  direction: DIRECTION_OUTBOUND
+  calls: {amount: 1000000000, window_ms: 1000}
+fuses:
+- rule: order/api_fuse
+  on: {and: {exprs: [{path: {kind: PATH_KIND_PREFIX, value: /api}}, {consumer: shop}]}}
+  trips:
+  - {metric: TRIP_METRIC_ERROR_RATIO, op: COMPARE_OP_GT, ratio_milli_percent: 50000, window_ms: 60000, min_calls: 20}
+timeouts:
+- rule: order/export
+  on: {path: {kind: PATH_KIND_EXACT, value: /api/export}}
+  timeout_ms: 5000
+"#;
+
+#[test]
+fn decisions_do_not_allocate() {
+    let target: TargetConfig = serde_yaml::from_str(CONFIG).unwrap();
+    let engine = Engine::empty("order");
+    engine.apply_target(&target).unwrap();
+    let mut headers = HeaderMap::new();
+    headers.insert("x-gov-consumer", HeaderValue::from_static("shop"));
+    let get = Method::GET;
+    let requests = [
+        RequestInfo::inbound(&get, "/api/orders/7", &headers),
+        RequestInfo::inbound(&get, "/api/export", &headers),
+        RequestInfo::inbound(&get, "/static/app.js", &headers),
+        RequestInfo::outbound(&get, "/stock", &headers, "inventory", Some("10.0.0.1:80")),
+    ];
+    let decide = |info: &RequestInfo<'_>| match engine.try_admit(info) {
+        Decision::Admitted(a) => {
+            a.add_bytes(100);
+            a.finish(Outcome::Status(200));
+        }
+        other => panic!("unexpected decision: {other:?}"),
+    };
+    // Warm up: keyed scopes (consumer `shop`, instance) are created on first use.
+    for info in &requests {
+        decide(info);
+    }
+    let region = Region::new(GLOBAL);
+    for _ in 0..10_000 {
+        for info in &requests {
+            decide(black_box(info));
+        }
+    }
+    let change = region.change();
+    assert_eq!(
+        (change.allocations, change.reallocations),
+        (0, 0),
+        "40,000 decisions allocated"
+    );
+    // And the stats saw them.
+    let stats = engine.stats();
+    let api = stats
+        .rules
+        .iter()
+        .find(|r| &*r.rule == "order/api_calls")
+        .unwrap();
+    assert_eq!(api.admitted, 20_002);
+}
