@@ -224,7 +224,73 @@ async fn demo(args: Args) -> Result<(), DemoError> {
 
     // Apply once both agents are connected, so that the answer shows them.
     wait_for_agents(&cp, members.len()).await;
-    let version = apply(&url, sources).await?;
+    let (outcome, totals) = live(&args, &cp, &url, &members, &supplier, started, sources).await;
+
+    // Stop in order: agents (drain), services, control plane, files.
+    for m in &members {
+        m.sidecar.shutdown();
+    }
+    agents_stop.cancel();
+    services_stop.cancel();
+    for m in members {
+        m.sidecar.stopped().await;
+        let _ = m.serving.await;
+    }
+    cp_stop.cancel();
+    match cp_task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn_line!("warning: the control plane stopped with an error: {e}"),
+        Err(e) => warn_line!("warning: the control plane task failed: {e}"),
+    }
+    let shown = dir_path.display().to_string();
+    match remove(dir).await {
+        Ok(()) => say!(
+            "stopped after {}s: {} requests sent, {} answered 2xx, {} rejected by gov; removed {shown}",
+            started.elapsed().as_secs(),
+            totals.sent,
+            totals.ok,
+            totals.rejected
+        ),
+        Err(e) => warn_line!("warning: cannot remove {shown}: {e}"),
+    }
+    outcome
+}
+
+/// Removes the temporary directory. The control plane's background writer
+/// may still finish a write just after it stopped, so a directory that is
+/// not empty yet is tried again for a short while.
+async fn remove(dir: tempfile::TempDir) -> std::io::Result<()> {
+    let path = dir.keep();
+    let mut tries = 0;
+    loop {
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if tries >= 20 => return Err(e),
+            Err(_) => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Applies the policy, runs the load and the outage scenario, and shows the
+/// TUI or the summaries until the operator or the clock says stop; stops the
+/// load before returning what it sent.
+async fn live(
+    args: &Args,
+    cp: &ControlPlane,
+    url: &str,
+    members: &[Member],
+    supplier: &Arc<Supplier>,
+    started: Instant,
+    sources: Vec<pb::SourceFile>,
+) -> (Result<(), DemoError>, load::Totals) {
+    let version = match apply(url, sources).await {
+        Ok(v) => v,
+        Err(e) => return (Err(e), load::Totals::default()),
+    };
     say!("applied policy {version}");
     for a in cp.status().agents {
         say!(
@@ -274,13 +340,13 @@ async fn demo(args: Args) -> Result<(), DemoError> {
     let outcome = if args.no_tui {
         say!("every {}s a summary; Ctrl-C stops", args.every.max(1));
         tokio::select! {
-            () = summaries(&cp, &counters, &notes, started, args.every.max(1)) => Ok(()),
+            () = summaries(cp, &counters, &notes, started, args.every.max(1)) => Ok(()),
             () = until => Ok(()),
             () = interrupted() => Ok(()),
         }
     } else {
         let opts = gov_tui::TuiOptions {
-            control_plane: url.clone(),
+            control_plane: url.to_owned(),
             token: None,
             readonly: false,
             who: std::env::var("USER")
@@ -300,39 +366,11 @@ async fn demo(args: Args) -> Result<(), DemoError> {
         result.map_err(start_error("run the TUI"))
     };
 
-    // Stop in order: load, agents (drain), services, control plane, files.
     say!("stopping: load, agents (drain), services, control plane");
     load_stop.cancel();
     let _ = load_task.await;
     scenario_task.abort();
-    let totals = counters.totals();
-    for m in &members {
-        m.sidecar.shutdown();
-    }
-    agents_stop.cancel();
-    services_stop.cancel();
-    for m in members {
-        m.sidecar.stopped().await;
-        let _ = m.serving.await;
-    }
-    cp_stop.cancel();
-    match cp_task.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => warn_line!("warning: the control plane stopped with an error: {e}"),
-        Err(e) => warn_line!("warning: the control plane task failed: {e}"),
-    }
-    let shown = dir_path.display().to_string();
-    match dir.close() {
-        Ok(()) => say!(
-            "stopped after {}s: {} requests sent, {} answered 2xx, {} rejected by gov; removed {shown}",
-            started.elapsed().as_secs(),
-            totals.sent,
-            totals.ok,
-            totals.rejected
-        ),
-        Err(e) => warn_line!("warning: cannot remove {shown}: {e}"),
-    }
-    outcome
+    (outcome, counters.totals())
 }
 
 /// The policy sources, with `scope cluster` limits made local (see `demo/policy.rs`).
