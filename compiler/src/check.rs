@@ -34,6 +34,7 @@ pub mod shape_inbound;
 pub mod shutdown_wait;
 pub mod status_code;
 pub mod threshold_kind;
+pub mod too_large;
 pub mod unknown_match;
 pub mod unknown_method;
 pub mod unknown_registry;
@@ -54,6 +55,7 @@ pub const CODES: &[&str] = &[
     "gov::duplicate-setting",
     "gov::missing-field",
     "gov::non-positive",
+    "gov::too-large",
     "gov::percent-out-of-range",
     "gov::threshold-kind",
     "gov::invalid-status",
@@ -89,6 +91,7 @@ const CHECKS: &[Check] = &[
     unknown_method::check,
     missing_field::check,
     non_positive::check,
+    too_large::check,
     percent_range::check,
     threshold_kind::check,
     status_code::check,

@@ -51,6 +51,7 @@ diagnostics! {
     DuplicateSetting(duplicate_setting::DuplicateSetting),
     MissingField(missing_field::MissingField),
     NonPositive(non_positive::NonPositive),
+    TooLarge(too_large::TooLarge),
     PercentOutOfRange(percent_range::PercentOutOfRange),
     ThresholdKind(threshold_kind::ThresholdKind),
     InvalidStatus(status_code::InvalidStatus),

@@ -1,0 +1,210 @@
+//! `gov::too-large`: a number too large to mean anything or to be carried
+//! to the agents: a count above 4294967295 (`max_concurrent`, `queue`,
+//! `probe`), or a duration or size whose value overflows when converted to
+//! milliseconds or bytes.
+//!
+//! Why: such a value would be cut or wrapped on the way to the agent and
+//! enforce something other than what was written; it is almost always a
+//! typo (an extra digit, `ms` meant but `h` written).
+//!
+//! Example: `max_concurrent 99999999999`.
+//!
+//! Fix: write the value you meant; a bulkhead that should not limit
+//! anything is better deleted.
+
+use gov_lang::ast::{
+    self, BulkheadSetting, FuseSetting, LimitAction, LimitSetting, Recover, Release, ServiceStmt,
+    ShutdownStep, Spanned, WarmupStep,
+};
+use miette::SourceSpan;
+use thiserror::Error;
+
+use crate::diagnostic::Diagnostic;
+use crate::resolve::{Ctx, Rule, Src};
+
+#[derive(Debug, Error, miette::Diagnostic)]
+#[error("`{what}` is too large: `{found}`")]
+#[diagnostic(code("gov::too-large"))]
+pub struct TooLarge {
+    pub what: String,
+    pub found: String,
+    #[source_code]
+    pub src: Src,
+    #[label("{limit}")]
+    pub span: SourceSpan,
+    pub limit: String,
+    #[help]
+    pub help: String,
+}
+
+struct Sink<'c, 'a> {
+    cx: &'c Ctx<'a>,
+    file: usize,
+    out: &'c mut Vec<Diagnostic>,
+}
+
+impl Sink<'_, '_> {
+    fn push(&mut self, what: &str, span: ast::Span, limit: &str, help: &str) {
+        let found = self.cx.files[self.file]
+            .text
+            .get(span.start..span.end)
+            .unwrap_or_default();
+        self.out.push(
+            TooLarge {
+                what: what.to_string(),
+                found: found.to_string(),
+                src: self.cx.src(self.file),
+                span: span.into(),
+                limit: limit.to_string(),
+                help: help.to_string(),
+            }
+            .into(),
+        );
+    }
+
+    fn count(&mut self, what: &str, v: &Spanned<i64>) {
+        if v.node > i64::from(u32::MAX) {
+            self.push(
+                what,
+                v.span,
+                "at most 4294967295",
+                "write the value you meant",
+            );
+        }
+    }
+
+    fn duration(&mut self, what: &str, d: &Spanned<ast::Duration>) {
+        if d.node.as_millis().is_none() {
+            self.push(
+                what,
+                d.span,
+                "overflows in milliseconds",
+                "use a smaller value or unit",
+            );
+        }
+    }
+
+    fn size(&mut self, what: &str, s: &Spanned<ast::Size>) {
+        if s.node.as_bytes().is_none() {
+            self.push(
+                what,
+                s.span,
+                "overflows in bytes",
+                "use a smaller value or unit",
+            );
+        }
+    }
+}
+
+pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+    for (file, reg) in &cx.registries {
+        let mut s = Sink {
+            cx,
+            file: *file,
+            out,
+        };
+        for setting in &reg.settings {
+            s.duration("registry cache time", &setting.value);
+        }
+    }
+    for svc in &cx.services {
+        let mut s = Sink {
+            cx,
+            file: svc.file,
+            out,
+        };
+        for stmt in &svc.ast.body {
+            match stmt {
+                ServiceStmt::Capacity(ast::Capacity::Rate { rate, .. }) => {
+                    s.duration("rate window", &rate.window);
+                }
+                ServiceStmt::Match(m) => {
+                    if let Some(l) = &m.latency {
+                        s.duration("latency", l);
+                    }
+                }
+                ServiceStmt::Warmup(w) => {
+                    for step in &w.steps {
+                        match step {
+                            WarmupStep::Ready {
+                                every,
+                                after,
+                                timeout,
+                                ..
+                            } => {
+                                s.duration("every", every);
+                                for d in after.iter().chain(timeout) {
+                                    s.duration("duration", d);
+                                }
+                            }
+                            WarmupStep::Ramp { over, .. } => s.duration("ramp", over),
+                            WarmupStep::Register { .. } | WarmupStep::Start { .. } => {}
+                        }
+                    }
+                }
+                ServiceStmt::Shutdown(sd) => {
+                    for step in &sd.steps {
+                        match step {
+                            ShutdownStep::Wait { duration, .. } => s.duration("wait", duration),
+                            ShutdownStep::Drain { deadline, .. } => s.duration("drain", deadline),
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for rule in &svc.rules {
+            match rule {
+                Rule::Bulkhead(b) => {
+                    for setting in &b.settings {
+                        match setting {
+                            BulkheadSetting::MaxConcurrent { value, .. } => {
+                                s.count("max_concurrent", value);
+                            }
+                            BulkheadSetting::Queue { value, .. } => s.count("queue", value),
+                            BulkheadSetting::MaxWait { value, .. } => s.duration("max_wait", value),
+                            BulkheadSetting::Timeout { value, .. } => s.duration("timeout", value),
+                            _ => {}
+                        }
+                    }
+                }
+                Rule::Limit(l) => {
+                    for setting in &l.settings {
+                        match setting {
+                            LimitSetting::Calls { rate, .. } => s.duration("window", &rate.window),
+                            LimitSetting::Bytes { rate, .. } => {
+                                s.size("bytes", &rate.amount);
+                                s.duration("window", &rate.window);
+                            }
+                            LimitSetting::Action {
+                                action: LimitAction::Shape { max_delay, .. },
+                                ..
+                            } => s.duration("max_delay", max_delay),
+                            LimitSetting::Release {
+                                release: Release::After { after, .. },
+                                ..
+                            } => s.duration("release after", after),
+                            _ => {}
+                        }
+                    }
+                }
+                Rule::Fuse(f) => {
+                    for setting in &f.settings {
+                        match setting {
+                            FuseSetting::Trip(t) => s.duration("over", &t.window),
+                            FuseSetting::Recover {
+                                recover: Recover::After { after, probes },
+                                ..
+                            } => {
+                                s.duration("recover after", after);
+                                s.count("probe", probes);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
