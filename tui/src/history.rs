@@ -15,6 +15,12 @@ pub const RATE_WINDOW_MS: u64 = 5 * 60 * 1000;
 /// Upper bound on samples per rule, whatever the update rate.
 const MAX_SAMPLES: usize = 600;
 
+/// Rates are taken over at least this long. The control plane publishes a
+/// view on every change (an agent joining, a fuse tripping) besides the
+/// stats about once a second; a rate over a few milliseconds between two of
+/// those would be noise.
+const MIN_INTERVAL_MS: u64 = 900;
+
 /// Per-second rates of one rule between the last two views.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RuleRates {
@@ -77,7 +83,8 @@ impl History {
     /// A counter that went down (an agent restarted or left, so the sum over
     /// agents shrank) counts as no traffic for that interval rather than as a
     /// negative or invented rate. A view not newer than the last one for a rule
-    /// leaves its rate unchanged.
+    /// leaves its rate unchanged, and so does one less than 900 ms newer: the
+    /// next rate spans the whole interval instead.
     pub(crate) fn observe(&mut self, view: &ClusterView, at_ms: u64) {
         let cutoff = at_ms.saturating_sub(RATE_WINDOW_MS);
         for rule in &view.rules {
@@ -89,7 +96,7 @@ impl History {
             };
             let name = rule.rule.as_str();
             match self.last.get_mut(name) {
-                Some(prev) if at_ms > prev.at_ms => {
+                Some(prev) if at_ms >= prev.at_ms.saturating_add(MIN_INTERVAL_MS) => {
                     let secs = (at_ms - prev.at_ms) as f64 / 1000.0;
                     let rate = |new: u64, old: u64| new.saturating_sub(old) as f64 / secs;
                     let mut by_reason = [0.0; 6];

@@ -5,6 +5,7 @@
 //! panic hook that restores it, and [`run`] restores it before returning,
 //! whatever the loop returned. Nothing here writes to stdout or stderr.
 
+use std::io::IsTerminal as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
@@ -69,11 +70,23 @@ pub async fn run(opts: TuiOptions) -> Result<(), TuiError> {
         reason: error_chain(&e),
     })?;
 
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        return Err(TuiError::Terminal(std::io::Error::other(
+            "standard input and output must be a terminal",
+        )));
+    }
+    // Installs the panic hook that restores the terminal, then raw mode and
+    // the alternate screen.
+    let mut terminal = match ratatui::try_init() {
+        Ok(t) => t,
+        Err(e) => {
+            ratatui::restore();
+            return Err(TuiError::Terminal(e));
+        }
+    };
     let (tx, rx) = mpsc::channel(64);
     let watcher = tokio::spawn(watch(watch_opts.clone(), tx.clone()));
     let mut app = App::new(opts.control_plane.clone(), opts.readonly, now_ms());
-
-    let mut terminal = ratatui::init();
     let result = event_loop(&mut terminal, &mut app, rx, tx, &watch_opts, &opts.who).await;
     ratatui::restore();
     watcher.abort();

@@ -345,6 +345,13 @@ fn rates_come_from_successive_cumulative_counters() {
     // A view that is not newer changes nothing.
     update(&mut app, Msg::View(view(2, v.clone())));
     assert_eq!(app.rejection_history("a/b").count(), 1);
+    // Nor does one a few milliseconds newer (published for another change):
+    // the next rate spans the whole second.
+    let mut soon = view(2, v.clone());
+    soon.at_unix_ms += 300;
+    update(&mut app, Msg::View(soon));
+    assert_eq!(app.rejection_history("a/b").count(), 1);
+    assert_eq!(app.rates("a/b").unwrap().admitted, 100.0);
 
     // Counters going down (an agent left) count as no traffic, not negative.
     update(
