@@ -43,6 +43,10 @@ pub use upstream::UpstreamProtocol;
 /// Default drain deadline: Istio's `terminationDrainDuration`.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Default time a client may take to send a request head (nginx's
+/// `client_header_timeout` is 60 s).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How to run a sidecar.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -66,6 +70,10 @@ pub struct Options {
     pub control_plane: Option<String>,
     /// The protocol spoken to upstreams (the local service and other services).
     pub upstream_protocol: UpstreamProtocol,
+    /// How long an HTTP/1 client of the proxy listeners may take to send a request
+    /// head; also closes idle keep-alive connections. `None`: no limit, which saves a
+    /// timer per request (about a tenth of the proxy's CPU per request, measured).
+    pub header_read_timeout: Option<Duration>,
 }
 
 impl Options {
@@ -84,6 +92,7 @@ impl Options {
             instances: Vec::new(),
             control_plane: None,
             upstream_protocol: UpstreamProtocol::default(),
+            header_read_timeout: Some(DEFAULT_HEADER_READ_TIMEOUT),
         }
     }
 }
@@ -206,6 +215,7 @@ impl Sidecar {
                 inbound,
                 stop.clone(),
                 options.drain_timeout,
+                options.header_read_timeout,
                 move |peer| {
                     let conn = Arc::new(proxy::Inbound::new(shared.clone(), peer));
                     move |req| {
@@ -222,6 +232,7 @@ impl Sidecar {
                 listener,
                 stop.clone(),
                 options.drain_timeout,
+                options.header_read_timeout,
                 move |peer| {
                     let conn = Arc::new(proxy::Outbound::new(shared.clone(), peer));
                     move |req| {
@@ -247,6 +258,7 @@ impl Sidecar {
                 listener,
                 admin_stop.clone(),
                 Duration::from_secs(1),
+                Some(DEFAULT_HEADER_READ_TIMEOUT),
                 move |_peer| {
                     let admin = admin.clone();
                     move |req| {

@@ -77,6 +77,11 @@ struct Args {
     #[arg(long, env = "GOV_UPSTREAM_PROTOCOL", default_value = "http1")]
     upstream_protocol: UpstreamProtocol,
 
+    /// How long a client may take to send a request head (HTTP/1); also closes idle
+    /// keep-alive connections. `0` disables it and saves a timer per request.
+    #[arg(long, env = "GOV_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    header_read_timeout: Duration,
+
     /// Runtime worker threads. 1 (the default) runs everything on one thread, which
     /// is the cheapest for a sidecar sharing a core with its service.
     #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
@@ -147,6 +152,8 @@ async fn run(args: Args) -> ExitCode {
         instances: args.instances,
         control_plane: args.control_plane,
         upstream_protocol: args.upstream_protocol,
+        header_read_timeout: (!args.header_read_timeout.is_zero())
+            .then_some(args.header_read_timeout),
     };
     let sidecar = match Sidecar::start(options).await {
         Ok(sidecar) => sidecar,
@@ -279,7 +286,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gov_agent::sidecar::DEFAULT_DRAIN_TIMEOUT;
+    use gov_agent::sidecar::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT};
 
     #[test]
     fn durations_and_instances_parse() {
@@ -299,5 +306,6 @@ mod tests {
             Args::try_parse_from(["gov-agent", "--service", "s", "--upstream", "127.0.0.1:1"])
                 .unwrap();
         assert_eq!(args.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
+        assert_eq!(args.header_read_timeout, DEFAULT_HEADER_READ_TIMEOUT);
     }
 }

@@ -22,18 +22,17 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// How long a client may take to send the head of a request (slowloris guard); it also
-/// bounds how long an idle HTTP/1.1 keep-alive connection is kept.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// Serves `listener` until `stop` is cancelled, then drains for at most `drain`.
-/// `handle` is called once per connection with the peer address and returns the
-/// per-request handler of that connection.
+/// `header_read_timeout` bounds how long an HTTP/1 client may take to send a request
+/// head (a slowloris guard that also closes idle keep-alive connections); `None`
+/// saves a timer per request. `handle` is called once per connection with the peer
+/// address and returns the per-request handler of that connection.
 pub(crate) async fn accept_loop<H, F, B>(
     name: &'static str,
     listener: TcpListener,
     stop: CancellationToken,
     drain: Duration,
+    header_read_timeout: Option<Duration>,
     handle: impl Fn(SocketAddr) -> H,
 ) where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
@@ -45,7 +44,7 @@ pub(crate) async fn accept_loop<H, F, B>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(header_read_timeout)
         .http2()
         .timer(TokioTimer::new());
     let graceful = GracefulShutdown::new();

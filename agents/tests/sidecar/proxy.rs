@@ -222,6 +222,38 @@ async fn malformed_requests_get_400_and_the_agent_keeps_serving() {
 }
 
 #[tokio::test]
+async fn a_client_that_never_finishes_its_request_head_is_disconnected() {
+    let up = upstream().fast("/ok", ms(0)).start().await;
+    let agent = agent()
+        .upstream(&up)
+        .header_read_timeout(ms(200))
+        .start()
+        .await;
+    let mut s = TcpStream::connect(agent.sidecar.inbound_addr())
+        .await
+        .unwrap();
+    s.write_all(b"GET /ok HTTP/1.1\r\nhost: a\r\n")
+        .await
+        .unwrap();
+    // Bounded wait for the agent to give up on the slow head (a slowloris guard).
+    let mut buf = [0_u8; 256];
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the connection with a half-sent head stayed open"
+    );
+    assert_eq!(up.received(), 0);
+}
+
+#[tokio::test]
 async fn outbound_calls_are_routed_round_robin_by_service_name() {
     let a = upstream().fast("/who", ms(0)).start().await;
     let b = upstream().fast("/who", ms(0)).start().await;

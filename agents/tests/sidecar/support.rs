@@ -281,6 +281,7 @@ pub fn agent() -> AgentBuilder {
         instances: Vec::new(),
         drain: ms(5000),
         protocol: UpstreamProtocol::Http1,
+        header_read_timeout: None,
     }
 }
 
@@ -291,9 +292,16 @@ pub struct AgentBuilder {
     instances: Vec<(String, Vec<SocketAddr>)>,
     drain: Duration,
     protocol: UpstreamProtocol,
+    header_read_timeout: Option<Duration>,
 }
 
 impl AgentBuilder {
+    /// How long clients may take to send a request head (default: the agent's).
+    pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
+        self.header_read_timeout = Some(timeout);
+        self
+    }
+
     /// The protocol the agent speaks to upstreams.
     pub fn upstream_protocol(mut self, protocol: UpstreamProtocol) -> Self {
         self.protocol = protocol;
@@ -336,6 +344,9 @@ impl AgentBuilder {
         options.admin_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
         options.drain_timeout = self.drain;
         options.upstream_protocol = self.protocol;
+        if let Some(timeout) = self.header_read_timeout {
+            options.header_read_timeout = Some(timeout);
+        }
         if let Some(yaml) = &self.config {
             std::fs::write(&config_path, yaml).unwrap();
             options.config = Some(config_path.clone());
