@@ -18,6 +18,7 @@ mod cmd {
     pub mod plan;
     pub mod release;
     pub mod status;
+    pub mod tui;
 }
 mod input;
 mod remote;
@@ -53,6 +54,8 @@ enum Command {
     Release(cmd::release::Args),
     /// Run a control plane, demo services behind agents and a load in one process, and watch it.
     Demo(cmd::demo::Args),
+    /// Watch agents, rules and rejections live; release tripped fuses and engaged limits.
+    Tui(cmd::tui::Args),
 }
 
 fn main() -> ExitCode {
@@ -78,5 +81,6 @@ fn main() -> ExitCode {
         Command::Status(args) => cmd::status::run(args),
         Command::Release(args) => cmd::release::run(args),
         Command::Demo(args) => cmd::demo::run(args),
+        Command::Tui(args) => cmd::tui::run(args),
     }
 }

@@ -43,7 +43,7 @@ pub enum TuiError {
         )
     )]
     Url { url: String, reason: String },
-    #[error("terminal error: {0}")]
+    #[error("cannot use the terminal")]
     #[diagnostic(
         code(gov::tui::terminal),
         help("`govc tui` needs an interactive terminal; use `govc status` in scripts")
