@@ -29,6 +29,16 @@ macro_rules! diagnostics {
             )*
         }
 
+        impl Diagnostic {
+            /// The file a semantic diagnostic points into (`None` for syntax errors).
+            pub(crate) fn src(&self) -> Option<&Src> {
+                match self {
+                    Diagnostic::Syntax(_) => None,
+                    $(Diagnostic::$variant(d) => Some(&d.src),)*
+                }
+            }
+        }
+
         $(
             impl From<$ty> for Diagnostic {
                 fn from(d: $ty) -> Self {
@@ -84,6 +94,13 @@ impl Diagnostic {
 
     pub fn is_error(&self) -> bool {
         !self.is_warning()
+    }
+
+    /// Where the diagnostic starts in its file: its first label.
+    pub(crate) fn offset(&self) -> usize {
+        self.labels()
+            .and_then(|labels| labels.map(|l| l.offset()).min())
+            .unwrap_or(0)
     }
 
     /// The stable code, e.g. `gov::unknown-match`.

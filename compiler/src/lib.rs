@@ -148,13 +148,24 @@ fn analyze(files: &[SourceFile]) -> (Diagnostics, Vec<Option<gov_lang::ast::Poli
         .filter_map(|(f, p)| p.as_ref().map(|p| (f, p)))
         .collect();
     let incomplete = pairs.len() != files.len();
-    let mut semantic = with_ctx(&pairs, incomplete, |cx| {
+    let semantic = with_ctx(&pairs, incomplete, |cx| {
         let mut v = Vec::new();
         check::run(cx, &mut v);
-        v
+        // Errors before warnings; each group in file order, then text order.
+        let file_of = |d: &Diagnostic| {
+            let name = d.src().map(|s| s.name());
+            cx.files
+                .iter()
+                .position(|f| Some(f.name) == name)
+                .unwrap_or(usize::MAX)
+        };
+        let mut keyed: Vec<_> = v
+            .into_iter()
+            .map(|d| ((d.is_warning(), file_of(&d), d.offset()), d))
+            .collect();
+        keyed.sort_by_key(|(key, _)| *key);
+        keyed.into_iter().map(|(_, d)| d).collect::<Vec<_>>()
     });
-    // Errors before warnings; each group keeps the order of the checks.
-    semantic.sort_by_key(Diagnostic::is_warning);
     out.extend(semantic);
     (Diagnostics(out), parsed)
 }

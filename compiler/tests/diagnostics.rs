@@ -149,3 +149,29 @@ fn large_policies_parse_in_parallel_and_report_in_file_order() {
     );
     assert!(one < four, "{rendered}");
 }
+
+#[test]
+fn errors_come_in_text_order_then_warnings() {
+    let text = "service a {\n  capacity workers 2\n  bulkhead wide on any { max_concurrent 5 }\n  limit l on nowhere { calls 1 per 1s }\n  bulkhead zero on path prefix \"/z\" { max_concurrent 0 }\n}\n";
+    let b = SourceFile::new(
+        "b.gov",
+        "service b {\n  limit l on nowhere { calls 0 per 1s }\n}\n",
+    );
+    let checked = check(&[SourceFile::new("a.gov", text), b]);
+    let codes: Vec<String> = checked.diagnostics.iter().map(|d| d.code_str()).collect();
+    assert_eq!(
+        codes,
+        [
+            "gov::unknown-match",
+            "gov::non-positive",
+            "gov::unknown-match",
+            "gov::non-positive",
+            "gov::lint::bulkhead-over-workers",
+        ]
+    );
+    let rendered = render(&checked.diagnostics);
+    let a4 = rendered.find("[a.gov:4:").unwrap();
+    let a5 = rendered.find("[a.gov:5:").unwrap();
+    let b2 = rendered.find("[b.gov:2:").unwrap();
+    assert!(a4 < a5 && a5 < b2, "{rendered}");
+}
