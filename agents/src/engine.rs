@@ -794,6 +794,12 @@ impl Admission {
         self.timeout.map(|(t, _)| t)
     }
 
+    /// The version of the config this call was decided under (`None` when
+    /// no rule matched). For logs: which rules let a request through.
+    pub fn config_version(&self) -> Option<&str> {
+        self.snap.as_deref().map(|s| &*s.config.version)
+    }
+
     /// Whether any rule matched (an unmatched admission holds nothing).
     pub fn is_governed(&self) -> bool {
         self.snap.is_some()

@@ -696,3 +696,76 @@ bulkheads:
     let s = stats(&e, "order/b");
     assert_eq!((s.admitted, s.in_flight, s.waiting), (1600, 0, 0));
 }
+
+/// Configs swapped while two threads decide: every call is decided by one
+/// config's rules, never a mix (the config a call was decided under and the
+/// timeout its rules give always agree), and both configs were in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_swap_is_atomic_per_request() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    // Config `one` gives every call 100 ms, config `two` 200 ms, each through
+    // a timeout rule and a bulkhead with a longer timeout.
+    let config = |version: &str, ms: u64| {
+        target(&format!(
+            r#"
+service: order
+version: {version}
+timeouts:
+- rule: order/t_{version}
+  on: {{any: true}}
+  timeout_ms: {ms}
+bulkheads:
+- rule: order/b_{version}
+  on: {{any: true}}
+  max_concurrent: 1000
+  timeout_ms: {}
+"#,
+            ms * 10
+        ))
+    };
+    let (one, two) = (config("one", 100), config("two", 200));
+    let e = Engine::empty("order");
+    e.apply_target(&one).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut deciders = Vec::new();
+    for _ in 0..2 {
+        let (e, stop) = (e.clone(), stop.clone());
+        deciders.push(tokio::spawn(async move {
+            let (mut seen_one, mut seen_two) = (0u64, 0u64);
+            for n in 0..200_000u64 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let a = now(&e, "/", None).unwrap();
+                match (a.config_version(), a.timeout()) {
+                    (Some("one"), Some(t)) if t == Duration::from_millis(100) => seen_one += 1,
+                    (Some("two"), Some(t)) if t == Duration::from_millis(200) => seen_two += 1,
+                    other => panic!("a call saw a mix of configs: {other:?}"),
+                }
+                a.finish(Outcome::Status(200));
+                if n % 64 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            (seen_one, seen_two)
+        }));
+    }
+    for i in 0..2000 {
+        e.apply_target(if i % 2 == 0 { &two } else { &one })
+            .unwrap();
+        tokio::task::yield_now().await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (mut seen_one, mut seen_two) = (0, 0);
+    for d in deciders {
+        let (a, b) = d.await.unwrap();
+        seen_one += a;
+        seen_two += b;
+    }
+    assert!(
+        seen_one > 0 && seen_two > 0,
+        "both configs were in force: {seen_one} / {seen_two}"
+    );
+}
