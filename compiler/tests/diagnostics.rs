@@ -175,3 +175,84 @@ fn errors_come_in_text_order_then_warnings() {
     let b2 = rendered.find("[b.gov:2:").unwrap();
     assert!(a4 < a5 && a5 < b2, "{rendered}");
 }
+
+/// The codes `check` reports for one file.
+fn codes(text: &str) -> Vec<String> {
+    check(&[SourceFile::new("t.gov", text)])
+        .diagnostics
+        .iter()
+        .map(|d| d.code_str())
+        .collect()
+}
+
+#[test]
+fn lint_thresholds_at_their_boundaries() {
+    let queueing = |latency: &str, wait: &str| {
+        codes(&format!(
+            "service s {{\n  match m = path prefix \"/m\" latency {latency}\n  bulkhead b on m {{\n    max_concurrent 1\n    max_wait {wait}\n  }}\n}}\n"
+        ))
+    };
+    let q = ["gov::lint::queueing-bulkhead"];
+    assert_eq!(queueing("200ms", "100ms"), [""; 0]);
+    assert_eq!(queueing("200ms", "101ms"), q);
+    assert_eq!(queueing("50ms", "49ms"), [""; 0]);
+    assert_eq!(queueing("50ms", "50ms"), q);
+    assert_eq!(queueing("10s", "0ms"), [""; 0]);
+
+    let workers = |max: u32| {
+        codes(&format!(
+            "service s {{\n  capacity workers 20\n  bulkhead b on any {{ max_concurrent {max} }}\n}}\n"
+        ))
+    };
+    assert!(workers(20).is_empty());
+    assert_eq!(workers(21), ["gov::lint::bulkhead-over-workers"]);
+
+    let min_calls = |n: u32| {
+        codes(&format!(
+            "service s {{\n  capacity rate 10 per 1s\n  fuse f on any {{ trip when errors >= 5 over 5s min_calls {n} }}\n}}\n"
+        ))
+    };
+    assert!(min_calls(50).is_empty());
+    assert_eq!(min_calls(51), ["gov::lint::unreachable-min-calls"]);
+
+    let cluster = |global: u32| {
+        codes(&format!(
+            "service s {{\n  capacity instances 3\n  limit a on any {{ calls 100 per 1s }}\n  limit b on any {{ calls {global} per 1m  scope cluster sync exact }}\n}}\n"
+        ))
+    };
+    // 3 x 100/s = 18000/min.
+    assert!(cluster(17_999).is_empty());
+    assert_eq!(cluster(18_000), ["gov::lint::cluster-limit-inconsistent"]);
+
+    let wait = |w: &str| {
+        codes(&format!(
+            "registry r {{ server_cache 30s client_refresh 30s balancer_refresh 30s }}\nservice s {{\n  registry r\n  shutdown {{\n    deregister\n    wait {w}\n    drain 5s\n  }}\n}}\n"
+        ))
+    };
+    assert!(wait("90s").is_empty());
+    assert!(wait("2m").is_empty());
+    assert_eq!(wait("89s"), ["gov::lint::shutdown-wait"]);
+}
+
+#[test]
+fn limits_on_different_windows_or_keys_do_not_conflict() {
+    let two = |a: &str, b: &str| {
+        codes(&format!(
+            "service s {{\n  limit a on any {{ {a} }}\n  limit b on any {{ {b} }}\n}}\n"
+        ))
+    };
+    assert!(two("calls 10 per 1s", "calls 500 per 1m").is_empty());
+    assert!(two("calls 10 per 1s  per consumer", "calls 20 per 1s").is_empty());
+    assert!(two("calls 10 per 1s", "bytes 1MiB per 1s").is_empty());
+    assert_eq!(
+        two("calls 10 per 1s", "calls 10 per 1s"),
+        ["gov::conflicting-rules"]
+    );
+    assert_eq!(
+        two(
+            "calls 10 per 1s",
+            "calls 9 per 1m  action reject  reject with 429"
+        ),
+        [""; 0]
+    );
+}
