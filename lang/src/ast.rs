@@ -102,7 +102,8 @@ pub struct Duration {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SizeUnit {
     B,
-    KB,  // 1000
+    /// 1000 bytes, written `kB` (the SI symbol) or `KB`; printed `kB`.
+    KB,
     MB,  // 1000^2
     GB,  // 1000^3
     KiB, // 1024
@@ -110,7 +111,7 @@ pub enum SizeUnit {
     GiB, // 1024^3
 }
 
-/// A byte size exactly as written: `512B`, `10KiB`, `5MB`.
+/// A byte size as written: `512B`, `10KiB`, `5MB` (`10KB` reads as `10kB`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Size {
     pub value: i64,
@@ -758,7 +759,7 @@ impl SizeUnit {
     pub const fn suffix(self) -> &'static str {
         match self {
             SizeUnit::B => "B",
-            SizeUnit::KB => "KB",
+            SizeUnit::KB => "kB",
             SizeUnit::MB => "MB",
             SizeUnit::GB => "GB",
             SizeUnit::KiB => "KiB",

@@ -289,7 +289,7 @@ fn help(expected: &Expected, found: &Token<'_>) -> Option<String> {
     }
     if expected.has_phrase(SIZE) && starts_with_digit {
         return Some(
-            "sizes need a unit: `B`, `KB`, `MB`, `GB`, `KiB`, `MiB` or `GiB`, as in `10MiB`"
+            "sizes need a unit: `B`, `kB`, `MB`, `GB`, `KiB`, `MiB` or `GiB`, as in `10MiB`"
                 .to_owned(),
         );
     }

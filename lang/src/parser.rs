@@ -1004,7 +1004,7 @@ impl Builder<'_> {
         let value = self.number(digits, span)?;
         let unit = match unit {
             "B" => SizeUnit::B,
-            "KB" => SizeUnit::KB,
+            "kB" | "KB" => SizeUnit::KB,
             "MB" => SizeUnit::MB,
             "GB" => SizeUnit::GB,
             "KiB" => SizeUnit::KiB,

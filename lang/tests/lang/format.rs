@@ -34,6 +34,21 @@ fn literals_print_as_written() {
 }
 
 #[test]
+fn kilobytes_are_one_unit_printed_kb() {
+    let upper = parse_ok(
+        "s.gov",
+        "service s { limit l on any { bytes 10KB per 1s } }",
+    );
+    let lower = parse_ok(
+        "s.gov",
+        "service s { limit l on any { bytes 10kB per 1s } }",
+    );
+    assert_eq!(upper, lower);
+    let out = gov_lang::format(&upper, "");
+    assert!(out.contains("bytes 10kB per 1s\n"), "{out}");
+}
+
+#[test]
 fn strings_are_escaped_again() {
     let src = r#"service s { domain "a\"b\\c" }"#;
     let tree = parse_ok("s.gov", src);
