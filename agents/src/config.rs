@@ -2,8 +2,8 @@
 //! type (`gov_proto::v1::TargetConfig`) at the edge.
 //!
 //! Everything the hot path needs is decided here, once per config: rules get
-//! dense indices ([`RuleId`]), match expressions become [`Cond`] trees in a
-//! [`Router`](crate::route::Router), durations become [`Duration`]s, status
+//! dense indices ([`RuleId`]), match expressions become `Cond` trees in a
+//! `Router`, durations become [`Duration`]s, status
 //! codes [`StatusCode`]s and header names [`HeaderName`]s. Bad wire data is a
 //! typed [`InvalidConfig`] that names the rule at fault, so the agent can NACK
 //! it with the rule and keep its previous config.

@@ -1,7 +1,7 @@
 //! The engine: one service's rules and their live state, and the decision
 //! for each request.
 //!
-//! The current rules and their state form one immutable [`Snapshot`] behind
+//! The current rules and their state form one immutable `Snapshot` behind
 //! an `ArcSwap`; a request takes one snapshot and sees the old rules or the
 //! new, never a mix. Applying a config builds a new snapshot that reuses the
 //! state of every rule that still exists with the same parameters, so a
@@ -677,10 +677,11 @@ impl Admission {
                         self.held.push(Held::Fuse { rule: id, probe });
                         Ok(())
                     }
+                    // With automatic recovery, tell callers when probes start.
                     Err(()) => Err(StepError::Rejected(snap.reject(
                         id,
                         RejectReason::FuseOpen,
-                        None,
+                        f.remaining().filter(|d| !d.is_zero()),
                     ))),
                 }
             }

@@ -1,7 +1,7 @@
 //! Route matching: which rules apply to a request.
 //!
-//! Compiled once per config. Each rule's match expression becomes a [`Cond`]
-//! tree; a [`Router`] per direction indexes rules by the path their match
+//! Compiled once per config. Each rule's match expression becomes a `Cond`
+//! tree; a `Router` per direction indexes rules by the path their match
 //! requires (an exact path in a hash map, a prefix in a list sorted
 //! longest-first), so a request only evaluates the trees of rules whose path
 //! can match, plus the rules whose match has no path requirement. Matching

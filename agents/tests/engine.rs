@@ -343,6 +343,7 @@ async fn fuse_trips_for_everyone_and_a_release_admits_again() {
     for consumer in [Some("crm"), Some("shop"), None] {
         let r = now(&e, "/mdm/b", consumer).unwrap_err();
         assert_eq!(r.reason, RejectReason::FuseOpen);
+        assert_eq!(r.retry_after, None, "manual recovery: no promise");
         assert_eq!(r.to_response().status(), StatusCode::SERVICE_UNAVAILABLE);
     }
     // Manual recovery: still open a day later.
@@ -356,6 +357,62 @@ async fn fuse_trips_for_everyone_and_a_release_admits_again() {
     assert!(now(&e, "/mdm/b", None).is_ok());
     assert!(e.tripped_fuses().is_empty());
     assert_eq!(e.release_fuse("order/mdm", "ops"), Ok(false));
+}
+
+#[tokio::test(start_paused = true)]
+async fn fuse_recovers_through_half_open_probes() {
+    let e = engine(
+        r#"
+service: inventory
+fuses:
+- rule: inventory/stock_errors
+  on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
+  trips:
+  - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 30000}
+  recover: {after: {after_ms: 30000, probes: 2}}
+"#,
+    );
+    let mut events = e.subscribe();
+    now(&e, "/stock", None)
+        .unwrap()
+        .finish(Outcome::ConnectFailure);
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let r = now(&e, "/stock", None).unwrap_err();
+    assert_eq!(
+        r.retry_after,
+        Some(Duration::from_secs(20)),
+        "until half-open"
+    );
+    assert_eq!(r.to_response().headers()["retry-after"], "20");
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let p1 = now(&e, "/stock", None).unwrap();
+    let p2 = now(&e, "/stock", None).unwrap();
+    assert_eq!(
+        stats(&e, "inventory/stock_errors").fuse,
+        Some(FuseState::HalfOpen)
+    );
+    assert_eq!(
+        now(&e, "/stock", None).unwrap_err().reason,
+        RejectReason::FuseOpen
+    );
+    p1.finish(Outcome::Status(200));
+    p2.finish(Outcome::Status(200));
+    assert_eq!(
+        stats(&e, "inventory/stock_errors").fuse,
+        Some(FuseState::Closed)
+    );
+    assert!(now(&e, "/stock", None).is_ok());
+    let kinds: Vec<_> = std::iter::from_fn(|| events.try_recv().ok())
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            EventKind::FuseTripped,
+            EventKind::FuseHalfOpen,
+            EventKind::FuseReleased
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]
