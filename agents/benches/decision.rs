@@ -137,7 +137,11 @@ fn bench(c: &mut Criterion) {
     g.bench_function("atomic_fetch_add", |b| {
         b.iter(|| black_box(&counter).fetch_add(1, Ordering::Relaxed))
     });
+    // The engine reads tokio's clock. Benches build tokio with `test-util`
+    // (a dev-dependency), which adds a paused-clock check to every read that
+    // release builds of the agent do not pay; compare with std's clock.
     g.bench_function("tokio_instant_now", |b| b.iter(tokio::time::Instant::now));
+    g.bench_function("std_instant_now", |b| b.iter(Instant::now));
     g.finish();
 
     // Wall time (what criterion measures by default) is inflated when other
