@@ -136,8 +136,8 @@ fn analyze(files: &[SourceFile]) -> (Diagnostics, Vec<Option<gov_lang::ast::Poli
     for result in parse_all(files) {
         match result {
             Ok(p) => parsed.push(Some(p)),
-            Err(e) => {
-                out.push(Diagnostic::from(e));
+            Err(errors) => {
+                out.extend(errors.into_iter().map(Diagnostic::from));
                 parsed.push(None);
             }
         }
@@ -175,8 +175,10 @@ const PARALLEL_PARSE_BYTES: usize = 256 * 1024;
 
 /// Parses every file, in order. Files are independent, so a large policy in
 /// several files is parsed on every core (file `i` on thread `i % n`).
-fn parse_all(files: &[SourceFile]) -> Vec<Result<gov_lang::ast::Policy, gov_lang::SyntaxError>> {
-    let parse = |f: &SourceFile| gov_lang::parse(&f.name, &f.text);
+fn parse_all(
+    files: &[SourceFile],
+) -> Vec<Result<gov_lang::ast::Policy, Vec<gov_lang::SyntaxError>>> {
+    let parse = |f: &SourceFile| gov_lang::parse_all(&f.name, &f.text);
     let total: usize = files.iter().map(|f| f.text.len()).sum();
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZeroUsize::get)

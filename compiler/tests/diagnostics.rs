@@ -256,3 +256,16 @@ fn limits_on_different_windows_or_keys_do_not_conflict() {
         [""; 0]
     );
 }
+
+#[test]
+fn every_syntax_error_of_a_file_is_reported() {
+    let text =
+        "service a {\n  capacity workers x\n  limit l on any { calls 1 per 1 }\n}\nservce b {}\n";
+    let checked = check(&[SourceFile::new("three.gov", text)]);
+    let rendered = render(&checked.diagnostics);
+    let codes: Vec<String> = checked.diagnostics.iter().map(|d| d.code_str()).collect();
+    assert_eq!(codes, ["gov::syntax"; 3], "{rendered}");
+    for at in ["[three.gov:2:20]", "[three.gov:3:32]", "[three.gov:5:1]"] {
+        assert!(rendered.contains(at), "{at} missing in {rendered}");
+    }
+}

@@ -8,6 +8,7 @@
 //! block.
 
 use std::fmt;
+use std::sync::Arc;
 
 use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
 use pest::error::{ErrorVariant, InputLocation};
@@ -29,7 +30,10 @@ struct Details {
     help: Option<String>,
     span: Span,
     labels: Vec<LabeledSpan>,
-    source_code: NamedSource<String>,
+    /// Where the parser stopped; recovery resumes after it. The label may
+    /// point elsewhere (at the `{` that is never closed, say).
+    at: usize,
+    source_code: NamedSource<Arc<str>>,
 }
 
 impl Diagnostic for SyntaxError {
@@ -81,8 +85,21 @@ impl SyntaxError {
             help: None,
             span,
             labels: vec![LabeledSpan::new_primary_with_span(Some(label), span)],
-            source_code: NamedSource::new(name, src.to_owned()),
+            at: span.start,
+            source_code: NamedSource::new(name, Arc::from(src)),
         }))
+    }
+
+    /// Where the parser stopped.
+    pub(crate) fn at(&self) -> usize {
+        self.0.at
+    }
+
+    /// Shows the error in `src` (the text as written, when the error was
+    /// found in a copy with broken parts blanked out; offsets are the same).
+    pub(crate) fn with_source(mut self, name: &str, src: Arc<str>) -> Self {
+        self.0.source_code = NamedSource::new(name, src);
+        self
     }
 
     fn with_help(mut self, help: impl Into<String>) -> Self {
@@ -96,8 +113,9 @@ impl SyntaxError {
             help: Some("split the policy into several files".to_owned()),
             span: Span::default(),
             labels: Vec::new(),
+            at: 0,
             // The text is not kept: it is not shown and could be huge.
-            source_code: NamedSource::new(name, String::new()),
+            source_code: NamedSource::new(name, Arc::from("")),
         }))
     }
 
@@ -152,7 +170,13 @@ impl SyntaxError {
             InputLocation::Span((s, _)) => s,
         };
         let pos = pos.min(src.len());
-        match err.variant {
+        let mut err = SyntaxError::from_pest_at(name, src, pos, err.variant);
+        err.0.at = pos;
+        err
+    }
+
+    fn from_pest_at(name: &str, src: &str, pos: usize, variant: ErrorVariant<Rule>) -> Self {
+        match variant {
             ErrorVariant::CustomError { message } => {
                 let span = Span::new(pos, pos);
                 SyntaxError::new(

@@ -4,7 +4,9 @@
 //!   (a miette diagnostic with the file name, a label at the offending token
 //!   and, where one fits, a help line). Input over [`MAX_SOURCE_BYTES`],
 //!   parentheses nested deeper than [`MAX_NESTING`] and match expressions of
-//!   more than [`MAX_EXPR_TERMS`] terms are refused.
+//!   more than [`MAX_EXPR_TERMS`] terms are refused. [`parse_all`] reports
+//!   every syntax error (up to [`MAX_SYNTAX_ERRORS`]): after an error it
+//!   skips the statement (or item) that holds it and goes on.
 //! - [`format()`] prints a tree in the one canonical layout, keeping the
 //!   comments of the source it came from; [`format_source`] does both.
 //!
@@ -26,7 +28,10 @@ mod diagnostic;
 mod fmt;
 mod grammar;
 mod parser;
+mod recovery;
 
 pub use diagnostic::SyntaxError;
 pub use fmt::{format, format_source};
-pub use parser::{MAX_EXPR_TERMS, MAX_NESTING, MAX_SOURCE_BYTES, parse};
+pub use parser::{
+    MAX_EXPR_TERMS, MAX_NESTING, MAX_SOURCE_BYTES, MAX_SYNTAX_ERRORS, parse, parse_all,
+};

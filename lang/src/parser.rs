@@ -5,7 +5,10 @@
 //! [`crate::ast`] nodes. Pest types stay inside this crate: every failure
 //! becomes a [`SyntaxError`].
 
+use std::borrow::Cow;
 use std::num::NonZeroUsize;
+use std::ops::Range;
+use std::sync::Arc;
 
 use pest::Parser as _;
 use pest::iterators::{Pair, Pairs};
@@ -13,6 +16,7 @@ use pest::iterators::{Pair, Pairs};
 use crate::ast::*;
 use crate::diagnostic::SyntaxError;
 use crate::grammar::{GovParser, Rule};
+use crate::recovery;
 
 /// Larger sources are refused before parsing.
 pub const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
@@ -30,12 +34,83 @@ pub const MAX_EXPR_TERMS: usize = 256;
 /// hostile input can cause.
 const CALL_LIMIT: usize = 200_000_000;
 
-/// Parses one `.gov` file. `name` is used in diagnostics.
+/// The most syntax errors [`parse_all`] reports for one file.
+pub const MAX_SYNTAX_ERRORS: usize = 20;
+
+/// Parses one `.gov` file. `name` is used in diagnostics. On errors, the
+/// first one; [`parse_all`] reports them all.
 pub fn parse(name: &str, src: &str) -> Result<Policy, SyntaxError> {
+    parse_up_to(name, src, 1).map_err(|errors| {
+        errors
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| SyntaxError::internal(name, src, Span::new(0, 0)))
+    })
+}
+
+/// Parses one `.gov` file and, on errors, reports every one of them (up to
+/// [`MAX_SYNTAX_ERRORS`]), in the order of the text.
+///
+/// After an error the parser skips the statement that holds it (or the whole
+/// item, when the layout does not show statements) and goes on; an error that
+/// skipping did not get past is taken as a follow-on and not reported.
+pub fn parse_all(name: &str, src: &str) -> Result<Policy, Vec<SyntaxError>> {
+    parse_up_to(name, src, MAX_SYNTAX_ERRORS)
+}
+
+fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Vec<SyntaxError>> {
     if src.len() > MAX_SOURCE_BYTES {
-        return Err(SyntaxError::too_large(name, src.len(), MAX_SOURCE_BYTES));
+        return Err(vec![SyntaxError::too_large(
+            name,
+            src.len(),
+            MAX_SOURCE_BYTES,
+        )]);
     }
-    check_nesting(name, src)?;
+    check_nesting(name, src).map_err(|e| vec![e])?;
+    let mut errors = Vec::new();
+    // The text with the broken regions blanked out; offsets are unchanged.
+    let mut text = Cow::Borrowed(src);
+    let mut shared: Option<Arc<str>> = None;
+    // The last error and the region skipped for it: a new error before the
+    // end of that region is a follow-on.
+    let mut last: Option<(usize, Range<usize>)> = None;
+    let mut widened = false;
+    // Each round reports an error or widens a region once.
+    for _ in 0..2 * max + 1 {
+        let err = match parse_once(name, &text) {
+            Ok(policy) if errors.is_empty() => return Ok(policy),
+            Ok(_) => break,
+            Err(err) => err,
+        };
+        let at = err.at();
+        if let Some((last_at, skipped)) = &last
+            && recovery::is_follow_on(&text, at, *last_at, skipped)
+        {
+            if widened {
+                break;
+            }
+            // Skip the whole item instead.
+            let item = recovery::item_region(&text, skipped.start);
+            recovery::blank(text.to_mut(), item.clone());
+            last = Some((*last_at, item));
+            widened = true;
+            continue;
+        }
+        widened = false;
+        let src = shared.get_or_insert_with(|| Arc::from(src)).clone();
+        errors.push(err.with_source(name, src));
+        if errors.len() >= max {
+            break;
+        }
+        let skip = recovery::region(&text, at);
+        recovery::blank(text.to_mut(), skip.clone());
+        last = Some((at, skip));
+    }
+    Err(errors)
+}
+
+/// One run of the grammar and the builder.
+fn parse_once(name: &str, src: &str) -> Result<Policy, SyntaxError> {
     pest::set_call_limit(NonZeroUsize::new(CALL_LIMIT));
     let mut pairs =
         GovParser::parse(Rule::policy, src).map_err(|e| SyntaxError::from_pest(name, src, e))?;

@@ -5,10 +5,17 @@
 use proptest::prelude::*;
 
 /// Parses `src`; if it parses, formatting must read back as the same tree
-/// and be idempotent.
+/// and be idempotent. If not, error recovery must agree with `parse` on the
+/// first error and stay within its bound.
 fn check(src: &str) {
-    let Ok(tree) = gov_lang::parse("fuzz.gov", src) else {
-        return;
+    let tree = match gov_lang::parse_all("fuzz.gov", src) {
+        Ok(tree) => tree,
+        Err(errors) => {
+            assert!((1..=gov_lang::MAX_SYNTAX_ERRORS).contains(&errors.len()));
+            let first = gov_lang::parse("fuzz.gov", src).unwrap_err();
+            assert_eq!(first.message(), errors[0].message());
+            return;
+        }
     };
     let text = gov_lang::format(&tree, src);
     let back = gov_lang::parse("fuzz.gov", &text).unwrap_or_else(|e| {

@@ -1,5 +1,6 @@
 //! Golden tests of syntax errors: every fixture in `fixtures/syntax/` fails
-//! to parse, and its rendered diagnostic is a snapshot.
+//! to parse, and its rendered diagnostics (all of them, from `parse_all`)
+//! are a snapshot.
 
 use super::common::render;
 
@@ -9,8 +10,15 @@ fn every_syntax_fixture_has_its_diagnostic() {
     insta::glob!(fixtures, "*.gov", |path| {
         let src = std::fs::read_to_string(path).unwrap();
         let name = path.file_name().unwrap().to_string_lossy();
-        let err = gov_lang::parse(&name, &src).expect_err("a syntax fixture must not parse");
-        insta::assert_snapshot!(render(&err));
+        let first = gov_lang::parse(&name, &src).expect_err("a syntax fixture must not parse");
+        let all = gov_lang::parse_all(&name, &src).expect_err("parse_all agrees with parse");
+        assert_eq!(
+            render(&first),
+            render(&all[0]),
+            "parse reports the first error"
+        );
+        let rendered: Vec<String> = all.iter().map(render).collect();
+        insta::assert_snapshot!(rendered.join("\n"));
     });
 }
 
@@ -44,4 +52,49 @@ fn very_long_match_expressions_are_refused() {
     assert_eq!(err.message(), "match expression has more than 256 terms");
     let ok = vec!["any"; gov_lang::MAX_EXPR_TERMS].join(" or ");
     gov_lang::parse("long.gov", &format!("service s {{ match m = {ok} }}")).unwrap();
+}
+
+#[test]
+fn independent_errors_are_all_reported_in_order() {
+    let src = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/syntax/three_errors.gov"
+    ))
+    .unwrap();
+    let errors = gov_lang::parse_all("three_errors.gov", &src).unwrap_err();
+    let lines: Vec<usize> = errors
+        .iter()
+        .map(|e| src[..e.span().start].matches('\n').count() + 1)
+        .collect();
+    assert_eq!(lines, [5, 10, 16], "{errors:?}");
+}
+
+#[test]
+fn recovery_stops_at_the_limit() {
+    let bad = "service s {\n  capacity workers x\n}\n".repeat(gov_lang::MAX_SYNTAX_ERRORS + 5);
+    let errors = gov_lang::parse_all("many.gov", &bad).unwrap_err();
+    assert_eq!(errors.len(), gov_lang::MAX_SYNTAX_ERRORS);
+}
+
+#[test]
+fn valid_text_after_errors_is_still_checked() {
+    // The good statements between the broken ones raise nothing.
+    let src = "service s {\n  capacity workers x\n  domain \"d\"\n  limit l on any { calls 1 per 1s }\n  fuse f on any { trip when errors > 5 over 10 }\n}\n";
+    let errors = gov_lang::parse_all("s.gov", src).unwrap_err();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+}
+
+#[test]
+fn no_follow_on_errors_after_an_incomplete_statement() {
+    for src in [
+        "service order {\n  capacity workers\n}\n",
+        "service a {\n  bulkhead b on any {\n    queue\n  }\n  domain \"d\"\n}\n",
+        "service a {\n  bulkhead b on any {\n    queue 1\n  limit l on any { calls 1 per 1s }\n}\n",
+        "service a {\n  match m = any or\n  capacity workers 4\n}\n",
+        "service a {\n  capacity workers 4\n\nservice b {}\n",
+        "service a { capacity workers 4x } service b { domain }\n",
+    ] {
+        let errors = gov_lang::parse_all("a.gov", src).unwrap_err();
+        assert_eq!(errors.len(), 1, "{src}: {errors:#?}");
+    }
 }
