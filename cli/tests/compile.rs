@@ -274,3 +274,65 @@ fn every_example_together_is_one_valid_policy() {
         .code(0)
         .stderr("");
 }
+
+#[test]
+fn compile_output_does_not_depend_on_file_order_or_layout() {
+    // shop.gov split in two files (registry + order, inventory), given in
+    // both orders, one of them re-indented.
+    let text = std::fs::read_to_string(example("shop.gov")).unwrap();
+    let at = text.find("\nservice inventory").unwrap();
+    let (head, tail) = text.split_at(at + 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.gov"), dir.path().join("b.gov"));
+    std::fs::write(&a, head).unwrap();
+    std::fs::write(&b, tail.replace("\n  ", "\n      ")).unwrap();
+    let yaml = |files: [&PathBuf; 2]| {
+        let out = govc().arg("compile").args(files).assert().success();
+        let v: serde_yaml::Value = serde_yaml::from_slice(&out.get_output().stdout).unwrap();
+        let versions: Vec<(String, String)> = v["targets"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["service"].as_str().unwrap().to_owned(),
+                    t["version"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        (versions, v["version"].as_str().unwrap().to_owned())
+    };
+    let whole = govc()
+        .arg("compile")
+        .arg(example("shop.gov"))
+        .assert()
+        .success();
+    let whole: serde_yaml::Value = serde_yaml::from_slice(&whole.get_output().stdout).unwrap();
+    let (ab, ab_version) = yaml([&a, &b]);
+    let (ba, ba_version) = yaml([&b, &a]);
+    assert_eq!(ab, ba);
+    assert_eq!(ab_version, ba_version);
+    assert_eq!(ab_version, whole["version"].as_str().unwrap());
+}
+
+#[test]
+fn compile_errors_as_json_lines() {
+    let out = govc()
+        .args(["compile", "--error-format", "json"])
+        .arg(fixture("unknown-service.gov"))
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert_eq!(lines[0]["code"], "gov::unknown-service");
+    assert_eq!(lines[0]["severity"], "error");
+    assert_eq!(lines[0]["help"], "did you mean `inventory`?");
+    let text = std::fs::read_to_string(fixture("unknown-service.gov")).unwrap();
+    let offset = text.find("inventroy").unwrap();
+    assert_eq!(lines[0]["labels"][0]["span"]["offset"], offset);
+    assert_eq!(lines[0]["labels"][0]["span"]["length"], "inventroy".len());
+}
