@@ -6,6 +6,9 @@
 //! Sentinel and ServiceComb skip such a rule with a log line at run time;
 //! here it is an error before anything is applied.
 //!
+//! Also: a limit counted `per domain` in a service that declares no
+//! `domain "..."`: there is no domain to count by.
+//!
 //! Example: `bulkhead b on slow { max_wait 10ms }`.
 //!
 //! Fix: add the missing setting (the help says which and what it means).
@@ -13,7 +16,7 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use gov_lang::ast::{BulkheadSetting, FuseSetting, LimitSetting};
+use gov_lang::ast::{BulkheadSetting, FuseSetting, LimitKey, LimitSetting};
 
 use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Rule, Src};
@@ -27,8 +30,9 @@ pub struct MissingField {
     pub missing: String,
     #[source_code]
     pub src: Src,
-    #[label("this {kind} enforces nothing")]
+    #[label("{label}")]
     pub span: SourceSpan,
+    pub label: String,
     #[help]
     pub help: String,
 }
@@ -71,10 +75,36 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                     missing: missing.to_string(),
                     src: cx.src(svc.file),
                     span: rule.name().span.into(),
+                    label: format!("this {} enforces nothing", rule.kind()),
                     help: help.to_string(),
                 }
                 .into(),
             );
+        }
+        if svc.domain.is_some() {
+            continue;
+        }
+        for rule in &svc.rules {
+            let Rule::Limit(l) = rule else { continue };
+            for s in &l.settings {
+                if let LimitSetting::Per { key, span } = s
+                    && key.node == LimitKey::Domain
+                {
+                    out.push(
+                        MissingField {
+                            kind: "service".to_string(),
+                            name: svc.name().to_string(),
+                            missing: "`domain`".to_string(),
+                            src: cx.src(svc.file),
+                            span: (*span).into(),
+                            label: format!("limit `{}` counts per domain", l.name.node),
+                            help: "declare the service's domain (`domain \"trade\"`), or count `per service`"
+                                .to_string(),
+                        }
+                        .into(),
+                    );
+                }
+            }
         }
     }
 }
