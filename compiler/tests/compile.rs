@@ -220,3 +220,12 @@ fn plan_shows_added_and_removed_parts() {
     let proto = p.to_proto();
     assert_eq!(proto.services.len(), 3);
 }
+
+#[test]
+fn the_checked_model_lowers_to_the_compiled_bundle() {
+    let shop = source(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/shop.gov"));
+    let checked = gov_compiler::check(std::slice::from_ref(&shop));
+    let model = checked.model.expect("shop.gov has no errors");
+    assert_eq!(model.service_names(), ["inventory", "order"]);
+    assert_eq!(model.lower(), bundle(&[shop]));
+}
