@@ -458,17 +458,15 @@ impl App {
         }
         let what = format!("{} {}", kind_name(outcome.kind), outcome.rule);
         let (text, ok) = match outcome.result {
-            Ok(r) if r.released => {
-                let mut text = format!(
+            // The control plane's message only repeats this on success.
+            Ok(r) if r.released => (
+                format!(
                     "released {what}: {} agent{} notified",
                     r.agents_notified,
                     if r.agents_notified == 1 { "" } else { "s" }
-                );
-                if !r.message.is_empty() {
-                    text.push_str(&format!(" ({})", r.message));
-                }
-                (text, true)
-            }
+                ),
+                true,
+            ),
             Ok(r) => {
                 let mut text = format!("{what} was not released");
                 if !r.message.is_empty() {

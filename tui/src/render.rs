@@ -112,12 +112,6 @@ fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
                 Style::new().red().bold(),
             ));
         }
-        if view.at_unix_ms > 0 {
-            spans.push(Span::raw(format!(
-                " │ updated {}",
-                ago(app.now_ms, view.at_unix_ms)
-            )));
-        }
     }
     frame.render_widget(Line::from(spans), area);
 }
