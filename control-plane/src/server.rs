@@ -362,7 +362,8 @@ impl ControlPlaneRpc for ControlPlane {
             .collect();
 
         // One apply at a time: the plan is against the version it replaces.
-        let _apply = self.inner.apply_lock.lock().await;
+        let apply_guard = self.inner.apply_lock.lock().await;
+        let started = tokio::time::Instant::now();
         let compiled = {
             let files = files.clone();
             tokio::task::spawn_blocking(move || gov_compiler::compile(&files))
@@ -441,6 +442,7 @@ impl ControlPlaneRpc for ControlPlane {
             state.apply(policy, &changed, self.inner.history_limit, &mut out);
             previous
         };
+        let compiled_at = started.elapsed();
         if let Err(error) = self.inner.persist().await {
             // Undo: nothing was sent yet.
             let mut state = self.inner.lock();
@@ -452,8 +454,11 @@ impl ControlPlaneRpc for ControlPlane {
                 "cannot store the policy in the state directory; nothing was applied",
             ));
         }
-        self.inner
-            .audit(AuditEntry {
+        let stored_at = started.elapsed();
+        // The audit line is written while the agents apply (joined before answering).
+        let audit = {
+            let inner = self.inner.clone();
+            let entry = AuditEntry {
                 at_unix_ms: now_unix_ms(),
                 who: who.clone(),
                 action: "apply".into(),
@@ -462,12 +467,16 @@ impl ControlPlaneRpc for ControlPlane {
                 rule: String::new(),
                 targets: changed.clone(),
                 detail: String::new(),
-            })
-            .await;
+            };
+            tokio::spawn(async move { inner.audit(entry).await })
+        };
         tracing::info!(who, %version, services = ?changed, agents = out.len(), "applied");
         self.inner.send(out).await;
+        let pushed_at = started.elapsed();
         self.inner.changed();
         self.inner.timer.notify_one();
+        // Waiting for ACKs must not hold up the next apply.
+        drop(apply_guard);
 
         if req.wait_ms > 0 {
             let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_APPLY_WAIT);
@@ -484,6 +493,17 @@ impl ControlPlaneRpc for ControlPlane {
                 }
             }
         }
+        let settled_at = started.elapsed();
+        if let Err(error) = audit.await {
+            tracing::error!(%error, "the audit writer failed");
+        }
+        tracing::debug!(
+            compile_plan_ms = compiled_at.as_secs_f64() * 1e3,
+            store_ms = (stored_at - compiled_at).as_secs_f64() * 1e3,
+            push_ms = (pushed_at - stored_at).as_secs_f64() * 1e3,
+            acks_ms = (settled_at - pushed_at).as_secs_f64() * 1e3,
+            "apply timing"
+        );
         let outcomes = self.inner.lock().outcomes(&changed);
         Ok(Response::new(pb::ApplyResult {
             applied: true,

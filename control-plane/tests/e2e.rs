@@ -530,6 +530,23 @@ async fn apply_reaches_every_agent_of_the_changed_service_and_only_them() {
     assert_eq!(slow_burst(order2.inbound, 6).await, (2, 4));
     assert_eq!(pay.configs_applied().await, 1);
 
+    // The TUI's stream: one view at once, then one per change.
+    let mut client = gov_control_plane::client::connect(&govd.url(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut watch = client
+        .watch(pb::WatchRequest {
+            service: "order".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert!(
+        first.agents.iter().all(|a| a.service == "order") && first.agents.len() == 2,
+        "{first:?}"
+    );
+
     // V2 changes only order: both order agents enforce 4, payment gets nothing.
     let v2 = write(dir.path(), "v2.gov", &v2());
     let applied = govc(&govd, Some(TOKEN), &["apply", "--wait", "10s", &v2]).await;
@@ -563,6 +580,24 @@ async fn apply_reaches_every_agent_of_the_changed_service_and_only_them() {
         "the payment agent must receive nothing"
     );
     let version = govd.status().await.version;
+    let watched = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let view = watch.message().await.unwrap().unwrap();
+            if view.version == version {
+                return view;
+            }
+        }
+    })
+    .await
+    .expect("the watch stream shows the new version");
+    assert!(
+        watched.rules.iter().any(|r| r.rule == "order/slow_calls"),
+        "{watched:?}"
+    );
+    assert!(
+        watched.rules.iter().all(|r| r.rule.starts_with("order/")),
+        "{watched:?}"
+    );
 
     // An invalid policy is refused with the diagnostics; nothing changes.
     let bad = write(dir.path(), "bad.gov", INVALID);
@@ -606,6 +641,12 @@ async fn apply_reaches_every_agent_of_the_changed_service_and_only_them() {
         a.stop().await;
     }
     govd.stop().await;
+    // The watch stream ends when govd drains.
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(_)) = watch.message().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the watch stream must end when govd stops");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
