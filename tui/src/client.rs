@@ -85,7 +85,12 @@ fn status_text(s: &tonic::Status) -> String {
 
 async fn connect(opts: &WatchOptions) -> Result<ControlPlaneClient<Channel>, String> {
     let endpoint = opts.endpoint().map_err(|e| error_chain(&e))?;
-    let channel = endpoint.connect().await.map_err(|e| error_chain(&e))?;
+    let channel = endpoint.connect().await.map_err(|e| {
+        // "transport error" says nothing the operator can act on.
+        let text = error_chain(&e);
+        text.strip_prefix("transport error: ")
+            .map_or(text.clone(), str::to_owned)
+    })?;
     Ok(ControlPlaneClient::new(channel))
 }
 

@@ -6,6 +6,7 @@
 )]
 
 mod client;
+mod e2e;
 mod fixtures;
 mod screens;
 mod update;
