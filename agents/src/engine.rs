@@ -25,8 +25,9 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use crate::bulkhead::{self, Bulkhead};
+use crate::cluster::ClusterStore;
 use crate::config::{
-    CompiledConfig, Direction, InvalidConfig, LimitAction, LimitKey, RuleKind, RuleSpec,
+    CompiledConfig, Direction, InvalidConfig, LimitAction, LimitKey, LimitScope, RuleKind, RuleSpec,
 };
 use crate::events::{Event, Events};
 use crate::fuse::Fuse;
@@ -48,6 +49,8 @@ struct Shared {
     events: Events,
     /// Serialises `apply` (state carry-over reads the snapshot it replaces).
     apply: Mutex<()>,
+    /// Where `scope cluster` limits share their counters.
+    cluster: Option<ClusterStore>,
 }
 
 /// One config and the state of each of its rules.
@@ -73,14 +76,19 @@ struct TimeoutState {
 }
 
 impl State {
-    fn new(spec: &RuleSpec, name: &Arc<str>, events: &Events) -> Self {
+    fn new(
+        spec: &RuleSpec,
+        name: &Arc<str>,
+        events: &Events,
+        cluster: Option<&ClusterStore>,
+    ) -> Self {
         match spec {
             RuleSpec::Bulkhead(s) => State::Bulkhead(Arc::new(Bulkhead::new(s.clone()))),
-            RuleSpec::Limit(s) => State::Limit(Arc::new(Limit::new(
-                s.clone(),
-                name.clone(),
-                events.clone(),
-            ))),
+            RuleSpec::Limit(s) => {
+                let limit = Arc::new(Limit::new(s.clone(), name.clone(), events.clone(), cluster));
+                limit.start();
+                State::Limit(limit)
+            }
             RuleSpec::Fuse(s) => {
                 State::Fuse(Arc::new(Fuse::new(s.clone(), name.clone(), events.clone())))
             }
@@ -277,6 +285,9 @@ pub struct LimitView {
 pub struct StatsSnapshot {
     pub version: Arc<str>,
     pub rules: Vec<RuleStats>,
+    /// Whether the cluster store (Redis) answers; `None`: the engine has none.
+    /// While it is down, `scope cluster` limits count locally.
+    pub cluster_store_up: Option<bool>,
 }
 
 impl StatsSnapshot {
@@ -303,14 +314,29 @@ fn kind_name(kind: RuleKind) -> &'static str {
 
 impl Engine {
     /// An engine enforcing `config`.
+    ///
+    /// Without a cluster store, `scope cluster` limits given to
+    /// [`Engine::apply`] count locally, and [`Engine::apply_target`] refuses them.
     pub fn new(config: CompiledConfig) -> Self {
+        Self::build(config, None)
+    }
+
+    /// An engine with no rules for `service` whose `scope cluster` limits
+    /// share their counters through `store` (Redis). Call it inside a Tokio
+    /// runtime: batched limits run a flush task.
+    pub fn with_cluster_store(service: &str, store: ClusterStore) -> Self {
+        Self::build(CompiledConfig::empty(service), Some(store))
+    }
+
+    fn build(config: CompiledConfig, cluster: Option<ClusterStore>) -> Self {
         let events = Events::new();
-        let snapshot = Snapshot::fresh(Arc::new(config), &events);
+        let snapshot = Snapshot::fresh(Arc::new(config), &events, cluster.as_ref());
         Self {
             shared: Arc::new(Shared {
                 current: ArcSwap::from_pointee(snapshot),
                 events,
                 apply: Mutex::new(()),
+                cluster,
             }),
         }
     }
@@ -320,9 +346,30 @@ impl Engine {
         Self::new(CompiledConfig::empty(service))
     }
 
+    /// The cluster store, if the engine has one.
+    pub fn cluster_store(&self) -> Option<&ClusterStore> {
+        self.shared.cluster.as_ref()
+    }
+
     /// Validates and applies a wire config. On error the current config stays.
+    /// `scope cluster` limits are refused when the engine has no cluster
+    /// store (counting them per agent would silently multiply the quota).
     pub fn apply_target(&self, target: &proto::TargetConfig) -> Result<Applied, InvalidConfig> {
-        Ok(self.apply(CompiledConfig::try_from(target)?))
+        let config = CompiledConfig::try_from(target)?;
+        if self.shared.cluster.is_none()
+            && let Some(rule) = config
+                .rules
+                .iter()
+                .find(|r| matches!(&r.spec, RuleSpec::Limit(l) if l.scope != LimitScope::Local))
+        {
+            return Err(InvalidConfig::Rule {
+                rule: rule.name.to_string(),
+                problem: "`scope cluster` needs a shared counter store and this agent has none: \
+                          start the agent with `--redis URL` (or `GOV_REDIS`)"
+                    .into(),
+            });
+        }
+        Ok(self.apply(config))
     }
 
     /// Atomically replaces the config. Rules that exist in both configs with
@@ -353,7 +400,12 @@ impl Engine {
                         kept += 1;
                         state
                     }
-                    None => State::new(&rule.spec, &rule.name, &self.shared.events),
+                    None => State::new(
+                        &rule.spec,
+                        &rule.name,
+                        &self.shared.events,
+                        self.shared.cluster.as_ref(),
+                    ),
                 }
             })
             .collect();
@@ -521,10 +573,28 @@ impl Engine {
     }
 
     /// Releases an engaged limit, every key (operator command or the control
-    /// plane's timer). `Ok(false)`: it was not engaged.
+    /// plane's timer). `Ok(false)`: it was not engaged here. A cluster limit
+    /// is also released in the store, for every agent, in the background.
     pub fn release_limit(&self, rule: &str, who: &str) -> Result<bool, CommandError> {
         match self.find(rule, RuleKind::Limit)? {
             State::Limit(l) => Ok(l.release(who)),
+            _ => Ok(false),
+        }
+    }
+
+    /// [`Engine::release_limit`], waiting until the store has deleted the
+    /// latches of a cluster limit. `Ok(true)`: it was engaged here or in the store.
+    pub async fn release_limit_everywhere(
+        &self,
+        rule: &str,
+        who: &str,
+    ) -> Result<bool, CommandError> {
+        match self.find(rule, RuleKind::Limit)? {
+            State::Limit(l) => {
+                let here = l.release(who);
+                let there = l.release_shared().await.unwrap_or(0) > 0;
+                Ok(here || there)
+            }
             _ => Ok(false),
         }
     }
@@ -558,6 +628,7 @@ impl Engine {
         StatsSnapshot {
             version: snap.config.version.clone(),
             rules,
+            cluster_store_up: self.shared.cluster.as_ref().map(ClusterStore::is_up),
         }
     }
 
@@ -601,11 +672,11 @@ impl Engine {
 // === impl Snapshot ===
 
 impl Snapshot {
-    fn fresh(config: Arc<CompiledConfig>, events: &Events) -> Self {
+    fn fresh(config: Arc<CompiledConfig>, events: &Events, cluster: Option<&ClusterStore>) -> Self {
         let states = config
             .rules
             .iter()
-            .map(|r| State::new(&r.spec, &r.name, events))
+            .map(|r| State::new(&r.spec, &r.name, events, cluster))
             .collect();
         Self { config, states }
     }
@@ -689,6 +760,10 @@ impl Admission {
                 let State::Limit(l) = &snap.states[id as usize] else {
                     return Ok(());
                 };
+                if l.remote() {
+                    // `sync exact`: counted in the store, asynchronously.
+                    return Err(StepError::Wait(Step::Limit(id, cell), Duration::ZERO));
+                }
                 match l.try_admit(l.cell(&cell), now) {
                     Ok(()) => {
                         self.has_bytes |= l.spec.bytes.is_some();
@@ -756,8 +831,37 @@ impl Admission {
                 let State::Limit(l) = &snap.states[id as usize] else {
                     return Ok(());
                 };
-                let _waiting = Waiting::new(&l.counters);
+                // A `sync exact` call in flight to the store is not "waiting".
+                let _waiting = (!l.remote()).then(|| Waiting::new(&l.counters));
                 loop {
+                    if l.remote() {
+                        let now = Instant::now();
+                        match l.admit_exact(l.cell(&cell), now).await {
+                            Ok(()) => {
+                                self.has_bytes |= l.spec.bytes.is_some();
+                                self.held.push(Held::Limit { rule: id, cell });
+                                return Ok(());
+                            }
+                            Err(e) => {
+                                let start = self.start.unwrap_or(now);
+                                let shape = match l.spec.action {
+                                    LimitAction::Shape { max_delay } => {
+                                        !e.engaged
+                                            && e.wait.is_some_and(|w| now + w <= start + max_delay)
+                                    }
+                                    LimitAction::Reject => false,
+                                };
+                                match (shape, e.wait) {
+                                    (true, Some(wait)) => tokio::time::sleep(wait).await,
+                                    _ => {
+                                        let retry = l.refuse(l.cell(&cell), e, now);
+                                        return Err(snap.reject(id, e.reason, retry));
+                                    }
+                                }
+                            }
+                        }
+                        continue;
+                    }
                     match self.step_now(Step::Limit(id, cell.clone()), Instant::now()) {
                         Ok(()) => return Ok(()),
                         Err(StepError::Rejected(r)) => return Err(r),

@@ -50,6 +50,7 @@
 //! `tokio::time` is read, so every state machine runs under paused time in tests.
 
 mod bulkhead;
+pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod events;
@@ -62,6 +63,7 @@ pub mod route;
 pub mod stats;
 mod window;
 
+pub use cluster::ClusterStore;
 pub use config::{CompiledConfig, Direction, InvalidConfig, RuleId, RuleKind};
 pub use engine::{
     Admission, Applied, ByteMeter, CommandError, Decision, Engine, FuseView, LimitView, Pending,

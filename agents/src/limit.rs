@@ -8,15 +8,33 @@
 //! amount. Without `release`, counters simply reset every window. With
 //! `release after D` or `release manual`, an exceeded limit *engages*: every
 //! call of that key is refused until the timer ends or an operator releases it.
+//!
+//! `scope cluster` limits with a [`ClusterStore`] share their counters:
+//! - `sync exact`: the engine asks the store for every call ([`Limit::remote`],
+//!   [`Limit::admit_exact`]), one round trip that counts, checks the latch and
+//!   engages it; the window clock is Unix time, the same for every agent;
+//! - `sync batch D`: calls and bytes count locally in [`Part`]s and a task
+//!   flushes every key's delta every D ([`Limit::flush`]); a call is admitted
+//!   while `cluster total at the last flush + own calls in flight to the store +
+//!   own calls since` stays under the amount. Each agent sees the others' calls
+//!   at most D late, so a window admits at most `amount + agents × rate × D`
+//!   (each agent's calls of one period that the others have not seen yet).
+//!
+//! Bytes of cluster limits are always batched (they are counted as bodies
+//! stream, after admission), every D, or every 100ms with `sync exact`.
+//! Latches live in the store too (`PX` = `release after`), so a limit engaged
+//! by one agent is engaged for all; an operator release deletes them. While the
+//! store is down, every agent counts on its own with the full amount.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::{LimitSpec, RateSpec, ReleaseSpec};
+use crate::cluster::{self, ClusterStore, ExactCall, ExactReply, FlushItem, Latch};
+use crate::config::{LimitScope, LimitSpec, RateSpec, ReleaseSpec};
 use crate::events::{EventKind, Events};
 use crate::rejection::RejectReason;
 use crate::route::FxBuild;
@@ -29,6 +47,50 @@ pub const MAX_KEYS: usize = 4096;
 const NOT_ENGAGED: u64 = 0;
 const MANUAL: u64 = u64::MAX;
 
+/// How often the bytes of a `sync exact` limit are flushed.
+pub(crate) const EXACT_BYTES_FLUSH: Duration = Duration::from_millis(100);
+
+/// One counter of a batched cluster limit in one window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Part {
+    /// Window number (Unix ms / window length).
+    pub window: u64,
+    /// The cluster total at the last flush (own calls included).
+    pub base: u64,
+    /// Own calls sent to the store, not yet answered.
+    pub inflight: u64,
+    /// Own calls since the last flush.
+    pub delta: u64,
+}
+
+impl Part {
+    fn roll(&mut self, window: u64) {
+        if self.window != window {
+            *self = Part {
+                window,
+                ..Part::default()
+            };
+        }
+    }
+
+    fn used(&self) -> u64 {
+        self.base
+            .saturating_add(self.inflight)
+            .saturating_add(self.delta)
+    }
+}
+
+/// The shared-store view of one key of a cluster limit.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub calls: Part,
+    pub bytes: Part,
+    /// Used since the last flush (the flush reads the cluster total back).
+    pub active: bool,
+    /// Engaged here; the next flush engages it in the store.
+    pub engage: bool,
+}
+
 /// The counters of one key.
 #[derive(Debug, Default)]
 pub(crate) struct LimitCell {
@@ -39,6 +101,32 @@ pub(crate) struct LimitCell {
     /// `NOT_ENGAGED`, `MANUAL`, or engaged until this many ms after the epoch.
     engaged_until: AtomicU64,
     engaged_reason: AtomicU8,
+    /// The key (consumer, service; empty for the rule's single counter).
+    key: Box<str>,
+    /// Cluster limits only.
+    shared: Mutex<Shared>,
+}
+
+impl LimitCell {
+    fn keyed(key: &str) -> Self {
+        Self {
+            key: key.into(),
+            ..Self::default()
+        }
+    }
+
+    fn shared(&self) -> MutexGuard<'_, Shared> {
+        // Plain counters: a panic elsewhere cannot leave them inconsistent.
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// How a cluster limit reaches the store.
+#[derive(Debug)]
+struct ClusterLink {
+    store: ClusterStore,
+    exact: bool,
+    period: Duration,
 }
 
 /// Which key's counters a call uses.
@@ -67,6 +155,7 @@ pub(crate) struct Limit {
     epoch: Instant,
     single: LimitCell,
     keyed: RwLock<HashMap<Box<str>, Arc<LimitCell>, FxBuild>>,
+    cluster: Option<ClusterLink>,
     pub(crate) counters: Counters,
 }
 
@@ -79,7 +168,27 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Limit {
-    pub(crate) fn new(spec: LimitSpec, name: Arc<str>, events: Events) -> Self {
+    /// A limit; `scope cluster` limits share their counters through `store`
+    /// when there is one (without, they count locally).
+    pub(crate) fn new(
+        spec: LimitSpec,
+        name: Arc<str>,
+        events: Events,
+        store: Option<&ClusterStore>,
+    ) -> Self {
+        let cluster = match (spec.scope, store) {
+            (LimitScope::Local, _) | (_, None) => None,
+            (LimitScope::ClusterExact, Some(store)) => Some(ClusterLink {
+                store: store.clone(),
+                exact: true,
+                period: EXACT_BYTES_FLUSH,
+            }),
+            (LimitScope::ClusterBatch(period), Some(store)) => Some(ClusterLink {
+                store: store.clone(),
+                exact: false,
+                period: period.max(Duration::from_millis(1)),
+            }),
+        };
         Self {
             spec,
             name,
@@ -87,8 +196,41 @@ impl Limit {
             epoch: Instant::now(),
             single: LimitCell::default(),
             keyed: RwLock::default(),
+            cluster,
             counters: Counters::default(),
         }
+    }
+
+    /// Starts the flush task of a batched cluster limit (it ends when the
+    /// limit is dropped). Needs a Tokio runtime; without one nothing is flushed.
+    pub(crate) fn start(self: &Arc<Self>) {
+        let Some(link) = &self.cluster else { return };
+        if link.exact && self.spec.bytes.is_none() {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let period = link.period;
+        let weak = Arc::downgrade(self);
+        handle.spawn(async move {
+            let mut every = tokio::time::interval(period);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                let Some(limit) = weak.upgrade() else { return };
+                limit.flush().await;
+            }
+        });
+    }
+
+    /// Whether calls must be counted in the store first ([`Limit::admit_exact`]):
+    /// a `sync exact` limit calls while its store is up.
+    pub(crate) fn remote(&self) -> bool {
+        self.cluster
+            .as_ref()
+            .is_some_and(|l| l.exact && self.spec.calls.is_some() && l.store.is_up())
     }
 
     fn now_ms(&self, now: Instant) -> u64 {
@@ -115,7 +257,11 @@ impl Limit {
                 return CellRef::Single;
             }
         }
-        CellRef::Keyed(map.entry(key.into()).or_default().clone())
+        CellRef::Keyed(
+            map.entry(key.into())
+                .or_insert_with(|| Arc::new(LimitCell::keyed(key)))
+                .clone(),
+        )
     }
 
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a LimitCell {
@@ -162,6 +308,14 @@ impl Limit {
                 );
             }
         }
+        if let Some(link) = &self.cluster {
+            self.check_shared_bytes(link, cell, now)?;
+            if link.exact {
+                // Here only while the store is down: count locally.
+                return self.local_calls(cell, now_ms);
+            }
+            return self.batch_calls(link, cell, now);
+        }
         if let Some(rate) = &self.spec.bytes {
             let window = now_ms / ms(rate.window).max(1);
             let used = if cell.bytes_window.load(Relaxed) == window {
@@ -177,6 +331,11 @@ impl Limit {
                 });
             }
         }
+        self.local_calls(cell, now_ms)
+    }
+
+    /// Counts one call in the local fixed window.
+    fn local_calls(&self, cell: &LimitCell, now_ms: u64) -> Result<(), Exceeded> {
         if let Some(rate) = &self.spec.calls {
             let window = (now_ms / ms(rate.window).max(1)) & 0xffff_ffff;
             let mut current = cell.calls.load(Relaxed);
@@ -207,6 +366,260 @@ impl Limit {
         Ok(())
     }
 
+    fn check_shared_bytes(
+        &self,
+        link: &ClusterLink,
+        cell: &LimitCell,
+        now: Instant,
+    ) -> Result<(), Exceeded> {
+        let Some(rate) = &self.spec.bytes else {
+            return Ok(());
+        };
+        let unix = link.store.unix_ms(now);
+        let w = ms(rate.window).max(1);
+        let mut s = cell.shared();
+        s.bytes.roll(unix / w);
+        s.active = true;
+        if s.bytes.used() >= rate.amount {
+            return Err(Exceeded {
+                reason: RejectReason::LimitBytes,
+                wait: Some(Duration::from_millis(w - unix % w)),
+                engaged: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// `sync batch`: the cluster total at the last flush plus own calls since.
+    fn batch_calls(
+        &self,
+        link: &ClusterLink,
+        cell: &LimitCell,
+        now: Instant,
+    ) -> Result<(), Exceeded> {
+        let Some(rate) = &self.spec.calls else {
+            return Ok(());
+        };
+        let unix = link.store.unix_ms(now);
+        let w = ms(rate.window).max(1);
+        let mut s = cell.shared();
+        s.calls.roll(unix / w);
+        s.active = true;
+        if s.calls.used() >= rate.amount {
+            return Err(Exceeded {
+                reason: RejectReason::LimitCalls,
+                wait: Some(Duration::from_millis(w - unix % w)),
+                engaged: false,
+            });
+        }
+        s.calls.delta += 1;
+        Ok(())
+    }
+
+    /// `sync exact`: counts the call in the store (one round trip), or
+    /// locally if the store does not answer in time.
+    pub(crate) async fn admit_exact(&self, cell: &LimitCell, now: Instant) -> Result<(), Exceeded> {
+        let (Some(link), Some(rate)) = (&self.cluster, &self.spec.calls) else {
+            return self.try_admit(cell, now);
+        };
+        self.check_shared_bytes(link, cell, now)?;
+        let unix = link.store.unix_ms(now);
+        let w = ms(rate.window).max(1);
+        let call = ExactCall {
+            counter: cluster::calls_key(&self.name, &cell.key, unix / w),
+            latch: cluster::latch_key(&self.name, &cell.key),
+            expiry_ms: w.saturating_mul(2),
+            amount: rate.amount,
+            latch_ms: self.latch_ms(),
+        };
+        match link.store.exact(call).await {
+            None => self.try_admit(cell, now),
+            Some(ExactReply::Counted(count)) => {
+                self.mirror(cell, None, now);
+                if count <= rate.amount {
+                    Ok(())
+                } else {
+                    Err(Exceeded {
+                        reason: RejectReason::LimitCalls,
+                        wait: Some(Duration::from_millis(w - unix % w)),
+                        engaged: false,
+                    })
+                }
+            }
+            Some(ExactReply::Engaged(ttl)) => {
+                cell.engaged_reason
+                    .compare_exchange(0, RejectReason::LimitCalls as u8, Relaxed, Relaxed)
+                    .ok();
+                self.mirror(cell, Some(ttl), now);
+                Err(Exceeded {
+                    reason: reason_from(cell.engaged_reason.load(Relaxed)),
+                    wait: ttl,
+                    engaged: true,
+                })
+            }
+        }
+    }
+
+    /// The latch as the store encodes it: 0 none, -1 manual, else ms.
+    fn latch_ms(&self) -> i64 {
+        match self.spec.release {
+            None => 0,
+            Some(ReleaseSpec::Manual) => -1,
+            Some(ReleaseSpec::After(d)) => i64::try_from(ms(d)).unwrap_or(i64::MAX).max(1),
+        }
+    }
+
+    fn engaged_message(&self, reason: RejectReason) -> String {
+        let what = match reason {
+            RejectReason::LimitBytes => "bytes",
+            _ => "calls",
+        };
+        let release = match self.spec.release {
+            Some(ReleaseSpec::After(d)) => format!("releases after {}s", d.as_secs()),
+            _ => "until released by an operator".into(),
+        };
+        let scope = if self.cluster.is_some() {
+            " for every agent"
+        } else {
+            ""
+        };
+        format!("{what} per window exceeded; engaged{scope} {release}")
+    }
+
+    /// Takes the latch state the store holds for `cell`.
+    fn mirror(&self, cell: &LimitCell, latch: Latch, now: Instant) {
+        let now_ms = self.now_ms(now);
+        match latch {
+            Some(ttl) => {
+                let until = ttl.map_or(MANUAL, |d| now_ms.saturating_add(ms(d)).max(1));
+                if cell.engaged_until.swap(until, Relaxed) == NOT_ENGAGED {
+                    let reason = reason_from(cell.engaged_reason.load(Relaxed));
+                    self.events.emit(
+                        EventKind::LimitEngaged,
+                        &self.name,
+                        self.engaged_message(reason),
+                    );
+                }
+            }
+            None => {
+                if cell.shared().engage {
+                    return;
+                }
+                let before = cell.engaged_until.swap(NOT_ENGAGED, Relaxed);
+                if before == MANUAL || (before != NOT_ENGAGED && before > now_ms) {
+                    self.events.emit(
+                        EventKind::LimitReleased,
+                        &self.name,
+                        "released in the cluster store".into(),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Sends every key's delta to the store and reads the cluster totals and
+    /// latches back (one pipeline). On failure the deltas stay local.
+    pub(crate) async fn flush(&self) {
+        let Some(link) = &self.cluster else { return };
+        let now = Instant::now();
+        let unix = link.store.unix_ms(now);
+        let keyed: Vec<Arc<LimitCell>> = self
+            .keyed
+            .read()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default();
+        let cells: Vec<&LimitCell> = std::iter::once(&self.single)
+            .chain(keyed.iter().map(|c| &**c))
+            .collect();
+        let calls_w = self.spec.calls.map(|r| ms(r.window).max(1));
+        let bytes_w = self.spec.bytes.map(|r| ms(r.window).max(1));
+        let mut items = Vec::new();
+        // Per item: the cell, (window, amount) sent for calls and for bytes,
+        // and whether it engaged the latch.
+        type Sent<'a> = (&'a LimitCell, (u64, u64), (u64, u64), bool);
+        let mut sent: Vec<Sent<'_>> = Vec::new();
+        for (i, cell) in cells.into_iter().enumerate() {
+            let mut s = cell.shared();
+            // Read back the single counter always, a key while it is used this
+            // window or engaged (to see other agents' calls and releases).
+            let this_window = calls_w.is_some_and(|w| s.calls.window == unix / w)
+                || bytes_w.is_some_and(|w| s.bytes.window == unix / w);
+            if !(i == 0
+                || s.active
+                || s.engage
+                || s.calls.delta > 0
+                || s.bytes.delta > 0
+                || this_window
+                || cell.engaged_until.load(Relaxed) != NOT_ENGAGED)
+            {
+                continue;
+            }
+            s.active = false;
+            let mut item = FlushItem {
+                latch: cluster::latch_key(&self.name, &cell.key),
+                engage: s.engage.then(|| self.latch_ms()),
+                ..FlushItem::default()
+            };
+            let mut calls = (0, 0);
+            if let (Some(w), false) = (calls_w, link.exact) {
+                if s.calls.delta == 0 {
+                    s.calls.roll(unix / w);
+                }
+                calls = (s.calls.window, s.calls.delta);
+                s.calls.inflight += s.calls.delta;
+                s.calls.delta = 0;
+                item.calls = Some((cluster::calls_key(&self.name, &cell.key, calls.0), calls.1));
+                item.calls_expiry_ms = w.saturating_mul(2);
+            }
+            let mut bytes = (0, 0);
+            if let Some(w) = bytes_w {
+                if s.bytes.delta == 0 {
+                    s.bytes.roll(unix / w);
+                }
+                bytes = (s.bytes.window, s.bytes.delta);
+                s.bytes.inflight += s.bytes.delta;
+                s.bytes.delta = 0;
+                item.bytes = Some((cluster::bytes_key(&self.name, &cell.key, bytes.0), bytes.1));
+                item.bytes_expiry_ms = w.saturating_mul(2);
+            }
+            sent.push((cell, calls, bytes, s.engage));
+            items.push(item);
+        }
+        if items.is_empty() {
+            return;
+        }
+        let replies = link.store.flush(items).await;
+        for (i, (cell, calls, bytes, engaged)) in sent.into_iter().enumerate() {
+            let reply = replies.as_ref().and_then(|r| r.get(i));
+            {
+                let mut guard = cell.shared();
+                let s = &mut *guard;
+                for (part, (window, n), total) in [
+                    (&mut s.calls, calls, reply.and_then(|r| r.calls)),
+                    (&mut s.bytes, bytes, reply.and_then(|r| r.bytes)),
+                ] {
+                    if part.window != window {
+                        continue;
+                    }
+                    part.inflight = part.inflight.saturating_sub(n);
+                    match total {
+                        Some(total) => part.base = total,
+                        // Not flushed: keep counting it locally.
+                        None => part.delta += n,
+                    }
+                }
+                if reply.is_none() {
+                    s.active = true;
+                } else if engaged {
+                    s.engage = false;
+                }
+            }
+            if let Some(reply) = reply {
+                self.mirror(cell, reply.latch, now);
+            }
+        }
+    }
+
     /// The call is refused: engage the latch if the limit has one. Returns
     /// the `Retry-After` to send.
     pub(crate) fn refuse(&self, cell: &LimitCell, e: Exceeded, now: Instant) -> Option<Duration> {
@@ -222,23 +635,19 @@ impl Limit {
             ReleaseSpec::Manual => (MANUAL, None),
         };
         cell.engaged_reason.store(e.reason as u8, Relaxed);
+        if self.cluster.as_ref().is_some_and(|l| !l.exact) {
+            // The next flush engages it for every agent.
+            cell.shared().engage = true;
+        }
         if cell
             .engaged_until
             .compare_exchange(NOT_ENGAGED, until, Relaxed, Relaxed)
             .is_ok()
         {
-            let what = match e.reason {
-                RejectReason::LimitBytes => "bytes",
-                _ => "calls",
-            };
-            let release = match release {
-                ReleaseSpec::After(d) => format!("releases after {}s", d.as_secs()),
-                ReleaseSpec::Manual => "until released by an operator".into(),
-            };
             self.events.emit(
                 EventKind::LimitEngaged,
                 &self.name,
-                format!("{what} per window exceeded; engaged {release}"),
+                self.engaged_message(e.reason),
             );
         }
         wait
@@ -247,6 +656,14 @@ impl Limit {
     /// Adds request or response bytes of an admitted call.
     pub(crate) fn add_bytes(&self, cell: &LimitCell, n: u64, now: Instant) {
         let Some(rate) = &self.spec.bytes else { return };
+        if let Some(link) = &self.cluster {
+            let w = ms(rate.window).max(1);
+            let mut s = cell.shared();
+            s.bytes.roll(link.store.unix_ms(now) / w);
+            s.bytes.delta = s.bytes.delta.saturating_add(n);
+            s.active = true;
+            return;
+        }
         let window = self.now_ms(now) / ms(rate.window).max(1);
         let seen = cell.bytes_window.load(Relaxed);
         if seen != window
@@ -262,12 +679,23 @@ impl Limit {
     }
 
     /// Releases every engaged key (operator command). Returns whether any was engaged.
+    /// For a cluster limit the store's latches are deleted in the background
+    /// ([`Limit::release_shared`] waits for it).
     pub(crate) fn release(&self, who: &str) -> bool {
-        let mut released = self.single.engaged_until.swap(NOT_ENGAGED, Relaxed) != NOT_ENGAGED;
+        let clear = |cell: &LimitCell| {
+            if self.cluster.is_some() {
+                cell.shared().engage = false;
+            }
+            cell.engaged_until.swap(NOT_ENGAGED, Relaxed) != NOT_ENGAGED
+        };
+        let mut released = clear(&self.single);
         if let Ok(map) = self.keyed.read() {
             for cell in map.values() {
-                released |= cell.engaged_until.swap(NOT_ENGAGED, Relaxed) != NOT_ENGAGED;
+                released |= clear(cell);
             }
+        }
+        if let Some(link) = &self.cluster {
+            link.store.release(&self.name);
         }
         if released {
             self.events.emit(
@@ -277,6 +705,13 @@ impl Limit {
             );
         }
         released
+    }
+
+    /// Deletes the latches of this limit in the store and waits for it.
+    /// `None`: no store, or it failed.
+    pub(crate) async fn release_shared(&self) -> Option<u64> {
+        let link = self.cluster.as_ref()?;
+        link.store.release_now(&self.name).await
     }
 
     /// Whether any key is engaged now (expired `release after` latches are released here).
@@ -367,7 +802,7 @@ mod tests {
             release,
             scope: LimitScope::Local,
         };
-        (Limit::new(spec, "svc/l".into(), events), rx)
+        (Limit::new(spec, "svc/l".into(), events, None), rx)
     }
 
     #[tokio::test(start_paused = true)]
@@ -454,6 +889,199 @@ mod tests {
             .map(|e| e.kind)
             .collect();
         assert_eq!(kinds, [EventKind::LimitEngaged, EventKind::LimitReleased]);
+    }
+
+    mod cluster {
+        use std::sync::atomic::Ordering::Relaxed;
+
+        use super::*;
+        use crate::cluster::fake::{Memory, Shared as Fake};
+
+        const WINDOW: Duration = Duration::from_secs(10);
+
+        fn store(memory: &Arc<Memory>) -> ClusterStore {
+            ClusterStore::from_backend(Box::new(Fake(memory.clone())), Duration::from_millis(50))
+        }
+
+        fn agent(
+            store: &ClusterStore,
+            scope: LimitScope,
+            amount: u64,
+            release: Option<ReleaseSpec>,
+        ) -> (Arc<Limit>, tokio::sync::broadcast::Receiver<Event>) {
+            let events = Events::new();
+            let rx = events.subscribe();
+            let spec = LimitSpec {
+                calls: Some(RateSpec {
+                    amount,
+                    window: WINDOW,
+                }),
+                bytes: None,
+                key: LimitKey::All,
+                action: LimitAction::Reject,
+                reject_status: StatusCode::TOO_MANY_REQUESTS,
+                release,
+                scope,
+            };
+            (
+                Arc::new(Limit::new(spec, "svc/shared".into(), events, Some(store))),
+                rx,
+            )
+        }
+
+        /// Moves paused time to the start of a cluster window.
+        async fn align(store: &ClusterStore) {
+            let w = ms(WINDOW);
+            let unix = store.unix_ms(Instant::now());
+            tokio::time::advance(Duration::from_millis(w - unix % w)).await;
+        }
+
+        fn admit_n(l: &Limit, n: usize) -> usize {
+            (0..n)
+                .filter(|_| {
+                    let c = CellRef::Single;
+                    match l.try_admit(l.cell(&c), Instant::now()) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            l.refuse(l.cell(&c), e, Instant::now());
+                            false
+                        }
+                    }
+                })
+                .count()
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn batch_merges_the_cluster_total_with_local_calls() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let batch = LimitScope::ClusterBatch(Duration::from_millis(100));
+            let (a, _) = agent(&store, batch, 10, None);
+            let (b, _) = agent(&store, batch, 10, None);
+            // Before any flush each agent only knows its own calls.
+            assert_eq!(admit_n(&a, 6), 6);
+            assert_eq!(admit_n(&b, 3), 3);
+            a.flush().await;
+            b.flush().await;
+            a.flush().await;
+            // Both now know the cluster total (9): one call left for the cluster.
+            assert_eq!(a.single.shared().calls.base, 9);
+            assert_eq!(admit_n(&a, 5), 1);
+            a.flush().await;
+            b.flush().await;
+            assert_eq!(admit_n(&b, 5), 0);
+            // The next window starts from zero.
+            tokio::time::advance(WINDOW).await;
+            assert_eq!(admit_n(&b, 4), 4);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn batch_overshoot_stays_within_agents_times_one_period() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let batch = LimitScope::ClusterBatch(Duration::from_millis(100));
+            let agents: Vec<_> = (0..3).map(|_| agent(&store, batch, 100, None).0).collect();
+            // 20 calls per agent per period, flushed every period, for a whole window.
+            let mut admitted = 0;
+            for _ in 0..50 {
+                for l in &agents {
+                    admitted += admit_n(l, 20);
+                }
+                for l in &agents {
+                    l.flush().await;
+                }
+                tokio::time::advance(Duration::from_millis(100)).await;
+            }
+            // amount + agents x (calls per agent per period).
+            assert!((100..=100 + 3 * 20).contains(&admitted), "{admitted}");
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn exact_counts_every_call_in_the_store() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let (a, _) = agent(&store, LimitScope::ClusterExact, 5, None);
+            let (b, _) = agent(&store, LimitScope::ClusterExact, 5, None);
+            assert!(a.remote());
+            let mut admitted = 0;
+            for i in 0..12 {
+                let l = if i % 2 == 0 { &a } else { &b };
+                if l.admit_exact(&l.single, Instant::now()).await.is_ok() {
+                    admitted += 1;
+                }
+            }
+            assert_eq!(admitted, 5);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_latch_engaged_by_one_agent_holds_for_all_until_released() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let batch = LimitScope::ClusterBatch(Duration::from_millis(100));
+            let latch = Some(ReleaseSpec::After(Duration::from_secs(3600)));
+            let (a, _) = agent(&store, batch, 2, latch);
+            let (b, mut b_events) = agent(&store, batch, 2, latch);
+            assert_eq!(admit_n(&a, 3), 2);
+            assert!(a.engaged());
+            a.flush().await;
+            b.flush().await;
+            assert!(b.engaged(), "b sees the latch a engaged");
+            assert_eq!(b_events.try_recv().unwrap().kind, EventKind::LimitEngaged);
+            // Engaged for b in later windows too.
+            tokio::time::advance(WINDOW).await;
+            assert_eq!(admit_n(&b, 1), 0);
+            // A release on a clears the store; b follows at its next flush.
+            assert!(a.release("ops"));
+            // The background delete or this one removed the latch.
+            assert!(a.release_shared().await.is_some());
+            assert!(memory.latches.lock().unwrap().is_empty());
+            b.flush().await;
+            assert!(!b.engaged());
+            assert_eq!(b_events.try_recv().unwrap().kind, EventKind::LimitReleased);
+            assert_eq!(admit_n(&b, 1), 1);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn an_outage_counts_locally_and_keeps_deltas_until_the_store_is_back() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let batch = LimitScope::ClusterBatch(Duration::from_millis(100));
+            let (a, _) = agent(&store, batch, 10, None);
+            let (x, _) = agent(&store, LimitScope::ClusterExact, 3, None);
+            memory.down.store(true, Relaxed);
+            assert_eq!(admit_n(&a, 4), 4);
+            a.flush().await;
+            assert!(!store.is_up());
+            assert_eq!(store.outages(), 1);
+            // Exact falls back to the full local amount without asking the store.
+            assert!(!x.remote());
+            let mut admitted = 0;
+            for _ in 0..5 {
+                if x.admit_exact(&x.single, Instant::now()).await.is_ok() {
+                    admitted += 1;
+                }
+            }
+            assert_eq!(admitted, 3);
+            // Flushes while down do not touch the store; deltas stay.
+            a.flush().await;
+            assert_eq!(a.single.shared().calls.delta, 4);
+            assert_eq!(store.outages(), 1, "one outage, however many calls");
+            memory.down.store(false, Relaxed);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(store.is_up(), "the probe saw it back");
+            assert!(x.remote());
+            a.flush().await;
+            assert_eq!(
+                a.single.shared().calls.base,
+                4,
+                "the outage's calls reached the store"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]
