@@ -270,11 +270,13 @@ fn render_agents(app: &App, frame: &mut Frame<'_>, area: Rect, agents: &[&AgentV
     let rows = agents[from..to]
         .iter()
         .map(|a| {
-            // A disconnected agent enforces its last good version.
-            let version = if a.state() == SyncState::Disconnected || a.version.is_empty() {
-                &a.last_good_version
-            } else {
+            // The version it enforces: the last one it acknowledged (a STALE,
+            // NACKED or DISCONNECTED agent keeps it). The detail pane shows
+            // the version sent as well.
+            let version = if a.last_good_version.is_empty() {
                 &a.version
+            } else {
+                &a.last_good_version
             };
             Row::new(vec![
                 Cell::from(a.service.clone()),
@@ -300,7 +302,7 @@ fn render_agents(app: &App, frame: &mut Frame<'_>, area: Rect, agents: &[&AgentV
                 "SERVICE",
                 "INSTANCE",
                 "ADDRESS",
-                "VERSION",
+                "ENFORCES",
                 "SYNC",
                 "PHASE",
                 "LAST SEEN",

@@ -142,3 +142,43 @@ fn small_terminal_does_not_panic() {
         let _ = draw(&app, w, h);
     }
 }
+
+#[test]
+fn long_rule_list_scrolls_to_the_selection() {
+    use gov_tui::proto::RuleKind;
+
+    use crate::fixtures::{Traffic, rule};
+
+    let mut app = App::new(URL, false, T0);
+    let rules = (0..300)
+        .map(|i| {
+            rule(
+                &format!("svc/rule_{i:03}"),
+                RuleKind::Bulkhead,
+                None,
+                Traffic::default(),
+                1,
+            )
+        })
+        .collect();
+    update(
+        &mut app,
+        Msg::View(ClusterView {
+            at_unix_ms: T0,
+            rules,
+            ..Default::default()
+        }),
+    );
+    update(&mut app, key(KeyCode::Tab));
+    for _ in 0..25 {
+        update(&mut app, key(KeyCode::PageDown));
+    }
+    assert_eq!(app.selected_rule().unwrap().rule, "svc/rule_250");
+    let screen = draw(&app, 120, 36);
+    assert!(screen.contains("│svc/rule_250"), "{screen}");
+    assert!(!screen.contains("│svc/rule_000"), "{screen}");
+    update(&mut app, key(KeyCode::Home));
+    let screen = draw(&app, 120, 36);
+    assert!(screen.contains("│svc/rule_000"), "{screen}");
+    assert!(!screen.contains("│svc/rule_250"), "{screen}");
+}
