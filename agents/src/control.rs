@@ -60,10 +60,6 @@ pub struct ControlOptions {
     pub stats_interval: Duration,
     /// Reconnect delays.
     pub backoff: Backoff,
-    /// Whether this agent has a shared counter store for `scope cluster`
-    /// limits. None does yet (no Redis client is built in), so such configs
-    /// are NACKed instead of silently counting per agent.
-    pub cluster_store: bool,
     pub on_applied: Option<OnApplied>,
     pub on_drain: Option<OnDrain>,
 }
@@ -77,7 +73,6 @@ impl std::fmt::Debug for ControlOptions {
             .field("address", &self.address)
             .field("state_dir", &self.state_dir)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
-            .field("cluster_store", &self.cluster_store)
             .finish_non_exhaustive()
     }
 }
@@ -100,7 +95,6 @@ impl ControlOptions {
             token: None,
             stats_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
-            cluster_store: false,
             on_applied: None,
             on_drain: None,
         }
@@ -323,20 +317,6 @@ fn check(
                 target.service, options.service
             ),
             None,
-        ));
-    }
-    if !options.cluster_store
-        && let Some(l) = target
-            .limits
-            .iter()
-            .find(|l| l.scope() == proto::LimitScope::Cluster)
-    {
-        return Err((
-            format!(
-                "limit `{}` has `scope cluster`, which needs a shared counter store (Redis), and this agent has none configured",
-                l.rule
-            ),
-            Some(l.rule.clone()),
         ));
     }
     Ok(())
@@ -600,26 +580,44 @@ mod tests {
     }
 
     #[test]
-    fn cluster_limits_are_refused_without_a_shared_store_naming_the_rule() {
-        let mut options = ControlOptions::new("http://127.0.0.1:1", "order", "a");
+    fn a_config_for_another_service_is_refused() {
+        let options = ControlOptions::new("http://127.0.0.1:1", "order", "a");
+        let ours = proto::TargetConfig {
+            service: "order".into(),
+            ..Default::default()
+        };
+        assert!(check(&options, &ours).is_ok());
+        let other = proto::TargetConfig {
+            service: "payment".into(),
+            ..Default::default()
+        };
+        let (error, rule) = check(&options, &other).unwrap_err();
+        assert!(error.contains("`payment`"), "{error}");
+        assert_eq!(rule, None);
+    }
+
+    #[tokio::test]
+    async fn cluster_limits_without_a_store_are_refused_by_the_engine_naming_the_rule() {
+        // The NACK the control plane sees comes from this refusal.
+        let engine = Engine::empty("order");
         let target = proto::TargetConfig {
             service: "order".into(),
             limits: vec![proto::Limit {
                 rule: "order/crm".into(),
                 scope: proto::LimitScope::Cluster as i32,
+                calls: Some(proto::Rate {
+                    amount: 1,
+                    window_ms: 1000,
+                }),
+                on: Some(proto::MatchExpr {
+                    kind: Some(proto::match_expr::Kind::Any(true)),
+                }),
                 ..Default::default()
             }],
             ..Default::default()
         };
-        let (error, rule) = check(&options, &target).unwrap_err();
-        assert!(error.contains("scope cluster"), "{error}");
-        assert_eq!(rule.as_deref(), Some("order/crm"));
-        options.cluster_store = true;
-        assert!(check(&options, &target).is_ok());
-        let other = proto::TargetConfig {
-            service: "payment".into(),
-            ..Default::default()
-        };
-        assert!(check(&options, &other).is_err());
+        let error = engine.apply_target(&target).unwrap_err();
+        assert_eq!(error.rule(), Some("order/crm"));
+        assert!(error.to_string().contains("scope cluster"), "{error}");
     }
 }
