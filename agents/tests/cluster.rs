@@ -1,0 +1,338 @@
+//! `scope cluster` limits against a real `redis-server` on 127.0.0.1 (one
+//! server per test, on an ephemeral port, killed on drop): two engines share
+//! one limit as two agents of a service would.
+//!
+//! These tests run in real time (Redis windows follow the wall clock); every
+//! loop is bounded in count and time.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test fixtures fail the test loudly"
+)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use gov_agent::{ClusterStore, Engine, InvalidConfig, RejectReason, Rejection, RequestInfo};
+use gov_proto::v1::TargetConfig;
+use http::{HeaderMap, Method};
+
+/// A `redis-server` child process.
+struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    fn start() -> Self {
+        // Bind port 0, read the port, release it for redis-server.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut server = Self { port, child: None };
+        server.restart();
+        server
+    }
+
+    /// Starts (again) on the same port and waits until it answers PING.
+    fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start `redis-server` ({e}); these tests need it on PATH: \
+                     `apt-get install -y redis-server` (.ci/run installs it)"
+                )
+            });
+        self.child = Some(child);
+        for _ in 0..200 {
+            if self.ping() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("redis-server on port {} never answered PING", self.port);
+    }
+
+    fn ping(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        s.set_read_timeout(Some(Duration::from_secs(1))).ok();
+        let mut buf = [0u8; 7];
+        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().ok();
+            child.wait().ok();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn limit_config(amount: u64, window_ms: u64, sync: &str, release: &str) -> TargetConfig {
+    let yaml = format!(
+        r"
+service: order
+version: v1
+limits:
+- rule: order/shared
+  on: {{path: {{kind: PATH_KIND_PREFIX, value: /api}}}}
+  calls: {{amount: {amount}, window_ms: {window_ms}}}
+  scope: LIMIT_SCOPE_CLUSTER
+  {sync}
+  {release}
+"
+    );
+    serde_yaml::from_str(&yaml).unwrap()
+}
+
+const EXACT: &str = "sync: CLUSTER_SYNC_EXACT";
+
+fn agent(redis: &RedisServer, config: &TargetConfig) -> Engine {
+    let store = ClusterStore::redis(&redis.url()).unwrap();
+    let engine = Engine::with_cluster_store("order", store);
+    engine.apply_target(config).unwrap();
+    engine
+}
+
+/// One call, bounded: a slow or dead Redis must not hold it beyond its timeout.
+async fn call(engine: &Engine) -> Result<(), Rejection> {
+    let headers = HeaderMap::new();
+    let info = RequestInfo::inbound(&Method::GET, "/api/x", &headers);
+    tokio::time::timeout(Duration::from_secs(2), engine.admit(&info))
+        .await
+        .expect("a decision took more than 2s")
+        .map(drop)
+}
+
+fn wall_ms() -> u64 {
+    u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+/// Waits for the next window if fewer than `need_ms` are left in this one.
+async fn fit_in_one_window(window_ms: u64, need_ms: u64) {
+    let left = window_ms - wall_ms() % window_ms;
+    if left < need_ms {
+        tokio::time::sleep(Duration::from_millis(left + 20)).await;
+    }
+}
+
+/// Polls `cond` every 20ms for at most `limit`.
+async fn eventually(limit: Duration, mut cond: impl AsyncFnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < end {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_two_agents_admit_exactly_the_amount() {
+    let redis = RedisServer::start();
+    let config = limit_config(40, 60_000, EXACT, "");
+    let (a, b) = (agent(&redis, &config), agent(&redis, &config));
+    fit_in_one_window(60_000, 20_000).await;
+    let run = |e: Engine| {
+        tokio::spawn(async move {
+            let mut admitted = 0;
+            for _ in 0..50 {
+                match call(&e).await {
+                    Ok(()) => admitted += 1,
+                    Err(r) => assert_eq!(r.reason, RejectReason::LimitCalls),
+                }
+            }
+            admitted
+        })
+    };
+    let (ta, tb) = (run(a.clone()), run(b.clone()));
+    let total = ta.await.unwrap() + tb.await.unwrap();
+    assert_eq!(total, 40, "two agents share one exact counter");
+    assert_eq!(a.stats().cluster_store_up, Some(true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_two_agents_stay_within_the_documented_bound() {
+    let redis = RedisServer::start();
+    // 100 calls per 10s, flushed every 50ms.
+    let config = limit_config(
+        100,
+        10_000,
+        "sync: CLUSTER_SYNC_BATCH\n  sync_batch_ms: 50",
+        "",
+    );
+    let (a, b) = (agent(&redis, &config), agent(&redis, &config));
+    fit_in_one_window(10_000, 4_000).await;
+    // Each agent offers one call every 5ms (200/s) for at most 2s.
+    let run = |e: Engine| {
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(5));
+            let mut admitted = 0u64;
+            for _ in 0..400 {
+                every.tick().await;
+                if call(&e).await.is_ok() {
+                    admitted += 1;
+                }
+            }
+            admitted
+        })
+    };
+    let (ta, tb) = (run(a.clone()), run(b.clone()));
+    let total = ta.await.unwrap() + tb.await.unwrap();
+    // At most amount + agents x rate x D = 100 + 2 x 200/s x 50ms = 120; give
+    // the flush task's own round trip and timer slack one more period.
+    assert!(
+        (100..=140).contains(&total),
+        "admitted {total}, expected 100..=140"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latch_engaged_by_one_agent_holds_for_the_other_until_released() {
+    let redis = RedisServer::start();
+    let config = limit_config(3, 1_000, EXACT, "release: {after_ms: 3600000}");
+    let (a, b) = (agent(&redis, &config), agent(&redis, &config));
+    fit_in_one_window(1_000, 500).await;
+    let mut events = b.subscribe();
+    for _ in 0..3 {
+        call(&a).await.unwrap();
+    }
+    let r = call(&a).await.unwrap_err();
+    assert_eq!(r.retry_after_secs(), Some(3600));
+    // b has never been over the limit itself, and is refused, in later windows too.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let r = call(&b).await.unwrap_err();
+    assert!(r.retry_after_secs().unwrap() > 3500, "{r:?}");
+    assert_eq!(b.engaged_limits().len(), 1);
+    assert_eq!(
+        events.recv().await.unwrap().kind,
+        gov_agent::EventKind::LimitEngaged
+    );
+    // A release on a clears the store, so both admit again.
+    assert_eq!(
+        a.release_limit_everywhere("order/shared", "ops").await,
+        Ok(true)
+    );
+    call(&a).await.unwrap();
+    call(&b).await.unwrap();
+    assert!(b.engaged_limits().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_latch_reaches_the_other_agent_at_its_next_flush() {
+    let redis = RedisServer::start();
+    let config = limit_config(
+        3,
+        1_000,
+        "sync: CLUSTER_SYNC_BATCH\n  sync_batch_ms: 50",
+        "release: {manual: true}",
+    );
+    let (a, b) = (agent(&redis, &config), agent(&redis, &config));
+    fit_in_one_window(1_000, 500).await;
+    for _ in 0..3 {
+        call(&a).await.unwrap();
+    }
+    assert!(call(&a).await.is_err());
+    assert!(
+        eventually(Duration::from_secs(3), async || call(&b).await.is_err()).await,
+        "b never saw the latch"
+    );
+    assert!(b.engaged_limits()[0].remaining.is_none(), "manual release");
+    assert_eq!(
+        b.release_limit_everywhere("order/shared", "ops").await,
+        Ok(true)
+    );
+    // The next window (the old one is full), and at most a flush later for a.
+    fit_in_one_window(1_000, 1_000).await;
+    assert!(
+        eventually(Duration::from_secs(3), async || call(&a).await.is_ok()).await,
+        "a never saw the release"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_falls_back_to_local_counting_and_recovers() {
+    let mut redis = RedisServer::start();
+    let config = limit_config(5, 60_000, EXACT, "");
+    let a = agent(&redis, &config);
+    fit_in_one_window(60_000, 20_000).await;
+    for _ in 0..5 {
+        call(&a).await.unwrap();
+    }
+    assert!(call(&a).await.is_err(), "the shared counter is full");
+
+    redis.kill();
+    // Local counting with the full amount: the first call notices the outage.
+    let mut admitted = 0;
+    for _ in 0..8 {
+        if call(&a).await.is_ok() {
+            admitted += 1;
+        }
+    }
+    assert!((4..=5).contains(&admitted), "admitted {admitted} locally");
+    assert_eq!(a.stats().cluster_store_up, Some(false));
+    assert_eq!(a.cluster_store().unwrap().outages(), 1, "one outage logged");
+
+    redis.restart();
+    assert!(
+        eventually(Duration::from_secs(5), async || a.stats().cluster_store_up
+            == Some(true))
+        .await,
+        "the store never came back"
+    );
+    // The new server has empty counters: shared counting starts again.
+    for _ in 0..5 {
+        call(&a).await.unwrap();
+    }
+    assert!(call(&a).await.is_err());
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("gov:order/shared:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+}
+
+#[tokio::test]
+async fn without_a_store_cluster_limits_are_refused_with_the_flag_to_use() {
+    let engine = Engine::empty("order");
+    let error: InvalidConfig = engine
+        .apply_target(&limit_config(5, 1_000, EXACT, ""))
+        .unwrap_err();
+    assert_eq!(error.rule(), Some("order/shared"));
+    assert!(error.to_string().contains("--redis"), "{error}");
+}
