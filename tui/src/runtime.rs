@@ -1,9 +1,9 @@
 //! The terminal loop: keys, a one-second tick and control-plane messages go
 //! through [`update`]; every change is followed by a redraw.
 //!
-//! The terminal is put back on every exit path: `ratatui::init` installs a
-//! panic hook that restores it, and [`run`] restores it before returning,
-//! whatever the loop returned. Nothing here writes to stdout or stderr.
+//! The terminal is put back on every exit path: `ratatui::try_init` installs
+//! a panic hook that restores it, and a guard restores it when [`run`]
+//! returns or its future is dropped. Nothing here writes to stdout or stderr.
 
 use std::io::IsTerminal as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -85,12 +85,21 @@ pub async fn run(opts: TuiOptions) -> Result<(), TuiError> {
         }
     };
     let (tx, rx) = mpsc::channel(64);
-    let watcher = tokio::spawn(watch(watch_opts.clone(), tx.clone()));
+    // Restores the terminal and stops the watch task however this future
+    // ends: returned, failed, or dropped by a caller's `select!`.
+    let _guard = Guard(tokio::spawn(watch(watch_opts.clone(), tx.clone())));
     let mut app = App::new(opts.control_plane.clone(), opts.readonly, now_ms());
-    let result = event_loop(&mut terminal, &mut app, rx, tx, &watch_opts, &opts.who).await;
-    ratatui::restore();
-    watcher.abort();
-    result
+    event_loop(&mut terminal, &mut app, rx, tx, &watch_opts, &opts.who).await
+}
+
+/// Puts the terminal back and stops the watch task on drop.
+struct Guard(tokio::task::JoinHandle<()>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.0.abort();
+        ratatui::restore();
+    }
 }
 
 async fn event_loop(
