@@ -74,6 +74,9 @@ pub struct Options {
     /// head; also closes idle keep-alive connections. `None`: no limit, which saves a
     /// timer per request (about a tenth of the proxy's CPU per request, measured).
     pub header_read_timeout: Option<Duration>,
+    /// Where `scope cluster` limits share their counters (`--redis`). `None`:
+    /// configs with such limits are refused.
+    pub cluster_store: Option<crate::ClusterStore>,
 }
 
 impl Options {
@@ -93,6 +96,7 @@ impl Options {
             control_plane: None,
             upstream_protocol: UpstreamProtocol::default(),
             header_read_timeout: Some(DEFAULT_HEADER_READ_TIMEOUT),
+            cluster_store: None,
         }
     }
 }
@@ -141,7 +145,10 @@ impl Sidecar {
         let config = Arc::new(ConfigStatus::default());
 
         // The config first: a bad file at start is an error, not a silent empty policy.
-        let engine = Engine::empty(&options.service);
+        let engine = match options.cluster_store.clone() {
+            Some(store) => Engine::with_cluster_store(&options.service, store),
+            None => Engine::empty(&options.service),
+        };
         let initial = match &options.config {
             Some(path) => {
                 let (bytes, target) = read_config(path).await?;

@@ -82,6 +82,11 @@ struct Args {
     #[arg(long, env = "GOV_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     header_read_timeout: Duration,
 
+    /// Redis (`redis://HOST:PORT`) where `scope cluster` limits share their counters.
+    /// Unset: configs with such limits are refused.
+    #[arg(long, env = "GOV_REDIS")]
+    redis: Option<String>,
+
     /// Runtime worker threads. 1 (the default) runs everything on one thread, which
     /// is the cheapest for a sidecar sharing a core with its service.
     #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
@@ -129,6 +134,15 @@ async fn run(args: Args) -> ExitCode {
         c.state_dir = args.state_dir.clone();
         c
     });
+    // Connects lazily: a Redis that is down at start is an outage like any other.
+    let cluster_store = match args.redis.as_deref().map(gov_agent::ClusterStore::redis) {
+        None => None,
+        Some(Ok(store)) => Some(store),
+        Some(Err(error)) => {
+            report(&error);
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let token = match args
         .control_plane_token_file
         .as_deref()
@@ -154,6 +168,7 @@ async fn run(args: Args) -> ExitCode {
         upstream_protocol: args.upstream_protocol,
         header_read_timeout: (!args.header_read_timeout.is_zero())
             .then_some(args.header_read_timeout),
+        cluster_store,
     };
     let sidecar = match Sidecar::start(options).await {
         Ok(sidecar) => sidecar,

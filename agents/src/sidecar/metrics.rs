@@ -133,6 +133,14 @@ impl Source {
             &[("service", &self.service), ("version", &version)],
             1_u64,
         );
+        if let Some(store) = self.engine.cluster_store() {
+            enc.family(
+                "gov_cluster_store_up",
+                "gauge",
+                "1 while Redis answers; 0 while `scope cluster` limits count locally.",
+            );
+            enc.sample("gov_cluster_store_up", &[], u64::from(store.is_up()));
+        }
         let (applied, refused) = self.config.counts();
         enc.family(
             "gov_agent_config_reloads_total",
