@@ -29,6 +29,9 @@ pub const MAX_APPLY_WAIT: Duration = Duration::from_secs(60);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages queued per agent stream.
 const AGENT_QUEUE: usize = 64;
+/// How long a push may wait for room in an agent's queue before the
+/// agent's stream is cut (it reconnects and gets the current config).
+const SEND_TIMEOUT: Duration = Duration::from_millis(250);
 /// Stats-only changes publish a new view at most this often.
 const STATS_PERIOD: Duration = Duration::from_secs(1);
 /// Debounce of agent-registry writes.
@@ -200,14 +203,36 @@ impl Inner {
     /// queue means the agent is gone or hopelessly slow: its stream task
     /// notices and marks it disconnected.
     async fn send(&self, out: Outbox) {
-        for (tx, msg) in out {
-            if tokio::time::timeout(Duration::from_secs(1), tx.send(Ok(msg)))
-                .await
-                .is_err()
-            {
-                tracing::warn!("an agent's queue stayed full for 1s; dropping a message to it");
+        // All at once, each bounded: one stuck agent cannot hold up the others.
+        let sends = out.into_iter().map(|o| async move {
+            match tokio::time::timeout(SEND_TIMEOUT, o.tx.send(Ok(o.msg))).await {
+                // Sent, or the stream is gone already (its reader records that).
+                Ok(_) => None,
+                Err(_) => Some((o.key, o.conn)),
+            }
+        });
+        let stuck: Vec<_> = futures::future::join_all(sends)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        if stuck.is_empty() {
+            return;
+        }
+        {
+            let mut state = self.lock();
+            for (key, id) in &stuck {
+                tracing::warn!(service = %key.0, instance = %key.1, "the agent does not read its stream; cutting it so it reconnects and resyncs");
+                state.disconnect(
+                    key,
+                    *id,
+                    "cut: its queue stayed full (the agent does not read its stream)",
+                    now_unix_ms(),
+                );
             }
         }
+        self.bump_sync();
+        self.changed();
     }
 
     fn changed(&self) {
@@ -683,5 +708,67 @@ async fn read_agent(
         tracing::info!(service = %key.0, instance = %key.1, %reason, "agent disconnected");
         inner.bump_sync();
         inner.changed();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(instance: &str) -> pb::Hello {
+        pb::Hello {
+            service: "order".into(),
+            instance: instance.into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stuck_agent_is_cut_and_the_others_still_get_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
+        // A queue that is full and never read: the agent does not read its stream.
+        let (stuck, _never_read) = mpsc::channel(1);
+        stuck.try_send(Ok(pb::ControlMessage::default())).unwrap();
+        let (good, mut received) = mpsc::channel(8);
+        {
+            let mut state = cp.inner.lock();
+            state.hello(hello("stuck"), stuck, 1, &mut Vec::new());
+            state.hello(hello("good"), good, 1, &mut Vec::new());
+        }
+        let request = pb::ApplyRequest {
+            sources: vec![pb::SourceFile {
+                name: "p.gov".into(),
+                text: "service order {\n  match all = path prefix \"/\"\n  bulkhead b on all {\n    max_concurrent 1\n  }\n}\n".into(),
+            }],
+            ..Default::default()
+        };
+        let result = ControlPlaneRpc::apply(&cp, Request::new(request))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(result.applied, "{:?}", result.diagnostics);
+        let msg = received.try_recv().unwrap().unwrap();
+        assert!(matches!(msg.msg, Some(pb::control_message::Msg::Config(_))));
+        let view = cp.status();
+        let stuck = view.agents.iter().find(|a| a.instance == "stuck").unwrap();
+        assert_eq!(stuck.state(), pb::SyncState::Disconnected);
+        assert!(
+            stuck.reason.contains("queue stayed full"),
+            "{}",
+            stuck.reason
+        );
+        let good = view.agents.iter().find(|a| a.instance == "good").unwrap();
+        assert_eq!(
+            good.state(),
+            pb::SyncState::Stale,
+            "sent, waiting for its ACK"
+        );
+        // The apply is on disk and in the audit log.
+        assert_eq!(
+            cp.store().load().unwrap().applied.unwrap().version,
+            result.version
+        );
+        assert_eq!(cp.store().read_audit().unwrap().len(), 1);
     }
 }

@@ -73,7 +73,17 @@ pub struct Nacked {
 }
 
 /// A message to send once the lock is released.
-pub type Outbox = Vec<(AgentTx, pb::ControlMessage)>;
+#[derive(Debug)]
+pub struct Outgoing {
+    pub key: AgentKey,
+    /// The connection it is for (a slow one is cut).
+    pub conn: u64,
+    pub tx: AgentTx,
+    pub msg: pb::ControlMessage,
+}
+
+/// Messages to send once the lock is released.
+pub type Outbox = Vec<Outgoing>;
 
 /// What an agent message changed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -193,15 +203,17 @@ impl State {
         let Some(conn) = &agent.conn else { return };
         agent.version = target.version.clone();
         agent.pending = Some(nonce.clone());
-        out.push((
-            conn.tx.clone(),
-            pb::ControlMessage {
+        out.push(Outgoing {
+            key: key.clone(),
+            conn: conn.id,
+            tx: conn.tx.clone(),
+            msg: pb::ControlMessage {
                 msg: Some(pb::control_message::Msg::Config(pb::Config {
                     target: Some(target),
                     nonce,
                 })),
             },
-        ));
+        });
     }
 
     /// A new stream said hello. Returns its connection id; queues its config
@@ -601,14 +613,16 @@ impl State {
                     rule: rule.to_owned(),
                     who: who.to_owned(),
                 };
-                out.push((
-                    conn.tx.clone(),
-                    pb::ControlMessage {
+                out.push(Outgoing {
+                    key: (a.service.clone(), a.instance.clone()),
+                    conn: conn.id,
+                    tx: conn.tx.clone(),
+                    msg: pb::ControlMessage {
                         msg: Some(pb::control_message::Msg::Command(pb::Command {
                             kind: Some(pb::command::Kind::Release(cmd)),
                         })),
                     },
-                ));
+                });
                 notified.push(a.instance.clone());
             }
         }
@@ -877,7 +891,7 @@ mod tests {
             &mut out,
         );
         assert_eq!(out.len(), 1);
-        let nonce = nonce_of(&out[0].1);
+        let nonce = nonce_of(&out[0].msg);
         assert_eq!(s.sync_state(&s.agents[&key]).0, pb::SyncState::Stale);
         assert!(!s.settled(&["order".into()]));
 
@@ -914,7 +928,7 @@ mod tests {
         let (tx, _rx) = mpsc::channel(8);
         let mut out = Vec::new();
         let (key, id) = s.hello(hello("order", "a", ""), tx.clone(), 1, &mut out);
-        let first = nonce_of(&out[0].1);
+        let first = nonce_of(&out[0].msg);
         s.apply(
             policy("b2", vec![target("order", "v2")]),
             &["order".into()],
@@ -935,7 +949,7 @@ mod tests {
         let (key2, id2) = s.hello(hello("order", "a", "v1"), tx, 3, &mut out);
         assert!(!s.disconnect(&key, id, "old", 4));
         assert_eq!(s.sync_state(&s.agents[&key2]).0, pb::SyncState::Stale);
-        let last = nonce_of(&out.last().unwrap().1);
+        let last = nonce_of(&out.last().unwrap().msg);
         s.on_message(
             &key2,
             id2,
