@@ -150,6 +150,12 @@ impl ClusterStore {
             url: url.to_owned(),
             message: e.to_string(),
         };
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ClusterError {
+                url: url.to_owned(),
+                message: "no tokio runtime: create the store inside one".into(),
+            });
+        }
         let client = redis::Client::open(url).map_err(error)?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))

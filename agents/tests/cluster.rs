@@ -79,6 +79,17 @@ impl RedisServer {
         }
     }
 
+    /// Sends a signal (`STOP`: hang it, `CONT`: resume it).
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().unwrap().id().to_string();
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{signal} {pid}");
+    }
+
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -325,6 +336,43 @@ async fn redis_down_falls_back_to_local_counting_and_recovers() {
         .await
         .unwrap();
     assert_eq!(keys.len(), 1, "{keys:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_costs_at_most_its_timeout_then_calls_are_local() {
+    let redis = RedisServer::start();
+    let config = limit_config(100, 60_000, EXACT, "");
+    let a = agent(&redis, &config);
+    call(&a).await.unwrap();
+    redis.signal("STOP");
+    // Each call is bounded by `call`'s 2s guard; the store's own deadline is 50ms.
+    for _ in 0..20 {
+        call(&a).await.unwrap();
+    }
+    assert_eq!(a.stats().cluster_store_up, Some(false));
+    assert_eq!(a.cluster_store().unwrap().outages(), 1);
+    redis.signal("CONT");
+    assert!(
+        eventually(Duration::from_secs(5), async || a.stats().cluster_store_up
+            == Some(true))
+        .await,
+        "the store never came back"
+    );
+    call(&a).await.unwrap();
+}
+
+#[test]
+fn a_bad_url_or_no_runtime_is_an_error_not_a_panic() {
+    let e = ClusterStore::redis("redis://127.0.0.1:1").unwrap_err();
+    assert!(e.to_string().contains("runtime"), "{e}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let e = ClusterStore::redis("http://127.0.0.1:1").unwrap_err();
+        assert!(e.to_string().contains("`http://127.0.0.1:1`"), "{e}");
+    });
 }
 
 #[tokio::test]
