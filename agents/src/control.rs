@@ -62,6 +62,9 @@ pub struct ControlOptions {
     pub backoff: Backoff,
     pub on_applied: Option<OnApplied>,
     pub on_drain: Option<OnDrain>,
+    /// The instance's lifecycle (phase and weight), sent on connect and on change.
+    /// `None`: no `Lifecycle` message is sent.
+    pub lifecycle: Option<tokio::sync::watch::Receiver<crate::lifecycle::State>>,
 }
 
 impl std::fmt::Debug for ControlOptions {
@@ -97,6 +100,7 @@ impl ControlOptions {
             backoff: Backoff::default(),
             on_applied: None,
             on_drain: None,
+            lifecycle: None,
         }
     }
 }
@@ -359,6 +363,11 @@ async fn session(
     };
     // The queue is fresh: the hello always fits.
     let _ = tx.try_send(send(proto::agent_message::Msg::Hello(hello)));
+    let mut lifecycle = options.lifecycle.clone();
+    if let Some(state) = lifecycle.as_mut() {
+        let now = *state.borrow_and_update();
+        let _ = tx.try_send(send(proto::agent_message::Msg::Lifecycle(now.to_proto())));
+    }
     let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     if let Some(token) = &options.token {
         let value = format!("Bearer {}", token.trim()).parse().map_err(|_| {
@@ -394,6 +403,15 @@ async fn session(
                     return Ok(());
                 }
             }
+            changed = lifecycle_changed(lifecycle.as_mut()) => {
+                let Some(now) = changed else {
+                    lifecycle = None;
+                    continue;
+                };
+                if tx.send(send(proto::agent_message::Msg::Lifecycle(now.to_proto()))).await.is_err() {
+                    return Ok(());
+                }
+            }
             _ = stats.tick() => {
                 let s = engine.stats().to_proto(now_unix_ms());
                 if tx.send(send(proto::agent_message::Msg::Stats(s))).await.is_err() {
@@ -412,6 +430,18 @@ async fn session(
             },
         }
     }
+}
+
+/// The next lifecycle state; `None` when its sender is gone; pending forever without
+/// a lifecycle.
+async fn lifecycle_changed(
+    state: Option<&mut tokio::sync::watch::Receiver<crate::lifecycle::State>>,
+) -> Option<crate::lifecycle::State> {
+    let Some(state) = state else {
+        return std::future::pending().await;
+    };
+    state.changed().await.ok()?;
+    Some(*state.borrow_and_update())
 }
 
 /// Handles one control message; returns the reply to send, if any.

@@ -56,6 +56,7 @@ pub mod engine;
 pub mod events;
 mod fuse;
 pub mod layer;
+pub mod lifecycle;
 mod limit;
 pub mod outcome;
 pub mod rejection;

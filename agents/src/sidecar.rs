@@ -77,6 +77,8 @@ pub struct Options {
     /// Where `scope cluster` limits share their counters (`--redis`). `None`:
     /// configs with such limits are refused.
     pub cluster_store: Option<crate::ClusterStore>,
+    /// The local service's process id, for lifecycle `via signal` steps (`--service-pid`).
+    pub service_pid: Option<u32>,
 }
 
 impl Options {
@@ -97,6 +99,7 @@ impl Options {
             upstream_protocol: UpstreamProtocol::default(),
             header_read_timeout: Some(DEFAULT_HEADER_READ_TIMEOUT),
             cluster_store: None,
+            service_pid: None,
         }
     }
 }
@@ -134,6 +137,7 @@ pub struct Sidecar {
     health: Arc<Health>,
     config: Arc<ConfigStatus>,
     engine: Engine,
+    lifecycle: Arc<crate::lifecycle::Lifecycle>,
     done: tokio::task::JoinHandle<()>,
 }
 
@@ -143,6 +147,18 @@ impl Sidecar {
         let stop = CancellationToken::new();
         let health = Arc::new(Health::default());
         let config = Arc::new(ConfigStatus::default());
+        let drain_deadline = crate::lifecycle::DrainDeadline::new(options.drain_timeout);
+        let admin_stop = CancellationToken::new();
+        let lifecycle = crate::lifecycle::Lifecycle::new(crate::lifecycle::Parts {
+            health: health.clone(),
+            stop: stop.clone(),
+            drained: admin_stop.clone(),
+            drain_deadline: drain_deadline.clone(),
+            service: Arc::new(crate::lifecycle::HttpService {
+                upstream: options.upstream.clone(),
+                pid: options.service_pid,
+            }),
+        });
 
         // The config first: a bad file at start is an error, not a silent empty policy.
         let engine = match options.cluster_store.clone() {
@@ -154,6 +170,7 @@ impl Sidecar {
                 let (bytes, target) = read_config(path).await?;
                 let version = apply(&engine, &options.service, path, &target)?;
                 config.record_applied(&version);
+                lifecycle.set_plan(&target);
                 health.set_config_loaded();
                 tracing::info!(%version, path = %path.display(), "config loaded");
                 Some(bytes)
@@ -165,6 +182,7 @@ impl Sidecar {
         // ready until it sends a config.
         if initial.is_none() && options.control_plane.is_none() {
             tracing::warn!("no --config and no --control-plane: proxying with no rules");
+            lifecycle.set_plan(&gov_proto::v1::TargetConfig::default());
             health.set_config_loaded();
         }
 
@@ -190,6 +208,7 @@ impl Sidecar {
             let engine = engine.clone();
             let service = options.service.clone();
             let file = path.clone();
+            let lifecycle = lifecycle.clone();
             reload::spawn_watch(
                 path.clone(),
                 bytes,
@@ -199,6 +218,7 @@ impl Sidecar {
                     let version =
                         apply(&engine, &service, &file, &target).map_err(|e| e.to_string())?;
                     status.record_applied(&version);
+                    lifecycle.set_plan(&target);
                     health.set_config_loaded();
                     Ok(version)
                 },
@@ -221,7 +241,7 @@ impl Sidecar {
                 "inbound",
                 inbound,
                 stop.clone(),
-                options.drain_timeout,
+                drain_deadline.clone(),
                 options.header_read_timeout,
                 move |peer| {
                     let conn = Arc::new(proxy::Inbound::new(shared.clone(), peer));
@@ -238,7 +258,7 @@ impl Sidecar {
                 "outbound",
                 listener,
                 stop.clone(),
-                options.drain_timeout,
+                drain_deadline.clone(),
                 options.header_read_timeout,
                 move |peer| {
                     let conn = Arc::new(proxy::Outbound::new(shared.clone(), peer));
@@ -249,7 +269,6 @@ impl Sidecar {
                 },
             ));
         }
-        let admin_stop = CancellationToken::new();
         if let Some(listener) = admin {
             let admin = Arc::new(admin::Admin {
                 health: health.clone(),
@@ -264,7 +283,7 @@ impl Sidecar {
                 "admin",
                 listener,
                 admin_stop.clone(),
-                Duration::from_secs(1),
+                crate::lifecycle::DrainDeadline::new(Duration::from_secs(1)),
                 Some(DEFAULT_HEADER_READ_TIMEOUT),
                 move |_peer| {
                     let admin = admin.clone();
@@ -289,6 +308,8 @@ impl Sidecar {
             })
         };
 
+        tokio::spawn(lifecycle.clone().run_warmup());
+
         // Tests and scripts read the bound ports from this line.
         tracing::info!(
             service = %options.service,
@@ -306,6 +327,7 @@ impl Sidecar {
             health,
             config,
             engine,
+            lifecycle,
             done,
         })
     }
@@ -345,10 +367,23 @@ impl Sidecar {
     /// ready. (Added for `crate::control`.)
     pub fn on_config_applied(&self) -> crate::control::OnApplied {
         let (config, health) = (self.config.clone(), self.health.clone());
+        let lifecycle = self.lifecycle.clone();
         Arc::new(move |target: &gov_proto::v1::TargetConfig| {
             config.record_applied(&target.version);
+            lifecycle.set_plan(target);
             health.set_config_loaded();
         })
+    }
+
+    /// The lifecycle (warmup, phase and weight, ordered shutdown).
+    pub fn lifecycle(&self) -> &Arc<crate::lifecycle::Lifecycle> {
+        &self.lifecycle
+    }
+
+    /// Begins the ordered shutdown of the config's `shutdown` steps, or the plain
+    /// graceful stop when it has none (idempotent). [`Self::stopped`] waits for it.
+    pub fn terminate(&self) {
+        self.lifecycle.begin_shutdown();
     }
 
     /// Begins a graceful stop (idempotent): not ready, no new connections, drain.
@@ -368,6 +403,7 @@ impl Sidecar {
         if let Err(error) = self.done.await {
             tracing::error!(%error, "the sidecar's supervisor task failed");
         }
+        self.lifecycle.finished().await;
     }
 }
 

@@ -87,6 +87,12 @@ struct Args {
     #[arg(long, env = "GOV_REDIS")]
     redis: Option<String>,
 
+    /// The local service's process id, for lifecycle steps `via signal SIG` (warmup
+    /// `start`, shutdown `stop`). Unset: such steps fail with a logged error and the
+    /// lifecycle goes on.
+    #[arg(long, env = "GOV_SERVICE_PID")]
+    service_pid: Option<u32>,
+
     /// Runtime worker threads. 1 (the default) runs everything on one thread, which
     /// is the cheapest for a sidecar sharing a core with its service.
     #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
@@ -169,6 +175,7 @@ async fn run(args: Args) -> ExitCode {
         header_read_timeout: (!args.header_read_timeout.is_zero())
             .then_some(args.header_read_timeout),
         cluster_store,
+        service_pid: args.service_pid,
     };
     let sidecar = match Sidecar::start(options).await {
         Ok(sidecar) => sidecar,
@@ -187,8 +194,10 @@ async fn run(args: Args) -> ExitCode {
         control.address = sidecar.inbound_addr().to_string();
         control.token = token;
         control.on_applied = Some(sidecar.on_config_applied());
-        let drain = stopping.clone();
-        control.on_drain = Some(std::sync::Arc::new(move |_| drain.cancel()));
+        // The control plane's drain runs the config's shutdown steps, like SIGTERM.
+        let lifecycle = sidecar.lifecycle().clone();
+        control.on_drain = Some(std::sync::Arc::new(move |_| lifecycle.begin_shutdown()));
+        control.lifecycle = Some(sidecar.lifecycle().subscribe());
         tokio::spawn(gov_agent::control::run(
             sidecar.engine().clone(),
             control,
@@ -198,7 +207,9 @@ async fn run(args: Args) -> ExitCode {
     tokio::select! {
         signal = termination() => {
             tracing::info!(signal, "received signal");
-            sidecar.shutdown();
+            // The config's shutdown steps (deregister, wait, stop, drain), or the
+            // plain drain when it has none.
+            sidecar.terminate();
         }
         () = stopping.cancelled() => {}
     }

@@ -22,7 +22,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Serves `listener` until `stop` is cancelled, then drains for at most `drain`.
+/// Serves `listener` until `stop` is cancelled, then drains for at most `drain` (read
+/// when the drain begins: a lifecycle `drain D` step sets it).
 /// `header_read_timeout` bounds how long an HTTP/1 client may take to send a request
 /// head (a slowloris guard that also closes idle keep-alive connections); `None`
 /// saves a timer per request. `handle` is called once per connection with the peer
@@ -31,7 +32,7 @@ pub(crate) async fn accept_loop<H, F, B>(
     name: &'static str,
     listener: TcpListener,
     stop: CancellationToken,
-    drain: Duration,
+    drain: crate::lifecycle::DrainDeadline,
     header_read_timeout: Option<Duration>,
     handle: impl Fn(SocketAddr) -> H,
 ) where
@@ -88,6 +89,7 @@ pub(crate) async fn accept_loop<H, F, B>(
     // backlog while we drain.
     drop(listener);
     let open = graceful.count();
+    let drain = drain.get();
     tracing::info!(listener = name, open_connections = open, "draining");
     if tokio::time::timeout(drain, graceful.shutdown())
         .await
