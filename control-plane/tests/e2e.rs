@@ -32,6 +32,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::{Child, Command};
 
 const TOKEN: &str = "e2e-operator-token";
+const AGENT_TOKEN: &str = "e2e-agent-token";
 
 // === policies ===
 
@@ -147,12 +148,14 @@ async fn log_field(log: &Path, marker: &str, key: &str) -> SocketAddr {
 struct ControlPlaneBuilder {
     state_dir: PathBuf,
     token: bool,
+    agent_token: bool,
 }
 
 fn control_plane(state_dir: &Path) -> ControlPlaneBuilder {
     ControlPlaneBuilder {
         state_dir: state_dir.to_owned(),
         token: true,
+        agent_token: false,
     }
 }
 
@@ -163,6 +166,12 @@ struct Govd {
 }
 
 impl ControlPlaneBuilder {
+    /// Agents must present `AGENT_TOKEN`.
+    fn agent_token(mut self) -> Self {
+        self.agent_token = true;
+        self
+    }
+
     /// Starts `govd` on `127.0.0.1:0` (or on `port`, for a restart).
     async fn start_on(self, port: u16) -> Govd {
         let log = self
@@ -183,6 +192,11 @@ impl ControlPlaneBuilder {
             let token_file = self.state_dir.with_extension("token");
             std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
             cmd.arg("--token-file").arg(token_file);
+        }
+        if self.agent_token {
+            let token_file = self.state_dir.with_extension("agent-token");
+            std::fs::write(&token_file, format!("{AGENT_TOKEN}\n")).unwrap();
+            cmd.arg("--agent-token-file").arg(token_file);
         }
         let child = cmd.spawn().unwrap();
         let addr = log_field(&log, "govd started", "listen").await;
@@ -258,6 +272,7 @@ struct AgentBuilder {
     upstream: SocketAddr,
     control_plane: String,
     state_dir: Option<PathBuf>,
+    token: bool,
 }
 
 fn agent(service: &str, instance: &str) -> AgentBuilder {
@@ -267,6 +282,7 @@ fn agent(service: &str, instance: &str) -> AgentBuilder {
         upstream: SocketAddr::from(([127, 0, 0, 1], 1)),
         control_plane: String::new(),
         state_dir: None,
+        token: false,
     }
 }
 
@@ -289,6 +305,10 @@ impl AgentBuilder {
         self.control_plane = url;
         self
     }
+    fn token(mut self) -> Self {
+        self.token = true;
+        self
+    }
     fn state_dir(mut self, dir: &Path) -> Self {
         self.state_dir = Some(dir.to_owned());
         self
@@ -307,6 +327,11 @@ impl AgentBuilder {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .kill_on_drop(true);
+        if self.token {
+            let token_file = logs.join(format!("agent-token-{}", rand_suffix()));
+            std::fs::write(&token_file, AGENT_TOKEN).unwrap();
+            cmd.arg("--control-plane-token-file").arg(token_file);
+        }
         if let Some(dir) = &self.state_dir {
             cmd.arg("--state-dir").arg(dir);
         }
@@ -652,17 +677,38 @@ async fn apply_reaches_every_agent_of_the_changed_service_and_only_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_the_agent_cannot_enforce_is_nacked_by_rule_and_the_old_one_stays() {
     let dir = tempfile::tempdir().unwrap();
-    let govd = control_plane(&dir.path().join("state")).start().await;
+    let govd = control_plane(&dir.path().join("state"))
+        .agent_token()
+        .start()
+        .await;
     let up = upstream().await;
+    // Without the agent token, an agent is refused (and keeps retrying).
+    let intruder = agent("order", "intruder")
+        .upstream(up)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    wait_until(
+        "the intruder refused",
+        Duration::from_secs(10),
+        async || read(&intruder.log).contains("the control plane refused the stream"),
+    )
+    .await;
+    intruder.stop().await;
     let order = agent("order", "order-1")
         .upstream(up)
         .control_plane(&govd)
+        .token()
         .start(dir.path())
         .await;
     wait_until("the agent connected", Duration::from_secs(10), async || {
         govd.status().await.agents.len() == 1
     })
     .await;
+    assert_eq!(
+        agent_state(&govd.status().await, "order-1").instance,
+        "order-1"
+    );
 
     let v1 = write(dir.path(), "v1.gov", V1);
     assert_eq!(govc(&govd, Some(TOKEN), &["apply", &v1]).await.code, 0);
