@@ -5,7 +5,7 @@
 //!
 //! Exit codes: 0 applied and every connected agent SYNCED (or nothing to
 //! change), 1 invalid policy, control plane error, any NACK or any agent
-//! still STALE when the wait ends, 64 usage.
+//! still STALE when the wait ends (unless `--wait 0`), 64 usage.
 //!
 //! [`plan_remote`] is `govc plan FILE...` against the live control plane (a
 //! dry-run apply).
@@ -151,7 +151,10 @@ fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    if stale > 0 {
+    if stale > 0 && wait.is_zero() {
+        // `--wait 0`: the caller chose not to wait; STALE is expected.
+        eprintln!("note: not waiting (--wait 0); `govc status` shows whether the agents took it");
+    } else if stale > 0 {
         eprintln!(
             "error: {stale} agent(s) did not answer in time; `govc status` shows their state"
         );
