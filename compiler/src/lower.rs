@@ -180,25 +180,25 @@ fn u32_of(v: i64) -> u32 {
     u32::try_from(v).unwrap_or(0)
 }
 
-fn lower_norm(n: &Norm) -> pb::MatchExpr {
+fn lower_norm(n: &Norm<'_>) -> pb::MatchExpr {
     use pb::match_expr::Kind;
     let kind = match n {
         Norm::Any | Norm::Invalid => Kind::Any(true),
         Norm::PathExact(v) => Kind::Path(pb::PathMatch {
             kind: pb::PathKind::Exact as i32,
-            value: v.clone(),
+            value: (*v).to_string(),
         }),
         Norm::PathPrefix(v) => Kind::Path(pb::PathMatch {
             kind: pb::PathKind::Prefix as i32,
-            value: v.clone(),
+            value: (*v).to_string(),
         }),
-        Norm::Method(m) => Kind::Method(m.clone()),
+        Norm::Method(m) => Kind::Method((*m).to_string()),
         Norm::Header(name, value) => Kind::Header(pb::HeaderMatch {
-            name: name.clone(),
-            value: value.clone(),
+            name: name.to_string(),
+            value: (*value).to_string(),
         }),
-        Norm::Consumer(c) => Kind::Consumer(c.clone()),
-        Norm::CallsTo(s) => Kind::CallsTo(s.clone()),
+        Norm::Consumer(c) => Kind::Consumer((*c).to_string()),
+        Norm::CallsTo(s) => Kind::CallsTo((*s).to_string()),
         Norm::And(parts) => Kind::And(pb::MatchList {
             exprs: parts.iter().map(lower_norm).collect(),
         }),
@@ -252,7 +252,7 @@ impl Lower<'_, '_> {
     fn head(
         &self,
         rule: &Rule<'_>,
-        norm: &Norm,
+        norm: &Norm<'_>,
     ) -> (String, pb::SourceRef, pb::MatchExpr, String, i32) {
         let direction = if norm.is_outbound() {
             pb::Direction::Outbound
@@ -272,7 +272,7 @@ impl Lower<'_, '_> {
         )
     }
 
-    fn bulkhead(&self, rule: &Rule<'_>, norm: &Norm, b: &ast::Bulkhead) -> pb::Bulkhead {
+    fn bulkhead(&self, rule: &Rule<'_>, norm: &Norm<'_>, b: &ast::Bulkhead) -> pb::Bulkhead {
         let (name, source, on, match_name, direction) = self.head(rule, norm);
         let e = BulkheadEff::of(b);
         pb::Bulkhead {
@@ -298,7 +298,7 @@ impl Lower<'_, '_> {
         }
     }
 
-    fn limit(&self, rule: &Rule<'_>, norm: &Norm, x: &ast::Limit) -> pb::Limit {
+    fn limit(&self, rule: &Rule<'_>, norm: &Norm<'_>, x: &ast::Limit) -> pb::Limit {
         let (name, source, on, match_name, direction) = self.head(rule, norm);
         let e = LimitEff::of(x);
         let rate = |c: crate::effective::Counter| pb::Rate {
@@ -350,7 +350,7 @@ impl Lower<'_, '_> {
         }
     }
 
-    fn fuse(&self, rule: &Rule<'_>, norm: &Norm, f: &ast::Fuse) -> pb::Fuse {
+    fn fuse(&self, rule: &Rule<'_>, norm: &Norm<'_>, f: &ast::Fuse) -> pb::Fuse {
         let (name, source, on, match_name, direction) = self.head(rule, norm);
         let e = FuseEff::of(f);
         let trips = e

@@ -6,6 +6,7 @@
 //! unknown references resolve to [`Norm::Invalid`] so that one mistake gives
 //! one diagnostic, not a cascade.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -22,7 +23,8 @@ pub type Src = NamedSource<Arc<str>>;
 pub(crate) struct File<'a> {
     pub name: &'a str,
     pub text: &'a str,
-    pub src: Src,
+    /// Made on the first diagnostic: a valid policy never copies its text.
+    src: std::sync::OnceLock<Src>,
     pub policy: &'a Policy,
     /// Byte offset of each line start, for line and column numbers.
     pub lines: Vec<usize>,
@@ -30,22 +32,24 @@ pub(crate) struct File<'a> {
 
 impl<'a> File<'a> {
     pub fn new(name: &'a str, text: &'a str, policy: &'a Policy) -> Self {
-        let lines = std::iter::once(0).chain(memchr_lines(text)).collect();
+        let lines = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
         File {
             name,
             text,
-            src: NamedSource::new(name, Arc::<str>::from(text)),
+            src: std::sync::OnceLock::new(),
             policy,
             lines,
         }
     }
-}
 
-fn memchr_lines(text: &str) -> impl Iterator<Item = usize> + '_ {
-    text.bytes()
-        .enumerate()
-        .filter(|(_, b)| *b == b'\n')
-        .map(|(i, _)| i + 1)
+    /// The named source for diagnostics (shared by all of this file's).
+    pub fn src(&self) -> Src {
+        self.src
+            .get_or_init(|| NamedSource::new(self.name, Arc::<str>::from(self.text)))
+            .clone()
+    }
 }
 
 /// Everything the checks need, borrowed from the parsed files.
@@ -73,7 +77,7 @@ pub(crate) struct Svc<'a> {
     /// Every rule in source order (duplicates included).
     pub rules: Vec<Rule<'a>>,
     /// The normalized `on` of each rule, computed once (same order as `rules`).
-    pub norms: Vec<Norm>,
+    pub norms: Vec<Norm<'a>>,
     pub workers: Option<&'a Spanned<i64>>,
     pub instances: Option<&'a Spanned<i64>>,
     pub rate: Option<&'a Rate<i64>>,
@@ -96,16 +100,18 @@ pub(crate) enum Rule<'a> {
 /// `and`/`or` flattened: two rules are on "the same match" when their
 /// `Norm`s are equal.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum Norm {
+pub(crate) enum Norm<'a> {
     Any,
-    PathExact(String),
-    PathPrefix(String),
-    Method(String),
-    Header(String, String),
-    Consumer(String),
-    CallsTo(String),
-    And(Vec<Norm>),
-    Or(Vec<Norm>),
+    PathExact(&'a str),
+    PathPrefix(&'a str),
+    /// As written: methods must be upper case (`gov::unknown-method`).
+    Method(&'a str),
+    /// The name in lower case (header names are case-insensitive).
+    Header(Cow<'a, str>, &'a str),
+    Consumer(&'a str),
+    CallsTo(&'a str),
+    And(Vec<Norm<'a>>),
+    Or(Vec<Norm<'a>>),
     /// An unknown or cyclic reference (reported elsewhere).
     Invalid,
 }
@@ -147,7 +153,7 @@ impl<'a> Ctx<'a> {
     }
 
     pub fn src(&self, file: usize) -> Src {
-        self.files[file].src.clone()
+        self.files[file].src()
     }
 
     pub fn registry(&self, name: &str) -> Option<&'a Registry> {
@@ -218,7 +224,7 @@ impl<'a> Svc<'a> {
     }
 
     /// Every rule with its normalized match.
-    pub fn rules_with_norms(&self) -> impl Iterator<Item = (&Rule<'a>, &Norm)> {
+    pub fn rules_with_norms(&self) -> impl Iterator<Item = (&Rule<'a>, &Norm<'a>)> {
         self.rules.iter().zip(&self.norms)
     }
 
@@ -231,29 +237,27 @@ impl<'a> Svc<'a> {
     }
 
     /// The expression with references expanded.
-    pub fn normalize(&self, expr: &MatchExpr) -> Norm {
+    pub fn normalize(&self, expr: &'a MatchExpr) -> Norm<'a> {
         let mut stack = Vec::new();
         self.norm(expr, &mut stack)
     }
 
-    fn norm(&self, expr: &'a MatchExpr, stack: &mut Vec<&'a str>) -> Norm {
+    fn norm(&self, expr: &'a MatchExpr, stack: &mut Vec<&'a str>) -> Norm<'a> {
         match expr {
             MatchExpr::Path {
                 kind: ast::PathKind::Exact,
                 value,
                 ..
-            } => Norm::PathExact(value.node.clone()),
+            } => Norm::PathExact(&value.node),
             MatchExpr::Path {
                 kind: ast::PathKind::Prefix,
                 value,
                 ..
-            } => Norm::PathPrefix(value.node.clone()),
-            MatchExpr::Method { method, .. } => Norm::Method(method.node.to_ascii_uppercase()),
-            MatchExpr::Header { name, value, .. } => {
-                Norm::Header(name.node.to_ascii_lowercase(), value.node.clone())
-            }
-            MatchExpr::Consumer { name, .. } => Norm::Consumer(name.node.clone()),
-            MatchExpr::CallsTo { service, .. } => Norm::CallsTo(service.node.clone()),
+            } => Norm::PathPrefix(&value.node),
+            MatchExpr::Method { method, .. } => Norm::Method(&method.node),
+            MatchExpr::Header { name, value, .. } => Norm::Header(lower(&name.node), &value.node),
+            MatchExpr::Consumer { name, .. } => Norm::Consumer(&name.node),
+            MatchExpr::CallsTo { service, .. } => Norm::CallsTo(&service.node),
             MatchExpr::Any { .. } => Norm::Any,
             MatchExpr::Group { inner, .. } => self.norm(inner, stack),
             MatchExpr::Ref { name } => {
@@ -370,7 +374,7 @@ impl<'a> Rule<'a> {
 
 // === impl Norm ===
 
-impl Norm {
+impl Norm<'_> {
     /// Outbound (client side): the expression selects calls to another service.
     pub fn is_outbound(&self) -> bool {
         match self {
@@ -386,6 +390,15 @@ impl Norm {
             Norm::And(parts) | Norm::Or(parts) => parts.iter().all(Norm::is_valid),
             _ => true,
         }
+    }
+}
+
+/// `s` in lower case, borrowed when it already is.
+fn lower(s: &str) -> Cow<'_, str> {
+    if s.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(s.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(s)
     }
 }
 

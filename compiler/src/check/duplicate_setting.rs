@@ -42,7 +42,7 @@ pub struct DuplicateSetting {
 fn report(
     cx: &Ctx<'_>,
     file: usize,
-    owner: &str,
+    owner: impl Fn() -> String,
     items: &[(&'static str, Span)],
     out: &mut Vec<Diagnostic>,
 ) {
@@ -51,7 +51,7 @@ fn report(
             out.push(
                 DuplicateSetting {
                     setting: (*key).to_string(),
-                    owner: owner.to_string(),
+                    owner: owner(),
                     src: cx.src(file),
                     first: (*first).into(),
                     again: (*span).into(),
@@ -115,7 +115,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
         report(
             cx,
             *file,
-            &format!("registry `{}`", reg.name.node),
+            || format!("registry `{}`", reg.name.node),
             &items,
             out,
         );
@@ -151,7 +151,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                     report(
                         cx,
                         svc.file,
-                        &format!("the warmup of `{}`", svc.name()),
+                        || format!("the warmup of `{}`", svc.name()),
                         &steps,
                         out,
                     );
@@ -169,7 +169,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                     report(
                         cx,
                         svc.file,
-                        &format!("the shutdown of `{}`", svc.name()),
+                        || format!("the shutdown of `{}`", svc.name()),
                         &steps,
                         out,
                     );
@@ -183,7 +183,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
         report(
             cx,
             svc.file,
-            &format!("service `{}`", svc.name()),
+            || format!("service `{}`", svc.name()),
             &stmts,
             out,
         );
@@ -193,8 +193,8 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                 Rule::Limit(l) => l.settings.iter().map(limit_key).collect(),
                 Rule::Fuse(f) => f.settings.iter().filter_map(fuse_key).collect(),
             };
-            let owner = format!("{} `{}`", rule.kind(), rule.name().node);
-            report(cx, svc.file, &owner, &items, out);
+            let owner = || format!("{} `{}`", rule.kind(), rule.name().node);
+            report(cx, svc.file, owner, &items, out);
         }
     }
 }

@@ -34,7 +34,7 @@ pub struct MixedDirection {
     pub span: SourceSpan,
 }
 
-fn mixed(n: &Norm) -> bool {
+fn mixed(n: &Norm<'_>) -> bool {
     match n {
         Norm::Or(parts) => {
             let out = parts.iter().filter(|p| p.is_outbound()).count();

@@ -33,7 +33,6 @@ pub struct UnknownMatch {
 
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
-        let known = svc.match_names();
         let mut names = Vec::new();
         for stmt in &svc.ast.body {
             if let gov_lang::ast::ServiceStmt::Match(m) = stmt {
@@ -53,7 +52,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                     service: svc.name().to_string(),
                     src: cx.src(svc.file),
                     span: name.span.into(),
-                    help: suggest::help("match", &name.node, &known),
+                    help: suggest::help("match", &name.node, &svc.match_names()),
                 }
                 .into(),
             );
