@@ -153,8 +153,9 @@ pub enum ReleaseSpec {
     Manual,
 }
 
-/// Where counters live. The engine counts locally in both cases: a cluster
-/// scope is shared through the control plane's store, not by the engine.
+/// Where counters live. Cluster scopes share them in Redis when the engine
+/// has a [`ClusterStore`](crate::ClusterStore) (see `limit.rs`); without one,
+/// [`Engine::apply_target`](crate::Engine::apply_target) refuses them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LimitScope {
     Local,

@@ -47,7 +47,7 @@ pub const MAX_KEYS: usize = 4096;
 const NOT_ENGAGED: u64 = 0;
 const MANUAL: u64 = u64::MAX;
 
-/// How often the bytes of a `sync exact` limit are flushed.
+/// How often a `sync exact` limit flushes bytes and reads its latches back.
 pub(crate) const EXACT_BYTES_FLUSH: Duration = Duration::from_millis(100);
 
 /// One counter of a batched cluster limit in one window.
@@ -205,7 +205,9 @@ impl Limit {
     /// limit is dropped). Needs a Tokio runtime; without one nothing is flushed.
     pub(crate) fn start(self: &Arc<Self>) {
         let Some(link) = &self.cluster else { return };
-        if link.exact && self.spec.bytes.is_none() {
+        // `sync exact` counts calls per call; it flushes bytes, and reads
+        // latches back so a release elsewhere shows here without traffic.
+        if link.exact && self.spec.bytes.is_none() && self.spec.release.is_none() {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {

@@ -192,6 +192,36 @@ async fn exact_two_agents_admit_exactly_the_amount() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_consumer_counters_are_shared_per_consumer() {
+    let redis = RedisServer::start();
+    for sync in [EXACT, "sync: CLUSTER_SYNC_BATCH\n  sync_batch_ms: 20"] {
+        let mut config = limit_config(2, 60_000, sync, "");
+        config.limits[0].key = gov_proto::v1::LimitKey::Consumer as i32;
+        config.limits[0].rule = format!("order/per_consumer_{}", sync.len());
+        let (a, b) = (agent(&redis, &config), agent(&redis, &config));
+        fit_in_one_window(60_000, 10_000).await;
+        let consumer = |e: &Engine, who: &'static str| {
+            let e = e.clone();
+            async move {
+                let mut headers = HeaderMap::new();
+                headers.insert("x-gov-consumer", who.parse().unwrap());
+                let info = RequestInfo::inbound(&Method::GET, "/api/x", &headers);
+                e.admit(&info).await.is_ok()
+            }
+        };
+        // crm: one call on each agent, then the flush, then none left anywhere.
+        assert!(consumer(&a, "crm").await);
+        assert!(consumer(&b, "crm").await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!consumer(&a, "crm").await, "{sync}");
+        assert!(!consumer(&b, "crm").await, "{sync}");
+        // Another consumer has its own counter.
+        assert!(consumer(&b, "shop").await);
+        assert!(consumer(&a, "shop").await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_two_agents_stay_within_the_documented_bound() {
     let redis = RedisServer::start();
     // 100 calls per 10s, flushed every 50ms.
@@ -253,9 +283,16 @@ async fn a_latch_engaged_by_one_agent_holds_for_the_other_until_released() {
         a.release_limit_everywhere("order/shared", "ops").await,
         Ok(true)
     );
+    // b reads latches back every 100ms, so it shows released without traffic.
+    assert!(
+        eventually(Duration::from_secs(2), async || b
+            .engaged_limits()
+            .is_empty())
+        .await,
+        "b still shows the limit engaged"
+    );
     call(&a).await.unwrap();
     call(&b).await.unwrap();
-    assert!(b.engaged_limits().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
