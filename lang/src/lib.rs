@@ -25,6 +25,7 @@
 
 pub mod ast;
 mod diagnostic;
+mod fast;
 mod fmt;
 mod grammar;
 mod parser;
@@ -33,5 +34,6 @@ mod recovery;
 pub use diagnostic::SyntaxError;
 pub use fmt::{format, format_source};
 pub use parser::{
-    MAX_EXPR_TERMS, MAX_NESTING, MAX_SOURCE_BYTES, MAX_SYNTAX_ERRORS, parse, parse_all,
+    MAX_EXPR_TERMS, MAX_NESTING, MAX_SOURCE_BYTES, MAX_SYNTAX_ERRORS, parse, parse_all, parse_fast,
+    parse_with_grammar,
 };

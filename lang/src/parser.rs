@@ -1,9 +1,12 @@
 //! From source text to the syntax tree.
 //!
-//! [`parse`] guards the input first (size, nesting of parentheses), then runs
-//! the pest grammar under a call budget, then walks the pairs into
-//! [`crate::ast`] nodes. Pest types stay inside this crate: every failure
-//! becomes a [`SyntaxError`].
+//! [`parse`] refuses oversize input, then tries the hand-written parser of
+//! `fast.rs`, which takes valid text only. Text it refuses goes through the
+//! pest grammar (under a call budget, after a check of the nesting of
+//! parentheses), whose pairs are walked into [`crate::ast`] nodes here and
+//! whose errors become [`SyntaxError`]s; [`parse_all`] blanks out each error's
+//! statement (see `recovery.rs`) and parses again to find the next. Pest
+//! types stay inside this crate.
 
 use std::borrow::Cow;
 use std::num::NonZeroUsize;
@@ -16,7 +19,7 @@ use pest::iterators::{Pair, Pairs};
 use crate::ast::*;
 use crate::diagnostic::SyntaxError;
 use crate::grammar::{GovParser, Rule};
-use crate::recovery;
+use crate::{fast, recovery};
 
 /// Larger sources are refused before parsing.
 pub const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
@@ -66,6 +69,11 @@ fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Vec<SyntaxEr
             MAX_SOURCE_BYTES,
         )]);
     }
+    // Valid text takes the fast path (which refuses deep nesting itself);
+    // the grammar explains errors.
+    if let Some(policy) = fast::parse(src) {
+        return Ok(policy);
+    }
     check_nesting(name, src).map_err(|e| vec![e])?;
     let mut errors = Vec::new();
     // The text with the broken regions blanked out; offsets are unchanged.
@@ -107,6 +115,26 @@ fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Vec<SyntaxEr
         last = Some((at, skip));
     }
     Err(errors)
+}
+
+/// Parses with the pest grammar only, never the fast path: for tests that
+/// hold the two parsers to the same trees, and for benchmarks.
+#[doc(hidden)]
+pub fn parse_with_grammar(name: &str, src: &str) -> Result<Policy, SyntaxError> {
+    if src.len() > MAX_SOURCE_BYTES {
+        return Err(SyntaxError::too_large(name, src.len(), MAX_SOURCE_BYTES));
+    }
+    check_nesting(name, src)?;
+    parse_once(name, src)
+}
+
+/// Parses with the fast path only: `None` for text it does not accept.
+#[doc(hidden)]
+pub fn parse_fast(src: &str) -> Option<Policy> {
+    if src.len() > MAX_SOURCE_BYTES {
+        return None;
+    }
+    fast::parse(src)
 }
 
 /// One run of the grammar and the builder.
@@ -1111,7 +1139,7 @@ impl Builder<'_> {
 }
 
 /// `\"` is `"` and `\\` is `\`; the grammar allows no other escape.
-fn unescape(body: &str) -> String {
+pub(crate) fn unescape(body: &str) -> String {
     let mut out = String::with_capacity(body.len());
     let mut chars = body.chars();
     while let Some(c) = chars.next() {

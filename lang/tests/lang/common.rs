@@ -13,8 +13,30 @@ pub fn render(err: &gov_lang::SyntaxError) -> String {
     out
 }
 
-/// Parses or panics with the rendered diagnostic.
+/// The fast parser and the grammar agree on `src`: the same tree with the
+/// same spans (compared through `Debug`, which shows spans), or both refuse it.
+pub fn same_as_grammar(src: &str) {
+    let fast = gov_lang::parse_fast(src);
+    match gov_lang::parse_with_grammar("grammar.gov", src) {
+        Ok(tree) => {
+            let fast = fast.unwrap_or_else(|| panic!("the fast parser refused valid text:\n{src}"));
+            assert_eq!(
+                format!("{fast:#?}"),
+                format!("{tree:#?}"),
+                "the parsers disagree on:\n{src}"
+            );
+        }
+        Err(e) => assert!(
+            fast.is_none(),
+            "the fast parser accepted what the grammar refuses ({e}):\n{src}"
+        ),
+    }
+}
+
+/// Parses or panics with the rendered diagnostic; checks the fast parser
+/// against the grammar on the way.
 pub fn parse_ok(name: &str, src: &str) -> gov_lang::ast::Policy {
+    same_as_grammar(src);
     match gov_lang::parse(name, src) {
         Ok(p) => p,
         Err(e) => panic!("{}", render(&e)),

@@ -10,6 +10,7 @@ fn every_syntax_fixture_has_its_diagnostic() {
     insta::glob!(fixtures, "*.gov", |path| {
         let src = std::fs::read_to_string(path).unwrap();
         let name = path.file_name().unwrap().to_string_lossy();
+        super::common::same_as_grammar(&src);
         let first = gov_lang::parse(&name, &src).expect_err("a syntax fixture must not parse");
         let all = gov_lang::parse_all(&name, &src).expect_err("parse_all agrees with parse");
         assert_eq!(
@@ -50,7 +51,9 @@ fn very_long_match_expressions_are_refused() {
     let src = format!("service s {{\n  match m = {terms}\n}}\n");
     let err = gov_lang::parse("long.gov", &src).unwrap_err();
     assert_eq!(err.message(), "match expression has more than 256 terms");
+    super::common::same_as_grammar(&src);
     let ok = vec!["any"; gov_lang::MAX_EXPR_TERMS].join(" or ");
+    super::common::same_as_grammar(&format!("service s {{ match m = {ok} }}"));
     gov_lang::parse("long.gov", &format!("service s {{ match m = {ok} }}")).unwrap();
 }
 
