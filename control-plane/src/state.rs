@@ -253,8 +253,10 @@ impl State {
         agent.stats = None;
         agent.last_seen_unix_ms = now;
         agent.disconnect_reason.clear();
+        // An agent with no config at all gets one even when its service is not
+        // in the policy (an empty one): it is what makes it ready.
         if let Some(current) = self.current_version(&key.0)
-            && current != hello.last_version
+            && (current != hello.last_version || hello.last_version.is_empty())
         {
             self.push(&key, out);
         }
@@ -965,6 +967,32 @@ mod tests {
             s.sync_state(&s.agents[&key2]).0,
             pb::SyncState::Disconnected
         );
+    }
+
+    #[test]
+    fn an_agent_with_nothing_gets_a_config_even_for_a_service_the_policy_does_not_name() {
+        let mut s = State::default();
+        s.apply(
+            policy("b1", vec![target("order", "v1")]),
+            &[],
+            10,
+            &mut Vec::new(),
+        );
+        let (tx, _rx) = mpsc::channel(8);
+        let mut out = Vec::new();
+        let (key, id) = s.hello(hello("search", "s", ""), tx, 1, &mut out);
+        let nonce = nonce_of(&out[0].msg);
+        assert_eq!(s.sync_state(&s.agents[&key]).0, pb::SyncState::Stale);
+        s.on_message(
+            &key,
+            id,
+            AgentMsg::Ack(pb::Ack {
+                version: String::new(),
+                nonce,
+            }),
+            2,
+        );
+        assert_eq!(s.sync_state(&s.agents[&key]).0, pb::SyncState::Synced);
     }
 
     #[test]
