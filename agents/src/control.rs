@@ -617,6 +617,8 @@ mod tests {
             ..Default::default()
         };
         assert!(check(&options, &ours).is_ok());
+        // The empty config govd sends an agent whose service the policy does not name.
+        assert!(Engine::empty("order").apply_target(&ours).is_ok());
         let other = proto::TargetConfig {
             service: "payment".into(),
             ..Default::default()
