@@ -291,6 +291,16 @@ pub enum InvalidConfig {
         help("rule names must be unique per service")
     )]
     Duplicate { rule: String },
+    #[error(
+        "rule `{rule}`: `scope cluster` needs a shared counter store (Redis) and this agent has none: start it with `--redis URL`"
+    )]
+    #[diagnostic(
+        code(gov::agent::no_cluster_store),
+        help(
+            "start the agent with `--redis URL` (or `GOV_REDIS`), or make the limit `scope local`"
+        )
+    )]
+    NoClusterStore { rule: String },
     #[error("consumer header `{header}` is not a valid header name")]
     #[diagnostic(code(gov::agent::consumer_header))]
     ConsumerHeader { header: String },
@@ -303,7 +313,9 @@ impl InvalidConfig {
     /// The rule at fault (`service/rule`), for a NACK.
     pub fn rule(&self) -> Option<&str> {
         match self {
-            InvalidConfig::Rule { rule, .. } | InvalidConfig::Duplicate { rule } => Some(rule),
+            InvalidConfig::Rule { rule, .. }
+            | InvalidConfig::Duplicate { rule }
+            | InvalidConfig::NoClusterStore { rule } => Some(rule),
             InvalidConfig::ConsumerHeader { .. } | InvalidConfig::TooManyRules { .. } => None,
         }
     }

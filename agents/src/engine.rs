@@ -362,11 +362,8 @@ impl Engine {
                 .iter()
                 .find(|r| matches!(&r.spec, RuleSpec::Limit(l) if l.scope != LimitScope::Local))
         {
-            return Err(InvalidConfig::Rule {
+            return Err(InvalidConfig::NoClusterStore {
                 rule: rule.name.to_string(),
-                problem: "`scope cluster` needs a shared counter store and this agent has none: \
-                          start the agent with `--redis URL` (or `GOV_REDIS`)"
-                    .into(),
             });
         }
         Ok(self.apply(config))
