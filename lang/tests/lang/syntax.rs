@@ -101,3 +101,16 @@ fn no_follow_on_errors_after_an_incomplete_statement() {
         assert_eq!(errors.len(), 1, "{src}: {errors:#?}");
     }
 }
+
+#[test]
+fn ready_options_come_in_order() {
+    let ok = "service s {\n  warmup {\n    ready when http GET \"/r\" is 200 every 1s after 2s timeout 3s\n  }\n}\n";
+    super::common::parse_ok("s.gov", ok);
+    let swapped = ok.replace("after 2s timeout 3s", "timeout 3s after 2s");
+    let err = gov_lang::parse("s.gov", &swapped).unwrap_err();
+    assert!(
+        err.message().ends_with("found `after`"),
+        "{}",
+        err.message()
+    );
+}
