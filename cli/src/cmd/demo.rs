@@ -395,7 +395,7 @@ fn sources(paths: &[PathBuf]) -> Result<Vec<pb::SourceFile>, DemoError> {
         let (text, changed) = policy::local_scope(&text);
         for limit in changed {
             say!(
-                "note: limit `{limit}` ({name}) has `scope cluster`; gov-agent has no shared counter store (Redis) yet, so the demo applies it with `scope local` (one agent per service counts the same)"
+                "note: limit `{limit}` ({name}) has `scope cluster`; the demo runs without Redis, so it applies it with `scope local` (with one agent per service a local counter counts the same)"
             );
         }
         out.push(pb::SourceFile { name, text });
