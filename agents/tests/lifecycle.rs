@@ -1,0 +1,344 @@
+//! The lifecycle through a real sidecar (in process) in front of a real upstream
+//! (hyper, 127.0.0.1:0) that records every call: warmup gates `/ready` on the
+//! readiness probe and starts consumers only after registering; shutdown
+//! deregisters, keeps serving through the wait, stops consumers, then drains.
+
+#![expect(clippy::unwrap_used, reason = "tests")]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use gov_agent::lifecycle::{FULL_WEIGHT, State};
+use gov_agent::sidecar::{Options, Sidecar};
+use gov_proto::v1 as proto;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use proto::shutdown_step::Step as Down;
+use proto::warmup_step::Step as Up;
+use tokio::time::Instant;
+
+/// An upstream that records `METHOD PATH` of every call with its time. `/health`
+/// answers 503 for the first `not_ready` calls, `/slow` takes 300ms, the rest 200.
+struct Upstream {
+    addr: SocketAddr,
+    calls: Arc<Mutex<Vec<(Instant, String)>>>,
+}
+
+impl Upstream {
+    async fn start(not_ready: u32) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let left = Arc::new(AtomicU32::new(not_ready));
+        let recorded = calls.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (calls, left) = (recorded.clone(), left.clone());
+                let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                    let (calls, left) = (calls.clone(), left.clone());
+                    async move {
+                        let path = req.uri().path().to_owned();
+                        calls
+                            .lock()
+                            .unwrap()
+                            .push((Instant::now(), format!("{} {path}", req.method())));
+                        let status = match path.as_str() {
+                            "/health" => {
+                                let before = left
+                                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                                        n.checked_sub(1)
+                                    })
+                                    .is_ok();
+                                if before { 503 } else { 200 }
+                            }
+                            "/slow" => {
+                                tokio::time::sleep(Duration::from_millis(300)).await;
+                                200
+                            }
+                            _ => 200,
+                        };
+                        let mut response = http::Response::new(Full::new(Bytes::from("ok")));
+                        *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, calls }
+    }
+
+    fn calls(&self) -> Vec<(Instant, String)> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.calls().into_iter().map(|(_, c)| c).collect()
+    }
+
+    fn time_of(&self, call: &str) -> Option<Instant> {
+        self.calls()
+            .into_iter()
+            .find(|(_, c)| c == call)
+            .map(|(t, _)| t)
+    }
+}
+
+fn http_action(method: &str, path: &str) -> Option<proto::Action> {
+    Some(proto::Action {
+        kind: Some(proto::action::Kind::Http(proto::HttpCall {
+            method: method.into(),
+            path: path.into(),
+        })),
+    })
+}
+
+fn config(dir: &tempfile::TempDir, warmup: Vec<Up>, shutdown: Vec<Down>) -> std::path::PathBuf {
+    let target = proto::TargetConfig {
+        service: "order".into(),
+        version: "v1".into(),
+        warmup: Some(proto::Warmup {
+            steps: warmup
+                .into_iter()
+                .map(|s| proto::WarmupStep {
+                    source: None,
+                    step: Some(s),
+                })
+                .collect(),
+            source: None,
+        }),
+        shutdown: Some(proto::Shutdown {
+            steps: shutdown
+                .into_iter()
+                .map(|s| proto::ShutdownStep {
+                    source: None,
+                    step: Some(s),
+                })
+                .collect(),
+            source: None,
+        }),
+        ..Default::default()
+    };
+    let path = dir.path().join("order.json");
+    std::fs::write(&path, serde_json::to_vec(&target).unwrap()).unwrap();
+    path
+}
+
+async fn start(upstream: &Upstream, config: std::path::PathBuf) -> Sidecar {
+    let mut options = Options::new("order", upstream.addr.to_string().parse().unwrap());
+    options.admin_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.config = Some(config);
+    options.drain_timeout = Duration::from_secs(5);
+    Sidecar::start(options).await.unwrap()
+}
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>;
+
+fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+async fn get(client: &HttpClient, addr: SocketAddr, path: &str) -> Result<u16, String> {
+    let uri: http::Uri = format!("http://{addr}{path}").parse().unwrap();
+    let response = client.get(uri).await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(status)
+}
+
+async fn ready(client: &HttpClient, sidecar: &Sidecar) -> u16 {
+    get(client, sidecar.admin_addr().unwrap(), "/ready")
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warmup_gates_ready_on_the_probe_ramps_and_starts_consumers_after_registering() {
+    let upstream = Upstream::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(
+        &dir,
+        vec![
+            Up::Ready(proto::ReadyProbe {
+                probe: Some(proto::HttpCall {
+                    method: "GET".into(),
+                    path: "/health".into(),
+                }),
+                status: 200,
+                every_ms: 50,
+                after_ms: 50,
+                timeout_ms: 500,
+            }),
+            Up::Register(true),
+            Up::Ramp(proto::Ramp {
+                over_ms: 400,
+                from_milli_percent: 10_000,
+            }),
+            Up::Start(proto::Invoke {
+                what: "consumers".into(),
+                action: http_action("POST", "/consumers/start"),
+            }),
+        ],
+        vec![],
+    );
+    let sidecar = start(&upstream, path).await;
+    let mut states = sidecar.lifecycle().subscribe();
+    let client = client();
+
+    // Not routable before the probe passed.
+    assert_eq!(ready(&client, &sidecar).await, 503);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ready(&client, &sidecar).await != 200 {
+        assert!(Instant::now() < deadline, "never became ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Registered only after the fourth probe (three 503s, then 200), consumers
+    // not started yet (the ramp runs first).
+    let seen = upstream.names();
+    assert_eq!(seen.iter().filter(|c| *c == "GET /health").count(), 4);
+    assert!(!seen.contains(&"POST /consumers/start".to_owned()));
+
+    // The weight rises to 100% and the phase ends READY.
+    let mut weights = Vec::new();
+    let done = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let s: State = *states.borrow_and_update();
+            weights.push((s.phase, s.weight_milli_percent));
+            if s.phase == proto::Phase::Ready {
+                return;
+            }
+            states.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "never READY: {weights:?}");
+    let ramp: Vec<u32> = weights
+        .iter()
+        .filter(|(p, _)| *p == proto::Phase::Warming)
+        .map(|(_, w)| *w)
+        .collect();
+    assert!(ramp.len() >= 3, "{weights:?}");
+    assert!(ramp.windows(2).all(|w| w[0] <= w[1]), "{weights:?}");
+    assert!(ramp[0] < 50_000, "{weights:?}");
+    assert_eq!(
+        sidecar.lifecycle().state().weight_milli_percent,
+        FULL_WEIGHT
+    );
+
+    // Consumers were started, once, after the last probe.
+    let names = upstream.names();
+    assert_eq!(
+        names.last().map(String::as_str),
+        Some("POST /consumers/start")
+    );
+    assert_eq!(
+        names
+            .iter()
+            .filter(|c| *c == "POST /consumers/start")
+            .count(),
+        1
+    );
+    sidecar.shutdown();
+    sidecar.stopped().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_deregisters_keeps_serving_through_the_wait_stops_consumers_then_drains() {
+    let upstream = Upstream::start(0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(
+        &dir,
+        vec![],
+        vec![
+            Down::Deregister(true),
+            Down::Wait(proto::Wait {
+                duration_ms: 600,
+                registry: String::new(),
+            }),
+            Down::Stop(proto::Invoke {
+                what: "consumers".into(),
+                action: http_action("POST", "/consumers/stop"),
+            }),
+            Down::DrainMs(3_000),
+        ],
+    );
+    let sidecar = start(&upstream, path).await;
+    let client = client();
+    let inbound = sidecar.inbound_addr();
+    assert_eq!(ready(&client, &sidecar).await, 200);
+    assert_eq!(get(&client, inbound, "/orders").await, Ok(200));
+    assert_eq!(sidecar.lifecycle().state().phase, proto::Phase::Ready);
+
+    let began = Instant::now();
+    sidecar.terminate();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(ready(&client, &sidecar).await, 503);
+    assert_eq!(sidecar.lifecycle().state().phase, proto::Phase::Draining);
+
+    // During the wait (600ms; the loop keeps 100ms clear of its end, where the drain
+    // closes idle keep-alive connections): requests, on fresh connections too, are
+    // all served.
+    let (mut served, mut failed) = (0_u32, Vec::new());
+    let mut slow = None;
+    while served < 2_000 && began.elapsed() < Duration::from_millis(500) {
+        let fresh = served % 10 == 0;
+        let c = if fresh {
+            self::client()
+        } else {
+            client.clone()
+        };
+        match get(&c, inbound, "/orders").await {
+            Ok(200) => served += 1,
+            other => failed.push(other),
+        }
+        // A slow request still in flight when the drain begins.
+        if slow.is_none() && began.elapsed() >= Duration::from_millis(450) {
+            let c = client.clone();
+            slow = Some(tokio::spawn(async move { get(&c, inbound, "/slow").await }));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(failed.is_empty(), "failures during the wait: {failed:?}");
+    assert!(served >= 20, "only {served} requests during the wait");
+    assert!(upstream.time_of("POST /consumers/stop").is_none());
+    let slow = slow.unwrap();
+    sidecar.stopped().await;
+    let stopped_at = Instant::now();
+    let stop_at = upstream.time_of("POST /consumers/stop").unwrap();
+    assert!(stop_at - began >= Duration::from_millis(600));
+    assert_eq!(
+        slow.await.unwrap(),
+        Ok(200),
+        "the in-flight request finished"
+    );
+    assert!(stop_at < stopped_at);
+    // Consumers were stopped once (a request racing the stop call may still be
+    // served after it: the drain only begins once the stop returned).
+    let names = upstream.names();
+    assert_eq!(
+        names
+            .iter()
+            .filter(|c| *c == "POST /consumers/stop")
+            .count(),
+        1
+    );
+    // New connections are refused once drained.
+    assert!(tokio::net::TcpStream::connect(inbound).await.is_err());
+}
