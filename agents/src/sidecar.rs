@@ -277,6 +277,7 @@ impl Sidecar {
                     service: options.service.clone(),
                     config: config.clone(),
                     engine: engine.clone(),
+                    lifecycle: lifecycle.subscribe(),
                 },
             });
             tokio::spawn(serve::accept_loop(

@@ -163,6 +163,14 @@ async fn get(client: &HttpClient, addr: SocketAddr, path: &str) -> Result<u16, S
     Ok(status)
 }
 
+async fn metrics(client: &HttpClient, sidecar: &Sidecar) -> String {
+    let uri: http::Uri = format!("http://{}/metrics", sidecar.admin_addr().unwrap())
+        .parse()
+        .unwrap();
+    let body = client.get(uri).await.unwrap().into_body().collect().await;
+    String::from_utf8(body.unwrap().to_bytes().to_vec()).unwrap()
+}
+
 async fn ready(client: &HttpClient, sidecar: &Sidecar) -> u16 {
     get(client, sidecar.admin_addr().unwrap(), "/ready")
         .await
@@ -204,6 +212,12 @@ async fn warmup_gates_ready_on_the_probe_ramps_and_starts_consumers_after_regist
 
     // Not routable before the probe passed.
     assert_eq!(ready(&client, &sidecar).await, 503);
+    let m = metrics(&client, &sidecar).await;
+    assert!(
+        m.contains("gov_lifecycle_phase{phase=\"starting\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("gov_instance_weight_ratio 0\n"), "{m}");
     let deadline = Instant::now() + Duration::from_secs(5);
     while ready(&client, &sidecar).await != 200 {
         assert!(Instant::now() < deadline, "never became ready");
@@ -241,6 +255,13 @@ async fn warmup_gates_ready_on_the_probe_ramps_and_starts_consumers_after_regist
         sidecar.lifecycle().state().weight_milli_percent,
         FULL_WEIGHT
     );
+    let m = metrics(&client, &sidecar).await;
+    assert!(m.contains("gov_lifecycle_phase{phase=\"ready\"} 1"), "{m}");
+    assert!(
+        m.contains("gov_lifecycle_phase{phase=\"starting\"} 0"),
+        "{m}"
+    );
+    assert!(m.contains("gov_instance_weight_ratio 1\n"), "{m}");
 
     // Consumers were started, once, after the last probe.
     let names = upstream.names();

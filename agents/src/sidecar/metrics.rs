@@ -100,6 +100,8 @@ pub(crate) struct Source {
     pub(crate) service: String,
     pub(crate) config: std::sync::Arc<super::ConfigStatus>,
     pub(crate) engine: Engine,
+    /// Phase and slow-start weight (`crate::lifecycle`).
+    pub(crate) lifecycle: tokio::sync::watch::Receiver<crate::lifecycle::State>,
 }
 
 impl Source {
@@ -133,6 +135,7 @@ impl Source {
             &[("service", &self.service), ("version", &version)],
             1_u64,
         );
+        self.render_lifecycle(enc);
         if let Some(store) = self.engine.cluster_store() {
             enc.family(
                 "gov_cluster_store_up",
@@ -162,6 +165,41 @@ impl Source {
 
 /// The per-rule series, one family at a time (the text format wants the samples of
 /// a family together).
+impl Source {
+    fn render_lifecycle(&self, enc: &mut Encoder) {
+        use gov_proto::v1::Phase;
+        let state = *self.lifecycle.borrow();
+        enc.family(
+            "gov_lifecycle_phase",
+            "gauge",
+            "1 for the instance's current lifecycle phase, 0 for the others.",
+        );
+        for (phase, name) in [
+            (Phase::Starting, "starting"),
+            (Phase::Warming, "warming"),
+            (Phase::Ready, "ready"),
+            (Phase::Draining, "draining"),
+            (Phase::Stopped, "stopped"),
+        ] {
+            enc.sample(
+                "gov_lifecycle_phase",
+                &[("phase", name)],
+                u64::from(state.phase == phase),
+            );
+        }
+        enc.family(
+            "gov_instance_weight_ratio",
+            "gauge",
+            "Slow-start weight reported to the control plane (1 = full traffic share).",
+        );
+        enc.sample(
+            "gov_instance_weight_ratio",
+            &[],
+            f64::from(state.weight_milli_percent) / f64::from(crate::lifecycle::FULL_WEIGHT),
+        );
+    }
+}
+
 fn render_rules(enc: &mut Encoder, rules: &[RuleStats]) {
     enc.family(
         "gov_agent_rule_in_flight",
