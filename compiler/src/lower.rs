@@ -33,6 +33,9 @@ use crate::units::millis;
 
 pub const DEFAULT_CONSUMER_HEADER: &str = "x-gov-consumer";
 
+/// At most this many lines of a rule's text travel as its `SourceRef` snippet.
+const MAX_SNIPPET_LINES: usize = 40;
+
 /// Lowers every service (first definitions, sorted by name).
 pub(crate) fn bundle(cx: &Ctx<'_>) -> pb::Bundle {
     // `service_index` is a BTreeMap: iteration is sorted by name.
@@ -226,16 +229,31 @@ impl Lower<'_, '_> {
             .text
             .get(line_start..span.start)
             .unwrap_or_default();
-        let snippet = self
-            .file
-            .text
-            .get(span.start..span.end)
-            .unwrap_or_default()
+        // The whole rule, verbatim (as config.proto promises), so the TUI's
+        // detail pane and NACK reports show what was written. Bounded so one
+        // huge rule cannot bloat every config on the wire.
+        let text = self.file.text.get(span.start..span.end).unwrap_or_default();
+        // Later lines lose the indentation the rule itself has, so the
+        // snippet reads as if the rule started at column 1.
+        let indent = prefix.len() - prefix.trim_start().len();
+        let mut snippet = text
             .lines()
-            .next()
-            .unwrap_or_default()
-            .trim_end()
-            .to_string();
+            .take(MAX_SNIPPET_LINES)
+            .enumerate()
+            .map(|(i, l)| {
+                let l = l.trim_end();
+                let lead = l.len() - l.trim_start().len();
+                if i == 0 {
+                    l
+                } else {
+                    l.get(lead.min(indent)..).unwrap_or(l)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        if text.lines().nth(MAX_SNIPPET_LINES).is_some() {
+            snippet.push_str("\n...");
+        }
         pb::SourceRef {
             file: self.file.name.to_string(),
             line: u32::try_from(line).unwrap_or(u32::MAX),
