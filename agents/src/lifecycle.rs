@@ -17,8 +17,9 @@
 //!   callers in `Endpoints`). Steps run in order: a step after a ramp waits for it.
 //! - `start|stop NAME via http POST "/p"`: an HTTP call to the local service (any
 //!   2xx is success); `via signal SIGUSR1`: `kill -s SIGUSR1 PID` with the PID given
-//!   by `--service-pid`. A failed action is logged as an error and the lifecycle
-//!   goes on: stopping an agent must never hang on a broken hook.
+//!   by `--service-pid`. A failed action (or one with no answer within
+//!   [`ACTION_TIMEOUT`]) is logged as an error and the lifecycle goes on:
+//!   stopping an agent must never hang on a broken hook.
 //! - `deregister`: `/ready` turns 503, phase DRAINING (the control plane drops the
 //!   instance from `Endpoints`); requests keep being served.
 //! - `wait D`: keep serving while callers' caches expire.
@@ -47,6 +48,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::sidecar::Health;
+
+/// How long a `start`/`stop` action may take before it counts as failed: a hung
+/// hook must not hold up a shutdown forever.
+pub const ACTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Full weight: 100% in milli-percent.
 pub const FULL_WEIGHT: u32 = 100_000;
@@ -397,7 +402,20 @@ impl Lifecycle {
 
     async fn invoke(&self, verb: &str, invoke: &proto::Invoke) {
         let what = invoke.what.as_str();
-        let result = match invoke.action.as_ref().and_then(|a| a.kind.as_ref()) {
+        let result = match tokio::time::timeout(ACTION_TIMEOUT, self.action(invoke)).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("no answer within {ACTION_TIMEOUT:?}")),
+        };
+        match result {
+            Ok(()) => tracing::info!(verb, what, "lifecycle action done"),
+            Err(error) => {
+                tracing::error!(verb, what, %error, "lifecycle action failed; going on")
+            }
+        }
+    }
+
+    async fn action(&self, invoke: &proto::Invoke) -> Result<(), String> {
+        match invoke.action.as_ref().and_then(|a| a.kind.as_ref()) {
             Some(proto::action::Kind::Http(call)) => {
                 let method = if call.method.is_empty() {
                     "POST"
@@ -412,12 +430,6 @@ impl Lifecycle {
             }
             Some(proto::action::Kind::Signal(name)) => self.parts.service.signal(name).await,
             None => Err("the step has no action".to_owned()),
-        };
-        match result {
-            Ok(()) => tracing::info!(verb, what, "lifecycle action done"),
-            Err(error) => {
-                tracing::error!(verb, what, %error, "lifecycle action failed; going on")
-            }
         }
     }
 

@@ -355,3 +355,46 @@ fn ramp_weight_is_linear_and_capped() {
     assert_eq!(ramp_weight(10_000, over, secs(600)), FULL_WEIGHT);
     assert_eq!(ramp_weight(200_000, over, secs(1)), FULL_WEIGHT);
 }
+
+/// A service whose hooks never answer.
+struct Hung;
+
+impl LocalService for Hung {
+    fn call(&self, _: &str, _: &str) -> BoxFuture<Result<u16, String>> {
+        Box::pin(std::future::pending())
+    }
+
+    fn signal(&self, _: &str) -> BoxFuture<Result<(), String>> {
+        Box::pin(std::future::pending())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_stop_hook_does_not_hold_up_the_drain_forever() {
+    let health = Arc::new(Health::default());
+    let (stop, drained) = (CancellationToken::new(), CancellationToken::new());
+    let lifecycle = Lifecycle::new(Parts {
+        health,
+        stop: stop.clone(),
+        drained: drained.clone(),
+        drain_deadline: DrainDeadline::new(secs(5)),
+        service: Arc::new(Hung),
+    });
+    lifecycle.set_plan(&target(
+        vec![],
+        vec![
+            ShutdownStep::Stop(proto::Invoke {
+                what: "consumers".into(),
+                action: http("POST", "/stop"),
+            }),
+            ShutdownStep::DrainMs(1_000),
+        ],
+    ));
+    lifecycle.begin_shutdown();
+    tokio::time::sleep(ACTION_TIMEOUT - secs(1)).await;
+    assert!(!stop.is_cancelled());
+    tokio::time::sleep(secs(2)).await;
+    assert!(stop.is_cancelled());
+    drained.cancel();
+    lifecycle.finished().await;
+}
