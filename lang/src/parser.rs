@@ -14,6 +14,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use pest::Parser as _;
+use pest::error::InputLocation;
 use pest::iterators::{Pair, Pairs};
 
 use crate::ast::*;
@@ -36,6 +37,11 @@ pub const MAX_EXPR_TERMS: usize = 256;
 /// needs far fewer (about 15 calls per byte); the budget bounds the work a
 /// hostile input can cause.
 const CALL_LIMIT: usize = 200_000_000;
+
+/// How much text the grammar may read while looking for errors: each round
+/// reads from the start of the last broken item to the next error, and this
+/// bounds the total for a large file with many errors.
+const RECOVERY_BUDGET: usize = 4 * MAX_SOURCE_BYTES;
 
 /// The most syntax errors [`parse_all`] reports for one file.
 pub const MAX_SYNTAX_ERRORS: usize = 20;
@@ -83,14 +89,39 @@ fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Vec<SyntaxEr
     // end of that region is a follow-on.
     let mut last: Option<(usize, Range<usize>)> = None;
     let mut widened = false;
+    // Where the next round starts: the start of the item that holds the
+    // last blanked region (everything before it parsed), and how many more
+    // bytes the grammar may read for recovery.
+    let mut from = 0;
+    let mut budget = RECOVERY_BUDGET;
     // Each round reports an error or widens a region once.
     for _ in 0..2 * max + 1 {
-        let err = match parse_once(name, &text) {
-            Ok(policy) if errors.is_empty() => return Ok(policy),
-            Ok(_) => break,
+        if budget == 0 {
+            break;
+        }
+        let result = if from == 0 {
+            parse_once(name, &text).map(Some)
+        } else {
+            grammar_from(name, &text, from).map(|()| None)
+        };
+        let err = match result {
+            Ok(Some(policy)) if errors.is_empty() => return Ok(policy),
+            Ok(Some(_)) => break,
+            Ok(None) => {
+                // The rest follows the grammar; the builder's own checks
+                // (numbers, terms) still need a whole run, unless the fast
+                // path takes the blanked text.
+                if fast::parse(&text).is_some() {
+                    break;
+                }
+                from = 0;
+                continue;
+            }
             Err(err) => err,
         };
         let at = err.at();
+        // The grammar stops at the error: it read from `from` to `at`.
+        budget = budget.saturating_sub(at.saturating_sub(from));
         if let Some((last_at, skipped)) = &last
             && recovery::is_follow_on(&text, at, *last_at, skipped)
         {
@@ -100,6 +131,7 @@ fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Vec<SyntaxEr
             // Skip the whole item instead.
             let item = recovery::item_region(&text, skipped.start);
             recovery::blank(text.to_mut(), item.clone());
+            from = recovery::item_start(&text, item.start);
             last = Some((*last_at, item));
             widened = true;
             continue;
@@ -112,9 +144,27 @@ fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Vec<SyntaxEr
         }
         let skip = recovery::region(&text, at);
         recovery::blank(text.to_mut(), skip.clone());
+        from = recovery::item_start(&text, skip.start);
         last = Some((at, skip));
     }
     Err(errors)
+}
+
+/// Runs the grammar over `src[from..]`, which starts an item, for its first
+/// error (with offsets into the whole of `src`).
+fn grammar_from(name: &str, src: &str, from: usize) -> Result<(), SyntaxError> {
+    let rest = src.get(from..).unwrap_or("");
+    pest::set_call_limit(NonZeroUsize::new(CALL_LIMIT));
+    match GovParser::parse(Rule::policy, rest) {
+        Ok(_) => Ok(()),
+        Err(mut e) => {
+            e.location = match e.location {
+                InputLocation::Pos(p) => InputLocation::Pos(p + from),
+                InputLocation::Span((a, b)) => InputLocation::Span((a + from, b + from)),
+            };
+            Err(SyntaxError::from_pest(name, src, e))
+        }
+    }
 }
 
 /// Parses with the pest grammar only, never the fast path: for tests that

@@ -188,6 +188,21 @@ pub(crate) fn item_region(src: &str, pos: usize) -> Range<usize> {
     start..item_end(src, line.start)
 }
 
+/// The start of the item that holds `pos`: the nearest `service` or
+/// `registry` at column 0 at or above its line, or 0.
+pub(crate) fn item_start(src: &str, pos: usize) -> usize {
+    let mut cur = line_start(src, pos);
+    loop {
+        if Line::at(src, cur).is_item() {
+            return cur;
+        }
+        match prev_line(src, cur) {
+            Some(prev) => cur = prev,
+            None => return 0,
+        }
+    }
+}
+
 /// The start of the nearest line above `start` at column 0 that is not blank.
 fn item_before(src: &str, start: usize) -> Option<usize> {
     let mut cur = prev_line(src, start)?;
@@ -199,11 +214,14 @@ fn item_before(src: &str, start: usize) -> Option<usize> {
     }
 }
 
-/// The start of the next item after the line at `start`, or the end.
+/// The start of the next item after the line at `start`, or the end. A
+/// word at column 0 starts an item even if misspelt (`servce b {`), so that
+/// its own error is reported.
 fn item_end(src: &str, start: usize) -> usize {
     let mut cur = start;
     while let Some(next) = next_line(src, cur) {
-        if Line::at(src, next).is_item() {
+        let line = Line::at(src, next);
+        if line.indent == 0 && !line.word.is_empty() {
             return next;
         }
         cur = next;

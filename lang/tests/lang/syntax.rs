@@ -114,3 +114,29 @@ fn ready_options_come_in_order() {
         err.message()
     );
 }
+
+#[test]
+fn errors_the_builder_finds_are_reported_after_syntax_errors() {
+    let src = "service a {\n  capacity workers x\n}\nservice b {\n  capacity workers 99999999999999999999\n}\n";
+    let errors = gov_lang::parse_all("s.gov", src).unwrap_err();
+    let messages: Vec<&str> = errors.iter().map(gov_lang::SyntaxError::message).collect();
+    assert_eq!(
+        messages,
+        [
+            "expected a whole number, found `x`",
+            "number `99999999999999999999` is too large"
+        ]
+    );
+}
+
+#[test]
+fn misspelt_items_in_a_row_are_each_reported() {
+    let src =
+        "servce a {\n  capacity workers 1\n}\nservce b {}\nservice c { capacity workers x }\n";
+    let errors = gov_lang::parse_all("s.gov", src).unwrap_err();
+    let lines: Vec<usize> = errors
+        .iter()
+        .map(|e| src[..e.span().start].matches('\n').count() + 1)
+        .collect();
+    assert_eq!(lines, [1, 4, 5], "{errors:?}");
+}
