@@ -363,3 +363,188 @@ async fn shutdown_deregisters_keeps_serving_through_the_wait_stops_consumers_the
     // New connections are refused once drained.
     assert!(tokio::net::TcpStream::connect(inbound).await.is_err());
 }
+
+/// A control plane that pushes one config, then whatever the test sends, and
+/// forwards every agent message to the test.
+struct FakeControlPlane {
+    seen: tokio::sync::mpsc::UnboundedSender<proto::agent_message::Msg>,
+    pushes: Mutex<Option<tokio::sync::mpsc::Receiver<proto::ControlMessage>>>,
+}
+
+type BoxStream<T> =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl proto::control_plane_server::ControlPlane for FakeControlPlane {
+    async fn apply(
+        &self,
+        _: tonic::Request<proto::ApplyRequest>,
+    ) -> Result<tonic::Response<proto::ApplyResult>, tonic::Status> {
+        Err(tonic::Status::unimplemented("fake"))
+    }
+
+    type ConnectStream = BoxStream<proto::ControlMessage>;
+
+    async fn connect(
+        &self,
+        request: tonic::Request<tonic::Streaming<proto::AgentMessage>>,
+    ) -> Result<tonic::Response<Self::ConnectStream>, tonic::Status> {
+        let mut incoming = request.into_inner();
+        let seen = self.seen.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = incoming.message().await {
+                if let Some(msg) = m.msg {
+                    let _ = seen.send(msg);
+                }
+            }
+        });
+        let pushes = self
+            .pushes
+            .lock()
+            .unwrap()
+            .take()
+            .ok_or_else(|| tonic::Status::unavailable("one session only"))?;
+        let stream =
+            tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(pushes), Ok);
+        Ok(tonic::Response::new(Box::pin(stream)))
+    }
+
+    type WatchStream = BoxStream<proto::ClusterView>;
+
+    async fn watch(
+        &self,
+        _: tonic::Request<proto::WatchRequest>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("fake"))
+    }
+
+    async fn status(
+        &self,
+        _: tonic::Request<proto::StatusRequest>,
+    ) -> Result<tonic::Response<proto::ClusterView>, tonic::Status> {
+        Err(tonic::Status::unimplemented("fake"))
+    }
+
+    async fn release(
+        &self,
+        _: tonic::Request<proto::ReleaseRequest>,
+    ) -> Result<tonic::Response<proto::ReleaseResult>, tonic::Status> {
+        Err(tonic::Status::unimplemented("fake"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_client_reports_phase_and_weight_on_connect_and_on_change() {
+    let upstream = Upstream::start(0).await;
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let (push, pushes) = tokio::sync::mpsc::channel(8);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(proto::control_plane_server::ControlPlaneServer::new(
+                FakeControlPlane {
+                    seen: seen_tx,
+                    pushes: Mutex::new(Some(pushes)),
+                },
+            ))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+
+    let mut options = Options::new("order", upstream.addr.to_string().parse().unwrap());
+    options.admin_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.control_plane = Some(url.clone());
+    let sidecar = Sidecar::start(options).await.unwrap();
+    let mut control = gov_agent::control::ControlOptions::new(url, "order", "order-1");
+    control.on_applied = Some(sidecar.on_config_applied());
+    control.lifecycle = Some(sidecar.lifecycle().subscribe());
+    let lifecycle = sidecar.lifecycle().clone();
+    control.on_drain = Some(Arc::new(move |_| lifecycle.begin_shutdown()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(gov_agent::control::run(
+        sidecar.engine().clone(),
+        control,
+        stop.clone(),
+    ));
+
+    // Hello, then STARTING at once (no config yet).
+    let next = async |seen: &mut tokio::sync::mpsc::UnboundedReceiver<_>| {
+        tokio::time::timeout(Duration::from_secs(5), seen.recv())
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let lifecycles = async |seen: &mut tokio::sync::mpsc::UnboundedReceiver<_>, until| {
+        let mut out = Vec::new();
+        loop {
+            if let proto::agent_message::Msg::Lifecycle(l) = next(seen).await {
+                let phase = l.phase();
+                out.push((phase, l.weight_milli_percent));
+                if phase == until {
+                    return out;
+                }
+            }
+        }
+    };
+    assert!(matches!(
+        next(&mut seen).await,
+        proto::agent_message::Msg::Hello(_)
+    ));
+    assert_eq!(
+        lifecycles(&mut seen, proto::Phase::Starting).await,
+        [(proto::Phase::Starting, 0)]
+    );
+
+    // A config with a ramp: WARMING with rising weights, then READY at 100%.
+    let target = proto::TargetConfig {
+        service: "order".into(),
+        version: "v1".into(),
+        warmup: Some(proto::Warmup {
+            steps: vec![proto::WarmupStep {
+                source: None,
+                step: Some(Up::Ramp(proto::Ramp {
+                    over_ms: 300,
+                    from_milli_percent: 20_000,
+                })),
+            }],
+            source: None,
+        }),
+        shutdown: Some(proto::Shutdown {
+            steps: vec![proto::ShutdownStep {
+                source: None,
+                step: Some(Down::Deregister(true)),
+            }],
+            source: None,
+        }),
+        ..Default::default()
+    };
+    push.send(proto::ControlMessage {
+        msg: Some(proto::control_message::Msg::Config(proto::Config {
+            target: Some(target),
+            nonce: "n1".into(),
+        })),
+    })
+    .await
+    .unwrap();
+    let warmup = lifecycles(&mut seen, proto::Phase::Ready).await;
+    assert_eq!(warmup.first(), Some(&(proto::Phase::Warming, 20_000)));
+    assert_eq!(warmup.last(), Some(&(proto::Phase::Ready, FULL_WEIGHT)));
+    assert!(warmup.len() >= 4, "{warmup:?}");
+    assert!(warmup.windows(2).all(|w| w[0].1 <= w[1].1), "{warmup:?}");
+
+    // The drain command runs the shutdown steps: DRAINING is reported.
+    push.send(proto::ControlMessage {
+        msg: Some(proto::control_message::Msg::Command(proto::Command {
+            kind: Some(proto::command::Kind::Drain(proto::Drain { deadline_ms: 0 })),
+        })),
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        lifecycles(&mut seen, proto::Phase::Draining).await.last(),
+        Some(&(proto::Phase::Draining, 0))
+    );
+    sidecar.stopped().await;
+    stop.cancel();
+    server.abort();
+}
