@@ -548,3 +548,94 @@ async fn the_control_client_reports_phase_and_weight_on_connect_and_on_change() 
     stop.cancel();
     server.abort();
 }
+
+/// The `gov-agent` binary: SIGTERM runs the config's shutdown steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_runs_the_shutdown_steps_in_the_binary() {
+    use std::io::BufRead as _;
+
+    let upstream = Upstream::start(0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(
+        &dir,
+        vec![],
+        vec![
+            Down::Deregister(true),
+            Down::Wait(proto::Wait {
+                duration_ms: 700,
+                registry: String::new(),
+            }),
+            Down::Stop(proto::Invoke {
+                what: "consumers".into(),
+                action: http_action("POST", "/consumers/stop"),
+            }),
+            Down::DrainMs(2_000),
+        ],
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gov-agent"))
+        .args(["--service", "order", "--upstream"])
+        .arg(upstream.addr.to_string())
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .arg("--config")
+        .arg(&path)
+        .env("GOV_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let started = lines
+        .iter()
+        .take(50)
+        .find(|l| l.contains("gov-agent started"))
+        .unwrap();
+    let addr = |key: &str| -> SocketAddr {
+        let at = started.find(&format!("{key}=")).unwrap() + key.len() + 1;
+        started[at..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (inbound, admin) = (addr("inbound"), addr("admin"));
+    let client = client();
+    assert_eq!(get(&client, admin, "/ready").await, Ok(200));
+
+    let began = Instant::now();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while get(&client, admin, "/ready").await != Ok(503) {
+        assert!(Instant::now() < deadline, "never deregistered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Still serving during the wait, on fresh connections.
+    let mut served = 0;
+    while began.elapsed() < Duration::from_millis(500) && served < 500 {
+        assert_eq!(get(&self::client(), inbound, "/orders").await, Ok(200));
+        served += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(served >= 5, "{served}");
+    assert!(upstream.time_of("POST /consumers/stop").is_none());
+
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let stop_at = upstream.time_of("POST /consumers/stop").unwrap();
+    assert!(stop_at - began >= Duration::from_millis(700));
+}
