@@ -285,11 +285,12 @@ impl Lifecycle {
     }
 
     /// Waits for the first plan, then runs its warmup steps (once). Returns early
-    /// when the shutdown begins.
+    /// when the shutdown (or the plain stop) begins.
     pub async fn run_warmup(self: Arc<Self>) {
         let mut plans = self.plan.subscribe();
         let plan = tokio::select! {
             () = self.shutting_down.cancelled() => return,
+            () = self.parts.stop.cancelled() => return,
             plan = plans.wait_for(Option::is_some) => match plan {
                 Ok(p) => p.clone().unwrap_or_default(),
                 Err(_) => return,
@@ -297,6 +298,7 @@ impl Lifecycle {
         };
         tokio::select! {
             () = self.shutting_down.cancelled() => {}
+            () = self.parts.stop.cancelled() => {}
             () = self.warmup(&plan.warmup) => {}
         }
     }
