@@ -7,6 +7,10 @@
 //!   more than [`MAX_EXPR_TERMS`] terms are refused. [`parse_all`] reports
 //!   every syntax error (up to [`MAX_SYNTAX_ERRORS`]): after an error it
 //!   skips the statement (or item) that holds it and goes on.
+//! - Valid text is parsed by a hand-written parser (`fast.rs`); the pest
+//!   grammar runs only to explain errors, so both give the same trees and
+//!   diagnostics. `parse_with_grammar` and `parse_fast` (hidden) exist for
+//!   the tests that compare them and for `benches/parse.rs`.
 //! - [`format()`] prints a tree in the one canonical layout, keeping the
 //!   comments of the source it came from; [`format_source`] does both.
 //!
