@@ -9,6 +9,8 @@
 //! snake_case and camelCase on input, 64-bit integers as plain numbers.
 //! This is the format of `govc compile -o yaml|json` and `gov-agent --config`.
 
+pub mod flag;
+
 /// Generated types of package `gov.v1`, with tonic client and server.
 #[allow(
     clippy::all,

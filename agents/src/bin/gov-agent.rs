@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use gov_agent::sidecar::{Options, Sidecar, UpstreamProtocol};
+use gov_proto::flag::parse_duration;
 use http::uri::Authority;
 
 /// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
@@ -291,34 +292,13 @@ fn parse_instances(s: &str) -> Result<(String, Vec<Authority>), String> {
     Ok((name.to_owned(), instances))
 }
 
-/// `250ms`, `5s`, `2m`, or a bare number of seconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration such as `5s` or `500ms`"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!(
-            "`{s}`: unknown unit `{unit}`, use `ms`, `s` or `m`"
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use gov_agent::sidecar::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT};
 
     #[test]
-    fn durations_and_instances_parse() {
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert!(parse_duration("5h").is_err());
+    fn instances_parse() {
         let (name, list) = parse_instances("inventory=127.0.0.1:9001, 127.0.0.1:9002").unwrap();
         assert_eq!(name, "inventory");
         assert_eq!(list.len(), 2);

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use gov_proto::flag::parse_duration;
 use gov_proto::v1 as pb;
 
 use crate::input;
@@ -261,23 +262,5 @@ pub fn short(version: &str) -> String {
         "-".into()
     } else {
         version.chars().take(12).collect()
-    }
-}
-
-/// `250ms`, `10s`, `2m`, or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration such as `10s` or `500ms`"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!(
-            "`{s}`: unknown unit `{unit}`, use `ms`, `s` or `m`"
-        )),
     }
 }

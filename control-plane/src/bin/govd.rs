@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use gov_control_plane::{ControlPlane, Error, Options, auth::read_token_file, serve};
+use gov_proto::flag::parse_duration;
 use tokio_util::sync::CancellationToken;
 
 /// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
@@ -141,23 +142,5 @@ async fn termination() -> &'static str {
     tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
-    }
-}
-
-/// `250ms`, `5s`, `2m`, or a bare number of seconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration such as `5s` or `500ms`"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!(
-            "`{s}`: unknown unit `{unit}`, use `ms`, `s` or `m`"
-        )),
     }
 }
