@@ -11,8 +11,11 @@
 //! the latency of every request queued behind it (as `oha --latency-correction` and
 //! wrk2 do). Requests go over `CONNECTIONS` keep-alive HTTP/1.1 connections. It
 //! prints one line of `key=value` pairs: counts, achieved rate and percentiles in
-//! microseconds. Waits shorter than a millisecond spin (yielding to the runtime)
-//! because tokio's timer has millisecond resolution.
+//! microseconds. `ok` and the percentiles count 2xx answers only; any other status
+//! (a 429 or 503 from a limit or fuse) counts in `rejected` and keeps its
+//! connection, so `achieved_rps` is the goodput under overload. Waits shorter than
+//! a millisecond spin (yielding to the runtime) because tokio's timer has
+//! millisecond resolution.
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
@@ -82,7 +85,7 @@ async fn open_loop(uri: Uri, rate: u64, duration: Duration, conns: usize) -> Res
 
     // Free connections announce themselves here; each worker has its own inbox.
     let (free_tx, mut free_rx) = mpsc::unbounded_channel::<usize>();
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Result<u32, ()>>();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Result<Option<u32>, ()>>();
     let mut inboxes = Vec::with_capacity(conns);
     for id in 0..conns {
         let stream = TcpStream::connect(authority.as_str()).await?;
@@ -104,13 +107,15 @@ async fn open_loop(uri: Uri, rate: u64, duration: Duration, conns: usize) -> Res
                     .body(Empty::<Bytes>::new());
                 let outcome = match req {
                     Ok(req) => match sender.send_request(req).await {
-                        Ok(res) if res.status().is_success() => {
+                        Ok(res) => {
+                            let success = res.status().is_success();
                             match res.into_body().collect().await {
-                                Ok(_) => Ok(micros(scheduled.elapsed())),
+                                Ok(_) if success => Ok(Some(micros(scheduled.elapsed()))),
+                                Ok(_) => Ok(None),
                                 Err(_) => Err(()),
                             }
                         }
-                        _ => Err(()),
+                        Err(_) => Err(()),
                     },
                     Err(_) => Err(()),
                 };
@@ -142,9 +147,11 @@ async fn open_loop(uri: Uri, rate: u64, duration: Duration, conns: usize) -> Res
     drop(inboxes);
     let mut latencies = Vec::with_capacity(usize::try_from(total)?);
     let mut errors = 0_u64;
+    let mut rejected = 0_u64;
     while let Some(outcome) = done_rx.recv().await {
         match outcome {
-            Ok(us) => latencies.push(us),
+            Ok(Some(us)) => latencies.push(us),
+            Ok(None) => rejected += 1,
             Err(()) => errors += 1,
         }
     }
@@ -158,7 +165,7 @@ async fn open_loop(uri: Uri, rate: u64, duration: Duration, conns: usize) -> Res
         latencies[rank - 1]
     };
     println!(
-        "rate={rate} sent={total} ok={} errors={errors} achieved_rps={:.1} p50_us={} p90_us={} p99_us={} p999_us={}",
+        "rate={rate} sent={total} ok={} rejected={rejected} errors={errors} achieved_rps={:.1} p50_us={} p90_us={} p99_us={} p999_us={}",
         latencies.len(),
         latencies.len() as f64 / elapsed,
         q(0.50),
