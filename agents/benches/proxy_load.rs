@@ -4,6 +4,8 @@
 //! ```text
 //! proxy_load upstream 127.0.0.1:18080
 //! proxy_load rate http://127.0.0.1:18081/ RATE SECONDS CONNECTIONS
+//! proxy_load naive-proxy 127.0.0.1:18084 127.0.0.1:18080   # reference: hyper + pooled client
+//! proxy_load conn-proxy 127.0.0.1:18084 127.0.0.1:18080    # reference: one upstream conn per client conn
 //! ```
 //!
 //! `rate` schedules request `i` at `start + i / RATE` whatever happened before (open
@@ -46,6 +48,8 @@ fn main() -> Result<(), Error> {
         .as_slice()
     {
         ["upstream", addr] => runtime.block_on(upstream(addr)),
+        ["naive-proxy", listen, to] => runtime.block_on(naive_proxy(listen, to)),
+        ["conn-proxy", listen, to] => runtime.block_on(conn_proxy(listen, to)),
         ["rate", url, rate, secs, conns] => runtime.block_on(open_loop(
             url.parse()?,
             rate.parse()?,
@@ -72,6 +76,84 @@ async fn upstream(addr: &str) -> Result<(), Error> {
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
+        });
+    }
+}
+
+/// The reference proxy of performance.md section 3.2: hyper's HTTP/1 server in front
+/// of hyper-util's pooled client, nothing else (no policy, no header rewriting).
+async fn naive_proxy(listen: &str, to: &str) -> Result<(), Error> {
+    use hyper_util::client::legacy::{Client, connect::HttpConnector};
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<_, hyper::body::Incoming> =
+        Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
+    let to: http::uri::Authority = to.parse()?;
+    let listener = TcpListener::bind(listen).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        stream.set_nodelay(true)?;
+        let client = client.clone();
+        let to = to.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |mut req: Request<hyper::body::Incoming>| {
+                let client = client.clone();
+                let to = to.clone();
+                async move {
+                    let mut parts = http::uri::Parts::default();
+                    parts.scheme = Some(http::uri::Scheme::HTTP);
+                    parts.authority = Some(to);
+                    parts.path_and_query = req.uri().path_and_query().cloned();
+                    if let Ok(uri) = Uri::from_parts(parts) {
+                        *req.uri_mut() = uri;
+                    }
+                    client.request(req).await
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// A proxy with one upstream connection per client connection, both driven by the
+/// client connection's task (no pool, no second task, no channel between tasks).
+async fn conn_proxy(listen: &str, to: &str) -> Result<(), Error> {
+    let listener = TcpListener::bind(listen).await?;
+    let to = to.to_owned();
+    loop {
+        let (stream, _) = listener.accept().await?;
+        stream.set_nodelay(true)?;
+        let to = to.clone();
+        tokio::spawn(async move {
+            let Ok(up) = TcpStream::connect(&to).await else {
+                return;
+            };
+            let _ = up.set_nodelay(true);
+            let Ok((sender, conn)) =
+                hyper::client::conn::http1::handshake::<_, hyper::body::Incoming>(TokioIo::new(up))
+                    .await
+            else {
+                return;
+            };
+            let sender = std::sync::Arc::new(tokio::sync::Mutex::new(sender));
+            let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let sender = sender.clone();
+                async move {
+                    let mut sender = sender.lock().await;
+                    sender.ready().await?;
+                    sender.send_request(req).await
+                }
+            });
+            let server = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            let mut server = std::pin::pin!(server);
+            tokio::select! {
+                _ = &mut server => {}
+                _ = &mut conn => { let _ = server.await; }
+            }
         });
     }
 }
