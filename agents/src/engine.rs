@@ -34,7 +34,7 @@ use crate::fuse::Fuse;
 use crate::limit::{self, Limit};
 use crate::outcome::Outcome;
 use crate::rejection::{RejectReason, Rejection};
-use crate::route::{Matched, View};
+use crate::route::{Headers, Matched, View};
 use crate::stats::{Counters, FuseState, RuleStats};
 
 /// The enforcement engine of one service. Cheap to clone (one `Arc`).
@@ -118,7 +118,7 @@ pub struct RequestInfo<'a> {
     /// The URI path, without the query.
     pub path: &'a str,
     /// The request headers (the consumer is read from the configured header).
-    pub headers: &'a HeaderMap,
+    pub headers: Headers<'a>,
     /// Outbound: the called service and, once chosen, the upstream instance.
     pub target: Option<Target<'a>>,
 }
@@ -140,7 +140,7 @@ impl<'a> RequestInfo<'a> {
             direction: Direction::Inbound,
             method,
             path,
-            headers,
+            headers: Headers::Map(headers),
             target: None,
         }
     }
@@ -157,7 +157,7 @@ impl<'a> RequestInfo<'a> {
             direction: Direction::Outbound,
             method,
             path,
-            headers,
+            headers: Headers::Map(headers),
             target: Some(Target { service, instance }),
         }
     }
@@ -462,11 +462,7 @@ impl Engine {
                 matches!(&config.rules[id.0 as usize].spec,
                     RuleSpec::Limit(l) if l.key == LimitKey::Consumer)
             })
-            .then(|| {
-                req.headers
-                    .get(&config.consumer_header)
-                    .and_then(|v| v.to_str().ok())
-            })
+            .then(|| req.headers.get_str(&config.consumer_header))
             .flatten();
         let snap = Guard::into_inner(guard);
         let now = Instant::now();

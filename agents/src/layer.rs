@@ -108,7 +108,7 @@ where
                 direction: self.direction,
                 method: req.method(),
                 path: req.uri().path(),
-                headers: req.headers(),
+                headers: crate::Headers::Map(req.headers()),
                 target: target.map(|t| Target {
                     service: &t.service,
                     instance: t.instance.as_deref(),

@@ -74,6 +74,7 @@ pub use events::{Event, EventKind};
 pub use layer::{GovBody, Govern, GovernLayer, MeteredBody};
 pub use outcome::Outcome;
 pub use rejection::{REJECTED_BY, RejectReason, Rejection};
+pub use route::Headers;
 pub use stats::{FuseState, LATENCY_BUCKETS_MS, RuleStats};
 
 pub mod control;

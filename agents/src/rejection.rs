@@ -115,6 +115,36 @@ impl Rejection {
         }
         response
     }
+
+    /// The response of [`Rejection::to_response`], encoded as an HTTP/1.1
+    /// message at the end of `out` (the proxy's HTTP/1 path, which writes
+    /// heads itself). `close` adds `connection: close`.
+    pub fn write_http1(&self, out: &mut Vec<u8>, close: bool) {
+        use std::io::Write;
+        let reason = self.reason.as_str();
+        let body_len = "rejected by  ()\n".len() + self.rule.len() + reason.len();
+        // Writing to a Vec cannot fail.
+        let _ = write!(
+            out,
+            "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\n",
+            self.status.as_u16(),
+            self.status.canonical_reason().unwrap_or("")
+        );
+        if HeaderValue::from_str(&self.rule).is_ok() {
+            let _ = write!(out, "{REJECTED_BY}: {}\r\n", self.rule);
+        }
+        if let Some(secs) = self.retry_after_secs() {
+            let _ = write!(out, "retry-after: {secs}\r\n");
+        }
+        if close {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        let _ = write!(
+            out,
+            "content-length: {body_len}\r\n\r\nrejected by {} ({reason})\n",
+            self.rule
+        );
+    }
 }
 
 #[cfg(test)]
@@ -136,6 +166,43 @@ mod tests {
         assert_eq!(resp.headers()[header::RETRY_AFTER], "2");
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"rejected by order/crm_supplier (limit_calls)\n");
+    }
+
+    #[tokio::test]
+    async fn the_http1_encoding_is_the_same_response() {
+        let r = Rejection {
+            rule: "order/crm_supplier".into(),
+            reason: RejectReason::LimitCalls,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            retry_after: Some(Duration::from_millis(1200)),
+        };
+        let mut out = Vec::new();
+        r.write_http1(&mut out, true);
+        let mut headers = [httparse::EMPTY_HEADER; 8];
+        let mut parsed = httparse::Response::new(&mut headers);
+        let head = match parsed.parse(&out).unwrap() {
+            httparse::Status::Complete(n) => n,
+            httparse::Status::Partial => panic!("incomplete head"),
+        };
+        assert_eq!(parsed.code, Some(429));
+        let get = |name: &str| {
+            parsed
+                .headers
+                .iter()
+                .find(|h| h.name == name)
+                .map(|h| std::str::from_utf8(h.value).unwrap())
+        };
+        let resp = r.to_response();
+        assert_eq!(get(REJECTED_BY), Some("order/crm_supplier"));
+        assert_eq!(get("retry-after"), Some("2"));
+        assert_eq!(get("connection"), Some("close"));
+        assert_eq!(
+            get("content-type"),
+            resp.headers()[header::CONTENT_TYPE].to_str().ok()
+        );
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(get("content-length"), Some(&*body.len().to_string()));
+        assert_eq!(&out[head..], &body[..]);
     }
 
     #[test]

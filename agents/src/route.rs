@@ -36,12 +36,44 @@ pub(crate) enum Cond {
     Or(Box<[Cond]>),
 }
 
+/// Where the engine reads request headers from: an `http::HeaderMap`, or the
+/// headers of a head parsed in place by `httparse` (no map is built).
+#[derive(Clone, Copy, Debug)]
+pub enum Headers<'a> {
+    Map(&'a HeaderMap),
+    Raw(&'a [httparse::Header<'a>]),
+}
+
+impl<'a> Headers<'a> {
+    /// The first value of `name`, as bytes.
+    pub fn get(&self, name: &HeaderName) -> Option<&'a [u8]> {
+        match *self {
+            Headers::Map(map) => map.get(name).map(HeaderValue::as_bytes),
+            Headers::Raw(raw) => raw
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case(name.as_str()))
+                .map(|h| h.value),
+        }
+    }
+
+    /// The first value of `name` when it is visible ASCII (as
+    /// `HeaderValue::to_str` accepts), else `None`.
+    pub fn get_str(&self, name: &HeaderName) -> Option<&'a str> {
+        let value = self.get(name)?;
+        if value.iter().all(|&b| b == b'\t' || (32..127).contains(&b)) {
+            std::str::from_utf8(value).ok()
+        } else {
+            None
+        }
+    }
+}
+
 /// The parts of a request that matches look at.
 #[derive(Debug)]
 pub(crate) struct View<'a> {
     pub method: &'a Method,
     pub path: &'a str,
-    pub headers: &'a HeaderMap,
+    pub headers: Headers<'a>,
     /// The header carrying the caller identity.
     pub consumer_header: &'a HeaderName,
     /// The called service (outbound).
@@ -54,7 +86,7 @@ impl<'a> View<'a> {
     pub(crate) fn new(
         method: &'a Method,
         path: &'a str,
-        headers: &'a HeaderMap,
+        headers: Headers<'a>,
         consumer_header: &'a HeaderName,
         target: Option<&'a str>,
     ) -> Self {
@@ -73,10 +105,7 @@ impl<'a> View<'a> {
         if let Some(c) = self.consumer.get() {
             return c;
         }
-        let c = self
-            .headers
-            .get(self.consumer_header)
-            .and_then(|v| v.to_str().ok());
+        let c = self.headers.get_str(self.consumer_header);
         self.consumer.set(Some(c));
         c
     }
@@ -89,7 +118,7 @@ impl Cond {
             Cond::PathExact(p) => r.path == &**p,
             Cond::PathPrefix(p) => r.path.starts_with(&**p),
             Cond::Method(m) => r.method == m,
-            Cond::Header(name, value) => r.headers.get(name) == Some(value),
+            Cond::Header(name, value) => r.headers.get(name) == Some(value.as_bytes()),
             Cond::Consumer(c) => r.consumer() == Some(&**c),
             Cond::CallsTo(s) => r.target == Some(&**s),
             Cond::And(items) => items.iter().all(|c| c.eval(r)),
@@ -277,7 +306,13 @@ mod tests {
             );
         }
         let method = Method::from_bytes(method.as_bytes()).unwrap();
-        let view = View::new(&method, path, &map, &cfg.consumer_header, None);
+        let view = View::new(
+            &method,
+            path,
+            Headers::Map(&map),
+            &cfg.consumer_header,
+            None,
+        );
         let mut out = Matched::new();
         cfg.inbound.matches(&cfg.rules, &view, &mut out);
         out.iter()

@@ -14,6 +14,7 @@
 
 mod admin;
 mod body;
+mod h1;
 mod headers;
 mod metrics;
 mod proxy;
@@ -27,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::Authority;
+use hyper_util::rt::TokioIo;
 
 use crate::Engine;
 use tokio::net::TcpListener;
@@ -235,36 +237,46 @@ impl Sidecar {
         // The proxy listeners drain on `stop`; the admin listener keeps answering
         // (`/ready` says 503) until they are done, then stops on `admin_stop`.
         let mut proxies = JoinSet::new();
-        {
-            let shared = shared.clone();
+        // HTTP/1 clients take the HTTP/1 path unless every upstream call must be HTTP/2.
+        let fast = options.upstream_protocol != UpstreamProtocol::Http2;
+        let listeners = [
+            Some(("inbound", inbound, proxy::Side::Inbound)),
+            outbound.map(|l| ("outbound", l, proxy::Side::Outbound)),
+        ];
+        for (name, listener, side) in listeners.into_iter().flatten() {
+            let cx = h1::Listener {
+                shared: shared.clone(),
+                side,
+                stop: stop.clone(),
+                header_read_timeout: options.header_read_timeout,
+            };
             proxies.spawn(serve::accept_loop(
-                "inbound",
-                inbound,
-                stop.clone(),
-                drain_deadline.clone(),
-                options.header_read_timeout,
-                move |peer| {
-                    let conn = Arc::new(proxy::Inbound::new(shared.clone(), peer));
-                    move |req| {
-                        let conn = conn.clone();
-                        async move { conn.handle(req).await }
-                    }
-                },
-            ));
-        }
-        if let Some(listener) = outbound {
-            let shared = shared.clone();
-            proxies.spawn(serve::accept_loop(
-                "outbound",
+                name,
                 listener,
                 stop.clone(),
                 drain_deadline.clone(),
-                options.header_read_timeout,
-                move |peer| {
-                    let conn = Arc::new(proxy::Outbound::new(shared.clone(), peer));
-                    move |req| {
-                        let conn = conn.clone();
-                        async move { conn.handle(req).await }
+                move |stream, peer| {
+                    let cx = cx.clone();
+                    async move {
+                        let hyper = |io| {
+                            let handler = proxy::Handler::new(cx.shared.clone(), side, peer);
+                            serve::serve_hyper(
+                                name,
+                                TokioIo::new(io),
+                                peer,
+                                cx.stop.clone(),
+                                cx.header_read_timeout,
+                                move |req| {
+                                    let handler = handler.clone();
+                                    async move { handler.handle(req).await }
+                                },
+                            )
+                        };
+                        if fast {
+                            h1::serve(stream, peer, cx.clone(), hyper).await;
+                        } else {
+                            hyper(h1::Prefixed::new(bytes::BytesMut::new(), stream)).await;
+                        }
                     }
                 },
             ));
@@ -280,18 +292,25 @@ impl Sidecar {
                     lifecycle: lifecycle.subscribe(),
                 },
             });
+            let admin_stop_conns = admin_stop.clone();
             tokio::spawn(serve::accept_loop(
                 "admin",
                 listener,
                 admin_stop.clone(),
                 crate::lifecycle::DrainDeadline::new(Duration::from_secs(1)),
-                Some(DEFAULT_HEADER_READ_TIMEOUT),
-                move |_peer| {
+                move |stream, peer| {
                     let admin = admin.clone();
-                    move |req| {
-                        let admin = admin.clone();
-                        async move { admin.handle(req).await }
-                    }
+                    serve::serve_hyper(
+                        "admin",
+                        TokioIo::new(stream),
+                        peer,
+                        admin_stop_conns.clone(),
+                        Some(DEFAULT_HEADER_READ_TIMEOUT),
+                        move |req| {
+                            let admin = admin.clone();
+                            async move { admin.handle(req).await }
+                        },
+                    )
                 },
             ));
         }

@@ -64,20 +64,29 @@ pub(crate) struct Shared {
     pub(crate) directory: Directory,
 }
 
-/// One client connection of the inbound listener.
-pub(crate) struct Inbound {
+/// The handler of one client connection on hyper's side (HTTP/2, and what the HTTP/1
+/// path hands over).
+#[derive(Clone)]
+pub(crate) struct Handler(Arc<Conn>);
+
+struct Conn {
     shared: Arc<Shared>,
+    side: Side,
     peer: HeaderValue,
 }
 
-/// One connection of the local service to the outbound listener.
-pub(crate) struct Outbound {
-    shared: Arc<Shared>,
-    peer: HeaderValue,
+/// Which listener a connection came through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// Clients of the local service.
+    Inbound,
+    /// The local service calling other services.
+    Outbound,
 }
 
 /// Why a request could not be forwarded.
-enum Failure {
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Failure {
     /// The request is not one the proxy can forward.
     BadRequest(&'static str),
     /// The outbound call names no known service.
@@ -86,48 +95,89 @@ enum Failure {
     Connect,
     /// The upstream failed after the connection was made.
     Upstream,
+    /// The upstream did not answer within the route's timeout (and no rule took it).
+    Timeout,
 }
 
-// === impl Inbound ===
-
-impl Inbound {
-    pub(crate) fn new(shared: Arc<Shared>, peer: std::net::SocketAddr) -> Self {
-        Self {
-            shared,
-            peer: peer_value(peer),
+impl Failure {
+    /// The status and short body of the answer.
+    fn answer(self) -> (StatusCode, &'static str) {
+        match self {
+            Failure::BadRequest(body) => (StatusCode::BAD_REQUEST, body),
+            Failure::UnknownService => (
+                StatusCode::BAD_GATEWAY,
+                "gov-agent: no instances known for the called service\n",
+            ),
+            Failure::Connect => (
+                StatusCode::BAD_GATEWAY,
+                "gov-agent: upstream connection failed\n",
+            ),
+            Failure::Upstream => (StatusCode::BAD_GATEWAY, "gov-agent: upstream failed\n"),
+            Failure::Timeout => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "gov-agent: upstream timed out\n",
+            ),
         }
     }
 
-    /// Handles one request from a client of the local service.
+    /// The answer as an HTTP/1.1 message at the end of `out` (the HTTP/1 path).
+    pub(crate) fn write_http1(self, out: &mut Vec<u8>, close: bool) {
+        use std::io::Write;
+        let (status, body) = self.answer();
+        let _ = write!(
+            out,
+            "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\n{}content-length: {}\r\n\r\n{body}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            if close { "connection: close\r\n" } else { "" },
+            body.len(),
+        );
+    }
+}
+
+// === impl Handler ===
+
+impl Handler {
+    pub(crate) fn new(shared: Arc<Shared>, side: Side, peer: std::net::SocketAddr) -> Self {
+        Self(Arc::new(Conn {
+            shared,
+            side,
+            peer: peer_value(peer),
+        }))
+    }
+
+    /// Handles one request.
     pub(crate) async fn handle(&self, req: Request<Incoming>) -> Response<ResponseBody> {
+        match self.0.side {
+            Side::Inbound => self.inbound(req).await,
+            Side::Outbound => self.outbound(req).await,
+        }
+    }
+
+    /// A request from a client of the local service.
+    async fn inbound(&self, req: Request<Incoming>) -> Response<ResponseBody> {
+        let conn = &self.0;
         let info = RequestInfo::inbound(req.method(), req.uri().path(), req.headers());
-        let admission = match self.shared.engine.admit(&info).await {
+        let admission = match conn.shared.engine.admit(&info).await {
             Ok(admission) => admission,
             Err(rejection) => return rejection_response(&rejection),
         };
-        let to = self.shared.local.clone();
-        forward(&self.shared.clients, req, to, &self.peer, admission).await
-    }
-}
-
-// === impl Outbound ===
-
-impl Outbound {
-    pub(crate) fn new(shared: Arc<Shared>, peer: std::net::SocketAddr) -> Self {
-        Self {
-            shared,
-            peer: peer_value(peer),
-        }
+        let to = conn.shared.local.clone();
+        forward(&conn.shared.clients, req, to, &conn.peer, admission).await
     }
 
-    /// Handles one call of the local service to another service.
-    pub(crate) async fn handle(&self, req: Request<Incoming>) -> Response<ResponseBody> {
-        let Some(service) = target_service(&req) else {
+    /// A call of the local service to another service.
+    async fn outbound(&self, req: Request<Incoming>) -> Response<ResponseBody> {
+        let conn = &self.0;
+        let Some(service) = target_service(
+            crate::Headers::Map(req.headers()),
+            req.uri().authority().map(Authority::as_str),
+        ) else {
             return failure_response(Failure::BadRequest(
                 "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
             ));
         };
-        let Some(instance) = self
+        let Some(instance) = conn
             .shared
             .directory
             .get(service)
@@ -144,23 +194,27 @@ impl Outbound {
             service,
             Some(&instance.id),
         );
-        let admission = match self.shared.engine.admit(&info).await {
+        let admission = match conn.shared.engine.admit(&info).await {
             Ok(admission) => admission,
             Err(rejection) => return rejection_response(&rejection),
         };
         let to = instance.authority.clone();
-        forward(&self.shared.clients, req, to, &self.peer, admission).await
+        forward(&conn.shared.clients, req, to, &conn.peer, admission).await
     }
 }
 
-/// The service an outbound call is for: `gov-service`, else the host without port.
-fn target_service<B>(req: &Request<B>) -> Option<&str> {
-    if let Some(v) = req.headers().get(&GOV_SERVICE) {
-        return v.to_str().ok().filter(|s| !s.is_empty());
+/// The service an outbound call is for: `gov-service`, else the host (the `host`
+/// header, else the request target's authority) without its port.
+pub(crate) fn target_service<'a>(
+    headers: crate::Headers<'a>,
+    uri_authority: Option<&'a str>,
+) -> Option<&'a str> {
+    if headers.get(&GOV_SERVICE).is_some() {
+        return headers.get_str(&GOV_SERVICE).filter(|s| !s.is_empty());
     }
-    let host = match req.headers().get(header::HOST) {
-        Some(v) => v.to_str().ok()?,
-        None => req.uri().authority()?.as_str(),
+    let host = match headers.get(&header::HOST) {
+        Some(_) => headers.get_str(&header::HOST)?,
+        None => uri_authority?,
     };
     // Strip the port; a bracketed IPv6 literal keeps its brackets.
     let name = match host.rfind(':') {
@@ -223,10 +277,7 @@ async fn forward(
             Err(_elapsed) => {
                 return match admission.timed_out() {
                     Some(rejection) => rejection_response(&rejection),
-                    None => local_response(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        "gov-agent: upstream timed out\n",
-                    ),
+                    None => failure_response(Failure::Timeout),
                 };
             }
         },
@@ -272,20 +323,8 @@ pub(crate) fn local_response(status: StatusCode, body: &'static str) -> Response
 }
 
 fn failure_response(failure: Failure) -> Response<ResponseBody> {
-    match failure {
-        Failure::BadRequest(body) => local_response(StatusCode::BAD_REQUEST, body),
-        Failure::UnknownService => local_response(
-            StatusCode::BAD_GATEWAY,
-            "gov-agent: no instances known for the called service\n",
-        ),
-        Failure::Connect => local_response(
-            StatusCode::BAD_GATEWAY,
-            "gov-agent: upstream connection failed\n",
-        ),
-        Failure::Upstream => {
-            local_response(StatusCode::BAD_GATEWAY, "gov-agent: upstream failed\n")
-        }
-    }
+    let (status, body) = failure.answer();
+    local_response(status, body)
 }
 
 /// The peer address as an `x-forwarded-for` value, made once per connection.
@@ -296,6 +335,13 @@ fn peer_value(peer: std::net::SocketAddr) -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn target_service<B>(req: &Request<B>) -> Option<&str> {
+        super::target_service(
+            crate::Headers::Map(req.headers()),
+            req.uri().authority().map(Authority::as_str),
+        )
+    }
 
     #[test]
     fn outbound_target_prefers_gov_service_then_host_without_port() {

@@ -1,55 +1,44 @@
-//! Accept loops: one per listener, HTTP/1.1 and HTTP/2 on the same port, with a
-//! graceful drain.
+//! Accept loops, one per listener, with a graceful drain; and hyper's side of a
+//! connection (HTTP/1.1 and HTTP/2 on the same port).
 //!
 //! On stop a loop stops accepting (the listening socket is closed, so new connects are
-//! refused), asks every open connection to finish (HTTP/1.1: complete the request in
-//! progress, then close instead of keeping alive; HTTP/2: GOAWAY, finish the open
-//! streams), and waits for them up to the drain deadline.
+//! refused), and every open connection finishes what it is doing: HTTP/1.1 completes
+//! the request in progress and closes instead of keeping alive, HTTP/2 sends GOAWAY and
+//! finishes the open streams. The loop waits for them up to the drain deadline.
 
 use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
+use hyper::rt::{Read, Write};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// Serves `listener` until `stop` is cancelled, then drains for at most `drain` (read
-/// when the drain begins: a lifecycle `drain D` step sets it).
-/// `header_read_timeout` bounds how long an HTTP/1 client may take to send a request
-/// head (a slowloris guard that also closes idle keep-alive connections); `None`
-/// saves a timer per request. `handle` is called once per connection with the peer
-/// address and returns the per-request handler of that connection.
-pub(crate) async fn accept_loop<H, F, B>(
+/// when the drain begins: a lifecycle `drain D` step sets it). `serve` is called once
+/// per connection and must finish the connection soon after `stop` is cancelled.
+pub(crate) async fn accept_loop<S, F>(
     name: &'static str,
     listener: TcpListener,
     stop: CancellationToken,
     drain: crate::lifecycle::DrainDeadline,
-    header_read_timeout: Option<Duration>,
-    handle: impl Fn(SocketAddr) -> H,
+    serve: S,
 ) where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
-    F: Future<Output = Response<B>> + Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+    S: Fn(TcpStream, SocketAddr) -> F,
+    F: Future<Output = ()> + Send + 'static,
 {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout)
-        .http2()
-        .timer(TokioTimer::new());
-    let graceful = GracefulShutdown::new();
-
+    let open = Arc::new(Open::default());
     loop {
         let accepted = tokio::select! {
             biased;
@@ -69,36 +58,107 @@ pub(crate) async fn accept_loop<H, F, B>(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(listener = name, %error, "cannot set TCP_NODELAY");
         }
-        let handler = handle(peer);
-        let service = service_fn(move |req| {
-            let response = handler(req);
-            async move { Ok::<_, Infallible>(response.await) }
-        });
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let guard = open.enter();
+        let conn = serve(stream, peer);
         tokio::spawn(async move {
-            if let Err(error) = conn.await {
-                tracing::debug!(listener = name, %peer, error = %error, "connection ended with an error");
-            }
+            conn.await;
+            drop(guard);
         });
     }
 
     // Closing the socket now makes new connects fail fast instead of queueing in the
     // backlog while we drain.
     drop(listener);
-    let open = graceful.count();
     let drain = drain.get();
-    tracing::info!(listener = name, open_connections = open, "draining");
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    tracing::info!(listener = name, open_connections = open.count(), "draining");
+    if tokio::time::timeout(drain, open.idle()).await.is_err() {
         tracing::warn!(
             listener = name,
             ?drain,
             "drain deadline passed; closing the remaining connections"
         );
+    }
+}
+
+/// Counts the open connections of a listener.
+#[derive(Debug, Default)]
+struct Open {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+/// One open connection; dropping it closes the count.
+struct Entered(Arc<Open>);
+
+impl Open {
+    fn enter(self: &Arc<Self>) -> Entered {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        Entered(self.clone())
+    }
+
+    fn count(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Completes when no connection is open.
+    async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Serves one connection with hyper, HTTP/1.1 or HTTP/2 (by the client's preface),
+/// until it ends; on `stop` the connection finishes gracefully. `header_read_timeout`
+/// bounds how long an HTTP/1 client may take to send a request head (a slowloris guard
+/// that also closes idle keep-alive connections).
+pub(crate) async fn serve_hyper<I, H, F, B>(
+    name: &'static str,
+    io: I,
+    peer: SocketAddr,
+    stop: CancellationToken,
+    header_read_timeout: Option<Duration>,
+    handler: H,
+) where
+    I: Read + Write + Unpin + Send + 'static,
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .http2()
+        .timer(TokioTimer::new());
+    let service = service_fn(move |req| {
+        let response = handler(req);
+        async move { Ok::<_, Infallible>(response.await) }
+    });
+    let conn = builder.serve_connection(io, service);
+    let mut conn = std::pin::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(error) = result {
+        tracing::debug!(listener = name, %peer, error = %error, "connection ended with an error");
     }
 }
