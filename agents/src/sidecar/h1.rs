@@ -1318,3 +1318,246 @@ impl<S: AsyncWrite> AsyncWrite for Prefixed<S> {
         self.project().inner.poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHUNKED: &[u8] = b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n";
+
+    /// Feeds `body` to a decoder in pieces split at `cuts`: (taken, payload, done).
+    fn feed(framing: Framing, body: &[u8], cuts: &[usize]) -> Option<(usize, u64, bool)> {
+        let mut decoder = Decoder::new(framing);
+        let (mut taken, mut payload) = (0, 0);
+        let mut start = 0;
+        for &end in cuts.iter().chain([&body.len()]) {
+            let mut piece = &body[start..end];
+            while !piece.is_empty() && !decoder.done() {
+                let step = decoder.advance(piece)?;
+                taken += step.taken;
+                payload += step.payload;
+                piece = &piece[step.taken..];
+                if step.taken == 0 {
+                    break;
+                }
+            }
+            start = end;
+        }
+        Some((taken, payload, decoder.done()))
+    }
+
+    #[test]
+    fn chunked_bodies_end_where_they_end_however_they_are_split() {
+        let whole = feed(Framing::Chunked, CHUNKED, &[]);
+        assert_eq!(whole, Some((CHUNKED.len(), 12, true)));
+        for cut in 0..CHUNKED.len() {
+            assert_eq!(
+                feed(Framing::Chunked, CHUNKED, &[cut]),
+                whole,
+                "cut at {cut}"
+            );
+        }
+        // Bytes after the body (a pipelined request) are not taken.
+        let mut more = CHUNKED.to_vec();
+        more.extend_from_slice(b"GET / HTTP/1.1\r\n");
+        assert_eq!(feed(Framing::Chunked, &more, &[]), whole);
+    }
+
+    #[test]
+    fn broken_chunking_is_refused() {
+        for bad in [
+            &b"x\r\n"[..],
+            b"5\nhello\r\n",
+            b"5\r\nhelloX\r\n",
+            b"1234567890abcdef0\r\n",
+            b"\r\n",
+            b"0\r\n\n",
+        ] {
+            assert_eq!(
+                feed(Framing::Chunked, bad, &[]),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let long_ext = [b"1;".as_slice(), &[b'a'; MAX_CHUNK_META + 1]].concat();
+        assert_eq!(feed(Framing::Chunked, &long_ext, &[]), None);
+    }
+
+    #[test]
+    fn lengths_take_exactly_their_bytes() {
+        assert_eq!(
+            feed(Framing::Length(3), b"abcdef", &[1]),
+            Some((3, 3, true))
+        );
+        assert_eq!(feed(Framing::Length(9), b"abc", &[]), Some((3, 3, false)));
+        assert_eq!(feed(Framing::Empty, b"abc", &[]), Some((0, 0, true)));
+        assert_eq!(feed(Framing::UntilClose, b"abc", &[2]), Some((3, 3, false)));
+    }
+
+    #[test]
+    fn head_end_finds_the_empty_line() {
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nh: 1\r\n\r\nrest", 0), Some(24));
+        assert_eq!(head_end(b"GET / HTTP/1.1\nh: 1\n\nrest", 0), Some(21));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nh: 1\r\n", 0), None);
+        // Scanning resumes a little before where it stopped.
+        let head = b"GET / HTTP/1.1\r\n\r\n";
+        assert_eq!(head_end(head, head.len() - 3), Some(head.len()));
+    }
+
+    fn parse<'h>(
+        head: &'h [u8],
+        slots: &'h mut [httparse::Header<'h>],
+    ) -> httparse::Request<'h, 'h> {
+        let mut req = httparse::Request::new(slots);
+        assert!(req.parse(head).unwrap().is_complete());
+        req
+    }
+
+    #[test]
+    fn request_framing_takes_plain_lengths_and_chunked_only() {
+        let framing = |head: &[u8]| {
+            let mut slots = [httparse::EMPTY_HEADER; 16];
+            let req = parse(head, &mut slots);
+            let conn = header_tokens(req.headers, "connection");
+            request_framing(req.headers, &conn)
+        };
+        assert_eq!(
+            framing(b"GET / HTTP/1.1\r\n\r\n"),
+            Some((Framing::Empty, false))
+        );
+        assert_eq!(
+            framing(
+                b"POST / HTTP/1.1\r\ncontent-length: 12\r\nconnection: keep-alive, Close\r\n\r\n"
+            ),
+            Some((Framing::Length(12), true))
+        );
+        assert_eq!(
+            framing(b"POST / HTTP/1.1\r\ncontent-length: 3\r\ncontent-length: 3\r\n\r\n"),
+            Some((Framing::Length(3), false))
+        );
+        assert_eq!(
+            framing(b"POST / HTTP/1.1\r\ntransfer-encoding: Chunked\r\n\r\n"),
+            Some((Framing::Chunked, false))
+        );
+        for hyper_s in [
+            &b"POST / HTTP/1.1\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\ncontent-length: +3\r\n\r\n",
+            b"POST / HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n",
+            b"GET / HTTP/1.1\r\nupgrade: websocket\r\n\r\n",
+            b"POST / HTTP/1.1\r\nexpect: 100-continue\r\n\r\n",
+        ] {
+            assert_eq!(
+                framing(hyper_s),
+                None,
+                "{}",
+                String::from_utf8_lossy(hyper_s)
+            );
+        }
+    }
+
+    #[test]
+    fn response_framing_follows_rfc_9112() {
+        let framing = |method: Method, head: &[u8]| {
+            let mut slots = [httparse::EMPTY_HEADER; 16];
+            let mut resp = httparse::Response::new(&mut slots);
+            assert!(resp.parse(head).unwrap().is_complete());
+            response_framing(&method, resp.code.unwrap(), resp.headers)
+        };
+        let ok_with = |h: &str| format!("HTTP/1.1 200 OK\r\n{h}\r\n");
+        assert_eq!(
+            framing(Method::GET, ok_with("content-length: 5\r\n").as_bytes()),
+            Some(Framing::Length(5))
+        );
+        assert_eq!(
+            framing(Method::HEAD, ok_with("content-length: 5\r\n").as_bytes()),
+            Some(Framing::Empty)
+        );
+        assert_eq!(
+            framing(
+                Method::GET,
+                b"HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n"
+            ),
+            Some(Framing::Empty)
+        );
+        assert_eq!(
+            framing(Method::GET, b"HTTP/1.1 204 No Content\r\n\r\n"),
+            Some(Framing::Empty)
+        );
+        assert_eq!(
+            framing(
+                Method::GET,
+                ok_with("content-length: 5\r\ntransfer-encoding: gzip, chunked\r\n").as_bytes()
+            ),
+            Some(Framing::Chunked)
+        );
+        assert_eq!(
+            framing(
+                Method::GET,
+                ok_with("transfer-encoding: gzip\r\n").as_bytes()
+            ),
+            Some(Framing::UntilClose)
+        );
+        assert_eq!(
+            framing(Method::GET, ok_with("").as_bytes()),
+            Some(Framing::UntilClose)
+        );
+        assert_eq!(
+            framing(
+                Method::GET,
+                ok_with("content-length: 1\r\ncontent-length: 2\r\n").as_bytes()
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn the_upstream_head_drops_hop_by_hop_headers_and_appends_the_client() {
+        let head = b"GET /a?b=1 HTTP/1.1\r\nConnection: keep-alive, X-Secret\r\nX-Secret: 1\r\nKeep-Alive: 5\r\nTE: trailers\r\nX-Forwarded-For: 10.0.0.1\r\nX-Kept: 2\r\n\r\n";
+        let mut slots = [httparse::EMPTY_HEADER; 16];
+        let req = parse(head, &mut slots);
+        let conn = header_tokens(req.headers, "connection");
+        let mut out = Vec::new();
+        let authority = Authority::from_static("127.0.0.1:9000");
+        write_request_head(
+            &mut out,
+            &Method::GET,
+            req.path.unwrap(),
+            req.headers,
+            &conn,
+            Framing::Empty,
+            &authority,
+            "127.0.0.2",
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "GET /a?b=1 HTTP/1.1\r\nTE: trailers\r\nX-Kept: 2\r\nhost: 127.0.0.1:9000\r\nx-forwarded-for: 10.0.0.1, 127.0.0.2\r\n\r\n"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_fire_no_earlier_than_asked_and_rearm_rarely() {
+        let mut d = Deadline::new();
+        let start = Instant::now();
+        let at = d.arm_at_least(Duration::from_secs(8));
+        assert!(at >= start + Duration::from_secs(8) && at <= start + Duration::from_secs(9));
+        // A second later the same timer still serves (no re-arm).
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert_eq!(d.arm_at_least(Duration::from_secs(8)), at);
+        d.expired(at).await;
+        assert!(Instant::now() >= at);
+
+        // A route deadline fires exactly, even when the timer was armed earlier.
+        let mut d = Deadline::new();
+        let first = Instant::now() + Duration::from_secs(8);
+        d.arm_before(first);
+        tokio::time::advance(Duration::from_millis(300)).await;
+        let second = Instant::now() + Duration::from_secs(8);
+        d.arm_before(second);
+        assert_eq!(d.sleep.deadline(), first, "moved less than an eighth: kept");
+        d.expired(second).await;
+        assert_eq!(Instant::now(), second);
+    }
+}

@@ -10,6 +10,7 @@
 mod support;
 
 mod enforce;
+mod h1;
 mod proxy;
 mod reload;
 mod shutdown;
