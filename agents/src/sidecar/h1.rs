@@ -38,7 +38,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::proxy::{Failure, Shared, Side};
 use crate::engine::Target;
@@ -89,6 +89,7 @@ pub(crate) async fn serve<F, Fut>(
         upstreams: Vec::new(),
         idle: Deadline::new(),
         route: Deadline::new(),
+        stopped: Box::pin(cx.stop.clone().cancelled_owned()),
     };
     match conn.run(&mut client).await {
         End::Close => {}
@@ -143,6 +144,10 @@ struct Conn<'c> {
     upstreams: Vec<Upstream>,
     idle: Deadline,
     route: Deadline,
+    /// The listener's stop, waited on between requests. One future for the whole
+    /// connection: a new one per request would join and leave the token's waiter
+    /// list (a lock each) every time.
+    stopped: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 /// A request head, parsed and checked.
@@ -208,13 +213,13 @@ impl Conn<'_> {
             let n = match self.cx.header_read_timeout {
                 None => tokio::select! {
                     n = read => n,
-                    () = self.cx.stop.cancelled(), if idle => return false,
+                    () = &mut self.stopped, if idle => return false,
                 },
                 Some(limit) => {
                     let at = *deadline.get_or_insert_with(|| self.idle.arm_at_least(limit));
                     tokio::select! {
                         n = read => n,
-                        () = self.cx.stop.cancelled(), if idle => return false,
+                        () = &mut self.stopped, if idle => return false,
                         () = self.idle.expired(at) => return false,
                     }
                 }
