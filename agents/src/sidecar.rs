@@ -11,6 +11,10 @@
 //! stops accepting, drains in-flight requests within the drain deadline, and
 //! [`Sidecar::stopped`] returns. The `gov-agent` binary is a thin shell around this,
 //! and the integration tests run it in process.
+//!
+//! HTTP/1.1 requests take the agent's own path (`h1`: heads parsed in place, one
+//! task per client connection driving its upstream connections too); hyper serves
+//! HTTP/2 and whatever that path hands over (`proxy`, with its pooled client).
 
 mod admin;
 mod body;
@@ -73,8 +77,8 @@ pub struct Options {
     /// The protocol spoken to upstreams (the local service and other services).
     pub upstream_protocol: UpstreamProtocol,
     /// How long an HTTP/1 client of the proxy listeners may take to send a request
-    /// head; also closes idle keep-alive connections. `None`: no limit, which saves a
-    /// timer per request (about a tenth of the proxy's CPU per request, measured).
+    /// head; also closes idle keep-alive connections. `None`: no limit. (The HTTP/1
+    /// path keeps one timer per connection for it; hyper's side arms one per request.)
     pub header_read_timeout: Option<Duration>,
     /// Where `scope cluster` limits share their counters (`--redis`). `None`:
     /// configs with such limits are refused.

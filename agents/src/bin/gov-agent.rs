@@ -79,7 +79,7 @@ struct Args {
     upstream_protocol: UpstreamProtocol,
 
     /// How long a client may take to send a request head (HTTP/1); also closes idle
-    /// keep-alive connections. `0` disables it and saves a timer per request.
+    /// keep-alive connections. `0` disables it.
     #[arg(long, env = "GOV_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     header_read_timeout: Duration,
 
