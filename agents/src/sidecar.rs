@@ -236,6 +236,7 @@ impl Sidecar {
             clients: upstream::Clients::new(options.upstream_protocol),
             local: options.upstream.clone(),
             directory: upstream::Directory::new(&options.instances),
+            idle: h1::IdlePool::default(),
         });
 
         // The proxy listeners drain on `stop`; the admin listener keeps answering

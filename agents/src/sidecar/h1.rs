@@ -27,7 +27,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -59,6 +59,10 @@ const MAX_DISCARD: u64 = 64 * 1024;
 const MAX_UPSTREAMS: usize = 4;
 /// How long connecting to an upstream may take (as the pooled client's connector).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Idle upstream connections a listener keeps once their client connection ended,
+/// and for how long (as the pooled client's idle timeout).
+const MAX_IDLE: usize = 256;
+const IDLE_FOR: Duration = Duration::from_secs(90);
 
 /// What a connection of a proxy listener needs.
 #[derive(Clone)]
@@ -91,13 +95,54 @@ pub(crate) async fn serve<F, Fut>(
         route: Deadline::new(),
         stopped: Box::pin(cx.stop.clone().cancelled_owned()),
     };
-    match conn.run(&mut client).await {
-        End::Close => {}
-        End::Fallback => {
-            let buf = std::mem::take(&mut conn.buf);
-            drop(conn);
-            fallback(Prefixed::new(buf, client)).await;
+    let end = conn.run(&mut client).await;
+    // The upstream connections outlive this client connection in the idle pool.
+    for upstream in conn.upstreams.drain(..) {
+        cx.shared.idle.put(upstream);
+    }
+    if let End::Fallback = end {
+        let buf = std::mem::take(&mut conn.buf);
+        drop(conn);
+        fallback(Prefixed::new(buf, client)).await;
+    }
+}
+
+/// Idle keep-alive upstream connections whose client connection has ended, shared by
+/// a listener's connections (a client that closes after every request still reuses
+/// upstream connections). A client connection takes from here only for its first
+/// request to an upstream; after that it keeps its own.
+#[derive(Debug, Default)]
+pub(crate) struct IdlePool {
+    conns: Mutex<Vec<(Upstream, Instant)>>,
+}
+
+impl IdlePool {
+    /// A live idle connection to `authority`, most recent first.
+    fn take(&self, authority: &Authority) -> Option<Upstream> {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        conns.retain(|(_, since)| now.saturating_duration_since(*since) < IDLE_FOR);
+        while let Some(i) = conns
+            .iter()
+            .rposition(|(u, _)| u.authority.as_str() == authority.as_str())
+        {
+            let (upstream, _) = conns.swap_remove(i);
+            if upstream.alive() {
+                return Some(upstream);
+            }
         }
+        None
+    }
+
+    fn put(&self, upstream: Upstream) {
+        if !upstream.alive() {
+            return;
+        }
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if conns.len() >= MAX_IDLE {
+            conns.remove(0);
+        }
+        conns.push((upstream, Instant::now()));
     }
 }
 
@@ -125,10 +170,23 @@ enum Framing {
 }
 
 /// One keep-alive connection to an upstream.
+#[derive(Debug)]
 struct Upstream {
     authority: Authority,
     stream: TcpStream,
     buf: BytesMut,
+}
+
+impl Upstream {
+    /// Whether the connection can carry a request: nothing unread, and the upstream
+    /// has not closed it. Costs no system call unless the socket became readable
+    /// (tokio keeps its readiness), which an idle HTTP/1 connection only does when
+    /// the upstream closes it.
+    fn alive(&self) -> bool {
+        let mut byte = [0_u8; 1];
+        self.buf.is_empty()
+            && matches!(self.stream.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
 }
 
 struct Conn<'c> {
@@ -453,14 +511,22 @@ impl Conn<'_> {
         }
     }
 
-    /// A kept-alive connection to `authority`, or a new one. `Ok((conn, reused))`.
+    /// A kept-alive connection to `authority` (this client connection's own, else
+    /// one from the listener's idle pool), or a new one. `Ok((conn, reused))`.
     async fn take_upstream(&mut self, authority: &Authority) -> Result<(Upstream, bool), ()> {
-        if let Some(i) = self
+        // Authorities come from the config: compare bytes, not case-insensitively.
+        while let Some(i) = self
             .upstreams
             .iter()
-            .position(|u| &u.authority == authority)
+            .position(|u| u.authority.as_str() == authority.as_str())
         {
-            return Ok((self.upstreams.swap_remove(i), true));
+            let upstream = self.upstreams.swap_remove(i);
+            if upstream.alive() {
+                return Ok((upstream, true));
+            }
+        }
+        if let Some(upstream) = self.cx.shared.idle.take(authority) {
+            return Ok((upstream, true));
         }
         let connect = TcpStream::connect(authority.as_str());
         match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
@@ -488,7 +554,8 @@ impl Conn<'_> {
 
     fn put_upstream(&mut self, upstream: Upstream) {
         if self.upstreams.len() >= MAX_UPSTREAMS {
-            self.upstreams.remove(0);
+            let oldest = self.upstreams.remove(0);
+            self.cx.shared.idle.put(oldest);
         }
         self.upstreams.push(upstream);
     }

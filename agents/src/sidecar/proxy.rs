@@ -62,6 +62,8 @@ pub(crate) struct Shared {
     pub(crate) local: Authority,
     /// Other services' instances, for the outbound listener.
     pub(crate) directory: Directory,
+    /// Idle upstream connections of the HTTP/1 path.
+    pub(crate) idle: super::h1::IdlePool,
 }
 
 /// The handler of one client connection on hyper's side (HTTP/2, and what the HTTP/1

@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -264,18 +267,30 @@ async fn http10_upgrade_and_expect_requests_are_served_by_hyper() {
 }
 
 /// An upstream speaking raw HTTP/1.1: each connection answers `per_conn` requests
-/// with `response`, then closes without a word (as a keep-alive timeout does).
-async fn raw_upstream(response: &'static [u8], per_conn: usize) -> std::net::SocketAddr {
+/// with `response`, then closes without a word: at once if `eager`, else when the
+/// next request arrives (as a keep-alive timeout that strikes just then).
+/// Counts its connections.
+async fn raw_upstream(
+    response: &'static [u8],
+    per_conn: usize,
+    eager: bool,
+) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
     tokio::spawn(async move {
         loop {
             let Ok((mut s, _)) = listener.accept().await else {
                 return;
             };
+            count.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(async move {
                 let mut buf = Vec::new();
-                for _ in 0..per_conn {
+                for answered in 0.. {
+                    if eager && answered == per_conn {
+                        return;
+                    }
                     loop {
                         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                             buf.drain(..i + 4);
@@ -287,19 +302,19 @@ async fn raw_upstream(response: &'static [u8], per_conn: usize) -> std::net::Soc
                             Ok(n) => buf.extend_from_slice(&chunk[..n]),
                         }
                     }
-                    if s.write_all(response).await.is_err() {
+                    if answered == per_conn || s.write_all(response).await.is_err() {
                         return;
                     }
                 }
             });
         }
     });
-    addr
+    (addr, accepted)
 }
 
 #[tokio::test]
 async fn a_close_delimited_response_reaches_the_client_which_is_then_closed() {
-    let up = raw_upstream(b"HTTP/1.1 200 OK\r\nx-raw: 1\r\n\r\nuntil the end", 1).await;
+    let (up, _) = raw_upstream(b"HTTP/1.1 200 OK\r\nx-raw: 1\r\n\r\nuntil the end", 1, true).await;
     let agent = agent()
         .upstream(&crate::support::Upstream::at(up))
         .start()
@@ -315,8 +330,10 @@ async fn a_close_delimited_response_reaches_the_client_which_is_then_closed() {
 
 #[tokio::test]
 async fn a_kept_alive_upstream_connection_that_was_closed_is_replaced_for_idempotent_calls() {
-    // One answer per upstream connection, and no `connection: close` to say so.
-    let up = raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", 1).await;
+    // One answer per upstream connection, and no `connection: close` to say so: the
+    // next request finds the connection open and then closed under it.
+    let (up, accepted) =
+        raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", 1, false).await;
     let agent = agent()
         .upstream(&crate::support::Upstream::at(up))
         .start()
@@ -326,9 +343,12 @@ async fn a_kept_alive_upstream_connection_that_was_closed_is_replaced_for_idempo
         wire.send(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await;
         let raw = wire.response().await;
         assert_eq!((raw.status, &raw.body[..]), (200, &b"ok"[..]));
-        // Let the upstream's close arrive before the next request.
-        tokio::time::sleep(ms(20)).await;
     }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        3,
+        "sent again on a new connection"
+    );
     // A POST is not sent twice: the stale connection is a 502.
     wire.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\nx")
         .await;
@@ -338,9 +358,10 @@ async fn a_kept_alive_upstream_connection_that_was_closed_is_replaced_for_idempo
 
 #[tokio::test]
 async fn an_upstream_response_with_interim_heads_and_chunks_passes_through() {
-    let up = raw_upstream(
+    let (up, _) = raw_upstream(
         b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\nHTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\nkeep-alive: timeout=5\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
         8,
+        false,
     )
     .await;
     let agent = agent()
@@ -357,5 +378,55 @@ async fn an_upstream_response_with_interim_heads_and_chunks_passes_through() {
         assert_eq!(created.status, 201);
         assert_eq!(created.body, b"abc");
         assert_eq!(created.header("keep-alive"), None, "hop-by-hop");
+    }
+}
+
+#[tokio::test]
+async fn clients_that_close_after_each_request_still_reuse_upstream_connections() {
+    let (up, accepted) = raw_upstream(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        100,
+        false,
+    )
+    .await;
+    let agent = agent()
+        .upstream(&crate::support::Upstream::at(up))
+        .start()
+        .await;
+    for _ in 0..5 {
+        let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+        wire.send(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await;
+        assert_eq!(wire.response().await.body, b"ok");
+        assert!(wire.closed().await);
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "one upstream connection served five client connections"
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_connection_closed_while_idle_is_not_used_again() {
+    // The upstream closes each connection right after its answer.
+    let (up, accepted) =
+        raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", 1, true).await;
+    let agent = agent()
+        .upstream(&crate::support::Upstream::at(up))
+        .start()
+        .await;
+    let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+    for expected in 1..=3 {
+        wire.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\nx")
+            .await;
+        assert_eq!(
+            wire.response().await.status,
+            200,
+            "not sent on a closed one"
+        );
+        assert_eq!(accepted.load(Ordering::SeqCst), expected);
+        // Let the upstream's close reach the agent.
+        tokio::time::sleep(ms(50)).await;
     }
 }
