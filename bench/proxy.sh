@@ -25,6 +25,11 @@ CONNS=${CONNS:-16}
 WORK=${WORK:-target/bench-proxy}
 OUT=${OUT:-$WORK/results.tsv}
 UP=127.0.0.1:18080 NGINX=127.0.0.1:18081 AGENT=127.0.0.1:18082 ADMIN=127.0.0.1:18083
+HYPER=127.0.0.1:18084
+# The arms, interleaved in this order. `hyper` is a reference: hyper's server in front
+# of hyper-util's pooled client with nothing else (performance.md section 3.2's
+# "naive hyper proxy"), to show what hyper alone costs on this box.
+ARMS=${ARMS:-"direct nginx hyper gov-agent"}
 
 for tool in nginx wrk taskset python3; do
   command -v "$tool" >/dev/null || { echo "missing: $tool (apt-get install -y nginx wrk)" >&2; exit 1; }
@@ -94,18 +99,22 @@ timeouts:
     on: { any: true }
     timeout_ms: 5000
 POLICY
+taskset -c 1 "$LOAD" naive-proxy "$HYPER" "$UP" & pids+=($!)
+HYPER_PID=$!
+
 GOV_LOG=warn taskset -c 1 "$AGENT_BIN" --service hello --listen "$AGENT" --admin-listen "$ADMIN" \
   --upstream "$UP" --config "$WORK/policy.yaml" & pids+=($!)
 AGENT_PID=$!
 
 sleep 1
 NGINX_WORKER=$(pgrep -P "$NGINX_MASTER" | head -1)
-curl -fsS "http://$AGENT/" >/dev/null && curl -fsS "http://$NGINX/" >/dev/null && curl -fsS "http://$UP/" >/dev/null
+curl -fsS "http://$AGENT/" >/dev/null && curl -fsS "http://$NGINX/" >/dev/null && curl -fsS "http://$UP/" >/dev/null \
+  && curl -fsS "http://$HYPER/" >/dev/null
 
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
-pid_of() { case $1 in direct) echo "";; nginx) echo "$NGINX_WORKER";; gov-agent) echo "$AGENT_PID";; esac; }
-url_of() { case $1 in direct) echo "http://$UP/";; nginx) echo "http://$NGINX/";; gov-agent) echo "http://$AGENT/";; esac; }
+pid_of() { case $1 in direct) echo "";; nginx) echo "$NGINX_WORKER";; hyper) echo "$HYPER_PID";; gov-agent) echo "$AGENT_PID";; esac; }
+url_of() { case $1 in direct) echo "http://$UP/";; nginx) echo "http://$NGINX/";; hyper) echo "http://$HYPER/";; gov-agent) echo "http://$AGENT/";; esac; }
 
 echo -e "run\tarm\tmode\trps\tproxy_cpu_us_per_req\tp50_us\tp90_us\tp99_us\terrors" > "$OUT"
 measure() { # arm mode -> one TSV line
@@ -136,11 +145,11 @@ measure() { # arm mode -> one TSV line
 }
 
 echo "warm-up..." >&2
-for arm in direct nginx gov-agent; do taskset -c 0 wrk -t1 -c32 -d3s "$(url_of $arm)" >/dev/null; done
+for arm in $ARMS; do taskset -c 0 wrk -t1 -c32 -d3s "$(url_of $arm)" >/dev/null; done
 
 for run in $(seq 1 "$RUNS"); do
   for mode in wrk $RATES; do
-    for arm in direct nginx gov-agent; do
+    for arm in $ARMS; do
       measure "$arm" "$mode"
     done
   done
@@ -162,15 +171,20 @@ med = lambda xs: st.median(xs) if xs else float("nan")
 print("\nmedians over %d interleaved runs (ratios are medians of per-run ratios)" % len(runs))
 for mode in modes:
     print(f"\n[{mode}]")
-    for arm in ("direct", "nginx", "gov-agent"):
+    for arm in ("direct", "nginx", "hyper", "gov-agent"):
         cols = {k: med([v for v in (val(r, arm, mode, k) for r in runs) if v is not None])
                 for k in ("rps", "proxy_cpu_us_per_req", "p50_us", "p90_us", "p99_us", "errors")}
         print(f"  {arm:10} " + "  ".join(f"{k}={v:.1f}" for k, v in cols.items()))
-    ratio = lambda k: med([val(r, "gov-agent", mode, k) / val(r, "nginx", mode, k) for r in runs
-                           if val(r, "gov-agent", mode, k) and val(r, "nginx", mode, k)])
-    print(f"  gov-agent/nginx: throughput {ratio('rps'):.2f}x, cpu per request {ratio('proxy_cpu_us_per_req'):.2f}x")
+    for arm in ("gov-agent", "hyper"):
+        ratio = lambda k: med([val(r, arm, mode, k) / val(r, "nginx", mode, k) for r in runs
+                               if val(r, arm, mode, k) and val(r, "nginx", mode, k)])
+        print(f"  {arm}/nginx: throughput {ratio('rps'):.2f}x, cpu per request {ratio('proxy_cpu_us_per_req'):.2f}x")
     if mode != "wrk":
-        added = lambda arm: med([val(r, arm, mode, "p50_us") - val(r, "direct", mode, "p50_us") for r in runs])
-        print(f"  added p50 over direct: nginx {added('nginx'):.0f} us, gov-agent {added('gov-agent'):.0f} us")
+        added = lambda arm: med([val(r, arm, mode, "p50_us") - val(r, "direct", mode, "p50_us") for r in runs
+                                 if val(r, arm, mode, "p50_us") is not None])
+        p90 = lambda arm: med([val(r, arm, mode, "p90_us") / val(r, "nginx", mode, "p90_us") for r in runs
+                               if val(r, arm, mode, "p90_us") and val(r, "nginx", mode, "p90_us")])
+        print(f"  added p50 over direct: nginx {added('nginx'):.0f} us, gov-agent {added('gov-agent'):.0f} us;"
+              f" p90 gov-agent/nginx {p90('gov-agent'):.2f}x")
 print("\n" + open(sys.argv[2]).read().strip().splitlines()[-1])
 PY

@@ -179,12 +179,15 @@ async fn open_loop(uri: Uri, rate: u64, duration: Duration, conns: usize) -> Res
         inboxes.push(tx);
         let free_tx = free_tx.clone();
         let done_tx = done_tx.clone();
-        let uri = uri.clone();
+        let path = uri
+            .path_and_query()
+            .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
         let host = authority.to_string();
         tokio::spawn(async move {
             let _ = free_tx.send(id);
             while let Some(scheduled) = rx.recv().await {
-                let req = Request::get(uri.clone())
+                // Origin-form (`GET /path`), as oha and browsers send to a server.
+                let req = Request::get(path.clone())
                     .header(http::header::HOST, host.as_str())
                     .body(Empty::<Bytes>::new());
                 let outcome = match req {

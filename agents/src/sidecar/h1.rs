@@ -303,9 +303,13 @@ impl Conn<'_> {
             return None;
         };
         let method = Method::from_bytes(method.as_bytes()).ok()?;
-        if method == Method::CONNECT || !target.starts_with('/') {
+        if method == Method::CONNECT {
             return None;
         }
+        // Origin-form, or absolute-form (`GET http://host/path`, as clients that
+        // use the outbound listener as their HTTP proxy send): the upstream gets the
+        // origin-form, and the target's host names the callee.
+        let (target, target_host) = split_target(target)?;
         let headers: &[httparse::Header<'_>] = req.headers;
         let conn_tokens = header_tokens(headers, "connection");
         let (framing, close) = request_framing(headers, &conn_tokens)?;
@@ -331,7 +335,7 @@ impl Conn<'_> {
                 },
             ),
             Side::Outbound => {
-                let dest = super::proxy::target_service(raw, None)
+                let dest = super::proxy::target_service(raw, target_host)
                     .ok_or(Failure::BadRequest(
                         "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
                     ))
@@ -388,7 +392,7 @@ impl Conn<'_> {
             headers,
             &conn_tokens,
             head.framing,
-            authority,
+            target_host.unwrap_or(authority.as_str()),
             &self.peer,
         );
         let authority = authority.clone();
@@ -528,7 +532,14 @@ impl Conn<'_> {
         if let Some(upstream) = self.cx.shared.idle.take(authority) {
             return Ok((upstream, true));
         }
-        let connect = TcpStream::connect(authority.as_str());
+        // An address connects at once; a name is looked up first (on tokio's
+        // blocking pool).
+        let connect = async {
+            match authority.as_str().parse::<SocketAddr>() {
+                Ok(addr) => TcpStream::connect(addr).await,
+                Err(_) => TcpStream::connect(authority.as_str()).await,
+            }
+        };
         match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);
@@ -1007,6 +1018,30 @@ fn chunked(state: &mut Chunk, input: &[u8]) -> Option<(usize, u64, bool)> {
     Some((i, payload, false))
 }
 
+/// The origin-form of a request target and, for an absolute-form `http://` one, its
+/// authority; `None` for any other form (`*`, authority-form, other schemes).
+fn split_target(target: &str) -> Option<(&str, Option<&str>)> {
+    if target.starts_with('/') {
+        return Some((target, None));
+    }
+    let scheme = target.get(..7)?;
+    if !scheme.eq_ignore_ascii_case("http://") {
+        return None;
+    }
+    let rest = &target[7..];
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (host, path) = rest.split_at(end);
+    if host.is_empty() || host.contains('@') {
+        return None;
+    }
+    match path.as_bytes().first() {
+        Some(b'/') => Some((path, Some(host))),
+        // `http://host`: the path is `/` (a query without a path goes to hyper).
+        None => Some(("/", Some(host))),
+        Some(_) => None,
+    }
+}
+
 /// Where the head in `buf` ends (just past its empty line), looking from `from` on.
 fn head_end(buf: &[u8], from: usize) -> Option<usize> {
     let mut i = from;
@@ -1177,7 +1212,7 @@ fn write_request_head(
     headers: &[httparse::Header<'_>],
     conn: &[&[u8]],
     framing: Framing,
-    authority: &Authority,
+    default_host: &str,
     peer: &str,
 ) {
     out.extend_from_slice(method.as_str().as_bytes());
@@ -1213,7 +1248,7 @@ fn write_request_head(
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
     if !host {
-        push_header(out, b"host", authority.as_str().as_bytes());
+        push_header(out, b"host", default_host.as_bytes());
     }
     out.extend_from_slice(b"x-forwarded-for: ");
     if let Some(existing) = forwarded {
@@ -1592,7 +1627,6 @@ mod tests {
         let req = parse(head, &mut slots);
         let conn = header_tokens(req.headers, "connection");
         let mut out = Vec::new();
-        let authority = Authority::from_static("127.0.0.1:9000");
         write_request_head(
             &mut out,
             &Method::GET,
@@ -1600,13 +1634,31 @@ mod tests {
             req.headers,
             &conn,
             Framing::Empty,
-            &authority,
+            "127.0.0.1:9000",
             "127.0.0.2",
         );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "GET /a?b=1 HTTP/1.1\r\nTE: trailers\r\nX-Kept: 2\r\nhost: 127.0.0.1:9000\r\nx-forwarded-for: 10.0.0.1, 127.0.0.2\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn targets_in_absolute_form_become_origin_form() {
+        assert_eq!(split_target("/a?b"), Some(("/a?b", None)));
+        assert_eq!(
+            split_target("http://inventory:8080/items?x=1"),
+            Some(("/items?x=1", Some("inventory:8080")))
+        );
+        assert_eq!(
+            split_target("HTTP://inventory"),
+            Some(("/", Some("inventory")))
+        );
+        assert_eq!(split_target("http://inventory?x"), None);
+        assert_eq!(split_target("https://inventory/"), None);
+        assert_eq!(split_target("http://user@inventory/"), None);
+        assert_eq!(split_target("*"), None);
+        assert_eq!(split_target("inventory:80"), None);
     }
 
     #[tokio::test(start_paused = true)]

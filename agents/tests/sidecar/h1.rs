@@ -430,3 +430,21 @@ async fn an_upstream_connection_closed_while_idle_is_not_used_again() {
         tokio::time::sleep(ms(50)).await;
     }
 }
+
+#[tokio::test]
+async fn the_outbound_listener_takes_absolute_form_requests_like_an_http_proxy() {
+    let inventory = upstream().fast("/who", ms(0)).start().await;
+    let local = upstream().start().await;
+    let agent = agent()
+        .upstream(&local)
+        .instances("inventory", &[&inventory])
+        .start()
+        .await;
+    let mut wire = Wire::connect(agent.sidecar.outbound_addr().unwrap()).await;
+    // As a client with `http_proxy` pointing at the outbound listener sends it.
+    wire.send(b"GET http://inventory:8080/who?x=1 HTTP/1.1\r\n\r\n")
+        .await;
+    let reply = wire.response().await;
+    assert_eq!((reply.status, &reply.body[..]), (200, &b"/who"[..]));
+    assert_eq!(inventory.received(), 1);
+}
