@@ -142,9 +142,11 @@ pub(crate) fn spawn_watch(
     };
     let (tx, mut rx) = mpsc::channel::<()>(1);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // Any event in the directory may be ours (a rename over the file, a symlink
+        // Any change in the directory may be ours (a rename over the file, a symlink
         // swap as Kubernetes does for config maps): the content check below decides.
-        if event.is_ok() {
+        // Reads are not changes: reacting to them would re-read the file for ever,
+        // since reading it makes such an event.
+        if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
             let _ = tx.try_send(());
         }
     })
