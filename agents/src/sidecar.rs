@@ -249,12 +249,12 @@ impl Sidecar {
             outbound.map(|l| ("outbound", l, proxy::Side::Outbound)),
         ];
         for (name, listener, side) in listeners.into_iter().flatten() {
-            let cx = h1::Listener {
-                shared: shared.clone(),
+            let cx = h1::Listener::new(
+                shared.clone(),
                 side,
-                stop: stop.clone(),
-                header_read_timeout: options.header_read_timeout,
-            };
+                stop.clone(),
+                options.header_read_timeout,
+            );
             proxies.spawn(serve::accept_loop(
                 name,
                 listener,

@@ -27,6 +27,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -70,7 +71,39 @@ pub(crate) struct Listener {
     pub(crate) shared: Arc<Shared>,
     pub(crate) side: Side,
     pub(crate) stop: CancellationToken,
+    /// `stop`, as a flag read on every request (`is_cancelled` takes a lock).
+    stopping: Arc<AtomicBool>,
     pub(crate) header_read_timeout: Option<Duration>,
+}
+
+impl Listener {
+    /// The context of a listener's connections. Call it inside the runtime: a task
+    /// raises the stop flag when `stop` is cancelled.
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        side: Side,
+        stop: CancellationToken,
+        header_read_timeout: Option<Duration>,
+    ) -> Self {
+        let stopping = Arc::new(AtomicBool::new(stop.is_cancelled()));
+        let (flag, token) = (stopping.clone(), stop.clone());
+        tokio::spawn(async move {
+            token.cancelled().await;
+            flag.store(true, Ordering::Relaxed);
+        });
+        Self {
+            shared,
+            side,
+            stop,
+            stopping,
+            header_read_timeout,
+        }
+    }
+
+    /// Whether the listener is stopping (connections close after their request).
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
 }
 
 /// Serves one client connection: HTTP/1.1 here, the rest through `fallback`, which
@@ -242,7 +275,7 @@ impl Conn<'_> {
                 Some(false) => return End::Close,
                 None => return End::Fallback,
             }
-            if self.cx.stop.is_cancelled() {
+            if self.cx.stopping() {
                 return End::Close;
             }
         }
@@ -409,7 +442,7 @@ impl Conn<'_> {
         head: &Head,
         answer: Local<'_>,
     ) -> bool {
-        let keep = !head.close && discardable(head, &self.buf) && !self.cx.stop.is_cancelled();
+        let keep = !head.close && discardable(head, &self.buf) && !self.cx.stopping();
         self.out.clear();
         match answer {
             Local::Rejection(rejection) => rejection.write_http1(&mut self.out, !keep),
@@ -487,7 +520,7 @@ impl Conn<'_> {
         match exchange {
             Exchange::Done { keep_client } => {
                 drop(admission);
-                keep_client && !head.close && !self.cx.stop.is_cancelled()
+                keep_client && !head.close && !self.cx.stopping()
             }
             Exchange::Broken => false,
             Exchange::Stale => false,
@@ -497,14 +530,13 @@ impl Conn<'_> {
                     None => drop(admission),
                 }
                 // Without a request body nothing of the request is left unread.
-                let keep =
-                    head.framing == Framing::Empty && !head.close && !self.cx.stop.is_cancelled();
+                let keep = head.framing == Framing::Empty && !head.close && !self.cx.stopping();
                 self.out.clear();
                 failure.write_http1(&mut self.out, !keep);
                 client.write_all(&self.out).await.is_ok() && keep
             }
             Exchange::TimedOut { keep_client } => {
-                let close = !keep_client || head.close || self.cx.stop.is_cancelled();
+                let close = !keep_client || head.close || self.cx.stopping();
                 self.out.clear();
                 match admission.timed_out() {
                     Some(rejection) => rejection.write_http1(&mut self.out, close),
@@ -615,13 +647,15 @@ impl Conn<'_> {
             .await
         };
         let route = &mut self.route;
-        let stop = &self.cx.stop;
+        let stopping = &self.cx.stopping;
         let recv = receive(
             &mut up_rd,
             &mut upstream.buf,
             &mut client_wr,
             &mut self.back,
-            (&head.method, || head.close || stop.is_cancelled()),
+            (&head.method, || {
+                head.close || stopping.load(Ordering::Relaxed)
+            }),
             admission,
             deadline.map(|d| (route, d)),
         );
