@@ -175,6 +175,11 @@ impl Bulkhead {
         CellRef::Keyed(cell.clone())
     }
 
+    /// The scope `r` names, or the rule's own scope for `None`.
+    pub(crate) fn cell_or_single<'a>(&'a self, r: Option<&'a CellRef>) -> &'a Cell {
+        r.map_or(&self.single, |r| self.cell(r))
+    }
+
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a Cell {
         match r {
             CellRef::Single => &self.single,

@@ -204,13 +204,33 @@ enum Step {
     Bulkhead(u32, bulkhead::CellRef),
 }
 
-/// What an admission holds until it ends.
-#[derive(Debug)]
+/// What an admission holds until it ends. Eight bytes, copied whole: a
+/// keyed scope (an `Arc`) is kept aside in [`Admission::keyed`].
+#[derive(Clone, Copy, Debug)]
 enum Held {
-    Fuse { rule: u32, probe: bool },
-    Limit { rule: u32, cell: limit::CellRef },
-    Bulkhead { rule: u32, cell: bulkhead::CellRef },
-    Timeout { rule: u32 },
+    Fuse {
+        rule: u32,
+        probe: bool,
+    },
+    /// `keyed`: the scope is in `Admission::keyed`, else the rule's own.
+    Limit {
+        rule: u32,
+        keyed: bool,
+    },
+    Bulkhead {
+        rule: u32,
+        keyed: bool,
+    },
+    Timeout {
+        rule: u32,
+    },
+}
+
+/// A keyed scope an admission holds, by rule.
+#[derive(Debug)]
+enum Keyed {
+    Limit(limit::CellRef),
+    Bulkhead(bulkhead::CellRef),
 }
 
 impl Held {
@@ -235,6 +255,8 @@ pub struct Admission {
     /// `None` when no rule matched: nothing to hold or record.
     snap: Option<Arc<Snapshot>>,
     held: SmallVec<[Held; 4]>,
+    /// The keyed scopes of `held` (consumers, instances), by rule.
+    keyed: SmallVec<[(u32, Keyed); 1]>,
     /// When the decision began (`None` when no rule matched: no clock read).
     start: Option<Instant>,
     /// The shortest matched timeout, and the rule it came from.
@@ -720,6 +742,7 @@ fn admit_matched(snap: Arc<Snapshot>, matched: &Matched, req: &RequestInfo<'_>) 
     let mut admission = Admission {
         snap: None,
         held: SmallVec::new(),
+        keyed: SmallVec::new(),
         start: Some(now),
         timeout: None,
         has_bytes: false,
@@ -894,12 +917,51 @@ impl Admission {
         Self {
             snap: None,
             held: SmallVec::new(),
+            keyed: SmallVec::new(),
             start: None,
             timeout: None,
             has_bytes: false,
             admitted: true,
             recorded: true,
         }
+    }
+
+    fn hold_limit(&mut self, rule: u32, cell: limit::CellRef) {
+        let keyed = matches!(cell, limit::CellRef::Keyed(_));
+        if keyed {
+            self.keyed.push((rule, Keyed::Limit(cell)));
+        }
+        self.held.push(Held::Limit { rule, keyed });
+    }
+
+    fn hold_bulkhead(&mut self, rule: u32, cell: bulkhead::CellRef) {
+        let keyed = matches!(cell, bulkhead::CellRef::Keyed(_));
+        if keyed {
+            self.keyed.push((rule, Keyed::Bulkhead(cell)));
+        }
+        self.held.push(Held::Bulkhead { rule, keyed });
+    }
+
+    /// The keyed limit scope held for `rule` (`None`: the rule's own).
+    fn limit_cell(&self, rule: u32, keyed: bool) -> Option<&limit::CellRef> {
+        if !keyed {
+            return None;
+        }
+        self.keyed.iter().find_map(|(r, k)| match k {
+            Keyed::Limit(c) if *r == rule => Some(c),
+            _ => None,
+        })
+    }
+
+    /// The keyed bulkhead scope held for `rule` (`None`: the rule's own).
+    fn bulkhead_cell(&self, rule: u32, keyed: bool) -> Option<&bulkhead::CellRef> {
+        if !keyed {
+            return None;
+        }
+        self.keyed.iter().find_map(|(r, k)| match k {
+            Keyed::Bulkhead(c) if *r == rule => Some(c),
+            _ => None,
+        })
     }
 
     fn shorten_timeout(&mut self, t: Duration, rule: u32) {
@@ -943,7 +1005,7 @@ impl Admission {
                 match l.try_admit(l.cell(&cell), now) {
                     Ok(()) => {
                         self.has_bytes |= l.spec.bytes.is_some();
-                        self.held.push(Held::Limit { rule: id, cell });
+                        self.hold_limit(id, cell);
                         Ok(())
                     }
                     Err(e) => {
@@ -970,7 +1032,7 @@ impl Admission {
                     return Ok(());
                 };
                 if b.try_acquire(b.cell(&cell)) {
-                    self.held.push(Held::Bulkhead { rule: id, cell });
+                    self.hold_bulkhead(id, cell);
                     Ok(())
                 } else if b.may_wait() {
                     Err(StepError::Wait(Step::Bulkhead(id, cell), b.spec.max_wait))
@@ -997,7 +1059,7 @@ impl Admission {
                 };
                 match b.acquire(b.cell(&cell)).await {
                     Ok(()) => {
-                        self.held.push(Held::Bulkhead { rule: id, cell });
+                        self.hold_bulkhead(id, cell);
                         Ok(())
                     }
                     Err(reason) => Err(snap.reject(id, reason, None)),
@@ -1015,7 +1077,7 @@ impl Admission {
                         match l.admit_exact(l.cell(&cell), now).await {
                             Ok(()) => {
                                 self.has_bytes |= l.spec.bytes.is_some();
-                                self.held.push(Held::Limit { rule: id, cell });
+                                self.hold_limit(id, cell);
                                 return Ok(());
                             }
                             Err(e) => {
@@ -1096,7 +1158,14 @@ impl Admission {
             return;
         }
         if let Some(snap) = self.snap() {
-            add_bytes(snap, &self.held, n);
+            let now = Instant::now();
+            for h in &self.held {
+                if let (&Held::Limit { rule, keyed }, State::Limit(l)) =
+                    (h, &snap.states[h.rule() as usize])
+                {
+                    l.add_bytes(l.cell_or_single(self.limit_cell(rule, keyed)), n, now);
+                }
+            }
         }
     }
 
@@ -1110,8 +1179,13 @@ impl Admission {
         let cells = self
             .held
             .iter()
-            .filter_map(|h| match h {
-                Held::Limit { rule, cell } => Some((*rule, cell.clone())),
+            .filter_map(|h| match *h {
+                Held::Limit { rule, keyed } => Some((
+                    rule,
+                    self.limit_cell(rule, keyed)
+                        .cloned()
+                        .unwrap_or(limit::CellRef::Single),
+                )),
                 _ => None,
             })
             .collect();
@@ -1167,20 +1241,13 @@ impl Drop for Admission {
             if let Some(slot) = unrecorded {
                 state.counters().end(slot);
             }
-            match (h, state) {
-                (Held::Bulkhead { cell, .. }, State::Bulkhead(b)) => b.release(b.cell(cell)),
+            match (*h, state) {
+                (Held::Bulkhead { rule, keyed }, State::Bulkhead(b)) => {
+                    b.release(b.cell_or_single(self.bulkhead_cell(rule, keyed)));
+                }
                 (Held::Fuse { probe: true, .. }, State::Fuse(f)) => f.abandon_probe(),
                 _ => {}
             }
-        }
-    }
-}
-
-fn add_bytes(snap: &Snapshot, held: &[Held], n: u64) {
-    let now = Instant::now();
-    for h in held {
-        if let (Held::Limit { cell, .. }, State::Limit(l)) = (h, &snap.states[h.rule() as usize]) {
-            l.add_bytes(l.cell(cell), n, now);
         }
     }
 }

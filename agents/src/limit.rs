@@ -266,6 +266,11 @@ impl Limit {
         )
     }
 
+    /// The scope `r` names, or the rule's own scope for `None`.
+    pub(crate) fn cell_or_single<'a>(&'a self, r: Option<&'a CellRef>) -> &'a LimitCell {
+        r.map_or(&self.single, |r| self.cell(r))
+    }
+
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a LimitCell {
         match r {
             CellRef::Single => &self.single,
