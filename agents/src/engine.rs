@@ -1195,11 +1195,15 @@ impl Admission {
     /// Records how the call ended (first call wins): latency for every
     /// matched rule, the outcome for fuses. Permits stay held until drop, so
     /// record at the response head and drop when the body is done.
+    #[inline]
     pub fn record(&mut self, outcome: Outcome) {
-        if self.recorded {
-            return;
+        if !self.recorded {
+            self.recorded = true;
+            self.record_outcome(outcome);
         }
-        self.recorded = true;
+    }
+
+    fn record_outcome(&mut self, outcome: Outcome) {
         let Some(snap) = self.snap.as_deref() else {
             return;
         };
@@ -1232,7 +1236,17 @@ impl Admission {
 }
 
 impl Drop for Admission {
+    #[inline]
     fn drop(&mut self) {
+        if self.snap.is_some() {
+            self.end();
+        }
+    }
+}
+
+impl Admission {
+    /// Ends a governed call: returns permits and abandoned probes.
+    fn end(&mut self) {
         let Some(snap) = &self.snap else { return };
         // A recorded call ended in a latency bucket; count the others here.
         let unrecorded = (self.admitted && !self.recorded).then(stripe::current);

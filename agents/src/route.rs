@@ -196,10 +196,14 @@ struct Entry {
 /// The first 8 bytes of `s`, zero-padded, as one word.
 #[inline]
 fn head8(s: &[u8]) -> u64 {
-    let mut word = [0u8; 8];
-    let n = s.len().min(8);
-    word[..n].copy_from_slice(&s[..n]);
-    u64::from_le_bytes(word)
+    if let Some(head) = s.first_chunk::<8>() {
+        return u64::from_le_bytes(*head);
+    }
+    let mut word = 0u64;
+    for (i, &b) in s.iter().enumerate() {
+        word |= u64::from(b) << (8 * i);
+    }
+    word
 }
 
 /// A path prefix and the rules it indexes.
