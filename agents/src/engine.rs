@@ -259,8 +259,8 @@ pub struct Admission {
     keyed: SmallVec<[(u32, Keyed); 1]>,
     /// When the decision began (`None` when no rule matched: no clock read).
     start: Option<Instant>,
-    /// The shortest matched timeout, and the rule it came from.
-    timeout: Option<(Duration, u32)>,
+    /// The rule with the shortest matched timeout (see [`rule_timeout`]).
+    timeout: Option<u32>,
     has_bytes: bool,
     /// Every step passed (counted as admitted in every rule).
     admitted: bool,
@@ -754,12 +754,12 @@ fn admit_matched(snap: Arc<Snapshot>, matched: &Matched, req: &RequestInfo<'_>) 
     for &id in matched {
         match &snap.states[id.0 as usize] {
             State::Timeout(t) => {
-                admission.shorten_timeout(t.timeout, id.0);
+                admission.shorten_timeout(&snap, t.timeout, id.0);
                 admission.held.push(Held::Timeout { rule: id.0 });
             }
             State::Bulkhead(b) => {
                 if let Some(t) = b.spec.timeout {
-                    admission.shorten_timeout(t, id.0);
+                    admission.shorten_timeout(&snap, t, id.0);
                 }
             }
             State::Limit(l) => consumer_keyed |= l.spec.key == LimitKey::Consumer,
@@ -872,6 +872,15 @@ fn remaining(
     steps
 }
 
+/// The deadline rule `rule` sets: a timeout's, or a bulkhead's `timeout`.
+fn rule_timeout(snap: &Snapshot, rule: u32) -> Option<Duration> {
+    match snap.states.get(rule as usize)? {
+        State::Timeout(t) => Some(t.timeout),
+        State::Bulkhead(b) => b.spec.timeout,
+        State::Limit(_) | State::Fuse(_) => None,
+    }
+}
+
 // === impl Snapshot ===
 
 impl Snapshot {
@@ -964,9 +973,10 @@ impl Admission {
         })
     }
 
-    fn shorten_timeout(&mut self, t: Duration, rule: u32) {
-        if self.timeout.is_none_or(|(current, _)| t < current) {
-            self.timeout = Some((t, rule));
+    fn shorten_timeout(&mut self, snap: &Snapshot, t: Duration, rule: u32) {
+        let current = self.timeout.and_then(|r| rule_timeout(snap, r));
+        if current.is_none_or(|current| t < current) {
+            self.timeout = Some(rule);
         }
     }
 
@@ -1132,7 +1142,7 @@ impl Admission {
 
     /// The deadline for this call (the shortest matched timeout), if any.
     pub fn timeout(&self) -> Option<Duration> {
-        self.timeout.map(|(t, _)| t)
+        rule_timeout(self.snap.as_deref()?, self.timeout?)
     }
 
     /// The version of the config this call was decided under (`None` when
@@ -1230,7 +1240,7 @@ impl Admission {
     /// counts it on the timeout's rule, and returns the 504 rejection.
     pub fn timed_out(mut self) -> Option<Rejection> {
         self.record(Outcome::Timeout);
-        let (_, rule) = self.timeout?;
+        let rule = self.timeout?;
         Some(self.snap()?.reject(rule, RejectReason::Timeout, None))
     }
 }
