@@ -72,8 +72,11 @@ struct Shared {
     cluster: Option<ClusterStore>,
 }
 
-/// One config and the state of each of its rules.
+/// One config and the state of each of its rules. Cache-line aligned, so
+/// that in its `Arc` the reference counts (written by every governed call)
+/// and the fields every decision reads are on different lines.
 #[derive(Debug)]
+#[repr(align(64))]
 struct Snapshot {
     config: Arc<CompiledConfig>,
     // INVARIANT: `states[i]` belongs to `config.rules[i]` and has its kind.
