@@ -31,8 +31,10 @@ pub const MAX_KEYS: usize = 4096;
 /// One waiter in the high half of `Cell::state`.
 const WAITER: u64 = 1 << 32;
 
-/// The permits of one scope.
+/// The permits of one scope. Cache-line aligned: the word every call
+/// writes shares no line with the rule's read-only fields.
 #[derive(Debug)]
+#[repr(align(64))]
 pub(crate) struct Cell {
     /// Low 32 bits: permits in use; high 32 bits: calls waiting.
     // INVARIANT: permits in use <= max_concurrent of the owning bulkhead.
@@ -173,6 +175,11 @@ impl Bulkhead {
                 .or_insert_with(|| Arc::new(Cell::new())),
         };
         CellRef::Keyed(cell.clone())
+    }
+
+    /// The scope `r` names, or the rule's own scope for `None`.
+    pub(crate) fn cell_or_single<'a>(&'a self, r: Option<&'a CellRef>) -> &'a Cell {
+        r.map_or(&self.single, |r| self.cell(r))
     }
 
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a Cell {

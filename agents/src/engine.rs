@@ -7,17 +7,29 @@
 //! state of every rule that still exists with the same parameters, so a
 //! reload under load keeps in-flight counts, windows and tripped fuses.
 //!
+//! Each thread caches, per engine, the snapshot it last used with the
+//! engine's generation (bumped after every swap): while the generation is
+//! unchanged, a decision routes with the cached config (no shared write at
+//! all for a request no rule matches) and upgrades the cached weak reference
+//! to hold the snapshot only when a rule matched. The cache keeps configs
+//! (plain data) alive, never rule state.
+//!
 //! A decision checks, in order: fuses (one atomic load when closed), limits
 //! (a compare-exchange per counter), then bulkheads (a semaphore permit, the
 //! only step that may wait, with shaping limits). A call is admitted only
 //! when every matched rule admits it; permits taken before a later rule
-//! refuses are returned at once.
+//! refuses are returned at once. Statistics (admitted, latency, rejections)
+//! and fuse windows are counted in the calling thread's stripe
+//! ([`crate::stripe`]), without a locked instruction; the clock is read once
+//! at admission and once when the outcome is recorded.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use arc_swap::{ArcSwap, Guard};
+use arc_swap::ArcSwap;
 use gov_proto::v1 as proto;
 use http::{HeaderMap, Method, Request, StatusCode};
 use smallvec::SmallVec;
@@ -26,6 +38,7 @@ use tokio::time::Instant;
 
 use crate::bulkhead::{self, Bulkhead};
 use crate::cluster::ClusterStore;
+use crate::config::RuleId;
 use crate::config::{
     CompiledConfig, Direction, InvalidConfig, LimitAction, LimitKey, LimitScope, RuleKind, RuleSpec,
 };
@@ -35,7 +48,8 @@ use crate::limit::{self, Limit};
 use crate::outcome::Outcome;
 use crate::rejection::{RejectReason, Rejection};
 use crate::route::{Headers, Matched, View};
-use crate::stats::{Counters, FuseState, RuleStats};
+use crate::stats::{self, Counters, FuseState, RuleStats};
+use crate::stripe::{self, Slot};
 
 /// The enforcement engine of one service. Cheap to clone (one `Arc`).
 #[derive(Clone, Debug)]
@@ -46,6 +60,11 @@ pub struct Engine {
 #[derive(Debug)]
 struct Shared {
     current: ArcSwap<Snapshot>,
+    /// Unique per engine in the process: the key of the thread-local cache.
+    id: u64,
+    /// Bumped after every swap of `current` (under `apply`): a thread whose
+    /// cached snapshot has this generation may use it without loading `current`.
+    generation: AtomicU64,
     events: Events,
     /// Serialises `apply` (state carry-over reads the snapshot it replaces).
     apply: Mutex<()>,
@@ -53,8 +72,11 @@ struct Shared {
     cluster: Option<ClusterStore>,
 }
 
-/// One config and the state of each of its rules.
+/// One config and the state of each of its rules. Cache-line aligned, so
+/// that in its `Arc` the reference counts (written by every governed call)
+/// and the fields every decision reads are on different lines.
 #[derive(Debug)]
+#[repr(align(64))]
 struct Snapshot {
     config: Arc<CompiledConfig>,
     // INVARIANT: `states[i]` belongs to `config.rules[i]` and has its kind.
@@ -185,13 +207,33 @@ enum Step {
     Bulkhead(u32, bulkhead::CellRef),
 }
 
-/// What an admission holds until it ends.
-#[derive(Debug)]
+/// What an admission holds until it ends. Eight bytes, copied whole: a
+/// keyed scope (an `Arc`) is kept aside in [`Admission::keyed`].
+#[derive(Clone, Copy, Debug)]
 enum Held {
-    Fuse { rule: u32, probe: bool },
-    Limit { rule: u32, cell: limit::CellRef },
-    Bulkhead { rule: u32, cell: bulkhead::CellRef },
-    Timeout { rule: u32 },
+    Fuse {
+        rule: u32,
+        probe: bool,
+    },
+    /// `keyed`: the scope is in `Admission::keyed`, else the rule's own.
+    Limit {
+        rule: u32,
+        keyed: bool,
+    },
+    Bulkhead {
+        rule: u32,
+        keyed: bool,
+    },
+    Timeout {
+        rule: u32,
+    },
+}
+
+/// A keyed scope an admission holds, by rule.
+#[derive(Debug)]
+enum Keyed {
+    Limit(limit::CellRef),
+    Bulkhead(bulkhead::CellRef),
 }
 
 impl Held {
@@ -216,10 +258,12 @@ pub struct Admission {
     /// `None` when no rule matched: nothing to hold or record.
     snap: Option<Arc<Snapshot>>,
     held: SmallVec<[Held; 4]>,
+    /// The keyed scopes of `held` (consumers, instances), by rule.
+    keyed: SmallVec<[(u32, Keyed); 1]>,
     /// When the decision began (`None` when no rule matched: no clock read).
     start: Option<Instant>,
-    /// The shortest matched timeout, and the rule it came from.
-    timeout: Option<(Duration, u32)>,
+    /// The rule with the shortest matched timeout (see [`rule_timeout`]).
+    timeout: Option<u32>,
     has_bytes: bool,
     /// Every step passed (counted as admitted in every rule).
     admitted: bool,
@@ -334,6 +378,8 @@ impl Engine {
         Self {
             shared: Arc::new(Shared {
                 current: ArcSwap::from_pointee(snapshot),
+                id: NEXT_ENGINE_ID.fetch_add(1, Relaxed),
+                generation: AtomicU64::new(0),
                 events,
                 apply: Mutex::new(()),
                 cluster,
@@ -415,6 +461,9 @@ impl Engine {
             config: Arc::new(config),
             states,
         }));
+        // After the store: a thread that reads the new generation sees the
+        // new snapshot.
+        self.shared.generation.fetch_add(1, Release);
         applied
     }
 
@@ -432,101 +481,37 @@ impl Engine {
     /// [`INLINE_RULES`](crate::route::INLINE_RULES) rules match and their
     /// scopes already exist.
     pub fn try_admit(&self, req: &RequestInfo<'_>) -> Decision {
-        let guard = self.shared.current.load();
-        let config = &*guard.config;
-        let router = match req.direction {
-            Direction::Inbound => &config.inbound,
-            Direction::Outbound => &config.outbound,
-        };
-        if router.is_empty {
-            return Decision::Admitted(Admission::unmatched());
-        }
-        let target = req.target.map(|t| t.service);
-        let view = View::new(
-            req.method,
-            req.path,
-            req.headers,
-            &config.consumer_header,
-            target,
-        );
+        let generation = self.shared.generation.load(Acquire);
         let mut matched = Matched::new();
-        router.matches(&config.rules, &view, &mut matched);
-        if matched.is_empty() {
-            return Decision::Admitted(Admission::unmatched());
-        }
-
-        // Read the consumer only when a consumer-keyed limit needs it.
-        let consumer = matched
-            .iter()
-            .any(|id| {
-                matches!(&config.rules[id.0 as usize].spec,
-                    RuleSpec::Limit(l) if l.key == LimitKey::Consumer)
-            })
-            .then(|| req.headers.get_str(&config.consumer_header))
-            .flatten();
-        let snap = Guard::into_inner(guard);
-        let now = Instant::now();
-        let mut steps = Steps::new();
-        let mut admission = Admission {
-            snap: None,
-            held: SmallVec::new(),
-            start: Some(now),
-            timeout: None,
-            has_bytes: false,
-            admitted: false,
-            recorded: false,
+        // Route with this thread's cached config; take the snapshot only if
+        // a rule matched.
+        let hit = CACHE.try_with(|cache| {
+            let cache = cache.try_borrow().ok()?;
+            let entry = cache.find(self.shared.id, generation)?;
+            if !route(&entry.config, req, &mut matched) {
+                return Some(None);
+            }
+            // `None` (the snapshot was swapped and dropped since): load it.
+            entry.snap.upgrade().map(Some)
+        });
+        let snap = match hit {
+            Ok(Some(None)) => return Decision::Admitted(Admission::unmatched()),
+            Ok(Some(Some(snap))) => snap,
+            _ => {
+                let snap = self.shared.current.load_full();
+                let _ = CACHE.try_with(|cache| {
+                    if let Ok(mut cache) = cache.try_borrow_mut() {
+                        cache.insert(self.shared.id, generation, &snap);
+                    }
+                });
+                matched.clear();
+                if !route(&snap.config, req, &mut matched) {
+                    return Decision::Admitted(Admission::unmatched());
+                }
+                snap
+            }
         };
-        // Fuses first (cheapest, and they refuse everyone), then limits, then
-        // bulkheads (the only waiting step).
-        for &id in &matched {
-            match &snap.states[id.0 as usize] {
-                State::Fuse(_) => steps.push(Step::Fuse(id.0)),
-                State::Timeout(t) => {
-                    admission.shorten_timeout(t.timeout, id.0);
-                    admission.held.push(Held::Timeout { rule: id.0 });
-                }
-                State::Limit(_) | State::Bulkhead(_) => {}
-            }
-        }
-        for &id in &matched {
-            if let State::Limit(l) = &snap.states[id.0 as usize] {
-                let key = match l.spec.key {
-                    LimitKey::All | LimitKey::Domain => None,
-                    LimitKey::Service => target,
-                    LimitKey::Consumer => consumer,
-                };
-                steps.push(Step::Limit(id.0, l.cell_for(key)));
-            }
-        }
-        let instance = req.target.and_then(|t| t.instance);
-        for &id in &matched {
-            if let State::Bulkhead(b) = &snap.states[id.0 as usize] {
-                if let Some(t) = b.spec.timeout {
-                    admission.shorten_timeout(t, id.0);
-                }
-                steps.push(Step::Bulkhead(id.0, b.cell_for(instance, req.path)));
-            }
-        }
-        admission.snap = Some(snap);
-
-        let mut steps = steps.into_iter();
-        while let Some(step) = steps.next() {
-            match admission.step_now(step, now) {
-                Ok(()) => {}
-                Err(StepError::Rejected(r)) => return Decision::Rejected(r),
-                Err(StepError::Wait(step, _)) => {
-                    let mut rest = Steps::new();
-                    rest.push(step);
-                    rest.extend(steps);
-                    return Decision::Wait(Pending {
-                        admission,
-                        steps: rest,
-                    });
-                }
-            }
-        }
-        admission.complete();
-        Decision::Admitted(admission)
+        admit_matched(snap, &matched, req)
     }
 
     /// Decides, waiting for a bulkhead permit or a shaping delay if the
@@ -662,6 +647,239 @@ impl Engine {
     }
 }
 
+// === the decision ===
+
+/// Engine ids (the thread-local cache's keys); 0 is never used.
+static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Engines whose snapshot one thread keeps at hand.
+const CACHED_ENGINES: usize = 4;
+
+/// One engine's current snapshot as one thread last saw it.
+struct CachedSnapshot {
+    engine: u64,
+    generation: u64,
+    /// The snapshot's config: plain data (rules and routers), so keeping it
+    /// after a swap or after the engine is gone holds no live state.
+    config: Arc<CompiledConfig>,
+    /// The snapshot itself, not kept alive by the cache: rule state (tasks,
+    /// store connections) ends with the last admission that uses it.
+    snap: Weak<Snapshot>,
+}
+
+/// Each thread's snapshots of the engines it decides for, so that a
+/// decision reads one atomic (the engine's generation) instead of loading
+/// the `ArcSwap`, and an unmatched request touches no shared counter.
+#[derive(Default)]
+struct SnapshotCache {
+    entries: [Option<CachedSnapshot>; CACHED_ENGINES],
+    /// The entry to replace next when an engine is not cached.
+    next: usize,
+}
+
+impl SnapshotCache {
+    #[inline]
+    fn find(&self, engine: u64, generation: u64) -> Option<&CachedSnapshot> {
+        self.entries
+            .iter()
+            .flatten()
+            .find(|e| e.engine == engine && e.generation == generation)
+    }
+
+    fn insert(&mut self, engine: u64, generation: u64, snap: &Arc<Snapshot>) {
+        let entry = CachedSnapshot {
+            engine,
+            generation,
+            config: snap.config.clone(),
+            snap: Arc::downgrade(snap),
+        };
+        let at = match self
+            .entries
+            .iter()
+            .position(|e| e.as_ref().is_none_or(|e| e.engine == engine))
+        {
+            Some(i) => i,
+            None => {
+                let i = self.next % CACHED_ENGINES;
+                self.next = i + 1;
+                i
+            }
+        };
+        if let Some(slot) = self.entries.get_mut(at) {
+            *slot = Some(entry);
+        }
+    }
+}
+
+thread_local! {
+    static CACHE: RefCell<SnapshotCache> = RefCell::default();
+}
+
+/// Matches `req` against `config`; `false` when no rule matched.
+#[inline]
+fn route(config: &CompiledConfig, req: &RequestInfo<'_>, matched: &mut Matched) -> bool {
+    let router = match req.direction {
+        Direction::Inbound => &config.inbound,
+        Direction::Outbound => &config.outbound,
+    };
+    if router.is_empty {
+        return false;
+    }
+    let target = req.target.map(|t| t.service);
+    let view = View::new(
+        req.method,
+        req.path,
+        req.headers,
+        &config.consumer_header,
+        target,
+    );
+    router.matches(&view, matched);
+    !matched.is_empty()
+}
+
+/// The decision for a request that matched the rules `matched` of `snap`.
+fn admit_matched(snap: Arc<Snapshot>, matched: &Matched, req: &RequestInfo<'_>) -> Decision {
+    let config = &*snap.config;
+    let target = req.target.map(|t| t.service);
+    let now = Instant::now();
+    let mut admission = Admission {
+        snap: None,
+        held: SmallVec::new(),
+        keyed: SmallVec::new(),
+        start: Some(now),
+        timeout: None,
+        has_bytes: false,
+        admitted: false,
+        recorded: false,
+    };
+    // Timeouts first (they hold nothing), and whether the consumer is needed.
+    let mut consumer_keyed = false;
+    for &id in matched {
+        match &snap.states[id.0 as usize] {
+            State::Timeout(t) => {
+                admission.shorten_timeout(&snap, t.timeout, id.0);
+                admission.held.push(Held::Timeout { rule: id.0 });
+            }
+            State::Bulkhead(b) => {
+                if let Some(t) = b.spec.timeout {
+                    admission.shorten_timeout(&snap, t, id.0);
+                }
+            }
+            State::Limit(l) => consumer_keyed |= l.spec.key == LimitKey::Consumer,
+            State::Fuse(_) => {}
+        }
+    }
+    // Read the consumer only when a consumer-keyed limit needs it.
+    let consumer = consumer_keyed
+        .then(|| req.headers.get_str(&config.consumer_header))
+        .flatten();
+    let instance = req.target.and_then(|t| t.instance);
+    let keys = Keys {
+        target,
+        consumer,
+        instance,
+        path: req.path,
+    };
+    // Fuses first (cheapest, and they refuse everyone), then limits, then
+    // bulkheads (the only waiting step).
+    for phase in Phase::ALL {
+        for (i, &id) in matched.iter().enumerate() {
+            let Some(step) = phase.step(&snap.states[id.0 as usize], id, &keys) else {
+                continue;
+            };
+            match admission.step_now(&snap, step, now) {
+                Ok(()) => {}
+                Err(StepError::Rejected(r)) => {
+                    // Gives back what the earlier steps took.
+                    admission.snap = Some(snap);
+                    return Decision::Rejected(r);
+                }
+                Err(StepError::Wait(step, _)) => {
+                    let mut rest = Steps::new();
+                    rest.push(step);
+                    rest.extend(remaining(&snap, matched, &keys, phase, i + 1));
+                    admission.snap = Some(snap);
+                    return Decision::Wait(Pending {
+                        admission,
+                        steps: rest,
+                    });
+                }
+            }
+        }
+    }
+    admission.snap = Some(snap);
+    admission.complete(stripe::current());
+    Decision::Admitted(admission)
+}
+
+/// What the scopes (cells) of a request's limits and bulkheads are keyed by.
+struct Keys<'a> {
+    target: Option<&'a str>,
+    consumer: Option<&'a str>,
+    instance: Option<&'a str>,
+    path: &'a str,
+}
+
+/// The order of the steps of a decision.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Fuses,
+    Limits,
+    Bulkheads,
+}
+
+impl Phase {
+    const ALL: [Phase; 3] = [Phase::Fuses, Phase::Limits, Phase::Bulkheads];
+
+    /// The step of rule `id` in this phase, if it has one.
+    #[inline]
+    fn step(self, state: &State, id: RuleId, keys: &Keys<'_>) -> Option<Step> {
+        match (self, state) {
+            (Phase::Fuses, State::Fuse(_)) => Some(Step::Fuse(id.0)),
+            (Phase::Limits, State::Limit(l)) => {
+                let key = match l.spec.key {
+                    LimitKey::All | LimitKey::Domain => None,
+                    LimitKey::Service => keys.target,
+                    LimitKey::Consumer => keys.consumer,
+                };
+                Some(Step::Limit(id.0, l.cell_for(key)))
+            }
+            (Phase::Bulkheads, State::Bulkhead(b)) => {
+                Some(Step::Bulkhead(id.0, b.cell_for(keys.instance, keys.path)))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The steps after the `from`th matched rule of `phase`.
+fn remaining(
+    snap: &Snapshot,
+    matched: &Matched,
+    keys: &Keys<'_>,
+    phase: Phase,
+    from: usize,
+) -> Steps {
+    let mut steps = Steps::new();
+    let later = Phase::ALL.iter().skip_while(|&&p| p != phase);
+    for (n, &p) in later.enumerate() {
+        let skip = if n == 0 { from } else { 0 };
+        for &id in matched.iter().skip(skip) {
+            steps.extend(p.step(&snap.states[id.0 as usize], id, keys));
+        }
+    }
+    steps
+}
+
+/// The deadline rule `rule` sets: a timeout's, or a bulkhead's `timeout`.
+fn rule_timeout(snap: &Snapshot, rule: u32) -> Option<Duration> {
+    match snap.states.get(rule as usize)? {
+        State::Timeout(t) => Some(t.timeout),
+        State::Bulkhead(b) => b.spec.timeout,
+        State::Limit(_) | State::Fuse(_) => None,
+    }
+}
+
 // === impl Snapshot ===
 
 impl Snapshot {
@@ -677,7 +895,7 @@ impl Snapshot {
     /// Counts a rejection by `rule` and builds it.
     fn reject(&self, rule: u32, reason: RejectReason, retry_after: Option<Duration>) -> Rejection {
         let state = &self.states[rule as usize];
-        state.counters().reject(reason);
+        state.counters().reject(stripe::current(), reason);
         let status = match (state, reason) {
             (_, RejectReason::Timeout) => StatusCode::GATEWAY_TIMEOUT,
             (State::Bulkhead(b), _) => b.spec.reject_status,
@@ -707,6 +925,7 @@ impl Admission {
         Self {
             snap: None,
             held: SmallVec::new(),
+            keyed: SmallVec::new(),
             start: None,
             timeout: None,
             has_bytes: false,
@@ -715,9 +934,48 @@ impl Admission {
         }
     }
 
-    fn shorten_timeout(&mut self, t: Duration, rule: u32) {
-        if self.timeout.is_none_or(|(current, _)| t < current) {
-            self.timeout = Some((t, rule));
+    fn hold_limit(&mut self, rule: u32, cell: limit::CellRef) {
+        let keyed = matches!(cell, limit::CellRef::Keyed(_));
+        if keyed {
+            self.keyed.push((rule, Keyed::Limit(cell)));
+        }
+        self.held.push(Held::Limit { rule, keyed });
+    }
+
+    fn hold_bulkhead(&mut self, rule: u32, cell: bulkhead::CellRef) {
+        let keyed = matches!(cell, bulkhead::CellRef::Keyed(_));
+        if keyed {
+            self.keyed.push((rule, Keyed::Bulkhead(cell)));
+        }
+        self.held.push(Held::Bulkhead { rule, keyed });
+    }
+
+    /// The keyed limit scope held for `rule` (`None`: the rule's own).
+    fn limit_cell(&self, rule: u32, keyed: bool) -> Option<&limit::CellRef> {
+        if !keyed {
+            return None;
+        }
+        self.keyed.iter().find_map(|(r, k)| match k {
+            Keyed::Limit(c) if *r == rule => Some(c),
+            _ => None,
+        })
+    }
+
+    /// The keyed bulkhead scope held for `rule` (`None`: the rule's own).
+    fn bulkhead_cell(&self, rule: u32, keyed: bool) -> Option<&bulkhead::CellRef> {
+        if !keyed {
+            return None;
+        }
+        self.keyed.iter().find_map(|(r, k)| match k {
+            Keyed::Bulkhead(c) if *r == rule => Some(c),
+            _ => None,
+        })
+    }
+
+    fn shorten_timeout(&mut self, snap: &Snapshot, t: Duration, rule: u32) {
+        let current = self.timeout.and_then(|r| rule_timeout(snap, r));
+        if current.is_none_or(|current| t < current) {
+            self.timeout = Some(rule);
         }
     }
 
@@ -725,12 +983,8 @@ impl Admission {
         self.snap.as_ref()
     }
 
-    /// Runs one step without waiting.
-    fn step_now(&mut self, step: Step, now: Instant) -> Result<(), StepError> {
-        // Borrow the snapshot field only (no refcount traffic on the hot path).
-        let Some(snap) = self.snap.as_deref() else {
-            return Ok(());
-        };
+    /// Runs one step of a decision on `snap` without waiting.
+    fn step_now(&mut self, snap: &Snapshot, step: Step, now: Instant) -> Result<(), StepError> {
         match step {
             Step::Fuse(id) => {
                 let State::Fuse(f) = &snap.states[id as usize] else {
@@ -760,7 +1014,7 @@ impl Admission {
                 match l.try_admit(l.cell(&cell), now) {
                     Ok(()) => {
                         self.has_bytes |= l.spec.bytes.is_some();
-                        self.held.push(Held::Limit { rule: id, cell });
+                        self.hold_limit(id, cell);
                         Ok(())
                     }
                     Err(e) => {
@@ -787,7 +1041,7 @@ impl Admission {
                     return Ok(());
                 };
                 if b.try_acquire(b.cell(&cell)) {
-                    self.held.push(Held::Bulkhead { rule: id, cell });
+                    self.hold_bulkhead(id, cell);
                     Ok(())
                 } else if b.may_wait() {
                     Err(StepError::Wait(Step::Bulkhead(id, cell), b.spec.max_wait))
@@ -814,7 +1068,7 @@ impl Admission {
                 };
                 match b.acquire(b.cell(&cell)).await {
                     Ok(()) => {
-                        self.held.push(Held::Bulkhead { rule: id, cell });
+                        self.hold_bulkhead(id, cell);
                         Ok(())
                     }
                     Err(reason) => Err(snap.reject(id, reason, None)),
@@ -832,7 +1086,7 @@ impl Admission {
                         match l.admit_exact(l.cell(&cell), now).await {
                             Ok(()) => {
                                 self.has_bytes |= l.spec.bytes.is_some();
-                                self.held.push(Held::Limit { rule: id, cell });
+                                self.hold_limit(id, cell);
                                 return Ok(());
                             }
                             Err(e) => {
@@ -855,7 +1109,7 @@ impl Admission {
                         }
                         continue;
                     }
-                    match self.step_now(Step::Limit(id, cell.clone()), Instant::now()) {
+                    match self.step_now(&snap, Step::Limit(id, cell.clone()), Instant::now()) {
                         Ok(()) => return Ok(()),
                         Err(StepError::Rejected(r)) => return Err(r),
                         // Only asked when the window ends before the shaping
@@ -865,7 +1119,7 @@ impl Admission {
                 }
             }
             Step::Fuse(id) => self
-                .step_now(Step::Fuse(id), Instant::now())
+                .step_now(&snap, Step::Fuse(id), Instant::now())
                 .map_err(|e| match e {
                     StepError::Rejected(r) => r,
                     // Fuses never ask to wait.
@@ -874,22 +1128,20 @@ impl Admission {
         }
     }
 
-    /// Every step passed: count the call as admitted by every matched rule.
-    fn complete(&mut self) {
+    /// Every step passed: count the call as admitted by every matched rule
+    /// (in the stripe of `slot`, the calling thread's).
+    fn complete(&mut self, slot: Slot) {
         self.admitted = true;
         if let Some(snap) = &self.snap {
             for h in &self.held {
-                snap.states[h.rule() as usize]
-                    .counters()
-                    .admitted
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                snap.states[h.rule() as usize].counters().admit(slot);
             }
         }
     }
 
     /// The deadline for this call (the shortest matched timeout), if any.
     pub fn timeout(&self) -> Option<Duration> {
-        self.timeout.map(|(t, _)| t)
+        rule_timeout(self.snap.as_deref()?, self.timeout?)
     }
 
     /// The version of the config this call was decided under (`None` when
@@ -915,7 +1167,14 @@ impl Admission {
             return;
         }
         if let Some(snap) = self.snap() {
-            add_bytes(snap, &self.held, n);
+            let now = Instant::now();
+            for h in &self.held {
+                if let (&Held::Limit { rule, keyed }, State::Limit(l)) =
+                    (h, &snap.states[h.rule() as usize])
+                {
+                    l.add_bytes(l.cell_or_single(self.limit_cell(rule, keyed)), n, now);
+                }
+            }
         }
     }
 
@@ -929,8 +1188,13 @@ impl Admission {
         let cells = self
             .held
             .iter()
-            .filter_map(|h| match h {
-                Held::Limit { rule, cell } => Some((*rule, cell.clone())),
+            .filter_map(|h| match *h {
+                Held::Limit { rule, keyed } => Some((
+                    rule,
+                    self.limit_cell(rule, keyed)
+                        .cloned()
+                        .unwrap_or(limit::CellRef::Single),
+                )),
                 _ => None,
             })
             .collect();
@@ -940,21 +1204,26 @@ impl Admission {
     /// Records how the call ended (first call wins): latency for every
     /// matched rule, the outcome for fuses. Permits stay held until drop, so
     /// record at the response head and drop when the body is done.
+    #[inline]
     pub fn record(&mut self, outcome: Outcome) {
-        if self.recorded {
-            return;
+        if !self.recorded {
+            self.recorded = true;
+            self.record_outcome(outcome);
         }
-        self.recorded = true;
+    }
+
+    fn record_outcome(&mut self, outcome: Outcome) {
         let Some(snap) = self.snap.as_deref() else {
             return;
         };
+        let slot = stripe::current();
         let now = Instant::now();
-        let latency = now.saturating_duration_since(self.start.unwrap_or(now));
+        let bucket = stats::bucket(now.saturating_duration_since(self.start.unwrap_or(now)));
         for h in &mut self.held {
             let state = &snap.states[h.rule() as usize];
-            state.counters().latency(latency);
+            state.counters().latency(slot, bucket);
             if let (Held::Fuse { probe, .. }, State::Fuse(f)) = (h, state) {
-                f.record(outcome, *probe, now);
+                f.record(slot, outcome, *probe, now);
                 // The probe has reported; dropping must not give it back.
                 *probe = false;
             }
@@ -970,34 +1239,38 @@ impl Admission {
     /// counts it on the timeout's rule, and returns the 504 rejection.
     pub fn timed_out(mut self) -> Option<Rejection> {
         self.record(Outcome::Timeout);
-        let (_, rule) = self.timeout?;
+        let rule = self.timeout?;
         Some(self.snap()?.reject(rule, RejectReason::Timeout, None))
     }
 }
 
 impl Drop for Admission {
+    #[inline]
     fn drop(&mut self) {
-        let Some(snap) = &self.snap else { return };
-        for h in &self.held {
-            let state = &snap.states[h.rule() as usize];
-            // A recorded call ended in a latency bucket; count the others here.
-            if self.admitted && !self.recorded {
-                state.counters().end();
-            }
-            match (h, state) {
-                (Held::Bulkhead { cell, .. }, State::Bulkhead(b)) => b.release(b.cell(cell)),
-                (Held::Fuse { probe: true, .. }, State::Fuse(f)) => f.abandon_probe(),
-                _ => {}
-            }
+        if self.snap.is_some() {
+            self.end();
         }
     }
 }
 
-fn add_bytes(snap: &Snapshot, held: &[Held], n: u64) {
-    let now = Instant::now();
-    for h in held {
-        if let (Held::Limit { cell, .. }, State::Limit(l)) = (h, &snap.states[h.rule() as usize]) {
-            l.add_bytes(l.cell(cell), n, now);
+impl Admission {
+    /// Ends a governed call: returns permits and abandoned probes.
+    fn end(&mut self) {
+        let Some(snap) = &self.snap else { return };
+        // A recorded call ended in a latency bucket; count the others here.
+        let unrecorded = (self.admitted && !self.recorded).then(stripe::current);
+        for h in &self.held {
+            let state = &snap.states[h.rule() as usize];
+            if let Some(slot) = unrecorded {
+                state.counters().end(slot);
+            }
+            match (*h, state) {
+                (Held::Bulkhead { rule, keyed }, State::Bulkhead(b)) => {
+                    b.release(b.cell_or_single(self.bulkhead_cell(rule, keyed)));
+                }
+                (Held::Fuse { probe: true, .. }, State::Fuse(f)) => f.abandon_probe(),
+                _ => {}
+            }
         }
     }
 }
@@ -1030,7 +1303,7 @@ impl Pending {
         for step in steps {
             self.admission.step_wait(step).await?;
         }
-        self.admission.complete();
+        self.admission.complete(stripe::current());
         Ok(self.admission)
     }
 }
@@ -1040,15 +1313,59 @@ struct Waiting<'a>(&'a Counters);
 
 impl<'a> Waiting<'a> {
     fn new(c: &'a Counters) -> Self {
-        c.waiting.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        c.waiting.fetch_add(1, Relaxed);
         Self(c)
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0
-            .waiting
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.waiting.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BULKHEAD: &str = r#"
+service: order
+bulkheads:
+- rule: order/slow_calls
+  on: {path: {kind: PATH_KIND_PREFIX, value: /slow}}
+  max_concurrent: 2
+"#;
+
+    fn engine(yaml: &str) -> Engine {
+        let engine = Engine::empty("order");
+        let target: proto::TargetConfig = serde_yaml::from_str(yaml).unwrap_or_default();
+        assert!(engine.apply_target(&target).is_ok());
+        engine
+    }
+
+    fn decide(e: &Engine, path: &str) -> Option<Admission> {
+        let h = HeaderMap::new();
+        match e.try_admit(&RequestInfo::inbound(&Method::GET, path, &h)) {
+            Decision::Admitted(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_thread_cache_keeps_no_rule_state_alive() {
+        let e = engine(BULKHEAD);
+        let a = decide(&e, "/slow");
+        assert!(a.as_ref().is_some_and(Admission::is_governed));
+        let Ok(State::Bulkhead(b)) = e.find("order/slow_calls", RuleKind::Bulkhead) else {
+            panic!("no bulkhead");
+        };
+        let old = Arc::downgrade(&b);
+        drop(b);
+        // The rule goes away; this thread's cache still has the old config.
+        e.apply(CompiledConfig::empty("order"));
+        assert!(old.upgrade().is_some(), "the admission holds its snapshot");
+        drop(a);
+        assert!(old.upgrade().is_none(), "nothing else holds the old state");
+        assert!(decide(&e, "/slow").is_some_and(|a| !a.is_governed()));
     }
 }

@@ -9,7 +9,9 @@
 //! again for another `after`.
 //!
 //! The fast path (Closed) is one atomic load on admission and one bucket
-//! increment per window on completion. State changes take a mutex (rare).
+//! increment per window on completion, in the calling thread's stripe of the
+//! window (a plain store, see [`crate::window`]). State changes take a mutex
+//! (rare).
 
 use std::sync::atomic::{
     AtomicU8, AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
@@ -23,6 +25,7 @@ use crate::config::{CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, Tri
 use crate::events::{EventKind, Events};
 use crate::outcome::Outcome;
 use crate::stats::{Counters, FuseState};
+use crate::stripe::Slot;
 use crate::window::{Class, RollingWindow, Totals};
 
 const CLOSED: u8 = 0;
@@ -160,8 +163,8 @@ impl Fuse {
         }
     }
 
-    /// Records how an admitted call ended.
-    pub(crate) fn record(&self, outcome: Outcome, probe: bool, now: Instant) {
+    /// Records how an admitted call ended (counted in the stripe of `slot`).
+    pub(crate) fn record(&self, slot: Slot, outcome: Outcome, probe: bool, now: Instant) {
         let class = self.classify(outcome);
         if probe {
             self.record_probe(class, now);
@@ -169,7 +172,7 @@ impl Fuse {
         }
         let now_ms = self.now_ms(now);
         for w in &*self.windows {
-            w.record(now_ms, class);
+            w.record(slot, now_ms, class);
         }
         if class == Class::Ok || self.state.load(Acquire) != CLOSED {
             return;
@@ -399,7 +402,7 @@ mod tests {
                 f.try_admit(Instant::now()).is_ok(),
                 "fuse refused while closed"
             );
-            f.record(outcome, false, Instant::now());
+            f.record(crate::stripe::current(), outcome, false, Instant::now());
         }
     }
 
@@ -530,9 +533,19 @@ mod tests {
         assert_eq!(f.state(), FuseState::HalfOpen);
         assert_eq!(f.try_admit(Instant::now()), Ok(true));
         assert!(f.try_admit(Instant::now()).is_err(), "only two probes");
-        f.record(Outcome::Status(200), true, Instant::now());
+        f.record(
+            crate::stripe::current(),
+            Outcome::Status(200),
+            true,
+            Instant::now(),
+        );
         assert_eq!(f.state(), FuseState::HalfOpen);
-        f.record(Outcome::Status(204), true, Instant::now());
+        f.record(
+            crate::stripe::current(),
+            Outcome::Status(204),
+            true,
+            Instant::now(),
+        );
         assert_eq!(f.state(), FuseState::Closed);
         assert_eq!(f.try_admit(Instant::now()), Ok(false));
         let kinds: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
@@ -566,9 +579,19 @@ mod tests {
         calls(&f, 1, Outcome::Status(500));
         tokio::time::advance(Duration::from_secs(30)).await;
         assert_eq!(f.try_admit(Instant::now()), Ok(true));
-        f.record(Outcome::Status(200), true, Instant::now());
+        f.record(
+            crate::stripe::current(),
+            Outcome::Status(200),
+            true,
+            Instant::now(),
+        );
         assert_eq!(f.try_admit(Instant::now()), Ok(true));
-        f.record(Outcome::ConnectFailure, true, Instant::now());
+        f.record(
+            crate::stripe::current(),
+            Outcome::ConnectFailure,
+            true,
+            Instant::now(),
+        );
         assert_eq!(f.state(), FuseState::Open);
         // Another full `after` from the failed probe.
         tokio::time::advance(Duration::from_secs(29)).await;

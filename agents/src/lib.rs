@@ -62,6 +62,7 @@ pub mod outcome;
 pub mod rejection;
 pub mod route;
 pub mod stats;
+mod stripe;
 mod window;
 
 pub use cluster::ClusterStore;

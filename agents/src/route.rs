@@ -3,9 +3,12 @@
 //! Compiled once per config. Each rule's match expression becomes a `Cond`
 //! tree; a `Router` per direction indexes rules by the path their match
 //! requires (an exact path in a hash map, a prefix in a list sorted
-//! longest-first), so a request only evaluates the trees of rules whose path
-//! can match, plus the rules whose match has no path requirement. Matching
-//! does not allocate for up to [`INLINE_RULES`] matched rules.
+//! longest-first, each compared first by its leading 8 bytes as one word),
+//! so a request only evaluates the trees of rules whose path can match, plus
+//! the rules whose match has no path requirement. Under a path index a rule
+//! keeps only what remains of its match once the path is known to meet it
+//! (nothing for a rule matching a path alone). Matching does not allocate
+//! for up to [`INLINE_RULES`] matched rules.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -135,6 +138,29 @@ impl Cond {
             _ => None,
         }
     }
+
+    /// What is left to check once the request's path is known to meet
+    /// [`Cond::required_path`]: `None` when nothing is.
+    fn residual(&self) -> Option<Cond> {
+        match self {
+            Cond::PathExact(_) | Cond::PathPrefix(_) => None,
+            Cond::And(items) => {
+                let k = items.iter().position(|c| c.required_path().is_some())?;
+                if !matches!(items[k], Cond::PathExact(_) | Cond::PathPrefix(_)) {
+                    // Required by a nested expression: check it all again.
+                    return Some(self.clone());
+                }
+                let mut rest: Vec<Cond> = items.iter().take(k).cloned().collect();
+                rest.extend(items.iter().skip(k + 1).cloned());
+                match rest.len() {
+                    0 => None,
+                    1 => rest.pop(),
+                    _ => Some(Cond::And(rest.into())),
+                }
+            }
+            _ => Some(self.clone()),
+        }
+    }
 }
 
 enum PathReq<'a> {
@@ -187,22 +213,86 @@ impl FxHasher {
 
 pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
 
+/// A rule under a path index, with what its match still has to check once
+/// the request's path is known to meet the index (`None`: nothing, so a
+/// rule matching only on a path costs no evaluation).
+#[derive(Debug)]
+struct Entry {
+    id: RuleId,
+    rest: Option<Cond>,
+}
+
+/// The first 8 bytes of `s`, zero-padded, as one word.
+#[inline]
+fn head8(s: &[u8]) -> u64 {
+    if let Some(head) = s.first_chunk::<8>() {
+        return u64::from_le_bytes(*head);
+    }
+    let mut word = 0u64;
+    for (i, &b) in s.iter().enumerate() {
+        word |= u64::from(b) << (8 * i);
+    }
+    word
+}
+
+/// A path prefix and the rules it indexes.
+#[derive(Debug)]
+struct Prefix {
+    text: Box<str>,
+    /// The first 8 bytes of `text` and the mask of those present: most
+    /// prefixes are told apart by one word comparison.
+    head: u64,
+    mask: u64,
+    entries: Vec<Entry>,
+}
+
+impl Prefix {
+    fn new(text: &str, entries: Vec<Entry>) -> Self {
+        let n = text.len().min(8);
+        Self {
+            head: head8(text.as_bytes()),
+            mask: if n == 8 {
+                u64::MAX
+            } else {
+                (1u64 << (8 * n)) - 1
+            },
+            text: text.into(),
+            entries,
+        }
+    }
+
+    /// Whether `path` (whose `head8` is `path_head`) starts with this prefix.
+    #[inline]
+    fn holds(&self, path: &[u8], path_head: u64) -> bool {
+        path_head & self.mask == self.head
+            && path.len() >= self.text.len()
+            && (self.text.len() <= 8 || path.starts_with(self.text.as_bytes()))
+    }
+}
+
 /// The rules of one direction, indexed by required path.
 #[derive(Debug, Default)]
 pub(crate) struct Router {
-    exact: HashMap<Box<str>, Vec<RuleId>, FxBuild>,
+    exact: HashMap<Box<str>, Vec<Entry>, FxBuild>,
+    /// Bit `min(len, 63)` is set for the length of every exact path: most
+    /// requests skip the hash lookup.
+    exact_lens: u64,
     // INVARIANT: sorted by prefix length, longest first.
-    prefixes: Vec<(Box<str>, Vec<RuleId>)>,
+    prefixes: Vec<Prefix>,
     /// Rules without a path requirement: always evaluated.
-    always: Vec<RuleId>,
+    always: Vec<Entry>,
     /// Whether the router has any rule at all.
     pub(crate) is_empty: bool,
+}
+
+fn len_bit(len: usize) -> u64 {
+    1 << len.min(63)
 }
 
 impl Router {
     pub(crate) fn new(rules: &[Rule], direction: Direction) -> Self {
         let mut router = Router::default();
-        let mut prefixes: HashMap<&str, Vec<RuleId>> = HashMap::new();
+        let mut prefixes: HashMap<&str, Vec<Entry>> = HashMap::new();
         for (i, rule) in rules.iter().enumerate() {
             if rule.direction != direction {
                 continue;
@@ -210,41 +300,60 @@ impl Router {
             // The config has at most MAX_RULES rules, so the index fits.
             let id = RuleId(u32::try_from(i).unwrap_or(u32::MAX));
             match rule.on.required_path() {
-                Some(PathReq::Exact(p)) => router.exact.entry(p.into()).or_default().push(id),
-                Some(PathReq::Prefix(p)) => prefixes.entry(p).or_default().push(id),
-                None => router.always.push(id),
+                Some(PathReq::Exact(p)) => {
+                    router.exact_lens |= len_bit(p.len());
+                    let rest = rule.on.residual();
+                    router
+                        .exact
+                        .entry(p.into())
+                        .or_default()
+                        .push(Entry { id, rest });
+                }
+                Some(PathReq::Prefix(p)) => {
+                    let rest = rule.on.residual();
+                    prefixes.entry(p).or_default().push(Entry { id, rest });
+                }
+                None => router.always.push(Entry {
+                    id,
+                    rest: Some(rule.on.clone()),
+                }),
             }
         }
         router.prefixes = prefixes
             .into_iter()
-            .map(|(p, ids)| (Box::<str>::from(p), ids))
+            .map(|(p, entries)| Prefix::new(p, entries))
             .collect();
-        router
-            .prefixes
-            .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        router.prefixes.sort_by(|a, b| {
+            b.text
+                .len()
+                .cmp(&a.text.len())
+                .then_with(|| a.text.cmp(&b.text))
+        });
         router.is_empty =
             router.exact.is_empty() && router.prefixes.is_empty() && router.always.is_empty();
         router
     }
 
     /// The rules whose match holds for `r`, in rule-id order.
-    pub(crate) fn matches(&self, rules: &[Rule], r: &View<'_>, out: &mut Matched) {
-        let mut push = |id: RuleId| {
-            if rules[id.0 as usize].on.eval(r) {
-                out.push(id);
+    pub(crate) fn matches(&self, r: &View<'_>, out: &mut Matched) {
+        let mut push = |e: &Entry| {
+            if e.rest.as_ref().is_none_or(|c| c.eval(r)) {
+                out.push(e.id);
             }
         };
-        if !self.exact.is_empty()
-            && let Some(ids) = self.exact.get(r.path)
+        if self.exact_lens & len_bit(r.path.len()) != 0
+            && let Some(entries) = self.exact.get(r.path)
         {
-            ids.iter().copied().for_each(&mut push);
+            entries.iter().for_each(&mut push);
         }
-        for (prefix, ids) in &self.prefixes {
-            if r.path.starts_with(&**prefix) {
-                ids.iter().copied().for_each(&mut push);
+        let path = r.path.as_bytes();
+        let head = head8(path);
+        for prefix in &self.prefixes {
+            if prefix.holds(path, head) {
+                prefix.entries.iter().for_each(&mut push);
             }
         }
-        self.always.iter().copied().for_each(&mut push);
+        self.always.iter().for_each(&mut push);
         // Rule-id order gives every request the same acquisition order.
         // Insertion sort: a handful of ids, mostly in order already (the
         // slice sort's setup costs more than the sorting here).
@@ -314,7 +423,7 @@ mod tests {
             None,
         );
         let mut out = Matched::new();
-        cfg.inbound.matches(&cfg.rules, &view, &mut out);
+        cfg.inbound.matches(&view, &mut out);
         out.iter()
             .map(|id| cfg.rules[id.0 as usize].name.to_string())
             .collect()
@@ -389,6 +498,47 @@ mod tests {
     }
 
     #[test]
+    fn long_prefixes_and_residual_conditions() {
+        let and = |exprs| expr(Kind::And(proto::MatchList { exprs }));
+        let get = || expr(Kind::Method("GET".into()));
+        let t = proto::TargetConfig {
+            service: "svc".into(),
+            timeouts: vec![
+                timeout("eight", prefix("/abcdefg")),
+                timeout("ten", prefix("/abcdefghi")),
+                timeout("ten_other", prefix("/abcdefgXY")),
+                timeout("get_ten", and(vec![get(), prefix("/abcdefghi")])),
+                // The path requirement sits in a nested `and`.
+                timeout("nested", and(vec![and(vec![prefix("/n"), get()]), get()])),
+                timeout("exact_get", and(vec![exact("/e"), get()])),
+            ],
+            ..Default::default()
+        };
+        let cfg = CompiledConfig::try_from(&t).unwrap();
+        assert_eq!(matched(&cfg, "GET", "/abcdef", &[]), Vec::<String>::new());
+        assert_eq!(matched(&cfg, "PUT", "/abcdefg", &[]), ["svc/eight"]);
+        assert_eq!(matched(&cfg, "PUT", "/abcdefgh", &[]), ["svc/eight"]);
+        assert_eq!(
+            matched(&cfg, "GET", "/abcdefghij", &[]),
+            ["svc/eight", "svc/ten", "svc/get_ten"]
+        );
+        assert_eq!(
+            matched(&cfg, "PUT", "/abcdefghij", &[]),
+            ["svc/eight", "svc/ten"]
+        );
+        assert_eq!(
+            matched(&cfg, "GET", "/abcdefgXY", &[]),
+            ["svc/eight", "svc/ten_other"]
+        );
+        assert_eq!(matched(&cfg, "GET", "/abcdefgX", &[]), ["svc/eight"]);
+        assert_eq!(matched(&cfg, "GET", "/n/1", &[]), ["svc/nested"]);
+        assert_eq!(matched(&cfg, "PUT", "/n/1", &[]), Vec::<String>::new());
+        assert_eq!(matched(&cfg, "GET", "/e", &[]), ["svc/exact_get"]);
+        assert_eq!(matched(&cfg, "PUT", "/e", &[]), Vec::<String>::new());
+        assert_eq!(matched(&cfg, "GET", "/e/", &[]), Vec::<String>::new());
+    }
+
+    #[test]
     fn prefixes_sorted_longest_first() {
         let t = proto::TargetConfig {
             timeouts: vec![
@@ -399,7 +549,7 @@ mod tests {
             ..Default::default()
         };
         let cfg = CompiledConfig::try_from(&t).unwrap();
-        let lens: Vec<usize> = cfg.inbound.prefixes.iter().map(|(p, _)| p.len()).collect();
+        let lens: Vec<usize> = cfg.inbound.prefixes.iter().map(|p| p.text.len()).collect();
         assert_eq!(lens, [4, 3, 2]);
     }
 }

@@ -1,15 +1,32 @@
 //! Rolling-window counters for fuses: calls, business errors and system
 //! errors over the last `window`, in ten buckets, with atomics only.
 //!
-//! A bucket is reused when time moves past it: the first writer that sees a
-//! stale bucket claims it (a compare-exchange on its epoch) and zeroes it. A
-//! count that races with that reset may be lost; fuses compare against
+//! The buckets are thread-striped ([`crate::stripe`]): each thread slot has
+//! its own ten buckets, written only by the thread owning the slot with plain
+//! loads and stores, so counting a call takes no locked instruction; the
+//! sums over a window add every stripe's buckets. A bucket is tagged with
+//! the window generation and its time index; a writer that finds a stale
+//! tag in its own stripe restarts the bucket at its count. Forgetting
+//! everything ([`RollingWindow::reset`]) bumps the generation, so it writes
+//! no stripe.
+//!
+//! The shared stripe (threads without a slot) is written by several threads:
+//! there the first writer that sees a stale bucket claims it (a
+//! compare-exchange on its tag) and zeroes it, and counts use `fetch_add`.
+//! A count that races with that reset, or with a reader summing a bucket
+//! being restarted, may be lost or read late; fuses compare against
 //! thresholds, so that is harmless, and it keeps the hot path lock-free.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+
+use crate::stripe::{self, Slot, Striped};
 
 /// Buckets per window.
 pub(crate) const BUCKETS: u64 = 10;
+
+/// Bits of a bucket tag that hold the time index (the generation is above).
+const INDEX_BITS: u32 = 44;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 
 /// Sums over a window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,37 +46,75 @@ pub(crate) enum Class {
 
 #[derive(Debug, Default)]
 struct Bucket {
-    /// Bucket index + 1; 0 means never used.
-    epoch: AtomicU64,
+    /// `generation << INDEX_BITS | (time index + 1)`; 0 means never used.
+    tag: AtomicU64,
     calls: AtomicU64,
     business: AtomicU64,
     system: AtomicU64,
 }
 
+/// One stripe's buckets (320 bytes: no two stripes share a cache line).
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Buckets([Bucket; BUCKETS as usize]);
+
 #[derive(Debug)]
 pub(crate) struct RollingWindow {
     bucket_ms: u64,
-    buckets: Box<[Bucket]>,
+    /// Bumped by `reset`: buckets of older generations count for nothing.
+    generation: AtomicU64,
+    stripes: Striped<Buckets>,
 }
 
 impl RollingWindow {
     pub(crate) fn new(window_ms: u64) -> Self {
         Self {
             bucket_ms: (window_ms / BUCKETS).max(1),
-            buckets: (0..BUCKETS).map(|_| Bucket::default()).collect(),
+            generation: AtomicU64::new(0),
+            stripes: Striped::default(),
         }
     }
 
-    /// Counts one call that ended at `now_ms` (milliseconds since the fuse's epoch).
-    pub(crate) fn record(&self, now_ms: u64, class: Class) {
+    /// The tag of the bucket holding `now_ms` in the current generation.
+    fn tag(&self, now_ms: u64) -> (u64, usize) {
         let index = now_ms / self.bucket_ms;
-        let bucket = &self.buckets[(index % BUCKETS) as usize];
-        let epoch = bucket.epoch.load(Relaxed);
-        if epoch != index + 1
-            && epoch < index + 1
+        let generation = self.generation.load(Acquire);
+        let tag = (generation << INDEX_BITS) | ((index + 1) & INDEX_MASK);
+        (tag, (index % BUCKETS) as usize)
+    }
+
+    /// Counts one call that ended at `now_ms` (milliseconds since the fuse's
+    /// epoch), in the stripe of `slot`.
+    pub(crate) fn record(&self, slot: Slot, now_ms: u64, class: Class) {
+        let (tag, i) = self.tag(now_ms);
+        let (stripe, owned) = self.stripes.get(slot);
+        let bucket = &stripe.0[i];
+        let (business, system) = match class {
+            Class::Ok => (0, 0),
+            Class::Business => (1, 0),
+            Class::System => (0, 1),
+        };
+        if owned {
+            // Only this thread writes here.
+            if bucket.tag.load(Relaxed) == tag {
+                stripe::add(&bucket.calls, true, 1);
+                if class != Class::Ok {
+                    stripe::add(&bucket.business, true, business);
+                    stripe::add(&bucket.system, true, system);
+                }
+            } else {
+                bucket.calls.store(1, Relaxed);
+                bucket.business.store(business, Relaxed);
+                bucket.system.store(system, Relaxed);
+                bucket.tag.store(tag, Release);
+            }
+            return;
+        }
+        let current = bucket.tag.load(Relaxed);
+        if current < tag
             && bucket
-                .epoch
-                .compare_exchange(epoch, index + 1, Relaxed, Relaxed)
+                .tag
+                .compare_exchange(current, tag, Relaxed, Relaxed)
                 .is_ok()
         {
             bucket.calls.store(0, Relaxed);
@@ -67,28 +122,29 @@ impl RollingWindow {
             bucket.system.store(0, Relaxed);
         }
         bucket.calls.fetch_add(1, Relaxed);
-        match class {
-            Class::Ok => {}
-            Class::Business => {
-                bucket.business.fetch_add(1, Relaxed);
-            }
-            Class::System => {
-                bucket.system.fetch_add(1, Relaxed);
-            }
+        if business > 0 {
+            bucket.business.fetch_add(1, Relaxed);
+        }
+        if system > 0 {
+            bucket.system.fetch_add(1, Relaxed);
         }
     }
 
     /// Sums the buckets that lie within the window ending at `now_ms`.
     pub(crate) fn totals(&self, now_ms: u64) -> Totals {
-        let index = now_ms / self.bucket_ms;
-        let oldest = (index + 1).saturating_sub(BUCKETS - 1);
+        let (newest, _) = self.tag(now_ms);
+        // Tags of the current generation from `oldest` to `newest` (the
+        // index part never wraps: 2^44 ms is over 500 years).
+        let oldest = (newest & !INDEX_MASK) | ((newest & INDEX_MASK).saturating_sub(BUCKETS - 1));
         let mut t = Totals::default();
-        for b in &*self.buckets {
-            let epoch = b.epoch.load(Relaxed);
-            if epoch >= oldest && epoch <= index + 1 && epoch != 0 {
-                t.calls += b.calls.load(Relaxed);
-                t.business += b.business.load(Relaxed);
-                t.system += b.system.load(Relaxed);
+        for stripe in self.stripes.all() {
+            for b in &stripe.0 {
+                let tag = b.tag.load(Acquire);
+                if tag >= oldest.max(1) && tag <= newest && tag & INDEX_MASK != 0 {
+                    t.calls += b.calls.load(Relaxed);
+                    t.business += b.business.load(Relaxed);
+                    t.system += b.system.load(Relaxed);
+                }
             }
         }
         t
@@ -96,12 +152,7 @@ impl RollingWindow {
 
     /// Forgets everything (after a release, so old errors do not re-trip).
     pub(crate) fn reset(&self) {
-        for b in &*self.buckets {
-            b.epoch.store(0, Relaxed);
-            b.calls.store(0, Relaxed);
-            b.business.store(0, Relaxed);
-            b.system.store(0, Relaxed);
-        }
+        self.generation.fetch_add(1, Release);
     }
 }
 
@@ -112,9 +163,10 @@ mod tests {
     #[test]
     fn counts_within_window_and_forgets_old_buckets() {
         let w = RollingWindow::new(1000); // 100 ms buckets
-        w.record(0, Class::Business);
-        w.record(50, Class::Ok);
-        w.record(150, Class::System);
+        let slot = stripe::current();
+        w.record(slot, 0, Class::Business);
+        w.record(slot, 50, Class::Ok);
+        w.record(slot, 150, Class::System);
         assert_eq!(
             w.totals(150),
             Totals {
@@ -136,7 +188,7 @@ mod tests {
         );
         // Much later, everything is gone, and a reused bucket starts at zero.
         assert_eq!(w.totals(10_000), Totals::default());
-        w.record(10_000, Class::Ok);
+        w.record(slot, 10_000, Class::Ok);
         assert_eq!(
             w.totals(10_000),
             Totals {

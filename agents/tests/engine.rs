@@ -826,3 +826,86 @@ bulkheads:
         "both configs were in force: {seen_one} / {seen_two}"
     );
 }
+
+/// A bulkhead of `max` permits on `/slow`, as engine `n`'s config.
+fn bulkhead_of(n: usize, max: usize) -> String {
+    BULKHEAD
+        .replace("version: v1", &format!("version: e{n}"))
+        .replace("max_concurrent: 2", &format!("max_concurrent: {max}"))
+        .replace("max_wait_ms: 10", "max_wait_ms: 0")
+}
+
+/// How many `/slow` calls `e` admits at once (all held, then released).
+fn capacity(e: &Engine) -> usize {
+    let held: Vec<Admission> = (0..100).map_while(|_| now(e, "/slow", None).ok()).collect();
+    held.len()
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_thread_deciding_for_many_engines_sees_each_current_config() {
+    // More engines than a thread caches snapshots for, used in turns.
+    let engines: Vec<Engine> = (0..7).map(|n| engine(&bulkhead_of(n, n + 1))).collect();
+    for round in 0..3 {
+        for (n, e) in engines.iter().enumerate() {
+            assert_eq!(capacity(e), n + 1 + round, "engine {n}, round {round}");
+        }
+        // Swap every config between rounds: the next decisions see the new one.
+        for (n, e) in engines.iter().enumerate() {
+            e.apply_target(&target(&bulkhead_of(n, n + 2 + round)))
+                .unwrap();
+        }
+    }
+    // An unmatched request after a swap that adds a rule for it.
+    let e = &engines[0];
+    assert!(now(e, "/other", None).unwrap().config_version().is_none());
+    e.apply_target(&target(
+        &bulkhead_of(0, 1).replace("value: /slow", "value: /other"),
+    ))
+    .unwrap();
+    assert!(now(e, "/other", None).unwrap().is_governed());
+    assert!(!now(e, "/slow", None).unwrap().is_governed());
+}
+
+#[test]
+fn counts_are_exact_across_many_threads() {
+    // More threads at once than there are stripes (at most 64): some count
+    // in the shared stripe; all of them exit before the stats are read.
+    const THREADS: usize = 70;
+    const CALLS: usize = 300;
+    let e = engine(&bulkhead_of(0, 1_000_000));
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (e, barrier) = (e.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                for i in 0..CALLS {
+                    let a = now(&e, "/slow", None).unwrap();
+                    // Every tenth call ends without a recorded outcome.
+                    if (i + t) % 10 != 0 {
+                        a.finish(Outcome::Status(200));
+                    }
+                }
+                // Hold the stripe until every thread has counted.
+                barrier.wait();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = stats(&e, "order/slow_calls");
+    let total = (THREADS * CALLS) as u64;
+    assert_eq!(s.admitted, total);
+    assert_eq!(s.latency.iter().sum::<u64>(), total - total / 10);
+    assert_eq!(s.in_flight, 0);
+    // A thread that starts now (slots were given back) adds to the same sums.
+    let e2 = e.clone();
+    std::thread::spawn(move || {
+        now(&e2, "/slow", None)
+            .unwrap()
+            .finish(Outcome::Status(200))
+    })
+    .join()
+    .unwrap();
+    assert_eq!(stats(&e, "order/slow_calls").admitted, total + 1);
+}

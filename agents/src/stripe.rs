@@ -1,0 +1,221 @@
+//! Thread-striped counters: per-rule statistics bumped on every request
+//! without a locked read-modify-write.
+//!
+//! Each counter set has one stripe per thread slot plus one shared stripe.
+//! A thread leases a slot from a small global registry the first time it
+//! counts ([`current`]) and gives it back when it exits (a thread-local
+//! destructor). The thread owning a slot is the only writer of that slot's
+//! stripe in every counter set, so it bumps it with a plain `Relaxed` load
+//! and store (no lock prefix, no cache line shared with other writers).
+//! Threads beyond the slot count, and code running after the thread's lease
+//! is gone (other thread-local destructors), use the shared stripe with
+//! `fetch_add`. A reader sums the stripes: sums are exact (no count is
+//! lost), and only momentarily behind a concurrent writer.
+//!
+//! A slot handed from an exited thread to a new one carries its values over:
+//! the lease is returned with `Release` and taken with `Acquire`, so the new
+//! owner's first load sees the last store of the old one.
+//!
+//! [`Slot`] is neither `Send` nor `Sync`: a slot read on one thread cannot be
+//! used to write from another (an admission may move between threads, so it
+//! asks for the slot again in each phase).
+
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Most thread slots; the number used is [`slots`].
+const MAX_SLOTS: usize = 64;
+
+static TAKEN: [AtomicBool; MAX_SLOTS] = [const { AtomicBool::new(false) }; MAX_SLOTS];
+
+/// Thread slots of every counter set (the shared stripe comes on top): the
+/// number of CPUs (threads that can count at the same moment), at least 2,
+/// at most 64. Fixed for the life of the process.
+pub(crate) fn slots() -> usize {
+    static SLOTS: OnceLock<usize> = OnceLock::new();
+    *SLOTS.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(2, std::num::NonZeroUsize::get)
+            .clamp(2, MAX_SLOTS)
+    })
+}
+
+/// A thread's lease on one slot (`None`: every slot was taken).
+struct Lease(Option<usize>);
+
+impl Lease {
+    fn take() -> Self {
+        let slot = (0..slots()).find(|&i| {
+            TAKEN[i]
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        });
+        Self(slot)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(i) = self.0 {
+            TAKEN[i].store(false, Ordering::Release);
+        }
+    }
+}
+
+thread_local! {
+    static LEASE: Lease = Lease::take();
+}
+
+/// The calling thread's stripe, valid on this thread only (not `Send`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Slot {
+    /// `None`: the shared stripe.
+    own: Option<usize>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Slot {
+    /// The shared stripe (always correct, from any thread).
+    #[cfg(test)]
+    pub(crate) fn shared() -> Self {
+        Self {
+            own: None,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Whether this thread owns a stripe (else it uses the shared one).
+    #[cfg(test)]
+    pub(crate) fn is_owned(self) -> bool {
+        self.own.is_some()
+    }
+}
+
+/// The calling thread's stripe: its own slot, taken on first use, or the
+/// shared stripe when every slot is taken or the thread is exiting.
+#[inline]
+pub(crate) fn current() -> Slot {
+    Slot {
+        own: LEASE.try_with(|l| l.0).ok().flatten(),
+        _not_send: PhantomData,
+    }
+}
+
+/// Adds `n` to a counter of the stripe `owned` says the caller owns (plain
+/// load and store) or shares (`fetch_add`).
+#[inline]
+pub(crate) fn add(counter: &AtomicU64, owned: bool, n: u64) {
+    if owned {
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    } else {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// One value of `T` per thread slot plus the shared one.
+#[derive(Debug)]
+pub(crate) struct Striped<T> {
+    // INVARIANT: `slots() + 1` stripes; the last is the shared one.
+    stripes: Box<[T]>,
+}
+
+impl<T: Default> Default for Striped<T> {
+    fn default() -> Self {
+        Self {
+            stripes: (0..=slots()).map(|_| T::default()).collect(),
+        }
+    }
+}
+
+impl<T> Striped<T> {
+    /// The stripe of `slot`, and whether the caller owns it (may write it
+    /// with plain stores).
+    #[inline]
+    pub(crate) fn get(&self, slot: Slot) -> (&T, bool) {
+        let shared = self.stripes.len() - 1;
+        match slot.own {
+            Some(i) if i < shared => (&self.stripes[i], true),
+            _ => (&self.stripes[shared], false),
+        }
+    }
+
+    /// Every stripe, to sum them.
+    pub(crate) fn all(&self) -> &[T] {
+        &self.stripes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Barrier};
+
+    use super::*;
+
+    #[derive(Debug, Default)]
+    struct One(AtomicU64);
+
+    fn sum(s: &Striped<One>) -> u64 {
+        s.all().iter().map(|o| o.0.load(Ordering::Relaxed)).sum()
+    }
+
+    fn bump(s: &Striped<One>, n: u64) -> bool {
+        let slot = current();
+        for _ in 0..n {
+            let (one, owned) = s.get(slot);
+            add(&one.0, owned, 1);
+        }
+        slot.is_owned()
+    }
+
+    #[test]
+    fn sums_are_exact_across_threads_exits_and_fallback() {
+        let s = Arc::new(Striped::<One>::default());
+        // More threads at once than slots: at least one counts in the shared
+        // stripe; all hold their lease until everyone has counted.
+        let threads = slots() + 2;
+        let barrier = Arc::new(Barrier::new(threads));
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (s, barrier) = (s.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let owned = bump(&s, 10_000);
+                    barrier.wait();
+                    owned
+                })
+            })
+            .collect();
+        let owned: Vec<bool> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(
+            owned.iter().any(|o| !o),
+            "a thread fell back to the shared stripe"
+        );
+        assert_eq!(sum(&s), 10_000 * threads as u64);
+
+        // Those threads have exited: their slots are free again, and new
+        // owners continue from the values they left.
+        let again: Vec<_> = (0..3)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || bump(&s, 1_000))
+            })
+            .collect();
+        for h in again {
+            h.join().unwrap();
+        }
+        assert_eq!(sum(&s), 10_000 * threads as u64 + 3_000);
+    }
+
+    #[test]
+    fn shared_slot_counts_with_fetch_add() {
+        let s = Striped::<One>::default();
+        let (one, owned) = s.get(Slot::shared());
+        assert!(!owned);
+        add(&one.0, owned, 5);
+        assert_eq!(sum(&s), 5);
+        assert!(std::ptr::eq(one, s.all().last().unwrap()));
+    }
+}
