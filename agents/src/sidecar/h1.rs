@@ -487,6 +487,10 @@ impl Conn<'_> {
         mut admission: Admission,
     ) -> bool {
         let deadline = admission.timeout().map(|t| Instant::now() + t);
+        if let Some(at) = deadline {
+            // Armed once per request here; `receive` only waits on it.
+            self.route.arm_before(at);
+        }
         // A request without a body can be sent again if a kept-alive upstream
         // connection turns out to be closed before answering (as nginx and hyper
         // do for idempotent requests).
@@ -614,7 +618,9 @@ impl Conn<'_> {
         admission: &mut Admission,
         deadline: Option<Instant>,
     ) -> (Exchange, bool) {
-        let meter = if admission.counts_bytes() {
+        // A meter holds the snapshot and the limit's cells: only worth taking for
+        // a request that has a body to count.
+        let meter = if admission.counts_bytes() && head.framing != Framing::Empty {
             admission.byte_meter()
         } else {
             None
@@ -749,7 +755,6 @@ async fn receive(
                 None => read.await,
                 Some((timer, at)) => {
                     let at = *at;
-                    timer.arm_before(at);
                     tokio::select! {
                         n = read => n,
                         () = timer.expired(at) => return Received::TimedOut,
