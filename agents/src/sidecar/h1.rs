@@ -673,11 +673,21 @@ impl Conn<'_> {
                 biased;
                 received = &mut recv => break received,
                 result = &mut send, if sent.is_none() => {
-                    if let Err(Broke::Read | Broke::Eof | Broke::Chunking) = result {
-                        // The client broke off (or broke) its request body.
-                        return (Exchange::Broken, false);
+                    match result {
+                        // The client broke off its request body.
+                        Err(Broke::Read | Broke::Eof) => return (Exchange::Broken, false),
+                        // Nothing of the response has reached the client yet.
+                        Err(Broke::Chunking) => {
+                            return (
+                                Exchange::Failed(
+                                    Failure::BadRequest("gov-agent: malformed chunked request body\n"),
+                                    None,
+                                ),
+                                false,
+                            );
+                        }
+                        result => sent = Some(result),
                     }
-                    sent = Some(result);
                 }
             }
         };

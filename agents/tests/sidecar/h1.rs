@@ -448,3 +448,16 @@ async fn the_outbound_listener_takes_absolute_form_requests_like_an_http_proxy()
     assert_eq!((reply.status, &reply.body[..]), (200, &b"/who"[..]));
     assert_eq!(inventory.received(), 1);
 }
+
+#[tokio::test]
+async fn a_malformed_chunked_body_gets_a_400_and_the_connection_closes() {
+    let up = upstream().echo("/echo").start().await;
+    let agent = agent().upstream(&up).start().await;
+    let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+    wire.send(b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n")
+        .await;
+    let reply = wire.response().await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.header("connection"), Some("close"));
+    assert!(wire.closed().await);
+}
