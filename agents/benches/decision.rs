@@ -22,56 +22,7 @@ use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 /// The `order` service of examples/shop.gov plus the rules of a typical API.
-const CONFIG: &str = r#"
-service: order
-domain: trade
-version: bench
-consumer_header: x-gov-consumer
-bulkheads:
-- rule: order/slow_calls
-  on: {path: {kind: PATH_KIND_PREFIX, value: /benchmark/delay/z100}}
-  max_concurrent: 10
-  max_wait_ms: 10
-- rule: order/api_calls
-  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
-  max_concurrent: 1000000
-- rule: order/per_instance
-  on: {calls_to: inventory}
-  direction: DIRECTION_OUTBOUND
-  key: BULKHEAD_KEY_INSTANCE
-  max_concurrent: 20
-  max_wait_ms: 50
-limits:
-- rule: order/crm_supplier
-  on: {and: {exprs: [{path: {kind: PATH_KIND_PREFIX, value: /mdm/supplier}}, {consumer: crm}]}}
-  calls: {amount: 100, window_ms: 1000}
-  bytes: {amount: 10485760, window_ms: 60000}
-  key: LIMIT_KEY_CONSUMER
-  release: {after_ms: 7200000}
-- rule: order/api_rate
-  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
-  calls: {amount: 1000000000000, window_ms: 1000}
-- rule: order/writes
-  on: {and: {exprs: [{or: {exprs: [{method: POST}, {method: PUT}]}}, {path: {kind: PATH_KIND_PREFIX, value: /orders}}]}}
-  calls: {amount: 50, window_ms: 1000}
-fuses:
-- rule: order/mdm
-  on: {and: {exprs: [{path: {kind: PATH_KIND_PREFIX, value: /mdm/supplier}}, {consumer: crm}]}}
-  trips:
-  - {metric: TRIP_METRIC_BUSINESS_ERROR_RATIO, op: COMPARE_OP_GT, ratio_milli_percent: 50000, window_ms: 60000, min_calls: 20}
-  - {metric: TRIP_METRIC_SYSTEM_ERRORS, op: COMPARE_OP_GE, count: 10, window_ms: 10000}
-- rule: order/api_fuse
-  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
-  trips:
-  - {metric: TRIP_METRIC_ERROR_RATIO, op: COMPARE_OP_GT, ratio_milli_percent: 50000, window_ms: 60000, min_calls: 20}
-timeouts:
-- rule: order/export_timeout
-  on: {path: {kind: PATH_KIND_EXACT, value: /export}}
-  timeout_ms: 5000
-- rule: order/admin_timeout
-  on: {header: {name: x-admin, value: "yes"}}
-  timeout_ms: 1000
-"#;
+const CONFIG: &str = include_str!("decision-config.yaml");
 
 fn engine() -> Engine {
     let target: TargetConfig = match serde_yaml::from_str(CONFIG) {
