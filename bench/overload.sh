@@ -10,9 +10,10 @@
 #   fwd at 3*LIMIT/s and rej at 3*LIMIT/s  -> CPU per forwarded vs rejected request
 #   lim at LIMIT/2 /s (unloaded)            -> admitted p90 without overload
 #   lim at 3*LIMIT/s (3x overload)          -> goodput (2xx/s) / LIMIT, admitted p90
+#   nginx proxying, and nginx `return 429`, at 3*LIMIT/s -> the same ratio for the peer
 #
 #   bench/overload.sh                       # LIMIT=1000 RUNS=3 SECS=8
-# Needs what bench/proxy.sh needs (taskset, python3, curl). Results: stdout and $OUT.
+# Needs what bench/proxy.sh needs (nginx, taskset, python3, curl). Results: stdout and $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,8 +64,30 @@ for a in fwd rej lim; do
     --config "$WORK/overload-$a.yaml" & pids+=($!)
   PID[$a]=$!
 done
+
+# The peer: nginx proxying the same upstream, and answering 429 itself (one worker on
+# vCPU1, as in bench/proxy.sh), to show what a rejection costs a C server here.
+PORT[ngx-fwd]=18097; PORT[ngx-rej]=18098
+cat > "$WORK/overload-nginx.conf" <<NGINX
+worker_processes 1;
+worker_cpu_affinity 10;
+pid $PWD/$WORK/overload-nginx.pid;
+error_log $PWD/$WORK/overload-nginx-error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  upstream app { server $UP; keepalive 64; }
+  server { listen 127.0.0.1:${PORT[ngx-fwd]}; location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } }
+  server { listen 127.0.0.1:${PORT[ngx-rej]}; location / { return 429 "rejected\n"; } }
+}
+NGINX
+taskset -c 1 nginx -c "$PWD/$WORK/overload-nginx.conf" -p "$PWD/$WORK" -g 'daemon off;' & pids+=($!)
+NGINX_MASTER=$!
 sleep 1
+PID[ngx-fwd]=$(pgrep -P "$NGINX_MASTER" | head -1); PID[ngx-rej]=${PID[ngx-fwd]}
 curl -fsS "http://127.0.0.1:${PORT[fwd]}/" >/dev/null
+curl -fsS "http://127.0.0.1:${PORT[ngx-fwd]}/" >/dev/null
 
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
@@ -81,13 +104,15 @@ measure() { # agent rate
 }
 
 echo "warm-up..." >&2
-for a in fwd rej lim; do taskset -c 0 "$LOAD" rate "http://127.0.0.1:${PORT[$a]}/" "$LIMIT" 2 "$CONNS" >/dev/null; done
+for a in fwd rej lim ngx-fwd ngx-rej; do taskset -c 0 "$LOAD" rate "http://127.0.0.1:${PORT[$a]}/" "$LIMIT" 2 "$CONNS" >/dev/null; done
 
 for run in $(seq 1 "$RUNS"); do
   measure fwd $((3 * LIMIT))
   measure rej $((3 * LIMIT))
   measure lim $((LIMIT / 2))
   measure lim $((3 * LIMIT))
+  measure ngx-fwd $((3 * LIMIT))
+  measure ngx-rej $((3 * LIMIT))
 done
 
 python3 - "$OUT" "$LIMIT" <<'PY'
@@ -101,6 +126,11 @@ fwd, rej = get("fwd", over, "cpu_us_per_req"), get("rej", over, "cpu_us_per_req"
 print(f"\nmedians over {len(runs)} interleaved runs")
 print(f"CPU per request at {over}/s: forwarded {st.median(fwd):.1f} us, rejected {st.median(rej):.1f} us, "
       f"ratio {st.median([r / f for r, f in zip(rej, fwd)]):.2f}x (per-run {', '.join(f'{r / f:.2f}' for r, f in zip(rej, fwd))})")
+nfwd, nrej = get("ngx-fwd", over, "cpu_us_per_req"), get("ngx-rej", over, "cpu_us_per_req")
+if nfwd and nrej:
+    print(f"nginx at {over}/s: proxied {st.median(nfwd):.1f} us, `return 429` {st.median(nrej):.1f} us, "
+          f"ratio {st.median([r / f for r, f in zip(nrej, nfwd)]):.2f}x (per-run {', '.join(f'{r / f:.2f}' for r, f in zip(nrej, nfwd))}); "
+          f"gov-agent's rejection / nginx's 429: {st.median([g / n for g, n in zip(rej, nrej)]):.2f}x")
 good = get("lim", over, "goodput_rps")
 print(f"goodput at 3x overload ({over}/s offered, limit {limit:.0f}/s): {st.median(good):.0f} 2xx/s = "
       f"{st.median(good) / limit:.3f} of the limit (per-run {', '.join(f'{g / limit:.3f}' for g in good)})")
