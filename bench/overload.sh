@@ -26,19 +26,8 @@ OUT=${OUT:-$WORK/overload.tsv}
 UP=127.0.0.1:18090
 mkdir -p "$WORK"
 
-echo "building (release)..." >&2
-cargo build --release -j2 -q -p gov-agent --bin gov-agent
-LOAD=$(cargo bench -j2 -q -p gov-agent --bench proxy_load --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="proxy_load" and m.get("executable"):
-        print(m["executable"])')
-AGENT_BIN=target/release/gov-agent
-
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
+# shellcheck source=bench/common.sh
+source bench/common.sh
 
 taskset -c 1 "$LOAD" upstream "$UP" & pids+=($!)
 
@@ -89,8 +78,6 @@ PID[ngx-fwd]=$(pgrep -P "$NGINX_MASTER" | head -1); PID[ngx-rej]=${PID[ngx-fwd]}
 curl -fsS "http://127.0.0.1:${PORT[fwd]}/" >/dev/null
 curl -fsS "http://127.0.0.1:${PORT[ngx-fwd]}/" >/dev/null
 
-ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
-HZ=$(getconf CLK_TCK)
 field() { sed -E "s/.*[ ]$1=([0-9.]+).*/\\1/" <<<"$2"; }
 
 echo -e "run\tagent\trate\tok\trejected\terrors\tgoodput_rps\tp50_us\tp90_us\tcpu_us_per_req" > "$OUT"

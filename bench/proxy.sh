@@ -36,19 +36,8 @@ for tool in nginx wrk taskset python3; do
 done
 mkdir -p "$WORK"
 
-echo "building (release)..." >&2
-cargo build --release -j2 -q -p gov-agent --bin gov-agent
-LOAD=$(cargo bench -j2 -q -p gov-agent --bench proxy_load --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="proxy_load" and m.get("executable"):
-        print(m["executable"])')
-AGENT_BIN=target/release/gov-agent
-
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
+# shellcheck source=bench/common.sh
+source bench/common.sh
 
 # The upstream: hyper hello world on vCPU1.
 taskset -c 1 "$LOAD" upstream "$UP" & pids+=($!)
@@ -111,8 +100,6 @@ NGINX_WORKER=$(pgrep -P "$NGINX_MASTER" | head -1)
 curl -fsS "http://$AGENT/" >/dev/null && curl -fsS "http://$NGINX/" >/dev/null && curl -fsS "http://$UP/" >/dev/null \
   && curl -fsS "http://$HYPER/" >/dev/null
 
-ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
-HZ=$(getconf CLK_TCK)
 pid_of() { case $1 in direct) echo "";; nginx) echo "$NGINX_WORKER";; hyper) echo "$HYPER_PID";; gov-agent) echo "$AGENT_PID";; esac; }
 url_of() { case $1 in direct) echo "http://$UP/";; nginx) echo "http://$NGINX/";; hyper) echo "http://$HYPER/";; gov-agent) echo "http://$AGENT/";; esac; }
 
