@@ -41,6 +41,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
+use super::headers::HOP_BY_HOP;
 use super::proxy::{Failure, Shared, Side};
 use crate::engine::Target;
 use crate::{Admission, Direction, Headers, Outcome, RequestInfo};
@@ -526,8 +527,8 @@ impl Conn<'_> {
                 drop(admission);
                 keep_client && !head.close && !self.cx.stopping()
             }
-            Exchange::Broken => false,
-            Exchange::Stale => false,
+            // `Stale` was turned into a retry or a failure above.
+            Exchange::Broken | Exchange::Stale => false,
             Exchange::Failed(failure, outcome) => {
                 match outcome {
                     Some(outcome) => admission.finish(outcome),
@@ -1235,19 +1236,12 @@ fn is_idempotent(method: &Method) -> bool {
 }
 
 /// Whether `name` is hop-by-hop (RFC 9110 section 7.6.1) on either side: the fixed
-/// list (as `headers::strip_hop_by_hop`) or named by `connection`.
+/// list `headers::strip_hop_by_hop` uses, or named by `connection`.
 fn hop_by_hop(name: &str, conn: &[&[u8]]) -> bool {
-    const FIXED: [&str; 8] = [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    ];
-    FIXED.iter().any(|f| name.eq_ignore_ascii_case(f)) || has_token(conn, name)
+    HOP_BY_HOP
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h.as_str()))
+        || has_token(conn, name)
 }
 
 /// Writes the head sent upstream: the request line, the client's end-to-end headers

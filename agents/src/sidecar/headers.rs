@@ -10,7 +10,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// The headers that are hop-by-hop whatever `connection` says.
-static HOP_BY_HOP: [HeaderName; 8] = [
+pub(crate) static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),

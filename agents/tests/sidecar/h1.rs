@@ -312,13 +312,18 @@ async fn raw_upstream(
     (addr, accepted)
 }
 
+/// An agent with no rules in front of `upstream` (a raw one).
+async fn agent_in_front_of(upstream: std::net::SocketAddr) -> crate::support::Agent {
+    agent()
+        .upstream(&crate::support::Upstream::at(upstream))
+        .start()
+        .await
+}
+
 #[tokio::test]
 async fn a_close_delimited_response_reaches_the_client_which_is_then_closed() {
     let (up, _) = raw_upstream(b"HTTP/1.1 200 OK\r\nx-raw: 1\r\n\r\nuntil the end", 1, true).await;
-    let agent = agent()
-        .upstream(&crate::support::Upstream::at(up))
-        .start()
-        .await;
+    let agent = agent_in_front_of(up).await;
     let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
     wire.send(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await;
     let raw = wire.response().await;
@@ -334,10 +339,7 @@ async fn a_kept_alive_upstream_connection_that_was_closed_is_replaced_for_idempo
     // next request finds the connection open and then closed under it.
     let (up, accepted) =
         raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", 1, false).await;
-    let agent = agent()
-        .upstream(&crate::support::Upstream::at(up))
-        .start()
-        .await;
+    let agent = agent_in_front_of(up).await;
     let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
     for _ in 0..3 {
         wire.send(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await;
@@ -364,10 +366,7 @@ async fn an_upstream_response_with_interim_heads_and_chunks_passes_through() {
         false,
     )
     .await;
-    let agent = agent()
-        .upstream(&crate::support::Upstream::at(up))
-        .start()
-        .await;
+    let agent = agent_in_front_of(up).await;
     let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
     for _ in 0..2 {
         wire.send(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await;
@@ -389,10 +388,7 @@ async fn clients_that_close_after_each_request_still_reuse_upstream_connections(
         false,
     )
     .await;
-    let agent = agent()
-        .upstream(&crate::support::Upstream::at(up))
-        .start()
-        .await;
+    let agent = agent_in_front_of(up).await;
     for _ in 0..5 {
         let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
         wire.send(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
@@ -412,10 +408,7 @@ async fn an_upstream_connection_closed_while_idle_is_not_used_again() {
     // The upstream closes each connection right after its answer.
     let (up, accepted) =
         raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", 1, true).await;
-    let agent = agent()
-        .upstream(&crate::support::Upstream::at(up))
-        .start()
-        .await;
+    let agent = agent_in_front_of(up).await;
     let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
     for expected in 1..=3 {
         wire.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\nx")
