@@ -59,6 +59,7 @@ pub mod layer;
 pub mod lifecycle;
 mod limit;
 pub mod outcome;
+pub mod path;
 pub mod rejection;
 pub mod route;
 pub mod stats;

@@ -53,6 +53,15 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// `client_header_timeout` is 60 s).
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Most open client connections per proxy listener unless `--max-connections` says
+/// otherwise: far above what one service instance serves, far below what exhausts
+/// the agent's memory (a connection holds about 10 KiB of buffers) or a default
+/// file descriptor limit.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
+/// Most open connections of the admin listener (scrapes and probes).
+const MAX_ADMIN_CONNECTIONS: usize = 64;
+
 /// How to run a sidecar.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -85,6 +94,9 @@ pub struct Options {
     pub cluster_store: Option<crate::ClusterStore>,
     /// The local service's process id, for lifecycle `via signal` steps (`--service-pid`).
     pub service_pid: Option<u32>,
+    /// Most open client connections per proxy listener (`--max-connections`); a
+    /// connection accepted over it is closed at once.
+    pub max_connections: usize,
 }
 
 impl Options {
@@ -106,6 +118,7 @@ impl Options {
             header_read_timeout: Some(DEFAULT_HEADER_READ_TIMEOUT),
             cluster_store: None,
             service_pid: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -231,6 +244,8 @@ impl Sidecar {
             )?;
         }
 
+        let inbound_conns = Arc::new(serve::Connections::new(options.max_connections));
+        let outbound_conns = Arc::new(serve::Connections::new(options.max_connections));
         let shared = Arc::new(proxy::Shared {
             engine: engine.clone(),
             clients: upstream::Clients::new(options.upstream_protocol),
@@ -244,27 +259,38 @@ impl Sidecar {
         let mut proxies = JoinSet::new();
         // HTTP/1 clients take the HTTP/1 path unless every upstream call must be HTTP/2.
         let fast = options.upstream_protocol != UpstreamProtocol::Http2;
+        let mut listener_stats = vec![("inbound", inbound_conns.clone())];
+        if outbound.is_some() {
+            listener_stats.push(("outbound", outbound_conns.clone()));
+        }
         let listeners = [
-            Some(("inbound", inbound, proxy::Side::Inbound)),
-            outbound.map(|l| ("outbound", l, proxy::Side::Outbound)),
+            Some(("inbound", inbound, proxy::Side::Inbound, inbound_conns)),
+            outbound.map(|l| ("outbound", l, proxy::Side::Outbound, outbound_conns)),
         ];
-        for (name, listener, side) in listeners.into_iter().flatten() {
+        for (name, listener, side, conns) in listeners.into_iter().flatten() {
             let cx = h1::Listener::new(
                 shared.clone(),
                 side,
                 stop.clone(),
                 options.header_read_timeout,
+                conns.clone(),
             );
             proxies.spawn(serve::accept_loop(
                 name,
                 listener,
                 stop.clone(),
                 drain_deadline.clone(),
+                conns,
                 move |stream, peer| {
                     let cx = cx.clone();
                     async move {
                         let hyper = |io| {
-                            let handler = proxy::Handler::new(cx.shared.clone(), side, peer);
+                            let handler = proxy::Handler::new(
+                                cx.shared.clone(),
+                                side,
+                                peer,
+                                cx.conns.clone(),
+                            );
                             serve::serve_hyper(
                                 name,
                                 TokioIo::new(io),
@@ -295,6 +321,7 @@ impl Sidecar {
                     config: config.clone(),
                     engine: engine.clone(),
                     lifecycle: lifecycle.subscribe(),
+                    listeners: listener_stats,
                 },
             });
             let admin_stop_conns = admin_stop.clone();
@@ -303,6 +330,7 @@ impl Sidecar {
                 listener,
                 admin_stop.clone(),
                 crate::lifecycle::DrainDeadline::new(Duration::from_secs(1)),
+                Arc::new(serve::Connections::new(MAX_ADMIN_CONNECTIONS)),
                 move |stream, peer| {
                     let admin = admin.clone();
                     serve::serve_hyper(

@@ -94,6 +94,11 @@ struct Args {
     #[arg(long, env = "GOV_SERVICE_PID")]
     service_pid: Option<u32>,
 
+    /// Most open client connections per proxy listener; a connection accepted over it
+    /// is closed at once and counted in `gov_agent_connections_over_cap_total`.
+    #[arg(long, env = "GOV_MAX_CONNECTIONS", default_value_t = gov_agent::sidecar::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
+
     /// Runtime worker threads. 1 (the default) runs everything on one thread, which
     /// is the cheapest for a sidecar sharing a core with its service.
     #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
@@ -177,6 +182,7 @@ async fn run(args: Args) -> ExitCode {
             .then_some(args.header_read_timeout),
         cluster_store,
         service_pid: args.service_pid,
+        max_connections: args.max_connections,
     };
     let sidecar = match Sidecar::start(options).await {
         Ok(sidecar) => sidecar,

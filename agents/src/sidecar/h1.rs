@@ -17,43 +17,49 @@
 //! - the idle/header-read timeout and the route timeouts re-arm one timer per
 //!   connection only when the deadline has moved far enough (see [`Deadline`]).
 //!
-//! Anything else goes to hyper, with the bytes already read: HTTP/2 (by its
-//! preface), HTTP/1.0, `Upgrade`, `Expect`, `CONNECT`, absolute-form targets, a
-//! transfer coding other than `chunked`, conflicting lengths, heads over 64 headers
-//! or 64 KiB, and anything `httparse` refuses (hyper then answers 400 or 431). The
-//! hand-over happens only between requests, before anything of the request was
-//! sent upstream, so a connection is served by one path at a time.
+//! This path is a security boundary: every request head is first decided by
+//! [`codec::check_request`], which refuses every ambiguity with 400 (and closes the
+//! connection), normalizes the path before matching, and decides the framing the
+//! agent writes upstream. What is left goes to hyper, with the bytes already read:
+//! HTTP/2 (by its preface), HTTP/1.0, `Upgrade`, `Expect`, `CONNECT` and
+//! `OPTIONS *`. The hand-over happens only between requests, before anything of the
+//! request was sent upstream, so a connection is served by one path at a time.
 
-use std::io;
+mod codec;
+mod deadline;
+mod pool;
+mod prefixed;
+
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
+use http::Method;
 use http::uri::Authority;
-use http::{Method, StatusCode};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use super::headers::HOP_BY_HOP;
+pub(crate) use self::codec::Refusal;
+use self::codec::{
+    Decoder, Framing, MAX_HEAD, MAX_HEADERS, Verdict, check_request, has_token, head_end,
+    header_tokens, leading_empty_lines, response_framing, write_request_head, write_response_head,
+};
+use self::deadline::Deadline;
+pub(crate) use self::pool::IdlePool;
+use self::pool::Upstream;
+pub(crate) use self::prefixed::Prefixed;
 use super::proxy::{Failure, Shared, Side};
 use crate::engine::Target;
 use crate::{Admission, Direction, Headers, Outcome, RequestInfo};
 
-/// Most headers of a head on this path (more: hyper takes the connection).
-const MAX_HEADERS: usize = 64;
-/// Largest head on this path.
-const MAX_HEAD: usize = 64 * 1024;
 /// Read buffer growth step.
 const READ_CHUNK: usize = 8 * 1024;
-/// Longest chunk extension and trailer section accepted in a chunked body.
-const MAX_CHUNK_META: usize = 16 * 1024;
 /// Bodies of locally answered requests up to this size are read and dropped so the
 /// connection can stay open; longer ones close it.
 const MAX_DISCARD: u64 = 64 * 1024;
@@ -61,10 +67,6 @@ const MAX_DISCARD: u64 = 64 * 1024;
 const MAX_UPSTREAMS: usize = 4;
 /// How long connecting to an upstream may take (as the pooled client's connector).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Idle upstream connections a listener keeps once their client connection ended,
-/// and for how long (as the pooled client's idle timeout).
-const MAX_IDLE: usize = 256;
-const IDLE_FOR: Duration = Duration::from_secs(90);
 
 /// What a connection of a proxy listener needs.
 #[derive(Clone)]
@@ -75,6 +77,8 @@ pub(crate) struct Listener {
     /// `stop`, as a flag read on every request (`is_cancelled` takes a lock).
     stopping: Arc<AtomicBool>,
     pub(crate) header_read_timeout: Option<Duration>,
+    /// The listener's connections, and its count of refused requests.
+    pub(crate) conns: Arc<super::serve::Connections>,
 }
 
 impl Listener {
@@ -85,6 +89,7 @@ impl Listener {
         side: Side,
         stop: CancellationToken,
         header_read_timeout: Option<Duration>,
+        conns: Arc<super::serve::Connections>,
     ) -> Self {
         let stopping = Arc::new(AtomicBool::new(stop.is_cancelled()));
         let (flag, token) = (stopping.clone(), stop.clone());
@@ -98,6 +103,7 @@ impl Listener {
             stop,
             stopping,
             header_read_timeout,
+            conns,
         }
     }
 
@@ -141,43 +147,15 @@ pub(crate) async fn serve<F, Fut>(
     }
 }
 
-/// Idle keep-alive upstream connections whose client connection has ended, shared by
-/// a listener's connections (a client that closes after every request still reuses
-/// upstream connections). A client connection takes from here only for its first
-/// request to an upstream; after that it keeps its own.
-#[derive(Debug, Default)]
-pub(crate) struct IdlePool {
-    conns: Mutex<Vec<(Upstream, Instant)>>,
-}
-
-impl IdlePool {
-    /// A live idle connection to `authority`, most recent first.
-    fn take(&self, authority: &Authority) -> Option<Upstream> {
-        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        conns.retain(|(_, since)| now.saturating_duration_since(*since) < IDLE_FOR);
-        while let Some(i) = conns
-            .iter()
-            .rposition(|(u, _)| u.authority.as_str() == authority.as_str())
-        {
-            let (upstream, _) = conns.swap_remove(i);
-            if upstream.alive() {
-                return Some(upstream);
-            }
-        }
-        None
-    }
-
-    fn put(&self, upstream: Upstream) {
-        if !upstream.alive() {
-            return;
-        }
-        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        if conns.len() >= MAX_IDLE {
-            conns.remove(0);
-        }
-        conns.push((upstream, Instant::now()));
-    }
+/// How reading a request head ended.
+enum HeadRead {
+    /// The buffer holds a whole head.
+    Ready,
+    /// The connection is done (closed, idle past the header-read timeout, or the
+    /// listener is stopping while it waits).
+    Closed,
+    /// The head is refused before it was parsed.
+    Refused(Refusal),
 }
 
 /// How the HTTP/1 path ends with a connection.
@@ -193,34 +171,13 @@ enum Local<'r> {
     Failure(Failure),
 }
 
-/// How a message body is delimited (RFC 9112 section 6).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Framing {
-    Empty,
-    Length(u64),
-    Chunked,
-    /// Responses only: the body ends when the upstream closes.
-    UntilClose,
-}
-
-/// One keep-alive connection to an upstream.
-#[derive(Debug)]
-struct Upstream {
-    authority: Authority,
-    stream: TcpStream,
-    buf: BytesMut,
-}
-
-impl Upstream {
-    /// Whether the connection can carry a request: nothing unread, and the upstream
-    /// has not closed it. Costs no system call unless the socket became readable
-    /// (tokio keeps its readiness), which an idle HTTP/1 connection only does when
-    /// the upstream closes it.
-    fn alive(&self) -> bool {
-        let mut byte = [0_u8; 1];
-        self.buf.is_empty()
-            && matches!(self.stream.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-    }
+/// The owned part of a checked request head, kept while its body is relayed.
+struct Head {
+    len: usize,
+    method: Method,
+    framing: Framing,
+    /// The client asked to close after this request.
+    close: bool,
 }
 
 struct Conn<'c> {
@@ -242,15 +199,6 @@ struct Conn<'c> {
     stopped: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
-/// A request head, parsed and checked.
-struct Head {
-    len: usize,
-    method: Method,
-    framing: Framing,
-    /// The client asked to close after this request.
-    close: bool,
-}
-
 /// Why an exchange with the upstream ended.
 enum Exchange {
     /// The response went to the client; whether the client connection may stay open.
@@ -268,8 +216,13 @@ enum Exchange {
 impl Conn<'_> {
     async fn run(&mut self, client: &mut TcpStream) -> End {
         loop {
-            if !self.read_head(client).await {
-                return End::Close;
+            match self.read_head(client).await {
+                HeadRead::Ready => {}
+                HeadRead::Closed => return End::Close,
+                HeadRead::Refused(refusal) => {
+                    refuse(client, self.cx, refusal).await;
+                    return End::Close;
+                }
             }
             match self.request(client).await {
                 Some(true) => {}
@@ -282,20 +235,32 @@ impl Conn<'_> {
         }
     }
 
-    /// Reads until the buffer holds a whole head. `false`: the connection is done
-    /// (closed, idle past the header-read timeout, or the listener is stopping while
-    /// it waits). A head too large for this path also returns `true`: parsing it
-    /// fails and hyper takes the connection.
-    async fn read_head(&mut self, client: &mut TcpStream) -> bool {
+    /// Reads until the buffer holds a whole head (after up to four empty lines,
+    /// which are dropped). Ends on close, past the header-read timeout, on the
+    /// listener's stop while waiting for a next request, on a line that does not
+    /// end with CRLF, and on a head larger than [`MAX_HEAD`].
+    async fn read_head(&mut self, client: &mut TcpStream) -> HeadRead {
         let mut scanned = 0;
         // From the first read on: a slow head does not move it.
         let mut deadline = None;
         loop {
-            if head_end(&self.buf, scanned).is_some() {
-                return true;
+            if scanned == 0 {
+                match leading_empty_lines(&self.buf) {
+                    Some(n) => self.buf.advance(n),
+                    None => {
+                        return HeadRead::Refused(Refusal::BadRequest(
+                            "gov-agent: too many empty lines before the request\n",
+                        ));
+                    }
+                }
+            }
+            match head_end(&self.buf, scanned, true) {
+                Ok(Some(_)) => return HeadRead::Ready,
+                Ok(None) => {}
+                Err(refusal) => return HeadRead::Refused(refusal),
             }
             if self.buf.len() >= MAX_HEAD {
-                return true;
+                return HeadRead::Refused(Refusal::HeadTooLarge);
             }
             scanned = self.buf.len().saturating_sub(3);
             // Waiting for a next request (nothing of it read yet) ends on stop.
@@ -305,19 +270,19 @@ impl Conn<'_> {
             let n = match self.cx.header_read_timeout {
                 None => tokio::select! {
                     n = read => n,
-                    () = &mut self.stopped, if idle => return false,
+                    () = &mut self.stopped, if idle => return HeadRead::Closed,
                 },
                 Some(limit) => {
                     let at = *deadline.get_or_insert_with(|| self.idle.arm_at_least(limit));
                     tokio::select! {
                         n = read => n,
-                        () = &mut self.stopped, if idle => return false,
-                        () = self.idle.expired(at) => return false,
+                        () = &mut self.stopped, if idle => return HeadRead::Closed,
+                        () = self.idle.expired(at) => return HeadRead::Closed,
                     }
                 }
             };
             match n {
-                Ok(0) | Err(_) => return false,
+                Ok(0) | Err(_) => return HeadRead::Closed,
                 Ok(_) => {}
             }
         }
@@ -328,33 +293,21 @@ impl Conn<'_> {
     async fn request(&mut self, client: &mut TcpStream) -> Option<bool> {
         let cx = self.cx;
         let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut req = httparse::Request::new(&mut slots);
-        let len = match req.parse(&self.buf) {
-            Ok(httparse::Status::Complete(len)) => len,
-            _ => return None,
+        let req = match check_request(&self.buf, &mut slots) {
+            Verdict::Serve(req) => req,
+            Verdict::Hyper => return None,
+            Verdict::Refuse(refusal) => {
+                refuse(client, cx, refusal).await;
+                return Some(false);
+            }
         };
-        let (Some(method), Some(target), Some(1)) = (req.method, req.path, req.version) else {
-            return None;
-        };
-        let method = Method::from_bytes(method.as_bytes()).ok()?;
-        if method == Method::CONNECT {
-            return None;
-        }
-        // Origin-form, or absolute-form (`GET http://host/path`, as clients that
-        // use the outbound listener as their HTTP proxy send): the upstream gets the
-        // origin-form, and the target's host names the callee.
-        let (target, target_host) = split_target(target)?;
-        let headers: &[httparse::Header<'_>] = req.headers;
-        let conn_tokens = header_tokens(headers, "connection");
-        let (framing, close) = request_framing(headers, &conn_tokens)?;
         let head = Head {
-            len,
-            method,
-            framing,
-            close,
+            len: req.len,
+            method: req.method.clone(),
+            framing: req.framing,
+            close: req.close,
         };
-        let path = target.split_once('?').map_or(target, |(p, _)| p);
-        let raw = Headers::Raw(headers);
+        let raw = Headers::Raw(req.headers);
 
         // Where it goes, and the engine's decision.
         let (authority, info) = match cx.side {
@@ -363,13 +316,13 @@ impl Conn<'_> {
                 RequestInfo {
                     direction: Direction::Inbound,
                     method: &head.method,
-                    path,
+                    path: req.path(),
                     headers: raw,
                     target: None,
                 },
             ),
             Side::Outbound => {
-                let dest = super::proxy::target_service(raw, target_host)
+                let dest = super::proxy::target_service(raw, Some(req.host))
                     .ok_or(Failure::BadRequest(
                         "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
                     ))
@@ -389,7 +342,7 @@ impl Conn<'_> {
                         RequestInfo {
                             direction: Direction::Outbound,
                             method: &head.method,
-                            path,
+                            path: req.path(),
                             headers: raw,
                             target: Some(Target {
                                 service,
@@ -398,7 +351,7 @@ impl Conn<'_> {
                         },
                     ),
                     Err(failure) => {
-                        drop(conn_tokens);
+                        drop(req);
                         return Some(
                             self.answer_locally(client, &head, Local::Failure(failure))
                                 .await,
@@ -410,7 +363,7 @@ impl Conn<'_> {
         let admission = match cx.shared.engine.admit(&info).await {
             Ok(admission) => admission,
             Err(rejection) => {
-                drop(conn_tokens);
+                drop(req);
                 return Some(
                     self.answer_locally(client, &head, Local::Rejection(&rejection))
                         .await,
@@ -419,18 +372,9 @@ impl Conn<'_> {
         };
 
         self.out.clear();
-        write_request_head(
-            &mut self.out,
-            &head.method,
-            target,
-            headers,
-            &conn_tokens,
-            head.framing,
-            target_host.unwrap_or(authority.as_str()),
-            &self.peer,
-        );
+        write_request_head(&mut self.out, &req, &self.peer);
         let authority = authority.clone();
-        drop(conn_tokens);
+        drop(req);
         self.buf.advance(head.len);
         Some(self.forward(client, &head, authority, admission).await)
     }
@@ -753,7 +697,7 @@ async fn receive(
         // The head, within the route's deadline.
         let mut scanned = 0;
         loop {
-            if head_end(up_buf, scanned).is_some() {
+            if matches!(head_end(up_buf, scanned, false), Ok(Some(_))) {
                 break;
             }
             if up_buf.len() >= MAX_HEAD {
@@ -795,7 +739,15 @@ async fn receive(
                 return Received::BadHead;
             }
             out.clear();
-            write_response_head(out, code, resp.reason, headers, &conn_tokens, false, false);
+            write_response_head(
+                out,
+                code,
+                resp.reason,
+                headers,
+                &conn_tokens,
+                Framing::Empty,
+                false,
+            );
             drop(conn_tokens);
             up_buf.advance(len);
             if client_wr.write_all(out).await.is_err() {
@@ -817,8 +769,8 @@ async fn receive(
             resp.reason,
             headers,
             &conn_tokens,
+            framing,
             close_client,
-            true,
         );
         drop(conn_tokens);
         up_buf.advance(len);
@@ -898,323 +850,15 @@ where
     }
 }
 
-/// Where a body ends, fed the bytes as they arrive.
-#[derive(Debug)]
-enum Decoder {
-    Length(u64),
-    Chunked(Chunk),
-    UntilClose,
-    Done,
-}
-
-/// Where a chunked body is (RFC 9112 section 7.1).
-#[derive(Debug, Clone, Copy)]
-enum Chunk {
-    /// Reading the hex size; `digits` read so far.
-    Size {
-        size: u64,
-        digits: u8,
-    },
-    /// Skipping a chunk extension up to CR.
-    Ext {
-        size: u64,
-    },
-    SizeLf {
-        size: u64,
-    },
-    Data(u64),
-    DataCr,
-    DataLf,
-    /// At the start of a trailer line (or the final CRLF).
-    Trailer,
-    TrailerLine,
-    TrailerLf,
-    EndLf,
-}
-
-/// What [`Decoder::advance`] consumed.
-struct Step {
-    /// Bytes of the input that belong to the body (framing included).
-    taken: usize,
-    /// Of those, payload bytes (what byte limits count).
-    payload: u64,
-}
-
-impl Decoder {
-    fn new(framing: Framing) -> Self {
-        match framing {
-            Framing::Empty | Framing::Length(0) => Decoder::Done,
-            Framing::Length(n) => Decoder::Length(n),
-            Framing::Chunked => Decoder::Chunked(Chunk::Size { size: 0, digits: 0 }),
-            Framing::UntilClose => Decoder::UntilClose,
-        }
-    }
-
-    fn done(&self) -> bool {
-        matches!(self, Decoder::Done)
-    }
-
-    /// Consumes what of `input` belongs to the body; `None` on broken chunking.
-    fn advance(&mut self, input: &[u8]) -> Option<Step> {
-        match self {
-            Decoder::Done => Some(Step {
-                taken: 0,
-                payload: 0,
-            }),
-            Decoder::UntilClose => Some(Step {
-                taken: input.len(),
-                payload: input.len() as u64,
-            }),
-            Decoder::Length(left) => {
-                let take = usize::try_from(*left).map_or(input.len(), |l| l.min(input.len()));
-                *left -= take as u64;
-                if *left == 0 {
-                    *self = Decoder::Done;
-                }
-                Some(Step {
-                    taken: take,
-                    payload: take as u64,
-                })
-            }
-            Decoder::Chunked(state) => {
-                let (taken, payload, done) = chunked(state, input)?;
-                if done {
-                    *self = Decoder::Done;
-                }
-                Some(Step { taken, payload })
-            }
-        }
-    }
-}
-
-/// Advances a chunked body over `input`: `(taken, payload, done)`.
-fn chunked(state: &mut Chunk, input: &[u8]) -> Option<(usize, u64, bool)> {
-    let mut i = 0;
-    let mut payload = 0;
-    // Extension and trailer bytes, bounded per body.
-    let mut meta = 0;
-    while i < input.len() {
-        let b = input[i];
-        *state = match *state {
-            Chunk::Size { size, digits } => match (b as char).to_digit(16) {
-                Some(d) if digits < 15 => Chunk::Size {
-                    size: size * 16 + u64::from(d),
-                    digits: digits + 1,
-                },
-                Some(_) => return None,
-                None if digits == 0 => return None,
-                None => match b {
-                    b'\r' => Chunk::SizeLf { size },
-                    b';' | b' ' | b'\t' => Chunk::Ext { size },
-                    _ => return None,
-                },
-            },
-            Chunk::Ext { size } => {
-                meta += 1;
-                if b == b'\r' {
-                    Chunk::SizeLf { size }
-                } else if b == b'\n' {
-                    return None;
-                } else {
-                    Chunk::Ext { size }
-                }
-            }
-            Chunk::SizeLf { size } => match (b, size) {
-                (b'\n', 0) => Chunk::Trailer,
-                (b'\n', size) => Chunk::Data(size),
-                _ => return None,
-            },
-            Chunk::Data(left) => {
-                let take =
-                    usize::try_from(left).map_or(input.len() - i, |l| l.min(input.len() - i));
-                payload += take as u64;
-                i += take;
-                let left = left - take as u64;
-                *state = if left == 0 {
-                    Chunk::DataCr
-                } else {
-                    Chunk::Data(left)
-                };
-                continue;
-            }
-            Chunk::DataCr if b == b'\r' => Chunk::DataLf,
-            Chunk::DataLf if b == b'\n' => Chunk::Size { size: 0, digits: 0 },
-            Chunk::DataCr | Chunk::DataLf => return None,
-            Chunk::Trailer => match b {
-                b'\r' => Chunk::EndLf,
-                b'\n' => return None,
-                _ => {
-                    meta += 1;
-                    Chunk::TrailerLine
-                }
-            },
-            Chunk::TrailerLine => {
-                meta += 1;
-                match b {
-                    b'\r' => Chunk::TrailerLf,
-                    b'\n' => return None,
-                    _ => Chunk::TrailerLine,
-                }
-            }
-            Chunk::TrailerLf if b == b'\n' => Chunk::Trailer,
-            Chunk::EndLf if b == b'\n' => return Some((i + 1, payload, true)),
-            Chunk::TrailerLf | Chunk::EndLf => return None,
-        };
-        if meta > MAX_CHUNK_META {
-            return None;
-        }
-        i += 1;
-    }
-    Some((i, payload, false))
-}
-
-/// The origin-form of a request target and, for an absolute-form `http://` one, its
-/// authority; `None` for any other form (`*`, authority-form, other schemes).
-fn split_target(target: &str) -> Option<(&str, Option<&str>)> {
-    if target.starts_with('/') {
-        return Some((target, None));
-    }
-    let scheme = target.get(..7)?;
-    if !scheme.eq_ignore_ascii_case("http://") {
-        return None;
-    }
-    let rest = &target[7..];
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (host, path) = rest.split_at(end);
-    if host.is_empty() || host.contains('@') {
-        return None;
-    }
-    match path.as_bytes().first() {
-        Some(b'/') => Some((path, Some(host))),
-        // `http://host`: the path is `/` (a query without a path goes to hyper).
-        None => Some(("/", Some(host))),
-        Some(_) => None,
-    }
-}
-
-/// Where the head in `buf` ends (just past its empty line), looking from `from` on.
-fn head_end(buf: &[u8], from: usize) -> Option<usize> {
-    let mut i = from;
-    while let Some(p) = buf[i..].iter().position(|&b| b == b'\n') {
-        let lf = i + p;
-        match buf.get(lf + 1) {
-            Some(b'\n') => return Some(lf + 2),
-            Some(b'\r') if buf.get(lf + 2) == Some(&b'\n') => return Some(lf + 3),
-            _ => {}
-        }
-        i = lf + 1;
-    }
-    None
-}
-
-/// The comma-separated tokens of every `name` header, lowercased is not needed:
-/// compare with [`has_token`].
-fn header_tokens<'h>(
-    headers: &[httparse::Header<'h>],
-    name: &str,
-) -> smallvec::SmallVec<[&'h [u8]; 4]> {
-    let mut tokens = smallvec::SmallVec::new();
-    for h in headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name)) {
-        tokens.extend(
-            h.value
-                .split(|&b| b == b',')
-                .map(trim)
-                .filter(|t| !t.is_empty()),
-        );
-    }
-    tokens
-}
-
-fn has_token(tokens: &[&[u8]], token: &str) -> bool {
-    tokens
-        .iter()
-        .any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
-}
-
-fn trim(mut s: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = s {
-        s = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = s {
-        s = rest;
-    }
-    s
-}
-
-/// The framing of a request and whether the client asked to close; `None` when this
-/// path does not take the request (hyper answers or serves it).
-fn request_framing(headers: &[httparse::Header<'_>], conn: &[&[u8]]) -> Option<(Framing, bool)> {
-    let mut length: Option<u64> = None;
-    let mut chunked = false;
-    for h in headers {
-        let name = h.name;
-        if name.eq_ignore_ascii_case("content-length") {
-            let n = parse_length(h.value)?;
-            if length.is_some_and(|l| l != n) {
-                return None;
-            }
-            length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            // Only a plain `chunked`; other codings (and `chunked` twice) go to hyper.
-            if chunked || !trim(h.value).eq_ignore_ascii_case(b"chunked") {
-                return None;
-            }
-            chunked = true;
-        } else if name.eq_ignore_ascii_case("upgrade") || name.eq_ignore_ascii_case("expect") {
-            return None;
-        }
-    }
-    let framing = match (chunked, length) {
-        // Both: a request smuggling shape; hyper refuses it.
-        (true, Some(_)) => return None,
-        (true, None) => Framing::Chunked,
-        (false, Some(n)) => Framing::Length(n),
-        (false, None) => Framing::Empty,
-    };
-    Some((framing, has_token(conn, "close")))
-}
-
-/// The framing of a response to `method` (RFC 9112 section 6.3); `None` when its
-/// lengths are unusable.
-fn response_framing(
-    method: &Method,
-    code: u16,
-    headers: &[httparse::Header<'_>],
-) -> Option<Framing> {
-    if method == Method::HEAD || code == 204 || code == 304 || (100..200).contains(&code) {
-        return Some(Framing::Empty);
-    }
-    let mut length: Option<u64> = None;
-    let mut coding: Option<bool> = None;
-    for h in headers {
-        if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            // The last coding decides; chunked anywhere but last reads until close.
-            let last = h.value.rsplit(|&b| b == b',').next().map(trim);
-            coding = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
-        } else if h.name.eq_ignore_ascii_case("content-length") {
-            let n = parse_length(h.value)?;
-            if length.is_some_and(|l| l != n) {
-                return None;
-            }
-            length = Some(n);
-        }
-    }
-    Some(match (coding, length) {
-        (Some(true), _) => Framing::Chunked,
-        (Some(false), _) => Framing::UntilClose,
-        (None, Some(n)) => Framing::Length(n),
-        (None, None) => Framing::UntilClose,
-    })
-}
-
-fn parse_length(value: &[u8]) -> Option<u64> {
-    let value = trim(value);
-    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    value.iter().try_fold(0_u64, |n, &d| {
-        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-    })
+/// Answers a refused request; the caller then closes the connection: after a framing
+/// error nothing that follows on it can be trusted to start a request. (Rare: the
+/// answer gets a buffer of its own, so the head it refuses can stay borrowed.)
+async fn refuse(client: &mut TcpStream, cx: &Listener, refusal: Refusal) {
+    tracing::debug!(?refusal, "refused a request");
+    cx.conns.refused.fetch_add(1, Ordering::Relaxed);
+    let mut out = Vec::with_capacity(256);
+    Failure::Refused(refusal).write_http1(&mut out, true);
+    let _ = client.write_all(&out).await;
 }
 
 /// Whether the rest of a locally answered request can be read and dropped.
@@ -1233,498 +877,4 @@ fn is_idempotent(method: &Method) -> bool {
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
     )
-}
-
-/// Whether `name` is hop-by-hop (RFC 9110 section 7.6.1) on either side: the fixed
-/// list `headers::strip_hop_by_hop` uses, or named by `connection`.
-fn hop_by_hop(name: &str, conn: &[&[u8]]) -> bool {
-    HOP_BY_HOP
-        .iter()
-        .any(|h| name.eq_ignore_ascii_case(h.as_str()))
-        || has_token(conn, name)
-}
-
-/// Writes the head sent upstream: the request line, the client's end-to-end headers
-/// (`te` only as `trailers`), `transfer-encoding: chunked` for a chunked body, a
-/// `host` when the client sent none, and `x-forwarded-for` with the client appended.
-#[allow(clippy::too_many_arguments)]
-fn write_request_head(
-    out: &mut Vec<u8>,
-    method: &Method,
-    target: &str,
-    headers: &[httparse::Header<'_>],
-    conn: &[&[u8]],
-    framing: Framing,
-    default_host: &str,
-    peer: &str,
-) {
-    out.extend_from_slice(method.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(target.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    let mut host = false;
-    let mut forwarded: Option<&[u8]> = None;
-    for h in headers {
-        let name = h.name;
-        if hop_by_hop(name, conn) {
-            continue;
-        }
-        if name.eq_ignore_ascii_case("te") {
-            if !h
-                .value
-                .split(|&b| b == b',')
-                .any(|t| trim(t).eq_ignore_ascii_case(b"trailers"))
-            {
-                continue;
-            }
-        } else if name.eq_ignore_ascii_case("x-forwarded-for") {
-            if forwarded.is_none() {
-                forwarded = Some(h.value);
-            }
-            continue;
-        } else if name.eq_ignore_ascii_case("host") {
-            host = true;
-        }
-        push_header(out, name.as_bytes(), h.value);
-    }
-    if framing == Framing::Chunked {
-        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-    }
-    if !host {
-        push_header(out, b"host", default_host.as_bytes());
-    }
-    out.extend_from_slice(b"x-forwarded-for: ");
-    if let Some(existing) = forwarded {
-        out.extend_from_slice(existing);
-        out.extend_from_slice(b", ");
-    }
-    out.extend_from_slice(peer.as_bytes());
-    out.extend_from_slice(b"\r\n\r\n");
-}
-
-/// Writes a response head for the client: the upstream's status and end-to-end
-/// headers. `transfer-encoding` passes as it came (the body is relayed as framed);
-/// `content-length` is dropped when a transfer coding overrides it. A final head
-/// that will close the connection says so.
-fn write_response_head(
-    out: &mut Vec<u8>,
-    code: u16,
-    reason: Option<&str>,
-    headers: &[httparse::Header<'_>],
-    conn: &[&[u8]],
-    close: bool,
-    end: bool,
-) {
-    use std::io::Write;
-    let reason = reason
-        .filter(|r| !r.is_empty())
-        .or_else(|| {
-            StatusCode::from_u16(code)
-                .ok()
-                .and_then(|s| s.canonical_reason())
-        })
-        .unwrap_or("");
-    let _ = write!(out, "HTTP/1.1 {code} {reason}\r\n");
-    let coded = headers
-        .iter()
-        .any(|h| h.name.eq_ignore_ascii_case("transfer-encoding"));
-    for h in headers {
-        let name = h.name;
-        if name.eq_ignore_ascii_case("transfer-encoding") {
-            push_header(out, name.as_bytes(), h.value);
-            continue;
-        }
-        if hop_by_hop(name, conn) || (coded && name.eq_ignore_ascii_case("content-length")) {
-            continue;
-        }
-        push_header(out, name.as_bytes(), h.value);
-    }
-    if end && close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-}
-
-fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// One timer per connection for a recurring deadline (the header-read timeout, a
-/// route timeout), re-armed only when the deadline has moved by more than an eighth
-/// of its length. Registering a tokio timer takes the timer wheel's lock, and a
-/// timer per request costs about a tenth of a proxied request's CPU; a deadline
-/// that has only moved a little is checked when the timer fires instead, and the
-/// timer is then re-armed for the rest.
-struct Deadline {
-    sleep: Pin<Box<Sleep>>,
-    armed: bool,
-}
-
-impl Deadline {
-    fn new() -> Self {
-        Self {
-            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
-            armed: false,
-        }
-    }
-
-    /// Arms the timer for a deadline `limit` from now that may be served late by
-    /// up to an eighth of `limit` (a client gets at least `limit`). Returns the
-    /// deadline to pass to [`Deadline::expired`].
-    fn arm_at_least(&mut self, limit: Duration) -> Instant {
-        let at = Instant::now() + limit;
-        let slack = limit / 8;
-        if !self.armed || self.sleep.deadline() < at || self.sleep.deadline() > at + slack {
-            self.sleep.as_mut().reset(at + slack);
-            self.armed = true;
-        }
-        self.sleep.deadline()
-    }
-
-    /// Arms the timer to fire at or before `at` (a route deadline, checked exactly
-    /// when it fires).
-    fn arm_before(&mut self, at: Instant) {
-        let now = Instant::now();
-        let slack = at.saturating_duration_since(now) / 8;
-        if !self.armed || self.sleep.deadline() > at || self.sleep.deadline() + slack < at {
-            self.sleep.as_mut().reset(at);
-            self.armed = true;
-        }
-    }
-
-    /// Completes once `at` has passed.
-    async fn expired(&mut self, at: Instant) {
-        loop {
-            self.sleep.as_mut().await;
-            if Instant::now() >= at {
-                return;
-            }
-            self.sleep.as_mut().reset(at);
-        }
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A connection with bytes already read from it: reads return those first.
-    pub(crate) struct Prefixed<S> {
-        prefix: BytesMut,
-        #[pin]
-        inner: S,
-    }
-}
-
-impl<S> Prefixed<S> {
-    pub(crate) fn new(prefix: BytesMut, inner: S) -> Self {
-        Self { prefix, inner }
-    }
-}
-
-impl<S: AsyncRead> AsyncRead for Prefixed<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.project();
-        if !this.prefix.is_empty() {
-            let n = this.prefix.len().min(buf.remaining());
-            buf.put_slice(&this.prefix[..n]);
-            this.prefix.advance(n);
-            return Poll::Ready(Ok(()));
-        }
-        this.inner.poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite> AsyncWrite for Prefixed<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.project().inner.poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.project().inner.poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().inner.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().inner.poll_shutdown(cx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const CHUNKED: &[u8] = b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n";
-
-    /// Feeds `body` to a decoder in pieces split at `cuts`: (taken, payload, done).
-    fn feed(framing: Framing, body: &[u8], cuts: &[usize]) -> Option<(usize, u64, bool)> {
-        let mut decoder = Decoder::new(framing);
-        let (mut taken, mut payload) = (0, 0);
-        let mut start = 0;
-        for &end in cuts.iter().chain([&body.len()]) {
-            let mut piece = &body[start..end];
-            while !piece.is_empty() && !decoder.done() {
-                let step = decoder.advance(piece)?;
-                taken += step.taken;
-                payload += step.payload;
-                piece = &piece[step.taken..];
-                if step.taken == 0 {
-                    break;
-                }
-            }
-            start = end;
-        }
-        Some((taken, payload, decoder.done()))
-    }
-
-    #[test]
-    fn chunked_bodies_end_where_they_end_however_they_are_split() {
-        let whole = feed(Framing::Chunked, CHUNKED, &[]);
-        assert_eq!(whole, Some((CHUNKED.len(), 12, true)));
-        for cut in 0..CHUNKED.len() {
-            assert_eq!(
-                feed(Framing::Chunked, CHUNKED, &[cut]),
-                whole,
-                "cut at {cut}"
-            );
-        }
-        // Bytes after the body (a pipelined request) are not taken.
-        let mut more = CHUNKED.to_vec();
-        more.extend_from_slice(b"GET / HTTP/1.1\r\n");
-        assert_eq!(feed(Framing::Chunked, &more, &[]), whole);
-    }
-
-    #[test]
-    fn broken_chunking_is_refused() {
-        for bad in [
-            &b"x\r\n"[..],
-            b"5\nhello\r\n",
-            b"5\r\nhelloX\r\n",
-            b"1234567890abcdef0\r\n",
-            b"\r\n",
-            b"0\r\n\n",
-        ] {
-            assert_eq!(
-                feed(Framing::Chunked, bad, &[]),
-                None,
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
-        let long_ext = [b"1;".as_slice(), &[b'a'; MAX_CHUNK_META + 1]].concat();
-        assert_eq!(feed(Framing::Chunked, &long_ext, &[]), None);
-    }
-
-    #[test]
-    fn lengths_take_exactly_their_bytes() {
-        assert_eq!(
-            feed(Framing::Length(3), b"abcdef", &[1]),
-            Some((3, 3, true))
-        );
-        assert_eq!(feed(Framing::Length(9), b"abc", &[]), Some((3, 3, false)));
-        assert_eq!(feed(Framing::Empty, b"abc", &[]), Some((0, 0, true)));
-        assert_eq!(feed(Framing::UntilClose, b"abc", &[2]), Some((3, 3, false)));
-    }
-
-    #[test]
-    fn head_end_finds_the_empty_line() {
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\nh: 1\r\n\r\nrest", 0), Some(24));
-        assert_eq!(head_end(b"GET / HTTP/1.1\nh: 1\n\nrest", 0), Some(21));
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\nh: 1\r\n", 0), None);
-        // Scanning resumes a little before where it stopped.
-        let head = b"GET / HTTP/1.1\r\n\r\n";
-        assert_eq!(head_end(head, head.len() - 3), Some(head.len()));
-    }
-
-    fn parse<'h>(
-        head: &'h [u8],
-        slots: &'h mut [httparse::Header<'h>],
-    ) -> httparse::Request<'h, 'h> {
-        let mut req = httparse::Request::new(slots);
-        assert!(req.parse(head).unwrap().is_complete());
-        req
-    }
-
-    #[test]
-    fn request_framing_takes_plain_lengths_and_chunked_only() {
-        let framing = |head: &[u8]| {
-            let mut slots = [httparse::EMPTY_HEADER; 16];
-            let req = parse(head, &mut slots);
-            let conn = header_tokens(req.headers, "connection");
-            request_framing(req.headers, &conn)
-        };
-        assert_eq!(
-            framing(b"GET / HTTP/1.1\r\n\r\n"),
-            Some((Framing::Empty, false))
-        );
-        assert_eq!(
-            framing(
-                b"POST / HTTP/1.1\r\ncontent-length: 12\r\nconnection: keep-alive, Close\r\n\r\n"
-            ),
-            Some((Framing::Length(12), true))
-        );
-        assert_eq!(
-            framing(b"POST / HTTP/1.1\r\ncontent-length: 3\r\ncontent-length: 3\r\n\r\n"),
-            Some((Framing::Length(3), false))
-        );
-        assert_eq!(
-            framing(b"POST / HTTP/1.1\r\ntransfer-encoding: Chunked\r\n\r\n"),
-            Some((Framing::Chunked, false))
-        );
-        for hyper_s in [
-            &b"POST / HTTP/1.1\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n"[..],
-            b"POST / HTTP/1.1\r\ncontent-length: +3\r\n\r\n",
-            b"POST / HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
-            b"POST / HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
-            b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n",
-            b"GET / HTTP/1.1\r\nupgrade: websocket\r\n\r\n",
-            b"POST / HTTP/1.1\r\nexpect: 100-continue\r\n\r\n",
-        ] {
-            assert_eq!(
-                framing(hyper_s),
-                None,
-                "{}",
-                String::from_utf8_lossy(hyper_s)
-            );
-        }
-    }
-
-    #[test]
-    fn response_framing_follows_rfc_9112() {
-        let framing = |method: Method, head: &[u8]| {
-            let mut slots = [httparse::EMPTY_HEADER; 16];
-            let mut resp = httparse::Response::new(&mut slots);
-            assert!(resp.parse(head).unwrap().is_complete());
-            response_framing(&method, resp.code.unwrap(), resp.headers)
-        };
-        let ok_with = |h: &str| format!("HTTP/1.1 200 OK\r\n{h}\r\n");
-        assert_eq!(
-            framing(Method::GET, ok_with("content-length: 5\r\n").as_bytes()),
-            Some(Framing::Length(5))
-        );
-        assert_eq!(
-            framing(Method::HEAD, ok_with("content-length: 5\r\n").as_bytes()),
-            Some(Framing::Empty)
-        );
-        assert_eq!(
-            framing(
-                Method::GET,
-                b"HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n"
-            ),
-            Some(Framing::Empty)
-        );
-        assert_eq!(
-            framing(Method::GET, b"HTTP/1.1 204 No Content\r\n\r\n"),
-            Some(Framing::Empty)
-        );
-        assert_eq!(
-            framing(
-                Method::GET,
-                ok_with("content-length: 5\r\ntransfer-encoding: gzip, chunked\r\n").as_bytes()
-            ),
-            Some(Framing::Chunked)
-        );
-        assert_eq!(
-            framing(
-                Method::GET,
-                ok_with("transfer-encoding: gzip\r\n").as_bytes()
-            ),
-            Some(Framing::UntilClose)
-        );
-        assert_eq!(
-            framing(Method::GET, ok_with("").as_bytes()),
-            Some(Framing::UntilClose)
-        );
-        assert_eq!(
-            framing(
-                Method::GET,
-                ok_with("content-length: 1\r\ncontent-length: 2\r\n").as_bytes()
-            ),
-            None
-        );
-    }
-
-    #[test]
-    fn the_upstream_head_drops_hop_by_hop_headers_and_appends_the_client() {
-        let head = b"GET /a?b=1 HTTP/1.1\r\nConnection: keep-alive, X-Secret\r\nX-Secret: 1\r\nKeep-Alive: 5\r\nTE: trailers\r\nX-Forwarded-For: 10.0.0.1\r\nX-Kept: 2\r\n\r\n";
-        let mut slots = [httparse::EMPTY_HEADER; 16];
-        let req = parse(head, &mut slots);
-        let conn = header_tokens(req.headers, "connection");
-        let mut out = Vec::new();
-        write_request_head(
-            &mut out,
-            &Method::GET,
-            req.path.unwrap(),
-            req.headers,
-            &conn,
-            Framing::Empty,
-            "127.0.0.1:9000",
-            "127.0.0.2",
-        );
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "GET /a?b=1 HTTP/1.1\r\nTE: trailers\r\nX-Kept: 2\r\nhost: 127.0.0.1:9000\r\nx-forwarded-for: 10.0.0.1, 127.0.0.2\r\n\r\n"
-        );
-    }
-
-    #[test]
-    fn targets_in_absolute_form_become_origin_form() {
-        assert_eq!(split_target("/a?b"), Some(("/a?b", None)));
-        assert_eq!(
-            split_target("http://inventory:8080/items?x=1"),
-            Some(("/items?x=1", Some("inventory:8080")))
-        );
-        assert_eq!(
-            split_target("HTTP://inventory"),
-            Some(("/", Some("inventory")))
-        );
-        assert_eq!(split_target("http://inventory?x"), None);
-        assert_eq!(split_target("https://inventory/"), None);
-        assert_eq!(split_target("http://user@inventory/"), None);
-        assert_eq!(split_target("*"), None);
-        assert_eq!(split_target("inventory:80"), None);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn deadlines_fire_no_earlier_than_asked_and_rearm_rarely() {
-        let mut d = Deadline::new();
-        let start = Instant::now();
-        let at = d.arm_at_least(Duration::from_secs(8));
-        assert!(at >= start + Duration::from_secs(8) && at <= start + Duration::from_secs(9));
-        // A second later the same timer still serves (no re-arm).
-        tokio::time::advance(Duration::from_millis(500)).await;
-        assert_eq!(d.arm_at_least(Duration::from_secs(8)), at);
-        d.expired(at).await;
-        assert!(Instant::now() >= at);
-
-        // A route deadline fires exactly, even when the timer was armed earlier.
-        let mut d = Deadline::new();
-        let first = Instant::now() + Duration::from_secs(8);
-        d.arm_before(first);
-        tokio::time::advance(Duration::from_millis(300)).await;
-        let second = Instant::now() + Duration::from_secs(8);
-        d.arm_before(second);
-        assert_eq!(d.sleep.deadline(), first, "moved less than an eighth: kept");
-        d.expired(second).await;
-        assert_eq!(Instant::now(), second);
-    }
 }

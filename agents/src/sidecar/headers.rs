@@ -33,8 +33,12 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .flat_map(|v| v.split(','))
             .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
             .collect();
+        // Framing and routing are the agent's to write: `connection` never
+        // removes them (the HTTP/1 path's rule, `h1::codec::write_request_head`).
         for name in named {
-            headers.remove(name);
+            if name != header::HOST && name != header::CONTENT_LENGTH {
+                headers.remove(name);
+            }
         }
     }
     for name in &HOP_BY_HOP {
@@ -102,6 +106,20 @@ mod tests {
         let mut left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, ["host", "x-kept"]);
+    }
+
+    #[test]
+    fn connection_cannot_remove_host_or_the_length() {
+        let mut headers = map(&[
+            ("connection", "host, content-length, x-a"),
+            ("host", "a"),
+            ("content-length", "3"),
+            ("x-a", "1"),
+        ]);
+        strip_hop_by_hop(&mut headers);
+        let mut left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-length", "host"]);
     }
 
     #[test]

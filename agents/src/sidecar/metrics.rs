@@ -102,6 +102,8 @@ pub(crate) struct Source {
     pub(crate) engine: Engine,
     /// Phase and slow-start weight (`crate::lifecycle`).
     pub(crate) lifecycle: tokio::sync::watch::Receiver<crate::lifecycle::State>,
+    /// The proxy listeners by name (`inbound`, `outbound`).
+    pub(crate) listeners: Vec<(&'static str, std::sync::Arc<super::serve::Connections>)>,
 }
 
 impl Source {
@@ -109,8 +111,39 @@ impl Source {
     pub(crate) fn render(&self, health: &super::Health) -> String {
         let mut enc = Encoder::default();
         self.render_agent(&mut enc, health);
+        self.render_listeners(&mut enc);
         render_rules(&mut enc, &self.engine.stats().rules);
         enc.finish()
+    }
+
+    fn render_listeners(&self, enc: &mut Encoder) {
+        type Read = fn(&super::serve::Connections) -> u64;
+        let families: [(&str, &str, &str, Read); 3] = [
+            (
+                "gov_agent_connections_open",
+                "gauge",
+                "Client connections open on the proxy listener.",
+                super::serve::Connections::open,
+            ),
+            (
+                "gov_agent_connections_over_cap_total",
+                "counter",
+                "Client connections closed at accept because the listener had --max-connections open.",
+                super::serve::Connections::over_cap,
+            ),
+            (
+                "gov_agent_requests_refused_total",
+                "counter",
+                "Requests refused as malformed or ambiguous (400, 431, 501) before reaching the engine.",
+                super::serve::Connections::refused,
+            ),
+        ];
+        for (name, kind, help, read) in families {
+            enc.family(name, kind, help);
+            for (listener, conns) in &self.listeners {
+                enc.sample(name, &[("listener", listener)], read(conns));
+            }
+        }
     }
 
     fn render_agent(&self, enc: &mut Encoder, health: &super::Health) {

@@ -8,6 +8,7 @@
 //! the admission is held until the response body has finished (or the client left).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
@@ -16,7 +17,9 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use super::body::{Counted, ProxyBody, Tally};
+use super::h1::Refusal;
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
+use super::serve::Connections;
 use super::upstream::{Clients, Directory};
 use crate::{Admission, ByteMeter, Engine, Outcome, Rejection, RequestInfo};
 
@@ -75,6 +78,7 @@ struct Conn {
     shared: Arc<Shared>,
     side: Side,
     peer: HeaderValue,
+    conns: Arc<Connections>,
 }
 
 /// Which listener a connection came through.
@@ -91,6 +95,8 @@ pub(crate) enum Side {
 pub(crate) enum Failure {
     /// The request is not one the proxy can forward.
     BadRequest(&'static str),
+    /// The request is malformed or ambiguous (the connection closes after it).
+    Refused(Refusal),
     /// The outbound call names no known service.
     UnknownService,
     /// The upstream could not be connected to.
@@ -106,6 +112,7 @@ impl Failure {
     fn answer(self) -> (StatusCode, &'static str) {
         match self {
             Failure::BadRequest(body) => (StatusCode::BAD_REQUEST, body),
+            Failure::Refused(refusal) => refusal.answer(),
             Failure::UnknownService => (
                 StatusCode::BAD_GATEWAY,
                 "gov-agent: no instances known for the called service\n",
@@ -140,16 +147,31 @@ impl Failure {
 // === impl Handler ===
 
 impl Handler {
-    pub(crate) fn new(shared: Arc<Shared>, side: Side, peer: std::net::SocketAddr) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        side: Side,
+        peer: std::net::SocketAddr,
+        conns: Arc<Connections>,
+    ) -> Self {
         Self(Arc::new(Conn {
             shared,
             side,
             peer: peer_value(peer),
+            conns,
         }))
     }
 
     /// Handles one request.
-    pub(crate) async fn handle(&self, req: Request<Incoming>) -> Response<ResponseBody> {
+    pub(crate) async fn handle(&self, mut req: Request<Incoming>) -> Response<ResponseBody> {
+        if let Err(refusal) = check(&mut req) {
+            tracing::debug!(?refusal, "refused a request");
+            self.0.conns.refused.fetch_add(1, Ordering::Relaxed);
+            let mut response = failure_response(Failure::Refused(refusal));
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return response;
+        }
         match self.0.side {
             Side::Inbound => self.inbound(req).await,
             Side::Outbound => self.outbound(req).await,
@@ -171,10 +193,8 @@ impl Handler {
     /// A call of the local service to another service.
     async fn outbound(&self, req: Request<Incoming>) -> Response<ResponseBody> {
         let conn = &self.0;
-        let Some(service) = target_service(
-            crate::Headers::Map(req.headers()),
-            req.uri().authority().map(Authority::as_str),
-        ) else {
+        let Some(service) = target_service(crate::Headers::Map(req.headers()), request_host(&req))
+        else {
             return failure_response(Failure::BadRequest(
                 "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
             ));
@@ -205,19 +225,80 @@ impl Handler {
     }
 }
 
-/// The service an outbound call is for: `gov-service`, else the host (the `host`
-/// header, else the request target's authority) without its port.
+/// The checks of the HTTP/1 path ([`super::h1`]) that still apply to a request
+/// hyper parsed: one `host` (RFC 9112 section 3.2), never both framings and one
+/// length (section 6.3), and the path normalized before matching (RFC 3986 section
+/// 6, [`crate::path`]); the request then carries the normalized path.
+fn check<B>(req: &mut Request<B>) -> Result<(), Refusal> {
+    let headers = req.headers();
+    if headers.get_all(header::HOST).iter().nth(1).is_some() {
+        return Err(Refusal::BadRequest(
+            "gov-agent: the request has more than one `host` header\n",
+        ));
+    }
+    if req.version() == http::Version::HTTP_11 && !headers.contains_key(header::HOST) {
+        return Err(Refusal::BadRequest(
+            "gov-agent: an HTTP/1.1 request needs a `host` header\n",
+        ));
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.contains_key(header::CONTENT_LENGTH)
+    {
+        return Err(Refusal::BadRequest(
+            "gov-agent: the request has both `content-length` and `transfer-encoding`\n",
+        ));
+    }
+    if headers
+        .get_all(header::CONTENT_LENGTH)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        return Err(Refusal::BadRequest(
+            "gov-agent: the request has more than one `content-length`\n",
+        ));
+    }
+    // `CONNECT` has no path (refused later), `OPTIONS *` none to normalize.
+    let path = req.uri().path();
+    if req.method() == http::Method::CONNECT || path == "*" {
+        return Ok(());
+    }
+    let std::borrow::Cow::Owned(normal) = crate::path::normalize(path)? else {
+        return Ok(());
+    };
+    let mut parts = req.uri().clone().into_parts();
+    let with_query = match req.uri().query() {
+        Some(q) => format!("{normal}?{q}"),
+        None => normal,
+    };
+    parts.path_and_query = Some(
+        PathAndQuery::try_from(with_query)
+            .map_err(|_| Refusal::BadRequest("gov-agent: bad request target\n"))?,
+    );
+    *req.uri_mut() = Uri::from_parts(parts)
+        .map_err(|_| Refusal::BadRequest("gov-agent: bad request target\n"))?;
+    Ok(())
+}
+
+/// The host a request names: the target's authority (absolute form, or HTTP/2's
+/// `:authority`), which replaces `host` (RFC 9112 section 3.2.2), else `host`.
+fn request_host<B>(req: &Request<B>) -> Option<&str> {
+    match req.uri().authority() {
+        Some(authority) => Some(authority.as_str()),
+        None => crate::Headers::Map(req.headers()).get_str(&header::HOST),
+    }
+}
+
+/// The service an outbound call is for: `gov-service`, else `host` (the host the
+/// request names) without its port.
 pub(crate) fn target_service<'a>(
     headers: crate::Headers<'a>,
-    uri_authority: Option<&'a str>,
+    host: Option<&'a str>,
 ) -> Option<&'a str> {
     if headers.get(&GOV_SERVICE).is_some() {
         return headers.get_str(&GOV_SERVICE).filter(|s| !s.is_empty());
     }
-    let host = match headers.get(&header::HOST) {
-        Some(_) => headers.get_str(&header::HOST)?,
-        None => uri_authority?,
-    };
+    let host = host?;
     // Strip the port; a bracketed IPv6 literal keeps its brackets.
     let name = match host.rfind(':') {
         Some(i) if !host[i..].contains(']') => &host[..i],
@@ -247,9 +328,9 @@ async fn forward(
         }
         None => PathAndQuery::from_static("/"),
     };
-    // Keep the host the client asked for (HTTP/2 carries it as `:authority`).
-    if !parts.headers.contains_key(header::HOST)
-        && let Some(authority) = parts.uri.authority()
+    // Keep the host the client asked for: the target's authority (HTTP/2's
+    // `:authority`, an absolute-form target) replaces `host` (RFC 9112 3.2.2).
+    if let Some(authority) = parts.uri.authority()
         && let Ok(host) = HeaderValue::from_str(authority.as_str())
     {
         parts.headers.insert(header::HOST, host);
@@ -339,10 +420,7 @@ mod tests {
     use super::*;
 
     fn target_service<B>(req: &Request<B>) -> Option<&str> {
-        super::target_service(
-            crate::Headers::Map(req.headers()),
-            req.uri().authority().map(Authority::as_str),
-        )
+        super::target_service(crate::Headers::Map(req.headers()), request_host(req))
     }
 
     #[test]

@@ -1,6 +1,11 @@
 //! Accept loops, one per listener, with a graceful drain; and hyper's side of a
 //! connection (HTTP/1.1 and HTTP/2 on the same port).
 //!
+//! A listener holds at most its cap of open connections: a connection accepted over
+//! the cap is closed at once (as Envoy's `max_connections` does), so a flood of
+//! idle connections cannot take the memory and file descriptors the service's real
+//! clients need. Both are counted in `/metrics`.
+//!
 //! On stop a loop stops accepting (the listening socket is closed, so new connects are
 //! refused), and every open connection finishes what it is doing: HTTP/1.1 completes
 //! the request in progress and closes instead of keeping alive, HTTP/2 sends GOAWAY and
@@ -11,7 +16,7 @@ use std::error::Error as StdError;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,12 +38,12 @@ pub(crate) async fn accept_loop<S, F>(
     listener: TcpListener,
     stop: CancellationToken,
     drain: crate::lifecycle::DrainDeadline,
+    open: Arc<Connections>,
     serve: S,
 ) where
     S: Fn(TcpStream, SocketAddr) -> F,
     F: Future<Output = ()> + Send + 'static,
 {
-    let open = Arc::new(Open::default());
     loop {
         let accepted = tokio::select! {
             biased;
@@ -55,6 +60,19 @@ pub(crate) async fn accept_loop<S, F>(
                 continue;
             }
         };
+        if open.count() >= open.max {
+            // Dropping the stream closes it: the client sees a reset or EOF at once
+            // instead of waiting in the backlog.
+            if open.over_cap.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(
+                    listener = name,
+                    max = open.max,
+                    "connection cap reached; closing new connections (raise --max-connections)"
+                );
+            }
+            drop(stream);
+            continue;
+        }
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(listener = name, %error, "cannot set TCP_NODELAY");
         }
@@ -80,17 +98,48 @@ pub(crate) async fn accept_loop<S, F>(
     }
 }
 
-/// Counts the open connections of a listener.
-#[derive(Debug, Default)]
-struct Open {
+/// The open connections of a listener, its cap, and what it refused.
+#[derive(Debug)]
+pub(crate) struct Connections {
     count: AtomicUsize,
     idle: Notify,
+    /// At most this many open at once.
+    max: usize,
+    /// Connections closed at accept because `max` were open.
+    over_cap: AtomicU64,
+    /// Requests refused as malformed or ambiguous (400, 431, 501).
+    pub(crate) refused: AtomicU64,
 }
 
 /// One open connection; dropping it closes the count.
-struct Entered(Arc<Open>);
+struct Entered(Arc<Connections>);
 
-impl Open {
+impl Connections {
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            count: AtomicUsize::new(0),
+            idle: Notify::new(),
+            max: max.max(1),
+            over_cap: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// Connections open now.
+    pub(crate) fn open(&self) -> u64 {
+        self.count() as u64
+    }
+
+    /// Connections closed at accept over the cap, since start.
+    pub(crate) fn over_cap(&self) -> u64 {
+        self.over_cap.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused, since start.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
     fn enter(self: &Arc<Self>) -> Entered {
         self.count.fetch_add(1, Ordering::Relaxed);
         Entered(self.clone())

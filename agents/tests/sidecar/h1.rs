@@ -13,14 +13,14 @@ use crate::support::{agent, ms, upstream};
 
 /// One response as read off the wire.
 #[derive(Debug)]
-struct Raw {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+pub struct Raw {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
 }
 
 impl Raw {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -29,25 +29,25 @@ impl Raw {
 }
 
 /// A client connection that reads responses by hand.
-struct Wire {
+pub struct Wire {
     stream: TcpStream,
     buf: Vec<u8>,
 }
 
 impl Wire {
-    async fn connect(addr: std::net::SocketAddr) -> Self {
+    pub async fn connect(addr: std::net::SocketAddr) -> Self {
         Self {
             stream: TcpStream::connect(addr).await.unwrap(),
             buf: Vec::new(),
         }
     }
 
-    async fn send(&mut self, bytes: &[u8]) {
+    pub async fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).await.unwrap();
     }
 
     /// Reads more; `false` at end of stream.
-    async fn fill(&mut self) -> bool {
+    pub async fn fill(&mut self) -> bool {
         let mut chunk = [0_u8; 4096];
         let n = tokio::time::timeout(Duration::from_secs(10), self.stream.read(&mut chunk))
             .await
@@ -58,11 +58,19 @@ impl Wire {
     }
 
     /// Whether the agent closed the connection (nothing more to read).
-    async fn closed(&mut self) -> bool {
+    pub async fn closed(&mut self) -> bool {
         self.buf.is_empty() && !self.fill().await
     }
 
-    async fn response(&mut self) -> Raw {
+    /// The next response, or `None` when the agent closed the connection first.
+    pub async fn try_response(&mut self) -> Option<Raw> {
+        if self.buf.is_empty() && !self.fill().await {
+            return None;
+        }
+        Some(self.response().await)
+    }
+
+    pub async fn response(&mut self) -> Raw {
         self.read_response(false).await
     }
 
@@ -435,7 +443,7 @@ async fn the_outbound_listener_takes_absolute_form_requests_like_an_http_proxy()
         .await;
     let mut wire = Wire::connect(agent.sidecar.outbound_addr().unwrap()).await;
     // As a client with `http_proxy` pointing at the outbound listener sends it.
-    wire.send(b"GET http://inventory:8080/who?x=1 HTTP/1.1\r\n\r\n")
+    wire.send(b"GET http://inventory:8080/who?x=1 HTTP/1.1\r\nhost: inventory:8080\r\n\r\n")
         .await;
     let reply = wire.response().await;
     assert_eq!((reply.status, &reply.body[..]), (200, &b"/who"[..]));

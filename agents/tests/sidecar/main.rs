@@ -9,8 +9,11 @@
 
 mod support;
 
+mod differential;
 mod enforce;
 mod h1;
+mod hostile;
 mod proxy;
 mod reload;
 mod shutdown;
+mod strict;

@@ -282,6 +282,7 @@ pub fn agent() -> AgentBuilder {
         drain: ms(5000),
         protocol: UpstreamProtocol::Http1,
         header_read_timeout: None,
+        max_connections: None,
     }
 }
 
@@ -293,12 +294,19 @@ pub struct AgentBuilder {
     drain: Duration,
     protocol: UpstreamProtocol,
     header_read_timeout: Option<Duration>,
+    max_connections: Option<usize>,
 }
 
 impl AgentBuilder {
     /// How long clients may take to send a request head (default: the agent's).
     pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
         self.header_read_timeout = Some(timeout);
+        self
+    }
+
+    /// Most open client connections per proxy listener.
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.max_connections = Some(max);
         self
     }
 
@@ -346,6 +354,9 @@ impl AgentBuilder {
         options.upstream_protocol = self.protocol;
         if let Some(timeout) = self.header_read_timeout {
             options.header_read_timeout = Some(timeout);
+        }
+        if let Some(max) = self.max_connections {
+            options.max_connections = max;
         }
         if let Some(yaml) = &self.config {
             std::fs::write(&config_path, yaml).unwrap();

@@ -1,0 +1,864 @@
+//! The HTTP/1.1 codec of the proxy: pure functions over byte slices.
+//!
+//! The agent alone decides the framing of what it sends upstream, so every framing
+//! decision lives here, each beside the RFC 9112 section it follows:
+//! [`check_request`] says whether a request head is served, handed to hyper or
+//! refused; [`Decoder`] finds where a body ends; [`write_request_head`] and
+//! [`write_response_head`] write the heads the agent sends, with framing headers of
+//! its own. Nothing here reads a socket, so all of it is tested byte by byte.
+
+use std::borrow::Cow;
+
+use http::{Method, StatusCode};
+use smallvec::SmallVec;
+
+use super::super::headers::HOP_BY_HOP;
+use crate::path::{PathError, normalize};
+
+/// Most header fields of a request head (more: 431, as Envoy's default).
+pub(crate) const MAX_HEADERS: usize = 100;
+/// Largest head (larger: 431).
+pub(crate) const MAX_HEAD: usize = 64 * 1024;
+/// Longest chunk extension and trailer section accepted in a chunked body.
+pub(crate) const MAX_CHUNK_META: usize = 16 * 1024;
+/// Empty lines ignored before a request line (RFC 9112 section 2.2).
+const MAX_LEADING_EMPTY_LINES: usize = 4;
+/// The HTTP/2 connection preface (RFC 9113 section 3.4): hyper serves it.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+
+/// How a message body is delimited (RFC 9112 section 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Framing {
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Responses only: the body ends when the upstream closes.
+    UntilClose,
+}
+
+/// Why the agent refuses a request before anything of it goes upstream. The answer
+/// closes the connection: after a framing error nothing that follows on it can be
+/// trusted to start a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// 400, with a short reason.
+    BadRequest(&'static str),
+    /// 431: too many header fields or too large a head.
+    HeadTooLarge,
+    /// 501: a transfer coding other than `chunked`.
+    UnknownCoding,
+}
+
+impl Refusal {
+    /// The status and short body of the answer.
+    pub(crate) fn answer(self) -> (StatusCode, &'static str) {
+        match self {
+            Refusal::BadRequest(body) => (StatusCode::BAD_REQUEST, body),
+            Refusal::HeadTooLarge => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "gov-agent: the request head is too large\n",
+            ),
+            Refusal::UnknownCoding => (
+                StatusCode::NOT_IMPLEMENTED,
+                "gov-agent: only the `chunked` transfer coding is supported\n",
+            ),
+        }
+    }
+}
+
+impl From<PathError> for Refusal {
+    fn from(error: PathError) -> Self {
+        Refusal::BadRequest(error.body())
+    }
+}
+
+/// What the HTTP/1 path does with a request head.
+#[derive(Debug)]
+pub(crate) enum Verdict<'b> {
+    /// Served on this path.
+    Serve(Checked<'b>),
+    /// hyper serves the connection from this request on: HTTP/2, HTTP/1.0,
+    /// `Upgrade`, `Expect`, `CONNECT` and `OPTIONS *`. The head passed every check
+    /// that applies to it.
+    Hyper,
+    /// Answered with this, then the connection closes.
+    Refuse(Refusal),
+}
+
+/// A request head that passed [`check_request`].
+#[derive(Debug)]
+pub(crate) struct Checked<'b> {
+    /// Where the head ends in the buffer.
+    pub(crate) len: usize,
+    pub(crate) method: Method,
+    /// The origin-form target sent upstream: the normalized path, then the query.
+    pub(crate) target: Cow<'b, str>,
+    /// The length of the path in `target`.
+    pub(crate) path_len: usize,
+    /// The `host` sent upstream: the authority of an absolute-form target (RFC 9112
+    /// section 3.2.2), else the client's one `Host`.
+    pub(crate) host: &'b str,
+    pub(crate) framing: Framing,
+    /// The client asked to close after this request.
+    pub(crate) close: bool,
+    /// The tokens of the `connection` header fields.
+    pub(crate) conn: SmallVec<[&'b [u8]; 4]>,
+    /// The header fields as the client sent them.
+    pub(crate) headers: &'b [httparse::Header<'b>],
+}
+
+impl Checked<'_> {
+    /// The normalized path (what rules match).
+    pub(crate) fn path(&self) -> &str {
+        &self.target[..self.path_len]
+    }
+}
+
+/// Where the head in `buf` ends (just past its empty line), looking from `from` on.
+/// In a request every line ends with CRLF (`strict`): a bare LF is an error, as is
+/// a bare CR (which `httparse` refuses). Responses may end lines with LF alone
+/// (RFC 9112 section 2.2).
+pub(crate) fn head_end(buf: &[u8], from: usize, strict: bool) -> Result<Option<usize>, Refusal> {
+    let mut i = from;
+    while let Some(p) = buf[i..].iter().position(|&b| b == b'\n') {
+        let lf = i + p;
+        if strict && (lf == 0 || buf[lf - 1] != b'\r') {
+            return Err(Refusal::BadRequest(
+                "gov-agent: a line of the request head does not end with CRLF\n",
+            ));
+        }
+        match buf.get(lf + 1) {
+            Some(b'\n') if !strict => return Ok(Some(lf + 2)),
+            Some(b'\r') if buf.get(lf + 2) == Some(&b'\n') => return Ok(Some(lf + 3)),
+            _ => {}
+        }
+        i = lf + 1;
+    }
+    Ok(None)
+}
+
+/// How many bytes of empty lines start `buf` (ignored before a request line); `None`
+/// when there are too many.
+pub(crate) fn leading_empty_lines(buf: &[u8]) -> Option<usize> {
+    let mut n = 0;
+    while buf[n..].starts_with(b"\r\n") {
+        n += 2;
+        if n > 2 * MAX_LEADING_EMPTY_LINES {
+            return None;
+        }
+    }
+    Some(n)
+}
+
+/// Decides a complete request head at the start of `buf` (RFC 9112): the request
+/// line (section 3), `Host` (3.2), the message framing (6.1, 6.3), and the target
+/// normalized before matching (RFC 3986 section 6). Everything ambiguous is
+/// refused; the rest is served here or handed to hyper.
+pub(crate) fn check_request<'b>(
+    buf: &'b [u8],
+    slots: &'b mut [httparse::Header<'b>],
+) -> Verdict<'b> {
+    if buf.starts_with(H2_PREFACE) {
+        return Verdict::Hyper;
+    }
+    let mut req = httparse::Request::new(slots);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => {
+            return Verdict::Refuse(Refusal::BadRequest(
+                "gov-agent: the request head is incomplete\n",
+            ));
+        }
+        Err(httparse::Error::TooManyHeaders) => return Verdict::Refuse(Refusal::HeadTooLarge),
+        Err(_) => {
+            return Verdict::Refuse(Refusal::BadRequest(
+                "gov-agent: the request head is malformed\n",
+            ));
+        }
+    };
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return Verdict::Refuse(Refusal::BadRequest(
+            "gov-agent: the request line is malformed\n",
+        ));
+    };
+    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
+        return Verdict::Refuse(Refusal::BadRequest("gov-agent: the method is malformed\n"));
+    };
+    let headers: &'b [httparse::Header<'b>] = req.headers;
+    let fields = match Fields::of(headers) {
+        Ok(fields) => fields,
+        Err(refusal) => return Verdict::Refuse(refusal),
+    };
+    // RFC 9112 section 6.1: a Transfer-Encoding in HTTP/1.0 is a faulty framing.
+    if version == 0 && fields.coding.is_some() {
+        return Verdict::Refuse(Refusal::BadRequest(
+            "gov-agent: HTTP/1.0 has no transfer codings\n",
+        ));
+    }
+    // Section 3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0, and a
+    // valid one.
+    let host = match (fields.hosts, version) {
+        (0, 1) => {
+            return Verdict::Refuse(Refusal::BadRequest(
+                "gov-agent: an HTTP/1.1 request needs a `host` header\n",
+            ));
+        }
+        (0 | 1, _) => fields.host,
+        _ => {
+            return Verdict::Refuse(Refusal::BadRequest(
+                "gov-agent: the request has more than one `host` header\n",
+            ));
+        }
+    };
+    if host.is_some_and(|h| !valid_authority(h)) {
+        return Verdict::Refuse(Refusal::BadRequest("gov-agent: the `host` is malformed\n"));
+    }
+    let framing = match fields.framing() {
+        Ok(framing) => framing,
+        Err(refusal) => return Verdict::Refuse(refusal),
+    };
+
+    // The target: what hyper takes, then origin-form or absolute-form.
+    if method == Method::CONNECT || (method == Method::OPTIONS && target == "*") {
+        return Verdict::Hyper;
+    }
+    let (target, authority) = match split_target(target) {
+        Ok(split) => split,
+        Err(refusal) => return Verdict::Refuse(refusal),
+    };
+    let (path, query) = match target.find('?') {
+        Some(q) => target.split_at(q),
+        None => (target, ""),
+    };
+    let path = match normalize(path) {
+        Ok(path) => path,
+        Err(error) => return Verdict::Refuse(error.into()),
+    };
+    if version == 0 || fields.upgrade || fields.expect {
+        return Verdict::Hyper;
+    }
+    let path_len = path.len();
+    let target = match path {
+        Cow::Borrowed(_) => Cow::Borrowed(target),
+        Cow::Owned(mut p) => {
+            p.push_str(query);
+            Cow::Owned(p)
+        }
+    };
+    let Some(host) = authority.or(host) else {
+        // HTTP/1.1 without a Host was refused above.
+        return Verdict::Hyper;
+    };
+    let close = has_token(&fields.conn, "close");
+    Verdict::Serve(Checked {
+        len,
+        method,
+        target,
+        path_len,
+        host,
+        framing,
+        close,
+        conn: fields.conn,
+        headers,
+    })
+}
+
+/// What [`check_request`] reads off the header fields, in one pass.
+struct Fields<'b> {
+    hosts: usize,
+    host: Option<&'b str>,
+    lengths: usize,
+    length: Option<u64>,
+    /// The transfer codings: `Some(chunked_last)`, with `chunked` at most once.
+    coding: Option<Coding>,
+    upgrade: bool,
+    expect: bool,
+    conn: SmallVec<[&'b [u8]; 4]>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Coding {
+    /// Exactly `chunked`.
+    Chunked,
+    /// `chunked` last, after other codings.
+    Other,
+}
+
+impl<'b> Fields<'b> {
+    fn of(headers: &'b [httparse::Header<'b>]) -> Result<Self, Refusal> {
+        let mut fields = Fields {
+            hosts: 0,
+            host: None,
+            lengths: 0,
+            length: None,
+            coding: None,
+            upgrade: false,
+            expect: false,
+            conn: SmallVec::new(),
+        };
+        let mut codings: SmallVec<[&[u8]; 2]> = SmallVec::new();
+        for h in headers {
+            let name = h.name.as_bytes();
+            // Dispatch on the length first: most fields are none of these.
+            match name.len() {
+                4 if name.eq_ignore_ascii_case(b"host") => {
+                    fields.hosts += 1;
+                    fields.host = Some(std::str::from_utf8(trim(h.value)).map_err(|_| {
+                        Refusal::BadRequest("gov-agent: the `host` is malformed\n")
+                    })?);
+                }
+                14 if name.eq_ignore_ascii_case(b"content-length") => {
+                    fields.lengths += 1;
+                    fields.length = Some(parse_length(h.value).ok_or(Refusal::BadRequest(
+                        "gov-agent: the `content-length` is not a plain decimal number\n",
+                    ))?);
+                }
+                17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                    codings.extend(
+                        h.value
+                            .split(|&b| b == b',')
+                            .map(trim)
+                            .filter(|c| !c.is_empty()),
+                    );
+                }
+                10 if name.eq_ignore_ascii_case(b"connection") => fields.conn.extend(
+                    h.value
+                        .split(|&b| b == b',')
+                        .map(trim)
+                        .filter(|t| !t.is_empty()),
+                ),
+                7 if name.eq_ignore_ascii_case(b"upgrade") => fields.upgrade = true,
+                6 if name.eq_ignore_ascii_case(b"expect") => fields.expect = true,
+                // `content_length` and `transfer_encoding`: some servers read `_` as
+                // `-`, and would frame the body by a field the agent did not.
+                14 | 17 if name.contains(&b'_') && is_framing_name(name) => {
+                    return Err(Refusal::BadRequest(
+                        "gov-agent: a framing header is spelled with `_`\n",
+                    ));
+                }
+                _ => {}
+            }
+        }
+        if !codings.is_empty() {
+            // RFC 9112 section 6.3 (4): `chunked` must be the final coding; and it
+            // is applied only once (section 7).
+            let chunked = |c: &[u8]| c.eq_ignore_ascii_case(b"chunked");
+            let last_chunked = codings.last().is_some_and(|c| chunked(c));
+            if !last_chunked || codings.iter().filter(|c| chunked(c)).count() > 1 {
+                return Err(Refusal::BadRequest(
+                    "gov-agent: `chunked` must be the last transfer coding, once\n",
+                ));
+            }
+            fields.coding = Some(if codings.len() == 1 {
+                Coding::Chunked
+            } else {
+                Coding::Other
+            });
+        }
+        Ok(fields)
+    }
+
+    /// The framing of the body (RFC 9112 section 6.3).
+    fn framing(&self) -> Result<Framing, Refusal> {
+        match (self.coding, self.lengths, self.length) {
+            // Section 6.3 (3) lets a server reject both rather than guess: the
+            // classic request smuggling shape.
+            (Some(_), n, _) if n > 0 => Err(Refusal::BadRequest(
+                "gov-agent: the request has both `content-length` and `transfer-encoding`\n",
+            )),
+            (Some(Coding::Other), _, _) => Err(Refusal::UnknownCoding),
+            (Some(Coding::Chunked), _, _) => Ok(Framing::Chunked),
+            // Section 6.3 (5): several lengths are refused even when equal.
+            (None, n, _) if n > 1 => Err(Refusal::BadRequest(
+                "gov-agent: the request has more than one `content-length`\n",
+            )),
+            (None, _, Some(n)) => Ok(Framing::Length(n)),
+            (None, _, None) => Ok(Framing::Empty),
+        }
+    }
+}
+
+/// Whether `name` is `content-length` or `transfer-encoding` with `_` for `-`.
+fn is_framing_name(name: &[u8]) -> bool {
+    let dashed = |b: &u8| {
+        if *b == b'_' {
+            b'-'
+        } else {
+            b.to_ascii_lowercase()
+        }
+    };
+    name.iter()
+        .map(dashed)
+        .eq(b"content-length".iter().copied())
+        || name
+            .iter()
+            .map(dashed)
+            .eq(b"transfer-encoding".iter().copied())
+}
+
+/// Whether `host` is a valid `uri-host [ ":" port ]` (RFC 3986 section 3.2.2): no
+/// user info, no path, no whitespace or control bytes. May be empty.
+fn valid_authority(host: &str) -> bool {
+    host.bytes().all(|b| {
+        b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+                    | b':'
+                    | b'['
+                    | b']'
+                    | b'%'
+            )
+    })
+}
+
+/// The origin-form of a request target and, for an absolute-form `http://` one, its
+/// authority (RFC 9112 section 3.2). Any other form is refused.
+pub(crate) fn split_target(target: &str) -> Result<(&str, Option<&str>), Refusal> {
+    if target.starts_with('/') {
+        return Ok((target, None));
+    }
+    let refused =
+        Refusal::BadRequest("gov-agent: the request target must be a path or an `http://` URL\n");
+    let Some(scheme) = target.get(..7) else {
+        return Err(refused);
+    };
+    if !scheme.eq_ignore_ascii_case("http://") {
+        return Err(refused);
+    }
+    let rest = &target[7..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (host, path) = rest.split_at(end);
+    if host.is_empty() || !valid_authority(host) {
+        return Err(Refusal::BadRequest(
+            "gov-agent: the authority of the request target is malformed\n",
+        ));
+    }
+    match path.as_bytes().first() {
+        Some(b'/') => Ok((path, Some(host))),
+        // `http://host`: the path is `/`.
+        None => Ok(("/", Some(host))),
+        Some(_) => Err(refused),
+    }
+}
+
+/// The comma-separated tokens of every `name` header; compare with [`has_token`].
+pub(crate) fn header_tokens<'h>(
+    headers: &[httparse::Header<'h>],
+    name: &str,
+) -> SmallVec<[&'h [u8]; 4]> {
+    let mut tokens = SmallVec::new();
+    for h in headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name)) {
+        tokens.extend(
+            h.value
+                .split(|&b| b == b',')
+                .map(trim)
+                .filter(|t| !t.is_empty()),
+        );
+    }
+    tokens
+}
+
+pub(crate) fn has_token(tokens: &[&[u8]], token: &str) -> bool {
+    tokens
+        .iter()
+        .any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
+}
+
+fn trim(mut s: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = s {
+        s = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = s {
+        s = rest;
+    }
+    s
+}
+
+/// A `content-length` value: one decimal number, no sign, no list (RFC 9110
+/// section 8.6).
+fn parse_length(value: &[u8]) -> Option<u64> {
+    let value = trim(value);
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    value.iter().try_fold(0_u64, |n, &d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
+}
+
+/// The framing of a response to `method` (RFC 9112 section 6.3); `None` when its
+/// lengths are unusable.
+pub(crate) fn response_framing(
+    method: &Method,
+    code: u16,
+    headers: &[httparse::Header<'_>],
+) -> Option<Framing> {
+    if method == Method::HEAD || code == 204 || code == 304 || (100..200).contains(&code) {
+        return Some(Framing::Empty);
+    }
+    let mut length: Option<u64> = None;
+    let mut coding: Option<bool> = None;
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            // The last coding decides; chunked anywhere but last reads until close.
+            let last = h.value.rsplit(|&b| b == b',').next().map(trim);
+            coding = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            let n = parse_length(h.value)?;
+            if length.is_some_and(|l| l != n) {
+                return None;
+            }
+            length = Some(n);
+        }
+    }
+    Some(match (coding, length) {
+        (Some(true), _) => Framing::Chunked,
+        (Some(false), _) => Framing::UntilClose,
+        (None, Some(n)) => Framing::Length(n),
+        (None, None) => Framing::UntilClose,
+    })
+}
+
+/// Whether `name` is hop-by-hop (RFC 9110 section 7.6.1) on either side: the fixed
+/// list `headers::strip_hop_by_hop` uses, or named by `connection`.
+fn hop_by_hop(name: &str, conn: &[&[u8]]) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h.as_str()))
+        || has_token(conn, name)
+}
+
+/// Whether `name` frames or routes a message: the agent writes these itself, and
+/// `connection` can neither remove nor add them.
+fn is_framing(name: &str) -> bool {
+    name.eq_ignore_ascii_case("content-length")
+        || name.eq_ignore_ascii_case("transfer-encoding")
+        || name.eq_ignore_ascii_case("host")
+}
+
+/// Writes the head sent upstream for `req`: the request line with the normalized
+/// target, the client's end-to-end headers (`te` only as `trailers`), then the
+/// agent's own `host`, framing header for the body it relays, and
+/// `x-forwarded-for` with the client appended. The client's `host`,
+/// `content-length` and `transfer-encoding` are never copied: whatever its
+/// `connection` names, the upstream frames the body exactly as the agent does.
+pub(crate) fn write_request_head(out: &mut Vec<u8>, req: &Checked<'_>, peer: &str) {
+    use std::io::Write;
+    out.extend_from_slice(req.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(req.target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut forwarded: Option<&[u8]> = None;
+    for h in req.headers {
+        let name = h.name;
+        if is_framing(name) || hop_by_hop(name, &req.conn) {
+            continue;
+        }
+        if name.eq_ignore_ascii_case("te") {
+            if !h
+                .value
+                .split(|&b| b == b',')
+                .any(|t| trim(t).eq_ignore_ascii_case(b"trailers"))
+            {
+                continue;
+            }
+        } else if name.eq_ignore_ascii_case("x-forwarded-for") {
+            if forwarded.is_none() {
+                forwarded = Some(h.value);
+            }
+            continue;
+        }
+        push_header(out, name.as_bytes(), h.value);
+    }
+    push_header(out, b"host", req.host.as_bytes());
+    match req.framing {
+        Framing::Length(n) => {
+            let _ = write!(out, "content-length: {n}\r\n");
+        }
+        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::Empty | Framing::UntilClose => {}
+    }
+    out.extend_from_slice(b"x-forwarded-for: ");
+    if let Some(existing) = forwarded {
+        out.extend_from_slice(existing);
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(peer.as_bytes());
+    out.extend_from_slice(b"\r\n\r\n");
+}
+
+/// Writes a response head for the client: the upstream's status and end-to-end
+/// headers. The framing headers follow `framing`, not `connection`: one
+/// `content-length` for a length, the upstream's `transfer-encoding` for a chunked
+/// body, both as they came for a body-less response. A final head that will close
+/// the connection says so.
+pub(crate) fn write_response_head(
+    out: &mut Vec<u8>,
+    code: u16,
+    reason: Option<&str>,
+    headers: &[httparse::Header<'_>],
+    conn: &[&[u8]],
+    framing: Framing,
+    close: bool,
+) {
+    use std::io::Write;
+    let reason = reason
+        .filter(|r| !r.is_empty())
+        .or_else(|| {
+            StatusCode::from_u16(code)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+        })
+        .unwrap_or("");
+    let _ = write!(out, "HTTP/1.1 {code} {reason}\r\n");
+    for h in headers {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("transfer-encoding") {
+            if matches!(framing, Framing::Chunked | Framing::Empty) {
+                push_header(out, name.as_bytes(), h.value);
+            }
+            continue;
+        }
+        if name.eq_ignore_ascii_case("content-length") {
+            if framing == Framing::Empty {
+                push_header(out, name.as_bytes(), h.value);
+            }
+            continue;
+        }
+        if hop_by_hop(name, conn) {
+            continue;
+        }
+        push_header(out, name.as_bytes(), h.value);
+    }
+    if let Framing::Length(n) = framing {
+        let _ = write!(out, "content-length: {n}\r\n");
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Where a body ends, fed the bytes as they arrive.
+#[derive(Debug)]
+pub(crate) enum Decoder {
+    Length(u64),
+    Chunked(Chunk),
+    UntilClose,
+    Done,
+}
+
+/// Where a chunked body is (RFC 9112 section 7.1).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Chunk {
+    /// Reading the hex size; `digits` read so far.
+    Size {
+        size: u64,
+        digits: u8,
+    },
+    /// Whitespace after the size (`BWS`): only `;` may follow.
+    SizeWs {
+        size: u64,
+    },
+    /// Skipping a chunk extension up to CR.
+    Ext {
+        size: u64,
+    },
+    SizeLf {
+        size: u64,
+    },
+    Data(u64),
+    DataCr,
+    DataLf,
+    /// At the start of a trailer line (or the final CRLF).
+    Trailer,
+    /// Inside a trailer field; whether its `:` was seen.
+    TrailerLine {
+        colon: bool,
+    },
+    TrailerLf,
+    EndLf,
+}
+
+/// What [`Decoder::advance`] consumed.
+pub(crate) struct Step {
+    /// Bytes of the input that belong to the body (framing included).
+    pub(crate) taken: usize,
+    /// Of those, payload bytes (what byte limits count).
+    pub(crate) payload: u64,
+}
+
+impl Decoder {
+    pub(crate) fn new(framing: Framing) -> Self {
+        match framing {
+            Framing::Empty | Framing::Length(0) => Decoder::Done,
+            Framing::Length(n) => Decoder::Length(n),
+            Framing::Chunked => Decoder::Chunked(Chunk::Size { size: 0, digits: 0 }),
+            Framing::UntilClose => Decoder::UntilClose,
+        }
+    }
+
+    pub(crate) fn done(&self) -> bool {
+        matches!(self, Decoder::Done)
+    }
+
+    /// Consumes what of `input` belongs to the body; `None` on broken chunking.
+    pub(crate) fn advance(&mut self, input: &[u8]) -> Option<Step> {
+        match self {
+            Decoder::Done => Some(Step {
+                taken: 0,
+                payload: 0,
+            }),
+            Decoder::UntilClose => Some(Step {
+                taken: input.len(),
+                payload: input.len() as u64,
+            }),
+            Decoder::Length(left) => {
+                let take = usize::try_from(*left).map_or(input.len(), |l| l.min(input.len()));
+                *left -= take as u64;
+                if *left == 0 {
+                    *self = Decoder::Done;
+                }
+                Some(Step {
+                    taken: take,
+                    payload: take as u64,
+                })
+            }
+            Decoder::Chunked(state) => {
+                let (taken, payload, done) = chunked(state, input)?;
+                if done {
+                    *self = Decoder::Done;
+                }
+                Some(Step { taken, payload })
+            }
+        }
+    }
+}
+
+/// A byte that may not appear in a chunk extension or a trailer field: a control
+/// byte other than HTAB (CR and LF end lines and are handled by the caller).
+fn is_control(b: u8) -> bool {
+    (b < 0x20 && b != b'\t') || b == 0x7f
+}
+
+/// Advances a chunked body over `input`: `(taken, payload, done)`. Strict: a chunk
+/// line is `hex-size [BWS ";" ext] CRLF` (RFC 9112 section 7.1.1), every line ends
+/// with CRLF, a trailer line is a field (`name:value`, no leading whitespace, so
+/// no obs-fold).
+fn chunked(state: &mut Chunk, input: &[u8]) -> Option<(usize, u64, bool)> {
+    let mut i = 0;
+    let mut payload = 0;
+    // Extension and trailer bytes, bounded per body.
+    let mut meta = 0;
+    while i < input.len() {
+        let b = input[i];
+        *state = match *state {
+            Chunk::Size { size, digits } => match (b as char).to_digit(16) {
+                // 15 hex digits fit in a u64; more is an overflow attempt.
+                Some(d) if digits < 15 => Chunk::Size {
+                    size: size * 16 + u64::from(d),
+                    digits: digits + 1,
+                },
+                Some(_) => return None,
+                None if digits == 0 => return None,
+                None => match b {
+                    b'\r' => Chunk::SizeLf { size },
+                    b';' => Chunk::Ext { size },
+                    b' ' | b'\t' => Chunk::SizeWs { size },
+                    _ => return None,
+                },
+            },
+            Chunk::SizeWs { size } => {
+                meta += 1;
+                match b {
+                    b' ' | b'\t' => Chunk::SizeWs { size },
+                    b';' => Chunk::Ext { size },
+                    _ => return None,
+                }
+            }
+            Chunk::Ext { size } => {
+                meta += 1;
+                match b {
+                    b'\r' => Chunk::SizeLf { size },
+                    b if is_control(b) || b == b'\n' => return None,
+                    _ => Chunk::Ext { size },
+                }
+            }
+            Chunk::SizeLf { size } => match (b, size) {
+                (b'\n', 0) => Chunk::Trailer,
+                (b'\n', size) => Chunk::Data(size),
+                _ => return None,
+            },
+            Chunk::Data(left) => {
+                let take =
+                    usize::try_from(left).map_or(input.len() - i, |l| l.min(input.len() - i));
+                payload += take as u64;
+                i += take;
+                let left = left - take as u64;
+                *state = if left == 0 {
+                    Chunk::DataCr
+                } else {
+                    Chunk::Data(left)
+                };
+                continue;
+            }
+            Chunk::DataCr if b == b'\r' => Chunk::DataLf,
+            Chunk::DataLf if b == b'\n' => Chunk::Size { size: 0, digits: 0 },
+            Chunk::DataCr | Chunk::DataLf => return None,
+            Chunk::Trailer => match b {
+                b'\r' => Chunk::EndLf,
+                // A field name is a token: no leading whitespace (obs-fold), no `:`.
+                b':' | b' ' | b'\t' | b'\n' => return None,
+                b if is_control(b) => return None,
+                _ => {
+                    meta += 1;
+                    Chunk::TrailerLine { colon: false }
+                }
+            },
+            Chunk::TrailerLine { colon } => {
+                meta += 1;
+                match b {
+                    b'\r' if colon => Chunk::TrailerLf,
+                    b'\r' | b'\n' => return None,
+                    b if is_control(b) => return None,
+                    b':' => Chunk::TrailerLine { colon: true },
+                    // Whitespace before the colon (RFC 9112 section 5.1).
+                    b' ' | b'\t' if !colon => return None,
+                    _ => Chunk::TrailerLine { colon },
+                }
+            }
+            Chunk::TrailerLf if b == b'\n' => Chunk::Trailer,
+            Chunk::EndLf if b == b'\n' => return Some((i + 1, payload, true)),
+            Chunk::TrailerLf | Chunk::EndLf => return None,
+        };
+        if meta > MAX_CHUNK_META {
+            return None;
+        }
+        i += 1;
+    }
+    Some((i, payload, false))
+}
+
+#[cfg(test)]
+mod tests;

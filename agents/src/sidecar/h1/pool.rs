@@ -1,0 +1,75 @@
+//! Keep-alive upstream connections: one client connection's own, and the idle pool
+//! a listener keeps once their client connection ended.
+
+use std::io;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use http::uri::Authority;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Idle upstream connections a listener keeps once their client connection ended,
+/// and for how long (as the pooled client's idle timeout).
+const MAX_IDLE: usize = 256;
+const IDLE_FOR: Duration = Duration::from_secs(90);
+
+/// Idle keep-alive upstream connections whose client connection has ended, shared by
+/// a listener's connections (a client that closes after every request still reuses
+/// upstream connections). A client connection takes from here only for its first
+/// request to an upstream; after that it keeps its own.
+#[derive(Debug, Default)]
+pub(crate) struct IdlePool {
+    conns: Mutex<Vec<(Upstream, Instant)>>,
+}
+
+impl IdlePool {
+    /// A live idle connection to `authority`, most recent first.
+    pub(crate) fn take(&self, authority: &Authority) -> Option<Upstream> {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        conns.retain(|(_, since)| now.saturating_duration_since(*since) < IDLE_FOR);
+        while let Some(i) = conns
+            .iter()
+            .rposition(|(u, _)| u.authority.as_str() == authority.as_str())
+        {
+            let (upstream, _) = conns.swap_remove(i);
+            if upstream.alive() {
+                return Some(upstream);
+            }
+        }
+        None
+    }
+
+    pub(crate) fn put(&self, upstream: Upstream) {
+        if !upstream.alive() {
+            return;
+        }
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if conns.len() >= MAX_IDLE {
+            conns.remove(0);
+        }
+        conns.push((upstream, Instant::now()));
+    }
+}
+
+/// One keep-alive connection to an upstream.
+#[derive(Debug)]
+pub(crate) struct Upstream {
+    pub(crate) authority: Authority,
+    pub(crate) stream: TcpStream,
+    pub(crate) buf: BytesMut,
+}
+
+impl Upstream {
+    /// Whether the connection can carry a request: nothing unread, and the upstream
+    /// has not closed it. Costs no system call unless the socket became readable
+    /// (tokio keeps its readiness), which an idle HTTP/1 connection only does when
+    /// the upstream closes it.
+    pub(crate) fn alive(&self) -> bool {
+        let mut byte = [0_u8; 1];
+        self.buf.is_empty()
+            && matches!(self.stream.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}

@@ -1,0 +1,561 @@
+//! The differential test of the HTTP/1 path: for generated and mutated request
+//! streams, the requests the upstream receives, read by an independent strict
+//! parser ([`crate::strict`]), are exactly the requests the engine judged, in
+//! order, with the same bodies; or the agent refused (400, 431, 501) and closed.
+//!
+//! Three properties per stream, sent on one connection:
+//! 1. **Nothing unjudged reaches the upstream**: per rule, the engine's admitted
+//!    count grew by the number of received requests on its path (one more at most,
+//!    for a request whose body the client broke off).
+//! 2. **The upstream receives what the client meant**: the received sequence
+//!    (method, normalized path, body) is a prefix of what a strict reading of the
+//!    client's stream gives, up to the first request a strict recipient refuses or
+//!    that hyper takes; a stream nobody mutated is received whole.
+//! 3. **Every answer goes to its own request**: the n-th response carries the
+//!    upstream's description of the n-th received request; after those, at most a
+//!    refusal, then the connection closes.
+//!
+//! Cases: the classic smuggling vectors (CL.TE, TE.CL, TE.TE, obs-fold, bare CR/LF,
+//! NUL, signed and oversize lengths, chunk-size overflow, pipelining), then
+//! generated streams with byte mutations (proptest, a fixed number of cases, a few
+//! seconds).
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::strict::{Parsed, RawUpstream, Req, parse};
+use crate::support::{Agent, Upstream, agent};
+
+/// One rule per path of interest, and one on everything; none ever rejects.
+const RULES: &str = r#"
+service: shop
+version: differential-v1
+limits:
+  - rule: shop/a
+    on: { path: { kind: PATH_KIND_EXACT, value: /a } }
+    calls: { amount: 1000000000, window_ms: 3600000 }
+  - rule: shop/lim
+    on: { path: { kind: PATH_KIND_EXACT, value: /lim } }
+    calls: { amount: 1000000000, window_ms: 3600000 }
+  - rule: shop/all
+    on: { path: { kind: PATH_KIND_PREFIX, value: / } }
+    calls: { amount: 1000000000, window_ms: 3600000 }
+"#;
+
+/// The rules above, with the path each counts (`None`: every path).
+const COUNTED: [(&str, Option<&str>); 3] = [
+    ("shop/a", Some("/a")),
+    ("shop/lim", Some("/lim")),
+    ("shop/all", None),
+];
+
+/// The classic vectors, each a whole client stream.
+const VECTORS: &[&[u8]] = &[
+    // CL.TE: a front end reading CL would forward `G...` as a second request.
+    b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 13\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\nGET /lim HTTP/1.1\r\nhost: x\r\n\r\n",
+    // TE.CL.
+    b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\ntransfer-encoding: chunked\r\n\r\n5c\r\nGPOST /lim HTTP/1.1\r\nhost: x\r\ncontent-length: 15\r\n\r\nx=1\r\n0\r\n\r\n",
+    // TE.TE obfuscations.
+    b"POST /a HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\ntransfer-encoding: x\r\ncontent-length: 4\r\n\r\n1\r\nZ\r\n0\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nhost: x\r\ntransfer-encoding : chunked\r\ncontent-length: 4\r\n\r\n1\r\nZ\r\n0\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nhost: x\r\ntransfer-encoding:\tchunked\r\n\r\n1\r\nZ\r\n0\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nhost: x\r\nTransfer-Encoding: xchunked\r\ncontent-length: 4\r\n\r\n1\r\nZ\r\n",
+    b"POST /a HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked, identity\r\n\r\n0\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nhost: x\r\ntransfer_encoding: chunked\r\ncontent-length: 3\r\n\r\n0\r\n",
+    // obs-fold, bare CR, bare LF, NUL.
+    b"POST /a HTTP/1.1\r\nhost: x\r\ntransfer-encoding:\r\n chunked\r\ncontent-length: 3\r\n\r\nabc",
+    b"GET /a HTTP/1.1\r\nhost: x\rGET /lim HTTP/1.1\r\nhost: x\r\n\r\n",
+    b"GET /a HTTP/1.1\nhost: x\n\nGET /lim HTTP/1.1\r\nhost: x\r\n\r\n",
+    b"GET /a HTTP/1.1\r\nhost: x\r\nx-a: \0\r\n\r\n",
+    // Connection naming the framing.
+    b"POST /a HTTP/1.1\r\nhost: x\r\nconnection: content-length\r\ncontent-length: 31\r\n\r\nGET /lim HTTP/1.1\r\nhost: x\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nhost: x\r\nconnection: transfer-encoding\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /lim HTTP/1.1\r\nhost: x\r\n\r\n",
+    // Signed, listed, oversize lengths; chunk-size overflow.
+    b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: -1\r\n\r\nGET /lim HTTP/1.1\r\nhost: x\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 1, 31\r\n\r\nGET /lim HTTP/1.1\r\nhost: x\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 99999999999999999999999\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n10000000000000001\r\nGET /lim HTTP/1.1\r\n\r\n0\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5 junk\r\nhello\r\n0\r\n\r\n",
+    // Duplicate hosts, absolute form without one.
+    b"GET /a HTTP/1.1\r\nhost: x\r\nhost: y\r\n\r\n",
+    b"GET http://x/lim HTTP/1.1\r\n\r\n",
+    // Path spellings, pipelined.
+    b"GET //lim HTTP/1.1\r\nhost: x\r\n\r\nGET /./lim HTTP/1.1\r\nhost: x\r\n\r\nGET /%6cim HTTP/1.1\r\nhost: x\r\n\r\nGET /x/../lim HTTP/1.1\r\nhost: x\r\n\r\nGET /%2flim HTTP/1.1\r\nhost: x\r\n\r\n",
+    b"GET http://x//lim/../a HTTP/1.1\r\nhost: y\r\n\r\nPOST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhiGET /lim HTTP/1.1\r\nhost: x\r\n\r\n",
+];
+
+/// Where a strict reading of a client stream stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Every byte was read as requests.
+    End,
+    /// The stream ends inside a request.
+    Partial,
+    /// A request a strict recipient refuses (or whose path cannot be normalized).
+    Invalid,
+    /// A request hyper serves (HTTP/1.0): the checks of exact sequence end here.
+    Hyper,
+}
+
+/// (method, normalized path, body) of a request.
+type Seen = (String, String, Vec<u8>);
+
+/// The requests a strict recipient reads in `stream`, and where it stops.
+fn oracle(stream: &[u8]) -> (Vec<Seen>, Stop) {
+    let mut seen = Vec::new();
+    let mut at = 0;
+    loop {
+        if at == stream.len() {
+            return (seen, Stop::End);
+        }
+        match parse(&stream[at..]) {
+            Parsed::Complete(req, n) => {
+                if req.version == 0 {
+                    return (seen, Stop::Hyper);
+                }
+                let Some(path) = normalize(req.path()) else {
+                    return (seen, Stop::Invalid);
+                };
+                // The agent closes after a request that asks it to.
+                let close = req.headers.iter().any(|(name, value)| {
+                    name.eq_ignore_ascii_case("connection")
+                        && value
+                            .split(|&b| b == b',')
+                            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
+                });
+                seen.push((req.method, path, req.body));
+                at += n;
+                if close {
+                    return (seen, Stop::End);
+                }
+            }
+            Parsed::Partial => return (seen, Stop::Partial),
+            Parsed::Invalid(_) => return (seen, Stop::Invalid),
+        }
+    }
+}
+
+/// RFC 3986 section 6 normalization, written apart from the agent's: decoded
+/// unreserved escapes, merged slashes, dot segments; `None` for an encoded slash,
+/// a broken escape, or `..` above the root.
+fn normalize(path: &str) -> Option<String> {
+    let b = path.as_bytes();
+    if b.first() != Some(&b'/') {
+        return None;
+    }
+    let mut decoded = String::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            let c = u8::from_str_radix(hex, 16).ok()?;
+            if c == b'/' || c == b'\\' {
+                return None;
+            }
+            if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+                decoded.push(c as char);
+            } else {
+                decoded.push('%');
+                decoded.push_str(&hex.to_ascii_uppercase());
+            }
+            i += 3;
+        } else {
+            decoded.push(b[i] as char);
+            i += 1;
+        }
+    }
+    let mut kept: Vec<&str> = Vec::new();
+    let segments: Vec<&str> = decoded.split('/').skip(1).collect();
+    let mut dir = false;
+    for s in &segments {
+        dir = matches!(*s, "" | "." | "..");
+        match *s {
+            "" | "." => {}
+            ".." => {
+                kept.pop()?;
+            }
+            s => kept.push(s),
+        }
+    }
+    let mut out = String::new();
+    for s in &kept {
+        out.push('/');
+        out.push_str(s);
+    }
+    if out.is_empty() || dir {
+        out.push('/');
+    }
+    Some(out)
+}
+
+/// A response as the client read it.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    body: Vec<u8>,
+}
+
+/// Reads every response until the agent closes (all answers carry a length).
+fn answers(mut bytes: &[u8]) -> Result<Vec<Answer>, String> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let mut slots = [httparse::EMPTY_HEADER; 32];
+        let mut resp = httparse::Response::new(&mut slots);
+        let len = match resp.parse(bytes) {
+            Ok(httparse::Status::Complete(len)) => len,
+            other => return Err(format!("unreadable response: {other:?} in {bytes:?}")),
+        };
+        let status = resp.code.unwrap_or(0);
+        let n: usize = resp
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+            .and_then(|h| std::str::from_utf8(h.value).ok()?.parse().ok())
+            .ok_or_else(|| format!("a response without a length: {bytes:?}"))?;
+        if bytes.len() < len + n {
+            return Err("a response body is cut short".into());
+        }
+        out.push(Answer {
+            status,
+            body: bytes[len..len + n].to_vec(),
+        });
+        bytes = &bytes[len + n..];
+    }
+    Ok(out)
+}
+
+/// The admitted count of each rule in [`COUNTED`].
+fn admitted(agent: &Agent) -> Vec<u64> {
+    let stats = agent.sidecar.engine().stats();
+    COUNTED
+        .iter()
+        .map(|(rule, _)| {
+            stats
+                .rules
+                .iter()
+                .find(|r| &*r.rule == *rule)
+                .map_or(0, |r| r.admitted)
+        })
+        .collect()
+}
+
+/// Sends `stream` on a new connection, closes the sending side, reads every answer.
+async fn exchange(agent: &Agent, stream: &[u8]) -> Vec<u8> {
+    let mut conn = TcpStream::connect(agent.sidecar.inbound_addr())
+        .await
+        .unwrap();
+    // The agent may close (after a refusal) before everything was written.
+    let _ = conn.write_all(stream).await;
+    let _ = conn.shutdown().await;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut chunk = [0_u8; 4096];
+        loop {
+            match conn.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the agent answered and closed within 10 s");
+    got
+}
+
+/// Runs one stream through the agent and checks the three properties.
+async fn check(
+    agent: &Agent,
+    up: &RawUpstream,
+    stream: &[u8],
+    untouched: bool,
+) -> Result<(), String> {
+    let before = admitted(agent);
+    let got = exchange(agent, stream).await;
+    // The upstream logs a request once it read it whole; give the last one a moment.
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let log = up.take();
+    let after = admitted(agent);
+    let show = String::from_utf8_lossy(stream);
+    let mut received: Vec<Req> = Vec::new();
+    for entry in log {
+        received.push(entry.map_err(|why| {
+            format!("the upstream could not parse what the agent sent ({why}) for {show:?}")
+        })?);
+    }
+    let seen: Vec<Seen> = received
+        .iter()
+        .map(|r| (r.method.clone(), r.path().to_owned(), r.body.clone()))
+        .collect();
+
+    // 1. Nothing unjudged reaches the upstream.
+    for (i, (rule, path)) in COUNTED.iter().enumerate() {
+        let on_path = seen
+            .iter()
+            .filter(|(_, p, _)| path.is_none_or(|path| p == path))
+            .count() as u64;
+        let grew = after[i] - before[i];
+        if grew < on_path || grew > on_path + 1 {
+            return Err(format!(
+                "rule {rule} admitted {grew} but the upstream received {on_path} on its path, for {show:?}: {seen:?}"
+            ));
+        }
+    }
+
+    // 2. The upstream receives what the client meant.
+    let (meant, stop) = oracle(stream);
+    let exact = seen.len().min(meant.len());
+    if seen[..exact] != meant[..exact] {
+        return Err(format!(
+            "the upstream received {seen:?}, the client meant {meant:?}, for {show:?}"
+        ));
+    }
+    if seen.len() > meant.len() && stop != Stop::Hyper {
+        return Err(format!(
+            "the upstream received more than the client meant ({seen:?} for {meant:?}, {stop:?}), for {show:?}"
+        ));
+    }
+    if untouched && (seen != meant || stop != Stop::End) {
+        return Err(format!(
+            "an unmutated stream was not served whole ({seen:?} for {meant:?}, {stop:?}): {show:?}"
+        ));
+    }
+
+    // 3. Every answer goes to its own request.
+    let answers = answers(&got).map_err(|e| format!("{e}, for {show:?}"))?;
+    if stop != Stop::Hyper {
+        if answers.len() < received.len() || answers.len() > received.len() + 1 {
+            return Err(format!(
+                "{} answers for {} forwarded requests, for {show:?}: {answers:?}",
+                answers.len(),
+                received.len()
+            ));
+        }
+        if let Some(last) = answers.get(received.len())
+            && ![400, 431, 501].contains(&last.status)
+        {
+            return Err(format!(
+                "the answer after the forwarded requests is not a refusal: {last:?}, for {show:?}"
+            ));
+        }
+    }
+    for (answer, req) in answers.iter().zip(&received) {
+        let expected = format!("{} {} {}", req.method, req.target, req.body.len());
+        if answer.status != 200 || answer.body != expected.as_bytes() {
+            return Err(format!(
+                "answer {answer:?} is not the upstream's answer to {expected:?}, for {show:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn setup() -> (RawUpstream, Agent) {
+    let up = RawUpstream::start().await;
+    let agent = agent()
+        .config(RULES)
+        .upstream(&Upstream::at(up.addr))
+        .start()
+        .await;
+    (up, agent)
+}
+
+#[tokio::test]
+async fn the_classic_smuggling_vectors_reach_the_upstream_only_as_judged() {
+    let (up, agent) = setup().await;
+    for vector in VECTORS {
+        if let Err(e) = check(&agent, &up, vector, false).await {
+            panic!("{e}");
+        }
+    }
+}
+
+/// One generated request: well formed unless mutated afterwards.
+#[derive(Clone, Debug)]
+struct Gen {
+    method: &'static str,
+    target: &'static str,
+    host: u8,
+    body: Vec<u8>,
+    framing: u8,
+    chunk: usize,
+    connection: Option<&'static str>,
+    extra: Option<(&'static str, &'static str)>,
+}
+
+impl Gen {
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(format!("{} {} HTTP/1.1\r\n", self.method, self.target).as_bytes());
+        match self.host {
+            0 => {}
+            1 => out.extend_from_slice(b"host: x\r\n"),
+            _ => out.extend_from_slice(b"Host: x\r\nhost: y\r\n"),
+        }
+        if let Some(c) = self.connection {
+            out.extend_from_slice(format!("connection: {c}\r\n").as_bytes());
+        }
+        if let Some((name, value)) = self.extra {
+            out.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+        }
+        match self.framing {
+            0 if self.body.is_empty() => out.extend_from_slice(b"\r\n"),
+            0 | 1 => {
+                out.extend_from_slice(
+                    format!("content-length: {}\r\n\r\n", self.body.len()).as_bytes(),
+                );
+                out.extend_from_slice(&self.body);
+            }
+            _ => {
+                out.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n");
+                for piece in self.body.chunks(self.chunk.max(1)) {
+                    out.extend_from_slice(format!("{:x};e=1\r\n", piece.len()).as_bytes());
+                    out.extend_from_slice(piece);
+                    out.extend_from_slice(b"\r\n");
+                }
+                out.extend_from_slice(b"0\r\nx-t: 1\r\n\r\n");
+            }
+        }
+    }
+}
+
+fn gen_request() -> impl Strategy<Value = Gen> {
+    (
+        prop::sample::select(vec!["GET", "POST", "PUT", "DELETE"]),
+        prop::sample::select(vec![
+            "/a",
+            "/lim",
+            "//lim",
+            "/./lim",
+            "/%6cim",
+            "/x/../lim",
+            "/%2flim",
+            "/../lim",
+            "/a?q=/../lim",
+            "/lim/",
+            "/b/c",
+            "http://x/lim",
+            "/%41",
+            "/a%20b",
+        ]),
+        prop_oneof![8 => Just(1_u8), 1 => Just(0_u8), 1 => Just(2_u8)],
+        prop::collection::vec(prop::sample::select(b"abcGET /\r\n0".to_vec()), 0..40),
+        0_u8..3,
+        1_usize..16,
+        prop::option::of(prop::sample::select(vec![
+            "close",
+            "keep-alive",
+            "content-length",
+            "transfer-encoding",
+            "host, x-a",
+        ])),
+        prop::option::of(prop::sample::select(vec![
+            ("x-a", "1"),
+            ("te", "trailers"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("content-length", "3"),
+            ("transfer-encoding", "chunked"),
+        ])),
+    )
+        .prop_map(
+            |(method, target, host, body, framing, chunk, connection, extra)| Gen {
+                method,
+                target,
+                host,
+                body,
+                framing,
+                chunk,
+                connection,
+                extra,
+            },
+        )
+}
+
+/// A byte mutation at a position given as a fraction of the stream.
+#[derive(Clone, Debug)]
+enum Mutation {
+    Insert(prop::sample::Index, u8),
+    Delete(prop::sample::Index),
+    Replace(prop::sample::Index, u8),
+}
+
+fn gen_mutation() -> impl Strategy<Value = Mutation> {
+    let byte = prop::sample::select(b" \t\r\n\0:;,0-+a/.%\xff".to_vec());
+    prop_oneof![
+        (any::<prop::sample::Index>(), byte.clone()).prop_map(|(i, b)| Mutation::Insert(i, b)),
+        any::<prop::sample::Index>().prop_map(Mutation::Delete),
+        (any::<prop::sample::Index>(), byte).prop_map(|(i, b)| Mutation::Replace(i, b)),
+    ]
+}
+
+fn mutate(stream: &mut Vec<u8>, mutations: &[Mutation]) {
+    for m in mutations {
+        if stream.is_empty() {
+            return;
+        }
+        match m {
+            Mutation::Insert(i, b) => {
+                let at = i.index(stream.len() + 1);
+                stream.insert(at, *b);
+            }
+            Mutation::Delete(i) => {
+                stream.remove(i.index(stream.len()));
+            }
+            Mutation::Replace(i, b) => {
+                let at = i.index(stream.len());
+                stream[at] = *b;
+            }
+        }
+    }
+}
+
+#[test]
+fn generated_and_mutated_streams_reach_the_upstream_only_as_judged() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (up, agent) = runtime.block_on(setup());
+    // A fixed seed and case count: the same corpus every run, a few seconds.
+    let config = Config {
+        cases: 400,
+        failure_persistence: None,
+        rng_algorithm: proptest::test_runner::RngAlgorithm::ChaCha,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new_with_rng(
+        config,
+        proptest::test_runner::TestRng::from_seed(
+            proptest::test_runner::RngAlgorithm::ChaCha,
+            &[7; 32],
+        ),
+    );
+    let strategy = (
+        prop::collection::vec(gen_request(), 1..4),
+        prop::collection::vec(gen_mutation(), 0..3),
+    );
+    let result = runner.run(&strategy, |(requests, mutations)| {
+        let mut stream = Vec::new();
+        for r in &requests {
+            r.write(&mut stream);
+        }
+        // Well formed: one host, nothing in `extra` that frames, a body only
+        // with its framing.
+        let valid = requests.iter().all(|r| {
+            r.host == 1
+                && !matches!(r.extra, Some(("content-length" | "transfer-encoding", _)))
+                && !matches!(r.target, "/%2flim" | "/../lim")
+        });
+        mutate(&mut stream, &mutations);
+        let untouched = valid && mutations.is_empty();
+        runtime
+            .block_on(check(&agent, &up, &stream, untouched))
+            .map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
