@@ -1,6 +1,6 @@
 //! Generates the gov wire types from `proto/gov/v1/*.proto` without a system
 //! `protoc`: protox parses the files, tonic-prost-build emits the prost types
-//! and the tonic client/server, pbjson-build emits serde impls (proto3 JSON
+//! and, with the `grpc` feature, the tonic client/server; pbjson-build emits serde impls (proto3 JSON
 //! mapping) from the same descriptor set.
 
 use std::path::PathBuf;
@@ -18,7 +18,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptor_bytes = fds.encode_to_vec();
     std::fs::write(out.join("gov_descriptor.bin"), &descriptor_bytes)?;
 
+    // Without the `grpc` feature only the messages are generated (no tonic code).
+    let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
     tonic_prost_build::configure()
+        .build_client(grpc)
+        .build_server(grpc)
         // BTreeMap keeps label maps in a stable order in YAML output.
         .btree_map(".")
         // The `Connect` RPC would clash with the generated

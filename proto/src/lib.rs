@@ -11,7 +11,8 @@
 
 pub mod flag;
 
-/// Generated types of package `gov.v1`, with tonic client and server.
+/// Generated types of package `gov.v1`, with the tonic client and server when the
+/// `grpc` feature is on (the default).
 #[allow(
     clippy::all,
     clippy::pedantic,
