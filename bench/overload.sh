@@ -2,7 +2,7 @@
 # Overload and rejection cost of gov-agent (performance.md section 5, T6).
 #
 # Three agents in front of the same hello-world upstream, all on vCPU1 with the
-# upstream; the open-loop generator (agents/benches/proxy_load.rs) on vCPU0:
+# upstream; the open-loop generator (agents/sidecar/benches/proxy_load.rs) on vCPU0:
 #   fwd  a limit nobody reaches: every call forwarded
 #   rej  a limit of 1 call per hour: every call answered 429 by the engine
 #   lim  a limit of LIMIT calls per 1 s window

@@ -21,8 +21,8 @@
 
 use std::time::{Duration, Instant};
 
-use gov_agent::Engine;
 use gov_agent::control::{ControlOptions, run};
+use gov_engine::Engine;
 use gov_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 

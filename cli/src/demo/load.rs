@@ -200,7 +200,7 @@ async fn run_stream(
         tokio::spawn(async move {
             let call = async {
                 let resp = client.request(req).await.ok()?;
-                let rejected = resp.headers().contains_key(gov_agent::REJECTED_BY);
+                let rejected = resp.headers().contains_key(gov_engine::REJECTED_BY);
                 let status = resp.status();
                 // Read the body so the connection goes back to the pool.
                 resp.into_body().collect().await.ok()?;

@@ -3,7 +3,7 @@
 //! request), single threaded and with two threads contending on the same
 //! rules. Also counts heap allocations over many decisions (must be zero).
 //!
-//! Run: `cargo bench -j2 -p gov-agent --bench decision -- --warm-up-time 1 --measurement-time 3`
+//! Run: `cargo bench -j2 -p gov-engine --bench decision -- --warm-up-time 1 --measurement-time 3`
 
 use std::alloc::System;
 use std::hint::black_box;
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use cpu_time::ThreadTime;
 use criterion::{Criterion, criterion_group, criterion_main};
-use gov_agent::{Decision, Engine, Outcome, RequestInfo};
+use gov_engine::{Decision, Engine, Outcome, RequestInfo};
 use gov_proto::v1::TargetConfig;
 use http::{HeaderMap, HeaderValue, Method};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};

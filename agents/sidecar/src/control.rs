@@ -31,7 +31,7 @@ use proto::control_message::Msg as ControlMsg;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::Engine;
+use gov_engine::Engine;
 
 /// File name of the last good config in the state directory.
 pub const LAST_GOOD_FILE: &str = "last-good-config.json";

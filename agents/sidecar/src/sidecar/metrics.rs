@@ -10,10 +10,10 @@
 
 use std::fmt::Write as _;
 
-use crate::{Engine, FuseState, RejectReason, RuleKind, RuleStats};
+use gov_engine::{Engine, FuseState, RejectReason, RuleKind, RuleStats};
 
 /// Upper bounds of the latency histogram buckets, in seconds (`+Inf` is implied):
-/// the engine's [`crate::LATENCY_BUCKETS_MS`].
+/// the engine's [`gov_engine::LATENCY_BUCKETS_MS`].
 pub const LATENCY_BUCKETS_SECONDS: [f64; 7] = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0];
 
 /// Writes metric families in the text format into a `String`.

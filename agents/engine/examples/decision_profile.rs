@@ -2,14 +2,14 @@
 //! the config and requests of `benches/decision.rs` without criterion's
 //! analysis in the profile.
 //!
-//! Run: `cargo run --release -p gov-agent --example decision_profile -- matched 1000000`
+//! Run: `cargo run --release -p gov-engine --example decision_profile -- matched 1000000`
 //! (`matched` or `unmatched`, then the number of decisions).
 
 #![allow(clippy::print_stdout, reason = "a profiling tool prints its count")]
 
 use std::hint::black_box;
 
-use gov_agent::{Decision, Engine, Outcome, RequestInfo};
+use gov_engine::{Decision, Engine, Outcome, RequestInfo};
 use gov_proto::v1::TargetConfig;
 use http::{HeaderMap, HeaderValue, Method};
 

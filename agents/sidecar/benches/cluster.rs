@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use gov_agent::{ClusterStore, Engine, RequestInfo};
+use gov_engine::{Engine, RequestInfo};
 use gov_proto::v1::TargetConfig;
 use http::{HeaderMap, Method};
 
@@ -77,7 +77,8 @@ fn main() {
                 "scope: LIMIT_SCOPE_CLUSTER\n  sync: CLUSTER_SYNC_BATCH\n  sync_batch_ms: 100",
             ),
         ] {
-            let store = ClusterStore::redis_with_timeout(&url, Duration::from_secs(1)).unwrap();
+            let store =
+                gov_agent::cluster::redis_with_timeout(&url, Duration::from_secs(1)).unwrap();
             let engine = Engine::with_cluster_store("order", store);
             engine.apply_target(&config(scope)).unwrap();
             let (p50, p99, admitted) = measure(&engine).await;

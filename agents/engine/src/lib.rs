@@ -1,11 +1,13 @@
-//! gov-agent: the enforcement engine of gov (a library usable in process by
-//! Rust services) and the `gov-agent` sidecar proxy built on it.
+//! gov-engine: the enforcement engine of gov, a library a Rust service embeds in
+//! process (as Java services embed Resilience4j or Sentinel), and the core of the
+//! `gov-agent` sidecar. It has no HTTP server, gRPC or Redis client among its
+//! dependencies.
 //!
 //! # The engine API
 //!
 //! ```no_run
 //! # async fn demo(target: gov_proto::v1::TargetConfig) -> Result<(), Box<dyn std::error::Error>> {
-//! use gov_agent::{Engine, Outcome, RequestInfo};
+//! use gov_engine::{Engine, Outcome, RequestInfo};
 //!
 //! let engine = Engine::empty("order");
 //! engine.apply_target(&target)?; // typed `InvalidConfig` (with the rule) on bad wire data
@@ -43,7 +45,11 @@
 //! - [`Rejection`]: rule (`service/rule`), [`RejectReason`], status,
 //!   `Retry-After`; [`Rejection::to_response`] is the one mapping to HTTP.
 //! - [`GovernLayer`] / [`Govern`]: the same decision as a tower layer around
-//!   any `Service<http::Request<B>>`.
+//!   any `Service<http::Request<B>>` (`examples/in_process.rs`).
+//! - [`path::normalize`]: the path normalization the sidecar applies before
+//!   matching (RFC 3986 section 6).
+//! - [`cluster::ClusterStore`]: shared counters of `scope cluster` limits over a
+//!   [`cluster::Backend`] (Redis in `gov-agent`).
 //!
 //! The decision does not allocate and takes no lock when at most
 //! [`route::INLINE_RULES`] rules match and their scopes exist; only
@@ -56,7 +62,6 @@ pub mod engine;
 pub mod events;
 mod fuse;
 pub mod layer;
-pub mod lifecycle;
 mod limit;
 pub mod outcome;
 pub mod path;
@@ -78,6 +83,3 @@ pub use outcome::Outcome;
 pub use rejection::{REJECTED_BY, RejectReason, Rejection};
 pub use route::Headers;
 pub use stats::{FuseState, LATENCY_BUCKETS_MS, RuleStats};
-
-pub mod control;
-pub mod sidecar;

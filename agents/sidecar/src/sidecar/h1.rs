@@ -55,8 +55,8 @@ pub(crate) use self::pool::IdlePool;
 use self::pool::Upstream;
 pub(crate) use self::prefixed::Prefixed;
 use super::proxy::{Failure, Shared, Side};
-use crate::engine::Target;
-use crate::{Admission, Direction, Headers, Outcome, RequestInfo};
+use gov_engine::engine::Target;
+use gov_engine::{Admission, Direction, Headers, Outcome, RequestInfo};
 
 /// Read buffer growth step.
 const READ_CHUNK: usize = 8 * 1024;
@@ -167,7 +167,7 @@ enum End {
 
 /// An answer the agent makes itself.
 enum Local<'r> {
-    Rejection(&'r crate::Rejection),
+    Rejection(&'r gov_engine::Rejection),
     Failure(Failure),
 }
 

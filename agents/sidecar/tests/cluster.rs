@@ -16,7 +16,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gov_agent::{ClusterStore, Engine, InvalidConfig, RejectReason, Rejection, RequestInfo};
+use gov_engine::{Engine, InvalidConfig, RejectReason, Rejection, RequestInfo};
 use gov_proto::v1::TargetConfig;
 use http::{HeaderMap, Method};
 
@@ -121,7 +121,7 @@ limits:
 const EXACT: &str = "sync: CLUSTER_SYNC_EXACT";
 
 fn agent(redis: &RedisServer, config: &TargetConfig) -> Engine {
-    let store = ClusterStore::redis(&redis.url()).unwrap();
+    let store = gov_agent::cluster::redis(&redis.url()).unwrap();
     let engine = Engine::with_cluster_store("order", store);
     engine.apply_target(config).unwrap();
     engine
@@ -276,7 +276,7 @@ async fn a_latch_engaged_by_one_agent_holds_for_the_other_until_released() {
     assert_eq!(b.engaged_limits().len(), 1);
     assert_eq!(
         events.recv().await.unwrap().kind,
-        gov_agent::EventKind::LimitEngaged
+        gov_engine::EventKind::LimitEngaged
     );
     // A release on a clears the store, so both admit again.
     assert_eq!(
@@ -400,14 +400,14 @@ async fn a_hung_redis_costs_at_most_its_timeout_then_calls_are_local() {
 
 #[test]
 fn a_bad_url_or_no_runtime_is_an_error_not_a_panic() {
-    let e = ClusterStore::redis("redis://127.0.0.1:1").unwrap_err();
+    let e = gov_agent::cluster::redis("redis://127.0.0.1:1").unwrap_err();
     assert!(e.to_string().contains("runtime"), "{e}");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let e = ClusterStore::redis("http://127.0.0.1:1").unwrap_err();
+        let e = gov_agent::cluster::redis("http://127.0.0.1:1").unwrap_err();
         assert!(e.to_string().contains("`http://127.0.0.1:1`"), "{e}");
     });
 }

@@ -12,7 +12,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use bytes::Bytes;
-use gov_agent::{
+use gov_engine::{
     Admission, Decision, Engine, EventKind, FuseState, GovernLayer, Outcome, REJECTED_BY,
     RejectReason, Rejection, RequestInfo,
 };
@@ -61,7 +61,7 @@ async fn admit(
         .await
 }
 
-fn stats(engine: &Engine, rule: &str) -> gov_agent::RuleStats {
+fn stats(engine: &Engine, rule: &str) -> gov_engine::RuleStats {
     engine
         .stats()
         .rules
@@ -584,7 +584,7 @@ limits:
 "#,
     );
     let inner = tower::service_fn(
-        |req: Request<gov_agent::MeteredBody<Full<Bytes>>>| async move {
+        |req: Request<gov_engine::MeteredBody<Full<Bytes>>>| async move {
             let path = req.uri().path().to_string();
             // Read the request body through the meter.
             let body = req.into_body().collect().await.unwrap().to_bytes();
@@ -664,7 +664,7 @@ bulkheads:
 "#,
     );
     let inner = tower::service_fn(
-        |req: Request<gov_agent::MeteredBody<Full<Bytes>>>| async move {
+        |req: Request<gov_engine::MeteredBody<Full<Bytes>>>| async move {
             let ms: u64 = req.uri().path()[1..].parse().unwrap();
             tokio::time::sleep(Duration::from_millis(ms)).await;
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))

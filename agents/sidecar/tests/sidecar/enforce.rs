@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use gov_agent::REJECTED_BY;
+use gov_engine::REJECTED_BY;
 use http::StatusCode;
 
 use crate::support::{agent, http, load, ms, quantile, upstream};

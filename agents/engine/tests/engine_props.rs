@@ -8,7 +8,7 @@
     reason = "test fixtures fail the test loudly"
 )]
 
-use gov_agent::{Admission, Decision, Engine, Outcome, RejectReason, RequestInfo};
+use gov_engine::{Admission, Decision, Engine, Outcome, RejectReason, RequestInfo};
 use gov_proto::v1::TargetConfig;
 use http::{HeaderMap, Method};
 use proptest::prelude::*;

@@ -13,7 +13,7 @@ use http::{Method, StatusCode};
 use smallvec::SmallVec;
 
 use super::super::headers::HOP_BY_HOP;
-use crate::path::{PathError, normalize};
+use gov_engine::path::{PathError, normalize};
 
 /// Most header fields of a request head (more: 431, as Envoy's default).
 pub(crate) const MAX_HEADERS: usize = 100;

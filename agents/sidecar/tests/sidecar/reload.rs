@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gov_agent::REJECTED_BY;
+use gov_engine::REJECTED_BY;
 use http::StatusCode;
 
 use crate::support::{Agent, agent, http, ms, upstream};

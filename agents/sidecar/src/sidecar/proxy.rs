@@ -21,7 +21,7 @@ use super::h1::Refusal;
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::serve::Connections;
 use super::upstream::{Clients, Directory};
-use crate::{Admission, ByteMeter, Engine, Outcome, Rejection, RequestInfo};
+use gov_engine::{Admission, ByteMeter, Engine, Outcome, Rejection, RequestInfo};
 
 /// The header a local service may set on an outbound call to name the service it
 /// calls; without it the `host` header (without its port) names it.
@@ -193,7 +193,8 @@ impl Handler {
     /// A call of the local service to another service.
     async fn outbound(&self, req: Request<Incoming>) -> Response<ResponseBody> {
         let conn = &self.0;
-        let Some(service) = target_service(crate::Headers::Map(req.headers()), request_host(&req))
+        let Some(service) =
+            target_service(gov_engine::Headers::Map(req.headers()), request_host(&req))
         else {
             return failure_response(Failure::BadRequest(
                 "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
@@ -228,7 +229,7 @@ impl Handler {
 /// The checks of the HTTP/1 path ([`super::h1`]) that still apply to a request
 /// hyper parsed: one `host` (RFC 9112 section 3.2), never both framings and one
 /// length (section 6.3), and the path normalized before matching (RFC 3986 section
-/// 6, [`crate::path`]); the request then carries the normalized path.
+/// 6, [`gov_engine::path`]); the request then carries the normalized path.
 fn check<B>(req: &mut Request<B>) -> Result<(), Refusal> {
     let headers = req.headers();
     if headers.get_all(header::HOST).iter().nth(1).is_some() {
@@ -263,7 +264,7 @@ fn check<B>(req: &mut Request<B>) -> Result<(), Refusal> {
     if req.method() == http::Method::CONNECT || path == "*" {
         return Ok(());
     }
-    let std::borrow::Cow::Owned(normal) = crate::path::normalize(path)? else {
+    let std::borrow::Cow::Owned(normal) = gov_engine::path::normalize(path)? else {
         return Ok(());
     };
     let mut parts = req.uri().clone().into_parts();
@@ -285,14 +286,14 @@ fn check<B>(req: &mut Request<B>) -> Result<(), Refusal> {
 fn request_host<B>(req: &Request<B>) -> Option<&str> {
     match req.uri().authority() {
         Some(authority) => Some(authority.as_str()),
-        None => crate::Headers::Map(req.headers()).get_str(&header::HOST),
+        None => gov_engine::Headers::Map(req.headers()).get_str(&header::HOST),
     }
 }
 
 /// The service an outbound call is for: `gov-service`, else `host` (the host the
 /// request names) without its port.
 pub(crate) fn target_service<'a>(
-    headers: crate::Headers<'a>,
+    headers: gov_engine::Headers<'a>,
     host: Option<&'a str>,
 ) -> Option<&'a str> {
     if headers.get(&GOV_SERVICE).is_some() {
@@ -420,7 +421,7 @@ mod tests {
     use super::*;
 
     fn target_service<B>(req: &Request<B>) -> Option<&str> {
-        super::target_service(crate::Headers::Map(req.headers()), request_host(req))
+        super::target_service(gov_engine::Headers::Map(req.headers()), request_host(req))
     }
 
     #[test]

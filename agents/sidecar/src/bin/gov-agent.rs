@@ -147,7 +147,7 @@ async fn run(args: Args) -> ExitCode {
         c
     });
     // Connects lazily: a Redis that is down at start is an outage like any other.
-    let cluster_store = match args.redis.as_deref().map(gov_agent::ClusterStore::redis) {
+    let cluster_store = match args.redis.as_deref().map(gov_agent::cluster::redis) {
         None => None,
         Some(Ok(store)) => Some(store),
         Some(Err(error)) => {

@@ -34,7 +34,7 @@ use std::time::Duration;
 use http::uri::Authority;
 use hyper_util::rt::TokioIo;
 
-use crate::Engine;
+use gov_engine::Engine;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -91,7 +91,7 @@ pub struct Options {
     pub header_read_timeout: Option<Duration>,
     /// Where `scope cluster` limits share their counters (`--redis`). `None`:
     /// configs with such limits are refused.
-    pub cluster_store: Option<crate::ClusterStore>,
+    pub cluster_store: Option<gov_engine::ClusterStore>,
     /// The local service's process id, for lifecycle `via signal` steps (`--service-pid`).
     pub service_pid: Option<u32>,
     /// Most open client connections per proxy listener (`--max-connections`); a
