@@ -639,10 +639,15 @@ async fn apply_reaches_every_agent_of_the_changed_service_and_only_them() {
     assert_eq!(slow_burst(order1.inbound, 6).await, (4, 2));
     assert_eq!(order1.configs_applied().await, 2);
 
-    // `govc plan` against the live control plane: no change for V2.
+    // `govc plan` against the live control plane costs a compile and shows
+    // the policy in force: it needs the token like an apply.
     let plan = govc(&govd, None, &["plan", "--detailed-exitcode", &v2]).await;
+    assert_eq!(plan.code, 1, "{}{}", plan.stdout, plan.stderr);
+    assert!(plan.stderr.contains("operator token"), "{}", plan.stderr);
+    // No change for V2.
+    let plan = govc(&govd, Some(TOKEN), &["plan", "--detailed-exitcode", &v2]).await;
     assert_eq!(plan.code, 0, "{}{}", plan.stdout, plan.stderr);
-    let plan = govc(&govd, None, &["plan", "--detailed-exitcode", &v1]).await;
+    let plan = govc(&govd, Some(TOKEN), &["plan", "--detailed-exitcode", &v1]).await;
     assert_eq!(plan.code, 2, "{}{}", plan.stdout, plan.stderr);
     assert!(
         plan.stdout.contains("max_concurrent 4 -> 2"),
