@@ -423,3 +423,199 @@ fn unchanged(current: Option<&AppliedPolicy>, planned: Planned) -> pb::ApplyResu
 fn join_error(store: &crate::store::Store, e: tokio::task::JoinError) -> crate::error::StateIo {
     crate::error::StateIo::new("write", store.dir(), std::io::Error::other(e))
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::mpsc;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::control_plane::Options;
+
+    fn policy(max: u32) -> Vec<Source> {
+        vec![Source {
+            name: "p.gov".into(),
+            text: format!(
+                "service order {{\n  match all = path prefix \"/\"\n  bulkhead b on all {{\n    max_concurrent {max}\n  }}\n}}\n"
+            ),
+        }]
+    }
+
+    fn request(sources: Vec<Source>) -> ApplyRequest {
+        ApplyRequest {
+            sources,
+            who: "alice".into(),
+            dry_run: false,
+            wait: Duration::ZERO,
+        }
+    }
+
+    /// Makes the next `state.json` write fail the way a full or read-only
+    /// disk does, through the store's real code: its temp file cannot be
+    /// created (a directory has its name). Works for root too.
+    fn break_state_writes(dir: &std::path::Path) -> std::path::PathBuf {
+        let blocker = dir.join(format!(".state.json.tmp.{}", std::process::id()));
+        std::fs::create_dir(&blocker).unwrap();
+        blocker
+    }
+
+    /// The version and nonce of a pushed config.
+    fn config_version(msg: &pb::ControlMessage) -> (String, String) {
+        match &msg.msg {
+            Some(pb::control_message::Msg::Config(c)) => {
+                (c.target.clone().unwrap().version, c.nonce.clone())
+            }
+            other => panic!("not a config: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn prepare_plans_against_the_given_policy_and_refuses_oversized_ones() {
+        let limits = Limits::default();
+        let cancel = Cancel::default();
+        let Ok(Prepared::Planned(first)) = prepare(&request(policy(1)), None, &limits, 1, &cancel)
+        else {
+            panic!("the policy compiles");
+        };
+        assert!(first.first && !first.is_noop());
+        assert_eq!(first.changed, ["order"]);
+        let Ok(Prepared::Planned(same)) = prepare(
+            &request(policy(1)),
+            Some(&first.policy),
+            &limits,
+            2,
+            &cancel,
+        ) else {
+            panic!("the policy compiles");
+        };
+        assert!(same.is_noop());
+
+        let small = Limits {
+            max_policy_bytes: 10,
+            ..Limits::default()
+        };
+        let err = prepare(&request(policy(1)), None, &small, 1, &cancel).unwrap_err();
+        assert!(matches!(err, ApplyError::TooLarge(_)), "{err}");
+        assert!(
+            crate::error::one_line(&err).contains("--max-policy-bytes"),
+            "{err}"
+        );
+        // A client that went away gets nothing planned.
+        cancel.cancel();
+        assert!(matches!(
+            prepare(&request(policy(1)), None, &limits, 1, &cancel),
+            Err(ApplyError::Cancelled)
+        ));
+    }
+
+    #[test]
+    fn diagnostics_on_the_wire_are_capped_with_a_note() {
+        let text = "service a {\n".to_owned()
+            + &(0..5)
+                .map(|i| format!("  bulkhead b{i} on nope{i} {{\n    max_concurrent 1\n  }}\n"))
+                .collect::<String>()
+            + "}\n";
+        let limits = Limits {
+            max_diagnostics: 2,
+            ..Limits::default()
+        };
+        let sources = vec![Source {
+            name: "bad.gov".into(),
+            text,
+        }];
+        let Ok(Prepared::Invalid { diagnostics }) =
+            prepare(&request(sources), None, &limits, 1, &Cancel::default())
+        else {
+            panic!("the policy is invalid");
+        };
+        assert_eq!(diagnostics.len(), 3);
+        let note = &diagnostics[2];
+        assert_eq!(note.code, "gov::govd::diagnostics-truncated");
+        assert!(note.message.starts_with("3 more"), "{}", note.message);
+    }
+
+    #[tokio::test]
+    async fn a_refused_store_changes_no_sync_state_and_the_same_apply_works_once_the_disk_is_back()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
+        let (tx, mut agent) = mpsc::channel(8);
+        let hello = pb::Hello {
+            service: "order".into(),
+            instance: "a".into(),
+            ..Default::default()
+        };
+        let (key, id) = cp.inner.lock().hello(hello, tx, 1, &mut Vec::new());
+        let first = cp.apply(request(policy(1))).await.unwrap();
+        assert!(first.applied);
+        let (v1, nonce) = config_version(&agent.try_recv().unwrap().unwrap());
+        assert_eq!(cp.status().agents[0].state(), pb::SyncState::Stale);
+        let ack = pb::agent_message::Msg::Ack(pb::Ack {
+            version: v1.clone(),
+            nonce,
+        });
+        cp.inner.lock().on_message(&key, id, ack, 2);
+        assert_eq!(cp.status().agents[0].state(), pb::SyncState::Synced);
+
+        let blocker = break_state_writes(dir.path());
+        let err = cp.apply(request(policy(2))).await.unwrap_err();
+        assert!(matches!(err, ApplyError::Store(_)), "{err}");
+        let message = crate::error::one_line(&err);
+        assert!(message.contains("nothing was applied"), "{message}");
+        assert!(message.contains("--state-dir"), "{message}");
+        // Nothing was sent, nothing changed: the agent is still SYNCED on v1.
+        assert!(agent.try_recv().is_err());
+        let view = cp.status();
+        assert_eq!(view.version, first.version);
+        assert_eq!(view.agents[0].state(), pb::SyncState::Synced);
+        assert_eq!(view.agents[0].version, v1);
+        // The attempt and its refusal are in the audit log.
+        let actions: Vec<String> = cp
+            .store()
+            .read_audit()
+            .unwrap()
+            .into_iter()
+            .map(|e| e.action)
+            .collect();
+        assert_eq!(actions, ["apply", "apply", "apply-refused"]);
+
+        // The disk is back: the same apply is a change, and it is pushed.
+        std::fs::remove_dir(&blocker).unwrap();
+        let second = cp.apply(request(policy(2))).await.unwrap();
+        assert!(second.applied, "{second:?}");
+        assert_ne!(second.version, first.version);
+        let (v2, _) = config_version(&agent.try_recv().unwrap().unwrap());
+        assert_ne!(v2, v1);
+        assert_eq!(
+            cp.store().load().unwrap().applied.unwrap().version,
+            second.version
+        );
+    }
+
+    #[tokio::test]
+    async fn an_apply_that_cannot_be_audited_is_refused_and_not_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
+        // The audit log cannot be opened for appending.
+        std::fs::create_dir(cp.store().audit_path()).unwrap();
+        let err = cp.apply(request(policy(1))).await.unwrap_err();
+        assert!(matches!(err, ApplyError::Audit(_)), "{err}");
+        assert!(cp.store().load().unwrap().applied.is_none());
+        assert_eq!(cp.status().version, "");
+    }
+
+    #[tokio::test]
+    async fn a_dry_run_does_not_wait_for_the_apply_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
+        let _held = cp.inner.apply_lock.lock().await;
+        let mut dry = request(policy(1));
+        dry.dry_run = true;
+        let planned = tokio::time::timeout(Duration::from_secs(30), cp.apply(dry))
+            .await
+            .expect("a dry run must not wait for the apply lock")
+            .unwrap();
+        assert!(!planned.applied);
+        assert_eq!(planned.plan.unwrap().services.len(), 1);
+    }
+}

@@ -909,3 +909,140 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
     b.stop().await;
     govd.stop().await;
 }
+
+/// The state directory made read-only for as long as it lives: by
+/// permissions, or (for root, whom permissions do not stop) by the
+/// immutable attribute, or, where neither is available, by making govd's
+/// `state.json` temp file impossible to create. Restored on drop.
+struct ReadOnly {
+    dir: PathBuf,
+    immutable: bool,
+    blocker: Option<PathBuf>,
+}
+
+impl ReadOnly {
+    fn new(dir: &Path, govd: &Govd) -> Self {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mut guard = ReadOnly {
+            dir: dir.to_owned(),
+            immutable: false,
+            blocker: None,
+        };
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+        if Self::writable(dir) {
+            guard.immutable = std::process::Command::new("chattr")
+                .arg("+i")
+                .arg(dir)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+        }
+        if Self::writable(dir) {
+            let blocker = dir.join(format!(".state.json.tmp.{}", govd.child.id().unwrap()));
+            std::fs::create_dir(&blocker).unwrap();
+            guard.blocker = Some(blocker);
+        }
+        guard
+    }
+
+    fn writable(dir: &Path) -> bool {
+        let probe = dir.join(".probe");
+        let ok = std::fs::write(&probe, b"x").is_ok();
+        let _ = std::fs::remove_file(&probe);
+        ok
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt as _;
+        if self.immutable {
+            let _ = std::process::Command::new("chattr")
+                .arg("-i")
+                .arg(&self.dir)
+                .status();
+        }
+        let _ = std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o755));
+        if let Some(b) = &self.blocker {
+            let _ = std::fs::remove_dir(b);
+        }
+    }
+}
+
+/// Issue 12, item 3: an apply refused because the state directory cannot
+/// be written leaves every agent as it was (no STALE on a version never
+/// sent), says why, and the same apply works once the directory is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_refused_by_a_read_only_state_dir_changes_nothing_and_works_once_writable() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = dir.path().join("state");
+    let govd = control_plane(&state_dir).start().await;
+    let up = upstream().await;
+    let order = agent("order", "order-1")
+        .upstream(up)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    wait_until("the agent connected", Duration::from_secs(10), async || {
+        govd.status().await.agents.len() == 1
+    })
+    .await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    let version = govd.status().await.version;
+    let v1_order = agent_state(&govd.status().await, "order-1").version;
+    assert_eq!(order.configs_applied().await, 1);
+
+    let v2 = write(dir.path(), "v2.gov", &v2());
+    {
+        let _read_only = ReadOnly::new(&state_dir, &govd);
+        let refused = govc(&govd, Some(TOKEN), &["apply", &v2]).await;
+        assert_eq!(refused.code, 1, "{}{}", refused.stdout, refused.stderr);
+        assert!(
+            refused.stderr.contains("nothing was applied")
+                && refused.stderr.contains("--state-dir"),
+            "{}",
+            refused.stderr
+        );
+        assert!(
+            !refused.stderr.contains("is govd running"),
+            "govd is running: {}",
+            refused.stderr
+        );
+        let view = govd.status().await;
+        assert_eq!(view.version, version);
+        let a = agent_state(&view, "order-1");
+        assert_eq!(a.state(), pb::SyncState::Synced, "{a:?}");
+        assert_eq!(a.version, v1_order, "no version was sent");
+        assert_eq!(order.configs_applied().await, 1);
+    }
+
+    // Writable again: the same apply is a change and reaches the agent.
+    let again = govc(&govd, Some(TOKEN), &["apply", &v2]).await;
+    assert_eq!(again.code, 0, "{}{}", again.stdout, again.stderr);
+    assert!(
+        again.stdout.contains("Applied version") && !again.stdout.contains("No changes"),
+        "{}",
+        again.stdout
+    );
+    assert!(
+        again.stdout.contains("max_concurrent 2 -> 4"),
+        "{}",
+        again.stdout
+    );
+    wait_until(
+        "order-1 SYNCED on the new version",
+        Duration::from_secs(10),
+        async || all_synced(&govd, &["order-1"]).await,
+    )
+    .await;
+    assert_eq!(order.configs_applied().await, 2);
+    // The state on disk is the new version: a restart keeps it.
+    assert_ne!(govd.status().await.version, version);
+    let audit = read(&state_dir.join("audit.jsonl"));
+    assert!(audit.contains("\"action\":\"apply-refused\""), "{audit}");
+
+    order.stop().await;
+    govd.stop().await;
+}
