@@ -26,13 +26,24 @@ use crate::view::filter_view;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages queued per agent stream.
 const AGENT_QUEUE: usize = 64;
+/// Room for the rest of an `ApplyRequest` (names, who) beyond the policy
+/// text, so that an oversized policy gets our message, not tonic's.
+const APPLY_OVERHEAD_BYTES: usize = 64 << 10;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 impl ControlPlane {
-    /// The gRPC service.
+    /// The gRPC service. It decodes requests up to the policy size limit
+    /// (tonic's own default, 4 MiB, would refuse a larger policy with a
+    /// message that names no flag).
     pub fn grpc(&self) -> pb::control_plane_server::ControlPlaneServer<Self> {
+        let max = self
+            .inner
+            .limits
+            .max_policy_bytes
+            .saturating_add(APPLY_OVERHEAD_BYTES);
         pb::control_plane_server::ControlPlaneServer::new(self.clone())
+            .max_decoding_message_size(max)
     }
 }
 
@@ -318,5 +329,78 @@ mod tests {
             result.version
         );
         assert_eq!(cp.store().read_audit().unwrap().len(), 1);
+    }
+
+    async fn serve_on_loopback(options: Options) -> (String, CancellationToken) {
+        let stop = CancellationToken::new();
+        let cp = ControlPlane::open(options, stop.clone()).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(crate::serve(
+            listener,
+            cp,
+            stop.clone(),
+            Duration::from_secs(1),
+        ));
+        (url, stop)
+    }
+
+    /// A policy of about `bytes` bytes: one service, and comments (cheap to
+    /// compile, large on the wire) in files of at most 1 MiB (the language
+    /// limits the size of one file).
+    fn sized_policy(bytes: usize) -> pb::ApplyRequest {
+        let body = "service order {\n  capacity workers 4\n}\n";
+        let mut sources = vec![pb::SourceFile {
+            name: "order.gov".into(),
+            text: body.into(),
+        }];
+        let mut left = bytes.saturating_sub(body.len());
+        while left > 16 {
+            let n = left.min(1 << 20);
+            sources.push(pb::SourceFile {
+                name: format!("comment-{}.gov", sources.len()),
+                text: format!("# {}\n", "x".repeat(n - 3)),
+            });
+            left -= n;
+        }
+        pb::ApplyRequest {
+            sources,
+            dry_run: true,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_oversized_policy_is_refused_with_the_limit_and_the_flag_to_raise_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut options = Options::new(dir.path());
+        options.limits.max_policy_bytes = 1_000;
+        let (url, stop) = serve_on_loopback(options).await;
+        let mut client = crate::client::connect(&url, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let status = client.apply(sized_policy(5_000)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        let message = status.message();
+        assert!(message.contains("1000 bytes"), "{message}");
+        assert!(message.contains("GOV_MAX_POLICY_BYTES"), "{message}");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_policy_larger_than_tonics_default_limit_is_accepted_under_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let (url, stop) = serve_on_loopback(Options::new(dir.path())).await;
+        let mut client = crate::client::connect(&url, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let planned = client
+            .apply(sized_policy(5 << 20))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(planned.plan.is_some(), "{:?}", planned.diagnostics);
+        assert_eq!(planned.plan.unwrap().services.len(), 1);
+        stop.cancel();
     }
 }
