@@ -192,7 +192,7 @@ impl Inner {
 
     /// Appends `entry` to the audit log, logging a failure (for records of
     /// actions that happen whether or not they can be written).
-    async fn audit(&self, entry: AuditEntry) {
+    pub(crate) async fn audit(&self, entry: AuditEntry) {
         if let Err(error) = self.append_audit(entry).await {
             tracing::error!(error = %miette::Report::new(error), "cannot write the audit log");
         }

@@ -250,6 +250,10 @@ async fn read_agent(
             inner.persist_soon.notify_one();
         }
         if effect.trips {
+            // The audit record first: a latch never ends unaudited.
+            for entry in effect.audits {
+                inner.audit(entry).await;
+            }
             if let Err(error) = inner.persist().await {
                 tracing::error!(error = %miette::Report::new(error), "cannot write the fuse/limit state");
             }

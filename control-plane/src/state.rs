@@ -92,7 +92,7 @@ pub struct Outgoing {
 pub type Outbox = Vec<Outgoing>;
 
 /// What an agent message changed.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Effect {
     /// Sync state changed (wake `Apply` waiters).
     pub sync: bool,
@@ -100,6 +100,8 @@ pub struct Effect {
     pub trips: bool,
     /// Only stats changed (view at most once per second).
     pub stats: bool,
+    /// Latch changes to append to the audit log.
+    pub audits: latches::Audits,
 }
 
 // === impl Agent ===
@@ -394,9 +396,14 @@ impl State {
                 let instance = agent.instance.clone();
                 let service = agent.service.clone();
                 let policy = self.applied.as_deref().map(|a| &a.bundle);
-                effect.trips |= self
-                    .latches
-                    .reconcile(policy, &service, &instance, &stats, now);
+                effect.trips |= self.latches.reconcile(
+                    policy,
+                    &service,
+                    &instance,
+                    &stats,
+                    now,
+                    &mut effect.audits,
+                );
                 if let Some(agent) = self.agents.get_mut(key) {
                     agent.stats = Some(stats);
                 }
@@ -405,9 +412,14 @@ impl State {
             AgentMsg::Event(event) => {
                 let (service, instance) = (agent.service.clone(), agent.instance.clone());
                 let policy = self.applied.as_deref().map(|a| &a.bundle);
-                effect.trips |= self
-                    .latches
-                    .on_event(policy, &service, &instance, &event, now);
+                effect.trips |= self.latches.on_event(
+                    policy,
+                    &service,
+                    &instance,
+                    &event,
+                    now,
+                    &mut effect.audits,
+                );
             }
         }
         effect
@@ -839,7 +851,8 @@ mod tests {
             "order",
             "a",
             &engaged,
-            1_000
+            1_000,
+            &mut Vec::new()
         ));
         assert_eq!(s.next_deadline(), Some(7_201_000));
         assert!(s.expired(7_200_999).is_empty());
@@ -850,7 +863,8 @@ mod tests {
             "pay",
             "p",
             &engaged,
-            1_000
+            1_000,
+            &mut Vec::new()
         ));
 
         let stats = pb::Stats {
@@ -867,7 +881,8 @@ mod tests {
             "order",
             "a",
             &stats,
-            5
+            5,
+            &mut Vec::new()
         ));
         assert!(s.is_tripped(TripKind::Fuse, "order/mdm"));
         let mut out = Vec::new();

@@ -79,7 +79,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
                 pb::FuseState::Open
             } as i32,
             since_unix_ms: t.since_unix_ms,
-            reason: t.reason.clone(),
+            reason: latch_reason(t),
             remaining_ms: state.fuse_recovery(&t.rule).map_or(0, |after| {
                 t.since_unix_ms
                     .saturating_add(after)
@@ -95,7 +95,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
         .map(|t| pb::LimitView {
             rule: t.rule.clone(),
             since_unix_ms: t.since_unix_ms,
-            reason: t.reason.clone(),
+            reason: latch_reason(t),
             remaining_ms: t
                 .deadline_unix_ms
                 .map_or(0, |d| d.saturating_sub(now).max(1)),
@@ -110,6 +110,21 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
         fuses,
         limits,
     }
+}
+
+/// The trip's reason, and the instances that report it released although
+/// nobody released it (an agent that restarted and forgot it): the latch
+/// is not enforced there, and an operator must know.
+fn latch_reason(t: &crate::store::Trip) -> String {
+    if t.not_enforced.is_empty() {
+        return t.reason.clone();
+    }
+    let names: Vec<&str> = t.not_enforced.iter().map(String::as_str).collect();
+    format!(
+        "{}; NOT ENFORCED by {} (reports it released without a release)",
+        t.reason,
+        names.join(", ")
+    )
 }
 
 /// One rule's stats summed over the connected agents of its service.
@@ -241,5 +256,24 @@ mod tests {
         assert_eq!(view.agents[0].state(), pb::SyncState::Synced);
         // Another service's view does not show it.
         assert!(filter_view(view, "pay").limits.is_empty());
+
+        // The agent restarts and forgets it: the view says so.
+        let stats = pb::Stats {
+            rules: vec![pb::RuleStats {
+                rule: "order/crm".into(),
+                kind: pb::RuleKind::Limit as i32,
+                limit_engaged: false,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        state.on_message(&key, id, AgentMsg::Stats(stats), 2_000);
+        let view = cluster_view(&state, 3_600_000);
+        assert_eq!(view.limits.len(), 1, "the latch holds");
+        assert!(
+            view.limits[0].reason.contains("NOT ENFORCED by a"),
+            "{}",
+            view.limits[0].reason
+        );
     }
 }

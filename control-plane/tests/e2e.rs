@@ -873,7 +873,17 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
         remaining_after < remaining_before && remaining_after > 7_000_000,
         "{remaining_before} -> {remaining_after}"
     );
-    assert_eq!(read(&state.join("audit.jsonl")).lines().count(), 1);
+    // One apply, and the trip of the fuse and of the limit (each once, across
+    // the restart).
+    let audit = read(&state.join("audit.jsonl"));
+    let count = |action: &str| {
+        audit
+            .lines()
+            .filter(|l| l.contains(&format!("\"action\":\"{action}\"")))
+            .count()
+    };
+    assert_eq!((count("apply"), count("trip")), (1, 2), "{audit}");
+    assert_eq!(audit.lines().count(), 3, "{audit}");
 
     // Release: refused without the token, then traffic flows again on every agent.
     let refused = govc(&govd, None, &["release", "fuse", "order/errors"]).await;
@@ -902,7 +912,15 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
     let view = govd.status().await;
     assert!(view.fuses.is_empty() && view.limits.is_empty(), "{view:?}");
     let audit = read(&state.join("audit.jsonl"));
-    assert_eq!(audit.lines().count(), 3, "{audit}");
+    assert_eq!(
+        audit
+            .lines()
+            .filter(|l| l.contains("\"action\":\"release\""))
+            .count(),
+        2,
+        "{audit}"
+    );
+    assert_eq!(audit.lines().count(), 5, "{audit}");
     assert!(audit.contains("\"rule\":\"order/errors\""), "{audit}");
 
     a.stop().await;
@@ -1044,5 +1062,80 @@ async fn an_apply_refused_by_a_read_only_state_dir_changes_nothing_and_works_onc
     assert!(audit.contains("\"action\":\"apply-refused\""), "{audit}");
 
     order.stop().await;
+    govd.stop().await;
+}
+
+/// Issue 12, item 1, govd's half: an agent restart never makes govd drop a
+/// tripped manual fuse silently. Either the restarted agent still enforces
+/// it, or govd keeps the latch, shows the instance as not enforcing it and
+/// audits that; only an operator's release ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restart_never_drops_a_manual_fuse_from_govd_unaudited() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let govd = control_plane(&state).start().await;
+    let up = upstream().await;
+    let a_dir = dir.path().join("agent-a");
+    let start_a = || {
+        agent("order", "order-a")
+            .upstream(up)
+            .control_plane(&govd)
+            .state_dir(&a_dir)
+            .start(dir.path())
+    };
+    let a = start_a().await;
+    wait_until("the agent connected", Duration::from_secs(10), async || {
+        govd.status().await.agents.len() == 1
+    })
+    .await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    for _ in 0..3 {
+        assert_eq!(http_get(a.inbound, "/fail").await.0, 500);
+    }
+    assert_eq!(http_get(a.inbound, "/fail").await.0, 503);
+    wait_until("the fuse recorded", Duration::from_secs(10), async || {
+        govd.status().await.fuses.len() == 1
+    })
+    .await;
+
+    // The agent restarts (govd up) and reports its stats again.
+    a.stop().await;
+    let a = start_a().await;
+    wait_until(
+        "the restarted agent synced",
+        Duration::from_secs(15),
+        async || all_synced(&govd, &["order-a"]).await,
+    )
+    .await;
+    // Stats go out every second: give it two.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let view = govd.status().await;
+    assert_eq!(view.fuses.len(), 1, "the latch holds: {view:?}");
+    let enforced = http_get(a.inbound, "/fail").await.0 == 503;
+    let audit = read(&state.join("audit.jsonl"));
+    if !enforced {
+        assert!(
+            view.fuses[0].reason.contains("NOT ENFORCED by order-a"),
+            "{:?}",
+            view.fuses[0]
+        );
+        assert!(
+            audit.contains("\"action\":\"latch-not-enforced\""),
+            "{audit}"
+        );
+        let status = govc(&govd, None, &["status"]).await;
+        assert!(status.stdout.contains("NOT ENFORCED"), "{}", status.stdout);
+    }
+    assert!(!audit.contains("\"action\":\"untrip\""), "{audit}");
+
+    // An operator's release ends it, on govd and on the agent.
+    let released = govc(&govd, Some(TOKEN), &["release", "fuse", "order/errors"]).await;
+    assert_eq!(released.code, 0, "{}{}", released.stdout, released.stderr);
+    assert!(govd.status().await.fuses.is_empty());
+    assert_eq!(http_get(a.inbound, "/fail").await.0, 500);
+
+    a.stop().await;
     govd.stop().await;
 }
