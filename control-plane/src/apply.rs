@@ -160,6 +160,7 @@ pub fn prepare(
     cancel: &Cancel,
 ) -> Result<Prepared, ApplyError> {
     validate(request, limits)?;
+    limits.check_statements(count_statements(&request.sources, limits, cancel)?)?;
     let files: Vec<SourceFile> = request
         .sources
         .iter()
@@ -199,6 +200,37 @@ pub fn prepare(
         diagnostics,
         first: current.is_none(),
     })))
+}
+
+/// The statements in the service blocks of every file that parses (a file
+/// that does not is left to the compiler, which reports it). Parsing is
+/// linear; stops counting once over the limit or when `cancel` is set.
+fn count_statements(
+    sources: &[Source],
+    limits: &Limits,
+    cancel: &Cancel,
+) -> Result<usize, ApplyError> {
+    let mut statements = 0usize;
+    for s in sources {
+        if cancel.is_cancelled() {
+            return Err(ApplyError::Cancelled);
+        }
+        let Ok(policy) = gov_lang::parse_all(&s.name, &s.text) else {
+            continue;
+        };
+        statements += policy
+            .items
+            .iter()
+            .map(|item| match item {
+                gov_lang::ast::Item::Service(service) => service.body.len(),
+                gov_lang::ast::Item::Registry(_) => 1,
+            })
+            .sum::<usize>();
+        if statements > limits.max_statements {
+            break;
+        }
+    }
+    Ok(statements)
 }
 
 /// At most `max` diagnostics on the wire (errors come first), then one note
@@ -500,6 +532,22 @@ mod tests {
             crate::error::one_line(&err).contains("--max-policy-bytes"),
             "{err}"
         );
+        // The policy has 2 statements (a match and a bulkhead).
+        let few = Limits {
+            max_statements: 1,
+            ..Limits::default()
+        };
+        let err = prepare(&request(policy(1)), None, &few, 1, &cancel).unwrap_err();
+        let message = crate::error::one_line(&err);
+        assert!(
+            message.contains("more than 1 statements") && message.contains("GOV_MAX_STATEMENTS"),
+            "{message}"
+        );
+        let two = Limits {
+            max_statements: 2,
+            ..Limits::default()
+        };
+        assert!(prepare(&request(policy(1)), None, &two, 1, &cancel).is_ok());
         // A client that went away gets nothing planned.
         cancel.cancel();
         assert!(matches!(

@@ -50,6 +50,12 @@ struct Args {
     #[arg(long, env = "GOV_MAX_POLICY_BYTES", default_value_t = Limits::default().max_policy_bytes)]
     max_policy_bytes: usize,
 
+    /// Most statements (`match`, `bulkhead`, `limit`, `fuse`, ... in service
+    /// blocks) in one policy; larger ones are refused before the compiler's
+    /// checks run.
+    #[arg(long, env = "GOV_MAX_STATEMENTS", default_value_t = Limits::default().max_statements)]
+    max_statements: usize,
+
     /// Most diagnostics sent back for one policy; the rest are counted in
     /// one note (`govc check` shows them all).
     #[arg(long, env = "GOV_MAX_DIAGNOSTICS", default_value_t = Limits::default().max_diagnostics)]
@@ -113,6 +119,7 @@ async fn run(args: Args) -> Result<(), Error> {
     options.history_limit = args.history;
     options.limits = Limits {
         max_policy_bytes: args.max_policy_bytes,
+        max_statements: args.max_statements,
         max_diagnostics: args.max_diagnostics,
         concurrent_compiles: args.max_concurrent_compiles,
     };
