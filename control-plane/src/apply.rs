@@ -382,13 +382,14 @@ async fn record_and_push(inner: &Inner, planned: Planned) -> Result<(), ApplyErr
             .await
             .map_err(ApplyError::Audit)?;
         if let Err(error) = inner.save(snapshot).await {
-            tracing::error!(error = %crate::error::one_line(&error), "apply not stored");
+            let store_error = ApplyError::Store(error);
+            tracing::error!(error = %crate::error::one_line(&store_error), "apply not stored");
             entry.action = "apply-refused".into();
-            entry.detail = format!("cannot store the policy: {error}");
+            entry.detail = crate::error::one_line(&store_error);
             if let Err(e) = inner.append_audit(entry).await {
                 tracing::error!(error = %miette::Report::new(e), "cannot record the refused apply in the audit log");
             }
-            return Err(ApplyError::Store(error));
+            return Err(store_error);
         }
         inner.lock().commit(
             Arc::new(planned.policy),

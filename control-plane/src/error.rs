@@ -101,7 +101,7 @@ pub fn one_line(error: &dyn miette::Diagnostic) -> String {
         source = cause.source();
     }
     if let Some(help) = error.help() {
-        line.push_str(&format!(". {help}"));
+        line.push_str(&format!("; {help}"));
     }
     line
 }
