@@ -282,7 +282,9 @@ impl ControlPlane {
         }
 
         // One apply at a time: the plan is against the version it replaces.
-        let apply_guard = inner.apply_lock.lock().await;
+        // INVARIANT: held until this apply is committed and pushed (or
+        // refused), even if the client goes away meanwhile.
+        let apply_guard = inner.apply_lock.clone().lock_owned().await;
         let current = inner.lock().applied();
         let planned = match self.prepare(request.clone(), current.clone()).await? {
             Prepared::Invalid { diagnostics } => {
@@ -302,12 +304,15 @@ impl ControlPlane {
         // is on disk must be in memory and pushed.
         let task = {
             let inner = inner.clone();
-            tokio::spawn(async move { record_and_push(&inner, planned).await })
+            tokio::spawn(async move {
+                let recorded = record_and_push(&inner, planned).await;
+                // Waiting for ACKs must not hold up the next apply.
+                drop(apply_guard);
+                recorded
+            })
         };
         task.await
             .map_err(|e| ApplyError::Store(Error::Io(join_error(&inner.store, e))))??;
-        // Waiting for ACKs must not hold up the next apply.
-        drop(apply_guard);
         wait_settled(inner, &changed, request.wait).await;
         let outcomes = inner.lock().outcomes(&changed);
         Ok(pb::ApplyResult {
@@ -666,5 +671,56 @@ mod tests {
             .unwrap();
         assert!(!planned.applied);
         assert_eq!(planned.plan.unwrap().services.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_apply_whose_client_leaves_during_the_write_is_still_committed_and_pushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
+        let (tx, mut agent) = mpsc::channel(8);
+        let hello = pb::Hello {
+            service: "order".into(),
+            instance: "a".into(),
+            ..Default::default()
+        };
+        cp.inner.lock().hello(hello, tx, 1, &mut Vec::new());
+        // The disk is slow: the write waits until we let it go.
+        let write = cp.inner.write_lock.lock().await;
+        let client = {
+            let cp = cp.clone();
+            tokio::spawn(async move { cp.apply(request(policy(1))).await })
+        };
+        // Once the compile is done (its slot is back) the apply is waiting
+        // for the write; then the client goes away.
+        let slots = cp.inner.limits.concurrent_compiles;
+        for _ in 0..600 {
+            if cp.inner.compile_slots.available_permits() == slots
+                && cp.inner.apply_lock.try_lock().is_err()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        client.abort();
+        assert!(client.await.unwrap_err().is_cancelled());
+        drop(write);
+
+        // The apply finishes anyway: on disk, in memory, and at the agent.
+        let pushed = tokio::time::timeout(Duration::from_secs(30), agent.recv())
+            .await
+            .expect("the config is pushed")
+            .unwrap()
+            .unwrap();
+        let (version, _) = config_version(&pushed);
+        let stored = cp.store().load().unwrap().applied.unwrap();
+        assert_eq!(cp.status().version, stored.version);
+        assert_eq!(stored.bundle.targets[0].version, version);
+        // And the next apply is not blocked.
+        let next = tokio::time::timeout(Duration::from_secs(30), cp.apply(request(policy(2))))
+            .await
+            .expect("the apply lock was released")
+            .unwrap();
+        assert!(next.applied);
     }
 }

@@ -85,7 +85,7 @@ pub(crate) struct Inner {
     pub(crate) write_lock: AsyncMutex<()>,
     /// One real apply at a time: its plan is against the version it
     /// replaces. Dry runs never take it.
-    pub(crate) apply_lock: AsyncMutex<()>,
+    pub(crate) apply_lock: Arc<AsyncMutex<()>>,
     /// Bounds the compiles running at once (applies and dry runs).
     pub(crate) compile_slots: Arc<Semaphore>,
     pub(crate) shutdown: CancellationToken,
@@ -125,7 +125,7 @@ impl ControlPlane {
             persist_soon: Notify::new(),
             timer: Notify::new(),
             write_lock: AsyncMutex::new(()),
-            apply_lock: AsyncMutex::new(()),
+            apply_lock: Arc::new(AsyncMutex::new(())),
             shutdown,
         });
         tokio::spawn(publish_views(inner.clone()));
