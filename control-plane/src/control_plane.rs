@@ -27,6 +27,8 @@ const SEND_TIMEOUT: Duration = Duration::from_millis(250);
 const STATS_PERIOD: Duration = Duration::from_secs(1);
 /// Debounce of agent-registry writes.
 const PERSIST_DEBOUNCE: Duration = Duration::from_millis(250);
+/// How soon the `release after` timer retries a release it could not record.
+const RELEASE_RETRY: Duration = Duration::from_secs(5);
 
 /// How to run a control plane.
 #[derive(Clone, Debug)]
@@ -247,38 +249,76 @@ impl Inner {
         self.sync.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Releases `rule` everywhere and records who did it.
+    /// Releases `rule` everywhere and records who did it, all or nothing:
+    /// the audit record, then `state.json` without the latch, and only then
+    /// the latch is forgotten and the agents are told. Returns (was
+    /// tripped, instances notified).
     pub(crate) async fn release(
         &self,
         kind: TripKind,
         rule: &str,
         who: &str,
-    ) -> (bool, Vec<String>) {
+    ) -> Result<(bool, Vec<String>), ReleaseError> {
         let mut out = Vec::new();
-        let (was, notified) = self.lock().release(kind, rule, who, &mut out);
+        let (was, notified) = {
+            // INVARIANT: held from the snapshot to the commit, like an apply.
+            let _write = self.write_lock.lock().await;
+            let (snapshot, (was, notified)) = {
+                let state = self.lock();
+                (
+                    state.persisted_without(kind, rule),
+                    state.release_preview(kind, rule),
+                )
+            };
+            let mut entry = AuditEntry {
+                at_unix_ms: now_unix_ms(),
+                who: who.to_owned(),
+                action: "release".into(),
+                version: String::new(),
+                kind: kind.as_str().into(),
+                rule: rule.to_owned(),
+                targets: notified,
+                detail: if was {
+                    String::new()
+                } else {
+                    "was not tripped".into()
+                },
+            };
+            self.append_audit(entry.clone())
+                .await
+                .map_err(ReleaseError::Audit)?;
+            if let Err(error) = self.save(snapshot).await {
+                let error = ReleaseError::Store(error);
+                entry.action = "release-refused".into();
+                entry.detail = crate::error::one_line(&error);
+                self.audit(entry).await;
+                return Err(error);
+            }
+            self.lock().release(kind, rule, who, &mut out)
+        };
         self.send(out).await;
-        if let Err(error) = self.persist().await {
-            tracing::error!(error = %miette::Report::new(error), "cannot write the state after a release");
-        }
-        self.audit(AuditEntry {
-            at_unix_ms: now_unix_ms(),
-            who: who.to_owned(),
-            action: "release".into(),
-            version: String::new(),
-            kind: kind.as_str().into(),
-            rule: rule.to_owned(),
-            targets: notified.clone(),
-            detail: if was {
-                String::new()
-            } else {
-                "was not tripped".into()
-            },
-        })
-        .await;
         self.changed();
         self.timer.notify_one();
-        (was, notified)
+        Ok((was, notified))
     }
+}
+
+/// Why a release was refused. Nothing was released in every case.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ReleaseError {
+    #[error("cannot record the release in the audit log; nothing was released")]
+    #[diagnostic(
+        code(gov::govd::audit),
+        help("make --state-dir writable (or free disk space), then release again")
+    )]
+    Audit(#[source] Error),
+
+    #[error("cannot store the release in the state directory; nothing was released")]
+    #[diagnostic(
+        code(gov::govd::store),
+        help("make --state-dir writable (or free disk space), then release again")
+    )]
+    Store(#[source] Error),
 }
 
 // === background tasks ===
@@ -332,16 +372,27 @@ async fn release_timer(inner: Arc<Inner>) {
                 state.next_deadline().map(|d| d.saturating_sub(now)),
             )
         };
+        let mut refused = false;
         for rule in expired {
             tracing::info!(%rule, "release after: releasing the limit");
-            inner
+            if let Err(error) = inner
                 .release(TripKind::Limit, &rule, "govd (release after)")
-                .await;
+                .await
+            {
+                tracing::error!(%rule, error = %crate::error::one_line(&error), "release after: cannot release the limit; retrying");
+                refused = true;
+            }
         }
-        // Re-check at least every minute in case the wall clock jumps.
+        // Re-check at least every minute in case the wall clock jumps; after
+        // a refused release, not sooner than `RELEASE_RETRY`.
         let wait = next.map_or(Duration::from_secs(60), |ms| {
             Duration::from_millis(ms.clamp(1, 60_000))
         });
+        let wait = if refused {
+            wait.max(RELEASE_RETRY)
+        } else {
+            wait
+        };
         tokio::select! {
             () = inner.shutdown.cancelled() => return,
             () = inner.timer.notified() => {}

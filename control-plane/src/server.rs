@@ -201,7 +201,16 @@ impl ControlPlaneRpc for ControlPlane {
         } else {
             req.who
         };
-        let (was, notified) = self.inner.release(kind, &req.rule, &who).await;
+        // The release finishes even if the client goes away meanwhile.
+        let (was, notified) = {
+            let inner = self.inner.clone();
+            let rule = req.rule.clone();
+            let who = who.clone();
+            tokio::spawn(async move { inner.release(kind, &rule, &who).await })
+                .await
+                .map_err(|e| Status::internal(format!("the release failed: {e}")))?
+                .map_err(|e| Status::failed_precondition(crate::error::one_line(&e)))?
+        };
         tracing::info!(who, rule = %req.rule, kind = kind.as_str(), was, agents = notified.len(), "released");
         let message = match (was, notified.len()) {
             (true, n) => format!("released {} `{}` on {n} agent(s)", kind.as_str(), req.rule),
@@ -406,5 +415,60 @@ mod tests {
         assert!(planned.plan.is_some(), "{:?}", planned.diagnostics);
         assert_eq!(planned.plan.unwrap().services.len(), 1);
         stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_release_that_cannot_be_stored_is_refused_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
+        let (tx, mut agent) = mpsc::channel(8);
+        let (key, id) = cp.inner.lock().hello(hello("a"), tx, 1, &mut Vec::new());
+        let tripped = pb::Event {
+            kind: pb::EventKind::FuseTripped as i32,
+            rule: "order/mdm".into(),
+            reason: "errors".into(),
+            at_unix_ms: 5,
+        };
+        cp.inner
+            .lock()
+            .on_message(&key, id, AgentMsg::Event(tripped), 5);
+        // The next state.json write fails (its temp file cannot be created).
+        let blocker = dir
+            .path()
+            .join(format!(".state.json.tmp.{}", std::process::id()));
+        std::fs::create_dir(&blocker).unwrap();
+        let err = cp
+            .inner
+            .release(TripKind::Fuse, "order/mdm", "alice")
+            .await
+            .unwrap_err();
+        let message = crate::error::one_line(&err);
+        assert!(message.contains("nothing was released"), "{message}");
+        assert!(cp.inner.lock().is_tripped(TripKind::Fuse, "order/mdm"));
+        assert!(agent.try_recv().is_err(), "no release command was sent");
+        let actions: Vec<String> = cp
+            .store()
+            .read_audit()
+            .unwrap()
+            .into_iter()
+            .map(|e| e.action)
+            .collect();
+        assert_eq!(actions, ["release", "release-refused"]);
+
+        std::fs::remove_dir(&blocker).unwrap();
+        let (was, notified) = cp
+            .inner
+            .release(TripKind::Fuse, "order/mdm", "alice")
+            .await
+            .unwrap();
+        assert!(was);
+        assert_eq!(notified, ["a"]);
+        assert!(!cp.inner.lock().is_tripped(TripKind::Fuse, "order/mdm"));
+        assert!(cp.store().load().unwrap().trips.is_empty());
+        let command = agent.try_recv().unwrap().unwrap();
+        assert!(matches!(
+            command.msg,
+            Some(pb::control_message::Msg::Command(_))
+        ));
     }
 }

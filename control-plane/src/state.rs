@@ -542,8 +542,30 @@ impl State {
             .collect()
     }
 
+    /// What [`State::release`] would return, without changing anything:
+    /// for the audit record written before the release takes effect.
+    pub fn release_preview(&self, kind: TripKind, rule: &str) -> (bool, Vec<String>) {
+        let service = rule.split_once('/').map_or("", |(s, _)| s);
+        let mut was = self.latches.contains(kind, rule);
+        let mut notified = Vec::new();
+        for a in self.connected(service) {
+            was |= reports_tripped(a, kind, rule);
+            notified.push(a.instance.clone());
+        }
+        (was, notified)
+    }
+
+    /// What `state.json` holds once `rule` is released.
+    pub fn persisted_without(&self, kind: TripKind, rule: &str) -> Persisted {
+        let mut p = self.to_persisted();
+        p.trips.retain(|t| !(t.kind == kind && t.rule == rule));
+        p
+    }
+
     /// Queues a release command to every connected agent of the rule's
     /// service and forgets the trip. Returns (was tripped, instances notified).
+    // INVARIANT: called only after `persisted_without(kind, rule)` is on
+    // disk and the release is in the audit log.
     pub fn release(
         &mut self,
         kind: TripKind,
@@ -555,16 +577,7 @@ impl State {
         let mut was = self.latches.remove(kind, rule);
         let mut notified = Vec::new();
         for a in self.connected(&service) {
-            // Stats may know of a trip the events did not tell.
-            was |= a.stats.as_ref().is_some_and(|s| {
-                s.rules.iter().any(|r| {
-                    r.rule == rule
-                        && match kind {
-                            TripKind::Fuse => r.fuse_state() != pb::FuseState::Closed,
-                            TripKind::Limit => r.limit_engaged,
-                        }
-                })
-            });
+            was |= reports_tripped(a, kind, rule);
             if let Some(conn) = &a.conn {
                 let cmd = pb::ReleaseCommand {
                     kind: match kind {
@@ -618,6 +631,20 @@ impl State {
             TripKind::Limit => t.limits.iter().any(|l| l.rule == rule),
         }
     }
+}
+
+/// Whether `agent`'s stats say `rule` is tripped (stats may know of a trip
+/// the events did not tell).
+fn reports_tripped(agent: &Agent, kind: TripKind, rule: &str) -> bool {
+    agent.stats.as_ref().is_some_and(|s| {
+        s.rules.iter().any(|r| {
+            r.rule == rule
+                && match kind {
+                    TripKind::Fuse => r.fuse_state() != pb::FuseState::Closed,
+                    TripKind::Limit => r.limit_engaged,
+                }
+        })
+    })
 }
 
 fn history_entry(policy: &AppliedPolicy, changed: &[String]) -> HistoryEntry {

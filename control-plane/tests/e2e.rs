@@ -1130,6 +1130,19 @@ async fn an_agent_restart_never_drops_a_manual_fuse_from_govd_unaudited() {
     }
     assert!(!audit.contains("\"action\":\"untrip\""), "{audit}");
 
+    // A release that cannot be recorded is refused and changes nothing.
+    {
+        let _read_only = ReadOnly::new(&state, &govd);
+        let refused = govc(&govd, Some(TOKEN), &["release", "fuse", "order/errors"]).await;
+        assert_eq!(refused.code, 1, "{}{}", refused.stdout, refused.stderr);
+        assert!(
+            refused.stderr.contains("nothing was released"),
+            "{}",
+            refused.stderr
+        );
+        assert_eq!(govd.status().await.fuses.len(), 1);
+    }
+
     // An operator's release ends it, on govd and on the agent.
     let released = govc(&govd, Some(TOKEN), &["release", "fuse", "order/errors"]).await;
     assert_eq!(released.code, 0, "{}{}", released.stdout, released.stderr);
