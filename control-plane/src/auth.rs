@@ -1,4 +1,5 @@
-//! Bearer tokens: operators present one for `Apply` and `Release`, agents
+//! Bearer tokens: operators present one for `Apply` (dry runs too: they
+//! cost a compile) and `Release`, agents
 //! their own on `Connect` (each only when configured). `Watch` and `Status`
 //! are read-only and open.
 

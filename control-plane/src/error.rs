@@ -89,3 +89,19 @@ impl StateIo {
         }
     }
 }
+
+/// An error on one line, as a gRPC status message carries it: the error,
+/// its causes, then its help.
+pub fn one_line(error: &dyn miette::Diagnostic) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    if let Some(help) = error.help() {
+        line.push_str(&format!("; {help}"));
+    }
+    line
+}

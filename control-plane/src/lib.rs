@@ -17,17 +17,23 @@
 //!
 //! - [`ControlPlane`]: the service and its state ([`ControlPlane::watch`]
 //!   gives the live `ClusterView` in process).
+//! - [`ControlPlane::apply`] ([`apply`]): compile, plan, store, then push.
 //! - [`serve`]: the gRPC server (`gov.v1.ControlPlane` and `grpc.health.v1`
 //!   on one port) with the shutdown order every gov binary follows.
 //! - [`client`]: what `govc` uses to reach a control plane.
 
+pub mod apply;
 pub mod auth;
 pub mod client;
+mod control_plane;
 pub mod convert;
 mod error;
+pub mod latches;
+pub mod limits;
 mod server;
 pub mod state;
 pub mod store;
+pub mod view;
 
 use std::time::Duration;
 
@@ -35,8 +41,10 @@ use gov_proto::v1 as pb;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use apply::{ApplyError, ApplyRequest, MAX_APPLY_WAIT};
+pub use control_plane::{ControlPlane, Options};
 pub use error::{Error, StateIo};
-pub use server::{ControlPlane, MAX_APPLY_WAIT, Options};
+pub use limits::Limits;
 
 /// HTTP/2 keepalive: pings this often notice a dead agent or client.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);

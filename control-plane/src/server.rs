@@ -1,343 +1,64 @@
-//! The `ControlPlane` gRPC service and the tasks behind it: the view
-//! publisher (one `watch` channel of the `ClusterView`), the debounced state
-//! writer, and the `release after` timer.
+//! The gRPC adapter: `gov.v1.ControlPlane` on top of [`ControlPlane`].
+//! Each method authenticates, converts the request at the edge and calls
+//! the use case (`apply.rs`, `control_plane.rs`); agent streams are read
+//! here and fed into the state.
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt as _};
-use gov_compiler::SourceFile;
 use gov_proto::v1 as pb;
 use pb::agent_message::Msg as AgentMsg;
 use pb::control_plane_server::ControlPlane as ControlPlaneRpc;
-use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
-use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::Tokens;
-use crate::convert::{self, now_unix_ms};
-use crate::error::Error;
-use crate::state::{AgentKey, Outbox, State, filter_view};
-use crate::store::{AppliedPolicy, AuditEntry, Source, Store, TripKind};
+use crate::apply::{ApplyError, ApplyRequest};
+use crate::control_plane::{ControlPlane, Inner};
+use crate::convert::now_unix_ms;
+use crate::state::AgentKey;
+use crate::store::{Source, TripKind};
+use crate::view::filter_view;
 
-/// Longest `Apply` wait honoured.
-pub const MAX_APPLY_WAIT: Duration = Duration::from_secs(60);
 /// How long a new stream may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages queued per agent stream.
 const AGENT_QUEUE: usize = 64;
-/// How long a push may wait for room in an agent's queue before the
-/// agent's stream is cut (it reconnects and gets the current config).
-const SEND_TIMEOUT: Duration = Duration::from_millis(250);
-/// Stats-only changes publish a new view at most this often.
-const STATS_PERIOD: Duration = Duration::from_secs(1);
-/// Debounce of agent-registry writes.
-const PERSIST_DEBOUNCE: Duration = Duration::from_millis(250);
-/// Most sources accepted in one apply (bytes).
-const MAX_SOURCE_BYTES: usize = 16 << 20;
-
-/// How to run a control plane.
-#[derive(Clone, Debug)]
-pub struct Options {
-    pub state_dir: std::path::PathBuf,
-    /// Bearer token operators present for `Apply` and `Release`.
-    pub token: Option<String>,
-    /// Bearer token agents present on `Connect`.
-    pub agent_token: Option<String>,
-    /// Applied versions kept in the history.
-    pub history_limit: usize,
-}
-
-impl Options {
-    pub fn new(state_dir: impl Into<std::path::PathBuf>) -> Self {
-        Self {
-            state_dir: state_dir.into(),
-            token: None,
-            agent_token: None,
-            history_limit: 50,
-        }
-    }
-}
-
-/// A running control plane (cheap to clone). Serve it with
-/// [`ControlPlane::grpc`] (see `crate::serve`).
-#[derive(Clone)]
-pub struct ControlPlane {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    state: std::sync::Mutex<State>,
-    store: Store,
-    tokens: Tokens,
-    history_limit: usize,
-    /// The cluster view, republished on change.
-    view: watch::Sender<Arc<pb::ClusterView>>,
-    /// Something other than stats changed: publish a view now.
-    changed: Notify,
-    /// Stats changed: publish within `STATS_PERIOD`.
-    stats_dirty: AtomicBool,
-    /// Sync state changed (ACK, NACK, disconnect): `Apply` waiters re-check.
-    sync: watch::Sender<u64>,
-    /// The agent registry changed: write `state.json` soon.
-    persist_soon: Notify,
-    /// Trips changed: re-plan the `release after` timer.
-    timer: Notify,
-    /// Serializes writers of `state.json` and appliers.
-    write_lock: AsyncMutex<()>,
-    apply_lock: AsyncMutex<()>,
-    shutdown: CancellationToken,
-}
+/// Room for the rest of an `ApplyRequest` (names, who) beyond the policy
+/// text, so that an oversized policy gets our message, not tonic's.
+const APPLY_OVERHEAD_BYTES: usize = 64 << 10;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-// === impl ControlPlane ===
-
 impl ControlPlane {
-    /// Loads the state directory and starts the background tasks (they stop
-    /// when `shutdown` is cancelled).
-    pub fn open(options: Options, shutdown: CancellationToken) -> Result<Self, Error> {
-        let store = Store::open(&options.state_dir)?;
-        let persisted = store.load()?;
-        let state = State::from_persisted(persisted);
-        tracing::info!(
-            dir = %store.dir().display(),
-            version = %state.version(),
-            trips = state.trips.len(),
-            agents = state.agents.len(),
-            "state loaded"
-        );
-        let view = watch::channel(Arc::new(state.view(now_unix_ms()))).0;
-        let inner = Arc::new(Inner {
-            state: std::sync::Mutex::new(state),
-            store,
-            tokens: Tokens {
-                operator: options.token,
-                agent: options.agent_token,
-            },
-            history_limit: options.history_limit,
-            view,
-            changed: Notify::new(),
-            stats_dirty: AtomicBool::new(false),
-            sync: watch::channel(0).0,
-            persist_soon: Notify::new(),
-            timer: Notify::new(),
-            write_lock: AsyncMutex::new(()),
-            apply_lock: AsyncMutex::new(()),
-            shutdown,
-        });
-        tokio::spawn(publish_views(inner.clone()));
-        tokio::spawn(persist_agents(inner.clone()));
-        tokio::spawn(release_timer(inner.clone()));
-        Ok(Self { inner })
-    }
-
-    /// The gRPC service.
+    /// The gRPC service. It decodes requests up to the policy size limit
+    /// (tonic's own default, 4 MiB, would refuse a larger policy with a
+    /// message that names no flag).
     pub fn grpc(&self) -> pb::control_plane_server::ControlPlaneServer<Self> {
+        let max = self
+            .inner
+            .limits
+            .max_policy_bytes
+            .saturating_add(APPLY_OVERHEAD_BYTES);
         pb::control_plane_server::ControlPlaneServer::new(self.clone())
-    }
-
-    /// The cluster view, republished on every change (at most about once
-    /// per second for stats): what `Watch` streams, for in-process users.
-    pub fn watch(&self) -> watch::Receiver<Arc<pb::ClusterView>> {
-        self.inner.view.subscribe()
-    }
-
-    /// The cluster view now.
-    pub fn status(&self) -> pb::ClusterView {
-        self.inner.lock().view(now_unix_ms())
-    }
-
-    /// The state directory.
-    pub fn store(&self) -> &Store {
-        &self.inner.store
-    }
-
-    /// Writes the state to disk now (on shutdown).
-    pub async fn flush(&self) -> Result<(), Error> {
-        self.inner.persist().await
+            .max_decoding_message_size(max)
     }
 }
 
-impl Inner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave State half-updated in a
-        // way that matters more than stopping the control plane would.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Writes `state.json` (serialized with other writers).
-    async fn persist(&self) -> Result<(), Error> {
-        let _guard = self.write_lock.lock().await;
-        let snapshot = self.lock().to_persisted();
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.save(&snapshot))
-            .await
-            .map_err(|e| {
-                Error::Io(crate::error::StateIo::new(
-                    "write",
-                    self.store.dir(),
-                    std::io::Error::other(e),
-                ))
-            })?
-    }
-
-    async fn audit(&self, entry: AuditEntry) {
-        let store = self.store.clone();
-        let result = tokio::task::spawn_blocking(move || store.audit(&entry)).await;
-        match result {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                tracing::error!(error = %miette::Report::new(error), "cannot write the audit log")
-            }
-            Err(error) => tracing::error!(%error, "cannot write the audit log"),
+/// An apply error as the client reads it: the code says whose fault it is,
+/// the message says what is wrong and what to do.
+fn apply_status(error: &ApplyError) -> Status {
+    let message = crate::error::one_line(error);
+    match error {
+        ApplyError::NoSources | ApplyError::UnnamedSource { .. } => {
+            Status::invalid_argument(message)
         }
-    }
-
-    /// Sends queued messages (outside the state lock). A full or closed
-    /// queue means the agent is gone or hopelessly slow: its stream task
-    /// notices and marks it disconnected.
-    async fn send(&self, out: Outbox) {
-        // All at once, each bounded: one stuck agent cannot hold up the others.
-        let sends = out.into_iter().map(|o| async move {
-            match tokio::time::timeout(SEND_TIMEOUT, o.tx.send(Ok(o.msg))).await {
-                // Sent, or the stream is gone already (its reader records that).
-                Ok(_) => None,
-                Err(_) => Some((o.key, o.conn)),
-            }
-        });
-        let stuck: Vec<_> = futures::future::join_all(sends)
-            .await
-            .into_iter()
-            .flatten()
-            .collect();
-        if stuck.is_empty() {
-            return;
-        }
-        {
-            let mut state = self.lock();
-            for (key, id) in &stuck {
-                tracing::warn!(service = %key.0, instance = %key.1, "the agent does not read its stream; cutting it so it reconnects and resyncs");
-                state.disconnect(
-                    key,
-                    *id,
-                    "cut: its queue stayed full (the agent does not read its stream)",
-                    now_unix_ms(),
-                );
-            }
-        }
-        self.bump_sync();
-        self.changed();
-    }
-
-    fn changed(&self) {
-        self.changed.notify_one();
-    }
-
-    fn bump_sync(&self) {
-        self.sync.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
-    /// Releases `rule` everywhere and records who did it.
-    async fn release(&self, kind: TripKind, rule: &str, who: &str) -> (bool, Vec<String>) {
-        let mut out = Vec::new();
-        let (was, notified) = self.lock().release(kind, rule, who, &mut out);
-        self.send(out).await;
-        if let Err(error) = self.persist().await {
-            tracing::error!(error = %miette::Report::new(error), "cannot write the state after a release");
-        }
-        self.audit(AuditEntry {
-            at_unix_ms: now_unix_ms(),
-            who: who.to_owned(),
-            action: "release".into(),
-            version: String::new(),
-            kind: kind.as_str().into(),
-            rule: rule.to_owned(),
-            targets: notified.clone(),
-            detail: if was {
-                String::new()
-            } else {
-                "was not tripped".into()
-            },
-        })
-        .await;
-        self.changed();
-        self.timer.notify_one();
-        (was, notified)
-    }
-}
-
-// === background tasks ===
-
-/// Rebuilds the view when something changed, and at most once per
-/// `STATS_PERIOD` when only stats changed.
-async fn publish_views(inner: Arc<Inner>) {
-    let mut tick = tokio::time::interval(STATS_PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = inner.shutdown.cancelled() => return,
-            () = inner.changed.notified() => {}
-            _ = tick.tick() => {
-                // Remaining times of limits and fuses tick down too.
-                let any_trip = !inner.lock().trips.is_empty();
-                if !inner.stats_dirty.swap(false, Ordering::Relaxed) && !any_trip {
-                    continue;
-                }
-            }
-        }
-        let view = inner.lock().view(now_unix_ms());
-        inner.view.send_replace(Arc::new(view));
-    }
-}
-
-/// Writes the agent registry shortly after it changes.
-async fn persist_agents(inner: Arc<Inner>) {
-    loop {
-        tokio::select! {
-            () = inner.shutdown.cancelled() => return,
-            () = inner.persist_soon.notified() => {}
-        }
-        tokio::time::sleep(PERSIST_DEBOUNCE).await;
-        if let Err(error) = inner.persist().await {
-            tracing::error!(error = %miette::Report::new(error), "cannot write the state");
-        }
-    }
-}
-
-/// Releases limits whose `release after` deadline passed. Deadlines are
-/// absolute (wall clock, stored on disk) so they survive a restart; the
-/// wait itself uses `tokio::time`.
-async fn release_timer(inner: Arc<Inner>) {
-    loop {
-        let (expired, next) = {
-            let state = inner.lock();
-            let now = now_unix_ms();
-            (
-                state.expired(now),
-                state.next_deadline().map(|d| d.saturating_sub(now)),
-            )
-        };
-        for rule in expired {
-            tracing::info!(%rule, "release after: releasing the limit");
-            inner
-                .release(TripKind::Limit, &rule, "govd (release after)")
-                .await;
-        }
-        // Re-check at least every minute in case the wall clock jumps.
-        let wait = next.map_or(Duration::from_secs(60), |ms| {
-            Duration::from_millis(ms.clamp(1, 60_000))
-        });
-        tokio::select! {
-            () = inner.shutdown.cancelled() => return,
-            () = inner.timer.notified() => {}
-            () = tokio::time::sleep(wait) => {}
-        }
+        ApplyError::TooLarge(_) => Status::resource_exhausted(message),
+        ApplyError::Audit(_) | ApplyError::Store(_) => Status::failed_precondition(message),
+        ApplyError::Compiler(_) => Status::internal(message),
+        ApplyError::Cancelled => Status::cancelled(message),
     }
 }
 
@@ -349,194 +70,31 @@ impl ControlPlaneRpc for ControlPlane {
         &self,
         request: Request<pb::ApplyRequest>,
     ) -> Result<Response<pb::ApplyResult>, Status> {
-        // A dry run changes nothing and shows what `Status` shows: no token needed.
-        if !request.get_ref().dry_run {
-            self.inner.tokens.operator(&request)?;
-        }
+        // A dry run shows the policy in force and costs a compile: it needs
+        // the token like an apply.
+        self.inner.tokens.operator(&request)?;
         let req = request.into_inner();
-        if req.sources.is_empty() {
-            return Err(Status::invalid_argument(
-                "no sources: send at least one `.gov` file",
-            ));
-        }
-        let total: usize = req
-            .sources
-            .iter()
-            .map(|s| s.text.len() + s.name.len())
-            .sum();
-        if total > MAX_SOURCE_BYTES {
-            return Err(Status::invalid_argument(format!(
-                "the sources are {total} bytes, more than the {MAX_SOURCE_BYTES} accepted"
-            )));
-        }
-        if let Some(s) = req.sources.iter().find(|s| s.name.trim().is_empty()) {
-            return Err(Status::invalid_argument(format!(
-                "a source has no file name ({} bytes)",
-                s.text.len()
-            )));
-        }
-        let who = if req.who.trim().is_empty() {
-            "unknown".to_owned()
-        } else {
-            req.who.clone()
-        };
-        let files: Vec<SourceFile> = req
-            .sources
-            .iter()
-            .map(|s| SourceFile::new(&s.name, &s.text))
-            .collect();
-
-        // One apply at a time: the plan is against the version it replaces.
-        let apply_guard = self.inner.apply_lock.lock().await;
-        let started = tokio::time::Instant::now();
-        let compiled = {
-            let files = files.clone();
-            tokio::task::spawn_blocking(move || gov_compiler::compile(&files))
-                .await
-                .map_err(|e| Status::internal(format!("the compiler failed: {e}")))?
-        };
-        let current = self.inner.lock().version().to_owned();
-        let compiled = match compiled {
-            Ok(c) => c,
-            Err(diagnostics) => {
-                tracing::info!(
-                    who,
-                    errors = diagnostics.error_count(),
-                    "apply refused: invalid policy"
-                );
-                return Ok(Response::new(pb::ApplyResult {
-                    applied: false,
-                    version: current,
-                    plan: None,
-                    diagnostics: diagnostics
-                        .iter()
-                        .map(|d| convert::diagnostic(d, &files))
-                        .collect(),
-                    outcomes: Vec::new(),
-                }));
-            }
-        };
-        let diagnostics: Vec<pb::Diagnostic> = compiled
-            .warnings
-            .iter()
-            .map(|d| convert::diagnostic(d, &files))
-            .collect();
-        let empty = pb::Bundle::default();
-        let plan = {
-            let state = self.inner.lock();
-            gov_compiler::plan(state.bundle().unwrap_or(&empty), &compiled.bundle)
-        };
-        let changed: Vec<String> = plan
-            .services
-            .iter()
-            .filter(|s| s.change != gov_compiler::plan::Change::Unchanged)
-            .map(|s| s.service.clone())
-            .collect();
-        let first = current.is_empty();
-        if req.dry_run || (changed.is_empty() && !first) {
-            return Ok(Response::new(pb::ApplyResult {
-                applied: false,
-                version: current,
-                plan: Some(convert::plan(&plan)),
-                diagnostics,
-                outcomes: Vec::new(),
-            }));
-        }
-
-        // Durable first, then pushed: a restart never forgets an apply whose
-        // config some agent already enforces.
-        let policy = AppliedPolicy {
-            version: compiled.bundle.version.clone(),
-            who: who.clone(),
-            at_unix_ms: now_unix_ms(),
+        let request = ApplyRequest {
             sources: req
                 .sources
-                .iter()
+                .into_iter()
                 .map(|s| Source {
-                    name: s.name.clone(),
-                    text: s.text.clone(),
+                    name: s.name,
+                    text: s.text,
                 })
                 .collect(),
-            bundle: compiled.bundle,
+            who: if req.who.trim().is_empty() {
+                "unknown".to_owned()
+            } else {
+                req.who
+            },
+            dry_run: req.dry_run,
+            wait: Duration::from_millis(u64::from(req.wait_ms)),
         };
-        let version = policy.version.clone();
-        let mut out = Vec::new();
-        let previous = {
-            let mut state = self.inner.lock();
-            let previous = (state.applied.clone(), state.history.clone());
-            state.apply(policy, &changed, self.inner.history_limit, &mut out);
-            previous
-        };
-        let compiled_at = started.elapsed();
-        if let Err(error) = self.inner.persist().await {
-            // Undo: nothing was sent yet.
-            let mut state = self.inner.lock();
-            state.applied = previous.0;
-            state.history = previous.1;
-            drop(state);
-            tracing::error!(error = %miette::Report::new(error), "apply not stored");
-            return Err(Status::unavailable(
-                "cannot store the policy in the state directory; nothing was applied",
-            ));
-        }
-        let stored_at = started.elapsed();
-        // The audit line is written while the agents apply (joined before answering).
-        let audit = {
-            let inner = self.inner.clone();
-            let entry = AuditEntry {
-                at_unix_ms: now_unix_ms(),
-                who: who.clone(),
-                action: "apply".into(),
-                version: version.clone(),
-                kind: String::new(),
-                rule: String::new(),
-                targets: changed.clone(),
-                detail: String::new(),
-            };
-            tokio::spawn(async move { inner.audit(entry).await })
-        };
-        tracing::info!(who, %version, services = ?changed, agents = out.len(), "applied");
-        self.inner.send(out).await;
-        let pushed_at = started.elapsed();
-        self.inner.changed();
-        self.inner.timer.notify_one();
-        // Waiting for ACKs must not hold up the next apply.
-        drop(apply_guard);
-
-        if req.wait_ms > 0 {
-            let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_APPLY_WAIT);
-            let mut sync = self.inner.sync.subscribe();
-            let deadline = tokio::time::Instant::now() + wait;
-            loop {
-                if self.inner.lock().settled(&changed) {
-                    break;
-                }
-                tokio::select! {
-                    r = sync.changed() => if r.is_err() { break },
-                    () = tokio::time::sleep_until(deadline) => break,
-                    () = self.inner.shutdown.cancelled() => break,
-                }
-            }
-        }
-        let settled_at = started.elapsed();
-        if let Err(error) = audit.await {
-            tracing::error!(%error, "the audit writer failed");
-        }
-        tracing::debug!(
-            compile_plan_ms = compiled_at.as_secs_f64() * 1e3,
-            store_ms = (stored_at - compiled_at).as_secs_f64() * 1e3,
-            push_ms = (pushed_at - stored_at).as_secs_f64() * 1e3,
-            acks_ms = (settled_at - pushed_at).as_secs_f64() * 1e3,
-            "apply timing"
-        );
-        let outcomes = self.inner.lock().outcomes(&changed);
-        Ok(Response::new(pb::ApplyResult {
-            applied: true,
-            version,
-            plan: Some(convert::plan(&plan)),
-            diagnostics,
-            outcomes,
-        }))
+        self.apply(request)
+            .await
+            .map(Response::new)
+            .map_err(|e| apply_status(&e))
     }
 
     type ConnectStream = BoxStream<pb::ControlMessage>;
@@ -630,9 +188,7 @@ impl ControlPlaneRpc for ControlPlane {
         }
         {
             let state = self.inner.lock();
-            if !state.has_rule(kind, &req.rule)
-                && !state.trips.contains_key(&(kind, req.rule.clone()))
-            {
+            if !state.has_rule(kind, &req.rule) && !state.is_tripped(kind, &req.rule) {
                 return Err(Status::not_found(format!(
                     "the applied policy has no {} `{}`",
                     kind.as_str(),
@@ -645,7 +201,16 @@ impl ControlPlaneRpc for ControlPlane {
         } else {
             req.who
         };
-        let (was, notified) = self.inner.release(kind, &req.rule, &who).await;
+        // The release finishes even if the client goes away meanwhile.
+        let (was, notified) = {
+            let inner = self.inner.clone();
+            let rule = req.rule.clone();
+            let who = who.clone();
+            tokio::spawn(async move { inner.release(kind, &rule, &who).await })
+                .await
+                .map_err(|e| Status::internal(format!("the release failed: {e}")))?
+                .map_err(|e| Status::failed_precondition(crate::error::one_line(&e)))?
+        };
         tracing::info!(who, rule = %req.rule, kind = kind.as_str(), was, agents = notified.len(), "released");
         let message = match (was, notified.len()) {
             (true, n) => format!("released {} `{}` on {n} agent(s)", kind.as_str(), req.rule),
@@ -694,6 +259,10 @@ async fn read_agent(
             inner.persist_soon.notify_one();
         }
         if effect.trips {
+            // The audit record first: a latch never ends unaudited.
+            for entry in effect.audits {
+                inner.audit(entry).await;
+            }
             if let Err(error) = inner.persist().await {
                 tracing::error!(error = %miette::Report::new(error), "cannot write the fuse/limit state");
             }
@@ -701,7 +270,7 @@ async fn read_agent(
             inner.changed();
         }
         if effect.stats {
-            inner.stats_dirty.store(true, Ordering::Relaxed);
+            inner.stats_changed();
         }
     };
     if inner.lock().disconnect(&key, id, &reason, now_unix_ms()) {
@@ -713,7 +282,10 @@ async fn read_agent(
 
 #[cfg(test)]
 mod tests {
+    use tokio_util::sync::CancellationToken;
+
     use super::*;
+    use crate::control_plane::Options;
 
     fn hello(instance: &str) -> pb::Hello {
         pb::Hello {
@@ -770,5 +342,133 @@ mod tests {
             result.version
         );
         assert_eq!(cp.store().read_audit().unwrap().len(), 1);
+    }
+
+    async fn serve_on_loopback(options: Options) -> (String, CancellationToken) {
+        let stop = CancellationToken::new();
+        let cp = ControlPlane::open(options, stop.clone()).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(crate::serve(
+            listener,
+            cp,
+            stop.clone(),
+            Duration::from_secs(1),
+        ));
+        (url, stop)
+    }
+
+    /// A policy of about `bytes` bytes: one service, and comments (cheap to
+    /// compile, large on the wire) in files of at most 1 MiB (the language
+    /// limits the size of one file).
+    fn sized_policy(bytes: usize) -> pb::ApplyRequest {
+        let body = "service order {\n  capacity workers 4\n}\n";
+        let mut sources = vec![pb::SourceFile {
+            name: "order.gov".into(),
+            text: body.into(),
+        }];
+        let mut left = bytes.saturating_sub(body.len());
+        while left > 16 {
+            let n = left.min(1 << 20);
+            sources.push(pb::SourceFile {
+                name: format!("comment-{}.gov", sources.len()),
+                text: format!("# {}\n", "x".repeat(n - 3)),
+            });
+            left -= n;
+        }
+        pb::ApplyRequest {
+            sources,
+            dry_run: true,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_oversized_policy_is_refused_with_the_limit_and_the_flag_to_raise_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut options = Options::new(dir.path());
+        options.limits.max_policy_bytes = 1_000;
+        let (url, stop) = serve_on_loopback(options).await;
+        let mut client = crate::client::connect(&url, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let status = client.apply(sized_policy(5_000)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        let message = status.message();
+        assert!(message.contains("1000 bytes"), "{message}");
+        assert!(message.contains("GOV_MAX_POLICY_BYTES"), "{message}");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_policy_larger_than_tonics_default_limit_is_accepted_under_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let (url, stop) = serve_on_loopback(Options::new(dir.path())).await;
+        let mut client = crate::client::connect(&url, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let planned = client
+            .apply(sized_policy(5 << 20))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(planned.plan.is_some(), "{:?}", planned.diagnostics);
+        assert_eq!(planned.plan.unwrap().services.len(), 1);
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_release_that_cannot_be_stored_is_refused_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
+        let (tx, mut agent) = mpsc::channel(8);
+        let (key, id) = cp.inner.lock().hello(hello("a"), tx, 1, &mut Vec::new());
+        let tripped = pb::Event {
+            kind: pb::EventKind::FuseTripped as i32,
+            rule: "order/mdm".into(),
+            reason: "errors".into(),
+            at_unix_ms: 5,
+        };
+        cp.inner
+            .lock()
+            .on_message(&key, id, AgentMsg::Event(tripped), 5);
+        // The next state.json write fails (its temp file cannot be created).
+        let blocker = dir
+            .path()
+            .join(format!(".state.json.tmp.{}", std::process::id()));
+        std::fs::create_dir(&blocker).unwrap();
+        let err = cp
+            .inner
+            .release(TripKind::Fuse, "order/mdm", "alice")
+            .await
+            .unwrap_err();
+        let message = crate::error::one_line(&err);
+        assert!(message.contains("nothing was released"), "{message}");
+        assert!(cp.inner.lock().is_tripped(TripKind::Fuse, "order/mdm"));
+        assert!(agent.try_recv().is_err(), "no release command was sent");
+        let actions: Vec<String> = cp
+            .store()
+            .read_audit()
+            .unwrap()
+            .into_iter()
+            .map(|e| e.action)
+            .collect();
+        assert_eq!(actions, ["release", "release-refused"]);
+
+        std::fs::remove_dir(&blocker).unwrap();
+        let (was, notified) = cp
+            .inner
+            .release(TripKind::Fuse, "order/mdm", "alice")
+            .await
+            .unwrap();
+        assert!(was);
+        assert_eq!(notified, ["a"]);
+        assert!(!cp.inner.lock().is_tripped(TripKind::Fuse, "order/mdm"));
+        assert!(cp.store().load().unwrap().trips.is_empty());
+        let command = agent.try_recv().unwrap().unwrap();
+        assert!(matches!(
+            command.msg,
+            Some(pb::control_message::Msg::Command(_))
+        ));
     }
 }

@@ -1,7 +1,9 @@
 //! The control plane's in-memory model: the applied policy, every agent with
 //! its sync state, tripped fuses and engaged limits. Plain data with
 //! synchronous methods, guarded by one mutex in `server.rs`; nothing here
-//! awaits, so the lock is never held across a network call.
+//! awaits, so the lock is never held across a network call. Fields are
+//! private: the applied policy changes only through [`State::commit`], which
+//! the apply use case (`apply.rs`) calls once the new state is on disk.
 //!
 //! Sync state per agent follows xDS: a pushed config carries a nonce; the
 //! agent's ACK or NACK names it. An agent is SYNCED only when its last ACK
@@ -10,12 +12,14 @@
 //! keeps its last good version until it ACKs a later push.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 use gov_proto::v1 as pb;
 use pb::agent_message::Msg as AgentMsg;
 use tokio::sync::mpsc;
 use tonic::Status;
 
+use crate::latches::{self, Latches};
 use crate::store::{AppliedPolicy, HistoryEntry, KnownAgent, Persisted, Trip, TripKind};
 
 /// Messages queued to one agent's stream.
@@ -27,10 +31,12 @@ pub type AgentKey = (String, String);
 /// Everything the control plane knows.
 #[derive(Debug, Default)]
 pub struct State {
-    pub applied: Option<AppliedPolicy>,
-    pub history: VecDeque<HistoryEntry>,
-    pub trips: BTreeMap<(TripKind, String), Trip>,
-    pub agents: BTreeMap<AgentKey, Agent>,
+    /// Shared with in-flight applies and dry runs, which plan against it
+    /// without holding the lock.
+    applied: Option<Arc<AppliedPolicy>>,
+    history: VecDeque<HistoryEntry>,
+    latches: Latches,
+    agents: BTreeMap<AgentKey, Agent>,
     next_conn: u64,
     next_nonce: u64,
     nonce_prefix: u32,
@@ -39,30 +45,30 @@ pub struct State {
 /// One agent (connected or not).
 #[derive(Debug)]
 pub struct Agent {
-    pub service: String,
-    pub instance: String,
-    pub address: String,
-    pub labels: BTreeMap<String, String>,
-    pub conn: Option<Conn>,
+    service: String,
+    instance: String,
+    address: String,
+    labels: BTreeMap<String, String>,
+    conn: Option<Conn>,
     /// The version last sent to it (or reported in its hello).
-    pub version: String,
+    version: String,
     /// The nonce of a push not yet answered.
-    pub pending: Option<String>,
+    pending: Option<String>,
     /// The last NACK, until a later ACK.
-    pub nack: Option<Nacked>,
+    nack: Option<Nacked>,
     /// The last version it acknowledged (or reported in its hello).
-    pub last_good: String,
-    pub phase: pb::Phase,
-    pub last_seen_unix_ms: u64,
-    pub stats: Option<pb::Stats>,
+    last_good: String,
+    phase: pb::Phase,
+    last_seen_unix_ms: u64,
+    stats: Option<pb::Stats>,
     /// Why the stream ended.
-    pub disconnect_reason: String,
+    disconnect_reason: String,
 }
 
 #[derive(Debug)]
-pub struct Conn {
-    pub id: u64,
-    pub tx: AgentTx,
+struct Conn {
+    id: u64,
+    tx: AgentTx,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,7 +92,7 @@ pub struct Outgoing {
 pub type Outbox = Vec<Outgoing>;
 
 /// What an agent message changed.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Effect {
     /// Sync state changed (wake `Apply` waiters).
     pub sync: bool,
@@ -94,6 +100,55 @@ pub struct Effect {
     pub trips: bool,
     /// Only stats changed (view at most once per second).
     pub stats: bool,
+    /// Latch changes to append to the audit log.
+    pub audits: latches::Audits,
+}
+
+// === impl Agent ===
+
+impl Agent {
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        &self.labels
+    }
+
+    /// The version last sent to it (or reported in its hello).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The last version it acknowledged (or reported in its hello).
+    pub fn last_good(&self) -> &str {
+        &self.last_good
+    }
+
+    pub fn phase(&self) -> pb::Phase {
+        self.phase
+    }
+
+    pub fn last_seen_unix_ms(&self) -> u64 {
+        self.last_seen_unix_ms
+    }
+
+    /// Its last stats report (connected agents only).
+    pub fn stats(&self) -> Option<&pb::Stats> {
+        self.stats.as_ref()
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.conn.is_some()
+    }
 }
 
 // === impl State ===
@@ -101,14 +156,12 @@ pub struct Effect {
 impl State {
     pub fn from_persisted(p: Persisted) -> Self {
         let mut state = State {
-            applied: p.applied,
+            applied: p.applied.map(Arc::new),
             history: p.history.into(),
             nonce_prefix: rand::random(),
             ..State::default()
         };
-        for t in p.trips {
-            state.trips.insert((t.kind, t.rule.clone()), t);
-        }
+        state.latches = Latches::from_trips(p.trips);
         for a in p.agents {
             let key = (a.service.clone(), a.instance.clone());
             state.agents.insert(
@@ -136,9 +189,9 @@ impl State {
     pub fn to_persisted(&self) -> Persisted {
         Persisted {
             format: 0,
-            applied: self.applied.clone(),
+            applied: self.applied.as_deref().cloned(),
             history: self.history.iter().cloned().collect(),
-            trips: self.trips.values().cloned().collect(),
+            trips: self.latches.iter().cloned().collect(),
             agents: self
                 .agents
                 .values()
@@ -160,6 +213,29 @@ impl State {
 
     pub fn bundle(&self) -> Option<&pb::Bundle> {
         self.applied.as_ref().map(|a| &a.bundle)
+    }
+
+    /// The policy in force, shared (a plan made against it needs no lock).
+    pub fn applied(&self) -> Option<Arc<AppliedPolicy>> {
+        self.applied.clone()
+    }
+
+    /// Every agent known, connected or not.
+    pub fn agents(&self) -> impl Iterator<Item = &Agent> {
+        self.agents.values()
+    }
+
+    pub fn agent(&self, key: &AgentKey) -> Option<&Agent> {
+        self.agents.get(key)
+    }
+
+    /// Tripped fuses and engaged limits.
+    pub fn trips(&self) -> impl Iterator<Item = &Trip> {
+        self.latches.iter()
+    }
+
+    pub fn is_tripped(&self, kind: TripKind, rule: &str) -> bool {
+        self.latches.contains(kind, rule)
     }
 
     pub fn target(&self, service: &str) -> Option<&pb::TargetConfig> {
@@ -319,7 +395,15 @@ impl State {
             AgentMsg::Stats(stats) => {
                 let instance = agent.instance.clone();
                 let service = agent.service.clone();
-                effect.trips |= self.reconcile(&service, &instance, &stats, now);
+                let policy = self.applied.as_deref().map(|a| &a.bundle);
+                effect.trips |= self.latches.reconcile(
+                    policy,
+                    &service,
+                    &instance,
+                    &stats,
+                    now,
+                    &mut effect.audits,
+                );
                 if let Some(agent) = self.agents.get_mut(key) {
                     agent.stats = Some(stats);
                 }
@@ -327,175 +411,50 @@ impl State {
             }
             AgentMsg::Event(event) => {
                 let (service, instance) = (agent.service.clone(), agent.instance.clone());
-                effect.trips |= self.on_event(&service, &instance, &event, now);
+                let policy = self.applied.as_deref().map(|a| &a.bundle);
+                effect.trips |= self.latches.on_event(
+                    policy,
+                    &service,
+                    &instance,
+                    &event,
+                    now,
+                    &mut effect.audits,
+                );
             }
         }
         effect
     }
 
-    /// Records a fuse/limit event of an agent of `service`. Events about
-    /// rules of another service are ignored: an agent speaks for itself only.
-    pub fn on_event(&mut self, service: &str, instance: &str, event: &pb::Event, now: u64) -> bool {
-        if event.rule.split_once('/').map(|(s, _)| s) != Some(service) {
-            tracing::warn!(service, instance, rule = %event.rule, "ignoring an event about another service's rule");
-            return false;
-        }
-        let at = if event.at_unix_ms == 0 {
-            now
-        } else {
-            event.at_unix_ms
-        };
-        match event.kind() {
-            pb::EventKind::FuseTripped | pb::EventKind::FuseHalfOpen => {
-                let half_open = event.kind() == pb::EventKind::FuseHalfOpen;
-                let trip = self.trip(TripKind::Fuse, &event.rule, at, &event.reason);
-                trip.instances.insert(instance.to_owned());
-                trip.half_open = half_open;
-                if !half_open {
-                    trip.reason.clone_from(&event.reason);
-                }
-                true
-            }
-            pb::EventKind::LimitEngaged => {
-                let deadline = self
-                    .release_after(&event.rule)
-                    .map(|ms| at.saturating_add(ms));
-                let trip = self.trip(TripKind::Limit, &event.rule, at, &event.reason);
-                trip.instances.insert(instance.to_owned());
-                if trip.deadline_unix_ms.is_none() {
-                    trip.deadline_unix_ms = deadline;
-                }
-                true
-            }
-            pb::EventKind::FuseReleased => self.untrip(TripKind::Fuse, &event.rule, instance),
-            pb::EventKind::LimitReleased => self.untrip(TripKind::Limit, &event.rule, instance),
-            pb::EventKind::Unspecified => false,
-        }
+    /// What `state.json` would hold once `policy` is committed: the apply
+    /// use case writes this before [`State::commit`] changes anything, so
+    /// a refused write leaves the state (and every agent's sync state) as
+    /// it was.
+    pub fn persisted_with(
+        &self,
+        policy: &AppliedPolicy,
+        changed: &[String],
+        history_limit: usize,
+    ) -> Persisted {
+        let mut p = self.to_persisted();
+        p.history.push(history_entry(policy, changed));
+        let excess = p.history.len().saturating_sub(history_limit.max(1));
+        p.history.drain(..excess);
+        p.applied = Some(policy.clone());
+        p
     }
 
-    fn trip(&mut self, kind: TripKind, rule: &str, at: u64, reason: &str) -> &mut Trip {
-        self.trips
-            .entry((kind, rule.to_owned()))
-            .or_insert_with(|| Trip {
-                kind,
-                rule: rule.to_owned(),
-                since_unix_ms: at,
-                reason: reason.to_owned(),
-                half_open: false,
-                deadline_unix_ms: None,
-                instances: Default::default(),
-            })
-    }
-
-    fn untrip(&mut self, kind: TripKind, rule: &str, instance: &str) -> bool {
-        let k = (kind, rule.to_owned());
-        let Some(trip) = self.trips.get_mut(&k) else {
-            return false;
-        };
-        trip.instances.remove(instance);
-        if trip.instances.is_empty() {
-            self.trips.remove(&k);
-        }
-        true
-    }
-
-    /// Stats are the agents' truth: a fuse an agent reports open is tripped
-    /// (an event may have been lost), one it reports closed is not tripped
-    /// on that agent any more.
-    fn reconcile(&mut self, service: &str, instance: &str, stats: &pb::Stats, now: u64) -> bool {
-        let mut changed = false;
-        for r in &stats.rules {
-            if r.rule.split_once('/').map(|(s, _)| s) != Some(service) {
-                continue;
-            }
-            match r.kind() {
-                pb::RuleKind::Fuse => {
-                    let open = r.fuse_state() != pb::FuseState::Closed;
-                    let tripped = self
-                        .trips
-                        .get(&(TripKind::Fuse, r.rule.clone()))
-                        .is_some_and(|t| t.instances.contains(instance));
-                    if open && !tripped {
-                        let trip =
-                            self.trip(TripKind::Fuse, &r.rule, now, "reported open by the agent");
-                        trip.instances.insert(instance.to_owned());
-                        changed = true;
-                    } else if !open && tripped {
-                        changed |= self.untrip(TripKind::Fuse, &r.rule, instance);
-                    }
-                }
-                pb::RuleKind::Limit => {
-                    let tripped = self
-                        .trips
-                        .get(&(TripKind::Limit, r.rule.clone()))
-                        .is_some_and(|t| t.instances.contains(instance));
-                    if r.limit_engaged && !tripped {
-                        let deadline = self.release_after(&r.rule).map(|ms| now.saturating_add(ms));
-                        let trip = self.trip(
-                            TripKind::Limit,
-                            &r.rule,
-                            now,
-                            "reported engaged by the agent",
-                        );
-                        trip.instances.insert(instance.to_owned());
-                        if trip.deadline_unix_ms.is_none() {
-                            trip.deadline_unix_ms = deadline;
-                        }
-                        changed = true;
-                    } else if !r.limit_engaged && tripped {
-                        changed |= self.untrip(TripKind::Limit, &r.rule, instance);
-                    }
-                }
-                _ => {}
-            }
-        }
-        changed
-    }
-
-    /// The `release after` of limit `rule`, if it has one.
-    pub fn release_after(&self, rule: &str) -> Option<u64> {
-        let (service, _) = rule.split_once('/')?;
-        let limit = self
-            .target(service)?
-            .limits
-            .iter()
-            .find(|l| l.rule == rule)?;
-        match limit.release.as_ref()?.kind.as_ref()? {
-            pb::release::Kind::AfterMs(ms) => Some(*ms),
-            pb::release::Kind::Manual(_) => None,
-        }
-    }
-
-    /// The automatic recovery delay of fuse `rule` (`None`: manual).
-    fn fuse_recovery(&self, rule: &str) -> Option<u64> {
-        let (service, _) = rule.split_once('/')?;
-        let fuse = self
-            .target(service)?
-            .fuses
-            .iter()
-            .find(|f| f.rule == rule)?;
-        match fuse.recover.as_ref()?.kind.as_ref()? {
-            pb::recovery::Kind::After(a) => Some(a.after_ms),
-            pb::recovery::Kind::Manual(_) => None,
-        }
-    }
-
-    /// Stores a new applied policy and queues it to every connected agent
-    /// of `changed` services. Returns the history entry.
-    pub fn apply(
+    /// Makes `policy` the one in force and queues it to every connected
+    /// agent of `changed` services.
+    // INVARIANT: called only after `persisted_with(policy, ..)` is on disk,
+    // so an agent never gets a version a restart would forget.
+    pub fn commit(
         &mut self,
-        policy: AppliedPolicy,
+        policy: Arc<AppliedPolicy>,
         changed: &[String],
         history_limit: usize,
         out: &mut Outbox,
     ) {
-        self.history.push_back(HistoryEntry {
-            version: policy.version.clone(),
-            who: policy.who.clone(),
-            at_unix_ms: policy.at_unix_ms,
-            services: changed.to_vec(),
-            sources: policy.sources.clone(),
-        });
+        self.history.push_back(history_entry(&policy, changed));
         while self.history.len() > history_limit.max(1) {
             self.history.pop_front();
         }
@@ -583,8 +542,30 @@ impl State {
             .collect()
     }
 
+    /// What [`State::release`] would return, without changing anything:
+    /// for the audit record written before the release takes effect.
+    pub fn release_preview(&self, kind: TripKind, rule: &str) -> (bool, Vec<String>) {
+        let service = rule.split_once('/').map_or("", |(s, _)| s);
+        let mut was = self.latches.contains(kind, rule);
+        let mut notified = Vec::new();
+        for a in self.connected(service) {
+            was |= reports_tripped(a, kind, rule);
+            notified.push(a.instance.clone());
+        }
+        (was, notified)
+    }
+
+    /// What `state.json` holds once `rule` is released.
+    pub fn persisted_without(&self, kind: TripKind, rule: &str) -> Persisted {
+        let mut p = self.to_persisted();
+        p.trips.retain(|t| !(t.kind == kind && t.rule == rule));
+        p
+    }
+
     /// Queues a release command to every connected agent of the rule's
     /// service and forgets the trip. Returns (was tripped, instances notified).
+    // INVARIANT: called only after `persisted_without(kind, rule)` is on
+    // disk and the release is in the audit log.
     pub fn release(
         &mut self,
         kind: TripKind,
@@ -593,19 +574,10 @@ impl State {
         out: &mut Outbox,
     ) -> (bool, Vec<String>) {
         let service = rule.split_once('/').map_or("", |(s, _)| s).to_owned();
-        let mut was = self.trips.remove(&(kind, rule.to_owned())).is_some();
+        let mut was = self.latches.remove(kind, rule);
         let mut notified = Vec::new();
         for a in self.connected(&service) {
-            // Stats may know of a trip the events did not tell.
-            was |= a.stats.as_ref().is_some_and(|s| {
-                s.rules.iter().any(|r| {
-                    r.rule == rule
-                        && match kind {
-                            TripKind::Fuse => r.fuse_state() != pb::FuseState::Closed,
-                            TripKind::Limit => r.limit_engaged,
-                        }
-                })
-            });
+            was |= reports_tripped(a, kind, rule);
             if let Some(conn) = &a.conn {
                 let cmd = pb::ReleaseCommand {
                     kind: match kind {
@@ -631,6 +603,21 @@ impl State {
         (was, notified)
     }
 
+    /// The automatic recovery delay of fuse `rule` (`None`: manual).
+    pub fn fuse_recovery(&self, rule: &str) -> Option<u64> {
+        latches::fuse_recovery(self.bundle(), rule)
+    }
+
+    /// Limits whose `release after` deadline has passed.
+    pub fn expired(&self, now: u64) -> Vec<String> {
+        self.latches.expired(now)
+    }
+
+    /// The earliest limit deadline.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.latches.next_deadline()
+    }
+
     /// Whether the applied policy has a fuse or limit called `rule`.
     pub fn has_rule(&self, kind: TripKind, rule: &str) -> bool {
         let Some((service, _)) = rule.split_once('/') else {
@@ -644,198 +631,38 @@ impl State {
             TripKind::Limit => t.limits.iter().any(|l| l.rule == rule),
         }
     }
-
-    /// Limits whose `release after` deadline has passed.
-    pub fn expired(&self, now: u64) -> Vec<String> {
-        self.trips
-            .values()
-            .filter(|t| t.kind == TripKind::Limit && t.deadline_unix_ms.is_some_and(|d| d <= now))
-            .map(|t| t.rule.clone())
-            .collect()
-    }
-
-    /// The earliest limit deadline.
-    pub fn next_deadline(&self) -> Option<u64> {
-        self.trips.values().filter_map(|t| t.deadline_unix_ms).min()
-    }
-
-    /// The cluster as `Watch` and `Status` show it.
-    pub fn view(&self, now: u64) -> pb::ClusterView {
-        let agents = self
-            .agents
-            .values()
-            .map(|a| {
-                let (state, reason, rule) = self.sync_state(a);
-                pb::AgentView {
-                    service: a.service.clone(),
-                    instance: a.instance.clone(),
-                    address: a.address.clone(),
-                    state: state as i32,
-                    reason,
-                    rule,
-                    version: a.version.clone(),
-                    last_good_version: a.last_good.clone(),
-                    phase: a.phase as i32,
-                    last_seen_unix_ms: if a.conn.is_some() {
-                        now
-                    } else {
-                        a.last_seen_unix_ms
-                    },
-                    labels: a.labels.clone().into_iter().collect(),
-                }
-            })
-            .collect();
-        let mut rules = Vec::new();
-        for t in self
-            .bundle()
-            .map(|b| b.targets.as_slice())
-            .unwrap_or_default()
-        {
-            let mut add = |rule: &str, kind: pb::RuleKind, source: &Option<pb::SourceRef>| {
-                rules.push(pb::RuleView {
-                    rule: rule.to_owned(),
-                    kind: kind as i32,
-                    source: source.clone(),
-                    stats: Some(self.aggregate(&t.service, rule, kind)),
-                });
-            };
-            for b in &t.bulkheads {
-                add(&b.rule, pb::RuleKind::Bulkhead, &b.source);
-            }
-            for l in &t.limits {
-                add(&l.rule, pb::RuleKind::Limit, &l.source);
-            }
-            for f in &t.fuses {
-                add(&f.rule, pb::RuleKind::Fuse, &f.source);
-            }
-            for x in &t.timeouts {
-                add(&x.rule, pb::RuleKind::Timeout, &x.source);
-            }
-        }
-        let source = |kind: TripKind, rule: &str| -> Option<pb::SourceRef> {
-            let (service, _) = rule.split_once('/')?;
-            let t = self.target(service)?;
-            match kind {
-                TripKind::Fuse => t.fuses.iter().find(|f| f.rule == rule)?.source.clone(),
-                TripKind::Limit => t.limits.iter().find(|l| l.rule == rule)?.source.clone(),
-            }
-        };
-        let fuses = self
-            .trips
-            .values()
-            .filter(|t| t.kind == TripKind::Fuse)
-            .map(|t| pb::FuseView {
-                rule: t.rule.clone(),
-                state: if t.half_open {
-                    pb::FuseState::HalfOpen
-                } else {
-                    pb::FuseState::Open
-                } as i32,
-                since_unix_ms: t.since_unix_ms,
-                reason: t.reason.clone(),
-                remaining_ms: self.fuse_recovery(&t.rule).map_or(0, |after| {
-                    t.since_unix_ms
-                        .saturating_add(after)
-                        .saturating_sub(now)
-                        .max(1)
-                }),
-                source: source(TripKind::Fuse, &t.rule),
-            })
-            .collect();
-        let limits = self
-            .trips
-            .values()
-            .filter(|t| t.kind == TripKind::Limit)
-            .map(|t| pb::LimitView {
-                rule: t.rule.clone(),
-                since_unix_ms: t.since_unix_ms,
-                reason: t.reason.clone(),
-                remaining_ms: t
-                    .deadline_unix_ms
-                    .map_or(0, |d| d.saturating_sub(now).max(1)),
-                source: source(TripKind::Limit, &t.rule),
-            })
-            .collect();
-        pb::ClusterView {
-            at_unix_ms: now,
-            version: self.version().to_owned(),
-            agents,
-            rules,
-            fuses,
-            limits,
-        }
-    }
-
-    /// One rule's stats summed over the connected agents of its service.
-    /// Fuse state is the worst any agent reports; capacity is summed like
-    /// the in-flight count it bounds.
-    fn aggregate(&self, service: &str, rule: &str, kind: pb::RuleKind) -> pb::RuleStats {
-        let mut sum = pb::RuleStats {
-            rule: rule.to_owned(),
-            kind: kind as i32,
-            rejected: Some(pb::Rejections::default()),
-            ..Default::default()
-        };
-        let mut worst = pb::FuseState::Closed;
-        for a in self.connected(service) {
-            let Some(r) = a
-                .stats
-                .as_ref()
-                .and_then(|s| s.rules.iter().find(|r| r.rule == rule))
-            else {
-                continue;
-            };
-            sum.in_flight += r.in_flight;
-            sum.waiting += r.waiting;
-            sum.admitted += r.admitted;
-            sum.capacity += r.capacity;
-            sum.limit_engaged |= r.limit_engaged;
-            if let (Some(s), Some(x)) = (sum.rejected.as_mut(), r.rejected.as_ref()) {
-                s.bulkhead_full += x.bulkhead_full;
-                s.bulkhead_timeout += x.bulkhead_timeout;
-                s.limit_calls += x.limit_calls;
-                s.limit_bytes += x.limit_bytes;
-                s.fuse_open += x.fuse_open;
-                s.timeout += x.timeout;
-            }
-            if sum.latency_buckets.len() < r.latency_buckets.len() {
-                sum.latency_buckets.resize(r.latency_buckets.len(), 0);
-            }
-            for (s, x) in sum.latency_buckets.iter_mut().zip(&r.latency_buckets) {
-                *s += x;
-            }
-            worst = match (worst, r.fuse_state()) {
-                (pb::FuseState::Open, _) | (_, pb::FuseState::Open) => pb::FuseState::Open,
-                (pb::FuseState::HalfOpen, _) | (_, pb::FuseState::HalfOpen) => {
-                    pb::FuseState::HalfOpen
-                }
-                _ => pb::FuseState::Closed,
-            };
-        }
-        sum.fuse_state = worst as i32;
-        sum
-    }
 }
 
-/// Keeps only what concerns `service` ("" keeps everything).
-pub fn filter_view(mut view: pb::ClusterView, service: &str) -> pb::ClusterView {
-    if service.is_empty() {
-        return view;
+/// Whether `agent`'s stats say `rule` is tripped (stats may know of a trip
+/// the events did not tell).
+fn reports_tripped(agent: &Agent, kind: TripKind, rule: &str) -> bool {
+    agent.stats.as_ref().is_some_and(|s| {
+        s.rules.iter().any(|r| {
+            r.rule == rule
+                && match kind {
+                    TripKind::Fuse => r.fuse_state() != pb::FuseState::Closed,
+                    TripKind::Limit => r.limit_engaged,
+                }
+        })
+    })
+}
+
+fn history_entry(policy: &AppliedPolicy, changed: &[String]) -> HistoryEntry {
+    HistoryEntry {
+        version: policy.version.clone(),
+        who: policy.who.clone(),
+        at_unix_ms: policy.at_unix_ms,
+        services: changed.to_vec(),
+        sources: policy.sources.clone(),
     }
-    let ours = |rule: &str| rule.split_once('/').is_some_and(|(s, _)| s == service);
-    view.agents.retain(|a| a.service == service);
-    view.rules.retain(|r| ours(&r.rule));
-    view.fuses.retain(|f| ours(&f.rule));
-    view.limits.retain(|l| ours(&l.rule));
-    view
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn policy(version: &str, targets: Vec<pb::TargetConfig>) -> AppliedPolicy {
-        AppliedPolicy {
+    fn policy(version: &str, targets: Vec<pb::TargetConfig>) -> Arc<AppliedPolicy> {
+        Arc::new(AppliedPolicy {
             version: version.into(),
             who: "t".into(),
             at_unix_ms: 1,
@@ -844,7 +671,7 @@ mod tests {
                 targets,
                 version: version.into(),
             },
-        }
+        })
     }
 
     fn target(service: &str, version: &str) -> pb::TargetConfig {
@@ -874,7 +701,7 @@ mod tests {
     #[test]
     fn a_nack_is_never_synced_and_keeps_the_last_good_version() {
         let mut s = State::default();
-        s.apply(
+        s.commit(
             policy("b1", vec![target("order", "v1")]),
             &["order".into()],
             10,
@@ -884,9 +711,12 @@ mod tests {
         let mut out = Vec::new();
         let (key, id) = s.hello(hello("order", "a", "v1"), tx, 1, &mut out);
         assert!(out.is_empty(), "an agent already on v1 gets nothing");
-        assert_eq!(s.sync_state(&s.agents[&key]).0, pb::SyncState::Synced);
+        assert_eq!(
+            s.sync_state(s.agent(&key).unwrap()).0,
+            pb::SyncState::Synced
+        );
 
-        s.apply(
+        s.commit(
             policy("b2", vec![target("order", "v2")]),
             &["order".into()],
             10,
@@ -894,7 +724,7 @@ mod tests {
         );
         assert_eq!(out.len(), 1);
         let nonce = nonce_of(&out[0].msg);
-        assert_eq!(s.sync_state(&s.agents[&key]).0, pb::SyncState::Stale);
+        assert_eq!(s.sync_state(s.agent(&key).unwrap()).0, pb::SyncState::Stale);
         assert!(!s.settled(&["order".into()]));
 
         let nack = pb::Nack {
@@ -905,7 +735,7 @@ mod tests {
         };
         s.on_message(&key, id, AgentMsg::Nack(nack), 2);
         assert!(s.settled(&["order".into()]));
-        let (state, reason, rule) = s.sync_state(&s.agents[&key]);
+        let (state, reason, rule) = s.sync_state(s.agent(&key).unwrap());
         assert_eq!(
             (state, reason.as_str(), rule.as_str()),
             (pb::SyncState::Nacked, "no redis", "order/x")
@@ -921,7 +751,7 @@ mod tests {
     #[test]
     fn stale_acks_do_not_settle_a_newer_push_and_old_streams_are_ignored() {
         let mut s = State::default();
-        s.apply(
+        s.commit(
             policy("b1", vec![target("order", "v1")]),
             &["order".into()],
             10,
@@ -931,7 +761,7 @@ mod tests {
         let mut out = Vec::new();
         let (key, id) = s.hello(hello("order", "a", ""), tx.clone(), 1, &mut out);
         let first = nonce_of(&out[0].msg);
-        s.apply(
+        s.commit(
             policy("b2", vec![target("order", "v2")]),
             &["order".into()],
             10,
@@ -946,11 +776,14 @@ mod tests {
             }),
             2,
         );
-        assert_eq!(s.sync_state(&s.agents[&key]).0, pb::SyncState::Stale);
+        assert_eq!(s.sync_state(s.agent(&key).unwrap()).0, pb::SyncState::Stale);
         // The agent reconnects; the old stream's end must not mark it disconnected.
         let (key2, id2) = s.hello(hello("order", "a", "v1"), tx, 3, &mut out);
         assert!(!s.disconnect(&key, id, "old", 4));
-        assert_eq!(s.sync_state(&s.agents[&key2]).0, pb::SyncState::Stale);
+        assert_eq!(
+            s.sync_state(s.agent(&key2).unwrap()).0,
+            pb::SyncState::Stale
+        );
         let last = nonce_of(&out.last().unwrap().msg);
         s.on_message(
             &key2,
@@ -961,10 +794,13 @@ mod tests {
             }),
             5,
         );
-        assert_eq!(s.sync_state(&s.agents[&key2]).0, pb::SyncState::Synced);
+        assert_eq!(
+            s.sync_state(s.agent(&key2).unwrap()).0,
+            pb::SyncState::Synced
+        );
         assert!(s.disconnect(&key2, id2, "gone", 6));
         assert_eq!(
-            s.sync_state(&s.agents[&key2]).0,
+            s.sync_state(s.agent(&key2).unwrap()).0,
             pb::SyncState::Disconnected
         );
     }
@@ -972,7 +808,7 @@ mod tests {
     #[test]
     fn an_agent_with_nothing_gets_a_config_even_for_a_service_the_policy_does_not_name() {
         let mut s = State::default();
-        s.apply(
+        s.commit(
             policy("b1", vec![target("order", "v1")]),
             &[],
             10,
@@ -982,7 +818,7 @@ mod tests {
         let mut out = Vec::new();
         let (key, id) = s.hello(hello("search", "s", ""), tx, 1, &mut out);
         let nonce = nonce_of(&out[0].msg);
-        assert_eq!(s.sync_state(&s.agents[&key]).0, pb::SyncState::Stale);
+        assert_eq!(s.sync_state(s.agent(&key).unwrap()).0, pb::SyncState::Stale);
         s.on_message(
             &key,
             id,
@@ -992,13 +828,16 @@ mod tests {
             }),
             2,
         );
-        assert_eq!(s.sync_state(&s.agents[&key]).0, pb::SyncState::Synced);
+        assert_eq!(
+            s.sync_state(s.agent(&key).unwrap()).0,
+            pb::SyncState::Synced
+        );
     }
 
     #[test]
     fn unchanged_services_get_nothing() {
         let mut s = State::default();
-        s.apply(
+        s.commit(
             policy("b1", vec![target("order", "v1"), target("pay", "p1")]),
             &[],
             10,
@@ -1007,7 +846,7 @@ mod tests {
         let mut out = Vec::new();
         let (tx, _rx) = mpsc::channel(8);
         s.hello(hello("pay", "p", "p1"), tx, 1, &mut out);
-        s.apply(
+        s.commit(
             policy("b2", vec![target("order", "v2"), target("pay", "p1")]),
             &["order".into()],
             10,
@@ -1027,20 +866,33 @@ mod tests {
             ..Default::default()
         });
         let mut s = State::default();
-        s.apply(policy("b1", vec![t]), &[], 10, &mut Vec::new());
+        s.commit(policy("b1", vec![t]), &[], 10, &mut Vec::new());
         let engaged = pb::Event {
             kind: pb::EventKind::LimitEngaged as i32,
             rule: "order/crm".into(),
             reason: "calls".into(),
             at_unix_ms: 1_000,
         };
-        assert!(s.on_event("order", "a", &engaged, 1_000));
+        assert!(s.latches.on_event(
+            s.applied.as_deref().map(|a| &a.bundle),
+            "order",
+            "a",
+            &engaged,
+            1_000,
+            &mut Vec::new()
+        ));
         assert_eq!(s.next_deadline(), Some(7_201_000));
-        assert_eq!(s.view(3_600_000).limits[0].remaining_ms, 3_601_000);
         assert!(s.expired(7_200_999).is_empty());
         assert_eq!(s.expired(7_201_000), vec!["order/crm".to_string()]);
         // Another service's agent cannot engage our limit.
-        assert!(!s.on_event("pay", "p", &engaged, 1_000));
+        assert!(!s.latches.on_event(
+            s.applied.as_deref().map(|a| &a.bundle),
+            "pay",
+            "p",
+            &engaged,
+            1_000,
+            &mut Vec::new()
+        ));
 
         let stats = pb::Stats {
             rules: vec![pb::RuleStats {
@@ -1051,11 +903,18 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert!(s.reconcile("order", "a", &stats, 5));
-        assert_eq!(s.view(6).fuses.len(), 1);
+        assert!(s.latches.reconcile(
+            s.applied.as_deref().map(|a| &a.bundle),
+            "order",
+            "a",
+            &stats,
+            5,
+            &mut Vec::new()
+        ));
+        assert!(s.is_tripped(TripKind::Fuse, "order/mdm"));
         let mut out = Vec::new();
         let (was, _) = s.release(TripKind::Fuse, "order/mdm", "op", &mut out);
         assert!(was);
-        assert!(s.view(7).fuses.is_empty());
+        assert!(!s.is_tripped(TripKind::Fuse, "order/mdm"));
     }
 }

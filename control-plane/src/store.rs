@@ -98,6 +98,10 @@ pub struct Trip {
     /// Instances that reported it tripped/engaged.
     #[serde(default)]
     pub instances: BTreeSet<String>,
+    /// Instances that later reported it released although nobody released
+    /// it (an agent restart): the latch holds, but they do not enforce it.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub not_enforced: BTreeSet<String>,
 }
 
 /// An agent the control plane has seen, shown as DISCONNECTED after a
@@ -117,7 +121,8 @@ pub struct KnownAgent {
 pub struct AuditEntry {
     pub at_unix_ms: u64,
     pub who: String,
-    /// `apply`, `release`.
+    /// `apply`, `apply-refused`, `release`; for latches reported by agents:
+    /// `trip`, `untrip`, `latch-not-enforced`.
     pub action: String,
     /// Apply: the new bundle version.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -274,6 +279,7 @@ mod tests {
             half_open: false,
             deadline_unix_ms: Some(7_200_005),
             instances: ["a".to_string()].into(),
+            not_enforced: ["b".to_string()].into(),
         });
         store.save(&state).unwrap();
         store.save(&state).unwrap();

@@ -639,10 +639,15 @@ async fn apply_reaches_every_agent_of_the_changed_service_and_only_them() {
     assert_eq!(slow_burst(order1.inbound, 6).await, (4, 2));
     assert_eq!(order1.configs_applied().await, 2);
 
-    // `govc plan` against the live control plane: no change for V2.
+    // `govc plan` against the live control plane costs a compile and shows
+    // the policy in force: it needs the token like an apply.
     let plan = govc(&govd, None, &["plan", "--detailed-exitcode", &v2]).await;
+    assert_eq!(plan.code, 1, "{}{}", plan.stdout, plan.stderr);
+    assert!(plan.stderr.contains("operator token"), "{}", plan.stderr);
+    // No change for V2.
+    let plan = govc(&govd, Some(TOKEN), &["plan", "--detailed-exitcode", &v2]).await;
     assert_eq!(plan.code, 0, "{}{}", plan.stdout, plan.stderr);
-    let plan = govc(&govd, None, &["plan", "--detailed-exitcode", &v1]).await;
+    let plan = govc(&govd, Some(TOKEN), &["plan", "--detailed-exitcode", &v1]).await;
     assert_eq!(plan.code, 2, "{}{}", plan.stdout, plan.stderr);
     assert!(
         plan.stdout.contains("max_concurrent 4 -> 2"),
@@ -868,7 +873,17 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
         remaining_after < remaining_before && remaining_after > 7_000_000,
         "{remaining_before} -> {remaining_after}"
     );
-    assert_eq!(read(&state.join("audit.jsonl")).lines().count(), 1);
+    // One apply, and the trip of the fuse and of the limit (each once, across
+    // the restart).
+    let audit = read(&state.join("audit.jsonl"));
+    let count = |action: &str| {
+        audit
+            .lines()
+            .filter(|l| l.contains(&format!("\"action\":\"{action}\"")))
+            .count()
+    };
+    assert_eq!((count("apply"), count("trip")), (1, 2), "{audit}");
+    assert_eq!(audit.lines().count(), 3, "{audit}");
 
     // Release: refused without the token, then traffic flows again on every agent.
     let refused = govc(&govd, None, &["release", "fuse", "order/errors"]).await;
@@ -897,10 +912,243 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
     let view = govd.status().await;
     assert!(view.fuses.is_empty() && view.limits.is_empty(), "{view:?}");
     let audit = read(&state.join("audit.jsonl"));
-    assert_eq!(audit.lines().count(), 3, "{audit}");
+    assert_eq!(
+        audit
+            .lines()
+            .filter(|l| l.contains("\"action\":\"release\""))
+            .count(),
+        2,
+        "{audit}"
+    );
+    assert_eq!(audit.lines().count(), 5, "{audit}");
     assert!(audit.contains("\"rule\":\"order/errors\""), "{audit}");
 
     a.stop().await;
     b.stop().await;
+    govd.stop().await;
+}
+
+/// The state directory made read-only for as long as it lives: by
+/// permissions, or (for root, whom permissions do not stop) by the
+/// immutable attribute, or, where neither is available, by making govd's
+/// `state.json` temp file impossible to create. Restored on drop.
+struct ReadOnly {
+    dir: PathBuf,
+    immutable: bool,
+    blocker: Option<PathBuf>,
+}
+
+impl ReadOnly {
+    fn new(dir: &Path, govd: &Govd) -> Self {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mut guard = ReadOnly {
+            dir: dir.to_owned(),
+            immutable: false,
+            blocker: None,
+        };
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+        if Self::writable(dir) {
+            guard.immutable = std::process::Command::new("chattr")
+                .arg("+i")
+                .arg(dir)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+        }
+        if Self::writable(dir) {
+            let blocker = dir.join(format!(".state.json.tmp.{}", govd.child.id().unwrap()));
+            std::fs::create_dir(&blocker).unwrap();
+            guard.blocker = Some(blocker);
+        }
+        guard
+    }
+
+    fn writable(dir: &Path) -> bool {
+        let probe = dir.join(".probe");
+        let ok = std::fs::write(&probe, b"x").is_ok();
+        let _ = std::fs::remove_file(&probe);
+        ok
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt as _;
+        if self.immutable {
+            let _ = std::process::Command::new("chattr")
+                .arg("-i")
+                .arg(&self.dir)
+                .status();
+        }
+        let _ = std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o755));
+        if let Some(b) = &self.blocker {
+            let _ = std::fs::remove_dir(b);
+        }
+    }
+}
+
+/// Issue 12, item 3: an apply refused because the state directory cannot
+/// be written leaves every agent as it was (no STALE on a version never
+/// sent), says why, and the same apply works once the directory is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_refused_by_a_read_only_state_dir_changes_nothing_and_works_once_writable() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = dir.path().join("state");
+    let govd = control_plane(&state_dir).start().await;
+    let up = upstream().await;
+    let order = agent("order", "order-1")
+        .upstream(up)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    wait_until("the agent connected", Duration::from_secs(10), async || {
+        govd.status().await.agents.len() == 1
+    })
+    .await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    let version = govd.status().await.version;
+    let v1_order = agent_state(&govd.status().await, "order-1").version;
+    assert_eq!(order.configs_applied().await, 1);
+
+    let v2 = write(dir.path(), "v2.gov", &v2());
+    {
+        let _read_only = ReadOnly::new(&state_dir, &govd);
+        let refused = govc(&govd, Some(TOKEN), &["apply", &v2]).await;
+        assert_eq!(refused.code, 1, "{}{}", refused.stdout, refused.stderr);
+        assert!(
+            refused.stderr.contains("nothing was applied")
+                && refused.stderr.contains("--state-dir"),
+            "{}",
+            refused.stderr
+        );
+        assert!(
+            !refused.stderr.contains("is govd running"),
+            "govd is running: {}",
+            refused.stderr
+        );
+        let view = govd.status().await;
+        assert_eq!(view.version, version);
+        let a = agent_state(&view, "order-1");
+        assert_eq!(a.state(), pb::SyncState::Synced, "{a:?}");
+        assert_eq!(a.version, v1_order, "no version was sent");
+        assert_eq!(order.configs_applied().await, 1);
+    }
+
+    // Writable again: the same apply is a change and reaches the agent.
+    let again = govc(&govd, Some(TOKEN), &["apply", &v2]).await;
+    assert_eq!(again.code, 0, "{}{}", again.stdout, again.stderr);
+    assert!(
+        again.stdout.contains("Applied version") && !again.stdout.contains("No changes"),
+        "{}",
+        again.stdout
+    );
+    assert!(
+        again.stdout.contains("max_concurrent 2 -> 4"),
+        "{}",
+        again.stdout
+    );
+    wait_until(
+        "order-1 SYNCED on the new version",
+        Duration::from_secs(10),
+        async || all_synced(&govd, &["order-1"]).await,
+    )
+    .await;
+    assert_eq!(order.configs_applied().await, 2);
+    // The state on disk is the new version: a restart keeps it.
+    assert_ne!(govd.status().await.version, version);
+    let audit = read(&state_dir.join("audit.jsonl"));
+    assert!(audit.contains("\"action\":\"apply-refused\""), "{audit}");
+
+    order.stop().await;
+    govd.stop().await;
+}
+
+/// Issue 12, item 1, govd's half: an agent restart never makes govd drop a
+/// tripped manual fuse silently. Either the restarted agent still enforces
+/// it, or govd keeps the latch, shows the instance as not enforcing it and
+/// audits that; only an operator's release ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restart_never_drops_a_manual_fuse_from_govd_unaudited() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let govd = control_plane(&state).start().await;
+    let up = upstream().await;
+    let a_dir = dir.path().join("agent-a");
+    let start_a = || {
+        agent("order", "order-a")
+            .upstream(up)
+            .control_plane(&govd)
+            .state_dir(&a_dir)
+            .start(dir.path())
+    };
+    let a = start_a().await;
+    wait_until("the agent connected", Duration::from_secs(10), async || {
+        govd.status().await.agents.len() == 1
+    })
+    .await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    for _ in 0..3 {
+        assert_eq!(http_get(a.inbound, "/fail").await.0, 500);
+    }
+    assert_eq!(http_get(a.inbound, "/fail").await.0, 503);
+    wait_until("the fuse recorded", Duration::from_secs(10), async || {
+        govd.status().await.fuses.len() == 1
+    })
+    .await;
+
+    // The agent restarts (govd up) and reports its stats again.
+    a.stop().await;
+    let a = start_a().await;
+    wait_until(
+        "the restarted agent synced",
+        Duration::from_secs(15),
+        async || all_synced(&govd, &["order-a"]).await,
+    )
+    .await;
+    // Stats go out every second: give it two.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let view = govd.status().await;
+    assert_eq!(view.fuses.len(), 1, "the latch holds: {view:?}");
+    let enforced = http_get(a.inbound, "/fail").await.0 == 503;
+    let audit = read(&state.join("audit.jsonl"));
+    if !enforced {
+        assert!(
+            view.fuses[0].reason.contains("NOT ENFORCED by order-a"),
+            "{:?}",
+            view.fuses[0]
+        );
+        assert!(
+            audit.contains("\"action\":\"latch-not-enforced\""),
+            "{audit}"
+        );
+        let status = govc(&govd, None, &["status"]).await;
+        assert!(status.stdout.contains("NOT ENFORCED"), "{}", status.stdout);
+    }
+    assert!(!audit.contains("\"action\":\"untrip\""), "{audit}");
+
+    // A release that cannot be recorded is refused and changes nothing.
+    {
+        let _read_only = ReadOnly::new(&state, &govd);
+        let refused = govc(&govd, Some(TOKEN), &["release", "fuse", "order/errors"]).await;
+        assert_eq!(refused.code, 1, "{}{}", refused.stdout, refused.stderr);
+        assert!(
+            refused.stderr.contains("nothing was released"),
+            "{}",
+            refused.stderr
+        );
+        assert_eq!(govd.status().await.fuses.len(), 1);
+    }
+
+    // An operator's release ends it, on govd and on the agent.
+    let released = govc(&govd, Some(TOKEN), &["release", "fuse", "order/errors"]).await;
+    assert_eq!(released.code, 0, "{}{}", released.stdout, released.stderr);
+    assert!(govd.status().await.fuses.is_empty());
+    assert_eq!(http_get(a.inbound, "/fail").await.0, 500);
+
+    a.stop().await;
     govd.stop().await;
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gov_control_plane::{ControlPlane, Error, Options, auth::read_token_file, serve};
+use gov_control_plane::{ControlPlane, Error, Limits, Options, auth::read_token_file, serve};
 use gov_proto::flag::parse_duration;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +44,28 @@ struct Args {
     /// Applied versions kept in the history.
     #[arg(long, env = "GOV_HISTORY", default_value_t = 50)]
     history: usize,
+
+    /// Largest policy accepted by `Apply` and dry runs, in bytes (all files
+    /// together); larger ones are refused before any compile work.
+    #[arg(long, env = "GOV_MAX_POLICY_BYTES", default_value_t = Limits::default().max_policy_bytes)]
+    max_policy_bytes: usize,
+
+    /// Most statements (`match`, `bulkhead`, `limit`, `fuse`, ... in service
+    /// blocks) in one policy; larger ones are refused before the compiler's
+    /// checks run.
+    #[arg(long, env = "GOV_MAX_STATEMENTS", default_value_t = Limits::default().max_statements)]
+    max_statements: usize,
+
+    /// Most diagnostics sent back for one policy; the rest are counted in
+    /// one note (`govc check` shows them all).
+    #[arg(long, env = "GOV_MAX_DIAGNOSTICS", default_value_t = Limits::default().max_diagnostics)]
+    max_diagnostics: usize,
+
+    /// Most policy compiles running at once (applies and dry runs); further
+    /// requests wait for a slot.
+    #[arg(long, env = "GOV_MAX_CONCURRENT_COMPILES", default_value_t = Limits::default().concurrent_compiles,
+          value_parser = at_least_one)]
+    max_concurrent_compiles: usize,
 }
 
 fn main() -> ExitCode {
@@ -95,6 +117,12 @@ async fn run(args: Args) -> Result<(), Error> {
         .map(read_token_file)
         .transpose()?;
     options.history_limit = args.history;
+    options.limits = Limits {
+        max_policy_bytes: args.max_policy_bytes,
+        max_statements: args.max_statements,
+        max_diagnostics: args.max_diagnostics,
+        concurrent_compiles: args.max_concurrent_compiles,
+    };
     if options.token.is_none() {
         tracing::warn!(
             "no --token-file: anyone who reaches {} can apply and release",
@@ -127,6 +155,15 @@ async fn run(args: Args) -> Result<(), Error> {
         });
     }
     serve(listener, control_plane, shutdown, args.drain_timeout).await
+}
+
+/// A count that must be at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Waits for SIGTERM or SIGINT and returns its name.

@@ -1,0 +1,726 @@
+//! The apply use case, in two halves:
+//!
+//! - [`prepare`] is pure: it checks the request against the [`Limits`],
+//!   compiles the sources and plans them against the policy in force. It
+//!   touches neither the state nor the disk, so a dry run (`govc plan`
+//!   against govd) is `prepare` alone, without the apply lock.
+//! - [`ControlPlane::apply`] runs it and, for a real change, writes the
+//!   audit record and the new `state.json`, and only once both are on disk
+//!   commits the policy to the in-memory state and pushes it to the agents.
+//!   A refused write changes nothing: no agent is marked as sent a version
+//!   it never got, and the same apply can simply be sent again.
+//!
+//! The gRPC method (`server.rs`) authenticates and converts; nothing else.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use gov_compiler::SourceFile;
+use gov_proto::v1 as pb;
+
+use crate::control_plane::{ControlPlane, Inner};
+use crate::convert::{self, now_unix_ms};
+use crate::error::Error;
+use crate::limits::{Limits, TooLarge};
+use crate::store::{AppliedPolicy, AuditEntry, Source};
+
+/// Longest `Apply` wait honoured.
+pub const MAX_APPLY_WAIT: Duration = Duration::from_secs(60);
+
+/// An apply or a dry run, as the use case takes it (authenticated and
+/// converted from the wire by `server.rs`).
+#[derive(Clone, Debug)]
+pub struct ApplyRequest {
+    pub sources: Vec<Source>,
+    /// For the audit log.
+    pub who: String,
+    /// Compile and plan only.
+    pub dry_run: bool,
+    /// How long to wait for the agents' ACK/NACK (at most [`MAX_APPLY_WAIT`]).
+    pub wait: Duration,
+}
+
+/// Why an apply was refused. Nothing was applied in every case.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ApplyError {
+    #[error("no sources: send at least one `.gov` file")]
+    #[diagnostic(code(gov::govd::no_sources))]
+    NoSources,
+
+    #[error("a source has no file name ({bytes} bytes)")]
+    #[diagnostic(code(gov::govd::unnamed_source))]
+    UnnamedSource { bytes: usize },
+
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    TooLarge(#[from] TooLarge),
+
+    #[error("the compiler failed: {0}")]
+    #[diagnostic(
+        code(gov::govd::compiler),
+        help("this is a bug in govd: report it with the policy")
+    )]
+    Compiler(String),
+
+    #[error("cannot record the apply in the audit log; nothing was applied")]
+    #[diagnostic(
+        code(gov::govd::audit),
+        help("make --state-dir writable (or free disk space), then apply again")
+    )]
+    Audit(#[source] Error),
+
+    #[error("cannot store the policy in the state directory; nothing was applied")]
+    #[diagnostic(
+        code(gov::govd::store),
+        help("make --state-dir writable (or free disk space), then apply again")
+    )]
+    Store(#[source] Error),
+
+    #[error("the client went away before the apply was prepared")]
+    #[diagnostic(code(gov::govd::cancelled))]
+    Cancelled,
+}
+
+/// The outcome of [`prepare`].
+#[derive(Debug)]
+pub enum Prepared {
+    /// The policy has errors.
+    Invalid {
+        diagnostics: Vec<pb::Diagnostic>,
+    },
+    Planned(Box<Planned>),
+}
+
+/// A compiled policy and its plan against the policy in force.
+#[derive(Debug)]
+pub struct Planned {
+    pub policy: AppliedPolicy,
+    /// Only the services that change.
+    pub plan: pb::Plan,
+    pub changed: Vec<String>,
+    /// Warnings.
+    pub diagnostics: Vec<pb::Diagnostic>,
+    /// Nothing was applied before: even a policy equal to nothing is
+    /// applied, since it is what gives the agents their first config.
+    pub first: bool,
+}
+
+impl Planned {
+    /// Applying would change nothing.
+    pub fn is_noop(&self) -> bool {
+        self.changed.is_empty() && !self.first
+    }
+}
+
+/// Set when the client went away: the compile thread skips what is left.
+#[derive(Clone, Debug, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Cancels when dropped: held by the request future, so a client that
+/// goes away (tonic drops the future) stops the work behind it.
+struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// Refuses a request that is malformed or over the limits.
+pub fn validate(request: &ApplyRequest, limits: &Limits) -> Result<(), ApplyError> {
+    if request.sources.is_empty() {
+        return Err(ApplyError::NoSources);
+    }
+    if let Some(s) = request.sources.iter().find(|s| s.name.trim().is_empty()) {
+        return Err(ApplyError::UnnamedSource {
+            bytes: s.text.len(),
+        });
+    }
+    Ok(limits.check_policy(&request.sources)?)
+}
+
+/// Checks the limits, compiles and plans against `current`. Pure: no state,
+/// no disk. Stops after the compile when `cancel` is set.
+pub fn prepare(
+    request: &ApplyRequest,
+    current: Option<&AppliedPolicy>,
+    limits: &Limits,
+    now_unix_ms: u64,
+    cancel: &Cancel,
+) -> Result<Prepared, ApplyError> {
+    validate(request, limits)?;
+    limits.check_statements(count_statements(&request.sources, limits, cancel)?)?;
+    let files: Vec<SourceFile> = request
+        .sources
+        .iter()
+        .map(|s| SourceFile::new(&s.name, &s.text))
+        .collect();
+    let compiled = gov_compiler::compile(&files);
+    if cancel.is_cancelled() {
+        return Err(ApplyError::Cancelled);
+    }
+    let compiled = match compiled {
+        Ok(c) => c,
+        Err(diagnostics) => {
+            return Ok(Prepared::Invalid {
+                diagnostics: wire_diagnostics(&diagnostics, &files, limits.max_diagnostics),
+            });
+        }
+    };
+    let diagnostics = wire_diagnostics(&compiled.warnings, &files, limits.max_diagnostics);
+    let empty = pb::Bundle::default();
+    let plan = gov_compiler::plan(current.map_or(&empty, |c| &c.bundle), &compiled.bundle);
+    let changed = plan
+        .services
+        .iter()
+        .filter(|s| s.change != gov_compiler::plan::Change::Unchanged)
+        .map(|s| s.service.clone())
+        .collect();
+    Ok(Prepared::Planned(Box::new(Planned {
+        policy: AppliedPolicy {
+            version: compiled.bundle.version.clone(),
+            who: request.who.clone(),
+            at_unix_ms: now_unix_ms,
+            sources: request.sources.clone(),
+            bundle: compiled.bundle,
+        },
+        plan: convert::plan(&plan),
+        changed,
+        diagnostics,
+        first: current.is_none(),
+    })))
+}
+
+/// The statements in the service blocks of every file that parses (a file
+/// that does not is left to the compiler, which reports it). Parsing is
+/// linear; stops counting once over the limit or when `cancel` is set.
+fn count_statements(
+    sources: &[Source],
+    limits: &Limits,
+    cancel: &Cancel,
+) -> Result<usize, ApplyError> {
+    let mut statements = 0usize;
+    for s in sources {
+        if cancel.is_cancelled() {
+            return Err(ApplyError::Cancelled);
+        }
+        let Ok(policy) = gov_lang::parse_all(&s.name, &s.text) else {
+            continue;
+        };
+        statements += policy
+            .items
+            .iter()
+            .map(|item| match item {
+                gov_lang::ast::Item::Service(service) => service.body.len(),
+                gov_lang::ast::Item::Registry(_) => 1,
+            })
+            .sum::<usize>();
+        if statements > limits.max_statements {
+            break;
+        }
+    }
+    Ok(statements)
+}
+
+/// At most `max` diagnostics on the wire (errors come first), then one note
+/// saying how many more there are.
+fn wire_diagnostics(
+    diagnostics: &gov_compiler::Diagnostics,
+    files: &[SourceFile],
+    max: usize,
+) -> Vec<pb::Diagnostic> {
+    let mut out: Vec<pb::Diagnostic> = diagnostics
+        .iter()
+        .take(max)
+        .map(|d| convert::diagnostic(d, files))
+        .collect();
+    let total = diagnostics.iter().count();
+    if total > out.len() {
+        out.push(pb::Diagnostic {
+            code: "gov::govd::diagnostics-truncated".into(),
+            severity: pb::Severity::Advice as i32,
+            message: format!(
+                "{} more diagnostic(s) not shown (govd sends at most {max})",
+                total - out.len()
+            ),
+            help: "run `govc check` on the files to see every diagnostic, or raise \
+                   `govd --max-diagnostics` (GOV_MAX_DIAGNOSTICS)"
+                .into(),
+            ..Default::default()
+        });
+    }
+    out
+}
+
+// === the use case ===
+
+impl ControlPlane {
+    /// Applies (or, with `dry_run`, plans) a policy: see the module doc.
+    pub async fn apply(&self, request: ApplyRequest) -> Result<pb::ApplyResult, ApplyError> {
+        let inner = &self.inner;
+        validate(&request, &inner.limits)?;
+        let request = Arc::new(request);
+        if request.dry_run {
+            // A dry run changes nothing: no apply lock, so it never holds up
+            // a real apply.
+            let current = inner.lock().applied();
+            return Ok(match self.prepare(request, current.clone()).await? {
+                Prepared::Invalid { diagnostics } => invalid(current.as_deref(), diagnostics),
+                Prepared::Planned(p) => unchanged(current.as_deref(), *p),
+            });
+        }
+
+        // One apply at a time: the plan is against the version it replaces.
+        // INVARIANT: held until this apply is committed and pushed (or
+        // refused), even if the client goes away meanwhile.
+        let apply_guard = inner.apply_lock.clone().lock_owned().await;
+        let current = inner.lock().applied();
+        let planned = match self.prepare(request.clone(), current.clone()).await? {
+            Prepared::Invalid { diagnostics } => {
+                tracing::info!(who = %request.who, "apply refused: invalid policy");
+                return Ok(invalid(current.as_deref(), diagnostics));
+            }
+            Prepared::Planned(p) if p.is_noop() => return Ok(unchanged(current.as_deref(), *p)),
+            Prepared::Planned(p) => *p,
+        };
+        let (plan, diagnostics, changed) = (
+            planned.plan.clone(),
+            planned.diagnostics.clone(),
+            planned.changed.clone(),
+        );
+        let version = planned.policy.version.clone();
+        // From here on the apply finishes even if the client goes away: what
+        // is on disk must be in memory and pushed.
+        let task = {
+            let inner = inner.clone();
+            tokio::spawn(async move {
+                let recorded = record_and_push(&inner, planned).await;
+                // Waiting for ACKs must not hold up the next apply.
+                drop(apply_guard);
+                recorded
+            })
+        };
+        task.await
+            .map_err(|e| ApplyError::Store(Error::Io(join_error(&inner.store, e))))??;
+        wait_settled(inner, &changed, request.wait).await;
+        let outcomes = inner.lock().outcomes(&changed);
+        Ok(pb::ApplyResult {
+            applied: true,
+            version,
+            plan: Some(plan),
+            diagnostics,
+            outcomes,
+        })
+    }
+
+    /// Runs [`prepare`] on a blocking thread, at most
+    /// `Limits::concurrent_compiles` at once. Dropping the returned future
+    /// (the client went away) cancels the work left after the compile.
+    async fn prepare(
+        &self,
+        request: Arc<ApplyRequest>,
+        current: Option<Arc<AppliedPolicy>>,
+    ) -> Result<Prepared, ApplyError> {
+        let cancel = Cancel::default();
+        let _cancel_on_drop = CancelOnDrop(cancel.clone());
+        // The slot moves into the thread: a compile whose client left still
+        // holds it until it stops, so abandoned compiles cannot pile up.
+        let slot = self
+            .inner
+            .compile_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| ApplyError::Compiler(e.to_string()))?;
+        let limits = self.inner.limits.clone();
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            prepare(
+                &request,
+                current.as_deref(),
+                &limits,
+                now_unix_ms(),
+                &cancel,
+            )
+        })
+        .await
+        .map_err(|e| ApplyError::Compiler(e.to_string()))?
+    }
+}
+
+/// Makes `planned` durable (audit record, then `state.json`), then commits
+/// it to the state and pushes it to the agents of the changed services.
+async fn record_and_push(inner: &Inner, planned: Planned) -> Result<(), ApplyError> {
+    let mut entry = AuditEntry {
+        at_unix_ms: now_unix_ms(),
+        who: planned.policy.who.clone(),
+        action: "apply".into(),
+        version: planned.policy.version.clone(),
+        kind: String::new(),
+        rule: String::new(),
+        targets: planned.changed.clone(),
+        detail: String::new(),
+    };
+    let mut out = Vec::new();
+    {
+        // INVARIANT: held from the snapshot to the commit, so no other
+        // writer puts a state without this apply on disk after it.
+        let _write = inner.write_lock.lock().await;
+        let snapshot =
+            inner
+                .lock()
+                .persisted_with(&planned.policy, &planned.changed, inner.history_limit);
+        // The audit record first: nothing takes effect unaudited.
+        inner
+            .append_audit(entry.clone())
+            .await
+            .map_err(ApplyError::Audit)?;
+        if let Err(error) = inner.save(snapshot).await {
+            let store_error = ApplyError::Store(error);
+            tracing::error!(error = %crate::error::one_line(&store_error), "apply not stored");
+            entry.action = "apply-refused".into();
+            entry.detail = crate::error::one_line(&store_error);
+            if let Err(e) = inner.append_audit(entry).await {
+                tracing::error!(error = %miette::Report::new(e), "cannot record the refused apply in the audit log");
+            }
+            return Err(store_error);
+        }
+        inner.lock().commit(
+            Arc::new(planned.policy),
+            &planned.changed,
+            inner.history_limit,
+            &mut out,
+        );
+    }
+    tracing::info!(
+        who = %entry.who,
+        version = %entry.version,
+        services = ?planned.changed,
+        agents = out.len(),
+        "applied"
+    );
+    inner.send(out).await;
+    inner.changed();
+    inner.timer.notify_one();
+    Ok(())
+}
+
+/// Waits (at most `wait`, capped) until every connected agent of `changed`
+/// has answered its last push.
+async fn wait_settled(inner: &Inner, changed: &[String], wait: Duration) {
+    if wait.is_zero() {
+        return;
+    }
+    let mut sync = inner.sync.subscribe();
+    let deadline = tokio::time::Instant::now() + wait.min(MAX_APPLY_WAIT);
+    loop {
+        if inner.lock().settled(changed) {
+            return;
+        }
+        tokio::select! {
+            r = sync.changed() => if r.is_err() { return },
+            () = tokio::time::sleep_until(deadline) => return,
+            () = inner.shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// The answer to an invalid policy: nothing applied.
+fn invalid(current: Option<&AppliedPolicy>, diagnostics: Vec<pb::Diagnostic>) -> pb::ApplyResult {
+    pb::ApplyResult {
+        applied: false,
+        version: current.map(|c| c.version.clone()).unwrap_or_default(),
+        plan: None,
+        diagnostics,
+        outcomes: Vec::new(),
+    }
+}
+
+/// The answer to a dry run or an apply that changes nothing.
+fn unchanged(current: Option<&AppliedPolicy>, planned: Planned) -> pb::ApplyResult {
+    pb::ApplyResult {
+        applied: false,
+        version: current.map(|c| c.version.clone()).unwrap_or_default(),
+        plan: Some(planned.plan),
+        diagnostics: planned.diagnostics,
+        outcomes: Vec::new(),
+    }
+}
+
+fn join_error(store: &crate::store::Store, e: tokio::task::JoinError) -> crate::error::StateIo {
+    crate::error::StateIo::new("write", store.dir(), std::io::Error::other(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::mpsc;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::control_plane::Options;
+
+    fn policy(max: u32) -> Vec<Source> {
+        vec![Source {
+            name: "p.gov".into(),
+            text: format!(
+                "service order {{\n  match all = path prefix \"/\"\n  bulkhead b on all {{\n    max_concurrent {max}\n  }}\n}}\n"
+            ),
+        }]
+    }
+
+    fn request(sources: Vec<Source>) -> ApplyRequest {
+        ApplyRequest {
+            sources,
+            who: "alice".into(),
+            dry_run: false,
+            wait: Duration::ZERO,
+        }
+    }
+
+    /// Makes the next `state.json` write fail the way a full or read-only
+    /// disk does, through the store's real code: its temp file cannot be
+    /// created (a directory has its name). Works for root too.
+    fn break_state_writes(dir: &std::path::Path) -> std::path::PathBuf {
+        let blocker = dir.join(format!(".state.json.tmp.{}", std::process::id()));
+        std::fs::create_dir(&blocker).unwrap();
+        blocker
+    }
+
+    /// The version and nonce of a pushed config.
+    fn config_version(msg: &pb::ControlMessage) -> (String, String) {
+        match &msg.msg {
+            Some(pb::control_message::Msg::Config(c)) => {
+                (c.target.clone().unwrap().version, c.nonce.clone())
+            }
+            other => panic!("not a config: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn prepare_plans_against_the_given_policy_and_refuses_oversized_ones() {
+        let limits = Limits::default();
+        let cancel = Cancel::default();
+        let Ok(Prepared::Planned(first)) = prepare(&request(policy(1)), None, &limits, 1, &cancel)
+        else {
+            panic!("the policy compiles");
+        };
+        assert!(first.first && !first.is_noop());
+        assert_eq!(first.changed, ["order"]);
+        let Ok(Prepared::Planned(same)) = prepare(
+            &request(policy(1)),
+            Some(&first.policy),
+            &limits,
+            2,
+            &cancel,
+        ) else {
+            panic!("the policy compiles");
+        };
+        assert!(same.is_noop());
+
+        let small = Limits {
+            max_policy_bytes: 10,
+            ..Limits::default()
+        };
+        let err = prepare(&request(policy(1)), None, &small, 1, &cancel).unwrap_err();
+        assert!(matches!(err, ApplyError::TooLarge(_)), "{err}");
+        assert!(
+            crate::error::one_line(&err).contains("--max-policy-bytes"),
+            "{err}"
+        );
+        // The policy has 2 statements (a match and a bulkhead).
+        let few = Limits {
+            max_statements: 1,
+            ..Limits::default()
+        };
+        let err = prepare(&request(policy(1)), None, &few, 1, &cancel).unwrap_err();
+        let message = crate::error::one_line(&err);
+        assert!(
+            message.contains("more than 1 statements") && message.contains("GOV_MAX_STATEMENTS"),
+            "{message}"
+        );
+        let two = Limits {
+            max_statements: 2,
+            ..Limits::default()
+        };
+        assert!(prepare(&request(policy(1)), None, &two, 1, &cancel).is_ok());
+        // A client that went away gets nothing planned.
+        cancel.cancel();
+        assert!(matches!(
+            prepare(&request(policy(1)), None, &limits, 1, &cancel),
+            Err(ApplyError::Cancelled)
+        ));
+    }
+
+    #[test]
+    fn diagnostics_on_the_wire_are_capped_with_a_note() {
+        let text = "service a {\n".to_owned()
+            + &(0..5)
+                .map(|i| format!("  bulkhead b{i} on nope{i} {{\n    max_concurrent 1\n  }}\n"))
+                .collect::<String>()
+            + "}\n";
+        let limits = Limits {
+            max_diagnostics: 2,
+            ..Limits::default()
+        };
+        let sources = vec![Source {
+            name: "bad.gov".into(),
+            text,
+        }];
+        let Ok(Prepared::Invalid { diagnostics }) =
+            prepare(&request(sources), None, &limits, 1, &Cancel::default())
+        else {
+            panic!("the policy is invalid");
+        };
+        assert_eq!(diagnostics.len(), 3);
+        let note = &diagnostics[2];
+        assert_eq!(note.code, "gov::govd::diagnostics-truncated");
+        assert!(note.message.starts_with("3 more"), "{}", note.message);
+    }
+
+    #[tokio::test]
+    async fn a_refused_store_changes_no_sync_state_and_the_same_apply_works_once_the_disk_is_back()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
+        let (tx, mut agent) = mpsc::channel(8);
+        let hello = pb::Hello {
+            service: "order".into(),
+            instance: "a".into(),
+            ..Default::default()
+        };
+        let (key, id) = cp.inner.lock().hello(hello, tx, 1, &mut Vec::new());
+        let first = cp.apply(request(policy(1))).await.unwrap();
+        assert!(first.applied);
+        let (v1, nonce) = config_version(&agent.try_recv().unwrap().unwrap());
+        assert_eq!(cp.status().agents[0].state(), pb::SyncState::Stale);
+        let ack = pb::agent_message::Msg::Ack(pb::Ack {
+            version: v1.clone(),
+            nonce,
+        });
+        cp.inner.lock().on_message(&key, id, ack, 2);
+        assert_eq!(cp.status().agents[0].state(), pb::SyncState::Synced);
+
+        let blocker = break_state_writes(dir.path());
+        let err = cp.apply(request(policy(2))).await.unwrap_err();
+        assert!(matches!(err, ApplyError::Store(_)), "{err}");
+        let message = crate::error::one_line(&err);
+        assert!(message.contains("nothing was applied"), "{message}");
+        assert!(message.contains("--state-dir"), "{message}");
+        // Nothing was sent, nothing changed: the agent is still SYNCED on v1.
+        assert!(agent.try_recv().is_err());
+        let view = cp.status();
+        assert_eq!(view.version, first.version);
+        assert_eq!(view.agents[0].state(), pb::SyncState::Synced);
+        assert_eq!(view.agents[0].version, v1);
+        // The attempt and its refusal are in the audit log.
+        let actions: Vec<String> = cp
+            .store()
+            .read_audit()
+            .unwrap()
+            .into_iter()
+            .map(|e| e.action)
+            .collect();
+        assert_eq!(actions, ["apply", "apply", "apply-refused"]);
+
+        // The disk is back: the same apply is a change, and it is pushed.
+        std::fs::remove_dir(&blocker).unwrap();
+        let second = cp.apply(request(policy(2))).await.unwrap();
+        assert!(second.applied, "{second:?}");
+        assert_ne!(second.version, first.version);
+        let (v2, _) = config_version(&agent.try_recv().unwrap().unwrap());
+        assert_ne!(v2, v1);
+        assert_eq!(
+            cp.store().load().unwrap().applied.unwrap().version,
+            second.version
+        );
+    }
+
+    #[tokio::test]
+    async fn an_apply_that_cannot_be_audited_is_refused_and_not_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
+        // The audit log cannot be opened for appending.
+        std::fs::create_dir(cp.store().audit_path()).unwrap();
+        let err = cp.apply(request(policy(1))).await.unwrap_err();
+        assert!(matches!(err, ApplyError::Audit(_)), "{err}");
+        assert!(cp.store().load().unwrap().applied.is_none());
+        assert_eq!(cp.status().version, "");
+    }
+
+    #[tokio::test]
+    async fn a_dry_run_does_not_wait_for_the_apply_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
+        let _held = cp.inner.apply_lock.lock().await;
+        let mut dry = request(policy(1));
+        dry.dry_run = true;
+        let planned = tokio::time::timeout(Duration::from_secs(30), cp.apply(dry))
+            .await
+            .expect("a dry run must not wait for the apply lock")
+            .unwrap();
+        assert!(!planned.applied);
+        assert_eq!(planned.plan.unwrap().services.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_apply_whose_client_leaves_during_the_write_is_still_committed_and_pushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
+        let (tx, mut agent) = mpsc::channel(8);
+        let hello = pb::Hello {
+            service: "order".into(),
+            instance: "a".into(),
+            ..Default::default()
+        };
+        cp.inner.lock().hello(hello, tx, 1, &mut Vec::new());
+        // The disk is slow: the write waits until we let it go.
+        let write = cp.inner.write_lock.lock().await;
+        let client = {
+            let cp = cp.clone();
+            tokio::spawn(async move { cp.apply(request(policy(1))).await })
+        };
+        // Once the compile is done (its slot is back) the apply is waiting
+        // for the write; then the client goes away.
+        let slots = cp.inner.limits.concurrent_compiles;
+        for _ in 0..600 {
+            if cp.inner.compile_slots.available_permits() == slots
+                && cp.inner.apply_lock.try_lock().is_err()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        client.abort();
+        assert!(client.await.unwrap_err().is_cancelled());
+        drop(write);
+
+        // The apply finishes anyway: on disk, in memory, and at the agent.
+        let pushed = tokio::time::timeout(Duration::from_secs(30), agent.recv())
+            .await
+            .expect("the config is pushed")
+            .unwrap()
+            .unwrap();
+        let (version, _) = config_version(&pushed);
+        let stored = cp.store().load().unwrap().applied.unwrap();
+        assert_eq!(cp.status().version, stored.version);
+        assert_eq!(stored.bundle.targets[0].version, version);
+        // And the next apply is not blocked.
+        let next = tokio::time::timeout(Duration::from_secs(30), cp.apply(request(policy(2))))
+            .await
+            .expect("the apply lock was released")
+            .unwrap();
+        assert!(next.applied);
+    }
+}

@@ -1,0 +1,407 @@
+//! The running control plane: its state behind one lock, the state
+//! directory, and the tasks behind it: the view publisher (one `watch`
+//! channel of the `ClusterView`), the debounced state writer, and the
+//! `release after` timer. The gRPC adapter is `server.rs`; the apply use
+//! case is `apply.rs`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use gov_proto::v1 as pb;
+use tokio::sync::{Mutex as AsyncMutex, Notify, Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::Tokens;
+use crate::convert::now_unix_ms;
+use crate::error::{Error, StateIo};
+use crate::limits::Limits;
+use crate::state::{Outbox, State};
+use crate::store::{AuditEntry, Persisted, Store, TripKind};
+use crate::view::cluster_view;
+
+/// How long a push may wait for room in an agent's queue before the
+/// agent's stream is cut (it reconnects and gets the current config).
+const SEND_TIMEOUT: Duration = Duration::from_millis(250);
+/// Stats-only changes publish a new view at most this often.
+const STATS_PERIOD: Duration = Duration::from_secs(1);
+/// Debounce of agent-registry writes.
+const PERSIST_DEBOUNCE: Duration = Duration::from_millis(250);
+/// How soon the `release after` timer retries a release it could not record.
+const RELEASE_RETRY: Duration = Duration::from_secs(5);
+
+/// How to run a control plane.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub state_dir: std::path::PathBuf,
+    /// Bearer token operators present for `Apply` and `Release`.
+    pub token: Option<String>,
+    /// Bearer token agents present on `Connect`.
+    pub agent_token: Option<String>,
+    /// Applied versions kept in the history.
+    pub history_limit: usize,
+    /// What one `Apply` (or dry run) may ask of the compiler.
+    pub limits: Limits,
+}
+
+impl Options {
+    pub fn new(state_dir: impl Into<std::path::PathBuf>) -> Self {
+        Self {
+            state_dir: state_dir.into(),
+            token: None,
+            agent_token: None,
+            history_limit: 50,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A running control plane (cheap to clone). Serve it with
+/// [`ControlPlane::grpc`] (see `crate::serve`).
+#[derive(Clone)]
+pub struct ControlPlane {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    state: std::sync::Mutex<State>,
+    pub(crate) store: Store,
+    pub(crate) tokens: Tokens,
+    pub(crate) history_limit: usize,
+    pub(crate) limits: Limits,
+    /// The cluster view, republished on change.
+    pub(crate) view: watch::Sender<Arc<pb::ClusterView>>,
+    /// Something other than stats changed: publish a view now.
+    changed: Notify,
+    /// Stats changed: publish within `STATS_PERIOD`.
+    stats_dirty: AtomicBool,
+    /// Sync state changed (ACK, NACK, disconnect): `Apply` waiters re-check.
+    pub(crate) sync: watch::Sender<u64>,
+    /// The agent registry changed: write `state.json` soon.
+    pub(crate) persist_soon: Notify,
+    /// Trips changed: re-plan the `release after` timer.
+    pub(crate) timer: Notify,
+    /// Serializes writers of `state.json`. An apply holds it from the
+    /// snapshot it writes until its commit, so no other writer can put an
+    /// older snapshot on disk in between.
+    pub(crate) write_lock: AsyncMutex<()>,
+    /// One real apply at a time: its plan is against the version it
+    /// replaces. Dry runs never take it.
+    pub(crate) apply_lock: Arc<AsyncMutex<()>>,
+    /// Bounds the compiles running at once (applies and dry runs).
+    pub(crate) compile_slots: Arc<Semaphore>,
+    pub(crate) shutdown: CancellationToken,
+}
+
+// === impl ControlPlane ===
+
+impl ControlPlane {
+    /// Loads the state directory and starts the background tasks (they stop
+    /// when `shutdown` is cancelled).
+    pub fn open(options: Options, shutdown: CancellationToken) -> Result<Self, Error> {
+        let store = Store::open(&options.state_dir)?;
+        let persisted = store.load()?;
+        let state = State::from_persisted(persisted);
+        tracing::info!(
+            dir = %store.dir().display(),
+            version = %state.version(),
+            trips = state.trips().count(),
+            agents = state.agents().count(),
+            "state loaded"
+        );
+        let view = watch::channel(Arc::new(cluster_view(&state, now_unix_ms()))).0;
+        let inner = Arc::new(Inner {
+            state: std::sync::Mutex::new(state),
+            store,
+            tokens: Tokens {
+                operator: options.token,
+                agent: options.agent_token,
+            },
+            history_limit: options.history_limit,
+            compile_slots: Arc::new(Semaphore::new(options.limits.concurrent_compiles.max(1))),
+            limits: options.limits,
+            view,
+            changed: Notify::new(),
+            stats_dirty: AtomicBool::new(false),
+            sync: watch::channel(0).0,
+            persist_soon: Notify::new(),
+            timer: Notify::new(),
+            write_lock: AsyncMutex::new(()),
+            apply_lock: Arc::new(AsyncMutex::new(())),
+            shutdown,
+        });
+        tokio::spawn(publish_views(inner.clone()));
+        tokio::spawn(persist_agents(inner.clone()));
+        tokio::spawn(release_timer(inner.clone()));
+        Ok(Self { inner })
+    }
+
+    /// The cluster view, republished on every change (at most about once
+    /// per second for stats): what `Watch` streams, for in-process users.
+    pub fn watch(&self) -> watch::Receiver<Arc<pb::ClusterView>> {
+        self.inner.view.subscribe()
+    }
+
+    /// The cluster view now.
+    pub fn status(&self) -> pb::ClusterView {
+        cluster_view(&self.inner.lock(), now_unix_ms())
+    }
+
+    /// The state directory.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// Writes the state to disk now (on shutdown).
+    pub async fn flush(&self) -> Result<(), Error> {
+        self.inner.persist().await
+    }
+}
+
+// === impl Inner ===
+
+impl Inner {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave State half-updated in a
+        // way that matters more than stopping the control plane would.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Writes `state.json` (serialized with other writers).
+    pub(crate) async fn persist(&self) -> Result<(), Error> {
+        let _guard = self.write_lock.lock().await;
+        let snapshot = self.lock().to_persisted();
+        self.save(snapshot).await
+    }
+
+    /// Writes `snapshot` as `state.json`; the caller holds `write_lock`.
+    pub(crate) async fn save(&self, snapshot: Persisted) -> Result<(), Error> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.save(&snapshot))
+            .await
+            .map_err(|e| blocking_failed("write", &self.store, e))?
+    }
+
+    /// Appends `entry` to the audit log.
+    pub(crate) async fn append_audit(&self, entry: AuditEntry) -> Result<(), Error> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.audit(&entry))
+            .await
+            .map_err(|e| blocking_failed("append to", &self.store, e))?
+    }
+
+    /// Appends `entry` to the audit log, logging a failure (for records of
+    /// actions that happen whether or not they can be written).
+    pub(crate) async fn audit(&self, entry: AuditEntry) {
+        if let Err(error) = self.append_audit(entry).await {
+            tracing::error!(error = %miette::Report::new(error), "cannot write the audit log");
+        }
+    }
+
+    /// Sends queued messages (outside the state lock). A full or closed
+    /// queue means the agent is gone or hopelessly slow: its stream task
+    /// notices and marks it disconnected.
+    pub(crate) async fn send(&self, out: Outbox) {
+        // All at once, each bounded: one stuck agent cannot hold up the others.
+        let sends = out.into_iter().map(|o| async move {
+            match tokio::time::timeout(SEND_TIMEOUT, o.tx.send(Ok(o.msg))).await {
+                // Sent, or the stream is gone already (its reader records that).
+                Ok(_) => None,
+                Err(_) => Some((o.key, o.conn)),
+            }
+        });
+        let stuck: Vec<_> = futures::future::join_all(sends)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        if stuck.is_empty() {
+            return;
+        }
+        {
+            let mut state = self.lock();
+            for (key, id) in &stuck {
+                tracing::warn!(service = %key.0, instance = %key.1, "the agent does not read its stream; cutting it so it reconnects and resyncs");
+                state.disconnect(
+                    key,
+                    *id,
+                    "cut: its queue stayed full (the agent does not read its stream)",
+                    now_unix_ms(),
+                );
+            }
+        }
+        self.bump_sync();
+        self.changed();
+    }
+
+    pub(crate) fn changed(&self) {
+        self.changed.notify_one();
+    }
+
+    /// Only stats changed: publish within `STATS_PERIOD`.
+    pub(crate) fn stats_changed(&self) {
+        self.stats_dirty.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn bump_sync(&self) {
+        self.sync.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Releases `rule` everywhere and records who did it, all or nothing:
+    /// the audit record, then `state.json` without the latch, and only then
+    /// the latch is forgotten and the agents are told. Returns (was
+    /// tripped, instances notified).
+    pub(crate) async fn release(
+        &self,
+        kind: TripKind,
+        rule: &str,
+        who: &str,
+    ) -> Result<(bool, Vec<String>), ReleaseError> {
+        let mut out = Vec::new();
+        let (was, notified) = {
+            // INVARIANT: held from the snapshot to the commit, like an apply.
+            let _write = self.write_lock.lock().await;
+            let (snapshot, (was, notified)) = {
+                let state = self.lock();
+                (
+                    state.persisted_without(kind, rule),
+                    state.release_preview(kind, rule),
+                )
+            };
+            let mut entry = AuditEntry {
+                at_unix_ms: now_unix_ms(),
+                who: who.to_owned(),
+                action: "release".into(),
+                version: String::new(),
+                kind: kind.as_str().into(),
+                rule: rule.to_owned(),
+                targets: notified,
+                detail: if was {
+                    String::new()
+                } else {
+                    "was not tripped".into()
+                },
+            };
+            self.append_audit(entry.clone())
+                .await
+                .map_err(ReleaseError::Audit)?;
+            if let Err(error) = self.save(snapshot).await {
+                let error = ReleaseError::Store(error);
+                entry.action = "release-refused".into();
+                entry.detail = crate::error::one_line(&error);
+                self.audit(entry).await;
+                return Err(error);
+            }
+            self.lock().release(kind, rule, who, &mut out)
+        };
+        self.send(out).await;
+        self.changed();
+        self.timer.notify_one();
+        Ok((was, notified))
+    }
+}
+
+/// Why a release was refused. Nothing was released in every case.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ReleaseError {
+    #[error("cannot record the release in the audit log; nothing was released")]
+    #[diagnostic(
+        code(gov::govd::audit),
+        help("make --state-dir writable (or free disk space), then release again")
+    )]
+    Audit(#[source] Error),
+
+    #[error("cannot store the release in the state directory; nothing was released")]
+    #[diagnostic(
+        code(gov::govd::store),
+        help("make --state-dir writable (or free disk space), then release again")
+    )]
+    Store(#[source] Error),
+}
+
+// === background tasks ===
+
+/// Rebuilds the view when something changed, and at most once per
+/// `STATS_PERIOD` when only stats changed.
+async fn publish_views(inner: Arc<Inner>) {
+    let mut tick = tokio::time::interval(STATS_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = inner.shutdown.cancelled() => return,
+            () = inner.changed.notified() => {}
+            _ = tick.tick() => {
+                // Remaining times of limits and fuses tick down too.
+                let any_trip = inner.lock().trips().next().is_some();
+                if !inner.stats_dirty.swap(false, Ordering::Relaxed) && !any_trip {
+                    continue;
+                }
+            }
+        }
+        let view = cluster_view(&inner.lock(), now_unix_ms());
+        inner.view.send_replace(Arc::new(view));
+    }
+}
+
+/// Writes the agent registry shortly after it changes.
+async fn persist_agents(inner: Arc<Inner>) {
+    loop {
+        tokio::select! {
+            () = inner.shutdown.cancelled() => return,
+            () = inner.persist_soon.notified() => {}
+        }
+        tokio::time::sleep(PERSIST_DEBOUNCE).await;
+        if let Err(error) = inner.persist().await {
+            tracing::error!(error = %miette::Report::new(error), "cannot write the state");
+        }
+    }
+}
+
+/// Releases limits whose `release after` deadline passed. Deadlines are
+/// absolute (wall clock, stored on disk) so they survive a restart; the
+/// wait itself uses `tokio::time`.
+async fn release_timer(inner: Arc<Inner>) {
+    loop {
+        let (expired, next) = {
+            let state = inner.lock();
+            let now = now_unix_ms();
+            (
+                state.expired(now),
+                state.next_deadline().map(|d| d.saturating_sub(now)),
+            )
+        };
+        let mut refused = false;
+        for rule in expired {
+            tracing::info!(%rule, "release after: releasing the limit");
+            if let Err(error) = inner
+                .release(TripKind::Limit, &rule, "govd (release after)")
+                .await
+            {
+                tracing::error!(%rule, error = %crate::error::one_line(&error), "release after: cannot release the limit; retrying");
+                refused = true;
+            }
+        }
+        // Re-check at least every minute in case the wall clock jumps; after
+        // a refused release, not sooner than `RELEASE_RETRY`.
+        let wait = next.map_or(Duration::from_secs(60), |ms| {
+            Duration::from_millis(ms.clamp(1, 60_000))
+        });
+        let wait = if refused {
+            wait.max(RELEASE_RETRY)
+        } else {
+            wait
+        };
+        tokio::select! {
+            () = inner.shutdown.cancelled() => return,
+            () = inner.timer.notified() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// A blocking task of the store panicked or was cancelled.
+fn blocking_failed(op: &'static str, store: &Store, e: tokio::task::JoinError) -> Error {
+    Error::Io(StateIo::new(op, store.dir(), std::io::Error::other(e)))
+}

@@ -1,0 +1,558 @@
+//! Latches: tripped fuses and engaged limits, as the control plane knows
+//! them from its agents' events and stats, with absolute deadlines for
+//! limits that release themselves. Plain data, owned by `State`.
+//!
+//! A latch (a tripped fuse with `recover manual`, an engaged limit before
+//! its deadline) ends only by an operator's release, govd's `release after`
+//! timer, or an agent's explicit release event. An agent whose stats say
+//! the rule is closed while govd holds the latch (an agent that restarted
+//! and forgot it) does not end it: the latch stays, that instance is marked
+//! as not enforcing it (shown in the view) and the divergence is audited.
+//! Every trip and every end of a latch is an audit entry.
+
+use std::collections::BTreeMap;
+
+use gov_proto::v1 as pb;
+
+use crate::store::{AuditEntry, Trip, TripKind};
+
+/// An agent releasing a `release after` limit this close to govd's
+/// deadline is on time (their clocks and start times differ a little).
+const EXPIRY_SLACK_MS: u64 = 5_000;
+
+/// Audit entries of latch changes, written by the caller after the state.
+pub type Audits = Vec<AuditEntry>;
+
+/// Every tripped fuse and engaged limit, by kind and `service/rule`.
+#[derive(Debug, Default)]
+pub struct Latches {
+    trips: BTreeMap<(TripKind, String), Trip>,
+}
+
+// === impl Latches ===
+
+impl Latches {
+    pub fn from_trips(trips: Vec<Trip>) -> Self {
+        Self {
+            trips: trips
+                .into_iter()
+                .map(|t| ((t.kind, t.rule.clone()), t))
+                .collect(),
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Trip> {
+        self.trips.values()
+    }
+
+    pub fn contains(&self, kind: TripKind, rule: &str) -> bool {
+        self.trips.contains_key(&(kind, rule.to_owned()))
+    }
+
+    /// Forgets `rule` (released); whether it was tripped.
+    pub fn remove(&mut self, kind: TripKind, rule: &str) -> bool {
+        self.trips.remove(&(kind, rule.to_owned())).is_some()
+    }
+
+    /// Records a fuse/limit event of an agent of `service`. Events about
+    /// rules of another service are ignored: an agent speaks for itself only.
+    pub fn on_event(
+        &mut self,
+        policy: Option<&pb::Bundle>,
+        service: &str,
+        instance: &str,
+        event: &pb::Event,
+        now: u64,
+        audits: &mut Audits,
+    ) -> bool {
+        if event.rule.split_once('/').map(|(s, _)| s) != Some(service) {
+            tracing::warn!(service, instance, rule = %event.rule, "ignoring an event about another service's rule");
+            return false;
+        }
+        let at = if event.at_unix_ms == 0 {
+            now
+        } else {
+            event.at_unix_ms
+        };
+        match event.kind() {
+            pb::EventKind::FuseTripped | pb::EventKind::FuseHalfOpen => {
+                let half_open = event.kind() == pb::EventKind::FuseHalfOpen;
+                let trip = self.trip(
+                    TripKind::Fuse,
+                    &event.rule,
+                    at,
+                    &event.reason,
+                    instance,
+                    audits,
+                );
+                trip.instances.insert(instance.to_owned());
+                trip.not_enforced.remove(instance);
+                trip.half_open = half_open;
+                if !half_open {
+                    trip.reason.clone_from(&event.reason);
+                }
+                true
+            }
+            pb::EventKind::LimitEngaged => {
+                let deadline = release_after(policy, &event.rule).map(|ms| at.saturating_add(ms));
+                let trip = self.trip(
+                    TripKind::Limit,
+                    &event.rule,
+                    at,
+                    &event.reason,
+                    instance,
+                    audits,
+                );
+                trip.instances.insert(instance.to_owned());
+                trip.not_enforced.remove(instance);
+                if trip.deadline_unix_ms.is_none() {
+                    trip.deadline_unix_ms = deadline;
+                }
+                true
+            }
+            pb::EventKind::FuseReleased => self.untrip(
+                TripKind::Fuse,
+                &event.rule,
+                instance,
+                "released by the agent",
+                now,
+                audits,
+            ),
+            pb::EventKind::LimitReleased => self.untrip(
+                TripKind::Limit,
+                &event.rule,
+                instance,
+                "released by the agent",
+                now,
+                audits,
+            ),
+            pb::EventKind::Unspecified => false,
+        }
+    }
+
+    /// The latch of `rule`, created (and audited) if there is none.
+    fn trip(
+        &mut self,
+        kind: TripKind,
+        rule: &str,
+        at: u64,
+        reason: &str,
+        instance: &str,
+        audits: &mut Audits,
+    ) -> &mut Trip {
+        self.trips
+            .entry((kind, rule.to_owned()))
+            .or_insert_with(|| {
+                audits.push(entry(kind, rule, instance, "trip", reason, at));
+                Trip {
+                    kind,
+                    rule: rule.to_owned(),
+                    since_unix_ms: at,
+                    reason: reason.to_owned(),
+                    half_open: false,
+                    deadline_unix_ms: None,
+                    instances: Default::default(),
+                    not_enforced: Default::default(),
+                }
+            })
+    }
+
+    /// `instance` no longer holds the latch of `rule`; the latch ends (and
+    /// that is audited) when no instance holds it any more.
+    fn untrip(
+        &mut self,
+        kind: TripKind,
+        rule: &str,
+        instance: &str,
+        why: &str,
+        now: u64,
+        audits: &mut Audits,
+    ) -> bool {
+        let k = (kind, rule.to_owned());
+        let Some(trip) = self.trips.get_mut(&k) else {
+            return false;
+        };
+        trip.instances.remove(instance);
+        trip.not_enforced.remove(instance);
+        if trip.instances.is_empty() {
+            self.trips.remove(&k);
+            audits.push(entry(kind, rule, instance, "untrip", why, now));
+        }
+        true
+    }
+
+    /// Whether a closed report of `instance` may end its hold on the latch:
+    /// only for a fuse that recovers by itself, or a limit whose deadline
+    /// has come. Otherwise the instance lost the latch (an agent restart).
+    fn may_end(&self, policy: Option<&pb::Bundle>, kind: TripKind, rule: &str, now: u64) -> bool {
+        match kind {
+            TripKind::Fuse => fuse_recovery(policy, rule).is_some(),
+            TripKind::Limit => self
+                .trips
+                .get(&(kind, rule.to_owned()))
+                .and_then(|t| t.deadline_unix_ms)
+                .is_some_and(|d| now.saturating_add(EXPIRY_SLACK_MS) >= d),
+        }
+    }
+
+    /// An agent's stats say `rule` is closed on `instance` while govd
+    /// holds its latch there.
+    fn reported_closed(
+        &mut self,
+        policy: Option<&pb::Bundle>,
+        kind: TripKind,
+        rule: &str,
+        instance: &str,
+        now: u64,
+        audits: &mut Audits,
+    ) -> bool {
+        if self.may_end(policy, kind, rule, now) {
+            let why = match kind {
+                TripKind::Fuse => "recovered on the agent (recover after)",
+                TripKind::Limit => "released on the agent (release after)",
+            };
+            return self.untrip(kind, rule, instance, why, now, audits);
+        }
+        let Some(trip) = self.trips.get_mut(&(kind, rule.to_owned())) else {
+            return false;
+        };
+        if !trip.not_enforced.insert(instance.to_owned()) {
+            // Known already: audited once.
+            return false;
+        }
+        tracing::warn!(
+            rule,
+            instance,
+            kind = kind.as_str(),
+            "an agent reports a latched rule released without a release (restarted?); keeping the latch"
+        );
+        audits.push(entry(
+            kind,
+            rule,
+            instance,
+            "latch-not-enforced",
+            "the agent reports it released without a release (it restarted?); govd keeps the latch: release it to clear",
+            now,
+        ));
+        true
+    }
+
+    /// Stats complete the events: a fuse an agent reports open is tripped
+    /// (an event may have been lost); one it reports closed ends its hold
+    /// on the latch only when the latch may end by itself (see the module
+    /// doc).
+    pub fn reconcile(
+        &mut self,
+        policy: Option<&pb::Bundle>,
+        service: &str,
+        instance: &str,
+        stats: &pb::Stats,
+        now: u64,
+        audits: &mut Audits,
+    ) -> bool {
+        let mut changed = false;
+        for r in &stats.rules {
+            if r.rule.split_once('/').map(|(s, _)| s) != Some(service) {
+                continue;
+            }
+            match r.kind() {
+                pb::RuleKind::Fuse => {
+                    let open = r.fuse_state() != pb::FuseState::Closed;
+                    let held = self.held(TripKind::Fuse, &r.rule, instance);
+                    if open && held != Held::Enforced {
+                        let trip = self.trip(
+                            TripKind::Fuse,
+                            &r.rule,
+                            now,
+                            "reported open by the agent",
+                            instance,
+                            audits,
+                        );
+                        trip.instances.insert(instance.to_owned());
+                        trip.not_enforced.remove(instance);
+                        changed = true;
+                    } else if !open && held == Held::Enforced {
+                        changed |= self.reported_closed(
+                            policy,
+                            TripKind::Fuse,
+                            &r.rule,
+                            instance,
+                            now,
+                            audits,
+                        );
+                    }
+                }
+                pb::RuleKind::Limit => {
+                    let held = self.held(TripKind::Limit, &r.rule, instance);
+                    if r.limit_engaged && held != Held::Enforced {
+                        let deadline =
+                            release_after(policy, &r.rule).map(|ms| now.saturating_add(ms));
+                        let trip = self.trip(
+                            TripKind::Limit,
+                            &r.rule,
+                            now,
+                            "reported engaged by the agent",
+                            instance,
+                            audits,
+                        );
+                        trip.instances.insert(instance.to_owned());
+                        trip.not_enforced.remove(instance);
+                        if trip.deadline_unix_ms.is_none() {
+                            trip.deadline_unix_ms = deadline;
+                        }
+                        changed = true;
+                    } else if !r.limit_engaged && held == Held::Enforced {
+                        changed |= self.reported_closed(
+                            policy,
+                            TripKind::Limit,
+                            &r.rule,
+                            instance,
+                            now,
+                            audits,
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        changed
+    }
+
+    /// How `instance` holds the latch of `rule`.
+    fn held(&self, kind: TripKind, rule: &str, instance: &str) -> Held {
+        match self.trips.get(&(kind, rule.to_owned())) {
+            Some(t) if t.not_enforced.contains(instance) => Held::Lost,
+            Some(t) if t.instances.contains(instance) => Held::Enforced,
+            _ => Held::No,
+        }
+    }
+
+    /// Limits whose `release after` deadline has passed.
+    pub fn expired(&self, now: u64) -> Vec<String> {
+        self.trips
+            .values()
+            .filter(|t| t.kind == TripKind::Limit && t.deadline_unix_ms.is_some_and(|d| d <= now))
+            .map(|t| t.rule.clone())
+            .collect()
+    }
+
+    /// The earliest limit deadline.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.trips.values().filter_map(|t| t.deadline_unix_ms).min()
+    }
+}
+
+/// The `release after` of limit `rule`, if it has one.
+pub fn release_after(policy: Option<&pb::Bundle>, rule: &str) -> Option<u64> {
+    let (service, _) = rule.split_once('/')?;
+    let limit = target(policy, service)?
+        .limits
+        .iter()
+        .find(|l| l.rule == rule)?;
+    match limit.release.as_ref()?.kind.as_ref()? {
+        pb::release::Kind::AfterMs(ms) => Some(*ms),
+        pb::release::Kind::Manual(_) => None,
+    }
+}
+
+/// The automatic recovery delay of fuse `rule` (`None`: manual).
+pub fn fuse_recovery(policy: Option<&pb::Bundle>, rule: &str) -> Option<u64> {
+    let (service, _) = rule.split_once('/')?;
+    let fuse = target(policy, service)?
+        .fuses
+        .iter()
+        .find(|f| f.rule == rule)?;
+    match fuse.recover.as_ref()?.kind.as_ref()? {
+        pb::recovery::Kind::After(a) => Some(a.after_ms),
+        pb::recovery::Kind::Manual(_) => None,
+    }
+}
+
+/// How one instance holds a latch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// It reported the rule tripped and has not reported otherwise.
+    Enforced,
+    /// It reported it released without a release: govd still holds it.
+    Lost,
+    No,
+}
+
+/// An audit entry about the latch of `rule`, caused by `instance`.
+fn entry(
+    kind: TripKind,
+    rule: &str,
+    instance: &str,
+    action: &str,
+    detail: &str,
+    at: u64,
+) -> AuditEntry {
+    let service = rule.split_once('/').map_or("", |(s, _)| s);
+    AuditEntry {
+        at_unix_ms: at,
+        who: format!("agent {service}/{instance}"),
+        action: action.to_owned(),
+        version: String::new(),
+        kind: kind.as_str().to_owned(),
+        rule: rule.to_owned(),
+        targets: vec![instance.to_owned()],
+        detail: detail.to_owned(),
+    }
+}
+
+fn target<'a>(policy: Option<&'a pb::Bundle>, service: &str) -> Option<&'a pb::TargetConfig> {
+    policy?.targets.iter().find(|t| t.service == service)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FUSE: &str = "order/mdm";
+    const LIMIT: &str = "order/crm";
+
+    /// order: a manual fuse, an auto-recovering fuse and a limit that
+    /// releases itself after 60s.
+    fn bundle() -> pb::Bundle {
+        let fuse = |rule: &str, kind| pb::Fuse {
+            rule: rule.into(),
+            recover: Some(pb::Recovery { kind: Some(kind) }),
+            ..Default::default()
+        };
+        pb::Bundle {
+            targets: vec![pb::TargetConfig {
+                service: "order".into(),
+                fuses: vec![
+                    fuse(FUSE, pb::recovery::Kind::Manual(true)),
+                    fuse(
+                        "order/auto",
+                        pb::recovery::Kind::After(pb::AutoRecovery {
+                            after_ms: 30_000,
+                            ..Default::default()
+                        }),
+                    ),
+                ],
+                limits: vec![pb::Limit {
+                    rule: LIMIT.into(),
+                    release: Some(pb::Release {
+                        kind: Some(pb::release::Kind::AfterMs(60_000)),
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn event(kind: pb::EventKind, rule: &str, at: u64) -> pb::Event {
+        pb::Event {
+            kind: kind as i32,
+            rule: rule.into(),
+            reason: "errors >= 3 over 10s".into(),
+            at_unix_ms: at,
+        }
+    }
+
+    fn stats(rule: &str, kind: pb::RuleKind, tripped: bool) -> pb::Stats {
+        pb::Stats {
+            rules: vec![pb::RuleStats {
+                rule: rule.into(),
+                kind: kind as i32,
+                fuse_state: if tripped && kind == pb::RuleKind::Fuse {
+                    pb::FuseState::Open
+                } else {
+                    pb::FuseState::Closed
+                } as i32,
+                limit_engaged: tripped && kind == pb::RuleKind::Limit,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn actions(audits: &Audits) -> Vec<&str> {
+        audits.iter().map(|a| a.action.as_str()).collect()
+    }
+
+    #[test]
+    fn an_agent_that_forgot_a_manual_fuse_does_not_release_it_and_that_is_audited_once() {
+        let b = bundle();
+        let mut l = Latches::default();
+        let mut audits = Vec::new();
+        assert!(l.on_event(
+            Some(&b),
+            "order",
+            "a",
+            &event(pb::EventKind::FuseTripped, FUSE, 10),
+            10,
+            &mut audits
+        ));
+        assert_eq!(actions(&audits), ["trip"]);
+        assert_eq!(audits[0].who, "agent order/a");
+
+        // The agent restarted and forgot: it reports the fuse closed.
+        let closed = stats(FUSE, pb::RuleKind::Fuse, false);
+        assert!(l.reconcile(Some(&b), "order", "a", &closed, 20, &mut audits));
+        assert!(l.contains(TripKind::Fuse, FUSE), "the latch holds");
+        let trip = l.iter().next().unwrap();
+        assert!(trip.not_enforced.contains("a"));
+        assert_eq!(actions(&audits), ["trip", "latch-not-enforced"]);
+        // Every second the same report: nothing new to record.
+        assert!(!l.reconcile(Some(&b), "order", "a", &closed, 21, &mut audits));
+        assert_eq!(audits.len(), 2);
+
+        // It trips again: it enforces the latch again.
+        let open = stats(FUSE, pb::RuleKind::Fuse, true);
+        assert!(l.reconcile(Some(&b), "order", "a", &open, 30, &mut audits));
+        assert!(l.iter().next().unwrap().not_enforced.is_empty());
+        assert_eq!(audits.len(), 2, "the same latch: no second trip entry");
+        // Only a release ends it.
+        assert!(l.remove(TripKind::Fuse, FUSE));
+    }
+
+    #[test]
+    fn a_self_recovering_fuse_and_an_expired_limit_end_with_an_audit_entry() {
+        let b = bundle();
+        let mut l = Latches::default();
+        let mut audits = Vec::new();
+        let open = stats("order/auto", pb::RuleKind::Fuse, true);
+        assert!(l.reconcile(Some(&b), "order", "a", &open, 10, &mut audits));
+        let closed = stats("order/auto", pb::RuleKind::Fuse, false);
+        assert!(l.reconcile(Some(&b), "order", "a", &closed, 40_010, &mut audits));
+        assert!(!l.contains(TripKind::Fuse, "order/auto"));
+        assert_eq!(actions(&audits), ["trip", "untrip"]);
+
+        audits.clear();
+        let engaged = event(pb::EventKind::LimitEngaged, LIMIT, 1_000);
+        assert!(l.on_event(Some(&b), "order", "a", &engaged, 1_000, &mut audits));
+        let released = stats(LIMIT, pb::RuleKind::Limit, false);
+        // Before its deadline (61s): a lost latch, kept.
+        assert!(l.reconcile(Some(&b), "order", "a", &released, 30_000, &mut audits));
+        assert!(l.contains(TripKind::Limit, LIMIT));
+        assert_eq!(actions(&audits), ["trip", "latch-not-enforced"]);
+        // A new engage clears the mark; at its deadline the agent's release ends it.
+        let engaged = stats(LIMIT, pb::RuleKind::Limit, true);
+        assert!(l.reconcile(Some(&b), "order", "a", &engaged, 31_000, &mut audits));
+        assert!(l.reconcile(Some(&b), "order", "a", &released, 61_000, &mut audits));
+        assert!(!l.contains(TripKind::Limit, LIMIT));
+        assert_eq!(actions(&audits), ["trip", "latch-not-enforced", "untrip"]);
+    }
+
+    #[test]
+    fn an_explicit_release_event_ends_the_hold_of_that_instance_only() {
+        let b = bundle();
+        let mut l = Latches::default();
+        let mut audits = Vec::new();
+        for i in ["a", "b"] {
+            let e = event(pb::EventKind::FuseTripped, FUSE, 10);
+            l.on_event(Some(&b), "order", i, &e, 10, &mut audits);
+        }
+        let released = event(pb::EventKind::FuseReleased, FUSE, 20);
+        assert!(l.on_event(Some(&b), "order", "a", &released, 20, &mut audits));
+        assert!(l.contains(TripKind::Fuse, FUSE), "b still holds it");
+        assert!(l.on_event(Some(&b), "order", "b", &released, 21, &mut audits));
+        assert!(!l.contains(TripKind::Fuse, FUSE));
+        assert_eq!(actions(&audits), ["trip", "untrip"]);
+    }
+}

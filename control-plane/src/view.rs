@@ -1,0 +1,279 @@
+//! The status view: the `ClusterView` that `Status` answers and `Watch`
+//! streams, built from the control plane's [`State`] (read only). Agents
+//! with their sync state, every rule with its stats summed over the
+//! connected agents of its service, tripped fuses and engaged limits.
+
+use gov_proto::v1 as pb;
+
+use crate::state::State;
+use crate::store::TripKind;
+
+/// The cluster as `Watch` and `Status` show it, at `now` (Unix ms).
+pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
+    let agents = state
+        .agents()
+        .map(|a| {
+            let (sync, reason, rule) = state.sync_state(a);
+            pb::AgentView {
+                service: a.service().to_owned(),
+                instance: a.instance().to_owned(),
+                address: a.address().to_owned(),
+                state: sync as i32,
+                reason,
+                rule,
+                version: a.version().to_owned(),
+                last_good_version: a.last_good().to_owned(),
+                phase: a.phase() as i32,
+                last_seen_unix_ms: if a.is_connected() {
+                    now
+                } else {
+                    a.last_seen_unix_ms()
+                },
+                labels: a.labels().clone().into_iter().collect(),
+            }
+        })
+        .collect();
+    let mut rules = Vec::new();
+    for t in state
+        .bundle()
+        .map(|b| b.targets.as_slice())
+        .unwrap_or_default()
+    {
+        let mut add = |rule: &str, kind: pb::RuleKind, source: &Option<pb::SourceRef>| {
+            rules.push(pb::RuleView {
+                rule: rule.to_owned(),
+                kind: kind as i32,
+                source: source.clone(),
+                stats: Some(aggregate(state, &t.service, rule, kind)),
+            });
+        };
+        for b in &t.bulkheads {
+            add(&b.rule, pb::RuleKind::Bulkhead, &b.source);
+        }
+        for l in &t.limits {
+            add(&l.rule, pb::RuleKind::Limit, &l.source);
+        }
+        for f in &t.fuses {
+            add(&f.rule, pb::RuleKind::Fuse, &f.source);
+        }
+        for x in &t.timeouts {
+            add(&x.rule, pb::RuleKind::Timeout, &x.source);
+        }
+    }
+    let source = |kind: TripKind, rule: &str| -> Option<pb::SourceRef> {
+        let (service, _) = rule.split_once('/')?;
+        let t = state.target(service)?;
+        match kind {
+            TripKind::Fuse => t.fuses.iter().find(|f| f.rule == rule)?.source.clone(),
+            TripKind::Limit => t.limits.iter().find(|l| l.rule == rule)?.source.clone(),
+        }
+    };
+    let fuses = state
+        .trips()
+        .filter(|t| t.kind == TripKind::Fuse)
+        .map(|t| pb::FuseView {
+            rule: t.rule.clone(),
+            state: if t.half_open {
+                pb::FuseState::HalfOpen
+            } else {
+                pb::FuseState::Open
+            } as i32,
+            since_unix_ms: t.since_unix_ms,
+            reason: latch_reason(t),
+            remaining_ms: state.fuse_recovery(&t.rule).map_or(0, |after| {
+                t.since_unix_ms
+                    .saturating_add(after)
+                    .saturating_sub(now)
+                    .max(1)
+            }),
+            source: source(TripKind::Fuse, &t.rule),
+        })
+        .collect();
+    let limits = state
+        .trips()
+        .filter(|t| t.kind == TripKind::Limit)
+        .map(|t| pb::LimitView {
+            rule: t.rule.clone(),
+            since_unix_ms: t.since_unix_ms,
+            reason: latch_reason(t),
+            remaining_ms: t
+                .deadline_unix_ms
+                .map_or(0, |d| d.saturating_sub(now).max(1)),
+            source: source(TripKind::Limit, &t.rule),
+        })
+        .collect();
+    pb::ClusterView {
+        at_unix_ms: now,
+        version: state.version().to_owned(),
+        agents,
+        rules,
+        fuses,
+        limits,
+    }
+}
+
+/// The trip's reason, and the instances that report it released although
+/// nobody released it (an agent that restarted and forgot it): the latch
+/// is not enforced there, and an operator must know.
+fn latch_reason(t: &crate::store::Trip) -> String {
+    if t.not_enforced.is_empty() {
+        return t.reason.clone();
+    }
+    let names: Vec<&str> = t.not_enforced.iter().map(String::as_str).collect();
+    format!(
+        "{}; NOT ENFORCED by {} (reports it released without a release)",
+        t.reason,
+        names.join(", ")
+    )
+}
+
+/// One rule's stats summed over the connected agents of its service.
+/// Fuse state is the worst any agent reports; capacity is summed like
+/// the in-flight count it bounds.
+fn aggregate(state: &State, service: &str, rule: &str, kind: pb::RuleKind) -> pb::RuleStats {
+    let mut sum = pb::RuleStats {
+        rule: rule.to_owned(),
+        kind: kind as i32,
+        rejected: Some(pb::Rejections::default()),
+        ..Default::default()
+    };
+    let mut worst = pb::FuseState::Closed;
+    for a in state.connected(service) {
+        let Some(r) = a
+            .stats()
+            .and_then(|s| s.rules.iter().find(|r| r.rule == rule))
+        else {
+            continue;
+        };
+        sum.in_flight += r.in_flight;
+        sum.waiting += r.waiting;
+        sum.admitted += r.admitted;
+        sum.capacity += r.capacity;
+        sum.limit_engaged |= r.limit_engaged;
+        if let (Some(s), Some(x)) = (sum.rejected.as_mut(), r.rejected.as_ref()) {
+            s.bulkhead_full += x.bulkhead_full;
+            s.bulkhead_timeout += x.bulkhead_timeout;
+            s.limit_calls += x.limit_calls;
+            s.limit_bytes += x.limit_bytes;
+            s.fuse_open += x.fuse_open;
+            s.timeout += x.timeout;
+        }
+        if sum.latency_buckets.len() < r.latency_buckets.len() {
+            sum.latency_buckets.resize(r.latency_buckets.len(), 0);
+        }
+        for (s, x) in sum.latency_buckets.iter_mut().zip(&r.latency_buckets) {
+            *s += x;
+        }
+        worst = match (worst, r.fuse_state()) {
+            (pb::FuseState::Open, _) | (_, pb::FuseState::Open) => pb::FuseState::Open,
+            (pb::FuseState::HalfOpen, _) | (_, pb::FuseState::HalfOpen) => pb::FuseState::HalfOpen,
+            _ => pb::FuseState::Closed,
+        };
+    }
+    sum.fuse_state = worst as i32;
+    sum
+}
+
+/// Keeps only what concerns `service` ("" keeps everything).
+pub fn filter_view(mut view: pb::ClusterView, service: &str) -> pb::ClusterView {
+    if service.is_empty() {
+        return view;
+    }
+    let ours = |rule: &str| rule.split_once('/').is_some_and(|(s, _)| s == service);
+    view.agents.retain(|a| a.service == service);
+    view.rules.retain(|r| ours(&r.rule));
+    view.fuses.retain(|f| ours(&f.rule));
+    view.limits.retain(|l| ours(&l.rule));
+    view
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use pb::agent_message::Msg as AgentMsg;
+
+    use super::*;
+    use crate::store::AppliedPolicy;
+
+    #[test]
+    fn an_engaged_limit_shows_its_remaining_time_and_its_source() {
+        let target = pb::TargetConfig {
+            service: "order".into(),
+            version: "v1".into(),
+            limits: vec![pb::Limit {
+                rule: "order/crm".into(),
+                release: Some(pb::Release {
+                    kind: Some(pb::release::Kind::AfterMs(7_200_000)),
+                }),
+                source: Some(pb::SourceRef {
+                    file: "shop.gov".into(),
+                    line: 12,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut state = State::default();
+        state.commit(
+            Arc::new(AppliedPolicy {
+                version: "b1".into(),
+                who: "t".into(),
+                at_unix_ms: 1,
+                sources: vec![],
+                bundle: pb::Bundle {
+                    targets: vec![target],
+                    version: "b1".into(),
+                },
+            }),
+            &[],
+            10,
+            &mut Vec::new(),
+        );
+        let (tx, _rx) = tokio::sync::mpsc::channel(8);
+        let hello = pb::Hello {
+            service: "order".into(),
+            instance: "a".into(),
+            last_version: "v1".into(),
+            ..Default::default()
+        };
+        let (key, id) = state.hello(hello, tx, 1, &mut Vec::new());
+        let engaged = pb::Event {
+            kind: pb::EventKind::LimitEngaged as i32,
+            rule: "order/crm".into(),
+            reason: "calls 100 per 1s".into(),
+            at_unix_ms: 1_000,
+        };
+        state.on_message(&key, id, AgentMsg::Event(engaged), 1_000);
+
+        let view = cluster_view(&state, 3_600_000);
+        assert_eq!(view.limits.len(), 1);
+        let limit = &view.limits[0];
+        assert_eq!(limit.remaining_ms, 3_601_000);
+        assert_eq!(limit.reason, "calls 100 per 1s");
+        assert_eq!(limit.source.as_ref().map(|s| s.line), Some(12));
+        assert_eq!(view.agents[0].state(), pb::SyncState::Synced);
+        // Another service's view does not show it.
+        assert!(filter_view(view, "pay").limits.is_empty());
+
+        // The agent restarts and forgets it: the view says so.
+        let stats = pb::Stats {
+            rules: vec![pb::RuleStats {
+                rule: "order/crm".into(),
+                kind: pb::RuleKind::Limit as i32,
+                limit_engaged: false,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        state.on_message(&key, id, AgentMsg::Stats(stats), 2_000);
+        let view = cluster_view(&state, 3_600_000);
+        assert_eq!(view.limits.len(), 1, "the latch holds");
+        assert!(
+            view.limits[0].reason.contains("NOT ENFORCED by a"),
+            "{}",
+            view.limits[0].reason
+        );
+    }
+}
