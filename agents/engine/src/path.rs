@@ -13,9 +13,10 @@
 //! 2. runs of `/` become one `/`;
 //! 3. `.` and `..` segments are removed (section 5.2.4).
 //!
-//! A path that cannot be normalized without guessing is refused: an encoded `/` or
-//! `\` (upstreams disagree on whether it separates segments), a broken escape, a
-//! `..` that climbs above the root, or a path that does not start with `/`.
+//! A path that cannot be normalized without guessing is refused: a `\`, literal or
+//! encoded, or an encoded `/` (upstreams disagree on whether they separate
+//! segments), a broken escape, a `..` that climbs above the root, or a path that
+//! does not start with `/`.
 //! The query is not part of the path and is never touched.
 
 use std::borrow::Cow;
@@ -39,6 +40,10 @@ pub enum PathError {
     #[error("the path does not start with `/`")]
     #[diagnostic(code(gov::path::not_absolute))]
     NotAbsolute,
+    /// A literal `\`: some upstreams read it as `/` (so `/x\..\lim` is `/lim`).
+    #[error("the path has a `\\`")]
+    #[diagnostic(code(gov::path::backslash))]
+    Backslash,
 }
 
 impl PathError {
@@ -49,6 +54,7 @@ impl PathError {
             PathError::BadEscape => "gov-agent: the path has a broken percent-escape\n",
             PathError::AboveRoot => "gov-agent: the path climbs above the root with `..`\n",
             PathError::NotAbsolute => "gov-agent: the path does not start with `/`\n",
+            PathError::Backslash => "gov-agent: the path has a `\\`\n",
         }
     }
 }
@@ -60,7 +66,7 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     if bytes.first() != Some(&b'/') {
         return Err(PathError::NotAbsolute);
     }
-    if is_normal(bytes) {
+    if is_normal(bytes)? {
         return Ok(Cow::Borrowed(path));
     }
     let decoded = decode_unreserved(bytes)?;
@@ -94,12 +100,15 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
 }
 
 /// Whether `path` (starting with `/`) is already normal: no escape, no empty,
-/// `.` or `..` segment.
-fn is_normal(path: &[u8]) -> bool {
+/// `.` or `..` segment. A `\\` is an error.
+fn is_normal(path: &[u8]) -> Result<bool, PathError> {
+    if path.contains(&b'\\') {
+        return Err(PathError::Backslash);
+    }
     let mut i = 0;
     while i < path.len() {
         match path[i] {
-            b'%' => return false,
+            b'%' => return Ok(false),
             b'/' => {
                 // What follows this `/` up to the next one.
                 let rest = &path[i + 1..];
@@ -107,14 +116,14 @@ fn is_normal(path: &[u8]) -> bool {
                 let segment = &rest[..end];
                 let last = end == rest.len();
                 if (segment.is_empty() && !last) || segment == b"." || segment == b".." {
-                    return false;
+                    return Ok(false);
                 }
             }
             _ => {}
         }
         i += 1;
     }
-    true
+    Ok(true)
 }
 
 /// `path` with escapes of unreserved characters decoded and the hex digits of the
@@ -212,6 +221,8 @@ mod tests {
         assert_eq!(normalize("/a%5Cb"), Err(PathError::EncodedSlash));
         assert_eq!(normalize("/a%2"), Err(PathError::BadEscape));
         assert_eq!(normalize("/a%zz"), Err(PathError::BadEscape));
+        assert_eq!(normalize("/x\\..\\lim"), Err(PathError::Backslash));
+        assert_eq!(normalize("/x/..\\lim"), Err(PathError::Backslash));
         assert_eq!(normalize("/../lim"), Err(PathError::AboveRoot));
         assert_eq!(normalize("/a/../../lim"), Err(PathError::AboveRoot));
         assert_eq!(normalize("/%2e%2e/lim"), Err(PathError::AboveRoot));

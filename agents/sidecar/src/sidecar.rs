@@ -53,6 +53,10 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// `client_header_timeout` is 60 s).
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a client may stall a request body or stop reading a response unless
+/// `--client-timeout` says otherwise (nginx's default for both).
+pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Most open client connections per proxy listener unless `--max-connections` says
 /// otherwise: far above what one service instance serves, far below what exhausts
 /// the agent's memory (a connection holds about 10 KiB of buffers) or a default
@@ -94,6 +98,10 @@ pub struct Options {
     pub cluster_store: Option<gov_engine::ClusterStore>,
     /// The local service's process id, for lifecycle `via signal` steps (`--service-pid`).
     pub service_pid: Option<u32>,
+    /// The longest a client of the proxy listeners may stall its request body or
+    /// stop reading a response before the connection is closed (HTTP/1 path;
+    /// nginx's `client_body_timeout` and `send_timeout`). `None`: no limit.
+    pub client_timeout: Option<Duration>,
     /// Most open client connections per proxy listener (`--max-connections`); a
     /// connection accepted over it is closed at once.
     pub max_connections: usize,
@@ -119,6 +127,7 @@ impl Options {
             cluster_store: None,
             service_pid: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            client_timeout: Some(DEFAULT_CLIENT_TIMEOUT),
         }
     }
 }
@@ -273,6 +282,7 @@ impl Sidecar {
                 side,
                 stop.clone(),
                 options.header_read_timeout,
+                options.client_timeout,
                 conns.clone(),
             );
             proxies.spawn(serve::accept_loop(
@@ -290,6 +300,7 @@ impl Sidecar {
                                 side,
                                 peer,
                                 cx.conns.clone(),
+                                fast,
                             );
                             serve::serve_hyper(
                                 name,

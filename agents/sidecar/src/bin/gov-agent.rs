@@ -94,6 +94,11 @@ struct Args {
     #[arg(long, env = "GOV_SERVICE_PID")]
     service_pid: Option<u32>,
 
+    /// How long a client may stall its request body or stop reading a response
+    /// before its connection is closed. `0` disables it.
+    #[arg(long, env = "GOV_CLIENT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    client_timeout: Duration,
+
     /// Most open client connections per proxy listener; a connection accepted over it
     /// is closed at once and counted in `gov_agent_connections_over_cap_total`.
     #[arg(long, env = "GOV_MAX_CONNECTIONS", default_value_t = gov_agent::sidecar::DEFAULT_MAX_CONNECTIONS)]
@@ -183,6 +188,7 @@ async fn run(args: Args) -> ExitCode {
         cluster_store,
         service_pid: args.service_pid,
         max_connections: args.max_connections,
+        client_timeout: (!args.client_timeout.is_zero()).then_some(args.client_timeout),
     };
     let sidecar = match Sidecar::start(options).await {
         Ok(sidecar) => sidecar,

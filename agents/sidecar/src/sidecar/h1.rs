@@ -45,11 +45,11 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-pub(crate) use self::codec::Refusal;
 use self::codec::{
     Decoder, Framing, MAX_HEAD, MAX_HEADERS, Verdict, check_request, has_token, head_end,
     header_tokens, leading_empty_lines, response_framing, write_request_head, write_response_head,
 };
+pub(crate) use self::codec::{Refusal, valid_authority};
 use self::deadline::Deadline;
 pub(crate) use self::pool::IdlePool;
 use self::pool::Upstream;
@@ -77,6 +77,8 @@ pub(crate) struct Listener {
     /// `stop`, as a flag read on every request (`is_cancelled` takes a lock).
     stopping: Arc<AtomicBool>,
     pub(crate) header_read_timeout: Option<Duration>,
+    /// The longest a client may stall a request body or stop reading a response.
+    pub(crate) client_timeout: Option<Duration>,
     /// The listener's connections, and its count of refused requests.
     pub(crate) conns: Arc<super::serve::Connections>,
 }
@@ -89,6 +91,7 @@ impl Listener {
         side: Side,
         stop: CancellationToken,
         header_read_timeout: Option<Duration>,
+        client_timeout: Option<Duration>,
         conns: Arc<super::serve::Connections>,
     ) -> Self {
         let stopping = Arc::new(AtomicBool::new(stop.is_cancelled()));
@@ -103,6 +106,7 @@ impl Listener {
             stop,
             stopping,
             header_read_timeout,
+            client_timeout,
             conns,
         }
     }
@@ -410,9 +414,9 @@ impl Conn<'_> {
         left -= take;
         while left > 0 {
             self.buf.reserve(READ_CHUNK);
-            match client.read_buf(&mut self.buf).await {
-                Ok(0) | Err(_) => return false,
-                Ok(_) => {
+            match within(self.cx.client_timeout, client.read_buf(&mut self.buf)).await {
+                Some(Ok(0) | Err(_)) | None => return false,
+                Some(Ok(_)) => {
                     let take = left.min(self.buf.len());
                     self.buf.advance(take);
                     left -= take;
@@ -575,6 +579,7 @@ impl Conn<'_> {
         let replayable = head.framing == Framing::Empty;
         let out = &mut self.out;
         let client_buf = &mut self.buf;
+        let client_timeout = self.cx.client_timeout;
         let send = async {
             if replayable {
                 // Keep the head for a second attempt.
@@ -583,18 +588,17 @@ impl Conn<'_> {
                     .await
                     .map_err(|_| Broke::Write);
             }
-            relay(
-                head.framing,
-                client_buf,
-                &mut client_rd,
-                &mut up_wr,
-                out,
-                |n| {
-                    if let Some(m) = &meter {
-                        m.add(n);
-                    }
-                },
-            )
+            let leg = Leg {
+                framing: head.framing,
+                request: true,
+                read_timeout: client_timeout,
+                write_timeout: None,
+            };
+            relay(leg, client_buf, &mut client_rd, &mut up_wr, out, |n| {
+                if let Some(m) = &meter {
+                    m.add(n);
+                }
+            })
             .await
         };
         let route = &mut self.route;
@@ -608,7 +612,7 @@ impl Conn<'_> {
                 head.close || stopping.load(Ordering::Relaxed)
             }),
             admission,
-            deadline.map(|d| (route, d)),
+            (deadline.map(|d| (route, d)), client_timeout),
         );
         let mut send = pin!(send);
         let mut recv = pin!(recv);
@@ -690,7 +694,7 @@ async fn receive(
     out: &mut Vec<u8>,
     (method, closing): (&Method, impl Fn() -> bool),
     admission: &mut Admission,
-    deadline: Option<(&mut Deadline, Instant)>,
+    (deadline, client_timeout): (Option<(&mut Deadline, Instant)>, Option<Duration>),
 ) -> Received {
     let mut deadline = deadline;
     loop {
@@ -775,7 +779,13 @@ async fn receive(
         drop(conn_tokens);
         up_buf.advance(len);
         admission.record(Outcome::Status(code));
-        let relayed = relay(framing, up_buf, up_rd, client_wr, out, |n| {
+        let leg = Leg {
+            framing,
+            request: false,
+            read_timeout: None,
+            write_timeout: client_timeout,
+        };
+        let relayed = relay(leg, up_buf, up_rd, client_wr, out, |n| {
             admission.add_bytes(n);
         })
         .await;
@@ -802,11 +812,33 @@ enum Broke {
     Chunking,
 }
 
-/// Relays one body framed as `framing` from `buf` (bytes already read) and then
-/// `src`, to `dst`, after `out` (a head not yet written, sent with the first body
-/// bytes in one write). Calls `tally` with the payload bytes as they pass.
-async fn relay<R, W>(
+/// Which body [`relay`] carries, and how long each side may stall.
+#[derive(Clone, Copy)]
+struct Leg {
     framing: Framing,
+    /// A request body: its trailer fields are dropped.
+    request: bool,
+    /// The longest a read of the source may wait (the client's request body).
+    read_timeout: Option<Duration>,
+    /// The longest a write to the destination may wait (the response to the
+    /// client, which may stop reading).
+    write_timeout: Option<Duration>,
+}
+
+/// `fut`, bounded by `limit`; `None` when it ran out.
+async fn within<F: std::future::Future>(limit: Option<Duration>, fut: F) -> Option<F::Output> {
+    match limit {
+        None => Some(fut.await),
+        // The timer registers only if `fut` is pending on its first poll.
+        Some(limit) => tokio::time::timeout(limit, fut).await.ok(),
+    }
+}
+
+/// Relays one body framed as `leg.framing` from `buf` (bytes already read) and
+/// then `src`, to `dst`, after `out` (a head not yet written, sent with the first
+/// body bytes in one write). Calls `tally` with the payload bytes as they pass.
+async fn relay<R, W>(
+    leg: Leg,
     buf: &mut BytesMut,
     src: &mut R,
     dst: &mut W,
@@ -817,35 +849,46 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut decoder = Decoder::new(framing);
+    let mut decoder = if leg.request {
+        Decoder::request(leg.framing)
+    } else {
+        Decoder::new(leg.framing)
+    };
     loop {
-        if !decoder.done() && !buf.is_empty() {
+        while !decoder.done() && !buf.is_empty() {
             let step = decoder.advance(buf).ok_or(Broke::Chunking)?;
-            if step.taken > 0 {
-                if out.is_empty() && step.taken > READ_CHUNK {
-                    dst.write_all(&buf[..step.taken])
-                        .await
-                        .map_err(|_| Broke::Write)?;
-                } else {
-                    out.extend_from_slice(&buf[..step.taken]);
-                }
-                tally(step.payload);
-                buf.advance(step.taken);
+            if step.taken == 0 {
+                break;
             }
+            if step.dropped {
+                // Stripped trailer fields.
+            } else if out.is_empty() && step.taken > READ_CHUNK {
+                within(leg.write_timeout, dst.write_all(&buf[..step.taken]))
+                    .await
+                    .and_then(Result::ok)
+                    .ok_or(Broke::Write)?;
+            } else {
+                out.extend_from_slice(&buf[..step.taken]);
+            }
+            tally(step.payload);
+            buf.advance(step.taken);
         }
         if !out.is_empty() {
-            dst.write_all(out).await.map_err(|_| Broke::Write)?;
+            within(leg.write_timeout, dst.write_all(out))
+                .await
+                .and_then(Result::ok)
+                .ok_or(Broke::Write)?;
             out.clear();
         }
         if decoder.done() {
             return Ok(());
         }
         buf.reserve(READ_CHUNK);
-        match src.read_buf(buf).await {
-            Ok(0) if framing == Framing::UntilClose => return Ok(()),
-            Ok(0) => return Err(Broke::Eof),
-            Ok(_) => {}
-            Err(_) => return Err(Broke::Read),
+        match within(leg.read_timeout, src.read_buf(buf)).await {
+            Some(Ok(0)) if leg.framing == Framing::UntilClose => return Ok(()),
+            Some(Ok(0)) => return Err(Broke::Eof),
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => return Err(Broke::Read),
         }
     }
 }

@@ -17,7 +17,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use super::body::{Counted, ProxyBody, Tally};
-use super::h1::Refusal;
+use super::h1::{Refusal, valid_authority};
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::serve::Connections;
 use super::upstream::{Clients, Directory};
@@ -79,6 +79,10 @@ struct Conn {
     side: Side,
     peer: HeaderValue,
     conns: Arc<Connections>,
+    /// The HTTP/1 path handed this connection over after checking its request:
+    /// hyper serves that one HTTP/1 request, then the connection closes, so that
+    /// no HTTP/1 request reaches the upstream without the HTTP/1 path's checks.
+    handed_over: bool,
 }
 
 /// Which listener a connection came through.
@@ -152,12 +156,14 @@ impl Handler {
         side: Side,
         peer: std::net::SocketAddr,
         conns: Arc<Connections>,
+        handed_over: bool,
     ) -> Self {
         Self(Arc::new(Conn {
             shared,
             side,
             peer: peer_value(peer),
             conns,
+            handed_over,
         }))
     }
 
@@ -172,10 +178,17 @@ impl Handler {
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return response;
         }
-        match self.0.side {
+        let http1 = req.version() <= http::Version::HTTP_11;
+        let mut response = match self.0.side {
             Side::Inbound => self.inbound(req).await,
             Side::Outbound => self.outbound(req).await,
+        };
+        if http1 && self.0.handed_over {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        response
     }
 
     /// A request from a client of the local service.
@@ -232,6 +245,18 @@ impl Handler {
 /// 6, [`gov_engine::path`]); the request then carries the normalized path.
 fn check<B>(req: &mut Request<B>) -> Result<(), Refusal> {
     let headers = req.headers();
+    // `content_length`, `transfer_encoding`: framing to an upstream that reads `_`
+    // as `-` (hyper's parser does not).
+    if headers.keys().any(|name| {
+        let name = name.as_str();
+        name.contains('_')
+            && (name.eq_ignore_ascii_case("content_length")
+                || name.eq_ignore_ascii_case("transfer_encoding"))
+    }) {
+        return Err(Refusal::BadRequest(
+            "gov-agent: a framing header is spelled with `_`\n",
+        ));
+    }
     if headers.get_all(header::HOST).iter().nth(1).is_some() {
         return Err(Refusal::BadRequest(
             "gov-agent: the request has more than one `host` header\n",
@@ -241,6 +266,16 @@ fn check<B>(req: &mut Request<B>) -> Result<(), Refusal> {
         return Err(Refusal::BadRequest(
             "gov-agent: an HTTP/1.1 request needs a `host` header\n",
         ));
+    }
+    let host_ok = headers
+        .get(header::HOST)
+        .is_none_or(|h| h.to_str().is_ok_and(valid_authority));
+    let authority_ok = req
+        .uri()
+        .authority()
+        .is_none_or(|a| valid_authority(a.as_str()));
+    if !host_ok || !authority_ok {
+        return Err(Refusal::BadRequest("gov-agent: the `host` is malformed\n"));
     }
     if headers.contains_key(header::TRANSFER_ENCODING)
         && headers.contains_key(header::CONTENT_LENGTH)
@@ -261,7 +296,9 @@ fn check<B>(req: &mut Request<B>) -> Result<(), Refusal> {
     }
     // `CONNECT` has no path (refused later), `OPTIONS *` none to normalize.
     let path = req.uri().path();
-    if req.method() == http::Method::CONNECT || path == "*" {
+    if req.method() == http::Method::CONNECT
+        || (path == "*" && req.method() == http::Method::OPTIONS)
+    {
         return Ok(());
     }
     let std::borrow::Cow::Owned(normal) = gov_engine::path::normalize(path)? else {
@@ -347,6 +384,8 @@ async fn forward(
     let (client, version) = clients.pick(parts.version);
     parts.version = version;
     strip_hop_by_hop(&mut parts.headers);
+    // hyper answered `100 Continue` itself when the body was read.
+    parts.headers.remove(header::EXPECT);
     append_forwarded_for(&mut parts.headers, peer);
 
     let tally = RequestTally {

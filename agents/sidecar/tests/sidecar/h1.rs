@@ -255,9 +255,10 @@ async fn http10_upgrade_and_expect_requests_are_served_by_hyper() {
         .await;
     let upgraded = wire.response().await;
     assert_eq!(upgraded.status, 200, "the upgrade is not forwarded");
-    // The connection stays with hyper and keeps serving.
-    wire.send(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n").await;
-    assert_eq!(wire.response().await.body, b"/a");
+    // hyper serves the one request the HTTP/1 path checked, then closes: no
+    // request reaches the upstream without those checks.
+    assert_eq!(upgraded.header("connection"), Some("close"));
+    assert!(wire.closed().await);
 
     let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
     wire.send(

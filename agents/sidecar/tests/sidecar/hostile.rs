@@ -131,6 +131,9 @@ async fn framing_ambiguities_are_refused_with_400_and_a_close() {
         b"GET /../lim HTTP/1.1\r\nhost: x\r\n\r\n",
         b"GET /%zz HTTP/1.1\r\nhost: x\r\n\r\n",
         b"GET /%2flim HTTP/1.0\r\nhost: x\r\n\r\n",
+        // A fragment, a backslash.
+        b"GET /lim#x HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"GET /x\\..\\lim HTTP/1.1\r\nhost: x\r\n\r\n",
     ] {
         refused(&agent, request, 400).await;
     }
@@ -146,7 +149,7 @@ async fn framing_ambiguities_are_refused_with_400_and_a_close() {
     );
     refused(&agent, many.as_bytes(), 431).await;
     assert_eq!(up.take(), [], "nothing reached the upstream");
-    assert_eq!(refused_total(&agent).await, 22);
+    assert_eq!(refused_total(&agent).await, 24);
 }
 
 #[tokio::test]
@@ -259,4 +262,57 @@ async fn connections_over_the_cap_are_closed_at_once_and_counted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(served, "a new connection is served once one closed");
+}
+
+#[tokio::test]
+async fn hyper_serves_one_handed_over_request_then_the_connection_closes() {
+    let up = RawUpstream::start().await;
+    let agent = agent_before(&up).await;
+    engage(&agent, &up).await;
+    // A request the HTTP/1 path hands to hyper, then one hyper would parse
+    // without the HTTP/1 path's checks: `transfer_encoding` read as
+    // `transfer-encoding` by a lenient upstream smuggles `GET /lim`.
+    let smuggler = b"POST /b HTTP/1.1\r\nhost: a\r\ntransfer_encoding: chunked\r\ncontent-length: 35\r\n\r\n0\r\n\r\nGET /lim HTTP/1.1\r\nhost: a\r\n\r\n";
+    for first in [
+        &b"GET /a HTTP/1.0\r\nconnection: keep-alive\r\nhost: x\r\n\r\n"[..],
+        b"GET /a HTTP/1.1\r\nhost: x\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n",
+        b"POST /a HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 0\r\n\r\n",
+    ] {
+        let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+        wire.send(&[first, smuggler].concat()).await;
+        let reply = wire.response().await;
+        assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(first));
+        // hyper adds `keep-alive` for an HTTP/1.0 client that asked for it, after
+        // our `close`; `close` wins (RFC 9112 section 9.6), and hyper closes.
+        assert!(
+            reply
+                .header("connection")
+                .is_some_and(|c| c.split(',').any(|t| t.trim() == "close")),
+            "{:?}",
+            reply.headers
+        );
+        assert!(wire.closed().await, "hyper served one request only");
+    }
+    let received: Vec<String> = up.requests().into_iter().map(|r| r.target).collect();
+    assert_eq!(received, ["/a", "/a", "/a"]);
+}
+
+#[tokio::test]
+async fn a_client_that_stalls_its_body_or_stops_reading_is_closed() {
+    let up = RawUpstream::start().await;
+    let agent = agent()
+        .upstream(&Upstream::at(up.addr))
+        .client_timeout(Duration::from_millis(200))
+        .start()
+        .await;
+    let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+    wire.send(b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nx")
+        .await;
+    // `closed` waits at most 10 s: the 200 ms client timeout ends it long before.
+    assert!(wire.closed().await, "a stalled body closes the connection");
+    assert_eq!(
+        up.take(),
+        [],
+        "the partial request never completed upstream"
+    );
 }

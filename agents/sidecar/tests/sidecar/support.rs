@@ -283,6 +283,7 @@ pub fn agent() -> AgentBuilder {
         protocol: UpstreamProtocol::Http1,
         header_read_timeout: None,
         max_connections: None,
+        client_timeout: None,
     }
 }
 
@@ -295,12 +296,19 @@ pub struct AgentBuilder {
     protocol: UpstreamProtocol,
     header_read_timeout: Option<Duration>,
     max_connections: Option<usize>,
+    client_timeout: Option<Duration>,
 }
 
 impl AgentBuilder {
     /// How long clients may take to send a request head (default: the agent's).
     pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
         self.header_read_timeout = Some(timeout);
+        self
+    }
+
+    /// How long a client may stall a body or stop reading.
+    pub fn client_timeout(mut self, timeout: Duration) -> Self {
+        self.client_timeout = Some(timeout);
         self
     }
 
@@ -357,6 +365,9 @@ impl AgentBuilder {
         }
         if let Some(max) = self.max_connections {
             options.max_connections = max;
+        }
+        if let Some(timeout) = self.client_timeout {
+            options.client_timeout = Some(timeout);
         }
         if let Some(yaml) = &self.config {
             std::fs::write(&config_path, yaml).unwrap();

@@ -478,3 +478,57 @@ fn the_response_head_keeps_the_framing_it_relays() {
         "HTTP/1.1 304 Not Modified\r\ncontent-length: 9\r\n\r\n"
     );
 }
+
+/// Feeds a request body to a request decoder in pieces split at `cuts`: the bytes
+/// relayed, and whether the body ended.
+fn relayed(body: &[u8], cuts: &[usize]) -> Option<(Vec<u8>, bool)> {
+    let mut decoder = Decoder::request(Framing::Chunked);
+    let mut out = Vec::new();
+    let mut start = 0;
+    for &end in cuts.iter().chain([&body.len()]) {
+        let mut piece = &body[start..end];
+        while !piece.is_empty() && !decoder.done() {
+            let step = decoder.advance(piece)?;
+            if !step.dropped {
+                out.extend_from_slice(&piece[..step.taken]);
+            }
+            piece = &piece[step.taken..];
+            if step.taken == 0 {
+                break;
+            }
+        }
+        start = end;
+    }
+    Some((out, decoder.done()))
+}
+
+#[test]
+fn request_trailers_are_dropped_wherever_the_body_is_split() {
+    let body = b"5\r\nhello\r\n0\r\ncontent-length: 99\r\nhost: evil\r\n\r\n";
+    let expected = b"5\r\nhello\r\n0\r\n\r\n".to_vec();
+    assert_eq!(relayed(body, &[]), Some((expected.clone(), true)));
+    for cut in 0..body.len() {
+        for second in cut..body.len() {
+            assert_eq!(
+                relayed(body, &[cut, second]),
+                Some((expected.clone(), true)),
+                "cut at {cut} and {second}"
+            );
+        }
+    }
+    // Responses keep theirs (gRPC-web and the like).
+    assert_eq!(
+        feed(Framing::Chunked, body, &[]),
+        Some((body.len(), 5, true))
+    );
+}
+
+#[test]
+fn the_extension_and_trailer_bound_holds_across_reads() {
+    let mut body = b"5;".to_vec();
+    body.extend(std::iter::repeat_n(b'a', MAX_CHUNK_META + 10));
+    body.extend_from_slice(b"\r\nhello\r\n0\r\n\r\n");
+    let cuts: Vec<usize> = (1..body.len()).step_by(1000).collect();
+    assert_eq!(feed(Framing::Chunked, &body, &cuts), None);
+    assert_eq!(relayed(&body, &cuts), None);
+}
