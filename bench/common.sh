@@ -13,7 +13,8 @@ for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="proxy_load" and m.get("executable"):
         print(m["executable"])')
-AGENT_BIN=target/release/gov-agent
+# AGENT_BIN may name another build (e.g. of an older commit, for a before/after run).
+AGENT_BIN=${AGENT_BIN:-target/release/gov-agent}
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }

@@ -25,11 +25,15 @@ CONNS=${CONNS:-16}
 WORK=${WORK:-target/bench-proxy}
 OUT=${OUT:-$WORK/results.tsv}
 UP=127.0.0.1:18080 NGINX=127.0.0.1:18081 AGENT=127.0.0.1:18082 ADMIN=127.0.0.1:18083
-HYPER=127.0.0.1:18084
+HYPER=127.0.0.1:18084 BEFORE=127.0.0.1:18085 BEFORE_ADMIN=127.0.0.1:18086
 # The arms, interleaved in this order. `hyper` is a reference: hyper's server in front
 # of hyper-util's pooled client with nothing else (performance.md section 3.2's
 # "naive hyper proxy"), to show what hyper alone costs on this box.
 ARMS=${ARMS:-"direct nginx hyper gov-agent"}
+# BEFORE_BIN=path/to/an/older/gov-agent adds an arm `before`, interleaved with the
+# others, for a before/after comparison of a change under the same load.
+BEFORE_BIN=${BEFORE_BIN:-}
+if [ -n "$BEFORE_BIN" ]; then ARMS="$ARMS before"; fi
 
 for tool in nginx wrk taskset python3; do
   command -v "$tool" >/dev/null || { echo "missing: $tool (apt-get install -y nginx wrk)" >&2; exit 1; }
@@ -94,14 +98,20 @@ HYPER_PID=$!
 GOV_LOG=warn taskset -c 1 "$AGENT_BIN" --service hello --listen "$AGENT" --admin-listen "$ADMIN" \
   --upstream "$UP" --config "$WORK/policy.yaml" & pids+=($!)
 AGENT_PID=$!
+BEFORE_PID=""
+if [ -n "$BEFORE_BIN" ]; then
+  GOV_LOG=warn taskset -c 1 "$BEFORE_BIN" --service hello --listen "$BEFORE" --admin-listen "$BEFORE_ADMIN" \
+    --upstream "$UP" --config "$WORK/policy.yaml" & pids+=($!)
+  BEFORE_PID=$!
+fi
 
 sleep 1
 NGINX_WORKER=$(pgrep -P "$NGINX_MASTER" | head -1)
 curl -fsS "http://$AGENT/" >/dev/null && curl -fsS "http://$NGINX/" >/dev/null && curl -fsS "http://$UP/" >/dev/null \
   && curl -fsS "http://$HYPER/" >/dev/null
 
-pid_of() { case $1 in direct) echo "";; nginx) echo "$NGINX_WORKER";; hyper) echo "$HYPER_PID";; gov-agent) echo "$AGENT_PID";; esac; }
-url_of() { case $1 in direct) echo "http://$UP/";; nginx) echo "http://$NGINX/";; hyper) echo "http://$HYPER/";; gov-agent) echo "http://$AGENT/";; esac; }
+pid_of() { case $1 in direct) echo "";; nginx) echo "$NGINX_WORKER";; hyper) echo "$HYPER_PID";; gov-agent) echo "$AGENT_PID";; before) echo "$BEFORE_PID";; esac; }
+url_of() { case $1 in direct) echo "http://$UP/";; nginx) echo "http://$NGINX/";; hyper) echo "http://$HYPER/";; gov-agent) echo "http://$AGENT/";; before) echo "http://$BEFORE/";; esac; }
 
 echo -e "run\tarm\tmode\trps\tproxy_cpu_us_per_req\tp50_us\tp90_us\tp99_us\terrors" > "$OUT"
 measure() { # arm mode -> one TSV line
@@ -158,14 +168,14 @@ med = lambda xs: st.median(xs) if xs else float("nan")
 print("\nmedians over %d interleaved runs (ratios are medians of per-run ratios)" % len(runs))
 for mode in modes:
     print(f"\n[{mode}]")
-    for arm in ("direct", "nginx", "hyper", "gov-agent"):
+    for arm in ("direct", "nginx", "hyper", "gov-agent", "before"):
         cols = {k: med([v for v in (val(r, arm, mode, k) for r in runs) if v is not None])
                 for k in ("rps", "proxy_cpu_us_per_req", "p50_us", "p90_us", "p99_us", "errors")}
         print(f"  {arm:10} " + "  ".join(f"{k}={v:.1f}" for k, v in cols.items()))
-    for arm in ("gov-agent", "hyper"):
-        ratio = lambda k: med([val(r, arm, mode, k) / val(r, "nginx", mode, k) for r in runs
-                               if val(r, arm, mode, k) and val(r, "nginx", mode, k)])
-        print(f"  {arm}/nginx: throughput {ratio('rps'):.2f}x, cpu per request {ratio('proxy_cpu_us_per_req'):.2f}x")
+    for arm, base in (("gov-agent", "nginx"), ("hyper", "nginx"), ("before", "nginx"), ("gov-agent", "before")):
+        ratio = lambda k: med([val(r, arm, mode, k) / val(r, base, mode, k) for r in runs
+                               if val(r, arm, mode, k) and val(r, base, mode, k)])
+        print(f"  {arm}/{base}: throughput {ratio('rps'):.2f}x, cpu per request {ratio('proxy_cpu_us_per_req'):.2f}x")
     if mode != "wrk":
         added = lambda arm: med([val(r, arm, mode, "p50_us") - val(r, "direct", mode, "p50_us") for r in runs
                                  if val(r, arm, mode, "p50_us") is not None])

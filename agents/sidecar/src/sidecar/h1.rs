@@ -754,7 +754,10 @@ async fn receive(
             );
             drop(conn_tokens);
             up_buf.advance(len);
-            if client_wr.write_all(out).await.is_err() {
+            if !matches!(
+                within(client_timeout, client_wr.write_all(out)).await,
+                Some(Ok(()))
+            ) {
                 return Received::Broken;
             }
             continue;
