@@ -269,3 +269,19 @@ fn every_syntax_error_of_a_file_is_reported() {
         assert!(rendered.contains(at), "{at} missing in {rendered}");
     }
 }
+
+#[test]
+fn n_conflicting_rules_give_one_diagnostic_per_rule_after_the_first() {
+    let limits: String = (0..30)
+        .map(|i| format!("  limit l{i} on any {{ calls {} per 1s }}\n", i + 1))
+        .collect();
+    let text = format!("service s {{\n{limits}}}\n");
+    let checked = check(&[SourceFile::new("t.gov", text)]);
+    let messages: Vec<String> = checked.diagnostics.iter().map(|d| d.to_string()).collect();
+    assert_eq!(messages.len(), 29, "{messages:#?}");
+    for (i, m) in messages.iter().enumerate() {
+        let second = format!("`l{}`", i + 1);
+        assert!(m.starts_with("limits `l0` and "), "{m}");
+        assert!(m.contains(&second), "{m} should name {second}");
+    }
+}

@@ -22,6 +22,10 @@
 //! Example: `bulkhead a on slow { max_concurrent 10 }` and
 //! `bulkhead b on slow { max_concurrent 20 }`.
 //!
+//! Each rule is reported once, against the first earlier rule it conflicts
+//! with: thirty limits that all conflict give twenty-nine diagnostics, each
+//! naming the first limit, not 435 pairs.
+//!
 //! Fix: merge the two rules into one, or make them select different calls.
 
 use miette::SourceSpan;
@@ -119,8 +123,17 @@ fn conflict(a: &Rule<'_>, b: &Rule<'_>) -> Option<(String, &'static str)> {
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
         let norms = &svc.norms;
+        // Rules that already conflict with an earlier one: each rule is
+        // reported once, against the first rule it conflicts with, so n
+        // conflicting rules give n - 1 diagnostics, not n(n-1)/2.
+        let mut reported = vec![false; svc.rules.len()];
         for (j, b) in svc.rules.iter().enumerate() {
             for (i, a) in svc.rules[..j].iter().enumerate() {
+                // A rule reported against an earlier one is not the first
+                // of anything: comparing with it again says nothing new.
+                if reported[i] {
+                    continue;
+                }
                 if a.kind() != b.kind() || norms[i] != norms[j] || !norms[i].is_valid() {
                     continue;
                 }
@@ -131,6 +144,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                 let Some((detail, help)) = conflict(a, b) else {
                     continue;
                 };
+                reported[j] = true;
                 out.push(
                     ConflictingRules {
                         kind: a.kind().to_string(),
@@ -144,6 +158,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                     }
                     .into(),
                 );
+                break;
             }
         }
     }
