@@ -16,6 +16,7 @@
 use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
+use gov_lang::report::Focused;
 use miette::{Diagnostic, GraphicalReportHandler, GraphicalTheme, JSONReportHandler, Severity};
 
 /// How diagnostics are printed.
@@ -74,9 +75,11 @@ impl Reporter {
                 } else {
                     GraphicalTheme::unicode_nocolor()
                 };
+                // The header names the primary label, not the first in
+                // source order.
                 GraphicalReportHandler::new_themed(theme)
                     .with_width(WIDTH)
-                    .render_report(&mut out, diagnostic)
+                    .render_report(&mut out, &Focused::new(diagnostic))
             }
             ErrorFormat::Json => JSONReportHandler::new().render_report(&mut out, diagnostic),
         };

@@ -7,14 +7,23 @@
 use std::path::Path;
 
 use gov_compiler::{Diagnostics, SourceFile, check};
-use miette::{GraphicalReportHandler, GraphicalTheme};
+use gov_lang::report::{Focused, position};
+use miette::{Diagnostic as _, GraphicalReportHandler, GraphicalTheme};
+
+/// One diagnostic as `govc check` prints it, without colour.
+fn render_one(d: &dyn miette::Diagnostic) -> String {
+    let mut out = String::new();
+    GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
+        .with_width(100)
+        .render_report(&mut out, &Focused::new(d))
+        .unwrap();
+    out
+}
 
 fn render(diagnostics: &Diagnostics) -> String {
-    let handler =
-        GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor()).with_width(100);
     let mut out = String::new();
     for d in diagnostics {
-        handler.render_report(&mut out, d).unwrap();
+        out.push_str(&render_one(d));
         out.push('\n');
     }
     out
@@ -284,4 +293,32 @@ fn n_conflicting_rules_give_one_diagnostic_per_rule_after_the_first() {
         assert!(m.starts_with("limits `l0` and "), "{m}");
         assert!(m.contains(&second), "{m} should name {second}");
     }
+}
+
+/// The `[file:line:col]` of the first snippet header in a rendering.
+fn first_header(rendered: &str) -> Option<&str> {
+    let start = rendered.find("╭─[")? + "╭─[".len();
+    let len = rendered[start..].find(']')?;
+    Some(&rendered[start..start + len])
+}
+
+#[test]
+fn the_header_of_every_diagnostic_names_its_primary_label() {
+    insta::glob!("fixtures/*.gov", |path| {
+        let name = file_name(path);
+        let text = std::fs::read_to_string(path).unwrap();
+        let checked = check(&[SourceFile::new(name.clone(), text)]);
+        for d in &checked.diagnostics {
+            let labels: Vec<_> = d.labels().into_iter().flatten().collect();
+            let primary: Vec<_> = labels.iter().filter(|l| l.primary()).collect();
+            assert_eq!(primary.len(), 1, "{name}: `{d}` needs one primary label");
+            let (line, col) = position(d.source_code().unwrap(), primary[0].inner()).unwrap();
+            let rendered = render_one(d);
+            assert_eq!(
+                first_header(&rendered),
+                Some(format!("{name}:{line}:{col}").as_str()),
+                "{rendered}"
+            );
+        }
+    });
 }

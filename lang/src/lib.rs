@@ -34,6 +34,7 @@ mod fmt;
 mod grammar;
 mod parser;
 mod recovery;
+pub mod report;
 
 pub use diagnostic::SyntaxError;
 pub use fmt::{format, format_source};

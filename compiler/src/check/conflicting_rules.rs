@@ -47,7 +47,7 @@ pub struct ConflictingRules {
     pub src: Src,
     #[label("first {kind} here")]
     pub first_span: SourceSpan,
-    #[label("conflicts with this one")]
+    #[label(primary, "conflicts with this one")]
     pub second_span: SourceSpan,
     #[help]
     pub help: String,

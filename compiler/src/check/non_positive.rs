@@ -32,7 +32,7 @@ pub struct NonPositive {
     pub found: String,
     #[source_code]
     pub src: Src,
-    #[label("must be {bound}")]
+    #[label(primary, "must be {bound}")]
     pub span: SourceSpan,
     #[help]
     pub help: String,

@@ -45,7 +45,7 @@ pub struct QueueingBulkhead {
     pub latency: String,
     #[source_code]
     pub src: Src,
-    #[label("waits this long for a permit")]
+    #[label(primary, "waits this long for a permit")]
     pub span: SourceSpan,
     #[label("declared latency")]
     pub latency_span: SourceSpan,

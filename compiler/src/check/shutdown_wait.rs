@@ -35,7 +35,7 @@ pub struct ShutdownWait {
     pub message: String,
     #[source_code]
     pub src: Src,
-    #[label("{label}")]
+    #[label(primary, "{label}")]
     pub span: SourceSpan,
     pub label: String,
     #[help]

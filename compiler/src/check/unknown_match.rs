@@ -25,7 +25,7 @@ pub struct UnknownMatch {
     pub service: String,
     #[source_code]
     pub src: Src,
-    #[label("no match of this name")]
+    #[label(primary, "no match of this name")]
     pub span: SourceSpan,
     #[help]
     pub help: String,

@@ -25,7 +25,7 @@ pub struct UnknownRegistry {
     pub name: String,
     #[source_code]
     pub src: Src,
-    #[label("no registry of this name in the checked files")]
+    #[label(primary, "no registry of this name in the checked files")]
     pub span: SourceSpan,
     #[help]
     pub help: String,

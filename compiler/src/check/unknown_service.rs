@@ -26,7 +26,7 @@ pub struct UnknownService {
     pub name: String,
     #[source_code]
     pub src: Src,
-    #[label("no service of this name in the checked files")]
+    #[label(primary, "no service of this name in the checked files")]
     pub span: SourceSpan,
     #[help]
     pub help: String,

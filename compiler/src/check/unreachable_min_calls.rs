@@ -41,7 +41,7 @@ pub struct UnreachableMinCalls {
     pub expected: i64,
     #[source_code]
     pub src: Src,
-    #[label("never reached")]
+    #[label(primary, "never reached")]
     pub span: SourceSpan,
     #[label("declared rate")]
     pub rate_span: SourceSpan,

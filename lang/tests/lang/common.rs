@@ -3,12 +3,13 @@
 
 use miette::{GraphicalReportHandler, GraphicalTheme};
 
-/// The diagnostic as a user sees it, without colour or unicode, at a fixed width.
+/// The diagnostic as a user sees it (as `govc check` prints it, headed by
+/// its primary label), without colour, at a fixed width.
 pub fn render(err: &gov_lang::SyntaxError) -> String {
     let mut out = String::new();
     GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
         .with_width(100)
-        .render_report(&mut out, err)
+        .render_report(&mut out, &gov_lang::report::Focused::new(err))
         .expect("rendering into a string cannot fail");
     out
 }

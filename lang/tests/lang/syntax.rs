@@ -19,8 +19,34 @@ fn every_syntax_fixture_has_its_diagnostic() {
             "parse reports the first error"
         );
         let rendered: Vec<String> = all.iter().map(render).collect();
+        for (err, text) in all.iter().zip(&rendered) {
+            assert_header_names_primary(&name, err, text);
+        }
         insta::assert_snapshot!(rendered.join("\n"));
     });
+}
+
+/// The first `[file:line:col]` header of a rendering names the primary
+/// label: the text to change, not the context around it.
+fn assert_header_names_primary(name: &str, err: &gov_lang::SyntaxError, rendered: &str) {
+    use miette::Diagnostic as _;
+    let labels: Vec<_> = err.labels().into_iter().flatten().collect();
+    if labels.is_empty() {
+        return;
+    }
+    let primary: Vec<_> = labels.iter().filter(|l| l.primary()).collect();
+    assert_eq!(primary.len(), 1, "{name}: `{err}` needs one primary label");
+    let source = err.source_code().expect("syntax errors carry their source");
+    let (line, col) = gov_lang::report::position(source, primary[0].inner()).expect("in the file");
+    let header = rendered
+        .split_once("╭─[")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(h, _)| h);
+    assert_eq!(
+        header,
+        Some(format!("{name}:{line}:{col}").as_str()),
+        "{rendered}"
+    );
 }
 
 #[test]
