@@ -156,6 +156,15 @@ impl<'a> Ctx<'a> {
         self.files[file].src()
     }
 
+    /// The text of `span` in `file` as written: diagnostics quote the
+    /// file (`60s`), never a normalised rendering of it (`1m`).
+    pub fn text(&self, file: usize, span: Span) -> &'a str {
+        self.files[file]
+            .text
+            .get(span.start..span.end)
+            .unwrap_or("")
+    }
+
     pub fn registry(&self, name: &str) -> Option<&'a Registry> {
         self.registry_index.get(name).map(|&i| self.registries[i].1)
     }

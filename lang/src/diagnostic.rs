@@ -14,7 +14,7 @@ use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
 use pest::error::{ErrorVariant, InputLocation};
 
 use crate::ast::Span;
-use crate::grammar::Rule;
+use crate::grammar::{Rule, STATEMENT_WORDS, is_reserved};
 use crate::parser::{MAX_EXPR_TERMS, MAX_NESTING, code_bytes};
 
 /// A `.gov` file that cannot be parsed.
@@ -229,7 +229,15 @@ fn unexpected(name: &str, src: &str, expected: &Expected, found: &Token<'_>) -> 
         return SyntaxError::new(name, src, message, open, label)
             .with_help("add `}` to close the block");
     }
-    let message = format!("expected {list}, found {}", found.describe());
+    if let Some(err) = non_ascii_letter(name, src, expected, found) {
+        return err;
+    }
+    let reserved = found.is_word() && expected.has_phrase(NAME) && is_reserved(found.text);
+    let message = if reserved {
+        format!("expected {list}, found the reserved word `{}`", found.text)
+    } else {
+        format!("expected {list}, found {}", found.describe())
+    };
     let label = if found.is_end() {
         "the file ends here".to_owned()
     } else {
@@ -237,6 +245,48 @@ fn unexpected(name: &str, src: &str, expected: &Expected, found: &Token<'_>) -> 
     };
     let mut err = SyntaxError::new(name, src, message, found.span, label);
     err.0.help = help(expected, found);
+    if reserved {
+        let role = if STATEMENT_WORDS.contains(&found.text) {
+            "it starts a statement"
+        } else {
+            "it starts or joins a match expression"
+        };
+        err.0.help = Some(format!(
+            "`{}` is a reserved word ({role}) and cannot be a name: choose another name",
+            found.text
+        ));
+    }
+    if let Some(help) = out_of_order(src, found) {
+        err.0.help = Some(help);
+    }
+    // A statement keyword where the block could still close: its `}` is
+    // probably lost. Show the `{` that is not closed.
+    if found.is_word()
+        && STATEMENT_WORDS.contains(&found.text)
+        && !reserved
+        && expected.has_word("}")
+        && let Some(open) = src
+            .get(..found.span.start)
+            .and_then(|before| unclosed(before, b'{', b'}'))
+    {
+        let (line, block) = opened_by(src, open.start);
+        err.0.labels[0] = LabeledSpan::new_primary_with_span(
+            Some("a `}` is missing before this".to_owned()),
+            found.span,
+        );
+        err.0.labels.push(LabeledSpan::new_with_span(
+            Some("this `{` is not closed".to_owned()),
+            open,
+        ));
+        let opened = match block {
+            Some(kw) => format!("the `{kw}` block opened on line {line}"),
+            None => format!("the block opened on line {line}"),
+        };
+        err.0.help = Some(format!(
+            "`{}` starts a new statement, but {opened} is not closed: add `}}` before `{}`",
+            found.text, found.text
+        ));
+    }
     // A group still open where `)` would fit: show where it started.
     if expected.has_word(")")
         && let Some(open) = src
@@ -252,6 +302,87 @@ fn unexpected(name: &str, src: &str, expected: &Expected, found: &Token<'_>) -> 
             .get_or_insert_with(|| "add `)` to close the group".to_owned());
     }
     err
+}
+
+/// A letter outside ASCII, in or where a name or keyword should be.
+fn non_ascii_letter(
+    name: &str,
+    src: &str,
+    expected: &Expected,
+    found: &Token<'_>,
+) -> Option<SyntaxError> {
+    let c = found.text.chars().next()?;
+    if c.is_ascii() || !c.is_alphabetic() {
+        return None;
+    }
+    let before = src.get(..found.span.start).unwrap_or("");
+    let start = before
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+        .map_or(0, |i| i + 1);
+    let after = src.get(found.span.start..).unwrap_or("");
+    let len = after
+        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-'))
+        .unwrap_or(after.len());
+    let word = src.get(start..found.span.start + len).unwrap_or(found.text);
+    let message = if start < found.span.start || len > c.len_utf8() {
+        format!("`{word}` contains `{c}`, which is not an ASCII letter")
+    } else {
+        format!("expected {}, found `{c}`", expected.list())
+    };
+    Some(
+        SyntaxError::new(name, src, message, found.span, "not an ASCII letter".into()).with_help(
+            format!(
+                "names and keywords are ASCII letters, digits, `_` and `-` only: replace `{c}`"
+            ),
+        ),
+    )
+}
+
+/// Statements whose options come in a fixed order: the first word, how the
+/// statement reads, and the words of its options.
+const ORDERED: [(&str, &str, &[&str]); 3] = [
+    (
+        "ready",
+        "ready when http METHOD \"PATH\" is STATUS every D [after D] [timeout D]",
+        &["every", "after", "timeout"],
+    ),
+    (
+        "trip",
+        "trip when METRIC OP VALUE over D [min_calls N]",
+        &["over", "min_calls"],
+    ),
+    ("recover", "recover after D probe N", &["after", "probe"]),
+];
+
+/// The help for an option of a statement written out of its order: `found`
+/// is one of the options of the statement its line starts with.
+fn out_of_order(src: &str, found: &Token<'_>) -> Option<String> {
+    if !found.is_word() {
+        return None;
+    }
+    let line_start = src
+        .get(..found.span.start)?
+        .rfind('\n')
+        .map_or(0, |i| i + 1);
+    let line = src.get(line_start..found.span.start)?;
+    let first = line.split_whitespace().next()?;
+    let (_, shape, options) = ORDERED.iter().find(|(word, ..)| *word == first)?;
+    options
+        .contains(&found.text)
+        .then(|| format!("the parts of a `{first}` statement come in a fixed order: `{shape}`"))
+}
+
+/// The line (1-based) of the `{` at `open`, and the keyword that starts the
+/// statement it opens (`bulkhead`, `service`...), if the line starts with one.
+fn opened_by(src: &str, open: usize) -> (usize, Option<&str>) {
+    let before = src.get(..open).unwrap_or("");
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let keyword = before
+        .get(line_start..)
+        .and_then(|l| l.split_whitespace().next())
+        .filter(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+    (line, keyword)
 }
 
 /// An unterminated string or an unknown escape.
@@ -324,6 +455,12 @@ fn help(expected: &Expected, found: &Token<'_>) -> Option<String> {
             return Some("a percentage has at most three decimals, as in `12.125%`".to_owned());
         }
         if !text.ends_with('%') {
+            // `0.3` is a ratio: the percentage meant is 30%, not 0.3%.
+            if let Some(percent) = ratio_as_percent(numeric) {
+                return Some(format!(
+                    "write a ratio as a percentage: `{numeric}` is `{percent}%`"
+                ));
+            }
             return Some(format!("percentages end with `%`, as in `{numeric}%`"));
         }
     }
@@ -349,6 +486,25 @@ fn help(expected: &Expected, found: &Token<'_>) -> Option<String> {
         return Some(format!("names are written without quotes, as in `{bare}`"));
     }
     None
+}
+
+/// `0.3` -> `30`, `0.125` -> `12.5`, `0.05` -> `5`: a ratio below 1 written
+/// as a decimal, as a percentage. `None` for anything else.
+fn ratio_as_percent(text: &str) -> Option<String> {
+    let decimals = text.strip_prefix("0.")?;
+    if decimals.is_empty() || !decimals.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let padded = format!("{decimals:0<2}");
+    let (whole, fraction) = padded.split_at(2);
+    let whole = whole.trim_start_matches('0');
+    let whole = if whole.is_empty() { "0" } else { whole };
+    let fraction = fraction.trim_end_matches('0');
+    Some(if fraction.is_empty() {
+        whole.to_owned()
+    } else {
+        format!("{whole}.{fraction}")
+    })
 }
 
 /// The closest expected keyword, if one is close enough to be a typo.

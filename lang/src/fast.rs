@@ -15,12 +15,6 @@
 use crate::ast::*;
 use crate::parser::{MAX_EXPR_TERMS, MAX_NESTING, unescape};
 
-/// Words that cannot be names (the `reserved` rule of the grammar).
-const RESERVED: [&str; 18] = [
-    "path", "method", "header", "consumer", "calls", "any", "and", "or", "service", "registry",
-    "domain", "capacity", "match", "bulkhead", "limit", "fuse", "warmup", "shutdown",
-];
-
 /// Parses `src` if it is a valid policy.
 pub(crate) fn parse(src: &str) -> Option<Policy> {
     let mut p = Fast {
@@ -149,7 +143,7 @@ impl<'s> Fast<'s> {
     fn ident(&mut self) -> Option<Ident> {
         let w = self.peek_word();
         let first = w.bytes().next()?;
-        if !(first.is_ascii_alphabetic() || first == b'_') || RESERVED.contains(&w) {
+        if !(first.is_ascii_alphabetic() || first == b'_') || crate::grammar::is_reserved(w) {
             return None;
         }
         let span = self.take(w.len());

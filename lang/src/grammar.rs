@@ -5,3 +5,58 @@
 #[derive(pest_derive::Parser)]
 #[grammar = "gov.pest"]
 pub(crate) struct GovParser;
+
+/// Reserved words that start or join match expressions (the first half of
+/// the `reserved` rule of `gov.pest`).
+pub(crate) const MATCH_WORDS: [&str; 8] = [
+    "path", "method", "header", "consumer", "calls", "any", "and", "or",
+];
+
+/// Reserved words that start a definition or a service statement (the
+/// second half of the `reserved` rule).
+pub(crate) const STATEMENT_WORDS: [&str; 10] = [
+    "service", "registry", "domain", "capacity", "match", "bulkhead", "limit", "fuse", "warmup",
+    "shutdown",
+];
+
+/// Whether `word` can never be a name.
+pub(crate) fn is_reserved(word: &str) -> bool {
+    MATCH_WORDS.contains(&word) || STATEMENT_WORDS.contains(&word)
+}
+
+#[cfg(test)]
+mod tests {
+    use pest::Parser as _;
+
+    use super::*;
+
+    /// The lists above and the grammar's `reserved` rule name the same words.
+    #[test]
+    fn the_reserved_lists_match_the_grammar() {
+        let is_name = |w: &str| {
+            GovParser::parse(Rule::ident, w)
+                .is_ok_and(|mut p| p.as_str() == w && p.next().is_some())
+        };
+        for word in MATCH_WORDS.iter().chain(&STATEMENT_WORDS) {
+            assert!(
+                !is_name(word),
+                "`{word}` is in a reserved list but the grammar takes it as a name"
+            );
+            assert!(is_reserved(word));
+        }
+        // Keywords that are not reserved stay names; so do reserved words
+        // with more letters.
+        for word in [
+            "slow",
+            "timeout",
+            "stop",
+            "kafka",
+            "limits",
+            "path_a",
+            "service-x",
+        ] {
+            assert!(is_name(word), "`{word}` should be a name");
+            assert!(!is_reserved(word));
+        }
+    }
+}

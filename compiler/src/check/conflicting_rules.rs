@@ -33,6 +33,8 @@ use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
 use crate::effective::{BulkheadEff, FuseEff, LimitEff};
+use gov_lang::ast::Span;
+
 use crate::resolve::{Ctx, Rule, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -53,7 +55,13 @@ pub struct ConflictingRules {
     pub help: String,
 }
 
-fn conflict(a: &Rule<'_>, b: &Rule<'_>) -> Option<(String, &'static str)> {
+/// What two rules disagree on, quoting the settings as written (`text`
+/// gives the source of a span), and the help.
+fn conflict(
+    a: &Rule<'_>,
+    b: &Rule<'_>,
+    text: impl Fn(Span) -> String,
+) -> Option<(String, &'static str)> {
     match (a, b) {
         (Rule::Bulkhead(x), Rule::Bulkhead(y)) => {
             let (x, y) = (BulkheadEff::of(x), BulkheadEff::of(y));
@@ -78,18 +86,12 @@ fn conflict(a: &Rule<'_>, b: &Rule<'_>) -> Option<(String, &'static str)> {
             if let (Some(c), Some(d)) = (x.calls, y.calls)
                 && c.window_ms == d.window_ms
             {
-                return Some((
-                    format!("`{}` vs `{}`", c.describe_calls(), d.describe_calls()),
-                    help,
-                ));
+                return Some((format!("`{}` vs `{}`", text(c.span), text(d.span)), help));
             }
             if let (Some(c), Some(d)) = (x.bytes, y.bytes)
                 && c.window_ms == d.window_ms
             {
-                return Some((
-                    format!("`{}` vs `{}`", c.describe_bytes(), d.describe_bytes()),
-                    help,
-                ));
+                return Some((format!("`{}` vs `{}`", text(c.span), text(d.span)), help));
             }
             if x.action != y.action {
                 return Some((
@@ -141,7 +143,8 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                 if a.name().node == b.name().node {
                     continue;
                 }
-                let Some((detail, help)) = conflict(a, b) else {
+                let text = |span| cx.text(svc.file, span).to_string();
+                let Some((detail, help)) = conflict(a, b, text) else {
                     continue;
                 };
                 reported[j] = true;

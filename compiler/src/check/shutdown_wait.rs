@@ -84,7 +84,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                             ShutdownWait {
                                 message: format!(
                                     "shutdown waits {} but consumers of `{reg_name}` may call this instance for {}",
-                                    fmt_millis(d),
+                                    cx.text(svc.file, duration.span),
                                     fmt_millis(expiry)
                                 ),
                                 src: cx.src(svc.file),
