@@ -322,3 +322,53 @@ fn the_header_of_every_diagnostic_names_its_primary_label() {
         }
     });
 }
+
+#[test]
+fn three_syntax_and_three_semantic_errors_are_reported_in_one_run() {
+    let name = "three-syntax-three-semantic.gov";
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/partial")
+        .join(name);
+    let text = std::fs::read_to_string(path).unwrap();
+    let checked = check(&[SourceFile::new(name, text)]);
+    let codes: Vec<String> = checked.diagnostics.iter().map(|d| d.code_str()).collect();
+    assert_eq!(
+        codes,
+        [
+            "gov::syntax",
+            "gov::syntax",
+            "gov::syntax",
+            "gov::non-positive",
+            "gov::unknown-match",
+            "gov::percent-out-of-range",
+        ]
+    );
+    assert!(checked.model.is_none());
+    insta::assert_snapshot!(render(&checked.diagnostics));
+}
+
+#[test]
+fn names_whose_definitions_were_skipped_are_not_unknown_and_others_are() {
+    // `broken` is defined in a statement with a syntax error; `missing` is
+    // defined nowhere.
+    let text = "service a {\n  match broken = path prefix /x\n  limit l on broken { calls 1 per 1s }\n  limit m on missing { calls 1 per 1m }\n}\n";
+    assert_eq!(codes(text), ["gov::syntax", "gov::unknown-match"]);
+    // A misspelt statement keyword may define any match: none is unknown.
+    let text =
+        "service a {\n  mtch slow = path prefix \"/x\"\n  limit l on slow { calls 1 per 1s }\n}\n";
+    assert_eq!(codes(text), ["gov::syntax"]);
+    // A service skipped whole hides its own name only.
+    let files = [
+        SourceFile::new("broken.gov", "service inventory {"),
+        SourceFile::new(
+            "ok.gov",
+            "service b {\n  bulkhead x on calls to inventory { max_concurrent 1 }\n  bulkhead y on calls to stock { max_concurrent 1 }\n}\n",
+        ),
+    ];
+    let codes: Vec<String> = check(&files)
+        .diagnostics
+        .iter()
+        .map(|d| d.code_str())
+        .collect();
+    assert_eq!(codes, ["gov::syntax", "gov::unknown-service"]);
+}

@@ -19,6 +19,11 @@ pub(crate) const STATEMENT_WORDS: [&str; 10] = [
     "shutdown",
 ];
 
+/// Whether `word` starts a definition or a statement of a service.
+pub fn starts_statement(word: &str) -> bool {
+    STATEMENT_WORDS.contains(&word) || word == "consumer"
+}
+
 /// Whether `word` can never be a name.
 pub(crate) fn is_reserved(word: &str) -> bool {
     MATCH_WORDS.contains(&word) || STATEMENT_WORDS.contains(&word)

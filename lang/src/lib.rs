@@ -7,6 +7,8 @@
 //!   more than [`MAX_EXPR_TERMS`] terms are refused. [`parse_all`] reports
 //!   every syntax error (up to [`MAX_SYNTAX_ERRORS`]): after an error it
 //!   skips the statement (or item) that holds it and goes on.
+//!   [`parse_partial`] gives the same errors and the tree of what parsed
+//!   around them, with what was skipped, for the compiler to check.
 //! - Valid text is parsed by a hand-written parser (`fast.rs`); the pest
 //!   grammar runs only to explain errors, so both give the same trees and
 //!   diagnostics. `parse_with_grammar` and `parse_fast` (hidden) exist for
@@ -38,7 +40,8 @@ pub mod report;
 
 pub use diagnostic::SyntaxError;
 pub use fmt::{format, format_source};
+pub use grammar::starts_statement;
 pub use parser::{
-    MAX_EXPR_TERMS, MAX_NESTING, MAX_SOURCE_BYTES, MAX_SYNTAX_ERRORS, parse, parse_all, parse_fast,
-    parse_with_grammar,
+    MAX_EXPR_TERMS, MAX_NESTING, MAX_SOURCE_BYTES, MAX_SYNTAX_ERRORS, Parsed, Skipped, parse,
+    parse_all, parse_fast, parse_partial, parse_with_grammar,
 };

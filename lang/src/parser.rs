@@ -49,7 +49,7 @@ pub const MAX_SYNTAX_ERRORS: usize = 20;
 /// Parses one `.gov` file. `name` is used in diagnostics. On errors, the
 /// first one; [`parse_all`] reports them all.
 pub fn parse(name: &str, src: &str) -> Result<Policy, SyntaxError> {
-    parse_up_to(name, src, 1).map_err(|errors| {
+    parse_up_to(name, src, 1).map_err(|(errors, _, _)| {
         errors
             .into_iter()
             .next()
@@ -64,24 +64,107 @@ pub fn parse(name: &str, src: &str) -> Result<Policy, SyntaxError> {
 /// item, when the layout does not show statements) and goes on; an error that
 /// skipping did not get past is taken as a follow-on and not reported.
 pub fn parse_all(name: &str, src: &str) -> Result<Policy, Vec<SyntaxError>> {
-    parse_up_to(name, src, MAX_SYNTAX_ERRORS)
+    let parsed = parse_partial(name, src);
+    match parsed.policy {
+        Some(policy) if parsed.errors.is_empty() => Ok(policy),
+        _ => Err(parsed.errors),
+    }
 }
 
-fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Vec<SyntaxError>> {
+/// What [`parse_partial`] found in one file.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The tree of what parsed: every item and statement, less those that
+    /// hold a syntax error (see [`Parsed::skipped`]). `None` when nothing
+    /// could be recovered (the file is too large or too deep, or has more
+    /// errors than [`MAX_SYNTAX_ERRORS`]).
+    pub policy: Option<Policy>,
+    /// Every syntax error, in the order of the text.
+    pub errors: Vec<SyntaxError>,
+    /// The text skipped after each error, and what it would have defined.
+    pub skipped: Vec<Skipped>,
+}
+
+/// A statement or an item skipped because it holds a syntax error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// The word it starts with (`match`, `bulkhead`, `service`...), if any.
+    pub keyword: Option<String>,
+    /// The word after the keyword: for a definition, the name it defines.
+    pub name: Option<String>,
+    /// An item (at column 0) rather than a statement inside one.
+    pub item: bool,
+    pub span: Span,
+}
+
+/// Parses one `.gov` file as far as it goes: every syntax error (as
+/// [`parse_all`]) and the tree of the rest, so that the compiler can check
+/// what parsed. Statements (or items) that hold an error are left out of the
+/// tree and listed in [`Parsed::skipped`].
+pub fn parse_partial(name: &str, src: &str) -> Parsed {
+    match parse_up_to(name, src, MAX_SYNTAX_ERRORS) {
+        Ok(policy) => Parsed {
+            policy: Some(policy),
+            errors: Vec::new(),
+            skipped: Vec::new(),
+        },
+        Err((errors, policy, regions)) => Parsed {
+            policy,
+            errors,
+            skipped: regions.into_iter().map(|r| skipped(src, r)).collect(),
+        },
+    }
+}
+
+/// What the text in `region` starts with.
+fn skipped(src: &str, region: Range<usize>) -> Skipped {
+    let text = src.get(region.clone()).unwrap_or("");
+    let line = text
+        .lines()
+        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .unwrap_or("");
+    let word = |w: &&str| {
+        w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    };
+    let mut words = line.split(|c: char| c.is_whitespace() || c == '{' || c == '=');
+    let mut words = words.by_ref().filter(|w| !w.is_empty());
+    let keyword = words.next().filter(word).map(str::to_owned);
+    let name = keyword
+        .as_ref()
+        .and(words.next())
+        .filter(word)
+        .map(str::to_owned);
+    Skipped {
+        keyword,
+        name,
+        item: !line.starts_with([' ', '\t']),
+        span: Span::new(region.start, region.end),
+    }
+}
+
+/// The errors, the tree of what parsed around them, and the regions skipped.
+type Partial = (Vec<SyntaxError>, Option<Policy>, Vec<Range<usize>>);
+
+fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Partial> {
     if src.len() > MAX_SOURCE_BYTES {
-        return Err(vec![SyntaxError::too_large(
-            name,
-            src.len(),
-            MAX_SOURCE_BYTES,
-        )]);
+        return Err((
+            vec![SyntaxError::too_large(name, src.len(), MAX_SOURCE_BYTES)],
+            None,
+            Vec::new(),
+        ));
     }
     // Valid text takes the fast path (which refuses deep nesting itself);
     // the grammar explains errors.
     if let Some(policy) = fast::parse(src) {
         return Ok(policy);
     }
-    check_nesting(name, src).map_err(|e| vec![e])?;
+    check_nesting(name, src).map_err(|e| (vec![e], None, Vec::new()))?;
     let mut errors = Vec::new();
+    let mut regions: Vec<Range<usize>> = Vec::new();
+    // The tree of the text with every broken region blanked, once it parses.
+    let mut partial = None;
     // The text with the broken regions blanked out; offsets are unchanged.
     let mut text = Cow::Borrowed(src);
     let mut shared: Option<Arc<str>> = None;
@@ -106,12 +189,16 @@ fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Vec<SyntaxEr
         };
         let err = match result {
             Ok(Some(policy)) if errors.is_empty() => return Ok(policy),
-            Ok(Some(_)) => break,
+            Ok(Some(policy)) => {
+                partial = Some(policy);
+                break;
+            }
             Ok(None) => {
                 // The rest follows the grammar; the builder's own checks
                 // (numbers, terms) still need a whole run, unless the fast
                 // path takes the blanked text.
-                if fast::parse(&text).is_some() {
+                if let Some(policy) = fast::parse(&text) {
+                    partial = Some(policy);
                     break;
                 }
                 from = 0;
@@ -131,6 +218,7 @@ fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Vec<SyntaxEr
             // Skip the whole item instead.
             let item = recovery::item_region(&text, skipped.start);
             recovery::blank(text.to_mut(), item.clone());
+            regions.push(item.clone());
             from = recovery::item_start(&text, item.start);
             last = Some((*last_at, item));
             widened = true;
@@ -144,10 +232,16 @@ fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Vec<SyntaxEr
         }
         let skip = recovery::region(&text, at);
         recovery::blank(text.to_mut(), skip.clone());
+        regions.push(skip.clone());
         from = recovery::item_start(&text, skip.start);
         last = Some((at, skip));
     }
-    Err(errors)
+    // Stopped at the limit of errors or of reading: what is left may still
+    // hold errors, and then there is no tree to give.
+    if partial.is_none() && errors.len() < max {
+        partial = fast::parse(&text);
+    }
+    Err((errors, partial, regions))
 }
 
 /// Runs the grammar over `src[from..]`, which starts an item, for its first

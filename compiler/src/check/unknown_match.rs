@@ -43,7 +43,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             refs(rule.on(), &mut names);
         }
         for name in names {
-            if svc.matches.contains_key(name.node.as_str()) {
+            if svc.matches.contains_key(name.node.as_str()) || cx.match_skipped(svc, &name.node) {
                 continue;
             }
             out.push(

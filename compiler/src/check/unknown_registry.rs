@@ -32,9 +32,6 @@ pub struct UnknownRegistry {
 }
 
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
-    if cx.incomplete {
-        return;
-    }
     let known: Vec<&str> = cx.registry_index.keys().copied().collect();
     for svc in &cx.services {
         let mut names = Vec::new();
@@ -52,7 +49,9 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             }
         }
         for name in names {
-            if cx.registry_index.contains_key(name.node.as_str()) {
+            if cx.registry_index.contains_key(name.node.as_str())
+                || !cx.registry_surely_unknown(&name.node)
+            {
                 continue;
             }
             out.push(

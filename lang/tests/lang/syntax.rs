@@ -166,3 +166,29 @@ fn misspelt_items_in_a_row_are_each_reported() {
         .collect();
     assert_eq!(lines, [1, 4, 5], "{errors:?}");
 }
+
+#[test]
+fn the_partial_tree_keeps_what_parsed_and_lists_what_was_skipped() {
+    let src = "service a {\n  capacity workers x\n  match m = path prefix \"/m\"\n  match n = path prefix /n\n}\nservice b {}\n";
+    let parsed = gov_lang::parse_partial("p.gov", src);
+    assert_eq!(parsed.errors.len(), 2);
+    let policy = parsed.policy.expect("the rest parses");
+    assert_eq!(policy.items.len(), 2);
+    let gov_lang::ast::Item::Service(a) = &policy.items[0] else {
+        panic!("a service first")
+    };
+    // Only `match m` is left of service `a`.
+    assert_eq!(a.body.len(), 1);
+    let skipped: Vec<_> = parsed
+        .skipped
+        .iter()
+        .map(|s| (s.keyword.as_deref(), s.name.as_deref(), s.item))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            (Some("capacity"), Some("workers"), false),
+            (Some("match"), Some("n"), false)
+        ]
+    );
+}
