@@ -30,9 +30,6 @@ struct Details {
     help: Option<String>,
     span: Span,
     labels: Vec<LabeledSpan>,
-    /// Where the parser stopped; recovery resumes after it. The label may
-    /// point elsewhere (at the `{` that is never closed, say).
-    at: usize,
     source_code: NamedSource<Arc<str>>,
 }
 
@@ -85,18 +82,11 @@ impl SyntaxError {
             help: None,
             span,
             labels: vec![LabeledSpan::new_primary_with_span(Some(label), span)],
-            at: span.start,
             source_code: NamedSource::new(name, Arc::from(src)),
         }))
     }
 
-    /// Where the parser stopped.
-    pub(crate) fn at(&self) -> usize {
-        self.0.at
-    }
-
-    /// Shows the error in `src` (the text as written, when the error was
-    /// found in a copy with broken parts blanked out; offsets are the same).
+    /// Shows the error in `src` (shared by every error of one file).
     pub(crate) fn with_source(mut self, name: &str, src: Arc<str>) -> Self {
         self.0.source_code = NamedSource::new(name, src);
         self
@@ -113,7 +103,6 @@ impl SyntaxError {
             help: Some("split the policy into several files".to_owned()),
             span: Span::default(),
             labels: Vec::new(),
-            at: 0,
             // The text is not kept: it is not shown and could be huge.
             source_code: NamedSource::new(name, Arc::from("")),
         }))
@@ -170,9 +159,7 @@ impl SyntaxError {
             InputLocation::Span((s, _)) => s,
         };
         let pos = pos.min(src.len());
-        let mut err = SyntaxError::from_pest_at(name, src, pos, err.variant);
-        err.0.at = pos;
-        err
+        SyntaxError::from_pest_at(name, src, pos, err.variant)
     }
 
     fn from_pest_at(name: &str, src: &str, pos: usize, variant: ErrorVariant<Rule>) -> Self {
@@ -282,8 +269,13 @@ fn unexpected(name: &str, src: &str, expected: &Expected, found: &Token<'_>) -> 
             Some(kw) => format!("the `{kw}` block opened on line {line}"),
             None => format!("the block opened on line {line}"),
         };
+        let what = if matches!(found.text, "service" | "registry") {
+            "definition"
+        } else {
+            "statement"
+        };
         err.0.help = Some(format!(
-            "`{}` starts a new statement, but {opened} is not closed: add `}}` before `{}`",
+            "`{}` starts a new {what}, but {opened} is not closed: add `}}` before `{}`",
             found.text, found.text
         ));
     }
@@ -574,11 +566,19 @@ fn describe_rule(rule: Rule) -> Vec<Phrase> {
         Rule::range_dots => words(&[".."]),
         Rule::EOI => vec![Text("end of input")],
         // Reported instead of its alternatives when nothing at all parsed.
-        Rule::policy => vec![
+        Rule::policy | Rule::file | Rule::item_probe => vec![
             Word("registry".to_owned()),
             Word("service".to_owned()),
             Text("end of input"),
         ],
+        // Reported instead of its alternatives when a broken statement is
+        // explained from its own start: a statement or the service's `}`.
+        Rule::stmt_probe => STATEMENT_WORDS
+            .iter()
+            .filter(|w| **w != "service")
+            .chain(&["consumer", "}"])
+            .map(|w| Word((*w).to_owned()))
+            .collect(),
         Rule::match_expr | Rule::and_expr => vec![Text(MATCH)],
         Rule::registry_setting => words(&["server_cache", "client_refresh", "balancer_refresh"]),
         other => {

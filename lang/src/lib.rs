@@ -9,10 +9,9 @@
 //!   skips the statement (or item) that holds it and goes on.
 //!   [`parse_partial`] gives the same errors and the tree of what parsed
 //!   around them, with what was skipped, for the compiler to check.
-//! - Valid text is parsed by a hand-written parser (`fast.rs`); the pest
-//!   grammar runs only to explain errors, so both give the same trees and
-//!   diagnostics. `parse_with_grammar` and `parse_fast` (hidden) exist for
-//!   the tests that compare them and for `benches/parse.rs`.
+//! - One parser: the pest grammar `src/gov.pest`, whose entry rule keeps
+//!   broken statements and items as error nodes (see `parser.rs`), so one
+//!   pass finds every error and the tree around them.
 //! - [`format()`] prints a tree in the one canonical layout, keeping the
 //!   comments of the source it came from; [`format_source`] does both.
 //!
@@ -31,11 +30,9 @@
 
 pub mod ast;
 mod diagnostic;
-mod fast;
 mod fmt;
 mod grammar;
 mod parser;
-mod recovery;
 pub mod report;
 
 pub use diagnostic::SyntaxError;
@@ -43,5 +40,5 @@ pub use fmt::{format, format_source};
 pub use grammar::starts_statement;
 pub use parser::{
     MAX_EXPR_TERMS, MAX_NESTING, MAX_SOURCE_BYTES, MAX_SYNTAX_ERRORS, Parsed, Skipped, parse,
-    parse_all, parse_fast, parse_partial, parse_with_grammar,
+    parse_all, parse_partial, parse_strict,
 };

@@ -10,7 +10,7 @@ fn every_syntax_fixture_has_its_diagnostic() {
     insta::glob!(fixtures, "*.gov", |path| {
         let src = std::fs::read_to_string(path).unwrap();
         let name = path.file_name().unwrap().to_string_lossy();
-        super::common::same_as_grammar(&src);
+        super::common::same_as_strict(&src);
         let first = gov_lang::parse(&name, &src).expect_err("a syntax fixture must not parse");
         let all = gov_lang::parse_all(&name, &src).expect_err("parse_all agrees with parse");
         assert_eq!(
@@ -77,9 +77,9 @@ fn very_long_match_expressions_are_refused() {
     let src = format!("service s {{\n  match m = {terms}\n}}\n");
     let err = gov_lang::parse("long.gov", &src).unwrap_err();
     assert_eq!(err.message(), "match expression has more than 256 terms");
-    super::common::same_as_grammar(&src);
+    super::common::same_as_strict(&src);
     let ok = vec!["any"; gov_lang::MAX_EXPR_TERMS].join(" or ");
-    super::common::same_as_grammar(&format!("service s {{ match m = {ok} }}"));
+    super::common::same_as_strict(&format!("service s {{ match m = {ok} }}"));
     gov_lang::parse("long.gov", &format!("service s {{ match m = {ok} }}")).unwrap();
 }
 
@@ -121,11 +121,14 @@ fn no_follow_on_errors_after_an_incomplete_statement() {
         "service a {\n  bulkhead b on any {\n    queue 1\n  limit l on any { calls 1 per 1s }\n}\n",
         "service a {\n  match m = any or\n  capacity workers 4\n}\n",
         "service a {\n  capacity workers 4\n\nservice b {}\n",
-        "service a { capacity workers 4x } service b { domain }\n",
     ] {
         let errors = gov_lang::parse_all("a.gov", src).unwrap_err();
         assert_eq!(errors.len(), 1, "{src}: {errors:#?}");
     }
+    // Two statements broken on one line are two errors, not a follow-on.
+    let src = "service a { capacity workers 4x } service b { domain }\n";
+    let errors = gov_lang::parse_all("a.gov", src).unwrap_err();
+    assert_eq!(errors.len(), 2, "{src}: {errors:#?}");
 }
 
 #[test]
@@ -190,5 +193,35 @@ fn the_partial_tree_keeps_what_parsed_and_lists_what_was_skipped() {
             (Some("capacity"), Some("workers"), false),
             (Some("match"), Some("n"), false)
         ]
+    );
+}
+
+#[test]
+fn spans_end_at_the_last_token_not_at_trailing_space_or_comments() {
+    let src =
+        "service a {\n  match m = any   # why\n  capacity workers 4   \n  domain \"d # e\"  \n}\n";
+    let policy = gov_lang::parse("s.gov", src).unwrap();
+    let gov_lang::ast::Item::Service(s) = &policy.items[0] else {
+        panic!("a service")
+    };
+    let texts: Vec<&str> = s
+        .body
+        .iter()
+        .map(|stmt| {
+            let span = match stmt {
+                gov_lang::ast::ServiceStmt::Match(m) => m.span,
+                gov_lang::ast::ServiceStmt::Capacity(gov_lang::ast::Capacity::Workers {
+                    span,
+                    ..
+                }) => *span,
+                gov_lang::ast::ServiceStmt::Domain(d) => d.span,
+                _ => panic!("unexpected statement"),
+            };
+            &src[span.start..span.end]
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        ["match m = any", "capacity workers 4", "domain \"d # e\""]
     );
 }
