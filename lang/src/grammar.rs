@@ -19,6 +19,17 @@ pub(crate) const STATEMENT_WORDS: [&str; 10] = [
     "shutdown",
 ];
 
+/// Every keyword of the language, sorted: the grammar's `kw_*` rules (so the
+/// list is never written a second time).
+pub fn keywords() -> Vec<String> {
+    let mut words: Vec<String> = Rule::all_rules()
+        .iter()
+        .filter_map(|r| format!("{r:?}").strip_prefix("kw_").map(str::to_owned))
+        .collect();
+    words.sort();
+    words
+}
+
 /// Whether `word` starts a definition or a statement of a service.
 pub fn starts_statement(word: &str) -> bool {
     STATEMENT_WORDS.contains(&word) || word == "consumer"
@@ -48,6 +59,11 @@ mod tests {
                 "`{word}` is in a reserved list but the grammar takes it as a name"
             );
             assert!(is_reserved(word));
+        }
+        let keywords = keywords();
+        assert!(keywords.iter().any(|k| k == "max_concurrent"));
+        for word in MATCH_WORDS.iter().chain(&STATEMENT_WORDS) {
+            assert!(keywords.iter().any(|k| k == word), "`{word}` is no keyword");
         }
         // Keywords that are not reserved stay names; so do reserved words
         // with more letters.

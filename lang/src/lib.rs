@@ -37,7 +37,7 @@ pub mod report;
 
 pub use diagnostic::SyntaxError;
 pub use fmt::{format, format_source};
-pub use grammar::starts_statement;
+pub use grammar::{keywords, starts_statement};
 pub use parser::{
     MAX_EXPR_TERMS, MAX_NESTING, MAX_SOURCE_BYTES, MAX_SYNTAX_ERRORS, Parsed, Skipped, parse,
     parse_all, parse_partial, parse_strict,
