@@ -477,6 +477,48 @@ fn help(expected: &Expected, found: &Token<'_>) -> Option<String> {
         let bare = text.trim_matches('"');
         return Some(format!("names are written without quotes, as in `{bare}`"));
     }
+    // A value left out: the next statement, the block's end or the file's
+    // end comes where it belongs.
+    let value = [INT, DURATION, SIZE, PERCENT, STRING, NAME]
+        .iter()
+        .any(|v| expected.has_phrase(v));
+    let next = found.is_end() || text == "}" || STATEMENT_WORDS.contains(&text);
+    if value && next && !expected.has_phrase(MATCH) {
+        let before = if found.is_end() {
+            "the end of the file".to_owned()
+        } else {
+            format!("`{text}`")
+        };
+        return Some(format!(
+            "the value is missing: write {} before {before}",
+            expected.list()
+        ));
+    }
+    if expected.has_phrase(MATCH) {
+        return Some(
+            "a match expression is a match name, `any`, or conditions such as `path prefix \"/api\"`, `method GET`, `header \"x-tenant\" = \"gold\"`, `consumer \"crm\"` or `calls to inventory`, joined with `and` and `or`"
+                .to_owned(),
+        );
+    }
+    if expected.has_word(">=") && matches!(text, "=" | "==" | "<" | "<=") {
+        return Some("a trip condition compares with `>` or `>=`, as in `errors >= 10`".to_owned());
+    }
+    if expected.has_word("prefix") && expected.has_word("exact") && text.starts_with('"') {
+        return Some(format!(
+            "say how the path matches: `path prefix {text}` (the path and everything below it) or `path exact {text}`"
+        ));
+    }
+    if expected.has_word("batch") && expected.has_word("exact") {
+        return Some(
+            "`sync exact` counts every call in the shared store; `sync batch D` flushes local counts every D, as in `sync batch 100ms`"
+                .to_owned(),
+        );
+    }
+    if text == "}" && expected.has_word("service") {
+        return Some(
+            "this `}` closes nothing: remove it, or look for a `{` missing above".to_owned(),
+        );
+    }
     None
 }
 
