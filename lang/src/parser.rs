@@ -70,9 +70,9 @@ pub fn parse_all(name: &str, src: &str) -> Result<Policy, Vec<SyntaxError>> {
 #[derive(Debug)]
 pub struct Parsed {
     /// The tree of what parsed: every item and statement, less those that
-    /// hold a syntax error (see [`Parsed::skipped`]). `None` when nothing
-    /// could be recovered (the file is too large or too deep, or has more
-    /// errors than [`MAX_SYNTAX_ERRORS`]).
+    /// hold a syntax error (see [`Parsed::skipped`]). `None` when the file
+    /// was refused before parsing (too large, parentheses too deep) or was
+    /// too complex for the parser's call and stack limits.
     pub policy: Option<Policy>,
     /// Every syntax error, in the order of the text.
     pub errors: Vec<SyntaxError>,
