@@ -14,7 +14,7 @@ use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
 use pest::error::{ErrorVariant, InputLocation};
 
 use crate::ast::Span;
-use crate::grammar::{Rule, STATEMENT_WORDS, is_reserved};
+use crate::grammar::{MATCH_WORDS, Rule, STATEMENT_WORDS, is_reserved};
 use crate::parser::{MAX_EXPR_TERMS, MAX_NESTING, code_bytes};
 
 /// A `.gov` file that cannot be parsed.
@@ -622,7 +622,14 @@ fn describe_rule(rule: Rule) -> Vec<Phrase> {
             .map(|w| Word((*w).to_owned()))
             .collect(),
         Rule::match_expr | Rule::and_expr => vec![Text(MATCH)],
-        Rule::registry_setting => words(&["server_cache", "client_refresh", "balancer_refresh"]),
+        Rule::registry_setting => [
+            Rule::kw_server_cache,
+            Rule::kw_client_refresh,
+            Rule::kw_balancer_refresh,
+        ]
+        .into_iter()
+        .flat_map(describe_rule)
+        .collect(),
         other => {
             let name = format!("{other:?}");
             match name.strip_prefix("kw_") {
@@ -641,9 +648,11 @@ struct Expected {
     texts: Vec<&'static str>,
 }
 
-/// The keywords that start a match atom; when all are expected, "a match
-/// expression" says it better.
-const MATCH_STARTERS: [&str; 6] = ["path", "method", "header", "consumer", "calls", "any"];
+/// The keywords that start a match atom (the match words less `and` and
+/// `or`); when all are expected, "a match expression" says it better.
+fn is_match_starter(word: &str) -> bool {
+    MATCH_WORDS.contains(&word) && !matches!(word, "and" | "or")
+}
 
 impl Expected {
     fn from_rules(rules: &[Rule]) -> Self {
@@ -658,8 +667,9 @@ impl Expected {
                 }
             }
         }
-        if MATCH_STARTERS.iter().all(|s| words.iter().any(|w| w == s)) {
-            words.retain(|w| !MATCH_STARTERS.contains(&w.as_str()) && w != "(");
+        let starters = MATCH_WORDS.iter().filter(|w| is_match_starter(w));
+        if starters.clone().all(|s| words.iter().any(|w| w == s)) {
+            words.retain(|w| !is_match_starter(w) && w != "(");
             texts.retain(|t| *t != NAME);
             texts.insert(0, MATCH);
         }
