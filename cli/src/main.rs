@@ -15,6 +15,7 @@ mod cmd {
     pub mod compile;
     pub mod demo;
     pub mod fmt;
+    pub mod lsp;
     pub mod plan;
     pub mod release;
     pub mod status;
@@ -56,6 +57,8 @@ enum Command {
     Demo(cmd::demo::Args),
     /// Watch agents, rules and rejections live; release tripped fuses and engaged limits.
     Tui(cmd::tui::Args),
+    /// Run a language server for `.gov` files on stdin and stdout (for editors).
+    Lsp(cmd::lsp::Args),
 }
 
 fn main() -> ExitCode {
@@ -82,5 +85,6 @@ fn main() -> ExitCode {
         Command::Release(args) => cmd::release::run(args),
         Command::Demo(args) => cmd::demo::run(args),
         Command::Tui(args) => cmd::tui::run(args),
+        Command::Lsp(args) => cmd::lsp::run(args),
     }
 }

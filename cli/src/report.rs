@@ -9,14 +9,21 @@
 //! summary.exit_code(args.deny_warnings)
 //! ```
 //!
-//! `human` is miette's graphical report, coloured only when stderr is a
-//! terminal and `NO_COLOR` is unset or empty. `json` is miette's JSON report,
-//! one object per diagnostic per line.
+//! `human` is miette's graphical report, headed by the primary label (see
+//! [`Focused`]), coloured only when stderr is a terminal and `NO_COLOR` is
+//! unset or empty. `json` is one object per diagnostic per line, with the
+//! fields of miette's JSON report; every label span carries, beside its
+//! byte `offset` and `length`, the 1-based `line` and `column` where it
+//! starts and `end_line` / `end_column` where it ends (columns count UTF-8
+//! bytes, as the human header shows them), and whether it is `primary`. The
+//! object's own `line` and `column` are those of its primary label.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
-use miette::{Diagnostic, GraphicalReportHandler, GraphicalTheme, JSONReportHandler, Severity};
+use gov_lang::report::Focused;
+use miette::{Diagnostic, GraphicalReportHandler, GraphicalTheme, Severity, SourceCode};
+use serde_json::{Value, json};
 
 /// How diagnostics are printed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -74,19 +81,21 @@ impl Reporter {
                 } else {
                     GraphicalTheme::unicode_nocolor()
                 };
+                // The header names the primary label, not the first in
+                // source order.
                 GraphicalReportHandler::new_themed(theme)
                     .with_width(WIDTH)
-                    .render_report(&mut out, diagnostic)
+                    .render_report(&mut out, &Focused::new(diagnostic))
             }
-            ErrorFormat::Json => JSONReportHandler::new().render_report(&mut out, diagnostic),
+            ErrorFormat::Json => {
+                out = to_json(diagnostic, None).to_string();
+                Ok(())
+            }
         };
         if result.is_err() {
             // Rendering into a String fails only if a Display impl fails;
             // the message alone is still worth printing.
             out = diagnostic.to_string();
-        }
-        if self.format == ErrorFormat::Json {
-            out = out.replace('\n', " ");
         }
         if !out.ends_with('\n') {
             out.push('\n');
@@ -110,6 +119,71 @@ impl Reporter {
         }
         summary
     }
+}
+
+/// One diagnostic as a JSON object (`parent` gives the source to related
+/// diagnostics that have none of their own).
+fn to_json(d: &dyn Diagnostic, parent: Option<&dyn SourceCode>) -> Value {
+    let source = d.source_code().or(parent);
+    let severity = match d.severity() {
+        Some(Severity::Warning) => "warning",
+        Some(Severity::Advice) => "advice",
+        Some(Severity::Error) | None => "error",
+    };
+    let mut causes = Vec::new();
+    let mut cause = std::error::Error::source(d);
+    while let Some(c) = cause {
+        causes.push(c.to_string());
+        cause = c.source();
+    }
+    let labels: Vec<_> = d.labels().into_iter().flatten().collect();
+    let primary = labels.iter().find(|l| l.primary()).or(labels.first());
+    let at = |offset: usize| {
+        source
+            .and_then(|s| gov_lang::report::position(s, &miette::SourceSpan::new(offset.into(), 0)))
+    };
+    let (line, column) = primary.and_then(|l| at(l.offset())).unzip();
+    let labels: Vec<Value> = labels
+        .iter()
+        .map(|l| {
+            let (line, column) = at(l.offset()).unzip();
+            let (end_line, end_column) = at(l.offset() + l.len()).unzip();
+            json!({
+                "label": l.label(),
+                "primary": l.primary(),
+                "span": {
+                    "offset": l.offset(),
+                    "length": l.len(),
+                    "line": line,
+                    "column": column,
+                    "end_line": end_line,
+                    "end_column": end_column,
+                },
+            })
+        })
+        .collect();
+    let related: Vec<Value> = d
+        .related()
+        .into_iter()
+        .flatten()
+        .map(|r| to_json(r, source))
+        .collect();
+    let filename = source
+        .and_then(|s| s.read_span(&(0, 0).into(), 0, 0).ok())
+        .and_then(|c| c.name().map(str::to_owned));
+    json!({
+        "message": d.to_string(),
+        "code": d.code().map(|c| c.to_string()),
+        "severity": severity,
+        "causes": causes,
+        "url": d.url().map(|u| u.to_string()),
+        "help": d.help().map(|h| h.to_string()),
+        "filename": filename,
+        "line": line,
+        "column": column,
+        "labels": labels,
+        "related": related,
+    })
 }
 
 // === impl Summary ===

@@ -191,10 +191,79 @@ fn json_prints_one_object_per_diagnostic_per_line() {
     let span = &syntax["labels"][0]["span"];
     assert_eq!(span["offset"], BROKEN.find('}').unwrap());
     assert_eq!(span["length"], 1);
+    assert_eq!(
+        (span["line"].clone(), span["column"].clone()),
+        (3.into(), 1.into())
+    );
+    assert_eq!(
+        (syntax["line"].clone(), syntax["column"].clone()),
+        (3.into(), 1.into())
+    );
+    assert_eq!(syntax["labels"][0]["primary"], true);
 
     let io = by_code("gov::io");
     assert_eq!(io["severity"], "error");
     assert!(io["message"].as_str().unwrap().contains("missing.gov"));
+}
+
+#[test]
+fn json_lines_and_columns_are_those_of_the_human_header() {
+    // Multi-byte text before the error on its line, and (in a second file)
+    // a lint whose context label comes first: the JSON position is the
+    // human header's.
+    let text = "service order {\n  domain \"café\"  capacity workers x\n}\n";
+    let (dir, path) = file_with("utf8.gov", text);
+    let lint =
+        "service b {\n  capacity workers 2\n\n\n\n  bulkhead w on any { max_concurrent 5 }\n}\n";
+    let other = dir.path().join("lint.gov");
+    std::fs::write(&other, lint).unwrap();
+    let run = |format: &str| {
+        let out = govc()
+            .args(["check", "--each", "--error-format", format])
+            .args([&path, &other])
+            .assert()
+            .code(1)
+            .get_output()
+            .clone();
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let human = run("human");
+    let json = run("json");
+    let lines: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{json}");
+    let headers: Vec<&str> = human
+        .split("╭─[")
+        .skip(1)
+        .map(|rest| rest.split(']').next().unwrap())
+        .filter(|h| !h.is_empty())
+        .collect();
+    for d in &lines {
+        let file = std::path::Path::new(d["filename"].as_str().unwrap());
+        let name = file.file_name().unwrap().to_string_lossy();
+        let header = format!("{name}:{}:{}", d["line"], d["column"]);
+        assert!(
+            headers.iter().any(|h| h.ends_with(&header)),
+            "{header} not among {headers:?}"
+        );
+    }
+    // `x` is the 36th byte of line 2 (`é` is two bytes), the 35th character.
+    assert_eq!(
+        (lines[0]["line"].clone(), lines[0]["column"].clone()),
+        (2.into(), 36.into())
+    );
+    let span = &lines[0]["labels"][0]["span"];
+    assert_eq!(
+        (span["end_line"].clone(), span["end_column"].clone()),
+        (2.into(), 37.into())
+    );
+    // The lint is headed by `max_concurrent 5`, not by `capacity workers 2`.
+    assert_eq!(
+        (lines[1]["line"].clone(), lines[1]["column"].clone()),
+        (6.into(), 38.into())
+    );
 }
 
 #[test]

@@ -9,7 +9,7 @@ use gov_lang::ast::{
     Release, Span, Trip,
 };
 
-use crate::units::{bytes, fmt_bytes, fmt_millis, millis};
+use crate::units::{bytes, fmt_millis, millis};
 
 pub(crate) const BULKHEAD_REJECT: i64 = 408;
 pub(crate) const LIMIT_REJECT: i64 = 429;
@@ -207,20 +207,6 @@ impl<'a> FuseEff<'a> {
             }
         }
         e
-    }
-}
-
-impl Counter {
-    pub fn describe_calls(&self) -> String {
-        format!("calls {} per {}", self.amount, fmt_millis(self.window_ms))
-    }
-
-    pub fn describe_bytes(&self) -> String {
-        format!(
-            "bytes {} per {}",
-            fmt_bytes(self.amount),
-            fmt_millis(self.window_ms)
-        )
     }
 }
 

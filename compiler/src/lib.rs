@@ -89,7 +89,7 @@ impl Model {
     /// Lowers the policy to a bundle (cannot fail: the model has no errors).
     pub fn lower(&self) -> Bundle {
         let files: Vec<_> = self.files.iter().map(|(f, p)| (f, p)).collect();
-        with_ctx(&files, false, lower::bundle)
+        with_ctx(&files, resolve::Skipped::default(), lower::bundle)
     }
 }
 
@@ -121,7 +121,7 @@ pub fn compile(files: &[SourceFile]) -> Result<Compiled, Diagnostics> {
         return Err(diagnostics);
     }
     let pairs: Vec<_> = files.iter().zip(parsed.iter().flatten()).collect();
-    let bundle = with_ctx(&pairs, false, lower::bundle);
+    let bundle = with_ctx(&pairs, resolve::Skipped::default(), lower::bundle);
     Ok(Compiled {
         bundle,
         warnings: diagnostics,
@@ -129,26 +129,39 @@ pub fn compile(files: &[SourceFile]) -> Result<Compiled, Diagnostics> {
 }
 
 /// Parses every file and runs every check. The second value has one entry
-/// per file (`None` when it did not parse).
+/// per file: its tree, or what parsed of it when it has syntax errors
+/// (`None` when nothing could be recovered).
+///
+/// The checks run on what parsed, so that fixing one typo does not reveal a
+/// new wave of errors; names whose definitions were skipped for a syntax
+/// error are not reported unknown (see [`resolve::Skipped`]).
 fn analyze(files: &[SourceFile]) -> (Diagnostics, Vec<Option<gov_lang::ast::Policy>>) {
     let mut out = Vec::new();
     let mut parsed = Vec::with_capacity(files.len());
-    for result in parse_all(files) {
-        match result {
-            Ok(p) => parsed.push(Some(p)),
-            Err(errors) => {
-                out.extend(errors.into_iter().map(Diagnostic::from));
-                parsed.push(None);
-            }
-        }
+    let mut skipped = resolve::Skipped::default();
+    for (file, result) in parse_all(files).into_iter().enumerate() {
+        let broken = !result.errors.is_empty();
+        out.extend(result.errors.into_iter().map(Diagnostic::from));
+        skipped.add(file, broken && result.policy.is_none(), &result.skipped);
+        parsed.push(result.policy);
     }
     let pairs: Vec<_> = files
         .iter()
         .zip(parsed.iter())
         .filter_map(|(f, p)| p.as_ref().map(|p| (f, p)))
         .collect();
-    let incomplete = pairs.len() != files.len();
-    let semantic = with_ctx(&pairs, incomplete, |cx| {
+    // Files index the trees that parsed: renumber the skipped statements.
+    let present: Vec<Option<usize>> = parsed
+        .iter()
+        .scan(0, |next, p| {
+            Some(p.as_ref().map(|_| {
+                *next += 1;
+                *next - 1
+            }))
+        })
+        .collect();
+    skipped.renumber(&present);
+    let semantic = with_ctx(&pairs, skipped, |cx| {
         let mut v = Vec::new();
         check::run(cx, &mut v);
         // Errors before warnings; each group in file order, then text order.
@@ -175,10 +188,8 @@ const PARALLEL_PARSE_BYTES: usize = 256 * 1024;
 
 /// Parses every file, in order. Files are independent, so a large policy in
 /// several files is parsed on every core (file `i` on thread `i % n`).
-fn parse_all(
-    files: &[SourceFile],
-) -> Vec<Result<gov_lang::ast::Policy, Vec<gov_lang::SyntaxError>>> {
-    let parse = |f: &SourceFile| gov_lang::parse_all(&f.name, &f.text);
+fn parse_all(files: &[SourceFile]) -> Vec<gov_lang::Parsed> {
+    let parse = |f: &SourceFile| gov_lang::parse_partial(&f.name, &f.text);
     let total: usize = files.iter().map(|f| f.text.len()).sum();
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZeroUsize::get)
@@ -214,13 +225,13 @@ fn parse_all(
 
 fn with_ctx<T>(
     files: &[(&SourceFile, &gov_lang::ast::Policy)],
-    incomplete: bool,
+    skipped: resolve::Skipped,
     f: impl FnOnce(&resolve::Ctx<'_>) -> T,
 ) -> T {
     let files = files
         .iter()
         .map(|(file, policy)| resolve::File::new(&file.name, &file.text, policy))
         .collect();
-    let cx = resolve::Ctx::new(files, incomplete);
+    let cx = resolve::Ctx::new(files, skipped);
     f(&cx)
 }

@@ -7,7 +7,7 @@
 //! one diagnostic, not a cascade.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use gov_lang::ast::{
@@ -63,9 +63,25 @@ pub(crate) struct Ctx<'a> {
     pub services: Vec<Svc<'a>>,
     /// Name -> index into `services` of the first definition.
     pub service_index: BTreeMap<&'a str, usize>,
-    /// Some file did not parse: names may be defined in it, so the
-    /// cross-file "unknown" checks stay quiet.
-    pub incomplete: bool,
+    /// What syntax errors made the parser skip.
+    pub skipped: Skipped,
+}
+
+/// Definitions skipped for syntax errors: a reference to one of these names
+/// is not reported unknown, since its definition may be right there,
+/// behind a typo.
+#[derive(Debug, Default)]
+pub(crate) struct Skipped {
+    /// Something at the top level of a file whose name is not known was
+    /// skipped, or a file gave no tree at all: any service or registry may
+    /// be defined there, so the cross-file "unknown" checks stay quiet.
+    pub unknown_items: bool,
+    pub services: BTreeSet<String>,
+    pub registries: BTreeSet<String>,
+    /// Statements skipped inside services: (file, offset, name) of a
+    /// `match`, or with no name when the statement's keyword is not known
+    /// (a misspelt `mtch` may define any match).
+    statements: Vec<(usize, usize, Option<String>)>,
 }
 
 /// One service and what it declares.
@@ -119,7 +135,7 @@ pub(crate) enum Norm<'a> {
 // === impl Ctx ===
 
 impl<'a> Ctx<'a> {
-    pub fn new(files: Vec<File<'a>>, incomplete: bool) -> Self {
+    pub fn new(files: Vec<File<'a>>, skipped: Skipped) -> Self {
         let mut registries = Vec::new();
         let mut registry_index = BTreeMap::new();
         let mut services = Vec::new();
@@ -148,12 +164,42 @@ impl<'a> Ctx<'a> {
             registry_index,
             services,
             service_index,
-            incomplete,
+            skipped,
         }
+    }
+
+    /// Whether a match `name` of `svc` may have been defined in a statement
+    /// skipped for a syntax error.
+    pub fn match_skipped(&self, svc: &Svc<'_>, name: &str) -> bool {
+        let span = svc.ast.span;
+        self.skipped.statements.iter().any(|(file, at, skipped)| {
+            *file == svc.file
+                && span.start <= *at
+                && *at < span.end
+                && skipped.as_deref().is_none_or(|n| n == name)
+        })
+    }
+
+    /// Whether no service or registry named `name` may hide in skipped text.
+    pub fn service_surely_unknown(&self, name: &str) -> bool {
+        !self.skipped.unknown_items && !self.skipped.services.contains(name)
+    }
+
+    pub fn registry_surely_unknown(&self, name: &str) -> bool {
+        !self.skipped.unknown_items && !self.skipped.registries.contains(name)
     }
 
     pub fn src(&self, file: usize) -> Src {
         self.files[file].src()
+    }
+
+    /// The text of `span` in `file` as written: diagnostics quote the
+    /// file (`60s`), never a normalised rendering of it (`1m`).
+    pub fn text(&self, file: usize, span: Span) -> &'a str {
+        self.files[file]
+            .text
+            .get(span.start..span.end)
+            .unwrap_or("")
     }
 
     pub fn registry(&self, name: &str) -> Option<&'a Registry> {
@@ -163,6 +209,47 @@ impl<'a> Ctx<'a> {
     /// The services that lowering sees: the first definition of each name.
     pub fn unique_services(&self) -> impl Iterator<Item = &Svc<'a>> {
         self.service_index.values().map(|&i| &self.services[i])
+    }
+}
+
+// === impl Skipped ===
+
+impl Skipped {
+    /// Records what the parser skipped in file `file` (numbered among all
+    /// files); `lost` when the file gave no tree at all.
+    pub fn add(&mut self, file: usize, lost: bool, skipped: &[gov_lang::Skipped]) {
+        self.unknown_items |= lost;
+        for s in skipped {
+            let keyword = s.keyword.as_deref();
+            match (s.item, keyword, &s.name) {
+                (true, Some("service"), Some(name)) => {
+                    self.services.insert(name.clone());
+                }
+                (true, Some("registry"), Some(name)) => {
+                    self.registries.insert(name.clone());
+                }
+                (true, ..) => self.unknown_items = true,
+                (false, Some("match"), name) => {
+                    self.statements.push((file, s.span.start, name.clone()));
+                }
+                // A rule, a setting or a block defines no match.
+                (false, Some(k), _) if gov_lang::starts_statement(k) => {}
+                (false, ..) => self.statements.push((file, s.span.start, None)),
+            }
+        }
+    }
+
+    /// Numbers files among those with a tree: `present[i]` is the new
+    /// number of file `i`, `None` when it gave no tree.
+    pub fn renumber(&mut self, present: &[Option<usize>]) {
+        self.statements
+            .retain_mut(|(file, ..)| match present.get(*file).copied().flatten() {
+                Some(n) => {
+                    *file = n;
+                    true
+                }
+                None => false,
+            });
     }
 }
 

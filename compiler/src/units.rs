@@ -4,31 +4,18 @@
 //! overflowing: a duration of `9223372036854775807h` is simply "huge", and the
 //! range checks say so.
 
-use gov_lang::ast::{Duration, Size, SizeUnit, TimeUnit};
+#[cfg(test)]
+use gov_lang::ast::TimeUnit;
+use gov_lang::ast::{Duration, Size, SizeUnit};
 
-/// A duration in milliseconds.
+/// A duration in milliseconds (the factors are the syntax tree's).
 pub(crate) fn millis(d: &Duration) -> i64 {
-    let factor = match d.unit {
-        TimeUnit::Millis => 1,
-        TimeUnit::Seconds => 1_000,
-        TimeUnit::Minutes => 60_000,
-        TimeUnit::Hours => 3_600_000,
-    };
-    d.value.saturating_mul(factor)
+    d.value.saturating_mul(d.unit.millis())
 }
 
 /// A size in bytes.
 pub(crate) fn bytes(s: &Size) -> i64 {
-    let factor: i64 = match s.unit {
-        SizeUnit::B => 1,
-        SizeUnit::KB => 1_000,
-        SizeUnit::MB => 1_000_000,
-        SizeUnit::GB => 1_000_000_000,
-        SizeUnit::KiB => 1 << 10,
-        SizeUnit::MiB => 1 << 20,
-        SizeUnit::GiB => 1 << 30,
-    };
-    s.value.saturating_mul(factor)
+    s.value.saturating_mul(s.unit.bytes())
 }
 
 /// `90000` -> `90s`, `1500` -> `1.5s`, `7200000` -> `2h`, `10` -> `10ms`.
@@ -49,17 +36,11 @@ pub fn fmt_millis(ms: i64) -> String {
 
 /// `10485760` -> `10MiB`, `5000000` -> `5MB`, `700` -> `700B`.
 pub fn fmt_bytes(b: i64) -> String {
-    const UNITS: [(i64, &str); 6] = [
-        (1 << 30, "GiB"),
-        (1_000_000_000, "GB"),
-        (1 << 20, "MiB"),
-        (1_000_000, "MB"),
-        (1 << 10, "KiB"),
-        (1_000, "kB"),
-    ];
-    for (factor, unit) in UNITS {
+    use SizeUnit::{GB, GiB, KB, KiB, MB, MiB};
+    for unit in [GiB, GB, MiB, MB, KiB, KB] {
+        let factor = unit.bytes();
         if b != 0 && b % factor == 0 {
-            return format!("{}{unit}", b / factor);
+            return format!("{}{}", b / factor, unit.suffix());
         }
     }
     format!("{b}B")

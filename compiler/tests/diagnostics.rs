@@ -7,14 +7,23 @@
 use std::path::Path;
 
 use gov_compiler::{Diagnostics, SourceFile, check};
-use miette::{GraphicalReportHandler, GraphicalTheme};
+use gov_lang::report::{Focused, position};
+use miette::{Diagnostic as _, GraphicalReportHandler, GraphicalTheme};
+
+/// One diagnostic as `govc check` prints it, without colour.
+fn render_one(d: &dyn miette::Diagnostic) -> String {
+    let mut out = String::new();
+    GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
+        .with_width(100)
+        .render_report(&mut out, &Focused::new(d))
+        .unwrap();
+    out
+}
 
 fn render(diagnostics: &Diagnostics) -> String {
-    let handler =
-        GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor()).with_width(100);
     let mut out = String::new();
     for d in diagnostics {
-        handler.render_report(&mut out, d).unwrap();
+        out.push_str(&render_one(d));
         out.push('\n');
     }
     out
@@ -268,4 +277,98 @@ fn every_syntax_error_of_a_file_is_reported() {
     for at in ["[three.gov:2:20]", "[three.gov:3:32]", "[three.gov:5:1]"] {
         assert!(rendered.contains(at), "{at} missing in {rendered}");
     }
+}
+
+#[test]
+fn n_conflicting_rules_give_one_diagnostic_per_rule_after_the_first() {
+    let limits: String = (0..30)
+        .map(|i| format!("  limit l{i} on any {{ calls {} per 1s }}\n", i + 1))
+        .collect();
+    let text = format!("service s {{\n{limits}}}\n");
+    let checked = check(&[SourceFile::new("t.gov", text)]);
+    let messages: Vec<String> = checked.diagnostics.iter().map(|d| d.to_string()).collect();
+    assert_eq!(messages.len(), 29, "{messages:#?}");
+    for (i, m) in messages.iter().enumerate() {
+        let second = format!("`l{}`", i + 1);
+        assert!(m.starts_with("limits `l0` and "), "{m}");
+        assert!(m.contains(&second), "{m} should name {second}");
+    }
+}
+
+/// The `[file:line:col]` of the first snippet header in a rendering.
+fn first_header(rendered: &str) -> Option<&str> {
+    let start = rendered.find("╭─[")? + "╭─[".len();
+    let len = rendered[start..].find(']')?;
+    Some(&rendered[start..start + len])
+}
+
+#[test]
+fn the_header_of_every_diagnostic_names_its_primary_label() {
+    insta::glob!("fixtures/*.gov", |path| {
+        let name = file_name(path);
+        let text = std::fs::read_to_string(path).unwrap();
+        let checked = check(&[SourceFile::new(name.clone(), text)]);
+        for d in &checked.diagnostics {
+            let labels: Vec<_> = d.labels().into_iter().flatten().collect();
+            let primary: Vec<_> = labels.iter().filter(|l| l.primary()).collect();
+            assert_eq!(primary.len(), 1, "{name}: `{d}` needs one primary label");
+            let (line, col) = position(d.source_code().unwrap(), primary[0].inner()).unwrap();
+            let rendered = render_one(d);
+            assert_eq!(
+                first_header(&rendered),
+                Some(format!("{name}:{line}:{col}").as_str()),
+                "{rendered}"
+            );
+        }
+    });
+}
+
+#[test]
+fn three_syntax_and_three_semantic_errors_are_reported_in_one_run() {
+    let name = "three-syntax-three-semantic.gov";
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/partial")
+        .join(name);
+    let text = std::fs::read_to_string(path).unwrap();
+    let checked = check(&[SourceFile::new(name, text)]);
+    let codes: Vec<String> = checked.diagnostics.iter().map(|d| d.code_str()).collect();
+    assert_eq!(
+        codes,
+        [
+            "gov::syntax",
+            "gov::syntax",
+            "gov::syntax",
+            "gov::non-positive",
+            "gov::unknown-match",
+            "gov::percent-out-of-range",
+        ]
+    );
+    assert!(checked.model.is_none());
+    insta::assert_snapshot!(render(&checked.diagnostics));
+}
+
+#[test]
+fn names_whose_definitions_were_skipped_are_not_unknown_and_others_are() {
+    // `broken` is defined in a statement with a syntax error; `missing` is
+    // defined nowhere.
+    let text = "service a {\n  match broken = path prefix /x\n  limit l on broken { calls 1 per 1s }\n  limit m on missing { calls 1 per 1m }\n}\n";
+    assert_eq!(codes(text), ["gov::syntax", "gov::unknown-match"]);
+    // A misspelt statement keyword may define any match: none is unknown.
+    let text =
+        "service a {\n  mtch slow = path prefix \"/x\"\n  limit l on slow { calls 1 per 1s }\n}\n";
+    assert_eq!(codes(text), ["gov::syntax"]);
+    // A service skipped whole hides its own name only.
+    let files = [
+        SourceFile::new("broken.gov", "service inventory {"),
+        SourceFile::new(
+            "ok.gov",
+            "service b {\n  bulkhead x on calls to inventory { max_concurrent 1 }\n  bulkhead y on calls to stock { max_concurrent 1 }\n}\n",
+        ),
+    ];
+    let codes: Vec<String> = check(&files)
+        .diagnostics
+        .iter()
+        .map(|d| d.code_str())
+        .collect();
+    assert_eq!(codes, ["gov::syntax", "gov::unknown-service"]);
 }

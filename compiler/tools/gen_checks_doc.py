@@ -19,6 +19,10 @@ out = ["# Checks and lints of `govc check`\n",
 `govc check` (and `govc compile`, and the control plane before it applies
 anything) runs every check below and reports every finding at once, each with
 a stable code, a message, a label on the exact text, and a help line.
+The primary label is on the text to change, and the `file:line:col` header of
+the report names it; labels that only give context (the `capacity` or
+`latency` a lint compares with, the first of two definitions) are shown beside
+it when they are near, or as a note after it.
 
 - **Errors** (`gov::...`) stop `compile` and `apply`.
 - **Lints** (`gov::lint::...`) are warnings: they are printed but never block,

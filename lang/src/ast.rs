@@ -722,6 +722,17 @@ pub enum ShutdownStep {
 // === impl literals ===
 
 impl TimeUnit {
+    /// The unit written `suffix` (`min` is `m`): the one table of time
+    /// units apart from the grammar's `duration` rule.
+    pub fn from_suffix(suffix: &str) -> Option<Self> {
+        use TimeUnit::{Hours, Millis, Minutes, Seconds};
+        let alias = (suffix == "min").then_some(Minutes);
+        [Millis, Seconds, Minutes, Hours]
+            .into_iter()
+            .find(|u| u.suffix() == suffix)
+            .or(alias)
+    }
+
     /// The unit as written after the number (`Minutes` prints as `m`).
     pub const fn suffix(self) -> &'static str {
         match self {
@@ -756,6 +767,17 @@ impl fmt::Display for Duration {
 }
 
 impl SizeUnit {
+    /// The unit written `suffix` (`KB` is `kB`): the one table of size
+    /// units apart from the grammar's `size` rule.
+    pub fn from_suffix(suffix: &str) -> Option<Self> {
+        use SizeUnit::{B, GB, GiB, KB, KiB, MB, MiB};
+        let alias = (suffix == "KB").then_some(KB);
+        [B, KB, MB, GB, KiB, MiB, GiB]
+            .into_iter()
+            .find(|u| u.suffix() == suffix)
+            .or(alias)
+    }
+
     pub const fn suffix(self) -> &'static str {
         match self {
             SizeUnit::B => "B",

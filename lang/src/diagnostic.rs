@@ -14,7 +14,7 @@ use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
 use pest::error::{ErrorVariant, InputLocation};
 
 use crate::ast::Span;
-use crate::grammar::Rule;
+use crate::grammar::{MATCH_WORDS, Rule, STATEMENT_WORDS, is_reserved};
 use crate::parser::{MAX_EXPR_TERMS, MAX_NESTING, code_bytes};
 
 /// A `.gov` file that cannot be parsed.
@@ -30,9 +30,6 @@ struct Details {
     help: Option<String>,
     span: Span,
     labels: Vec<LabeledSpan>,
-    /// Where the parser stopped; recovery resumes after it. The label may
-    /// point elsewhere (at the `{` that is never closed, say).
-    at: usize,
     source_code: NamedSource<Arc<str>>,
 }
 
@@ -85,18 +82,11 @@ impl SyntaxError {
             help: None,
             span,
             labels: vec![LabeledSpan::new_primary_with_span(Some(label), span)],
-            at: span.start,
             source_code: NamedSource::new(name, Arc::from(src)),
         }))
     }
 
-    /// Where the parser stopped.
-    pub(crate) fn at(&self) -> usize {
-        self.0.at
-    }
-
-    /// Shows the error in `src` (the text as written, when the error was
-    /// found in a copy with broken parts blanked out; offsets are the same).
+    /// Shows the error in `src` (shared by every error of one file).
     pub(crate) fn with_source(mut self, name: &str, src: Arc<str>) -> Self {
         self.0.source_code = NamedSource::new(name, src);
         self
@@ -113,7 +103,6 @@ impl SyntaxError {
             help: Some("split the policy into several files".to_owned()),
             span: Span::default(),
             labels: Vec::new(),
-            at: 0,
             // The text is not kept: it is not shown and could be huge.
             source_code: NamedSource::new(name, Arc::from("")),
         }))
@@ -170,9 +159,7 @@ impl SyntaxError {
             InputLocation::Span((s, _)) => s,
         };
         let pos = pos.min(src.len());
-        let mut err = SyntaxError::from_pest_at(name, src, pos, err.variant);
-        err.0.at = pos;
-        err
+        SyntaxError::from_pest_at(name, src, pos, err.variant)
     }
 
     fn from_pest_at(name: &str, src: &str, pos: usize, variant: ErrorVariant<Rule>) -> Self {
@@ -229,7 +216,15 @@ fn unexpected(name: &str, src: &str, expected: &Expected, found: &Token<'_>) -> 
         return SyntaxError::new(name, src, message, open, label)
             .with_help("add `}` to close the block");
     }
-    let message = format!("expected {list}, found {}", found.describe());
+    if let Some(err) = non_ascii_letter(name, src, expected, found) {
+        return err;
+    }
+    let reserved = found.is_word() && expected.has_phrase(NAME) && is_reserved(found.text);
+    let message = if reserved {
+        format!("expected {list}, found the reserved word `{}`", found.text)
+    } else {
+        format!("expected {list}, found {}", found.describe())
+    };
     let label = if found.is_end() {
         "the file ends here".to_owned()
     } else {
@@ -237,6 +232,53 @@ fn unexpected(name: &str, src: &str, expected: &Expected, found: &Token<'_>) -> 
     };
     let mut err = SyntaxError::new(name, src, message, found.span, label);
     err.0.help = help(expected, found);
+    if reserved {
+        let role = if STATEMENT_WORDS.contains(&found.text) {
+            "it starts a statement"
+        } else {
+            "it starts or joins a match expression"
+        };
+        err.0.help = Some(format!(
+            "`{}` is a reserved word ({role}) and cannot be a name: choose another name",
+            found.text
+        ));
+    }
+    if let Some(help) = out_of_order(src, found) {
+        err.0.help = Some(help);
+    }
+    // A statement keyword where the block could still close: its `}` is
+    // probably lost. Show the `{` that is not closed.
+    if found.is_word()
+        && STATEMENT_WORDS.contains(&found.text)
+        && !reserved
+        && expected.has_word("}")
+        && let Some(open) = src
+            .get(..found.span.start)
+            .and_then(|before| unclosed(before, b'{', b'}'))
+    {
+        let (line, block) = opened_by(src, open.start);
+        err.0.labels[0] = LabeledSpan::new_primary_with_span(
+            Some("a `}` is missing before this".to_owned()),
+            found.span,
+        );
+        err.0.labels.push(LabeledSpan::new_with_span(
+            Some("this `{` is not closed".to_owned()),
+            open,
+        ));
+        let opened = match block {
+            Some(kw) => format!("the `{kw}` block opened on line {line}"),
+            None => format!("the block opened on line {line}"),
+        };
+        let what = if matches!(found.text, "service" | "registry") {
+            "definition"
+        } else {
+            "statement"
+        };
+        err.0.help = Some(format!(
+            "`{}` starts a new {what}, but {opened} is not closed: add `}}` before `{}`",
+            found.text, found.text
+        ));
+    }
     // A group still open where `)` would fit: show where it started.
     if expected.has_word(")")
         && let Some(open) = src
@@ -252,6 +294,87 @@ fn unexpected(name: &str, src: &str, expected: &Expected, found: &Token<'_>) -> 
             .get_or_insert_with(|| "add `)` to close the group".to_owned());
     }
     err
+}
+
+/// A letter outside ASCII, in or where a name or keyword should be.
+fn non_ascii_letter(
+    name: &str,
+    src: &str,
+    expected: &Expected,
+    found: &Token<'_>,
+) -> Option<SyntaxError> {
+    let c = found.text.chars().next()?;
+    if c.is_ascii() || !c.is_alphabetic() {
+        return None;
+    }
+    let before = src.get(..found.span.start).unwrap_or("");
+    let start = before
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+        .map_or(0, |i| i + 1);
+    let after = src.get(found.span.start..).unwrap_or("");
+    let len = after
+        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-'))
+        .unwrap_or(after.len());
+    let word = src.get(start..found.span.start + len).unwrap_or(found.text);
+    let message = if start < found.span.start || len > c.len_utf8() {
+        format!("`{word}` contains `{c}`, which is not an ASCII letter")
+    } else {
+        format!("expected {}, found `{c}`", expected.list())
+    };
+    Some(
+        SyntaxError::new(name, src, message, found.span, "not an ASCII letter".into()).with_help(
+            format!(
+                "names and keywords are ASCII letters, digits, `_` and `-` only: replace `{c}`"
+            ),
+        ),
+    )
+}
+
+/// Statements whose options come in a fixed order: the first word, how the
+/// statement reads, and the words of its options.
+const ORDERED: [(&str, &str, &[&str]); 3] = [
+    (
+        "ready",
+        "ready when http METHOD \"PATH\" is STATUS every D [after D] [timeout D]",
+        &["every", "after", "timeout"],
+    ),
+    (
+        "trip",
+        "trip when METRIC OP VALUE over D [min_calls N]",
+        &["over", "min_calls"],
+    ),
+    ("recover", "recover after D probe N", &["after", "probe"]),
+];
+
+/// The help for an option of a statement written out of its order: `found`
+/// is one of the options of the statement its line starts with.
+fn out_of_order(src: &str, found: &Token<'_>) -> Option<String> {
+    if !found.is_word() {
+        return None;
+    }
+    let line_start = src
+        .get(..found.span.start)?
+        .rfind('\n')
+        .map_or(0, |i| i + 1);
+    let line = src.get(line_start..found.span.start)?;
+    let first = line.split_whitespace().next()?;
+    let (_, shape, options) = ORDERED.iter().find(|(word, ..)| *word == first)?;
+    options
+        .contains(&found.text)
+        .then(|| format!("the parts of a `{first}` statement come in a fixed order: `{shape}`"))
+}
+
+/// The line (1-based) of the `{` at `open`, and the keyword that starts the
+/// statement it opens (`bulkhead`, `service`...), if the line starts with one.
+fn opened_by(src: &str, open: usize) -> (usize, Option<&str>) {
+    let before = src.get(..open).unwrap_or("");
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let keyword = before
+        .get(line_start..)
+        .and_then(|l| l.split_whitespace().next())
+        .filter(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+    (line, keyword)
 }
 
 /// An unterminated string or an unknown escape.
@@ -324,6 +447,12 @@ fn help(expected: &Expected, found: &Token<'_>) -> Option<String> {
             return Some("a percentage has at most three decimals, as in `12.125%`".to_owned());
         }
         if !text.ends_with('%') {
+            // `0.3` is a ratio: the percentage meant is 30%, not 0.3%.
+            if let Some(percent) = ratio_as_percent(numeric) {
+                return Some(format!(
+                    "write a ratio as a percentage: `{numeric}` is `{percent}%`"
+                ));
+            }
             return Some(format!("percentages end with `%`, as in `{numeric}%`"));
         }
     }
@@ -348,7 +477,68 @@ fn help(expected: &Expected, found: &Token<'_>) -> Option<String> {
         let bare = text.trim_matches('"');
         return Some(format!("names are written without quotes, as in `{bare}`"));
     }
+    // A value left out: the next statement, the block's end or the file's
+    // end comes where it belongs.
+    let value = [INT, DURATION, SIZE, PERCENT, STRING, NAME]
+        .iter()
+        .any(|v| expected.has_phrase(v));
+    let next = found.is_end() || text == "}" || STATEMENT_WORDS.contains(&text);
+    if value && next && !expected.has_phrase(MATCH) {
+        let before = if found.is_end() {
+            "the end of the file".to_owned()
+        } else {
+            format!("`{text}`")
+        };
+        return Some(format!(
+            "the value is missing: write {} before {before}",
+            expected.list()
+        ));
+    }
+    if expected.has_phrase(MATCH) {
+        return Some(
+            "a match expression is a match name, `any`, or conditions such as `path prefix \"/api\"`, `method GET`, `header \"x-tenant\" = \"gold\"`, `consumer \"crm\"` or `calls to inventory`, joined with `and` and `or`"
+                .to_owned(),
+        );
+    }
+    if expected.has_word(">=") && matches!(text, "=" | "==" | "<" | "<=") {
+        return Some("a trip condition compares with `>` or `>=`, as in `errors >= 10`".to_owned());
+    }
+    if expected.has_word("prefix") && expected.has_word("exact") && text.starts_with('"') {
+        return Some(format!(
+            "say how the path matches: `path prefix {text}` (the path and everything below it) or `path exact {text}`"
+        ));
+    }
+    if expected.has_word("batch") && expected.has_word("exact") {
+        return Some(
+            "`sync exact` counts every call in the shared store; `sync batch D` flushes local counts every D, as in `sync batch 100ms`"
+                .to_owned(),
+        );
+    }
+    if text == "}" && expected.has_word("service") {
+        return Some(
+            "this `}` closes nothing: remove it, or look for a `{` missing above".to_owned(),
+        );
+    }
     None
+}
+
+/// `0.3` -> `30`, `0.125` -> `12.5`, `0.05` -> `5`: a ratio below 1 written
+/// as a decimal, as a percentage. `None` for anything else.
+fn ratio_as_percent(text: &str) -> Option<String> {
+    let decimals = text.strip_prefix("0.")?;
+    if decimals.is_empty() || !decimals.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let padded = format!("{decimals:0<2}");
+    let (whole, fraction) = padded.split_at(2);
+    let whole = whole.trim_start_matches('0');
+    let whole = if whole.is_empty() { "0" } else { whole };
+    let fraction = fraction.trim_end_matches('0');
+    Some(if fraction.is_empty() {
+        whole.to_owned()
+    } else {
+        format!("{whole}.{fraction}")
+    })
 }
 
 /// The closest expected keyword, if one is close enough to be a typo.
@@ -418,13 +608,28 @@ fn describe_rule(rule: Rule) -> Vec<Phrase> {
         Rule::range_dots => words(&[".."]),
         Rule::EOI => vec![Text("end of input")],
         // Reported instead of its alternatives when nothing at all parsed.
-        Rule::policy => vec![
+        Rule::policy | Rule::file | Rule::item_probe => vec![
             Word("registry".to_owned()),
             Word("service".to_owned()),
             Text("end of input"),
         ],
+        // Reported instead of its alternatives when a broken statement is
+        // explained from its own start: a statement or the service's `}`.
+        Rule::stmt_probe => STATEMENT_WORDS
+            .iter()
+            .filter(|w| **w != "service")
+            .chain(&["consumer", "}"])
+            .map(|w| Word((*w).to_owned()))
+            .collect(),
         Rule::match_expr | Rule::and_expr => vec![Text(MATCH)],
-        Rule::registry_setting => words(&["server_cache", "client_refresh", "balancer_refresh"]),
+        Rule::registry_setting => [
+            Rule::kw_server_cache,
+            Rule::kw_client_refresh,
+            Rule::kw_balancer_refresh,
+        ]
+        .into_iter()
+        .flat_map(describe_rule)
+        .collect(),
         other => {
             let name = format!("{other:?}");
             match name.strip_prefix("kw_") {
@@ -443,9 +648,11 @@ struct Expected {
     texts: Vec<&'static str>,
 }
 
-/// The keywords that start a match atom; when all are expected, "a match
-/// expression" says it better.
-const MATCH_STARTERS: [&str; 6] = ["path", "method", "header", "consumer", "calls", "any"];
+/// The keywords that start a match atom (the match words less `and` and
+/// `or`); when all are expected, "a match expression" says it better.
+fn is_match_starter(word: &str) -> bool {
+    MATCH_WORDS.contains(&word) && !matches!(word, "and" | "or")
+}
 
 impl Expected {
     fn from_rules(rules: &[Rule]) -> Self {
@@ -460,8 +667,9 @@ impl Expected {
                 }
             }
         }
-        if MATCH_STARTERS.iter().all(|s| words.iter().any(|w| w == s)) {
-            words.retain(|w| !MATCH_STARTERS.contains(&w.as_str()) && w != "(");
+        let starters = MATCH_WORDS.iter().filter(|w| is_match_starter(w));
+        if starters.clone().all(|s| words.iter().any(|w| w == s)) {
+            words.retain(|w| !is_match_starter(w) && w != "(");
             texts.retain(|t| *t != NAME);
             texts.insert(0, MATCH);
         }

@@ -7,10 +7,11 @@
 //!   more than [`MAX_EXPR_TERMS`] terms are refused. [`parse_all`] reports
 //!   every syntax error (up to [`MAX_SYNTAX_ERRORS`]): after an error it
 //!   skips the statement (or item) that holds it and goes on.
-//! - Valid text is parsed by a hand-written parser (`fast.rs`); the pest
-//!   grammar runs only to explain errors, so both give the same trees and
-//!   diagnostics. `parse_with_grammar` and `parse_fast` (hidden) exist for
-//!   the tests that compare them and for `benches/parse.rs`.
+//!   [`parse_partial`] gives the same errors and the tree of what parsed
+//!   around them, with what was skipped, for the compiler to check.
+//! - One parser: the pest grammar `src/gov.pest`, whose entry rule keeps
+//!   broken statements and items as error nodes (see `parser.rs`), so one
+//!   pass finds every error and the tree around them.
 //! - [`format()`] prints a tree in the one canonical layout, keeping the
 //!   comments of the source it came from; [`format_source`] does both.
 //!
@@ -29,15 +30,15 @@
 
 pub mod ast;
 mod diagnostic;
-mod fast;
 mod fmt;
 mod grammar;
 mod parser;
-mod recovery;
+pub mod report;
 
 pub use diagnostic::SyntaxError;
 pub use fmt::{format, format_source};
+pub use grammar::{keywords, starts_statement};
 pub use parser::{
-    MAX_EXPR_TERMS, MAX_NESTING, MAX_SOURCE_BYTES, MAX_SYNTAX_ERRORS, parse, parse_all, parse_fast,
-    parse_with_grammar,
+    MAX_EXPR_TERMS, MAX_NESTING, MAX_SOURCE_BYTES, MAX_SYNTAX_ERRORS, Parsed, Skipped, parse,
+    parse_all, parse_partial, parse_strict,
 };

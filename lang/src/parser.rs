@@ -1,14 +1,15 @@
 //! From source text to the syntax tree.
 //!
-//! [`parse`] refuses oversize input, then tries the hand-written parser of
-//! `fast.rs`, which takes valid text only. Text it refuses goes through the
-//! pest grammar (under a call budget, after a check of the nesting of
-//! parentheses), whose pairs are walked into [`crate::ast`] nodes here and
-//! whose errors become [`SyntaxError`]s; [`parse_all`] blanks out each error's
-//! statement (see `recovery.rs`) and parses again to find the next. Pest
-//! types stay inside this crate.
+//! One parser: the pest grammar (`gov.pest`). Its entry rule `file` parses
+//! any text, keeping each statement (or item) that does not parse as an error
+//! node, so one pass gives the tree of everything well-formed and the place
+//! of every error. Each error node is then explained by running the strict
+//! rule (`stmt_probe`, `item_probe`) from its start: pest's furthest failure
+//! there says what was expected. [`parse`] refuses oversize input and
+//! parentheses nested too deep before pest recurses into them. Pest types
+//! stay inside this crate.
 
-use std::borrow::Cow;
+use std::cell::RefCell;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::sync::Arc;
@@ -20,7 +21,6 @@ use pest::iterators::{Pair, Pairs};
 use crate::ast::*;
 use crate::diagnostic::SyntaxError;
 use crate::grammar::{GovParser, Rule};
-use crate::{fast, recovery};
 
 /// Larger sources are refused before parsing.
 pub const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
@@ -38,18 +38,13 @@ pub const MAX_EXPR_TERMS: usize = 256;
 /// hostile input can cause.
 const CALL_LIMIT: usize = 200_000_000;
 
-/// How much text the grammar may read while looking for errors: each round
-/// reads from the start of the last broken item to the next error, and this
-/// bounds the total for a large file with many errors.
-const RECOVERY_BUDGET: usize = 4 * MAX_SOURCE_BYTES;
-
 /// The most syntax errors [`parse_all`] reports for one file.
 pub const MAX_SYNTAX_ERRORS: usize = 20;
 
 /// Parses one `.gov` file. `name` is used in diagnostics. On errors, the
 /// first one; [`parse_all`] reports them all.
 pub fn parse(name: &str, src: &str) -> Result<Policy, SyntaxError> {
-    parse_up_to(name, src, 1).map_err(|errors| {
+    parse_up_to(name, src, 1).map_err(|(errors, _, _)| {
         errors
             .into_iter()
             .next()
@@ -60,143 +55,212 @@ pub fn parse(name: &str, src: &str) -> Result<Policy, SyntaxError> {
 /// Parses one `.gov` file and, on errors, reports every one of them (up to
 /// [`MAX_SYNTAX_ERRORS`]), in the order of the text.
 ///
-/// After an error the parser skips the statement that holds it (or the whole
-/// item, when the layout does not show statements) and goes on; an error that
-/// skipping did not get past is taken as a follow-on and not reported.
+/// After an error the parser skips the statement that holds it, to the next
+/// statement keyword or the `}` of its service (or the whole item, when the
+/// item's own shape is broken), and goes on; errors next to each other are one.
 pub fn parse_all(name: &str, src: &str) -> Result<Policy, Vec<SyntaxError>> {
-    parse_up_to(name, src, MAX_SYNTAX_ERRORS)
+    let parsed = parse_partial(name, src);
+    match parsed.policy {
+        Some(policy) if parsed.errors.is_empty() => Ok(policy),
+        _ => Err(parsed.errors),
+    }
 }
 
-fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Vec<SyntaxError>> {
-    if src.len() > MAX_SOURCE_BYTES {
-        return Err(vec![SyntaxError::too_large(
-            name,
-            src.len(),
-            MAX_SOURCE_BYTES,
-        )]);
+/// What [`parse_partial`] found in one file.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The tree of what parsed: every item and statement, less those that
+    /// hold a syntax error (see [`Parsed::skipped`]). `None` when the file
+    /// was refused before parsing (too large, parentheses too deep) or was
+    /// too complex for the parser's call and stack limits.
+    pub policy: Option<Policy>,
+    /// Every syntax error, in the order of the text.
+    pub errors: Vec<SyntaxError>,
+    /// The text skipped after each error, and what it would have defined.
+    pub skipped: Vec<Skipped>,
+}
+
+/// A statement or an item skipped because it holds a syntax error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// The word it starts with (`match`, `bulkhead`, `service`...), if any.
+    pub keyword: Option<String>,
+    /// The word after the keyword: for a definition, the name it defines.
+    pub name: Option<String>,
+    /// An item (at column 0) rather than a statement inside one.
+    pub item: bool,
+    pub span: Span,
+}
+
+/// Parses one `.gov` file as far as it goes: every syntax error (as
+/// [`parse_all`]) and the tree of the rest, so that the compiler can check
+/// what parsed. Statements (or items) that hold an error are left out of the
+/// tree and listed in [`Parsed::skipped`].
+pub fn parse_partial(name: &str, src: &str) -> Parsed {
+    match parse_up_to(name, src, MAX_SYNTAX_ERRORS) {
+        Ok(policy) => Parsed {
+            policy: Some(policy),
+            errors: Vec::new(),
+            skipped: Vec::new(),
+        },
+        Err((errors, policy, regions)) => Parsed {
+            policy,
+            errors,
+            skipped: regions
+                .into_iter()
+                .map(|(r, item)| skipped(src, r, item))
+                .collect(),
+        },
     }
-    // Valid text takes the fast path (which refuses deep nesting itself);
-    // the grammar explains errors.
-    if let Some(policy) = fast::parse(src) {
+}
+
+/// What the text in `region` starts with.
+fn skipped(src: &str, region: Range<usize>, item: bool) -> Skipped {
+    let text = src.get(region.clone()).unwrap_or("");
+    let line = text
+        .lines()
+        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .unwrap_or("");
+    let word = |w: &&str| {
+        w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    };
+    let mut words = line.split(|c: char| c.is_whitespace() || c == '{' || c == '=');
+    let mut words = words.by_ref().filter(|w| !w.is_empty());
+    let keyword = words.next().filter(word).map(str::to_owned);
+    let name = keyword
+        .as_ref()
+        .and(words.next())
+        .filter(word)
+        .map(str::to_owned);
+    Skipped {
+        keyword,
+        name,
+        item,
+        span: Span::new(region.start, region.end),
+    }
+}
+
+/// The errors, the tree of what parsed around them, and the regions skipped.
+type Partial = (Vec<SyntaxError>, Option<Policy>, Vec<(Range<usize>, bool)>);
+
+fn parse_up_to(name: &str, src: &str, max: usize) -> Result<Policy, Partial> {
+    let fail = |e| Err((vec![e], None, Vec::new()));
+    if src.len() > MAX_SOURCE_BYTES {
+        return fail(SyntaxError::too_large(name, src.len(), MAX_SOURCE_BYTES));
+    }
+    if let Err(e) = check_nesting(name, src) {
+        return fail(e);
+    }
+    pest::set_call_limit(NonZeroUsize::new(CALL_LIMIT));
+    let mut pairs = match GovParser::parse(Rule::file, src) {
+        Ok(pairs) => pairs,
+        // `file` takes any text: only the call limit stops it.
+        Err(e) => return fail(SyntaxError::from_pest(name, src, e)),
+    };
+    let builder = Builder {
+        name,
+        src,
+        broken: RefCell::new(Vec::new()),
+    };
+    let Some(file) = pairs.next() else {
+        return fail(builder.internal(Span::new(0, 0)));
+    };
+    let policy = match builder.policy(file) {
+        Ok(policy) => policy,
+        Err(e) => return fail(e),
+    };
+    let broken = builder.broken.into_inner();
+    if broken.is_empty() {
         return Ok(policy);
     }
-    check_nesting(name, src).map_err(|e| vec![e])?;
+    let shared: Arc<str> = Arc::from(src);
     let mut errors = Vec::new();
-    // The text with the broken regions blanked out; offsets are unchanged.
-    let mut text = Cow::Borrowed(src);
-    let mut shared: Option<Arc<str>> = None;
-    // The last error and the region skipped for it: a new error before the
-    // end of that region is a follow-on.
-    let mut last: Option<(usize, Range<usize>)> = None;
-    let mut widened = false;
-    // Where the next round starts: the start of the item that holds the
-    // last blanked region (everything before it parsed), and how many more
-    // bytes the grammar may read for recovery.
-    let mut from = 0;
-    let mut budget = RECOVERY_BUDGET;
-    // Each round reports an error or widens a region once.
-    for _ in 0..2 * max + 1 {
-        if budget == 0 {
-            break;
-        }
-        let result = if from == 0 {
-            parse_once(name, &text).map(Some)
-        } else {
-            grammar_from(name, &text, from).map(|()| None)
-        };
-        let err = match result {
-            Ok(Some(policy)) if errors.is_empty() => return Ok(policy),
-            Ok(Some(_)) => break,
-            Ok(None) => {
-                // The rest follows the grammar; the builder's own checks
-                // (numbers, terms) still need a whole run, unless the fast
-                // path takes the blanked text.
-                if fast::parse(&text).is_some() {
-                    break;
-                }
-                from = 0;
-                continue;
-            }
-            Err(err) => err,
-        };
-        let at = err.at();
-        // The grammar stops at the error: it read from `from` to `at`.
-        budget = budget.saturating_sub(at.saturating_sub(from));
-        if let Some((last_at, skipped)) = &last
-            && recovery::is_follow_on(&text, at, *last_at, skipped)
-        {
-            if widened {
-                break;
-            }
-            // Skip the whole item instead.
-            let item = recovery::item_region(&text, skipped.start);
-            recovery::blank(text.to_mut(), item.clone());
-            from = recovery::item_start(&text, item.start);
-            last = Some((*last_at, item));
-            widened = true;
+    let mut regions = Vec::new();
+    let mut last_end: Option<usize> = None;
+    for b in broken {
+        regions.push((b.region.clone(), b.item));
+        // Errors with only space or comments between them are one: the
+        // second starts where skipping the first stopped.
+        let adjacent = !b.item
+            && !starts_statement(src, b.region.start)
+            && last_end.is_some_and(|end| {
+                src.get(end..b.region.start).is_some_and(|between| {
+                    code_bytes(between).all(|(_, c)| c.is_ascii_whitespace())
+                })
+            });
+        last_end = Some(b.region.end);
+        if adjacent || errors.len() >= max {
             continue;
         }
-        widened = false;
-        let src = shared.get_or_insert_with(|| Arc::from(src)).clone();
-        errors.push(err.with_source(name, src));
-        if errors.len() >= max {
-            break;
-        }
-        let skip = recovery::region(&text, at);
-        recovery::blank(text.to_mut(), skip.clone());
-        from = recovery::item_start(&text, skip.start);
-        last = Some((at, skip));
+        let err = b
+            .error
+            .unwrap_or_else(|| explain(name, src, b.probe_from, b.item));
+        errors.push(err.with_source(name, shared.clone()));
     }
-    Err(errors)
+    Err((errors, Some(policy), regions))
 }
 
-/// Runs the grammar over `src[from..]`, which starts an item, for its first
-/// error (with offsets into the whole of `src`).
-fn grammar_from(name: &str, src: &str, from: usize) -> Result<(), SyntaxError> {
-    let rest = src.get(from..).unwrap_or("");
-    pest::set_call_limit(NonZeroUsize::new(CALL_LIMIT));
-    match GovParser::parse(Rule::policy, rest) {
-        Ok(_) => Ok(()),
+/// Whether the text at `at` starts with a word that starts a statement: an
+/// error node there is a statement of its own, not the rest of the one before.
+fn starts_statement(src: &str, at: usize) -> bool {
+    let rest = src.get(at..).unwrap_or("");
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+        .unwrap_or(rest.len());
+    crate::grammar::starts_statement(rest.get(..end).unwrap_or(""))
+}
+
+/// What went wrong in the broken statement (or item) at `start`: the strict
+/// rule's first failure from there.
+fn explain(name: &str, src: &str, start: usize, item: bool) -> SyntaxError {
+    let rest = src.get(start..).unwrap_or("");
+    let rule = if item {
+        Rule::item_probe
+    } else {
+        Rule::stmt_probe
+    };
+    match GovParser::parse(rule, rest) {
+        Ok(_) => SyntaxError::internal(name, src, Span::new(start, start)),
         Err(mut e) => {
             e.location = match e.location {
-                InputLocation::Pos(p) => InputLocation::Pos(p + from),
-                InputLocation::Span((a, b)) => InputLocation::Span((a + from, b + from)),
+                InputLocation::Pos(p) => InputLocation::Pos(p + start),
+                InputLocation::Span((a, b)) => InputLocation::Span((a + start, b + start)),
             };
-            Err(SyntaxError::from_pest(name, src, e))
+            SyntaxError::from_pest(name, src, e)
         }
     }
 }
 
-/// Parses with the pest grammar only, never the fast path: for tests that
-/// hold the two parsers to the same trees, and for benchmarks.
+/// Parses with the strict grammar (no error nodes), for tests.
 #[doc(hidden)]
-pub fn parse_with_grammar(name: &str, src: &str) -> Result<Policy, SyntaxError> {
+pub fn parse_strict(name: &str, src: &str) -> Result<Policy, SyntaxError> {
     if src.len() > MAX_SOURCE_BYTES {
         return Err(SyntaxError::too_large(name, src.len(), MAX_SOURCE_BYTES));
     }
     check_nesting(name, src)?;
-    parse_once(name, src)
-}
-
-/// Parses with the fast path only: `None` for text it does not accept.
-#[doc(hidden)]
-pub fn parse_fast(src: &str) -> Option<Policy> {
-    if src.len() > MAX_SOURCE_BYTES {
-        return None;
-    }
-    fast::parse(src)
-}
-
-/// One run of the grammar and the builder.
-fn parse_once(name: &str, src: &str) -> Result<Policy, SyntaxError> {
     pest::set_call_limit(NonZeroUsize::new(CALL_LIMIT));
     let mut pairs =
         GovParser::parse(Rule::policy, src).map_err(|e| SyntaxError::from_pest(name, src, e))?;
-    let builder = Builder { name, src };
+    let builder = Builder {
+        name,
+        src,
+        broken: RefCell::new(Vec::new()),
+    };
     let policy = pairs
         .next()
         .ok_or_else(|| builder.internal(Span::new(0, 0)))?;
-    builder.policy(policy)
+    let policy = builder.policy(policy)?;
+    match builder
+        .broken
+        .into_inner()
+        .into_iter()
+        .find_map(|b| b.error)
+    {
+        Some(e) => Err(e),
+        None => Ok(policy),
+    }
 }
 
 /// Refuses parentheses nested deeper than [`MAX_NESTING`] before pest
@@ -296,6 +360,22 @@ fn skip_line(bytes: &[u8], mut i: usize) -> usize {
 struct Builder<'s> {
     name: &'s str,
     src: &'s str,
+    /// The error nodes met so far, in text order.
+    broken: RefCell<Vec<Broken>>,
+}
+
+/// A statement or item that did not parse (or did, but holds a value the
+/// builder refuses, such as a number over 64 bits).
+struct Broken {
+    region: Range<usize>,
+    item: bool,
+    /// Where to run the strict rule to explain it: the statement before it,
+    /// when there is one (`match m = a or` + `capacity ...` parses `match m =
+    /// a` and breaks at `or`, but the mistake is at `capacity`, which only a
+    /// run from `match` sees).
+    probe_from: usize,
+    /// Found by the builder; `None` for an error node, explained later.
+    error: Option<SyntaxError>,
 }
 
 type P<'i> = Pair<'i, Rule>;
@@ -305,8 +385,17 @@ type P<'i> = Pair<'i, Rule>;
 /// absent (`a ~ b?` is `a ~ skip ~ b?`), so a rule's own span may run on; the
 /// end of its last token is where the construct really ends.
 fn span_of(p: &P<'_>) -> Span {
-    let start = p.as_span().start();
-    let mut end = p.as_span().end();
+    let span = p.as_span();
+    let (start, end) = (span.start(), span.end());
+    // Most pairs end at their last token, or run on over spaces only: trim
+    // those. A comment in the run-on (rare) needs the walk below.
+    let text = span.as_str();
+    let trimmed = text.trim_end_matches([' ', '\t', '\r', '\n']);
+    let last_line = trimmed.rsplit('\n').next().unwrap_or("");
+    if !last_line.contains('#') || matches!(p.as_rule(), Rule::string | Rule::string_body) {
+        return Span::new(start, start + trimmed.len());
+    }
+    let mut end = end;
     let mut cur = p.clone();
     // Strings and status ranges have no implicit whitespace; their last
     // inner pair is not their last character.
@@ -387,14 +476,42 @@ impl Builder<'_> {
         SyntaxError::internal(self.name, self.src, span)
     }
 
+    fn broken(&self, region: Range<usize>, item: bool, error: Option<SyntaxError>) {
+        self.broken_after(region.start, region, item, error);
+    }
+
+    fn broken_after(
+        &self,
+        probe_from: usize,
+        region: Range<usize>,
+        item: bool,
+        error: Option<SyntaxError>,
+    ) {
+        self.broken.borrow_mut().push(Broken {
+            region,
+            item,
+            probe_from,
+            error,
+        });
+    }
+
     fn policy(&self, p: P<'_>) -> Result<Policy, SyntaxError> {
         let mut items = Vec::new();
         for item in Kids::of(p).rest() {
-            items.push(match item.as_rule() {
-                Rule::registry_def => Item::Registry(self.registry(item)?),
-                Rule::service_def => Item::Service(self.service(item)?),
+            let region = item.as_span().start()..item.as_span().end();
+            let built = match item.as_rule() {
+                Rule::registry_def => self.registry(item).map(Item::Registry),
+                Rule::service_def | Rule::service_body => self.service(item).map(Item::Service),
+                Rule::item_error => {
+                    self.broken(region, true, None);
+                    continue;
+                }
                 _ => return Err(self.internal(span_of(&item))),
-            });
+            };
+            match built {
+                Ok(item) => items.push(item),
+                Err(e) => self.broken(region, true, Some(e)),
+            }
         }
         Ok(Policy {
             items,
@@ -435,8 +552,20 @@ impl Builder<'_> {
         k.kw(self)?;
         let name = self.ident(k.rule(self, Rule::ident)?);
         let mut body = Vec::new();
+        let mut previous = None;
         for s in k.rest() {
-            body.push(self.service_stmt(s)?);
+            let region = s.as_span().start()..s.as_span().end();
+            if s.as_rule() == Rule::stmt_error {
+                let from = previous.unwrap_or(region.start);
+                self.broken_after(from, region, false, None);
+                previous = None;
+                continue;
+            }
+            previous = Some(region.start);
+            match self.service_stmt(s) {
+                Ok(stmt) => body.push(stmt),
+                Err(e) => self.broken(region, false, Some(e)),
+            }
         }
         Ok(Service { name, body, span })
     }
@@ -1141,12 +1270,8 @@ impl Builder<'_> {
         let span = span_of(&p);
         let (digits, unit) = self.split_unit(p.as_str());
         let value = self.number(digits, span)?;
-        let unit = match unit {
-            "ms" => TimeUnit::Millis,
-            "s" => TimeUnit::Seconds,
-            "m" | "min" => TimeUnit::Minutes,
-            "h" => TimeUnit::Hours,
-            _ => return Err(self.internal(span)),
+        let Some(unit) = TimeUnit::from_suffix(unit) else {
+            return Err(self.internal(span));
         };
         Ok(Spanned::new(Duration { value, unit }, span))
     }
@@ -1155,15 +1280,8 @@ impl Builder<'_> {
         let span = span_of(&p);
         let (digits, unit) = self.split_unit(p.as_str());
         let value = self.number(digits, span)?;
-        let unit = match unit {
-            "B" => SizeUnit::B,
-            "kB" | "KB" => SizeUnit::KB,
-            "MB" => SizeUnit::MB,
-            "GB" => SizeUnit::GB,
-            "KiB" => SizeUnit::KiB,
-            "MiB" => SizeUnit::MiB,
-            "GiB" => SizeUnit::GiB,
-            _ => return Err(self.internal(span)),
+        let Some(unit) = SizeUnit::from_suffix(unit) else {
+            return Err(self.internal(span));
         };
         Ok(Spanned::new(Size { value, unit }, span))
     }

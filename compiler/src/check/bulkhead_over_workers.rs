@@ -38,7 +38,7 @@ pub struct BulkheadOverWorkers {
     pub suggested: i64,
     #[source_code]
     pub src: Src,
-    #[label("more than the worker pool")]
+    #[label(primary, "more than the worker pool")]
     pub span: SourceSpan,
     #[label("declared here")]
     pub workers_span: SourceSpan,

@@ -43,7 +43,7 @@ pub struct ClusterLimitInconsistent {
     pub instances: i64,
     #[source_code]
     pub src: Src,
-    #[label("cluster-wide")]
+    #[label(primary, "cluster-wide")]
     pub cluster_span: SourceSpan,
     #[label("per instance")]
     pub local_span: SourceSpan,

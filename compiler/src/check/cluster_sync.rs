@@ -30,7 +30,7 @@ pub struct ClusterSyncUndeclared {
     pub name: String,
     #[source_code]
     pub src: Src,
-    #[label("`scope cluster` needs `sync exact` or `sync batch D`")]
+    #[label(primary, "`scope cluster` needs `sync exact` or `sync batch D`")]
     pub span: SourceSpan,
 }
 

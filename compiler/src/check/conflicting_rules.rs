@@ -22,6 +22,10 @@
 //! Example: `bulkhead a on slow { max_concurrent 10 }` and
 //! `bulkhead b on slow { max_concurrent 20 }`.
 //!
+//! Each rule is reported once, against the first earlier rule it conflicts
+//! with: thirty limits that all conflict give twenty-nine diagnostics, each
+//! naming the first limit, not 435 pairs.
+//!
 //! Fix: merge the two rules into one, or make them select different calls.
 
 use miette::SourceSpan;
@@ -29,6 +33,8 @@ use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
 use crate::effective::{BulkheadEff, FuseEff, LimitEff};
+use gov_lang::ast::Span;
+
 use crate::resolve::{Ctx, Rule, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -43,13 +49,19 @@ pub struct ConflictingRules {
     pub src: Src,
     #[label("first {kind} here")]
     pub first_span: SourceSpan,
-    #[label("conflicts with this one")]
+    #[label(primary, "conflicts with this one")]
     pub second_span: SourceSpan,
     #[help]
     pub help: String,
 }
 
-fn conflict(a: &Rule<'_>, b: &Rule<'_>) -> Option<(String, &'static str)> {
+/// What two rules disagree on, quoting the settings as written (`text`
+/// gives the source of a span), and the help.
+fn conflict(
+    a: &Rule<'_>,
+    b: &Rule<'_>,
+    text: impl Fn(Span) -> String,
+) -> Option<(String, &'static str)> {
     match (a, b) {
         (Rule::Bulkhead(x), Rule::Bulkhead(y)) => {
             let (x, y) = (BulkheadEff::of(x), BulkheadEff::of(y));
@@ -74,18 +86,12 @@ fn conflict(a: &Rule<'_>, b: &Rule<'_>) -> Option<(String, &'static str)> {
             if let (Some(c), Some(d)) = (x.calls, y.calls)
                 && c.window_ms == d.window_ms
             {
-                return Some((
-                    format!("`{}` vs `{}`", c.describe_calls(), d.describe_calls()),
-                    help,
-                ));
+                return Some((format!("`{}` vs `{}`", text(c.span), text(d.span)), help));
             }
             if let (Some(c), Some(d)) = (x.bytes, y.bytes)
                 && c.window_ms == d.window_ms
             {
-                return Some((
-                    format!("`{}` vs `{}`", c.describe_bytes(), d.describe_bytes()),
-                    help,
-                ));
+                return Some((format!("`{}` vs `{}`", text(c.span), text(d.span)), help));
             }
             if x.action != y.action {
                 return Some((
@@ -119,8 +125,17 @@ fn conflict(a: &Rule<'_>, b: &Rule<'_>) -> Option<(String, &'static str)> {
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
         let norms = &svc.norms;
+        // Rules that already conflict with an earlier one: each rule is
+        // reported once, against the first rule it conflicts with, so n
+        // conflicting rules give n - 1 diagnostics, not n(n-1)/2.
+        let mut reported = vec![false; svc.rules.len()];
         for (j, b) in svc.rules.iter().enumerate() {
             for (i, a) in svc.rules[..j].iter().enumerate() {
+                // A rule reported against an earlier one is not the first
+                // of anything: comparing with it again says nothing new.
+                if reported[i] {
+                    continue;
+                }
                 if a.kind() != b.kind() || norms[i] != norms[j] || !norms[i].is_valid() {
                     continue;
                 }
@@ -128,9 +143,11 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                 if a.name().node == b.name().node {
                     continue;
                 }
-                let Some((detail, help)) = conflict(a, b) else {
+                let text = |span| cx.text(svc.file, span).to_string();
+                let Some((detail, help)) = conflict(a, b, text) else {
                     continue;
                 };
+                reported[j] = true;
                 out.push(
                     ConflictingRules {
                         kind: a.kind().to_string(),
@@ -144,6 +161,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                     }
                     .into(),
                 );
+                break;
             }
         }
     }

@@ -28,7 +28,7 @@ pub struct ConsumersBeforeReady {
     pub what: String,
     #[source_code]
     pub src: Src,
-    #[label("consumers start here")]
+    #[label(primary, "consumers start here")]
     pub start: SourceSpan,
     #[label("the instance is {what} only here")]
     pub later: SourceSpan,

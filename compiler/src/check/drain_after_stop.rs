@@ -30,7 +30,7 @@ pub struct DrainAfterStop {
     pub message: String,
     #[source_code]
     pub src: Src,
-    #[label("`{stopped}` stopped here")]
+    #[label(primary, "`{stopped}` stopped here")]
     pub stop: SourceSpan,
     pub stopped: String,
     #[label("{later_label}")]

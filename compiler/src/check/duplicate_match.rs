@@ -28,7 +28,7 @@ pub struct DuplicateMatch {
     pub src: Src,
     #[label("first defined here")]
     pub first: SourceSpan,
-    #[label("defined again here")]
+    #[label(primary, "defined again here")]
     pub again: SourceSpan,
 }
 

@@ -26,7 +26,7 @@ pub struct DuplicateRegistry {
     pub src: Src,
     #[label("first defined here")]
     pub first: Option<SourceSpan>,
-    #[label("defined again here")]
+    #[label(primary, "defined again here")]
     pub again: SourceSpan,
     #[related]
     pub elsewhere: Vec<FirstDefinedHere>,

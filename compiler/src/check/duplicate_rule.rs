@@ -30,7 +30,7 @@ pub struct DuplicateRule {
     pub src: Src,
     #[label("first defined here")]
     pub first: SourceSpan,
-    #[label("defined again here")]
+    #[label(primary, "defined again here")]
     pub again: SourceSpan,
 }
 

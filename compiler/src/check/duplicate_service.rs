@@ -27,7 +27,7 @@ pub struct DuplicateService {
     pub src: Src,
     #[label("first defined here")]
     pub first: Option<SourceSpan>,
-    #[label("defined again here")]
+    #[label(primary, "defined again here")]
     pub again: SourceSpan,
     #[related]
     pub elsewhere: Vec<FirstDefinedHere>,

@@ -34,7 +34,7 @@ pub struct DuplicateSetting {
     pub src: Src,
     #[label("first set here")]
     pub first: SourceSpan,
-    #[label("set again here")]
+    #[label(primary, "set again here")]
     pub again: SourceSpan,
 }
 

@@ -29,7 +29,7 @@ pub struct MatchCycle {
     pub src: Src,
     #[label("defined here")]
     pub def: SourceSpan,
-    #[label("the cycle closes here")]
+    #[label(primary, "the cycle closes here")]
     pub closing: SourceSpan,
 }
 

@@ -30,7 +30,7 @@ pub struct MissingField {
     pub missing: String,
     #[source_code]
     pub src: Src,
-    #[label("{label}")]
+    #[label(primary, "{label}")]
     pub span: SourceSpan,
     pub label: String,
     #[help]

@@ -30,7 +30,7 @@ use crate::resolve::{Ctx, Norm, Src};
 pub struct MixedDirection {
     #[source_code]
     pub src: Src,
-    #[label("selects both calls this service makes and calls it receives")]
+    #[label(primary, "selects both calls this service makes and calls it receives")]
     pub span: SourceSpan,
 }
 

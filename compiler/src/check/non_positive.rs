@@ -32,7 +32,7 @@ pub struct NonPositive {
     pub found: String,
     #[source_code]
     pub src: Src,
-    #[label("must be {bound}")]
+    #[label(primary, "must be {bound}")]
     pub span: SourceSpan,
     #[help]
     pub help: String,
@@ -103,7 +103,8 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             out,
         };
         for setting in &reg.settings {
-            s.duration("registry cache time", &setting.value, NotNegative);
+            let key = cx.text(*file, setting.key.span);
+            s.duration(key, &setting.value, NotNegative);
         }
     }
     for svc in &cx.services {
@@ -127,7 +128,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                         rate.amount.span,
                         Positive,
                     );
-                    s.duration("rate window", &rate.window, Positive);
+                    s.duration("capacity rate ... per", &rate.window, Positive);
                 }
                 ServiceStmt::Match(m) => {
                     if let Some(l) = &m.latency {
@@ -198,7 +199,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                         match setting {
                             LimitSetting::Calls { rate, .. } => {
                                 s.value("calls", rate.amount.node, rate.amount.span, Positive);
-                                s.duration("window", &rate.window, Positive);
+                                s.duration("calls ... per", &rate.window, Positive);
                             }
                             LimitSetting::Bytes { rate, .. } => {
                                 s.value(
@@ -207,7 +208,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                                     rate.amount.span,
                                     Positive,
                                 );
-                                s.duration("window", &rate.window, Positive);
+                                s.duration("bytes ... per", &rate.window, Positive);
                             }
                             LimitSetting::Action {
                                 action: LimitAction::Shape { max_delay, .. },
@@ -244,7 +245,8 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                                         CompareOp::Gt => NotNegative,
                                         CompareOp::Ge => Positive,
                                     };
-                                    s.value("threshold", n, t.threshold.span, bound);
+                                    let what = cx.text(svc.file, t.metric.span.join(t.op.span));
+                                    s.value(what, n, t.threshold.span, bound);
                                 }
                             }
                             FuseSetting::Recover {

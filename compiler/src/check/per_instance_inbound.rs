@@ -29,7 +29,10 @@ pub struct PerInstanceOnInbound {
     pub name: String,
     #[source_code]
     pub src: Src,
-    #[label("only client-side (`calls to`) bulkheads have upstream instances")]
+    #[label(
+        primary,
+        "only client-side (`calls to`) bulkheads have upstream instances"
+    )]
     pub span: SourceSpan,
     #[label("this match selects inbound calls")]
     pub on: SourceSpan,

@@ -25,7 +25,7 @@ pub struct PercentOutOfRange {
     pub value: String,
     #[source_code]
     pub src: Src,
-    #[label("{reason}")]
+    #[label(primary, "{reason}")]
     pub span: SourceSpan,
     pub reason: String,
     #[help]

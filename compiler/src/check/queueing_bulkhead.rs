@@ -25,7 +25,7 @@ use thiserror::Error;
 use crate::diagnostic::Diagnostic;
 use crate::effective::BulkheadEff;
 use crate::resolve::{Ctx, Rule, Src};
-use crate::units::{fmt_millis, millis};
+use crate::units::millis;
 
 /// A route whose declared latency is at least this is slow.
 pub(crate) const SLOW_ROUTE_MS: i64 = 100;
@@ -45,7 +45,7 @@ pub struct QueueingBulkhead {
     pub latency: String,
     #[source_code]
     pub src: Src,
-    #[label("waits this long for a permit")]
+    #[label(primary, "waits this long for a permit")]
     pub span: SourceSpan,
     #[label("declared latency")]
     pub latency_span: SourceSpan,
@@ -71,8 +71,8 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             out.push(
                 QueueingBulkhead {
                     name: b.name.node.clone(),
-                    wait: fmt_millis(wait),
-                    latency: fmt_millis(lat),
+                    wait: cx.text(svc.file, wait_span).to_string(),
+                    latency: cx.text(svc.file, latency.span).to_string(),
                     src: cx.src(svc.file),
                     span: wait_span.into(),
                     latency_span: latency.span.into(),

@@ -29,7 +29,7 @@ pub struct ShapeOnInbound {
     pub name: String,
     #[source_code]
     pub src: Src,
-    #[label("`action shape` is only for outbound calls")]
+    #[label(primary, "`action shape` is only for outbound calls")]
     pub span: SourceSpan,
     #[label("this match selects inbound calls")]
     pub on: SourceSpan,

@@ -35,7 +35,7 @@ pub struct ShutdownWait {
     pub message: String,
     #[source_code]
     pub src: Src,
-    #[label("{label}")]
+    #[label(primary, "{label}")]
     pub span: SourceSpan,
     pub label: String,
     #[help]
@@ -84,7 +84,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                             ShutdownWait {
                                 message: format!(
                                     "shutdown waits {} but consumers of `{reg_name}` may call this instance for {}",
-                                    fmt_millis(d),
+                                    cx.text(svc.file, duration.span),
                                     fmt_millis(expiry)
                                 ),
                                 src: cx.src(svc.file),

@@ -24,7 +24,7 @@ pub struct InvalidStatus {
     pub message: String,
     #[source_code]
     pub src: Src,
-    #[label("{label}")]
+    #[label(primary, "{label}")]
     pub span: SourceSpan,
     pub label: String,
     #[help]

@@ -26,7 +26,7 @@ pub struct ThresholdKind {
     pub found: String,
     #[source_code]
     pub src: Src,
-    #[label("a {found}")]
+    #[label(primary, "a {found}")]
     pub span: SourceSpan,
     #[label("this metric is a {metric_kind}")]
     pub metric_span: SourceSpan,

@@ -30,7 +30,7 @@ pub struct TooLarge {
     pub found: String,
     #[source_code]
     pub src: Src,
-    #[label("{limit}")]
+    #[label(primary, "{limit}")]
     pub span: SourceSpan,
     pub limit: String,
     #[help]

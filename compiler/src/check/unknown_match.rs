@@ -25,7 +25,7 @@ pub struct UnknownMatch {
     pub service: String,
     #[source_code]
     pub src: Src,
-    #[label("no match of this name")]
+    #[label(primary, "no match of this name")]
     pub span: SourceSpan,
     #[help]
     pub help: String,
@@ -43,7 +43,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             refs(rule.on(), &mut names);
         }
         for name in names {
-            if svc.matches.contains_key(name.node.as_str()) {
+            if svc.matches.contains_key(name.node.as_str()) || cx.match_skipped(svc, &name.node) {
                 continue;
             }
             out.push(

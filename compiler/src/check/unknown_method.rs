@@ -28,7 +28,7 @@ pub struct UnknownMethod {
     pub name: String,
     #[source_code]
     pub src: Src,
-    #[label("not an http method")]
+    #[label(primary, "not an http method")]
     pub span: SourceSpan,
     #[help]
     pub help: String,

@@ -25,16 +25,13 @@ pub struct UnknownRegistry {
     pub name: String,
     #[source_code]
     pub src: Src,
-    #[label("no registry of this name in the checked files")]
+    #[label(primary, "no registry of this name in the checked files")]
     pub span: SourceSpan,
     #[help]
     pub help: String,
 }
 
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
-    if cx.incomplete {
-        return;
-    }
     let known: Vec<&str> = cx.registry_index.keys().copied().collect();
     for svc in &cx.services {
         let mut names = Vec::new();
@@ -52,7 +49,9 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             }
         }
         for name in names {
-            if cx.registry_index.contains_key(name.node.as_str()) {
+            if cx.registry_index.contains_key(name.node.as_str())
+                || !cx.registry_surely_unknown(&name.node)
+            {
                 continue;
             }
             out.push(

@@ -26,16 +26,13 @@ pub struct UnknownService {
     pub name: String,
     #[source_code]
     pub src: Src,
-    #[label("no service of this name in the checked files")]
+    #[label(primary, "no service of this name in the checked files")]
     pub span: SourceSpan,
     #[help]
     pub help: String,
 }
 
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
-    if cx.incomplete {
-        return;
-    }
     let known: Vec<&str> = cx.service_index.keys().copied().collect();
     for svc in &cx.services {
         let mut targets = Vec::new();
@@ -48,7 +45,9 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             calls_to(rule.on(), &mut targets);
         }
         for target in targets {
-            if cx.service_index.contains_key(target.node.as_str()) {
+            if cx.service_index.contains_key(target.node.as_str())
+                || !cx.service_surely_unknown(&target.node)
+            {
                 continue;
             }
             out.push(

@@ -22,7 +22,7 @@ use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Rule, Src};
-use crate::units::{fmt_millis, millis};
+use crate::units::millis;
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error(
@@ -41,7 +41,7 @@ pub struct UnreachableMinCalls {
     pub expected: i64,
     #[source_code]
     pub src: Src,
-    #[label("never reached")]
+    #[label(primary, "never reached")]
     pub span: SourceSpan,
     #[label("declared rate")]
     pub rate_span: SourceSpan,
@@ -74,7 +74,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                         name: f.name.node.clone(),
                         service: svc.name().to_string(),
                         min_calls: min.node,
-                        window: fmt_millis(millis(&t.window.node)),
+                        window: cx.text(svc.file, t.window.span).to_string(),
                         expected: i64::try_from(expected).unwrap_or(i64::MAX),
                         src: cx.src(svc.file),
                         span: min.span.into(),

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 /// and be idempotent. If not, error recovery must agree with `parse` on the
 /// first error and stay within its bound.
 fn check(src: &str) {
-    super::common::same_as_grammar(src);
+    super::common::same_as_strict(src);
     let tree = match gov_lang::parse_all("fuzz.gov", src) {
         Ok(tree) => tree,
         Err(errors) => {

@@ -10,7 +10,7 @@ fn every_syntax_fixture_has_its_diagnostic() {
     insta::glob!(fixtures, "*.gov", |path| {
         let src = std::fs::read_to_string(path).unwrap();
         let name = path.file_name().unwrap().to_string_lossy();
-        super::common::same_as_grammar(&src);
+        super::common::same_as_strict(&src);
         let first = gov_lang::parse(&name, &src).expect_err("a syntax fixture must not parse");
         let all = gov_lang::parse_all(&name, &src).expect_err("parse_all agrees with parse");
         assert_eq!(
@@ -19,8 +19,34 @@ fn every_syntax_fixture_has_its_diagnostic() {
             "parse reports the first error"
         );
         let rendered: Vec<String> = all.iter().map(render).collect();
+        for (err, text) in all.iter().zip(&rendered) {
+            assert_header_names_primary(&name, err, text);
+        }
         insta::assert_snapshot!(rendered.join("\n"));
     });
+}
+
+/// The first `[file:line:col]` header of a rendering names the primary
+/// label: the text to change, not the context around it.
+fn assert_header_names_primary(name: &str, err: &gov_lang::SyntaxError, rendered: &str) {
+    use miette::Diagnostic as _;
+    let labels: Vec<_> = err.labels().into_iter().flatten().collect();
+    if labels.is_empty() {
+        return;
+    }
+    let primary: Vec<_> = labels.iter().filter(|l| l.primary()).collect();
+    assert_eq!(primary.len(), 1, "{name}: `{err}` needs one primary label");
+    let source = err.source_code().expect("syntax errors carry their source");
+    let (line, col) = gov_lang::report::position(source, primary[0].inner()).expect("in the file");
+    let header = rendered
+        .split_once("╭─[")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(h, _)| h);
+    assert_eq!(
+        header,
+        Some(format!("{name}:{line}:{col}").as_str()),
+        "{rendered}"
+    );
 }
 
 #[test]
@@ -51,9 +77,9 @@ fn very_long_match_expressions_are_refused() {
     let src = format!("service s {{\n  match m = {terms}\n}}\n");
     let err = gov_lang::parse("long.gov", &src).unwrap_err();
     assert_eq!(err.message(), "match expression has more than 256 terms");
-    super::common::same_as_grammar(&src);
+    super::common::same_as_strict(&src);
     let ok = vec!["any"; gov_lang::MAX_EXPR_TERMS].join(" or ");
-    super::common::same_as_grammar(&format!("service s {{ match m = {ok} }}"));
+    super::common::same_as_strict(&format!("service s {{ match m = {ok} }}"));
     gov_lang::parse("long.gov", &format!("service s {{ match m = {ok} }}")).unwrap();
 }
 
@@ -95,11 +121,14 @@ fn no_follow_on_errors_after_an_incomplete_statement() {
         "service a {\n  bulkhead b on any {\n    queue 1\n  limit l on any { calls 1 per 1s }\n}\n",
         "service a {\n  match m = any or\n  capacity workers 4\n}\n",
         "service a {\n  capacity workers 4\n\nservice b {}\n",
-        "service a { capacity workers 4x } service b { domain }\n",
     ] {
         let errors = gov_lang::parse_all("a.gov", src).unwrap_err();
         assert_eq!(errors.len(), 1, "{src}: {errors:#?}");
     }
+    // Two statements broken on one line are two errors, not a follow-on.
+    let src = "service a { capacity workers 4x } service b { domain }\n";
+    let errors = gov_lang::parse_all("a.gov", src).unwrap_err();
+    assert_eq!(errors.len(), 2, "{src}: {errors:#?}");
 }
 
 #[test]
@@ -139,4 +168,60 @@ fn misspelt_items_in_a_row_are_each_reported() {
         .map(|e| src[..e.span().start].matches('\n').count() + 1)
         .collect();
     assert_eq!(lines, [1, 4, 5], "{errors:?}");
+}
+
+#[test]
+fn the_partial_tree_keeps_what_parsed_and_lists_what_was_skipped() {
+    let src = "service a {\n  capacity workers x\n  match m = path prefix \"/m\"\n  match n = path prefix /n\n}\nservice b {}\n";
+    let parsed = gov_lang::parse_partial("p.gov", src);
+    assert_eq!(parsed.errors.len(), 2);
+    let policy = parsed.policy.expect("the rest parses");
+    assert_eq!(policy.items.len(), 2);
+    let gov_lang::ast::Item::Service(a) = &policy.items[0] else {
+        panic!("a service first")
+    };
+    // Only `match m` is left of service `a`.
+    assert_eq!(a.body.len(), 1);
+    let skipped: Vec<_> = parsed
+        .skipped
+        .iter()
+        .map(|s| (s.keyword.as_deref(), s.name.as_deref(), s.item))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            (Some("capacity"), Some("workers"), false),
+            (Some("match"), Some("n"), false)
+        ]
+    );
+}
+
+#[test]
+fn spans_end_at_the_last_token_not_at_trailing_space_or_comments() {
+    let src =
+        "service a {\n  match m = any   # why\n  capacity workers 4   \n  domain \"d # e\"  \n}\n";
+    let policy = gov_lang::parse("s.gov", src).unwrap();
+    let gov_lang::ast::Item::Service(s) = &policy.items[0] else {
+        panic!("a service")
+    };
+    let texts: Vec<&str> = s
+        .body
+        .iter()
+        .map(|stmt| {
+            let span = match stmt {
+                gov_lang::ast::ServiceStmt::Match(m) => m.span,
+                gov_lang::ast::ServiceStmt::Capacity(gov_lang::ast::Capacity::Workers {
+                    span,
+                    ..
+                }) => *span,
+                gov_lang::ast::ServiceStmt::Domain(d) => d.span,
+                _ => panic!("unexpected statement"),
+            };
+            &src[span.start..span.end]
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        ["match m = any", "capacity workers 4", "domain \"d # e\""]
+    );
 }
