@@ -27,6 +27,7 @@ pub mod match_cycle;
 pub mod missing_field;
 pub mod mixed_direction;
 pub mod non_positive;
+pub mod path_not_normal;
 pub mod per_instance_inbound;
 pub mod percent_range;
 pub mod queueing_bulkhead;
@@ -48,6 +49,7 @@ pub const CODES: &[&str] = &[
     "gov::unknown-service",
     "gov::unknown-registry",
     "gov::unknown-method",
+    "gov::path-not-normal",
     "gov::duplicate-service",
     "gov::duplicate-registry",
     "gov::duplicate-match",
@@ -89,6 +91,7 @@ const CHECKS: &[Check] = &[
     unknown_match::check,
     match_cycle::check,
     unknown_method::check,
+    path_not_normal::check,
     missing_field::check,
     non_positive::check,
     too_large::check,

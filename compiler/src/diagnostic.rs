@@ -54,6 +54,7 @@ diagnostics! {
     UnknownService(unknown_service::UnknownService),
     UnknownRegistry(unknown_registry::UnknownRegistry),
     UnknownMethod(unknown_method::UnknownMethod),
+    PathNotNormal(path_not_normal::PathNotNormal),
     DuplicateService(duplicate_service::DuplicateService),
     DuplicateRegistry(duplicate_registry::DuplicateRegistry),
     DuplicateMatch(duplicate_match::DuplicateMatch),

@@ -10,6 +10,7 @@
 //! This is the format of `govc compile -o yaml|json` and `gov-agent --config`.
 
 pub mod flag;
+pub mod path;
 
 /// Generated types of package `gov.v1`, with the tonic client and server when the
 /// `grpc` feature is on (the default).

@@ -64,7 +64,6 @@ mod fuse;
 pub mod layer;
 mod limit;
 pub mod outcome;
-pub mod path;
 pub mod rejection;
 pub mod route;
 pub mod stats;
@@ -78,6 +77,7 @@ pub use engine::{
     RequestInfo, StatsSnapshot, Target,
 };
 pub use events::{Event, EventKind};
+pub use gov_proto::path;
 pub use layer::{GovBody, Govern, GovernLayer, MeteredBody};
 pub use outcome::Outcome;
 pub use rejection::{REJECTED_BY, RejectReason, Rejection};

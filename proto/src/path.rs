@@ -1,6 +1,11 @@
 //! Path normalization before matching (RFC 3986 section 6.2.2), as Envoy's
 //! `normalize_path` and `merge_slashes` do.
 //!
+//! Part of the wire contract: a path in a `TargetConfig` match is compared with
+//! the request's normalized path. The agent normalizes requests with it, and the
+//! compiler refuses a match path that is not in normal form (it could never
+//! match).
+//!
 //! A rule on `/lim` must see every spelling of `/lim` that an upstream would serve
 //! as `/lim`: `//lim`, `/./lim`, `/x/../lim` and `/%6Cim` among them. Matching on
 //! raw bytes lets a client walk around the rule. So the proxy normalizes the path
