@@ -336,3 +336,42 @@ fn compile_errors_as_json_lines() {
     assert_eq!(lines[0]["labels"][0]["span"]["offset"], offset);
     assert_eq!(lines[0]["labels"][0]["span"]["length"], "inventroy".len());
 }
+
+/// `queue 0` means no call waits: the compiled config says so on the wire, and
+/// the engine rejects a call that finds no permit at once, even with a
+/// `max_wait` (before, 0 meant "no bound" and the call queued for 50 ms).
+#[test]
+fn queue_0_compiles_to_no_waiting_and_the_engine_rejects_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("queue0.gov");
+    std::fs::write(
+        &policy,
+        "service order {\n  match slow = path prefix \"/slow\"\n  bulkhead slow_calls on slow {\n    max_concurrent 1\n    max_wait 50ms\n    queue 0\n  }\n}\n",
+    )
+    .unwrap();
+    let out = govc()
+        .args(["compile", "--service", "order"])
+        .arg(&policy)
+        .assert()
+        .success();
+    let yaml = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(yaml.contains("max_queue: 0"), "{yaml}");
+    let target: gov_proto::v1::TargetConfig = serde_yaml::from_str(&yaml).unwrap();
+
+    let engine = gov_engine::Engine::empty("order");
+    engine.apply_target(&target).unwrap();
+    let headers = http::HeaderMap::new();
+    let get = http::Method::GET;
+    let info = gov_engine::RequestInfo::inbound(&get, "/slow/1", &headers);
+    let held = match engine.try_admit(&info) {
+        gov_engine::Decision::Admitted(a) => a,
+        other => panic!("the first call takes the permit: {other:?}"),
+    };
+    match engine.try_admit(&info) {
+        gov_engine::Decision::Rejected(r) => {
+            assert_eq!(r.reason, gov_engine::RejectReason::BulkheadFull);
+        }
+        other => panic!("the second call must not wait: {other:?}"),
+    }
+    drop(held);
+}

@@ -306,7 +306,7 @@ impl Lower<'_, '_> {
             } as i32,
             max_concurrent: e.max_concurrent.map_or(0, |m| u32_of(m.0)),
             max_wait_ms: unsigned(e.max_wait_ms),
-            max_queue: e.queue.map_or(0, u32_of),
+            max_queue: e.queue.map(u32_of),
             timeout_ms: e.timeout_ms.map_or(0, unsigned),
             reject_status: u32_of(e.reject),
             isolation: match e.isolation {

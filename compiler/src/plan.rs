@@ -360,8 +360,8 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
         push(&mut f, "per", key_word(b.key()).to_string());
         push(&mut f, "max_concurrent", b.max_concurrent.to_string());
         push(&mut f, "max_wait", fmt_ms(b.max_wait_ms));
-        if b.max_queue != 0 {
-            push(&mut f, "queue", b.max_queue.to_string());
+        if let Some(queue) = b.max_queue {
+            push(&mut f, "queue", queue.to_string());
         }
         if b.timeout_ms != 0 {
             push(&mut f, "timeout", fmt_ms(b.timeout_ms));

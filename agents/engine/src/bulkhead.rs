@@ -194,9 +194,10 @@ impl Bulkhead {
         cell.take(self.spec.max_concurrent, false)
     }
 
-    /// Whether a call that found no permit may wait for one.
+    /// Whether a call that found no permit may wait for one: not with no
+    /// `max_wait`, nor with a queue of 0 (`queue 0`: no call waits).
     pub(crate) fn may_wait(&self) -> bool {
-        !self.spec.max_wait.is_zero()
+        !self.spec.max_wait.is_zero() && self.spec.max_queue != Some(0)
     }
 
     /// Waits at most `max_wait` for a permit (bounded by `max_queue` waiters).

@@ -588,7 +588,7 @@ fn bulkhead(ctx: &Ctx<'_>, b: &proto::Bulkhead) -> Result<BulkheadSpec, InvalidC
         },
         max_concurrent: b.max_concurrent,
         max_wait: Duration::from_millis(b.max_wait_ms),
-        max_queue: (b.max_queue > 0).then_some(b.max_queue),
+        max_queue: b.max_queue,
         timeout: (b.timeout_ms > 0).then(|| Duration::from_millis(b.timeout_ms)),
         reject_status: ctx.status(b.reject_status, StatusCode::REQUEST_TIMEOUT)?,
     })
