@@ -157,16 +157,7 @@ impl Plan {
             Change::Removed => pb::Change::Removed,
             Change::Changed => pb::Change::Changed,
         } as i32;
-        let kind = |k: RuleKind| match k {
-            RuleKind::Service => pb::RuleKind::Service,
-            RuleKind::Match => pb::RuleKind::Match,
-            RuleKind::Bulkhead => pb::RuleKind::Bulkhead,
-            RuleKind::Limit => pb::RuleKind::Limit,
-            RuleKind::Fuse => pb::RuleKind::Fuse,
-            RuleKind::Timeout => pb::RuleKind::Timeout,
-            RuleKind::Warmup => pb::RuleKind::Warmup,
-            RuleKind::Shutdown => pb::RuleKind::Shutdown,
-        } as i32;
+        let kind = |k: RuleKind| pb::RuleKind::from(k) as i32;
         pb::Plan {
             services: self
                 .services
@@ -259,16 +250,26 @@ impl fmt::Display for Plan {
     }
 }
 
+/// The kind's word in a plan: its keyword, and `settings` for a service's own.
 fn kind_word(k: RuleKind) -> &'static str {
     match k {
         RuleKind::Service => "settings",
-        RuleKind::Match => "match",
-        RuleKind::Bulkhead => "bulkhead",
-        RuleKind::Limit => "limit",
-        RuleKind::Fuse => "fuse",
-        RuleKind::Timeout => "timeout",
-        RuleKind::Warmup => "warmup",
-        RuleKind::Shutdown => "shutdown",
+        k => pb::RuleKind::from(k).word(),
+    }
+}
+
+impl From<RuleKind> for pb::RuleKind {
+    fn from(k: RuleKind) -> Self {
+        match k {
+            RuleKind::Service => pb::RuleKind::Service,
+            RuleKind::Match => pb::RuleKind::Match,
+            RuleKind::Bulkhead => pb::RuleKind::Bulkhead,
+            RuleKind::Limit => pb::RuleKind::Limit,
+            RuleKind::Fuse => pb::RuleKind::Fuse,
+            RuleKind::Timeout => pb::RuleKind::Timeout,
+            RuleKind::Warmup => pb::RuleKind::Warmup,
+            RuleKind::Shutdown => pb::RuleKind::Shutdown,
+        }
     }
 }
 

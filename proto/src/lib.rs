@@ -11,6 +11,7 @@
 
 pub mod flag;
 pub mod path;
+mod words;
 
 /// Generated types of package `gov.v1`, with the tonic client and server when the
 /// `grpc` feature is on (the default).

@@ -412,7 +412,7 @@ impl App {
         if let Some((kind, rule)) = &self.pending {
             self.notice = Some(format!(
                 "waiting for the control plane to answer the release of {} {rule}",
-                kind_name(*kind)
+                ReleaseKind::word(*kind)
             ));
             return;
         }
@@ -456,7 +456,7 @@ impl App {
         {
             self.pending = None;
         }
-        let what = format!("{} {}", kind_name(outcome.kind), outcome.rule);
+        let what = format!("{} {}", ReleaseKind::word(outcome.kind), outcome.rule);
         let (text, ok) = match outcome.result {
             // The control plane's message only repeats this on success.
             Ok(r) if r.released => (
@@ -504,13 +504,6 @@ pub fn update(app: &mut App, msg: Msg) -> Option<Action> {
     None
 }
 
-pub(crate) fn kind_name(kind: ReleaseKind) -> &'static str {
-    match kind {
-        ReleaseKind::Fuse => "fuse",
-        ReleaseKind::Limit => "limit",
-    }
-}
-
 /// The service part of "service/rule".
 pub(crate) fn service_of(rule: &str) -> &str {
     rule.split_once('/').map_or(rule, |(s, _)| s)
@@ -521,7 +514,7 @@ pub(crate) fn agent_key(a: &AgentView) -> String {
 }
 
 pub(crate) fn trip_key(t: Trip<'_>) -> String {
-    format!("{}:{}", kind_name(t.kind), t.rule)
+    format!("{}:{}", ReleaseKind::word(t.kind), t.rule)
 }
 
 /// ASCII case-insensitive substring test without allocating.

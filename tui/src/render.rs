@@ -16,7 +16,7 @@ use ratatui::widgets::{
     Wrap,
 };
 
-use crate::app::{App, Connection, Mode, Pane, Trip, agent_key, kind_name, service_of, trip_key};
+use crate::app::{App, Connection, Mode, Pane, Trip, agent_key, service_of, trip_key};
 use crate::format::{
     LATENCY_BOUNDS, ago, bar, duration, quantile_bucket, rate, short_version, truncate,
 };
@@ -330,20 +330,6 @@ fn render_agents(app: &App, frame: &mut Frame<'_>, area: Rect, agents: &[&AgentV
 
 // === rules ===
 
-fn kind_label(k: RuleKind) -> &'static str {
-    match k {
-        RuleKind::Bulkhead => "bulkhead",
-        RuleKind::Limit => "limit",
-        RuleKind::Fuse => "fuse",
-        RuleKind::Timeout => "timeout",
-        RuleKind::Match => "match",
-        RuleKind::Warmup => "warmup",
-        RuleKind::Shutdown => "shutdown",
-        RuleKind::Service => "service",
-        RuleKind::Unspecified => "-",
-    }
-}
-
 /// A text sparkline of the last `width` samples, scaled to their maximum.
 fn spark_text(samples: &[f64], width: usize) -> String {
     const LEVELS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
@@ -397,7 +383,7 @@ fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
             let name = Cell::from(r.rule.clone());
             Row::new(vec![
                 if tripped { name.red().bold() } else { name },
-                Cell::from(kind_label(r.kind())),
+                Cell::from(RuleKind::word(r.kind())),
                 Cell::from(in_flight_text(stats.in_flight, stats.capacity)),
                 Cell::from(stats.waiting.to_string()),
                 Cell::from(rate(rates.admitted)),
@@ -472,7 +458,7 @@ fn render_trips(app: &App, frame: &mut Frame<'_>, area: Rect, trips: &[Trip<'_>]
         .iter()
         .map(|t| {
             Row::new(vec![
-                Cell::from(kind_name(t.kind)),
+                Cell::from(ReleaseKind::word(t.kind)),
                 Cell::from(t.rule.to_owned()),
                 Cell::from(t.state).red().bold(),
                 Cell::from(ago(app.now_ms, t.since_unix_ms)),
@@ -623,8 +609,8 @@ fn render_rule_detail(
     let mut top = vec![field(
         "kind",
         rule.map_or_else(
-            || trip.map_or("-", |t| kind_name(t.kind)).to_owned(),
-            |r| kind_label(r.kind()).to_owned(),
+            || trip.map_or("-", |t| ReleaseKind::word(t.kind)).to_owned(),
+            |r| RuleKind::word(r.kind()).to_owned(),
         ),
     )];
     top.push(field("source", source_line(source)));
@@ -785,7 +771,7 @@ fn render_footer(app: &App, frame: &mut Frame<'_>, area: Rect) {
     if let Some((kind, rule)) = &app.pending {
         spans.push(Span::raw("  │ "));
         spans.push(Span::styled(
-            format!("releasing {} {rule}…", kind_name(*kind)),
+            format!("releasing {} {rule}…", ReleaseKind::word(*kind)),
             Style::new().yellow(),
         ));
     }
@@ -880,7 +866,7 @@ fn render_confirm(
     let lines = vec![
         Line::from(format!(
             "Release {} {rule} on all agents of {service}? [y/N]",
-            kind_name(kind)
+            ReleaseKind::word(kind)
         ))
         .bold(),
         Line::styled(

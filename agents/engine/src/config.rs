@@ -80,6 +80,24 @@ pub enum RuleKind {
     Timeout,
 }
 
+impl From<RuleKind> for proto::RuleKind {
+    fn from(kind: RuleKind) -> Self {
+        match kind {
+            RuleKind::Bulkhead => proto::RuleKind::Bulkhead,
+            RuleKind::Limit => proto::RuleKind::Limit,
+            RuleKind::Fuse => proto::RuleKind::Fuse,
+            RuleKind::Timeout => proto::RuleKind::Timeout,
+        }
+    }
+}
+
+impl RuleKind {
+    /// The kind's keyword (`bulkhead`, ...), as the wire's [`proto::RuleKind::word`].
+    pub fn word(self) -> &'static str {
+        proto::RuleKind::from(self).word()
+    }
+}
+
 /// What a rule does. Equal specs under the same rule name keep their state
 /// across a config swap.
 #[derive(Clone, Debug, PartialEq, Eq)]

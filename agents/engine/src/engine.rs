@@ -345,15 +345,6 @@ impl StatsSnapshot {
     }
 }
 
-fn kind_name(kind: RuleKind) -> &'static str {
-    match kind {
-        RuleKind::Bulkhead => "bulkhead",
-        RuleKind::Limit => "limit",
-        RuleKind::Fuse => "fuse",
-        RuleKind::Timeout => "timeout",
-    }
-}
-
 // === impl Engine ===
 
 impl Engine {
@@ -535,8 +526,8 @@ impl Engine {
         if actual != expected {
             return Err(CommandError::WrongKind {
                 rule: rule.into(),
-                actual: kind_name(actual),
-                expected: kind_name(expected),
+                actual: actual.word(),
+                expected: expected.word(),
             });
         }
         Ok(state.clone())

@@ -157,12 +157,7 @@ impl RuleStats {
         let r = |reason| self.rejected(reason);
         proto::RuleStats {
             rule: self.rule.to_string(),
-            kind: match self.kind {
-                RuleKind::Bulkhead => proto::RuleKind::Bulkhead,
-                RuleKind::Limit => proto::RuleKind::Limit,
-                RuleKind::Fuse => proto::RuleKind::Fuse,
-                RuleKind::Timeout => proto::RuleKind::Timeout,
-            } as i32,
+            kind: proto::RuleKind::from(self.kind) as i32,
             in_flight: self.in_flight,
             waiting: self.waiting,
             admitted: self.admitted,

@@ -68,7 +68,7 @@ pub fn render(
         let mut line = format!(
             "rule  {:<26} {:<8} admitted {}{}  rejected {}{}",
             r.rule,
-            kind_name(r.kind()),
+            r.kind().word(),
             s.admitted,
             per_s(s.admitted, adm_before),
             total,
@@ -157,16 +157,6 @@ fn phase_name(p: pb::Phase) -> &'static str {
         pb::Phase::Ready => "READY",
         pb::Phase::Draining => "DRAINING",
         pb::Phase::Stopped => "STOPPED",
-    }
-}
-
-fn kind_name(k: pb::RuleKind) -> &'static str {
-    match k {
-        pb::RuleKind::Bulkhead => "bulkhead",
-        pb::RuleKind::Limit => "limit",
-        pb::RuleKind::Fuse => "fuse",
-        pb::RuleKind::Timeout => "timeout",
-        _ => "rule",
     }
 }
 

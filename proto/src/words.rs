@@ -1,0 +1,50 @@
+//! The words users read for the wire's enums, written once: the TUI, `govc`,
+//! the engine's errors and the plan all take them from here.
+
+use crate::v1::{ReleaseKind, RuleKind};
+
+impl RuleKind {
+    /// The keyword of the kind in `.gov` text (`bulkhead`, `limit`, ...);
+    /// `service` for a service's own settings, `-` when unspecified.
+    pub fn word(self) -> &'static str {
+        match self {
+            RuleKind::Bulkhead => "bulkhead",
+            RuleKind::Limit => "limit",
+            RuleKind::Fuse => "fuse",
+            RuleKind::Timeout => "timeout",
+            RuleKind::Match => "match",
+            RuleKind::Warmup => "warmup",
+            RuleKind::Shutdown => "shutdown",
+            RuleKind::Service => "service",
+            RuleKind::Unspecified => "-",
+        }
+    }
+}
+
+impl ReleaseKind {
+    /// `fuse` or `limit`, as in `govc release fuse RULE`.
+    pub fn word(self) -> &'static str {
+        match self {
+            ReleaseKind::Fuse => RuleKind::Fuse.word(),
+            ReleaseKind::Limit => RuleKind::Limit.word(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_a_distinct_word() {
+        let words: Vec<&str> = (0..=8)
+            .filter_map(|n| RuleKind::try_from(n).ok())
+            .map(RuleKind::word)
+            .collect();
+        assert_eq!(words.len(), 9);
+        let mut unique = words.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), words.len(), "{words:?}");
+    }
+}
