@@ -125,8 +125,30 @@ impl Client {
         let result = self.request("shutdown", Value::Null);
         assert_eq!(result, Value::Null);
         self.notify("exit", Value::Null);
-        let status = self.child.wait().unwrap();
+        // Bounded: a server that ignores `exit` fails the test instead of hanging it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("govc lsp did not exit within 10 s of `exit`");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
         assert!(status.success(), "{status}");
+    }
+}
+
+/// A test that fails half way does not leave the server running.
+impl Drop for Client {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

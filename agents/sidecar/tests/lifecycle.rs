@@ -631,10 +631,24 @@ async fn sigterm_runs_the_shutdown_steps_in_the_binary() {
     assert!(served >= 5, "{served}");
     assert!(upstream.time_of("POST /consumers/stop").is_none());
 
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    // Bounded: an agent that never exits fails the test instead of hanging it.
+    let status = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .await
+    .unwrap()
+    .expect("gov-agent exited within 30 s of its shutdown");
     assert!(status.success(), "{status}");
     let stop_at = upstream.time_of("POST /consumers/stop").unwrap();
     assert!(stop_at - began >= Duration::from_millis(700));
