@@ -20,6 +20,56 @@ pub enum InputError {
     #[error("`{}` is not UTF-8 text (invalid byte at offset {offset})", path.display())]
     #[diagnostic(code(gov::encoding), help("save the policy as UTF-8"))]
     NotUtf8 { path: PathBuf, offset: usize },
+    #[error("no `.gov` file below `{}`", path.display())]
+    #[diagnostic(
+        code(gov::io),
+        help("name `.gov` files, or a directory that holds some (read recursively)")
+    )]
+    EmptyDir { path: PathBuf },
+}
+
+/// The policy files `paths` name: each file as given (`-` too), and for each
+/// directory every `*.gov` file below it, in path order. The errors of the
+/// paths that could not be listed come back beside the files that could.
+pub fn expand(paths: &[PathBuf]) -> (Vec<PathBuf>, Vec<InputError>) {
+    let mut files = Vec::new();
+    let mut errors = Vec::new();
+    for path in paths {
+        if is_stdin(path) || !path.is_dir() {
+            files.push(path.clone());
+            continue;
+        }
+        let mut found = Vec::new();
+        match collect(path, &mut found) {
+            Ok(()) if found.is_empty() => errors.push(InputError::EmptyDir { path: path.clone() }),
+            Ok(()) => {
+                found.sort();
+                files.extend(found);
+            }
+            Err(source) => errors.push(InputError::Read {
+                path: path.clone(),
+                source,
+            }),
+        }
+    }
+    (files, errors)
+}
+
+/// Every `*.gov` file below `dir` (hidden directories and links left out, so a
+/// `.git` or a link cycle is never walked).
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let path = entry.path();
+        let hidden = entry.file_name().to_string_lossy().starts_with('.');
+        if kind.is_dir() && !hidden {
+            collect(&path, out)?;
+        } else if kind.is_file() && path.extension().is_some_and(|e| e == "gov") {
+            out.push(path);
+        }
+    }
+    Ok(())
 }
 
 /// The text of the policy at `path`.

@@ -398,8 +398,10 @@ fn fmt_diff_prints_a_unified_diff() {
         .get_output()
         .clone();
     let stdout = String::from_utf8(out.stdout).unwrap();
+    // An absolute path is written as it is (not `a//tmp/...`).
+    assert!(name.starts_with('/'));
     assert!(
-        stdout.starts_with(&format!("--- a/{name}\n+++ b/{name}\n@@ ")),
+        stdout.starts_with(&format!("--- {name}\n+++ {name}\n@@ ")),
         "{stdout}"
     );
     assert!(
@@ -418,6 +420,60 @@ fn fmt_diff_prints_a_unified_diff() {
         .code(1)
         .stdout(stdout);
     assert_eq!(std::fs::read_to_string(&path).unwrap(), UNFORMATTED);
+}
+
+#[test]
+fn a_relative_path_gets_git_style_diff_headers() {
+    let (dir, _path) = file_with("a.gov", UNFORMATTED);
+    let out = govc()
+        .current_dir(dir.path())
+        .args(["fmt", "--diff", "a.gov"])
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.starts_with("--- a/a.gov\n+++ b/a.gov\n@@ "),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_directory_means_every_gov_file_below_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("team/.hidden")).unwrap();
+    std::fs::write(
+        dir.path().join("team/a.gov"),
+        "service a {\n  capacity workers 2\n}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("b.gov"),
+        "service b {\n  bulkhead x on nope {\n    max_concurrent 1\n  }\n}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("team/.hidden/c.gov"), "not a policy").unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not a policy").unwrap();
+    // b.gov's unknown match is found; the hidden directory and the .txt are not read.
+    let out = govc()
+        .arg("check")
+        .arg(dir.path())
+        .assert()
+        .code(1)
+        .get_output()
+        .clone();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("unknown match `nope`"), "{stderr}");
+    assert_eq!(stderr.matches("gov::").count(), 1, "{stderr}");
+    // A directory without a policy is an error that says so.
+    let empty = tempfile::tempdir().unwrap();
+    govc()
+        .arg("check")
+        .arg(empty.path())
+        .assert()
+        .code(1)
+        .stderr(predicates::str::contains("no `.gov` file below"));
 }
 
 #[test]

@@ -822,6 +822,16 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
         "{}",
         status.stdout
     );
+    // A filter naming no known service is an error, not an empty table.
+    let unknown = govc(&govd, None, &["status", "-s", "nosuch"]).await;
+    assert_eq!(unknown.code, 1, "{}", unknown.stderr);
+    assert!(
+        unknown.stderr.contains("govd knows no service `nosuch`"),
+        "{}",
+        unknown.stderr
+    );
+    let known = govc(&govd, None, &["status", "-s", "order"]).await;
+    assert_eq!(known.code, 0, "{}", known.stderr);
     assert!(
         status.stdout.contains("manual (govc release fuse)"),
         "{}",

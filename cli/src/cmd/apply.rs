@@ -239,8 +239,12 @@ fn print_diagnostics(
 }
 
 fn read_files(paths: &[PathBuf]) -> Result<Vec<(String, String)>, ExitCode> {
+    let (paths, errors) = input::expand(paths);
+    if let Some(e) = errors.into_iter().next() {
+        return Err(remote::fail(e));
+    }
     let mut files = Vec::new();
-    for path in paths {
+    for path in &paths {
         match input::read_policy(path) {
             Ok(text) => files.push((input::display_name(path), text)),
             Err(e) => return Err(remote::fail(e)),

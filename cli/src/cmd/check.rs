@@ -29,9 +29,11 @@ pub struct Args {
 
 pub fn run(args: Args) -> ExitCode {
     let reporter = Reporter::new(args.report.error_format);
-    let mut diagnostics = Vec::new();
+    let (files, errors) = input::expand(&args.files);
+    let mut diagnostics: Vec<miette::Report> =
+        errors.into_iter().map(miette::Report::new).collect();
     let mut sources = Vec::new();
-    for path in &args.files {
+    for path in &files {
         let name = input::display_name(path);
         match input::read_policy(path) {
             Ok(src) => sources.push(gov_compiler::SourceFile::new(name, src)),

@@ -139,9 +139,10 @@ fn encode<T: serde::Serialize>(value: &T, output: Output) -> Result<String, Enco
 
 /// Reads every file; prints every read error and returns `None` if any.
 pub fn read_sources(paths: &[PathBuf], reporter: &Reporter) -> Option<Vec<SourceFile>> {
+    let (paths, errors) = input::expand(paths);
     let mut files = Vec::with_capacity(paths.len());
-    let mut errors = Vec::new();
-    for path in paths {
+    let mut errors: Vec<miette::Report> = errors.into_iter().map(miette::Report::new).collect();
+    for path in &paths {
         match input::read_policy(path) {
             Ok(text) => files.push(SourceFile::new(input::display_name(path), text)),
             Err(e) => errors.push(miette::Report::new(e)),

@@ -54,10 +54,12 @@ pub fn run(args: Args) -> ExitCode {
         return ExitCode::from(crate::EXIT_USAGE);
     }
     let reporter = Reporter::new(args.report.error_format);
-    let mut diagnostics = Vec::new();
+    let (files, errors) = input::expand(&args.files);
+    let mut diagnostics: Vec<miette::Report> =
+        errors.into_iter().map(miette::Report::new).collect();
     let mut unformatted = 0usize;
     let mut stdout = std::io::stdout().lock();
-    for path in &args.files {
+    for path in &files {
         let name = input::display_name(path);
         let src = match input::read_policy(path) {
             Ok(src) => src,
@@ -121,12 +123,19 @@ pub fn run(args: Args) -> ExitCode {
     summary.exit_code(false)
 }
 
-/// `--- a/NAME` / `+++ b/NAME` with three lines of context.
+/// `--- a/NAME` / `+++ b/NAME` with three lines of context, as `git diff`
+/// writes a relative path (`git apply` and `patch -p1` take it); an absolute
+/// path is written as it is on both lines (`patch -p0`), not as `a//tmp/...`.
 fn unified_diff(name: &str, old: &str, new: &str) -> String {
+    let (from, to) = if name.starts_with('/') {
+        (name.to_owned(), name.to_owned())
+    } else {
+        (format!("a/{name}"), format!("b/{name}"))
+    };
     similar::TextDiff::from_lines(old, new)
         .unified_diff()
         .context_radius(3)
-        .header(&format!("a/{name}"), &format!("b/{name}"))
+        .header(&from, &to)
         .to_string()
 }
 

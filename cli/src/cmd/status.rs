@@ -45,6 +45,14 @@ pub fn run(args: Args) -> ExitCode {
         Ok(Ok(v)) => v,
         Ok(Err(e)) | Err(e) => return remote::fail(e),
     };
+    if let Some(service) = &args.service
+        && knows_nothing_of(&view)
+    {
+        eprintln!(
+            "error: govd knows no service `{service}`: it is not in the applied policy and no agent of it is connected\n  help: `govc status` without `-s` lists every service"
+        );
+        return ExitCode::FAILURE;
+    }
     match args.output {
         Output::Json => match serde_json::to_string_pretty(&view) {
             Ok(json) => println!("{json}"),
@@ -56,6 +64,15 @@ pub fn run(args: Args) -> ExitCode {
         Output::Text => print!("{}", render(&view)),
     }
     ExitCode::SUCCESS
+}
+
+/// Whether a view filtered by service holds nothing at all: no agent, rule,
+/// fuse or limit (the service is unknown, or misspelt).
+fn knows_nothing_of(view: &pb::ClusterView) -> bool {
+    view.agents.is_empty()
+        && view.rules.is_empty()
+        && view.fuses.is_empty()
+        && view.limits.is_empty()
 }
 
 /// The text form (a pure function of the view, so it can be tested).
