@@ -728,7 +728,12 @@ async fn a_config_the_agent_cannot_enforce_is_nacked_by_rule_and_the_old_one_sta
     );
     assert!(nacked.stdout.contains("NACKED"), "{}", nacked.stdout);
     assert!(
-        nacked.stdout.contains("rule order/shared"),
+        // The rule once, as the agent's reason names it (not "rule x: rule `x`").
+        nacked.stdout.contains("NACKED  ")
+            && nacked
+                .stdout
+                .contains("rule `order/shared`: `scope cluster`")
+            && !nacked.stdout.contains("rule order/shared: rule"),
         "{}",
         nacked.stdout
     );

@@ -106,7 +106,10 @@ fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
     for o in &result.outcomes {
         let state = o.state();
         let detail = match state {
-            pb::SyncState::Nacked if !o.rule.is_empty() => format!("rule {}: {}", o.rule, o.error),
+            // The agent's reason usually names the rule already (`rule `x`: ...`).
+            pb::SyncState::Nacked if !o.rule.is_empty() && !o.error.contains(&o.rule) => {
+                format!("rule {}: {}", o.rule, o.error)
+            }
             pb::SyncState::Nacked => o.error.clone(),
             pb::SyncState::Stale => format!(
                 "no answer within {}",
