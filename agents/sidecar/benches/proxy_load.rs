@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! proxy_load upstream 127.0.0.1:18080
-//! proxy_load rate http://127.0.0.1:18081/ RATE SECONDS CONNECTIONS
+//! proxy_load upstream 127.0.0.1:18080 DELAY_MS                # answers after a delay
+//! proxy_load rate http://127.0.0.1:18081/ RATE SECONDS CONNECTIONS [HOST]
 //! proxy_load naive-proxy 127.0.0.1:18084 127.0.0.1:18080   # reference: hyper + pooled client
 //! proxy_load conn-proxy 127.0.0.1:18084 127.0.0.1:18080    # reference: one upstream conn per client conn
 //! ```
@@ -47,7 +48,10 @@ fn main() -> Result<(), Error> {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["upstream", addr] => runtime.block_on(upstream(addr)),
+        ["upstream", addr] => runtime.block_on(upstream(addr, Duration::ZERO)),
+        ["upstream", addr, delay_ms] => {
+            runtime.block_on(upstream(addr, Duration::from_millis(delay_ms.parse()?)))
+        }
         ["naive-proxy", listen, to] => runtime.block_on(naive_proxy(listen, to)),
         ["conn-proxy", listen, to] => runtime.block_on(conn_proxy(listen, to)),
         ["rate", url, rate, secs, conns] => runtime.block_on(open_loop(
@@ -55,20 +59,36 @@ fn main() -> Result<(), Error> {
             rate.parse()?,
             Duration::from_secs(secs.parse()?),
             conns.parse()?,
+            None,
+        )),
+        // With a `host` header naming the called service (an agent's outbound listener).
+        ["rate", url, rate, secs, conns, host] => runtime.block_on(open_loop(
+            url.parse()?,
+            rate.parse()?,
+            Duration::from_secs(secs.parse()?),
+            conns.parse()?,
+            Some(host.to_string()),
         )),
         [] => Ok(()), // `cargo bench` without arguments: nothing to do.
-        _ => Err("usage: proxy_load upstream ADDR | rate URL RATE SECONDS CONNECTIONS".into()),
+        _ => Err(
+            "usage: proxy_load upstream ADDR [DELAY_MS] | rate URL RATE SECONDS CONNECTIONS [HOST]"
+                .into(),
+        ),
     }
 }
 
-/// A hello-world HTTP/1.1 server (13-byte body), as in performance.md section 3.4.
-async fn upstream(addr: &str) -> Result<(), Error> {
+/// A hello-world HTTP/1.1 server (13-byte body), as in performance.md section 3.4,
+/// answering after `delay` (none: at once).
+async fn upstream(addr: &str, delay: Duration) -> Result<(), Error> {
     let listener = TcpListener::bind(addr).await?;
     loop {
         let (stream, _) = listener.accept().await?;
         stream.set_nodelay(true)?;
         tokio::spawn(async move {
-            let service = service_fn(|_req| async {
+            let service = service_fn(move |_req| async move {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
                 Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
                     b"Hello, World!",
                 ))))
@@ -160,7 +180,13 @@ async fn conn_proxy(listen: &str, to: &str) -> Result<(), Error> {
 
 /// Open-loop load at `rate` requests per second for `duration` over `conns`
 /// connections.
-async fn open_loop(uri: Uri, rate: u64, duration: Duration, conns: usize) -> Result<(), Error> {
+async fn open_loop(
+    uri: Uri,
+    rate: u64,
+    duration: Duration,
+    conns: usize,
+    host: Option<String>,
+) -> Result<(), Error> {
     let authority = uri.authority().ok_or("the URL needs host:port")?.clone();
     let total = rate * duration.as_secs();
     let period = Duration::from_nanos(1_000_000_000 / rate.max(1));
@@ -182,7 +208,7 @@ async fn open_loop(uri: Uri, rate: u64, duration: Duration, conns: usize) -> Res
         let path = uri
             .path_and_query()
             .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
-        let host = authority.to_string();
+        let host = host.clone().unwrap_or_else(|| authority.to_string());
         tokio::spawn(async move {
             let _ = free_tx.send(id);
             while let Some(scheduled) = rx.recv().await {

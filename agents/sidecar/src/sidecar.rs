@@ -44,7 +44,7 @@ pub use body::ProxyBody;
 pub use metrics::LATENCY_BUCKETS_SECONDS;
 pub use proxy::GOV_SERVICE;
 pub use reload::{ConfigError, ConfigStatus, parse_config, read_config};
-pub use upstream::UpstreamProtocol;
+pub use upstream::{Balance, Directory, EndpointSpec, UpstreamProtocol};
 
 /// Default drain deadline: Istio's `terminationDrainDuration`.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -83,8 +83,11 @@ pub struct Options {
     pub config: Option<PathBuf>,
     /// How long in-flight requests may take to finish once stopping.
     pub drain_timeout: Duration,
-    /// Static instance lists of the services the local service calls.
+    /// Static instance lists of the services the local service calls (static
+    /// discovery; [`Sidecar::directory`] replaces a service's set at run time).
     pub instances: Vec<(String, Vec<Authority>)>,
+    /// How the outbound listener chooses among a service's endpoints (`--balance`).
+    pub balance: Balance,
     /// The control plane URL (used by the control-plane client; unset: standalone).
     pub control_plane: Option<String>,
     /// The protocol spoken to upstreams (the local service and other services).
@@ -121,6 +124,7 @@ impl Options {
             config: None,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             instances: Vec::new(),
+            balance: Balance::default(),
             control_plane: None,
             upstream_protocol: UpstreamProtocol::default(),
             header_read_timeout: Some(DEFAULT_HEADER_READ_TIMEOUT),
@@ -166,6 +170,7 @@ pub struct Sidecar {
     config: Arc<ConfigStatus>,
     engine: Engine,
     lifecycle: Arc<crate::lifecycle::Lifecycle>,
+    directory: Arc<Directory>,
     done: tokio::task::JoinHandle<()>,
 }
 
@@ -255,11 +260,12 @@ impl Sidecar {
 
         let inbound_conns = Arc::new(serve::Connections::new(options.max_connections));
         let outbound_conns = Arc::new(serve::Connections::new(options.max_connections));
+        let directory = Arc::new(Directory::new(options.balance, &options.instances));
         let shared = Arc::new(proxy::Shared {
             engine: engine.clone(),
             clients: upstream::Clients::new(options.upstream_protocol),
             local: options.upstream.clone(),
-            directory: upstream::Directory::new(&options.instances),
+            directory: directory.clone(),
             idle: h1::IdlePool::default(),
         });
 
@@ -333,6 +339,7 @@ impl Sidecar {
                     engine: engine.clone(),
                     lifecycle: lifecycle.subscribe(),
                     listeners: listener_stats,
+                    directory: directory.clone(),
                 },
             });
             let admin_stop_conns = admin_stop.clone();
@@ -392,6 +399,7 @@ impl Sidecar {
             config,
             engine,
             lifecycle,
+            directory,
             done,
         })
     }
@@ -414,6 +422,13 @@ impl Sidecar {
     /// Readiness as `/ready` reports it.
     pub fn health(&self) -> &Health {
         &self.health
+    }
+
+    /// The endpoints of the services the local service calls, which the outbound
+    /// listener balances over: [`Directory::replace`] swaps a service's set (from
+    /// `Endpoints` pushed by the control plane) while requests keep flowing.
+    pub fn directory(&self) -> &Arc<Directory> {
+        &self.directory
     }
 
     /// The enforcement engine (stats, events, release commands).

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gov_agent::sidecar::{Options, Sidecar, UpstreamProtocol};
+use gov_agent::sidecar::{Balance, Options, Sidecar, UpstreamProtocol};
 use gov_proto::flag::parse_duration;
 use http::uri::Authority;
 
@@ -53,6 +53,11 @@ struct Args {
     /// separate services with `;`.
     #[arg(long, env = "GOV_INSTANCES", value_delimiter = ';', value_parser = parse_instances)]
     instances: Vec<(String, Vec<Authority>)>,
+
+    /// How the outbound listener chooses an instance: `peak-ewma` (power of two
+    /// choices over latency x outstanding requests / weight) or `round-robin`.
+    #[arg(long, env = "GOV_BALANCE", default_value = "peak-ewma")]
+    balance: Balance,
 
     /// The control plane (`http://127.0.0.1:7070`). Unset: standalone, enforcing the
     /// `--config` file only.
@@ -181,6 +186,7 @@ async fn run(args: Args) -> ExitCode {
         config: args.config,
         drain_timeout: args.drain_timeout,
         instances: args.instances,
+        balance: args.balance,
         control_plane: args.control_plane,
         upstream_protocol: args.upstream_protocol,
         header_read_timeout: (!args.header_read_timeout.is_zero())

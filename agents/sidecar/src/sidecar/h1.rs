@@ -55,6 +55,7 @@ pub(crate) use self::pool::IdlePool;
 use self::pool::Upstream;
 pub(crate) use self::prefixed::Prefixed;
 use super::proxy::{Failure, Shared, Side};
+use super::upstream::Pick;
 use gov_engine::engine::Target;
 use gov_engine::{Admission, Direction, Headers, Outcome, RequestInfo};
 
@@ -173,6 +174,42 @@ enum End {
 enum Local<'r> {
     Rejection(&'r gov_engine::Rejection),
     Failure(Failure),
+}
+
+/// Where a request goes: the local service (inbound), or the endpoint the balancer
+/// picked (outbound), held until the response has ended.
+enum Dest {
+    Local(Authority),
+    Endpoint(Pick),
+}
+
+impl Dest {
+    fn authority(&self) -> &Authority {
+        match self {
+            Dest::Local(authority) => authority,
+            Dest::Endpoint(pick) => &pick.endpoint().authority,
+        }
+    }
+
+    fn pick(&self) -> Option<&Pick> {
+        match self {
+            Dest::Local(_) => None,
+            Dest::Endpoint(pick) => Some(pick),
+        }
+    }
+
+    /// The connection failed or was reset before a response (passive health).
+    fn failed(&self) {
+        if let Some(pick) = self.pick() {
+            pick.failed();
+        }
+    }
+
+    fn timed_out(&self) {
+        if let Some(pick) = self.pick() {
+            pick.timed_out();
+        }
+    }
 }
 
 /// The owned part of a checked request head, kept while its body is relayed.
@@ -313,61 +350,53 @@ impl Conn<'_> {
         };
         let raw = Headers::Raw(req.headers);
 
-        // Where it goes, and the engine's decision.
-        let (authority, info) = match cx.side {
-            Side::Inbound => (
-                &cx.shared.local,
-                RequestInfo {
-                    direction: Direction::Inbound,
-                    method: &head.method,
-                    path: req.path(),
-                    headers: raw,
-                    target: None,
-                },
-            ),
-            Side::Outbound => {
-                let dest = super::proxy::target_service(raw, Some(req.host))
-                    .ok_or(Failure::BadRequest(
+        // Where it goes, and the engine's decision. An outbound call picks its
+        // endpoint first: per-instance rules key on it.
+        let service = match cx.side {
+            Side::Inbound => None,
+            Side::Outbound => match super::proxy::target_service(raw, Some(req.host)) {
+                Some(service) => Some(service),
+                None => {
+                    drop(req);
+                    let failure = Failure::BadRequest(
                         "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
-                    ))
-                    .and_then(|service| {
-                        let pool = cx.shared.directory.get(service);
-                        let instance = pool.and_then(|p| p.pick());
-                        if instance.is_none() {
-                            tracing::debug!(service, "outbound call to an unknown service");
-                        }
-                        instance
-                            .map(|i| (service, i))
-                            .ok_or(Failure::UnknownService)
-                    });
-                match dest {
-                    Ok((service, instance)) => (
-                        &instance.authority,
-                        RequestInfo {
-                            direction: Direction::Outbound,
-                            method: &head.method,
-                            path: req.path(),
-                            headers: raw,
-                            target: Some(Target {
-                                service,
-                                instance: Some(&instance.id),
-                            }),
-                        },
-                    ),
-                    Err(failure) => {
-                        drop(req);
-                        return Some(
-                            self.answer_locally(client, &head, Local::Failure(failure))
-                                .await,
-                        );
-                    }
+                    );
+                    return Some(
+                        self.answer_locally(client, &head, Local::Failure(failure))
+                            .await,
+                    );
                 }
-            }
+            },
+        };
+        let pick = match service {
+            None => None,
+            Some(service) => match cx.shared.directory.pick(service) {
+                Some(pick) => Some(pick),
+                None => {
+                    tracing::debug!(service, "outbound call to an unknown service");
+                    drop(req);
+                    let failure = Local::Failure(Failure::UnknownService);
+                    return Some(self.answer_locally(client, &head, failure).await);
+                }
+            },
+        };
+        let info = RequestInfo {
+            direction: match cx.side {
+                Side::Inbound => Direction::Inbound,
+                Side::Outbound => Direction::Outbound,
+            },
+            method: &head.method,
+            path: req.path(),
+            headers: raw,
+            target: service.map(|service| Target {
+                service,
+                instance: pick.as_ref().map(|p| &*p.endpoint().id),
+            }),
         };
         let admission = match cx.shared.engine.admit(&info).await {
             Ok(admission) => admission,
             Err(rejection) => {
-                drop(req);
+                drop((req, pick));
                 return Some(
                     self.answer_locally(client, &head, Local::Rejection(&rejection))
                         .await,
@@ -377,10 +406,13 @@ impl Conn<'_> {
 
         self.out.clear();
         write_request_head(&mut self.out, &req, &self.peer);
-        let authority = authority.clone();
         drop(req);
         self.buf.advance(head.len);
-        Some(self.forward(client, &head, authority, admission).await)
+        let to = match pick {
+            Some(pick) => Dest::Endpoint(pick),
+            None => Dest::Local(cx.shared.local.clone()),
+        };
+        Some(self.forward(client, &head, to, admission).await)
     }
 
     /// Answers the request here (its head is still in the buffer) and skips its
@@ -426,13 +458,20 @@ impl Conn<'_> {
         true
     }
 
-    /// Forwards the request (its head is in `self.out`) to `authority` under
-    /// `admission` and relays the response. Whether the client connection stays open.
+    /// Forwards the request (its head is in `self.out`) to `to` under `admission`
+    /// and relays the response. Whether the client connection stays open.
+    ///
+    /// Two second attempts, each at most once: a request that could not connect goes
+    /// to another endpoint of the called service (nothing of it was sent, so any
+    /// method); a request without a body whose kept-alive connection turns out to be
+    /// closed before answering is sent again (as nginx and hyper do for idempotent
+    /// requests). Both may happen to one request: a resend that finds the endpoint
+    /// gone connects elsewhere.
     async fn forward(
         &mut self,
         client: &mut TcpStream,
         head: &Head,
-        authority: Authority,
+        mut to: Dest,
         mut admission: Admission,
     ) -> bool {
         let deadline = admission.timeout().map(|t| Instant::now() + t);
@@ -440,29 +479,53 @@ impl Conn<'_> {
             // Armed once per request here; `receive` only waits on it.
             self.route.arm_before(at);
         }
-        // A request without a body can be sent again if a kept-alive upstream
-        // connection turns out to be closed before answering (as nginx and hyper
-        // do for idempotent requests).
         let replayable = head.framing == Framing::Empty && is_idempotent(&head.method);
-        let mut attempt = 0;
+        let (mut resent, mut rerouted) = (false, false);
         let exchange = loop {
-            attempt += 1;
-            let (mut upstream, reused) = match self.take_upstream(&authority).await {
+            let (mut upstream, reused) = match self.take_upstream(to.authority()).await {
                 Ok(found) => found,
-                Err(()) => break Exchange::Failed(Failure::Connect, Some(Outcome::ConnectFailure)),
+                Err(()) => {
+                    if let Dest::Endpoint(pick) = &to {
+                        pick.failed();
+                        if !rerouted && let Some(next) = pick.retry() {
+                            tracing::debug!(
+                                from = %pick.endpoint().authority,
+                                to = %next.endpoint().authority,
+                                "upstream connect failed; trying another endpoint"
+                            );
+                            rerouted = true;
+                            to = Dest::Endpoint(next);
+                            continue;
+                        }
+                    }
+                    break Exchange::Failed(Failure::Connect, Some(Outcome::ConnectFailure));
+                }
             };
             let exchange = self
-                .exchange(client, &mut upstream, head, &mut admission, deadline)
+                .exchange(
+                    client,
+                    &mut upstream,
+                    head,
+                    (&mut admission, to.pick()),
+                    deadline,
+                )
                 .await;
             match exchange {
-                (Exchange::Stale, _) if reused && replayable && attempt == 1 => {
-                    tracing::debug!(%authority, "kept-alive upstream connection was closed; sending again");
+                (Exchange::Stale, _) if reused && replayable && !resent => {
+                    tracing::debug!(authority = %to.authority(), "kept-alive upstream connection was closed; sending again");
+                    resent = true;
                     continue;
                 }
                 (Exchange::Stale, _) => {
+                    to.failed();
                     break Exchange::Failed(Failure::Upstream, Some(Outcome::Reset));
                 }
                 (exchange, reusable) => {
+                    match &exchange {
+                        Exchange::Failed(_, Some(Outcome::Reset)) => to.failed(),
+                        Exchange::TimedOut { .. } => to.timed_out(),
+                        _ => {}
+                    }
                     if reusable {
                         self.put_upstream(upstream);
                     }
@@ -564,7 +627,7 @@ impl Conn<'_> {
         client: &mut TcpStream,
         upstream: &mut Upstream,
         head: &Head,
-        admission: &mut Admission,
+        (admission, pick): (&mut Admission, Option<&Pick>),
         deadline: Option<Instant>,
     ) -> (Exchange, bool) {
         // A meter holds the snapshot and the limit's cells: only worth taking for
@@ -611,7 +674,7 @@ impl Conn<'_> {
             (&head.method, || {
                 head.close || stopping.load(Ordering::Relaxed)
             }),
-            admission,
+            (admission, pick),
             (deadline.map(|d| (route, d)), client_timeout),
         );
         let mut send = pin!(send);
@@ -693,7 +756,7 @@ async fn receive(
     client_wr: &mut WriteHalf<'_>,
     out: &mut Vec<u8>,
     (method, closing): (&Method, impl Fn() -> bool),
-    admission: &mut Admission,
+    (admission, pick): (&mut Admission, Option<&Pick>),
     (deadline, client_timeout): (Option<(&mut Deadline, Instant)>, Option<Duration>),
 ) -> Received {
     let mut deadline = deadline;
@@ -782,6 +845,9 @@ async fn receive(
         drop(conn_tokens);
         up_buf.advance(len);
         admission.record(Outcome::Status(code));
+        if let Some(pick) = pick {
+            pick.responded();
+        }
         let leg = Leg {
             framing,
             request: false,

@@ -5,12 +5,16 @@
 //! the engine's rules (rules come and go with every config), and costs nothing on the
 //! request path: the engine counts with atomics, and this module only reads a
 //! snapshot when scraped. Names are snake_case in base units, counters end in
-//! `_total`, and the only labels are the rule id (`service/name`) and small closed
-//! sets (`reason`, `le`).
+//! `_total`, and the only labels are the rule id (`service/name`), small closed
+//! sets (`reason`, `le`), and the called services' endpoints (`service`,
+//! `endpoint`: one series per endpoint the outbound directory holds now, so as many
+//! as discovery gives, never one per request or per client).
 
 use std::fmt::Write as _;
 
 use gov_engine::{Engine, FuseState, RejectReason, RuleKind, RuleStats};
+
+use super::upstream::EndpointStats;
 
 /// Upper bounds of the latency histogram buckets, in seconds (`+Inf` is implied):
 /// the engine's [`gov_engine::LATENCY_BUCKETS_MS`].
@@ -104,6 +108,8 @@ pub(crate) struct Source {
     pub(crate) lifecycle: tokio::sync::watch::Receiver<crate::lifecycle::State>,
     /// The proxy listeners by name (`inbound`, `outbound`).
     pub(crate) listeners: Vec<(&'static str, std::sync::Arc<super::serve::Connections>)>,
+    /// The outbound listener's endpoints.
+    pub(crate) directory: std::sync::Arc<super::upstream::Directory>,
 }
 
 impl Source {
@@ -112,6 +118,7 @@ impl Source {
         let mut enc = Encoder::default();
         self.render_agent(&mut enc, health);
         self.render_listeners(&mut enc);
+        render_endpoints(&mut enc, &self.directory.stats());
         render_rules(&mut enc, &self.engine.stats().rules);
         enc.finish()
     }
@@ -229,6 +236,62 @@ impl Source {
             "gov_instance_weight_ratio",
             &[],
             f64::from(state.weight_milli_percent) / f64::from(crate::lifecycle::FULL_WEIGHT),
+        );
+    }
+}
+
+/// The outbound endpoints' series (none without an outbound directory).
+fn render_endpoints(enc: &mut Encoder, endpoints: &[EndpointStats]) {
+    if endpoints.is_empty() {
+        return;
+    }
+    type Read = fn(&EndpointStats) -> u64;
+    let families: [(&str, &str, &str, Read); 4] = [
+        (
+            "gov_agent_endpoint_requests_total",
+            "counter",
+            "Requests the outbound balancer sent to the endpoint (each attempt).",
+            |e| e.requests,
+        ),
+        (
+            "gov_agent_endpoint_outstanding",
+            "gauge",
+            "Requests to the endpoint whose response has not ended.",
+            |e| e.outstanding,
+        ),
+        (
+            "gov_agent_endpoint_ejections_total",
+            "counter",
+            "Times the endpoint was ejected after connect failures or resets in a row.",
+            |e| e.ejections,
+        ),
+        (
+            "gov_agent_endpoint_ejected",
+            "gauge",
+            "1 while the endpoint is ejected (the balancer skips it), else 0.",
+            |e| u64::from(e.ejected),
+        ),
+    ];
+    for (name, kind, help, read) in families {
+        enc.family(name, kind, help);
+        for e in endpoints {
+            enc.sample(
+                name,
+                &[("service", &e.service), ("endpoint", &e.endpoint)],
+                read(e),
+            );
+        }
+    }
+    enc.family(
+        "gov_agent_endpoint_weight_ratio",
+        "gauge",
+        "The endpoint's slow-start weight as the balancer uses it (1 = full share).",
+    );
+    for e in endpoints {
+        enc.sample(
+            "gov_agent_endpoint_weight_ratio",
+            &[("service", &e.service), ("endpoint", &e.endpoint)],
+            f64::from(e.weight_milli_percent) / f64::from(crate::lifecycle::FULL_WEIGHT),
         );
     }
 }
@@ -362,6 +425,35 @@ mod tests {
         );
         assert_eq!(le_label(0.01), "0.01");
         assert_eq!(le_label(1.0), "1");
+    }
+
+    #[test]
+    fn endpoint_series_carry_service_and_endpoint_labels() {
+        let mut enc = Encoder::default();
+        render_endpoints(&mut enc, &[]);
+        assert_eq!(enc.finish(), "", "no endpoints, no families");
+
+        let mut enc = Encoder::default();
+        let stats = EndpointStats {
+            service: "inventory".into(),
+            endpoint: "127.0.0.1:9001".into(),
+            weight_milli_percent: 50_000,
+            requests: 7,
+            outstanding: 2,
+            ejections: 1,
+            ejected: true,
+        };
+        render_endpoints(&mut enc, &[stats]);
+        let text = enc.finish();
+        for line in [
+            "gov_agent_endpoint_requests_total{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 7\n",
+            "gov_agent_endpoint_outstanding{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 2\n",
+            "gov_agent_endpoint_ejections_total{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 1\n",
+            "gov_agent_endpoint_ejected{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 1\n",
+            "gov_agent_endpoint_weight_ratio{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 0.5\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
     }
 
     fn insta_free_assert(got: &str, want: &str) {

@@ -20,7 +20,7 @@ use super::body::{Counted, ProxyBody, Tally};
 use super::h1::{Refusal, valid_authority};
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::serve::Connections;
-use super::upstream::{Clients, Directory};
+use super::upstream::{Clients, Directory, Pick, UpstreamBody};
 use gov_engine::{Admission, ByteMeter, Engine, Outcome, Rejection, RequestInfo};
 
 /// The header a local service may set on an outbound call to name the service it
@@ -45,10 +45,12 @@ impl Tally for RequestTally {
 }
 
 /// Counts the response bytes of one admitted call and holds its admission (bulkhead
-/// permits, in-flight gauges) until the response body is done or the client left.
+/// permits, in-flight gauges) and its endpoint pick (requests outstanding) until the
+/// response body is done or the client left.
 #[derive(Debug)]
 pub struct ResponseTally {
     admission: Admission,
+    _pick: Option<Pick>,
 }
 
 impl Tally for ResponseTally {
@@ -63,8 +65,8 @@ pub(crate) struct Shared {
     pub(crate) clients: Clients,
     /// The local service, for the inbound listener.
     pub(crate) local: Authority,
-    /// Other services' instances, for the outbound listener.
-    pub(crate) directory: Directory,
+    /// Other services' endpoints and their balancer, for the outbound listener.
+    pub(crate) directory: Arc<Directory>,
     /// Idle upstream connections of the HTTP/1 path.
     pub(crate) idle: super::h1::IdlePool,
 }
@@ -200,7 +202,7 @@ impl Handler {
             Err(rejection) => return rejection_response(&rejection),
         };
         let to = conn.shared.local.clone();
-        forward(&conn.shared.clients, req, to, &conn.peer, admission).await
+        forward(&conn.shared.clients, req, to, None, &conn.peer, admission).await
     }
 
     /// A call of the local service to another service.
@@ -213,29 +215,33 @@ impl Handler {
                 "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
             ));
         };
-        let Some(instance) = conn
-            .shared
-            .directory
-            .get(service)
-            .and_then(|pool| pool.pick())
-        else {
+        let Some(pick) = conn.shared.directory.pick(service) else {
             tracing::debug!(service, "outbound call to an unknown service");
             return failure_response(Failure::UnknownService);
         };
-        tracing::trace!(service, instance = %instance.id, "outbound call");
+        let endpoint = pick.endpoint();
+        tracing::trace!(service, instance = %endpoint.id, "outbound call");
         let info = RequestInfo::outbound(
             req.method(),
             req.uri().path(),
             req.headers(),
             service,
-            Some(&instance.id),
+            Some(&endpoint.id),
         );
         let admission = match conn.shared.engine.admit(&info).await {
             Ok(admission) => admission,
             Err(rejection) => return rejection_response(&rejection),
         };
-        let to = instance.authority.clone();
-        forward(&conn.shared.clients, req, to, &conn.peer, admission).await
+        let to = endpoint.authority.clone();
+        forward(
+            &conn.shared.clients,
+            req,
+            to,
+            Some(pick),
+            &conn.peer,
+            admission,
+        )
+        .await
     }
 }
 
@@ -346,11 +352,19 @@ pub(crate) fn target_service<'a>(
 }
 
 /// Sends `req` to `to` under `admission` and streams the response back; reports the
-/// outcome (status, connect failure, reset, timeout) to the engine.
+/// outcome (status, connect failure, reset, timeout) to the engine, and to the
+/// balancer when `to` is an endpoint it picked.
+///
+/// A call that could not connect to its endpoint goes once to another endpoint of the
+/// service if it has no body (any method: nothing was sent); a request with a body
+/// cannot be sent again from here, since its first attempt took the body. hyper's
+/// pool sends a request again by itself when a kept-alive connection turns out to
+/// be closed before it was written.
 async fn forward(
     clients: &Clients,
     req: Request<Incoming>,
     to: Authority,
+    mut pick: Option<Pick>,
     peer: &HeaderValue,
     admission: Admission,
 ) -> Response<ResponseBody> {
@@ -373,11 +387,10 @@ async fn forward(
     {
         parts.headers.insert(header::HOST, host);
     }
-    let mut uri = http::uri::Parts::default();
-    uri.scheme = Some(Scheme::HTTP);
-    uri.authority = Some(to);
-    uri.path_and_query = Some(path);
-    let Ok(uri) = Uri::from_parts(uri) else {
+    // What a second attempt needs: kept only for an outbound call without a body.
+    let again_path =
+        (pick.is_some() && http_body::Body::is_end_stream(&body)).then(|| path.clone());
+    let Some(uri) = upstream_uri(to, path) else {
         return failure_response(Failure::BadRequest("gov-agent: bad request target\n"));
     };
     parts.uri = uri;
@@ -388,43 +401,102 @@ async fn forward(
     parts.headers.remove(header::EXPECT);
     append_forwarded_for(&mut parts.headers, peer);
 
+    let mut again = again_path.map(|path| {
+        (
+            parts.method.clone(),
+            parts.version,
+            parts.headers.clone(),
+            path,
+        )
+    });
     let tally = RequestTally {
         meter: admission.byte_meter(),
     };
-    let upstream_req = Request::from_parts(parts, Counted::new(body, tally));
-    let sent = client.request(upstream_req);
-    let result = match admission.timeout() {
-        None => sent.await,
-        Some(deadline) => match tokio::time::timeout(deadline, sent).await {
-            Ok(result) => result,
-            Err(_elapsed) => {
-                return match admission.timed_out() {
-                    Some(rejection) => rejection_response(&rejection),
-                    None => failure_response(Failure::Timeout),
-                };
+    let upstream_req = Request::from_parts(parts, UpstreamBody::client(Counted::new(body, tally)));
+    let deadline = admission
+        .timeout()
+        .map(|timeout| tokio::time::Instant::now() + timeout);
+    let send = |req: Request<UpstreamBody>| async move {
+        match deadline {
+            None => Some(client.request(req).await),
+            Some(at) => tokio::time::timeout_at(at, client.request(req)).await.ok(),
+        }
+    };
+    let mut result = send(upstream_req).await;
+    if let Some(Err(error)) = &result
+        && error.is_connect()
+        && let Some(first) = &pick
+    {
+        tracing::debug!(%error, endpoint = %first.endpoint().authority, "upstream connect failed");
+        first.failed();
+        let retry = again.take().and_then(|head| Some((head, first.retry()?)));
+        if let Some(((method, version, headers, path), next)) = retry {
+            let uri = upstream_uri(next.endpoint().authority.clone(), path);
+            pick = Some(next);
+            if let Some(uri) = uri {
+                let mut req = Request::new(UpstreamBody::empty());
+                *req.method_mut() = method;
+                *req.uri_mut() = uri;
+                *req.version_mut() = version;
+                *req.headers_mut() = headers;
+                result = send(req).await;
             }
-        },
-    };
+        } else {
+            // Reported: the endpoint is not told twice below.
+            pick = None;
+        }
+    }
     let response = match result {
-        Ok(response) => response,
-        Err(error) if error.is_connect() => {
-            tracing::debug!(%error, "upstream connect failed");
-            admission.finish(Outcome::ConnectFailure);
-            return failure_response(Failure::Connect);
+        Some(Ok(response)) => response,
+        None => {
+            if let Some(pick) = &pick {
+                pick.timed_out();
+            }
+            return match admission.timed_out() {
+                Some(rejection) => rejection_response(&rejection),
+                None => failure_response(Failure::Timeout),
+            };
         }
-        Err(error) => {
-            tracing::debug!(%error, "upstream failed");
-            admission.finish(Outcome::Reset);
-            return failure_response(Failure::Upstream);
+        Some(Err(error)) => {
+            if let Some(pick) = &pick {
+                pick.failed();
+            }
+            return if error.is_connect() {
+                tracing::debug!(%error, "upstream connect failed");
+                admission.finish(Outcome::ConnectFailure);
+                failure_response(Failure::Connect)
+            } else {
+                tracing::debug!(%error, "upstream failed");
+                admission.finish(Outcome::Reset);
+                failure_response(Failure::Upstream)
+            };
         }
     };
+    if let Some(pick) = &pick {
+        pick.responded();
+    }
 
     let (mut parts, body) = response.into_parts();
     let mut admission = admission;
     admission.record(Outcome::Status(parts.status.as_u16()));
     strip_hop_by_hop(&mut parts.headers);
-    let body = ProxyBody::upstream(Counted::new(body, ResponseTally { admission }));
+    let body = ProxyBody::upstream(Counted::new(
+        body,
+        ResponseTally {
+            admission,
+            _pick: pick,
+        },
+    ));
     Response::from_parts(parts, body)
+}
+
+/// `http://{to}{path}`, the target of a request sent upstream.
+fn upstream_uri(to: Authority, path: PathAndQuery) -> Option<Uri> {
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(Scheme::HTTP);
+    uri.authority = Some(to);
+    uri.path_and_query = Some(path);
+    Uri::from_parts(uri).ok()
 }
 
 /// The response for a rejection, from the engine's one mapping of rejections to HTTP.

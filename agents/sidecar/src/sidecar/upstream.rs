@@ -1,22 +1,81 @@
 //! Where the proxy sends requests: the pooled upstream client, the local service, and
-//! the static instance lists of other services for the outbound listener.
+//! the endpoints of other services with the balancer of the outbound listener.
+//!
+//! The outbound balancer is power of two choices over peak-EWMA cost, as Finagle's
+//! and Linkerd's: two endpoints drawn at random, the one with the lower latency
+//! estimate times (requests outstanding + 1), divided by its slow-start weight,
+//! wins. Peak-EWMA rather than least outstanding requests because a sidecar sees
+//! few requests in flight per endpoint: at one or two outstanding, a count cannot
+//! tell a 10x slower endpoint from a fast one, and the slow one keeps its share of
+//! the tail; a latency estimate can. The estimate jumps to a slower sample at once
+//! and forgets it over about 10 s.
+//!
+//! Passive health: connect failures and resets in a row eject an endpoint for a
+//! back-off that doubles with each ejection in a row (bounded); the last available
+//! endpoint is never ejected, and if every endpoint is out anyway (a new set of
+//! ejected endpoints) the balancer uses them all (Envoy's panic threshold). The
+//! retries that use this live with each path (`h1.rs`, `proxy.rs`).
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
+use bytes::Bytes;
 use http::uri::Authority;
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rand::Rng;
+use tokio::time::Instant;
 
 use super::body::Counted;
 use super::proxy::RequestTally;
 
-/// The body the proxy forwards upstream: the client's body, counted as it streams.
-pub(crate) type UpstreamBody = Counted<Incoming, RequestTally>;
+/// The body the proxy forwards upstream: the client's body, counted as it streams,
+/// or none (a second attempt of a request without a body, whose first attempt took
+/// the client's empty body).
+pub(crate) struct UpstreamBody(Option<Counted<Incoming, RequestTally>>);
+
+impl UpstreamBody {
+    pub(crate) fn client(body: Counted<Incoming, RequestTally>) -> Self {
+        Self(Some(body))
+    }
+
+    pub(crate) fn empty() -> Self {
+        Self(None)
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        match &mut self.0 {
+            Some(body) => Pin::new(body).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.0
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
 
 /// A pooled upstream client.
 pub(crate) type UpstreamClient = Client<HttpConnector, UpstreamBody>;
@@ -96,85 +155,557 @@ fn client(http2: bool) -> UpstreamClient {
         .build(connector)
 }
 
-/// One instance of a service the local service calls.
-#[derive(Debug, Clone)]
-pub struct Instance {
-    /// Where it listens.
-    pub authority: Authority,
-    /// Its identity for client-side rules (per-instance bulkheads): `host:port`.
-    pub id: Arc<str>,
+// === the endpoints of other services ===
+
+/// How the outbound listener chooses an endpoint of the called service.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Balance {
+    /// Power of two choices over peak-EWMA cost: the latency estimate times the
+    /// requests outstanding plus one, divided by the slow-start weight (the default).
+    #[default]
+    PeakEwma,
+    /// Each available endpoint in turn, blind to load: the baseline to compare with.
+    RoundRobin,
 }
 
-/// The instances of one service, picked round robin.
+impl std::str::FromStr for Balance {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "peak-ewma" => Ok(Self::PeakEwma),
+            "round-robin" => Ok(Self::RoundRobin),
+            _ => Err(format!(
+                "`{s}` is not a balancer: use `peak-ewma` or `round-robin`"
+            )),
+        }
+    }
+}
+
+/// One endpoint of a service as discovery gives it: where it listens and its
+/// slow-start weight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSpec {
+    /// Where it listens.
+    pub authority: Authority,
+    /// Its share of traffic relative to a full endpoint: 100% is
+    /// [`crate::lifecycle::FULL_WEIGHT`]; more counts as 100%, 0 as the least weight.
+    pub weight_milli_percent: u32,
+}
+
+impl EndpointSpec {
+    /// An endpoint at full weight (a static `--instances` entry).
+    pub fn full(authority: Authority) -> Self {
+        Self {
+            authority,
+            weight_milli_percent: FULL_WEIGHT,
+        }
+    }
+}
+
+const FULL_WEIGHT: u32 = crate::lifecycle::FULL_WEIGHT;
+
+/// How fast a latency estimate forgets: a sample this old weighs 1/e (Linkerd's and
+/// Finagle's default).
+const DECAY_NANOS: f64 = 10e9;
+
+/// The cost of an endpoint that has not answered yet while a request to it is
+/// outstanding: a new endpoint takes one probe at a time until its first response
+/// (Finagle's penalty).
+const PENALTY: f64 = 1e15;
+
+/// Consecutive connect failures or resets that eject an endpoint.
+pub const EJECT_AFTER: u32 = 5;
+
+/// The first ejection lasts this long; each ejection in a row doubles it.
+pub const EJECT_BASE: Duration = Duration::from_secs(1);
+
+/// The longest ejection.
+pub const EJECT_MAX: Duration = Duration::from_secs(60);
+
+/// The endpoints of the services the local service calls, for the outbound listener.
+///
+/// The whole table is one immutable value behind an [`ArcSwap`]: [`Directory::replace`]
+/// swaps in a new one, and a request reads it without a lock or an allocation
+/// (a guarded load, a hash lookup, two reference counts). The per-endpoint state that
+/// must outlive a swap (requests outstanding, the latency estimate, ejection,
+/// counters) lives in each [`Endpoint`], which a new set reuses for an address the
+/// old set had.
 #[derive(Debug)]
-pub(crate) struct Pool {
-    instances: Vec<Instance>,
+pub struct Directory {
+    balance: Balance,
+    /// Time zero of the endpoints' clocks (ejection deadlines, estimate stamps).
+    epoch: Instant,
+    services: ArcSwap<HashMap<Box<str>, Arc<Service>>>,
+}
+
+/// The endpoint set of one service, as one [`Directory::replace`] made it.
+#[derive(Debug)]
+struct Service {
+    name: Arc<str>,
+    balance: Balance,
+    epoch: Instant,
+    endpoints: Box<[Arc<Endpoint>]>,
+    /// The weight of each endpoint, in milli-percent, at least 1.
+    // INVARIANT: as long as `endpoints`.
+    weights: Box<[u32]>,
+    /// Round robin's position.
     next: AtomicUsize,
 }
 
-impl Pool {
-    fn new(instances: Vec<Instance>) -> Self {
-        Self {
-            instances,
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    /// The next instance, round robin; `None` when the list is empty.
-    pub(crate) fn pick(&self) -> Option<&Instance> {
-        if self.instances.is_empty() {
-            return None;
-        }
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        self.instances.get(n % self.instances.len())
-    }
+/// One endpoint and what the balancer knows of it. Written with relaxed atomics: a
+/// lost race skews an estimate or a count by one sample, never a decision's safety.
+#[derive(Debug)]
+pub(crate) struct Endpoint {
+    /// Where it listens.
+    pub(crate) authority: Authority,
+    /// Its identity for client-side rules (per-instance bulkheads): `host:port`.
+    pub(crate) id: Arc<str>,
+    /// Requests picked for it whose response has not ended.
+    outstanding: AtomicU64,
+    /// Requests sent to it (each attempt), since it joined.
+    requests: AtomicU64,
+    /// Times it was ejected, since it joined.
+    ejections: AtomicU64,
+    /// Connect failures and resets since its last response.
+    failures: AtomicU32,
+    /// Ejections since its last response: the back-off doubles with each.
+    ejected_in_a_row: AtomicU32,
+    /// Nanoseconds after the epoch until which it is ejected (0: never was).
+    ejected_until: AtomicU64,
+    /// The peak-EWMA latency estimate in nanoseconds (`f64` bits; 0: none yet).
+    rtt: AtomicU64,
+    /// When `rtt` was last updated, nanoseconds after the epoch.
+    rtt_at: AtomicU64,
 }
 
-/// The static instance lists per service name, for the outbound listener.
-#[derive(Debug, Default)]
-pub(crate) struct Directory {
-    services: HashMap<String, Pool>,
+/// A request's hold on the endpoint picked for it: counts as outstanding until
+/// dropped (when the response body has ended), and carries what the request
+/// learned back to the balancer.
+#[derive(Debug)]
+pub(crate) struct Pick {
+    service: Arc<Service>,
+    // INVARIANT: an index into `service.endpoints`.
+    index: usize,
+    start: Instant,
 }
+
+/// One endpoint's counters, for `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EndpointStats {
+    pub(crate) service: Arc<str>,
+    pub(crate) endpoint: Arc<str>,
+    pub(crate) weight_milli_percent: u32,
+    pub(crate) requests: u64,
+    pub(crate) outstanding: u64,
+    pub(crate) ejections: u64,
+    pub(crate) ejected: bool,
+}
+
+// === impl Directory ===
 
 impl Directory {
-    pub(crate) fn new(services: &[(String, Vec<Authority>)]) -> Self {
-        let services = services
-            .iter()
-            .map(|(name, addrs)| {
-                let instances = addrs
-                    .iter()
-                    .map(|authority| Instance {
-                        authority: authority.clone(),
-                        id: Arc::from(authority.as_str()),
-                    })
-                    .collect();
-                (name.clone(), Pool::new(instances))
-            })
-            .collect();
-        Self { services }
+    /// A directory of static endpoint lists (`--instances`), every endpoint at full
+    /// weight. Call it inside the runtime when time may be paused (tests).
+    pub(crate) fn new(balance: Balance, services: &[(String, Vec<Authority>)]) -> Self {
+        let directory = Self {
+            balance,
+            epoch: Instant::now(),
+            services: ArcSwap::from_pointee(HashMap::new()),
+        };
+        for (name, addrs) in services {
+            directory.replace(name, addrs.iter().cloned().map(EndpointSpec::full));
+        }
+        directory
     }
 
-    /// The pool of `service`, if it is known.
-    pub(crate) fn get(&self, service: &str) -> Option<&Pool> {
-        self.services.get(service)
+    /// Replaces the endpoints of `service` at once: a request picks from the old set
+    /// or the new, never a mix. An address in both keeps its state (requests
+    /// outstanding, latency estimate, ejection, counters) and takes its new weight;
+    /// an address only in the old set is forgotten (its requests in flight finish).
+    /// A repeated address counts once. An empty set keeps the service known with no
+    /// endpoint: its calls get 502.
+    pub fn replace(&self, service: &str, endpoints: impl IntoIterator<Item = EndpointSpec>) {
+        let mut specs: Vec<EndpointSpec> = Vec::new();
+        for spec in endpoints {
+            if !specs
+                .iter()
+                .any(|s| s.authority.as_str() == spec.authority.as_str())
+            {
+                specs.push(spec);
+            }
+        }
+        let name: Arc<str> = Arc::from(service);
+        self.services.rcu(|current| {
+            let old = current.get(service);
+            let endpoints: Box<[Arc<Endpoint>]> = specs
+                .iter()
+                .map(|spec| {
+                    old.and_then(|o| {
+                        o.endpoints
+                            .iter()
+                            .find(|e| e.authority.as_str() == spec.authority.as_str())
+                    })
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(Endpoint::new(spec.authority.clone())))
+                })
+                .collect();
+            let weights = specs
+                .iter()
+                .map(|s| s.weight_milli_percent.clamp(1, FULL_WEIGHT))
+                .collect();
+            let mut next = HashMap::clone(current);
+            next.insert(
+                Box::from(service),
+                Arc::new(Service {
+                    name: name.clone(),
+                    balance: self.balance,
+                    epoch: self.epoch,
+                    endpoints,
+                    weights,
+                    next: AtomicUsize::new(0),
+                }),
+            );
+            next
+        });
+    }
+
+    /// Forgets `service`: its calls get 502 as an unknown service's do.
+    pub fn remove(&self, service: &str) {
+        self.services.rcu(|current| {
+            let mut next = HashMap::clone(current);
+            next.remove(service);
+            next
+        });
+    }
+
+    /// The endpoints of `service` with their weights, in order; `None` if unknown.
+    pub fn endpoints(&self, service: &str) -> Option<Vec<EndpointSpec>> {
+        let services = self.services.load();
+        let set = services.get(service)?;
+        Some(
+            set.endpoints
+                .iter()
+                .zip(set.weights.iter())
+                .map(|(e, w)| EndpointSpec {
+                    authority: e.authority.clone(),
+                    weight_milli_percent: *w,
+                })
+                .collect(),
+        )
+    }
+
+    /// Picks an endpoint of `service` for one request; `None` when the service is
+    /// unknown or has no endpoint.
+    pub(crate) fn pick(&self, service: &str) -> Option<Pick> {
+        let set = self.services.load().get(service)?.clone();
+        set.pick(None, &mut rand::rng(), Instant::now())
+    }
+
+    /// Every endpoint's counters, by service then endpoint order.
+    pub(crate) fn stats(&self) -> Vec<EndpointStats> {
+        let services = self.services.load();
+        let mut names: Vec<&Box<str>> = services.keys().collect();
+        names.sort_unstable();
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for name in names {
+            let Some(set) = services.get(&**name) else {
+                continue;
+            };
+            let at = set.nanos(now);
+            for (endpoint, weight) in set.endpoints.iter().zip(set.weights.iter()) {
+                out.push(EndpointStats {
+                    service: set.name.clone(),
+                    endpoint: endpoint.id.clone(),
+                    weight_milli_percent: *weight,
+                    requests: endpoint.requests.load(Ordering::Relaxed),
+                    outstanding: endpoint.outstanding.load(Ordering::Relaxed),
+                    ejections: endpoint.ejections.load(Ordering::Relaxed),
+                    ejected: endpoint.ejected(at),
+                });
+            }
+        }
+        out
+    }
+}
+
+// === impl Service ===
+
+impl Service {
+    fn nanos(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Picks an endpoint other than `exclude`. Among the endpoints not ejected, or
+    /// among all when every one is (the panic rule: traffic to a possibly bad
+    /// endpoint beats no traffic at all).
+    fn pick(
+        self: &Arc<Self>,
+        exclude: Option<usize>,
+        rng: &mut impl Rng,
+        now: Instant,
+    ) -> Option<Pick> {
+        let at = self.nanos(now);
+        let n = self.endpoints.len();
+        let allowed = |i: usize| exclude != Some(i);
+        let healthy =
+            |i: usize| allowed(i) && self.endpoints.get(i).is_some_and(|e| !e.ejected(at));
+        let mut count = (0..n).filter(|&i| healthy(i)).count();
+        let panic = count == 0;
+        if panic {
+            count = (0..n).filter(|&i| allowed(i)).count();
+        }
+        if count == 0 {
+            return None;
+        }
+        let eligible = |i: usize| if panic { allowed(i) } else { healthy(i) };
+        // The k-th eligible endpoint (the common case, every one eligible, is `k`).
+        let nth = |k: usize| {
+            if count == n {
+                Some(k)
+            } else {
+                (0..n).filter(|&i| eligible(i)).nth(k)
+            }
+        };
+        let index = match self.balance {
+            Balance::RoundRobin => nth(self.next.fetch_add(1, Ordering::Relaxed) % count)?,
+            Balance::PeakEwma if count == 1 => nth(0)?,
+            Balance::PeakEwma => {
+                // Two distinct candidates at random; the cheaper one wins (a tie goes
+                // to the first, itself random).
+                let a = rng.random_range(0..count);
+                let mut b = rng.random_range(0..count - 1);
+                if b >= a {
+                    b += 1;
+                }
+                let (a, b) = (nth(a)?, nth(b)?);
+                if self.cost(b, at) < self.cost(a, at) {
+                    b
+                } else {
+                    a
+                }
+            }
+        };
+        let endpoint = self.endpoints.get(index)?;
+        endpoint.outstanding.fetch_add(1, Ordering::Relaxed);
+        endpoint.requests.fetch_add(1, Ordering::Relaxed);
+        Some(Pick {
+            service: self.clone(),
+            index,
+            start: now,
+        })
+    }
+
+    /// Peak-EWMA cost: the latency estimate times the requests outstanding plus one,
+    /// over the weight. An endpoint without an estimate costs nothing while idle and
+    /// [`PENALTY`] while its first request is out.
+    fn cost(&self, index: usize, at: u64) -> f64 {
+        let (Some(endpoint), Some(weight)) = (self.endpoints.get(index), self.weights.get(index))
+        else {
+            return f64::INFINITY;
+        };
+        let pending = endpoint.outstanding.load(Ordering::Relaxed) as f64;
+        let rtt = endpoint.estimate(at);
+        let cost = if rtt > 0.0 {
+            rtt * (pending + 1.0)
+        } else if pending > 0.0 {
+            PENALTY + pending
+        } else {
+            0.0
+        };
+        cost * f64::from(FULL_WEIGHT) / f64::from(*weight)
+    }
+}
+
+// === impl Endpoint ===
+
+impl Endpoint {
+    fn new(authority: Authority) -> Self {
+        Self {
+            id: Arc::from(authority.as_str()),
+            authority,
+            outstanding: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            ejections: AtomicU64::new(0),
+            failures: AtomicU32::new(0),
+            ejected_in_a_row: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(0),
+            rtt: AtomicU64::new(0),
+            rtt_at: AtomicU64::new(0),
+        }
+    }
+
+    fn ejected(&self, at: u64) -> bool {
+        at < self.ejected_until.load(Ordering::Relaxed)
+    }
+
+    /// The latency estimate at `at`, decayed since its last sample (0: none yet).
+    fn estimate(&self, at: u64) -> f64 {
+        let rtt = f64::from_bits(self.rtt.load(Ordering::Relaxed));
+        if rtt <= 0.0 {
+            return 0.0;
+        }
+        let age = at.saturating_sub(self.rtt_at.load(Ordering::Relaxed)) as f64;
+        rtt * (-age / DECAY_NANOS).exp()
+    }
+
+    /// Adds a latency sample: a sample above the estimate replaces it at once (the
+    /// peak), one below moves it by how long the estimate went without a sample.
+    fn observe(&self, rtt: f64, at: u64) {
+        let rtt = rtt.max(1.0);
+        let previous = f64::from_bits(self.rtt.load(Ordering::Relaxed));
+        let next = if rtt >= previous {
+            rtt
+        } else {
+            let age = at.saturating_sub(self.rtt_at.load(Ordering::Relaxed)) as f64;
+            let w = (-age / DECAY_NANOS).exp();
+            previous * w + rtt * (1.0 - w)
+        };
+        self.rtt.store(next.to_bits(), Ordering::Relaxed);
+        self.rtt_at.store(at, Ordering::Relaxed);
+    }
+}
+
+// === impl Pick ===
+
+impl Pick {
+    pub(crate) fn endpoint(&self) -> &Endpoint {
+        // INVARIANT: `index` came from `service.endpoints`, which never changes.
+        &self.service.endpoints[self.index]
+    }
+
+    /// The response head arrived: a latency sample, and the endpoint is healthy.
+    pub(crate) fn responded(&self) {
+        let now = Instant::now();
+        let endpoint = self.endpoint();
+        endpoint.observe(
+            now.saturating_duration_since(self.start).as_nanos() as f64,
+            self.service.nanos(now),
+        );
+        if endpoint.failures.load(Ordering::Relaxed) != 0 {
+            endpoint.failures.store(0, Ordering::Relaxed);
+        }
+        if endpoint.ejected_in_a_row.load(Ordering::Relaxed) != 0 {
+            endpoint.ejected_in_a_row.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The request timed out without a response head: the time it waited is a
+    /// latency sample (an endpoint that hangs must not look fast).
+    pub(crate) fn timed_out(&self) {
+        let now = Instant::now();
+        self.endpoint().observe(
+            now.saturating_duration_since(self.start).as_nanos() as f64,
+            self.service.nanos(now),
+        );
+    }
+
+    /// The connection failed or was reset before a response head. After
+    /// [`EJECT_AFTER`] such failures in a row the endpoint is ejected for a back-off
+    /// that doubles with each ejection in a row, from [`EJECT_BASE`] up to
+    /// [`EJECT_MAX`]; never when every other endpoint is ejected too.
+    pub(crate) fn failed(&self) {
+        let endpoint = self.endpoint();
+        let failures = endpoint
+            .failures
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        if failures < EJECT_AFTER {
+            return;
+        }
+        let at = self.service.nanos(Instant::now());
+        if endpoint.ejected(at) {
+            return;
+        }
+        let others = self
+            .service
+            .endpoints
+            .iter()
+            .enumerate()
+            .any(|(i, e)| i != self.index && !e.ejected(at));
+        if !others {
+            return;
+        }
+        endpoint.failures.store(0, Ordering::Relaxed);
+        let row = endpoint.ejected_in_a_row.fetch_add(1, Ordering::Relaxed);
+        let backoff = EJECT_BASE
+            .saturating_mul(1_u32 << row.min(16))
+            .min(EJECT_MAX);
+        let until = at.saturating_add(u64::try_from(backoff.as_nanos()).unwrap_or(u64::MAX));
+        endpoint.ejected_until.store(until, Ordering::Relaxed);
+        endpoint.ejections.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            service = %self.service.name,
+            endpoint = %endpoint.authority,
+            ?backoff,
+            "endpoint ejected after {EJECT_AFTER} connect failures or resets in a row"
+        );
+    }
+
+    /// Another endpoint of the same service for a second attempt; `None` when there
+    /// is no other.
+    pub(crate) fn retry(&self) -> Option<Pick> {
+        self.service
+            .pick(Some(self.index), &mut rand::rng(), Instant::now())
+    }
+}
+
+impl Drop for Pick {
+    fn drop(&mut self) {
+        self.endpoint().outstanding.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
 
-    #[test]
-    fn round_robin_cycles_through_instances() {
-        let dir = Directory::new(&[(
-            "inventory".to_owned(),
-            vec![
-                Authority::from_static("127.0.0.1:9001"),
-                Authority::from_static("127.0.0.1:9002"),
-            ],
-        )]);
-        let pool = dir.get("inventory").unwrap();
-        let picked: Vec<_> = (0..4).map(|_| pool.pick().unwrap().id.clone()).collect();
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn authority(port: u16) -> Authority {
+        format!("127.0.0.1:{port}").parse().unwrap()
+    }
+
+    fn inventory(balance: Balance, ports: &[u16]) -> Directory {
+        let addrs = ports.iter().map(|p| authority(*p)).collect();
+        Directory::new(balance, &[("inventory".to_owned(), addrs)])
+    }
+
+    fn set(directory: &Directory) -> Arc<Service> {
+        directory.services.load().get("inventory").unwrap().clone()
+    }
+
+    /// A pick of endpoint `index`, as the balancer would make it.
+    fn take(set: &Arc<Service>, index: usize) -> Pick {
+        set.endpoints[index]
+            .outstanding
+            .fetch_add(1, Ordering::Relaxed);
+        Pick {
+            service: set.clone(),
+            index,
+            start: Instant::now(),
+        }
+    }
+
+    fn pick(set: &Arc<Service>, rng: &mut StdRng) -> Pick {
+        set.pick(None, rng, Instant::now()).unwrap()
+    }
+
+    fn ejected(directory: &Directory) -> Vec<bool> {
+        directory.stats().iter().map(|s| s.ejected).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn round_robin_cycles_through_endpoints() {
+        let dir = inventory(Balance::RoundRobin, &[9001, 9002]);
+        let picked: Vec<_> = (0..4)
+            .map(|_| dir.pick("inventory").unwrap().endpoint().id.clone())
+            .collect();
         assert_eq!(
             picked.iter().map(|s| &**s).collect::<Vec<_>>(),
             [
@@ -184,6 +715,189 @@ mod tests {
                 "127.0.0.1:9002"
             ]
         );
-        assert!(dir.get("billing").is_none());
+        assert!(dir.pick("billing").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn peak_ewma_prefers_the_faster_endpoint_until_its_queue_costs_more() {
+        let dir = inventory(Balance::PeakEwma, &[9001, 9002]);
+        let set = set(&dir);
+        let mut rng = StdRng::seed_from_u64(7);
+        // Neither has answered yet: the second request goes to the other one.
+        let first = pick(&set, &mut rng);
+        let second = pick(&set, &mut rng);
+        assert_ne!(first.index, second.index);
+        let (fast, slow) = if first.index == 0 {
+            (first, second)
+        } else {
+            (second, first)
+        };
+        tokio::time::advance(ms(1)).await;
+        fast.responded();
+        tokio::time::advance(ms(9)).await;
+        slow.responded();
+        drop((fast, slow));
+
+        // Idle, the faster one wins every time.
+        for _ in 0..50 {
+            assert_eq!(pick(&set, &mut rng).index, 0);
+        }
+        // 1 ms x (k + 1) outstanding stays under 10 ms x 1 for ten requests; the
+        // eleventh goes to the slow endpoint.
+        let held: Vec<Pick> = (0..10).map(|_| pick(&set, &mut rng)).collect();
+        assert!(held.iter().all(|p| p.index == 0));
+        assert_eq!(pick(&set, &mut rng).index, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_start_weight_scales_the_cost() {
+        let dir = inventory(Balance::PeakEwma, &[]);
+        dir.replace(
+            "inventory",
+            [
+                EndpointSpec::full(authority(9001)),
+                EndpointSpec {
+                    authority: authority(9002),
+                    weight_milli_percent: FULL_WEIGHT / 10,
+                },
+            ],
+        );
+        let set = set(&dir);
+        let mut rng = StdRng::seed_from_u64(11);
+        for index in [0, 1] {
+            let p = take(&set, index);
+            tokio::time::advance(ms(1)).await;
+            p.responded();
+        }
+        // Equal latency, a tenth of the weight: ten times the cost.
+        let held: Vec<Pick> = (0..9).map(|_| pick(&set, &mut rng)).collect();
+        assert!(held.iter().all(|p| p.index == 0));
+        let held_more: Vec<Pick> = (0..2).map(|_| pick(&set, &mut rng)).collect();
+        assert_eq!(held_more.iter().filter(|p| p.index == 1).count(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_in_a_row_eject_for_a_doubling_bounded_backoff() {
+        let dir = inventory(Balance::PeakEwma, &[9001, 9002]);
+        let set = set(&dir);
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 1..EJECT_AFTER {
+            take(&set, 0).failed();
+        }
+        assert_eq!(ejected(&dir), [false, false]);
+        take(&set, 0).failed();
+        assert_eq!(ejected(&dir), [true, false]);
+        assert_eq!(dir.stats()[0].ejections, 1);
+        for _ in 0..20 {
+            assert_eq!(pick(&set, &mut rng).index, 1);
+        }
+        tokio::time::advance(EJECT_BASE).await;
+        assert_eq!(ejected(&dir), [false, false]);
+
+        // Ejected again before a response: twice as long.
+        for _ in 0..EJECT_AFTER {
+            take(&set, 0).failed();
+        }
+        tokio::time::advance(EJECT_BASE).await;
+        assert_eq!(ejected(&dir), [true, false]);
+        tokio::time::advance(EJECT_BASE).await;
+        assert_eq!(ejected(&dir), [false, false]);
+
+        // A response resets the back-off.
+        take(&set, 0).responded();
+        for _ in 0..EJECT_AFTER {
+            take(&set, 0).failed();
+        }
+        tokio::time::advance(EJECT_BASE).await;
+        assert_eq!(ejected(&dir), [false, false]);
+
+        // Bounded: after many ejections in a row, at most `EJECT_MAX`.
+        for _ in 0..20 {
+            for _ in 0..EJECT_AFTER {
+                take(&set, 0).failed();
+            }
+            assert_eq!(ejected(&dir), [true, false]);
+            tokio::time::advance(EJECT_MAX).await;
+            assert_eq!(ejected(&dir), [false, false]);
+        }
+        assert_eq!(dir.stats()[0].ejections, 23);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_last_available_endpoint_stays_and_all_ejected_are_used_anyway() {
+        let dir = inventory(Balance::PeakEwma, &[9001, 9002]);
+        let set = set(&dir);
+        for _ in 0..EJECT_AFTER {
+            take(&set, 0).failed();
+        }
+        for _ in 0..3 * EJECT_AFTER {
+            take(&set, 1).failed();
+        }
+        assert_eq!(ejected(&dir), [true, false]);
+
+        // The set shrinks to the ejected endpoint alone: it is used anyway.
+        dir.replace("inventory", [EndpointSpec::full(authority(9001))]);
+        assert_eq!(ejected(&dir), [true]);
+        let p = dir.pick("inventory").unwrap();
+        assert_eq!(&*p.endpoint().id, "127.0.0.1:9001");
+        assert!(p.retry().is_none(), "no other endpoint to retry on");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_goes_to_another_endpoint() {
+        let dir = inventory(Balance::PeakEwma, &[9001, 9002, 9003]);
+        for _ in 0..50 {
+            let first = dir.pick("inventory").unwrap();
+            let again = first.retry().unwrap();
+            assert_ne!(first.index, again.index);
+        }
+        let stats = dir.stats();
+        assert_eq!(stats.iter().map(|s| s.requests).sum::<u64>(), 100);
+        assert!(stats.iter().all(|s| s.outstanding == 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replace_swaps_the_set_and_keeps_what_it_knew_of_kept_addresses() {
+        let dir = inventory(Balance::RoundRobin, &[9001, 9002]);
+        let held = dir.pick("inventory").unwrap();
+        assert_eq!(&*held.endpoint().id, "127.0.0.1:9001");
+
+        let half = EndpointSpec {
+            authority: authority(9001),
+            weight_milli_percent: FULL_WEIGHT / 2,
+        };
+        dir.replace(
+            "inventory",
+            [
+                half.clone(),
+                EndpointSpec::full(authority(9003)),
+                half.clone(),
+            ],
+        );
+        assert_eq!(
+            dir.endpoints("inventory").unwrap(),
+            [half, EndpointSpec::full(authority(9003))]
+        );
+        let stats = dir.stats();
+        let counts: Vec<_> = stats
+            .iter()
+            .map(|s| (&*s.endpoint, s.requests, s.outstanding))
+            .collect();
+        assert_eq!(counts, [("127.0.0.1:9001", 1, 1), ("127.0.0.1:9003", 0, 0)]);
+        drop(held);
+        assert_eq!(dir.stats()[0].outstanding, 0);
+
+        dir.replace("inventory", []);
+        assert!(dir.pick("inventory").is_none());
+        assert_eq!(dir.endpoints("inventory"), Some(Vec::new()));
+        dir.remove("inventory");
+        assert_eq!(dir.endpoints("inventory"), None);
+    }
+
+    #[test]
+    fn balance_parses_its_two_names() {
+        assert_eq!("peak-ewma".parse(), Ok(Balance::PeakEwma));
+        assert_eq!("round-robin".parse(), Ok(Balance::RoundRobin));
+        assert!("random".parse::<Balance>().is_err());
     }
 }

@@ -373,7 +373,8 @@ bulkheads:
         .await;
     let client = http();
     let url = agent.outbound_url("/stock");
-    // Round robin sends calls 1 and 3 to `a`, 2 and 4 to `b`: the second call to each
+    // The balancer spreads four calls at once two per instance (an instance with a
+    // call outstanding and no latency yet costs more): the second call to each
     // instance finds its one permit taken.
     let calls: Vec<_> = (0..4)
         .map(|_| client.get_with(&url, &[("gov-service", "inventory")]))

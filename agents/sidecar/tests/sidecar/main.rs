@@ -9,6 +9,7 @@
 
 mod support;
 
+mod balance;
 mod differential;
 mod enforce;
 mod h1;

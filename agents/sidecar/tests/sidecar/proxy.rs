@@ -260,6 +260,7 @@ async fn outbound_calls_are_routed_round_robin_by_service_name() {
     let local = upstream().start().await;
     let agent = agent()
         .upstream(&local)
+        .balance(gov_agent::sidecar::Balance::RoundRobin)
         .instances("inventory", &[&a, &b])
         .start()
         .await;

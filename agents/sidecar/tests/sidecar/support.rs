@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use gov_agent::sidecar::{Options, Sidecar, UpstreamProtocol};
+use gov_agent::sidecar::{Balance, Options, Sidecar, UpstreamProtocol};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -102,6 +102,8 @@ impl UpstreamBuilder {
             failing: AtomicBool::new(false),
         });
         let task_state = state.clone();
+        let conns = Arc::new(std::sync::Mutex::new(tokio::task::JoinSet::new()));
+        let task_conns = conns.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -109,7 +111,10 @@ impl UpstreamBuilder {
                 };
                 let _ = stream.set_nodelay(true);
                 let state = task_state.clone();
-                tokio::spawn(async move {
+                // Connections live in a set that `kill` shuts down.
+                let mut conns = task_conns.lock().unwrap();
+                while conns.try_join_next().is_some() {}
+                conns.spawn(async move {
                     let service = service_fn(move |req| {
                         let state = state.clone();
                         async move { Ok::<_, Infallible>(state.answer(req).await) }
@@ -118,9 +123,15 @@ impl UpstreamBuilder {
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
                 });
+                drop(conns);
             }
         });
-        Upstream { addr, state, task }
+        Upstream {
+            addr,
+            state,
+            task,
+            conns,
+        }
     }
 }
 
@@ -215,6 +226,8 @@ pub struct Upstream {
     pub addr: SocketAddr,
     state: Arc<UpstreamState>,
     task: tokio::task::JoinHandle<()>,
+    /// Its connections' tasks.
+    conns: Arc<std::sync::Mutex<tokio::task::JoinSet<()>>>,
 }
 
 impl Upstream {
@@ -231,7 +244,18 @@ impl Upstream {
                 failing: AtomicBool::new(false),
             }),
             task: tokio::spawn(async {}),
+            conns: Default::default(),
         }
+    }
+
+    /// Kills the upstream as a crashed process goes: its port is closed and every
+    /// connection to it too, by the time this returns.
+    pub async fn kill(mut self) {
+        self.task.abort();
+        let task = std::mem::replace(&mut self.task, tokio::spawn(async {}));
+        let _ = task.await;
+        let mut conns = std::mem::take(&mut *self.conns.lock().unwrap());
+        conns.shutdown().await;
     }
 
     /// Requests that reached the upstream.
@@ -284,6 +308,7 @@ pub fn agent() -> AgentBuilder {
         header_read_timeout: None,
         max_connections: None,
         client_timeout: None,
+        balance: Balance::default(),
     }
 }
 
@@ -297,9 +322,16 @@ pub struct AgentBuilder {
     header_read_timeout: Option<Duration>,
     max_connections: Option<usize>,
     client_timeout: Option<Duration>,
+    balance: Balance,
 }
 
 impl AgentBuilder {
+    /// How the outbound listener balances (default: the agent's).
+    pub fn balance(mut self, balance: Balance) -> Self {
+        self.balance = balance;
+        self
+    }
+
     /// How long clients may take to send a request head (default: the agent's).
     pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
         self.header_read_timeout = Some(timeout);
@@ -360,6 +392,7 @@ impl AgentBuilder {
         options.admin_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
         options.drain_timeout = self.drain;
         options.upstream_protocol = self.protocol;
+        options.balance = self.balance;
         if let Some(timeout) = self.header_read_timeout {
             options.header_read_timeout = Some(timeout);
         }

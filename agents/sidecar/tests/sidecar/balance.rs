@@ -1,0 +1,297 @@
+//! The outbound listener's balancing on loopback: real upstream servers as the
+//! instances of `inventory`, one of them killed or slow, and a bounded closed-loop
+//! load through the agent's outbound listener.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use gov_agent::sidecar::Balance;
+use http::{Method, Request, StatusCode};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::support::*;
+
+/// Clients sending calls at once, and calls each sends (one after another).
+const CLIENTS: usize = 8;
+const PER_CLIENT: usize = 100;
+
+/// One call of the load.
+#[derive(Debug)]
+struct Call {
+    /// The answer's status, or the client's error.
+    result: Result<StatusCode, String>,
+    /// The call started after the instance was killed.
+    after_kill: bool,
+}
+
+impl Call {
+    fn ok(&self) -> bool {
+        matches!(self.result, Ok(StatusCode::OK))
+    }
+}
+
+/// `CLIENTS` tasks sending `PER_CLIENT` calls each to `url` (naming `inventory`), each
+/// bounded to 10 s; `killed` marks the calls that start after the kill; `done`
+/// counts finished calls.
+fn load(
+    client: Http,
+    url: String,
+    method: Method,
+    killed: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<Vec<Call>> {
+    tokio::spawn(async move {
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..CLIENTS {
+            let (client, url, method) = (client.clone(), url.clone(), method.clone());
+            let (killed, done) = (killed.clone(), done.clone());
+            tasks.spawn(async move {
+                let mut calls = Vec::with_capacity(PER_CLIENT);
+                for _ in 0..PER_CLIENT {
+                    let body = if method == Method::POST {
+                        Bytes::from_static(b"one order")
+                    } else {
+                        Bytes::new()
+                    };
+                    let req = Request::builder()
+                        .method(method.clone())
+                        .uri(&url)
+                        .header("gov-service", "inventory")
+                        .body(Full::new(body))
+                        .unwrap();
+                    let after_kill = killed.load(Ordering::SeqCst);
+                    let result =
+                        match tokio::time::timeout(Duration::from_secs(10), client.send(req)).await
+                        {
+                            Ok(Ok(reply)) => Ok(reply.status),
+                            Ok(Err(e)) => Err(e),
+                            Err(_) => Err("timed out after 10s".to_owned()),
+                        };
+                    done.fetch_add(1, Ordering::SeqCst);
+                    calls.push(Call { result, after_kill });
+                }
+                calls
+            });
+        }
+        let mut all = Vec::new();
+        while let Some(calls) = tasks.join_next().await {
+            all.extend(calls.unwrap());
+        }
+        all
+    })
+}
+
+/// Waits (at most 10 s) until `done` reaches `n`.
+async fn until_done(done: &AtomicU64, n: u64) {
+    for _ in 0..1000 {
+        if done.load(Ordering::SeqCst) >= n {
+            return;
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+    panic!("the load did not reach {n} calls in 10s");
+}
+
+/// The value of one series in a `/metrics` text.
+fn series(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Kills one of two instances in the middle of a closed-loop load of `method` calls;
+/// checks that the killed one was ejected; returns the calls and the calls the
+/// surviving instance received.
+async fn kill_one_under_load(method: Method) -> (Vec<Call>, u64) {
+    let a = upstream().echo("/work").start().await;
+    let b = upstream().echo("/work").start().await;
+    let local = upstream().start().await;
+    let agent = agent()
+        .upstream(&local)
+        .instances("inventory", &[&a, &b])
+        .start()
+        .await;
+    let (killed, done) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let load = load(
+        http(),
+        agent.outbound_url("/work"),
+        method,
+        killed.clone(),
+        done.clone(),
+    );
+    until_done(&done, (CLIENTS * PER_CLIENT / 4) as u64).await;
+    let b_addr = b.addr;
+    assert!(
+        b.received() > 0,
+        "the second instance took no call before the kill"
+    );
+    b.kill().await;
+    killed.store(true, Ordering::SeqCst);
+    let calls = load.await.unwrap();
+    assert!(
+        calls.iter().filter(|c| c.after_kill).count() >= CLIENTS * PER_CLIENT / 2,
+        "too few calls after the kill to show anything"
+    );
+    let metrics = http()
+        .get(&agent.admin_url("/metrics"))
+        .await
+        .unwrap()
+        .text();
+    let ejections = series(
+        &metrics,
+        &format!(
+            "gov_agent_endpoint_ejections_total{{service=\"inventory\",endpoint=\"{b_addr}\"}}"
+        ),
+    );
+    assert!(
+        ejections.is_some_and(|n| n >= 1.0),
+        "the killed instance was not ejected:\n{metrics}"
+    );
+    (calls, a.received())
+}
+
+/// GETs: a call that cannot connect goes to the other instance, and one whose
+/// kept-alive connection died unanswered is sent again; so once the instance is gone
+/// no GET fails. Calls in flight on it at the kill may fail (at most one per client).
+#[tokio::test]
+async fn a_killed_instance_fails_no_get_after_its_port_closed() {
+    let (calls, _) = kill_one_under_load(Method::GET).await;
+    let failed_after: Vec<_> = calls.iter().filter(|c| c.after_kill && !c.ok()).collect();
+    assert!(
+        failed_after.is_empty(),
+        "GETs failed after the kill: {failed_after:?}"
+    );
+    let failed = calls.iter().filter(|c| !c.ok()).count();
+    assert!(failed <= CLIENTS, "{failed} GETs failed in all");
+}
+
+/// POSTs with a body: a call that cannot connect goes to the other instance (nothing
+/// was sent), but one that was sent and died unanswered is not sent again (it may
+/// have been processed). The bound: only calls in flight on the killed instance at
+/// the kill fail, at most one per client. A call sent on a kept-alive connection to
+/// it whose close the agent had not seen yet would fail too; on loopback the close
+/// reaches the agent before the next call does, so none fails after the kill.
+#[tokio::test]
+async fn a_killed_instance_fails_only_the_posts_in_flight_on_it() {
+    let (calls, a_took) = kill_one_under_load(Method::POST).await;
+    let failed_after: Vec<_> = calls.iter().filter(|c| c.after_kill && !c.ok()).collect();
+    assert!(
+        failed_after.is_empty(),
+        "POSTs failed after the kill: {failed_after:?}"
+    );
+    let failed = calls.iter().filter(|c| !c.ok()).count();
+    assert!(failed <= CLIENTS, "{failed} POSTs failed in all");
+    let ok_after = calls.iter().filter(|c| c.after_kill && c.ok()).count();
+    assert!(
+        a_took as usize >= ok_after,
+        "calls after the kill reached the killed instance"
+    );
+}
+
+/// hyper's path (HTTP/2 here): a call without a body that cannot connect goes to the
+/// other instance; a call with a body cannot be sent again there, and fails until
+/// the dead instance is ejected: at most `EJECT_AFTER` (5) failures.
+#[tokio::test]
+async fn hyper_path_retries_bodiless_calls_and_ejects_a_dead_instance() {
+    let a = upstream().echo("/work").start().await;
+    // A port with nothing listening.
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        Upstream::at(listener.local_addr().unwrap())
+    };
+    let local = upstream().start().await;
+    let agent = agent()
+        .upstream(&local)
+        .instances("inventory", &[&a, &dead])
+        .start()
+        .await;
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let url = agent.outbound_url("/work");
+    let send = |method: Method, body: &'static [u8]| {
+        let req = Request::builder()
+            .method(method)
+            .uri(&url)
+            .header("gov-service", "inventory")
+            .body(Full::new(Bytes::from_static(body)))
+            .unwrap();
+        let h2 = h2.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(10), h2.request(req))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|r| r.status())
+        }
+    };
+    for _ in 0..20 {
+        assert_eq!(send(Method::GET, b"").await, Some(StatusCode::OK));
+    }
+    let mut failed = 0;
+    for _ in 0..20 {
+        if send(Method::POST, b"one order").await != Some(StatusCode::OK) {
+            failed += 1;
+        }
+    }
+    assert!(failed <= 5, "{failed} POSTs failed");
+    assert_eq!(a.received(), 40 - failed);
+}
+
+/// Serves `CLIENTS` x `PER_CLIENT` GETs through an agent balancing with `balance` over
+/// a fast instance and one 10x slower; returns the calls the slow one received.
+async fn slow_share(balance: Balance) -> u64 {
+    let fast = upstream().fast("/work", ms(2)).start().await;
+    let slow = upstream().slow("/work", ms(20)).start().await;
+    let local = upstream().start().await;
+    let agent = agent()
+        .upstream(&local)
+        .balance(balance)
+        .instances("inventory", &[&fast, &slow])
+        .start()
+        .await;
+    let (killed, done) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let calls = load(
+        http(),
+        agent.outbound_url("/work"),
+        Method::GET,
+        killed,
+        done,
+    )
+    .await
+    .unwrap();
+    let failed: Vec<_> = calls.iter().filter(|c| !c.ok()).collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(
+        fast.received() + slow.received(),
+        (CLIENTS * PER_CLIENT) as u64
+    );
+    slow.received()
+}
+
+/// Round robin gives the slow instance half of the calls; peak-EWMA sends it a small
+/// share: counts with a wide margin, no clock in the assertion.
+#[tokio::test]
+async fn a_ten_times_slower_instance_gets_a_clearly_smaller_share_than_round_robin() {
+    let total = (CLIENTS * PER_CLIENT) as u64;
+    let round_robin = slow_share(Balance::RoundRobin).await;
+    assert!(
+        round_robin >= total * 45 / 100,
+        "round robin sent {round_robin} of {total} calls to the slow instance"
+    );
+    let peak_ewma = slow_share(Balance::PeakEwma).await;
+    assert!(
+        peak_ewma <= total / 5,
+        "peak-EWMA sent {peak_ewma} of {total} calls to the slow instance (round robin: {round_robin})"
+    );
+}
