@@ -253,6 +253,11 @@ async fn read_agent(
             Err(status) => break format!("stream error: {}", status.message()),
         };
         let effect = inner.lock().on_message(&key, id, msg, now_unix_ms());
+        if effect.endpoints {
+            let mut out = Vec::new();
+            inner.lock().endpoint_pushes(&mut out);
+            inner.send(out).await;
+        }
         if effect.sync {
             inner.bump_sync();
             inner.changed();
@@ -273,7 +278,15 @@ async fn read_agent(
             inner.stats_changed();
         }
     };
-    if inner.lock().disconnect(&key, id, &reason, now_unix_ms()) {
+    let mut out = Vec::new();
+    let disconnected = {
+        let mut state = inner.lock();
+        let gone = state.disconnect(&key, id, &reason, now_unix_ms());
+        state.endpoint_pushes(&mut out);
+        gone
+    };
+    inner.send(out).await;
+    if disconnected {
         tracing::info!(service = %key.0, instance = %key.1, %reason, "agent disconnected");
         inner.bump_sync();
         inner.changed();

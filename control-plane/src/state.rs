@@ -11,7 +11,7 @@
 //! applied (istio#30498): it stays NACKED, with the reason and rule, and
 //! keeps its last good version until it ACKs a later push.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use gov_proto::v1 as pb;
@@ -37,6 +37,9 @@ pub struct State {
     history: VecDeque<HistoryEntry>,
     latches: Latches,
     agents: BTreeMap<AgentKey, Agent>,
+    /// Services whose set of registered instances (or a weight) changed since
+    /// the last [`State::endpoint_pushes`].
+    endpoints_changed: BTreeSet<String>,
     next_conn: u64,
     next_nonce: u64,
     nonce_prefix: u32,
@@ -59,6 +62,8 @@ pub struct Agent {
     /// The last version it acknowledged (or reported in its hello).
     last_good: String,
     phase: pb::Phase,
+    /// Slow-start weight from its lifecycle (100% = 100000).
+    weight_milli_percent: u32,
     last_seen_unix_ms: u64,
     stats: Option<pb::Stats>,
     /// Why the stream ended.
@@ -102,11 +107,32 @@ pub struct Effect {
     pub stats: bool,
     /// Latch changes to append to the audit log.
     pub audits: latches::Audits,
+    /// A service's registered instances changed: send
+    /// [`State::endpoint_pushes`].
+    pub endpoints: bool,
+}
+
+/// 100% slow-start weight.
+const FULL_WEIGHT: u32 = 100_000;
+
+fn endpoints_message(endpoints: pb::Endpoints) -> pb::ControlMessage {
+    pb::ControlMessage {
+        msg: Some(pb::control_message::Msg::Endpoints(endpoints)),
+    }
 }
 
 // === impl Agent ===
 
 impl Agent {
+    /// Registered in govd's registry: connected, with an address, and its
+    /// lifecycle past readiness (WARMING or READY; DRAINING means it
+    /// deregistered).
+    fn is_registered(&self) -> bool {
+        self.conn.is_some()
+            && !self.address.is_empty()
+            && matches!(self.phase, pb::Phase::Warming | pb::Phase::Ready)
+    }
+
     pub fn service(&self) -> &str {
         &self.service
     }
@@ -177,6 +203,7 @@ impl State {
                     nack: None,
                     last_good: a.last_good_version,
                     phase: pb::Phase::Unspecified,
+                    weight_milli_percent: 0,
                     last_seen_unix_ms: 0,
                     stats: None,
                     disconnect_reason: "control plane restarted".into(),
@@ -315,6 +342,7 @@ impl State {
             nack: None,
             last_good: String::new(),
             phase: pb::Phase::Unspecified,
+            weight_milli_percent: 0,
             last_seen_unix_ms: now,
             stats: None,
             disconnect_reason: String::new(),
@@ -336,7 +364,64 @@ impl State {
         {
             self.push(&key, out);
         }
+        // The endpoints of every service with a registered instance: where its
+        // outbound calls go from now on.
+        let services: BTreeSet<String> = self
+            .agents
+            .values()
+            .filter(|a| a.is_registered())
+            .map(|a| a.service.clone())
+            .collect();
+        if let Some(Conn { id, tx }) = self.agents.get(&key).and_then(|a| a.conn.as_ref()) {
+            for service in services {
+                out.push(Outgoing {
+                    key: key.clone(),
+                    conn: *id,
+                    tx: tx.clone(),
+                    msg: endpoints_message(self.endpoints(&service)),
+                });
+            }
+        }
         (key, id)
+    }
+
+    /// The registered instances of `service` (govd is the registry of record):
+    /// connected agents whose lifecycle says WARMING (registered, ramping up) or
+    /// READY, with the address their inbound listener has and their weight.
+    pub fn endpoints(&self, service: &str) -> pb::Endpoints {
+        pb::Endpoints {
+            service: service.to_owned(),
+            instances: self
+                .agents
+                .values()
+                .filter(|a| a.service == service && a.is_registered())
+                .map(|a| pb::Instance {
+                    instance: a.instance.clone(),
+                    address: a.address.clone(),
+                    phase: a.phase as i32,
+                    weight_milli_percent: a.weight_milli_percent,
+                })
+                .collect(),
+        }
+    }
+
+    /// Queues to every connected agent the endpoints of each service whose set
+    /// changed since the last call (a registration, a deregistration, a lost
+    /// stream, a new weight).
+    pub fn endpoint_pushes(&mut self, out: &mut Outbox) {
+        for service in std::mem::take(&mut self.endpoints_changed) {
+            let msg = endpoints_message(self.endpoints(&service));
+            for (key, agent) in &self.agents {
+                if let Some(conn) = &agent.conn {
+                    out.push(Outgoing {
+                        key: key.clone(),
+                        conn: conn.id,
+                        tx: conn.tx.clone(),
+                        msg: msg.clone(),
+                    });
+                }
+            }
+        }
     }
 
     /// The stream `id` of `key` ended.
@@ -347,6 +432,11 @@ impl State {
         if agent.conn.as_ref().is_none_or(|c| c.id != id) {
             // A newer stream replaced this one.
             return false;
+        }
+        if agent.is_registered() {
+            // A lost instance leaves its callers' sets at once (a restart
+            // registers it again when its lifecycle says so).
+            self.endpoints_changed.insert(agent.service.clone());
         }
         agent.conn = None;
         agent.pending = None;
@@ -389,7 +479,17 @@ impl State {
                 effect.sync = true;
             }
             AgentMsg::Lifecycle(l) => {
+                let before = (agent.is_registered(), agent.weight_milli_percent);
                 agent.phase = l.phase();
+                // READY with no weight means full weight.
+                agent.weight_milli_percent = match (agent.phase, l.weight_milli_percent) {
+                    (pb::Phase::Ready, 0) => FULL_WEIGHT,
+                    (_, w) => w.min(FULL_WEIGHT),
+                };
+                if (agent.is_registered(), agent.weight_milli_percent) != before {
+                    self.endpoints_changed.insert(agent.service.clone());
+                    effect.endpoints = true;
+                }
                 effect.stats = true;
             }
             AgentMsg::Stats(stats) => {
@@ -696,6 +796,90 @@ mod tests {
             Some(pb::control_message::Msg::Config(c)) => c.nonce.clone(),
             other => panic!("not a config: {other:?}"),
         }
+    }
+
+    fn lifecycle(phase: pb::Phase, weight: u32) -> AgentMsg {
+        AgentMsg::Lifecycle(pb::Lifecycle {
+            phase: phase as i32,
+            weight_milli_percent: weight,
+        })
+    }
+
+    /// The instances in the `Endpoints` pushes of `out`, per receiving agent.
+    fn pushed(out: &Outbox) -> Vec<(String, Vec<(String, u32)>)> {
+        out.iter()
+            .filter_map(|o| match &o.msg.msg {
+                Some(pb::control_message::Msg::Endpoints(e)) => Some((
+                    o.key.1.clone(),
+                    e.instances
+                        .iter()
+                        .map(|i| (i.instance.clone(), i.weight_milli_percent))
+                        .collect(),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_registry_holds_instances_past_readiness_and_pushes_every_change() {
+        let mut s = State::default();
+        let mut out = Vec::new();
+        let (tx, _rx) = mpsc::channel(64);
+        let with_address = |instance: &str| {
+            let mut h = hello("inv", instance, "");
+            h.address = format!("127.0.0.1:{}", 9000 + instance.len());
+            h
+        };
+        let (caller, caller_id) = s.hello(hello("web", "web-1", ""), tx.clone(), 1, &mut out);
+        let (a, a_id) = s.hello(with_address("a"), tx.clone(), 1, &mut out);
+        out.clear();
+        // Starting: not registered, nothing to push.
+        s.on_message(&a, a_id, lifecycle(pb::Phase::Starting, 0), 2);
+        s.endpoint_pushes(&mut out);
+        assert!(pushed(&out).is_empty());
+        // Warming at 10%: registered with its weight, pushed to every agent.
+        let effect = s.on_message(&a, a_id, lifecycle(pb::Phase::Warming, 10_000), 3);
+        assert!(effect.endpoints);
+        s.endpoint_pushes(&mut out);
+        let pushes = pushed(&out);
+        assert_eq!(pushes.len(), 2, "{pushes:?}");
+        assert!(
+            pushes
+                .iter()
+                .all(|(_, set)| set == &[("a".to_owned(), 10_000)])
+        );
+        // READY with no weight is full weight.
+        out.clear();
+        s.on_message(&a, a_id, lifecycle(pb::Phase::Ready, 0), 4);
+        s.endpoint_pushes(&mut out);
+        assert_eq!(pushed(&out)[0].1, [("a".to_owned(), 100_000)]);
+        // Stats and an unchanged lifecycle push nothing.
+        out.clear();
+        let effect = s.on_message(&a, a_id, lifecycle(pb::Phase::Ready, 0), 5);
+        assert!(!effect.endpoints);
+        s.endpoint_pushes(&mut out);
+        assert!(out.is_empty());
+        // A new agent gets the current set with its hello.
+        let (_, _) = s.hello(hello("web", "web-2", ""), tx.clone(), 6, &mut out);
+        assert_eq!(
+            pushed(&out),
+            [("web-2".to_owned(), vec![("a".to_owned(), 100_000)])]
+        );
+        // Draining deregisters; a lost stream too.
+        out.clear();
+        s.on_message(&a, a_id, lifecycle(pb::Phase::Draining, 0), 7);
+        s.endpoint_pushes(&mut out);
+        assert!(pushed(&out).iter().all(|(_, set)| set.is_empty()));
+        let (b, b_id) = s.hello(with_address("bb"), tx, 8, &mut out);
+        s.on_message(&b, b_id, lifecycle(pb::Phase::Ready, 0), 9);
+        s.endpoint_pushes(&mut out);
+        out.clear();
+        assert!(s.disconnect(&b, b_id, "lost", 10));
+        s.endpoint_pushes(&mut out);
+        let pushes = pushed(&out);
+        assert!(!pushes.is_empty() && pushes.iter().all(|(_, set)| set.is_empty()));
+        assert!(s.disconnect(&caller, caller_id, "done", 11));
     }
 
     #[test]

@@ -273,6 +273,7 @@ struct AgentBuilder {
     control_plane: String,
     state_dir: Option<PathBuf>,
     token: bool,
+    outbound: bool,
 }
 
 fn agent(service: &str, instance: &str) -> AgentBuilder {
@@ -283,6 +284,7 @@ fn agent(service: &str, instance: &str) -> AgentBuilder {
         control_plane: String::new(),
         state_dir: None,
         token: false,
+        outbound: false,
     }
 }
 
@@ -290,6 +292,8 @@ struct Agent {
     child: Child,
     inbound: SocketAddr,
     admin: SocketAddr,
+    /// With [`AgentBuilder::outbound`].
+    outbound: Option<SocketAddr>,
     log: PathBuf,
 }
 
@@ -311,6 +315,11 @@ impl AgentBuilder {
     }
     fn state_dir(mut self, dir: &Path) -> Self {
         self.state_dir = Some(dir.to_owned());
+        self
+    }
+    /// Also an outbound listener (no `--instances`: govd says where calls go).
+    fn outbound(mut self) -> Self {
+        self.outbound = true;
         self
     }
     async fn start(self, logs: &Path) -> Agent {
@@ -335,13 +344,22 @@ impl AgentBuilder {
         if let Some(dir) = &self.state_dir {
             cmd.arg("--state-dir").arg(dir);
         }
+        if self.outbound {
+            cmd.args(["--outbound-listen", "127.0.0.1:0"]);
+        }
         let child = cmd.spawn().unwrap();
         let inbound = log_field(&log, "gov-agent started", "inbound").await;
         let admin = log_field(&log, "gov-agent started", "admin").await;
+        let outbound = if self.outbound {
+            Some(log_field(&log, "gov-agent started", "outbound").await)
+        } else {
+            None
+        };
         Agent {
             child,
             inbound,
             admin,
+            outbound,
             log,
         }
     }
@@ -398,6 +416,54 @@ async fn upstream() -> SocketAddr {
         }
     });
     addr
+}
+
+/// An upstream whose every answer is 200 with `name` as the body.
+async fn named_upstream(name: &'static str) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| async move {
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                        Bytes::from_static(name.as_bytes()),
+                    )))
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// One GET through an agent's outbound listener to `service`: (status, body).
+async fn call(outbound: SocketAddr, service: &str) -> (u16, String) {
+    let attempt = async {
+        let mut s = tokio::net::TcpStream::connect(outbound).await.ok()?;
+        let req = format!("GET /x HTTP/1.1\r\nHost: {service}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let status = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_owned();
+        Some((status, body))
+    };
+    tokio::time::timeout(Duration::from_secs(10), attempt)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or((0, String::new()))
 }
 
 /// One HTTP/1.1 GET: (status, `gov-rejected-by` header, body).
@@ -1166,4 +1232,92 @@ async fn an_agent_restart_never_drops_a_manual_fuse_from_govd_unaudited() {
 
     a.stop().await;
     govd.stop().await;
+}
+
+/// govd is the registry: a caller's outbound listener, started with no
+/// `--instances`, learns the instances of `inv` from govd as they register
+/// (their lifecycle says READY), and an instance that is stopped leaves the
+/// caller's set: no call fails while it goes.
+#[tokio::test]
+async fn callers_learn_instances_from_govd_and_lose_none_when_one_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let policy = write(
+        dir.path(),
+        "p.gov",
+        "service inv {\n  capacity workers 10\n}\nservice web {\n  capacity workers 10\n}\n",
+    );
+    let applied = govc(&govd, Some(TOKEN), &["apply", &policy]).await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+
+    let web = agent("web", "web-1")
+        .control_plane(&govd)
+        .outbound()
+        .start(dir.path())
+        .await;
+    let caller = web.outbound.unwrap();
+    // Before any instance registered, govd knows none: the call cannot be routed.
+    assert_eq!(call(caller, "inv").await.0, 502);
+
+    let a = agent("inv", "inv-a")
+        .upstream(named_upstream("a").await)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    let b = agent("inv", "inv-b")
+        .upstream(named_upstream("b").await)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    // Both registered: the caller reaches both (bounded: 200 calls).
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        let (status, body) = call(caller, "inv").await;
+        if status == 200 {
+            seen.insert(body);
+        }
+        if seen.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["a", "b"],
+        "the caller reaches both instances govd registered"
+    );
+
+    // Stop `b` under a bounded load: it deregisters (DRAINING), govd pushes the
+    // set without it, and a call that still finds its port closed connects to `a`.
+    let load = tokio::spawn(async move {
+        let mut failed = Vec::new();
+        for _ in 0..300 {
+            let (status, body) = call(caller, "inv").await;
+            if status != 200 {
+                failed.push((status, body));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        failed
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.stop().await;
+    let failed = load.await.unwrap();
+    assert!(failed.is_empty(), "calls failed while `b` left: {failed:?}");
+    wait_until(
+        "govd to drop `inv-b` from the registry",
+        Duration::from_secs(10),
+        async || {
+            let view = govd.status().await;
+            view.agents
+                .iter()
+                .find(|x| x.instance == "inv-b")
+                .is_none_or(|x| x.state() == pb::SyncState::Disconnected)
+        },
+    )
+    .await;
+    for _ in 0..20 {
+        assert_eq!(call(caller, "inv").await, (200, "a".to_owned()));
+    }
+    drop(a);
 }

@@ -40,6 +40,8 @@ pub const LAST_GOOD_FILE: &str = "last-good-config.json";
 pub type OnApplied = Arc<dyn Fn(&proto::TargetConfig) + Send + Sync>;
 /// Called when the control plane commands a drain (deadline, 0 = default).
 pub type OnDrain = Arc<dyn Fn(Duration) + Send + Sync>;
+/// Called with a service's registered instances each time govd pushes them.
+pub type OnEndpoints = Arc<dyn Fn(&proto::Endpoints) + Send + Sync>;
 
 /// How to reach and talk to the control plane.
 #[derive(Clone)]
@@ -62,6 +64,8 @@ pub struct ControlOptions {
     pub backoff: Backoff,
     pub on_applied: Option<OnApplied>,
     pub on_drain: Option<OnDrain>,
+    /// Where govd's `Endpoints` go (the outbound listener's directory).
+    pub on_endpoints: Option<OnEndpoints>,
     /// The instance's lifecycle (phase and weight), sent on connect and on change.
     /// `None`: no `Lifecycle` message is sent.
     pub lifecycle: Option<tokio::sync::watch::Receiver<crate::lifecycle::State>>,
@@ -100,6 +104,7 @@ impl ControlOptions {
             backoff: Backoff::default(),
             on_applied: None,
             on_drain: None,
+            on_endpoints: None,
             lifecycle: None,
         }
     }
@@ -526,7 +531,17 @@ async fn handle(
             }
             None
         }
-        ControlMsg::Endpoints(_) => None,
+        ControlMsg::Endpoints(endpoints) => {
+            tracing::debug!(
+                service = %endpoints.service,
+                instances = endpoints.instances.len(),
+                "endpoints"
+            );
+            if let Some(f) = &options.on_endpoints {
+                f(&endpoints);
+            }
+            None
+        }
     }
 }
 

@@ -46,6 +46,27 @@ pub use proxy::GOV_SERVICE;
 pub use reload::{ConfigError, ConfigStatus, parse_config, read_config};
 pub use upstream::{Balance, Directory, EndpointSpec, UpstreamProtocol};
 
+/// The control-plane callback that keeps `directory` on govd's registry: each
+/// `Endpoints` push replaces that service's set (an address that does not parse
+/// is skipped and logged).
+pub fn endpoints_to(directory: Arc<Directory>) -> crate::control::OnEndpoints {
+    Arc::new(move |endpoints: &gov_proto::v1::Endpoints| {
+        let specs = endpoints.instances.iter().filter_map(|i| {
+            match i.address.parse::<Authority>() {
+                Ok(authority) => Some(EndpointSpec {
+                    authority,
+                    weight_milli_percent: i.weight_milli_percent,
+                }),
+                Err(error) => {
+                    tracing::warn!(service = %endpoints.service, instance = %i.instance, address = %i.address, %error, "skipping an endpoint with a bad address");
+                    None
+                }
+            }
+        });
+        directory.replace(&endpoints.service, specs);
+    })
+}
+
 /// Default drain deadline: Istio's `terminationDrainDuration`.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -217,6 +217,11 @@ async fn run(args: Args) -> ExitCode {
         let lifecycle = sidecar.lifecycle().clone();
         control.on_drain = Some(std::sync::Arc::new(move |_| lifecycle.begin_shutdown()));
         control.lifecycle = Some(sidecar.lifecycle().subscribe());
+        // govd is the registry: its endpoints replace `--instances` for the
+        // services it knows.
+        control.on_endpoints = Some(gov_agent::sidecar::endpoints_to(
+            sidecar.directory().clone(),
+        ));
         tokio::spawn(gov_agent::control::run(
             sidecar.engine().clone(),
             control,
