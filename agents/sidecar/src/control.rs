@@ -227,25 +227,41 @@ pub fn read_last_good(
 
 /// Writes the config atomically (temp file, fsync, rename, fsync dir).
 pub fn write_last_good(dir: &Path, target: &proto::TargetConfig) -> Result<(), ControlError> {
-    fn io<'a>(
-        op: &'static str,
-        path: &'a Path,
-    ) -> impl FnOnce(std::io::Error) -> ControlError + 'a {
-        move |source| ControlError::State {
+    let bytes = serde_json::to_vec_pretty(target).map_err(|e| ControlError::Corrupt {
+        path: dir.join(LAST_GOOD_FILE),
+        reason: e.to_string(),
+    })?;
+    write_atomically(dir, LAST_GOOD_FILE, &bytes).map_err(|e| ControlError::State {
+        op: e.op,
+        path: e.path,
+        source: e.source,
+    })
+}
+
+/// A failed step of [`write_atomically`].
+#[derive(Debug)]
+pub(crate) struct WriteFailed {
+    pub(crate) op: &'static str,
+    pub(crate) path: PathBuf,
+    pub(crate) source: std::io::Error,
+}
+
+/// Replaces `dir/name` with `bytes` so that a crash at any point leaves the old
+/// file or the new one, never a mix: a temp file, fsync, rename, fsync of the
+/// directory. Creates `dir` if needed.
+pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WriteFailed> {
+    fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> WriteFailed + 'a {
+        move |source| WriteFailed {
             op,
             path: path.to_owned(),
             source,
         }
     }
     fs::create_dir_all(dir).map_err(io("create", dir))?;
-    let path = dir.join(LAST_GOOD_FILE);
-    let tmp = dir.join(format!(".{LAST_GOOD_FILE}.tmp"));
-    let bytes = serde_json::to_vec_pretty(target).map_err(|e| ControlError::Corrupt {
-        path: path.clone(),
-        reason: e.to_string(),
-    })?;
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
     let mut file = File::create(&tmp).map_err(io("create", &tmp))?;
-    file.write_all(&bytes).map_err(io("write", &tmp))?;
+    file.write_all(bytes).map_err(io("write", &tmp))?;
     file.sync_all().map_err(io("sync", &tmp))?;
     drop(file);
     fs::rename(&tmp, &path).map_err(io("rename", &path))?;
@@ -264,6 +280,12 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
     let mut current = String::new();
     if let Some(dir) = &options.state_dir {
         match read_last_good(dir, &options.service) {
+            // The sidecar loaded it before it began to serve.
+            Ok(Some(target))
+                if !target.version.is_empty() && *engine.config().version == *target.version =>
+            {
+                current.clone_from(&target.version);
+            }
             Ok(Some(target)) => match check(&options, &target).and_then(|()| {
                 engine
                     .apply_target(&target)

@@ -13,6 +13,7 @@ mod differential;
 mod enforce;
 mod h1;
 mod hostile;
+mod latches;
 mod proxy;
 mod reload;
 mod shutdown;

@@ -284,6 +284,7 @@ pub fn agent() -> AgentBuilder {
         header_read_timeout: None,
         max_connections: None,
         client_timeout: None,
+        state_dir: None,
     }
 }
 
@@ -297,9 +298,16 @@ pub struct AgentBuilder {
     header_read_timeout: Option<Duration>,
     max_connections: Option<usize>,
     client_timeout: Option<Duration>,
+    state_dir: Option<PathBuf>,
 }
 
 impl AgentBuilder {
+    /// Where the agent keeps its latches (`--state-dir`).
+    pub fn state_dir(mut self, dir: &Path) -> Self {
+        self.state_dir = Some(dir.to_owned());
+        self
+    }
+
     /// How long clients may take to send a request head (default: the agent's).
     pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
         self.header_read_timeout = Some(timeout);
@@ -369,6 +377,7 @@ impl AgentBuilder {
         if let Some(timeout) = self.client_timeout {
             options.client_timeout = Some(timeout);
         }
+        options.state_dir = self.state_dir.clone();
         if let Some(yaml) = &self.config {
             std::fs::write(&config_path, yaml).unwrap();
             options.config = Some(config_path.clone());
@@ -559,6 +568,7 @@ pub fn binary() -> BinaryBuilder {
         upstream: None,
         drain: ms(5000),
         config: None,
+        state_dir: None,
     }
 }
 
@@ -566,9 +576,16 @@ pub struct BinaryBuilder {
     upstream: Option<SocketAddr>,
     drain: Duration,
     config: Option<String>,
+    state_dir: Option<PathBuf>,
 }
 
 impl BinaryBuilder {
+    /// Where the agent keeps its latches (`--state-dir`).
+    pub fn state_dir(mut self, dir: &Path) -> Self {
+        self.state_dir = Some(dir.to_owned());
+        self
+    }
+
     pub fn upstream(mut self, upstream: &Upstream) -> Self {
         self.upstream = Some(upstream.addr);
         self
@@ -606,6 +623,9 @@ impl BinaryBuilder {
             let path = dir.path().join("target.yaml");
             std::fs::write(&path, yaml).unwrap();
             cmd.arg("--config").arg(path);
+        }
+        if let Some(dir) = &self.state_dir {
+            cmd.arg("--state-dir").arg(dir);
         }
         let mut child = cmd.spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
@@ -673,6 +693,12 @@ impl Process {
             .status()
             .unwrap();
         assert!(status.success());
+    }
+
+    /// Sends SIGKILL and reaps the process: no shutdown step runs.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Waits (bounded) for the exit code; `None` if it did not exit in time.
