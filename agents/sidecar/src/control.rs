@@ -6,7 +6,7 @@
 //!   │ ◀─ Config{target, nonce}                 (when last_version differs)
 //!   │ Ack{version, nonce} | Nack{error, rule} ─▶
 //!   │ Stats (every second), Event (as they happen) ─▶
-//!   │ ◀─ Command{Release | Drain}
+//!   │ ◀─ Command{Release | Drain | Arm}
 //! ```
 //!
 //! A pushed config is checked and applied through [`Engine::apply_target`]
@@ -17,6 +17,12 @@
 //! restarted while the control plane is down enforces what it had. When the
 //! control plane goes away the agent keeps enforcing and reconnects with
 //! exponential backoff and jitter; HTTP/2 keepalive notices a dead peer.
+//!
+//! The hello lists the latches the agent enforces (restored from its state
+//! directory by [`crate::latches`]); the control plane answers with an `Arm`
+//! command for each latch it holds for this instance that the list lacks (an
+//! agent restarted without its state), and the agent re-arms it and sends its
+//! stats at once.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -31,7 +37,7 @@ use proto::control_message::Msg as ControlMsg;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use gov_engine::Engine;
+use gov_engine::{Engine, Latch, Restored};
 
 /// File name of the last good config in the state directory.
 pub const LAST_GOOD_FILE: &str = "last-good-config.json";
@@ -382,6 +388,11 @@ async fn session(
         address: options.address.clone(),
         labels: options.labels.clone().into_iter().collect(),
         last_version: current.clone(),
+        latches: engine
+            .latches(now_unix_ms())
+            .iter()
+            .map(Latch::to_proto)
+            .collect(),
     };
     // The queue is fresh: the hello always fits.
     let _ = tx.try_send(send(proto::agent_message::Msg::Hello(hello)));
@@ -538,6 +549,34 @@ async fn handle(
                             tracing::warn!(rule = %r.rule, %error, "release command refused")
                         }
                     }
+                }
+                proto::command::Kind::Arm(latch) => {
+                    let rule = latch.rule.clone();
+                    let armed = Latch::try_from(&latch)
+                        .map_err(|e| e.to_string())
+                        .and_then(|l| {
+                            engine
+                                .restore_latch(&l, now_unix_ms())
+                                .map_err(|e| e.to_string())
+                        });
+                    match armed {
+                        Ok(Restored::Armed) => {
+                            tracing::info!(%rule, key = %latch.key, reason = %latch.reason, "re-armed a latch the control plane holds for this agent")
+                        }
+                        Ok(Restored::Held) => {
+                            tracing::debug!(%rule, "the control plane re-armed a latch this agent holds")
+                        }
+                        Ok(Restored::Expired) => {
+                            tracing::info!(%rule, "the control plane re-armed a latch past its deadline; it ended")
+                        }
+                        Err(error) => {
+                            tracing::warn!(%rule, %error, "cannot re-arm the latch the control plane sent")
+                        }
+                    }
+                    // Report at once: the control plane sees the latch enforced again.
+                    return Some(proto::agent_message::Msg::Stats(
+                        engine.stats().to_proto(now_unix_ms()),
+                    ));
                 }
                 proto::command::Kind::Drain(d) => {
                     tracing::info!(deadline_ms = d.deadline_ms, "drain command");

@@ -55,7 +55,7 @@ pub enum LatchFileError {
     #[diagnostic(
         code(gov::agent::latch_corrupt),
         help(
-            "it was moved aside to `latches.json.corrupt`; `govc status` shows the latches the control plane holds for this instance"
+            "it was moved aside to `latches.json.corrupt`; the control plane re-arms the latches it holds for this instance when the agent connects"
         )
     )]
     Corrupt { path: PathBuf, reason: String },
