@@ -57,6 +57,10 @@ pub enum Restored {
     /// Its deadline had passed (the agent was down when it would have
     /// released itself); nothing was armed.
     Expired,
+    /// A latch of a limit keyed by consumer or called service came without
+    /// its key (the control plane knows latches by rule only); nothing was
+    /// armed, since the key decides which calls it refuses.
+    KeyMissing,
 }
 
 /// A latch on the wire is unusable.

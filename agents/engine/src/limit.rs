@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cluster::{self, ClusterStore, ExactCall, ExactReply, FlushItem, Latch};
-use crate::config::{LimitScope, LimitSpec, RateSpec, ReleaseSpec};
+use crate::config::{LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec};
 use crate::events::{EventKind, Events};
 // `cluster::Latch` is the store's view of a latch; this one is the exported kind.
 use crate::latch::{self, Latch as Kept, LatchKind, Restored};
@@ -815,6 +815,9 @@ impl Limit {
     /// carry-over). No event: nothing new happened. A cluster limit engages
     /// it in the store again at its next flush.
     pub(crate) fn restore(&self, latch: &Kept, now: Instant, now_unix_ms: u64) -> Restored {
+        if latch.key.is_empty() && matches!(self.spec.key, LimitKey::Service | LimitKey::Consumer) {
+            return Restored::KeyMissing;
+        }
         let end = match (latch.deadline_unix_ms, self.spec.release) {
             (Some(deadline), _) => Some(deadline),
             (None, Some(ReleaseSpec::After(after))) => {
@@ -875,7 +878,7 @@ mod tests {
     use http::StatusCode;
 
     use super::*;
-    use crate::config::{LimitAction, LimitKey, LimitScope};
+    use crate::config::{LimitAction, LimitScope};
     use crate::events::Event;
 
     fn limit(

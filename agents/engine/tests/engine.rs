@@ -1026,6 +1026,11 @@ async fn a_latch_whose_deadline_passed_while_down_is_not_armed() {
         after.engaged_limits()[0].remaining,
         Some(Duration::from_secs(7199))
     );
+    // Without its key (what govd knows), a per-consumer latch arms nothing.
+    let mut keyless = limit.clone();
+    keyless.key.clear();
+    assert_eq!(after.restore_latch(&keyless, T0), Ok(Restored::KeyMissing));
+    assert!(now(&after, "/api", None).is_ok());
     // Names are checked like release commands.
     let mut wrong = fuse.clone();
     wrong.kind = LatchKind::Limit;

@@ -569,6 +569,10 @@ async fn handle(
                         Ok(Restored::Expired) => {
                             tracing::info!(%rule, "the control plane re-armed a latch past its deadline; it ended")
                         }
+                        Ok(Restored::KeyMissing) => tracing::warn!(
+                            %rule,
+                            "the control plane cannot re-arm a per-consumer or per-service limit without its key; it stays NOT ENFORCED here until released"
+                        ),
                         Err(error) => {
                             tracing::warn!(%rule, %error, "cannot re-arm the latch the control plane sent")
                         }

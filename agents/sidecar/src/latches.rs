@@ -190,6 +190,9 @@ impl LatchStore {
             Ok(Restored::Expired) => {
                 tracing::info!(%rule, %key, "a latch kept across the restart reached its `release after` deadline while the agent was down")
             }
+            Ok(Restored::KeyMissing) => {
+                tracing::warn!(%rule, "a latch kept across the restart has no key but its limit is keyed; it ends")
+            }
             Err(error) => {
                 tracing::warn!(%rule, %key, %error, "a latch kept across the restart names no such rule in the config in force; it ends")
             }
