@@ -331,6 +331,11 @@ impl State {
         self.next_conn += 1;
         let id = self.next_conn;
         let key = (hello.service.clone(), hello.instance.clone());
+        let held: BTreeSet<(TripKind, String)> = hello
+            .latches
+            .iter()
+            .map(|l| (trip_kind(l.kind()), l.rule.clone()))
+            .collect();
         let agent = self.agents.entry(key.clone()).or_insert_with(|| Agent {
             service: hello.service.clone(),
             instance: hello.instance.clone(),
@@ -364,6 +369,9 @@ impl State {
         {
             self.push(&key, out);
         }
+        // After the config (the agent applies messages in order): every latch
+        // govd holds for this instance that the agent no longer enforces.
+        self.rearm(&key, &held, out);
         // The endpoints of every service with a registered instance: where its
         // outbound calls go from now on.
         let services: BTreeSet<String> = self
@@ -383,6 +391,45 @@ impl State {
             }
         }
         (key, id)
+    }
+
+    /// Queues an `Arm` command for every latch of `key`'s service that this
+    /// instance held (or was marked as not enforcing) and that is not in `held`.
+    fn rearm(&self, key: &AgentKey, held: &BTreeSet<(TripKind, String)>, out: &mut Outbox) {
+        let Some(conn) = self.agents.get(key).and_then(|a| a.conn.as_ref()) else {
+            return;
+        };
+        let (service, instance) = key;
+        for trip in self.latches.iter() {
+            let ours = trip.rule.split_once('/').map(|(s, _)| s) == Some(service.as_str());
+            let held_here =
+                trip.instances.contains(instance) || trip.not_enforced.contains(instance);
+            if !ours || !held_here || held.contains(&(trip.kind, trip.rule.clone())) {
+                continue;
+            }
+            tracing::info!(rule = %trip.rule, %instance, kind = trip.kind.as_str(), "re-arming a latch the agent lost");
+            let latch = pb::Latch {
+                kind: match trip.kind {
+                    TripKind::Fuse => pb::ReleaseKind::Fuse,
+                    TripKind::Limit => pb::ReleaseKind::Limit,
+                } as i32,
+                rule: trip.rule.clone(),
+                key: String::new(),
+                since_unix_ms: trip.since_unix_ms,
+                deadline_unix_ms: trip.deadline_unix_ms.unwrap_or(0),
+                reason: trip.reason.clone(),
+            };
+            out.push(Outgoing {
+                key: key.clone(),
+                conn: conn.id,
+                tx: conn.tx.clone(),
+                msg: pb::ControlMessage {
+                    msg: Some(pb::control_message::Msg::Command(pb::Command {
+                        kind: Some(pb::command::Kind::Arm(latch)),
+                    })),
+                },
+            });
+        }
     }
 
     /// The registered instances of `service` (govd is the registry of record):
@@ -730,6 +777,13 @@ impl State {
             TripKind::Fuse => t.fuses.iter().any(|f| f.rule == rule),
             TripKind::Limit => t.limits.iter().any(|l| l.rule == rule),
         }
+    }
+}
+
+fn trip_kind(kind: pb::ReleaseKind) -> TripKind {
+    match kind {
+        pb::ReleaseKind::Fuse => TripKind::Fuse,
+        pb::ReleaseKind::Limit => TripKind::Limit,
     }
 }
 
@@ -1100,5 +1154,72 @@ mod tests {
         let (was, _) = s.release(TripKind::Fuse, "order/mdm", "op", &mut out);
         assert!(was);
         assert!(!s.is_tripped(TripKind::Fuse, "order/mdm"));
+    }
+
+    /// Issue 12 item 1: an agent that comes back without a latch govd holds
+    /// for it gets it re-armed, after its config; one that kept it gets nothing.
+    #[test]
+    fn a_reconnecting_agent_that_lost_a_latch_gets_it_re_armed_after_its_config() {
+        let mut s = State::default();
+        s.commit(
+            policy("b1", vec![target("order", "v1")]),
+            &["order".into()],
+            10,
+            &mut Vec::new(),
+        );
+        let tripped = pb::Event {
+            kind: pb::EventKind::FuseTripped as i32,
+            rule: "order/mdm".into(),
+            reason: "errors 3 >= 3 over 10s (3 calls)".into(),
+            at_unix_ms: 1_000,
+        };
+        let bundle = s.applied.clone();
+        for instance in ["a", "b"] {
+            assert!(s.latches.on_event(
+                bundle.as_deref().map(|a| &a.bundle),
+                "order",
+                instance,
+                &tripped,
+                1_000,
+                &mut Vec::new()
+            ));
+        }
+        let arms = |out: &Outbox| -> Vec<pb::Latch> {
+            out.iter()
+                .filter_map(|o| match &o.msg.msg {
+                    Some(pb::control_message::Msg::Command(pb::Command {
+                        kind: Some(pb::command::Kind::Arm(l)),
+                    })) => Some(l.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+
+        // `a` restarted without its state and without a config: config, then arm.
+        let (tx, _rx) = mpsc::channel(8);
+        let mut out = Vec::new();
+        s.hello(hello("order", "a", ""), tx, 2_000, &mut out);
+        assert_eq!(out.len(), 2);
+        assert!(matches!(
+            out[0].msg.msg,
+            Some(pb::control_message::Msg::Config(_))
+        ));
+        let armed = arms(&out);
+        assert_eq!(armed.len(), 1);
+        assert_eq!(armed[0].rule, "order/mdm");
+        assert_eq!(armed[0].kind(), pb::ReleaseKind::Fuse);
+        assert_eq!(armed[0].since_unix_ms, 1_000);
+        assert_eq!(armed[0].reason, tripped.reason);
+
+        // `b` kept it: nothing to re-arm. `c` never held it: nothing either.
+        let mut kept = hello("order", "b", "v1");
+        kept.latches.push(armed[0].clone());
+        let (tx, _rx) = mpsc::channel(8);
+        let mut out = Vec::new();
+        s.hello(kept, tx, 2_000, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        let (tx, _rx) = mpsc::channel(8);
+        s.hello(hello("order", "c", "v1"), tx, 2_000, &mut out);
+        assert!(out.is_empty(), "{out:?}");
     }
 }

@@ -23,6 +23,8 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use gov_proto::v1 as pb;
@@ -379,9 +381,50 @@ impl Agent {
         signal(&self.child, "TERM");
         let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
     }
+
+    /// SIGKILL (`kill -9`): no shutdown step runs.
+    async fn kill(mut self) {
+        self.child.kill().await.unwrap();
+    }
 }
 
 // === the upstream: a real hyper server ===
+
+/// An upstream whose every path answers 500, counting the calls that reach it.
+async fn failing_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |_req: hyper::Request<hyper::body::Incoming>| {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        async move {
+                            Ok::<_, std::convert::Infallible>(
+                                hyper::Response::builder()
+                                    .status(500)
+                                    .body(Full::new(Bytes::from_static(b"failing")))
+                                    .unwrap(),
+                            )
+                        }
+                    },
+                );
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    (addr, calls)
+}
 
 /// `/slow*` answers after 1.5s, `/fail*` with 500, everything else 200 at once.
 async fn upstream() -> SocketAddr {
@@ -1320,4 +1363,143 @@ async fn callers_learn_instances_from_govd_and_lose_none_when_one_stops() {
         assert_eq!(call(caller, "inv").await, (200, "a".to_owned()));
     }
     drop(a);
+}
+
+/// Issue 12, item 1, the agent's half: a tripped manual fuse survives a `kill -9` of
+/// its agent, with govd up and with govd down; no call reaches the failing upstream
+/// until an operator releases it, and the release is audited. An agent restarted
+/// without its state directory gets the latch back from govd when it connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agent_keeps_its_tripped_manual_fuse_with_govd_up_or_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let govd = control_plane(&state).start().await;
+    let port = govd.addr.port();
+    let url = format!("http://127.0.0.1:{port}");
+    let (up, reached) = failing_upstream().await;
+    let reached = move || reached.load(Ordering::SeqCst);
+    let a_dir = dir.path().join("agent-a");
+    let start_a = || {
+        agent("order", "order-a")
+            .upstream(up)
+            .control_plane_url(url.clone())
+            .state_dir(&a_dir)
+            .start(dir.path())
+    };
+    // b keeps no state: only govd can give its latch back.
+    let start_b = || {
+        agent("order", "order-b")
+            .upstream(up)
+            .control_plane_url(url.clone())
+            .start(dir.path())
+    };
+    let (a, b) = (start_a().await, start_b().await);
+    wait_until(
+        "two agents connected",
+        Duration::from_secs(10),
+        async || govd.status().await.agents.len() == 2,
+    )
+    .await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", "--wait", "10s", &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    for agent in [&a, &b] {
+        for _ in 0..3 {
+            assert_eq!(http_get(agent.inbound, "/fail").await.0, 500);
+        }
+        let tripped = http_get(agent.inbound, "/fail").await;
+        assert_eq!(
+            (tripped.0, tripped.1.as_deref()),
+            (503, Some("order/errors"))
+        );
+    }
+    assert_eq!(reached(), 6);
+    wait_until("the fuse recorded", Duration::from_secs(10), async || {
+        govd.status().await.fuses.len() == 1
+    })
+    .await;
+    // Both trip events and a round of stats.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // kill -9 with govd up: the restarted agent refuses from its first call.
+    a.kill().await;
+    let a = start_a().await;
+    for _ in 0..3 {
+        assert_eq!(http_get(a.inbound, "/fail").await.0, 503);
+    }
+    assert_eq!(
+        reached(),
+        6,
+        "a call reached the failing upstream after a restart"
+    );
+
+    // b comes back without its state: govd re-arms the latch it holds for it.
+    b.kill().await;
+    let b = start_b().await;
+    wait_until(
+        "govd re-armed b's latch",
+        Duration::from_secs(15),
+        async || read(&b.log).contains("re-armed a latch the control plane holds"),
+    )
+    .await;
+    assert_eq!(http_get(b.inbound, "/fail").await.0, 503);
+
+    // kill -9 with govd down: the same.
+    govd.kill().await;
+    a.kill().await;
+    let a = start_a().await;
+    for _ in 0..3 {
+        assert_eq!(http_get(a.inbound, "/fail").await.0, 503);
+    }
+    assert_eq!(http_get(b.inbound, "/fail").await.0, 503);
+    assert_eq!(
+        reached(),
+        6,
+        "a call reached the failing upstream while govd was down"
+    );
+
+    // govd back: one latch, enforced by both, never ended.
+    let govd = control_plane(&state).start_on(port).await;
+    wait_until(
+        "both agents reconnected and synced",
+        Duration::from_secs(40),
+        async || all_synced(&govd, &["order-a", "order-b"]).await,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let view = govd.status().await;
+    assert_eq!(view.fuses.len(), 1, "{view:?}");
+    assert!(!view.fuses[0].reason.contains("NOT ENFORCED"), "{view:?}");
+    let audit = read(&state.join("audit.jsonl"));
+    assert!(!audit.contains("\"action\":\"untrip\""), "{audit}");
+    assert!(
+        !audit
+            .lines()
+            .any(|l| l.contains("latch-not-enforced") && l.contains("order-a")),
+        "{audit}"
+    );
+
+    // Only an operator's release lets calls through again, and it is audited.
+    let released = govc(&govd, Some(TOKEN), &["release", "fuse", "order/errors"]).await;
+    assert_eq!(released.code, 0, "{}{}", released.stdout, released.stderr);
+    for agent in [&a, &b] {
+        wait_until(
+            "the fuse admits again",
+            Duration::from_secs(5),
+            async || http_get(agent.inbound, "/fail").await.0 == 500,
+        )
+        .await;
+    }
+    assert!(reached() > 6);
+    let audit = read(&state.join("audit.jsonl"));
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("\"action\":\"release\"") && l.contains("order/errors")),
+        "{audit}"
+    );
+
+    a.stop().await;
+    b.stop().await;
+    govd.stop().await;
 }

@@ -27,7 +27,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use gov_proto::v1 as proto;
@@ -44,6 +44,7 @@ use crate::config::{
 };
 use crate::events::{Event, Events};
 use crate::fuse::Fuse;
+use crate::latch::{Latch, LatchKind, Restored};
 use crate::limit::{self, Limit};
 use crate::outcome::Outcome;
 use crate::rejection::{RejectReason, Rejection};
@@ -118,6 +119,24 @@ impl State {
                 timeout: *t,
                 counters: Counters::default(),
             })),
+        }
+    }
+
+    /// Appends the latches this state holds.
+    fn latches(&self, now: Instant, now_unix_ms: u64, out: &mut Vec<Latch>) {
+        match self {
+            State::Fuse(f) => out.extend(f.latch(now, now_unix_ms)),
+            State::Limit(l) => l.latches(now, now_unix_ms, out),
+            State::Bulkhead(_) | State::Timeout(_) => {}
+        }
+    }
+
+    /// Re-arms `latch` here; `None` when this state is not of its kind.
+    fn restore(&self, latch: &Latch, now: Instant, now_unix_ms: u64) -> Option<Restored> {
+        match (self, latch.kind) {
+            (State::Fuse(f), LatchKind::Fuse) => Some(f.restore(latch, now, now_unix_ms)),
+            (State::Limit(l), LatchKind::Limit) => Some(l.restore(latch, now, now_unix_ms)),
+            _ => None,
         }
     }
 
@@ -412,6 +431,8 @@ impl Engine {
         // A poisoned lock only means another apply panicked; the swap itself is atomic.
         let _guard = self.shared.apply.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.shared.current.load_full();
+        // Read once, only to carry latches over (see below).
+        let (now, now_unix_ms) = (Instant::now(), crate::latch::unix_ms(SystemTime::now()));
         let by_name: HashMap<&str, usize> = old
             .config
             .rules
@@ -434,15 +455,36 @@ impl Engine {
                         kept += 1;
                         state
                     }
-                    None => State::new(
-                        &rule.spec,
-                        &rule.name,
-                        &self.shared.events,
-                        self.shared.cluster.as_ref(),
-                    ),
+                    None => {
+                        let state = State::new(
+                            &rule.spec,
+                            &rule.name,
+                            &self.shared.events,
+                            self.shared.cluster.as_ref(),
+                        );
+                        // A rule whose parameters changed keeps its latch: a
+                        // config swap is not a release.
+                        if let Some(&i) = by_name.get(&*rule.name) {
+                            let mut latches = Vec::new();
+                            old.states[i].latches(now, now_unix_ms, &mut latches);
+                            for latch in &latches {
+                                state.restore(latch, now, now_unix_ms);
+                            }
+                        }
+                        state
+                    }
                 }
             })
             .collect();
+        for (rule, state) in old.config.rules.iter().zip(&*old.states) {
+            if config.rule_id(&rule.name).is_none() {
+                let mut gone = Vec::new();
+                state.latches(now, now_unix_ms, &mut gone);
+                if !gone.is_empty() {
+                    tracing::warn!(rule = %rule.name, "the new config removes a latched rule; its latch ends with it");
+                }
+            }
+        }
         let applied = Applied {
             version: config.version.clone(),
             kept,
@@ -618,6 +660,36 @@ impl Engine {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Every latch now (tripped fuses, engaged limits by key), with
+    /// wall-clock times taken from `now_unix_ms`, in rule order. For the
+    /// agent's state directory and its hello; not for the request path.
+    pub fn latches(&self, now_unix_ms: u64) -> Vec<Latch> {
+        let snap = self.shared.current.load();
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for state in &*snap.states {
+            state.latches(now, now_unix_ms, &mut out);
+        }
+        out
+    }
+
+    /// Re-arms a latch kept across a restart or sent by the control plane
+    /// (`now_unix_ms`: the wall clock, to turn its deadline into the
+    /// engine's time). Emits no event: the trip was reported when it
+    /// happened, and nothing is released.
+    pub fn restore_latch(&self, latch: &Latch, now_unix_ms: u64) -> Result<Restored, CommandError> {
+        // Under the apply lock: an apply running now carries it over.
+        let _guard = self.shared.apply.lock().unwrap_or_else(|e| e.into_inner());
+        let expected = match latch.kind {
+            LatchKind::Fuse => RuleKind::Fuse,
+            LatchKind::Limit => RuleKind::Limit,
+        };
+        let state = self.find(&latch.rule, expected)?;
+        Ok(state
+            .restore(latch, Instant::now(), now_unix_ms)
+            .unwrap_or(Restored::Held))
     }
 
     /// Limits engaged (latched) for at least one key now.

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use crate::config::{CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, TripSpec};
 use crate::events::{EventKind, Events};
+use crate::latch::{self, Latch, LatchKind, Restored};
 use crate::outcome::Outcome;
 use crate::stats::{Counters, FuseState};
 use crate::stripe::Slot;
@@ -42,6 +43,9 @@ pub(crate) struct Fuse {
     windows: Box<[RollingWindow]>,
     state: AtomicU8,
     opened_at_ms: AtomicU64,
+    /// When it tripped (Unix ms, for the wire and the agent's state only):
+    /// kept while it probes and opens again.
+    since_unix_ms: AtomicU64,
     probes_taken: AtomicU32,
     probes_ok: AtomicU32,
     /// Serialises state changes; holds the reason of the last trip.
@@ -67,6 +71,7 @@ impl Fuse {
             epoch: Instant::now(),
             state: AtomicU8::new(CLOSED),
             opened_at_ms: AtomicU64::new(0),
+            since_unix_ms: AtomicU64::new(0),
             probes_taken: AtomicU32::new(0),
             probes_ok: AtomicU32::new(0),
             transition: Mutex::new(String::new()),
@@ -229,6 +234,8 @@ impl Fuse {
             return;
         }
         self.opened_at_ms.store(now_ms, Relaxed);
+        self.since_unix_ms
+            .store(latch::unix_ms(std::time::SystemTime::now()), Relaxed);
         self.state.store(OPEN, Release);
         *reason = why.clone();
         self.events.emit(EventKind::FuseTripped, &self.name, why);
@@ -289,6 +296,56 @@ impl Fuse {
         Some(Duration::from_millis(
             at.saturating_sub(self.now_ms(Instant::now())),
         ))
+    }
+}
+
+// === latches ===
+
+impl Fuse {
+    /// The latch of this fuse while it is open or half-open (a half-open
+    /// fuse still refuses every call but its probes).
+    pub(crate) fn latch(&self, now: Instant, now_unix_ms: u64) -> Option<Latch> {
+        // A panic elsewhere cannot make the reason inconsistent: read it anyway.
+        let reason = self.transition.lock().unwrap_or_else(|e| e.into_inner());
+        if self.state.load(Acquire) == CLOSED {
+            return None;
+        }
+        let deadline_unix_ms = match self.spec.recover {
+            RecoverSpec::After { after, .. } => {
+                let at = self.opened_at_ms.load(Relaxed).saturating_add(ms(after));
+                Some(now_unix_ms.saturating_add(at.saturating_sub(self.now_ms(now))))
+            }
+            RecoverSpec::Manual => None,
+        };
+        Some(Latch {
+            kind: LatchKind::Fuse,
+            rule: self.name.to_string(),
+            key: String::new(),
+            since_unix_ms: self.since_unix_ms.load(Relaxed),
+            deadline_unix_ms,
+            reason: reason.clone(),
+        })
+    }
+
+    /// Opens a closed fuse again as it was since `latch.since_unix_ms`
+    /// (restart, carry-over). No event: nothing new happened.
+    pub(crate) fn restore(&self, latch: &Latch, now: Instant, now_unix_ms: u64) -> Restored {
+        let mut reason = self.transition.lock().unwrap_or_else(|e| e.into_inner());
+        if self.state.load(Acquire) != CLOSED {
+            return Restored::Held;
+        }
+        // The recovery timer counts from the trip; it cannot start before
+        // this fuse existed, so a restored fuse never recovers earlier than
+        // its `recover after` says.
+        let age = ms(latch::age(latch.since_unix_ms, now_unix_ms));
+        self.opened_at_ms
+            .store(self.now_ms(now).saturating_sub(age), Relaxed);
+        self.since_unix_ms.store(latch.since_unix_ms, Relaxed);
+        self.probes_taken.store(0, Relaxed);
+        self.probes_ok.store(0, Relaxed);
+        self.state.store(OPEN, Release);
+        reason.clone_from(&latch.reason);
+        Restored::Armed
     }
 }
 

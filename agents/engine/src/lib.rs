@@ -37,7 +37,9 @@
 //!   rejected by reason, latency buckets, fuse state, limit engaged),
 //!   [`Engine::tripped_fuses`], [`Engine::engaged_limits`] and
 //!   [`Engine::subscribe`] (fuse tripped / limit engaged / released events)
-//!   feed `/metrics` and the control plane.
+//!   feed `/metrics` and the control plane; [`Engine::latches`] and
+//!   [`Engine::restore_latch`] export and re-arm tripped fuses and engaged
+//!   limits ([`Latch`]) across a restart.
 //! - [`Admission`]: an RAII guard. [`Admission::record`] reports the
 //!   [`Outcome`] (fuses, latency), dropping releases the permits;
 //!   [`Admission::timeout`] is the route's deadline, [`Admission::timed_out`]
@@ -61,6 +63,7 @@ pub mod config;
 pub mod engine;
 pub mod events;
 mod fuse;
+pub mod latch;
 pub mod layer;
 mod limit;
 pub mod outcome;
@@ -78,6 +81,7 @@ pub use engine::{
 };
 pub use events::{Event, EventKind};
 pub use gov_proto::path;
+pub use latch::{InvalidLatch, Latch, LatchKind, Restored};
 pub use layer::{GovBody, Govern, GovernLayer, MeteredBody};
 pub use outcome::Outcome;
 pub use rejection::{REJECTED_BY, RejectReason, Rejection};

@@ -34,8 +34,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cluster::{self, ClusterStore, ExactCall, ExactReply, FlushItem, Latch};
-use crate::config::{LimitScope, LimitSpec, RateSpec, ReleaseSpec};
+use crate::config::{LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec};
 use crate::events::{EventKind, Events};
+// `cluster::Latch` is the store's view of a latch; this one is the exported kind.
+use crate::latch::{self, Latch as Kept, LatchKind, Restored};
 use crate::rejection::RejectReason;
 use crate::route::FxBuild;
 use crate::stats::Counters;
@@ -103,6 +105,8 @@ pub(crate) struct LimitCell {
     /// `NOT_ENGAGED`, `MANUAL`, or engaged until this many ms after the epoch.
     engaged_until: AtomicU64,
     engaged_reason: AtomicU8,
+    /// When it engaged (Unix ms, for the wire and the agent's state only).
+    engaged_since_unix_ms: AtomicU64,
     /// The key (consumer, service; empty for the rule's single counter).
     key: Box<str>,
     /// Cluster limits only.
@@ -502,6 +506,7 @@ impl Limit {
             Some(ttl) => {
                 let until = ttl.map_or(MANUAL, |d| now_ms.saturating_add(ms(d)).max(1));
                 if cell.engaged_until.swap(until, Relaxed) == NOT_ENGAGED {
+                    cell.engaged_since_unix_ms.store(now_unix_ms(), Relaxed);
                     let reason = reason_from(cell.engaged_reason.load(Relaxed));
                     self.events.emit(
                         EventKind::LimitEngaged,
@@ -653,6 +658,7 @@ impl Limit {
             .compare_exchange(NOT_ENGAGED, until, Relaxed, Relaxed)
             .is_ok()
         {
+            cell.engaged_since_unix_ms.store(now_unix_ms(), Relaxed);
             self.events.emit(
                 EventKind::LimitEngaged,
                 &self.name,
@@ -773,6 +779,92 @@ impl Limit {
     }
 }
 
+// === latches ===
+
+impl Limit {
+    /// The latches of every engaged key (expired ones are left to
+    /// [`Limit::engaged`] to release).
+    pub(crate) fn latches(&self, now: Instant, now_unix_ms: u64, out: &mut Vec<Kept>) {
+        let now_ms = self.now_ms(now);
+        let mut one = |cell: &LimitCell| {
+            let until = cell.engaged_until.load(Relaxed);
+            if until == NOT_ENGAGED || (until != MANUAL && until <= now_ms) {
+                return;
+            }
+            let since = match cell.engaged_since_unix_ms.load(Relaxed) {
+                0 => now_unix_ms,
+                since => since,
+            };
+            out.push(Kept {
+                kind: LatchKind::Limit,
+                rule: self.name.to_string(),
+                key: cell.key.to_string(),
+                since_unix_ms: since,
+                deadline_unix_ms: (until != MANUAL)
+                    .then(|| now_unix_ms.saturating_add(until - now_ms)),
+                reason: self.engaged_message(reason_from(cell.engaged_reason.load(Relaxed))),
+            });
+        };
+        one(&self.single);
+        if let Ok(map) = self.keyed.read() {
+            map.values().for_each(|c| one(c));
+        }
+    }
+
+    /// Engages the key of `latch` again until its deadline (restart,
+    /// carry-over). No event: nothing new happened. A cluster limit engages
+    /// it in the store again at its next flush.
+    pub(crate) fn restore(&self, latch: &Kept, now: Instant, now_unix_ms: u64) -> Restored {
+        if latch.key.is_empty() && matches!(self.spec.key, LimitKey::Service | LimitKey::Consumer) {
+            return Restored::KeyMissing;
+        }
+        let end = match (latch.deadline_unix_ms, self.spec.release) {
+            (Some(deadline), _) => Some(deadline),
+            (None, Some(ReleaseSpec::After(after))) => {
+                Some(latch.since_unix_ms.saturating_add(ms(after)))
+            }
+            (None, _) => None,
+        };
+        let until = match end {
+            Some(end) if end <= now_unix_ms => return Restored::Expired,
+            Some(end) => self
+                .now_ms(now)
+                .saturating_add(end - now_unix_ms)
+                .clamp(1, MANUAL - 1),
+            None => MANUAL,
+        };
+        let key = (!latch.key.is_empty()).then_some(latch.key.as_str());
+        let cell_ref = self.cell_for(key);
+        let cell = self.cell(&cell_ref);
+        if cell.engaged_until.load(Relaxed) != NOT_ENGAGED {
+            return Restored::Held;
+        }
+        let reason = if latch.reason.starts_with("bytes") {
+            RejectReason::LimitBytes
+        } else {
+            RejectReason::LimitCalls
+        };
+        cell.engaged_reason.store(reason as u8, Relaxed);
+        cell.engaged_since_unix_ms
+            .store(latch.since_unix_ms.max(1), Relaxed);
+        if self.cluster.is_some() {
+            // The store may have lost it: the next flush engages it there.
+            cell.shared().engage = true;
+        }
+        match cell
+            .engaged_until
+            .compare_exchange(NOT_ENGAGED, until, Relaxed, Relaxed)
+        {
+            Ok(_) => Restored::Armed,
+            Err(_) => Restored::Held,
+        }
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    latch::unix_ms(std::time::SystemTime::now())
+}
+
 fn reason_from(v: u8) -> RejectReason {
     if v == RejectReason::LimitBytes as u8 {
         RejectReason::LimitBytes
@@ -786,7 +878,7 @@ mod tests {
     use http::StatusCode;
 
     use super::*;
-    use crate::config::{LimitAction, LimitKey, LimitScope};
+    use crate::config::{LimitAction, LimitScope};
     use crate::events::Event;
 
     fn limit(

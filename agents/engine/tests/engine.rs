@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use gov_engine::{
-    Admission, Decision, Engine, EventKind, FuseState, GovernLayer, Outcome, REJECTED_BY,
-    RejectReason, Rejection, RequestInfo,
+    Admission, Decision, Engine, EventKind, FuseState, GovernLayer, Latch, LatchKind, Outcome,
+    REJECTED_BY, RejectReason, Rejection, RequestInfo, Restored,
 };
 use gov_proto::v1::TargetConfig;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
@@ -908,4 +908,162 @@ fn counts_are_exact_across_many_threads() {
     .join()
     .unwrap();
     assert_eq!(stats(&e, "order/slow_calls").admitted, total + 1);
+}
+
+// === latches across restarts and config swaps ===
+
+/// A manual fuse on /mdm (one error trips it) and a per-consumer limit on
+/// /api that latches for 2h.
+const LATCHING: &str = r#"
+service: order
+version: v1
+consumer_header: x-gov-consumer
+fuses:
+- rule: order/mdm
+  on: {path: {kind: PATH_KIND_PREFIX, value: /mdm}}
+  trips:
+  - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 10000}
+limits:
+- rule: order/per_consumer
+  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
+  calls: {amount: 1, window_ms: 1000}
+  key: LIMIT_KEY_CONSUMER
+  release: {after_ms: 7200000}
+"#;
+
+/// The wall clock these tests pretend it is (engine time is paused).
+const T0: u64 = 1_700_000_000_000;
+
+/// Trips the fuse and engages the limit for consumer `a`.
+fn trip_both(e: &Engine) {
+    now(e, "/mdm", None).unwrap().finish(Outcome::Status(500));
+    assert!(now(e, "/mdm", None).is_err());
+    assert!(now(e, "/api", Some("a")).is_ok());
+    assert!(now(e, "/api", Some("a")).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn latches_survive_a_restart_silently_and_end_only_by_release_or_deadline() {
+    let before = engine(LATCHING);
+    trip_both(&before);
+    tokio::time::advance(Duration::from_secs(600)).await;
+    let latches = before.latches(T0);
+    assert_eq!(latches.len(), 2, "{latches:?}");
+    let of = |kind| latches.iter().find(|l| l.kind == kind).unwrap();
+    let fuse = of(LatchKind::Fuse);
+    assert_eq!(fuse.rule, "order/mdm");
+    assert_eq!(fuse.deadline_unix_ms, None, "manual");
+    assert!(fuse.reason.starts_with("errors 1 >= 1"), "{}", fuse.reason);
+    let limit = of(LatchKind::Limit);
+    assert_eq!(
+        (limit.rule.as_str(), limit.key.as_str()),
+        ("order/per_consumer", "a")
+    );
+    // Engaged 600s ago for 2h: an absolute deadline 6600s from now.
+    assert_eq!(limit.deadline_unix_ms, Some(T0 + 6_600_000));
+    // Through the wire form, as the agent keeps them.
+    let latches: Vec<Latch> = latches
+        .iter()
+        .map(|l| Latch::try_from(&l.to_proto()).unwrap())
+        .collect();
+    drop(before);
+
+    // A new process: a fresh engine with the same config, latches restored.
+    let after = engine(LATCHING);
+    let mut events = after.subscribe();
+    assert!(now(&after, "/mdm", None).is_ok(), "fresh state");
+    for l in &latches {
+        assert_eq!(after.restore_latch(l, T0), Ok(Restored::Armed));
+        assert_eq!(after.restore_latch(l, T0), Ok(Restored::Held));
+    }
+    assert_eq!(events.try_recv().ok(), None, "restoring is not an event");
+    assert!(after.tripped_fuses()[0].reason.starts_with("errors 1 >= 1"));
+    assert!(now(&after, "/mdm", None).is_err());
+    assert_eq!(
+        now(&after, "/api", Some("a"))
+            .unwrap_err()
+            .retry_after_secs(),
+        Some(6600)
+    );
+    assert!(now(&after, "/api", Some("b")).is_ok(), "only consumer a");
+    // The limit's own `release after`, from the stored deadline.
+    tokio::time::advance(Duration::from_secs(6599)).await;
+    assert!(now(&after, "/api", Some("a")).is_err());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(now(&after, "/api", Some("a")).is_ok());
+    assert_eq!(events.try_recv().unwrap().kind, EventKind::LimitReleased);
+    // The manual fuse: a day later still open; a release ends it.
+    tokio::time::advance(Duration::from_secs(86_400)).await;
+    assert!(now(&after, "/mdm", None).is_err());
+    assert_eq!(after.latches(T0 + 7_200_000 + 86_400_000).len(), 1);
+    assert_eq!(after.release_fuse("order/mdm", "ops"), Ok(true));
+    assert_eq!(events.try_recv().unwrap().kind, EventKind::FuseReleased);
+    assert!(now(&after, "/mdm", None).is_ok());
+    assert!(after.latches(T0).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_latch_whose_deadline_passed_while_down_is_not_armed() {
+    let before = engine(LATCHING);
+    trip_both(&before);
+    let latches = before.latches(T0);
+    let of = |kind| latches.iter().find(|l| l.kind == kind).unwrap();
+    let (fuse, limit) = (of(LatchKind::Fuse), of(LatchKind::Limit));
+    let after = engine(LATCHING);
+    // Back 2h and 1s later.
+    let later = T0 + 7_201_000;
+    assert_eq!(after.restore_latch(limit, later), Ok(Restored::Expired));
+    assert!(now(&after, "/api", Some("a")).is_ok());
+    // Without a deadline, a limit's latch ends at since + its `release after`.
+    let mut no_deadline = limit.clone();
+    no_deadline.deadline_unix_ms = None;
+    no_deadline.since_unix_ms = T0;
+    assert_eq!(
+        after.restore_latch(&no_deadline, T0 + 1_000),
+        Ok(Restored::Armed)
+    );
+    assert_eq!(
+        after.engaged_limits()[0].remaining,
+        Some(Duration::from_secs(7199))
+    );
+    // Without its key (what govd knows), a per-consumer latch arms nothing.
+    let mut keyless = limit.clone();
+    keyless.key.clear();
+    assert_eq!(after.restore_latch(&keyless, T0), Ok(Restored::KeyMissing));
+    assert!(now(&after, "/api", None).is_ok());
+    // Names are checked like release commands.
+    let mut wrong = fuse.clone();
+    wrong.kind = LatchKind::Limit;
+    assert!(after.restore_latch(&wrong, T0).is_err());
+    wrong.rule = "order/nope".into();
+    assert!(after.restore_latch(&wrong, T0).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_config_swap_that_changes_a_latched_rule_keeps_its_latch() {
+    let e = engine(LATCHING);
+    let mut events = e.subscribe();
+    trip_both(&e);
+    while events.try_recv().is_ok() {}
+    // Both rules change their parameters: they get fresh state, with the latch.
+    let changed = LATCHING
+        .replace("count: 1,", "count: 5,")
+        .replace("amount: 1,", "amount: 10,")
+        .replace("version: v1", "version: v2");
+    let applied = e.apply_target(&target(&changed)).unwrap();
+    assert_eq!((applied.kept, applied.fresh), (0, 2));
+    assert!(now(&e, "/mdm", None).is_err(), "the fuse stays open");
+    assert!(
+        now(&e, "/api", Some("a")).is_err(),
+        "the limit stays engaged"
+    );
+    assert_eq!(
+        e.engaged_limits()[0].remaining,
+        Some(Duration::from_secs(7200))
+    );
+    assert_eq!(events.try_recv().ok(), None, "a swap releases nothing");
+    // A rule that is gone takes its latch with it.
+    let gone = changed.split("limits:").next().unwrap().to_owned();
+    e.apply_target(&target(&gone)).unwrap();
+    assert_eq!(e.latches(T0).len(), 1);
 }

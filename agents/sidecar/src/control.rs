@@ -6,7 +6,7 @@
 //!   │ ◀─ Config{target, nonce}                 (when last_version differs)
 //!   │ Ack{version, nonce} | Nack{error, rule} ─▶
 //!   │ Stats (every second), Event (as they happen) ─▶
-//!   │ ◀─ Command{Release | Drain}
+//!   │ ◀─ Command{Release | Drain | Arm}
 //! ```
 //!
 //! A pushed config is checked and applied through [`Engine::apply_target`]
@@ -17,6 +17,12 @@
 //! restarted while the control plane is down enforces what it had. When the
 //! control plane goes away the agent keeps enforcing and reconnects with
 //! exponential backoff and jitter; HTTP/2 keepalive notices a dead peer.
+//!
+//! The hello lists the latches the agent enforces (restored from its state
+//! directory by [`crate::latches`]); the control plane answers with an `Arm`
+//! command for each latch it holds for this instance that the list lacks (an
+//! agent restarted without its state), and the agent re-arms it and sends its
+//! stats at once.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -31,7 +37,7 @@ use proto::control_message::Msg as ControlMsg;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use gov_engine::Engine;
+use gov_engine::{Engine, Latch, Restored};
 
 /// File name of the last good config in the state directory.
 pub const LAST_GOOD_FILE: &str = "last-good-config.json";
@@ -232,25 +238,41 @@ pub fn read_last_good(
 
 /// Writes the config atomically (temp file, fsync, rename, fsync dir).
 pub fn write_last_good(dir: &Path, target: &proto::TargetConfig) -> Result<(), ControlError> {
-    fn io<'a>(
-        op: &'static str,
-        path: &'a Path,
-    ) -> impl FnOnce(std::io::Error) -> ControlError + 'a {
-        move |source| ControlError::State {
+    let bytes = serde_json::to_vec_pretty(target).map_err(|e| ControlError::Corrupt {
+        path: dir.join(LAST_GOOD_FILE),
+        reason: e.to_string(),
+    })?;
+    write_atomically(dir, LAST_GOOD_FILE, &bytes).map_err(|e| ControlError::State {
+        op: e.op,
+        path: e.path,
+        source: e.source,
+    })
+}
+
+/// A failed step of [`write_atomically`].
+#[derive(Debug)]
+pub(crate) struct WriteFailed {
+    pub(crate) op: &'static str,
+    pub(crate) path: PathBuf,
+    pub(crate) source: std::io::Error,
+}
+
+/// Replaces `dir/name` with `bytes` so that a crash at any point leaves the old
+/// file or the new one, never a mix: a temp file, fsync, rename, fsync of the
+/// directory. Creates `dir` if needed.
+pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WriteFailed> {
+    fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> WriteFailed + 'a {
+        move |source| WriteFailed {
             op,
             path: path.to_owned(),
             source,
         }
     }
     fs::create_dir_all(dir).map_err(io("create", dir))?;
-    let path = dir.join(LAST_GOOD_FILE);
-    let tmp = dir.join(format!(".{LAST_GOOD_FILE}.tmp"));
-    let bytes = serde_json::to_vec_pretty(target).map_err(|e| ControlError::Corrupt {
-        path: path.clone(),
-        reason: e.to_string(),
-    })?;
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
     let mut file = File::create(&tmp).map_err(io("create", &tmp))?;
-    file.write_all(&bytes).map_err(io("write", &tmp))?;
+    file.write_all(bytes).map_err(io("write", &tmp))?;
     file.sync_all().map_err(io("sync", &tmp))?;
     drop(file);
     fs::rename(&tmp, &path).map_err(io("rename", &path))?;
@@ -269,6 +291,12 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
     let mut current = String::new();
     if let Some(dir) = &options.state_dir {
         match read_last_good(dir, &options.service) {
+            // The sidecar loaded it before it began to serve.
+            Ok(Some(target))
+                if !target.version.is_empty() && *engine.config().version == *target.version =>
+            {
+                current.clone_from(&target.version);
+            }
             Ok(Some(target)) => match check(&options, &target).and_then(|()| {
                 engine
                     .apply_target(&target)
@@ -365,6 +393,11 @@ async fn session(
         address: options.address.clone(),
         labels: options.labels.clone().into_iter().collect(),
         last_version: current.clone(),
+        latches: engine
+            .latches(now_unix_ms())
+            .iter()
+            .map(Latch::to_proto)
+            .collect(),
     };
     // The queue is fresh: the hello always fits.
     let _ = tx.try_send(send(proto::agent_message::Msg::Hello(hello)));
@@ -521,6 +554,38 @@ async fn handle(
                             tracing::warn!(rule = %r.rule, %error, "release command refused")
                         }
                     }
+                }
+                proto::command::Kind::Arm(latch) => {
+                    let rule = latch.rule.clone();
+                    let armed = Latch::try_from(&latch)
+                        .map_err(|e| e.to_string())
+                        .and_then(|l| {
+                            engine
+                                .restore_latch(&l, now_unix_ms())
+                                .map_err(|e| e.to_string())
+                        });
+                    match armed {
+                        Ok(Restored::Armed) => {
+                            tracing::info!(%rule, key = %latch.key, reason = %latch.reason, "re-armed a latch the control plane holds for this agent")
+                        }
+                        Ok(Restored::Held) => {
+                            tracing::debug!(%rule, "the control plane re-armed a latch this agent holds")
+                        }
+                        Ok(Restored::Expired) => {
+                            tracing::info!(%rule, "the control plane re-armed a latch past its deadline; it ended")
+                        }
+                        Ok(Restored::KeyMissing) => tracing::warn!(
+                            %rule,
+                            "the control plane cannot re-arm a per-consumer or per-service limit without its key; it stays NOT ENFORCED here until released"
+                        ),
+                        Err(error) => {
+                            tracing::warn!(%rule, %error, "cannot re-arm the latch the control plane sent")
+                        }
+                    }
+                    // Report at once: the control plane sees the latch enforced again.
+                    return Some(proto::agent_message::Msg::Stats(
+                        engine.stats().to_proto(now_unix_ms()),
+                    ));
                 }
                 proto::command::Kind::Drain(d) => {
                     tracing::info!(deadline_ms = d.deadline_ms, "drain command");

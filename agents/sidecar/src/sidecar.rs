@@ -129,6 +129,11 @@ pub struct Options {
     /// Most open client connections per proxy listener (`--max-connections`); a
     /// connection accepted over it is closed at once.
     pub max_connections: usize,
+    /// Where the agent keeps its latches (tripped fuses, engaged limits) and, with a
+    /// control plane, the last good config it sent (`--state-dir`): both are in force
+    /// again before a restarted agent accepts a connection. `None`: neither survives
+    /// a restart.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Options {
@@ -153,6 +158,7 @@ impl Options {
             service_pid: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             client_timeout: Some(DEFAULT_CLIENT_TIMEOUT),
+            state_dir: None,
         }
     }
 }
@@ -190,6 +196,7 @@ pub struct Sidecar {
     health: Arc<Health>,
     config: Arc<ConfigStatus>,
     engine: Engine,
+    latches: Option<Arc<crate::latches::LatchStore>>,
     lifecycle: Arc<crate::lifecycle::Lifecycle>,
     directory: Arc<Directory>,
     done: tokio::task::JoinHandle<()>,
@@ -231,6 +238,45 @@ impl Sidecar {
             }
             None => None,
         };
+        // With a control plane, the last good config it sent, from the state directory:
+        // in force before the first connection is accepted, whether govd is up or not.
+        if initial.is_none()
+            && options.control_plane.is_some()
+            && let Some(dir) = &options.state_dir
+        {
+            let path = dir.join(crate::control::LAST_GOOD_FILE);
+            match crate::control::read_last_good(dir, &options.service) {
+                Ok(Some(target)) => match apply(&engine, &options.service, &path, &target) {
+                    Ok(version) => {
+                        config.record_applied(&version);
+                        lifecycle.set_plan(&target);
+                        health.set_config_loaded();
+                        tracing::info!(%version, "enforcing the last good config from disk");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "the last good config on disk is refused; starting without it")
+                    }
+                },
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%error, "cannot load the last good config"),
+            }
+        }
+        // Then the latches kept across the restart, before any call is admitted: a fuse
+        // tripped before the restart refuses the first call after it.
+        let latches = match &options.state_dir {
+            Some(dir) => Some(crate::latches::LatchStore::open(
+                &engine,
+                dir,
+                &options.service,
+            )),
+            None => {
+                tracing::info!(
+                    "no --state-dir: tripped fuses and engaged limits do not survive a restart"
+                );
+                None
+            }
+        };
+
         // Standalone without a file: nothing will ever bring a config, so run with no
         // rules rather than never becoming ready. With a control plane the agent is not
         // ready until it sends a config.
@@ -361,6 +407,7 @@ impl Sidecar {
                     lifecycle: lifecycle.subscribe(),
                     listeners: listener_stats,
                     directory: directory.clone(),
+                    latches: latches.clone(),
                 },
             });
             let admin_stop_conns = admin_stop.clone();
@@ -385,6 +432,11 @@ impl Sidecar {
                     )
                 },
             ));
+        }
+
+        if let Some(store) = &latches {
+            // Until the proxies have drained: a call finishing late may still trip a fuse.
+            tokio::spawn(store.clone().run(admin_stop.clone()));
         }
 
         let done = {
@@ -419,6 +471,7 @@ impl Sidecar {
             health,
             config,
             engine,
+            latches,
             lifecycle,
             directory,
             done,
@@ -455,6 +508,11 @@ impl Sidecar {
     /// The enforcement engine (stats, events, release commands).
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The latches kept in the state directory (`None` without one).
+    pub fn latch_store(&self) -> Option<&Arc<crate::latches::LatchStore>> {
+        self.latches.as_ref()
     }
 
     /// The config in force.

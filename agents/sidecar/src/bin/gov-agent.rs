@@ -68,8 +68,10 @@ struct Args {
     #[arg(long, env = "GOV_INSTANCE")]
     instance: Option<String>,
 
-    /// Where the agent keeps the last good config the control plane sent, to enforce
-    /// it after a restart while the control plane is down. Unset: not kept.
+    /// Where the agent keeps its latches (tripped fuses, engaged limits, written on every
+    /// change) and the last good config the control plane sent: a restarted agent
+    /// enforces both before it accepts a connection, whether the control plane is up
+    /// or down. Unset: neither survives a restart.
     #[arg(long, env = "GOV_STATE_DIR")]
     state_dir: Option<PathBuf>,
 
@@ -195,6 +197,7 @@ async fn run(args: Args) -> ExitCode {
         service_pid: args.service_pid,
         max_connections: args.max_connections,
         client_timeout: (!args.client_timeout.is_zero()).then_some(args.client_timeout),
+        state_dir: args.state_dir,
     };
     let sidecar = match Sidecar::start(options).await {
         Ok(sidecar) => sidecar,

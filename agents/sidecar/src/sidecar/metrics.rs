@@ -110,6 +110,8 @@ pub(crate) struct Source {
     pub(crate) listeners: Vec<(&'static str, std::sync::Arc<super::serve::Connections>)>,
     /// The outbound listener's endpoints.
     pub(crate) directory: std::sync::Arc<super::upstream::Directory>,
+    /// The latches kept in the state directory (`None` without one).
+    pub(crate) latches: Option<std::sync::Arc<crate::latches::LatchStore>>,
 }
 
 impl Source {
@@ -183,6 +185,28 @@ impl Source {
                 "1 while Redis answers; 0 while `scope cluster` limits count locally.",
             );
             enc.sample("gov_cluster_store_up", &[], u64::from(store.is_up()));
+        }
+        if let Some(latches) = &self.latches {
+            enc.family(
+                "gov_agent_latches_persisted",
+                "gauge",
+                "1 when the state directory holds every latch in force; 0 while writing it fails (latches are enforced in memory only).",
+            );
+            enc.sample(
+                "gov_agent_latches_persisted",
+                &[],
+                u64::from(latches.persisted()),
+            );
+            enc.family(
+                "gov_agent_latch_write_errors_total",
+                "counter",
+                "Failed writes of the latch file in the state directory.",
+            );
+            enc.sample(
+                "gov_agent_latch_write_errors_total",
+                &[],
+                latches.write_errors(),
+            );
         }
         let (applied, refused) = self.config.counts();
         enc.family(

@@ -14,6 +14,7 @@ mod differential;
 mod enforce;
 mod h1;
 mod hostile;
+mod latches;
 mod proxy;
 mod reload;
 mod shutdown;

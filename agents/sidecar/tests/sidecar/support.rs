@@ -309,6 +309,7 @@ pub fn agent() -> AgentBuilder {
         max_connections: None,
         client_timeout: None,
         balance: Balance::default(),
+        state_dir: None,
     }
 }
 
@@ -323,12 +324,19 @@ pub struct AgentBuilder {
     max_connections: Option<usize>,
     client_timeout: Option<Duration>,
     balance: Balance,
+    state_dir: Option<PathBuf>,
 }
 
 impl AgentBuilder {
     /// How the outbound listener balances (default: the agent's).
     pub fn balance(mut self, balance: Balance) -> Self {
         self.balance = balance;
+        self
+    }
+
+    /// Where the agent keeps its latches (`--state-dir`).
+    pub fn state_dir(mut self, dir: &Path) -> Self {
+        self.state_dir = Some(dir.to_owned());
         self
     }
 
@@ -402,6 +410,7 @@ impl AgentBuilder {
         if let Some(timeout) = self.client_timeout {
             options.client_timeout = Some(timeout);
         }
+        options.state_dir = self.state_dir.clone();
         if let Some(yaml) = &self.config {
             std::fs::write(&config_path, yaml).unwrap();
             options.config = Some(config_path.clone());
@@ -592,6 +601,7 @@ pub fn binary() -> BinaryBuilder {
         upstream: None,
         drain: ms(5000),
         config: None,
+        state_dir: None,
     }
 }
 
@@ -599,9 +609,16 @@ pub struct BinaryBuilder {
     upstream: Option<SocketAddr>,
     drain: Duration,
     config: Option<String>,
+    state_dir: Option<PathBuf>,
 }
 
 impl BinaryBuilder {
+    /// Where the agent keeps its latches (`--state-dir`).
+    pub fn state_dir(mut self, dir: &Path) -> Self {
+        self.state_dir = Some(dir.to_owned());
+        self
+    }
+
     pub fn upstream(mut self, upstream: &Upstream) -> Self {
         self.upstream = Some(upstream.addr);
         self
@@ -639,6 +656,9 @@ impl BinaryBuilder {
             let path = dir.path().join("target.yaml");
             std::fs::write(&path, yaml).unwrap();
             cmd.arg("--config").arg(path);
+        }
+        if let Some(dir) = &self.state_dir {
+            cmd.arg("--state-dir").arg(dir);
         }
         let mut child = cmd.spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
@@ -706,6 +726,12 @@ impl Process {
             .status()
             .unwrap();
         assert!(status.success());
+    }
+
+    /// Sends SIGKILL and reaps the process: no shutdown step runs.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Waits (bounded) for the exit code; `None` if it did not exit in time.
