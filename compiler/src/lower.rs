@@ -36,6 +36,16 @@ pub const DEFAULT_CONSUMER_HEADER: &str = "x-gov-consumer";
 /// At most this many lines of a rule's text travel as its `SourceRef` snippet.
 const MAX_SNIPPET_LINES: usize = 40;
 
+/// The longest a `wait for gov` step waits for every caller to acknowledge an
+/// endpoint set without the instance (then it goes on and says who had not).
+pub(crate) const WAIT_FOR_GOV_TIMEOUT_MS: u64 = 30_000;
+
+/// Whether `wait for NAME` means govd's own registry: `gov`, when no registry
+/// is declared with that name.
+pub(crate) fn is_gov(cx: &Ctx<'_>, name: &str) -> bool {
+    name == "gov" && cx.registry(name).is_none()
+}
+
 /// Lowers every service (first definitions, sorted by name).
 pub(crate) fn bundle(cx: &Ctx<'_>) -> pb::Bundle {
     // `service_index` is a BTreeMap: iteration is sorted by name.
@@ -503,6 +513,16 @@ impl Lower<'_, '_> {
                             }),
                             *span,
                         ),
+                        AstShutdownStep::WaitFor { registry, span }
+                            if is_gov(self.cx, &registry.node) =>
+                        {
+                            (
+                                Step::WaitForGov(pb::WaitForGov {
+                                    timeout_ms: WAIT_FOR_GOV_TIMEOUT_MS,
+                                }),
+                                *span,
+                            )
+                        }
                         AstShutdownStep::WaitFor { registry, span } => (
                             Step::Wait(pb::Wait {
                                 duration_ms: self.cx.registry(&registry.node).map_or(0, |r| {

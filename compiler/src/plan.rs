@@ -645,6 +645,7 @@ fn shutdown_text(s: &pb::ShutdownStep) -> String {
         Some(Step::Wait(w)) => format!("wait {}", fmt_ms(w.duration_ms)),
         Some(Step::Stop(i)) => format!("stop {} via {}", i.what, action_text(i.action.as_ref())),
         Some(Step::DrainMs(ms)) => format!("drain {}", fmt_ms(*ms)),
+        Some(Step::WaitForGov(w)) => format!("wait for gov (at most {})", fmt_ms(w.timeout_ms)),
         None => String::new(),
     }
 }

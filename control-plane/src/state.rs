@@ -40,6 +40,8 @@ pub struct State {
     /// Services whose set of registered instances (or a weight) changed since
     /// the last [`State::endpoint_pushes`].
     endpoints_changed: BTreeSet<String>,
+    /// The version of each service's last pushed endpoint set.
+    endpoints_version: BTreeMap<String, u64>,
     next_conn: u64,
     next_nonce: u64,
     nonce_prefix: u32,
@@ -64,6 +66,11 @@ pub struct Agent {
     phase: pb::Phase,
     /// Slow-start weight from its lifecycle (100% = 100000).
     weight_milli_percent: u32,
+    /// The endpoint set version it acknowledged, per service.
+    endpoints_acked: BTreeMap<String, u64>,
+    /// It deregistered (DRAINING) and waits to hear that every agent dropped
+    /// it: `Some(v)` once the set version `v` without it was pushed.
+    removal: Option<Removal>,
     last_seen_unix_ms: u64,
     stats: Option<pb::Stats>,
     /// Why the stream ended.
@@ -114,6 +121,15 @@ pub struct Effect {
 
 /// 100% slow-start weight.
 const FULL_WEIGHT: u32 = 100_000;
+
+/// A deregistration waiting for every agent's acknowledgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Removal {
+    /// The set without the instance is not pushed yet.
+    Pending,
+    /// Pushed as this version.
+    Pushed(u64),
+}
 
 fn endpoints_message(endpoints: pb::Endpoints) -> pb::ControlMessage {
     pb::ControlMessage {
@@ -204,6 +220,8 @@ impl State {
                     last_good: a.last_good_version,
                     phase: pb::Phase::Unspecified,
                     weight_milli_percent: 0,
+                    endpoints_acked: BTreeMap::new(),
+                    removal: None,
                     last_seen_unix_ms: 0,
                     stats: None,
                     disconnect_reason: "control plane restarted".into(),
@@ -348,6 +366,8 @@ impl State {
             last_good: String::new(),
             phase: pb::Phase::Unspecified,
             weight_milli_percent: 0,
+            endpoints_acked: BTreeMap::new(),
+            removal: None,
             last_seen_unix_ms: now,
             stats: None,
             disconnect_reason: String::new(),
@@ -360,6 +380,8 @@ impl State {
         agent.pending = None;
         agent.nack = None;
         agent.stats = None;
+        agent.endpoints_acked.clear();
+        agent.removal = None;
         agent.last_seen_unix_ms = now;
         agent.disconnect_reason.clear();
         // An agent with no config at all gets one even when its service is not
@@ -438,6 +460,7 @@ impl State {
     pub fn endpoints(&self, service: &str) -> pb::Endpoints {
         pb::Endpoints {
             service: service.to_owned(),
+            version: self.endpoints_version.get(service).copied().unwrap_or(0),
             instances: self
                 .agents
                 .values()
@@ -457,6 +480,14 @@ impl State {
     /// stream, a new weight).
     pub fn endpoint_pushes(&mut self, out: &mut Outbox) {
         for service in std::mem::take(&mut self.endpoints_changed) {
+            let version = self.endpoints_version.entry(service.clone()).or_insert(0);
+            *version += 1;
+            let version = *version;
+            for agent in self.agents.values_mut() {
+                if agent.service == service && agent.removal == Some(Removal::Pending) {
+                    agent.removal = Some(Removal::Pushed(version));
+                }
+            }
             let msg = endpoints_message(self.endpoints(&service));
             for (key, agent) in &self.agents {
                 if let Some(conn) = &agent.conn {
@@ -467,6 +498,49 @@ impl State {
                         msg: msg.clone(),
                     });
                 }
+            }
+        }
+        self.confirm_removals(out);
+    }
+
+    /// Tells each deregistered instance whose removal every other connected
+    /// agent has acknowledged (its `wait for gov` step ends).
+    fn confirm_removals(&mut self, out: &mut Outbox) {
+        let acked = |agents: &BTreeMap<AgentKey, Agent>, me: &AgentKey, service: &str, v: u64| {
+            agents.iter().all(|(key, a)| {
+                key == me
+                    || a.conn.is_none()
+                    || a.endpoints_acked.get(service).is_some_and(|&got| got >= v)
+            })
+        };
+        let done: Vec<(AgentKey, u64)> = self
+            .agents
+            .iter()
+            .filter_map(|(key, a)| match a.removal {
+                Some(Removal::Pushed(v)) if acked(&self.agents, key, &a.service, v) => {
+                    Some((key.clone(), v))
+                }
+                _ => None,
+            })
+            .collect();
+        for (key, version) in done {
+            let Some(agent) = self.agents.get_mut(&key) else {
+                continue;
+            };
+            agent.removal = None;
+            if let Some(conn) = &agent.conn {
+                out.push(Outgoing {
+                    key: key.clone(),
+                    conn: conn.id,
+                    tx: conn.tx.clone(),
+                    msg: pb::ControlMessage {
+                        msg: Some(pb::control_message::Msg::Command(pb::Command {
+                            kind: Some(pb::command::Kind::Deregistered(pb::Deregistered {
+                                version,
+                            })),
+                        })),
+                    },
+                });
             }
         }
     }
@@ -525,6 +599,12 @@ impl State {
                 });
                 effect.sync = true;
             }
+            AgentMsg::EndpointsAck(ack) => {
+                let seen = agent.endpoints_acked.entry(ack.service).or_insert(0);
+                *seen = (*seen).max(ack.version);
+                // A removal may now be acknowledged by everyone.
+                effect.endpoints = true;
+            }
             AgentMsg::Lifecycle(l) => {
                 let before = (agent.is_registered(), agent.weight_milli_percent);
                 agent.phase = l.phase();
@@ -534,6 +614,13 @@ impl State {
                     (_, w) => w.min(FULL_WEIGHT),
                 };
                 if (agent.is_registered(), agent.weight_milli_percent) != before {
+                    self.endpoints_changed.insert(agent.service.clone());
+                    effect.endpoints = true;
+                }
+                if agent.phase == pb::Phase::Draining && agent.removal.is_none() {
+                    // Its `wait for gov` waits for the set without it to be
+                    // acknowledged (even if it never registered: then at once).
+                    agent.removal = Some(Removal::Pending);
                     self.endpoints_changed.insert(agent.service.clone());
                     effect.endpoints = true;
                 }
@@ -934,6 +1021,61 @@ mod tests {
         let pushes = pushed(&out);
         assert!(!pushes.is_empty() && pushes.iter().all(|(_, set)| set.is_empty()));
         assert!(s.disconnect(&caller, caller_id, "done", 11));
+    }
+
+    /// The `Deregistered` commands in `out`, by receiving instance.
+    fn deregistered(out: &Outbox) -> Vec<String> {
+        out.iter()
+            .filter(|o| {
+                matches!(
+                    &o.msg.msg,
+                    Some(pb::control_message::Msg::Command(pb::Command {
+                        kind: Some(pb::command::Kind::Deregistered(_))
+                    }))
+                )
+            })
+            .map(|o| o.key.1.clone())
+            .collect()
+    }
+
+    fn ack(service: &str, version: u64) -> AgentMsg {
+        AgentMsg::EndpointsAck(pb::EndpointsAck {
+            service: service.into(),
+            version,
+        })
+    }
+
+    #[test]
+    fn a_deregistered_instance_hears_once_every_other_agent_acked_the_set_without_it() {
+        let mut s = State::default();
+        let mut out = Vec::new();
+        let (tx, _rx) = mpsc::channel(64);
+        let mut h = hello("inv", "a", "");
+        h.address = "127.0.0.1:9001".into();
+        let (a, a_id) = s.hello(h, tx.clone(), 1, &mut out);
+        let (w1, w1_id) = s.hello(hello("web", "w1", ""), tx.clone(), 1, &mut out);
+        let (w2, w2_id) = s.hello(hello("web", "w2", ""), tx, 1, &mut out);
+        s.on_message(&a, a_id, lifecycle(pb::Phase::Ready, 0), 2);
+        s.endpoint_pushes(&mut out);
+        out.clear();
+        // `a` deregisters: version 2 of `inv` leaves it out.
+        s.on_message(&a, a_id, lifecycle(pb::Phase::Draining, 0), 3);
+        s.endpoint_pushes(&mut out);
+        assert!(deregistered(&out).is_empty());
+        out.clear();
+        // An ack of the older set counts for nothing; one of two callers is not enough.
+        s.on_message(&w1, w1_id, ack("inv", 1), 4);
+        s.on_message(&w1, w1_id, ack("inv", 2), 4);
+        s.endpoint_pushes(&mut out);
+        assert!(deregistered(&out).is_empty());
+        // The last caller leaving (or acking) completes it, once.
+        assert!(s.disconnect(&w2, w2_id, "gone", 5));
+        s.endpoint_pushes(&mut out);
+        assert_eq!(deregistered(&out), ["a"]);
+        out.clear();
+        s.on_message(&w1, w1_id, ack("inv", 2), 6);
+        s.endpoint_pushes(&mut out);
+        assert!(deregistered(&out).is_empty(), "said once");
     }
 
     #[test]

@@ -1365,6 +1365,73 @@ async fn callers_learn_instances_from_govd_and_lose_none_when_one_stops() {
     drop(a);
 }
 
+/// `wait for gov`: an instance that stops deregisters, waits until every
+/// agent connected to govd has acknowledged the set without it (not a fixed
+/// sleep), then drains; its callers' calls all succeed meanwhile.
+#[tokio::test]
+async fn wait_for_gov_ends_when_every_caller_has_dropped_the_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let policy = write(
+        dir.path(),
+        "p.gov",
+        "service inv {\n  shutdown {\n    deregister\n    wait for gov\n    drain 5s\n  }\n}\nservice web {\n  capacity workers 10\n}\n",
+    );
+    let applied = govc(&govd, Some(TOKEN), &["apply", &policy]).await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    let web = agent("web", "web-1")
+        .control_plane(&govd)
+        .outbound()
+        .start(dir.path())
+        .await;
+    let caller = web.outbound.unwrap();
+    let a = agent("inv", "inv-a")
+        .upstream(named_upstream("a").await)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    let b = agent("inv", "inv-b")
+        .upstream(named_upstream("b").await)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        if let (200, body) = call(caller, "inv").await {
+            seen.insert(body);
+        }
+        if seen.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen.len(), 2, "both instances registered: {seen:?}");
+
+    let load = tokio::spawn(async move {
+        let mut failed = Vec::new();
+        for _ in 0..300 {
+            let (status, body) = call(caller, "inv").await;
+            if status != 200 {
+                failed.push((status, body));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        failed
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = b.log.clone();
+    b.stop().await;
+    let failed = load.await.unwrap();
+    assert!(failed.is_empty(), "calls failed while `b` left: {failed:?}");
+    let text = read(&log);
+    assert!(
+        text.contains("every caller has dropped this instance"),
+        "the step ended on govd's word, not on its 30 s timeout:\n{text}"
+    );
+    assert!(!text.contains("not every caller acknowledged"), "{text}");
+    drop(a);
+}
+
 /// Issue 12, item 1, the agent's half: a tripped manual fuse survives a `kill -9` of
 /// its agent, with govd up and with govd down; no call reaches the failing upstream
 /// until an operator releases it, and the release is audited. An agent restarted

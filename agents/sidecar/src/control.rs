@@ -48,6 +48,8 @@ pub type OnApplied = Arc<dyn Fn(&proto::TargetConfig) + Send + Sync>;
 pub type OnDrain = Arc<dyn Fn(Duration) + Send + Sync>;
 /// Called with a service's registered instances each time govd pushes them.
 pub type OnEndpoints = Arc<dyn Fn(&proto::Endpoints) + Send + Sync>;
+/// Called when govd says every agent dropped this instance.
+pub type OnDeregistered = Arc<dyn Fn() + Send + Sync>;
 
 /// How to reach and talk to the control plane.
 #[derive(Clone)]
@@ -72,6 +74,8 @@ pub struct ControlOptions {
     pub on_drain: Option<OnDrain>,
     /// Where govd's `Endpoints` go (the outbound listener's directory).
     pub on_endpoints: Option<OnEndpoints>,
+    /// What govd's `Deregistered` ends (a `wait for gov` step).
+    pub on_deregistered: Option<OnDeregistered>,
     /// The instance's lifecycle (phase and weight), sent on connect and on change.
     /// `None`: no `Lifecycle` message is sent.
     pub lifecycle: Option<tokio::sync::watch::Receiver<crate::lifecycle::State>>,
@@ -111,6 +115,7 @@ impl ControlOptions {
             on_applied: None,
             on_drain: None,
             on_endpoints: None,
+            on_deregistered: None,
             lifecycle: None,
         }
     }
@@ -593,6 +598,12 @@ async fn handle(
                         f(Duration::from_millis(d.deadline_ms));
                     }
                 }
+                proto::command::Kind::Deregistered(d) => {
+                    tracing::info!(version = d.version, "every agent dropped this instance");
+                    if let Some(f) = &options.on_deregistered {
+                        f();
+                    }
+                }
             }
             None
         }
@@ -605,7 +616,13 @@ async fn handle(
             if let Some(f) = &options.on_endpoints {
                 f(&endpoints);
             }
-            None
+            // Applied: govd counts this toward a `wait for gov`.
+            Some(proto::agent_message::Msg::EndpointsAck(
+                proto::EndpointsAck {
+                    service: endpoints.service,
+                    version: endpoints.version,
+                },
+            ))
         }
     }
 }

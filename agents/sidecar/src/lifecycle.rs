@@ -203,6 +203,10 @@ pub struct Lifecycle {
     shutting_down: CancellationToken,
     shutdown_begun: AtomicBool,
     finished: CancellationToken,
+    /// Set when the agent talks to govd (`wait for gov` can be answered).
+    has_control_plane: AtomicBool,
+    /// Cancelled when govd says every agent dropped this instance.
+    deregistered: CancellationToken,
 }
 
 impl std::fmt::Debug for Lifecycle {
@@ -228,6 +232,8 @@ impl Lifecycle {
             shutting_down: CancellationToken::new(),
             shutdown_begun: AtomicBool::new(false),
             finished: CancellationToken::new(),
+            has_control_plane: AtomicBool::new(false),
+            deregistered: CancellationToken::new(),
         })
     }
 
@@ -437,6 +443,17 @@ impl Lifecycle {
 
     /// Begins the shutdown (idempotent): the shutdown steps of the config in force,
     /// or the plain drain when it has none. Returns at once; see [`Self::finished`].
+    /// The agent talks to govd: a `wait for gov` step waits for its word.
+    pub fn use_control_plane(&self) {
+        self.has_control_plane.store(true, Ordering::Release);
+    }
+
+    /// govd says every connected agent has an endpoint set without this
+    /// instance: a `wait for gov` step ends.
+    pub fn confirm_deregistered(&self) {
+        self.deregistered.cancel();
+    }
+
     pub fn begin_shutdown(self: &Arc<Self>) {
         if self.shutdown_begun.swap(true, Ordering::AcqRel) {
             return;
@@ -463,12 +480,19 @@ impl Lifecycle {
             .unwrap_or_default();
         tracing::info!(steps = steps.len(), "shutdown begins");
         let mut drained = false;
+        let mut deregistered = false;
         for step in &steps {
             match step {
                 ShutdownStep::Deregister(_) => {
-                    self.parts.health.set_deregistered();
-                    self.publish(proto::Phase::Draining, 0);
-                    tracing::info!("deregistered: /ready says 503, still serving");
+                    self.deregister();
+                    deregistered = true;
+                }
+                ShutdownStep::WaitForGov(w) => {
+                    if !deregistered {
+                        self.deregister();
+                        deregistered = true;
+                    }
+                    self.wait_for_gov(Duration::from_millis(w.timeout_ms)).await;
                 }
                 ShutdownStep::Wait(wait) => {
                     let d = Duration::from_millis(wait.duration_ms);
@@ -487,6 +511,33 @@ impl Lifecycle {
         }
         self.publish(proto::Phase::Stopped, 0);
         self.finished.cancel();
+    }
+
+    fn deregister(&self) {
+        self.parts.health.set_deregistered();
+        self.publish(proto::Phase::Draining, 0);
+        tracing::info!("deregistered: /ready says 503, still serving");
+    }
+
+    /// Waits until govd says every agent dropped this instance, at most
+    /// `timeout`. Without a control plane there is nobody to wait for.
+    async fn wait_for_gov(&self, timeout: Duration) {
+        if !self.has_control_plane.load(Ordering::Acquire) {
+            tracing::warn!("`wait for gov` without a control plane: nothing to wait for");
+            return;
+        }
+        tracing::info!(
+            ?timeout,
+            "waiting until every caller has dropped this instance"
+        );
+        tokio::select! {
+            () = self.deregistered.cancelled() => {
+                tracing::info!("every caller has dropped this instance");
+            }
+            () = tokio::time::sleep(timeout) => {
+                tracing::warn!(?timeout, "not every caller acknowledged the removal in time; going on");
+            }
+        }
     }
 
     async fn drain(&self, deadline: Option<Duration>) {

@@ -40,7 +40,11 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                 ServiceStmt::Registry(r) => names.push(&r.name),
                 ServiceStmt::Shutdown(s) => {
                     for step in &s.steps {
-                        if let ShutdownStep::WaitFor { registry, .. } = step {
+                        // `wait for gov` names govd itself, unless a registry
+                        // is called `gov`.
+                        if let ShutdownStep::WaitFor { registry, .. } = step
+                            && !crate::lower::is_gov(cx, &registry.node)
+                        {
                             names.push(registry);
                         }
                     }

@@ -225,6 +225,11 @@ async fn run(args: Args) -> ExitCode {
         control.on_endpoints = Some(gov_agent::sidecar::endpoints_to(
             sidecar.directory().clone(),
         ));
+        let lifecycle = sidecar.lifecycle().clone();
+        lifecycle.use_control_plane();
+        control.on_deregistered = Some(std::sync::Arc::new(move || {
+            lifecycle.confirm_deregistered();
+        }));
         tokio::spawn(gov_agent::control::run(
             sidecar.engine().clone(),
             control,
