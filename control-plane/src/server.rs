@@ -128,7 +128,18 @@ impl ControlPlaneRpc for ControlPlane {
         }
         let (tx, rx) = mpsc::channel(AGENT_QUEUE);
         let mut out = Vec::new();
-        let (key, id) = self.inner.lock().hello(hello, tx, now_unix_ms(), &mut out);
+        let (key, id) = {
+            let mut state = self.inner.lock();
+            let now = now_unix_ms();
+            if let Some(ago) = state.live_claim(&hello.service, &hello.instance, now) {
+                tracing::warn!(service = %hello.service, instance = %hello.instance, address = %hello.address, "refused a second agent with a live agent's name");
+                return Err(Status::already_exists(format!(
+                    "instance `{}` of service `{}` is connected from another agent (heard from {ago} ms ago); give each agent its own `--instance`",
+                    hello.instance, hello.service
+                )));
+            }
+            state.hello(hello, tx, now, &mut out)
+        };
         tracing::info!(service = %key.0, instance = %key.1, pushed = !out.is_empty(), "agent connected");
         self.inner.send(out).await;
         self.inner.changed();

@@ -193,6 +193,9 @@ impl Agent {
     }
 }
 
+/// An agent connected under a name another live agent holds.
+pub const LIVE_FOR_MS: u64 = 5_000;
+
 // === impl State ===
 
 impl State {
@@ -452,6 +455,19 @@ impl State {
                 },
             });
         }
+    }
+
+    /// How long ago the agent holding `service`/`instance` was last heard from,
+    /// if it is connected and was heard from within [`LIVE_FOR_MS`]: a second
+    /// agent claiming a live name is refused (its stats, releases and endpoint
+    /// would be mixed up with the first's). A stream that went quiet longer is
+    /// taken over (a reconnect whose old stream was not closed yet).
+    pub fn live_claim(&self, service: &str, instance: &str, now: u64) -> Option<u64> {
+        let agent = self
+            .agents
+            .get(&(service.to_owned(), instance.to_owned()))?;
+        let ago = now.saturating_sub(agent.last_seen_unix_ms);
+        (agent.conn.is_some() && ago < LIVE_FOR_MS).then_some(ago)
     }
 
     /// The registered instances of `service` (govd is the registry of record):

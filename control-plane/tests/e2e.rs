@@ -1365,6 +1365,40 @@ async fn callers_learn_instances_from_govd_and_lose_none_when_one_stops() {
     drop(a);
 }
 
+/// Instance names are unique: a second agent claiming a live agent's name is
+/// refused with a reason that says what to do, and the first keeps its place.
+#[tokio::test]
+async fn a_second_agent_with_a_live_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let first = agent("inv", "inv-1")
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    wait_until(
+        "the first agent connected",
+        Duration::from_secs(10),
+        async || govd.status().await.agents.len() == 1,
+    )
+    .await;
+    let second = agent("inv", "inv-1")
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    let log = second.log.clone();
+    wait_until(
+        "the second agent to be refused",
+        Duration::from_secs(10),
+        async || read(&log).contains("give each agent its own `--instance`"),
+    )
+    .await;
+    let view = govd.status().await;
+    assert_eq!(view.agents.len(), 1);
+    assert_eq!(view.agents[0].address, first.inbound.to_string());
+    second.stop().await;
+    first.stop().await;
+}
+
 /// `wait for gov`: an instance that stops deregisters, waits until every
 /// agent connected to govd has acknowledged the set without it (not a fixed
 /// sleep), then drains; its callers' calls all succeed meanwhile.
