@@ -1365,6 +1365,60 @@ async fn callers_learn_instances_from_govd_and_lose_none_when_one_stops() {
     drop(a);
 }
 
+/// govd down: a caller restarted with its state directory still routes to the
+/// instances govd last pushed (the sets are kept on disk like configs).
+#[tokio::test]
+async fn a_caller_restarted_while_govd_is_down_keeps_the_last_endpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let url = govd.url();
+    let policy = write(
+        dir.path(),
+        "p.gov",
+        "service inv {\n  capacity workers 10\n}\nservice web {\n  capacity workers 10\n}\n",
+    );
+    let applied = govc(&govd, Some(TOKEN), &["apply", &policy]).await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    let web_state = dir.path().join("web-state");
+    let web = agent("web", "web-1")
+        .control_plane(&govd)
+        .outbound()
+        .state_dir(&web_state)
+        .start(dir.path())
+        .await;
+    let a = agent("inv", "inv-a")
+        .upstream(named_upstream("a").await)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    let caller = web.outbound.unwrap();
+    let mut reached = false;
+    for _ in 0..200 {
+        if call(caller, "inv").await == (200, "a".to_owned()) {
+            reached = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(reached, "the caller reaches `a` through govd's registry");
+
+    govd.kill().await;
+    web.stop().await;
+    let web = agent("web", "web-1")
+        .control_plane_url(url)
+        .outbound()
+        .state_dir(&web_state)
+        .start(dir.path())
+        .await;
+    assert_eq!(
+        call(web.outbound.unwrap(), "inv").await,
+        (200, "a".to_owned()),
+        "the restarted caller routes by the kept set while govd is down"
+    );
+    web.stop().await;
+    a.stop().await;
+}
+
 /// Instance names are unique: a second agent claiming a live agent's name is
 /// refused with a reason that says what to do, and the first keeps its place.
 #[tokio::test]

@@ -222,8 +222,12 @@ async fn run(args: Args) -> ExitCode {
         control.lifecycle = Some(sidecar.lifecycle().subscribe());
         // govd is the registry: its endpoints replace `--instances` for the
         // services it knows.
+        if let Some(dir) = &control.state_dir {
+            gov_agent::sidecar::restore_endpoints(sidecar.directory(), dir);
+        }
         control.on_endpoints = Some(gov_agent::sidecar::endpoints_to(
             sidecar.directory().clone(),
+            control.state_dir.clone(),
         ));
         let lifecycle = sidecar.lifecycle().clone();
         lifecycle.use_control_plane();
