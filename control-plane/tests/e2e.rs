@@ -486,6 +486,57 @@ async fn named_upstream(name: &'static str) -> SocketAddr {
     addr
 }
 
+/// An upstream named `name` whose `/ready` answers 503 until `ready` is set;
+/// `served` counts the other requests.
+async fn gated_upstream(
+    name: &'static str,
+) -> (
+    SocketAddr,
+    Arc<std::sync::atomic::AtomicBool>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let ready = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
+    let (r, s) = (ready.clone(), served.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (r, s) = (r.clone(), s.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (r, s) = (r.clone(), s.clone());
+                        async move {
+                            let status = if req.uri().path() == "/ready" {
+                                if r.load(Ordering::SeqCst) { 200 } else { 503 }
+                            } else {
+                                s.fetch_add(1, Ordering::SeqCst);
+                                200
+                            };
+                            Ok::<_, std::convert::Infallible>(
+                                hyper::Response::builder()
+                                    .status(status)
+                                    .body(Full::new(Bytes::from_static(name.as_bytes())))
+                                    .unwrap(),
+                            )
+                        }
+                    },
+                );
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    (addr, ready, served)
+}
+
 /// One GET through an agent's outbound listener to `service`: (status, body).
 async fn call(outbound: SocketAddr, service: &str) -> (u16, String) {
     let attempt = async {
@@ -1416,6 +1467,80 @@ async fn a_caller_restarted_while_govd_is_down_keeps_the_last_endpoints() {
         "the restarted caller routes by the kept set while govd is down"
     );
     web.stop().await;
+    a.stop().await;
+}
+
+/// Scale-out: a new instance gets no call before its readiness probe passes
+/// (govd registers it only then), and then takes a share of the calls; none
+/// fails meanwhile.
+#[tokio::test]
+async fn a_new_instance_gets_no_call_before_it_is_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let policy = write(
+        dir.path(),
+        "p.gov",
+        "service inv {\n  warmup {\n    ready when http GET \"/ready\" is 200 every 1s after 0s\n  }\n}\nservice web {\n  capacity workers 10\n}\n",
+    );
+    let applied = govc(&govd, Some(TOKEN), &["apply", &policy]).await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    let web = agent("web", "web-1")
+        .control_plane(&govd)
+        .outbound()
+        .start(dir.path())
+        .await;
+    let caller = web.outbound.unwrap();
+    let (a_up, a_ready, _) = gated_upstream("a").await;
+    a_ready.store(true, Ordering::SeqCst);
+    let a = agent("inv", "inv-a")
+        .upstream(a_up)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    let mut reached = false;
+    for _ in 0..300 {
+        if call(caller, "inv").await == (200, "a".to_owned()) {
+            reached = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(reached, "`a` became ready and registered");
+
+    let (c_up, c_ready, c_served) = gated_upstream("c").await;
+    let c = agent("inv", "inv-c")
+        .upstream(c_up)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    // Not ready: 100 calls, none reaches `c`, none fails.
+    for _ in 0..100 {
+        assert_eq!(call(caller, "inv").await, (200, "a".to_owned()));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        c_served.load(Ordering::SeqCst),
+        0,
+        "a call reached `c` before it was ready"
+    );
+    // Ready: its next probe (every 1s) registers it, and calls come.
+    c_ready.store(true, Ordering::SeqCst);
+    let mut failed = 0;
+    for _ in 0..600 {
+        if call(caller, "inv").await.0 != 200 {
+            failed += 1;
+        }
+        if c_served.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(failed, 0);
+    assert!(
+        c_served.load(Ordering::SeqCst) > 0,
+        "`c` never got a call once ready"
+    );
+    c.stop().await;
     a.stop().await;
 }
 
