@@ -1544,6 +1544,69 @@ async fn a_new_instance_gets_no_call_before_it_is_ready() {
     a.stop().await;
 }
 
+/// SIGKILL of an instance's agent under load: its stream drops, govd removes it
+/// from every caller's set, and a call that still tries it is retried on the
+/// other instance (connect failures are retried once, any method): GETs see no
+/// failure.
+#[tokio::test]
+async fn a_killed_instance_costs_its_callers_no_failed_get() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let policy = write(
+        dir.path(),
+        "p.gov",
+        "service inv {\n  capacity workers 10\n}\nservice web {\n  capacity workers 10\n}\n",
+    );
+    let applied = govc(&govd, Some(TOKEN), &["apply", &policy]).await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    let web = agent("web", "web-1")
+        .control_plane(&govd)
+        .outbound()
+        .start(dir.path())
+        .await;
+    let caller = web.outbound.unwrap();
+    let a = agent("inv", "inv-a")
+        .upstream(named_upstream("a").await)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    let b = agent("inv", "inv-b")
+        .upstream(named_upstream("b").await)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        if let (200, body) = call(caller, "inv").await {
+            seen.insert(body);
+        }
+        if seen.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let load = tokio::spawn(async move {
+        let mut failed = Vec::new();
+        for _ in 0..300 {
+            let (status, body) = call(caller, "inv").await;
+            if status != 200 {
+                failed.push((status, body));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        failed
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.kill().await;
+    let failed = load.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "GETs failed after `b` was killed: {failed:?}"
+    );
+    a.stop().await;
+}
+
 /// Instance names are unique: a second agent claiming a live agent's name is
 /// refused with a reason that says what to do, and the first keeps its place.
 #[tokio::test]
