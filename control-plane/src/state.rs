@@ -175,6 +175,10 @@ impl Agent {
         &self.last_good
     }
 
+    pub fn weight_milli_percent(&self) -> u32 {
+        self.weight_milli_percent
+    }
+
     pub fn phase(&self) -> pb::Phase {
         self.phase
     }

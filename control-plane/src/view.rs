@@ -24,6 +24,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
                 version: a.version().to_owned(),
                 last_good_version: a.last_good().to_owned(),
                 phase: a.phase() as i32,
+                weight_milli_percent: a.weight_milli_percent(),
                 last_seen_unix_ms: if a.is_connected() {
                     now
                 } else {

@@ -1,7 +1,7 @@
 //! The words users read for the wire's enums, written once: the TUI, `govc`,
 //! the engine's errors and the plan all take them from here.
 
-use crate::v1::{ReleaseKind, RuleKind};
+use crate::v1::{Phase, ReleaseKind, RuleKind};
 
 impl RuleKind {
     /// The keyword of the kind in `.gov` text (`bulkhead`, `limit`, ...);
@@ -27,6 +27,21 @@ impl ReleaseKind {
         match self {
             ReleaseKind::Fuse => RuleKind::Fuse.word(),
             ReleaseKind::Limit => RuleKind::Limit.word(),
+        }
+    }
+}
+
+impl Phase {
+    /// `STARTING`, `WARMING`, `READY`, `DRAINING`, `STOPPED`; `-` when unknown.
+    /// The same words in `govc status`, the TUI and the demo's summary.
+    pub fn word(self) -> &'static str {
+        match self {
+            Phase::Unspecified => "-",
+            Phase::Starting => "STARTING",
+            Phase::Warming => "WARMING",
+            Phase::Ready => "READY",
+            Phase::Draining => "DRAINING",
+            Phase::Stopped => "STOPPED",
         }
     }
 }

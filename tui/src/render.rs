@@ -21,7 +21,7 @@ use crate::format::{
     LATENCY_BOUNDS, ago, bar, duration, quantile_bucket, rate, short_version, truncate,
 };
 use crate::history::REASONS;
-use crate::proto::{AgentView, Phase, ReleaseKind, RuleKind, RuleView, SourceRef, SyncState};
+use crate::proto::{AgentView, ReleaseKind, RuleKind, RuleView, SourceRef, SyncState};
 
 const FOCUS: Color = Color::Cyan;
 const SELECTED: Style = Style::new().add_modifier(Modifier::REVERSED);
@@ -251,17 +251,6 @@ fn sync_cell(a: &AgentView) -> Cell<'static> {
     }
 }
 
-fn phase_name(p: Phase) -> &'static str {
-    match p {
-        Phase::Unspecified => "-",
-        Phase::Starting => "starting",
-        Phase::Warming => "warming",
-        Phase::Ready => "ready",
-        Phase::Draining => "draining",
-        Phase::Stopped => "stopped",
-    }
-}
-
 fn render_agents(app: &App, frame: &mut Frame<'_>, area: Rect, agents: &[&AgentView]) {
     let total = app.view.as_ref().map_or(0, |v| v.agents.len());
     let keys: Vec<String> = agents.iter().map(|a| agent_key(a)).collect();
@@ -284,7 +273,7 @@ fn render_agents(app: &App, frame: &mut Frame<'_>, area: Rect, agents: &[&AgentV
                 Cell::from(a.address.clone()),
                 Cell::from(short_version(version).to_owned()),
                 sync_cell(a),
-                Cell::from(phase_name(a.phase())),
+                Cell::from(a.phase().word()),
                 Cell::from(ago(app.now_ms, a.last_seen_unix_ms)),
             ])
         })
@@ -559,7 +548,7 @@ fn render_agent_detail(
     }
     lines.push(field("sent", a.version.clone()));
     lines.push(field("enforcing", a.last_good_version.clone()));
-    lines.push(field("phase", phase_name(a.phase())));
+    lines.push(field("phase", a.phase().word()));
     lines.push(field("last seen", ago(app.now_ms, a.last_seen_unix_ms)));
     for (k, v) in &a.labels {
         lines.push(field("label", format!("{k}={v}")));

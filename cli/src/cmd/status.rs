@@ -66,6 +66,14 @@ pub fn run(args: Args) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The slow-start weight as a percentage (`-` before its lifecycle said one).
+fn weight(a: &pb::AgentView) -> String {
+    match (a.phase(), a.weight_milli_percent) {
+        (pb::Phase::Unspecified | pb::Phase::Starting, _) => "-".into(),
+        (_, w) => format!("{}%", w / 1000),
+    }
+}
+
 /// Whether a view filtered by service holds nothing at all: no agent, rule,
 /// fuse or limit (the service is unknown, or misspelt).
 fn knows_nothing_of(view: &pb::ClusterView) -> bool {
@@ -93,6 +101,8 @@ pub fn render(view: &pb::ClusterView) -> String {
                 "INSTANCE",
                 "ADDRESS",
                 "STATE",
+                "PHASE",
+                "WEIGHT",
                 "VERSION",
                 "LAST GOOD",
                 "DETAIL",
@@ -115,6 +125,8 @@ pub fn render(view: &pb::ClusterView) -> String {
                     a.address.clone()
                 },
                 sync_name(a.state()).into(),
+                a.phase().word().into(),
+                weight(a),
                 short(&a.version),
                 short(&a.last_good_version),
                 detail,
@@ -193,6 +205,8 @@ mod tests {
                     state: pb::SyncState::Synced as i32,
                     version: "aaaaaaaaaaaaaaaa".into(),
                     last_good_version: "aaaaaaaaaaaaaaaa".into(),
+                    phase: pb::Phase::Warming as i32,
+                    weight_milli_percent: 40_000,
                     ..Default::default()
                 },
                 pb::AgentView {
@@ -225,12 +239,14 @@ mod tests {
         let text = render(&view);
         assert!(text.contains("Applied version: 0123456789abcdef"), "{text}");
         assert!(
-            text.contains("order-1   127.0.0.1:9001  SYNCED  aaaaaaaaaaaa  aaaaaaaaaaaa"),
+            text.contains(
+                "order-1   127.0.0.1:9001  SYNCED  WARMING  40%     aaaaaaaaaaaa  aaaaaaaaaaaa"
+            ),
             "{text}"
         );
         assert!(
             text.contains(
-                "NACKED  bbbbbbbbbbbb  aaaaaaaaaaaa  rule order/crm: scope cluster needs redis"
+                "NACKED  -        -       bbbbbbbbbbbb  aaaaaaaaaaaa  rule order/crm: scope cluster needs redis"
             ),
             "{text}"
         );

@@ -51,7 +51,7 @@ pub fn render(
             format!("{}/{}", a.service, a.instance),
             sync_name(a.state()),
             short(&a.last_good_version),
-            phase_name(a.phase()),
+            pb::Phase::word(a.phase()),
         );
         if !a.reason.is_empty() {
             let _ = write!(line, "  reason: {}", a.reason);
@@ -146,17 +146,6 @@ pub fn sync_name(s: pb::SyncState) -> &'static str {
         pb::SyncState::Nacked => "NACKED",
         pb::SyncState::Disconnected => "DISCONNECTED",
         pb::SyncState::Unspecified => "UNKNOWN",
-    }
-}
-
-fn phase_name(p: pb::Phase) -> &'static str {
-    match p {
-        pb::Phase::Unspecified => "",
-        pb::Phase::Starting => "STARTING",
-        pb::Phase::Warming => "WARMING",
-        pb::Phase::Ready => "READY",
-        pb::Phase::Draining => "DRAINING",
-        pb::Phase::Stopped => "STOPPED",
     }
 }
 
