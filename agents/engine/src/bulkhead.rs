@@ -100,19 +100,40 @@ struct InstanceEntry {
 #[derive(Debug)]
 pub(crate) struct Bulkhead {
     pub(crate) spec: BulkheadSpec,
-    single: Cell,
-    keyed: RwLock<HashMap<Box<str>, InstanceEntry, FxBuild>>,
+    /// The permit pools, shared with the bulkhead this one resized (see
+    /// [`Bulkhead::resized`]).
+    single: Arc<Cell>,
+    keyed: Arc<RwLock<HashMap<Box<str>, InstanceEntry, FxBuild>>>,
     pub(crate) counters: Counters,
 }
 
 impl Bulkhead {
     pub(crate) fn new(spec: BulkheadSpec) -> Self {
         Self {
-            single: Cell::new(),
+            single: Arc::new(Cell::new()),
             spec,
-            keyed: RwLock::default(),
+            keyed: Arc::default(),
             counters: Counters::default(),
         }
+    }
+
+    /// A bulkhead with new parameters over the permit pools of `before` (same
+    /// scopes): calls in flight keep their permits and count against the new
+    /// limit at once, so a shrink never admits above the new limit; a release
+    /// by a call admitted before wakes the new bulkhead's waiters.
+    pub(crate) fn resized(spec: BulkheadSpec, before: &Bulkhead) -> Self {
+        Self {
+            single: before.single.clone(),
+            keyed: before.keyed.clone(),
+            spec,
+            counters: Counters::default(),
+        }
+    }
+
+    /// Whether [`Bulkhead::resized`] can keep `self`'s pools for `spec`: the
+    /// scopes are keyed the same way.
+    pub(crate) fn can_resize_to(&self, spec: &BulkheadSpec) -> bool {
+        self.spec.key == spec.key
     }
 
     /// The scope for a call to `instance` (outbound) at `path`.

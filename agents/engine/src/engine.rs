@@ -456,12 +456,31 @@ impl Engine {
                         state
                     }
                     None => {
-                        let state = State::new(
-                            &rule.spec,
-                            &rule.name,
-                            &self.shared.events,
-                            self.shared.cluster.as_ref(),
-                        );
+                        let state = match (by_name.get(&*rule.name), &rule.spec) {
+                            // A resized bulkhead keeps one permit pool: in-flight
+                            // calls count against the new limit.
+                            (Some(&i), RuleSpec::Bulkhead(spec))
+                                if old.config.rules[i].direction == rule.direction =>
+                            {
+                                match &old.states[i] {
+                                    State::Bulkhead(b) if b.can_resize_to(spec) => State::Bulkhead(
+                                        Arc::new(Bulkhead::resized(spec.clone(), b)),
+                                    ),
+                                    _ => State::new(
+                                        &rule.spec,
+                                        &rule.name,
+                                        &self.shared.events,
+                                        self.shared.cluster.as_ref(),
+                                    ),
+                                }
+                            }
+                            _ => State::new(
+                                &rule.spec,
+                                &rule.name,
+                                &self.shared.events,
+                                self.shared.cluster.as_ref(),
+                            ),
+                        };
                         // A rule whose parameters changed keeps its latch: a
                         // config swap is not a release.
                         if let Some(&i) = by_name.get(&*rule.name) {

@@ -502,15 +502,16 @@ async fn reload_keeps_the_state_of_unchanged_rules() {
     assert!(matches!(d, Decision::Wait(_)), "still full after reload");
     drop(d);
     assert_eq!(stats(&e, "order/slow_calls").in_flight, 2);
-    // Changed parameters: a fresh bulkhead.
+    // Changed parameters: a new bulkhead over the same permit pool (a resize
+    // never admits above the new limit; issue 12): the 2 in flight still count.
     let applied = e
         .apply_target(&target(
             &BULKHEAD.replace("max_concurrent: 2", "max_concurrent: 3"),
         ))
         .unwrap();
     assert_eq!((applied.kept, applied.fresh), (0, 1));
-    assert_eq!(stats(&e, "order/slow_calls").in_flight, 0);
-    // Old admissions release into the old state without disturbing the new one.
+    assert_eq!(stats(&e, "order/slow_calls").in_flight, 2);
+    // Old admissions give their permits back to the shared pool.
     drop((a, b));
     assert_eq!(stats(&e, "order/slow_calls").in_flight, 0);
 }
@@ -1066,4 +1067,41 @@ async fn a_config_swap_that_changes_a_latched_rule_keeps_its_latch() {
     let gone = changed.split("limits:").next().unwrap().to_owned();
     e.apply_target(&target(&gone)).unwrap();
     assert_eq!(e.latches(T0).len(), 1);
+}
+
+// === Resizing a bulkhead ===
+
+fn one_bulkhead(max: u32) -> String {
+    format!(
+        "service: order\nbulkheads:\n- rule: order/calls\n  on: {{path: {{kind: PATH_KIND_PREFIX, value: /x}}}}\n  max_concurrent: {max}\n"
+    )
+}
+
+/// Shrinking a bulkhead under load keeps one permit pool: the calls in flight
+/// count against the new limit, so it admits nothing until fewer than the new
+/// limit are in flight (before, a new bulkhead stood beside the old one and the
+/// upstream saw old + new in flight).
+#[tokio::test(start_paused = true)]
+async fn a_shrunk_bulkhead_never_admits_above_its_new_limit() {
+    let e = engine(&one_bulkhead(10));
+    let mut held: Vec<Admission> = (0..10).map(|_| now(&e, "/x/1", None).unwrap()).collect();
+    assert!(now(&e, "/x/1", None).is_err(), "10 of 10 in flight");
+
+    e.apply_target(&target(&one_bulkhead(5))).unwrap();
+    assert!(
+        now(&e, "/x/1", None).is_err(),
+        "10 in flight, the new limit is 5"
+    );
+    // Calls admitted before finish: their permits go back to the shared pool.
+    held.truncate(4);
+    let fifth = now(&e, "/x/1", None).expect("4 in flight: one more fits under 5");
+    assert!(now(&e, "/x/1", None).is_err(), "5 of 5 in flight");
+    assert_eq!(stats(&e, "order/calls").in_flight, 5);
+
+    // Growing keeps the pool too: 5 in flight, 3 more fit under 8, not 8.
+    e.apply_target(&target(&one_bulkhead(8))).unwrap();
+    let more: Vec<Admission> = (0..3).map(|_| now(&e, "/x/1", None).unwrap()).collect();
+    assert!(now(&e, "/x/1", None).is_err(), "8 of 8 in flight");
+    drop((held, fifth, more));
+    assert_eq!(stats(&e, "order/calls").in_flight, 0);
 }
