@@ -40,6 +40,12 @@ struct Args {
     #[arg(long, env = "GOV_ADMIN_LISTEN", default_value = "127.0.0.1:15000")]
     admin_listen: SocketAddr,
 
+    /// Allow `--admin-listen` on an address other than loopback (`/shutdown`
+    /// stops the agent, `/metrics` shows the traffic): only behind a network
+    /// that only the platform reaches.
+    #[arg(long, env = "GOV_ADMIN_ALLOW_REMOTE")]
+    admin_allow_remote: bool,
+
     /// The target config (YAML or JSON, as `govc compile` prints it), reloaded when
     /// the file changes.
     #[arg(long, env = "GOV_CONFIG")]
@@ -127,6 +133,13 @@ fn main() -> ExitCode {
         }
     };
     init_tracing();
+    if !args.admin_listen.ip().is_loopback() && !args.admin_allow_remote {
+        eprintln!(
+            "error: --admin-listen {} is not a loopback address; the admin listener can stop the agent (POST /shutdown)\n  help: listen on 127.0.0.1, or add --admin-allow-remote (GOV_ADMIN_ALLOW_REMOTE) if only the platform can reach that address",
+            args.admin_listen
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
 
     let runtime = if args.worker_threads <= 1 {
         tokio::runtime::Builder::new_current_thread()

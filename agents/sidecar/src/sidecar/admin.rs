@@ -103,6 +103,16 @@ impl Admin {
                 );
                 response
             }
+            // A browser sends `origin` (and `sec-fetch-*`) with every
+            // cross-site POST: a web page on this host must not stop the agent
+            // with a form. Tools (curl, the platform's preStop) send neither.
+            (&Method::POST, "/shutdown") if from_a_browser(req.headers()) => {
+                tracing::warn!("refused POST /shutdown from a browser page");
+                text(
+                    StatusCode::FORBIDDEN,
+                    "forbidden: /shutdown does not take requests from web pages; send SIGTERM or POST without an origin\n".into(),
+                )
+            }
             (&Method::POST, "/shutdown") => {
                 tracing::info!("shutdown requested on the admin listener");
                 self.stop.cancel();
@@ -118,6 +128,13 @@ impl Admin {
             ),
         }
     }
+}
+
+/// Whether a request carries what browsers add to page-initiated requests.
+fn from_a_browser(headers: &http::HeaderMap) -> bool {
+    headers.contains_key(header::ORIGIN)
+        || headers.contains_key("sec-fetch-site")
+        || headers.contains_key("sec-fetch-mode")
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {

@@ -321,6 +321,22 @@ async fn admin_answers_live_ready_and_shutdown_drains_in_flight_requests() {
     while up.received() == 0 {
         tokio::time::sleep(ms(5)).await;
     }
+    // A web page's form post (it carries an origin) does not stop the agent.
+    let mut form = Request::post(agent.admin_url("/shutdown"))
+        .header("origin", "http://evil.example")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Full::new(Bytes::from_static(b"x=1")))
+        .unwrap();
+    let refused = client
+        .send(std::mem::replace(&mut form, Request::new(Full::default())))
+        .await
+        .unwrap();
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        client.get(&agent.admin_url("/ready")).await.unwrap().status,
+        StatusCode::OK,
+        "still serving"
+    );
     let reply = client
         .post(&agent.admin_url("/shutdown"), "")
         .await
@@ -345,4 +361,19 @@ async fn admin_answers_live_ready_and_shutdown_drains_in_flight_requests() {
     tokio::time::timeout(Duration::from_secs(10), agent.sidecar.stopped())
         .await
         .expect("the agent stops after POST /shutdown");
+}
+
+/// The admin listener can stop the agent: a non-loopback `--admin-listen` is a
+/// usage error (exit 64, before anything is bound) unless allowed by flag.
+#[test]
+fn a_remote_admin_listener_needs_an_explicit_flag() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gov-agent"))
+        .args(["--service", "x", "--upstream", "127.0.0.1:1"])
+        .args(["--admin-listen", "0.0.0.0:0", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not a loopback address"), "{stderr}");
+    assert!(stderr.contains("--admin-allow-remote"), "{stderr}");
 }
