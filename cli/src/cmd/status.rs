@@ -54,7 +54,10 @@ pub fn run(args: Args) -> ExitCode {
         return ExitCode::FAILURE;
     }
     match args.output {
-        Output::Json => match serde_json::to_string_pretty(&view) {
+        Output::Json => match serde_json::to_value(&view)
+            .map(table_words)
+            .and_then(|v| serde_json::to_string_pretty(&v))
+        {
             Ok(json) => println!("{json}"),
             Err(e) => {
                 eprintln!("error: cannot encode the view: {e}");
@@ -64,6 +67,52 @@ pub fn run(args: Args) -> ExitCode {
         Output::Text => print!("{}", render(&view)),
     }
     ExitCode::SUCCESS
+}
+
+/// `value` with the words the tables print (`SYNCED`, `READY`, `OPEN`,
+/// `bulkhead`) in place of the proto enum names (`SYNC_STATE_SYNCED`, ...), so
+/// that a script reads what a person reads.
+fn table_words(mut value: serde_json::Value) -> serde_json::Value {
+    let mut words: Vec<(&str, &str)> = Vec::new();
+    for n in 0..=5 {
+        if let Ok(s) = pb::SyncState::try_from(n) {
+            words.push((s.as_str_name(), sync_name(s)));
+        }
+        if let Ok(p) = pb::Phase::try_from(n) {
+            words.push((p.as_str_name(), p.word()));
+        }
+        if let Ok(f) = pb::FuseState::try_from(n) {
+            words.push((f.as_str_name(), fuse_word(f)));
+        }
+    }
+    for n in 0..=8 {
+        if let Ok(k) = pb::RuleKind::try_from(n) {
+            words.push((k.as_str_name(), k.word()));
+        }
+    }
+    fn walk(v: &mut serde_json::Value, words: &[(&str, &str)]) {
+        match v {
+            serde_json::Value::String(s) => {
+                if let Some((_, w)) = words.iter().find(|(name, _)| name == s) {
+                    *s = (*w).to_owned();
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|i| walk(i, words)),
+            serde_json::Value::Object(map) => map.values_mut().for_each(|i| walk(i, words)),
+            _ => {}
+        }
+    }
+    walk(&mut value, &words);
+    value
+}
+
+/// A fuse state as the table prints it.
+fn fuse_word(state: pb::FuseState) -> &'static str {
+    match state {
+        pb::FuseState::HalfOpen => "HALF-OPEN",
+        pb::FuseState::Closed => "CLOSED",
+        _ => "OPEN",
+    }
 }
 
 /// The slow-start weight as a percentage (`-` before its lifecycle said one).
@@ -147,11 +196,7 @@ pub fn render(view: &pb::ClusterView) -> String {
         for f in &view.fuses {
             rows.push(vec![
                 f.rule.clone(),
-                match f.state() {
-                    pb::FuseState::HalfOpen => "HALF-OPEN",
-                    _ => "OPEN",
-                }
-                .into(),
+                fuse_word(f.state()).into(),
                 human_ms(now.saturating_sub(f.since_unix_ms)),
                 if f.remaining_ms == 0 {
                     "manual (govc release fuse)".into()
@@ -191,6 +236,30 @@ pub fn render(view: &pb::ClusterView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_uses_the_words_of_the_tables() {
+        let view = pb::ClusterView {
+            agents: vec![pb::AgentView {
+                state: pb::SyncState::Synced as i32,
+                phase: pb::Phase::Warming as i32,
+                ..Default::default()
+            }],
+            fuses: vec![pb::FuseView {
+                state: pb::FuseState::HalfOpen as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let json = table_words(serde_json::to_value(&view).unwrap()).to_string();
+        assert!(json.contains("\"SYNCED\""), "{json}");
+        assert!(json.contains("\"WARMING\""), "{json}");
+        assert!(json.contains("\"HALF-OPEN\""), "{json}");
+        assert!(
+            !json.contains("SYNC_STATE_") && !json.contains("PHASE_"),
+            "{json}"
+        );
+    }
 
     #[test]
     fn status_reads_like_proxy_status() {
