@@ -856,7 +856,8 @@ async fn a_config_the_agent_cannot_enforce_is_nacked_by_rule_and_the_old_one_sta
     wait_until(
         "the intruder refused",
         Duration::from_secs(10),
-        async || read(&intruder.log).contains("the control plane refused the stream"),
+        // Said as what it is, with what to check (not "unavailable").
+        async || read(&intruder.log).contains("the control plane refused this agent's token"),
     )
     .await;
     intruder.stop().await;

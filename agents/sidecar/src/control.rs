@@ -328,6 +328,24 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
         match session(&engine, &options, &mut current, &shutdown, &mut backoff).await {
             Ok(()) if shutdown.is_cancelled() => return,
             Ok(()) => tracing::info!("the control plane closed the stream; reconnecting"),
+            // Refusals say what to fix: they do not heal by retrying.
+            Err(ControlError::Refused(status))
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+                ) =>
+            {
+                tracing::error!(
+                    reason = %status.message(),
+                    "the control plane refused this agent's token; enforcing the last good config until it is fixed (check --control-plane-token-file against govd --agent-token-file)"
+                )
+            }
+            Err(ControlError::Refused(status)) if status.code() == tonic::Code::AlreadyExists => {
+                tracing::error!(
+                    reason = %status.message(),
+                    "the control plane refused this agent's name; enforcing the last good config (give each agent its own --instance)"
+                )
+            }
             Err(error) => {
                 tracing::warn!(%error, "control plane unavailable; enforcing the last good config")
             }
