@@ -4,8 +4,8 @@
 //! `sync batch 100ms`, one client, against a `redis-server` on 127.0.0.1
 //! at `GOV_BENCH_REDIS` (default `redis://127.0.0.1:6390`). Prints p50/p99.
 //!
-//! Run: see /work/notes/BENCH-redis.md (starts redis-server, runs this with
-//! `cargo bench -j2 -p gov-agent --bench cluster`, then redis-benchmark).
+//! Run: the command in BENCHMARKS.md, "Cluster limits in Redis" (starts
+//! redis-server on loopback, then `cargo bench -j2 -p gov-agent --bench cluster`).
 
 #![allow(
     clippy::unwrap_used,
