@@ -105,14 +105,13 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
 }
 
 /// Whether `path` (starting with `/`) is already normal: no escape, no empty,
-/// `.` or `..` segment. A `\\` is an error.
+/// `.` or `..` segment. A `\` is an error (and [`decode_unreserved`] refuses
+/// one after an early `false` too).
 fn is_normal(path: &[u8]) -> Result<bool, PathError> {
-    if path.contains(&b'\\') {
-        return Err(PathError::Backslash);
-    }
     let mut i = 0;
     while i < path.len() {
         match path[i] {
+            b'\\' => return Err(PathError::Backslash),
             b'%' => return Ok(false),
             b'/' => {
                 // What follows this `/` up to the next one.
@@ -138,6 +137,9 @@ fn decode_unreserved(path: &[u8]) -> Result<String, PathError> {
     let mut i = 0;
     while i < path.len() {
         let b = path[i];
+        if b == b'\\' {
+            return Err(PathError::Backslash);
+        }
         if b != b'%' {
             out.push(b);
             i += 1;
@@ -228,6 +230,9 @@ mod tests {
         assert_eq!(normalize("/a%zz"), Err(PathError::BadEscape));
         assert_eq!(normalize("/x\\..\\lim"), Err(PathError::Backslash));
         assert_eq!(normalize("/x/..\\lim"), Err(PathError::Backslash));
+        // A backslash after what makes the path not normal is still seen.
+        assert_eq!(normalize("/%41/x\\y"), Err(PathError::Backslash));
+        assert_eq!(normalize("//x\\y"), Err(PathError::Backslash));
         assert_eq!(normalize("/../lim"), Err(PathError::AboveRoot));
         assert_eq!(normalize("/a/../../lim"), Err(PathError::AboveRoot));
         assert_eq!(normalize("/%2e%2e/lim"), Err(PathError::AboveRoot));
