@@ -560,6 +560,55 @@ async fn call(outbound: SocketAddr, service: &str) -> (u16, String) {
         .unwrap_or((0, String::new()))
 }
 
+/// Applies to `govd` a policy of `inv` (its body as given) and a plain `web`.
+async fn apply_inv_and_web(govd: &Govd, dir: &Path, inv: &str) {
+    let text = format!("service inv {{\n{inv}}}\nservice web {{\n  capacity workers 10\n}}\n");
+    let policy = write(dir, "p.gov", &text);
+    let applied = govc(govd, Some(TOKEN), &["apply", &policy]).await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+}
+
+/// An instance `inv-NAME` of `inv` whose upstream answers `NAME`.
+async fn inv_instance(govd: &Govd, dir: &Path, name: &'static str) -> Agent {
+    agent("inv", &format!("inv-{name}"))
+        .upstream(named_upstream(name).await)
+        .control_plane(govd)
+        .start(dir)
+        .await
+}
+
+/// The instances of `inv` (by their answer) `caller` reaches, calling until it
+/// has seen `want` of them (at most 200 calls).
+async fn reached(caller: SocketAddr, want: usize) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        if let (200, body) = call(caller, "inv").await {
+            seen.insert(body);
+        }
+        if seen.len() >= want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    seen.into_iter().collect()
+}
+
+/// 300 calls to `inv` through `caller`, 5 ms apart, in the background: the
+/// ones that failed.
+fn load_through(caller: SocketAddr) -> tokio::task::JoinHandle<Vec<(u16, String)>> {
+    tokio::spawn(async move {
+        let mut failed = Vec::new();
+        for _ in 0..300 {
+            let (status, body) = call(caller, "inv").await;
+            if status != 200 {
+                failed.push((status, body));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        failed
+    })
+}
+
 /// One HTTP/1.1 GET: (status, `gov-rejected-by` header, body).
 async fn http_get(addr: SocketAddr, path: &str) -> (u16, Option<String>, String) {
     let attempt = async {
@@ -1337,13 +1386,7 @@ async fn an_agent_restart_never_drops_a_manual_fuse_from_govd_unaudited() {
 async fn callers_learn_instances_from_govd_and_lose_none_when_one_stops() {
     let dir = tempfile::tempdir().unwrap();
     let govd = control_plane(&dir.path().join("state")).start().await;
-    let policy = write(
-        dir.path(),
-        "p.gov",
-        "service inv {\n  capacity workers 10\n}\nservice web {\n  capacity workers 10\n}\n",
-    );
-    let applied = govc(&govd, Some(TOKEN), &["apply", &policy]).await;
-    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    apply_inv_and_web(&govd, dir.path(), "  capacity workers 10\n").await;
 
     let web = agent("web", "web-1")
         .control_plane(&govd)
@@ -1354,47 +1397,18 @@ async fn callers_learn_instances_from_govd_and_lose_none_when_one_stops() {
     // Before any instance registered, govd knows none: the call cannot be routed.
     assert_eq!(call(caller, "inv").await.0, 502);
 
-    let a = agent("inv", "inv-a")
-        .upstream(named_upstream("a").await)
-        .control_plane(&govd)
-        .start(dir.path())
-        .await;
-    let b = agent("inv", "inv-b")
-        .upstream(named_upstream("b").await)
-        .control_plane(&govd)
-        .start(dir.path())
-        .await;
+    let a = inv_instance(&govd, dir.path(), "a").await;
+    let b = inv_instance(&govd, dir.path(), "b").await;
     // Both registered: the caller reaches both (bounded: 200 calls).
-    let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..200 {
-        let (status, body) = call(caller, "inv").await;
-        if status == 200 {
-            seen.insert(body);
-        }
-        if seen.len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     assert_eq!(
-        seen.into_iter().collect::<Vec<_>>(),
+        reached(caller, 2).await,
         ["a", "b"],
         "the caller reaches both instances govd registered"
     );
 
     // Stop `b` under a bounded load: it deregisters (DRAINING), govd pushes the
     // set without it, and a call that still finds its port closed connects to `a`.
-    let load = tokio::spawn(async move {
-        let mut failed = Vec::new();
-        for _ in 0..300 {
-            let (status, body) = call(caller, "inv").await;
-            if status != 200 {
-                failed.push((status, body));
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        failed
-    });
+    let load = load_through(caller);
     tokio::time::sleep(Duration::from_millis(300)).await;
     b.stop().await;
     let failed = load.await.unwrap();
@@ -1424,13 +1438,7 @@ async fn a_caller_restarted_while_govd_is_down_keeps_the_last_endpoints() {
     let dir = tempfile::tempdir().unwrap();
     let govd = control_plane(&dir.path().join("state")).start().await;
     let url = govd.url();
-    let policy = write(
-        dir.path(),
-        "p.gov",
-        "service inv {\n  capacity workers 10\n}\nservice web {\n  capacity workers 10\n}\n",
-    );
-    let applied = govc(&govd, Some(TOKEN), &["apply", &policy]).await;
-    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    apply_inv_and_web(&govd, dir.path(), "  capacity workers 10\n").await;
     let web_state = dir.path().join("web-state");
     let web = agent("web", "web-1")
         .control_plane(&govd)
@@ -1438,21 +1446,13 @@ async fn a_caller_restarted_while_govd_is_down_keeps_the_last_endpoints() {
         .state_dir(&web_state)
         .start(dir.path())
         .await;
-    let a = agent("inv", "inv-a")
-        .upstream(named_upstream("a").await)
-        .control_plane(&govd)
-        .start(dir.path())
-        .await;
+    let a = inv_instance(&govd, dir.path(), "a").await;
     let caller = web.outbound.unwrap();
-    let mut reached = false;
-    for _ in 0..200 {
-        if call(caller, "inv").await == (200, "a".to_owned()) {
-            reached = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(reached, "the caller reaches `a` through govd's registry");
+    assert_eq!(
+        reached(caller, 1).await,
+        ["a"],
+        "the caller reaches `a` through govd's registry"
+    );
 
     govd.kill().await;
     web.stop().await;
@@ -1478,13 +1478,12 @@ async fn a_caller_restarted_while_govd_is_down_keeps_the_last_endpoints() {
 async fn a_new_instance_gets_no_call_before_it_is_ready() {
     let dir = tempfile::tempdir().unwrap();
     let govd = control_plane(&dir.path().join("state")).start().await;
-    let policy = write(
+    apply_inv_and_web(
+        &govd,
         dir.path(),
-        "p.gov",
-        "service inv {\n  warmup {\n    ready when http GET \"/ready\" is 200 every 1s after 0s\n  }\n}\nservice web {\n  capacity workers 10\n}\n",
-    );
-    let applied = govc(&govd, Some(TOKEN), &["apply", &policy]).await;
-    assert_eq!(applied.code, 0, "{}", applied.stderr);
+        "  warmup {\n    ready when http GET \"/ready\" is 200 every 1s after 0s\n  }\n",
+    )
+    .await;
     let web = agent("web", "web-1")
         .control_plane(&govd)
         .outbound()
@@ -1553,51 +1552,17 @@ async fn a_new_instance_gets_no_call_before_it_is_ready() {
 async fn a_killed_instance_costs_its_callers_no_failed_get() {
     let dir = tempfile::tempdir().unwrap();
     let govd = control_plane(&dir.path().join("state")).start().await;
-    let policy = write(
-        dir.path(),
-        "p.gov",
-        "service inv {\n  capacity workers 10\n}\nservice web {\n  capacity workers 10\n}\n",
-    );
-    let applied = govc(&govd, Some(TOKEN), &["apply", &policy]).await;
-    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    apply_inv_and_web(&govd, dir.path(), "  capacity workers 10\n").await;
     let web = agent("web", "web-1")
         .control_plane(&govd)
         .outbound()
         .start(dir.path())
         .await;
     let caller = web.outbound.unwrap();
-    let a = agent("inv", "inv-a")
-        .upstream(named_upstream("a").await)
-        .control_plane(&govd)
-        .start(dir.path())
-        .await;
-    let b = agent("inv", "inv-b")
-        .upstream(named_upstream("b").await)
-        .control_plane(&govd)
-        .start(dir.path())
-        .await;
-    let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..200 {
-        if let (200, body) = call(caller, "inv").await {
-            seen.insert(body);
-        }
-        if seen.len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(seen.len(), 2, "{seen:?}");
-    let load = tokio::spawn(async move {
-        let mut failed = Vec::new();
-        for _ in 0..300 {
-            let (status, body) = call(caller, "inv").await;
-            if status != 200 {
-                failed.push((status, body));
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        failed
-    });
+    let a = inv_instance(&govd, dir.path(), "a").await;
+    let b = inv_instance(&govd, dir.path(), "b").await;
+    assert_eq!(reached(caller, 2).await, ["a", "b"]);
+    let load = load_through(caller);
     tokio::time::sleep(Duration::from_millis(300)).await;
     b.kill().await;
     let failed = load.await.unwrap();
@@ -1649,52 +1614,27 @@ async fn a_second_agent_with_a_live_name_is_refused() {
 async fn wait_for_gov_ends_when_every_caller_has_dropped_the_instance() {
     let dir = tempfile::tempdir().unwrap();
     let govd = control_plane(&dir.path().join("state")).start().await;
-    let policy = write(
+    apply_inv_and_web(
+        &govd,
         dir.path(),
-        "p.gov",
-        "service inv {\n  shutdown {\n    deregister\n    wait for gov\n    drain 5s\n  }\n}\nservice web {\n  capacity workers 10\n}\n",
-    );
-    let applied = govc(&govd, Some(TOKEN), &["apply", &policy]).await;
-    assert_eq!(applied.code, 0, "{}", applied.stderr);
+        "  shutdown {\n    deregister\n    wait for gov\n    drain 5s\n  }\n",
+    )
+    .await;
     let web = agent("web", "web-1")
         .control_plane(&govd)
         .outbound()
         .start(dir.path())
         .await;
     let caller = web.outbound.unwrap();
-    let a = agent("inv", "inv-a")
-        .upstream(named_upstream("a").await)
-        .control_plane(&govd)
-        .start(dir.path())
-        .await;
-    let b = agent("inv", "inv-b")
-        .upstream(named_upstream("b").await)
-        .control_plane(&govd)
-        .start(dir.path())
-        .await;
-    let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..200 {
-        if let (200, body) = call(caller, "inv").await {
-            seen.insert(body);
-        }
-        if seen.len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(seen.len(), 2, "both instances registered: {seen:?}");
+    let a = inv_instance(&govd, dir.path(), "a").await;
+    let b = inv_instance(&govd, dir.path(), "b").await;
+    assert_eq!(
+        reached(caller, 2).await,
+        ["a", "b"],
+        "both instances registered"
+    );
 
-    let load = tokio::spawn(async move {
-        let mut failed = Vec::new();
-        for _ in 0..300 {
-            let (status, body) = call(caller, "inv").await;
-            if status != 200 {
-                failed.push((status, body));
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        failed
-    });
+    let load = load_through(caller);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let log = b.log.clone();
     b.stop().await;
