@@ -21,6 +21,14 @@ pub(crate) static HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
+/// The headers that frame or route a message: the agent writes these itself, and
+/// `connection` can neither remove nor add them (both proxy paths).
+pub(crate) static FRAMING: [HeaderName; 3] = [
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::HOST,
+];
+
 /// Removes the hop-by-hop headers from `headers`. `te` is kept only as `te: trailers`,
 /// the one value that must reach an HTTP/2 (gRPC) upstream.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -33,10 +41,8 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .flat_map(|v| v.split(','))
             .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
             .collect();
-        // Framing and routing are the agent's to write: `connection` never
-        // removes them (the HTTP/1 path's rule, `h1::codec::write_request_head`).
         for name in named {
-            if name != header::HOST && name != header::CONTENT_LENGTH {
+            if !FRAMING.contains(&name) {
                 headers.remove(name);
             }
         }

@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use http::{Method, StatusCode};
 use smallvec::SmallVec;
 
-use super::super::headers::HOP_BY_HOP;
+use super::super::headers::{FRAMING, HOP_BY_HOP};
 use gov_engine::path::{PathError, normalize};
 
 /// Most header fields of a request head (more: 431, as Envoy's default).
@@ -552,9 +552,9 @@ fn hop_by_hop(name: &str, conn: &[&[u8]]) -> bool {
 /// Whether `name` frames or routes a message: the agent writes these itself, and
 /// `connection` can neither remove nor add them.
 fn is_framing(name: &str) -> bool {
-    name.eq_ignore_ascii_case("content-length")
-        || name.eq_ignore_ascii_case("transfer-encoding")
-        || name.eq_ignore_ascii_case("host")
+    FRAMING
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h.as_str()))
 }
 
 /// Writes the head sent upstream for `req`: the request line with the normalized
