@@ -11,6 +11,7 @@
 
 pub mod flag;
 pub mod path;
+pub mod report;
 mod words;
 
 /// Generated types of package `gov.v1`, with the tonic client and server when the

@@ -98,7 +98,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("{:?}", miette::Report::new(error));
+            gov_proto::report::plain(&error);
             ExitCode::FAILURE
         }
     }

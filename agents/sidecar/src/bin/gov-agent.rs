@@ -176,7 +176,7 @@ async fn run(args: Args) -> ExitCode {
         None => None,
         Some(Ok(store)) => Some(store),
         Some(Err(error)) => {
-            report(&error);
+            gov_proto::report::plain(&error);
             return ExitCode::from(EXIT_USAGE);
         }
     };
@@ -215,7 +215,7 @@ async fn run(args: Args) -> ExitCode {
     let sidecar = match Sidecar::start(options).await {
         Ok(sidecar) => sidecar,
         Err(error) => {
-            report(&error);
+            gov_proto::report::plain(&error);
             return ExitCode::FAILURE;
         }
     };
@@ -296,23 +296,6 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-}
-
-/// Prints an error with its code, causes and help, the way miette's plain handler
-/// would, without pulling the fancy renderer into the agent.
-fn report(error: &(dyn miette::Diagnostic + 'static)) {
-    match error.code() {
-        Some(code) => eprintln!("error[{code}]: {error}"),
-        None => eprintln!("error: {error}"),
-    }
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        eprintln!("  caused by: {cause}");
-        source = cause.source();
-    }
-    if let Some(help) = error.help() {
-        eprintln!("  help: {help}");
-    }
 }
 
 fn parse_authority(s: &str) -> Result<Authority, String> {
