@@ -111,9 +111,6 @@ fn each_source(t: &mut pb::TargetConfig, f: &mut impl FnMut(&mut Option<pb::Sour
             f(&mut trip.source);
         }
     }
-    for x in &mut t.timeouts {
-        f(&mut x.source);
-    }
     if let Some(w) = &mut t.warmup {
         f(&mut w.source);
         for s in &mut w.steps {

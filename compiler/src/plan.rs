@@ -62,7 +62,6 @@ pub enum RuleKind {
     Bulkhead,
     Limit,
     Fuse,
-    Timeout,
     Warmup,
     Shutdown,
 }
@@ -266,7 +265,6 @@ impl From<RuleKind> for pb::RuleKind {
             RuleKind::Bulkhead => pb::RuleKind::Bulkhead,
             RuleKind::Limit => pb::RuleKind::Limit,
             RuleKind::Fuse => pb::RuleKind::Fuse,
-            RuleKind::Timeout => pb::RuleKind::Timeout,
             RuleKind::Warmup => pb::RuleKind::Warmup,
             RuleKind::Shutdown => pb::RuleKind::Shutdown,
         }
@@ -445,13 +443,6 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
         push(&mut f, "recover", recover);
         push(&mut f, "reject with", x.reject_status.to_string());
         out.push((RuleKind::Fuse, x.rule.clone(), f));
-    }
-    for x in &t.timeouts {
-        let f = vec![
-            ("on".to_string(), expr_opt(x.on.as_ref())),
-            ("timeout".to_string(), fmt_ms(x.timeout_ms)),
-        ];
-        out.push((RuleKind::Timeout, x.rule.clone(), f));
     }
     if let Some(w) = &t.warmup {
         let f = w

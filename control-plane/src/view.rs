@@ -57,9 +57,6 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
         for f in &t.fuses {
             add(&f.rule, pb::RuleKind::Fuse, &f.source);
         }
-        for x in &t.timeouts {
-            add(&x.rule, pb::RuleKind::Timeout, &x.source);
-        }
     }
     let source = |kind: TripKind, rule: &str| -> Option<pb::SourceRef> {
         let (service, _) = rule.split_once('/')?;

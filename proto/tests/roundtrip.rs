@@ -9,7 +9,7 @@ use gov_proto::v1::{
     TargetConfig, Trip, TripMetric, Wait, Warmup, WarmupStep, action, match_expr, recovery,
     release, shutdown_step, warmup_step,
 };
-use gov_proto::v1::{Limit, LimitAction, LimitKey, Timeout};
+use gov_proto::v1::{Limit, LimitAction, LimitKey};
 
 fn src(line: u32, snippet: &str) -> Option<SourceRef> {
     Some(SourceRef {
@@ -202,14 +202,6 @@ fn order() -> TargetConfig {
                 })),
             }),
             reject_status: 503,
-        }],
-        timeouts: vec![Timeout {
-            rule: "order/slow_timeout".into(),
-            source: src(70, ""),
-            on: Some(prefix("/benchmark")),
-            match_name: String::new(),
-            direction: 0,
-            timeout_ms: 1500,
         }],
         warmup: Some(Warmup {
             source: src(72, "warmup { ... }"),

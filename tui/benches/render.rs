@@ -52,12 +52,7 @@ fn view(tick: u64) -> ClusterView {
             ..Default::default()
         })
         .collect();
-    let kinds = [
-        RuleKind::Bulkhead,
-        RuleKind::Limit,
-        RuleKind::Fuse,
-        RuleKind::Timeout,
-    ];
+    let kinds = [RuleKind::Bulkhead, RuleKind::Limit, RuleKind::Fuse];
     let rules = (0..RULES)
         .map(|i| {
             let kind = kinds[i % kinds.len()];

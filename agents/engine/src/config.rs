@@ -77,7 +77,6 @@ pub enum RuleKind {
     Bulkhead,
     Limit,
     Fuse,
-    Timeout,
 }
 
 impl From<RuleKind> for proto::RuleKind {
@@ -86,7 +85,6 @@ impl From<RuleKind> for proto::RuleKind {
             RuleKind::Bulkhead => proto::RuleKind::Bulkhead,
             RuleKind::Limit => proto::RuleKind::Limit,
             RuleKind::Fuse => proto::RuleKind::Fuse,
-            RuleKind::Timeout => proto::RuleKind::Timeout,
         }
     }
 }
@@ -105,7 +103,6 @@ pub enum RuleSpec {
     Bulkhead(BulkheadSpec),
     Limit(LimitSpec),
     Fuse(FuseSpec),
-    Timeout(Duration),
 }
 
 impl RuleSpec {
@@ -115,7 +112,6 @@ impl RuleSpec {
             RuleSpec::Bulkhead(_) => RuleKind::Bulkhead,
             RuleSpec::Limit(_) => RuleKind::Limit,
             RuleSpec::Fuse(_) => RuleKind::Fuse,
-            RuleSpec::Timeout(_) => RuleKind::Timeout,
         }
     }
 }
@@ -413,16 +409,6 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
                 f.direction(),
                 f.on.as_ref(),
                 RuleSpec::Fuse(fuse(&ctx, f)?),
-            )?);
-        }
-        for to in &t.timeouts {
-            let ctx = Ctx::new(&to.rule);
-            let timeout = ctx.positive_ms("timeout_ms", to.timeout_ms)?;
-            rules.push(ctx.rule(
-                to.source.as_ref(),
-                to.direction(),
-                to.on.as_ref(),
-                RuleSpec::Timeout(timeout),
             )?);
         }
 

@@ -89,13 +89,6 @@ enum State {
     Bulkhead(Arc<Bulkhead>),
     Limit(Arc<Limit>),
     Fuse(Arc<Fuse>),
-    Timeout(Arc<TimeoutState>),
-}
-
-#[derive(Debug)]
-struct TimeoutState {
-    timeout: Duration,
-    counters: Counters,
 }
 
 impl State {
@@ -115,10 +108,6 @@ impl State {
             RuleSpec::Fuse(s) => {
                 State::Fuse(Arc::new(Fuse::new(s.clone(), name.clone(), events.clone())))
             }
-            RuleSpec::Timeout(t) => State::Timeout(Arc::new(TimeoutState {
-                timeout: *t,
-                counters: Counters::default(),
-            })),
         }
     }
 
@@ -127,7 +116,7 @@ impl State {
         match self {
             State::Fuse(f) => out.extend(f.latch(now, now_unix_ms)),
             State::Limit(l) => l.latches(now, now_unix_ms, out),
-            State::Bulkhead(_) | State::Timeout(_) => {}
+            State::Bulkhead(_) => {}
         }
     }
 
@@ -145,7 +134,6 @@ impl State {
             State::Bulkhead(b) => &b.counters,
             State::Limit(l) => &l.counters,
             State::Fuse(f) => &f.counters,
-            State::Timeout(t) => &t.counters,
         }
     }
 }
@@ -243,9 +231,6 @@ enum Held {
         rule: u32,
         keyed: bool,
     },
-    Timeout {
-        rule: u32,
-    },
 }
 
 /// A keyed scope an admission holds, by rule.
@@ -258,10 +243,9 @@ enum Keyed {
 impl Held {
     fn rule(&self) -> u32 {
         match self {
-            Held::Fuse { rule, .. }
-            | Held::Limit { rule, .. }
-            | Held::Bulkhead { rule, .. }
-            | Held::Timeout { rule } => *rule,
+            Held::Fuse { rule, .. } | Held::Limit { rule, .. } | Held::Bulkhead { rule, .. } => {
+                *rule
+            }
         }
     }
 }
@@ -650,7 +634,6 @@ impl Engine {
                         s.limit_engaged = l.engaged();
                     }
                     State::Fuse(f) => s.fuse = Some(f.state()),
-                    State::Timeout(_) => {}
                 }
                 s
             })
@@ -834,14 +817,11 @@ fn admit_matched(snap: Arc<Snapshot>, matched: &Matched, req: &RequestInfo<'_>) 
         admitted: false,
         recorded: false,
     };
-    // Timeouts first (they hold nothing), and whether the consumer is needed.
+    // Bulkhead timeouts first (they hold nothing), and whether the consumer
+    // is needed.
     let mut consumer_keyed = false;
     for &id in matched {
         match &snap.states[id.0 as usize] {
-            State::Timeout(t) => {
-                admission.shorten_timeout(&snap, t.timeout, id.0);
-                admission.held.push(Held::Timeout { rule: id.0 });
-            }
             State::Bulkhead(b) => {
                 if let Some(t) = b.spec.timeout {
                     admission.shorten_timeout(&snap, t, id.0);
@@ -953,10 +933,9 @@ fn remaining(
     steps
 }
 
-/// The deadline rule `rule` sets: a timeout's, or a bulkhead's `timeout`.
+/// The deadline rule `rule` sets: a bulkhead's `timeout`.
 fn rule_timeout(snap: &Snapshot, rule: u32) -> Option<Duration> {
     match snap.states.get(rule as usize)? {
-        State::Timeout(t) => Some(t.timeout),
         State::Bulkhead(b) => b.spec.timeout,
         State::Limit(_) | State::Fuse(_) => None,
     }
@@ -983,7 +962,6 @@ impl Snapshot {
             (State::Bulkhead(b), _) => b.spec.reject_status,
             (State::Limit(l), _) => l.spec.reject_status,
             (State::Fuse(f), _) => f.spec.reject_status,
-            (State::Timeout(_), _) => StatusCode::GATEWAY_TIMEOUT,
         };
         Rejection {
             rule: self.config.rules[rule as usize].name.clone(),

@@ -392,11 +392,12 @@ mod tests {
         }))
     }
 
-    fn timeout(name: &str, on: proto::MatchExpr) -> proto::Timeout {
-        proto::Timeout {
+    /// A rule that only matches: a bulkhead, the simplest kind.
+    fn rule(name: &str, on: proto::MatchExpr) -> proto::Bulkhead {
+        proto::Bulkhead {
             rule: format!("svc/{name}"),
             on: Some(on),
-            timeout_ms: 100,
+            max_concurrent: 1,
             ..Default::default()
         }
     }
@@ -433,12 +434,12 @@ mod tests {
     fn matches_paths_methods_headers_consumers() {
         let t = proto::TargetConfig {
             service: "svc".into(),
-            timeouts: vec![
-                timeout("a_prefix", prefix("/a")),
-                timeout("ab_prefix", prefix("/a/b")),
-                timeout("exact", exact("/a/b/c")),
-                timeout("any", expr(Kind::Any(true))),
-                timeout(
+            bulkheads: vec![
+                rule("a_prefix", prefix("/a")),
+                rule("ab_prefix", prefix("/a/b")),
+                rule("exact", exact("/a/b/c")),
+                rule("any", expr(Kind::Any(true))),
+                rule(
                     "post_orders",
                     expr(Kind::And(proto::MatchList {
                         exprs: vec![
@@ -452,13 +453,13 @@ mod tests {
                         ],
                     })),
                 ),
-                timeout(
+                rule(
                     "crm",
                     expr(Kind::And(proto::MatchList {
                         exprs: vec![prefix("/mdm"), expr(Kind::Consumer("crm".into()))],
                     })),
                 ),
-                timeout(
+                rule(
                     "gold",
                     expr(Kind::Header(proto::HeaderMatch {
                         name: "X-Tenant".into(),
@@ -503,14 +504,14 @@ mod tests {
         let get = || expr(Kind::Method("GET".into()));
         let t = proto::TargetConfig {
             service: "svc".into(),
-            timeouts: vec![
-                timeout("eight", prefix("/abcdefg")),
-                timeout("ten", prefix("/abcdefghi")),
-                timeout("ten_other", prefix("/abcdefgXY")),
-                timeout("get_ten", and(vec![get(), prefix("/abcdefghi")])),
+            bulkheads: vec![
+                rule("eight", prefix("/abcdefg")),
+                rule("ten", prefix("/abcdefghi")),
+                rule("ten_other", prefix("/abcdefgXY")),
+                rule("get_ten", and(vec![get(), prefix("/abcdefghi")])),
                 // The path requirement sits in a nested `and`.
-                timeout("nested", and(vec![and(vec![prefix("/n"), get()]), get()])),
-                timeout("exact_get", and(vec![exact("/e"), get()])),
+                rule("nested", and(vec![and(vec![prefix("/n"), get()]), get()])),
+                rule("exact_get", and(vec![exact("/e"), get()])),
             ],
             ..Default::default()
         };
@@ -541,10 +542,10 @@ mod tests {
     #[test]
     fn prefixes_sorted_longest_first() {
         let t = proto::TargetConfig {
-            timeouts: vec![
-                timeout("a", prefix("/a")),
-                timeout("abc", prefix("/abc")),
-                timeout("ab", prefix("/ab")),
+            bulkheads: vec![
+                rule("a", prefix("/a")),
+                rule("abc", prefix("/abc")),
+                rule("ab", prefix("/ab")),
             ],
             ..Default::default()
         };

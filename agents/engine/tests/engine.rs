@@ -420,11 +420,11 @@ async fn timeouts_take_the_shortest_and_count_for_fuses() {
     let e = engine(
         r#"
 service: order
-timeouts:
+bulkheads:
 - rule: order/api_timeout
   on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
+  max_concurrent: 1000
   timeout_ms: 300
-bulkheads:
 - rule: order/api_bulkhead
   on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
   max_concurrent: 10
@@ -451,7 +451,8 @@ fuses:
         now(&e, "/api/x", None).unwrap_err().reason,
         RejectReason::FuseOpen
     );
-    // The bulkhead's permit was returned.
+    // Both bulkheads' permits were returned.
+    assert_eq!(stats(&e, "order/api_timeout").in_flight, 0);
     assert_eq!(stats(&e, "order/api_bulkhead").in_flight, 0);
 }
 
@@ -764,17 +765,17 @@ async fn a_config_swap_is_atomic_per_request() {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     // Config `one` gives every call 100 ms, config `two` 200 ms, each through
-    // a timeout rule and a bulkhead with a longer timeout.
+    // a bulkhead with that timeout and a bulkhead with a longer one.
     let config = |version: &str, ms: u64| {
         target(&format!(
             r#"
 service: order
 version: {version}
-timeouts:
+bulkheads:
 - rule: order/t_{version}
   on: {{any: true}}
+  max_concurrent: 1000
   timeout_ms: {ms}
-bulkheads:
 - rule: order/b_{version}
   on: {{any: true}}
   max_concurrent: 1000

@@ -30,6 +30,7 @@ bulkheads:
 - rule: order/api_calls
   on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
   max_concurrent: 1000
+  timeout_ms: 5000
 - rule: order/per_instance
   on: {calls_to: inventory}
   direction: DIRECTION_OUTBOUND
@@ -50,10 +51,6 @@ fuses:
   on: {and: {exprs: [{path: {kind: PATH_KIND_PREFIX, value: /api}}, {consumer: shop}]}}
   trips:
   - {metric: TRIP_METRIC_ERROR_RATIO, op: COMPARE_OP_GT, ratio_milli_percent: 50000, window_ms: 60000, min_calls: 20}
-timeouts:
-- rule: order/export
-  on: {path: {kind: PATH_KIND_EXACT, value: /api/export}}
-  timeout_ms: 5000
 "#;
 
 fn main() {

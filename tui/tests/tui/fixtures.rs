@@ -203,7 +203,7 @@ pub fn busy_view(secs: u64) -> ClusterView {
             ),
             rule(
                 "inventory/stock_timeout",
-                RuleKind::Timeout,
+                RuleKind::Bulkhead,
                 None,
                 Traffic {
                     rejected_per_s: [0, 0, 0, 0, 0, 1],
