@@ -9,9 +9,11 @@
 //! snake_case and camelCase on input, 64-bit integers as plain numbers.
 //! This is the format of `govc compile -o yaml|json` and `gov-agent --config`.
 
+pub mod compiled;
 pub mod flag;
 pub mod path;
 pub mod report;
+mod rule;
 mod words;
 
 /// Generated types of package `gov.v1`, with the tonic client and server when the

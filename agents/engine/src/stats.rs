@@ -157,7 +157,7 @@ impl RuleStats {
         let r = |reason| self.rejected(reason);
         proto::RuleStats {
             rule: self.rule.to_string(),
-            kind: proto::RuleKind::from(self.kind) as i32,
+            kind: self.kind as i32,
             in_flight: self.in_flight,
             waiting: self.waiting,
             admitted: self.admitted,
