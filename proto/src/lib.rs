@@ -33,6 +33,11 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/gov.v1.serde.rs"));
 }
 
+/// Upper bounds (inclusive, milliseconds) of `RuleStats.latency_buckets`; one
+/// more bucket counts everything above the last. The one table of them: the
+/// engine counts into them, `/metrics` and the TUI label them from here.
+pub const LATENCY_BOUNDS_MS: [u64; 7] = [10, 20, 50, 100, 200, 500, 1000];
+
 /// The encoded `FileDescriptorSet` of every gov `.proto` file (with imports),
 /// for gRPC reflection and tools.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
