@@ -1,7 +1,8 @@
 //! Small text formats shared by the screens.
 
 /// A duration as operators read it: `850ms`, `12s`, `3m05s`, `2h00m`, `3d04h`.
-pub(crate) fn duration(ms: u64) -> String {
+/// The TUI and `govc status` both print durations with it.
+pub fn duration(ms: u64) -> String {
     let s = ms / 1000;
     match s {
         _ if ms < 1000 => format!("{ms}ms"),
