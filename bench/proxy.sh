@@ -67,7 +67,8 @@ taskset -c 1 nginx -c "$PWD/$WORK/nginx.conf" -p "$PWD/$WORK" -g 'daemon off;' &
 NGINX_MASTER=$!
 
 # gov-agent with a realistic policy that admits everything of this load: a bulkhead,
-# a per-consumer call and byte limit, a fuse and a timeout, all matching every call.
+# with a per-call timeout, a per-consumer call and byte limit and a fuse, all matching
+# every call.
 cat > "$WORK/policy.yaml" <<'POLICY'
 service: hello
 version: bench-v1
@@ -76,6 +77,7 @@ bulkheads:
     on: { any: true }
     max_concurrent: 1000
     max_wait_ms: 10
+    timeout_ms: 5000
 limits:
   - rule: hello/per_consumer
     on: { any: true }
@@ -87,10 +89,6 @@ fuses:
     on: { any: true }
     trips:
       - { metric: TRIP_METRIC_ERROR_RATIO, op: COMPARE_OP_GT, ratio_milli_percent: 50000, window_ms: 10000, min_calls: 100 }
-timeouts:
-  - rule: hello/deadline
-    on: { any: true }
-    timeout_ms: 5000
 POLICY
 taskset -c 1 "$LOAD" naive-proxy "$HYPER" "$UP" & pids+=($!)
 HYPER_PID=$!

@@ -23,6 +23,7 @@ pub mod duplicate_registry;
 pub mod duplicate_rule;
 pub mod duplicate_service;
 pub mod duplicate_setting;
+pub mod fixed_wait;
 pub mod match_cycle;
 pub mod missing_field;
 pub mod mixed_direction;
@@ -70,6 +71,7 @@ pub const CODES: &[&str] = &[
     "gov::lint::bulkhead-over-workers",
     "gov::lint::queueing-bulkhead",
     "gov::lint::shutdown-wait",
+    "gov::lint::fixed-wait",
     "gov::lint::drain-after-stop",
     "gov::lint::consumers-before-ready",
     "gov::lint::unreachable-min-calls",
@@ -106,6 +108,7 @@ const CHECKS: &[Check] = &[
     bulkhead_over_workers::check,
     queueing_bulkhead::check,
     shutdown_wait::check,
+    fixed_wait::check,
     drain_after_stop::check,
     consumers_before_ready::check,
     unreachable_min_calls::check,

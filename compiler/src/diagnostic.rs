@@ -75,6 +75,7 @@ diagnostics! {
     BulkheadOverWorkers(bulkhead_over_workers::BulkheadOverWorkers),
     QueueingBulkhead(queueing_bulkhead::QueueingBulkhead),
     ShutdownWait(shutdown_wait::ShutdownWait),
+    FixedWait(fixed_wait::FixedWait),
     DrainAfterStop(drain_after_stop::DrainAfterStop),
     ConsumersBeforeReady(consumers_before_ready::ConsumersBeforeReady),
     UnreachableMinCalls(unreachable_min_calls::UnreachableMinCalls),
