@@ -35,11 +35,15 @@ policy() { # name amount window_ms
   cat > "$WORK/overload-$1.yaml" <<POLICY
 service: hello
 version: bench-$1
-limits:
-  - rule: hello/calls
+consumer_header: x-gov-consumer
+rules:
+  - name: hello/calls
     on: { any: true }
-    key: LIMIT_KEY_ALL
-    calls: { amount: $2, window_ms: $3 }
+    mode: MODE_ENFORCE
+    limit:
+      key: LIMIT_KEY_ALL
+      calls: { amount: $2, window_ms: $3 }
+      reject_status: 429
 POLICY
 }
 policy fwd 1000000000 1000

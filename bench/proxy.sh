@@ -72,6 +72,40 @@ NGINX_MASTER=$!
 cat > "$WORK/policy.yaml" <<'POLICY'
 service: hello
 version: bench-v1
+consumer_header: x-gov-consumer
+rules:
+  - name: hello/all_calls
+    on: { any: true }
+    mode: MODE_ENFORCE
+    bulkhead:
+      max_concurrent: 1000
+      max_wait_ms: 10
+      timeout_ms: 5000
+      reject_status: 408
+  - name: hello/per_consumer
+    on: { any: true }
+    mode: MODE_ENFORCE
+    limit:
+      key: LIMIT_KEY_CONSUMER
+      calls: { amount: 1000000000, window_ms: 1000 }
+      bytes: { amount: 1000000000000, window_ms: 60000 }
+      reject_status: 429
+  - name: hello/errors
+    on: { any: true }
+    mode: MODE_ENFORCE
+    fuse:
+      trips:
+        - { metric: TRIP_METRIC_ERROR_RATIO, op: COMPARE_OP_GT, ratio_milli_percent: 50000, window_ms: 10000, min_calls: 100 }
+      business: { status: [{ from: 500, to: 599 }] }
+      system: { connect_failure: true, timeout: true, reset: true }
+      recover: { manual: true }
+      reject_status: 503
+POLICY
+# The same policy in the wire shape before issue 20 (one list per kind), for a
+# BEFORE_BIN built from a commit before it.
+cat > "$WORK/policy-before.yaml" <<'POLICY'
+service: hello
+version: bench-v1
 bulkheads:
   - rule: hello/all_calls
     on: { any: true }
@@ -99,7 +133,7 @@ AGENT_PID=$!
 BEFORE_PID=""
 if [ -n "$BEFORE_BIN" ]; then
   GOV_LOG=warn taskset -c 1 "$BEFORE_BIN" --service hello --listen "$BEFORE" --admin-listen "$BEFORE_ADMIN" \
-    --upstream "$UP" --config "$WORK/policy.yaml" & pids+=($!)
+    --upstream "$UP" --config "$WORK/policy-before.yaml" & pids+=($!)
   BEFORE_PID=$!
 fi
 

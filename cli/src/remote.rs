@@ -239,15 +239,10 @@ fn offset(text: &str, line: u32, column: u32) -> usize {
     text.len()
 }
 
-/// Formats milliseconds the way people read durations: `950ms`, `12s`, `3m05s`, `1h59m`.
+/// Formats milliseconds the way people read durations: `950ms`, `12s`, `3m05s`,
+/// `1h59m`, `3d04h`: the TUI's format, so that both print the same.
 pub fn human_ms(ms: u64) -> String {
-    let s = ms / 1000;
-    match s {
-        _ if ms < 1000 => format!("{ms}ms"),
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
-        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
-    }
+    gov_tui::duration(ms)
 }
 
 /// The name of a sync state as `istioctl proxy-status` prints it.

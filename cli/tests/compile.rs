@@ -66,7 +66,8 @@ fn compile_prints_deterministic_yaml() {
         .map(|t| t["service"].as_str().unwrap())
         .collect();
     assert_eq!(services, ["inventory", "order"]);
-    assert!(first.contains("rule: order/slow_calls"));
+    assert!(first.contains("name: order/slow_calls"));
+    assert!(first.contains("mode: MODE_ENFORCE"));
     assert!(first.contains("reject_status: 408"));
 }
 
@@ -79,8 +80,8 @@ fn compile_one_service_as_json() {
         .success();
     let json: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
     assert_eq!(json["service"], "order");
-    assert_eq!(json["bulkheads"][0]["rule"], "order/slow_calls");
-    assert_eq!(json["bulkheads"][0]["max_concurrent"], 10);
+    assert_eq!(json["rules"][0]["name"], "order/slow_calls");
+    assert_eq!(json["rules"][0]["bulkhead"]["max_concurrent"], 10);
     assert_eq!(json["version"].as_str().unwrap().len(), 16);
 }
 

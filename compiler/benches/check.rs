@@ -92,12 +92,7 @@ fn bench(c: &mut Criterion) {
             d.iter().next().map(|d| d.to_string()).unwrap_or_default()
         ),
     };
-    let rules: usize = compiled
-        .bundle
-        .targets
-        .iter()
-        .map(|t| t.bulkheads.len() + t.limits.len() + t.fuses.len())
-        .sum();
+    let rules: usize = compiled.bundle.targets.iter().map(|t| t.rules.len()).sum();
     assert_eq!(rules, SERVICES * RULES_PER_SERVICE);
     assert!(compiled.warnings.is_empty());
 

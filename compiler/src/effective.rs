@@ -8,12 +8,15 @@ use gov_lang::ast::{
     FuseSetting, Isolation, Limit, LimitAction, LimitKey, LimitScope, LimitSetting, Recover,
     Release, Span, Trip,
 };
+use gov_proto::compiled;
 
 use crate::units::{bytes, fmt_millis, millis};
 
-pub(crate) const BULKHEAD_REJECT: i64 = 408;
-pub(crate) const LIMIT_REJECT: i64 = 429;
-pub(crate) const FUSE_REJECT: i64 = 503;
+// The defaults are gov-proto's, written once for the compiler and for
+// hand-written configs; agents never fill them in.
+pub(crate) const BULKHEAD_REJECT: i64 = compiled::BULKHEAD_REJECT_STATUS as i64;
+pub(crate) const LIMIT_REJECT: i64 = compiled::LIMIT_REJECT_STATUS as i64;
+pub(crate) const FUSE_REJECT: i64 = compiled::FUSE_REJECT_STATUS as i64;
 
 pub(crate) struct BulkheadEff {
     pub max_concurrent: Option<(i64, Span)>,

@@ -3,11 +3,14 @@
 //! - Match references are inlined (`on slow` becomes the expression of
 //!   `slow`) and `and`/`or` chains flattened; `match_name` keeps the name
 //!   when a rule is on one named match.
-//! - Defaults are written out so agents never guess: bulkhead rejection
-//!   408, limit 429, fuse 503; `max_wait` 0 (fail fast); fuse recovery
-//!   manual; error classification business = status 500..599 and
-//!   system = connect_failure, timeout, reset; consumer header
-//!   `x-gov-consumer`.
+//! - Every value is written out, so agents never fill one in: the
+//!   defaults are [`gov_proto::compiled`]'s (bulkhead rejection 408, limit
+//!   429, fuse 503; fuse recovery manual; error classification business =
+//!   status 500..599 and system = connect_failure, timeout, reset; consumer
+//!   header `x-gov-consumer`), every rule's mode is `enforce`, and
+//!   `max_wait` 0 (fail fast) is a value.
+//! - Each rule is one `Rule`: the shared header ([`Lower::head`]) and the
+//!   kind's spec.
 //! - `wait for R` becomes a wait of R's expiry
 //!   (`server_cache + client_refresh + balancer_refresh`).
 //! - Each rule is named `service/rule` and carries a [`SourceRef`] (file,
@@ -23,6 +26,7 @@ use gov_lang::ast::{
     Isolation, LimitKey, MatchExpr as AstExpr, ServiceStmt, ShutdownStep as AstShutdownStep, Span,
     Threshold, TripMetric, WarmupStep as AstWarmupStep,
 };
+use gov_proto::compiled;
 use gov_proto::v1 as pb;
 use prost::Message as _;
 use sha2::{Digest, Sha256};
@@ -30,8 +34,6 @@ use sha2::{Digest, Sha256};
 use crate::effective::{ActionEff, BulkheadEff, FuseEff, LimitEff, RecoverEff, ReleaseEff, Scope};
 use crate::resolve::{Ctx, File, Norm, Rule, Svc};
 use crate::units::millis;
-
-pub const DEFAULT_CONSUMER_HEADER: &str = "x-gov-consumer";
 
 /// At most this many lines of a rule's text travel as its `SourceRef` snippet.
 const MAX_SNIPPET_LINES: usize = 40;
@@ -99,16 +101,12 @@ fn each_source(t: &mut pb::TargetConfig, f: &mut impl FnMut(&mut Option<pb::Sour
     for m in &mut t.matches {
         f(&mut m.source);
     }
-    for b in &mut t.bulkheads {
-        f(&mut b.source);
-    }
-    for l in &mut t.limits {
-        f(&mut l.source);
-    }
-    for x in &mut t.fuses {
-        f(&mut x.source);
-        for trip in &mut x.trips {
-            f(&mut trip.source);
+    for r in &mut t.rules {
+        f(&mut r.source);
+        if let Some(pb::rule::Spec::Fuse(x)) = &mut r.spec {
+            for trip in &mut x.trips {
+                f(&mut trip.source);
+            }
         }
     }
     if let Some(w) = &mut t.warmup {
@@ -140,7 +138,7 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
         version: String::new(),
         consumer_header: svc
             .consumer_header
-            .map_or(DEFAULT_CONSUMER_HEADER.to_string(), |h| {
+            .map_or(compiled::CONSUMER_HEADER.to_string(), |h| {
                 h.node.to_ascii_lowercase()
             }),
         registry: svc
@@ -172,11 +170,15 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
         }
     }
     for (rule, norm) in svc.rules_with_norms() {
-        match rule {
-            Rule::Bulkhead(b) => t.bulkheads.push(l.bulkhead(rule, norm, b)),
-            Rule::Limit(x) => t.limits.push(l.limit(rule, norm, x)),
-            Rule::Fuse(f) => t.fuses.push(l.fuse(rule, norm, f)),
-        }
+        let spec = match rule {
+            Rule::Bulkhead(b) => pb::rule::Spec::Bulkhead(l.bulkhead(b)),
+            Rule::Limit(x) => pb::rule::Spec::Limit(l.limit(x)),
+            Rule::Fuse(f) => pb::rule::Spec::Fuse(l.fuse(f)),
+        };
+        t.rules.push(pb::Rule {
+            spec: Some(spec),
+            ..l.head(rule, norm)
+        });
     }
     version_in_place(&mut t);
     t
@@ -273,12 +275,8 @@ impl Lower<'_, '_> {
         lower_norm(&self.svc.normalize(e))
     }
 
-    /// The shared head of every rule.
-    fn head(
-        &self,
-        rule: &Rule<'_>,
-        norm: &Norm<'_>,
-    ) -> (String, pb::SourceRef, pb::MatchExpr, String, i32) {
+    /// The header every rule shares (its `spec` unset).
+    fn head(&self, rule: &Rule<'_>, norm: &Norm<'_>) -> pb::Rule {
         let direction = if norm.is_outbound() {
             pb::Direction::Outbound
         } else {
@@ -288,24 +286,20 @@ impl Lower<'_, '_> {
             AstExpr::Ref { name } => name.node.clone(),
             _ => String::new(),
         };
-        (
-            format!("{}/{}", self.svc.name(), rule.name().node),
-            self.source(rule.span()),
-            lower_norm(norm),
+        pb::Rule {
+            name: format!("{}/{}", self.svc.name(), rule.name().node),
+            source: Some(self.source(rule.span())),
+            on: Some(lower_norm(norm)),
             match_name,
-            direction as i32,
-        )
+            direction: direction as i32,
+            mode: pb::Mode::Enforce as i32,
+            spec: None,
+        }
     }
 
-    fn bulkhead(&self, rule: &Rule<'_>, norm: &Norm<'_>, b: &ast::Bulkhead) -> pb::Bulkhead {
-        let (name, source, on, match_name, direction) = self.head(rule, norm);
+    fn bulkhead(&self, b: &ast::Bulkhead) -> pb::Bulkhead {
         let e = BulkheadEff::of(b);
         pb::Bulkhead {
-            rule: name,
-            source: Some(source),
-            on: Some(on),
-            match_name,
-            direction,
             key: match e.per {
                 BulkheadKey::Operation => pb::BulkheadKey::Operation,
                 BulkheadKey::Instance => pb::BulkheadKey::Instance,
@@ -323,8 +317,7 @@ impl Lower<'_, '_> {
         }
     }
 
-    fn limit(&self, rule: &Rule<'_>, norm: &Norm<'_>, x: &ast::Limit) -> pb::Limit {
-        let (name, source, on, match_name, direction) = self.head(rule, norm);
+    fn limit(&self, x: &ast::Limit) -> pb::Limit {
         let e = LimitEff::of(x);
         let rate = |c: crate::effective::Counter| pb::Rate {
             amount: unsigned(c.amount),
@@ -338,11 +331,6 @@ impl Lower<'_, '_> {
             Scope::ClusterBatch(ms) => (pb::LimitScope::Cluster, pb::ClusterSync::Batch, ms),
         };
         pb::Limit {
-            rule: name,
-            source: Some(source),
-            on: Some(on),
-            match_name,
-            direction,
             calls: e.calls.map(rate),
             bytes: e.bytes.map(rate),
             key: match e.per {
@@ -375,8 +363,7 @@ impl Lower<'_, '_> {
         }
     }
 
-    fn fuse(&self, rule: &Rule<'_>, norm: &Norm<'_>, f: &ast::Fuse) -> pb::Fuse {
-        let (name, source, on, match_name, direction) = self.head(rule, norm);
+    fn fuse(&self, f: &ast::Fuse) -> pb::Fuse {
         let e = FuseEff::of(f);
         let trips = e
             .trips
@@ -407,28 +394,9 @@ impl Lower<'_, '_> {
                 }
             })
             .collect();
-        let business = e.business.map_or_else(
-            || pb::ErrorClass {
-                status: vec![pb::StatusRange { from: 500, to: 599 }],
-                ..Default::default()
-            },
-            class,
-        );
-        let system = e.system.map_or_else(
-            || pb::ErrorClass {
-                connect_failure: true,
-                timeout: true,
-                reset: true,
-                ..Default::default()
-            },
-            class,
-        );
+        let business = e.business.map_or_else(compiled::business_errors, class);
+        let system = e.system.map_or_else(compiled::system_errors, class);
         pb::Fuse {
-            rule: name,
-            source: Some(source),
-            on: Some(on),
-            match_name,
-            direction,
             trips,
             business: Some(business),
             system: Some(system),

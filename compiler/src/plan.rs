@@ -53,21 +53,13 @@ pub enum Change {
 }
 
 /// What part of a service changed: a rule, a match, the lifecycle blocks
-/// or the service's own settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RuleKind {
-    Service,
-    Match,
-    Bulkhead,
-    Limit,
-    Fuse,
-    Warmup,
-    Shutdown,
-}
+/// or the service's own settings (`Service`). The wire's enum: kinds are
+/// named once, in gov-proto.
+pub use pb::RuleKind;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RuleChange {
+    #[serde(serialize_with = "kind_word_ser")]
     pub kind: RuleKind,
     /// `service/rule` (`service` for the service's own settings).
     pub rule: String,
@@ -156,7 +148,7 @@ impl Plan {
             Change::Removed => pb::Change::Removed,
             Change::Changed => pb::Change::Changed,
         } as i32;
-        let kind = |k: RuleKind| pb::RuleKind::from(k) as i32;
+        let kind = |k: RuleKind| k as i32;
         pb::Plan {
             services: self
                 .services
@@ -253,21 +245,24 @@ impl fmt::Display for Plan {
 fn kind_word(k: RuleKind) -> &'static str {
     match k {
         RuleKind::Service => "settings",
-        k => pb::RuleKind::from(k).word(),
+        k => k.word(),
     }
 }
 
-impl From<RuleKind> for pb::RuleKind {
-    fn from(k: RuleKind) -> Self {
-        match k {
-            RuleKind::Service => pb::RuleKind::Service,
-            RuleKind::Match => pb::RuleKind::Match,
-            RuleKind::Bulkhead => pb::RuleKind::Bulkhead,
-            RuleKind::Limit => pb::RuleKind::Limit,
-            RuleKind::Fuse => pb::RuleKind::Fuse,
-            RuleKind::Warmup => pb::RuleKind::Warmup,
-            RuleKind::Shutdown => pb::RuleKind::Shutdown,
-        }
+/// A kind in `-o json`: its word (`bulkhead`, `service`, ...).
+fn kind_word_ser<S: serde::Serializer>(k: &RuleKind, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(k.word())
+}
+
+/// Where a part of a service is listed: its settings, its matches, its
+/// rules (of every kind, by kind), then its lifecycle blocks.
+fn section(k: RuleKind) -> u8 {
+    match k {
+        RuleKind::Service => 0,
+        RuleKind::Match => 1,
+        RuleKind::Warmup => 3,
+        RuleKind::Shutdown => 4,
+        _ => 2,
     }
 }
 
@@ -314,7 +309,7 @@ fn diff_items(old: Vec<Item>, new: Vec<Item>) -> Vec<RuleChange> {
             });
         }
     }
-    out.sort_by(|a, b| (a.kind, &a.rule).cmp(&(b.kind, &b.rule)));
+    out.sort_by(|a, b| (section(a.kind), a.kind, &a.rule).cmp(&(section(b.kind), b.kind, &b.rule)));
     out
 }
 
@@ -353,96 +348,16 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
         }
         out.push((RuleKind::Match, format!("{}/{}", t.service, m.name), f));
     }
-    for b in &t.bulkheads {
+    for r in &t.rules {
         let mut f = Vec::new();
-        push(&mut f, "on", expr_opt(b.on.as_ref()));
-        push(&mut f, "per", key_word(b.key()).to_string());
-        push(&mut f, "max_concurrent", b.max_concurrent.to_string());
-        push(&mut f, "max_wait", fmt_ms(b.max_wait_ms));
-        if let Some(queue) = b.max_queue {
-            push(&mut f, "queue", queue.to_string());
+        push(&mut f, "on", expr_opt(r.on.as_ref()));
+        match &r.spec {
+            Some(pb::rule::Spec::Bulkhead(b)) => bulkhead_fields(&mut f, b),
+            Some(pb::rule::Spec::Limit(l)) => limit_fields(&mut f, l),
+            Some(pb::rule::Spec::Fuse(x)) => fuse_fields(&mut f, x),
+            None => {}
         }
-        if b.timeout_ms != 0 {
-            push(&mut f, "timeout", fmt_ms(b.timeout_ms));
-        }
-        push(&mut f, "reject with", b.reject_status.to_string());
-        push(
-            &mut f,
-            "isolation",
-            if b.isolation() == pb::Isolation::Pool {
-                "pool"
-            } else {
-                "semaphore"
-            }
-            .to_string(),
-        );
-        out.push((RuleKind::Bulkhead, b.rule.clone(), f));
-    }
-    for l in &t.limits {
-        let mut f = Vec::new();
-        push(&mut f, "on", expr_opt(l.on.as_ref()));
-        if let Some(c) = &l.calls {
-            push(
-                &mut f,
-                "calls",
-                format!("{} per {}", c.amount, fmt_ms(c.window_ms)),
-            );
-        }
-        if let Some(b) = &l.bytes {
-            push(
-                &mut f,
-                "bytes",
-                format!(
-                    "{} per {}",
-                    fmt_bytes(i64::try_from(b.amount).unwrap_or(i64::MAX)),
-                    fmt_ms(b.window_ms)
-                ),
-            );
-        }
-        push(&mut f, "per", format!("{:?}", l.key()).to_lowercase());
-        let action = match l.action() {
-            pb::LimitAction::Reject => "reject".to_string(),
-            pb::LimitAction::Shape => format!("shape max_delay {}", fmt_ms(l.max_delay_ms)),
-        };
-        push(&mut f, "action", action);
-        push(&mut f, "reject with", l.reject_status.to_string());
-        let release = match l.release.as_ref().and_then(|r| r.kind.as_ref()) {
-            None => "every window".to_string(),
-            Some(pb::release::Kind::AfterMs(ms)) => format!("after {}", fmt_ms(*ms)),
-            Some(pb::release::Kind::Manual(_)) => "manual".to_string(),
-        };
-        push(&mut f, "release", release);
-        let scope = match (l.scope(), l.sync()) {
-            (pb::LimitScope::Local, _) => "local".to_string(),
-            (pb::LimitScope::Cluster, pb::ClusterSync::Exact) => "cluster sync exact".to_string(),
-            (pb::LimitScope::Cluster, pb::ClusterSync::Batch) => {
-                format!("cluster sync batch {}", fmt_ms(l.sync_batch_ms))
-            }
-        };
-        push(&mut f, "scope", scope);
-        out.push((RuleKind::Limit, l.rule.clone(), f));
-    }
-    for x in &t.fuses {
-        let mut f = Vec::new();
-        push(&mut f, "on", expr_opt(x.on.as_ref()));
-        for (i, trip) in x.trips.iter().enumerate() {
-            push(&mut f, &format!("trip {}", i + 1), trip_text(trip));
-        }
-        if let Some(c) = &x.business {
-            push(&mut f, "classify business", class_text(c));
-        }
-        if let Some(c) = &x.system {
-            push(&mut f, "classify system", class_text(c));
-        }
-        let recover = match x.recover.as_ref().and_then(|r| r.kind.as_ref()) {
-            None | Some(pb::recovery::Kind::Manual(_)) => "manual".to_string(),
-            Some(pb::recovery::Kind::After(a)) => {
-                format!("after {} probe {}", fmt_ms(a.after_ms), a.probes)
-            }
-        };
-        push(&mut f, "recover", recover);
-        push(&mut f, "reject with", x.reject_status.to_string());
-        out.push((RuleKind::Fuse, x.rule.clone(), f));
+        out.push((r.kind(), r.name.clone(), f));
     }
     if let Some(w) = &t.warmup {
         let f = w
@@ -463,6 +378,91 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
         out.push((RuleKind::Shutdown, format!("{}/shutdown", t.service), f));
     }
     out
+}
+
+fn bulkhead_fields(f: &mut Vec<(String, String)>, b: &pb::Bulkhead) {
+    push(f, "per", key_word(b.key()).to_string());
+    push(f, "max_concurrent", b.max_concurrent.to_string());
+    push(f, "max_wait", fmt_ms(b.max_wait_ms));
+    if let Some(queue) = b.max_queue {
+        push(f, "queue", queue.to_string());
+    }
+    if b.timeout_ms != 0 {
+        push(f, "timeout", fmt_ms(b.timeout_ms));
+    }
+    push(f, "reject with", b.reject_status.to_string());
+    push(
+        f,
+        "isolation",
+        if b.isolation() == pb::Isolation::Pool {
+            "pool"
+        } else {
+            "semaphore"
+        }
+        .to_string(),
+    );
+}
+
+fn limit_fields(f: &mut Vec<(String, String)>, l: &pb::Limit) {
+    if let Some(c) = &l.calls {
+        push(
+            f,
+            "calls",
+            format!("{} per {}", c.amount, fmt_ms(c.window_ms)),
+        );
+    }
+    if let Some(b) = &l.bytes {
+        push(
+            f,
+            "bytes",
+            format!(
+                "{} per {}",
+                fmt_bytes(i64::try_from(b.amount).unwrap_or(i64::MAX)),
+                fmt_ms(b.window_ms)
+            ),
+        );
+    }
+    push(f, "per", format!("{:?}", l.key()).to_lowercase());
+    let action = match l.action() {
+        pb::LimitAction::Reject => "reject".to_string(),
+        pb::LimitAction::Shape => format!("shape max_delay {}", fmt_ms(l.max_delay_ms)),
+    };
+    push(f, "action", action);
+    push(f, "reject with", l.reject_status.to_string());
+    let release = match l.release.as_ref().and_then(|r| r.kind.as_ref()) {
+        None => "every window".to_string(),
+        Some(pb::release::Kind::AfterMs(ms)) => format!("after {}", fmt_ms(*ms)),
+        Some(pb::release::Kind::Manual(_)) => "manual".to_string(),
+    };
+    push(f, "release", release);
+    let scope = match (l.scope(), l.sync()) {
+        (pb::LimitScope::Local, _) => "local".to_string(),
+        (pb::LimitScope::Cluster, pb::ClusterSync::Exact) => "cluster sync exact".to_string(),
+        (pb::LimitScope::Cluster, pb::ClusterSync::Batch) => {
+            format!("cluster sync batch {}", fmt_ms(l.sync_batch_ms))
+        }
+    };
+    push(f, "scope", scope);
+}
+
+fn fuse_fields(f: &mut Vec<(String, String)>, x: &pb::Fuse) {
+    for (i, trip) in x.trips.iter().enumerate() {
+        push(f, &format!("trip {}", i + 1), trip_text(trip));
+    }
+    if let Some(c) = &x.business {
+        push(f, "classify business", class_text(c));
+    }
+    if let Some(c) = &x.system {
+        push(f, "classify system", class_text(c));
+    }
+    let recover = match x.recover.as_ref().and_then(|r| r.kind.as_ref()) {
+        None | Some(pb::recovery::Kind::Manual(_)) => "manual".to_string(),
+        Some(pb::recovery::Kind::After(a)) => {
+            format!("after {} probe {}", fmt_ms(a.after_ms), a.probes)
+        }
+    };
+    push(f, "recover", recover);
+    push(f, "reject with", x.reject_status.to_string());
 }
 
 fn push(f: &mut Vec<(String, String)>, k: &str, v: String) {

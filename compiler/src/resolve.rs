@@ -450,12 +450,14 @@ impl<'a> Rule<'a> {
         }
     }
 
+    /// The kind's keyword (`bulkhead`, ...): the wire's word for it.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Rule::Bulkhead(_) => "bulkhead",
-            Rule::Limit(_) => "limit",
-            Rule::Fuse(_) => "fuse",
-        }
+        let kind = match self {
+            Rule::Bulkhead(_) => gov_proto::v1::RuleKind::Bulkhead,
+            Rule::Limit(_) => gov_proto::v1::RuleKind::Limit,
+            Rule::Fuse(_) => gov_proto::v1::RuleKind::Fuse,
+        };
+        kind.word()
     }
 }
 

@@ -4,9 +4,7 @@
 //! overflowing: a duration of `9223372036854775807h` is simply "huge", and the
 //! range checks say so.
 
-#[cfg(test)]
-use gov_lang::ast::TimeUnit;
-use gov_lang::ast::{Duration, Size, SizeUnit};
+use gov_lang::ast::{Duration, Size, SizeUnit, TimeUnit};
 
 /// A duration in milliseconds (the factors are the syntax tree's).
 pub(crate) fn millis(d: &Duration) -> i64 {
@@ -19,11 +17,13 @@ pub(crate) fn bytes(s: &Size) -> i64 {
 }
 
 /// `90000` -> `90s`, `1500` -> `1.5s`, `7200000` -> `2h`, `10` -> `10ms`.
+/// The units are the language's ([`TimeUnit`]), as sizes are [`SizeUnit`]'s.
 pub fn fmt_millis(ms: i64) -> String {
-    const UNITS: [(i64, &str); 3] = [(3_600_000, "h"), (60_000, "m"), (1_000, "s")];
-    for (factor, unit) in UNITS {
+    use TimeUnit::{Hours, Minutes, Seconds};
+    for unit in [Hours, Minutes, Seconds] {
+        let factor = unit.millis();
         if ms != 0 && ms % factor == 0 {
-            return format!("{}{unit}", ms / factor);
+            return format!("{}{}", ms / factor, unit.suffix());
         }
     }
     if ms.abs() >= 1_000 {

@@ -51,7 +51,7 @@ fn the_same_input_gives_the_same_bytes() {
             // Recomputing a version (from a config with its source references
             // in place) gives the stored one.
             assert_eq!(gov_compiler::lower::target_version(t), t.version);
-            assert!(t.bulkheads.iter().all(|b| b.source.is_some()));
+            assert!(t.rules.iter().all(|r| r.source.is_some()));
         }
         assert_eq!(gov_compiler::lower::bundle_version(&a.targets), a.version);
         assert_eq!(
@@ -135,7 +135,7 @@ fn reordering_services_and_files_keeps_every_version() {
             .iter()
             .find(|t| t.service == "order")
             .unwrap()
-            .bulkheads
+            .rules
             .clone()
     };
     assert_ne!(order(&before), order(&after));

@@ -345,10 +345,7 @@ impl Latches {
 /// The `release after` of limit `rule`, if it has one.
 pub fn release_after(policy: Option<&pb::Bundle>, rule: &str) -> Option<u64> {
     let (service, _) = rule.split_once('/')?;
-    let limit = target(policy, service)?
-        .limits
-        .iter()
-        .find(|l| l.rule == rule)?;
+    let limit = target(policy, service)?.rule(rule)?.limit()?;
     match limit.release.as_ref()?.kind.as_ref()? {
         pb::release::Kind::AfterMs(ms) => Some(*ms),
         pb::release::Kind::Manual(_) => None,
@@ -358,10 +355,7 @@ pub fn release_after(policy: Option<&pb::Bundle>, rule: &str) -> Option<u64> {
 /// The automatic recovery delay of fuse `rule` (`None`: manual).
 pub fn fuse_recovery(policy: Option<&pb::Bundle>, rule: &str) -> Option<u64> {
     let (service, _) = rule.split_once('/')?;
-    let fuse = target(policy, service)?
-        .fuses
-        .iter()
-        .find(|f| f.rule == rule)?;
+    let fuse = target(policy, service)?.rule(rule)?.fuse()?;
     match fuse.recover.as_ref()?.kind.as_ref()? {
         pb::recovery::Kind::After(a) => Some(a.after_ms),
         pb::recovery::Kind::Manual(_) => None,
@@ -414,15 +408,18 @@ mod tests {
     /// order: a manual fuse, an auto-recovering fuse and a limit that
     /// releases itself after 60s.
     fn bundle() -> pb::Bundle {
-        let fuse = |rule: &str, kind| pb::Fuse {
-            rule: rule.into(),
-            recover: Some(pb::Recovery { kind: Some(kind) }),
+        let fuse = |rule: &str, kind| pb::Rule {
+            name: rule.into(),
+            spec: Some(pb::rule::Spec::Fuse(pb::Fuse {
+                recover: Some(pb::Recovery { kind: Some(kind) }),
+                ..Default::default()
+            })),
             ..Default::default()
         };
         pb::Bundle {
             targets: vec![pb::TargetConfig {
                 service: "order".into(),
-                fuses: vec![
+                rules: vec![
                     fuse(FUSE, pb::recovery::Kind::Manual(true)),
                     fuse(
                         "order/auto",
@@ -431,14 +428,17 @@ mod tests {
                             ..Default::default()
                         }),
                     ),
+                    pb::Rule {
+                        name: LIMIT.into(),
+                        spec: Some(pb::rule::Spec::Limit(pb::Limit {
+                            release: Some(pb::Release {
+                                kind: Some(pb::release::Kind::AfterMs(60_000)),
+                            }),
+                            ..Default::default()
+                        })),
+                        ..Default::default()
+                    },
                 ],
-                limits: vec![pb::Limit {
-                    rule: LIMIT.into(),
-                    release: Some(pb::Release {
-                        kind: Some(pb::release::Kind::AfterMs(60_000)),
-                    }),
-                    ..Default::default()
-                }],
                 ..Default::default()
             }],
             ..Default::default()

@@ -309,10 +309,7 @@ impl State {
     fn config_for(&self, service: &str) -> pb::TargetConfig {
         self.target(service)
             .cloned()
-            .unwrap_or_else(|| pb::TargetConfig {
-                service: service.to_owned(),
-                ..Default::default()
-            })
+            .unwrap_or_else(|| gov_proto::compiled::target(service))
     }
 
     fn nonce(&mut self) -> String {
@@ -880,10 +877,7 @@ impl State {
         let Some(t) = self.target(service) else {
             return false;
         };
-        match kind {
-            TripKind::Fuse => t.fuses.iter().any(|f| f.rule == rule),
-            TripKind::Limit => t.limits.iter().any(|l| l.rule == rule),
-        }
+        t.rule(rule).is_some_and(|r| r.kind() == kind.rule_kind())
     }
 }
 
@@ -937,9 +931,8 @@ mod tests {
 
     fn target(service: &str, version: &str) -> pb::TargetConfig {
         pb::TargetConfig {
-            service: service.into(),
             version: version.into(),
-            ..Default::default()
+            ..gov_proto::compiled::target(service)
         }
     }
 
@@ -1258,11 +1251,14 @@ mod tests {
     #[test]
     fn engaged_limits_get_an_absolute_deadline_and_stats_reconcile_fuses() {
         let mut t = target("order", "v1");
-        t.limits.push(pb::Limit {
-            rule: "order/crm".into(),
-            release: Some(pb::Release {
-                kind: Some(pb::release::Kind::AfterMs(7_200_000)),
-            }),
+        t.rules.push(pb::Rule {
+            name: "order/crm".into(),
+            spec: Some(pb::rule::Spec::Limit(pb::Limit {
+                release: Some(pb::Release {
+                    kind: Some(pb::release::Kind::AfterMs(7_200_000)),
+                }),
+                ..Default::default()
+            })),
             ..Default::default()
         });
         let mut s = State::default();

@@ -74,11 +74,17 @@ pub enum TripKind {
 }
 
 impl TripKind {
-    pub fn as_str(self) -> &'static str {
+    /// The kind of rule that holds it.
+    pub fn rule_kind(self) -> gov_proto::v1::RuleKind {
         match self {
-            TripKind::Fuse => "fuse",
-            TripKind::Limit => "limit",
+            TripKind::Fuse => gov_proto::v1::RuleKind::Fuse,
+            TripKind::Limit => gov_proto::v1::RuleKind::Limit,
         }
+    }
+
+    /// `fuse` or `limit`: the kind's word.
+    pub fn as_str(self) -> &'static str {
+        self.rule_kind().word()
     }
 }
 

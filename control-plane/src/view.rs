@@ -48,23 +48,17 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
                 stats: Some(aggregate(state, &t.service, rule, kind)),
             });
         };
-        for b in &t.bulkheads {
-            add(&b.rule, pb::RuleKind::Bulkhead, &b.source);
-        }
-        for l in &t.limits {
-            add(&l.rule, pb::RuleKind::Limit, &l.source);
-        }
-        for f in &t.fuses {
-            add(&f.rule, pb::RuleKind::Fuse, &f.source);
+        for r in &t.rules {
+            add(&r.name, r.kind(), &r.source);
         }
     }
     let source = |kind: TripKind, rule: &str| -> Option<pb::SourceRef> {
         let (service, _) = rule.split_once('/')?;
         let t = state.target(service)?;
-        match kind {
-            TripKind::Fuse => t.fuses.iter().find(|f| f.rule == rule)?.source.clone(),
-            TripKind::Limit => t.limits.iter().find(|l| l.rule == rule)?.source.clone(),
-        }
+        t.rule(rule)
+            .filter(|r| r.kind() == kind.rule_kind())?
+            .source
+            .clone()
     };
     let fuses = state
         .trips()
@@ -199,19 +193,22 @@ mod tests {
         let target = pb::TargetConfig {
             service: "order".into(),
             version: "v1".into(),
-            limits: vec![pb::Limit {
-                rule: "order/crm".into(),
-                release: Some(pb::Release {
-                    kind: Some(pb::release::Kind::AfterMs(7_200_000)),
-                }),
+            rules: vec![pb::Rule {
+                name: "order/crm".into(),
                 source: Some(pb::SourceRef {
                     file: "shop.gov".into(),
                     line: 12,
                     ..Default::default()
                 }),
+                spec: Some(pb::rule::Spec::Limit(pb::Limit {
+                    release: Some(pb::Release {
+                        kind: Some(pb::release::Kind::AfterMs(7_200_000)),
+                    }),
+                    ..Default::default()
+                })),
                 ..Default::default()
             }],
-            ..Default::default()
+            ..gov_proto::compiled::target("order")
         };
         let mut state = State::default();
         state.commit(

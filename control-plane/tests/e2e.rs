@@ -1212,6 +1212,53 @@ impl Drop for ReadOnly {
     }
 }
 
+/// An agent restarted with a last good config written by an older release (one
+/// repeated field per rule kind, before `rules`) does not crash: it says the file
+/// cannot be read, starts without it, and enforces what govd sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_good_config_of_an_older_release_is_reported_and_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    assert_eq!(govc(&govd, Some(TOKEN), &["apply", &v1]).await.code, 0);
+    let a_dir = dir.path().join("agent-a");
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::write(
+        a_dir.join("last-good-config.json"),
+        r#"{"service": "order", "version": "old", "consumer_header": "x-gov-consumer",
+            "limits": [{"rule": "order/bursty", "on": {"any": true},
+                        "calls": {"amount": 1, "window_ms": 60000}}]}"#,
+    )
+    .unwrap();
+    let a = agent("order", "order-a")
+        .upstream(upstream().await)
+        .control_plane(&govd)
+        .state_dir(&a_dir)
+        .start(dir.path())
+        .await;
+    wait_until(
+        "the agent enforces govd's config",
+        Duration::from_secs(10),
+        async || {
+            govd.status()
+                .await
+                .agents
+                .iter()
+                .any(|x| x.instance == "order-a" && x.state() == pb::SyncState::Synced)
+        },
+    )
+    .await;
+    let log = read(&a.log);
+    assert!(log.contains("cannot load the last good config"), "{log}");
+    assert!(log.contains("unknown field `limits`"), "{log}");
+    // The old file's limit (1 call per minute on everything) is not enforced;
+    // govd's `bursty` (3 per minute on /burst) is.
+    for _ in 0..3 {
+        assert_eq!(http_get(a.inbound, "/burst").await.0, 200);
+    }
+    assert_eq!(http_get(a.inbound, "/burst").await.0, 429);
+}
+
 /// Issue 12, item 3: an apply refused because the state directory cannot
 /// be written leaves every agent as it was (no STALE on a version never
 /// sent), says why, and the same apply works once the directory is back.

@@ -9,9 +9,11 @@
 //! snake_case and camelCase on input, 64-bit integers as plain numbers.
 //! This is the format of `govc compile -o yaml|json` and `gov-agent --config`.
 
+pub mod compiled;
 pub mod flag;
 pub mod path;
 pub mod report;
+mod rule;
 mod words;
 
 /// Generated types of package `gov.v1`, with the tonic client and server when the
@@ -30,6 +32,11 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/gov.v1.rs"));
     include!(concat!(env!("OUT_DIR"), "/gov.v1.serde.rs"));
 }
+
+/// Upper bounds (inclusive, milliseconds) of `RuleStats.latency_buckets`; one
+/// more bucket counts everything above the last. The one table of them: the
+/// engine counts into them, `/metrics` and the TUI label them from here.
+pub const LATENCY_BOUNDS_MS: [u64; 7] = [10, 20, 50, 100, 200, 500, 1000];
 
 /// The encoded `FileDescriptorSet` of every gov `.proto` file (with imports),
 /// for gRPC reflection and tools.

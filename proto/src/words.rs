@@ -1,9 +1,16 @@
 //! The words users read for the wire's enums, written once: the TUI, `govc`,
-//! the engine's errors and the plan all take them from here.
+//! the engine's errors and the plan all take them from here. The rule kinds
+//! are named here once: their word, the list of them ([`RuleKind::RULES`])
+//! and the kind of each `Rule.spec` ([`Spec::kind`]).
 
-use crate::v1::{Phase, ReleaseKind, RuleKind};
+use crate::v1::{Phase, ReleaseKind, RuleKind, rule::Spec};
 
 impl RuleKind {
+    /// The kinds a `Rule` can be (its `spec`), in the order of the oneof.
+    /// The one list of rule kinds: what loops over every kind (tests,
+    /// generated docs) takes it from here.
+    pub const RULES: [RuleKind; 3] = [RuleKind::Bulkhead, RuleKind::Limit, RuleKind::Fuse];
+
     /// The keyword of the kind in `.gov` text (`bulkhead`, `limit`, ...);
     /// `service` for a service's own settings, `-` when unspecified.
     pub fn word(self) -> &'static str {
@@ -16,6 +23,17 @@ impl RuleKind {
             RuleKind::Shutdown => "shutdown",
             RuleKind::Service => "service",
             RuleKind::Unspecified => "-",
+        }
+    }
+}
+
+impl Spec {
+    /// The kind of rule this spec makes.
+    pub fn kind(&self) -> RuleKind {
+        match self {
+            Spec::Bulkhead(_) => RuleKind::Bulkhead,
+            Spec::Limit(_) => RuleKind::Limit,
+            Spec::Fuse(_) => RuleKind::Fuse,
         }
     }
 }

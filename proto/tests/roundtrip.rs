@@ -9,7 +9,7 @@ use gov_proto::v1::{
     TargetConfig, Trip, TripMetric, Wait, Warmup, WarmupStep, action, match_expr, recovery,
     release, shutdown_step, warmup_step,
 };
-use gov_proto::v1::{Limit, LimitAction, LimitKey};
+use gov_proto::v1::{Limit, LimitAction, LimitKey, Mode, Rule, rule::Spec};
 
 fn src(line: u32, snippet: &str) -> Option<SourceRef> {
     Some(SourceRef {
@@ -80,129 +80,143 @@ fn order() -> TargetConfig {
                 source: src(25, ""),
             },
         ],
-        bulkheads: vec![
-            Bulkhead {
-                rule: "order/slow_calls".into(),
+        rules: vec![
+            Rule {
+                name: "order/slow_calls".into(),
                 source: src(30, "bulkhead slow_calls on slow {\n  max_concurrent 10\n}"),
                 on: Some(prefix("/benchmark/delay/z100")),
                 match_name: "slow".into(),
                 direction: Direction::Inbound as i32,
-                key: BulkheadKey::Operation as i32,
-                max_concurrent: 10,
-                max_wait_ms: 10,
-                max_queue: None,
-                timeout_ms: 0,
-                reject_status: 408,
-                isolation: 0,
+                mode: Mode::Enforce as i32,
+                spec: Some(Spec::Bulkhead(Bulkhead {
+                    key: BulkheadKey::Operation as i32,
+                    max_concurrent: 10,
+                    max_wait_ms: 10,
+                    max_queue: None,
+                    timeout_ms: 0,
+                    reject_status: 408,
+                    isolation: 0,
+                })),
             },
-            Bulkhead {
-                rule: "order/per_instance".into(),
+            Rule {
+                name: "order/per_instance".into(),
                 source: src(37, "bulkhead per_instance on calls to inventory { ... }"),
                 on: Some(inventory.clone()),
                 match_name: String::new(),
                 direction: Direction::Outbound as i32,
-                key: BulkheadKey::Instance as i32,
-                max_concurrent: 20,
-                max_wait_ms: 50,
-                max_queue: Some(5),
-                timeout_ms: 2000,
-                reject_status: 0,
-                isolation: 0,
+                mode: Mode::Enforce as i32,
+                spec: Some(Spec::Bulkhead(Bulkhead {
+                    key: BulkheadKey::Instance as i32,
+                    max_concurrent: 20,
+                    max_wait_ms: 50,
+                    max_queue: Some(5),
+                    timeout_ms: 2000,
+                    reject_status: 0,
+                    isolation: 0,
+                })),
             },
-        ],
-        limits: vec![
-            Limit {
-                rule: "order/crm_supplier".into(),
+            Rule {
+                name: "order/crm_supplier".into(),
                 source: src(48, "limit crm_supplier on supplier { ... }"),
                 on: Some(supplier.clone()),
                 match_name: "supplier".into(),
                 direction: 0,
-                calls: Some(Rate {
-                    amount: 100,
-                    window_ms: 1000,
-                }),
-                bytes: Some(Rate {
-                    amount: 10 * 1024 * 1024,
-                    window_ms: 60_000,
-                }),
-                key: LimitKey::Consumer as i32,
-                action: LimitAction::Reject as i32,
-                max_delay_ms: 0,
-                reject_status: 429,
-                release: Some(Release {
-                    kind: Some(release::Kind::AfterMs(7_200_000)),
-                }),
-                scope: LimitScope::Cluster as i32,
-                sync: ClusterSync::Batch as i32,
-                sync_batch_ms: 100,
+                mode: Mode::Enforce as i32,
+                spec: Some(Spec::Limit(Limit {
+                    calls: Some(Rate {
+                        amount: 100,
+                        window_ms: 1000,
+                    }),
+                    bytes: Some(Rate {
+                        amount: 10 * 1024 * 1024,
+                        window_ms: 60_000,
+                    }),
+                    key: LimitKey::Consumer as i32,
+                    action: LimitAction::Reject as i32,
+                    max_delay_ms: 0,
+                    reject_status: 429,
+                    release: Some(Release {
+                        kind: Some(release::Kind::AfterMs(7_200_000)),
+                    }),
+                    scope: LimitScope::Cluster as i32,
+                    sync: ClusterSync::Batch as i32,
+                    sync_batch_ms: 100,
+                })),
             },
-            Limit {
-                rule: "order/inventory_pace".into(),
+            Rule {
+                name: "order/inventory_pace".into(),
                 source: src(57, "limit inventory_pace on calls to inventory { ... }"),
                 on: Some(inventory),
                 direction: Direction::Outbound as i32,
-                calls: Some(Rate {
-                    amount: 500,
-                    window_ms: 1000,
-                }),
-                action: LimitAction::Shape as i32,
-                max_delay_ms: 200,
-                release: Some(Release {
-                    kind: Some(release::Kind::Manual(true)),
-                }),
+                mode: Mode::Enforce as i32,
+                spec: Some(Spec::Limit(Limit {
+                    calls: Some(Rate {
+                        amount: 500,
+                        window_ms: 1000,
+                    }),
+                    action: LimitAction::Shape as i32,
+                    max_delay_ms: 200,
+                    release: Some(Release {
+                        kind: Some(release::Kind::Manual(true)),
+                    }),
+                    ..Default::default()
+                })),
                 ..Default::default()
             },
-        ],
-        fuses: vec![Fuse {
-            rule: "order/mdm".into(),
-            source: src(65, "fuse mdm on supplier { ... }"),
-            on: Some(supplier),
-            match_name: "supplier".into(),
-            direction: 0,
-            trips: vec![
-                Trip {
-                    metric: TripMetric::BusinessErrorRatio as i32,
-                    op: CompareOp::Gt as i32,
-                    count: 0,
-                    ratio_milli_percent: 50_000,
-                    window_ms: 60_000,
-                    min_calls: 20,
-                    source: src(
-                        66,
-                        "trip when business_error_ratio > 50% over 1m min_calls 20",
-                    ),
-                },
-                Trip {
-                    metric: TripMetric::SystemErrors as i32,
-                    op: CompareOp::Ge as i32,
-                    count: 10,
-                    ratio_milli_percent: 0,
-                    window_ms: 10_000,
-                    min_calls: 0,
-                    source: src(67, "trip when system_errors >= 10 over 10s"),
-                },
-            ],
-            business: Some(ErrorClass {
-                status: vec![StatusRange { from: 500, to: 599 }],
-                ..Default::default()
-            }),
-            system: Some(ErrorClass {
-                status: vec![
-                    StatusRange { from: 401, to: 401 },
-                    StatusRange { from: 403, to: 0 },
-                ],
-                connect_failure: true,
-                timeout: true,
-                reset: false,
-            }),
-            recover: Some(Recovery {
-                kind: Some(recovery::Kind::After(AutoRecovery {
-                    after_ms: 30_000,
-                    probes: 5,
+            Rule {
+                name: "order/mdm".into(),
+                source: src(65, "fuse mdm on supplier { ... }"),
+                on: Some(supplier),
+                match_name: "supplier".into(),
+                direction: 0,
+                mode: Mode::Enforce as i32,
+                spec: Some(Spec::Fuse(Fuse {
+                    trips: vec![
+                        Trip {
+                            metric: TripMetric::BusinessErrorRatio as i32,
+                            op: CompareOp::Gt as i32,
+                            count: 0,
+                            ratio_milli_percent: 50_000,
+                            window_ms: 60_000,
+                            min_calls: 20,
+                            source: src(
+                                66,
+                                "trip when business_error_ratio > 50% over 1m min_calls 20",
+                            ),
+                        },
+                        Trip {
+                            metric: TripMetric::SystemErrors as i32,
+                            op: CompareOp::Ge as i32,
+                            count: 10,
+                            ratio_milli_percent: 0,
+                            window_ms: 10_000,
+                            min_calls: 0,
+                            source: src(67, "trip when system_errors >= 10 over 10s"),
+                        },
+                    ],
+                    business: Some(ErrorClass {
+                        status: vec![StatusRange { from: 500, to: 599 }],
+                        ..Default::default()
+                    }),
+                    system: Some(ErrorClass {
+                        status: vec![
+                            StatusRange { from: 401, to: 401 },
+                            StatusRange { from: 403, to: 403 },
+                        ],
+                        connect_failure: true,
+                        timeout: true,
+                        reset: false,
+                    }),
+                    recover: Some(Recovery {
+                        kind: Some(recovery::Kind::After(AutoRecovery {
+                            after_ms: 30_000,
+                            probes: 5,
+                        })),
+                    }),
+                    reject_status: 503,
                 })),
-            }),
-            reject_status: 503,
-        }],
+            },
+        ],
         warmup: Some(Warmup {
             source: src(72, "warmup { ... }"),
             steps: vec![
@@ -331,26 +345,32 @@ fn reads_camel_case_and_string_numbers() -> Result<(), Box<dyn std::error::Error
     let json = r#"{
         "service": "order",
         "consumerHeader": "x-caller",
-        "bulkheads": [{
-            "rule": "order/b",
+        "rules": [{
+            "name": "order/b",
             "on": {"any": true},
-            "key": "BULKHEAD_KEY_INSTANCE_PATH",
-            "maxConcurrent": 3,
-            "maxWaitMs": "250"
+            "mode": "MODE_ENFORCE",
+            "bulkhead": {
+                "key": "BULKHEAD_KEY_INSTANCE_PATH",
+                "maxConcurrent": 3,
+                "maxWaitMs": "250",
+                "rejectStatus": 408
+            }
         }]
     }"#;
     let cfg: TargetConfig = serde_json::from_str(json)?;
     assert_eq!(cfg.consumer_header, "x-caller");
-    let b = &cfg.bulkheads[0];
+    let r = &cfg.rules[0];
+    assert_eq!(r.on, Some(kind(match_expr::Kind::Any(true))));
+    assert_eq!(r.mode(), Mode::Enforce);
+    let b = r.bulkhead().ok_or("a bulkhead")?;
     assert_eq!(b.max_wait_ms, 250);
     assert_eq!(b.key(), BulkheadKey::InstancePath);
-    assert_eq!(b.on, Some(kind(match_expr::Kind::Any(true))));
     Ok(())
 }
 
 #[test]
 fn rejects_unknown_enum_names() {
-    let yaml = "service: order\nbulkheads:\n- rule: order/b\n  key: BULKHEAD_KEY_NOPE\n";
+    let yaml = "service: order\nrules:\n- name: order/b\n  bulkhead: {key: BULKHEAD_KEY_NOPE}\n";
     let err = serde_yaml::from_str::<TargetConfig>(yaml);
     assert!(err.is_err());
 }

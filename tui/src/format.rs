@@ -1,7 +1,8 @@
 //! Small text formats shared by the screens.
 
 /// A duration as operators read it: `850ms`, `12s`, `3m05s`, `2h00m`, `3d04h`.
-pub(crate) fn duration(ms: u64) -> String {
+/// The TUI and `govc status` both print durations with it.
+pub fn duration(ms: u64) -> String {
     let s = ms / 1000;
     match s {
         _ if ms < 1000 => format!("{ms}ms"),
@@ -70,14 +71,19 @@ pub(crate) fn bar(value: u64, max: u64, width: usize) -> String {
     s
 }
 
-/// Upper bounds of the latency buckets, in milliseconds (the last is open).
-pub(crate) const LATENCY_BOUNDS: [&str; 8] = [
-    "≤10ms", "≤20ms", "≤50ms", "≤100ms", "≤200ms", "≤500ms", "≤1s", ">1s",
-];
+/// The label of latency bucket `i` (`≤10ms`, ..., `>1s`), from the wire's
+/// bounds ([`gov_proto::LATENCY_BOUNDS_MS`]; the last bucket is open).
+pub(crate) fn latency_bound(i: usize) -> String {
+    let bounds = gov_proto::LATENCY_BOUNDS_MS;
+    match bounds.get(i) {
+        Some(ms) => format!("≤{}", duration(*ms)),
+        None => format!(">{}", duration(bounds[bounds.len() - 1])),
+    }
+}
 
 /// The bucket label under which quantile `q` (0..1) of the calls finished;
 /// `None` with no calls.
-pub(crate) fn quantile_bucket(buckets: &[u64], q: f64) -> Option<&'static str> {
+pub(crate) fn quantile_bucket(buckets: &[u64], q: f64) -> Option<String> {
     let total: u64 = buckets.iter().sum();
     if total == 0 {
         return None;
@@ -87,10 +93,10 @@ pub(crate) fn quantile_bucket(buckets: &[u64], q: f64) -> Option<&'static str> {
     for (i, n) in buckets.iter().enumerate() {
         seen += n;
         if seen >= rank {
-            return LATENCY_BOUNDS.get(i).copied();
+            return Some(latency_bound(i));
         }
     }
-    LATENCY_BOUNDS.last().copied()
+    Some(latency_bound(buckets.len()))
 }
 
 #[cfg(test)]
@@ -127,9 +133,16 @@ mod tests {
     #[test]
     fn quantiles() {
         let b = [50, 30, 10, 5, 3, 1, 1, 0];
-        assert_eq!(quantile_bucket(&b, 0.5), Some("≤10ms"));
-        assert_eq!(quantile_bucket(&b, 0.9), Some("≤50ms"));
-        assert_eq!(quantile_bucket(&b, 0.99), Some("≤500ms"));
+        assert_eq!(quantile_bucket(&b, 0.5).as_deref(), Some("≤10ms"));
+        assert_eq!(quantile_bucket(&b, 0.9).as_deref(), Some("≤50ms"));
+        assert_eq!(quantile_bucket(&b, 0.99).as_deref(), Some("≤500ms"));
+        let labels: Vec<String> = (0..8).map(latency_bound).collect();
+        assert_eq!(
+            labels,
+            [
+                "≤10ms", "≤20ms", "≤50ms", "≤100ms", "≤200ms", "≤500ms", "≤1s", ">1s"
+            ]
+        );
         assert_eq!(quantile_bucket(&[0; 8], 0.5), None);
     }
 }

@@ -18,6 +18,7 @@ mod runtime;
 
 pub use app::{Action, App, Connection, Mode, Msg, Pane, ReleaseOutcome, update};
 pub use client::{WatchOptions, release, watch};
+pub use format::duration;
 pub use history::{RATE_WINDOW_MS, RuleRates};
 pub use render::render;
 pub use runtime::{TuiError, TuiOptions, run};

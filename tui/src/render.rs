@@ -18,7 +18,7 @@ use ratatui::widgets::{
 
 use crate::app::{App, Connection, Mode, Pane, Trip, agent_key, service_of, trip_key};
 use crate::format::{
-    LATENCY_BOUNDS, ago, bar, duration, quantile_bucket, rate, short_version, truncate,
+    ago, bar, duration, latency_bound, quantile_bucket, rate, short_version, truncate,
 };
 use crate::history::REASONS;
 use crate::proto::{AgentView, ReleaseKind, RuleKind, RuleView, SourceRef, SyncState};
@@ -377,7 +377,9 @@ fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
                 Cell::from(stats.waiting.to_string()),
                 Cell::from(rate(rates.admitted)),
                 rejected,
-                Cell::from(quantile_bucket(&stats.latency_buckets, 0.99).unwrap_or("-")),
+                Cell::from(
+                    quantile_bucket(&stats.latency_buckets, 0.99).unwrap_or_else(|| "-".into()),
+                ),
                 Cell::from(spark_text(&samples, spark_width)).red(),
             ])
         })
@@ -705,7 +707,8 @@ fn latency_lines(buckets: &[u64]) -> Vec<Line<'static>> {
     }
     // Two rows of four buckets, so that it fits a narrow pane.
     let mut lines = Vec::new();
-    for (row, (names, counts)) in LATENCY_BOUNDS.chunks(4).zip(buckets.chunks(4)).enumerate() {
+    let names: Vec<String> = (0..buckets.len()).map(latency_bound).collect();
+    for (row, (names, counts)) in names.chunks(4).zip(buckets.chunks(4)).enumerate() {
         let mut bounds = format!("{:<11}", if row == 0 { "latency" } else { "" });
         let mut shares = format!("{:<11}", "");
         for (bound, n) in names.iter().zip(counts) {

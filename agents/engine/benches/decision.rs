@@ -25,10 +25,11 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 const CONFIG: &str = include_str!("decision-config.yaml");
 
 fn engine() -> Engine {
-    let target: TargetConfig = match serde_yaml::from_str(CONFIG) {
+    let mut target: TargetConfig = match serde_yaml::from_str(CONFIG) {
         Ok(t) => t,
         Err(e) => panic!("bench config: {e}"),
     };
+    gov_proto::compiled::fill(&mut target);
     let engine = Engine::empty("order");
     if let Err(e) = engine.apply_target(&target) {
         panic!("bench config: {e}");

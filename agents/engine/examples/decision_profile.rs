@@ -23,10 +23,11 @@ fn main() {
         .next()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
-    let target: TargetConfig = match serde_yaml::from_str(CONFIG) {
+    let mut target: TargetConfig = match serde_yaml::from_str(CONFIG) {
         Ok(t) => t,
         Err(e) => panic!("config: {e}"),
     };
+    gov_proto::compiled::fill(&mut target);
     let engine = Engine::empty("order");
     if let Err(e) = engine.apply_target(&target) {
         panic!("config: {e}");

@@ -21,14 +21,20 @@ use tower::{Layer, Service, ServiceExt};
 const POLICY: &str = r#"
 service: order
 version: example
-bulkheads:
-  - rule: order/orders_calls
+consumer_header: x-gov-consumer
+rules:
+  - name: order/orders_calls
     on: { path: { kind: PATH_KIND_PREFIX, value: /orders } }
-    max_concurrent: 10
-limits:
-  - rule: order/two
+    mode: MODE_ENFORCE
+    bulkhead:
+      max_concurrent: 10
+      reject_status: 408
+  - name: order/two
     on: { path: { kind: PATH_KIND_PREFIX, value: /orders } }
-    calls: { amount: 2, window_ms: 3600000 }
+    mode: MODE_ENFORCE
+    limit:
+      calls: { amount: 2, window_ms: 3600000 }
+      reject_status: 429
 "#;
 
 #[tokio::main(flavor = "current_thread")]

@@ -6,7 +6,10 @@
 //! `Router`, durations become [`Duration`]s, status
 //! codes [`StatusCode`]s and header names [`HeaderName`]s. Bad wire data is a
 //! typed [`InvalidConfig`] that names the rule at fault, so the agent can NACK
-//! it with the rule and keep its previous config.
+//! it with the rule and keep its previous config. Nothing is filled in: the
+//! compiler writes every value (`gov_proto::compiled`), and a config without
+//! one, or with a kind, mode or enum value this agent does not know, is
+//! refused.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -16,9 +19,6 @@ use gov_proto::v1 as proto;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::route::{Cond, Router};
-
-/// The consumer header when the config names none.
-pub const DEFAULT_CONSUMER_HEADER: &str = "x-gov-consumer";
 
 /// A validated, compiled `TargetConfig`.
 #[derive(Debug)]
@@ -71,30 +71,9 @@ pub enum Direction {
     Outbound,
 }
 
-/// The kind of a rule, for stats and commands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RuleKind {
-    Bulkhead,
-    Limit,
-    Fuse,
-}
-
-impl From<RuleKind> for proto::RuleKind {
-    fn from(kind: RuleKind) -> Self {
-        match kind {
-            RuleKind::Bulkhead => proto::RuleKind::Bulkhead,
-            RuleKind::Limit => proto::RuleKind::Limit,
-            RuleKind::Fuse => proto::RuleKind::Fuse,
-        }
-    }
-}
-
-impl RuleKind {
-    /// The kind's keyword (`bulkhead`, ...), as the wire's [`proto::RuleKind::word`].
-    pub fn word(self) -> &'static str {
-        proto::RuleKind::from(self).word()
-    }
-}
+/// The kind of a rule, for stats and commands: the wire's enum (kinds are
+/// named once, in gov-proto, with their word, [`RuleKind::word`]).
+pub use proto::RuleKind;
 
 /// What a rule does. Equal specs under the same rule name keep their state
 /// across a config swap.
@@ -318,6 +297,14 @@ pub enum InvalidConfig {
     #[error("consumer header `{header}` is not a valid header name")]
     #[diagnostic(code(gov::agent::consumer_header))]
     ConsumerHeader { header: String },
+    #[error("the config names no consumer header (`consumer_header` is empty)")]
+    #[diagnostic(
+        code(gov::agent::no_consumer_header),
+        help(
+            "compile the policy with `govc compile`: it always writes one (`x-gov-consumer` unless the service says `consumer from header`)"
+        )
+    )]
+    NoConsumerHeader,
     #[error("the config has {count} rules, more than the agent supports ({max})")]
     #[diagnostic(code(gov::agent::too_many_rules))]
     TooManyRules { count: usize, max: usize },
@@ -330,7 +317,9 @@ impl InvalidConfig {
             InvalidConfig::Rule { rule, .. }
             | InvalidConfig::Duplicate { rule }
             | InvalidConfig::NoClusterStore { rule } => Some(rule),
-            InvalidConfig::ConsumerHeader { .. } | InvalidConfig::TooManyRules { .. } => None,
+            InvalidConfig::ConsumerHeader { .. }
+            | InvalidConfig::NoConsumerHeader
+            | InvalidConfig::TooManyRules { .. } => None,
         }
     }
 }
@@ -347,7 +336,7 @@ impl CompiledConfig {
             service: service.into(),
             domain: "".into(),
             version: "".into(),
-            consumer_header: HeaderName::from_static(DEFAULT_CONSUMER_HEADER),
+            consumer_header: HeaderName::from_static(gov_proto::compiled::CONSUMER_HEADER),
             rules: Vec::new(),
             inbound: Router::default(),
             outbound: Router::default(),
@@ -373,51 +362,23 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
     type Error = InvalidConfig;
 
     fn try_from(t: &proto::TargetConfig) -> Result<Self, InvalidConfig> {
-        let consumer_header = if t.consumer_header.is_empty() {
-            HeaderName::from_static(DEFAULT_CONSUMER_HEADER)
-        } else {
-            HeaderName::from_bytes(t.consumer_header.to_ascii_lowercase().as_bytes()).map_err(
-                |_| InvalidConfig::ConsumerHeader {
-                    header: t.consumer_header.clone(),
-                },
-            )?
-        };
+        if t.consumer_header.is_empty() {
+            return Err(InvalidConfig::NoConsumerHeader);
+        }
+        let consumer_header = HeaderName::from_bytes(
+            t.consumer_header.to_ascii_lowercase().as_bytes(),
+        )
+        .map_err(|_| InvalidConfig::ConsumerHeader {
+            header: t.consumer_header.clone(),
+        })?;
 
-        let mut rules = Vec::new();
-        for b in &t.bulkheads {
-            let ctx = Ctx::new(&b.rule);
-            rules.push(ctx.rule(
-                b.source.as_ref(),
-                b.direction(),
-                b.on.as_ref(),
-                RuleSpec::Bulkhead(bulkhead(&ctx, b)?),
-            )?);
-        }
-        for l in &t.limits {
-            let ctx = Ctx::new(&l.rule);
-            rules.push(ctx.rule(
-                l.source.as_ref(),
-                l.direction(),
-                l.on.as_ref(),
-                RuleSpec::Limit(limit(&ctx, l)?),
-            )?);
-        }
-        for f in &t.fuses {
-            let ctx = Ctx::new(&f.rule);
-            rules.push(ctx.rule(
-                f.source.as_ref(),
-                f.direction(),
-                f.on.as_ref(),
-                RuleSpec::Fuse(fuse(&ctx, f)?),
-            )?);
-        }
-
-        if rules.len() > MAX_RULES {
+        if t.rules.len() > MAX_RULES {
             return Err(InvalidConfig::TooManyRules {
-                count: rules.len(),
+                count: t.rules.len(),
                 max: MAX_RULES,
             });
         }
+        let rules = t.rules.iter().map(rule).collect::<Result<Vec<_>, _>>()?;
         let mut seen = HashSet::new();
         for r in &rules {
             if !seen.insert(r.name.clone()) {
@@ -466,19 +427,26 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    fn rule(
-        &self,
-        source: Option<&proto::SourceRef>,
-        direction: proto::Direction,
-        on: Option<&proto::MatchExpr>,
-        spec: RuleSpec,
-    ) -> Result<Rule, InvalidConfig> {
+    /// The header of `r` with its `spec`.
+    fn rule(&self, r: &proto::Rule, spec: RuleSpec) -> Result<Rule, InvalidConfig> {
         if self.rule.is_empty() {
             return Err(self.err("the rule has no name"));
         }
-        let on = on.ok_or_else(|| self.err("`on` is missing"))?;
+        match proto::Mode::try_from(r.mode) {
+            Ok(proto::Mode::Enforce) => {}
+            Ok(proto::Mode::Unspecified) => return Err(self.err("`mode` is missing")),
+            Err(_) => {
+                return Err(self.err(format!(
+                    "mode {} is unknown to this agent (upgrade the agent, or apply the rule with mode enforce)",
+                    r.mode
+                )));
+            }
+        }
+        let on = r.on.as_ref().ok_or_else(|| self.err("`on` is missing"))?;
         let on = self.cond(on, 0)?;
-        let source = source
+        let source = r
+            .source
+            .as_ref()
             .map(|s| SourceRef {
                 file: s.file.as_str().into(),
                 line: s.line,
@@ -486,9 +454,10 @@ impl<'a> Ctx<'a> {
                 snippet: s.snippet.as_str().into(),
             })
             .unwrap_or_default();
-        let direction = match direction {
-            proto::Direction::Inbound => Direction::Inbound,
-            proto::Direction::Outbound => Direction::Outbound,
+        let direction = match proto::Direction::try_from(r.direction) {
+            Ok(proto::Direction::Inbound) => Direction::Inbound,
+            Ok(proto::Direction::Outbound) => Direction::Outbound,
+            Err(_) => return Err(self.err(format!("direction {} is unknown", r.direction))),
         };
         Ok(Rule {
             name: self.rule.into(),
@@ -514,7 +483,7 @@ impl<'a> Ctx<'a> {
                 if !p.value.starts_with('/') {
                     return Err(self.err(format!("path `{}` does not start with `/`", p.value)));
                 }
-                match p.kind() {
+                match self.known::<proto::PathKind>("path.kind", p.kind)? {
                     proto::PathKind::Exact => Cond::PathExact(p.value.as_str().into()),
                     proto::PathKind::Prefix => Cond::PathPrefix(p.value.as_str().into()),
                 }
@@ -551,6 +520,13 @@ impl<'a> Ctx<'a> {
         })
     }
 
+    /// An enum value this agent knows: an unknown one (from a newer
+    /// compiler) is refused, never read as the enum's first value.
+    fn known<E: TryFrom<i32>>(&self, field: &str, value: i32) -> Result<E, InvalidConfig> {
+        E::try_from(value)
+            .map_err(|_| self.err(format!("`{field}` {value} is unknown to this agent")))
+    }
+
     fn positive_ms(&self, field: &str, ms: u64) -> Result<Duration, InvalidConfig> {
         if ms == 0 {
             return Err(self.err(format!("`{field}` must be > 0")));
@@ -558,9 +534,9 @@ impl<'a> Ctx<'a> {
         Ok(Duration::from_millis(ms))
     }
 
-    fn status(&self, code: u32, default: StatusCode) -> Result<StatusCode, InvalidConfig> {
+    fn status(&self, code: u32) -> Result<StatusCode, InvalidConfig> {
         if code == 0 {
-            return Ok(default);
+            return Err(self.err("`reject_status` is missing"));
         }
         u16::try_from(code)
             .ok()
@@ -580,12 +556,30 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// One wire rule: its kind's spec, then the shared header. The one place
+/// that turns a `oneof spec` into a [`RuleSpec`].
+fn rule(r: &proto::Rule) -> Result<Rule, InvalidConfig> {
+    use proto::rule::Spec;
+    let ctx = Ctx::new(&r.name);
+    let spec = match &r.spec {
+        Some(Spec::Bulkhead(b)) => RuleSpec::Bulkhead(bulkhead(&ctx, b)?),
+        Some(Spec::Limit(l)) => RuleSpec::Limit(limit(&ctx, l)?),
+        Some(Spec::Fuse(f)) => RuleSpec::Fuse(fuse(&ctx, f)?),
+        None => {
+            return Err(ctx.err(
+                "the rule has no spec: its kind is missing, or one this agent does not know (upgrade the agent)",
+            ));
+        }
+    };
+    ctx.rule(r, spec)
+}
+
 fn bulkhead(ctx: &Ctx<'_>, b: &proto::Bulkhead) -> Result<BulkheadSpec, InvalidConfig> {
     if b.max_concurrent == 0 {
         return Err(ctx.err("`max_concurrent` must be > 0"));
     }
     Ok(BulkheadSpec {
-        key: match b.key() {
+        key: match ctx.known::<proto::BulkheadKey>("key", b.key)? {
             proto::BulkheadKey::Operation => BulkheadKey::Operation,
             proto::BulkheadKey::Instance => BulkheadKey::Instance,
             proto::BulkheadKey::InstancePath => BulkheadKey::InstancePath,
@@ -594,7 +588,7 @@ fn bulkhead(ctx: &Ctx<'_>, b: &proto::Bulkhead) -> Result<BulkheadSpec, InvalidC
         max_wait: Duration::from_millis(b.max_wait_ms),
         max_queue: b.max_queue,
         timeout: (b.timeout_ms > 0).then(|| Duration::from_millis(b.timeout_ms)),
-        reject_status: ctx.status(b.reject_status, StatusCode::REQUEST_TIMEOUT)?,
+        reject_status: ctx.status(b.reject_status)?,
     })
 }
 
@@ -604,7 +598,7 @@ fn limit(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, InvalidConfig> {
     if calls.is_none() && bytes.is_none() {
         return Err(ctx.err("neither `calls` nor `bytes` is set"));
     }
-    let action = match l.action() {
+    let action = match ctx.known::<proto::LimitAction>("action", l.action)? {
         proto::LimitAction::Reject => LimitAction::Reject,
         proto::LimitAction::Shape => LimitAction::Shape {
             max_delay: ctx.positive_ms("max_delay_ms", l.max_delay_ms)?,
@@ -617,7 +611,10 @@ fn limit(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, InvalidConfig> {
         )),
         Some(proto::release::Kind::Manual(_)) => Some(ReleaseSpec::Manual),
     };
-    let scope = match (l.scope(), l.sync()) {
+    let scope = match (
+        ctx.known::<proto::LimitScope>("scope", l.scope)?,
+        ctx.known::<proto::ClusterSync>("sync", l.sync)?,
+    ) {
         (proto::LimitScope::Local, _) => LimitScope::Local,
         (proto::LimitScope::Cluster, proto::ClusterSync::Exact) => LimitScope::ClusterExact,
         (proto::LimitScope::Cluster, proto::ClusterSync::Batch) => {
@@ -627,14 +624,14 @@ fn limit(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, InvalidConfig> {
     Ok(LimitSpec {
         calls,
         bytes,
-        key: match l.key() {
+        key: match ctx.known::<proto::LimitKey>("key", l.key)? {
             proto::LimitKey::All => LimitKey::All,
             proto::LimitKey::Domain => LimitKey::Domain,
             proto::LimitKey::Service => LimitKey::Service,
             proto::LimitKey::Consumer => LimitKey::Consumer,
         },
         action,
-        reject_status: ctx.status(l.reject_status, StatusCode::TOO_MANY_REQUESTS)?,
+        reject_status: ctx.status(l.reject_status)?,
         release,
         scope,
     })
@@ -648,7 +645,7 @@ fn fuse(ctx: &Ctx<'_>, f: &proto::Fuse) -> Result<FuseSpec, InvalidConfig> {
         .trips
         .iter()
         .map(|t| {
-            let metric = match t.metric() {
+            let metric = match ctx.known::<proto::TripMetric>("trip.metric", t.metric)? {
                 proto::TripMetric::Errors => TripMetric::Errors,
                 proto::TripMetric::ErrorRatio => TripMetric::ErrorRatio,
                 proto::TripMetric::BusinessErrors => TripMetric::BusinessErrors,
@@ -666,7 +663,7 @@ fn fuse(ctx: &Ctx<'_>, f: &proto::Fuse) -> Result<FuseSpec, InvalidConfig> {
             };
             Ok(TripSpec {
                 metric,
-                op: match t.op() {
+                op: match ctx.known::<proto::CompareOp>("trip.op", t.op)? {
                     proto::CompareOp::Gt => CompareOp::Gt,
                     proto::CompareOp::Ge => CompareOp::Ge,
                 },
@@ -677,23 +674,12 @@ fn fuse(ctx: &Ctx<'_>, f: &proto::Fuse) -> Result<FuseSpec, InvalidConfig> {
         })
         .collect::<Result<Vec<_>, _>>()?;
 
-    let (business, system) = match (&f.business, &f.system) {
-        (None, None) => {
-            let mut business = Classifier::default();
-            business.add_statuses(500, 599);
-            let system = Classifier {
-                connect_failure: true,
-                timeout: true,
-                reset: true,
-                ..Classifier::default()
-            };
-            (business, system)
-        }
-        (b, s) => (classifier(ctx, b.as_ref())?, classifier(ctx, s.as_ref())?),
-    };
+    let business = classifier(ctx, "business", f.business.as_ref())?;
+    let system = classifier(ctx, "system", f.system.as_ref())?;
 
     let recover = match f.recover.as_ref().and_then(|r| r.kind.as_ref()) {
-        None | Some(proto::recovery::Kind::Manual(_)) => RecoverSpec::Manual,
+        None => return Err(ctx.err("`recover` is missing")),
+        Some(proto::recovery::Kind::Manual(_)) => RecoverSpec::Manual,
         Some(proto::recovery::Kind::After(a)) => {
             if a.probes == 0 {
                 return Err(ctx.err("`recover.after.probes` must be > 0"));
@@ -709,16 +695,21 @@ fn fuse(ctx: &Ctx<'_>, f: &proto::Fuse) -> Result<FuseSpec, InvalidConfig> {
         business,
         system,
         recover,
-        reject_status: ctx.status(f.reject_status, StatusCode::SERVICE_UNAVAILABLE)?,
+        reject_status: ctx.status(f.reject_status)?,
     })
 }
 
-fn classifier(ctx: &Ctx<'_>, c: Option<&proto::ErrorClass>) -> Result<Classifier, InvalidConfig> {
+fn classifier(
+    ctx: &Ctx<'_>,
+    class: &str,
+    c: Option<&proto::ErrorClass>,
+) -> Result<Classifier, InvalidConfig> {
     let mut out = Classifier::default();
-    let Some(c) = c else { return Ok(out) };
+    let Some(c) = c else {
+        return Err(ctx.err(format!("`{class}` (the error class) is missing")));
+    };
     for r in &c.status {
-        let to = if r.to == 0 { r.from } else { r.to };
-        let (Ok(from), Ok(to)) = (u16::try_from(r.from), u16::try_from(to)) else {
+        let (Ok(from), Ok(to)) = (u16::try_from(r.from), u16::try_from(r.to)) else {
             return Err(ctx.err(format!("status range {}..{} is out of range", r.from, r.to)));
         };
         if from < 100 || to > 599 || from > to {

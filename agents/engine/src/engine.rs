@@ -1390,15 +1390,17 @@ mod tests {
 
     const BULKHEAD: &str = r#"
 service: order
-bulkheads:
-- rule: order/slow_calls
+rules:
+- name: order/slow_calls
   on: {path: {kind: PATH_KIND_PREFIX, value: /slow}}
-  max_concurrent: 2
+  bulkhead:
+    max_concurrent: 2
 "#;
 
     fn engine(yaml: &str) -> Engine {
         let engine = Engine::empty("order");
-        let target: proto::TargetConfig = serde_yaml::from_str(yaml).unwrap_or_default();
+        let mut target: proto::TargetConfig = serde_yaml::from_str(yaml).unwrap_or_default();
+        gov_proto::compiled::fill(&mut target);
         assert!(engine.apply_target(&target).is_ok());
         engine
     }

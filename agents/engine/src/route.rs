@@ -393,11 +393,16 @@ mod tests {
     }
 
     /// A rule that only matches: a bulkhead, the simplest kind.
-    fn rule(name: &str, on: proto::MatchExpr) -> proto::Bulkhead {
-        proto::Bulkhead {
-            rule: format!("svc/{name}"),
+    fn rule(name: &str, on: proto::MatchExpr) -> proto::Rule {
+        proto::Rule {
+            name: format!("svc/{name}"),
             on: Some(on),
-            max_concurrent: 1,
+            mode: proto::Mode::Enforce as i32,
+            spec: Some(proto::rule::Spec::Bulkhead(proto::Bulkhead {
+                max_concurrent: 1,
+                reject_status: gov_proto::compiled::BULKHEAD_REJECT_STATUS,
+                ..Default::default()
+            })),
             ..Default::default()
         }
     }
@@ -434,7 +439,7 @@ mod tests {
     fn matches_paths_methods_headers_consumers() {
         let t = proto::TargetConfig {
             service: "svc".into(),
-            bulkheads: vec![
+            rules: vec![
                 rule("a_prefix", prefix("/a")),
                 rule("ab_prefix", prefix("/a/b")),
                 rule("exact", exact("/a/b/c")),
@@ -467,7 +472,7 @@ mod tests {
                     })),
                 ),
             ],
-            ..Default::default()
+            ..gov_proto::compiled::target("svc")
         };
         let cfg = CompiledConfig::try_from(&t).unwrap();
         assert_eq!(matched(&cfg, "GET", "/zzz", &[]), ["svc/any"]);
@@ -504,7 +509,7 @@ mod tests {
         let get = || expr(Kind::Method("GET".into()));
         let t = proto::TargetConfig {
             service: "svc".into(),
-            bulkheads: vec![
+            rules: vec![
                 rule("eight", prefix("/abcdefg")),
                 rule("ten", prefix("/abcdefghi")),
                 rule("ten_other", prefix("/abcdefgXY")),
@@ -513,7 +518,7 @@ mod tests {
                 rule("nested", and(vec![and(vec![prefix("/n"), get()]), get()])),
                 rule("exact_get", and(vec![exact("/e"), get()])),
             ],
-            ..Default::default()
+            ..gov_proto::compiled::target("svc")
         };
         let cfg = CompiledConfig::try_from(&t).unwrap();
         assert_eq!(matched(&cfg, "GET", "/abcdef", &[]), Vec::<String>::new());
@@ -542,12 +547,12 @@ mod tests {
     #[test]
     fn prefixes_sorted_longest_first() {
         let t = proto::TargetConfig {
-            bulkheads: vec![
+            rules: vec![
                 rule("a", prefix("/a")),
                 rule("abc", prefix("/abc")),
                 rule("ab", prefix("/ab")),
             ],
-            ..Default::default()
+            ..gov_proto::compiled::target("svc")
         };
         let cfg = CompiledConfig::try_from(&t).unwrap();
         let lens: Vec<usize> = cfg.inbound.prefixes.iter().map(|p| p.text.len()).collect();

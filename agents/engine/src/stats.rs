@@ -14,7 +14,8 @@ use crate::stripe::{self, Slot, Striped};
 
 /// Upper bounds (inclusive, milliseconds) of the latency buckets; one more
 /// bucket counts everything above the last bound.
-pub const LATENCY_BUCKETS_MS: [u64; 7] = [10, 20, 50, 100, 200, 500, 1000];
+/// The wire's table ([`gov_proto::LATENCY_BOUNDS_MS`]).
+pub const LATENCY_BUCKETS_MS: [u64; 7] = gov_proto::LATENCY_BOUNDS_MS;
 
 /// Number of latency buckets (`LATENCY_BUCKETS_MS` plus `+Inf`).
 pub const LATENCY_BUCKETS: usize = LATENCY_BUCKETS_MS.len() + 1;
@@ -157,7 +158,7 @@ impl RuleStats {
         let r = |reason| self.rejected(reason);
         proto::RuleStats {
             rule: self.rule.to_string(),
-            kind: proto::RuleKind::from(self.kind) as i32,
+            kind: self.kind as i32,
             in_flight: self.in_flight,
             waiting: self.waiting,
             admitted: self.admitted,

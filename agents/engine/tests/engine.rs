@@ -22,8 +22,11 @@ use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
+/// A hand-written config, with the compiler's values where it leaves them out.
 fn target(yaml: &str) -> TargetConfig {
-    serde_yaml::from_str(yaml).unwrap()
+    let mut t = serde_yaml::from_str(yaml).unwrap();
+    gov_proto::compiled::fill(&mut t);
+    t
 }
 
 fn engine(yaml: &str) -> Engine {
@@ -73,12 +76,13 @@ fn stats(engine: &Engine, rule: &str) -> gov_engine::RuleStats {
 const BULKHEAD: &str = r#"
 service: order
 version: v1
-bulkheads:
-- rule: order/slow_calls
+rules:
+- name: order/slow_calls
   on: {path: {kind: PATH_KIND_PREFIX, value: /slow}}
-  max_concurrent: 2
-  max_wait_ms: 10
-  reject_status: 408
+  bulkhead:
+    max_concurrent: 2
+    max_wait_ms: 10
+    reject_status: 408
 "#;
 
 #[tokio::test(start_paused = true)]
@@ -143,20 +147,22 @@ async fn a_waiting_call_gets_the_next_permit() {
 const LIMIT: &str = r#"
 service: order
 consumer_header: x-gov-consumer
-limits:
-- rule: order/crm_supplier
+rules:
+- name: order/crm_supplier
   on:
     and:
       exprs:
       - path: {kind: PATH_KIND_PREFIX, value: /mdm/supplier}
       - consumer: crm
-  calls: {amount: 2, window_ms: 1000}
-  key: LIMIT_KEY_CONSUMER
-- rule: order/per_consumer
+  limit:
+    calls: {amount: 2, window_ms: 1000}
+    key: LIMIT_KEY_CONSUMER
+- name: order/per_consumer
   on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
-  calls: {amount: 1, window_ms: 1000}
-  key: LIMIT_KEY_CONSUMER
-  release: {after_ms: 7200000}
+  limit:
+    calls: {amount: 1, window_ms: 1000}
+    key: LIMIT_KEY_CONSUMER
+    release: {after_ms: 7200000}
 "#;
 
 #[tokio::test(start_paused = true)]
@@ -223,10 +229,11 @@ async fn byte_limit_counts_streamed_bytes() {
     let e = engine(
         r#"
 service: order
-limits:
-- rule: order/bytes
+rules:
+- name: order/bytes
   on: {any: true}
-  bytes: {amount: 1000, window_ms: 60000}
+  limit:
+    bytes: {amount: 1000, window_ms: 60000}
 "#,
     );
     let a = now(&e, "/upload", None).unwrap();
@@ -243,19 +250,20 @@ limits:
 
 const OUTBOUND: &str = r#"
 service: order
-limits:
-- rule: order/inventory_pace
+rules:
+- name: order/inventory_pace
   on: {calls_to: inventory}
   direction: DIRECTION_OUTBOUND
-  calls: {amount: 2, window_ms: 100}
-  action: LIMIT_ACTION_SHAPE
-  max_delay_ms: 150
-bulkheads:
-- rule: order/per_instance
+  limit:
+    calls: {amount: 2, window_ms: 100}
+    action: LIMIT_ACTION_SHAPE
+    max_delay_ms: 150
+- name: order/per_instance
   on: {calls_to: inventory}
   direction: DIRECTION_OUTBOUND
-  key: BULKHEAD_KEY_INSTANCE
-  max_concurrent: 1
+  bulkhead:
+    key: BULKHEAD_KEY_INSTANCE
+    max_concurrent: 1
 "#;
 
 #[tokio::test(start_paused = true)]
@@ -307,17 +315,18 @@ async fn shaping_gives_up_beyond_max_delay() {
 
 const FUSE: &str = r#"
 service: order
-fuses:
-- rule: order/mdm
+rules:
+- name: order/mdm
   on: {path: {kind: PATH_KIND_PREFIX, value: /mdm}}
-  trips:
-  - metric: TRIP_METRIC_BUSINESS_ERROR_RATIO
-    op: COMPARE_OP_GT
-    ratio_milli_percent: 50000
-    window_ms: 60000
-    min_calls: 4
-  business:
-    status: [{from: 500, to: 599}]
+  fuse:
+    trips:
+    - metric: TRIP_METRIC_BUSINESS_ERROR_RATIO
+      op: COMPARE_OP_GT
+      ratio_milli_percent: 50000
+      window_ms: 60000
+      min_calls: 4
+    business:
+      status: [{from: 500, to: 599}]
 "#;
 
 #[tokio::test(start_paused = true)]
@@ -364,12 +373,13 @@ async fn fuse_recovers_through_half_open_probes() {
     let e = engine(
         r#"
 service: inventory
-fuses:
-- rule: inventory/stock_errors
+rules:
+- name: inventory/stock_errors
   on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
-  trips:
-  - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 30000}
-  recover: {after: {after_ms: 30000, probes: 2}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 30000}
+    recover: {after: {after_ms: 30000, probes: 2}}
 "#,
     );
     let mut events = e.subscribe();
@@ -420,20 +430,22 @@ async fn timeouts_take_the_shortest_and_count_for_fuses() {
     let e = engine(
         r#"
 service: order
-bulkheads:
-- rule: order/api_timeout
+rules:
+- name: order/api_timeout
   on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
-  max_concurrent: 1000
-  timeout_ms: 300
-- rule: order/api_bulkhead
+  bulkhead:
+    max_concurrent: 1000
+    timeout_ms: 300
+- name: order/api_bulkhead
   on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
-  max_concurrent: 10
-  timeout_ms: 2000
-fuses:
-- rule: order/api_fuse
+  bulkhead:
+    max_concurrent: 10
+    timeout_ms: 2000
+- name: order/api_fuse
   on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
-  trips:
-  - {metric: TRIP_METRIC_SYSTEM_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 10000}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_SYSTEM_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 10000}
 "#,
     );
     let a = now(&e, "/api/x", None).unwrap();
@@ -461,14 +473,15 @@ async fn a_refused_call_returns_the_permits_it_took() {
     let e = engine(
         r#"
 service: order
-bulkheads:
-- rule: order/b
+rules:
+- name: order/b
   on: {any: true}
-  max_concurrent: 1
-limits:
-- rule: order/l
+  bulkhead:
+    max_concurrent: 1
+- name: order/l
   on: {path: {kind: PATH_KIND_EXACT, value: /limited}}
-  calls: {amount: 1, window_ms: 1000}
+  limit:
+    calls: {amount: 1, window_ms: 1000}
 "#,
     );
     // Limits are checked before bulkheads, so a refused call holds nothing.
@@ -541,12 +554,91 @@ async fn an_invalid_config_is_refused_and_the_old_one_stays() {
         "{BULKHEAD}{}",
         BULKHEAD
             .lines()
-            .skip_while(|l| !l.starts_with("- rule"))
+            .skip_while(|l| !l.starts_with("- name"))
             .collect::<Vec<_>>()
             .join("\n")
     );
     let err = e.apply_target(&target(&dup)).unwrap_err();
     assert_eq!(err.to_string(), "rule `order/slow_calls` is defined twice");
+}
+
+/// The engine fills in no default: a config missing a value the compiler
+/// always writes (or carrying a kind, mode or enum value this agent does not
+/// know) is refused, naming the rule, and the config in force stays.
+#[test]
+fn a_missing_or_unknown_value_is_refused_naming_the_rule() {
+    use gov_proto::v1::rule::Spec;
+    fn spec(t: &mut TargetConfig, i: usize) -> &mut Spec {
+        t.rules[i].spec.as_mut().unwrap()
+    }
+    fn bulkhead(t: &mut TargetConfig) -> &mut gov_proto::v1::Bulkhead {
+        match spec(t, 0) {
+            Spec::Bulkhead(b) => b,
+            _ => panic!("rule 0 is a bulkhead"),
+        }
+    }
+    fn fuse(t: &mut TargetConfig) -> &mut gov_proto::v1::Fuse {
+        match spec(t, 0) {
+            Spec::Fuse(f) => f,
+            _ => panic!("rule 0 is a fuse"),
+        }
+    }
+    fn limit(t: &mut TargetConfig) -> &mut gov_proto::v1::Limit {
+        match spec(t, 0) {
+            Spec::Limit(l) => l,
+            _ => panic!("rule 0 is a limit"),
+        }
+    }
+    type Break = fn(&mut TargetConfig);
+    let cases: [(&str, &str, Break); 13] = [
+        (BULKHEAD, "names no consumer header", |t| {
+            t.consumer_header.clear()
+        }),
+        (BULKHEAD, "`mode` is missing", |t| t.rules[0].mode = 0),
+        (BULKHEAD, "mode 9 is unknown to this agent", |t| {
+            t.rules[0].mode = 9
+        }),
+        (BULKHEAD, "the rule has no spec", |t| t.rules[0].spec = None),
+        (BULKHEAD, "`on` is missing", |t| t.rules[0].on = None),
+        (BULKHEAD, "direction 5 is unknown", |t| {
+            t.rules[0].direction = 5
+        }),
+        (BULKHEAD, "`reject_status` is missing", |t| {
+            bulkhead(t).reject_status = 0
+        }),
+        (BULKHEAD, "`key` 9 is unknown to this agent", |t| {
+            bulkhead(t).key = 9
+        }),
+        (LIMIT, "`reject_status` is missing", |t| {
+            limit(t).reject_status = 0
+        }),
+        (FUSE, "`reject_status` is missing", |t| {
+            fuse(t).reject_status = 0
+        }),
+        (FUSE, "`business` (the error class) is missing", |t| {
+            fuse(t).business = None
+        }),
+        (FUSE, "`system` (the error class) is missing", |t| {
+            fuse(t).system = None
+        }),
+        (FUSE, "`recover` is missing", |t| fuse(t).recover = None),
+    ];
+    for (yaml, expected, break_it) in cases {
+        let e = engine(yaml);
+        let before = e.config();
+        let mut t = target(yaml);
+        t.version = "broken".into();
+        break_it(&mut t);
+        let err = e.apply_target(&t).unwrap_err();
+        assert!(err.to_string().contains(expected), "{expected}: {err}");
+        if !expected.contains("consumer header") {
+            assert_eq!(err.rule(), Some(t.rules[0].name.as_str()), "{err}");
+        }
+        assert!(
+            std::sync::Arc::ptr_eq(&before, &e.config()),
+            "{expected}: the config in force stays"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -575,14 +667,15 @@ async fn tower_layer_governs_a_real_service() {
     let e = engine(
         r#"
 service: order
-bulkheads:
-- rule: order/slow_calls
+rules:
+- name: order/slow_calls
   on: {path: {kind: PATH_KIND_PREFIX, value: /slow}}
-  max_concurrent: 1
-limits:
-- rule: order/bytes
+  bulkhead:
+    max_concurrent: 1
+- name: order/bytes
   on: {path: {kind: PATH_KIND_PREFIX, value: /big}}
-  bytes: {amount: 100, window_ms: 60000}
+  limit:
+    bytes: {amount: 100, window_ms: 60000}
 "#,
     );
     let inner = tower::service_fn(
@@ -657,12 +750,13 @@ async fn tower_layer_waits_and_times_out() {
     let e = engine(
         r#"
 service: order
-bulkheads:
-- rule: order/b
+rules:
+- name: order/b
   on: {any: true}
-  max_concurrent: 1
-  max_wait_ms: 500
-  timeout_ms: 200
+  bulkhead:
+    max_concurrent: 1
+    max_wait_ms: 500
+    timeout_ms: 200
 "#,
     );
     let inner = tower::service_fn(
@@ -713,11 +807,12 @@ async fn waiters_on_two_threads_never_exceed_the_permits() {
     let e = engine(
         r#"
 service: order
-bulkheads:
-- rule: order/b
+rules:
+- name: order/b
   on: {any: true}
-  max_concurrent: 3
-  max_wait_ms: 10000
+  bulkhead:
+    max_concurrent: 3
+    max_wait_ms: 10000
 "#,
     );
     let holding = Arc::new(AtomicU32::new(0));
@@ -771,15 +866,17 @@ async fn a_config_swap_is_atomic_per_request() {
             r#"
 service: order
 version: {version}
-bulkheads:
-- rule: order/t_{version}
+rules:
+- name: order/t_{version}
   on: {{any: true}}
-  max_concurrent: 1000
-  timeout_ms: {ms}
-- rule: order/b_{version}
+  bulkhead:
+    max_concurrent: 1000
+    timeout_ms: {ms}
+- name: order/b_{version}
   on: {{any: true}}
-  max_concurrent: 1000
-  timeout_ms: {}
+  bulkhead:
+    max_concurrent: 1000
+    timeout_ms: {}
 "#,
             ms * 10
         ))
@@ -920,17 +1017,18 @@ const LATCHING: &str = r#"
 service: order
 version: v1
 consumer_header: x-gov-consumer
-fuses:
-- rule: order/mdm
+rules:
+- name: order/mdm
   on: {path: {kind: PATH_KIND_PREFIX, value: /mdm}}
-  trips:
-  - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 10000}
-limits:
-- rule: order/per_consumer
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 10000}
+- name: order/per_consumer
   on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
-  calls: {amount: 1, window_ms: 1000}
-  key: LIMIT_KEY_CONSUMER
-  release: {after_ms: 7200000}
+  limit:
+    calls: {amount: 1, window_ms: 1000}
+    key: LIMIT_KEY_CONSUMER
+    release: {after_ms: 7200000}
 "#;
 
 /// The wall clock these tests pretend it is (engine time is paused).
@@ -1065,7 +1163,11 @@ async fn a_config_swap_that_changes_a_latched_rule_keeps_its_latch() {
     );
     assert_eq!(events.try_recv().ok(), None, "a swap releases nothing");
     // A rule that is gone takes its latch with it.
-    let gone = changed.split("limits:").next().unwrap().to_owned();
+    let gone = changed
+        .split("- name: order/per_consumer")
+        .next()
+        .unwrap()
+        .to_owned();
     e.apply_target(&target(&gone)).unwrap();
     assert_eq!(e.latches(T0).len(), 1);
 }
@@ -1074,7 +1176,7 @@ async fn a_config_swap_that_changes_a_latched_rule_keeps_its_latch() {
 
 fn one_bulkhead(max: u32) -> String {
     format!(
-        "service: order\nbulkheads:\n- rule: order/calls\n  on: {{path: {{kind: PATH_KIND_PREFIX, value: /x}}}}\n  max_concurrent: {max}\n"
+        "service: order\nrules:\n- name: order/calls\n  on: {{path: {{kind: PATH_KIND_PREFIX, value: /x}}}}\n  bulkhead: {{max_concurrent: {max}}}\n"
     )
 }
 

@@ -26,31 +26,34 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 const CONFIG: &str = r#"
 service: order
 consumer_header: x-gov-consumer
-bulkheads:
-- rule: order/api_calls
+rules:
+- name: order/api_calls
   on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
-  max_concurrent: 1000
-  timeout_ms: 5000
-- rule: order/per_instance
+  bulkhead:
+    max_concurrent: 1000
+    timeout_ms: 5000
+- name: order/per_instance
   on: {calls_to: inventory}
   direction: DIRECTION_OUTBOUND
-  key: BULKHEAD_KEY_INSTANCE
-  max_concurrent: 20
-limits:
-- rule: order/per_consumer
+  bulkhead:
+    key: BULKHEAD_KEY_INSTANCE
+    max_concurrent: 20
+- name: order/per_consumer
   on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
-  calls: {amount: 1000000000, window_ms: 1000}
-  bytes: {amount: 1000000000000, window_ms: 60000}
-  key: LIMIT_KEY_CONSUMER
-- rule: order/pace
+  limit:
+    calls: {amount: 1000000000, window_ms: 1000}
+    bytes: {amount: 1000000000000, window_ms: 60000}
+    key: LIMIT_KEY_CONSUMER
+- name: order/pace
   on: {calls_to: inventory}
   direction: DIRECTION_OUTBOUND
-  calls: {amount: 1000000000, window_ms: 1000}
-fuses:
-- rule: order/api_fuse
+  limit:
+    calls: {amount: 1000000000, window_ms: 1000}
+- name: order/api_fuse
   on: {and: {exprs: [{path: {kind: PATH_KIND_PREFIX, value: /api}}, {consumer: shop}]}}
-  trips:
-  - {metric: TRIP_METRIC_ERROR_RATIO, op: COMPARE_OP_GT, ratio_milli_percent: 50000, window_ms: 60000, min_calls: 20}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_ERROR_RATIO, op: COMPARE_OP_GT, ratio_milli_percent: 50000, window_ms: 60000, min_calls: 20}
 "#;
 
 fn main() {
@@ -59,7 +62,8 @@ fn main() {
 }
 
 fn decisions_do_not_allocate() {
-    let target: TargetConfig = serde_yaml::from_str(CONFIG).unwrap();
+    let mut target: TargetConfig = serde_yaml::from_str(CONFIG).unwrap();
+    gov_proto::compiled::fill(&mut target);
     let engine = Engine::empty("order");
     engine.apply_target(&target).unwrap();
     let mut headers = HeaderMap::new();

@@ -13,8 +13,15 @@ use gov_proto::v1::TargetConfig;
 use http::{HeaderMap, Method};
 use proptest::prelude::*;
 
+/// A hand-written config, with the compiler's values where it leaves them out.
+fn compiled(yaml: &str) -> TargetConfig {
+    let mut target: TargetConfig = serde_yaml::from_str(yaml).unwrap();
+    gov_proto::compiled::fill(&mut target);
+    target
+}
+
 fn engine(yaml: &str) -> Engine {
-    let target: TargetConfig = serde_yaml::from_str(yaml).unwrap();
+    let target = compiled(yaml);
     let engine = Engine::empty("svc");
     engine.apply_target(&target).unwrap();
     engine
@@ -48,12 +55,13 @@ fn bulkhead_config(max: u32, per_instance: bool, version: u32) -> String {
         r#"
 service: svc
 version: v{version}
-bulkheads:
-- rule: svc/b
+rules:
+- name: svc/b
   on: {{calls_to: upstream}}
   direction: DIRECTION_OUTBOUND
-  key: {key}
-  max_concurrent: {max}
+  bulkhead:
+    key: {key}
+    max_concurrent: {max}
 "#
     )
 }
@@ -105,7 +113,7 @@ proptest! {
                 Op::Reload => {
                     version += 1;
                     let applied = e
-                        .apply_target(&serde_yaml::from_str(&bulkhead_config(max, per_instance, version)).unwrap())
+                        .apply_target(&compiled(&bulkhead_config(max, per_instance, version)))
                         .unwrap();
                     prop_assert_eq!(applied.kept, 1);
                 }
@@ -126,12 +134,13 @@ proptest! {
         let e = engine(&format!(
             r#"
 service: svc
-fuses:
-- rule: svc/f
+rules:
+- name: svc/f
   on: {{any: true}}
-  trips:
-  - {{metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 3, window_ms: 60000}}
-  {recover}
+  fuse:
+    trips:
+    - {{metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 3, window_ms: 60000}}
+    {recover}
 "#
         ));
         let headers = HeaderMap::new();

@@ -27,14 +27,17 @@ fn config(scope: &str) -> TargetConfig {
         r"
 service: order
 version: bench
-limits:
-- rule: order/shared
+rules:
+- name: order/shared
   on: {{path: {{kind: PATH_KIND_PREFIX, value: /api}}}}
-  calls: {{amount: 1000000000, window_ms: 60000}}
-  {scope}
+  limit:
+    calls: {{amount: 1000000000, window_ms: 60000}}
+    {scope}
 "
     );
-    serde_yaml::from_str(&yaml).unwrap()
+    let mut target = serde_yaml::from_str(&yaml).unwrap();
+    gov_proto::compiled::fill(&mut target);
+    target
 }
 
 async fn measure(engine: &Engine) -> (Duration, Duration, usize) {
@@ -70,11 +73,11 @@ fn main() {
             ("scope local", "scope: LIMIT_SCOPE_LOCAL"),
             (
                 "scope cluster sync exact",
-                "scope: LIMIT_SCOPE_CLUSTER\n  sync: CLUSTER_SYNC_EXACT",
+                "scope: LIMIT_SCOPE_CLUSTER\n    sync: CLUSTER_SYNC_EXACT",
             ),
             (
                 "scope cluster sync batch",
-                "scope: LIMIT_SCOPE_CLUSTER\n  sync: CLUSTER_SYNC_BATCH\n  sync_batch_ms: 100",
+                "scope: LIMIT_SCOPE_CLUSTER\n    sync: CLUSTER_SYNC_BATCH\n    sync_batch_ms: 100",
             ),
         ] {
             let store =

@@ -712,9 +712,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert!(read_last_good(dir.path(), "order").unwrap().is_none());
         let target = proto::TargetConfig {
-            service: "order".into(),
             version: "abc".into(),
-            ..Default::default()
+            ..gov_proto::compiled::target("order")
         };
         write_last_good(dir.path(), &target).unwrap();
         write_last_good(dir.path(), &target).unwrap();
@@ -728,15 +727,13 @@ mod tests {
     fn a_config_for_another_service_is_refused() {
         let options = ControlOptions::new("http://127.0.0.1:1", "order", "a");
         let ours = proto::TargetConfig {
-            service: "order".into(),
-            ..Default::default()
+            ..gov_proto::compiled::target("order")
         };
         assert!(check(&options, &ours).is_ok());
         // The empty config govd sends an agent whose service the policy does not name.
         assert!(Engine::empty("order").apply_target(&ours).is_ok());
         let other = proto::TargetConfig {
-            service: "payment".into(),
-            ..Default::default()
+            ..gov_proto::compiled::target("payment")
         };
         let (error, rule) = check(&options, &other).unwrap_err();
         assert!(error.contains("`payment`"), "{error}");
@@ -748,20 +745,24 @@ mod tests {
         // The NACK the control plane sees comes from this refusal.
         let engine = Engine::empty("order");
         let target = proto::TargetConfig {
-            service: "order".into(),
-            limits: vec![proto::Limit {
-                rule: "order/crm".into(),
-                scope: proto::LimitScope::Cluster as i32,
-                calls: Some(proto::Rate {
-                    amount: 1,
-                    window_ms: 1000,
-                }),
+            rules: vec![proto::Rule {
+                name: "order/crm".into(),
                 on: Some(proto::MatchExpr {
                     kind: Some(proto::match_expr::Kind::Any(true)),
                 }),
+                mode: proto::Mode::Enforce as i32,
+                spec: Some(proto::rule::Spec::Limit(proto::Limit {
+                    scope: proto::LimitScope::Cluster as i32,
+                    calls: Some(proto::Rate {
+                        amount: 1,
+                        window_ms: 1000,
+                    }),
+                    reject_status: gov_proto::compiled::LIMIT_REJECT_STATUS,
+                    ..Default::default()
+                })),
                 ..Default::default()
             }],
-            ..Default::default()
+            ..gov_proto::compiled::target("order")
         };
         let error = engine.apply_target(&target).unwrap_err();
         assert_eq!(error.rule(), Some("order/crm"));

@@ -41,7 +41,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use admin::Health;
 pub use body::ProxyBody;
-pub use metrics::LATENCY_BUCKETS_SECONDS;
 pub use proxy::GOV_SERVICE;
 pub use reload::{ConfigError, ConfigStatus, parse_config, read_config};
 pub use upstream::{Balance, Directory, EndpointSpec, UpstreamProtocol};

@@ -106,16 +106,19 @@ fn limit_config(amount: u64, window_ms: u64, sync: &str, release: &str) -> Targe
         r"
 service: order
 version: v1
-limits:
-- rule: order/shared
+rules:
+- name: order/shared
   on: {{path: {{kind: PATH_KIND_PREFIX, value: /api}}}}
-  calls: {{amount: {amount}, window_ms: {window_ms}}}
-  scope: LIMIT_SCOPE_CLUSTER
-  {sync}
-  {release}
+  limit:
+    calls: {{amount: {amount}, window_ms: {window_ms}}}
+    scope: LIMIT_SCOPE_CLUSTER
+    {sync}
+    {release}
 "
     );
-    serde_yaml::from_str(&yaml).unwrap()
+    let mut target = serde_yaml::from_str(&yaml).unwrap();
+    gov_proto::compiled::fill(&mut target);
+    target
 }
 
 const EXACT: &str = "sync: CLUSTER_SYNC_EXACT";
@@ -194,10 +197,13 @@ async fn exact_two_agents_admit_exactly_the_amount() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_consumer_counters_are_shared_per_consumer() {
     let redis = RedisServer::start();
-    for sync in [EXACT, "sync: CLUSTER_SYNC_BATCH\n  sync_batch_ms: 20"] {
+    for sync in [EXACT, "sync: CLUSTER_SYNC_BATCH\n    sync_batch_ms: 20"] {
         let mut config = limit_config(2, 60_000, sync, "");
-        config.limits[0].key = gov_proto::v1::LimitKey::Consumer as i32;
-        config.limits[0].rule = format!("order/per_consumer_{}", sync.len());
+        let rule = &mut config.rules[0];
+        rule.name = format!("order/per_consumer_{}", sync.len());
+        if let Some(gov_proto::v1::rule::Spec::Limit(limit)) = &mut rule.spec {
+            limit.key = gov_proto::v1::LimitKey::Consumer as i32;
+        }
         let (a, b) = (agent(&redis, &config), agent(&redis, &config));
         fit_in_one_window(60_000, 10_000).await;
         let consumer = |e: &Engine, who: &'static str| {
@@ -228,7 +234,7 @@ async fn batch_two_agents_stay_within_the_documented_bound() {
     let config = limit_config(
         100,
         10_000,
-        "sync: CLUSTER_SYNC_BATCH\n  sync_batch_ms: 50",
+        "sync: CLUSTER_SYNC_BATCH\n    sync_batch_ms: 50",
         "",
     );
     let (a, b) = (agent(&redis, &config), agent(&redis, &config));
@@ -301,7 +307,7 @@ async fn a_batched_latch_reaches_the_other_agent_at_its_next_flush() {
     let config = limit_config(
         3,
         1_000,
-        "sync: CLUSTER_SYNC_BATCH\n  sync_batch_ms: 50",
+        "sync: CLUSTER_SYNC_BATCH\n    sync_batch_ms: 50",
         "release: {manual: true}",
     );
     let (a, b) = (agent(&redis, &config), agent(&redis, &config));

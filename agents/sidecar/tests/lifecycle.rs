@@ -108,7 +108,6 @@ fn http_action(method: &str, path: &str) -> Option<proto::Action> {
 
 fn config(dir: &tempfile::TempDir, warmup: Vec<Up>, shutdown: Vec<Down>) -> std::path::PathBuf {
     let target = proto::TargetConfig {
-        service: "order".into(),
         version: "v1".into(),
         warmup: Some(proto::Warmup {
             steps: warmup
@@ -130,7 +129,7 @@ fn config(dir: &tempfile::TempDir, warmup: Vec<Up>, shutdown: Vec<Down>) -> std:
                 .collect(),
             source: None,
         }),
-        ..Default::default()
+        ..gov_proto::compiled::target("order")
     };
     let path = dir.path().join("order.json");
     std::fs::write(&path, serde_json::to_vec(&target).unwrap()).unwrap();
@@ -497,7 +496,6 @@ async fn the_control_client_reports_phase_and_weight_on_connect_and_on_change() 
 
     // A config with a ramp: WARMING with rising weights, then READY at 100%.
     let target = proto::TargetConfig {
-        service: "order".into(),
         version: "v1".into(),
         warmup: Some(proto::Warmup {
             steps: vec![proto::WarmupStep {
@@ -516,7 +514,7 @@ async fn the_control_client_reports_phase_and_weight_on_connect_and_on_change() 
             }],
             source: None,
         }),
-        ..Default::default()
+        ..gov_proto::compiled::target("order")
     };
     push.send(proto::ControlMessage {
         msg: Some(proto::control_message::Msg::Config(proto::Config {

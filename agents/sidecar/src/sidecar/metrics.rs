@@ -16,10 +16,6 @@ use gov_engine::{Engine, FuseState, RejectReason, RuleKind, RuleStats};
 
 use super::upstream::EndpointStats;
 
-/// Upper bounds of the latency histogram buckets, in seconds (`+Inf` is implied):
-/// the engine's [`gov_engine::LATENCY_BUCKETS_MS`].
-pub const LATENCY_BUCKETS_SECONDS: [f64; 7] = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0];
-
 /// Writes metric families in the text format into a `String`.
 #[derive(Debug, Default)]
 pub(crate) struct Encoder {
@@ -376,9 +372,11 @@ fn render_rules(enc: &mut Encoder, rules: &[RuleStats]) {
         let mut cumulative = 0;
         for (i, count) in r.latency.iter().enumerate() {
             cumulative += count;
-            let le = LATENCY_BUCKETS_SECONDS
-                .get(i)
-                .map_or_else(|| "+Inf".to_owned(), |b| le_label(*b));
+            // The engine's buckets, in seconds; `+Inf` after the last.
+            let le = gov_engine::LATENCY_BUCKETS_MS.get(i).map_or_else(
+                || "+Inf".to_owned(),
+                |ms| le_label(std::time::Duration::from_millis(*ms).as_secs_f64()),
+            );
             enc.sample(
                 "gov_agent_rule_latency_seconds_bucket",
                 &[("rule", &r.rule), ("le", &le)],

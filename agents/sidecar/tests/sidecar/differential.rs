@@ -34,16 +34,19 @@ use crate::support::{Agent, Upstream, agent};
 const RULES: &str = r#"
 service: shop
 version: differential-v1
-limits:
-  - rule: shop/a
+rules:
+  - name: shop/a
     on: { path: { kind: PATH_KIND_EXACT, value: /a } }
-    calls: { amount: 1000000000, window_ms: 3600000 }
-  - rule: shop/lim
+    limit:
+      calls: { amount: 1000000000, window_ms: 3600000 }
+  - name: shop/lim
     on: { path: { kind: PATH_KIND_EXACT, value: /lim } }
-    calls: { amount: 1000000000, window_ms: 3600000 }
-  - rule: shop/all
+    limit:
+      calls: { amount: 1000000000, window_ms: 3600000 }
+  - name: shop/all
     on: { path: { kind: PATH_KIND_PREFIX, value: / } }
-    calls: { amount: 1000000000, window_ms: 3600000 }
+    limit:
+      calls: { amount: 1000000000, window_ms: 3600000 }
 "#;
 
 /// The rules above, with the path each counts (`None`: every path).

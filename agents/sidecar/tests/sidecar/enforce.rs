@@ -22,10 +22,11 @@ async fn fail_fast_bulkhead_sheds_the_slow_endpoint_and_spares_the_fast_one() {
             r#"
 service: shop
 version: bulkhead-v1
-bulkheads:
-  - rule: shop/slow_calls
+rules:
+  - name: shop/slow_calls
     on: { path: { kind: PATH_KIND_PREFIX, value: /slow } }
-    max_concurrent: 2
+    bulkhead:
+      max_concurrent: 2
 "#,
         )
         .upstream(&up)
@@ -118,15 +119,17 @@ async fn limits_by_calls_and_bytes_per_consumer_leave_other_consumers_alone() {
 service: shop
 version: limits-v1
 consumer_header: x-consumer
-limits:
-  - rule: shop/calls_per_consumer
+rules:
+  - name: shop/calls_per_consumer
     on: { path: { kind: PATH_KIND_EXACT, value: /calls } }
-    key: LIMIT_KEY_CONSUMER
-    calls: { amount: 5, window_ms: 60000 }
-  - rule: shop/bytes_per_consumer
+    limit:
+      key: LIMIT_KEY_CONSUMER
+      calls: { amount: 5, window_ms: 60000 }
+  - name: shop/bytes_per_consumer
     on: { path: { kind: PATH_KIND_PREFIX, value: /bytes } }
-    key: LIMIT_KEY_CONSUMER
-    bytes: { amount: 10000, window_ms: 60000 }
+    limit:
+      key: LIMIT_KEY_CONSUMER
+      bytes: { amount: 10000, window_ms: 60000 }
 "#,
         )
         .upstream(&up)
@@ -204,11 +207,12 @@ async fn fuse_trips_on_upstream_5xx_holds_for_everyone_and_admits_after_release(
             r#"
 service: shop
 version: fuse-v1
-fuses:
-  - rule: shop/flaky_upstream
+rules:
+  - name: shop/flaky_upstream
     on: { path: { kind: PATH_KIND_PREFIX, value: /flaky } }
-    trips:
-      - { metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 3, window_ms: 60000 }
+    fuse:
+      trips:
+        - { metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 3, window_ms: 60000 }
 "#,
         )
         .upstream(&up)
@@ -277,19 +281,20 @@ async fn metrics_expose_every_rule_series() {
             r#"
 service: shop
 version: metrics-v1
-bulkheads:
-  - rule: shop/one_at_a_time
+rules:
+  - name: shop/one_at_a_time
     on: { path: { kind: PATH_KIND_EXACT, value: /slow } }
-    max_concurrent: 1
-limits:
-  - rule: shop/all_calls
+    bulkhead:
+      max_concurrent: 1
+  - name: shop/all_calls
     on: { any: true }
-    calls: { amount: 1000, window_ms: 60000 }
-fuses:
-  - rule: shop/errors
+    limit:
+      calls: { amount: 1000, window_ms: 60000 }
+  - name: shop/errors
     on: { any: true }
-    trips:
-      - { metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 100, window_ms: 60000 }
+    fuse:
+      trips:
+        - { metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 100, window_ms: 60000 }
 "#,
         )
         .upstream(&up)
@@ -359,12 +364,13 @@ async fn outbound_bulkhead_per_instance_caps_each_instance_separately() {
             r#"
 service: shop
 version: outbound-v1
-bulkheads:
-  - rule: shop/per_instance
+rules:
+  - name: shop/per_instance
     on: { calls_to: inventory }
     direction: DIRECTION_OUTBOUND
-    key: BULKHEAD_KEY_INSTANCE
-    max_concurrent: 1
+    bulkhead:
+      key: BULKHEAD_KEY_INSTANCE
+      max_concurrent: 1
 "#,
         )
         .upstream(&local)

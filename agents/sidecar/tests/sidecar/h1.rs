@@ -210,10 +210,11 @@ async fn a_rejection_answers_here_and_keeps_the_connection() {
             r#"
 service: shop
 version: h1-v1
-limits:
-  - rule: shop/once
+rules:
+  - name: shop/once
     on: { path: { kind: PATH_KIND_EXACT, value: /limited } }
-    calls: { amount: 1, window_ms: 3600000 }
+    limit:
+      calls: { amount: 1, window_ms: 3600000 }
 "#,
         )
         .upstream(&up)

@@ -15,10 +15,11 @@ use crate::support::{Agent, Upstream, agent, http};
 const LIMITED: &str = r#"
 service: shop
 version: hostile-v1
-limits:
-  - rule: shop/lim
+rules:
+  - name: shop/lim
     on: { path: { kind: PATH_KIND_EXACT, value: /lim } }
-    calls: { amount: 1, window_ms: 3600000 }
+    limit:
+      calls: { amount: 1, window_ms: 3600000 }
 "#;
 
 async fn agent_before(up: &RawUpstream) -> Agent {

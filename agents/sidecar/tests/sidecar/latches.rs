@@ -13,11 +13,12 @@ use crate::support::{Agent, agent, binary, http, ms, upstream};
 const FUSE: &str = r#"
 service: shop
 version: latch-v1
-fuses:
-  - rule: shop/flaky_upstream
+rules:
+  - name: shop/flaky_upstream
     on: { path: { kind: PATH_KIND_PREFIX, value: /flaky } }
-    trips:
-      - { metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 3, window_ms: 60000 }
+    fuse:
+      trips:
+        - { metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 3, window_ms: 60000 }
 "#;
 
 /// Calls /flaky on `url` until the fuse answers (at most 3 errors first).

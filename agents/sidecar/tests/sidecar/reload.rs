@@ -12,32 +12,36 @@ use crate::support::{Agent, agent, http, ms, upstream};
 const V1: &str = r#"
 service: shop
 version: reload-v1
-limits:
-  - rule: shop/other
+rules:
+  - name: shop/other
     on: { path: { kind: PATH_KIND_PREFIX, value: /other } }
-    calls: { amount: 1, window_ms: 60000 }
+    limit:
+      calls: { amount: 1, window_ms: 60000 }
 "#;
 
 const V2: &str = r#"
 service: shop
 version: reload-v2
-limits:
-  - rule: shop/other
+rules:
+  - name: shop/other
     on: { path: { kind: PATH_KIND_PREFIX, value: /other } }
-    calls: { amount: 1, window_ms: 60000 }
-  - rule: shop/limited_once
+    limit:
+      calls: { amount: 1, window_ms: 60000 }
+  - name: shop/limited_once
     on: { path: { kind: PATH_KIND_EXACT, value: /limited } }
-    calls: { amount: 1, window_ms: 60000 }
+    limit:
+      calls: { amount: 1, window_ms: 60000 }
 "#;
 
 /// Parses, but the engine refuses it: a bulkhead with no permits.
 const INVALID: &str = r#"
 service: shop
 version: reload-bad
-bulkheads:
-  - rule: shop/zero
+rules:
+  - name: shop/zero
     on: { any: true }
-    max_concurrent: 0
+    bulkhead:
+      max_concurrent: 0
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -364,9 +364,10 @@ impl AgentBuilder {
         self
     }
 
-    /// The `TargetConfig` YAML, written to a file the agent watches.
+    /// The `TargetConfig` YAML (with the compiler's values filled in, see
+    /// [`compiled`]), written to a file the agent watches.
     pub fn config(mut self, yaml: &str) -> Self {
-        self.config = Some(yaml.to_owned());
+        self.config = Some(compiled(yaml));
         self
     }
 
@@ -464,7 +465,7 @@ impl Agent {
     /// Replaces the config file the way editors do: write a temporary file, rename it
     /// over the old one.
     pub fn write_config(&self, yaml: &str) {
-        write_atomically(&self.config_path, yaml);
+        write_atomically(&self.config_path, &compiled(yaml));
     }
 }
 
@@ -630,7 +631,7 @@ impl BinaryBuilder {
     }
 
     pub fn config(mut self, yaml: &str) -> Self {
-        self.config = Some(yaml.to_owned());
+        self.config = Some(compiled(yaml));
         self
     }
 
@@ -757,5 +758,18 @@ impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A hand-written `TargetConfig` YAML as `govc compile` would write it: what
+/// it leaves out gets the compiler's values ([`gov_proto::compiled::fill`]).
+/// Text that is no config is passed on as it is, for tests of bad files.
+pub fn compiled(yaml: &str) -> String {
+    match serde_yaml::from_str::<gov_proto::v1::TargetConfig>(yaml) {
+        Ok(mut target) => {
+            gov_proto::compiled::fill(&mut target);
+            serde_yaml::to_string(&target).unwrap()
+        }
+        Err(_) => yaml.to_owned(),
     }
 }

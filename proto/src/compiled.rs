@@ -1,0 +1,133 @@
+//! The values the compiler writes where the `.gov` text leaves a setting
+//! out, written once. The compiler puts them into every config it emits;
+//! agents never fill them in (a config without them is refused, naming the
+//! rule). Configs written by hand, in tests and examples, get them from
+//! [`target`] and [`fill`], so that they are what `govc compile` would emit.
+
+use crate::v1::{
+    ErrorClass, Mode, Recovery, Rule, StatusRange, TargetConfig, recovery, rule::Spec,
+};
+
+/// The request header that carries the caller's identity.
+pub const CONSUMER_HEADER: &str = "x-gov-consumer";
+/// A bulkhead's rejection: 408 Request Timeout.
+pub const BULKHEAD_REJECT_STATUS: u32 = 408;
+/// A limit's rejection: 429 Too Many Requests.
+pub const LIMIT_REJECT_STATUS: u32 = 429;
+/// A fuse's rejection: 503 Service Unavailable.
+pub const FUSE_REJECT_STATUS: u32 = 503;
+
+/// A fuse's business errors when it classifies none: status 500..=599.
+pub fn business_errors() -> ErrorClass {
+    ErrorClass {
+        status: vec![StatusRange { from: 500, to: 599 }],
+        ..ErrorClass::default()
+    }
+}
+
+/// A fuse's system errors when it classifies none: connect failure,
+/// timeout and reset.
+pub fn system_errors() -> ErrorClass {
+    ErrorClass {
+        connect_failure: true,
+        timeout: true,
+        reset: true,
+        ..ErrorClass::default()
+    }
+}
+
+/// A fuse's recovery when it says none: an operator releases it.
+pub fn manual_recovery() -> Recovery {
+    Recovery {
+        kind: Some(recovery::Kind::Manual(true)),
+    }
+}
+
+/// An empty config of `service` (no rules), as the compiler would emit it.
+pub fn target(service: &str) -> TargetConfig {
+    TargetConfig {
+        service: service.to_owned(),
+        consumer_header: CONSUMER_HEADER.to_owned(),
+        ..TargetConfig::default()
+    }
+}
+
+/// Writes the compiler's value into every field a hand-written config left
+/// out (zero or absent), and leaves every written value as it is. For
+/// tests and examples only: an agent refuses what this would fill.
+pub fn fill(target: &mut TargetConfig) {
+    if target.consumer_header.is_empty() {
+        CONSUMER_HEADER.clone_into(&mut target.consumer_header);
+    }
+    for rule in &mut target.rules {
+        fill_rule(rule);
+    }
+}
+
+fn fill_rule(rule: &mut Rule) {
+    if rule.mode == Mode::Unspecified as i32 {
+        rule.mode = Mode::Enforce as i32;
+    }
+    let status = |s: &mut u32, value: u32| {
+        if *s == 0 {
+            *s = value;
+        }
+    };
+    match &mut rule.spec {
+        Some(Spec::Bulkhead(b)) => status(&mut b.reject_status, BULKHEAD_REJECT_STATUS),
+        Some(Spec::Limit(l)) => status(&mut l.reject_status, LIMIT_REJECT_STATUS),
+        Some(Spec::Fuse(f)) => {
+            status(&mut f.reject_status, FUSE_REJECT_STATUS);
+            f.business.get_or_insert_with(business_errors);
+            f.system.get_or_insert_with(system_errors);
+            f.recover.get_or_insert_with(manual_recovery);
+            for class in [&mut f.business, &mut f.system].into_iter().flatten() {
+                for range in &mut class.status {
+                    if range.to == 0 {
+                        range.to = range.from;
+                    }
+                }
+            }
+        }
+        None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::v1::{Bulkhead, Fuse};
+
+    #[test]
+    fn fill_writes_what_is_missing_and_keeps_what_is_written() {
+        let mut t = TargetConfig {
+            service: "order".into(),
+            rules: vec![
+                Rule {
+                    name: "order/b".into(),
+                    spec: Some(Spec::Bulkhead(Bulkhead {
+                        max_concurrent: 1,
+                        reject_status: 503,
+                        ..Bulkhead::default()
+                    })),
+                    ..Rule::default()
+                },
+                Rule {
+                    name: "order/f".into(),
+                    spec: Some(Spec::Fuse(Fuse::default())),
+                    ..Rule::default()
+                },
+            ],
+            ..TargetConfig::default()
+        };
+        fill(&mut t);
+        assert_eq!(t.consumer_header, CONSUMER_HEADER);
+        assert!(t.rules.iter().all(|r| r.mode() == Mode::Enforce));
+        assert_eq!(t.rules[0].bulkhead().map(|b| b.reject_status), Some(503));
+        let f = t.rules[1].fuse().cloned().unwrap_or_default();
+        assert_eq!(f.reject_status, FUSE_REJECT_STATUS);
+        assert_eq!(f.business, Some(business_errors()));
+        assert_eq!(f.system, Some(system_errors()));
+        assert_eq!(f.recover, Some(manual_recovery()));
+    }
+}
