@@ -554,10 +554,7 @@ impl Conn<'_> {
             Exchange::TimedOut { keep_client } => {
                 let close = !keep_client || head.close || self.cx.stopping();
                 self.out.clear();
-                match admission.timed_out() {
-                    Some(rejection) => rejection.write_http1(&mut self.out, close),
-                    None => Failure::Timeout.write_http1(&mut self.out, close),
-                }
+                admission.timed_out().write_http1(&mut self.out, close);
                 client.write_all(&self.out).await.is_ok() && !close
             }
         }

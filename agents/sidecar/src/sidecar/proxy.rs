@@ -109,8 +109,6 @@ pub(crate) enum Failure {
     Connect,
     /// The upstream failed after the connection was made.
     Upstream,
-    /// The upstream did not answer within the route's timeout (and no rule took it).
-    Timeout,
 }
 
 impl Failure {
@@ -128,10 +126,6 @@ impl Failure {
                 "gov-agent: upstream connection failed\n",
             ),
             Failure::Upstream => (StatusCode::BAD_GATEWAY, "gov-agent: upstream failed\n"),
-            Failure::Timeout => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "gov-agent: upstream timed out\n",
-            ),
         }
     }
 
@@ -452,10 +446,7 @@ async fn forward(
             if let Some(pick) = &pick {
                 pick.timed_out();
             }
-            return match admission.timed_out() {
-                Some(rejection) => rejection_response(&rejection),
-                None => failure_response(Failure::Timeout),
-            };
+            return rejection_response(&admission.timed_out());
         }
         Some(Err(error)) => {
             if let Some(pick) = &pick {
