@@ -148,3 +148,54 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+
+    use http_body_util::BodyExt;
+
+    use super::*;
+    use crate::{Decision, Engine, Outcome, RequestInfo};
+
+    const ONE_AT_A_TIME: &str = r#"
+service: order
+bulkheads:
+- rule: order/one
+  on: {path: {kind: PATH_KIND_PREFIX, value: /}}
+  max_concurrent: 1
+"#;
+
+    fn admitted(engine: &Engine) -> bool {
+        let h = http::HeaderMap::new();
+        let info = RequestInfo::inbound(&http::Method::GET, "/x", &h);
+        matches!(engine.try_admit(&info), Decision::Admitted(_))
+    }
+
+    #[tokio::test]
+    async fn a_response_body_holds_its_call_until_its_last_frame() {
+        let engine = Engine::empty("order");
+        let target = serde_yaml::from_str(ONE_AT_A_TIME).unwrap_or_default();
+        assert!(engine.apply_target(&target).is_ok());
+        let h = http::HeaderMap::new();
+        let info = RequestInfo::inbound(&http::Method::GET, "/x", &h);
+        let Decision::Admitted(mut admission) = engine.try_admit(&info) else {
+            panic!("the first call is admitted");
+        };
+        admission.record(Outcome::Status(200));
+        let body = GovBody::response(Full::new(Bytes::from("hello")), admission, ());
+        let mut body = pin!(body);
+        assert!(
+            !admitted(&engine),
+            "the permit is held while the body streams"
+        );
+        let mut received = Vec::new();
+        while let Some(Ok(frame)) = body.frame().await {
+            received.extend_from_slice(frame.data_ref().map_or(&[][..], |d| d.as_ref()));
+        }
+        assert_eq!(received, b"hello");
+        // The body is not dropped yet: its end released the permit.
+        assert!(admitted(&engine));
+        assert_eq!(engine.stats().rules[0].in_flight, 0);
+    }
+}

@@ -25,7 +25,7 @@
 //! `OPTIONS *`. The hand-over happens only between requests, before anything of the
 //! request was sent upstream, so a connection is served by one path at a time.
 
-mod codec;
+pub(crate) mod codec;
 mod deadline;
 mod pool;
 mod prefixed;
@@ -46,15 +46,14 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use self::codec::{
-    Decoder, Framing, MAX_HEAD, MAX_HEADERS, Verdict, check_request, has_token, head_end,
+    Decoder, Framing, MAX_HEAD, MAX_HEADERS, Refusal, Verdict, check_request, has_token, head_end,
     header_tokens, leading_empty_lines, response_framing, write_request_head, write_response_head,
 };
-pub(crate) use self::codec::{Refusal, valid_authority};
 use self::deadline::Deadline;
 pub(crate) use self::pool::IdlePool;
 use self::pool::Upstream;
 pub(crate) use self::prefixed::Prefixed;
-use super::proxy::{Failure, Shared, Side};
+use super::listener::{Failure, Shared, Side, target_service};
 use super::upstream::Pick;
 use gov_engine::engine::Target;
 use gov_engine::{Admission, Direction, Headers, Outcome, RequestInfo};
@@ -82,6 +81,8 @@ pub(crate) struct Listener {
     pub(crate) client_timeout: Option<Duration>,
     /// The listener's connections, and its count of refused requests.
     pub(crate) conns: Arc<super::serve::Connections>,
+    /// Idle upstream connections, shared by the listeners.
+    idle: Arc<IdlePool>,
 }
 
 impl Listener {
@@ -94,6 +95,7 @@ impl Listener {
         header_read_timeout: Option<Duration>,
         client_timeout: Option<Duration>,
         conns: Arc<super::serve::Connections>,
+        idle: Arc<IdlePool>,
     ) -> Self {
         let stopping = Arc::new(AtomicBool::new(stop.is_cancelled()));
         let (flag, token) = (stopping.clone(), stop.clone());
@@ -109,6 +111,7 @@ impl Listener {
             header_read_timeout,
             client_timeout,
             conns,
+            idle,
         }
     }
 
@@ -143,7 +146,7 @@ pub(crate) async fn serve<F, Fut>(
     let end = conn.run(&mut client).await;
     // The upstream connections outlive this client connection in the idle pool.
     for upstream in conn.upstreams.drain(..) {
-        cx.shared.idle.put(upstream);
+        cx.idle.put(upstream);
     }
     if let End::Fallback = end {
         let buf = std::mem::take(&mut conn.buf);
@@ -354,7 +357,7 @@ impl Conn<'_> {
         // endpoint first: per-instance rules key on it.
         let service = match cx.side {
             Side::Inbound => None,
-            Side::Outbound => match super::proxy::target_service(raw, Some(req.host)) {
+            Side::Outbound => match target_service(raw, Some(req.host)) {
                 Some(service) => Some(service),
                 None => {
                     drop(req);
@@ -574,7 +577,7 @@ impl Conn<'_> {
                 return Ok((upstream, true));
             }
         }
-        if let Some(upstream) = self.cx.shared.idle.take(authority) {
+        if let Some(upstream) = self.cx.idle.take(authority) {
             return Ok((upstream, true));
         }
         // An address connects at once; a name is looked up first (on tokio's
@@ -611,7 +614,7 @@ impl Conn<'_> {
     fn put_upstream(&mut self, upstream: Upstream) {
         if self.upstreams.len() >= MAX_UPSTREAMS {
             let oldest = self.upstreams.remove(0);
-            self.cx.shared.idle.put(oldest);
+            self.cx.idle.put(oldest);
         }
         self.upstreams.push(upstream);
     }
@@ -966,7 +969,7 @@ async fn refuse(client: &mut TcpStream, cx: &Listener, refusal: Refusal) {
     tracing::debug!(?refusal, "refused a request");
     cx.conns.refused.fetch_add(1, Ordering::Relaxed);
     let mut out = Vec::with_capacity(256);
-    Failure::Refused(refusal).write_http1(&mut out, true);
+    Failure::refused(refusal.answer()).write_http1(&mut out, true);
     let _ = client.write_all(&out).await;
 }
 
