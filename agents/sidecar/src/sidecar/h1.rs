@@ -29,6 +29,7 @@ pub(crate) mod codec;
 mod deadline;
 mod pool;
 mod prefixed;
+mod split;
 
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
@@ -41,7 +42,6 @@ use http::Method;
 use http::uri::Authority;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
@@ -57,6 +57,11 @@ use super::listener::{Failure, Shared, Side, target_service};
 use super::upstream::Pick;
 use gov_engine::engine::Target;
 use gov_engine::{Admission, Direction, Headers, Outcome, RequestInfo};
+
+/// A client stream: TCP in the agent, in-memory in tests.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Io for S {}
 
 /// Read buffer growth step.
 const READ_CHUNK: usize = 8 * 1024;
@@ -123,13 +128,10 @@ impl Listener {
 
 /// Serves one client connection: HTTP/1.1 here, the rest through `fallback`, which
 /// gets the connection and the bytes read but not yet handled.
-pub(crate) async fn serve<F, Fut>(
-    mut client: TcpStream,
-    peer: SocketAddr,
-    cx: Listener,
-    fallback: F,
-) where
-    F: FnOnce(Prefixed<TcpStream>) -> Fut,
+pub(crate) async fn serve<S, F, Fut>(mut client: S, peer: SocketAddr, cx: Listener, fallback: F)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+    F: FnOnce(Prefixed<S>) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     let mut conn = Conn {
@@ -258,7 +260,7 @@ enum Exchange {
 }
 
 impl Conn<'_> {
-    async fn run(&mut self, client: &mut TcpStream) -> End {
+    async fn run(&mut self, client: &mut impl Io) -> End {
         loop {
             match self.read_head(client).await {
                 HeadRead::Ready => {}
@@ -283,7 +285,7 @@ impl Conn<'_> {
     /// which are dropped). Ends on close, past the header-read timeout, on the
     /// listener's stop while waiting for a next request, on a line that does not
     /// end with CRLF, and on a head larger than [`MAX_HEAD`].
-    async fn read_head(&mut self, client: &mut TcpStream) -> HeadRead {
+    async fn read_head(&mut self, client: &mut impl Io) -> HeadRead {
         let mut scanned = 0;
         // From the first read on: a slow head does not move it.
         let mut deadline = None;
@@ -334,7 +336,7 @@ impl Conn<'_> {
 
     /// Handles the request whose head is in the buffer. `Some(keep_open)`, or
     /// `None` when hyper must take the connection.
-    async fn request(&mut self, client: &mut TcpStream) -> Option<bool> {
+    async fn request(&mut self, client: &mut impl Io) -> Option<bool> {
         let cx = self.cx;
         let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let req = match check_request(&self.buf, &mut slots) {
@@ -422,7 +424,7 @@ impl Conn<'_> {
     /// body. Whether the connection stays open.
     async fn answer_locally(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut impl Io,
         head: &Head,
         answer: Local<'_>,
     ) -> bool {
@@ -472,7 +474,7 @@ impl Conn<'_> {
     /// gone connects elsewhere.
     async fn forward(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut impl Io,
         head: &Head,
         mut to: Dest,
         mut admission: Admission,
@@ -624,7 +626,7 @@ impl Conn<'_> {
     /// used again.
     async fn exchange(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut impl Io,
         upstream: &mut Upstream,
         head: &Head,
         (admission, pick): (&mut Admission, Option<&Pick>),
@@ -637,7 +639,8 @@ impl Conn<'_> {
         } else {
             None
         };
-        let (mut client_rd, mut client_wr) = client.split();
+        let client = std::sync::Mutex::new(client);
+        let (mut client_rd, mut client_wr) = split::split(&client);
         let (mut up_rd, mut up_wr) = upstream.stream.split();
         let replayable = head.framing == Framing::Empty;
         let out = &mut self.out;
@@ -751,9 +754,9 @@ enum Received {
 /// client), reports its status to the engine, and relays it with its body to the
 /// client, closing the client connection after it if `closing()` says so then.
 async fn receive(
-    up_rd: &mut ReadHalf<'_>,
+    up_rd: &mut (impl AsyncRead + Unpin),
     up_buf: &mut BytesMut,
-    client_wr: &mut WriteHalf<'_>,
+    client_wr: &mut (impl AsyncWrite + Unpin),
     out: &mut Vec<u8>,
     (method, closing): (&Method, impl Fn() -> bool),
     (admission, pick): (&mut Admission, Option<&Pick>),
@@ -965,7 +968,7 @@ where
 /// Answers a refused request; the caller then closes the connection: after a framing
 /// error nothing that follows on it can be trusted to start a request. (Rare: the
 /// answer gets a buffer of its own, so the head it refuses can stay borrowed.)
-async fn refuse(client: &mut TcpStream, cx: &Listener, refusal: Refusal) {
+async fn refuse(client: &mut impl Io, cx: &Listener, refusal: Refusal) {
     tracing::debug!(?refusal, "refused a request");
     cx.conns.refused.fetch_add(1, Ordering::Relaxed);
     let mut out = Vec::with_capacity(256);
@@ -990,3 +993,6 @@ fn is_idempotent(method: &Method) -> bool {
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
     )
 }
+
+#[cfg(test)]
+mod tests;
