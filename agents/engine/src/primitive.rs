@@ -6,8 +6,8 @@
 //!
 //! [`State`] is a closed enum over the primitives (no `dyn`, no allocation):
 //! the decision matches once per step and the primitive's method is inlined.
-//! Adding a primitive means one file implementing [`Primitive`] and one arm
-//! per method of [`State`].
+//! Adding a primitive means one file implementing [`Primitive`] and one
+//! variant of [`State`] (named in `State::new` and the `dispatch!` macro).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
