@@ -14,6 +14,8 @@ pub mod flag;
 pub mod path;
 pub mod report;
 mod rule;
+#[cfg(feature = "signal")]
+pub mod signal;
 mod words;
 
 /// Generated types of package `gov.v1`, with the tonic client and server when the

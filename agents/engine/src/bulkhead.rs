@@ -19,9 +19,15 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::{BulkheadKey, BulkheadSpec};
+use crate::outcome::Outcome;
+use crate::primitive::{Answer, Grant, Keys, Phase, Primitive, Scope};
 use crate::rejection::RejectReason;
 use crate::route::FxBuild;
 use crate::stats::Counters;
+use crate::stats::RuleStats;
+use crate::stripe::Slot;
+use http::StatusCode;
+use std::time::Duration;
 
 /// Most lazily keyed scopes one bulkhead keeps. Beyond that, idle scopes are
 /// dropped, and if none is idle, new keys share the rule's overflow scope (so
@@ -198,11 +204,6 @@ impl Bulkhead {
         CellRef::Keyed(cell.clone())
     }
 
-    /// The scope `r` names, or the rule's own scope for `None`.
-    pub(crate) fn cell_or_single<'a>(&'a self, r: Option<&'a CellRef>) -> &'a Cell {
-        r.map_or(&self.single, |r| self.cell(r))
-    }
-
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a Cell {
         match r {
             CellRef::Single => &self.single,
@@ -211,7 +212,7 @@ impl Bulkhead {
     }
 
     /// Takes a permit if one is free now and nobody is waiting for one.
-    pub(crate) fn try_acquire(&self, cell: &Cell) -> bool {
+    pub(crate) fn try_take(&self, cell: &Cell) -> bool {
         cell.take(self.spec.max_concurrent, false)
     }
 
@@ -222,8 +223,8 @@ impl Bulkhead {
     }
 
     /// Waits at most `max_wait` for a permit (bounded by `max_queue` waiters).
-    pub(crate) async fn acquire(&self, cell: &Cell) -> Result<(), RejectReason> {
-        if self.try_acquire(cell) {
+    pub(crate) async fn wait_for(&self, cell: &Cell) -> Result<(), RejectReason> {
+        if self.try_take(cell) {
             return Ok(());
         }
         if !self.may_wait() {
@@ -262,8 +263,8 @@ impl Bulkhead {
         }
     }
 
-    /// Returns a permit taken by `try_acquire` or `acquire`.
-    pub(crate) fn release(&self, cell: &Cell) {
+    /// Returns a permit taken by `try_take` or `wait_for`.
+    pub(crate) fn give(&self, cell: &Cell) {
         cell.give();
     }
 
@@ -305,6 +306,74 @@ impl Drop for Queued<'_> {
     }
 }
 
+// === impl Primitive ===
+
+impl Primitive for Bulkhead {
+    const PHASE: Phase = Phase::Bulkheads;
+
+    #[inline]
+    fn scope(&self, keys: &Keys<'_>) -> Scope {
+        Scope::Bulkhead(self.cell_for(keys.instance, keys.path))
+    }
+
+    #[inline]
+    fn try_acquire(&self, scope: &Scope, _now: Instant, _start: Instant) -> Answer {
+        if self.try_take(self.scope_cell(Some(scope))) {
+            Answer::Granted(Grant::default())
+        } else if self.may_wait() {
+            Answer::Wait(self.spec.max_wait)
+        } else {
+            Answer::Refused(RejectReason::BulkheadFull, None)
+        }
+    }
+
+    async fn acquire(
+        &self,
+        scope: &Scope,
+        _start: Instant,
+    ) -> Result<Grant, (RejectReason, Option<Duration>)> {
+        match self.wait_for(self.scope_cell(Some(scope))).await {
+            Ok(()) => Ok(Grant::default()),
+            Err(reason) => Err((reason, None)),
+        }
+    }
+
+    #[inline]
+    fn release(&self, scope: Option<&Scope>, _grant: Grant) {
+        self.give(self.scope_cell(scope));
+    }
+
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Instant) {}
+
+    fn timeout(&self) -> Option<Duration> {
+        self.spec.timeout
+    }
+
+    fn reject_status(&self) -> StatusCode {
+        self.spec.reject_status
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    fn stats(&self, stats: &mut RuleStats) {
+        stats.capacity = u64::from(self.spec.max_concurrent);
+        stats.in_flight = self.in_use();
+    }
+}
+
+impl Bulkhead {
+    /// The cell of `scope` (`None`, or not a bulkhead's scope: the rule's own).
+    #[inline]
+    fn scope_cell<'a>(&'a self, scope: Option<&'a Scope>) -> &'a Cell {
+        match scope {
+            Some(Scope::Bulkhead(r)) => self.cell(r),
+            _ => &self.single,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -329,21 +398,24 @@ mod tests {
     async fn fail_fast_without_wait() {
         let b = bulkhead(2, 0, None, BulkheadKey::Operation);
         let c = CellRef::Single;
-        assert!(b.acquire(b.cell(&c)).await.is_ok());
-        assert!(b.acquire(b.cell(&c)).await.is_ok());
-        assert_eq!(b.acquire(b.cell(&c)).await, Err(RejectReason::BulkheadFull));
+        assert!(b.wait_for(b.cell(&c)).await.is_ok());
+        assert!(b.wait_for(b.cell(&c)).await.is_ok());
+        assert_eq!(
+            b.wait_for(b.cell(&c)).await,
+            Err(RejectReason::BulkheadFull)
+        );
         assert_eq!(b.in_use(), 2);
-        b.release(b.cell(&c));
-        assert!(b.acquire(b.cell(&c)).await.is_ok());
+        b.give(b.cell(&c));
+        assert!(b.wait_for(b.cell(&c)).await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]
     async fn waits_at_most_max_wait() {
         let b = bulkhead(1, 50, None, BulkheadKey::Operation);
-        assert!(b.try_acquire(b.cell(&CellRef::Single)));
+        assert!(b.try_take(b.cell(&CellRef::Single)));
         let start = Instant::now();
         assert_eq!(
-            b.acquire(b.cell(&CellRef::Single)).await,
+            b.wait_for(b.cell(&CellRef::Single)).await,
             Err(RejectReason::BulkheadTimeout)
         );
         assert_eq!(start.elapsed(), Duration::from_millis(50));
@@ -353,21 +425,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiter_gets_the_released_permit() {
         let b = bulkhead(1, 100, None, BulkheadKey::Operation);
-        assert!(b.try_acquire(b.cell(&CellRef::Single)));
+        assert!(b.try_take(b.cell(&CellRef::Single)));
         let waiter = {
             let b = b.clone();
             tokio::spawn(async move {
                 let start = Instant::now();
-                b.acquire(b.cell(&CellRef::Single))
+                b.wait_for(b.cell(&CellRef::Single))
                     .await
                     .map(|()| start.elapsed())
             })
         };
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert_eq!(b.counters.waiting.load(Relaxed), 1);
-        b.release(b.cell(&CellRef::Single));
+        b.give(b.cell(&CellRef::Single));
         // A later caller cannot overtake the waiter.
-        assert!(!b.try_acquire(b.cell(&CellRef::Single)));
+        assert!(!b.try_take(b.cell(&CellRef::Single)));
         let waited = waiter.await.unwrap().unwrap();
         assert_eq!(waited, Duration::from_millis(30));
         assert_eq!(b.in_use(), 1);
@@ -376,23 +448,23 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn waiters_are_served_in_arrival_order() {
         let b = bulkhead(1, 1000, None, BulkheadKey::Operation);
-        assert!(b.try_acquire(b.cell(&CellRef::Single)));
+        assert!(b.try_take(b.cell(&CellRef::Single)));
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for n in 0..3 {
             let (b, order) = (b.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                b.acquire(b.cell(&CellRef::Single)).await.unwrap();
+                b.wait_for(b.cell(&CellRef::Single)).await.unwrap();
                 order.lock().unwrap().push(n);
                 tokio::time::sleep(Duration::from_millis(10)).await;
-                b.release(b.cell(&CellRef::Single));
+                b.give(b.cell(&CellRef::Single));
             }));
             // Arrive one after the other.
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        b.release(b.cell(&CellRef::Single));
+        b.give(b.cell(&CellRef::Single));
         // A newcomer does not take the permit being handed to a waiter.
-        assert!(!b.try_acquire(b.cell(&CellRef::Single)));
+        assert!(!b.try_take(b.cell(&CellRef::Single)));
         for t in tasks {
             t.await.unwrap();
         }
@@ -403,15 +475,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn queue_bound_rejects_at_once() {
         let b = bulkhead(1, 1000, Some(1), BulkheadKey::Operation);
-        assert!(b.try_acquire(b.cell(&CellRef::Single)));
+        assert!(b.try_take(b.cell(&CellRef::Single)));
         let first = {
             let b = b.clone();
-            tokio::spawn(async move { b.acquire(b.cell(&CellRef::Single)).await })
+            tokio::spawn(async move { b.wait_for(b.cell(&CellRef::Single)).await })
         };
         tokio::time::sleep(Duration::from_millis(1)).await;
         let start = Instant::now();
         assert_eq!(
-            b.acquire(b.cell(&CellRef::Single)).await,
+            b.wait_for(b.cell(&CellRef::Single)).await,
             Err(RejectReason::BulkheadFull)
         );
         assert_eq!(start.elapsed(), Duration::ZERO);
@@ -424,17 +496,17 @@ mod tests {
         let a1 = b.cell_for(Some("10.0.0.1:80"), "/x");
         let a2 = b.cell_for(Some("10.0.0.1:80"), "/y");
         let other = b.cell_for(Some("10.0.0.2:80"), "/x");
-        assert!(b.try_acquire(b.cell(&a1)));
-        assert!(!b.try_acquire(b.cell(&a2)), "same instance shares permits");
-        assert!(b.try_acquire(b.cell(&other)));
+        assert!(b.try_take(b.cell(&a1)));
+        assert!(!b.try_take(b.cell(&a2)), "same instance shares permits");
+        assert!(b.try_take(b.cell(&other)));
         assert_eq!(b.in_use(), 2);
 
         let p = bulkhead(1, 0, None, BulkheadKey::InstancePath);
         let x = p.cell_for(Some("i"), "/x");
         let y = p.cell_for(Some("i"), "/y");
-        assert!(p.try_acquire(p.cell(&x)));
-        assert!(p.try_acquire(p.cell(&y)), "instance+path keys are separate");
-        assert!(!p.try_acquire(p.cell(&p.cell_for(Some("i"), "/x"))));
+        assert!(p.try_take(p.cell(&x)));
+        assert!(p.try_take(p.cell(&y)), "instance+path keys are separate");
+        assert!(!p.try_take(p.cell(&p.cell_for(Some("i"), "/x"))));
     }
 
     #[tokio::test(start_paused = true)]
@@ -443,14 +515,14 @@ mod tests {
         let mut held = Vec::new();
         for i in 0..MAX_KEYS {
             let c = b.cell_for(Some("i"), &format!("/{i}"));
-            assert!(b.try_acquire(b.cell(&c)));
+            assert!(b.try_take(b.cell(&c)));
             held.push(c);
         }
         // Every keyed scope is busy: a new key falls back to the overflow scope.
         assert!(matches!(b.cell_for(Some("i"), "/new"), CellRef::Single));
         // Idle scopes are evicted to make room.
         for c in held.drain(..) {
-            b.release(b.cell(&c));
+            b.give(b.cell(&c));
         }
         assert!(matches!(b.cell_for(Some("i"), "/new"), CellRef::Keyed(_)));
     }

@@ -25,9 +25,13 @@ use crate::config::{CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, Tri
 use crate::events::{EventKind, Events};
 use crate::latch::{self, Latch, LatchKind, Restored};
 use crate::outcome::Outcome;
+use crate::primitive::{Answer, Grant, Keys, Phase, Primitive, Scope};
+use crate::rejection::RejectReason;
+use crate::stats::RuleStats;
 use crate::stats::{Counters, FuseState};
 use crate::stripe::Slot;
 use crate::window::{Class, RollingWindow, Totals};
+use http::StatusCode;
 
 const CLOSED: u8 = 0;
 const OPEN: u8 = 1;
@@ -169,7 +173,7 @@ impl Fuse {
     }
 
     /// Records how an admitted call ended (counted in the stripe of `slot`).
-    pub(crate) fn record(&self, slot: Slot, outcome: Outcome, probe: bool, now: Instant) {
+    pub(crate) fn record_outcome(&self, slot: Slot, outcome: Outcome, probe: bool, now: Instant) {
         let class = self.classify(outcome);
         if probe {
             self.record_probe(class, now);
@@ -329,7 +333,7 @@ impl Fuse {
 
     /// Opens a closed fuse again as it was since `latch.since_unix_ms`
     /// (restart, carry-over). No event: nothing new happened.
-    pub(crate) fn restore(&self, latch: &Latch, now: Instant, now_unix_ms: u64) -> Restored {
+    pub(crate) fn restore_latch(&self, latch: &Latch, now: Instant, now_unix_ms: u64) -> Restored {
         let mut reason = self.transition.lock().unwrap_or_else(|e| e.into_inner());
         if self.state.load(Acquire) != CLOSED {
             return Restored::Held;
@@ -405,6 +409,77 @@ fn percent(milli: u128) -> String {
     }
 }
 
+// === impl Primitive ===
+
+impl Primitive for Fuse {
+    const PHASE: Phase = Phase::Fuses;
+
+    #[inline]
+    fn scope(&self, _keys: &Keys<'_>) -> Scope {
+        Scope::Rule
+    }
+
+    #[inline]
+    fn try_acquire(&self, _scope: &Scope, now: Instant, _start: Instant) -> Answer {
+        match self.try_admit(now) {
+            Ok(probe) => Answer::Granted(Grant {
+                probe,
+                bytes: false,
+            }),
+            // With automatic recovery, tell callers when probes start.
+            Err(()) => Answer::Refused(
+                RejectReason::FuseOpen,
+                self.remaining().filter(|d| !d.is_zero()),
+            ),
+        }
+    }
+
+    async fn acquire(
+        &self,
+        scope: &Scope,
+        start: Instant,
+    ) -> Result<Grant, (RejectReason, Option<Duration>)> {
+        match self.try_acquire(scope, Instant::now(), start) {
+            Answer::Granted(grant) => Ok(grant),
+            Answer::Refused(reason, retry) => Err((reason, retry)),
+            // A fuse never asks to wait.
+            Answer::Wait(_) => Err((RejectReason::FuseOpen, None)),
+        }
+    }
+
+    #[inline]
+    fn release(&self, _scope: Option<&Scope>, grant: Grant) {
+        if grant.probe {
+            self.abandon_probe();
+        }
+    }
+
+    #[inline]
+    fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Instant) {
+        self.record_outcome(slot, outcome, grant.probe, now);
+    }
+
+    fn reject_status(&self) -> StatusCode {
+        self.spec.reject_status
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    fn stats(&self, stats: &mut RuleStats) {
+        stats.fuse = Some(self.state());
+    }
+
+    fn latches(&self, now: Instant, now_unix_ms: u64, out: &mut Vec<Latch>) {
+        out.extend(self.latch(now, now_unix_ms));
+    }
+
+    fn restore(&self, latch: &Latch, now: Instant, now_unix_ms: u64) -> Option<Restored> {
+        (latch.kind == LatchKind::Fuse).then(|| self.restore_latch(latch, now, now_unix_ms))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use http::StatusCode;
@@ -459,7 +534,7 @@ mod tests {
                 f.try_admit(Instant::now()).is_ok(),
                 "fuse refused while closed"
             );
-            f.record(crate::stripe::current(), outcome, false, Instant::now());
+            f.record_outcome(crate::stripe::current(), outcome, false, Instant::now());
         }
     }
 
@@ -590,14 +665,14 @@ mod tests {
         assert_eq!(f.state(), FuseState::HalfOpen);
         assert_eq!(f.try_admit(Instant::now()), Ok(true));
         assert!(f.try_admit(Instant::now()).is_err(), "only two probes");
-        f.record(
+        f.record_outcome(
             crate::stripe::current(),
             Outcome::Status(200),
             true,
             Instant::now(),
         );
         assert_eq!(f.state(), FuseState::HalfOpen);
-        f.record(
+        f.record_outcome(
             crate::stripe::current(),
             Outcome::Status(204),
             true,
@@ -636,14 +711,14 @@ mod tests {
         calls(&f, 1, Outcome::Status(500));
         tokio::time::advance(Duration::from_secs(30)).await;
         assert_eq!(f.try_admit(Instant::now()), Ok(true));
-        f.record(
+        f.record_outcome(
             crate::stripe::current(),
             Outcome::Status(200),
             true,
             Instant::now(),
         );
         assert_eq!(f.try_admit(Instant::now()), Ok(true));
-        f.record(
+        f.record_outcome(
             crate::stripe::current(),
             Outcome::ConnectFailure,
             true,

@@ -16,18 +16,21 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
+use http_body::Body;
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower::{Layer, Service, ServiceExt};
 
+use crate::admission::Admission;
+use crate::body::{GovBody, MeteredBody};
 use crate::config::Direction;
-use crate::engine::{Admission, ByteMeter, Decision, Engine, RequestInfo, Target};
+use crate::decision::Decision;
+use crate::engine::Engine;
 use crate::outcome::Outcome;
-use crate::rejection::{RejectReason, Rejection};
+use crate::rejection::Rejection;
+use crate::request::{RequestInfo, Target};
 
 /// Errors of the inner service, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -133,7 +136,7 @@ where
                     fut: Box::pin(async move {
                         let admission = match pending.wait().await {
                             Ok(a) => a,
-                            Err(r) => return Ok(rejected(&r)),
+                            Err(r) => return Ok(GovBody::rejected(&r)),
                         };
                         let req = metered(req, &admission);
                         let fut = inner.ready().await.map_err(Into::into)?.call(req);
@@ -146,12 +149,7 @@ where
 }
 
 fn metered<B>(req: Request<B>, admission: &Admission) -> Request<MeteredBody<B>> {
-    let meter = admission.byte_meter();
-    req.map(|inner| MeteredBody { inner, meter })
-}
-
-fn rejected<B>(r: &Rejection) -> Response<GovBody<B>> {
-    r.to_response().map(|body| GovBody::Rejected { body })
+    req.map(|body| GovBody::request(body, admission))
 }
 
 type BoxResponse<B> = Pin<Box<dyn Future<Output = Result<Response<GovBody<B>>, BoxError>> + Send>>;
@@ -202,24 +200,18 @@ where
             } => {
                 if let Some(d) = deadline
                     && d.as_mut().poll(cx).is_ready()
+                    && let Some(a) = admission.take()
                 {
-                    let rejection = admission.take().and_then(Admission::timed_out);
-                    let rejection = rejection.unwrap_or_else(|| Rejection {
-                        rule: "".into(),
-                        reason: RejectReason::Timeout,
-                        status: http::StatusCode::GATEWAY_TIMEOUT,
-                        retry_after: None,
-                    });
-                    return Poll::Ready(Ok(rejected(&rejection)));
+                    return Poll::Ready(Ok(GovBody::rejected(&a.timed_out())));
                 }
                 match fut.poll(cx) {
                     Poll::Pending => Poll::Pending,
                     Poll::Ready(Ok(response)) => {
-                        let mut admission = admission.take();
-                        if let Some(a) = &mut admission {
+                        let call = admission.take().map(|mut a| {
                             a.record(Outcome::from(response.status()));
-                        }
-                        Poll::Ready(Ok(response.map(|body| GovBody::Inner { body, admission })))
+                            (a, ())
+                        });
+                        Poll::Ready(Ok(response.map(|body| GovBody::Response { body, call })))
                     }
                     Poll::Ready(Err(e)) => {
                         // The service failed without a response.
@@ -231,125 +223,10 @@ where
                 }
             }
             ResponseFutureProj::Rejected { rejection } => match rejection.take() {
-                Some(r) => Poll::Ready(Ok(rejected(&r))),
+                Some(r) => Poll::Ready(Ok(GovBody::rejected(&r))),
                 None => Poll::Ready(Err("response future polled after completion".into())),
             },
             ResponseFutureProj::Waiting { fut } => fut.as_mut().poll(cx),
-        }
-    }
-}
-
-pin_project! {
-    /// A request body that counts its bytes for the call's byte limits.
-    pub struct MeteredBody<B> {
-        #[pin]
-        inner: B,
-        meter: Option<ByteMeter>,
-    }
-}
-
-impl<B> MeteredBody<B> {
-    /// A body counted by `meter` (`None`: not counted).
-    pub fn new(inner: B, meter: Option<ByteMeter>) -> Self {
-        Self { inner, meter }
-    }
-
-    pub fn into_inner(self) -> B {
-        self.inner
-    }
-}
-
-impl<B: Body> Body for MeteredBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let this = self.project();
-        let frame = this.inner.poll_frame(cx);
-        if let (Poll::Ready(Some(Ok(f))), Some(meter)) = (&frame, this.meter.as_ref())
-            && let Some(data) = f.data_ref()
-        {
-            meter.add(data.remaining() as u64);
-        }
-        frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-pin_project! {
-    /// The response body of [`Govern`]: the inner body (holding the call's
-    /// admission until it ends) or a rejection's short text.
-    #[project = GovBodyProj]
-    pub enum GovBody<B> {
-        Inner {
-            #[pin]
-            body: B,
-            admission: Option<Admission>,
-        },
-        Rejected {
-            body: Full<Bytes>,
-        },
-    }
-}
-
-impl<B> Body for GovBody<B>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.project() {
-            GovBodyProj::Inner { body, admission } => match body.poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let (Some(a), Some(data)) = (admission.as_ref(), frame.data_ref()) {
-                        a.add_bytes(data.len() as u64);
-                    }
-                    Poll::Ready(Some(Ok(frame)))
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    admission.take();
-                    Poll::Ready(Some(Err(e.into())))
-                }
-                Poll::Ready(None) => {
-                    // The call is over: release its permits now, not when the body is dropped.
-                    admission.take();
-                    Poll::Ready(None)
-                }
-                Poll::Pending => Poll::Pending,
-            },
-            GovBodyProj::Rejected { body } => Pin::new(body)
-                .poll_frame(cx)
-                .map_err(|never| match never {}),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            GovBody::Inner { body, .. } => body.is_end_stream(),
-            GovBody::Rejected { body } => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            GovBody::Inner { body, .. } => body.size_hint(),
-            GovBody::Rejected { body } => body.size_hint(),
         }
     }
 }

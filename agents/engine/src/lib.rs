@@ -57,9 +57,12 @@
 //! [`route::INLINE_RULES`] rules match and their scopes exist; only
 //! `tokio::time` is read, so every state machine runs under paused time in tests.
 
+pub mod admission;
+pub mod body;
 mod bulkhead;
 pub mod cluster;
 pub mod config;
+pub mod decision;
 pub mod engine;
 pub mod events;
 mod fuse;
@@ -67,12 +70,16 @@ pub mod latch;
 pub mod layer;
 mod limit;
 pub mod outcome;
+mod primitive;
 pub mod rejection;
+pub mod request;
 pub mod route;
+mod snapshot;
 pub mod stats;
 mod stripe;
 mod window;
 
+pub use body::{GovBody, MeteredBody};
 pub use cluster::ClusterStore;
 pub use config::{CompiledConfig, Direction, InvalidConfig, RuleId, RuleKind};
 pub use engine::{
@@ -82,7 +89,7 @@ pub use engine::{
 pub use events::{Event, EventKind};
 pub use gov_proto::path;
 pub use latch::{InvalidLatch, Latch, LatchKind, Restored};
-pub use layer::{GovBody, Govern, GovernLayer, MeteredBody};
+pub use layer::{Govern, GovernLayer};
 pub use outcome::Outcome;
 pub use rejection::{REJECTED_BY, RejectReason, Rejection};
 pub use route::Headers;

@@ -33,14 +33,23 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::cluster::{self, ClusterStore, ExactCall, ExactReply, FlushItem, Latch};
+use crate::cluster::{ClusterStore, ExactCall, ExactReply, FlushItem, Latch};
 use crate::config::{LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec};
 use crate::events::{EventKind, Events};
 // `cluster::Latch` is the store's view of a latch; this one is the exported kind.
+use crate::config::LimitAction;
 use crate::latch::{self, Latch as Kept, LatchKind, Restored};
+use crate::outcome::Outcome;
+use crate::primitive::{Answer, Grant, Keys, Phase, Primitive, Scope, Waiting};
 use crate::rejection::RejectReason;
 use crate::route::FxBuild;
 use crate::stats::Counters;
+use crate::stats::RuleStats;
+use crate::stripe::Slot;
+use http::StatusCode;
+
+mod latches;
+mod store;
 
 /// Most keys (consumers, services) one limit tracks; beyond that idle keys
 /// are dropped, and if none is idle new keys share the rule's overflow counter.
@@ -207,32 +216,6 @@ impl Limit {
         }
     }
 
-    /// Starts the flush task of a batched cluster limit (it ends when the
-    /// limit is dropped). Needs a Tokio runtime; without one nothing is flushed.
-    pub(crate) fn start(self: &Arc<Self>) {
-        let Some(link) = &self.cluster else { return };
-        // `sync exact` counts calls per call; it flushes bytes, and reads
-        // latches back so a release elsewhere shows here without traffic.
-        if link.exact && self.spec.bytes.is_none() && self.spec.release.is_none() {
-            return;
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let period = link.period;
-        let weak = Arc::downgrade(self);
-        handle.spawn(async move {
-            let mut every = tokio::time::interval(period);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            every.tick().await;
-            loop {
-                every.tick().await;
-                let Some(limit) = weak.upgrade() else { return };
-                limit.flush().await;
-            }
-        });
-    }
-
     /// Whether calls must be counted in the store first ([`Limit::admit_exact`]):
     /// a `sync exact` limit calls while its store is up.
     pub(crate) fn remote(&self) -> bool {
@@ -270,11 +253,6 @@ impl Limit {
                 .or_insert_with(|| Arc::new(LimitCell::keyed(key)))
                 .clone(),
         )
-    }
-
-    /// The scope `r` names, or the rule's own scope for `None`.
-    pub(crate) fn cell_or_single<'a>(&'a self, r: Option<&'a CellRef>) -> &'a LimitCell {
-        r.map_or(&self.single, |r| self.cell(r))
     }
 
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a LimitCell {
@@ -379,100 +357,6 @@ impl Limit {
         Ok(())
     }
 
-    fn check_shared_bytes(
-        &self,
-        link: &ClusterLink,
-        cell: &LimitCell,
-        now: Instant,
-    ) -> Result<(), Exceeded> {
-        let Some(rate) = &self.spec.bytes else {
-            return Ok(());
-        };
-        let unix = link.store.unix_ms(now);
-        let w = ms(rate.window).max(1);
-        let mut s = cell.shared();
-        s.bytes.roll(unix / w);
-        s.active = true;
-        if s.bytes.used() >= rate.amount {
-            return Err(Exceeded {
-                reason: RejectReason::LimitBytes,
-                wait: Some(Duration::from_millis(w - unix % w)),
-                engaged: false,
-            });
-        }
-        Ok(())
-    }
-
-    /// `sync batch`: the cluster total at the last flush plus own calls since.
-    fn batch_calls(
-        &self,
-        link: &ClusterLink,
-        cell: &LimitCell,
-        now: Instant,
-    ) -> Result<(), Exceeded> {
-        let Some(rate) = &self.spec.calls else {
-            return Ok(());
-        };
-        let unix = link.store.unix_ms(now);
-        let w = ms(rate.window).max(1);
-        let mut s = cell.shared();
-        s.calls.roll(unix / w);
-        s.active = true;
-        if s.calls.used() >= rate.amount {
-            return Err(Exceeded {
-                reason: RejectReason::LimitCalls,
-                wait: Some(Duration::from_millis(w - unix % w)),
-                engaged: false,
-            });
-        }
-        s.calls.delta += 1;
-        Ok(())
-    }
-
-    /// `sync exact`: counts the call in the store (one round trip), or
-    /// locally if the store does not answer in time.
-    pub(crate) async fn admit_exact(&self, cell: &LimitCell, now: Instant) -> Result<(), Exceeded> {
-        let (Some(link), Some(rate)) = (&self.cluster, &self.spec.calls) else {
-            return self.try_admit(cell, now);
-        };
-        self.check_shared_bytes(link, cell, now)?;
-        let unix = link.store.unix_ms(now);
-        let w = ms(rate.window).max(1);
-        let call = ExactCall {
-            counter: cluster::calls_key(&self.name, &cell.key, unix / w),
-            latch: cluster::latch_key(&self.name, &cell.key),
-            expiry_ms: w.saturating_mul(2),
-            amount: rate.amount,
-            latch_ms: self.latch_ms(),
-        };
-        match link.store.exact(call).await {
-            None => self.try_admit(cell, now),
-            Some(ExactReply::Counted(count)) => {
-                self.mirror(cell, None, now);
-                if count <= rate.amount {
-                    Ok(())
-                } else {
-                    Err(Exceeded {
-                        reason: RejectReason::LimitCalls,
-                        wait: Some(Duration::from_millis(w - unix % w)),
-                        engaged: false,
-                    })
-                }
-            }
-            Some(ExactReply::Engaged(ttl)) => {
-                cell.engaged_reason
-                    .compare_exchange(0, RejectReason::LimitCalls as u8, Relaxed, Relaxed)
-                    .ok();
-                self.mirror(cell, Some(ttl), now);
-                Err(Exceeded {
-                    reason: reason_from(cell.engaged_reason.load(Relaxed)),
-                    wait: ttl,
-                    engaged: true,
-                })
-            }
-        }
-    }
-
     /// The latch as the store encodes it: 0 none, -1 manual, else ms.
     fn latch_ms(&self) -> i64 {
         match self.spec.release {
@@ -497,141 +381,6 @@ impl Limit {
             ""
         };
         format!("{what} per window exceeded; engaged{scope} {release}")
-    }
-
-    /// Takes the latch state the store holds for `cell`.
-    fn mirror(&self, cell: &LimitCell, latch: Latch, now: Instant) {
-        let now_ms = self.now_ms(now);
-        match latch {
-            Some(ttl) => {
-                let until = ttl.map_or(MANUAL, |d| now_ms.saturating_add(ms(d)).max(1));
-                if cell.engaged_until.swap(until, Relaxed) == NOT_ENGAGED {
-                    cell.engaged_since_unix_ms.store(now_unix_ms(), Relaxed);
-                    let reason = reason_from(cell.engaged_reason.load(Relaxed));
-                    self.events.emit(
-                        EventKind::LimitEngaged,
-                        &self.name,
-                        self.engaged_message(reason),
-                    );
-                }
-            }
-            None => {
-                if cell.shared().engage {
-                    return;
-                }
-                let before = cell.engaged_until.swap(NOT_ENGAGED, Relaxed);
-                if before == MANUAL || (before != NOT_ENGAGED && before > now_ms) {
-                    self.events.emit(
-                        EventKind::LimitReleased,
-                        &self.name,
-                        "released in the cluster store".into(),
-                    );
-                }
-            }
-        }
-    }
-
-    /// Sends every key's delta to the store and reads the cluster totals and
-    /// latches back (one pipeline). On failure the deltas stay local.
-    pub(crate) async fn flush(&self) {
-        let Some(link) = &self.cluster else { return };
-        let now = Instant::now();
-        let unix = link.store.unix_ms(now);
-        let keyed: Vec<Arc<LimitCell>> = self
-            .keyed
-            .read()
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default();
-        let cells: Vec<&LimitCell> = std::iter::once(&self.single)
-            .chain(keyed.iter().map(|c| &**c))
-            .collect();
-        let calls_w = self.spec.calls.map(|r| ms(r.window).max(1));
-        let bytes_w = self.spec.bytes.map(|r| ms(r.window).max(1));
-        let mut items = Vec::new();
-        // Per item: the cell, (window, amount) sent for calls and for bytes,
-        // and whether it engaged the latch.
-        type Sent<'a> = (&'a LimitCell, (u64, u64), (u64, u64), bool);
-        let mut sent: Vec<Sent<'_>> = Vec::new();
-        for (i, cell) in cells.into_iter().enumerate() {
-            let mut s = cell.shared();
-            // Read back the single counter always, a key while it is used this
-            // window or engaged (to see other agents' calls and releases).
-            let this_window = calls_w.is_some_and(|w| s.calls.window == unix / w)
-                || bytes_w.is_some_and(|w| s.bytes.window == unix / w);
-            if !(i == 0
-                || s.active
-                || s.engage
-                || s.calls.delta > 0
-                || s.bytes.delta > 0
-                || this_window
-                || cell.engaged_until.load(Relaxed) != NOT_ENGAGED)
-            {
-                continue;
-            }
-            s.active = false;
-            let mut item = FlushItem {
-                latch: cluster::latch_key(&self.name, &cell.key),
-                engage: s.engage.then(|| self.latch_ms()),
-                ..FlushItem::default()
-            };
-            let mut calls = (0, 0);
-            if let (Some(w), false) = (calls_w, link.exact) {
-                if s.calls.delta == 0 {
-                    s.calls.roll(unix / w);
-                }
-                calls = (s.calls.window, s.calls.delta);
-                s.calls.inflight += s.calls.delta;
-                s.calls.delta = 0;
-                item.calls = Some((cluster::calls_key(&self.name, &cell.key, calls.0), calls.1));
-                item.calls_expiry_ms = w.saturating_mul(2);
-            }
-            let mut bytes = (0, 0);
-            if let Some(w) = bytes_w {
-                if s.bytes.delta == 0 {
-                    s.bytes.roll(unix / w);
-                }
-                bytes = (s.bytes.window, s.bytes.delta);
-                s.bytes.inflight += s.bytes.delta;
-                s.bytes.delta = 0;
-                item.bytes = Some((cluster::bytes_key(&self.name, &cell.key, bytes.0), bytes.1));
-                item.bytes_expiry_ms = w.saturating_mul(2);
-            }
-            sent.push((cell, calls, bytes, s.engage));
-            items.push(item);
-        }
-        if items.is_empty() {
-            return;
-        }
-        let replies = link.store.flush(items).await;
-        for (i, (cell, calls, bytes, engaged)) in sent.into_iter().enumerate() {
-            let reply = replies.as_ref().and_then(|r| r.get(i));
-            {
-                let mut guard = cell.shared();
-                let s = &mut *guard;
-                for (part, (window, n), total) in [
-                    (&mut s.calls, calls, reply.and_then(|r| r.calls)),
-                    (&mut s.bytes, bytes, reply.and_then(|r| r.bytes)),
-                ] {
-                    if part.window != window {
-                        continue;
-                    }
-                    part.inflight = part.inflight.saturating_sub(n);
-                    match total {
-                        Some(total) => part.base = total,
-                        // Not flushed: keep counting it locally.
-                        None => part.delta += n,
-                    }
-                }
-                if reply.is_none() {
-                    s.active = true;
-                } else if engaged {
-                    s.engage = false;
-                }
-            }
-            if let Some(reply) = reply {
-                self.mirror(cell, reply.latch, now);
-            }
-        }
     }
 
     /// The call is refused: engage the latch if the limit has one. Returns
@@ -669,7 +418,7 @@ impl Limit {
     }
 
     /// Adds request or response bytes of an admitted call.
-    pub(crate) fn add_bytes(&self, cell: &LimitCell, n: u64, now: Instant) {
+    pub(crate) fn count_bytes(&self, cell: &LimitCell, n: u64, now: Instant) {
         let Some(rate) = &self.spec.bytes else { return };
         if let Some(link) = &self.cluster {
             let w = ms(rate.window).max(1);
@@ -779,88 +528,6 @@ impl Limit {
     }
 }
 
-// === latches ===
-
-impl Limit {
-    /// The latches of every engaged key (expired ones are left to
-    /// [`Limit::engaged`] to release).
-    pub(crate) fn latches(&self, now: Instant, now_unix_ms: u64, out: &mut Vec<Kept>) {
-        let now_ms = self.now_ms(now);
-        let mut one = |cell: &LimitCell| {
-            let until = cell.engaged_until.load(Relaxed);
-            if until == NOT_ENGAGED || (until != MANUAL && until <= now_ms) {
-                return;
-            }
-            let since = match cell.engaged_since_unix_ms.load(Relaxed) {
-                0 => now_unix_ms,
-                since => since,
-            };
-            out.push(Kept {
-                kind: LatchKind::Limit,
-                rule: self.name.to_string(),
-                key: cell.key.to_string(),
-                since_unix_ms: since,
-                deadline_unix_ms: (until != MANUAL)
-                    .then(|| now_unix_ms.saturating_add(until - now_ms)),
-                reason: self.engaged_message(reason_from(cell.engaged_reason.load(Relaxed))),
-            });
-        };
-        one(&self.single);
-        if let Ok(map) = self.keyed.read() {
-            map.values().for_each(|c| one(c));
-        }
-    }
-
-    /// Engages the key of `latch` again until its deadline (restart,
-    /// carry-over). No event: nothing new happened. A cluster limit engages
-    /// it in the store again at its next flush.
-    pub(crate) fn restore(&self, latch: &Kept, now: Instant, now_unix_ms: u64) -> Restored {
-        if latch.key.is_empty() && matches!(self.spec.key, LimitKey::Service | LimitKey::Consumer) {
-            return Restored::KeyMissing;
-        }
-        let end = match (latch.deadline_unix_ms, self.spec.release) {
-            (Some(deadline), _) => Some(deadline),
-            (None, Some(ReleaseSpec::After(after))) => {
-                Some(latch.since_unix_ms.saturating_add(ms(after)))
-            }
-            (None, _) => None,
-        };
-        let until = match end {
-            Some(end) if end <= now_unix_ms => return Restored::Expired,
-            Some(end) => self
-                .now_ms(now)
-                .saturating_add(end - now_unix_ms)
-                .clamp(1, MANUAL - 1),
-            None => MANUAL,
-        };
-        let key = (!latch.key.is_empty()).then_some(latch.key.as_str());
-        let cell_ref = self.cell_for(key);
-        let cell = self.cell(&cell_ref);
-        if cell.engaged_until.load(Relaxed) != NOT_ENGAGED {
-            return Restored::Held;
-        }
-        let reason = if latch.reason.starts_with("bytes") {
-            RejectReason::LimitBytes
-        } else {
-            RejectReason::LimitCalls
-        };
-        cell.engaged_reason.store(reason as u8, Relaxed);
-        cell.engaged_since_unix_ms
-            .store(latch.since_unix_ms.max(1), Relaxed);
-        if self.cluster.is_some() {
-            // The store may have lost it: the next flush engages it there.
-            cell.shared().engage = true;
-        }
-        match cell
-            .engaged_until
-            .compare_exchange(NOT_ENGAGED, until, Relaxed, Relaxed)
-        {
-            Ok(_) => Restored::Armed,
-            Err(_) => Restored::Held,
-        }
-    }
-}
-
 fn now_unix_ms() -> u64 {
     latch::unix_ms(std::time::SystemTime::now())
 }
@@ -870,6 +537,134 @@ fn reason_from(v: u8) -> RejectReason {
         RejectReason::LimitBytes
     } else {
         RejectReason::LimitCalls
+    }
+}
+
+// === impl Primitive ===
+
+/// The rule's own scope, for a call that holds no keyed one.
+static SINGLE: CellRef = CellRef::Single;
+
+impl Primitive for Limit {
+    const PHASE: Phase = Phase::Limits;
+
+    #[inline]
+    fn scope(&self, keys: &Keys<'_>) -> Scope {
+        let key = match self.spec.key {
+            LimitKey::All | LimitKey::Domain => None,
+            LimitKey::Service => keys.target,
+            LimitKey::Consumer => keys.consumer,
+        };
+        Scope::Limit(self.cell_for(key))
+    }
+
+    #[inline]
+    fn try_acquire(&self, scope: &Scope, now: Instant, start: Instant) -> Answer {
+        if self.remote() {
+            // `sync exact`: counted in the store, asynchronously.
+            return Answer::Wait(Duration::ZERO);
+        }
+        let cell = self.cell(scope_ref(Some(scope)));
+        match self.try_admit(cell, now) {
+            Ok(()) => Answer::Granted(self.grant()),
+            Err(e) => self.shape(cell, e, now, start),
+        }
+    }
+
+    async fn acquire(
+        &self,
+        scope: &Scope,
+        start: Instant,
+    ) -> Result<Grant, (RejectReason, Option<Duration>)> {
+        // A `sync exact` call in flight to the store is not "waiting".
+        let _waiting = (!self.remote()).then(|| Waiting::new(&self.counters));
+        let cell = self.cell(scope_ref(Some(scope)));
+        loop {
+            let now = Instant::now();
+            let answer = if self.remote() {
+                match self.admit_exact(cell, now).await {
+                    Ok(()) => Answer::Granted(self.grant()),
+                    Err(e) => self.shape(cell, e, now, start),
+                }
+            } else {
+                self.try_acquire(scope, now, start)
+            };
+            match answer {
+                Answer::Granted(grant) => return Ok(grant),
+                Answer::Refused(reason, retry) => return Err((reason, retry)),
+                // Only asked when the window ends before the shaping
+                // deadline; then the call is tried again in the next window.
+                Answer::Wait(wait) => tokio::time::sleep(wait).await,
+            }
+        }
+    }
+
+    fn release(&self, _scope: Option<&Scope>, _grant: Grant) {}
+
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Instant) {}
+
+    #[inline]
+    fn add_bytes(&self, scope: Option<&Scope>, n: u64, now: Instant) {
+        self.count_bytes(self.cell(scope_ref(scope)), n, now);
+    }
+
+    fn needs_consumer(&self) -> bool {
+        self.spec.key == LimitKey::Consumer
+    }
+
+    fn reject_status(&self) -> StatusCode {
+        self.spec.reject_status
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    fn stats(&self, stats: &mut RuleStats) {
+        stats.capacity = self.spec.calls.map_or(0, |c| c.amount);
+        stats.limit_engaged = self.engaged();
+    }
+
+    fn latches(&self, now: Instant, now_unix_ms: u64, out: &mut Vec<Kept>) {
+        self.latches_into(now, now_unix_ms, out);
+    }
+
+    fn restore(&self, latch: &Kept, now: Instant, now_unix_ms: u64) -> Option<Restored> {
+        (latch.kind == LatchKind::Limit).then(|| self.restore_latch(latch, now, now_unix_ms))
+    }
+}
+
+/// The limit scope in `scope` (`None`, or not a limit's: the rule's own).
+#[inline]
+fn scope_ref(scope: Option<&Scope>) -> &CellRef {
+    match scope {
+        Some(Scope::Limit(c)) => c,
+        _ => &SINGLE,
+    }
+}
+
+impl Limit {
+    fn grant(&self) -> Grant {
+        Grant {
+            probe: false,
+            bytes: self.spec.bytes.is_some(),
+        }
+    }
+
+    /// The one shaping decision: a call over the limit waits for the next
+    /// window when the limit shapes, is not engaged, and the window ends
+    /// within `max_delay` of the decision's start; else it is refused (and
+    /// the limit engages if it latches).
+    fn shape(&self, cell: &LimitCell, e: Exceeded, now: Instant, start: Instant) -> Answer {
+        if let LimitAction::Shape { max_delay } = self.spec.action
+            && !e.engaged
+            && let Some(wait) = e.wait
+            && now + wait <= start + max_delay
+        {
+            return Answer::Wait(wait);
+        }
+        let retry = self.refuse(cell, e, now);
+        Answer::Refused(e.reason, retry)
     }
 }
 
@@ -934,14 +729,14 @@ mod tests {
         let (l, _rx) = limit(None, Some(1000), None);
         let c = CellRef::Single;
         assert!(l.try_admit(l.cell(&c), Instant::now()).is_ok());
-        l.add_bytes(l.cell(&c), 600, Instant::now());
+        l.count_bytes(l.cell(&c), 600, Instant::now());
         assert!(l.try_admit(l.cell(&c), Instant::now()).is_ok());
-        l.add_bytes(l.cell(&c), 400, Instant::now());
+        l.count_bytes(l.cell(&c), 400, Instant::now());
         let e = l.try_admit(l.cell(&c), Instant::now()).unwrap_err();
         assert_eq!(e.reason, RejectReason::LimitBytes);
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(l.try_admit(l.cell(&c), Instant::now()).is_ok());
-        l.add_bytes(l.cell(&c), 10, Instant::now());
+        l.count_bytes(l.cell(&c), 10, Instant::now());
         assert!(l.try_admit(l.cell(&c), Instant::now()).is_ok());
     }
 

@@ -450,7 +450,7 @@ rules:
     );
     let a = now(&e, "/api/x", None).unwrap();
     assert_eq!(a.timeout(), Some(Duration::from_millis(300)));
-    let r = a.timed_out().unwrap();
+    let r = a.timed_out();
     assert_eq!(r.reason, RejectReason::Timeout);
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(&*r.rule, "order/api_timeout");

@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod control;
+pub mod health;
 pub mod latches;
 pub mod lifecycle;
 pub mod sidecar;

@@ -47,7 +47,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::sidecar::Health;
+use crate::health::Health;
 
 /// How long a `start`/`stop` action may take before it counts as failed: a hung
 /// hook must not hold up a shutdown forever.

@@ -17,9 +17,9 @@
 //! HTTP/2 and whatever that path hands over (`proxy`, with its pooled client).
 
 mod admin;
-mod body;
 mod h1;
 mod headers;
+mod listener;
 mod metrics;
 mod proxy;
 mod reload;
@@ -39,9 +39,8 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-pub use admin::Health;
-pub use body::ProxyBody;
-pub use proxy::GOV_SERVICE;
+pub use crate::health::Health;
+pub use listener::GOV_SERVICE;
 pub use reload::{ConfigError, ConfigStatus, parse_config, read_config};
 pub use upstream::{Balance, Directory, EndpointSpec, UpstreamProtocol};
 
@@ -385,13 +384,14 @@ impl Sidecar {
         let inbound_conns = Arc::new(serve::Connections::new(options.max_connections));
         let outbound_conns = Arc::new(serve::Connections::new(options.max_connections));
         let directory = Arc::new(Directory::new(options.balance, &options.instances));
-        let shared = Arc::new(proxy::Shared {
+        let shared = Arc::new(listener::Shared {
             engine: engine.clone(),
             clients: upstream::Clients::new(options.upstream_protocol),
             local: options.upstream.clone(),
             directory: directory.clone(),
-            idle: h1::IdlePool::default(),
         });
+        // Idle upstream connections of the HTTP/1 path, shared by both listeners.
+        let idle = Arc::new(h1::IdlePool::default());
 
         // The proxy listeners drain on `stop`; the admin listener keeps answering
         // (`/ready` says 503) until they are done, then stops on `admin_stop`.
@@ -403,8 +403,8 @@ impl Sidecar {
             listener_stats.push(("outbound", outbound_conns.clone()));
         }
         let listeners = [
-            Some(("inbound", inbound, proxy::Side::Inbound, inbound_conns)),
-            outbound.map(|l| ("outbound", l, proxy::Side::Outbound, outbound_conns)),
+            Some(("inbound", inbound, listener::Side::Inbound, inbound_conns)),
+            outbound.map(|l| ("outbound", l, listener::Side::Outbound, outbound_conns)),
         ];
         for (name, listener, side, conns) in listeners.into_iter().flatten() {
             let cx = h1::Listener::new(
@@ -414,6 +414,7 @@ impl Sidecar {
                 options.header_read_timeout,
                 options.client_timeout,
                 conns.clone(),
+                idle.clone(),
             );
             proxies.spawn(serve::accept_loop(
                 name,

@@ -9,7 +9,11 @@ use std::time::Duration;
 use clap::Parser;
 use gov_control_plane::{ControlPlane, Error, Limits, Options, auth::read_token_file, serve};
 use gov_proto::flag::parse_duration;
+use gov_proto::signal::termination;
 use tokio_util::sync::CancellationToken;
+
+/// How to stop govd when its signal handlers cannot be installed.
+const OTHERWISE: &str = "stop govd with SIGKILL";
 
 /// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
 const EXIT_USAGE: u8 = 64;
@@ -146,10 +150,10 @@ async fn run(args: Args) -> Result<(), Error> {
     {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let signal = termination().await;
+            let signal = termination(OTHERWISE).await;
             tracing::info!(signal, "received signal");
             shutdown.cancel();
-            let signal = termination().await;
+            let signal = termination(OTHERWISE).await;
             tracing::warn!(signal, "second signal while stopping: exiting now");
             std::process::exit(130);
         });
@@ -163,21 +167,5 @@ fn at_least_one(s: &str) -> Result<usize, String> {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Waits for SIGTERM or SIGINT and returns its name.
-async fn termination() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
     }
 }

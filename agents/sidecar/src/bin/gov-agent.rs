@@ -9,7 +9,11 @@ use std::time::Duration;
 use clap::Parser;
 use gov_agent::sidecar::{Balance, Options, Sidecar, UpstreamProtocol};
 use gov_proto::flag::parse_duration;
+use gov_proto::signal::termination;
 use http::uri::Authority;
+
+/// How to stop the agent when its signal handlers cannot be installed.
+const OTHERWISE: &str = "stop the agent with POST /shutdown";
 
 /// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
 const EXIT_USAGE: u8 = 64;
@@ -254,7 +258,7 @@ async fn run(args: Args) -> ExitCode {
         ));
     }
     tokio::select! {
-        signal = termination() => {
+        signal = termination(OTHERWISE) => {
             tracing::info!(signal, "received signal");
             // The config's shutdown steps (deregister, wait, stop, drain), or the
             // plain drain when it has none.
@@ -264,28 +268,12 @@ async fn run(args: Args) -> ExitCode {
     }
     // A second signal while draining means "stop now".
     tokio::spawn(async {
-        let signal = termination().await;
+        let signal = termination(OTHERWISE).await;
         tracing::warn!(signal, "second signal while draining: exiting now");
         std::process::exit(130);
     });
     sidecar.stopped().await;
     ExitCode::SUCCESS
-}
-
-/// Waits for SIGTERM or SIGINT and returns its name.
-async fn termination() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the agent with POST /shutdown");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    }
 }
 
 fn init_tracing() {

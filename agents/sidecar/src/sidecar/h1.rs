@@ -25,10 +25,13 @@
 //! `OPTIONS *`. The hand-over happens only between requests, before anything of the
 //! request was sent upstream, so a connection is served by one path at a time.
 
-mod codec;
+mod chunked;
+pub(crate) mod codec;
 mod deadline;
 mod pool;
 mod prefixed;
+mod relay;
+mod split;
 
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
@@ -40,34 +43,33 @@ use bytes::{Buf, BytesMut};
 use http::Method;
 use http::uri::Authority;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use self::codec::{
-    Decoder, Framing, MAX_HEAD, MAX_HEADERS, Verdict, check_request, has_token, head_end,
-    header_tokens, leading_empty_lines, response_framing, write_request_head, write_response_head,
+    Framing, MAX_HEAD, MAX_HEADERS, Refusal, Verdict, check_request, head_end, leading_empty_lines,
+    write_request_head,
 };
-pub(crate) use self::codec::{Refusal, valid_authority};
 use self::deadline::Deadline;
 pub(crate) use self::pool::IdlePool;
-use self::pool::Upstream;
+use self::pool::{Dest, Upstream, connect};
 pub(crate) use self::prefixed::Prefixed;
-use super::proxy::{Failure, Shared, Side};
+use self::relay::{Broke, Leg, READ_CHUNK, Received, receive, relay, within};
+use super::listener::{Failure, Shared, Side, target_service};
 use super::upstream::Pick;
 use gov_engine::engine::Target;
 use gov_engine::{Admission, Direction, Headers, Outcome, RequestInfo};
 
-/// Read buffer growth step.
-const READ_CHUNK: usize = 8 * 1024;
+/// A client stream: TCP in the agent, in-memory in tests.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Io for S {}
+
 /// Bodies of locally answered requests up to this size are read and dropped so the
 /// connection can stay open; longer ones close it.
 const MAX_DISCARD: u64 = 64 * 1024;
 /// Keep-alive upstream connections one client connection keeps.
 const MAX_UPSTREAMS: usize = 4;
-/// How long connecting to an upstream may take (as the pooled client's connector).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What a connection of a proxy listener needs.
 #[derive(Clone)]
@@ -82,6 +84,8 @@ pub(crate) struct Listener {
     pub(crate) client_timeout: Option<Duration>,
     /// The listener's connections, and its count of refused requests.
     pub(crate) conns: Arc<super::serve::Connections>,
+    /// Idle upstream connections, shared by the listeners.
+    idle: Arc<IdlePool>,
 }
 
 impl Listener {
@@ -94,6 +98,7 @@ impl Listener {
         header_read_timeout: Option<Duration>,
         client_timeout: Option<Duration>,
         conns: Arc<super::serve::Connections>,
+        idle: Arc<IdlePool>,
     ) -> Self {
         let stopping = Arc::new(AtomicBool::new(stop.is_cancelled()));
         let (flag, token) = (stopping.clone(), stop.clone());
@@ -109,6 +114,7 @@ impl Listener {
             header_read_timeout,
             client_timeout,
             conns,
+            idle,
         }
     }
 
@@ -120,13 +126,10 @@ impl Listener {
 
 /// Serves one client connection: HTTP/1.1 here, the rest through `fallback`, which
 /// gets the connection and the bytes read but not yet handled.
-pub(crate) async fn serve<F, Fut>(
-    mut client: TcpStream,
-    peer: SocketAddr,
-    cx: Listener,
-    fallback: F,
-) where
-    F: FnOnce(Prefixed<TcpStream>) -> Fut,
+pub(crate) async fn serve<S, F, Fut>(mut client: S, peer: SocketAddr, cx: Listener, fallback: F)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+    F: FnOnce(Prefixed<S>) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     let mut conn = Conn {
@@ -143,7 +146,7 @@ pub(crate) async fn serve<F, Fut>(
     let end = conn.run(&mut client).await;
     // The upstream connections outlive this client connection in the idle pool.
     for upstream in conn.upstreams.drain(..) {
-        cx.shared.idle.put(upstream);
+        cx.idle.put(upstream);
     }
     if let End::Fallback = end {
         let buf = std::mem::take(&mut conn.buf);
@@ -174,42 +177,6 @@ enum End {
 enum Local<'r> {
     Rejection(&'r gov_engine::Rejection),
     Failure(Failure),
-}
-
-/// Where a request goes: the local service (inbound), or the endpoint the balancer
-/// picked (outbound), held until the response has ended.
-enum Dest {
-    Local(Authority),
-    Endpoint(Pick),
-}
-
-impl Dest {
-    fn authority(&self) -> &Authority {
-        match self {
-            Dest::Local(authority) => authority,
-            Dest::Endpoint(pick) => &pick.endpoint().authority,
-        }
-    }
-
-    fn pick(&self) -> Option<&Pick> {
-        match self {
-            Dest::Local(_) => None,
-            Dest::Endpoint(pick) => Some(pick),
-        }
-    }
-
-    /// The connection failed or was reset before a response (passive health).
-    fn failed(&self) {
-        if let Some(pick) = self.pick() {
-            pick.failed();
-        }
-    }
-
-    fn timed_out(&self) {
-        if let Some(pick) = self.pick() {
-            pick.timed_out();
-        }
-    }
 }
 
 /// The owned part of a checked request head, kept while its body is relayed.
@@ -255,7 +222,7 @@ enum Exchange {
 }
 
 impl Conn<'_> {
-    async fn run(&mut self, client: &mut TcpStream) -> End {
+    async fn run(&mut self, client: &mut impl Io) -> End {
         loop {
             match self.read_head(client).await {
                 HeadRead::Ready => {}
@@ -280,7 +247,7 @@ impl Conn<'_> {
     /// which are dropped). Ends on close, past the header-read timeout, on the
     /// listener's stop while waiting for a next request, on a line that does not
     /// end with CRLF, and on a head larger than [`MAX_HEAD`].
-    async fn read_head(&mut self, client: &mut TcpStream) -> HeadRead {
+    async fn read_head(&mut self, client: &mut impl Io) -> HeadRead {
         let mut scanned = 0;
         // From the first read on: a slow head does not move it.
         let mut deadline = None;
@@ -331,7 +298,7 @@ impl Conn<'_> {
 
     /// Handles the request whose head is in the buffer. `Some(keep_open)`, or
     /// `None` when hyper must take the connection.
-    async fn request(&mut self, client: &mut TcpStream) -> Option<bool> {
+    async fn request(&mut self, client: &mut impl Io) -> Option<bool> {
         let cx = self.cx;
         let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let req = match check_request(&self.buf, &mut slots) {
@@ -354,7 +321,7 @@ impl Conn<'_> {
         // endpoint first: per-instance rules key on it.
         let service = match cx.side {
             Side::Inbound => None,
-            Side::Outbound => match super::proxy::target_service(raw, Some(req.host)) {
+            Side::Outbound => match target_service(raw, Some(req.host)) {
                 Some(service) => Some(service),
                 None => {
                     drop(req);
@@ -419,7 +386,7 @@ impl Conn<'_> {
     /// body. Whether the connection stays open.
     async fn answer_locally(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut impl Io,
         head: &Head,
         answer: Local<'_>,
     ) -> bool {
@@ -469,7 +436,7 @@ impl Conn<'_> {
     /// gone connects elsewhere.
     async fn forward(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut impl Io,
         head: &Head,
         mut to: Dest,
         mut admission: Admission,
@@ -554,10 +521,7 @@ impl Conn<'_> {
             Exchange::TimedOut { keep_client } => {
                 let close = !keep_client || head.close || self.cx.stopping();
                 self.out.clear();
-                match admission.timed_out() {
-                    Some(rejection) => rejection.write_http1(&mut self.out, close),
-                    None => Failure::Timeout.write_http1(&mut self.out, close),
-                }
+                admission.timed_out().write_http1(&mut self.out, close);
                 client.write_all(&self.out).await.is_ok() && !close
             }
         }
@@ -577,44 +541,16 @@ impl Conn<'_> {
                 return Ok((upstream, true));
             }
         }
-        if let Some(upstream) = self.cx.shared.idle.take(authority) {
+        if let Some(upstream) = self.cx.idle.take(authority) {
             return Ok((upstream, true));
         }
-        // An address connects at once; a name is looked up first (on tokio's
-        // blocking pool).
-        let connect = async {
-            match authority.as_str().parse::<SocketAddr>() {
-                Ok(addr) => TcpStream::connect(addr).await,
-                Err(_) => TcpStream::connect(authority.as_str()).await,
-            }
-        };
-        match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
-            Ok(Ok(stream)) => {
-                let _ = stream.set_nodelay(true);
-                Ok((
-                    Upstream {
-                        authority: authority.clone(),
-                        stream,
-                        buf: BytesMut::with_capacity(READ_CHUNK),
-                    },
-                    false,
-                ))
-            }
-            Ok(Err(error)) => {
-                tracing::debug!(%authority, %error, "upstream connect failed");
-                Err(())
-            }
-            Err(_) => {
-                tracing::debug!(%authority, "upstream connect timed out");
-                Err(())
-            }
-        }
+        connect(authority).await.map(|upstream| (upstream, false))
     }
 
     fn put_upstream(&mut self, upstream: Upstream) {
         if self.upstreams.len() >= MAX_UPSTREAMS {
             let oldest = self.upstreams.remove(0);
-            self.cx.shared.idle.put(oldest);
+            self.cx.idle.put(oldest);
         }
         self.upstreams.push(upstream);
     }
@@ -624,7 +560,7 @@ impl Conn<'_> {
     /// used again.
     async fn exchange(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut impl Io,
         upstream: &mut Upstream,
         head: &Head,
         (admission, pick): (&mut Admission, Option<&Pick>),
@@ -637,7 +573,8 @@ impl Conn<'_> {
         } else {
             None
         };
-        let (mut client_rd, mut client_wr) = client.split();
+        let client = std::sync::Mutex::new(client);
+        let (mut client_rd, mut client_wr) = split::split(&client);
         let (mut up_rd, mut up_wr) = upstream.stream.split();
         let replayable = head.framing == Framing::Empty;
         let out = &mut self.out;
@@ -732,244 +669,14 @@ impl Conn<'_> {
     }
 }
 
-/// How receiving a response ended.
-enum Received {
-    Done {
-        keep_upstream: bool,
-        keep_client: bool,
-    },
-    /// The upstream closed or failed before a byte of a response head.
-    NoHead,
-    /// The upstream sent something that is not a usable response head.
-    BadHead,
-    TimedOut,
-    /// The response broke after its head went to the client, or the client left.
-    Broken,
-}
-
-/// Reads the response head to a `method` request (interim 1xx heads go to the
-/// client), reports its status to the engine, and relays it with its body to the
-/// client, closing the client connection after it if `closing()` says so then.
-async fn receive(
-    up_rd: &mut ReadHalf<'_>,
-    up_buf: &mut BytesMut,
-    client_wr: &mut WriteHalf<'_>,
-    out: &mut Vec<u8>,
-    (method, closing): (&Method, impl Fn() -> bool),
-    (admission, pick): (&mut Admission, Option<&Pick>),
-    (deadline, client_timeout): (Option<(&mut Deadline, Instant)>, Option<Duration>),
-) -> Received {
-    let mut deadline = deadline;
-    loop {
-        // The head, within the route's deadline.
-        let mut scanned = 0;
-        loop {
-            if matches!(head_end(up_buf, scanned, false), Ok(Some(_))) {
-                break;
-            }
-            if up_buf.len() >= MAX_HEAD {
-                return Received::BadHead;
-            }
-            scanned = up_buf.len().saturating_sub(3);
-            up_buf.reserve(READ_CHUNK);
-            let read = up_rd.read_buf(up_buf);
-            let n = match &mut deadline {
-                None => read.await,
-                Some((timer, at)) => {
-                    let at = *at;
-                    tokio::select! {
-                        n = read => n,
-                        () = timer.expired(at) => return Received::TimedOut,
-                    }
-                }
-            };
-            match n {
-                Ok(0) | Err(_) if up_buf.is_empty() => return Received::NoHead,
-                Ok(0) | Err(_) => return Received::BadHead,
-                Ok(_) => {}
-            }
-        }
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut slots);
-        let len = match resp.parse(up_buf) {
-            Ok(httparse::Status::Complete(len)) => len,
-            _ => return Received::BadHead,
-        };
-        let (Some(code), Some(version)) = (resp.code, resp.version) else {
-            return Received::BadHead;
-        };
-        let headers: &[httparse::Header<'_>] = resp.headers;
-        let conn_tokens = header_tokens(headers, "connection");
-        if (100..200).contains(&code) {
-            if code == 101 {
-                // No upgrade was asked for on this path.
-                return Received::BadHead;
-            }
-            out.clear();
-            write_response_head(
-                out,
-                code,
-                resp.reason,
-                headers,
-                &conn_tokens,
-                Framing::Empty,
-                false,
-            );
-            drop(conn_tokens);
-            up_buf.advance(len);
-            if !matches!(
-                within(client_timeout, client_wr.write_all(out)).await,
-                Some(Ok(()))
-            ) {
-                return Received::Broken;
-            }
-            continue;
-        }
-        let Some(framing) = response_framing(method, code, headers) else {
-            return Received::BadHead;
-        };
-        let upstream_close = has_token(&conn_tokens, "close")
-            || (version == 0 && !has_token(&conn_tokens, "keep-alive"));
-        let keep_client = framing != Framing::UntilClose;
-        let close_client = !keep_client || closing();
-        out.clear();
-        write_response_head(
-            out,
-            code,
-            resp.reason,
-            headers,
-            &conn_tokens,
-            framing,
-            close_client,
-        );
-        drop(conn_tokens);
-        up_buf.advance(len);
-        admission.record(Outcome::Status(code));
-        if let Some(pick) = pick {
-            pick.responded();
-        }
-        let leg = Leg {
-            framing,
-            request: false,
-            read_timeout: None,
-            write_timeout: client_timeout,
-        };
-        let relayed = relay(leg, up_buf, up_rd, client_wr, out, |n| {
-            admission.add_bytes(n);
-        })
-        .await;
-        return match relayed {
-            Ok(()) => Received::Done {
-                keep_upstream: !upstream_close && framing != Framing::UntilClose,
-                keep_client: !close_client,
-            },
-            Err(_) => Received::Broken,
-        };
-    }
-}
-
-/// A relay stopped early.
-#[derive(Debug)]
-enum Broke {
-    /// Reading the source failed.
-    Read,
-    /// The source ended inside the body.
-    Eof,
-    /// Writing the destination failed.
-    Write,
-    /// The chunked framing is broken.
-    Chunking,
-}
-
-/// Which body [`relay`] carries, and how long each side may stall.
-#[derive(Clone, Copy)]
-struct Leg {
-    framing: Framing,
-    /// A request body: its trailer fields are dropped.
-    request: bool,
-    /// The longest a read of the source may wait (the client's request body).
-    read_timeout: Option<Duration>,
-    /// The longest a write to the destination may wait (the response to the
-    /// client, which may stop reading).
-    write_timeout: Option<Duration>,
-}
-
-/// `fut`, bounded by `limit`; `None` when it ran out.
-async fn within<F: std::future::Future>(limit: Option<Duration>, fut: F) -> Option<F::Output> {
-    match limit {
-        None => Some(fut.await),
-        // The timer registers only if `fut` is pending on its first poll.
-        Some(limit) => tokio::time::timeout(limit, fut).await.ok(),
-    }
-}
-
-/// Relays one body framed as `leg.framing` from `buf` (bytes already read) and
-/// then `src`, to `dst`, after `out` (a head not yet written, sent with the first
-/// body bytes in one write). Calls `tally` with the payload bytes as they pass.
-async fn relay<R, W>(
-    leg: Leg,
-    buf: &mut BytesMut,
-    src: &mut R,
-    dst: &mut W,
-    out: &mut Vec<u8>,
-    mut tally: impl FnMut(u64),
-) -> Result<(), Broke>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut decoder = if leg.request {
-        Decoder::request(leg.framing)
-    } else {
-        Decoder::new(leg.framing)
-    };
-    loop {
-        while !decoder.done() && !buf.is_empty() {
-            let step = decoder.advance(buf).ok_or(Broke::Chunking)?;
-            if step.taken == 0 {
-                break;
-            }
-            if step.dropped {
-                // Stripped trailer fields.
-            } else if out.is_empty() && step.taken > READ_CHUNK {
-                within(leg.write_timeout, dst.write_all(&buf[..step.taken]))
-                    .await
-                    .and_then(Result::ok)
-                    .ok_or(Broke::Write)?;
-            } else {
-                out.extend_from_slice(&buf[..step.taken]);
-            }
-            tally(step.payload);
-            buf.advance(step.taken);
-        }
-        if !out.is_empty() {
-            within(leg.write_timeout, dst.write_all(out))
-                .await
-                .and_then(Result::ok)
-                .ok_or(Broke::Write)?;
-            out.clear();
-        }
-        if decoder.done() {
-            return Ok(());
-        }
-        buf.reserve(READ_CHUNK);
-        match within(leg.read_timeout, src.read_buf(buf)).await {
-            Some(Ok(0)) if leg.framing == Framing::UntilClose => return Ok(()),
-            Some(Ok(0)) => return Err(Broke::Eof),
-            Some(Ok(_)) => {}
-            Some(Err(_)) | None => return Err(Broke::Read),
-        }
-    }
-}
-
 /// Answers a refused request; the caller then closes the connection: after a framing
 /// error nothing that follows on it can be trusted to start a request. (Rare: the
 /// answer gets a buffer of its own, so the head it refuses can stay borrowed.)
-async fn refuse(client: &mut TcpStream, cx: &Listener, refusal: Refusal) {
+async fn refuse(client: &mut impl Io, cx: &Listener, refusal: Refusal) {
     tracing::debug!(?refusal, "refused a request");
     cx.conns.refused.fetch_add(1, Ordering::Relaxed);
     let mut out = Vec::with_capacity(256);
-    Failure::Refused(refusal).write_http1(&mut out, true);
+    Failure::refused(refusal.answer()).write_http1(&mut out, true);
     let _ = client.write_all(&out).await;
 }
 
@@ -990,3 +697,6 @@ fn is_idempotent(method: &Method) -> bool {
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
     )
 }
+
+#[cfg(test)]
+mod tests;

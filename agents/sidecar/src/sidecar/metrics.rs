@@ -112,7 +112,7 @@ pub(crate) struct Source {
 
 impl Source {
     /// Renders every series.
-    pub(crate) fn render(&self, health: &super::Health) -> String {
+    pub(crate) fn render(&self, health: &crate::health::Health) -> String {
         let mut enc = Encoder::default();
         self.render_agent(&mut enc, health);
         self.render_listeners(&mut enc);
@@ -151,7 +151,7 @@ impl Source {
         }
     }
 
-    fn render_agent(&self, enc: &mut Encoder, health: &super::Health) {
+    fn render_agent(&self, enc: &mut Encoder, health: &crate::health::Health) {
         enc.family(
             "gov_agent_ready",
             "gauge",

@@ -11,65 +11,22 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use super::body::{Counted, ProxyBody, Tally};
-use super::h1::{Refusal, valid_authority};
+use super::h1::codec::{Refusal, valid_authority};
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
+use super::listener::{Failure, Shared, Side, target_service};
 use super::serve::Connections;
-use super::upstream::{Clients, Directory, Pick, UpstreamBody};
-use gov_engine::{Admission, ByteMeter, Engine, Outcome, Rejection, RequestInfo};
+use super::upstream::{Clients, Pick, UpstreamBody};
+use gov_engine::{Admission, GovBody, Outcome, Rejection, RequestInfo};
 
-/// The header a local service may set on an outbound call to name the service it
-/// calls; without it the `host` header (without its port) names it.
-pub static GOV_SERVICE: HeaderName = HeaderName::from_static("gov-service");
-
-/// The body of every response of the proxy listeners.
-pub type ResponseBody = ProxyBody<Counted<Incoming, ResponseTally>>;
-
-/// Counts the request bytes of one admitted call for its byte limits.
-#[derive(Debug, Default)]
-pub struct RequestTally {
-    meter: Option<ByteMeter>,
-}
-
-impl Tally for RequestTally {
-    fn add(&mut self, bytes: u64) {
-        if let Some(meter) = &self.meter {
-            meter.add(bytes);
-        }
-    }
-}
-
-/// Counts the response bytes of one admitted call and holds its admission (bulkhead
-/// permits, in-flight gauges) and its endpoint pick (requests outstanding) until the
-/// response body is done or the client left.
-#[derive(Debug)]
-pub struct ResponseTally {
-    admission: Admission,
-    _pick: Option<Pick>,
-}
-
-impl Tally for ResponseTally {
-    fn add(&mut self, bytes: u64) {
-        self.admission.add_bytes(bytes);
-    }
-}
-
-/// What both proxy listeners share.
-pub(crate) struct Shared {
-    pub(crate) engine: Engine,
-    pub(crate) clients: Clients,
-    /// The local service, for the inbound listener.
-    pub(crate) local: Authority,
-    /// Other services' endpoints and their balancer, for the outbound listener.
-    pub(crate) directory: Arc<Directory>,
-    /// Idle upstream connections of the HTTP/1 path.
-    pub(crate) idle: super::h1::IdlePool,
-}
+/// The body of every response of the proxy listeners: the upstream's, holding the
+/// call's admission (bulkhead permits, in-flight gauges) and its endpoint pick
+/// (requests outstanding) until it is done or the client left; or the agent's own.
+pub type ResponseBody = GovBody<Incoming, Option<Pick>>;
 
 /// The handler of one client connection on hyper's side (HTTP/2, and what the HTTP/1
 /// path hands over).
@@ -85,69 +42,6 @@ struct Conn {
     /// hyper serves that one HTTP/1 request, then the connection closes, so that
     /// no HTTP/1 request reaches the upstream without the HTTP/1 path's checks.
     handed_over: bool,
-}
-
-/// Which listener a connection came through.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Side {
-    /// Clients of the local service.
-    Inbound,
-    /// The local service calling other services.
-    Outbound,
-}
-
-/// Why a request could not be forwarded.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Failure {
-    /// The request is not one the proxy can forward.
-    BadRequest(&'static str),
-    /// The request is malformed or ambiguous (the connection closes after it).
-    Refused(Refusal),
-    /// The outbound call names no known service.
-    UnknownService,
-    /// The upstream could not be connected to.
-    Connect,
-    /// The upstream failed after the connection was made.
-    Upstream,
-    /// The upstream did not answer within the route's timeout (and no rule took it).
-    Timeout,
-}
-
-impl Failure {
-    /// The status and short body of the answer.
-    fn answer(self) -> (StatusCode, &'static str) {
-        match self {
-            Failure::BadRequest(body) => (StatusCode::BAD_REQUEST, body),
-            Failure::Refused(refusal) => refusal.answer(),
-            Failure::UnknownService => (
-                StatusCode::BAD_GATEWAY,
-                "gov-agent: no instances known for the called service\n",
-            ),
-            Failure::Connect => (
-                StatusCode::BAD_GATEWAY,
-                "gov-agent: upstream connection failed\n",
-            ),
-            Failure::Upstream => (StatusCode::BAD_GATEWAY, "gov-agent: upstream failed\n"),
-            Failure::Timeout => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "gov-agent: upstream timed out\n",
-            ),
-        }
-    }
-
-    /// The answer as an HTTP/1.1 message at the end of `out` (the HTTP/1 path).
-    pub(crate) fn write_http1(self, out: &mut Vec<u8>, close: bool) {
-        use std::io::Write;
-        let (status, body) = self.answer();
-        let _ = write!(
-            out,
-            "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\n{}content-length: {}\r\n\r\n{body}",
-            status.as_u16(),
-            status.canonical_reason().unwrap_or(""),
-            if close { "connection: close\r\n" } else { "" },
-            body.len(),
-        );
-    }
 }
 
 // === impl Handler ===
@@ -174,7 +68,7 @@ impl Handler {
         if let Err(refusal) = check(&mut req) {
             tracing::debug!(?refusal, "refused a request");
             self.0.conns.refused.fetch_add(1, Ordering::Relaxed);
-            let mut response = failure_response(Failure::Refused(refusal));
+            let mut response = failure_response(Failure::refused(refusal.answer()));
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -333,24 +227,6 @@ fn request_host<B>(req: &Request<B>) -> Option<&str> {
     }
 }
 
-/// The service an outbound call is for: `gov-service`, else `host` (the host the
-/// request names) without its port.
-pub(crate) fn target_service<'a>(
-    headers: gov_engine::Headers<'a>,
-    host: Option<&'a str>,
-) -> Option<&'a str> {
-    if headers.get(&GOV_SERVICE).is_some() {
-        return headers.get_str(&GOV_SERVICE).filter(|s| !s.is_empty());
-    }
-    let host = host?;
-    // Strip the port; a bracketed IPv6 literal keeps its brackets.
-    let name = match host.rfind(':') {
-        Some(i) if !host[i..].contains(']') => &host[..i],
-        _ => host,
-    };
-    (!name.is_empty()).then_some(name)
-}
-
 /// Sends `req` to `to` under `admission` and streams the response back; reports the
 /// outcome (status, connect failure, reset, timeout) to the engine, and to the
 /// balancer when `to` is an endpoint it picked.
@@ -409,10 +285,10 @@ async fn forward(
             path,
         )
     });
-    let tally = RequestTally {
-        meter: admission.byte_meter(),
-    };
-    let upstream_req = Request::from_parts(parts, UpstreamBody::client(Counted::new(body, tally)));
+    let upstream_req = Request::from_parts(
+        parts,
+        UpstreamBody::client(GovBody::request(body, &admission)),
+    );
     let deadline = admission
         .timeout()
         .map(|timeout| tokio::time::Instant::now() + timeout);
@@ -452,10 +328,7 @@ async fn forward(
             if let Some(pick) = &pick {
                 pick.timed_out();
             }
-            return match admission.timed_out() {
-                Some(rejection) => rejection_response(&rejection),
-                None => failure_response(Failure::Timeout),
-            };
+            return rejection_response(&admission.timed_out());
         }
         Some(Err(error)) => {
             if let Some(pick) = &pick {
@@ -480,14 +353,7 @@ async fn forward(
     let mut admission = admission;
     admission.record(Outcome::Status(parts.status.as_u16()));
     strip_hop_by_hop(&mut parts.headers);
-    let body = ProxyBody::upstream(Counted::new(
-        body,
-        ResponseTally {
-            admission,
-            _pick: pick,
-        },
-    ));
-    Response::from_parts(parts, body)
+    Response::from_parts(parts, GovBody::response(body, admission, pick))
 }
 
 /// `http://{to}{path}`, the target of a request sent upstream.
@@ -501,14 +367,12 @@ fn upstream_uri(to: Authority, path: PathAndQuery) -> Option<Uri> {
 
 /// The response for a rejection, from the engine's one mapping of rejections to HTTP.
 fn rejection_response(rejection: &Rejection) -> Response<ResponseBody> {
-    rejection
-        .to_response()
-        .map(|body| ProxyBody::Local { body })
+    GovBody::rejected(rejection)
 }
 
 /// A short plain-text response made by the agent.
 pub(crate) fn local_response(status: StatusCode, body: &'static str) -> Response<ResponseBody> {
-    let mut response = Response::new(ProxyBody::local(Bytes::from_static(body.as_bytes())));
+    let mut response = Response::new(GovBody::local(Bytes::from_static(body.as_bytes())));
     *response.status_mut() = status;
     response.headers_mut().insert(
         header::CONTENT_TYPE,

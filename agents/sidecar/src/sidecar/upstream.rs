@@ -34,16 +34,15 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::body::Counted;
-use super::proxy::RequestTally;
+use gov_engine::GovBody;
 
 /// The body the proxy forwards upstream: the client's body, counted as it streams,
 /// or none (a second attempt of a request without a body, whose first attempt took
 /// the client's empty body).
-pub(crate) struct UpstreamBody(Option<Counted<Incoming, RequestTally>>);
+pub(crate) struct UpstreamBody(Option<GovBody<Incoming>>);
 
 impl UpstreamBody {
-    pub(crate) fn client(body: Counted<Incoming, RequestTally>) -> Self {
+    pub(crate) fn client(body: GovBody<Incoming>) -> Self {
         Self(Some(body))
     }
 

@@ -1,7 +1,9 @@
-//! Keep-alive upstream connections: one client connection's own, and the idle pool
-//! a listener keeps once their client connection ended.
+//! Upstream connections of the HTTP/1 path: where a request goes ([`Dest`]),
+//! new connections ([`connect`]), and the idle pool a listener keeps once
+//! their client connection ended.
 
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -9,6 +11,9 @@ use bytes::BytesMut;
 use http::uri::Authority;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+
+use super::relay::READ_CHUNK;
+use crate::sidecar::upstream::Pick;
 
 /// Idle upstream connections a listener keeps once their client connection ended,
 /// and for how long (as the pooled client's idle timeout).
@@ -71,5 +76,73 @@ impl Upstream {
         let mut byte = [0_u8; 1];
         self.buf.is_empty()
             && matches!(self.stream.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
+/// Where a request goes: the local service (inbound), or the endpoint the balancer
+/// picked (outbound), held until the response has ended.
+pub(super) enum Dest {
+    Local(Authority),
+    Endpoint(Pick),
+}
+
+impl Dest {
+    pub(super) fn authority(&self) -> &Authority {
+        match self {
+            Dest::Local(authority) => authority,
+            Dest::Endpoint(pick) => &pick.endpoint().authority,
+        }
+    }
+
+    pub(super) fn pick(&self) -> Option<&Pick> {
+        match self {
+            Dest::Local(_) => None,
+            Dest::Endpoint(pick) => Some(pick),
+        }
+    }
+
+    /// The connection failed or was reset before a response (passive health).
+    pub(super) fn failed(&self) {
+        if let Some(pick) = self.pick() {
+            pick.failed();
+        }
+    }
+
+    pub(super) fn timed_out(&self) {
+        if let Some(pick) = self.pick() {
+            pick.timed_out();
+        }
+    }
+}
+
+/// How long connecting to an upstream may take (as the pooled client's connector).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A new connection to `authority`: an address connects at once, a name is
+/// looked up first (on tokio's blocking pool).
+pub(super) async fn connect(authority: &Authority) -> Result<Upstream, ()> {
+    let connect = async {
+        match authority.as_str().parse::<SocketAddr>() {
+            Ok(addr) => TcpStream::connect(addr).await,
+            Err(_) => TcpStream::connect(authority.as_str()).await,
+        }
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        Ok(Ok(stream)) => {
+            let _ = stream.set_nodelay(true);
+            Ok(Upstream {
+                authority: authority.clone(),
+                stream,
+                buf: BytesMut::with_capacity(READ_CHUNK),
+            })
+        }
+        Ok(Err(error)) => {
+            tracing::debug!(%authority, %error, "upstream connect failed");
+            Err(())
+        }
+        Err(_) => {
+            tracing::debug!(%authority, "upstream connect timed out");
+            Err(())
+        }
     }
 }

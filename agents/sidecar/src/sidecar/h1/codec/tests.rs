@@ -1,6 +1,7 @@
 //! The codec byte by byte.
 
 use super::*;
+use crate::sidecar::h1::chunked::Decoder;
 const CHUNKED: &[u8] = b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n";
 
 /// Feeds `body` to a decoder in pieces split at `cuts`: (taken, payload, done).

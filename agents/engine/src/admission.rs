@@ -1,0 +1,349 @@
+//! An admitted call's life, from the decision to its end: what it holds of
+//! each matched rule, its deadline (a timeout becomes a 504 [`Rejection`]),
+//! its outcome (fuses, latency), the bytes it streams (byte limits), and the
+//! release of its permits.
+//!
+//! Every rule is reached through [`crate::primitive::State`], so nothing here
+//! knows a rule kind. Statistics (admitted, latency) and fuse windows are
+//! counted in the calling thread's stripe ([`crate::stripe`]), without a
+//! locked instruction.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use tokio::time::Instant;
+
+use crate::outcome::Outcome;
+use crate::primitive::{Answer, Grant, Scope};
+use crate::rejection::{RejectReason, Rejection};
+use crate::snapshot::Snapshot;
+use crate::stats;
+use crate::stripe::{self, Slot};
+
+/// One step of a decision: a matched rule and the scope (key) of this call.
+#[derive(Debug)]
+pub(crate) struct Step {
+    pub(crate) rule: u32,
+    pub(crate) scope: Scope,
+}
+
+pub(crate) type Steps = SmallVec<[Step; 4]>;
+
+/// Why a step did not pass at once.
+pub(crate) enum StepError {
+    Rejected(Rejection),
+    /// The step may pass after waiting.
+    Wait(Step),
+}
+
+/// What an admission holds of one rule until it ends. Eight bytes, copied
+/// whole: a keyed scope (an `Arc`) is kept aside in [`Admission::keyed`].
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    rule: u32,
+    grant: Grant,
+    /// The scope is in `Admission::keyed`, else the rule's own.
+    keyed: bool,
+}
+
+/// An admitted call. Holds its bulkhead permits until dropped; report how
+/// the call ended with [`Admission::record`] (or [`Admission::finish`]) so
+/// fuses and latency stats see it.
+#[derive(Debug)]
+#[must_use = "dropping an admission ends the call at once"]
+pub struct Admission {
+    /// `None` when no rule matched: nothing to hold or record.
+    pub(crate) snap: Option<Arc<Snapshot>>,
+    held: SmallVec<[Held; 4]>,
+    /// The keyed scopes of `held` (consumers, instances), by rule.
+    keyed: SmallVec<[(u32, Scope); 1]>,
+    /// When the decision began (`None` when no rule matched: no clock read).
+    start: Option<Instant>,
+    /// The rule with the shortest matched timeout.
+    timeout: Option<u32>,
+    has_bytes: bool,
+    /// Every step passed (counted as admitted in every rule).
+    admitted: bool,
+    recorded: bool,
+}
+
+/// A decision that has to wait (bulkhead permit or shaping delay).
+#[derive(Debug)]
+#[must_use = "a pending decision does nothing unless waited for"]
+pub struct Pending {
+    admission: Admission,
+    steps: Steps,
+}
+
+/// Counts streamed bytes for the byte limits of one admitted call.
+#[derive(Clone, Debug)]
+pub struct ByteMeter {
+    snap: Arc<Snapshot>,
+    scopes: SmallVec<[(u32, Scope); 2]>,
+}
+
+// === impl Admission ===
+
+impl Admission {
+    /// The admission of a request no rule matched: holds nothing.
+    pub(crate) fn unmatched() -> Self {
+        Self {
+            snap: None,
+            held: SmallVec::new(),
+            keyed: SmallVec::new(),
+            start: None,
+            timeout: None,
+            has_bytes: false,
+            admitted: true,
+            recorded: true,
+        }
+    }
+
+    /// An admission whose decision began at `now` (its snapshot is set when
+    /// the decision ends).
+    pub(crate) fn started(now: Instant) -> Self {
+        Self {
+            snap: None,
+            held: SmallVec::new(),
+            keyed: SmallVec::new(),
+            start: Some(now),
+            timeout: None,
+            has_bytes: false,
+            admitted: false,
+            recorded: false,
+        }
+    }
+
+    fn hold(&mut self, step: Step, grant: Grant) {
+        let keyed = step.scope.is_keyed();
+        if keyed {
+            self.keyed.push((step.rule, step.scope));
+        }
+        self.has_bytes |= grant.bytes;
+        self.held.push(Held {
+            rule: step.rule,
+            grant,
+            keyed,
+        });
+    }
+
+    /// The keyed scope held for `h` (`None`: the rule's own).
+    #[inline]
+    fn scope(&self, h: &Held) -> Option<&Scope> {
+        if !h.keyed {
+            return None;
+        }
+        self.keyed
+            .iter()
+            .find_map(|(rule, scope)| (*rule == h.rule).then_some(scope))
+    }
+
+    pub(crate) fn shorten_timeout(&mut self, snap: &Snapshot, t: Duration, rule: u32) {
+        let current = self.timeout.and_then(|r| snap.rule_timeout(r));
+        if current.is_none_or(|current| t < current) {
+            self.timeout = Some(rule);
+        }
+    }
+
+    /// Runs one step of a decision on `snap` without waiting.
+    #[inline]
+    pub(crate) fn step_now(
+        &mut self,
+        snap: &Snapshot,
+        step: Step,
+        now: Instant,
+    ) -> Result<(), StepError> {
+        let start = self.start.unwrap_or(now);
+        match snap.states[step.rule as usize].try_acquire(&step.scope, now, start) {
+            Answer::Granted(grant) => {
+                self.hold(step, grant);
+                Ok(())
+            }
+            Answer::Wait(_) => Err(StepError::Wait(step)),
+            Answer::Refused(reason, retry) => {
+                Err(StepError::Rejected(snap.reject(step.rule, reason, retry)))
+            }
+        }
+    }
+
+    /// Runs one step, waiting as the rule allows.
+    async fn step_wait(&mut self, step: Step) -> Result<(), Rejection> {
+        let Some(snap) = self.snap.clone() else {
+            return Ok(());
+        };
+        let start = self.start.unwrap_or_else(Instant::now);
+        let state = &snap.states[step.rule as usize];
+        match state.acquire(&step.scope, start).await {
+            Ok(grant) => {
+                self.hold(step, grant);
+                Ok(())
+            }
+            Err((reason, retry)) => Err(snap.reject(step.rule, reason, retry)),
+        }
+    }
+
+    /// Every step passed: count the call as admitted by every matched rule
+    /// (in the stripe of `slot`, the calling thread's).
+    pub(crate) fn complete(&mut self, slot: Slot) {
+        self.admitted = true;
+        if let Some(snap) = &self.snap {
+            for h in &self.held {
+                snap.states[h.rule as usize].counters().admit(slot);
+            }
+        }
+    }
+
+    /// The deadline for this call (the shortest matched timeout), if any.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.snap.as_deref()?.rule_timeout(self.timeout?)
+    }
+
+    /// The version of the config this call was decided under (`None` when
+    /// no rule matched). For logs: which rules let a request through.
+    pub fn config_version(&self) -> Option<&str> {
+        self.snap.as_deref().map(|s| &*s.config.version)
+    }
+
+    /// Whether any rule matched (an unmatched admission holds nothing).
+    pub fn is_governed(&self) -> bool {
+        self.snap.is_some()
+    }
+
+    /// Whether a byte limit counts this call's bytes.
+    pub fn counts_bytes(&self) -> bool {
+        self.has_bytes
+    }
+
+    /// Adds request or response bytes to every matched byte limit. Call it as
+    /// the body streams; it never blocks.
+    pub fn add_bytes(&self, n: u64) {
+        if !self.has_bytes {
+            return;
+        }
+        if let Some(snap) = &self.snap {
+            let now = Instant::now();
+            for h in self.held.iter().filter(|h| h.grant.bytes) {
+                snap.states[h.rule as usize].add_bytes(self.scope(h), n, now);
+            }
+        }
+    }
+
+    /// A handle that counts bytes for this call's byte limits from another
+    /// place (a request body wrapper). `None` when no byte limit matched.
+    pub fn byte_meter(&self) -> Option<ByteMeter> {
+        if !self.has_bytes {
+            return None;
+        }
+        let snap = self.snap.as_ref()?.clone();
+        let scopes = self
+            .held
+            .iter()
+            .filter(|h| h.grant.bytes)
+            .map(|h| (h.rule, self.scope(h).cloned().unwrap_or(Scope::Rule)))
+            .collect();
+        Some(ByteMeter { snap, scopes })
+    }
+
+    /// Records how the call ended (first call wins): latency for every
+    /// matched rule, the outcome for fuses. Permits stay held until drop, so
+    /// record at the response head and drop when the body is done.
+    #[inline]
+    pub fn record(&mut self, outcome: Outcome) {
+        if !self.recorded {
+            self.recorded = true;
+            self.record_outcome(outcome);
+        }
+    }
+
+    fn record_outcome(&mut self, outcome: Outcome) {
+        let Some(snap) = self.snap.as_deref() else {
+            return;
+        };
+        let slot = stripe::current();
+        let now = Instant::now();
+        let bucket = stats::bucket(now.saturating_duration_since(self.start.unwrap_or(now)));
+        for h in &mut self.held {
+            let state = &snap.states[h.rule as usize];
+            state.counters().latency(slot, bucket);
+            state.record(slot, outcome, h.grant, now);
+            // A probe has reported; dropping must not give it back.
+            h.grant.probe = false;
+        }
+    }
+
+    /// Records the outcome and ends the call (releases its permits).
+    pub fn finish(mut self, outcome: Outcome) {
+        self.record(outcome);
+    }
+
+    /// The call exceeded [`Admission::timeout`]: records a timeout for fuses,
+    /// counts it on the timeout's rule, and returns the 504 rejection (the
+    /// one answer to a timeout, on every path).
+    pub fn timed_out(mut self) -> Rejection {
+        self.record(Outcome::Timeout);
+        match (self.snap.as_ref(), self.timeout) {
+            (Some(snap), Some(rule)) => snap.reject(rule, RejectReason::Timeout, None),
+            // No rule set a deadline: a caller's own.
+            _ => Rejection {
+                rule: "".into(),
+                reason: RejectReason::Timeout,
+                status: http::StatusCode::GATEWAY_TIMEOUT,
+                retry_after: None,
+            },
+        }
+    }
+
+    /// Ends a governed call: returns permits and abandoned probes.
+    fn end(&mut self) {
+        let Some(snap) = &self.snap else { return };
+        // A recorded call ended in a latency bucket; count the others here.
+        let unrecorded = (self.admitted && !self.recorded).then(stripe::current);
+        for h in &self.held {
+            let state = &snap.states[h.rule as usize];
+            if let Some(slot) = unrecorded {
+                state.counters().end(slot);
+            }
+            state.release(self.scope(h), h.grant);
+        }
+    }
+}
+
+impl Drop for Admission {
+    #[inline]
+    fn drop(&mut self) {
+        if self.snap.is_some() {
+            self.end();
+        }
+    }
+}
+
+// === impl ByteMeter ===
+
+impl ByteMeter {
+    /// Adds `n` request or response bytes.
+    pub fn add(&self, n: u64) {
+        let now = Instant::now();
+        for (rule, scope) in &self.scopes {
+            self.snap.states[*rule as usize].add_bytes(Some(scope), n, now);
+        }
+    }
+}
+
+// === impl Pending ===
+
+impl Pending {
+    pub(crate) fn new(admission: Admission, steps: Steps) -> Self {
+        Self { admission, steps }
+    }
+
+    /// Waits as the rules allow, then admits or rejects.
+    pub async fn wait(mut self) -> Result<Admission, Rejection> {
+        let steps = std::mem::take(&mut self.steps);
+        for step in steps {
+            self.admission.step_wait(step).await?;
+        }
+        self.admission.complete(stripe::current());
+        Ok(self.admission)
+    }
+}

@@ -1,0 +1,139 @@
+//! The decision for one request: route it to the rules it matches, then ask
+//! each matched rule's primitive, in phase order, without waiting.
+//!
+//! A decision checks, in order: fuses (one atomic load when closed), limits
+//! (a compare-exchange per counter), then bulkheads (a permit, the only step
+//! that holds a resource another call may wait for). A call is admitted only
+//! when every matched rule admits it; what earlier steps took is returned at
+//! once when a later rule refuses. A step that may pass after waiting (a
+//! bulkhead permit, a shaping delay, a cluster store's answer) ends the
+//! decision with a [`Pending`] holding the steps left; the clock is read
+//! once here and once when the outcome is recorded.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::admission::{Admission, Pending, Step, StepError, Steps};
+use crate::config::{CompiledConfig, Direction, RuleId};
+use crate::primitive::{Keys, Phase, State};
+use crate::rejection::Rejection;
+use crate::request::RequestInfo;
+use crate::route::{Matched, View};
+use crate::snapshot::Snapshot;
+use crate::stripe;
+
+/// The result of [`Engine::try_admit`](crate::Engine::try_admit).
+#[derive(Debug)]
+pub enum Decision {
+    Admitted(Admission),
+    Rejected(Rejection),
+    /// A bulkhead or a shaping limit asks the call to wait: await [`Pending::wait`].
+    Wait(Pending),
+}
+
+/// Matches `req` against `config`; `false` when no rule matched.
+#[inline]
+pub(crate) fn route(config: &CompiledConfig, req: &RequestInfo<'_>, matched: &mut Matched) -> bool {
+    let router = match req.direction {
+        Direction::Inbound => &config.inbound,
+        Direction::Outbound => &config.outbound,
+    };
+    if router.is_empty {
+        return false;
+    }
+    let target = req.target.map(|t| t.service);
+    let view = View::new(
+        req.method,
+        req.path,
+        req.headers,
+        &config.consumer_header,
+        target,
+    );
+    router.matches(&view, matched);
+    !matched.is_empty()
+}
+
+/// The decision for a request that matched the rules `matched` of `snap`.
+pub(crate) fn admit_matched(
+    snap: Arc<Snapshot>,
+    matched: &Matched,
+    req: &RequestInfo<'_>,
+) -> Decision {
+    let config = &*snap.config;
+    let now = Instant::now();
+    let mut admission = Admission::started(now);
+    // The deadline (the shortest a matched rule sets), and whether the
+    // consumer is needed.
+    let mut consumer_keyed = false;
+    for &id in matched {
+        let state = &snap.states[id.0 as usize];
+        if let Some(t) = state.timeout() {
+            admission.shorten_timeout(&snap, t, id.0);
+        }
+        consumer_keyed |= state.needs_consumer();
+    }
+    // Read the consumer only when a rule's scope needs it.
+    let consumer = consumer_keyed
+        .then(|| req.headers.get_str(&config.consumer_header))
+        .flatten();
+    let keys = Keys {
+        target: req.target.map(|t| t.service),
+        consumer,
+        instance: req.target.and_then(|t| t.instance),
+        path: req.path,
+    };
+    for phase in Phase::ALL {
+        for (i, &id) in matched.iter().enumerate() {
+            let Some(step) = step(&snap.states[id.0 as usize], phase, id, &keys) else {
+                continue;
+            };
+            match admission.step_now(&snap, step, now) {
+                Ok(()) => {}
+                Err(StepError::Rejected(r)) => {
+                    // Gives back what the earlier steps took.
+                    admission.snap = Some(snap);
+                    return Decision::Rejected(r);
+                }
+                Err(StepError::Wait(step)) => {
+                    let mut rest = Steps::new();
+                    rest.push(step);
+                    rest.extend(remaining(&snap, matched, &keys, phase, i + 1));
+                    admission.snap = Some(snap);
+                    return Decision::Wait(Pending::new(admission, rest));
+                }
+            }
+        }
+    }
+    admission.snap = Some(snap);
+    admission.complete(stripe::current());
+    Decision::Admitted(admission)
+}
+
+/// The step of rule `id` in `phase`, if its primitive acts in that phase.
+#[inline]
+fn step(state: &State, phase: Phase, id: RuleId, keys: &Keys<'_>) -> Option<Step> {
+    (state.phase() == phase).then(|| Step {
+        rule: id.0,
+        scope: state.scope(keys),
+    })
+}
+
+/// The steps after the `from`th matched rule of `phase`.
+fn remaining(
+    snap: &Snapshot,
+    matched: &Matched,
+    keys: &Keys<'_>,
+    phase: Phase,
+    from: usize,
+) -> Steps {
+    let mut steps = Steps::new();
+    let later = Phase::ALL.iter().skip_while(|&&p| p != phase);
+    for (n, &p) in later.enumerate() {
+        let skip = if n == 0 { from } else { 0 };
+        for &id in matched.iter().skip(skip) {
+            steps.extend(step(&snap.states[id.0 as usize], p, id, keys));
+        }
+    }
+    steps
+}

@@ -1,0 +1,139 @@
+//! One config and the live state of each of its rules ([`Snapshot`]), and
+//! each thread's cache of the snapshots it decides with.
+//!
+//! Each thread caches, per engine, the snapshot it last used with the
+//! engine's generation (bumped after every swap): while the generation is
+//! unchanged, a decision routes with the cached config (no shared write at
+//! all for a request no rule matches) and upgrades the cached weak reference
+//! to hold the snapshot only when a rule matched. The cache keeps configs
+//! (plain data) alive, never rule state.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::cluster::ClusterStore;
+use crate::config::CompiledConfig;
+use crate::events::Events;
+use crate::primitive::State;
+use crate::rejection::{RejectReason, Rejection};
+use crate::stripe;
+
+/// One config and the state of each of its rules. Cache-line aligned, so
+/// that in its `Arc` the reference counts (written by every governed call)
+/// and the fields every decision reads are on different lines.
+#[derive(Debug)]
+#[repr(align(64))]
+pub(crate) struct Snapshot {
+    pub(crate) config: Arc<CompiledConfig>,
+    // INVARIANT: `states[i]` belongs to `config.rules[i]` and has its kind.
+    pub(crate) states: Box<[State]>,
+}
+
+impl Snapshot {
+    pub(crate) fn fresh(
+        config: Arc<CompiledConfig>,
+        events: &Events,
+        cluster: Option<&ClusterStore>,
+    ) -> Self {
+        let states = config
+            .rules
+            .iter()
+            .map(|r| State::new(&r.spec, &r.name, events, cluster))
+            .collect();
+        Self { config, states }
+    }
+
+    /// Counts a rejection by `rule` and builds it.
+    pub(crate) fn reject(
+        &self,
+        rule: u32,
+        reason: RejectReason,
+        retry_after: Option<Duration>,
+    ) -> Rejection {
+        let state = &self.states[rule as usize];
+        state.counters().reject(stripe::current(), reason);
+        let status = match reason {
+            RejectReason::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            _ => state.reject_status(),
+        };
+        Rejection {
+            rule: self.config.rules[rule as usize].name.clone(),
+            reason,
+            status,
+            retry_after,
+        }
+    }
+
+    /// The deadline rule `rule` sets on a call.
+    pub(crate) fn rule_timeout(&self, rule: u32) -> Option<Duration> {
+        self.states.get(rule as usize)?.timeout()
+    }
+}
+
+// === the thread cache ===
+
+/// Engines whose snapshot one thread keeps at hand.
+const CACHED_ENGINES: usize = 4;
+
+/// One engine's current snapshot as one thread last saw it.
+pub(crate) struct CachedSnapshot {
+    pub(crate) engine: u64,
+    pub(crate) generation: u64,
+    /// The snapshot's config: plain data (rules and routers), so keeping it
+    /// after a swap or after the engine is gone holds no live state.
+    pub(crate) config: Arc<CompiledConfig>,
+    /// The snapshot itself, not kept alive by the cache: rule state (tasks,
+    /// store connections) ends with the last admission that uses it.
+    pub(crate) snap: Weak<Snapshot>,
+}
+
+/// Each thread's snapshots of the engines it decides for, so that a
+/// decision reads one atomic (the engine's generation) instead of loading
+/// the `ArcSwap`, and an unmatched request touches no shared counter.
+#[derive(Default)]
+pub(crate) struct SnapshotCache {
+    entries: [Option<CachedSnapshot>; CACHED_ENGINES],
+    /// The entry to replace next when an engine is not cached.
+    next: usize,
+}
+
+impl SnapshotCache {
+    #[inline]
+    pub(crate) fn find(&self, engine: u64, generation: u64) -> Option<&CachedSnapshot> {
+        self.entries
+            .iter()
+            .flatten()
+            .find(|e| e.engine == engine && e.generation == generation)
+    }
+
+    pub(crate) fn insert(&mut self, engine: u64, generation: u64, snap: &Arc<Snapshot>) {
+        let entry = CachedSnapshot {
+            engine,
+            generation,
+            config: snap.config.clone(),
+            snap: Arc::downgrade(snap),
+        };
+        let at = match self
+            .entries
+            .iter()
+            .position(|e| e.as_ref().is_none_or(|e| e.engine == engine))
+        {
+            Some(i) => i,
+            None => {
+                let i = self.next % CACHED_ENGINES;
+                self.next = i + 1;
+                i
+            }
+        };
+        if let Some(slot) = self.entries.get_mut(at) {
+            *slot = Some(entry);
+        }
+    }
+}
+
+thread_local! {
+    pub(crate) static CACHE: RefCell<SnapshotCache> = RefCell::default();
+}

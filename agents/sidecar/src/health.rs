@@ -1,0 +1,65 @@
+//! Whether the agent should get traffic ([`Health`]): written by the sidecar
+//! (config loaded, draining) and the lifecycle (warmup and shutdown
+//! registration), read by `/ready` and `/metrics`.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+/// Whether the agent should get traffic: a config is loaded and it is not draining.
+#[derive(Debug, Default)]
+pub struct Health {
+    config_loaded: AtomicBool,
+    draining: AtomicBool,
+    /// Warmup/shutdown gate (`crate::lifecycle`): 0 open (no warmup), 1 held until
+    /// registered, 2 registered, 3 deregistered.
+    registration: AtomicU8,
+}
+
+impl Health {
+    /// Records that a config is in force.
+    pub fn set_config_loaded(&self) {
+        self.config_loaded.store(true, Ordering::Release);
+    }
+
+    /// Records that the agent is stopping: from here on `/ready` fails.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Holds `/ready` at 503 until [`Self::set_registered`] (warmup); only before
+    /// the first registration.
+    pub fn hold(&self) {
+        let _ = self
+            .registration
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The warmup registered the instance: `/ready` may say 200.
+    pub fn set_registered(&self) {
+        let _ = self
+            .registration
+            .compare_exchange(1, 2, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self
+            .registration
+            .compare_exchange(0, 2, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The shutdown deregistered the instance: `/ready` says 503, traffic still served.
+    pub fn set_deregistered(&self) {
+        self.registration.store(3, Ordering::Release);
+    }
+
+    /// Why the agent is not ready, or `None` when it is.
+    pub fn not_ready_reason(&self) -> Option<&'static str> {
+        if self.draining.load(Ordering::Acquire) {
+            Some("draining")
+        } else if self.registration.load(Ordering::Acquire) == 3 {
+            Some("deregistered")
+        } else if self.registration.load(Ordering::Acquire) == 1 {
+            Some("warming up (not registered yet)")
+        } else if !self.config_loaded.load(Ordering::Acquire) {
+            Some("no config loaded")
+        } else {
+            None
+        }
+    }
+}
