@@ -133,7 +133,7 @@ pub fn block_on<F: std::future::Future>(f: F) -> Result<F::Output, RemoteError> 
 
 /// Prints an error the way every govc error is printed; exit 1.
 pub fn fail(error: impl miette::Diagnostic + Send + Sync + 'static) -> ExitCode {
-    eprintln!("{:?}", miette::Report::new(error));
+    gov_proto::errln!("{:?}", miette::Report::new(error));
     ExitCode::FAILURE
 }
 

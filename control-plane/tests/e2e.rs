@@ -1787,3 +1787,104 @@ async fn a_killed_agent_keeps_its_tripped_manual_fuse_with_govd_up_or_down() {
     b.stop().await;
     govd.stop().await;
 }
+
+// === operability (issue 13) ===
+
+/// `govd 2>&1 | head -3`: once `head` has its lines, stderr is a closed pipe.
+/// govd must still stop on SIGTERM (it used to panic inside the log write of
+/// its signal task, before cancelling, and needed SIGKILL).
+#[tokio::test]
+async fn govd_stops_on_sigterm_with_a_closed_stderr() {
+    use tokio::io::AsyncBufReadExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(govd_bin())
+        .args(["--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .env("GOV_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("govd started") {
+                return;
+            }
+        }
+        panic!("govd ended its log before `govd started`");
+    })
+    .await
+    .expect("govd did not start within 15 s");
+    drop(lines);
+    signal(&child, "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("govd ignored SIGTERM with its stderr closed")
+        .unwrap();
+    assert!(status.success(), "govd exited with {status}");
+}
+
+/// `--log-format json` writes one JSON object per line with the event's fields at
+/// the top level, and `RUST_LOG` filters when `GOV_LOG` is unset.
+#[tokio::test]
+async fn govd_logs_json_lines_filtered_by_rust_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("govd.log");
+    let mut child = Command::new(govd_bin())
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--state-dir",
+        ])
+        .arg(dir.path().join("state"))
+        .env_remove("GOV_LOG")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_until(
+        "`govd started` in the log",
+        Duration::from_secs(15),
+        async || read(&log).contains("govd started"),
+    )
+    .await;
+    signal(&child, "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+    let text = read(&log);
+    let started = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"))
+        })
+        .find(|v| v["message"] == "govd started")
+        .unwrap_or_else(|| panic!("no `govd started` object in:\n{text}"));
+    assert_eq!(started["level"], "INFO");
+    let listen: SocketAddr = started["listen"].as_str().unwrap().parse().unwrap();
+    assert!(listen.ip().is_loopback());
+
+    // A bad filter is a usage error naming its variable.
+    let out = Command::new(govd_bin())
+        .args(["--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .env_remove("GOV_LOG")
+        .env("RUST_LOG", "info,[{")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("`RUST_LOG=info,[{` is not a valid log filter"),
+        "{stderr}"
+    );
+}

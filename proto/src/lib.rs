@@ -10,8 +10,11 @@
 //! This is the format of `govc compile -o yaml|json` and `gov-agent --config`.
 
 pub mod flag;
+#[cfg(feature = "log")]
+pub mod log;
 pub mod path;
 pub mod report;
+pub mod stdio;
 mod words;
 
 /// Generated types of package `gov.v1`, with the tonic client and server when the

@@ -68,23 +68,23 @@ pub fn run(args: Args) -> ExitCode {
         Err(e) => return remote::fail(e),
     };
     if print_diagnostics(&reporter, &result.diagnostics, &files) {
-        eprintln!("error: the policy is invalid; the control plane applied nothing");
+        gov_proto::errln!("error: the policy is invalid; the control plane applied nothing");
         return ExitCode::FAILURE;
     }
     if let Some(plan) = &result.plan {
-        print!("{}", plan.rendered);
+        gov_proto::out!("{}", plan.rendered);
         if !plan.rendered.ends_with('\n') {
-            println!();
+            gov_proto::outln!();
         }
     }
     if !result.applied {
-        println!(
+        gov_proto::outln!(
             "\nNo changes: version {} is already applied.",
             short(&result.version)
         );
         return ExitCode::SUCCESS;
     }
-    println!("\nApplied version {}.", short(&result.version));
+    gov_proto::outln!("\nApplied version {}.", short(&result.version));
     outcome(&result, args.wait)
 }
 
@@ -146,20 +146,22 @@ fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
         }
     }
     if rows.len() > 1 {
-        print!("{}", remote::table(&rows));
+        gov_proto::out!("{}", remote::table(&rows));
     }
-    println!("{synced} synced, {nacked} nacked, {stale} stale, {gone} disconnected.");
+    gov_proto::outln!("{synced} synced, {nacked} nacked, {stale} stale, {gone} disconnected.");
     if nacked > 0 {
-        eprintln!(
+        gov_proto::errln!(
             "error: {nacked} agent(s) refused the config and keep enforcing their previous one; fix the rule(s) above and apply again"
         );
         return ExitCode::FAILURE;
     }
     if stale > 0 && wait.is_zero() {
         // `--wait 0`: the caller chose not to wait; STALE is expected.
-        eprintln!("note: not waiting (--wait 0); `govc status` shows whether the agents took it");
+        gov_proto::errln!(
+            "note: not waiting (--wait 0); `govc status` shows whether the agents took it"
+        );
     } else if stale > 0 {
-        eprintln!(
+        gov_proto::errln!(
             "error: {stale} agent(s) did not answer in time; `govc status` shows their state"
         );
         return ExitCode::FAILURE;
@@ -202,9 +204,9 @@ pub fn plan_remote(
         return ExitCode::FAILURE;
     }
     let plan = result.plan.unwrap_or_default();
-    print!("{}", plan.rendered);
+    gov_proto::out!("{}", plan.rendered);
     if !plan.rendered.ends_with('\n') {
-        println!();
+        gov_proto::outln!();
     }
     if detailed_exitcode && !plan.services.is_empty() {
         ExitCode::from(2)

@@ -1,5 +1,6 @@
 //! `govd`: the gov control plane. Flags have `GOV_...` environment variables
-//! (flag > env > default); logs go to stderr (`GOV_LOG` filters them).
+//! (flag > env > default); logs go to stderr (`GOV_LOG` or `RUST_LOG` filters
+//! them, `--log-format json` writes JSON lines).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use gov_control_plane::{ControlPlane, Error, Limits, Options, auth::read_token_file, serve};
 use gov_proto::flag::parse_duration;
+use gov_proto::log::LogFormat;
 use tokio_util::sync::CancellationToken;
 
 /// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
@@ -66,6 +68,11 @@ struct Args {
     #[arg(long, env = "GOV_MAX_CONCURRENT_COMPILES", default_value_t = Limits::default().concurrent_compiles,
           value_parser = at_least_one)]
     max_concurrent_compiles: usize,
+
+    /// Log lines on stderr: `text` (the default) or `json` (one object per line).
+    /// `GOV_LOG` or `RUST_LOG` filters them (`info` by default).
+    #[arg(long, env = "GOV_LOG_FORMAT", default_value = "text", value_parser = str::parse::<LogFormat>)]
+    log_format: LogFormat,
 }
 
 fn main() -> ExitCode {
@@ -77,13 +84,10 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GOV_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    if let Err(error) = gov_proto::log::init(args.log_format) {
+        gov_proto::report::plain(&error);
+        return ExitCode::from(EXIT_USAGE);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -91,7 +95,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
+            gov_proto::errln!("error: cannot start the async runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
@@ -147,8 +151,9 @@ async fn run(args: Args) -> Result<(), Error> {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let signal = termination().await;
-            tracing::info!(signal, "received signal");
+            // Cancel first: whatever happens to the log line, the signal is obeyed.
             shutdown.cancel();
+            tracing::info!(signal, "received signal");
             let signal = termination().await;
             tracing::warn!(signal, "second signal while stopping: exiting now");
             std::process::exit(130);

@@ -1,5 +1,6 @@
 //! `gov-agent`: the enforcement sidecar. Flags have `GOV_...` environment variables
-//! (flag > env > default); logs go to stderr (`GOV_LOG` filters them, default `info`).
+//! (flag > env > default); logs go to stderr (`GOV_LOG` or `RUST_LOG` filters
+//! them, default `info`; `--log-format json` writes JSON lines).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use gov_agent::sidecar::{Balance, Options, Sidecar, UpstreamProtocol};
 use gov_proto::flag::parse_duration;
+use gov_proto::log::LogFormat;
 use http::uri::Authority;
 
 /// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
@@ -121,6 +123,11 @@ struct Args {
     /// is the cheapest for a sidecar sharing a core with its service.
     #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
     worker_threads: usize,
+
+    /// Log lines on stderr: `text` (the default) or `json` (one object per line).
+    /// `GOV_LOG` or `RUST_LOG` filters them (`info` by default).
+    #[arg(long, env = "GOV_LOG_FORMAT", default_value = "text", value_parser = str::parse::<LogFormat>)]
+    log_format: LogFormat,
 }
 
 fn main() -> ExitCode {
@@ -132,9 +139,12 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    init_tracing();
+    if let Err(error) = gov_proto::log::init(args.log_format) {
+        gov_proto::report::plain(&error);
+        return ExitCode::from(EXIT_USAGE);
+    }
     if !args.admin_listen.ip().is_loopback() && !args.admin_allow_remote {
-        eprintln!(
+        gov_proto::errln!(
             "error: --admin-listen {} is not a loopback address; the admin listener can stop the agent (POST /shutdown)\n  help: listen on 127.0.0.1, or add --admin-allow-remote (GOV_ADMIN_ALLOW_REMOTE) if only the platform can reach that address",
             args.admin_listen
         );
@@ -154,7 +164,7 @@ fn main() -> ExitCode {
     let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
+            gov_proto::errln!("error: cannot start the async runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
@@ -188,7 +198,7 @@ async fn run(args: Args) -> ExitCode {
     {
         Ok(token) => token.map(|t| t.trim().to_owned()),
         Err(error) => {
-            eprintln!("error: cannot read --control-plane-token-file: {error}");
+            gov_proto::errln!("error: cannot read --control-plane-token-file: {error}");
             return ExitCode::FAILURE;
         }
     };
@@ -286,16 +296,6 @@ async fn termination() -> &'static str {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     }
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GOV_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
 }
 
 fn parse_authority(s: &str) -> Result<Authority, String> {

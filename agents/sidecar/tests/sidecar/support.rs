@@ -603,6 +603,7 @@ pub fn binary() -> BinaryBuilder {
         config: None,
         state_dir: None,
         log_beside_config: false,
+        close_stderr: false,
     }
 }
 
@@ -612,6 +613,7 @@ pub struct BinaryBuilder {
     config: Option<String>,
     state_dir: Option<PathBuf>,
     log_beside_config: bool,
+    close_stderr: bool,
 }
 
 impl BinaryBuilder {
@@ -633,6 +635,12 @@ impl BinaryBuilder {
 
     pub fn config(mut self, yaml: &str) -> Self {
         self.config = Some(yaml.to_owned());
+        self
+    }
+
+    /// Closes the read end of stderr once the agent has started, as `| head` does.
+    pub fn close_stderr_after_start(mut self) -> Self {
+        self.close_stderr = true;
         self
     }
 
@@ -681,11 +689,17 @@ impl BinaryBuilder {
             let stderr = child.stderr.take().unwrap();
             let log = Arc::new(std::sync::Mutex::new(String::new()));
             let log_writer = log.clone();
+            let close = self.close_stderr;
             std::thread::spawn(move || {
                 for line in std::io::BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
+                    let started = line.contains("gov-agent started");
                     log_writer.lock().unwrap().push_str(&line);
                     log_writer.lock().unwrap().push('\n');
+                    if close && started {
+                        // Returning drops the pipe's read end.
+                        break;
+                    }
                 }
             });
             Log::Pipe(log)
