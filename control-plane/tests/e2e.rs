@@ -233,7 +233,7 @@ impl Govd {
 
     /// SIGTERM and wait (bounded) for a clean exit.
     async fn stop(mut self) {
-        signal(&self.child, "TERM");
+        signal(&self.child, rustix::process::Signal::TERM);
         let status = tokio::time::timeout(Duration::from_secs(10), self.child.wait())
             .await
             .unwrap()
@@ -246,14 +246,10 @@ impl Govd {
     }
 }
 
-fn signal(child: &Child, sig: &str) {
-    let pid = child.id().unwrap();
-    let ok = std::process::Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap();
-    assert!(ok.success());
+/// Sends `sig` with kill(2) (no `kill` binary needed).
+fn signal(child: &Child, sig: rustix::process::Signal) {
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), sig).unwrap();
 }
 
 fn read(p: &Path) -> String {
@@ -378,7 +374,7 @@ impl Agent {
     }
 
     async fn stop(mut self) {
-        signal(&self.child, "TERM");
+        signal(&self.child, rustix::process::Signal::TERM);
         let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
     }
 
@@ -1818,7 +1814,7 @@ async fn govd_stops_on_sigterm_with_a_closed_stderr() {
     .await
     .expect("govd did not start within 15 s");
     drop(lines);
-    signal(&child, "TERM");
+    signal(&child, rustix::process::Signal::TERM);
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
         .await
         .expect("govd ignored SIGTERM with its stderr closed")
@@ -1854,7 +1850,7 @@ async fn govd_logs_json_lines_filtered_by_rust_log() {
         async || read(&log).contains("govd started"),
     )
     .await;
-    signal(&child, "TERM");
+    signal(&child, rustix::process::Signal::TERM);
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
         .await
         .unwrap()

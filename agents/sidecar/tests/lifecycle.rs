@@ -611,11 +611,11 @@ async fn sigterm_runs_the_shutdown_steps_in_the_binary() {
     assert_eq!(get(&client, admin, "/ready").await, Ok(200));
 
     let began = Instant::now();
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(2);
     while get(&client, admin, "/ready").await != Ok(503) {
         assert!(Instant::now() < deadline, "never deregistered");

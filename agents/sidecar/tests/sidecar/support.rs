@@ -768,11 +768,12 @@ impl Process {
 
     /// Sends SIGTERM.
     pub fn terminate(&self) {
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        let pid = i32::try_from(self.child.id()).unwrap();
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
     }
 
     /// Sends SIGKILL and reaps the process: no shutdown step runs.
