@@ -26,7 +26,7 @@ struct Args {
     service: String,
 
     /// Inbound listener: clients of the service connect here.
-    #[arg(long, env = "GOV_LISTEN", default_value = "127.0.0.1:15006")]
+    #[arg(long, env = "GOV_LISTEN", default_value = "127.0.0.1:7061")]
     listen: SocketAddr,
 
     /// The local service (`host:port`).
@@ -39,7 +39,7 @@ struct Args {
     outbound_listen: Option<SocketAddr>,
 
     /// Admin listener: `/metrics`, `/ready`, `/live`, `POST /shutdown`.
-    #[arg(long, env = "GOV_ADMIN_LISTEN", default_value = "127.0.0.1:15000")]
+    #[arg(long, env = "GOV_ADMIN_LISTEN", default_value = "127.0.0.1:7069")]
     admin_listen: SocketAddr,
 
     /// Allow `--admin-listen` on an address other than loopback (`/shutdown`
