@@ -10,9 +10,10 @@
 //! This is the format of `govc compile -o yaml|json` and `gov-agent --config`.
 
 pub mod flag;
-#[cfg(feature = "log")]
+#[cfg(feature = "daemon")]
 pub mod log;
 pub mod path;
+pub mod prom;
 pub mod report;
 pub mod stdio;
 mod words;

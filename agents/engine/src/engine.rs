@@ -49,7 +49,7 @@ use crate::limit::{self, Limit};
 use crate::outcome::Outcome;
 use crate::rejection::{RejectReason, Rejection};
 use crate::route::{Headers, Matched, View};
-use crate::stats::{self, Counters, FuseState, RuleStats};
+use crate::stats::{Counters, FuseState, RuleStats};
 use crate::stripe::{self, Slot};
 
 /// The enforcement engine of one service. Cheap to clone (one `Arc`).
@@ -1300,10 +1300,10 @@ impl Admission {
         };
         let slot = stripe::current();
         let now = Instant::now();
-        let bucket = stats::bucket(now.saturating_duration_since(self.start.unwrap_or(now)));
+        let elapsed = now.saturating_duration_since(self.start.unwrap_or(now));
         for h in &mut self.held {
             let state = &snap.states[h.rule() as usize];
-            state.counters().latency(slot, bucket);
+            state.counters().latency(slot, elapsed);
             if let (Held::Fuse { probe, .. }, State::Fuse(f)) = (h, state) {
                 f.record(slot, outcome, *probe, now);
                 // The probe has reported; dropping must not give it back.

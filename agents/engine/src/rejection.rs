@@ -46,6 +46,18 @@ impl RejectReason {
         RejectReason::Timeout,
     ];
 
+    /// The kind of rule that rejects for this reason: `/metrics` shows a rule
+    /// only the reasons of its kind.
+    pub fn kind(self) -> crate::config::RuleKind {
+        use crate::config::RuleKind;
+        match self {
+            RejectReason::BulkheadFull | RejectReason::BulkheadTimeout => RuleKind::Bulkhead,
+            RejectReason::LimitCalls | RejectReason::LimitBytes => RuleKind::Limit,
+            RejectReason::FuseOpen => RuleKind::Fuse,
+            RejectReason::Timeout => RuleKind::Timeout,
+        }
+    }
+
     /// The snake_case name used in metrics labels and the TUI.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -214,10 +214,10 @@ async fn warmup_gates_ready_on_the_probe_ramps_and_starts_consumers_after_regist
     assert_eq!(ready(&client, &sidecar).await, 503);
     let m = metrics(&client, &sidecar).await;
     assert!(
-        m.contains("gov_lifecycle_phase{phase=\"starting\"} 1"),
+        m.contains("gov_agent_lifecycle_phase{phase=\"starting\"} 1"),
         "{m}"
     );
-    assert!(m.contains("gov_instance_weight_ratio 0\n"), "{m}");
+    assert!(m.contains("gov_agent_instance_weight_ratio 0\n"), "{m}");
     let deadline = Instant::now() + Duration::from_secs(5);
     while ready(&client, &sidecar).await != 200 {
         assert!(Instant::now() < deadline, "never became ready");
@@ -256,12 +256,15 @@ async fn warmup_gates_ready_on_the_probe_ramps_and_starts_consumers_after_regist
         FULL_WEIGHT
     );
     let m = metrics(&client, &sidecar).await;
-    assert!(m.contains("gov_lifecycle_phase{phase=\"ready\"} 1"), "{m}");
     assert!(
-        m.contains("gov_lifecycle_phase{phase=\"starting\"} 0"),
+        m.contains("gov_agent_lifecycle_phase{phase=\"ready\"} 1"),
         "{m}"
     );
-    assert!(m.contains("gov_instance_weight_ratio 1\n"), "{m}");
+    assert!(
+        m.contains("gov_agent_lifecycle_phase{phase=\"starting\"} 0"),
+        "{m}"
+    );
+    assert!(m.contains("gov_agent_instance_weight_ratio 1\n"), "{m}");
 
     // Consumers were started, once, after the last probe.
     let names = upstream.names();

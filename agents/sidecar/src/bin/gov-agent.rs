@@ -38,7 +38,7 @@ struct Args {
     #[arg(long, env = "GOV_OUTBOUND_LISTEN")]
     outbound_listen: Option<SocketAddr>,
 
-    /// Admin listener: `/metrics`, `/ready`, `/live`, `POST /shutdown`.
+    /// Admin listener: `/metrics`, `/config`, `/ready`, `/live`, `POST /shutdown`.
     #[arg(long, env = "GOV_ADMIN_LISTEN", default_value = "127.0.0.1:7069")]
     admin_listen: SocketAddr,
 
@@ -239,6 +239,7 @@ async fn run(args: Args) -> ExitCode {
         control.address = sidecar.inbound_addr().to_string();
         control.token = token;
         control.on_applied = Some(sidecar.on_config_applied());
+        control.on_connection = Some(sidecar.on_control_plane_connection());
         // The control plane's drain runs the config's shutdown steps, like SIGTERM.
         let lifecycle = sidecar.lifecycle().clone();
         control.on_drain = Some(std::sync::Arc::new(move |_| lifecycle.begin_shutdown()));

@@ -1,4 +1,4 @@
-//! The admin listener: `/metrics`, `/ready`, `/live` and `POST /shutdown`.
+//! The admin listener: `/metrics`, `/config`, `/ready`, `/live` and `POST /shutdown`.
 //!
 //! It runs on its own port so that probes and scrapes never queue behind proxied
 //! traffic or count against its rules, and it keeps answering while the proxy
@@ -103,6 +103,27 @@ impl Admin {
                 );
                 response
             }
+            (&Method::GET | &Method::HEAD, "/config") => match self.metrics.config.in_force() {
+                Some(in_force) => match serde_json::to_string_pretty(&in_force) {
+                    Ok(json) => {
+                        let mut response = text(StatusCode::OK, json + "\n");
+                        response.headers_mut().insert(
+                            header::CONTENT_TYPE,
+                            HeaderValue::from_static("application/json"),
+                        );
+                        response
+                    }
+                    Err(error) => text(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("cannot encode the config: {error}\n"),
+                    ),
+                },
+                None => text(
+                    StatusCode::NOT_FOUND,
+                    "no config in force yet: give --config FILE or wait for the control plane\n"
+                        .into(),
+                ),
+            },
             // A browser sends `origin` (and `sec-fetch-*`) with every
             // cross-site POST: a web page on this host must not stop the agent
             // with a form. Tools (curl, the platform's preStop) send neither.
@@ -118,13 +139,13 @@ impl Admin {
                 self.stop.cancel();
                 text(StatusCode::ACCEPTED, "shutting down\n".into())
             }
-            (_, "/live" | "/ready" | "/metrics" | "/shutdown") => text(
+            (_, "/live" | "/ready" | "/metrics" | "/config" | "/shutdown") => text(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method not allowed\n".into(),
             ),
             _ => text(
                 StatusCode::NOT_FOUND,
-                "not found: try /metrics, /ready, /live or POST /shutdown\n".into(),
+                "not found: try /metrics, /config, /ready, /live or POST /shutdown\n".into(),
             ),
         }
     }

@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use gov_proto::v1::TargetConfig;
@@ -68,18 +68,39 @@ pub enum ConfigError {
     },
 }
 
-/// What the agent knows about its config, for `/metrics` and logs.
+/// What the agent knows about its config, for `/metrics`, `GET /config` and logs.
 #[derive(Debug, Default)]
 pub struct ConfigStatus {
     version: RwLock<Option<String>>,
+    in_force: RwLock<Option<InForce>>,
     applied: AtomicU64,
     refused: AtomicU64,
+    control_plane_connected: AtomicBool,
+}
+
+/// The config in force and where it came from (`GET /config`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct InForce {
+    /// The service.
+    pub service: String,
+    /// Its version (the content hash the compiler gave it).
+    pub version: String,
+    /// Where it came from: `file PATH`, `control-plane URL`, or `state-dir PATH`
+    /// (the last good config from the control plane, read at start).
+    pub source: String,
+    /// The config itself, as `govc compile -o json` prints it.
+    pub config: TargetConfig,
 }
 
 impl ConfigStatus {
     /// The version of the config in force, if any.
     pub fn version(&self) -> Option<String> {
         self.version.read().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// The config in force with its source, if any.
+    pub fn in_force(&self) -> Option<InForce> {
+        self.in_force.read().map(|v| v.clone()).unwrap_or_default()
     }
 
     /// How many configs were applied and refused since start.
@@ -90,9 +111,27 @@ impl ConfigStatus {
         )
     }
 
-    pub(crate) fn record_applied(&self, version: &str) {
+    /// Whether the agent has a stream to the control plane now.
+    pub fn control_plane_connected(&self) -> bool {
+        self.control_plane_connected.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_control_plane_connected(&self, connected: bool) {
+        self.control_plane_connected
+            .store(connected, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_applied(&self, target: &TargetConfig, version: &str, source: String) {
         if let Ok(mut v) = self.version.write() {
             *v = Some(version.to_owned());
+        }
+        if let Ok(mut v) = self.in_force.write() {
+            *v = Some(InForce {
+                service: target.service.clone(),
+                version: version.to_owned(),
+                source,
+                config: target.clone(),
+            });
         }
         self.applied.fetch_add(1, Ordering::Relaxed);
     }
