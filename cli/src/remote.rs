@@ -252,13 +252,7 @@ pub fn human_ms(ms: u64) -> String {
 
 /// The name of a sync state as `istioctl proxy-status` prints it.
 pub fn sync_name(state: pb::SyncState) -> &'static str {
-    match state {
-        pb::SyncState::Synced => "SYNCED",
-        pb::SyncState::Stale => "STALE",
-        pb::SyncState::Nacked => "NACKED",
-        pb::SyncState::Disconnected => "DISCONNECTED",
-        pb::SyncState::Unspecified => "UNKNOWN",
-    }
+    state.word()
 }
 
 /// Prints rows as left-aligned columns separated by two spaces.

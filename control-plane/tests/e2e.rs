@@ -151,6 +151,7 @@ struct ControlPlaneBuilder {
     state_dir: PathBuf,
     token: bool,
     agent_token: bool,
+    metrics: bool,
 }
 
 fn control_plane(state_dir: &Path) -> ControlPlaneBuilder {
@@ -158,12 +159,15 @@ fn control_plane(state_dir: &Path) -> ControlPlaneBuilder {
         state_dir: state_dir.to_owned(),
         token: true,
         agent_token: false,
+        metrics: false,
     }
 }
 
 struct Govd {
     child: Child,
     addr: SocketAddr,
+    /// With [`ControlPlaneBuilder::metrics`].
+    metrics: Option<SocketAddr>,
     log: PathBuf,
 }
 
@@ -171,6 +175,12 @@ impl ControlPlaneBuilder {
     /// Agents must present `AGENT_TOKEN`.
     fn agent_token(mut self) -> Self {
         self.agent_token = true;
+        self
+    }
+
+    /// A metrics listener (`--metrics-listen 127.0.0.1:0`).
+    fn metrics(mut self) -> Self {
+        self.metrics = true;
         self
     }
 
@@ -200,9 +210,22 @@ impl ControlPlaneBuilder {
             std::fs::write(&token_file, format!("{AGENT_TOKEN}\n")).unwrap();
             cmd.arg("--agent-token-file").arg(token_file);
         }
+        if self.metrics {
+            cmd.args(["--metrics-listen", "127.0.0.1:0"]);
+        }
         let child = cmd.spawn().unwrap();
         let addr = log_field(&log, "govd started", "listen").await;
-        Govd { child, addr, log }
+        let metrics = if self.metrics {
+            Some(log_field(&log, "govd started", "metrics").await)
+        } else {
+            None
+        };
+        Govd {
+            child,
+            addr,
+            metrics,
+            log,
+        }
     }
 
     async fn start(self) -> Govd {
@@ -1883,4 +1906,122 @@ async fn govd_logs_json_lines_filtered_by_rust_log() {
         stderr.contains("`RUST_LOG=info,[{` is not a valid log filter"),
         "{stderr}"
     );
+}
+
+/// Every family both binaries export is in docs/metrics.md with its type, and
+/// every family the doc marks `always` is exported. The scenario makes the
+/// optional ones appear too: a control plane, a state directory, an outbound
+/// listener with endpoints from govd, and a limit that rejects and latches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docs_metrics_lists_every_family_both_binaries_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state"))
+        .metrics()
+        .start()
+        .await;
+    let up = upstream().await;
+    let order = agent("order", "order-1")
+        .upstream(up)
+        .control_plane(&govd)
+        .state_dir(&dir.path().join("agent-state"))
+        .outbound()
+        .start(dir.path())
+        .await;
+    let _payment = agent("payment", "payment-1")
+        .upstream(up)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    let file = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", &file]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    // The limit: 3 calls per minute, then rejected and latched.
+    let mut rejected = 0;
+    for _ in 0..5 {
+        if http_get(order.inbound, "/burst").await.0 == 429 {
+            rejected += 1;
+        }
+    }
+    assert!(rejected > 0);
+    // The outbound listener knows payment's instance once govd says so.
+    wait_until(
+        "payment's endpoint at order",
+        Duration::from_secs(15),
+        async || {
+            http_get(order.admin, "/metrics")
+                .await
+                .2
+                .contains("gov_agent_endpoint_requests_total{service=\"payment\"")
+        },
+    )
+    .await;
+    wait_until(
+        "govd holding the limit",
+        Duration::from_secs(15),
+        async || !govd.status().await.limits.is_empty(),
+    )
+    .await;
+
+    let agent_text = http_get(order.admin, "/metrics").await.2;
+    assert!(
+        agent_text.contains("gov_agent_control_plane_connected 1\n"),
+        "{agent_text}"
+    );
+    let govd_text = http_get(govd.metrics.unwrap(), "/metrics").await.2;
+    for line in [
+        "govd_agents{state=\"SYNCED\"} 2\n",
+        "govd_applies_total{result=\"applied\"} 1\n",
+        "govd_limits_engaged{rule=\"order/bursty\"} 1\n",
+        "govd_config_nacks_total 0\n",
+    ] {
+        assert!(govd_text.contains(line), "missing {line:?} in\n{govd_text}");
+    }
+    assert!(
+        !govd_text.contains("govd_config_answer_seconds_count 0\n"),
+        "{govd_text}"
+    );
+
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md"))
+            .unwrap();
+    // `| `name` | type | labels | when | what |`
+    let documented: Vec<(String, String, bool)> = doc
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((
+                name.to_owned(),
+                cells.get(2)?.to_string(),
+                cells.get(4)?.starts_with("always"),
+            ))
+        })
+        .collect();
+    for (binary, text, prefix) in [
+        ("gov-agent", &agent_text, "gov_agent_"),
+        ("govd", &govd_text, "govd_"),
+    ] {
+        let exported: Vec<(&str, &str)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_once(' '))
+            .collect();
+        for (name, kind) in &exported {
+            assert!(
+                documented.iter().any(|(n, k, _)| n == name && k == kind),
+                "{binary} exports `{name}` ({kind}), which docs/metrics.md does not list with that type"
+            );
+        }
+        for (name, _, always) in &documented {
+            let ours = name.starts_with(prefix) || name.starts_with("process_");
+            if *always && ours {
+                assert!(
+                    exported.iter().any(|(n, _)| n == name),
+                    "docs/metrics.md says {binary} always exports `{name}`; it does not:\n{text}"
+                );
+            }
+        }
+    }
+    order.stop().await;
+    govd.stop().await;
 }

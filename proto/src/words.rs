@@ -1,7 +1,7 @@
 //! The words users read for the wire's enums, written once: the TUI, `govc`,
 //! the engine's errors and the plan all take them from here.
 
-use crate::v1::{Phase, ReleaseKind, RuleKind};
+use crate::v1::{Phase, ReleaseKind, RuleKind, SyncState};
 
 impl RuleKind {
     /// The keyword of the kind in `.gov` text (`bulkhead`, `limit`, ...);
@@ -42,6 +42,20 @@ impl Phase {
             Phase::Ready => "READY",
             Phase::Draining => "DRAINING",
             Phase::Stopped => "STOPPED",
+        }
+    }
+}
+
+impl SyncState {
+    /// `SYNCED`, `STALE`, `NACKED`, `DISCONNECTED`; `UNKNOWN` when unset. The words
+    /// of `istioctl proxy-status`, in `govc`, the TUI and govd's `/metrics`.
+    pub fn word(self) -> &'static str {
+        match self {
+            SyncState::Synced => "SYNCED",
+            SyncState::Stale => "STALE",
+            SyncState::Nacked => "NACKED",
+            SyncState::Disconnected => "DISCONNECTED",
+            SyncState::Unspecified => "UNKNOWN",
         }
     }
 }

@@ -69,6 +69,12 @@ struct Args {
           value_parser = at_least_one)]
     max_concurrent_compiles: usize,
 
+    // Operability: logs and metrics.
+    /// `GET /metrics` (Prometheus text) on this address, e.g. `127.0.0.1:7071`.
+    /// Unset: no metrics listener.
+    #[arg(long, env = "GOV_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+
     /// Log lines on stderr: `text` (the default) or `json` (one object per line).
     /// `GOV_LOG` or `RUST_LOG` filters them (`info` by default).
     #[arg(long, env = "GOV_LOG_FORMAT", default_value = "text", value_parser = str::parse::<LogFormat>)]
@@ -145,8 +151,28 @@ async fn run(args: Args) -> Result<(), Error> {
         addr: args.listen.to_string(),
         source,
     })?;
-    // Tests and scripts read the bound port from this line.
-    tracing::info!(listen = %addr, state_dir = %args.state_dir.display(), "govd started");
+    let metrics = match args.metrics_listen {
+        None => None,
+        Some(at) => {
+            let bind_error = |source| Error::Bind {
+                addr: at.to_string(),
+                source,
+            };
+            let listener = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(bind_error)?;
+            let bound = listener.local_addr().map_err(bind_error)?;
+            tokio::spawn(gov_control_plane::metrics::serve_metrics(
+                listener,
+                control_plane.clone(),
+                shutdown.clone(),
+            ));
+            Some(bound)
+        }
+    };
+    let metrics = metrics.map_or_else(|| "off".to_owned(), |a| a.to_string());
+    // Tests and scripts read the bound ports from this line.
+    tracing::info!(listen = %addr, %metrics, state_dir = %args.state_dir.display(), "govd started");
     {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
