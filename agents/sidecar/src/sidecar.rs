@@ -464,6 +464,7 @@ impl Sidecar {
             let admin = Arc::new(admin::Admin {
                 health: health.clone(),
                 stop: stop.clone(),
+                lifecycle: lifecycle.clone(),
                 metrics: metrics::Source {
                     service: options.service.clone(),
                     config: config.clone(),
