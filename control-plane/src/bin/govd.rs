@@ -212,3 +212,23 @@ async fn termination() -> &'static str {
         _ = int.recv() => "SIGINT",
     }
 }
+
+#[cfg(test)]
+#[path = "../../../deploy/args.rs"]
+mod deploy_args;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command line `deploy/` gives govd (Kubernetes, systemd) parses.
+    #[test]
+    fn deploy_invocations_parse() {
+        for (place, args) in crate::deploy_args::invocations("govd") {
+            let argv = std::iter::once("govd".to_owned()).chain(args);
+            if let Err(e) = Args::try_parse_from(argv) {
+                panic!("{place}: {e}");
+            }
+        }
+    }
+}

@@ -325,6 +325,10 @@ fn parse_instances(s: &str) -> Result<(String, Vec<Authority>), String> {
 }
 
 #[cfg(test)]
+#[path = "../../../../deploy/args.rs"]
+mod deploy_args;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use gov_agent::sidecar::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT};
@@ -345,5 +349,16 @@ mod tests {
                 .unwrap();
         assert_eq!(args.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
         assert_eq!(args.header_read_timeout, DEFAULT_HEADER_READ_TIMEOUT);
+    }
+
+    /// Every command line `deploy/` gives gov-agent (Kubernetes, systemd) parses.
+    #[test]
+    fn deploy_invocations_parse() {
+        for (place, args) in crate::deploy_args::invocations("gov-agent") {
+            let argv = std::iter::once("gov-agent".to_owned()).chain(args);
+            if let Err(e) = Args::try_parse_from(argv) {
+                panic!("{place}: {e}");
+            }
+        }
     }
 }
