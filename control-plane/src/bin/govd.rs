@@ -171,16 +171,17 @@ async fn run(args: Args) -> Result<(), Error> {
         }
     };
     let metrics = metrics.map_or_else(|| "off".to_owned(), |a| a.to_string());
+    let mut signals = Signals::install();
     // Tests and scripts read the bound ports from this line.
     tracing::info!(listen = %addr, %metrics, state_dir = %args.state_dir.display(), "govd started");
     {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let signal = termination().await;
+            let signal = signals.next().await;
             // Cancel first: whatever happens to the log line, the signal is obeyed.
             shutdown.cancel();
             tracing::info!(signal, "received signal");
-            let signal = termination().await;
+            let signal = signals.next().await;
             tracing::warn!(signal, "second signal while stopping: exiting now");
             std::process::exit(130);
         });
@@ -197,19 +198,35 @@ fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
-/// Waits for SIGTERM or SIGINT and returns its name.
-async fn termination() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+/// SIGTERM and SIGINT, caught from the moment [`Signals::install`] returns: a
+/// signal sent as soon as the "started" line is out must not find the default
+/// action (exit without draining) still in place.
+struct Signals(Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>);
+
+impl Signals {
+    fn install() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Self(Some((term, int))),
+            _ => {
+                tracing::error!("cannot install signal handlers");
+                Self(None)
+            }
+        }
+    }
+
+    /// Waits for the next SIGTERM or SIGINT and returns its name.
+    async fn next(&mut self) -> &'static str {
+        let Some((term, int)) = &mut self.0 else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
     }
 }
 

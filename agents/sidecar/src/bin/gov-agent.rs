@@ -222,6 +222,8 @@ async fn run(args: Args) -> ExitCode {
         client_timeout: (!args.client_timeout.is_zero()).then_some(args.client_timeout),
         state_dir: args.state_dir,
     };
+    // Before the listeners (and the "started" line): see `Signals`.
+    let mut signals = Signals::install();
     let sidecar = match Sidecar::start(options).await {
         Ok(sidecar) => sidecar,
         Err(error) => {
@@ -265,7 +267,7 @@ async fn run(args: Args) -> ExitCode {
         ));
     }
     tokio::select! {
-        signal = termination() => {
+        signal = signals.next() => {
             tracing::info!(signal, "received signal");
             // The config's shutdown steps (deregister, wait, stop, drain), or the
             // plain drain when it has none.
@@ -274,8 +276,8 @@ async fn run(args: Args) -> ExitCode {
         () = stopping.cancelled() => {}
     }
     // A second signal while draining means "stop now".
-    tokio::spawn(async {
-        let signal = termination().await;
+    tokio::spawn(async move {
+        let signal = signals.next().await;
         tracing::warn!(signal, "second signal while draining: exiting now");
         std::process::exit(130);
     });
@@ -283,19 +285,37 @@ async fn run(args: Args) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Waits for SIGTERM or SIGINT and returns its name.
-async fn termination() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the agent with POST /shutdown");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+/// SIGTERM and SIGINT, caught from the moment [`Signals::install`] returns: a
+/// signal sent as soon as the "started" line is out must not find the default
+/// action (exit without draining) still in place.
+struct Signals(Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>);
+
+impl Signals {
+    fn install() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Self(Some((term, int))),
+            _ => {
+                tracing::error!(
+                    "cannot install signal handlers; stop the agent with POST /shutdown"
+                );
+                Self(None)
+            }
+        }
+    }
+
+    /// Waits for the next SIGTERM or SIGINT and returns its name.
+    async fn next(&mut self) -> &'static str {
+        let Some((term, int)) = &mut self.0 else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
     }
 }
 
