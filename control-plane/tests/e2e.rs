@@ -2025,3 +2025,111 @@ async fn docs_metrics_lists_every_family_both_binaries_export() {
     order.stop().await;
     govd.stop().await;
 }
+
+/// A real Prometheus (Debian's `prometheus` package) scrapes an agent and govd,
+/// and a PromQL query over its HTTP API sees the limit's rejections and govd's
+/// engaged limit. Skipped, saying so, when `prometheus` is not installed
+/// (`.ci/run` installs it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_agent_and_govd_and_sees_a_rejection() {
+    if std::process::Command::new("prometheus")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: `prometheus` is not installed (apt-get install prometheus)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state"))
+        .metrics()
+        .start()
+        .await;
+    let up = upstream().await;
+    let order = agent("order", "order-1")
+        .upstream(up)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    let file = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", &file]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    let mut rejected = 0;
+    for _ in 0..5 {
+        if http_get(order.inbound, "/burst").await.0 == 429 {
+            rejected += 1;
+        }
+    }
+    assert!(rejected > 0);
+
+    // Prometheus cannot report a port it chose: take a free one and hand it over.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global: {{ scrape_interval: 1s, evaluation_interval: 1s }}\n\
+             scrape_configs:\n\
+             \x20 - job_name: gov\n\
+             \x20   static_configs:\n\
+             \x20     - targets: ['{}', '{}']\n",
+            order.admin,
+            govd.metrics.unwrap()
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("prometheus.log");
+    let _prometheus = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let api = SocketAddr::from(([127, 0, 0, 1], port));
+    let query = async |q: &str| -> Option<f64> {
+        let path = format!("/api/v1/query?query={}", percent_encode(q));
+        let (status, _, body) = http_get(api, &path).await;
+        if status != 200 {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+    };
+    wait_until(
+        "Prometheus to see the agent's rejections and govd's limit",
+        Duration::from_secs(60),
+        async || {
+            let rejections = query(
+                "sum(gov_agent_rule_rejected_total{rule=\"order/bursty\",reason=\"limit_calls\"})",
+            )
+            .await;
+            let engaged = query("govd_limits_engaged{rule=\"order/bursty\"}").await;
+            rejections.is_some_and(|n| n >= 1.0) && engaged == Some(1.0)
+        },
+    )
+    .await;
+    order.stop().await;
+    govd.stop().await;
+}
+
+/// Percent-encodes a query parameter (RFC 3986 unreserved characters kept).
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
