@@ -683,7 +683,11 @@ struct Govc {
 
 async fn govc(govd: &Govd, token: Option<&str>, args: &[&str]) -> Govc {
     let mut cmd = Command::new(binary("govc"));
-    cmd.args(args)
+    // Not a terminal: an apply needs `--auto-approve`.
+    let approve = (args.first() == Some(&"apply")).then_some("--auto-approve");
+    cmd.args(args.first())
+        .args(approve)
+        .args(args.iter().skip(1))
         .env("GOV_CONTROL_PLANE", govd.url())
         .env("NO_COLOR", "1")
         .env("USER", "e2e")
@@ -2132,4 +2136,57 @@ fn percent_encode(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// `govc apply` shows the plan and applies only when confirmed: without a
+/// terminal it needs `--auto-approve` (exit 64, nothing sent); a removed
+/// service is called out in the plan.
+#[tokio::test]
+async fn apply_without_a_terminal_needs_auto_approve_and_calls_out_a_removal() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    let version = govd.status().await.version;
+
+    let order_only = write(
+        dir.path(),
+        "order.gov",
+        &V1[..V1.find("service payment").unwrap()],
+    );
+    let out = Command::new(binary("govc"))
+        .args(["apply", &order_only])
+        .env("GOV_CONTROL_PLANE", govd.url())
+        .env("GOV_TOKEN", TOKEN)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(64), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("- service payment"),
+        "the plan is shown:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("WARNING: this removes service payment"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("--auto-approve"), "{stderr}");
+    assert_eq!(govd.status().await.version, version, "nothing was applied");
+
+    let approved = govc(&govd, Some(TOKEN), &["apply", &order_only]).await;
+    assert_eq!(approved.code, 0, "{}{}", approved.stdout, approved.stderr);
+    assert!(
+        approved
+            .stdout
+            .contains("WARNING: this removes service payment")
+    );
+    assert_ne!(govd.status().await.version, version);
+    govd.stop().await;
 }
