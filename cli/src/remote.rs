@@ -133,7 +133,7 @@ pub fn block_on<F: std::future::Future>(f: F) -> Result<F::Output, RemoteError> 
 
 /// Prints an error the way every govc error is printed; exit 1.
 pub fn fail(error: impl miette::Diagnostic + Send + Sync + 'static) -> ExitCode {
-    eprintln!("{:?}", miette::Report::new(error));
+    gov_proto::errln!("{:?}", miette::Report::new(error));
     ExitCode::FAILURE
 }
 
@@ -247,13 +247,7 @@ pub fn human_ms(ms: u64) -> String {
 
 /// The name of a sync state as `istioctl proxy-status` prints it.
 pub fn sync_name(state: pb::SyncState) -> &'static str {
-    match state {
-        pb::SyncState::Synced => "SYNCED",
-        pb::SyncState::Stale => "STALE",
-        pb::SyncState::Nacked => "NACKED",
-        pb::SyncState::Disconnected => "DISCONNECTED",
-        pb::SyncState::Unspecified => "UNKNOWN",
-    }
+    state.word()
 }
 
 /// Prints rows as left-aligned columns separated by two spaces.

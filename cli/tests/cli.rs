@@ -502,3 +502,67 @@ fn a_dash_reads_standard_input() {
         .assert()
         .code(64);
 }
+
+// === Closed output streams ===
+
+/// `govc ... 2>&1 | head` once `head` has gone: stdout and stderr are closed
+/// pipes. Every command exits with the code it has on open streams (it used to
+/// panic in `println!`/`eprintln!` and exit 101).
+#[test]
+fn closed_stdout_and_stderr_change_no_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.gov");
+    let changed = dir.path().join("changed.gov");
+    let broken = dir.path().join("broken.gov");
+    let messy = dir.path().join("messy.gov");
+    std::fs::write(&good, FORMATTED).unwrap();
+    std::fs::write(&changed, FORMATTED.replace("/slow", "/slower")).unwrap();
+    std::fs::write(&broken, BROKEN).unwrap();
+    std::fs::write(&messy, UNFORMATTED).unwrap();
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+    let commands: Vec<Vec<String>> = vec![
+        vec!["check".into(), path(&broken)],
+        vec!["compile".into(), path(&good)],
+        vec!["compile".into(), path(&broken)],
+        vec!["fmt".into(), path(&messy)],
+        vec!["fmt".into(), "--check".into(), path(&messy)],
+        vec![
+            "plan".into(),
+            path(&good),
+            "--against".into(),
+            path(&changed),
+        ],
+        vec![
+            "plan".into(),
+            path(&good),
+            "--against".into(),
+            path(&changed),
+            "-o".into(),
+            "json".into(),
+        ],
+        // Nothing listens on port 1: the error goes to stderr.
+        vec![
+            "status".into(),
+            "--control-plane".into(),
+            "http://127.0.0.1:1".into(),
+        ],
+        vec!["--help".into()],
+        vec!["nosuch".into()],
+    ];
+    for args in commands {
+        let open = std::process::Command::new(env!("CARGO_BIN_EXE_govc"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let closed = std::process::Command::new(env!("CARGO_BIN_EXE_govc"))
+            .args(&args)
+            .stdout(writer.try_clone().unwrap())
+            .stderr(writer)
+            .status()
+            .unwrap();
+        assert_ne!(closed.code(), Some(101), "govc {args:?} panicked");
+        assert_eq!(closed.code(), open.status.code(), "govc {args:?}");
+    }
+}

@@ -268,6 +268,17 @@ fn wire_diagnostics(
 impl ControlPlane {
     /// Applies (or, with `dry_run`, plans) a policy: see the module doc.
     pub async fn apply(&self, request: ApplyRequest) -> Result<pb::ApplyResult, ApplyError> {
+        let dry_run = request.dry_run;
+        let result = self.apply_or_plan(request).await;
+        if !dry_run {
+            self.inner
+                .metrics
+                .on_apply(crate::metrics::ApplyOutcome::of(&result));
+        }
+        result
+    }
+
+    async fn apply_or_plan(&self, request: ApplyRequest) -> Result<pb::ApplyResult, ApplyError> {
         let inner = &self.inner;
         validate(&request, &inner.limits)?;
         let request = Arc::new(request);

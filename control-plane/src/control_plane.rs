@@ -91,6 +91,8 @@ pub(crate) struct Inner {
     /// Bounds the compiles running at once (applies and dry runs).
     pub(crate) compile_slots: Arc<Semaphore>,
     pub(crate) shutdown: CancellationToken,
+    /// What `/metrics` counts.
+    pub(crate) metrics: crate::metrics::Metrics,
 }
 
 // === impl ControlPlane ===
@@ -129,6 +131,7 @@ impl ControlPlane {
             write_lock: AsyncMutex::new(()),
             apply_lock: Arc::new(AsyncMutex::new(())),
             shutdown,
+            metrics: crate::metrics::Metrics::default(),
         });
         tokio::spawn(publish_views(inner.clone()));
         tokio::spawn(persist_agents(inner.clone()));
@@ -205,6 +208,9 @@ impl Inner {
     /// notices and marks it disconnected.
     pub(crate) async fn send(&self, out: Outbox) {
         // All at once, each bounded: one stuck agent cannot hold up the others.
+        for o in &out {
+            self.metrics.on_send(&o.msg);
+        }
         let sends = out.into_iter().map(|o| async move {
             match tokio::time::timeout(SEND_TIMEOUT, o.tx.send(Ok(o.msg))).await {
                 // Sent, or the stream is gone already (its reader records that).

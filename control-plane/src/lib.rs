@@ -21,6 +21,7 @@
 //! - [`serve`]: the gRPC server (`gov.v1.ControlPlane` and `grpc.health.v1`
 //!   on one port) with the shutdown order every gov binary follows.
 //! - [`client`]: what `govc` uses to reach a control plane.
+//! - [`metrics::serve_metrics`]: `/metrics` on a listener of its own.
 
 pub mod apply;
 pub mod auth;
@@ -30,6 +31,7 @@ pub mod convert;
 mod error;
 pub mod latches;
 pub mod limits;
+pub mod metrics;
 mod server;
 pub mod state;
 pub mod store;

@@ -263,6 +263,7 @@ async fn read_agent(
             Ok(None) => break "stream closed by the agent".to_owned(),
             Err(status) => break format!("stream error: {}", status.message()),
         };
+        inner.metrics.on_agent_message(&msg);
         let effect = inner.lock().on_message(&key, id, msg, now_unix_ms());
         if effect.endpoints {
             let mut out = Vec::new();

@@ -11,11 +11,15 @@
 
 pub mod compiled;
 pub mod flag;
+#[cfg(feature = "daemon")]
+pub mod log;
 pub mod path;
+pub mod prom;
 pub mod report;
 mod rule;
-#[cfg(feature = "signal")]
+#[cfg(feature = "daemon")]
 pub mod signal;
+pub mod stdio;
 mod words;
 
 /// Generated types of package `gov.v1`, with the tonic client and server when the

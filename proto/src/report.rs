@@ -2,9 +2,9 @@
 //! help on stderr, as miette's plain handler would, without pulling miette's
 //! fancy renderer into the daemons (`govc` uses it).
 
-/// Writes `error` to stderr: `error[CODE]: message`, then each cause and the help.
+/// Writes `error` to stderr (a closed stderr is ignored): `error[CODE]: message`, then each cause and the help.
 pub fn plain(error: &(dyn miette::Diagnostic + 'static)) {
-    eprint!("{}", render(error));
+    crate::err!("{}", render(error));
 }
 
 fn render(error: &(dyn miette::Diagnostic + 'static)) -> String {

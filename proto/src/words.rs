@@ -3,7 +3,7 @@
 //! are named here once: their word, the list of them ([`RuleKind::RULES`])
 //! and the kind of each `Rule.spec` ([`Spec::kind`]).
 
-use crate::v1::{Phase, ReleaseKind, RuleKind, rule::Spec};
+use crate::v1::{Phase, ReleaseKind, RuleKind, SyncState, rule::Spec};
 
 impl RuleKind {
     /// The kinds a `Rule` can be (its `spec`), in the order of the oneof.
@@ -59,6 +59,20 @@ impl Phase {
             Phase::Ready => "READY",
             Phase::Draining => "DRAINING",
             Phase::Stopped => "STOPPED",
+        }
+    }
+}
+
+impl SyncState {
+    /// `SYNCED`, `STALE`, `NACKED`, `DISCONNECTED`; `UNKNOWN` when unset. The words
+    /// of `istioctl proxy-status`, in `govc`, the TUI and govd's `/metrics`.
+    pub fn word(self) -> &'static str {
+        match self {
+            SyncState::Synced => "SYNCED",
+            SyncState::Stale => "STALE",
+            SyncState::Nacked => "NACKED",
+            SyncState::Disconnected => "DISCONNECTED",
+            SyncState::Unspecified => "UNKNOWN",
         }
     }
 }

@@ -18,7 +18,6 @@ use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant, Scope};
 use crate::rejection::{RejectReason, Rejection};
 use crate::snapshot::Snapshot;
-use crate::stats;
 use crate::stripe::{self, Slot};
 
 /// One step of a decision: a matched rule and the scope (key) of this call.
@@ -262,10 +261,10 @@ impl Admission {
         };
         let slot = stripe::current();
         let now = Instant::now();
-        let bucket = stats::bucket(now.saturating_duration_since(self.start.unwrap_or(now)));
+        let elapsed = now.saturating_duration_since(self.start.unwrap_or(now));
         for h in &mut self.held {
             let state = &snap.states[h.rule as usize];
-            state.counters().latency(slot, bucket);
+            state.counters().latency(slot, elapsed);
             state.record(slot, outcome, h.grant, now);
             // A probe has reported; dropping must not give it back.
             h.grant.probe = false;

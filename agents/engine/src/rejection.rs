@@ -46,6 +46,20 @@ impl RejectReason {
         RejectReason::Timeout,
     ];
 
+    /// The kind of rule that rejects for this reason: `/metrics` shows a rule
+    /// only the reasons of its kind.
+    pub fn kind(self) -> crate::config::RuleKind {
+        use crate::config::RuleKind;
+        match self {
+            // `Timeout`: the call outlived its bulkhead's per-call `timeout`.
+            RejectReason::BulkheadFull | RejectReason::BulkheadTimeout | RejectReason::Timeout => {
+                RuleKind::Bulkhead
+            }
+            RejectReason::LimitCalls | RejectReason::LimitBytes => RuleKind::Limit,
+            RejectReason::FuseOpen => RuleKind::Fuse,
+        }
+    }
+
     /// The snake_case name used in metrics labels and the TUI.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -34,7 +34,7 @@ pub(crate) struct Counters {
     pub waiting: AtomicU64,
 }
 
-/// One thread's share of a rule's counters: 16 words, two cache lines
+/// One thread's share of a rule's counters: 17 words in three cache lines
 /// (aligned so that two threads never write the same line).
 #[derive(Debug, Default)]
 #[repr(align(64))]
@@ -45,6 +45,9 @@ struct Stripe {
     unrecorded: AtomicU64,
     rejected: [AtomicU64; RejectReason::COUNT],
     latency: [AtomicU64; LATENCY_BUCKETS],
+    /// Sum of the latencies counted in `latency`, in microseconds (the
+    /// histogram's `_sum`).
+    latency_sum_us: AtomicU64,
 }
 
 impl Counters {
@@ -64,12 +67,14 @@ impl Counters {
         stripe::add(&s.unrecorded, owned, 1);
     }
 
-    /// An admission ended in latency bucket `bucket` (see [`bucket`]).
-    pub(crate) fn latency(&self, slot: Slot, bucket: usize) {
+    /// An admission ended `elapsed` after it began.
+    pub(crate) fn latency(&self, slot: Slot, elapsed: Duration) {
         let (s, owned) = self.stripes.get(slot);
-        if let Some(c) = s.latency.get(bucket) {
+        if let Some(c) = s.latency.get(bucket(elapsed)) {
             stripe::add(c, owned, 1);
         }
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        stripe::add(&s.latency_sum_us, owned, micros);
     }
 
     pub(crate) fn snapshot(&self, rule: &Arc<str>, kind: RuleKind) -> RuleStats {
@@ -77,6 +82,7 @@ impl Counters {
         let mut unrecorded = 0u64;
         let mut rejected = [0u64; RejectReason::COUNT];
         let mut latency = [0u64; LATENCY_BUCKETS];
+        let mut latency_sum_us = 0u64;
         let sum = |total: &mut u64, c: &AtomicU64| *total = total.wrapping_add(c.load(Relaxed));
         for s in self.stripes.all() {
             sum(&mut admitted, &s.admitted);
@@ -87,6 +93,7 @@ impl Counters {
             for (t, c) in latency.iter_mut().zip(&s.latency) {
                 sum(t, c);
             }
+            sum(&mut latency_sum_us, &s.latency_sum_us);
         }
         let ended = latency.iter().sum::<u64>() + unrecorded;
         RuleStats {
@@ -97,6 +104,7 @@ impl Counters {
             admitted,
             rejected,
             latency,
+            latency_sum: Duration::from_micros(latency_sum_us),
             fuse: None,
             limit_engaged: false,
             capacity: 0,
@@ -139,6 +147,8 @@ pub struct RuleStats {
     /// Ended admissions by latency bucket (see [`LATENCY_BUCKETS_MS`]);
     /// not cumulative across buckets.
     pub latency: [u64; LATENCY_BUCKETS],
+    /// The sum of the latencies in `latency`.
+    pub latency_sum: Duration,
     /// Fuses only.
     pub fuse: Option<FuseState>,
     /// Limits only: engaged (latched) for at least one key.

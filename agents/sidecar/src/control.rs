@@ -44,6 +44,8 @@ pub const LAST_GOOD_FILE: &str = "last-good-config.json";
 
 /// Called with every config the agent starts enforcing (from disk or pushed).
 pub type OnApplied = Arc<dyn Fn(&proto::TargetConfig) + Send + Sync>;
+/// Called with `true` when a stream to the control plane opens, `false` when it ends.
+pub type OnConnection = Arc<dyn Fn(bool) + Send + Sync>;
 /// Called when the control plane commands a drain (deadline, 0 = default).
 pub type OnDrain = Arc<dyn Fn(Duration) + Send + Sync>;
 /// Called with a service's registered instances each time govd pushes them.
@@ -71,6 +73,8 @@ pub struct ControlOptions {
     /// Reconnect delays.
     pub backoff: Backoff,
     pub on_applied: Option<OnApplied>,
+    /// Told when the stream to the control plane opens (`true`) and ends (`false`).
+    pub on_connection: Option<OnConnection>,
     pub on_drain: Option<OnDrain>,
     /// Where govd's `Endpoints` go (the outbound listener's directory).
     pub on_endpoints: Option<OnEndpoints>,
@@ -113,6 +117,7 @@ impl ControlOptions {
             stats_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
             on_applied: None,
+            on_connection: None,
             on_drain: None,
             on_endpoints: None,
             on_deregistered: None,
@@ -325,7 +330,11 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
     }
     let mut backoff = options.backoff.clone();
     loop {
-        match session(&engine, &options, &mut current, &shutdown, &mut backoff).await {
+        let ended = session(&engine, &options, &mut current, &shutdown, &mut backoff).await;
+        if let Some(f) = &options.on_connection {
+            f(false);
+        }
+        match ended {
             Ok(()) if shutdown.is_cancelled() => return,
             Ok(()) => tracing::info!("the control plane closed the stream; reconnecting"),
             // Refusals say what to fix: they do not heal by retrying.
@@ -446,6 +455,9 @@ async fn session(
         .into_inner();
     backoff.reset();
     tracing::info!(url = %options.url, last_version = %current, "connected to the control plane");
+    if let Some(f) = &options.on_connection {
+        f(true);
+    }
 
     let mut stats = tokio::time::interval(options.stats_interval);
     stats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -16,7 +16,7 @@
 //!   reported to the control plane (`Lifecycle.weight_milli_percent`, passed on to
 //!   callers in `Endpoints`). Steps run in order: a step after a ramp waits for it.
 //! - `start|stop NAME via http POST "/p"`: an HTTP call to the local service (any
-//!   2xx is success); `via signal SIGUSR1`: `kill -s SIGUSR1 PID` with the PID given
+//!   2xx is success); `via signal SIGUSR1`: kill(2) with SIGUSR1 and the PID given
 //!   by `--service-pid`. A failed action (or one with no answer within
 //!   [`ACTION_TIMEOUT`]) is logged as an error and the lifecycle goes on:
 //!   stopping an agent must never hang on a broken hook.
@@ -86,7 +86,7 @@ pub trait LocalService: Send + Sync + 'static {
     fn signal(&self, name: &str) -> BoxFuture<Result<(), String>>;
 }
 
-/// The local service over HTTP/1.1 (one connection per call) and `kill -s`.
+/// The local service over HTTP/1.1 (one connection per call) and kill(2).
 #[derive(Debug, Clone)]
 pub struct HttpService {
     /// `host:port` of the local service.
@@ -111,21 +111,41 @@ impl LocalService for HttpService {
                     "cannot send `{name}`: the agent does not know the service's process id (set --service-pid)"
                 ));
             };
-            let status = tokio::task::spawn_blocking(move || {
-                std::process::Command::new("kill")
-                    .args(["-s", name.trim_start_matches("SIG"), &pid.to_string()])
-                    .status()
-            })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("cannot run `kill`: {e}"))?;
-            if status.success() {
-                Ok(())
-            } else {
-                Err(format!("`kill` failed for process {pid} ({status})"))
-            }
+            let signal = signal_named(&name).ok_or_else(|| {
+                format!(
+                    "cannot send `{name}`: not a signal name (`SIGHUP`, `SIGUSR1`, `SIGTERM`...)"
+                )
+            })?;
+            let target = i32::try_from(pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
+                .ok_or_else(|| format!("cannot send `{name}`: `{pid}` is not a process id"))?;
+            rustix::process::kill_process(target, signal)
+                .map_err(|e| format!("cannot send `{name}` to process {pid}: {e}"))
         })
     }
+}
+
+/// The signal called `name`, with or without `SIG`, in any case: those a
+/// service may be asked to act on.
+fn signal_named(name: &str) -> Option<rustix::process::Signal> {
+    use rustix::process::Signal;
+    let upper = name.to_ascii_uppercase();
+    Some(match upper.strip_prefix("SIG").unwrap_or(&upper) {
+        "HUP" => Signal::HUP,
+        "INT" => Signal::INT,
+        "QUIT" => Signal::QUIT,
+        "USR1" => Signal::USR1,
+        "USR2" => Signal::USR2,
+        "TERM" => Signal::TERM,
+        "KILL" => Signal::KILL,
+        "CONT" => Signal::CONT,
+        "STOP" => Signal::STOP,
+        "TSTP" => Signal::TSTP,
+        "ALRM" => Signal::ALARM,
+        "WINCH" => Signal::WINCH,
+        _ => return None,
+    })
 }
 
 async fn http_call(upstream: &Authority, method: &str, path: &str) -> Result<u16, String> {

@@ -255,6 +255,8 @@ pub struct Sidecar {
     latches: Option<Arc<crate::latches::LatchStore>>,
     lifecycle: Arc<crate::lifecycle::Lifecycle>,
     directory: Arc<Directory>,
+    /// `--control-plane`, for the source `GET /config` names.
+    control_plane: Option<String>,
     done: tokio::task::JoinHandle<()>,
 }
 
@@ -286,7 +288,7 @@ impl Sidecar {
             Some(path) => {
                 let (bytes, target) = read_config(path).await?;
                 let version = apply(&engine, &options.service, path, &target)?;
-                config.record_applied(&version);
+                config.record_applied(&target, &version, format!("file {}", path.display()));
                 lifecycle.set_plan(&target);
                 health.set_config_loaded();
                 tracing::info!(%version, path = %path.display(), "config loaded");
@@ -304,7 +306,11 @@ impl Sidecar {
             match crate::control::read_last_good(dir, &options.service) {
                 Ok(Some(target)) => match apply(&engine, &options.service, &path, &target) {
                     Ok(version) => {
-                        config.record_applied(&version);
+                        config.record_applied(
+                            &target,
+                            &version,
+                            format!("state-dir {}", path.display()),
+                        );
                         lifecycle.set_plan(&target);
                         health.set_config_loaded();
                         tracing::info!(%version, "enforcing the last good config from disk");
@@ -373,7 +379,7 @@ impl Sidecar {
                 move |target| {
                     let version =
                         apply(&engine, &service, &file, &target).map_err(|e| e.to_string())?;
-                    status.record_applied(&version);
+                    status.record_applied(&target, &version, format!("file {}", file.display()));
                     lifecycle.set_plan(&target);
                     health.set_config_loaded();
                     Ok(version)
@@ -458,6 +464,7 @@ impl Sidecar {
             let admin = Arc::new(admin::Admin {
                 health: health.clone(),
                 stop: stop.clone(),
+                lifecycle: lifecycle.clone(),
                 metrics: metrics::Source {
                     service: options.service.clone(),
                     config: config.clone(),
@@ -466,6 +473,7 @@ impl Sidecar {
                     listeners: listener_stats,
                     directory: directory.clone(),
                     latches: latches.clone(),
+                    control_plane: options.control_plane.is_some(),
                 },
             });
             let admin_stop_conns = admin_stop.clone();
@@ -532,6 +540,7 @@ impl Sidecar {
             latches,
             lifecycle,
             directory,
+            control_plane: options.control_plane.clone(),
             done,
         })
     }
@@ -584,11 +593,22 @@ impl Sidecar {
     pub fn on_config_applied(&self) -> crate::control::OnApplied {
         let (config, health) = (self.config.clone(), self.health.clone());
         let lifecycle = self.lifecycle.clone();
+        let source = format!(
+            "control-plane {}",
+            self.control_plane.as_deref().unwrap_or_default()
+        );
         Arc::new(move |target: &gov_proto::v1::TargetConfig| {
-            config.record_applied(&target.version);
+            config.record_applied(target, &target.version, source.clone());
             lifecycle.set_plan(target);
             health.set_config_loaded();
         })
+    }
+
+    /// What the control-plane client calls when its stream to the control plane
+    /// opens (`true`) and ends (`false`), for `/metrics`.
+    pub fn on_control_plane_connection(&self) -> crate::control::OnConnection {
+        let config = self.config.clone();
+        Arc::new(move |connected| config.set_control_plane_connected(connected))
     }
 
     /// The lifecycle (warmup, phase and weight, ordered shutdown).

@@ -80,14 +80,10 @@ impl RedisServer {
     }
 
     /// Sends a signal (`STOP`: hang it, `CONT`: resume it).
-    fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().unwrap().id().to_string();
-        let ok = Command::new("kill")
-            .args([&format!("-{signal}"), &pid])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -{signal} {pid}");
+    fn signal(&self, signal: rustix::process::Signal) {
+        let pid = i32::try_from(self.child.as_ref().unwrap().id()).unwrap();
+        rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), signal)
+            .unwrap();
     }
 
     fn url(&self) -> String {
@@ -387,14 +383,14 @@ async fn a_hung_redis_costs_at_most_its_timeout_then_calls_are_local() {
     let config = limit_config(100, 60_000, EXACT, "");
     let a = agent(&redis, &config);
     call(&a).await.unwrap();
-    redis.signal("STOP");
+    redis.signal(rustix::process::Signal::STOP);
     // Each call is bounded by `call`'s 2s guard; the store's own deadline is 50ms.
     for _ in 0..20 {
         call(&a).await.unwrap();
     }
     assert_eq!(a.stats().cluster_store_up, Some(false));
     assert_eq!(a.cluster_store().unwrap().outages(), 1);
-    redis.signal("CONT");
+    redis.signal(rustix::process::Signal::CONT);
     assert!(
         eventually(Duration::from_secs(5), async || a.stats().cluster_store_up
             == Some(true))

@@ -213,10 +213,10 @@ async fn warmup_gates_ready_on_the_probe_ramps_and_starts_consumers_after_regist
     assert_eq!(ready(&client, &sidecar).await, 503);
     let m = metrics(&client, &sidecar).await;
     assert!(
-        m.contains("gov_lifecycle_phase{phase=\"starting\"} 1"),
+        m.contains("gov_agent_lifecycle_phase{phase=\"starting\"} 1"),
         "{m}"
     );
-    assert!(m.contains("gov_instance_weight_ratio 0\n"), "{m}");
+    assert!(m.contains("gov_agent_instance_weight_ratio 0\n"), "{m}");
     let deadline = Instant::now() + Duration::from_secs(5);
     while ready(&client, &sidecar).await != 200 {
         assert!(Instant::now() < deadline, "never became ready");
@@ -255,12 +255,15 @@ async fn warmup_gates_ready_on_the_probe_ramps_and_starts_consumers_after_regist
         FULL_WEIGHT
     );
     let m = metrics(&client, &sidecar).await;
-    assert!(m.contains("gov_lifecycle_phase{phase=\"ready\"} 1"), "{m}");
     assert!(
-        m.contains("gov_lifecycle_phase{phase=\"starting\"} 0"),
+        m.contains("gov_agent_lifecycle_phase{phase=\"ready\"} 1"),
         "{m}"
     );
-    assert!(m.contains("gov_instance_weight_ratio 1\n"), "{m}");
+    assert!(
+        m.contains("gov_agent_lifecycle_phase{phase=\"starting\"} 0"),
+        "{m}"
+    );
+    assert!(m.contains("gov_agent_instance_weight_ratio 1\n"), "{m}");
 
     // Consumers were started, once, after the last probe.
     let names = upstream.names();
@@ -609,11 +612,11 @@ async fn sigterm_runs_the_shutdown_steps_in_the_binary() {
     assert_eq!(get(&client, admin, "/ready").await, Ok(200));
 
     let began = Instant::now();
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(2);
     while get(&client, admin, "/ready").await != Ok(503) {
         assert!(Instant::now() < deadline, "never deregistered");
@@ -650,4 +653,52 @@ async fn sigterm_runs_the_shutdown_steps_in_the_binary() {
     assert!(status.success(), "{status}");
     let stop_at = upstream.time_of("POST /consumers/stop").unwrap();
     assert!(stop_at - began >= Duration::from_millis(700));
+}
+
+/// `POST /terminate` (what the service container's preStop hook calls in
+/// `deploy/kubernetes`) runs the shutdown steps as SIGTERM does: deregistered at
+/// once, still serving through the wait, then drained and stopped. From a web
+/// page it is refused like `/shutdown`, and it takes no GET.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_terminate_runs_the_shutdown_steps() {
+    let upstream = Upstream::start(0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(
+        &dir,
+        vec![],
+        vec![
+            Down::Deregister(true),
+            Down::Wait(proto::Wait {
+                duration_ms: 300,
+                registry: String::new(),
+            }),
+            Down::DrainMs(1_000),
+        ],
+    );
+    let sidecar = start(&upstream, path).await;
+    let admin = sidecar.admin_addr().unwrap();
+    let post = |path: &str, origin: bool| {
+        let mut req = http::Request::post(format!("http://{admin}{path}"));
+        if origin {
+            req = req.header("origin", "http://elsewhere.example");
+        }
+        let req = req.body(Empty::<Bytes>::new()).unwrap();
+        async move { client().request(req).await.unwrap().status().as_u16() }
+    };
+    let client = client();
+    assert_eq!(get(&client, admin, "/terminate").await, Ok(405));
+    assert_eq!(post("/terminate", true).await, 403);
+    assert_eq!(ready(&client, &sidecar).await, 200);
+
+    assert_eq!(post("/terminate", false).await, 202);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(ready(&client, &sidecar).await, 503);
+    assert_eq!(sidecar.lifecycle().state().phase, proto::Phase::Draining);
+    assert_eq!(
+        get(&self::client(), sidecar.inbound_addr(), "/orders").await,
+        Ok(200)
+    );
+    tokio::time::timeout(Duration::from_secs(10), sidecar.stopped())
+        .await
+        .expect("the agent stops after its shutdown steps");
 }

@@ -1,11 +1,17 @@
-//! `govc apply FILE...`: send the policy to `govd`, which compiles it, shows
-//! the plan, pushes the changed configs and waits (bounded) for every
-//! connected agent of a changed service to ACK or NACK. Prints the plan and
-//! the outcome per service and agent.
+//! `govc apply FILE...`: plan the policy against `govd` (a dry run), show the
+//! plan (a removed service called out), ask for confirmation, then send it:
+//! `govd` compiles it, pushes the changed configs and waits (bounded) for
+//! every connected agent of a changed service to ACK or NACK. Prints the
+//! outcome per service and agent.
+//!
+//! As with `terraform apply`, only `yes` on a terminal confirms;
+//! `--auto-approve` skips the question and is required when standard input is
+//! not a terminal (a script must say it means it).
 //!
 //! Exit codes: 0 applied and every connected agent SYNCED (or nothing to
-//! change), 1 invalid policy, control plane error, any NACK or any agent
-//! still STALE when the wait ends (unless `--wait 0`), 64 usage.
+//! change), 1 invalid policy, control plane error, declined, any NACK or any
+//! agent still STALE when the wait ends (unless `--wait 0`), 64 usage
+//! (including no terminal and no `--auto-approve`).
 //!
 //! [`plan_remote`] is `govc plan FILE...` against the live control plane (a
 //! dry-run apply).
@@ -40,6 +46,10 @@ pub struct Args {
     #[arg(long, env = "GOV_WHO")]
     pub who: Option<String>,
 
+    /// Apply without asking. Required when standard input is not a terminal.
+    #[arg(long)]
+    pub auto_approve: bool,
+
     #[command(flatten)]
     pub report: ReportArgs,
 }
@@ -51,7 +61,7 @@ pub fn run(args: Args) -> ExitCode {
     };
     let reporter = Reporter::new(args.report.error_format);
     let wait_ms = u32::try_from(args.wait.as_millis()).unwrap_or(u32::MAX);
-    let request = pb::ApplyRequest {
+    let request = |dry_run: bool| pb::ApplyRequest {
         sources: files
             .iter()
             .map(|(name, text)| pb::SourceFile {
@@ -59,33 +69,110 @@ pub fn run(args: Args) -> ExitCode {
                 text: text.clone(),
             })
             .collect(),
-        dry_run: false,
-        wait_ms,
+        dry_run,
+        wait_ms: if dry_run { 0 } else { wait_ms },
         who: args.who.clone().unwrap_or_else(who_am_i),
     };
-    let result = match call_apply(&args.remote, request) {
+    let invalid = |diagnostics: &[pb::Diagnostic]| {
+        print_diagnostics(&reporter, diagnostics, &files).then(|| {
+            gov_proto::errln!("error: the policy is invalid; the control plane applied nothing");
+            ExitCode::FAILURE
+        })
+    };
+
+    // 1. The plan, as `govc plan` shows it.
+    let planned = match call_apply(&args.remote, request(true)) {
         Ok(r) => r,
         Err(e) => return remote::fail(e),
     };
-    if print_diagnostics(&reporter, &result.diagnostics, &files) {
-        eprintln!("error: the policy is invalid; the control plane applied nothing");
-        return ExitCode::FAILURE;
+    if let Some(code) = invalid(&planned.diagnostics) {
+        return code;
     }
-    if let Some(plan) = &result.plan {
-        print!("{}", plan.rendered);
-        if !plan.rendered.ends_with('\n') {
-            println!();
+    let plan = planned.plan.unwrap_or_default();
+    print_plan(&plan);
+    if plan.services.is_empty() {
+        gov_proto::outln!(
+            "\nNo changes: version {} is already applied.",
+            short(&planned.version)
+        );
+        return ExitCode::SUCCESS;
+    }
+
+    // 2. Confirmation.
+    if !args.auto_approve {
+        if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+            gov_proto::errln!(
+                "error: not applying: standard input is not a terminal, so nobody can confirm the plan above\n  help: review it (`govc plan` shows it too), then run `govc apply --auto-approve`"
+            );
+            return ExitCode::from(crate::EXIT_USAGE);
+        }
+        gov_proto::out!(
+            "\nDo you want to apply this plan? Only `yes` applies it.\n  Enter a value: "
+        );
+        // The question has no newline: flush it before waiting for the answer.
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        let mut answer = String::new();
+        if std::io::stdin().read_line(&mut answer).is_err() || answer.trim() != "yes" {
+            gov_proto::errln!("Apply cancelled: nothing was sent.");
+            return ExitCode::FAILURE;
         }
     }
+
+    // 3. The apply itself.
+    let result = match call_apply(&args.remote, request(false)) {
+        Ok(r) => r,
+        Err(e) => return remote::fail(e),
+    };
+    if let Some(code) = invalid(&result.diagnostics) {
+        return code;
+    }
+    if let Some(applied) = &result.plan
+        && applied.rendered != plan.rendered
+    {
+        // Someone applied in between: say what this apply really changed.
+        gov_proto::outln!(
+            "\nThe policy in force changed since the plan above; this apply changed:"
+        );
+        print_plan(applied);
+    }
     if !result.applied {
-        println!(
+        gov_proto::outln!(
             "\nNo changes: version {} is already applied.",
             short(&result.version)
         );
         return ExitCode::SUCCESS;
     }
-    println!("\nApplied version {}.", short(&result.version));
+    gov_proto::outln!("\nApplied version {}.", short(&result.version));
     outcome(&result, args.wait)
+}
+
+/// Prints a plan and calls out the services it removes: their agents lose
+/// their config (a policy applied from a file that lacks a service someone
+/// else applied removes it).
+fn print_plan(plan: &pb::Plan) {
+    gov_proto::out!("{}", plan.rendered);
+    if !plan.rendered.ends_with('\n') {
+        gov_proto::outln!();
+    }
+    let removed: Vec<&str> = plan
+        .services
+        .iter()
+        .filter(|s| s.change() == pb::Change::Removed)
+        .map(|s| s.service.as_str())
+        .collect();
+    if !removed.is_empty() {
+        gov_proto::outln!(
+            "\nWARNING: this removes {} {}: every rule of {} goes, and {} agents enforce nothing.",
+            if removed.len() == 1 {
+                "service"
+            } else {
+                "services"
+            },
+            removed.join(", "),
+            if removed.len() == 1 { "it" } else { "them" },
+            if removed.len() == 1 { "its" } else { "their" },
+        );
+    }
 }
 
 /// Prints the per-agent outcome and chooses the exit code.
@@ -146,20 +233,22 @@ fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
         }
     }
     if rows.len() > 1 {
-        print!("{}", remote::table(&rows));
+        gov_proto::out!("{}", remote::table(&rows));
     }
-    println!("{synced} synced, {nacked} nacked, {stale} stale, {gone} disconnected.");
+    gov_proto::outln!("{synced} synced, {nacked} nacked, {stale} stale, {gone} disconnected.");
     if nacked > 0 {
-        eprintln!(
+        gov_proto::errln!(
             "error: {nacked} agent(s) refused the config and keep enforcing their previous one; fix the rule(s) above and apply again"
         );
         return ExitCode::FAILURE;
     }
     if stale > 0 && wait.is_zero() {
         // `--wait 0`: the caller chose not to wait; STALE is expected.
-        eprintln!("note: not waiting (--wait 0); `govc status` shows whether the agents took it");
+        gov_proto::errln!(
+            "note: not waiting (--wait 0); `govc status` shows whether the agents took it"
+        );
     } else if stale > 0 {
-        eprintln!(
+        gov_proto::errln!(
             "error: {stale} agent(s) did not answer in time; `govc status` shows their state"
         );
         return ExitCode::FAILURE;
@@ -202,9 +291,9 @@ pub fn plan_remote(
         return ExitCode::FAILURE;
     }
     let plan = result.plan.unwrap_or_default();
-    print!("{}", plan.rendered);
+    gov_proto::out!("{}", plan.rendered);
     if !plan.rendered.ends_with('\n') {
-        println!();
+        gov_proto::outln!();
     }
     if detailed_exitcode && !plan.services.is_empty() {
         ExitCode::from(2)

@@ -102,18 +102,18 @@ pub fn run(args: Args) -> ExitCode {
                     name: name.clone(),
                     help,
                 };
-                eprint!("{}", reporter.render(&e));
+                gov_proto::err!("{}", reporter.render(&e));
                 return ExitCode::FAILURE;
             }
         },
     };
     match text {
         Ok(text) => {
-            print!("{text}");
+            gov_proto::out!("{text}");
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprint!("{}", reporter.render(&e));
+            gov_proto::err!("{}", reporter.render(&e));
             ExitCode::FAILURE
         }
     }

@@ -76,7 +76,7 @@ pub fn run(args: Args) -> ExitCode {
         Ok(c) => c.bundle,
         Err(diagnostics) => {
             emit(&reporter, diagnostics);
-            eprintln!("error: the OLD policy does not compile");
+            gov_proto::errln!("error: the OLD policy does not compile");
             return ExitCode::FAILURE;
         }
     };
@@ -92,11 +92,11 @@ pub fn run(args: Args) -> ExitCode {
     };
     let plan = gov_compiler::plan(&old, &new);
     match args.output {
-        Output::Text => print!("{plan}"),
+        Output::Text => gov_proto::out!("{plan}"),
         Output::Json => match serde_json::to_string_pretty(&plan) {
-            Ok(json) => println!("{json}"),
+            Ok(json) => gov_proto::outln!("{json}"),
             Err(e) => {
-                eprintln!("error: cannot encode the plan as json: {e}");
+                gov_proto::errln!("error: cannot encode the plan as json: {e}");
                 return ExitCode::FAILURE;
             }
         },

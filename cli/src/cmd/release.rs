@@ -58,7 +58,7 @@ pub fn run(args: Args) -> ExitCode {
     });
     match result {
         Ok(Ok(r)) => {
-            println!("{}", r.message);
+            gov_proto::outln!("{}", r.message);
             ExitCode::SUCCESS
         }
         Ok(Err(e)) | Err(e) => remote::fail(e),

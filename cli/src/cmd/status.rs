@@ -48,7 +48,7 @@ pub fn run(args: Args) -> ExitCode {
     if let Some(service) = &args.service
         && knows_nothing_of(&view)
     {
-        eprintln!(
+        gov_proto::errln!(
             "error: govd knows no service `{service}`: it is not in the applied policy and no agent of it is connected\n  help: `govc status` without `-s` lists every service"
         );
         return ExitCode::FAILURE;
@@ -58,13 +58,13 @@ pub fn run(args: Args) -> ExitCode {
             .map(table_words)
             .and_then(|v| serde_json::to_string_pretty(&v))
         {
-            Ok(json) => println!("{json}"),
+            Ok(json) => gov_proto::outln!("{json}"),
             Err(e) => {
-                eprintln!("error: cannot encode the view: {e}");
+                gov_proto::errln!("error: cannot encode the view: {e}");
                 return ExitCode::FAILURE;
             }
         },
-        Output::Text => print!("{}", render(&view)),
+        Output::Text => gov_proto::out!("{}", render(&view)),
     }
     ExitCode::SUCCESS
 }

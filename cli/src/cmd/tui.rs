@@ -20,7 +20,7 @@ pub struct Args {
 }
 
 fn fail(report: miette::Report) -> ExitCode {
-    eprintln!("{report:?}");
+    gov_proto::errln!("{report:?}");
     ExitCode::FAILURE
 }
 

@@ -140,13 +140,7 @@ pub fn short(version: &str) -> &str {
 }
 
 pub fn sync_name(s: pb::SyncState) -> &'static str {
-    match s {
-        pb::SyncState::Synced => "SYNCED",
-        pb::SyncState::Stale => "STALE",
-        pb::SyncState::Nacked => "NACKED",
-        pb::SyncState::Disconnected => "DISCONNECTED",
-        pb::SyncState::Unspecified => "UNKNOWN",
-    }
+    s.word()
 }
 
 pub fn fuse_name(s: pb::FuseState) -> &'static str {

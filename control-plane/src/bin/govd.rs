@@ -1,5 +1,6 @@
 //! `govd`: the gov control plane. Flags have `GOV_...` environment variables
-//! (flag > env > default); logs go to stderr (`GOV_LOG` filters them).
+//! (flag > env > default); logs go to stderr (`GOV_LOG` or `RUST_LOG` filters
+//! them, `--log-format json` writes JSON lines).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +10,8 @@ use std::time::Duration;
 use clap::Parser;
 use gov_control_plane::{ControlPlane, Error, Limits, Options, auth::read_token_file, serve};
 use gov_proto::flag::parse_duration;
-use gov_proto::signal::termination;
+use gov_proto::log::LogFormat;
+use gov_proto::signal::Signals;
 use tokio_util::sync::CancellationToken;
 
 /// How to stop govd when its signal handlers cannot be installed.
@@ -70,6 +72,17 @@ struct Args {
     #[arg(long, env = "GOV_MAX_CONCURRENT_COMPILES", default_value_t = Limits::default().concurrent_compiles,
           value_parser = at_least_one)]
     max_concurrent_compiles: usize,
+
+    // Operability: logs and metrics.
+    /// `GET /metrics` (Prometheus text) on this address, e.g. `127.0.0.1:7071`.
+    /// Unset: no metrics listener.
+    #[arg(long, env = "GOV_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+
+    /// Log lines on stderr: `text` (the default) or `json` (one object per line).
+    /// `GOV_LOG` or `RUST_LOG` filters them (`info` by default).
+    #[arg(long, env = "GOV_LOG_FORMAT", default_value = "text", value_parser = str::parse::<LogFormat>)]
+    log_format: LogFormat,
 }
 
 fn main() -> ExitCode {
@@ -81,13 +94,10 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GOV_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    if let Err(error) = gov_proto::log::init(args.log_format) {
+        gov_proto::report::plain(&error);
+        return ExitCode::from(EXIT_USAGE);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -95,7 +105,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
+            gov_proto::errln!("error: cannot start the async runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
@@ -145,15 +155,37 @@ async fn run(args: Args) -> Result<(), Error> {
         addr: args.listen.to_string(),
         source,
     })?;
-    // Tests and scripts read the bound port from this line.
-    tracing::info!(listen = %addr, state_dir = %args.state_dir.display(), "govd started");
+    let metrics = match args.metrics_listen {
+        None => None,
+        Some(at) => {
+            let bind_error = |source| Error::Bind {
+                addr: at.to_string(),
+                source,
+            };
+            let listener = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(bind_error)?;
+            let bound = listener.local_addr().map_err(bind_error)?;
+            tokio::spawn(gov_control_plane::metrics::serve_metrics(
+                listener,
+                control_plane.clone(),
+                shutdown.clone(),
+            ));
+            Some(bound)
+        }
+    };
+    let metrics = metrics.map_or_else(|| "off".to_owned(), |a| a.to_string());
+    let mut signals = Signals::install(OTHERWISE);
+    // Tests and scripts read the bound ports from this line.
+    tracing::info!(listen = %addr, %metrics, state_dir = %args.state_dir.display(), "govd started");
     {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let signal = termination(OTHERWISE).await;
-            tracing::info!(signal, "received signal");
+            let signal = signals.next().await;
+            // Cancel first: whatever happens to the log line, the signal is obeyed.
             shutdown.cancel();
-            let signal = termination(OTHERWISE).await;
+            tracing::info!(signal, "received signal");
+            let signal = signals.next().await;
             tracing::warn!(signal, "second signal while stopping: exiting now");
             std::process::exit(130);
         });
@@ -167,5 +199,25 @@ fn at_least_one(s: &str) -> Result<usize, String> {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+#[path = "../../../deploy/args.rs"]
+mod deploy_args;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command line `deploy/` gives govd (Kubernetes, systemd) parses.
+    #[test]
+    fn deploy_invocations_parse() {
+        for (place, args) in crate::deploy_args::invocations("govd") {
+            let argv = std::iter::once("govd".to_owned()).chain(args);
+            if let Err(e) = Args::try_parse_from(argv) {
+                panic!("{place}: {e}");
+            }
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! `gov-agent`: the enforcement sidecar. Flags have `GOV_...` environment variables
-//! (flag > env > default); logs go to stderr (`GOV_LOG` filters them, default `info`).
+//! (flag > env > default); logs go to stderr (`GOV_LOG` or `RUST_LOG` filters
+//! them, default `info`; `--log-format json` writes JSON lines).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +10,8 @@ use std::time::Duration;
 use clap::Parser;
 use gov_agent::sidecar::{Balance, Options, Sidecar, UpstreamProtocol};
 use gov_proto::flag::parse_duration;
-use gov_proto::signal::termination;
+use gov_proto::log::LogFormat;
+use gov_proto::signal::Signals;
 use http::uri::Authority;
 
 /// How to stop the agent when its signal handlers cannot be installed.
@@ -28,7 +30,7 @@ struct Args {
     service: String,
 
     /// Inbound listener: clients of the service connect here.
-    #[arg(long, env = "GOV_LISTEN", default_value = "127.0.0.1:15006")]
+    #[arg(long, env = "GOV_LISTEN", default_value = "127.0.0.1:7061")]
     listen: SocketAddr,
 
     /// The local service (`host:port`).
@@ -40,8 +42,8 @@ struct Args {
     #[arg(long, env = "GOV_OUTBOUND_LISTEN")]
     outbound_listen: Option<SocketAddr>,
 
-    /// Admin listener: `/metrics`, `/ready`, `/live`, `POST /shutdown`.
-    #[arg(long, env = "GOV_ADMIN_LISTEN", default_value = "127.0.0.1:15000")]
+    /// Admin listener: `/metrics`, `/config`, `/ready`, `/live`, `POST /shutdown`.
+    #[arg(long, env = "GOV_ADMIN_LISTEN", default_value = "127.0.0.1:7069")]
     admin_listen: SocketAddr,
 
     /// Allow `--admin-listen` on an address other than loopback (`/shutdown`
@@ -125,6 +127,11 @@ struct Args {
     /// is the cheapest for a sidecar sharing a core with its service.
     #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
     worker_threads: usize,
+
+    /// Log lines on stderr: `text` (the default) or `json` (one object per line).
+    /// `GOV_LOG` or `RUST_LOG` filters them (`info` by default).
+    #[arg(long, env = "GOV_LOG_FORMAT", default_value = "text", value_parser = str::parse::<LogFormat>)]
+    log_format: LogFormat,
 }
 
 fn main() -> ExitCode {
@@ -136,9 +143,12 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    init_tracing();
+    if let Err(error) = gov_proto::log::init(args.log_format) {
+        gov_proto::report::plain(&error);
+        return ExitCode::from(EXIT_USAGE);
+    }
     if !args.admin_listen.ip().is_loopback() && !args.admin_allow_remote {
-        eprintln!(
+        gov_proto::errln!(
             "error: --admin-listen {} is not a loopback address; the admin listener can stop the agent (POST /shutdown)\n  help: listen on 127.0.0.1, or add --admin-allow-remote (GOV_ADMIN_ALLOW_REMOTE) if only the platform can reach that address",
             args.admin_listen
         );
@@ -158,7 +168,7 @@ fn main() -> ExitCode {
     let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
+            gov_proto::errln!("error: cannot start the async runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
@@ -192,7 +202,7 @@ async fn run(args: Args) -> ExitCode {
     {
         Ok(token) => token.map(|t| t.trim().to_owned()),
         Err(error) => {
-            eprintln!("error: cannot read --control-plane-token-file: {error}");
+            gov_proto::errln!("error: cannot read --control-plane-token-file: {error}");
             return ExitCode::FAILURE;
         }
     };
@@ -216,6 +226,8 @@ async fn run(args: Args) -> ExitCode {
         client_timeout: (!args.client_timeout.is_zero()).then_some(args.client_timeout),
         state_dir: args.state_dir,
     };
+    // Before the listeners (and the "started" line): see `Signals`.
+    let mut signals = Signals::install(OTHERWISE);
     let sidecar = match Sidecar::start(options).await {
         Ok(sidecar) => sidecar,
         Err(error) => {
@@ -233,6 +245,7 @@ async fn run(args: Args) -> ExitCode {
         control.address = sidecar.inbound_addr().to_string();
         control.token = token;
         control.on_applied = Some(sidecar.on_config_applied());
+        control.on_connection = Some(sidecar.on_control_plane_connection());
         // The control plane's drain runs the config's shutdown steps, like SIGTERM.
         let lifecycle = sidecar.lifecycle().clone();
         control.on_drain = Some(std::sync::Arc::new(move |_| lifecycle.begin_shutdown()));
@@ -258,7 +271,7 @@ async fn run(args: Args) -> ExitCode {
         ));
     }
     tokio::select! {
-        signal = termination(OTHERWISE) => {
+        signal = signals.next() => {
             tracing::info!(signal, "received signal");
             // The config's shutdown steps (deregister, wait, stop, drain), or the
             // plain drain when it has none.
@@ -267,23 +280,13 @@ async fn run(args: Args) -> ExitCode {
         () = stopping.cancelled() => {}
     }
     // A second signal while draining means "stop now".
-    tokio::spawn(async {
-        let signal = termination(OTHERWISE).await;
+    tokio::spawn(async move {
+        let signal = signals.next().await;
         tracing::warn!(signal, "second signal while draining: exiting now");
         std::process::exit(130);
     });
     sidecar.stopped().await;
     ExitCode::SUCCESS
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GOV_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
 }
 
 fn parse_authority(s: &str) -> Result<Authority, String> {
@@ -312,6 +315,10 @@ fn parse_instances(s: &str) -> Result<(String, Vec<Authority>), String> {
 }
 
 #[cfg(test)]
+#[path = "../../../../deploy/args.rs"]
+mod deploy_args;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use gov_agent::sidecar::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT};
@@ -332,5 +339,16 @@ mod tests {
                 .unwrap();
         assert_eq!(args.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
         assert_eq!(args.header_read_timeout, DEFAULT_HEADER_READ_TIMEOUT);
+    }
+
+    /// Every command line `deploy/` gives gov-agent (Kubernetes, systemd) parses.
+    #[test]
+    fn deploy_invocations_parse() {
+        for (place, args) in crate::deploy_args::invocations("gov-agent") {
+            let argv = std::iter::once("gov-agent".to_owned()).chain(args);
+            if let Err(e) = Args::try_parse_from(argv) {
+                panic!("{place}: {e}");
+            }
+        }
     }
 }

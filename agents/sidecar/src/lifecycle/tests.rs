@@ -398,3 +398,58 @@ async fn a_hung_stop_hook_does_not_hold_up_the_drain_forever() {
     drained.cancel();
     lifecycle.finished().await;
 }
+
+/// `via signal` reaches a real process through kill(2), with no `kill` binary;
+/// a bad name or a missing pid is an error that says so, never a panic.
+#[tokio::test]
+async fn a_signal_step_signals_the_service_process() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let service = HttpService {
+        upstream: "127.0.0.1:1".parse().unwrap(),
+        pid: Some(child.id()),
+    };
+    assert!(
+        service
+            .signal("NOSUCH")
+            .await
+            .unwrap_err()
+            .contains("not a signal name")
+    );
+    service
+        .signal("SIGUSR2")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(rustix::process::Signal::USR2.as_raw()),
+        "{status}"
+    );
+
+    let no_pid = HttpService {
+        pid: None,
+        ..service.clone()
+    };
+    assert!(
+        no_pid
+            .signal("SIGHUP")
+            .await
+            .unwrap_err()
+            .contains("--service-pid")
+    );
+    let bad_pid = HttpService {
+        pid: Some(u32::MAX),
+        ..service
+    };
+    assert!(
+        bad_pid
+            .signal("SIGHUP")
+            .await
+            .unwrap_err()
+            .contains("not a process id")
+    );
+}

@@ -1,4 +1,5 @@
-//! The admin listener: `/metrics`, `/ready`, `/live` and `POST /shutdown`.
+//! The admin listener: `/metrics`, `/config`, `/ready`, `/live`, `POST /terminate`
+//! and `POST /shutdown`.
 //!
 //! It runs on its own port so that probes and scrapes never queue behind proxied
 //! traffic or count against its rules, and it keeps answering while the proxy
@@ -20,6 +21,8 @@ use crate::health::Health;
 pub(crate) struct Admin {
     pub(crate) health: Arc<Health>,
     pub(crate) stop: CancellationToken,
+    /// `POST /terminate` begins its ordered shutdown.
+    pub(crate) lifecycle: Arc<crate::lifecycle::Lifecycle>,
     pub(crate) metrics: metrics::Source,
 }
 
@@ -43,28 +46,58 @@ impl Admin {
                 );
                 response
             }
+            (&Method::GET | &Method::HEAD, "/config") => match self.metrics.config.in_force() {
+                Some(in_force) => match serde_json::to_string_pretty(&in_force) {
+                    Ok(json) => {
+                        let mut response = text(StatusCode::OK, json + "\n");
+                        response.headers_mut().insert(
+                            header::CONTENT_TYPE,
+                            HeaderValue::from_static("application/json"),
+                        );
+                        response
+                    }
+                    Err(error) => text(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("cannot encode the config: {error}\n"),
+                    ),
+                },
+                None => text(
+                    StatusCode::NOT_FOUND,
+                    "no config in force yet: give --config FILE or wait for the control plane\n"
+                        .into(),
+                ),
+            },
             // A browser sends `origin` (and `sec-fetch-*`) with every
             // cross-site POST: a web page on this host must not stop the agent
             // with a form. Tools (curl, the platform's preStop) send neither.
-            (&Method::POST, "/shutdown") if from_a_browser(req.headers()) => {
+            (&Method::POST, "/shutdown" | "/terminate") if from_a_browser(req.headers()) => {
                 tracing::warn!("refused POST /shutdown from a browser page");
                 text(
                     StatusCode::FORBIDDEN,
                     "forbidden: /shutdown does not take requests from web pages; send SIGTERM or POST without an origin\n".into(),
                 )
             }
+            // What a Kubernetes preStop hook of the service's container calls: the
+            // config's shutdown steps (deregister, wait, stop, drain), as SIGTERM
+            // runs them, while the service still runs (a native sidecar gets
+            // its SIGTERM only after the service has exited).
+            (&Method::POST, "/terminate") => {
+                tracing::info!("terminate requested on the admin listener");
+                self.lifecycle.begin_shutdown();
+                text(StatusCode::ACCEPTED, "running the shutdown steps\n".into())
+            }
             (&Method::POST, "/shutdown") => {
                 tracing::info!("shutdown requested on the admin listener");
                 self.stop.cancel();
                 text(StatusCode::ACCEPTED, "shutting down\n".into())
             }
-            (_, "/live" | "/ready" | "/metrics" | "/shutdown") => text(
+            (_, "/live" | "/ready" | "/metrics" | "/config" | "/shutdown" | "/terminate") => text(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method not allowed\n".into(),
             ),
             _ => text(
                 StatusCode::NOT_FOUND,
-                "not found: try /metrics, /ready, /live or POST /shutdown\n".into(),
+                "not found: try /metrics, /config, /ready, /live, POST /terminate or POST /shutdown\n".into(),
             ),
         }
     }

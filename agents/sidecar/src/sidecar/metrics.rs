@@ -10,90 +10,10 @@
 //! `endpoint`: one series per endpoint the outbound directory holds now, so as many
 //! as discovery gives, never one per request or per client).
 
-use std::fmt::Write as _;
-
 use gov_engine::{Engine, FuseState, RejectReason, RuleKind, RuleStats};
+use gov_proto::prom::{Encoder, le_label};
 
 use super::upstream::EndpointStats;
-
-/// Writes metric families in the text format into a `String`.
-#[derive(Debug, Default)]
-pub(crate) struct Encoder {
-    out: String,
-}
-
-impl Encoder {
-    /// Starts a family: its `# HELP` and `# TYPE` lines.
-    pub(crate) fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.out, "# HELP {name} {help}");
-        let _ = writeln!(self.out, "# TYPE {name} {kind}");
-    }
-
-    /// Writes one sample with `labels` (name, value) pairs.
-    pub(crate) fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl Value) {
-        self.out.push_str(name);
-        if !labels.is_empty() {
-            self.out.push('{');
-            for (i, (label, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(',');
-                }
-                self.out.push_str(label);
-                self.out.push_str("=\"");
-                escape_into(&mut self.out, v);
-                self.out.push('"');
-            }
-            self.out.push('}');
-        }
-        self.out.push(' ');
-        value.write(&mut self.out);
-        self.out.push('\n');
-    }
-
-    pub(crate) fn finish(self) -> String {
-        self.out
-    }
-}
-
-/// A sample value.
-pub(crate) trait Value {
-    fn write(&self, out: &mut String);
-}
-
-impl Value for u64 {
-    fn write(&self, out: &mut String) {
-        let _ = write!(out, "{self}");
-    }
-}
-
-impl Value for f64 {
-    fn write(&self, out: &mut String) {
-        if self.is_infinite() {
-            out.push_str(if *self > 0.0 { "+Inf" } else { "-Inf" });
-        } else {
-            let _ = write!(out, "{self}");
-        }
-    }
-}
-
-/// Escapes a label value: backslash, double quote and newline.
-fn escape_into(out: &mut String, value: &str) {
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-}
-
-/// Renders a bucket bound the way Prometheus clients do (`0.01`, `1`, `+Inf`).
-pub(crate) fn le_label(bound: f64) -> String {
-    let mut s = String::new();
-    bound.write(&mut s);
-    s
-}
 
 /// What `/metrics` reads.
 pub(crate) struct Source {
@@ -108,6 +28,8 @@ pub(crate) struct Source {
     pub(crate) directory: std::sync::Arc<super::upstream::Directory>,
     /// The latches kept in the state directory (`None` without one).
     pub(crate) latches: Option<std::sync::Arc<crate::latches::LatchStore>>,
+    /// Whether the agent has a `--control-plane`.
+    pub(crate) control_plane: bool,
 }
 
 impl Source {
@@ -118,6 +40,7 @@ impl Source {
         self.render_listeners(&mut enc);
         render_endpoints(&mut enc, &self.directory.stats());
         render_rules(&mut enc, &self.engine.stats().rules);
+        gov_proto::prom::render_process(&mut enc);
         enc.finish()
     }
 
@@ -153,6 +76,28 @@ impl Source {
 
     fn render_agent(&self, enc: &mut Encoder, health: &crate::health::Health) {
         enc.family(
+            "gov_agent_build_info",
+            "gauge",
+            "Always 1; the agent's version is in the label.",
+        );
+        enc.sample(
+            "gov_agent_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))],
+            1_u64,
+        );
+        if self.control_plane {
+            enc.family(
+                "gov_agent_control_plane_connected",
+                "gauge",
+                "1 while the agent has a stream to the control plane, else 0 (it enforces its last good config).",
+            );
+            enc.sample(
+                "gov_agent_control_plane_connected",
+                &[],
+                u64::from(self.config.control_plane_connected()),
+            );
+        }
+        enc.family(
             "gov_agent_ready",
             "gauge",
             "1 when the agent has a config and is not draining, else 0.",
@@ -176,11 +121,11 @@ impl Source {
         self.render_lifecycle(enc);
         if let Some(store) = self.engine.cluster_store() {
             enc.family(
-                "gov_cluster_store_up",
+                "gov_agent_cluster_store_up",
                 "gauge",
                 "1 while Redis answers; 0 while `scope cluster` limits count locally.",
             );
-            enc.sample("gov_cluster_store_up", &[], u64::from(store.is_up()));
+            enc.sample("gov_agent_cluster_store_up", &[], u64::from(store.is_up()));
         }
         if let Some(latches) = &self.latches {
             enc.family(
@@ -230,7 +175,7 @@ impl Source {
         use gov_proto::v1::Phase;
         let state = *self.lifecycle.borrow();
         enc.family(
-            "gov_lifecycle_phase",
+            "gov_agent_lifecycle_phase",
             "gauge",
             "1 for the instance's current lifecycle phase, 0 for the others.",
         );
@@ -242,18 +187,18 @@ impl Source {
             (Phase::Stopped, "stopped"),
         ] {
             enc.sample(
-                "gov_lifecycle_phase",
+                "gov_agent_lifecycle_phase",
                 &[("phase", name)],
                 u64::from(state.phase == phase),
             );
         }
         enc.family(
-            "gov_instance_weight_ratio",
+            "gov_agent_instance_weight_ratio",
             "gauge",
             "Slow-start weight reported to the control plane (1 = full traffic share).",
         );
         enc.sample(
-            "gov_instance_weight_ratio",
+            "gov_agent_instance_weight_ratio",
             &[],
             f64::from(state.weight_milli_percent) / f64::from(crate::lifecycle::FULL_WEIGHT),
         );
@@ -352,10 +297,13 @@ fn render_rules(enc: &mut Encoder, rules: &[RuleStats]) {
     enc.family(
         "gov_agent_rule_rejected_total",
         "counter",
-        "Calls the rule rejected, by reason.",
+        "Calls the rule rejected, by reason (only the reasons of the rule's kind).",
     );
     for r in rules {
-        for reason in RejectReason::ALL {
+        for reason in RejectReason::ALL
+            .into_iter()
+            .filter(|reason| reason.kind() == r.kind)
+        {
             enc.sample(
                 "gov_agent_rule_rejected_total",
                 &[("rule", &r.rule), ("reason", reason.as_str())],
@@ -383,6 +331,11 @@ fn render_rules(enc: &mut Encoder, rules: &[RuleStats]) {
                 cumulative,
             );
         }
+        enc.sample(
+            "gov_agent_rule_latency_seconds_sum",
+            &[("rule", &r.rule)],
+            r.latency_sum.as_secs_f64(),
+        );
         enc.sample(
             "gov_agent_rule_latency_seconds_count",
             &[("rule", &r.rule)],
@@ -423,33 +376,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn encodes_families_samples_and_escapes_labels() {
-        let mut enc = Encoder::default();
-        enc.family(
-            "gov_agent_rule_admitted_total",
-            "counter",
-            "Calls admitted.",
-        );
-        enc.sample(
-            "gov_agent_rule_admitted_total",
-            &[("rule", "shop/a\"b")],
-            3_u64,
-        );
-        enc.sample("gov_agent_up", &[], 1_u64);
-        enc.sample("x_bucket", &[("le", &le_label(f64::INFINITY))], 0.5_f64);
-        insta_free_assert(
-            &enc.finish(),
-            "# HELP gov_agent_rule_admitted_total Calls admitted.\n\
-             # TYPE gov_agent_rule_admitted_total counter\n\
-             gov_agent_rule_admitted_total{rule=\"shop/a\\\"b\"} 3\n\
-             gov_agent_up 1\n\
-             x_bucket{le=\"+Inf\"} 0.5\n",
-        );
-        assert_eq!(le_label(0.01), "0.01");
-        assert_eq!(le_label(1.0), "1");
-    }
-
-    #[test]
     fn endpoint_series_carry_service_and_endpoint_labels() {
         let mut enc = Encoder::default();
         render_endpoints(&mut enc, &[]);
@@ -476,9 +402,5 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
-    }
-
-    fn insta_free_assert(got: &str, want: &str) {
-        assert_eq!(got, want, "\n--- got ---\n{got}\n--- want ---\n{want}");
     }
 }

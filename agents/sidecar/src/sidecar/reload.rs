@@ -1,16 +1,21 @@
 //! The config file: reading the `TargetConfig` that `govc compile` prints (YAML or
 //! JSON) and reloading it when the file changes.
 //!
-//! The watch is on the directory, not the file: editors and config management save by
-//! writing a temporary file and renaming it over the old one, which a watch on the
-//! file itself does not survive. Events are debounced (an editor save is several
-//! events), and a reload whose bytes did not change is skipped. A new config that
-//! fails to read, parse or convert is refused with a logged reason; the old one stays
-//! in force.
+//! Two watches, both about the file itself. One on its directory, of which only
+//! events naming the file count: editors and config management save by writing a
+//! temporary file and renaming it over the old one, which a watch on the file alone
+//! does not survive. One on the file, following a symlink, re-armed after every
+//! event: a Kubernetes config map swaps a `..data` symlink elsewhere in the
+//! directory, and only the file's old target sees it. Events are debounced (an
+//! editor save is several events), and bytes already seen, accepted or refused, are
+//! not read again: other files in the directory (the agent's own log) and a refused
+//! config left in place cause no work and no log line. A new config that fails to
+//! read, parse or convert is refused with a logged reason; the old one stays in
+//! force.
 
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use gov_proto::v1::TargetConfig;
@@ -63,18 +68,39 @@ pub enum ConfigError {
     },
 }
 
-/// What the agent knows about its config, for `/metrics` and logs.
+/// What the agent knows about its config, for `/metrics`, `GET /config` and logs.
 #[derive(Debug, Default)]
 pub struct ConfigStatus {
     version: RwLock<Option<String>>,
+    in_force: RwLock<Option<InForce>>,
     applied: AtomicU64,
     refused: AtomicU64,
+    control_plane_connected: AtomicBool,
+}
+
+/// The config in force and where it came from (`GET /config`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct InForce {
+    /// The service.
+    pub service: String,
+    /// Its version (the content hash the compiler gave it).
+    pub version: String,
+    /// Where it came from: `file PATH`, `control-plane URL`, or `state-dir PATH`
+    /// (the last good config from the control plane, read at start).
+    pub source: String,
+    /// The config itself, as `govc compile -o json` prints it.
+    pub config: TargetConfig,
 }
 
 impl ConfigStatus {
     /// The version of the config in force, if any.
     pub fn version(&self) -> Option<String> {
         self.version.read().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// The config in force with its source, if any.
+    pub fn in_force(&self) -> Option<InForce> {
+        self.in_force.read().map(|v| v.clone()).unwrap_or_default()
     }
 
     /// How many configs were applied and refused since start.
@@ -85,9 +111,27 @@ impl ConfigStatus {
         )
     }
 
-    pub(crate) fn record_applied(&self, version: &str) {
+    /// Whether the agent has a stream to the control plane now.
+    pub fn control_plane_connected(&self) -> bool {
+        self.control_plane_connected.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_control_plane_connected(&self, connected: bool) {
+        self.control_plane_connected
+            .store(connected, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_applied(&self, target: &TargetConfig, version: &str, source: String) {
         if let Ok(mut v) = self.version.write() {
             *v = Some(version.to_owned());
+        }
+        if let Ok(mut v) = self.in_force.write() {
+            *v = Some(InForce {
+                service: target.service.clone(),
+                version: version.to_owned(),
+                source,
+                config: target.clone(),
+            });
         }
         self.applied.fetch_add(1, Ordering::Relaxed);
     }
@@ -140,13 +184,19 @@ pub(crate) fn spawn_watch(
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
         _ => PathBuf::from("."),
     };
+    let Some(name) = path.file_name().map(ToOwned::to_owned) else {
+        return Err(ConfigError::Read {
+            path,
+            source: std::io::Error::other("the config path names no file"),
+        });
+    };
     let (tx, mut rx) = mpsc::channel::<()>(1);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // Any change in the directory may be ours (a rename over the file, a symlink
-        // swap as Kubernetes does for config maps): the content check below decides.
         // Reads are not changes: reacting to them would re-read the file for ever,
         // since reading it makes such an event.
-        if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
+        let Ok(event) = event else { return };
+        let ours = event.paths.iter().any(|p| p.file_name() == Some(&*name));
+        if ours && !matches!(event.kind, notify::EventKind::Access(_)) {
             let _ = tx.try_send(());
         }
     })
@@ -158,6 +208,7 @@ pub(crate) fn spawn_watch(
         path: dir.clone(),
         source: std::io::Error::other(e),
     })?;
+    rearm(&mut watcher, &path);
 
     tokio::spawn(async move {
         loop {
@@ -165,7 +216,7 @@ pub(crate) fn spawn_watch(
                 () = stop.cancelled() => break,
                 event = rx.recv() => if event.is_none() { break },
             }
-            // Debounce: wait until the directory has been quiet for a moment.
+            // Debounce: wait until the file has been quiet for a moment.
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return,
@@ -173,32 +224,33 @@ pub(crate) fn spawn_watch(
                     _ = rx.recv() => {}
                 }
             }
-            let (bytes, config) = match read_config(&path).await {
-                Ok(read) => read,
+            // A symlink swap leaves the file watch on the old target.
+            rearm(&mut watcher, &path);
+            let bytes = match tokio::fs::read(&path).await {
+                Ok(bytes) => bytes,
                 Err(error) => {
                     // A save in progress (the file briefly missing) lands here too; the
                     // next event retries.
-                    if matches!(error, ConfigError::Read { .. }) {
-                        tracing::debug!(%error, "config file not readable now");
-                    } else {
-                        status.record_refused();
-                        tracing::warn!(%error, "new config refused; keeping the previous one");
-                    }
+                    tracing::debug!(%error, path = %path.display(), "config file not readable now");
                     continue;
                 }
             };
+            // INVARIANT: `last` is the last content read, whatever became of it, so
+            // the same bytes are judged (and logged) once.
             if bytes == last {
                 continue;
             }
             last = bytes;
-            match apply(config) {
+            let result = parse_config(&path, &last).and_then(|config| {
+                apply(config).map_err(|message| ConfigError::Invalid {
+                    path: path.clone(),
+                    message,
+                })
+            });
+            match result {
                 Ok(version) => tracing::info!(%version, path = %path.display(), "config reloaded"),
-                Err(message) => {
+                Err(error) => {
                     status.record_refused();
-                    let error = ConfigError::Invalid {
-                        path: path.clone(),
-                        message,
-                    };
                     tracing::warn!(%error, "new config refused; keeping the previous one");
                 }
             }
@@ -206,6 +258,16 @@ pub(crate) fn spawn_watch(
         drop(watcher.unwatch(&dir));
     });
     Ok(())
+}
+
+/// (Re)places the watch on the file itself, following a symlink to its current
+/// target. Best effort: the directory watch alone covers every save but a swap of
+/// a symlink elsewhere in the directory.
+fn rearm(watcher: &mut notify::RecommendedWatcher, path: &Path) {
+    let _ = watcher.unwatch(path);
+    if let Err(error) = watcher.watch(path, notify::RecursiveMode::NonRecursive) {
+        tracing::debug!(%error, path = %path.display(), "cannot watch the config file itself");
+    }
 }
 
 #[cfg(test)]

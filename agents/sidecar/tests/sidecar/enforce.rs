@@ -343,13 +343,67 @@ rules:
     ] {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");
     }
-    // The admitted slow call took at least 200 ms: none in the buckets up to 0.1 s.
+    // The admitted slow call took at least 200 ms: none in the buckets up to 0.1 s,
+    // and the histogram's sum says so too.
     assert!(
         text.contains(
             "gov_agent_rule_latency_seconds_bucket{rule=\"shop/one_at_a_time\",le=\"0.1\"} 0"
         ),
         "{text}"
     );
+    let sum: f64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("gov_agent_rule_latency_seconds_sum{rule=\"shop/one_at_a_time\"} ")
+        })
+        .unwrap_or_else(|| panic!("no _sum in:\n{text}"))
+        .parse()
+        .unwrap();
+    assert!(sum >= 0.2, "{sum}");
+    // A rule shows only the reasons its kind can give.
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("gov_agent_rule_rejected_total{"))
+    {
+        let kind_of = |rule: &str| match rule {
+            "shop/one_at_a_time" => "bulkhead_",
+            "shop/all_calls" => "limit_",
+            "shop/errors" => "fuse_",
+            other => panic!("unexpected rule {other}"),
+        };
+        let rule = line.split('"').nth(1).unwrap();
+        let reason = line.split('"').nth(3).unwrap();
+        // `timeout`: a call outlived its bulkhead's per-call timeout.
+        let bulkhead_timeout = kind_of(rule) == "bulkhead_" && reason == "timeout";
+        assert!(
+            reason.starts_with(kind_of(rule)) || bulkhead_timeout,
+            "{line}"
+        );
+    }
+    for line in [
+        "gov_agent_build_info{version=\"",
+        "process_resident_memory_bytes ",
+        "process_cpu_seconds_total ",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in:\n{text}");
+    }
+    // Standalone: no control plane, so no connected gauge.
+    assert!(
+        !text.contains("gov_agent_control_plane_connected"),
+        "{text}"
+    );
+
+    // GET /config: the config in force, its version and where it came from.
+    let reply = client.get(&agent.admin_url("/config")).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    let config: serde_json::Value = serde_json::from_str(&reply.text()).unwrap();
+    assert_eq!(config["service"], "shop");
+    assert_eq!(config["version"], "metrics-v1");
+    assert!(
+        config["source"].as_str().unwrap().starts_with("file "),
+        "{config}"
+    );
+    assert_eq!(config["config"]["version"], "metrics-v1");
 }
 
 /// A client-side bulkhead per upstream instance on the outbound listener: each

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use gov_engine::REJECTED_BY;
 use http::StatusCode;
 
-use crate::support::{Agent, agent, http, ms, upstream};
+use crate::support::{Agent, agent, binary, compiled, http, ms, upstream, write_atomically};
 
 const V1: &str = r#"
 service: shop
@@ -142,4 +142,31 @@ async fn wait_for(cond: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "condition not reached in 30 s");
         tokio::time::sleep(ms(10)).await;
     }
+}
+
+/// The real binary with its log file beside an invalid config: the refusal is
+/// logged once. The agent used to watch the whole directory, so its own warning
+/// (written to the log file there) made it re-read and refuse again, for ever.
+/// Edits to the config itself, in place or by rename, are still seen.
+#[tokio::test]
+async fn an_invalid_config_beside_the_agents_log_is_refused_once() {
+    let up = upstream().fast("/fast", ms(0)).start().await;
+    let agent = binary()
+        .config(V1)
+        .upstream(&up)
+        .log_beside_config()
+        .spawn();
+    let refusals = || agent.log().matches("new config refused").count();
+    std::fs::write(agent.config_path(), "service: [").unwrap();
+    wait_for(|| refusals() >= 1).await;
+    // With the loop, each refusal's own log line caused the next one after the
+    // 100 ms debounce: 2 s of quiet would show ten or more.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(refusals(), 1, "log:\n{}", agent.log());
+
+    write_atomically(&agent.config_path(), &compiled(V2));
+    wait_for(|| agent.log().contains("reload-v2")).await;
+    std::fs::write(agent.config_path(), compiled(V1)).unwrap();
+    wait_for(|| agent.log().matches("config reloaded").count() >= 2).await;
+    assert_eq!(refusals(), 1, "log:\n{}", agent.log());
 }

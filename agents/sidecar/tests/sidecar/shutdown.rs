@@ -99,3 +99,20 @@ async fn run_until_failure(client: &Http, url: &str, max: usize) -> (u64, Option
     }
     (ok, None)
 }
+
+/// `gov-agent 2>&1 | head`: with stderr a closed pipe, SIGTERM still drains and
+/// exits 0 (the log write of "received signal" used to panic and exit 101).
+#[tokio::test]
+async fn sigterm_with_a_closed_stderr_still_stops_cleanly() {
+    let up = upstream().fast("/fast", ms(1)).start().await;
+    let agent = binary()
+        .upstream(&up)
+        .drain(ms(500))
+        .close_stderr_after_start()
+        .spawn();
+    // A request writes no log line, but proves the agent serves with stderr closed.
+    let reply = http().get(&agent.url("/fast")).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    agent.terminate();
+    assert_eq!(agent.wait(Duration::from_secs(10)), Some(0));
+}

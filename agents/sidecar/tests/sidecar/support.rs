@@ -603,6 +603,8 @@ pub fn binary() -> BinaryBuilder {
         drain: ms(5000),
         config: None,
         state_dir: None,
+        log_beside_config: false,
+        close_stderr: false,
     }
 }
 
@@ -611,6 +613,8 @@ pub struct BinaryBuilder {
     drain: Duration,
     config: Option<String>,
     state_dir: Option<PathBuf>,
+    log_beside_config: bool,
+    close_stderr: bool,
 }
 
 impl BinaryBuilder {
@@ -635,6 +639,19 @@ impl BinaryBuilder {
         self
     }
 
+    /// Closes the read end of stderr once the agent has started, as `| head` does.
+    pub fn close_stderr_after_start(mut self) -> Self {
+        self.close_stderr = true;
+        self
+    }
+
+    /// Stderr to `agent.log` in the config file's directory (as a service manager
+    /// writing logs next to the config would), instead of a pipe to the test.
+    pub fn log_beside_config(mut self) -> Self {
+        self.log_beside_config = true;
+        self
+    }
+
     /// Starts the process and waits (bounded) for its "started" log line, which says
     /// the ports it bound.
     pub fn spawn(self) -> Process {
@@ -651,8 +668,13 @@ impl BinaryBuilder {
             .env("GOV_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .stdout(Stdio::null());
+        let log_file = dir.path().join("agent.log");
+        if self.log_beside_config {
+            cmd.stderr(std::fs::File::create(&log_file).unwrap());
+        } else {
+            cmd.stderr(Stdio::piped());
+        }
         if let Some(yaml) = &self.config {
             let path = dir.path().join("target.yaml");
             std::fs::write(&path, yaml).unwrap();
@@ -662,29 +684,37 @@ impl BinaryBuilder {
             cmd.arg("--state-dir").arg(dir);
         }
         let mut child = cmd.spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel::<String>();
-        let log = Arc::new(std::sync::Mutex::new(String::new()));
-        let log_writer = log.clone();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                log_writer.lock().unwrap().push_str(&line);
-                log_writer.lock().unwrap().push('\n');
-                let _ = tx.send(line);
-            }
-        });
+        let log = if self.log_beside_config {
+            Log::File(log_file)
+        } else {
+            let stderr = child.stderr.take().unwrap();
+            let log = Arc::new(std::sync::Mutex::new(String::new()));
+            let log_writer = log.clone();
+            let close = self.close_stderr;
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    let started = line.contains("gov-agent started");
+                    log_writer.lock().unwrap().push_str(&line);
+                    log_writer.lock().unwrap().push('\n');
+                    if close && started {
+                        // Returning drops the pipe's read end.
+                        break;
+                    }
+                }
+            });
+            Log::Pipe(log)
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         let started = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) if line.contains("gov-agent started") => break line,
-                Ok(_) => continue,
-                Err(_) => {
-                    let _ = child.kill();
-                    panic!("gov-agent did not start; log:\n{}", log.lock().unwrap());
-                }
+            if let Some(line) = log.read().lines().find(|l| l.contains("gov-agent started")) {
+                break line.to_owned();
             }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("gov-agent did not start; log:\n{}", log.read());
+            }
+            std::thread::sleep(ms(10));
         };
         let field = |name: &str| -> SocketAddr {
             let start = started.find(&format!("{name}=")).unwrap() + name.len() + 1;
@@ -697,7 +727,24 @@ impl BinaryBuilder {
             admin: field("admin"),
             child,
             log,
-            _dir: dir,
+            dir,
+        }
+    }
+}
+
+/// Where a [`Process`]'s stderr goes.
+enum Log {
+    /// Read by a thread into this buffer.
+    Pipe(Arc<std::sync::Mutex<String>>),
+    /// A file.
+    File(PathBuf),
+}
+
+impl Log {
+    fn read(&self) -> String {
+        match self {
+            Log::Pipe(log) => log.lock().unwrap().clone(),
+            Log::File(path) => std::fs::read_to_string(path).unwrap_or_default(),
         }
     }
 }
@@ -707,8 +754,8 @@ pub struct Process {
     pub inbound: SocketAddr,
     pub admin: SocketAddr,
     child: std::process::Child,
-    log: Arc<std::sync::Mutex<String>>,
-    _dir: tempfile::TempDir,
+    log: Log,
+    dir: tempfile::TempDir,
 }
 
 impl Process {
@@ -722,11 +769,12 @@ impl Process {
 
     /// Sends SIGTERM.
     pub fn terminate(&self) {
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        let pid = i32::try_from(self.child.id()).unwrap();
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
     }
 
     /// Sends SIGKILL and reaps the process: no shutdown step runs.
@@ -744,13 +792,18 @@ impl Process {
             }
             std::thread::sleep(ms(10));
         }
-        eprintln!("gov-agent log:\n{}", self.log.lock().unwrap());
+        eprintln!("gov-agent log:\n{}", self.log.read());
         None
     }
 
     /// Everything the process logged so far.
     pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.log.read()
+    }
+
+    /// The `--config` file (with [`BinaryBuilder::config`]).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("target.yaml")
     }
 }
 
