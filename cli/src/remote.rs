@@ -22,8 +22,9 @@ pub struct RemoteArgs {
     #[arg(long, env = "GOV_CONTROL_PLANE", default_value = DEFAULT_URL, value_name = "URL")]
     pub control_plane: String,
 
-    /// A file holding the operator token. Without it, the GOV_TOKEN environment
-    /// variable (holding the token itself) is used if set.
+    /// A file holding your token (from govd's token file) on its first line.
+    /// Without it, the GOV_TOKEN environment variable (holding the token
+    /// itself) is used if set.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
 }
@@ -38,7 +39,7 @@ pub enum RemoteError {
     #[error("cannot read the token file `{path}`")]
     #[diagnostic(
         code(gov::govc::token_file),
-        help("the file holds the operator token on its first line")
+        help("the file holds your token on its first line")
     )]
     TokenFile {
         path: String,
@@ -50,7 +51,7 @@ pub enum RemoteError {
     #[diagnostic(
         code(gov::govc::unauthenticated),
         help(
-            "pass the operator token with --token-file FILE or GOV_TOKEN (govd --token-file sets it)"
+            "pass a token from govd's token file with --token-file FILE or GOV_TOKEN; `viewer` reads, `operator` also releases, `admin` also applies"
         )
     )]
     Unauthenticated { message: String },

@@ -12,7 +12,7 @@ use gov_proto::v1 as pb;
 use tokio::sync::{Mutex as AsyncMutex, Notify, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::Tokens;
+use crate::auth::{NamedToken, Tokens};
 use crate::convert::now_unix_ms;
 use crate::error::{Error, StateIo};
 use crate::limits::Limits;
@@ -34,8 +34,9 @@ const RELEASE_RETRY: Duration = Duration::from_secs(5);
 #[derive(Clone, Debug)]
 pub struct Options {
     pub state_dir: std::path::PathBuf,
-    /// Bearer token operators present for `Apply` and `Release`.
-    pub token: Option<String>,
+    /// Named tokens people present (see `auth`). Empty: every call is
+    /// open (`govd --insecure`).
+    pub tokens: Vec<NamedToken>,
     /// Bearer token agents present on `Connect`.
     pub agent_token: Option<String>,
     /// Applied versions kept in the history.
@@ -48,7 +49,7 @@ impl Options {
     pub fn new(state_dir: impl Into<std::path::PathBuf>) -> Self {
         Self {
             state_dir: state_dir.into(),
-            token: None,
+            tokens: Vec::new(),
             agent_token: None,
             history_limit: 50,
             limits: Limits::default(),
@@ -114,7 +115,7 @@ impl ControlPlane {
             state: std::sync::Mutex::new(state),
             store,
             tokens: Tokens {
-                operator: options.token,
+                named: options.tokens,
                 agent: options.agent_token,
             },
             history_limit: options.history_limit,

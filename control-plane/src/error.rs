@@ -46,9 +46,40 @@ pub enum Error {
     #[error("the token file `{path}` is empty")]
     #[diagnostic(
         code(gov::govd::empty_token),
-        help("write a token (e.g. `openssl rand -hex 32`) into it")
+        help(
+            "write one `name token role` line per person (e.g. `alice $(openssl rand -hex 32) admin`)"
+        )
     )]
     EmptyToken { path: String },
+
+    #[error("the token file `{path}`, line {line}: {problem}")]
+    #[diagnostic(
+        code(gov::govd::token_line),
+        help(
+            "each line is `name token role`, role one of admin, operator, viewer; `#` starts a comment"
+        )
+    )]
+    TokenLine {
+        path: String,
+        line: usize,
+        problem: String,
+    },
+
+    #[error("govd needs tokens: without them anyone who reaches `{addr}` can apply and release")]
+    #[diagnostic(
+        code(gov::govd::no_auth),
+        help(
+            "pass --token-file FILE (`name token role` lines), or --insecure to run without tokens on a loopback address"
+        )
+    )]
+    NoAuth { addr: String },
+
+    #[error("--insecure is only allowed on a loopback address, not `{addr}`")]
+    #[diagnostic(
+        code(gov::govd::insecure_remote),
+        help("listen on 127.0.0.1 (or ::1), or pass --token-file FILE instead of --insecure")
+    )]
+    InsecureRemote { addr: String },
 
     #[error("cannot listen on `{addr}`")]
     #[diagnostic(

@@ -33,7 +33,12 @@ use hyper::body::Bytes;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::{Child, Command};
 
-const TOKEN: &str = "e2e-operator-token";
+/// The admin token (named `e2e`), the operator's and the viewer's.
+const TOKEN: &str = "e2e-admin-token";
+const OPERATOR_TOKEN: &str = "e2e-operator-token";
+const VIEWER_TOKEN: &str = "e2e-viewer-token";
+/// govd's token file: one `name token role` line each.
+const TOKEN_FILE: &str = "# the e2e tests' people\ne2e e2e-admin-token admin\noncall e2e-operator-token operator\nboard e2e-viewer-token viewer\n";
 const AGENT_TOKEN: &str = "e2e-agent-token";
 
 // === policies ===
@@ -192,8 +197,10 @@ impl ControlPlaneBuilder {
             .kill_on_drop(true);
         if self.token {
             let token_file = self.state_dir.with_extension("token");
-            std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+            std::fs::write(&token_file, TOKEN_FILE).unwrap();
             cmd.arg("--token-file").arg(token_file);
+        } else {
+            cmd.arg("--insecure");
         }
         if self.agent_token {
             let token_file = self.state_dir.with_extension("agent-token");
@@ -220,7 +227,7 @@ impl Govd {
             .await
             .unwrap();
         client
-            .status(pb::StatusRequest::default())
+            .status(as_viewer(pb::StatusRequest::default()))
             .await
             .unwrap()
             .into_inner()
@@ -244,6 +251,13 @@ impl Govd {
             read(&self.log)
         );
     }
+}
+
+/// `message` with the viewer's token (reads need one).
+fn as_viewer<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    gov_control_plane::auth::authorize(&mut request, VIEWER_TOKEN).unwrap();
+    request
 }
 
 fn signal(child: &Child, sig: &str) {
@@ -769,9 +783,9 @@ async fn apply_reaches_every_agent_of_the_changed_service_and_only_them() {
         .await
         .unwrap();
     let mut watch = client
-        .watch(pb::WatchRequest {
+        .watch(as_viewer(pb::WatchRequest {
             service: "order".into(),
-        })
+        }))
         .await
         .unwrap()
         .into_inner();
@@ -852,7 +866,11 @@ async fn apply_reaches_every_agent_of_the_changed_service_and_only_them() {
     // the policy in force: it needs the token like an apply.
     let plan = govc(&govd, None, &["plan", "--detailed-exitcode", &v2]).await;
     assert_eq!(plan.code, 1, "{}{}", plan.stdout, plan.stderr);
-    assert!(plan.stderr.contains("operator token"), "{}", plan.stderr);
+    assert!(
+        flat(&plan.stderr).contains("needs a token with the admin role"),
+        "{}",
+        plan.stderr
+    );
     // No change for V2.
     let plan = govc(&govd, Some(TOKEN), &["plan", "--detailed-exitcode", &v2]).await;
     assert_eq!(plan.code, 0, "{}{}", plan.stdout, plan.stderr);
@@ -962,7 +980,7 @@ async fn a_config_the_agent_cannot_enforce_is_nacked_by_rule_and_the_old_one_sta
     assert_eq!(a.last_good_version, good);
     // ...and the agent still enforces V1's bulkhead of 2.
     assert_eq!(slow_burst(order.inbound, 6).await, (2, 4));
-    let status = govc(&govd, None, &["status"]).await;
+    let status = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
     assert!(status.stdout.contains("NACKED"), "{}", status.stdout);
     assert!(
         status.stdout.contains("rule order/shared: "),
@@ -1031,21 +1049,21 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
         },
     )
     .await;
-    let status = govc(&govd, None, &["status"]).await;
+    let status = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
     assert!(
         status.stdout.contains("order/errors  OPEN"),
         "{}",
         status.stdout
     );
     // A filter naming no known service is an error, not an empty table.
-    let unknown = govc(&govd, None, &["status", "-s", "nosuch"]).await;
+    let unknown = govc(&govd, Some(VIEWER_TOKEN), &["status", "-s", "nosuch"]).await;
     assert_eq!(unknown.code, 1, "{}", unknown.stderr);
     assert!(
         unknown.stderr.contains("govd knows no service `nosuch`"),
         "{}",
         unknown.stderr
     );
-    let known = govc(&govd, None, &["status", "-s", "order"]).await;
+    let known = govc(&govd, Some(VIEWER_TOKEN), &["status", "-s", "order"]).await;
     assert_eq!(known.code, 0, "{}", known.stderr);
     assert!(
         status.stdout.contains("manual (govc release fuse)"),
@@ -1350,7 +1368,7 @@ async fn an_agent_restart_never_drops_a_manual_fuse_from_govd_unaudited() {
             audit.contains("\"action\":\"latch-not-enforced\""),
             "{audit}"
         );
-        let status = govc(&govd, None, &["status"]).await;
+        let status = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
         assert!(status.stdout.contains("NOT ENFORCED"), "{}", status.stdout);
     }
     assert!(!audit.contains("\"action\":\"untrip\""), "{audit}");
@@ -1785,5 +1803,219 @@ async fn a_killed_agent_keeps_its_tripped_manual_fuse_with_govd_up_or_down() {
 
     a.stop().await;
     b.stop().await;
+    govd.stop().await;
+}
+
+// === tokens, roles and the audit log ===
+
+/// Runs `govd` with `args` (and a fresh state directory) and expects it to
+/// refuse to start: its exit code and stderr.
+/// govc's stderr with miette's wrapping undone: words joined by one space.
+fn flat(text: &str) -> String {
+    text.split_whitespace()
+        .filter(|w| *w != "│")
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn govd_refuses(dir: &Path, args: &[&str]) -> (i32, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        Command::new(govd_bin())
+            .args(args)
+            .arg("--state-dir")
+            .arg(dir.join(format!("refused-{}", rand_suffix())))
+            .env_remove("GOV_TOKEN_FILE")
+            .env_remove("GOV_INSECURE")
+            .output(),
+    )
+    .await
+    .expect("govd must exit, not serve")
+    .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn govd_will_not_start_open_unless_told_and_only_on_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, stderr) = govd_refuses(dir.path(), &["--listen", "127.0.0.1:0"]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("govd needs tokens"), "{stderr}");
+    assert!(stderr.contains("--token-file FILE"), "{stderr}");
+    let (code, stderr) = govd_refuses(dir.path(), &["--listen", "0.0.0.0:0", "--insecure"]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("--insecure is only allowed on a loopback address, not `0.0.0.0:0`"),
+        "{stderr}"
+    );
+    // A token file with a bad line says which line and what is wrong.
+    let tokens = write(
+        dir.path(),
+        "bad.tokens",
+        "alice a-token admin\nbob b-token root\n",
+    );
+    let (code, stderr) = govd_refuses(
+        dir.path(),
+        &["--listen", "127.0.0.1:0", "--token-file", &tokens],
+    )
+    .await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("line 2: unknown role `root`"), "{stderr}");
+    // --insecure on loopback starts (and serves without a token).
+    let govd = ControlPlaneBuilder {
+        state_dir: dir.path().join("open"),
+        token: false,
+        agent_token: false,
+    }
+    .start()
+    .await;
+    let status = govc(&govd, None, &["status", "-o", "json"]).await;
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, None, &["apply", "--who", "mallory", &v1]).await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    // Without tokens the claim is all govd has: it is marked as such.
+    let audit = govc(&govd, None, &["audit", "-o", "json"]).await;
+    assert_eq!(audit.code, 0, "{}", audit.stderr);
+    let records: Vec<serde_json::Value> = serde_json::from_str(&audit.stdout).unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["who"], "mallory (unverified)");
+    govd.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_role_may_do_what_it_says_and_the_audit_names_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+
+    // Reads need a token too.
+    let status = govc(&govd, None, &["status"]).await;
+    assert_eq!(status.code, 1, "{}", status.stdout);
+    assert!(
+        flat(&status.stderr)
+            .contains("`Status` needs a token with the viewer, operator or admin role"),
+        "{}",
+        status.stderr
+    );
+    let status = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let wrong = govc(&govd, Some("not-a-token"), &["status"]).await;
+    assert_eq!(wrong.code, 1);
+    assert!(
+        flat(&wrong.stderr).contains("not one govd knows"),
+        "{}",
+        wrong.stderr
+    );
+
+    // A viewer cannot apply, an operator cannot apply; the refusal names the
+    // role needed and the token's role.
+    for (token, name, role) in [
+        (VIEWER_TOKEN, "board", "viewer"),
+        (OPERATOR_TOKEN, "oncall", "operator"),
+    ] {
+        let refused = govc(&govd, Some(token), &["apply", &v1]).await;
+        assert_eq!(refused.code, 1, "{}", refused.stdout);
+        let want = format!("`Apply` needs the admin role; the token `{name}` has the {role} role");
+        assert!(flat(&refused.stderr).contains(&want), "{}", refused.stderr);
+    }
+    assert_eq!(govd.status().await.version, "", "nothing was applied");
+
+    // The admin applies; the audit names the token, not `--who` or $USER.
+    let applied = govc(&govd, Some(TOKEN), &["apply", "--who", "mallory", &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+
+    // A viewer cannot release; an operator can.
+    let refused = govc(
+        &govd,
+        Some(VIEWER_TOKEN),
+        &["release", "fuse", "order/errors"],
+    )
+    .await;
+    assert_eq!(refused.code, 1);
+    assert!(
+        flat(&refused.stderr).contains(
+            "`Release` needs the operator or admin role; the token `board` has the viewer role"
+        ),
+        "{}",
+        refused.stderr
+    );
+    let released = govc(
+        &govd,
+        Some(OPERATOR_TOKEN),
+        &["release", "fuse", "order/errors"],
+    )
+    .await;
+    assert_eq!(released.code, 0, "{}", released.stderr);
+
+    // `govc audit` reads the log over gRPC, with a viewer's token.
+    let refused = govc(&govd, None, &["audit"]).await;
+    assert_eq!(refused.code, 1);
+    assert!(
+        flat(&refused.stderr).contains("`Audit` needs a token"),
+        "{}",
+        refused.stderr
+    );
+    let audit = govc(
+        &govd,
+        Some(VIEWER_TOKEN),
+        &["audit", "--since", "1h", "-o", "json"],
+    )
+    .await;
+    assert_eq!(audit.code, 0, "{}", audit.stderr);
+    let records: Vec<serde_json::Value> = serde_json::from_str(&audit.stdout).unwrap();
+    let who: Vec<(&str, &str)> = records
+        .iter()
+        .map(|r| (r["who"].as_str().unwrap(), r["action"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        who,
+        [("e2e", "apply"), ("oncall", "release")],
+        "{records:?}"
+    );
+    assert_eq!(records[1]["rule"], "order/errors");
+    assert!(records[0]["at"].as_str().unwrap().ends_with('Z'));
+    let table = govc(&govd, Some(VIEWER_TOKEN), &["audit"]).await;
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert!(table.stdout.starts_with("TIME (UTC)"), "{}", table.stdout);
+    assert!(
+        table.stdout.contains("fuse order/errors"),
+        "{}",
+        table.stdout
+    );
+    // --since a time after both: nothing.
+    let later = govc(
+        &govd,
+        Some(VIEWER_TOKEN),
+        &["audit", "--since", "2999-01-01"],
+    )
+    .await;
+    assert_eq!(later.code, 0, "{}", later.stderr);
+    assert_eq!(later.stdout, "no audit records\n");
+    // --limit keeps the newest and says how many were left out.
+    let last = govc(
+        &govd,
+        Some(VIEWER_TOKEN),
+        &["audit", "--limit", "1", "-o", "json"],
+    )
+    .await;
+    let records: Vec<serde_json::Value> = serde_json::from_str(&last.stdout).unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["action"], "release");
+    assert!(
+        flat(&last.stderr).contains("1 older record(s) left out"),
+        "{}",
+        last.stderr
+    );
+    let bad = govc(
+        &govd,
+        Some(VIEWER_TOKEN),
+        &["audit", "--since", "yesterday"],
+    )
+    .await;
+    assert_eq!(bad.code, 64, "{}", bad.stderr);
     govd.stop().await;
 }

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gov_control_plane::{ControlPlane, Error, Limits, Options, auth::read_token_file, serve};
+use gov_control_plane::auth::{Tokens, check_start, read_named_tokens, read_token_file};
+use gov_control_plane::{ControlPlane, Error, Limits, Options, serve};
 use gov_proto::flag::parse_duration;
 use tokio_util::sync::CancellationToken;
 
@@ -28,10 +29,17 @@ struct Args {
     #[arg(long, env = "GOV_STATE_DIR", default_value = "./.gov-state")]
     state_dir: PathBuf,
 
-    /// A file holding the bearer token operators must present for `Apply` and
-    /// `Release`. Unset: no token needed.
+    /// The tokens people present: one `name token role` line each, role
+    /// `admin` (everything), `operator` (read and release) or `viewer`
+    /// (read). The audit log names the token. A file holding one token on
+    /// one line is one admin token named `admin`.
     #[arg(long, env = "GOV_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+
+    /// Run without tokens: every call is open and the audit records who the
+    /// client says it is. Only on a loopback --listen address.
+    #[arg(long, env = "GOV_INSECURE", conflicts_with = "token_file")]
+    insecure: bool,
 
     /// A file holding the bearer token agents must present on `Connect`.
     #[arg(long, env = "GOV_AGENT_TOKEN_FILE")]
@@ -106,11 +114,10 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), Error> {
     let mut options = Options::new(&args.state_dir);
-    options.token = args
-        .token_file
-        .as_deref()
-        .map(read_token_file)
-        .transpose()?;
+    options.tokens = match &args.token_file {
+        Some(path) => read_named_tokens(path)?,
+        None => Vec::new(),
+    };
     options.agent_token = args
         .agent_token_file
         .as_deref()
@@ -123,10 +130,23 @@ async fn run(args: Args) -> Result<(), Error> {
         max_diagnostics: args.max_diagnostics,
         concurrent_compiles: args.max_concurrent_compiles,
     };
-    if options.token.is_none() {
+    check_start(
+        &Tokens {
+            named: options.tokens.clone(),
+            agent: options.agent_token.clone(),
+        },
+        args.insecure,
+        args.listen,
+    )?;
+    if args.insecure {
         tracing::warn!(
-            "no --token-file: anyone who reaches {} can apply and release",
+            "--insecure: any local user who reaches {} can apply and release",
             args.listen
+        );
+    }
+    if options.agent_token.is_none() {
+        tracing::warn!(
+            "no --agent-token-file: any process that reaches govd can connect as an agent of any service"
         );
     }
     let shutdown = CancellationToken::new();

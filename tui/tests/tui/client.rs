@@ -84,6 +84,13 @@ impl ControlPlane for FakeControlPlane {
         Err(Status::unimplemented("status"))
     }
 
+    async fn audit(
+        &self,
+        _: Request<gov_tui::proto::AuditRequest>,
+    ) -> Result<Response<gov_tui::proto::AuditResult>, Status> {
+        Err(Status::unimplemented("audit"))
+    }
+
     async fn release(
         &self,
         request: Request<ReleaseRequest>,
