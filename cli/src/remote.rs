@@ -27,6 +27,11 @@ pub struct RemoteArgs {
     /// itself) is used if set.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+
+    /// The CA (PEM) that signed govd's TLS certificate; use it with an
+    /// `https://` --control-plane.
+    #[arg(long, env = "GOV_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// A failure talking to the control plane, already worded for the operator.
@@ -35,6 +40,10 @@ pub enum RemoteError {
     #[error(transparent)]
     #[diagnostic(transparent)]
     Unreachable(#[from] client::Unreachable),
+
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Tls(#[from] gov_proto::tls::TlsError),
 
     #[error("cannot read the token file `{path}`")]
     #[diagnostic(
@@ -85,8 +94,19 @@ impl RemoteArgs {
             .filter(|t| !t.is_empty()))
     }
 
+    /// The TLS settings (`--tls-ca`) as the TUI and `connect` use them.
+    pub fn tls(&self) -> Result<gov_proto::tls::ClientTls, RemoteError> {
+        Ok(gov_proto::tls::ClientTls::read(
+            &gov_proto::tls::ClientTlsFiles {
+                ca: self.tls_ca.clone(),
+                ..Default::default()
+            },
+        )?)
+    }
+
     pub async fn connect(&self) -> Result<Client, RemoteError> {
-        Ok(client::connect(&self.control_plane, Duration::from_secs(5)).await?)
+        let tls = self.tls()?;
+        Ok(client::connect_tls(&self.control_plane, &tls, Duration::from_secs(5)).await?)
     }
 
     /// A request carrying the token when there is one.

@@ -171,6 +171,44 @@ impl Tokens {
     }
 }
 
+/// The service a client certificate (DER) names: the `NAME` of a SPIFFE
+/// URI SAN `spiffe://TRUST-DOMAIN/.../service/NAME`, else its subject CN.
+pub fn certificate_service(der: &[u8]) -> Result<String, String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| format!("the client certificate cannot be parsed: {e}"))?;
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            if let x509_parser::extensions::GeneralName::URI(uri) = name
+                && let Some(path) = uri.strip_prefix("spiffe://")
+            {
+                let parts: Vec<&str> = path.split('/').collect();
+                // [trust domain, ..., "service", NAME]
+                if let [_, .., "service", name] = parts.as_slice()
+                    && !name.is_empty()
+                {
+                    return Ok((*name).to_owned());
+                }
+                return Err(format!(
+                    "the client certificate's SPIFFE ID `{uri}` names no service (expected `spiffe://DOMAIN/.../service/NAME`)"
+                ));
+            }
+        }
+    }
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_owned);
+    match cn {
+        Some(cn) if !cn.is_empty() => Ok(cn),
+        _ => Err(
+            "the client certificate names no service (no `spiffe://.../service/NAME` URI SAN, no CN)"
+                .into(),
+        ),
+    }
+}
+
 /// How govd may start: with tokens, or `insecure` (no tokens) on a
 /// loopback address only.
 pub fn check_start(

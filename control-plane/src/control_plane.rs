@@ -43,6 +43,11 @@ pub struct Options {
     pub history_limit: usize,
     /// What one `Apply` (or dry run) may ask of the compiler.
     pub limits: Limits,
+    /// TLS on the gRPC listener. `None`: plain HTTP/2.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// The TLS listener asks clients for a certificate signed by a client
+    /// CA: agents must present one, and its identity must be their service.
+    pub agent_certificates: bool,
 }
 
 impl Options {
@@ -53,6 +58,8 @@ impl Options {
             agent_token: None,
             history_limit: 50,
             limits: Limits::default(),
+            tls: None,
+            agent_certificates: false,
         }
     }
 }
@@ -70,6 +77,8 @@ pub(crate) struct Inner {
     pub(crate) tokens: Tokens,
     pub(crate) history_limit: usize,
     pub(crate) limits: Limits,
+    pub(crate) tls: Option<tonic::transport::ServerTlsConfig>,
+    pub(crate) agent_certificates: bool,
     /// The cluster view, republished on change.
     pub(crate) view: watch::Sender<Arc<pb::ClusterView>>,
     /// Something other than stats changed: publish a view now.
@@ -121,6 +130,8 @@ impl ControlPlane {
             history_limit: options.history_limit,
             compile_slots: Arc::new(Semaphore::new(options.limits.concurrent_compiles.max(1))),
             limits: options.limits,
+            tls: options.tls,
+            agent_certificates: options.agent_certificates,
             view,
             changed: Notify::new(),
             stats_dirty: AtomicBool::new(false),

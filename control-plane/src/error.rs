@@ -92,6 +92,23 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    #[error("the TLS certificate or key cannot be used")]
+    #[diagnostic(
+        code(gov::govd::tls),
+        help(
+            "--tls-cert and --tls-key must be the PEM certificate (chain) and its private key; --tls-client-ca a PEM CA certificate"
+        )
+    )]
+    Tls(#[source] tonic::transport::Error),
+
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    TlsFile(#[from] gov_proto::tls::TlsError),
+
+    #[error("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")]
+    #[diagnostic(code(gov::govd::client_ca_without_tls))]
+    ClientCaWithoutTls,
+
     #[error("the gRPC server failed")]
     #[diagnostic(code(gov::govd::serve))]
     Serve(#[source] tonic::transport::Error),

@@ -51,6 +51,18 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// ... and give up on a peer that does not answer within this.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A client that has not finished its TLS handshake by then is dropped.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Checks that `tls` can be served (the certificate and key match and
+/// parse), so that govd says so before it reports itself started.
+pub fn check_tls(tls: &tonic::transport::ServerTlsConfig) -> Result<(), Error> {
+    tonic::transport::Server::builder()
+        .tls_config(tls.clone())
+        .map(|_| ())
+        .map_err(Error::Tls)
+}
+
 /// Serves `control_plane` on `listener` until `shutdown` is cancelled, then:
 /// health NOT_SERVING, agent and watch streams closed, in-flight calls
 /// drained (at most `drain`), state flushed to disk.
@@ -80,7 +92,13 @@ pub async fn serve(
                 .await;
         }
     };
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = control_plane.inner.tls.clone() {
+        builder = builder
+            .tls_config(tls.timeout(TLS_HANDSHAKE_TIMEOUT))
+            .map_err(Error::Tls)?;
+    }
+    let server = builder
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(health)

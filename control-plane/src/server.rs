@@ -105,6 +105,13 @@ impl ControlPlaneRpc for ControlPlane {
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
         self.inner.tokens.agent(&request)?;
+        // With a client CA, the certificate (checked by the TLS handshake)
+        // says which service this agent is.
+        let certified = if self.inner.agent_certificates {
+            Some(certified_service(&request)?)
+        } else {
+            None
+        };
         let mut incoming = request.into_inner();
         let first = tokio::time::timeout(HELLO_TIMEOUT, incoming.message())
             .await
@@ -126,6 +133,31 @@ impl ControlPlaneRpc for ControlPlane {
             return Err(Status::invalid_argument(
                 "hello needs a service and an instance",
             ));
+        }
+        if let Some(identity) = certified
+            && identity != hello.service
+        {
+            tracing::warn!(certificate = %identity, claimed = %hello.service, instance = %hello.instance, "refused an agent whose certificate is for another service");
+            // An attempt to pose as another service is worth a record.
+            self.inner
+                .audit(AuditEntry {
+                    at_unix_ms: now_unix_ms(),
+                    who: format!("agent with a certificate for `{identity}`"),
+                    action: "agent-refused".into(),
+                    version: String::new(),
+                    kind: String::new(),
+                    rule: String::new(),
+                    targets: vec![format!("{}/{}", hello.service, hello.instance)],
+                    detail: format!(
+                        "claimed service `{}`; its certificate is for `{identity}`",
+                        hello.service
+                    ),
+                })
+                .await;
+            return Err(Status::permission_denied(format!(
+                "this agent's certificate is for service `{identity}`, not `{}`; give it a certificate for its own service (spiffe://.../service/{} or CN={})",
+                hello.service, hello.service, hello.service
+            )));
         }
         let (tx, rx) = mpsc::channel(AGENT_QUEUE);
         let mut out = Vec::new();
@@ -269,6 +301,18 @@ impl ControlPlaneRpc for ControlPlane {
             agents_notified: u32::try_from(notified.len()).unwrap_or(u32::MAX),
         }))
     }
+}
+
+/// The service named by the client certificate of `request` (verified
+/// against `--tls-client-ca` by the handshake).
+fn certified_service<T>(request: &Request<T>) -> Result<String, Status> {
+    let certs = request.peer_certs();
+    let Some(leaf) = certs.as_ref().and_then(|c| c.first()) else {
+        return Err(Status::unauthenticated(
+            "govd requires agents to present a client certificate (gov-agent --tls-cert and --tls-key, signed by govd's --tls-client-ca)",
+        ));
+    };
+    crate::auth::certificate_service(leaf.as_ref()).map_err(Status::permission_denied)
 }
 
 /// Most audit records one `Audit` answer carries.

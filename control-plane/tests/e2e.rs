@@ -156,6 +156,7 @@ struct ControlPlaneBuilder {
     state_dir: PathBuf,
     token: bool,
     agent_token: bool,
+    tls: Option<Pki>,
 }
 
 fn control_plane(state_dir: &Path) -> ControlPlaneBuilder {
@@ -163,6 +164,7 @@ fn control_plane(state_dir: &Path) -> ControlPlaneBuilder {
         state_dir: state_dir.to_owned(),
         token: true,
         agent_token: false,
+        tls: None,
     }
 }
 
@@ -170,12 +172,21 @@ struct Govd {
     child: Child,
     addr: SocketAddr,
     log: PathBuf,
+    /// With TLS: the CA that signed govd's certificate.
+    ca: Option<PathBuf>,
 }
 
 impl ControlPlaneBuilder {
     /// Agents must present `AGENT_TOKEN`.
     fn agent_token(mut self) -> Self {
         self.agent_token = true;
+        self
+    }
+
+    /// TLS with `pki`'s server certificate, and mutual TLS for agents with
+    /// its CA.
+    fn tls(mut self, pki: &Pki) -> Self {
+        self.tls = Some(pki.clone());
         self
     }
 
@@ -207,9 +218,23 @@ impl ControlPlaneBuilder {
             std::fs::write(&token_file, format!("{AGENT_TOKEN}\n")).unwrap();
             cmd.arg("--agent-token-file").arg(token_file);
         }
+        if let Some(pki) = &self.tls {
+            cmd.arg("--tls-cert")
+                .arg(&pki.server_cert)
+                .arg("--tls-key")
+                .arg(&pki.server_key)
+                .arg("--tls-client-ca")
+                .arg(&pki.ca);
+        }
         let child = cmd.spawn().unwrap();
         let addr = log_field(&log, "govd started", "listen").await;
-        Govd { child, addr, log }
+        let ca = self.tls.map(|pki| pki.ca);
+        Govd {
+            child,
+            addr,
+            log,
+            ca,
+        }
     }
 
     async fn start(self) -> Govd {
@@ -219,13 +244,20 @@ impl ControlPlaneBuilder {
 
 impl Govd {
     fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     async fn status(&self) -> pb::ClusterView {
-        let mut client = gov_control_plane::client::connect(&self.url(), Duration::from_secs(5))
-            .await
-            .unwrap();
+        let tls = gov_proto::tls::ClientTls::read(&gov_proto::tls::ClientTlsFiles {
+            ca: self.ca.clone(),
+            ..Default::default()
+        })
+        .unwrap();
+        let mut client =
+            gov_control_plane::client::connect_tls(&self.url(), &tls, Duration::from_secs(5))
+                .await
+                .unwrap();
         client
             .status(as_viewer(pb::StatusRequest::default()))
             .await
@@ -290,6 +322,7 @@ struct AgentBuilder {
     state_dir: Option<PathBuf>,
     token: bool,
     outbound: bool,
+    args: Vec<std::ffi::OsString>,
 }
 
 fn agent(service: &str, instance: &str) -> AgentBuilder {
@@ -301,6 +334,7 @@ fn agent(service: &str, instance: &str) -> AgentBuilder {
         state_dir: None,
         token: false,
         outbound: false,
+        args: Vec::new(),
     }
 }
 
@@ -316,6 +350,19 @@ struct Agent {
 impl AgentBuilder {
     fn upstream(mut self, addr: SocketAddr) -> Self {
         self.upstream = addr;
+        self
+    }
+    /// TLS to govd with `pki`'s CA and the certificate `cert` (a name from
+    /// [`Pki::agent`]).
+    fn tls(mut self, pki: &Pki, cert: Option<&(PathBuf, PathBuf)>) -> Self {
+        self.args.push("--tls-ca".into());
+        self.args.push(pki.ca.clone().into());
+        if let Some((cert, key)) = cert {
+            self.args.push("--tls-cert".into());
+            self.args.push(cert.clone().into());
+            self.args.push("--tls-key".into());
+            self.args.push(key.clone().into());
+        }
         self
     }
     fn control_plane(self, govd: &Govd) -> Self {
@@ -363,6 +410,7 @@ impl AgentBuilder {
         if self.outbound {
             cmd.args(["--outbound-listen", "127.0.0.1:0"]);
         }
+        cmd.args(&self.args);
         let child = cmd.spawn().unwrap();
         let inbound = log_field(&log, "gov-agent started", "inbound").await;
         let admin = log_field(&log, "gov-agent started", "admin").await;
@@ -924,7 +972,7 @@ async fn a_config_the_agent_cannot_enforce_is_nacked_by_rule_and_the_old_one_sta
         "the intruder refused",
         Duration::from_secs(10),
         // Said as what it is, with what to check (not "unavailable").
-        async || read(&intruder.log).contains("the control plane refused this agent's token"),
+        async || read(&intruder.log).contains("the control plane refused this agent's credentials"),
     )
     .await;
     intruder.stop().await;
@@ -1869,6 +1917,7 @@ async fn govd_will_not_start_open_unless_told_and_only_on_loopback() {
         state_dir: dir.path().join("open"),
         token: false,
         agent_token: false,
+        tls: None,
     }
     .start()
     .await;
@@ -2017,5 +2066,212 @@ async fn each_role_may_do_what_it_says_and_the_audit_names_the_token() {
     )
     .await;
     assert_eq!(bad.code, 64, "{}", bad.stderr);
+    govd.stop().await;
+}
+
+// === TLS ===
+
+/// Throwaway certificates: a CA, govd's certificate for 127.0.0.1, and
+/// agent certificates, as PEM files in one directory.
+#[derive(Clone)]
+struct Pki {
+    dir: PathBuf,
+    ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    issuer: Arc<rcgen::CertifiedIssuer<'static, rcgen::KeyPair>>,
+}
+
+impl Pki {
+    fn new(dir: &Path) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "gov e2e CA");
+        let issuer =
+            rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+                .unwrap();
+        std::fs::create_dir_all(dir).unwrap();
+        let ca = dir.join("ca.pem");
+        std::fs::write(&ca, issuer.pem()).unwrap();
+        let mut pki = Pki {
+            dir: dir.to_owned(),
+            ca,
+            server_cert: PathBuf::new(),
+            server_key: PathBuf::new(),
+            issuer: Arc::new(issuer),
+        };
+        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+        (pki.server_cert, pki.server_key) = pki.sign("govd", params);
+        pki
+    }
+
+    /// A certificate and key signed by the CA, as (cert, key) files.
+    fn sign(&self, name: &str, params: rcgen::CertificateParams) -> (PathBuf, PathBuf) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let (cert_path, key_path) = (
+            self.dir.join(format!("{name}.pem")),
+            self.dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (cert_path, key_path)
+    }
+
+    /// An agent certificate: a SPIFFE ID for `service`, or only CN=`service`.
+    fn agent(&self, service: &str, spiffe: bool) -> (PathBuf, PathBuf) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        if spiffe {
+            let id = format!("spiffe://gov.test/ns/default/service/{service}");
+            params
+                .subject_alt_names
+                .push(rcgen::SanType::URI(id.try_into().unwrap()));
+        } else {
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, service);
+        }
+        self.sign(&format!("agent-{service}-{spiffe}"), params)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_an_agent_is_the_service_its_certificate_names_and_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"));
+    let govd = control_plane(&dir.path().join("state"))
+        .tls(&pki)
+        .start()
+        .await;
+    let up = upstream().await;
+    let ca = pki.ca.display().to_string();
+
+    // People: govc over TLS with the CA; plain HTTP/2 or no CA gets nothing.
+    let status = govc(&govd, Some(VIEWER_TOKEN), &["status", "--tls-ca", &ca]).await;
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let no_ca = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
+    assert_eq!(no_ca.code, 1);
+    assert!(
+        flat(&no_ca.stderr).contains("no CA to check govd's certificate"),
+        "{}",
+        no_ca.stderr
+    );
+    let plain_url = format!("http://{}", govd.addr);
+    let plain = Command::new(binary("govc"))
+        .args(["status", "--control-plane", &plain_url])
+        .env("GOV_TOKEN", VIEWER_TOKEN)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        plain.status.code(),
+        Some(1),
+        "plain HTTP/2 must not be served"
+    );
+    let tls_on_http = Command::new(binary("govc"))
+        .args(["status", "--control-plane", &plain_url, "--tls-ca", &ca])
+        .env("GOV_TOKEN", VIEWER_TOKEN)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(tls_on_http.status.code(), Some(1));
+    assert!(
+        flat(&String::from_utf8_lossy(&tls_on_http.stderr))
+            .contains("is plain HTTP, but TLS files were given"),
+        "{}",
+        String::from_utf8_lossy(&tls_on_http.stderr)
+    );
+
+    // An agent with a SPIFFE certificate for its service, and one with CN.
+    let order_cert = pki.agent("order", true);
+    let pay_cert = pki.agent("payment", false);
+    let order = agent("order", "order-1")
+        .upstream(up)
+        .control_plane(&govd)
+        .tls(&pki, Some(&order_cert))
+        .start(dir.path())
+        .await;
+    let pay = agent("payment", "payment-1")
+        .upstream(up)
+        .control_plane(&govd)
+        .tls(&pki, Some(&pay_cert))
+        .start(dir.path())
+        .await;
+    wait_until(
+        "both agents connected",
+        Duration::from_secs(10),
+        async || govd.status().await.agents.len() == 2,
+    )
+    .await;
+
+    // The payment certificate cannot claim order; an agent without a
+    // certificate is refused too.
+    let posing = agent("order", "order-fake")
+        .upstream(up)
+        .control_plane(&govd)
+        .tls(&pki, Some(&pay_cert))
+        .start(dir.path())
+        .await;
+    let anonymous = agent("order", "order-anon")
+        .upstream(up)
+        .control_plane(&govd)
+        .tls(&pki, None)
+        .start(dir.path())
+        .await;
+    wait_until(
+        "both refusals logged",
+        Duration::from_secs(10),
+        async || {
+            let (a, b) = (read(&posing.log), read(&anonymous.log));
+            a.contains("refused this agent's credentials")
+                && b.contains("refused this agent's credentials")
+        },
+    )
+    .await;
+    assert!(
+        read(&posing.log).contains("certificate is for service `payment`, not `order`"),
+        "{}",
+        read(&posing.log)
+    );
+    assert!(
+        read(&anonymous.log).contains("requires agents to present a client certificate"),
+        "{}",
+        read(&anonymous.log)
+    );
+    let view = govd.status().await;
+    let mut names: Vec<_> = view.agents.iter().map(|a| a.instance.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["order-1", "payment-1"]);
+    // The attempt to pose as order is audited and logged.
+    let audit = govc(
+        &govd,
+        Some(VIEWER_TOKEN),
+        &["audit", "-o", "json", "--tls-ca", &ca],
+    )
+    .await;
+    assert_eq!(audit.code, 0, "{}", audit.stderr);
+    let records: Vec<serde_json::Value> = serde_json::from_str(&audit.stdout).unwrap();
+    let refused: Vec<_> = records
+        .iter()
+        .filter(|r| r["action"] == "agent-refused")
+        .collect();
+    assert!(!refused.is_empty(), "{records:?}");
+    assert_eq!(refused[0]["targets"][0], "order/order-fake");
+    assert!(
+        read(&govd.log).contains("refused an agent whose certificate is for another service"),
+        "{}",
+        read(&govd.log)
+    );
+
+    // Configs flow over TLS: an apply reaches the order agent.
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", "--tls-ca", &ca, &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    assert_eq!(order.configs_applied().await, 1);
+    for a in [order, pay, posing, anonymous] {
+        a.stop().await;
+    }
     govd.stop().await;
 }

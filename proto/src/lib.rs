@@ -12,6 +12,8 @@
 pub mod flag;
 pub mod path;
 pub mod report;
+#[cfg(feature = "grpc")]
+pub mod tls;
 mod words;
 
 /// Generated types of package `gov.v1`, with the tonic client and server when the

@@ -66,6 +66,9 @@ pub struct ControlOptions {
     pub state_dir: Option<PathBuf>,
     /// The agent token, sent as `authorization: Bearer ...`.
     pub token: Option<String>,
+    /// TLS to govd (`https://` URLs): the CA, and this agent's certificate
+    /// for mutual TLS.
+    pub tls: gov_proto::tls::ClientTls,
     /// How often stats are sent.
     pub stats_interval: Duration,
     /// Reconnect delays.
@@ -110,6 +113,7 @@ impl ControlOptions {
             labels: BTreeMap::new(),
             state_dir: None,
             token: None,
+            tls: gov_proto::tls::ClientTls::default(),
             stats_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
             on_applied: None,
@@ -124,9 +128,9 @@ impl ControlOptions {
 /// Why a session with the control plane ended.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum ControlError {
-    #[error("`{url}` is not a valid control plane URL")]
-    #[diagnostic(code(gov::agent::control_url), help("use `http://host:port`"))]
-    Url { url: String },
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Url(#[from] gov_proto::tls::TlsError),
     #[error("cannot connect to the control plane at `{url}`: {reason}")]
     #[diagnostic(
         code(gov::agent::control_connect),
@@ -337,7 +341,7 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
             {
                 tracing::error!(
                     reason = %status.message(),
-                    "the control plane refused this agent's token; enforcing the last good config until it is fixed (check --control-plane-token-file against govd --agent-token-file)"
+                    "the control plane refused this agent's credentials; enforcing the last good config until it is fixed (check --control-plane-token-file against govd --agent-token-file, and the --tls-cert identity against --service)"
                 )
             }
             Err(ControlError::Refused(status)) if status.code() == tonic::Code::AlreadyExists => {
@@ -391,10 +395,9 @@ async fn session(
     shutdown: &CancellationToken,
     backoff: &mut Backoff,
 ) -> Result<(), ControlError> {
-    let endpoint = tonic::transport::Endpoint::from_shared(options.url.clone())
-        .map_err(|_| ControlError::Url {
-            url: options.url.clone(),
-        })?
+    let endpoint = options
+        .tls
+        .endpoint(&options.url)?
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))

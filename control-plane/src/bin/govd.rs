@@ -10,7 +10,9 @@ use clap::Parser;
 use gov_control_plane::auth::{Tokens, check_start, read_named_tokens, read_token_file};
 use gov_control_plane::{ControlPlane, Error, Limits, Options, serve};
 use gov_proto::flag::parse_duration;
+use gov_proto::tls::{read_identity, read_pem};
 use tokio_util::sync::CancellationToken;
+use tonic::transport::{Certificate, ServerTlsConfig};
 
 /// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
 const EXIT_USAGE: u8 = 64;
@@ -40,6 +42,22 @@ struct Args {
     /// client says it is. Only on a loopback --listen address.
     #[arg(long, env = "GOV_INSECURE", conflicts_with = "token_file")]
     insecure: bool,
+
+    /// TLS on the gRPC listener: the server certificate (PEM, chain first).
+    /// Clients then use `https://` and `--tls-ca`.
+    #[arg(long, env = "GOV_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "GOV_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
+    /// Mutual TLS for agents: the CA (PEM) that signs agent certificates.
+    /// Every agent must then present one, whose identity
+    /// (`spiffe://.../service/NAME` URI SAN, or CN=NAME) is its --service.
+    /// People (govc, the TUI) still authenticate with tokens.
+    #[arg(long, env = "GOV_TLS_CLIENT_CA", value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
 
     /// A file holding the bearer token agents must present on `Connect`.
     #[arg(long, env = "GOV_AGENT_TOKEN_FILE")]
@@ -130,6 +148,11 @@ async fn run(args: Args) -> Result<(), Error> {
         max_diagnostics: args.max_diagnostics,
         concurrent_compiles: args.max_concurrent_compiles,
     };
+    options.tls = server_tls(&args)?;
+    options.agent_certificates = args.tls_client_ca.is_some();
+    if let Some(tls) = &options.tls {
+        gov_control_plane::check_tls(tls)?;
+    }
     check_start(
         &Tokens {
             named: options.tokens.clone(),
@@ -144,7 +167,7 @@ async fn run(args: Args) -> Result<(), Error> {
             args.listen
         );
     }
-    if options.agent_token.is_none() {
+    if options.agent_token.is_none() && args.tls_client_ca.is_none() {
         tracing::warn!(
             "no --agent-token-file: any process that reaches govd can connect as an agent of any service"
         );
@@ -175,6 +198,26 @@ async fn run(args: Args) -> Result<(), Error> {
         });
     }
     serve(listener, control_plane, shutdown, args.drain_timeout).await
+}
+
+/// The TLS configuration the flags ask for, if any.
+fn server_tls(args: &Args) -> Result<Option<ServerTlsConfig>, Error> {
+    let identity = read_identity(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
+    let Some(identity) = identity else {
+        if args.tls_client_ca.is_some() {
+            return Err(Error::ClientCaWithoutTls);
+        }
+        return Ok(None);
+    };
+    let mut tls = ServerTlsConfig::new().identity(identity);
+    if let Some(ca) = &args.tls_client_ca {
+        // Optional at the handshake: people authenticate with tokens; the
+        // agents' `Connect` refuses a stream without a certificate.
+        tls = tls
+            .client_ca_root(Certificate::from_pem(read_pem("client CA", ca)?))
+            .client_auth_optional(true);
+    }
+    Ok(Some(tls))
 }
 
 /// A count that must be at least 1.
