@@ -2240,6 +2240,31 @@ async fn over_tls_an_agent_is_the_service_its_certificate_names_and_no_other() {
         "{}",
         read(&anonymous.log)
     );
+    // The refused agents say so on /ready and in /metrics; the accepted
+    // one does not.
+    for refused in [&posing, &anonymous] {
+        let (_, _, ready) = http_get(refused.admin, "/ready").await;
+        assert!(
+            ready.contains("control plane refused this agent's credentials"),
+            "{ready}"
+        );
+        let (_, _, metrics) = http_get(refused.admin, "/metrics").await;
+        assert!(
+            metrics.contains("gov_agent_control_plane_refused 1"),
+            "{metrics}"
+        );
+        assert!(
+            !metrics.contains("gov_agent_control_plane_auth_failures_total 0"),
+            "{metrics}"
+        );
+    }
+    let (_, _, ready) = http_get(order.admin, "/ready").await;
+    assert!(!ready.contains("refused"), "{ready}");
+    let (_, _, metrics) = http_get(order.admin, "/metrics").await;
+    assert!(
+        metrics.contains("gov_agent_control_plane_refused 0"),
+        "{metrics}"
+    );
     let view = govd.status().await;
     let mut names: Vec<_> = view.agents.iter().map(|a| a.instance.as_str()).collect();
     names.sort_unstable();

@@ -48,6 +48,9 @@ pub type OnApplied = Arc<dyn Fn(&proto::TargetConfig) + Send + Sync>;
 pub type OnDrain = Arc<dyn Fn(Duration) + Send + Sync>;
 /// Called with a service's registered instances each time govd pushes them.
 pub type OnEndpoints = Arc<dyn Fn(&proto::Endpoints) + Send + Sync>;
+/// Called with the reason when govd refuses this agent's credentials (token
+/// or certificate), and with `None` once a stream is accepted.
+pub type OnRefused = Arc<dyn Fn(Option<&str>) + Send + Sync>;
 /// Called when govd says every agent dropped this instance.
 pub type OnDeregistered = Arc<dyn Fn() + Send + Sync>;
 
@@ -74,6 +77,9 @@ pub struct ControlOptions {
     /// Reconnect delays.
     pub backoff: Backoff,
     pub on_applied: Option<OnApplied>,
+    /// Where refusals of this agent's credentials are reported (`/ready`,
+    /// `/metrics`).
+    pub on_refused: Option<OnRefused>,
     pub on_drain: Option<OnDrain>,
     /// Where govd's `Endpoints` go (the outbound listener's directory).
     pub on_endpoints: Option<OnEndpoints>,
@@ -117,6 +123,7 @@ impl ControlOptions {
             stats_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
             on_applied: None,
+            on_refused: None,
             on_drain: None,
             on_endpoints: None,
             on_deregistered: None,
@@ -339,6 +346,9 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
                     tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
                 ) =>
             {
+                if let Some(f) = &options.on_refused {
+                    f(Some(status.message()));
+                }
                 tracing::error!(
                     reason = %status.message(),
                     "the control plane refused this agent's credentials; enforcing the last good config until it is fixed (check --control-plane-token-file against govd --agent-token-file, and the --tls-cert identity against --service)"
@@ -448,6 +458,9 @@ async fn session(
         .map_err(ControlError::Refused)?
         .into_inner();
     backoff.reset();
+    if let Some(f) = &options.on_refused {
+        f(None);
+    }
     tracing::info!(url = %options.url, last_version = %current, "connected to the control plane");
 
     let mut stats = tokio::time::interval(options.stats_interval);

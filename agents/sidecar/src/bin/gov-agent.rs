@@ -264,6 +264,7 @@ async fn run(args: Args) -> ExitCode {
         control.token = token;
         control.tls = tls;
         control.on_applied = Some(sidecar.on_config_applied());
+        control.on_refused = Some(sidecar.on_control_plane_refused());
         // The control plane's drain runs the config's shutdown steps, like SIGTERM.
         let lifecycle = sidecar.lifecycle().clone();
         control.on_drain = Some(std::sync::Arc::new(move |_| lifecycle.begin_shutdown()));

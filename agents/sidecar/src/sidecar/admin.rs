@@ -5,7 +5,7 @@
 //! listeners drain (`/ready` then says 503).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -24,6 +24,10 @@ pub struct Health {
     /// Warmup/shutdown gate (`crate::lifecycle`): 0 open (no warmup), 1 held until
     /// registered, 2 registered, 3 deregistered.
     registration: AtomicU8,
+    /// Why the control plane refuses this agent's credentials, while it does.
+    control_plane_refused: std::sync::Mutex<Option<String>>,
+    /// Refusals of this agent's credentials since start.
+    control_plane_auth_failures: AtomicU64,
 }
 
 impl Health {
@@ -60,6 +64,32 @@ impl Health {
         self.registration.store(3, Ordering::Release);
     }
 
+    /// Records a refusal of this agent's credentials by the control plane
+    /// (`Some(reason)`), or that a stream was accepted (`None`).
+    pub fn set_control_plane_refused(&self, reason: Option<&str>) {
+        if reason.is_some() {
+            self.control_plane_auth_failures
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        *self
+            .control_plane_refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = reason.map(str::to_owned);
+    }
+
+    /// Why the control plane refuses this agent, while it does.
+    pub fn control_plane_refusal(&self) -> Option<String> {
+        self.control_plane_refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Refusals of this agent's credentials since start.
+    pub fn control_plane_auth_failures(&self) -> u64 {
+        self.control_plane_auth_failures.load(Ordering::Relaxed)
+    }
+
     /// Why the agent is not ready, or `None` when it is.
     pub fn not_ready_reason(&self) -> Option<&'static str> {
         if self.draining.load(Ordering::Acquire) {
@@ -87,13 +117,22 @@ impl Admin {
     pub(crate) async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
         match (req.method(), req.uri().path()) {
             (&Method::GET | &Method::HEAD, "/live") => text(StatusCode::OK, "live\n".into()),
-            (&Method::GET | &Method::HEAD, "/ready") => match self.health.not_ready_reason() {
-                None => text(StatusCode::OK, "ready\n".into()),
-                Some(reason) => text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("not ready: {reason}\n"),
-                ),
-            },
+            (&Method::GET | &Method::HEAD, "/ready") => {
+                // Readiness is about serving; a refused control plane is
+                // said beside it (the agent enforces its last good config).
+                let refused = self
+                    .health
+                    .control_plane_refusal()
+                    .map(|r| format!("control plane refused this agent's credentials: {r}\n"))
+                    .unwrap_or_default();
+                match self.health.not_ready_reason() {
+                    None => text(StatusCode::OK, format!("ready\n{refused}")),
+                    Some(reason) => text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not ready: {reason}\n{refused}"),
+                    ),
+                }
+            }
             (&Method::GET | &Method::HEAD, "/metrics") => {
                 let mut response =
                     Response::new(Full::new(Bytes::from(self.metrics.render(&self.health))));
