@@ -48,6 +48,8 @@ pub struct Options {
     /// The TLS listener asks clients for a certificate signed by a client
     /// CA: agents must present one, and its identity must be their service.
     pub agent_certificates: bool,
+    /// Connection cap, handshake deadline, keepalives.
+    pub connections: crate::ConnectionLimits,
 }
 
 impl Options {
@@ -60,6 +62,7 @@ impl Options {
             limits: Limits::default(),
             tls: None,
             agent_certificates: false,
+            connections: crate::ConnectionLimits::default(),
         }
     }
 }
@@ -79,6 +82,7 @@ pub(crate) struct Inner {
     pub(crate) limits: Limits,
     pub(crate) tls: Option<tonic::transport::ServerTlsConfig>,
     pub(crate) agent_certificates: bool,
+    pub(crate) connections: crate::ConnectionLimits,
     /// The cluster view, republished on change.
     pub(crate) view: watch::Sender<Arc<pb::ClusterView>>,
     /// Something other than stats changed: publish a view now.
@@ -132,6 +136,7 @@ impl ControlPlane {
             limits: options.limits,
             tls: options.tls,
             agent_certificates: options.agent_certificates,
+            connections: options.connections,
             view,
             changed: Notify::new(),
             stats_dirty: AtomicBool::new(false),

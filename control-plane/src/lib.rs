@@ -25,6 +25,7 @@
 pub mod apply;
 pub mod auth;
 pub mod client;
+pub mod connections;
 mod control_plane;
 pub mod convert;
 mod error;
@@ -42,6 +43,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use apply::{ApplyError, ApplyRequest, MAX_APPLY_WAIT};
+pub use connections::ConnectionLimits;
 pub use control_plane::{ControlPlane, Options};
 pub use error::{Error, StateIo};
 pub use limits::Limits;
@@ -50,9 +52,6 @@ pub use limits::Limits;
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// ... and give up on a peer that does not answer within this.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A client that has not finished its TLS handshake by then is dropped.
-pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Checks that `tls` can be served (the certificate and key match and
 /// parse), so that govd says so before it reports itself started.
@@ -78,7 +77,11 @@ pub async fn serve(
         .await;
     // No Nagle: a response's headers, data and trailers go out at once instead of
     // waiting for the peer's delayed ACK (about 40ms per small RPC otherwise).
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let limits = control_plane.inner.connections;
+    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(limits.tcp_keepalive));
+    let incoming = connections::capped(incoming, limits);
     let signal = {
         let shutdown = shutdown.clone();
         let reporter = reporter.clone();
@@ -95,12 +98,13 @@ pub async fn serve(
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = control_plane.inner.tls.clone() {
         builder = builder
-            .tls_config(tls.timeout(TLS_HANDSHAKE_TIMEOUT))
+            .tls_config(tls.timeout(limits.handshake_timeout))
             .map_err(Error::Tls)?;
     }
     let server = builder
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
+        .max_concurrent_streams(limits.max_streams_per_connection)
         .add_service(health)
         .add_service(control_plane.grpc())
         .serve_with_incoming_shutdown(incoming, signal);

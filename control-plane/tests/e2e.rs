@@ -157,6 +157,7 @@ struct ControlPlaneBuilder {
     token: bool,
     agent_token: bool,
     tls: Option<Pki>,
+    args: Vec<String>,
 }
 
 fn control_plane(state_dir: &Path) -> ControlPlaneBuilder {
@@ -165,6 +166,7 @@ fn control_plane(state_dir: &Path) -> ControlPlaneBuilder {
         token: true,
         agent_token: false,
         tls: None,
+        args: Vec::new(),
     }
 }
 
@@ -180,6 +182,12 @@ impl ControlPlaneBuilder {
     /// Agents must present `AGENT_TOKEN`.
     fn agent_token(mut self) -> Self {
         self.agent_token = true;
+        self
+    }
+
+    /// More flags.
+    fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| (*a).to_owned()));
         self
     }
 
@@ -218,6 +226,7 @@ impl ControlPlaneBuilder {
             std::fs::write(&token_file, format!("{AGENT_TOKEN}\n")).unwrap();
             cmd.arg("--agent-token-file").arg(token_file);
         }
+        cmd.args(&self.args);
         if let Some(pki) = &self.tls {
             cmd.arg("--tls-cert")
                 .arg(&pki.server_cert)
@@ -1918,6 +1927,7 @@ async fn govd_will_not_start_open_unless_told_and_only_on_loopback() {
         token: false,
         agent_token: false,
         tls: None,
+        args: Vec::new(),
     }
     .start()
     .await;
@@ -2298,5 +2308,78 @@ async fn over_tls_an_agent_is_the_service_its_certificate_names_and_no_other() {
     for a in [order, pay, posing, anonymous] {
         a.stop().await;
     }
+    govd.stop().await;
+}
+
+// === connections ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sockets_are_closed_and_connections_beyond_the_cap_wait_for_a_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state"))
+        .args(&["--max-connections", "2", "--handshake-timeout", "1s"])
+        .start()
+        .await;
+
+    // Two sockets that never speak hold both slots, until the handshake
+    // deadline closes them.
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(tokio::net::TcpStream::connect(govd.addr).await.unwrap());
+    }
+    for mut socket in idle {
+        // govd's HTTP/2 settings come first; then the close.
+        let mut buf = [0u8; 256];
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            while matches!(socket.read(&mut buf).await, Ok(1..)) {}
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "govd must close a connection that says nothing"
+        );
+    }
+
+    // Two clients with a watch each fill the cap; a third waits for a slot
+    // and gets one when a watcher leaves.
+    let watcher = || async {
+        let mut client = gov_control_plane::client::connect(&govd.url(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let mut stream = client
+            .watch(as_viewer(pb::WatchRequest::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        stream.message().await.unwrap().unwrap();
+        (client, stream)
+    };
+    let first = watcher().await;
+    let _second = watcher().await;
+    wait_until("the cap is reported", Duration::from_secs(10), async || {
+        read(&govd.log).contains("connection cap reached")
+    })
+    .await;
+    let url = govd.url();
+    let third = tokio::spawn(async move {
+        let mut client = gov_control_plane::client::connect(&url, Duration::from_secs(30))
+            .await
+            .unwrap();
+        client
+            .status(as_viewer(pb::StatusRequest::default()))
+            .await
+            .map(|_| ())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served beyond the cap"
+    );
+    drop(first);
+    tokio::time::timeout(Duration::from_secs(10), third)
+        .await
+        .expect("served once a slot freed")
+        .unwrap()
+        .unwrap();
     govd.stop().await;
 }

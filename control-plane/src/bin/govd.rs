@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use gov_control_plane::auth::{Tokens, check_start, read_named_tokens, read_token_file};
-use gov_control_plane::{ControlPlane, Error, Limits, Options, serve};
+use gov_control_plane::{ConnectionLimits, ControlPlane, Error, Limits, Options, serve};
 use gov_proto::flag::parse_duration;
 use gov_proto::tls::{read_identity, read_pem};
 use tokio_util::sync::CancellationToken;
@@ -58,6 +58,34 @@ struct Args {
     /// People (govc, the TUI) still authenticate with tokens.
     #[arg(long, env = "GOV_TLS_CLIENT_CA", value_name = "FILE")]
     tls_client_ca: Option<PathBuf>,
+
+    /// Most connections open at once (agents, govc, TUIs); further ones wait
+    /// in the listen backlog until one closes.
+    #[arg(long, env = "GOV_MAX_CONNECTIONS", default_value_t = ConnectionLimits::default().max_connections,
+          value_parser = at_least_one)]
+    max_connections: usize,
+
+    /// Most HTTP/2 streams (calls) at once on one connection.
+    #[arg(long, env = "GOV_MAX_STREAMS_PER_CONNECTION",
+          default_value_t = ConnectionLimits::default().max_streams_per_connection)]
+    max_streams_per_connection: u32,
+
+    /// A new connection that sends nothing (no TLS hello, no HTTP/2 preface)
+    /// within this is closed; also the TLS handshake's deadline.
+    #[arg(long, env = "GOV_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    handshake_timeout: Duration,
+
+    /// HTTP/2 pings to each peer this often...
+    #[arg(long, env = "GOV_HTTP2_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    http2_keepalive_interval: Duration,
+
+    /// ... and the connection is closed if one is not answered within this.
+    #[arg(long, env = "GOV_HTTP2_KEEPALIVE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    http2_keepalive_timeout: Duration,
+
+    /// TCP keepalive probes on a connection idle this long.
+    #[arg(long, env = "GOV_TCP_KEEPALIVE", default_value = "60s", value_parser = parse_duration)]
+    tcp_keepalive: Duration,
 
     /// A file holding the bearer token agents must present on `Connect`.
     #[arg(long, env = "GOV_AGENT_TOKEN_FILE")]
@@ -147,6 +175,14 @@ async fn run(args: Args) -> Result<(), Error> {
         max_statements: args.max_statements,
         max_diagnostics: args.max_diagnostics,
         concurrent_compiles: args.max_concurrent_compiles,
+    };
+    options.connections = ConnectionLimits {
+        max_connections: args.max_connections,
+        max_streams_per_connection: args.max_streams_per_connection,
+        handshake_timeout: args.handshake_timeout,
+        http2_keepalive_interval: args.http2_keepalive_interval,
+        http2_keepalive_timeout: args.http2_keepalive_timeout,
+        tcp_keepalive: args.tcp_keepalive,
     };
     options.tls = server_tls(&args)?;
     options.agent_certificates = args.tls_client_ca.is_some();
