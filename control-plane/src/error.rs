@@ -28,6 +28,13 @@ pub enum Error {
     )]
     StateFormat { path: String, found: u32 },
 
+    #[error("the state file `{path}` refers to a source text it does not hold (`{address}`)")]
+    #[diagnostic(
+        code(gov::govd::missing_text),
+        help("restore it from a backup, or move it away to start with an empty state")
+    )]
+    MissingText { path: String, address: String },
+
     #[error("cannot encode the state")]
     #[diagnostic(code(gov::govd::encode))]
     Encode(#[source] serde_json::Error),

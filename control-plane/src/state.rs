@@ -243,6 +243,7 @@ impl State {
             format: 0,
             applied: self.applied.as_deref().cloned(),
             history: self.history.iter().cloned().collect(),
+            texts: std::collections::BTreeMap::new(),
             trips: self.latches.iter().cloned().collect(),
             agents: self
                 .agents
@@ -915,6 +916,7 @@ fn history_entry(policy: &AppliedPolicy, changed: &[String]) -> HistoryEntry {
         at_unix_ms: policy.at_unix_ms,
         services: changed.to_vec(),
         sources: policy.sources.clone(),
+        source_refs: Vec::new(),
     }
 }
 

@@ -2383,3 +2383,61 @@ async fn idle_sockets_are_closed_and_connections_beyond_the_cap_wait_for_a_slot(
         .unwrap();
     govd.stop().await;
 }
+
+// === history ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_applies_of_the_examples_keep_one_copy_of_each_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let govd = control_plane(&state).start().await;
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut files: Vec<String> = std::fs::read_dir(&examples)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gov"))
+        .map(|p| p.display().to_string())
+        .collect();
+    files.sort();
+    let examples_bytes: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .sum();
+    // Two versions of one more file, alternating: every apply is a change.
+    let mut first = 0;
+    for i in 0..50 {
+        let extra = write(
+            dir.path(),
+            "extra.gov",
+            &format!(
+                "service extra_svc {{\n  match all = path prefix \"/\"\n  bulkhead b on all {{\n    max_concurrent {}\n  }}\n}}\n",
+                2 + i % 2
+            ),
+        );
+        let mut args = vec!["apply", "--wait", "0s", &extra];
+        args.extend(files.iter().map(String::as_str));
+        let applied = govc(&govd, Some(TOKEN), &args).await;
+        assert_eq!(
+            applied.code, 0,
+            "apply {i}: {}{}",
+            applied.stdout, applied.stderr
+        );
+        if i == 0 {
+            first = std::fs::metadata(state.join("state.json")).unwrap().len();
+        }
+    }
+    govd.stop().await;
+    let size = std::fs::metadata(state.join("state.json")).unwrap().len();
+    let text = read(&state.join("state.json"));
+    let history: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(history["history"].as_array().unwrap().len(), 50);
+    // 49 more versions cost their metadata (names, content addresses), not
+    // 49 more copies of the examples (before: about 49 x the examples).
+    assert!(
+        (size - first) * 10 < 49 * examples_bytes,
+        "state.json grew from {first} to {size} bytes over 49 applies of {examples_bytes} bytes of examples"
+    );
+    println!(
+        "state.json: {first} bytes after 1 apply, {size} bytes after 50; the examples: {examples_bytes} bytes"
+    );
+}
