@@ -280,10 +280,11 @@ impl Inner {
         let (was, notified) = {
             // INVARIANT: held from the snapshot to the commit, like an apply.
             let _write = self.write_lock.lock().await;
+            let released_at = now_unix_ms();
             let (snapshot, (was, notified)) = {
                 let state = self.lock();
                 (
-                    state.persisted_without(kind, rule),
+                    state.persisted_without(kind, rule, released_at),
                     state.release_preview(kind, rule),
                 )
             };
@@ -311,7 +312,7 @@ impl Inner {
                 self.audit(entry).await;
                 return Err(error);
             }
-            self.lock().release(kind, rule, who, &mut out)
+            self.lock().release(kind, rule, who, released_at, &mut out)
         };
         self.send(out).await;
         self.changed();

@@ -37,6 +37,10 @@ pub struct Persisted {
     pub trips: Vec<Trip>,
     #[serde(default)]
     pub agents: Vec<KnownAgent>,
+    /// The last release of each rule, so that an agent that was away and
+    /// comes back with the latch gets the release instead of re-tripping it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub releases: Vec<Released>,
     /// On disk only: the history's source texts by content address (one
     /// copy of each distinct text however many versions share it). Empty
     /// in memory: [`Store::load`] puts the texts back into the history.
@@ -75,6 +79,14 @@ pub struct HistoryEntry {
     /// [`Persisted::texts`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub source_refs: Vec<SourceRef>,
+}
+
+/// When a rule was last released.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Released {
+    pub kind: TripKind,
+    pub rule: String,
+    pub at_unix_ms: u64,
 }
 
 /// A history source on disk: its name and its text's content address.

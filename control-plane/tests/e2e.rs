@@ -2441,3 +2441,72 @@ async fn fifty_applies_of_the_examples_keep_one_copy_of_each_source() {
         "state.json: {first} bytes after 1 apply, {size} bytes after 50; the examples: {examples_bytes} bytes"
     );
 }
+
+// === a release an agent missed ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_made_while_an_agent_is_away_is_not_a_new_trip_when_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let (up, _reached) = failing_upstream().await;
+    let a_dir = dir.path().join("agent-a");
+    let start_a = || {
+        agent("order", "order-a")
+            .upstream(up)
+            .control_plane(&govd)
+            .state_dir(&a_dir)
+            .start(dir.path())
+    };
+    let a = start_a().await;
+    wait_until("the agent connected", Duration::from_secs(10), async || {
+        govd.status().await.agents.len() == 1
+    })
+    .await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", "--wait", "10s", &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    for _ in 0..3 {
+        assert_eq!(http_get(a.inbound, "/fail").await.0, 500);
+    }
+    assert_eq!(http_get(a.inbound, "/fail").await.0, 503);
+    wait_until("the fuse recorded", Duration::from_secs(10), async || {
+        govd.status().await.fuses.len() == 1
+    })
+    .await;
+
+    // The agent goes away with its latch on disk; the operator releases.
+    a.kill().await;
+    let released = govc(
+        &govd,
+        Some(OPERATOR_TOKEN),
+        &["release", "fuse", "order/errors"],
+    )
+    .await;
+    assert_eq!(released.code, 0, "{}", released.stderr);
+    assert!(govd.status().await.fuses.is_empty());
+
+    // Back with the latch it kept: govd sends it the release it missed,
+    // and records no new trip.
+    let a = start_a().await;
+    wait_until(
+        "the agent released the fuse",
+        Duration::from_secs(15),
+        async || http_get(a.inbound, "/fail").await.0 == 500,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        govd.status().await.fuses.is_empty(),
+        "the missed release became a new trip: {:?}",
+        govd.status().await.fuses
+    );
+    let audit = govc(&govd, Some(VIEWER_TOKEN), &["audit", "-o", "json"]).await;
+    let records: Vec<serde_json::Value> = serde_json::from_str(&audit.stdout).unwrap();
+    let actions: Vec<&str> = records
+        .iter()
+        .map(|r| r["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["apply", "trip", "release"], "{records:?}");
+    a.stop().await;
+    govd.stop().await;
+}
