@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 mod cmd {
     pub mod apply;
+    pub mod audit;
     pub mod check;
     pub mod compile;
     pub mod demo;
@@ -53,6 +54,8 @@ enum Command {
     Status(cmd::status::Args),
     /// Release a tripped fuse or an engaged limit on every agent of its service.
     Release(cmd::release::Args),
+    /// Show govd's audit log: applies, releases and trips, with who did them.
+    Audit(cmd::audit::Args),
     /// Run a control plane, demo services behind agents and a load in one process, and watch it.
     Demo(cmd::demo::Args),
     /// Watch agents, rules and rejections live; release tripped fuses and engaged limits.
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         Command::Apply(args) => cmd::apply::run(args),
         Command::Status(args) => cmd::status::run(args),
         Command::Release(args) => cmd::release::run(args),
+        Command::Audit(args) => cmd::audit::run(args),
         Command::Demo(args) => cmd::demo::run(args),
         Command::Tui(args) => cmd::tui::run(args),
         Command::Lsp(args) => cmd::lsp::run(args),

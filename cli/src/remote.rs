@@ -22,10 +22,16 @@ pub struct RemoteArgs {
     #[arg(long, env = "GOV_CONTROL_PLANE", default_value = DEFAULT_URL, value_name = "URL")]
     pub control_plane: String,
 
-    /// A file holding the operator token. Without it, the GOV_TOKEN environment
-    /// variable (holding the token itself) is used if set.
+    /// A file holding your token (from govd's token file) on its first line.
+    /// Without it, the GOV_TOKEN environment variable (holding the token
+    /// itself) is used if set.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+
+    /// The CA (PEM) that signed govd's TLS certificate; use it with an
+    /// `https://` --control-plane.
+    #[arg(long, env = "GOV_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// A failure talking to the control plane, already worded for the operator.
@@ -35,10 +41,14 @@ pub enum RemoteError {
     #[diagnostic(transparent)]
     Unreachable(#[from] client::Unreachable),
 
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Tls(#[from] gov_proto::tls::TlsError),
+
     #[error("cannot read the token file `{path}`")]
     #[diagnostic(
         code(gov::govc::token_file),
-        help("the file holds the operator token on its first line")
+        help("the file holds your token on its first line")
     )]
     TokenFile {
         path: String,
@@ -50,7 +60,7 @@ pub enum RemoteError {
     #[diagnostic(
         code(gov::govc::unauthenticated),
         help(
-            "pass the operator token with --token-file FILE or GOV_TOKEN (govd --token-file sets it)"
+            "pass a token from govd's token file with --token-file FILE or GOV_TOKEN; `viewer` reads, `operator` also releases, `admin` also applies"
         )
     )]
     Unauthenticated { message: String },
@@ -84,8 +94,19 @@ impl RemoteArgs {
             .filter(|t| !t.is_empty()))
     }
 
+    /// The TLS settings (`--tls-ca`) as the TUI and `connect` use them.
+    pub fn tls(&self) -> Result<gov_proto::tls::ClientTls, RemoteError> {
+        Ok(gov_proto::tls::ClientTls::read(
+            &gov_proto::tls::ClientTlsFiles {
+                ca: self.tls_ca.clone(),
+                ..Default::default()
+            },
+        )?)
+    }
+
     pub async fn connect(&self) -> Result<Client, RemoteError> {
-        Ok(client::connect(&self.control_plane, Duration::from_secs(5)).await?)
+        let tls = self.tls()?;
+        Ok(client::connect_tls(&self.control_plane, &tls, Duration::from_secs(5)).await?)
     }
 
     /// A request carrying the token when there is one.

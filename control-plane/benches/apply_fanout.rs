@@ -58,7 +58,7 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("govd.log");
     let mut govd = tokio::process::Command::new(env!("CARGO_BIN_EXE_govd"))
-        .args(["--listen", "127.0.0.1:0", "--state-dir"])
+        .args(["--listen", "127.0.0.1:0", "--insecure", "--state-dir"])
         .arg(dir.path().join("state"))
         .env("GOV_LOG", "warn,govd=info,gov_control_plane::server=debug")
         .stderr(std::fs::File::create(&log).unwrap())

@@ -280,6 +280,8 @@ impl ControlPlane {
 
     async fn apply_or_plan(&self, request: ApplyRequest) -> Result<pb::ApplyResult, ApplyError> {
         let inner = &self.inner;
+        // For the log: how long govd took, whatever the client measures.
+        let started = tokio::time::Instant::now();
         validate(&request, &inner.limits)?;
         let request = Arc::new(request);
         if request.dry_run {
@@ -299,7 +301,7 @@ impl ControlPlane {
         let current = inner.lock().applied();
         let planned = match self.prepare(request.clone(), current.clone()).await? {
             Prepared::Invalid { diagnostics } => {
-                tracing::info!(who = %request.who, "apply refused: invalid policy");
+                tracing::info!(who = %request.who, elapsed_ms = started.elapsed().as_millis(), "apply refused: invalid policy");
                 return Ok(invalid(current.as_deref(), diagnostics));
             }
             Prepared::Planned(p) if p.is_noop() => return Ok(unchanged(current.as_deref(), *p)),
@@ -324,6 +326,7 @@ impl ControlPlane {
         };
         task.await
             .map_err(|e| ApplyError::Store(Error::Io(join_error(&inner.store, e))))??;
+        tracing::info!(%version, elapsed_ms = started.elapsed().as_millis(), "apply stored and pushed");
         wait_settled(inner, &changed, request.wait).await;
         let outcomes = inner.lock().outcomes(&changed);
         Ok(pb::ApplyResult {

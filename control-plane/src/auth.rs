@@ -1,50 +1,237 @@
-//! Bearer tokens: operators present one for `Apply` (dry runs too: they
-//! cost a compile) and `Release`, agents
-//! their own on `Connect` (each only when configured). `Watch` and `Status`
-//! are read-only and open.
+//! Who may call what. People present a named bearer token from govd's token
+//! file (`name token role` lines); the role decides what the call may do:
+//!
+//! | role | may |
+//! |---|---|
+//! | `viewer` | read: `Status`, `Watch`, `Audit` |
+//! | `operator` | read, and `Release` |
+//! | `admin` | everything, `Apply` (dry runs too: they cost a compile) |
+//!
+//! The audit log records the token's name, never what the client says it
+//! is. Agents present their own token on `Connect` (`--agent-token-file`).
+//! Without any token (`govd --insecure`, loopback only) every call is open
+//! and the audit records the client's claim, marked unverified.
 
 use tonic::{Request, Status};
+
+/// What a role allows, least first: each role may do what the ones before
+/// it may.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    Viewer,
+    Operator,
+    Admin,
+}
+
+/// One line of the token file.
+#[derive(Clone)]
+pub struct NamedToken {
+    pub name: String,
+    pub token: String,
+    pub role: Role,
+}
 
 /// The configured tokens.
 #[derive(Clone, Default)]
 pub struct Tokens {
-    pub operator: Option<String>,
+    /// People (`govc`, the TUI). Empty: every call is open (`--insecure`).
+    pub named: Vec<NamedToken>,
     pub agent: Option<String>,
+}
+
+/// Who made a call, as the audit log names them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub name: String,
+}
+
+// === impl Role ===
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+
+    fn parse(word: &str) -> Option<Self> {
+        match word {
+            "viewer" => Some(Role::Viewer),
+            "operator" => Some(Role::Operator),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+
+    /// The roles that may do what `self` may, for refusal messages.
+    fn at_least(self) -> &'static str {
+        match self {
+            Role::Viewer => "the viewer, operator or admin role",
+            Role::Operator => "the operator or admin role",
+            Role::Admin => "the admin role",
+        }
+    }
+}
+
+impl std::fmt::Debug for NamedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print a token.
+        f.debug_struct("NamedToken")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for Tokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print a token.
         f.debug_struct("Tokens")
-            .field("operator", &self.operator.as_ref().map(|_| "<set>"))
+            .field("named", &self.named)
             .field("agent", &self.agent.as_ref().map(|_| "<set>"))
             .finish()
     }
 }
 
+// === impl Tokens ===
+
 impl Tokens {
-    pub fn operator<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        check(
-            self.operator.as_deref(),
-            request,
-            "an operator token (govc --token-file or GOV_TOKEN)",
-        )
+    /// Whether people must present a token (false only with `--insecure`).
+    pub fn required(&self) -> bool {
+        !self.named.is_empty()
+    }
+
+    /// The caller of `request` if their role allows `need`; `call` names
+    /// the call in the refusal. `claimed` is who the client says it is,
+    /// used (marked unverified) only when no token is configured.
+    pub fn caller<T>(
+        &self,
+        request: &Request<T>,
+        need: Role,
+        call: &str,
+        claimed: &str,
+    ) -> Result<Caller, Status> {
+        if !self.required() {
+            let claimed = claimed.trim();
+            let claimed = if claimed.is_empty() {
+                "unknown"
+            } else {
+                claimed
+            };
+            return Ok(Caller {
+                name: format!("{claimed} (unverified)"),
+            });
+        }
+        let Some(presented) = bearer(request) else {
+            return Err(Status::unauthenticated(format!(
+                "`{call}` needs a token with {} (govc --token-file FILE or GOV_TOKEN)",
+                need.at_least()
+            )));
+        };
+        // Every token is compared, so the time taken does not say which
+        // one (or which prefix) matched.
+        let found = self.named.iter().fold(None, |found, t| {
+            let same = constant_time_eq(presented.as_bytes(), t.token.as_bytes());
+            if same && found.is_none() {
+                Some(t)
+            } else {
+                found
+            }
+        });
+        let Some(token) = found else {
+            return Err(Status::unauthenticated(
+                "the token is not one govd knows (check govc --token-file or GOV_TOKEN against govd's token file)",
+            ));
+        };
+        if token.role < need {
+            return Err(Status::permission_denied(format!(
+                "`{call}` needs {}; the token `{}` has the {} role",
+                need.at_least(),
+                token.name,
+                token.role.as_str()
+            )));
+        }
+        Ok(Caller {
+            name: token.name.clone(),
+        })
     }
 
     pub fn agent<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        check(
-            self.agent.as_deref(),
-            request,
-            "the agent token (gov-agent --control-plane-token-file)",
-        )
+        let Some(expected) = self.agent.as_deref() else {
+            return Ok(());
+        };
+        match bearer(request) {
+            None => Err(Status::unauthenticated(
+                "this call needs the agent token (gov-agent --control-plane-token-file)",
+            )),
+            Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => Ok(()),
+            Some(_) => Err(Status::permission_denied("the token is not valid")),
+        }
     }
 }
 
-fn check<T>(expected: Option<&str>, request: &Request<T>, what: &str) -> Result<(), Status> {
-    let Some(expected) = expected else {
-        return Ok(());
-    };
-    let presented = request
+/// The service a client certificate (DER) names: the `NAME` of a SPIFFE
+/// URI SAN `spiffe://TRUST-DOMAIN/.../service/NAME`, else its subject CN.
+pub fn certificate_service(der: &[u8]) -> Result<String, String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| format!("the client certificate cannot be parsed: {e}"))?;
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            if let x509_parser::extensions::GeneralName::URI(uri) = name
+                && let Some(path) = uri.strip_prefix("spiffe://")
+            {
+                let parts: Vec<&str> = path.split('/').collect();
+                // [trust domain, ..., "service", NAME]
+                if let [_, .., "service", name] = parts.as_slice()
+                    && !name.is_empty()
+                {
+                    return Ok((*name).to_owned());
+                }
+                return Err(format!(
+                    "the client certificate's SPIFFE ID `{uri}` names no service (expected `spiffe://DOMAIN/.../service/NAME`)"
+                ));
+            }
+        }
+    }
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_owned);
+    match cn {
+        Some(cn) if !cn.is_empty() => Ok(cn),
+        _ => Err(
+            "the client certificate names no service (no `spiffe://.../service/NAME` URI SAN, no CN)"
+                .into(),
+        ),
+    }
+}
+
+/// How govd may start: with tokens, or `insecure` (no tokens) on a
+/// loopback address only.
+pub fn check_start(
+    tokens: &Tokens,
+    insecure: bool,
+    listen: std::net::SocketAddr,
+) -> Result<(), crate::Error> {
+    if insecure && !listen.ip().is_loopback() {
+        return Err(crate::Error::InsecureRemote {
+            addr: listen.to_string(),
+        });
+    }
+    if !insecure && !tokens.required() {
+        return Err(crate::Error::NoAuth {
+            addr: listen.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The bearer token of `request`, if it carries one.
+fn bearer<T>(request: &Request<T>) -> Option<&str> {
+    request
         .metadata()
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -52,12 +239,7 @@ fn check<T>(expected: Option<&str>, request: &Request<T>, what: &str) -> Result<
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("bearer "))
         })
-        .map(str::trim);
-    match presented {
-        None => Err(Status::unauthenticated(format!("this call needs {what}"))),
-        Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => Ok(()),
-        Some(_) => Err(Status::permission_denied("the token is not valid")),
-    }
+        .map(str::trim)
 }
 
 /// Compares without an early exit, so timing does not reveal a prefix.
@@ -79,10 +261,7 @@ pub fn authorize<T>(request: &mut Request<T>, token: &str) -> Result<(), Status>
 
 /// Reads a token file (the token on its first line).
 pub fn read_token_file(path: &std::path::Path) -> Result<String, crate::Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| crate::Error::TokenFile {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let text = read(path)?;
     let token = text.lines().next().unwrap_or("").trim().to_owned();
     if token.is_empty() {
         return Err(crate::Error::EmptyToken {
@@ -92,31 +271,216 @@ pub fn read_token_file(path: &std::path::Path) -> Result<String, crate::Error> {
     Ok(token)
 }
 
+/// The name a token file of the older, single-token format gets: one
+/// token on one line, allowed everything (it was the only token).
+pub const SINGLE_TOKEN_NAME: &str = "admin";
+
+/// Reads govd's token file: one `name token role` per line (`#` starts a
+/// comment). A file holding only one token on one line (the older format)
+/// is one admin token named `admin`.
+pub fn read_named_tokens(path: &std::path::Path) -> Result<Vec<NamedToken>, crate::Error> {
+    let path_text = path.display().to_string();
+    parse_named_tokens(&read(path)?).map_err(|(line, problem)| {
+        if line == 0 {
+            crate::Error::EmptyToken { path: path_text }
+        } else {
+            crate::Error::TokenLine {
+                path: path_text,
+                line,
+                problem,
+            }
+        }
+    })
+}
+
+fn read(path: &std::path::Path) -> Result<String, crate::Error> {
+    std::fs::read_to_string(path).map_err(|source| crate::Error::TokenFile {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Parses the token file's text; an error is (1-based line, problem).
+fn parse_named_tokens(text: &str) -> Result<Vec<NamedToken>, (usize, String)> {
+    let lines: Vec<(usize, Vec<&str>)> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.split('#').next().unwrap_or("")))
+        .map(|(n, l)| (n, l.split_whitespace().collect::<Vec<_>>()))
+        .filter(|(_, words)| !words.is_empty())
+        .collect();
+    if let [(_, words)] = lines.as_slice()
+        && let [token] = words.as_slice()
+    {
+        return Ok(vec![NamedToken {
+            name: SINGLE_TOKEN_NAME.to_owned(),
+            token: (*token).to_owned(),
+            role: Role::Admin,
+        }]);
+    }
+    let mut tokens: Vec<NamedToken> = Vec::new();
+    for (n, words) in lines {
+        let [name, token, role] = words.as_slice() else {
+            return Err((
+                n,
+                format!("expected `name token role`, found {} word(s)", words.len()),
+            ));
+        };
+        let Some(role) = Role::parse(role) else {
+            return Err((
+                n,
+                format!("unknown role `{role}` (roles: admin, operator, viewer)"),
+            ));
+        };
+        if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._@-".contains(c))
+        {
+            return Err((
+                n,
+                format!("the name `{name}` may only hold letters, digits and `._@-`"),
+            ));
+        }
+        if tokens.iter().any(|t| t.name == *name) {
+            return Err((n, format!("the name `{name}` is given twice")));
+        }
+        if tokens.iter().any(|t| t.token == *token) {
+            return Err((
+                n,
+                "this token is given to two names (each name needs its own token)".into(),
+            ));
+        }
+        tokens.push(NamedToken {
+            name: (*name).to_owned(),
+            token: (*token).to_owned(),
+            role,
+        });
+    }
+    if tokens.is_empty() {
+        return Err((0, "the file names no token".into()));
+    }
+    Ok(tokens)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn tokens_are_checked_only_when_configured() {
-        let open = Tokens::default();
-        assert!(open.operator(&Request::new(())).is_ok());
-        let t = Tokens {
-            operator: Some("s3cret".into()),
+    fn with_token(token: &str) -> Request<()> {
+        let mut request = Request::new(());
+        authorize(&mut request, token).unwrap();
+        request
+    }
+
+    fn tokens() -> Tokens {
+        Tokens {
+            named: parse_named_tokens(
+                "# people\nalice s3cret-a admin\nbob s3cret-b operator # on call\n\ncarol s3cret-c viewer\n",
+            )
+            .unwrap(),
             agent: None,
+        }
+    }
+
+    #[test]
+    fn roles_allow_what_they_say_and_the_audit_gets_the_name() {
+        let t = tokens();
+        let who = |token: &str, need: Role| {
+            t.caller(&with_token(token), need, "Call", "mallory")
+                .map(|c| c.name)
+                .map_err(|s| (s.code(), s.message().to_owned()))
         };
+        assert_eq!(who("s3cret-a", Role::Admin).unwrap(), "alice");
+        assert_eq!(who("s3cret-b\n", Role::Operator).unwrap(), "bob");
+        assert_eq!(who("s3cret-b", Role::Viewer).unwrap(), "bob");
+        assert_eq!(who("s3cret-c", Role::Viewer).unwrap(), "carol");
+        let (code, message) = who("s3cret-b", Role::Admin).unwrap_err();
+        assert_eq!(code, tonic::Code::PermissionDenied);
         assert_eq!(
-            t.operator(&Request::new(())).unwrap_err().code(),
+            message,
+            "`Call` needs the admin role; the token `bob` has the operator role"
+        );
+        let (code, message) = who("s3cret-c", Role::Operator).unwrap_err();
+        assert_eq!(code, tonic::Code::PermissionDenied);
+        assert!(message.contains("operator or admin role"), "{message}");
+        assert_eq!(
+            who("s3cret", Role::Viewer).unwrap_err().0,
             tonic::Code::Unauthenticated
         );
-        let mut wrong = Request::new(());
-        authorize(&mut wrong, "nope").unwrap();
+        let missing = t
+            .caller(&Request::new(()), Role::Viewer, "Status", "")
+            .unwrap_err();
+        assert_eq!(missing.code(), tonic::Code::Unauthenticated);
+        assert!(missing.message().contains("`Status` needs a token"));
+    }
+
+    #[test]
+    fn without_tokens_every_call_is_open_and_the_claim_is_marked() {
+        let open = Tokens::default();
+        let caller = open
+            .caller(&Request::new(()), Role::Admin, "Apply", "dave")
+            .unwrap();
+        assert_eq!(caller.name, "dave (unverified)");
+        let caller = open
+            .caller(&Request::new(()), Role::Admin, "Apply", " ")
+            .unwrap();
+        assert_eq!(caller.name, "unknown (unverified)");
+        assert!(open.agent(&Request::new(())).is_ok());
+    }
+
+    #[test]
+    fn a_single_token_file_is_one_admin() {
+        let t = parse_named_tokens("\n  0123456789abcdef  \n").unwrap();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].name, SINGLE_TOKEN_NAME);
+        assert_eq!(t[0].token, "0123456789abcdef");
+        assert_eq!(t[0].role, Role::Admin);
+    }
+
+    #[test]
+    fn bad_token_files_say_which_line_and_what() {
+        let bad = |text: &str| parse_named_tokens(text).unwrap_err();
+        assert_eq!(bad("").1, "the file names no token");
+        assert_eq!(bad("a t1 admin\nb t2\n").0, 2);
+        assert!(bad("a t1 root\n").1.contains("unknown role `root`"));
+        assert!(bad("a t1 admin\na t2 viewer\n").1.contains("given twice"));
+        assert!(bad("a t1 admin\nb t1 viewer\n").1.contains("two names"));
+        assert!(bad("a/b t1 admin\n").1.contains("may only hold"));
+        // Two lines of one word each: not the single-token format.
+        assert_eq!(bad("t1\nt2\n").0, 1);
+    }
+
+    #[test]
+    fn govd_starts_with_tokens_or_insecure_on_loopback() {
+        let addr = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        let none = Tokens::default();
+        assert!(matches!(
+            check_start(&none, false, addr("127.0.0.1:7070")),
+            Err(crate::Error::NoAuth { .. })
+        ));
+        assert!(check_start(&none, true, addr("127.0.0.1:7070")).is_ok());
+        assert!(check_start(&none, true, addr("[::1]:7070")).is_ok());
+        assert!(matches!(
+            check_start(&none, true, addr("0.0.0.0:7070")),
+            Err(crate::Error::InsecureRemote { .. })
+        ));
+        assert!(check_start(&tokens(), false, addr("0.0.0.0:7070")).is_ok());
+    }
+
+    #[test]
+    fn the_agent_token_is_checked_only_when_configured() {
+        let t = Tokens {
+            named: Vec::new(),
+            agent: Some("agent-secret".into()),
+        };
         assert_eq!(
-            t.operator(&wrong).unwrap_err().code(),
+            t.agent(&Request::new(())).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        assert_eq!(
+            t.agent(&with_token("nope")).unwrap_err().code(),
             tonic::Code::PermissionDenied
         );
-        let mut right = Request::new(());
-        authorize(&mut right, "s3cret\n").unwrap();
-        assert!(t.operator(&right).is_ok());
-        assert!(t.agent(&Request::new(())).is_ok());
+        assert!(t.agent(&with_token("agent-secret")).is_ok());
     }
 }

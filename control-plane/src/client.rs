@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use gov_proto::tls::ClientTls;
 use gov_proto::v1::control_plane_client::ControlPlaneClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// The default control plane address.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:7070";
@@ -28,12 +29,23 @@ pub async fn connect(
     url: &str,
     timeout: Duration,
 ) -> Result<ControlPlaneClient<Channel>, Unreachable> {
+    connect_tls(url, &ClientTls::default(), timeout).await
+}
+
+/// Connects to `url` with `tls` (`https://host:port` with TLS files,
+/// `http://host:port` without).
+pub async fn connect_tls(
+    url: &str,
+    tls: &ClientTls,
+    timeout: Duration,
+) -> Result<ControlPlaneClient<Channel>, Unreachable> {
     let unreachable = |reason: String| Unreachable {
         url: url.to_owned(),
         reason,
     };
-    let endpoint = Endpoint::from_shared(url.to_owned())
-        .map_err(|e| unreachable(format!("not a valid URL ({e})")))?
+    let endpoint = tls
+        .endpoint(url)
+        .map_err(|e| unreachable(crate::error::one_line(&e)))?
         .connect_timeout(timeout)
         .http2_keep_alive_interval(crate::KEEPALIVE_INTERVAL)
         .keep_alive_timeout(crate::KEEPALIVE_TIMEOUT);

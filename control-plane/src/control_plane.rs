@@ -12,7 +12,7 @@ use gov_proto::v1 as pb;
 use tokio::sync::{Mutex as AsyncMutex, Notify, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::Tokens;
+use crate::auth::{NamedToken, Tokens};
 use crate::convert::now_unix_ms;
 use crate::error::{Error, StateIo};
 use crate::limits::Limits;
@@ -34,24 +34,35 @@ const RELEASE_RETRY: Duration = Duration::from_secs(5);
 #[derive(Clone, Debug)]
 pub struct Options {
     pub state_dir: std::path::PathBuf,
-    /// Bearer token operators present for `Apply` and `Release`.
-    pub token: Option<String>,
+    /// Named tokens people present (see `auth`). Empty: every call is
+    /// open (`govd --insecure`).
+    pub tokens: Vec<NamedToken>,
     /// Bearer token agents present on `Connect`.
     pub agent_token: Option<String>,
     /// Applied versions kept in the history.
     pub history_limit: usize,
     /// What one `Apply` (or dry run) may ask of the compiler.
     pub limits: Limits,
+    /// TLS on the gRPC listener. `None`: plain HTTP/2.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// The TLS listener asks clients for a certificate signed by a client
+    /// CA: agents must present one, and its identity must be their service.
+    pub agent_certificates: bool,
+    /// Connection cap, handshake deadline, keepalives.
+    pub connections: crate::ConnectionLimits,
 }
 
 impl Options {
     pub fn new(state_dir: impl Into<std::path::PathBuf>) -> Self {
         Self {
             state_dir: state_dir.into(),
-            token: None,
+            tokens: Vec::new(),
             agent_token: None,
             history_limit: 50,
             limits: Limits::default(),
+            tls: None,
+            agent_certificates: false,
+            connections: crate::ConnectionLimits::default(),
         }
     }
 }
@@ -69,6 +80,9 @@ pub(crate) struct Inner {
     pub(crate) tokens: Tokens,
     pub(crate) history_limit: usize,
     pub(crate) limits: Limits,
+    pub(crate) tls: Option<tonic::transport::ServerTlsConfig>,
+    pub(crate) agent_certificates: bool,
+    pub(crate) connections: crate::ConnectionLimits,
     /// The cluster view, republished on change.
     pub(crate) view: watch::Sender<Arc<pb::ClusterView>>,
     /// Something other than stats changed: publish a view now.
@@ -116,12 +130,15 @@ impl ControlPlane {
             state: std::sync::Mutex::new(state),
             store,
             tokens: Tokens {
-                operator: options.token,
+                named: options.tokens,
                 agent: options.agent_token,
             },
             history_limit: options.history_limit,
             compile_slots: Arc::new(Semaphore::new(options.limits.concurrent_compiles.max(1))),
             limits: options.limits,
+            tls: options.tls,
+            agent_certificates: options.agent_certificates,
+            connections: options.connections,
             view,
             changed: Notify::new(),
             stats_dirty: AtomicBool::new(false),
@@ -269,10 +286,11 @@ impl Inner {
         let (was, notified) = {
             // INVARIANT: held from the snapshot to the commit, like an apply.
             let _write = self.write_lock.lock().await;
+            let released_at = now_unix_ms();
             let (snapshot, (was, notified)) = {
                 let state = self.lock();
                 (
-                    state.persisted_without(kind, rule),
+                    state.persisted_without(kind, rule, released_at),
                     state.release_preview(kind, rule),
                 )
             };
@@ -300,7 +318,7 @@ impl Inner {
                 self.audit(entry).await;
                 return Err(error);
             }
-            self.lock().release(kind, rule, who, &mut out)
+            self.lock().release(kind, rule, who, released_at, &mut out)
         };
         self.send(out).await;
         self.changed();

@@ -28,6 +28,13 @@ pub enum Error {
     )]
     StateFormat { path: String, found: u32 },
 
+    #[error("the state file `{path}` refers to a source text it does not hold (`{address}`)")]
+    #[diagnostic(
+        code(gov::govd::missing_text),
+        help("restore it from a backup, or move it away to start with an empty state")
+    )]
+    MissingText { path: String, address: String },
+
     #[error("cannot encode the state")]
     #[diagnostic(code(gov::govd::encode))]
     Encode(#[source] serde_json::Error),
@@ -46,9 +53,40 @@ pub enum Error {
     #[error("the token file `{path}` is empty")]
     #[diagnostic(
         code(gov::govd::empty_token),
-        help("write a token (e.g. `openssl rand -hex 32`) into it")
+        help(
+            "write one `name token role` line per person (e.g. `alice $(openssl rand -hex 32) admin`)"
+        )
     )]
     EmptyToken { path: String },
+
+    #[error("the token file `{path}`, line {line}: {problem}")]
+    #[diagnostic(
+        code(gov::govd::token_line),
+        help(
+            "each line is `name token role`, role one of admin, operator, viewer; `#` starts a comment"
+        )
+    )]
+    TokenLine {
+        path: String,
+        line: usize,
+        problem: String,
+    },
+
+    #[error("govd needs tokens: without them anyone who reaches `{addr}` can apply and release")]
+    #[diagnostic(
+        code(gov::govd::no_auth),
+        help(
+            "pass --token-file FILE (`name token role` lines), or --insecure to run without tokens on a loopback address"
+        )
+    )]
+    NoAuth { addr: String },
+
+    #[error("--insecure is only allowed on a loopback address, not `{addr}`")]
+    #[diagnostic(
+        code(gov::govd::insecure_remote),
+        help("listen on 127.0.0.1 (or ::1), or pass --token-file FILE instead of --insecure")
+    )]
+    InsecureRemote { addr: String },
 
     #[error("cannot listen on `{addr}`")]
     #[diagnostic(
@@ -60,6 +98,23 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    #[error("the TLS certificate or key cannot be used")]
+    #[diagnostic(
+        code(gov::govd::tls),
+        help(
+            "--tls-cert and --tls-key must be the PEM certificate (chain) and its private key; --tls-client-ca a PEM CA certificate"
+        )
+    )]
+    Tls(#[source] tonic::transport::Error),
+
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    TlsFile(#[from] gov_proto::tls::TlsError),
+
+    #[error("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")]
+    #[diagnostic(code(gov::govd::client_ca_without_tls))]
+    ClientCaWithoutTls,
 
     #[error("the gRPC server failed")]
     #[diagnostic(code(gov::govd::serve))]

@@ -26,6 +26,7 @@
 pub mod apply;
 pub mod auth;
 pub mod client;
+pub mod connections;
 mod control_plane;
 pub mod convert;
 mod error;
@@ -44,6 +45,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use apply::{ApplyError, ApplyRequest, MAX_APPLY_WAIT};
+pub use connections::ConnectionLimits;
 pub use control_plane::{ControlPlane, Options};
 pub use error::{Error, StateIo};
 pub use limits::Limits;
@@ -52,6 +54,15 @@ pub use limits::Limits;
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// ... and give up on a peer that does not answer within this.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Checks that `tls` can be served (the certificate and key match and
+/// parse), so that govd says so before it reports itself started.
+pub fn check_tls(tls: &tonic::transport::ServerTlsConfig) -> Result<(), Error> {
+    tonic::transport::Server::builder()
+        .tls_config(tls.clone())
+        .map(|_| ())
+        .map_err(Error::Tls)
+}
 
 /// Serves `control_plane` on `listener` until `shutdown` is cancelled, then:
 /// health NOT_SERVING, agent and watch streams closed, in-flight calls
@@ -68,7 +79,11 @@ pub async fn serve(
         .await;
     // No Nagle: a response's headers, data and trailers go out at once instead of
     // waiting for the peer's delayed ACK (about 40ms per small RPC otherwise).
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let limits = control_plane.inner.connections;
+    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(limits.tcp_keepalive));
+    let incoming = connections::capped(incoming, limits);
     let signal = {
         let shutdown = shutdown.clone();
         let reporter = reporter.clone();
@@ -82,9 +97,16 @@ pub async fn serve(
                 .await;
         }
     };
-    let server = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = control_plane.inner.tls.clone() {
+        builder = builder
+            .tls_config(tls.timeout(limits.handshake_timeout))
+            .map_err(Error::Tls)?;
+    }
+    let server = builder
+        .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
+        .max_concurrent_streams(limits.max_streams_per_connection)
         .add_service(health)
         .add_service(control_plane.grpc())
         .serve_with_incoming_shutdown(incoming, signal);

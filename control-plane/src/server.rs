@@ -16,10 +16,11 @@ use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::apply::{ApplyError, ApplyRequest};
+use crate::auth::Role;
 use crate::control_plane::{ControlPlane, Inner};
 use crate::convert::now_unix_ms;
 use crate::state::AgentKey;
-use crate::store::{Source, TripKind};
+use crate::store::{AuditEntry, Source, TripKind};
 use crate::view::filter_view;
 
 /// How long a new stream may take to say hello.
@@ -71,8 +72,12 @@ impl ControlPlaneRpc for ControlPlane {
         request: Request<pb::ApplyRequest>,
     ) -> Result<Response<pb::ApplyResult>, Status> {
         // A dry run shows the policy in force and costs a compile: it needs
-        // the token like an apply.
-        self.inner.tokens.operator(&request)?;
+        // the role an apply needs.
+        let claimed = request.get_ref().who.clone();
+        let caller = self
+            .inner
+            .tokens
+            .caller(&request, Role::Admin, "Apply", &claimed)?;
         let req = request.into_inner();
         let request = ApplyRequest {
             sources: req
@@ -83,11 +88,7 @@ impl ControlPlaneRpc for ControlPlane {
                     text: s.text,
                 })
                 .collect(),
-            who: if req.who.trim().is_empty() {
-                "unknown".to_owned()
-            } else {
-                req.who
-            },
+            who: caller.name,
             dry_run: req.dry_run,
             wait: Duration::from_millis(u64::from(req.wait_ms)),
         };
@@ -104,6 +105,13 @@ impl ControlPlaneRpc for ControlPlane {
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
         self.inner.tokens.agent(&request)?;
+        // With a client CA, the certificate (checked by the TLS handshake)
+        // says which service this agent is.
+        let certified = if self.inner.agent_certificates {
+            Some(certified_service(&request)?)
+        } else {
+            None
+        };
         let mut incoming = request.into_inner();
         let first = tokio::time::timeout(HELLO_TIMEOUT, incoming.message())
             .await
@@ -125,6 +133,31 @@ impl ControlPlaneRpc for ControlPlane {
             return Err(Status::invalid_argument(
                 "hello needs a service and an instance",
             ));
+        }
+        if let Some(identity) = certified
+            && identity != hello.service
+        {
+            tracing::warn!(certificate = %identity, claimed = %hello.service, instance = %hello.instance, "refused an agent whose certificate is for another service");
+            // An attempt to pose as another service is worth a record.
+            self.inner
+                .audit(AuditEntry {
+                    at_unix_ms: now_unix_ms(),
+                    who: format!("agent with a certificate for `{identity}`"),
+                    action: "agent-refused".into(),
+                    version: String::new(),
+                    kind: String::new(),
+                    rule: String::new(),
+                    targets: vec![format!("{}/{}", hello.service, hello.instance)],
+                    detail: format!(
+                        "claimed service `{}`; its certificate is for `{identity}`",
+                        hello.service
+                    ),
+                })
+                .await;
+            return Err(Status::permission_denied(format!(
+                "this agent's certificate is for service `{identity}`, not `{}`; give it a certificate for its own service (spiffe://.../service/{} or CN={})",
+                hello.service, hello.service, hello.service
+            )));
         }
         let (tx, rx) = mpsc::channel(AGENT_QUEUE);
         let mut out = Vec::new();
@@ -157,6 +190,9 @@ impl ControlPlaneRpc for ControlPlane {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        self.inner
+            .tokens
+            .caller(&request, Role::Viewer, "Watch", "")?;
         let service = request.into_inner().service;
         let stream = WatchStream::new(self.inner.view.subscribe())
             .map(move |view| Ok(filter_view((*view).clone(), &service)))
@@ -168,15 +204,42 @@ impl ControlPlaneRpc for ControlPlane {
         &self,
         request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::ClusterView>, Status> {
+        self.inner
+            .tokens
+            .caller(&request, Role::Viewer, "Status", "")?;
         let service = request.into_inner().service;
         Ok(Response::new(filter_view(self.status(), &service)))
+    }
+
+    async fn audit(
+        &self,
+        request: Request<pb::AuditRequest>,
+    ) -> Result<Response<pb::AuditResult>, Status> {
+        self.inner
+            .tokens
+            .caller(&request, Role::Viewer, "Audit", "")?;
+        let req = request.into_inner();
+        let store = self.inner.store.clone();
+        let entries = tokio::task::spawn_blocking(move || store.read_audit())
+            .await
+            .map_err(|e| Status::internal(format!("reading the audit log failed: {e}")))?
+            .map_err(|e| Status::failed_precondition(crate::error::one_line(&e)))?;
+        Ok(Response::new(audit_result(
+            entries,
+            req.since_unix_ms,
+            req.limit,
+        )))
     }
 
     async fn release(
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResult>, Status> {
-        self.inner.tokens.operator(&request)?;
+        let claimed = request.get_ref().who.clone();
+        let caller = self
+            .inner
+            .tokens
+            .caller(&request, Role::Operator, "Release", &claimed)?;
         let req = request.into_inner();
         let kind = match pb::ReleaseKind::try_from(req.kind) {
             Ok(pb::ReleaseKind::Fuse) => TripKind::Fuse,
@@ -207,11 +270,7 @@ impl ControlPlaneRpc for ControlPlane {
                 )));
             }
         }
-        let who = if req.who.trim().is_empty() {
-            "unknown".to_owned()
-        } else {
-            req.who
-        };
+        let who = caller.name;
         // The release finishes even if the client goes away meanwhile.
         let (was, notified) = {
             let inner = self.inner.clone();
@@ -241,6 +300,50 @@ impl ControlPlaneRpc for ControlPlane {
             message,
             agents_notified: u32::try_from(notified.len()).unwrap_or(u32::MAX),
         }))
+    }
+}
+
+/// The service named by the client certificate of `request` (verified
+/// against `--tls-client-ca` by the handshake).
+fn certified_service<T>(request: &Request<T>) -> Result<String, Status> {
+    let certs = request.peer_certs();
+    let Some(leaf) = certs.as_ref().and_then(|c| c.first()) else {
+        return Err(Status::unauthenticated(
+            "govd requires agents to present a client certificate (gov-agent --tls-cert and --tls-key, signed by govd's --tls-client-ca)",
+        ));
+    };
+    crate::auth::certificate_service(leaf.as_ref()).map_err(Status::permission_denied)
+}
+
+/// Most audit records one `Audit` answer carries.
+pub const MAX_AUDIT_RECORDS: usize = 10_000;
+
+/// The records at or after `since` (ms), the newest `limit` of them (0 or
+/// above the cap: the cap), oldest first.
+fn audit_result(entries: Vec<AuditEntry>, since: u64, limit: u32) -> pb::AuditResult {
+    let limit = match usize::try_from(limit) {
+        Ok(0) | Err(_) => MAX_AUDIT_RECORDS,
+        Ok(n) => n.min(MAX_AUDIT_RECORDS),
+    };
+    let mut records: Vec<pb::AuditRecord> = entries
+        .into_iter()
+        .filter(|e| e.at_unix_ms >= since)
+        .map(|e| pb::AuditRecord {
+            at_unix_ms: e.at_unix_ms,
+            who: e.who,
+            action: e.action,
+            version: e.version,
+            kind: e.kind,
+            rule: e.rule,
+            targets: e.targets,
+            detail: e.detail,
+        })
+        .collect();
+    let left_out = records.len().saturating_sub(limit);
+    records.drain(..left_out);
+    pb::AuditResult {
+        records,
+        left_out: u64::try_from(left_out).unwrap_or(u64::MAX),
     }
 }
 

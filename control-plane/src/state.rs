@@ -36,6 +36,8 @@ pub struct State {
     applied: Option<Arc<AppliedPolicy>>,
     history: VecDeque<HistoryEntry>,
     latches: Latches,
+    /// When each rule was last released (see `Agent::releasing`).
+    released: BTreeMap<(TripKind, String), u64>,
     agents: BTreeMap<AgentKey, Agent>,
     /// Services whose set of registered instances (or a weight) changed since
     /// the last [`State::endpoint_pushes`].
@@ -75,6 +77,10 @@ pub struct Agent {
     stats: Option<pb::Stats>,
     /// Why the stream ended.
     disconnect_reason: String,
+    /// Latches this agent came back with that were released while it was
+    /// away: govd sent the release; until its stats say closed, they are
+    /// not a new trip.
+    releasing: BTreeSet<(TripKind, String)>,
 }
 
 #[derive(Debug)]
@@ -211,6 +217,11 @@ impl State {
             ..State::default()
         };
         state.latches = Latches::from_trips(p.trips);
+        state.released = p
+            .releases
+            .into_iter()
+            .map(|r| ((r.kind, r.rule), r.at_unix_ms))
+            .collect();
         for a in p.agents {
             let key = (a.service.clone(), a.instance.clone());
             state.agents.insert(
@@ -232,6 +243,7 @@ impl State {
                     last_seen_unix_ms: 0,
                     stats: None,
                     disconnect_reason: "control plane restarted".into(),
+                    releasing: BTreeSet::new(),
                 },
             );
         }
@@ -243,6 +255,16 @@ impl State {
             format: 0,
             applied: self.applied.as_deref().cloned(),
             history: self.history.iter().cloned().collect(),
+            texts: std::collections::BTreeMap::new(),
+            releases: self
+                .released
+                .iter()
+                .map(|((kind, rule), at)| crate::store::Released {
+                    kind: *kind,
+                    rule: rule.clone(),
+                    at_unix_ms: *at,
+                })
+                .collect(),
             trips: self.latches.iter().cloned().collect(),
             agents: self
                 .agents
@@ -358,6 +380,21 @@ impl State {
             .iter()
             .map(|l| (trip_kind(l.kind()), l.rule.clone()))
             .collect();
+        // Latches it kept that govd released while it was away (tripped no
+        // later than the release): it gets the release, not a new trip.
+        let missed: BTreeSet<(TripKind, String)> = hello
+            .latches
+            .iter()
+            .filter(|l| {
+                let k = trip_kind(l.kind());
+                !self.latches.contains(k, &l.rule)
+                    && self
+                        .released
+                        .get(&(k, l.rule.clone()))
+                        .is_some_and(|&at| at >= l.since_unix_ms)
+            })
+            .map(|l| (trip_kind(l.kind()), l.rule.clone()))
+            .collect();
         let agent = self.agents.entry(key.clone()).or_insert_with(|| Agent {
             service: hello.service.clone(),
             instance: hello.instance.clone(),
@@ -375,6 +412,7 @@ impl State {
             last_seen_unix_ms: now,
             stats: None,
             disconnect_reason: String::new(),
+            releasing: BTreeSet::new(),
         });
         agent.address = hello.address;
         agent.labels = hello.labels.into_iter().collect();
@@ -398,6 +436,24 @@ impl State {
         // After the config (the agent applies messages in order): every latch
         // govd holds for this instance that the agent no longer enforces.
         self.rearm(&key, &held, out);
+        if let Some(agent) = self.agents.get_mut(&key) {
+            if let Some(conn) = &agent.conn {
+                for (kind, rule) in &missed {
+                    tracing::info!(%rule, instance = %key.1, kind = kind.as_str(), "sending a release the agent missed while away");
+                    out.push(Outgoing {
+                        key: key.clone(),
+                        conn: conn.id,
+                        tx: conn.tx.clone(),
+                        msg: release_message(
+                            *kind,
+                            rule,
+                            "govd (a release made while this agent was away)",
+                        ),
+                    });
+                }
+            }
+            agent.releasing = missed;
+        }
         // The endpoints of every service with a registered instance: where its
         // outbound calls go from now on.
         let services: BTreeSet<String> = self
@@ -647,11 +703,35 @@ impl State {
                 let instance = agent.instance.clone();
                 let service = agent.service.clone();
                 let policy = self.applied.as_deref().map(|a| &a.bundle);
+                // Rules whose missed release is on its way are not a trip;
+                // once reported closed they are done.
+                let mut seen = stats.clone();
+                if !agent.releasing.is_empty() {
+                    seen.rules.retain(|r| {
+                        let kind = match r.kind() {
+                            pb::RuleKind::Fuse => TripKind::Fuse,
+                            pb::RuleKind::Limit => TripKind::Limit,
+                            _ => return true,
+                        };
+                        let k = (kind, r.rule.clone());
+                        if !agent.releasing.contains(&k) {
+                            return true;
+                        }
+                        let open = match kind {
+                            TripKind::Fuse => r.fuse_state() != pb::FuseState::Closed,
+                            TripKind::Limit => r.limit_engaged,
+                        };
+                        if !open {
+                            agent.releasing.remove(&k);
+                        }
+                        false
+                    });
+                }
                 effect.trips |= self.latches.reconcile(
                     policy,
                     &service,
                     &instance,
-                    &stats,
+                    &seen,
                     now,
                     &mut effect.audits,
                 );
@@ -807,9 +887,15 @@ impl State {
     }
 
     /// What `state.json` holds once `rule` is released.
-    pub fn persisted_without(&self, kind: TripKind, rule: &str) -> Persisted {
+    pub fn persisted_without(&self, kind: TripKind, rule: &str, now: u64) -> Persisted {
         let mut p = self.to_persisted();
         p.trips.retain(|t| !(t.kind == kind && t.rule == rule));
+        p.releases.retain(|r| !(r.kind == kind && r.rule == rule));
+        p.releases.push(crate::store::Released {
+            kind,
+            rule: rule.to_owned(),
+            at_unix_ms: now,
+        });
         p
     }
 
@@ -822,31 +908,21 @@ impl State {
         kind: TripKind,
         rule: &str,
         who: &str,
+        now: u64,
         out: &mut Outbox,
     ) -> (bool, Vec<String>) {
         let service = rule.split_once('/').map_or("", |(s, _)| s).to_owned();
+        self.released.insert((kind, rule.to_owned()), now);
         let mut was = self.latches.remove(kind, rule);
         let mut notified = Vec::new();
         for a in self.connected(&service) {
             was |= reports_tripped(a, kind, rule);
             if let Some(conn) = &a.conn {
-                let cmd = pb::ReleaseCommand {
-                    kind: match kind {
-                        TripKind::Fuse => pb::ReleaseKind::Fuse,
-                        TripKind::Limit => pb::ReleaseKind::Limit,
-                    } as i32,
-                    rule: rule.to_owned(),
-                    who: who.to_owned(),
-                };
                 out.push(Outgoing {
                     key: (a.service.clone(), a.instance.clone()),
                     conn: conn.id,
                     tx: conn.tx.clone(),
-                    msg: pb::ControlMessage {
-                        msg: Some(pb::control_message::Msg::Command(pb::Command {
-                            kind: Some(pb::command::Kind::Release(cmd)),
-                        })),
-                    },
+                    msg: release_message(kind, rule, who),
                 });
                 notified.push(a.instance.clone());
             }
@@ -881,6 +957,23 @@ impl State {
     }
 }
 
+/// The command that releases `rule` on an agent.
+fn release_message(kind: TripKind, rule: &str, who: &str) -> pb::ControlMessage {
+    let cmd = pb::ReleaseCommand {
+        kind: match kind {
+            TripKind::Fuse => pb::ReleaseKind::Fuse,
+            TripKind::Limit => pb::ReleaseKind::Limit,
+        } as i32,
+        rule: rule.to_owned(),
+        who: who.to_owned(),
+    };
+    pb::ControlMessage {
+        msg: Some(pb::control_message::Msg::Command(pb::Command {
+            kind: Some(pb::command::Kind::Release(cmd)),
+        })),
+    }
+}
+
 fn trip_kind(kind: pb::ReleaseKind) -> TripKind {
     match kind {
         pb::ReleaseKind::Fuse => TripKind::Fuse,
@@ -909,6 +1002,7 @@ fn history_entry(policy: &AppliedPolicy, changed: &[String]) -> HistoryEntry {
         at_unix_ms: policy.at_unix_ms,
         services: changed.to_vec(),
         sources: policy.sources.clone(),
+        source_refs: Vec::new(),
     }
 }
 
@@ -1309,7 +1403,7 @@ mod tests {
         ));
         assert!(s.is_tripped(TripKind::Fuse, "order/mdm"));
         let mut out = Vec::new();
-        let (was, _) = s.release(TripKind::Fuse, "order/mdm", "op", &mut out);
+        let (was, _) = s.release(TripKind::Fuse, "order/mdm", "op", 1, &mut out);
         assert!(was);
         assert!(!s.is_tripped(TripKind::Fuse, "order/mdm"));
     }

@@ -1,14 +1,15 @@
 //! The control plane's state on disk, in `--state-dir`:
 //!
 //! - `state.json`: the applied policy (sources and compiled bundle), its
-//!   history (bounded), tripped fuses and engaged limits with absolute
+//!   history (bounded; each distinct source text stored once, by content
+//!   address), tripped fuses and engaged limits with absolute
 //!   deadlines, and the agents last seen. Rewritten atomically: temp file,
 //!   fsync, rename, fsync of the directory, so a crash leaves the old file
 //!   or the new one, never a torn one.
 //! - `audit.jsonl`: one JSON object per line for every operator action
 //!   (apply, release) and every timer release; append-only, fsynced.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -36,6 +37,15 @@ pub struct Persisted {
     pub trips: Vec<Trip>,
     #[serde(default)]
     pub agents: Vec<KnownAgent>,
+    /// The last release of each rule, so that an agent that was away and
+    /// comes back with the latch gets the release instead of re-tripping it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub releases: Vec<Released>,
+    /// On disk only: the history's source texts by content address (one
+    /// copy of each distinct text however many versions share it). Empty
+    /// in memory: [`Store::load`] puts the texts back into the history.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub texts: BTreeMap<String, String>,
 }
 
 /// The policy in force.
@@ -62,7 +72,29 @@ pub struct HistoryEntry {
     pub at_unix_ms: u64,
     /// Services added, changed or removed by this apply.
     pub services: Vec<String>,
+    /// In memory (and in files written before content addressing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<Source>,
+    /// On disk: each source's name and the address of its text in
+    /// [`Persisted::texts`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_refs: Vec<SourceRef>,
+}
+
+/// When a rule was last released.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Released {
+    pub kind: TripKind,
+    pub rule: String,
+    pub at_unix_ms: u64,
+}
+
+/// A history source on disk: its name and its text's content address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceRef {
+    pub name: String,
+    /// `sha256:HEX` of the text.
+    pub text: String,
 }
 
 /// A tripped fuse or an engaged limit.
@@ -196,12 +228,15 @@ impl Store {
                 found: state.format,
             });
         }
-        Ok(state)
+        resolve_texts(state).map_err(|address| Error::MissingText {
+            path: path.display().to_string(),
+            address,
+        })
     }
 
     /// Replaces `state.json` atomically.
     pub fn save(&self, state: &Persisted) -> Result<(), Error> {
-        let mut state = state.clone();
+        let mut state = address_texts(state);
         state.format = FORMAT;
         let bytes = serde_json::to_vec_pretty(&state).map_err(Error::Encode)?;
         write_atomic(&self.state_path(), &bytes)
@@ -236,6 +271,58 @@ impl Store {
             Err(source) => Err(StateIo::new("read", &path, source).into()),
         }
     }
+}
+
+/// `state` with each history source's text moved into `texts` under its
+/// content address: 50 versions of a policy whose files rarely change cost
+/// about one copy of it, not 50.
+fn address_texts(state: &Persisted) -> Persisted {
+    let mut out = Persisted {
+        history: Vec::with_capacity(state.history.len()),
+        ..state.clone()
+    };
+    out.history.clear();
+    for entry in &state.history {
+        let mut entry = entry.clone();
+        for source in std::mem::take(&mut entry.sources) {
+            let address = content_address(&source.text);
+            out.texts.entry(address.clone()).or_insert(source.text);
+            entry.source_refs.push(SourceRef {
+                name: source.name,
+                text: address,
+            });
+        }
+        out.history.push(entry);
+    }
+    out
+}
+
+/// The inverse of [`address_texts`]; a reference to a text the file lacks
+/// is the error (its address).
+fn resolve_texts(mut state: Persisted) -> Result<Persisted, String> {
+    let texts = std::mem::take(&mut state.texts);
+    for entry in &mut state.history {
+        for r in std::mem::take(&mut entry.source_refs) {
+            let text = texts.get(&r.text).ok_or_else(|| r.text.clone())?;
+            entry.sources.push(Source {
+                name: r.name,
+                text: text.clone(),
+            });
+        }
+    }
+    Ok(state)
+}
+
+/// `sha256:HEX` of `text`.
+fn content_address(text: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256:");
+    for b in digest {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
 }
 
 /// Writes `bytes` to `path` so that readers see the old content or the new,
@@ -306,6 +393,53 @@ mod tests {
         fs::write(store.state_path(), b"{not json").unwrap();
         let err = store.load().unwrap_err();
         assert!(err.to_string().contains("state.json"), "{err}");
+    }
+
+    #[test]
+    fn history_sources_are_stored_once_per_distinct_text_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let big = "# a large policy file\n".repeat(10_000);
+        let entry = |i: usize| HistoryEntry {
+            version: format!("v{i}"),
+            who: "alice".into(),
+            at_unix_ms: i as u64,
+            services: vec!["order".into()],
+            sources: vec![
+                Source {
+                    name: "big.gov".into(),
+                    text: big.clone(),
+                },
+                Source {
+                    name: "small.gov".into(),
+                    text: format!("# version {}\n", i % 2),
+                },
+            ],
+            source_refs: Vec::new(),
+        };
+        let state = Persisted {
+            history: (0..50).map(entry).collect(),
+            ..Persisted::default()
+        };
+        store.save(&state).unwrap();
+        let size = fs::metadata(store.state_path()).unwrap().len();
+        assert!(
+            size < 2 * big.len() as u64,
+            "50 versions sharing one large file take {size} bytes (one copy: {})",
+            big.len()
+        );
+        let loaded = store.load().unwrap();
+        assert!(loaded.texts.is_empty());
+        assert_eq!(loaded.history.len(), 50);
+        for (i, e) in loaded.history.iter().enumerate() {
+            assert_eq!(e.sources, entry(i).sources);
+            assert!(e.source_refs.is_empty());
+        }
+        // A file that lost a text is refused, not read as an empty history.
+        let text = fs::read_to_string(store.state_path()).unwrap();
+        let broken = text.replacen("sha256:", "sha256:0", 1);
+        fs::write(store.state_path(), broken).unwrap();
+        assert!(matches!(store.load(), Err(Error::MissingText { .. })));
     }
 
     #[test]

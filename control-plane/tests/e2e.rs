@@ -33,7 +33,12 @@ use hyper::body::Bytes;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::{Child, Command};
 
-const TOKEN: &str = "e2e-operator-token";
+/// The admin token (named `e2e`), the operator's and the viewer's.
+const TOKEN: &str = "e2e-admin-token";
+const OPERATOR_TOKEN: &str = "e2e-operator-token";
+const VIEWER_TOKEN: &str = "e2e-viewer-token";
+/// govd's token file: one `name token role` line each.
+const TOKEN_FILE: &str = "# the e2e tests' people\ne2e e2e-admin-token admin\noncall e2e-operator-token operator\nboard e2e-viewer-token viewer\n";
 const AGENT_TOKEN: &str = "e2e-agent-token";
 
 // === policies ===
@@ -152,6 +157,8 @@ struct ControlPlaneBuilder {
     token: bool,
     agent_token: bool,
     metrics: bool,
+    tls: Option<Pki>,
+    args: Vec<String>,
 }
 
 fn control_plane(state_dir: &Path) -> ControlPlaneBuilder {
@@ -160,6 +167,8 @@ fn control_plane(state_dir: &Path) -> ControlPlaneBuilder {
         token: true,
         agent_token: false,
         metrics: false,
+        tls: None,
+        args: Vec::new(),
     }
 }
 
@@ -169,6 +178,8 @@ struct Govd {
     /// With [`ControlPlaneBuilder::metrics`].
     metrics: Option<SocketAddr>,
     log: PathBuf,
+    /// With TLS: the CA that signed govd's certificate.
+    ca: Option<PathBuf>,
 }
 
 impl ControlPlaneBuilder {
@@ -181,6 +192,19 @@ impl ControlPlaneBuilder {
     /// A metrics listener (`--metrics-listen 127.0.0.1:0`).
     fn metrics(mut self) -> Self {
         self.metrics = true;
+        self
+    }
+
+    /// More flags.
+    fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| (*a).to_owned()));
+        self
+    }
+
+    /// TLS with `pki`'s server certificate, and mutual TLS for agents with
+    /// its CA.
+    fn tls(mut self, pki: &Pki) -> Self {
+        self.tls = Some(pki.clone());
         self
     }
 
@@ -202,13 +226,24 @@ impl ControlPlaneBuilder {
             .kill_on_drop(true);
         if self.token {
             let token_file = self.state_dir.with_extension("token");
-            std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+            std::fs::write(&token_file, TOKEN_FILE).unwrap();
             cmd.arg("--token-file").arg(token_file);
+        } else {
+            cmd.arg("--insecure");
         }
         if self.agent_token {
             let token_file = self.state_dir.with_extension("agent-token");
             std::fs::write(&token_file, format!("{AGENT_TOKEN}\n")).unwrap();
             cmd.arg("--agent-token-file").arg(token_file);
+        }
+        cmd.args(&self.args);
+        if let Some(pki) = &self.tls {
+            cmd.arg("--tls-cert")
+                .arg(&pki.server_cert)
+                .arg("--tls-key")
+                .arg(&pki.server_key)
+                .arg("--tls-client-ca")
+                .arg(&pki.ca);
         }
         if self.metrics {
             cmd.args(["--metrics-listen", "127.0.0.1:0"]);
@@ -220,11 +255,13 @@ impl ControlPlaneBuilder {
         } else {
             None
         };
+        let ca = self.tls.map(|pki| pki.ca);
         Govd {
             child,
             addr,
             metrics,
             log,
+            ca,
         }
     }
 
@@ -235,15 +272,22 @@ impl ControlPlaneBuilder {
 
 impl Govd {
     fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     async fn status(&self) -> pb::ClusterView {
-        let mut client = gov_control_plane::client::connect(&self.url(), Duration::from_secs(5))
-            .await
-            .unwrap();
+        let tls = gov_proto::tls::ClientTls::read(&gov_proto::tls::ClientTlsFiles {
+            ca: self.ca.clone(),
+            ..Default::default()
+        })
+        .unwrap();
+        let mut client =
+            gov_control_plane::client::connect_tls(&self.url(), &tls, Duration::from_secs(5))
+                .await
+                .unwrap();
         client
-            .status(pb::StatusRequest::default())
+            .status(as_viewer(pb::StatusRequest::default()))
             .await
             .unwrap()
             .into_inner()
@@ -267,6 +311,13 @@ impl Govd {
             read(&self.log)
         );
     }
+}
+
+/// `message` with the viewer's token (reads need one).
+fn as_viewer<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    gov_control_plane::auth::authorize(&mut request, VIEWER_TOKEN).unwrap();
+    request
 }
 
 /// Sends `sig` with kill(2) (no `kill` binary needed).
@@ -295,6 +346,7 @@ struct AgentBuilder {
     state_dir: Option<PathBuf>,
     token: bool,
     outbound: bool,
+    args: Vec<std::ffi::OsString>,
 }
 
 fn agent(service: &str, instance: &str) -> AgentBuilder {
@@ -306,6 +358,7 @@ fn agent(service: &str, instance: &str) -> AgentBuilder {
         state_dir: None,
         token: false,
         outbound: false,
+        args: Vec::new(),
     }
 }
 
@@ -321,6 +374,19 @@ struct Agent {
 impl AgentBuilder {
     fn upstream(mut self, addr: SocketAddr) -> Self {
         self.upstream = addr;
+        self
+    }
+    /// TLS to govd with `pki`'s CA and the certificate `cert` (a name from
+    /// [`Pki::agent`]).
+    fn tls(mut self, pki: &Pki, cert: Option<&(PathBuf, PathBuf)>) -> Self {
+        self.args.push("--tls-ca".into());
+        self.args.push(pki.ca.clone().into());
+        if let Some((cert, key)) = cert {
+            self.args.push("--tls-cert".into());
+            self.args.push(cert.clone().into());
+            self.args.push("--tls-key".into());
+            self.args.push(key.clone().into());
+        }
         self
     }
     fn control_plane(self, govd: &Govd) -> Self {
@@ -368,6 +434,7 @@ impl AgentBuilder {
         if self.outbound {
             cmd.args(["--outbound-listen", "127.0.0.1:0"]);
         }
+        cmd.args(&self.args);
         let child = cmd.spawn().unwrap();
         let inbound = log_field(&log, "gov-agent started", "inbound").await;
         let admin = log_field(&log, "gov-agent started", "admin").await;
@@ -792,9 +859,9 @@ async fn apply_reaches_every_agent_of_the_changed_service_and_only_them() {
         .await
         .unwrap();
     let mut watch = client
-        .watch(pb::WatchRequest {
+        .watch(as_viewer(pb::WatchRequest {
             service: "order".into(),
-        })
+        }))
         .await
         .unwrap()
         .into_inner();
@@ -875,7 +942,11 @@ async fn apply_reaches_every_agent_of_the_changed_service_and_only_them() {
     // the policy in force: it needs the token like an apply.
     let plan = govc(&govd, None, &["plan", "--detailed-exitcode", &v2]).await;
     assert_eq!(plan.code, 1, "{}{}", plan.stdout, plan.stderr);
-    assert!(plan.stderr.contains("operator token"), "{}", plan.stderr);
+    assert!(
+        flat(&plan.stderr).contains("needs a token with the admin role"),
+        "{}",
+        plan.stderr
+    );
     // No change for V2.
     let plan = govc(&govd, Some(TOKEN), &["plan", "--detailed-exitcode", &v2]).await;
     assert_eq!(plan.code, 0, "{}{}", plan.stdout, plan.stderr);
@@ -929,7 +1000,7 @@ async fn a_config_the_agent_cannot_enforce_is_nacked_by_rule_and_the_old_one_sta
         "the intruder refused",
         Duration::from_secs(10),
         // Said as what it is, with what to check (not "unavailable").
-        async || read(&intruder.log).contains("the control plane refused this agent's token"),
+        async || read(&intruder.log).contains("the control plane refused this agent's credentials"),
     )
     .await;
     intruder.stop().await;
@@ -985,7 +1056,7 @@ async fn a_config_the_agent_cannot_enforce_is_nacked_by_rule_and_the_old_one_sta
     assert_eq!(a.last_good_version, good);
     // ...and the agent still enforces V1's bulkhead of 2.
     assert_eq!(slow_burst(order.inbound, 6).await, (2, 4));
-    let status = govc(&govd, None, &["status"]).await;
+    let status = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
     assert!(status.stdout.contains("NACKED"), "{}", status.stdout);
     assert!(
         status.stdout.contains("rule order/shared: "),
@@ -1054,21 +1125,21 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
         },
     )
     .await;
-    let status = govc(&govd, None, &["status"]).await;
+    let status = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
     assert!(
         status.stdout.contains("order/errors  OPEN"),
         "{}",
         status.stdout
     );
     // A filter naming no known service is an error, not an empty table.
-    let unknown = govc(&govd, None, &["status", "-s", "nosuch"]).await;
+    let unknown = govc(&govd, Some(VIEWER_TOKEN), &["status", "-s", "nosuch"]).await;
     assert_eq!(unknown.code, 1, "{}", unknown.stderr);
     assert!(
         unknown.stderr.contains("govd knows no service `nosuch`"),
         "{}",
         unknown.stderr
     );
-    let known = govc(&govd, None, &["status", "-s", "order"]).await;
+    let known = govc(&govd, Some(VIEWER_TOKEN), &["status", "-s", "order"]).await;
     assert_eq!(known.code, 0, "{}", known.stderr);
     assert!(
         status.stdout.contains("manual (govc release fuse)"),
@@ -1420,7 +1491,7 @@ async fn an_agent_restart_never_drops_a_manual_fuse_from_govd_unaudited() {
             audit.contains("\"action\":\"latch-not-enforced\""),
             "{audit}"
         );
-        let status = govc(&govd, None, &["status"]).await;
+        let status = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
         assert!(status.stdout.contains("NOT ENFORCED"), "{}", status.stdout);
     }
     assert!(!audit.contains("\"action\":\"untrip\""), "{audit}");
@@ -1868,7 +1939,7 @@ async fn govd_stops_on_sigterm_with_a_closed_stderr() {
     use tokio::io::AsyncBufReadExt as _;
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(govd_bin())
-        .args(["--listen", "127.0.0.1:0", "--state-dir"])
+        .args(["--listen", "127.0.0.1:0", "--insecure", "--state-dir"])
         .arg(dir.path().join("state"))
         .env("GOV_LOG", "info")
         .stdout(Stdio::null())
@@ -1906,6 +1977,7 @@ async fn govd_logs_json_lines_filtered_by_rust_log() {
         .args([
             "--listen",
             "127.0.0.1:0",
+            "--insecure",
             "--log-format",
             "json",
             "--state-dir",
@@ -1944,7 +2016,7 @@ async fn govd_logs_json_lines_filtered_by_rust_log() {
 
     // A bad filter is a usage error naming its variable.
     let out = Command::new(govd_bin())
-        .args(["--listen", "127.0.0.1:0", "--state-dir"])
+        .args(["--listen", "127.0.0.1:0", "--insecure", "--state-dir"])
         .arg(dir.path().join("state"))
         .env_remove("GOV_LOG")
         .env("RUST_LOG", "info,[{")
@@ -2235,5 +2307,653 @@ async fn apply_without_a_terminal_needs_auto_approve_and_calls_out_a_removal() {
             .contains("WARNING: this removes service payment")
     );
     assert_ne!(govd.status().await.version, version);
+}
+
+// === tokens, roles and the audit log ===
+
+/// govc's stderr with miette's wrapping undone: words joined by one space.
+fn flat(text: &str) -> String {
+    text.split_whitespace()
+        .filter(|w| *w != "│")
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Runs `govd` with `args` (and a fresh state directory) and expects it to
+/// refuse to start: its exit code and stderr.
+async fn govd_refuses(dir: &Path, args: &[&str]) -> (i32, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        Command::new(govd_bin())
+            .args(args)
+            .arg("--state-dir")
+            .arg(dir.join(format!("refused-{}", rand_suffix())))
+            .env_remove("GOV_TOKEN_FILE")
+            .env_remove("GOV_INSECURE")
+            .output(),
+    )
+    .await
+    .expect("govd must exit, not serve")
+    .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn govd_will_not_start_open_unless_told_and_only_on_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, stderr) = govd_refuses(dir.path(), &["--listen", "127.0.0.1:0"]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("govd needs tokens"), "{stderr}");
+    assert!(stderr.contains("--token-file FILE"), "{stderr}");
+    let (code, stderr) = govd_refuses(dir.path(), &["--listen", "0.0.0.0:0", "--insecure"]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("--insecure is only allowed on a loopback address, not `0.0.0.0:0`"),
+        "{stderr}"
+    );
+    // A token file with a bad line says which line and what is wrong.
+    let tokens = write(
+        dir.path(),
+        "bad.tokens",
+        "alice a-token admin\nbob b-token root\n",
+    );
+    let (code, stderr) = govd_refuses(
+        dir.path(),
+        &["--listen", "127.0.0.1:0", "--token-file", &tokens],
+    )
+    .await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("line 2: unknown role `root`"), "{stderr}");
+    // --insecure on loopback starts (and serves without a token).
+    let govd = ControlPlaneBuilder {
+        state_dir: dir.path().join("open"),
+        token: false,
+        agent_token: false,
+        metrics: false,
+        tls: None,
+        args: Vec::new(),
+    }
+    .start()
+    .await;
+    let status = govc(&govd, None, &["status", "-o", "json"]).await;
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, None, &["apply", "--who", "mallory", &v1]).await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    // Without tokens the claim is all govd has: it is marked as such.
+    let audit = govc(&govd, None, &["audit", "-o", "json"]).await;
+    assert_eq!(audit.code, 0, "{}", audit.stderr);
+    let records: Vec<serde_json::Value> = serde_json::from_str(&audit.stdout).unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["who"], "mallory (unverified)");
+    govd.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_role_may_do_what_it_says_and_the_audit_names_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+
+    // Reads need a token too.
+    let status = govc(&govd, None, &["status"]).await;
+    assert_eq!(status.code, 1, "{}", status.stdout);
+    assert!(
+        flat(&status.stderr)
+            .contains("`Status` needs a token with the viewer, operator or admin role"),
+        "{}",
+        status.stderr
+    );
+    let status = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let wrong = govc(&govd, Some("not-a-token"), &["status"]).await;
+    assert_eq!(wrong.code, 1);
+    assert!(
+        flat(&wrong.stderr).contains("not one govd knows"),
+        "{}",
+        wrong.stderr
+    );
+
+    // A viewer cannot apply, an operator cannot apply; the refusal names the
+    // role needed and the token's role.
+    for (token, name, role) in [
+        (VIEWER_TOKEN, "board", "viewer"),
+        (OPERATOR_TOKEN, "oncall", "operator"),
+    ] {
+        let refused = govc(&govd, Some(token), &["apply", &v1]).await;
+        assert_eq!(refused.code, 1, "{}", refused.stdout);
+        let want = format!("`Apply` needs the admin role; the token `{name}` has the {role} role");
+        assert!(flat(&refused.stderr).contains(&want), "{}", refused.stderr);
+    }
+    assert_eq!(govd.status().await.version, "", "nothing was applied");
+
+    // The admin applies; the audit names the token, not `--who` or $USER.
+    let applied = govc(&govd, Some(TOKEN), &["apply", "--who", "mallory", &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+
+    // A viewer cannot release; an operator can.
+    let refused = govc(
+        &govd,
+        Some(VIEWER_TOKEN),
+        &["release", "fuse", "order/errors"],
+    )
+    .await;
+    assert_eq!(refused.code, 1);
+    assert!(
+        flat(&refused.stderr).contains(
+            "`Release` needs the operator or admin role; the token `board` has the viewer role"
+        ),
+        "{}",
+        refused.stderr
+    );
+    let released = govc(
+        &govd,
+        Some(OPERATOR_TOKEN),
+        &["release", "fuse", "order/errors"],
+    )
+    .await;
+    assert_eq!(released.code, 0, "{}", released.stderr);
+
+    // `govc audit` reads the log over gRPC, with a viewer's token.
+    let refused = govc(&govd, None, &["audit"]).await;
+    assert_eq!(refused.code, 1);
+    assert!(
+        flat(&refused.stderr).contains("`Audit` needs a token"),
+        "{}",
+        refused.stderr
+    );
+    let audit = govc(
+        &govd,
+        Some(VIEWER_TOKEN),
+        &["audit", "--since", "1h", "-o", "json"],
+    )
+    .await;
+    assert_eq!(audit.code, 0, "{}", audit.stderr);
+    let records: Vec<serde_json::Value> = serde_json::from_str(&audit.stdout).unwrap();
+    let who: Vec<(&str, &str)> = records
+        .iter()
+        .map(|r| (r["who"].as_str().unwrap(), r["action"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        who,
+        [("e2e", "apply"), ("oncall", "release")],
+        "{records:?}"
+    );
+    assert_eq!(records[1]["rule"], "order/errors");
+    assert!(records[0]["at"].as_str().unwrap().ends_with('Z'));
+    let table = govc(&govd, Some(VIEWER_TOKEN), &["audit"]).await;
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert!(table.stdout.starts_with("TIME (UTC)"), "{}", table.stdout);
+    assert!(
+        table.stdout.contains("fuse order/errors"),
+        "{}",
+        table.stdout
+    );
+    // --since a time after both: nothing.
+    let later = govc(
+        &govd,
+        Some(VIEWER_TOKEN),
+        &["audit", "--since", "2999-01-01"],
+    )
+    .await;
+    assert_eq!(later.code, 0, "{}", later.stderr);
+    assert_eq!(later.stdout, "no audit records\n");
+    // --limit keeps the newest and says how many were left out.
+    let last = govc(
+        &govd,
+        Some(VIEWER_TOKEN),
+        &["audit", "--limit", "1", "-o", "json"],
+    )
+    .await;
+    let records: Vec<serde_json::Value> = serde_json::from_str(&last.stdout).unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["action"], "release");
+    assert!(
+        flat(&last.stderr).contains("1 older record(s) left out"),
+        "{}",
+        last.stderr
+    );
+    let bad = govc(
+        &govd,
+        Some(VIEWER_TOKEN),
+        &["audit", "--since", "yesterday"],
+    )
+    .await;
+    assert_eq!(bad.code, 64, "{}", bad.stderr);
+    govd.stop().await;
+}
+
+// === TLS ===
+
+/// Throwaway certificates: a CA, govd's certificate for 127.0.0.1, and
+/// agent certificates, as PEM files in one directory.
+#[derive(Clone)]
+struct Pki {
+    dir: PathBuf,
+    ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    issuer: Arc<rcgen::CertifiedIssuer<'static, rcgen::KeyPair>>,
+}
+
+impl Pki {
+    fn new(dir: &Path) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "gov e2e CA");
+        let issuer =
+            rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+                .unwrap();
+        std::fs::create_dir_all(dir).unwrap();
+        let ca = dir.join("ca.pem");
+        std::fs::write(&ca, issuer.pem()).unwrap();
+        let mut pki = Pki {
+            dir: dir.to_owned(),
+            ca,
+            server_cert: PathBuf::new(),
+            server_key: PathBuf::new(),
+            issuer: Arc::new(issuer),
+        };
+        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+        (pki.server_cert, pki.server_key) = pki.sign("govd", params);
+        pki
+    }
+
+    /// A certificate and key signed by the CA, as (cert, key) files.
+    fn sign(&self, name: &str, params: rcgen::CertificateParams) -> (PathBuf, PathBuf) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let (cert_path, key_path) = (
+            self.dir.join(format!("{name}.pem")),
+            self.dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (cert_path, key_path)
+    }
+
+    /// An agent certificate: a SPIFFE ID for `service`, or only CN=`service`.
+    fn agent(&self, service: &str, spiffe: bool) -> (PathBuf, PathBuf) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        if spiffe {
+            let id = format!("spiffe://gov.test/ns/default/service/{service}");
+            params
+                .subject_alt_names
+                .push(rcgen::SanType::URI(id.try_into().unwrap()));
+        } else {
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, service);
+        }
+        self.sign(&format!("agent-{service}-{spiffe}"), params)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_an_agent_is_the_service_its_certificate_names_and_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"));
+    let govd = control_plane(&dir.path().join("state"))
+        .tls(&pki)
+        .start()
+        .await;
+    let up = upstream().await;
+    let ca = pki.ca.display().to_string();
+
+    // People: govc over TLS with the CA; plain HTTP/2 or no CA gets nothing.
+    let status = govc(&govd, Some(VIEWER_TOKEN), &["status", "--tls-ca", &ca]).await;
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let no_ca = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
+    assert_eq!(no_ca.code, 1);
+    assert!(
+        flat(&no_ca.stderr).contains("no CA to check govd's certificate"),
+        "{}",
+        no_ca.stderr
+    );
+    let plain_url = format!("http://{}", govd.addr);
+    let plain = Command::new(binary("govc"))
+        .args(["status", "--control-plane", &plain_url])
+        .env("GOV_TOKEN", VIEWER_TOKEN)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        plain.status.code(),
+        Some(1),
+        "plain HTTP/2 must not be served"
+    );
+    let tls_on_http = Command::new(binary("govc"))
+        .args(["status", "--control-plane", &plain_url, "--tls-ca", &ca])
+        .env("GOV_TOKEN", VIEWER_TOKEN)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(tls_on_http.status.code(), Some(1));
+    assert!(
+        flat(&String::from_utf8_lossy(&tls_on_http.stderr))
+            .contains("is plain HTTP, but TLS files were given"),
+        "{}",
+        String::from_utf8_lossy(&tls_on_http.stderr)
+    );
+
+    // An agent with a SPIFFE certificate for its service, and one with CN.
+    let order_cert = pki.agent("order", true);
+    let pay_cert = pki.agent("payment", false);
+    let order = agent("order", "order-1")
+        .upstream(up)
+        .control_plane(&govd)
+        .tls(&pki, Some(&order_cert))
+        .start(dir.path())
+        .await;
+    let pay = agent("payment", "payment-1")
+        .upstream(up)
+        .control_plane(&govd)
+        .tls(&pki, Some(&pay_cert))
+        .start(dir.path())
+        .await;
+    wait_until(
+        "both agents connected",
+        Duration::from_secs(10),
+        async || govd.status().await.agents.len() == 2,
+    )
+    .await;
+
+    // The payment certificate cannot claim order; an agent without a
+    // certificate is refused too.
+    let posing = agent("order", "order-fake")
+        .upstream(up)
+        .control_plane(&govd)
+        .tls(&pki, Some(&pay_cert))
+        .start(dir.path())
+        .await;
+    let anonymous = agent("order", "order-anon")
+        .upstream(up)
+        .control_plane(&govd)
+        .tls(&pki, None)
+        .start(dir.path())
+        .await;
+    wait_until(
+        "both refusals logged",
+        Duration::from_secs(10),
+        async || {
+            let (a, b) = (read(&posing.log), read(&anonymous.log));
+            a.contains("refused this agent's credentials")
+                && b.contains("refused this agent's credentials")
+        },
+    )
+    .await;
+    assert!(
+        read(&posing.log).contains("certificate is for service `payment`, not `order`"),
+        "{}",
+        read(&posing.log)
+    );
+    assert!(
+        read(&anonymous.log).contains("requires agents to present a client certificate"),
+        "{}",
+        read(&anonymous.log)
+    );
+    // The refused agents say so on /ready and in /metrics; the accepted
+    // one does not.
+    for refused in [&posing, &anonymous] {
+        let (_, _, ready) = http_get(refused.admin, "/ready").await;
+        assert!(
+            ready.contains("control plane refused this agent's credentials"),
+            "{ready}"
+        );
+        let (_, _, metrics) = http_get(refused.admin, "/metrics").await;
+        assert!(
+            metrics.contains("gov_agent_control_plane_refused 1"),
+            "{metrics}"
+        );
+        assert!(
+            !metrics.contains("gov_agent_control_plane_auth_failures_total 0"),
+            "{metrics}"
+        );
+    }
+    let (_, _, ready) = http_get(order.admin, "/ready").await;
+    assert!(!ready.contains("refused"), "{ready}");
+    let (_, _, metrics) = http_get(order.admin, "/metrics").await;
+    assert!(
+        metrics.contains("gov_agent_control_plane_refused 0"),
+        "{metrics}"
+    );
+    let view = govd.status().await;
+    let mut names: Vec<_> = view.agents.iter().map(|a| a.instance.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["order-1", "payment-1"]);
+    // The attempt to pose as order is audited and logged.
+    let audit = govc(
+        &govd,
+        Some(VIEWER_TOKEN),
+        &["audit", "-o", "json", "--tls-ca", &ca],
+    )
+    .await;
+    assert_eq!(audit.code, 0, "{}", audit.stderr);
+    let records: Vec<serde_json::Value> = serde_json::from_str(&audit.stdout).unwrap();
+    let refused: Vec<_> = records
+        .iter()
+        .filter(|r| r["action"] == "agent-refused")
+        .collect();
+    assert!(!refused.is_empty(), "{records:?}");
+    assert_eq!(refused[0]["targets"][0], "order/order-fake");
+    assert!(
+        read(&govd.log).contains("refused an agent whose certificate is for another service"),
+        "{}",
+        read(&govd.log)
+    );
+
+    // Configs flow over TLS: an apply reaches the order agent.
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", "--tls-ca", &ca, &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    assert_eq!(order.configs_applied().await, 1);
+    for a in [order, pay, posing, anonymous] {
+        a.stop().await;
+    }
+    govd.stop().await;
+}
+
+// === connections ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sockets_are_closed_and_connections_beyond_the_cap_wait_for_a_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state"))
+        .args(&["--max-connections", "2", "--handshake-timeout", "1s"])
+        .start()
+        .await;
+
+    // Two sockets that never speak hold both slots, until the handshake
+    // deadline closes them.
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(tokio::net::TcpStream::connect(govd.addr).await.unwrap());
+    }
+    for mut socket in idle {
+        // govd's HTTP/2 settings come first; then the close.
+        let mut buf = [0u8; 256];
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            while matches!(socket.read(&mut buf).await, Ok(1..)) {}
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "govd must close a connection that says nothing"
+        );
+    }
+
+    // Two clients with a watch each fill the cap; a third waits for a slot
+    // and gets one when a watcher leaves.
+    let watcher = || async {
+        let mut client = gov_control_plane::client::connect(&govd.url(), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let mut stream = client
+            .watch(as_viewer(pb::WatchRequest::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        stream.message().await.unwrap().unwrap();
+        (client, stream)
+    };
+    let first = watcher().await;
+    let _second = watcher().await;
+    wait_until("the cap is reported", Duration::from_secs(10), async || {
+        read(&govd.log).contains("connection cap reached")
+    })
+    .await;
+    let url = govd.url();
+    let third = tokio::spawn(async move {
+        let mut client = gov_control_plane::client::connect(&url, Duration::from_secs(30))
+            .await
+            .unwrap();
+        client
+            .status(as_viewer(pb::StatusRequest::default()))
+            .await
+            .map(|_| ())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served beyond the cap"
+    );
+    drop(first);
+    tokio::time::timeout(Duration::from_secs(10), third)
+        .await
+        .expect("served once a slot freed")
+        .unwrap()
+        .unwrap();
+    govd.stop().await;
+}
+
+// === history ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_applies_of_the_examples_keep_one_copy_of_each_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let govd = control_plane(&state).start().await;
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut files: Vec<String> = std::fs::read_dir(&examples)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gov"))
+        .map(|p| p.display().to_string())
+        .collect();
+    files.sort();
+    let examples_bytes: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .sum();
+    // Two versions of one more file, alternating: every apply is a change.
+    let mut first = 0;
+    for i in 0..50 {
+        let extra = write(
+            dir.path(),
+            "extra.gov",
+            &format!(
+                "service extra_svc {{\n  match all = path prefix \"/\"\n  bulkhead b on all {{\n    max_concurrent {}\n  }}\n}}\n",
+                2 + i % 2
+            ),
+        );
+        let mut args = vec!["apply", "--wait", "0s", &extra];
+        args.extend(files.iter().map(String::as_str));
+        let applied = govc(&govd, Some(TOKEN), &args).await;
+        assert_eq!(
+            applied.code, 0,
+            "apply {i}: {}{}",
+            applied.stdout, applied.stderr
+        );
+        if i == 0 {
+            first = std::fs::metadata(state.join("state.json")).unwrap().len();
+        }
+    }
+    govd.stop().await;
+    let size = std::fs::metadata(state.join("state.json")).unwrap().len();
+    let text = read(&state.join("state.json"));
+    let history: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(history["history"].as_array().unwrap().len(), 50);
+    // 49 more versions cost their metadata (names, content addresses), not
+    // 49 more copies of the examples (before: about 49 x the examples).
+    assert!(
+        (size - first) * 10 < 49 * examples_bytes,
+        "state.json grew from {first} to {size} bytes over 49 applies of {examples_bytes} bytes of examples"
+    );
+    println!(
+        "state.json: {first} bytes after 1 apply, {size} bytes after 50; the examples: {examples_bytes} bytes"
+    );
+}
+
+// === a release an agent missed ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_made_while_an_agent_is_away_is_not_a_new_trip_when_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let (up, _reached) = failing_upstream().await;
+    let a_dir = dir.path().join("agent-a");
+    let start_a = || {
+        agent("order", "order-a")
+            .upstream(up)
+            .control_plane(&govd)
+            .state_dir(&a_dir)
+            .start(dir.path())
+    };
+    let a = start_a().await;
+    wait_until("the agent connected", Duration::from_secs(10), async || {
+        govd.status().await.agents.len() == 1
+    })
+    .await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", "--wait", "10s", &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    for _ in 0..3 {
+        assert_eq!(http_get(a.inbound, "/fail").await.0, 500);
+    }
+    assert_eq!(http_get(a.inbound, "/fail").await.0, 503);
+    wait_until("the fuse recorded", Duration::from_secs(10), async || {
+        govd.status().await.fuses.len() == 1
+    })
+    .await;
+
+    // The agent goes away with its latch on disk; the operator releases.
+    a.kill().await;
+    let released = govc(
+        &govd,
+        Some(OPERATOR_TOKEN),
+        &["release", "fuse", "order/errors"],
+    )
+    .await;
+    assert_eq!(released.code, 0, "{}", released.stderr);
+    assert!(govd.status().await.fuses.is_empty());
+
+    // Back with the latch it kept: govd sends it the release it missed,
+    // and records no new trip.
+    let a = start_a().await;
+    wait_until(
+        "the agent released the fuse",
+        Duration::from_secs(15),
+        async || http_get(a.inbound, "/fail").await.0 == 500,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        govd.status().await.fuses.is_empty(),
+        "the missed release became a new trip: {:?}",
+        govd.status().await.fuses
+    );
+    let audit = govc(&govd, Some(VIEWER_TOKEN), &["audit", "-o", "json"]).await;
+    let records: Vec<serde_json::Value> = serde_json::from_str(&audit.stdout).unwrap();
+    let actions: Vec<&str> = records
+        .iter()
+        .map(|r| r["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["apply", "trip", "release"], "{records:?}");
+    a.stop().await;
     govd.stop().await;
 }

@@ -20,6 +20,8 @@ mod rule;
 #[cfg(feature = "daemon")]
 pub mod signal;
 pub mod stdio;
+#[cfg(feature = "grpc")]
+pub mod tls;
 mod words;
 
 /// Generated types of package `gov.v1`, with the tonic client and server when the

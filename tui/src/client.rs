@@ -26,6 +26,8 @@ pub struct WatchOptions {
     pub url: String,
     /// Sent as `authorization: Bearer <token>` when set.
     pub token: Option<String>,
+    /// TLS (`--tls-ca`) for an `https://` URL.
+    pub tls: gov_proto::tls::ClientTls,
     /// Only this service; empty: all.
     pub service: String,
 }
@@ -33,8 +35,10 @@ pub struct WatchOptions {
 // === impl WatchOptions ===
 
 impl WatchOptions {
-    pub(crate) fn endpoint(&self) -> Result<Endpoint, tonic::transport::Error> {
-        Ok(Endpoint::from_shared(self.url.clone())?
+    pub(crate) fn endpoint(&self) -> Result<Endpoint, gov_proto::tls::TlsError> {
+        Ok(self
+            .tls
+            .endpoint(&self.url)?
             .connect_timeout(Duration::from_secs(3))
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5)))

@@ -24,6 +24,8 @@ pub struct TuiOptions {
     pub control_plane: String,
     /// Bearer token for `Watch` and `Release`.
     pub token: Option<String>,
+    /// TLS (`--tls-ca`) for an `https://` URL.
+    pub tls: gov_proto::tls::ClientTls,
     /// Hide and refuse release.
     pub readonly: bool,
     /// Recorded as the releasing operator in the audit log.
@@ -62,6 +64,7 @@ pub async fn run(opts: TuiOptions) -> Result<(), TuiError> {
     let watch_opts = WatchOptions {
         url: opts.control_plane.clone(),
         token: opts.token.clone(),
+        tls: opts.tls.clone(),
         service: opts.service.clone(),
     };
     // Refuse a bad URL before taking over the terminal.

@@ -50,6 +50,9 @@ pub type OnConnection = Arc<dyn Fn(bool) + Send + Sync>;
 pub type OnDrain = Arc<dyn Fn(Duration) + Send + Sync>;
 /// Called with a service's registered instances each time govd pushes them.
 pub type OnEndpoints = Arc<dyn Fn(&proto::Endpoints) + Send + Sync>;
+/// Called with the reason when govd refuses this agent's credentials (token
+/// or certificate), and with `None` once a stream is accepted.
+pub type OnRefused = Arc<dyn Fn(Option<&str>) + Send + Sync>;
 /// Called when govd says every agent dropped this instance.
 pub type OnDeregistered = Arc<dyn Fn() + Send + Sync>;
 
@@ -68,6 +71,9 @@ pub struct ControlOptions {
     pub state_dir: Option<PathBuf>,
     /// The agent token, sent as `authorization: Bearer ...`.
     pub token: Option<String>,
+    /// TLS to govd (`https://` URLs): the CA, and this agent's certificate
+    /// for mutual TLS.
+    pub tls: gov_proto::tls::ClientTls,
     /// How often stats are sent.
     pub stats_interval: Duration,
     /// Reconnect delays.
@@ -75,6 +81,9 @@ pub struct ControlOptions {
     pub on_applied: Option<OnApplied>,
     /// Told when the stream to the control plane opens (`true`) and ends (`false`).
     pub on_connection: Option<OnConnection>,
+    /// Where refusals of this agent's credentials are reported (`/ready`,
+    /// `/metrics`).
+    pub on_refused: Option<OnRefused>,
     pub on_drain: Option<OnDrain>,
     /// Where govd's `Endpoints` go (the outbound listener's directory).
     pub on_endpoints: Option<OnEndpoints>,
@@ -114,10 +123,12 @@ impl ControlOptions {
             labels: BTreeMap::new(),
             state_dir: None,
             token: None,
+            tls: gov_proto::tls::ClientTls::default(),
             stats_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
             on_applied: None,
             on_connection: None,
+            on_refused: None,
             on_drain: None,
             on_endpoints: None,
             on_deregistered: None,
@@ -129,9 +140,9 @@ impl ControlOptions {
 /// Why a session with the control plane ended.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum ControlError {
-    #[error("`{url}` is not a valid control plane URL")]
-    #[diagnostic(code(gov::agent::control_url), help("use `http://host:port`"))]
-    Url { url: String },
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Url(#[from] gov_proto::tls::TlsError),
     #[error("cannot connect to the control plane at `{url}`: {reason}")]
     #[diagnostic(
         code(gov::agent::control_connect),
@@ -344,9 +355,12 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
                     tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
                 ) =>
             {
+                if let Some(f) = &options.on_refused {
+                    f(Some(status.message()));
+                }
                 tracing::error!(
                     reason = %status.message(),
-                    "the control plane refused this agent's token; enforcing the last good config until it is fixed (check --control-plane-token-file against govd --agent-token-file)"
+                    "the control plane refused this agent's credentials; enforcing the last good config until it is fixed (check --control-plane-token-file against govd --agent-token-file, and the --tls-cert identity against --service)"
                 )
             }
             Err(ControlError::Refused(status)) if status.code() == tonic::Code::AlreadyExists => {
@@ -400,10 +414,9 @@ async fn session(
     shutdown: &CancellationToken,
     backoff: &mut Backoff,
 ) -> Result<(), ControlError> {
-    let endpoint = tonic::transport::Endpoint::from_shared(options.url.clone())
-        .map_err(|_| ControlError::Url {
-            url: options.url.clone(),
-        })?
+    let endpoint = options
+        .tls
+        .endpoint(&options.url)?
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
@@ -454,6 +467,9 @@ async fn session(
         .map_err(ControlError::Refused)?
         .into_inner();
     backoff.reset();
+    if let Some(f) = &options.on_refused {
+        f(None);
+    }
     tracing::info!(url = %options.url, last_version = %current, "connected to the control plane");
     if let Some(f) = &options.on_connection {
         f(true);

@@ -2,7 +2,7 @@
 //! (config loaded, draining) and the lifecycle (warmup and shutdown
 //! registration), read by `/ready` and `/metrics`.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 /// Whether the agent should get traffic: a config is loaded and it is not draining.
 #[derive(Debug, Default)]
@@ -12,6 +12,10 @@ pub struct Health {
     /// Warmup/shutdown gate (`crate::lifecycle`): 0 open (no warmup), 1 held until
     /// registered, 2 registered, 3 deregistered.
     registration: AtomicU8,
+    /// Why the control plane refuses this agent's credentials, while it does.
+    control_plane_refused: std::sync::Mutex<Option<String>>,
+    /// Refusals of this agent's credentials since start.
+    control_plane_auth_failures: AtomicU64,
 }
 
 impl Health {
@@ -46,6 +50,32 @@ impl Health {
     /// The shutdown deregistered the instance: `/ready` says 503, traffic still served.
     pub fn set_deregistered(&self) {
         self.registration.store(3, Ordering::Release);
+    }
+
+    /// Records a refusal of this agent's credentials by the control plane
+    /// (`Some(reason)`), or that a stream was accepted (`None`).
+    pub fn set_control_plane_refused(&self, reason: Option<&str>) {
+        if reason.is_some() {
+            self.control_plane_auth_failures
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        *self
+            .control_plane_refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = reason.map(str::to_owned);
+    }
+
+    /// Why the control plane refuses this agent, while it does.
+    pub fn control_plane_refusal(&self) -> Option<String> {
+        self.control_plane_refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Refusals of this agent's credentials since start.
+    pub fn control_plane_auth_failures(&self) -> u64 {
+        self.control_plane_auth_failures.load(Ordering::Relaxed)
     }
 
     /// Why the agent is not ready, or `None` when it is.

@@ -611,6 +611,14 @@ impl Sidecar {
         Arc::new(move |connected| config.set_control_plane_connected(connected))
     }
 
+    /// What the control-plane client calls when govd refuses this agent's
+    /// credentials (and with `None` once accepted): `/ready` says why, and
+    /// `/metrics` counts it. (Added for `crate::control`.)
+    pub fn on_control_plane_refused(&self) -> crate::control::OnRefused {
+        let health = self.health.clone();
+        Arc::new(move |reason: Option<&str>| health.set_control_plane_refused(reason))
+    }
+
     /// The lifecycle (warmup, phase and weight, ordered shutdown).
     pub fn lifecycle(&self) -> &Arc<crate::lifecycle::Lifecycle> {
         &self.lifecycle

@@ -427,6 +427,13 @@ impl proto::control_plane_server::ControlPlane for FakeControlPlane {
         Err(tonic::Status::unimplemented("fake"))
     }
 
+    async fn audit(
+        &self,
+        _: tonic::Request<proto::AuditRequest>,
+    ) -> Result<tonic::Response<proto::AuditResult>, tonic::Status> {
+        Err(tonic::Status::unimplemented("fake"))
+    }
+
     async fn release(
         &self,
         _: tonic::Request<proto::ReleaseRequest>,

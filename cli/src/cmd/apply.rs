@@ -42,7 +42,9 @@ pub struct Args {
     #[arg(long, env = "GOV_WAIT", default_value = "10s", value_parser = parse_duration)]
     pub wait: Duration,
 
-    /// Who applies, for the audit log. Default: `$USER`.
+    /// Who applies, for the audit log of a govd without tokens (`--insecure`),
+    /// where it is recorded as unverified. Default: `$USER`. With tokens,
+    /// govd records the token's name instead.
     #[arg(long, env = "GOV_WHO")]
     pub who: Option<String>,
 

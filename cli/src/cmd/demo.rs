@@ -348,6 +348,7 @@ async fn live(
         let opts = gov_tui::TuiOptions {
             control_plane: url.to_owned(),
             token: None,
+            tls: Default::default(),
             readonly: false,
             who: std::env::var("USER")
                 .ok()

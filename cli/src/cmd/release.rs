@@ -22,7 +22,9 @@ pub struct Args {
     #[command(flatten)]
     pub remote: RemoteArgs,
 
-    /// Who releases, for the audit log. Default: `$USER`.
+    /// Who releases, for the audit log of a govd without tokens (`--insecure`),
+    /// where it is recorded as unverified. Default: `$USER`. With tokens,
+    /// govd records the token's name instead.
     #[arg(long, env = "GOV_WHO")]
     pub who: Option<String>,
 }

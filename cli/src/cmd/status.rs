@@ -35,8 +35,9 @@ pub fn run(args: Args) -> ExitCode {
     let service = args.service.clone().unwrap_or_default();
     let view = remote::block_on(async {
         let mut client = args.remote.connect().await?;
+        let request = args.remote.request(pb::StatusRequest { service })?;
         client
-            .status(pb::StatusRequest { service })
+            .status(request)
             .await
             .map(tonic::Response::into_inner)
             .map_err(|s| args.remote.status(s))

@@ -25,13 +25,18 @@ fn fail(report: miette::Report) -> ExitCode {
 }
 
 pub fn run(args: Args) -> ExitCode {
-    let token = match args.remote.token() {
+    let (token, tls) = match args
+        .remote
+        .token()
+        .and_then(|t| Ok((t, args.remote.tls()?)))
+    {
         Ok(t) => t,
         Err(e) => return fail(e.into()),
     };
     let opts = gov_tui::TuiOptions {
         control_plane: args.remote.control_plane,
         token,
+        tls,
         readonly: args.readonly,
         who: std::env::var("USER")
             .ok()

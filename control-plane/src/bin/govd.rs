@@ -8,11 +8,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gov_control_plane::{ControlPlane, Error, Limits, Options, auth::read_token_file, serve};
+use gov_control_plane::auth::{Tokens, check_start, read_named_tokens, read_token_file};
+use gov_control_plane::{ConnectionLimits, ControlPlane, Error, Limits, Options, serve};
 use gov_proto::flag::parse_duration;
 use gov_proto::log::LogFormat;
 use gov_proto::signal::Signals;
+use gov_proto::tls::{read_identity, read_pem};
 use tokio_util::sync::CancellationToken;
+use tonic::transport::{Certificate, ServerTlsConfig};
 
 /// How to stop govd when its signal handlers cannot be installed.
 const OTHERWISE: &str = "stop govd with SIGKILL";
@@ -34,10 +37,61 @@ struct Args {
     #[arg(long, env = "GOV_STATE_DIR", default_value = "./.gov-state")]
     state_dir: PathBuf,
 
-    /// A file holding the bearer token operators must present for `Apply` and
-    /// `Release`. Unset: no token needed.
+    /// The tokens people present: one `name token role` line each, role
+    /// `admin` (everything), `operator` (read and release) or `viewer`
+    /// (read). The audit log names the token. A file holding one token on
+    /// one line is one admin token named `admin`.
     #[arg(long, env = "GOV_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+
+    /// Run without tokens: every call is open and the audit records who the
+    /// client says it is. Only on a loopback --listen address.
+    #[arg(long, env = "GOV_INSECURE", conflicts_with = "token_file")]
+    insecure: bool,
+
+    /// TLS on the gRPC listener: the server certificate (PEM, chain first).
+    /// Clients then use `https://` and `--tls-ca`.
+    #[arg(long, env = "GOV_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "GOV_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
+    /// Mutual TLS for agents: the CA (PEM) that signs agent certificates.
+    /// Every agent must then present one, whose identity
+    /// (`spiffe://.../service/NAME` URI SAN, or CN=NAME) is its --service.
+    /// People (govc, the TUI) still authenticate with tokens.
+    #[arg(long, env = "GOV_TLS_CLIENT_CA", value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
+
+    /// Most connections open at once (agents, govc, TUIs); further ones wait
+    /// in the listen backlog until one closes.
+    #[arg(long, env = "GOV_MAX_CONNECTIONS", default_value_t = ConnectionLimits::default().max_connections,
+          value_parser = at_least_one)]
+    max_connections: usize,
+
+    /// Most HTTP/2 streams (calls) at once on one connection.
+    #[arg(long, env = "GOV_MAX_STREAMS_PER_CONNECTION",
+          default_value_t = ConnectionLimits::default().max_streams_per_connection)]
+    max_streams_per_connection: u32,
+
+    /// A new connection that sends nothing (no TLS hello, no HTTP/2 preface)
+    /// within this is closed; also the TLS handshake's deadline.
+    #[arg(long, env = "GOV_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    handshake_timeout: Duration,
+
+    /// HTTP/2 pings to each peer this often...
+    #[arg(long, env = "GOV_HTTP2_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    http2_keepalive_interval: Duration,
+
+    /// ... and the connection is closed if one is not answered within this.
+    #[arg(long, env = "GOV_HTTP2_KEEPALIVE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    http2_keepalive_timeout: Duration,
+
+    /// TCP keepalive probes on a connection idle this long.
+    #[arg(long, env = "GOV_TCP_KEEPALIVE", default_value = "60s", value_parser = parse_duration)]
+    tcp_keepalive: Duration,
 
     /// A file holding the bearer token agents must present on `Connect`.
     #[arg(long, env = "GOV_AGENT_TOKEN_FILE")]
@@ -120,11 +174,10 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), Error> {
     let mut options = Options::new(&args.state_dir);
-    options.token = args
-        .token_file
-        .as_deref()
-        .map(read_token_file)
-        .transpose()?;
+    options.tokens = match &args.token_file {
+        Some(path) => read_named_tokens(path)?,
+        None => Vec::new(),
+    };
     options.agent_token = args
         .agent_token_file
         .as_deref()
@@ -137,10 +190,36 @@ async fn run(args: Args) -> Result<(), Error> {
         max_diagnostics: args.max_diagnostics,
         concurrent_compiles: args.max_concurrent_compiles,
     };
-    if options.token.is_none() {
+    options.connections = ConnectionLimits {
+        max_connections: args.max_connections,
+        max_streams_per_connection: args.max_streams_per_connection,
+        handshake_timeout: args.handshake_timeout,
+        http2_keepalive_interval: args.http2_keepalive_interval,
+        http2_keepalive_timeout: args.http2_keepalive_timeout,
+        tcp_keepalive: args.tcp_keepalive,
+    };
+    options.tls = server_tls(&args)?;
+    options.agent_certificates = args.tls_client_ca.is_some();
+    if let Some(tls) = &options.tls {
+        gov_control_plane::check_tls(tls)?;
+    }
+    check_start(
+        &Tokens {
+            named: options.tokens.clone(),
+            agent: options.agent_token.clone(),
+        },
+        args.insecure,
+        args.listen,
+    )?;
+    if args.insecure {
         tracing::warn!(
-            "no --token-file: anyone who reaches {} can apply and release",
+            "--insecure: any local user who reaches {} can apply and release",
             args.listen
+        );
+    }
+    if options.agent_token.is_none() && args.tls_client_ca.is_none() {
+        tracing::warn!(
+            "no --agent-token-file: any process that reaches govd can connect as an agent of any service"
         );
     }
     let shutdown = CancellationToken::new();
@@ -191,6 +270,26 @@ async fn run(args: Args) -> Result<(), Error> {
         });
     }
     serve(listener, control_plane, shutdown, args.drain_timeout).await
+}
+
+/// The TLS configuration the flags ask for, if any.
+fn server_tls(args: &Args) -> Result<Option<ServerTlsConfig>, Error> {
+    let identity = read_identity(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
+    let Some(identity) = identity else {
+        if args.tls_client_ca.is_some() {
+            return Err(Error::ClientCaWithoutTls);
+        }
+        return Ok(None);
+    };
+    let mut tls = ServerTlsConfig::new().identity(identity);
+    if let Some(ca) = &args.tls_client_ca {
+        // Optional at the handshake: people authenticate with tokens; the
+        // agents' `Connect` refuses a stream without a certificate.
+        tls = tls
+            .client_ca_root(Certificate::from_pem(read_pem("client CA", ca)?))
+            .client_auth_optional(true);
+    }
+    Ok(Some(tls))
 }
 
 /// A count that must be at least 1.

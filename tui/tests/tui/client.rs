@@ -84,6 +84,13 @@ impl ControlPlane for FakeControlPlane {
         Err(Status::unimplemented("status"))
     }
 
+    async fn audit(
+        &self,
+        _: Request<gov_tui::proto::AuditRequest>,
+    ) -> Result<Response<gov_tui::proto::AuditResult>, Status> {
+        Err(Status::unimplemented("audit"))
+    }
+
     async fn release(
         &self,
         request: Request<ReleaseRequest>,
@@ -159,6 +166,7 @@ async fn watch_reports_disconnection_and_reconnects_after_a_restart() {
     let opts = WatchOptions {
         url: format!("http://{addr}"),
         token: Some("s3cret\n".into()),
+        tls: Default::default(),
         service: String::new(),
     };
     let watcher = tokio::spawn(gov_tui::watch(opts, tx));
@@ -220,6 +228,7 @@ async fn release_sends_who_and_the_bearer_token() {
     let mut opts = WatchOptions {
         url: format!("http://{}", server.addr),
         token: Some("s3cret".into()),
+        tls: Default::default(),
         service: String::new(),
     };
 

@@ -92,6 +92,20 @@ struct Args {
     #[arg(long, env = "GOV_CONTROL_PLANE_TOKEN_FILE")]
     control_plane_token_file: Option<PathBuf>,
 
+    /// The CA (PEM) that signed govd's certificate; needs an `https://`
+    /// --control-plane.
+    #[arg(long, env = "GOV_TLS_CA", value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+
+    /// This agent's certificate (PEM) for mutual TLS: govd binds its identity
+    /// (`spiffe://.../service/NAME` URI SAN, or CN=NAME) to --service.
+    #[arg(long, env = "GOV_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "GOV_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
     /// The protocol spoken to upstreams: `http1`, `http2` (prior knowledge, h2c), or
     /// `downstream` (what the client spoke: gRPC clients get HTTP/2 with trailers).
     #[arg(long, env = "GOV_UPSTREAM_PROTOCOL", default_value = "http1")]
@@ -185,6 +199,26 @@ async fn run(args: Args) -> ExitCode {
         c.state_dir = args.state_dir.clone();
         c
     });
+    // TLS files and the URL are checked once, here: a mistake is a usage
+    // error, not a reason to retry forever.
+    let tls = gov_proto::tls::ClientTls::read(&gov_proto::tls::ClientTlsFiles {
+        ca: args.tls_ca.clone(),
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+    })
+    .and_then(|tls| {
+        if let Some(c) = &control {
+            tls.endpoint(&c.url)?;
+        }
+        Ok(tls)
+    });
+    let tls = match tls {
+        Ok(tls) => tls,
+        Err(error) => {
+            gov_proto::report::plain(&error);
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     // Connects lazily: a Redis that is down at start is an outage like any other.
     let cluster_store = match args.redis.as_deref().map(gov_agent::cluster::redis) {
         None => None,
@@ -244,8 +278,10 @@ async fn run(args: Args) -> ExitCode {
         }
         control.address = sidecar.inbound_addr().to_string();
         control.token = token;
+        control.tls = tls;
         control.on_applied = Some(sidecar.on_config_applied());
         control.on_connection = Some(sidecar.on_control_plane_connection());
+        control.on_refused = Some(sidecar.on_control_plane_refused());
         // The control plane's drain runs the config's shutdown steps, like SIGTERM.
         let lifecycle = sidecar.lifecycle().clone();
         control.on_drain = Some(std::sync::Arc::new(move |_| lifecycle.begin_shutdown()));

@@ -30,13 +30,22 @@ impl Admin {
     pub(crate) async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
         match (req.method(), req.uri().path()) {
             (&Method::GET | &Method::HEAD, "/live") => text(StatusCode::OK, "live\n".into()),
-            (&Method::GET | &Method::HEAD, "/ready") => match self.health.not_ready_reason() {
-                None => text(StatusCode::OK, "ready\n".into()),
-                Some(reason) => text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("not ready: {reason}\n"),
-                ),
-            },
+            (&Method::GET | &Method::HEAD, "/ready") => {
+                // Readiness is about serving; a refused control plane is
+                // said beside it (the agent enforces its last good config).
+                let refused = self
+                    .health
+                    .control_plane_refusal()
+                    .map(|r| format!("control plane refused this agent's credentials: {r}\n"))
+                    .unwrap_or_default();
+                match self.health.not_ready_reason() {
+                    None => text(StatusCode::OK, format!("ready\n{refused}")),
+                    Some(reason) => text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not ready: {reason}\n{refused}"),
+                    ),
+                }
+            }
             (&Method::GET | &Method::HEAD, "/metrics") => {
                 let mut response =
                     Response::new(Full::new(Bytes::from(self.metrics.render(&self.health))));

@@ -118,6 +118,26 @@ impl Source {
             &[("service", &self.service), ("version", &version)],
             1_u64,
         );
+        enc.family(
+            "gov_agent_control_plane_auth_failures_total",
+            "counter",
+            "Times the control plane refused this agent's token or certificate.",
+        );
+        enc.sample(
+            "gov_agent_control_plane_auth_failures_total",
+            &[],
+            health.control_plane_auth_failures(),
+        );
+        enc.family(
+            "gov_agent_control_plane_refused",
+            "gauge",
+            "1 while the control plane refuses this agent's credentials (see /ready for why), else 0.",
+        );
+        enc.sample(
+            "gov_agent_control_plane_refused",
+            &[],
+            u64::from(health.control_plane_refusal().is_some()),
+        );
         self.render_lifecycle(enc);
         if let Some(store) = self.engine.cluster_store() {
             enc.family(
