@@ -176,13 +176,16 @@ pub fn redis_with_timeout(url: &str, timeout: Duration) -> Result<ClusterStore, 
                 .max_retry_wait(100)
                 .build()
                 .map_err(|e| error(e.to_string()))?;
-            Conn::Cluster(
-                client.get_pending_async_connection_with_config(
-                    redis::cluster::ClusterConfig::new()
-                        .set_connection_timeout(connect_timeout)
-                        .set_response_timeout(timeout),
-                ),
-            )
+            let config = redis::cluster::ClusterConfig::new()
+                .set_connection_timeout(connect_timeout)
+                .set_response_timeout(timeout);
+            let conn = client.get_pending_async_connection_with_config(config.clone());
+            Conn::Cluster(Box::new(ClusterConns {
+                client,
+                config,
+                current: arc_swap::ArcSwap::from_pointee(conn),
+                next: std::sync::Mutex::new(None),
+            }))
         }
         RedisTarget::Sentinel { sentinels, master } => {
             let client = SentinelClient::build(sentinels, master, None, SentinelServerType::Master)
@@ -215,8 +218,22 @@ struct Redis {
 
 enum Conn {
     Single(redis::aio::ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(Box<ClusterConns>),
     Sentinel(Arc<SentinelConn>),
+}
+
+/// The cluster connection, and the one the next probe tries.
+///
+/// While the store is down the engine sends only the probe's `PING`, and the
+/// cluster client refreshes its slot map on errors of its own choosing: one
+/// refreshed before the failover ended could keep pinging the dead master.
+/// So each probe tries a connection made at the previous probe (its slot map
+/// read then, from the seeds) and leaves a new one for the next.
+struct ClusterConns {
+    client: redis::cluster::ClusterClient,
+    config: redis::cluster::ClusterConfig,
+    current: arc_swap::ArcSwap<ClusterConnection>,
+    next: std::sync::Mutex<Option<ClusterConnection>>,
 }
 
 /// The connection to the master the sentinels name, looked up on first use
@@ -255,8 +272,8 @@ macro_rules! with_conn {
                 let mut $c = conn.clone();
                 $body.await
             }
-            Conn::Cluster(conn) => {
-                let mut $c = conn.clone();
+            Conn::Cluster(cluster) => {
+                let mut $c = cluster.conn();
                 $body.await
             }
             Conn::Sentinel(sentinel) => {
@@ -299,7 +316,8 @@ impl Backend for Redis {
             let values: Vec<i64> = match &self.conn {
                 // A cluster pipeline must stay in one slot: one per key (its
                 // calls, bytes and latch share a hash tag), sent together.
-                Conn::Cluster(conn) => {
+                Conn::Cluster(cluster) => {
+                    let conn = cluster.conn();
                     let mut sends = tokio::task::JoinSet::new();
                     for (i, item) in items.iter().enumerate() {
                         let mut pipe = redis::pipe();
@@ -358,8 +376,8 @@ impl Backend for Redis {
             match &self.conn {
                 // SCAN walks one node: walk every master, delete by key (DEL is
                 // routed to each key's slot).
-                Conn::Cluster(conn) => {
-                    let mut conn = conn.clone();
+                Conn::Cluster(cluster) => {
+                    let mut conn = cluster.conn();
                     let mut deleted = 0;
                     for (host, port) in cluster_masters(&mut conn).await? {
                         deleted += cluster_scan_delete(&mut conn, &pattern, &host, port)
@@ -378,6 +396,9 @@ impl Backend for Redis {
             // Called while the store is down: look the master up again.
             if let Conn::Sentinel(sentinel) = &self.conn {
                 sentinel.forget();
+            }
+            if let Conn::Cluster(cluster) = &self.conn {
+                return cluster.probe().await.map_err(text);
             }
             // On a cluster, PING goes to every master of the slot map: up again
             // when each slot has a master that answers.
@@ -514,6 +535,33 @@ fn parse_cluster_masters(nodes: &str) -> Vec<(String, u16)> {
             Some((host.to_owned(), port.parse().ok()?))
         })
         .collect()
+}
+
+// === impl ClusterConns ===
+
+impl ClusterConns {
+    fn conn(&self) -> ClusterConnection {
+        (**self.current.load()).clone()
+    }
+
+    /// `PING` to every master of a connection made at the previous probe
+    /// (the current one at the first); it becomes current if all answer.
+    async fn probe(&self) -> Result<(), redis::RedisError> {
+        let fresh = self
+            .client
+            .get_pending_async_connection_with_config(self.config.clone());
+        let candidate = match self.next.lock() {
+            Ok(mut next) => next.replace(fresh),
+            Err(_) => None,
+        };
+        let mut candidate = candidate.unwrap_or_else(|| self.conn());
+        let _: String = redis::cmd("PING").query_async(&mut candidate).await?;
+        self.current.store(Arc::new(candidate));
+        if let Ok(mut next) = self.next.lock() {
+            *next = None;
+        }
+        Ok(())
+    }
 }
 
 // === impl SentinelConn ===

@@ -173,6 +173,10 @@ impl RedisCluster {
                         "{bus}",
                         "--cluster-node-timeout",
                         "1000",
+                        // A replica fails over whatever its data's age: the
+                        // test kills a master a moment after the set-up.
+                        "--cluster-replica-validity-factor",
+                        "0",
                         "--save",
                         "",
                         "--appendonly",
@@ -205,6 +209,18 @@ impl RedisCluster {
                     .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
             },
         );
+        // A replica that never synced cannot take over: wait for all three.
+        wait_for(Duration::from_secs(20), "every replica in sync", || {
+            cluster
+                .nodes
+                .iter()
+                .filter(|n| {
+                    let info = n.cli(&["INFO", "replication"]);
+                    info.contains("role:slave") && info.contains("master_link_status:up")
+                })
+                .count()
+                == 3
+        });
         cluster
     }
 
@@ -543,6 +559,15 @@ async fn killing_the_master_of_a_rules_slot_falls_back_locally_then_resumes() {
     )
     .await;
     eprintln!("redis cluster, master of the rule's slot killed: {outage:?}");
+    if outage.up_after.is_none() {
+        let live = cluster.nodes.iter().find(|n| n.child.is_some()).unwrap();
+        eprintln!(
+            "agents up: {:?} {:?}; CLUSTER NODES:\n{}",
+            a.stats().cluster_store_up,
+            b.stats().cluster_store_up,
+            live.cli(&["CLUSTER", "NODES"])
+        );
+    }
     assert!(
         outage.down_after.is_some(),
         "the agents never noticed: {outage:?}"
