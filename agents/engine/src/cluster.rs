@@ -3,12 +3,19 @@
 //! tests). This crate has no Redis client: it says what limits need from a store
 //! and what happens when the store fails.
 //!
-//! Keys (one Redis database; the rule name never contains `:`):
-//! - `gov:{rule}:{key}:{window}`: calls of one key in one fixed window
-//!   (`window` = Unix time in ms / window length), expiring after two windows;
-//! - `gov:bytes:{rule}:{key}:{window}`: request + response bytes, likewise;
-//! - `gov:latch:{rule}:{key}`: present while the limit is engaged for that key,
+//! Keys (one Redis database; the rule name never contains `:`; `RULE`, `KEY`
+//! and `W` are placeholders, the braces are literal):
+//! - `gov:{RULE:KEY}:W`: calls of one key in one fixed window
+//!   (`W` = Unix time in ms / window length), expiring after two windows;
+//! - `gov:{RULE:KEY}:bytes:W`: request + response bytes, likewise;
+//! - `gov:{RULE:KEY}:latch`: present while the limit is engaged for that key,
 //!   with `PX` = `release after` (no expiry for `release manual`).
+//!
+//! The braces are a Redis Cluster hash tag: the keys of one rule and key hash
+//! to one slot, so the `sync exact` script (counter and latch) and a key's
+//! flush pipeline run on one node of a cluster, while the keys of different
+//! consumers spread over the cluster. The tag ends at the first `}`, which is
+//! at the same place in all three keys whatever `KEY` holds.
 //!
 //! `sync exact` runs one small Lua script per call (`EVALSHA`: latch check,
 //! `INCRBY`, `PEXPIRE` on the first hit, engage when over): one round trip.
@@ -248,15 +255,70 @@ impl ClusterStore {
 
 /// Counter key of calls.
 pub fn calls_key(rule: &str, key: &str, window: u64) -> String {
-    format!("gov:{rule}:{key}:{window}")
+    format!("gov:{{{rule}:{key}}}:{window}")
 }
 
+/// Counter key of bytes.
 pub fn bytes_key(rule: &str, key: &str, window: u64) -> String {
-    format!("gov:bytes:{rule}:{key}:{window}")
+    format!("gov:{{{rule}:{key}}}:bytes:{window}")
 }
 
+/// Latch key of one key of a rule.
 pub fn latch_key(rule: &str, key: &str) -> String {
-    format!("gov:latch:{rule}:{key}")
+    format!("gov:{{{rule}:{key}}}{LATCH_SUFFIX}")
+}
+
+/// Every latch key of `rule` starts with this (the rule name has no `:`)...
+pub fn latch_prefix(rule: &str) -> String {
+    format!("gov:{{{rule}:")
+}
+
+/// ...and ends with this; counter keys end with a window number.
+pub const LATCH_SUFFIX: &str = "}:latch";
+
+/// Whether `redis_key` is a latch of `rule`.
+pub fn is_latch_of(rule: &str, redis_key: &str) -> bool {
+    redis_key.starts_with(&latch_prefix(rule)) && redis_key.ends_with(LATCH_SUFFIX)
+}
+
+#[cfg(test)]
+mod keys {
+    use super::*;
+
+    /// The hash tag of a Redis Cluster key: between the first `{` and the
+    /// first `}` after it, when not empty.
+    fn tag(key: &str) -> &str {
+        let Some(open) = key.find('{') else {
+            return key;
+        };
+        match key[open + 1..].find('}') {
+            Some(0) | None => key,
+            Some(close) => &key[open + 1..open + 1 + close],
+        }
+    }
+
+    #[test]
+    fn the_keys_of_one_rule_and_key_share_a_hash_tag() {
+        for key in ["", "crm", "a}b", "{x}", "a:b", "*"] {
+            let latch = latch_key("order/shared", key);
+            let t = tag(&latch);
+            assert_eq!(t, tag(&calls_key("order/shared", key, 7)), "{key}");
+            assert_eq!(t, tag(&bytes_key("order/shared", key, 7)), "{key}");
+            assert!(is_latch_of("order/shared", &latch_key("order/shared", key)));
+            assert!(!is_latch_of(
+                "order/shared",
+                &calls_key("order/shared", key, 7)
+            ));
+            assert!(!is_latch_of(
+                "order/shared",
+                &bytes_key("order/shared", key, 7)
+            ));
+            assert!(!is_latch_of("order/share", &latch_key("order/shared", key)));
+        }
+        let (crm, shop) = (latch_key("r", "crm"), latch_key("r", "shop"));
+        assert_ne!(tag(&crm), tag(&shop));
+        assert_eq!(calls_key("r", "crm", 9), "gov:{r:crm}:9");
+    }
 }
 
 // === an in-memory store for unit tests ===
@@ -368,10 +430,9 @@ pub(crate) mod fake {
         fn release(&self, rule: String) -> StoreFuture<'_, u64> {
             Box::pin(async move {
                 self.0.check()?;
-                let prefix = latch_key(&rule, "");
                 let mut l = self.0.latches.lock().map_err(|e| e.to_string())?;
                 let before = l.len();
-                l.retain(|k, _| !k.starts_with(&prefix));
+                l.retain(|k, _| !is_latch_of(&rule, k));
                 Ok((before - l.len()) as u64)
             })
         }

@@ -370,7 +370,7 @@ async fn redis_down_falls_back_to_local_counting_and_recovers() {
         .await
         .unwrap();
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("gov:order/shared:*")
+        .arg("gov:{order/shared:*")
         .query_async(&mut conn)
         .await
         .unwrap();

@@ -116,7 +116,9 @@ struct Args {
     #[arg(long, env = "GOV_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     header_read_timeout: Duration,
 
-    /// Redis (`redis://HOST:PORT`) where `scope cluster` limits share their counters.
+    /// Redis where `scope cluster` limits share their counters: one server
+    /// `redis://HOST:PORT[/DB]`, a Redis Cluster `redis+cluster://HOST:PORT[,HOST:PORT...]`,
+    /// or the master Sentinel names `redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME`.
     /// Unset: configs with such limits are refused.
     #[arg(long, env = "GOV_REDIS")]
     redis: Option<String>,

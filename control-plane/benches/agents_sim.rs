@@ -1,0 +1,341 @@
+//! Control-plane scale: N simulated agents against one real `govd`.
+//!
+//! `govd` is the real binary in its own process (its RSS and CPU are its
+//! own). The agents are N real gRPC `Connect` streams from this one process,
+//! each doing what an agent's control client does on the wire and nothing
+//! else (no engine): `Hello`, then `Ack` for every `Config` (with its nonce),
+//! `EndpointsAck` for every `Endpoints`, and `Stats` (one rule) every second,
+//! the agents' phases spread over the second. By default each agent has its
+//! own HTTP/2 connection, as real agents do; `STREAMS_PER_CONNECTION` > 1
+//! shares connections to go past the file-descriptor limit.
+//!
+//! Measured: the time until all N are connected; govd's CPU while the N
+//! agents only send stats (10 s); `Apply` to all-ACKed (`ApplyRequest.wait_ms`,
+//! the whole call as `govc apply` sees it: compile, plan, store with fsync,
+//! N pushes, N ACKs) for `APPLIES` applies, p50/p99; govd's RSS before and
+//! with the N agents, and its CPU per apply.
+//!
+//! ```text
+//! cargo bench -j2 -p gov-control-plane --bench agents_sim -- [AGENTS] [APPLIES] [STREAMS_PER_CONNECTION]
+//! ```
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_precision_loss,
+    reason = "a benchmark fails loudly and prints floats"
+)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use gov_proto::v1 as pb;
+use gov_proto::v1::agent_message::Msg;
+use gov_proto::v1::control_message::Msg as ControlMsg;
+use gov_proto::v1::control_plane_client::ControlPlaneClient;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+
+fn policy(max_concurrent: usize) -> String {
+    format!(
+        "service bench {{\n  match slow = path prefix \"/slow\"\n  bulkhead slow_calls on slow {{\n    max_concurrent {max_concurrent}\n  }}\n}}\n"
+    )
+}
+
+/// What the simulated agents did, summed.
+#[derive(Default)]
+struct Counts {
+    configs: AtomicU64,
+    stats: AtomicU64,
+    ended: AtomicU64,
+}
+
+fn unix_ms() -> u64 {
+    u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+/// One simulated agent: its stream until `stop`.
+async fn agent(
+    channel: Channel,
+    i: usize,
+    agents: usize,
+    counts: Arc<Counts>,
+    stop: CancellationToken,
+) {
+    let mut client = ControlPlaneClient::new(channel).max_decoding_message_size(64 << 20);
+    let (tx, rx) = mpsc::channel::<pb::AgentMessage>(16);
+    let send = |msg: Msg| pb::AgentMessage { msg: Some(msg) };
+    tx.try_send(send(Msg::Hello(pb::Hello {
+        service: "bench".into(),
+        instance: format!("sim-{i}"),
+        address: format!("10.{}.{}.{}:8080", i >> 16, (i >> 8) & 255, i & 255),
+        ..Default::default()
+    })))
+    .unwrap();
+    let mut inbound = match client
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            eprintln!("agent {i}: connect refused: {status}");
+            counts.ended.fetch_add(1, Relaxed);
+            return;
+        }
+    };
+    // Spread the agents' stats over the second, as agents started at
+    // different times would.
+    let phase = Duration::from_millis((i * 1000 / agents.max(1)) as u64);
+    let mut stats =
+        tokio::time::interval_at(tokio::time::Instant::now() + phase, Duration::from_secs(1));
+    stats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut version = String::new();
+    let mut admitted = 0u64;
+    loop {
+        let reply = tokio::select! {
+            () = stop.cancelled() => break,
+            msg = inbound.message() => match msg {
+                Ok(Some(pb::ControlMessage { msg: Some(ControlMsg::Config(c)) })) => {
+                    counts.configs.fetch_add(1, Relaxed);
+                    version = c.target.map(|t| t.version).unwrap_or_default();
+                    Msg::Ack(pb::Ack { version: version.clone(), nonce: c.nonce })
+                }
+                Ok(Some(pb::ControlMessage { msg: Some(ControlMsg::Endpoints(e)) })) => {
+                    Msg::EndpointsAck(pb::EndpointsAck { service: e.service, version: e.version })
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => break,
+            },
+            _ = stats.tick() => {
+                admitted += 100;
+                counts.stats.fetch_add(1, Relaxed);
+                Msg::Stats(pb::Stats {
+                    at_unix_ms: unix_ms(),
+                    version: version.clone(),
+                    rules: vec![pb::RuleStats {
+                        rule: "bench/slow_calls".into(),
+                        kind: pb::RuleKind::Bulkhead as i32,
+                        admitted,
+                        latency_buckets: vec![admitted, 0, 0, 0, 0, 0, 0, 0],
+                        capacity: 10,
+                        ..Default::default()
+                    }],
+                })
+            }
+        };
+        if tx.send(send(reply)).await.is_err() {
+            break;
+        }
+    }
+    counts.ended.fetch_add(1, Relaxed);
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// User + system CPU time of `pid` (`/proc/PID/stat` fields 14 and 15, in
+/// clock ticks of 10 ms: `getconf CLK_TCK` is 100 on Linux).
+fn cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The command name may hold spaces: fields start after its `)`.
+    let fields: Vec<u64> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|f| f.parse().unwrap())
+        .collect();
+    Duration::from_millis((fields[0] + fields[1]) * 10)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+async fn connected(client: &mut ControlPlaneClient<Channel>) -> usize {
+    let view = client
+        .status(pb::StatusRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    view.agents
+        .iter()
+        .filter(|a| a.state() != pb::SyncState::Disconnected)
+        .count()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let agents = args.first().copied().unwrap_or(1000);
+    let applies = args.get(1).copied().unwrap_or(20);
+    let per_connection = args.get(2).copied().unwrap_or(1).max(1);
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("govd.log");
+    let mut govd = tokio::process::Command::new(env!("CARGO_BIN_EXE_govd"))
+        .args(["--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .env("GOV_LOG", "warn,govd=info")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = govd.id().unwrap();
+    let addr = {
+        let start = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(a) = text.lines().find_map(|l| l.split("listen=").nth(1)) {
+                break a.split_whitespace().next().unwrap().to_owned();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "govd did not start:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let url = format!("http://{addr}");
+    let mut client = gov_control_plane::client::connect(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let rss_idle = rss_kib(pid);
+
+    // Connect: one HTTP/2 connection per `per_connection` agents.
+    let counts = Arc::new(Counts::default());
+    let stop = CancellationToken::new();
+    let endpoint = Endpoint::from_shared(url.clone())
+        .unwrap()
+        .connect_timeout(Duration::from_secs(10))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true);
+    let cpu_before_connect = cpu(pid);
+    let start = Instant::now();
+    let mut channel = None;
+    for i in 0..agents {
+        if i % per_connection == 0 {
+            channel = Some(endpoint.connect().await.unwrap());
+        }
+        tokio::spawn(agent(
+            channel.clone().unwrap(),
+            i,
+            agents,
+            counts.clone(),
+            stop.clone(),
+        ));
+    }
+    loop {
+        let n = connected(&mut client).await;
+        if n == agents {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "only {n} of {agents} agents connected"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let connect_time = start.elapsed();
+    let connect_cpu = cpu(pid) - cpu_before_connect;
+    let rss_connected = rss_kib(pid);
+
+    // Steady state: only stats, 10 s.
+    let (cpu0, stats0, t0) = (cpu(pid), counts.stats.load(Relaxed), Instant::now());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (steady_cpu, steady_wall) = (cpu(pid) - cpu0, t0.elapsed());
+    let stats_sent = counts.stats.load(Relaxed) - stats0;
+
+    // One warm-up apply (first compile, first file creation), then the measured ones.
+    let mut times = Vec::with_capacity(applies);
+    let mut apply_cpu = Duration::ZERO;
+    for i in 0..=applies {
+        let request = pb::ApplyRequest {
+            sources: vec![pb::SourceFile {
+                name: "bench.gov".into(),
+                text: policy(i + 1),
+            }],
+            dry_run: false,
+            wait_ms: 60_000,
+            who: "bench".into(),
+        };
+        let c = cpu(pid);
+        let t = Instant::now();
+        let result = client.apply(request).await.unwrap().into_inner();
+        let elapsed = t.elapsed();
+        assert!(result.applied);
+        let synced = result
+            .outcomes
+            .iter()
+            .filter(|o| o.state() == pb::SyncState::Synced)
+            .count();
+        assert_eq!(
+            synced, agents,
+            "apply {i}: only {synced} of {agents} agents ACKed"
+        );
+        if i > 0 {
+            times.push(elapsed);
+            apply_cpu += cpu(pid) - c;
+        }
+    }
+    let rss_loaded = rss_kib(pid);
+    times.sort();
+    let per_agent = |kib: u64| (kib.saturating_sub(rss_idle)) as f64 / agents as f64;
+
+    println!("agents: {agents} ({per_connection} per HTTP/2 connection), applies: {applies}");
+    println!(
+        "connect: all {agents} connected in {:.2} s, govd CPU {:.2} s",
+        connect_time.as_secs_f64(),
+        connect_cpu.as_secs_f64()
+    );
+    println!(
+        "steady (stats only): {stats_sent} stats in {:.1} s, govd CPU {:.1}% of one core",
+        steady_wall.as_secs_f64(),
+        100.0 * steady_cpu.as_secs_f64() / steady_wall.as_secs_f64()
+    );
+    println!(
+        "apply -> all ACKed: p50 {:.1} ms, p99 {:.1} ms, min {:.1} ms, max {:.1} ms; govd CPU {:.1} ms per apply",
+        ms(percentile(&times, 0.5)),
+        ms(percentile(&times, 0.99)),
+        ms(times[0]),
+        ms(times[times.len() - 1]),
+        ms(apply_cpu) / applies as f64
+    );
+    println!(
+        "govd RSS: {rss_idle} KiB idle, {rss_connected} KiB connected ({:.1} KiB per agent), {rss_loaded} KiB after the applies ({:.1} KiB per agent)",
+        per_agent(rss_connected),
+        per_agent(rss_loaded)
+    );
+    println!(
+        "agents received {} configs; {} streams ended early",
+        counts.configs.load(Relaxed),
+        counts.ended.load(Relaxed)
+    );
+    stop.cancel();
+    govd.kill().await.unwrap();
+}
