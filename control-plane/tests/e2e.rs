@@ -2957,3 +2957,165 @@ async fn a_release_made_while_an_agent_is_away_is_not_a_new_trip_when_it_returns
     a.stop().await;
     govd.stop().await;
 }
+
+/// What an agent's lifecycle reports reaches govd: STARTING (weight 0) until its
+/// readiness probe passes, WARMING with a weight that rises over its ramp, READY at
+/// 100%, and DRAINING once SIGTERM begins its shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn govd_shows_each_agents_phase_and_weight_from_start_to_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    apply_inv_and_web(
+        &govd,
+        dir.path(),
+        "  warmup {\n    ready when http GET \"/ready\" is 200 every 1s after 0s\n    \
+         register\n    ramp 3s from 10%\n  }\n  shutdown {\n    deregister\n    \
+         wait 3s\n    drain 1s\n  }\n",
+    )
+    .await;
+    let (up, ready, _) = gated_upstream("a").await;
+    let a = agent("inv", "inv-a")
+        .upstream(up)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    let state = async || {
+        let view = govd.status().await;
+        view.agents
+            .iter()
+            .find(|a| a.instance == "inv-a")
+            .map(|a| (a.phase(), a.weight_milli_percent))
+    };
+    // Its probe fails: STARTING, no weight (and it stays so while the probe fails).
+    wait_until("inv-a connected", Duration::from_secs(15), async || {
+        state().await.is_some()
+    })
+    .await;
+    assert_eq!(state().await, Some((pb::Phase::Starting, 0)));
+
+    // Ready: WARMING from 10% up, then READY at 100%; what govd shows never falls.
+    ready.store(true, Ordering::SeqCst);
+    let mut seen = Vec::new();
+    wait_until("inv-a READY", Duration::from_secs(30), async || {
+        let now = state().await.unwrap();
+        if seen.last() != Some(&now) {
+            seen.push(now);
+        }
+        now.0 == pb::Phase::Ready
+    })
+    .await;
+    let warming: Vec<u32> = seen
+        .iter()
+        .filter(|(p, _)| *p == pb::Phase::Warming)
+        .map(|(_, w)| *w)
+        .collect();
+    assert!(
+        warming.iter().any(|w| (10_000..100_000).contains(w)),
+        "no WARMING weight between 10% and 100%: {seen:?}"
+    );
+    assert!(warming.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+    assert_eq!(seen.last(), Some(&(pb::Phase::Ready, 100_000)), "{seen:?}");
+
+    // SIGTERM: the shutdown's wait (3s) keeps it connected and DRAINING.
+    signal(&a.child, rustix::process::Signal::TERM);
+    wait_until("inv-a DRAINING", Duration::from_secs(15), async || {
+        state().await.is_some_and(|(p, _)| p == pb::Phase::Draining)
+    })
+    .await;
+    a.stop().await;
+}
+
+/// The TUI's own client against govd: its watch needs no token and shows a tripped
+/// fuse; a release with a wrong token or none is refused with govd's readable reason
+/// and changes nothing; the token as read from a file (with its newline) releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tuis_watch_and_token_release_work_against_govd() {
+    use gov_tui::Msg;
+    use gov_tui::proto::ReleaseKind;
+
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let (failing, _) = failing_upstream().await;
+    let a = agent("order", "order-a")
+        .upstream(failing)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", "--wait", "10s", &v1]).await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    for _ in 0..3 {
+        assert_eq!(http_get(a.inbound, "/fail").await.0, 500);
+    }
+    assert_eq!(http_get(a.inbound, "/fail").await.0, 503);
+
+    let opts = |token: Option<&str>| gov_tui::WatchOptions {
+        url: govd.url(),
+        token: token.map(str::to_owned),
+        tls: gov_proto::tls::ClientTls::default(),
+        service: String::new(),
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    let watcher = tokio::spawn(gov_tui::watch(opts(Some(VIEWER_TOKEN)), tx));
+    // Views until one shows the tripped fuse (bounded: 30 s).
+    let until = async |rx: &mut tokio::sync::mpsc::Receiver<Msg>, tripped: bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, rx.recv()).await {
+                Ok(Some(Msg::View(v))) if v.fuses.is_empty() != tripped => return v,
+                Ok(Some(Msg::View(_))) => {}
+                Ok(Some(other)) => panic!("the watch failed against govd: {other:?}"),
+                Ok(None) | Err(_) => panic!("no view with the fuse tripped={tripped} in 30 s"),
+            }
+        }
+    };
+    let view = until(&mut rx, true).await;
+    assert_eq!(view.fuses[0].rule, "order/errors");
+
+    for (token, reason) in [
+        (None, "needs a token with the operator or admin role"),
+        (Some("not-the-token"), "the token is not one govd knows"),
+    ] {
+        let err = gov_tui::release(
+            &opts(token),
+            ReleaseKind::Fuse,
+            "order/errors".into(),
+            "e2e".into(),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.contains(reason), "{token:?}: {err}");
+    }
+    assert_eq!(
+        govd.status().await.fuses.len(),
+        1,
+        "a refused release released"
+    );
+    assert_eq!(http_get(a.inbound, "/fail").await.0, 503);
+
+    // As read from a token file: with its newline, which the TUI trims.
+    let token = format!("{OPERATOR_TOKEN}\n");
+    let result = gov_tui::release(
+        &opts(Some(&token)),
+        ReleaseKind::Fuse,
+        "order/errors".into(),
+        "e2e".into(),
+    )
+    .await
+    .unwrap();
+    assert!(result.released, "{result:?}");
+    until(&mut rx, false).await;
+    wait_until(
+        "the agent admits again",
+        Duration::from_secs(10),
+        async || http_get(a.inbound, "/fail").await.0 == 500,
+    )
+    .await;
+    drop(rx);
+    tokio::time::timeout(Duration::from_secs(10), watcher)
+        .await
+        .expect("the watch task ends once its receiver is gone")
+        .unwrap();
+    a.stop().await;
+}

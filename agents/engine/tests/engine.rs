@@ -1208,3 +1208,25 @@ async fn a_shrunk_bulkhead_never_admits_above_its_new_limit() {
     drop((held, fifth, more));
     assert_eq!(stats(&e, "order/calls").in_flight, 0);
 }
+
+/// A resize keeps a bulkhead's permit pools only when its scopes are keyed the
+/// same way; a new key (here per operation to per instance) starts from fresh
+/// scopes, so calls admitted under the old keying do not count against the new
+/// one. (Kills the mutant `Bulkhead::can_resize_to -> true`.)
+#[tokio::test(start_paused = true)]
+async fn a_bulkhead_whose_key_changes_starts_from_fresh_scopes() {
+    let e = engine(BULKHEAD);
+    let a = now(&e, "/slow", None).unwrap();
+    let b = now(&e, "/slow", None).unwrap();
+    let applied = e
+        .apply_target(&target(&BULKHEAD.replace(
+            "    max_concurrent: 2",
+            "    key: BULKHEAD_KEY_INSTANCE\n    max_concurrent: 2",
+        )))
+        .unwrap();
+    assert_eq!((applied.kept, applied.fresh), (0, 1));
+    assert_eq!(stats(&e, "order/slow_calls").in_flight, 0);
+    let c = now(&e, "/slow", None).unwrap();
+    drop((a, b, c));
+    assert_eq!(stats(&e, "order/slow_calls").in_flight, 0);
+}

@@ -24,10 +24,13 @@ use proto::warmup_step::Step as Up;
 use tokio::time::Instant;
 
 /// An upstream that records `METHOD PATH` of every call with its time. `/health`
-/// answers 503 for the first `not_ready` calls, `/slow` takes 300ms, the rest 200.
+/// answers 503 for the first `not_ready` calls, `/slow` takes 300ms,
+/// `POST /consumers/stop` waits while [`Upstream::hold_stop`] holds it, the rest
+/// answer 200 at once.
 struct Upstream {
     addr: SocketAddr,
     calls: Arc<Mutex<Vec<(Instant, String)>>>,
+    hold: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Upstream {
@@ -36,15 +39,17 @@ impl Upstream {
         let addr = listener.local_addr().unwrap();
         let calls = Arc::new(Mutex::new(Vec::new()));
         let left = Arc::new(AtomicU32::new(not_ready));
+        let hold = Arc::new(tokio::sync::watch::channel(false).0);
         let recorded = calls.clone();
+        let held = hold.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (calls, left) = (recorded.clone(), left.clone());
+                let (calls, left, held) = (recorded.clone(), left.clone(), held.clone());
                 let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
-                    let (calls, left) = (calls.clone(), left.clone());
+                    let (calls, left, held) = (calls.clone(), left.clone(), held.clone());
                     async move {
                         let path = req.uri().path().to_owned();
                         calls
@@ -64,6 +69,11 @@ impl Upstream {
                                 tokio::time::sleep(Duration::from_millis(300)).await;
                                 200
                             }
+                            "/consumers/stop" => {
+                                let mut hold = held.subscribe();
+                                let _ = hold.wait_for(|held| !*held).await;
+                                200
+                            }
                             _ => 200,
                         };
                         let mut response = http::Response::new(Full::new(Bytes::from("ok")));
@@ -78,7 +88,13 @@ impl Upstream {
                 });
             }
         });
-        Self { addr, calls }
+        Self { addr, calls, hold }
+    }
+
+    /// Holds `POST /consumers/stop` (the shutdown step before the drain) in flight
+    /// until called with `false`.
+    fn hold_stop(&self, hold: bool) {
+        self.hold.send_replace(hold);
     }
 
     fn calls(&self) -> Vec<(Instant, String)> {
@@ -309,20 +325,28 @@ async fn shutdown_deregisters_keeps_serving_through_the_wait_stops_consumers_the
     assert_eq!(get(&client, inbound, "/orders").await, Ok(200));
     assert_eq!(sidecar.lifecycle().state().phase, proto::Phase::Ready);
 
+    // The stop hook (the step after the wait) is held, so that the test sees the
+    // moment the wait ends and the one the drain begins.
+    upstream.hold_stop(true);
     let began = Instant::now();
     sidecar.terminate();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    assert_eq!(ready(&client, &sidecar).await, 503);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ready(&client, &sidecar).await != 503 {
+        assert!(Instant::now() < deadline, "never deregistered");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(sidecar.lifecycle().state().phase, proto::Phase::Draining);
 
-    // During the wait (600ms; the loop keeps 100ms clear of its end, where the drain
-    // closes idle keep-alive connections): requests, on fresh connections too, are
-    // all served.
+    // Through the whole wait, its last 100ms included, until the stop hook is
+    // called: every request is served, on fresh connections too (bounded in count
+    // and time).
     let (mut served, mut failed) = (0_u32, Vec::new());
-    let mut slow = None;
-    while served < 2_000 && began.elapsed() < Duration::from_millis(500) {
-        let fresh = served % 10 == 0;
-        let c = if fresh {
+    while upstream.time_of("POST /consumers/stop").is_none() {
+        assert!(
+            served < 100_000 && began.elapsed() < Duration::from_secs(30),
+            "the stop hook was never called"
+        );
+        let c = if served % 10 == 0 {
             self::client()
         } else {
             client.clone()
@@ -331,29 +355,52 @@ async fn shutdown_deregisters_keeps_serving_through_the_wait_stops_consumers_the
             Ok(200) => served += 1,
             other => failed.push(other),
         }
-        // A slow request still in flight when the drain begins.
-        if slow.is_none() && began.elapsed() >= Duration::from_millis(450) {
-            let c = client.clone();
-            slow = Some(tokio::spawn(async move { get(&c, inbound, "/slow").await }));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     assert!(failed.is_empty(), "failures during the wait: {failed:?}");
-    assert!(served >= 20, "only {served} requests during the wait");
-    assert!(upstream.time_of("POST /consumers/stop").is_none());
-    let slow = slow.unwrap();
-    sidecar.stopped().await;
-    let stopped_at = Instant::now();
     let stop_at = upstream.time_of("POST /consumers/stop").unwrap();
-    assert!(stop_at - began >= Duration::from_millis(600));
+    assert!(
+        stop_at - began >= Duration::from_millis(600),
+        "the wait ended after {:?}",
+        stop_at - began
+    );
+    // The last request the upstream saw before the stop call came within the
+    // wait's last 100ms (the loop sends one every few ms).
+    let last = upstream
+        .calls()
+        .into_iter()
+        .filter(|(t, c)| c == "GET /orders" && *t < stop_at)
+        .map(|(t, _)| t)
+        .max()
+        .unwrap();
+    assert!(
+        stop_at - last < Duration::from_millis(100),
+        "no request in the wait's last 100ms (last {:?} before its end)",
+        stop_at - last
+    );
+    // The wait is over and consumers are stopping, but the drain has not begun:
+    // still served, kept alive and fresh.
+    assert_eq!(get(&client, inbound, "/orders").await, Ok(200));
+    assert_eq!(get(&self::client(), inbound, "/orders").await, Ok(200));
+
+    // A slow request in flight when the drain begins completes.
+    let c = client.clone();
+    let slow = tokio::spawn(async move { get(&c, inbound, "/slow").await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while upstream.time_of("GET /slow").is_none() {
+        assert!(Instant::now() < deadline, "the slow request never arrived");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    upstream.hold_stop(false);
+    tokio::time::timeout(Duration::from_secs(10), sidecar.stopped())
+        .await
+        .expect("stopped within 10 s of the drain's start (drain 3 s)");
     assert_eq!(
         slow.await.unwrap(),
         Ok(200),
-        "the in-flight request finished"
+        "the request in flight when the drain began was answered"
     );
-    assert!(stop_at < stopped_at);
-    // Consumers were stopped once (a request racing the stop call may still be
-    // served after it: the drain only begins once the stop returned).
+    // Consumers were stopped once.
     let names = upstream.names();
     assert_eq!(
         names
@@ -363,198 +410,8 @@ async fn shutdown_deregisters_keeps_serving_through_the_wait_stops_consumers_the
         1
     );
     // New connections are refused once drained.
-    assert!(tokio::net::TcpStream::connect(inbound).await.is_err());
-}
-
-/// A control plane that pushes one config, then whatever the test sends, and
-/// forwards every agent message to the test.
-struct FakeControlPlane {
-    seen: tokio::sync::mpsc::UnboundedSender<proto::agent_message::Msg>,
-    pushes: Mutex<Option<tokio::sync::mpsc::Receiver<proto::ControlMessage>>>,
-}
-
-type BoxStream<T> =
-    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, tonic::Status>> + Send>>;
-
-#[tonic::async_trait]
-impl proto::control_plane_server::ControlPlane for FakeControlPlane {
-    async fn apply(
-        &self,
-        _: tonic::Request<proto::ApplyRequest>,
-    ) -> Result<tonic::Response<proto::ApplyResult>, tonic::Status> {
-        Err(tonic::Status::unimplemented("fake"))
-    }
-
-    type ConnectStream = BoxStream<proto::ControlMessage>;
-
-    async fn connect(
-        &self,
-        request: tonic::Request<tonic::Streaming<proto::AgentMessage>>,
-    ) -> Result<tonic::Response<Self::ConnectStream>, tonic::Status> {
-        let mut incoming = request.into_inner();
-        let seen = self.seen.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(m)) = incoming.message().await {
-                if let Some(msg) = m.msg {
-                    let _ = seen.send(msg);
-                }
-            }
-        });
-        let pushes = self
-            .pushes
-            .lock()
-            .unwrap()
-            .take()
-            .ok_or_else(|| tonic::Status::unavailable("one session only"))?;
-        let stream =
-            tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(pushes), Ok);
-        Ok(tonic::Response::new(Box::pin(stream)))
-    }
-
-    type WatchStream = BoxStream<proto::ClusterView>;
-
-    async fn watch(
-        &self,
-        _: tonic::Request<proto::WatchRequest>,
-    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
-        Err(tonic::Status::unimplemented("fake"))
-    }
-
-    async fn status(
-        &self,
-        _: tonic::Request<proto::StatusRequest>,
-    ) -> Result<tonic::Response<proto::ClusterView>, tonic::Status> {
-        Err(tonic::Status::unimplemented("fake"))
-    }
-
-    async fn audit(
-        &self,
-        _: tonic::Request<proto::AuditRequest>,
-    ) -> Result<tonic::Response<proto::AuditResult>, tonic::Status> {
-        Err(tonic::Status::unimplemented("fake"))
-    }
-
-    async fn release(
-        &self,
-        _: tonic::Request<proto::ReleaseRequest>,
-    ) -> Result<tonic::Response<proto::ReleaseResult>, tonic::Status> {
-        Err(tonic::Status::unimplemented("fake"))
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_control_client_reports_phase_and_weight_on_connect_and_on_change() {
-    let upstream = Upstream::start(0).await;
-    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
-    let (push, pushes) = tokio::sync::mpsc::channel(8);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(proto::control_plane_server::ControlPlaneServer::new(
-                FakeControlPlane {
-                    seen: seen_tx,
-                    pushes: Mutex::new(Some(pushes)),
-                },
-            ))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-
-    let mut options = Options::new("order", upstream.addr.to_string().parse().unwrap());
-    options.admin_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
-    options.control_plane = Some(url.clone());
-    let sidecar = Sidecar::start(options).await.unwrap();
-    let mut control = gov_agent::control::ControlOptions::new(url, "order", "order-1");
-    control.on_applied = Some(sidecar.on_config_applied());
-    control.lifecycle = Some(sidecar.lifecycle().subscribe());
-    let lifecycle = sidecar.lifecycle().clone();
-    control.on_drain = Some(Arc::new(move |_| lifecycle.begin_shutdown()));
-    let stop = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(gov_agent::control::run(
-        sidecar.engine().clone(),
-        control,
-        stop.clone(),
-    ));
-
-    // Hello, then STARTING at once (no config yet).
-    let next = async |seen: &mut tokio::sync::mpsc::UnboundedReceiver<_>| {
-        tokio::time::timeout(Duration::from_secs(5), seen.recv())
-            .await
-            .unwrap()
-            .unwrap()
-    };
-    let lifecycles = async |seen: &mut tokio::sync::mpsc::UnboundedReceiver<_>, until| {
-        let mut out = Vec::new();
-        loop {
-            if let proto::agent_message::Msg::Lifecycle(l) = next(seen).await {
-                let phase = l.phase();
-                out.push((phase, l.weight_milli_percent));
-                if phase == until {
-                    return out;
-                }
-            }
-        }
-    };
-    assert!(matches!(
-        next(&mut seen).await,
-        proto::agent_message::Msg::Hello(_)
-    ));
-    assert_eq!(
-        lifecycles(&mut seen, proto::Phase::Starting).await,
-        [(proto::Phase::Starting, 0)]
-    );
-
-    // A config with a ramp: WARMING with rising weights, then READY at 100%.
-    let target = proto::TargetConfig {
-        version: "v1".into(),
-        warmup: Some(proto::Warmup {
-            steps: vec![proto::WarmupStep {
-                source: None,
-                step: Some(Up::Ramp(proto::Ramp {
-                    over_ms: 300,
-                    from_milli_percent: 20_000,
-                })),
-            }],
-            source: None,
-        }),
-        shutdown: Some(proto::Shutdown {
-            steps: vec![proto::ShutdownStep {
-                source: None,
-                step: Some(Down::Deregister(true)),
-            }],
-            source: None,
-        }),
-        ..gov_proto::compiled::target("order")
-    };
-    push.send(proto::ControlMessage {
-        msg: Some(proto::control_message::Msg::Config(proto::Config {
-            target: Some(target),
-            nonce: "n1".into(),
-        })),
-    })
-    .await
-    .unwrap();
-    let warmup = lifecycles(&mut seen, proto::Phase::Ready).await;
-    assert_eq!(warmup.first(), Some(&(proto::Phase::Warming, 20_000)));
-    assert_eq!(warmup.last(), Some(&(proto::Phase::Ready, FULL_WEIGHT)));
-    assert!(warmup.len() >= 4, "{warmup:?}");
-    assert!(warmup.windows(2).all(|w| w[0].1 <= w[1].1), "{warmup:?}");
-
-    // The drain command runs the shutdown steps: DRAINING is reported.
-    push.send(proto::ControlMessage {
-        msg: Some(proto::control_message::Msg::Command(proto::Command {
-            kind: Some(proto::command::Kind::Drain(proto::Drain { deadline_ms: 0 })),
-        })),
-    })
-    .await
-    .unwrap();
-    assert_eq!(
-        lifecycles(&mut seen, proto::Phase::Draining).await.last(),
-        Some(&(proto::Phase::Draining, 0))
-    );
-    sidecar.stopped().await;
-    stop.cancel();
-    server.abort();
+    let refused = tokio::net::TcpStream::connect(inbound).await.unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
 }
 
 /// The `gov-agent` binary: SIGTERM runs the config's shutdown steps.
@@ -580,7 +437,7 @@ async fn sigterm_runs_the_shutdown_steps_in_the_binary() {
             Down::DrainMs(2_000),
         ],
     );
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gov-agent"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_gov-agent"))
         .args(["--service", "order", "--upstream"])
         .arg(upstream.addr.to_string())
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
@@ -590,8 +447,10 @@ async fn sigterm_runs_the_shutdown_steps_in_the_binary() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // Killed and reaped on drop: a failing assertion leaks no process.
+    let mut child = KillOnDrop(child);
     let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
-    let stderr = child.stderr.take().unwrap();
+    let stderr = child.0.stderr.take().unwrap();
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(stderr)
             .lines()
@@ -600,11 +459,15 @@ async fn sigterm_runs_the_shutdown_steps_in_the_binary() {
             let _ = lines_tx.send(line);
         }
     });
-    let started = lines
-        .iter()
-        .take(50)
-        .find(|l| l.contains("gov-agent started"))
-        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let started = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains("gov-agent started") => break line,
+            Ok(_) => {}
+            Err(e) => panic!("no `gov-agent started` line within 30 s: {e}"),
+        }
+    };
     let addr = |key: &str| -> SocketAddr {
         let at = started.find(&format!("{key}=")).unwrap() + key.len() + 1;
         started[at..]
@@ -618,37 +481,43 @@ async fn sigterm_runs_the_shutdown_steps_in_the_binary() {
     let client = client();
     assert_eq!(get(&client, admin, "/ready").await, Ok(200));
 
+    upstream.hold_stop(true);
     let began = Instant::now();
     rustix::process::kill_process(
-        rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap(),
+        rustix::process::Pid::from_raw(i32::try_from(child.0.id()).unwrap()).unwrap(),
         rustix::process::Signal::TERM,
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while get(&client, admin, "/ready").await != Ok(503) {
         assert!(Instant::now() < deadline, "never deregistered");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Still serving during the wait, on fresh connections.
+    // Still serving, on fresh connections, until the wait ends and the stop hook
+    // (held) is called.
     let mut served = 0;
-    while began.elapsed() < Duration::from_millis(500) && served < 500 {
+    while upstream.time_of("POST /consumers/stop").is_none() {
+        assert!(
+            served < 10_000 && began.elapsed() < Duration::from_secs(30),
+            "the stop hook was never called"
+        );
         assert_eq!(get(&self::client(), inbound, "/orders").await, Ok(200));
         served += 1;
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(served >= 5, "{served}");
-    assert!(upstream.time_of("POST /consumers/stop").is_none());
+    let stop_at = upstream.time_of("POST /consumers/stop").unwrap();
+    assert!(stop_at - began >= Duration::from_millis(700));
+    assert_eq!(get(&self::client(), inbound, "/orders").await, Ok(200));
+    upstream.hold_stop(false);
 
     // Bounded: an agent that never exits fails the test instead of hanging it.
     let status = tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(status) = child.try_wait().unwrap() {
+            if let Some(status) = child.0.try_wait().unwrap() {
                 return Some(status);
             }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
+            if std::time::Instant::now() > deadline {
                 return None;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -658,8 +527,16 @@ async fn sigterm_runs_the_shutdown_steps_in_the_binary() {
     .unwrap()
     .expect("gov-agent exited within 30 s of its shutdown");
     assert!(status.success(), "{status}");
-    let stop_at = upstream.time_of("POST /consumers/stop").unwrap();
-    assert!(stop_at - began >= Duration::from_millis(700));
+}
+
+/// A child process killed and reaped when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// `POST /terminate` (what the service container's preStop hook calls in

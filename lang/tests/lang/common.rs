@@ -50,3 +50,9 @@ pub fn parse_ok(name: &str, src: &str) -> gov_lang::ast::Policy {
         Err(e) => panic!("{}", render(&e)),
     }
 }
+
+/// The comments of `tree`, in order, as written (`Comments` equality ignores them,
+/// like spans, so tests compare these).
+pub fn comment_texts(tree: &gov_lang::ast::Policy) -> Vec<&str> {
+    tree.comments.0.iter().map(|c| c.text.as_str()).collect()
+}

@@ -31,10 +31,11 @@ fn check(src: &str) {
         again, text,
         "formatting is not idempotent\n--- input\n{src}"
     );
+    // `==` on trees ignores comments: compare them, in order, as written.
     assert_eq!(
-        back.comments.0.len(),
-        tree.comments.0.len(),
-        "comments lost\n--- input\n{src}"
+        super::common::comment_texts(&back),
+        super::common::comment_texts(&tree),
+        "comments lost or changed\n--- input\n{src}\n--- formatted\n{text}"
     );
 }
 
@@ -132,6 +133,11 @@ const TOKENS: &[&str] = &[
     "stop",
     "drain",
     "server_cache",
+    "client_refresh",
+    "balancer_refresh",
+    "business_error_ratio",
+    "system_errors",
+    "system_error_ratio",
     "0",
     "10",
     "-1",
@@ -141,6 +147,14 @@ const TOKENS: &[&str] = &[
     "2h",
     "10KiB",
     "5MB",
+    "1s",
+    "3m",
+    "7h",
+    "100B",
+    "2kB",
+    "1GB",
+    "1GiB",
+    "1MiB",
     "50%",
     "12.125%",
     "12.3456%",
@@ -182,25 +196,34 @@ proptest! {
     }
 }
 
-/// Arbitrary strings rarely parse; these start from a valid policy and cut
-/// or duplicate a slice of it.
+/// Arbitrary strings rarely parse; these start from every valid policy under
+/// `examples/` and cut or duplicate a slice of it (about 60 places per file).
 #[test]
 fn mutated_examples_never_panic() {
-    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/shop.gov"))
-        .unwrap();
-    let bytes = src.as_bytes();
-    let step = (bytes.len() / 150).max(1);
-    for cut in (0..bytes.len()).step_by(step) {
-        for len in [1, 7, 40] {
-            let end = (cut + len).min(bytes.len());
-            let mut removed = bytes[..cut].to_vec();
-            removed.extend_from_slice(&bytes[end..]);
-            check(&String::from_utf8_lossy(&removed));
-            let mut doubled = bytes[..end].to_vec();
-            doubled.extend_from_slice(&bytes[cut..]);
-            check(&String::from_utf8_lossy(&doubled));
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples");
+    let mut files = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "gov") {
+            continue;
+        }
+        files += 1;
+        let src = std::fs::read_to_string(&path).unwrap();
+        let bytes = src.as_bytes();
+        let step = (bytes.len() / 60).max(1);
+        for cut in (0..bytes.len()).step_by(step) {
+            for len in [1, 7, 40] {
+                let end = (cut + len).min(bytes.len());
+                let mut removed = bytes[..cut].to_vec();
+                removed.extend_from_slice(&bytes[end..]);
+                check(&String::from_utf8_lossy(&removed));
+                let mut doubled = bytes[..end].to_vec();
+                doubled.extend_from_slice(&bytes[cut..]);
+                check(&String::from_utf8_lossy(&doubled));
+            }
         }
     }
+    assert!(files >= 8, "only {files} examples in {dir}");
 }
 
 /// Every file in `tests/corpus/` is replayed.

@@ -1,15 +1,14 @@
 //! Rules enforced through the proxy: bulkheads, limits, fuses, and their metrics.
 
-use std::time::Duration;
-
 use gov_engine::REJECTED_BY;
 use http::StatusCode;
 
-use crate::support::{agent, http, load, ms, quantile, upstream};
+use crate::support::{agent, http, load, ms, upstream};
 
 /// DESIGN.md's bulkhead experiment: a fast and a slow endpoint, a fail-fast bulkhead
-/// on the slow one, concurrent load on both. The slow endpoint sheds load with 408s;
-/// the fast one keeps its latency.
+/// on the slow one, concurrent load on both. The slow endpoint sheds load with the
+/// bulkhead's configured status (503 here, not the default 408); the fast one is
+/// never rejected. (Its latency under load is measured in `benches/`, not asserted.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_fast_bulkhead_sheds_the_slow_endpoint_and_spares_the_fast_one() {
     let up = upstream()
@@ -27,6 +26,7 @@ rules:
     on: { path: { kind: PATH_KIND_PREFIX, value: /slow } }
     bulkhead:
       max_concurrent: 2
+      reject_status: 503
 "#,
         )
         .upstream(&up)
@@ -34,73 +34,48 @@ rules:
         .await;
     let client = http();
 
-    let unloaded: Vec<Duration> = load(&client, &agent.url("/fast"), 1, 40)
-        .await
-        .into_iter()
-        .map(|r| r.unwrap().1)
-        .collect();
-
     // 16 callers hammer the slow endpoint while 4 call the fast one.
     let (slow_url, fast_url) = (agent.url("/slow"), agent.url("/fast"));
     let slow = load(&client, &slow_url, 16, 160);
     let fast = load(&client, &fast_url, 4, 200);
     let (slow, fast) = tokio::join!(slow, fast);
 
-    let fast: Vec<Duration> = fast
-        .into_iter()
-        .map(|r| {
-            let (status, latency) = r.unwrap();
-            assert_eq!(
-                status,
-                StatusCode::OK,
-                "the fast endpoint must never be rejected"
-            );
-            latency
-        })
-        .collect();
+    for r in &fast {
+        assert!(
+            matches!(r, Ok((StatusCode::OK, _))),
+            "the fast endpoint must never be rejected: {r:?}"
+        );
+    }
     let slow_ok = slow
         .iter()
         .filter(|r| matches!(r, Ok((StatusCode::OK, _))))
         .count();
-    let slow_408 = slow
+    let slow_shed = slow
         .iter()
-        .filter(|r| matches!(r, Ok((StatusCode::REQUEST_TIMEOUT, _))))
+        .filter(|r| matches!(r, Ok((StatusCode::SERVICE_UNAVAILABLE, _))))
         .count();
-    assert_eq!(slow_ok + slow_408, slow.len(), "only 200 or 408: {slow:?}");
+    assert_eq!(slow_ok + slow_shed, slow.len(), "only 200 or 503: {slow:?}");
     assert!(
-        slow_408 > 0 && slow_ok > 0,
-        "slow: {slow_ok} ok, {slow_408} shed"
+        slow_shed > 0 && slow_ok > 0,
+        "slow: {slow_ok} ok, {slow_shed} shed"
     );
-    assert!(
-        up.peak_in_flight("/slow") <= 2,
-        "the upstream saw {} slow calls at once",
-        up.peak_in_flight("/slow")
-    );
+    // 16 callers on a 100 ms endpoint fill both permits, and never a third.
+    assert_eq!(up.peak_in_flight("/slow"), 2, "slow calls at once upstream");
 
-    // Ranks, not wall-clock thresholds: under load the fast endpoint's p90 stays
-    // below the slow endpoint's own latency (100 ms), and its median stays within a
-    // few unloaded p90s (generous: this box is shared).
-    let p50 = quantile(&fast, 0.5);
-    let p90 = quantile(&fast, 0.9);
-    let unloaded_p90 = quantile(&unloaded, 0.9);
-    assert!(p90 < ms(100), "fast p90 under load {p90:?}");
-    assert!(
-        p50 < unloaded_p90 * 10 + ms(5),
-        "fast p50 under load {p50:?} vs unloaded p90 {unloaded_p90:?}"
-    );
-
-    // A rejection names its rule.
-    let reply = loop {
+    // A rejection names its rule (bounded: 3 permits' worth of callers, 50 rounds).
+    let mut named = None;
+    for _ in 0..50 {
         let tries: Vec<_> = (0..4).map(|_| client.get(&slow_url)).collect();
         let replies = futures::future::join_all(tries).await;
-        if let Some(reply) = replies
+        named = replies
             .into_iter()
             .map(Result::unwrap)
-            .find(|r| r.status == StatusCode::REQUEST_TIMEOUT)
-        {
-            break reply;
+            .find(|r| r.status == StatusCode::SERVICE_UNAVAILABLE);
+        if named.is_some() {
+            break;
         }
-    };
+    }
+    let reply = named.expect("four calls at once never found the bulkhead full");
     assert_eq!(reply.header(REJECTED_BY), Some("shop/slow_calls"));
     assert!(reply.text().contains("shop/slow_calls"), "{}", reply.text());
 }
@@ -125,6 +100,7 @@ rules:
     limit:
       key: LIMIT_KEY_CONSUMER
       calls: { amount: 5, window_ms: 60000 }
+      reject_status: 403
   - name: shop/bytes_per_consumer
     on: { path: { kind: PATH_KIND_PREFIX, value: /bytes } }
     limit:
@@ -147,12 +123,12 @@ rules:
         }
     };
 
-    // Calls: crm gets 5, then 429 with Retry-After; erp is unaffected.
+    // Calls: crm gets 5, then the rule's 403 with Retry-After; erp is unaffected.
     let mut statuses = Vec::new();
     for _ in 0..7 {
         statuses.push(get("/calls", "crm").await.status.as_u16());
     }
-    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 403, 403]);
     let reply = get("/calls", "crm").await;
     assert_eq!(reply.header(REJECTED_BY), Some("shop/calls_per_consumer"));
     let retry: u64 = reply.header("retry-after").unwrap().parse().unwrap();
@@ -161,21 +137,15 @@ rules:
         assert_eq!(get("/calls", "erp").await.status, StatusCode::OK);
     }
 
-    // Bytes: 4,000-byte responses; crm is cut off once it used its 10,000 bytes.
-    let mut ok = 0;
-    let rejected = loop {
-        let reply = get("/bytes", "crm").await;
-        if reply.status == StatusCode::OK {
-            ok += 1;
-            assert!(ok <= 3, "more than 12,000 bytes admitted");
-            continue;
-        }
-        break reply;
-    };
-    assert!(
-        ok >= 2,
-        "rejected after {ok} calls, before the limit was used"
-    );
+    // Bytes: 4,000-byte responses, and a call is refused once the window's bytes have
+    // reached the amount: 0, 4,000 and 8,000 are under 10,000, 12,000 is not. Exactly
+    // three calls pass (the default status, 429, for this rule).
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(get("/bytes", "crm").await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    let rejected = get("/bytes", "crm").await;
     assert_eq!(rejected.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         rejected.header(REJECTED_BY),
@@ -213,6 +183,7 @@ rules:
     fuse:
       trips:
         - { metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 3, window_ms: 60000 }
+      reject_status: 502
 "#,
         )
         .upstream(&up)
@@ -232,7 +203,7 @@ rules:
         break reply;
     };
     assert_eq!(errors, 3);
-    assert_eq!(tripped.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(tripped.status, StatusCode::BAD_GATEWAY);
     assert_eq!(tripped.header(REJECTED_BY), Some("shop/flaky_upstream"));
 
     // The upstream recovers, but the fuse stays open for every consumer until an
@@ -244,7 +215,7 @@ rules:
             .get_with(&agent.url("/flaky"), &[("x-gov-consumer", consumer)])
             .await
             .unwrap();
-        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
     }
     assert_eq!(up.received(), seen);
     let metrics = client
@@ -312,6 +283,7 @@ rules:
     let mut statuses = [a.unwrap().status.as_u16(), b.unwrap().status.as_u16()];
     statuses.sort_unstable();
     assert_eq!(statuses, [200, 408]);
+    assert_eq!(up.peak_in_flight("/slow"), 1, "a bulkhead of one");
 
     let reply = client.get(&agent.admin_url("/metrics")).await.unwrap();
     assert_eq!(reply.status, StatusCode::OK);

@@ -43,6 +43,9 @@ enum Behaviour {
     Flaky,
     /// The request body back, then a `grpc-status: 0` trailer (as gRPC answers).
     Trailers,
+    /// 200 with the path as body once the upstream's gate is open (held in flight
+    /// until the test says so, however busy the machine).
+    Gated,
 }
 
 /// Builds a real upstream server on 127.0.0.1:0.
@@ -85,6 +88,12 @@ impl UpstreamBuilder {
         self
     }
 
+    /// `path` stays in flight until [`Upstream::open_gate`], then answers 200.
+    pub fn gated(mut self, path: &str) -> Self {
+        self.routes.insert(path.to_owned(), Behaviour::Gated);
+        self
+    }
+
     /// `path` answers 500 while [`Upstream::set_failing`] is on.
     pub fn flaky(mut self, path: &str) -> Self {
         self.routes.insert(path.to_owned(), Behaviour::Flaky);
@@ -100,6 +109,7 @@ impl UpstreamBuilder {
             received: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             failing: AtomicBool::new(false),
+            gate: tokio::sync::watch::channel(false).0,
         });
         let task_state = state.clone();
         let conns = Arc::new(std::sync::Mutex::new(tokio::task::JoinSet::new()));
@@ -142,6 +152,8 @@ struct UpstreamState {
     received: AtomicU64,
     completed: AtomicU64,
     failing: AtomicBool,
+    /// Opens the `gated` routes.
+    gate: tokio::sync::watch::Sender<bool>,
 }
 
 impl UpstreamState {
@@ -155,6 +167,14 @@ impl UpstreamState {
                 let path = req.uri().path().to_owned();
                 self.enter(&path, 1);
                 tokio::time::sleep(delay).await;
+                self.enter(&path, -1);
+                status(StatusCode::OK, path)
+            }
+            Some(Behaviour::Gated) => {
+                let path = req.uri().path().to_owned();
+                self.enter(&path, 1);
+                let mut gate = self.gate.subscribe();
+                let _ = gate.wait_for(|open| *open).await;
                 self.enter(&path, -1);
                 status(StatusCode::OK, path)
             }
@@ -242,6 +262,7 @@ impl Upstream {
                 received: AtomicU64::new(0),
                 completed: AtomicU64::new(0),
                 failing: AtomicBool::new(false),
+                gate: tokio::sync::watch::channel(false).0,
             }),
             task: tokio::spawn(async {}),
             conns: Default::default(),
@@ -276,6 +297,21 @@ impl Upstream {
             .unwrap()
             .get(path)
             .map_or(0, |e| e.1)
+    }
+
+    /// Requests to `path` (a `fast`/`slow`/`gated` route) in flight now.
+    pub fn in_flight(&self, path: &str) -> u64 {
+        self.state
+            .in_flight
+            .lock()
+            .unwrap()
+            .get(path)
+            .map_or(0, |e| e.0)
+    }
+
+    /// Lets every `gated` request, held and future, answer.
+    pub fn open_gate(&self) {
+        self.state.gate.send_replace(true);
     }
 
     /// Makes the `flaky` routes answer 500 (or 200 again).
