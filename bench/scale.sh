@@ -58,10 +58,10 @@ service web {
 }
 GOV
 
-GOV_LOG=warn taskset -c 1 "$GOVD_BIN" --listen "$GOVD" --state-dir "$WORK/state" \
+GOV_LOG=warn taskset -c 1 "$GOVD_BIN" --listen "$GOVD" --insecure --state-dir "$WORK/state" \
   2>"$WORK/logs/govd.log" & pids+=($!)
 sleep 1
-"$GOVC_BIN" apply "$WORK/policy.gov" --control-plane "http://$GOVD" >/dev/null
+"$GOVC_BIN" apply --auto-approve "$WORK/policy.gov" --control-plane "http://$GOVD" >/dev/null
 
 taskset -c 1 "$LOAD" upstream "$LOCAL" & pids+=($!)
 GOV_LOG=warn taskset -c 1 "$AGENT_BIN" --service web --instance web-1 --upstream "$LOCAL" \
