@@ -204,6 +204,43 @@ impl Bulkhead {
         CellRef::Keyed(cell.clone())
     }
 
+    /// Drops the idle scopes of `instances`, which left the service's set of
+    /// endpoints, so that the scopes follow the live set instead of waiting
+    /// for [`MAX_KEYS`]. A scope with a call in flight (or held by one) stays
+    /// until it is idle and the next change, or eviction, drops it.
+    pub(crate) fn forget_instances(&self, instances: &[Arc<str>]) {
+        if self.spec.key == BulkheadKey::Operation {
+            return;
+        }
+        let Ok(mut map) = self.keyed.write() else {
+            return;
+        };
+        let max = self.spec.max_concurrent;
+        let idle = |c: &Arc<Cell>| Arc::strong_count(c) == 1 && c.in_use(max) == 0;
+        for instance in instances {
+            let Some(entry) = map.get_mut(&**instance) else {
+                continue;
+            };
+            entry.paths.retain(|_, c| !idle(c));
+            if entry.cell.as_ref().is_some_and(idle) {
+                entry.cell = None;
+            }
+            if entry.cell.is_none() && entry.paths.is_empty() {
+                map.remove(&**instance);
+            }
+        }
+    }
+
+    /// Scopes kept per instance (and per instance and path).
+    #[cfg(test)]
+    pub(crate) fn keyed_scopes(&self) -> usize {
+        self.keyed.read().map_or(0, |map| {
+            map.values()
+                .map(|e| usize::from(e.cell.is_some()) + e.paths.len())
+                .sum()
+        })
+    }
+
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a Cell {
         match r {
             CellRef::Single => &self.single,
@@ -507,6 +544,27 @@ mod tests {
         assert!(p.try_take(p.cell(&x)));
         assert!(p.try_take(p.cell(&y)), "instance+path keys are separate");
         assert!(!p.try_take(p.cell(&p.cell_for(Some("i"), "/x"))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn scopes_of_instances_that_left_are_dropped_once_idle() {
+        let b = bulkhead(1, 0, None, BulkheadKey::InstancePath);
+        let busy = b.cell_for(Some("10.0.0.1:80"), "/x");
+        assert!(b.try_take(b.cell(&busy)));
+        drop(b.cell_for(Some("10.0.0.1:80"), "/y"));
+        drop(b.cell_for(Some("10.0.0.2:80"), "/x"));
+        assert_eq!(b.keyed_scopes(), 3);
+        b.forget_instances(&["10.0.0.1:80".into(), "10.9.9.9:80".into()]);
+        // The idle scope of the departed instance is gone; its busy one stays
+        // (the call in flight gives its permit back to it), the other's too.
+        assert_eq!(b.keyed_scopes(), 2);
+        b.give(b.cell(&busy));
+        drop(busy);
+        b.forget_instances(&["10.0.0.1:80".into()]);
+        assert_eq!(b.keyed_scopes(), 1);
+        // A returning instance starts from a fresh, empty scope.
+        let again = b.cell_for(Some("10.0.0.1:80"), "/x");
+        assert!(b.try_take(b.cell(&again)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -390,6 +390,22 @@ impl Engine {
         }
     }
 
+    /// Tells the engine that these instances (`host:port`, as in
+    /// [`Target::instance`]) left their service's set of endpoints: the
+    /// per-instance bulkhead scopes follow the live set (idle scopes of
+    /// departed instances are dropped; busy ones when next idle and told).
+    pub fn forget_instances(&self, instances: &[Arc<str>]) {
+        if instances.is_empty() {
+            return;
+        }
+        let snap = self.shared.current.load();
+        for state in snap.states.iter() {
+            if let State::Bulkhead(b) = state {
+                b.forget_instances(instances);
+            }
+        }
+    }
+
     /// Stats of every rule, in rule order. Cheap enough to take every second
     /// (atomic loads; keyed scopes are walked under a read lock).
     pub fn stats(&self) -> StatsSnapshot {

@@ -54,11 +54,13 @@ const ENDPOINTS_FILE: &str = "endpoints.json";
 /// where its calls go ([`restore_endpoints`]).
 pub fn endpoints_to(
     directory: Arc<Directory>,
+    engine: Engine,
     state_dir: Option<PathBuf>,
 ) -> crate::control::OnEndpoints {
     let sets = std::sync::Mutex::new(std::collections::BTreeMap::new());
     Arc::new(move |endpoints: &gov_proto::v1::Endpoints| {
-        apply_endpoints(&directory, endpoints);
+        // Per-instance bulkhead scopes follow the live set.
+        engine.forget_instances(&apply_endpoints(&directory, endpoints));
         let Some(dir) = &state_dir else { return };
         let mut sets = sets.lock().unwrap_or_else(|e| e.into_inner());
         sets.insert(endpoints.service.clone(), endpoints.clone());
@@ -75,8 +77,9 @@ pub fn endpoints_to(
     })
 }
 
-/// Replaces a service's set in `directory` with what govd pushed.
-fn apply_endpoints(directory: &Directory, endpoints: &gov_proto::v1::Endpoints) {
+/// Replaces a service's set in `directory` with what govd pushed; the ids of
+/// the endpoints that left it.
+fn apply_endpoints(directory: &Directory, endpoints: &gov_proto::v1::Endpoints) -> Vec<Arc<str>> {
     let specs = endpoints.instances.iter().filter_map(|i| {
         match i.address.parse::<Authority>() {
             Ok(authority) => Some(EndpointSpec {
@@ -89,7 +92,7 @@ fn apply_endpoints(directory: &Directory, endpoints: &gov_proto::v1::Endpoints) 
             }
         }
     });
-    directory.replace(&endpoints.service, specs);
+    directory.replace(&endpoints.service, specs)
 }
 
 /// Loads the endpoint sets kept in `dir` into `directory` (at start, before

@@ -295,6 +295,7 @@ async fn run(args: Args) -> ExitCode {
         }
         control.on_endpoints = Some(gov_agent::sidecar::endpoints_to(
             sidecar.directory().clone(),
+            sidecar.engine().clone(),
             control.state_dir.clone(),
         ));
         let lifecycle = sidecar.lifecycle().clone();

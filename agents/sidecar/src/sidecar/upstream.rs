@@ -324,7 +324,14 @@ impl Directory {
     /// an address only in the old set is forgotten (its requests in flight finish).
     /// A repeated address counts once. An empty set keeps the service known with no
     /// endpoint: its calls get 502.
-    pub fn replace(&self, service: &str, endpoints: impl IntoIterator<Item = EndpointSpec>) {
+    ///
+    /// Returns the ids (`host:port`) of the endpoints the set no longer holds,
+    /// so that per-instance state elsewhere (bulkhead scopes) can follow.
+    pub fn replace(
+        &self,
+        service: &str,
+        endpoints: impl IntoIterator<Item = EndpointSpec>,
+    ) -> Vec<Arc<str>> {
         let mut specs: Vec<EndpointSpec> = Vec::new();
         for spec in endpoints {
             if !specs
@@ -335,6 +342,22 @@ impl Directory {
             }
         }
         let name: Arc<str> = Arc::from(service);
+        let gone: Vec<Arc<str>> = self
+            .services
+            .load()
+            .get(service)
+            .map(|old| {
+                old.endpoints
+                    .iter()
+                    .filter(|e| {
+                        !specs
+                            .iter()
+                            .any(|s| s.authority.as_str() == e.authority.as_str())
+                    })
+                    .map(|e| e.id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
         self.services.rcu(|current| {
             let old = current.get(service);
             let endpoints: Box<[Arc<Endpoint>]> = specs
@@ -367,6 +390,7 @@ impl Directory {
             );
             next
         });
+        gone
     }
 
     /// Forgets `service`: its calls get 502 as an unknown service's do.
@@ -865,7 +889,7 @@ mod tests {
             authority: authority(9001),
             weight_milli_percent: FULL_WEIGHT / 2,
         };
-        dir.replace(
+        let gone = dir.replace(
             "inventory",
             [
                 half.clone(),
@@ -873,6 +897,8 @@ mod tests {
                 half.clone(),
             ],
         );
+        // What left the set (for the per-instance bulkheads to follow).
+        assert_eq!(gone, [Arc::<str>::from("127.0.0.1:9002")]);
         assert_eq!(
             dir.endpoints("inventory").unwrap(),
             [half, EndpointSpec::full(authority(9003))]
@@ -886,7 +912,8 @@ mod tests {
         drop(held);
         assert_eq!(dir.stats()[0].outstanding, 0);
 
-        dir.replace("inventory", []);
+        let gone = dir.replace("inventory", []);
+        assert_eq!(gone.len(), 2, "{gone:?}");
         assert!(dir.pick("inventory").is_none());
         assert_eq!(dir.endpoints("inventory"), Some(Vec::new()));
         dir.remove("inventory");
