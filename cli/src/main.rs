@@ -7,7 +7,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd {
     pub mod apply;
@@ -62,6 +62,11 @@ enum Command {
     Tui(cmd::tui::Args),
     /// Run a language server for `.gov` files on stdin and stdout (for editors).
     Lsp(cmd::lsp::Args),
+    /// Print a shell completion script (`govc completions bash > /etc/bash_completion.d/govc`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
@@ -90,5 +95,11 @@ fn main() -> ExitCode {
         Command::Demo(args) => cmd::demo::run(args),
         Command::Tui(args) => cmd::tui::run(args),
         Command::Lsp(args) => cmd::lsp::run(args),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "govc", &mut script);
+            gov_proto::out!("{}", String::from_utf8_lossy(&script));
+            ExitCode::SUCCESS
+        }
     }
 }

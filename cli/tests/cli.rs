@@ -566,3 +566,30 @@ fn closed_stdout_and_stderr_change_no_exit_code() {
         assert_eq!(closed.code(), open.status.code(), "govc {args:?}");
     }
 }
+
+/// `govc completions SHELL` prints a script generated from the same command
+/// definitions (every subcommand in it); an unknown shell is a usage error.
+#[test]
+fn completions_cover_every_subcommand() {
+    let out = govc().args(["completions", "bash"]).assert().success();
+    let script = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(script.contains("_govc()"), "{script}");
+    for sub in [
+        "check", "fmt", "compile", "plan", "apply", "status", "release", "audit", "demo", "tui",
+        "lsp",
+    ] {
+        assert!(script.contains(sub), "no `{sub}` in the bash completions");
+    }
+    for shell in ["zsh", "fish"] {
+        govc()
+            .args(["completions", shell])
+            .assert()
+            .success()
+            .stdout(predicate::str::contains("apply"));
+    }
+    govc()
+        .args(["completions", "tcsh"])
+        .assert()
+        .code(64)
+        .stderr(predicate::str::contains("invalid value 'tcsh'"));
+}
