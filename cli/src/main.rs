@@ -5,6 +5,10 @@
 //! dispatches. Exit codes: 0 success, 1 errors, 64 usage errors (so that 2
 //! can mean "changes present" for `plan --detailed-exitcode`).
 
+// A closed stdout or stderr (`govc status | head -1`) must not panic:
+// print through `gov_proto::out!`/`errln!` and friends instead.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};

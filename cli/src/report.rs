@@ -25,6 +25,14 @@ use gov_lang::report::Focused;
 use miette::{Diagnostic, GraphicalReportHandler, GraphicalTheme, Severity, SourceCode};
 use serde_json::{Value, json};
 
+/// `-o` of the commands that read the control plane (`status`, `audit`):
+/// tables for people, JSON for tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
 /// How diagnostics are printed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum ErrorFormat {

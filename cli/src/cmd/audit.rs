@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use gov_proto::v1 as pb;
 
 use crate::remote::{self, RemoteArgs};
+use crate::report::Output;
 
 /// Show govd's audit log: applies, releases, trips, with who did them.
 #[derive(Debug, clap::Args)]
@@ -26,12 +27,6 @@ pub struct Args {
     /// `text` for people, `json` for tools (one array of records).
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Text)]
     pub output: Output,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    Text,
-    Json,
 }
 
 /// Where `--since` starts.
@@ -71,17 +66,17 @@ pub fn run(args: Args) -> ExitCode {
         Output::Json => {
             let records: Vec<serde_json::Value> = result.records.iter().map(json).collect();
             match serde_json::to_string_pretty(&records) {
-                Ok(text) => println!("{text}"),
+                Ok(text) => gov_proto::outln!("{text}"),
                 Err(e) => {
-                    eprintln!("error: cannot encode the records: {e}");
+                    gov_proto::errln!("error: cannot encode the records: {e}");
                     return ExitCode::FAILURE;
                 }
             }
         }
-        Output::Text => print!("{}", render(&result)),
+        Output::Text => gov_proto::out!("{}", render(&result)),
     }
     if result.left_out > 0 {
-        eprintln!(
+        gov_proto::errln!(
             "note: {} older record(s) left out; narrow --since or raise --limit",
             result.left_out
         );

@@ -136,7 +136,7 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 fn fail(e: DemoError) -> ExitCode {
-    eprintln!("{:?}", miette::Report::new(e));
+    gov_proto::errln!("{:?}", miette::Report::new(e));
     ExitCode::FAILURE
 }
 

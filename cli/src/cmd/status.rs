@@ -9,6 +9,7 @@ use gov_proto::v1 as pb;
 
 use crate::cmd::apply::short;
 use crate::remote::{self, RemoteArgs, human_ms, sync_name};
+use crate::report::Output;
 
 /// Show agents, sync state, tripped fuses and engaged limits.
 #[derive(Debug, clap::Args)]
@@ -23,12 +24,6 @@ pub struct Args {
     /// `text` for people, `json` for tools (the `ClusterView` message).
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Text)]
     pub output: Output,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    Text,
-    Json,
 }
 
 pub fn run(args: Args) -> ExitCode {
