@@ -22,7 +22,7 @@ pub use gov_proto::v1::{Bundle, TargetConfig};
 
 pub mod check;
 mod diagnostic;
-mod effective;
+mod kind;
 pub mod lower;
 pub mod plan;
 mod resolve;

@@ -22,16 +22,14 @@
 //!   bundle version hashes the per-service versions.
 
 use gov_lang::ast::{
-    self, Action as AstAction, BulkheadKey, ClassifyItem, CompareOp, HttpCall as AstHttpCall,
-    Isolation, LimitKey, MatchExpr as AstExpr, ServiceStmt, ShutdownStep as AstShutdownStep, Span,
-    Threshold, TripMetric, WarmupStep as AstWarmupStep,
+    self, Action as AstAction, HttpCall as AstHttpCall, MatchExpr as AstExpr, ServiceStmt,
+    ShutdownStep as AstShutdownStep, Span, WarmupStep as AstWarmupStep,
 };
 use gov_proto::compiled;
 use gov_proto::v1 as pb;
 use prost::Message as _;
 use sha2::{Digest, Sha256};
 
-use crate::effective::{ActionEff, BulkheadEff, FuseEff, LimitEff, RecoverEff, ReleaseEff, Scope};
 use crate::resolve::{Ctx, File, Norm, Rule, Svc};
 use crate::units::millis;
 
@@ -97,16 +95,16 @@ pub fn clear_sources(t: &mut pb::TargetConfig) {
 }
 
 /// Visits every source reference of a config, always in the same order.
-fn each_source(t: &mut pb::TargetConfig, f: &mut impl FnMut(&mut Option<pb::SourceRef>)) {
+fn each_source(t: &mut pb::TargetConfig, f: &mut dyn FnMut(&mut Option<pb::SourceRef>)) {
     for m in &mut t.matches {
         f(&mut m.source);
     }
     for r in &mut t.rules {
         f(&mut r.source);
-        if let Some(pb::rule::Spec::Fuse(x)) = &mut r.spec {
-            for trip in &mut x.trips {
-                f(&mut trip.source);
-            }
+        if let Some(spec) = &mut r.spec
+            && let Some(kind) = crate::kind::of_spec(spec)
+        {
+            kind.sources(spec, f);
         }
     }
     if let Some(w) = &mut t.warmup {
@@ -123,7 +121,8 @@ fn each_source(t: &mut pb::TargetConfig, f: &mut impl FnMut(&mut Option<pb::Sour
     }
 }
 
-struct Lower<'c, 'a> {
+/// What lowering one service reads; a kind's lowering gets it too.
+pub(crate) struct Lower<'c, 'a> {
     cx: &'c Ctx<'a>,
     svc: &'c Svc<'a>,
     file: &'c File<'a>,
@@ -170,13 +169,8 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
         }
     }
     for (rule, norm) in svc.rules_with_norms() {
-        let spec = match rule {
-            Rule::Bulkhead(b) => pb::rule::Spec::Bulkhead(l.bulkhead(b)),
-            Rule::Limit(x) => pb::rule::Spec::Limit(l.limit(x)),
-            Rule::Fuse(f) => pb::rule::Spec::Fuse(l.fuse(f)),
-        };
         t.rules.push(pb::Rule {
-            spec: Some(spec),
+            spec: Some(rule.imp.lower(rule.def, &l)),
             ..l.head(rule, norm)
         });
     }
@@ -184,11 +178,11 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
     t
 }
 
-fn unsigned(v: i64) -> u64 {
+pub(crate) fn unsigned(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
-fn u32_of(v: i64) -> u32 {
+pub(crate) fn u32_of(v: i64) -> u32 {
     u32::try_from(v).unwrap_or(0)
 }
 
@@ -222,7 +216,8 @@ fn lower_norm(n: &Norm<'_>) -> pb::MatchExpr {
 }
 
 impl Lower<'_, '_> {
-    fn source(&self, span: Span) -> pb::SourceRef {
+    /// Where `span` is: file, line, column and the text, for the wire.
+    pub(crate) fn source(&self, span: Span) -> pb::SourceRef {
         let line = self
             .file
             .lines
@@ -294,124 +289,6 @@ impl Lower<'_, '_> {
             direction: direction as i32,
             mode: pb::Mode::Enforce as i32,
             spec: None,
-        }
-    }
-
-    fn bulkhead(&self, b: &ast::Bulkhead) -> pb::Bulkhead {
-        let e = BulkheadEff::of(b);
-        pb::Bulkhead {
-            key: match e.per {
-                BulkheadKey::Operation => pb::BulkheadKey::Operation,
-                BulkheadKey::Instance => pb::BulkheadKey::Instance,
-                BulkheadKey::InstancePath => pb::BulkheadKey::InstancePath,
-            } as i32,
-            max_concurrent: e.max_concurrent.map_or(0, |m| u32_of(m.0)),
-            max_wait_ms: unsigned(e.max_wait_ms),
-            max_queue: e.queue.map(u32_of),
-            timeout_ms: e.timeout_ms.map_or(0, unsigned),
-            reject_status: u32_of(e.reject),
-            isolation: match e.isolation {
-                Isolation::Semaphore => pb::Isolation::Semaphore,
-                Isolation::Pool => pb::Isolation::Pool,
-            } as i32,
-        }
-    }
-
-    fn limit(&self, x: &ast::Limit) -> pb::Limit {
-        let e = LimitEff::of(x);
-        let rate = |c: crate::effective::Counter| pb::Rate {
-            amount: unsigned(c.amount),
-            window_ms: unsigned(c.window_ms),
-        };
-        let (scope, sync, batch) = match e.scope {
-            Scope::Local => (pb::LimitScope::Local, pb::ClusterSync::Exact, 0),
-            Scope::ClusterExact | Scope::ClusterUndeclared => {
-                (pb::LimitScope::Cluster, pb::ClusterSync::Exact, 0)
-            }
-            Scope::ClusterBatch(ms) => (pb::LimitScope::Cluster, pb::ClusterSync::Batch, ms),
-        };
-        pb::Limit {
-            calls: e.calls.map(rate),
-            bytes: e.bytes.map(rate),
-            key: match e.per {
-                LimitKey::All => pb::LimitKey::All,
-                LimitKey::Domain => pb::LimitKey::Domain,
-                LimitKey::Service => pb::LimitKey::Service,
-                LimitKey::Consumer => pb::LimitKey::Consumer,
-            } as i32,
-            action: match e.action {
-                ActionEff::Reject => pb::LimitAction::Reject,
-                ActionEff::Shape(_) => pb::LimitAction::Shape,
-            } as i32,
-            max_delay_ms: match e.action {
-                ActionEff::Shape(ms) => unsigned(ms),
-                ActionEff::Reject => 0,
-            },
-            reject_status: u32_of(e.reject),
-            release: match e.release {
-                ReleaseEff::Window => None,
-                ReleaseEff::After(ms) => Some(pb::Release {
-                    kind: Some(pb::release::Kind::AfterMs(unsigned(ms))),
-                }),
-                ReleaseEff::Manual => Some(pb::Release {
-                    kind: Some(pb::release::Kind::Manual(true)),
-                }),
-            },
-            scope: scope as i32,
-            sync: sync as i32,
-            sync_batch_ms: unsigned(batch),
-        }
-    }
-
-    fn fuse(&self, f: &ast::Fuse) -> pb::Fuse {
-        let e = FuseEff::of(f);
-        let trips = e
-            .trips
-            .iter()
-            .map(|t| {
-                let (count, ratio) = match t.threshold.node {
-                    Threshold::Count(n) => (unsigned(n), 0),
-                    Threshold::Percent(p) => (0, u32_of(p.milli)),
-                };
-                pb::Trip {
-                    metric: match t.metric.node {
-                        TripMetric::Errors => pb::TripMetric::Errors,
-                        TripMetric::ErrorRatio => pb::TripMetric::ErrorRatio,
-                        TripMetric::BusinessErrors => pb::TripMetric::BusinessErrors,
-                        TripMetric::BusinessErrorRatio => pb::TripMetric::BusinessErrorRatio,
-                        TripMetric::SystemErrors => pb::TripMetric::SystemErrors,
-                        TripMetric::SystemErrorRatio => pb::TripMetric::SystemErrorRatio,
-                    } as i32,
-                    op: match t.op.node {
-                        CompareOp::Gt => pb::CompareOp::Gt,
-                        CompareOp::Ge => pb::CompareOp::Ge,
-                    } as i32,
-                    count,
-                    ratio_milli_percent: ratio,
-                    window_ms: unsigned(millis(&t.window.node)),
-                    min_calls: t.min_calls.as_ref().map_or(0, |m| unsigned(m.node)),
-                    source: Some(self.source(t.span)),
-                }
-            })
-            .collect();
-        let business = e.business.map_or_else(compiled::business_errors, class);
-        let system = e.system.map_or_else(compiled::system_errors, class);
-        pb::Fuse {
-            trips,
-            business: Some(business),
-            system: Some(system),
-            recover: Some(pb::Recovery {
-                kind: Some(match e.recover {
-                    RecoverEff::Manual => pb::recovery::Kind::Manual(true),
-                    RecoverEff::After { after_ms, probes } => {
-                        pb::recovery::Kind::After(pb::AutoRecovery {
-                            after_ms: unsigned(after_ms),
-                            probes: u32_of(probes),
-                        })
-                    }
-                }),
-            }),
-            reject_status: u32_of(e.reject),
         }
     }
 
@@ -515,27 +392,6 @@ impl Lower<'_, '_> {
             source: Some(self.source(s.span)),
         }
     }
-}
-
-fn class(items: &[ClassifyItem]) -> pb::ErrorClass {
-    let mut c = pb::ErrorClass::default();
-    for item in items {
-        match item {
-            ClassifyItem::Status { codes, .. } => {
-                for r in codes {
-                    let from = u32_of(r.from.node);
-                    c.status.push(pb::StatusRange {
-                        from,
-                        to: r.to.as_ref().map_or(from, |t| u32_of(t.node)),
-                    });
-                }
-            }
-            ClassifyItem::ConnectFailure { .. } => c.connect_failure = true,
-            ClassifyItem::Timeout { .. } => c.timeout = true,
-            ClassifyItem::Reset { .. } => c.reset = true,
-        }
-    }
-    c
 }
 
 fn http(call: &AstHttpCall) -> pb::HttpCall {

@@ -20,7 +20,7 @@ use std::fmt::{self, Write as _};
 use gov_proto::v1 as pb;
 use serde::Serialize;
 
-use crate::units::{fmt_bytes, fmt_milli_percent, fmt_millis};
+use crate::units::{fmt_milli_percent, fmt_millis};
 
 /// The difference between two bundles.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -351,11 +351,10 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
     for r in &t.rules {
         let mut f = Vec::new();
         push(&mut f, "on", expr_opt(r.on.as_ref()));
-        match &r.spec {
-            Some(pb::rule::Spec::Bulkhead(b)) => bulkhead_fields(&mut f, b),
-            Some(pb::rule::Spec::Limit(l)) => limit_fields(&mut f, l),
-            Some(pb::rule::Spec::Fuse(x)) => fuse_fields(&mut f, x),
-            None => {}
+        if let Some(spec) = &r.spec
+            && let Some(kind) = crate::kind::of_spec(spec)
+        {
+            kind.fields(spec, &mut f);
         }
         out.push((r.kind(), r.name.clone(), f));
     }
@@ -380,92 +379,8 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
     out
 }
 
-fn bulkhead_fields(f: &mut Vec<(String, String)>, b: &pb::Bulkhead) {
-    push(f, "per", key_word(b.key()).to_string());
-    push(f, "max_concurrent", b.max_concurrent.to_string());
-    push(f, "max_wait", fmt_ms(b.max_wait_ms));
-    if let Some(queue) = b.max_queue {
-        push(f, "queue", queue.to_string());
-    }
-    if b.timeout_ms != 0 {
-        push(f, "timeout", fmt_ms(b.timeout_ms));
-    }
-    push(f, "reject with", b.reject_status.to_string());
-    push(
-        f,
-        "isolation",
-        if b.isolation() == pb::Isolation::Pool {
-            "pool"
-        } else {
-            "semaphore"
-        }
-        .to_string(),
-    );
-}
-
-fn limit_fields(f: &mut Vec<(String, String)>, l: &pb::Limit) {
-    if let Some(c) = &l.calls {
-        push(
-            f,
-            "calls",
-            format!("{} per {}", c.amount, fmt_ms(c.window_ms)),
-        );
-    }
-    if let Some(b) = &l.bytes {
-        push(
-            f,
-            "bytes",
-            format!(
-                "{} per {}",
-                fmt_bytes(i64::try_from(b.amount).unwrap_or(i64::MAX)),
-                fmt_ms(b.window_ms)
-            ),
-        );
-    }
-    push(f, "per", format!("{:?}", l.key()).to_lowercase());
-    let action = match l.action() {
-        pb::LimitAction::Reject => "reject".to_string(),
-        pb::LimitAction::Shape => format!("shape max_delay {}", fmt_ms(l.max_delay_ms)),
-    };
-    push(f, "action", action);
-    push(f, "reject with", l.reject_status.to_string());
-    let release = match l.release.as_ref().and_then(|r| r.kind.as_ref()) {
-        None => "every window".to_string(),
-        Some(pb::release::Kind::AfterMs(ms)) => format!("after {}", fmt_ms(*ms)),
-        Some(pb::release::Kind::Manual(_)) => "manual".to_string(),
-    };
-    push(f, "release", release);
-    let scope = match (l.scope(), l.sync()) {
-        (pb::LimitScope::Local, _) => "local".to_string(),
-        (pb::LimitScope::Cluster, pb::ClusterSync::Exact) => "cluster sync exact".to_string(),
-        (pb::LimitScope::Cluster, pb::ClusterSync::Batch) => {
-            format!("cluster sync batch {}", fmt_ms(l.sync_batch_ms))
-        }
-    };
-    push(f, "scope", scope);
-}
-
-fn fuse_fields(f: &mut Vec<(String, String)>, x: &pb::Fuse) {
-    for (i, trip) in x.trips.iter().enumerate() {
-        push(f, &format!("trip {}", i + 1), trip_text(trip));
-    }
-    if let Some(c) = &x.business {
-        push(f, "classify business", class_text(c));
-    }
-    if let Some(c) = &x.system {
-        push(f, "classify system", class_text(c));
-    }
-    let recover = match x.recover.as_ref().and_then(|r| r.kind.as_ref()) {
-        None | Some(pb::recovery::Kind::Manual(_)) => "manual".to_string(),
-        Some(pb::recovery::Kind::After(a)) => {
-            format!("after {} probe {}", fmt_ms(a.after_ms), a.probes)
-        }
-    };
-    push(f, "recover", recover);
-    push(f, "reject with", x.reject_status.to_string());
-}
-
-fn push(f: &mut Vec<(String, String)>, k: &str, v: String) {
+/// Adds a field to a plan, unless its value is empty.
+pub(crate) fn push(f: &mut Vec<(String, String)>, k: &str, v: String) {
     if !v.is_empty() {
         f.push((k.to_string(), v));
     }
@@ -479,16 +394,8 @@ fn quoted(s: &str) -> String {
     }
 }
 
-fn fmt_ms(ms: u64) -> String {
+pub(crate) fn fmt_ms(ms: u64) -> String {
     fmt_millis(i64::try_from(ms).unwrap_or(i64::MAX))
-}
-
-fn key_word(k: pb::BulkheadKey) -> &'static str {
-    match k {
-        pb::BulkheadKey::Operation => "operation",
-        pb::BulkheadKey::Instance => "instance",
-        pb::BulkheadKey::InstancePath => "instance path",
-    }
 }
 
 fn expr_opt(e: Option<&pb::MatchExpr>) -> String {
@@ -529,60 +436,6 @@ pub fn expr_text(e: &pb::MatchExpr, nested: bool) -> String {
             if nested { format!("({s})") } else { s }
         }
     }
-}
-
-fn trip_text(t: &pb::Trip) -> String {
-    let metric = match t.metric() {
-        pb::TripMetric::Errors => "errors",
-        pb::TripMetric::ErrorRatio => "error_ratio",
-        pb::TripMetric::BusinessErrors => "business_errors",
-        pb::TripMetric::BusinessErrorRatio => "business_error_ratio",
-        pb::TripMetric::SystemErrors => "system_errors",
-        pb::TripMetric::SystemErrorRatio => "system_error_ratio",
-    };
-    let op = if t.op() == pb::CompareOp::Ge {
-        ">="
-    } else {
-        ">"
-    };
-    let threshold = if metric.ends_with("ratio") {
-        fmt_milli_percent(i64::from(t.ratio_milli_percent))
-    } else {
-        t.count.to_string()
-    };
-    let mut s = format!("{metric} {op} {threshold} over {}", fmt_ms(t.window_ms));
-    if t.min_calls != 0 {
-        let _ = write!(s, " min_calls {}", t.min_calls);
-    }
-    s
-}
-
-fn class_text(c: &pb::ErrorClass) -> String {
-    let mut parts = Vec::new();
-    if !c.status.is_empty() {
-        let codes: Vec<String> = c
-            .status
-            .iter()
-            .map(|r| {
-                if r.to == 0 || r.to == r.from {
-                    r.from.to_string()
-                } else {
-                    format!("{}..{}", r.from, r.to)
-                }
-            })
-            .collect();
-        parts.push(format!("status {}", codes.join(" ")));
-    }
-    for (on, word) in [
-        (c.connect_failure, "connect_failure"),
-        (c.timeout, "timeout"),
-        (c.reset, "reset"),
-    ] {
-        if on {
-            parts.push(word.to_string());
-        }
-    }
-    parts.join(" ")
 }
 
 fn action_text(a: Option<&pb::Action>) -> String {

@@ -11,10 +11,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use gov_lang::ast::{
-    self, Bulkhead, Capacity, Fuse, Limit, MatchDef, MatchExpr, Policy, Rate, Registry, Service,
-    ServiceStmt, Shutdown, Span, Spanned, Warmup,
+    self, Capacity, MatchDef, MatchExpr, Policy, Rate, Registry, RuleDef, Service, ServiceStmt,
+    Shutdown, Span, Spanned, Warmup,
 };
 use miette::NamedSource;
+
+use crate::kind::{self, Kind};
 
 /// The source of one file, shared by every diagnostic that points into it.
 pub type Src = NamedSource<Arc<str>>;
@@ -104,12 +106,11 @@ pub(crate) struct Svc<'a> {
     pub shutdown: Option<&'a Shutdown>,
 }
 
-/// A bulkhead, limit or fuse.
+/// A rule of any kind: its definition and what its kind means.
 #[derive(Clone, Copy)]
-pub(crate) enum Rule<'a> {
-    Bulkhead(&'a Bulkhead),
-    Limit(&'a Limit),
-    Fuse(&'a Fuse),
+pub(crate) struct Rule<'a> {
+    pub def: &'a RuleDef,
+    pub imp: &'static dyn Kind,
 }
 
 /// A match expression with references expanded, groups dropped and nested
@@ -295,9 +296,13 @@ impl<'a> Svc<'a> {
                 ServiceStmt::Match(m) => {
                     svc.matches.entry(m.name.node.as_str()).or_insert(m);
                 }
-                ServiceStmt::Bulkhead(b) => svc.rules.push(Rule::Bulkhead(b)),
-                ServiceStmt::Limit(l) => svc.rules.push(Rule::Limit(l)),
-                ServiceStmt::Fuse(f) => svc.rules.push(Rule::Fuse(f)),
+                ServiceStmt::Rule(def) => {
+                    // INVARIANT: every kind the grammar accepts has a
+                    // module (`kind::tests`), so none is left out here.
+                    if let Some(imp) = kind::by_word(def.kind.node) {
+                        svc.rules.push(Rule { def, imp });
+                    }
+                }
                 ServiceStmt::Warmup(w) => {
                     svc.warmup.get_or_insert(w);
                 }
@@ -427,37 +432,20 @@ impl<'a> Svc<'a> {
 
 impl<'a> Rule<'a> {
     pub fn name(&self) -> &'a ast::Ident {
-        match self {
-            Rule::Bulkhead(b) => &b.name,
-            Rule::Limit(l) => &l.name,
-            Rule::Fuse(f) => &f.name,
-        }
+        &self.def.name
     }
 
     pub fn on(&self) -> &'a MatchExpr {
-        match self {
-            Rule::Bulkhead(b) => &b.on,
-            Rule::Limit(l) => &l.on,
-            Rule::Fuse(f) => &f.on,
-        }
+        &self.def.on
     }
 
     pub fn span(&self) -> Span {
-        match self {
-            Rule::Bulkhead(b) => b.span,
-            Rule::Limit(l) => l.span,
-            Rule::Fuse(f) => f.span,
-        }
+        self.def.span
     }
 
     /// The kind's keyword (`bulkhead`, ...): the wire's word for it.
     pub fn kind(&self) -> &'static str {
-        let kind = match self {
-            Rule::Bulkhead(_) => gov_proto::v1::RuleKind::Bulkhead,
-            Rule::Limit(_) => gov_proto::v1::RuleKind::Limit,
-            Rule::Fuse(_) => gov_proto::v1::RuleKind::Fuse,
-        };
-        kind.word()
+        self.imp.wire().word()
     }
 }
 

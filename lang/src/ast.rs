@@ -222,9 +222,8 @@ pub enum ServiceStmt {
     Consumer(ConsumerStmt),
     Capacity(Capacity),
     Match(MatchDef),
-    Bulkhead(Bulkhead),
-    Limit(Limit),
-    Fuse(Fuse),
+    /// A bulkhead, a limit, a fuse: every rule kind.
+    Rule(RuleDef),
     Warmup(Warmup),
     Shutdown(Shutdown),
 }
@@ -333,283 +332,73 @@ impl MatchExpr {
     }
 }
 
-// === Bulkhead ===
+// === Rules ===
 
+/// `KIND NAME on EXPR { SETTING... }`: a rule of any kind (`bulkhead`,
+/// `limit`, `fuse`...).
+///
+/// The grammar (`gov.pest`) gives each kind its keyword and the shape of
+/// each of its settings; the tree keeps a setting as the words and values
+/// it was written with, so that the tree, the parser and the formatter name
+/// no kind. What the settings mean is the compiler's (one module per kind).
+///
 /// ```gov
 /// bulkhead slow_calls on slow {
 ///   max_concurrent 10
 ///   max_wait 10ms
-///   queue 50
-///   timeout 2s
-///   reject with 408
 /// }
-/// bulkhead per_instance on calls to inventory {
-///   per instance
-///   max_concurrent 20
-///   max_wait 1s
-/// }
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Bulkhead {
-    pub name: Ident,
-    pub on: MatchExpr,
-    pub settings: Vec<BulkheadSetting>,
-    pub span: Span,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum BulkheadSetting {
-    /// `max_concurrent N`
-    MaxConcurrent { value: Spanned<i64>, span: Span },
-    /// `max_wait D`: how long a call waits for a permit before rejection.
-    MaxWait {
-        value: Spanned<Duration>,
-        span: Span,
-    },
-    /// `queue N`: at most N calls wait at once; more are rejected at once.
-    Queue { value: Spanned<i64>, span: Span },
-    /// `timeout D`: per-call timeout once admitted.
-    Timeout {
-        value: Spanned<Duration>,
-        span: Span,
-    },
-    /// `reject with STATUS` (default 408).
-    RejectWith { status: Status, span: Span },
-    /// `per instance` | `per instance path`: client-side keying.
-    Per {
-        key: Spanned<BulkheadKey>,
-        span: Span,
-    },
-    /// `isolation semaphore` | `isolation pool`
-    Isolation {
-        mode: Spanned<Isolation>,
-        span: Span,
-    },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BulkheadKey {
-    /// One bulkhead for the whole match (server side, per operation).
-    Operation, // per operation
-    /// One per upstream instance (client side).
-    Instance, // per instance
-    /// One per upstream instance and request path (client side).
-    InstancePath, // per instance path
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Isolation {
-    Semaphore,
-    Pool,
-}
-
-// === Limit ===
-
-/// ```gov
-/// limit crm_supplier on supplier {
-///   calls 100 per 1s
-///   bytes 10MiB per 1m
-///   per consumer
-///   release after 2h
-///   scope cluster sync batch 100ms
-/// }
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Limit {
-    pub name: Ident,
-    pub on: MatchExpr,
-    pub settings: Vec<LimitSetting>,
-    pub span: Span,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum LimitSetting {
-    /// `calls N per D`
-    Calls { rate: Rate<i64>, span: Span },
-    /// `bytes SIZE per D` (request + response bytes)
-    Bytes { rate: Rate<Size>, span: Span },
-    /// `per all|domain|service|consumer`: whose calls share one counter.
-    Per { key: Spanned<LimitKey>, span: Span },
-    /// `action reject` | `action shape max_delay D`
-    Action { action: LimitAction, span: Span },
-    /// `reject with STATUS` (default 429)
-    RejectWith { status: Status, span: Span },
-    /// `release after D` | `release manual`: an exceeded limit latches
-    /// (engages) until released. Without it the limit resets every window.
-    Release { release: Release, span: Span },
-    /// `scope local` | `scope cluster sync exact` | `scope cluster sync batch D`
-    Scope { scope: LimitScope, span: Span },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LimitKey {
-    All,
-    Domain,
-    Service,
-    Consumer,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum LimitAction {
-    Reject {
-        span: Span,
-    },
-    Shape {
-        max_delay: Spanned<Duration>,
-        span: Span,
-    },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Release {
-    After {
-        after: Spanned<Duration>,
-        span: Span,
-    },
-    Manual {
-        span: Span,
-    },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum LimitScope {
-    Local {
-        span: Span,
-    },
-    /// `sync` is optional in the grammar so that the compiler can say the
-    /// choice must be declared.
-    Cluster {
-        sync: Option<ClusterSync>,
-        span: Span,
-    },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum ClusterSync {
-    /// Every call counts in the shared store before it is admitted.
-    Exact { span: Span },
-    /// Calls count locally and are flushed to the shared store every D.
-    Batch {
-        every: Spanned<Duration>,
-        span: Span,
-    },
-}
-
-// === Fuse ===
-
-/// ```gov
 /// fuse mdm on supplier {
 ///   trip when business_error_ratio > 50% over 1m min_calls 20
-///   trip when system_errors >= 10 over 10s
-///   classify business status 500..599
-///   classify system connect_failure timeout status 401 403
-///   recover manual
-///   reject with 503
+///   classify system connect_failure timeout status 401 403 500..599
 /// }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Fuse {
+pub struct RuleDef {
+    /// The kind's keyword, as the grammar spells it.
+    pub kind: Spanned<&'static str>,
     pub name: Ident,
     pub on: MatchExpr,
-    pub settings: Vec<FuseSetting>,
+    pub settings: Vec<Setting>,
     pub span: Span,
 }
 
+/// One setting of a rule: its words and values in the order written
+/// (`trip when errors >= 10 over 10s` is nine of them).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum FuseSetting {
-    Trip(Trip),
-    Classify(Classify),
-    Recover { recover: Recover, span: Span },
-    RejectWith { status: Status, span: Span },
-}
-
-/// `trip when METRIC OP VALUE over D [min_calls N]`
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Trip {
-    pub metric: Spanned<TripMetric>,
-    pub op: Spanned<CompareOp>,
-    pub threshold: Spanned<Threshold>,
-    pub window: Spanned<Duration>,
-    pub min_calls: Option<Spanned<i64>>,
+pub struct Setting {
+    pub words: Vec<Spanned<Word>>,
     pub span: Span,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TripMetric {
-    BusinessErrors,     // business_errors
-    BusinessErrorRatio, // business_error_ratio
-    SystemErrors,       // system_errors
-    SystemErrorRatio,   // system_error_ratio
-    Errors,             // errors (business + system)
-    ErrorRatio,         // error_ratio
-}
-
-impl TripMetric {
-    pub const fn is_ratio(self) -> bool {
-        matches!(
-            self,
-            TripMetric::BusinessErrorRatio | TripMetric::SystemErrorRatio | TripMetric::ErrorRatio
-        )
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CompareOp {
-    Gt, // >
-    Ge, // >=
-}
-
-/// A count (`10`) or a percentage (`50%`); which one fits depends on the metric.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Threshold {
-    Count(i64),
+/// A word or a value of a [`Setting`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Word {
+    /// A keyword or an operator (`max_concurrent`, `>=`).
+    Key(&'static str),
+    /// A name.
+    Name(String),
+    /// A string literal, unescaped.
+    Str(String),
+    Int(i64),
+    Duration(Duration),
+    Size(Size),
     Percent(Percent),
-}
-
-/// `classify business|system ITEM...`: which outcomes count as which error.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Classify {
-    pub class: Spanned<ErrorClass>,
-    pub items: Vec<ClassifyItem>,
-    pub span: Span,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorClass {
-    Business,
-    System,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum ClassifyItem {
-    /// `status 500` or `status 500..599` (inclusive); several may follow one `status`:
-    /// `status 401 403 500..599`.
-    Status { codes: Vec<StatusRange>, span: Span },
-    /// `connect_failure`
-    ConnectFailure { span: Span },
-    /// `timeout`
-    Timeout { span: Span },
-    /// `reset`: the upstream closed the connection mid-response.
-    Reset { span: Span },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct StatusRange {
-    pub from: Status,
-    /// `None` for a single code.
-    pub to: Option<Status>,
-    pub span: Span,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Recover {
-    /// `recover manual`: stays tripped until an operator releases it.
-    Manual,
-    /// `recover after D probe N`: half-open after D, N probe calls decide.
-    After {
-        after: Spanned<Duration>,
-        probes: Spanned<i64>,
+    /// A status code or an inclusive range of them: `500`, `500..599`.
+    Range {
+        from: Status,
+        /// `None` for a single code.
+        to: Option<Status>,
     },
+}
+
+impl Setting {
+    /// The keyword the setting starts with.
+    pub fn key(&self) -> Option<&'static str> {
+        match self.words.first().map(|w| &w.node) {
+            Some(Word::Key(k)) => Some(k),
+            _ => None,
+        }
+    }
 }
 
 // === Warmup ===
@@ -838,11 +627,41 @@ impl fmt::Display for Percent {
     }
 }
 
-impl fmt::Display for Threshold {
+/// As written, in the canonical form of each value (`1min` prints `1m`).
+impl fmt::Display for Word {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Threshold::Count(n) => write!(f, "{n}"),
-            Threshold::Percent(p) => write!(f, "{p}"),
+            Word::Key(k) => f.write_str(k),
+            Word::Name(n) => f.write_str(n),
+            Word::Str(s) => {
+                f.write_str("\"")?;
+                for c in s.chars() {
+                    if matches!(c, '"' | '\\') {
+                        f.write_str("\\")?;
+                    }
+                    write!(f, "{c}")?;
+                }
+                f.write_str("\"")
+            }
+            Word::Int(n) => write!(f, "{n}"),
+            Word::Duration(d) => write!(f, "{d}"),
+            Word::Size(s) => write!(f, "{s}"),
+            Word::Percent(p) => write!(f, "{p}"),
+            Word::Range { from, to: None } => write!(f, "{}", from.node),
+            Word::Range { from, to: Some(to) } => write!(f, "{}..{}", from.node, to.node),
         }
+    }
+}
+
+/// The words of a setting, one space apart: the canonical text of it.
+impl fmt::Display for Setting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, w) in self.words.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{}", w.node)?;
+        }
+        Ok(())
     }
 }

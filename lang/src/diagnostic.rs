@@ -14,7 +14,7 @@ use miette::{Diagnostic, LabeledSpan, NamedSource, SourceCode};
 use pest::error::{ErrorVariant, InputLocation};
 
 use crate::ast::Span;
-use crate::grammar::{MATCH_WORDS, Rule, STATEMENT_WORDS, is_reserved};
+use crate::grammar::{MATCH_WORDS, Rule, is_reserved, statement_words};
 use crate::parser::{MAX_EXPR_TERMS, MAX_NESTING, code_bytes};
 
 /// A `.gov` file that cannot be parsed.
@@ -233,7 +233,7 @@ fn unexpected(name: &str, src: &str, expected: &Expected, found: &Token<'_>) -> 
     let mut err = SyntaxError::new(name, src, message, found.span, label);
     err.0.help = help(expected, found);
     if reserved {
-        let role = if STATEMENT_WORDS.contains(&found.text) {
+        let role = if statement_words().contains(&found.text) {
             "it starts a statement"
         } else {
             "it starts or joins a match expression"
@@ -249,7 +249,7 @@ fn unexpected(name: &str, src: &str, expected: &Expected, found: &Token<'_>) -> 
     // A statement keyword where the block could still close: its `}` is
     // probably lost. Show the `{` that is not closed.
     if found.is_word()
-        && STATEMENT_WORDS.contains(&found.text)
+        && statement_words().contains(&found.text)
         && !reserved
         && expected.has_word("}")
         && let Some(open) = src
@@ -482,7 +482,7 @@ fn help(expected: &Expected, found: &Token<'_>) -> Option<String> {
     let value = [INT, DURATION, SIZE, PERCENT, STRING, NAME]
         .iter()
         .any(|v| expected.has_phrase(v));
-    let next = found.is_end() || text == "}" || STATEMENT_WORDS.contains(&text);
+    let next = found.is_end() || text == "}" || statement_words().contains(&text);
     if value && next && !expected.has_phrase(MATCH) {
         let before = if found.is_end() {
             "the end of the file".to_owned()
@@ -615,7 +615,7 @@ fn describe_rule(rule: Rule) -> Vec<Phrase> {
         ],
         // Reported instead of its alternatives when a broken statement is
         // explained from its own start: a statement or the service's `}`.
-        Rule::stmt_probe => STATEMENT_WORDS
+        Rule::stmt_probe => statement_words()
             .iter()
             .filter(|w| **w != "service")
             .chain(&["consumer", "}"])

@@ -17,8 +17,13 @@
 //!
 //! The grammar is `src/gov.pest`; the words that start match expressions or
 //! statements (`path`, `method`, `header`, `consumer`, `calls`, `any`, `and`,
-//! `or`, `service`, `registry`, `domain`, `capacity`, `match`, `bulkhead`,
-//! `limit`, `fuse`, `warmup`, `shutdown`) cannot be used as names.
+//! `or`, and every word of its `statement_word` rule: `service`, `match`,
+//! `bulkhead`...) cannot be used as names.
+//!
+//! Rule kinds (`bulkhead`, `limit`, `fuse`) are named in the grammar only: a
+//! rule is an [`ast::RuleDef`] whose settings keep their words and values
+//! as written, so the tree, the parser and the formatter read every kind
+//! the same way, and the compiler gives the settings their meaning.
 //!
 //! ```
 //! let policy = gov_lang::parse("a.gov", "service a { capacity workers 4 }")?;

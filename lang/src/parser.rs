@@ -621,45 +621,6 @@ impl Builder<'_> {
                     span,
                 })
             }
-            Rule::bulkhead_def => {
-                let (name, on) = self.header(&mut k)?;
-                let settings = k
-                    .rest()
-                    .map(|s| self.bulkhead_setting(s))
-                    .collect::<Result<_, _>>()?;
-                ServiceStmt::Bulkhead(Bulkhead {
-                    name,
-                    on,
-                    settings,
-                    span,
-                })
-            }
-            Rule::limit_def => {
-                let (name, on) = self.header(&mut k)?;
-                let settings = k
-                    .rest()
-                    .map(|s| self.limit_setting(s))
-                    .collect::<Result<_, _>>()?;
-                ServiceStmt::Limit(Limit {
-                    name,
-                    on,
-                    settings,
-                    span,
-                })
-            }
-            Rule::fuse_def => {
-                let (name, on) = self.header(&mut k)?;
-                let settings = k
-                    .rest()
-                    .map(|s| self.fuse_setting(s))
-                    .collect::<Result<_, _>>()?;
-                ServiceStmt::Fuse(Fuse {
-                    name,
-                    on,
-                    settings,
-                    span,
-                })
-            }
             Rule::warmup_def => {
                 k.kw(self)?;
                 let steps = k
@@ -676,8 +637,72 @@ impl Builder<'_> {
                     .collect::<Result<_, _>>()?;
                 ServiceStmt::Shutdown(Shutdown { steps, span })
             }
-            _ => return Err(self.internal(span)),
+            // Every other statement is a rule: the grammar's definition of
+            // a kind (`KIND NAME on EXPR { SETTING... }`), read the same way
+            // for every kind.
+            _ => ServiceStmt::Rule(self.rule_def(k, span)?),
         })
+    }
+
+    /// `KIND NAME on EXPR { SETTING... }`, any kind.
+    fn rule_def(&self, mut k: Kids<'_>, span: Span) -> Result<RuleDef, SyntaxError> {
+        let word = k.next(self)?;
+        let kind = Spanned::new(self.keyword(&word)?, span_of(&word));
+        let name = self.ident(k.rule(self, Rule::ident)?);
+        k.rule(self, Rule::kw_on)?;
+        let on = self.match_expr(k.rule(self, Rule::match_expr)?, &mut 0)?;
+        let settings = k
+            .rest()
+            .map(|s| {
+                let span = span_of(&s);
+                let mut words = Vec::new();
+                self.words(s, &mut words)?;
+                Ok(Setting { words, span })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(RuleDef {
+            kind,
+            name,
+            on,
+            settings,
+            span,
+        })
+    }
+
+    /// The words and values of a setting, in order: nested rules of the
+    /// grammar (`action_shape`, `min_calls`...) are read through.
+    fn words(&self, p: P<'_>, out: &mut Vec<Spanned<Word>>) -> Result<(), SyntaxError> {
+        for c in p.into_inner() {
+            let span = span_of(&c);
+            let word = match c.as_rule() {
+                Rule::int => Word::Int(self.int(c)?.node),
+                Rule::duration => Word::Duration(self.duration(c)?.node),
+                Rule::size => Word::Size(self.size(c)?.node),
+                Rule::percent => Word::Percent(self.percent(c)?.node),
+                Rule::string => Word::Str(self.string(c).node),
+                Rule::ident => Word::Name(self.ident(c).node),
+                Rule::status_range => {
+                    let r = self.status_range(c)?;
+                    Word::Range { from: r.0, to: r.1 }
+                }
+                Rule::compare_op => Word::Key(if c.as_str() == ">=" { ">=" } else { ">" }),
+                rule => match crate::grammar::keyword(rule) {
+                    Some(k) => Word::Key(k),
+                    None if c.clone().into_inner().next().is_some() => {
+                        self.words(c, out)?;
+                        continue;
+                    }
+                    None => return Err(self.internal(span)),
+                },
+            };
+            out.push(Spanned::new(word, span));
+        }
+        Ok(())
+    }
+
+    /// The keyword a `kw_*` pair matched.
+    fn keyword(&self, p: &P<'_>) -> Result<&'static str, SyntaxError> {
+        crate::grammar::keyword(p.as_rule()).ok_or_else(|| self.internal(span_of(p)))
     }
 
     fn capacity(&self, p: P<'_>, span: Span) -> Result<Capacity, SyntaxError> {
@@ -699,15 +724,6 @@ impl Builder<'_> {
             },
             _ => return Err(self.internal(span)),
         })
-    }
-
-    /// `NAME on EXPR` of bulkheads, limits and fuses.
-    fn header(&self, k: &mut Kids<'_>) -> Result<(Ident, MatchExpr), SyntaxError> {
-        k.kw(self)?;
-        let name = self.ident(k.rule(self, Rule::ident)?);
-        k.kw(self)?;
-        let on = self.match_expr(k.rule(self, Rule::match_expr)?, &mut 0)?;
-        Ok((name, on))
     }
 
     /// `AMOUNT per WINDOW`
@@ -837,285 +853,17 @@ impl Builder<'_> {
         })
     }
 
-    // === Bulkheads, limits, fuses ===
+    // === Rule settings ===
 
-    fn bulkhead_setting(&self, p: P<'_>) -> Result<BulkheadSetting, SyntaxError> {
-        let span = span_of(&p);
-        let rule = p.as_rule();
-        let mut k = Kids::of(p);
-        k.kw(self)?;
-        Ok(match rule {
-            Rule::max_concurrent => BulkheadSetting::MaxConcurrent {
-                value: self.int(k.next(self)?)?,
-                span,
-            },
-            Rule::max_wait => BulkheadSetting::MaxWait {
-                value: self.duration(k.next(self)?)?,
-                span,
-            },
-            Rule::queue => BulkheadSetting::Queue {
-                value: self.int(k.next(self)?)?,
-                span,
-            },
-            Rule::call_timeout => BulkheadSetting::Timeout {
-                value: self.duration(k.next(self)?)?,
-                span,
-            },
-            Rule::reject_with => {
-                k.kw(self)?;
-                BulkheadSetting::RejectWith {
-                    status: self.int(k.next(self)?)?,
-                    span,
-                }
-            }
-            Rule::bulkhead_per => {
-                let first = k.next(self)?;
-                let mut key_span = span_of(&first);
-                let key = if first.as_rule() == Rule::kw_operation {
-                    BulkheadKey::Operation
-                } else if let Some(path) = k.opt(Rule::kw_path) {
-                    key_span = key_span.join(span_of(&path));
-                    BulkheadKey::InstancePath
-                } else {
-                    BulkheadKey::Instance
-                };
-                BulkheadSetting::Per {
-                    key: Spanned::new(key, key_span),
-                    span,
-                }
-            }
-            Rule::isolation => {
-                let m = k.next(self)?;
-                let mode = match m.as_rule() {
-                    Rule::kw_semaphore => Isolation::Semaphore,
-                    _ => Isolation::Pool,
-                };
-                BulkheadSetting::Isolation {
-                    mode: Spanned::new(mode, span_of(&m)),
-                    span,
-                }
-            }
-            _ => return Err(self.internal(span)),
-        })
-    }
-
-    fn limit_setting(&self, p: P<'_>) -> Result<LimitSetting, SyntaxError> {
-        let span = span_of(&p);
-        let rule = p.as_rule();
-        let mut k = Kids::of(p);
-        k.kw(self)?;
-        Ok(match rule {
-            Rule::calls_rate => LimitSetting::Calls {
-                rate: self.rate(&mut k, Self::int)?,
-                span,
-            },
-            Rule::bytes_rate => LimitSetting::Bytes {
-                rate: self.rate(&mut k, Self::size)?,
-                span,
-            },
-            Rule::limit_per => {
-                let w = k.next(self)?;
-                let key = match w.as_rule() {
-                    Rule::kw_all => LimitKey::All,
-                    Rule::kw_domain => LimitKey::Domain,
-                    Rule::kw_service => LimitKey::Service,
-                    Rule::kw_consumer => LimitKey::Consumer,
-                    _ => return Err(self.internal(span_of(&w))),
-                };
-                LimitSetting::Per {
-                    key: Spanned::new(key, span_of(&w)),
-                    span,
-                }
-            }
-            Rule::limit_action => {
-                let a = k.next(self)?;
-                let a_span = span_of(&a);
-                let action = if a.as_rule() == Rule::action_shape {
-                    let mut k = Kids::of(a);
-                    k.kw(self)?;
-                    k.kw(self)?;
-                    LimitAction::Shape {
-                        max_delay: self.duration(k.next(self)?)?,
-                        span: a_span,
-                    }
-                } else {
-                    LimitAction::Reject { span: a_span }
-                };
-                LimitSetting::Action { action, span }
-            }
-            Rule::reject_with => {
-                k.kw(self)?;
-                LimitSetting::RejectWith {
-                    status: self.int(k.next(self)?)?,
-                    span,
-                }
-            }
-            Rule::release => {
-                let r = k.next(self)?;
-                let r_span = span_of(&r);
-                let release = if r.as_rule() == Rule::release_after {
-                    let mut k = Kids::of(r);
-                    k.kw(self)?;
-                    Release::After {
-                        after: self.duration(k.next(self)?)?,
-                        span: r_span,
-                    }
-                } else {
-                    Release::Manual { span: r_span }
-                };
-                LimitSetting::Release { release, span }
-            }
-            Rule::scope => {
-                let s = k.next(self)?;
-                let s_span = span_of(&s);
-                let scope = if s.as_rule() == Rule::scope_cluster {
-                    let mut k = Kids::of(s);
-                    k.kw(self)?;
-                    let sync = match k.opt(Rule::kw_sync) {
-                        None => None,
-                        Some(_) => {
-                            let m = k.next(self)?;
-                            let m_span = span_of(&m);
-                            Some(if m.as_rule() == Rule::sync_batch {
-                                let mut k = Kids::of(m);
-                                k.kw(self)?;
-                                ClusterSync::Batch {
-                                    every: self.duration(k.next(self)?)?,
-                                    span: m_span,
-                                }
-                            } else {
-                                ClusterSync::Exact { span: m_span }
-                            })
-                        }
-                    };
-                    LimitScope::Cluster { sync, span: s_span }
-                } else {
-                    LimitScope::Local { span: s_span }
-                };
-                LimitSetting::Scope { scope, span }
-            }
-            _ => return Err(self.internal(span)),
-        })
-    }
-
-    fn fuse_setting(&self, p: P<'_>) -> Result<FuseSetting, SyntaxError> {
-        let span = span_of(&p);
-        let rule = p.as_rule();
-        let mut k = Kids::of(p);
-        k.kw(self)?;
-        Ok(match rule {
-            Rule::trip => {
-                k.kw(self)?;
-                let m = k.next(self)?;
-                let metric = match m.as_rule() {
-                    Rule::kw_business_errors => TripMetric::BusinessErrors,
-                    Rule::kw_business_error_ratio => TripMetric::BusinessErrorRatio,
-                    Rule::kw_system_errors => TripMetric::SystemErrors,
-                    Rule::kw_system_error_ratio => TripMetric::SystemErrorRatio,
-                    Rule::kw_errors => TripMetric::Errors,
-                    Rule::kw_error_ratio => TripMetric::ErrorRatio,
-                    _ => return Err(self.internal(span_of(&m))),
-                };
-                let metric = Spanned::new(metric, span_of(&m));
-                let o = k.rule(self, Rule::compare_op)?;
-                let op = if o.as_str() == ">=" {
-                    CompareOp::Ge
-                } else {
-                    CompareOp::Gt
-                };
-                let op = Spanned::new(op, span_of(&o));
-                let t = k.next(self)?;
-                let threshold = if t.as_rule() == Rule::percent {
-                    let p = self.percent(t)?;
-                    Spanned::new(Threshold::Percent(p.node), p.span)
-                } else {
-                    let n = self.int(t)?;
-                    Spanned::new(Threshold::Count(n.node), n.span)
-                };
-                k.kw(self)?;
-                let window = self.duration(k.next(self)?)?;
-                let min_calls = match k.opt(Rule::min_calls) {
-                    Some(m) => {
-                        let mut k = Kids::of(m);
-                        k.kw(self)?;
-                        Some(self.int(k.next(self)?)?)
-                    }
-                    None => None,
-                };
-                FuseSetting::Trip(Trip {
-                    metric,
-                    op,
-                    threshold,
-                    window,
-                    min_calls,
-                    span,
-                })
-            }
-            Rule::classify => {
-                let c = k.next(self)?;
-                let class = match c.as_rule() {
-                    Rule::kw_business => ErrorClass::Business,
-                    _ => ErrorClass::System,
-                };
-                let class = Spanned::new(class, span_of(&c));
-                let mut items = Vec::new();
-                for item in k.rest() {
-                    let i_span = span_of(&item);
-                    items.push(match item.as_rule() {
-                        Rule::classify_status => {
-                            let mut k = Kids::of(item);
-                            k.kw(self)?;
-                            let codes = k
-                                .rest()
-                                .map(|r| self.status_range(r))
-                                .collect::<Result<_, _>>()?;
-                            ClassifyItem::Status {
-                                codes,
-                                span: i_span,
-                            }
-                        }
-                        Rule::kw_connect_failure => ClassifyItem::ConnectFailure { span: i_span },
-                        Rule::kw_timeout => ClassifyItem::Timeout { span: i_span },
-                        Rule::kw_reset => ClassifyItem::Reset { span: i_span },
-                        _ => return Err(self.internal(i_span)),
-                    });
-                }
-                FuseSetting::Classify(Classify { class, items, span })
-            }
-            Rule::recover => {
-                let r = k.next(self)?;
-                let recover = if r.as_rule() == Rule::recover_after {
-                    let mut k = Kids::of(r);
-                    k.kw(self)?;
-                    let after = self.duration(k.next(self)?)?;
-                    k.kw(self)?;
-                    let probes = self.int(k.next(self)?)?;
-                    Recover::After { after, probes }
-                } else {
-                    Recover::Manual
-                };
-                FuseSetting::Recover { recover, span }
-            }
-            Rule::reject_with => {
-                k.kw(self)?;
-                FuseSetting::RejectWith {
-                    status: self.int(k.next(self)?)?,
-                    span,
-                }
-            }
-            _ => return Err(self.internal(span)),
-        })
-    }
-
-    fn status_range(&self, p: P<'_>) -> Result<StatusRange, SyntaxError> {
-        let span = span_of(&p);
+    /// `500` or `500..599`.
+    fn status_range(&self, p: P<'_>) -> Result<(Status, Option<Status>), SyntaxError> {
         let mut k = Kids::of(p);
         let from = self.int(k.next(self)?)?;
         let to = match k.opt(Rule::range_dots) {
             Some(_) => Some(self.int(k.next(self)?)?),
             None => None,
         };
-        Ok(StatusRange { from, to, span })
+        Ok((from, to))
     }
 
     // === Warmup and shutdown ===

@@ -424,9 +424,7 @@ fn reference_at(policy: &Policy, offset: usize) -> Option<Reference> {
                             refs.push(&m.name);
                             match_refs(&m.expr, &mut refs);
                         }
-                        ServiceStmt::Bulkhead(b) => match_refs(&b.on, &mut refs),
-                        ServiceStmt::Limit(l) => match_refs(&l.on, &mut refs),
-                        ServiceStmt::Fuse(f) => match_refs(&f.on, &mut refs),
+                        ServiceStmt::Rule(r) => match_refs(&r.on, &mut refs),
                         ServiceStmt::Registry(u) if on(u.name.span) => {
                             return Some(Reference::Registry(u.name.node.clone()));
                         }

@@ -16,8 +16,8 @@ use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::effective::BulkheadEff;
-use crate::resolve::{Ctx, Rule, Src};
+use crate::kind::bulkhead::{Bulkhead, BulkheadEff};
+use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error(
@@ -51,11 +51,13 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             continue;
         }
         for (rule, norm) in svc.rules_with_norms() {
-            let Rule::Bulkhead(b) = rule else { continue };
+            let Some(b) = Bulkhead::of(rule) else {
+                continue;
+            };
             if !norm.is_valid() || norm.is_outbound() {
                 continue;
             }
-            let Some((max, span)) = BulkheadEff::of(b).max_concurrent else {
+            let Some((max, span)) = BulkheadEff::of(&b).max_concurrent else {
                 continue;
             };
             if max <= workers.node {

@@ -23,8 +23,8 @@ use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::effective::{Counter, LimitEff};
-use crate::resolve::{Ctx, Rule, Src};
+use crate::kind::limit::{Counter, Limit, LimitEff};
+use crate::resolve::{Ctx, Src};
 use crate::units::{fmt_bytes, fmt_millis};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -67,9 +67,10 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
         }
         let limits: Vec<_> = svc
             .rules_with_norms()
-            .filter_map(|(r, norm)| match r {
-                Rule::Limit(l) => Some((l, LimitEff::of(l), norm)),
-                _ => None,
+            .filter_map(|(r, norm)| {
+                let l = Limit::of(r)?;
+                let e = LimitEff::of(&l);
+                Some((l, e, norm))
             })
             .collect();
         for (cl, ce, cn) in &limits {

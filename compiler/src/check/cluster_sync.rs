@@ -11,12 +11,12 @@
 //! Fix: `scope cluster sync exact` (precise, one store call per request) or
 //! `scope cluster sync batch 100ms` (cheap, may overshoot between flushes).
 
-use gov_lang::ast::{LimitScope, LimitSetting};
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::{Ctx, Rule, Src};
+use crate::kind::limit::{Limit, LimitScope, LimitSetting};
+use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error("cluster limit `{name}` does not declare how its counters are shared")]
@@ -37,10 +37,10 @@ pub struct ClusterSyncUndeclared {
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
         for rule in &svc.rules {
-            let Rule::Limit(l) = rule else { continue };
+            let Some(l) = Limit::of(rule) else { continue };
             for s in &l.settings {
                 if let LimitSetting::Scope {
-                    scope: LimitScope::Cluster { sync: None, .. },
+                    scope: LimitScope::Cluster { sync: None },
                     span,
                 } = s
                 {

@@ -32,10 +32,7 @@ use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::effective::{BulkheadEff, FuseEff, LimitEff};
-use gov_lang::ast::Span;
-
-use crate::resolve::{Ctx, Rule, Src};
+use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error("{kind}s `{first}` and `{second}` conflict on the same calls: {detail}")]
@@ -53,73 +50,6 @@ pub struct ConflictingRules {
     pub second_span: SourceSpan,
     #[help]
     pub help: String,
-}
-
-/// What two rules disagree on, quoting the settings as written (`text`
-/// gives the source of a span), and the help.
-fn conflict(
-    a: &Rule<'_>,
-    b: &Rule<'_>,
-    text: impl Fn(Span) -> String,
-) -> Option<(String, &'static str)> {
-    match (a, b) {
-        (Rule::Bulkhead(x), Rule::Bulkhead(y)) => {
-            let (x, y) = (BulkheadEff::of(x), BulkheadEff::of(y));
-            if x.per != y.per {
-                return None;
-            }
-            let mc = |e: &BulkheadEff| {
-                e.max_concurrent
-                    .map_or("?".to_string(), |m| m.0.to_string())
-            };
-            Some((
-                format!("`max_concurrent {}` vs `max_concurrent {}`", mc(&x), mc(&y)),
-                "merge them into one bulkhead; with two, only the smaller cap takes effect",
-            ))
-        }
-        (Rule::Limit(x), Rule::Limit(y)) => {
-            let (x, y) = (LimitEff::of(x), LimitEff::of(y));
-            if x.per != y.per || x.scope.is_cluster() != y.scope.is_cluster() {
-                return None;
-            }
-            let help = "merge them into one limit, or count over different windows";
-            if let (Some(c), Some(d)) = (x.calls, y.calls)
-                && c.window_ms == d.window_ms
-            {
-                return Some((format!("`{}` vs `{}`", text(c.span), text(d.span)), help));
-            }
-            if let (Some(c), Some(d)) = (x.bytes, y.bytes)
-                && c.window_ms == d.window_ms
-            {
-                return Some((format!("`{}` vs `{}`", text(c.span), text(d.span)), help));
-            }
-            if x.action != y.action {
-                return Some((
-                    format!("`{}` vs `{}`", x.action.describe(), y.action.describe()),
-                    "calls over a limit are either rejected or shaped; choose one",
-                ));
-            }
-            None
-        }
-        (Rule::Fuse(x), Rule::Fuse(y)) => {
-            let (x, y) = (FuseEff::of(x), FuseEff::of(y));
-            let help = "merge the trip conditions into one fuse";
-            if x.recover != y.recover {
-                return Some((
-                    format!("`{}` vs `{}`", x.recover.describe(), y.recover.describe()),
-                    help,
-                ));
-            }
-            if x.reject != y.reject {
-                return Some((
-                    format!("`reject with {}` vs `reject with {}`", x.reject, y.reject),
-                    help,
-                ));
-            }
-            None
-        }
-        _ => None,
-    }
 }
 
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
@@ -144,7 +74,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                     continue;
                 }
                 let text = |span| cx.text(svc.file, span).to_string();
-                let Some((detail, help)) = conflict(a, b, text) else {
+                let Some((detail, help)) = a.imp.conflict(a.def, b.def, &text) else {
                     continue;
                 };
                 reported[j] = true;

@@ -11,15 +11,12 @@
 //!
 //! Fix: keep one of the two.
 
-use gov_lang::ast::{
-    BulkheadSetting, Capacity, ErrorClass, FuseSetting, LimitSetting, RegistryKey, ServiceStmt,
-    ShutdownStep, Span, WarmupStep,
-};
+use gov_lang::ast::{Capacity, RegistryKey, ServiceStmt, ShutdownStep, Span, WarmupStep};
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::{Ctx, Rule, Src};
+use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error("`{setting}` is set twice in {owner}")]
@@ -59,42 +56,6 @@ fn report(
                 .into(),
             );
         }
-    }
-}
-
-fn bulkhead_key(s: &BulkheadSetting) -> (&'static str, Span) {
-    match s {
-        BulkheadSetting::MaxConcurrent { span, .. } => ("max_concurrent", *span),
-        BulkheadSetting::MaxWait { span, .. } => ("max_wait", *span),
-        BulkheadSetting::Queue { span, .. } => ("queue", *span),
-        BulkheadSetting::Timeout { span, .. } => ("timeout", *span),
-        BulkheadSetting::RejectWith { span, .. } => ("reject with", *span),
-        BulkheadSetting::Per { span, .. } => ("per", *span),
-        BulkheadSetting::Isolation { span, .. } => ("isolation", *span),
-    }
-}
-
-fn limit_key(s: &LimitSetting) -> (&'static str, Span) {
-    match s {
-        LimitSetting::Calls { span, .. } => ("calls", *span),
-        LimitSetting::Bytes { span, .. } => ("bytes", *span),
-        LimitSetting::Per { span, .. } => ("per", *span),
-        LimitSetting::Action { span, .. } => ("action", *span),
-        LimitSetting::RejectWith { span, .. } => ("reject with", *span),
-        LimitSetting::Release { span, .. } => ("release", *span),
-        LimitSetting::Scope { span, .. } => ("scope", *span),
-    }
-}
-
-fn fuse_key(s: &FuseSetting) -> Option<(&'static str, Span)> {
-    match s {
-        FuseSetting::Trip(_) => None,
-        FuseSetting::Classify(c) => Some(match c.class.node {
-            ErrorClass::Business => ("classify business", c.span),
-            ErrorClass::System => ("classify system", c.span),
-        }),
-        FuseSetting::Recover { span, .. } => Some(("recover", *span)),
-        FuseSetting::RejectWith { span, .. } => Some(("reject with", *span)),
     }
 }
 
@@ -174,10 +135,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                         out,
                     );
                 }
-                ServiceStmt::Match(_)
-                | ServiceStmt::Bulkhead(_)
-                | ServiceStmt::Limit(_)
-                | ServiceStmt::Fuse(_) => {}
+                ServiceStmt::Match(_) | ServiceStmt::Rule(_) => {}
             }
         }
         report(
@@ -188,11 +146,12 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             out,
         );
         for rule in &svc.rules {
-            let items: Vec<_> = match rule {
-                Rule::Bulkhead(b) => b.settings.iter().map(bulkhead_key).collect(),
-                Rule::Limit(l) => l.settings.iter().map(limit_key).collect(),
-                Rule::Fuse(f) => f.settings.iter().filter_map(fuse_key).collect(),
-            };
+            let items: Vec<_> = rule
+                .def
+                .settings
+                .iter()
+                .filter_map(|s| Some((rule.imp.setting_key(s)?, s.span)))
+                .collect();
             let owner = || format!("{} `{}`", rule.kind(), rule.name().node);
             report(cx, svc.file, owner, &items, out);
         }

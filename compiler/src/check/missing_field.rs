@@ -16,10 +16,9 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use gov_lang::ast::{BulkheadSetting, FuseSetting, LimitKey, LimitSetting};
-
 use crate::diagnostic::Diagnostic;
-use crate::resolve::{Ctx, Rule, Src};
+use crate::kind::limit::{Limit, LimitKey, LimitSetting};
+use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error("{kind} `{name}` has no {missing}")]
@@ -40,33 +39,8 @@ pub struct MissingField {
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
         for rule in &svc.rules {
-            let (missing, help) = match rule {
-                Rule::Bulkhead(b)
-                    if !b
-                        .settings
-                        .iter()
-                        .any(|s| matches!(s, BulkheadSetting::MaxConcurrent { .. })) =>
-                {
-                    (
-                        "`max_concurrent`",
-                        "add `max_concurrent N`: the most calls in flight at once",
-                    )
-                }
-                Rule::Limit(l)
-                    if !l.settings.iter().any(|s| {
-                        matches!(s, LimitSetting::Calls { .. } | LimitSetting::Bytes { .. })
-                    }) =>
-                {
-                    (
-                        "`calls` or `bytes`",
-                        "add `calls N per D`, `bytes SIZE per D`, or both",
-                    )
-                }
-                Rule::Fuse(f) if !f.settings.iter().any(|s| matches!(s, FuseSetting::Trip(_))) => (
-                    "`trip when`",
-                    "add a condition such as `trip when error_ratio > 50% over 1m min_calls 20`",
-                ),
-                _ => continue,
+            let Some((missing, help)) = rule.imp.missing(rule.def) else {
+                continue;
             };
             out.push(
                 MissingField {
@@ -85,7 +59,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             continue;
         }
         for rule in &svc.rules {
-            let Rule::Limit(l) = rule else { continue };
+            let Some(l) = Limit::of(rule) else { continue };
             for s in &l.settings {
                 if let LimitSetting::Per { key, span } = s
                     && key.node == LimitKey::Domain

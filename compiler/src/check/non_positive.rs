@@ -12,16 +12,14 @@
 //!
 //! Fix: write a positive value; to turn a rule off, delete it.
 
-use gov_lang::ast::{
-    BulkheadSetting, Capacity, ClusterSync, CompareOp, FuseSetting, LimitAction, LimitScope,
-    LimitSetting, Recover, Release, ServiceStmt, ShutdownStep, Span, Threshold, WarmupStep,
-};
+use gov_lang::ast::{Capacity, ServiceStmt, ShutdownStep, Span, WarmupStep};
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::{Ctx, Rule, Src};
-use crate::units::{bytes, millis};
+use crate::kind::{Bound, Values};
+use crate::resolve::{Ctx, Src};
+use crate::units::millis;
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error("`{what}` must be {bound}, found `{found}`")]
@@ -36,13 +34,6 @@ pub struct NonPositive {
     pub span: SourceSpan,
     #[help]
     pub help: String,
-}
-
-/// What one value must be.
-#[derive(Clone, Copy, PartialEq)]
-enum Bound {
-    Positive,
-    NotNegative,
 }
 
 struct Sink<'c, 'a> {
@@ -174,92 +165,11 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             }
         }
         for rule in &svc.rules {
-            match rule {
-                Rule::Bulkhead(b) => {
-                    for setting in &b.settings {
-                        match setting {
-                            BulkheadSetting::MaxConcurrent { value, .. } => {
-                                s.value("max_concurrent", value.node, value.span, Positive);
-                            }
-                            BulkheadSetting::MaxWait { value, .. } => {
-                                s.duration("max_wait", value, NotNegative);
-                            }
-                            BulkheadSetting::Queue { value, .. } => {
-                                s.value("queue", value.node, value.span, NotNegative);
-                            }
-                            BulkheadSetting::Timeout { value, .. } => {
-                                s.duration("timeout", value, Positive);
-                            }
-                            _ => {}
-                        }
-                    }
-                }
-                Rule::Limit(l) => {
-                    for setting in &l.settings {
-                        match setting {
-                            LimitSetting::Calls { rate, .. } => {
-                                s.value("calls", rate.amount.node, rate.amount.span, Positive);
-                                s.duration("calls ... per", &rate.window, Positive);
-                            }
-                            LimitSetting::Bytes { rate, .. } => {
-                                s.value(
-                                    "bytes",
-                                    bytes(&rate.amount.node),
-                                    rate.amount.span,
-                                    Positive,
-                                );
-                                s.duration("bytes ... per", &rate.window, Positive);
-                            }
-                            LimitSetting::Action {
-                                action: LimitAction::Shape { max_delay, .. },
-                                ..
-                            } => s.duration("max_delay", max_delay, Positive),
-                            LimitSetting::Release {
-                                release: Release::After { after, .. },
-                                ..
-                            } => {
-                                s.duration("release after", after, Positive);
-                            }
-                            LimitSetting::Scope {
-                                scope:
-                                    LimitScope::Cluster {
-                                        sync: Some(ClusterSync::Batch { every, .. }),
-                                        ..
-                                    },
-                                ..
-                            } => s.duration("sync batch", every, Positive),
-                            _ => {}
-                        }
-                    }
-                }
-                Rule::Fuse(f) => {
-                    for setting in &f.settings {
-                        match setting {
-                            FuseSetting::Trip(t) => {
-                                s.duration("over", &t.window, Positive);
-                                if let Some(m) = &t.min_calls {
-                                    s.value("min_calls", m.node, m.span, Positive);
-                                }
-                                if let Threshold::Count(n) = t.threshold.node {
-                                    let bound = match t.op.node {
-                                        CompareOp::Gt => NotNegative,
-                                        CompareOp::Ge => Positive,
-                                    };
-                                    let what = cx.text(svc.file, t.metric.span.join(t.op.span));
-                                    s.value(what, n, t.threshold.span, bound);
-                                }
-                            }
-                            FuseSetting::Recover {
-                                recover: Recover::After { after, probes },
-                                ..
-                            } => {
-                                s.duration("recover after", after, Positive);
-                                s.value("probe", probes.node, probes.span, Positive);
-                            }
-                            _ => {}
-                        }
-                    }
-                }
+            let mut values = Values::default();
+            let text = |span| cx.text(svc.file, span).to_string();
+            rule.imp.values(rule.def, &text, &mut values);
+            for (what, value, span, bound) in values.bounded {
+                s.value(&what, value, span, bound);
             }
         }
     }

@@ -10,12 +10,12 @@
 //! Fix: drop `per instance` for a server-side (per operation) bulkhead, or
 //! put the bulkhead on `calls to PROVIDER`.
 
-use gov_lang::ast::{BulkheadKey, BulkheadSetting};
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::{Ctx, Rule, Src};
+use crate::kind::bulkhead::{Bulkhead, BulkheadKey, BulkheadSetting};
+use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error("bulkhead `{name}` is keyed per upstream instance but guards inbound calls")]
@@ -41,7 +41,9 @@ pub struct PerInstanceOnInbound {
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
         for (rule, norm) in svc.rules_with_norms() {
-            let Rule::Bulkhead(b) = rule else { continue };
+            let Some(b) = Bulkhead::of(rule) else {
+                continue;
+            };
             if !norm.is_valid() || norm.is_outbound() {
                 continue;
             }

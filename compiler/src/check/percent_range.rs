@@ -9,12 +9,13 @@
 //!
 //! Fix: write a value between 0% and 100%.
 
-use gov_lang::ast::{CompareOp, FuseSetting, ServiceStmt, Span, Threshold, WarmupStep};
+use gov_lang::ast::{ServiceStmt, Span, WarmupStep};
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::{Ctx, Rule, Src};
+use crate::kind::fuse::{CompareOp, Fuse, Threshold};
+use crate::resolve::{Ctx, Src};
 use crate::units::fmt_milli_percent;
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -48,11 +49,8 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             );
         };
         for rule in &svc.rules {
-            let Rule::Fuse(f) = rule else { continue };
-            for setting in &f.settings {
-                let FuseSetting::Trip(t) = setting else {
-                    continue;
-                };
+            let Some(f) = Fuse::of(rule) else { continue };
+            for t in f.trips() {
                 let Threshold::Percent(p) = t.threshold.node else {
                     continue;
                 };

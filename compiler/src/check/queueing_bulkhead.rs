@@ -23,8 +23,8 @@ use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::effective::BulkheadEff;
-use crate::resolve::{Ctx, Rule, Src};
+use crate::kind::bulkhead::{Bulkhead, BulkheadEff};
+use crate::resolve::{Ctx, Src};
 use crate::units::millis;
 
 /// A route whose declared latency is at least this is slow.
@@ -54,11 +54,13 @@ pub struct QueueingBulkhead {
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
         for rule in &svc.rules {
-            let Rule::Bulkhead(b) = rule else { continue };
-            let Some(latency) = svc.latency(&b.on) else {
+            let Some(b) = Bulkhead::of(rule) else {
                 continue;
             };
-            let eff = BulkheadEff::of(b);
+            let Some(latency) = svc.latency(b.on) else {
+                continue;
+            };
+            let eff = BulkheadEff::of(&b);
             let Some(wait_span) = eff.max_wait_span else {
                 continue;
             };

@@ -10,12 +10,12 @@
 //! Fix: use `action reject` (the default) on inbound limits, or put the
 //! shaping limit on `calls to PROVIDER` in the calling service.
 
-use gov_lang::ast::{LimitAction, LimitSetting};
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::{Ctx, Rule, Src};
+use crate::kind::limit::{Limit, LimitAction, LimitSetting};
+use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error("limit `{name}` shapes inbound calls")]
@@ -38,7 +38,7 @@ pub struct ShapeOnInbound {
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
         for (rule, norm) in svc.rules_with_norms() {
-            let Rule::Limit(l) = rule else { continue };
+            let Some(l) = Limit::of(rule) else { continue };
             if !norm.is_valid() || norm.is_outbound() {
                 continue;
             }

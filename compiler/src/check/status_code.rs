@@ -8,14 +8,13 @@
 //!
 //! Fix: use a code between 100 and 599; write ranges low to high.
 
-use gov_lang::ast::{
-    BulkheadSetting, ClassifyItem, FuseSetting, LimitSetting, ServiceStmt, Span, Status, WarmupStep,
-};
+use gov_lang::ast::{ServiceStmt, Span, Status, WarmupStep};
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::{Ctx, Rule, Src};
+use crate::kind::Values;
+use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error("{message}")]
@@ -44,46 +43,13 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                 }
             }
         }
+        let mut values = Values::default();
         for rule in &svc.rules {
-            match rule {
-                Rule::Bulkhead(b) => {
-                    for s in &b.settings {
-                        if let BulkheadSetting::RejectWith { status, .. } = s {
-                            codes.push(status);
-                        }
-                    }
-                }
-                Rule::Limit(l) => {
-                    for s in &l.settings {
-                        if let LimitSetting::RejectWith { status, .. } = s {
-                            codes.push(status);
-                        }
-                    }
-                }
-                Rule::Fuse(f) => {
-                    for s in &f.settings {
-                        match s {
-                            FuseSetting::RejectWith { status, .. } => codes.push(status),
-                            FuseSetting::Classify(c) => {
-                                for item in &c.items {
-                                    let ClassifyItem::Status { codes: rs, .. } = item else {
-                                        continue;
-                                    };
-                                    for r in rs {
-                                        codes.push(&r.from);
-                                        if let Some(to) = &r.to {
-                                            codes.push(to);
-                                            ranges.push((&r.from, to, r.span));
-                                        }
-                                    }
-                                }
-                            }
-                            FuseSetting::Trip(_) | FuseSetting::Recover { .. } => {}
-                        }
-                    }
-                }
-            }
+            let text = |span| cx.text(svc.file, span).to_string();
+            rule.imp.values(rule.def, &text, &mut values);
         }
+        codes.extend(&values.statuses);
+        ranges.extend(values.ranges.iter().map(|(f, t, s)| (f, t, *s)));
         for code in codes {
             if (100..=599).contains(&code.node) {
                 continue;

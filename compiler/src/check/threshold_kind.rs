@@ -10,12 +10,12 @@
 //! Fix: `*_ratio` metrics take a percentage (`> 50%`); `*_errors` and
 //! `errors` take a count (`>= 10`).
 
-use gov_lang::ast::{FuseSetting, Threshold, TripMetric};
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::{Ctx, Rule, Src};
+use crate::kind::fuse::{Fuse, Threshold, TripMetric};
+use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error("`{metric}` takes a {expected}, found a {found}")]
@@ -58,11 +58,8 @@ fn ratio_of(m: TripMetric) -> &'static str {
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
         for rule in &svc.rules {
-            let Rule::Fuse(f) = rule else { continue };
-            for setting in &f.settings {
-                let FuseSetting::Trip(t) = setting else {
-                    continue;
-                };
+            let Some(f) = Fuse::of(rule) else { continue };
+            for t in f.trips() {
                 let ratio = t.metric.node.is_ratio();
                 let (expected, found, metric_kind, help) = match (ratio, t.threshold.node) {
                     (true, Threshold::Count(n)) => (

@@ -12,15 +12,13 @@
 //! Fix: write the value you meant; a bulkhead that should not limit
 //! anything is better deleted.
 
-use gov_lang::ast::{
-    self, BulkheadSetting, FuseSetting, LimitAction, LimitSetting, Recover, Release, ServiceStmt,
-    ShutdownStep, Spanned, WarmupStep,
-};
+use gov_lang::ast::{self, ServiceStmt, ShutdownStep, Spanned, WarmupStep};
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::{Ctx, Rule, Src};
+use crate::kind::{Large, Values};
+use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error("`{what}` is too large: `{found}`")]
@@ -155,54 +153,14 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             }
         }
         for rule in &svc.rules {
-            match rule {
-                Rule::Bulkhead(b) => {
-                    for setting in &b.settings {
-                        match setting {
-                            BulkheadSetting::MaxConcurrent { value, .. } => {
-                                s.count("max_concurrent", value);
-                            }
-                            BulkheadSetting::Queue { value, .. } => s.count("queue", value),
-                            BulkheadSetting::MaxWait { value, .. } => s.duration("max_wait", value),
-                            BulkheadSetting::Timeout { value, .. } => s.duration("timeout", value),
-                            _ => {}
-                        }
-                    }
-                }
-                Rule::Limit(l) => {
-                    for setting in &l.settings {
-                        match setting {
-                            LimitSetting::Calls { rate, .. } => s.duration("window", &rate.window),
-                            LimitSetting::Bytes { rate, .. } => {
-                                s.size("bytes", &rate.amount);
-                                s.duration("window", &rate.window);
-                            }
-                            LimitSetting::Action {
-                                action: LimitAction::Shape { max_delay, .. },
-                                ..
-                            } => s.duration("max_delay", max_delay),
-                            LimitSetting::Release {
-                                release: Release::After { after, .. },
-                                ..
-                            } => s.duration("release after", after),
-                            _ => {}
-                        }
-                    }
-                }
-                Rule::Fuse(f) => {
-                    for setting in &f.settings {
-                        match setting {
-                            FuseSetting::Trip(t) => s.duration("over", &t.window),
-                            FuseSetting::Recover {
-                                recover: Recover::After { after, probes },
-                                ..
-                            } => {
-                                s.duration("recover after", after);
-                                s.count("probe", probes);
-                            }
-                            _ => {}
-                        }
-                    }
+            let mut values = Values::default();
+            let text = |span| cx.text(svc.file, span).to_string();
+            rule.imp.values(rule.def, &text, &mut values);
+            for (what, value) in &values.large {
+                match value {
+                    Large::Count(v) => s.count(what, v),
+                    Large::Duration(d) => s.duration(what, d),
+                    Large::Size(z) => s.size(what, z),
                 }
             }
         }

@@ -16,12 +16,12 @@
 //! Fix: lower `min_calls`, or widen the window (`over`). Only checked when
 //! the service declares `capacity rate`.
 
-use gov_lang::ast::FuseSetting;
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::resolve::{Ctx, Rule, Src};
+use crate::kind::fuse::Fuse;
+use crate::resolve::{Ctx, Src};
 use crate::units::millis;
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -58,11 +58,8 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             continue;
         }
         for rule in &svc.rules {
-            let Rule::Fuse(f) = rule else { continue };
-            for setting in &f.settings {
-                let FuseSetting::Trip(t) = setting else {
-                    continue;
-                };
+            let Some(f) = Fuse::of(rule) else { continue };
+            for t in f.trips() {
                 let Some(min) = &t.min_calls else { continue };
                 let window = i128::from(millis(&t.window.node));
                 let expected = amount * window / per;

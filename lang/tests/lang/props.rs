@@ -127,129 +127,174 @@ fn match_expr() -> impl Strategy<Value = MatchExpr> {
 
 // === Statements ===
 
-fn bulkhead_setting() -> impl Strategy<Value = BulkheadSetting> {
-    let span = Span::default();
+// A rule's settings are words and values; the generators below write
+// the shapes the grammar gives each kind.
+
+fn key(k: &'static str) -> Spanned<Word> {
+    sp(Word::Key(k))
+}
+
+fn keys(ks: &[&'static str]) -> Vec<Spanned<Word>> {
+    ks.iter().map(|k| key(k)).collect()
+}
+
+fn int_w() -> impl Strategy<Value = Spanned<Word>> {
+    int().prop_map(|n| sp(Word::Int(n.node)))
+}
+
+fn duration_w() -> impl Strategy<Value = Spanned<Word>> {
+    duration().prop_map(|d| sp(Word::Duration(d.node)))
+}
+
+fn setting(words: Vec<Spanned<Word>>) -> Setting {
+    Setting {
+        words,
+        span: Span::default(),
+    }
+}
+
+/// `words` then `value`.
+fn then(
+    words: &'static [&'static str],
+    value: impl Strategy<Value = Spanned<Word>>,
+) -> impl Strategy<Value = Setting> {
+    value.prop_map(move |v| {
+        let mut w = keys(words);
+        w.push(v);
+        setting(w)
+    })
+}
+
+fn fixed(words: &'static [&'static str]) -> impl Strategy<Value = Setting> {
+    Just(()).prop_map(move |()| setting(keys(words)))
+}
+
+/// `KEY AMOUNT per WINDOW`
+fn rate_w(
+    k: &'static str,
+    amount: impl Strategy<Value = Spanned<Word>>,
+) -> impl Strategy<Value = Setting> {
+    (amount, duration_w()).prop_map(move |(a, d)| setting(vec![key(k), a, key("per"), d]))
+}
+
+fn bulkhead_setting() -> impl Strategy<Value = Setting> {
     prop_oneof![
-        int().prop_map(move |value| BulkheadSetting::MaxConcurrent { value, span }),
-        duration().prop_map(move |value| BulkheadSetting::MaxWait { value, span }),
-        int().prop_map(move |value| BulkheadSetting::Queue { value, span }),
-        duration().prop_map(move |value| BulkheadSetting::Timeout { value, span }),
-        int().prop_map(move |status| BulkheadSetting::RejectWith { status, span }),
-        prop_oneof![
-            Just(BulkheadKey::Operation),
-            Just(BulkheadKey::Instance),
-            Just(BulkheadKey::InstancePath)
-        ]
-        .prop_map(move |key| BulkheadSetting::Per { key: sp(key), span }),
-        prop_oneof![Just(Isolation::Semaphore), Just(Isolation::Pool)].prop_map(move |mode| {
-            BulkheadSetting::Isolation {
-                mode: sp(mode),
-                span,
-            }
-        }),
+        then(&["max_concurrent"], int_w()),
+        then(&["max_wait"], duration_w()),
+        then(&["queue"], int_w()),
+        then(&["timeout"], duration_w()),
+        then(&["reject", "with"], int_w()),
+        fixed(&["per", "operation"]),
+        fixed(&["per", "instance"]),
+        fixed(&["per", "instance", "path"]),
+        fixed(&["isolation", "semaphore"]),
+        fixed(&["isolation", "pool"]),
     ]
 }
 
-fn limit_setting() -> impl Strategy<Value = LimitSetting> {
-    let span = Span::default();
-    let key = prop_oneof![
-        Just(LimitKey::All),
-        Just(LimitKey::Domain),
-        Just(LimitKey::Service),
-        Just(LimitKey::Consumer)
-    ];
-    let action = prop_oneof![
-        Just(LimitAction::Reject { span }),
-        duration().prop_map(move |max_delay| LimitAction::Shape { max_delay, span }),
-    ];
-    let release = prop_oneof![
-        duration().prop_map(move |after| Release::After { after, span }),
-        Just(Release::Manual { span }),
-    ];
-    let sync = prop_oneof![
-        Just(None),
-        Just(Some(ClusterSync::Exact { span })),
-        duration().prop_map(move |every| Some(ClusterSync::Batch { every, span })),
-    ];
-    let scope = prop_oneof![
-        Just(LimitScope::Local { span }),
-        sync.prop_map(move |sync| LimitScope::Cluster { sync, span }),
-    ];
+fn limit_setting() -> impl Strategy<Value = Setting> {
     prop_oneof![
-        rate(int()).prop_map(move |rate| LimitSetting::Calls { rate, span }),
-        rate(size()).prop_map(move |rate| LimitSetting::Bytes { rate, span }),
-        key.prop_map(move |key| LimitSetting::Per { key: sp(key), span }),
-        action.prop_map(move |action| LimitSetting::Action { action, span }),
-        int().prop_map(move |status| LimitSetting::RejectWith { status, span }),
-        release.prop_map(move |release| LimitSetting::Release { release, span }),
-        scope.prop_map(move |scope| LimitSetting::Scope { scope, span }),
+        rate_w("calls", int_w()),
+        rate_w("bytes", size().prop_map(|s| sp(Word::Size(s.node)))),
+        fixed(&["per", "all"]),
+        fixed(&["per", "domain"]),
+        fixed(&["per", "service"]),
+        fixed(&["per", "consumer"]),
+        fixed(&["action", "reject"]),
+        then(&["action", "shape", "max_delay"], duration_w()),
+        then(&["reject", "with"], int_w()),
+        then(&["release", "after"], duration_w()),
+        fixed(&["release", "manual"]),
+        fixed(&["scope", "local"]),
+        fixed(&["scope", "cluster"]),
+        fixed(&["scope", "cluster", "sync", "exact"]),
+        then(&["scope", "cluster", "sync", "batch"], duration_w()),
     ]
 }
 
-fn fuse_setting() -> impl Strategy<Value = FuseSetting> {
-    let span = Span::default();
-    let metric = prop_oneof![
-        Just(TripMetric::BusinessErrors),
-        Just(TripMetric::BusinessErrorRatio),
-        Just(TripMetric::SystemErrors),
-        Just(TripMetric::SystemErrorRatio),
-        Just(TripMetric::Errors),
-        Just(TripMetric::ErrorRatio),
-    ];
-    let threshold = prop_oneof![
-        int().prop_map(|n| sp(Threshold::Count(n.node))),
-        percent().prop_map(|p| sp(Threshold::Percent(p.node))),
-    ];
+fn fuse_setting() -> impl Strategy<Value = Setting> {
+    let metric = prop::sample::select(vec![
+        "business_errors",
+        "business_error_ratio",
+        "system_errors",
+        "system_error_ratio",
+        "errors",
+        "error_ratio",
+    ]);
+    let threshold = prop_oneof![int_w(), percent().prop_map(|p| sp(Word::Percent(p.node))),];
     let trip = (
         metric,
-        prop_oneof![Just(CompareOp::Gt), Just(CompareOp::Ge)],
+        prop::sample::select(vec![">", ">="]),
         threshold,
-        duration(),
-        proptest::option::of(int()),
+        duration_w(),
+        proptest::option::of(int_w()),
     )
-        .prop_map(move |(metric, op, threshold, window, min_calls)| {
-            FuseSetting::Trip(Trip {
-                metric: sp(metric),
-                op: sp(op),
-                threshold,
-                window,
-                min_calls,
-                span,
-            })
+        .prop_map(|(metric, op, threshold, window, min_calls)| {
+            let mut w = vec![key("trip"), key("when"), key(metric), key(op), threshold];
+            w.extend([key("over"), window]);
+            if let Some(n) = min_calls {
+                w.extend([key("min_calls"), n]);
+            }
+            setting(w)
         });
-    let range = (int(), proptest::option::of(int())).prop_map(move |(from, to)| StatusRange {
-        from,
-        to,
-        span,
-    });
+    let range = (int(), proptest::option::of(int()))
+        .prop_map(|(from, to)| vec![sp(Word::Range { from, to })]);
     let item = prop_oneof![
-        proptest::collection::vec(range, 1..4)
-            .prop_map(move |codes| ClassifyItem::Status { codes, span }),
-        Just(ClassifyItem::ConnectFailure { span }),
-        Just(ClassifyItem::Timeout { span }),
-        Just(ClassifyItem::Reset { span }),
+        proptest::collection::vec(range, 1..4).prop_map(|codes| {
+            let mut w = vec![key("status")];
+            w.extend(codes.into_iter().flatten());
+            w
+        }),
+        Just(vec![key("connect_failure")]),
+        Just(vec![key("timeout")]),
+        Just(vec![key("reset")]),
     ];
     let classify = (
-        prop_oneof![Just(ErrorClass::Business), Just(ErrorClass::System)],
+        prop::sample::select(vec!["business", "system"]),
         proptest::collection::vec(item, 1..4),
     )
-        .prop_map(move |(class, items)| {
-            FuseSetting::Classify(Classify {
-                class: sp(class),
-                items,
-                span,
-            })
+        .prop_map(|(class, items)| {
+            let mut w = vec![key("classify"), key(class)];
+            w.extend(items.into_iter().flatten());
+            setting(w)
         });
-    let recover = prop_oneof![
-        Just(Recover::Manual),
-        (duration(), int()).prop_map(|(after, probes)| Recover::After { after, probes }),
-    ];
+    let recover_after = (duration_w(), int_w()).prop_map(|(after, probes)| {
+        setting(vec![
+            key("recover"),
+            key("after"),
+            after,
+            key("probe"),
+            probes,
+        ])
+    });
     prop_oneof![
         trip,
         classify,
-        recover.prop_map(move |recover| FuseSetting::Recover { recover, span }),
-        int().prop_map(move |status| FuseSetting::RejectWith { status, span }),
+        fixed(&["recover", "manual"]),
+        recover_after,
+        then(&["reject", "with"], int_w()),
     ]
+}
+
+/// `KIND NAME on EXPR { SETTING... }`
+fn rule_def(
+    kind: &'static str,
+    settings: impl Strategy<Value = Setting>,
+) -> impl Strategy<Value = ServiceStmt> {
+    (
+        ident(),
+        match_expr(),
+        proptest::collection::vec(settings, 0..5),
+    )
+        .prop_map(move |(name, on, settings)| {
+            ServiceStmt::Rule(RuleDef {
+                kind: sp(kind),
+                name,
+                on,
+                settings,
+                span: Span::default(),
+            })
+        })
 }
 
 fn http_call() -> impl Strategy<Value = HttpCall> {
@@ -336,41 +381,9 @@ fn service_stmt() -> impl Strategy<Value = ServiceStmt> {
                 span
             })
         ),
-        (
-            ident(),
-            match_expr(),
-            proptest::collection::vec(bulkhead_setting(), settings(5))
-        )
-            .prop_map(move |(name, on, settings)| {
-                ServiceStmt::Bulkhead(Bulkhead {
-                    name,
-                    on,
-                    settings,
-                    span,
-                })
-            }),
-        (
-            ident(),
-            match_expr(),
-            proptest::collection::vec(limit_setting(), settings(5))
-        )
-            .prop_map(move |(name, on, settings)| ServiceStmt::Limit(Limit {
-                name,
-                on,
-                settings,
-                span
-            })),
-        (
-            ident(),
-            match_expr(),
-            proptest::collection::vec(fuse_setting(), settings(5))
-        )
-            .prop_map(move |(name, on, settings)| ServiceStmt::Fuse(Fuse {
-                name,
-                on,
-                settings,
-                span
-            })),
+        rule_def("bulkhead", bulkhead_setting()),
+        rule_def("limit", limit_setting()),
+        rule_def("fuse", fuse_setting()),
         proptest::collection::vec(warmup_step(), settings(5))
             .prop_map(move |steps| ServiceStmt::Warmup(Warmup { steps, span })),
         proptest::collection::vec(shutdown_step(), settings(5))

@@ -1,0 +1,331 @@
+//! Rule kinds: one module per kind, behind one trait.
+//!
+//! The language reads every rule the same way (`KIND NAME on EXPR {
+//! SETTING... }`, settings as words and values, see
+//! [`gov_lang::ast::RuleDef`]). A kind's module gives them their meaning:
+//! its typed settings (decoded from the words the grammar allows), their
+//! defaults, what the checks shared by every kind read of them (the setting
+//! that gives the rule its meaning, which settings may appear once, the
+//! numbers to range-check, when two rules conflict), its lowering to the
+//! wire's `Rule.spec` and its fields in a plan. Name resolution, the shared
+//! checks, the lowering and the plan go over [`KINDS`] through [`Kind`] and
+//! never name a kind. Checks about one kind only (`queueing_bulkhead`...)
+//! read that kind's typed view (`bulkhead::Bulkhead::of`).
+//!
+//! A new kind: its grammar in `gov.pest`, a module here implementing
+//! [`Kind`], and its entry in [`KINDS`]; a test fails when a kind the
+//! grammar accepts has no entry.
+
+use gov_lang::ast::{Duration, Percent, RuleDef, Setting, Size, Span, Spanned, Status, Word};
+use gov_proto::v1 as pb;
+
+use crate::lower::Lower;
+
+pub(crate) mod bulkhead;
+pub(crate) mod fuse;
+pub(crate) mod limit;
+
+/// Every rule kind, in the order of the wire's `Rule.spec`.
+pub(crate) const KINDS: &[&dyn Kind] = &[&bulkhead::Kind, &limit::Kind, &fuse::Kind];
+
+/// What the compiler knows of one rule kind.
+pub(crate) trait Kind: Sync {
+    /// The kind on the wire; its word is the kind's keyword.
+    fn wire(&self) -> pb::RuleKind;
+
+    /// `gov::missing-field`: the setting without which the rule enforces
+    /// nothing, and the help, when it is missing.
+    fn missing(&self, rule: &RuleDef) -> Option<(&'static str, &'static str)>;
+
+    /// `gov::duplicate-setting`: the name under which `setting` may appear
+    /// once in a rule; `None` when it may repeat.
+    fn setting_key(&self, setting: &Setting) -> Option<&'static str>;
+
+    /// The numbers of the rule that the range checks read
+    /// (`gov::non-positive`, `gov::too-large`, `gov::invalid-status`), in
+    /// the order written. `text` gives the source of a span.
+    fn values(&self, rule: &RuleDef, text: &dyn Fn(Span) -> String, out: &mut Values);
+
+    /// `gov::conflicting-rules`: what two rules of this kind on the same
+    /// calls disagree on (quoting the settings as written), and the help.
+    fn conflict(
+        &self,
+        a: &RuleDef,
+        b: &RuleDef,
+        text: &dyn Fn(Span) -> String,
+    ) -> Option<(String, &'static str)>;
+
+    /// The rule's `spec`, every value written out.
+    fn lower(&self, rule: &RuleDef, l: &Lower<'_, '_>) -> pb::rule::Spec;
+
+    /// The readable fields of a spec of this kind in a plan.
+    fn fields(&self, spec: &pb::rule::Spec, out: &mut Vec<(String, String)>);
+
+    /// Whether `setting` is one this kind reads (the decoder and the
+    /// grammar agree on it).
+    #[cfg(test)]
+    fn decodes(&self, setting: &Setting) -> bool;
+
+    /// Every source reference inside a spec of this kind (the header's is
+    /// not one of them), always in the same order.
+    fn sources(&self, _spec: &mut pb::rule::Spec, _f: &mut dyn FnMut(&mut Option<pb::SourceRef>)) {}
+}
+
+/// The kind whose keyword is `word`.
+pub(crate) fn by_word(word: &str) -> Option<&'static dyn Kind> {
+    KINDS.iter().copied().find(|k| k.wire().word() == word)
+}
+
+/// The kind of a spec.
+pub(crate) fn of_spec(spec: &pb::rule::Spec) -> Option<&'static dyn Kind> {
+    let wire = spec.kind();
+    KINDS.iter().copied().find(|k| k.wire() == wire)
+}
+
+// === Values ===
+
+/// What a number must be (`gov::non-positive`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Bound {
+    Positive,
+    NotNegative,
+}
+
+/// A value the wire holds in a fixed width (`gov::too-large`).
+#[derive(Clone, Debug)]
+pub(crate) enum Large {
+    /// At most `u32::MAX`.
+    Count(Spanned<i64>),
+    /// Must fit in milliseconds.
+    Duration(Spanned<Duration>),
+    /// Must fit in bytes.
+    Size(Spanned<Size>),
+}
+
+/// The numbers of a rule that the range checks read.
+#[derive(Default)]
+pub(crate) struct Values {
+    /// `(what, value, span, bound)`: durations in milliseconds, sizes in bytes.
+    pub bounded: Vec<(String, i64, Span, Bound)>,
+    pub large: Vec<(String, Large)>,
+    /// HTTP status codes.
+    pub statuses: Vec<Status>,
+    /// Status ranges `from..to` with the span of the range.
+    pub ranges: Vec<(Status, Status, Span)>,
+}
+
+impl Values {
+    pub fn bound(&mut self, what: &str, value: i64, span: Span, bound: Bound) {
+        self.bounded.push((what.to_string(), value, span, bound));
+    }
+
+    pub fn bound_duration(&mut self, what: &str, d: &Spanned<Duration>, bound: Bound) {
+        self.bound(what, crate::units::millis(&d.node), d.span, bound);
+    }
+
+    pub fn large(&mut self, what: &str, value: Large) {
+        self.large.push((what.to_string(), value));
+    }
+}
+
+// === Reading settings ===
+
+/// The words of one setting, read front to back by a kind's decoder. The
+/// grammar gives every setting its shape, so a decoder that finds another
+/// shape is out of step with `gov.pest` (a test decodes every example and
+/// fixture to catch that).
+pub(crate) struct Words<'a> {
+    words: &'a [Spanned<Word>],
+    /// The span of the whole setting.
+    pub span: Span,
+}
+
+impl<'a> Words<'a> {
+    pub fn of(s: &'a Setting) -> Self {
+        Words {
+            words: &s.words,
+            span: s.span,
+        }
+    }
+
+    fn next(&mut self) -> Option<&'a Spanned<Word>> {
+        let (first, rest) = self.words.split_first()?;
+        self.words = rest;
+        Some(first)
+    }
+
+    /// The next word if it is a keyword.
+    pub fn key(&mut self) -> Option<Spanned<&'static str>> {
+        match self.words.first() {
+            Some(Spanned {
+                node: Word::Key(k),
+                span,
+            }) => {
+                self.words = &self.words[1..];
+                Some(Spanned::new(*k, *span))
+            }
+            _ => None,
+        }
+    }
+
+    /// Skips the keyword `k`; `None` if the next word is another.
+    pub fn expect(&mut self, k: &str) -> Option<Span> {
+        match self.words.first() {
+            Some(Spanned {
+                node: Word::Key(w),
+                span,
+            }) if *w == k => {
+                self.words = &self.words[1..];
+                Some(*span)
+            }
+            _ => None,
+        }
+    }
+
+    pub fn int(&mut self) -> Option<Spanned<i64>> {
+        match self.next()? {
+            Spanned {
+                node: Word::Int(n),
+                span,
+            } => Some(Spanned::new(*n, *span)),
+            _ => None,
+        }
+    }
+
+    pub fn duration(&mut self) -> Option<Spanned<Duration>> {
+        match self.next()? {
+            Spanned {
+                node: Word::Duration(d),
+                span,
+            } => Some(Spanned::new(*d, *span)),
+            _ => None,
+        }
+    }
+
+    pub fn size(&mut self) -> Option<Spanned<Size>> {
+        match self.next()? {
+            Spanned {
+                node: Word::Size(s),
+                span,
+            } => Some(Spanned::new(*s, *span)),
+            _ => None,
+        }
+    }
+
+    /// The next word if it is a percentage.
+    pub fn percent(&mut self) -> Option<Spanned<Percent>> {
+        match self.words.first() {
+            Some(Spanned {
+                node: Word::Percent(p),
+                span,
+            }) => {
+                self.words = &self.words[1..];
+                Some(Spanned::new(*p, *span))
+            }
+            _ => None,
+        }
+    }
+
+    /// The next word if it is a status code or range.
+    pub fn range(&mut self) -> Option<(Status, Option<Status>, Span)> {
+        match self.words.first() {
+            Some(Spanned {
+                node: Word::Range { from, to },
+                span,
+            }) => {
+                self.words = &self.words[1..];
+                Some((from.clone(), to.clone(), *span))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether every word was read.
+    pub fn done(&self) -> bool {
+        self.words.is_empty()
+    }
+}
+
+/// Decodes every setting of `rule` with `decode`; a setting the decoder
+/// does not read to its end is left out (see [`Words`]).
+pub(crate) fn decode<T>(rule: &RuleDef, decode: impl Fn(&mut Words<'_>) -> Option<T>) -> Vec<T> {
+    rule.settings
+        .iter()
+        .filter_map(|s| {
+            let mut w = Words::of(s);
+            let t = decode(&mut w)?;
+            w.done().then_some(t)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use gov_lang::ast::{Item, ServiceStmt};
+
+    use super::*;
+
+    /// Every keyword that the grammar accepts as a rule's kind has a
+    /// module here, and every kind of the wire has one.
+    #[test]
+    fn every_kind_the_grammar_accepts_has_a_module() {
+        let mut words = Vec::new();
+        for word in gov_lang::keywords() {
+            let src = format!("service s {{ {word} r on any {{}} }}");
+            let Ok(policy) = gov_lang::parse("k.gov", &src) else {
+                continue;
+            };
+            let Some(Item::Service(s)) = policy.items.first() else {
+                continue;
+            };
+            if let Some(ServiceStmt::Rule(r)) = s.body.first() {
+                assert!(by_word(r.kind.node).is_some(), "no module for `{word}`");
+                words.push(r.kind.node);
+            }
+        }
+        assert_eq!(words.len(), KINDS.len(), "{words:?}");
+        let wire: Vec<_> = KINDS.iter().map(|k| k.wire()).collect();
+        assert_eq!(wire, pb::RuleKind::RULES);
+    }
+
+    /// Every setting of every example and fixture decodes to its end: the
+    /// decoders and the grammar agree.
+    #[test]
+    fn every_written_setting_decodes() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let mut seen = 0;
+        for dir in [
+            "examples",
+            "compiler/tests/fixtures",
+            "lang/tests/fixtures/fmt",
+        ] {
+            let Ok(entries) = std::fs::read_dir(format!("{root}/{dir}")) else {
+                panic!("no {dir}");
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let parsed = gov_lang::parse_partial("x.gov", &text);
+                let Some(policy) = parsed.policy else {
+                    continue;
+                };
+                for item in &policy.items {
+                    let Item::Service(s) = item else { continue };
+                    for stmt in &s.body {
+                        let ServiceStmt::Rule(r) = stmt else { continue };
+                        let kind = by_word(r.kind.node).expect("a known kind");
+                        for setting in &r.settings {
+                            seen += 1;
+                            assert!(
+                                kind.decodes(setting),
+                                "{}: `{setting}` does not decode",
+                                path.display()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(seen > 50, "only {seen} settings");
+    }
+}

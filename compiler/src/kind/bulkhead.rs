@@ -1,0 +1,317 @@
+//! `bulkhead NAME on EXPR { ... }`: caps the calls in flight for its
+//! calls; a call that finds no permit waits at most `max_wait`, then is
+//! rejected (408 unless `reject with` says otherwise).
+//!
+//! ```gov
+//! bulkhead slow_calls on slow {
+//!   max_concurrent 10
+//!   max_wait 10ms
+//!   queue 50
+//!   timeout 2s
+//!   reject with 408
+//! }
+//! bulkhead per_instance on calls to inventory {
+//!   per instance
+//!   max_concurrent 20
+//!   max_wait 1s
+//! }
+//! ```
+
+use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Span, Spanned, Status};
+use gov_proto::compiled;
+use gov_proto::v1 as pb;
+
+use super::{Bound, Large, Values, Words};
+use crate::lower::{Lower, u32_of, unsigned};
+use crate::plan::{fmt_ms, push};
+use crate::resolve::Rule;
+use crate::units::millis;
+
+/// The default rejection status, gov-proto's (the compiler writes it).
+pub(crate) const REJECT: i64 = compiled::BULKHEAD_REJECT_STATUS as i64;
+
+#[derive(Clone, Debug)]
+pub(crate) enum BulkheadSetting {
+    /// `max_concurrent N`
+    MaxConcurrent { value: Spanned<i64> },
+    /// `max_wait D`: how long a call waits for a permit before rejection.
+    MaxWait { value: Spanned<Duration> },
+    /// `queue N`: at most N calls wait at once; more are rejected at once.
+    Queue { value: Spanned<i64> },
+    /// `timeout D`: per-call timeout once admitted.
+    Timeout { value: Spanned<Duration> },
+    /// `reject with STATUS` (default 408).
+    RejectWith { status: Status },
+    /// `per operation` | `per instance` | `per instance path`
+    Per {
+        key: Spanned<BulkheadKey>,
+        span: Span,
+    },
+    /// `isolation semaphore` | `isolation pool`
+    Isolation { mode: Spanned<Isolation> },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BulkheadKey {
+    /// One bulkhead for the whole match (server side, per operation).
+    Operation,
+    /// One per upstream instance (client side).
+    Instance,
+    /// One per upstream instance and request path (client side).
+    InstancePath,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isolation {
+    Semaphore,
+    Pool,
+}
+
+/// A bulkhead with its settings decoded.
+pub(crate) struct Bulkhead<'a> {
+    pub name: &'a Ident,
+    pub on: &'a MatchExpr,
+    pub settings: Vec<BulkheadSetting>,
+}
+
+/// The effective settings: what is written, with defaults applied. When a
+/// setting is given twice (an error of its own), the first wins.
+pub(crate) struct BulkheadEff {
+    pub max_concurrent: Option<(i64, Span)>,
+    /// Default 0: fail fast.
+    pub max_wait_ms: i64,
+    pub max_wait_span: Option<Span>,
+    pub queue: Option<i64>,
+    pub timeout_ms: Option<i64>,
+    pub reject: i64,
+    pub per: BulkheadKey,
+    pub isolation: Isolation,
+}
+
+/// The kind.
+pub(crate) struct Kind;
+
+// === Decoding ===
+
+fn decode(w: &mut Words<'_>) -> Option<BulkheadSetting> {
+    use BulkheadSetting as S;
+    let span = w.span;
+    Some(match w.key()?.node {
+        "max_concurrent" => S::MaxConcurrent { value: w.int()? },
+        "max_wait" => S::MaxWait {
+            value: w.duration()?,
+        },
+        "queue" => S::Queue { value: w.int()? },
+        "timeout" => S::Timeout {
+            value: w.duration()?,
+        },
+        "reject" => {
+            w.expect("with")?;
+            S::RejectWith { status: w.int()? }
+        }
+        "per" => {
+            let first = w.key()?;
+            let key = match first.node {
+                "operation" => Spanned::new(BulkheadKey::Operation, first.span),
+                "instance" => match w.expect("path") {
+                    Some(path) => Spanned::new(BulkheadKey::InstancePath, first.span.join(path)),
+                    None => Spanned::new(BulkheadKey::Instance, first.span),
+                },
+                _ => return None,
+            };
+            S::Per { key, span }
+        }
+        "isolation" => {
+            let m = w.key()?;
+            let mode = match m.node {
+                "semaphore" => Isolation::Semaphore,
+                "pool" => Isolation::Pool,
+                _ => return None,
+            };
+            S::Isolation {
+                mode: Spanned::new(mode, m.span),
+            }
+        }
+        _ => return None,
+    })
+}
+
+impl<'a> Bulkhead<'a> {
+    /// The rule as a bulkhead, if it is one.
+    pub fn of(rule: &Rule<'a>) -> Option<Self> {
+        (rule.imp.wire() == pb::RuleKind::Bulkhead).then(|| Self::from(rule.def))
+    }
+
+    fn from(def: &'a RuleDef) -> Self {
+        Bulkhead {
+            name: &def.name,
+            on: &def.on,
+            settings: super::decode(def, decode),
+        }
+    }
+}
+
+impl BulkheadEff {
+    pub fn of(b: &Bulkhead<'_>) -> Self {
+        let mut e = BulkheadEff {
+            max_concurrent: None,
+            max_wait_ms: 0,
+            max_wait_span: None,
+            queue: None,
+            timeout_ms: None,
+            reject: REJECT,
+            per: BulkheadKey::Operation,
+            isolation: Isolation::Semaphore,
+        };
+        for s in b.settings.iter().rev() {
+            // Reversed so that the first occurrence is applied last and wins.
+            match s {
+                BulkheadSetting::MaxConcurrent { value, .. } => {
+                    e.max_concurrent = Some((value.node, value.span));
+                }
+                BulkheadSetting::MaxWait { value, .. } => {
+                    e.max_wait_ms = millis(&value.node);
+                    e.max_wait_span = Some(value.span);
+                }
+                BulkheadSetting::Queue { value, .. } => e.queue = Some(value.node),
+                BulkheadSetting::Timeout { value, .. } => e.timeout_ms = Some(millis(&value.node)),
+                BulkheadSetting::RejectWith { status, .. } => e.reject = status.node,
+                BulkheadSetting::Per { key, .. } => e.per = key.node,
+                BulkheadSetting::Isolation { mode, .. } => e.isolation = mode.node,
+            }
+        }
+        e
+    }
+}
+
+// === impl Kind ===
+
+impl super::Kind for Kind {
+    fn wire(&self) -> pb::RuleKind {
+        pb::RuleKind::Bulkhead
+    }
+
+    fn missing(&self, rule: &RuleDef) -> Option<(&'static str, &'static str)> {
+        let b = Bulkhead::from(rule);
+        let has = b
+            .settings
+            .iter()
+            .any(|s| matches!(s, BulkheadSetting::MaxConcurrent { .. }));
+        (!has).then_some((
+            "`max_concurrent`",
+            "add `max_concurrent N`: the most calls in flight at once",
+        ))
+    }
+
+    fn setting_key(&self, setting: &Setting) -> Option<&'static str> {
+        Some(match decode(&mut Words::of(setting))? {
+            BulkheadSetting::MaxConcurrent { .. } => "max_concurrent",
+            BulkheadSetting::MaxWait { .. } => "max_wait",
+            BulkheadSetting::Queue { .. } => "queue",
+            BulkheadSetting::Timeout { .. } => "timeout",
+            BulkheadSetting::RejectWith { .. } => "reject with",
+            BulkheadSetting::Per { .. } => "per",
+            BulkheadSetting::Isolation { .. } => "isolation",
+        })
+    }
+
+    fn values(&self, rule: &RuleDef, _text: &dyn Fn(Span) -> String, out: &mut Values) {
+        use Bound::{NotNegative, Positive};
+        for s in Bulkhead::from(rule).settings {
+            match s {
+                BulkheadSetting::MaxConcurrent { value, .. } => {
+                    out.bound("max_concurrent", value.node, value.span, Positive);
+                    out.large("max_concurrent", Large::Count(value));
+                }
+                BulkheadSetting::MaxWait { value, .. } => {
+                    out.bound_duration("max_wait", &value, NotNegative);
+                    out.large("max_wait", Large::Duration(value));
+                }
+                BulkheadSetting::Queue { value, .. } => {
+                    out.bound("queue", value.node, value.span, NotNegative);
+                    out.large("queue", Large::Count(value));
+                }
+                BulkheadSetting::Timeout { value, .. } => {
+                    out.bound_duration("timeout", &value, Positive);
+                    out.large("timeout", Large::Duration(value));
+                }
+                BulkheadSetting::RejectWith { status, .. } => out.statuses.push(status),
+                BulkheadSetting::Per { .. } | BulkheadSetting::Isolation { .. } => {}
+            }
+        }
+    }
+
+    fn conflict(
+        &self,
+        a: &RuleDef,
+        b: &RuleDef,
+        _text: &dyn Fn(Span) -> String,
+    ) -> Option<(String, &'static str)> {
+        let x = BulkheadEff::of(&Bulkhead::from(a));
+        let y = BulkheadEff::of(&Bulkhead::from(b));
+        if x.per != y.per {
+            return None;
+        }
+        let mc = |e: &BulkheadEff| {
+            e.max_concurrent
+                .map_or("?".to_string(), |m| m.0.to_string())
+        };
+        Some((
+            format!("`max_concurrent {}` vs `max_concurrent {}`", mc(&x), mc(&y)),
+            "merge them into one bulkhead; with two, only the smaller cap takes effect",
+        ))
+    }
+
+    fn lower(&self, rule: &RuleDef, _l: &Lower<'_, '_>) -> pb::rule::Spec {
+        let e = BulkheadEff::of(&Bulkhead::from(rule));
+        pb::rule::Spec::Bulkhead(pb::Bulkhead {
+            key: match e.per {
+                BulkheadKey::Operation => pb::BulkheadKey::Operation,
+                BulkheadKey::Instance => pb::BulkheadKey::Instance,
+                BulkheadKey::InstancePath => pb::BulkheadKey::InstancePath,
+            } as i32,
+            max_concurrent: e.max_concurrent.map_or(0, |m| u32_of(m.0)),
+            max_wait_ms: unsigned(e.max_wait_ms),
+            max_queue: e.queue.map(u32_of),
+            timeout_ms: e.timeout_ms.map_or(0, unsigned),
+            reject_status: u32_of(e.reject),
+            isolation: match e.isolation {
+                Isolation::Semaphore => pb::Isolation::Semaphore,
+                Isolation::Pool => pb::Isolation::Pool,
+            } as i32,
+        })
+    }
+
+    fn fields(&self, spec: &pb::rule::Spec, f: &mut Vec<(String, String)>) {
+        let pb::rule::Spec::Bulkhead(b) = spec else {
+            return;
+        };
+        let key = match b.key() {
+            pb::BulkheadKey::Operation => "operation",
+            pb::BulkheadKey::Instance => "instance",
+            pb::BulkheadKey::InstancePath => "instance path",
+        };
+        push(f, "per", key.to_string());
+        push(f, "max_concurrent", b.max_concurrent.to_string());
+        push(f, "max_wait", fmt_ms(b.max_wait_ms));
+        if let Some(queue) = b.max_queue {
+            push(f, "queue", queue.to_string());
+        }
+        if b.timeout_ms != 0 {
+            push(f, "timeout", fmt_ms(b.timeout_ms));
+        }
+        push(f, "reject with", b.reject_status.to_string());
+        let isolation = if b.isolation() == pb::Isolation::Pool {
+            "pool"
+        } else {
+            "semaphore"
+        };
+        push(f, "isolation", isolation.to_string());
+    }
+
+    #[cfg(test)]
+    fn decodes(&self, setting: &Setting) -> bool {
+        let mut w = Words::of(setting);
+        decode(&mut w).is_some() && w.done()
+    }
+}

@@ -1,0 +1,530 @@
+//! `limit NAME on EXPR { ... }`: counts calls and bytes per window; calls
+//! over the limit are rejected (429 unless `reject with` says otherwise)
+//! or, outbound, shaped. An exceeded limit with `release` latches until
+//! released.
+//!
+//! ```gov
+//! limit crm_supplier on supplier {
+//!   calls 100 per 1s
+//!   bytes 10MiB per 1m
+//!   per consumer
+//!   release after 2h
+//!   scope cluster sync batch 100ms
+//! }
+//! ```
+
+use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Size, Span, Spanned, Status};
+use gov_proto::compiled;
+use gov_proto::v1 as pb;
+
+use super::{Bound, Large, Values, Words};
+use crate::lower::{Lower, u32_of, unsigned};
+use crate::plan::{fmt_ms, push};
+use crate::resolve::Rule;
+use crate::units::{bytes, fmt_bytes, fmt_millis, millis};
+
+/// The default rejection status, gov-proto's (the compiler writes it).
+pub(crate) const REJECT: i64 = compiled::LIMIT_REJECT_STATUS as i64;
+
+#[derive(Clone, Debug)]
+pub(crate) enum LimitSetting {
+    /// `calls N per D`
+    Calls {
+        amount: Spanned<i64>,
+        window: Spanned<Duration>,
+        span: Span,
+    },
+    /// `bytes SIZE per D` (request + response bytes)
+    Bytes {
+        amount: Spanned<Size>,
+        window: Spanned<Duration>,
+        span: Span,
+    },
+    /// `per all|domain|service|consumer`: whose calls share one counter.
+    Per { key: Spanned<LimitKey>, span: Span },
+    /// `action reject` | `action shape max_delay D`
+    Action { action: LimitAction, span: Span },
+    /// `reject with STATUS` (default 429)
+    RejectWith { status: Status },
+    /// `release after D` | `release manual`
+    Release { release: Release },
+    /// `scope local` | `scope cluster [sync exact | sync batch D]`
+    Scope { scope: LimitScope, span: Span },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LimitKey {
+    All,
+    Domain,
+    Service,
+    Consumer,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum LimitAction {
+    Reject,
+    Shape { max_delay: Spanned<Duration> },
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Release {
+    After { after: Spanned<Duration> },
+    Manual,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum LimitScope {
+    Local,
+    /// `sync` is optional in the grammar so that the compiler can say the
+    /// choice must be declared.
+    Cluster {
+        sync: Option<ClusterSync>,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum ClusterSync {
+    Exact,
+    Batch { every: Spanned<Duration> },
+}
+
+/// A limit with its settings decoded.
+pub(crate) struct Limit<'a> {
+    pub name: &'a Ident,
+    pub on: &'a MatchExpr,
+    pub settings: Vec<LimitSetting>,
+}
+
+/// `amount per window`, in calls or bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counter {
+    pub amount: i64,
+    pub window_ms: i64,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Scope {
+    Local,
+    ClusterExact,
+    ClusterBatch(i64),
+    ClusterUndeclared,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ActionEff {
+    Reject,
+    Shape(i64),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ReleaseEff {
+    /// No latching: the counter resets every window.
+    Window,
+    After(i64),
+    Manual,
+}
+
+/// The effective settings: what is written, with defaults applied. When a
+/// setting is given twice (an error of its own), the first wins.
+pub(crate) struct LimitEff {
+    pub calls: Option<Counter>,
+    pub bytes: Option<Counter>,
+    pub per: LimitKey,
+    pub action: ActionEff,
+    pub reject: i64,
+    pub release: ReleaseEff,
+    pub scope: Scope,
+}
+
+/// The kind.
+pub(crate) struct Kind;
+
+// === Decoding ===
+
+fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
+    use LimitSetting as S;
+    let span = w.span;
+    Some(match w.key()?.node {
+        "calls" => {
+            let amount = w.int()?;
+            w.expect("per")?;
+            S::Calls {
+                amount,
+                window: w.duration()?,
+                span,
+            }
+        }
+        "bytes" => {
+            let amount = w.size()?;
+            w.expect("per")?;
+            S::Bytes {
+                amount,
+                window: w.duration()?,
+                span,
+            }
+        }
+        "per" => {
+            let k = w.key()?;
+            let key = match k.node {
+                "all" => LimitKey::All,
+                "domain" => LimitKey::Domain,
+                "service" => LimitKey::Service,
+                "consumer" => LimitKey::Consumer,
+                _ => return None,
+            };
+            S::Per {
+                key: Spanned::new(key, k.span),
+                span,
+            }
+        }
+        "action" => {
+            let action = match w.key()?.node {
+                "reject" => LimitAction::Reject,
+                "shape" => {
+                    w.expect("max_delay")?;
+                    LimitAction::Shape {
+                        max_delay: w.duration()?,
+                    }
+                }
+                _ => return None,
+            };
+            S::Action { action, span }
+        }
+        "reject" => {
+            w.expect("with")?;
+            S::RejectWith { status: w.int()? }
+        }
+        "release" => {
+            let release = match w.key()?.node {
+                "after" => Release::After {
+                    after: w.duration()?,
+                },
+                "manual" => Release::Manual,
+                _ => return None,
+            };
+            S::Release { release }
+        }
+        "scope" => {
+            let scope = match w.key()?.node {
+                "local" => LimitScope::Local,
+                "cluster" if w.expect("sync").is_some() => {
+                    let sync = match w.key()?.node {
+                        "exact" => ClusterSync::Exact,
+                        "batch" => ClusterSync::Batch {
+                            every: w.duration()?,
+                        },
+                        _ => return None,
+                    };
+                    LimitScope::Cluster { sync: Some(sync) }
+                }
+                "cluster" => LimitScope::Cluster { sync: None },
+                _ => return None,
+            };
+            S::Scope { scope, span }
+        }
+        _ => return None,
+    })
+}
+
+impl<'a> Limit<'a> {
+    /// The rule as a limit, if it is one.
+    pub fn of(rule: &Rule<'a>) -> Option<Self> {
+        (rule.imp.wire() == pb::RuleKind::Limit).then(|| Self::from(rule.def))
+    }
+
+    fn from(def: &'a RuleDef) -> Self {
+        Limit {
+            name: &def.name,
+            on: &def.on,
+            settings: super::decode(def, decode),
+        }
+    }
+}
+
+impl LimitEff {
+    pub fn of(l: &Limit<'_>) -> Self {
+        let mut e = LimitEff {
+            calls: None,
+            bytes: None,
+            per: LimitKey::All,
+            action: ActionEff::Reject,
+            reject: REJECT,
+            release: ReleaseEff::Window,
+            scope: Scope::Local,
+        };
+        for s in l.settings.iter().rev() {
+            // Reversed so that the first occurrence is applied last and wins.
+            match s {
+                LimitSetting::Calls {
+                    amount,
+                    window,
+                    span,
+                } => {
+                    e.calls = Some(Counter {
+                        amount: amount.node,
+                        window_ms: millis(&window.node),
+                        span: *span,
+                    });
+                }
+                LimitSetting::Bytes {
+                    amount,
+                    window,
+                    span,
+                } => {
+                    e.bytes = Some(Counter {
+                        amount: bytes(&amount.node),
+                        window_ms: millis(&window.node),
+                        span: *span,
+                    });
+                }
+                LimitSetting::Per { key, .. } => e.per = key.node,
+                LimitSetting::Action { action, .. } => {
+                    e.action = match action {
+                        LimitAction::Reject => ActionEff::Reject,
+                        LimitAction::Shape { max_delay } => {
+                            ActionEff::Shape(millis(&max_delay.node))
+                        }
+                    };
+                }
+                LimitSetting::RejectWith { status, .. } => e.reject = status.node,
+                LimitSetting::Release { release, .. } => {
+                    e.release = match release {
+                        Release::After { after } => ReleaseEff::After(millis(&after.node)),
+                        Release::Manual => ReleaseEff::Manual,
+                    };
+                }
+                LimitSetting::Scope { scope, .. } => {
+                    e.scope = match scope {
+                        LimitScope::Local => Scope::Local,
+                        LimitScope::Cluster { sync: None } => Scope::ClusterUndeclared,
+                        LimitScope::Cluster {
+                            sync: Some(ClusterSync::Exact),
+                        } => Scope::ClusterExact,
+                        LimitScope::Cluster {
+                            sync: Some(ClusterSync::Batch { every }),
+                        } => Scope::ClusterBatch(millis(&every.node)),
+                    };
+                }
+            }
+        }
+        e
+    }
+}
+
+impl ActionEff {
+    pub fn describe(&self) -> String {
+        match self {
+            ActionEff::Reject => "action reject".to_string(),
+            ActionEff::Shape(ms) => format!("action shape max_delay {}", fmt_millis(*ms)),
+        }
+    }
+}
+
+impl Scope {
+    pub fn is_cluster(&self) -> bool {
+        !matches!(self, Scope::Local)
+    }
+}
+
+// === impl Kind ===
+
+impl super::Kind for Kind {
+    fn wire(&self) -> pb::RuleKind {
+        pb::RuleKind::Limit
+    }
+
+    fn missing(&self, rule: &RuleDef) -> Option<(&'static str, &'static str)> {
+        let l = Limit::from(rule);
+        let has = l
+            .settings
+            .iter()
+            .any(|s| matches!(s, LimitSetting::Calls { .. } | LimitSetting::Bytes { .. }));
+        (!has).then_some((
+            "`calls` or `bytes`",
+            "add `calls N per D`, `bytes SIZE per D`, or both",
+        ))
+    }
+
+    fn setting_key(&self, setting: &Setting) -> Option<&'static str> {
+        Some(match decode(&mut Words::of(setting))? {
+            LimitSetting::Calls { .. } => "calls",
+            LimitSetting::Bytes { .. } => "bytes",
+            LimitSetting::Per { .. } => "per",
+            LimitSetting::Action { .. } => "action",
+            LimitSetting::RejectWith { .. } => "reject with",
+            LimitSetting::Release { .. } => "release",
+            LimitSetting::Scope { .. } => "scope",
+        })
+    }
+
+    fn values(&self, rule: &RuleDef, _text: &dyn Fn(Span) -> String, out: &mut Values) {
+        use Bound::Positive;
+        for s in Limit::from(rule).settings {
+            match s {
+                LimitSetting::Calls { amount, window, .. } => {
+                    out.bound("calls", amount.node, amount.span, Positive);
+                    out.bound_duration("calls ... per", &window, Positive);
+                    out.large("window", Large::Duration(window));
+                }
+                LimitSetting::Bytes { amount, window, .. } => {
+                    out.bound("bytes", bytes(&amount.node), amount.span, Positive);
+                    out.bound_duration("bytes ... per", &window, Positive);
+                    out.large("bytes", Large::Size(amount));
+                    out.large("window", Large::Duration(window));
+                }
+                LimitSetting::Action {
+                    action: LimitAction::Shape { max_delay },
+                    ..
+                } => {
+                    out.bound_duration("max_delay", &max_delay, Positive);
+                    out.large("max_delay", Large::Duration(max_delay));
+                }
+                LimitSetting::Release {
+                    release: Release::After { after },
+                    ..
+                } => {
+                    out.bound_duration("release after", &after, Positive);
+                    out.large("release after", Large::Duration(after));
+                }
+                LimitSetting::Scope {
+                    scope:
+                        LimitScope::Cluster {
+                            sync: Some(ClusterSync::Batch { every }),
+                        },
+                    ..
+                } => out.bound_duration("sync batch", &every, Positive),
+                LimitSetting::RejectWith { status, .. } => out.statuses.push(status),
+                _ => {}
+            }
+        }
+    }
+
+    fn conflict(
+        &self,
+        a: &RuleDef,
+        b: &RuleDef,
+        text: &dyn Fn(Span) -> String,
+    ) -> Option<(String, &'static str)> {
+        let x = LimitEff::of(&Limit::from(a));
+        let y = LimitEff::of(&Limit::from(b));
+        if x.per != y.per || x.scope.is_cluster() != y.scope.is_cluster() {
+            return None;
+        }
+        let help = "merge them into one limit, or count over different windows";
+        if let (Some(c), Some(d)) = (x.calls, y.calls)
+            && c.window_ms == d.window_ms
+        {
+            return Some((format!("`{}` vs `{}`", text(c.span), text(d.span)), help));
+        }
+        if let (Some(c), Some(d)) = (x.bytes, y.bytes)
+            && c.window_ms == d.window_ms
+        {
+            return Some((format!("`{}` vs `{}`", text(c.span), text(d.span)), help));
+        }
+        if x.action != y.action {
+            return Some((
+                format!("`{}` vs `{}`", x.action.describe(), y.action.describe()),
+                "calls over a limit are either rejected or shaped; choose one",
+            ));
+        }
+        None
+    }
+
+    fn lower(&self, rule: &RuleDef, _l: &Lower<'_, '_>) -> pb::rule::Spec {
+        let e = LimitEff::of(&Limit::from(rule));
+        let rate = |c: Counter| pb::Rate {
+            amount: unsigned(c.amount),
+            window_ms: unsigned(c.window_ms),
+        };
+        let (scope, sync, batch) = match e.scope {
+            Scope::Local => (pb::LimitScope::Local, pb::ClusterSync::Exact, 0),
+            Scope::ClusterExact | Scope::ClusterUndeclared => {
+                (pb::LimitScope::Cluster, pb::ClusterSync::Exact, 0)
+            }
+            Scope::ClusterBatch(ms) => (pb::LimitScope::Cluster, pb::ClusterSync::Batch, ms),
+        };
+        pb::rule::Spec::Limit(pb::Limit {
+            calls: e.calls.map(rate),
+            bytes: e.bytes.map(rate),
+            key: match e.per {
+                LimitKey::All => pb::LimitKey::All,
+                LimitKey::Domain => pb::LimitKey::Domain,
+                LimitKey::Service => pb::LimitKey::Service,
+                LimitKey::Consumer => pb::LimitKey::Consumer,
+            } as i32,
+            action: match e.action {
+                ActionEff::Reject => pb::LimitAction::Reject,
+                ActionEff::Shape(_) => pb::LimitAction::Shape,
+            } as i32,
+            max_delay_ms: match e.action {
+                ActionEff::Shape(ms) => unsigned(ms),
+                ActionEff::Reject => 0,
+            },
+            reject_status: u32_of(e.reject),
+            release: match e.release {
+                ReleaseEff::Window => None,
+                ReleaseEff::After(ms) => Some(pb::Release {
+                    kind: Some(pb::release::Kind::AfterMs(unsigned(ms))),
+                }),
+                ReleaseEff::Manual => Some(pb::Release {
+                    kind: Some(pb::release::Kind::Manual(true)),
+                }),
+            },
+            scope: scope as i32,
+            sync: sync as i32,
+            sync_batch_ms: unsigned(batch),
+        })
+    }
+
+    fn fields(&self, spec: &pb::rule::Spec, f: &mut Vec<(String, String)>) {
+        let pb::rule::Spec::Limit(l) = spec else {
+            return;
+        };
+        if let Some(c) = &l.calls {
+            push(
+                f,
+                "calls",
+                format!("{} per {}", c.amount, fmt_ms(c.window_ms)),
+            );
+        }
+        if let Some(b) = &l.bytes {
+            push(
+                f,
+                "bytes",
+                format!(
+                    "{} per {}",
+                    fmt_bytes(i64::try_from(b.amount).unwrap_or(i64::MAX)),
+                    fmt_ms(b.window_ms)
+                ),
+            );
+        }
+        push(f, "per", format!("{:?}", l.key()).to_lowercase());
+        let action = match l.action() {
+            pb::LimitAction::Reject => "reject".to_string(),
+            pb::LimitAction::Shape => format!("shape max_delay {}", fmt_ms(l.max_delay_ms)),
+        };
+        push(f, "action", action);
+        push(f, "reject with", l.reject_status.to_string());
+        let release = match l.release.as_ref().and_then(|r| r.kind.as_ref()) {
+            None => "every window".to_string(),
+            Some(pb::release::Kind::AfterMs(ms)) => format!("after {}", fmt_ms(*ms)),
+            Some(pb::release::Kind::Manual(_)) => "manual".to_string(),
+        };
+        push(f, "release", release);
+        let scope = match (l.scope(), l.sync()) {
+            (pb::LimitScope::Local, _) => "local".to_string(),
+            (pb::LimitScope::Cluster, pb::ClusterSync::Exact) => "cluster sync exact".to_string(),
+            (pb::LimitScope::Cluster, pb::ClusterSync::Batch) => {
+                format!("cluster sync batch {}", fmt_ms(l.sync_batch_ms))
+            }
+        };
+        push(f, "scope", scope);
+    }
+
+    #[cfg(test)]
+    fn decodes(&self, setting: &Setting) -> bool {
+        let mut w = Words::of(setting);
+        decode(&mut w).is_some() && w.done()
+    }
+}
