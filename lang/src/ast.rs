@@ -74,6 +74,11 @@ impl<T> Spanned<T> {
     pub const fn new(node: T, span: Span) -> Self {
         Self { node, span }
     }
+
+    /// The same span around `f(node)`.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Spanned<U> {
+        Spanned::new(f(self.node), self.span)
+    }
 }
 
 /// A name: `[A-Za-z_][A-Za-z0-9_-]*`.

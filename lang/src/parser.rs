@@ -655,7 +655,8 @@ impl Builder<'_> {
             .rest()
             .map(|s| {
                 let span = span_of(&s);
-                let mut words = Vec::new();
+                // Most settings have two to six words; one allocation.
+                let mut words = Vec::with_capacity(8);
                 self.words(s, &mut words)?;
                 Ok(Setting { words, span })
             })
@@ -672,30 +673,36 @@ impl Builder<'_> {
     /// The words and values of a setting, in order: nested rules of the
     /// grammar (`action_shape`, `min_calls`...) are read through.
     fn words(&self, p: P<'_>, out: &mut Vec<Spanned<Word>>) -> Result<(), SyntaxError> {
+        // Keywords and operators are atomic: their span is their text (no
+        // trailing space to trim, so no `span_of`).
+        let atomic = |c: &P<'_>| Span::new(c.as_span().start(), c.as_span().end());
         for c in p.into_inner() {
-            let span = span_of(&c);
             let word = match c.as_rule() {
-                Rule::int => Word::Int(self.int(c)?.node),
-                Rule::duration => Word::Duration(self.duration(c)?.node),
-                Rule::size => Word::Size(self.size(c)?.node),
-                Rule::percent => Word::Percent(self.percent(c)?.node),
-                Rule::string => Word::Str(self.string(c).node),
-                Rule::ident => Word::Name(self.ident(c).node),
+                Rule::int => self.int(c)?.map(Word::Int),
+                Rule::duration => self.duration(c)?.map(Word::Duration),
+                Rule::size => self.size(c)?.map(Word::Size),
+                Rule::percent => self.percent(c)?.map(Word::Percent),
+                Rule::string => self.string(c).map(Word::Str),
+                Rule::ident => self.ident(c).map(Word::Name),
                 Rule::status_range => {
-                    let r = self.status_range(c)?;
-                    Word::Range { from: r.0, to: r.1 }
+                    let span = span_of(&c);
+                    let (from, to) = self.status_range(c)?;
+                    Spanned::new(Word::Range { from, to }, span)
                 }
-                Rule::compare_op => Word::Key(if c.as_str() == ">=" { ">=" } else { ">" }),
+                Rule::compare_op => {
+                    let op = if c.as_str() == ">=" { ">=" } else { ">" };
+                    Spanned::new(Word::Key(op), atomic(&c))
+                }
                 rule => match crate::grammar::keyword(rule) {
-                    Some(k) => Word::Key(k),
+                    Some(k) => Spanned::new(Word::Key(k), atomic(&c)),
                     None if c.clone().into_inner().next().is_some() => {
                         self.words(c, out)?;
                         continue;
                     }
-                    None => return Err(self.internal(span)),
+                    None => return Err(self.internal(span_of(&c))),
                 },
             };
-            out.push(Spanned::new(word, span));
+            out.push(word);
         }
         Ok(())
     }
