@@ -112,7 +112,7 @@ struct Args {
     upstream_protocol: UpstreamProtocol,
 
     /// How long a client may take to send a request head (HTTP/1); also closes idle
-    /// keep-alive connections. `0` disables it.
+    /// keep-alive connections. `0s` disables it.
     #[arg(long, env = "GOV_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     header_read_timeout: Duration,
 
@@ -130,7 +130,7 @@ struct Args {
     service_pid: Option<u32>,
 
     /// How long a client may stall its request body or stop reading a response
-    /// before its connection is closed. `0` disables it.
+    /// before its connection is closed. `0s` disables it.
     #[arg(long, env = "GOV_CLIENT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     client_timeout: Duration,
 
