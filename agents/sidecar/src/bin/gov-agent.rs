@@ -20,10 +20,17 @@ const OTHERWISE: &str = "stop the agent with POST /shutdown";
 /// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
 const EXIT_USAGE: u8 = 64;
 
+/// The `Examples:` of `--help`; a test parses each line through [`Args`].
+const EXAMPLES: &str = "\
+Examples:
+  gov-agent --service order --upstream 127.0.0.1:8080 --config order.yaml
+  gov-agent --service order --upstream 127.0.0.1:8080 --control-plane http://127.0.0.1:7070 --state-dir /var/lib/gov-agent
+  gov-agent --service order --upstream 127.0.0.1:8080 --control-plane https://govd.internal:7070 --tls-ca ca.pem --control-plane-token-file agent-token";
+
 /// The gov enforcement agent: a reverse proxy beside one service instance that
 /// enforces the service's bulkheads, limits and fuses.
 #[derive(Debug, Parser)]
-#[command(name = "gov-agent", version, about)]
+#[command(name = "gov-agent", version, about, after_help = EXAMPLES)]
 struct Args {
     /// The service this agent runs beside.
     #[arg(long, env = "GOV_SERVICE")]
@@ -358,6 +365,10 @@ fn parse_instances(s: &str) -> Result<(String, Vec<Authority>), String> {
 mod deploy_args;
 
 #[cfg(test)]
+#[path = "../../../../cli/src/help_examples.rs"]
+mod help_examples;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use gov_agent::sidecar::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT};
@@ -378,6 +389,15 @@ mod tests {
                 .unwrap();
         assert_eq!(args.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
         assert_eq!(args.header_read_timeout, DEFAULT_HEADER_READ_TIMEOUT);
+    }
+
+    /// `--help` shows examples, and each one parses.
+    #[test]
+    fn help_examples_parse() {
+        use clap::CommandFactory as _;
+        crate::help_examples::check(Args::command(), |words| {
+            Args::try_parse_from(std::iter::once("gov-agent".to_owned()).chain(words)).map(drop)
+        });
     }
 
     /// Every command line `deploy/` gives gov-agent (Kubernetes, systemd) parses.
