@@ -49,7 +49,9 @@ struct Args {
     #[arg(long, env = "GOV_OUTBOUND_LISTEN")]
     outbound_listen: Option<SocketAddr>,
 
-    /// Admin listener: `/metrics`, `/config`, `/ready`, `/live`, `POST /shutdown`.
+    /// Admin listener: `/metrics`, `/config`, `/ready`, `/live`, `POST /terminate`,
+    /// `POST /shutdown` (each POST with the header `gov-admin`, which no web page
+    /// can send).
     #[arg(long, env = "GOV_ADMIN_LISTEN", default_value = "127.0.0.1:7069")]
     admin_listen: SocketAddr,
 
