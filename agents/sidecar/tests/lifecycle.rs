@@ -229,7 +229,7 @@ async fn warmup_gates_ready_on_the_probe_ramps_and_starts_consumers_after_regist
     assert_eq!(ready(&client, &sidecar).await, 503);
     let m = metrics(&client, &sidecar).await;
     assert!(
-        m.contains("gov_agent_lifecycle_phase{phase=\"starting\"} 1"),
+        m.contains("gov_agent_lifecycle_phase{phase=\"STARTING\"} 1"),
         "{m}"
     );
     assert!(m.contains("gov_agent_instance_weight_ratio 0\n"), "{m}");
@@ -272,11 +272,11 @@ async fn warmup_gates_ready_on_the_probe_ramps_and_starts_consumers_after_regist
     );
     let m = metrics(&client, &sidecar).await;
     assert!(
-        m.contains("gov_agent_lifecycle_phase{phase=\"ready\"} 1"),
+        m.contains("gov_agent_lifecycle_phase{phase=\"READY\"} 1"),
         "{m}"
     );
     assert!(
-        m.contains("gov_agent_lifecycle_phase{phase=\"starting\"} 0"),
+        m.contains("gov_agent_lifecycle_phase{phase=\"STARTING\"} 0"),
         "{m}"
     );
     assert!(m.contains("gov_agent_instance_weight_ratio 1\n"), "{m}");
