@@ -60,7 +60,7 @@ pub enum DurationError {
     #[error("`{0}` is finer than a millisecond")]
     #[diagnostic(
         code(gov::duration::finer_than_a_millisecond),
-        help("durations count whole milliseconds: round it, or write it in `ms`")
+        help("durations count whole milliseconds: round it to one, as in `1.5s` or `1500ms`")
     )]
     FinerThanAMillisecond(String),
     #[error("`{0}` is too large for a duration")]
