@@ -26,6 +26,8 @@ mod cmd {
     pub mod status;
     pub mod tui;
 }
+#[cfg(test)]
+mod help_examples;
 mod input;
 mod remote;
 mod report;
@@ -37,7 +39,8 @@ const EXIT_USAGE: u8 = 64;
 #[command(
     name = "govc",
     version,
-    about = "Check, format, compile and apply gov service-governance policies"
+    about = "Check, format, compile and apply gov service-governance policies",
+    after_help = examples::GOVC
 )]
 struct Cli {
     #[command(subcommand)]
@@ -46,31 +49,110 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    #[command(after_help = examples::CHECK)]
     Check(cmd::check::Args),
+    #[command(after_help = examples::FMT)]
     Fmt(cmd::fmt::Args),
     /// Compile policy files to the per-service configs the agents enforce.
+    #[command(after_help = examples::COMPILE)]
     Compile(cmd::compile::Args),
     /// Show what changes between two policies (or against the control plane).
+    #[command(after_help = examples::PLAN)]
     Plan(cmd::plan::Args),
     /// Apply policy files through the control plane and wait for the agents.
+    #[command(after_help = examples::APPLY)]
     Apply(cmd::apply::Args),
     /// Show agents, sync state, tripped fuses and engaged limits.
+    #[command(after_help = examples::STATUS)]
     Status(cmd::status::Args),
     /// Release a tripped fuse or an engaged limit on every agent of its service.
+    #[command(after_help = examples::RELEASE)]
     Release(cmd::release::Args),
     /// Show govd's audit log: applies, releases and trips, with who did them.
+    #[command(after_help = examples::AUDIT)]
     Audit(cmd::audit::Args),
     /// Run a control plane, demo services behind agents and a load in one process, and watch it.
+    #[command(after_help = examples::DEMO)]
     Demo(cmd::demo::Args),
     /// Watch agents, rules and rejections live; release tripped fuses and engaged limits.
+    #[command(after_help = examples::TUI)]
     Tui(cmd::tui::Args),
     /// Run a language server for `.gov` files on stdin and stdout (for editors).
+    #[command(after_help = examples::LSP)]
     Lsp(cmd::lsp::Args),
     /// Print a shell completion script (`govc completions bash > /etc/bash_completion.d/govc`).
+    #[command(after_help = examples::COMPLETIONS)]
     Completions {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
+}
+
+/// The `Examples:` of each command's help. Tests parse every line that
+/// starts with `govc` through [`Cli`], so they cannot drift from the flags.
+mod examples {
+    pub const GOVC: &str = "\
+Examples:
+  govc check policies/
+  govc apply policies/*.gov
+  govc status -s order";
+    pub const CHECK: &str = "\
+Examples:
+  govc check examples/shop.gov
+  govc check policies/ --deny-warnings
+  govc check policies/*.gov --each --error-format json";
+    pub const FMT: &str = "\
+Examples:
+  govc fmt shop.gov
+  govc fmt --write policies/*.gov
+  govc fmt --check --diff policies/*.gov";
+    pub const COMPILE: &str = "\
+Examples:
+  govc compile shop.gov
+  govc compile shop.gov --service order -o json > order.json";
+    pub const PLAN: &str = "\
+Examples:
+  govc plan shop.gov
+  govc plan old.gov --against new.gov
+  govc plan policies/*.gov --detailed-exitcode -o json";
+    pub const APPLY: &str = "\
+Examples:
+  govc apply shop.gov
+  govc apply policies/*.gov --auto-approve --wait 30s
+  govc apply shop.gov --control-plane https://govd.internal:7070 --tls-ca ca.pem --token-file token";
+    pub const STATUS: &str = "\
+Examples:
+  govc status
+  govc status -s order
+  govc status -o json";
+    pub const RELEASE: &str = "\
+Examples:
+  govc release fuse order/mdm
+  govc release limit order/per-consumer --token-file token";
+    pub const AUDIT: &str = "\
+Examples:
+  govc audit --since 2h
+  govc audit --since 2026-12-01 -o json
+  govc audit --limit 20";
+    pub const DEMO: &str = "\
+Examples:
+  govc demo
+  govc demo --no-tui --duration 2m --every 10s
+  govc demo --policy my-shop.gov";
+    pub const TUI: &str = "\
+Examples:
+  govc tui
+  govc tui --service order --readonly
+  govc tui --control-plane https://govd.internal:7070 --tls-ca ca.pem --token-file token";
+    pub const LSP: &str = "\
+Examples:
+  govc lsp
+  govc lsp --stdio";
+    pub const COMPLETIONS: &str = "\
+Examples:
+  govc completions bash > /etc/bash_completion.d/govc
+  govc completions zsh > ~/.zfunc/_govc
+  govc completions fish > ~/.config/fish/completions/govc.fish";
 }
 
 fn main() -> ExitCode {
@@ -105,5 +187,19 @@ fn main() -> ExitCode {
             gov_proto::out!("{}", String::from_utf8_lossy(&script));
             ExitCode::SUCCESS
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command's help shows examples, and each one parses.
+    #[test]
+    fn every_help_shows_examples_that_parse() {
+        let checked = help_examples::check(Cli::command(), |words| {
+            Cli::try_parse_from(std::iter::once("govc".to_owned()).chain(words)).map(drop)
+        });
+        assert!(checked >= 2 * 13, "only {checked} examples");
     }
 }

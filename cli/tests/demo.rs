@@ -54,7 +54,7 @@ fn number_after(line: &str, word: &str) -> Option<u64> {
 #[test]
 fn bounded_demo_prints_synced_agents_and_rejections_and_cleans_up() {
     let (code, out, err) = run_bounded(
-        &["demo", "--no-tui", "--duration", "20"],
+        &["demo", "--no-tui", "--duration", "20s"],
         Duration::from_secs(60),
     );
     let all = format!("--- stdout\n{out}\n--- stderr\n{err}");

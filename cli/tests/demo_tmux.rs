@@ -94,7 +94,7 @@ fn release_the_tripped_fuse_in_the_tui() {
     // --duration bounds the demo even if the test dies before its guard runs;
     // the trailing sleep keeps the pane to read the exit lines.
     let command = format!(
-        "'{}' demo --duration 150; echo demo-exit=$?; sleep 60",
+        "'{}' demo --duration 150s; echo demo-exit=$?; sleep 60",
         env!("CARGO_BIN_EXE_govc")
     );
     let status = tmux

@@ -3,7 +3,8 @@
 //! rules and the Grafana dashboard query is one docs/metrics.md lists (which
 //! e2e `docs_metrics_lists_every_family_both_binaries_export` checks against
 //! the binaries). The flags in `deploy/` are checked by each binary's own
-//! parser (`deploy_invocations_parse` in `govd` and `gov-agent`).
+//! parser (`deploy_invocations_parse` in `govd` and `gov-agent`). The
+//! commands of docs/deploy.md run here where the machine allows.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
@@ -157,4 +158,160 @@ fn promtool_accepts_the_alert_rules() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The commands of `docs/deploy.md`'s `sh` blocks, continuation lines joined,
+/// comments and blank lines left out.
+fn deploy_md_commands() -> Vec<String> {
+    let doc = read("docs/deploy.md");
+    let mut commands = Vec::new();
+    let mut in_sh = false;
+    let mut pending = String::new();
+    for line in doc.lines() {
+        if line.starts_with("```") {
+            in_sh = line == "```sh";
+            continue;
+        }
+        if !in_sh || line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        match line.strip_suffix('\\') {
+            Some(part) => pending.push_str(part),
+            None => {
+                pending.push_str(line);
+                commands.push(
+                    std::mem::take(&mut pending)
+                        .split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                );
+            }
+        }
+    }
+    commands
+}
+
+/// docs/deploy.md walked as a newcomer would, as far as this machine allows:
+/// the token recipe, then `govc plan`, `apply` and `status` against a real
+/// govd started with those tokens as `deploy/` starts it, and `promtool`.
+/// Every other command must be one named here with why it cannot run (a new
+/// command in the doc fails this test until it runs or is named).
+#[test]
+fn deploy_md_commands_run_where_the_machine_allows() {
+    const ELSEWHERE: [(&str, &str); 5] = [
+        ("docker", "no container engine on the CI machine"),
+        ("kubectl", "no Kubernetes cluster"),
+        ("install", "needs root"),
+        ("systemctl", "needs systemd"),
+        (
+            "cargo",
+            "the release build of the image; cargo test builds the same binaries",
+        ),
+    ];
+    let commands = deploy_md_commands();
+    let dir = tempfile::tempdir().unwrap();
+    let sh = |command: &str, cwd: &Path| {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(command)
+            .current_dir(cwd)
+            .env("NO_COLOR", "1")
+            .env_remove("GOV_TOKEN")
+            .env_remove("GOV_CONTROL_PLANE")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "`{command}` failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Step 2: the token recipe, as written.
+    let tokens: Vec<&String> = commands.iter().filter(|c| c.starts_with("head ")).collect();
+    assert_eq!(tokens.len(), 2, "{commands:#?}");
+    for command in &tokens {
+        sh(command, dir.path());
+    }
+    // govd with those tokens, as deploy/ passes them.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _govd = Kill(
+        std::process::Command::new(env!("CARGO_BIN_EXE_govd"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--state-dir", "state", "--token-file", "operator.token"])
+            .args(["--agent-token-file", "agent.token"])
+            .current_dir(dir.path())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let up = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    assert!(up, "govd did not listen on {port} within 10s");
+    // .../target/debug/deps/deploy-HASH -> .../target/debug/govc
+    let exe = std::env::current_exe().unwrap();
+    let govc = exe.parent().and_then(Path::parent).unwrap().join("govc");
+    assert!(
+        govc.exists(),
+        "`{}` is missing: cargo test --workspace builds it",
+        govc.display()
+    );
+    let examples = root().join("examples");
+    let mut ran = tokens.len();
+    for command in &commands {
+        let first = command.split_whitespace().next().unwrap_or("");
+        if command.starts_with("head ") {
+            continue;
+        }
+        if first == "govc" {
+            // Not a terminal here: `apply` needs `--auto-approve` instead of a `yes`.
+            let approve = if command.starts_with("govc apply ") {
+                " --auto-approve"
+            } else {
+                ""
+            };
+            let command = command
+                .replacen("govc", &format!("'{}'", govc.display()), 1)
+                .replace("http://127.0.0.1:7070", &format!("http://127.0.0.1:{port}"))
+                .replace("examples/", &format!("'{}'/", examples.display()))
+                + approve;
+            let out = sh(&command, dir.path());
+            if command.contains(" status ") {
+                assert!(out.contains("No agents"), "{command}: {out}");
+            }
+        } else if first == "promtool" {
+            if std::process::Command::new("promtool")
+                .arg("--version")
+                .output()
+                .is_err()
+            {
+                eprintln!("SKIPPED `{command}`: promtool is not installed; .ci/run installs it");
+                continue;
+            }
+            sh(command, &root());
+        } else {
+            assert!(
+                ELSEWHERE.iter().any(|(name, _)| *name == first),
+                "docs/deploy.md runs `{command}`: run it in this test, or name `{first}` in ELSEWHERE with why it cannot run here"
+            );
+            continue;
+        }
+        ran += 1;
+    }
+    assert!(ran >= 6, "ran {ran} of {commands:#?}");
 }

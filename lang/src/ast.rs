@@ -97,7 +97,8 @@ pub enum TimeUnit {
     Hours,   // h
 }
 
-/// A duration exactly as written: `10ms`, `30s`, `1m`, `2h`.
+/// A duration as written: `10ms`, `30s`, `1m`, `2h`; a fraction in the
+/// largest unit it is whole in (`1.5s` is `1500ms`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Duration {
     pub value: i64,

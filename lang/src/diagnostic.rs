@@ -142,6 +142,28 @@ impl SyntaxError {
         .with_help("numbers must fit in 64 bits")
     }
 
+    /// A duration token the grammar let through that does not read as one
+    /// (`2.5ms`, too large): the message and help of duration flags.
+    pub(crate) fn duration(
+        name: &str,
+        src: &str,
+        span: Span,
+        error: &gov_proto::duration::DurationError,
+    ) -> Self {
+        let help = miette::Diagnostic::help(error).map(|h| h.to_string());
+        let e = SyntaxError::new(
+            name,
+            src,
+            error.to_string(),
+            span,
+            "this duration".to_owned(),
+        );
+        match help {
+            Some(help) => e.with_help(help),
+            None => e,
+        }
+    }
+
     pub(crate) fn internal(name: &str, src: &str, span: Span) -> Self {
         SyntaxError::new(
             name,
@@ -427,11 +449,11 @@ fn help(expected: &Expected, found: &Token<'_>) -> Option<String> {
     let all_digits = !numeric.is_empty() && numeric.bytes().all(|b| b.is_ascii_digit());
     if expected.has_phrase(DURATION) && starts_with_digit {
         return Some(if all_digits {
-            format!(
-                "durations need a unit: `ms`, `s`, `m` or `h`, as in `{numeric}ms` or `{numeric}s`"
-            )
+            // The words of a duration flag without a unit.
+            let no_unit = gov_proto::duration::DurationError::NoUnit(numeric.to_owned());
+            miette::Diagnostic::help(&no_unit).map_or_else(String::new, |h| h.to_string())
         } else {
-            "a duration is a whole number followed by `ms`, `s`, `m` (or `min`) or `h`, as in `10ms`".to_owned()
+            "a duration is a number (a decimal fraction is allowed) followed directly by `ms`, `s`, `m` (or `min`) or `h`, as in `10ms` or `1.5s`".to_owned()
         });
     }
     if expected.has_phrase(SIZE) && starts_with_digit {

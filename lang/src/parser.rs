@@ -1021,13 +1021,33 @@ impl Builder<'_> {
         text.split_at(at)
     }
 
+    /// Read by `gov_proto::duration`, as duration flags are. A fraction is
+    /// kept in the largest unit it is whole in (`1.5s` is `1500ms`); a `-`
+    /// is kept for the checks to point at.
     fn duration(&self, p: P<'_>) -> Result<Spanned<Duration>, SyntaxError> {
         let span = span_of(&p);
-        let (digits, unit) = self.split_unit(p.as_str());
-        let value = self.number(digits, span)?;
-        let Some(unit) = TimeUnit::from_suffix(unit) else {
+        let text = p.as_str();
+        let (negative, unsigned) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        let bad = |e| SyntaxError::duration(self.name, self.src, span, &e);
+        let literal = gov_proto::duration::parse(unsigned).map_err(bad)?;
+        let Some(mut unit) = TimeUnit::from_suffix(literal.unit.suffix()) else {
             return Err(self.internal(span));
         };
+        let mut value = literal.whole;
+        if literal.fraction_millis != 0 {
+            let millis = literal.millis(unsigned).map_err(bad)?;
+            unit = [TimeUnit::Hours, TimeUnit::Minutes, TimeUnit::Seconds]
+                .into_iter()
+                .find(|u| millis.is_multiple_of(u.millis().unsigned_abs()))
+                .unwrap_or(TimeUnit::Millis);
+            value = millis / unit.millis().unsigned_abs();
+        }
+        let value = i64::try_from(value)
+            .map_err(|_| SyntaxError::number_too_large(self.name, self.src, span))?;
+        let value = if negative { -value } else { value };
         Ok(Spanned::new(Duration { value, unit }, span))
     }
 

@@ -55,63 +55,108 @@ pub fn render(app: &App, frame: &mut Frame<'_>) {
     }
 }
 
+/// The header's parts, most important first where it is too narrow: what is
+/// wrong (disconnected, agents not synced, trips) stays, the URL goes first.
 fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
-    let mut spans = vec![
-        Span::styled(" gov ", Style::new().bold().black().on_cyan()),
-        Span::raw(" "),
-    ];
+    // (priority: 0 stays longest, spans)
+    let mut parts: Vec<(u8, Vec<Span<'static>>)> = Vec::new();
+    let mut gov = vec![Span::styled(" gov ", Style::new().bold().black().on_cyan())];
     if app.readonly {
-        spans.push(Span::styled("READ-ONLY", Style::new().black().on_yellow()));
-        spans.push(Span::raw(" "));
+        gov.push(Span::raw(" "));
+        gov.push(Span::styled("READ-ONLY", Style::new().black().on_yellow()));
     }
-    spans.extend([Span::raw(app.url.as_str()), Span::raw(" │ ")]);
+    parts.push((0, gov));
+    parts.push((5, vec![Span::raw(app.url.clone())]));
     let version = app
         .view
         .as_ref()
         .map(|v| v.version.as_str())
         .filter(|v| !v.is_empty());
-    spans.push(Span::raw(match version {
-        Some(v) => format!("bundle {}", short_version(v)),
-        None => "no bundle applied".into(),
-    }));
-    spans.push(Span::raw(" │ "));
-    spans.push(match &app.connection {
-        Connection::Connecting => Span::styled("CONNECTING…", Style::new().yellow()),
-        Connection::Connected => Span::styled("● CONNECTED", Style::new().green()),
-        Connection::Disconnected { .. } => {
-            Span::styled("● DISCONNECTED", Style::new().red().bold())
-        }
-    });
+    parts.push((
+        3,
+        vec![Span::raw(match version {
+            Some(v) => format!("bundle {}", short_version(v)),
+            None => "no bundle applied".into(),
+        })],
+    ));
+    parts.push((
+        0,
+        vec![match &app.connection {
+            Connection::Connecting => Span::styled("CONNECTING…", Style::new().yellow()),
+            Connection::Connected => Span::styled("● CONNECTED", Style::new().green()),
+            Connection::Disconnected { .. } => {
+                Span::styled("● DISCONNECTED", Style::new().red().bold())
+            }
+        }],
+    ));
     if let Some(view) = &app.view {
         let mut services: Vec<&str> = view.agents.iter().map(|a| a.service.as_str()).collect();
         services.extend(view.rules.iter().map(|r| service_of(&r.rule)));
         services.sort_unstable();
         services.dedup();
+        parts.push((
+            4,
+            vec![Span::raw(format!(
+                "{} services · {} agents · {} rules",
+                services.len(),
+                view.agents.len(),
+                view.rules.len()
+            ))],
+        ));
         let unsynced = view
             .agents
             .iter()
             .filter(|a| a.state() != SyncState::Synced)
             .count();
-        spans.push(Span::raw(format!(
-            " │ {} services · {} agents",
-            services.len(),
-            view.agents.len()
-        )));
         if unsynced > 0 {
-            spans.push(Span::styled(
-                format!(" ({unsynced} not synced)"),
-                Style::new().yellow(),
+            parts.push((
+                1,
+                vec![Span::styled(
+                    format!("{unsynced} not synced"),
+                    Style::new().yellow(),
+                )],
             ));
         }
-        spans.push(Span::raw(format!(" · {} rules", view.rules.len())));
         let trips = view.fuses.len() + view.limits.len();
         if trips > 0 {
-            spans.push(Span::raw(" · "));
-            spans.push(Span::styled(
-                format!("{trips} tripped"),
-                Style::new().red().bold(),
+            parts.push((
+                1,
+                vec![Span::styled(
+                    format!("{trips} tripped"),
+                    Style::new().red().bold(),
+                )],
             ));
         }
+    }
+    // ` gov  URL │ bundle … │ ● CONNECTED │ …`: the badge, a space, then parts
+    // separated by bars.
+    let separator = |k: usize| if k == 1 { " " } else { " │ " };
+    let width = |parts: &[(u8, Vec<Span<'static>>)]| {
+        parts
+            .iter()
+            .enumerate()
+            .map(|(k, (_, spans))| {
+                let sep = if k == 0 {
+                    0
+                } else {
+                    separator(k).chars().count()
+                };
+                sep + spans.iter().map(Span::width).sum::<usize>()
+            })
+            .sum::<usize>()
+    };
+    while parts.len() > 1 && width(&parts) > usize::from(area.width) {
+        let Some(at) = (0..parts.len()).max_by_key(|&k| (parts[k].0, k)) else {
+            break;
+        };
+        parts.remove(at);
+    }
+    let mut spans = Vec::new();
+    for (k, (_, part)) in parts.into_iter().enumerate() {
+        if k > 0 {
+            spans.push(Span::raw(separator(k)));
+        }
+        spans.extend(part);
     }
     frame.render_widget(Line::from(spans), area);
 }
@@ -189,12 +234,117 @@ fn window(len: usize, selected: Option<usize>, area: Rect) -> (usize, usize, Opt
     (offset, end, selected.map(|s| s - offset))
 }
 
+/// A table column: its header, how narrow it may get and how much it matters.
+/// A narrow pane drops the columns that matter least, then truncates the
+/// ones that may shrink with `…`; a value that may not shrink (a count, a
+/// time) is shown whole or not at all.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Column {
+    pub(crate) header: &'static str,
+    /// Narrowest width for a column that may shrink (names, reasons);
+    /// `None`: the column is as wide as its widest cell, or dropped.
+    pub(crate) min: Option<u16>,
+    /// 0 matters most; the highest is dropped first.
+    pub(crate) priority: u8,
+}
+
+const fn col(header: &'static str, priority: u8) -> Column {
+    Column {
+        header,
+        min: None,
+        priority,
+    }
+}
+
+const fn shrinks(header: &'static str, min: u16, priority: u8) -> Column {
+    Column {
+        header,
+        min: Some(min),
+        priority,
+    }
+}
+
+/// A cell's text and style, before its column's width is known.
+pub(crate) struct TextCell {
+    text: String,
+    style: Style,
+}
+
+impl<T: Into<String>> From<T> for TextCell {
+    fn from(text: T) -> Self {
+        TextCell {
+            text: text.into(),
+            style: Style::new(),
+        }
+    }
+}
+
+impl TextCell {
+    fn styled(text: impl Into<String>, style: Style) -> Self {
+        TextCell {
+            text: text.into(),
+            style,
+        }
+    }
+}
+
+/// Which columns fit in `width` cells and how wide each is, in column order:
+/// `(index, width)`. `wants[i]` is the widest cell of column `i` (header
+/// included). Columns are dropped, least important first, until the rest fit
+/// at their narrowest; the space left goes to the shrunk ones, most
+/// important (then leftmost) first.
+pub(crate) fn fit(
+    columns: &[Column],
+    wants: &[u16],
+    width: u16,
+    spacing: u16,
+) -> Vec<(usize, u16)> {
+    let header = |i: usize| u16::try_from(columns[i].header.chars().count()).unwrap_or(u16::MAX);
+    let min = |i: usize| match columns[i].min {
+        Some(m) => m.max(header(i)).min(wants[i]),
+        None => wants[i],
+    };
+    let mut kept: Vec<usize> = (0..columns.len()).collect();
+    let need = |kept: &[usize]| {
+        let gaps = u16::try_from(kept.len().saturating_sub(1)).unwrap_or(u16::MAX);
+        kept.iter()
+            .map(|&i| min(i))
+            .fold(gaps.saturating_mul(spacing), u16::saturating_add)
+    };
+    while kept.len() > 1 && need(&kept) > width {
+        // The least important; of equals, the rightmost.
+        let Some(at) = (0..kept.len()).max_by_key(|&k| (columns[kept[k]].priority, k)) else {
+            break;
+        };
+        kept.remove(at);
+    }
+    let mut widths: Vec<(usize, u16)> = kept.iter().map(|&i| (i, min(i).min(width))).collect();
+    let mut spare = width.saturating_sub(need(&kept));
+    let mut by_priority: Vec<usize> = (0..widths.len()).collect();
+    by_priority.sort_by_key(|&k| columns[widths[k].0].priority);
+    for k in by_priority {
+        let (i, w) = &mut widths[k];
+        let more = wants[*i].saturating_sub(*w).min(spare);
+        *w += more;
+        spare -= more;
+    }
+    // What is left widens the last column that may shrink (a name or a
+    // reason), so that the columns after it line up at the right edge.
+    if let Some((_, w)) = widths
+        .iter_mut()
+        .rev()
+        .find(|(i, _)| columns[*i].min.is_some())
+    {
+        *w += spare;
+    }
+    widths
+}
+
 /// One table pane: its frame, columns and the rows in view.
 struct TableSpec<'a> {
     block: Block<'a>,
-    header: &'a [&'a str],
-    widths: &'a [Constraint],
-    rows: Vec<Row<'a>>,
+    columns: &'a [Column],
+    rows: Vec<Vec<TextCell>>,
     /// Within `rows`.
     selected: Option<usize>,
     focused: bool,
@@ -205,8 +355,7 @@ struct TableSpec<'a> {
 fn render_table(frame: &mut Frame<'_>, area: Rect, spec: TableSpec<'_>) {
     let TableSpec {
         block,
-        header,
-        widths,
+        columns,
         rows,
         selected,
         focused,
@@ -219,11 +368,39 @@ fn render_table(frame: &mut Frame<'_>, area: Rect, spec: TableSpec<'_>) {
         );
         return;
     }
-    let header = Row::new(header.iter().map(|h| Cell::from(*h))).style(Style::new().bold());
-    let table = Table::new(rows, widths.iter().copied())
+    const SPACING: u16 = 1;
+    let width_of = |text: &str| u16::try_from(text.chars().count()).unwrap_or(u16::MAX);
+    let wants: Vec<u16> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            rows.iter()
+                .filter_map(|r| r.get(i))
+                .map(|cell| width_of(&cell.text))
+                .fold(width_of(c.header), u16::max)
+        })
+        .collect();
+    let shown = fit(columns, &wants, area.width.saturating_sub(2), SPACING);
+    let header = Row::new(
+        shown
+            .iter()
+            .map(|&(i, w)| Cell::from(truncate(columns[i].header, usize::from(w)))),
+    )
+    .style(Style::new().bold());
+    let rows: Vec<Row<'_>> = rows
+        .into_iter()
+        .map(|row| {
+            Row::new(shown.iter().map(|&(i, w)| match row.get(i) {
+                Some(cell) => Cell::from(truncate(&cell.text, usize::from(w))).style(cell.style),
+                None => Cell::from(""),
+            }))
+        })
+        .collect();
+    let widths = shown.iter().map(|&(_, w)| Constraint::Length(w));
+    let table = Table::new(rows, widths)
         .header(header)
         .block(block)
-        .column_spacing(1)
+        .column_spacing(SPACING)
         .row_highlight_style(if focused {
             SELECTED
         } else {
@@ -235,21 +412,33 @@ fn render_table(frame: &mut Frame<'_>, area: Rect, spec: TableSpec<'_>) {
 
 // === agents ===
 
-fn sync_cell(a: &AgentView) -> Cell<'static> {
-    match a.state() {
-        SyncState::Synced => Cell::from("SYNCED").green(),
-        SyncState::Stale => Cell::from("STALE").yellow(),
-        SyncState::Nacked => {
-            let mut text = String::from("NACKED");
-            if !a.reason.is_empty() {
-                text.push_str(&format!(" ({})", a.reason));
-            }
-            Cell::from(text).red().bold()
-        }
-        SyncState::Disconnected => Cell::from("DISCONNECTED").dark_gray(),
-        SyncState::Unspecified => Cell::from("-"),
+fn sync_cell(a: &AgentView) -> TextCell {
+    let state = a.state();
+    let style = match state {
+        SyncState::Synced => Style::new().green(),
+        SyncState::Stale => Style::new().yellow(),
+        SyncState::Nacked => Style::new().red().bold(),
+        SyncState::Disconnected => Style::new().dark_gray(),
+        SyncState::Unspecified => Style::new(),
+    };
+    let mut text = state.word().to_owned();
+    if state == SyncState::Nacked && !a.reason.is_empty() {
+        text.push_str(&format!(" ({})", a.reason));
     }
+    TextCell::styled(text, style)
 }
+
+/// Narrow: the service, instance and sync state stay longest (and take the
+/// space in that order).
+const AGENT_COLUMNS: [Column; 7] = [
+    shrinks("SERVICE", 8, 0),
+    shrinks("INSTANCE", 10, 0),
+    col("ADDRESS", 5),
+    col("ENFORCES", 4),
+    shrinks("SYNC", 12, 0),
+    col("PHASE", 2),
+    col("LAST SEEN", 3),
+];
 
 fn render_agents(app: &App, frame: &mut Frame<'_>, area: Rect, agents: &[&AgentView]) {
     let total = app.view.as_ref().map_or(0, |v| v.agents.len());
@@ -267,15 +456,15 @@ fn render_agents(app: &App, frame: &mut Frame<'_>, area: Rect, agents: &[&AgentV
             } else {
                 &a.last_good_version
             };
-            Row::new(vec![
-                Cell::from(a.service.clone()),
-                Cell::from(a.instance.clone()),
-                Cell::from(a.address.clone()),
-                Cell::from(short_version(version).to_owned()),
+            vec![
+                TextCell::from(a.service.clone()),
+                TextCell::from(a.instance.clone()),
+                TextCell::from(a.address.clone()),
+                TextCell::from(short_version(version)),
                 sync_cell(a),
-                Cell::from(a.phase().word()),
-                Cell::from(ago(app.now_ms, a.last_seen_unix_ms)),
-            ])
+                TextCell::from(a.phase().word()),
+                TextCell::from(ago(app.now_ms, a.last_seen_unix_ms)),
+            ]
         })
         .collect();
     render_table(
@@ -287,24 +476,7 @@ fn render_agents(app: &App, frame: &mut Frame<'_>, area: Rect, agents: &[&AgentV
                 Pane::Agents,
                 count_title("Agents", agents.len(), total),
             ),
-            header: &[
-                "SERVICE",
-                "INSTANCE",
-                "ADDRESS",
-                "ENFORCES",
-                "SYNC",
-                "PHASE",
-                "LAST SEEN",
-            ],
-            widths: &[
-                Constraint::Length(12),
-                Constraint::Length(18),
-                Constraint::Length(21),
-                Constraint::Length(8),
-                Constraint::Fill(1),
-                Constraint::Length(8),
-                Constraint::Length(10),
-            ],
+            columns: &AGENT_COLUMNS,
             rows,
             selected: sel,
             focused: app.focus == Pane::Agents,
@@ -347,6 +519,19 @@ fn in_flight_text(in_flight: u64, capacity: u64) -> String {
     }
 }
 
+/// Narrow: the rule's name and its rejections stay longest; the sparkline
+/// goes first.
+const RULE_COLUMNS: [Column; 8] = [
+    shrinks("RULE", 16, 0),
+    col("KIND", 3),
+    col("IN FLIGHT", 2),
+    col("WAIT", 6),
+    col("ADM/s", 4),
+    col("REJ/s", 1),
+    col("P99", 5),
+    col("REJECTIONS", 7),
+];
+
 fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
     let rules = app.rules();
     let total = app.view.as_ref().map_or(0, |v| v.rules.len());
@@ -359,29 +544,35 @@ fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
             let stats = r.stats.clone().unwrap_or_default();
             let rates = app.rates(&r.rule).copied().unwrap_or_default();
             let samples: Vec<f64> = app.rejection_history(&r.rule).collect();
-            let rejected = Cell::from(rate(rates.rejected));
-            let rejected = if rates.rejected > 0.0 {
-                rejected.red().bold()
-            } else {
-                rejected
-            };
+            let rejected = TextCell::styled(
+                rate(rates.rejected),
+                if rates.rejected > 0.0 {
+                    Style::new().red().bold()
+                } else {
+                    Style::new()
+                },
+            );
             let tripped = app.view.as_ref().is_some_and(|v| {
                 v.fuses.iter().any(|f| f.rule == r.rule)
                     || v.limits.iter().any(|l| l.rule == r.rule)
             });
-            let name = Cell::from(r.rule.clone());
-            Row::new(vec![
-                if tripped { name.red().bold() } else { name },
-                Cell::from(RuleKind::word(r.kind())),
-                Cell::from(in_flight_text(stats.in_flight, stats.capacity)),
-                Cell::from(stats.waiting.to_string()),
-                Cell::from(rate(rates.admitted)),
+            let name_style = if tripped {
+                Style::new().red().bold()
+            } else {
+                Style::new()
+            };
+            vec![
+                TextCell::styled(r.rule.clone(), name_style),
+                TextCell::from(RuleKind::word(r.kind())),
+                TextCell::from(in_flight_text(stats.in_flight, stats.capacity)),
+                TextCell::from(stats.waiting.to_string()),
+                TextCell::from(rate(rates.admitted)),
                 rejected,
-                Cell::from(
+                TextCell::from(
                     quantile_bucket(&stats.latency_buckets, 0.99).unwrap_or_else(|| "-".into()),
                 ),
-                Cell::from(spark_text(&samples, spark_width)).red(),
-            ])
+                TextCell::styled(spark_text(&samples, spark_width), Style::new().red()),
+            ]
         })
         .collect();
     render_table(
@@ -389,26 +580,7 @@ fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
         area,
         TableSpec {
             block: pane_block(app, Pane::Rules, count_title("Rules", rules.len(), total)),
-            header: &[
-                "RULE",
-                "KIND",
-                "IN FLIGHT",
-                "WAIT",
-                "ADM/s",
-                "REJ/s",
-                "P99",
-                "REJECTIONS",
-            ],
-            widths: &[
-                Constraint::Fill(1),
-                Constraint::Length(8),
-                Constraint::Length(12),
-                Constraint::Length(4),
-                Constraint::Length(5),
-                Constraint::Length(5),
-                Constraint::Length(6),
-                Constraint::Length(10),
-            ],
+            columns: &RULE_COLUMNS,
             rows,
             selected: sel,
             focused: app.focus == Pane::Rules,
@@ -437,6 +609,16 @@ fn remaining_text(app: &App, t: &Trip<'_>) -> String {
     format!("in {}", duration(t.remaining_ms.saturating_sub(elapsed)))
 }
 
+/// Narrow: the rule and its state stay longest, then why it tripped.
+const TRIP_COLUMNS: [Column; 6] = [
+    col("KIND", 5),
+    shrinks("RULE", 16, 0),
+    col("STATE", 1),
+    col("SINCE", 4),
+    col("AUTO", 3),
+    shrinks("WHY", 10, 2),
+];
+
 fn render_trips(app: &App, frame: &mut Frame<'_>, area: Rect, trips: &[Trip<'_>]) {
     let total = app
         .view
@@ -448,14 +630,14 @@ fn render_trips(app: &App, frame: &mut Frame<'_>, area: Rect, trips: &[Trip<'_>]
     let rows = trips[from..to]
         .iter()
         .map(|t| {
-            Row::new(vec![
-                Cell::from(ReleaseKind::word(t.kind)),
-                Cell::from(t.rule.to_owned()),
-                Cell::from(t.state).red().bold(),
-                Cell::from(ago(app.now_ms, t.since_unix_ms)),
-                Cell::from(remaining_text(app, t)),
-                Cell::from(t.reason.to_owned()),
-            ])
+            vec![
+                TextCell::from(ReleaseKind::word(t.kind)),
+                TextCell::from(t.rule),
+                TextCell::styled(t.state, Style::new().red().bold()),
+                TextCell::from(ago(app.now_ms, t.since_unix_ms)),
+                TextCell::from(remaining_text(app, t)),
+                TextCell::from(t.reason),
+            ]
         })
         .collect();
     render_table(
@@ -467,15 +649,7 @@ fn render_trips(app: &App, frame: &mut Frame<'_>, area: Rect, trips: &[Trip<'_>]
                 Pane::Trips,
                 count_title("Tripped fuses & engaged limits", trips.len(), total),
             ),
-            header: &["KIND", "RULE", "STATE", "SINCE", "AUTO", "WHY"],
-            widths: &[
-                Constraint::Length(5),
-                Constraint::Length(20),
-                Constraint::Length(9),
-                Constraint::Length(10),
-                Constraint::Length(9),
-                Constraint::Fill(1),
-            ],
+            columns: &TRIP_COLUMNS,
             rows,
             selected: sel,
             focused: app.focus == Pane::Trips,
@@ -906,4 +1080,43 @@ fn render_result(frame: &mut Frame<'_>, area: Rect, text: &str, ok: bool) {
             ),
         popup,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COLUMNS: [Column; 4] = [
+        shrinks("NAME", 6, 0),
+        col("COUNT", 1),
+        col("RATE", 3),
+        shrinks("WHY", 4, 2),
+    ];
+
+    #[test]
+    fn everything_fits_when_wide() {
+        // NAME wants 20, COUNT 5, RATE 4, WHY 30; 3 gaps.
+        let wants = [20, 5, 4, 30];
+        assert_eq!(
+            fit(&COLUMNS, &wants, 70, 1),
+            vec![(0, 20), (1, 5), (2, 4), (3, 38)]
+        );
+    }
+
+    #[test]
+    fn narrow_drops_the_least_important_first_then_shrinks_names() {
+        let wants = [20, 5, 4, 30];
+        // Mins 6 + 5 + 4 + 4 + 3 gaps = 22: all kept, NAME grows first.
+        assert_eq!(
+            fit(&COLUMNS, &wants, 30, 1),
+            vec![(0, 14), (1, 5), (2, 4), (3, 4)]
+        );
+        // 21 < 22: RATE (priority 3) goes, never cut to `0/`.
+        assert_eq!(fit(&COLUMNS, &wants, 21, 1), vec![(0, 10), (1, 5), (3, 4)]);
+        // Then WHY, then COUNT; NAME is shown, cut, whatever the width.
+        assert_eq!(fit(&COLUMNS, &wants, 12, 1), vec![(0, 6), (1, 5)]);
+        assert_eq!(fit(&COLUMNS, &wants, 8, 1), vec![(0, 8)]);
+        assert_eq!(fit(&COLUMNS, &wants, 3, 1), vec![(0, 3)]);
+        assert_eq!(fit(&COLUMNS, &wants, 0, 1), vec![(0, 0)]);
+    }
 }

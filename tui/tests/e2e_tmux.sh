@@ -34,7 +34,7 @@ wait_for() {
 }
 
 tmux new-session -d -s "$S" -x 120 -y 36 \
-  "cd '$WORK' && '$GOVC' demo --duration 170; echo EXITED rc=\$?; sleep 60"
+  "cd '$WORK' && '$GOVC' demo --duration 170s; echo EXITED rc=\$?; sleep 60"
 
 wait_for 60 '● CONNECTED' 'connected TUI'
 wait_for 100 'fuse +order/mdm +OPEN' 'tripped fuse order/mdm'

@@ -229,7 +229,7 @@ async fn warmup_gates_ready_on_the_probe_ramps_and_starts_consumers_after_regist
     assert_eq!(ready(&client, &sidecar).await, 503);
     let m = metrics(&client, &sidecar).await;
     assert!(
-        m.contains("gov_agent_lifecycle_phase{phase=\"starting\"} 1"),
+        m.contains("gov_agent_lifecycle_phase{phase=\"STARTING\"} 1"),
         "{m}"
     );
     assert!(m.contains("gov_agent_instance_weight_ratio 0\n"), "{m}");
@@ -272,11 +272,11 @@ async fn warmup_gates_ready_on_the_probe_ramps_and_starts_consumers_after_regist
     );
     let m = metrics(&client, &sidecar).await;
     assert!(
-        m.contains("gov_agent_lifecycle_phase{phase=\"ready\"} 1"),
+        m.contains("gov_agent_lifecycle_phase{phase=\"READY\"} 1"),
         "{m}"
     );
     assert!(
-        m.contains("gov_agent_lifecycle_phase{phase=\"starting\"} 0"),
+        m.contains("gov_agent_lifecycle_phase{phase=\"STARTING\"} 0"),
         "{m}"
     );
     assert!(m.contains("gov_agent_instance_weight_ratio 1\n"), "{m}");
@@ -562,7 +562,7 @@ async fn post_terminate_runs_the_shutdown_steps() {
     let sidecar = start(&upstream, path).await;
     let admin = sidecar.admin_addr().unwrap();
     let post = |path: &str, origin: bool| {
-        let mut req = http::Request::post(format!("http://{admin}{path}"));
+        let mut req = http::Request::post(format!("http://{admin}{path}")).header("gov-admin", "x");
         if origin {
             req = req.header("origin", "http://elsewhere.example");
         }
@@ -585,4 +585,143 @@ async fn post_terminate_runs_the_shutdown_steps() {
     tokio::time::timeout(Duration::from_secs(10), sidecar.stopped())
         .await
         .expect("the agent stops after its shutdown steps");
+}
+
+/// A web page on the agent's host cannot stop or terminate it (issue 12,
+/// item 7): a form post, a `text/plain` fetch, a POST without the
+/// `gov-admin` header a page cannot add, one with a page's `origin` or
+/// `sec-fetch-*`, and one that names a DNS-rebound host are all refused, and
+/// the agent keeps serving. A tool's POST (the header, an IP or `localhost`
+/// as the host) stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_pages_cannot_stop_or_terminate_the_agent() {
+    let upstream = Upstream::start(0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(&dir, vec![], vec![Down::DrainMs(1_000)]);
+    let sidecar = start(&upstream, path).await;
+    let admin = sidecar.admin_addr().unwrap();
+    let port = admin.port();
+    let full = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let send = |path: &str, headers: Vec<(&str, String)>, body: &'static str| {
+        let mut req = http::Request::post(format!("http://{admin}{path}"));
+        for (name, value) in headers {
+            req = req.header(name, value);
+        }
+        let req = req
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap();
+        let full = full.clone();
+        async move {
+            let response = full.request(req).await.unwrap();
+            let status = response.status().as_u16();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let form = (
+        "content-type",
+        "application/x-www-form-urlencoded".to_owned(),
+    );
+    let plain = ("content-type", "text/plain".to_owned());
+    let tool = ("gov-admin", "terminate".to_owned());
+    let rebound = ("host", format!("attacker.example:{port}"));
+    type Headers<'a> = Vec<(&'a str, String)>;
+    let hostile: Vec<(&str, Headers<'_>, &str)> = vec![
+        ("a form post", vec![form.clone()], "x=1"),
+        ("a text/plain fetch", vec![plain.clone()], "{}"),
+        ("a bare POST", vec![], ""),
+        (
+            "a form post with an origin",
+            vec![form, ("origin", "http://attacker.example".into())],
+            "x=1",
+        ),
+        (
+            "a same-origin fetch",
+            vec![tool.clone(), ("sec-fetch-site", "same-origin".into())],
+            "",
+        ),
+        (
+            "a DNS-rebound page",
+            vec![tool.clone(), rebound.clone(), plain],
+            "{}",
+        ),
+        (
+            "a DNS-rebound page, no port",
+            vec![tool.clone(), ("host", "attacker.example".into())],
+            "",
+        ),
+        (
+            "a host that does not parse",
+            vec![tool.clone(), ("host", "a b".into())],
+            "",
+        ),
+    ];
+    let client = client();
+    for path in ["/terminate", "/shutdown"] {
+        for (what, headers, body) in &hostile {
+            let (status, text) = send(path, headers.clone(), body).await;
+            assert_eq!(status, 403, "{what} to {path}: {text}");
+            assert!(text.contains("gov-admin: "), "{what} to {path}: {text}");
+            assert_eq!(ready(&client, &sidecar).await, 200, "{what} to {path}");
+        }
+    }
+    assert_ne!(sidecar.lifecycle().state().phase, proto::Phase::Draining);
+    // A tool on the host: the header, `localhost` as the host.
+    let localhost = ("host", format!("localhost:{port}"));
+    let (status, text) = send("/shutdown", vec![tool, localhost], "").await;
+    assert_eq!(status, 202, "{text}");
+    tokio::time::timeout(Duration::from_secs(10), sidecar.stopped())
+        .await
+        .expect("the agent stops after a tool's POST /shutdown");
+}
+
+/// The preStop hook of `deploy/kubernetes/stock.yaml`, run as written (with
+/// this agent's admin port): it starts the shutdown steps and returns once
+/// the agent has stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_pre_stop_hook_runs_the_shutdown_steps() {
+    let manifest = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/kubernetes/stock.yaml"
+    );
+    let manifest = std::fs::read_to_string(manifest).unwrap();
+    let hook = manifest
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("- ")
+                .filter(|c| c.contains("/terminate"))
+        })
+        .expect("stock.yaml has a preStop command that calls /terminate");
+    let upstream = Upstream::start(0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(
+        &dir,
+        vec![],
+        vec![Down::Deregister(true), Down::DrainMs(1_000)],
+    );
+    let sidecar = start(&upstream, path).await;
+    let admin = sidecar.admin_addr().unwrap();
+    assert!(hook.contains("127.0.0.1:7069"), "{hook}");
+    let hook = hook.replace("127.0.0.1:7069", &admin.to_string());
+    let child = std::process::Command::new("sh")
+        .args(["-c", &hook])
+        .spawn()
+        .expect("sh runs");
+    let mut child = KillOnDrop(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the preStop hook did not return within 30s: {hook}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{hook}: {status} (.ci/run installs wget)");
+    tokio::time::timeout(Duration::from_secs(10), sidecar.stopped())
+        .await
+        .expect("the agent stopped");
 }

@@ -10,7 +10,7 @@
 //!
 //! Exit codes: 0 applied and every connected agent SYNCED (or nothing to
 //! change), 1 invalid policy, control plane error, declined, any NACK or any
-//! agent still STALE when the wait ends (unless `--wait 0`), 64 usage
+//! agent still STALE when the wait ends (unless `--wait 0s`), 64 usage
 //! (including no terminal and no `--auto-approve`).
 //!
 //! [`plan_remote`] is `govc plan FILE...` against the live control plane (a
@@ -245,9 +245,9 @@ fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
         return ExitCode::FAILURE;
     }
     if stale > 0 && wait.is_zero() {
-        // `--wait 0`: the caller chose not to wait; STALE is expected.
+        // `--wait 0s`: the caller chose not to wait; STALE is expected.
         gov_proto::errln!(
-            "note: not waiting (--wait 0); `govc status` shows whether the agents took it"
+            "note: not waiting (--wait 0s); `govc status` shows whether the agents took it"
         );
     } else if stale > 0 {
         gov_proto::errln!(

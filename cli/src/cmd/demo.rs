@@ -73,18 +73,19 @@ pub struct Args {
     #[arg(long)]
     pub no_tui: bool,
 
-    /// Stop by itself after this many seconds (default: run until Ctrl-C or `q`).
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<u64>,
+    /// Stop by itself after this long (`90s`, `2m`; default: run until Ctrl-C
+    /// or `q`).
+    #[arg(long, value_name = "DURATION", value_parser = gov_proto::flag::parse_duration)]
+    pub duration: Option<Duration>,
 
     /// Apply these policy files instead of the built-in `examples/shop.gov`
     /// (they should govern the demo services `order` and `inventory`).
     #[arg(long, value_name = "FILE")]
     pub policy: Vec<PathBuf>,
 
-    /// Seconds between two summaries with --no-tui.
-    #[arg(long, value_name = "SECS", default_value_t = 5)]
-    pub every: u64,
+    /// Time between two summaries with --no-tui (at least 1s).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = gov_proto::flag::parse_duration)]
+    pub every: Duration,
 }
 
 /// Why the demo could not run.
@@ -333,14 +334,18 @@ async fn live(
     // Watch until the operator or the clock says stop.
     let until = async {
         match args.duration {
-            Some(secs) => tokio::time::sleep(Duration::from_secs(secs)).await,
+            Some(duration) => tokio::time::sleep(duration).await,
             None => std::future::pending().await,
         }
     };
     let outcome = if args.no_tui {
-        say!("every {}s a summary; Ctrl-C stops", args.every.max(1));
+        let every = args.every.max(Duration::from_secs(1));
+        say!(
+            "every {} a summary; Ctrl-C stops",
+            crate::remote::human_ms(u64::try_from(every.as_millis()).unwrap_or(u64::MAX))
+        );
         tokio::select! {
-            () = summaries(cp, &counters, &notes, started, args.every.max(1)) => Ok(()),
+            () = summaries(cp, &counters, &notes, started, every) => Ok(()),
             () = until => Ok(()),
             () = interrupted() => Ok(()),
         }
@@ -575,9 +580,9 @@ async fn summaries(
     counters: &load::Counters,
     notes: &Mutex<Vec<String>>,
     started: Instant,
-    every: u64,
+    every: Duration,
 ) {
-    let mut tick = tokio::time::interval(Duration::from_secs(every));
+    let mut tick = tokio::time::interval(every);
     tick.tick().await;
     let mut prev = summary::Previous::default();
     loop {

@@ -23,10 +23,17 @@ const OTHERWISE: &str = "stop govd with SIGKILL";
 /// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
 const EXIT_USAGE: u8 = 64;
 
+/// The `Examples:` of `--help`; a test parses each line through [`Args`].
+const EXAMPLES: &str = "\
+Examples:
+  govd --insecure
+  govd --state-dir /var/lib/gov --token-file /etc/gov/tokens --agent-token-file /etc/gov/agent-token
+  govd --listen 0.0.0.0:7070 --tls-cert cert.pem --tls-key key.pem --token-file tokens --metrics-listen 0.0.0.0:7071 --log-format json";
+
 /// The gov control plane: compiles applied policies, pushes each service's
 /// config to its agents, tracks their sync state, fuses and limits.
 #[derive(Debug, Parser)]
-#[command(name = "govd", version, about)]
+#[command(name = "govd", version, about, after_help = EXAMPLES)]
 struct Args {
     /// gRPC listener (`gov.v1.ControlPlane` and `grpc.health.v1`).
     #[arg(long, env = "GOV_LISTEN", default_value = "127.0.0.1:7070")]
@@ -306,8 +313,21 @@ fn at_least_one(s: &str) -> Result<usize, String> {
 mod deploy_args;
 
 #[cfg(test)]
+#[path = "../../../cli/src/help_examples.rs"]
+mod help_examples;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--help` shows examples, and each one parses.
+    #[test]
+    fn help_examples_parse() {
+        use clap::CommandFactory as _;
+        crate::help_examples::check(Args::command(), |words| {
+            Args::try_parse_from(std::iter::once("govd".to_owned()).chain(words)).map(drop)
+        });
+    }
 
     /// Every command line `deploy/` gives govd (Kubernetes, systemd) parses.
     #[test]

@@ -29,6 +29,60 @@ fn literals_print_as_written() {
     assert!(out.contains("calls -1 per 0ms\n"), "{out}");
 }
 
+/// A duration literal reads as a duration flag does (one parser,
+/// `gov_proto::duration`): the same milliseconds, the same errors. A fraction
+/// is printed in the largest unit it is whole in.
+#[test]
+fn durations_read_as_flags_read_them() {
+    let latency = |text: &str| {
+        let src = format!("service s {{ match m = any latency {text} }}");
+        gov_lang::parse("s.gov", &src).map(|tree| {
+            let gov_lang::ast::Item::Service(s) = &tree.items[0] else {
+                panic!()
+            };
+            let gov_lang::ast::ServiceStmt::Match(m) = &s.body[0] else {
+                panic!()
+            };
+            m.latency.as_ref().unwrap().node
+        })
+    };
+    for text in [
+        "10ms", "5s", "2m", "2min", "1h", "1.5s", "0.25m", "1.5h", "0.0001h", "1.50s",
+    ] {
+        let d = latency(text).unwrap_or_else(|e| panic!("{text}: {e:?}"));
+        let flag = gov_proto::flag::parse_duration(text).unwrap();
+        assert_eq!(
+            d.as_millis(),
+            i64::try_from(flag.as_millis()).ok(),
+            "{text}"
+        );
+    }
+    assert_eq!(latency("1.5s").unwrap().to_string(), "1500ms");
+    assert_eq!(latency("0.25m").unwrap().to_string(), "15s");
+    assert_eq!(latency("1.5h").unwrap().to_string(), "90m");
+    assert_eq!(latency("2min").unwrap().to_string(), "2m");
+    for bad in ["2.5ms", "0.00001s", "99999999999999999999s"] {
+        let err = latency(bad).unwrap_err();
+        let flag = gov_proto::duration::parse_millis(bad).unwrap_err();
+        assert_eq!(err.message(), flag.to_string(), "{bad}");
+        assert_eq!(
+            err.help_text(),
+            miette::Diagnostic::help(&flag)
+                .map(|h| h.to_string())
+                .as_deref()
+        );
+    }
+    // Without a unit: the flag's help, at the language's "expected" message.
+    let err = latency("30").unwrap_err();
+    let flag = gov_proto::duration::parse_millis("30").unwrap_err();
+    assert_eq!(
+        err.help_text(),
+        miette::Diagnostic::help(&flag)
+            .map(|h| h.to_string())
+            .as_deref()
+    );
+}
+
 #[test]
 fn kilobytes_are_one_unit_printed_kb() {
     let upper = parse_ok(

@@ -250,3 +250,59 @@ pub fn busy_app() -> App {
     }
     app
 }
+
+/// `busy_view` with what a real platform adds: a service with a long name,
+/// its rule names longer than any column, an instance name as Kubernetes
+/// makes them and an agent that refused a config with a long reason.
+pub fn long_names_view(secs: u64) -> ClusterView {
+    let mut view = busy_view(secs);
+    let service = "payments-reconciliation";
+    let mut nacked = agent(service, "payments-reconciliation-6f8d9c7b5-x2k4q", 8443);
+    nacked.state = SyncState::Nacked as i32;
+    nacked.reason =
+        "limit `payments-reconciliation/settlement_batch_window`: scope cluster needs --redis"
+            .into();
+    nacked.phase = Phase::Warming as i32;
+    view.agents.push(agent(
+        service,
+        "payments-reconciliation-6f8d9c7b5-9zt7m",
+        8444,
+    ));
+    view.agents.push(nacked);
+    view.rules.push(rule(
+        "payments-reconciliation/settlement_batch_window",
+        RuleKind::Limit,
+        None,
+        Traffic {
+            capacity: 100,
+            admitted_per_s: 35,
+            ..Traffic::default()
+        },
+        secs,
+    ));
+    view.rules.push(rule(
+        "payments-reconciliation/ledger_writes_concurrency",
+        RuleKind::Bulkhead,
+        None,
+        Traffic {
+            in_flight: 48,
+            waiting: 7,
+            capacity: 64,
+            admitted_per_s: 1_250,
+            latency: [100, 300, 400, 150, 50, 0, 0, 0],
+            ..Traffic::default()
+        },
+        secs,
+    ));
+    view
+}
+
+/// An app that has seen one minute of `long_names_view`s.
+pub fn long_names_app() -> App {
+    let mut app = App::new(URL, false, T0 - 60_000);
+    for s in 0..=60 {
+        update(&mut app, Msg::Tick(T0 - 60_000 + s * 1000));
+        update(&mut app, Msg::View(long_names_view(s)));
+    }
+    app
+}

@@ -5,7 +5,7 @@ use gov_tui::{App, Msg, update};
 use insta::assert_snapshot;
 use ratatui::crossterm::event::KeyCode;
 
-use crate::fixtures::{T0, URL, V0, V1, busy_app, busy_view, ch, draw, key, press};
+use crate::fixtures::{T0, URL, V0, V1, busy_app, busy_view, ch, draw, key, long_names_app, press};
 
 #[test]
 fn before_the_first_view() {
@@ -181,4 +181,82 @@ fn long_rule_list_scrolls_to_the_selection() {
     let screen = draw(&app, 120, 36);
     assert!(screen.contains("│svc/rule_000"), "{screen}");
     assert!(!screen.contains("│svc/rule_250"), "{screen}");
+}
+
+/// Lines of a drawn screen, without the quotes `TestBackend` adds.
+fn lines(screen: &str) -> Vec<String> {
+    screen
+        .lines()
+        .map(|l| l.trim_matches('"').to_owned())
+        .collect()
+}
+
+/// What makes a screen usable whatever its size: every table keeps its most
+/// important columns with their headers, a value is shown whole or not at
+/// all (`0/100`, never `0/`), and a name too long for its column ends in
+/// `…` instead of being cut.
+fn assert_usable(screen: &str, width: usize) {
+    let lines = lines(screen);
+    for line in &lines {
+        assert_eq!(line.chars().count(), width, "{screen}");
+    }
+    for header in ["SERVICE", "INSTANCE", "SYNC", "RULE", "REJ/s", "STATE"] {
+        assert!(screen.contains(header), "no {header} column:\n{screen}");
+    }
+    assert!(screen.contains("● CONNECTED"), "{screen}");
+    assert!(screen.contains("tripped"), "{screen}");
+    assert!(screen.contains("1 not synced"), "{screen}");
+    // Cut values: a count split at its slash, a name cut without `…`.
+    for cut in ["0/ ", "0/│", "/ "] {
+        assert!(!screen.contains(cut), "`{cut}` is cut:\n{screen}");
+    }
+    let whole = [
+        "payments-reconciliation",
+        "payments-reconciliation/settlement_batch_window",
+        "payments-reconciliation/ledger_writes_concurrency",
+        "payments-reconciliation-6f8d9c7b5-x2k4q",
+        "payments-reconciliation-6f8d9c7b5-9zt7m",
+        "inventory/stock_timeout",
+    ];
+    let words = screen.split(|c: char| c.is_whitespace() || c == '│' || c == '"');
+    for word in words.filter(|w| w.starts_with("payments-") || w.starts_with("inventory/s")) {
+        assert!(
+            whole.contains(&word) || word.ends_with('…'),
+            "`{word}` is cut without `…`:\n{screen}"
+        );
+    }
+    assert!(screen.contains("order/mdm"), "{screen}");
+    assert!(
+        screen.contains("OPEN"),
+        "the tripped fuse's state:\n{screen}"
+    );
+    assert!(
+        screen.contains("ENGAGED"),
+        "the engaged limit's state:\n{screen}"
+    );
+}
+
+#[test]
+fn standard_terminal_80x24() {
+    let app = long_names_app();
+    let screen = draw(&app, 80, 24);
+    assert_usable(&screen, 80);
+    assert_snapshot!(screen);
+}
+
+#[test]
+fn wide_terminal_120x40() {
+    let app = long_names_app();
+    let screen = draw(&app, 120, 40);
+    assert_usable(&screen, 120);
+    // Wide enough that no rule name of the busy cluster is cut.
+    for name in [
+        "inventory/stock_timeout",
+        "order/crm_supplier",
+        "order/per_instance",
+        "order/slow_calls",
+    ] {
+        assert!(screen.contains(name), "`{name}` is cut:\n{screen}");
+    }
+    assert_snapshot!(screen);
 }

@@ -20,10 +20,17 @@ const OTHERWISE: &str = "stop the agent with POST /shutdown";
 /// Usage errors exit with 64 (EX_USAGE), as every gov binary does.
 const EXIT_USAGE: u8 = 64;
 
+/// The `Examples:` of `--help`; a test parses each line through [`Args`].
+const EXAMPLES: &str = "\
+Examples:
+  gov-agent --service order --upstream 127.0.0.1:8080 --config order.yaml
+  gov-agent --service order --upstream 127.0.0.1:8080 --control-plane http://127.0.0.1:7070 --state-dir /var/lib/gov-agent
+  gov-agent --service order --upstream 127.0.0.1:8080 --control-plane https://govd.internal:7070 --tls-ca ca.pem --control-plane-token-file agent-token";
+
 /// The gov enforcement agent: a reverse proxy beside one service instance that
 /// enforces the service's bulkheads, limits and fuses.
 #[derive(Debug, Parser)]
-#[command(name = "gov-agent", version, about)]
+#[command(name = "gov-agent", version, about, after_help = EXAMPLES)]
 struct Args {
     /// The service this agent runs beside.
     #[arg(long, env = "GOV_SERVICE")]
@@ -42,7 +49,9 @@ struct Args {
     #[arg(long, env = "GOV_OUTBOUND_LISTEN")]
     outbound_listen: Option<SocketAddr>,
 
-    /// Admin listener: `/metrics`, `/config`, `/ready`, `/live`, `POST /shutdown`.
+    /// Admin listener: `/metrics`, `/config`, `/ready`, `/live`, `POST /terminate`,
+    /// `POST /shutdown` (each POST with the header `gov-admin`, which no web page
+    /// can send).
     #[arg(long, env = "GOV_ADMIN_LISTEN", default_value = "127.0.0.1:7069")]
     admin_listen: SocketAddr,
 
@@ -112,7 +121,7 @@ struct Args {
     upstream_protocol: UpstreamProtocol,
 
     /// How long a client may take to send a request head (HTTP/1); also closes idle
-    /// keep-alive connections. `0` disables it.
+    /// keep-alive connections. `0s` disables it.
     #[arg(long, env = "GOV_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     header_read_timeout: Duration,
 
@@ -130,7 +139,7 @@ struct Args {
     service_pid: Option<u32>,
 
     /// How long a client may stall its request body or stop reading a response
-    /// before its connection is closed. `0` disables it.
+    /// before its connection is closed. `0s` disables it.
     #[arg(long, env = "GOV_CLIENT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     client_timeout: Duration,
 
@@ -358,6 +367,10 @@ fn parse_instances(s: &str) -> Result<(String, Vec<Authority>), String> {
 mod deploy_args;
 
 #[cfg(test)]
+#[path = "../../../../cli/src/help_examples.rs"]
+mod help_examples;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use gov_agent::sidecar::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT};
@@ -378,6 +391,15 @@ mod tests {
                 .unwrap();
         assert_eq!(args.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
         assert_eq!(args.header_read_timeout, DEFAULT_HEADER_READ_TIMEOUT);
+    }
+
+    /// `--help` shows examples, and each one parses.
+    #[test]
+    fn help_examples_parse() {
+        use clap::CommandFactory as _;
+        crate::help_examples::check(Args::command(), |words| {
+            Args::try_parse_from(std::iter::once("gov-agent".to_owned()).chain(words)).map(drop)
+        });
     }
 
     /// Every command line `deploy/` gives gov-agent (Kubernetes, systemd) parses.

@@ -76,29 +76,16 @@ impl Admin {
                         .into(),
                 ),
             },
-            // A browser sends `origin` (and `sec-fetch-*`) with every
-            // cross-site POST: a web page on this host must not stop the agent
-            // with a form. Tools (curl, the platform's preStop) send neither.
-            (&Method::POST, "/shutdown" | "/terminate") if from_a_browser(req.headers()) => {
-                tracing::warn!("refused POST /shutdown from a browser page");
-                text(
-                    StatusCode::FORBIDDEN,
-                    "forbidden: /shutdown does not take requests from web pages; send SIGTERM or POST without an origin\n".into(),
-                )
-            }
-            // What a Kubernetes preStop hook of the service's container calls: the
-            // config's shutdown steps (deregister, wait, stop, drain), as SIGTERM
-            // runs them, while the service still runs (a native sidecar gets
-            // its SIGTERM only after the service has exited).
-            (&Method::POST, "/terminate") => {
-                tracing::info!("terminate requested on the admin listener");
-                self.lifecycle.begin_shutdown();
-                text(StatusCode::ACCEPTED, "running the shutdown steps\n".into())
-            }
-            (&Method::POST, "/shutdown") => {
-                tracing::info!("shutdown requested on the admin listener");
-                self.stop.cancel();
-                text(StatusCode::ACCEPTED, "shutting down\n".into())
+            // A web page on this host must not stop the agent: see `refusal`.
+            (&Method::POST, path @ ("/shutdown" | "/terminate")) => {
+                if let Some(why) = refusal(&req) {
+                    tracing::warn!(path, why, "refused a POST that may come from a web page");
+                    return text(
+                        StatusCode::FORBIDDEN,
+                        format!("forbidden: {why}; POST {path} with the header `{STOP_HEADER}: {}` from a tool (curl, wget, a preStop hook), or send SIGTERM\n", &path[1..]),
+                    );
+                }
+                self.stop_or_terminate(path)
             }
             (_, "/live" | "/ready" | "/metrics" | "/config" | "/shutdown" | "/terminate") => text(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -112,11 +99,82 @@ impl Admin {
     }
 }
 
-/// Whether a request carries what browsers add to page-initiated requests.
-fn from_a_browser(headers: &http::HeaderMap) -> bool {
-    headers.contains_key(header::ORIGIN)
+// === impl Admin ===
+
+impl Admin {
+    /// A POST that passed [`refusal`].
+    fn stop_or_terminate(&self, path: &str) -> Response<Full<Bytes>> {
+        if path == "/terminate" {
+            // What a Kubernetes preStop hook of the service's container
+            // calls: the config's shutdown steps (deregister, wait, stop,
+            // drain), as SIGTERM runs them, while the service still runs (a
+            // native sidecar gets its SIGTERM only after the service exited).
+            tracing::info!("terminate requested on the admin listener");
+            self.lifecycle.begin_shutdown();
+            text(StatusCode::ACCEPTED, "running the shutdown steps\n".into())
+        } else {
+            tracing::info!("shutdown requested on the admin listener");
+            self.stop.cancel();
+            text(StatusCode::ACCEPTED, "shutting down\n".into())
+        }
+    }
+}
+
+/// The header a `POST /shutdown` or `/terminate` must carry (any value).
+pub(crate) const STOP_HEADER: &str = "gov-admin";
+
+/// Why a POST that stops the agent is refused, if it is: it may come from a
+/// web page on this host. Three independent reasons, each enough:
+///
+/// - a page's requests carry `origin` (every POST) or `sec-fetch-*`;
+/// - a page cannot add a header of its own to a cross-origin request
+///   without a CORS preflight, which this listener never grants (so a form
+///   post or a `text/plain` fetch lacks [`STOP_HEADER`]);
+/// - a page that rebinds its own DNS name to 127.0.0.1 makes its requests
+///   same-origin, but they still name that host: only an IP address or
+///   `localhost` is accepted as the host, which a page cannot rebind.
+fn refusal<B>(req: &Request<B>) -> Option<&'static str> {
+    let headers = req.headers();
+    if headers.contains_key(header::ORIGIN)
         || headers.contains_key("sec-fetch-site")
         || headers.contains_key("sec-fetch-mode")
+    {
+        return Some("the request comes from a web page (it has `origin` or `sec-fetch-*`)");
+    }
+    let host = req
+        .uri()
+        .authority()
+        .map(|a| a.host().to_owned())
+        .or_else(|| {
+            let value = headers.get(header::HOST)?.to_str().ok()?;
+            let authority: http::uri::Authority = value.parse().ok()?;
+            Some(authority.host().to_owned())
+        });
+    match host {
+        // HTTP/1.0 without a host: no browser sends that.
+        None if !headers.contains_key(header::HOST) => {}
+        None => return Some("the `host` header does not parse"),
+        Some(host) if !address_or_localhost(&host) => {
+            return Some(
+                "the host is a DNS name (a page may have rebound it to this address); use an IP address or `localhost`",
+            );
+        }
+        Some(_) => {}
+    }
+    if !headers.contains_key(STOP_HEADER) {
+        return Some("the request lacks the header a web page cannot send");
+    }
+    None
+}
+
+/// `127.0.0.1`, `[::1]`, `10.1.2.3` or `localhost`: names no web page can
+/// point at this agent with DNS.
+fn address_or_localhost(host: &str) -> bool {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    bare.parse::<std::net::IpAddr>().is_ok() || host.eq_ignore_ascii_case("localhost")
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {

@@ -199,16 +199,17 @@ impl Source {
             "gauge",
             "1 for the instance's current lifecycle phase, 0 for the others.",
         );
-        for (phase, name) in [
-            (Phase::Starting, "starting"),
-            (Phase::Warming, "warming"),
-            (Phase::Ready, "ready"),
-            (Phase::Draining, "draining"),
-            (Phase::Stopped, "stopped"),
+        // The phase words of `govc status` and the TUI (`Phase::word`).
+        for phase in [
+            Phase::Starting,
+            Phase::Warming,
+            Phase::Ready,
+            Phase::Draining,
+            Phase::Stopped,
         ] {
             enc.sample(
                 "gov_agent_lifecycle_phase",
-                &[("phase", name)],
+                &[("phase", phase.word())],
                 u64::from(state.phase == phase),
             );
         }

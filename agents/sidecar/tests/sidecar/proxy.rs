@@ -337,10 +337,11 @@ async fn admin_answers_live_ready_and_shutdown_drains_in_flight_requests() {
         StatusCode::OK,
         "still serving"
     );
-    let reply = client
-        .post(&agent.admin_url("/shutdown"), "")
-        .await
+    let tool = Request::post(agent.admin_url("/shutdown"))
+        .header("gov-admin", "shutdown")
+        .body(Full::default())
         .unwrap();
+    let reply = client.send(tool).await.unwrap();
     assert_eq!(reply.status, StatusCode::ACCEPTED);
     // Draining: not ready, no new connections, the slow request still in flight.
     let ready = client.get(&agent.admin_url("/ready")).await.unwrap();
