@@ -857,7 +857,7 @@ rules:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_swap_is_atomic_per_request() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     // Config `one` gives every call 100 ms, config `two` 200 ms, each through
     // a bulkhead with that timeout and a bulkhead with a longer one.
@@ -885,45 +885,56 @@ rules:
     let e = Engine::empty("order");
     e.apply_target(&one).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
+    // Calls decided under `one` and under `two`.
+    let seen = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
     let mut deciders = Vec::new();
     for _ in 0..2 {
-        let (e, stop) = (e.clone(), stop.clone());
+        let (e, stop, seen) = (e.clone(), stop.clone(), seen.clone());
         deciders.push(tokio::spawn(async move {
-            let (mut seen_one, mut seen_two) = (0u64, 0u64);
-            for n in 0..200_000u64 {
+            for n in 0..100_000_000u64 {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
                 let a = now(&e, "/", None).unwrap();
-                match (a.config_version(), a.timeout()) {
-                    (Some("one"), Some(t)) if t == Duration::from_millis(100) => seen_one += 1,
-                    (Some("two"), Some(t)) if t == Duration::from_millis(200) => seen_two += 1,
+                let version = match (a.config_version(), a.timeout()) {
+                    (Some("one"), Some(t)) if t == Duration::from_millis(100) => 0,
+                    (Some("two"), Some(t)) if t == Duration::from_millis(200) => 1,
                     other => panic!("a call saw a mix of configs: {other:?}"),
-                }
+                };
+                seen[version].fetch_add(1, Ordering::Relaxed);
                 a.finish(Outcome::Status(200));
                 if n % 64 == 0 {
                     tokio::task::yield_now().await;
                 }
             }
-            (seen_one, seen_two)
         }));
     }
-    for i in 0..2000 {
-        e.apply_target(if i % 2 == 0 { &two } else { &one })
-            .unwrap();
-        tokio::task::yield_now().await;
+    // Each swap lands while the deciders run, and each config is in force
+    // until a call was decided under it: on a busy machine the deciders may
+    // be descheduled for a whole burst of swaps, and a config nobody
+    // decided under proves nothing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    for i in 0..400 {
+        let (config, version) = if i % 2 == 0 { (&two, 1) } else { (&one, 0) };
+        let before = seen[version].load(Ordering::Relaxed);
+        e.apply_target(config).unwrap();
+        while seen[version].load(Ordering::Relaxed) == before {
+            // A decider that saw a mix panicked: report it now.
+            if let Some(d) = deciders.iter_mut().find(|d| d.is_finished()) {
+                d.await.unwrap();
+                panic!("a decider ran out of calls before the swaps ended");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no call decided under swap {i} within 60 s"
+            );
+            tokio::task::yield_now().await;
+        }
     }
     stop.store(true, Ordering::Relaxed);
-    let (mut seen_one, mut seen_two) = (0, 0);
     for d in deciders {
-        let (a, b) = d.await.unwrap();
-        seen_one += a;
-        seen_two += b;
+        d.await.unwrap();
     }
-    assert!(
-        seen_one > 0 && seen_two > 0,
-        "both configs were in force: {seen_one} / {seen_two}"
-    );
 }
 
 /// A bulkhead of `max` permits on `/slow`, as engine `n`'s config.

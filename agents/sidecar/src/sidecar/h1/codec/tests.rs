@@ -533,3 +533,28 @@ fn the_extension_and_trailer_bound_holds_across_reads() {
     assert_eq!(feed(Framing::Chunked, &body, &cuts), None);
     assert_eq!(relayed(&body, &cuts), None);
 }
+
+#[test]
+fn each_refusal_answers_with_its_status_and_says_why() {
+    for (refusal, status) in [
+        (Refusal::BadRequest("gov-agent: why\n"), 400),
+        (Refusal::HeadTooLarge, 431),
+        (Refusal::UnknownCoding, 501),
+    ] {
+        let (code, body) = refusal.answer();
+        assert_eq!(code.as_u16(), status, "{refusal:?}");
+        assert!(
+            body.starts_with("gov-agent: ") && body.ends_with('\n'),
+            "{refusal:?}: {body:?}"
+        );
+    }
+    assert_eq!(
+        Refusal::BadRequest("gov-agent: why\n").answer().1,
+        "gov-agent: why\n"
+    );
+    // A path the normalization refuses is a 400 that names the path's fault.
+    assert_eq!(
+        verdict("GET /a%2Fb HTTP/1.1\r\nhost: x\r\n\r\n"),
+        Err(Refusal::BadRequest(PathError::EncodedSlash.body()))
+    );
+}
