@@ -319,7 +319,7 @@ fn check(
             None,
         ));
     }
-    Ok(())
+    crate::lifecycle::check_steps(target).map_err(|e| (e.to_string(), None))
 }
 
 /// One stream: hello, then configs and commands in, ACK/NACK, stats and

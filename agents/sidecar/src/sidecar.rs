@@ -592,6 +592,7 @@ fn apply(
             target.service
         )));
     }
+    crate::lifecycle::check_steps(target).map_err(|e| invalid(e.to_string()))?;
     let applied = engine
         .apply_target(target)
         .map_err(|e| invalid(e.to_string()))?;
