@@ -1,6 +1,7 @@
 //! The compiled config as the engine uses it, converted once from the wire
-//! type (`gov_proto::v1::TargetConfig`) at the edge (the conversion is
-//! `config/wire.rs`, the one place that reads the wire's rules).
+//! type (`gov_proto::v1::TargetConfig`) at the edge: the header every rule
+//! shares here, each kind's settings in `config/spec.rs`, the errors that
+//! name the rule at fault in `config/invalid.rs`.
 //!
 //! Everything the hot path needs is decided here, once per config: rules get
 //! dense indices ([`RuleId`]), match expressions become `Cond` trees in a
@@ -12,16 +13,23 @@
 //! one, or with a kind, mode or enum value this agent does not know, is
 //! refused.
 
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use gov_proto::v1 as proto;
-use http::{HeaderName, StatusCode};
+use http::{HeaderName, HeaderValue, Method};
 
+use self::invalid::Ctx;
+pub use self::invalid::InvalidConfig;
+pub use self::spec::{
+    BulkheadKey, BulkheadSpec, Classifier, CompareOp, FuseSpec, LimitAction, LimitKey, LimitScope,
+    LimitSpec, RateSpec, RecoverSpec, ReleaseSpec, RuleSpec, Threshold, TripMetric, TripSpec,
+};
 use crate::route::{Cond, Router};
 pub use crate::route::{Direction, RuleId};
 
-mod wire;
+mod invalid;
+mod spec;
 
 /// A validated, compiled `TargetConfig`.
 #[derive(Debug)]
@@ -67,255 +75,6 @@ pub struct SourceRef {
 /// named once, in gov-proto, with their word, [`RuleKind::word`]).
 pub use proto::RuleKind;
 
-/// What a rule does. Equal specs under the same rule name keep their state
-/// across a config swap.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RuleSpec {
-    Bulkhead(BulkheadSpec),
-    Limit(LimitSpec),
-    Fuse(FuseSpec),
-}
-
-impl RuleSpec {
-    /// The kind of rule.
-    pub fn kind(&self) -> RuleKind {
-        match self {
-            RuleSpec::Bulkhead(_) => RuleKind::Bulkhead,
-            RuleSpec::Limit(_) => RuleKind::Limit,
-            RuleSpec::Fuse(_) => RuleKind::Fuse,
-        }
-    }
-}
-
-/// Whose calls share one set of bulkhead permits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BulkheadKey {
-    Operation,
-    Instance,
-    InstancePath,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BulkheadSpec {
-    pub key: BulkheadKey,
-    pub max_concurrent: u32,
-    /// Zero: fail fast.
-    pub max_wait: Duration,
-    /// At most this many waiters per key. `None`: bounded only by `max_wait`.
-    pub max_queue: Option<u32>,
-    pub timeout: Option<Duration>,
-    pub reject_status: StatusCode,
-}
-
-/// Whose calls share one limit counter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LimitKey {
-    All,
-    Domain,
-    Service,
-    Consumer,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RateSpec {
-    pub amount: u64,
-    pub window: Duration,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LimitAction {
-    Reject,
-    /// Delay the call until it fits, at most `max_delay`.
-    Shape {
-        max_delay: Duration,
-    },
-}
-
-/// How an engaged (latched) limit is released.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReleaseSpec {
-    After(Duration),
-    Manual,
-}
-
-/// Where counters live. Cluster scopes share them in Redis when the engine
-/// has a [`ClusterStore`](crate::ClusterStore) (see `limit.rs`); without one,
-/// [`Engine::apply_target`](crate::Engine::apply_target) refuses them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LimitScope {
-    Local,
-    ClusterExact,
-    ClusterBatch(Duration),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LimitSpec {
-    pub calls: Option<RateSpec>,
-    pub bytes: Option<RateSpec>,
-    pub key: LimitKey,
-    pub action: LimitAction,
-    pub reject_status: StatusCode,
-    /// `None`: not latched; counters reset every window.
-    pub release: Option<ReleaseSpec>,
-    pub scope: LimitScope,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TripMetric {
-    Errors,
-    ErrorRatio,
-    BusinessErrors,
-    BusinessErrorRatio,
-    SystemErrors,
-    SystemErrorRatio,
-}
-
-impl TripMetric {
-    /// The name as written in `.gov`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TripMetric::Errors => "errors",
-            TripMetric::ErrorRatio => "error_ratio",
-            TripMetric::BusinessErrors => "business_errors",
-            TripMetric::BusinessErrorRatio => "business_error_ratio",
-            TripMetric::SystemErrors => "system_errors",
-            TripMetric::SystemErrorRatio => "system_error_ratio",
-        }
-    }
-
-    pub fn is_ratio(self) -> bool {
-        matches!(
-            self,
-            TripMetric::ErrorRatio | TripMetric::BusinessErrorRatio | TripMetric::SystemErrorRatio
-        )
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CompareOp {
-    Gt,
-    Ge,
-}
-
-/// A count, or a ratio in thousandths of a percent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Threshold {
-    Count(u64),
-    MilliPercent(u32),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TripSpec {
-    pub metric: TripMetric,
-    pub op: CompareOp,
-    pub threshold: Threshold,
-    pub window: Duration,
-    pub min_calls: u64,
-}
-
-/// Which outcomes belong to an error class: a bitmap over status codes
-/// 0..=639 plus transport failures.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct Classifier {
-    pub(crate) statuses: [u64; 10],
-    pub connect_failure: bool,
-    pub timeout: bool,
-    pub reset: bool,
-}
-
-impl Classifier {
-    /// Adds the inclusive range `from..=to` (clamped to 0..=639).
-    pub fn add_statuses(&mut self, from: u16, to: u16) {
-        for code in from..=to.min(639) {
-            self.statuses[usize::from(code / 64)] |= 1 << (code % 64);
-        }
-    }
-
-    /// Whether `code` is in this class.
-    pub fn has_status(&self, code: u16) -> bool {
-        code < 640 && self.statuses[usize::from(code / 64)] & (1 << (code % 64)) != 0
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RecoverSpec {
-    Manual,
-    /// Half-open after `after`; `probes` successful calls close it.
-    After {
-        after: Duration,
-        probes: u32,
-    },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FuseSpec {
-    pub trips: Vec<TripSpec>,
-    pub business: Classifier,
-    pub system: Classifier,
-    pub recover: RecoverSpec,
-    pub reject_status: StatusCode,
-}
-
-/// Why a `TargetConfig` cannot be enforced.
-#[derive(Debug, thiserror::Error, miette::Diagnostic)]
-pub enum InvalidConfig {
-    #[error("rule `{rule}`: {problem}")]
-    #[diagnostic(
-        code(gov::agent::invalid_rule),
-        help("recompile the policy with `govc compile`; the compiler never emits this")
-    )]
-    Rule {
-        /// `service/rule`.
-        rule: String,
-        /// Lowercase, no trailing period.
-        problem: String,
-    },
-    #[error("rule `{rule}` is defined twice")]
-    #[diagnostic(
-        code(gov::agent::duplicate_rule),
-        help("rule names must be unique per service")
-    )]
-    Duplicate { rule: String },
-    #[error(
-        "rule `{rule}`: `scope cluster` needs a shared counter store (Redis) and this agent has none: start it with `--redis URL`"
-    )]
-    #[diagnostic(
-        code(gov::agent::no_cluster_store),
-        help(
-            "start the agent with `--redis URL` (or `GOV_REDIS`), or make the limit `scope local`"
-        )
-    )]
-    NoClusterStore { rule: String },
-    #[error("consumer header `{header}` is not a valid header name")]
-    #[diagnostic(code(gov::agent::consumer_header))]
-    ConsumerHeader { header: String },
-    #[error("the config names no consumer header (`consumer_header` is empty)")]
-    #[diagnostic(
-        code(gov::agent::no_consumer_header),
-        help(
-            "compile the policy with `govc compile`: it always writes one (`x-gov-consumer` unless the service says `consumer from header`)"
-        )
-    )]
-    NoConsumerHeader,
-    #[error("the config has {count} rules, more than the agent supports ({max})")]
-    #[diagnostic(code(gov::agent::too_many_rules))]
-    TooManyRules { count: usize, max: usize },
-}
-
-impl InvalidConfig {
-    /// The rule at fault (`service/rule`), for a NACK.
-    pub fn rule(&self) -> Option<&str> {
-        match self {
-            InvalidConfig::Rule { rule, .. }
-            | InvalidConfig::Duplicate { rule }
-            | InvalidConfig::NoClusterStore { rule } => Some(rule),
-            InvalidConfig::ConsumerHeader { .. }
-            | InvalidConfig::NoConsumerHeader
-            | InvalidConfig::TooManyRules { .. } => None,
-        }
-    }
-}
-
 /// Most rules one config may hold (rule ids are `u32`, and nobody writes more).
 pub const MAX_RULES: usize = 1 << 20;
 
@@ -348,4 +107,162 @@ impl CompiledConfig {
     pub fn rule(&self, id: RuleId) -> Option<&Rule> {
         self.rules.get(id.0 as usize)
     }
+}
+
+impl TryFrom<&proto::TargetConfig> for CompiledConfig {
+    type Error = InvalidConfig;
+
+    fn try_from(t: &proto::TargetConfig) -> Result<Self, InvalidConfig> {
+        if t.consumer_header.is_empty() {
+            return Err(InvalidConfig::NoConsumerHeader);
+        }
+        let consumer_header = HeaderName::from_bytes(
+            t.consumer_header.to_ascii_lowercase().as_bytes(),
+        )
+        .map_err(|_| InvalidConfig::ConsumerHeader {
+            header: t.consumer_header.clone(),
+        })?;
+
+        if t.rules.len() > MAX_RULES {
+            return Err(InvalidConfig::TooManyRules {
+                count: t.rules.len(),
+                max: MAX_RULES,
+            });
+        }
+        let rules = t.rules.iter().map(rule).collect::<Result<Vec<_>, _>>()?;
+        let mut seen = HashSet::new();
+        for r in &rules {
+            if !seen.insert(r.name.clone()) {
+                return Err(InvalidConfig::Duplicate {
+                    rule: r.name.to_string(),
+                });
+            }
+        }
+
+        let inbound = Router::new(
+            rules.iter().map(|r| (r.direction, &r.on)),
+            Direction::Inbound,
+        );
+        let outbound = Router::new(
+            rules.iter().map(|r| (r.direction, &r.on)),
+            Direction::Outbound,
+        );
+        Ok(Self {
+            service: t.service.as_str().into(),
+            domain: t.domain.as_str().into(),
+            version: t.version.as_str().into(),
+            consumer_header,
+            rules,
+            inbound,
+            outbound,
+        })
+    }
+}
+
+impl TryFrom<proto::TargetConfig> for CompiledConfig {
+    type Error = InvalidConfig;
+
+    fn try_from(t: proto::TargetConfig) -> Result<Self, InvalidConfig> {
+        Self::try_from(&t)
+    }
+}
+
+/// One wire rule: its kind's spec ([`spec::spec`]), then the shared header.
+fn rule(r: &proto::Rule) -> Result<Rule, InvalidConfig> {
+    let ctx = Ctx::new(&r.name);
+    let spec = spec::spec(&ctx, r)?;
+    header(&ctx, r, spec)
+}
+
+/// The header of `r` with its `spec`.
+fn header(ctx: &Ctx<'_>, r: &proto::Rule, spec: RuleSpec) -> Result<Rule, InvalidConfig> {
+    if ctx.rule.is_empty() {
+        return Err(ctx.err("the rule has no name"));
+    }
+    match proto::Mode::try_from(r.mode) {
+        Ok(proto::Mode::Enforce) => {}
+        Ok(proto::Mode::Unspecified) => return Err(ctx.err("`mode` is missing")),
+        Err(_) => {
+            return Err(ctx.err(format!(
+                "mode {} is unknown to this agent (upgrade the agent, or apply the rule with mode enforce)",
+                r.mode
+            )));
+        }
+    }
+    let on = r.on.as_ref().ok_or_else(|| ctx.err("`on` is missing"))?;
+    let on = cond(ctx, on, 0)?;
+    let source = r
+        .source
+        .as_ref()
+        .map(|s| SourceRef {
+            file: s.file.as_str().into(),
+            line: s.line,
+            column: s.column,
+            snippet: s.snippet.as_str().into(),
+        })
+        .unwrap_or_default();
+    let direction = match proto::Direction::try_from(r.direction) {
+        Ok(proto::Direction::Inbound) => Direction::Inbound,
+        Ok(proto::Direction::Outbound) => Direction::Outbound,
+        Err(_) => return Err(ctx.err(format!("direction {} is unknown", r.direction))),
+    };
+    Ok(Rule {
+        name: ctx.rule.into(),
+        source,
+        direction,
+        spec,
+        on,
+    })
+}
+
+fn cond(ctx: &Ctx<'_>, e: &proto::MatchExpr, depth: usize) -> Result<Cond, InvalidConfig> {
+    use proto::match_expr::Kind;
+    // Deeply nested wire data must not overflow the stack.
+    if depth > 64 {
+        return Err(ctx.err("the match expression is nested deeper than 64 levels"));
+    }
+    let kind = e
+        .kind
+        .as_ref()
+        .ok_or_else(|| ctx.err("a match expression is empty"))?;
+    Ok(match kind {
+        Kind::Path(p) => {
+            if !p.value.starts_with('/') {
+                return Err(ctx.err(format!("path `{}` does not start with `/`", p.value)));
+            }
+            match ctx.known::<proto::PathKind>("path.kind", p.kind)? {
+                proto::PathKind::Exact => Cond::PathExact(p.value.as_str().into()),
+                proto::PathKind::Prefix => Cond::PathPrefix(p.value.as_str().into()),
+            }
+        }
+        Kind::Method(m) => Cond::Method(
+            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| ctx.err(format!("`{m}` is not an HTTP method")))?,
+        ),
+        Kind::Header(h) => Cond::Header(
+            HeaderName::from_bytes(h.name.to_ascii_lowercase().as_bytes())
+                .map_err(|_| ctx.err(format!("`{}` is not a header name", h.name)))?,
+            HeaderValue::from_str(&h.value)
+                .map_err(|_| ctx.err(format!("`{}` is not a header value", h.value)))?,
+        ),
+        Kind::Consumer(c) => Cond::Consumer(c.as_str().into()),
+        Kind::CallsTo(s) => Cond::CallsTo(s.as_str().into()),
+        Kind::Any(_) => Cond::Any,
+        Kind::And(list) | Kind::Or(list) => {
+            if list.exprs.is_empty() {
+                return Err(ctx.err("an `and`/`or` list is empty"));
+            }
+            let items = list
+                .exprs
+                .iter()
+                .map(|e| cond(ctx, e, depth + 1))
+                .collect::<Result<Vec<_>, _>>()?
+                .into_boxed_slice();
+            if matches!(kind, Kind::And(_)) {
+                Cond::And(items)
+            } else {
+                Cond::Or(items)
+            }
+        }
+    })
 }
