@@ -312,7 +312,10 @@ impl Lower<'_, '_> {
                             status: u32_of(status.node),
                             every_ms: unsigned(millis(&every.node)),
                             after_ms: after.as_ref().map_or(0, |d| unsigned(millis(&d.node))),
-                            timeout_ms: timeout.as_ref().map_or(0, |d| unsigned(millis(&d.node))),
+                            timeout_ms: timeout.as_ref().map_or_else(
+                                || compiled::probe_timeout_ms(unsigned(millis(&every.node))),
+                                |d| unsigned(millis(&d.node)),
+                            ),
                         }),
                         *span,
                     ),

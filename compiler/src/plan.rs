@@ -463,7 +463,8 @@ fn warmup_text(s: &pb::WarmupStep) -> String {
             if r.after_ms != 0 {
                 let _ = write!(s, " after {}", fmt_ms(r.after_ms));
             }
-            if r.timeout_ms != 0 {
+            // The compiler writes the period when the text gives no timeout.
+            if r.timeout_ms != gov_proto::compiled::probe_timeout_ms(r.every_ms) {
                 let _ = write!(s, " timeout {}", fmt_ms(r.timeout_ms));
             }
             s

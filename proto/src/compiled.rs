@@ -6,6 +6,7 @@
 
 use crate::v1::{
     ErrorClass, Mode, Recovery, Rule, StatusRange, TargetConfig, recovery, rule::Spec,
+    warmup_step::Step as WarmupStep,
 };
 
 /// The request header that carries the caller's identity.
@@ -16,6 +17,12 @@ pub const BULKHEAD_REJECT_STATUS: u32 = 408;
 pub const LIMIT_REJECT_STATUS: u32 = 429;
 /// A fuse's rejection: 503 Service Unavailable.
 pub const FUSE_REJECT_STATUS: u32 = 503;
+
+/// A readiness probe's per-poll timeout when it says none: its period
+/// (`every`), so that one slow answer never overlaps the next poll.
+pub fn probe_timeout_ms(every_ms: u64) -> u64 {
+    every_ms
+}
 
 /// A fuse's business errors when it classifies none: status 500..=599.
 pub fn business_errors() -> ErrorClass {
@@ -61,6 +68,14 @@ pub fn fill(target: &mut TargetConfig) {
     }
     for rule in &mut target.rules {
         fill_rule(rule);
+    }
+    let steps = target.warmup.iter_mut().flat_map(|w| &mut w.steps);
+    for step in steps {
+        if let Some(WarmupStep::Ready(probe)) = &mut step.step
+            && probe.timeout_ms == 0
+        {
+            probe.timeout_ms = probe_timeout_ms(probe.every_ms);
+        }
     }
 }
 

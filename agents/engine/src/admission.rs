@@ -3,7 +3,7 @@
 //! its outcome (fuses, latency), the bytes it streams (byte limits), and the
 //! release of its permits.
 //!
-//! Every rule is reached through [`crate::primitive::State`], so nothing here
+//! Every rule is reached through [`crate::state::State`], so nothing here
 //! knows a rule kind. Statistics (admitted, latency) and fuse windows are
 //! counted in the calling thread's stripe ([`crate::stripe`]), without a
 //! locked instruction.
@@ -15,9 +15,10 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::outcome::Outcome;
-use crate::primitive::{Answer, Grant, Scope};
+use crate::primitive::{Answer, Grant};
 use crate::rejection::{RejectReason, Rejection};
 use crate::snapshot::Snapshot;
+use crate::state::Scope;
 use crate::stripe::{self, Slot};
 
 /// One step of a decision: a matched rule and the scope (key) of this call.

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::config::{BulkheadKey, BulkheadSpec};
 use crate::outcome::Outcome;
-use crate::primitive::{Answer, Grant, Keys, Phase, Primitive, Scope};
+use crate::primitive::{Answer, Grant, Keys, Phase, Primitive};
 use crate::rejection::RejectReason;
 use crate::route::FxBuild;
 use crate::stats::Counters;
@@ -348,14 +348,16 @@ impl Drop for Queued<'_> {
 impl Primitive for Bulkhead {
     const PHASE: Phase = Phase::Bulkheads;
 
+    type Scope = CellRef;
+
     #[inline]
-    fn scope(&self, keys: &Keys<'_>) -> Scope {
-        Scope::Bulkhead(self.cell_for(keys.instance, keys.path))
+    fn scope(&self, keys: &Keys<'_>) -> CellRef {
+        self.cell_for(keys.instance, keys.path)
     }
 
     #[inline]
-    fn try_acquire(&self, scope: &Scope, _now: Instant, _start: Instant) -> Answer {
-        if self.try_take(self.scope_cell(Some(scope))) {
+    fn try_acquire(&self, scope: Option<&CellRef>, _now: Instant, _start: Instant) -> Answer {
+        if self.try_take(self.scope_cell(scope)) {
             Answer::Granted(Grant::default())
         } else if self.may_wait() {
             Answer::Wait(self.spec.max_wait)
@@ -366,17 +368,17 @@ impl Primitive for Bulkhead {
 
     async fn acquire(
         &self,
-        scope: &Scope,
+        scope: Option<&CellRef>,
         _start: Instant,
     ) -> Result<Grant, (RejectReason, Option<Duration>)> {
-        match self.wait_for(self.scope_cell(Some(scope))).await {
+        match self.wait_for(self.scope_cell(scope)).await {
             Ok(()) => Ok(Grant::default()),
             Err(reason) => Err((reason, None)),
         }
     }
 
     #[inline]
-    fn release(&self, scope: Option<&Scope>, _grant: Grant) {
+    fn release(&self, scope: Option<&CellRef>, _grant: Grant) {
         self.give(self.scope_cell(scope));
     }
 
@@ -401,12 +403,12 @@ impl Primitive for Bulkhead {
 }
 
 impl Bulkhead {
-    /// The cell of `scope` (`None`, or not a bulkhead's scope: the rule's own).
+    /// The cell of `scope` (`None`: the rule's own).
     #[inline]
-    fn scope_cell<'a>(&'a self, scope: Option<&'a Scope>) -> &'a Cell {
+    fn scope_cell<'a>(&'a self, scope: Option<&'a CellRef>) -> &'a Cell {
         match scope {
-            Some(Scope::Bulkhead(r)) => self.cell(r),
-            _ => &self.single,
+            Some(r) => self.cell(r),
+            None => &self.single,
         }
     }
 }

@@ -16,11 +16,12 @@ use tokio::time::Instant;
 
 use crate::admission::{Admission, Pending, Step, StepError, Steps};
 use crate::config::{CompiledConfig, Direction, RuleId};
-use crate::primitive::{Keys, Phase, State};
+use crate::primitive::{Keys, Phase};
 use crate::rejection::Rejection;
 use crate::request::RequestInfo;
 use crate::route::{Matched, View};
 use crate::snapshot::Snapshot;
+use crate::state::State;
 use crate::stripe;
 
 /// The result of [`Engine::try_admit`](crate::Engine::try_admit).

@@ -30,11 +30,11 @@ pub use crate::decision::Decision;
 use crate::decision::{admit_matched, route};
 use crate::events::{Event, Events};
 use crate::latch::{Latch, LatchKind, Restored};
-use crate::primitive::State;
 use crate::rejection::Rejection;
 pub use crate::request::{RequestInfo, Target};
 use crate::route::Matched;
 use crate::snapshot::{CACHE, Snapshot};
+use crate::state::State;
 use crate::stats::{FuseState, RuleStats};
 
 /// The enforcement engine of one service. Cheap to clone (one `Arc`).

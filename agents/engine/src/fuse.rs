@@ -25,7 +25,7 @@ use crate::config::{CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, Tri
 use crate::events::{EventKind, Events};
 use crate::latch::{self, Latch, LatchKind, Restored};
 use crate::outcome::Outcome;
-use crate::primitive::{Answer, Grant, Keys, Phase, Primitive, Scope};
+use crate::primitive::{Answer, Grant, Keys, Phase, Primitive};
 use crate::rejection::RejectReason;
 use crate::stats::RuleStats;
 use crate::stats::{Counters, FuseState};
@@ -414,13 +414,14 @@ fn percent(milli: u128) -> String {
 impl Primitive for Fuse {
     const PHASE: Phase = Phase::Fuses;
 
-    #[inline]
-    fn scope(&self, _keys: &Keys<'_>) -> Scope {
-        Scope::Rule
-    }
+    /// A fuse counts every call of its rule together.
+    type Scope = ();
 
     #[inline]
-    fn try_acquire(&self, _scope: &Scope, now: Instant, _start: Instant) -> Answer {
+    fn scope(&self, _keys: &Keys<'_>) {}
+
+    #[inline]
+    fn try_acquire(&self, _scope: Option<&()>, now: Instant, _start: Instant) -> Answer {
         match self.try_admit(now) {
             Ok(probe) => Answer::Granted(Grant {
                 probe,
@@ -436,7 +437,7 @@ impl Primitive for Fuse {
 
     async fn acquire(
         &self,
-        scope: &Scope,
+        scope: Option<&()>,
         start: Instant,
     ) -> Result<Grant, (RejectReason, Option<Duration>)> {
         match self.try_acquire(scope, Instant::now(), start) {
@@ -448,7 +449,7 @@ impl Primitive for Fuse {
     }
 
     #[inline]
-    fn release(&self, _scope: Option<&Scope>, grant: Grant) {
+    fn release(&self, _scope: Option<&()>, grant: Grant) {
         if grant.probe {
             self.abandon_probe();
         }

@@ -75,6 +75,7 @@ pub mod rejection;
 pub mod request;
 pub mod route;
 mod snapshot;
+mod state;
 pub mod stats;
 mod stripe;
 mod window;

@@ -40,7 +40,7 @@ use crate::events::{EventKind, Events};
 use crate::config::LimitAction;
 use crate::latch::{self, Latch as Kept, LatchKind, Restored};
 use crate::outcome::Outcome;
-use crate::primitive::{Answer, Grant, Keys, Phase, Primitive, Scope, Waiting};
+use crate::primitive::{Answer, Grant, Keys, Phase, Primitive, Waiting};
 use crate::rejection::RejectReason;
 use crate::route::FxBuild;
 use crate::stats::Counters;
@@ -548,23 +548,25 @@ static SINGLE: CellRef = CellRef::Single;
 impl Primitive for Limit {
     const PHASE: Phase = Phase::Limits;
 
+    type Scope = CellRef;
+
     #[inline]
-    fn scope(&self, keys: &Keys<'_>) -> Scope {
+    fn scope(&self, keys: &Keys<'_>) -> CellRef {
         let key = match self.spec.key {
             LimitKey::All | LimitKey::Domain => None,
             LimitKey::Service => keys.target,
             LimitKey::Consumer => keys.consumer,
         };
-        Scope::Limit(self.cell_for(key))
+        self.cell_for(key)
     }
 
     #[inline]
-    fn try_acquire(&self, scope: &Scope, now: Instant, start: Instant) -> Answer {
+    fn try_acquire(&self, scope: Option<&CellRef>, now: Instant, start: Instant) -> Answer {
         if self.remote() {
             // `sync exact`: counted in the store, asynchronously.
             return Answer::Wait(Duration::ZERO);
         }
-        let cell = self.cell(scope_ref(Some(scope)));
+        let cell = self.cell(scope_ref(scope));
         match self.try_admit(cell, now) {
             Ok(()) => Answer::Granted(self.grant()),
             Err(e) => self.shape(cell, e, now, start),
@@ -573,12 +575,12 @@ impl Primitive for Limit {
 
     async fn acquire(
         &self,
-        scope: &Scope,
+        scope: Option<&CellRef>,
         start: Instant,
     ) -> Result<Grant, (RejectReason, Option<Duration>)> {
         // A `sync exact` call in flight to the store is not "waiting".
         let _waiting = (!self.remote()).then(|| Waiting::new(&self.counters));
-        let cell = self.cell(scope_ref(Some(scope)));
+        let cell = self.cell(scope_ref(scope));
         loop {
             let now = Instant::now();
             let answer = if self.remote() {
@@ -599,12 +601,12 @@ impl Primitive for Limit {
         }
     }
 
-    fn release(&self, _scope: Option<&Scope>, _grant: Grant) {}
+    fn release(&self, _scope: Option<&CellRef>, _grant: Grant) {}
 
     fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Instant) {}
 
     #[inline]
-    fn add_bytes(&self, scope: Option<&Scope>, n: u64, now: Instant) {
+    fn add_bytes(&self, scope: Option<&CellRef>, n: u64, now: Instant) {
         self.count_bytes(self.cell(scope_ref(scope)), n, now);
     }
 
@@ -634,13 +636,10 @@ impl Primitive for Limit {
     }
 }
 
-/// The limit scope in `scope` (`None`, or not a limit's: the rule's own).
+/// The limit scope in `scope` (`None`: the rule's own).
 #[inline]
-fn scope_ref(scope: Option<&Scope>) -> &CellRef {
-    match scope {
-        Some(Scope::Limit(c)) => c,
-        _ => &SINGLE,
-    }
+fn scope_ref(scope: Option<&CellRef>) -> &CellRef {
+    scope.unwrap_or(&SINGLE)
 }
 
 impl Limit {

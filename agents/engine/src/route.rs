@@ -17,7 +17,16 @@ use std::hash::{BuildHasherDefault, Hasher};
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use smallvec::SmallVec;
 
-use crate::config::{Direction, Rule, RuleId};
+/// Inbound (server side) or outbound (client side, `calls to X`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    Inbound,
+    Outbound,
+}
+
+/// A dense index into [`CompiledConfig::rules`], valid for one config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleId(pub u32);
 
 /// Matched rules kept inline (no allocation) per request.
 pub const INLINE_RULES: usize = 8;
@@ -290,19 +299,24 @@ fn len_bit(len: usize) -> u64 {
 }
 
 impl Router {
-    pub(crate) fn new(rules: &[Rule], direction: Direction) -> Self {
+    /// The router of `direction` over every rule's direction and match, in
+    /// rule-id order.
+    pub(crate) fn new<'a>(
+        rules: impl IntoIterator<Item = (Direction, &'a Cond)>,
+        direction: Direction,
+    ) -> Self {
         let mut router = Router::default();
         let mut prefixes: HashMap<&str, Vec<Entry>> = HashMap::new();
-        for (i, rule) in rules.iter().enumerate() {
-            if rule.direction != direction {
+        for (i, (rule_direction, on)) in rules.into_iter().enumerate() {
+            if rule_direction != direction {
                 continue;
             }
             // The config has at most MAX_RULES rules, so the index fits.
             let id = RuleId(u32::try_from(i).unwrap_or(u32::MAX));
-            match rule.on.required_path() {
+            match on.required_path() {
                 Some(PathReq::Exact(p)) => {
                     router.exact_lens |= len_bit(p.len());
-                    let rest = rule.on.residual();
+                    let rest = on.residual();
                     router
                         .exact
                         .entry(p.into())
@@ -310,12 +324,12 @@ impl Router {
                         .push(Entry { id, rest });
                 }
                 Some(PathReq::Prefix(p)) => {
-                    let rest = rule.on.residual();
+                    let rest = on.residual();
                     prefixes.entry(p).or_default().push(Entry { id, rest });
                 }
                 None => router.always.push(Entry {
                     id,
-                    rest: Some(rule.on.clone()),
+                    rest: Some(on.clone()),
                 }),
             }
         }

@@ -17,8 +17,8 @@ use http::StatusCode;
 use crate::cluster::ClusterStore;
 use crate::config::CompiledConfig;
 use crate::events::Events;
-use crate::primitive::State;
 use crate::rejection::{RejectReason, Rejection};
+use crate::state::State;
 use crate::stripe;
 
 /// One config and the state of each of its rules. Cache-line aligned, so

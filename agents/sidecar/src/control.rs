@@ -25,8 +25,7 @@
 //! stats at once.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::Write as _;
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -38,6 +37,11 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use gov_engine::{Engine, Latch, Restored};
+
+use crate::state_dir::write_atomically;
+pub use backoff::Backoff;
+
+mod backoff;
 
 /// File name of the last good config in the state directory.
 pub const LAST_GOOD_FILE: &str = "last-good-config.json";
@@ -171,60 +175,6 @@ pub enum ControlError {
     Corrupt { path: PathBuf, reason: String },
 }
 
-// === backoff ===
-
-/// Exponential backoff with jitter: attempt `n` waits a random time in
-/// `[d/2, d]` where `d = min(max, initial * 2^n)` ("equal jitter"), so a
-/// control-plane restart is not met by every agent at the same instant.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    pub initial: Duration,
-    pub max: Duration,
-    attempt: u32,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self::new(Duration::from_millis(100), Duration::from_secs(30))
-    }
-}
-
-impl Backoff {
-    pub fn new(initial: Duration, max: Duration) -> Self {
-        Self {
-            initial,
-            max: max.max(initial),
-            attempt: 0,
-        }
-    }
-
-    /// The ceiling of the next delay (before jitter).
-    pub fn ceiling(&self) -> Duration {
-        let factor = 1u32.checked_shl(self.attempt.min(31)).unwrap_or(u32::MAX);
-        self.initial.saturating_mul(factor).min(self.max)
-    }
-
-    /// The next delay, drawn with `rng`.
-    pub fn next_with(&mut self, rng: &mut impl rand::Rng) -> Duration {
-        let ceiling = self.ceiling();
-        self.attempt = self.attempt.saturating_add(1);
-        // Whole milliseconds: the resolution of tokio's timer.
-        let ceiling_ms = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
-        let half = ceiling_ms / 2;
-        Duration::from_millis(half + rng.random_range(0..=ceiling_ms - half))
-    }
-
-    /// The next delay.
-    pub fn next_delay(&mut self) -> Duration {
-        self.next_with(&mut rand::rng())
-    }
-
-    /// After a session that got as far as the stream: start over.
-    pub fn reset(&mut self) {
-        self.attempt = 0;
-    }
-}
-
 // === the last good config on disk ===
 
 /// Reads the last good config of `service` from `dir` (`None`: there is
@@ -268,39 +218,6 @@ pub fn write_last_good(dir: &Path, target: &proto::TargetConfig) -> Result<(), C
         path: e.path,
         source: e.source,
     })
-}
-
-/// A failed step of [`write_atomically`].
-#[derive(Debug)]
-pub(crate) struct WriteFailed {
-    pub(crate) op: &'static str,
-    pub(crate) path: PathBuf,
-    pub(crate) source: std::io::Error,
-}
-
-/// Replaces `dir/name` with `bytes` so that a crash at any point leaves the old
-/// file or the new one, never a mix: a temp file, fsync, rename, fsync of the
-/// directory. Creates `dir` if needed.
-pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), WriteFailed> {
-    fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> WriteFailed + 'a {
-        move |source| WriteFailed {
-            op,
-            path: path.to_owned(),
-            source,
-        }
-    }
-    fs::create_dir_all(dir).map_err(io("create", dir))?;
-    let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let mut file = File::create(&tmp).map_err(io("create", &tmp))?;
-    file.write_all(bytes).map_err(io("write", &tmp))?;
-    file.sync_all().map_err(io("sync", &tmp))?;
-    drop(file);
-    fs::rename(&tmp, &path).map_err(io("rename", &path))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io("sync", dir))?;
-    Ok(())
 }
 
 // === the client ===
@@ -402,7 +319,7 @@ fn check(
             None,
         ));
     }
-    Ok(())
+    crate::lifecycle::check_steps(target).map_err(|e| (e.to_string(), None))
 }
 
 /// One stream: hello, then configs and commands in, ACK/NACK, stats and

@@ -112,7 +112,7 @@ pub fn write_latches(dir: &Path, service: &str, latches: &[Latch]) -> Result<(),
         serde_json::to_value(&wire).map_err(unusable)?,
     );
     let bytes = serde_json::to_vec_pretty(&doc).map_err(unusable)?;
-    crate::control::write_atomically(dir, LATCHES_FILE, &bytes).map_err(|e| LatchFileError::Io {
+    crate::state_dir::write_atomically(dir, LATCHES_FILE, &bytes).map_err(|e| LatchFileError::Io {
         op: e.op,
         path: e.path,
         source: e.source,

@@ -12,3 +12,4 @@ pub mod health;
 pub mod latches;
 pub mod lifecycle;
 pub mod sidecar;
+mod state_dir;

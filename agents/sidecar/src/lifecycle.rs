@@ -53,8 +53,10 @@ use crate::health::Health;
 /// hook must not hold up a shutdown forever.
 pub const ACTION_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Full weight: 100% in milli-percent.
-pub const FULL_WEIGHT: u32 = 100_000;
+use steps::signal_named;
+pub use steps::{FULL_WEIGHT, InvalidStep, check as check_steps};
+
+mod steps;
 
 /// What the lifecycle reports: phase and slow-start weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,28 +126,6 @@ impl LocalService for HttpService {
                 .map_err(|e| format!("cannot send `{name}` to process {pid}: {e}"))
         })
     }
-}
-
-/// The signal called `name`, with or without `SIG`, in any case: those a
-/// service may be asked to act on.
-fn signal_named(name: &str) -> Option<rustix::process::Signal> {
-    use rustix::process::Signal;
-    let upper = name.to_ascii_uppercase();
-    Some(match upper.strip_prefix("SIG").unwrap_or(&upper) {
-        "HUP" => Signal::HUP,
-        "INT" => Signal::INT,
-        "QUIT" => Signal::QUIT,
-        "USR1" => Signal::USR1,
-        "USR2" => Signal::USR2,
-        "TERM" => Signal::TERM,
-        "KILL" => Signal::KILL,
-        "CONT" => Signal::CONT,
-        "STOP" => Signal::STOP,
-        "TSTP" => Signal::TSTP,
-        "ALRM" => Signal::ALARM,
-        "WINCH" => Signal::WINCH,
-        _ => return None,
-    })
 }
 
 async fn http_call(upstream: &Authority, method: &str, path: &str) -> Result<u16, String> {
@@ -270,7 +250,15 @@ impl Lifecycle {
     /// Takes the warmup and shutdown steps of `target` (each config in force calls
     /// it). Call it before marking the config loaded: when the first plan has warmup
     /// steps, `/ready` is held at 503 until the warmup registers the instance.
+    ///
+    /// The agent checks a config's steps ([`check_steps`]) before it takes the
+    /// config; steps that do not pass are not taken here either (the plan in
+    /// force stays), so that no step runs without its values.
     pub fn set_plan(&self, target: &proto::TargetConfig) {
+        if let Err(error) = check_steps(target) {
+            tracing::error!(%error, "the config's steps are refused; the lifecycle keeps its plan");
+            return;
+        }
         let plan = Plan {
             warmup: target
                 .warmup
@@ -376,18 +364,12 @@ impl Lifecycle {
     }
 
     async fn probe(&self, probe: &proto::ReadyProbe) {
-        let (method, path) = probe
-            .probe
-            .as_ref()
-            .map_or(("GET", "/"), |c| (c.method.as_str(), c.path.as_str()));
-        let method = if method.is_empty() { "GET" } else { method };
-        let expected = if probe.status == 0 { 200 } else { probe.status };
-        let every = Duration::from_millis(probe.every_ms.max(1));
-        let timeout = if probe.timeout_ms == 0 {
-            every
-        } else {
-            Duration::from_millis(probe.timeout_ms)
-        };
+        // Every value is there and usable: `set_plan` took only checked steps.
+        let Some(call) = &probe.probe else { return };
+        let (method, path) = (call.method.as_str(), call.path.as_str());
+        let expected = probe.status;
+        let every = Duration::from_millis(probe.every_ms);
+        let timeout = Duration::from_millis(probe.timeout_ms);
         tokio::time::sleep(Duration::from_millis(probe.after_ms)).await;
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -410,8 +392,8 @@ impl Lifecycle {
     }
 
     async fn ramp(&self, ramp: &proto::Ramp) {
-        let from = ramp.from_milli_percent.min(FULL_WEIGHT);
-        let over = Duration::from_millis(ramp.over_ms.max(1));
+        let from = ramp.from_milli_percent;
+        let over = Duration::from_millis(ramp.over_ms);
         let start = Instant::now();
         // About 20 updates over the ramp, at most one a second, at least every 50ms.
         let step = (over / 20).clamp(Duration::from_millis(50), Duration::from_secs(1));
@@ -445,11 +427,7 @@ impl Lifecycle {
     async fn action(&self, invoke: &proto::Invoke) -> Result<(), String> {
         match invoke.action.as_ref().and_then(|a| a.kind.as_ref()) {
             Some(proto::action::Kind::Http(call)) => {
-                let method = if call.method.is_empty() {
-                    "POST"
-                } else {
-                    call.method.as_str()
-                };
+                let method = call.method.as_str();
                 match self.parts.service.call(method, &call.path).await {
                     Ok(status) if (200..300).contains(&status) => Ok(()),
                     Ok(status) => Err(format!("`{method} {}` answered {status}", call.path)),

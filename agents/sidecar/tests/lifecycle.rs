@@ -724,4 +724,77 @@ async fn the_kubernetes_pre_stop_hook_runs_the_shutdown_steps() {
     tokio::time::timeout(Duration::from_secs(10), sidecar.stopped())
         .await
         .expect("the agent stopped");
+
+/// The agent fills in no step value: a probe without its timeout, status or
+/// period, a ramp without its length, a stop without its action, each keeps
+/// the sidecar from starting with an error that names the step, and the
+/// same config with the values starts.
+#[tokio::test]
+async fn a_step_without_a_value_the_compiler_writes_is_refused_naming_the_step() {
+    let upstream = Upstream::start(0).await;
+    let probe = |status, every_ms, timeout_ms| {
+        Up::Ready(proto::ReadyProbe {
+            probe: Some(proto::HttpCall {
+                method: "GET".into(),
+                path: "/health".into(),
+            }),
+            status,
+            every_ms,
+            after_ms: 0,
+            timeout_ms,
+        })
+    };
+    let refused: [(Vec<Up>, Vec<Down>, &str); 6] = [
+        (vec![probe(200, 50, 0)], vec![], "`timeout_ms` is missing"),
+        (vec![probe(0, 50, 50)], vec![], "`status` is missing"),
+        (vec![probe(200, 0, 50)], vec![], "`every_ms` is missing"),
+        (
+            vec![Up::Ready(proto::ReadyProbe {
+                probe: Some(proto::HttpCall {
+                    method: String::new(),
+                    path: "/health".into(),
+                }),
+                status: 200,
+                every_ms: 50,
+                after_ms: 0,
+                timeout_ms: 50,
+            })],
+            vec![],
+            "`probe.method` is missing",
+        ),
+        (
+            vec![Up::Ramp(proto::Ramp {
+                over_ms: 0,
+                from_milli_percent: 0,
+            })],
+            vec![],
+            "`over_ms` is missing",
+        ),
+        (
+            vec![],
+            vec![Down::Stop(proto::Invoke {
+                what: "consumers".into(),
+                action: None,
+            })],
+            "`action` is missing",
+        ),
+    ];
+    for (warmup, shutdown, problem) in refused {
+        let dir = tempfile::tempdir().unwrap();
+        let path = config(&dir, warmup, shutdown);
+        let mut options = Options::new("order", upstream.addr.to_string().parse().unwrap());
+        options.config = Some(path);
+        let error = match Sidecar::start(options).await {
+            Ok(_) => panic!("a config whose step lacks a value starts ({problem})"),
+            Err(error) => error.to_string(),
+        };
+        assert!(
+            error.contains(problem) && error.contains(" step `"),
+            "{error:?} should name the step and say {problem:?}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = start(&upstream, config(&dir, vec![probe(200, 50, 50)], vec![])).await;
+    sidecar.shutdown();
+    sidecar.stopped().await;
 }

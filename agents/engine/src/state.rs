@@ -1,0 +1,204 @@
+//! The state of one rule, enum-dispatched over the primitives: [`State`]
+//! is a closed enum (no `dyn`, no allocation), so a decision matches once
+//! per step and the primitive's method is inlined, and [`Scope`] is the
+//! scope of one call in whichever primitive decided it. Adding a primitive
+//! means one file implementing [`Primitive`] and one variant here (in
+//! `State`, `State::new`, `Scope` if it keys its calls, and `dispatch!`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use tokio::time::Instant;
+
+use crate::bulkhead::{self, Bulkhead};
+use crate::cluster::ClusterStore;
+use crate::config::RuleSpec;
+use crate::events::Events;
+use crate::fuse::Fuse;
+use crate::latch::{Latch, Restored};
+use crate::limit::{self, Limit};
+use crate::outcome::Outcome;
+use crate::primitive::{Answer, Grant, Keys, Phase, Primitive};
+use crate::rejection::RejectReason;
+use crate::stats::{Counters, RuleStats};
+use crate::stripe::Slot;
+
+/// The scope one call is counted in, resolved before the decision.
+#[derive(Clone, Debug)]
+pub(crate) enum Scope {
+    /// The rule's own (fuses; unkeyed limits and bulkheads).
+    Rule,
+    Limit(limit::CellRef),
+    Bulkhead(bulkhead::CellRef),
+}
+
+impl Scope {
+    /// Whether the scope is a keyed one (an `Arc` the admission keeps).
+    pub(crate) fn is_keyed(&self) -> bool {
+        matches!(
+            self,
+            Scope::Limit(limit::CellRef::Keyed(_)) | Scope::Bulkhead(bulkhead::CellRef::Keyed(_))
+        )
+    }
+
+    /// The bulkhead's scope in this one (`None`: the rule's own).
+    #[inline]
+    fn bulkhead(&self) -> Option<&bulkhead::CellRef> {
+        match self {
+            Scope::Bulkhead(c) => Some(c),
+            Scope::Rule | Scope::Limit(_) => None,
+        }
+    }
+
+    /// The limit's scope in this one (`None`: the rule's own).
+    #[inline]
+    fn limit(&self) -> Option<&limit::CellRef> {
+        match self {
+            Scope::Limit(c) => Some(c),
+            Scope::Rule | Scope::Bulkhead(_) => None,
+        }
+    }
+}
+
+/// The state of one rule: one of the primitives, enum-dispatched.
+#[derive(Clone, Debug)]
+pub(crate) enum State {
+    Bulkhead(Arc<Bulkhead>),
+    Limit(Arc<Limit>),
+    Fuse(Arc<Fuse>),
+}
+
+/// Calls `$method` on the primitive inside a [`State`].
+macro_rules! dispatch {
+    ($state:expr, $p:ident => $call:expr) => {
+        match $state {
+            State::Bulkhead($p) => $call,
+            State::Limit($p) => $call,
+            State::Fuse($p) => $call,
+        }
+    };
+}
+
+impl State {
+    pub(crate) fn new(
+        spec: &RuleSpec,
+        name: &Arc<str>,
+        events: &Events,
+        cluster: Option<&ClusterStore>,
+    ) -> Self {
+        match spec {
+            RuleSpec::Bulkhead(s) => State::Bulkhead(Arc::new(Bulkhead::new(s.clone()))),
+            RuleSpec::Limit(s) => {
+                let limit = Arc::new(Limit::new(s.clone(), name.clone(), events.clone(), cluster));
+                limit.start();
+                State::Limit(limit)
+            }
+            RuleSpec::Fuse(s) => {
+                State::Fuse(Arc::new(Fuse::new(s.clone(), name.clone(), events.clone())))
+            }
+        }
+    }
+
+    #[inline]
+    pub(crate) fn phase(&self) -> Phase {
+        fn phase<P: Primitive>(_: &P) -> Phase {
+            P::PHASE
+        }
+        dispatch!(self, p => phase(&**p))
+    }
+
+    #[inline]
+    pub(crate) fn scope(&self, keys: &Keys<'_>) -> Scope {
+        match self {
+            State::Bulkhead(b) => Scope::Bulkhead(Primitive::scope(&**b, keys)),
+            State::Limit(l) => Scope::Limit(Primitive::scope(&**l, keys)),
+            State::Fuse(f) => {
+                Primitive::scope(&**f, keys);
+                Scope::Rule
+            }
+        }
+    }
+
+    #[inline]
+    pub(crate) fn try_acquire(&self, scope: &Scope, now: Instant, start: Instant) -> Answer {
+        match self {
+            State::Bulkhead(b) => Primitive::try_acquire(&**b, scope.bulkhead(), now, start),
+            State::Limit(l) => Primitive::try_acquire(&**l, scope.limit(), now, start),
+            State::Fuse(f) => Primitive::try_acquire(&**f, None, now, start),
+        }
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        scope: &Scope,
+        start: Instant,
+    ) -> Result<Grant, (RejectReason, Option<Duration>)> {
+        match self {
+            State::Bulkhead(b) => Primitive::acquire(&**b, scope.bulkhead(), start).await,
+            State::Limit(l) => Primitive::acquire(&**l, scope.limit(), start).await,
+            State::Fuse(f) => Primitive::acquire(&**f, None, start).await,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn release(&self, scope: Option<&Scope>, grant: Grant) {
+        match self {
+            State::Bulkhead(b) => Primitive::release(&**b, scope.and_then(Scope::bulkhead), grant),
+            State::Limit(l) => Primitive::release(&**l, scope.and_then(Scope::limit), grant),
+            State::Fuse(f) => Primitive::release(&**f, None, grant),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Instant) {
+        dispatch!(self, p => Primitive::record(&**p, slot, outcome, grant, now))
+    }
+
+    #[inline]
+    pub(crate) fn add_bytes(&self, scope: Option<&Scope>, n: u64, now: Instant) {
+        match self {
+            State::Bulkhead(b) => {
+                Primitive::add_bytes(&**b, scope.and_then(Scope::bulkhead), n, now)
+            }
+            State::Limit(l) => Primitive::add_bytes(&**l, scope.and_then(Scope::limit), n, now),
+            State::Fuse(f) => Primitive::add_bytes(&**f, None, n, now),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn timeout(&self) -> Option<Duration> {
+        dispatch!(self, p => Primitive::timeout(&**p))
+    }
+
+    #[inline]
+    pub(crate) fn needs_consumer(&self) -> bool {
+        dispatch!(self, p => Primitive::needs_consumer(&**p))
+    }
+
+    pub(crate) fn reject_status(&self) -> StatusCode {
+        dispatch!(self, p => Primitive::reject_status(&**p))
+    }
+
+    #[inline]
+    pub(crate) fn counters(&self) -> &Counters {
+        dispatch!(self, p => Primitive::counters(&**p))
+    }
+
+    pub(crate) fn stats(&self, stats: &mut RuleStats) {
+        dispatch!(self, p => Primitive::stats(&**p, stats))
+    }
+
+    pub(crate) fn latches(&self, now: Instant, now_unix_ms: u64, out: &mut Vec<Latch>) {
+        dispatch!(self, p => Primitive::latches(&**p, now, now_unix_ms, out))
+    }
+
+    pub(crate) fn restore(
+        &self,
+        latch: &Latch,
+        now: Instant,
+        now_unix_ms: u64,
+    ) -> Option<Restored> {
+        dispatch!(self, p => Primitive::restore(&**p, latch, now, now_unix_ms))
+    }
+}
