@@ -22,6 +22,13 @@ use tonic::Status;
 use crate::latches::{self, Latches};
 use crate::store::{AppliedPolicy, HistoryEntry, KnownAgent, Persisted, Trip, TripKind};
 
+mod latched;
+mod registry;
+mod sync;
+
+use latched::{release_message, trip_kind};
+use registry::{Removal, endpoints_message};
+
 /// Messages queued to one agent's stream.
 pub type AgentTx = mpsc::Sender<Result<pb::ControlMessage, Status>>;
 
@@ -127,21 +134,6 @@ pub struct Effect {
 
 /// 100% slow-start weight.
 const FULL_WEIGHT: u32 = 100_000;
-
-/// A deregistration waiting for every agent's acknowledgement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Removal {
-    /// The set without the instance is not pushed yet.
-    Pending,
-    /// Pushed as this version.
-    Pushed(u64),
-}
-
-fn endpoints_message(endpoints: pb::Endpoints) -> pb::ControlMessage {
-    pb::ControlMessage {
-        msg: Some(pb::control_message::Msg::Endpoints(endpoints)),
-    }
-}
 
 // === impl Agent ===
 
@@ -475,45 +467,6 @@ impl State {
         (key, id)
     }
 
-    /// Queues an `Arm` command for every latch of `key`'s service that this
-    /// instance held (or was marked as not enforcing) and that is not in `held`.
-    fn rearm(&self, key: &AgentKey, held: &BTreeSet<(TripKind, String)>, out: &mut Outbox) {
-        let Some(conn) = self.agents.get(key).and_then(|a| a.conn.as_ref()) else {
-            return;
-        };
-        let (service, instance) = key;
-        for trip in self.latches.iter() {
-            let ours = trip.rule.split_once('/').map(|(s, _)| s) == Some(service.as_str());
-            let held_here =
-                trip.instances.contains(instance) || trip.not_enforced.contains(instance);
-            if !ours || !held_here || held.contains(&(trip.kind, trip.rule.clone())) {
-                continue;
-            }
-            tracing::info!(rule = %trip.rule, %instance, kind = trip.kind.as_str(), "re-arming a latch the agent lost");
-            let latch = pb::Latch {
-                kind: match trip.kind {
-                    TripKind::Fuse => pb::ReleaseKind::Fuse,
-                    TripKind::Limit => pb::ReleaseKind::Limit,
-                } as i32,
-                rule: trip.rule.clone(),
-                key: String::new(),
-                since_unix_ms: trip.since_unix_ms,
-                deadline_unix_ms: trip.deadline_unix_ms.unwrap_or(0),
-                reason: trip.reason.clone(),
-            };
-            out.push(Outgoing {
-                key: key.clone(),
-                conn: conn.id,
-                tx: conn.tx.clone(),
-                msg: pb::ControlMessage {
-                    msg: Some(pb::control_message::Msg::Command(pb::Command {
-                        kind: Some(pb::command::Kind::Arm(latch)),
-                    })),
-                },
-            });
-        }
-    }
-
     /// How long ago the agent holding `service`/`instance` was last heard from,
     /// if it is connected and was heard from within [`LIVE_FOR_MS`]: a second
     /// agent claiming a live name is refused (its stats, releases and endpoint
@@ -525,97 +478,6 @@ impl State {
             .get(&(service.to_owned(), instance.to_owned()))?;
         let ago = now.saturating_sub(agent.last_seen_unix_ms);
         (agent.conn.is_some() && ago < LIVE_FOR_MS).then_some(ago)
-    }
-
-    /// The registered instances of `service` (govd is the registry of record):
-    /// connected agents whose lifecycle says WARMING (registered, ramping up) or
-    /// READY, with the address their inbound listener has and their weight.
-    pub fn endpoints(&self, service: &str) -> pb::Endpoints {
-        pb::Endpoints {
-            service: service.to_owned(),
-            version: self.endpoints_version.get(service).copied().unwrap_or(0),
-            instances: self
-                .agents
-                .values()
-                .filter(|a| a.service == service && a.is_registered())
-                .map(|a| pb::Instance {
-                    instance: a.instance.clone(),
-                    address: a.address.clone(),
-                    phase: a.phase as i32,
-                    weight_milli_percent: a.weight_milli_percent,
-                })
-                .collect(),
-        }
-    }
-
-    /// Queues to every connected agent the endpoints of each service whose set
-    /// changed since the last call (a registration, a deregistration, a lost
-    /// stream, a new weight).
-    pub fn endpoint_pushes(&mut self, out: &mut Outbox) {
-        for service in std::mem::take(&mut self.endpoints_changed) {
-            let version = self.endpoints_version.entry(service.clone()).or_insert(0);
-            *version += 1;
-            let version = *version;
-            for agent in self.agents.values_mut() {
-                if agent.service == service && agent.removal == Some(Removal::Pending) {
-                    agent.removal = Some(Removal::Pushed(version));
-                }
-            }
-            let msg = endpoints_message(self.endpoints(&service));
-            for (key, agent) in &self.agents {
-                if let Some(conn) = &agent.conn {
-                    out.push(Outgoing {
-                        key: key.clone(),
-                        conn: conn.id,
-                        tx: conn.tx.clone(),
-                        msg: msg.clone(),
-                    });
-                }
-            }
-        }
-        self.confirm_removals(out);
-    }
-
-    /// Tells each deregistered instance whose removal every other connected
-    /// agent has acknowledged (its `wait for gov` step ends).
-    fn confirm_removals(&mut self, out: &mut Outbox) {
-        let acked = |agents: &BTreeMap<AgentKey, Agent>, me: &AgentKey, service: &str, v: u64| {
-            agents.iter().all(|(key, a)| {
-                key == me
-                    || a.conn.is_none()
-                    || a.endpoints_acked.get(service).is_some_and(|&got| got >= v)
-            })
-        };
-        let done: Vec<(AgentKey, u64)> = self
-            .agents
-            .iter()
-            .filter_map(|(key, a)| match a.removal {
-                Some(Removal::Pushed(v)) if acked(&self.agents, key, &a.service, v) => {
-                    Some((key.clone(), v))
-                }
-                _ => None,
-            })
-            .collect();
-        for (key, version) in done {
-            let Some(agent) = self.agents.get_mut(&key) else {
-                continue;
-            };
-            agent.removal = None;
-            if let Some(conn) = &agent.conn {
-                out.push(Outgoing {
-                    key: key.clone(),
-                    conn: conn.id,
-                    tx: conn.tx.clone(),
-                    msg: pb::ControlMessage {
-                        msg: Some(pb::control_message::Msg::Command(pb::Command {
-                            kind: Some(pb::command::Kind::Deregistered(pb::Deregistered {
-                                version,
-                            })),
-                        })),
-                    },
-                });
-            }
-        }
     }
 
     /// The stream `id` of `key` ended.
@@ -814,187 +676,7 @@ impl State {
             .iter()
             .all(|s| self.connected(s).all(|a| a.pending.is_none()))
     }
-
-    /// The sync state of `agent`, as `istioctl proxy-status` would show it.
-    pub fn sync_state(&self, agent: &Agent) -> (pb::SyncState, String, String) {
-        if agent.conn.is_none() {
-            return (
-                pb::SyncState::Disconnected,
-                agent.disconnect_reason.clone(),
-                String::new(),
-            );
-        }
-        if agent.pending.is_some() {
-            return (
-                pb::SyncState::Stale,
-                "sent, not yet acknowledged".into(),
-                String::new(),
-            );
-        }
-        let current = self.current_version(&agent.service);
-        if let Some(n) = &agent.nack
-            && current.as_deref() == Some(n.version.as_str())
-        {
-            return (pb::SyncState::Nacked, n.error.clone(), n.rule.clone());
-        }
-        match current {
-            Some(v) if v == agent.last_good => {
-                (pb::SyncState::Synced, String::new(), String::new())
-            }
-            Some(_) => (pb::SyncState::Stale, "not sent".into(), String::new()),
-            None => (
-                pb::SyncState::Stale,
-                "nothing applied yet: the agent enforces its own last good config".into(),
-                String::new(),
-            ),
-        }
-    }
-
-    /// The outcome of every agent of `services` (for `ApplyResult`).
-    pub fn outcomes(&self, services: &[String]) -> Vec<pb::AgentOutcome> {
-        self.agents
-            .values()
-            .filter(|a| services.contains(&a.service))
-            .map(|a| {
-                let (state, error, rule) = self.sync_state(a);
-                pb::AgentOutcome {
-                    service: a.service.clone(),
-                    instance: a.instance.clone(),
-                    state: state as i32,
-                    version: a.last_good.clone(),
-                    error: if state == pb::SyncState::Nacked {
-                        error
-                    } else {
-                        String::new()
-                    },
-                    rule,
-                }
-            })
-            .collect()
-    }
-
-    /// What [`State::release`] would return, without changing anything:
-    /// for the audit record written before the release takes effect.
-    pub fn release_preview(&self, kind: TripKind, rule: &str) -> (bool, Vec<String>) {
-        let service = rule.split_once('/').map_or("", |(s, _)| s);
-        let mut was = self.latches.contains(kind, rule);
-        let mut notified = Vec::new();
-        for a in self.connected(service) {
-            was |= reports_tripped(a, kind, rule);
-            notified.push(a.instance.clone());
-        }
-        (was, notified)
-    }
-
-    /// What `state.json` holds once `rule` is released.
-    pub fn persisted_without(&self, kind: TripKind, rule: &str, now: u64) -> Persisted {
-        let mut p = self.to_persisted();
-        p.trips.retain(|t| !(t.kind == kind && t.rule == rule));
-        p.releases.retain(|r| !(r.kind == kind && r.rule == rule));
-        p.releases.push(crate::store::Released {
-            kind,
-            rule: rule.to_owned(),
-            at_unix_ms: now,
-        });
-        p
-    }
-
-    /// Queues a release command to every connected agent of the rule's
-    /// service and forgets the trip. Returns (was tripped, instances notified).
-    // INVARIANT: called only after `persisted_without(kind, rule)` is on
-    // disk and the release is in the audit log.
-    pub fn release(
-        &mut self,
-        kind: TripKind,
-        rule: &str,
-        who: &str,
-        now: u64,
-        out: &mut Outbox,
-    ) -> (bool, Vec<String>) {
-        let service = rule.split_once('/').map_or("", |(s, _)| s).to_owned();
-        self.released.insert((kind, rule.to_owned()), now);
-        let mut was = self.latches.remove(kind, rule);
-        let mut notified = Vec::new();
-        for a in self.connected(&service) {
-            was |= reports_tripped(a, kind, rule);
-            if let Some(conn) = &a.conn {
-                out.push(Outgoing {
-                    key: (a.service.clone(), a.instance.clone()),
-                    conn: conn.id,
-                    tx: conn.tx.clone(),
-                    msg: release_message(kind, rule, who),
-                });
-                notified.push(a.instance.clone());
-            }
-        }
-        (was, notified)
-    }
-
-    /// The automatic recovery delay of fuse `rule` (`None`: manual).
-    pub fn fuse_recovery(&self, rule: &str) -> Option<u64> {
-        latches::fuse_recovery(self.bundle(), rule)
-    }
-
-    /// Limits whose `release after` deadline has passed.
-    pub fn expired(&self, now: u64) -> Vec<String> {
-        self.latches.expired(now)
-    }
-
-    /// The earliest limit deadline.
-    pub fn next_deadline(&self) -> Option<u64> {
-        self.latches.next_deadline()
-    }
-
-    /// Whether the applied policy has a fuse or limit called `rule`.
-    pub fn has_rule(&self, kind: TripKind, rule: &str) -> bool {
-        let Some((service, _)) = rule.split_once('/') else {
-            return false;
-        };
-        let Some(t) = self.target(service) else {
-            return false;
-        };
-        t.rule(rule).is_some_and(|r| r.kind() == kind.rule_kind())
-    }
 }
-
-/// The command that releases `rule` on an agent.
-fn release_message(kind: TripKind, rule: &str, who: &str) -> pb::ControlMessage {
-    let cmd = pb::ReleaseCommand {
-        kind: match kind {
-            TripKind::Fuse => pb::ReleaseKind::Fuse,
-            TripKind::Limit => pb::ReleaseKind::Limit,
-        } as i32,
-        rule: rule.to_owned(),
-        who: who.to_owned(),
-    };
-    pb::ControlMessage {
-        msg: Some(pb::control_message::Msg::Command(pb::Command {
-            kind: Some(pb::command::Kind::Release(cmd)),
-        })),
-    }
-}
-
-fn trip_kind(kind: pb::ReleaseKind) -> TripKind {
-    match kind {
-        pb::ReleaseKind::Fuse => TripKind::Fuse,
-        pb::ReleaseKind::Limit => TripKind::Limit,
-    }
-}
-
-/// Whether `agent`'s stats say `rule` is tripped (stats may know of a trip
-/// the events did not tell).
-fn reports_tripped(agent: &Agent, kind: TripKind, rule: &str) -> bool {
-    agent.stats.as_ref().is_some_and(|s| {
-        s.rules.iter().any(|r| {
-            r.rule == rule
-                && match kind {
-                    TripKind::Fuse => r.fuse_state() != pb::FuseState::Closed,
-                    TripKind::Limit => r.limit_engaged,
-                }
-        })
-    })
-}
-
 fn history_entry(policy: &AppliedPolicy, changed: &[String]) -> HistoryEntry {
     HistoryEntry {
         version: policy.version.clone(),
