@@ -19,6 +19,7 @@ use pb::agent_message::Msg as AgentMsg;
 use tokio::sync::mpsc;
 use tonic::Status;
 
+use crate::history::HistoryLimit;
 use crate::latches::{self, Latches};
 use crate::store::{AppliedPolicy, HistoryEntry, KnownAgent, Persisted, Trip, TripKind};
 
@@ -51,6 +52,9 @@ pub struct State {
     endpoints_changed: BTreeSet<String>,
     /// The version of each service's last pushed endpoint set.
     endpoints_version: BTreeMap<String, u64>,
+    /// Connected agents with a push not yet answered, per service: what
+    /// [`State::settled`] reads in O(1) on every ACK.
+    unanswered: BTreeMap<String, usize>,
     next_conn: u64,
     next_nonce: u64,
     nonce_prefix: u32,
@@ -341,7 +345,9 @@ impl State {
         };
         let Some(conn) = &agent.conn else { return };
         agent.version = target.version.clone();
-        agent.pending = Some(nonce.clone());
+        if agent.pending.replace(nonce.clone()).is_none() {
+            *self.unanswered.entry(agent.service.clone()).or_default() += 1;
+        }
         out.push(Outgoing {
             key: key.clone(),
             conn: conn.id,
@@ -411,7 +417,7 @@ impl State {
         agent.conn = Some(Conn { id, tx });
         agent.version = hello.last_version.clone();
         agent.last_good = hello.last_version.clone();
-        agent.pending = None;
+        answered(&mut self.unanswered, agent);
         agent.nack = None;
         agent.stats = None;
         agent.endpoints_acked.clear();
@@ -495,8 +501,10 @@ impl State {
             self.endpoints_changed.insert(agent.service.clone());
         }
         agent.conn = None;
-        agent.pending = None;
+        answered(&mut self.unanswered, agent);
         agent.stats = None;
+        // A removal ends with the stream: nobody waits for it any more.
+        agent.removal = None;
         agent.last_seen_unix_ms = now;
         agent.disconnect_reason = reason.to_owned();
         true
@@ -516,7 +524,7 @@ impl State {
             AgentMsg::Hello(_) => {}
             AgentMsg::Ack(ack) => {
                 if agent.pending.as_deref() == Some(ack.nonce.as_str()) {
-                    agent.pending = None;
+                    answered(&mut self.unanswered, agent);
                     agent.nack = None;
                 }
                 // An ACK of an older push is still a config it enforces now.
@@ -525,7 +533,7 @@ impl State {
             }
             AgentMsg::Nack(nack) => {
                 if agent.pending.as_deref() == Some(nack.nonce.as_str()) {
-                    agent.pending = None;
+                    answered(&mut self.unanswered, agent);
                 }
                 agent.nack = Some(Nacked {
                     version: nack.version,
@@ -626,12 +634,13 @@ impl State {
         &self,
         policy: &AppliedPolicy,
         changed: &[String],
-        history_limit: usize,
+        history: HistoryLimit,
     ) -> Persisted {
         let mut p = self.to_persisted();
-        p.history.push(history_entry(policy, changed));
-        let excess = p.history.len().saturating_sub(history_limit.max(1));
-        p.history.drain(..excess);
+        let mut kept: VecDeque<HistoryEntry> = std::mem::take(&mut p.history).into();
+        kept.push_back(history_entry(policy, changed));
+        crate::history::bound(&mut kept, history);
+        p.history = kept.into();
         p.applied = Some(policy.clone());
         p
     }
@@ -644,13 +653,11 @@ impl State {
         &mut self,
         policy: Arc<AppliedPolicy>,
         changed: &[String],
-        history_limit: usize,
+        history: HistoryLimit,
         out: &mut Outbox,
     ) {
         self.history.push_back(history_entry(&policy, changed));
-        while self.history.len() > history_limit.max(1) {
-            self.history.pop_front();
-        }
+        crate::history::bound(&mut self.history, history);
         self.applied = Some(policy);
         let keys: Vec<AgentKey> = self
             .agents
@@ -674,9 +681,18 @@ impl State {
     pub fn settled(&self, services: &[String]) -> bool {
         services
             .iter()
-            .all(|s| self.connected(s).all(|a| a.pending.is_none()))
+            .all(|s| self.unanswered.get(s).is_none_or(|&n| n == 0))
     }
 }
+/// `agent`'s push (if any) is answered, or will never be.
+fn answered(unanswered: &mut BTreeMap<String, usize>, agent: &mut Agent) {
+    if agent.pending.take().is_some()
+        && let Some(n) = unanswered.get_mut(&agent.service)
+    {
+        *n = n.saturating_sub(1);
+    }
+}
+
 fn history_entry(policy: &AppliedPolicy, changed: &[String]) -> HistoryEntry {
     HistoryEntry {
         version: policy.version.clone(),
@@ -690,6 +706,11 @@ fn history_entry(policy: &AppliedPolicy, changed: &[String]) -> HistoryEntry {
 
 #[cfg(test)]
 mod tests {
+    /// The history bound of the tests.
+    const TEN: HistoryLimit = HistoryLimit {
+        entries: 10,
+        bytes: usize::MAX,
+    };
     use super::*;
 
     fn policy(version: &str, targets: Vec<pb::TargetConfig>) -> Arc<AppliedPolicy> {
@@ -847,20 +868,27 @@ mod tests {
         s.on_message(&a, a_id, lifecycle(pb::Phase::Ready, 0), 2);
         s.endpoint_pushes(&mut out);
         out.clear();
+        let waiting = |s: &State| s.removal_waiting_on(s.agent(&a).unwrap());
+        assert!(waiting(&s).is_empty(), "not being removed");
         // `a` deregisters: version 2 of `inv` leaves it out.
         s.on_message(&a, a_id, lifecycle(pb::Phase::Draining, 0), 3);
+        assert_eq!(waiting(&s), ["web/w1", "web/w2"], "not pushed yet");
         s.endpoint_pushes(&mut out);
         assert!(deregistered(&out).is_empty());
+        assert_eq!(waiting(&s), ["web/w1", "web/w2"]);
         out.clear();
         // An ack of the older set counts for nothing; one of two callers is not enough.
         s.on_message(&w1, w1_id, ack("inv", 1), 4);
+        assert_eq!(waiting(&s), ["web/w1", "web/w2"]);
         s.on_message(&w1, w1_id, ack("inv", 2), 4);
         s.endpoint_pushes(&mut out);
         assert!(deregistered(&out).is_empty());
+        assert_eq!(waiting(&s), ["web/w2"]);
         // The last caller leaving (or acking) completes it, once.
         assert!(s.disconnect(&w2, w2_id, "gone", 5));
         s.endpoint_pushes(&mut out);
         assert_eq!(deregistered(&out), ["a"]);
+        assert!(waiting(&s).is_empty(), "done");
         out.clear();
         s.on_message(&w1, w1_id, ack("inv", 2), 6);
         s.endpoint_pushes(&mut out);
@@ -873,7 +901,7 @@ mod tests {
         s.commit(
             policy("b1", vec![target("order", "v1")]),
             &["order".into()],
-            10,
+            TEN,
             &mut Vec::new(),
         );
         let (tx, _rx) = mpsc::channel(8);
@@ -888,7 +916,7 @@ mod tests {
         s.commit(
             policy("b2", vec![target("order", "v2")]),
             &["order".into()],
-            10,
+            TEN,
             &mut out,
         );
         assert_eq!(out.len(), 1);
@@ -923,7 +951,7 @@ mod tests {
         s.commit(
             policy("b1", vec![target("order", "v1")]),
             &["order".into()],
-            10,
+            TEN,
             &mut Vec::new(),
         );
         let (tx, _rx) = mpsc::channel(8);
@@ -933,7 +961,7 @@ mod tests {
         s.commit(
             policy("b2", vec![target("order", "v2")]),
             &["order".into()],
-            10,
+            TEN,
             &mut out,
         );
         s.on_message(
@@ -980,7 +1008,7 @@ mod tests {
         s.commit(
             policy("b1", vec![target("order", "v1")]),
             &[],
-            10,
+            TEN,
             &mut Vec::new(),
         );
         let (tx, _rx) = mpsc::channel(8);
@@ -1009,7 +1037,7 @@ mod tests {
         s.commit(
             policy("b1", vec![target("order", "v1"), target("pay", "p1")]),
             &[],
-            10,
+            TEN,
             &mut Vec::new(),
         );
         let mut out = Vec::new();
@@ -1018,7 +1046,7 @@ mod tests {
         s.commit(
             policy("b2", vec![target("order", "v2"), target("pay", "p1")]),
             &["order".into()],
-            10,
+            TEN,
             &mut out,
         );
         assert!(out.is_empty());
@@ -1038,7 +1066,7 @@ mod tests {
             ..Default::default()
         });
         let mut s = State::default();
-        s.commit(policy("b1", vec![t]), &[], 10, &mut Vec::new());
+        s.commit(policy("b1", vec![t]), &[], TEN, &mut Vec::new());
         let engaged = pb::Event {
             kind: pb::EventKind::LimitEngaged as i32,
             rule: "order/crm".into(),
@@ -1098,7 +1126,7 @@ mod tests {
         s.commit(
             policy("b1", vec![target("order", "v1")]),
             &["order".into()],
-            10,
+            TEN,
             &mut Vec::new(),
         );
         let tripped = pb::Event {

@@ -71,6 +71,21 @@ impl State {
         self.confirm_removals(out);
     }
 
+    /// The connected agents (`service/instance`) that have not acknowledged
+    /// the endpoint set of `agent`'s service without it, while it is being
+    /// removed (empty otherwise): what its `wait for gov` step waits for.
+    pub fn removal_waiting_on(&self, agent: &Agent) -> Vec<String> {
+        let version = match agent.removal {
+            None => return Vec::new(),
+            // Not pushed yet: nobody has it.
+            Some(Removal::Pending) => u64::MAX,
+            Some(Removal::Pushed(v)) => v,
+        };
+        self.not_acked(agent, version)
+            .map(|a| format!("{}/{}", a.service, a.instance))
+            .collect()
+    }
+
     /// The connected agents other than `me` that have not acknowledged
     /// version `version` of `me`'s service's endpoint set.
     fn not_acked<'a>(&'a self, me: &'a Agent, version: u64) -> impl Iterator<Item = &'a Agent> {
