@@ -1431,6 +1431,117 @@ async fn an_apply_refused_by_a_read_only_state_dir_changes_nothing_and_works_onc
     govd.stop().await;
 }
 
+/// Issue 12, item 2: a dry run against govd costs what its size allows.
+/// 1,000 limits on one match give one `conflicting-rules` per rule (999),
+/// not one per pair (499,500); a policy over `--max-statements` is refused
+/// before the compiler runs, naming the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_of_many_rules_on_one_match_is_linear_and_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state"))
+        .args(&["--max-statements", "3000"])
+        .start()
+        .await;
+    let limits = |n: usize| -> String {
+        let rules: String = (0..n)
+            .map(|i| {
+                format!(
+                    "  limit l{i} on all {{\n    calls {} per 1s\n  }}\n",
+                    10 + i
+                )
+            })
+            .collect();
+        format!("service wide {{\n  match all = path prefix \"/\"\n{rules}}}\n")
+    };
+    let thousand = write(dir.path(), "thousand.gov", &limits(1_000));
+    let planned = govc(&govd, Some(TOKEN), &["plan", &thousand]).await;
+    let out = format!("{}{}", planned.stdout, planned.stderr);
+    let conflicts = out.matches("conflicting-rules").count();
+    assert!(
+        (1..=1_000).contains(&conflicts),
+        "{conflicts} conflicts reported:\n{}",
+        &out[..out.len().min(2_000)]
+    );
+    let too_many = write(dir.path(), "many.gov", &limits(5_000));
+    let refused = govc(&govd, Some(TOKEN), &["plan", &too_many]).await;
+    assert_ne!(refused.code, 0);
+    assert!(
+        flat(&refused.stderr).contains("GOV_MAX_STATEMENTS"),
+        "{}",
+        refused.stderr
+    );
+    // govd is not busy with either: an apply goes through at once.
+    let small = write(dir.path(), "small.gov", &limits(1));
+    let applied = govc(&govd, Some(TOKEN), &["apply", &small]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    govd.stop().await;
+}
+
+/// Issue 12, item 4: a release that cannot be recorded (read-only state
+/// directory) is refused: `govc release` fails with the reason, the fuse
+/// stays tripped at govd and at the agent, and the refusal is audited. Once
+/// writable, the same release works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_cannot_be_recorded_is_refused_and_the_fuse_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let govd = control_plane(&state).start().await;
+    let a = agent("order", "order-a")
+        .upstream(upstream().await)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    wait_until("the agent connected", Duration::from_secs(10), async || {
+        govd.status().await.agents.len() == 1
+    })
+    .await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    for _ in 0..3 {
+        assert_eq!(http_get(a.inbound, "/fail").await.0, 500);
+    }
+    wait_until("the fuse recorded", Duration::from_secs(10), async || {
+        govd.status().await.fuses.len() == 1
+    })
+    .await;
+    {
+        let _read_only = ReadOnly::new(&state, &govd);
+        let refused = govc(
+            &govd,
+            Some(OPERATOR_TOKEN),
+            &["release", "fuse", "order/errors"],
+        )
+        .await;
+        assert_ne!(refused.code, 0, "{}{}", refused.stdout, refused.stderr);
+        assert!(
+            flat(&refused.stderr).contains("nothing was released")
+                && refused.stderr.contains("--state-dir"),
+            "{}",
+            refused.stderr
+        );
+        assert!(
+            !refused.stderr.contains("is govd running"),
+            "{}",
+            refused.stderr
+        );
+        assert_eq!(govd.status().await.fuses.len(), 1, "govd still holds it");
+        assert_eq!(http_get(a.inbound, "/fail").await.0, 503, "the agent too");
+    }
+    let released = govc(
+        &govd,
+        Some(OPERATOR_TOKEN),
+        &["release", "fuse", "order/errors"],
+    )
+    .await;
+    assert_eq!(released.code, 0, "{}{}", released.stdout, released.stderr);
+    assert!(govd.status().await.fuses.is_empty());
+    let audit = read(&state.join("audit.jsonl"));
+    assert!(audit.contains("\"action\":\"release-refused\""), "{audit}");
+    a.stop().await;
+    govd.stop().await;
+}
+
 /// Issue 12, item 1, govd's half: an agent restart never makes govd drop a
 /// tripped manual fuse silently. Either the restarted agent still enforces
 /// it, or govd keeps the latch, shows the instance as not enforcing it and
