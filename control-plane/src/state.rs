@@ -27,7 +27,7 @@ mod latched;
 mod registry;
 mod sync;
 
-use latched::{release_message, trip_kind};
+use latched::trip_kind;
 use registry::{Removal, endpoints_message};
 
 /// Messages queued to one agent's stream.
@@ -378,21 +378,7 @@ impl State {
             .iter()
             .map(|l| (trip_kind(l.kind()), l.rule.clone()))
             .collect();
-        // Latches it kept that govd released while it was away (tripped no
-        // later than the release): it gets the release, not a new trip.
-        let missed: BTreeSet<(TripKind, String)> = hello
-            .latches
-            .iter()
-            .filter(|l| {
-                let k = trip_kind(l.kind());
-                !self.latches.contains(k, &l.rule)
-                    && self
-                        .released
-                        .get(&(k, l.rule.clone()))
-                        .is_some_and(|&at| at >= l.since_unix_ms)
-            })
-            .map(|l| (trip_kind(l.kind()), l.rule.clone()))
-            .collect();
+        let missed = self.missed_releases(&hello);
         let agent = self.agents.entry(key.clone()).or_insert_with(|| Agent {
             service: hello.service.clone(),
             instance: hello.instance.clone(),
@@ -434,24 +420,7 @@ impl State {
         // After the config (the agent applies messages in order): every latch
         // govd holds for this instance that the agent no longer enforces.
         self.rearm(&key, &held, out);
-        if let Some(agent) = self.agents.get_mut(&key) {
-            if let Some(conn) = &agent.conn {
-                for (kind, rule) in &missed {
-                    tracing::info!(%rule, instance = %key.1, kind = kind.as_str(), "sending a release the agent missed while away");
-                    out.push(Outgoing {
-                        key: key.clone(),
-                        conn: conn.id,
-                        tx: conn.tx.clone(),
-                        msg: release_message(
-                            *kind,
-                            rule,
-                            "govd (a release made while this agent was away)",
-                        ),
-                    });
-                }
-            }
-            agent.releasing = missed;
-        }
+        self.send_missed(&key, missed, out);
         // The endpoints of every service with a registered instance: where its
         // outbound calls go from now on.
         let services: BTreeSet<String> = self

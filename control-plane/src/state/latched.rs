@@ -11,6 +11,54 @@ use crate::latches;
 use crate::store::{Persisted, TripKind};
 
 impl State {
+    /// The latches `hello` reports that govd released while the agent was
+    /// away (tripped no later than the release): it gets the release, not a
+    /// new trip.
+    pub(super) fn missed_releases(&self, hello: &pb::Hello) -> BTreeSet<(TripKind, String)> {
+        hello
+            .latches
+            .iter()
+            .filter(|l| {
+                let k = trip_kind(l.kind());
+                !self.latches.contains(k, &l.rule)
+                    && self
+                        .released
+                        .get(&(k, l.rule.clone()))
+                        .is_some_and(|&at| at >= l.since_unix_ms)
+            })
+            .map(|l| (trip_kind(l.kind()), l.rule.clone()))
+            .collect()
+    }
+
+    /// Queues the releases `key` missed and remembers them until its stats
+    /// say they are done.
+    pub(super) fn send_missed(
+        &mut self,
+        key: &AgentKey,
+        missed: BTreeSet<(TripKind, String)>,
+        out: &mut Outbox,
+    ) {
+        let Some(agent) = self.agents.get_mut(key) else {
+            return;
+        };
+        if let Some(conn) = &agent.conn {
+            for (kind, rule) in &missed {
+                tracing::info!(%rule, instance = %key.1, kind = kind.as_str(), "sending a release the agent missed while away");
+                out.push(Outgoing {
+                    key: key.clone(),
+                    conn: conn.id,
+                    tx: conn.tx.clone(),
+                    msg: release_message(
+                        *kind,
+                        rule,
+                        "govd (a release made while this agent was away)",
+                    ),
+                });
+            }
+        }
+        agent.releasing = missed;
+    }
+
     /// Queues an `Arm` command for every latch of `key`'s service that this
     /// instance held (or was marked as not enforcing) and that is not in `held`.
     pub(super) fn rearm(
