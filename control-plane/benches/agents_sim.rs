@@ -198,8 +198,11 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("govd.log");
     let mut govd = tokio::process::Command::new(env!("CARGO_BIN_EXE_govd"))
-        .args(["--listen", "127.0.0.1:0", "--state-dir"])
+        .args(["--insecure", "--listen", "127.0.0.1:0", "--state-dir"])
         .arg(dir.path().join("state"))
+        // Room for every simulated agent (the default cap is 1,024).
+        .arg("--max-connections")
+        .arg((agents + 16).to_string())
         .env("GOV_LOG", "warn,govd=info")
         .stderr(std::fs::File::create(&log).unwrap())
         .kill_on_drop(true)

@@ -394,7 +394,7 @@ async fn record_and_push(inner: &Inner, planned: Planned) -> Result<(), ApplyErr
         let snapshot =
             inner
                 .lock()
-                .persisted_with(&planned.policy, &planned.changed, inner.history_limit);
+                .persisted_with(&planned.policy, &planned.changed, inner.history);
         // The audit record first: nothing takes effect unaudited.
         inner
             .append_audit(entry.clone())
@@ -413,7 +413,7 @@ async fn record_and_push(inner: &Inner, planned: Planned) -> Result<(), ApplyErr
         inner.lock().commit(
             Arc::new(planned.policy),
             &planned.changed,
-            inner.history_limit,
+            inner.history,
             &mut out,
         );
     }

@@ -25,6 +25,10 @@ use crate::view::cluster_view;
 const SEND_TIMEOUT: Duration = Duration::from_millis(250);
 /// Stats-only changes publish a new view at most this often.
 const STATS_PERIOD: Duration = Duration::from_secs(1);
+/// Other changes publish a new view this soon, gathering whatever else
+/// changes meanwhile: an apply to N agents is N ACKs, and one O(N) view per
+/// ACK would make it O(N^2).
+const VIEW_COALESCE: Duration = Duration::from_millis(50);
 /// Debounce of agent-registry writes.
 const PERSIST_DEBOUNCE: Duration = Duration::from_millis(250);
 /// How soon the `release after` timer retries a release it could not record.
@@ -39,8 +43,8 @@ pub struct Options {
     pub tokens: Vec<NamedToken>,
     /// Bearer token agents present on `Connect`.
     pub agent_token: Option<String>,
-    /// Applied versions kept in the history.
-    pub history_limit: usize,
+    /// How much applied history is kept (versions, bytes of sources).
+    pub history: crate::HistoryLimit,
     /// What one `Apply` (or dry run) may ask of the compiler.
     pub limits: Limits,
     /// TLS on the gRPC listener. `None`: plain HTTP/2.
@@ -58,7 +62,7 @@ impl Options {
             state_dir: state_dir.into(),
             tokens: Vec::new(),
             agent_token: None,
-            history_limit: 50,
+            history: crate::HistoryLimit::default(),
             limits: Limits::default(),
             tls: None,
             agent_certificates: false,
@@ -77,8 +81,9 @@ pub struct ControlPlane {
 pub(crate) struct Inner {
     state: std::sync::Mutex<State>,
     pub(crate) store: Store,
-    pub(crate) tokens: Tokens,
-    pub(crate) history_limit: usize,
+    /// Swapped whole by [`ControlPlane::set_tokens`] (SIGHUP).
+    tokens: std::sync::RwLock<Arc<Tokens>>,
+    pub(crate) history: crate::HistoryLimit,
     pub(crate) limits: Limits,
     pub(crate) tls: Option<tonic::transport::ServerTlsConfig>,
     pub(crate) agent_certificates: bool,
@@ -129,11 +134,11 @@ impl ControlPlane {
         let inner = Arc::new(Inner {
             state: std::sync::Mutex::new(state),
             store,
-            tokens: Tokens {
+            tokens: std::sync::RwLock::new(Arc::new(Tokens {
                 named: options.tokens,
                 agent: options.agent_token,
-            },
-            history_limit: options.history_limit,
+            })),
+            history: options.history,
             compile_slots: Arc::new(Semaphore::new(options.limits.concurrent_compiles.max(1))),
             limits: options.limits,
             tls: options.tls,
@@ -172,6 +177,50 @@ impl ControlPlane {
         &self.inner.store
     }
 
+    /// Replaces the tokens people and agents present (govd re-reads its
+    /// token files on SIGHUP): calls from now on are checked against these;
+    /// a token no longer in them stops working at once. The change is
+    /// audited (names and roles, never a token).
+    pub async fn set_tokens(&self, tokens: Tokens, why: &str) {
+        let detail = tokens
+            .named
+            .iter()
+            .map(|t| format!("{} ({})", t.name, t.role.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let agent = tokens.agent.is_some();
+        *self
+            .inner
+            .tokens
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(tokens);
+        self.inner
+            .audit(AuditEntry {
+                at_unix_ms: now_unix_ms(),
+                who: format!("govd ({why})"),
+                action: "tokens-reloaded".into(),
+                version: String::new(),
+                kind: String::new(),
+                rule: String::new(),
+                targets: Vec::new(),
+                detail: format!(
+                    "people: {}; agent token: {}",
+                    if detail.is_empty() {
+                        "none (open)"
+                    } else {
+                        &detail
+                    },
+                    if agent { "set" } else { "none" }
+                ),
+            })
+            .await;
+    }
+
+    /// The tokens in force.
+    pub fn tokens(&self) -> Arc<Tokens> {
+        self.inner.tokens()
+    }
+
     /// Writes the state to disk now (on shutdown).
     pub async fn flush(&self) -> Result<(), Error> {
         self.inner.persist().await
@@ -187,6 +236,15 @@ impl Inner {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The tokens in force (a snapshot: a reload does not change a call
+    /// already checked).
+    pub(crate) fn tokens(&self) -> Arc<Tokens> {
+        self.tokens
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Writes `state.json` (serialized with other writers).
@@ -347,7 +405,8 @@ pub enum ReleaseError {
 
 // === background tasks ===
 
-/// Rebuilds the view when something changed, and at most once per
+/// Rebuilds the view `VIEW_COALESCE` after something changed (one
+/// rebuild for every change in that time), and at most once per
 /// `STATS_PERIOD` when only stats changed.
 async fn publish_views(inner: Arc<Inner>) {
     let mut tick = tokio::time::interval(STATS_PERIOD);
@@ -355,7 +414,12 @@ async fn publish_views(inner: Arc<Inner>) {
     loop {
         tokio::select! {
             () = inner.shutdown.cancelled() => return,
-            () = inner.changed.notified() => {}
+            () = inner.changed.notified() => {
+                tokio::select! {
+                    () = inner.shutdown.cancelled() => return,
+                    () = tokio::time::sleep(VIEW_COALESCE) => {}
+                }
+            }
             _ = tick.tick() => {
                 // Remaining times of limits and fuses tick down too.
                 let any_trip = inner.lock().trips().next().is_some();

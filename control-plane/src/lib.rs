@@ -24,12 +24,14 @@
 //! - [`metrics::serve_metrics`]: `/metrics` on a listener of its own.
 
 pub mod apply;
+pub mod audit;
 pub mod auth;
 pub mod client;
 pub mod connections;
 mod control_plane;
 pub mod convert;
 mod error;
+pub mod history;
 pub mod latches;
 pub mod limits;
 pub mod metrics;
@@ -47,7 +49,8 @@ use tokio_util::sync::CancellationToken;
 pub use apply::{ApplyError, ApplyRequest, MAX_APPLY_WAIT};
 pub use connections::ConnectionLimits;
 pub use control_plane::{ControlPlane, Options};
-pub use error::{Error, StateIo};
+pub use error::{Error, StateIo, one_line};
+pub use history::HistoryLimit;
 pub use limits::Limits;
 
 /// HTTP/2 keepalive: pings this often notice a dead agent or client.

@@ -76,7 +76,7 @@ impl ControlPlaneRpc for ControlPlane {
         let claimed = request.get_ref().who.clone();
         let caller = self
             .inner
-            .tokens
+            .tokens()
             .caller(&request, Role::Admin, "Apply", &claimed)?;
         let req = request.into_inner();
         let request = ApplyRequest {
@@ -104,7 +104,7 @@ impl ControlPlaneRpc for ControlPlane {
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        self.inner.tokens.agent(&request)?;
+        self.inner.tokens().agent(&request)?;
         // With a client CA, the certificate (checked by the TLS handshake)
         // says which service this agent is.
         let certified = if self.inner.agent_certificates {
@@ -191,7 +191,7 @@ impl ControlPlaneRpc for ControlPlane {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.inner
-            .tokens
+            .tokens()
             .caller(&request, Role::Viewer, "Watch", "")?;
         let service = request.into_inner().service;
         let stream = WatchStream::new(self.inner.view.subscribe())
@@ -205,7 +205,7 @@ impl ControlPlaneRpc for ControlPlane {
         request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::ClusterView>, Status> {
         self.inner
-            .tokens
+            .tokens()
             .caller(&request, Role::Viewer, "Status", "")?;
         let service = request.into_inner().service;
         Ok(Response::new(filter_view(self.status(), &service)))
@@ -216,19 +216,20 @@ impl ControlPlaneRpc for ControlPlane {
         request: Request<pb::AuditRequest>,
     ) -> Result<Response<pb::AuditResult>, Status> {
         self.inner
-            .tokens
+            .tokens()
             .caller(&request, Role::Viewer, "Audit", "")?;
         let req = request.into_inner();
-        let store = self.inner.store.clone();
-        let entries = tokio::task::spawn_blocking(move || store.read_audit())
+        let query = crate::audit::Query {
+            since_unix_ms: req.since_unix_ms,
+            before_seq: req.before_seq,
+            limit: usize::try_from(req.limit).unwrap_or(usize::MAX),
+        };
+        let path = self.inner.store.audit_path();
+        let page = tokio::task::spawn_blocking(move || crate::audit::page(&path, &query))
             .await
             .map_err(|e| Status::internal(format!("reading the audit log failed: {e}")))?
             .map_err(|e| Status::failed_precondition(crate::error::one_line(&e)))?;
-        Ok(Response::new(audit_result(
-            entries,
-            req.since_unix_ms,
-            req.limit,
-        )))
+        Ok(Response::new(audit_result(page)))
     }
 
     async fn release(
@@ -238,7 +239,7 @@ impl ControlPlaneRpc for ControlPlane {
         let claimed = request.get_ref().who.clone();
         let caller = self
             .inner
-            .tokens
+            .tokens()
             .caller(&request, Role::Operator, "Release", &claimed)?;
         let req = request.into_inner();
         let kind = match pb::ReleaseKind::try_from(req.kind) {
@@ -315,35 +316,26 @@ fn certified_service<T>(request: &Request<T>) -> Result<String, Status> {
     crate::auth::certificate_service(leaf.as_ref()).map_err(Status::permission_denied)
 }
 
-/// Most audit records one `Audit` answer carries.
-pub const MAX_AUDIT_RECORDS: usize = 10_000;
-
-/// The records at or after `since` (ms), the newest `limit` of them (0 or
-/// above the cap: the cap), oldest first.
-fn audit_result(entries: Vec<AuditEntry>, since: u64, limit: u32) -> pb::AuditResult {
-    let limit = match usize::try_from(limit) {
-        Ok(0) | Err(_) => MAX_AUDIT_RECORDS,
-        Ok(n) => n.min(MAX_AUDIT_RECORDS),
-    };
-    let mut records: Vec<pb::AuditRecord> = entries
-        .into_iter()
-        .filter(|e| e.at_unix_ms >= since)
-        .map(|e| pb::AuditRecord {
-            at_unix_ms: e.at_unix_ms,
-            who: e.who,
-            action: e.action,
-            version: e.version,
-            kind: e.kind,
-            rule: e.rule,
-            targets: e.targets,
-            detail: e.detail,
-        })
-        .collect();
-    let left_out = records.len().saturating_sub(limit);
-    records.drain(..left_out);
+/// A page of the audit log on the wire.
+fn audit_result(page: crate::audit::Page) -> pb::AuditResult {
     pb::AuditResult {
-        records,
-        left_out: u64::try_from(left_out).unwrap_or(u64::MAX),
+        records: page
+            .records
+            .into_iter()
+            .map(|(seq, e)| pb::AuditRecord {
+                at_unix_ms: e.at_unix_ms,
+                who: e.who,
+                action: e.action,
+                version: e.version,
+                kind: e.kind,
+                rule: e.rule,
+                targets: e.targets,
+                detail: e.detail,
+                seq,
+            })
+            .collect(),
+        left_out: page.left_out,
+        next_before_seq: page.next_before_seq,
     }
 }
 

@@ -19,8 +19,16 @@ use pb::agent_message::Msg as AgentMsg;
 use tokio::sync::mpsc;
 use tonic::Status;
 
+use crate::history::HistoryLimit;
 use crate::latches::{self, Latches};
 use crate::store::{AppliedPolicy, HistoryEntry, KnownAgent, Persisted, Trip, TripKind};
+
+mod latched;
+mod registry;
+mod sync;
+
+use latched::trip_kind;
+use registry::{Removal, endpoints_message};
 
 /// Messages queued to one agent's stream.
 pub type AgentTx = mpsc::Sender<Result<pb::ControlMessage, Status>>;
@@ -44,6 +52,9 @@ pub struct State {
     endpoints_changed: BTreeSet<String>,
     /// The version of each service's last pushed endpoint set.
     endpoints_version: BTreeMap<String, u64>,
+    /// Connected agents with a push not yet answered, per service: what
+    /// [`State::settled`] reads in O(1) on every ACK.
+    unanswered: BTreeMap<String, usize>,
     next_conn: u64,
     next_nonce: u64,
     nonce_prefix: u32,
@@ -127,21 +138,6 @@ pub struct Effect {
 
 /// 100% slow-start weight.
 const FULL_WEIGHT: u32 = 100_000;
-
-/// A deregistration waiting for every agent's acknowledgement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Removal {
-    /// The set without the instance is not pushed yet.
-    Pending,
-    /// Pushed as this version.
-    Pushed(u64),
-}
-
-fn endpoints_message(endpoints: pb::Endpoints) -> pb::ControlMessage {
-    pb::ControlMessage {
-        msg: Some(pb::control_message::Msg::Endpoints(endpoints)),
-    }
-}
 
 // === impl Agent ===
 
@@ -349,7 +345,9 @@ impl State {
         };
         let Some(conn) = &agent.conn else { return };
         agent.version = target.version.clone();
-        agent.pending = Some(nonce.clone());
+        if agent.pending.replace(nonce.clone()).is_none() {
+            *self.unanswered.entry(agent.service.clone()).or_default() += 1;
+        }
         out.push(Outgoing {
             key: key.clone(),
             conn: conn.id,
@@ -380,21 +378,7 @@ impl State {
             .iter()
             .map(|l| (trip_kind(l.kind()), l.rule.clone()))
             .collect();
-        // Latches it kept that govd released while it was away (tripped no
-        // later than the release): it gets the release, not a new trip.
-        let missed: BTreeSet<(TripKind, String)> = hello
-            .latches
-            .iter()
-            .filter(|l| {
-                let k = trip_kind(l.kind());
-                !self.latches.contains(k, &l.rule)
-                    && self
-                        .released
-                        .get(&(k, l.rule.clone()))
-                        .is_some_and(|&at| at >= l.since_unix_ms)
-            })
-            .map(|l| (trip_kind(l.kind()), l.rule.clone()))
-            .collect();
+        let missed = self.missed_releases(&hello);
         let agent = self.agents.entry(key.clone()).or_insert_with(|| Agent {
             service: hello.service.clone(),
             instance: hello.instance.clone(),
@@ -419,7 +403,7 @@ impl State {
         agent.conn = Some(Conn { id, tx });
         agent.version = hello.last_version.clone();
         agent.last_good = hello.last_version.clone();
-        agent.pending = None;
+        answered(&mut self.unanswered, agent);
         agent.nack = None;
         agent.stats = None;
         agent.endpoints_acked.clear();
@@ -436,24 +420,7 @@ impl State {
         // After the config (the agent applies messages in order): every latch
         // govd holds for this instance that the agent no longer enforces.
         self.rearm(&key, &held, out);
-        if let Some(agent) = self.agents.get_mut(&key) {
-            if let Some(conn) = &agent.conn {
-                for (kind, rule) in &missed {
-                    tracing::info!(%rule, instance = %key.1, kind = kind.as_str(), "sending a release the agent missed while away");
-                    out.push(Outgoing {
-                        key: key.clone(),
-                        conn: conn.id,
-                        tx: conn.tx.clone(),
-                        msg: release_message(
-                            *kind,
-                            rule,
-                            "govd (a release made while this agent was away)",
-                        ),
-                    });
-                }
-            }
-            agent.releasing = missed;
-        }
+        self.send_missed(&key, missed, out);
         // The endpoints of every service with a registered instance: where its
         // outbound calls go from now on.
         let services: BTreeSet<String> = self
@@ -475,45 +442,6 @@ impl State {
         (key, id)
     }
 
-    /// Queues an `Arm` command for every latch of `key`'s service that this
-    /// instance held (or was marked as not enforcing) and that is not in `held`.
-    fn rearm(&self, key: &AgentKey, held: &BTreeSet<(TripKind, String)>, out: &mut Outbox) {
-        let Some(conn) = self.agents.get(key).and_then(|a| a.conn.as_ref()) else {
-            return;
-        };
-        let (service, instance) = key;
-        for trip in self.latches.iter() {
-            let ours = trip.rule.split_once('/').map(|(s, _)| s) == Some(service.as_str());
-            let held_here =
-                trip.instances.contains(instance) || trip.not_enforced.contains(instance);
-            if !ours || !held_here || held.contains(&(trip.kind, trip.rule.clone())) {
-                continue;
-            }
-            tracing::info!(rule = %trip.rule, %instance, kind = trip.kind.as_str(), "re-arming a latch the agent lost");
-            let latch = pb::Latch {
-                kind: match trip.kind {
-                    TripKind::Fuse => pb::ReleaseKind::Fuse,
-                    TripKind::Limit => pb::ReleaseKind::Limit,
-                } as i32,
-                rule: trip.rule.clone(),
-                key: String::new(),
-                since_unix_ms: trip.since_unix_ms,
-                deadline_unix_ms: trip.deadline_unix_ms.unwrap_or(0),
-                reason: trip.reason.clone(),
-            };
-            out.push(Outgoing {
-                key: key.clone(),
-                conn: conn.id,
-                tx: conn.tx.clone(),
-                msg: pb::ControlMessage {
-                    msg: Some(pb::control_message::Msg::Command(pb::Command {
-                        kind: Some(pb::command::Kind::Arm(latch)),
-                    })),
-                },
-            });
-        }
-    }
-
     /// How long ago the agent holding `service`/`instance` was last heard from,
     /// if it is connected and was heard from within [`LIVE_FOR_MS`]: a second
     /// agent claiming a live name is refused (its stats, releases and endpoint
@@ -525,97 +453,6 @@ impl State {
             .get(&(service.to_owned(), instance.to_owned()))?;
         let ago = now.saturating_sub(agent.last_seen_unix_ms);
         (agent.conn.is_some() && ago < LIVE_FOR_MS).then_some(ago)
-    }
-
-    /// The registered instances of `service` (govd is the registry of record):
-    /// connected agents whose lifecycle says WARMING (registered, ramping up) or
-    /// READY, with the address their inbound listener has and their weight.
-    pub fn endpoints(&self, service: &str) -> pb::Endpoints {
-        pb::Endpoints {
-            service: service.to_owned(),
-            version: self.endpoints_version.get(service).copied().unwrap_or(0),
-            instances: self
-                .agents
-                .values()
-                .filter(|a| a.service == service && a.is_registered())
-                .map(|a| pb::Instance {
-                    instance: a.instance.clone(),
-                    address: a.address.clone(),
-                    phase: a.phase as i32,
-                    weight_milli_percent: a.weight_milli_percent,
-                })
-                .collect(),
-        }
-    }
-
-    /// Queues to every connected agent the endpoints of each service whose set
-    /// changed since the last call (a registration, a deregistration, a lost
-    /// stream, a new weight).
-    pub fn endpoint_pushes(&mut self, out: &mut Outbox) {
-        for service in std::mem::take(&mut self.endpoints_changed) {
-            let version = self.endpoints_version.entry(service.clone()).or_insert(0);
-            *version += 1;
-            let version = *version;
-            for agent in self.agents.values_mut() {
-                if agent.service == service && agent.removal == Some(Removal::Pending) {
-                    agent.removal = Some(Removal::Pushed(version));
-                }
-            }
-            let msg = endpoints_message(self.endpoints(&service));
-            for (key, agent) in &self.agents {
-                if let Some(conn) = &agent.conn {
-                    out.push(Outgoing {
-                        key: key.clone(),
-                        conn: conn.id,
-                        tx: conn.tx.clone(),
-                        msg: msg.clone(),
-                    });
-                }
-            }
-        }
-        self.confirm_removals(out);
-    }
-
-    /// Tells each deregistered instance whose removal every other connected
-    /// agent has acknowledged (its `wait for gov` step ends).
-    fn confirm_removals(&mut self, out: &mut Outbox) {
-        let acked = |agents: &BTreeMap<AgentKey, Agent>, me: &AgentKey, service: &str, v: u64| {
-            agents.iter().all(|(key, a)| {
-                key == me
-                    || a.conn.is_none()
-                    || a.endpoints_acked.get(service).is_some_and(|&got| got >= v)
-            })
-        };
-        let done: Vec<(AgentKey, u64)> = self
-            .agents
-            .iter()
-            .filter_map(|(key, a)| match a.removal {
-                Some(Removal::Pushed(v)) if acked(&self.agents, key, &a.service, v) => {
-                    Some((key.clone(), v))
-                }
-                _ => None,
-            })
-            .collect();
-        for (key, version) in done {
-            let Some(agent) = self.agents.get_mut(&key) else {
-                continue;
-            };
-            agent.removal = None;
-            if let Some(conn) = &agent.conn {
-                out.push(Outgoing {
-                    key: key.clone(),
-                    conn: conn.id,
-                    tx: conn.tx.clone(),
-                    msg: pb::ControlMessage {
-                        msg: Some(pb::control_message::Msg::Command(pb::Command {
-                            kind: Some(pb::command::Kind::Deregistered(pb::Deregistered {
-                                version,
-                            })),
-                        })),
-                    },
-                });
-            }
-        }
     }
 
     /// The stream `id` of `key` ended.
@@ -633,8 +470,10 @@ impl State {
             self.endpoints_changed.insert(agent.service.clone());
         }
         agent.conn = None;
-        agent.pending = None;
+        answered(&mut self.unanswered, agent);
         agent.stats = None;
+        // A removal ends with the stream: nobody waits for it any more.
+        agent.removal = None;
         agent.last_seen_unix_ms = now;
         agent.disconnect_reason = reason.to_owned();
         true
@@ -654,7 +493,7 @@ impl State {
             AgentMsg::Hello(_) => {}
             AgentMsg::Ack(ack) => {
                 if agent.pending.as_deref() == Some(ack.nonce.as_str()) {
-                    agent.pending = None;
+                    answered(&mut self.unanswered, agent);
                     agent.nack = None;
                 }
                 // An ACK of an older push is still a config it enforces now.
@@ -663,7 +502,7 @@ impl State {
             }
             AgentMsg::Nack(nack) => {
                 if agent.pending.as_deref() == Some(nack.nonce.as_str()) {
-                    agent.pending = None;
+                    answered(&mut self.unanswered, agent);
                 }
                 agent.nack = Some(Nacked {
                     version: nack.version,
@@ -764,12 +603,13 @@ impl State {
         &self,
         policy: &AppliedPolicy,
         changed: &[String],
-        history_limit: usize,
+        history: HistoryLimit,
     ) -> Persisted {
         let mut p = self.to_persisted();
-        p.history.push(history_entry(policy, changed));
-        let excess = p.history.len().saturating_sub(history_limit.max(1));
-        p.history.drain(..excess);
+        let mut kept: VecDeque<HistoryEntry> = std::mem::take(&mut p.history).into();
+        kept.push_back(history_entry(policy, changed));
+        crate::history::bound(&mut kept, history);
+        p.history = kept.into();
         p.applied = Some(policy.clone());
         p
     }
@@ -782,13 +622,11 @@ impl State {
         &mut self,
         policy: Arc<AppliedPolicy>,
         changed: &[String],
-        history_limit: usize,
+        history: HistoryLimit,
         out: &mut Outbox,
     ) {
         self.history.push_back(history_entry(&policy, changed));
-        while self.history.len() > history_limit.max(1) {
-            self.history.pop_front();
-        }
+        crate::history::bound(&mut self.history, history);
         self.applied = Some(policy);
         let keys: Vec<AgentKey> = self
             .agents
@@ -812,187 +650,16 @@ impl State {
     pub fn settled(&self, services: &[String]) -> bool {
         services
             .iter()
-            .all(|s| self.connected(s).all(|a| a.pending.is_none()))
-    }
-
-    /// The sync state of `agent`, as `istioctl proxy-status` would show it.
-    pub fn sync_state(&self, agent: &Agent) -> (pb::SyncState, String, String) {
-        if agent.conn.is_none() {
-            return (
-                pb::SyncState::Disconnected,
-                agent.disconnect_reason.clone(),
-                String::new(),
-            );
-        }
-        if agent.pending.is_some() {
-            return (
-                pb::SyncState::Stale,
-                "sent, not yet acknowledged".into(),
-                String::new(),
-            );
-        }
-        let current = self.current_version(&agent.service);
-        if let Some(n) = &agent.nack
-            && current.as_deref() == Some(n.version.as_str())
-        {
-            return (pb::SyncState::Nacked, n.error.clone(), n.rule.clone());
-        }
-        match current {
-            Some(v) if v == agent.last_good => {
-                (pb::SyncState::Synced, String::new(), String::new())
-            }
-            Some(_) => (pb::SyncState::Stale, "not sent".into(), String::new()),
-            None => (
-                pb::SyncState::Stale,
-                "nothing applied yet: the agent enforces its own last good config".into(),
-                String::new(),
-            ),
-        }
-    }
-
-    /// The outcome of every agent of `services` (for `ApplyResult`).
-    pub fn outcomes(&self, services: &[String]) -> Vec<pb::AgentOutcome> {
-        self.agents
-            .values()
-            .filter(|a| services.contains(&a.service))
-            .map(|a| {
-                let (state, error, rule) = self.sync_state(a);
-                pb::AgentOutcome {
-                    service: a.service.clone(),
-                    instance: a.instance.clone(),
-                    state: state as i32,
-                    version: a.last_good.clone(),
-                    error: if state == pb::SyncState::Nacked {
-                        error
-                    } else {
-                        String::new()
-                    },
-                    rule,
-                }
-            })
-            .collect()
-    }
-
-    /// What [`State::release`] would return, without changing anything:
-    /// for the audit record written before the release takes effect.
-    pub fn release_preview(&self, kind: TripKind, rule: &str) -> (bool, Vec<String>) {
-        let service = rule.split_once('/').map_or("", |(s, _)| s);
-        let mut was = self.latches.contains(kind, rule);
-        let mut notified = Vec::new();
-        for a in self.connected(service) {
-            was |= reports_tripped(a, kind, rule);
-            notified.push(a.instance.clone());
-        }
-        (was, notified)
-    }
-
-    /// What `state.json` holds once `rule` is released.
-    pub fn persisted_without(&self, kind: TripKind, rule: &str, now: u64) -> Persisted {
-        let mut p = self.to_persisted();
-        p.trips.retain(|t| !(t.kind == kind && t.rule == rule));
-        p.releases.retain(|r| !(r.kind == kind && r.rule == rule));
-        p.releases.push(crate::store::Released {
-            kind,
-            rule: rule.to_owned(),
-            at_unix_ms: now,
-        });
-        p
-    }
-
-    /// Queues a release command to every connected agent of the rule's
-    /// service and forgets the trip. Returns (was tripped, instances notified).
-    // INVARIANT: called only after `persisted_without(kind, rule)` is on
-    // disk and the release is in the audit log.
-    pub fn release(
-        &mut self,
-        kind: TripKind,
-        rule: &str,
-        who: &str,
-        now: u64,
-        out: &mut Outbox,
-    ) -> (bool, Vec<String>) {
-        let service = rule.split_once('/').map_or("", |(s, _)| s).to_owned();
-        self.released.insert((kind, rule.to_owned()), now);
-        let mut was = self.latches.remove(kind, rule);
-        let mut notified = Vec::new();
-        for a in self.connected(&service) {
-            was |= reports_tripped(a, kind, rule);
-            if let Some(conn) = &a.conn {
-                out.push(Outgoing {
-                    key: (a.service.clone(), a.instance.clone()),
-                    conn: conn.id,
-                    tx: conn.tx.clone(),
-                    msg: release_message(kind, rule, who),
-                });
-                notified.push(a.instance.clone());
-            }
-        }
-        (was, notified)
-    }
-
-    /// The automatic recovery delay of fuse `rule` (`None`: manual).
-    pub fn fuse_recovery(&self, rule: &str) -> Option<u64> {
-        latches::fuse_recovery(self.bundle(), rule)
-    }
-
-    /// Limits whose `release after` deadline has passed.
-    pub fn expired(&self, now: u64) -> Vec<String> {
-        self.latches.expired(now)
-    }
-
-    /// The earliest limit deadline.
-    pub fn next_deadline(&self) -> Option<u64> {
-        self.latches.next_deadline()
-    }
-
-    /// Whether the applied policy has a fuse or limit called `rule`.
-    pub fn has_rule(&self, kind: TripKind, rule: &str) -> bool {
-        let Some((service, _)) = rule.split_once('/') else {
-            return false;
-        };
-        let Some(t) = self.target(service) else {
-            return false;
-        };
-        t.rule(rule).is_some_and(|r| r.kind() == kind.rule_kind())
+            .all(|s| self.unanswered.get(s).is_none_or(|&n| n == 0))
     }
 }
-
-/// The command that releases `rule` on an agent.
-fn release_message(kind: TripKind, rule: &str, who: &str) -> pb::ControlMessage {
-    let cmd = pb::ReleaseCommand {
-        kind: match kind {
-            TripKind::Fuse => pb::ReleaseKind::Fuse,
-            TripKind::Limit => pb::ReleaseKind::Limit,
-        } as i32,
-        rule: rule.to_owned(),
-        who: who.to_owned(),
-    };
-    pb::ControlMessage {
-        msg: Some(pb::control_message::Msg::Command(pb::Command {
-            kind: Some(pb::command::Kind::Release(cmd)),
-        })),
+/// `agent`'s push (if any) is answered, or will never be.
+fn answered(unanswered: &mut BTreeMap<String, usize>, agent: &mut Agent) {
+    if agent.pending.take().is_some()
+        && let Some(n) = unanswered.get_mut(&agent.service)
+    {
+        *n = n.saturating_sub(1);
     }
-}
-
-fn trip_kind(kind: pb::ReleaseKind) -> TripKind {
-    match kind {
-        pb::ReleaseKind::Fuse => TripKind::Fuse,
-        pb::ReleaseKind::Limit => TripKind::Limit,
-    }
-}
-
-/// Whether `agent`'s stats say `rule` is tripped (stats may know of a trip
-/// the events did not tell).
-fn reports_tripped(agent: &Agent, kind: TripKind, rule: &str) -> bool {
-    agent.stats.as_ref().is_some_and(|s| {
-        s.rules.iter().any(|r| {
-            r.rule == rule
-                && match kind {
-                    TripKind::Fuse => r.fuse_state() != pb::FuseState::Closed,
-                    TripKind::Limit => r.limit_engaged,
-                }
-        })
-    })
 }
 
 fn history_entry(policy: &AppliedPolicy, changed: &[String]) -> HistoryEntry {
@@ -1008,6 +675,11 @@ fn history_entry(policy: &AppliedPolicy, changed: &[String]) -> HistoryEntry {
 
 #[cfg(test)]
 mod tests {
+    /// The history bound of the tests.
+    const TEN: HistoryLimit = HistoryLimit {
+        entries: 10,
+        bytes: usize::MAX,
+    };
     use super::*;
 
     fn policy(version: &str, targets: Vec<pb::TargetConfig>) -> Arc<AppliedPolicy> {
@@ -1165,20 +837,27 @@ mod tests {
         s.on_message(&a, a_id, lifecycle(pb::Phase::Ready, 0), 2);
         s.endpoint_pushes(&mut out);
         out.clear();
+        let waiting = |s: &State| s.removal_waiting_on(s.agent(&a).unwrap());
+        assert!(waiting(&s).is_empty(), "not being removed");
         // `a` deregisters: version 2 of `inv` leaves it out.
         s.on_message(&a, a_id, lifecycle(pb::Phase::Draining, 0), 3);
+        assert_eq!(waiting(&s), ["web/w1", "web/w2"], "not pushed yet");
         s.endpoint_pushes(&mut out);
         assert!(deregistered(&out).is_empty());
+        assert_eq!(waiting(&s), ["web/w1", "web/w2"]);
         out.clear();
         // An ack of the older set counts for nothing; one of two callers is not enough.
         s.on_message(&w1, w1_id, ack("inv", 1), 4);
+        assert_eq!(waiting(&s), ["web/w1", "web/w2"]);
         s.on_message(&w1, w1_id, ack("inv", 2), 4);
         s.endpoint_pushes(&mut out);
         assert!(deregistered(&out).is_empty());
+        assert_eq!(waiting(&s), ["web/w2"]);
         // The last caller leaving (or acking) completes it, once.
         assert!(s.disconnect(&w2, w2_id, "gone", 5));
         s.endpoint_pushes(&mut out);
         assert_eq!(deregistered(&out), ["a"]);
+        assert!(waiting(&s).is_empty(), "done");
         out.clear();
         s.on_message(&w1, w1_id, ack("inv", 2), 6);
         s.endpoint_pushes(&mut out);
@@ -1191,7 +870,7 @@ mod tests {
         s.commit(
             policy("b1", vec![target("order", "v1")]),
             &["order".into()],
-            10,
+            TEN,
             &mut Vec::new(),
         );
         let (tx, _rx) = mpsc::channel(8);
@@ -1206,7 +885,7 @@ mod tests {
         s.commit(
             policy("b2", vec![target("order", "v2")]),
             &["order".into()],
-            10,
+            TEN,
             &mut out,
         );
         assert_eq!(out.len(), 1);
@@ -1241,7 +920,7 @@ mod tests {
         s.commit(
             policy("b1", vec![target("order", "v1")]),
             &["order".into()],
-            10,
+            TEN,
             &mut Vec::new(),
         );
         let (tx, _rx) = mpsc::channel(8);
@@ -1251,7 +930,7 @@ mod tests {
         s.commit(
             policy("b2", vec![target("order", "v2")]),
             &["order".into()],
-            10,
+            TEN,
             &mut out,
         );
         s.on_message(
@@ -1298,7 +977,7 @@ mod tests {
         s.commit(
             policy("b1", vec![target("order", "v1")]),
             &[],
-            10,
+            TEN,
             &mut Vec::new(),
         );
         let (tx, _rx) = mpsc::channel(8);
@@ -1327,7 +1006,7 @@ mod tests {
         s.commit(
             policy("b1", vec![target("order", "v1"), target("pay", "p1")]),
             &[],
-            10,
+            TEN,
             &mut Vec::new(),
         );
         let mut out = Vec::new();
@@ -1336,7 +1015,7 @@ mod tests {
         s.commit(
             policy("b2", vec![target("order", "v2"), target("pay", "p1")]),
             &["order".into()],
-            10,
+            TEN,
             &mut out,
         );
         assert!(out.is_empty());
@@ -1356,7 +1035,7 @@ mod tests {
             ..Default::default()
         });
         let mut s = State::default();
-        s.commit(policy("b1", vec![t]), &[], 10, &mut Vec::new());
+        s.commit(policy("b1", vec![t]), &[], TEN, &mut Vec::new());
         let engaged = pb::Event {
             kind: pb::EventKind::LimitEngaged as i32,
             rule: "order/crm".into(),
@@ -1416,7 +1095,7 @@ mod tests {
         s.commit(
             policy("b1", vec![target("order", "v1")]),
             &["order".into()],
-            10,
+            TEN,
             &mut Vec::new(),
         );
         let tripped = pb::Event {

@@ -31,6 +31,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
                     a.last_seen_unix_ms()
                 },
                 labels: a.labels().clone().into_iter().collect(),
+                removal_waiting_on: state.removal_waiting_on(a),
             }
         })
         .collect();
@@ -223,7 +224,7 @@ mod tests {
                 },
             }),
             &[],
-            10,
+            crate::HistoryLimit::default(),
             &mut Vec::new(),
         );
         let (tx, _rx) = tokio::sync::mpsc::channel(8);

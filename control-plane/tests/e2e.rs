@@ -1431,6 +1431,117 @@ async fn an_apply_refused_by_a_read_only_state_dir_changes_nothing_and_works_onc
     govd.stop().await;
 }
 
+/// Issue 12, item 2: a dry run against govd costs what its size allows.
+/// 1,000 limits on one match give one `conflicting-rules` per rule (999),
+/// not one per pair (499,500); a policy over `--max-statements` is refused
+/// before the compiler runs, naming the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_of_many_rules_on_one_match_is_linear_and_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state"))
+        .args(&["--max-statements", "3000"])
+        .start()
+        .await;
+    let limits = |n: usize| -> String {
+        let rules: String = (0..n)
+            .map(|i| {
+                format!(
+                    "  limit l{i} on all {{\n    calls {} per 1s\n  }}\n",
+                    10 + i
+                )
+            })
+            .collect();
+        format!("service wide {{\n  match all = path prefix \"/\"\n{rules}}}\n")
+    };
+    let thousand = write(dir.path(), "thousand.gov", &limits(1_000));
+    let planned = govc(&govd, Some(TOKEN), &["plan", &thousand]).await;
+    let out = format!("{}{}", planned.stdout, planned.stderr);
+    let conflicts = out.matches("conflicting-rules").count();
+    assert!(
+        (1..=1_000).contains(&conflicts),
+        "{conflicts} conflicts reported:\n{}",
+        &out[..out.len().min(2_000)]
+    );
+    let too_many = write(dir.path(), "many.gov", &limits(5_000));
+    let refused = govc(&govd, Some(TOKEN), &["plan", &too_many]).await;
+    assert_ne!(refused.code, 0);
+    assert!(
+        flat(&refused.stderr).contains("GOV_MAX_STATEMENTS"),
+        "{}",
+        refused.stderr
+    );
+    // govd is not busy with either: an apply goes through at once.
+    let small = write(dir.path(), "small.gov", &limits(1));
+    let applied = govc(&govd, Some(TOKEN), &["apply", &small]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    govd.stop().await;
+}
+
+/// Issue 12, item 4: a release that cannot be recorded (read-only state
+/// directory) is refused: `govc release` fails with the reason, the fuse
+/// stays tripped at govd and at the agent, and the refusal is audited. Once
+/// writable, the same release works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_cannot_be_recorded_is_refused_and_the_fuse_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let govd = control_plane(&state).start().await;
+    let a = agent("order", "order-a")
+        .upstream(upstream().await)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    wait_until("the agent connected", Duration::from_secs(10), async || {
+        govd.status().await.agents.len() == 1
+    })
+    .await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", &v1]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    for _ in 0..3 {
+        assert_eq!(http_get(a.inbound, "/fail").await.0, 500);
+    }
+    wait_until("the fuse recorded", Duration::from_secs(10), async || {
+        govd.status().await.fuses.len() == 1
+    })
+    .await;
+    {
+        let _read_only = ReadOnly::new(&state, &govd);
+        let refused = govc(
+            &govd,
+            Some(OPERATOR_TOKEN),
+            &["release", "fuse", "order/errors"],
+        )
+        .await;
+        assert_ne!(refused.code, 0, "{}{}", refused.stdout, refused.stderr);
+        assert!(
+            flat(&refused.stderr).contains("nothing was released")
+                && refused.stderr.contains("--state-dir"),
+            "{}",
+            refused.stderr
+        );
+        assert!(
+            !refused.stderr.contains("is govd running"),
+            "{}",
+            refused.stderr
+        );
+        assert_eq!(govd.status().await.fuses.len(), 1, "govd still holds it");
+        assert_eq!(http_get(a.inbound, "/fail").await.0, 503, "the agent too");
+    }
+    let released = govc(
+        &govd,
+        Some(OPERATOR_TOKEN),
+        &["release", "fuse", "order/errors"],
+    )
+    .await;
+    assert_eq!(released.code, 0, "{}{}", released.stdout, released.stderr);
+    assert!(govd.status().await.fuses.is_empty());
+    let audit = read(&state.join("audit.jsonl"));
+    assert!(audit.contains("\"action\":\"release-refused\""), "{audit}");
+    a.stop().await;
+    govd.stop().await;
+}
+
 /// Issue 12, item 1, govd's half: an agent restart never makes govd drop a
 /// tripped manual fuse silently. Either the restarted agent still enforces
 /// it, or govd keeps the latch, shows the instance as not enforcing it and
@@ -1788,6 +1899,94 @@ async fn wait_for_gov_ends_when_every_caller_has_dropped_the_instance() {
     );
     assert!(!text.contains("not every caller acknowledged"), "{text}");
     drop(a);
+}
+
+/// Issue 11 (govd's side): while an instance is being removed, `govc status`
+/// names the callers that have not yet acknowledged the endpoint set without
+/// it, in the table and in `-o json`; a caller that is stopped (SIGSTOP) is
+/// named until it runs again (SIGCONT) and acknowledges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_names_the_caller_a_removal_waits_for_until_it_acknowledges() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    apply_inv_and_web(
+        &govd,
+        dir.path(),
+        "  shutdown {\n    deregister\n    wait for gov\n    drain 5s\n  }\n",
+    )
+    .await;
+    let web = agent("web", "web-1")
+        .control_plane(&govd)
+        .outbound()
+        .start(dir.path())
+        .await;
+    let caller = web.outbound.unwrap();
+    let _a = inv_instance(&govd, dir.path(), "a").await;
+    let b = inv_instance(&govd, dir.path(), "b").await;
+    assert_eq!(reached(caller, 2).await, ["a", "b"]);
+
+    // The caller stops reading its stream; `b` leaves.
+    signal(&web.child, rustix::process::Signal::STOP);
+    let b_log = b.log.clone();
+    signal(&b.child, rustix::process::Signal::TERM);
+    // `inv-a` acknowledges at once; the stopped caller does not.
+    wait_until(
+        "govd to show inv-b waiting on web-1 only",
+        Duration::from_secs(10),
+        async || agent_state(&govd.status().await, "inv-b").removal_waiting_on == ["web/web-1"],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        agent_state(&govd.status().await, "inv-b").removal_waiting_on,
+        ["web/web-1"],
+        "still waiting on the stopped caller"
+    );
+    let table = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    let row = table
+        .stdout
+        .lines()
+        .find(|l| l.contains("inv-b"))
+        .unwrap_or_else(|| panic!("no inv-b row:\n{}", table.stdout));
+    assert!(row.contains("DRAINING"), "{row}");
+    assert!(row.contains("removal waiting on web/web-1"), "{row}");
+    let json = govc(&govd, Some(VIEWER_TOKEN), &["status", "-o", "json"]).await;
+    assert_eq!(json.code, 0, "{}", json.stderr);
+    let view: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let inv_b = view["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["instance"] == "inv-b")
+        .unwrap();
+    assert_eq!(
+        inv_b["removal_waiting_on"],
+        serde_json::json!(["web/web-1"])
+    );
+
+    // The caller runs again, acknowledges, and `b` hears it is dropped.
+    signal(&web.child, rustix::process::Signal::CONT);
+    wait_until(
+        "inv-b's wait for gov to end",
+        Duration::from_secs(15),
+        async || read(&b_log).contains("every caller has dropped this instance"),
+    )
+    .await;
+    let view = govd.status().await;
+    assert!(
+        view.agents
+            .iter()
+            .filter(|a| a.instance == "inv-b")
+            .all(|a| a.removal_waiting_on.is_empty()),
+        "{view:?}"
+    );
+    let table = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
+    assert!(
+        !table.stdout.contains("removal waiting on"),
+        "{}",
+        table.stdout
+    );
 }
 
 /// Issue 12, item 1, the agent's half: a tripped manual fuse survives a `kill -9` of
@@ -2486,7 +2685,11 @@ async fn each_role_may_do_what_it_says_and_the_audit_names_the_token() {
     assert!(records[0]["at"].as_str().unwrap().ends_with('Z'));
     let table = govc(&govd, Some(VIEWER_TOKEN), &["audit"]).await;
     assert_eq!(table.code, 0, "{}", table.stderr);
-    assert!(table.stdout.starts_with("TIME (UTC)"), "{}", table.stdout);
+    assert!(
+        table.stdout.starts_with("SEQ  TIME (UTC)"),
+        "{}",
+        table.stdout
+    );
     assert!(
         table.stdout.contains("fuse order/errors"),
         "{}",
@@ -2523,6 +2726,151 @@ async fn each_role_may_do_what_it_says_and_the_audit_names_the_token() {
     )
     .await;
     assert_eq!(bad.code, 64, "{}", bad.stderr);
+    govd.stop().await;
+}
+
+/// Issue 12: `govc audit` pages over a long log. govd answers one bounded
+/// page (never the whole log), `--before` walks back from the note's cursor
+/// without gaps or repeats, and `--since` still bounds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn govc_audit_pages_back_over_a_long_log_in_bounded_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    // 25,000 records of an old govd, 1 ms apart (older than any page bound).
+    let mut log = String::new();
+    for i in 1..=25_000u64 {
+        log.push_str(&format!(
+            "{{\"at_unix_ms\":{},\"who\":\"bot-{i}\",\"action\":\"apply\",\"version\":\"v{i}\"}}\n",
+            1_700_000_000_000 + i
+        ));
+    }
+    std::fs::write(state.join("audit.jsonl"), log).unwrap();
+    let govd = control_plane(&state).start().await;
+    let page = |args: Vec<String>| {
+        let govd = &govd;
+        async move {
+            let mut all = vec!["audit".to_owned(), "-o".into(), "json".into()];
+            all.extend(args);
+            let args: Vec<&str> = all.iter().map(String::as_str).collect();
+            let out = govc(govd, Some(VIEWER_TOKEN), &args).await;
+            assert_eq!(out.code, 0, "{}", out.stderr);
+            let records: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).unwrap();
+            let seqs: Vec<u64> = records.iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+            let next = flat(&out.stderr)
+                .split("govc audit --before ")
+                .nth(1)
+                .map(|n| n.trim().parse::<u64>().unwrap());
+            (seqs, next)
+        }
+    };
+    // Asking for everything gets govd's cap, the newest first page.
+    let (seqs, next) = page(vec!["--limit".into(), "0".into()]).await;
+    assert_eq!(seqs.len(), 10_000);
+    assert_eq!((seqs[0], *seqs.last().unwrap()), (15_001, 25_000));
+    assert_eq!(next, Some(15_001));
+    // Pages of 7,000 walk back to the first record.
+    let mut seen: Vec<u64> = Vec::new();
+    let mut before: Option<u64> = None;
+    loop {
+        let mut args = vec!["--limit".to_owned(), "7000".into()];
+        if let Some(b) = before {
+            args.extend(["--before".into(), b.to_string()]);
+        }
+        let (seqs, next) = page(args).await;
+        assert!(seqs.len() <= 7_000);
+        seen.splice(0..0, seqs);
+        match next {
+            Some(n) => before = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(seen, (1..=25_000).collect::<Vec<u64>>());
+    // --since bounds the pages too: its last 1,001 records, in two pages
+    // of the default 1,000.
+    let since = "2023-11-14T22:13:44Z"; // 1_700_000_024_000
+    let (seqs, next) = page(vec!["--since".into(), since.into()]).await;
+    assert_eq!(seqs, (24_001..=25_000).collect::<Vec<u64>>());
+    assert_eq!(next, Some(24_001));
+    let (seqs, next) = page(vec![
+        "--since".into(),
+        since.into(),
+        "--before".into(),
+        "24001".into(),
+    ])
+    .await;
+    assert_eq!((seqs, next), (vec![24_000], None));
+    govd.stop().await;
+}
+
+/// Issue 12: govd re-reads its token file on SIGHUP. A token taken out of
+/// the file stops working without a restart, a new one works, the reload
+/// is audited; a broken file keeps the tokens in force and the log says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_token_file_and_a_bad_one_keeps_the_old_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let govd = control_plane(&state).start().await;
+    let token_file = state.with_extension("token");
+    let status = async |token: &str| govc(&govd, Some(token), &["status"]).await;
+    assert_eq!(status(OPERATOR_TOKEN).await.code, 0);
+
+    // The operator's token is revoked, a new viewer's added.
+    std::fs::write(
+        &token_file,
+        "e2e e2e-admin-token admin\nboard e2e-viewer-token viewer\nauditor e2e-new-token viewer\n",
+    )
+    .unwrap();
+    signal(&govd.child, rustix::process::Signal::HUP);
+    wait_until(
+        "govd to reload its tokens",
+        Duration::from_secs(10),
+        async || read(&govd.log).contains("token files reloaded"),
+    )
+    .await;
+    let revoked = status(OPERATOR_TOKEN).await;
+    assert_ne!(
+        revoked.code, 0,
+        "a revoked token still works: {}",
+        revoked.stdout
+    );
+    assert!(
+        flat(&revoked.stderr).contains("not one govd knows"),
+        "{}",
+        revoked.stderr
+    );
+    assert_eq!(status("e2e-new-token").await.code, 0);
+    assert_eq!(status(VIEWER_TOKEN).await.code, 0);
+    let audit = govc(&govd, Some(VIEWER_TOKEN), &["audit", "-o", "json"]).await;
+    let records: Vec<serde_json::Value> = serde_json::from_str(&audit.stdout).unwrap();
+    let reload = records
+        .iter()
+        .find(|r| r["action"] == "tokens-reloaded")
+        .unwrap_or_else(|| panic!("{records:?}"));
+    assert_eq!(reload["who"], "govd (SIGHUP)");
+    let detail = reload["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("auditor (viewer)") && !detail.contains("oncall"),
+        "{detail}"
+    );
+    assert!(
+        !audit.stdout.contains("e2e-new-token"),
+        "a token in the audit log"
+    );
+
+    // A broken file: the tokens in force stay, and the log says why.
+    std::fs::write(&token_file, "e2e e2e-admin-token superuser\n").unwrap();
+    signal(&govd.child, rustix::process::Signal::HUP);
+    wait_until(
+        "govd to refuse the broken file",
+        Duration::from_secs(10),
+        async || read(&govd.log).contains("keeping the tokens in force"),
+    )
+    .await;
+    let log = read(&govd.log);
+    assert!(log.contains("unknown role `superuser`"), "{log}");
+    assert_eq!(status("e2e-new-token").await.code, 0);
+    assert_ne!(status(OPERATOR_TOKEN).await.code, 0);
     govd.stop().await;
 }
 
@@ -2887,6 +3235,48 @@ async fn fifty_applies_of_the_examples_keep_one_copy_of_each_source() {
     println!(
         "state.json: {first} bytes after 1 apply, {size} bytes after 50; the examples: {examples_bytes} bytes"
     );
+}
+
+/// Issue 12: the history is bounded by size. Six applies of a 150 KB policy
+/// that changes every time, under `--history-bytes 400000`: `state.json`
+/// keeps the two newest versions (two distinct texts fit, three do not),
+/// not six.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_of_large_changing_policies_stops_at_history_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let govd = control_plane(&state)
+        .args(&["--history-bytes", "400000"])
+        .start()
+        .await;
+    for i in 0..6 {
+        let comment: String = (0..12_000).map(|n| format!("# {i} {n:08}\n")).collect();
+        assert!(comment.len() > 140_000);
+        let policy = write(
+            dir.path(),
+            "big.gov",
+            &format!(
+                "{comment}service big_svc {{\n  match all = path prefix \"/\"\n  bulkhead b on all {{\n    max_concurrent {}\n  }}\n}}\n",
+                2 + i
+            ),
+        );
+        let applied = govc(&govd, Some(TOKEN), &["apply", "--wait", "0s", &policy]).await;
+        assert_eq!(
+            applied.code, 0,
+            "apply {i}: {}{}",
+            applied.stdout, applied.stderr
+        );
+    }
+    govd.stop().await;
+    let size = std::fs::metadata(state.join("state.json")).unwrap().len();
+    let saved: serde_json::Value = serde_json::from_str(&read(&state.join("state.json"))).unwrap();
+    let versions = saved["history"].as_array().unwrap();
+    assert_eq!(versions.len(), 2, "{versions:?}");
+    assert_eq!(
+        versions[1]["version"], saved["applied"]["version"],
+        "the version in force is kept"
+    );
+    assert!(size < 700_000, "state.json is {size} bytes");
 }
 
 // === a release an agent missed ===

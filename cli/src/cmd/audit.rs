@@ -1,6 +1,8 @@
-//! `govc audit [--since 2h|2026-12-01T08:00:00Z] [-o json]`: govd's audit
-//! log, oldest first: who applied or released what, and the latches agents
-//! tripped. It needs a token with the viewer role (or more).
+//! `govc audit [--since 2h|2026-12-01T08:00:00Z] [--limit N] [--before SEQ]
+//! [-o json]`: govd's audit log, oldest first: who applied or released
+//! what, and the latches agents tripped. govd answers one bounded page (the
+//! newest records that match); `--before` pages back. It needs a token with
+//! the viewer role (or more).
 
 use std::process::ExitCode;
 
@@ -17,9 +19,15 @@ pub struct Args {
     #[arg(long, value_name = "DURATION|TIME", value_parser = parse_since)]
     pub since: Option<Since>,
 
-    /// At most this many records (the newest).
+    /// At most this many records (the newest); govd sends at most 10,000,
+    /// and about 1 MiB, in one page.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub limit: u32,
+
+    /// Only records before this position in the log (the `SEQ` column):
+    /// the next older page, as the note after a partial page says.
+    #[arg(long, value_name = "SEQ")]
+    pub before: Option<u64>,
 
     #[command(flatten)]
     pub remote: RemoteArgs,
@@ -48,6 +56,7 @@ pub fn run(args: Args) -> ExitCode {
     let request = pb::AuditRequest {
         since_unix_ms,
         limit: args.limit,
+        before_seq: args.before.unwrap_or(0),
     };
     let result = remote::block_on(async {
         let mut client = args.remote.connect().await?;
@@ -77,8 +86,9 @@ pub fn run(args: Args) -> ExitCode {
     }
     if result.left_out > 0 {
         gov_proto::errln!(
-            "note: {} older record(s) left out; narrow --since or raise --limit",
-            result.left_out
+            "note: {} older record(s) left out; the next page: govc audit --before {}",
+            result.left_out,
+            result.next_before_seq
         );
     }
     ExitCode::SUCCESS
@@ -89,6 +99,7 @@ fn json(r: &pb::AuditRecord) -> serde_json::Value {
     serde_json::json!({
         "at": rfc3339(r.at_unix_ms),
         "at_unix_ms": r.at_unix_ms,
+        "seq": r.seq,
         "who": r.who,
         "action": r.action,
         "version": r.version,
@@ -105,6 +116,7 @@ fn render(result: &pb::AuditResult) -> String {
         return "no audit records\n".to_owned();
     }
     let mut rows = vec![vec![
+        "SEQ".to_owned(),
         "TIME (UTC)".to_owned(),
         "WHO".to_owned(),
         "ACTION".to_owned(),
@@ -127,6 +139,7 @@ fn render(result: &pb::AuditResult) -> String {
             detail.push_str(&r.targets.join(","));
         }
         rows.push(vec![
+            r.seq.to_string(),
             rfc3339(r.at_unix_ms),
             r.who.clone(),
             r.action.clone(),

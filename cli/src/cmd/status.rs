@@ -120,6 +120,15 @@ fn weight(a: &pb::AgentView) -> String {
     }
 }
 
+/// The callers a removal waits for, in the words of `-o json`'s
+/// `removal_waiting_on`.
+fn removal_waiting_on(a: &pb::AgentView) -> String {
+    format!(
+        "removal waiting on {} (not yet acknowledged the endpoints without it)",
+        a.removal_waiting_on.join(", ")
+    )
+}
+
 /// Whether a view filtered by service holds nothing at all: no agent, rule,
 /// fuse or limit (the service is unknown, or misspelt).
 fn knows_nothing_of(view: &pb::ClusterView) -> bool {
@@ -157,11 +166,17 @@ pub fn render(view: &pb::ClusterView) -> String {
             .to_vec(),
         ];
         for a in &view.agents {
-            let detail = match (a.rule.is_empty(), a.reason.is_empty()) {
+            let mut detail = match (a.rule.is_empty(), a.reason.is_empty()) {
                 (false, _) => format!("rule {}: {}", a.rule, a.reason),
                 (true, false) => a.reason.clone(),
                 (true, true) => String::new(),
             };
+            if !a.removal_waiting_on.is_empty() {
+                if !detail.is_empty() {
+                    detail.push_str("; ");
+                }
+                detail.push_str(&removal_waiting_on(a));
+            }
             rows.push(vec![
                 a.service.clone(),
                 a.instance.clone(),
@@ -321,5 +336,30 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("order/crm  16m40s  1h43m"), "{text}");
+    }
+
+    #[test]
+    fn a_removal_names_the_callers_it_waits_for_in_the_table_and_in_json() {
+        let view = pb::ClusterView {
+            agents: vec![pb::AgentView {
+                service: "inv".into(),
+                instance: "inv-b".into(),
+                state: pb::SyncState::Synced as i32,
+                phase: pb::Phase::Draining as i32,
+                removal_waiting_on: vec!["web/web-1".into(), "web/web-2".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = render(&view);
+        assert!(
+            text.contains("removal waiting on web/web-1, web/web-2"),
+            "{text}"
+        );
+        let json = table_words(serde_json::to_value(&view).unwrap()).to_string();
+        assert!(
+            json.contains(r#""removal_waiting_on":["web/web-1","web/web-2"]"#),
+            "{json}"
+        );
     }
 }

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use gov_control_plane::auth::{Tokens, check_start, read_named_tokens, read_token_file};
-use gov_control_plane::{ConnectionLimits, ControlPlane, Error, Limits, Options, serve};
+use gov_control_plane::{
+    ConnectionLimits, ControlPlane, Error, HistoryLimit, Limits, Options, serve,
+};
 use gov_proto::flag::parse_duration;
 use gov_proto::log::LogFormat;
 use gov_proto::signal::Signals;
@@ -109,8 +111,14 @@ struct Args {
     drain_timeout: Duration,
 
     /// Applied versions kept in the history.
-    #[arg(long, env = "GOV_HISTORY", default_value_t = 50)]
+    #[arg(long, env = "GOV_HISTORY", default_value_t = HistoryLimit::default().entries)]
     history: usize,
+
+    /// Most bytes of policy text the history keeps in state.json; older
+    /// versions are dropped first (the one in force always stays). A text
+    /// shared by many versions counts once.
+    #[arg(long, env = "GOV_HISTORY_BYTES", default_value_t = HistoryLimit::default().bytes)]
+    history_bytes: usize,
 
     /// Largest policy accepted by `Apply` and dry runs, in bytes (all files
     /// together); larger ones are refused before any compile work.
@@ -190,7 +198,10 @@ async fn run(args: Args) -> Result<(), Error> {
         .as_deref()
         .map(read_token_file)
         .transpose()?;
-    options.history_limit = args.history;
+    options.history = HistoryLimit {
+        entries: args.history,
+        bytes: args.history_bytes,
+    };
     options.limits = Limits {
         max_policy_bytes: args.max_policy_bytes,
         max_statements: args.max_statements,
@@ -262,6 +273,20 @@ async fn run(args: Args) -> Result<(), Error> {
     };
     let metrics = metrics.map_or_else(|| "off".to_owned(), |a| a.to_string());
     let mut signals = Signals::install(OTHERWISE);
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hup) => {
+            tokio::spawn(reload_tokens_on_sighup(
+                control_plane.clone(),
+                args.token_file.clone(),
+                args.agent_token_file.clone(),
+                hup,
+                shutdown.clone(),
+            ));
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot catch SIGHUP: the token files are read once, at start");
+        }
+    }
     // Tests and scripts read the bound ports from this line.
     tracing::info!(listen = %addr, %metrics, state_dir = %args.state_dir.display(), "govd started");
     {
@@ -277,6 +302,50 @@ async fn run(args: Args) -> Result<(), Error> {
         });
     }
     serve(listener, control_plane, shutdown, args.drain_timeout).await
+}
+
+/// Re-reads `--token-file` and `--agent-token-file` on each SIGHUP: a
+/// token removed from the file stops working at once, without a restart.
+/// A file that cannot be read or parsed changes nothing (the tokens in
+/// force stay) and the log says why.
+async fn reload_tokens_on_sighup(
+    control_plane: ControlPlane,
+    token_file: Option<PathBuf>,
+    agent_token_file: Option<PathBuf>,
+    mut hup: tokio::signal::unix::Signal,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            got = hup.recv() => if got.is_none() { return },
+        }
+        let Some(path) = &token_file else {
+            tracing::warn!(
+                "SIGHUP: govd runs without --token-file (--insecure); there are no tokens to reload"
+            );
+            continue;
+        };
+        let named = match read_named_tokens(path) {
+            Ok(named) => named,
+            Err(error) => {
+                tracing::error!(error = %gov_control_plane::one_line(&error), "SIGHUP: the token file cannot be used; keeping the tokens in force");
+                continue;
+            }
+        };
+        let agent = match agent_token_file.as_deref().map(read_token_file).transpose() {
+            Ok(agent) => agent,
+            Err(error) => {
+                tracing::error!(error = %gov_control_plane::one_line(&error), "SIGHUP: the agent token file cannot be used; keeping the tokens in force");
+                continue;
+            }
+        };
+        let count = named.len();
+        control_plane
+            .set_tokens(Tokens { named, agent }, "SIGHUP")
+            .await;
+        tracing::info!(tokens = count, "SIGHUP: token files reloaded");
+    }
 }
 
 /// The TLS configuration the flags ask for, if any.
