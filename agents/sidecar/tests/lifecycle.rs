@@ -724,6 +724,7 @@ async fn the_kubernetes_pre_stop_hook_runs_the_shutdown_steps() {
     tokio::time::timeout(Duration::from_secs(10), sidecar.stopped())
         .await
         .expect("the agent stopped");
+}
 
 /// The agent fills in no step value: a probe without its timeout, status or
 /// period, a ramp without its length, a stop without its action, each keeps
