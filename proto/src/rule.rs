@@ -42,20 +42,3 @@ impl TargetConfig {
         self.rules.iter().find(|r| r.name == name)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_rule_kind_has_its_spec() {
-        let specs = [
-            Spec::Bulkhead(Bulkhead::default()),
-            Spec::Limit(Limit::default()),
-            Spec::Fuse(Fuse::default()),
-        ];
-        let kinds: Vec<RuleKind> = specs.iter().map(Spec::kind).collect();
-        assert_eq!(kinds, RuleKind::RULES);
-        assert_eq!(Rule::default().kind(), RuleKind::Unspecified);
-    }
-}

@@ -81,6 +81,21 @@ impl SyncState {
 mod tests {
     use super::*;
 
+    /// `RuleKind::RULES` lists every kind of `Rule.spec`, in the oneof's
+    /// order: a new kind's spec goes here, beside its word.
+    #[test]
+    fn every_rule_kind_has_its_spec() {
+        use crate::v1::{Bulkhead, Fuse, Limit, Rule};
+        let specs = [
+            Spec::Bulkhead(Bulkhead::default()),
+            Spec::Limit(Limit::default()),
+            Spec::Fuse(Fuse::default()),
+        ];
+        let kinds: Vec<RuleKind> = specs.iter().map(Spec::kind).collect();
+        assert_eq!(kinds, RuleKind::RULES);
+        assert_eq!(Rule::default().kind(), RuleKind::Unspecified);
+    }
+
     #[test]
     fn every_kind_has_a_distinct_word() {
         // 4 is reserved (the old unproducible timeout kind).
