@@ -726,6 +726,14 @@ fn render_agent_detail(
     lines.push(field("enforcing", a.last_good_version.clone()));
     lines.push(field("phase", a.phase().word()));
     lines.push(field("last seen", ago(app.now_ms, a.last_seen_unix_ms)));
+    // Leaving: the callers that still route to it (they have not acknowledged
+    // the endpoint set without it), as `govc status` shows them.
+    if !a.removal_waiting_on.is_empty() {
+        lines.push(Line::from(vec![
+            Span::styled(format!("{:<11}", "removal"), Style::new().dark_gray()),
+            Span::raw(format!("waiting on {}", a.removal_waiting_on.join(", "))).yellow(),
+        ]));
+    }
     for (k, v) in &a.labels {
         lines.push(field("label", format!("{k}={v}")));
     }

@@ -41,6 +41,32 @@ fn busy_cluster_rule_detail() {
     assert_snapshot!(draw(&app, 120, 36));
 }
 
+/// An instance on its way out names the callers that still route to it, as
+/// `govc status` does (the status's `removal_waiting_on`).
+#[test]
+fn a_leaving_agent_names_the_callers_it_waits_on() {
+    let mut app = busy_app();
+    let mut view = busy_view(61);
+    let leaving = view
+        .agents
+        .iter_mut()
+        .find(|a| a.instance == "order-7d9f-2")
+        .unwrap();
+    leaving.removal_waiting_on = vec!["gateway/gateway-0".into(), "web/web-1".into()];
+    update(&mut app, Msg::Tick(T0 + 1_000));
+    update(&mut app, Msg::View(view));
+    update(&mut app, key(KeyCode::End));
+    let screen = draw(&app, 120, 36);
+    assert!(screen.contains("Agent order-7d9f-2"), "{screen}");
+    assert!(
+        screen.contains("removal    waiting on gateway/gateway-0, web/web-1"),
+        "{screen}"
+    );
+    // Once they have all acknowledged, the line goes.
+    update(&mut app, Msg::View(busy_view(62)));
+    assert!(!draw(&app, 120, 36).contains("waiting on"));
+}
+
 #[test]
 fn nacked_agent() {
     let mut app = busy_app();
