@@ -156,30 +156,30 @@ fn now_unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// `30m`, `2h`, `7d`, `90s`; or `2026-12-01T08:00:00Z`, `2026-12-01`.
+/// A duration as every flag takes it (`30m`, `1.5h`, `90s`: gov-proto's one
+/// duration parser), whole days (`7d`, for looking back only), or a UTC time
+/// (`2026-12-01T08:00:00Z`, `2026-12-01`).
 fn parse_since(s: &str) -> Result<Since, String> {
     let s = s.trim();
     if s.contains('-') {
         return parse_time(s).map(Since::At);
     }
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
     let bad = || {
         format!(
             "`{s}` is neither a duration (`30m`, `2h`, `7d`) nor a UTC time (`2026-12-01T08:00:00Z`)"
         )
     };
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let unit_ms: u64 = match unit {
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(unit_ms)
+    if let Some(days) = s.strip_suffix('d') {
+        let days: u64 = days.parse().map_err(|_| bad())?;
+        return days
+            .checked_mul(86_400_000)
+            .map(Since::Ago)
+            .ok_or_else(|| format!("`{s}` is too long ago"));
+    }
+    let ago = gov_proto::flag::parse_duration(s).map_err(|e| format!("{}: {e}", bad()))?;
+    u64::try_from(ago.as_millis())
         .map(Since::Ago)
-        .ok_or_else(|| format!("`{s}` is too long ago"))
+        .map_err(|_| format!("`{s}` is too long ago"))
 }
 
 /// `YYYY-MM-DD` or `YYYY-MM-DDTHH:MM:SSZ` (UTC) as ms since the epoch.
@@ -272,6 +272,9 @@ mod tests {
         assert_eq!(parse_since("30m"), Ok(Since::Ago(1_800_000)));
         assert_eq!(parse_since("2h"), Ok(Since::Ago(7_200_000)));
         assert_eq!(parse_since("7d"), Ok(Since::Ago(604_800_000)));
+        // The flags' own spellings: fractions and `min`, as every duration flag.
+        assert_eq!(parse_since("1.5h"), Ok(Since::Ago(5_400_000)));
+        assert_eq!(parse_since("2min"), Ok(Since::Ago(120_000)));
         assert_eq!(parse_since("1970-01-02"), Ok(Since::At(86_400_000)));
         assert_eq!(
             parse_since("2026-12-01T08:00:00Z"),
@@ -289,6 +292,8 @@ mod tests {
             "2026-12-01T24:00:00Z",
             "26-12-01",
             "99999999999999999999d",
+            "1.5d",
+            "0.0001ms",
         ] {
             assert!(parse_since(bad).is_err(), "{bad}");
         }
