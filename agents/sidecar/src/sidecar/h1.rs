@@ -461,10 +461,12 @@ impl Conn<'_> {
     ///
     /// Two second attempts, each at most once: a request that could not connect goes
     /// to another endpoint of the called service (nothing of it was sent, so any
-    /// method); a request without a body whose kept-alive connection turns out to be
-    /// closed before answering is sent again (as nginx and hyper do for idempotent
-    /// requests). Both may happen to one request: a resend that finds the endpoint
-    /// gone connects elsewhere.
+    /// method); a request without a body and with an idempotent method that got no
+    /// byte of an answer is sent again (as nginx does for idempotent requests): an
+    /// outbound call to another endpoint when there is one, on a new connection or
+    /// a kept-alive one; an inbound request only when its kept-alive connection was
+    /// closed (the local service's idle timeout). Both may happen to one request: a
+    /// resend that finds the endpoint gone connects elsewhere.
     async fn forward(
         &mut self,
         client: &mut impl Io,
@@ -509,9 +511,31 @@ impl Conn<'_> {
                 )
                 .await;
             match exchange {
-                (Exchange::Stale, _) if reused && replayable && !resent => {
-                    tracing::debug!(authority = %to.authority(), "kept-alive upstream connection was closed; sending again");
+                // No byte of an answer. An outbound call is sent again to another
+                // endpoint when there is one, whether the connection was kept alive
+                // or new: an endpoint that hangs up may be going away (a killed
+                // instance closes its connections a moment before its port).
+                (Exchange::Stale, _)
+                    if replayable && !resent && (reused || matches!(to, Dest::Endpoint(_))) =>
+                {
                     resent = true;
+                    if let Dest::Endpoint(pick) = &to {
+                        // A new connection closed unanswered is a failure; a
+                        // kept-alive one may have met only its idle timeout.
+                        if !reused {
+                            pick.failed();
+                        }
+                        if let Some(next) = pick.retry() {
+                            tracing::debug!(
+                                from = %pick.endpoint().authority,
+                                to = %next.endpoint().authority,
+                                "upstream closed without answering; sending to another endpoint"
+                            );
+                            to = Dest::Endpoint(next);
+                            continue;
+                        }
+                    }
+                    tracing::debug!(authority = %to.authority(), "kept-alive upstream connection was closed; sending again");
                     continue;
                 }
                 (Exchange::Stale, _) => {
