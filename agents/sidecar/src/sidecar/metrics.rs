@@ -259,7 +259,7 @@ fn render_endpoints(enc: &mut Encoder, endpoints: &[EndpointStats]) {
         (
             "gov_agent_endpoint_slow",
             "gauge",
-            "1 while the endpoint is a latency outlier (over 3x the median estimate: probes only), else 0.",
+            "1 while the endpoint is a latency outlier (mean over 3x the median: probes only), else 0.",
             |e| u64::from(e.slow),
         ),
     ];
