@@ -7,7 +7,10 @@
 # Placement: vCPU0 = load generator; vCPU1 = the instances and both agents. Runs are
 # interleaved (round-robin, peak-ewma, round-robin, ...); the summary quotes medians
 # of per-run values, with the share of calls each agent sent to the slow instance
-# (from its /metrics), which host noise does not blur as it blurs the tail.
+# (from its /metrics), which host noise does not blur as it blurs the tail, and the
+# median of the per-run ratios peak-ewma / round-robin (each pair of runs back to
+# back, so a busy box weighs on both arms of a ratio alike). Each line records the
+# 1-minute load average before the run.
 #
 #   bench/balance.sh                  # RUNS=3 SECS=10 RATE=2000 CONNS=64 FAST_MS=2 SLOW_MS=20
 #   RUNS=5 SECS=15 bench/balance.sh
@@ -65,15 +68,16 @@ sent() { # admin -> "slow total"
     END { print s + 0, all + 0 }'
 }
 
-echo -e "run\tarm\trps\tok\terrors\tp50_us\tp90_us\tp99_us\tp999_us\tslow_share" > "$OUT"
+echo -e "run\tarm\trps\tok\terrors\tp50_us\tp90_us\tp99_us\tp999_us\tslow_share\tload" > "$OUT"
 measure() { # arm -> one TSV line
-  local arm=$1 line before after share
+  local arm=$1 line before after share load
+  load=$(cut -d' ' -f1 /proc/loadavg)
   before=$(sent "$(admin_of "$arm")")
   line=$(taskset -c 0 "$LOAD" rate "$(url_of "$arm")" "$RATE" "$SECS" "$CONNS" inventory)
   after=$(sent "$(admin_of "$arm")")
   share=$(python3 -c "b='$before'.split(); a='$after'.split(); print(round((int(a[0])-int(b[0]))/max(1,int(a[1])-int(b[1])), 4))")
   get() { sed -E "s/.*[ ^]$1=([0-9.]+).*/\1/" <<<" $line"; }
-  echo -e "$run\t$arm\t$(get achieved_rps)\t$(get ok)\t$(get errors)\t$(get p50_us)\t$(get p90_us)\t$(get p99_us)\t$(get p999_us)\t$share" | tee -a "$OUT"
+  echo -e "$run\t$arm\t$(get achieved_rps)\t$(get ok)\t$(get errors)\t$(get p50_us)\t$(get p90_us)\t$(get p99_us)\t$(get p999_us)\t$share\t$load" | tee -a "$OUT"
 }
 
 echo "warm-up..." >&2
@@ -95,6 +99,14 @@ for arm in ("round-robin", "peak-ewma"):
     rs = [r for r in rows if r["arm"] == arm]
     med[arm] = {k: st.median(float(r[k]) for r in rs) for k in ("rps", "errors", "p50_us", "p90_us", "p99_us", "p999_us", "slow_share")}
     print(f"  {arm:12} " + "  ".join(f"{k}={v:.0f}" if k != "slow_share" else f"{k}={v:.3f}" for k, v in med[arm].items()))
-for k in ("p50_us", "p90_us", "p99_us"):
-    print(f"  {k} peak-ewma/round-robin: {med['peak-ewma'][k] / med['round-robin'][k]:.2f}x")
+by_run = {}
+for r in rows:
+    by_run.setdefault(r["run"], {})[r["arm"]] = r
+pairs = [v for v in by_run.values() if "round-robin" in v and "peak-ewma" in v]
+for k in ("p50_us", "p90_us", "p99_us", "p999_us"):
+    ratios = [float(v["peak-ewma"][k]) / float(v["round-robin"][k]) for v in pairs]
+    print(f"  {k} peak-ewma/round-robin: ratio of medians {med['peak-ewma'][k] / med['round-robin'][k]:.2f}x,"
+          f" median of per-run ratios {st.median(ratios):.2f}x (per run: {' '.join(f'{x:.2f}' for x in ratios)})")
+loads = [float(r["load"]) for r in rows]
+print(f"  load average (1 min) before the runs: {min(loads):.1f}-{max(loads):.1f}")
 PY

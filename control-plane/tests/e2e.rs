@@ -664,14 +664,18 @@ async fn inv_instance(govd: &Govd, dir: &Path, name: &'static str) -> Agent {
 }
 
 /// The instances of `inv` (by their answer) `caller` reaches, calling until it
-/// has seen `want` of them (at most 200 calls).
+/// has seen `want` of them, for at most 60 s. The bound is time, not a count of
+/// calls: an instance is reached once its agent has connected, registered and
+/// govd's push has been acknowledged by the caller, which on a busy machine can
+/// take longer than a few hundred calls (the count this used to have).
 async fn reached(caller: SocketAddr, want: usize) -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..200 {
+    loop {
         if let (200, body) = call(caller, "inv").await {
             seen.insert(body);
         }
-        if seen.len() >= want {
+        if seen.len() >= want || std::time::Instant::now() >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -70,6 +70,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Io for S {}
 const MAX_DISCARD: u64 = 64 * 1024;
 /// Keep-alive upstream connections one client connection keeps.
 const MAX_UPSTREAMS: usize = 4;
+/// How long after the listener's stop a connection that has not sent its first
+/// request yet may still send it: the bytes of a request sent as the stop lands
+/// are on their way (a client cannot tell an unread first request from a lost
+/// one, and need not retry a request on a fresh connection).
+pub(crate) const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 
 /// What a connection of a proxy listener needs.
 #[derive(Clone)]
@@ -142,6 +147,8 @@ where
         idle: Deadline::new(),
         route: Deadline::new(),
         stopped: Box::pin(cx.stop.clone().cancelled_owned()),
+        first: true,
+        grace: None,
     };
     let end = conn.run(&mut client).await;
     // The upstream connections outlive this client connection in the idle pool.
@@ -205,6 +212,11 @@ struct Conn<'c> {
     /// connection: a new one per request would join and leave the token's waiter
     /// list (a lock each) every time.
     stopped: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// No request head has been read on this connection yet.
+    first: bool,
+    /// Set when the stop came while the first request was still awaited: until
+    /// when it may come.
+    grace: Option<Instant>,
 }
 
 /// Why an exchange with the upstream ended.
@@ -225,7 +237,7 @@ impl Conn<'_> {
     async fn run(&mut self, client: &mut impl Io) -> End {
         loop {
             match self.read_head(client).await {
-                HeadRead::Ready => {}
+                HeadRead::Ready => self.first = false,
                 HeadRead::Closed => return End::Close,
                 HeadRead::Refused(refusal) => {
                     refuse(client, self.cx, refusal).await;
@@ -245,8 +257,10 @@ impl Conn<'_> {
 
     /// Reads until the buffer holds a whole head (after up to four empty lines,
     /// which are dropped). Ends on close, past the header-read timeout, on the
-    /// listener's stop while waiting for a next request, on a line that does not
-    /// end with CRLF, and on a head larger than [`MAX_HEAD`].
+    /// listener's stop while waiting for a next request (for the first request of
+    /// the connection: [`FIRST_REQUEST_GRACE`] after the stop, if no byte of it
+    /// has come), on a line that does not end with CRLF, and on a head larger
+    /// than [`MAX_HEAD`].
     async fn read_head(&mut self, client: &mut impl Io) -> HeadRead {
         let mut scanned = 0;
         // From the first read on: a slow head does not move it.
@@ -271,23 +285,40 @@ impl Conn<'_> {
                 return HeadRead::Refused(Refusal::HeadTooLarge);
             }
             scanned = self.buf.len().saturating_sub(3);
-            // Waiting for a next request (nothing of it read yet) ends on stop.
+            // Waiting for a next request (nothing of it read yet) ends on stop; for
+            // the first, the stop starts its grace instead.
             let idle = self.buf.is_empty();
+            let watch_stop = idle && self.grace.is_none();
             self.buf.reserve(READ_CHUNK);
             let read = client.read_buf(&mut self.buf);
-            let n = match self.cx.header_read_timeout {
+            let mut limit = self
+                .cx
+                .header_read_timeout
+                .map(|limit| *deadline.get_or_insert_with(|| self.idle.arm_at_least(limit)));
+            if let Some(grace) = self.grace.filter(|_| idle) {
+                let at = limit.map_or(grace, |at| at.min(grace));
+                self.idle.arm_before(at);
+                limit = Some(at);
+            }
+            // `None`: the stop came. (`read_buf` is cancel safe: a branch that wins
+            // leaves nothing read.)
+            let n = match limit {
                 None => tokio::select! {
-                    n = read => n,
-                    () = &mut self.stopped, if idle => return HeadRead::Closed,
+                    n = read => Some(n),
+                    () = &mut self.stopped, if watch_stop => None,
                 },
-                Some(limit) => {
-                    let at = *deadline.get_or_insert_with(|| self.idle.arm_at_least(limit));
-                    tokio::select! {
-                        n = read => n,
-                        () = &mut self.stopped, if idle => return HeadRead::Closed,
-                        () = self.idle.expired(at) => return HeadRead::Closed,
-                    }
+                Some(at) => tokio::select! {
+                    n = read => Some(n),
+                    () = &mut self.stopped, if watch_stop => None,
+                    () = self.idle.expired(at) => return HeadRead::Closed,
+                },
+            };
+            let Some(n) = n else {
+                if !self.first {
+                    return HeadRead::Closed;
                 }
+                self.grace = Some(Instant::now() + FIRST_REQUEST_GRACE);
+                continue;
             };
             match n {
                 Ok(0) | Err(_) => return HeadRead::Closed,
@@ -430,10 +461,12 @@ impl Conn<'_> {
     ///
     /// Two second attempts, each at most once: a request that could not connect goes
     /// to another endpoint of the called service (nothing of it was sent, so any
-    /// method); a request without a body whose kept-alive connection turns out to be
-    /// closed before answering is sent again (as nginx and hyper do for idempotent
-    /// requests). Both may happen to one request: a resend that finds the endpoint
-    /// gone connects elsewhere.
+    /// method); a request without a body and with an idempotent method that got no
+    /// byte of an answer is sent again (as nginx does for idempotent requests): an
+    /// outbound call to another endpoint when there is one, on a new connection or
+    /// a kept-alive one; an inbound request only when its kept-alive connection was
+    /// closed (the local service's idle timeout). Both may happen to one request: a
+    /// resend that finds the endpoint gone connects elsewhere.
     async fn forward(
         &mut self,
         client: &mut impl Io,
@@ -478,9 +511,31 @@ impl Conn<'_> {
                 )
                 .await;
             match exchange {
-                (Exchange::Stale, _) if reused && replayable && !resent => {
-                    tracing::debug!(authority = %to.authority(), "kept-alive upstream connection was closed; sending again");
+                // No byte of an answer. An outbound call is sent again to another
+                // endpoint when there is one, whether the connection was kept alive
+                // or new: an endpoint that hangs up may be going away (a killed
+                // instance closes its connections a moment before its port).
+                (Exchange::Stale, _)
+                    if replayable && !resent && (reused || matches!(to, Dest::Endpoint(_))) =>
+                {
                     resent = true;
+                    if let Dest::Endpoint(pick) = &to {
+                        // A new connection closed unanswered is a failure; a
+                        // kept-alive one may have met only its idle timeout.
+                        if !reused {
+                            pick.failed();
+                        }
+                        if let Some(next) = pick.retry() {
+                            tracing::debug!(
+                                from = %pick.endpoint().authority,
+                                to = %next.endpoint().authority,
+                                "upstream closed without answering; sending to another endpoint"
+                            );
+                            to = Dest::Endpoint(next);
+                            continue;
+                        }
+                    }
+                    tracing::debug!(authority = %to.authority(), "kept-alive upstream connection was closed; sending again");
                     continue;
                 }
                 (Exchange::Stale, _) => {

@@ -232,7 +232,7 @@ fn render_endpoints(enc: &mut Encoder, endpoints: &[EndpointStats]) {
         return;
     }
     type Read = fn(&EndpointStats) -> u64;
-    let families: [(&str, &str, &str, Read); 4] = [
+    let families: [(&str, &str, &str, Read); 5] = [
         (
             "gov_agent_endpoint_requests_total",
             "counter",
@@ -256,6 +256,12 @@ fn render_endpoints(enc: &mut Encoder, endpoints: &[EndpointStats]) {
             "gauge",
             "1 while the endpoint is ejected (the balancer skips it), else 0.",
             |e| u64::from(e.ejected),
+        ),
+        (
+            "gov_agent_endpoint_slow",
+            "gauge",
+            "1 while the endpoint is a latency outlier (mean over 3x the median: probes only), else 0.",
+            |e| u64::from(e.slow),
         ),
     ];
     for (name, kind, help, read) in families {
@@ -411,6 +417,7 @@ mod tests {
             outstanding: 2,
             ejections: 1,
             ejected: true,
+            slow: false,
         };
         render_endpoints(&mut enc, &[stats]);
         let text = enc.finish();
@@ -419,6 +426,7 @@ mod tests {
             "gov_agent_endpoint_outstanding{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 2\n",
             "gov_agent_endpoint_ejections_total{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 1\n",
             "gov_agent_endpoint_ejected{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 1\n",
+            "gov_agent_endpoint_slow{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 0\n",
             "gov_agent_endpoint_weight_ratio{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 0.5\n",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");

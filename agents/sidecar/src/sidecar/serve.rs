@@ -60,33 +60,39 @@ pub(crate) async fn accept_loop<S, F>(
                 continue;
             }
         };
-        if open.count() >= open.max {
-            // Dropping the stream closes it: the client sees a reset or EOF at once
-            // instead of waiting in the backlog.
-            if open.over_cap.fetch_add(1, Ordering::Relaxed) == 0 {
-                tracing::warn!(
-                    listener = name,
-                    max = open.max,
-                    "connection cap reached; closing new connections (raise --max-connections)"
-                );
-            }
-            drop(stream);
-            continue;
-        }
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(listener = name, %error, "cannot set TCP_NODELAY");
-        }
-        let guard = open.enter();
-        let conn = serve(stream, peer);
-        tokio::spawn(async move {
-            conn.await;
-            drop(guard);
-        });
+        admit(name, stream, peer, &open, &serve);
     }
 
-    // Closing the socket now makes new connects fail fast instead of queueing in the
-    // backlog while we drain.
-    drop(listener);
+    // The connects already in the listen backlog completed their handshake, and
+    // their clients may have sent a request: accept them all (without waiting) and
+    // serve them like the others (`h1.rs` reads a first request that comes with
+    // the stop), then close the socket, so that new connects are refused at once
+    // instead of queueing while we drain. What is left is a connect completing
+    // between the last accept and the close: a few microseconds, reset.
+    match listener.into_std() {
+        Ok(listener) => loop {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    let stream = stream
+                        .set_nonblocking(true)
+                        .and_then(|()| TcpStream::from_std(stream));
+                    match stream {
+                        Ok(stream) => admit(name, stream, peer, &open, &serve),
+                        Err(error) => {
+                            tracing::debug!(listener = name, %error, "cannot serve a connection of the backlog");
+                        }
+                    }
+                }
+                Err(error) => {
+                    if error.kind() != std::io::ErrorKind::WouldBlock {
+                        tracing::debug!(listener = name, %error, "accepting the backlog failed");
+                    }
+                    break;
+                }
+            }
+        },
+        Err(error) => tracing::debug!(listener = name, %error, "cannot accept the backlog"),
+    }
     let drain = drain.get();
     tracing::info!(listener = name, open_connections = open.count(), "draining");
     if tokio::time::timeout(drain, open.idle()).await.is_err() {
@@ -96,6 +102,42 @@ pub(crate) async fn accept_loop<S, F>(
             "drain deadline passed; closing the remaining connections"
         );
     }
+}
+
+/// Serves an accepted connection, or closes it at once when the listener has its
+/// cap of open connections.
+fn admit<S, F>(
+    name: &'static str,
+    stream: TcpStream,
+    peer: SocketAddr,
+    open: &Arc<Connections>,
+    serve: &S,
+) where
+    S: Fn(TcpStream, SocketAddr) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    if open.count() >= open.max {
+        // Dropping the stream closes it: the client sees a reset or EOF at once
+        // instead of waiting in the backlog.
+        if open.over_cap.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                listener = name,
+                max = open.max,
+                "connection cap reached; closing new connections (raise --max-connections)"
+            );
+        }
+        drop(stream);
+        return;
+    }
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(listener = name, %error, "cannot set TCP_NODELAY");
+    }
+    let guard = open.enter();
+    let conn = serve(stream, peer);
+    tokio::spawn(async move {
+        conn.await;
+        drop(guard);
+    });
 }
 
 /// The open connections of a listener, its cap, and what it refused.

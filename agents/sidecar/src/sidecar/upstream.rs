@@ -10,6 +10,20 @@
 //! the tail; a latency estimate can. The estimate jumps to a slower sample at once
 //! and forgets it over about 10 s.
 //!
+//! Latency outliers: P2C alone still sends a 10x slower endpoint a few percent of
+//! the calls (it wins a pair whenever the other endpoint's queue makes it look
+//! dearer), and a few percent is enough to put its latency into p99. So, as Envoy's
+//! outlier detection compares each host with the others' success rate, every
+//! [`JUDGE_EVERY`] the balancer compares each endpoint's mean latency (a plain
+//! moving average over about a second, not the peak) with the median of the
+//! service's (upper median, of at least [`MIN_FOR_OUTLIERS`] estimates): one
+//! above [`SLOW_FACTOR`] times it is *slow*, and leaves the pairs. It still gets one
+//! request (a probe) when [`PROBE_EVERY`] has passed and none is outstanding, so its
+//! estimate stays fresh and it returns when its latency does. Being above the
+//! median, fewer than half the endpoints can be slow at once; and as the others
+//! take its share their own latency (queueing included) rises, which lowers the
+//! ratio: the rule cannot pile a service onto one endpoint.
+//!
 //! Passive health: connect failures and resets in a row eject an endpoint for a
 //! back-off that doubles with each ejection in a row (bounded); the last available
 //! endpoint is never ejected, and if every endpoint is out anyway (a new set of
@@ -19,7 +33,7 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -208,6 +222,10 @@ const FULL_WEIGHT: u32 = crate::lifecycle::FULL_WEIGHT;
 /// Finagle's default).
 const DECAY_NANOS: f64 = 10e9;
 
+/// How fast the mean latency outliers are judged on forgets: a sample this old
+/// weighs 1/e.
+const MEAN_NANOS: f64 = 1e9;
+
 /// The cost of an endpoint that has not answered yet while a request to it is
 /// outstanding: a new endpoint takes one probe at a time until its first response
 /// (Finagle's penalty).
@@ -221,6 +239,21 @@ pub const EJECT_BASE: Duration = Duration::from_secs(1);
 
 /// The longest ejection.
 pub const EJECT_MAX: Duration = Duration::from_secs(60);
+
+/// An endpoint whose mean latency is more than this many times the median of
+/// its service's is slow: it gets probes only.
+pub const SLOW_FACTOR: f64 = 3.0;
+
+/// A slow endpoint gets one request when this long has passed since its last
+/// probe (and nothing is outstanding on it): at 2,000 calls/s, 0.05% of them.
+pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// How often the median and the slow endpoints are judged again.
+pub const JUDGE_EVERY: Duration = Duration::from_millis(100);
+
+/// Fewer endpoints with an estimate than this: none is slow (the median of two is
+/// one of the two).
+pub const MIN_FOR_OUTLIERS: usize = 3;
 
 /// The endpoints of the services the local service calls, for the outbound listener.
 ///
@@ -250,6 +283,9 @@ struct Service {
     weights: Box<[u32]>,
     /// Round robin's position.
     next: AtomicUsize,
+    /// When the slow endpoints were last judged, nanoseconds after the epoch, plus
+    /// one (0: never).
+    judged_at: AtomicU64,
 }
 
 /// One endpoint and what the balancer knows of it. Written with relaxed atomics: a
@@ -276,6 +312,13 @@ pub(crate) struct Endpoint {
     rtt: AtomicU64,
     /// When `rtt` was last updated, nanoseconds after the epoch.
     rtt_at: AtomicU64,
+    /// The plain moving average of the latency in nanoseconds (`f64` bits; 0:
+    /// none yet), over about [`MEAN_NANOS`].
+    mean: AtomicU64,
+    /// A latency outlier at the last judgement: it gets probes only.
+    slow: AtomicBool,
+    /// While slow, nanoseconds after the epoch from which its next probe may go.
+    probe_from: AtomicU64,
 }
 
 /// A request's hold on the endpoint picked for it: counts as outstanding until
@@ -299,6 +342,7 @@ pub(crate) struct EndpointStats {
     pub(crate) outstanding: u64,
     pub(crate) ejections: u64,
     pub(crate) ejected: bool,
+    pub(crate) slow: bool,
 }
 
 // === impl Directory ===
@@ -386,6 +430,7 @@ impl Directory {
                     endpoints,
                     weights,
                     next: AtomicUsize::new(0),
+                    judged_at: AtomicU64::new(0),
                 }),
             );
             next
@@ -446,6 +491,7 @@ impl Directory {
                     outstanding: endpoint.outstanding.load(Ordering::Relaxed),
                     ejections: endpoint.ejections.load(Ordering::Relaxed),
                     ejected: endpoint.ejected(at),
+                    slow: endpoint.slow.load(Ordering::Relaxed),
                 });
             }
         }
@@ -460,9 +506,11 @@ impl Service {
         u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Picks an endpoint other than `exclude`. Among the endpoints not ejected, or
-    /// among all when every one is (the panic rule: traffic to a possibly bad
-    /// endpoint beats no traffic at all).
+    /// Picks an endpoint other than `exclude`: among the endpoints neither ejected
+    /// nor slow; else among those not ejected; else among all (the panic rule:
+    /// traffic to a possibly bad endpoint beats no traffic at all). A slow endpoint
+    /// due for a probe takes the request instead, when an endpoint that is not slow
+    /// could have.
     fn pick(
         self: &Arc<Self>,
         exclude: Option<usize>,
@@ -471,18 +519,43 @@ impl Service {
     ) -> Option<Pick> {
         let at = self.nanos(now);
         let n = self.endpoints.len();
-        let allowed = |i: usize| exclude != Some(i);
-        let healthy =
-            |i: usize| allowed(i) && self.endpoints.get(i).is_some_and(|e| !e.ejected(at));
-        let mut count = (0..n).filter(|&i| healthy(i)).count();
-        let panic = count == 0;
-        if panic {
-            count = (0..n).filter(|&i| allowed(i)).count();
+        let latency = self.balance == Balance::PeakEwma;
+        if latency {
+            self.judge(at);
         }
-        if count == 0 {
-            return None;
+        let slow = |e: &Endpoint| latency && e.slow.load(Ordering::Relaxed);
+        // How many endpoints each tier holds: 0 neither ejected nor slow, 1 not
+        // ejected, 2 any but `exclude`.
+        let mut counts = [0_usize; 3];
+        let mut probe = None;
+        for (i, endpoint) in self.endpoints.iter().enumerate() {
+            if exclude == Some(i) {
+                continue;
+            }
+            counts[2] += 1;
+            if endpoint.ejected(at) {
+                continue;
+            }
+            counts[1] += 1;
+            if slow(endpoint) {
+                if probe.is_none() && endpoint.probe_due(at) {
+                    probe = Some(i);
+                }
+                continue;
+            }
+            counts[0] += 1;
         }
-        let eligible = |i: usize| if panic { allowed(i) } else { healthy(i) };
+        let probe = probe
+            .filter(|&i| counts[0] > 0 && self.endpoints.get(i).is_some_and(|e| e.claim_probe(at)));
+        let tier = (0..3).find(|&t| counts[t] > 0)?;
+        let count = counts[tier];
+        let eligible = |i: usize| {
+            exclude != Some(i)
+                && self
+                    .endpoints
+                    .get(i)
+                    .is_some_and(|e| tier == 2 || (!e.ejected(at) && (tier == 1 || !slow(e))))
+        };
         // The k-th eligible endpoint (the common case, every one eligible, is `k`).
         let nth = |k: usize| {
             if count == n {
@@ -491,10 +564,11 @@ impl Service {
                 (0..n).filter(|&i| eligible(i)).nth(k)
             }
         };
-        let index = match self.balance {
-            Balance::RoundRobin => nth(self.next.fetch_add(1, Ordering::Relaxed) % count)?,
-            Balance::PeakEwma if count == 1 => nth(0)?,
-            Balance::PeakEwma => {
+        let index = match (probe, self.balance) {
+            (Some(probe), _) => probe,
+            (None, Balance::RoundRobin) => nth(self.next.fetch_add(1, Ordering::Relaxed) % count)?,
+            (None, Balance::PeakEwma) if count == 1 => nth(0)?,
+            (None, Balance::PeakEwma) => {
                 // Two distinct candidates at random; the cheaper one wins (a tie goes
                 // to the first, itself random).
                 let a = rng.random_range(0..count);
@@ -518,6 +592,66 @@ impl Service {
             index,
             start: now,
         })
+    }
+
+    /// Judges which endpoints are slow, at most once per [`JUDGE_EVERY`]: those not
+    /// ejected whose mean latency is above [`SLOW_FACTOR`] times the upper median of
+    /// the means of the endpoints not ejected (none is when fewer than
+    /// [`MIN_FOR_OUTLIERS`] have one). An endpoint that turns slow may be probed
+    /// [`PROBE_EVERY`] later.
+    fn judge(&self, at: u64) {
+        let last = self.judged_at.load(Ordering::Relaxed);
+        let every = u64::try_from(JUDGE_EVERY.as_nanos()).unwrap_or(u64::MAX);
+        if last != 0 && at.saturating_sub(last - 1) < every {
+            return;
+        }
+        // One picker judges; the others go on with the last judgement.
+        if self
+            .judged_at
+            .compare_exchange(
+                last,
+                at.saturating_add(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return;
+        }
+        let mut estimates: Vec<f64> = self
+            .endpoints
+            .iter()
+            .filter(|e| !e.ejected(at))
+            .map(|e| e.mean())
+            .filter(|rtt| *rtt > 0.0)
+            .collect();
+        let median = if estimates.len() >= MIN_FOR_OUTLIERS {
+            let mid = estimates.len() / 2;
+            *estimates.select_nth_unstable_by(mid, f64::total_cmp).1
+        } else {
+            0.0
+        };
+        let probe_after = u64::try_from(PROBE_EVERY.as_nanos()).unwrap_or(u64::MAX);
+        for endpoint in &*self.endpoints {
+            let rtt = endpoint.mean();
+            let slow = median > 0.0 && !endpoint.ejected(at) && rtt > SLOW_FACTOR * median;
+            if endpoint.slow.swap(slow, Ordering::Relaxed) == slow {
+                continue;
+            }
+            if slow {
+                endpoint
+                    .probe_from
+                    .store(at.saturating_add(probe_after), Ordering::Relaxed);
+            }
+            tracing::debug!(
+                service = %self.name,
+                endpoint = %endpoint.authority,
+                estimate_ms = rtt / 1e6,
+                median_ms = median / 1e6,
+                slow,
+                "endpoint latency judged"
+            );
+        }
     }
 
     /// Peak-EWMA cost: the latency estimate times the requests outstanding plus one,
@@ -556,11 +690,33 @@ impl Endpoint {
             ejected_until: AtomicU64::new(0),
             rtt: AtomicU64::new(0),
             rtt_at: AtomicU64::new(0),
+            mean: AtomicU64::new(0),
+            slow: AtomicBool::new(false),
+            probe_from: AtomicU64::new(0),
         }
     }
 
     fn ejected(&self, at: u64) -> bool {
         at < self.ejected_until.load(Ordering::Relaxed)
+    }
+
+    /// A slow endpoint may take a probe: its time has come and nothing is
+    /// outstanding on it (a probe that hangs is not followed by more).
+    fn probe_due(&self, at: u64) -> bool {
+        at >= self.probe_from.load(Ordering::Relaxed)
+            && self.outstanding.load(Ordering::Relaxed) == 0
+    }
+
+    /// Takes the probe: the next one may go [`PROBE_EVERY`] from now. False when
+    /// another request took it first.
+    fn claim_probe(&self, at: u64) -> bool {
+        let from = self.probe_from.load(Ordering::Relaxed);
+        let next = at.saturating_add(u64::try_from(PROBE_EVERY.as_nanos()).unwrap_or(u64::MAX));
+        at >= from
+            && self
+                .probe_from
+                .compare_exchange(from, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// The latency estimate at `at`, decayed since its last sample (0: none yet).
@@ -578,15 +734,30 @@ impl Endpoint {
     fn observe(&self, rtt: f64, at: u64) {
         let rtt = rtt.max(1.0);
         let previous = f64::from_bits(self.rtt.load(Ordering::Relaxed));
+        let age = at.saturating_sub(self.rtt_at.load(Ordering::Relaxed)) as f64;
         let next = if rtt >= previous {
             rtt
         } else {
-            let age = at.saturating_sub(self.rtt_at.load(Ordering::Relaxed)) as f64;
             let w = (-age / DECAY_NANOS).exp();
             previous * w + rtt * (1.0 - w)
         };
+        let mean = f64::from_bits(self.mean.load(Ordering::Relaxed));
+        let mean = if mean <= 0.0 {
+            rtt
+        } else {
+            let w = (-age / MEAN_NANOS).exp();
+            mean * w + rtt * (1.0 - w)
+        };
         self.rtt.store(next.to_bits(), Ordering::Relaxed);
+        self.mean.store(mean.to_bits(), Ordering::Relaxed);
         self.rtt_at.store(at, Ordering::Relaxed);
+    }
+
+    /// The mean latency over about the last second of samples (0: none yet): what
+    /// outliers are judged on. Not the peak: one slow sample of a fast endpoint
+    /// (a busy host's) would make it look as slow as the outlier for seconds.
+    fn mean(&self) -> f64 {
+        f64::from_bits(self.mean.load(Ordering::Relaxed))
     }
 }
 
@@ -918,6 +1089,153 @@ mod tests {
         assert_eq!(dir.endpoints("inventory"), Some(Vec::new()));
         dir.remove("inventory");
         assert_eq!(dir.endpoints("inventory"), None);
+    }
+
+    fn slow_flags(directory: &Directory) -> Vec<bool> {
+        directory.stats().iter().map(|s| s.slow).collect()
+    }
+
+    /// One request to each endpoint, answered after its latency in `ms` (in
+    /// order, time advancing by each).
+    async fn sample(set: &Arc<Service>, latencies: &[u64]) {
+        for (index, latency) in latencies.iter().enumerate() {
+            let p = take(set, index);
+            tokio::time::advance(ms(*latency)).await;
+            p.responded();
+        }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= b.abs() * 1e-6
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_estimate_takes_a_slower_sample_at_once_and_forgets_it_over_ten_seconds() {
+        let dir = inventory(Balance::PeakEwma, &[9001]);
+        let set = set(&dir);
+        let e = &set.endpoints[0];
+        let now = || set.nanos(Instant::now());
+        assert_eq!(e.estimate(now()), 0.0, "no estimate before a sample");
+        sample(&set, &[2]).await;
+        assert!(close(e.estimate(now()), 2e6));
+        // The peak: a slower sample replaces the estimate.
+        sample(&set, &[20]).await;
+        assert!(close(e.estimate(now()), 20e6));
+        // Without samples it decays: 1/e after 10 s.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(close(e.estimate(now()), 20e6 / std::f64::consts::E));
+        // A faster sample moves it by how long it went without one: after 10 s
+        // (plus the sample's 2 ms) the old estimate weighs about 1/e.
+        sample(&set, &[2]).await;
+        let w = (-10.002_f64 / 10.0).exp();
+        assert!(close(e.estimate(now()), 20e6 * w + 2e6 * (1.0 - w)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_latency_outlier_leaves_the_pairs_and_gets_one_probe_a_second() {
+        let dir = inventory(Balance::PeakEwma, &[9001, 9002, 9003]);
+        let set = set(&dir);
+        let mut rng = StdRng::seed_from_u64(5);
+        sample(&set, &[2, 2, 20]).await;
+        assert_eq!(slow_flags(&dir), [false, false, false], "not judged yet");
+        tokio::time::advance(JUDGE_EVERY).await;
+
+        // Ten calls held on each fast endpoint: 2 ms x 11 costs more than the slow
+        // one's 20 ms x 1, so P2C alone would send it calls now. Slow, it gets none.
+        let mut held = Vec::new();
+        for _ in 0..200 {
+            let p = pick(&set, &mut rng);
+            assert_ne!(p.index, 2, "a call went to the slow endpoint");
+            held.push(p);
+        }
+        assert_eq!(slow_flags(&dir), [false, false, true]);
+
+        // One probe once `PROBE_EVERY` has passed; none while it is outstanding,
+        // and none again until `PROBE_EVERY` after it.
+        for round in 0..3 {
+            tokio::time::advance(PROBE_EVERY).await;
+            let probe = pick(&set, &mut rng);
+            assert_eq!(probe.index, 2, "round {round}: the probe");
+            for _ in 0..100 {
+                held.push(pick(&set, &mut rng));
+            }
+            tokio::time::advance(ms(20)).await;
+            probe.responded();
+            for _ in 0..100 {
+                held.push(pick(&set, &mut rng));
+            }
+            assert!(held.iter().all(|p| p.index != 2));
+            assert_eq!(slow_flags(&dir), [false, false, true]);
+            // The fast ones keep answering fast.
+            held.clear();
+            sample(&set, &[2, 2]).await;
+        }
+        assert_eq!(dir.stats()[2].requests, 3, "3 probes");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_endpoint_whose_probes_answer_fast_returns() {
+        let dir = inventory(Balance::PeakEwma, &[9001, 9002, 9003]);
+        let set = set(&dir);
+        let mut rng = StdRng::seed_from_u64(9);
+        sample(&set, &[2, 2, 20]).await;
+        tokio::time::advance(JUDGE_EVERY).await;
+        drop(pick(&set, &mut rng));
+        assert_eq!(slow_flags(&dir), [false, false, true]);
+        let mut seconds = 0;
+        while slow_flags(&dir)[2] {
+            assert!(seconds < 60, "still slow after 60 s of fast probes");
+            seconds += 1;
+            tokio::time::advance(PROBE_EVERY).await;
+            let probe = pick(&set, &mut rng);
+            assert_eq!(probe.index, 2, "after {seconds} s: the probe");
+            tokio::time::advance(ms(2)).await;
+            probe.responded();
+            sample(&set, &[2, 2]).await;
+            tokio::time::advance(JUDGE_EVERY).await;
+            drop(pick(&set, &mut rng));
+        }
+        // The mean forgets 20 ms over about a second: back within 3x of 2 ms
+        // after a few fast probes, not at the first.
+        assert!((2..=10).contains(&seconds), "back after {seconds} s");
+        // Back in the pairs: its peak estimate (which the pairs use) still well above
+        // the others', it wins a pair once their queues cost more (while slow it won
+        // none, as above).
+        let held: Vec<Pick> = (0..300).map(|_| pick(&set, &mut rng)).collect();
+        let to_it = held.iter().filter(|p| p.index == 2).count();
+        assert!(to_it >= 10, "{to_it} of 300 held calls once back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_minority_above_the_median_can_be_slow() {
+        let cases: [(&[u64], &[bool]); 4] = [
+            // Two: the median of two is one of them.
+            (&[2, 20], &[false, false]),
+            // The slow ones are the majority: the median is slow.
+            (&[2, 20, 20], &[false, false, false]),
+            (&[2, 2, 2, 20, 20], &[false, false, false, true, true]),
+            // Within 3x of the median is not an outlier.
+            (&[2, 2, 5], &[false, false, false]),
+        ];
+        for (latencies, want) in cases {
+            let ports: Vec<u16> = (0..latencies.len()).map(|i| 9001 + i as u16).collect();
+            let dir = inventory(Balance::PeakEwma, &ports);
+            let set = set(&dir);
+            sample(&set, latencies).await;
+            tokio::time::advance(JUDGE_EVERY).await;
+            drop(set.pick(None, &mut StdRng::seed_from_u64(1), Instant::now()));
+            assert_eq!(slow_flags(&dir), want, "latencies {latencies:?}");
+        }
+        // Round robin is blind to latency: nothing is judged.
+        let dir = inventory(Balance::RoundRobin, &[9001, 9002, 9003]);
+        let set = set(&dir);
+        sample(&set, &[2, 2, 20]).await;
+        tokio::time::advance(JUDGE_EVERY).await;
+        let picked: Vec<usize> = (0..3)
+            .map(|_| dir.pick("inventory").unwrap().index)
+            .collect();
+        assert_eq!(picked, [0, 1, 2]);
+        assert_eq!(slow_flags(&dir), [false, false, false]);
     }
 
     #[test]

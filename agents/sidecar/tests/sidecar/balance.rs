@@ -295,3 +295,115 @@ async fn a_ten_times_slower_instance_gets_a_clearly_smaller_share_than_round_rob
         "peak-EWMA sent {peak_ewma} of {total} calls to the slow instance (round robin: {round_robin})"
     );
 }
+
+/// An instance that accepts connections and hangs up on every request without a
+/// byte of answer (a process dying with calls in flight, or a hostile one); returns
+/// it and the request heads it received.
+async fn hang_up_instance() -> (Upstream, Arc<AtomicU64>) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = Arc::new(AtomicU64::new(0));
+    let counted = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0_u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                counted.fetch_add(1, Ordering::SeqCst);
+                // Dropped: the connection closes with no answer.
+            });
+        }
+    });
+    (Upstream::at(addr), heads)
+}
+
+/// One call of `method` through `agent`'s outbound listener to `inventory`.
+async fn call(agent: &Agent, method: Method, body: &'static [u8]) -> Option<StatusCode> {
+    let req = Request::builder()
+        .method(method)
+        .uri(agent.outbound_url("/work"))
+        .header("gov-service", "inventory")
+        .body(Full::new(Bytes::from_static(body)))
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), http().send(req))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|r| r.status)
+}
+
+/// A call that got no answer at all, on a new connection as on a kept-alive one, is
+/// sent once more if it has no body and an idempotent method, and to another
+/// instance: an instance that hangs up may be going away (a killed instance closes
+/// its connections before its port). A call with a body is not sent again (it may
+/// have been processed), and no call is sent more than twice: with every instance
+/// hanging up, a GET gets 502 after exactly two attempts.
+#[tokio::test]
+async fn a_call_answered_by_a_hang_up_is_sent_once_more_elsewhere_only_without_a_body() {
+    let good = upstream().echo("/work").start().await;
+    let (rude, rude_heads) = hang_up_instance().await;
+    let local = upstream().start().await;
+    let agent = agent()
+        .upstream(&local)
+        .instances("inventory", &[&good, &rude])
+        .start()
+        .await;
+    // POSTs first (the hang-ups eject the rude instance after 5).
+    let mut failed = 0;
+    for _ in 0..10 {
+        match call(&agent, Method::POST, b"one order").await {
+            Some(StatusCode::OK) => {}
+            Some(StatusCode::BAD_GATEWAY) => failed += 1,
+            other => panic!("a POST got {other:?}"),
+        }
+    }
+    assert_eq!(good.received(), 10 - failed, "a POST was sent twice");
+    assert_eq!(rude_heads.load(Ordering::SeqCst), failed);
+    let agent = agent_over(&local, &[&good, &rude]).await;
+    let before = (good.received(), rude_heads.load(Ordering::SeqCst));
+    // Each GET's first pick is `rude` about half the time until it is ejected.
+    for _ in 0..20 {
+        assert_eq!(call(&agent, Method::GET, b"").await, Some(StatusCode::OK));
+    }
+    assert_eq!(
+        good.received() - before.0,
+        20,
+        "every GET answered by `good`"
+    );
+    assert!(
+        rude_heads.load(Ordering::SeqCst) > before.1,
+        "no GET went to the rude instance first: nothing was shown"
+    );
+
+    // Both hang up: two attempts per GET, then 502.
+    let (rude2, rude2_heads) = hang_up_instance().await;
+    let agent = agent_over(&local, &[&rude, &rude2]).await;
+    let before = rude_heads.load(Ordering::SeqCst);
+    for _ in 0..2 {
+        assert_eq!(
+            call(&agent, Method::GET, b"").await,
+            Some(StatusCode::BAD_GATEWAY)
+        );
+    }
+    assert_eq!(
+        rude_heads.load(Ordering::SeqCst) - before + rude2_heads.load(Ordering::SeqCst),
+        4,
+        "each GET was sent exactly twice"
+    );
+}
+
+async fn agent_over(local: &Upstream, instances: &[&Upstream]) -> Agent {
+    agent()
+        .upstream(local)
+        .instances("inventory", instances)
+        .start()
+        .await
+}

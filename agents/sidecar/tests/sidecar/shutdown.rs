@@ -47,10 +47,7 @@ async fn sigterm_under_load_loses_no_accepted_request() {
         tokio::time::sleep(ms(2)).await;
     }
     // The fast clients finish the request they are on and wait before their next
-    // connect; then SIGTERM. (A connect racing the listener's close may land in its
-    // backlog or be accepted and closed unread: clients must retry those, as they
-    // must any request on a connection the server closes; this test does not send
-    // such requests.)
+    // connect; then SIGTERM. (Connects racing the signal are the next test's.)
     phase.send_replace(Phase::Hold);
     while parked.load(Ordering::SeqCst) < 8 {
         assert!(Instant::now() < deadline, "the fast clients never stopped");
@@ -85,7 +82,7 @@ async fn sigterm_under_load_loses_no_accepted_request() {
     while let Some(result) = slow.join_next().await {
         let status = match result.unwrap() {
             Ok(status) => status,
-            Err(Refused) => panic!("a slow request was refused"),
+            Err(Refused | ResetAtConnect) => panic!("a slow request was not connected"),
             Err(Failed(e)) => panic!("an in-flight request was dropped: {e}"),
         };
         assert_eq!(status, StatusCode::OK);
@@ -152,7 +149,9 @@ async fn run_until_held(
         match request(addr, path, Duration::from_secs(10)).await {
             Ok(StatusCode::OK) => ok += 1,
             Ok(status) => return (ok, Some(format!("status {status}"))),
-            Err(Refused) => return (ok, Some("before SIGTERM: connect refused".to_owned())),
+            Err(Refused | ResetAtConnect) => {
+                return (ok, Some("before SIGTERM: connect failed".to_owned()));
+            }
             Err(Failed(e)) => return (ok, Some(format!("before SIGTERM: {e}"))),
         }
     }
@@ -168,6 +167,7 @@ async fn run_until_held(
     }
     match request(addr, path, Duration::from_secs(10)).await {
         Err(Refused) => (ok, None),
+        Err(ResetAtConnect) => (ok, Some("after SIGTERM: connect reset".to_owned())),
         Err(Failed(e)) => (ok, Some(format!("after SIGTERM: {e}"))),
         Ok(status) => (ok, Some(format!("after SIGTERM: answered {status}"))),
     }
@@ -178,11 +178,14 @@ async fn run_until_held(
 enum Failure {
     /// The connect was refused: the agent never saw the request.
     Refused,
+    /// The handshake was reset before the connect returned: nothing was sent
+    /// (a connect completing as the listener closed).
+    ResetAtConnect,
     /// Anything else (a connect error other than refused, a reset, an early close,
     /// a timeout): a request the agent may have accepted got no answer.
     Failed(String),
 }
-use Failure::{Failed, Refused};
+use Failure::{Failed, Refused, ResetAtConnect};
 
 /// One GET on a fresh connection, bounded by `limit`, the connect told apart from
 /// the exchange.
@@ -190,6 +193,7 @@ async fn request(addr: SocketAddr, path: &str, limit: Duration) -> Result<Status
     let stream = match tokio::net::TcpStream::connect(addr).await {
         Ok(stream) => stream,
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Err(Refused),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Err(ResetAtConnect),
         Err(e) => return Err(Failed(format!("connect: {e}"))),
     };
     let exchange = async {
@@ -217,6 +221,113 @@ async fn request(addr: SocketAddr, path: &str, limit: Duration) -> Result<Status
         Ok(result) => result.map_err(Failed),
         Err(_) => Err(Failed(format!("no answer in {limit:?}"))),
     }
+}
+
+/// New connections racing SIGTERM: 16 clients connect and send a GET as fast as
+/// they can while the signal lands, in several rounds (each a fresh agent: the race
+/// is one of timing). A connection the agent accepted has its first request read
+/// and answered, even when its bytes arrive with the stop, and the connects in the
+/// listen backlog are accepted and served before the listener closes: every
+/// request is answered 200 or its connect is refused, never reset or closed
+/// unanswered. (Before, about one round in three lost a request this way.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_racing_sigterm_on_new_connections_are_answered_or_refused() {
+    const ROUNDS: usize = 6;
+    const CLIENTS: usize = 16;
+    let up = upstream().fast("/fast", ms(1)).start().await;
+    let mut failures = Vec::new();
+    for round in 0..ROUNDS {
+        let agent = binary().upstream(&up).drain(ms(30_000)).spawn();
+        let before = up.completed();
+        let mut clients = tokio::task::JoinSet::new();
+        for _ in 0..CLIENTS {
+            let addr = agent.inbound;
+            clients.spawn(async move { until_refused(addr, 20_000).await });
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while up.completed() < before + 100 {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the load never got going"
+            );
+            tokio::time::sleep(ms(1)).await;
+        }
+        agent.terminate();
+        let mut ok = 0;
+        while let Some(result) = clients.join_next().await {
+            let (n, failure) = result.unwrap();
+            ok += n;
+            failures.extend(failure.map(|f| format!("round {round}: {f}")));
+        }
+        assert_eq!(
+            agent.wait(Duration::from_secs(20)),
+            Some(0),
+            "round {round}: gov-agent did not exit 0 within 20 s of its last request"
+        );
+        // No rule rejects: what the upstream answered is what reached the clients.
+        assert_eq!(
+            ok,
+            up.completed() - before,
+            "round {round}: requests answered by the upstream but not delivered"
+        );
+        eprintln!("round {round}: {ok} answered, then refused");
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// Connections that never send a request (idle, or a hostile client holding
+/// sockets open) do not hold the drain: the first request's grace after SIGTERM is
+/// short (1 s), then they are closed, and the agent exits long before its 60 s
+/// drain deadline (or the 30 s header-read timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_at_sigterm_are_closed_after_a_short_grace() {
+    use tokio::io::AsyncReadExt;
+    let up = upstream().fast("/fast", ms(1)).start().await;
+    let agent = binary().upstream(&up).drain(ms(60_000)).spawn();
+    let mut silent = Vec::new();
+    for _ in 0..8 {
+        silent.push(tokio::net::TcpStream::connect(agent.inbound).await.unwrap());
+    }
+    // Answered on a later connection: the silent ones were accepted before it.
+    assert_eq!(
+        request(agent.inbound, "/fast", Duration::from_secs(10))
+            .await
+            .ok(),
+        Some(StatusCode::OK)
+    );
+    agent.terminate();
+    for mut conn in silent {
+        let mut buf = [0_u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(15), conn.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "a silent connection was not closed within 15 s of SIGTERM: {read:?}"
+        );
+    }
+    assert_eq!(
+        agent.wait(Duration::from_secs(15)),
+        Some(0),
+        "gov-agent did not exit 0 soon after SIGTERM (drain deadline 60 s)"
+    );
+}
+
+/// GETs `/fast` on fresh connections, at most `max` times, until a connect is
+/// refused: the successes, and the first request that got neither a 200 nor a
+/// refused connect.
+async fn until_refused(addr: SocketAddr, max: usize) -> (u64, Option<String>) {
+    let mut ok = 0;
+    for _ in 0..max {
+        match request(addr, "/fast", Duration::from_secs(10)).await {
+            Ok(StatusCode::OK) => ok += 1,
+            Ok(status) => return (ok, Some(format!("answered {status}"))),
+            // Nothing was sent either way: a client can retry both. (A reset at
+            // connect is a handshake that completed in the microseconds between
+            // the agent's last accept of its backlog and the close.)
+            Err(Refused | ResetAtConnect) => return (ok, None),
+            Err(Failed(e)) => return (ok, Some(e)),
+        }
+    }
+    (ok, Some(format!("not refused after {max} requests")))
 }
 
 /// `gov-agent 2>&1 | head`: with stderr a closed pipe, SIGTERM still drains and
