@@ -5,6 +5,7 @@
 //! proxy_load upstream 127.0.0.1:18080
 //! proxy_load upstream 127.0.0.1:18080 DELAY_MS                # answers after a delay
 //! proxy_load rate http://127.0.0.1:18081/ RATE SECONDS CONNECTIONS [HOST]
+//! proxy_load rate-h2 http://127.0.0.1:18081/ RATE SECONDS CONNECTIONS [grpc]
 //! proxy_load naive-proxy 127.0.0.1:18084 127.0.0.1:18080   # reference: hyper + pooled client
 //! proxy_load conn-proxy 127.0.0.1:18084 127.0.0.1:18080    # reference: one upstream conn per client conn
 //! ```
@@ -19,13 +20,22 @@
 //! connection, so `achieved_rps` is the goodput under overload. Waits shorter than
 //! a millisecond spin (yielding to the runtime) because tokio's timer has
 //! millisecond resolution.
+//!
+//! The upstream speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c) on one port,
+//! and answers a gRPC call (`content-type: application/grpc`) with one empty
+//! message and `grpc-status: 0` in the trailers. `rate-h2` is the same open loop
+//! over `CONNECTIONS` h2c connections, requests multiplexed on them; with `grpc`
+//! each request is a unary gRPC call (POST, one empty message) and counts as `ok`
+//! only if its trailers say `grpc-status: 0` (a gRPC rejection answers HTTP 200
+//! with another status, so it counts in `rejected`).
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response, Uri};
-use http_body_util::{BodyExt, Empty, Full};
+use http_body::Frame;
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
@@ -54,6 +64,20 @@ fn main() -> Result<(), Error> {
         }
         ["naive-proxy", listen, to] => runtime.block_on(naive_proxy(listen, to)),
         ["conn-proxy", listen, to] => runtime.block_on(conn_proxy(listen, to)),
+        ["rate-h2", url, rate, secs, conns] => runtime.block_on(open_loop_h2(
+            url.parse()?,
+            rate.parse()?,
+            Duration::from_secs(secs.parse()?),
+            conns.parse()?,
+            false,
+        )),
+        ["rate-h2", url, rate, secs, conns, "grpc"] => runtime.block_on(open_loop_h2(
+            url.parse()?,
+            rate.parse()?,
+            Duration::from_secs(secs.parse()?),
+            conns.parse()?,
+            true,
+        )),
         ["rate", url, rate, secs, conns] => runtime.block_on(open_loop(
             url.parse()?,
             rate.parse()?,
@@ -71,31 +95,55 @@ fn main() -> Result<(), Error> {
         )),
         [] => Ok(()), // `cargo bench` without arguments: nothing to do.
         _ => Err(
-            "usage: proxy_load upstream ADDR [DELAY_MS] | rate URL RATE SECONDS CONNECTIONS [HOST]"
+            "usage: proxy_load upstream ADDR [DELAY_MS] | rate URL RATE SECONDS CONNECTIONS [HOST] \
+             | rate-h2 URL RATE SECONDS CONNECTIONS [grpc]"
                 .into(),
         ),
     }
 }
 
-/// A hello-world HTTP/1.1 server (13-byte body), as in performance.md section 3.4,
-/// answering after `delay` (none: at once).
+/// A hello-world server (13-byte body), as in performance.md section 3.4, on
+/// HTTP/1.1 and h2c, answering after `delay` (none: at once). A gRPC call gets one
+/// empty message and `grpc-status: 0`.
 async fn upstream(addr: &str, delay: Duration) -> Result<(), Error> {
     let listener = TcpListener::bind(addr).await?;
     loop {
         let (stream, _) = listener.accept().await?;
         stream.set_nodelay(true)?;
         tokio::spawn(async move {
-            let service = service_fn(move |_req| async move {
+            let service = service_fn(move |req: Request<hyper::body::Incoming>| async move {
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
-                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
-                    b"Hello, World!",
+                let grpc = req
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+                if grpc {
+                    // Drain the request message before answering, as a server does.
+                    let _ = req.into_body().collect().await;
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                    let frames = [
+                        Ok::<_, Infallible>(Frame::data(Bytes::from_static(&[0, 0, 0, 0, 0]))),
+                        Ok(Frame::trailers(trailers)),
+                    ];
+                    let body = StreamBody::new(futures::stream::iter(frames));
+                    let mut res = Response::new(BodyExt::boxed(body));
+                    res.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/grpc"),
+                    );
+                    return Ok::<_, Infallible>(res);
+                }
+                Ok(Response::new(BodyExt::boxed(Full::new(
+                    Bytes::from_static(b"Hello, World!"),
                 ))))
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let _ =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
         });
     }
 }
@@ -256,6 +304,85 @@ async fn open_loop(
         }
     }
     drop(inboxes);
+    report(rate, total, start, &mut done_rx).await
+}
+
+/// Open-loop load over `conns` h2c connections, requests multiplexed on them
+/// (request `i` on connection `i % conns`); `grpc`: unary gRPC calls.
+async fn open_loop_h2(
+    uri: Uri,
+    rate: u64,
+    duration: Duration,
+    conns: usize,
+    grpc: bool,
+) -> Result<(), Error> {
+    let authority = uri.authority().ok_or("the URL needs host:port")?.clone();
+    let total = rate * duration.as_secs();
+    let period = Duration::from_nanos(1_000_000_000 / rate.max(1));
+    let mut senders = Vec::with_capacity(conns);
+    for _ in 0..conns.max(1) {
+        let stream = TcpStream::connect(authority.as_str()).await?;
+        stream.set_nodelay(true)?;
+        let (sender, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(stream),
+        )
+        .await?;
+        tokio::spawn(conn);
+        senders.push(sender);
+    }
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Result<Option<u32>, ()>>();
+    let url = uri.to_string();
+    let start = Instant::now() + Duration::from_millis(10);
+    for i in 0..total {
+        let scheduled = start + period * u32::try_from(i)?;
+        wait_until(scheduled).await;
+        let mut sender = senders[usize::try_from(i)? % senders.len()].clone();
+        let done_tx = done_tx.clone();
+        let url = url.clone();
+        tokio::spawn(async move {
+            let req = if grpc {
+                Request::post(url)
+                    .header(http::header::CONTENT_TYPE, "application/grpc")
+                    .header("te", "trailers")
+                    .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+            } else {
+                Request::get(url).body(Full::new(Bytes::new()))
+            };
+            let outcome = match req {
+                Ok(req) => match sender.send_request(req).await {
+                    Ok(res) => {
+                        let status_ok = res.status().is_success();
+                        match res.into_body().collect().await {
+                            Ok(body) => {
+                                let grpc_ok = !grpc
+                                    || body
+                                        .trailers()
+                                        .and_then(|t| t.get("grpc-status"))
+                                        .is_some_and(|v| v == "0");
+                                Ok((status_ok && grpc_ok).then(|| micros(scheduled.elapsed())))
+                            }
+                            Err(_) => Err(()),
+                        }
+                    }
+                    Err(_) => Err(()),
+                },
+                Err(_) => Err(()),
+            };
+            let _ = done_tx.send(outcome);
+        });
+    }
+    drop(done_tx);
+    report(rate, total, start, &mut done_rx).await
+}
+
+/// Collects every call's outcome and prints the one result line.
+async fn report(
+    rate: u64,
+    total: u64,
+    start: Instant,
+    done_rx: &mut mpsc::UnboundedReceiver<Result<Option<u32>, ()>>,
+) -> Result<(), Error> {
     let mut latencies = Vec::with_capacity(usize::try_from(total)?);
     let mut errors = 0_u64;
     let mut rejected = 0_u64;
