@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::history::HistoryLimit;
-use crate::latches::{self, Latches};
+use crate::latches::{self, LatchId, Latches};
 use crate::store::{AppliedPolicy, HistoryEntry, KnownAgent, Persisted, Trip, TripKind};
 
 mod latched;
@@ -45,7 +45,8 @@ pub struct State {
     history: VecDeque<HistoryEntry>,
     latches: Latches,
     /// When each rule was last released (see `Agent::releasing`).
-    released: BTreeMap<(TripKind, String), u64>,
+    /// By kind, rule and key (`""`: every key of the rule).
+    released: BTreeMap<LatchId, u64>,
     agents: BTreeMap<AgentKey, Agent>,
     /// Services whose set of registered instances (or a weight) changed since
     /// the last [`State::endpoint_pushes`].
@@ -91,7 +92,7 @@ pub struct Agent {
     /// Latches this agent came back with that were released while it was
     /// away: govd sent the release; until its stats say closed, they are
     /// not a new trip.
-    releasing: BTreeSet<(TripKind, String)>,
+    releasing: BTreeSet<LatchId>,
 }
 
 #[derive(Debug)]
@@ -216,7 +217,7 @@ impl State {
         state.released = p
             .releases
             .into_iter()
-            .map(|r| ((r.kind, r.rule), r.at_unix_ms))
+            .map(|r| ((r.kind, r.rule, r.key), r.at_unix_ms))
             .collect();
         for a in p.agents {
             let key = (a.service.clone(), a.instance.clone());
@@ -255,9 +256,10 @@ impl State {
             releases: self
                 .released
                 .iter()
-                .map(|((kind, rule), at)| crate::store::Released {
+                .map(|((kind, rule, key), at)| crate::store::Released {
                     kind: *kind,
                     rule: rule.clone(),
+                    key: key.clone(),
                     at_unix_ms: *at,
                 })
                 .collect(),
@@ -305,7 +307,7 @@ impl State {
     }
 
     pub fn is_tripped(&self, kind: TripKind, rule: &str) -> bool {
-        self.latches.contains(kind, rule)
+        self.latches.contains(kind, rule, None)
     }
 
     pub fn target(&self, service: &str) -> Option<&pb::TargetConfig> {
@@ -373,10 +375,10 @@ impl State {
         self.next_conn += 1;
         let id = self.next_conn;
         let key = (hello.service.clone(), hello.instance.clone());
-        let held: BTreeSet<(TripKind, String)> = hello
+        let held: BTreeSet<LatchId> = hello
             .latches
             .iter()
-            .map(|l| (trip_kind(l.kind()), l.rule.clone()))
+            .map(|l| (trip_kind(l.kind()), l.rule.clone(), l.key.clone()))
             .collect();
         let missed = self.missed_releases(&hello);
         let agent = self.agents.entry(key.clone()).or_insert_with(|| Agent {
@@ -545,27 +547,7 @@ impl State {
                 // Rules whose missed release is on its way are not a trip;
                 // once reported closed they are done.
                 let mut seen = stats.clone();
-                if !agent.releasing.is_empty() {
-                    seen.rules.retain(|r| {
-                        let kind = match r.kind() {
-                            pb::RuleKind::Fuse => TripKind::Fuse,
-                            pb::RuleKind::Limit => TripKind::Limit,
-                            _ => return true,
-                        };
-                        let k = (kind, r.rule.clone());
-                        if !agent.releasing.contains(&k) {
-                            return true;
-                        }
-                        let open = match kind {
-                            TripKind::Fuse => r.fuse_state() != pb::FuseState::Closed,
-                            TripKind::Limit => r.limit_engaged,
-                        };
-                        if !open {
-                            agent.releasing.remove(&k);
-                        }
-                        false
-                    });
-                }
+                latched::hide_releasing(&mut agent.releasing, &mut seen);
                 effect.trips |= self.latches.reconcile(
                     policy,
                     &service,
@@ -1037,6 +1019,7 @@ mod tests {
         let mut s = State::default();
         s.commit(policy("b1", vec![t]), &[], TEN, &mut Vec::new());
         let engaged = pb::Event {
+            key: String::new(),
             kind: pb::EventKind::LimitEngaged as i32,
             rule: "order/crm".into(),
             reason: "calls".into(),
@@ -1052,7 +1035,10 @@ mod tests {
         ));
         assert_eq!(s.next_deadline(), Some(7_201_000));
         assert!(s.expired(7_200_999).is_empty());
-        assert_eq!(s.expired(7_201_000), vec!["order/crm".to_string()]);
+        assert_eq!(
+            s.expired(7_201_000),
+            vec![("order/crm".to_string(), String::new())]
+        );
         // Another service's agent cannot engage our limit.
         assert!(!s.latches.on_event(
             s.applied.as_deref().map(|a| &a.bundle),
@@ -1082,8 +1068,8 @@ mod tests {
         ));
         assert!(s.is_tripped(TripKind::Fuse, "order/mdm"));
         let mut out = Vec::new();
-        let (was, _) = s.release(TripKind::Fuse, "order/mdm", "op", 1, &mut out);
-        assert!(was);
+        let (was, _) = s.release(TripKind::Fuse, "order/mdm", None, "op", 1, &mut out);
+        assert_eq!(was, [""], "the fuse was tripped");
         assert!(!s.is_tripped(TripKind::Fuse, "order/mdm"));
     }
 
@@ -1099,6 +1085,7 @@ mod tests {
             &mut Vec::new(),
         );
         let tripped = pb::Event {
+            key: String::new(),
             kind: pb::EventKind::FuseTripped as i32,
             rule: "order/mdm".into(),
             reason: "errors 3 >= 3 over 10s (3 calls)".into(),

@@ -286,7 +286,8 @@ async fn a_latch_engaged_by_one_agent_holds_for_the_other_until_released() {
     );
     // A release on a clears the store, so both admit again.
     assert_eq!(
-        a.release_limit_everywhere("order/shared", "ops").await,
+        a.release_limit_everywhere("order/shared", None, "ops")
+            .await,
         Ok(true)
     );
     // b reads latches back every 100ms, so it shows released without traffic.
@@ -322,7 +323,8 @@ async fn a_batched_latch_reaches_the_other_agent_at_its_next_flush() {
     );
     assert!(b.engaged_limits()[0].remaining.is_none(), "manual release");
     assert_eq!(
-        b.release_limit_everywhere("order/shared", "ops").await,
+        b.release_limit_everywhere("order/shared", None, "ops")
+            .await,
         Ok(true)
     );
     // The next window (the old one is full), and at most a flush later for a.
