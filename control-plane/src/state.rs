@@ -1140,4 +1140,106 @@ mod tests {
         s.hello(hello("order", "c", "v1"), tx, 2_000, &mut out);
         assert!(out.is_empty(), "{out:?}");
     }
+
+    /// A keyed limit: each key is re-armed alone on a hello that lacks it,
+    /// a key-release tells agents that key only, and the last stats no
+    /// longer count a released key (a release of all right after names the
+    /// keys still latched, not the one just released).
+    #[test]
+    fn keys_of_a_limit_are_re_armed_and_released_one_by_one() {
+        let mut s = State::default();
+        s.commit(
+            policy("b1", vec![target("order", "v1")]),
+            &["order".into()],
+            TEN,
+            &mut Vec::new(),
+        );
+        let (tx, _rx) = mpsc::channel(64);
+        let mut out = Vec::new();
+        let (key, id) = s.hello(hello("order", "a", "v1"), tx, 1_000, &mut out);
+        let stats = pb::Stats {
+            rules: vec![pb::RuleStats {
+                rule: "order/crm".into(),
+                kind: pb::RuleKind::Limit as i32,
+                limit_engaged: true,
+                engaged_keys: vec!["alice".into(), "bob".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let effect = s.on_message(&key, id, AgentMsg::Stats(stats), 1_500);
+        assert_eq!(effect.audits.len(), 2, "one trip per key");
+        let keys: Vec<&str> = s.trips().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, ["alice", "bob"]);
+
+        // `a` comes back with bob only: alice alone is re-armed.
+        let mut back = hello("order", "a", "v1");
+        back.latches.push(pb::Latch {
+            kind: pb::ReleaseKind::Limit as i32,
+            rule: "order/crm".into(),
+            key: "bob".into(),
+            ..Default::default()
+        });
+        let (tx, _rx) = mpsc::channel(64);
+        let mut out = Vec::new();
+        let (key, id) = s.hello(back, tx, 2_000, &mut out);
+        let armed: Vec<String> = out
+            .iter()
+            .filter_map(|o| match &o.msg.msg {
+                Some(pb::control_message::Msg::Command(pb::Command {
+                    kind: Some(pb::command::Kind::Arm(l)),
+                })) => Some(l.key.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(armed, ["alice"]);
+        let stats = pb::Stats {
+            rules: vec![pb::RuleStats {
+                rule: "order/crm".into(),
+                kind: pb::RuleKind::Limit as i32,
+                limit_engaged: true,
+                engaged_keys: vec!["alice".into(), "bob".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        s.on_message(&key, id, AgentMsg::Stats(stats), 2_500);
+
+        let mut out = Vec::new();
+        let (was, notified) = s.release(
+            TripKind::Limit,
+            "order/crm",
+            Some("bob"),
+            "op",
+            3_000,
+            &mut out,
+        );
+        assert_eq!(
+            (was, notified),
+            (vec!["bob".to_string()], vec!["a".to_string()])
+        );
+        let sent: Vec<&str> = out
+            .iter()
+            .filter_map(|o| match &o.msg.msg {
+                Some(pb::control_message::Msg::Command(pb::Command {
+                    kind: Some(pb::command::Kind::Release(r)),
+                })) => Some(r.key.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(sent, ["bob"]);
+        assert!(
+            s.latches
+                .contains(TripKind::Limit, "order/crm", Some("alice"))
+        );
+        // Before the agent's next stats: bob is no longer counted.
+        assert_eq!(
+            s.release_preview(TripKind::Limit, "order/crm", None).0,
+            ["alice"]
+        );
+        let stored = s.persisted_without(TripKind::Limit, "order/crm", None, 4_000);
+        assert!(stored.trips.is_empty());
+        assert_eq!(s.to_persisted().trips.len(), 1, "alice is persisted");
+        assert_eq!(s.to_persisted().releases[0].key, "bob");
+    }
 }

@@ -2325,6 +2325,7 @@ async fn latches_of_two_consumers_of_one_limit_are_released_and_kept_apart_acros
     .await;
     assert_eq!(all.code, 0, "{}{}", all.stdout, all.stderr);
     assert!(all.stdout.contains("`alice`"), "{}", all.stdout);
+    assert!(!all.stdout.contains("bob"), "{}", all.stdout);
     assert!(latched_keys(&govd).await.is_empty());
     // A fuse has no keys.
     let fuse = govc(

@@ -175,6 +175,7 @@ impl State {
         self.released
             .insert((kind, rule.to_owned(), key.unwrap_or("").to_owned()), now);
         let mut keys: BTreeSet<String> = self.latches.remove(kind, rule, key).into_iter().collect();
+        forget_reported(&mut self.agents, &service, kind, rule, key);
         let mut notified = Vec::new();
         for a in self.connected(&service) {
             keys.extend(reports_tripped(a, kind, rule, key));
@@ -245,6 +246,44 @@ pub(super) fn trip_kind(kind: pb::ReleaseKind) -> TripKind {
     match kind {
         pb::ReleaseKind::Fuse => TripKind::Fuse,
         pb::ReleaseKind::Limit => TripKind::Limit,
+    }
+}
+
+/// Drops `rule` (its `key` only, or every key) from the last stats of the
+/// agents of `service`: they were taken before the release, and would
+/// otherwise show the released latch until the next stats (and count it in
+/// a later release's answer).
+fn forget_reported(
+    agents: &mut std::collections::BTreeMap<AgentKey, Agent>,
+    service: &str,
+    kind: TripKind,
+    rule: &str,
+    key: Option<&str>,
+) {
+    let stats = agents
+        .values_mut()
+        .filter(|a| a.service == service)
+        .filter_map(|a| a.stats.as_mut());
+    for s in stats {
+        for r in s.rules.iter_mut().filter(|r| r.rule == rule) {
+            match kind {
+                TripKind::Fuse => r.fuse_state = pb::FuseState::Closed as i32,
+                TripKind::Limit => match key {
+                    None => {
+                        r.engaged_keys.clear();
+                        r.engaged_keys_truncated = false;
+                        r.limit_engaged = false;
+                    }
+                    // An agent without `engaged_keys` has only the rule's own
+                    // counter, which a release of one key leaves alone.
+                    Some(_) if r.engaged_keys.is_empty() => {}
+                    Some(key) => {
+                        r.engaged_keys.retain(|k| k != key);
+                        r.limit_engaged = !r.engaged_keys.is_empty() || r.engaged_keys_truncated;
+                    }
+                },
+            }
+        }
     }
 }
 
