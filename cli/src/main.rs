@@ -128,7 +128,8 @@ Examples:
     pub const RELEASE: &str = "\
 Examples:
   govc release fuse order/mdm
-  govc release limit order/per-consumer --token-file token";
+  govc release limit order/per-consumer --token-file token
+  govc release limit order/per-consumer --key crm --token-file token";
     pub const AUDIT: &str = "\
 Examples:
   govc audit --since 2h

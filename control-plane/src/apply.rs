@@ -383,6 +383,7 @@ async fn record_and_push(inner: &Inner, planned: Planned) -> Result<(), ApplyErr
         version: planned.policy.version.clone(),
         kind: String::new(),
         rule: String::new(),
+        key: String::new(),
         targets: planned.changed.clone(),
         detail: String::new(),
     };

@@ -98,6 +98,7 @@ mod tests {
             version: String::new(),
             kind: String::new(),
             rule: String::new(),
+            key: String::new(),
             targets: Vec::new(),
             detail,
         }

@@ -202,6 +202,7 @@ impl ControlPlane {
                 version: String::new(),
                 kind: String::new(),
                 rule: String::new(),
+                key: String::new(),
                 targets: Vec::new(),
                 detail: format!(
                     "people: {}; agent token: {}",
@@ -330,26 +331,28 @@ impl Inner {
         self.sync.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Releases `rule` everywhere and records who did it, all or nothing:
-    /// the audit record, then `state.json` without the latch, and only then
-    /// the latch is forgotten and the agents are told. Returns (was
-    /// tripped, instances notified).
+    /// Releases `rule` (a limit's `key` only, or every key) everywhere and
+    /// records who did it, all or nothing: the audit record, then
+    /// `state.json` without the latch, and only then the latch is forgotten
+    /// and the agents are told. Returns (the keys that were latched,
+    /// instances notified).
     pub(crate) async fn release(
         &self,
         kind: TripKind,
         rule: &str,
+        key: Option<&str>,
         who: &str,
-    ) -> Result<(bool, Vec<String>), ReleaseError> {
+    ) -> Result<(Vec<String>, Vec<String>), ReleaseError> {
         let mut out = Vec::new();
-        let (was, notified) = {
+        let (keys, notified) = {
             // INVARIANT: held from the snapshot to the commit, like an apply.
             let _write = self.write_lock.lock().await;
             let released_at = now_unix_ms();
-            let (snapshot, (was, notified)) = {
+            let (snapshot, (keys, notified)) = {
                 let state = self.lock();
                 (
-                    state.persisted_without(kind, rule, released_at),
-                    state.release_preview(kind, rule),
+                    state.persisted_without(kind, rule, key, released_at),
+                    state.release_preview(kind, rule, key),
                 )
             };
             let mut entry = AuditEntry {
@@ -359,12 +362,9 @@ impl Inner {
                 version: String::new(),
                 kind: kind.as_str().into(),
                 rule: rule.to_owned(),
+                key: key.unwrap_or("").to_owned(),
                 targets: notified,
-                detail: if was {
-                    String::new()
-                } else {
-                    "was not tripped".into()
-                },
+                detail: released_detail(kind, key, &keys),
             };
             self.append_audit(entry.clone())
                 .await
@@ -376,12 +376,25 @@ impl Inner {
                 self.audit(entry).await;
                 return Err(error);
             }
-            self.lock().release(kind, rule, who, released_at, &mut out)
+            self.lock()
+                .release(kind, rule, key, who, released_at, &mut out)
         };
         self.send(out).await;
         self.changed();
         self.timer.notify_one();
-        Ok((was, notified))
+        Ok((keys, notified))
+    }
+}
+
+/// The audit detail of a release: nothing when it released what was asked,
+/// else what it found (the keys of a release of every key of a limit).
+fn released_detail(kind: TripKind, key: Option<&str>, keys: &[String]) -> String {
+    match (kind, key, keys) {
+        (_, _, []) => "was not tripped".into(),
+        (TripKind::Limit, None, keys) if keys.iter().any(|k| !k.is_empty()) => {
+            format!("keys: {}", keys.join(", "))
+        }
+        _ => String::new(),
     }
 }
 
@@ -461,13 +474,13 @@ async fn release_timer(inner: Arc<Inner>) {
             )
         };
         let mut refused = false;
-        for rule in expired {
-            tracing::info!(%rule, "release after: releasing the limit");
+        for (rule, key) in expired {
+            tracing::info!(%rule, %key, "release after: releasing the limit");
             if let Err(error) = inner
-                .release(TripKind::Limit, &rule, "govd (release after)")
+                .release(TripKind::Limit, &rule, Some(&key), "govd (release after)")
                 .await
             {
-                tracing::error!(%rule, error = %crate::error::one_line(&error), "release after: cannot release the limit; retrying");
+                tracing::error!(%rule, %key, error = %crate::error::one_line(&error), "release after: cannot release the limit; retrying");
                 refused = true;
             }
         }

@@ -23,10 +23,19 @@ const EXPIRY_SLACK_MS: u64 = 5_000;
 /// Audit entries of latch changes, written by the caller after the state.
 pub type Audits = Vec<AuditEntry>;
 
-/// Every tripped fuse and engaged limit, by kind and `service/rule`.
+/// Every tripped fuse and engaged limit, by kind, `service/rule` and key.
 #[derive(Debug, Default)]
 pub struct Latches {
-    trips: BTreeMap<(TripKind, String), Trip>,
+    trips: BTreeMap<LatchId, Trip>,
+}
+
+/// Which latch: kind, `service/rule` and the key of a limit keyed by
+/// consumer or called service (`""`: the rule's own counter, and always for
+/// fuses).
+pub type LatchId = (TripKind, String, String);
+
+fn id(kind: TripKind, rule: &str, key: &str) -> LatchId {
+    (kind, rule.to_owned(), key.to_owned())
 }
 
 // === impl Latches ===
@@ -36,7 +45,7 @@ impl Latches {
         Self {
             trips: trips
                 .into_iter()
-                .map(|t| ((t.kind, t.rule.clone()), t))
+                .map(|t| ((t.kind, t.rule.clone(), t.key.clone()), t))
                 .collect(),
         }
     }
@@ -45,13 +54,34 @@ impl Latches {
         self.trips.values()
     }
 
-    pub fn contains(&self, kind: TripKind, rule: &str) -> bool {
-        self.trips.contains_key(&(kind, rule.to_owned()))
+    /// The latches of `rule`: of `key` only, or every key (`None`).
+    pub fn of<'a>(
+        &'a self,
+        kind: TripKind,
+        rule: &'a str,
+        key: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a Trip> + 'a {
+        self.trips
+            .values()
+            .filter(move |t| t.kind == kind && t.rule == rule && key.is_none_or(|k| t.key == k))
     }
 
-    /// Forgets `rule` (released); whether it was tripped.
-    pub fn remove(&mut self, kind: TripKind, rule: &str) -> bool {
-        self.trips.remove(&(kind, rule.to_owned())).is_some()
+    /// Whether `rule` is latched for `key` (`None`: for any key).
+    pub fn contains(&self, kind: TripKind, rule: &str, key: Option<&str>) -> bool {
+        self.of(kind, rule, key).next().is_some()
+    }
+
+    /// Forgets the latches of `rule` for `key` (`None`: every key)
+    /// (released); the keys that were latched.
+    pub fn remove(&mut self, kind: TripKind, rule: &str, key: Option<&str>) -> Vec<String> {
+        let gone: Vec<LatchId> = self
+            .of(kind, rule, key)
+            .map(|t| (t.kind, t.rule.clone(), t.key.clone()))
+            .collect();
+        for k in &gone {
+            self.trips.remove(k);
+        }
+        gone.into_iter().map(|(_, _, key)| key).collect()
     }
 
     /// Records a fuse/limit event of an agent of `service`. Events about
@@ -74,17 +104,12 @@ impl Latches {
         } else {
             event.at_unix_ms
         };
+        let fuse = id(TripKind::Fuse, &event.rule, "");
+        let limit = id(TripKind::Limit, &event.rule, &event.key);
         match event.kind() {
             pb::EventKind::FuseTripped | pb::EventKind::FuseHalfOpen => {
                 let half_open = event.kind() == pb::EventKind::FuseHalfOpen;
-                let trip = self.trip(
-                    TripKind::Fuse,
-                    &event.rule,
-                    at,
-                    &event.reason,
-                    instance,
-                    audits,
-                );
+                let trip = self.trip(&fuse, at, &event.reason, instance, audits);
                 trip.instances.insert(instance.to_owned());
                 trip.not_enforced.remove(instance);
                 trip.half_open = half_open;
@@ -95,14 +120,7 @@ impl Latches {
             }
             pb::EventKind::LimitEngaged => {
                 let deadline = release_after(policy, &event.rule).map(|ms| at.saturating_add(ms));
-                let trip = self.trip(
-                    TripKind::Limit,
-                    &event.rule,
-                    at,
-                    &event.reason,
-                    instance,
-                    audits,
-                );
+                let trip = self.trip(&limit, at, &event.reason, instance, audits);
                 trip.instances.insert(instance.to_owned());
                 trip.not_enforced.remove(instance);
                 if trip.deadline_unix_ms.is_none() {
@@ -110,73 +128,61 @@ impl Latches {
                 }
                 true
             }
-            pb::EventKind::FuseReleased => self.untrip(
-                TripKind::Fuse,
-                &event.rule,
-                instance,
-                "released by the agent",
-                now,
-                audits,
-            ),
-            pb::EventKind::LimitReleased => self.untrip(
-                TripKind::Limit,
-                &event.rule,
-                instance,
-                "released by the agent",
-                now,
-                audits,
-            ),
+            pb::EventKind::FuseReleased => {
+                self.untrip(&fuse, instance, "released by the agent", now, audits)
+            }
+            pb::EventKind::LimitReleased => {
+                self.untrip(&limit, instance, "released by the agent", now, audits)
+            }
             pb::EventKind::Unspecified => false,
         }
     }
 
-    /// The latch of `rule`, created (and audited) if there is none.
+    /// The latch `id`, created (and audited) if there is none.
     fn trip(
         &mut self,
-        kind: TripKind,
-        rule: &str,
+        id: &LatchId,
         at: u64,
         reason: &str,
         instance: &str,
         audits: &mut Audits,
     ) -> &mut Trip {
-        self.trips
-            .entry((kind, rule.to_owned()))
-            .or_insert_with(|| {
-                audits.push(entry(kind, rule, instance, "trip", reason, at));
-                Trip {
-                    kind,
-                    rule: rule.to_owned(),
-                    since_unix_ms: at,
-                    reason: reason.to_owned(),
-                    half_open: false,
-                    deadline_unix_ms: None,
-                    instances: Default::default(),
-                    not_enforced: Default::default(),
-                }
-            })
+        let (kind, rule, key) = id;
+        self.trips.entry(id.clone()).or_insert_with(|| {
+            audits.push(entry(*kind, rule, key, instance, "trip", reason, at));
+            Trip {
+                kind: *kind,
+                rule: rule.clone(),
+                key: key.clone(),
+                since_unix_ms: at,
+                reason: reason.to_owned(),
+                half_open: false,
+                deadline_unix_ms: None,
+                instances: Default::default(),
+                not_enforced: Default::default(),
+            }
+        })
     }
 
-    /// `instance` no longer holds the latch of `rule`; the latch ends (and
-    /// that is audited) when no instance holds it any more.
+    /// `instance` no longer holds the latch `id`; the latch ends (and that
+    /// is audited) when no instance holds it any more.
     fn untrip(
         &mut self,
-        kind: TripKind,
-        rule: &str,
+        id: &LatchId,
         instance: &str,
         why: &str,
         now: u64,
         audits: &mut Audits,
     ) -> bool {
-        let k = (kind, rule.to_owned());
-        let Some(trip) = self.trips.get_mut(&k) else {
+        let Some(trip) = self.trips.get_mut(id) else {
             return false;
         };
         trip.instances.remove(instance);
         trip.not_enforced.remove(instance);
         if trip.instances.is_empty() {
-            self.trips.remove(&k);
-            audits.push(entry(kind, rule, instance, "untrip", why, now));
+            self.trips.remove(id);
+            let (kind, rule, key) = id;
+            audits.push(entry(*kind, rule, key, instance, "untrip", why, now));
         }
         true
     }
@@ -184,51 +190,53 @@ impl Latches {
     /// Whether a closed report of `instance` may end its hold on the latch:
     /// only for a fuse that recovers by itself, or a limit whose deadline
     /// has come. Otherwise the instance lost the latch (an agent restart).
-    fn may_end(&self, policy: Option<&pb::Bundle>, kind: TripKind, rule: &str, now: u64) -> bool {
-        match kind {
-            TripKind::Fuse => fuse_recovery(policy, rule).is_some(),
+    fn may_end(&self, policy: Option<&pb::Bundle>, id: &LatchId, now: u64) -> bool {
+        match id.0 {
+            TripKind::Fuse => fuse_recovery(policy, &id.1).is_some(),
             TripKind::Limit => self
                 .trips
-                .get(&(kind, rule.to_owned()))
+                .get(id)
                 .and_then(|t| t.deadline_unix_ms)
                 .is_some_and(|d| now.saturating_add(EXPIRY_SLACK_MS) >= d),
         }
     }
 
-    /// An agent's stats say `rule` is closed on `instance` while govd
-    /// holds its latch there.
+    /// An agent's stats say latch `id` is closed on `instance` while govd
+    /// holds it there.
     fn reported_closed(
         &mut self,
         policy: Option<&pb::Bundle>,
-        kind: TripKind,
-        rule: &str,
+        id: &LatchId,
         instance: &str,
         now: u64,
         audits: &mut Audits,
     ) -> bool {
-        if self.may_end(policy, kind, rule, now) {
-            let why = match kind {
+        if self.may_end(policy, id, now) {
+            let why = match id.0 {
                 TripKind::Fuse => "recovered on the agent (recover after)",
                 TripKind::Limit => "released on the agent (release after)",
             };
-            return self.untrip(kind, rule, instance, why, now, audits);
+            return self.untrip(id, instance, why, now, audits);
         }
-        let Some(trip) = self.trips.get_mut(&(kind, rule.to_owned())) else {
+        let Some(trip) = self.trips.get_mut(id) else {
             return false;
         };
         if !trip.not_enforced.insert(instance.to_owned()) {
             // Known already: audited once.
             return false;
         }
+        let (kind, rule, key) = id;
         tracing::warn!(
             rule,
+            key,
             instance,
             kind = kind.as_str(),
             "an agent reports a latched rule released without a release (restarted?); keeping the latch"
         );
         audits.push(entry(
-            kind,
+            *kind,
             rule,
+            key,
             instance,
             "latch-not-enforced",
             "the agent reports it released without a release (it restarted?); govd keeps the latch: release it to clear",
@@ -237,10 +245,10 @@ impl Latches {
         true
     }
 
-    /// Stats complete the events: a fuse an agent reports open is tripped
-    /// (an event may have been lost); one it reports closed ends its hold
-    /// on the latch only when the latch may end by itself (see the module
-    /// doc).
+    /// Stats complete the events: a fuse an agent reports open, a limit key
+    /// it reports engaged, is latched (an event may have been lost); one it
+    /// reports closed ends its hold on the latch only when the latch may
+    /// end by itself (see the module doc).
     pub fn reconcile(
         &mut self,
         policy: Option<&pb::Bundle>,
@@ -257,39 +265,30 @@ impl Latches {
             }
             match r.kind() {
                 pb::RuleKind::Fuse => {
+                    let fuse = id(TripKind::Fuse, &r.rule, "");
                     let open = r.fuse_state() != pb::FuseState::Closed;
-                    let held = self.held(TripKind::Fuse, &r.rule, instance);
+                    let held = self.held(&fuse, instance);
                     if open && held != Held::Enforced {
-                        let trip = self.trip(
-                            TripKind::Fuse,
-                            &r.rule,
-                            now,
-                            "reported open by the agent",
-                            instance,
-                            audits,
-                        );
+                        let trip =
+                            self.trip(&fuse, now, "reported open by the agent", instance, audits);
                         trip.instances.insert(instance.to_owned());
                         trip.not_enforced.remove(instance);
                         changed = true;
                     } else if !open && held == Held::Enforced {
-                        changed |= self.reported_closed(
-                            policy,
-                            TripKind::Fuse,
-                            &r.rule,
-                            instance,
-                            now,
-                            audits,
-                        );
+                        changed |= self.reported_closed(policy, &fuse, instance, now, audits);
                     }
                 }
                 pb::RuleKind::Limit => {
-                    let held = self.held(TripKind::Limit, &r.rule, instance);
-                    if r.limit_engaged && held != Held::Enforced {
+                    let engaged = engaged_keys(r);
+                    for key in &engaged {
+                        let limit = id(TripKind::Limit, &r.rule, key);
+                        if self.held(&limit, instance) == Held::Enforced {
+                            continue;
+                        }
                         let deadline =
                             release_after(policy, &r.rule).map(|ms| now.saturating_add(ms));
                         let trip = self.trip(
-                            TripKind::Limit,
-                            &r.rule,
+                            &limit,
                             now,
                             "reported engaged by the agent",
                             instance,
@@ -301,15 +300,20 @@ impl Latches {
                             trip.deadline_unix_ms = deadline;
                         }
                         changed = true;
-                    } else if !r.limit_engaged && held == Held::Enforced {
-                        changed |= self.reported_closed(
-                            policy,
-                            TripKind::Limit,
-                            &r.rule,
-                            instance,
-                            now,
-                            audits,
-                        );
+                    }
+                    if r.engaged_keys_truncated {
+                        // Keys past the list: no word on them either way.
+                        continue;
+                    }
+                    let closed: Vec<LatchId> = self
+                        .of(TripKind::Limit, &r.rule, None)
+                        .filter(|t| !engaged.contains(&t.key.as_str()))
+                        .map(|t| (t.kind, t.rule.clone(), t.key.clone()))
+                        .collect();
+                    for limit in closed {
+                        if self.held(&limit, instance) == Held::Enforced {
+                            changed |= self.reported_closed(policy, &limit, instance, now, audits);
+                        }
                     }
                 }
                 _ => {}
@@ -318,27 +322,37 @@ impl Latches {
         changed
     }
 
-    /// How `instance` holds the latch of `rule`.
-    fn held(&self, kind: TripKind, rule: &str, instance: &str) -> Held {
-        match self.trips.get(&(kind, rule.to_owned())) {
+    /// How `instance` holds the latch `id`.
+    fn held(&self, id: &LatchId, instance: &str) -> Held {
+        match self.trips.get(id) {
             Some(t) if t.not_enforced.contains(instance) => Held::Lost,
             Some(t) if t.instances.contains(instance) => Held::Enforced,
             _ => Held::No,
         }
     }
 
-    /// Limits whose `release after` deadline has passed.
-    pub fn expired(&self, now: u64) -> Vec<String> {
+    /// Limit latches (rule, key) whose `release after` deadline has passed.
+    pub fn expired(&self, now: u64) -> Vec<(String, String)> {
         self.trips
             .values()
             .filter(|t| t.kind == TripKind::Limit && t.deadline_unix_ms.is_some_and(|d| d <= now))
-            .map(|t| t.rule.clone())
+            .map(|t| (t.rule.clone(), t.key.clone()))
             .collect()
     }
 
     /// The earliest limit deadline.
     pub fn next_deadline(&self) -> Option<u64> {
         self.trips.values().filter_map(|t| t.deadline_unix_ms).min()
+    }
+}
+
+/// The keys a limit's stats report latched: its `engaged_keys`, or, from an
+/// agent older than that field, the rule's own counter when engaged.
+pub fn engaged_keys(r: &pb::RuleStats) -> Vec<&str> {
+    if r.engaged_keys.is_empty() {
+        if r.limit_engaged { vec![""] } else { vec![] }
+    } else {
+        r.engaged_keys.iter().map(String::as_str).collect()
     }
 }
 
@@ -372,10 +386,11 @@ enum Held {
     No,
 }
 
-/// An audit entry about the latch of `rule`, caused by `instance`.
+/// An audit entry about the latch of `rule` and `key`, caused by `instance`.
 fn entry(
     kind: TripKind,
     rule: &str,
+    key: &str,
     instance: &str,
     action: &str,
     detail: &str,
@@ -389,6 +404,7 @@ fn entry(
         version: String::new(),
         kind: kind.as_str().to_owned(),
         rule: rule.to_owned(),
+        key: key.to_owned(),
         targets: vec![instance.to_owned()],
         detail: detail.to_owned(),
     }
@@ -451,6 +467,7 @@ mod tests {
             rule: rule.into(),
             reason: "errors >= 3 over 10s".into(),
             at_unix_ms: at,
+            key: String::new(),
         }
     }
 
@@ -494,7 +511,7 @@ mod tests {
         // The agent restarted and forgot: it reports the fuse closed.
         let closed = stats(FUSE, pb::RuleKind::Fuse, false);
         assert!(l.reconcile(Some(&b), "order", "a", &closed, 20, &mut audits));
-        assert!(l.contains(TripKind::Fuse, FUSE), "the latch holds");
+        assert!(l.contains(TripKind::Fuse, FUSE, None), "the latch holds");
         let trip = l.iter().next().unwrap();
         assert!(trip.not_enforced.contains("a"));
         assert_eq!(actions(&audits), ["trip", "latch-not-enforced"]);
@@ -508,7 +525,7 @@ mod tests {
         assert!(l.iter().next().unwrap().not_enforced.is_empty());
         assert_eq!(audits.len(), 2, "the same latch: no second trip entry");
         // Only a release ends it.
-        assert!(l.remove(TripKind::Fuse, FUSE));
+        assert_eq!(l.remove(TripKind::Fuse, FUSE, None), [""]);
     }
 
     #[test]
@@ -520,7 +537,7 @@ mod tests {
         assert!(l.reconcile(Some(&b), "order", "a", &open, 10, &mut audits));
         let closed = stats("order/auto", pb::RuleKind::Fuse, false);
         assert!(l.reconcile(Some(&b), "order", "a", &closed, 40_010, &mut audits));
-        assert!(!l.contains(TripKind::Fuse, "order/auto"));
+        assert!(!l.contains(TripKind::Fuse, "order/auto", None));
         assert_eq!(actions(&audits), ["trip", "untrip"]);
 
         audits.clear();
@@ -529,13 +546,13 @@ mod tests {
         let released = stats(LIMIT, pb::RuleKind::Limit, false);
         // Before its deadline (61s): a lost latch, kept.
         assert!(l.reconcile(Some(&b), "order", "a", &released, 30_000, &mut audits));
-        assert!(l.contains(TripKind::Limit, LIMIT));
+        assert!(l.contains(TripKind::Limit, LIMIT, None));
         assert_eq!(actions(&audits), ["trip", "latch-not-enforced"]);
         // A new engage clears the mark; at its deadline the agent's release ends it.
         let engaged = stats(LIMIT, pb::RuleKind::Limit, true);
         assert!(l.reconcile(Some(&b), "order", "a", &engaged, 31_000, &mut audits));
         assert!(l.reconcile(Some(&b), "order", "a", &released, 61_000, &mut audits));
-        assert!(!l.contains(TripKind::Limit, LIMIT));
+        assert!(!l.contains(TripKind::Limit, LIMIT, None));
         assert_eq!(actions(&audits), ["trip", "latch-not-enforced", "untrip"]);
     }
 
@@ -550,9 +567,78 @@ mod tests {
         }
         let released = event(pb::EventKind::FuseReleased, FUSE, 20);
         assert!(l.on_event(Some(&b), "order", "a", &released, 20, &mut audits));
-        assert!(l.contains(TripKind::Fuse, FUSE), "b still holds it");
+        assert!(l.contains(TripKind::Fuse, FUSE, None), "b still holds it");
         assert!(l.on_event(Some(&b), "order", "b", &released, 21, &mut audits));
-        assert!(!l.contains(TripKind::Fuse, FUSE));
+        assert!(!l.contains(TripKind::Fuse, FUSE, None));
         assert_eq!(actions(&audits), ["trip", "untrip"]);
+    }
+
+    /// A limit's stats listing `keys` engaged.
+    fn keyed(keys: &[&str]) -> pb::Stats {
+        pb::Stats {
+            rules: vec![pb::RuleStats {
+                rule: LIMIT.into(),
+                kind: pb::RuleKind::Limit as i32,
+                limit_engaged: !keys.is_empty(),
+                engaged_keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_key_of_a_limit_is_its_own_latch_tripped_released_and_audited_alone() {
+        let b = bundle();
+        let mut l = Latches::default();
+        let mut audits = Vec::new();
+        for key in ["alice", "bob"] {
+            let e = pb::Event {
+                key: key.into(),
+                ..event(pb::EventKind::LimitEngaged, LIMIT, 10)
+            };
+            assert!(l.on_event(Some(&b), "order", "a", &e, 10, &mut audits));
+        }
+        assert_eq!(l.iter().count(), 2, "two consumers: two latches");
+        assert_eq!(actions(&audits), ["trip", "trip"]);
+        assert_eq!(audits[1].key, "bob");
+
+        // The agent reports only bob engaged (it restarted and kept one?):
+        // alice is kept, marked as not enforced there, once.
+        assert!(l.reconcile(Some(&b), "order", "a", &keyed(&["bob"]), 20, &mut audits));
+        let alice = l.of(TripKind::Limit, LIMIT, Some("alice")).next().unwrap();
+        assert!(alice.not_enforced.contains("a"));
+        assert_eq!(actions(&audits), ["trip", "trip", "latch-not-enforced"]);
+        assert_eq!(audits[2].key, "alice");
+        assert!(!l.reconcile(Some(&b), "order", "a", &keyed(&["bob"]), 21, &mut audits));
+
+        // A truncated list says nothing about the keys it leaves out.
+        let mut cut = keyed(&["bob"]);
+        cut.rules[0].engaged_keys_truncated = true;
+        assert!(!l.reconcile(Some(&b), "order", "a", &cut, 22, &mut audits));
+
+        // Releasing one key leaves the other.
+        assert_eq!(l.remove(TripKind::Limit, LIMIT, Some("bob")), ["bob"]);
+        assert!(l.contains(TripKind::Limit, LIMIT, Some("alice")));
+        assert!(!l.contains(TripKind::Limit, LIMIT, Some("bob")));
+        // A third consumer reported by stats alone is latched and audited.
+        assert!(l.reconcile(Some(&b), "order", "a", &keyed(&["carol"]), 30, &mut audits));
+        assert!(l.contains(TripKind::Limit, LIMIT, Some("carol")));
+        assert_eq!(audits.last().unwrap().key, "carol");
+        // Every key at once.
+        let mut gone = l.remove(TripKind::Limit, LIMIT, None);
+        gone.sort();
+        assert_eq!(gone, ["alice", "carol"]);
+    }
+
+    #[test]
+    fn an_agent_without_engaged_keys_is_read_as_the_rules_own_counter() {
+        let b = bundle();
+        let mut l = Latches::default();
+        let mut audits = Vec::new();
+        let old = stats(LIMIT, pb::RuleKind::Limit, true);
+        assert!(l.reconcile(Some(&b), "order", "a", &old, 10, &mut audits));
+        assert!(l.contains(TripKind::Limit, LIMIT, Some("")));
+        assert_eq!(l.iter().count(), 1);
     }
 }

@@ -147,6 +147,7 @@ impl ControlPlaneRpc for ControlPlane {
                     version: String::new(),
                     kind: String::new(),
                     rule: String::new(),
+                    key: String::new(),
                     targets: vec![format!("{}/{}", hello.service, hello.instance)],
                     detail: format!(
                         "claimed service `{}`; its certificate is for `{identity}`",
@@ -261,6 +262,13 @@ impl ControlPlaneRpc for ControlPlane {
                 )));
             }
         }
+        if kind == TripKind::Fuse && !req.key.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "fuse `{}` has no keys; release it without a key",
+                req.rule
+            )));
+        }
+        let key = (!req.key.is_empty()).then_some(req.key.as_str());
         {
             let state = self.inner.lock();
             if !state.has_rule(kind, &req.rule) && !state.is_tripped(kind, &req.rule) {
@@ -273,22 +281,37 @@ impl ControlPlaneRpc for ControlPlane {
         }
         let who = caller.name;
         // The release finishes even if the client goes away meanwhile.
-        let (was, notified) = {
+        let (keys, notified) = {
             let inner = self.inner.clone();
             let rule = req.rule.clone();
+            let key = key.map(str::to_owned);
             let who = who.clone();
-            tokio::spawn(async move { inner.release(kind, &rule, &who).await })
+            tokio::spawn(async move { inner.release(kind, &rule, key.as_deref(), &who).await })
                 .await
                 .map_err(|e| Status::internal(format!("the release failed: {e}")))?
                 .map_err(|e| Status::failed_precondition(crate::error::one_line(&e)))?
         };
-        tracing::info!(who, rule = %req.rule, kind = kind.as_str(), was, agents = notified.len(), "released");
+        let was = !keys.is_empty();
+        tracing::info!(who, rule = %req.rule, key = %req.key, kind = kind.as_str(), ?keys, agents = notified.len(), "released");
+        let what = match key {
+            Some(key) => format!("{} `{}` for key `{key}`", kind.as_str(), req.rule),
+            None => format!("{} `{}`", kind.as_str(), req.rule),
+        };
+        let named: Vec<String> = keys
+            .iter()
+            .filter(|k| !k.is_empty())
+            .map(|k| format!("`{k}`"))
+            .collect();
         let message = match (was, notified.len()) {
-            (true, n) => format!("released {} `{}` on {n} agent(s)", kind.as_str(), req.rule),
+            // A release of every key of a keyed limit names the keys it ended.
+            (true, n) if key.is_none() && !named.is_empty() => format!(
+                "released {what} on {n} agent(s): {} key(s): {}",
+                named.len(),
+                named.join(", ")
+            ),
+            (true, n) => format!("released {what} on {n} agent(s)"),
             (false, n) => format!(
-                "{} `{}` was not {}; sent the release to {n} agent(s) anyway",
-                kind.as_str(),
-                req.rule,
+                "{what} was not {}; sent the release to {n} agent(s) anyway",
                 if kind == TripKind::Fuse {
                     "tripped"
                 } else {
@@ -329,6 +352,7 @@ fn audit_result(page: crate::audit::Page) -> pb::AuditResult {
                 version: e.version,
                 kind: e.kind,
                 rule: e.rule,
+                key: e.key,
                 targets: e.targets,
                 detail: e.detail,
                 seq,
@@ -544,6 +568,7 @@ mod tests {
         let (tx, mut agent) = mpsc::channel(8);
         let (key, id) = cp.inner.lock().hello(hello("a"), tx, 1, &mut Vec::new());
         let tripped = pb::Event {
+            key: String::new(),
             kind: pb::EventKind::FuseTripped as i32,
             rule: "order/mdm".into(),
             reason: "errors".into(),
@@ -559,7 +584,7 @@ mod tests {
         std::fs::create_dir(&blocker).unwrap();
         let err = cp
             .inner
-            .release(TripKind::Fuse, "order/mdm", "alice")
+            .release(TripKind::Fuse, "order/mdm", None, "alice")
             .await
             .unwrap_err();
         let message = crate::error::one_line(&err);
@@ -578,10 +603,10 @@ mod tests {
         std::fs::remove_dir(&blocker).unwrap();
         let (was, notified) = cp
             .inner
-            .release(TripKind::Fuse, "order/mdm", "alice")
+            .release(TripKind::Fuse, "order/mdm", None, "alice")
             .await
             .unwrap();
-        assert!(was);
+        assert_eq!(was, [""], "the fuse was tripped");
         assert_eq!(notified, ["a"]);
         assert!(!cp.inner.lock().is_tripped(TripKind::Fuse, "order/mdm"));
         assert!(cp.store().load().unwrap().trips.is_empty());

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::history::HistoryLimit;
-use crate::latches::{self, Latches};
+use crate::latches::{self, LatchId, Latches};
 use crate::store::{AppliedPolicy, HistoryEntry, KnownAgent, Persisted, Trip, TripKind};
 
 mod latched;
@@ -45,7 +45,8 @@ pub struct State {
     history: VecDeque<HistoryEntry>,
     latches: Latches,
     /// When each rule was last released (see `Agent::releasing`).
-    released: BTreeMap<(TripKind, String), u64>,
+    /// By kind, rule and key (`""`: every key of the rule).
+    released: BTreeMap<LatchId, u64>,
     agents: BTreeMap<AgentKey, Agent>,
     /// Services whose set of registered instances (or a weight) changed since
     /// the last [`State::endpoint_pushes`].
@@ -91,7 +92,7 @@ pub struct Agent {
     /// Latches this agent came back with that were released while it was
     /// away: govd sent the release; until its stats say closed, they are
     /// not a new trip.
-    releasing: BTreeSet<(TripKind, String)>,
+    releasing: BTreeSet<LatchId>,
 }
 
 #[derive(Debug)]
@@ -216,7 +217,7 @@ impl State {
         state.released = p
             .releases
             .into_iter()
-            .map(|r| ((r.kind, r.rule), r.at_unix_ms))
+            .map(|r| ((r.kind, r.rule, r.key), r.at_unix_ms))
             .collect();
         for a in p.agents {
             let key = (a.service.clone(), a.instance.clone());
@@ -255,9 +256,10 @@ impl State {
             releases: self
                 .released
                 .iter()
-                .map(|((kind, rule), at)| crate::store::Released {
+                .map(|((kind, rule, key), at)| crate::store::Released {
                     kind: *kind,
                     rule: rule.clone(),
+                    key: key.clone(),
                     at_unix_ms: *at,
                 })
                 .collect(),
@@ -305,7 +307,7 @@ impl State {
     }
 
     pub fn is_tripped(&self, kind: TripKind, rule: &str) -> bool {
-        self.latches.contains(kind, rule)
+        self.latches.contains(kind, rule, None)
     }
 
     pub fn target(&self, service: &str) -> Option<&pb::TargetConfig> {
@@ -373,10 +375,10 @@ impl State {
         self.next_conn += 1;
         let id = self.next_conn;
         let key = (hello.service.clone(), hello.instance.clone());
-        let held: BTreeSet<(TripKind, String)> = hello
+        let held: BTreeSet<LatchId> = hello
             .latches
             .iter()
-            .map(|l| (trip_kind(l.kind()), l.rule.clone()))
+            .map(|l| (trip_kind(l.kind()), l.rule.clone(), l.key.clone()))
             .collect();
         let missed = self.missed_releases(&hello);
         let agent = self.agents.entry(key.clone()).or_insert_with(|| Agent {
@@ -545,27 +547,7 @@ impl State {
                 // Rules whose missed release is on its way are not a trip;
                 // once reported closed they are done.
                 let mut seen = stats.clone();
-                if !agent.releasing.is_empty() {
-                    seen.rules.retain(|r| {
-                        let kind = match r.kind() {
-                            pb::RuleKind::Fuse => TripKind::Fuse,
-                            pb::RuleKind::Limit => TripKind::Limit,
-                            _ => return true,
-                        };
-                        let k = (kind, r.rule.clone());
-                        if !agent.releasing.contains(&k) {
-                            return true;
-                        }
-                        let open = match kind {
-                            TripKind::Fuse => r.fuse_state() != pb::FuseState::Closed,
-                            TripKind::Limit => r.limit_engaged,
-                        };
-                        if !open {
-                            agent.releasing.remove(&k);
-                        }
-                        false
-                    });
-                }
+                latched::hide_releasing(&mut agent.releasing, &mut seen);
                 effect.trips |= self.latches.reconcile(
                     policy,
                     &service,
@@ -1037,6 +1019,7 @@ mod tests {
         let mut s = State::default();
         s.commit(policy("b1", vec![t]), &[], TEN, &mut Vec::new());
         let engaged = pb::Event {
+            key: String::new(),
             kind: pb::EventKind::LimitEngaged as i32,
             rule: "order/crm".into(),
             reason: "calls".into(),
@@ -1052,7 +1035,10 @@ mod tests {
         ));
         assert_eq!(s.next_deadline(), Some(7_201_000));
         assert!(s.expired(7_200_999).is_empty());
-        assert_eq!(s.expired(7_201_000), vec!["order/crm".to_string()]);
+        assert_eq!(
+            s.expired(7_201_000),
+            vec![("order/crm".to_string(), String::new())]
+        );
         // Another service's agent cannot engage our limit.
         assert!(!s.latches.on_event(
             s.applied.as_deref().map(|a| &a.bundle),
@@ -1082,8 +1068,8 @@ mod tests {
         ));
         assert!(s.is_tripped(TripKind::Fuse, "order/mdm"));
         let mut out = Vec::new();
-        let (was, _) = s.release(TripKind::Fuse, "order/mdm", "op", 1, &mut out);
-        assert!(was);
+        let (was, _) = s.release(TripKind::Fuse, "order/mdm", None, "op", 1, &mut out);
+        assert_eq!(was, [""], "the fuse was tripped");
         assert!(!s.is_tripped(TripKind::Fuse, "order/mdm"));
     }
 
@@ -1099,6 +1085,7 @@ mod tests {
             &mut Vec::new(),
         );
         let tripped = pb::Event {
+            key: String::new(),
             kind: pb::EventKind::FuseTripped as i32,
             rule: "order/mdm".into(),
             reason: "errors 3 >= 3 over 10s (3 calls)".into(),
@@ -1152,5 +1139,107 @@ mod tests {
         let (tx, _rx) = mpsc::channel(8);
         s.hello(hello("order", "c", "v1"), tx, 2_000, &mut out);
         assert!(out.is_empty(), "{out:?}");
+    }
+
+    /// A keyed limit: each key is re-armed alone on a hello that lacks it,
+    /// a key-release tells agents that key only, and the last stats no
+    /// longer count a released key (a release of all right after names the
+    /// keys still latched, not the one just released).
+    #[test]
+    fn keys_of_a_limit_are_re_armed_and_released_one_by_one() {
+        let mut s = State::default();
+        s.commit(
+            policy("b1", vec![target("order", "v1")]),
+            &["order".into()],
+            TEN,
+            &mut Vec::new(),
+        );
+        let (tx, _rx) = mpsc::channel(64);
+        let mut out = Vec::new();
+        let (key, id) = s.hello(hello("order", "a", "v1"), tx, 1_000, &mut out);
+        let stats = pb::Stats {
+            rules: vec![pb::RuleStats {
+                rule: "order/crm".into(),
+                kind: pb::RuleKind::Limit as i32,
+                limit_engaged: true,
+                engaged_keys: vec!["alice".into(), "bob".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let effect = s.on_message(&key, id, AgentMsg::Stats(stats), 1_500);
+        assert_eq!(effect.audits.len(), 2, "one trip per key");
+        let keys: Vec<&str> = s.trips().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, ["alice", "bob"]);
+
+        // `a` comes back with bob only: alice alone is re-armed.
+        let mut back = hello("order", "a", "v1");
+        back.latches.push(pb::Latch {
+            kind: pb::ReleaseKind::Limit as i32,
+            rule: "order/crm".into(),
+            key: "bob".into(),
+            ..Default::default()
+        });
+        let (tx, _rx) = mpsc::channel(64);
+        let mut out = Vec::new();
+        let (key, id) = s.hello(back, tx, 2_000, &mut out);
+        let armed: Vec<String> = out
+            .iter()
+            .filter_map(|o| match &o.msg.msg {
+                Some(pb::control_message::Msg::Command(pb::Command {
+                    kind: Some(pb::command::Kind::Arm(l)),
+                })) => Some(l.key.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(armed, ["alice"]);
+        let stats = pb::Stats {
+            rules: vec![pb::RuleStats {
+                rule: "order/crm".into(),
+                kind: pb::RuleKind::Limit as i32,
+                limit_engaged: true,
+                engaged_keys: vec!["alice".into(), "bob".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        s.on_message(&key, id, AgentMsg::Stats(stats), 2_500);
+
+        let mut out = Vec::new();
+        let (was, notified) = s.release(
+            TripKind::Limit,
+            "order/crm",
+            Some("bob"),
+            "op",
+            3_000,
+            &mut out,
+        );
+        assert_eq!(
+            (was, notified),
+            (vec!["bob".to_string()], vec!["a".to_string()])
+        );
+        let sent: Vec<&str> = out
+            .iter()
+            .filter_map(|o| match &o.msg.msg {
+                Some(pb::control_message::Msg::Command(pb::Command {
+                    kind: Some(pb::command::Kind::Release(r)),
+                })) => Some(r.key.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(sent, ["bob"]);
+        assert!(
+            s.latches
+                .contains(TripKind::Limit, "order/crm", Some("alice"))
+        );
+        // Before the agent's next stats: bob is no longer counted.
+        assert_eq!(
+            s.release_preview(TripKind::Limit, "order/crm", None).0,
+            ["alice"]
+        );
+        let stored = s.persisted_without(TripKind::Limit, "order/crm", None, 4_000);
+        assert!(stored.trips.is_empty());
+        assert_eq!(s.to_persisted().trips.len(), 1, "alice is persisted");
+        assert_eq!(s.to_persisted().releases[0].key, "bob");
     }
 }

@@ -86,6 +86,9 @@ pub struct HistoryEntry {
 pub struct Released {
     pub kind: TripKind,
     pub rule: String,
+    /// A limit's key released alone. Empty: every key of the rule.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub key: String,
     pub at_unix_ms: u64,
 }
 
@@ -125,6 +128,10 @@ pub struct Trip {
     pub kind: TripKind,
     /// `service/rule`.
     pub rule: String,
+    /// Limits keyed by consumer or called service: the latched key. Empty:
+    /// the rule's own counter (and always for fuses).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub key: String,
     pub since_unix_ms: u64,
     pub reason: String,
     /// Fuses: half-open now (probing).
@@ -171,6 +178,10 @@ pub struct AuditEntry {
     /// Release: `service/rule`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rule: String,
+    /// Limits keyed by consumer or called service: the latch's key. Empty:
+    /// the rule's own counter, or every key (a release of all).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub key: String,
     /// Apply: the services changed; release: the instances notified.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub targets: Vec<String>,
@@ -367,6 +378,7 @@ mod tests {
         state.trips.push(Trip {
             kind: TripKind::Limit,
             rule: "order/crm".into(),
+            key: "alice".into(),
             since_unix_ms: 5,
             reason: "calls 100 per 1s".into(),
             half_open: false,
@@ -455,6 +467,7 @@ mod tests {
                     version: "v".into(),
                     kind: String::new(),
                     rule: String::new(),
+                    key: String::new(),
                     targets: vec![],
                     detail: String::new(),
                 })

@@ -87,6 +87,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
         .filter(|t| t.kind == TripKind::Limit)
         .map(|t| pb::LimitView {
             rule: t.rule.clone(),
+            key: t.key.clone(),
             since_unix_ms: t.since_unix_ms,
             reason: latch_reason(t),
             remaining_ms: t
@@ -143,6 +144,8 @@ fn aggregate(state: &State, service: &str, rule: &str, kind: pb::RuleKind) -> pb
         sum.admitted += r.admitted;
         sum.capacity += r.capacity;
         sum.limit_engaged |= r.limit_engaged;
+        sum.engaged_keys_truncated |= r.engaged_keys_truncated;
+        sum.engaged_keys.extend(r.engaged_keys.iter().cloned());
         if let (Some(s), Some(x)) = (sum.rejected.as_mut(), r.rejected.as_ref()) {
             s.bulkhead_full += x.bulkhead_full;
             s.bulkhead_timeout += x.bulkhead_timeout;
@@ -164,8 +167,19 @@ fn aggregate(state: &State, service: &str, rule: &str, kind: pb::RuleKind) -> pb
         };
     }
     sum.fuse_state = worst as i32;
+    // The union of the agents' latched keys, as bounded as each agent's list.
+    sum.engaged_keys.sort_unstable();
+    sum.engaged_keys.dedup();
+    if sum.engaged_keys.len() > MAX_ENGAGED_KEYS {
+        sum.engaged_keys.truncate(MAX_ENGAGED_KEYS);
+        sum.engaged_keys_truncated = true;
+    }
     sum
 }
+
+/// As many latched keys per rule as an agent's stats list (the agent's
+/// `MAX_ENGAGED_KEYS`).
+const MAX_ENGAGED_KEYS: usize = 64;
 
 /// Keeps only what concerns `service` ("" keeps everything).
 pub fn filter_view(mut view: pb::ClusterView, service: &str) -> pb::ClusterView {
@@ -236,6 +250,7 @@ mod tests {
         };
         let (key, id) = state.hello(hello, tx, 1, &mut Vec::new());
         let engaged = pb::Event {
+            key: String::new(),
             kind: pb::EventKind::LimitEngaged as i32,
             rule: "order/crm".into(),
             reason: "calls 100 per 1s".into(),

@@ -701,9 +701,28 @@ fn load_through(caller: SocketAddr) -> tokio::task::JoinHandle<Vec<(u16, String)
 
 /// One HTTP/1.1 GET: (status, `gov-rejected-by` header, body).
 async fn http_get(addr: SocketAddr, path: &str) -> (u16, Option<String>, String) {
+    http_get_with(addr, path, "").await
+}
+
+/// [`http_get`] as `consumer` (the `x-gov-consumer` header).
+async fn http_get_as(
+    addr: SocketAddr,
+    path: &str,
+    consumer: &str,
+) -> (u16, Option<String>, String) {
+    http_get_with(addr, path, &format!("x-gov-consumer: {consumer}\r\n")).await
+}
+
+/// [`http_get`] with `headers` (whole `name: value\r\n` lines).
+async fn http_get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &str,
+) -> (u16, Option<String>, String) {
     let attempt = async {
         let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        let req =
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n");
         s.write_all(req.as_bytes()).await.ok()?;
         let mut buf = Vec::new();
         s.read_to_end(&mut buf).await.ok()?;
@@ -2129,6 +2148,195 @@ async fn a_killed_agent_keeps_its_tripped_manual_fuse_with_govd_up_or_down() {
 
     a.stop().await;
     b.stop().await;
+    govd.stop().await;
+}
+
+/// order: one call per second per consumer on /keyed, latched until an
+/// operator releases it.
+const PER_CONSUMER: &str = r#"service order {
+  match keyed = path prefix "/keyed"
+
+  limit per_caller on keyed {
+    calls 1 per 1s
+    per consumer
+    release manual
+  }
+}
+"#;
+
+/// The latched keys govd shows for `order/per_caller`, sorted.
+async fn latched_keys(govd: &Govd) -> Vec<String> {
+    let mut keys: Vec<String> = govd
+        .status()
+        .await
+        .limits
+        .into_iter()
+        .filter(|l| l.rule == "order/per_caller")
+        .map(|l| l.key)
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// The keys agent stats report latched for `order/per_caller`.
+async fn reported_keys(govd: &Govd) -> Vec<String> {
+    govd.status()
+        .await
+        .rules
+        .into_iter()
+        .find(|r| r.rule == "order/per_caller")
+        .and_then(|r| r.stats)
+        .map(|s| s.engaged_keys)
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn latches_of_two_consumers_of_one_limit_are_released_and_kept_apart_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let govd = control_plane(&state).start().await;
+    let port = govd.addr.port();
+    let url = format!("http://127.0.0.1:{port}");
+    let up = upstream().await;
+    let start_a = |state_dir: PathBuf| {
+        agent("order", "order-a")
+            .upstream(up)
+            .control_plane_url(url.clone())
+            .state_dir(&state_dir)
+            .start(dir.path())
+    };
+    let a = start_a(dir.path().join("agent-a")).await;
+    wait_until("the agent connected", Duration::from_secs(10), async || {
+        govd.status().await.agents.len() == 1
+    })
+    .await;
+    let policy = write(dir.path(), "keyed.gov", PER_CONSUMER);
+    let applied = govc(&govd, Some(TOKEN), &["apply", "--wait", "10s", &policy]).await;
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+
+    // alice and bob each exceed the limit: two latches of one rule.
+    for consumer in ["alice", "bob"] {
+        assert_eq!(http_get_as(a.inbound, "/keyed", consumer).await.0, 200);
+        let refused = http_get_as(a.inbound, "/keyed", consumer).await;
+        assert_eq!(
+            (refused.0, refused.1.as_deref()),
+            (429, Some("order/per_caller")),
+            "{consumer}"
+        );
+    }
+    wait_until(
+        "govd holds both latches",
+        Duration::from_secs(10),
+        async || latched_keys(&govd).await == ["alice", "bob"],
+    )
+    .await;
+    wait_until(
+        "stats list both keys",
+        Duration::from_secs(10),
+        async || reported_keys(&govd).await == ["alice", "bob"],
+    )
+    .await;
+    let status = govc(&govd, Some(TOKEN), &["status"]).await;
+    assert!(
+        status.stdout.contains("alice") && status.stdout.contains("bob"),
+        "{}",
+        status.stdout
+    );
+
+    // Release bob only.
+    let released = govc(
+        &govd,
+        Some(TOKEN),
+        &["release", "limit", "order/per_caller", "--key", "bob"],
+    )
+    .await;
+    assert_eq!(released.code, 0, "{}{}", released.stdout, released.stderr);
+    assert!(released.stdout.contains("key `bob`"), "{}", released.stdout);
+    assert_eq!(latched_keys(&govd).await, ["alice"]);
+    wait_until(
+        "the agent released bob",
+        Duration::from_secs(10),
+        async || reported_keys(&govd).await == ["alice"],
+    )
+    .await;
+    // A new window: bob's count is spent in the one it was latched in.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(http_get_as(a.inbound, "/keyed", "bob").await.0, 200);
+    assert_eq!(http_get_as(a.inbound, "/keyed", "alice").await.0, 429);
+    let audit = read(&state.join("audit.jsonl"));
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("\"action\":\"release\"") && l.contains("\"key\":\"bob\"")),
+        "{audit}"
+    );
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("\"action\":\"trip\"") && l.contains("\"key\":\"alice\"")),
+        "{audit}"
+    );
+
+    // A govd restart keeps alice (and only alice).
+    govd.kill().await;
+    let govd = control_plane(&state).start_on(port).await;
+    wait_until(
+        "the agent synced again",
+        Duration::from_secs(40),
+        async || all_synced(&govd, &["order-a"]).await,
+    )
+    .await;
+    assert_eq!(latched_keys(&govd).await, ["alice"]);
+
+    // The agent restarts with a fresh state directory: only govd knows of
+    // alice's latch, and re-arms it; bob stays free.
+    a.kill().await;
+    let a = start_a(dir.path().join("agent-a-fresh")).await;
+    wait_until(
+        "govd re-armed alice's latch",
+        Duration::from_secs(15),
+        async || read(&a.log).contains("re-armed a latch the control plane holds"),
+    )
+    .await;
+    assert_eq!(http_get_as(a.inbound, "/keyed", "alice").await.0, 429);
+    assert_eq!(http_get_as(a.inbound, "/keyed", "bob").await.0, 200);
+    wait_until(
+        "stats list alice again",
+        Duration::from_secs(10),
+        async || reported_keys(&govd).await == ["alice"],
+    )
+    .await;
+    let view = govd.status().await;
+    assert!(
+        view.limits
+            .iter()
+            .all(|l| !l.reason.contains("NOT ENFORCED")),
+        "{view:?}"
+    );
+    let audit = read(&state.join("audit.jsonl"));
+    assert!(!audit.contains("\"action\":\"untrip\""), "{audit}");
+
+    // A release without --key ends every key and names them.
+    let all = govc(
+        &govd,
+        Some(TOKEN),
+        &["release", "limit", "order/per_caller"],
+    )
+    .await;
+    assert_eq!(all.code, 0, "{}{}", all.stdout, all.stderr);
+    assert!(all.stdout.contains("`alice`"), "{}", all.stdout);
+    assert!(!all.stdout.contains("bob"), "{}", all.stdout);
+    assert!(latched_keys(&govd).await.is_empty());
+    // A fuse has no keys.
+    let fuse = govc(
+        &govd,
+        Some(TOKEN),
+        &["release", "fuse", "order/per_caller", "--key", "x"],
+    )
+    .await;
+    assert_eq!(fuse.code, 2, "{}{}", fuse.stdout, fuse.stderr);
+
+    a.stop().await;
     govd.stop().await;
 }
 

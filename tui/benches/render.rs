@@ -107,6 +107,7 @@ fn view(tick: u64) -> ClusterView {
             reason: "calls 100 per 1s exceeded".into(),
             remaining_ms: 3_600_000,
             source: None,
+            key: String::new(),
         })
         .collect();
     ClusterView {

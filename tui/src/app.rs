@@ -95,6 +95,9 @@ pub enum Mode {
 pub struct Trip<'a> {
     pub kind: ReleaseKind,
     pub rule: &'a str,
+    /// A limit keyed by consumer or called service: the latched key (one
+    /// row per key). Empty: the rule's own counter, a fuse.
+    pub key: &'a str,
     pub state: &'static str,
     pub since_unix_ms: u64,
     pub reason: &'a str,
@@ -197,6 +200,7 @@ impl App {
         let fuses = view.fuses.iter().map(|f| Trip {
             kind: ReleaseKind::Fuse,
             rule: &f.rule,
+            key: "",
             state: match f.state() {
                 FuseState::Closed => "CLOSED",
                 FuseState::Open => "OPEN",
@@ -210,6 +214,7 @@ impl App {
         let limits = view.limits.iter().map(|l| Trip {
             kind: ReleaseKind::Limit,
             rule: &l.rule,
+            key: &l.key,
             state: "ENGAGED",
             since_unix_ms: l.since_unix_ms,
             reason: &l.reason,
@@ -437,7 +442,8 @@ impl App {
         });
         view.rules.sort_by(|a, b| a.rule.cmp(&b.rule));
         view.fuses.sort_by(|a, b| a.rule.cmp(&b.rule));
-        view.limits.sort_by(|a, b| a.rule.cmp(&b.rule));
+        view.limits
+            .sort_by(|a, b| (&a.rule, &a.key).cmp(&(&b.rule, &b.key)));
         let at = if view.at_unix_ms == 0 {
             self.now_ms
         } else {
@@ -514,7 +520,7 @@ pub(crate) fn agent_key(a: &AgentView) -> String {
 }
 
 pub(crate) fn trip_key(t: Trip<'_>) -> String {
-    format!("{}:{}", ReleaseKind::word(t.kind), t.rule)
+    format!("{}:{}:{}", ReleaseKind::word(t.kind), t.rule, t.key)
 }
 
 /// ASCII case-insensitive substring test without allocating.

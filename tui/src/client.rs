@@ -173,6 +173,8 @@ pub async fn release(
         kind: kind as i32,
         rule,
         who,
+        // Every key of a keyed limit: the TUI releases a rule as it shows it.
+        key: String::new(),
     })?;
     client
         .release(request)

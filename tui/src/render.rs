@@ -632,7 +632,11 @@ fn render_trips(app: &App, frame: &mut Frame<'_>, area: Rect, trips: &[Trip<'_>]
         .map(|t| {
             vec![
                 TextCell::from(ReleaseKind::word(t.kind)),
-                TextCell::from(t.rule),
+                TextCell::from(if t.key.is_empty() {
+                    t.rule.to_owned()
+                } else {
+                    format!("{} [{}]", t.rule, t.key)
+                }),
                 TextCell::styled(t.state, Style::new().red().bold()),
                 TextCell::from(ago(app.now_ms, t.since_unix_ms)),
                 TextCell::from(remaining_text(app, t)),

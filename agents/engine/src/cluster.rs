@@ -96,6 +96,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn flush(&self, items: Vec<FlushItem>) -> StoreFuture<'_, Vec<FlushReply>>;
     /// Deletes every latch of `rule`; returns how many there were.
     fn release(&self, rule: String) -> StoreFuture<'_, u64>;
+    /// Deletes one latch (a [`latch_key`]); returns 1 if it was there, else 0.
+    fn release_latch(&self, latch: String) -> StoreFuture<'_, u64>;
     fn ping(&self) -> StoreFuture<'_, ()>;
 }
 
@@ -225,6 +227,39 @@ impl ClusterStore {
         let rule = rule.to_owned();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move { store.release_now(&rule).await });
+        }
+    }
+
+    /// Deletes the latch of one key of `rule` in the store (in the background).
+    pub(crate) fn release_key(&self, rule: &str, key: &str) {
+        let store = self.clone();
+        let (rule, key) = (rule.to_owned(), key.to_owned());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move { store.release_key_now(&rule, &key).await });
+        }
+    }
+
+    /// Deletes the latch of one key of `rule` in the store; `None` if it failed.
+    pub(crate) async fn release_key_now(&self, rule: &str, key: &str) -> Option<u64> {
+        match tokio::time::timeout(
+            self.inner.timeout * 20,
+            self.inner.backend.release_latch(latch_key(rule, key)),
+        )
+        .await
+        {
+            Ok(Ok(n)) => Some(n),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, rule, key, "cannot release the limit's key in the cluster store");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    rule,
+                    key,
+                    "releasing the limit's key in the cluster store timed out"
+                );
+                None
+            }
         }
     }
 
@@ -434,6 +469,14 @@ pub(crate) mod fake {
                 let before = l.len();
                 l.retain(|k, _| !is_latch_of(&rule, k));
                 Ok((before - l.len()) as u64)
+            })
+        }
+
+        fn release_latch(&self, latch: String) -> StoreFuture<'_, u64> {
+            Box::pin(async move {
+                self.0.check()?;
+                let mut l = self.0.latches.lock().map_err(|e| e.to_string())?;
+                Ok(u64::from(l.remove(&latch).is_some()))
             })
         }
 

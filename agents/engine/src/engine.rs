@@ -363,12 +363,18 @@ impl Engine {
         }
     }
 
-    /// Releases an engaged limit, every key (operator command or the control
-    /// plane's timer). `Ok(false)`: it was not engaged here. A cluster limit
-    /// is also released in the store, for every agent, in the background.
-    pub fn release_limit(&self, rule: &str, who: &str) -> Result<bool, CommandError> {
+    /// Releases an engaged limit, every key or only `key` (`Some("")`: the
+    /// rule's own counter), by operator command or the control plane's
+    /// timer. `Ok(false)`: it was not engaged here. A cluster limit is also
+    /// released in the store, for every agent, in the background.
+    pub fn release_limit(
+        &self,
+        rule: &str,
+        key: Option<&str>,
+        who: &str,
+    ) -> Result<bool, CommandError> {
         match self.find(rule, RuleKind::Limit)? {
-            State::Limit(l) => Ok(l.release(who)),
+            State::Limit(l) => Ok(l.release(who, key)),
             _ => Ok(false),
         }
     }
@@ -378,12 +384,13 @@ impl Engine {
     pub async fn release_limit_everywhere(
         &self,
         rule: &str,
+        key: Option<&str>,
         who: &str,
     ) -> Result<bool, CommandError> {
         match self.find(rule, RuleKind::Limit)? {
             State::Limit(l) => {
-                let here = l.release(who);
-                let there = l.release_shared().await.unwrap_or(0) > 0;
+                let here = l.release(who, key);
+                let there = l.release_shared(key).await.unwrap_or(0) > 0;
                 Ok(here || there)
             }
             _ => Ok(false),

@@ -26,6 +26,9 @@ pub struct Event {
     pub rule: Arc<str>,
     /// Lowercase, e.g. `business_error_ratio 62.5% > 50% over 60s (32 calls)`.
     pub reason: String,
+    /// Limits keyed by consumer or called service: the key that engaged or
+    /// released. Empty: the rule's own counter, a fuse, or every key.
+    pub key: Box<str>,
     /// Wall-clock time, for the wire and logs only (state machines use `tokio::time`).
     pub at: SystemTime,
 }
@@ -48,6 +51,7 @@ impl Event {
             rule: self.rule.to_string(),
             reason: self.reason.clone(),
             at_unix_ms,
+            key: self.key.to_string(),
         }
     }
 }
@@ -73,12 +77,19 @@ impl Events {
     }
 
     pub(crate) fn emit(&self, kind: EventKind, rule: &Arc<str>, reason: String) {
-        tracing::info!(rule = %rule, ?kind, %reason, "gov event");
+        self.emit_key(kind, rule, "", reason);
+    }
+
+    /// [`Events::emit`] about one key of a keyed limit (`""`: the rule's
+    /// own counter, or every key).
+    pub(crate) fn emit_key(&self, kind: EventKind, rule: &Arc<str>, key: &str, reason: String) {
+        tracing::info!(rule = %rule, key, ?kind, %reason, "gov event");
         // No receiver is not an error: events are informational.
         let _ = self.tx.send(Event {
             kind,
             rule: rule.clone(),
             reason,
+            key: key.into(),
             at: SystemTime::now(),
         });
     }

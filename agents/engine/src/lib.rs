@@ -94,4 +94,4 @@ pub use layer::{Govern, GovernLayer};
 pub use outcome::Outcome;
 pub use rejection::{REJECTED_BY, RejectReason, Rejection};
 pub use route::Headers;
-pub use stats::{FuseState, LATENCY_BUCKETS_MS, RuleStats};
+pub use stats::{FuseState, LATENCY_BUCKETS_MS, MAX_ENGAGED_KEYS, RuleStats};

@@ -44,7 +44,7 @@ use crate::primitive::{Answer, Grant, Keys, Phase, Primitive, Waiting};
 use crate::rejection::RejectReason;
 use crate::route::FxBuild;
 use crate::stats::Counters;
-use crate::stats::RuleStats;
+use crate::stats::{MAX_ENGAGED_KEYS, RuleStats};
 use crate::stripe::Slot;
 use http::StatusCode;
 
@@ -292,9 +292,10 @@ impl Limit {
                 .compare_exchange(until, NOT_ENGAGED, Relaxed, Relaxed)
                 .is_ok()
             {
-                self.events.emit(
+                self.events.emit_key(
                     EventKind::LimitReleased,
                     &self.name,
+                    &cell.key,
                     "released after its `release after` time".into(),
                 );
             }
@@ -408,9 +409,10 @@ impl Limit {
             .is_ok()
         {
             cell.engaged_since_unix_ms.store(now_unix_ms(), Relaxed);
-            self.events.emit(
+            self.events.emit_key(
                 EventKind::LimitEngaged,
                 &self.name,
+                &cell.key,
                 self.engaged_message(e.reason),
             );
         }
@@ -442,62 +444,93 @@ impl Limit {
         cell.bytes.fetch_add(n, Relaxed);
     }
 
-    /// Releases every engaged key (operator command). Returns whether any was engaged.
-    /// For a cluster limit the store's latches are deleted in the background
-    /// ([`Limit::release_shared`] waits for it).
-    pub(crate) fn release(&self, who: &str) -> bool {
+    /// Releases every engaged key, or only `key` (operator command).
+    /// Returns whether any was engaged. For a cluster limit the store's
+    /// latches are deleted in the background ([`Limit::release_shared`]
+    /// waits for it).
+    pub(crate) fn release(&self, who: &str, key: Option<&str>) -> bool {
         let clear = |cell: &LimitCell| {
             if self.cluster.is_some() {
                 cell.shared().engage = false;
             }
             cell.engaged_until.swap(NOT_ENGAGED, Relaxed) != NOT_ENGAGED
         };
-        let mut released = clear(&self.single);
-        if let Ok(map) = self.keyed.read() {
-            for cell in map.values() {
-                released |= clear(cell);
+        let released = match key {
+            Some(key) => {
+                if let Some(link) = &self.cluster {
+                    link.store.release_key(&self.name, key);
+                }
+                if key.is_empty() {
+                    clear(&self.single)
+                } else {
+                    let cell = self.keyed.read().ok().and_then(|m| m.get(key).cloned());
+                    cell.is_some_and(|c| clear(&c))
+                }
             }
-        }
-        if let Some(link) = &self.cluster {
-            link.store.release(&self.name);
-        }
+            None => {
+                let mut released = clear(&self.single);
+                if let Ok(map) = self.keyed.read() {
+                    for cell in map.values() {
+                        released |= clear(cell);
+                    }
+                }
+                if let Some(link) = &self.cluster {
+                    link.store.release(&self.name);
+                }
+                released
+            }
+        };
         if released {
-            self.events.emit(
+            self.events.emit_key(
                 EventKind::LimitReleased,
                 &self.name,
+                key.unwrap_or(""),
                 format!("released by {who}"),
             );
         }
         released
     }
 
-    /// Deletes the latches of this limit in the store and waits for it.
-    /// `None`: no store, or it failed.
-    pub(crate) async fn release_shared(&self) -> Option<u64> {
+    /// Deletes the latches of this limit (of `key` only, if given) in the
+    /// store and waits for it. `None`: no store, or it failed.
+    pub(crate) async fn release_shared(&self, key: Option<&str>) -> Option<u64> {
         let link = self.cluster.as_ref()?;
-        link.store.release_now(&self.name).await
+        match key {
+            Some(key) => link.store.release_key_now(&self.name, key).await,
+            None => link.store.release_now(&self.name).await,
+        }
     }
 
     /// Whether any key is engaged now (expired `release after` latches are released here).
     pub(crate) fn engaged(&self) -> bool {
+        self.engaged_keys().1 > 0
+    }
+
+    /// The keys engaged now, sorted, at most [`MAX_ENGAGED_KEYS`] (`""`:
+    /// the rule's own counter), and how many there are in all. Expired
+    /// `release after` latches are released here.
+    pub(crate) fn engaged_keys(&self) -> (Vec<Arc<str>>, usize) {
         let now = Instant::now();
         let now_ms = self.now_ms(now);
-        let mut any = false;
+        let mut keys: Vec<Arc<str>> = Vec::new();
+        let mut count = 0;
         let mut check = |cell: &LimitCell| {
             let until = cell.engaged_until.load(Relaxed);
             if until == NOT_ENGAGED {
                 return;
             }
             if until == MANUAL || now_ms < until {
-                any = true;
+                count += 1;
+                keys.push(Arc::from(&*cell.key));
             } else if cell
                 .engaged_until
                 .compare_exchange(until, NOT_ENGAGED, Relaxed, Relaxed)
                 .is_ok()
             {
-                self.events.emit(
+                self.events.emit_key(
                     EventKind::LimitReleased,
                     &self.name,
+                    &cell.key,
                     "released after its `release after` time".into(),
                 );
             }
@@ -506,7 +539,9 @@ impl Limit {
         if let Ok(map) = self.keyed.read() {
             map.values().for_each(|c| check(c));
         }
-        any
+        keys.sort_unstable();
+        keys.truncate(MAX_ENGAGED_KEYS);
+        (keys, count)
     }
 
     /// Time until an engaged key releases itself (the longest), `None` when
@@ -624,7 +659,10 @@ impl Primitive for Limit {
 
     fn stats(&self, stats: &mut RuleStats) {
         stats.capacity = self.spec.calls.map_or(0, |c| c.amount);
-        stats.limit_engaged = self.engaged();
+        let (keys, count) = self.engaged_keys();
+        stats.limit_engaged = count > 0;
+        stats.engaged_keys_truncated = count > keys.len();
+        stats.engaged_keys = keys;
     }
 
     fn latches(&self, now: Instant, now_unix_ms: u64, out: &mut Vec<Kept>) {
@@ -777,8 +815,8 @@ mod tests {
         tokio::time::advance(Duration::from_secs(100_000)).await;
         assert!(l.try_admit(l.cell(&c), Instant::now()).unwrap_err().engaged);
         assert_eq!(l.remaining(), None);
-        assert!(l.release("ops"));
-        assert!(!l.release("ops"), "nothing left to release");
+        assert!(l.release("ops", None));
+        assert!(!l.release("ops", None), "nothing left to release");
         assert!(l.try_admit(l.cell(&c), Instant::now()).is_ok());
         let kinds: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
             .map(|e| e.kind)
@@ -930,9 +968,9 @@ mod tests {
             tokio::time::advance(WINDOW).await;
             assert_eq!(admit_n(&b, 1), 0);
             // A release on a clears the store; b follows at its next flush.
-            assert!(a.release("ops"));
+            assert!(a.release("ops", None));
             // The background delete or this one removed the latch.
-            assert!(a.release_shared().await.is_some());
+            assert!(a.release_shared(None).await.is_some());
             assert!(memory.latches.lock().unwrap().is_empty());
             b.flush().await;
             assert!(!b.engaged());

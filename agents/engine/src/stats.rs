@@ -107,6 +107,8 @@ impl Counters {
             latency_sum: Duration::from_micros(latency_sum_us),
             fuse: None,
             limit_engaged: false,
+            engaged_keys: Vec::new(),
+            engaged_keys_truncated: false,
             capacity: 0,
         }
     }
@@ -120,6 +122,10 @@ pub fn bucket(d: Duration) -> usize {
         .position(|&b| ms <= u128::from(b))
         .unwrap_or(LATENCY_BUCKETS_MS.len())
 }
+
+/// Most latched keys one limit's stats list (the wire stays small with
+/// thousands of latched consumers; the control plane is told the list is cut).
+pub const MAX_ENGAGED_KEYS: usize = 64;
 
 /// A fuse's state as stats and the TUI show it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +159,11 @@ pub struct RuleStats {
     pub fuse: Option<FuseState>,
     /// Limits only: engaged (latched) for at least one key.
     pub limit_engaged: bool,
+    /// Limits only: the keys latched now, sorted, at most
+    /// [`MAX_ENGAGED_KEYS`] (`""`: the rule's own counter).
+    pub engaged_keys: Vec<Arc<str>>,
+    /// More keys are latched than `engaged_keys` lists.
+    pub engaged_keys_truncated: bool,
     /// `max_concurrent` for bulkheads, calls per window for limits, else 0.
     pub capacity: u64,
 }
@@ -187,6 +198,8 @@ impl RuleStats {
                 Some(FuseState::HalfOpen) => proto::FuseState::HalfOpen,
             } as i32,
             limit_engaged: self.limit_engaged,
+            engaged_keys: self.engaged_keys.iter().map(|k| k.to_string()).collect(),
+            engaged_keys_truncated: self.engaged_keys_truncated,
             capacity: self.capacity,
         }
     }

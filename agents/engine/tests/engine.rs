@@ -203,14 +203,62 @@ async fn engaged_limit_latches_per_consumer_until_released() {
     assert_eq!(engaged.len(), 1);
     assert_eq!(engaged[0].remaining, Some(Duration::from_secs(7140)));
 
-    assert_eq!(e.release_limit("order/per_consumer", "ops"), Ok(true));
+    assert_eq!(e.release_limit("order/per_consumer", None, "ops"), Ok(true));
     assert_eq!(events.try_recv().unwrap().kind, EventKind::LimitReleased);
     assert!(now(&e, "/api", Some("a")).is_ok());
-    assert!(e.release_limit("order/nope", "ops").is_err());
+    assert!(e.release_limit("order/nope", None, "ops").is_err());
     assert!(
         e.release_fuse("order/per_consumer", "ops").is_err(),
         "not a fuse"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_key_of_a_consumer_limit_releases_alone_and_events_and_stats_name_keys() {
+    let e = engine(LIMIT);
+    let mut events = e.subscribe();
+    for consumer in ["a", "b"] {
+        assert!(now(&e, "/api", Some(consumer)).is_ok());
+        assert!(now(&e, "/api", Some(consumer)).is_err());
+        let engaged = events.try_recv().unwrap();
+        assert_eq!(engaged.kind, EventKind::LimitEngaged);
+        assert_eq!(&*engaged.key, consumer);
+        assert_eq!(engaged.to_proto().key, consumer);
+    }
+    let s = stats(&e, "order/per_consumer");
+    assert!(s.limit_engaged);
+    let keys: Vec<&str> = s.engaged_keys.iter().map(|k| &**k).collect();
+    assert_eq!(keys, ["a", "b"]);
+    assert_eq!(s.to_proto().engaged_keys, ["a", "b"]);
+
+    // Releasing `b` leaves `a` latched.
+    assert_eq!(
+        e.release_limit("order/per_consumer", Some("b"), "ops"),
+        Ok(true)
+    );
+    let released = events.try_recv().unwrap();
+    assert_eq!(released.kind, EventKind::LimitReleased);
+    assert_eq!(&*released.key, "b");
+    // A new window (b's count is spent in this one).
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(now(&e, "/api", Some("b")).is_ok());
+    assert!(now(&e, "/api", Some("a")).is_err(), "a stays latched");
+    let keys: Vec<String> = stats(&e, "order/per_consumer")
+        .engaged_keys
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+    assert_eq!(keys, ["a"]);
+    // A key that is not latched: nothing to release, no event.
+    assert_eq!(
+        e.release_limit("order/per_consumer", Some("zed"), "ops"),
+        Ok(false)
+    );
+    assert!(events.try_recv().is_err());
+    // Every key: `a` too; the event has no key (all of them).
+    assert_eq!(e.release_limit("order/per_consumer", None, "ops"), Ok(true));
+    assert_eq!(&*events.try_recv().unwrap().key, "");
+    assert!(!stats(&e, "order/per_consumer").limit_engaged);
 }
 
 #[tokio::test(start_paused = true)]

@@ -391,6 +391,14 @@ impl Backend for Redis {
         })
     }
 
+    fn release_latch(&self, latch: String) -> StoreFuture<'_, u64> {
+        Box::pin(async move {
+            // DEL is routed to the key's slot on a cluster.
+            with_conn!(self, conn => redis::cmd("DEL").arg(&latch).query_async::<u64>(&mut conn))
+                .map_err(text)
+        })
+    }
+
     fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             // Called while the store is down: look the master up again.

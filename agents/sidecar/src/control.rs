@@ -514,10 +514,16 @@ async fn handle(
                     };
                     let result = match r.kind() {
                         proto::ReleaseKind::Fuse => engine.release_fuse(&r.rule, who),
-                        proto::ReleaseKind::Limit => engine.release_limit(&r.rule, who),
+                        // Empty: every key (a control plane older than the field, too).
+                        proto::ReleaseKind::Limit => {
+                            let key = (!r.key.is_empty()).then_some(r.key.as_str());
+                            engine.release_limit(&r.rule, key, who)
+                        }
                     };
                     match result {
-                        Ok(was) => tracing::info!(rule = %r.rule, who, was, "release command"),
+                        Ok(was) => {
+                            tracing::info!(rule = %r.rule, key = %r.key, who, was, "release command")
+                        }
                         Err(error) => {
                             tracing::warn!(rule = %r.rule, %error, "release command refused")
                         }

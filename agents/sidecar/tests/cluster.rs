@@ -286,7 +286,8 @@ async fn a_latch_engaged_by_one_agent_holds_for_the_other_until_released() {
     );
     // A release on a clears the store, so both admit again.
     assert_eq!(
-        a.release_limit_everywhere("order/shared", "ops").await,
+        a.release_limit_everywhere("order/shared", None, "ops")
+            .await,
         Ok(true)
     );
     // b reads latches back every 100ms, so it shows released without traffic.
@@ -299,6 +300,46 @@ async fn a_latch_engaged_by_one_agent_holds_for_the_other_until_released() {
     );
     call(&a).await.unwrap();
     call(&b).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_one_consumers_latch_in_the_store_leaves_the_others() {
+    let redis = RedisServer::start();
+    let mut config = limit_config(1, 1_000, EXACT, "release: {manual: true}");
+    if let Some(gov_proto::v1::rule::Spec::Limit(limit)) = &mut config.rules[0].spec {
+        limit.key = gov_proto::v1::LimitKey::Consumer as i32;
+    }
+    let (a, b) = (agent(&redis, &config), agent(&redis, &config));
+    fit_in_one_window(1_000, 500).await;
+    let call_as = |e: &Engine, who: &'static str| {
+        let e = e.clone();
+        async move {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-gov-consumer", who.parse().unwrap());
+            let info = RequestInfo::inbound(&Method::GET, "/api/x", &headers);
+            e.admit(&info).await.is_ok()
+        }
+    };
+    for who in ["crm", "shop"] {
+        assert!(call_as(&a, who).await);
+        assert!(!call_as(&a, who).await, "{who} engages");
+    }
+    // b reads both latches from the store.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert!(!call_as(&b, "crm").await);
+    assert!(!call_as(&b, "shop").await);
+    // Releasing crm deletes its latch only: b admits crm, not shop.
+    assert_eq!(
+        a.release_limit_everywhere("order/shared", Some("crm"), "ops")
+            .await,
+        Ok(true)
+    );
+    assert!(
+        eventually(Duration::from_secs(3), async || call_as(&b, "crm").await).await,
+        "b never saw crm released"
+    );
+    assert!(!call_as(&b, "shop").await, "shop stays latched");
+    assert!(!call_as(&a, "shop").await, "shop stays latched");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,7 +363,8 @@ async fn a_batched_latch_reaches_the_other_agent_at_its_next_flush() {
     );
     assert!(b.engaged_limits()[0].remaining.is_none(), "manual release");
     assert_eq!(
-        b.release_limit_everywhere("order/shared", "ops").await,
+        b.release_limit_everywhere("order/shared", None, "ops")
+            .await,
         Ok(true)
     );
     // The next window (the old one is full), and at most a flush later for a.

@@ -524,7 +524,10 @@ async fn a_cluster_limit_is_shared_through_a_redis_cluster() {
     }
     // A release deletes the latches on every master.
     for (rule, a) in releasers {
-        assert_eq!(a.release_limit_everywhere(rule, "ops").await, Ok(true));
+        assert_eq!(
+            a.release_limit_everywhere(rule, None, "ops").await,
+            Ok(true)
+        );
     }
     let keys = cluster.gov_keys();
     assert!(

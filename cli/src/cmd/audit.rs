@@ -105,6 +105,7 @@ fn json(r: &pb::AuditRecord) -> serde_json::Value {
         "version": r.version,
         "kind": r.kind,
         "rule": r.rule,
+        "key": r.key,
         "targets": r.targets,
         "detail": r.detail,
     })
@@ -124,7 +125,10 @@ fn render(result: &pb::AuditResult) -> String {
         "DETAIL".to_owned(),
     ]];
     for r in &result.records {
-        let what = if !r.rule.is_empty() {
+        let what = if !r.rule.is_empty() && !r.key.is_empty() {
+            // One key of a limit keyed by consumer or called service.
+            format!("{} {} [{}]", r.kind, r.rule, r.key)
+        } else if !r.rule.is_empty() {
             format!("{} {}", r.kind, r.rule)
         } else if !r.version.is_empty() {
             crate::cmd::apply::short(&r.version)

@@ -1,5 +1,6 @@
-//! `govc release fuse|limit SERVICE/RULE`: release a tripped fuse or an
-//! engaged limit on every agent of the service. It asks nothing (the TUI
+//! `govc release fuse|limit SERVICE/RULE [--key K]`: release a tripped
+//! fuse or an engaged limit (one key of a limit keyed by consumer or called
+//! service, or every key) on every agent of the service. It asks nothing (the TUI
 //! asks); the control plane records who released what in its audit log.
 
 use std::process::ExitCode;
@@ -19,6 +20,12 @@ pub struct Args {
     #[arg(value_name = "SERVICE/RULE", value_parser = parse_rule)]
     pub rule: String,
 
+    /// Limits keyed by consumer or called service: release only this key
+    /// (`govc status` lists the latched keys). Default: every latched key;
+    /// the answer names them.
+    #[arg(long, value_name = "KEY", value_parser = parse_key)]
+    pub key: Option<String>,
+
     #[command(flatten)]
     pub remote: RemoteArgs,
 
@@ -36,6 +43,13 @@ pub enum Kind {
 }
 
 pub fn run(args: Args) -> ExitCode {
+    if args.kind == Kind::Fuse && args.key.is_some() {
+        gov_proto::errln!(
+            "error: a fuse has no keys: drop --key to release `{}`",
+            args.rule
+        );
+        return ExitCode::from(2);
+    }
     let request = pb::ReleaseRequest {
         kind: match args.kind {
             Kind::Fuse => pb::ReleaseKind::Fuse,
@@ -48,6 +62,7 @@ pub fn run(args: Args) -> ExitCode {
             .or_else(|| std::env::var("USER").ok())
             .filter(|w| !w.is_empty())
             .unwrap_or_else(|| "unknown".into()),
+        key: args.key.clone().unwrap_or_default(),
     };
     let result = remote::block_on(async {
         let mut client = args.remote.connect().await?;
@@ -65,6 +80,13 @@ pub fn run(args: Args) -> ExitCode {
         }
         Ok(Err(e)) | Err(e) => remote::fail(e),
     }
+}
+
+fn parse_key(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("the key is empty: leave --key out to release every key".into());
+    }
+    Ok(s.to_owned())
 }
 
 fn parse_rule(s: &str) -> Result<String, String> {

@@ -224,13 +224,20 @@ pub fn render(view: &pb::ClusterView) -> String {
         out.push_str("No engaged limits.\n");
     } else {
         let mut rows = vec![
-            ["LIMIT", "FOR", "RELEASES IN", "REASON"]
+            ["LIMIT", "KEY", "FOR", "RELEASES IN", "REASON"]
                 .map(String::from)
                 .to_vec(),
         ];
         for l in &view.limits {
             rows.push(vec![
                 l.rule.clone(),
+                // A limit keyed by consumer or called service: one row per
+                // latched key (`govc release limit RULE --key KEY`).
+                if l.key.is_empty() {
+                    "-".into()
+                } else {
+                    l.key.clone()
+                },
                 human_ms(now.saturating_sub(l.since_unix_ms)),
                 if l.remaining_ms == 0 {
                     "manual (govc release limit)".into()
@@ -335,7 +342,7 @@ mod tests {
             text.contains("order/mdm  OPEN   1m00s  manual (govc release fuse)"),
             "{text}"
         );
-        assert!(text.contains("order/crm  16m40s  1h43m"), "{text}");
+        assert!(text.contains("order/crm  -    16m40s  1h43m"), "{text}");
     }
 
     #[test]

@@ -104,6 +104,7 @@ pub fn rule(name: &str, kind: RuleKind, src: Option<SourceRef>, t: Traffic, secs
             },
             limit_engaged: kind == RuleKind::Limit && r[2] > 0,
             capacity: t.capacity,
+            ..Default::default()
         }),
     }
 }
@@ -237,6 +238,7 @@ pub fn busy_view(secs: u64) -> ClusterView {
             reason: "calls 100 per 1s exceeded".into(),
             remaining_ms: 2 * 3_600_000 - 600_000,
             source: source(19, SUPPLIER),
+            key: String::new(),
         }],
     }
 }

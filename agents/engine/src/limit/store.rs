@@ -135,9 +135,10 @@ impl Limit {
                 if cell.engaged_until.swap(until, Relaxed) == NOT_ENGAGED {
                     cell.engaged_since_unix_ms.store(now_unix_ms(), Relaxed);
                     let reason = reason_from(cell.engaged_reason.load(Relaxed));
-                    self.events.emit(
+                    self.events.emit_key(
                         EventKind::LimitEngaged,
                         &self.name,
+                        &cell.key,
                         self.engaged_message(reason),
                     );
                 }
@@ -148,9 +149,10 @@ impl Limit {
                 }
                 let before = cell.engaged_until.swap(NOT_ENGAGED, Relaxed);
                 if before == MANUAL || (before != NOT_ENGAGED && before > now_ms) {
-                    self.events.emit(
+                    self.events.emit_key(
                         EventKind::LimitReleased,
                         &self.name,
+                        &cell.key,
                         "released in the cluster store".into(),
                     );
                 }
