@@ -1,5 +1,5 @@
-//! A limit's latches as the engine exports them (restart, hello) and
-//! re-arms them.
+//! A limit's latches: released (operator, per key or all), read (engaged,
+//! its keys, time left), exported (restart, hello) and re-armed.
 
 use super::*;
 
@@ -80,5 +80,125 @@ impl Limit {
             Ok(_) => Restored::Armed,
             Err(_) => Restored::Held,
         }
+    }
+}
+
+impl Limit {
+    /// Releases every engaged key, or only `key` (operator command).
+    /// Returns whether any was engaged. For a cluster limit the store's
+    /// latches are deleted in the background ([`Limit::release_shared`]
+    /// waits for it).
+    pub(crate) fn release(&self, who: &str, key: Option<&str>) -> bool {
+        let clear = |cell: &LimitCell| {
+            if self.cluster.is_some() {
+                cell.shared().engage = false;
+            }
+            cell.engaged_until.swap(NOT_ENGAGED, Relaxed) != NOT_ENGAGED
+        };
+        let released = match key {
+            Some(key) => {
+                if let Some(link) = &self.cluster {
+                    link.store.release_key(&self.name, key);
+                }
+                if key.is_empty() {
+                    clear(&self.single)
+                } else {
+                    let cell = self.keyed.read().ok().and_then(|m| m.get(key).cloned());
+                    cell.is_some_and(|c| clear(&c))
+                }
+            }
+            None => {
+                let mut released = clear(&self.single);
+                if let Ok(map) = self.keyed.read() {
+                    for cell in map.values() {
+                        released |= clear(cell);
+                    }
+                }
+                if let Some(link) = &self.cluster {
+                    link.store.release(&self.name);
+                }
+                released
+            }
+        };
+        if released {
+            self.events.emit_key(
+                EventKind::LimitReleased,
+                &self.name,
+                key.unwrap_or(""),
+                format!("released by {who}"),
+            );
+        }
+        released
+    }
+
+    /// Deletes the latches of this limit (of `key` only, if given) in the
+    /// store and waits for it. `None`: no store, or it failed.
+    pub(crate) async fn release_shared(&self, key: Option<&str>) -> Option<u64> {
+        let link = self.cluster.as_ref()?;
+        match key {
+            Some(key) => link.store.release_key_now(&self.name, key).await,
+            None => link.store.release_now(&self.name).await,
+        }
+    }
+
+    /// Whether any key is engaged now (expired `release after` latches are released here).
+    pub(crate) fn engaged(&self) -> bool {
+        self.engaged_keys().1 > 0
+    }
+
+    /// The keys engaged now, sorted, at most [`MAX_ENGAGED_KEYS`] (`""`:
+    /// the rule's own counter), and how many there are in all. Expired
+    /// `release after` latches are released here.
+    pub(crate) fn engaged_keys(&self) -> (Vec<Arc<str>>, usize) {
+        let now = Instant::now();
+        let now_ms = self.now_ms(now);
+        let mut keys: Vec<Arc<str>> = Vec::new();
+        let mut count = 0;
+        let mut check = |cell: &LimitCell| {
+            let until = cell.engaged_until.load(Relaxed);
+            if until == NOT_ENGAGED {
+                return;
+            }
+            if until == MANUAL || now_ms < until {
+                count += 1;
+                keys.push(Arc::from(&*cell.key));
+            } else if cell
+                .engaged_until
+                .compare_exchange(until, NOT_ENGAGED, Relaxed, Relaxed)
+                .is_ok()
+            {
+                self.events.emit_key(
+                    EventKind::LimitReleased,
+                    &self.name,
+                    &cell.key,
+                    "released after its `release after` time".into(),
+                );
+            }
+        };
+        check(&self.single);
+        if let Ok(map) = self.keyed.read() {
+            map.values().for_each(|c| check(c));
+        }
+        keys.sort_unstable();
+        keys.truncate(MAX_ENGAGED_KEYS);
+        (keys, count)
+    }
+
+    /// Time until an engaged key releases itself (the longest), `None` when
+    /// not engaged or manual.
+    pub(crate) fn remaining(&self) -> Option<Duration> {
+        let now_ms = self.now_ms(Instant::now());
+        let mut longest: Option<u64> = None;
+        let mut check = |cell: &LimitCell| {
+            let until = cell.engaged_until.load(Relaxed);
+            if until != NOT_ENGAGED && until != MANUAL && until > now_ms {
+                longest = Some(longest.unwrap_or(0).max(until - now_ms));
+            }
+        };
+        check(&self.single);
+        if let Ok(map) = self.keyed.read() {
+            map.values().for_each(|c| check(c));
+        }
+        longest.map(Duration::from_millis)
     }
 }
