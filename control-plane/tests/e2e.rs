@@ -1931,7 +1931,13 @@ async fn wait_for_gov_ends_when_every_caller_has_dropped_the_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_names_the_caller_a_removal_waits_for_until_it_acknowledges() {
     let dir = tempfile::tempdir().unwrap();
-    let govd = control_plane(&dir.path().join("state")).start().await;
+    // A stopped caller answers no HTTP/2 ping: with the default keepalive
+    // (10s + 5s) govd would drop it mid-test on a loaded box, and the removal
+    // would stop waiting on it for that reason instead of the one under test.
+    let govd = control_plane(&dir.path().join("state"))
+        .args(&["--http2-keepalive-interval", "300s"])
+        .start()
+        .await;
     apply_inv_and_web(
         &govd,
         dir.path(),
