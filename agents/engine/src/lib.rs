@@ -82,7 +82,7 @@ mod window;
 
 pub use body::{GovBody, MeteredBody};
 pub use cluster::ClusterStore;
-pub use config::{CompiledConfig, Direction, InvalidConfig, RuleId, RuleKind};
+pub use config::{CompiledConfig, Direction, InvalidConfig, Mode, RuleId, RuleKind};
 pub use engine::{
     Admission, Applied, ByteMeter, CommandError, Decision, Engine, FuseView, LimitView, Pending,
     RequestInfo, StatsSnapshot, Target,
@@ -92,6 +92,6 @@ pub use gov_proto::path;
 pub use latch::{InvalidLatch, Latch, LatchKind, Restored};
 pub use layer::{Govern, GovernLayer};
 pub use outcome::Outcome;
-pub use rejection::{REJECTED_BY, RejectReason, Rejection};
+pub use rejection::{REJECTED_BY, RejectReason, Rejection, WOULD_REJECT_BY, WouldReject};
 pub use route::Headers;
 pub use stats::{FuseState, LATENCY_BUCKETS_MS, MAX_ENGAGED_KEYS, RuleStats};
