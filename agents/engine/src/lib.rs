@@ -46,6 +46,11 @@
 //!   turns an expired one into a 504 [`Rejection`].
 //! - [`Rejection`]: rule (`service/rule`), [`RejectReason`], status,
 //!   `Retry-After`; [`Rejection::to_response`] is the one mapping to HTTP.
+//! - Rules in [`Mode::Shadow`] never reject or delay: what they would have
+//!   refused is counted ([`RuleStats::shadow_rejected`]) and listed per call
+//!   as [`WouldReject`]s by [`Admission::would_reject`] and
+//!   [`Rejection::would_reject`]; [`Admission::stamps`] names those to mark
+//!   upstream ([`WOULD_REJECT_BY`]).
 //! - [`GovernLayer`] / [`Govern`]: the same decision as a tower layer around
 //!   any `Service<http::Request<B>>` (`examples/in_process.rs`).
 //! - [`path::normalize`]: the path normalization the sidecar applies before
