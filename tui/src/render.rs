@@ -611,6 +611,15 @@ fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
     );
 }
 
+/// Whether `rule` is in mode shadow in the view.
+fn is_shadow(app: &App, rule: &str) -> bool {
+    app.view.as_ref().is_some_and(|v| {
+        v.rules
+            .iter()
+            .any(|r| r.rule == rule && r.mode() == crate::proto::Mode::Shadow)
+    })
+}
+
 /// `limit SHADOW 12m`: a rule in mode shadow and how long it has been.
 fn shadow_text(app: &App, kind: RuleKind, since_unix_ms: u64) -> String {
     if since_unix_ms == 0 || app.now_ms < since_unix_ms {
@@ -667,7 +676,12 @@ fn render_trips(app: &App, frame: &mut Frame<'_>, area: Rect, trips: &[Trip<'_>]
                 } else {
                     format!("{} [{}]", t.rule, t.key)
                 }),
-                TextCell::styled(t.state, Style::new().red().bold()),
+                // A latch of a rule in shadow rejects nothing.
+                if is_shadow(app, t.rule) {
+                    TextCell::styled(format!("{} SHADOW", t.state), Style::new().yellow())
+                } else {
+                    TextCell::styled(t.state, Style::new().red().bold())
+                },
                 TextCell::from(ago(app.now_ms, t.since_unix_ms)),
                 TextCell::from(remaining_text(app, t)),
                 TextCell::from(t.reason),

@@ -319,6 +319,12 @@ fn a_shadow_rule_shows_how_long_and_what_it_would_reject() {
             at_unix_ms: T0 - 10_000 + secs * 1000,
             version: V1.into(),
             rules: vec![r],
+            limits: vec![gov_tui::proto::LimitView {
+                rule: "order/trial".into(),
+                since_unix_ms: T0 - 60_000,
+                reason: "calls 100 per 1s".into(),
+                ..Default::default()
+            }],
             ..Default::default()
         }
     };
@@ -334,4 +340,11 @@ fn a_shadow_rule_shows_how_long_and_what_it_would_reject() {
         .unwrap_or_else(|| panic!("no row:\n{screen}"));
     assert!(row.contains("limit SHADOW 12m00s"), "{row}");
     assert!(row.contains("25"), "would-be rejections per second: {row}");
+    // Its latch rejects nothing: marked.
+    assert!(
+        screen
+            .lines()
+            .any(|l| l.contains("order/trial") && l.contains("ENGAGED SHADOW")),
+        "{screen}"
+    );
 }
