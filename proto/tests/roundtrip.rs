@@ -88,6 +88,7 @@ fn order() -> TargetConfig {
                 match_name: "slow".into(),
                 direction: Direction::Inbound as i32,
                 mode: Mode::Enforce as i32,
+                stamp_would_reject: false,
                 spec: Some(Spec::Bulkhead(Bulkhead {
                     key: BulkheadKey::Operation as i32,
                     max_concurrent: 10,
@@ -105,6 +106,7 @@ fn order() -> TargetConfig {
                 match_name: String::new(),
                 direction: Direction::Outbound as i32,
                 mode: Mode::Enforce as i32,
+                stamp_would_reject: false,
                 spec: Some(Spec::Bulkhead(Bulkhead {
                     key: BulkheadKey::Instance as i32,
                     max_concurrent: 20,
@@ -122,6 +124,7 @@ fn order() -> TargetConfig {
                 match_name: "supplier".into(),
                 direction: 0,
                 mode: Mode::Enforce as i32,
+                stamp_would_reject: false,
                 spec: Some(Spec::Limit(Limit {
                     calls: Some(Rate {
                         amount: 100,
@@ -149,6 +152,7 @@ fn order() -> TargetConfig {
                 on: Some(inventory),
                 direction: Direction::Outbound as i32,
                 mode: Mode::Enforce as i32,
+                stamp_would_reject: false,
                 spec: Some(Spec::Limit(Limit {
                     calls: Some(Rate {
                         amount: 500,
@@ -170,6 +174,7 @@ fn order() -> TargetConfig {
                 match_name: "supplier".into(),
                 direction: 0,
                 mode: Mode::Enforce as i32,
+                stamp_would_reject: false,
                 spec: Some(Spec::Fuse(Fuse {
                     trips: vec![
                         Trip {
