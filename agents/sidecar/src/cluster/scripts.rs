@@ -1,0 +1,20 @@
+//! The Lua scripts the store runs in Redis. Each touches the keys of one
+//! rule and key only (one hash tag), so it runs on one node of a cluster.
+
+/// The `sync exact` script. KEYS: counter, latch. ARGV: increment, counter
+/// expiry (ms), amount, latch (0: none, -1: manual, else ms).
+/// Returns `{count, 0}`, `{-1, latch pttl}` when already engaged (pttl -1:
+/// manual), or `{-2, latch ms}` when this call engaged it.
+pub(super) const EXACT_SCRIPT: &str = r"
+local latch = redis.call('PTTL', KEYS[2])
+if latch ~= -2 then return {-1, latch} end
+local inc = tonumber(ARGV[1])
+local c = redis.call('INCRBY', KEYS[1], inc)
+if c == inc then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+local l = tonumber(ARGV[4])
+if c > tonumber(ARGV[3]) and l ~= 0 then
+  if l > 0 then redis.call('SET', KEYS[2], '1', 'PX', l) else redis.call('SET', KEYS[2], '1') end
+  return {-2, l}
+end
+return {c, 0}
+";
