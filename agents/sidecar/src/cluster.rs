@@ -15,9 +15,12 @@
 //! touches one slot of a cluster.
 //! `sync exact` runs one small Lua script per call (`EVALSHA`: latch check,
 //! `INCRBY`, `PEXPIRE` on the first hit, engage when over): one round trip.
-//! `sync batch D` sends every key's delta every D in one pipeline (`INCRBY` +
-//! `PEXPIRE` + `PTTL` of the latch), reading back the cluster totals; on a
-//! cluster, one pipeline per key, all at once.
+//! `sync batch D` leases calls with another script (`EVALSHA`: give back,
+//! count unleased calls, grant a slice of what is left, unless the latch is
+//! set), when a key's lease runs out and every D for busy keys; every D it
+//! also sends each key's bytes in one pipeline (`INCRBY` + `PEXPIRE` + `PTTL`
+//! of the latch), reading back the cluster totals; on a cluster, one pipeline
+//! per key, all at once.
 
 mod scripts;
 mod store;

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use gov_engine::cluster::{
-    Backend, ExactCall, ExactReply, FlushItem, FlushReply, LATCH_SUFFIX, Latch, StoreFuture,
-    latch_prefix,
+    Backend, ExactCall, ExactReply, FlushItem, FlushReply, LATCH_SUFFIX, LEASE_SHARE, Latch,
+    LeaseCall, LeaseReply, StoreFuture, latch_prefix,
 };
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
@@ -18,6 +18,7 @@ use super::topology::{Conn, cluster_masters};
 pub(super) struct Redis {
     conn: Conn,
     exact: redis::Script,
+    lease: redis::Script,
 }
 
 impl Redis {
@@ -25,6 +26,7 @@ impl Redis {
         Self {
             conn,
             exact: redis::Script::new(scripts::EXACT_SCRIPT),
+            lease: redis::Script::new(scripts::LEASE_SCRIPT),
         }
     }
 }
@@ -94,11 +96,35 @@ impl Backend for Redis {
         })
     }
 
+    fn lease(&self, call: LeaseCall) -> StoreFuture<'_, LeaseReply> {
+        Box::pin(async move {
+            let reply: (i64, i64) = with_conn!(self, conn => self
+                .lease
+                .key(&call.counter)
+                .key(&call.latch)
+                .arg(call.want)
+                .arg(call.amount)
+                .arg(call.expiry_ms)
+                .arg(call.unleased)
+                .arg(call.give_back)
+                .arg(LEASE_SHARE)
+                .invoke_async(&mut conn))
+            .map_err(text)?;
+            Ok(match reply {
+                (-1, pttl) => LeaseReply::Engaged(latch_from_pttl(pttl).flatten()),
+                (granted, count) => LeaseReply::Granted {
+                    granted: u64::try_from(granted).unwrap_or(0),
+                    total: u64::try_from(count).unwrap_or(0),
+                },
+            })
+        })
+    }
+
     fn flush(&self, items: Vec<FlushItem>) -> StoreFuture<'_, Vec<FlushReply>> {
         Box::pin(async move {
             let values: Vec<i64> = match &self.conn {
                 // A cluster pipeline must stay in one slot: one per key (its
-                // calls, bytes and latch share a hash tag), sent together.
+                // bytes and latch share a hash tag), sent together.
                 Conn::Cluster(cluster) => {
                     let conn = cluster.conn();
                     let mut sends = tokio::task::JoinSet::new();
@@ -134,20 +160,12 @@ impl Backend for Redis {
             };
             let mut replies = Vec::with_capacity(items.len());
             for item in &items {
-                let calls = match item.calls {
-                    Some(_) => Some(u64::try_from(next()?).unwrap_or(0)),
-                    None => None,
-                };
                 let bytes = match item.bytes {
                     Some(_) => Some(u64::try_from(next()?).unwrap_or(0)),
                     None => None,
                 };
                 let latch = latch_from_pttl(next()?);
-                replies.push(FlushReply {
-                    calls,
-                    bytes,
-                    latch,
-                });
+                replies.push(FlushReply { bytes, latch });
             }
             Ok(replies)
         })
@@ -200,8 +218,8 @@ impl Backend for Redis {
     }
 }
 
-/// Appends one flush item's commands: its replies are the calls count, the
-/// bytes count (each if present), then the latch's `PTTL`.
+/// Appends one flush item's commands: its replies are the bytes count (if
+/// present), then the latch's `PTTL`.
 fn flush_commands(pipe: &mut redis::Pipeline, item: &FlushItem) {
     match item.engage {
         Some(ms) if ms > 0 => {
@@ -218,14 +236,12 @@ fn flush_commands(pipe: &mut redis::Pipeline, item: &FlushItem) {
         }
         None => {}
     }
-    for (part, expiry) in [
-        (&item.calls, item.calls_expiry_ms),
-        (&item.bytes, item.bytes_expiry_ms),
-    ] {
-        if let Some((key, delta)) = part {
-            pipe.cmd("INCRBY").arg(key).arg(*delta);
-            pipe.cmd("PEXPIRE").arg(key).arg(expiry).ignore();
-        }
+    if let Some((key, delta)) = &item.bytes {
+        pipe.cmd("INCRBY").arg(key).arg(*delta);
+        pipe.cmd("PEXPIRE")
+            .arg(key)
+            .arg(item.bytes_expiry_ms)
+            .ignore();
     }
     pipe.cmd("PTTL").arg(&item.latch);
 }
