@@ -196,6 +196,15 @@ struct ClusterLink {
     period: Duration,
 }
 
+/// Not a refusal: a `sync batch` call found its key's lease empty while the
+/// store answers, so it leases first ([`Limit::admit_leased`]). A real
+/// refusal's wait is never zero (a window has at least 1ms left).
+pub(crate) const LEASE_FIRST: Exceeded = Exceeded {
+    reason: RejectReason::LimitCalls,
+    wait: Some(Duration::ZERO),
+    engaged: false,
+};
+
 /// Which key's counters a call uses.
 #[derive(Clone, Debug)]
 pub(crate) enum CellRef {
@@ -536,12 +545,10 @@ impl Primitive for Limit {
             return Answer::Wait(Duration::ZERO);
         }
         let cell = self.cell(scope_ref(scope));
-        if self.needs_lease(cell, now) {
-            // `sync batch` with an empty lease: asked from the store.
-            return Answer::Wait(Duration::ZERO);
-        }
         match self.try_admit(cell, now) {
             Ok(()) => Answer::Granted(self.grant()),
+            // `sync batch` with an empty lease: asked from the store.
+            Err(LEASE_FIRST) => Answer::Wait(Duration::ZERO),
             Err(e) => self.shape(cell, e, now, start),
         }
     }
@@ -562,8 +569,8 @@ impl Primitive for Limit {
                     Ok(()) => Answer::Granted(self.grant()),
                     Err(e) => self.shape(cell, e, now, start),
                 }
-            } else if self.needs_lease(cell, now) {
-                match self.admit_leased(cell, now).await {
+            } else if self.leases() {
+                match self.admit_leased(cell).await {
                     Ok(()) => Answer::Granted(self.grant()),
                     Err(e) => self.shape(cell, e, now, start),
                 }
@@ -876,6 +883,30 @@ mod tests {
             // The next window starts from zero: the old lease expired with it.
             tokio::time::advance(WINDOW).await;
             assert_eq!(admit_n(&agents[1], 4).await, 4);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn concurrent_calls_waiting_for_a_lease_stay_within_the_amount() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let agents: Vec<_> = (0..2).map(|_| agent(&store, BATCH, 100, None).0).collect();
+            // 2 x 40 calls at once, each of 4 rounds: they queue for the
+            // leases, and those that find a fresh lease emptied lease again.
+            let mut admitted = 0;
+            for _ in 0..4 {
+                let calls = agents
+                    .iter()
+                    .flat_map(|l| (0..40).map(move |_| admit_n(l, 1)));
+                admitted += futures::future::join_all(calls)
+                    .await
+                    .into_iter()
+                    .sum::<usize>();
+                assert!(admitted <= 100, "{admitted}");
+            }
+            assert_eq!(admitted, 100);
+            assert_eq!(leased(&memory, &store), 100);
+            assert!(agents.iter().all(|l| lease(l).unleased == 0));
         }
 
         #[tokio::test(start_paused = true)]

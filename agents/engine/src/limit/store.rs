@@ -82,20 +82,29 @@ impl Limit {
         s.active = true;
         let lease = &mut s.lease;
         lease.roll(unix / w);
+        if lease.left == 0 && lease.budget_left(rate.amount) && link.store.is_up() {
+            // Counted in `demand` once decided.
+            return Err(LEASE_FIRST);
+        }
         lease.demand = lease.demand.saturating_add(1);
         if lease.left > 0 {
             lease.left -= 1;
             return Ok(());
         }
-        if lease.budget_left(rate.amount) {
-            lease.unleased += 1;
-            return Ok(());
+        if !lease.budget_left(rate.amount) {
+            return Err(Exceeded {
+                reason: RejectReason::LimitCalls,
+                wait: Some(Duration::from_millis(w - unix % w)),
+                engaged: false,
+            });
         }
-        Err(Exceeded {
-            reason: RejectReason::LimitCalls,
-            wait: Some(Duration::from_millis(w - unix % w)),
-            engaged: false,
-        })
+        lease.unleased += 1;
+        Ok(())
+    }
+
+    /// Whether calls are leased (`sync batch` with a calls rate).
+    pub(crate) fn leases(&self) -> bool {
+        self.cluster.as_ref().is_some_and(|l| !l.exact) && self.spec.calls.is_some()
     }
 
     /// Whether a `sync batch` call must ask the store for a lease first: the
@@ -113,24 +122,40 @@ impl Limit {
         s.lease.left == 0 && s.lease.budget_left(rate.amount)
     }
 
-    /// `sync batch` with an empty lease: one call of the key asks the store
-    /// for a lease (the others wait for its answer), then the call is
-    /// admitted as [`Limit::try_admit`] decides. The uncommon case: the
+    /// `sync batch` with an empty lease: one call of the key at a time asks
+    /// the store for a lease (the others wait for its answer), then the call
+    /// is decided as [`Limit::try_admit`] decides. The uncommon case: the
     /// flush task keeps busy keys' leases topped up.
-    pub(crate) async fn admit_leased(
-        &self,
-        cell: &LimitCell,
-        now: Instant,
-    ) -> Result<(), Exceeded> {
-        if let Some(link) = &self.cluster {
+    pub(crate) async fn admit_leased(&self, cell: &LimitCell) -> Result<(), Exceeded> {
+        // Bounded: each round leases, or finds the permits others leased,
+        // the budget spent or the store down. Calls that take permits
+        // without waiting can empty a fresh lease before this one's turn.
+        for _ in 0..8 {
+            match self.try_admit(cell, Instant::now()) {
+                Err(LEASE_FIRST) => {}
+                decided => return decided,
+            }
+            let Some(link) = &self.cluster else { break };
             let _turn = cell.lease_turn.lock().await;
+            let now = Instant::now();
             if self.needs_lease(cell, now) {
                 let (call, asked) = self.lease_call(link, cell, now, false);
                 let reply = link.store.lease(call).await;
                 self.take_lease(cell, asked, reply, now);
             }
         }
-        self.try_admit(cell, Instant::now())
+        // Lost every round: refused as over the amount, which it nearly is.
+        let now = Instant::now();
+        match self.try_admit(cell, now) {
+            Err(LEASE_FIRST) => Err(Exceeded {
+                wait: self.spec.calls.map(|rate| {
+                    let unix = self.cluster.as_ref().map_or(0, |l| l.store.unix_ms(now));
+                    Self::window_left(&rate, unix)
+                }),
+                ..LEASE_FIRST
+            }),
+            decided => decided,
+        }
     }
 
     /// The lease call for `cell`: what it wants (nothing for an idle key at
