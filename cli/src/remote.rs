@@ -18,7 +18,8 @@ pub type Client = pb::control_plane_client::ControlPlaneClient<Channel>;
 /// Where the control plane is and how to authenticate.
 #[derive(Clone, Debug, clap::Args)]
 pub struct RemoteArgs {
-    /// The control plane URL.
+    /// The control plane URL, or its replicas comma-separated
+    /// (`URL,URL`): the first that answers.
     #[arg(long, env = "GOV_CONTROL_PLANE", default_value = DEFAULT_URL, value_name = "URL")]
     pub control_plane: String,
 

@@ -33,8 +33,35 @@ pub async fn connect(
 }
 
 /// Connects to `url` with `tls` (`https://host:port` with TLS files,
-/// `http://host:port` without).
+/// `http://host:port` without). Several comma-separated URLs (govd
+/// replicas): the first that answers.
 pub async fn connect_tls(
+    url: &str,
+    tls: &ClientTls,
+    timeout: Duration,
+) -> Result<ControlPlaneClient<Channel>, Unreachable> {
+    let urls: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    if urls.len() < 2 {
+        return connect_one(url, tls, timeout).await;
+    }
+    let mut reasons = Vec::new();
+    for one in urls {
+        match connect_one(one, tls, timeout).await {
+            Ok(client) => return Ok(client),
+            Err(e) => reasons.push(format!("{one}: {}", e.reason)),
+        }
+    }
+    Err(Unreachable {
+        url: url.to_owned(),
+        reason: reasons.join("; "),
+    })
+}
+
+async fn connect_one(
     url: &str,
     tls: &ClientTls,
     timeout: Duration,

@@ -63,7 +63,8 @@ pub type OnDeregistered = Arc<dyn Fn() + Send + Sync>;
 /// How to reach and talk to the control plane.
 #[derive(Clone)]
 pub struct ControlOptions {
-    /// `http://host:port`.
+    /// `http://host:port`, or several comma-separated (govd replicas):
+    /// each reconnect tries the next.
     pub url: String,
     pub service: String,
     /// Unique per agent.
@@ -257,8 +258,18 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
         }
     }
     let mut backoff = options.backoff.clone();
-    loop {
-        let ended = session(&engine, &options, &mut current, &shutdown, &mut backoff).await;
+    let urls = urls(&options.url);
+    for attempt in 0.. {
+        let url = urls[attempt % urls.len()];
+        let ended = session(
+            &engine,
+            &options,
+            url,
+            &mut current,
+            &shutdown,
+            &mut backoff,
+        )
+        .await;
         if let Some(f) = &options.on_connection {
             f(false);
         }
@@ -299,6 +310,16 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
     }
 }
 
+/// The control plane URLs of `list` (comma-separated; at least one).
+pub fn urls(list: &str) -> Vec<&str> {
+    let urls: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    if urls.is_empty() { vec![list] } else { urls }
+}
+
 fn now_unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -327,13 +348,14 @@ fn check(
 async fn session(
     engine: &Engine,
     options: &ControlOptions,
+    url: &str,
     current: &mut String,
     shutdown: &CancellationToken,
     backoff: &mut Backoff,
 ) -> Result<(), ControlError> {
     let endpoint = options
         .tls
-        .endpoint(&options.url)?
+        .endpoint(url)?
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
@@ -342,7 +364,7 @@ async fn session(
         .connect()
         .await
         .map_err(|e| ControlError::Connect {
-            url: options.url.clone(),
+            url: url.to_owned(),
             reason: chain(&e),
         })?;
     let mut client = ControlPlaneClient::new(channel).max_decoding_message_size(64 << 20);
@@ -387,7 +409,7 @@ async fn session(
     if let Some(f) = &options.on_refused {
         f(None);
     }
-    tracing::info!(url = %options.url, last_version = %current, "connected to the control plane");
+    tracing::info!(%url, last_version = %current, "connected to the control plane");
     if let Some(f) = &options.on_connection {
         f(true);
     }
@@ -626,6 +648,17 @@ fn chain(e: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
     use rand::SeedableRng as _;
+
+    #[test]
+    fn a_list_of_control_planes_is_tried_in_turn() {
+        assert_eq!(urls("http://a:1"), ["http://a:1"]);
+        assert_eq!(
+            urls("http://a:1, http://b:2,,http://c:3"),
+            ["http://a:1", "http://b:2", "http://c:3"]
+        );
+        // Nothing usable: the text itself, refused where it is checked.
+        assert_eq!(urls(","), [","]);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn backoff_grows_with_jitter_caps_and_resets() {

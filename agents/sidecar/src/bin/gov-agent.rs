@@ -80,8 +80,9 @@ struct Args {
     #[arg(long, env = "GOV_BALANCE", default_value = "peak-ewma")]
     balance: Balance,
 
-    /// The control plane (`http://127.0.0.1:7070`). Unset: standalone, enforcing the
-    /// `--config` file only.
+    /// The control plane (`http://127.0.0.1:7070`), or its replicas
+    /// comma-separated (`URL,URL`): each reconnect tries the next. Unset:
+    /// standalone, enforcing the `--config` file only.
     #[arg(long, env = "GOV_CONTROL_PLANE")]
     control_plane: Option<String>,
 
@@ -219,7 +220,9 @@ async fn run(args: Args) -> ExitCode {
     })
     .and_then(|tls| {
         if let Some(c) = &control {
-            tls.endpoint(&c.url)?;
+            for url in gov_agent::control::urls(&c.url) {
+                tls.endpoint(url)?;
+            }
         }
         Ok(tls)
     });
