@@ -23,7 +23,7 @@ use crate::control_plane::{ControlPlane, Inner};
 use crate::convert::{self, now_unix_ms};
 use crate::error::Error;
 use crate::limits::{Limits, TooLarge};
-use crate::store::{AppliedPolicy, AuditEntry, Source};
+use crate::store::{AppliedPolicy, AuditEntry, Fence, Source};
 
 /// Longest `Apply` wait honoured.
 pub const MAX_APPLY_WAIT: Duration = Duration::from_secs(60);
@@ -68,14 +68,18 @@ pub enum ApplyError {
     #[error("cannot record the apply in the audit log; nothing was applied")]
     #[diagnostic(
         code(gov::govd::audit),
-        help("make --state-dir writable (or free disk space), then apply again")
+        help(
+            "make --state-dir writable (or free disk space), or bring the etcd members of --store back, then apply again"
+        )
     )]
     Audit(#[source] Error),
 
-    #[error("cannot store the policy in the state directory; nothing was applied")]
+    #[error("cannot store the policy; nothing was applied")]
     #[diagnostic(
         code(gov::govd::store),
-        help("make --state-dir writable (or free disk space), then apply again")
+        help(
+            "make --state-dir writable (or free disk space), or bring the etcd members of --store back, then apply again"
+        )
     )]
     Store(#[source] Error),
 
@@ -89,6 +93,20 @@ pub enum ApplyError {
         )
     )]
     ShadowExactLimit { rules: String },
+
+    #[error(
+        "another replica applied `{applied}` while this apply was planned against `{planned_against}`; nothing was applied"
+    )]
+    #[diagnostic(
+        code(gov::govd::apply_conflict),
+        help(
+            "run `govc plan` to see the change against the policy in force now, then apply again"
+        )
+    )]
+    Conflict {
+        planned_against: String,
+        applied: String,
+    },
 
     #[error("the client went away before the apply was prepared")]
     #[diagnostic(code(gov::govd::cancelled))]
@@ -373,19 +391,22 @@ impl ControlPlane {
             planned.changed.clone(),
         );
         let version = planned.policy.version.clone();
+        let planned_against = current
+            .as_ref()
+            .map_or(String::new(), |c| c.version.clone());
         // From here on the apply finishes even if the client goes away: what
         // is on disk must be in memory and pushed.
         let task = {
             let inner = inner.clone();
             tokio::spawn(async move {
-                let recorded = record_and_push(&inner, planned).await;
+                let recorded = record_and_push(&inner, planned, &planned_against).await;
                 // Waiting for ACKs must not hold up the next apply.
                 drop(apply_guard);
                 recorded
             })
         };
         task.await
-            .map_err(|e| ApplyError::Store(Error::Io(join_error(&inner.store, e))))??;
+            .map_err(|e| ApplyError::Store(Error::Io(join_error(e))))??;
         tracing::info!(%version, elapsed_ms = started.elapsed().as_millis(), "apply stored and pushed");
         wait_settled(inner, &changed, request.wait).await;
         let outcomes = inner.lock().outcomes(&changed);
@@ -436,9 +457,18 @@ impl ControlPlane {
 /// The audit detail of an apply made with `--shadow`.
 const SHADOW_DETAIL: &str = "shadow: every rule of this apply in mode shadow (govc apply --shadow)";
 
-/// Makes `planned` durable (audit record, then `state.json`), then commits
-/// it to the state and pushes it to the agents of the changed services.
-async fn record_and_push(inner: &Inner, planned: Planned) -> Result<(), ApplyError> {
+/// Makes `planned` durable (audit record, then the stored state), then
+/// commits it to the state and pushes it to the agents of the changed
+/// services. The stored write is a compare-and-swap on the revision the
+/// state reflects: when another replica wrote first, the state is reloaded,
+/// and the apply is refused if the policy it was planned against is no
+/// longer the one in force (else, another replica wrote latches: the write
+/// is tried again).
+async fn record_and_push(
+    inner: &Inner,
+    planned: Planned,
+    planned_against: &str,
+) -> Result<(), ApplyError> {
     let mut entry = AuditEntry {
         at_unix_ms: now_unix_ms(),
         who: planned.policy.who.clone(),
@@ -459,16 +489,35 @@ async fn record_and_push(inner: &Inner, planned: Planned) -> Result<(), ApplyErr
         // INVARIANT: held from the snapshot to the commit, so no other
         // writer puts a state without this apply on disk after it.
         let _write = inner.write_lock.lock().await;
-        let snapshot =
-            inner
-                .lock()
-                .persisted_with(&planned.policy, &planned.changed, inner.history);
+        // Another replica's apply may have been taken in since the plan.
+        if let Some(conflict) = superseded(inner, planned_against) {
+            return Err(refuse(inner, entry, conflict).await);
+        }
         // The audit record first: nothing takes effect unaudited.
         inner
             .append_audit(entry.clone())
             .await
             .map_err(ApplyError::Audit)?;
-        if let Err(error) = inner.save(snapshot).await {
+        let mut attempt = 1;
+        let saved = loop {
+            let snapshot =
+                inner
+                    .lock()
+                    .persisted_with(&planned.policy, &planned.changed, inner.history);
+            match inner.save(snapshot, Fence::Any).await {
+                Err(Error::Conflict { .. }) if attempt < WRITE_ATTEMPTS => {
+                    attempt += 1;
+                    if let Err(error) = inner.resync().await {
+                        break Err(error);
+                    }
+                    if let Some(conflict) = superseded(inner, planned_against) {
+                        return Err(refuse(inner, entry, conflict).await);
+                    }
+                }
+                other => break other,
+            }
+        };
+        if let Err(error) = saved {
             let store_error = ApplyError::Store(error);
             tracing::error!(error = %crate::error::one_line(&store_error), "apply not stored");
             entry.action = "apply-refused".into();
@@ -500,6 +549,29 @@ async fn record_and_push(inner: &Inner, planned: Planned) -> Result<(), ApplyErr
     inner.changed();
     inner.timer.notify_one();
     Ok(())
+}
+
+/// How often an apply's write is tried while other replicas write latches
+/// first (each try reloads the state and checks the policy in force).
+const WRITE_ATTEMPTS: usize = 5;
+
+/// The conflict, if the policy in force is no longer `planned_against`.
+fn superseded(inner: &Inner, planned_against: &str) -> Option<ApplyError> {
+    let state = inner.lock();
+    (state.version() != planned_against).then(|| ApplyError::Conflict {
+        planned_against: planned_against.to_owned(),
+        applied: state.version().to_owned(),
+    })
+}
+
+/// Records `entry` as refused for `error` (an apply that never took effect
+/// is in the audit log too), and returns the error.
+async fn refuse(inner: &Inner, mut entry: AuditEntry, error: ApplyError) -> ApplyError {
+    tracing::warn!(error = %crate::error::one_line(&error), "apply refused");
+    entry.action = "apply-refused".into();
+    entry.detail = crate::error::one_line(&error);
+    inner.audit(entry).await;
+    error
 }
 
 /// Waits (at most `wait`, capped) until every connected agent of `changed`
@@ -544,8 +616,8 @@ fn unchanged(current: Option<&AppliedPolicy>, planned: Planned) -> pb::ApplyResu
     }
 }
 
-fn join_error(store: &crate::store::Store, e: tokio::task::JoinError) -> crate::error::StateIo {
-    crate::error::StateIo::new("write", store.dir(), std::io::Error::other(e))
+fn join_error(e: tokio::task::JoinError) -> crate::error::StateIo {
+    crate::error::StateIo::new("write", std::path::Path::new("."), std::io::Error::other(e))
 }
 
 #[cfg(test)]
@@ -554,6 +626,11 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
+
+    /// The state directory as written (what a restart reads).
+    fn disk(dir: &std::path::Path) -> crate::store::DirStore {
+        crate::store::DirStore::open(dir).unwrap()
+    }
     use crate::control_plane::Options;
 
     fn policy(max: u32) -> Vec<Source> {
@@ -754,8 +831,7 @@ mod tests {
         assert_eq!(view.agents[0].state(), pb::SyncState::Synced);
         assert_eq!(view.agents[0].version, v1);
         // The attempt and its refusal are in the audit log.
-        let actions: Vec<String> = cp
-            .store()
+        let actions: Vec<String> = disk(dir.path())
             .read_audit()
             .unwrap()
             .into_iter()
@@ -771,7 +847,7 @@ mod tests {
         let (v2, _) = config_version(&agent.try_recv().unwrap().unwrap());
         assert_ne!(v2, v1);
         assert_eq!(
-            cp.store().load().unwrap().applied.unwrap().version,
+            disk(dir.path()).load().unwrap().applied.unwrap().version,
             second.version
         );
     }
@@ -781,10 +857,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
         // The audit log cannot be opened for appending.
-        std::fs::create_dir(cp.store().audit_path()).unwrap();
+        std::fs::create_dir(disk(dir.path()).audit_path()).unwrap();
         let err = cp.apply(request(policy(1))).await.unwrap_err();
         assert!(matches!(err, ApplyError::Audit(_)), "{err}");
-        assert!(cp.store().load().unwrap().applied.is_none());
+        assert!(disk(dir.path()).load().unwrap().applied.is_none());
         assert_eq!(cp.status().version, "");
     }
 
@@ -843,7 +919,7 @@ mod tests {
             .unwrap()
             .unwrap();
         let (version, _) = config_version(&pushed);
-        let stored = cp.store().load().unwrap().applied.unwrap();
+        let stored = disk(dir.path()).load().unwrap().applied.unwrap();
         assert_eq!(cp.status().version, stored.version);
         assert_eq!(stored.bundle.targets[0].version, version);
         // And the next apply is not blocked.

@@ -9,7 +9,35 @@ use std::io::{BufRead as _, BufReader};
 use std::path::Path;
 
 use crate::error::{Error, StateIo};
-use crate::store::AuditEntry;
+use serde::{Deserialize, Serialize};
+
+/// One line of `audit.jsonl`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub at_unix_ms: u64,
+    pub who: String,
+    /// `apply`, `apply-refused`, `release`; for latches reported by agents:
+    /// `trip`, `untrip`, `latch-not-enforced`.
+    pub action: String,
+    /// Apply: the new bundle version.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    /// Release: `fuse` or `limit`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
+    /// Release: `service/rule`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub rule: String,
+    /// Limits keyed by consumer or called service: the latch's key. Empty:
+    /// the rule's own counter, or every key (a release of all).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub key: String,
+    /// Apply: the services changed; release: the instances notified.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
 
 /// Most records one page holds.
 pub const MAX_RECORDS: usize = 10_000;
@@ -47,17 +75,32 @@ pub fn page(path: &Path, query: &Query) -> Result<Page, Error> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Page::default()),
         Err(source) => return Err(StateIo::new("read", path, source).into()),
     };
+    page_of(
+        BufReader::new(file)
+            .split(b'\n')
+            .map(|line| line.map_err(|source| StateIo::new("read", path, source).into())),
+        query,
+    )
+}
+
+/// One page of a log given as its JSON records, oldest first (position 1
+/// for the first); a record that does not parse is skipped but keeps its
+/// position.
+pub fn page_of(
+    lines: impl Iterator<Item = Result<Vec<u8>, Error>>,
+    query: &Query,
+) -> Result<Page, Error> {
     let limit = match query.limit {
         0 => MAX_RECORDS,
         n => n.min(MAX_RECORDS),
     };
     let mut window: VecDeque<(u64, AuditEntry, usize)> = VecDeque::new();
     let (mut bytes, mut matched) = (0usize, 0u64);
-    for (seq, line) in (1u64..).zip(BufReader::new(file).split(b'\n')) {
+    for (seq, line) in (1u64..).zip(lines) {
         if query.before_seq != 0 && seq >= query.before_seq {
             break;
         }
-        let line = line.map_err(|source| StateIo::new("read", path, source))?;
+        let line = line?;
         let Ok(entry) = serde_json::from_slice::<AuditEntry>(&line) else {
             continue;
         };
@@ -88,7 +131,7 @@ pub fn page(path: &Path, query: &Query) -> Result<Page, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Store;
+    use crate::store::DirStore as Store;
 
     fn entry(at: u64, detail: String) -> AuditEntry {
         AuditEntry {

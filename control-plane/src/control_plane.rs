@@ -1,11 +1,12 @@
-//! The running control plane: its state behind one lock, the state
-//! directory, and the tasks behind it: the view publisher (one `watch`
-//! channel of the `ClusterView`), the debounced state writer, and the
-//! `release after` timer. The gRPC adapter is `server.rs`; the apply use
-//! case is `apply.rs`.
+//! The running control plane: its state behind one lock, its store (the
+//! state directory or etcd), and the tasks behind it: the view publisher
+//! (one `watch` channel of the `ClusterView`), the debounced state writer,
+//! the `release after` timer (run by the elected leader only), and, on a
+//! shared store, the follower that takes in what other replicas wrote. The
+//! gRPC adapter is `server.rs`; the apply use case is `apply.rs`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use gov_proto::v1 as pb;
@@ -14,10 +15,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{NamedToken, Tokens};
 use crate::convert::now_unix_ms;
-use crate::error::{Error, StateIo};
+use crate::error::Error;
 use crate::limits::Limits;
 use crate::state::{Outbox, State};
-use crate::store::{AuditEntry, Persisted, Store, TripKind};
+use crate::store::{AuditEntry, DirStore, Fence, Loaded, Persisted, Revision, Store, TripKind};
 use crate::view::cluster_view;
 
 /// How long a push may wait for room in an agent's queue before the
@@ -33,6 +34,9 @@ const VIEW_COALESCE: Duration = Duration::from_millis(50);
 const PERSIST_DEBOUNCE: Duration = Duration::from_millis(250);
 /// How soon the `release after` timer retries a release it could not record.
 const RELEASE_RETRY: Duration = Duration::from_secs(5);
+/// How often a write of latches or agents is tried when other replicas
+/// keep writing first (each try reloads the state).
+const WRITE_ATTEMPTS: usize = 5;
 
 /// How to run a control plane.
 #[derive(Clone, Debug)]
@@ -80,7 +84,10 @@ pub struct ControlPlane {
 
 pub(crate) struct Inner {
     state: std::sync::Mutex<State>,
-    pub(crate) store: Store,
+    pub(crate) store: Arc<dyn Store>,
+    /// The stored revision the state reflects: what the next write of the
+    /// shared state is conditioned on. Changed under `write_lock` only.
+    revision: AtomicI64,
     /// Swapped whole by [`ControlPlane::set_tokens`] (SIGHUP).
     tokens: std::sync::RwLock<Arc<Tokens>>,
     pub(crate) history: crate::HistoryLimit,
@@ -120,11 +127,23 @@ impl ControlPlane {
     /// Loads the state directory and starts the background tasks (they stop
     /// when `shutdown` is cancelled).
     pub fn open(options: Options, shutdown: CancellationToken) -> Result<Self, Error> {
-        let store = Store::open(&options.state_dir)?;
-        let persisted = store.load()?;
-        let state = State::from_persisted(persisted);
+        let store = DirStore::open(&options.state_dir)?;
+        let loaded = store.load_now()?;
+        Ok(Self::with_store(options, Arc::new(store), loaded, shutdown))
+    }
+
+    /// Runs on `store` (etcd: see `crate::etcd`), from `loaded`, what it
+    /// held at start; `options.state_dir` is not used.
+    pub fn with_store(
+        options: Options,
+        store: Arc<dyn Store>,
+        loaded: Loaded,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let revision = AtomicI64::new(loaded.revision);
+        let state = State::from_persisted(loaded.state);
         tracing::info!(
-            dir = %store.dir().display(),
+            store = %store.describe(),
             version = %state.version(),
             trips = state.trips().count(),
             agents = state.agents().count(),
@@ -134,6 +153,7 @@ impl ControlPlane {
         let inner = Arc::new(Inner {
             state: std::sync::Mutex::new(state),
             store,
+            revision,
             tokens: std::sync::RwLock::new(Arc::new(Tokens {
                 named: options.tokens,
                 agent: options.agent_token,
@@ -158,7 +178,10 @@ impl ControlPlane {
         tokio::spawn(publish_views(inner.clone()));
         tokio::spawn(persist_agents(inner.clone()));
         tokio::spawn(release_timer(inner.clone()));
-        Ok(Self { inner })
+        if let Some(changes) = inner.store.changes() {
+            tokio::spawn(follow_store(inner.clone(), changes));
+        }
+        Self { inner }
     }
 
     /// The cluster view, republished on every change (at most about once
@@ -172,8 +195,8 @@ impl ControlPlane {
         cluster_view(&self.inner.lock(), now_unix_ms())
     }
 
-    /// The state directory.
-    pub fn store(&self) -> &Store {
+    /// Where the state is kept.
+    pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
     }
 
@@ -248,27 +271,67 @@ impl Inner {
             .clone()
     }
 
-    /// Writes `state.json` (serialized with other writers).
+    /// Writes the state (serialized with other writers). A write refused
+    /// because another replica wrote first reloads the state (keeping the
+    /// latches this replica's agents reported) and tries again.
     pub(crate) async fn persist(&self) -> Result<(), Error> {
         let _guard = self.write_lock.lock().await;
-        let snapshot = self.lock().to_persisted();
-        self.save(snapshot).await
+        let mut attempt = 1;
+        loop {
+            let snapshot = self.lock().to_persisted();
+            match self.save(snapshot, Fence::Any).await {
+                Err(Error::Conflict { .. }) if attempt < WRITE_ATTEMPTS => {
+                    attempt += 1;
+                    self.resync().await?;
+                }
+                other => return other,
+            }
+        }
     }
 
-    /// Writes `snapshot` as `state.json`; the caller holds `write_lock`.
-    pub(crate) async fn save(&self, snapshot: Persisted) -> Result<(), Error> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.save(&snapshot))
-            .await
-            .map_err(|e| blocking_failed("write", &self.store, e))?
+    /// Writes the agent registry: apart from the shared state where the
+    /// store keeps it apart (etcd), else with it.
+    pub(crate) async fn persist_agents(&self) -> Result<(), Error> {
+        let agents = self.lock().to_persisted().agents;
+        match self.store.save_agents(&agents) {
+            Some(write) => write.await,
+            None => self.persist().await,
+        }
+    }
+
+    /// Writes `snapshot`, conditioned on the revision the state reflects;
+    /// the caller holds `write_lock` and commits to the state on success.
+    pub(crate) async fn save(&self, snapshot: Persisted, fence: Fence) -> Result<(), Error> {
+        let expected = self.revision.load(Ordering::SeqCst);
+        let revision = self.store.save(&snapshot, expected, fence).await?;
+        self.revision.store(revision, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Takes in what another replica stored since this one's revision:
+    /// its policy (pushed to this replica's agents), releases (sent to
+    /// them), latches (merged with theirs). The caller holds `write_lock`.
+    pub(crate) async fn resync(&self) -> Result<(), Error> {
+        let loaded = self.store.load().await?;
+        if loaded.revision <= self.revision.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let mut out = Vec::new();
+        let adopted = self.lock().adopt(loaded.state, &mut out);
+        self.revision.store(loaded.revision, Ordering::SeqCst);
+        if adopted.policy {
+            tracing::info!(version = %self.lock().version(), revision = loaded.revision, "took in a policy applied on another replica");
+        }
+        self.send(out).await;
+        self.bump_sync();
+        self.changed();
+        self.timer.notify_one();
+        Ok(())
     }
 
     /// Appends `entry` to the audit log.
     pub(crate) async fn append_audit(&self, entry: AuditEntry) -> Result<(), Error> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.audit(&entry))
-            .await
-            .map_err(|e| blocking_failed("append to", &self.store, e))?
+        self.store.audit(&entry).await
     }
 
     /// Appends `entry` to the audit log, logging a failure (for records of
@@ -342,6 +405,7 @@ impl Inner {
         rule: &str,
         key: Option<&str>,
         who: &str,
+        fence: Fence,
     ) -> Result<(Vec<String>, Vec<String>), ReleaseError> {
         let mut out = Vec::new();
         let (keys, notified) = {
@@ -369,7 +433,13 @@ impl Inner {
             self.append_audit(entry.clone())
                 .await
                 .map_err(ReleaseError::Audit)?;
-            if let Err(error) = self.save(snapshot).await {
+            if let Err(error) = self.save(snapshot, fence).await {
+                if matches!(error, Error::Conflict { .. }) {
+                    // Nothing written; what the other replica wrote is taken in.
+                    if let Err(e) = self.resync().await {
+                        tracing::error!(error = %miette::Report::new(e), "cannot reload the state");
+                    }
+                }
                 let error = ReleaseError::Store(error);
                 entry.action = "release-refused".into();
                 entry.detail = crate::error::one_line(&error);
@@ -404,14 +474,18 @@ pub enum ReleaseError {
     #[error("cannot record the release in the audit log; nothing was released")]
     #[diagnostic(
         code(gov::govd::audit),
-        help("make --state-dir writable (or free disk space), then release again")
+        help(
+            "make --state-dir writable (or free disk space), or bring the etcd members of --store back, then release again"
+        )
     )]
     Audit(#[source] Error),
 
-    #[error("cannot store the release in the state directory; nothing was released")]
+    #[error("cannot store the release; nothing was released")]
     #[diagnostic(
         code(gov::govd::store),
-        help("make --state-dir writable (or free disk space), then release again")
+        help(
+            "make --state-dir writable (or free disk space), or bring the etcd members of --store back; after a conflict with another replica, look at the state again; then release again"
+        )
     )]
     Store(#[source] Error),
 }
@@ -454,7 +528,7 @@ async fn persist_agents(inner: Arc<Inner>) {
             () = inner.persist_soon.notified() => {}
         }
         tokio::time::sleep(PERSIST_DEBOUNCE).await;
-        if let Err(error) = inner.persist().await {
+        if let Err(error) = inner.persist_agents().await {
             tracing::error!(error = %miette::Report::new(error), "cannot write the state");
         }
     }
@@ -464,7 +538,16 @@ async fn persist_agents(inner: Arc<Inner>) {
 /// absolute (wall clock, stored on disk) so they survive a restart; the
 /// wait itself uses `tokio::time`.
 async fn release_timer(inner: Arc<Inner>) {
+    let mut leader = inner.store.leader();
     loop {
+        // Only the leader runs the timer: every replica knows the
+        // deadlines, one releases.
+        while !*leader.borrow_and_update() {
+            tokio::select! {
+                () = inner.shutdown.cancelled() => return,
+                r = leader.changed() => if r.is_err() { return },
+            }
+        }
         let (expired, next) = {
             let state = inner.lock();
             let now = now_unix_ms();
@@ -477,7 +560,13 @@ async fn release_timer(inner: Arc<Inner>) {
         for (rule, key) in expired {
             tracing::info!(%rule, %key, "release after: releasing the limit");
             if let Err(error) = inner
-                .release(TripKind::Limit, &rule, Some(&key), "govd (release after)")
+                .release(
+                    TripKind::Limit,
+                    &rule,
+                    Some(&key),
+                    "govd (release after)",
+                    Fence::Leader,
+                )
                 .await
             {
                 tracing::error!(%rule, %key, error = %crate::error::one_line(&error), "release after: cannot release the limit; retrying");
@@ -498,11 +587,26 @@ async fn release_timer(inner: Arc<Inner>) {
             () = inner.shutdown.cancelled() => return,
             () = inner.timer.notified() => {}
             () = tokio::time::sleep(wait) => {}
+            _ = leader.changed() => {}
         }
     }
 }
 
-/// A blocking task of the store panicked or was cancelled.
-fn blocking_failed(op: &'static str, store: &Store, e: tokio::task::JoinError) -> Error {
-    Error::Io(StateIo::new(op, store.dir(), std::io::Error::other(e)))
+/// Takes in each write of the shared state by another replica (a write of
+/// this one is already reflected: its revision is not newer).
+async fn follow_store(inner: Arc<Inner>, mut changes: watch::Receiver<Revision>) {
+    loop {
+        tokio::select! {
+            () = inner.shutdown.cancelled() => return,
+            r = changes.changed() => if r.is_err() { return },
+        }
+        let seen = *changes.borrow_and_update();
+        let _write = inner.write_lock.lock().await;
+        if seen <= inner.revision.load(Ordering::SeqCst) {
+            continue;
+        }
+        if let Err(error) = inner.resync().await {
+            tracing::error!(error = %miette::Report::new(error), "cannot take in the state another replica wrote");
+        }
+    }
 }

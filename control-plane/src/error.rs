@@ -119,6 +119,49 @@ pub enum Error {
     #[error("the gRPC server failed")]
     #[diagnostic(code(gov::govd::serve))]
     Serve(#[source] tonic::transport::Error),
+
+    #[error(
+        "the state in {store} changed under this write (revision {found}, this replica wrote from {expected}); nothing was written"
+    )]
+    #[diagnostic(
+        code(gov::govd::conflict),
+        help("another govd replica wrote first: this one reloads the state; look again and retry")
+    )]
+    Conflict {
+        store: String,
+        expected: i64,
+        found: i64,
+    },
+
+    #[error("this replica is no longer the elected leader of {store}; nothing was written")]
+    #[diagnostic(
+        code(gov::govd::not_leader),
+        help("its lease in etcd expired (a pause, or etcd unreachable): the new leader does this")
+    )]
+    NotLeader { store: String },
+
+    #[error("`{url}` is not an etcd store URL: {problem}")]
+    #[diagnostic(
+        code(gov::govd::store_url),
+        help(
+            "write --store etcd://HOST:PORT[,HOST:PORT...][/PREFIX], e.g. etcd://10.0.0.1:2379,10.0.0.2:2379"
+        )
+    )]
+    StoreUrl { url: String, problem: String },
+
+    #[error("etcd ({endpoints}) failed to {op}")]
+    #[diagnostic(
+        code(gov::govd::etcd),
+        help(
+            "check that a majority of the etcd members in --store are up and reachable from this host"
+        )
+    )]
+    Etcd {
+        endpoints: String,
+        op: &'static str,
+        #[source]
+        source: etcd_client::Error,
+    },
 }
 
 /// A file operation in the state directory failed.

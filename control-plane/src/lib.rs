@@ -31,6 +31,7 @@ pub mod connections;
 mod control_plane;
 pub mod convert;
 mod error;
+pub mod etcd;
 pub mod history;
 pub mod latches;
 pub mod limits;

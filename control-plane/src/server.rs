@@ -60,6 +60,7 @@ fn apply_status(error: &ApplyError) -> Status {
         ApplyError::Audit(_) | ApplyError::Store(_) => Status::failed_precondition(message),
         ApplyError::Compiler(_) => Status::internal(message),
         ApplyError::Cancelled => Status::cancelled(message),
+        ApplyError::Conflict { .. } => Status::aborted(message),
     }
 }
 
@@ -226,10 +227,11 @@ impl ControlPlaneRpc for ControlPlane {
             before_seq: req.before_seq,
             limit: usize::try_from(req.limit).unwrap_or(usize::MAX),
         };
-        let path = self.inner.store.audit_path();
-        let page = tokio::task::spawn_blocking(move || crate::audit::page(&path, &query))
+        let page = self
+            .inner
+            .store
+            .audit_page(query)
             .await
-            .map_err(|e| Status::internal(format!("reading the audit log failed: {e}")))?
             .map_err(|e| Status::failed_precondition(crate::error::one_line(&e)))?;
         Ok(Response::new(audit_result(page)))
     }
@@ -287,10 +289,14 @@ impl ControlPlaneRpc for ControlPlane {
             let rule = req.rule.clone();
             let key = key.map(str::to_owned);
             let who = who.clone();
-            tokio::spawn(async move { inner.release(kind, &rule, key.as_deref(), &who).await })
-                .await
-                .map_err(|e| Status::internal(format!("the release failed: {e}")))?
-                .map_err(|e| Status::failed_precondition(crate::error::one_line(&e)))?
+            tokio::spawn(async move {
+                inner
+                    .release(kind, &rule, key.as_deref(), &who, crate::store::Fence::Any)
+                    .await
+            })
+            .await
+            .map_err(|e| Status::internal(format!("the release failed: {e}")))?
+            .map_err(|e| Status::failed_precondition(crate::error::one_line(&e)))?
         };
         let was = !keys.is_empty();
         tracing::info!(who, rule = %req.rule, key = %req.key, kind = kind.as_str(), ?keys, agents = notified.len(), "released");
@@ -430,6 +436,11 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
+
+    /// The state directory as written (what a restart reads).
+    fn disk(dir: &std::path::Path) -> crate::store::DirStore {
+        crate::store::DirStore::open(dir).unwrap()
+    }
     use crate::control_plane::Options;
 
     fn hello(instance: &str) -> pb::Hello {
@@ -483,10 +494,10 @@ mod tests {
         );
         // The apply is on disk and in the audit log.
         assert_eq!(
-            cp.store().load().unwrap().applied.unwrap().version,
+            disk(dir.path()).load().unwrap().applied.unwrap().version,
             result.version
         );
-        assert_eq!(cp.store().read_audit().unwrap().len(), 1);
+        assert_eq!(disk(dir.path()).read_audit().unwrap().len(), 1);
     }
 
     async fn serve_on_loopback(options: Options) -> (String, CancellationToken) {
@@ -585,15 +596,20 @@ mod tests {
         std::fs::create_dir(&blocker).unwrap();
         let err = cp
             .inner
-            .release(TripKind::Fuse, "order/mdm", None, "alice")
+            .release(
+                TripKind::Fuse,
+                "order/mdm",
+                None,
+                "alice",
+                crate::store::Fence::Any,
+            )
             .await
             .unwrap_err();
         let message = crate::error::one_line(&err);
         assert!(message.contains("nothing was released"), "{message}");
         assert!(cp.inner.lock().is_tripped(TripKind::Fuse, "order/mdm"));
         assert!(agent.try_recv().is_err(), "no release command was sent");
-        let actions: Vec<String> = cp
-            .store()
+        let actions: Vec<String> = disk(dir.path())
             .read_audit()
             .unwrap()
             .into_iter()
@@ -604,13 +620,19 @@ mod tests {
         std::fs::remove_dir(&blocker).unwrap();
         let (was, notified) = cp
             .inner
-            .release(TripKind::Fuse, "order/mdm", None, "alice")
+            .release(
+                TripKind::Fuse,
+                "order/mdm",
+                None,
+                "alice",
+                crate::store::Fence::Any,
+            )
             .await
             .unwrap();
         assert_eq!(was, [""], "the fuse was tripped");
         assert_eq!(notified, ["a"]);
         assert!(!cp.inner.lock().is_tripped(TripKind::Fuse, "order/mdm"));
-        assert!(cp.store().load().unwrap().trips.is_empty());
+        assert!(disk(dir.path()).load().unwrap().trips.is_empty());
         let command = agent.try_recv().unwrap().unwrap();
         assert!(matches!(
             command.msg,

@@ -23,10 +23,12 @@ use crate::history::HistoryLimit;
 use crate::latches::{self, LatchId, Latches};
 use crate::store::{AppliedPolicy, HistoryEntry, KnownAgent, Persisted, Trip, TripKind};
 
+mod adopt;
 mod latched;
 mod registry;
 mod sync;
 
+pub use adopt::Adopted;
 use latched::trip_kind;
 use registry::{Removal, endpoints_message};
 

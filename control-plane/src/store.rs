@@ -1,13 +1,21 @@
-//! The control plane's state on disk, in `--state-dir`:
+//! Where the control plane keeps its state, behind one [`Store`] trait:
 //!
-//! - `state.json`: the applied policy (sources and compiled bundle), its
-//!   history (bounded; each distinct source text stored once, by content
-//!   address), tripped fuses and engaged limits with absolute
-//!   deadlines, and the agents last seen. Rewritten atomically: temp file,
+//! - [`DirStore`], the embedded default (`--state-dir`): `state.json` holds
+//!   the applied policy (sources and compiled bundle), its history
+//!   (bounded; each distinct source text stored once, by content address),
+//!   tripped fuses and engaged limits with absolute deadlines, the last
+//!   releases and the agents last seen. Rewritten atomically: temp file,
 //!   fsync, rename, fsync of the directory, so a crash leaves the old file
-//!   or the new one, never a torn one.
-//! - `audit.jsonl`: one JSON object per line for every operator action
-//!   (apply, release) and every timer release; append-only, fsynced.
+//!   or the new one, never a torn one. `audit.jsonl` has one JSON object
+//!   per line for every operator action (apply, release) and every timer
+//!   release; append-only, fsynced.
+//! - `crate::etcd::EtcdStore` (`--store etcd://...`): the same state in
+//!   etcd, shared by several govd replicas, with one elected leader.
+//!
+//! Every write of the shared state is conditioned on the revision it was
+//! made from (compare-and-swap): a replica whose state is behind gets
+//! [`Error::Conflict`], reloads and decides again, so two writers never
+//! both win.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
@@ -166,46 +174,99 @@ pub struct KnownAgent {
     pub labels: std::collections::BTreeMap<String, String>,
 }
 
-/// One line of `audit.jsonl`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AuditEntry {
-    pub at_unix_ms: u64,
-    pub who: String,
-    /// `apply`, `apply-refused`, `release`; for latches reported by agents:
-    /// `trip`, `untrip`, `latch-not-enforced`.
-    pub action: String,
-    /// Apply: the new bundle version.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub version: String,
-    /// Release: `fuse` or `limit`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub kind: String,
-    /// Release: `service/rule`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub rule: String,
-    /// Limits keyed by consumer or called service: the latch's key. Empty:
-    /// the rule's own counter, or every key (a release of all).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub key: String,
-    /// Apply: the services changed; release: the instances notified.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub targets: Vec<String>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub detail: String,
+pub use crate::audit::AuditEntry;
+
+/// A stored version of the shared state: what a conditional write
+/// compares (etcd's mod revision of the state key; a write counter for the
+/// directory, which has one writer).
+pub type Revision = i64;
+
+/// The shared state as stored, and its revision.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub state: Persisted,
+    pub revision: Revision,
+}
+
+/// What a write of the shared state must also hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fence {
+    /// Any replica may write it (an apply, an operator's release, latches
+    /// its agents reported).
+    Any,
+    /// Only the elected leader (the `release after` timer): refused with
+    /// [`Error::NotLeader`] once this replica's lease is gone.
+    Leader,
+}
+
+/// A future of a store operation.
+pub type StoreFuture<'a, T> = futures::future::BoxFuture<'a, Result<T, Error>>;
+
+/// Where govd's state lives: the directory ([`DirStore`]) or etcd
+/// (`crate::etcd::EtcdStore`).
+pub trait Store: Send + Sync + 'static {
+    /// Where it is, as the operator named it (for messages): the
+    /// directory's path or `etcd://HOSTS/PREFIX`.
+    fn describe(&self) -> String;
+
+    /// The shared state and its revision (an empty state at revision 0
+    /// when nothing was stored yet).
+    fn load(&self) -> StoreFuture<'_, Loaded>;
+
+    /// Writes `state` if the stored revision is still `expected` (and, with
+    /// [`Fence::Leader`], this replica still leads); returns the new
+    /// revision. [`Error::Conflict`] when another replica wrote first.
+    fn save<'a>(
+        &'a self,
+        state: &'a Persisted,
+        expected: Revision,
+        fence: Fence,
+    ) -> StoreFuture<'a, Revision>;
+
+    /// Appends one audit record, durably.
+    fn audit<'a>(&'a self, entry: &'a AuditEntry) -> StoreFuture<'a, ()>;
+
+    /// One page of the audit log, oldest first.
+    fn audit_page(&self, query: crate::audit::Query) -> StoreFuture<'_, crate::audit::Page>;
+
+    /// Writes the agents this replica has seen apart from the shared state
+    /// (each replica its own), or `None` when they are part of it (the
+    /// directory: write it with [`Store::save`]).
+    fn save_agents<'a>(&'a self, _agents: &'a [KnownAgent]) -> Option<StoreFuture<'a, ()>> {
+        None
+    }
+
+    /// The revision of each write of the shared state by anyone (another
+    /// replica included), as it happens. `None`: nobody else writes it.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<Revision>> {
+        None
+    }
+
+    /// Whether this replica is the elected leader, as it changes. A lone
+    /// govd always is.
+    fn leader(&self) -> tokio::sync::watch::Receiver<bool> {
+        tokio::sync::watch::channel(true).1
+    }
 }
 
 /// The state directory.
-#[derive(Clone, Debug)]
-pub struct Store {
+#[derive(Debug)]
+pub struct DirStore {
     dir: PathBuf,
+    /// Writes of `state.json` by this process: the directory has one
+    /// writer, so a conditional write can only find it equal.
+    revision: std::sync::atomic::AtomicI64,
 }
 
-impl Store {
+impl DirStore {
     /// Creates the directory if needed.
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self, Error> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(|source| StateIo::new("create", &dir, source))?;
-        Ok(Self { dir })
+        Ok(Self {
+            dir,
+            revision: std::sync::atomic::AtomicI64::new(0),
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -223,39 +284,19 @@ impl Store {
     /// Reads `state.json`; a missing file is an empty state.
     pub fn load(&self) -> Result<Persisted, Error> {
         let path = self.state_path();
-        let bytes = match fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Persisted {
-                    format: FORMAT,
-                    ..Persisted::default()
-                });
-            }
-            Err(source) => return Err(StateIo::new("read", &path, source).into()),
-        };
-        let state: Persisted =
-            serde_json::from_slice(&bytes).map_err(|source| Error::CorruptState {
-                path: path.display().to_string(),
-                source,
-            })?;
-        if state.format != FORMAT {
-            return Err(Error::StateFormat {
-                path: path.display().to_string(),
-                found: state.format,
-            });
+        match fs::read(&path) {
+            Ok(bytes) => decode(&bytes, &path.display().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Persisted {
+                format: FORMAT,
+                ..Persisted::default()
+            }),
+            Err(source) => Err(StateIo::new("read", &path, source).into()),
         }
-        resolve_texts(state).map_err(|address| Error::MissingText {
-            path: path.display().to_string(),
-            address,
-        })
     }
 
     /// Replaces `state.json` atomically.
     pub fn save(&self, state: &Persisted) -> Result<(), Error> {
-        let mut state = address_texts(state);
-        state.format = FORMAT;
-        let bytes = serde_json::to_vec_pretty(&state).map_err(Error::Encode)?;
-        write_atomic(&self.state_path(), &bytes)
+        write_atomic(&self.state_path(), &encode(state)?)
     }
 
     /// Appends one line to `audit.jsonl` and syncs it.
@@ -275,6 +316,14 @@ impl Store {
         Ok(())
     }
 
+    /// Reads `state.json` with its revision (this process's write count).
+    pub fn load_now(&self) -> Result<Loaded, Error> {
+        Ok(Loaded {
+            state: self.load()?,
+            revision: self.revision.load(std::sync::atomic::Ordering::SeqCst),
+        })
+    }
+
     /// Every audit entry, oldest first (unreadable lines are skipped).
     pub fn read_audit(&self) -> Result<Vec<AuditEntry>, Error> {
         let path = self.audit_path();
@@ -287,6 +336,111 @@ impl Store {
             Err(source) => Err(StateIo::new("read", &path, source).into()),
         }
     }
+}
+
+impl Store for DirStore {
+    fn describe(&self) -> String {
+        self.dir.display().to_string()
+    }
+
+    fn load(&self) -> StoreFuture<'_, Loaded> {
+        Box::pin(async move {
+            let dir = DirStore {
+                dir: self.dir.clone(),
+                revision: std::sync::atomic::AtomicI64::new(
+                    self.revision.load(std::sync::atomic::Ordering::SeqCst),
+                ),
+            };
+            tokio::task::spawn_blocking(move || dir.load_now())
+                .await
+                .map_err(|e| blocking_failed("read", &self.dir, e))?
+        })
+    }
+
+    fn save<'a>(
+        &'a self,
+        state: &'a Persisted,
+        expected: Revision,
+        _fence: Fence,
+    ) -> StoreFuture<'a, Revision> {
+        use std::sync::atomic::Ordering::SeqCst;
+        Box::pin(async move {
+            let found = self.revision.load(SeqCst);
+            if found != expected {
+                return Err(Error::Conflict {
+                    store: self.describe(),
+                    expected,
+                    found,
+                });
+            }
+            let state = state.clone();
+            let dir = self.dir.clone();
+            tokio::task::spawn_blocking(move || DirStore::at(dir).save(&state))
+                .await
+                .map_err(|e| blocking_failed("write", &self.dir, e))??;
+            Ok(self.revision.fetch_add(1, SeqCst) + 1)
+        })
+    }
+
+    fn audit<'a>(&'a self, entry: &'a AuditEntry) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let entry = entry.clone();
+            let dir = self.dir.clone();
+            tokio::task::spawn_blocking(move || DirStore::at(dir).audit(&entry))
+                .await
+                .map_err(|e| blocking_failed("append to", &self.dir, e))?
+        })
+    }
+
+    fn audit_page(&self, query: crate::audit::Query) -> StoreFuture<'_, crate::audit::Page> {
+        Box::pin(async move {
+            let path = self.audit_path();
+            tokio::task::spawn_blocking(move || crate::audit::page(&path, &query))
+                .await
+                .map_err(|e| blocking_failed("read", &self.dir, e))?
+        })
+    }
+}
+
+impl DirStore {
+    /// The directory, for a blocking task (the revision is the caller's).
+    fn at(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            revision: std::sync::atomic::AtomicI64::new(0),
+        }
+    }
+}
+
+/// A blocking task of the directory store panicked or was cancelled.
+fn blocking_failed(op: &'static str, dir: &Path, e: tokio::task::JoinError) -> Error {
+    Error::Io(StateIo::new(op, dir, std::io::Error::other(e)))
+}
+
+/// The stored form of `state` (JSON, history texts by content address),
+/// as the directory and etcd keep it.
+pub fn encode(state: &Persisted) -> Result<Vec<u8>, Error> {
+    let mut state = address_texts(state);
+    state.format = FORMAT;
+    serde_json::to_vec_pretty(&state).map_err(Error::Encode)
+}
+
+/// The inverse of [`encode`]; `path` names where it was read, for errors.
+pub fn decode(bytes: &[u8], path: &str) -> Result<Persisted, Error> {
+    let state: Persisted = serde_json::from_slice(bytes).map_err(|source| Error::CorruptState {
+        path: path.to_owned(),
+        source,
+    })?;
+    if state.format != FORMAT {
+        return Err(Error::StateFormat {
+            path: path.to_owned(),
+            found: state.format,
+        });
+    }
+    resolve_texts(state).map_err(|address| Error::MissingText {
+        path: path.to_owned(),
+        address,
+    })
 }
 
 /// `state` with each history source's text moved into `texts` under its
@@ -377,7 +531,7 @@ mod tests {
     #[test]
     fn state_round_trips_and_replaces_atomically() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path().join("s")).unwrap();
+        let store = DirStore::open(dir.path().join("s")).unwrap();
         assert!(store.load().unwrap().applied.is_none());
         let mut state = Persisted::default();
         state.trips.push(Trip {
@@ -406,7 +560,7 @@ mod tests {
     #[test]
     fn corrupt_state_is_an_error_not_an_empty_state() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = DirStore::open(dir.path()).unwrap();
         fs::write(store.state_path(), b"{not json").unwrap();
         let err = store.load().unwrap_err();
         assert!(err.to_string().contains("state.json"), "{err}");
@@ -415,7 +569,7 @@ mod tests {
     #[test]
     fn history_sources_are_stored_once_per_distinct_text_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = DirStore::open(dir.path()).unwrap();
         let big = "# a large policy file\n".repeat(10_000);
         let entry = |i: usize| HistoryEntry {
             version: format!("v{i}"),
@@ -462,7 +616,7 @@ mod tests {
     #[test]
     fn audit_appends_lines() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = DirStore::open(dir.path()).unwrap();
         for who in ["alice", "bob"] {
             store
                 .audit(&AuditEntry {

@@ -41,6 +41,9 @@ const VIEWER_TOKEN: &str = "e2e-viewer-token";
 const TOKEN_FILE: &str = "# the e2e tests' people\ne2e e2e-admin-token admin\noncall e2e-operator-token operator\nboard e2e-viewer-token viewer\n";
 const AGENT_TOKEN: &str = "e2e-agent-token";
 
+#[path = "e2e/replicas.rs"]
+mod replicas;
+
 // === policies ===
 
 /// order: a bulkhead of 2 on /slow, a manual fuse on /fail (3 errors), a
@@ -154,6 +157,8 @@ async fn log_field(log: &Path, marker: &str, key: &str) -> SocketAddr {
 
 struct ControlPlaneBuilder {
     state_dir: PathBuf,
+    /// `--store URL` instead of `--state-dir` (logs still go beside `state_dir`).
+    store: Option<String>,
     token: bool,
     agent_token: bool,
     metrics: bool,
@@ -164,6 +169,7 @@ struct ControlPlaneBuilder {
 fn control_plane(state_dir: &Path) -> ControlPlaneBuilder {
     ControlPlaneBuilder {
         state_dir: state_dir.to_owned(),
+        store: None,
         token: true,
         agent_token: false,
         metrics: false,
@@ -214,11 +220,12 @@ impl ControlPlaneBuilder {
             .state_dir
             .with_extension(format!("govd-{}.log", rand_suffix()));
         let mut cmd = Command::new(govd_bin());
-        cmd.arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--state-dir")
-            .arg(&self.state_dir)
-            .arg("--drain-timeout")
+        cmd.arg("--listen").arg(format!("127.0.0.1:{port}"));
+        match &self.store {
+            Some(url) => cmd.args(["--store", url]),
+            None => cmd.arg("--state-dir").arg(&self.state_dir),
+        };
+        cmd.arg("--drain-timeout")
             .arg("2s")
             .env("GOV_LOG", "info")
             .stdout(Stdio::null())
@@ -2787,6 +2794,7 @@ async fn govd_will_not_start_open_unless_told_and_only_on_loopback() {
     // --insecure on loopback starts (and serves without a token).
     let govd = ControlPlaneBuilder {
         state_dir: dir.path().join("open"),
+        store: None,
         token: false,
         agent_token: false,
         metrics: false,

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use gov_control_plane::auth::{Tokens, check_start, read_named_tokens, read_token_file};
+use gov_control_plane::etcd::{EtcdConfig, EtcdStore};
+use gov_control_plane::store::Store as _;
 use gov_control_plane::{
     ConnectionLimits, ControlPlane, Error, HistoryLimit, Limits, Options, serve,
 };
@@ -45,6 +47,28 @@ struct Args {
     /// log are kept.
     #[arg(long, env = "GOV_STATE_DIR", default_value = "./.gov-state")]
     state_dir: PathBuf,
+
+    /// Keep the state in etcd instead, shared by several govd replicas:
+    /// `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (prefix `gov` by
+    /// default). Each replica serves agents and operators; the elected
+    /// leader runs the `release after` timer.
+    #[arg(
+        long,
+        env = "GOV_STORE",
+        value_name = "URL",
+        conflicts_with = "state_dir"
+    )]
+    store: Option<String>,
+
+    /// This replica's name in etcd (its agents, audit records and
+    /// leadership). Default: the address it listens on.
+    #[arg(long, env = "GOV_REPLICA", value_name = "NAME", requires = "store")]
+    replica: Option<String>,
+
+    /// The leader's lease in etcd: a leader that stops renewing it (dead,
+    /// paused, cut off) is replaced after at most this long.
+    #[arg(long, env = "GOV_LEADER_LEASE", default_value = "10s", value_parser = parse_duration)]
+    leader_lease: Duration,
 
     /// The tokens people present: one `name token role` line each, role
     /// `admin` (everything), `operator` (read and release) or `viewer`
@@ -241,7 +265,6 @@ async fn run(args: Args) -> Result<(), Error> {
         );
     }
     let shutdown = CancellationToken::new();
-    let control_plane = ControlPlane::open(options, shutdown.clone())?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|source| Error::Bind {
@@ -252,6 +275,17 @@ async fn run(args: Args) -> Result<(), Error> {
         addr: args.listen.to_string(),
         source,
     })?;
+    let control_plane = match &args.store {
+        None => ControlPlane::open(options, shutdown.clone())?,
+        Some(url) => {
+            let replica = args.replica.clone().unwrap_or_else(|| addr.to_string());
+            let config = EtcdConfig::parse(url, &replica, args.leader_lease)?;
+            let store = EtcdStore::connect(config, shutdown.clone()).await?;
+            let loaded = store.load().await?;
+            ControlPlane::with_store(options, store, loaded, shutdown.clone())
+        }
+    };
+    let store = control_plane.store().describe();
     let metrics = match args.metrics_listen {
         None => None,
         Some(at) => {
@@ -288,7 +322,7 @@ async fn run(args: Args) -> Result<(), Error> {
         }
     }
     // Tests and scripts read the bound ports from this line.
-    tracing::info!(listen = %addr, %metrics, state_dir = %args.state_dir.display(), "govd started");
+    tracing::info!(listen = %addr, %metrics, %store, "govd started");
     {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {

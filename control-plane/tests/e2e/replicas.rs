@@ -1,0 +1,560 @@
+//! govd replicas on etcd (`--store etcd://`): real etcd members (Debian's
+//! `etcd-server`, which `.ci/run` installs) on loopback, each with its own
+//! data directory and free ports (picked, and picked again when a member
+//! cannot bind them), and real govd and gov-agent processes.
+
+use std::collections::BTreeSet;
+
+use gov_control_plane::etcd::{EtcdConfig, EtcdStore};
+use gov_control_plane::store::{Fence, Persisted, Store as _};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+
+/// The etcd binary: `GOV_TEST_ETCD`, else `etcd` on the PATH.
+fn etcd_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("GOV_TEST_ETCD") {
+        return path.into();
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join("etcd"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "these tests need the `etcd` server binary: install Debian's `etcd-server` \
+                 (`apt-get install etcd-server`; .ci/run does), or point GOV_TEST_ETCD at one"
+            )
+        })
+}
+
+/// A three-member etcd cluster on loopback.
+struct Etcd {
+    members: Vec<Child>,
+    clients: Vec<u16>,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Etcd {
+    /// Starts three members and waits until they answer; new ports and a
+    /// new try when one could not bind its ports (another process took one
+    /// between the pick and the bind).
+    async fn start() -> Etcd {
+        let bin = etcd_bin();
+        for _ in 0..3 {
+            if let Some(etcd) = Self::try_start(&bin).await {
+                return etcd;
+            }
+        }
+        panic!("three etcd members did not come up on loopback in three tries");
+    }
+
+    async fn try_start(bin: &Path) -> Option<Etcd> {
+        let dir = tempfile::tempdir().unwrap();
+        let clients: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let cluster = (0..3)
+            .map(|i| format!("m{i}=http://127.0.0.1:{}", peers[i]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::new();
+        for i in 0..3 {
+            let log = std::fs::File::create(dir.path().join(format!("m{i}.log"))).unwrap();
+            let child = Command::new(bin)
+                .args(["--name", &format!("m{i}")])
+                .arg("--data-dir")
+                .arg(dir.path().join(format!("m{i}")))
+                .arg("--listen-client-urls")
+                .arg(format!("http://127.0.0.1:{}", clients[i]))
+                .arg("--advertise-client-urls")
+                .arg(format!("http://127.0.0.1:{}", clients[i]))
+                .arg("--listen-peer-urls")
+                .arg(format!("http://127.0.0.1:{}", peers[i]))
+                .arg("--initial-advertise-peer-urls")
+                .arg(format!("http://127.0.0.1:{}", peers[i]))
+                .args(["--initial-cluster", &cluster])
+                .args(["--initial-cluster-state", "new"])
+                .args(["--initial-cluster-token", "gov-e2e"])
+                // Fast elections on loopback: a lost member is noticed in 0.5 s.
+                .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+                .args(["--logger", "zap", "--log-level", "error"])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            members.push(child);
+        }
+        let mut etcd = Etcd {
+            members,
+            clients,
+            _dir: dir,
+        };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) {
+            for m in &mut etcd.members {
+                if m.try_wait().unwrap().is_some() {
+                    // It exited: a port was taken.
+                    return None;
+                }
+            }
+            if etcd.healthy().await {
+                return Some(etcd);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+
+    async fn healthy(&self) -> bool {
+        let connect = etcd_client::Client::connect(
+            self.endpoints(),
+            Some(etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(1))),
+        );
+        let Ok(Ok(mut client)) = tokio::time::timeout(Duration::from_secs(2), connect).await else {
+            return false;
+        };
+        client.put("gov-e2e/health", "ok", None).await.is_ok()
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        self.clients
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// `etcd://...` with a key prefix of its own.
+    fn url(&self, prefix: &str) -> String {
+        let hosts: Vec<String> = self
+            .clients
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("etcd://{}/{prefix}", hosts.join(","))
+    }
+}
+
+async fn store(etcd: &Etcd, replica: &str, shutdown: &CancellationToken) -> Arc<EtcdStore> {
+    let config = EtcdConfig::parse(&etcd.url("store"), replica, Duration::from_secs(2)).unwrap();
+    EtcdStore::connect(config, shutdown.clone()).await.unwrap()
+}
+
+fn with_version(version: &str) -> Persisted {
+    let mut p = Persisted::default();
+    p.history.push(gov_control_plane::store::HistoryEntry {
+        version: version.into(),
+        who: "e2e".into(),
+        at_unix_ms: 1,
+        services: vec!["order".into()],
+        sources: Vec::new(),
+        source_refs: Vec::new(),
+    });
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_from_one_revision_never_both_win_and_a_leader_without_its_lease_cannot_write()
+{
+    let etcd = Etcd::start().await;
+    let shutdown = CancellationToken::new();
+    let (a, b) = (
+        store(&etcd, "a", &shutdown).await,
+        store(&etcd, "b", &shutdown).await,
+    );
+    let (la, lb) = (a.load().await.unwrap(), b.load().await.unwrap());
+    assert_eq!((la.revision, lb.revision), (0, 0));
+    // Both write from revision 0: one wins, the other is told who won.
+    let won = a.save(&with_version("va"), 0, Fence::Any).await.unwrap();
+    let lost = b
+        .save(&with_version("vb"), 0, Fence::Any)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(lost, gov_control_plane::Error::Conflict { found, .. } if found == won),
+        "{lost}"
+    );
+    let stored = b.load().await.unwrap();
+    assert_eq!(stored.revision, won);
+    assert_eq!(stored.state.history[0].version, "va");
+    // Every replica hears of the write.
+    let mut changes = b.changes().unwrap();
+    wait_until("b to see a's write", Duration::from_secs(10), async || {
+        *changes.borrow_and_update() >= won
+    })
+    .await;
+
+    // One leader; the other's leader writes are refused.
+    wait_until("a leader", Duration::from_secs(10), async || {
+        a.is_leader() != b.is_leader()
+    })
+    .await;
+    let (leader, follower) = if a.is_leader() { (&a, &b) } else { (&b, &a) };
+    let err = follower
+        .save(&with_version("x"), won, Fence::Leader)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, gov_control_plane::Error::NotLeader { .. }),
+        "{err}"
+    );
+    // The leader loses its lease behind its back (revoked, as etcd does
+    // when it is not renewed): its next leader write is refused by etcd
+    // itself, whatever the replica still believes.
+    let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
+        .await
+        .unwrap();
+    let holder = client.get("store/leader", None).await.unwrap();
+    let lease = holder.kvs()[0].lease();
+    client.lease_revoke(lease).await.unwrap();
+    let err = leader
+        .save(&with_version("stale"), won, Fence::Leader)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, gov_control_plane::Error::NotLeader { .. }),
+        "{err}"
+    );
+    assert_eq!(a.load().await.unwrap().state.history[0].version, "va");
+    // A new lease and a leader again (one of them).
+    wait_until("a new leader", Duration::from_secs(10), async || {
+        a.is_leader() != b.is_leader()
+    })
+    .await;
+    // Audit records from both replicas, none lost, in time order.
+    for (s, who) in [(&a, "a"), (&b, "b"), (&a, "a2")] {
+        s.audit(&gov_control_plane::store::AuditEntry {
+            at_unix_ms: 5,
+            who: who.into(),
+            action: "apply".into(),
+            version: String::new(),
+            kind: String::new(),
+            rule: String::new(),
+            key: String::new(),
+            targets: vec![],
+            detail: String::new(),
+        })
+        .await
+        .unwrap();
+    }
+    let page = b
+        .audit_page(gov_control_plane::audit::Query::default())
+        .await
+        .unwrap();
+    let whos: BTreeSet<String> = page.records.iter().map(|(_, e)| e.who.clone()).collect();
+    assert_eq!(whos, ["a", "a2", "b"].map(String::from).into());
+    shutdown.cancel();
+}
+
+// === three replicas ===
+
+/// order: a limit of 3 calls per minute on /burst that releases itself
+/// after 4 s; a bulkhead on everything else.
+fn policy(max: u32) -> String {
+    format!(
+        r#"service order {{
+  match burst = path prefix "/burst"
+  match rest = path prefix "/"
+
+  limit bursty on burst {{
+    calls 3 per 1m
+    release after 4s
+  }}
+
+  bulkhead wide on rest {{
+    max_concurrent {max}
+  }}
+}}
+"#
+    )
+}
+
+fn replica(etcd: &Etcd, dir: &Path, name: &str) -> ControlPlaneBuilder {
+    let mut b = control_plane(&dir.join(name));
+    b.store = Some(etcd.url("gov"));
+    b.args(&["--replica", name, "--leader-lease", "2s"])
+}
+
+async fn apply_on(govd: &Govd, text: &str) -> Result<pb::ApplyResult, tonic::Status> {
+    let mut client = gov_control_plane::client::connect(&govd.url(), Duration::from_secs(5))
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut request = tonic::Request::new(pb::ApplyRequest {
+        sources: vec![pb::SourceFile {
+            name: "order.gov".into(),
+            text: text.into(),
+        }],
+        who: "e2e".into(),
+        wait_ms: 5_000,
+        ..Default::default()
+    });
+    gov_control_plane::auth::authorize(&mut request, TOKEN).unwrap();
+    client.apply(request).await.map(tonic::Response::into_inner)
+}
+
+async fn audit_of(govd: &Govd) -> Vec<pb::AuditRecord> {
+    let mut client = gov_control_plane::client::connect(&govd.url(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    client
+        .audit(as_viewer(pb::AuditRequest::default()))
+        .await
+        .unwrap()
+        .into_inner()
+        .records
+}
+
+fn leads(govd: &Govd) -> bool {
+    read(&govd.log)
+        .lines()
+        .rfind(|l| l.contains("elected leader") || l.contains("lost the leader lease"))
+        .is_some_and(|l| l.contains("elected leader"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_survive_the_leader_dying_during_an_apply_under_load() {
+    let etcd = Etcd::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut govds = Vec::new();
+    for name in ["g0", "g1", "g2"] {
+        govds.push(replica(&etcd, dir.path(), name).start().await);
+    }
+    wait_until("one leader", Duration::from_secs(15), async || {
+        govds.iter().filter(|g| leads(g)).count() == 1
+    })
+    .await;
+    let leader = govds.iter().position(leads).unwrap();
+    let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let urls = |first: usize| -> String {
+        std::iter::once(first)
+            .chain((0..3).filter(|i| *i != first))
+            .map(|i| govds[i].url())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let up = upstream().await;
+    // a1 talks to the leader, a2 to a follower; each knows all three.
+    let a1 = agent("order", "a1")
+        .upstream(up)
+        .control_plane_url(urls(leader))
+        .start(dir.path())
+        .await;
+    let a2 = agent("order", "a2")
+        .upstream(up)
+        .control_plane_url(urls(others[0]))
+        .start(dir.path())
+        .await;
+
+    // An apply on the other follower reaches both agents through etcd.
+    let v1 = apply_on(&govds[others[1]], &policy(50)).await.unwrap();
+    assert!(v1.applied, "{v1:?}");
+    wait_until(
+        "a1 SYNCED on v1 at the leader",
+        Duration::from_secs(15),
+        async || {
+            let view = govds[leader].status().await;
+            view.version == v1.version && all_synced(&govds[leader], &["a1"]).await
+        },
+    )
+    .await;
+    wait_until(
+        "a2 SYNCED on v1 at its follower",
+        Duration::from_secs(15),
+        async || {
+            govds[others[0]].status().await.version == v1.version
+                && all_synced(&govds[others[0]], &["a2"]).await
+        },
+    )
+    .await;
+
+    // The limit engages on a2 (a follower's agent): a latch with a deadline.
+    for _ in 0..4 {
+        http_get(a2.inbound, "/burst").await;
+    }
+    let engaged = Instant::now();
+    wait_until(
+        "the latch in the leader's view",
+        Duration::from_secs(15),
+        async || !govds[leader].status().await.limits.is_empty(),
+    )
+    .await;
+
+    // Load through both agents while the leader dies during an apply.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = [a1.inbound, a2.inbound].map(|addr| {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u32, 0u32);
+            let start = Instant::now();
+            // Bounded in count and time.
+            for _ in 0..5_000 {
+                if stop.load(Ordering::Relaxed) || start.elapsed() > Duration::from_secs(30) {
+                    break;
+                }
+                match tokio::time::timeout(Duration::from_secs(2), http_get(addr, "/ok")).await {
+                    Ok((200, _, _)) => ok += 1,
+                    _ => failed += 1,
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (ok, failed)
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let v2_text = policy(40);
+    let apply = {
+        let url = govds[leader].url();
+        let text = v2_text.clone();
+        tokio::spawn(async move {
+            let govd_url = url;
+            let mut client =
+                gov_control_plane::client::connect(&govd_url, Duration::from_secs(5)).await?;
+            let mut request = tonic::Request::new(pb::ApplyRequest {
+                sources: vec![pb::SourceFile {
+                    name: "order.gov".into(),
+                    text,
+                }],
+                who: "e2e".into(),
+                ..Default::default()
+            });
+            gov_control_plane::auth::authorize(&mut request, TOKEN).unwrap();
+            Ok::<_, gov_control_plane::client::Unreachable>(
+                client.apply(request).await.map(tonic::Response::into_inner),
+            )
+        })
+    };
+    // Killed while the apply is on its way or being written (or just
+    // after): every outcome must leave one consistent state.
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    let dead = govds.remove(leader);
+    dead.kill().await;
+    let answered = apply.await.unwrap();
+    let killed_at = Instant::now();
+
+    // The survivors agree on one version: the new one if the apply
+    // answered applied, else the old one or the new one, never a mix.
+    let mut agreed = String::new();
+    wait_until(
+        "the survivors to agree",
+        Duration::from_secs(15),
+        async || {
+            let (x, y) = (govds[0].status().await, govds[1].status().await);
+            agreed.clone_from(&x.version);
+            x.version == y.version
+        },
+    )
+    .await;
+    if let Ok(Ok(result)) = &answered {
+        assert!(result.applied);
+        assert_eq!(
+            agreed, result.version,
+            "an answered apply is the one in force"
+        );
+    }
+    let v2 = gov_compiler::compile(&[gov_compiler::SourceFile::new("order.gov", &v2_text)])
+        .unwrap()
+        .bundle
+        .version;
+    assert!(
+        agreed == v1.version || agreed == v2,
+        "`{agreed}` is neither v1 `{}` nor v2 `{v2}`",
+        v1.version
+    );
+    // Both agents are SYNCED on it at a survivor within seconds (a1
+    // reconnected to another replica).
+    wait_until(
+        "both agents SYNCED at the survivors",
+        Duration::from_secs(15),
+        async || {
+            let mut synced = BTreeSet::new();
+            for g in &govds {
+                let view = g.status().await;
+                for a in &view.agents {
+                    if view.version == agreed && a.state() == pb::SyncState::Synced {
+                        synced.insert(a.instance.clone());
+                    }
+                }
+            }
+            synced.len() == 2
+        },
+    )
+    .await;
+    let reconnected = killed_at.elapsed();
+    // A new leader among the survivors.
+    wait_until("a new leader", Duration::from_secs(15), async || {
+        govds.iter().filter(|g| leads(g)).count() == 1
+    })
+    .await;
+
+    // The latch ends once, at its deadline: by the new leader's timer (or
+    // by the agent's own timer first, audited as such), never twice.
+    wait_until("the latch released", Duration::from_secs(20), async || {
+        govds[0].status().await.limits.is_empty() && govds[1].status().await.limits.is_empty()
+    })
+    .await;
+    assert!(
+        engaged.elapsed() >= Duration::from_secs(3),
+        "not before its deadline"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    let audit = audit_of(&govds[0]).await;
+    let releases: Vec<&pb::AuditRecord> = audit
+        .iter()
+        .filter(|r| r.rule == "order/bursty" && matches!(r.action.as_str(), "release" | "untrip"))
+        .collect();
+    let timer_releases = releases
+        .iter()
+        .filter(|r| r.action == "release" && r.who == "govd (release after)")
+        .count();
+    assert!(timer_releases <= 1, "the timer fired twice: {releases:?}");
+    assert!(
+        !releases.is_empty(),
+        "the latch's end is audited: {audit:?}"
+    );
+    // Nothing in the audit is lost: the first apply, the trip, and the
+    // second apply if it took effect.
+    let applied: Vec<&str> = audit
+        .iter()
+        .filter(|r| r.action == "apply")
+        .map(|r| r.version.as_str())
+        .collect();
+    assert!(applied.contains(&v1.version.as_str()), "{applied:?}");
+    if agreed != v1.version {
+        assert!(applied.contains(&agreed.as_str()), "{applied:?}");
+    }
+    assert!(
+        audit
+            .iter()
+            .any(|r| r.action == "trip" && r.rule == "order/bursty"),
+        "{audit:?}"
+    );
+    // The agents served throughout.
+    for (i, h) in load.into_iter().enumerate() {
+        let (ok, failed) = h.await.unwrap();
+        assert!(ok > 0 && failed == 0, "agent {i}: {ok} ok, {failed} failed");
+    }
+    eprintln!(
+        "apply during the leader's death: {}; agents SYNCED again {reconnected:?} after the kill",
+        match &answered {
+            Ok(Ok(r)) => format!("applied {}", r.version),
+            Ok(Err(s)) => format!("refused: {}", s.message()),
+            Err(e) => format!("unreachable: {e}"),
+        }
+    );
+    a1.stop().await;
+    a2.stop().await;
+    for g in govds {
+        g.stop().await;
+    }
+    drop(etcd);
+}
