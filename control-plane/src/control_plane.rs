@@ -34,6 +34,8 @@ const VIEW_COALESCE: Duration = Duration::from_millis(50);
 const PERSIST_DEBOUNCE: Duration = Duration::from_millis(250);
 /// How soon the `release after` timer retries a release it could not record.
 const RELEASE_RETRY: Duration = Duration::from_secs(5);
+/// How soon a replica that could not reload the state tries again.
+const RESYNC_RETRY: Duration = Duration::from_secs(1);
 /// How often a write of latches or agents is tried when other replicas
 /// keep writing first (each try reloads the state).
 const WRITE_ATTEMPTS: usize = 5;
@@ -601,12 +603,25 @@ async fn follow_store(inner: Arc<Inner>, mut changes: watch::Receiver<Revision>)
             r = changes.changed() => if r.is_err() { return },
         }
         let seen = *changes.borrow_and_update();
-        let _write = inner.write_lock.lock().await;
-        if seen <= inner.revision.load(Ordering::SeqCst) {
-            continue;
-        }
-        if let Err(error) = inner.resync().await {
-            tracing::error!(error = %miette::Report::new(error), "cannot take in the state another replica wrote");
+        // INVARIANT: a replica does not stay behind a write it heard of:
+        // a reload that fails (etcd unreachable) is tried again.
+        loop {
+            {
+                let _write = inner.write_lock.lock().await;
+                if seen <= inner.revision.load(Ordering::SeqCst) {
+                    break;
+                }
+                match inner.resync().await {
+                    Ok(()) => break,
+                    Err(error) => {
+                        tracing::error!(error = %miette::Report::new(error), "cannot take in the state another replica wrote; retrying");
+                    }
+                }
+            }
+            tokio::select! {
+                () = inner.shutdown.cancelled() => return,
+                () = tokio::time::sleep(RESYNC_RETRY) => {}
+            }
         }
     }
 }

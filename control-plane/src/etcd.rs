@@ -38,6 +38,11 @@ use crate::store::{
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How soon a broken watch or campaign is tried again.
 const RETRY: Duration = Duration::from_millis(500);
+/// How often a call that etcd answered UNAVAILABLE is sent (the client
+/// balances over every member, and sends some calls to a member that is
+/// down before it notices), and the pause between tries.
+const UNAVAILABLE_ATTEMPTS: usize = 5;
+const UNAVAILABLE_PAUSE: Duration = Duration::from_millis(100);
 
 /// Where the state lives in etcd and who this replica is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,12 +147,7 @@ impl EtcdStore {
             config,
         });
         // A first call: a wrong address fails here, not in the first apply.
-        store
-            .client
-            .kv_client()
-            .get(store.config.key("state"), None)
-            .await
-            .map_err(|source| etcd_error(&store.config, "answer", source))?;
+        store.get(store.config.key("state"), None, "answer").await?;
         tokio::spawn(follow(store.clone(), shutdown.clone()));
         tokio::spawn(campaign(store.clone(), shutdown));
         Ok(store)
@@ -164,6 +164,50 @@ impl EtcdStore {
 
     fn error(&self, op: &'static str, source: etcd_client::Error) -> Error {
         etcd_error(&self.config, op, source)
+    }
+
+    /// Runs `call` again while etcd answers UNAVAILABLE (the call did not
+    /// reach a member that could serve it), at most `UNAVAILABLE_ATTEMPTS`.
+    async fn retry<T, F>(&self, op: &'static str, call: impl Fn() -> F) -> Result<T, Error>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match call().await {
+                Err(etcd_client::Error::GRpcStatus(status))
+                    if status.code() == tonic::Code::Unavailable
+                        && attempt < UNAVAILABLE_ATTEMPTS =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(UNAVAILABLE_PAUSE).await;
+                }
+                result => return result.map_err(|e| self.error(op, e)),
+            }
+        }
+    }
+
+    async fn get(
+        &self,
+        key: String,
+        options: Option<GetOptions>,
+        op: &'static str,
+    ) -> Result<etcd_client::GetResponse, Error> {
+        self.retry(op, || {
+            let (key, options) = (key.clone(), options.clone());
+            let mut kv = self.client.kv_client();
+            async move { kv.get(key, options).await }
+        })
+        .await
+    }
+
+    async fn txn(&self, txn: Txn, op: &'static str) -> Result<etcd_client::TxnResponse, Error> {
+        self.retry(op, || {
+            let txn = txn.clone();
+            let mut kv = self.client.kv_client();
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     fn set_leader(&self, rev: Revision) {
@@ -200,12 +244,8 @@ impl Store for EtcdStore {
 
     fn load(&self) -> StoreFuture<'_, Loaded> {
         Box::pin(async move {
-            let mut kv = self.client.kv_client();
             let key = self.config.key("state");
-            let got = kv
-                .get(key.as_str(), None)
-                .await
-                .map_err(|e| self.error("read the state", e))?;
+            let got = self.get(key.clone(), None, "read the state").await?;
             let (mut state, revision) = match got.kvs().first() {
                 Some(kv) => (
                     decode(kv.value(), &format!("etcd:{key}"))?,
@@ -214,10 +254,7 @@ impl Store for EtcdStore {
                 None => (decode(&encode(&Persisted::default())?, "")?, 0),
             };
             let agents_key = self.config.key(&format!("agents/{}", self.config.replica));
-            let got = kv
-                .get(agents_key.as_str(), None)
-                .await
-                .map_err(|e| self.error("read the agents", e))?;
+            let got = self.get(agents_key, None, "read the agents").await?;
             if let Some(kv) = got.kvs().first() {
                 // An unreadable registry only costs the DISCONNECTED rows.
                 state.agents = serde_json::from_slice(kv.value()).unwrap_or_default();
@@ -260,12 +297,7 @@ impl Store for EtcdStore {
                 .when(when)
                 .and_then(vec![TxnOp::put(key.as_str(), bytes, None)])
                 .or_else(vec![TxnOp::get(key.as_str(), None)]);
-            let response = self
-                .client
-                .kv_client()
-                .txn(txn)
-                .await
-                .map_err(|e| self.error("write the state", e))?;
+            let response = self.txn(txn, "write the state").await?;
             if response.succeeded() {
                 return Ok(response.header().map_or(0, |h| h.revision()));
             }
@@ -297,7 +329,6 @@ impl Store for EtcdStore {
     fn audit<'a>(&'a self, entry: &'a AuditEntry) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let value = serde_json::to_vec(entry).map_err(Error::Encode)?;
-            let mut kv = self.client.kv_client();
             // Created once, never overwritten: a name taken (a restarted
             // replica reusing a sequence number in the same millisecond)
             // takes the next number.
@@ -314,10 +345,7 @@ impl Store for EtcdStore {
                         0,
                     )])
                     .and_then(vec![TxnOp::put(key.as_str(), value.clone(), None)]);
-                let response = kv
-                    .txn(txn)
-                    .await
-                    .map_err(|e| self.error("append to the audit log", e))?;
+                let response = self.txn(txn, "append to the audit log").await?;
                 if response.succeeded() {
                     return Ok(());
                 }
@@ -332,12 +360,10 @@ impl Store for EtcdStore {
     fn audit_page(&self, query: Query) -> StoreFuture<'_, Page> {
         Box::pin(async move {
             let prefix = self.config.key("audit/");
+            let options = GetOptions::new().with_prefix();
             let got = self
-                .client
-                .kv_client()
-                .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
-                .await
-                .map_err(|e| self.error("read the audit log", e))?;
+                .get(prefix, Some(options), "read the audit log")
+                .await?;
             crate::audit::page_of(got.kvs().iter().map(|kv| Ok(kv.value().to_vec())), &query)
         })
     }
@@ -346,11 +372,12 @@ impl Store for EtcdStore {
         Some(Box::pin(async move {
             let value = serde_json::to_vec(agents).map_err(Error::Encode)?;
             let key = self.config.key(&format!("agents/{}", self.config.replica));
-            self.client
-                .kv_client()
-                .put(key, value, None)
-                .await
-                .map_err(|e| self.error("write the agents", e))?;
+            self.retry("write the agents", || {
+                let (key, value) = (key.clone(), value.clone());
+                let mut kv = self.client.kv_client();
+                async move { kv.put(key, value, None).await }
+            })
+            .await?;
             Ok(())
         }))
     }
@@ -494,7 +521,7 @@ async fn campaign(store: Arc<EtcdStore>, shutdown: CancellationToken) {
                     Some(PutOptions::new().with_lease(lease)),
                 )])
                 .or_else(vec![TxnOp::get(leader_key.as_str(), None)]);
-            match store.client.kv_client().txn(txn).await {
+            match store.txn(txn, "campaign").await {
                 Ok(r) if r.succeeded() => {
                     store.set_leader(r.header().map_or(0, |h| h.revision()));
                 }

@@ -126,6 +126,11 @@ impl Etcd {
         client.put("gov-e2e/health", "ok", None).await.is_ok()
     }
 
+    /// SIGKILL one member (a majority remains).
+    async fn kill(&mut self, member: usize) {
+        self.members[member].kill().await.unwrap();
+    }
+
     fn endpoints(&self) -> Vec<String> {
         self.clients
             .iter()
@@ -321,9 +326,11 @@ fn leads(govd: &Govd) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_replicas_survive_the_leader_dying_during_an_apply_under_load() {
-    let etcd = Etcd::start().await;
+async fn three_replicas_survive_an_etcd_member_and_the_leader_dying_during_an_apply_under_load() {
+    let mut etcd = Etcd::start().await;
     let dir = tempfile::tempdir().unwrap();
+    eprintln!("DEBUG logs in {}", dir.path().display());
+    let dir = Box::leak(Box::new(dir));
     let mut govds = Vec::new();
     for name in ["g0", "g1", "g2"] {
         govds.push(replica(&etcd, dir.path(), name).start().await);
@@ -387,6 +394,9 @@ async fn three_replicas_survive_the_leader_dying_during_an_apply_under_load() {
         async || !govds[leader].status().await.limits.is_empty(),
     )
     .await;
+
+    // One etcd member dies: a majority remains, nothing visible changes.
+    etcd.kill(0).await;
 
     // Load through both agents while the leader dies during an apply.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -544,11 +554,16 @@ async fn three_replicas_survive_the_leader_dying_during_an_apply_under_load() {
         assert!(ok > 0 && failed == 0, "agent {i}: {ok} ok, {failed} failed");
     }
     eprintln!(
-        "apply during the leader's death: {}; agents SYNCED again {reconnected:?} after the kill",
+        "apply during the leader's death: {}; in force after: {}; agents SYNCED again {reconnected:?} after the kill",
         match &answered {
             Ok(Ok(r)) => format!("applied {}", r.version),
             Ok(Err(s)) => format!("refused: {}", s.message()),
             Err(e) => format!("unreachable: {e}"),
+        },
+        if agreed == v1.version {
+            "v1 (the old)"
+        } else {
+            "v2 (the new)"
         }
     );
     a1.stop().await;
