@@ -504,11 +504,17 @@ async fn record_and_push(
                 inner
                     .lock()
                     .persisted_with(&planned.policy, &planned.changed, inner.history);
-            match inner.save(snapshot, Fence::Any).await {
+            match inner.save(snapshot, Fence::Any).await.map(|()| true) {
                 Err(Error::Conflict { .. }) if attempt < WRITE_ATTEMPTS => {
                     attempt += 1;
                     if let Err(error) = inner.resync().await {
                         break Err(error);
+                    }
+                    // This very version is in force: the write landed
+                    // although its answer was lost (and was sent again),
+                    // and the reload committed and pushed it.
+                    if inner.lock().version() == planned.policy.version {
+                        break Ok(false);
                     }
                     if let Some(conflict) = superseded(inner, planned_against) {
                         return Err(refuse(inner, entry, conflict).await);
@@ -517,26 +523,27 @@ async fn record_and_push(
                 other => break other,
             }
         };
-        if let Err(error) = saved {
-            let store_error = ApplyError::Store(error);
-            tracing::error!(error = %crate::error::one_line(&store_error), "apply not stored");
-            entry.action = "apply-refused".into();
-            entry.detail = if planned.shadow {
-                format!("{SHADOW_DETAIL}; {}", crate::error::one_line(&store_error))
-            } else {
-                crate::error::one_line(&store_error)
-            };
-            if let Err(e) = inner.append_audit(entry).await {
-                tracing::error!(error = %miette::Report::new(e), "cannot record the refused apply in the audit log");
+        let commit = match saved {
+            Ok(commit) => commit,
+            Err(error) => {
+                let store_error = ApplyError::Store(error);
+                tracing::error!(error = %crate::error::one_line(&store_error), "apply not stored");
+                entry.action = "apply-refused".into();
+                entry.detail = refused_detail(&entry.detail, &store_error);
+                if let Err(e) = inner.append_audit(entry).await {
+                    tracing::error!(error = %miette::Report::new(e), "cannot record the refused apply in the audit log");
+                }
+                return Err(store_error);
             }
-            return Err(store_error);
+        };
+        if commit {
+            inner.lock().commit(
+                Arc::new(planned.policy),
+                &planned.changed,
+                inner.history,
+                &mut out,
+            );
         }
-        inner.lock().commit(
-            Arc::new(planned.policy),
-            &planned.changed,
-            inner.history,
-            &mut out,
-        );
     }
     tracing::info!(
         who = %entry.who,
@@ -569,9 +576,19 @@ fn superseded(inner: &Inner, planned_against: &str) -> Option<ApplyError> {
 async fn refuse(inner: &Inner, mut entry: AuditEntry, error: ApplyError) -> ApplyError {
     tracing::warn!(error = %crate::error::one_line(&error), "apply refused");
     entry.action = "apply-refused".into();
-    entry.detail = crate::error::one_line(&error);
+    entry.detail = refused_detail(&entry.detail, &error);
     inner.audit(entry).await;
     error
+}
+
+/// The audit detail of a refused apply: what it was (`--shadow`), then why.
+fn refused_detail(detail: &str, error: &ApplyError) -> String {
+    let why = crate::error::one_line(error);
+    if detail.is_empty() {
+        why
+    } else {
+        format!("{detail}; {why}")
+    }
 }
 
 /// Waits (at most `wait`, capped) until every connected agent of `changed`
