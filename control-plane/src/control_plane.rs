@@ -414,13 +414,7 @@ impl Inner {
             // INVARIANT: held from the snapshot to the commit, like an apply.
             let _write = self.write_lock.lock().await;
             let released_at = now_unix_ms();
-            let (snapshot, (keys, notified)) = {
-                let state = self.lock();
-                (
-                    state.persisted_without(kind, rule, key, released_at),
-                    state.release_preview(kind, rule, key),
-                )
-            };
+            let (keys, notified) = self.lock().release_preview(kind, rule, key);
             let mut entry = AuditEntry {
                 at_unix_ms: now_unix_ms(),
                 who: who.to_owned(),
@@ -435,13 +429,22 @@ impl Inner {
             self.append_audit(entry.clone())
                 .await
                 .map_err(ReleaseError::Audit)?;
-            if let Err(error) = self.save(snapshot, fence).await {
-                if matches!(error, Error::Conflict { .. }) {
-                    // Nothing written; what the other replica wrote is taken in.
-                    if let Err(e) = self.resync().await {
-                        tracing::error!(error = %miette::Report::new(e), "cannot reload the state");
+            // Another replica that wrote first (latches its agents
+            // reported) is taken in, and the release written on top.
+            let mut attempt = 1;
+            let saved = loop {
+                let snapshot = self.lock().persisted_without(kind, rule, key, released_at);
+                match self.save(snapshot, fence).await {
+                    Err(Error::Conflict { .. }) if attempt < WRITE_ATTEMPTS => {
+                        attempt += 1;
+                        if let Err(error) = self.resync().await {
+                            break Err(error);
+                        }
                     }
+                    other => break other,
                 }
+            };
+            if let Err(error) = saved {
                 let error = ReleaseError::Store(error);
                 entry.action = "release-refused".into();
                 entry.detail = crate::error::one_line(&error);
