@@ -111,3 +111,143 @@ fn changed_services(
         .into_iter()
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use gov_proto::v1 as pb;
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::store::{AppliedPolicy, Released, TripKind};
+
+    fn policy(version: &str, order: &str) -> AppliedPolicy {
+        AppliedPolicy {
+            version: version.into(),
+            who: "t".into(),
+            at_unix_ms: 1,
+            sources: vec![],
+            shadow_since: Default::default(),
+            bundle: pb::Bundle {
+                targets: vec![
+                    pb::TargetConfig {
+                        version: order.into(),
+                        ..gov_proto::compiled::target("order")
+                    },
+                    pb::TargetConfig {
+                        version: "pay-1".into(),
+                        ..gov_proto::compiled::target("payment")
+                    },
+                ],
+                version: version.into(),
+            },
+        }
+    }
+
+    fn trip(rule: &str, since: u64, instance: &str) -> Trip {
+        Trip {
+            kind: TripKind::Fuse,
+            rule: rule.into(),
+            key: String::new(),
+            since_unix_ms: since,
+            reason: "errors".into(),
+            half_open: false,
+            deadline_unix_ms: None,
+            instances: [instance.to_string()].into(),
+            not_enforced: Default::default(),
+        }
+    }
+
+    fn kinds(out: &Outbox) -> Vec<(String, &'static str)> {
+        out.iter()
+            .map(|o| {
+                let what = match &o.msg.msg {
+                    Some(pb::control_message::Msg::Config(_)) => "config",
+                    Some(pb::control_message::Msg::Command(_)) => "command",
+                    _ => "other",
+                };
+                (o.key.1.clone(), what)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn another_replicas_state_is_pushed_released_and_merged_without_losing_local_latches() {
+        let mut s = State::from_persisted(Persisted {
+            applied: Some(policy("v1", "order-1")),
+            trips: vec![
+                // Reported here, not yet written.
+                trip("order/mine", 10, "o1"),
+                // Reported here and released through another replica since.
+                trip("order/released", 10, "o1"),
+                // Reported here and elsewhere.
+                trip("order/both", 10, "o1"),
+            ],
+            ..Persisted::default()
+        });
+        let (tx, _rx) = mpsc::channel(16);
+        let hello = pb::Hello {
+            service: "order".into(),
+            instance: "o1".into(),
+            last_version: "order-1".into(),
+            ..Default::default()
+        };
+        s.hello(hello, tx, 1, &mut Vec::new());
+
+        let mut out = Vec::new();
+        let adopted = s.adopt(
+            Persisted {
+                applied: Some(policy("v2", "order-2")),
+                trips: vec![trip("order/theirs", 20, "o9"), trip("order/both", 12, "o9")],
+                releases: vec![Released {
+                    kind: TripKind::Fuse,
+                    rule: "order/released".into(),
+                    key: String::new(),
+                    at_unix_ms: 15,
+                }],
+                ..Persisted::default()
+            },
+            &mut out,
+        );
+        assert!(adopted.policy);
+        assert_eq!(s.version(), "v2");
+        // The release goes to this replica's agent, then the new config
+        // (order changed; payment did not).
+        assert_eq!(
+            kinds(&out),
+            [("o1".to_string(), "command"), ("o1".to_string(), "config")]
+        );
+        let latches: Vec<(String, Vec<String>)> = s
+            .trips()
+            .map(|t| (t.rule.clone(), t.instances.iter().cloned().collect()))
+            .collect();
+        assert_eq!(
+            latches,
+            [
+                (
+                    "order/both".to_string(),
+                    vec!["o1".to_string(), "o9".to_string()]
+                ),
+                ("order/mine".to_string(), vec!["o1".to_string()]),
+                ("order/theirs".to_string(), vec!["o9".to_string()]),
+            ]
+        );
+        // Taking the same state in again changes nothing and sends nothing.
+        let mut again = Vec::new();
+        let same = s.adopt(
+            Persisted {
+                applied: Some(policy("v2", "order-2")),
+                trips: s.trips().cloned().collect(),
+                releases: vec![Released {
+                    kind: TripKind::Fuse,
+                    rule: "order/released".into(),
+                    key: String::new(),
+                    at_unix_ms: 15,
+                }],
+                ..Persisted::default()
+            },
+            &mut again,
+        );
+        assert!(!same.policy);
+        assert!(again.is_empty(), "{:?}", kinds(&again));
+    }
+}
