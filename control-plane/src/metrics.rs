@@ -162,8 +162,9 @@ impl Metrics {
         }
     }
 
-    /// Every family, with the state of `view`.
-    pub(crate) fn render(&self, view: &pb::ClusterView) -> String {
+    /// Every family, with the state of `view`; `leader`: this govd is the
+    /// elected leader (a lone govd always is).
+    pub(crate) fn render(&self, view: &pb::ClusterView, leader: bool) -> String {
         let mut enc = Encoder::default();
         enc.family(
             "govd_build_info",
@@ -175,6 +176,12 @@ impl Metrics {
             &[("version", env!("CARGO_PKG_VERSION"))],
             1_u64,
         );
+        enc.family(
+            "govd_leader",
+            "gauge",
+            "1 while this govd is the elected leader (runs the release after timer); a lone govd always is.",
+        );
+        enc.sample("govd_leader", &[], u64::from(leader));
         enc.family(
             "govd_agents",
             "gauge",
@@ -298,7 +305,9 @@ fn respond<B>(cp: &ControlPlane, req: &Request<B>) -> Response<Full<Bytes>> {
         (&Method::GET | &Method::HEAD, "/metrics") => (
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
-            cp.inner.metrics.render(&cp.status()),
+            cp.inner
+                .metrics
+                .render(&cp.status(), *cp.inner.store.leader().borrow()),
         ),
         (_, "/metrics") => (
             StatusCode::METHOD_NOT_ALLOWED,
@@ -350,7 +359,7 @@ mod tests {
         // An answer to an unknown push counts, but has no time.
         m.on_agent_message(&pb::agent_message::Msg::Ack(pb::Ack::default()));
         m.on_apply(ApplyOutcome::Applied);
-        let text = m.render(&pb::ClusterView::default());
+        let text = m.render(&pb::ClusterView::default(), true);
         for line in [
             "govd_config_pushes_total 2\n",
             "govd_config_acks_total 2\n",

@@ -287,6 +287,16 @@ fn replica(etcd: &Etcd, dir: &Path, name: &str) -> ControlPlaneBuilder {
     let mut b = control_plane(&dir.join(name));
     b.store = Some(etcd.url("gov"));
     b.args(&["--replica", name, "--leader-lease", "2s"])
+        .metrics()
+}
+
+/// `govd_leader` from its `/metrics`.
+async fn leader_gauge(govd: &Govd) -> String {
+    let (_, _, body) = http_get(govd.metrics.unwrap(), "/metrics").await;
+    body.lines()
+        .find(|l| l.starts_with("govd_leader "))
+        .unwrap_or_default()
+        .to_owned()
 }
 
 async fn apply_on(govd: &Govd, text: &str) -> Result<pb::ApplyResult, tonic::Status> {
@@ -340,6 +350,14 @@ async fn three_replicas_survive_an_etcd_member_and_the_leader_dying_during_an_ap
     })
     .await;
     let leader = govds.iter().position(leads).unwrap();
+    for (i, g) in govds.iter().enumerate() {
+        let want = if i == leader {
+            "govd_leader 1"
+        } else {
+            "govd_leader 0"
+        };
+        assert_eq!(leader_gauge(g).await, want, "replica {i}");
+    }
     let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
     let urls = |first: usize| -> String {
         std::iter::once(first)
