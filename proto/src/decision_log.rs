@@ -75,6 +75,20 @@ pub struct Record {
     /// Shadow rules (`mode shadow`) that would have rejected the call.
     #[serde(default)]
     pub shadow: Vec<ShadowDecision>,
+    /// Where the windows of the config's limits and fuses start: written
+    /// with the first record of a file and the first under a new config.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub epochs: Vec<Epoch>,
+}
+
+/// When a windowed rule (a limit, a fuse) started counting: its windows
+/// are aligned to this time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Epoch {
+    /// `service/rule`.
+    pub rule: String,
+    /// Unix time in microseconds, on the clock of the records' `t_us`.
+    pub t_us: u64,
 }
 
 /// Which listener saw the call.

@@ -91,7 +91,7 @@ pub struct Ended {
 struct Trace {
     outcome: Option<Outcome>,
     bytes: std::sync::atomic::AtomicU64,
-    then: Box<dyn FnOnce(Ended) + Send>,
+    then: Box<dyn FnOnce(Ended) + Send + Sync>,
 }
 
 impl std::fmt::Debug for Trace {
@@ -277,7 +277,7 @@ impl Admission {
     /// with its outcome and the response bytes counted through
     /// [`Admission::add_bytes`]: how a decision log sees both proxy paths
     /// end a call. A second call replaces the first observer.
-    pub fn on_end(&mut self, then: impl FnOnce(Ended) + Send + 'static) {
+    pub fn on_end(&mut self, then: impl FnOnce(Ended) + Send + Sync + 'static) {
         self.trace = Some(Box::new(Trace {
             outcome: None,
             bytes: std::sync::atomic::AtomicU64::new(0),
