@@ -382,3 +382,36 @@ fn bad_logs_unknown_services_and_broken_policies_are_typed_errors() {
     let err = govc_fails(&["replay", broken.to_str().unwrap(), "--log", l]);
     assert!(err.contains("must be greater than zero"), "{err}");
 }
+
+/// A log whose calls no rule rejected live (nothing in it names a rule),
+/// replayed against a limit: the first 20 calls of the window are admitted,
+/// the other 10 rejected, and the report says so per rule and consumer.
+#[test]
+fn a_policy_the_log_never_saw_is_replayed_by_its_own_rule_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("p.gov");
+    std::fs::write(&policy, P).unwrap();
+    let log = dir.path().join("calls.jsonl");
+    let lines: Vec<String> = (0..30)
+        .map(|k| LINE.replace("1000000", &(1_000_000 + k * 1000).to_string()))
+        .collect();
+    std::fs::write(&log, lines.join("\n")).unwrap();
+    let report = govc(&[
+        "replay",
+        policy.to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    let limit = rule(&report["replay"], "order/per_consumer");
+    assert_eq!(
+        (limit["matched"].as_u64(), limit["admitted"].as_u64()),
+        (Some(30), Some(20))
+    );
+    assert_eq!(
+        rejected_by_consumer(&report["replay"], "order/per_consumer")["crm"],
+        10
+    );
+    assert_eq!(report["replay"]["as_recorded"], 20);
+}

@@ -328,6 +328,10 @@ fn build(
     })
 }
 
+fn rule_name(out: &Outcomes, rule: u32) -> &str {
+    out.rules.get(rule as usize).map_or("", String::as_str)
+}
+
 fn reason_name(reason: u8) -> &'static str {
     RejectReason::ALL
         .get(usize::from(reason))
@@ -396,7 +400,10 @@ fn summarize(
                         rule: r,
                         reason: why,
                     },
-                ) => rule == r && calls.strings.get(why) == reason_name(reason),
+                ) => {
+                    rule_name(out, rule) == calls.strings.get(r)
+                        && calls.strings.get(why) == reason_name(reason)
+                }
                 _ => false,
             };
             report.as_recorded += u64::from(same);
@@ -404,7 +411,7 @@ fn summarize(
                 Got::Admitted => report.admitted += 1,
                 Got::Rejected { rule, reason } => {
                     report.rejected += 1;
-                    let name = calls.strings.get(rule).to_owned();
+                    let name = rule_name(out, rule).to_owned();
                     if let Some((_, r)) = rules.get_mut(&name) {
                         r.matched += 1;
                         r.rejected += 1;
@@ -419,7 +426,7 @@ fn summarize(
         }
         for (i, by) in &out.admitted_by {
             for &(rule, waited) in by {
-                let name = calls.strings.get(rule).to_owned();
+                let name = rule_name(out, rule).to_owned();
                 if let Some((_, r)) = rules.get_mut(&name) {
                     r.matched += 1;
                     r.admitted += 1;
@@ -463,11 +470,16 @@ fn summarize(
 
 /// The calls whose decision differs between `before` (OLD) and `after` (POLICY).
 fn compare(calls: &Calls, before: &[Outcomes], after: &[Outcomes]) -> Change {
+    // Per call: the decision, with the name of a rejecting rule.
     let decided = |outcomes: &[Outcomes]| {
-        let mut by_call = vec![None; calls.list.len()];
+        let mut by_call: Vec<Option<(Got, String)>> = vec![None; calls.list.len()];
         for out in outcomes {
             for &(i, got) in &out.got {
-                by_call[i] = Some(got);
+                let name = match got {
+                    Got::Rejected { rule, .. } => rule_name(out, rule).to_owned(),
+                    Got::Admitted => String::new(),
+                };
+                by_call[i] = Some((got, name));
             }
         }
         by_call
@@ -477,13 +489,15 @@ fn compare(calls: &Calls, before: &[Outcomes], after: &[Outcomes]) -> Change {
     let mut fewer: BTreeMap<(String, Option<String>), u64> = BTreeMap::new();
     for (i, (o, n)) in old.iter().zip(&new).enumerate() {
         match (o, n) {
-            (Some(Got::Admitted), Some(Got::Rejected { rule, .. })) => {
-                let key = (calls.strings.get(*rule).to_owned(), consumer_of(calls, i));
-                *extra.entry(key).or_default() += 1;
+            (Some((Got::Admitted, _)), Some((Got::Rejected { .. }, rule))) => {
+                *extra
+                    .entry((rule.clone(), consumer_of(calls, i)))
+                    .or_default() += 1;
             }
-            (Some(Got::Rejected { rule, .. }), Some(Got::Admitted)) => {
-                let key = (calls.strings.get(*rule).to_owned(), consumer_of(calls, i));
-                *fewer.entry(key).or_default() += 1;
+            (Some((Got::Rejected { .. }, rule)), Some((Got::Admitted, _))) => {
+                *fewer
+                    .entry((rule.clone(), consumer_of(calls, i)))
+                    .or_default() += 1;
             }
             _ => {}
         }

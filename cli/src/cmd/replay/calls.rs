@@ -29,10 +29,6 @@ impl Strings {
         id
     }
 
-    pub fn find(&self, s: &str) -> Option<u32> {
-        self.ids.get(s).copied()
-    }
-
     pub fn get(&self, id: u32) -> &str {
         self.list.get(id as usize).map_or("", |s| s)
     }

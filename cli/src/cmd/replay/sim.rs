@@ -28,11 +28,21 @@ use super::calls::{Call, Calls, Live, NONE};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Got {
     Admitted,
-    /// By this rule (interned) for this reason (a [`gov_engine::RejectReason`] index).
+    /// By this rule (an index into [`Outcomes::rules`]) for this reason (a [`gov_engine::RejectReason`] index).
     Rejected {
         rule: u32,
         reason: u8,
     },
+}
+
+/// The rules of a replayed config by name, and their indices.
+#[derive(Debug, Default)]
+struct RuleIds(std::collections::HashMap<std::sync::Arc<str>, u32>);
+
+impl RuleIds {
+    fn get(&self, name: &str) -> u32 {
+        self.0.get(name).copied().unwrap_or(NONE)
+    }
 }
 
 /// A latch, a trip or a release seen in a replay.
@@ -48,9 +58,12 @@ pub struct Seen {
 /// What a replay of one agent's calls produced.
 #[derive(Debug, Default)]
 pub struct Outcomes {
+    /// The rules of the replayed config, in order: what `Got::Rejected` and
+    /// `admitted_by` point into.
+    pub rules: Vec<String>,
     /// By call index (of the calls replayed).
     pub got: Vec<(usize, Got)>,
-    /// Per admitted call, the rules that admitted it (interned) and whether it waited.
+    /// Per admitted call, the rules that admitted it and whether it waited.
     pub admitted_by: Vec<(usize, Vec<(u32, bool)>)>,
     pub events: Vec<Seen>,
     /// Calls whose end is not known (the live policy rejected them, this
@@ -120,6 +133,17 @@ async fn run(
 ) -> Outcomes {
     let base = Instant::now();
     let at = |t_us: u64| base + Duration::from_micros(t_us.saturating_sub(t0_us));
+    let ids = Rc::new(RuleIds(
+        full.rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.name.clone(), u32::try_from(i).unwrap_or(NONE)))
+            .collect(),
+    ));
+    let out = Rc::new(RefCell::new(Outcomes {
+        rules: full.rules.iter().map(|r| r.name.to_string()).collect(),
+        ..Outcomes::default()
+    }));
     let engine = Engine::empty(&full.service);
     let consumer_header = full.consumer_header.clone();
     let mut full = Some(full);
@@ -128,9 +152,10 @@ async fn run(
         advance_to(at(t)).await;
         engine.apply(config);
     }
-    let out = Rc::new(RefCell::new(Outcomes::default()));
     let mut ends: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
     let mut held: Vec<Option<Held>> = Vec::new();
+    // Slots of `held` whose call ended, for the next admitted call.
+    let mut free: Vec<usize> = Vec::new();
     let local = tokio::task::LocalSet::new();
     let drain_events = |events: &mut tokio::sync::broadcast::Receiver<gov_engine::Event>,
                         out: &RefCell<Outcomes>| {
@@ -159,6 +184,7 @@ async fn run(
                     advance_to(end).await;
                     if let Some(h) = held.get_mut(slot).and_then(Option::take) {
                         end_call(h);
+                        free.push(slot);
                     }
                     tokio::task::yield_now().await;
                     drain_events(&mut events, &out);
@@ -183,21 +209,30 @@ async fn run(
                 let outcome = outcome_of(call);
                 match engine.try_admit(&info) {
                     Decision::Admitted(admission) => {
-                        let slot = held.len();
-                        admitted(&out, calls, i, &admission);
+                        admitted(&out, &ids, i, &admission);
                         let hold = hold_for(call, &out);
-                        held.push(Some(Held {
+                        let h = Some(Held {
                             admission,
                             outcome,
                             response_bytes: call.response_bytes,
-                        }));
+                        });
+                        let slot = match free.pop() {
+                            Some(slot) => {
+                                held[slot] = h;
+                                slot
+                            }
+                            None => {
+                                held.push(h);
+                                held.len() - 1
+                            }
+                        };
                         ends.push(Reverse((arrival + hold, slot)));
                         if let Some(h) = held[slot].as_ref() {
                             h.admission.add_bytes(call.request_bytes);
                         }
                     }
                     Decision::Rejected(r) => {
-                        let rule = calls.strings.find(&r.rule).unwrap_or(NONE);
+                        let rule = ids.get(&r.rule);
                         out.borrow_mut().got.push((
                             i,
                             Got::Rejected {
@@ -210,20 +245,13 @@ async fn run(
                         let out = out.clone();
                         let hold = hold_for(call, &out);
                         let (req, resp) = (call.request_bytes, call.response_bytes);
-                        let rule_of = |name: &str| calls.strings.find(name).unwrap_or(NONE);
-                        // Names resolved before the task: it may not borrow `calls`.
-                        let names: Vec<(String, u32)> = engine
-                            .config()
-                            .rules
-                            .iter()
-                            .map(|r| (r.name.to_string(), rule_of(&r.name)))
-                            .collect();
+                        let ids = ids.clone();
                         tokio::task::spawn_local(async move {
                             match pending.wait().await {
                                 Ok(admission) => {
                                     let by = admission
                                         .rules()
-                                        .map(|(rule, wait)| (lookup(&names, rule), wait.is_some()))
+                                        .map(|(rule, wait)| (ids.get(rule), wait.is_some()))
                                         .collect();
                                     {
                                         let mut o = out.borrow_mut();
@@ -239,7 +267,7 @@ async fn run(
                                     });
                                 }
                                 Err(r) => {
-                                    let rule = lookup(&names, &r.rule);
+                                    let rule = ids.get(&r.rule);
                                     out.borrow_mut().got.push((
                                         i,
                                         Got::Rejected {
@@ -275,17 +303,10 @@ async fn run(
         .unwrap_or_else(|rc| std::mem::take(&mut *rc.borrow_mut()))
 }
 
-fn lookup(names: &[(String, u32)], rule: &str) -> u32 {
-    names
-        .iter()
-        .find_map(|(n, id)| (n == rule).then_some(*id))
-        .unwrap_or(NONE)
-}
-
-fn admitted(out: &RefCell<Outcomes>, calls: &Calls, i: usize, admission: &Admission) {
+fn admitted(out: &RefCell<Outcomes>, ids: &RuleIds, i: usize, admission: &Admission) {
     let by = admission
         .rules()
-        .map(|(rule, wait)| (calls.strings.find(rule).unwrap_or(NONE), wait.is_some()))
+        .map(|(rule, wait)| (ids.get(rule), wait.is_some()))
         .collect();
     let mut o = out.borrow_mut();
     o.got.push((i, Got::Admitted));
