@@ -8,6 +8,7 @@
 #
 #   bench/proxy.sh                 # RUNS=3, WRK_SECS=8, RATE_SECS=10, RATES="2000 8000"
 #   RUNS=5 WRK_SECS=10 RATE_SECS=15 bench/proxy.sh
+#   DECISION_LOG=1 ARMS="direct gov-agent" bench/proxy.sh   # + the agent with --decision-log
 #
 # Needs: nginx and wrk (`apt-get install -y nginx wrk`; add an `exit 101`
 # /usr/sbin/policy-rc.d first so that nginx does not start on port 80), taskset,
@@ -26,6 +27,7 @@ WORK=${WORK:-target/bench-proxy}
 OUT=${OUT:-$WORK/results.tsv}
 UP=127.0.0.1:18080 NGINX=127.0.0.1:18081 AGENT=127.0.0.1:18082 ADMIN=127.0.0.1:18083
 HYPER=127.0.0.1:18084 BEFORE=127.0.0.1:18085 BEFORE_ADMIN=127.0.0.1:18086
+LOGGED=127.0.0.1:18087 LOGGED_ADMIN=127.0.0.1:18088
 # The arms, interleaved in this order. `hyper` is a reference: hyper's server in front
 # of hyper-util's pooled client with nothing else (performance.md section 3.2's
 # "naive hyper proxy"), to show what hyper alone costs on this box.
@@ -34,6 +36,10 @@ ARMS=${ARMS:-"direct nginx hyper gov-agent"}
 # others, for a before/after comparison of a change under the same load.
 BEFORE_BIN=${BEFORE_BIN:-}
 if [ -n "$BEFORE_BIN" ]; then ARMS="$ARMS before"; fi
+# DECISION_LOG=1 adds an arm `gov-agent-log`: the same agent and policy with
+# `--decision-log` at 100% sampling (the file in $WORK, rotated at 64 MiB).
+DECISION_LOG=${DECISION_LOG:-}
+if [ -n "$DECISION_LOG" ]; then ARMS="$ARMS gov-agent-log"; fi
 
 for tool in nginx wrk taskset python3; do
   command -v "$tool" >/dev/null || { echo "missing: $tool (apt-get install -y nginx wrk)" >&2; exit 1; }
@@ -137,13 +143,21 @@ if [ -n "$BEFORE_BIN" ]; then
   BEFORE_PID=$!
 fi
 
+LOGGED_PID=""
+if [ -n "$DECISION_LOG" ]; then
+  rm -f "$WORK"/decisions.jsonl*
+  GOV_LOG=warn taskset -c 1 "$AGENT_BIN" --service hello --listen "$LOGGED" --admin-listen "$LOGGED_ADMIN" \
+    --upstream "$UP" --config "$WORK/policy.yaml" --decision-log "$WORK/decisions.jsonl" & pids+=($!)
+  LOGGED_PID=$!
+fi
+
 sleep 1
 NGINX_WORKER=$(pgrep -P "$NGINX_MASTER" | head -1)
 curl -fsS "http://$AGENT/" >/dev/null && curl -fsS "http://$NGINX/" >/dev/null && curl -fsS "http://$UP/" >/dev/null \
   && curl -fsS "http://$HYPER/" >/dev/null
 
-pid_of() { case $1 in direct) echo "";; nginx) echo "$NGINX_WORKER";; hyper) echo "$HYPER_PID";; gov-agent) echo "$AGENT_PID";; before) echo "$BEFORE_PID";; esac; }
-url_of() { case $1 in direct) echo "http://$UP/";; nginx) echo "http://$NGINX/";; hyper) echo "http://$HYPER/";; gov-agent) echo "http://$AGENT/";; before) echo "http://$BEFORE/";; esac; }
+pid_of() { case $1 in direct) echo "";; nginx) echo "$NGINX_WORKER";; hyper) echo "$HYPER_PID";; gov-agent) echo "$AGENT_PID";; before) echo "$BEFORE_PID";; gov-agent-log) echo "$LOGGED_PID";; esac; }
+url_of() { case $1 in direct) echo "http://$UP/";; nginx) echo "http://$NGINX/";; hyper) echo "http://$HYPER/";; gov-agent) echo "http://$AGENT/";; before) echo "http://$BEFORE/";; gov-agent-log) echo "http://$LOGGED/";; esac; }
 
 echo -e "run\tarm\tmode\trps\tproxy_cpu_us_per_req\tp50_us\tp90_us\tp99_us\terrors" > "$OUT"
 measure() { # arm mode -> one TSV line
@@ -185,6 +199,9 @@ for run in $(seq 1 "$RUNS"); do
 done
 
 rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+if [ -n "$DECISION_LOG" ]; then
+  curl -fsS "http://$LOGGED_ADMIN/metrics" | grep -E '^gov_agent_decision_log_[a-z_]+_total ' | tee -a "$OUT.log"
+fi
 echo -e "rss_kb\tnginx_worker\t$(rss "$NGINX_WORKER")\tgov-agent\t$(rss "$AGENT_PID")" | tee -a "$OUT.rss"
 
 python3 - "$OUT" "$OUT.rss" <<'PY'
@@ -200,11 +217,11 @@ med = lambda xs: st.median(xs) if xs else float("nan")
 print("\nmedians over %d interleaved runs (ratios are medians of per-run ratios)" % len(runs))
 for mode in modes:
     print(f"\n[{mode}]")
-    for arm in ("direct", "nginx", "hyper", "gov-agent", "before"):
+    for arm in ("direct", "nginx", "hyper", "gov-agent", "before", "gov-agent-log"):
         cols = {k: med([v for v in (val(r, arm, mode, k) for r in runs) if v is not None])
                 for k in ("rps", "proxy_cpu_us_per_req", "p50_us", "p90_us", "p99_us", "errors")}
         print(f"  {arm:10} " + "  ".join(f"{k}={v:.1f}" for k, v in cols.items()))
-    for arm, base in (("gov-agent", "nginx"), ("hyper", "nginx"), ("before", "nginx"), ("gov-agent", "before")):
+    for arm, base in (("gov-agent", "nginx"), ("hyper", "nginx"), ("before", "nginx"), ("gov-agent", "before"), ("gov-agent-log", "gov-agent")):
         ratio = lambda k: med([val(r, arm, mode, k) / val(r, base, mode, k) for r in runs
                                if val(r, arm, mode, k) and val(r, base, mode, k)])
         print(f"  {arm}/{base}: throughput {ratio('rps'):.2f}x, cpu per request {ratio('proxy_cpu_us_per_req'):.2f}x")

@@ -23,6 +23,7 @@ mod cmd {
     pub mod lsp;
     pub mod plan;
     pub mod release;
+    pub mod replay;
     pub mod status;
     pub mod tui;
 }
@@ -68,6 +69,9 @@ enum Command {
     /// Release a tripped fuse or an engaged limit on every agent of its service.
     #[command(after_help = examples::RELEASE)]
     Release(cmd::release::Args),
+    /// Run a policy over calls recorded by `gov-agent --decision-log` and show what it would decide.
+    #[command(after_help = examples::REPLAY)]
+    Replay(cmd::replay::Args),
     /// Show govd's audit log: applies, releases and trips, with who did them.
     #[command(after_help = examples::AUDIT)]
     Audit(cmd::audit::Args),
@@ -130,6 +134,11 @@ Examples:
   govc release fuse order/mdm
   govc release limit order/per-consumer --token-file token
   govc release limit order/per-consumer --key crm --token-file token";
+    pub const REPLAY: &str = "\
+Examples:
+  govc replay shop.gov --log order.jsonl order.jsonl.1
+  govc replay strict.gov --log order.jsonl --service order --against shop.gov
+  govc replay shop.gov --log logs/*.jsonl -o json";
     pub const AUDIT: &str = "\
 Examples:
   govc audit --since 2h
@@ -178,6 +187,7 @@ fn main() -> ExitCode {
         Command::Apply(args) => cmd::apply::run(args),
         Command::Status(args) => cmd::status::run(args),
         Command::Release(args) => cmd::release::run(args),
+        Command::Replay(args) => cmd::replay::run(args),
         Command::Audit(args) => cmd::audit::run(args),
         Command::Demo(args) => cmd::demo::run(args),
         Command::Tui(args) => cmd::tui::run(args),
@@ -201,6 +211,6 @@ mod tests {
         let checked = help_examples::check(Cli::command(), |words| {
             Cli::try_parse_from(std::iter::once("govc".to_owned()).chain(words)).map(drop)
         });
-        assert!(checked >= 2 * 13, "only {checked} examples");
+        assert!(checked >= 2 * 14, "only {checked} examples");
     }
 }

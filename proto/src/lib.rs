@@ -10,6 +10,7 @@
 //! This is the format of `govc compile -o yaml|json` and `gov-agent --config`.
 
 pub mod compiled;
+pub mod decision_log;
 pub mod duration;
 pub mod flag;
 #[cfg(feature = "daemon")]

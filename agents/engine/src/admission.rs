@@ -78,6 +78,40 @@ pub struct Admission {
     /// Every step passed (counted as admitted in every rule).
     admitted: bool,
     recorded: bool,
+    /// The rules that made this call wait, and how long (the decision log
+    /// reports them; empty unless a step waited, so the hot path never
+    /// allocates for it).
+    waits: Vec<(u32, Duration)>,
+    /// Told how the call ended ([`Admission::on_end`]); `None` for almost
+    /// every call.
+    trace: Option<Box<Trace>>,
+}
+
+/// How an admitted call ended, for [`Admission::on_end`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ended {
+    /// The recorded outcome; `None` when the call ended without one (the
+    /// client left, or the request never reached the upstream).
+    pub outcome: Option<Outcome>,
+    /// Response bytes counted through [`Admission::add_bytes`].
+    pub bytes: u64,
+    /// When the admission was dropped (its permits given back).
+    pub at: Instant,
+}
+
+/// An observer of one call's end, with what it needs counted.
+struct Trace {
+    outcome: Option<Outcome>,
+    bytes: std::sync::atomic::AtomicU64,
+    then: Box<dyn FnOnce(Ended) + Send + Sync>,
+}
+
+impl std::fmt::Debug for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trace")
+            .field("outcome", &self.outcome)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A decision that has to wait (bulkhead permit or shaping delay).
@@ -109,6 +143,8 @@ impl Admission {
             has_bytes: false,
             admitted: true,
             recorded: true,
+            waits: Vec::new(),
+            trace: None,
         }
     }
 
@@ -124,6 +160,8 @@ impl Admission {
             has_bytes: false,
             admitted: false,
             recorded: false,
+            waits: Vec::new(),
+            trace: None,
         }
     }
 
@@ -233,8 +271,13 @@ impl Admission {
         }
         let start = self.start.unwrap_or_else(Instant::now);
         let state = &snap.states[step.rule as usize];
+        let began = Instant::now();
         match state.acquire(&step.scope, start).await {
             Ok(grant) => {
+                let waited = began.elapsed();
+                if !waited.is_zero() {
+                    self.waits.push((step.rule, waited));
+                }
                 self.hold(step, grant);
                 Ok(())
             }
@@ -296,6 +339,21 @@ impl Admission {
             })
     }
 
+    /// The rules that admitted this call, in decision order, each with how
+    /// long it made the call wait (`None`: admitted at once). For the
+    /// decision log; not for the request path.
+    pub fn rules(&self) -> impl Iterator<Item = (&Arc<str>, Option<Duration>)> {
+        let snap = self.snap.as_deref();
+        self.held.iter().filter_map(move |h| {
+            let rule = &snap?.config.rules.get(h.rule as usize)?.name;
+            let wait = self
+                .waits
+                .iter()
+                .find_map(|&(r, d)| (r == h.rule).then_some(d));
+            Some((rule, wait))
+        })
+    }
+
     /// Whether any rule matched (an unmatched admission holds nothing).
     pub fn is_governed(&self) -> bool {
         self.snap.is_some()
@@ -306,9 +364,26 @@ impl Admission {
         self.has_bytes
     }
 
+    /// Calls `then` once when this call ends (the admission is dropped),
+    /// with its outcome and the response bytes counted through
+    /// [`Admission::add_bytes`]: how a decision log sees both proxy paths
+    /// end a call. A second call replaces the first observer.
+    pub fn on_end(&mut self, then: impl FnOnce(Ended) + Send + Sync + 'static) {
+        self.trace = Some(Box::new(Trace {
+            outcome: None,
+            bytes: std::sync::atomic::AtomicU64::new(0),
+            then: Box::new(then),
+        }));
+    }
+
     /// Adds request or response bytes to every matched byte limit. Call it as
     /// the body streams; it never blocks.
     pub fn add_bytes(&self, n: u64) {
+        if let Some(trace) = &self.trace {
+            trace
+                .bytes
+                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
         if !self.has_bytes {
             return;
         }
@@ -341,6 +416,11 @@ impl Admission {
     /// record at the response head and drop when the body is done.
     #[inline]
     pub fn record(&mut self, outcome: Outcome) {
+        if let Some(trace) = &mut self.trace
+            && trace.outcome.is_none()
+        {
+            trace.outcome = Some(outcome);
+        }
         if !self.recorded {
             self.recorded = true;
             self.record_outcome(outcome);
@@ -409,6 +489,14 @@ impl Drop for Admission {
     fn drop(&mut self) {
         if self.snap.is_some() {
             self.end();
+        }
+        if let Some(trace) = self.trace.take() {
+            let ended = Ended {
+                outcome: trace.outcome,
+                bytes: trace.bytes.into_inner(),
+                at: Instant::now(),
+            };
+            (trace.then)(ended);
         }
     }
 }

@@ -121,6 +121,17 @@ impl CompiledConfig {
         }
     }
 
+    /// The request headers the rules' matches read (`header "x" = "v"`),
+    /// each once, in rule order: what a decision log keeps of a request so a
+    /// replay can match it again.
+    pub fn match_headers(&self) -> Vec<HeaderName> {
+        let mut out = Vec::new();
+        for rule in &self.rules {
+            rule.on.headers(&mut out);
+        }
+        out
+    }
+
     /// The rule called `name` (`service/rule`).
     pub fn rule_id(&self, name: &str) -> Option<RuleId> {
         self.rules

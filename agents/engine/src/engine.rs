@@ -437,6 +437,23 @@ impl Engine {
         }
     }
 
+    /// When each windowed rule (limit, fuse) of the current config started
+    /// counting: its windows are aligned to this instant. A decision log
+    /// writes it so that a replay starts each rule where the live one did.
+    pub fn epochs(&self) -> Vec<(Arc<str>, Instant)> {
+        let snap = self.shared.current.load();
+        snap.config
+            .rules
+            .iter()
+            .zip(&*snap.states)
+            .filter_map(|(rule, state)| match state {
+                State::Limit(l) => Some((rule.name.clone(), l.epoch)),
+                State::Fuse(f) => Some((rule.name.clone(), f.epoch)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Fuses that are open or half-open now.
     pub fn tripped_fuses(&self) -> Vec<FuseView> {
         let snap = self.shared.current.load();

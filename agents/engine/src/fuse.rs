@@ -42,7 +42,7 @@ pub(crate) struct Fuse {
     pub(crate) spec: FuseSpec,
     name: Arc<str>,
     events: Events,
-    epoch: Instant,
+    pub(crate) epoch: Instant,
     // INVARIANT: one window per `spec.trips` entry, same order.
     windows: Box<[RollingWindow]>,
     state: AtomicU8,

@@ -85,6 +85,7 @@ pub mod stats;
 mod stripe;
 mod window;
 
+pub use admission::Ended;
 pub use body::{GovBody, MeteredBody};
 pub use cluster::ClusterStore;
 pub use config::{CompiledConfig, Direction, InvalidConfig, Mode, RuleId, RuleKind};

@@ -228,7 +228,7 @@ pub(crate) struct Limit {
     pub(crate) spec: LimitSpec,
     name: Arc<str>,
     events: Events,
-    epoch: Instant,
+    pub(crate) epoch: Instant,
     single: LimitCell,
     keyed: RwLock<HashMap<Box<str>, Arc<LimitCell>, FxBuild>>,
     cluster: Option<ClusterLink>,

@@ -124,6 +124,15 @@ impl<'a> View<'a> {
 }
 
 impl Cond {
+    /// Adds the header names this condition reads to `out` (each once).
+    pub(crate) fn headers(&self, out: &mut Vec<HeaderName>) {
+        match self {
+            Cond::Header(name, _) if !out.contains(name) => out.push(name.clone()),
+            Cond::And(items) | Cond::Or(items) => items.iter().for_each(|c| c.headers(out)),
+            _ => {}
+        }
+    }
+
     pub(crate) fn eval(&self, r: &View<'_>) -> bool {
         match self {
             Cond::Any => true,

@@ -1289,3 +1289,91 @@ async fn a_bulkhead_whose_key_changes_starts_from_fresh_scopes() {
     drop((a, b, c));
     assert_eq!(stats(&e, "order/slow_calls").in_flight, 0);
 }
+
+/// What a decision log reads of an admitted call: the rules that admitted it
+/// and how long each made it wait, then its outcome and response bytes when
+/// the admission is dropped.
+#[tokio::test(start_paused = true)]
+async fn an_admission_reports_its_rules_waits_and_end() {
+    use std::sync::{Arc, Mutex};
+    let e = engine(&BULKHEAD.replace("max_wait_ms: 10", "max_wait_ms: 100"));
+    let first = admit(&e, "/slow", None).await.unwrap();
+    let rules: Vec<_> = first.rules().map(|(r, w)| (r.to_string(), w)).collect();
+    assert_eq!(rules, [("order/slow_calls".to_string(), None)]);
+    let _second = admit(&e, "/slow", None).await.unwrap();
+    let h = HeaderMap::new();
+    let Decision::Wait(pending) = e.try_admit(&RequestInfo::inbound(&Method::GET, "/slow", &h))
+    else {
+        panic!("expected to wait")
+    };
+    let waiter = tokio::spawn(pending.wait());
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    drop(first);
+    let mut third = waiter.await.unwrap().unwrap();
+    let rules: Vec<_> = third.rules().map(|(r, w)| (r.to_string(), w)).collect();
+    assert_eq!(
+        rules,
+        [(
+            "order/slow_calls".to_string(),
+            Some(Duration::from_millis(30))
+        )]
+    );
+
+    let seen = Arc::new(Mutex::new(None));
+    let into = seen.clone();
+    third.on_end(move |ended| *into.lock().unwrap() = Some(ended));
+    third.record(Outcome::Status(503));
+    third.record(Outcome::Status(200));
+    third.add_bytes(7);
+    third.add_bytes(5);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(seen.lock().unwrap().is_none(), "told only at the end");
+    drop(third);
+    let ended = seen.lock().unwrap().take().unwrap();
+    assert_eq!(
+        ended.outcome,
+        Some(Outcome::Status(503)),
+        "the first outcome"
+    );
+    assert_eq!(ended.bytes, 12);
+    assert_eq!(ended.at, Instant::now());
+
+    // An unmatched call is observed too, and one that ended without an outcome.
+    let mut free = admit(&e, "/fast", None).await.unwrap();
+    let into = seen.clone();
+    free.on_end(move |ended| *into.lock().unwrap() = Some(ended));
+    assert_eq!(free.rules().count(), 0);
+    drop(free);
+    assert_eq!(seen.lock().unwrap().take().unwrap().outcome, None);
+}
+
+#[test]
+fn a_config_names_the_headers_its_matches_read_and_its_windowed_rules() {
+    let e = engine(
+        r#"
+service: order
+rules:
+- name: order/tenant
+  on:
+    or:
+      exprs:
+      - header: {name: X-Tenant, value: a}
+      - and: {exprs: [{header: {name: x-tenant, value: b}}, {header: {name: x-zone, value: z}}]}
+  limit:
+    calls: {amount: 2, window_ms: 1000}
+- name: order/slow_calls
+  on: {path: {kind: PATH_KIND_PREFIX, value: /slow}}
+  bulkhead:
+    max_concurrent: 2
+"#,
+    );
+    let names: Vec<_> = e
+        .config()
+        .match_headers()
+        .iter()
+        .map(|h| h.to_string())
+        .collect();
+    assert_eq!(names, ["x-tenant", "x-zone"]);
+    let epochs: Vec<_> = e.epochs().into_iter().map(|(r, _)| r.to_string()).collect();
+    assert_eq!(epochs, ["order/tenant"], "a bulkhead has no window");
+}

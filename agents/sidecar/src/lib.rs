@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod control;
+pub mod decision_log;
 pub mod health;
 pub mod latches;
 pub mod lifecycle;

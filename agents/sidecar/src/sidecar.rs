@@ -113,6 +113,8 @@ pub struct Options {
     /// again before a restarted agent accepts a connection. `None`: neither survives
     /// a restart.
     pub state_dir: Option<PathBuf>,
+    /// Where and how to log each call's decisions (`--decision-log`). `None`: no log.
+    pub decision_log: Option<crate::decision_log::LogOptions>,
 }
 
 impl Options {
@@ -138,6 +140,7 @@ impl Options {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             client_timeout: Some(DEFAULT_CLIENT_TIMEOUT),
             state_dir: None,
+            decision_log: None,
         }
     }
 }
@@ -160,6 +163,10 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// The decision log cannot start.
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    DecisionLog(#[from] crate::decision_log::LogError),
     /// The config file at start is unusable.
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -310,6 +317,11 @@ impl Sidecar {
             )?;
         }
 
+        let decision_log = options
+            .decision_log
+            .as_ref()
+            .map(|o| crate::decision_log::DecisionLog::start(o, &options.service, engine.clone()))
+            .transpose()?;
         let inbound_conns = Arc::new(serve::Connections::new(options.max_connections));
         let outbound_conns = Arc::new(serve::Connections::new(options.max_connections));
         let directory = Arc::new(Directory::new(options.balance, &options.instances));
@@ -318,6 +330,7 @@ impl Sidecar {
             clients: upstream::Clients::new(options.upstream_protocol),
             local: options.upstream.clone(),
             directory: directory.clone(),
+            log: decision_log.clone(),
         });
         // Idle upstream connections of the HTTP/1 path, shared by both listeners.
         let idle = Arc::new(h1::IdlePool::default());
@@ -397,6 +410,7 @@ impl Sidecar {
                     directory: directory.clone(),
                     latches: latches.clone(),
                     control_plane: options.control_plane.is_some(),
+                    decision_log,
                 },
             });
             let admin_stop_conns = admin_stop.clone();

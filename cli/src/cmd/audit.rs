@@ -246,7 +246,7 @@ fn days_from_civil(y: u64, m: u64, d: u64) -> u64 {
 }
 
 /// `2026-12-01T08:00:00Z` for ms since the epoch.
-fn rfc3339(unix_ms: u64) -> String {
+pub(crate) fn rfc3339(unix_ms: u64) -> String {
     let secs = unix_ms / 1000;
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // The inverse of `days_from_civil`.

@@ -154,6 +154,31 @@ struct Args {
     #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
     worker_threads: usize,
 
+    /// Write one JSON line per call (time, consumer, method, path, status, latency,
+    /// what each rule decided) to this file, for `govc replay`
+    /// (docs/decision-log.md). Written off the request path: when the writer is
+    /// behind, records are dropped and counted, never a call held. Unset: no log.
+    #[arg(long, env = "GOV_DECISION_LOG", value_name = "PATH")]
+    decision_log: Option<PathBuf>,
+
+    /// The share of calls the decision log records, above 0 and at most 1.
+    #[arg(
+        long,
+        env = "GOV_DECISION_LOG_SAMPLE",
+        value_name = "RATE",
+        default_value_t = 1.0,
+        requires = "decision_log"
+    )]
+    decision_log_sample: f64,
+
+    /// The size at which the decision log is rotated (PATH -> PATH.1 -> ...).
+    #[arg(long, env = "GOV_DECISION_LOG_MAX_BYTES", value_name = "BYTES", default_value_t = gov_agent::decision_log::DEFAULT_MAX_BYTES, requires = "decision_log")]
+    decision_log_max_bytes: u64,
+
+    /// Rotated decision log files kept (PATH.1 is the newest).
+    #[arg(long, env = "GOV_DECISION_LOG_KEEP", value_name = "N", default_value_t = gov_agent::decision_log::DEFAULT_KEEP, requires = "decision_log")]
+    decision_log_keep: usize,
+
     /// Log lines on stderr: `text` (the default) or `json` (one object per line).
     /// `GOV_LOG` or `RUST_LOG` filters them (`info` by default).
     #[arg(long, env = "GOV_LOG_FORMAT", default_value = "text", value_parser = str::parse::<LogFormat>)]
@@ -254,6 +279,21 @@ async fn run(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let decision_log = args.decision_log.map(|path| {
+        let instance = args
+            .instance
+            .clone()
+            .unwrap_or_else(|| format!("{}@{}", args.service, args.listen));
+        let mut log = gov_agent::decision_log::LogOptions::new(path, instance);
+        log.sample = args.decision_log_sample;
+        log.max_bytes = args.decision_log_max_bytes;
+        log.keep = args.decision_log_keep;
+        log
+    });
+    if let Some(Err(error)) = decision_log.as_ref().map(|o| o.check()) {
+        gov_proto::report::plain(&error);
+        return ExitCode::from(EXIT_USAGE);
+    }
     let options = Options {
         service: args.service,
         listen: args.listen,
@@ -273,6 +313,7 @@ async fn run(args: Args) -> ExitCode {
         max_connections: args.max_connections,
         client_timeout: (!args.client_timeout.is_zero()).then_some(args.client_timeout),
         state_dir: args.state_dir,
+        decision_log,
     };
     // Before the listeners (and the "started" line): see `Signals`.
     let mut signals = Signals::install(OTHERWISE);

@@ -320,7 +320,12 @@ impl Conn<'_> {
                 instance: pick.as_ref().map(|p| &*p.endpoint().id),
             }),
         };
-        let admission = match cx.shared.engine.admit(&info).await {
+        let declared = match head.framing {
+            Framing::Empty => Some(0),
+            Framing::Length(n) => Some(n),
+            Framing::Chunked | Framing::UntilClose => None,
+        };
+        let admission = match cx.shared.admit(&info, declared).await {
             Ok(admission) => admission,
             Err(rejection) => {
                 drop((req, pick));

@@ -9,7 +9,8 @@ use http::header::HeaderName;
 use http::uri::Authority;
 
 use super::upstream::{Clients, Directory};
-use gov_engine::Engine;
+use crate::decision_log::DecisionLog;
+use gov_engine::{Admission, Engine, Rejection, RequestInfo};
 
 /// The header a local service may set on an outbound call to name the service it
 /// calls; without it the `host` header (without its port) names it.
@@ -23,6 +24,35 @@ pub(crate) struct Shared {
     pub(crate) local: Authority,
     /// Other services' endpoints and their balancer, for the outbound listener.
     pub(crate) directory: Arc<Directory>,
+    /// `--decision-log`.
+    pub(crate) log: Option<DecisionLog>,
+}
+
+impl Shared {
+    /// The engine's decision on `info`, logged when the decision log samples
+    /// the call (the rejection now, an admitted call when its admission drops).
+    /// Both proxy paths admit here.
+    #[inline]
+    pub(crate) async fn admit(
+        &self,
+        info: &RequestInfo<'_>,
+        request_bytes: Option<u64>,
+    ) -> Result<Admission, Rejection> {
+        let Some((log, at)) = self.log.as_ref().and_then(|l| Some((l, l.sample()?))) else {
+            return self.engine.admit(info).await;
+        };
+        let decided = self.engine.admit(info).await;
+        match decided {
+            Ok(mut admission) => {
+                log.admitted(at, info, &mut admission, request_bytes);
+                Ok(admission)
+            }
+            Err(rejection) => {
+                log.rejected(at, info, &rejection, request_bytes);
+                Err(rejection)
+            }
+        }
+    }
 }
 
 /// Which listener a connection came through.

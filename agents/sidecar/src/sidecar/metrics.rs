@@ -30,6 +30,8 @@ pub(crate) struct Source {
     pub(crate) latches: Option<std::sync::Arc<crate::latches::LatchStore>>,
     /// Whether the agent has a `--control-plane`.
     pub(crate) control_plane: bool,
+    /// `--decision-log`.
+    pub(crate) decision_log: Option<crate::decision_log::DecisionLog>,
 }
 
 impl Source {
@@ -168,6 +170,34 @@ impl Source {
                 &[],
                 latches.write_errors(),
             );
+        }
+        if let Some(log) = &self.decision_log {
+            let c = log.counters();
+            for (name, help, value) in [
+                (
+                    "gov_agent_decision_log_written_total",
+                    "Decision log records written.",
+                    c.written(),
+                ),
+                (
+                    "gov_agent_decision_log_dropped_total",
+                    "Decision log records dropped because the writer was behind (calls are never held for the log).",
+                    c.dropped(),
+                ),
+                (
+                    "gov_agent_decision_log_write_errors_total",
+                    "Decision log records lost to a failed open, write or rotation of the file.",
+                    c.errors(),
+                ),
+                (
+                    "gov_agent_decision_log_rotations_total",
+                    "Decision log files rotated by size.",
+                    c.rotations(),
+                ),
+            ] {
+                enc.family(name, "counter", help);
+                enc.sample(name, &[], value);
+            }
         }
         let (applied, refused) = self.config.counts();
         enc.family(

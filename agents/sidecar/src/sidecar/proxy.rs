@@ -91,7 +91,8 @@ impl Handler {
     async fn inbound(&self, req: Request<Incoming>) -> Response<ResponseBody> {
         let conn = &self.0;
         let info = RequestInfo::inbound(req.method(), req.uri().path(), req.headers());
-        let admission = match conn.shared.engine.admit(&info).await {
+        let declared = http_body::Body::size_hint(req.body()).exact();
+        let admission = match conn.shared.admit(&info, declared).await {
             Ok(admission) => admission,
             Err(rejection) => return rejection_response(&rejection),
         };
@@ -122,7 +123,8 @@ impl Handler {
             service,
             Some(&endpoint.id),
         );
-        let admission = match conn.shared.engine.admit(&info).await {
+        let declared = http_body::Body::size_hint(req.body()).exact();
+        let admission = match conn.shared.admit(&info, declared).await {
             Ok(admission) => admission,
             Err(rejection) => return rejection_response(&rejection),
         };

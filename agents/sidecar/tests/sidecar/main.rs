@@ -10,6 +10,7 @@
 mod support;
 
 mod balance;
+mod decision_log;
 mod differential;
 mod enforce;
 mod h1;

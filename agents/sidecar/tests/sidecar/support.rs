@@ -370,6 +370,7 @@ pub fn agent() -> AgentBuilder {
         client_timeout: None,
         balance: Balance::default(),
         state_dir: None,
+        decision_log: None,
     }
 }
 
@@ -385,12 +386,19 @@ pub struct AgentBuilder {
     client_timeout: Option<Duration>,
     balance: Balance,
     state_dir: Option<PathBuf>,
+    decision_log: Option<gov_agent::decision_log::LogOptions>,
 }
 
 impl AgentBuilder {
     /// How the outbound listener balances (default: the agent's).
     pub fn balance(mut self, balance: Balance) -> Self {
         self.balance = balance;
+        self
+    }
+
+    /// Log each call's decisions (`--decision-log`).
+    pub fn decision_log(mut self, log: gov_agent::decision_log::LogOptions) -> Self {
+        self.decision_log = Some(log);
         self
     }
 
@@ -472,6 +480,7 @@ impl AgentBuilder {
             options.client_timeout = Some(timeout);
         }
         options.state_dir = self.state_dir.clone();
+        options.decision_log = self.decision_log.clone();
         if let Some(yaml) = &self.config {
             std::fs::write(&config_path, yaml).unwrap();
             options.config = Some(config_path.clone());

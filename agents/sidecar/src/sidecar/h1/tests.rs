@@ -61,6 +61,7 @@ fn connect(local: Authority) -> DuplexStream {
         clients: Clients::new(UpstreamProtocol::Http1),
         local,
         directory: Arc::new(Directory::new(Balance::default(), &[])),
+        log: None,
     });
     let cx = Listener::new(
         shared,
