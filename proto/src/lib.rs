@@ -12,6 +12,7 @@
 pub mod compiled;
 pub mod duration;
 pub mod flag;
+pub mod grpc;
 #[cfg(feature = "daemon")]
 pub mod log;
 pub mod path;

@@ -9,7 +9,7 @@ use gov_proto::v1::{
     TargetConfig, Trip, TripMetric, Wait, Warmup, WarmupStep, action, match_expr, recovery,
     release, shutdown_step, warmup_step,
 };
-use gov_proto::v1::{Limit, LimitAction, LimitKey, Mode, Rule, rule::Spec};
+use gov_proto::v1::{GrpcCode, Limit, LimitAction, LimitKey, Mode, Rule, rule::Spec};
 
 fn src(line: u32, snippet: &str) -> Option<SourceRef> {
     Some(SourceRef {
@@ -96,6 +96,7 @@ fn order() -> TargetConfig {
                     timeout_ms: 0,
                     reject_status: 408,
                     isolation: 0,
+                    reject_grpc_status: GrpcCode::ResourceExhausted as i32,
                 })),
             },
             Rule {
@@ -113,6 +114,7 @@ fn order() -> TargetConfig {
                     timeout_ms: 2000,
                     reject_status: 0,
                     isolation: 0,
+                    reject_grpc_status: 0,
                 })),
             },
             Rule {
@@ -135,6 +137,7 @@ fn order() -> TargetConfig {
                     action: LimitAction::Reject as i32,
                     max_delay_ms: 0,
                     reject_status: 429,
+                    reject_grpc_status: GrpcCode::ResourceExhausted as i32,
                     release: Some(Release {
                         kind: Some(release::Kind::AfterMs(7_200_000)),
                     }),
@@ -206,6 +209,7 @@ fn order() -> TargetConfig {
                         connect_failure: true,
                         timeout: true,
                         reset: false,
+                        grpc_status: vec![GrpcCode::Unavailable as i32],
                     }),
                     recover: Some(Recovery {
                         kind: Some(recovery::Kind::After(AutoRecovery {
@@ -214,6 +218,7 @@ fn order() -> TargetConfig {
                         })),
                     }),
                     reject_status: 503,
+                    reject_grpc_status: GrpcCode::Unavailable as i32,
                 })),
             },
         ],
