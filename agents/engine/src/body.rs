@@ -14,7 +14,10 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project_lite::pin_project;
 
+use gov_proto::v1::GrpcCode;
+
 use crate::admission::{Admission, ByteMeter};
+use crate::outcome::Outcome;
 use crate::rejection::Rejection;
 
 pin_project! {
@@ -58,7 +61,9 @@ impl<B, H> GovBody<B, H> {
     }
 
     /// The response body of `admission`'s call, which it holds (with `hold`)
-    /// until the body ends. Record the outcome before: [`Admission::record`].
+    /// until the body ends. Record the outcome at the head before
+    /// ([`Admission::record_head`]); a gRPC call's status, when its head
+    /// did not carry it, is recorded from the trailers here.
     pub fn response(body: B, admission: Admission, hold: H) -> Self {
         GovBody::Response {
             body,
@@ -73,9 +78,10 @@ impl<B, H> GovBody<B, H> {
         }
     }
 
-    /// The response to a rejection, from its one mapping to HTTP.
-    pub fn rejected(rejection: &Rejection) -> http::Response<Self> {
-        rejection.to_response().map(|body| GovBody::Local { body })
+    /// The response to a rejection of a call that is gRPC (`grpc`) or not,
+    /// from its one mapping to HTTP.
+    pub fn rejected(rejection: &Rejection, grpc: bool) -> http::Response<Self> {
+        rejection.respond(grpc).map(|body| GovBody::Local { body })
     }
 
     /// The inner body (`None` for a local one).
@@ -112,15 +118,31 @@ where
                 let polled = body.poll_frame(cx);
                 match &polled {
                     Poll::Ready(Some(Ok(frame))) => {
-                        if let (Some((admission, _)), Some(data)) =
-                            (call.as_ref(), frame.data_ref())
-                        {
-                            admission.add_bytes(data.len() as u64);
+                        if let Some((admission, _)) = call.as_mut() {
+                            if let Some(data) = frame.data_ref() {
+                                admission.add_bytes(data.len() as u64);
+                            } else if let Some(outcome) =
+                                frame.trailers_ref().and_then(crate::grpc::trailers_outcome)
+                            {
+                                // A gRPC call's status (first record wins: a
+                                // call recorded at its head keeps that).
+                                admission.record(outcome);
+                            }
                         }
                     }
                     // The call is over: release its permits now, not when the
-                    // body is dropped.
-                    Poll::Ready(Some(Err(_)) | None) => drop(call.take()),
+                    // body is dropped. A gRPC call whose status never came
+                    // ended `UNKNOWN` (or reset), as its client sees it.
+                    Poll::Ready(None) => {
+                        if let Some((mut admission, _)) = call.take() {
+                            admission.record(Outcome::Grpc(GrpcCode::Unknown));
+                        }
+                    }
+                    Poll::Ready(Some(Err(_))) => {
+                        if let Some((mut admission, _)) = call.take() {
+                            admission.record(Outcome::Reset);
+                        }
+                    }
                     Poll::Pending => {}
                 }
                 polled

@@ -535,6 +535,10 @@ impl Primitive for Limit {
         self.spec.reject_status
     }
 
+    fn reject_grpc(&self) -> gov_proto::v1::GrpcCode {
+        self.spec.reject_grpc
+    }
+
     fn counters(&self) -> &Counters {
         &self.counters
     }
@@ -614,6 +618,7 @@ mod tests {
             key: LimitKey::All,
             action: LimitAction::Reject,
             reject_status: StatusCode::TOO_MANY_REQUESTS,
+            reject_grpc: gov_proto::v1::GrpcCode::ResourceExhausted,
             release,
             scope: LimitScope::Local,
         };
@@ -735,6 +740,7 @@ mod tests {
                 key: LimitKey::All,
                 action: LimitAction::Reject,
                 reject_status: StatusCode::TOO_MANY_REQUESTS,
+                reject_grpc: gov_proto::v1::GrpcCode::ResourceExhausted,
                 release,
                 scope,
             };

@@ -1,14 +1,19 @@
-//! Typed rejections and the one place they become HTTP responses.
+//! Typed rejections and the one place they become HTTP responses, plain or
+//! gRPC.
 //!
 //! Every rejection names the rule that rejected the call
 //! (`gov-rejected-by: service/rule`), so an operator can trace any refused
-//! request back to the `.gov` text.
+//! request back to the `.gov` text. A rejected gRPC call is answered as
+//! gRPC servers answer a failed one (a trailers-only response: HTTP 200,
+//! `grpc-status`, `grpc-message`), so that its client reports the code
+//! rather than a transport error.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use gov_proto::v1 as proto;
+use gov_proto::v1::GrpcCode;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::Full;
 
@@ -96,6 +101,9 @@ pub struct Rejection {
     pub status: StatusCode,
     /// When the caller may retry (limits). Sent as `Retry-After` in whole seconds, rounded up.
     pub retry_after: Option<Duration>,
+    /// The answer to a gRPC call (RESOURCE_EXHAUSTED limits, UNAVAILABLE
+    /// bulkheads and fuses, DEADLINE_EXCEEDED timeouts by default).
+    pub grpc: GrpcCode,
 }
 
 impl Rejection {
@@ -122,6 +130,54 @@ impl Rejection {
         // Rule names come from the compiler (identifiers), but a hand-written
         // config could hold anything: never panic on a bad header value.
         if let Ok(value) = HeaderValue::from_str(&self.rule) {
+            headers.insert(REJECTED_BY, value);
+        }
+        if let Some(secs) = self.retry_after_secs() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+
+    /// The response for this rejection of a call that is gRPC (`grpc`, see
+    /// [`crate::grpc::GrpcCall`]) or not: [`Rejection::to_grpc_response`] or
+    /// [`Rejection::to_response`].
+    pub fn respond(&self, grpc: bool) -> Response<Full<Bytes>> {
+        if grpc {
+            self.to_grpc_response()
+        } else {
+            self.to_response()
+        }
+    }
+
+    /// The text of the rejection (the plain body, the `grpc-message`).
+    fn text(&self) -> String {
+        if self.rule.is_empty() {
+            // No rule: the caller's own deadline (`grpc-timeout`) passed.
+            return format!("deadline exceeded ({})", self.reason.as_str());
+        }
+        format!("rejected by {} ({})", self.rule, self.reason.as_str())
+    }
+
+    /// The gRPC form: HTTP 200 with no body (trailers-only), `content-type:
+    /// application/grpc`, `grpc-status` the configured code, `grpc-message`
+    /// naming the rule, `gov-rejected-by`, and `retry-after` when known.
+    pub fn to_grpc_response(&self) -> Response<Full<Bytes>> {
+        let mut response = Response::new(Full::new(Bytes::new()));
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        headers.insert(
+            crate::grpc::GRPC_STATUS,
+            HeaderValue::from(self.grpc as i32),
+        );
+        if let Ok(value) = HeaderValue::from_str(&crate::grpc::encode_message(&self.text())) {
+            headers.insert(crate::grpc::GRPC_MESSAGE, value);
+        }
+        if !self.rule.is_empty()
+            && let Ok(value) = HeaderValue::from_str(&self.rule)
+        {
             headers.insert(REJECTED_BY, value);
         }
         if let Some(secs) = self.retry_after_secs() {
@@ -173,6 +229,7 @@ mod tests {
             reason: RejectReason::LimitCalls,
             status: StatusCode::TOO_MANY_REQUESTS,
             retry_after: Some(Duration::from_millis(1200)),
+            grpc: GrpcCode::ResourceExhausted,
         };
         let resp = r.to_response();
         assert_eq!(resp.status(), 429);
@@ -189,6 +246,7 @@ mod tests {
             reason: RejectReason::LimitCalls,
             status: StatusCode::TOO_MANY_REQUESTS,
             retry_after: Some(Duration::from_millis(1200)),
+            grpc: GrpcCode::ResourceExhausted,
         };
         let mut out = Vec::new();
         r.write_http1(&mut out, true);
@@ -226,6 +284,7 @@ mod tests {
             reason: RejectReason::LimitCalls,
             status: StatusCode::TOO_MANY_REQUESTS,
             retry_after: Some(Duration::from_millis(1)),
+            grpc: GrpcCode::ResourceExhausted,
         };
         assert_eq!(r.retry_after_secs(), Some(1));
         r.retry_after = Some(Duration::from_secs(7200));

@@ -12,6 +12,7 @@ mod support;
 mod balance;
 mod differential;
 mod enforce;
+mod grpc;
 mod h1;
 mod hostile;
 mod latches;
