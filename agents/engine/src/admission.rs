@@ -64,6 +64,8 @@ pub struct Admission {
     timeout: Option<u32>,
     /// The caller's own deadline (`grpc-timeout`), when it is shorter.
     caller_deadline: Option<Duration>,
+    /// A gRPC call whose status comes in its trailers (its head had none).
+    awaits_grpc_status: bool,
     has_bytes: bool,
     /// Every step passed (counted as admitted in every rule).
     admitted: bool,
@@ -97,6 +99,7 @@ impl Admission {
             start: None,
             timeout: None,
             caller_deadline: None,
+            awaits_grpc_status: false,
             has_bytes: false,
             admitted: true,
             recorded: true,
@@ -113,6 +116,7 @@ impl Admission {
             start: Some(now),
             timeout: None,
             caller_deadline: None,
+            awaits_grpc_status: false,
             has_bytes: false,
             admitted: false,
             recorded: false,
@@ -229,8 +233,17 @@ impl Admission {
         } else {
             Some(Outcome::from(status))
         };
-        if let Some(outcome) = outcome {
-            self.record(outcome);
+        match outcome {
+            Some(outcome) => self.record(outcome),
+            None => self.awaits_grpc_status = true,
+        }
+    }
+
+    /// A gRPC call's response ended: a call whose status never came ended
+    /// `UNKNOWN`, as its client reads it. Nothing for any other call.
+    pub(crate) fn end_of_response(&mut self) {
+        if self.awaits_grpc_status {
+            self.record(Outcome::Grpc(gov_proto::v1::GrpcCode::Unknown));
         }
     }
 

@@ -14,8 +14,6 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project_lite::pin_project;
 
-use gov_proto::v1::GrpcCode;
-
 use crate::admission::{Admission, ByteMeter};
 use crate::outcome::Outcome;
 use crate::rejection::Rejection;
@@ -135,7 +133,7 @@ where
                     // ended `UNKNOWN` (or reset), as its client sees it.
                     Poll::Ready(None) => {
                         if let Some((mut admission, _)) = call.take() {
-                            admission.record(Outcome::Grpc(GrpcCode::Unknown));
+                            admission.end_of_response();
                         }
                     }
                     Poll::Ready(Some(Err(_))) => {
@@ -221,5 +219,35 @@ rules:
         // The body is not dropped yet: its end released the permit.
         assert!(admitted(&engine));
         assert_eq!(engine.stats().rules[0].in_flight, 0);
+    }
+
+    #[tokio::test]
+    async fn a_grpc_response_without_a_status_ends_unknown_and_no_other_does() {
+        let engine = Engine::empty("order");
+        let mut target = serde_yaml::from_str(ONE_AT_A_TIME).expect("the test config parses");
+        gov_proto::compiled::fill(&mut target);
+        assert!(engine.apply_target(&target).is_ok());
+        let h = http::HeaderMap::new();
+        let info = RequestInfo::inbound(&http::Method::POST, "/x", &h);
+        for grpc in [true, false] {
+            let Decision::Admitted(mut admission) = engine.try_admit(&info) else {
+                panic!("one call at a time is admitted");
+            };
+            if grpc {
+                // A gRPC head without `grpc-status`: the status is awaited.
+                admission.record_head(true, http::StatusCode::OK, &h);
+            }
+            let body = GovBody::response(Full::new(Bytes::from("x")), admission, ());
+            let collected = body.collect().await.map(|c| c.to_bytes());
+            assert_eq!(collected.ok().as_deref(), Some(&b"x"[..]));
+        }
+        let stats = &engine.stats().rules[0];
+        assert_eq!(stats.grpc[2], 1, "UNKNOWN: {:?}", stats.grpc);
+        assert_eq!(
+            stats.grpc.iter().sum::<u64>(),
+            1,
+            "the plain call is no gRPC call"
+        );
+        assert_eq!(stats.in_flight, 0);
     }
 }
