@@ -534,3 +534,38 @@ rules:
     assert_eq!(response.headers()["grpc-status"], "14");
     assert_eq!(response.headers()["gov-rejected-by"], "shop/unknown");
 }
+
+/// A call cut off by its rule's `timeout` (shorter than its `grpc-timeout`) ends
+/// DEADLINE_EXCEEDED, naming the rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_timeout_is_deadline_exceeded_naming_the_rule() {
+    let up = echo_server().await;
+    let agent = grpc_agent(
+        r#"
+service: shop
+rules:
+  - name: shop/quick
+    on: { path: { kind: PATH_KIND_EXACT, value: /test.v1.Echo/Say } }
+    bulkhead:
+      max_concurrent: 10
+      timeout_ms: 100
+"#,
+        &up,
+    )
+    .await;
+    let mut c = client(&agent).await;
+    c.ready().await.unwrap();
+    let mut req = tonic::Request::new(Say {
+        delay_ms: 3000,
+        ..Say::default()
+    });
+    req.set_timeout(Duration::from_secs(30));
+    let codec = ProstCodec::<Say, Reply>::default();
+    let status = c
+        .unary(req, PathAndQuery::from_static(SAY), codec)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(rejected_by(&status), Some("shop/quick"));
+    assert_eq!(status.message(), "rejected by shop/quick (timeout)");
+}
