@@ -137,6 +137,7 @@ proptest! {
                     kind: s.kind as i32,
                     source: target.rule(&s.rule).and_then(|r| r.source.clone()),
                     stats: Some(s.to_proto()),
+                    ..Default::default()
                 })
                 .collect(),
             ..ClusterView::default()

@@ -34,6 +34,7 @@ pub mod path_not_normal;
 pub mod per_instance_inbound;
 pub mod percent_range;
 pub mod queueing_bulkhead;
+pub mod shadow_exact;
 pub mod shape_inbound;
 pub mod shutdown_wait;
 pub mod status_code;
@@ -68,6 +69,7 @@ pub const CODES: &[&str] = &[
     "gov::invalid-status",
     "gov::cluster-sync-undeclared",
     "gov::shape-on-inbound",
+    "gov::shadow-exact-limit",
     "gov::per-instance-on-inbound",
     "gov::mixed-direction",
     "gov::match-cycle",
@@ -109,6 +111,7 @@ const CHECKS: &[Check] = &[
     cluster_sync::check,
     mixed_direction::check,
     shape_inbound::check,
+    shadow_exact::check,
     per_instance_inbound::check,
     conflicting_rules::check,
     bulkhead_over_workers::check,

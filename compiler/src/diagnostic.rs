@@ -70,6 +70,7 @@ diagnostics! {
     InvalidStatus(status_code::InvalidStatus),
     ClusterSyncUndeclared(cluster_sync::ClusterSyncUndeclared),
     ShapeOnInbound(shape_inbound::ShapeOnInbound),
+    ShadowExactLimit(shadow_exact::ShadowExactLimit),
     PerInstanceOnInbound(per_instance_inbound::PerInstanceOnInbound),
     MixedDirection(mixed_direction::MixedDirection),
     MatchCycle(match_cycle::MatchCycle),

@@ -82,6 +82,60 @@ pub(crate) fn of_spec(spec: &pb::rule::Spec) -> Option<&'static dyn Kind> {
     KINDS.iter().copied().find(|k| k.wire() == wire)
 }
 
+// === Settings every kind has ===
+
+/// A rule's `mode` setting (`mode enforce`, `mode shadow [stamp]`), which
+/// every kind's grammar accepts and the shared header lowers: no kind
+/// decodes it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RuleMode {
+    /// `mode shadow`: evaluated, never rejecting or delaying.
+    pub shadow: bool,
+    /// `stamp`: a call it would refuse reaches the upstream marked.
+    pub stamp: bool,
+}
+
+impl RuleMode {
+    /// The rule's mode (`mode enforce` when it has no `mode`; the last one
+    /// when written twice, which `gov::duplicate-setting` reports).
+    pub(crate) fn of(rule: &RuleDef) -> Self {
+        rule.settings
+            .iter()
+            .rev()
+            .find_map(Self::decode)
+            .unwrap_or_default()
+    }
+
+    /// The mode as written, with the span of its setting (`None`: not written).
+    pub(crate) fn written(rule: &RuleDef) -> Option<(Self, Span)> {
+        rule.settings
+            .iter()
+            .rev()
+            .find_map(|s| Some((Self::decode(s)?, s.span)))
+    }
+
+    fn decode(setting: &Setting) -> Option<Self> {
+        let mut w = Words::of(setting);
+        w.expect("mode")?;
+        let mode = if w.expect("enforce").is_some() {
+            Self::default()
+        } else {
+            w.expect("shadow")?;
+            Self {
+                shadow: true,
+                stamp: w.expect("stamp").is_some(),
+            }
+        };
+        w.done().then_some(mode)
+    }
+}
+
+/// `gov::duplicate-setting`: the name under which a setting every kind has
+/// may appear once; `None` for a kind's own setting.
+pub(crate) fn header_key(setting: &Setting) -> Option<&'static str> {
+    RuleMode::decode(setting).map(|_| "mode")
+}
+
 // === Values ===
 
 /// What a number must be (`gov::non-positive`).
@@ -381,7 +435,7 @@ mod tests {
                         for setting in &r.settings {
                             seen += 1;
                             assert!(
-                                kind.decodes(setting),
+                                kind.decodes(setting) || header_key(setting).is_some(),
                                 "{}: `{setting}` does not decode",
                                 path.display()
                             );

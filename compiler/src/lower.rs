@@ -30,6 +30,7 @@ use gov_proto::v1 as pb;
 use prost::Message as _;
 use sha2::{Digest, Sha256};
 
+use crate::kind::RuleMode;
 use crate::resolve::{Ctx, File, Norm, Rule, Svc};
 use crate::units::millis;
 
@@ -52,6 +53,18 @@ pub(crate) fn bundle(cx: &Ctx<'_>) -> pb::Bundle {
     let targets: Vec<pb::TargetConfig> = cx.unique_services().map(|svc| target(cx, svc)).collect();
     let version = bundle_version(&targets);
     pb::Bundle { targets, version }
+}
+
+/// Puts every rule of `bundle` in mode shadow (`govc apply --shadow`; a
+/// `stamp` written in the policy stays) and recomputes the versions.
+pub fn shadow_all(bundle: &mut pb::Bundle) {
+    for t in &mut bundle.targets {
+        for r in &mut t.rules {
+            r.mode = pb::Mode::Shadow as i32;
+        }
+        version_in_place(t);
+    }
+    bundle.version = bundle_version(&bundle.targets);
 }
 
 /// The version of a bundle: a hash over its services' names and versions.
@@ -281,13 +294,19 @@ impl Lower<'_, '_> {
             AstExpr::Ref { name } => name.node.clone(),
             _ => String::new(),
         };
+        let mode = RuleMode::of(rule.def);
         pb::Rule {
             name: format!("{}/{}", self.svc.name(), rule.name().node),
             source: Some(self.source(rule.span())),
             on: Some(lower_norm(norm)),
             match_name,
             direction: direction as i32,
-            mode: pb::Mode::Enforce as i32,
+            mode: if mode.shadow {
+                pb::Mode::Shadow
+            } else {
+                pb::Mode::Enforce
+            } as i32,
+            stamp_would_reject: mode.stamp,
             spec: None,
         }
     }

@@ -334,6 +334,15 @@ fn diff_fields(old: &[(String, String)], new: &[(String, String)]) -> Vec<FieldC
         .collect()
 }
 
+/// A rule's mode as written (`enforce` shows as nothing: the default).
+fn mode_text(r: &pb::Rule) -> String {
+    match (r.mode(), r.stamp_would_reject) {
+        (pb::Mode::Shadow, true) => "shadow stamp".into(),
+        (pb::Mode::Shadow, false) => "shadow".into(),
+        _ => String::new(),
+    }
+}
+
 fn items(t: &pb::TargetConfig) -> Vec<Item> {
     let mut out = Vec::new();
     let mut settings = Vec::new();
@@ -351,6 +360,7 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
     for r in &t.rules {
         let mut f = Vec::new();
         push(&mut f, "on", expr_opt(r.on.as_ref()));
+        push(&mut f, "mode", mode_text(r));
         if let Some(spec) = &r.spec
             && let Some(kind) = crate::kind::of_spec(spec)
         {

@@ -229,3 +229,72 @@ fn the_checked_model_lowers_to_the_compiled_bundle() {
     assert_eq!(model.service_names(), ["inventory", "order"]);
     assert_eq!(model.lower(), bundle(&[shop]));
 }
+
+#[test]
+fn mode_shadow_lowers_to_the_rule_header_and_shows_in_a_plan() {
+    let text = |mode: &str| {
+        format!(
+            "service a {{\n  match api = path prefix \"/api\"\n  limit l on api {{\n    calls 10 per 1s\n{mode}  }}\n  fuse f on api {{\n    trip when errors >= 5 over 10s\n  }}\n}}\n"
+        )
+    };
+    let enforce = bundle(&[SourceFile::new("a.gov", text(""))]);
+    let shadow = bundle(&[SourceFile::new("a.gov", text("    mode shadow stamp\n"))]);
+    let explicit = bundle(&[SourceFile::new("a.gov", text("    mode enforce\n"))]);
+    let rules = |b: &Bundle| {
+        b.targets[0]
+            .rules
+            .iter()
+            .map(|r| (r.name.clone(), r.mode(), r.stamp_would_reject))
+            .collect::<Vec<_>>()
+    };
+    use gov_proto::v1::Mode;
+    assert_eq!(
+        rules(&shadow),
+        [
+            ("a/l".to_owned(), Mode::Shadow, true),
+            ("a/f".to_owned(), Mode::Enforce, false)
+        ]
+    );
+    // `mode enforce` is the default, written or not.
+    assert_eq!(versions(&enforce), versions(&explicit));
+    insta::assert_snapshot!(plan(&enforce, &shadow).render(), @r"
+    ~ service a
+      ~ limit a/l: mode (none) -> shadow stamp
+
+    Plan: 0 service(s) to add, 1 to change, 0 to remove.
+    ");
+
+    // `govc apply --shadow`: every rule, with new versions.
+    let mut all = enforce.clone();
+    gov_compiler::lower::shadow_all(&mut all);
+    assert!(
+        all.targets[0]
+            .rules
+            .iter()
+            .all(|r| r.mode() == Mode::Shadow)
+    );
+    assert_ne!(all.version, enforce.version);
+    assert_eq!(
+        all.targets[0].version,
+        gov_compiler::lower::target_version(&all.targets[0])
+    );
+}
+
+#[test]
+fn a_mode_written_twice_is_a_duplicate_setting() {
+    let Err(d) = compile(&[SourceFile::new(
+        "a.gov",
+        "service a {\n  bulkhead b on any {\n    max_concurrent 2\n    mode shadow\n    mode enforce\n  }\n}\n",
+    )]) else {
+        panic!("two modes compile")
+    };
+    let codes: Vec<String> = d
+        .iter()
+        .filter_map(|d| miette::Diagnostic::code(d).map(|c| c.to_string()))
+        .collect();
+    assert_eq!(codes, ["gov::duplicate-setting"], "{d:?}");
+    assert!(
+        d.iter()
+            .any(|d| d.to_string().contains("`mode` is set twice"))
+    );
+}

@@ -286,6 +286,7 @@ async fn main() {
             dry_run: false,
             wait_ms: 60_000,
             who: "bench".into(),
+            shadow: false,
         };
         let c = cpu(pid);
         let t = Instant::now();

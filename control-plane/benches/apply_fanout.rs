@@ -125,6 +125,7 @@ async fn main() {
             dry_run: false,
             wait_ms: 10_000,
             who: "bench".into(),
+            shadow: false,
         };
         let t = Instant::now();
         let result = client.apply(request).await.unwrap().into_inner();

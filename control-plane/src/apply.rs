@@ -37,6 +37,8 @@ pub struct ApplyRequest {
     pub who: String,
     /// Compile and plan only.
     pub dry_run: bool,
+    /// Every rule of this apply in mode shadow (`govc apply --shadow`).
+    pub shadow: bool,
     /// How long to wait for the agents' ACK/NACK (at most [`MAX_APPLY_WAIT`]).
     pub wait: Duration,
 }
@@ -77,6 +79,17 @@ pub enum ApplyError {
     )]
     Store(#[source] Error),
 
+    #[error(
+        "`--shadow` cannot put {rules} in mode shadow: with `scope cluster sync exact` every call waits for the cluster store, and a shadow rule never delays a call; nothing was applied"
+    )]
+    #[diagnostic(
+        code(gov::govd::shadow_exact_limit),
+        help(
+            "count the limit with `sync batch 100ms` while it is in shadow, or apply without `--shadow`"
+        )
+    )]
+    ShadowExactLimit { rules: String },
+
     #[error("the client went away before the apply was prepared")]
     #[diagnostic(code(gov::govd::cancelled))]
     Cancelled,
@@ -104,6 +117,8 @@ pub struct Planned {
     /// Nothing was applied before: even a policy equal to nothing is
     /// applied, since it is what gives the agents their first config.
     pub first: bool,
+    /// Made with `--shadow` (the audit says so).
+    pub shadow: bool,
 }
 
 impl Planned {
@@ -170,7 +185,7 @@ pub fn prepare(
     if cancel.is_cancelled() {
         return Err(ApplyError::Cancelled);
     }
-    let compiled = match compiled {
+    let mut compiled = match compiled {
         Ok(c) => c,
         Err(diagnostics) => {
             return Ok(Prepared::Invalid {
@@ -179,6 +194,27 @@ pub fn prepare(
         }
     };
     let diagnostics = wire_diagnostics(&compiled.warnings, &files, limits.max_diagnostics);
+    if request.shadow {
+        let exact: Vec<String> = compiled
+            .bundle
+            .targets
+            .iter()
+            .flat_map(|t| &t.rules)
+            .filter(|r| match &r.spec {
+                Some(pb::rule::Spec::Limit(l)) => {
+                    l.scope() == pb::LimitScope::Cluster && l.sync() == pb::ClusterSync::Exact
+                }
+                _ => false,
+            })
+            .map(|r| format!("`{}`", r.name))
+            .collect();
+        if !exact.is_empty() {
+            return Err(ApplyError::ShadowExactLimit {
+                rules: exact.join(", "),
+            });
+        }
+        gov_compiler::lower::shadow_all(&mut compiled.bundle);
+    }
     let empty = pb::Bundle::default();
     let plan = gov_compiler::plan(current.map_or(&empty, |c| &c.bundle), &compiled.bundle);
     let changed = plan
@@ -193,13 +229,37 @@ pub fn prepare(
             who: request.who.clone(),
             at_unix_ms: now_unix_ms,
             sources: request.sources.clone(),
+            shadow_since: shadow_since(current, &compiled.bundle, now_unix_ms),
             bundle: compiled.bundle,
         },
         plan: convert::plan(&plan),
         changed,
         diagnostics,
         first: current.is_none(),
+        shadow: request.shadow,
     })))
+}
+
+/// When each shadow rule of `bundle` went into shadow: kept from `current`
+/// for a rule that was in shadow there already, else `now`.
+fn shadow_since(
+    current: Option<&AppliedPolicy>,
+    bundle: &pb::Bundle,
+    now_unix_ms: u64,
+) -> std::collections::BTreeMap<String, u64> {
+    bundle
+        .targets
+        .iter()
+        .flat_map(|t| &t.rules)
+        .filter(|r| r.mode() == pb::Mode::Shadow)
+        .map(|r| {
+            let since = current
+                .and_then(|c| c.shadow_since.get(&r.name))
+                .copied()
+                .unwrap_or(now_unix_ms);
+            (r.name.clone(), since)
+        })
+        .collect()
 }
 
 /// The statements in the service blocks of every file that parses (a file
@@ -373,6 +433,9 @@ impl ControlPlane {
     }
 }
 
+/// The audit detail of an apply made with `--shadow`.
+const SHADOW_DETAIL: &str = "shadow: every rule of this apply in mode shadow (govc apply --shadow)";
+
 /// Makes `planned` durable (audit record, then `state.json`), then commits
 /// it to the state and pushes it to the agents of the changed services.
 async fn record_and_push(inner: &Inner, planned: Planned) -> Result<(), ApplyError> {
@@ -385,7 +448,11 @@ async fn record_and_push(inner: &Inner, planned: Planned) -> Result<(), ApplyErr
         rule: String::new(),
         key: String::new(),
         targets: planned.changed.clone(),
-        detail: String::new(),
+        detail: if planned.shadow {
+            SHADOW_DETAIL.to_owned()
+        } else {
+            String::new()
+        },
     };
     let mut out = Vec::new();
     {
@@ -405,7 +472,11 @@ async fn record_and_push(inner: &Inner, planned: Planned) -> Result<(), ApplyErr
             let store_error = ApplyError::Store(error);
             tracing::error!(error = %crate::error::one_line(&store_error), "apply not stored");
             entry.action = "apply-refused".into();
-            entry.detail = crate::error::one_line(&store_error);
+            entry.detail = if planned.shadow {
+                format!("{SHADOW_DETAIL}; {}", crate::error::one_line(&store_error))
+            } else {
+                crate::error::one_line(&store_error)
+            };
             if let Err(e) = inner.append_audit(entry).await {
                 tracing::error!(error = %miette::Report::new(e), "cannot record the refused apply in the audit log");
             }
@@ -499,6 +570,7 @@ mod tests {
             sources,
             who: "alice".into(),
             dry_run: false,
+            shadow: false,
             wait: Duration::ZERO,
         }
     }
@@ -520,6 +592,49 @@ mod tests {
             }
             other => panic!("not a config: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_shadow_apply_puts_every_rule_in_shadow_and_remembers_since_when() {
+        let (limits, cancel) = (Limits::default(), Cancel::default());
+        let shadow = |sources| ApplyRequest {
+            shadow: true,
+            ..request(sources)
+        };
+        let planned = |r: &ApplyRequest, current: Option<&AppliedPolicy>, now| {
+            let Ok(Prepared::Planned(p)) = prepare(r, current, &limits, now, &cancel) else {
+                panic!("the policy compiles");
+            };
+            p
+        };
+        let first = planned(&shadow(policy(1)), None, 1_000);
+        let rules = || first.policy.bundle.targets.iter().flat_map(|t| &t.rules);
+        assert!(rules().all(|r| r.mode() == pb::Mode::Shadow));
+        assert!(first.shadow);
+        assert_eq!(
+            first.policy.shadow_since.values().collect::<Vec<_>>(),
+            [&1_000]
+        );
+        // Still in shadow after a change: since the first shadow apply.
+        let again = planned(&shadow(policy(2)), Some(&first.policy), 5_000);
+        assert!(!again.is_noop());
+        assert_eq!(first.policy.shadow_since, again.policy.shadow_since);
+        // Enforced: no longer in shadow.
+        let enforced = planned(&request(policy(2)), Some(&again.policy), 9_000);
+        assert!(enforced.policy.shadow_since.is_empty());
+        assert_ne!(enforced.policy.version, again.policy.version);
+
+        // A limit counted exactly in the cluster store cannot be in shadow.
+        let exact = vec![Source {
+            name: "x.gov".into(),
+            text: "service order {\n  limit l on any {\n    calls 5 per 1s\n    scope cluster sync exact\n  }\n}\n".into(),
+        }];
+        assert!(matches!(
+            prepare(&request(exact.clone()), None, &limits, 1, &cancel),
+            Ok(Prepared::Planned(_))
+        ));
+        let err = prepare(&shadow(exact), None, &limits, 1, &cancel).unwrap_err();
+        assert!(crate::error::one_line(&err).contains("`order/l`"), "{err}");
     }
 
     #[test]

@@ -106,21 +106,30 @@ impl Latches {
         };
         let fuse = id(TripKind::Fuse, &event.rule, "");
         let limit = id(TripKind::Limit, &event.rule, &event.key);
+        // A rule in shadow latches in its own state and rejects nothing: the
+        // reason (in the audit, `govc status`, the TUI) says so.
+        let shadow_reason;
+        let reason = if is_shadow(policy, &event.rule) {
+            shadow_reason = format!("{} (mode shadow: rejects nothing)", event.reason);
+            &shadow_reason
+        } else {
+            &event.reason
+        };
         match event.kind() {
             pb::EventKind::FuseTripped | pb::EventKind::FuseHalfOpen => {
                 let half_open = event.kind() == pb::EventKind::FuseHalfOpen;
-                let trip = self.trip(&fuse, at, &event.reason, instance, audits);
+                let trip = self.trip(&fuse, at, reason, instance, audits);
                 trip.instances.insert(instance.to_owned());
                 trip.not_enforced.remove(instance);
                 trip.half_open = half_open;
                 if !half_open {
-                    trip.reason.clone_from(&event.reason);
+                    reason.clone_into(&mut trip.reason);
                 }
                 true
             }
             pb::EventKind::LimitEngaged => {
                 let deadline = release_after(policy, &event.rule).map(|ms| at.saturating_add(ms));
-                let trip = self.trip(&limit, at, &event.reason, instance, audits);
+                let trip = self.trip(&limit, at, reason, instance, audits);
                 trip.instances.insert(instance.to_owned());
                 trip.not_enforced.remove(instance);
                 if trip.deadline_unix_ms.is_none() {
@@ -410,6 +419,16 @@ fn entry(
     }
 }
 
+/// Whether `rule` is in mode shadow in `policy`.
+fn is_shadow(policy: Option<&pb::Bundle>, rule: &str) -> bool {
+    let Some((service, _)) = rule.split_once('/') else {
+        return false;
+    };
+    target(policy, service)
+        .and_then(|t| t.rules.iter().find(|r| r.name == rule))
+        .is_some_and(|r| r.mode() == pb::Mode::Shadow)
+}
+
 fn target<'a>(policy: Option<&'a pb::Bundle>, service: &str) -> Option<&'a pb::TargetConfig> {
     policy?.targets.iter().find(|t| t.service == service)
 }
@@ -490,6 +509,24 @@ mod tests {
 
     fn actions(audits: &Audits) -> Vec<&str> {
         audits.iter().map(|a| a.action.as_str()).collect()
+    }
+
+    #[test]
+    fn the_latch_of_a_shadow_rule_says_it_rejects_nothing() {
+        let mut b = bundle();
+        for r in &mut b.targets[0].rules {
+            r.mode = pb::Mode::Shadow as i32;
+        }
+        let mut l = Latches::default();
+        let mut audits = Vec::new();
+        let tripped = event(pb::EventKind::FuseTripped, FUSE, 10);
+        assert!(l.on_event(Some(&b), "order", "a", &tripped, 10, &mut audits));
+        let reason = "errors >= 3 over 10s (mode shadow: rejects nothing)";
+        assert_eq!(l.iter().next().unwrap().reason, reason);
+        assert_eq!(
+            (audits[0].action.as_str(), audits[0].detail.as_str()),
+            ("trip", reason)
+        );
     }
 
     #[test]

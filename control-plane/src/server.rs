@@ -53,9 +53,9 @@ impl ControlPlane {
 fn apply_status(error: &ApplyError) -> Status {
     let message = crate::error::one_line(error);
     match error {
-        ApplyError::NoSources | ApplyError::UnnamedSource { .. } => {
-            Status::invalid_argument(message)
-        }
+        ApplyError::NoSources
+        | ApplyError::UnnamedSource { .. }
+        | ApplyError::ShadowExactLimit { .. } => Status::invalid_argument(message),
         ApplyError::TooLarge(_) => Status::resource_exhausted(message),
         ApplyError::Audit(_) | ApplyError::Store(_) => Status::failed_precondition(message),
         ApplyError::Compiler(_) => Status::internal(message),
@@ -90,6 +90,7 @@ impl ControlPlaneRpc for ControlPlane {
                 .collect(),
             who: caller.name,
             dry_run: req.dry_run,
+            shadow: req.shadow,
             wait: Duration::from_millis(u64::from(req.wait_ms)),
         };
         self.apply(request)

@@ -310,6 +310,12 @@ impl State {
         self.latches.contains(kind, rule, None)
     }
 
+    /// Since when (Unix ms) `rule` has been in mode shadow; `None` when it
+    /// is not in shadow.
+    pub fn shadow_since(&self, rule: &str) -> Option<u64> {
+        self.applied.as_ref()?.shadow_since.get(rule).copied()
+    }
+
     pub fn target(&self, service: &str) -> Option<&pb::TargetConfig> {
         self.bundle()?.targets.iter().find(|t| t.service == service)
     }
@@ -674,6 +680,7 @@ mod tests {
                 targets,
                 version: version.into(),
             },
+            shadow_since: Default::default(),
         })
     }
 

@@ -56,6 +56,11 @@ pub struct AppliedPolicy {
     pub at_unix_ms: u64,
     pub sources: Vec<Source>,
     pub bundle: pb::Bundle,
+    /// Every rule in mode shadow, with when (Unix ms) the apply that put it
+    /// there without a break since was made: `govc status` shows how long
+    /// a rule has been in shadow.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shadow_since: BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

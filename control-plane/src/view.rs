@@ -41,16 +41,16 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
         .map(|b| b.targets.as_slice())
         .unwrap_or_default()
     {
-        let mut add = |rule: &str, kind: pb::RuleKind, source: &Option<pb::SourceRef>| {
-            rules.push(pb::RuleView {
-                rule: rule.to_owned(),
-                kind: kind as i32,
-                source: source.clone(),
-                stats: Some(aggregate(state, &t.service, rule, kind)),
-            });
-        };
         for r in &t.rules {
-            add(&r.name, r.kind(), &r.source);
+            let kind = r.kind();
+            rules.push(pb::RuleView {
+                rule: r.name.clone(),
+                kind: kind as i32,
+                source: r.source.clone(),
+                stats: Some(aggregate(state, &t.service, &r.name, kind)),
+                mode: r.mode,
+                shadow_since_unix_ms: state.shadow_since(&r.name).unwrap_or(0),
+            });
         }
     }
     let source = |kind: TripKind, rule: &str| -> Option<pb::SourceRef> {
@@ -147,12 +147,10 @@ fn aggregate(state: &State, service: &str, rule: &str, kind: pb::RuleKind) -> pb
         sum.engaged_keys_truncated |= r.engaged_keys_truncated;
         sum.engaged_keys.extend(r.engaged_keys.iter().cloned());
         if let (Some(s), Some(x)) = (sum.rejected.as_mut(), r.rejected.as_ref()) {
-            s.bulkhead_full += x.bulkhead_full;
-            s.bulkhead_timeout += x.bulkhead_timeout;
-            s.limit_calls += x.limit_calls;
-            s.limit_bytes += x.limit_bytes;
-            s.fuse_open += x.fuse_open;
-            s.timeout += x.timeout;
+            add_rejections(s, x);
+        }
+        if let Some(x) = &r.shadow_rejected {
+            add_rejections(sum.shadow_rejected.get_or_insert_default(), x);
         }
         if sum.latency_buckets.len() < r.latency_buckets.len() {
             sum.latency_buckets.resize(r.latency_buckets.len(), 0);
@@ -181,6 +179,15 @@ fn aggregate(state: &State, service: &str, rule: &str, kind: pb::RuleKind) -> pb
         sum.engaged_keys_truncated = true;
     }
     sum
+}
+
+fn add_rejections(s: &mut pb::Rejections, x: &pb::Rejections) {
+    s.bulkhead_full += x.bulkhead_full;
+    s.bulkhead_timeout += x.bulkhead_timeout;
+    s.limit_calls += x.limit_calls;
+    s.limit_bytes += x.limit_bytes;
+    s.fuse_open += x.fuse_open;
+    s.timeout += x.timeout;
 }
 
 /// As many latched keys per rule as an agent's stats list (the agent's
@@ -242,6 +249,7 @@ mod tests {
                     targets: vec![target],
                     version: "b1".into(),
                 },
+                shadow_since: Default::default(),
             }),
             &[],
             crate::HistoryLimit::default(),

@@ -1931,7 +1931,13 @@ async fn wait_for_gov_ends_when_every_caller_has_dropped_the_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_names_the_caller_a_removal_waits_for_until_it_acknowledges() {
     let dir = tempfile::tempdir().unwrap();
-    let govd = control_plane(&dir.path().join("state")).start().await;
+    // A stopped caller answers no HTTP/2 ping: with the default keepalive
+    // (10s + 5s) govd would drop it mid-test on a loaded box, and the removal
+    // would stop waiting on it for that reason instead of the one under test.
+    let govd = control_plane(&dir.path().join("state"))
+        .args(&["--http2-keepalive-interval", "300s"])
+        .start()
+        .await;
     apply_inv_and_web(
         &govd,
         dir.path(),
@@ -3720,4 +3726,204 @@ async fn the_tuis_watch_and_token_release_work_against_govd() {
         .expect("the watch task ends once its receiver is gone")
         .unwrap();
     a.stop().await;
+}
+
+// === shadow mode (issue 14) ===
+
+/// One limit on `/api`, as a team would first roll it out.
+const API_LIMIT: &str = r#"service order {
+  match api = path prefix "/api"
+  limit api_rate on api {
+    calls 20 per 1s
+  }
+}
+"#;
+
+/// A counter sample of `/metrics` text (0 when absent).
+fn sample(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The same limit applied with `govc apply --shadow` to one govd and as
+/// written to another, each with one agent, under the same load at the same
+/// time (every call sent to both at once; limit windows are Unix-time
+/// aligned on every agent). The shadow agent rejects nothing and counts as
+/// would-be rejections what the enforced agent rejects, within one window's
+/// worth (20 calls): the two copies of a call reach their agents a few
+/// microseconds apart, so only the pairs in flight at a window boundary (at
+/// most 4 per boundary here) can fall into different windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_limit_rejects_nothing_and_counts_what_the_enforced_limit_rejects() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = upstream().await;
+    let policy = write(dir.path(), "api.gov", API_LIMIT);
+    let shadow_govd = control_plane(&dir.path().join("shadow")).start().await;
+    let enforce_govd = control_plane(&dir.path().join("enforce")).start().await;
+    let shadowed = agent("order", "order-shadow")
+        .upstream(up)
+        .control_plane(&shadow_govd)
+        .start(dir.path())
+        .await;
+    let enforced = agent("order", "order-enforce")
+        .upstream(up)
+        .control_plane(&enforce_govd)
+        .start(dir.path())
+        .await;
+    let applied = govc(
+        &shadow_govd,
+        Some(TOKEN),
+        &["apply", "--shadow", "--wait", "10s", &policy],
+    )
+    .await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    assert!(applied.stdout.contains("mode shadow"), "{}", applied.stdout);
+    let applied = govc(
+        &enforce_govd,
+        Some(TOKEN),
+        &["apply", "--wait", "10s", &policy],
+    )
+    .await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    wait_until("both agents synced", Duration::from_secs(15), async || {
+        all_synced(&shadow_govd, &["order-shadow"]).await
+            && all_synced(&enforce_govd, &["order-enforce"]).await
+    })
+    .await;
+
+    // Bounded load: 4 workers, 600 calls in all (about 3 s), at most 20 s.
+    const WORKERS: usize = 4;
+    const CALLS: usize = 600;
+    let sent = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|_| {
+            let sent = sent.clone();
+            let (a, b) = (shadowed.inbound, enforced.inbound);
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while sent.fetch_add(1, Ordering::SeqCst) < CALLS
+                    && started.elapsed() < Duration::from_secs(20)
+                {
+                    answers.push(tokio::join!(
+                        http_get(a, "/api/orders"),
+                        http_get(b, "/api/orders")
+                    ));
+                    // About 200 calls a second in all: the load spans
+                    // several windows.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                answers
+            })
+        })
+        .collect();
+    let (mut calls, mut enforced_rejections) = (0u64, 0u64);
+    for w in workers {
+        for (s, e) in w.await.unwrap() {
+            calls += 1;
+            assert_eq!(
+                (s.0, &s.1),
+                (200, &None),
+                "the shadow agent rejected a call"
+            );
+            match e {
+                (200, None, _) => {}
+                (429, Some(rule), _) if rule == "order/api_rate" => enforced_rejections += 1,
+                other => panic!("unexpected answer of the enforced agent: {other:?}"),
+            }
+        }
+    }
+    let shadow_metrics = http_get(shadowed.admin, "/metrics").await.2;
+    let enforce_metrics = http_get(enforced.admin, "/metrics").await.2;
+    let would = sample(
+        &shadow_metrics,
+        "gov_agent_shadow_rejected_total{rule=\"order/api_rate\",reason=\"limit_calls\"}",
+    );
+    let rejected = sample(
+        &enforce_metrics,
+        "gov_agent_rule_rejected_total{rule=\"order/api_rate\",reason=\"limit_calls\"}",
+    );
+    eprintln!("{calls} calls: shadow would have rejected {would}, enforced rejected {rejected}");
+    assert_eq!(rejected, enforced_rejections);
+    assert_eq!(
+        sample(
+            &shadow_metrics,
+            "gov_agent_rule_rejected_total{rule=\"order/api_rate\",reason=\"limit_calls\"}"
+        ),
+        0
+    );
+    assert!(
+        rejected > 0,
+        "{calls} calls never exceeded 20 per second: the load proves nothing"
+    );
+    assert!(
+        would.abs_diff(rejected) <= 20,
+        "shadow counted {would} would-be rejections, enforced rejected {rejected} of {calls} calls"
+    );
+
+    // govd shows the rule in shadow, for how long, and what it would have
+    // rejected (once the agent's stats have arrived).
+    wait_until(
+        "the shadow counts in govd",
+        Duration::from_secs(10),
+        async || {
+            let view = shadow_govd.status().await;
+            view.rules.iter().any(|r| {
+                r.rule == "order/api_rate"
+                    && r.mode() == pb::Mode::Shadow
+                    && r.shadow_since_unix_ms > 0
+                    && r.stats
+                        .as_ref()
+                        .and_then(|s| s.shadow_rejected.as_ref())
+                        .is_some_and(|x| x.limit_calls == would)
+            })
+        },
+    )
+    .await;
+    let status = govc(&shadow_govd, Some(VIEWER_TOKEN), &["status"]).await;
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let row = status
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("order/api_rate"))
+        .unwrap_or_else(|| panic!("no shadow row:\n{}", status.stdout));
+    assert!(
+        row.contains("SHADOW") && row.contains(&format!("{would} (limit_calls {would})")),
+        "{row}"
+    );
+    let json = govc(&shadow_govd, Some(VIEWER_TOKEN), &["status", "-o", "json"]).await;
+    let view: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let rule = &view["rules"][0];
+    assert_eq!(rule["mode"], "shadow", "{rule}");
+    assert!(
+        rule["shadow_since_unix_ms"].as_u64().is_some_and(|t| t > 0),
+        "{rule}"
+    );
+    // The audit says the apply was a shadow one.
+    let audit = govc(&shadow_govd, Some(TOKEN), &["audit", "-o", "json"]).await;
+    assert!(
+        audit.stdout.contains("govc apply --shadow"),
+        "{}",
+        audit.stdout
+    );
+
+    // Enforced by a plain apply: no longer in shadow, nothing re-pushed that
+    // loses its state (the engine keeps an unchanged rule's state).
+    let applied = govc(
+        &shadow_govd,
+        Some(TOKEN),
+        &["apply", "--wait", "10s", &policy],
+    )
+    .await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    let view = shadow_govd.status().await;
+    assert_eq!(view.rules[0].mode(), pb::Mode::Enforce);
+    assert_eq!(view.rules[0].shadow_since_unix_ms, 0);
+
+    shadowed.stop().await;
+    enforced.stop().await;
+    shadow_govd.stop().await;
+    enforce_govd.stop().await;
 }

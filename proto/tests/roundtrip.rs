@@ -88,6 +88,7 @@ fn order() -> TargetConfig {
                 match_name: "slow".into(),
                 direction: Direction::Inbound as i32,
                 mode: Mode::Enforce as i32,
+                stamp_would_reject: false,
                 spec: Some(Spec::Bulkhead(Bulkhead {
                     key: BulkheadKey::Operation as i32,
                     max_concurrent: 10,
@@ -106,6 +107,7 @@ fn order() -> TargetConfig {
                 match_name: String::new(),
                 direction: Direction::Outbound as i32,
                 mode: Mode::Enforce as i32,
+                stamp_would_reject: false,
                 spec: Some(Spec::Bulkhead(Bulkhead {
                     key: BulkheadKey::Instance as i32,
                     max_concurrent: 20,
@@ -124,6 +126,7 @@ fn order() -> TargetConfig {
                 match_name: "supplier".into(),
                 direction: 0,
                 mode: Mode::Enforce as i32,
+                stamp_would_reject: false,
                 spec: Some(Spec::Limit(Limit {
                     calls: Some(Rate {
                         amount: 100,
@@ -152,6 +155,7 @@ fn order() -> TargetConfig {
                 on: Some(inventory),
                 direction: Direction::Outbound as i32,
                 mode: Mode::Enforce as i32,
+                stamp_would_reject: false,
                 spec: Some(Spec::Limit(Limit {
                     calls: Some(Rate {
                         amount: 500,
@@ -173,6 +177,7 @@ fn order() -> TargetConfig {
                 match_name: "supplier".into(),
                 direction: 0,
                 mode: Mode::Enforce as i32,
+                stamp_would_reject: false,
                 spec: Some(Spec::Fuse(Fuse {
                     trips: vec![
                         Trip {

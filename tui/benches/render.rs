@@ -87,6 +87,7 @@ fn view(tick: u64) -> ClusterView {
                     capacity: 10,
                     ..Default::default()
                 }),
+                ..Default::default()
             }
         })
         .collect();

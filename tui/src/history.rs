@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::proto::{ClusterView, RuleStats};
+use crate::proto::{ClusterView, Mode, RuleView};
 
 /// How much rejection history is kept per rule.
 pub const RATE_WINDOW_MS: u64 = 5 * 60 * 1000;
@@ -61,8 +61,16 @@ pub(crate) const REASONS: [&str; 6] = [
     "timeout",
 ];
 
-fn rejections(stats: &RuleStats) -> [u64; 6] {
-    match &stats.rejected {
+/// A rule's rejections; for a rule in mode shadow, the calls it would have
+/// rejected (its rates and sparkline show what it would do).
+fn rejections(rule: &RuleView) -> [u64; 6] {
+    let stats = rule.stats.as_ref();
+    let counts = if rule.mode() == Mode::Shadow {
+        stats.and_then(|s| s.shadow_rejected.as_ref())
+    } else {
+        stats.and_then(|s| s.rejected.as_ref())
+    };
+    match counts {
         Some(r) => [
             r.bulkhead_full,
             r.bulkhead_timeout,
@@ -92,7 +100,7 @@ impl History {
             let now = Counters {
                 at_ms,
                 admitted: stats.admitted,
-                rejected: rejections(stats),
+                rejected: rejections(rule),
             };
             let name = rule.rule.as_str();
             match self.last.get_mut(name) {

@@ -544,14 +544,25 @@ fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
             let stats = r.stats.clone().unwrap_or_default();
             let rates = app.rates(&r.rule).copied().unwrap_or_default();
             let samples: Vec<f64> = app.rejection_history(&r.rule).collect();
+            // A shadow rule's rejections are the calls it would have
+            // rejected: yellow, and its kind says SHADOW and for how long.
+            let shadow = r.mode() == crate::proto::Mode::Shadow;
             let rejected = TextCell::styled(
                 rate(rates.rejected),
-                if rates.rejected > 0.0 {
-                    Style::new().red().bold()
-                } else {
-                    Style::new()
+                match (rates.rejected > 0.0, shadow) {
+                    (false, _) => Style::new(),
+                    (true, false) => Style::new().red().bold(),
+                    (true, true) => Style::new().yellow().bold(),
                 },
             );
+            let kind = if shadow {
+                TextCell::styled(
+                    shadow_text(app, r.kind(), r.shadow_since_unix_ms),
+                    Style::new().yellow(),
+                )
+            } else {
+                TextCell::from(RuleKind::word(r.kind()))
+            };
             let tripped = app.view.as_ref().is_some_and(|v| {
                 v.fuses.iter().any(|f| f.rule == r.rule)
                     || v.limits.iter().any(|l| l.rule == r.rule)
@@ -563,7 +574,7 @@ fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
             };
             vec![
                 TextCell::styled(r.rule.clone(), name_style),
-                TextCell::from(RuleKind::word(r.kind())),
+                kind,
                 TextCell::from(in_flight_text(stats.in_flight, stats.capacity)),
                 TextCell::from(stats.waiting.to_string()),
                 TextCell::from(rate(rates.admitted)),
@@ -571,7 +582,14 @@ fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
                 TextCell::from(
                     quantile_bucket(&stats.latency_buckets, 0.99).unwrap_or_else(|| "-".into()),
                 ),
-                TextCell::styled(spark_text(&samples, spark_width), Style::new().red()),
+                TextCell::styled(
+                    spark_text(&samples, spark_width),
+                    if shadow {
+                        Style::new().yellow()
+                    } else {
+                        Style::new().red()
+                    },
+                ),
             ]
         })
         .collect();
@@ -591,6 +609,27 @@ fn render_rules(app: &App, frame: &mut Frame<'_>, area: Rect) {
             },
         },
     );
+}
+
+/// Whether `rule` is in mode shadow in the view.
+fn is_shadow(app: &App, rule: &str) -> bool {
+    app.view.as_ref().is_some_and(|v| {
+        v.rules
+            .iter()
+            .any(|r| r.rule == rule && r.mode() == crate::proto::Mode::Shadow)
+    })
+}
+
+/// `limit SHADOW 12m`: a rule in mode shadow and how long it has been.
+fn shadow_text(app: &App, kind: RuleKind, since_unix_ms: u64) -> String {
+    if since_unix_ms == 0 || app.now_ms < since_unix_ms {
+        return format!("{} SHADOW", kind.word());
+    }
+    format!(
+        "{} SHADOW {}",
+        kind.word(),
+        duration(app.now_ms - since_unix_ms)
+    )
 }
 
 // === trips ===
@@ -637,7 +676,12 @@ fn render_trips(app: &App, frame: &mut Frame<'_>, area: Rect, trips: &[Trip<'_>]
                 } else {
                     format!("{} [{}]", t.rule, t.key)
                 }),
-                TextCell::styled(t.state, Style::new().red().bold()),
+                // A latch of a rule in shadow rejects nothing.
+                if is_shadow(app, t.rule) {
+                    TextCell::styled(format!("{} SHADOW", t.state), Style::new().yellow())
+                } else {
+                    TextCell::styled(t.state, Style::new().red().bold())
+                },
                 TextCell::from(ago(app.now_ms, t.since_unix_ms)),
                 TextCell::from(remaining_text(app, t)),
                 TextCell::from(t.reason),

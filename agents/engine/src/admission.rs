@@ -14,9 +14,10 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
+use crate::config::Mode;
 use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant};
-use crate::rejection::{RejectReason, Rejection};
+use crate::rejection::{RejectReason, Rejection, WouldReject};
 use crate::snapshot::Snapshot;
 use crate::state::Scope;
 use crate::stripe::{self, Slot};
@@ -45,6 +46,17 @@ struct Held {
     grant: Grant,
     /// The scope is in `Admission::keyed`, else the rule's own.
     keyed: bool,
+    /// A rule in mode shadow that would have refused the call, and why: it
+    /// holds nothing, and the call is not counted or recorded by it.
+    refused: Option<RejectReason>,
+}
+
+impl Held {
+    /// Whether the rule granted the call (and so counts and records it).
+    #[inline]
+    fn granted(&self) -> bool {
+        self.refused.is_none()
+    }
 }
 
 /// An admitted call. Holds its bulkhead permits until dropped; report how
@@ -133,6 +145,7 @@ impl Admission {
             rule: step.rule,
             grant,
             keyed,
+            refused: None,
         });
     }
 
@@ -154,7 +167,9 @@ impl Admission {
         }
     }
 
-    /// Runs one step of a decision on `snap` without waiting.
+    /// Runs one step of a decision on `snap` without waiting. A shadow
+    /// rule's step always passes: what it would refuse (or make wait) is
+    /// counted and kept in `held` as refused, and it holds nothing then.
     #[inline]
     pub(crate) fn step_now(
         &mut self,
@@ -163,23 +178,67 @@ impl Admission {
         now: Instant,
     ) -> Result<(), StepError> {
         let start = self.start.unwrap_or(now);
-        match snap.states[step.rule as usize].try_acquire(&step.scope, now, start) {
+        let state = &snap.states[step.rule as usize];
+        match state.try_acquire(&step.scope, now, start) {
             Answer::Granted(grant) => {
                 self.hold(step, grant);
                 Ok(())
             }
-            Answer::Wait(_) => Err(StepError::Wait(step)),
-            Answer::Refused(reason, retry) => {
-                Err(StepError::Rejected(snap.reject(step.rule, reason, retry)))
+            Answer::Wait(_) if snap.is_shadow(step.rule) => {
+                self.shadow(snap, step.rule, state.wait_refusal());
+                Ok(())
             }
+            Answer::Refused(reason, _) if snap.is_shadow(step.rule) => {
+                self.shadow(snap, step.rule, reason);
+                Ok(())
+            }
+            Answer::Wait(_) => Err(StepError::Wait(step)),
+            Answer::Refused(reason, retry) => Err(StepError::Rejected(
+                self.rejection(snap, step.rule, reason, retry),
+            )),
         }
     }
 
-    /// Runs one step, waiting as the rule allows.
+    /// Counts and keeps a shadow rule's would-be refusal.
+    #[cold]
+    fn shadow(&mut self, snap: &Snapshot, rule: u32, reason: RejectReason) {
+        snap.shadow_reject(rule, reason);
+        self.held.push(Held {
+            rule,
+            grant: Grant::default(),
+            keyed: false,
+            refused: Some(reason),
+        });
+    }
+
+    /// Counts the rejection of this call by `rule` and builds it, with the
+    /// shadow rules that would have refused it too.
+    fn rejection(
+        &self,
+        snap: &Snapshot,
+        rule: u32,
+        reason: RejectReason,
+        retry: Option<Duration>,
+    ) -> Rejection {
+        let mut r = snap.reject(rule, reason, retry);
+        if snap.any_shadow && self.held.iter().any(|h| !h.granted()) {
+            r.would_reject = self.would_reject_on(snap).collect();
+        }
+        r
+    }
+
+    /// Runs one step, waiting as the rule allows (a shadow rule's step
+    /// never waits).
     async fn step_wait(&mut self, step: Step) -> Result<(), Rejection> {
         let Some(snap) = self.snap.clone() else {
             return Ok(());
         };
+        if snap.is_shadow(step.rule) {
+            return match self.step_now(&snap, step, Instant::now()) {
+                Ok(()) | Err(StepError::Wait(_)) => Ok(()),
+                Err(StepError::Rejected(r)) => Err(r),
+            };
+        }
         let start = self.start.unwrap_or_else(Instant::now);
         let state = &snap.states[step.rule as usize];
         match state.acquire(&step.scope, start).await {
@@ -187,7 +246,7 @@ impl Admission {
                 self.hold(step, grant);
                 Ok(())
             }
-            Err((reason, retry)) => Err(snap.reject(step.rule, reason, retry)),
+            Err((reason, retry)) => Err(self.rejection(&snap, step.rule, reason, retry)),
         }
     }
 
@@ -196,7 +255,7 @@ impl Admission {
     pub(crate) fn complete(&mut self, slot: Slot) {
         self.admitted = true;
         if let Some(snap) = &self.snap {
-            for h in &self.held {
+            for h in self.held.iter().filter(|h| h.granted()) {
                 snap.states[h.rule as usize].counters().admit(slot);
             }
         }
@@ -251,6 +310,38 @@ impl Admission {
     /// no rule matched). For logs: which rules let a request through.
     pub fn config_version(&self) -> Option<&str> {
         self.snap.as_deref().map(|s| &*s.config.version)
+    }
+
+    /// The shadow rules that would have refused this call, in decision
+    /// order (empty when none did, or none is in mode shadow). For logs of
+    /// what a policy would do; the counts are in the rules' stats.
+    pub fn would_reject(&self) -> impl Iterator<Item = WouldReject> + '_ {
+        self.snap
+            .as_deref()
+            .into_iter()
+            .flat_map(|snap| self.would_reject_on(snap))
+    }
+
+    fn would_reject_on<'a>(&'a self, snap: &'a Snapshot) -> impl Iterator<Item = WouldReject> + 'a {
+        self.held.iter().filter_map(|h| {
+            Some(WouldReject {
+                rule: snap.config.rules.get(h.rule as usize)?.name.clone(),
+                reason: h.refused?,
+            })
+        })
+    }
+
+    /// The rules to name to the upstream in `gov-would-reject-by`: those of
+    /// [`Admission::would_reject`] written with `mode shadow stamp`.
+    pub fn stamps(&self) -> impl Iterator<Item = &str> + '_ {
+        let rules = self.snap.as_deref().map(|s| &s.config.rules[..]);
+        self.held
+            .iter()
+            .filter(|h| !h.granted())
+            .filter_map(move |h| {
+                let rule = rules?.get(h.rule as usize)?;
+                (rule.mode == Mode::Shadow { stamp: true }).then_some(&*rule.name)
+            })
     }
 
     /// Whether any rule matched (an unmatched admission holds nothing).
@@ -311,7 +402,7 @@ impl Admission {
         let slot = stripe::current();
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(self.start.unwrap_or(now));
-        for h in &mut self.held {
+        for h in self.held.iter_mut().filter(|h| h.granted()) {
             let state = &snap.states[h.rule as usize];
             state.counters().latency(slot, elapsed);
             if let Outcome::Grpc(code) = outcome {
@@ -320,6 +411,9 @@ impl Admission {
             state.record(slot, outcome, h.grant, now);
             // A probe has reported; dropping must not give it back.
             h.grant.probe = false;
+        }
+        if snap.any_shadow {
+            shadow_timeouts(snap, &self.held, elapsed);
         }
     }
 
@@ -348,6 +442,7 @@ impl Admission {
                 status: http::StatusCode::GATEWAY_TIMEOUT,
                 retry_after: None,
                 grpc: gov_proto::v1::GrpcCode::DeadlineExceeded,
+                would_reject: Vec::new(),
             },
         }
     }
@@ -357,7 +452,7 @@ impl Admission {
         let Some(snap) = &self.snap else { return };
         // A recorded call ended in a latency bucket; count the others here.
         let unrecorded = (self.admitted && !self.recorded).then(stripe::current);
-        for h in &self.held {
+        for h in self.held.iter().filter(|h| h.granted()) {
             let state = &snap.states[h.rule as usize];
             if let Some(slot) = unrecorded {
                 state.counters().end(slot);
@@ -372,6 +467,23 @@ impl Drop for Admission {
     fn drop(&mut self) {
         if self.snap.is_some() {
             self.end();
+        }
+    }
+}
+
+/// A shadow rule's deadline is not enforced: counts the calls that
+/// outlived it as the timeouts it would have cut off.
+#[cold]
+fn shadow_timeouts(snap: &Snapshot, held: &[Held], elapsed: Duration) {
+    for h in held
+        .iter()
+        .filter(|h| h.granted() && snap.is_shadow(h.rule))
+    {
+        if snap.states[h.rule as usize]
+            .timeout()
+            .is_some_and(|t| elapsed > t)
+        {
+            snap.shadow_reject(h.rule, RejectReason::Timeout);
         }
     }
 }

@@ -5,8 +5,9 @@
 //!
 //! Keys (one Redis database; the rule name never contains `:`; `RULE`, `KEY`
 //! and `W` are placeholders, the braces are literal):
-//! - `gov:{RULE:KEY}:W`: calls of one key in one fixed window
-//!   (`W` = Unix time in ms / window length), expiring after two windows;
+//! - `gov:{RULE:KEY}:W`: calls of one key in one fixed window (`sync exact`:
+//!   made; `sync batch`: leased) (`W` = Unix time in ms / window length),
+//!   expiring after two windows;
 //! - `gov:{RULE:KEY}:bytes:W`: request + response bytes, likewise;
 //! - `gov:{RULE:KEY}:latch`: present while the limit is engaged for that key,
 //!   with `PX` = `release after` (no expiry for `release manual`).
@@ -19,12 +20,23 @@
 //!
 //! `sync exact` runs one small Lua script per call (`EVALSHA`: latch check,
 //! `INCRBY`, `PEXPIRE` on the first hit, engage when over): one round trip.
-//! `sync batch D` counts locally and sends every key's delta every D in one
-//! pipeline (`INCRBY` + `PEXPIRE` + `PTTL` of the latch), reading back the
+//! `sync batch D` *leases* calls: an agent takes a slice of the window's
+//! remaining calls from the store in one atomic script ([`LeaseCall`]: the
+//! counter holds the calls leased, not the calls made) and admits locally
+//! while it holds permits. Every D it tops the lease up for keys that were
+//! used (asking for about two periods of its own traffic) and gives back the
+//! lease of keys that were not, so an idle agent strands nothing; a slice
+//! is at most [`LEASE_SHARE`]th of what is left, so slices shrink as the
+//! budget runs out. A call that finds its lease empty asks the store itself
+//! (one round trip, the uncommon case). While the store answers, a window
+//! admits at most the amount. Bytes are counted locally and flushed every D in
+//! one pipeline (`INCRBY` + `PEXPIRE` + `PTTL` of the latch), reading back the
 //! cluster totals. Every call has a deadline ([`DEFAULT_TIMEOUT`]); on an
 //! error or a timeout the store is marked down (logged once per outage), limits
-//! count locally with their full amount, and a background probe marks it up
-//! again when Redis answers `PING`. Requests never fail because Redis is down.
+//! count locally with their full amount (calls admitted without a lease are
+//! added to the store with the next lease of the window), and a background
+//! probe marks it up again when Redis answers `PING`. Requests never fail
+//! because Redis is down.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -39,6 +51,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// How often a down store is probed with `PING`.
 const PROBE_EVERY: Duration = Duration::from_millis(250);
+
+/// A lease takes at most this fraction (1/N) of the calls a window has left,
+/// so the last calls of a window go out in small slices and an agent that
+/// stops taking traffic holds few of them.
+pub const LEASE_SHARE: u64 = 8;
 
 /// The latch state read from the store: `None` not engaged, `Some(None)`
 /// engaged until released by hand, `Some(Some(d))` engaged for `d` more.
@@ -64,13 +81,48 @@ pub enum ExactReply {
     Engaged(Option<Duration>),
 }
 
-/// One key of a batch flush.
+/// One lease of `sync batch` calls for one key and window, in one atomic
+/// step: give back `give_back`, add `unleased`, then lease up to `want` of
+/// what is left ([`lease_grant`]), unless the latch is set.
+#[derive(Clone, Debug)]
+pub struct LeaseCall {
+    /// The window's counter of leased calls.
+    pub counter: String,
+    pub latch: String,
+    pub expiry_ms: u64,
+    pub amount: u64,
+    /// Calls wanted.
+    pub want: u64,
+    /// Calls this agent admitted in the window without a lease (while the
+    /// store was down): counted first.
+    pub unleased: u64,
+    /// Unused calls of this agent's lease in the window, returned first.
+    pub give_back: u64,
+}
+
+/// The answer to a [`LeaseCall`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseReply {
+    /// `granted` calls are this agent's; `total` calls of the window are
+    /// leased or counted by all agents, these included.
+    Granted { granted: u64, total: u64 },
+    /// The limit is engaged (nothing leased).
+    Engaged(Option<Duration>),
+}
+
+/// How many calls a lease grants: at most `want` and at most a
+/// [`LEASE_SHARE`]th (rounded up) of what the window has left after the
+/// give-back and the unleased calls. The Redis script computes the same.
+pub fn lease_grant(amount: u64, count: u64, unleased: u64, give_back: u64, want: u64) -> u64 {
+    let left = amount.saturating_sub(count.saturating_sub(give_back).saturating_add(unleased));
+    want.min(left.div_ceil(LEASE_SHARE))
+}
+
+/// One key of a batch flush (bytes and the latch; calls are leased).
 #[derive(Clone, Debug, Default)]
 pub struct FlushItem {
     /// Counter key and local delta.
-    pub calls: Option<(String, u64)>,
     pub bytes: Option<(String, u64)>,
-    pub calls_expiry_ms: u64,
     pub bytes_expiry_ms: u64,
     pub latch: String,
     /// Engage the latch first (same encoding as [`ExactCall::latch_ms`]).
@@ -80,7 +132,6 @@ pub struct FlushItem {
 /// What the store holds for one [`FlushItem`] after adding its deltas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FlushReply {
-    pub calls: Option<u64>,
     pub bytes: Option<u64>,
     pub latch: Latch,
 }
@@ -93,6 +144,7 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, String>> + S
 /// (`gov-agent`); an in-memory fake in unit tests of the batching logic.
 pub trait Backend: Send + Sync + std::fmt::Debug {
     fn exact(&self, call: ExactCall) -> StoreFuture<'_, ExactReply>;
+    fn lease(&self, call: LeaseCall) -> StoreFuture<'_, LeaseReply>;
     fn flush(&self, items: Vec<FlushItem>) -> StoreFuture<'_, Vec<FlushReply>>;
     /// Deletes every latch of `rule`; returns how many there were.
     fn release(&self, rule: String) -> StoreFuture<'_, u64>;
@@ -212,6 +264,13 @@ impl ClusterStore {
             return None;
         }
         self.call(self.inner.backend.exact(call)).await
+    }
+
+    pub(crate) async fn lease(&self, call: LeaseCall) -> Option<LeaseReply> {
+        if !self.is_up() {
+            return None;
+        }
+        self.call(self.inner.backend.lease(call)).await
     }
 
     pub(crate) async fn flush(&self, items: Vec<FlushItem>) -> Option<Vec<FlushReply>> {
@@ -374,6 +433,7 @@ pub(crate) mod fake {
         pub latches: Mutex<HashMap<String, Option<Instant>>>,
         pub down: AtomicBool,
         pub flushes: AtomicU64,
+        pub leases: AtomicU64,
     }
 
     impl Memory {
@@ -410,6 +470,24 @@ pub(crate) mod fake {
             }
         }
 
+        pub(crate) fn get(&self, key: &str) -> u64 {
+            self.counters
+                .lock()
+                .ok()
+                .and_then(|c| c.get(key).copied())
+                .unwrap_or(0)
+        }
+
+        /// Adds `plus` and takes `minus` off in one step; the new value.
+        fn add(&self, key: &str, plus: u64, minus: u64) -> u64 {
+            let Ok(mut c) = self.counters.lock() else {
+                return 0;
+            };
+            let v = c.entry(key.to_owned()).or_default();
+            *v = v.saturating_sub(minus) + plus;
+            *v
+        }
+
         fn incr(&self, key: &str, by: u64) -> u64 {
             let Ok(mut c) = self.counters.lock() else {
                 return 0;
@@ -441,6 +519,27 @@ pub(crate) mod fake {
             })
         }
 
+        fn lease(&self, call: LeaseCall) -> StoreFuture<'_, LeaseReply> {
+            Box::pin(async move {
+                let m = &self.0;
+                m.check()?;
+                m.leases.fetch_add(1, Relaxed);
+                let latch = m.latch(&call.latch);
+                let count = m.get(&call.counter);
+                let granted = match latch {
+                    Some(_) => 0,
+                    None => {
+                        lease_grant(call.amount, count, call.unleased, call.give_back, call.want)
+                    }
+                };
+                let total = m.add(&call.counter, granted + call.unleased, call.give_back);
+                Ok(match latch {
+                    Some(l) => LeaseReply::Engaged(l),
+                    None => LeaseReply::Granted { granted, total },
+                })
+            })
+        }
+
         fn flush(&self, items: Vec<FlushItem>) -> StoreFuture<'_, Vec<FlushReply>> {
             Box::pin(async move {
                 let m = &self.0;
@@ -453,7 +552,6 @@ pub(crate) mod fake {
                             m.engage(&item.latch, ms);
                         }
                         FlushReply {
-                            calls: item.calls.as_ref().map(|(k, d)| m.incr(k, *d)),
                             bytes: item.bytes.as_ref().map(|(k, d)| m.incr(k, *d)),
                             latch: m.latch(&item.latch),
                         }

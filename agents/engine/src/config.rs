@@ -57,9 +57,36 @@ pub struct Rule {
     pub source: SourceRef,
     /// Which listener it applies to.
     pub direction: Direction,
+    /// Whether it rejects, or only counts what it would reject. Not part of
+    /// the rule's identity: a re-apply that changes only the mode keeps the
+    /// rule's state.
+    pub mode: Mode,
     /// What it does.
     pub spec: RuleSpec,
     pub(crate) on: Cond,
+}
+
+/// What a rule does with the calls it matches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// It admits, delays and rejects.
+    #[default]
+    Enforce,
+    /// It is evaluated with its own state (windows, latches, fuse states)
+    /// but never rejects or delays: a call it would refuse is counted
+    /// ([`crate::RuleStats::shadow_rejected`]), listed on the call
+    /// ([`crate::Admission::would_reject`]) and goes on to the other rules.
+    Shadow {
+        /// The proxy marks such a call to the upstream
+        /// (`gov-would-reject-by`, [`crate::Admission::stamps`]).
+        stamp: bool,
+    },
+}
+
+impl Mode {
+    pub fn is_shadow(self) -> bool {
+        matches!(self, Mode::Shadow { .. })
+    }
 }
 
 /// Where a rule was written in the `.gov` sources.
@@ -179,8 +206,25 @@ fn header(ctx: &Ctx<'_>, r: &proto::Rule, spec: RuleSpec) -> Result<Rule, Invali
     if ctx.rule.is_empty() {
         return Err(ctx.err("the rule has no name"));
     }
-    match proto::Mode::try_from(r.mode) {
-        Ok(proto::Mode::Enforce) => {}
+    let mode = match proto::Mode::try_from(r.mode) {
+        Ok(proto::Mode::Enforce) if r.stamp_would_reject => {
+            return Err(ctx.err(
+                "`stamp_would_reject` is set on a rule in mode enforce (only a shadow rule stamps)",
+            ));
+        }
+        Ok(proto::Mode::Enforce) => Mode::Enforce,
+        Ok(proto::Mode::Shadow) => {
+            if let RuleSpec::Limit(l) = &spec
+                && l.scope == LimitScope::ClusterExact
+            {
+                return Err(ctx.err(
+                    "a shadow limit cannot count with `sync exact` (each call would wait for the cluster store, and a shadow rule never delays a call): use `sync batch` or `scope local` while in shadow",
+                ));
+            }
+            Mode::Shadow {
+                stamp: r.stamp_would_reject,
+            }
+        }
         Ok(proto::Mode::Unspecified) => return Err(ctx.err("`mode` is missing")),
         Err(_) => {
             return Err(ctx.err(format!(
@@ -188,7 +232,7 @@ fn header(ctx: &Ctx<'_>, r: &proto::Rule, spec: RuleSpec) -> Result<Rule, Invali
                 r.mode
             )));
         }
-    }
+    };
     let on = r.on.as_ref().ok_or_else(|| ctx.err("`on` is missing"))?;
     let on = cond(ctx, on, 0)?;
     let source = r
@@ -210,6 +254,7 @@ fn header(ctx: &Ctx<'_>, r: &proto::Rule, spec: RuleSpec) -> Result<Rule, Invali
         name: ctx.rule.into(),
         source,
         direction,
+        mode,
         spec,
         on,
     })

@@ -69,7 +69,10 @@ pub(crate) fn admit_matched(
     let mut consumer_keyed = false;
     for &id in matched {
         let state = &snap.states[id.0 as usize];
-        if let Some(t) = state.timeout() {
+        // A shadow rule's deadline is counted, not enforced (`Admission::record`).
+        if let Some(t) = state.timeout()
+            && !snap.is_shadow(id.0)
+        {
             admission.shorten_timeout(&snap, t, id.0);
         }
         consumer_keyed |= state.needs_consumer();

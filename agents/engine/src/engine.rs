@@ -187,7 +187,9 @@ impl Engine {
     }
 
     /// Atomically replaces the config. Rules that exist in both configs with
-    /// the same name, direction and parameters keep their state.
+    /// the same name, direction and parameters keep their state, whatever
+    /// their mode: a rule switched between shadow and enforce keeps its
+    /// windows, latches and fuse state.
     pub fn apply(&self, config: CompiledConfig) -> Applied {
         // A poisoned lock only means another apply panicked; the swap itself is atomic.
         let _guard = self.shared.apply.lock().unwrap_or_else(|e| e.into_inner());
@@ -270,10 +272,9 @@ impl Engine {
             kept,
             fresh: states.len() - kept,
         };
-        self.shared.current.store(Arc::new(Snapshot {
-            config: Arc::new(config),
-            states,
-        }));
+        self.shared
+            .current
+            .store(Arc::new(Snapshot::new(Arc::new(config), states)));
         // After the store: a thread that reads the new generation sees the
         // new snapshot.
         self.shared.generation.fetch_add(1, Release);
@@ -424,6 +425,7 @@ impl Engine {
             .zip(&*snap.states)
             .map(|(rule, state)| {
                 let mut s = state.counters().snapshot(&rule.name, rule.spec.kind());
+                s.shadow = rule.mode.is_shadow();
                 state.stats(&mut s);
                 s
             })

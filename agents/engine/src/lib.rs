@@ -46,6 +46,11 @@
 //!   turns an expired one into a 504 [`Rejection`].
 //! - [`Rejection`]: rule (`service/rule`), [`RejectReason`], status,
 //!   `Retry-After`; [`Rejection::to_response`] is the one mapping to HTTP.
+//! - Rules in [`Mode::Shadow`] never reject or delay: what they would have
+//!   refused is counted ([`RuleStats::shadow_rejected`]) and listed per call
+//!   as [`WouldReject`]s by [`Admission::would_reject`] and
+//!   [`Rejection::would_reject`]; [`Admission::stamps`] names those to mark
+//!   upstream ([`WOULD_REJECT_BY`]).
 //! - [`GovernLayer`] / [`Govern`]: the same decision as a tower layer around
 //!   any `Service<http::Request<B>>` (`examples/in_process.rs`).
 //! - [`path::normalize`]: the path normalization the sidecar applies before
@@ -83,7 +88,7 @@ mod window;
 
 pub use body::{GovBody, MeteredBody};
 pub use cluster::ClusterStore;
-pub use config::{CompiledConfig, Direction, InvalidConfig, RuleId, RuleKind};
+pub use config::{CompiledConfig, Direction, InvalidConfig, Mode, RuleId, RuleKind};
 pub use engine::{
     Admission, Applied, ByteMeter, CommandError, Decision, Engine, FuseView, LimitView, Pending,
     RequestInfo, StatsSnapshot, Target,
@@ -93,6 +98,6 @@ pub use gov_proto::path;
 pub use latch::{InvalidLatch, Latch, LatchKind, Restored};
 pub use layer::{Govern, GovernLayer};
 pub use outcome::Outcome;
-pub use rejection::{REJECTED_BY, RejectReason, Rejection};
+pub use rejection::{REJECTED_BY, RejectReason, Rejection, WOULD_REJECT_BY, WouldReject};
 pub use route::Headers;
 pub use stats::{FuseState, LATENCY_BUCKETS_MS, MAX_ENGAGED_KEYS, RuleStats};

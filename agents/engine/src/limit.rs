@@ -13,12 +13,14 @@
 //! - `sync exact`: the engine asks the store for every call ([`Limit::remote`],
 //!   [`Limit::admit_exact`]), one round trip that counts, checks the latch and
 //!   engages it; the window clock is Unix time, the same for every agent;
-//! - `sync batch D`: calls and bytes count locally in [`Part`]s and a task
-//!   flushes every key's delta every D ([`Limit::flush`]); a call is admitted
-//!   while `cluster total at the last flush + own calls in flight to the store +
-//!   own calls since` stays under the amount. Each agent sees the others' calls
-//!   at most D late, so a window admits at most `amount + agents × rate × D`
-//!   (each agent's calls of one period that the others have not seen yet).
+//! - `sync batch D`: calls are *leased* ([`Lease`]): an agent takes a slice
+//!   of the window's remaining calls from the store and admits locally while
+//!   it holds some; a task tops the lease up every D and gives back the
+//!   lease of an idle key ([`Limit::flush`]), and a call that finds the lease
+//!   empty asks the store itself ([`Limit::admit_leased`]). While the store
+//!   answers, a window admits at most the amount, whatever the number of
+//!   agents; the store down, each agent counts on from the window's last
+//!   known total.
 //!
 //! Bytes of cluster limits are always batched (they are counted as bodies
 //! stream, after admission), every D, or every 100ms with `sync exact`.
@@ -61,7 +63,7 @@ const MANUAL: u64 = u64::MAX;
 /// How often a `sync exact` limit flushes bytes and reads its latches back.
 pub(crate) const EXACT_BYTES_FLUSH: Duration = Duration::from_millis(100);
 
-/// One counter of a batched cluster limit in one window.
+/// The bytes of one key of a cluster limit in one window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Part {
     /// Window number (Unix ms / window length).
@@ -91,10 +93,57 @@ impl Part {
     }
 }
 
+/// The calls of one key of a batched cluster limit in one window: leased from
+/// the store, or counted without a lease while the store is down.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Lease {
+    /// Window number (Unix ms / window length).
+    pub window: u64,
+    /// Leased calls not used yet.
+    pub left: u64,
+    /// Calls asked for (admitted or not) since the last top-up.
+    pub demand: u64,
+    /// Calls asked for in the last period: the next lease is twice that.
+    pub per_period: u64,
+    /// The window's leased and counted calls in the store, all agents, at
+    /// its last answer.
+    pub total: u64,
+    /// Calls admitted without a lease, not yet in the store.
+    pub unleased: u64,
+    /// Unleased calls sent with a lease that has not been answered.
+    pub sending: u64,
+}
+
+impl Lease {
+    /// A new window: the old lease expires with it.
+    fn roll(&mut self, window: u64) {
+        if self.window != window {
+            *self = Lease {
+                window,
+                per_period: self.per_period,
+                ..Lease::default()
+            };
+        }
+    }
+
+    /// Whether the store has calls left to lease, as last known.
+    fn budget_left(&self, amount: u64) -> bool {
+        self.total
+            .saturating_add(self.unleased)
+            .saturating_add(self.sending)
+            < amount
+    }
+
+    /// How many calls to ask for: two periods of this agent's traffic.
+    fn want(&self) -> u64 {
+        self.per_period.max(self.demand).max(1).saturating_mul(2)
+    }
+}
+
 /// The shared-store view of one key of a cluster limit.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
-    pub calls: Part,
+    pub lease: Lease,
     pub bytes: Part,
     /// Used since the last flush (the flush reads the cluster total back).
     pub active: bool,
@@ -120,6 +169,9 @@ pub(crate) struct LimitCell {
     key: Box<str>,
     /// Cluster limits only.
     shared: Mutex<Shared>,
+    /// Held by the one call of this key that asks the store for a lease;
+    /// the others wait for its answer rather than ask too.
+    lease_turn: tokio::sync::Mutex<()>,
 }
 
 impl LimitCell {
@@ -143,6 +195,15 @@ struct ClusterLink {
     exact: bool,
     period: Duration,
 }
+
+/// Not a refusal: a `sync batch` call found its key's lease empty while the
+/// store answers, so it leases first ([`Limit::admit_leased`]). A real
+/// refusal's wait is never zero (a window has at least 1ms left).
+pub(crate) const LEASE_FIRST: Exceeded = Exceeded {
+    reason: RejectReason::LimitCalls,
+    wait: Some(Duration::ZERO),
+    engaged: false,
+};
 
 /// Which key's counters a call uses.
 #[derive(Clone, Debug)]
@@ -486,6 +547,8 @@ impl Primitive for Limit {
         let cell = self.cell(scope_ref(scope));
         match self.try_admit(cell, now) {
             Ok(()) => Answer::Granted(self.grant()),
+            // `sync batch` with an empty lease: asked from the store.
+            Err(LEASE_FIRST) => Answer::Wait(Duration::ZERO),
             Err(e) => self.shape(cell, e, now, start),
         }
     }
@@ -495,13 +558,19 @@ impl Primitive for Limit {
         scope: Option<&CellRef>,
         start: Instant,
     ) -> Result<Grant, (RejectReason, Option<Duration>)> {
-        // A `sync exact` call in flight to the store is not "waiting".
-        let _waiting = (!self.remote()).then(|| Waiting::new(&self.counters));
         let cell = self.cell(scope_ref(scope));
+        // A call in flight to the store is not "waiting".
+        let to_store = self.remote() || self.needs_lease(cell, Instant::now());
+        let _waiting = (!to_store).then(|| Waiting::new(&self.counters));
         loop {
             let now = Instant::now();
             let answer = if self.remote() {
                 match self.admit_exact(cell, now).await {
+                    Ok(()) => Answer::Granted(self.grant()),
+                    Err(e) => self.shape(cell, e, now, start),
+                }
+            } else if self.leases() {
+                match self.admit_leased(cell).await {
                     Ok(()) => Answer::Granted(self.grant()),
                     Err(e) => self.shape(cell, e, now, start),
                 }
@@ -757,66 +826,201 @@ mod tests {
             tokio::time::advance(Duration::from_millis(w - unix % w)).await;
         }
 
-        fn admit_n(l: &Limit, n: usize) -> usize {
-            (0..n)
-                .filter(|_| {
-                    let c = CellRef::Single;
-                    match l.try_admit(l.cell(&c), Instant::now()) {
-                        Ok(()) => true,
-                        Err(e) => {
-                            l.refuse(l.cell(&c), e, Instant::now());
-                            false
-                        }
-                    }
-                })
-                .count()
-        }
-
-        #[tokio::test(start_paused = true)]
-        async fn batch_merges_the_cluster_total_with_local_calls() {
-            let memory = Arc::new(Memory::default());
-            let store = store(&memory);
-            align(&store).await;
-            let batch = LimitScope::ClusterBatch(Duration::from_millis(100));
-            let (a, _) = agent(&store, batch, 10, None);
-            let (b, _) = agent(&store, batch, 10, None);
-            // Before any flush each agent only knows its own calls.
-            assert_eq!(admit_n(&a, 6), 6);
-            assert_eq!(admit_n(&b, 3), 3);
-            a.flush().await;
-            b.flush().await;
-            a.flush().await;
-            // Both now know the cluster total (9): one call left for the cluster.
-            assert_eq!(a.single.shared().calls.base, 9);
-            assert_eq!(admit_n(&a, 5), 1);
-            a.flush().await;
-            b.flush().await;
-            assert_eq!(admit_n(&b, 5), 0);
-            // The next window starts from zero.
-            tokio::time::advance(WINDOW).await;
-            assert_eq!(admit_n(&b, 4), 4);
-        }
-
-        #[tokio::test(start_paused = true)]
-        async fn batch_overshoot_stays_within_agents_times_one_period() {
-            let memory = Arc::new(Memory::default());
-            let store = store(&memory);
-            align(&store).await;
-            let batch = LimitScope::ClusterBatch(Duration::from_millis(100));
-            let agents: Vec<_> = (0..3).map(|_| agent(&store, batch, 100, None).0).collect();
-            // 20 calls per agent per period, flushed every period, for a whole window.
+        /// `n` calls through the primitive's decision (a `sync batch` call
+        /// with an empty lease asks the store); how many were admitted.
+        async fn admit_n(l: &Limit, n: usize) -> usize {
             let mut admitted = 0;
+            for _ in 0..n {
+                let now = Instant::now();
+                let ok = match l.try_acquire(None, now, now) {
+                    Answer::Granted(_) => true,
+                    Answer::Refused(..) => false,
+                    Answer::Wait(_) => l.acquire(None, now).await.is_ok(),
+                };
+                admitted += usize::from(ok);
+            }
+            admitted
+        }
+
+        fn lease(l: &Limit) -> Lease {
+            l.single.shared().lease
+        }
+
+        /// The store's count of leased calls in the current window.
+        fn leased(memory: &Memory, store: &ClusterStore) -> u64 {
+            let window = store.unix_ms(Instant::now()) / ms(WINDOW);
+            memory.get(&crate::cluster::calls_key("svc/shared", "", window))
+        }
+
+        const BATCH: LimitScope = LimitScope::ClusterBatch(Duration::from_millis(100));
+
+        #[tokio::test(start_paused = true)]
+        async fn batch_agents_lease_shares_and_never_admit_more_than_the_amount() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let agents: Vec<_> = (0..3).map(|_| agent(&store, BATCH, 100, None).0).collect();
+            // The first call of each asks for a lease of two calls.
+            assert_eq!(admit_n(&agents[0], 1).await, 1);
+            assert_eq!(lease(&agents[0]).left, 1);
+            assert_eq!(leased(&memory, &store), 2);
+            // 20 calls per agent per period, every period topped up, for a
+            // whole window: 3,000 calls offered for 100.
+            let mut admitted = 1;
             for _ in 0..50 {
                 for l in &agents {
-                    admitted += admit_n(l, 20);
+                    admitted += admit_n(l, 20).await;
                 }
                 for l in &agents {
                     l.flush().await;
+                    // A slice is at most what was left / LEASE_SHARE.
+                    let lease = lease(l);
+                    assert!(lease.left <= 40, "{lease:?}");
                 }
                 tokio::time::advance(Duration::from_millis(100)).await;
+                assert!(leased(&memory, &store) <= 100);
             }
-            // amount + agents x (calls per agent per period).
-            assert!((100..=100 + 3 * 20).contains(&admitted), "{admitted}");
+            assert_eq!(admitted, 100, "leasing admits the amount, no more");
+            // Spent: refused without asking the store; only the top-up asks
+            // again (once a period, for calls an idle agent gave back).
+            let leases = memory.leases.load(Relaxed);
+            assert_eq!(admit_n(&agents[2], 20).await, 0);
+            assert_eq!(memory.leases.load(Relaxed), leases);
+            // The next window starts from zero: the old lease expired with it.
+            tokio::time::advance(WINDOW).await;
+            assert_eq!(admit_n(&agents[1], 4).await, 4);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn concurrent_calls_waiting_for_a_lease_stay_within_the_amount() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let agents: Vec<_> = (0..2).map(|_| agent(&store, BATCH, 100, None).0).collect();
+            // 2 x 40 calls at once, each of 4 rounds: they queue for the
+            // leases, and those that find a fresh lease emptied lease again.
+            let mut admitted = 0;
+            for _ in 0..4 {
+                let calls = agents
+                    .iter()
+                    .flat_map(|l| (0..40).map(move |_| admit_n(l, 1)));
+                admitted += futures::future::join_all(calls)
+                    .await
+                    .into_iter()
+                    .sum::<usize>();
+                assert!(admitted <= 100, "{admitted}");
+            }
+            assert_eq!(admitted, 100);
+            assert_eq!(leased(&memory, &store), 100);
+            assert!(agents.iter().all(|l| lease(l).unleased == 0));
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_lease_running_low_is_topped_up_off_the_request_path() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let (a, _) = agent(&store, BATCH, 10_000, None);
+            assert_eq!(admit_n(&a, 30).await, 30);
+            // The first lease was 2, then each empty lease asked for twice
+            // the calls asked for so far.
+            let asked = memory.leases.load(Relaxed);
+            assert!((2..=6).contains(&asked), "{asked}");
+            a.flush().await;
+            // 30 calls in the period: topped up to two periods' worth.
+            assert_eq!(lease(&a).left, 60);
+            assert_eq!(lease(&a).per_period, 30);
+            let asked = memory.leases.load(Relaxed);
+            // Another period at that rate uses the lease: no store call.
+            assert_eq!(admit_n(&a, 30).await, 30);
+            assert_eq!(memory.leases.load(Relaxed), asked);
+            assert!(!a.needs_lease(&a.single, Instant::now()));
+            // Low (30 of 60 left): the next period's top-up asks for more.
+            a.flush().await;
+            assert_eq!(lease(&a).left, 60);
+            assert_eq!(leased(&memory, &store), 30 + 30 + 60);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn the_last_calls_go_in_shrinking_slices_and_an_idle_agent_gives_its_lease_back() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let (a, _) = agent(&store, BATCH, 100, None);
+            let (b, _) = agent(&store, BATCH, 100, None);
+            // a is busy: 40 a period, topped up to 80 but at most 1/8 of
+            // what is left at each lease.
+            assert_eq!(admit_n(&a, 40).await, 40);
+            let before = lease(&a);
+            a.flush().await;
+            let topped = lease(&a).left - before.left;
+            assert!(
+                topped <= (100 - before.total).div_ceil(8),
+                "{topped} more on {before:?}"
+            );
+            // Then a has no traffic for a period: its lease goes back.
+            tokio::time::advance(Duration::from_millis(100)).await;
+            a.flush().await;
+            a.flush().await;
+            assert_eq!(lease(&a).left, 0);
+            assert_eq!(leased(&memory, &store), 40);
+            // b gets everything that is left.
+            assert_eq!(admit_n(&b, 100).await, 60);
+            assert_eq!(leased(&memory, &store), 100);
+            assert_eq!(admit_n(&a, 5).await, 0, "the budget is spent");
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_lease_expires_with_its_window() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let (a, _) = agent(&store, BATCH, 10, None);
+            assert_eq!(admit_n(&a, 3).await, 3);
+            a.flush().await;
+            assert!(lease(&a).left > 0);
+            tokio::time::advance(WINDOW).await;
+            // The new window holds nothing: the old lease is not used.
+            assert!(a.needs_lease(&a.single, Instant::now()));
+            assert_eq!(lease(&a).left, 0);
+            assert_eq!(leased(&memory, &store), 0);
+            assert_eq!(admit_n(&a, 12).await, 10);
+            assert_eq!(leased(&memory, &store), 10);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn redis_down_mid_lease_uses_the_lease_then_counts_locally_and_reports_back() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let (a, _) = agent(&store, BATCH, 50, None);
+            let (b, _) = agent(&store, BATCH, 50, None);
+            assert_eq!(admit_n(&b, 10).await, 10);
+            assert_eq!(admit_n(&a, 10).await, 10);
+            a.flush().await;
+            let held = lease(&a);
+            assert!(held.left > 0, "{held:?}");
+            let total = held.total;
+            assert_eq!(leased(&memory, &store), total, "a's answer was the last");
+            memory.down.store(true, Relaxed);
+            // The lease is used first, with no store call...
+            assert_eq!(admit_n(&a, held.left as usize).await, held.left as usize);
+            assert!(store.is_up(), "no call to the store yet");
+            // ...then the call that finds it empty notices the outage and the
+            // agent counts on from the window's last known total.
+            assert_eq!(admit_n(&a, 100).await as u64, 50 - total);
+            assert!(!store.is_up());
+            assert_eq!(store.outages(), 1);
+            assert_eq!(lease(&a).unleased, 50 - total);
+            // The store is back: the unleased calls reach it with the next lease.
+            memory.down.store(false, Relaxed);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(store.is_up(), "the probe saw it back");
+            a.flush().await;
+            assert_eq!(lease(&a).unleased, 0);
+            // Its calls fill the window's budget: no lease on top.
+            assert_eq!(leased(&memory, &store), 50);
+            assert_eq!(lease(&a).left, 0);
         }
 
         #[tokio::test(start_paused = true)]
@@ -842,11 +1046,11 @@ mod tests {
             let memory = Arc::new(Memory::default());
             let store = store(&memory);
             align(&store).await;
-            let batch = LimitScope::ClusterBatch(Duration::from_millis(100));
+            let batch = BATCH;
             let latch = Some(ReleaseSpec::After(Duration::from_secs(3600)));
             let (a, _) = agent(&store, batch, 2, latch);
             let (b, mut b_events) = agent(&store, batch, 2, latch);
-            assert_eq!(admit_n(&a, 3), 2);
+            assert_eq!(admit_n(&a, 3).await, 2);
             assert!(a.engaged());
             a.flush().await;
             b.flush().await;
@@ -854,7 +1058,7 @@ mod tests {
             assert_eq!(b_events.try_recv().unwrap().kind, EventKind::LimitEngaged);
             // Engaged for b in later windows too.
             tokio::time::advance(WINDOW).await;
-            assert_eq!(admit_n(&b, 1), 0);
+            assert_eq!(admit_n(&b, 1).await, 0);
             // A release on a clears the store; b follows at its next flush.
             assert!(a.release("ops", None));
             // The background delete or this one removed the latch.
@@ -863,7 +1067,7 @@ mod tests {
             b.flush().await;
             assert!(!b.engaged());
             assert_eq!(b_events.try_recv().unwrap().kind, EventKind::LimitReleased);
-            assert_eq!(admit_n(&b, 1), 1);
+            assert_eq!(admit_n(&b, 1).await, 1);
         }
 
         #[tokio::test(start_paused = true)]
@@ -871,11 +1075,10 @@ mod tests {
             let memory = Arc::new(Memory::default());
             let store = store(&memory);
             align(&store).await;
-            let batch = LimitScope::ClusterBatch(Duration::from_millis(100));
-            let (a, _) = agent(&store, batch, 10, None);
+            let (a, _) = agent(&store, BATCH, 10, None);
             let (x, _) = agent(&store, LimitScope::ClusterExact, 3, None);
             memory.down.store(true, Relaxed);
-            assert_eq!(admit_n(&a, 4), 4);
+            assert_eq!(admit_n(&a, 4).await, 4);
             a.flush().await;
             assert!(!store.is_up());
             assert_eq!(store.outages(), 1);
@@ -890,17 +1093,18 @@ mod tests {
             assert_eq!(admitted, 3);
             // Flushes while down do not touch the store; deltas stay.
             a.flush().await;
-            assert_eq!(a.single.shared().calls.delta, 4);
+            assert_eq!(lease(&a).unleased, 4);
             assert_eq!(store.outages(), 1, "one outage, however many calls");
             memory.down.store(false, Relaxed);
             tokio::time::sleep(Duration::from_millis(300)).await;
             assert!(store.is_up(), "the probe saw it back");
             assert!(x.remote());
             a.flush().await;
+            assert_eq!(lease(&a).unleased, 0);
             assert_eq!(
-                a.single.shared().calls.base,
-                4,
-                "the outage's calls reached the store"
+                leased(&memory, &store),
+                4 + lease(&a).left,
+                "the outage's calls reached the store with the next lease"
             );
         }
     }

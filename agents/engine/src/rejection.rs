@@ -20,6 +20,11 @@ use http_body_util::Full;
 /// The response header that names the rejecting rule.
 pub const REJECTED_BY: &str = "gov-rejected-by";
 
+/// The request header the proxy stamps on a call that rules in mode
+/// `shadow stamp` would have rejected (`service/rule`, comma-separated).
+/// Only the agent writes it: a client's own is removed.
+pub const WOULD_REJECT_BY: &str = "gov-would-reject-by";
+
 /// Why a call was rejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RejectReason {
@@ -104,6 +109,25 @@ pub struct Rejection {
     /// The answer to a gRPC call (RESOURCE_EXHAUSTED limits, UNAVAILABLE
     /// bulkheads and fuses, DEADLINE_EXCEEDED timeouts by default).
     pub grpc: GrpcCode,
+    /// The shadow rules that would have refused this call too, in decision
+    /// order, among those decided before this rejection (empty without
+    /// shadow rules: no allocation).
+    pub would_reject: Vec<WouldReject>,
+}
+
+/// A rule in mode shadow that would have refused a call: the call went on.
+/// On [`crate::Admission::would_reject`] and [`Rejection::would_reject`],
+/// for logs of what a policy would do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WouldReject {
+    /// `service/rule`.
+    pub rule: Arc<str>,
+    /// What it would have refused it for. A call that the rule would have
+    /// made wait (a bulkhead's `max_wait`, a shaping limit) counts as
+    /// refused for the reason a failed wait gives (`bulkhead_timeout`,
+    /// `limit_calls`): a shadow rule never delays, so it cannot know
+    /// whether the wait would have succeeded.
+    pub reason: RejectReason,
 }
 
 impl Rejection {
@@ -230,6 +254,7 @@ mod tests {
             status: StatusCode::TOO_MANY_REQUESTS,
             retry_after: Some(Duration::from_millis(1200)),
             grpc: GrpcCode::ResourceExhausted,
+            would_reject: Vec::new(),
         };
         let resp = r.to_response();
         assert_eq!(resp.status(), 429);
@@ -247,6 +272,7 @@ mod tests {
             status: StatusCode::TOO_MANY_REQUESTS,
             retry_after: Some(Duration::from_millis(1200)),
             grpc: GrpcCode::ResourceExhausted,
+            would_reject: Vec::new(),
         };
         let mut out = Vec::new();
         r.write_http1(&mut out, true);
@@ -285,6 +311,7 @@ mod tests {
             status: StatusCode::TOO_MANY_REQUESTS,
             retry_after: Some(Duration::from_millis(1)),
             grpc: GrpcCode::ResourceExhausted,
+            would_reject: Vec::new(),
         };
         assert_eq!(r.retry_after_secs(), Some(1));
         r.retry_after = Some(Duration::from_secs(7200));

@@ -31,6 +31,9 @@ pub(crate) struct Snapshot {
     pub(crate) config: Arc<CompiledConfig>,
     // INVARIANT: `states[i]` belongs to `config.rules[i]` and has its kind.
     pub(crate) states: Box<[State]>,
+    /// Whether any rule is in mode shadow: without one, a decision never
+    /// reads a rule's mode.
+    pub(crate) any_shadow: bool,
 }
 
 impl Snapshot {
@@ -44,7 +47,35 @@ impl Snapshot {
             .iter()
             .map(|r| State::new(&r.spec, &r.name, events, cluster))
             .collect();
-        Self { config, states }
+        Self::new(config, states)
+    }
+
+    /// The snapshot of `config` with the state of each of its rules.
+    pub(crate) fn new(config: Arc<CompiledConfig>, states: Box<[State]>) -> Self {
+        let any_shadow = config.rules.iter().any(|r| r.mode.is_shadow());
+        Self {
+            config,
+            states,
+            any_shadow,
+        }
+    }
+
+    /// Whether rule `rule` is in mode shadow.
+    #[inline]
+    pub(crate) fn is_shadow(&self, rule: u32) -> bool {
+        self.any_shadow
+            && self
+                .config
+                .rules
+                .get(rule as usize)
+                .is_some_and(|r| r.mode.is_shadow())
+    }
+
+    /// Counts a would-be rejection by the shadow rule `rule`.
+    pub(crate) fn shadow_reject(&self, rule: u32, reason: RejectReason) {
+        self.states[rule as usize]
+            .counters()
+            .shadow_reject(stripe::current(), reason);
     }
 
     /// Counts a rejection by `rule` and builds it.
@@ -66,6 +97,7 @@ impl Snapshot {
             status,
             retry_after,
             grpc,
+            would_reject: Vec::new(),
         }
     }
 

@@ -166,6 +166,16 @@ impl State {
         }
     }
 
+    /// What a call counts as when this rule, in mode shadow, would have
+    /// made it wait: the refusal a failed wait gives.
+    pub(crate) fn wait_refusal(&self) -> RejectReason {
+        match self {
+            State::Bulkhead(_) => RejectReason::BulkheadTimeout,
+            State::Limit(_) => RejectReason::LimitCalls,
+            State::Fuse(_) => RejectReason::FuseOpen,
+        }
+    }
+
     #[inline]
     pub(crate) fn timeout(&self) -> Option<Duration> {
         dispatch!(self, p => Primitive::timeout(&**p))

@@ -34,7 +34,7 @@ pub(crate) struct Counters {
     pub waiting: AtomicU64,
 }
 
-/// One thread's share of a rule's counters: 34 words in five cache lines
+/// One thread's share of a rule's counters: 40 words in five cache lines
 /// (aligned so that two threads never write the same line).
 #[derive(Debug, Default)]
 #[repr(align(64))]
@@ -44,6 +44,8 @@ struct Stripe {
     /// ends in a latency bucket: `in_flight = admitted - buckets - unrecorded`.
     unrecorded: AtomicU64,
     rejected: [AtomicU64; RejectReason::COUNT],
+    /// Shadow rules: calls that would have been rejected (and went on).
+    shadow_rejected: [AtomicU64; RejectReason::COUNT],
     latency: [AtomicU64; LATENCY_BUCKETS],
     /// Sum of the latencies counted in `latency`, in microseconds (the
     /// histogram's `_sum`).
@@ -74,6 +76,12 @@ impl Counters {
         }
     }
 
+    /// A shadow rule would have rejected a call for `reason`.
+    pub(crate) fn shadow_reject(&self, slot: Slot, reason: RejectReason) {
+        let (s, owned) = self.stripes.get(slot);
+        stripe::add(&s.shadow_rejected[reason as usize], owned, 1);
+    }
+
     /// An admission ended without a recorded outcome.
     pub(crate) fn end(&self, slot: Slot) {
         let (s, owned) = self.stripes.get(slot);
@@ -94,6 +102,7 @@ impl Counters {
         let mut admitted = 0u64;
         let mut unrecorded = 0u64;
         let mut rejected = [0u64; RejectReason::COUNT];
+        let mut shadow_rejected = [0u64; RejectReason::COUNT];
         let mut latency = [0u64; LATENCY_BUCKETS];
         let mut latency_sum_us = 0u64;
         let mut grpc = [0u64; GRPC_CODES];
@@ -102,6 +111,9 @@ impl Counters {
             sum(&mut admitted, &s.admitted);
             sum(&mut unrecorded, &s.unrecorded);
             for (t, c) in rejected.iter_mut().zip(&s.rejected) {
+                sum(t, c);
+            }
+            for (t, c) in shadow_rejected.iter_mut().zip(&s.shadow_rejected) {
                 sum(t, c);
             }
             for (t, c) in latency.iter_mut().zip(&s.latency) {
@@ -120,6 +132,8 @@ impl Counters {
             waiting: self.waiting.load(Relaxed),
             admitted,
             rejected,
+            shadow_rejected,
+            shadow: false,
             latency,
             latency_sum: Duration::from_micros(latency_sum_us),
             grpc,
@@ -168,6 +182,12 @@ pub struct RuleStats {
     pub admitted: u64,
     /// Rejected, cumulative, indexed by `RejectReason as usize`.
     pub rejected: [u64; RejectReason::COUNT],
+    /// Rules in mode shadow: calls they would have rejected (which went
+    /// on), cumulative, indexed like `rejected`. Counted across a switch
+    /// between shadow and enforce, as the rule's state is.
+    pub shadow_rejected: [u64; RejectReason::COUNT],
+    /// The rule is in mode shadow in the config in force.
+    pub shadow: bool,
     /// Ended admissions by latency bucket (see [`LATENCY_BUCKETS_MS`]);
     /// not cumulative across buckets.
     pub latency: [u64; LATENCY_BUCKETS],
@@ -197,6 +217,7 @@ impl RuleStats {
     /// The wire form (`gov.v1.RuleStats`).
     pub fn to_proto(&self) -> proto::RuleStats {
         let r = |reason| self.rejected(reason);
+        let shadow = |reason: RejectReason| self.shadow_rejected[reason as usize];
         proto::RuleStats {
             rule: self.rule.to_string(),
             kind: self.kind as i32,
@@ -226,6 +247,16 @@ impl RuleStats {
             } else {
                 self.grpc.to_vec()
             },
+            shadow_rejected: self.shadow_rejected.iter().any(|&n| n > 0).then(|| {
+                proto::Rejections {
+                    bulkhead_full: shadow(RejectReason::BulkheadFull),
+                    bulkhead_timeout: shadow(RejectReason::BulkheadTimeout),
+                    limit_calls: shadow(RejectReason::LimitCalls),
+                    limit_bytes: shadow(RejectReason::LimitBytes),
+                    fuse_open: shadow(RejectReason::FuseOpen),
+                    timeout: shadow(RejectReason::Timeout),
+                }
+            }),
         }
     }
 }

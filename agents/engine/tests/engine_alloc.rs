@@ -54,6 +54,12 @@ rules:
   fuse:
     trips:
     - {metric: TRIP_METRIC_ERROR_RATIO, op: COMPARE_OP_GT, ratio_milli_percent: 50000, window_ms: 60000, min_calls: 20}
+- name: order/export_trial
+  on: {path: {kind: PATH_KIND_PREFIX, value: /api/export}}
+  mode: MODE_SHADOW
+  stamp_would_reject: true
+  limit:
+    calls: {amount: 1, window_ms: 3600000}
 "#;
 
 fn main() {
@@ -77,6 +83,8 @@ fn decisions_do_not_allocate() {
     ];
     let decide = |info: &RequestInfo<'_>| match engine.try_admit(info) {
         Decision::Admitted(a) => {
+            // A shadow rule's would-be refusal is kept inline.
+            black_box(a.stamps().count());
             a.add_bytes(100);
             a.finish(Outcome::Status(200));
         }
@@ -106,4 +114,11 @@ fn decisions_do_not_allocate() {
         .find(|r| &*r.rule == "order/api_calls")
         .unwrap();
     assert_eq!(api.admitted, 20_002);
+    // The shadow limit would have refused every `/api/export` call but the first.
+    let trial = stats
+        .rules
+        .iter()
+        .find(|r| &*r.rule == "order/export_trial")
+        .unwrap();
+    assert_eq!(trial.shadow_rejected.iter().sum::<u64>(), 10_000);
 }

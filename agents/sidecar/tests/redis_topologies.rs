@@ -2,8 +2,11 @@
 //! replicas) and a real Sentinel set-up (one master, one replica, one
 //! sentinel), all `redis-server` processes on 127.0.0.1 killed on drop: two
 //! engines share one limit as two agents of a service would; killing the
-//! master that holds the rule's keys falls back to local counting without
-//! failing a request, and shared counting resumes after the failover.
+//! master that holds the rule's keys under load (`sync exact` and leased
+//! `sync batch`) falls back to local counting without failing a request or
+//! holding one beyond the store's deadline (plus slack), shared counting
+//! resumes after the failover, and each test prints the window's overshoot
+//! and asserts the documented bound on it.
 //!
 //! The cluster bus does not take port 0, so ports are picked by binding port
 //! 0 and releasing it, and a node that cannot start is started again on other
@@ -413,18 +416,27 @@ fn counter_key() -> String {
 struct Outage {
     /// Calls made while the agents were polled.
     calls: u64,
+    /// Calls admitted (store up or down).
+    admitted: u64,
     /// Calls admitted while the making agent's store was down.
     admitted_down: u64,
     /// Calls refused by the limit while its store was down.
     refused_down: u64,
+    /// The longest decision.
+    slowest: Duration,
     /// How long until each agent's store was down, then up again.
     down_after: Option<Duration>,
     up_after: Option<Duration>,
 }
 
+/// The longest a decision may take while Redis fails over: the store's
+/// deadline (`DEFAULT_TIMEOUT`, 50ms) and slack for a loaded test machine.
+/// A request that waited for the failover would take its 1-3 s.
+const DECISION_BOUND: Duration = Duration::from_millis(500);
+
 /// Both agents call every 5ms until both stores have been down and are up
 /// again (at most `limit`): no call may fail other than by the limit, none
-/// may take over 2s.
+/// may take longer than [`DECISION_BOUND`].
 async fn through_an_outage(a: &Engine, b: &Engine, kill: impl FnOnce(), limit: Duration) -> Outage {
     let start = Instant::now();
     kill();
@@ -434,12 +446,18 @@ async fn through_an_outage(a: &Engine, b: &Engine, kill: impl FnOnce(), limit: D
     while start.elapsed() < limit {
         every.tick().await;
         for (i, engine) in [a, b].into_iter().enumerate() {
+            let began = Instant::now();
             let result = call(engine).await;
+            outage.slowest = outage.slowest.max(began.elapsed());
             outage.calls += 1;
             let up = engine.stats().cluster_store_up == Some(true);
             match result {
-                Ok(()) if !up => outage.admitted_down += 1,
-                Ok(()) => {}
+                Ok(()) => {
+                    outage.admitted += 1;
+                    if !up {
+                        outage.admitted_down += 1;
+                    }
+                }
                 Err(r) => {
                     assert_eq!(r.reason, RejectReason::LimitCalls, "{r:?}");
                     if !up {
@@ -459,6 +477,63 @@ async fn through_an_outage(a: &Engine, b: &Engine, kill: impl FnOnce(), limit: D
         }
     }
     outage
+}
+
+/// Kills the master of the rule's slot while two agents call (`sync`,
+/// `amount` per 60s window, 30 calls made before): the agents, the outage
+/// and the calls admitted before the kill. Prints the window's overshoot.
+async fn kill_the_rules_master_under_load(
+    cluster: &mut RedisCluster,
+    sync: &str,
+    amount: u64,
+) -> (Engine, Engine, Outage, u64) {
+    let config = limit_config(amount, sync, "");
+    let (a, b) = (
+        agent(&cluster.url(), &config),
+        agent(&cluster.url(), &config),
+    );
+    fit_in_one_window(45_000).await;
+    let before = calls(&a, 15).await + calls(&b, 15).await;
+    let key = counter_key();
+    let master = cluster.master_of(&key);
+    let outage = through_an_outage(
+        &a,
+        &b,
+        || cluster.nodes[master].kill(),
+        Duration::from_secs(25),
+    )
+    .await;
+    let overshoot = (before + outage.admitted).saturating_sub(amount);
+    let sync = sync.split_whitespace().collect::<Vec<_>>().join(" ");
+    eprintln!(
+        "redis cluster, {sync}, amount {amount}: admitted {before} before the kill; then \
+         {outage:?}; the window admitted {} (overshoot {overshoot})",
+        before + outage.admitted
+    );
+    if outage.up_after.is_none() {
+        let live = cluster.nodes.iter().find(|n| n.child.is_some()).unwrap();
+        eprintln!(
+            "agents up: {:?} {:?}; CLUSTER NODES:\n{}",
+            a.stats().cluster_store_up,
+            b.stats().cluster_store_up,
+            live.cli(&["CLUSTER", "NODES"])
+        );
+    }
+    assert!(
+        outage.down_after.is_some(),
+        "the agents never noticed: {outage:?}"
+    );
+    assert!(
+        outage.up_after.is_some(),
+        "never counted through the cluster again: {outage:?}"
+    );
+    assert!(
+        outage.slowest <= DECISION_BOUND,
+        "a decision took {:?} while the master failed over: blocked on redis",
+        outage.slowest
+    );
+    assert_ne!(cluster.master_of(&key), master);
+    (a, b, outage, before)
 }
 
 // === tests ===
@@ -543,60 +618,67 @@ async fn killing_the_master_of_a_rules_slot_falls_back_locally_then_resumes() {
     }
     let mut cluster = RedisCluster::start();
     let amount = 20;
-    let config = limit_config(amount, EXACT, "");
-    let (a, b) = (
-        agent(&cluster.url(), &config),
-        agent(&cluster.url(), &config),
-    );
-    fit_in_one_window(45_000).await;
-    assert_eq!(calls(&a, 15).await + calls(&b, 15).await, amount);
-    let key = counter_key();
-    assert_eq!(cluster.get(&key), 30, "every call counted in the cluster");
-    let master = cluster.master_of(&key);
-
-    let outage = through_an_outage(
-        &a,
-        &b,
-        || cluster.nodes[master].kill(),
-        Duration::from_secs(25),
-    )
-    .await;
-    eprintln!("redis cluster, master of the rule's slot killed: {outage:?}");
-    if outage.up_after.is_none() {
-        let live = cluster.nodes.iter().find(|n| n.child.is_some()).unwrap();
-        eprintln!(
-            "agents up: {:?} {:?}; CLUSTER NODES:\n{}",
-            a.stats().cluster_store_up,
-            b.stats().cluster_store_up,
-            live.cli(&["CLUSTER", "NODES"])
-        );
-    }
-    assert!(
-        outage.down_after.is_some(),
-        "the agents never noticed: {outage:?}"
-    );
-    assert!(
-        outage.up_after.is_some(),
-        "never counted through the cluster again: {outage:?}"
-    );
+    let (a, b, outage, before) =
+        kill_the_rules_master_under_load(&mut cluster, EXACT, amount).await;
+    assert_eq!(before, amount, "exact before the kill");
     // The overshoot: while down, each agent counts locally with the full
     // amount, so at most agents x amount more than the cluster-wide amount.
+    // (The counter reached 30 before the kill: the replica had it, so once
+    // up the agents refuse again.)
     assert!(
         outage.admitted_down <= 2 * amount,
         "admitted {} while down, more than 2 x {amount}",
         outage.admitted_down
     );
+    assert!(
+        before + outage.admitted - amount <= 2 * amount,
+        "overshoot {} over 2 x {amount}",
+        before + outage.admitted - amount
+    );
 
     // Counting goes through the new master: the counter grows with each call.
     // (The replica may not have had the last increments: replication is
     // asynchronous, so the count may restart lower, never higher.)
-    let before = cluster.get(&key);
-    assert!(before <= 30 + outage.calls, "{before}");
+    let key = counter_key();
+    let count = cluster.get(&key);
+    assert!(count <= 30 + outage.calls, "{count}");
     calls(&a, 3).await;
     calls(&b, 3).await;
-    assert_eq!(cluster.get(&key), before + 6, "counted through the cluster");
-    assert_ne!(cluster.master_of(&key), master);
+    assert_eq!(cluster.get(&key), count + 6, "counted through the cluster");
     assert_eq!(a.stats().cluster_store_up, Some(true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_master_under_leased_batch_counting_counts_on_then_reports_back() {
+    if !have_redis_cli() {
+        return;
+    }
+    let mut cluster = RedisCluster::start();
+    let amount = 200;
+    let (a, b, outage, before) =
+        kill_the_rules_master_under_load(&mut cluster, BATCH, amount).await;
+    assert_eq!(before, 30, "leases cover the 30 calls before the kill");
+    // docs/operations.md: while down, each agent uses what is left of its
+    // lease, then counts on from the window's total it last heard of, so two
+    // agents admit at most 2 x amount in the window, minus the total.
+    let window = before + outage.admitted;
+    assert!(window <= 2 * amount, "the window admitted {window}");
+    // Counts resume on the new master: the calls admitted without a lease
+    // reach it with the agents' next leases (each agent tops up every 20ms).
+    let key = counter_key();
+    let end = Instant::now() + Duration::from_secs(5);
+    while cluster.get(&key) < outage.admitted_down && Instant::now() < end {
+        calls(&a, 1).await;
+        calls(&b, 1).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let count = cluster.get(&key);
+    assert!(
+        count >= outage.admitted_down,
+        "the new master counts {count}, fewer than the {} calls admitted while down",
+        outage.admitted_down
+    );
+    assert!(a.cluster_store().unwrap().is_up());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -52,6 +52,13 @@ pub struct Args {
     #[arg(long)]
     pub auto_approve: bool,
 
+    /// Put every rule of this apply in mode shadow, whatever its `mode`
+    /// says: evaluated with its own state, it rejects and delays nothing and
+    /// counts what it would have rejected. The audit log records it. Apply
+    /// again without `--shadow` to enforce (the rules keep their state).
+    #[arg(long)]
+    pub shadow: bool,
+
     #[command(flatten)]
     pub report: ReportArgs,
 }
@@ -74,6 +81,7 @@ pub fn run(args: Args) -> ExitCode {
         dry_run,
         wait_ms: if dry_run { 0 } else { wait_ms },
         who: args.who.clone().unwrap_or_else(who_am_i),
+        shadow: args.shadow,
     };
     let invalid = |diagnostics: &[pb::Diagnostic]| {
         print_diagnostics(&reporter, diagnostics, &files).then(|| {
@@ -91,6 +99,11 @@ pub fn run(args: Args) -> ExitCode {
         return code;
     }
     let plan = planned.plan.unwrap_or_default();
+    if args.shadow {
+        gov_proto::outln!(
+            "Shadow apply (--shadow): every rule below is in mode shadow; it rejects and delays nothing and counts what it would have rejected (`govc status`).\n"
+        );
+    }
     print_plan(&plan);
     if plan.services.is_empty() {
         gov_proto::outln!(
@@ -284,6 +297,7 @@ pub fn plan_remote(
         dry_run: true,
         wait_ms: 0,
         who: who_am_i(),
+        shadow: false,
     };
     let result = match call_apply(remote, request) {
         Ok(r) => r,

@@ -504,6 +504,7 @@ async fn apply(url: &str, sources: Vec<pb::SourceFile>) -> Result<String, DemoEr
             dry_run: false,
             wait_ms: 10_000,
             who: "govc demo".into(),
+            shadow: false,
         })
         .await
         .map_err(|s| DemoError::Apply {

@@ -80,6 +80,9 @@ fn table_words(mut value: serde_json::Value) -> serde_json::Value {
         if let Ok(f) = pb::FuseState::try_from(n) {
             words.push((f.as_str_name(), fuse_word(f)));
         }
+        if let Ok(m) = pb::Mode::try_from(n) {
+            words.push((m.as_str_name(), mode_word(m)));
+        }
     }
     // Every value a kind can have, so that a new kind needs no change here.
     for n in 0..=i32::from(u8::MAX) {
@@ -110,6 +113,85 @@ fn fuse_word(state: pb::FuseState) -> &'static str {
         pb::FuseState::Closed => "CLOSED",
         _ => "OPEN",
     }
+}
+
+/// A rule's mode as `-o json` prints it (`shadow`, `enforce`).
+fn mode_word(mode: pb::Mode) -> &'static str {
+    match mode {
+        pb::Mode::Shadow => "shadow",
+        pb::Mode::Enforce => "enforce",
+        pb::Mode::Unspecified => "unspecified",
+    }
+}
+
+/// Whether `rule` is in mode shadow in the view.
+fn is_shadow(view: &pb::ClusterView, rule: &str) -> bool {
+    view.rules
+        .iter()
+        .any(|r| r.rule == rule && r.mode() == pb::Mode::Shadow)
+}
+
+/// `OPEN` or, for a rule in mode shadow, `OPEN (SHADOW)`: a latch that
+/// rejects nothing.
+fn latch_word(view: &pb::ClusterView, rule: &str, word: &str) -> String {
+    if is_shadow(view, rule) {
+        format!("{word} (SHADOW)")
+    } else {
+        word.to_owned()
+    }
+}
+
+/// The rules in mode shadow: how long, and what they would have rejected.
+fn render_shadow(view: &pb::ClusterView, out: &mut String) {
+    let shadow: Vec<&pb::RuleView> = view
+        .rules
+        .iter()
+        .filter(|r| r.mode() == pb::Mode::Shadow)
+        .collect();
+    if shadow.is_empty() {
+        return;
+    }
+    let mut rows = vec![
+        ["RULE", "KIND", "MODE", "FOR", "WOULD REJECT", "ADMITTED"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for r in shadow {
+        let stats = r.stats.clone().unwrap_or_default();
+        let would = stats.shadow_rejected.unwrap_or_default();
+        let by_reason = [
+            ("bulkhead_full", would.bulkhead_full),
+            ("bulkhead_timeout", would.bulkhead_timeout),
+            ("limit_calls", would.limit_calls),
+            ("limit_bytes", would.limit_bytes),
+            ("fuse_open", would.fuse_open),
+            ("timeout", would.timeout),
+        ];
+        let total: u64 = by_reason.iter().map(|(_, n)| n).sum();
+        let reasons: Vec<String> = by_reason
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(reason, n)| format!("{reason} {n}"))
+            .collect();
+        rows.push(vec![
+            r.rule.clone(),
+            r.kind().word().into(),
+            "SHADOW".into(),
+            if r.shadow_since_unix_ms == 0 {
+                "-".into()
+            } else {
+                human_ms(view.at_unix_ms.saturating_sub(r.shadow_since_unix_ms))
+            },
+            if reasons.is_empty() {
+                total.to_string()
+            } else {
+                format!("{total} ({})", reasons.join(", "))
+            },
+            stats.admitted.to_string(),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&remote::table(&rows));
 }
 
 /// The slow-start weight as a percentage (`-` before its lifecycle said one).
@@ -208,7 +290,7 @@ pub fn render(view: &pb::ClusterView) -> String {
         for f in &view.fuses {
             rows.push(vec![
                 f.rule.clone(),
-                fuse_word(f.state()).into(),
+                latch_word(view, &f.rule, fuse_word(f.state())),
                 human_ms(now.saturating_sub(f.since_unix_ms)),
                 if f.remaining_ms == 0 {
                     "manual (govc release fuse)".into()
@@ -230,7 +312,7 @@ pub fn render(view: &pb::ClusterView) -> String {
         ];
         for l in &view.limits {
             rows.push(vec![
-                l.rule.clone(),
+                latch_word(view, &l.rule, &l.rule),
                 // A limit keyed by consumer or called service: one row per
                 // latched key (`govc release limit RULE --key KEY`).
                 if l.key.is_empty() {
@@ -249,6 +331,7 @@ pub fn render(view: &pb::ClusterView) -> String {
         }
         out.push_str(&remote::table(&rows));
     }
+    render_shadow(view, &mut out);
     out
 }
 
@@ -343,6 +426,58 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("order/crm  -    16m40s  1h43m"), "{text}");
+    }
+
+    #[test]
+    fn shadow_rules_show_how_long_and_what_they_would_have_rejected() {
+        let rule = |name: &str, kind: pb::RuleKind, mode: pb::Mode, since: u64| pb::RuleView {
+            rule: name.into(),
+            kind: kind as i32,
+            mode: mode as i32,
+            shadow_since_unix_ms: since,
+            stats: Some(pb::RuleStats {
+                admitted: 900,
+                shadow_rejected: (mode == pb::Mode::Shadow).then(|| pb::Rejections {
+                    limit_calls: 120,
+                    limit_bytes: 3,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let view = pb::ClusterView {
+            at_unix_ms: 10_000_000,
+            rules: vec![
+                rule(
+                    "order/trial",
+                    pb::RuleKind::Limit,
+                    pb::Mode::Shadow,
+                    9_100_000,
+                ),
+                rule("order/slow", pb::RuleKind::Bulkhead, pb::Mode::Enforce, 0),
+            ],
+            limits: vec![pb::LimitView {
+                rule: "order/trial".into(),
+                since_unix_ms: 9_990_000,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = render(&view);
+        assert!(
+            text.contains(
+                "order/trial  limit  SHADOW  15m00s  123 (limit_calls 120, limit_bytes 3)  900"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("order/slow"), "{text}");
+        // Its latch rejects nothing: marked.
+        assert!(text.contains("order/trial (SHADOW)  -    10s"), "{text}");
+        let json = table_words(serde_json::to_value(&view).unwrap());
+        assert_eq!(json["rules"][0]["mode"], "shadow");
+        assert_eq!(json["rules"][0]["shadow_since_unix_ms"], 9_100_000);
+        assert_eq!(json["rules"][1]["mode"], "enforce");
     }
 
     #[test]

@@ -2,14 +2,15 @@
 //! `sync batch D`.
 //!
 //! Why: a cluster-wide limit shares its counters through a store. Exact
-//! sync costs a round trip per call; batched sync is cheap but lets each
-//! instance overshoot by what it admits between flushes. Which trade-off a
-//! limit makes must be a declared choice, not an accident of a default.
+//! sync costs a round trip per call; batched sync leases calls from the
+//! store ahead of time, so most calls cost nothing, but a few leased calls
+//! may go unused at the end of a window. Which trade-off a limit makes must
+//! be a declared choice, not an accident of a default.
 //!
 //! Example: `limit l on api { calls 100 per 1s  scope cluster }`.
 //!
 //! Fix: `scope cluster sync exact` (precise, one store call per request) or
-//! `scope cluster sync batch 100ms` (cheap, may overshoot between flushes).
+//! `scope cluster sync batch 100ms` (cheap, leased ahead, topped up every 100ms).
 
 use miette::SourceSpan;
 use thiserror::Error;
@@ -23,7 +24,7 @@ use crate::resolve::{Ctx, Src};
 #[diagnostic(
     code("gov::cluster-sync-undeclared"),
     help(
-        "add `sync exact` (one store call per request, precise) or `sync batch 100ms` (counted locally, flushed every 100ms, may overshoot between flushes)"
+        "add `sync exact` (one store call per request, precise) or `sync batch 100ms` (calls leased from the store ahead, topped up every 100ms; a few may go unused)"
     )
 )]
 pub struct ClusterSyncUndeclared {

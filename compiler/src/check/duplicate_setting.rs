@@ -16,6 +16,7 @@ use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
+use crate::kind;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -150,7 +151,10 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                 .def
                 .settings
                 .iter()
-                .filter_map(|s| Some((rule.imp.setting_key(s)?, s.span)))
+                .filter_map(|s| {
+                    let key = rule.imp.setting_key(s).or_else(|| kind::header_key(s))?;
+                    Some((key, s.span))
+                })
                 .collect();
             let owner = || format!("{} `{}`", rule.kind(), rule.name().node);
             report(cx, svc.file, owner, &items, out);

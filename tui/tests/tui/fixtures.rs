@@ -106,6 +106,7 @@ pub fn rule(name: &str, kind: RuleKind, src: Option<SourceRef>, t: Traffic, secs
             capacity: t.capacity,
             ..Default::default()
         }),
+        ..Default::default()
     }
 }
 

@@ -315,3 +315,66 @@ fn wide_terminal_120x40() {
     }
     assert_snapshot!(screen);
 }
+
+/// A rule in mode shadow: its kind says SHADOW and for how long, and its
+/// rejection rate is the rate of calls it would have rejected.
+#[test]
+fn a_shadow_rule_shows_how_long_and_what_it_would_reject() {
+    use crate::fixtures::{Traffic, rule};
+    use gov_tui::proto::{Mode, Rejections, RuleKind};
+    let view = |secs: u64| {
+        let mut r = rule(
+            "order/trial",
+            RuleKind::Limit,
+            None,
+            Traffic {
+                in_flight: 0,
+                waiting: 0,
+                capacity: 100,
+                admitted_per_s: 100,
+                rejected_per_s: [0; 6],
+                latency: [1000, 0, 0, 0, 0, 0, 0, 0],
+            },
+            secs,
+        );
+        r.mode = Mode::Shadow as i32;
+        r.shadow_since_unix_ms = T0 - 12 * 60_000;
+        if let Some(s) = r.stats.as_mut() {
+            s.shadow_rejected = Some(Rejections {
+                limit_calls: 25 * secs,
+                ..Default::default()
+            });
+        }
+        ClusterView {
+            at_unix_ms: T0 - 10_000 + secs * 1000,
+            version: V1.into(),
+            rules: vec![r],
+            limits: vec![gov_tui::proto::LimitView {
+                rule: "order/trial".into(),
+                since_unix_ms: T0 - 60_000,
+                reason: "calls 100 per 1s".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    };
+    let mut app = App::new(URL, false, T0 - 10_000);
+    for s in 0..=10 {
+        update(&mut app, Msg::Tick(T0 - 10_000 + s * 1000));
+        update(&mut app, Msg::View(view(s)));
+    }
+    let screen = draw(&app, 120, 36);
+    let row = screen
+        .lines()
+        .find(|l| l.contains("order/trial"))
+        .unwrap_or_else(|| panic!("no row:\n{screen}"));
+    assert!(row.contains("limit SHADOW 12m00s"), "{row}");
+    assert!(row.contains("25"), "would-be rejections per second: {row}");
+    // Its latch rejects nothing: marked.
+    assert!(
+        screen
+            .lines()
+            .any(|l| l.contains("order/trial") && l.contains("ENGAGED SHADOW")),
+        "{screen}"
+    );
+}

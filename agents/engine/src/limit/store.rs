@@ -1,9 +1,17 @@
 //! The cluster side of a limit: counting in the store (`sync exact`),
-//! merging the store's totals with local calls (`sync batch`), the flush
-//! task, and mirroring the store's latches.
+//! leasing calls from the store (`sync batch`), the flush task (bytes,
+//! latches, topping leases up and giving idle ones back), and mirroring the
+//! store's latches.
 
 use super::*;
-use crate::cluster;
+use crate::cluster::{self, LeaseCall, LeaseReply};
+
+/// What a lease call carried: its window and the unleased calls it sent.
+#[derive(Clone, Copy, Debug)]
+struct Asked {
+    window: u64,
+    unleased: u64,
+}
 
 impl Limit {
     /// Starts the flush task of a batched cluster limit (it ends when the
@@ -56,7 +64,9 @@ impl Limit {
         Ok(())
     }
 
-    /// `sync batch`: the cluster total at the last flush plus own calls since.
+    /// `sync batch`: takes a leased call; without one (the store down, or
+    /// its lease call failed) counts the call locally while the window's
+    /// last known total and own unleased calls stay under the amount.
     pub(super) fn batch_calls(
         &self,
         link: &ClusterLink,
@@ -69,17 +79,172 @@ impl Limit {
         let unix = link.store.unix_ms(now);
         let w = ms(rate.window).max(1);
         let mut s = cell.shared();
-        s.calls.roll(unix / w);
         s.active = true;
-        if s.calls.used() >= rate.amount {
+        let lease = &mut s.lease;
+        lease.roll(unix / w);
+        if lease.left == 0 && lease.budget_left(rate.amount) && link.store.is_up() {
+            // Counted in `demand` once decided.
+            return Err(LEASE_FIRST);
+        }
+        lease.demand = lease.demand.saturating_add(1);
+        if lease.left > 0 {
+            lease.left -= 1;
+            return Ok(());
+        }
+        if !lease.budget_left(rate.amount) {
             return Err(Exceeded {
                 reason: RejectReason::LimitCalls,
                 wait: Some(Duration::from_millis(w - unix % w)),
                 engaged: false,
             });
         }
-        s.calls.delta += 1;
+        lease.unleased += 1;
         Ok(())
+    }
+
+    /// Whether calls are leased (`sync batch` with a calls rate).
+    pub(crate) fn leases(&self) -> bool {
+        self.cluster.as_ref().is_some_and(|l| !l.exact) && self.spec.calls.is_some()
+    }
+
+    /// Whether a `sync batch` call must ask the store for a lease first: the
+    /// key's lease is empty, the store up and, as last known, not spent.
+    pub(crate) fn needs_lease(&self, cell: &LimitCell, now: Instant) -> bool {
+        let (Some(link), Some(rate)) = (&self.cluster, &self.spec.calls) else {
+            return false;
+        };
+        if link.exact || !link.store.is_up() || cell.engaged_until.load(Relaxed) != NOT_ENGAGED {
+            return false;
+        }
+        let w = ms(rate.window).max(1);
+        let mut s = cell.shared();
+        s.lease.roll(link.store.unix_ms(now) / w);
+        s.lease.left == 0 && s.lease.budget_left(rate.amount)
+    }
+
+    /// `sync batch` with an empty lease: one call of the key at a time asks
+    /// the store for a lease (the others wait for its answer), then the call
+    /// is decided as [`Limit::try_admit`] decides. The uncommon case: the
+    /// flush task keeps busy keys' leases topped up.
+    pub(crate) async fn admit_leased(&self, cell: &LimitCell) -> Result<(), Exceeded> {
+        // Bounded: each round leases, or finds the permits others leased,
+        // the budget spent or the store down. Calls that take permits
+        // without waiting can empty a fresh lease before this one's turn.
+        for _ in 0..8 {
+            match self.try_admit(cell, Instant::now()) {
+                Err(LEASE_FIRST) => {}
+                decided => return decided,
+            }
+            let Some(link) = &self.cluster else { break };
+            let _turn = cell.lease_turn.lock().await;
+            let now = Instant::now();
+            if self.needs_lease(cell, now) {
+                let (call, asked) = self.lease_call(link, cell, now, false);
+                let reply = link.store.lease(call).await;
+                self.take_lease(cell, asked, reply, now);
+            }
+        }
+        // Lost every round: refused as over the amount, which it nearly is.
+        let now = Instant::now();
+        match self.try_admit(cell, now) {
+            Err(LEASE_FIRST) => Err(Exceeded {
+                wait: self.spec.calls.map(|rate| {
+                    let unix = self.cluster.as_ref().map_or(0, |l| l.store.unix_ms(now));
+                    Self::window_left(&rate, unix)
+                }),
+                ..LEASE_FIRST
+            }),
+            decided => decided,
+        }
+    }
+
+    /// The lease call for `cell`: what it wants (nothing for an idle key at
+    /// a top-up), its unleased calls, and at a top-up (`tick`) an idle key's
+    /// lease given back.
+    fn lease_call(
+        &self,
+        link: &ClusterLink,
+        cell: &LimitCell,
+        now: Instant,
+        tick: bool,
+    ) -> (LeaseCall, Asked) {
+        let rate = self.spec.calls.unwrap_or(RateSpec {
+            amount: 0,
+            window: Duration::from_secs(1),
+        });
+        let w = ms(rate.window).max(1);
+        let mut s = cell.shared();
+        let l = &mut s.lease;
+        l.roll(link.store.unix_ms(now) / w);
+        let mut give_back = 0;
+        let want = if !tick {
+            l.want()
+        } else {
+            l.per_period = l.demand;
+            l.demand = 0;
+            if l.per_period == 0 {
+                // Idle for a period: its lease goes back to the others.
+                give_back = std::mem::take(&mut l.left);
+                0
+            } else {
+                // Keep about two periods of traffic on hand.
+                l.want().saturating_sub(l.left)
+            }
+        };
+        let unleased = std::mem::take(&mut l.unleased);
+        l.sending = l.sending.saturating_add(unleased);
+        let call = LeaseCall {
+            counter: cluster::calls_key(&self.name, &cell.key, l.window),
+            latch: cluster::latch_key(&self.name, &cell.key),
+            expiry_ms: w.saturating_mul(2),
+            amount: rate.amount,
+            want,
+            unleased,
+            give_back,
+        };
+        (
+            call,
+            Asked {
+                window: l.window,
+                unleased,
+            },
+        )
+    }
+
+    /// Takes the store's answer to a lease call. A lease that arrives after
+    /// its window ended is dropped (it expired with the window); unleased
+    /// calls that did not reach the store stay to be sent again.
+    fn take_lease(&self, cell: &LimitCell, asked: Asked, reply: Option<LeaseReply>, now: Instant) {
+        let engaged = {
+            let mut s = cell.shared();
+            let l = &mut s.lease;
+            if l.window != asked.window {
+                return;
+            }
+            l.sending = l.sending.saturating_sub(asked.unleased);
+            match reply {
+                None => {
+                    l.unleased = l.unleased.saturating_add(asked.unleased);
+                    return;
+                }
+                Some(LeaseReply::Granted { granted, total }) => {
+                    l.left = l.left.saturating_add(granted);
+                    l.total = total;
+                    None
+                }
+                Some(LeaseReply::Engaged(ttl)) => Some(ttl),
+            }
+        };
+        match engaged {
+            Some(ttl) => {
+                cell.engaged_reason
+                    .compare_exchange(0, RejectReason::LimitCalls as u8, Relaxed, Relaxed)
+                    .ok();
+                self.mirror(cell, Some(ttl), now);
+            }
+            // Granted: the latch is not set in the store.
+            None => self.mirror(cell, None, now),
+        }
     }
 
     /// `sync exact`: counts the call in the store (one round trip), or
@@ -160,8 +325,12 @@ impl Limit {
         }
     }
 
-    /// Sends every key's delta to the store and reads the cluster totals and
-    /// latches back (one pipeline). On failure the deltas stay local.
+    /// Every period: sends every key's bytes to the store and reads the
+    /// cluster totals and latches back (one pipeline; on failure the deltas
+    /// stay local), then, for `sync batch` calls, tops up the lease of every
+    /// key asked for in the period, gives back the lease of keys that were
+    /// not, and sends calls admitted without a lease (one lease call per key,
+    /// all at once).
     pub(crate) async fn flush(&self) {
         let Some(link) = &self.cluster else { return };
         let now = Instant::now();
@@ -176,21 +345,26 @@ impl Limit {
             .collect();
         let calls_w = self.spec.calls.map(|r| ms(r.window).max(1));
         let bytes_w = self.spec.bytes.map(|r| ms(r.window).max(1));
+        let leased = !link.exact && calls_w.is_some();
         let mut items = Vec::new();
-        // Per item: the cell, (window, amount) sent for calls and for bytes,
-        // and whether it engaged the latch.
-        type Sent<'a> = (&'a LimitCell, (u64, u64), (u64, u64), bool);
+        // Per item: the cell, (window, amount) sent for bytes, and whether
+        // it engaged the latch.
+        type Sent<'a> = (&'a LimitCell, (u64, u64), bool);
         let mut sent: Vec<Sent<'_>> = Vec::new();
+        let mut leases = Vec::new();
         for (i, cell) in cells.into_iter().enumerate() {
             let mut s = cell.shared();
             // Read back the single counter always, a key while it is used this
             // window or engaged (to see other agents' calls and releases).
-            let this_window = calls_w.is_some_and(|w| s.calls.window == unix / w)
+            let this_window = calls_w.is_some_and(|w| s.lease.window == unix / w)
                 || bytes_w.is_some_and(|w| s.bytes.window == unix / w);
+            let lease = s.lease;
+            if leased && this_window && (lease.demand > 0 || lease.left > 0 || lease.unleased > 0) {
+                leases.push(cell);
+            }
             if !(i == 0
                 || s.active
                 || s.engage
-                || s.calls.delta > 0
                 || s.bytes.delta > 0
                 || this_window
                 || cell.engaged_until.load(Relaxed) != NOT_ENGAGED)
@@ -203,17 +377,6 @@ impl Limit {
                 engage: s.engage.then(|| self.latch_ms()),
                 ..FlushItem::default()
             };
-            let mut calls = (0, 0);
-            if let (Some(w), false) = (calls_w, link.exact) {
-                if s.calls.delta == 0 {
-                    s.calls.roll(unix / w);
-                }
-                calls = (s.calls.window, s.calls.delta);
-                s.calls.inflight += s.calls.delta;
-                s.calls.delta = 0;
-                item.calls = Some((cluster::calls_key(&self.name, &cell.key, calls.0), calls.1));
-                item.calls_expiry_ms = w.saturating_mul(2);
-            }
             let mut bytes = (0, 0);
             if let Some(w) = bytes_w {
                 if s.bytes.delta == 0 {
@@ -225,30 +388,21 @@ impl Limit {
                 item.bytes = Some((cluster::bytes_key(&self.name, &cell.key, bytes.0), bytes.1));
                 item.bytes_expiry_ms = w.saturating_mul(2);
             }
-            sent.push((cell, calls, bytes, s.engage));
+            sent.push((cell, bytes, s.engage));
             items.push(item);
         }
-        if items.is_empty() {
-            return;
-        }
         let replies = link.store.flush(items).await;
-        for (i, (cell, calls, bytes, engaged)) in sent.into_iter().enumerate() {
+        for (i, (cell, (window, n), engaged)) in sent.into_iter().enumerate() {
             let reply = replies.as_ref().and_then(|r| r.get(i));
             {
                 let mut guard = cell.shared();
                 let s = &mut *guard;
-                for (part, (window, n), total) in [
-                    (&mut s.calls, calls, reply.and_then(|r| r.calls)),
-                    (&mut s.bytes, bytes, reply.and_then(|r| r.bytes)),
-                ] {
-                    if part.window != window {
-                        continue;
-                    }
-                    part.inflight = part.inflight.saturating_sub(n);
-                    match total {
-                        Some(total) => part.base = total,
+                if s.bytes.window == window {
+                    s.bytes.inflight = s.bytes.inflight.saturating_sub(n);
+                    match reply.and_then(|r| r.bytes) {
+                        Some(total) => s.bytes.base = total,
                         // Not flushed: keep counting it locally.
-                        None => part.delta += n,
+                        None => s.bytes.delta += n,
                     }
                 }
                 if reply.is_none() {
@@ -259,6 +413,32 @@ impl Limit {
             }
             if let Some(reply) = reply {
                 self.mirror(cell, reply.latch, now);
+            }
+        }
+        self.top_up(link, leases, now).await;
+    }
+
+    /// The flush's lease calls, sent at once; each answer taken as it comes.
+    async fn top_up(&self, link: &ClusterLink, cells: Vec<&LimitCell>, now: Instant) {
+        if !link.store.is_up() {
+            return;
+        }
+        let mut calls = tokio::task::JoinSet::new();
+        let mut asked = Vec::with_capacity(cells.len());
+        for (i, cell) in cells.iter().enumerate() {
+            let (call, what) = self.lease_call(link, cell, now, true);
+            asked.push(what);
+            if call.want == 0 && call.unleased == 0 && call.give_back == 0 {
+                continue;
+            }
+            let store = link.store.clone();
+            calls.spawn(async move { (i, store.lease(call).await) });
+        }
+        while let Some(done) = calls.join_next().await {
+            // A lease task cannot panic; a cancelled one leaves its calls
+            // unleased (its `sending` is kept back until the window ends).
+            if let Ok((i, reply)) = done {
+                self.take_lease(cells[i], asked[i], reply, now);
             }
         }
     }

@@ -332,7 +332,7 @@ impl Conn<'_> {
         };
 
         self.out.clear();
-        write_request_head(&mut self.out, &req, &self.peer);
+        write_request_head(&mut self.out, &req, &self.peer, admission.stamps());
         drop(req);
         self.buf.advance(head.len);
         let to = match pick {

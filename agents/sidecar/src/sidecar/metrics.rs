@@ -355,6 +355,26 @@ fn render_rules(enc: &mut Encoder, rules: &[RuleStats]) {
         }
     }
     enc.family(
+        "gov_agent_shadow_rejected_total",
+        "counter",
+        "Calls a rule in mode shadow would have rejected (they went on), by reason.",
+    );
+    for r in rules
+        .iter()
+        .filter(|r| r.shadow || r.shadow_rejected.iter().any(|&n| n > 0))
+    {
+        for reason in RejectReason::ALL
+            .into_iter()
+            .filter(|reason| reason.kind() == r.kind)
+        {
+            enc.sample(
+                "gov_agent_shadow_rejected_total",
+                &[("rule", &r.rule), ("reason", reason.as_str())],
+                r.shadow_rejected[reason as usize],
+            );
+        }
+    }
+    enc.family(
         "gov_agent_rule_latency_seconds",
         "histogram",
         "Latency of admitted calls until the response head, per rule.",

@@ -293,6 +293,7 @@ async fn forward(
     // hyper answered `100 Continue` itself when the body was read.
     parts.headers.remove(header::EXPECT);
     append_forwarded_for(&mut parts.headers, peer);
+    stamp_would_reject(&mut parts.headers, &admission);
 
     let mut again = again_path.map(|path| {
         (
@@ -404,6 +405,27 @@ pub(crate) fn local_response(status: StatusCode, body: &'static str) -> Response
 fn failure_response(failure: Failure) -> Response<ResponseBody> {
     let (status, body) = failure.answer();
     local_response(status, body)
+}
+
+/// Only the agent says which shadow rules would have refused a call: a
+/// client's `gov-would-reject-by` is removed, and the rules of
+/// [`Admission::stamps`] are written (the HTTP/1 path: `write_request_head`).
+fn stamp_would_reject(headers: &mut http::HeaderMap, admission: &Admission) {
+    headers.remove(gov_engine::WOULD_REJECT_BY);
+    let mut stamps = admission
+        .stamps()
+        .filter(|r| HeaderValue::from_str(r).is_ok());
+    let Some(first) = stamps.next() else {
+        return;
+    };
+    let value = stamps.fold(first.to_owned(), |mut v, r| {
+        v.push_str(", ");
+        v.push_str(r);
+        v
+    });
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        headers.insert(gov_engine::WOULD_REJECT_BY, value);
+    }
 }
 
 /// The peer address as an `x-forwarded-for` value, made once per connection.

@@ -18,5 +18,6 @@ mod hostile;
 mod latches;
 mod proxy;
 mod reload;
+mod shadow;
 mod shutdown;
 mod strict;

@@ -43,6 +43,9 @@ enum Behaviour {
     Flaky,
     /// The request body back, then a `grpc-status: 0` trailer (as gRPC answers).
     Trailers,
+    /// 200 with the request's `gov-would-reject-by` values as body (`|`
+    /// between two headers), `-` when it has none.
+    WouldRejectBy,
     /// 200 with the path as body once the upstream's gate is open (held in flight
     /// until the test says so, however busy the machine).
     Gated,
@@ -85,6 +88,13 @@ impl UpstreamBuilder {
     /// `path` echoes the body and ends with a `grpc-status: 0` trailer.
     pub fn trailers(mut self, path: &str) -> Self {
         self.routes.insert(path.to_owned(), Behaviour::Trailers);
+        self
+    }
+
+    /// `path` answers with the `gov-would-reject-by` headers it received.
+    pub fn would_reject_by(mut self, path: &str) -> Self {
+        self.routes
+            .insert(path.to_owned(), Behaviour::WouldRejectBy);
         self
     }
 
@@ -184,6 +194,20 @@ impl UpstreamState {
                     Ok(body) => Response::new(Full::new(body)),
                     Err(_) => status(StatusCode::BAD_REQUEST, "body failed\n"),
                 }
+            }
+            Some(Behaviour::WouldRejectBy) => {
+                let seen: Vec<&str> = req
+                    .headers()
+                    .get_all(gov_engine::WOULD_REJECT_BY)
+                    .iter()
+                    .map(|v| v.to_str().unwrap_or("<not text>"))
+                    .collect();
+                let body = if seen.is_empty() {
+                    "-".to_owned()
+                } else {
+                    seen.join("|")
+                };
+                status(StatusCode::OK, body)
             }
             Some(Behaviour::Sized(n)) => Response::new(Full::new(Bytes::from(vec![b'x'; n]))),
             Some(Behaviour::Flaky) => {

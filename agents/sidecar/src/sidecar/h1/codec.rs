@@ -9,10 +9,11 @@
 
 use std::borrow::Cow;
 
-use http::{Method, StatusCode};
+use http::{HeaderValue, Method, StatusCode};
 use smallvec::SmallVec;
 
 use super::super::headers::{FRAMING, HOP_BY_HOP};
+use gov_engine::WOULD_REJECT_BY;
 use gov_engine::path::{PathError, normalize};
 
 /// Most header fields of a request head (more: 431, as Envoy's default).
@@ -560,10 +561,18 @@ fn is_framing(name: &str) -> bool {
 /// Writes the head sent upstream for `req`: the request line with the normalized
 /// target, the client's end-to-end headers (`te` only as `trailers`), then the
 /// agent's own `host`, framing header for the body it relays, and
-/// `x-forwarded-for` with the client appended. The client's `host`,
-/// `content-length` and `transfer-encoding` are never copied: whatever its
-/// `connection` names, the upstream frames the body exactly as the agent does.
-pub(crate) fn write_request_head(out: &mut Vec<u8>, req: &Checked<'_>, peer: &str) {
+/// `x-forwarded-for` with the client appended, and `gov-would-reject-by`
+/// naming `stamps` (the shadow rules that would have refused the call) when
+/// there are any. The client's `host`, `content-length`,
+/// `transfer-encoding` and `gov-would-reject-by` are never copied: whatever
+/// its `connection` names, the upstream frames the body exactly as the
+/// agent does, and only the agent says which rules would have refused.
+pub(crate) fn write_request_head<'a>(
+    out: &mut Vec<u8>,
+    req: &Checked<'_>,
+    peer: &str,
+    stamps: impl Iterator<Item = &'a str>,
+) {
     use std::io::Write;
     out.extend_from_slice(req.method.as_str().as_bytes());
     out.push(b' ');
@@ -588,8 +597,25 @@ pub(crate) fn write_request_head(out: &mut Vec<u8>, req: &Checked<'_>, peer: &st
                 forwarded = Some(h.value);
             }
             continue;
+        } else if name.eq_ignore_ascii_case(WOULD_REJECT_BY) {
+            continue;
         }
         push_header(out, name.as_bytes(), h.value);
+    }
+    let mut stamped = false;
+    // Rule names come from the compiler (identifiers), but a hand-written
+    // config could hold anything: never write one that is no header value.
+    for rule in stamps.filter(|r| HeaderValue::from_str(r).is_ok()) {
+        out.extend_from_slice(if stamped {
+            b", ".as_slice()
+        } else {
+            b"gov-would-reject-by: ".as_slice()
+        });
+        out.extend_from_slice(rule.as_bytes());
+        stamped = true;
+    }
+    if stamped {
+        out.extend_from_slice(b"\r\n");
     }
     push_header(out, b"host", req.host.as_bytes());
     match req.framing {

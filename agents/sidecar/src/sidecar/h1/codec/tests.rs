@@ -408,7 +408,7 @@ fn upstream_head(head: &str) -> String {
         panic!("not served here: {head:?}");
     };
     let mut out = Vec::new();
-    write_request_head(&mut out, &req, "127.0.0.2");
+    write_request_head(&mut out, &req, "127.0.0.2", std::iter::empty());
     String::from_utf8(out).unwrap()
 }
 
@@ -556,5 +556,26 @@ fn each_refusal_answers_with_its_status_and_says_why() {
     assert_eq!(
         verdict("GET /a%2Fb HTTP/1.1\r\nhost: x\r\n\r\n"),
         Err(Refusal::BadRequest(PathError::EncodedSlash.body()))
+    );
+}
+
+#[test]
+fn only_the_agent_writes_gov_would_reject_by() {
+    let head = "GET /a HTTP/1.1\r\nhost: h\r\nGov-Would-Reject-By: shop/forged\r\ngov-would-reject-by: x\r\nx-kept: 1\r\n\r\n";
+    // A client's own is dropped, with no stamp or with one.
+    assert_eq!(
+        upstream_head(head),
+        "GET /a HTTP/1.1\r\nx-kept: 1\r\nhost: h\r\nx-forwarded-for: 127.0.0.2\r\n\r\n"
+    );
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let Verdict::Serve(req) = check_request(head.as_bytes(), &mut slots) else {
+        panic!("not served here");
+    };
+    let mut out = Vec::new();
+    let stamps = ["shop/trial", "shop/bad\r\nx-injected: 1", "shop/other"];
+    write_request_head(&mut out, &req, "127.0.0.2", stamps.into_iter());
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "GET /a HTTP/1.1\r\nx-kept: 1\r\ngov-would-reject-by: shop/trial, shop/other\r\nhost: h\r\nx-forwarded-for: 127.0.0.2\r\n\r\n"
     );
 }

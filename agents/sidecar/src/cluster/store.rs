@@ -1,0 +1,332 @@
+//! The Redis [`Backend`] of the engine's cluster store: what each of its
+//! calls sends (a script, a pipeline, a scan) on any of the three
+//! connections of [`Conn`].
+
+use std::time::Duration;
+
+use gov_engine::cluster::{
+    Backend, ExactCall, ExactReply, FlushItem, FlushReply, LATCH_SUFFIX, LEASE_SHARE, Latch,
+    LeaseCall, LeaseReply, StoreFuture, latch_prefix,
+};
+use redis::aio::ConnectionLike;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+use super::scripts;
+use super::topology::{Conn, cluster_masters};
+
+pub(super) struct Redis {
+    conn: Conn,
+    exact: redis::Script,
+    lease: redis::Script,
+}
+
+impl Redis {
+    pub(super) fn new(conn: Conn) -> Self {
+        Self {
+            conn,
+            exact: redis::Script::new(scripts::EXACT_SCRIPT),
+            lease: redis::Script::new(scripts::LEASE_SCRIPT),
+        }
+    }
+}
+
+impl std::fmt::Debug for Redis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match self.conn {
+            Conn::Single(_) => "single",
+            Conn::Cluster(_) => "cluster",
+            Conn::Sentinel(_) => "sentinel",
+        };
+        f.debug_struct("Redis")
+            .field("mode", &mode)
+            .finish_non_exhaustive()
+    }
+}
+
+fn text(e: redis::RedisError) -> String {
+    e.to_string()
+}
+
+/// Runs `$body` with `$c` bound to a connection of any mode; a sentinel
+/// connection that failed is dropped so the next call looks the master up.
+macro_rules! with_conn {
+    ($self:expr, $c:ident => $body:expr) => {
+        match &$self.conn {
+            Conn::Single(conn) => {
+                let mut $c = conn.clone();
+                $body.await
+            }
+            Conn::Cluster(cluster) => {
+                let mut $c = cluster.conn();
+                $body.await
+            }
+            Conn::Sentinel(sentinel) => {
+                let mut $c = sentinel.get().await.map_err(text)?;
+                let result = $body.await;
+                if result.is_err() {
+                    sentinel.forget();
+                }
+                result
+            }
+        }
+    };
+}
+
+impl Backend for Redis {
+    fn exact(&self, call: ExactCall) -> StoreFuture<'_, ExactReply> {
+        Box::pin(async move {
+            let reply: (i64, i64) = with_conn!(self, conn => self
+                .exact
+                .key(&call.counter)
+                .key(&call.latch)
+                .arg(1)
+                .arg(call.expiry_ms)
+                .arg(call.amount)
+                .arg(call.latch_ms)
+                .invoke_async(&mut conn))
+            .map_err(text)?;
+            Ok(match reply {
+                (-1, pttl) => ExactReply::Engaged(latch_from_pttl(pttl).flatten()),
+                (-2, ms) => ExactReply::Engaged(
+                    (ms > 0).then(|| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+                ),
+                (count, _) => ExactReply::Counted(u64::try_from(count).unwrap_or(0)),
+            })
+        })
+    }
+
+    fn lease(&self, call: LeaseCall) -> StoreFuture<'_, LeaseReply> {
+        Box::pin(async move {
+            let reply: (i64, i64) = with_conn!(self, conn => self
+                .lease
+                .key(&call.counter)
+                .key(&call.latch)
+                .arg(call.want)
+                .arg(call.amount)
+                .arg(call.expiry_ms)
+                .arg(call.unleased)
+                .arg(call.give_back)
+                .arg(LEASE_SHARE)
+                .invoke_async(&mut conn))
+            .map_err(text)?;
+            Ok(match reply {
+                (-1, pttl) => LeaseReply::Engaged(latch_from_pttl(pttl).flatten()),
+                (granted, count) => LeaseReply::Granted {
+                    granted: u64::try_from(granted).unwrap_or(0),
+                    total: u64::try_from(count).unwrap_or(0),
+                },
+            })
+        })
+    }
+
+    fn flush(&self, items: Vec<FlushItem>) -> StoreFuture<'_, Vec<FlushReply>> {
+        Box::pin(async move {
+            let values: Vec<i64> = match &self.conn {
+                // A cluster pipeline must stay in one slot: one per key (its
+                // bytes and latch share a hash tag), sent together.
+                Conn::Cluster(cluster) => {
+                    let conn = cluster.conn();
+                    let mut sends = tokio::task::JoinSet::new();
+                    for (i, item) in items.iter().enumerate() {
+                        let mut pipe = redis::pipe();
+                        flush_commands(&mut pipe, item);
+                        let mut conn = conn.clone();
+                        sends.spawn(
+                            async move { (i, pipe.query_async::<Vec<i64>>(&mut conn).await) },
+                        );
+                    }
+                    let mut parts = vec![Vec::new(); items.len()];
+                    while let Some(done) = sends.join_next().await {
+                        let (i, part) = done.map_err(|e| e.to_string())?;
+                        parts[i] = part.map_err(text)?;
+                    }
+                    parts.concat()
+                }
+                _ => {
+                    let mut pipe = redis::pipe();
+                    for item in &items {
+                        flush_commands(&mut pipe, item);
+                    }
+                    with_conn!(self, conn => pipe.query_async::<Vec<i64>>(&mut conn))
+                        .map_err(text)?
+                }
+            };
+            let mut values = values.into_iter();
+            let mut next = || {
+                values
+                    .next()
+                    .ok_or_else(|| "short pipeline reply".to_owned())
+            };
+            let mut replies = Vec::with_capacity(items.len());
+            for item in &items {
+                let bytes = match item.bytes {
+                    Some(_) => Some(u64::try_from(next()?).unwrap_or(0)),
+                    None => None,
+                };
+                let latch = latch_from_pttl(next()?);
+                replies.push(FlushReply { bytes, latch });
+            }
+            Ok(replies)
+        })
+    }
+
+    fn release(&self, rule: String) -> StoreFuture<'_, u64> {
+        Box::pin(async move {
+            let pattern = format!("{}*{LATCH_SUFFIX}", glob_escape(&latch_prefix(&rule)));
+            match &self.conn {
+                // SCAN walks one node: walk every master, delete by key (DEL is
+                // routed to each key's slot).
+                Conn::Cluster(cluster) => {
+                    let mut conn = cluster.conn();
+                    let mut deleted = 0;
+                    for (host, port) in cluster_masters(&mut conn).await? {
+                        deleted += cluster_scan_delete(&mut conn, &pattern, &host, port)
+                            .await
+                            .map_err(text)?;
+                    }
+                    Ok(deleted)
+                }
+                _ => with_conn!(self, conn => scan_delete(&mut conn, &pattern)).map_err(text),
+            }
+        })
+    }
+
+    fn release_latch(&self, latch: String) -> StoreFuture<'_, u64> {
+        Box::pin(async move {
+            // DEL is routed to the key's slot on a cluster.
+            with_conn!(self, conn => redis::cmd("DEL").arg(&latch).query_async::<u64>(&mut conn))
+                .map_err(text)
+        })
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            // Called while the store is down: look the master up again.
+            if let Conn::Sentinel(sentinel) = &self.conn {
+                sentinel.forget();
+            }
+            if let Conn::Cluster(cluster) = &self.conn {
+                return cluster.probe().await.map_err(text);
+            }
+            // On a cluster, PING goes to every master of the slot map: up again
+            // when each slot has a master that answers.
+            let _: String = with_conn!(self, conn => redis::cmd("PING").query_async(&mut conn))
+                .map_err(text)?;
+            Ok(())
+        })
+    }
+}
+
+/// Appends one flush item's commands: its replies are the bytes count (if
+/// present), then the latch's `PTTL`.
+fn flush_commands(pipe: &mut redis::Pipeline, item: &FlushItem) {
+    match item.engage {
+        Some(ms) if ms > 0 => {
+            pipe.cmd("SET")
+                .arg(&item.latch)
+                .arg(1)
+                .arg("NX")
+                .arg("PX")
+                .arg(ms)
+                .ignore();
+        }
+        Some(_) => {
+            pipe.cmd("SET").arg(&item.latch).arg(1).arg("NX").ignore();
+        }
+        None => {}
+    }
+    if let Some((key, delta)) = &item.bytes {
+        pipe.cmd("INCRBY").arg(key).arg(*delta);
+        pipe.cmd("PEXPIRE")
+            .arg(key)
+            .arg(item.bytes_expiry_ms)
+            .ignore();
+    }
+    pipe.cmd("PTTL").arg(&item.latch);
+}
+
+/// Deletes the keys matching `pattern` on one server; returns how many there
+/// were.
+async fn scan_delete<C: ConnectionLike + Send>(
+    conn: &mut C,
+    pattern: &str,
+) -> Result<u64, redis::RedisError> {
+    let mut cursor = 0u64;
+    let mut deleted = 0;
+    // Bounded: SCAN visits each key at most a few times.
+    for _ in 0..100_000 {
+        let (next, keys): (u64, Vec<Vec<u8>>) = scan_cmd(cursor, pattern).query_async(conn).await?;
+        if !keys.is_empty() {
+            let n: u64 = redis::cmd("DEL").arg(&keys).query_async(conn).await?;
+            deleted += n;
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    Ok(deleted)
+}
+
+/// Like [`scan_delete`] on the cluster node at `host:port`.
+async fn cluster_scan_delete(
+    conn: &mut ClusterConnection,
+    pattern: &str,
+    host: &str,
+    port: u16,
+) -> Result<u64, redis::RedisError> {
+    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port,
+    });
+    let mut cursor = 0u64;
+    let mut deleted = 0;
+    // Bounded: SCAN visits each key at most a few times.
+    for _ in 0..100_000 {
+        let value = conn
+            .route_command(scan_cmd(cursor, pattern), route.clone())
+            .await?;
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::from_redis_value(value)?;
+        if !keys.is_empty() {
+            // DEL is split by slot and summed by the cluster client.
+            let n: u64 = redis::cmd("DEL").arg(&keys).query_async(conn).await?;
+            deleted += n;
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    Ok(deleted)
+}
+
+fn scan_cmd(cursor: u64, pattern: &str) -> redis::Cmd {
+    let mut scan = redis::cmd("SCAN");
+    scan.arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(1000);
+    scan
+}
+
+/// `PTTL` to a latch: -2 absent, -1 no expiry.
+fn latch_from_pttl(pttl: i64) -> Latch {
+    match pttl {
+        -2 => None,
+        -1 => Some(None),
+        ms => Some(Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))),
+    }
+}
+
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
