@@ -24,6 +24,8 @@ pub mod duplicate_rule;
 pub mod duplicate_service;
 pub mod duplicate_setting;
 pub mod fixed_wait;
+pub mod grpc_name;
+pub mod grpc_status;
 pub mod match_cycle;
 pub mod missing_field;
 pub mod mixed_direction;
@@ -51,6 +53,8 @@ pub const CODES: &[&str] = &[
     "gov::unknown-service",
     "gov::unknown-registry",
     "gov::unknown-method",
+    "gov::unknown-grpc-status",
+    "gov::invalid-grpc-name",
     "gov::path-not-normal",
     "gov::duplicate-service",
     "gov::duplicate-registry",
@@ -95,6 +99,8 @@ const CHECKS: &[Check] = &[
     unknown_match::check,
     match_cycle::check,
     unknown_method::check,
+    grpc_status::check,
+    grpc_name::check,
     path_not_normal::check,
     missing_field::check,
     non_positive::check,

@@ -54,6 +54,8 @@ diagnostics! {
     UnknownService(unknown_service::UnknownService),
     UnknownRegistry(unknown_registry::UnknownRegistry),
     UnknownMethod(unknown_method::UnknownMethod),
+    UnknownGrpcStatus(grpc_status::UnknownGrpcStatus),
+    InvalidGrpcName(grpc_name::InvalidGrpcName),
     PathNotNormal(path_not_normal::PathNotNormal),
     DuplicateService(duplicate_service::DuplicateService),
     DuplicateRegistry(duplicate_registry::DuplicateRegistry),

@@ -166,6 +166,9 @@ pub(crate) struct Values {
     pub statuses: Vec<Status>,
     /// Status ranges `from..to` with the span of the range.
     pub ranges: Vec<(Status, Status, Span)>,
+    /// gRPC status names (`UNAVAILABLE`), checked against the code list;
+    /// `true` for a rejection's (where `OK` makes no sense).
+    pub grpc_codes: Vec<(Spanned<String>, bool)>,
 }
 
 impl Values {
@@ -294,9 +297,70 @@ impl<'a> Words<'a> {
         }
     }
 
+    /// The next word if it is a name.
+    pub fn name(&mut self) -> Option<Spanned<String>> {
+        match self.words.first() {
+            Some(Spanned {
+                node: Word::Name(n),
+                span,
+            }) => {
+                self.words = &self.words[1..];
+                Some(Spanned::new(n.clone(), *span))
+            }
+            _ => None,
+        }
+    }
+
+    /// After `reject with`: `STATUS` or `grpc_status NAME`.
+    pub fn reject(&mut self) -> Option<Reject> {
+        if self.expect("grpc_status").is_some() {
+            return Some(Reject::Grpc(self.name()?));
+        }
+        Some(Reject::Status(self.int()?))
+    }
+
     /// Whether every word was read.
     pub fn done(&self) -> bool {
         self.words.is_empty()
+    }
+}
+
+/// `reject with STATUS` or `reject with grpc_status NAME`, a setting every
+/// kind that rejects shares.
+#[derive(Clone, Debug)]
+pub(crate) enum Reject {
+    Status(Status),
+    /// The answer to a gRPC call; an unknown name is
+    /// `gov::unknown-grpc-status` and lowers as the kind's default.
+    Grpc(Spanned<String>),
+}
+
+impl Reject {
+    /// The name under which it may appear once in a rule.
+    pub fn key(&self) -> &'static str {
+        match self {
+            Reject::Status(_) => "reject with",
+            Reject::Grpc(_) => "reject with grpc_status",
+        }
+    }
+
+    /// Hands its value to the range check or the gRPC name check.
+    pub fn values(self, out: &mut Values) {
+        match self {
+            Reject::Status(s) => out.statuses.push(s),
+            Reject::Grpc(name) => out.grpc_codes.push((name, true)),
+        }
+    }
+}
+
+impl Reject {
+    /// The gRPC code it names (`None`: the status form, or an unknown
+    /// name, which lowers as the kind's default).
+    pub fn grpc(&self) -> Option<pb::GrpcCode> {
+        match self {
+            Reject::Grpc(name) => gov_proto::grpc::from_name(&name.node),
+            Reject::Status(_) => None,
+        }
     }
 }
 

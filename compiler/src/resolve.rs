@@ -119,8 +119,10 @@ pub(crate) struct Rule<'a> {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Norm<'a> {
     Any,
-    PathExact(&'a str),
-    PathPrefix(&'a str),
+    /// `grpc method "pkg.Svc/M"` is `path exact "/pkg.Svc/M"`.
+    PathExact(Cow<'a, str>),
+    /// `grpc service "pkg.Svc"` is `path prefix "/pkg.Svc/"`.
+    PathPrefix(Cow<'a, str>),
     /// As written: methods must be upper case (`gov::unknown-method`).
     Method(&'a str),
     /// The name in lower case (header names are case-insensitive).
@@ -340,12 +342,23 @@ impl<'a> Svc<'a> {
                 kind: ast::PathKind::Exact,
                 value,
                 ..
-            } => Norm::PathExact(&value.node),
+            } => Norm::PathExact(Cow::Borrowed(&value.node)),
             MatchExpr::Path {
                 kind: ast::PathKind::Prefix,
                 value,
                 ..
-            } => Norm::PathPrefix(&value.node),
+            } => Norm::PathPrefix(Cow::Borrowed(&value.node)),
+            // A gRPC call's HTTP/2 path is `/{service}/{method}`.
+            MatchExpr::Grpc {
+                kind: ast::GrpcKind::Service,
+                name,
+                ..
+            } => Norm::PathPrefix(Cow::Owned(format!("/{}/", name.node))),
+            MatchExpr::Grpc {
+                kind: ast::GrpcKind::Method,
+                name,
+                ..
+            } => Norm::PathExact(Cow::Owned(format!("/{}", name.node))),
             MatchExpr::Method { method, .. } => Norm::Method(&method.node),
             MatchExpr::Header { name, value, .. } => Norm::Header(lower(&name.node), &value.node),
             MatchExpr::Consumer { name, .. } => Norm::Consumer(&name.node),

@@ -158,6 +158,12 @@ fn aggregate(state: &State, service: &str, rule: &str, kind: pb::RuleKind) -> pb
         for (s, x) in sum.latency_buckets.iter_mut().zip(&r.latency_buckets) {
             *s += x;
         }
+        if sum.grpc_outcomes.len() < r.grpc_outcomes.len() {
+            sum.grpc_outcomes.resize(r.grpc_outcomes.len(), 0);
+        }
+        for (s, x) in sum.grpc_outcomes.iter_mut().zip(&r.grpc_outcomes) {
+            *s += x;
+        }
         worst = match (worst, r.fuse_state()) {
             (pb::FuseState::Open, _) | (_, pb::FuseState::Open) => pb::FuseState::Open,
             (pb::FuseState::HalfOpen, _) | (_, pb::FuseState::HalfOpen) => pb::FuseState::HalfOpen,

@@ -297,6 +297,13 @@ pub enum MatchExpr {
     Consumer { name: Str, span: Span },
     /// `calls to inventory`: outbound calls to another service (client side).
     CallsTo { service: Ident, span: Span },
+    /// `grpc service "pkg.Svc"` or `grpc method "pkg.Svc/Method"`: the gRPC
+    /// calls of a service or of one method (their HTTP/2 path).
+    Grpc {
+        kind: GrpcKind,
+        name: Str,
+        span: Span,
+    },
     /// `any`: every call.
     Any { span: Span },
     /// A reference to a named match of the same service.
@@ -316,6 +323,14 @@ pub enum MatchExpr {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GrpcKind {
+    /// `grpc service "pkg.Svc"`
+    Service,
+    /// `grpc method "pkg.Svc/Method"`
+    Method,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PathKind {
     Exact,
     Prefix,
@@ -329,6 +344,7 @@ impl MatchExpr {
             | MatchExpr::Header { span, .. }
             | MatchExpr::Consumer { span, .. }
             | MatchExpr::CallsTo { span, .. }
+            | MatchExpr::Grpc { span, .. }
             | MatchExpr::Any { span }
             | MatchExpr::And { span, .. }
             | MatchExpr::Or { span, .. }

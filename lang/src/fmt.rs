@@ -328,6 +328,13 @@ fn expr(e: &MatchExpr) -> String {
         }
         MatchExpr::Consumer { name, .. } => format!("consumer {}", quote(&name.node)),
         MatchExpr::CallsTo { service, .. } => format!("calls to {}", service.node),
+        MatchExpr::Grpc { kind, name, .. } => {
+            let kind = match kind {
+                GrpcKind::Service => "service",
+                GrpcKind::Method => "method",
+            };
+            format!("grpc {kind} {}", quote(&name.node))
+        }
         MatchExpr::Any { .. } => "any".to_owned(),
         MatchExpr::Ref { name } => name.node.clone(),
         MatchExpr::And { lhs, rhs, .. } => format!("{} and {}", expr(lhs), expr(rhs)),

@@ -12,8 +12,8 @@ pub(crate) struct GovParser;
 
 /// Reserved words that start or join match expressions (the first half of
 /// the `reserved` rule of `gov.pest`).
-pub(crate) const MATCH_WORDS: [&str; 8] = [
-    "path", "method", "header", "consumer", "calls", "any", "and", "or",
+pub(crate) const MATCH_WORDS: [&str; 9] = [
+    "path", "method", "header", "consumer", "calls", "grpc", "any", "and", "or",
 ];
 
 /// Every keyword of the grammar by rule: the text of each `kw_*` rule,

@@ -845,6 +845,18 @@ impl Builder<'_> {
                     span,
                 }
             }
+            Rule::grpc_atom => {
+                k.kw(self)?;
+                let kind = match k.next(self)?.as_rule() {
+                    Rule::kw_service => GrpcKind::Service,
+                    _ => GrpcKind::Method,
+                };
+                MatchExpr::Grpc {
+                    kind,
+                    name: self.string(k.next(self)?),
+                    span,
+                }
+            }
             Rule::any_atom => MatchExpr::Any { span },
             Rule::group => {
                 let inner = self.match_expr(k.rule(self, Rule::match_expr)?, terms)?;

@@ -5,7 +5,7 @@
 //! [`target`] and [`fill`], so that they are what `govc compile` would emit.
 
 use crate::v1::{
-    ErrorClass, Mode, Recovery, Rule, StatusRange, TargetConfig, recovery, rule::Spec,
+    ErrorClass, GrpcCode, Mode, Recovery, Rule, StatusRange, TargetConfig, recovery, rule::Spec,
     warmup_step::Step as WarmupStep,
 };
 
@@ -17,6 +17,13 @@ pub const BULKHEAD_REJECT_STATUS: u32 = 408;
 pub const LIMIT_REJECT_STATUS: u32 = 429;
 /// A fuse's rejection: 503 Service Unavailable.
 pub const FUSE_REJECT_STATUS: u32 = 503;
+/// A bulkhead's rejection of a gRPC call: UNAVAILABLE (retryable, as a
+/// full server's answer is).
+pub const BULKHEAD_REJECT_GRPC: GrpcCode = GrpcCode::Unavailable;
+/// A limit's rejection of a gRPC call: RESOURCE_EXHAUSTED (a quota).
+pub const LIMIT_REJECT_GRPC: GrpcCode = GrpcCode::ResourceExhausted;
+/// A fuse's rejection of a gRPC call: UNAVAILABLE.
+pub const FUSE_REJECT_GRPC: GrpcCode = GrpcCode::Unavailable;
 
 /// A readiness probe's per-poll timeout when it says none: its period
 /// (`every`), so that one slow answer never overlaps the next poll.
@@ -88,11 +95,23 @@ fn fill_rule(rule: &mut Rule) {
             *s = value;
         }
     };
+    let grpc = |s: &mut i32, value: GrpcCode| {
+        if *s == GrpcCode::Ok as i32 {
+            *s = value as i32;
+        }
+    };
     match &mut rule.spec {
-        Some(Spec::Bulkhead(b)) => status(&mut b.reject_status, BULKHEAD_REJECT_STATUS),
-        Some(Spec::Limit(l)) => status(&mut l.reject_status, LIMIT_REJECT_STATUS),
+        Some(Spec::Bulkhead(b)) => {
+            status(&mut b.reject_status, BULKHEAD_REJECT_STATUS);
+            grpc(&mut b.reject_grpc_status, BULKHEAD_REJECT_GRPC);
+        }
+        Some(Spec::Limit(l)) => {
+            status(&mut l.reject_status, LIMIT_REJECT_STATUS);
+            grpc(&mut l.reject_grpc_status, LIMIT_REJECT_GRPC);
+        }
         Some(Spec::Fuse(f)) => {
             status(&mut f.reject_status, FUSE_REJECT_STATUS);
+            grpc(&mut f.reject_grpc_status, FUSE_REJECT_GRPC);
             f.business.get_or_insert_with(business_errors);
             f.system.get_or_insert_with(system_errors);
             f.recover.get_or_insert_with(manual_recovery);
@@ -141,6 +160,7 @@ mod tests {
         assert_eq!(t.rules[0].bulkhead().map(|b| b.reject_status), Some(503));
         let f = t.rules[1].fuse().cloned().unwrap_or_default();
         assert_eq!(f.reject_status, FUSE_REJECT_STATUS);
+        assert_eq!(f.reject_grpc_status(), FUSE_REJECT_GRPC);
         assert_eq!(f.business, Some(business_errors()));
         assert_eq!(f.system, Some(system_errors()));
         assert_eq!(f.recover, Some(manual_recovery()));

@@ -59,6 +59,12 @@ pub struct Record {
     /// or the upstream's); `None` when the client left before an answer.
     #[serde(default)]
     pub status: Option<u16>,
+    /// For a gRPC call the upstream answered: the `grpc-status` it ended
+    /// with (from its trailers or a trailers-only response; `status` is then
+    /// 200). Absent for plain HTTP. Added within format version 1: older
+    /// readers ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<u32>,
     /// How the call ended, as fuses classify it.
     pub outcome: Outcome,
     /// From arrival to the end of the call (the response body done, or the
@@ -175,5 +181,22 @@ mod tests {
         assert!(serde_json::from_str::<Record>(&line).is_ok());
         let line = LINE.replacen("\"method\":\"GET\",", "", 1);
         assert!(serde_json::from_str::<Record>(&line).is_err());
+    }
+
+    /// A gRPC call's `grpc-status` is written after `status` when there is
+    /// one, and left out (not `null`) for plain HTTP.
+    #[test]
+    fn a_grpc_status_is_written_only_for_grpc_calls() {
+        let line = LINE.replacen("\"status\":429,", "\"status\":200,\"grpc_status\":14,", 1);
+        let record: Record = serde_json::from_str(&line).unwrap();
+        assert_eq!((record.status, record.grpc_status), (Some(200), Some(14)));
+        assert_eq!(serde_json::to_string(&record).unwrap(), line);
+        let plain: Record = serde_json::from_str(LINE).unwrap();
+        assert_eq!(plain.grpc_status, None);
+        assert!(
+            !serde_json::to_string(&plain)
+                .unwrap()
+                .contains("grpc_status")
+        );
     }
 }

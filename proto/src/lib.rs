@@ -13,6 +13,7 @@ pub mod compiled;
 pub mod decision_log;
 pub mod duration;
 pub mod flag;
+pub mod grpc;
 #[cfg(feature = "daemon")]
 pub mod log;
 pub mod path;

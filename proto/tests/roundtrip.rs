@@ -9,7 +9,7 @@ use gov_proto::v1::{
     TargetConfig, Trip, TripMetric, Wait, Warmup, WarmupStep, action, match_expr, recovery,
     release, shutdown_step, warmup_step,
 };
-use gov_proto::v1::{Limit, LimitAction, LimitKey, Mode, Rule, rule::Spec};
+use gov_proto::v1::{GrpcCode, Limit, LimitAction, LimitKey, Mode, Rule, rule::Spec};
 
 fn src(line: u32, snippet: &str) -> Option<SourceRef> {
     Some(SourceRef {
@@ -97,6 +97,7 @@ fn order() -> TargetConfig {
                     timeout_ms: 0,
                     reject_status: 408,
                     isolation: 0,
+                    reject_grpc_status: GrpcCode::ResourceExhausted as i32,
                 })),
             },
             Rule {
@@ -115,6 +116,7 @@ fn order() -> TargetConfig {
                     timeout_ms: 2000,
                     reject_status: 0,
                     isolation: 0,
+                    reject_grpc_status: 0,
                 })),
             },
             Rule {
@@ -138,6 +140,7 @@ fn order() -> TargetConfig {
                     action: LimitAction::Reject as i32,
                     max_delay_ms: 0,
                     reject_status: 429,
+                    reject_grpc_status: GrpcCode::ResourceExhausted as i32,
                     release: Some(Release {
                         kind: Some(release::Kind::AfterMs(7_200_000)),
                     }),
@@ -211,6 +214,7 @@ fn order() -> TargetConfig {
                         connect_failure: true,
                         timeout: true,
                         reset: false,
+                        grpc_status: vec![GrpcCode::Unavailable as i32],
                     }),
                     recover: Some(Recovery {
                         kind: Some(recovery::Kind::After(AutoRecovery {
@@ -219,6 +223,7 @@ fn order() -> TargetConfig {
                         })),
                     }),
                     reject_status: 503,
+                    reject_grpc_status: GrpcCode::Unavailable as i32,
                 })),
             },
         ],

@@ -735,6 +735,18 @@ fn render_detail(app: &App, frame: &mut Frame<'_>, area: Rect) {
     }
 }
 
+/// The gRPC calls of a rule by the code they ended with (cumulative), the
+/// codes seen only: `OK 120  UNAVAILABLE 3`. `None` when no gRPC call ended.
+fn grpc_outcomes(counts: &[u64]) -> Option<String> {
+    let seen: Vec<String> = gov_proto::grpc::CODES
+        .iter()
+        .zip(counts)
+        .filter(|(_, n)| **n > 0)
+        .map(|(code, n)| format!("{} {n}", gov_proto::grpc::name(*code)))
+        .collect();
+    (!seen.is_empty()).then(|| seen.join("  "))
+}
+
 fn field(name: &str, value: impl Into<String>) -> Line<'static> {
     Line::from(vec![
         Span::styled(format!("{name:<11}"), Style::new().dark_gray()),
@@ -854,6 +866,9 @@ fn render_rule_detail(
                 Style::new().red(),
             ));
         }
+    }
+    if let Some(codes) = grpc_outcomes(&stats.grpc_outcomes) {
+        top.push(field("grpc", codes));
     }
     // Long lines (a trip reason) wrap; count the rows they take.
     let width = usize::from(inner.width.max(1));

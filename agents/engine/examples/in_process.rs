@@ -29,12 +29,14 @@ rules:
     bulkhead:
       max_concurrent: 10
       reject_status: 408
+      reject_grpc_status: GRPC_CODE_UNAVAILABLE
   - name: order/two
     on: { path: { kind: PATH_KIND_PREFIX, value: /orders } }
     mode: MODE_ENFORCE
     limit:
       calls: { amount: 2, window_ms: 3600000 }
       reject_status: 429
+      reject_grpc_status: GRPC_CODE_RESOURCE_EXHAUSTED
 "#;
 
 #[tokio::main(flavor = "current_thread")]

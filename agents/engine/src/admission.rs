@@ -74,6 +74,10 @@ pub struct Admission {
     start: Option<Instant>,
     /// The rule with the shortest matched timeout.
     timeout: Option<u32>,
+    /// The caller's own deadline (`grpc-timeout`), when it is shorter.
+    caller_deadline: Option<Duration>,
+    /// A gRPC call whose status comes in its trailers (its head had none).
+    awaits_grpc_status: bool,
     has_bytes: bool,
     /// Every step passed (counted as admitted in every rule).
     admitted: bool,
@@ -140,6 +144,8 @@ impl Admission {
             keyed: SmallVec::new(),
             start: None,
             timeout: None,
+            caller_deadline: None,
+            awaits_grpc_status: false,
             has_bytes: false,
             admitted: true,
             recorded: true,
@@ -157,6 +163,8 @@ impl Admission {
             keyed: SmallVec::new(),
             start: Some(now),
             timeout: None,
+            caller_deadline: None,
+            awaits_grpc_status: false,
             has_bytes: false,
             admitted: false,
             recorded: false,
@@ -296,9 +304,49 @@ impl Admission {
         }
     }
 
-    /// The deadline for this call (the shortest matched timeout), if any.
+    /// The deadline for this call (the shortest matched timeout, or the
+    /// caller's own when shorter), if any.
     pub fn timeout(&self) -> Option<Duration> {
+        match (self.rule_timeout(), self.caller_deadline) {
+            (Some(rule), Some(caller)) => Some(rule.min(caller)),
+            (rule, caller) => rule.or(caller),
+        }
+    }
+
+    fn rule_timeout(&self) -> Option<Duration> {
         self.snap.as_deref()?.rule_timeout(self.timeout?)
+    }
+
+    /// Sets the deadline the caller gave the call (a gRPC call's
+    /// `grpc-timeout`): the call's deadline when shorter than its rules'.
+    /// A call cut off by it is a timeout for fuses, answered
+    /// DEADLINE_EXCEEDED without naming a rule.
+    pub fn set_caller_deadline(&mut self, deadline: Option<Duration>) {
+        self.caller_deadline = deadline;
+    }
+
+    /// Records the outcome a response head tells (first call wins): its
+    /// status, or for a gRPC call (`grpc`) its `grpc-status` when the
+    /// response is trailers-only; a gRPC call whose status comes in the
+    /// trailers is recorded by its [`crate::GovBody`] at its end.
+    pub fn record_head(&mut self, grpc: bool, status: http::StatusCode, headers: &http::HeaderMap) {
+        let outcome = if grpc {
+            crate::grpc::head_outcome(status, headers)
+        } else {
+            Some(Outcome::from(status))
+        };
+        match outcome {
+            Some(outcome) => self.record(outcome),
+            None => self.awaits_grpc_status = true,
+        }
+    }
+
+    /// A gRPC call's response ended: a call whose status never came ended
+    /// `UNKNOWN`, as its client reads it. Nothing for any other call.
+    pub(crate) fn end_of_response(&mut self) {
+        if self.awaits_grpc_status {
+            self.record(Outcome::Grpc(gov_proto::v1::GrpcCode::Unknown));
+        }
     }
 
     /// The version of the config this call was decided under (`None` when
@@ -437,6 +485,9 @@ impl Admission {
         for h in self.held.iter_mut().filter(|h| h.granted()) {
             let state = &snap.states[h.rule as usize];
             state.counters().latency(slot, elapsed);
+            if let Outcome::Grpc(code) = outcome {
+                state.counters().grpc(slot, code);
+            }
             state.record(slot, outcome, h.grant, now);
             // A probe has reported; dropping must not give it back.
             h.grant.probe = false;
@@ -456,14 +507,21 @@ impl Admission {
     /// one answer to a timeout, on every path).
     pub fn timed_out(mut self) -> Rejection {
         self.record(Outcome::Timeout);
+        let rule_first = match (self.rule_timeout(), self.caller_deadline) {
+            (Some(rule), Some(caller)) => rule <= caller,
+            (rule, _) => rule.is_some(),
+        };
         match (self.snap.as_ref(), self.timeout) {
-            (Some(snap), Some(rule)) => snap.reject(rule, RejectReason::Timeout, None),
-            // No rule set a deadline: a caller's own.
+            (Some(snap), Some(rule)) if rule_first => {
+                snap.reject(rule, RejectReason::Timeout, None)
+            }
+            // No rule's deadline passed: the caller's own.
             _ => Rejection {
                 rule: "".into(),
                 reason: RejectReason::Timeout,
                 status: http::StatusCode::GATEWAY_TIMEOUT,
                 retry_after: None,
+                grpc: gov_proto::v1::GrpcCode::DeadlineExceeded,
                 would_reject: Vec::new(),
             },
         }

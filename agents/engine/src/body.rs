@@ -15,6 +15,7 @@ use http_body_util::Full;
 use pin_project_lite::pin_project;
 
 use crate::admission::{Admission, ByteMeter};
+use crate::outcome::Outcome;
 use crate::rejection::Rejection;
 
 pin_project! {
@@ -58,7 +59,9 @@ impl<B, H> GovBody<B, H> {
     }
 
     /// The response body of `admission`'s call, which it holds (with `hold`)
-    /// until the body ends. Record the outcome before: [`Admission::record`].
+    /// until the body ends. Record the outcome at the head before
+    /// ([`Admission::record_head`]); a gRPC call's status, when its head
+    /// did not carry it, is recorded from the trailers here.
     pub fn response(body: B, admission: Admission, hold: H) -> Self {
         GovBody::Response {
             body,
@@ -73,9 +76,10 @@ impl<B, H> GovBody<B, H> {
         }
     }
 
-    /// The response to a rejection, from its one mapping to HTTP.
-    pub fn rejected(rejection: &Rejection) -> http::Response<Self> {
-        rejection.to_response().map(|body| GovBody::Local { body })
+    /// The response to a rejection of a call that is gRPC (`grpc`) or not,
+    /// from its one mapping to HTTP.
+    pub fn rejected(rejection: &Rejection, grpc: bool) -> http::Response<Self> {
+        rejection.respond(grpc).map(|body| GovBody::Local { body })
     }
 
     /// The inner body (`None` for a local one).
@@ -112,15 +116,31 @@ where
                 let polled = body.poll_frame(cx);
                 match &polled {
                     Poll::Ready(Some(Ok(frame))) => {
-                        if let (Some((admission, _)), Some(data)) =
-                            (call.as_ref(), frame.data_ref())
-                        {
-                            admission.add_bytes(data.len() as u64);
+                        if let Some((admission, _)) = call.as_mut() {
+                            if let Some(data) = frame.data_ref() {
+                                admission.add_bytes(data.len() as u64);
+                            } else if let Some(outcome) =
+                                frame.trailers_ref().and_then(crate::grpc::trailers_outcome)
+                            {
+                                // A gRPC call's status (first record wins: a
+                                // call recorded at its head keeps that).
+                                admission.record(outcome);
+                            }
                         }
                     }
                     // The call is over: release its permits now, not when the
-                    // body is dropped.
-                    Poll::Ready(Some(Err(_)) | None) => drop(call.take()),
+                    // body is dropped. A gRPC call whose status never came
+                    // ended `UNKNOWN` (or reset), as its client sees it.
+                    Poll::Ready(None) => {
+                        if let Some((mut admission, _)) = call.take() {
+                            admission.end_of_response();
+                        }
+                    }
+                    Poll::Ready(Some(Err(_))) => {
+                        if let Some((mut admission, _)) = call.take() {
+                            admission.record(Outcome::Reset);
+                        }
+                    }
                     Poll::Pending => {}
                 }
                 polled
@@ -199,5 +219,35 @@ rules:
         // The body is not dropped yet: its end released the permit.
         assert!(admitted(&engine));
         assert_eq!(engine.stats().rules[0].in_flight, 0);
+    }
+
+    #[tokio::test]
+    async fn a_grpc_response_without_a_status_ends_unknown_and_no_other_does() {
+        let engine = Engine::empty("order");
+        let mut target = serde_yaml::from_str(ONE_AT_A_TIME).expect("the test config parses");
+        gov_proto::compiled::fill(&mut target);
+        assert!(engine.apply_target(&target).is_ok());
+        let h = http::HeaderMap::new();
+        let info = RequestInfo::inbound(&http::Method::POST, "/x", &h);
+        for grpc in [true, false] {
+            let Decision::Admitted(mut admission) = engine.try_admit(&info) else {
+                panic!("one call at a time is admitted");
+            };
+            if grpc {
+                // A gRPC head without `grpc-status`: the status is awaited.
+                admission.record_head(true, http::StatusCode::OK, &h);
+            }
+            let body = GovBody::response(Full::new(Bytes::from("x")), admission, ());
+            let collected = body.collect().await.map(|c| c.to_bytes());
+            assert_eq!(collected.ok().as_deref(), Some(&b"x"[..]));
+        }
+        let stats = &engine.stats().rules[0];
+        assert_eq!(stats.grpc[2], 1, "UNKNOWN: {:?}", stats.grpc);
+        assert_eq!(
+            stats.grpc.iter().sum::<u64>(),
+            1,
+            "the plain call is no gRPC call"
+        );
+        assert_eq!(stats.in_flight, 0);
     }
 }

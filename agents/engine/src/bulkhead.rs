@@ -392,6 +392,10 @@ impl Primitive for Bulkhead {
         self.spec.reject_status
     }
 
+    fn reject_grpc(&self) -> gov_proto::v1::GrpcCode {
+        self.spec.reject_grpc
+    }
+
     fn counters(&self) -> &Counters {
         &self.counters
     }
@@ -430,6 +434,7 @@ mod tests {
             max_queue: queue,
             timeout: None,
             reject_status: StatusCode::REQUEST_TIMEOUT,
+            reject_grpc: gov_proto::v1::GrpcCode::Unavailable,
         }))
     }
 

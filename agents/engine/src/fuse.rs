@@ -156,6 +156,10 @@ impl Fuse {
                 self.spec.system.has_status(code),
                 self.spec.business.has_status(code),
             ),
+            Outcome::Grpc(code) => (
+                self.spec.system.has_grpc(code),
+                self.spec.business.has_grpc(code),
+            ),
             Outcome::ConnectFailure => (
                 self.spec.system.connect_failure,
                 self.spec.business.connect_failure,
@@ -464,6 +468,10 @@ impl Primitive for Fuse {
         self.spec.reject_status
     }
 
+    fn reject_grpc(&self) -> gov_proto::v1::GrpcCode {
+        self.spec.reject_grpc
+    }
+
     fn counters(&self) -> &Counters {
         &self.counters
     }
@@ -525,6 +533,7 @@ mod tests {
             system,
             recover,
             reject_status: StatusCode::SERVICE_UNAVAILABLE,
+            reject_grpc: gov_proto::v1::GrpcCode::Unavailable,
         };
         (Fuse::new(spec, "svc/f".into(), events), rx)
     }

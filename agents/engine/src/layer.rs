@@ -8,8 +8,11 @@
 //! permits until the response body ends; its outcome (status) is recorded
 //! at the response head; request and response bytes are counted for byte
 //! limits as they stream. A rejection never reaches the inner service and is
-//! answered by [`Rejection::to_response`]. Only a call that must wait (a
-//! bulkhead permit, a shaping delay) or has a timeout allocates.
+//! answered by [`Rejection::respond`] (the gRPC form for a gRPC call). A
+//! gRPC call's outcome is its `grpc-status` ([`crate::grpc`]), and its
+//! `grpc-timeout` is its deadline when shorter than its rules'. Only a call
+//! that must wait (a bulkhead permit, a shaping delay) or has a timeout
+//! allocates.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,6 +31,7 @@ use crate::body::{GovBody, MeteredBody};
 use crate::config::Direction;
 use crate::decision::Decision;
 use crate::engine::Engine;
+use crate::grpc::GrpcCall;
 use crate::outcome::Outcome;
 use crate::rejection::Rejection;
 use crate::request::{RequestInfo, Target};
@@ -105,6 +109,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let grpc = GrpcCall::of(&req);
         let decision = {
             let target = req.extensions().get::<CallTarget>();
             let info = RequestInfo {
@@ -123,10 +128,11 @@ where
             Decision::Admitted(admission) => {
                 let req = metered(req, &admission);
                 let fut = self.inner.call(req);
-                ResponseFuture::called(fut, admission)
+                ResponseFuture::called(fut, admission, grpc)
             }
             Decision::Rejected(rejection) => ResponseFuture::Rejected {
                 rejection: Some(rejection),
+                grpc: grpc.is_some(),
             },
             Decision::Wait(pending) => {
                 // The ready service goes with the call; keep a fresh clone.
@@ -136,11 +142,11 @@ where
                     fut: Box::pin(async move {
                         let admission = match pending.wait().await {
                             Ok(a) => a,
-                            Err(r) => return Ok(GovBody::rejected(&r)),
+                            Err(r) => return Ok(GovBody::rejected(&r, grpc.is_some())),
                         };
                         let req = metered(req, &admission);
                         let fut = inner.ready().await.map_err(Into::into)?.call(req);
-                        ResponseFuture::called(fut, admission).await
+                        ResponseFuture::called(fut, admission, grpc).await
                     }),
                 }
             }
@@ -163,9 +169,11 @@ pin_project! {
             fut: F,
             admission: Option<Admission>,
             deadline: Option<Pin<Box<Sleep>>>,
+            grpc: bool,
         },
         Rejected {
             rejection: Option<Rejection>,
+            grpc: bool,
         },
         Waiting {
             fut: BoxResponse<B>,
@@ -174,12 +182,16 @@ pin_project! {
 }
 
 impl<F, B> ResponseFuture<F, B> {
-    fn called(fut: F, admission: Admission) -> Self {
+    fn called(fut: F, mut admission: Admission, grpc: Option<GrpcCall>) -> Self {
+        if let Some(call) = grpc {
+            admission.set_caller_deadline(call.deadline);
+        }
         let deadline = admission.timeout().map(|t| Box::pin(tokio::time::sleep(t)));
         ResponseFuture::Called {
             fut,
             admission: Some(admission),
             deadline,
+            grpc: grpc.is_some(),
         }
     }
 }
@@ -197,18 +209,19 @@ where
                 fut,
                 admission,
                 deadline,
+                grpc,
             } => {
                 if let Some(d) = deadline
                     && d.as_mut().poll(cx).is_ready()
                     && let Some(a) = admission.take()
                 {
-                    return Poll::Ready(Ok(GovBody::rejected(&a.timed_out())));
+                    return Poll::Ready(Ok(GovBody::rejected(&a.timed_out(), *grpc)));
                 }
                 match fut.poll(cx) {
                     Poll::Pending => Poll::Pending,
                     Poll::Ready(Ok(response)) => {
                         let call = admission.take().map(|mut a| {
-                            a.record(Outcome::from(response.status()));
+                            a.record_head(*grpc, response.status(), response.headers());
                             (a, ())
                         });
                         Poll::Ready(Ok(response.map(|body| GovBody::Response { body, call })))
@@ -222,8 +235,8 @@ where
                     }
                 }
             }
-            ResponseFutureProj::Rejected { rejection } => match rejection.take() {
-                Some(r) => Poll::Ready(Ok(GovBody::rejected(&r))),
+            ResponseFutureProj::Rejected { rejection, grpc } => match rejection.take() {
+                Some(r) => Poll::Ready(Ok(GovBody::rejected(&r, *grpc))),
                 None => Poll::Ready(Err("response future polled after completion".into())),
             },
             ResponseFutureProj::Waiting { fut } => fut.as_mut().poll(cx),

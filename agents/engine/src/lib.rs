@@ -71,6 +71,7 @@ pub mod decision;
 pub mod engine;
 pub mod events;
 mod fuse;
+pub mod grpc;
 pub mod latch;
 pub mod layer;
 mod limit;

@@ -604,6 +604,10 @@ impl Primitive for Limit {
         self.spec.reject_status
     }
 
+    fn reject_grpc(&self) -> gov_proto::v1::GrpcCode {
+        self.spec.reject_grpc
+    }
+
     fn counters(&self) -> &Counters {
         &self.counters
     }
@@ -683,6 +687,7 @@ mod tests {
             key: LimitKey::All,
             action: LimitAction::Reject,
             reject_status: StatusCode::TOO_MANY_REQUESTS,
+            reject_grpc: gov_proto::v1::GrpcCode::ResourceExhausted,
             release,
             scope: LimitScope::Local,
         };
@@ -804,6 +809,7 @@ mod tests {
                 key: LimitKey::All,
                 action: LimitAction::Reject,
                 reject_status: StatusCode::TOO_MANY_REQUESTS,
+                reject_grpc: gov_proto::v1::GrpcCode::ResourceExhausted,
                 release,
                 scope,
             };

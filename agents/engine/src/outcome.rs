@@ -7,6 +7,9 @@ use http::StatusCode;
 pub enum Outcome {
     /// The upstream answered with this status.
     Status(u16),
+    /// A gRPC call ended with this `grpc-status` (its HTTP status was 200),
+    /// read from its trailers or a trailers-only response.
+    Grpc(gov_proto::v1::GrpcCode),
     /// The upstream could not be connected to.
     ConnectFailure,
     /// The call exceeded its timeout.

@@ -114,6 +114,9 @@ pub(crate) trait Primitive {
     /// The status of a refusal.
     fn reject_status(&self) -> StatusCode;
 
+    /// The gRPC status of a refusal of a gRPC call.
+    fn reject_grpc(&self) -> gov_proto::v1::GrpcCode;
+
     fn counters(&self) -> &Counters;
 
     /// Fills in this primitive's part of the rule's stats.

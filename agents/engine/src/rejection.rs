@@ -1,14 +1,19 @@
-//! Typed rejections and the one place they become HTTP responses.
+//! Typed rejections and the one place they become HTTP responses, plain or
+//! gRPC.
 //!
 //! Every rejection names the rule that rejected the call
 //! (`gov-rejected-by: service/rule`), so an operator can trace any refused
-//! request back to the `.gov` text.
+//! request back to the `.gov` text. A rejected gRPC call is answered as
+//! gRPC servers answer a failed one (a trailers-only response: HTTP 200,
+//! `grpc-status`, `grpc-message`), so that its client reports the code
+//! rather than a transport error.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use gov_proto::v1 as proto;
+use gov_proto::v1::GrpcCode;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::Full;
 
@@ -101,6 +106,9 @@ pub struct Rejection {
     pub status: StatusCode,
     /// When the caller may retry (limits). Sent as `Retry-After` in whole seconds, rounded up.
     pub retry_after: Option<Duration>,
+    /// The answer to a gRPC call (RESOURCE_EXHAUSTED limits, UNAVAILABLE
+    /// bulkheads and fuses, DEADLINE_EXCEEDED timeouts by default).
+    pub grpc: GrpcCode,
     /// The shadow rules that would have refused this call too, in decision
     /// order, among those decided before this rejection (empty without
     /// shadow rules: no allocation).
@@ -154,6 +162,54 @@ impl Rejection {
         response
     }
 
+    /// The response for this rejection of a call that is gRPC (`grpc`, see
+    /// [`crate::grpc::GrpcCall`]) or not: [`Rejection::to_grpc_response`] or
+    /// [`Rejection::to_response`].
+    pub fn respond(&self, grpc: bool) -> Response<Full<Bytes>> {
+        if grpc {
+            self.to_grpc_response()
+        } else {
+            self.to_response()
+        }
+    }
+
+    /// The text of the rejection (the plain body, the `grpc-message`).
+    fn text(&self) -> String {
+        if self.rule.is_empty() {
+            // No rule: the caller's own deadline (`grpc-timeout`) passed.
+            return format!("deadline exceeded ({})", self.reason.as_str());
+        }
+        format!("rejected by {} ({})", self.rule, self.reason.as_str())
+    }
+
+    /// The gRPC form: HTTP 200 with no body (trailers-only), `content-type:
+    /// application/grpc`, `grpc-status` the configured code, `grpc-message`
+    /// naming the rule, `gov-rejected-by`, and `retry-after` when known.
+    pub fn to_grpc_response(&self) -> Response<Full<Bytes>> {
+        let mut response = Response::new(Full::new(Bytes::new()));
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        headers.insert(
+            crate::grpc::GRPC_STATUS,
+            HeaderValue::from(self.grpc as i32),
+        );
+        if let Ok(value) = HeaderValue::from_str(&crate::grpc::encode_message(&self.text())) {
+            headers.insert(crate::grpc::GRPC_MESSAGE, value);
+        }
+        if !self.rule.is_empty()
+            && let Ok(value) = HeaderValue::from_str(&self.rule)
+        {
+            headers.insert(REJECTED_BY, value);
+        }
+        if let Some(secs) = self.retry_after_secs() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+
     /// The response of [`Rejection::to_response`], encoded as an HTTP/1.1
     /// message at the end of `out` (the proxy's HTTP/1 path, which writes
     /// heads itself). `close` adds `connection: close`.
@@ -197,6 +253,7 @@ mod tests {
             reason: RejectReason::LimitCalls,
             status: StatusCode::TOO_MANY_REQUESTS,
             retry_after: Some(Duration::from_millis(1200)),
+            grpc: GrpcCode::ResourceExhausted,
             would_reject: Vec::new(),
         };
         let resp = r.to_response();
@@ -214,6 +271,7 @@ mod tests {
             reason: RejectReason::LimitCalls,
             status: StatusCode::TOO_MANY_REQUESTS,
             retry_after: Some(Duration::from_millis(1200)),
+            grpc: GrpcCode::ResourceExhausted,
             would_reject: Vec::new(),
         };
         let mut out = Vec::new();
@@ -252,6 +310,7 @@ mod tests {
             reason: RejectReason::LimitCalls,
             status: StatusCode::TOO_MANY_REQUESTS,
             retry_after: Some(Duration::from_millis(1)),
+            grpc: GrpcCode::ResourceExhausted,
             would_reject: Vec::new(),
         };
         assert_eq!(r.retry_after_secs(), Some(1));

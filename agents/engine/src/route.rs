@@ -424,6 +424,7 @@ mod tests {
             spec: Some(proto::rule::Spec::Bulkhead(proto::Bulkhead {
                 max_concurrent: 1,
                 reject_status: gov_proto::compiled::BULKHEAD_REJECT_STATUS,
+                reject_grpc_status: gov_proto::compiled::BULKHEAD_REJECT_GRPC as i32,
                 ..Default::default()
             })),
             ..Default::default()

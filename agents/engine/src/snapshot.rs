@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use gov_proto::v1::GrpcCode;
 use http::StatusCode;
 
 use crate::cluster::ClusterStore;
@@ -86,15 +87,16 @@ impl Snapshot {
     ) -> Rejection {
         let state = &self.states[rule as usize];
         state.counters().reject(stripe::current(), reason);
-        let status = match reason {
-            RejectReason::Timeout => StatusCode::GATEWAY_TIMEOUT,
-            _ => state.reject_status(),
+        let (status, grpc) = match reason {
+            RejectReason::Timeout => (StatusCode::GATEWAY_TIMEOUT, GrpcCode::DeadlineExceeded),
+            _ => (state.reject_status(), state.reject_grpc()),
         };
         Rejection {
             rule: self.config.rules[rule as usize].name.clone(),
             reason,
             status,
             retry_after,
+            grpc,
             would_reject: Vec::new(),
         }
     }

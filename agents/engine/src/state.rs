@@ -190,6 +190,10 @@ impl State {
         dispatch!(self, p => Primitive::reject_status(&**p))
     }
 
+    pub(crate) fn reject_grpc(&self) -> gov_proto::v1::GrpcCode {
+        dispatch!(self, p => Primitive::reject_grpc(&**p))
+    }
+
     #[inline]
     pub(crate) fn counters(&self) -> &Counters {
         dispatch!(self, p => Primitive::counters(&**p))

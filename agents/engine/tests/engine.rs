@@ -638,7 +638,7 @@ fn a_missing_or_unknown_value_is_refused_naming_the_rule() {
         }
     }
     type Break = fn(&mut TargetConfig);
-    let cases: [(&str, &str, Break); 13] = [
+    let cases: [(&str, &str, Break); 18] = [
         (BULKHEAD, "names no consumer header", |t| {
             t.consumer_header.clear()
         }),
@@ -670,6 +670,25 @@ fn a_missing_or_unknown_value_is_refused_naming_the_rule() {
             fuse(t).system = None
         }),
         (FUSE, "`recover` is missing", |t| fuse(t).recover = None),
+        (BULKHEAD, "`reject_grpc_status` is missing", |t| {
+            bulkhead(t).reject_grpc_status = 0
+        }),
+        (LIMIT, "`reject_grpc_status` is missing", |t| {
+            limit(t).reject_grpc_status = 0
+        }),
+        (FUSE, "`reject_grpc_status` is missing", |t| {
+            fuse(t).reject_grpc_status = 0
+        }),
+        (
+            FUSE,
+            "`reject_grpc_status` 17 is not a grpc status code",
+            |t| fuse(t).reject_grpc_status = 17,
+        ),
+        (
+            FUSE,
+            "`system.grpc_status` -1 is not a grpc status code",
+            |t| fuse(t).system.as_mut().unwrap().grpc_status.push(-1),
+        ),
     ];
     for (yaml, expected, break_it) in cases {
         let e = engine(yaml);
@@ -1288,6 +1307,76 @@ async fn a_bulkhead_whose_key_changes_starts_from_fresh_scopes() {
     let c = now(&e, "/slow", None).unwrap();
     drop((a, b, c));
     assert_eq!(stats(&e, "order/slow_calls").in_flight, 0);
+}
+
+/// In process, a gRPC call's outcome is the `grpc-status` of its trailers,
+/// read as the body streams, and a tripped fuse answers gRPC callers the gRPC
+/// way: the same engine functions the sidecar's hyper path uses.
+#[tokio::test(start_paused = true)]
+async fn the_layer_classifies_grpc_trailers_and_answers_grpc_rejections() {
+    use http_body_util::StreamBody;
+    let e = engine(
+        r#"
+service: order
+rules:
+- name: order/down
+  on: {path: {kind: PATH_KIND_PREFIX, value: /shop.v1.Order/}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_SYSTEM_ERRORS, op: COMPARE_OP_GE, count: 2, window_ms: 60000}
+    system: {grpc_status: [GRPC_CODE_UNAVAILABLE]}
+    business: {grpc_status: [GRPC_CODE_INTERNAL]}
+"#,
+    );
+    // Answers `grpc-status: <the request's x-code>` in its trailers.
+    let inner = tower::service_fn(
+        |req: Request<gov_engine::MeteredBody<Full<Bytes>>>| async move {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", req.headers()["x-code"].clone());
+            let frames = futures::stream::iter([
+                Ok::<_, Infallible>(http_body::Frame::data(Bytes::from_static(b"\0\0\0\0\0"))),
+                Ok(http_body::Frame::trailers(trailers)),
+            ]);
+            Ok::<_, Infallible>(Response::new(StreamBody::new(frames)))
+        },
+    );
+    let mut svc = GovernLayer::new(e.clone()).layer(inner);
+    let call = |code: &'static str| {
+        Request::post("/shop.v1.Order/Create")
+            .version(http::Version::HTTP_2)
+            .header("content-type", "application/grpc")
+            .header("x-code", code)
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    for code in ["5", "13", "not a number", "14", "0"] {
+        let response = svc.ready().await.unwrap().call(call(code)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.into_body().collect().await.unwrap();
+        assert_eq!(body.trailers().unwrap()["grpc-status"], code);
+    }
+    // One UNAVAILABLE so far: not tripped. A second trips it.
+    assert_eq!(stats(&e, "order/down").fuse, Some(FuseState::Closed));
+    let response = svc.ready().await.unwrap().call(call("14")).await.unwrap();
+    response.into_body().collect().await.unwrap();
+    assert_eq!(stats(&e, "order/down").fuse, Some(FuseState::Open));
+
+    let rejected = svc.ready().await.unwrap().call(call("0")).await.unwrap();
+    assert_eq!(rejected.status(), StatusCode::OK);
+    assert_eq!(rejected.headers()["content-type"], "application/grpc");
+    assert_eq!(rejected.headers()["grpc-status"], "14");
+    assert_eq!(
+        rejected.headers()["grpc-message"],
+        "rejected by order/down (fuse_open)"
+    );
+    assert_eq!(rejected.headers()[REJECTED_BY], "order/down");
+    // Counted by code: NOT_FOUND, INTERNAL, UNKNOWN (not a number), 2 UNAVAILABLE, OK.
+    let grpc = stats(&e, "order/down").grpc;
+    assert_eq!(
+        (grpc[0], grpc[2], grpc[5], grpc[13], grpc[14]),
+        (1, 1, 1, 1, 2)
+    );
+    assert_eq!(grpc.iter().sum::<u64>(), 6);
 }
 
 /// What a decision log reads of an admitted call: the rules that admitted it

@@ -742,6 +742,7 @@ mod tests {
                         window_ms: 1000,
                     }),
                     reject_status: gov_proto::compiled::LIMIT_REJECT_STATUS,
+                    reject_grpc_status: gov_proto::compiled::LIMIT_REJECT_GRPC as i32,
                     ..Default::default()
                 })),
                 ..Default::default()

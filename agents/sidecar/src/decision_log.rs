@@ -254,6 +254,10 @@ impl DecisionLog {
         admission.on_end(move |ended: Ended| {
             let (status, outcome) = match ended.outcome {
                 Some(Outcome::Status(code)) => (Some(code), log::Outcome::Response),
+                Some(Outcome::Grpc(code)) => {
+                    record.grpc_status = Some(code as u32);
+                    (Some(200), log::Outcome::Response)
+                }
                 Some(Outcome::ConnectFailure) => (Some(502), log::Outcome::ConnectFailure),
                 Some(Outcome::Reset) => (Some(502), log::Outcome::Reset),
                 Some(Outcome::Timeout) => (Some(504), log::Outcome::Timeout),
@@ -314,6 +318,7 @@ impl DecisionLog {
             request_bytes,
             response_bytes: None,
             status: None,
+            grpc_status: None,
             outcome: log::Outcome::Abandoned,
             latency_us: 0,
             config: String::new(),

@@ -17,11 +17,11 @@
 //! }
 //! ```
 
-use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Span, Spanned, Status};
+use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Span, Spanned};
 use gov_proto::compiled;
 use gov_proto::v1 as pb;
 
-use super::{Bound, Large, Values, Words};
+use super::{Bound, Large, Reject, Values, Words};
 use crate::lower::{Lower, u32_of, unsigned};
 use crate::plan::{fmt_ms, push};
 use crate::resolve::Rule;
@@ -41,7 +41,7 @@ pub(crate) enum BulkheadSetting {
     /// `timeout D`: per-call timeout once admitted.
     Timeout { value: Spanned<Duration> },
     /// `reject with STATUS` (default 408).
-    RejectWith { status: Status },
+    RejectWith { reject: Reject },
     /// `per operation` | `per instance` | `per instance path`
     Per {
         key: Spanned<BulkheadKey>,
@@ -84,6 +84,7 @@ pub(crate) struct BulkheadEff {
     pub queue: Option<i64>,
     pub timeout_ms: Option<i64>,
     pub reject: i64,
+    pub reject_grpc: pb::GrpcCode,
     pub per: BulkheadKey,
     pub isolation: Isolation,
 }
@@ -107,7 +108,9 @@ fn decode(w: &mut Words<'_>) -> Option<BulkheadSetting> {
         },
         "reject" => {
             w.expect("with")?;
-            S::RejectWith { status: w.int()? }
+            S::RejectWith {
+                reject: w.reject()?,
+            }
         }
         "per" => {
             let first = w.key()?;
@@ -160,6 +163,7 @@ impl BulkheadEff {
             queue: None,
             timeout_ms: None,
             reject: REJECT,
+            reject_grpc: compiled::BULKHEAD_REJECT_GRPC,
             per: BulkheadKey::Operation,
             isolation: Isolation::Semaphore,
         };
@@ -175,7 +179,12 @@ impl BulkheadEff {
                 }
                 BulkheadSetting::Queue { value, .. } => e.queue = Some(value.node),
                 BulkheadSetting::Timeout { value, .. } => e.timeout_ms = Some(millis(&value.node)),
-                BulkheadSetting::RejectWith { status, .. } => e.reject = status.node,
+                BulkheadSetting::RejectWith { reject, .. } => match reject {
+                    Reject::Status(status) => e.reject = status.node,
+                    Reject::Grpc(_) => {
+                        e.reject_grpc = reject.grpc().unwrap_or(compiled::BULKHEAD_REJECT_GRPC);
+                    }
+                },
                 BulkheadSetting::Per { key, .. } => e.per = key.node,
                 BulkheadSetting::Isolation { mode, .. } => e.isolation = mode.node,
             }
@@ -209,7 +218,7 @@ impl super::Kind for Kind {
             BulkheadSetting::MaxWait { .. } => "max_wait",
             BulkheadSetting::Queue { .. } => "queue",
             BulkheadSetting::Timeout { .. } => "timeout",
-            BulkheadSetting::RejectWith { .. } => "reject with",
+            BulkheadSetting::RejectWith { reject } => reject.key(),
             BulkheadSetting::Per { .. } => "per",
             BulkheadSetting::Isolation { .. } => "isolation",
         })
@@ -235,7 +244,7 @@ impl super::Kind for Kind {
                     out.bound_duration("timeout", &value, Positive);
                     out.large("timeout", Large::Duration(value));
                 }
-                BulkheadSetting::RejectWith { status, .. } => out.statuses.push(status),
+                BulkheadSetting::RejectWith { reject, .. } => reject.values(out),
                 BulkheadSetting::Per { .. } | BulkheadSetting::Isolation { .. } => {}
             }
         }
@@ -275,6 +284,7 @@ impl super::Kind for Kind {
             max_queue: e.queue.map(u32_of),
             timeout_ms: e.timeout_ms.map_or(0, unsigned),
             reject_status: u32_of(e.reject),
+            reject_grpc_status: e.reject_grpc as i32,
             isolation: match e.isolation {
                 Isolation::Semaphore => pb::Isolation::Semaphore,
                 Isolation::Pool => pb::Isolation::Pool,
@@ -301,6 +311,11 @@ impl super::Kind for Kind {
             push(f, "timeout", fmt_ms(b.timeout_ms));
         }
         push(f, "reject with", b.reject_status.to_string());
+        push(
+            f,
+            "reject with grpc_status",
+            gov_proto::grpc::name(b.reject_grpc_status()).to_string(),
+        );
         let isolation = if b.isolation() == pb::Isolation::Pool {
             "pool"
         } else {

@@ -19,7 +19,7 @@ use gov_lang::ast::{Duration, Ident, Percent, RuleDef, Setting, Span, Spanned, S
 use gov_proto::compiled;
 use gov_proto::v1 as pb;
 
-use super::{Bound, Large, Values, Words};
+use super::{Bound, Large, Reject, Values, Words};
 use crate::lower::{Lower, u32_of, unsigned};
 use crate::plan::{fmt_ms, push};
 use crate::resolve::Rule;
@@ -33,7 +33,7 @@ pub(crate) enum FuseSetting {
     Trip(Trip),
     Classify(Classify),
     Recover { recover: Recover },
-    RejectWith { status: Status },
+    RejectWith { reject: Reject },
 }
 
 /// `trip when METRIC OP VALUE over D [min_calls N]`
@@ -89,6 +89,11 @@ pub(crate) enum ClassifyItem {
     Status {
         codes: Vec<StatusRange>,
     },
+    /// `grpc_status UNAVAILABLE ...`: gRPC calls that ended with these
+    /// codes (an unknown name is `gov::unknown-grpc-status`).
+    Grpc {
+        codes: Vec<Spanned<String>>,
+    },
     ConnectFailure,
     Timeout,
     /// The upstream closed the connection mid-response.
@@ -135,6 +140,7 @@ pub(crate) struct FuseEff {
     pub system: Option<Vec<ClassifyItem>>,
     pub recover: RecoverEff,
     pub reject: i64,
+    pub reject_grpc: pb::GrpcCode,
 }
 
 /// The kind.
@@ -202,6 +208,13 @@ fn decode(w: &mut Words<'_>) -> Option<FuseSetting> {
                         }
                         ClassifyItem::Status { codes }
                     }
+                    "grpc_status" => {
+                        let mut codes = Vec::new();
+                        while let Some(name) = w.name() {
+                            codes.push(name);
+                        }
+                        ClassifyItem::Grpc { codes }
+                    }
                     "connect_failure" => ClassifyItem::ConnectFailure,
                     "timeout" => ClassifyItem::Timeout,
                     "reset" => ClassifyItem::Reset,
@@ -230,7 +243,9 @@ fn decode(w: &mut Words<'_>) -> Option<FuseSetting> {
         }
         "reject" => {
             w.expect("with")?;
-            FuseSetting::RejectWith { status: w.int()? }
+            FuseSetting::RejectWith {
+                reject: w.reject()?,
+            }
         }
         _ => return None,
     })
@@ -275,6 +290,7 @@ impl FuseEff {
             system: None,
             recover: RecoverEff::Manual,
             reject: REJECT,
+            reject_grpc: compiled::FUSE_REJECT_GRPC,
         };
         for s in f.settings.into_iter().rev() {
             // Reversed so that the first occurrence is applied last and wins.
@@ -293,7 +309,12 @@ impl FuseEff {
                         },
                     };
                 }
-                FuseSetting::RejectWith { status, .. } => e.reject = status.node,
+                FuseSetting::RejectWith { reject, .. } => match reject {
+                    Reject::Status(status) => e.reject = status.node,
+                    Reject::Grpc(_) => {
+                        e.reject_grpc = reject.grpc().unwrap_or(compiled::FUSE_REJECT_GRPC);
+                    }
+                },
             }
         }
         e
@@ -322,6 +343,16 @@ fn class(items: &[ClassifyItem]) -> pb::ErrorClass {
                         from,
                         to: r.to.as_ref().map_or(from, |t| u32_of(t.node)),
                     });
+                }
+            }
+            ClassifyItem::Grpc { codes } => {
+                let known = codes
+                    .iter()
+                    .filter_map(|n| gov_proto::grpc::from_name(&n.node));
+                for code in known {
+                    if !c.grpc_status.contains(&(code as i32)) {
+                        c.grpc_status.push(code as i32);
+                    }
                 }
             }
             ClassifyItem::ConnectFailure => c.connect_failure = true,
@@ -374,6 +405,10 @@ fn class_text(c: &pb::ErrorClass) -> String {
             .collect();
         parts.push(format!("status {}", codes.join(" ")));
     }
+    if !c.grpc_status.is_empty() {
+        let names: Vec<&str> = c.grpc_status().map(gov_proto::grpc::name).collect();
+        parts.push(format!("grpc_status {}", names.join(" ")));
+    }
     for (on, word) in [
         (c.connect_failure, "connect_failure"),
         (c.timeout, "timeout"),
@@ -410,7 +445,7 @@ impl super::Kind for Kind {
                 ErrorClass::System => "classify system",
             }),
             FuseSetting::Recover { .. } => Some("recover"),
-            FuseSetting::RejectWith { .. } => Some("reject with"),
+            FuseSetting::RejectWith { reject } => Some(reject.key()),
         }
     }
 
@@ -442,11 +477,16 @@ impl super::Kind for Kind {
                     out.large("recover after", Large::Duration(after));
                     out.large("probe", Large::Count(probes));
                 }
-                FuseSetting::RejectWith { status, .. } => out.statuses.push(status),
+                FuseSetting::RejectWith { reject, .. } => reject.values(out),
                 FuseSetting::Classify(c) => {
                     for item in c.items {
-                        let ClassifyItem::Status { codes } = item else {
-                            continue;
+                        let codes = match item {
+                            ClassifyItem::Status { codes } => codes,
+                            ClassifyItem::Grpc { codes } => {
+                                out.grpc_codes.extend(codes.into_iter().map(|c| (c, false)));
+                                continue;
+                            }
+                            _ => continue,
                         };
                         for r in codes {
                             out.statuses.push(r.from.clone());
@@ -541,6 +581,7 @@ impl super::Kind for Kind {
                 }),
             }),
             reject_status: u32_of(e.reject),
+            reject_grpc_status: e.reject_grpc as i32,
         })
     }
 
@@ -565,6 +606,11 @@ impl super::Kind for Kind {
         };
         push(f, "recover", recover);
         push(f, "reject with", x.reject_status.to_string());
+        push(
+            f,
+            "reject with grpc_status",
+            gov_proto::grpc::name(x.reject_grpc_status()).to_string(),
+        );
     }
 
     fn sources(&self, spec: &mut pb::rule::Spec, f: &mut dyn FnMut(&mut Option<pb::SourceRef>)) {

@@ -13,11 +13,11 @@
 //! }
 //! ```
 
-use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Size, Span, Spanned, Status};
+use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Size, Span, Spanned};
 use gov_proto::compiled;
 use gov_proto::v1 as pb;
 
-use super::{Bound, Large, Values, Words};
+use super::{Bound, Large, Reject, Values, Words};
 use crate::lower::{Lower, u32_of, unsigned};
 use crate::plan::{fmt_ms, push};
 use crate::resolve::Rule;
@@ -45,7 +45,7 @@ pub(crate) enum LimitSetting {
     /// `action reject` | `action shape max_delay D`
     Action { action: LimitAction, span: Span },
     /// `reject with STATUS` (default 429)
-    RejectWith { status: Status },
+    RejectWith { reject: Reject },
     /// `release after D` | `release manual`
     Release { release: Release },
     /// `scope local` | `scope cluster [sync exact | sync batch D]`
@@ -133,6 +133,7 @@ pub(crate) struct LimitEff {
     pub per: LimitKey,
     pub action: ActionEff,
     pub reject: i64,
+    pub reject_grpc: pb::GrpcCode,
     pub release: ReleaseEff,
     pub scope: Scope,
 }
@@ -193,7 +194,9 @@ fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
         }
         "reject" => {
             w.expect("with")?;
-            S::RejectWith { status: w.int()? }
+            S::RejectWith {
+                reject: w.reject()?,
+            }
         }
         "release" => {
             let release = match w.key()?.node {
@@ -250,6 +253,7 @@ impl LimitEff {
             per: LimitKey::All,
             action: ActionEff::Reject,
             reject: REJECT,
+            reject_grpc: compiled::LIMIT_REJECT_GRPC,
             release: ReleaseEff::Window,
             scope: Scope::Local,
         };
@@ -287,7 +291,12 @@ impl LimitEff {
                         }
                     };
                 }
-                LimitSetting::RejectWith { status, .. } => e.reject = status.node,
+                LimitSetting::RejectWith { reject, .. } => match reject {
+                    Reject::Status(status) => e.reject = status.node,
+                    Reject::Grpc(_) => {
+                        e.reject_grpc = reject.grpc().unwrap_or(compiled::LIMIT_REJECT_GRPC);
+                    }
+                },
                 LimitSetting::Release { release, .. } => {
                     e.release = match release {
                         Release::After { after } => ReleaseEff::After(millis(&after.node)),
@@ -352,7 +361,7 @@ impl super::Kind for Kind {
             LimitSetting::Bytes { .. } => "bytes",
             LimitSetting::Per { .. } => "per",
             LimitSetting::Action { .. } => "action",
-            LimitSetting::RejectWith { .. } => "reject with",
+            LimitSetting::RejectWith { reject } => reject.key(),
             LimitSetting::Release { .. } => "release",
             LimitSetting::Scope { .. } => "scope",
         })
@@ -394,7 +403,7 @@ impl super::Kind for Kind {
                         },
                     ..
                 } => out.bound_duration("sync batch", &every, Positive),
-                LimitSetting::RejectWith { status, .. } => out.statuses.push(status),
+                LimitSetting::RejectWith { reject, .. } => reject.values(out),
                 _ => {}
             }
         }
@@ -462,6 +471,7 @@ impl super::Kind for Kind {
                 ActionEff::Reject => 0,
             },
             reject_status: u32_of(e.reject),
+            reject_grpc_status: e.reject_grpc as i32,
             release: match e.release {
                 ReleaseEff::Window => None,
                 ReleaseEff::After(ms) => Some(pb::Release {
@@ -506,6 +516,11 @@ impl super::Kind for Kind {
         };
         push(f, "action", action);
         push(f, "reject with", l.reject_status.to_string());
+        push(
+            f,
+            "reject with grpc_status",
+            gov_proto::grpc::name(l.reject_grpc_status()).to_string(),
+        );
         let release = match l.release.as_ref().and_then(|r| r.kind.as_ref()) {
             None => "every window".to_string(),
             Some(pb::release::Kind::AfterMs(ms)) => format!("after {}", fmt_ms(*ms)),

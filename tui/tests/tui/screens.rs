@@ -66,6 +66,36 @@ fn a_leaving_agent_names_the_callers_it_waits_on() {
     assert!(!draw(&app, 120, 36).contains("waiting on"));
 }
 
+/// A rule's gRPC calls by the code they ended with, in its detail.
+#[test]
+fn a_rule_detail_counts_grpc_calls_by_code() {
+    let mut app = busy_app();
+    let mut view = busy_view(61);
+    for rule in view
+        .rules
+        .iter_mut()
+        .filter(|r| r.rule == "order/slow_calls")
+    {
+        let stats = rule.stats.as_mut().unwrap();
+        stats.grpc_outcomes = vec![0; 17];
+        stats.grpc_outcomes[0] = 120;
+        stats.grpc_outcomes[14] = 3;
+    }
+    update(&mut app, Msg::Tick(T0 + 1_000));
+    update(&mut app, Msg::View(view));
+    update(&mut app, key(KeyCode::Tab));
+    press(&mut app, "jjjjjj");
+    assert_eq!(app.selected_rule().unwrap().rule, "order/slow_calls");
+    let screen = draw(&app, 120, 36);
+    assert!(
+        screen.contains("grpc       OK 120  UNAVAILABLE 3"),
+        "{screen}"
+    );
+    // A rule no gRPC call went through has no such line.
+    update(&mut app, Msg::View(busy_view(62)));
+    assert!(!draw(&app, 120, 36).contains("grpc   "));
+}
+
 #[test]
 fn nacked_agent() {
     let mut app = busy_app();

@@ -100,6 +100,21 @@ impl<'a> Ctx<'a> {
         Ok(Duration::from_millis(ms))
     }
 
+    /// A rejection's gRPC code: `OK` (zero) stands for a missing one.
+    pub(super) fn grpc(&self, code: i32) -> Result<gov_proto::v1::GrpcCode, InvalidConfig> {
+        if code == 0 {
+            return Err(self.err("`reject_grpc_status` is missing"));
+        }
+        u32::try_from(code)
+            .ok()
+            .and_then(gov_proto::grpc::from_number)
+            .ok_or_else(|| {
+                self.err(format!(
+                    "`reject_grpc_status` {code} is not a grpc status code"
+                ))
+            })
+    }
+
     pub(super) fn status(&self, code: u32) -> Result<StatusCode, InvalidConfig> {
         if code == 0 {
             return Err(self.err("`reject_status` is missing"));

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use gov_proto::v1 as proto;
 use http::StatusCode;
-use proto::RuleKind;
+use proto::{GrpcCode, RuleKind};
 
 use super::invalid::{Ctx, InvalidConfig};
 
@@ -48,6 +48,8 @@ pub struct BulkheadSpec {
     pub max_queue: Option<u32>,
     pub timeout: Option<Duration>,
     pub reject_status: StatusCode,
+    /// The answer to a gRPC call it rejects.
+    pub reject_grpc: GrpcCode,
 }
 
 /// Whose calls share one limit counter.
@@ -98,6 +100,8 @@ pub struct LimitSpec {
     pub key: LimitKey,
     pub action: LimitAction,
     pub reject_status: StatusCode,
+    /// The answer to a gRPC call it rejects.
+    pub reject_grpc: GrpcCode,
     /// `None`: not latched; counters reset every window.
     pub release: Option<ReleaseSpec>,
     pub scope: LimitScope,
@@ -157,10 +161,12 @@ pub struct TripSpec {
 }
 
 /// Which outcomes belong to an error class: a bitmap over status codes
-/// 0..=639 plus transport failures.
+/// 0..=639, one over gRPC codes, plus transport failures.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Classifier {
     pub(crate) statuses: [u64; 10],
+    /// Bit `n`: gRPC code `n`.
+    pub(crate) grpc: u32,
     pub connect_failure: bool,
     pub timeout: bool,
     pub reset: bool,
@@ -177,6 +183,16 @@ impl Classifier {
     /// Whether `code` is in this class.
     pub fn has_status(&self, code: u16) -> bool {
         code < 640 && self.statuses[usize::from(code / 64)] & (1 << (code % 64)) != 0
+    }
+
+    /// Adds the gRPC code `code`.
+    pub fn add_grpc(&mut self, code: GrpcCode) {
+        self.grpc |= 1 << (code as u32);
+    }
+
+    /// Whether a gRPC call that ended with `code` is in this class.
+    pub fn has_grpc(&self, code: GrpcCode) -> bool {
+        self.grpc & (1 << (code as u32)) != 0
     }
 }
 
@@ -197,6 +213,8 @@ pub struct FuseSpec {
     pub system: Classifier,
     pub recover: RecoverSpec,
     pub reject_status: StatusCode,
+    /// The answer to a gRPC call it rejects.
+    pub reject_grpc: GrpcCode,
 }
 
 /// The spec of one wire rule: the one place that turns a `oneof spec` into
@@ -230,6 +248,7 @@ fn bulkhead(ctx: &Ctx<'_>, b: &proto::Bulkhead) -> Result<BulkheadSpec, InvalidC
         max_queue: b.max_queue,
         timeout: (b.timeout_ms > 0).then(|| Duration::from_millis(b.timeout_ms)),
         reject_status: ctx.status(b.reject_status)?,
+        reject_grpc: ctx.grpc(b.reject_grpc_status)?,
     })
 }
 
@@ -281,6 +300,7 @@ fn limit(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, InvalidConfig> {
         },
         action,
         reject_status: ctx.status(l.reject_status)?,
+        reject_grpc: ctx.grpc(l.reject_grpc_status)?,
         release,
         scope,
     })
@@ -345,6 +365,7 @@ fn fuse(ctx: &Ctx<'_>, f: &proto::Fuse) -> Result<FuseSpec, InvalidConfig> {
         system,
         recover,
         reject_status: ctx.status(f.reject_status)?,
+        reject_grpc: ctx.grpc(f.reject_grpc_status)?,
     })
 }
 
@@ -365,6 +386,15 @@ fn classifier(
             return Err(ctx.err(format!("status range {from}..{to} is not within 100..599")));
         }
         out.add_statuses(from, to);
+    }
+    for &n in &c.grpc_status {
+        let code = u32::try_from(n).ok().and_then(gov_proto::grpc::from_number);
+        let Some(code) = code else {
+            return Err(ctx.err(format!(
+                "`{class}.grpc_status` {n} is not a grpc status code"
+            )));
+        };
+        out.add_grpc(code);
     }
     out.connect_failure = c.connect_failure;
     out.timeout = c.timeout;

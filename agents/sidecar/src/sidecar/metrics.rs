@@ -369,6 +369,22 @@ fn render_rules(enc: &mut Encoder, rules: &[RuleStats]) {
         }
     }
     enc.family(
+        "gov_agent_rule_grpc_calls_total",
+        "counter",
+        "gRPC calls the rule admitted, by the grpc-status they ended with (codes seen only).",
+    );
+    for r in rules {
+        for (code, &n) in gov_proto::grpc::CODES.iter().zip(&r.grpc) {
+            if n > 0 {
+                enc.sample(
+                    "gov_agent_rule_grpc_calls_total",
+                    &[("rule", &r.rule), ("code", gov_proto::grpc::name(*code))],
+                    n,
+                );
+            }
+        }
+    }
+    enc.family(
         "gov_agent_shadow_rejected_total",
         "counter",
         "Calls a rule in mode shadow would have rejected (they went on), by reason.",

@@ -6,6 +6,10 @@
 //! pooled client with its hop-by-hop headers removed and `x-forwarded-for` appended;
 //! the response streams back the same way. Both bodies are counted as they pass, and
 //! the admission is held until the response body has finished (or the client left).
+//! A gRPC call is governed through the engine's [`gov_engine::grpc`]: its rejection
+//! is the gRPC form, its `grpc-timeout` its deadline when shorter than its rules',
+//! its outcome its `grpc-status` (recorded at the head or, from the trailers, by the
+//! response body).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -21,7 +25,8 @@ use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::listener::{Failure, Shared, Side, target_service};
 use super::serve::Connections;
 use super::upstream::{Clients, Pick, UpstreamBody};
-use gov_engine::{Admission, GovBody, Outcome, Rejection, RequestInfo};
+use gov_engine::grpc::GrpcCall;
+use gov_engine::{Admission, GovBody, Outcome, RequestInfo};
 
 /// The body of every response of the proxy listeners: the upstream's, holding the
 /// call's admission (bulkhead permits, in-flight gauges) and its endpoint pick
@@ -90,14 +95,21 @@ impl Handler {
     /// A request from a client of the local service.
     async fn inbound(&self, req: Request<Incoming>) -> Response<ResponseBody> {
         let conn = &self.0;
+        let grpc = GrpcCall::of(&req);
         let info = RequestInfo::inbound(req.method(), req.uri().path(), req.headers());
         let declared = http_body::Body::size_hint(req.body()).exact();
         let admission = match conn.shared.admit(&info, declared).await {
             Ok(admission) => admission,
-            Err(rejection) => return rejection_response(&rejection),
+            Err(rejection) => return GovBody::rejected(&rejection, grpc.is_some()),
         };
         let to = conn.shared.local.clone();
-        forward(&conn.shared.clients, req, to, None, &conn.peer, admission).await
+        let call = Call {
+            to,
+            pick: None,
+            admission,
+            grpc,
+        };
+        forward(&conn.shared.clients, req, call, &conn.peer).await
     }
 
     /// A call of the local service to another service.
@@ -116,6 +128,7 @@ impl Handler {
         };
         let endpoint = pick.endpoint();
         tracing::trace!(service, instance = %endpoint.id, "outbound call");
+        let grpc = GrpcCall::of(&req);
         let info = RequestInfo::outbound(
             req.method(),
             req.uri().path(),
@@ -126,18 +139,15 @@ impl Handler {
         let declared = http_body::Body::size_hint(req.body()).exact();
         let admission = match conn.shared.admit(&info, declared).await {
             Ok(admission) => admission,
-            Err(rejection) => return rejection_response(&rejection),
+            Err(rejection) => return GovBody::rejected(&rejection, grpc.is_some()),
         };
-        let to = endpoint.authority.clone();
-        forward(
-            &conn.shared.clients,
-            req,
-            to,
-            Some(pick),
-            &conn.peer,
+        let call = Call {
+            to: endpoint.authority.clone(),
+            pick: Some(pick),
             admission,
-        )
-        .await
+            grpc,
+        };
+        forward(&conn.shared.clients, req, call, &conn.peer).await
     }
 }
 
@@ -241,11 +251,18 @@ fn request_host<B>(req: &Request<B>) -> Option<&str> {
 async fn forward(
     clients: &Clients,
     req: Request<Incoming>,
-    to: Authority,
-    mut pick: Option<Pick>,
+    call: Call,
     peer: &HeaderValue,
-    admission: Admission,
 ) -> Response<ResponseBody> {
+    let Call {
+        to,
+        mut pick,
+        mut admission,
+        grpc,
+    } = call;
+    if let Some(call) = grpc {
+        admission.set_caller_deadline(call.deadline);
+    }
     let (mut parts, body) = req.into_parts();
 
     let path = match parts.uri.path_and_query() {
@@ -331,7 +348,7 @@ async fn forward(
             if let Some(pick) = &pick {
                 pick.timed_out();
             }
-            return rejection_response(&admission.timed_out());
+            return GovBody::rejected(&admission.timed_out(), grpc.is_some());
         }
         Some(Err(error)) => {
             if let Some(pick) = &pick {
@@ -353,10 +370,18 @@ async fn forward(
     }
 
     let (mut parts, body) = response.into_parts();
-    let mut admission = admission;
-    admission.record(Outcome::Status(parts.status.as_u16()));
+    admission.record_head(grpc.is_some(), parts.status, &parts.headers);
     strip_hop_by_hop(&mut parts.headers);
     Response::from_parts(parts, GovBody::response(body, admission, pick))
+}
+
+/// An admitted call on its way upstream: where to, the balancer's pick (outbound),
+/// its admission, and whether it is a gRPC call.
+struct Call {
+    to: Authority,
+    pick: Option<Pick>,
+    admission: Admission,
+    grpc: Option<GrpcCall>,
 }
 
 /// `http://{to}{path}`, the target of a request sent upstream.
@@ -366,11 +391,6 @@ fn upstream_uri(to: Authority, path: PathAndQuery) -> Option<Uri> {
     uri.authority = Some(to);
     uri.path_and_query = Some(path);
     Uri::from_parts(uri).ok()
-}
-
-/// The response for a rejection, from the engine's one mapping of rejections to HTTP.
-fn rejection_response(rejection: &Rejection) -> Response<ResponseBody> {
-    GovBody::rejected(rejection)
 }
 
 /// A short plain-text response made by the agent.

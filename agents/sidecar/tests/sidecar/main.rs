@@ -13,6 +13,7 @@ mod balance;
 mod decision_log;
 mod differential;
 mod enforce;
+mod grpc;
 mod h1;
 mod hostile;
 mod latches;

@@ -64,6 +64,8 @@ pub struct Call {
     /// Range into [`Calls::header_pairs`].
     headers: (u32, u32),
     pub status: Option<u16>,
+    /// A gRPC call's `grpc-status`, when it was one.
+    pub grpc_status: Option<u32>,
     pub direction: Direction,
     pub outcome: log::Outcome,
     pub live: Live,
@@ -277,6 +279,7 @@ impl Calls {
             upstream,
             headers: (from, to),
             status: r.status,
+            grpc_status: r.grpc_status,
             direction: match r.direction {
                 log::Direction::Inbound => Direction::Inbound,
                 log::Direction::Outbound => Direction::Outbound,

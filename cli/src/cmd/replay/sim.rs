@@ -325,7 +325,10 @@ fn hold_for(call: &Call, out: &RefCell<Outcomes>) -> Duration {
 
 fn outcome_of(call: &Call) -> Option<Outcome> {
     match call.outcome {
-        log::Outcome::Response => call.status.map(Outcome::Status),
+        log::Outcome::Response => match call.grpc_status {
+            Some(n) => gov_proto::grpc::from_number(n).map(Outcome::Grpc),
+            None => call.status.map(Outcome::Status),
+        },
         log::Outcome::ConnectFailure => Some(Outcome::ConnectFailure),
         log::Outcome::Timeout => Some(Outcome::Timeout),
         log::Outcome::Reset => Some(Outcome::Reset),
