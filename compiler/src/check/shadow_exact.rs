@@ -8,7 +8,8 @@
 //! Example: `limit l on api { calls 100 per 1s  scope cluster sync exact  mode shadow }`.
 //!
 //! Fix: count with `sync batch 100ms` while the limit is in shadow, and
-//! switch to `sync exact` when it is enforced.
+//! switch to `sync exact` when it is enforced. (`govc apply --shadow` refuses
+//! a policy with such a limit for the same reason.)
 
 use miette::SourceSpan;
 use thiserror::Error;
