@@ -6,7 +6,7 @@
 #   scripts/mutants.sh                     # the engine files, then the codec
 #   scripts/mutants.sh engine              # the engine files (tests: gov-engine's own)
 #   scripts/mutants.sh codec               # the HTTP/1 codec (tests: gov-agent's lib tests)
-#   scripts/mutants.sh agents/engine/src/fuse.rs   # some files, with their set's tests
+#   scripts/mutants.sh agents/engine/src/state/fuse.rs   # some files, with their set's tests
 #   scripts/mutants.sh engine --iterate    # more cargo-mutants arguments after the set
 #
 # Bounded for a shared 2-core machine: `nice`, one mutant at a time, two build jobs,
@@ -22,7 +22,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TOOLS="$ROOT/target/tools"
 BIN="$TOOLS/bin/cargo-mutants"
 
-ENGINE_FILES=(bulkhead fuse limit admission primitive decision engine)
+ENGINE_FILES=(state/bulkhead state/fuse state/limit admission primitive decision engine)
 CODEC=agents/sidecar/src/sidecar/h1/codec.rs
 
 if ! "$BIN" mutants --version 2>/dev/null | grep -qF "$VERSION"; then

@@ -1,9 +1,15 @@
 //! The words users read for the wire's enums, written once: the TUI, `govc`,
 //! the engine's errors and the plan all take them from here. The rule kinds
-//! are named here once: their word, the list of them ([`RuleKind::RULES`])
-//! and the kind of each `Rule.spec` ([`Spec::kind`]).
+//! are named here once: their word, the list of them ([`RuleKind::RULES`]),
+//! the kind of each `Rule.spec` ([`Spec::kind`]) and the compiler's values
+//! for what a hand-written spec leaves out ([`Spec::fill`]). A new kind
+//! touches `config.proto` and this file, nothing else in gov-proto.
 
-use crate::v1::{Phase, ReleaseKind, RuleKind, SyncState, rule::Spec};
+use crate::compiled::{
+    BULKHEAD_REJECT_GRPC, BULKHEAD_REJECT_STATUS, FUSE_REJECT_GRPC, FUSE_REJECT_STATUS,
+    LIMIT_REJECT_GRPC, LIMIT_REJECT_STATUS, business_errors, manual_recovery, system_errors,
+};
+use crate::v1::{GrpcCode, Phase, ReleaseKind, RuleKind, SyncState, rule::Spec};
 
 impl RuleKind {
     /// The kinds a `Rule` can be (its `spec`), in the order of the oneof.
@@ -34,6 +40,46 @@ impl Spec {
             Spec::Bulkhead(_) => RuleKind::Bulkhead,
             Spec::Limit(_) => RuleKind::Limit,
             Spec::Fuse(_) => RuleKind::Fuse,
+        }
+    }
+
+    /// Writes the compiler's value into every setting of this spec a
+    /// hand-written config left out (zero or absent), and keeps every
+    /// written one: the per-kind part of [`crate::compiled::fill`].
+    pub(crate) fn fill(&mut self) {
+        let status = |s: &mut u32, value: u32| {
+            if *s == 0 {
+                *s = value;
+            }
+        };
+        let grpc = |s: &mut i32, value: GrpcCode| {
+            if *s == GrpcCode::Ok as i32 {
+                *s = value as i32;
+            }
+        };
+        match self {
+            Spec::Bulkhead(b) => {
+                status(&mut b.reject_status, BULKHEAD_REJECT_STATUS);
+                grpc(&mut b.reject_grpc_status, BULKHEAD_REJECT_GRPC);
+            }
+            Spec::Limit(l) => {
+                status(&mut l.reject_status, LIMIT_REJECT_STATUS);
+                grpc(&mut l.reject_grpc_status, LIMIT_REJECT_GRPC);
+            }
+            Spec::Fuse(f) => {
+                status(&mut f.reject_status, FUSE_REJECT_STATUS);
+                grpc(&mut f.reject_grpc_status, FUSE_REJECT_GRPC);
+                f.business.get_or_insert_with(business_errors);
+                f.system.get_or_insert_with(system_errors);
+                f.recover.get_or_insert_with(manual_recovery);
+                for class in [&mut f.business, &mut f.system].into_iter().flatten() {
+                    for range in &mut class.status {
+                        if range.to == 0 {
+                            range.to = range.from;
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -23,7 +23,6 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 pub use crate::admission::{Admission, ByteMeter, Pending};
-use crate::bulkhead::Bulkhead;
 use crate::cluster::ClusterStore;
 use crate::config::{CompiledConfig, InvalidConfig, LimitScope, RuleKind, RuleSpec};
 pub use crate::decision::Decision;
@@ -35,6 +34,7 @@ pub use crate::request::{RequestInfo, Target};
 use crate::route::Matched;
 use crate::snapshot::{CACHE, Snapshot};
 use crate::state::State;
+use crate::state::bulkhead::Bulkhead;
 use crate::stats::{FuseState, RuleStats};
 
 /// The enforcement engine of one service. Cheap to clone (one `Arc`).

@@ -64,17 +64,14 @@
 
 pub mod admission;
 pub mod body;
-mod bulkhead;
 pub mod cluster;
 pub mod config;
 pub mod decision;
 pub mod engine;
 pub mod events;
-mod fuse;
 pub mod grpc;
 pub mod latch;
 pub mod layer;
-mod limit;
 pub mod outcome;
 mod primitive;
 pub mod rejection;

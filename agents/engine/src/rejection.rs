@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use gov_proto::v1 as proto;
-use gov_proto::v1::GrpcCode;
+use gov_proto::v1::{GrpcCode, RuleKind};
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::Full;
 
@@ -58,8 +58,7 @@ impl RejectReason {
 
     /// The kind of rule that rejects for this reason: `/metrics` shows a rule
     /// only the reasons of its kind.
-    pub fn kind(self) -> crate::config::RuleKind {
-        use crate::config::RuleKind;
+    pub fn kind(self) -> RuleKind {
         match self {
             // `Timeout`: the call outlived its bulkhead's per-call `timeout`.
             RejectReason::BulkheadFull | RejectReason::BulkheadTimeout | RejectReason::Timeout => {

@@ -1,9 +1,15 @@
-//! The state of one rule, enum-dispatched over the primitives: [`State`]
-//! is a closed enum (no `dyn`, no allocation), so a decision matches once
-//! per step and the primitive's method is inlined, and [`Scope`] is the
-//! scope of one call in whichever primitive decided it. Adding a primitive
-//! means one file implementing [`Primitive`] and one variant here (in
-//! `State`, `State::new`, `Scope` if it keys its calls, and `dispatch!`).
+//! The rule kinds, listed once: each kind's module (its spec, converted
+//! from the wire, and its primitive), [`RuleSpec`] (what a rule does) and
+//! [`State`] (the state of one rule), enum-dispatched over the primitives.
+//! [`State`] is a closed enum (no `dyn`, no allocation), so a decision
+//! matches once per step and the primitive's method is inlined, and
+//! [`Scope`] is the scope of one call in whichever primitive decided it.
+//!
+//! Adding a kind means one module here (`state/<kind>.rs`: its spec type,
+//! its `spec` conversion from the wire and its primitive implementing
+//! [`Primitive`]) and its variant in this file (`mod`, the `pub use` of its
+//! spec types in `specs`, `RuleSpec`, `RuleSpec::kind`, `spec`, `State`, `State::new`,
+//! `Scope` if it keys its calls, and `dispatch!`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,18 +17,75 @@ use std::time::Duration;
 use http::StatusCode;
 use tokio::time::Instant;
 
-use crate::bulkhead::{self, Bulkhead};
+use gov_proto::v1::{self as proto, RuleKind};
+
+use self::specs::{BulkheadSpec, FuseSpec, LimitSpec};
+
+use self::bulkhead::Bulkhead;
+use self::fuse::Fuse;
+use self::limit::Limit;
 use crate::cluster::ClusterStore;
-use crate::config::RuleSpec;
+use crate::config::invalid::{Ctx, InvalidConfig};
 use crate::events::Events;
-use crate::fuse::Fuse;
 use crate::latch::{Latch, Restored};
-use crate::limit::{self, Limit};
 use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant, Keys, Phase, Primitive};
 use crate::rejection::RejectReason;
 use crate::stats::{Counters, RuleStats};
 use crate::stripe::Slot;
+
+pub(crate) mod bulkhead;
+pub(crate) mod fuse;
+pub(crate) mod limit;
+
+/// What a rule does and every kind's spec type: `config` re-exports them
+/// all (`gov_engine::config::BulkheadSpec`).
+pub mod specs {
+    pub use crate::state::RuleSpec;
+    pub use crate::state::bulkhead::{BulkheadKey, BulkheadSpec};
+    pub use crate::state::fuse::{
+        Classifier, CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, TripSpec,
+    };
+    pub use crate::state::limit::{
+        LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec,
+    };
+}
+
+/// What a rule does. Equal specs under the same rule name keep their state
+/// across a config swap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuleSpec {
+    Bulkhead(BulkheadSpec),
+    Limit(LimitSpec),
+    Fuse(FuseSpec),
+}
+
+impl RuleSpec {
+    /// The kind of rule.
+    pub fn kind(&self) -> RuleKind {
+        match self {
+            RuleSpec::Bulkhead(_) => RuleKind::Bulkhead,
+            RuleSpec::Limit(_) => RuleKind::Limit,
+            RuleSpec::Fuse(_) => RuleKind::Fuse,
+        }
+    }
+}
+
+/// The spec of one wire rule: the one place that turns a `oneof spec` into
+/// a [`RuleSpec`].
+pub(crate) fn spec(ctx: &Ctx<'_>, r: &proto::Rule) -> Result<RuleSpec, InvalidConfig> {
+    use proto::rule::Spec;
+    Ok(match &r.spec {
+        Some(Spec::Bulkhead(b)) => RuleSpec::Bulkhead(bulkhead::spec(ctx, b)?),
+        Some(Spec::Limit(l)) => RuleSpec::Limit(limit::spec(ctx, l)?),
+        Some(Spec::Fuse(f)) => RuleSpec::Fuse(fuse::spec(ctx, f)?),
+        None => {
+            return Err(ctx.err(
+                "the rule has no spec: its kind is missing, or one this agent does not know (upgrade the agent)",
+            ));
+        }
+    })
+}
 
 /// The scope one call is counted in, resolved before the decision.
 #[derive(Clone, Debug)]

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use gov_proto::v1 as proto;
+use gov_proto::v1::{self as proto, RuleKind};
 
-use crate::config::RuleKind;
 use crate::rejection::RejectReason;
 use crate::stripe::{self, Slot, Striped};
 

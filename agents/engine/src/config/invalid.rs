@@ -66,16 +66,16 @@ impl InvalidConfig {
 }
 
 /// Names the rule in every error.
-pub(super) struct Ctx<'a> {
-    pub(super) rule: &'a str,
+pub(crate) struct Ctx<'a> {
+    pub(crate) rule: &'a str,
 }
 
 impl<'a> Ctx<'a> {
-    pub(super) fn new(rule: &'a str) -> Self {
+    pub(crate) fn new(rule: &'a str) -> Self {
         Self { rule }
     }
 
-    pub(super) fn err(&self, problem: impl Into<String>) -> InvalidConfig {
+    pub(crate) fn err(&self, problem: impl Into<String>) -> InvalidConfig {
         InvalidConfig::Rule {
             rule: self.rule.to_string(),
             problem: problem.into(),
@@ -84,7 +84,7 @@ impl<'a> Ctx<'a> {
 
     /// An enum value this agent knows: an unknown one (from a newer
     /// compiler) is refused, never read as the enum's first value.
-    pub(super) fn known<E: TryFrom<i32>>(
+    pub(crate) fn known<E: TryFrom<i32>>(
         &self,
         field: &str,
         value: i32,
@@ -93,7 +93,7 @@ impl<'a> Ctx<'a> {
             .map_err(|_| self.err(format!("`{field}` {value} is unknown to this agent")))
     }
 
-    pub(super) fn positive_ms(&self, field: &str, ms: u64) -> Result<Duration, InvalidConfig> {
+    pub(crate) fn positive_ms(&self, field: &str, ms: u64) -> Result<Duration, InvalidConfig> {
         if ms == 0 {
             return Err(self.err(format!("`{field}` must be > 0")));
         }
@@ -101,7 +101,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// A rejection's gRPC code: `OK` (zero) stands for a missing one.
-    pub(super) fn grpc(&self, code: i32) -> Result<gov_proto::v1::GrpcCode, InvalidConfig> {
+    pub(crate) fn grpc(&self, code: i32) -> Result<gov_proto::v1::GrpcCode, InvalidConfig> {
         if code == 0 {
             return Err(self.err("`reject_grpc_status` is missing"));
         }
@@ -115,7 +115,7 @@ impl<'a> Ctx<'a> {
             })
     }
 
-    pub(super) fn status(&self, code: u32) -> Result<StatusCode, InvalidConfig> {
+    pub(crate) fn status(&self, code: u32) -> Result<StatusCode, InvalidConfig> {
         if code == 0 {
             return Err(self.err("`reject_status` is missing"));
         }

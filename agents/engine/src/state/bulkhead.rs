@@ -18,7 +18,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::config::{BulkheadKey, BulkheadSpec};
+use crate::config::invalid::{Ctx, InvalidConfig};
 use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant, Keys, Phase, Primitive};
 use crate::rejection::RejectReason;
@@ -26,8 +26,51 @@ use crate::route::FxBuild;
 use crate::stats::Counters;
 use crate::stats::RuleStats;
 use crate::stripe::Slot;
+use gov_proto::v1::{self as proto, GrpcCode};
 use http::StatusCode;
 use std::time::Duration;
+
+/// Whose calls share one set of bulkhead permits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BulkheadKey {
+    Operation,
+    Instance,
+    InstancePath,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BulkheadSpec {
+    pub key: BulkheadKey,
+    pub max_concurrent: u32,
+    /// Zero: fail fast.
+    pub max_wait: Duration,
+    /// At most this many waiters per key. `None`: bounded only by `max_wait`.
+    pub max_queue: Option<u32>,
+    pub timeout: Option<Duration>,
+    pub reject_status: StatusCode,
+    /// The answer to a gRPC call it rejects.
+    pub reject_grpc: GrpcCode,
+}
+
+/// A bulkhead's spec from the wire: every value checked, nothing filled in.
+pub(crate) fn spec(ctx: &Ctx<'_>, b: &proto::Bulkhead) -> Result<BulkheadSpec, InvalidConfig> {
+    if b.max_concurrent == 0 {
+        return Err(ctx.err("`max_concurrent` must be > 0"));
+    }
+    Ok(BulkheadSpec {
+        key: match ctx.known::<proto::BulkheadKey>("key", b.key)? {
+            proto::BulkheadKey::Operation => BulkheadKey::Operation,
+            proto::BulkheadKey::Instance => BulkheadKey::Instance,
+            proto::BulkheadKey::InstancePath => BulkheadKey::InstancePath,
+        },
+        max_concurrent: b.max_concurrent,
+        max_wait: Duration::from_millis(b.max_wait_ms),
+        max_queue: b.max_queue,
+        timeout: (b.timeout_ms > 0).then(|| Duration::from_millis(b.timeout_ms)),
+        reject_status: ctx.status(b.reject_status)?,
+        reject_grpc: ctx.grpc(b.reject_grpc_status)?,
+    })
+}
 
 /// Most lazily keyed scopes one bulkhead keeps. Beyond that, idle scopes are
 /// dropped, and if none is idle, new keys share the rule's overflow scope (so

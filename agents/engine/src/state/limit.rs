@@ -36,10 +36,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cluster::{ClusterStore, ExactCall, ExactReply, FlushItem, Latch};
-use crate::config::{LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec};
 use crate::events::{EventKind, Events};
 // `cluster::Latch` is the store's view of a latch; this one is the exported kind.
-use crate::config::LimitAction;
 use crate::latch::{self, Latch as Kept, LatchKind, Restored};
 use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant, Keys, Phase, Primitive, Waiting};
@@ -51,7 +49,11 @@ use crate::stripe::Slot;
 use http::StatusCode;
 
 mod latches;
+mod spec;
 mod store;
+
+pub(crate) use spec::spec;
+pub use spec::{LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec};
 
 /// Most keys (consumers, services) one limit tracks; beyond that idle keys
 /// are dropped, and if none is idle new keys share the rule's overflow counter.

@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::{CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, TripSpec};
 use crate::events::{EventKind, Events};
 use crate::latch::{self, Latch, LatchKind, Restored};
 use crate::outcome::Outcome;
@@ -32,6 +31,11 @@ use crate::stats::{Counters, FuseState};
 use crate::stripe::Slot;
 use crate::window::{Class, RollingWindow, Totals};
 use http::StatusCode;
+
+mod spec;
+
+pub(crate) use spec::spec;
+pub use spec::{Classifier, CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, TripSpec};
 
 const CLOSED: u8 = 0;
 const OPEN: u8 = 1;
@@ -494,7 +498,6 @@ mod tests {
     use http::StatusCode;
 
     use super::*;
-    use crate::config::Classifier;
     use crate::events::Event;
 
     fn trip(

@@ -1,0 +1,129 @@
+//! What a limit does ([`LimitSpec`]), converted from its wire `Limit`:
+//! every value checked, nothing filled in.
+
+use std::time::Duration;
+
+use gov_proto::v1::{self as proto, GrpcCode};
+use http::StatusCode;
+
+use crate::config::invalid::{Ctx, InvalidConfig};
+
+/// Whose calls share one limit counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LimitKey {
+    All,
+    Domain,
+    Service,
+    Consumer,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateSpec {
+    pub amount: u64,
+    pub window: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitAction {
+    Reject,
+    /// Delay the call until it fits, at most `max_delay`.
+    Shape {
+        max_delay: Duration,
+    },
+}
+
+/// How an engaged (latched) limit is released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseSpec {
+    After(Duration),
+    Manual,
+}
+
+/// Where counters live. Cluster scopes share them in Redis when the engine
+/// has a [`ClusterStore`](crate::ClusterStore) (see `state/limit.rs`); without one,
+/// [`Engine::apply_target`](crate::Engine::apply_target) refuses them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitScope {
+    Local,
+    ClusterExact,
+    ClusterBatch(Duration),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitSpec {
+    pub calls: Option<RateSpec>,
+    pub bytes: Option<RateSpec>,
+    pub key: LimitKey,
+    pub action: LimitAction,
+    pub reject_status: StatusCode,
+    /// The answer to a gRPC call it rejects.
+    pub reject_grpc: GrpcCode,
+    /// `None`: not latched; counters reset every window.
+    pub release: Option<ReleaseSpec>,
+    pub scope: LimitScope,
+}
+
+/// A limit's spec from the wire.
+pub(crate) fn spec(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, InvalidConfig> {
+    let calls = l
+        .calls
+        .as_ref()
+        .map(|r| rate(ctx, "calls", r))
+        .transpose()?;
+    let bytes = l
+        .bytes
+        .as_ref()
+        .map(|r| rate(ctx, "bytes", r))
+        .transpose()?;
+    if calls.is_none() && bytes.is_none() {
+        return Err(ctx.err("neither `calls` nor `bytes` is set"));
+    }
+    let action = match ctx.known::<proto::LimitAction>("action", l.action)? {
+        proto::LimitAction::Reject => LimitAction::Reject,
+        proto::LimitAction::Shape => LimitAction::Shape {
+            max_delay: ctx.positive_ms("max_delay_ms", l.max_delay_ms)?,
+        },
+    };
+    let release = match l.release.as_ref().and_then(|r| r.kind.as_ref()) {
+        None => None,
+        Some(proto::release::Kind::AfterMs(ms)) => Some(ReleaseSpec::After(
+            ctx.positive_ms("release.after_ms", *ms)?,
+        )),
+        Some(proto::release::Kind::Manual(_)) => Some(ReleaseSpec::Manual),
+    };
+    let scope = match (
+        ctx.known::<proto::LimitScope>("scope", l.scope)?,
+        ctx.known::<proto::ClusterSync>("sync", l.sync)?,
+    ) {
+        (proto::LimitScope::Local, _) => LimitScope::Local,
+        (proto::LimitScope::Cluster, proto::ClusterSync::Exact) => LimitScope::ClusterExact,
+        (proto::LimitScope::Cluster, proto::ClusterSync::Batch) => {
+            LimitScope::ClusterBatch(ctx.positive_ms("sync_batch_ms", l.sync_batch_ms)?)
+        }
+    };
+    Ok(LimitSpec {
+        calls,
+        bytes,
+        key: match ctx.known::<proto::LimitKey>("key", l.key)? {
+            proto::LimitKey::All => LimitKey::All,
+            proto::LimitKey::Domain => LimitKey::Domain,
+            proto::LimitKey::Service => LimitKey::Service,
+            proto::LimitKey::Consumer => LimitKey::Consumer,
+        },
+        action,
+        reject_status: ctx.status(l.reject_status)?,
+        reject_grpc: ctx.grpc(l.reject_grpc_status)?,
+        release,
+        scope,
+    })
+}
+
+fn rate(ctx: &Ctx<'_>, field: &str, r: &proto::Rate) -> Result<RateSpec, InvalidConfig> {
+    if r.amount == 0 {
+        return Err(ctx.err(format!("`{field}.amount` must be > 0")));
+    }
+    Ok(RateSpec {
+        amount: r.amount,
+        window: ctx.positive_ms(&format!("{field}.window_ms"), r.window_ms)?,
+    })
+}
