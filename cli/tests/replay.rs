@@ -383,6 +383,38 @@ fn bad_logs_unknown_services_and_broken_policies_are_typed_errors() {
     assert!(err.contains("must be greater than zero"), "{err}");
 }
 
+/// Times and waits at the end of `u64` (a hostile or damaged log) are
+/// replayed without a panic: sums saturate.
+#[test]
+fn times_and_waits_at_the_end_of_u64_do_not_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("p.gov");
+    std::fs::write(&policy, P).unwrap();
+    let log = dir.path().join("calls.jsonl");
+    let max = u64::MAX.to_string();
+    let waited = r#""rules":[{"rule":"order/a","decision":"waited","wait_us":M},{"rule":"order/b","decision":"waited","wait_us":M}]"#
+        .replace('M', &max);
+    let lines = [
+        LINE.replace("1000000", "1"),
+        LINE.replace("\"latency_us\":10", &format!("\"latency_us\":{max}")),
+        LINE.replace("\"rules\":[]", &waited),
+        LINE.replace("1000000", &max)
+            .replace("\"latency_us\":10", &format!("\"latency_us\":{max}")),
+    ];
+    std::fs::write(&log, lines.join("\n")).unwrap();
+    let report = govc(&[
+        "replay",
+        policy.to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(report["calls"], 4);
+    assert_eq!(report["from_us"], 1);
+    assert_eq!(report["to_us"].as_u64(), Some(u64::MAX));
+}
+
 /// A log whose calls no rule rejected live (nothing in it names a rule),
 /// replayed against a limit: the first 20 calls of the window are admitted,
 /// the other 10 rejected, and the report says so per rule and consumer.

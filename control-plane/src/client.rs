@@ -45,8 +45,11 @@ pub async fn connect_tls(
         .map(str::trim)
         .filter(|u| !u.is_empty())
         .collect();
-    if urls.len() < 2 {
-        return connect_one(url, tls, timeout).await;
+    match urls[..] {
+        // Nothing but commas: the error says what a URL looks like.
+        [] => return connect_one(url, tls, timeout).await,
+        [one] => return connect_one(one, tls, timeout).await,
+        _ => {}
     }
     let mut reasons = Vec::new();
     for one in urls {

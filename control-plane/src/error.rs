@@ -149,6 +149,15 @@ pub enum Error {
     )]
     StoreUrl { url: String, problem: String },
 
+    #[error("{flag} {problem}")]
+    #[diagnostic(
+        code(gov::govd::store_option),
+        help(
+            "with --store, --replica names this replica (not empty, no `/`) and --leader-lease is at least 2s"
+        )
+    )]
+    StoreOption { flag: &'static str, problem: String },
+
     #[error("etcd ({endpoints}) failed to {op}")]
     #[diagnostic(
         code(gov::govd::etcd),

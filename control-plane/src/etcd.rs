@@ -80,13 +80,20 @@ impl EtcdConfig {
             }
             endpoints.push(format!("http://{host}"));
         }
+        // Not the URL's fault: the error names the flag.
         if replica.is_empty() || replica.contains('/') {
-            return Err(bad(&format!(
-                "the replica name `{replica}` must be non-empty without `/` (--replica)"
-            )));
+            return Err(Error::StoreOption {
+                flag: "--replica",
+                problem: format!(
+                    "`{replica}` is not a replica name: it must be non-empty without `/`"
+                ),
+            });
         }
         if lease_ttl < Duration::from_secs(2) {
-            return Err(bad("the leader lease must be at least 2s (etcd's minimum)"));
+            return Err(Error::StoreOption {
+                flag: "--leader-lease",
+                problem: format!("{lease_ttl:?} is shorter than etcd's minimum lease, 2s"),
+            });
         }
         Ok(Self {
             endpoints,
@@ -574,8 +581,15 @@ mod tests {
             assert!(matches!(err, Error::StoreUrl { .. }), "{url}: {err}");
             assert!(crate::one_line(&err).contains(problem), "{url}: {err}");
         }
-        assert!(EtcdConfig::parse("etcd://h:1", "a/b", ttl).is_err());
-        assert!(EtcdConfig::parse("etcd://h:1", "", ttl).is_err());
-        assert!(EtcdConfig::parse("etcd://h:1", "a", Duration::from_secs(1)).is_err());
+        // A bad --replica or --leader-lease is not blamed on the URL.
+        for (replica, lease, flag) in [
+            ("a/b", ttl, "--replica"),
+            ("", ttl, "--replica"),
+            ("a", Duration::from_secs(1), "--leader-lease 1s is shorter"),
+        ] {
+            let err = EtcdConfig::parse("etcd://h:1", replica, lease).unwrap_err();
+            assert!(matches!(err, Error::StoreOption { .. }), "{err}");
+            assert!(err.to_string().starts_with(flag), "{err}");
+        }
     }
 }

@@ -110,7 +110,7 @@ impl Latches {
         // reason (in the audit, `govc status`, the TUI) says so.
         let shadow_reason;
         let reason = if is_shadow(policy, &event.rule) {
-            shadow_reason = format!("{} (mode shadow: rejects nothing)", event.reason);
+            shadow_reason = format!("{}{SHADOW_NOTE}", event.reason);
             &shadow_reason
         } else {
             &event.reason
@@ -418,6 +418,10 @@ fn entry(
         detail: detail.to_owned(),
     }
 }
+
+/// What the reason of a shadow rule's latch ends with. The view takes it
+/// off (or puts it on) as the rule's mode changes after the latch.
+pub const SHADOW_NOTE: &str = " (mode shadow: rejects nothing)";
 
 /// Whether `rule` is in mode shadow in `policy`.
 fn is_shadow(policy: Option<&pb::Bundle>, rule: &str) -> bool {

@@ -539,6 +539,20 @@ mod tests {
         }
     }
 
+    /// `--control-plane URL,,` (one URL and stray commas) reaches that govd.
+    #[tokio::test]
+    async fn one_url_with_stray_commas_reaches_its_govd() {
+        let dir = tempfile::tempdir().unwrap();
+        let (url, stop) = serve_on_loopback(Options::new(dir.path())).await;
+        for list in [format!("{url},,"), format!(" ,{url}, ")] {
+            let mut client = crate::client::connect(&list, Duration::from_secs(5))
+                .await
+                .unwrap();
+            client.status(pb::StatusRequest::default()).await.unwrap();
+        }
+        stop.cancel();
+    }
+
     #[tokio::test]
     async fn an_oversized_policy_is_refused_with_the_limit_and_the_flag_to_raise_it() {
         let dir = tempfile::tempdir().unwrap();

@@ -5,6 +5,7 @@
 
 use gov_proto::v1 as pb;
 
+use crate::latches::SHADOW_NOTE;
 use crate::state::State;
 use crate::store::TripKind;
 
@@ -72,7 +73,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
                 pb::FuseState::Open
             } as i32,
             since_unix_ms: t.since_unix_ms,
-            reason: latch_reason(t),
+            reason: latch_reason(state, t),
             remaining_ms: state.fuse_recovery(&t.rule).map_or(0, |after| {
                 t.since_unix_ms
                     .saturating_add(after)
@@ -89,7 +90,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
             rule: t.rule.clone(),
             key: t.key.clone(),
             since_unix_ms: t.since_unix_ms,
-            reason: latch_reason(t),
+            reason: latch_reason(state, t),
             remaining_ms: t
                 .deadline_unix_ms
                 .map_or(0, |d| d.saturating_sub(now).max(1)),
@@ -106,17 +107,26 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
     }
 }
 
-/// The trip's reason, and the instances that report it released although
-/// nobody released it (an agent that restarted and forgot it): the latch
-/// is not enforced there, and an operator must know.
-fn latch_reason(t: &crate::store::Trip) -> String {
+/// The trip's reason, saying whether it rejects nothing by the rule's mode
+/// now (a latch engaged in shadow is enforced once the rule is switched to
+/// enforce, and the other way round), and the instances that report it
+/// released although nobody released it (an agent that restarted and
+/// forgot it): the latch is not enforced there, and an operator must know.
+fn latch_reason(state: &State, t: &crate::store::Trip) -> String {
+    let base = t.reason.strip_suffix(SHADOW_NOTE).unwrap_or(&t.reason);
+    let shadow = t
+        .rule
+        .split_once('/')
+        .and_then(|(service, _)| state.target(service))
+        .and_then(|target| target.rule(&t.rule))
+        .is_some_and(|r| r.mode() == pb::Mode::Shadow);
+    let note = if shadow { SHADOW_NOTE } else { "" };
     if t.not_enforced.is_empty() {
-        return t.reason.clone();
+        return format!("{base}{note}");
     }
     let names: Vec<&str> = t.not_enforced.iter().map(String::as_str).collect();
     format!(
-        "{}; NOT ENFORCED by {} (reports it released without a release)",
-        t.reason,
+        "{base}{note}; NOT ENFORCED by {} (reports it released without a release)",
         names.join(", ")
     )
 }
@@ -215,6 +225,75 @@ mod tests {
 
     use super::*;
     use crate::store::AppliedPolicy;
+
+    /// A policy of one limit, `order/crm`, in `mode`, committed as `version`.
+    fn commit_limit(state: &mut State, mode: pb::Mode, version: &str) {
+        let target = pb::TargetConfig {
+            service: "order".into(),
+            version: version.into(),
+            rules: vec![pb::Rule {
+                name: "order/crm".into(),
+                mode: mode as i32,
+                spec: Some(pb::rule::Spec::Limit(pb::Limit::default())),
+                ..Default::default()
+            }],
+            ..gov_proto::compiled::target("order")
+        };
+        state.commit(
+            Arc::new(AppliedPolicy {
+                version: version.into(),
+                who: "t".into(),
+                at_unix_ms: 1,
+                sources: vec![],
+                bundle: pb::Bundle {
+                    targets: vec![target],
+                    version: version.into(),
+                },
+                shadow_since: Default::default(),
+            }),
+            &[],
+            crate::HistoryLimit::default(),
+            &mut Vec::new(),
+        );
+    }
+
+    #[test]
+    fn a_latch_says_it_rejects_nothing_while_its_rule_is_in_shadow_and_only_then() {
+        let mut state = State::default();
+        commit_limit(&mut state, pb::Mode::Shadow, "v1");
+        let (tx, _rx) = tokio::sync::mpsc::channel(8);
+        let hello = pb::Hello {
+            service: "order".into(),
+            instance: "a".into(),
+            last_version: "v1".into(),
+            ..Default::default()
+        };
+        let (key, id) = state.hello(hello, tx, 1, &mut Vec::new());
+        let engaged = pb::Event {
+            key: String::new(),
+            kind: pb::EventKind::LimitEngaged as i32,
+            rule: "order/crm".into(),
+            reason: "calls 5 per 1s".into(),
+            at_unix_ms: 1_000,
+        };
+        state.on_message(&key, id, AgentMsg::Event(engaged), 1_000);
+        let reason = |state: &State| cluster_view(state, 2_000).limits[0].reason.clone();
+        assert_eq!(
+            reason(&state),
+            "calls 5 per 1s (mode shadow: rejects nothing)"
+        );
+
+        // Switched to enforce, the latch engaged in shadow now rejects.
+        commit_limit(&mut state, pb::Mode::Enforce, "v2");
+        assert_eq!(reason(&state), "calls 5 per 1s");
+
+        // And back to shadow: it rejects nothing again.
+        commit_limit(&mut state, pb::Mode::Shadow, "v3");
+        assert_eq!(
+            reason(&state),
+            "calls 5 per 1s (mode shadow: rejects nothing)"
+        );
+    }
 
     #[test]
     fn an_engaged_limit_shows_its_remaining_time_and_its_source() {

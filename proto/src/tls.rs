@@ -49,6 +49,13 @@ pub enum TlsError {
     )]
     HttpsWithoutCa { url: String },
 
+    #[error("`{url}` is not an `http://` or `https://` URL")]
+    #[diagnostic(
+        code(gov::tls::url),
+        help("write it as `https://HOST:PORT` or `http://HOST:PORT`")
+    )]
+    Scheme { url: String },
+
     #[error("`{url}` is not a valid URL")]
     #[diagnostic(
         code(gov::tls::url),
@@ -143,10 +150,16 @@ impl ClientTls {
     /// token would go out in clear text: tonic would silently connect
     /// without TLS) and `https://` without a CA.
     pub fn endpoint(&self, url: &str) -> Result<Endpoint, TlsError> {
-        let https = url
-            .trim_start()
-            .to_ascii_lowercase()
-            .starts_with("https://");
+        let lower = url.trim_start().to_ascii_lowercase();
+        let https = lower.starts_with("https://");
+        // Without a scheme (`127.0.0.1:7070`) the URL parses as an
+        // authority and only fails when connecting, with a transport error
+        // that does not say what to write.
+        if !https && !lower.starts_with("http://") {
+            return Err(TlsError::Scheme {
+                url: url.to_owned(),
+            });
+        }
         let endpoint = Endpoint::from_shared(url.to_owned()).map_err(|source| TlsError::Url {
             url: url.to_owned(),
             source,
@@ -176,6 +189,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_url_needs_the_http_or_https_scheme() {
+        let plain = ClientTls::default();
+        for url in ["127.0.0.1:7070", "ftp://127.0.0.1:7070", "govd:7070", ""] {
+            let err = plain.endpoint(url).unwrap_err();
+            assert!(matches!(err, TlsError::Scheme { .. }), "{url}: {err}");
+        }
+        assert!(plain.endpoint("HTTP://127.0.0.1:7070").is_ok());
+    }
+
+    #[test]
     fn tls_goes_with_https_and_https_with_a_ca() {
         let plain = ClientTls::default();
         assert!(plain.endpoint("http://127.0.0.1:7070").is_ok());
@@ -192,7 +215,7 @@ mod tests {
         ));
         assert!(tls.endpoint("HTTPS://127.0.0.1:7070").is_ok());
         assert!(matches!(
-            plain.endpoint("not a url"),
+            plain.endpoint("http://not a url"),
             Err(TlsError::Url { .. })
         ));
     }

@@ -314,7 +314,8 @@ fn build(
         to_us: calls
             .list
             .iter()
-            .map(|c| c.t_us + c.latency_us)
+            // A hostile log's times may reach u64::MAX: saturate, never panic.
+            .map(|c| c.t_us.saturating_add(c.latency_us))
             .max()
             .unwrap_or(0),
         agents: calls

@@ -46,7 +46,9 @@ pub enum ConfigError {
     #[error("the config file `{path}` is not a valid target config: {message}")]
     #[diagnostic(
         code(gov::agent::config_parse),
-        help("the file must be what `govc compile` prints for one service, in YAML or JSON")
+        help(
+            "the file must be one service's config, what `govc compile FILE... --service NAME` prints, in YAML or JSON (without --service it prints every service under `targets`)"
+        )
     )]
     Parse {
         /// The config file.
@@ -284,5 +286,17 @@ mod tests {
         assert_eq!(config.version, "v2");
         let err = parse_config(Path::new("shop.yaml"), b"service: [").unwrap_err();
         assert!(err.to_string().contains("shop.yaml"), "{err}");
+    }
+
+    /// `govc compile` without `--service` prints every service under
+    /// `targets`: the error says which flag gives the agent's file.
+    #[test]
+    fn a_whole_bundle_is_refused_with_the_flag_that_prints_one_service() {
+        use miette::Diagnostic as _;
+        let bundle = "targets:\n- service: shop\n  version: v1\n";
+        let err = parse_config(Path::new("shop.yaml"), bundle.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("unknown field `targets`"), "{err}");
+        let help = err.help().map(|h| h.to_string()).unwrap_or_default();
+        assert!(help.contains("--service NAME"), "{help}");
     }
 }

@@ -268,7 +268,11 @@ impl Calls {
         let call = Call {
             t_us: r.t_us,
             latency_us: r.latency_us,
-            live_wait_us: r.rules.iter().filter_map(|d| d.wait_us).sum(),
+            live_wait_us: r
+                .rules
+                .iter()
+                .filter_map(|d| d.wait_us)
+                .fold(0, u64::saturating_add),
             request_bytes: r.request_bytes.unwrap_or(0),
             response_bytes: r.response_bytes.unwrap_or(0),
             agent: u32::try_from(agent).unwrap_or(NONE),
