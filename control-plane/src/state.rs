@@ -539,7 +539,9 @@ impl State {
                     self.endpoints_changed.insert(agent.service.clone());
                     effect.endpoints = true;
                 }
-                if agent.phase == pb::Phase::Draining && agent.removal.is_none() {
+                if agent.phase != pb::Phase::Draining {
+                    agent.removal = None;
+                } else if agent.removal.is_none() {
                     // Its `wait for gov` waits for the set without it to be
                     // acknowledged (even if it never registered: then at once).
                     agent.removal = Some(Removal::Pending);
@@ -853,6 +855,12 @@ mod tests {
         s.on_message(&w1, w1_id, ack("inv", 2), 6);
         s.endpoint_pushes(&mut out);
         assert!(deregistered(&out).is_empty(), "said once");
+        // DRAINING said again (the `drain` step after `wait for gov`) starts
+        // no second removal: nothing to wait for, nothing pushed, nothing said.
+        s.on_message(&a, a_id, lifecycle(pb::Phase::Draining, 0), 7);
+        assert!(waiting(&s).is_empty(), "still done");
+        s.endpoint_pushes(&mut out);
+        assert!(out.is_empty(), "{out:?}");
     }
 
     #[test]

@@ -13,6 +13,10 @@ pub(super) enum Removal {
     Pending,
     /// Pushed as this version.
     Pushed(u64),
+    /// Every caller acknowledged it and the instance was told. Kept (until
+    /// the instance leaves DRAINING or its stream ends) so that DRAINING said
+    /// again, as the `drain` step does after `wait for gov`, starts nothing.
+    Done,
 }
 
 pub(super) fn endpoints_message(endpoints: pb::Endpoints) -> pb::ControlMessage {
@@ -76,7 +80,7 @@ impl State {
     /// removed (empty otherwise): what its `wait for gov` step waits for.
     pub fn removal_waiting_on(&self, agent: &Agent) -> Vec<String> {
         let version = match agent.removal {
-            None => return Vec::new(),
+            None | Some(Removal::Done) => return Vec::new(),
             // Not pushed yet: nobody has it.
             Some(Removal::Pending) => u64::MAX,
             Some(Removal::Pushed(v)) => v,
@@ -115,7 +119,7 @@ impl State {
             let Some(agent) = self.agents.get_mut(&key) else {
                 continue;
             };
-            agent.removal = None;
+            agent.removal = Some(Removal::Done);
             if let Some(conn) = &agent.conn {
                 out.push(Outgoing {
                     key: key.clone(),
