@@ -30,6 +30,8 @@ if ! "$BIN" mutants --version 2>/dev/null | grep -qF "$VERSION"; then
 fi
 
 cd "$ROOT"
+# One file changes per mutant: incremental builds reuse the rest of the crate.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-1}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target/mutants}"
 # `cargo mutants` finds the binary on PATH as a cargo subcommand.
 export PATH="$TOOLS/bin:$PATH"
