@@ -1889,6 +1889,12 @@ async fn a_second_agent_with_a_live_name_is_refused() {
     first.stop().await;
 }
 
+/// The agent's log line when govd says every caller dropped it (`wait for
+/// gov` ends on govd's word). Not a bare "every caller has dropped this
+/// instance": the step's first line, "waiting until every caller has
+/// dropped this instance", contains that too.
+const CALLERS_DROPPED: &str = "lifecycle: every caller has dropped this instance";
+
 /// `wait for gov`: an instance that stops deregisters, waits until every
 /// agent connected to govd has acknowledged the set without it (not a fixed
 /// sleep), then drains; its callers' calls all succeed meanwhile.
@@ -1924,7 +1930,7 @@ async fn wait_for_gov_ends_when_every_caller_has_dropped_the_instance() {
     assert!(failed.is_empty(), "calls failed while `b` left: {failed:?}");
     let text = read(&log);
     assert!(
-        text.contains("every caller has dropped this instance"),
+        text.contains(CALLERS_DROPPED),
         "the step ended on govd's word, not on its 30 s timeout:\n{text}"
     );
     assert!(!text.contains("not every caller acknowledged"), "{text}");
@@ -2006,7 +2012,7 @@ async fn status_names_the_caller_a_removal_waits_for_until_it_acknowledges() {
     wait_until(
         "inv-b's wait for gov to end",
         Duration::from_secs(15),
-        async || read(&b_log).contains("every caller has dropped this instance"),
+        async || read(&b_log).contains(CALLERS_DROPPED),
     )
     .await;
     let view = govd.status().await;
@@ -2015,7 +2021,10 @@ async fn status_names_the_caller_a_removal_waits_for_until_it_acknowledges() {
             .iter()
             .filter(|a| a.instance == "inv-b")
             .all(|a| a.removal_waiting_on.is_empty()),
-        "{view:?}"
+        "{view:?}\nB LOG:\n{}\nWEB LOG:\n{}\nGOVD LOG:\n{}",
+        read(&b_log),
+        read(&web.log),
+        read(&govd.log)
     );
     let table = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
     assert!(
@@ -3657,6 +3666,12 @@ async fn the_tuis_watch_and_token_release_work_against_govd() {
         .control_plane(&govd)
         .start(dir.path())
         .await;
+    // `apply --wait` waits for the agents connected when it applies: one not
+    // connected yet would get the policy later, after the calls below.
+    wait_until("the agent connected", Duration::from_secs(10), async || {
+        govd.status().await.agents.len() == 1
+    })
+    .await;
     let v1 = write(dir.path(), "v1.gov", V1);
     let applied = govc(&govd, Some(TOKEN), &["apply", "--wait", "10s", &v1]).await;
     assert_eq!(applied.code, 0, "{}", applied.stderr);
