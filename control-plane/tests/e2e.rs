@@ -1176,6 +1176,17 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
         "{}",
         status.stdout
     );
+    // govd shows a trip as soon as it holds it, and writes it (audit, then
+    // `state.json`) right after: a crash in between loses nothing the agents
+    // enforce (they report the latch again), but the limit's release would
+    // count from the report after the restart. This test is about what was
+    // written, so it kills govd only once both trips are on disk.
+    wait_until("both trips written", Duration::from_secs(10), async || {
+        gov_control_plane::store::DirStore::open(&state)
+            .and_then(|s| s.load())
+            .is_ok_and(|p| p.trips.len() == 2)
+    })
+    .await;
     let before = govd.status().await;
     let remaining_before = before.limits[0].remaining_ms;
     assert!(
