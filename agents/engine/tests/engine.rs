@@ -1466,3 +1466,24 @@ rules:
     let epochs: Vec<_> = e.epochs().into_iter().map(|(r, _)| r.to_string()).collect();
     assert_eq!(epochs, ["order/tenant"], "a bulkhead has no window");
 }
+
+/// A bulkhead whose direction changes under the same name is another rule
+/// with a pool of its own: the inbound calls in flight do not count against
+/// the outbound one (a resize keeps the pool only within one direction).
+#[tokio::test(start_paused = true)]
+async fn a_bulkhead_whose_direction_changes_starts_with_a_fresh_pool() {
+    let e = engine(BULKHEAD);
+    let a = now(&e, "/slow", None).unwrap();
+    let b = now(&e, "/slow", None).unwrap();
+    assert_eq!(stats(&e, "order/slow_calls").in_flight, 2);
+    let applied = e
+        .apply_target(&target(&BULKHEAD.replace(
+            "  bulkhead:",
+            "  direction: DIRECTION_OUTBOUND\n  bulkhead:",
+        )))
+        .unwrap();
+    assert_eq!((applied.kept, applied.fresh), (0, 1));
+    assert_eq!(stats(&e, "order/slow_calls").in_flight, 0);
+    drop((a, b));
+    assert_eq!(stats(&e, "order/slow_calls").in_flight, 0);
+}
