@@ -572,4 +572,83 @@ rules:
         assert!(old.upgrade().is_none(), "nothing else holds the old state");
         assert!(decide(&e, "/slow").is_some_and(|a| !a.is_governed()));
     }
+
+    /// The engine passes departed instances to every bulkhead, whose idle
+    /// scopes of them go.
+    #[tokio::test(start_paused = true)]
+    async fn departed_instances_reach_every_bulkhead() {
+        let e = engine(
+            r#"
+service: order
+rules:
+- name: order/per_instance
+  on: {calls_to: inventory}
+  direction: DIRECTION_OUTBOUND
+  bulkhead: {key: BULKHEAD_KEY_INSTANCE, max_concurrent: 1}
+"#,
+        );
+        let h = HeaderMap::new();
+        for instance in ["10.0.0.1:80", "10.0.0.2:80"] {
+            let info =
+                RequestInfo::outbound(&Method::GET, "/stock", &h, "inventory", Some(instance));
+            drop(e.admit(&info).await.unwrap());
+        }
+        let Ok(State::Bulkhead(b)) = e.find("order/per_instance", RuleKind::Bulkhead) else {
+            panic!("no bulkhead");
+        };
+        assert_eq!(b.keyed_scopes(), 2);
+        e.forget_instances(&["10.0.0.1:80".into()]);
+        assert_eq!(b.keyed_scopes(), 1);
+    }
+
+    /// Every windowed rule (limit and fuse) has an epoch; a bulkhead has none.
+    #[test]
+    fn epochs_name_every_limit_and_fuse() {
+        let e = engine(
+            r#"
+service: order
+rules:
+- name: order/slow_calls
+  on: {path: {kind: PATH_KIND_PREFIX, value: /slow}}
+  bulkhead: {max_concurrent: 2}
+- name: order/pace
+  on: {path: {kind: PATH_KIND_PREFIX, value: /}}
+  limit: {calls: {amount: 5, window_ms: 1000}}
+- name: order/errors
+  on: {path: {kind: PATH_KIND_PREFIX, value: /}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_SYSTEM_ERRORS, op: COMPARE_OP_GE, count: 2, window_ms: 60000}
+"#,
+        );
+        let names: Vec<_> = e.epochs().into_iter().map(|(rule, _)| rule).collect();
+        assert_eq!(names, [Arc::from("order/pace"), Arc::from("order/errors")]);
+    }
+
+    /// Released everywhere: `true` only when it was engaged (here; with no
+    /// cluster store there is nothing elsewhere), and it admits again.
+    #[tokio::test(start_paused = true)]
+    async fn release_everywhere_says_whether_the_limit_was_engaged() {
+        let e = engine(
+            r#"
+service: order
+rules:
+- name: order/burst
+  on: {path: {kind: PATH_KIND_PREFIX, value: /burst}}
+  limit: {calls: {amount: 1, window_ms: 60000}, release: {after_ms: 7200000}}
+"#,
+        );
+        let release = async || {
+            e.release_limit_everywhere("order/burst", None, "test")
+                .await
+        };
+        assert!(!release().await.unwrap(), "not engaged");
+        drop(decide(&e, "/burst").unwrap());
+        assert!(decide(&e, "/burst").is_none(), "engaged");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(decide(&e, "/burst").is_none(), "latched past its window");
+        assert!(release().await.unwrap());
+        assert!(decide(&e, "/burst").is_some(), "released");
+        assert!(!release().await.unwrap(), "not engaged any more");
+    }
 }

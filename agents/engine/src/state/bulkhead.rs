@@ -634,4 +634,34 @@ mod tests {
         }
         assert!(matches!(b.cell_for(Some("i"), "/new"), CellRef::Keyed(_)));
     }
+
+    /// A scope a call holds before taking its permit (between `cell_for` and
+    /// `take`, or while it waits) is not idle: dropping it would give the
+    /// next call to that key a fresh scope beside it, and both would be
+    /// admitted past the bulkhead. Neither eviction nor a departed instance
+    /// drops it.
+    #[tokio::test(start_paused = true)]
+    async fn a_scope_held_by_a_call_without_a_permit_is_not_dropped() {
+        let b = bulkhead(1, 0, None, BulkheadKey::InstancePath);
+        let held = b.cell_for(Some("10.0.0.3:80"), "/x");
+        b.forget_instances(&["10.0.0.3:80".into()]);
+        assert!(b.try_take(b.cell(&held)));
+        let next = b.cell_for(Some("10.0.0.3:80"), "/x");
+        assert!(!b.try_take(b.cell(&next)), "one scope, one permit");
+        b.give(b.cell(&held));
+        drop((held, next));
+
+        // Eviction at MAX_KEYS: every other scope is idle and goes, the held one stays.
+        let b = bulkhead(1, 0, None, BulkheadKey::InstancePath);
+        let held = b.cell_for(Some("i"), "/held");
+        for i in 1..MAX_KEYS {
+            drop(b.cell_for(Some("i"), &format!("/{i}")));
+        }
+        assert_eq!(b.keyed_scopes(), MAX_KEYS);
+        assert!(matches!(b.cell_for(Some("i"), "/new"), CellRef::Keyed(_)));
+        assert_eq!(b.keyed_scopes(), 2, "the held scope and the new one");
+        assert!(b.try_take(b.cell(&held)));
+        let next = b.cell_for(Some("i"), "/held");
+        assert!(!b.try_take(b.cell(&next)), "one scope, one permit");
+    }
 }
