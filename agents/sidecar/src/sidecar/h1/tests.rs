@@ -140,3 +140,38 @@ async fn refuses_a_head_with_bare_lf_line_ends() {
     assert!(text.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{text}");
     assert_eq!(count.load(Ordering::SeqCst), 0);
 }
+
+/// The head bound docs/operations.md states: a head under 64 KiB is
+/// forwarded, a larger one is answered 431 and never reaches the upstream.
+#[tokio::test]
+async fn a_head_under_64_kib_is_forwarded_and_a_larger_one_refused() {
+    let (local, count) = upstream().await;
+    for (filler, answer) in [
+        (60 * 1024, "HTTP/1.1 200 OK\r\n"),
+        (65 * 1024, "HTTP/1.1 431 "),
+    ] {
+        let (mut read, mut write) = tokio::io::split(connect(local.clone()));
+        let head = format!(
+            "GET / HTTP/1.1\r\nhost: order\r\nx-big: {}\r\n\r\n",
+            "a".repeat(filler)
+        );
+        // The pipe holds 64 KiB: write while the answer is read (the agent
+        // may close before it has read a refused head to its end).
+        let writer = tokio::spawn(async move {
+            let _ = write.write_all(head.as_bytes()).await;
+            write
+        });
+        let mut out = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+            match tokio::time::timeout(STEP, read.read(&mut chunk)).await {
+                Ok(Ok(n @ 1..)) => out.extend_from_slice(&chunk[..n]),
+                _ => break,
+            }
+        }
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with(answer), "{filler} bytes: {text}");
+        drop(writer.await);
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 1, "only the smaller one");
+}

@@ -120,6 +120,23 @@ fn head_end_finds_the_empty_line() {
     // Scanning resumes a little before where it stopped.
     let head = b"GET / HTTP/1.1\r\n\r\n";
     assert_eq!(head_end(head, head.len() - 3, true), Ok(Some(head.len())));
+    // A request's empty line is CRLF: LF LF ends only a response's head.
+    assert!(end(b"GET / HTTP/1.1\r\nh: 1\r\n\nrest", true).is_err());
+    // The empty line's CR without its LF yet (a head split between reads)
+    // is not the end; nor is a CR that starts a line.
+    assert_eq!(end(b"GET / HTTP/1.1\r\nh: 1\r\n\r", true), Ok(None));
+    let cr_line = b"HTTP/1.1 200 OK\n\rh: 1\n\n";
+    assert_eq!(end(cr_line, false), Ok(Some(cr_line.len())));
+}
+
+/// The bound docs/operations.md states: 16 KiB of chunk extensions (and
+/// trailers) are read, more are refused.
+#[test]
+fn a_chunk_extension_under_16_kib_is_read_and_a_longer_one_refused() {
+    let body = |ext: usize| [b"1;".as_slice(), &vec![b'a'; ext], b"\r\nx\r\n0\r\n\r\n"].concat();
+    let ok = body(16 * 1024 - 16);
+    assert_eq!(feed(Framing::Chunked, &ok, &[]), Some((ok.len(), 1, true)));
+    assert_eq!(feed(Framing::Chunked, &body(16 * 1024 + 1), &[]), None);
 }
 
 #[test]
