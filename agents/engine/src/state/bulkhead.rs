@@ -532,6 +532,33 @@ mod tests {
         assert_eq!(b.in_use(), 1);
     }
 
+    /// A newcomer that waits queues behind the waiter a released permit is
+    /// being handed to, instead of taking it on its first look.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_waiter_does_not_take_the_permit_handed_to_an_older_one() {
+        let b = bulkhead(1, 1000, None, BulkheadKey::Operation);
+        assert!(b.try_take(b.cell(&CellRef::Single)));
+        let first = {
+            let b = b.clone();
+            tokio::spawn(async move { b.wait_for(b.cell(&CellRef::Single)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        b.give(b.cell(&CellRef::Single));
+        let newcomer = b.wait_for(b.cell(&CellRef::Single));
+        tokio::pin!(newcomer);
+        // One poll: it must queue, not take the permit.
+        assert!(
+            tokio::time::timeout(Duration::ZERO, newcomer.as_mut())
+                .await
+                .is_err(),
+            "the newcomer overtook the waiter"
+        );
+        assert_eq!(first.await.unwrap(), Ok(()));
+        assert_eq!(b.in_use(), 1);
+        b.give(b.cell(&CellRef::Single));
+        assert_eq!(newcomer.await, Ok(()));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn waiters_are_served_in_arrival_order() {
         let b = bulkhead(1, 1000, None, BulkheadKey::Operation);
