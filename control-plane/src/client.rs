@@ -77,8 +77,8 @@ async fn connect_one(
         .endpoint(url)
         .map_err(|e| unreachable(crate::error::one_line(&e)))?
         .connect_timeout(timeout)
-        .http2_keep_alive_interval(crate::KEEPALIVE_INTERVAL)
-        .keep_alive_timeout(crate::KEEPALIVE_TIMEOUT);
+        .http2_keep_alive_interval(crate::connections::KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(crate::connections::KEEPALIVE_TIMEOUT);
     let channel = endpoint
         .connect()
         .await

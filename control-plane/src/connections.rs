@@ -19,6 +19,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+/// HTTP/2 keepalive: pings this often notice a dead agent or client.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// ... and give up on a peer that does not answer within this.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How many connections govd holds and how long it waits for them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionLimits {
@@ -42,8 +47,8 @@ impl Default for ConnectionLimits {
             max_connections: 1024,
             max_streams_per_connection: 128,
             handshake_timeout: Duration::from_secs(10),
-            http2_keepalive_interval: crate::KEEPALIVE_INTERVAL,
-            http2_keepalive_timeout: crate::KEEPALIVE_TIMEOUT,
+            http2_keepalive_interval: KEEPALIVE_INTERVAL,
+            http2_keepalive_timeout: KEEPALIVE_TIMEOUT,
             tcp_keepalive: Duration::from_secs(60),
         }
     }

@@ -197,6 +197,13 @@ impl ControlPlane {
         cluster_view(&self.inner.lock(), now_unix_ms())
     }
 
+    /// `/metrics` now: the counters, with the cluster view and whether
+    /// this govd leads (what [`crate::metrics::serve_metrics`] serves).
+    pub fn metrics_text(&self) -> String {
+        let leader = *self.inner.store.leader().borrow();
+        self.inner.metrics.render(&self.status(), leader)
+    }
+
     /// Where the state is kept.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store

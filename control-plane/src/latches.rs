@@ -1,6 +1,7 @@
 //! Latches: tripped fuses and engaged limits, as the control plane knows
 //! them from its agents' events and stats, with absolute deadlines for
-//! limits that release themselves. Plain data, owned by `State`.
+//! limits that release themselves. Plain data, owned by the state's
+//! `Latched` (`state/latched.rs`).
 //!
 //! A latch (a tripped fuse with `recover manual`, an engaged limit before
 //! its deadline) ends only by an operator's release, govd's `release after`

@@ -20,8 +20,6 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::ControlPlane;
-
 /// Upper bounds of the push-to-answer histogram, in seconds (`+Inf` implied).
 pub const ACK_BUCKETS_SECONDS: [f64; 9] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 
@@ -265,12 +263,14 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown`.
-pub async fn serve_metrics(
-    listener: TcpListener,
-    control_plane: ControlPlane,
-    shutdown: CancellationToken,
-) {
+/// Serves `GET /metrics` on `listener` until `shutdown`; each scrape's
+/// text is `scrape()` ([`ControlPlane::metrics_text`] for govd).
+///
+/// [`ControlPlane::metrics_text`]: crate::ControlPlane::metrics_text
+pub async fn serve_metrics<F>(listener: TcpListener, scrape: F, shutdown: CancellationToken)
+where
+    F: Fn() -> String + Clone + Send + Sync + 'static,
+{
     loop {
         let stream = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -283,12 +283,12 @@ pub async fn serve_metrics(
                 }
             },
         };
-        let cp = control_plane.clone();
+        let scrape = scrape.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let cp = cp.clone();
-                async move { Ok::<_, std::convert::Infallible>(respond(&cp, &req)) }
+                let scrape = scrape.clone();
+                async move { Ok::<_, std::convert::Infallible>(respond(&scrape, &req)) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
@@ -300,14 +300,12 @@ pub async fn serve_metrics(
     }
 }
 
-fn respond<B>(cp: &ControlPlane, req: &Request<B>) -> Response<Full<Bytes>> {
+fn respond<B>(scrape: &impl Fn() -> String, req: &Request<B>) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match (req.method(), req.uri().path()) {
         (&Method::GET | &Method::HEAD, "/metrics") => (
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
-            cp.inner
-                .metrics
-                .render(&cp.status(), *cp.inner.store.leader().borrow()),
+            scrape(),
         ),
         (_, "/metrics") => (
             StatusCode::METHOD_NOT_ALLOWED,

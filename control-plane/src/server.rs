@@ -1,7 +1,8 @@
 //! The gRPC adapter: `gov.v1.ControlPlane` on top of [`ControlPlane`].
 //! Each method authenticates, converts the request at the edge and calls
 //! the use case (`apply.rs`, `control_plane.rs`); agent streams are read
-//! here and fed into the state.
+//! here and fed into the state. [`serve`] runs it, with the health
+//! service, on one listener.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,14 +12,17 @@ use futures::{Stream, StreamExt as _};
 use gov_proto::v1 as pb;
 use pb::agent_message::Msg as AgentMsg;
 use pb::control_plane_server::ControlPlane as ControlPlaneRpc;
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::apply::{ApplyError, ApplyRequest};
 use crate::auth::Role;
 use crate::control_plane::{ControlPlane, Inner};
 use crate::convert::now_unix_ms;
+use crate::error::Error;
 use crate::state::AgentKey;
 use crate::store::{AuditEntry, Source, TripKind};
 use crate::view::filter_view;
@@ -32,6 +36,80 @@ const AGENT_QUEUE: usize = 64;
 const APPLY_OVERHEAD_BYTES: usize = 64 << 10;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Checks that `tls` can be served (the certificate and key match and
+/// parse), so that govd says so before it reports itself started.
+pub fn check_tls(tls: &tonic::transport::ServerTlsConfig) -> Result<(), Error> {
+    tonic::transport::Server::builder()
+        .tls_config(tls.clone())
+        .map(|_| ())
+        .map_err(Error::Tls)
+}
+
+/// Serves `control_plane` on `listener` until `shutdown` is cancelled, then:
+/// health NOT_SERVING, agent and watch streams closed, in-flight calls
+/// drained (at most `drain`), state flushed to disk.
+pub async fn serve(
+    listener: TcpListener,
+    control_plane: ControlPlane,
+    shutdown: CancellationToken,
+    drain: Duration,
+) -> Result<(), Error> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<pb::control_plane_server::ControlPlaneServer<ControlPlane>>()
+        .await;
+    // No Nagle: a response's headers, data and trailers go out at once instead of
+    // waiting for the peer's delayed ACK (about 40ms per small RPC otherwise).
+    let limits = control_plane.inner.connections;
+    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(limits.tcp_keepalive));
+    let incoming = crate::connections::capped(incoming, limits);
+    let signal = {
+        let shutdown = shutdown.clone();
+        let reporter = reporter.clone();
+        async move {
+            shutdown.cancelled().await;
+            reporter
+                .set_not_serving::<pb::control_plane_server::ControlPlaneServer<ControlPlane>>()
+                .await;
+            reporter
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+        }
+    };
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = control_plane.inner.tls.clone() {
+        builder = builder
+            .tls_config(tls.timeout(limits.handshake_timeout))
+            .map_err(Error::Tls)?;
+    }
+    let server = builder
+        .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
+        .max_concurrent_streams(limits.max_streams_per_connection)
+        .add_service(health)
+        .add_service(control_plane.grpc())
+        .serve_with_incoming_shutdown(incoming, signal);
+    let mut server = std::pin::pin!(server);
+    tokio::select! {
+        result = &mut server => {
+            // The server stopped on its own: that is an error unless we were stopping.
+            result.map_err(Error::Serve)?;
+        }
+        () = shutdown.cancelled() => {
+            tracing::info!("stopping: NOT_SERVING, closing streams, draining");
+            match tokio::time::timeout(drain, &mut server).await {
+                Ok(result) => result.map_err(Error::Serve)?,
+                Err(_) => tracing::warn!(?drain, "drain deadline passed; closing remaining connections"),
+            }
+        }
+    }
+    control_plane.flush().await?;
+    tracing::info!("state flushed; stopped");
+    Ok(())
+}
 
 impl ControlPlane {
     /// The gRPC service. It decodes requests up to the policy size limit
@@ -505,7 +583,7 @@ mod tests {
         let cp = ControlPlane::open(options, stop.clone()).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(crate::serve(
+        tokio::spawn(crate::server::serve(
             listener,
             cp,
             stop.clone(),

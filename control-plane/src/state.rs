@@ -10,33 +10,34 @@
 //! is the current version of its service; a NACK is NEVER counted as
 //! applied (istio#30498): it stays NACKED, with the reason and rule, and
 //! keeps its last good version until it ACKs a later push.
+//!
+//! `State` holds its parts and says when each is used; each part owns its
+//! data and never reaches back: `agent.rs` (one agent, what is queued to
+//! it, its sync state), `registry.rs` (endpoint sets and removals),
+//! `latched.rs` (latches and releases), `adopt.rs` (what another replica's
+//! state changes).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use gov_proto::v1 as pb;
 use pb::agent_message::Msg as AgentMsg;
-use tokio::sync::mpsc;
-use tonic::Status;
 
 use crate::history::HistoryLimit;
-use crate::latches::{self, LatchId, Latches};
+use crate::latches::LatchId;
 use crate::store::{AppliedPolicy, HistoryEntry, KnownAgent, Persisted, Trip, TripKind};
 
 mod adopt;
+mod agent;
 mod latched;
 mod registry;
-mod sync;
 
 pub use adopt::Adopted;
-use latched::trip_kind;
-use registry::{Removal, endpoints_message};
-
-/// Messages queued to one agent's stream.
-pub type AgentTx = mpsc::Sender<Result<pb::ControlMessage, Status>>;
-
-/// `(service, instance)`.
-pub type AgentKey = (String, String);
+pub use agent::{Agent, AgentKey, AgentTx, Nacked, Outbox, Outgoing};
+use agent::{Agents, Conn, Removal};
+pub use latched::Released;
+use latched::{Latched, trip_kind};
+use registry::{Registry, endpoints_message};
 
 /// Everything the control plane knows.
 #[derive(Debug, Default)]
@@ -45,16 +46,9 @@ pub struct State {
     /// without holding the lock.
     applied: Option<Arc<AppliedPolicy>>,
     history: VecDeque<HistoryEntry>,
-    latches: Latches,
-    /// When each rule was last released (see `Agent::releasing`).
-    /// By kind, rule and key (`""`: every key of the rule).
-    released: BTreeMap<LatchId, u64>,
-    agents: BTreeMap<AgentKey, Agent>,
-    /// Services whose set of registered instances (or a weight) changed since
-    /// the last [`State::endpoint_pushes`].
-    endpoints_changed: BTreeSet<String>,
-    /// The version of each service's last pushed endpoint set.
-    endpoints_version: BTreeMap<String, u64>,
+    latched: Latched,
+    agents: Agents,
+    registry: Registry,
     /// Connected agents with a push not yet answered, per service: what
     /// [`State::settled`] reads in O(1) on every ACK.
     unanswered: BTreeMap<String, usize>,
@@ -62,66 +56,6 @@ pub struct State {
     next_nonce: u64,
     nonce_prefix: u32,
 }
-
-/// One agent (connected or not).
-#[derive(Debug)]
-pub struct Agent {
-    service: String,
-    instance: String,
-    address: String,
-    labels: BTreeMap<String, String>,
-    conn: Option<Conn>,
-    /// The version last sent to it (or reported in its hello).
-    version: String,
-    /// The nonce of a push not yet answered.
-    pending: Option<String>,
-    /// The last NACK, until a later ACK.
-    nack: Option<Nacked>,
-    /// The last version it acknowledged (or reported in its hello).
-    last_good: String,
-    phase: pb::Phase,
-    /// Slow-start weight from its lifecycle (100% = 100000).
-    weight_milli_percent: u32,
-    /// The endpoint set version it acknowledged, per service.
-    endpoints_acked: BTreeMap<String, u64>,
-    /// It deregistered (DRAINING) and waits to hear that every agent dropped
-    /// it: `Some(v)` once the set version `v` without it was pushed.
-    removal: Option<Removal>,
-    last_seen_unix_ms: u64,
-    stats: Option<pb::Stats>,
-    /// Why the stream ended.
-    disconnect_reason: String,
-    /// Latches this agent came back with that were released while it was
-    /// away: govd sent the release; until its stats say closed, they are
-    /// not a new trip.
-    releasing: BTreeSet<LatchId>,
-}
-
-#[derive(Debug)]
-struct Conn {
-    id: u64,
-    tx: AgentTx,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Nacked {
-    pub version: String,
-    pub error: String,
-    pub rule: String,
-}
-
-/// A message to send once the lock is released.
-#[derive(Debug)]
-pub struct Outgoing {
-    pub key: AgentKey,
-    /// The connection it is for (a slow one is cut).
-    pub conn: u64,
-    pub tx: AgentTx,
-    pub msg: pb::ControlMessage,
-}
-
-/// Messages to send once the lock is released.
-pub type Outbox = Vec<Outgoing>;
 
 /// What an agent message changed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -133,7 +67,7 @@ pub struct Effect {
     /// Only stats changed (view at most once per second).
     pub stats: bool,
     /// Latch changes to append to the audit log.
-    pub audits: latches::Audits,
+    pub audits: crate::latches::Audits,
     /// A service's registered instances changed: send
     /// [`State::endpoint_pushes`].
     pub endpoints: bool,
@@ -141,66 +75,6 @@ pub struct Effect {
 
 /// 100% slow-start weight.
 const FULL_WEIGHT: u32 = 100_000;
-
-// === impl Agent ===
-
-impl Agent {
-    /// Registered in govd's registry: connected, with an address, and its
-    /// lifecycle past readiness (WARMING or READY; DRAINING means it
-    /// deregistered).
-    fn is_registered(&self) -> bool {
-        self.conn.is_some()
-            && !self.address.is_empty()
-            && matches!(self.phase, pb::Phase::Warming | pb::Phase::Ready)
-    }
-
-    pub fn service(&self) -> &str {
-        &self.service
-    }
-
-    pub fn instance(&self) -> &str {
-        &self.instance
-    }
-
-    pub fn address(&self) -> &str {
-        &self.address
-    }
-
-    pub fn labels(&self) -> &BTreeMap<String, String> {
-        &self.labels
-    }
-
-    /// The version last sent to it (or reported in its hello).
-    pub fn version(&self) -> &str {
-        &self.version
-    }
-
-    /// The last version it acknowledged (or reported in its hello).
-    pub fn last_good(&self) -> &str {
-        &self.last_good
-    }
-
-    pub fn weight_milli_percent(&self) -> u32 {
-        self.weight_milli_percent
-    }
-
-    pub fn phase(&self) -> pb::Phase {
-        self.phase
-    }
-
-    pub fn last_seen_unix_ms(&self) -> u64 {
-        self.last_seen_unix_ms
-    }
-
-    /// Its last stats report (connected agents only).
-    pub fn stats(&self) -> Option<&pb::Stats> {
-        self.stats.as_ref()
-    }
-
-    pub fn is_connected(&self) -> bool {
-        self.conn.is_some()
-    }
-}
 
 /// An agent connected under a name another live agent holds.
 pub const LIVE_FOR_MS: u64 = 5_000;
@@ -212,39 +86,18 @@ impl State {
         let mut state = State {
             applied: p.applied.map(Arc::new),
             history: p.history.into(),
+            latched: Latched::new(p.trips, p.releases),
             nonce_prefix: rand::random(),
             ..State::default()
         };
-        state.latches = Latches::from_trips(p.trips);
-        state.released = p
-            .releases
-            .into_iter()
-            .map(|r| ((r.kind, r.rule, r.key), r.at_unix_ms))
-            .collect();
         for a in p.agents {
-            let key = (a.service.clone(), a.instance.clone());
-            state.agents.insert(
-                key,
-                Agent {
-                    service: a.service,
-                    instance: a.instance,
-                    address: a.address,
-                    labels: a.labels,
-                    conn: None,
-                    version: a.last_good_version.clone(),
-                    pending: None,
-                    nack: None,
-                    last_good: a.last_good_version,
-                    phase: pb::Phase::Unspecified,
-                    weight_milli_percent: 0,
-                    endpoints_acked: BTreeMap::new(),
-                    removal: None,
-                    last_seen_unix_ms: 0,
-                    stats: None,
-                    disconnect_reason: "control plane restarted".into(),
-                    releasing: BTreeSet::new(),
-                },
-            );
+            let mut agent = Agent::new(a.service, a.instance, 0);
+            agent.address = a.address;
+            agent.labels = a.labels;
+            agent.version.clone_from(&a.last_good_version);
+            agent.last_good = a.last_good_version;
+            agent.disconnect_reason = "control plane restarted".into();
+            state.agents.insert(agent.key(), agent);
         }
         state
     }
@@ -254,18 +107,9 @@ impl State {
             format: 0,
             applied: self.applied.as_deref().cloned(),
             history: self.history.iter().cloned().collect(),
-            texts: std::collections::BTreeMap::new(),
-            releases: self
-                .released
-                .iter()
-                .map(|((kind, rule, key), at)| crate::store::Released {
-                    kind: *kind,
-                    rule: rule.clone(),
-                    key: key.clone(),
-                    at_unix_ms: *at,
-                })
-                .collect(),
-            trips: self.latches.iter().cloned().collect(),
+            texts: BTreeMap::new(),
+            releases: self.latched.releases(),
+            trips: self.latched.latches().iter().cloned().collect(),
             agents: self
                 .agents
                 .values()
@@ -305,11 +149,11 @@ impl State {
 
     /// Tripped fuses and engaged limits.
     pub fn trips(&self) -> impl Iterator<Item = &Trip> {
-        self.latches.iter()
+        self.latched.latches().iter()
     }
 
     pub fn is_tripped(&self, kind: TripKind, rule: &str) -> bool {
-        self.latches.contains(kind, rule, None)
+        self.latched.latches().contains(kind, rule, None)
     }
 
     /// Since when (Unix ms) `rule` has been in mode shadow; `None` when it
@@ -353,22 +197,32 @@ impl State {
         let Some(agent) = self.agents.get_mut(key) else {
             return;
         };
-        let Some(conn) = &agent.conn else { return };
-        agent.version = target.version.clone();
+        if agent.conn.is_none() {
+            return;
+        }
+        agent.version.clone_from(&target.version);
         if agent.pending.replace(nonce.clone()).is_none() {
             *self.unanswered.entry(agent.service.clone()).or_default() += 1;
         }
-        out.push(Outgoing {
-            key: key.clone(),
-            conn: conn.id,
-            tx: conn.tx.clone(),
-            msg: pb::ControlMessage {
-                msg: Some(pb::control_message::Msg::Config(pb::Config {
-                    target: Some(target),
-                    nonce,
-                })),
-            },
-        });
+        out.extend(agent.outgoing(pb::ControlMessage {
+            msg: Some(pb::control_message::Msg::Config(pb::Config {
+                target: Some(target),
+                nonce,
+            })),
+        }));
+    }
+
+    /// Queues the current config to every connected agent of `services`.
+    fn push_to(&mut self, services: &[String], out: &mut Outbox) {
+        let keys: Vec<AgentKey> = self
+            .agents
+            .iter()
+            .filter(|(k, a)| a.conn.is_some() && services.contains(&k.0))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            self.push(&key, out);
+        }
     }
 
     /// A new stream said hello. Returns its connection id; queues its config
@@ -388,31 +242,16 @@ impl State {
             .iter()
             .map(|l| (trip_kind(l.kind()), l.rule.clone(), l.key.clone()))
             .collect();
-        let missed = self.missed_releases(&hello);
-        let agent = self.agents.entry(key.clone()).or_insert_with(|| Agent {
-            service: hello.service.clone(),
-            instance: hello.instance.clone(),
-            address: String::new(),
-            labels: BTreeMap::new(),
-            conn: None,
-            version: String::new(),
-            pending: None,
-            nack: None,
-            last_good: String::new(),
-            phase: pb::Phase::Unspecified,
-            weight_milli_percent: 0,
-            endpoints_acked: BTreeMap::new(),
-            removal: None,
-            last_seen_unix_ms: now,
-            stats: None,
-            disconnect_reason: String::new(),
-            releasing: BTreeSet::new(),
-        });
+        let missed = self.latched.missed_releases(&hello);
+        let agent = self
+            .agents
+            .entry(key.clone())
+            .or_insert_with(|| Agent::new(hello.service.clone(), hello.instance.clone(), now));
         agent.address = hello.address;
         agent.labels = hello.labels.into_iter().collect();
         agent.conn = Some(Conn { id, tx });
-        agent.version = hello.last_version.clone();
-        agent.last_good = hello.last_version.clone();
+        agent.version.clone_from(&hello.last_version);
+        agent.last_good.clone_from(&hello.last_version);
         answered(&mut self.unanswered, agent);
         agent.nack = None;
         agent.stats = None;
@@ -429,8 +268,8 @@ impl State {
         }
         // After the config (the agent applies messages in order): every latch
         // govd holds for this instance that the agent no longer enforces.
-        self.rearm(&key, &held, out);
-        self.send_missed(&key, missed, out);
+        self.latched.rearm(&self.agents, &key, &held, out);
+        latched::send_missed(&mut self.agents, &key, missed, out);
         // The endpoints of every service with a registered instance: where its
         // outbound calls go from now on.
         let services: BTreeSet<String> = self
@@ -439,14 +278,10 @@ impl State {
             .filter(|a| a.is_registered())
             .map(|a| a.service.clone())
             .collect();
-        if let Some(Conn { id, tx }) = self.agents.get(&key).and_then(|a| a.conn.as_ref()) {
+        if let Some(agent) = self.agents.get(&key) {
             for service in services {
-                out.push(Outgoing {
-                    key: key.clone(),
-                    conn: *id,
-                    tx: tx.clone(),
-                    msg: endpoints_message(self.endpoints(&service)),
-                });
+                let msg = endpoints_message(self.endpoints(&service));
+                out.extend(agent.outgoing(msg));
             }
         }
         (key, id)
@@ -477,7 +312,7 @@ impl State {
         if agent.is_registered() {
             // A lost instance leaves its callers' sets at once (a restart
             // registers it again when its lifecycle says so).
-            self.endpoints_changed.insert(agent.service.clone());
+            self.registry.changed(&agent.service);
         }
         agent.conn = None;
         answered(&mut self.unanswered, agent);
@@ -488,7 +323,6 @@ impl State {
         agent.disconnect_reason = reason.to_owned();
         true
     }
-
     /// A message (other than the hello) from stream `id` of `key`.
     pub fn on_message(&mut self, key: &AgentKey, id: u64, msg: AgentMsg, now: u64) -> Effect {
         let mut effect = Effect::default();
@@ -536,7 +370,7 @@ impl State {
                     (_, w) => w.min(FULL_WEIGHT),
                 };
                 if (agent.is_registered(), agent.weight_milli_percent) != before {
-                    self.endpoints_changed.insert(agent.service.clone());
+                    self.registry.changed(&agent.service);
                     effect.endpoints = true;
                 }
                 if agent.phase != pb::Phase::Draining {
@@ -545,7 +379,7 @@ impl State {
                     // Its `wait for gov` waits for the set without it to be
                     // acknowledged (even if it never registered: then at once).
                     agent.removal = Some(Removal::Pending);
-                    self.endpoints_changed.insert(agent.service.clone());
+                    self.registry.changed(&agent.service);
                     effect.endpoints = true;
                 }
                 effect.stats = true;
@@ -558,7 +392,7 @@ impl State {
                 // once reported closed they are done.
                 let mut seen = stats.clone();
                 latched::hide_releasing(&mut agent.releasing, &mut seen);
-                effect.trips |= self.latches.reconcile(
+                effect.trips |= self.latched.latches_mut().reconcile(
                     policy,
                     &service,
                     &instance,
@@ -574,7 +408,7 @@ impl State {
             AgentMsg::Event(event) => {
                 let (service, instance) = (agent.service.clone(), agent.instance.clone());
                 let policy = self.applied.as_deref().map(|a| &a.bundle);
-                effect.trips |= self.latches.on_event(
+                effect.trips |= self.latched.latches_mut().on_event(
                     policy,
                     &service,
                     &instance,
@@ -620,14 +454,24 @@ impl State {
         self.history.push_back(history_entry(&policy, changed));
         crate::history::bound(&mut self.history, history);
         self.applied = Some(policy);
-        let keys: Vec<AgentKey> = self
-            .agents
-            .iter()
-            .filter(|(k, a)| a.conn.is_some() && changed.contains(&k.0))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in keys {
-            self.push(&key, out);
+        self.push_to(changed, out);
+    }
+
+    /// Takes `stored` (written by another replica) in: its releases go to
+    /// this replica's agents, its latches are merged with this replica's
+    /// (`Latched::adopt`), and its policy, when it is another one, is pushed
+    /// to the agents of every service whose config changed.
+    pub fn adopt(&mut self, stored: Persisted, out: &mut Outbox) -> Adopted {
+        self.latched
+            .adopt(&mut self.agents, stored.releases, stored.trips, out);
+        self.history = stored.history.into();
+        let before = self.applied.take();
+        self.applied = stored.applied.map(Arc::new);
+        let changed = adopt::changed_services(before.as_deref(), self.applied.as_deref());
+        self.push_to(&changed, out);
+        Adopted {
+            policy: before.map(|p| p.version.clone())
+                != self.applied.as_ref().map(|p| p.version.clone()),
         }
     }
 
@@ -636,6 +480,129 @@ impl State {
         self.agents
             .values()
             .filter(move |a| a.service == service && a.conn.is_some())
+    }
+
+    /// The sync state of `agent`, as `istioctl proxy-status` would show it.
+    pub fn sync_state(&self, agent: &Agent) -> (pb::SyncState, String, String) {
+        agent.sync_state(self.current_version(&agent.service).as_deref())
+    }
+
+    /// The outcome of every agent of `services` (for `ApplyResult`).
+    pub fn outcomes(&self, services: &[String]) -> Vec<pb::AgentOutcome> {
+        self.agents
+            .values()
+            .filter(|a| services.contains(&a.service))
+            .map(|a| {
+                let (state, error, rule) = self.sync_state(a);
+                pb::AgentOutcome {
+                    service: a.service.clone(),
+                    instance: a.instance.clone(),
+                    state: state as i32,
+                    version: a.last_good.clone(),
+                    error: if state == pb::SyncState::Nacked {
+                        error
+                    } else {
+                        String::new()
+                    },
+                    rule,
+                }
+            })
+            .collect()
+    }
+
+    // --- the registry (`registry.rs`) ---
+
+    /// The registered instances of `service` (govd is the registry of
+    /// record): connected agents whose lifecycle says WARMING (registered,
+    /// ramping up) or READY, with the address their inbound listener has
+    /// and their weight.
+    pub fn endpoints(&self, service: &str) -> pb::Endpoints {
+        self.registry.endpoints(&self.agents, service)
+    }
+
+    /// Queues to every connected agent the endpoints of each service whose
+    /// set changed since the last call (a registration, a deregistration, a
+    /// lost stream, a new weight), and tells each deregistered instance
+    /// that every other agent acknowledged the set without it.
+    pub fn endpoint_pushes(&mut self, out: &mut Outbox) {
+        self.registry.pushes(&mut self.agents, out);
+    }
+
+    /// The connected agents (`service/instance`) that have not acknowledged
+    /// the endpoint set of `agent`'s service without it, while it is being
+    /// removed (empty otherwise): what its `wait for gov` step waits for.
+    pub fn removal_waiting_on(&self, agent: &Agent) -> Vec<String> {
+        registry::removal_waiting_on(&self.agents, agent)
+    }
+
+    // --- latches (`latched.rs`) ---
+
+    /// What [`State::release`] would return, without changing anything:
+    /// for the audit record written before the release takes effect.
+    pub fn release_preview(
+        &self,
+        kind: TripKind,
+        rule: &str,
+        key: Option<&str>,
+    ) -> (Released, Vec<String>) {
+        self.latched
+            .release_preview(&self.agents, (kind, rule, key))
+    }
+
+    /// What `state.json` holds once `rule` (its `key` only, or every key)
+    /// is released.
+    pub fn persisted_without(
+        &self,
+        kind: TripKind,
+        rule: &str,
+        key: Option<&str>,
+        now: u64,
+    ) -> Persisted {
+        latched::persisted_without(self.to_persisted(), (kind, rule, key), now)
+    }
+
+    /// Queues a release command (of `key`, or every key) to every connected
+    /// agent of the rule's service and forgets the latches. Returns (the
+    /// keys that were latched, instances notified).
+    // INVARIANT: called only after `persisted_without(kind, rule, key)` is
+    // on disk and the release is in the audit log.
+    pub fn release(
+        &mut self,
+        kind: TripKind,
+        rule: &str,
+        key: Option<&str>,
+        who: &str,
+        now: u64,
+        out: &mut Outbox,
+    ) -> (Released, Vec<String>) {
+        self.latched
+            .release(&mut self.agents, (kind, rule, key), who, now, out)
+    }
+
+    /// The automatic recovery delay of fuse `rule` (`None`: manual).
+    pub fn fuse_recovery(&self, rule: &str) -> Option<u64> {
+        crate::latches::fuse_recovery(self.bundle(), rule)
+    }
+
+    /// Limit latches (rule, key) whose `release after` deadline has passed.
+    pub fn expired(&self, now: u64) -> Vec<(String, String)> {
+        self.latched.latches().expired(now)
+    }
+
+    /// The earliest limit deadline.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.latched.latches().next_deadline()
+    }
+
+    /// Whether the applied policy has a fuse or limit called `rule`.
+    pub fn has_rule(&self, kind: TripKind, rule: &str) -> bool {
+        let Some((service, _)) = rule.split_once('/') else {
+            return false;
+        };
+        let Some(t) = self.target(service) else {
+            return false;
+        };
+        t.rule(rule).is_some_and(|r| r.kind() == kind.rule_kind())
     }
 
     /// Whether every connected agent of `services` has answered its last push.
@@ -672,6 +639,8 @@ mod tests {
         entries: 10,
         bytes: usize::MAX,
     };
+    use tokio::sync::mpsc;
+
     use super::*;
 
     fn policy(version: &str, targets: Vec<pb::TargetConfig>) -> Arc<AppliedPolicy> {
@@ -1042,7 +1011,7 @@ mod tests {
             reason: "calls".into(),
             at_unix_ms: 1_000,
         };
-        assert!(s.latches.on_event(
+        assert!(s.latched.latches_mut().on_event(
             s.applied.as_deref().map(|a| &a.bundle),
             "order",
             "a",
@@ -1057,7 +1026,7 @@ mod tests {
             vec![("order/crm".to_string(), String::new())]
         );
         // Another service's agent cannot engage our limit.
-        assert!(!s.latches.on_event(
+        assert!(!s.latched.latches_mut().on_event(
             s.applied.as_deref().map(|a| &a.bundle),
             "pay",
             "p",
@@ -1075,7 +1044,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert!(s.latches.reconcile(
+        assert!(s.latched.latches_mut().reconcile(
             s.applied.as_deref().map(|a| &a.bundle),
             "order",
             "a",
@@ -1110,7 +1079,7 @@ mod tests {
         };
         let bundle = s.applied.clone();
         for instance in ["a", "b"] {
-            assert!(s.latches.on_event(
+            assert!(s.latched.latches_mut().on_event(
                 bundle.as_deref().map(|a| &a.bundle),
                 "order",
                 instance,
@@ -1246,7 +1215,8 @@ mod tests {
             .collect();
         assert_eq!(sent, ["bob"]);
         assert!(
-            s.latches
+            s.latched
+                .latches()
                 .contains(TripKind::Limit, "order/crm", Some("alice"))
         );
         // Before the agent's next stats: bob is no longer counted.

@@ -3,60 +3,28 @@
 //! agents never fill them in (a config without them is refused, naming the
 //! rule). Configs written by hand, in tests and examples, get them from
 //! [`target`] and [`fill`], so that they are what `govc compile` would emit.
-//! A kind's own defaults are filled in beside its word (`Spec::fill` in
-//! `words.rs`), so that a new kind does not touch this file.
+//! A kind's own defaults (its reject status and gRPC code, a fuse's
+//! classes and recovery) live beside its word in `words.rs`, with its arm
+//! of `Spec::fill`, so that a new kind does not touch this file.
 
-use crate::v1::{
-    ErrorClass, GrpcCode, Mode, Recovery, Rule, StatusRange, TargetConfig, recovery,
-    warmup_step::Step as WarmupStep,
-};
+use crate::v1::{GrpcCode, Mode, Rule, RuleKind, TargetConfig, warmup_step::Step as WarmupStep};
 
 /// The request header that carries the caller's identity.
 pub const CONSUMER_HEADER: &str = "x-gov-consumer";
-/// A bulkhead's rejection: 408 Request Timeout.
-pub const BULKHEAD_REJECT_STATUS: u32 = 408;
-/// A limit's rejection: 429 Too Many Requests.
-pub const LIMIT_REJECT_STATUS: u32 = 429;
-/// A fuse's rejection: 503 Service Unavailable.
-pub const FUSE_REJECT_STATUS: u32 = 503;
-/// A bulkhead's rejection of a gRPC call: UNAVAILABLE (retryable, as a
-/// full server's answer is).
-pub const BULKHEAD_REJECT_GRPC: GrpcCode = GrpcCode::Unavailable;
-/// A limit's rejection of a gRPC call: RESOURCE_EXHAUSTED (a quota).
-pub const LIMIT_REJECT_GRPC: GrpcCode = GrpcCode::ResourceExhausted;
-/// A fuse's rejection of a gRPC call: UNAVAILABLE.
-pub const FUSE_REJECT_GRPC: GrpcCode = GrpcCode::Unavailable;
+/// Kept while the agents' tests name them; a kind's reject defaults are
+/// [`RuleKind::reject_status`] and [`RuleKind::reject_grpc`], beside its word.
+pub const BULKHEAD_REJECT_STATUS: u32 = RuleKind::Bulkhead.reject_status();
+/// See [`BULKHEAD_REJECT_STATUS`].
+pub const BULKHEAD_REJECT_GRPC: GrpcCode = RuleKind::Bulkhead.reject_grpc();
+/// See [`BULKHEAD_REJECT_STATUS`].
+pub const LIMIT_REJECT_STATUS: u32 = RuleKind::Limit.reject_status();
+/// See [`BULKHEAD_REJECT_STATUS`].
+pub const LIMIT_REJECT_GRPC: GrpcCode = RuleKind::Limit.reject_grpc();
 
 /// A readiness probe's per-poll timeout when it says none: its period
 /// (`every`), so that one slow answer never overlaps the next poll.
 pub fn probe_timeout_ms(every_ms: u64) -> u64 {
     every_ms
-}
-
-/// A fuse's business errors when it classifies none: status 500..=599.
-pub fn business_errors() -> ErrorClass {
-    ErrorClass {
-        status: vec![StatusRange { from: 500, to: 599 }],
-        ..ErrorClass::default()
-    }
-}
-
-/// A fuse's system errors when it classifies none: connect failure,
-/// timeout and reset.
-pub fn system_errors() -> ErrorClass {
-    ErrorClass {
-        connect_failure: true,
-        timeout: true,
-        reset: true,
-        ..ErrorClass::default()
-    }
-}
-
-/// A fuse's recovery when it says none: an operator releases it.
-pub fn manual_recovery() -> Recovery {
-    Recovery {
-        kind: Some(recovery::Kind::Manual(true)),
-    }
 }
 
 /// An empty config of `service` (no rules), as the compiler would emit it.
@@ -129,10 +97,10 @@ mod tests {
         assert!(t.rules.iter().all(|r| r.mode() == Mode::Enforce));
         assert_eq!(t.rules[0].bulkhead().map(|b| b.reject_status), Some(503));
         let f = t.rules[1].fuse().cloned().unwrap_or_default();
-        assert_eq!(f.reject_status, FUSE_REJECT_STATUS);
-        assert_eq!(f.reject_grpc_status(), FUSE_REJECT_GRPC);
-        assert_eq!(f.business, Some(business_errors()));
-        assert_eq!(f.system, Some(system_errors()));
-        assert_eq!(f.recover, Some(manual_recovery()));
+        assert_eq!(f.reject_status, RuleKind::Fuse.reject_status());
+        assert_eq!(f.reject_grpc_status(), RuleKind::Fuse.reject_grpc());
+        assert_eq!(f.business, Some(Fuse::default_business()));
+        assert_eq!(f.system, Some(Fuse::default_system()));
+        assert_eq!(f.recover, Some(Fuse::default_recovery()));
     }
 }

@@ -1,15 +1,17 @@
 //! The words users read for the wire's enums, written once: the TUI, `govc`,
 //! the engine's errors and the plan all take them from here. The rule kinds
 //! are named here once: their word, the list of them ([`RuleKind::RULES`]),
-//! the kind of each `Rule.spec` ([`Spec::kind`]) and the compiler's values
-//! for what a hand-written spec leaves out ([`Spec::fill`]). A new kind
-//! touches `config.proto` and this file, nothing else in gov-proto.
+//! the kind of each `Rule.spec` ([`Spec::kind`]), each kind's defaults
+//! ([`RuleKind::reject_status`], [`RuleKind::reject_grpc`], a fuse's
+//! classes and recovery), which the compiler writes into every config, and
+//! the same values for what a hand-written spec leaves out ([`Spec::fill`]).
+//! A new kind touches `config.proto` and this file, nothing else in
+//! gov-proto.
 
-use crate::compiled::{
-    BULKHEAD_REJECT_GRPC, BULKHEAD_REJECT_STATUS, FUSE_REJECT_GRPC, FUSE_REJECT_STATUS,
-    LIMIT_REJECT_GRPC, LIMIT_REJECT_STATUS, business_errors, manual_recovery, system_errors,
+use crate::v1::{
+    ErrorClass, Fuse, GrpcCode, Phase, Recovery, ReleaseKind, RuleKind, StatusRange, SyncState,
+    recovery, rule::Spec,
 };
-use crate::v1::{GrpcCode, Phase, ReleaseKind, RuleKind, SyncState, rule::Spec};
 
 impl RuleKind {
     /// The kinds a `Rule` can be (its `spec`), in the order of the oneof.
@@ -31,6 +33,69 @@ impl RuleKind {
             RuleKind::Unspecified => "-",
         }
     }
+
+    /// The HTTP status a rule of this kind refuses a call with when its
+    /// text names none (`reject with`); 0 for what refuses nothing.
+    pub const fn reject_status(self) -> u32 {
+        match self {
+            // 408 Request Timeout: no permit came within `max_wait`.
+            RuleKind::Bulkhead => 408,
+            // 429 Too Many Requests.
+            RuleKind::Limit => 429,
+            // 503 Service Unavailable.
+            RuleKind::Fuse => 503,
+            RuleKind::Match
+            | RuleKind::Warmup
+            | RuleKind::Shutdown
+            | RuleKind::Service
+            | RuleKind::Unspecified => 0,
+        }
+    }
+
+    /// The gRPC code a rule of this kind refuses a gRPC call with when its
+    /// text names none; `OK` for what refuses nothing.
+    pub const fn reject_grpc(self) -> GrpcCode {
+        match self {
+            // Retryable, as a full server's answer is.
+            RuleKind::Bulkhead => GrpcCode::Unavailable,
+            // A quota.
+            RuleKind::Limit => GrpcCode::ResourceExhausted,
+            RuleKind::Fuse => GrpcCode::Unavailable,
+            RuleKind::Match
+            | RuleKind::Warmup
+            | RuleKind::Shutdown
+            | RuleKind::Service
+            | RuleKind::Unspecified => GrpcCode::Ok,
+        }
+    }
+}
+
+impl Fuse {
+    /// A fuse's business errors when it classifies none: status 500..=599.
+    pub fn default_business() -> ErrorClass {
+        ErrorClass {
+            status: vec![StatusRange { from: 500, to: 599 }],
+            ..ErrorClass::default()
+        }
+    }
+
+    /// A fuse's system errors when it classifies none: connect failure,
+    /// timeout and reset.
+    pub fn default_system() -> ErrorClass {
+        ErrorClass {
+            connect_failure: true,
+            timeout: true,
+            reset: true,
+            ..ErrorClass::default()
+        }
+    }
+
+    /// A fuse's recovery when it says none: an operator releases it.
+    pub fn default_recovery() -> Recovery {
+        Recovery {
+            kind: Some(recovery::Kind::Manual(true)),
+        }
+    }
 }
 
 impl Spec {
@@ -47,31 +112,23 @@ impl Spec {
     /// hand-written config left out (zero or absent), and keeps every
     /// written one: the per-kind part of [`crate::compiled::fill`].
     pub(crate) fn fill(&mut self) {
-        let status = |s: &mut u32, value: u32| {
+        let kind = self.kind();
+        let reject = |s: &mut u32, g: &mut i32| {
             if *s == 0 {
-                *s = value;
+                *s = kind.reject_status();
             }
-        };
-        let grpc = |s: &mut i32, value: GrpcCode| {
-            if *s == GrpcCode::Ok as i32 {
-                *s = value as i32;
+            if *g == GrpcCode::Ok as i32 {
+                *g = kind.reject_grpc() as i32;
             }
         };
         match self {
-            Spec::Bulkhead(b) => {
-                status(&mut b.reject_status, BULKHEAD_REJECT_STATUS);
-                grpc(&mut b.reject_grpc_status, BULKHEAD_REJECT_GRPC);
-            }
-            Spec::Limit(l) => {
-                status(&mut l.reject_status, LIMIT_REJECT_STATUS);
-                grpc(&mut l.reject_grpc_status, LIMIT_REJECT_GRPC);
-            }
+            Spec::Bulkhead(b) => reject(&mut b.reject_status, &mut b.reject_grpc_status),
+            Spec::Limit(l) => reject(&mut l.reject_status, &mut l.reject_grpc_status),
             Spec::Fuse(f) => {
-                status(&mut f.reject_status, FUSE_REJECT_STATUS);
-                grpc(&mut f.reject_grpc_status, FUSE_REJECT_GRPC);
-                f.business.get_or_insert_with(business_errors);
-                f.system.get_or_insert_with(system_errors);
-                f.recover.get_or_insert_with(manual_recovery);
+                reject(&mut f.reject_status, &mut f.reject_grpc_status);
+                f.business.get_or_insert_with(Fuse::default_business);
+                f.system.get_or_insert_with(Fuse::default_system);
+                f.recover.get_or_insert_with(Fuse::default_recovery);
                 for class in [&mut f.business, &mut f.system].into_iter().flatten() {
                     for range in &mut class.status {
                         if range.to == 0 {
@@ -154,5 +211,22 @@ mod tests {
         unique.sort_unstable();
         unique.dedup();
         assert_eq!(unique.len(), words.len(), "{words:?}");
+    }
+
+    /// Every rule kind refuses with a status and a code of its own choosing
+    /// (the compiler writes them; `Spec::fill` gives them to hand-written
+    /// configs); what is not a rule refuses nothing.
+    #[test]
+    fn every_rule_kind_has_reject_defaults() {
+        for kind in RuleKind::RULES {
+            assert!(
+                (400..=599).contains(&kind.reject_status()),
+                "{}",
+                kind.word()
+            );
+            assert_ne!(kind.reject_grpc(), GrpcCode::Ok, "{}", kind.word());
+        }
+        assert_eq!(RuleKind::Match.reject_status(), 0);
+        assert_eq!(RuleKind::Service.reject_grpc(), GrpcCode::Ok);
     }
 }

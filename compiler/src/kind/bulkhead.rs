@@ -18,7 +18,6 @@
 //! ```
 
 use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Span, Spanned};
-use gov_proto::compiled;
 use gov_proto::v1 as pb;
 
 use super::{Bound, Large, Reject, Values, Words};
@@ -27,8 +26,9 @@ use crate::plan::{fmt_ms, push};
 use crate::resolve::Rule;
 use crate::units::millis;
 
-/// The default rejection status, gov-proto's (the compiler writes it).
-pub(crate) const REJECT: i64 = compiled::BULKHEAD_REJECT_STATUS as i64;
+/// The default rejection status, beside the kind's word in gov-proto
+/// (`RuleKind::reject_status`; the compiler writes it).
+pub(crate) const REJECT: i64 = pb::RuleKind::Bulkhead.reject_status() as i64;
 
 #[derive(Clone, Debug)]
 pub(crate) enum BulkheadSetting {
@@ -163,7 +163,7 @@ impl BulkheadEff {
             queue: None,
             timeout_ms: None,
             reject: REJECT,
-            reject_grpc: compiled::BULKHEAD_REJECT_GRPC,
+            reject_grpc: pb::RuleKind::Bulkhead.reject_grpc(),
             per: BulkheadKey::Operation,
             isolation: Isolation::Semaphore,
         };
@@ -182,7 +182,9 @@ impl BulkheadEff {
                 BulkheadSetting::RejectWith { reject, .. } => match reject {
                     Reject::Status(status) => e.reject = status.node,
                     Reject::Grpc(_) => {
-                        e.reject_grpc = reject.grpc().unwrap_or(compiled::BULKHEAD_REJECT_GRPC);
+                        e.reject_grpc = reject
+                            .grpc()
+                            .unwrap_or(pb::RuleKind::Bulkhead.reject_grpc());
                     }
                 },
                 BulkheadSetting::Per { key, .. } => e.per = key.node,

@@ -16,7 +16,6 @@
 use std::fmt::Write as _;
 
 use gov_lang::ast::{Duration, Ident, Percent, RuleDef, Setting, Span, Spanned, Status};
-use gov_proto::compiled;
 use gov_proto::v1 as pb;
 
 use super::{Bound, Large, Reject, Values, Words};
@@ -25,8 +24,9 @@ use crate::plan::{fmt_ms, push};
 use crate::resolve::Rule;
 use crate::units::{fmt_milli_percent, fmt_millis, millis};
 
-/// The default rejection status, gov-proto's (the compiler writes it).
-pub(crate) const REJECT: i64 = compiled::FUSE_REJECT_STATUS as i64;
+/// The default rejection status, beside the kind's word in gov-proto
+/// (`RuleKind::reject_status`; the compiler writes it).
+pub(crate) const REJECT: i64 = pb::RuleKind::Fuse.reject_status() as i64;
 
 #[derive(Clone, Debug)]
 pub(crate) enum FuseSetting {
@@ -290,7 +290,7 @@ impl FuseEff {
             system: None,
             recover: RecoverEff::Manual,
             reject: REJECT,
-            reject_grpc: compiled::FUSE_REJECT_GRPC,
+            reject_grpc: pb::RuleKind::Fuse.reject_grpc(),
         };
         for s in f.settings.into_iter().rev() {
             // Reversed so that the first occurrence is applied last and wins.
@@ -312,7 +312,7 @@ impl FuseEff {
                 FuseSetting::RejectWith { reject, .. } => match reject {
                     Reject::Status(status) => e.reject = status.node,
                     Reject::Grpc(_) => {
-                        e.reject_grpc = reject.grpc().unwrap_or(compiled::FUSE_REJECT_GRPC);
+                        e.reject_grpc = reject.grpc().unwrap_or(pb::RuleKind::Fuse.reject_grpc());
                     }
                 },
             }
@@ -560,11 +560,11 @@ impl super::Kind for Kind {
         let business = e
             .business
             .as_deref()
-            .map_or_else(compiled::business_errors, class);
+            .map_or_else(pb::Fuse::default_business, class);
         let system = e
             .system
             .as_deref()
-            .map_or_else(compiled::system_errors, class);
+            .map_or_else(pb::Fuse::default_system, class);
         pb::rule::Spec::Fuse(pb::Fuse {
             trips,
             business: Some(business),

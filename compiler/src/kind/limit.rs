@@ -14,7 +14,6 @@
 //! ```
 
 use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Size, Span, Spanned};
-use gov_proto::compiled;
 use gov_proto::v1 as pb;
 
 use super::{Bound, Large, Reject, Values, Words};
@@ -23,8 +22,9 @@ use crate::plan::{fmt_ms, push};
 use crate::resolve::Rule;
 use crate::units::{bytes, fmt_bytes, fmt_millis, millis};
 
-/// The default rejection status, gov-proto's (the compiler writes it).
-pub(crate) const REJECT: i64 = compiled::LIMIT_REJECT_STATUS as i64;
+/// The default rejection status, beside the kind's word in gov-proto
+/// (`RuleKind::reject_status`; the compiler writes it).
+pub(crate) const REJECT: i64 = pb::RuleKind::Limit.reject_status() as i64;
 
 #[derive(Clone, Debug)]
 pub(crate) enum LimitSetting {
@@ -253,7 +253,7 @@ impl LimitEff {
             per: LimitKey::All,
             action: ActionEff::Reject,
             reject: REJECT,
-            reject_grpc: compiled::LIMIT_REJECT_GRPC,
+            reject_grpc: pb::RuleKind::Limit.reject_grpc(),
             release: ReleaseEff::Window,
             scope: Scope::Local,
         };
@@ -294,7 +294,7 @@ impl LimitEff {
                 LimitSetting::RejectWith { reject, .. } => match reject {
                     Reject::Status(status) => e.reject = status.node,
                     Reject::Grpc(_) => {
-                        e.reject_grpc = reject.grpc().unwrap_or(compiled::LIMIT_REJECT_GRPC);
+                        e.reject_grpc = reject.grpc().unwrap_or(pb::RuleKind::Limit.reject_grpc());
                     }
                 },
                 LimitSetting::Release { release, .. } => {

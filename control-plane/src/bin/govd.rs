@@ -297,9 +297,10 @@ async fn run(args: Args) -> Result<(), Error> {
                 .await
                 .map_err(bind_error)?;
             let bound = listener.local_addr().map_err(bind_error)?;
+            let cp = control_plane.clone();
             tokio::spawn(gov_control_plane::metrics::serve_metrics(
                 listener,
-                control_plane.clone(),
+                move || cp.metrics_text(),
                 shutdown.clone(),
             ));
             Some(bound)

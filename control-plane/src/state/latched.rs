@@ -1,19 +1,66 @@
-//! The state's side of latches: re-arming an agent that lost one,
-//! releases (previewed for the audit record, persisted, then sent), and the
-//! `release after` deadlines. The latches themselves are `crate::latches`.
+//! The state's side of latches: the releases govd made (so that an agent
+//! coming back with a released latch gets the release, not a new trip),
+//! re-arming an agent that lost one, releases (previewed for the audit
+//! record, persisted, then sent), and merging another replica's latches.
+//! [`Latched`] owns the latches and the releases; it reads and marks the
+//! agents it is given. The latches themselves are `crate::latches`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gov_proto::v1 as pb;
 
-use super::{Agent, AgentKey, Outbox, Outgoing, State};
-use crate::latches::{self, LatchId};
-use crate::store::{Persisted, TripKind};
+use super::agent::{Agent, AgentKey, Agents, Outbox};
+use crate::latches::{self, LatchId, Latches};
+use crate::store::{self, Persisted, Trip, TripKind};
 
 /// The keys a release found latched (`""`: the rule's own counter, a fuse).
 pub type Released = Vec<String>;
 
-impl State {
+/// What a release names: the kind, the rule, and one key (or every key).
+pub(super) type Release<'a> = (TripKind, &'a str, Option<&'a str>);
+
+/// Tripped fuses and engaged limits, and when each was last released.
+#[derive(Debug, Default)]
+pub(super) struct Latched {
+    latches: Latches,
+    /// When each rule was last released (see `Agent::releasing`).
+    /// By kind, rule and key (`""`: every key of the rule).
+    released: BTreeMap<LatchId, u64>,
+}
+
+impl Latched {
+    /// The latches and releases `state.json` holds.
+    pub(super) fn new(trips: Vec<Trip>, releases: Vec<store::Released>) -> Self {
+        Latched {
+            latches: Latches::from_trips(trips),
+            released: releases
+                .into_iter()
+                .map(|r| ((r.kind, r.rule, r.key), r.at_unix_ms))
+                .collect(),
+        }
+    }
+
+    pub(super) fn latches(&self) -> &Latches {
+        &self.latches
+    }
+
+    pub(super) fn latches_mut(&mut self) -> &mut Latches {
+        &mut self.latches
+    }
+
+    /// The releases, as `state.json` holds them.
+    pub(super) fn releases(&self) -> Vec<store::Released> {
+        self.released
+            .iter()
+            .map(|((kind, rule, key), at)| store::Released {
+                kind: *kind,
+                rule: rule.clone(),
+                key: key.clone(),
+                at_unix_ms: *at,
+            })
+            .collect()
+    }
+
     /// The latches `hello` reports that govd released while the agent was
     /// away (tripped no later than the release of that key, or of every key
     /// of the rule): it gets the release, not a new trip.
@@ -35,41 +82,17 @@ impl State {
             .collect()
     }
 
-    /// Queues the releases `key` missed and remembers them until its stats
-    /// say they are done.
-    pub(super) fn send_missed(
-        &mut self,
-        key: &AgentKey,
-        missed: BTreeSet<LatchId>,
-        out: &mut Outbox,
-    ) {
-        let Some(agent) = self.agents.get_mut(key) else {
-            return;
-        };
-        if let Some(conn) = &agent.conn {
-            for (kind, rule, latch_key) in &missed {
-                tracing::info!(%rule, key = %latch_key, instance = %key.1, kind = kind.as_str(), "sending a release the agent missed while away");
-                out.push(Outgoing {
-                    key: key.clone(),
-                    conn: conn.id,
-                    tx: conn.tx.clone(),
-                    msg: release_message(
-                        *kind,
-                        rule,
-                        Some(latch_key),
-                        "govd (a release made while this agent was away)",
-                    ),
-                });
-            }
-        }
-        agent.releasing = missed;
-    }
-
     /// Queues an `Arm` command for every latch of `key`'s service that this
     /// instance held (or was marked as not enforcing) and that is not in
     /// `held`: each key of a keyed limit alone.
-    pub(super) fn rearm(&self, key: &AgentKey, held: &BTreeSet<LatchId>, out: &mut Outbox) {
-        let Some(conn) = self.agents.get(key).and_then(|a| a.conn.as_ref()) else {
+    pub(super) fn rearm(
+        &self,
+        agents: &Agents,
+        key: &AgentKey,
+        held: &BTreeSet<LatchId>,
+        out: &mut Outbox,
+    ) {
+        let Some(agent) = agents.get(key).filter(|a| a.conn.is_some()) else {
             return;
         };
         let (service, instance) = key;
@@ -83,36 +106,27 @@ impl State {
             }
             tracing::info!(rule = %trip.rule, key = %trip.key, %instance, kind = trip.kind.as_str(), "re-arming a latch the agent lost");
             let latch = pb::Latch {
-                kind: match trip.kind {
-                    TripKind::Fuse => pb::ReleaseKind::Fuse,
-                    TripKind::Limit => pb::ReleaseKind::Limit,
-                } as i32,
+                kind: release_kind(trip.kind) as i32,
                 rule: trip.rule.clone(),
                 key: trip.key.clone(),
                 since_unix_ms: trip.since_unix_ms,
                 deadline_unix_ms: trip.deadline_unix_ms.unwrap_or(0),
                 reason: trip.reason.clone(),
             };
-            out.push(Outgoing {
-                key: key.clone(),
-                conn: conn.id,
-                tx: conn.tx.clone(),
-                msg: pb::ControlMessage {
-                    msg: Some(pb::control_message::Msg::Command(pb::Command {
-                        kind: Some(pb::command::Kind::Arm(latch)),
-                    })),
-                },
-            });
+            out.extend(agent.outgoing(pb::ControlMessage {
+                msg: Some(pb::control_message::Msg::Command(pb::Command {
+                    kind: Some(pb::command::Kind::Arm(latch)),
+                })),
+            }));
         }
     }
 
-    /// What [`State::release`] would return, without changing anything:
+    /// What [`Latched::release`] would return, without changing anything:
     /// for the audit record written before the release takes effect.
-    pub fn release_preview(
+    pub(super) fn release_preview(
         &self,
-        kind: TripKind,
-        rule: &str,
-        key: Option<&str>,
+        agents: &Agents,
+        (kind, rule, key): Release<'_>,
     ) -> (Released, Vec<String>) {
         let service = rule.split_once('/').map_or("", |(s, _)| s);
         let mut keys: BTreeSet<String> = self
@@ -121,48 +135,20 @@ impl State {
             .map(|t| t.key.clone())
             .collect();
         let mut notified = Vec::new();
-        for a in self.connected(service) {
+        for a in connected(agents, service) {
             keys.extend(reports_tripped(a, kind, rule, key));
             notified.push(a.instance.clone());
         }
         (keys.into_iter().collect(), notified)
     }
 
-    /// What `state.json` holds once `rule` (its `key` only, or every key)
-    /// is released.
-    pub fn persisted_without(
-        &self,
-        kind: TripKind,
-        rule: &str,
-        key: Option<&str>,
-        now: u64,
-    ) -> Persisted {
-        let mut p = self.to_persisted();
-        let gone = |k: &str| key.is_none_or(|key| key == k);
-        let stored = key.unwrap_or("");
-        p.trips
-            .retain(|t| !(t.kind == kind && t.rule == rule && gone(&t.key)));
-        p.releases
-            .retain(|r| !(r.kind == kind && r.rule == rule && gone(&r.key)));
-        p.releases.push(crate::store::Released {
-            kind,
-            rule: rule.to_owned(),
-            key: stored.to_owned(),
-            at_unix_ms: now,
-        });
-        p
-    }
-
     /// Queues a release command (of `key`, or every key) to every connected
     /// agent of the rule's service and forgets the latches. Returns (the
     /// keys that were latched, instances notified).
-    // INVARIANT: called only after `persisted_without(kind, rule, key)` is
-    // on disk and the release is in the audit log.
-    pub fn release(
+    pub(super) fn release(
         &mut self,
-        kind: TripKind,
-        rule: &str,
-        key: Option<&str>,
+        agents: &mut Agents,
+        (kind, rule, key): Release<'_>,
         who: &str,
         now: u64,
         out: &mut Outbox,
@@ -175,47 +161,129 @@ impl State {
         self.released
             .insert((kind, rule.to_owned(), key.unwrap_or("").to_owned()), now);
         let mut keys: BTreeSet<String> = self.latches.remove(kind, rule, key).into_iter().collect();
-        forget_reported(&mut self.agents, &service, kind, rule, key);
+        forget_reported(agents, &service, kind, rule, key);
         let mut notified = Vec::new();
-        for a in self.connected(&service) {
+        for a in connected(agents, &service) {
             keys.extend(reports_tripped(a, kind, rule, key));
-            if let Some(conn) = &a.conn {
-                out.push(Outgoing {
-                    key: (a.service.clone(), a.instance.clone()),
-                    conn: conn.id,
-                    tx: conn.tx.clone(),
-                    msg: release_message(kind, rule, key, who),
-                });
-                notified.push(a.instance.clone());
-            }
+            out.extend(a.outgoing(release_message(kind, rule, key, who)));
+            notified.push(a.instance.clone());
         }
         (keys.into_iter().collect(), notified)
     }
 
-    /// The automatic recovery delay of fuse `rule` (`None`: manual).
-    pub fn fuse_recovery(&self, rule: &str) -> Option<u64> {
-        latches::fuse_recovery(self.bundle(), rule)
+    /// Takes in another replica's latches and releases: each release not
+    /// seen here yet goes to this replica's agents; a latch this replica
+    /// holds that `trips` lacks is kept unless it was released since it
+    /// tripped (it is then this replica's to write).
+    pub(super) fn adopt(
+        &mut self,
+        agents: &mut Agents,
+        releases: Vec<store::Released>,
+        trips: Vec<Trip>,
+        out: &mut Outbox,
+    ) {
+        for r in &releases {
+            let id: LatchId = (r.kind, r.rule.clone(), r.key.clone());
+            if self.released.get(&id).is_some_and(|&at| at >= r.at_unix_ms) {
+                continue;
+            }
+            let key = (!r.key.is_empty()).then_some(r.key.as_str());
+            self.release(
+                agents,
+                (r.kind, &r.rule, key),
+                "govd (a release made through another replica)",
+                r.at_unix_ms,
+                out,
+            );
+        }
+        let mut merged: BTreeMap<LatchId, Trip> = trips
+            .into_iter()
+            .map(|t| ((t.kind, t.rule.clone(), t.key.clone()), t))
+            .collect();
+        for local in self.latches.iter() {
+            let id: LatchId = (local.kind, local.rule.clone(), local.key.clone());
+            match merged.get_mut(&id) {
+                Some(trip) => {
+                    trip.instances.extend(local.instances.iter().cloned());
+                    trip.not_enforced.extend(local.not_enforced.iter().cloned());
+                }
+                None if !self.released_since(&id, local.since_unix_ms) => {
+                    merged.insert(id, local.clone());
+                }
+                None => {}
+            }
+        }
+        self.latches = Latches::from_trips(merged.into_values().collect());
     }
 
-    /// Limit latches (rule, key) whose `release after` deadline has passed.
-    pub fn expired(&self, now: u64) -> Vec<(String, String)> {
-        self.latches.expired(now)
+    /// Whether latch `id` (or every key of its rule) was released at or
+    /// after `since`.
+    fn released_since(&self, id: &LatchId, since: u64) -> bool {
+        let all = (id.0, id.1.clone(), String::new());
+        [id, &all]
+            .into_iter()
+            .any(|k| self.released.get(k).is_some_and(|&at| at >= since))
     }
+}
 
-    /// The earliest limit deadline.
-    pub fn next_deadline(&self) -> Option<u64> {
-        self.latches.next_deadline()
+/// Queues the releases `key` missed and remembers them until its stats
+/// say they are done.
+pub(super) fn send_missed(
+    agents: &mut Agents,
+    key: &AgentKey,
+    missed: BTreeSet<LatchId>,
+    out: &mut Outbox,
+) {
+    let Some(agent) = agents.get_mut(key) else {
+        return;
+    };
+    for (kind, rule, latch_key) in &missed {
+        let msg = release_message(
+            *kind,
+            rule,
+            Some(latch_key),
+            "govd (a release made while this agent was away)",
+        );
+        if let Some(o) = agent.outgoing(msg) {
+            tracing::info!(%rule, key = %latch_key, instance = %key.1, kind = kind.as_str(), "sending a release the agent missed while away");
+            out.push(o);
+        }
     }
+    agent.releasing = missed;
+}
 
-    /// Whether the applied policy has a fuse or limit called `rule`.
-    pub fn has_rule(&self, kind: TripKind, rule: &str) -> bool {
-        let Some((service, _)) = rule.split_once('/') else {
-            return false;
-        };
-        let Some(t) = self.target(service) else {
-            return false;
-        };
-        t.rule(rule).is_some_and(|r| r.kind() == kind.rule_kind())
+/// `p` once `rule` (its `key` only, or every key) is released at `now`.
+pub(super) fn persisted_without(
+    mut p: Persisted,
+    (kind, rule, key): Release<'_>,
+    now: u64,
+) -> Persisted {
+    let gone = |k: &str| key.is_none_or(|key| key == k);
+    let stored = key.unwrap_or("");
+    p.trips
+        .retain(|t| !(t.kind == kind && t.rule == rule && gone(&t.key)));
+    p.releases
+        .retain(|r| !(r.kind == kind && r.rule == rule && gone(&r.key)));
+    p.releases.push(store::Released {
+        kind,
+        rule: rule.to_owned(),
+        key: stored.to_owned(),
+        at_unix_ms: now,
+    });
+    p
+}
+
+/// Connected agents of `service`.
+fn connected<'a>(agents: &'a Agents, service: &'a str) -> impl Iterator<Item = &'a Agent> {
+    agents
+        .values()
+        .filter(move |a| a.service == service && a.conn.is_some())
+}
+
+fn release_kind(kind: TripKind) -> pb::ReleaseKind {
+    match kind {
+        TripKind::Fuse => pb::ReleaseKind::Fuse,
+        TripKind::Limit => pb::ReleaseKind::Limit,
     }
 }
 
@@ -227,10 +295,7 @@ pub(super) fn release_message(
     who: &str,
 ) -> pb::ControlMessage {
     let cmd = pb::ReleaseCommand {
-        kind: match kind {
-            TripKind::Fuse => pb::ReleaseKind::Fuse,
-            TripKind::Limit => pb::ReleaseKind::Limit,
-        } as i32,
+        kind: release_kind(kind) as i32,
         rule: rule.to_owned(),
         who: who.to_owned(),
         key: key.unwrap_or("").to_owned(),
@@ -254,7 +319,7 @@ pub(super) fn trip_kind(kind: pb::ReleaseKind) -> TripKind {
 /// otherwise show the released latch until the next stats (and count it in
 /// a later release's answer).
 fn forget_reported(
-    agents: &mut std::collections::BTreeMap<AgentKey, Agent>,
+    agents: &mut Agents,
     service: &str,
     kind: TripKind,
     rule: &str,

@@ -1,0 +1,228 @@
+//! One agent as the state knows it (connected or not), the messages queued
+//! to agents, and an agent's sync state as `istioctl proxy-status` shows it.
+//! Plain data: the state (`state.rs`) and its parts (`registry.rs`,
+//! `latched.rs`) change it; nothing here reaches back into them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gov_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::latches::LatchId;
+
+/// Messages queued to one agent's stream.
+pub type AgentTx = mpsc::Sender<Result<pb::ControlMessage, Status>>;
+
+/// `(service, instance)`.
+pub type AgentKey = (String, String);
+
+/// Every agent known, by key.
+pub(super) type Agents = BTreeMap<AgentKey, Agent>;
+
+/// One agent (connected or not).
+#[derive(Debug)]
+pub struct Agent {
+    pub(super) service: String,
+    pub(super) instance: String,
+    pub(super) address: String,
+    pub(super) labels: BTreeMap<String, String>,
+    pub(super) conn: Option<Conn>,
+    /// The version last sent to it (or reported in its hello).
+    pub(super) version: String,
+    /// The nonce of a push not yet answered.
+    pub(super) pending: Option<String>,
+    /// The last NACK, until a later ACK.
+    pub(super) nack: Option<Nacked>,
+    /// The last version it acknowledged (or reported in its hello).
+    pub(super) last_good: String,
+    pub(super) phase: pb::Phase,
+    /// Slow-start weight from its lifecycle (100% = 100000).
+    pub(super) weight_milli_percent: u32,
+    /// The endpoint set version it acknowledged, per service.
+    pub(super) endpoints_acked: BTreeMap<String, u64>,
+    /// It deregistered (DRAINING) and waits to hear that every agent dropped
+    /// it: `Some(v)` once the set version `v` without it was pushed.
+    pub(super) removal: Option<Removal>,
+    pub(super) last_seen_unix_ms: u64,
+    pub(super) stats: Option<pb::Stats>,
+    /// Why the stream ended.
+    pub(super) disconnect_reason: String,
+    /// Latches this agent came back with that were released while it was
+    /// away: govd sent the release; until its stats say closed, they are
+    /// not a new trip.
+    pub(super) releasing: BTreeSet<LatchId>,
+}
+
+/// An agent's open stream.
+#[derive(Debug)]
+pub(super) struct Conn {
+    pub(super) id: u64,
+    pub(super) tx: AgentTx,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nacked {
+    pub version: String,
+    pub error: String,
+    pub rule: String,
+}
+
+/// A deregistration waiting for every agent's acknowledgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Removal {
+    /// The set without the instance is not pushed yet.
+    Pending,
+    /// Pushed as this version.
+    Pushed(u64),
+    /// Every caller acknowledged it and the instance was told. Kept (until
+    /// the instance leaves DRAINING or its stream ends) so that DRAINING said
+    /// again, as the `drain` step does after `wait for gov`, starts nothing.
+    Done,
+}
+
+/// A message to send once the lock is released.
+#[derive(Debug)]
+pub struct Outgoing {
+    pub key: AgentKey,
+    /// The connection it is for (a slow one is cut).
+    pub conn: u64,
+    pub tx: AgentTx,
+    pub msg: pb::ControlMessage,
+}
+
+/// Messages to send once the lock is released.
+pub type Outbox = Vec<Outgoing>;
+
+// === impl Agent ===
+
+impl Agent {
+    /// A new agent, as its first hello (or the stored state) names it.
+    pub(super) fn new(service: String, instance: String, now: u64) -> Self {
+        Agent {
+            service,
+            instance,
+            address: String::new(),
+            labels: BTreeMap::new(),
+            conn: None,
+            version: String::new(),
+            pending: None,
+            nack: None,
+            last_good: String::new(),
+            phase: pb::Phase::Unspecified,
+            weight_milli_percent: 0,
+            endpoints_acked: BTreeMap::new(),
+            removal: None,
+            last_seen_unix_ms: now,
+            stats: None,
+            disconnect_reason: String::new(),
+            releasing: BTreeSet::new(),
+        }
+    }
+
+    /// `(service, instance)`.
+    pub(super) fn key(&self) -> AgentKey {
+        (self.service.clone(), self.instance.clone())
+    }
+
+    /// `msg` for this agent's stream; `None` when it is not connected.
+    pub(super) fn outgoing(&self, msg: pb::ControlMessage) -> Option<Outgoing> {
+        let conn = self.conn.as_ref()?;
+        Some(Outgoing {
+            key: self.key(),
+            conn: conn.id,
+            tx: conn.tx.clone(),
+            msg,
+        })
+    }
+
+    /// Registered in govd's registry: connected, with an address, and its
+    /// lifecycle past readiness (WARMING or READY; DRAINING means it
+    /// deregistered).
+    pub(super) fn is_registered(&self) -> bool {
+        self.conn.is_some()
+            && !self.address.is_empty()
+            && matches!(self.phase, pb::Phase::Warming | pb::Phase::Ready)
+    }
+
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        &self.labels
+    }
+
+    /// The version last sent to it (or reported in its hello).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The last version it acknowledged (or reported in its hello).
+    pub fn last_good(&self) -> &str {
+        &self.last_good
+    }
+
+    pub fn weight_milli_percent(&self) -> u32 {
+        self.weight_milli_percent
+    }
+
+    pub fn phase(&self) -> pb::Phase {
+        self.phase
+    }
+
+    pub fn last_seen_unix_ms(&self) -> u64 {
+        self.last_seen_unix_ms
+    }
+
+    /// Its last stats report (connected agents only).
+    pub fn stats(&self) -> Option<&pb::Stats> {
+        self.stats.as_ref()
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    /// Its sync state, as `istioctl proxy-status` would show it, against
+    /// `current`, the version its service must enforce (`None` before any
+    /// apply): the state, why, and the rule a NACK names.
+    pub fn sync_state(&self, current: Option<&str>) -> (pb::SyncState, String, String) {
+        if self.conn.is_none() {
+            return (
+                pb::SyncState::Disconnected,
+                self.disconnect_reason.clone(),
+                String::new(),
+            );
+        }
+        if self.pending.is_some() {
+            return (
+                pb::SyncState::Stale,
+                "sent, not yet acknowledged".into(),
+                String::new(),
+            );
+        }
+        if let Some(n) = &self.nack
+            && current == Some(n.version.as_str())
+        {
+            return (pb::SyncState::Nacked, n.error.clone(), n.rule.clone());
+        }
+        match current {
+            Some(v) if v == self.last_good => (pb::SyncState::Synced, String::new(), String::new()),
+            Some(_) => (pb::SyncState::Stale, "not sent".into(), String::new()),
+            None => (
+                pb::SyncState::Stale,
+                "nothing applied yet: the agent enforces its own last good config".into(),
+                String::new(),
+            ),
+        }
+    }
+}
