@@ -143,6 +143,9 @@ fn a_chunk_extension_under_16_kib_is_read_and_a_longer_one_refused() {
 fn up_to_four_empty_lines_before_a_request_are_skipped() {
     assert_eq!(leading_empty_lines(b"GET"), Some(0));
     assert_eq!(leading_empty_lines(b"\r\n\r\nGET"), Some(4));
+    // Four, the most: skipped; a fifth is refused.
+    let four = [b"\r\n".repeat(4).as_slice(), b"GET"].concat();
+    assert_eq!(leading_empty_lines(&four), Some(8));
     assert_eq!(leading_empty_lines(&b"\r\n".repeat(5)), None);
 }
 
