@@ -88,13 +88,13 @@ pub use body::{GovBody, MeteredBody};
 pub use cluster::ClusterStore;
 pub use config::{CompiledConfig, Direction, InvalidConfig, Mode, RuleId, RuleKind};
 pub use engine::{
-    Admission, Applied, ByteMeter, CommandError, Decision, Engine, FuseView, LimitView, Pending,
-    RequestInfo, StatsSnapshot, Target,
+    Admission, Applied, ByteMeter, CommandError, Decision, Engine, FuseView, LimitView, Observe,
+    Pending, RequestInfo, StatsSnapshot, Target,
 };
 pub use events::{Event, EventKind};
 pub use gov_proto::path;
 pub use latch::{InvalidLatch, Latch, LatchKind, Restored};
-pub use layer::{Govern, GovernLayer};
+pub use layer::{CallError, CallTarget, Govern, GovernLayer};
 pub use outcome::Outcome;
 pub use rejection::{REJECTED_BY, RejectReason, Rejection, WOULD_REJECT_BY, WouldReject};
 pub use route::Headers;

@@ -579,6 +579,11 @@ impl Endpoint {
 // === impl Pick ===
 
 impl Pick {
+    /// The name of the service the endpoint belongs to.
+    pub(crate) fn service(&self) -> &Arc<str> {
+        &self.service.name
+    }
+
     pub(crate) fn endpoint(&self) -> &Endpoint {
         // INVARIANT: `index` came from `service.endpoints`, which never changes.
         &self.service.endpoints[self.index]
@@ -657,6 +662,20 @@ impl Pick {
     pub(crate) fn retry(&self) -> Option<Pick> {
         self.service
             .pick(Some(self.index), &mut rand::rng(), Instant::now())
+    }
+}
+
+/// Another hold on the same endpoint: it counts as one more request
+/// outstanding there until dropped (a request extension must be `Clone`; the
+/// proxy moves its pick through one and never clones it).
+impl Clone for Pick {
+    fn clone(&self) -> Self {
+        self.endpoint().outstanding.fetch_add(1, Ordering::Relaxed);
+        Self {
+            service: self.service.clone(),
+            index: self.index,
+            start: self.start,
+        }
     }
 }
 
