@@ -292,7 +292,11 @@ impl Service<Request<MeteredBody<Incoming>>> for Forward {
         let (client, version) = conn.shared.clients.pick(parts.version);
         parts.version = version;
         // The engine stamped the request: a client's `connection` cannot remove that.
-        let stamp = parts.headers.remove(gov_engine::WOULD_REJECT_BY);
+        let stamp = if parts.headers.contains_key(header::CONNECTION) {
+            parts.headers.remove(gov_engine::WOULD_REJECT_BY)
+        } else {
+            None
+        };
         strip_hop_by_hop(&mut parts.headers);
         if let Some(stamp) = stamp {
             parts.headers.insert(gov_engine::WOULD_REJECT_BY, stamp);
