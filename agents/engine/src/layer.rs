@@ -21,8 +21,7 @@
 //! and is answered by [`Rejection::respond`] (the gRPC form for a gRPC call).
 //! A gRPC call's outcome is its `grpc-status` ([`crate::grpc`]), and its
 //! `grpc-timeout` is its deadline when shorter than its rules'. Only a call
-//! that must wait (a bulkhead permit, a shaping delay) or has a timeout
-//! allocates.
+//! that must wait (a bulkhead permit, a shaping delay) allocates.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -302,7 +301,9 @@ pin_project! {
             #[pin]
             fut: F,
             admission: Option<Admission>,
-            deadline: Option<Pin<Box<Sleep>>>,
+            // Inline, not boxed: a call with a deadline allocates nothing.
+            #[pin]
+            deadline: Option<Sleep>,
             grpc: bool,
         },
         Rejected {
@@ -320,7 +321,7 @@ impl<F, B> ResponseFuture<F, B> {
         if let Some(call) = grpc {
             admission.set_caller_deadline(call.deadline);
         }
-        let deadline = admission.timeout().map(|t| Box::pin(tokio::time::sleep(t)));
+        let deadline = admission.timeout().map(tokio::time::sleep);
         ResponseFuture::Called {
             fut,
             admission: Some(admission),
@@ -345,8 +346,8 @@ where
                 deadline,
                 grpc,
             } => {
-                if let Some(d) = deadline
-                    && d.as_mut().poll(cx).is_ready()
+                if let Some(d) = deadline.as_pin_mut()
+                    && d.poll(cx).is_ready()
                     && let Some(a) = admission.take()
                 {
                     return Poll::Ready(Ok(GovBody::rejected(&a.timed_out(), *grpc)));

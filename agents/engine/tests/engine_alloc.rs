@@ -1,7 +1,7 @@
 //! The decision does not allocate: a counting global allocator around many
 //! decisions (admit, record, release) with a realistic config; nor does a call
-//! through `Govern` that is admitted without waiting and has no deadline (the
-//! lifecycle the sidecar's hyper path runs).
+//! through `Govern` that is admitted without waiting, with a deadline or
+//! without (the lifecycle the sidecar's hyper path runs).
 //!
 //! The allocator counts every thread, so this binary has no test harness
 //! (`harness = false`): libtest's main thread allocates while it reports, and on
@@ -127,9 +127,9 @@ fn decisions_do_not_allocate() {
     assert_eq!(trial.shadow_rejected.iter().sum::<u64>(), 10_000);
 }
 
-/// A call through [`gov_engine::Govern`] admitted at once, with no deadline:
-/// decision, stamping, metered request, response head, governed body to its
-/// end, release.
+/// A call through [`gov_engine::Govern`] admitted at once, with a deadline
+/// or without: decision, stamping, metered request, timer, response head,
+/// governed body to its end, release.
 fn governed_calls_do_not_allocate() {
     use std::convert::Infallible;
     use std::future::Future;
@@ -143,8 +143,7 @@ fn governed_calls_do_not_allocate() {
     use http_body_util::Full;
     use tower::{Layer, Service};
 
-    let config = CONFIG.replace("    timeout_ms: 5000\n", "");
-    let mut target: TargetConfig = serde_yaml::from_str(&config).unwrap();
+    let mut target: TargetConfig = serde_yaml::from_str(CONFIG).unwrap();
     gov_proto::compiled::fill(&mut target);
     let engine = Engine::empty("order");
     engine.apply_target(&target).unwrap();
@@ -155,6 +154,12 @@ fn governed_calls_do_not_allocate() {
         ))))
     });
     let mut svc = GovernLayer::new(engine.clone()).layer(inner);
+    // `order/api_calls` sets a deadline: its timer is a `tokio::time` one.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _entered = runtime.enter();
     let mut cx = Context::from_waker(Waker::noop());
     let mut call = |path: &'static str| {
         let mut req = Request::new(Full::new(Bytes::from_static(b"body")));
