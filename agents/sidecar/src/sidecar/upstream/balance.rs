@@ -746,6 +746,24 @@ mod tests {
         assert!(dir.pick("billing").is_none());
     }
 
+    /// A pick cloned (a request extension must be `Clone`) is one more hold on
+    /// its endpoint: each counts as outstanding until dropped.
+    #[tokio::test(start_paused = true)]
+    async fn a_cloned_pick_holds_its_endpoint_until_both_are_dropped() {
+        let dir = inventory(Balance::RoundRobin, &[9001, 9002]);
+        let outstanding =
+            |dir: &Directory| -> Vec<u64> { dir.stats().iter().map(|s| s.outstanding).collect() };
+        let first = dir.pick("inventory").unwrap();
+        assert_eq!(&**first.service(), "inventory");
+        let clone = first.clone();
+        assert_eq!(clone.index, first.index);
+        assert_eq!(outstanding(&dir).iter().sum::<u64>(), 2);
+        drop(first);
+        assert_eq!(outstanding(&dir).iter().sum::<u64>(), 1);
+        drop(clone);
+        assert_eq!(outstanding(&dir), [0, 0]);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn peak_ewma_prefers_the_faster_endpoint_until_its_queue_costs_more() {
         let dir = inventory(Balance::PeakEwma, &[9001, 9002]);
