@@ -387,6 +387,31 @@ impl Admission {
             })
     }
 
+    /// Writes [`Admission::stamps`] into a request's `headers` as
+    /// [`crate::WOULD_REJECT_BY`] (comma-separated), after removing any the
+    /// caller sent: only the engine says which shadow rules would have refused
+    /// a call. A rule name that is no header value is left out. [`crate::Govern`]
+    /// stamps every admitted request; the sidecar's HTTP/1 path writes the
+    /// same names into the head it sends.
+    pub fn stamp(&self, headers: &mut http::HeaderMap) {
+        const NAME: http::HeaderName = http::HeaderName::from_static(crate::WOULD_REJECT_BY);
+        headers.remove(&NAME);
+        let mut stamps = self
+            .stamps()
+            .filter(|r| http::HeaderValue::from_str(r).is_ok());
+        let Some(first) = stamps.next() else {
+            return;
+        };
+        let value = stamps.fold(first.to_owned(), |mut v, r| {
+            v.push_str(", ");
+            v.push_str(r);
+            v
+        });
+        if let Ok(value) = http::HeaderValue::from_str(&value) {
+            headers.insert(NAME, value);
+        }
+    }
+
     /// The rules that admitted this call, in decision order, each with how
     /// long it made the call wait (`None`: admitted at once). For the
     /// decision log; not for the request path.

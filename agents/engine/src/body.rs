@@ -2,8 +2,8 @@
 //! counted for the call's byte limits as it streams, the response body
 //! counted the same way and holding the call's [`Admission`] (its permits,
 //! its in-flight count) until it ends, or a short body the agent made
-//! itself (a rejection). Used by [`crate::GovernLayer`] and by the sidecar's
-//! hyper path; never buffered, and an enum rather than a boxed trait object,
+//! itself (a rejection). Made by [`crate::Govern`] (which the sidecar's
+//! hyper path runs through too); never buffered, and an enum rather than a boxed trait object,
 //! so a response costs no allocation.
 
 use std::pin::Pin;
@@ -19,10 +19,9 @@ use crate::outcome::Outcome;
 use crate::rejection::Rejection;
 
 pin_project! {
-    /// A body of a governed call. `H`: something else the response holds
-    /// until it ends (the sidecar's balancer pick).
+    /// A body of a governed call.
     #[project = GovBodyProj]
-    pub enum GovBody<B, H = ()> {
+    pub enum GovBody<B> {
         /// A request body, counted by its call's byte meter (`None`: no byte
         /// limit matched).
         Request {
@@ -35,7 +34,7 @@ pin_project! {
         Response {
             #[pin]
             body: B,
-            call: Option<(Admission, H)>,
+            call: Option<Admission>,
         },
         /// Made here (a rejection, or an answer of the agent's own).
         Local {
@@ -47,7 +46,7 @@ pin_project! {
 /// A request body counted for its call's byte limits.
 pub type MeteredBody<B> = GovBody<B>;
 
-impl<B, H> GovBody<B, H> {
+impl<B> GovBody<B> {
     /// The request body of `admission`'s call.
     pub fn request(body: B, admission: &Admission) -> Self {
         Self::metered(body, admission.byte_meter())
@@ -58,14 +57,16 @@ impl<B, H> GovBody<B, H> {
         GovBody::Request { body, meter }
     }
 
-    /// The response body of `admission`'s call, which it holds (with `hold`)
-    /// until the body ends. Record the outcome at the head before
+    /// The response body of `admission`'s call, which it holds until the
+    /// body ends. Record the outcome at the head before
     /// ([`Admission::record_head`]); a gRPC call's status, when its head
-    /// did not carry it, is recorded from the trailers here.
-    pub fn response(body: B, admission: Admission, hold: H) -> Self {
+    /// did not carry it, is recorded from the trailers here. (Something
+    /// else the response must hold until it ends, such as a balancer's pick
+    /// of the endpoint, is the inner body's to hold.)
+    pub fn response(body: B, admission: Admission) -> Self {
         GovBody::Response {
             body,
-            call: Some((admission, hold)),
+            call: Some(admission),
         }
     }
 
@@ -91,7 +92,7 @@ impl<B, H> GovBody<B, H> {
     }
 }
 
-impl<B, H> Body for GovBody<B, H>
+impl<B> Body for GovBody<B>
 where
     B: Body<Data = Bytes>,
 {
@@ -116,7 +117,7 @@ where
                 let polled = body.poll_frame(cx);
                 match &polled {
                     Poll::Ready(Some(Ok(frame))) => {
-                        if let Some((admission, _)) = call.as_mut() {
+                        if let Some(admission) = call.as_mut() {
                             if let Some(data) = frame.data_ref() {
                                 admission.add_bytes(data.len() as u64);
                             } else if let Some(outcome) =
@@ -132,12 +133,12 @@ where
                     // body is dropped. A gRPC call whose status never came
                     // ended `UNKNOWN` (or reset), as its client sees it.
                     Poll::Ready(None) => {
-                        if let Some((mut admission, _)) = call.take() {
+                        if let Some(mut admission) = call.take() {
                             admission.end_of_response();
                         }
                     }
                     Poll::Ready(Some(Err(_))) => {
-                        if let Some((mut admission, _)) = call.take() {
+                        if let Some(mut admission) = call.take() {
                             admission.record(Outcome::Reset);
                         }
                     }
@@ -205,7 +206,7 @@ rules:
             panic!("the first call is admitted");
         };
         admission.record(Outcome::Status(200));
-        let body = GovBody::response(Full::new(Bytes::from("hello")), admission, ());
+        let body = GovBody::response(Full::new(Bytes::from("hello")), admission);
         let mut body = pin!(body);
         assert!(
             !admitted(&engine),
@@ -237,7 +238,7 @@ rules:
                 // A gRPC head without `grpc-status`: the status is awaited.
                 admission.record_head(true, http::StatusCode::OK, &h);
             }
-            let body = GovBody::response(Full::new(Bytes::from("x")), admission, ());
+            let body = GovBody::response(Full::new(Bytes::from("x")), admission);
             let collected = body.collect().await.map(|c| c.to_bytes());
             assert_eq!(collected.ok().as_deref(), Some(&b"x"[..]));
         }

@@ -33,6 +33,118 @@ pub enum Decision {
     Wait(Pending),
 }
 
+/// Told of the decisions it samples: a decision log, an audit trail. Both
+/// [`crate::Govern`] (given by [`crate::GovernLayer::observe`]) and
+/// [`Engine::admit_observed`](crate::Engine::admit_observed) tell it; `()` (the
+/// default) and `None` sample nothing, so an unobserved call pays nothing.
+pub trait Observe: Clone + Send + Sync + 'static {
+    /// What the observer keeps of a call between [`Observe::sample`] and the
+    /// decision (when it was sampled, say).
+    type Sample: Send + 'static;
+
+    /// Before the decision: whether to observe this call (`None`: not this
+    /// one; a sampling observer says so for most calls).
+    fn sample(&self) -> Option<Self::Sample>;
+
+    /// A sampled call was admitted (after any wait). `request_bytes`: the
+    /// request body's declared length, when known. The observer may keep
+    /// watching the call through [`Admission::on_end`].
+    fn admitted(
+        &self,
+        sample: Self::Sample,
+        info: &RequestInfo<'_>,
+        request_bytes: Option<u64>,
+        admission: &mut Admission,
+    );
+
+    /// A sampled call was rejected (the client gets `rejection` now).
+    fn rejected(
+        &self,
+        sample: Self::Sample,
+        info: &RequestInfo<'_>,
+        request_bytes: Option<u64>,
+        rejection: &Rejection,
+    );
+}
+
+/// Observes nothing.
+impl Observe for () {
+    type Sample = std::convert::Infallible;
+
+    #[inline]
+    fn sample(&self) -> Option<Self::Sample> {
+        None
+    }
+
+    fn admitted(
+        &self,
+        never: Self::Sample,
+        _: &RequestInfo<'_>,
+        _: Option<u64>,
+        _: &mut Admission,
+    ) {
+        match never {}
+    }
+
+    fn rejected(&self, never: Self::Sample, _: &RequestInfo<'_>, _: Option<u64>, _: &Rejection) {
+        match never {}
+    }
+}
+
+/// An observer that may be absent (`None` samples nothing).
+impl<O: Observe> Observe for Option<O> {
+    type Sample = O::Sample;
+
+    #[inline]
+    fn sample(&self) -> Option<Self::Sample> {
+        self.as_ref()?.sample()
+    }
+
+    fn admitted(
+        &self,
+        sample: Self::Sample,
+        info: &RequestInfo<'_>,
+        request_bytes: Option<u64>,
+        admission: &mut Admission,
+    ) {
+        if let Some(o) = self {
+            o.admitted(sample, info, request_bytes, admission);
+        }
+    }
+
+    fn rejected(
+        &self,
+        sample: Self::Sample,
+        info: &RequestInfo<'_>,
+        request_bytes: Option<u64>,
+        rejection: &Rejection,
+    ) {
+        if let Some(o) = self {
+            o.rejected(sample, info, request_bytes, rejection);
+        }
+    }
+}
+
+/// Tells `observer` the final decision on a call it sampled, and returns it.
+pub(crate) fn observed<O: Observe>(
+    observer: &O,
+    sample: O::Sample,
+    info: &RequestInfo<'_>,
+    request_bytes: Option<u64>,
+    decided: Result<Admission, Rejection>,
+) -> Result<Admission, Rejection> {
+    match decided {
+        Ok(mut admission) => {
+            observer.admitted(sample, info, request_bytes, &mut admission);
+            Ok(admission)
+        }
+        Err(rejection) => {
+            observer.rejected(sample, info, request_bytes, &rejection);
+            Err(rejection)
+        }
+    }
+}
+
 /// Matches `req` against `config`; `false` when no rule matched.
 #[inline]
 pub(crate) fn route(config: &CompiledConfig, req: &RequestInfo<'_>, matched: &mut Matched) -> bool {

@@ -25,8 +25,8 @@ use tokio::time::Instant;
 pub use crate::admission::{Admission, ByteMeter, Pending};
 use crate::cluster::ClusterStore;
 use crate::config::{CompiledConfig, InvalidConfig, LimitScope, RuleKind, RuleSpec};
-pub use crate::decision::Decision;
-use crate::decision::{admit_matched, route};
+pub use crate::decision::{Decision, Observe};
+use crate::decision::{admit_matched, observed, route};
 use crate::events::{Event, Events};
 use crate::latch::{Latch, LatchKind, Restored};
 use crate::rejection::Rejection;
@@ -336,6 +336,24 @@ impl Engine {
             Decision::Rejected(r) => Err(r),
             Decision::Wait(p) => p.wait().await,
         }
+    }
+
+    /// [`Engine::admit`], told to `observer` when it samples the call (the
+    /// decision log of both of the sidecar's proxy paths; [`crate::Govern`]
+    /// tells its observer the same way). `request_bytes`: the request body's
+    /// declared length, when known.
+    #[inline]
+    pub async fn admit_observed<O: Observe>(
+        &self,
+        req: &RequestInfo<'_>,
+        observer: &O,
+        request_bytes: Option<u64>,
+    ) -> Result<Admission, Rejection> {
+        let Some(sample) = observer.sample() else {
+            return self.admit(req).await;
+        };
+        let decided = self.admit(req).await;
+        observed(observer, sample, req, request_bytes, decided)
     }
 
     fn find(&self, rule: &str, expected: RuleKind) -> Result<State, CommandError> {

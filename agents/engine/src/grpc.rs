@@ -2,8 +2,9 @@
 //! the deadline a caller sets (`grpc-timeout`), a call's outcome (its
 //! `grpc-status`, in the trailers or a trailers-only response), and the
 //! text of a rejection's `grpc-message`. Pure functions over headers and
-//! bytes (the wire format is grpc/doc/PROTOCOL-HTTP2.md), shared by
-//! [`crate::GovernLayer`] and the sidecar's hyper path. Malformed values are
+//! bytes (the wire format is grpc/doc/PROTOCOL-HTTP2.md), read by
+//! [`crate::Govern`] (which the sidecar's hyper path runs through) and by
+//! [`crate::GovBody`]. Malformed values are
 //! ignored (a deadline) or read as `UNKNOWN` (a status), as gRPC clients do;
 //! nothing here panics on what a peer sends.
 

@@ -1,18 +1,27 @@
 //! The engine as a tower layer: [`GovernLayer`] wraps any
 //! `Service<http::Request<B>>` so a Rust service can enforce its policy in
-//! process, without the sidecar.
+//! process, without the sidecar. This is the one lifecycle of an admitted
+//! call on hyper's side: the sidecar's hyper path is a [`Govern`] around its
+//! forwarding service (its HTTP/1 path drives the same [`Admission`] calls
+//! on its own connection state machine).
 //!
-//! The decision needs the request (its path, method, headers), so unlike
-//! tower's `ConcurrencyLimit` it is taken in `call`, not `poll_ready`:
-//! `poll_ready` only asks the inner service. An admitted call holds its
-//! permits until the response body ends; its outcome (status) is recorded
-//! at the response head; request and response bytes are counted for byte
-//! limits as they stream. A rejection never reaches the inner service and is
-//! answered by [`Rejection::respond`] (the gRPC form for a gRPC call). A
-//! gRPC call's outcome is its `grpc-status` ([`crate::grpc`]), and its
+//! The decision needs the request (its path, method, headers, and for an
+//! outbound call its [`CallTarget`] extension), so unlike tower's
+//! `ConcurrencyLimit` it is taken in `call`, not `poll_ready`: `poll_ready`
+//! only asks the inner service. An [`Observe`]r given by
+//! [`GovernLayer::observe`] is told the decisions it samples. An admitted
+//! request carries the shadow rules that would have refused it
+//! ([`Admission::stamp`]). An admitted call holds its permits until the
+//! response body ends; its outcome (status) is recorded at the response head,
+//! or, when the inner service fails, from its [`CallError`] (a reset
+//! otherwise); request and response bytes are counted for byte limits as they
+//! stream. A call still without a response head at its deadline is answered
+//! 504 (or DEADLINE_EXCEEDED) by [`Admission::timed_out`], and the inner
+//! service's future is dropped. A rejection never reaches the inner service
+//! and is answered by [`Rejection::respond`] (the gRPC form for a gRPC call).
+//! A gRPC call's outcome is its `grpc-status` ([`crate::grpc`]), and its
 //! `grpc-timeout` is its deadline when shorter than its rules'. Only a call
-//! that must wait (a bulkhead permit, a shaping delay) or has a timeout
-//! allocates.
+//! that must wait (a bulkhead permit, a shaping delay) allocates.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,7 +38,7 @@ use tower::{Layer, Service, ServiceExt};
 use crate::admission::Admission;
 use crate::body::{GovBody, MeteredBody};
 use crate::config::Direction;
-use crate::decision::Decision;
+use crate::decision::{Decision, Observe, observed};
 use crate::engine::Engine;
 use crate::grpc::GrpcCall;
 use crate::outcome::Outcome;
@@ -40,18 +49,65 @@ use crate::request::{RequestInfo, Target};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Request extension naming the destination of an outbound call, for a
-/// [`GovernLayer::outbound`] stack (`calls to SERVICE`, per-instance bulkheads).
+/// [`GovernLayer::outbound`] stack (`calls to SERVICE`, per-instance
+/// bulkheads): put it on the request before [`Govern`] decides, with the
+/// instance when the caller has already picked one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallTarget {
     pub service: Arc<str>,
     pub instance: Option<Arc<str>>,
 }
 
+/// An inner service's error that says how the call ended, for fuses and
+/// latency: [`Govern`] records its outcome ([`Outcome::ConnectFailure`]: the
+/// destination could not be reached), or none when the request was never
+/// sent (the permits go back uncounted). Any other error of the inner
+/// service is recorded as [`Outcome::Reset`].
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+#[error("the governed service failed ({outcome:?}): {source}")]
+pub struct CallError {
+    outcome: Option<Outcome>,
+    source: BoxError,
+}
+
+impl CallError {
+    /// The call failed with `outcome` because of `source`.
+    pub fn failed(outcome: Outcome, source: impl Into<BoxError>) -> Self {
+        Self {
+            outcome: Some(outcome),
+            source: source.into(),
+        }
+    }
+
+    /// The request was never sent (`source` says why): no outcome.
+    pub fn unsent(source: impl Into<BoxError>) -> Self {
+        Self {
+            outcome: None,
+            source: source.into(),
+        }
+    }
+
+    /// The outcome [`Govern`] records (`None`: none).
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.outcome
+    }
+
+    /// The outcome recorded for any error of an inner service: its
+    /// [`CallError`]'s, else a reset.
+    pub fn outcome_of(error: &BoxError) -> Option<Outcome> {
+        match error.downcast_ref::<CallError>() {
+            Some(e) => e.outcome,
+            None => Some(Outcome::Reset),
+        }
+    }
+}
+
 /// Applies the engine's decision around an inner service. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct GovernLayer {
+pub struct GovernLayer<O = ()> {
     engine: Engine,
     direction: Direction,
+    observer: O,
 }
 
 impl GovernLayer {
@@ -60,6 +116,7 @@ impl GovernLayer {
         Self {
             engine,
             direction: Direction::Inbound,
+            observer: (),
         }
     }
 
@@ -68,36 +125,95 @@ impl GovernLayer {
         Self {
             engine,
             direction: Direction::Outbound,
+            observer: (),
         }
     }
 }
 
-impl<S> Layer<S> for GovernLayer {
-    type Service = Govern<S>;
+impl<O> GovernLayer<O> {
+    /// The same layer telling `observer` the decisions it samples (a
+    /// decision log).
+    pub fn observe<P: Observe>(self, observer: P) -> GovernLayer<P> {
+        GovernLayer {
+            engine: self.engine,
+            direction: self.direction,
+            observer,
+        }
+    }
+}
 
-    fn layer(&self, inner: S) -> Govern<S> {
+impl<S, O: Clone> Layer<S> for GovernLayer<O> {
+    type Service = Govern<S, O>;
+
+    /// One context per service built, so that clones of one [`Govern`]
+    /// (one per request, as hyper and axum make them) share a count no
+    /// other service touches.
+    fn layer(&self, inner: S) -> Govern<S, O> {
         Govern {
             inner,
-            engine: self.engine.clone(),
-            direction: self.direction,
+            cx: Arc::new(Cx {
+                engine: self.engine.clone(),
+                direction: self.direction,
+                observer: self.observer.clone(),
+            }),
         }
     }
 }
 
 /// The service built by [`GovernLayer`].
 #[derive(Clone, Debug)]
-pub struct Govern<S> {
+pub struct Govern<S, O = ()> {
     inner: S,
-    engine: Engine,
-    direction: Direction,
+    cx: Arc<Cx<O>>,
 }
 
-impl<S, ReqB, ResB> Service<Request<ReqB>> for Govern<S>
+impl<S, O> Govern<S, O> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, to change.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+#[derive(Debug)]
+struct Cx<O> {
+    engine: Engine,
+    direction: Direction,
+    observer: O,
+}
+
+impl<O> Cx<O> {
+    fn info<'a, B>(&self, req: &'a Request<B>) -> RequestInfo<'a> {
+        let target = req.extensions().get::<CallTarget>();
+        RequestInfo {
+            direction: self.direction,
+            method: req.method(),
+            path: req.uri().path(),
+            headers: crate::Headers::Map(req.headers()),
+            target: target.map(|t| Target {
+                service: &t.service,
+                instance: t.instance.as_deref(),
+            }),
+        }
+    }
+}
+
+impl<S, O, ReqB, ResB> Service<Request<ReqB>> for Govern<S, O>
 where
     S: Service<Request<MeteredBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
-    ReqB: Send + 'static,
+    O: Observe,
+    ReqB: Body + Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
     type Response = Response<GovBody<ResB>>;
@@ -110,41 +226,55 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let grpc = GrpcCall::of(&req);
+        let sample = self.cx.observer.sample();
         let decision = {
-            let target = req.extensions().get::<CallTarget>();
-            let info = RequestInfo {
-                direction: self.direction,
-                method: req.method(),
-                path: req.uri().path(),
-                headers: crate::Headers::Map(req.headers()),
-                target: target.map(|t| Target {
-                    service: &t.service,
-                    instance: t.instance.as_deref(),
-                }),
-            };
-            self.engine.try_admit(&info)
+            let info = self.cx.info(&req);
+            let decision = self.cx.engine.try_admit(&info);
+            match (decision, sample) {
+                (Decision::Wait(pending), sample) => Err((pending, sample)),
+                (Decision::Admitted(a), None) => Ok(Ok(a)),
+                (Decision::Rejected(r), None) => Ok(Err(r)),
+                (Decision::Admitted(a), Some(s)) => {
+                    let bytes = req.body().size_hint().exact();
+                    Ok(observed(&self.cx.observer, s, &info, bytes, Ok(a)))
+                }
+                (Decision::Rejected(r), Some(s)) => {
+                    let bytes = req.body().size_hint().exact();
+                    Ok(observed(&self.cx.observer, s, &info, bytes, Err(r)))
+                }
+            }
         };
         match decision {
-            Decision::Admitted(admission) => {
-                let req = metered(req, &admission);
+            Ok(Ok(admission)) => {
+                let req = admitted(req, &admission);
                 let fut = self.inner.call(req);
                 ResponseFuture::called(fut, admission, grpc)
             }
-            Decision::Rejected(rejection) => ResponseFuture::Rejected {
+            Ok(Err(rejection)) => ResponseFuture::Rejected {
                 rejection: Some(rejection),
                 grpc: grpc.is_some(),
             },
-            Decision::Wait(pending) => {
+            Err((pending, sample)) => {
                 // The ready service goes with the call; keep a fresh clone.
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
+                let cx = self.cx.clone();
                 ResponseFuture::Waiting {
                     fut: Box::pin(async move {
-                        let admission = match pending.wait().await {
+                        let waited = pending.wait().await;
+                        let waited = match sample {
+                            None => waited,
+                            Some(s) => {
+                                let info = cx.info(&req);
+                                let bytes = req.body().size_hint().exact();
+                                observed(&cx.observer, s, &info, bytes, waited)
+                            }
+                        };
+                        let admission = match waited {
                             Ok(a) => a,
                             Err(r) => return Ok(GovBody::rejected(&r, grpc.is_some())),
                         };
-                        let req = metered(req, &admission);
+                        let req = admitted(req, &admission);
                         let fut = inner.ready().await.map_err(Into::into)?.call(req);
                         ResponseFuture::called(fut, admission, grpc).await
                     }),
@@ -154,7 +284,10 @@ where
     }
 }
 
-fn metered<B>(req: Request<B>, admission: &Admission) -> Request<MeteredBody<B>> {
+/// The request of an admitted call as the inner service gets it: stamped
+/// with the shadow rules that would have refused it, its body counted.
+fn admitted<B>(mut req: Request<B>, admission: &Admission) -> Request<MeteredBody<B>> {
+    admission.stamp(req.headers_mut());
     req.map(|body| GovBody::request(body, admission))
 }
 
@@ -168,7 +301,9 @@ pin_project! {
             #[pin]
             fut: F,
             admission: Option<Admission>,
-            deadline: Option<Pin<Box<Sleep>>>,
+            // Inline, not boxed: a call with a deadline allocates nothing.
+            #[pin]
+            deadline: Option<Sleep>,
             grpc: bool,
         },
         Rejected {
@@ -186,7 +321,7 @@ impl<F, B> ResponseFuture<F, B> {
         if let Some(call) = grpc {
             admission.set_caller_deadline(call.deadline);
         }
-        let deadline = admission.timeout().map(|t| Box::pin(tokio::time::sleep(t)));
+        let deadline = admission.timeout().map(tokio::time::sleep);
         ResponseFuture::Called {
             fut,
             admission: Some(admission),
@@ -211,8 +346,8 @@ where
                 deadline,
                 grpc,
             } => {
-                if let Some(d) = deadline
-                    && d.as_mut().poll(cx).is_ready()
+                if let Some(d) = deadline.as_pin_mut()
+                    && d.poll(cx).is_ready()
                     && let Some(a) = admission.take()
                 {
                     return Poll::Ready(Ok(GovBody::rejected(&a.timed_out(), *grpc)));
@@ -222,16 +357,19 @@ where
                     Poll::Ready(Ok(response)) => {
                         let call = admission.take().map(|mut a| {
                             a.record_head(*grpc, response.status(), response.headers());
-                            (a, ())
+                            a
                         });
                         Poll::Ready(Ok(response.map(|body| GovBody::Response { body, call })))
                     }
                     Poll::Ready(Err(e)) => {
                         // The service failed without a response.
-                        if let Some(a) = admission.take() {
-                            a.finish(Outcome::Reset);
+                        let e = e.into();
+                        if let Some(a) = admission.take()
+                            && let Some(outcome) = CallError::outcome_of(&e)
+                        {
+                            a.finish(outcome);
                         }
-                        Poll::Ready(Err(e.into()))
+                        Poll::Ready(Err(e))
                     }
                 }
             }

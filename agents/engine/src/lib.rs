@@ -50,9 +50,12 @@
 //!   refused is counted ([`RuleStats::shadow_rejected`]) and listed per call
 //!   as [`WouldReject`]s by [`Admission::would_reject`] and
 //!   [`Rejection::would_reject`]; [`Admission::stamps`] names those to mark
-//!   upstream ([`WOULD_REJECT_BY`]).
-//! - [`GovernLayer`] / [`Govern`]: the same decision as a tower layer around
-//!   any `Service<http::Request<B>>` (`examples/in_process.rs`).
+//!   upstream ([`WOULD_REJECT_BY`], written by [`Admission::stamp`]).
+//! - [`GovernLayer`] / [`Govern`]: an admitted call's whole life as a tower
+//!   layer around any `Service<http::Request<B>>` (`examples/in_process.rs`),
+//!   and the sidecar's hyper path: an [`Observe`]r told of the decisions
+//!   (a decision log), a [`CallTarget`] extension for outbound calls, a
+//!   [`CallError`] by which the inner service tells how a call failed.
 //! - [`path::normalize`]: the path normalization the sidecar applies before
 //!   matching (RFC 3986 section 6).
 //! - [`cluster::ClusterStore`]: shared counters of `scope cluster` limits over a
@@ -88,13 +91,13 @@ pub use body::{GovBody, MeteredBody};
 pub use cluster::ClusterStore;
 pub use config::{CompiledConfig, Direction, InvalidConfig, Mode, RuleId, RuleKind};
 pub use engine::{
-    Admission, Applied, ByteMeter, CommandError, Decision, Engine, FuseView, LimitView, Pending,
-    RequestInfo, StatsSnapshot, Target,
+    Admission, Applied, ByteMeter, CommandError, Decision, Engine, FuseView, LimitView, Observe,
+    Pending, RequestInfo, StatsSnapshot, Target,
 };
 pub use events::{Event, EventKind};
 pub use gov_proto::path;
 pub use latch::{InvalidLatch, Latch, LatchKind, Restored};
-pub use layer::{Govern, GovernLayer};
+pub use layer::{CallError, CallTarget, Govern, GovernLayer};
 pub use outcome::Outcome;
 pub use rejection::{REJECTED_BY, RejectReason, Rejection, WOULD_REJECT_BY, WouldReject};
 pub use route::Headers;

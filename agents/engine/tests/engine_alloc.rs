@@ -1,5 +1,7 @@
 //! The decision does not allocate: a counting global allocator around many
-//! decisions (admit, record, release) with a realistic config.
+//! decisions (admit, record, release) with a realistic config; nor does a call
+//! through `Govern` that is admitted without waiting, with a deadline or
+//! without (the lifecycle the sidecar's hyper path runs).
 //!
 //! The allocator counts every thread, so this binary has no test harness
 //! (`harness = false`): libtest's main thread allocates while it reports, and on
@@ -65,6 +67,8 @@ rules:
 fn main() {
     decisions_do_not_allocate();
     println!("test decisions_do_not_allocate ... ok");
+    governed_calls_do_not_allocate();
+    println!("test governed_calls_do_not_allocate ... ok");
 }
 
 fn decisions_do_not_allocate() {
@@ -121,4 +125,72 @@ fn decisions_do_not_allocate() {
         .find(|r| &*r.rule == "order/export_trial")
         .unwrap();
     assert_eq!(trial.shadow_rejected.iter().sum::<u64>(), 10_000);
+}
+
+/// A call through [`gov_engine::Govern`] admitted at once, with a deadline
+/// or without: decision, stamping, metered request, timer, response head,
+/// governed body to its end, release.
+fn governed_calls_do_not_allocate() {
+    use std::convert::Infallible;
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    use bytes::Bytes;
+    use gov_engine::{GovernLayer, MeteredBody};
+    use http::{Request, Response, Uri};
+    use http_body::Body;
+    use http_body_util::Full;
+    use tower::{Layer, Service};
+
+    let mut target: TargetConfig = serde_yaml::from_str(CONFIG).unwrap();
+    gov_proto::compiled::fill(&mut target);
+    let engine = Engine::empty("order");
+    engine.apply_target(&target).unwrap();
+    let inner = tower::service_fn(|req: Request<MeteredBody<Full<Bytes>>>| {
+        drop(req);
+        std::future::ready(Ok::<_, Infallible>(Response::new(Full::new(
+            Bytes::from_static(b"ok"),
+        ))))
+    });
+    let mut svc = GovernLayer::new(engine.clone()).layer(inner);
+    // `order/api_calls` sets a deadline: its timer is a `tokio::time` one.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _entered = runtime.enter();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut call = |path: &'static str| {
+        let mut req = Request::new(Full::new(Bytes::from_static(b"body")));
+        *req.uri_mut() = Uri::from_static(path);
+        let fut = pin!(svc.call(black_box(req)));
+        let Poll::Ready(Ok(response)) = fut.poll(&mut cx) else {
+            panic!("an admitted call answers at once");
+        };
+        assert_eq!(response.status(), 200);
+        let mut body = pin!(response.into_body());
+        while let Poll::Ready(Some(frame)) = body.as_mut().poll_frame(&mut cx) {
+            black_box(frame.unwrap());
+        }
+    };
+    call("/api/orders/7");
+    let region = Region::new(GLOBAL);
+    for _ in 0..10_000 {
+        call("/api/orders/7");
+        call("/static/app.js");
+    }
+    let change = region.change();
+    assert_eq!(
+        (change.allocations, change.reallocations),
+        (0, 0),
+        "20,000 governed calls allocated"
+    );
+    let stats = engine.stats();
+    let api = stats
+        .rules
+        .iter()
+        .find(|r| &*r.rule == "order/api_calls")
+        .unwrap();
+    assert_eq!((api.admitted, api.in_flight), (10_001, 0));
 }

@@ -148,7 +148,7 @@ struct Anchor {
 
 /// A sampled call: when it arrived.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Sampled(Instant);
+pub struct Sampled(Instant);
 
 // === impl DecisionLog ===
 
@@ -193,82 +193,6 @@ impl DecisionLog {
             .spawn(move || writer.run(rx))
             .map_err(LogError::Thread)?;
         Ok(Self { inner })
-    }
-
-    /// Whether to log this call: `Some(arrival)` for a sampled one.
-    #[inline]
-    pub(crate) fn sample(&self) -> Option<Sampled> {
-        let pick = self.inner.threshold == u64::MAX || rand::random::<u64>() < self.inner.threshold;
-        pick.then(|| Sampled(Instant::now()))
-    }
-
-    /// Logs a rejected call (the client got the rejection now).
-    pub(crate) fn rejected(
-        &self,
-        at: Sampled,
-        info: &RequestInfo<'_>,
-        rejection: &Rejection,
-        request_bytes: Option<u64>,
-    ) {
-        let mut record = self.record(at, info, request_bytes);
-        record.status = Some(rejection.status.as_u16());
-        record.outcome = log::Outcome::Rejected;
-        record.latency_us = micros(at.0.elapsed());
-        let wait = (!at.0.elapsed().is_zero()).then(|| micros(at.0.elapsed()));
-        record.rules.push(log::RuleDecision {
-            rule: rejection.rule.to_string(),
-            decision: log::Verdict::Rejected,
-            reason: Some(rejection.reason.as_str().to_owned()),
-            wait_us: wait.filter(|_| rejection.reason.kind() == gov_engine::RuleKind::Bulkhead),
-        });
-        record.shadow = rejection.would_reject.iter().map(shadow).collect();
-        self.send(record);
-    }
-
-    /// Logs an admitted call when it ends (`admission` is dropped).
-    pub(crate) fn admitted(
-        &self,
-        at: Sampled,
-        info: &RequestInfo<'_>,
-        admission: &mut Admission,
-        request_bytes: Option<u64>,
-    ) {
-        let mut record = self.record(at, info, request_bytes);
-        if let Some(version) = admission.config_version() {
-            record.config = version.to_owned();
-        }
-        record.rules = admission
-            .rules()
-            .map(|(rule, wait)| log::RuleDecision {
-                rule: rule.to_string(),
-                decision: match wait {
-                    Some(_) => log::Verdict::Waited,
-                    None => log::Verdict::Admitted,
-                },
-                reason: None,
-                wait_us: wait.map(micros),
-            })
-            .collect();
-        record.shadow = admission.would_reject().map(|w| shadow(&w)).collect();
-        let this = self.clone();
-        admission.on_end(move |ended: Ended| {
-            let (status, outcome) = match ended.outcome {
-                Some(Outcome::Status(code)) => (Some(code), log::Outcome::Response),
-                Some(Outcome::Grpc(code)) => {
-                    record.grpc_status = Some(code as u32);
-                    (Some(200), log::Outcome::Response)
-                }
-                Some(Outcome::ConnectFailure) => (Some(502), log::Outcome::ConnectFailure),
-                Some(Outcome::Reset) => (Some(502), log::Outcome::Reset),
-                Some(Outcome::Timeout) => (Some(504), log::Outcome::Timeout),
-                None => (None, log::Outcome::Abandoned),
-            };
-            record.status = status;
-            record.outcome = outcome;
-            record.response_bytes = Some(ended.bytes);
-            record.latency_us = micros(ended.at.saturating_duration_since(at.0));
-            this.send(record);
-        });
     }
 
     /// What the writer counted.
@@ -333,6 +257,89 @@ impl DecisionLog {
         if self.inner.tx.try_send(record).is_err() {
             self.inner.counters.dropped.fetch_add(1, Relaxed);
         }
+    }
+}
+
+/// Both proxy paths tell the log through the engine: hyper's as the observer
+/// of its [`gov_engine::Govern`], the HTTP/1 path by
+/// [`gov_engine::Engine::admit_observed`].
+impl gov_engine::Observe for DecisionLog {
+    type Sample = Sampled;
+
+    /// Whether to log this call: `Some(arrival)` for a sampled one.
+    #[inline]
+    fn sample(&self) -> Option<Sampled> {
+        let pick = self.inner.threshold == u64::MAX || rand::random::<u64>() < self.inner.threshold;
+        pick.then(|| Sampled(Instant::now()))
+    }
+
+    /// Logs a rejected call (the client got the rejection now).
+    fn rejected(
+        &self,
+        at: Sampled,
+        info: &RequestInfo<'_>,
+        request_bytes: Option<u64>,
+        rejection: &Rejection,
+    ) {
+        let mut record = self.record(at, info, request_bytes);
+        record.status = Some(rejection.status.as_u16());
+        record.outcome = log::Outcome::Rejected;
+        record.latency_us = micros(at.0.elapsed());
+        let wait = (!at.0.elapsed().is_zero()).then(|| micros(at.0.elapsed()));
+        record.rules.push(log::RuleDecision {
+            rule: rejection.rule.to_string(),
+            decision: log::Verdict::Rejected,
+            reason: Some(rejection.reason.as_str().to_owned()),
+            wait_us: wait.filter(|_| rejection.reason.kind() == gov_engine::RuleKind::Bulkhead),
+        });
+        record.shadow = rejection.would_reject.iter().map(shadow).collect();
+        self.send(record);
+    }
+
+    /// Logs an admitted call when it ends (`admission` is dropped).
+    fn admitted(
+        &self,
+        at: Sampled,
+        info: &RequestInfo<'_>,
+        request_bytes: Option<u64>,
+        admission: &mut Admission,
+    ) {
+        let mut record = self.record(at, info, request_bytes);
+        if let Some(version) = admission.config_version() {
+            record.config = version.to_owned();
+        }
+        record.rules = admission
+            .rules()
+            .map(|(rule, wait)| log::RuleDecision {
+                rule: rule.to_string(),
+                decision: match wait {
+                    Some(_) => log::Verdict::Waited,
+                    None => log::Verdict::Admitted,
+                },
+                reason: None,
+                wait_us: wait.map(micros),
+            })
+            .collect();
+        record.shadow = admission.would_reject().map(|w| shadow(&w)).collect();
+        let this = self.clone();
+        admission.on_end(move |ended: Ended| {
+            let (status, outcome) = match ended.outcome {
+                Some(Outcome::Status(code)) => (Some(code), log::Outcome::Response),
+                Some(Outcome::Grpc(code)) => {
+                    record.grpc_status = Some(code as u32);
+                    (Some(200), log::Outcome::Response)
+                }
+                Some(Outcome::ConnectFailure) => (Some(502), log::Outcome::ConnectFailure),
+                Some(Outcome::Reset) => (Some(502), log::Outcome::Reset),
+                Some(Outcome::Timeout) => (Some(504), log::Outcome::Timeout),
+                None => (None, log::Outcome::Abandoned),
+            };
+            record.status = status;
+            record.outcome = outcome;
+            record.response_bytes = Some(ended.bytes);
+            record.latency_us = micros(ended.at.saturating_duration_since(at.0));
+            this.send(record);
+        });
     }
 }
 

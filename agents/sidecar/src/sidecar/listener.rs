@@ -30,28 +30,18 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// The engine's decision on `info`, logged when the decision log samples
-    /// the call (the rejection now, an admitted call when its admission drops).
-    /// Both proxy paths admit here.
+    /// the call (the rejection now, an admitted call when its admission drops):
+    /// the HTTP/1 path's, told to the log as hyper's path tells it through
+    /// [`gov_engine::Govern`].
     #[inline]
     pub(crate) async fn admit(
         &self,
         info: &RequestInfo<'_>,
         request_bytes: Option<u64>,
     ) -> Result<Admission, Rejection> {
-        let Some((log, at)) = self.log.as_ref().and_then(|l| Some((l, l.sample()?))) else {
-            return self.engine.admit(info).await;
-        };
-        let decided = self.engine.admit(info).await;
-        match decided {
-            Ok(mut admission) => {
-                log.admitted(at, info, &mut admission, request_bytes);
-                Ok(admission)
-            }
-            Err(rejection) => {
-                log.rejected(at, info, &rejection, request_bytes);
-                Err(rejection)
-            }
-        }
+        self.engine
+            .admit_observed(info, &self.log, request_bytes)
+            .await
     }
 }
 

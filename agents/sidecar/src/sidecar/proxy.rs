@@ -1,42 +1,57 @@
-//! The forwarding path: inbound (clients -> local service) and outbound (local
-//! service -> instances of other services).
+//! The forwarding path on hyper's side: inbound (clients -> local service) and
+//! outbound (local service -> instances of other services).
 //!
-//! Each request is admitted by the engine first; a rejection is answered here without
-//! touching the upstream. An admitted request streams to the upstream through the
-//! pooled client with its hop-by-hop headers removed and `x-forwarded-for` appended;
-//! the response streams back the same way. Both bodies are counted as they pass, and
-//! the admission is held until the response body has finished (or the client left).
-//! A gRPC call is governed through the engine's [`gov_engine::grpc`]: its rejection
-//! is the gRPC form, its `grpc-timeout` its deadline when shorter than its rules',
-//! its outcome its `grpc-status` (recorded at the head or, from the trailers, by the
-//! response body).
+//! A request passes the HTTP/1 path's checks ([`check`]), then goes through the
+//! engine's [`Govern`] around [`Forward`]: the engine's one lifecycle of an
+//! admitted call (the decision, told to the decision log; the shadow stamps;
+//! both bodies counted; the deadline and its 504; the outcome recorded at the
+//! head, from a [`CallError`], or by the response body; the admission held
+//! until the response body has finished or the client left). A rejection is
+//! answered there without touching the upstream. [`Forward`] streams an
+//! admitted request to the upstream through the pooled client with its
+//! hop-by-hop headers removed and `x-forwarded-for` appended, and reports to
+//! the balancer when the endpoint is one it picked. A gRPC call is governed
+//! through the engine's [`gov_engine::grpc`]: its rejection is the gRPC form,
+//! its `grpc-timeout` its deadline when shorter than its rules', its outcome
+//! its `grpc-status`.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
+use hyper_util::client::legacy::ResponseFuture as ClientFuture;
+use tower::{Layer, Service, ServiceExt};
 
 use super::h1::codec::{Refusal, valid_authority};
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::listener::{Failure, Shared, Side, target_service};
 use super::serve::Connections;
-use super::upstream::{Clients, Pick, UpstreamBody};
-use gov_engine::grpc::GrpcCall;
-use gov_engine::{Admission, GovBody, Outcome, RequestInfo};
+use super::upstream::{Pick, PickedBody, UpstreamBody, UpstreamClient};
+use crate::decision_log::DecisionLog;
+use gov_engine::{CallError, CallTarget, GovBody, Govern, GovernLayer, MeteredBody, Outcome};
 
 /// The body of every response of the proxy listeners: the upstream's, holding the
 /// call's admission (bulkhead permits, in-flight gauges) and its endpoint pick
 /// (requests outstanding) until it is done or the client left; or the agent's own.
-pub type ResponseBody = GovBody<Incoming, Option<Pick>>;
+pub type ResponseBody = GovBody<PickedBody>;
 
 /// The handler of one client connection on hyper's side (HTTP/2, and what the HTTP/1
-/// path hands over).
+/// path hands over): the engine's [`Govern`] around this connection's [`Forward`].
+/// Cloned per request; a clone costs two counts no other connection touches.
 #[derive(Clone)]
-pub(crate) struct Handler(Arc<Conn>);
+pub(crate) struct Handler(Govern<Forward, Option<DecisionLog>>);
+
+/// Sends an admitted request upstream: the inner service of a connection's
+/// [`Handler`].
+#[derive(Clone)]
+pub(crate) struct Forward(Arc<Conn>);
 
 struct Conn {
     shared: Arc<Shared>,
@@ -59,96 +74,85 @@ impl Handler {
         conns: Arc<Connections>,
         handed_over: bool,
     ) -> Self {
-        Self(Arc::new(Conn {
+        let layer = match side {
+            Side::Inbound => GovernLayer::new(shared.engine.clone()),
+            Side::Outbound => GovernLayer::outbound(shared.engine.clone()),
+        };
+        let layer = layer.observe(shared.log.clone());
+        Self(layer.layer(Forward(Arc::new(Conn {
             shared,
             side,
             peer: peer_value(peer),
             conns,
             handed_over,
-        }))
+        }))))
     }
 
     /// Handles one request.
-    pub(crate) async fn handle(&self, mut req: Request<Incoming>) -> Response<ResponseBody> {
+    pub(crate) async fn handle(self, mut req: Request<Incoming>) -> Response<ResponseBody> {
+        let conn = &self.0.get_ref().0;
         if let Err(refusal) = check(&mut req) {
             tracing::debug!(?refusal, "refused a request");
-            self.0.conns.refused.fetch_add(1, Ordering::Relaxed);
+            conn.conns.refused.fetch_add(1, Ordering::Relaxed);
             let mut response = failure_response(Failure::refused(refusal.answer()));
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return response;
         }
-        let http1 = req.version() <= http::Version::HTTP_11;
-        let mut response = match self.0.side {
-            Side::Inbound => self.inbound(req).await,
-            Side::Outbound => self.outbound(req).await,
+        // Authority-form (`CONNECT host:port`) has no path: tunnels are not
+        // proxied, and such a request is no call of the service's.
+        if req.method() == http::Method::CONNECT && req.uri().path_and_query().is_none() {
+            return failure_response(Failure::BadRequest("gov-agent: CONNECT is not supported\n"));
+        }
+        let close = req.version() <= http::Version::HTTP_11 && conn.handed_over;
+        if conn.side == Side::Outbound
+            && let Err(failure) = pick(&conn.shared, &mut req)
+        {
+            return failure_response(failure);
+        }
+        let mut response = match self.0.oneshot(req).await {
+            Ok(response) => response,
+            Err(error) => {
+                tracing::debug!(%error, "upstream failed");
+                failure_response(match CallError::outcome_of(&error) {
+                    Some(Outcome::ConnectFailure) => Failure::Connect,
+                    Some(_) => Failure::Upstream,
+                    None => Failure::BadRequest("gov-agent: bad request target\n"),
+                })
+            }
         };
-        if http1 && self.0.handed_over {
+        if close {
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }
+}
 
-    /// A request from a client of the local service.
-    async fn inbound(&self, req: Request<Incoming>) -> Response<ResponseBody> {
-        let conn = &self.0;
-        let grpc = GrpcCall::of(&req);
-        let info = RequestInfo::inbound(req.method(), req.uri().path(), req.headers());
-        let declared = http_body::Body::size_hint(req.body()).exact();
-        let admission = match conn.shared.admit(&info, declared).await {
-            Ok(admission) => admission,
-            Err(rejection) => return GovBody::rejected(&rejection, grpc.is_some()),
-        };
-        let to = conn.shared.local.clone();
-        let call = Call {
-            to,
-            pick: None,
-            admission,
-            grpc,
-        };
-        forward(&conn.shared.clients, req, call, &conn.peer).await
-    }
-
-    /// A call of the local service to another service.
-    async fn outbound(&self, req: Request<Incoming>) -> Response<ResponseBody> {
-        let conn = &self.0;
-        let Some(service) =
-            target_service(gov_engine::Headers::Map(req.headers()), request_host(&req))
-        else {
-            return failure_response(Failure::BadRequest(
-                "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
-            ));
-        };
-        let Some(pick) = conn.shared.directory.pick(service) else {
-            tracing::debug!(service, "outbound call to an unknown service");
-            return failure_response(Failure::UnknownService);
-        };
-        let endpoint = pick.endpoint();
-        tracing::trace!(service, instance = %endpoint.id, "outbound call");
-        let grpc = GrpcCall::of(&req);
-        let info = RequestInfo::outbound(
-            req.method(),
-            req.uri().path(),
-            req.headers(),
-            service,
-            Some(&endpoint.id),
-        );
-        let declared = http_body::Body::size_hint(req.body()).exact();
-        let admission = match conn.shared.admit(&info, declared).await {
-            Ok(admission) => admission,
-            Err(rejection) => return GovBody::rejected(&rejection, grpc.is_some()),
-        };
-        let call = Call {
-            to: endpoint.authority.clone(),
-            pick: Some(pick),
-            admission,
-            grpc,
-        };
-        forward(&conn.shared.clients, req, call, &conn.peer).await
-    }
+/// Picks the endpoint of an outbound call before the decision (per-instance rules
+/// key on it): the request then carries its [`CallTarget`] and the [`Pick`].
+fn pick<B>(shared: &Shared, req: &mut Request<B>) -> Result<(), Failure> {
+    let Some(service) = target_service(gov_engine::Headers::Map(req.headers()), request_host(req))
+    else {
+        return Err(Failure::BadRequest(
+            "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
+        ));
+    };
+    let Some(pick) = shared.directory.pick(service) else {
+        tracing::debug!(service, "outbound call to an unknown service");
+        return Err(Failure::UnknownService);
+    };
+    let endpoint = pick.endpoint();
+    tracing::trace!(service, instance = %endpoint.id, "outbound call");
+    let target = CallTarget {
+        service: pick.service().clone(),
+        instance: Some(endpoint.id.clone()),
+    };
+    req.extensions_mut().insert(target);
+    req.extensions_mut().insert(pick);
+    Ok(())
 }
 
 /// The checks of the HTTP/1 path ([`super::h1`]) that still apply to a request
@@ -239,149 +243,190 @@ fn request_host<B>(req: &Request<B>) -> Option<&str> {
     }
 }
 
-/// Sends `req` to `to` under `admission` and streams the response back; reports the
-/// outcome (status, connect failure, reset, timeout) to the engine, and to the
-/// balancer when `to` is an endpoint it picked.
+// === impl Forward ===
+
+/// Sends an admitted request to the local service (inbound) or to the endpoint the
+/// request's [`Pick`] names (outbound), and streams the response back.
 ///
 /// A call that could not connect to its endpoint goes once to another endpoint of the
 /// service if it has no body (any method: nothing was sent); a request with a body
 /// cannot be sent again from here, since its first attempt took the body. hyper's
 /// pool sends a request again by itself when a kept-alive connection turns out to
 /// be closed before it was written.
-async fn forward(
-    clients: &Clients,
-    req: Request<Incoming>,
-    call: Call,
-    peer: &HeaderValue,
-) -> Response<ResponseBody> {
-    let Call {
-        to,
-        mut pick,
-        mut admission,
-        grpc,
-    } = call;
-    if let Some(call) = grpc {
-        admission.set_caller_deadline(call.deadline);
-    }
-    let (mut parts, body) = req.into_parts();
+impl Service<Request<MeteredBody<Incoming>>> for Forward {
+    type Response = Response<PickedBody>;
+    type Error = CallError;
+    type Future = Sending;
 
-    let path = match parts.uri.path_and_query() {
-        Some(pq) => pq.clone(),
-        // Authority-form (`CONNECT host:port`) has no path: tunnels are not proxied.
-        // Such a request never reaches the upstream, so it ends no call: dropping
-        // the admission gives its permits back without an outcome.
-        None if parts.method == http::Method::CONNECT => {
-            return failure_response(Failure::BadRequest("gov-agent: CONNECT is not supported\n"));
-        }
-        None => PathAndQuery::from_static("/"),
-    };
-    // Keep the host the client asked for: the target's authority (HTTP/2's
-    // `:authority`, an absolute-form target) replaces `host` (RFC 9112 3.2.2).
-    if let Some(authority) = parts.uri.authority()
-        && let Ok(host) = HeaderValue::from_str(authority.as_str())
-    {
-        parts.headers.insert(header::HOST, host);
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), CallError>> {
+        Poll::Ready(Ok(()))
     }
-    // What a second attempt needs: kept only for an outbound call without a body.
-    let again_path =
-        (pick.is_some() && http_body::Body::is_end_stream(&body)).then(|| path.clone());
-    let Some(uri) = upstream_uri(to, path) else {
-        return failure_response(Failure::BadRequest("gov-agent: bad request target\n"));
-    };
-    parts.uri = uri;
-    let (client, version) = clients.pick(parts.version);
-    parts.version = version;
-    strip_hop_by_hop(&mut parts.headers);
-    // hyper answered `100 Continue` itself when the body was read.
-    parts.headers.remove(header::EXPECT);
-    append_forwarded_for(&mut parts.headers, peer);
-    stamp_would_reject(&mut parts.headers, &admission);
 
-    let mut again = again_path.map(|path| {
-        (
-            parts.method.clone(),
-            parts.version,
-            parts.headers.clone(),
-            path,
-        )
-    });
-    let upstream_req = Request::from_parts(
-        parts,
-        UpstreamBody::client(GovBody::request(body, &admission)),
-    );
-    let deadline = admission
-        .timeout()
-        .map(|timeout| tokio::time::Instant::now() + timeout);
-    let send = |req: Request<UpstreamBody>| async move {
-        match deadline {
-            None => Some(client.request(req).await),
-            Some(at) => tokio::time::timeout_at(at, client.request(req)).await.ok(),
+    fn call(&mut self, mut req: Request<MeteredBody<Incoming>>) -> Sending {
+        let conn = &*self.0;
+        let pick = req.extensions_mut().remove::<Pick>();
+        let (mut parts, body) = req.into_parts();
+        let to = match &pick {
+            Some(pick) => pick.endpoint().authority.clone(),
+            None => conn.shared.local.clone(),
+        };
+        let path = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        // Keep the host the client asked for: the target's authority (HTTP/2's
+        // `:authority`, an absolute-form target) replaces `host` (RFC 9112 3.2.2).
+        if let Some(authority) = parts.uri.authority()
+            && let Ok(host) = HeaderValue::from_str(authority.as_str())
+        {
+            parts.headers.insert(header::HOST, host);
         }
-    };
-    let mut result = send(upstream_req).await;
-    if let Some(Err(error)) = &result
-        && error.is_connect()
-        && let Some(first) = &pick
-    {
-        tracing::debug!(%error, endpoint = %first.endpoint().authority, "upstream connect failed");
-        first.failed();
-        let retry = again.take().and_then(|head| Some((head, first.retry()?)));
-        if let Some(((method, version, headers, path), next)) = retry {
-            let uri = upstream_uri(next.endpoint().authority.clone(), path);
-            pick = Some(next);
-            if let Some(uri) = uri {
-                let mut req = Request::new(UpstreamBody::empty());
-                *req.method_mut() = method;
-                *req.uri_mut() = uri;
-                *req.version_mut() = version;
-                *req.headers_mut() = headers;
-                result = send(req).await;
-            }
+        // What a second attempt needs: kept only for an outbound call without a body.
+        let again_path =
+            (pick.is_some() && http_body::Body::is_end_stream(&body)).then(|| path.clone());
+        let Some(uri) = upstream_uri(to, path) else {
+            return Sending::unsent("gov-agent: bad request target", pick);
+        };
+        parts.uri = uri;
+        let (client, version) = conn.shared.clients.pick(parts.version);
+        parts.version = version;
+        // The engine stamped the request: a client's `connection` cannot remove that.
+        let stamp = if parts.headers.contains_key(header::CONNECTION) {
+            parts.headers.remove(gov_engine::WOULD_REJECT_BY)
         } else {
-            // Reported: the endpoint is not told twice below.
-            pick = None;
+            None
+        };
+        strip_hop_by_hop(&mut parts.headers);
+        if let Some(stamp) = stamp {
+            parts.headers.insert(gov_engine::WOULD_REJECT_BY, stamp);
+        }
+        // hyper answered `100 Continue` itself when the body was read.
+        parts.headers.remove(header::EXPECT);
+        append_forwarded_for(&mut parts.headers, &conn.peer);
+        let again = again_path.map(|path| Again {
+            method: parts.method.clone(),
+            version: parts.version,
+            headers: parts.headers.clone(),
+            path,
+            client: client.clone(),
+        });
+        let fut = client.request(Request::from_parts(parts, UpstreamBody::client(body)));
+        Sending::Sending {
+            fut,
+            pick: Awaiting(pick),
+            again,
         }
     }
-    let response = match result {
-        Some(Ok(response)) => response,
-        None => {
-            if let Some(pick) = &pick {
-                pick.timed_out();
-            }
-            return GovBody::rejected(&admission.timed_out(), grpc.is_some());
-        }
-        Some(Err(error)) => {
-            if let Some(pick) = &pick {
-                pick.failed();
-            }
-            return if error.is_connect() {
-                tracing::debug!(%error, "upstream connect failed");
-                admission.finish(Outcome::ConnectFailure);
-                failure_response(Failure::Connect)
-            } else {
-                tracing::debug!(%error, "upstream failed");
-                admission.finish(Outcome::Reset);
-                failure_response(Failure::Upstream)
-            };
-        }
-    };
-    if let Some(pick) = &pick {
-        pick.responded();
-    }
-
-    let (mut parts, body) = response.into_parts();
-    admission.record_head(grpc.is_some(), parts.status, &parts.headers);
-    strip_hop_by_hop(&mut parts.headers);
-    Response::from_parts(parts, GovBody::response(body, admission, pick))
 }
 
-/// An admitted call on its way upstream: where to, the balancer's pick (outbound),
-/// its admission, and whether it is a gRPC call.
-struct Call {
-    to: Authority,
-    pick: Option<Pick>,
-    admission: Admission,
-    grpc: Option<GrpcCall>,
+/// What a second attempt of an outbound call without a body needs.
+struct Again {
+    method: http::Method,
+    version: http::Version,
+    headers: http::HeaderMap,
+    path: PathAndQuery,
+    client: UpstreamClient,
+}
+
+/// The pick of a request sent and not answered yet. Dropped so (the engine's
+/// deadline passed, or the client left), the time it waited is the endpoint's
+/// latency sample: an endpoint that hangs must not look fast.
+struct Awaiting(Option<Pick>);
+
+impl Drop for Awaiting {
+    fn drop(&mut self) {
+        if let Some(pick) = self.0.take() {
+            pick.timed_out();
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`Forward`]: the upstream's response head, or how the call
+    /// failed ([`Outcome::ConnectFailure`] or [`Outcome::Reset`]).
+    #[project = SendingProj]
+    pub(crate) enum Sending {
+        Sending {
+            #[pin]
+            fut: ClientFuture,
+            pick: Awaiting,
+            again: Option<Again>,
+        },
+        Unsent {
+            error: Option<CallError>,
+        },
+    }
+}
+
+impl Sending {
+    fn unsent(why: &'static str, pick: Option<Pick>) -> Self {
+        // Never sent: the endpoint learns nothing.
+        drop(pick);
+        Sending::Unsent {
+            error: Some(CallError::unsent(why)),
+        }
+    }
+}
+
+impl Future for Sending {
+    type Output = Result<Response<PickedBody>, CallError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (mut fut, pick, again) = match self.project() {
+            SendingProj::Sending { fut, pick, again } => (fut, pick, again),
+            SendingProj::Unsent { error } => {
+                return Poll::Ready(Err(error
+                    .take()
+                    .unwrap_or_else(|| CallError::unsent("polled after completion"))));
+            }
+        };
+        loop {
+            let error = match ready!(fut.as_mut().poll(cx)) {
+                Ok(response) => {
+                    let pick = pick.0.take();
+                    if let Some(pick) = &pick {
+                        pick.responded();
+                    }
+                    let (mut parts, body) = response.into_parts();
+                    strip_hop_by_hop(&mut parts.headers);
+                    return Poll::Ready(Ok(Response::from_parts(
+                        parts,
+                        PickedBody::new(body, pick),
+                    )));
+                }
+                Err(error) => error,
+            };
+            let connect = error.is_connect();
+            let Some(first) = pick.0.take() else {
+                let outcome = if connect {
+                    Outcome::ConnectFailure
+                } else {
+                    Outcome::Reset
+                };
+                return Poll::Ready(Err(CallError::failed(outcome, error)));
+            };
+            first.failed();
+            if !connect {
+                return Poll::Ready(Err(CallError::failed(Outcome::Reset, error)));
+            }
+            tracing::debug!(%error, endpoint = %first.endpoint().authority, "upstream connect failed");
+            let retry = again.take().and_then(|a| Some((first.retry()?, a)));
+            let Some((next, again)) = retry else {
+                return Poll::Ready(Err(CallError::failed(Outcome::ConnectFailure, error)));
+            };
+            let Some(uri) = upstream_uri(next.endpoint().authority.clone(), again.path) else {
+                return Poll::Ready(Err(CallError::failed(Outcome::ConnectFailure, error)));
+            };
+            let mut req = Request::new(UpstreamBody::empty());
+            *req.method_mut() = again.method;
+            *req.uri_mut() = uri;
+            *req.version_mut() = again.version;
+            *req.headers_mut() = again.headers;
+            pick.0 = Some(next);
+            fut.set(again.client.request(req));
+        }
+    }
 }
 
 /// `http://{to}{path}`, the target of a request sent upstream.
@@ -407,27 +452,6 @@ pub(crate) fn local_response(status: StatusCode, body: &'static str) -> Response
 fn failure_response(failure: Failure) -> Response<ResponseBody> {
     let (status, body) = failure.answer();
     local_response(status, body)
-}
-
-/// Only the agent says which shadow rules would have refused a call: a
-/// client's `gov-would-reject-by` is removed, and the rules of
-/// [`Admission::stamps`] are written (the HTTP/1 path: `write_request_head`).
-fn stamp_would_reject(headers: &mut http::HeaderMap, admission: &Admission) {
-    headers.remove(gov_engine::WOULD_REJECT_BY);
-    let mut stamps = admission
-        .stamps()
-        .filter(|r| HeaderValue::from_str(r).is_ok());
-    let Some(first) = stamps.next() else {
-        return;
-    };
-    let value = stamps.fold(first.to_owned(), |mut v, r| {
-        v.push_str(", ");
-        v.push_str(r);
-        v
-    });
-    if let Ok(value) = HeaderValue::from_str(&value) {
-        headers.insert(gov_engine::WOULD_REJECT_BY, value);
-    }
 }
 
 /// The peer address as an `x-forwarded-for` value, made once per connection.

@@ -66,6 +66,48 @@ impl Body for UpstreamBody {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// The body of an upstream's response, holding the balancer's pick of the
+    /// endpoint (`None` for the local service) until it ends, fails, or is
+    /// dropped: the endpoint counts the request outstanding until then.
+    pub(crate) struct PickedBody {
+        #[pin]
+        body: Incoming,
+        pick: Option<Pick>,
+    }
+}
+
+impl PickedBody {
+    pub(crate) fn new(body: Incoming, pick: Option<Pick>) -> Self {
+        Self { body, pick }
+    }
+}
+
+impl Body for PickedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let polled = this.body.poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            this.pick.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// A pooled upstream client.
 pub(crate) type UpstreamClient = Client<HttpConnector, UpstreamBody>;
 

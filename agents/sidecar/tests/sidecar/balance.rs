@@ -407,3 +407,66 @@ async fn agent_over(local: &Upstream, instances: &[&Upstream]) -> Agent {
         .start()
         .await
 }
+
+/// hyper's path: a call to an instance that accepts and never answers is cut off
+/// by the engine's deadline (504), and the time it waited is that instance's
+/// latency sample, so peak-EWMA stops sending calls there: an instance that hangs
+/// must not look fast (it has no other sample, and would cost nothing idle).
+#[tokio::test]
+async fn an_instance_that_hangs_costs_its_timeouts_and_is_avoided() {
+    // Accepts, reads, never answers; keeps the connections open.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hang = Upstream::at(listener.local_addr().unwrap());
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = held.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            keep.lock().unwrap().push(stream);
+        }
+    });
+    let fast = upstream().fast("/work", ms(0)).start().await;
+    let local = upstream().start().await;
+    let agent = agent()
+        .config(
+            r#"
+service: shop
+rules:
+  - name: shop/inventory_calls
+    on: { calls_to: inventory }
+    direction: DIRECTION_OUTBOUND
+    bulkhead:
+      max_concurrent: 100
+      timeout_ms: 200
+"#,
+        )
+        .upstream(&local)
+        .instances("inventory", &[&hang, &fast])
+        .start()
+        .await;
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let mut timed_out = 0;
+    for _ in 0..30 {
+        let req = Request::get(agent.outbound_url("/work"))
+            .header("gov-service", "inventory")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(10), h2.request(req))
+            .await
+            .expect("answered in time")
+            .unwrap()
+            .status();
+        match status {
+            StatusCode::OK => {}
+            StatusCode::GATEWAY_TIMEOUT => timed_out += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!(timed_out >= 1, "no call went to the hanging instance");
+    assert!(
+        timed_out <= 3,
+        "{timed_out} of 30 calls went to the hanging instance"
+    );
+    assert!(!held.lock().unwrap().is_empty());
+}

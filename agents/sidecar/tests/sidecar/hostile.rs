@@ -365,3 +365,68 @@ async fn a_trailer_section_under_16_kib_is_consumed_and_the_body_forwarded() {
         "relayed once, valid: {seen:?}"
     );
 }
+
+/// hyper's path (an HTTP/1.0 request is handed to it): the engine's stamp is
+/// the only `gov-would-reject-by` the upstream sees, even when the client's
+/// `connection` names that header as hop-by-hop; and a `CONNECT` is refused
+/// before the decision, so it spends no call of a limit.
+#[tokio::test]
+async fn connection_cannot_drop_the_agents_stamp_and_connect_spends_no_call() {
+    let up = RawUpstream::start().await;
+    let agent = agent()
+        .config(
+            r#"
+service: shop
+rules:
+  - name: shop/trial
+    on: { path: { kind: PATH_KIND_PREFIX, value: /trial } }
+    mode: MODE_SHADOW
+    stamp_would_reject: true
+    limit:
+      calls: { amount: 1, window_ms: 3600000 }
+  - name: shop/one
+    on: { any: true }
+    limit:
+      calls: { amount: 2, window_ms: 3600000 }
+"#,
+        )
+        .upstream(&Upstream::at(up.addr))
+        .start()
+        .await;
+    for _ in 0..3 {
+        let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+        wire.send(b"CONNECT example.org:443 HTTP/1.1\r\nhost: example.org:443\r\n\r\n")
+            .await;
+        let reply = wire.response().await;
+        assert_eq!(
+            reply.status,
+            400,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert!(String::from_utf8_lossy(&reply.body).contains("CONNECT is not supported"));
+    }
+    // The first call of `/trial` is within the shadow limit, the second not.
+    for _ in 0..2 {
+        let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+        wire.send(
+            b"GET /trial HTTP/1.0\r\nhost: x\r\nconnection: gov-would-reject-by, x-drop\r\ngov-would-reject-by: shop/forged\r\nx-drop: 1\r\n\r\n",
+        )
+        .await;
+        assert_eq!(wire.response().await.status, 200);
+    }
+    let stamps: Vec<Option<String>> = up
+        .requests()
+        .iter()
+        .map(|r| {
+            assert_eq!(r.header("x-drop"), None, "`connection` still drops headers");
+            r.header("gov-would-reject-by")
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        })
+        .collect();
+    assert_eq!(stamps, [None, Some("shop/trial".to_owned())]);
+    // Both calls of `shop/one` went to the two GETs: no CONNECT spent one.
+    let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+    wire.send(b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert_eq!(wire.response().await.status, 429);
+}

@@ -378,3 +378,90 @@ fn a_remote_admin_listener_needs_an_explicit_flag() {
     assert!(stderr.contains("not a loopback address"), "{stderr}");
     assert!(stderr.contains("--admin-allow-remote"), "{stderr}");
 }
+
+/// hyper's path (HTTP/2) runs the engine's `Govern`: a call that outlives its rule's
+/// timeout is answered 504 naming the rule and gives its permit back; one whose
+/// upstream cannot be reached is a 502 recorded as a connect failure (a fuse that
+/// counts only those trips on it).
+#[tokio::test]
+async fn hyper_path_timeouts_are_504s_and_connect_failures_counted_502s() {
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let send = |url: String, body: &'static [u8]| {
+        let h2 = h2.clone();
+        async move {
+            let req = Request::post(url)
+                .body(Full::new(Bytes::from_static(body)))
+                .unwrap();
+            let response = tokio::time::timeout(Duration::from_secs(10), h2.request(req))
+                .await
+                .expect("answered in time")
+                .unwrap();
+            let status = response.status();
+            let by = response
+                .headers()
+                .get(gov_engine::REJECTED_BY)
+                .map(|v| v.to_str().unwrap().to_owned());
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, by, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+
+    let up = upstream()
+        .slow("/slow", Duration::from_secs(3))
+        .start()
+        .await;
+    let timing = agent()
+        .config(
+            r#"
+service: shop
+rules:
+  - name: shop/quick
+    on: { path: { kind: PATH_KIND_PREFIX, value: /slow } }
+    bulkhead:
+      max_concurrent: 1
+      timeout_ms: 100
+"#,
+        )
+        .upstream(&up)
+        .start()
+        .await;
+    // The second call finds the permit free again: a 504 too, not a 408.
+    for _ in 0..2 {
+        let (status, by, _) = send(timing.url("/slow"), b"order").await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(by.as_deref(), Some("shop/quick"));
+    }
+
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        Upstream::at(l.local_addr().unwrap())
+    };
+    let agent = agent()
+        .config(
+            r#"
+service: shop
+rules:
+  - name: shop/down
+    on: { any: true }
+    fuse:
+      trips:
+        - { metric: TRIP_METRIC_SYSTEM_ERRORS, op: COMPARE_OP_GE, count: 2, window_ms: 60000 }
+      system: { connect_failure: true }
+      reject_status: 503
+"#,
+        )
+        .upstream(&dead)
+        .start()
+        .await;
+    for _ in 0..2 {
+        let (status, by, text) = send(agent.url("/x"), b"order").await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
+        assert_eq!(by, None);
+        assert!(text.contains("upstream connection failed"), "{text}");
+    }
+    let (status, by, _) = send(agent.url("/x"), b"order").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(by.as_deref(), Some("shop/down"));
+}

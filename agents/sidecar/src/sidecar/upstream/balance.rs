@@ -579,6 +579,11 @@ impl Endpoint {
 // === impl Pick ===
 
 impl Pick {
+    /// The name of the service the endpoint belongs to.
+    pub(crate) fn service(&self) -> &Arc<str> {
+        &self.service.name
+    }
+
     pub(crate) fn endpoint(&self) -> &Endpoint {
         // INVARIANT: `index` came from `service.endpoints`, which never changes.
         &self.service.endpoints[self.index]
@@ -660,6 +665,20 @@ impl Pick {
     }
 }
 
+/// Another hold on the same endpoint: it counts as one more request
+/// outstanding there until dropped (a request extension must be `Clone`; the
+/// proxy moves its pick through one and never clones it).
+impl Clone for Pick {
+    fn clone(&self) -> Self {
+        self.endpoint().outstanding.fetch_add(1, Ordering::Relaxed);
+        Self {
+            service: self.service.clone(),
+            index: self.index,
+            start: self.start,
+        }
+    }
+}
+
 impl Drop for Pick {
     fn drop(&mut self) {
         self.endpoint().outstanding.fetch_sub(1, Ordering::Relaxed);
@@ -725,6 +744,24 @@ mod tests {
             ]
         );
         assert!(dir.pick("billing").is_none());
+    }
+
+    /// A pick cloned (a request extension must be `Clone`) is one more hold on
+    /// its endpoint: each counts as outstanding until dropped.
+    #[tokio::test(start_paused = true)]
+    async fn a_cloned_pick_holds_its_endpoint_until_both_are_dropped() {
+        let dir = inventory(Balance::RoundRobin, &[9001, 9002]);
+        let outstanding =
+            |dir: &Directory| -> Vec<u64> { dir.stats().iter().map(|s| s.outstanding).collect() };
+        let first = dir.pick("inventory").unwrap();
+        assert_eq!(&**first.service(), "inventory");
+        let clone = first.clone();
+        assert_eq!(clone.index, first.index);
+        assert_eq!(outstanding(&dir).iter().sum::<u64>(), 2);
+        drop(first);
+        assert_eq!(outstanding(&dir).iter().sum::<u64>(), 1);
+        drop(clone);
+        assert_eq!(outstanding(&dir), [0, 0]);
     }
 
     #[tokio::test(start_paused = true)]
