@@ -7,19 +7,10 @@
 //! classes and recovery) live beside its word in `words.rs`, with its arm
 //! of `Spec::fill`, so that a new kind does not touch this file.
 
-use crate::v1::{GrpcCode, Mode, Rule, RuleKind, TargetConfig, warmup_step::Step as WarmupStep};
+use crate::v1::{Mode, Rule, TargetConfig, warmup_step::Step as WarmupStep};
 
 /// The request header that carries the caller's identity.
 pub const CONSUMER_HEADER: &str = "x-gov-consumer";
-/// Kept while the agents' tests name them; a kind's reject defaults are
-/// [`RuleKind::reject_status`] and [`RuleKind::reject_grpc`], beside its word.
-pub const BULKHEAD_REJECT_STATUS: u32 = RuleKind::Bulkhead.reject_status();
-/// See [`BULKHEAD_REJECT_STATUS`].
-pub const BULKHEAD_REJECT_GRPC: GrpcCode = RuleKind::Bulkhead.reject_grpc();
-/// See [`BULKHEAD_REJECT_STATUS`].
-pub const LIMIT_REJECT_STATUS: u32 = RuleKind::Limit.reject_status();
-/// See [`BULKHEAD_REJECT_STATUS`].
-pub const LIMIT_REJECT_GRPC: GrpcCode = RuleKind::Limit.reject_grpc();
 
 /// A readiness probe's per-poll timeout when it says none: its period
 /// (`every`), so that one slow answer never overlaps the next poll.
@@ -68,7 +59,7 @@ fn fill_rule(rule: &mut Rule) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::v1::{Bulkhead, Fuse, rule::Spec};
+    use crate::v1::{Bulkhead, Fuse, RuleKind, rule::Spec};
 
     #[test]
     fn fill_writes_what_is_missing_and_keeps_what_is_written() {

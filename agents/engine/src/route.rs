@@ -423,8 +423,8 @@ mod tests {
             mode: proto::Mode::Enforce as i32,
             spec: Some(proto::rule::Spec::Bulkhead(proto::Bulkhead {
                 max_concurrent: 1,
-                reject_status: gov_proto::compiled::BULKHEAD_REJECT_STATUS,
-                reject_grpc_status: gov_proto::compiled::BULKHEAD_REJECT_GRPC as i32,
+                reject_status: proto::RuleKind::Bulkhead.reject_status(),
+                reject_grpc_status: proto::RuleKind::Bulkhead.reject_grpc() as i32,
                 ..Default::default()
             })),
             ..Default::default()

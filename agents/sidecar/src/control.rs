@@ -741,8 +741,8 @@ mod tests {
                         amount: 1,
                         window_ms: 1000,
                     }),
-                    reject_status: gov_proto::compiled::LIMIT_REJECT_STATUS,
-                    reject_grpc_status: gov_proto::compiled::LIMIT_REJECT_GRPC as i32,
+                    reject_status: proto::RuleKind::Limit.reject_status(),
+                    reject_grpc_status: proto::RuleKind::Limit.reject_grpc() as i32,
                     ..Default::default()
                 })),
                 ..Default::default()
