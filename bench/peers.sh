@@ -46,11 +46,15 @@ REJECT_TOLERANCE=${REJECT_TOLERANCE:-0.05}
 WORK=${WORK:-target/bench-peers}
 OUT=${OUT:-$WORK/results-w$WORKERS.tsv}
 ARMS=${ARMS:-"nginx haproxy gov gov-bare"}
+# BEFORE_BIN=path/to/an/older/gov-agent adds an arm `gov-before`: that build with
+# the same policy, interleaved with the others (a before/after run of a change).
+BEFORE_BIN=${BEFORE_BIN:-}
+if [ -n "$BEFORE_BIN" ]; then ARMS="$ARMS gov-before"; fi
 UP=127.0.0.1:18180
-declare -A PORT=([nginx]=18181 [haproxy]=18182 [gov]=18183 [gov-bare]=18185)
+declare -A PORT=([nginx]=18181 [haproxy]=18182 [gov]=18183 [gov-bare]=18185 [gov-before]=18187)
 # h2c listeners of the peers (gov-agent serves both protocols on one port).
-declare -A H2PORT=([nginx]=18191 [haproxy]=18192 [gov]=18183 [gov-bare]=18185)
-declare -A GRPCPORT=([nginx]=18193 [haproxy]=18194 [gov]=18183 [gov-bare]=18185)
+declare -A H2PORT=([nginx]=18191 [haproxy]=18192 [gov]=18183 [gov-bare]=18185 [gov-before]=18187)
+declare -A GRPCPORT=([nginx]=18193 [haproxy]=18194 [gov]=18183 [gov-bare]=18185 [gov-before]=18187)
 
 for tool in nginx haproxy wrk taskset curl python3; do
   command -v "$tool" >/dev/null || { echo "missing: $tool (apt-get install -y nginx haproxy wrk)" >&2; exit 1; }
@@ -173,14 +177,15 @@ RULES
 printf 'service: hello\nversion: bench-bare\nconsumer_header: x-gov-consumer\nrules: []\n' > "$WORK/bare.yaml"
 
 declare -A PID
-start_gov() { # arm config
-  GOV_LOG=warn taskset -c "$PROXY_CPUS" "$AGENT_BIN" --service hello --listen "127.0.0.1:${PORT[$1]}" \
+start_gov() { # arm config [binary]
+  GOV_LOG=warn taskset -c "$PROXY_CPUS" "${3:-$AGENT_BIN}" --service hello --listen "127.0.0.1:${PORT[$1]}" \
     --admin-listen "127.0.0.1:$((PORT[$1] + 1))" --upstream "$UP" --upstream-protocol downstream \
     --worker-threads "$WORKERS" --config "$2" & pids+=($!)
   PID[$1]=$!
 }
 start_gov gov "$WORK/policy.yaml"
 start_gov gov-bare "$WORK/bare.yaml"
+if [ -n "$BEFORE_BIN" ]; then start_gov gov-before "$WORK/policy.yaml" "$BEFORE_BIN"; fi
 taskset -c "$PROXY_CPUS" nginx -c "$PWD/$WORK/nginx.conf" -p "$PWD/$WORK" -g 'daemon off;' & pids+=($!)
 NGINX_MASTER=$!
 taskset -c "$PROXY_CPUS" haproxy -db -f "$WORK/haproxy.cfg" & pids+=($!)
@@ -292,4 +297,8 @@ for row in table:
                                  if val(r, arm, row, k) is not None and val(r, "direct", row, k) is not None])
             line += f"  added p50 +{add('p50_us'):.0f} us p99 +{add('p99_us'):.0f} us"
         print(f"  {arm:9} {line}")
+    if "gov-before" in arms:
+        per = lambda k: med([val(r, "gov", row, k) / val(r, "gov-before", row, k) for r in runs
+                             if val(r, "gov", row, k) and val(r, "gov-before", row, k)])
+        print(f"  gov / gov-before: cpu {per('cpu_us_per_req'):.3f}x rps {per('rps'):.3f}x")
 PY
