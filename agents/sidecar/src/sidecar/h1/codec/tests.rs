@@ -295,6 +295,34 @@ fn plain_requests_are_served_here() {
     );
 }
 
+/// Fields that share a length with `host`, `connection`, `upgrade` or a
+/// framing name are none of them: the dispatch on the length goes on to
+/// compare the name. An `OPTIONS` with a path, and a `_` outside a framing
+/// name, are plain requests too.
+#[test]
+fn lookalike_fields_and_methods_are_plain_requests() {
+    for head in [
+        "GET / HTTP/1.1\r\nhost: x\r\nfrom: someone\r\n\r\n",
+        "GET / HTTP/1.1\r\nfrom: someone\r\nhost: x\r\n\r\n",
+        "GET / HTTP/1.1\r\nhost: x\r\nuser-agent: close\r\n\r\n",
+        "GET / HTTP/1.1\r\nhost: x\r\nreferer: upgrade\r\n\r\n",
+        "GET / HTTP/1.1\r\nhost: x\r\naccept-charset: utf-8\r\n\r\n",
+        "GET / HTTP/1.1\r\nhost: x\r\nx-forwarded-proto: http\r\n\r\n",
+        "GET / HTTP/1.1\r\nhost: x\r\nx_my_header_ab: 1\r\n\r\n",
+        "GET / HTTP/1.1\r\nhost: x\r\nx_forwarded_port: 80\r\n\r\n",
+    ] {
+        assert_eq!(
+            verdict(head),
+            Ok(here("/", "/", "x", Framing::Empty, false)),
+            "{head:?}"
+        );
+    }
+    assert_eq!(
+        verdict("OPTIONS /a HTTP/1.1\r\nhost: x\r\n\r\n"),
+        Ok(here("/a", "/a", "x", Framing::Empty, false))
+    );
+}
+
 #[test]
 fn unusual_requests_go_to_hyper_once_checked() {
     for hyper_s in [
