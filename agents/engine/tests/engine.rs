@@ -1487,3 +1487,26 @@ async fn a_bulkhead_whose_direction_changes_starts_with_a_fresh_pool() {
     drop((a, b));
     assert_eq!(stats(&e, "order/slow_calls").in_flight, 0);
 }
+
+/// A bulkhead's rejection carries the gRPC code its rule says (the default,
+/// UNAVAILABLE, or the one configured), as its HTTP status.
+#[tokio::test(start_paused = true)]
+async fn a_bulkhead_rejects_with_its_configured_grpc_code() {
+    use gov_proto::v1::GrpcCode;
+    for (extra, code) in [
+        ("", GrpcCode::Unavailable),
+        (
+            "\n    reject_grpc_status: GRPC_CODE_ABORTED",
+            GrpcCode::Aborted,
+        ),
+    ] {
+        let e = engine(&BULKHEAD.replace(
+            "    reject_status: 408",
+            &format!("    reject_status: 408{extra}"),
+        ));
+        let held = (now(&e, "/slow", None), now(&e, "/slow", None));
+        let refused = admit(&e, "/slow", None).await.unwrap_err();
+        assert_eq!((refused.status.as_u16(), refused.grpc), (408, code));
+        drop(held);
+    }
+}
