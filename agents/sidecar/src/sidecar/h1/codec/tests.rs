@@ -323,6 +323,23 @@ fn lookalike_fields_and_methods_are_plain_requests() {
     );
 }
 
+/// A `content-length` is one to 19 decimal digits: empty, or longer (even
+/// if only by leading zeros), is refused; the largest 19-digit lengths frame.
+#[test]
+fn content_lengths_are_one_to_nineteen_digits() {
+    let head = |v: &str| format!("POST / HTTP/1.1\r\nhost: x\r\ncontent-length: {v}\r\n\r\n");
+    for refused in ["", "00000000000000000001", "99999999999999999999"] {
+        assert!(verdict(&head(refused)).is_err(), "{refused:?}");
+    }
+    for (ok, n) in [("1000000000000000000", 1_000_000_000_000_000_000), ("0", 0)] {
+        assert_eq!(
+            verdict(&head(ok)),
+            Ok(here("/", "/", "x", Framing::Length(n), false)),
+            "{ok:?}"
+        );
+    }
+}
+
 #[test]
 fn unusual_requests_go_to_hyper_once_checked() {
     for hyper_s in [
