@@ -1510,3 +1510,57 @@ async fn a_bulkhead_rejects_with_its_configured_grpc_code() {
         drop(held);
     }
 }
+
+/// A fuse decides on a failure: a success that brings the window to
+/// `min_calls` with the ratio already over the threshold does not trip it;
+/// the next failure does. (Resilience4j evaluates on every call once the
+/// minimum is reached; gov only when a call fails, so a success never
+/// opens a fuse. This test pins that.)
+#[tokio::test(start_paused = true)]
+async fn a_fuse_trips_on_a_failure_never_on_a_success() {
+    let e = engine(FUSE);
+    let call = |status: u16| {
+        now(&e, "/mdm/a", None)
+            .map(|a| a.finish(Outcome::Status(status)))
+            .is_ok()
+    };
+    // 3 failures in 3 calls: under min_calls (4).
+    assert!((0..3).all(|_| call(500)));
+    // The 4th call succeeds: 75% > 50% over 4 calls, yet no trip.
+    assert!(call(200));
+    assert!(call(200), "a success did not trip it");
+    // The next failure does: 4 of 6.
+    assert!(call(500));
+    assert!(!call(200), "tripped on the failure");
+}
+
+/// A half-open probe whose call is dropped before it reports (refused by a
+/// later rule, the client gone) gives its probe back: the next call probes.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_probe_is_given_back() {
+    let e = engine(
+        r#"
+service: inventory
+rules:
+- name: inventory/stock_errors
+  on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 30000}
+    recover: {after: {after_ms: 30000, probes: 1}}
+"#,
+    );
+    now(&e, "/stock", None)
+        .unwrap()
+        .finish(Outcome::ConnectFailure);
+    tokio::time::advance(Duration::from_secs(30)).await;
+    // Half-open with one probe: a probe dropped unreported gives it back.
+    let probe = now(&e, "/stock", None).unwrap();
+    drop(probe);
+    let probe = now(&e, "/stock", None).unwrap();
+    probe.finish(Outcome::Status(200));
+    assert_eq!(
+        stats(&e, "inventory/stock_errors").fuse,
+        Some(FuseState::Closed)
+    );
+}
