@@ -670,6 +670,52 @@ mod tests {
     use crate::config::{LimitAction, LimitScope};
     use crate::events::Event;
 
+    /// A cluster limit's bytes (`Part`) and leased calls (`Lease`) of one
+    /// key start afresh in a new window and are kept within one; a lease
+    /// keeps the rate it learned (`per_period`) across windows.
+    #[test]
+    fn parts_and_leases_start_afresh_in_a_new_window() {
+        let mut p = Part {
+            window: 7,
+            base: 10,
+            inflight: 2,
+            delta: 3,
+        };
+        assert_eq!(p.used(), 15);
+        p.roll(7);
+        assert_eq!(p.used(), 15, "the same window: kept");
+        p.roll(8);
+        assert_eq!(
+            p,
+            Part {
+                window: 8,
+                ..Part::default()
+            }
+        );
+        assert_eq!(p.used(), 0);
+        let mut l = Lease {
+            window: 7,
+            left: 5,
+            demand: 9,
+            per_period: 40,
+            total: 100,
+            unleased: 1,
+            sending: 2,
+        };
+        let before = l;
+        l.roll(7);
+        assert_eq!(l, before, "the same window: kept");
+        l.roll(8);
+        assert_eq!(
+            l,
+            Lease {
+                window: 8,
+                per_period: 40,
+                ..Lease::default()
+            }
+        );
+    }
+
     fn limit(
         calls: Option<u64>,
         bytes: Option<u64>,
