@@ -620,6 +620,7 @@ mod tests {
         let y = p.cell_for(Some("i"), "/y");
         assert!(p.try_take(p.cell(&x)));
         assert!(p.try_take(p.cell(&y)), "instance+path keys are separate");
+        assert_eq!(p.in_use(), 2, "counted over every instance+path scope");
         assert!(!p.try_take(p.cell(&p.cell_for(Some("i"), "/x"))));
     }
 
