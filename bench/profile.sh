@@ -8,9 +8,10 @@
 #   ROW=h2 bench/profile.sh               # h2c, 4 connections
 #   ROW=http1 RATE=8000 bench/profile.sh  # HTTP/1.1, 16 connections
 #   ARM=nginx ROW=grpc bench/profile.sh   # the same load through nginx (grpc_pass / proxy_pass)
+#   ARM=haproxy ROW=grpc bench/profile.sh # or HAProxy (proto h2 to the upstream for gRPC)
 #
 # Placement as in peers.sh with WORKERS=1: the generator on vCPU0, the upstream and
-# the proxy on vCPU1. Needs perf (linux-perf), nginx for ARM=nginx, and
+# the proxy on vCPU1. Needs perf (linux-perf), nginx or haproxy for those arms, and
 # kernel.perf_event_paranoid <= 1 or root. Output: target/bench-profile/<arm>-<row>.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -72,7 +73,33 @@ NGINX
     sleep 1
     TARGET=$(pgrep -P $! | head -1)
     ;;
-  *) echo "ARM is gov or nginx" >&2; exit 64 ;;
+  haproxy)
+    cat > "$WORK/haproxy.cfg" <<HAPROXY
+global
+  nbthread 1
+  maxconn 8192
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 30s
+  timeout server 30s
+  option http-keep-alive
+frontend fe
+  bind 127.0.0.1:$PORT proto h2
+  use_backend grpc if { path_beg /api/hello.Greeter/ }
+  default_backend app
+backend app
+  http-reuse always
+  server app $UP maxconn 256
+backend grpc
+  http-reuse always
+  server app $UP maxconn 256 proto h2
+HAPROXY
+    taskset -c 1 haproxy -db -f "$WORK/haproxy.cfg" & pids+=($!)
+    sleep 1
+    TARGET=$!
+    ;;
+  *) echo "ARM is gov, nginx or haproxy" >&2; exit 64 ;;
 esac
 
 case $ROW in
@@ -81,8 +108,8 @@ case $ROW in
   http1) load=(rate "http://127.0.0.1:$PORT/api/x" "$RATE" "$SECS" 16) ;;
   *) echo "ROW is grpc, h2 or http1" >&2; exit 64 ;;
 esac
-# nginx's h2 listener takes no HTTP/1.1: profile http1 on gov only.
-[ "$ARM/$ROW" = nginx/http1 ] && { echo "ARM=nginx profiles h2 and grpc" >&2; exit 64; }
+# The peers' h2 listeners take no HTTP/1.1: profile http1 on gov only.
+[ "$ARM" != gov ] && [ "$ROW" = http1 ] && { echo "ARM=$ARM profiles h2 and grpc" >&2; exit 64; }
 
 OUTF="$WORK/$ARM-$ROW.txt"
 t0=$(ticks "$TARGET")
