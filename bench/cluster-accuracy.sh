@@ -63,6 +63,7 @@ rules:
       key: LIMIT_KEY_ALL
       calls: { amount: $LIMIT, window_ms: $WINDOW_MS }
       reject_status: 429
+      reject_grpc_status: GRPC_CODE_RESOURCE_EXHAUSTED
       scope: LIMIT_SCOPE_CLUSTER
       $sync
 POLICY

@@ -44,6 +44,7 @@ rules:
       key: LIMIT_KEY_ALL
       calls: { amount: $2, window_ms: $3 }
       reject_status: 429
+      reject_grpc_status: GRPC_CODE_RESOURCE_EXHAUSTED
 POLICY
 }
 policy fwd 1000000000 1000

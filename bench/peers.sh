@@ -150,7 +150,7 @@ rule_pair() { # prefix limit
   - name: hello/bulk_${1}
     on: { path: { kind: PATH_KIND_PREFIX, value: "/${1}/" } }
     mode: MODE_ENFORCE
-    bulkhead: { max_concurrent: 256, max_wait_ms: 0, timeout_ms: 30000, reject_status: 503 }
+    bulkhead: { max_concurrent: 256, max_wait_ms: 0, timeout_ms: 30000, reject_status: 503, reject_grpc_status: GRPC_CODE_UNAVAILABLE }
   - name: hello/rate_${1}
     on: { path: { kind: PATH_KIND_PREFIX, value: "/${1}/" } }
     mode: MODE_ENFORCE
@@ -158,6 +158,7 @@ rule_pair() { # prefix limit
       key: LIMIT_KEY_ALL
       calls: { amount: $2, window_ms: 1000 }
       reject_status: 429
+      reject_grpc_status: GRPC_CODE_RESOURCE_EXHAUSTED
 RULES
 }
 {
@@ -172,6 +173,7 @@ RULES
       key: LIMIT_KEY_ALL
       calls: { amount: 10, window_ms: 1000 }
       reject_status: 429
+      reject_grpc_status: GRPC_CODE_RESOURCE_EXHAUSTED
 RULES
 } > "$WORK/policy.yaml"
 printf 'service: hello\nversion: bench-bare\nconsumer_header: x-gov-consumer\nrules: []\n' > "$WORK/bare.yaml"

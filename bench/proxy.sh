@@ -88,6 +88,7 @@ rules:
       max_wait_ms: 10
       timeout_ms: 5000
       reject_status: 408
+      reject_grpc_status: GRPC_CODE_UNAVAILABLE
   - name: hello/per_consumer
     on: { any: true }
     mode: MODE_ENFORCE
@@ -96,6 +97,7 @@ rules:
       calls: { amount: 1000000000, window_ms: 1000 }
       bytes: { amount: 1000000000000, window_ms: 60000 }
       reject_status: 429
+      reject_grpc_status: GRPC_CODE_RESOURCE_EXHAUSTED
   - name: hello/errors
     on: { any: true }
     mode: MODE_ENFORCE
@@ -106,6 +108,7 @@ rules:
       system: { connect_failure: true, timeout: true, reset: true }
       recover: { manual: true }
       reject_status: 503
+      reject_grpc_status: GRPC_CODE_UNAVAILABLE
 POLICY
 # The same policy in the wire shape before issue 20 (one list per kind), for a
 # BEFORE_BIN built from a commit before it.
