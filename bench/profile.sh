@@ -128,6 +128,28 @@ set +o pipefail
   perf report -i "$WORK/perf.data" --no-children --sort comm --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -8
   echo "# by shared object"
   perf report -i "$WORK/perf.data" --no-children --sort dso --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -8
+  echo "# by crate (self; [k] the kernel, libc its functions; user space per request in us)"
+  perf report -i "$WORK/perf.data" --no-children --sort dso,sym --stdio -g none 2>/dev/null \
+    | python3 -c '
+import re, sys, collections
+cpu_us = float(sys.argv[1])
+by = collections.Counter()
+for line in sys.stdin:
+    m = re.match(r"\s*([0-9.]+)%\s+(\S+)\s+\[(.)\]\s+(.*)", line)
+    if not m:
+        continue
+    pct, dso, kind, sym = float(m.group(1)), m.group(2), m.group(3), m.group(4).strip()
+    if kind == "k":
+        key = "[kernel]"
+    elif dso.startswith("libc"):
+        key = "libc (malloc, free, memmove...)"
+    else:
+        sym = re.sub(r"^(<|\(|&|\*const |\*mut |dyn )+", "", sym)
+        key = re.split(r"::|<| ", sym)[0] or sym
+    by[key] += pct
+for key, pct in by.most_common(14):
+    print(f"{pct:6.2f}%  {pct / 100 * cpu_us:6.2f} us  {key}")
+' "$(python3 -c "print(($t1-$t0)/$HZ/max($(sed -E 's/.*ok=([0-9]+).*/\1/' "$WORK/load.txt"),1)*1e6)")"
   echo "# by symbol (self)"
   perf report -i "$WORK/perf.data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -40
 } | tee "$OUTF"
