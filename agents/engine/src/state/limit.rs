@@ -742,6 +742,138 @@ mod tests {
         (Limit::new(spec, "svc/l".into(), events, None), rx)
     }
 
+    /// At [`MAX_KEYS`] keys a new key evicts the idle keys that are not
+    /// engaged: a key engaged until its release time and a key a call holds
+    /// stay; an engaged key goes once its release time has come. (Without
+    /// room, a new key counts in the overflow scope.)
+    #[tokio::test(start_paused = true)]
+    async fn keyed_cells_evict_idle_keys_that_are_not_engaged() {
+        let (l, _rx) = limit(
+            Some(1),
+            None,
+            Some(ReleaseSpec::After(Duration::from_secs(60))),
+        );
+        let keys = |l: &Limit| l.keyed.read().map(|m| m.len()).unwrap_or(0);
+        let has = |l: &Limit, k: &str| l.keyed.read().is_ok_and(|m| m.contains_key(k));
+        let engaged = l.cell_for(Some("engaged"));
+        assert!(l.try_admit(l.cell(&engaged), Instant::now()).is_ok());
+        let e = l.try_admit(l.cell(&engaged), Instant::now()).unwrap_err();
+        assert!(l.refuse(l.cell(&engaged), e, Instant::now()).is_some());
+        drop(engaged);
+        let held = l.cell_for(Some("held"));
+        for i in 2..MAX_KEYS {
+            drop(l.cell_for(Some(&format!("k{i}"))));
+        }
+        assert_eq!(keys(&l), MAX_KEYS, "no eviction below the bound");
+        let new = l.cell_for(Some("new"));
+        assert!(matches!(new, CellRef::Keyed(_)));
+        assert_eq!(keys(&l), 3, "engaged, held and new");
+        assert!(has(&l, "engaged") && has(&l, "held"));
+
+        // At its release time the engaged key is idle like any other.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        for i in 3..MAX_KEYS {
+            drop(l.cell_for(Some(&format!("j{i}"))));
+        }
+        assert_eq!(keys(&l), MAX_KEYS);
+        let again = l.cell_for(Some("again"));
+        assert!(matches!(again, CellRef::Keyed(_)));
+        assert!(!has(&l, "engaged"), "released by then");
+        assert_eq!(keys(&l), 3, "held, new and again");
+        drop((held, new, again));
+    }
+
+    /// The bytes of a response that runs into a new window before any call
+    /// is admitted in it count in the new window.
+    #[tokio::test(start_paused = true)]
+    async fn bytes_that_cross_into_a_new_window_count_in_it() {
+        let (l, _rx) = limit(None, Some(1000), None);
+        let c = CellRef::Single;
+        assert!(l.try_admit(l.cell(&c), Instant::now()).is_ok());
+        l.count_bytes(l.cell(&c), 600, Instant::now());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        l.count_bytes(l.cell(&c), 500, Instant::now());
+        assert!(
+            l.try_admit(l.cell(&c), Instant::now()).is_ok(),
+            "500 of 1000"
+        );
+        l.count_bytes(l.cell(&c), 500, Instant::now());
+        let e = l.try_admit(l.cell(&c), Instant::now()).unwrap_err();
+        assert_eq!(e.reason, RejectReason::LimitBytes);
+    }
+
+    /// An engaged limit says what it counted and how it releases, keeps
+    /// refusing for that reason, and records when it engaged; the store's
+    /// encoding of its release (0 none, -1 manual, else ms) and its gRPC code
+    /// are as configured.
+    #[tokio::test(start_paused = true)]
+    async fn an_engaged_limit_says_why_and_until_when() {
+        let (l, mut rx) = limit(
+            None,
+            Some(1000),
+            Some(ReleaseSpec::After(Duration::from_secs(60))),
+        );
+        let c = CellRef::Single;
+        assert!(l.try_admit(l.cell(&c), Instant::now()).is_ok());
+        l.count_bytes(l.cell(&c), 1000, Instant::now());
+        let e = l.try_admit(l.cell(&c), Instant::now()).unwrap_err();
+        assert!(l.refuse(l.cell(&c), e, Instant::now()).is_some());
+        let event = rx.try_recv().unwrap();
+        assert_eq!(
+            event.reason,
+            "bytes per window exceeded; engaged releases after 60s"
+        );
+        assert!(l.cell(&c).engaged_since_unix_ms.load(Relaxed) > 1_600_000_000_000);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let e = l.try_admit(l.cell(&c), Instant::now()).unwrap_err();
+        assert_eq!(e.reason, RejectReason::LimitBytes, "engaged for bytes");
+        assert_eq!(l.latch_ms(), 60_000);
+
+        let (l, mut rx) = limit(Some(1), None, Some(ReleaseSpec::Manual));
+        assert!(l.try_admit(l.cell(&c), Instant::now()).is_ok());
+        let e = l.try_admit(l.cell(&c), Instant::now()).unwrap_err();
+        assert_eq!(l.refuse(l.cell(&c), e, Instant::now()), None);
+        assert_eq!(
+            rx.try_recv().unwrap().reason,
+            "calls per window exceeded; engaged until released by an operator"
+        );
+        assert_eq!(l.latch_ms(), -1);
+        assert_eq!(limit(Some(1), None, None).0.latch_ms(), 0);
+        assert_eq!(
+            Primitive::reject_grpc(&l),
+            gov_proto::v1::GrpcCode::ResourceExhausted
+        );
+    }
+
+    /// Stats list at most [`MAX_ENGAGED_KEYS`](crate::MAX_ENGAGED_KEYS)
+    /// engaged keys and say when there were more.
+    #[tokio::test(start_paused = true)]
+    async fn stats_say_when_the_engaged_keys_are_cut() {
+        let (l, _rx) = limit(Some(1), None, Some(ReleaseSpec::Manual));
+        let engage = |l: &Limit, k: &str| {
+            let c = l.cell_for(Some(k));
+            assert!(l.try_admit(l.cell(&c), Instant::now()).is_ok());
+            let e = l.try_admit(l.cell(&c), Instant::now()).unwrap_err();
+            l.refuse(l.cell(&c), e, Instant::now());
+        };
+        let stats = |l: &Limit| {
+            let mut s = l.counters.snapshot(&l.name, gov_proto::v1::RuleKind::Limit);
+            Primitive::stats(l, &mut s);
+            (
+                s.limit_engaged,
+                s.engaged_keys.len(),
+                s.engaged_keys_truncated,
+            )
+        };
+        assert_eq!(stats(&l), (false, 0, false));
+        for i in 0..crate::MAX_ENGAGED_KEYS {
+            engage(&l, &format!("k{i}"));
+        }
+        assert_eq!(stats(&l), (true, crate::MAX_ENGAGED_KEYS, false));
+        engage(&l, "one-more");
+        assert_eq!(stats(&l), (true, crate::MAX_ENGAGED_KEYS, true));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn calls_per_window_roll_over() {
         let (l, _rx) = limit(Some(3), None, None);

@@ -644,3 +644,18 @@ fn only_the_agent_writes_gov_would_reject_by() {
         "GET /a HTTP/1.1\r\nx-kept: 1\r\ngov-would-reject-by: shop/trial, shop/other\r\nhost: h\r\nx-forwarded-for: 127.0.0.2\r\n\r\n"
     );
 }
+
+/// The status line keeps the upstream's reason phrase, and gives the
+/// canonical one when the upstream sent none (or an empty one).
+#[test]
+fn the_response_head_keeps_the_upstreams_reason_or_gives_the_canonical_one() {
+    let line = |reason: Option<&str>| {
+        let mut out = Vec::new();
+        write_response_head(&mut out, 200, reason, &[], &[], Framing::Length(0), false);
+        let text = String::from_utf8_lossy(&out).into_owned();
+        text.lines().next().unwrap_or_default().to_owned()
+    };
+    assert_eq!(line(Some("Very Fine")), "HTTP/1.1 200 Very Fine");
+    assert_eq!(line(Some("")), "HTTP/1.1 200 OK");
+    assert_eq!(line(None), "HTTP/1.1 200 OK");
+}
