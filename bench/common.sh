@@ -28,3 +28,23 @@ trap cleanup EXIT
 
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
+
+# api_policy FILE VERSION: gov-agent's config for the peers' /api/ rules (a
+# bulkhead of 256, no waiting, and a limit nobody reaches), as bench/peers.sh
+# writes them for nginx and HAProxy too; used by profile.sh and h2load.sh.
+api_policy() {
+  cat > "$1" <<POLICY
+service: hello
+version: $2
+consumer_header: x-gov-consumer
+rules:
+  - name: hello/bulk_api
+    on: { path: { kind: PATH_KIND_PREFIX, value: "/api/" } }
+    mode: MODE_ENFORCE
+    bulkhead: { max_concurrent: 256, max_wait_ms: 0, timeout_ms: 30000, reject_status: 503, reject_grpc_status: GRPC_CODE_UNAVAILABLE }
+  - name: hello/rate_api
+    on: { path: { kind: PATH_KIND_PREFIX, value: "/api/" } }
+    mode: MODE_ENFORCE
+    limit: { key: LIMIT_KEY_ALL, calls: { amount: 1000000000, window_ms: 1000 }, reject_status: 429, reject_grpc_status: GRPC_CODE_RESOURCE_EXHAUSTED }
+POLICY
+}

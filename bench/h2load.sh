@@ -27,20 +27,7 @@ mkdir -p "$WORK"
 # shellcheck source=bench/common.sh
 source bench/common.sh
 
-cat > "$WORK/policy.yaml" <<POLICY
-service: hello
-version: bench-h2load
-consumer_header: x-gov-consumer
-rules:
-  - name: hello/bulk_api
-    on: { path: { kind: PATH_KIND_PREFIX, value: "/api/" } }
-    mode: MODE_ENFORCE
-    bulkhead: { max_concurrent: 256, max_wait_ms: 0, timeout_ms: 30000, reject_status: 503, reject_grpc_status: GRPC_CODE_UNAVAILABLE }
-  - name: hello/rate_api
-    on: { path: { kind: PATH_KIND_PREFIX, value: "/api/" } }
-    mode: MODE_ENFORCE
-    limit: { key: LIMIT_KEY_ALL, calls: { amount: 1000000000, window_ms: 1000 }, reject_status: 429, reject_grpc_status: GRPC_CODE_RESOURCE_EXHAUSTED }
-POLICY
+api_policy "$WORK/policy.yaml" bench-h2load
 # A unary gRPC request body: one uncompressed 5-byte-prefixed message.
 printf '\0\0\0\0\5hello' > "$WORK/grpc-body"
 

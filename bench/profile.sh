@@ -31,20 +31,7 @@ source bench/common.sh
 taskset -c 1 "$LOAD" upstream "$UP" & pids+=($!)
 case $ARM in
   gov)
-    cat > "$WORK/policy.yaml" <<POLICY
-service: hello
-version: bench-profile
-consumer_header: x-gov-consumer
-rules:
-  - name: hello/bulk_api
-    on: { path: { kind: PATH_KIND_PREFIX, value: "/api/" } }
-    mode: MODE_ENFORCE
-    bulkhead: { max_concurrent: 256, max_wait_ms: 0, timeout_ms: 30000, reject_status: 503, reject_grpc_status: GRPC_CODE_UNAVAILABLE }
-  - name: hello/rate_api
-    on: { path: { kind: PATH_KIND_PREFIX, value: "/api/" } }
-    mode: MODE_ENFORCE
-    limit: { key: LIMIT_KEY_ALL, calls: { amount: 1000000, window_ms: 1000 }, reject_status: 429, reject_grpc_status: GRPC_CODE_RESOURCE_EXHAUSTED }
-POLICY
+    api_policy "$WORK/policy.yaml" bench-profile
     GOV_LOG=warn taskset -c 1 "$AGENT_BIN" --service hello --listen "127.0.0.1:$PORT" \
       --admin-listen "127.0.0.1:$((PORT + 1))" --upstream "$UP" --upstream-protocol downstream \
       --worker-threads 1 --config "$WORK/policy.yaml" & pids+=($!)
