@@ -2811,6 +2811,15 @@ async fn govd_will_not_start_open_unless_told_and_only_on_loopback() {
     .await;
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("line 2: unknown role `root`"), "{stderr}");
+    // etcd's settings without etcd are a usage error, not ignored (clap alone
+    // let them through beside `--state-dir`).
+    for flag in [["--leader-lease", "5s"], ["--replica", "r1"]] {
+        let mut args = vec!["--listen", "127.0.0.1:0", "--insecure"];
+        args.extend(flag);
+        let (code, stderr) = govd_refuses(dir.path(), &args).await;
+        assert_eq!(code, 64, "{flag:?}: {stderr}");
+        assert!(stderr.contains("need --store etcd://"), "{stderr}");
+    }
     // --insecure on loopback starts (and serves without a token).
     let govd = ControlPlaneBuilder {
         state_dir: dir.path().join("open"),

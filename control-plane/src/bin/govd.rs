@@ -66,9 +66,15 @@ struct Args {
     replica: Option<String>,
 
     /// The leader's lease in etcd: a leader that stops renewing it (dead,
-    /// paused, cut off) is replaced after at most this long.
-    #[arg(long, env = "GOV_LEADER_LEASE", default_value = "10s", value_parser = parse_duration)]
-    leader_lease: Duration,
+    /// paused, cut off) is replaced after at most this long (default 10s).
+    /// Only with `--store` (the state directory has one writer and no leader).
+    #[arg(
+        long,
+        env = "GOV_LEADER_LEASE",
+        value_parser = parse_duration,
+        requires = "store"
+    )]
+    leader_lease: Option<Duration>,
 
     /// The tokens people present: one `name token role` line each, role
     /// `admin` (everything), `operator` (read and release) or `viewer`
@@ -178,6 +184,9 @@ struct Args {
     log_format: LogFormat,
 }
 
+/// `--leader-lease` when not given.
+const DEFAULT_LEADER_LEASE: Duration = Duration::from_secs(10);
+
 fn main() -> ExitCode {
     let args = match Args::try_parse() {
         Ok(args) => args,
@@ -187,6 +196,14 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // clap drops `requires = "store"` when `--state-dir` (which conflicts
+    // with `--store`) is given: say it here in every case.
+    if args.store.is_none() && (args.leader_lease.is_some() || args.replica.is_some()) {
+        gov_proto::errln!(
+            "error: --leader-lease and --replica need --store etcd://HOST:PORT,...: the state directory has one writer and no leader"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
     if let Err(error) = gov_proto::log::init(args.log_format) {
         gov_proto::report::plain(&error);
         return ExitCode::from(EXIT_USAGE);
@@ -279,7 +296,11 @@ async fn run(args: Args) -> Result<(), Error> {
         None => ControlPlane::open(options, shutdown.clone())?,
         Some(url) => {
             let replica = args.replica.clone().unwrap_or_else(|| addr.to_string());
-            let config = EtcdConfig::parse(url, &replica, args.leader_lease)?;
+            let config = EtcdConfig::parse(
+                url,
+                &replica,
+                args.leader_lease.unwrap_or(DEFAULT_LEADER_LEASE),
+            )?;
             let store = EtcdStore::connect(config, shutdown.clone()).await?;
             let loaded = store.load().await?;
             ControlPlane::with_store(options, store, loaded, shutdown.clone())
