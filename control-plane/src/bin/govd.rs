@@ -62,7 +62,7 @@ struct Args {
 
     /// This replica's name in etcd (its agents, audit records and
     /// leadership). Default: the address it listens on.
-    #[arg(long, env = "GOV_REPLICA", value_name = "NAME", requires = "store")]
+    #[arg(long, env = "GOV_REPLICA", value_name = "NAME")]
     replica: Option<String>,
 
     /// The leader's lease in etcd: a leader that stops renewing it (dead,
@@ -71,8 +71,7 @@ struct Args {
     #[arg(
         long,
         env = "GOV_LEADER_LEASE",
-        value_parser = parse_duration,
-        requires = "store"
+        value_parser = parse_duration
     )]
     leader_lease: Option<Duration>,
 
@@ -196,8 +195,8 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    // clap drops `requires = "store"` when `--state-dir` (which conflicts
-    // with `--store`) is given: say it here in every case.
+    // Not clap's `requires = "store"`: clap drops it when `--state-dir`
+    // (which conflicts with `--store`) is given.
     if args.store.is_none() && (args.leader_lease.is_some() || args.replica.is_some()) {
         gov_proto::errln!(
             "error: --leader-lease and --replica need --store etcd://HOST:PORT,...: the state directory has one writer and no leader"
