@@ -22,6 +22,28 @@
 //! encoded, or an encoded `/` (upstreams disagree on whether they separate
 //! segments), a broken escape, a `..` that climbs above the root, or a path that
 //! does not start with `/`.
+//!
+//! **Path parameters** (`;` in a segment, RFC 3986 section 3.3). A Servlet
+//! container (Tomcat, Jetty, Undertow, so Spring) removes each segment's
+//! parameters before it removes dot segments, so `/x/..;/admin/`, `/.;/admin/`
+//! and `/;x/admin/` are `/admin/` to it, and `/api;x/admin` is `/api/admin`
+//! (which does not start with `/api/admin`). Without a declaration of how the
+//! upstream reads them, a `;` is kept only where no reading moves a rule's
+//! boundary, and refused elsewhere ([`PathError::Parameters`]):
+//! - refused: a `;` in any segment but the last (`/a;jsessionid=1/b`), and a
+//!   segment that is empty, `.` or `..` before its `;` (`/..;/`, `/.;x`, `/;x`);
+//! - kept: a `;` in the last segment after a name (`/cart;jsessionid=1`): a
+//!   `path prefix` rule that matches the path without the parameters matches
+//!   it with them too. A `path exact` rule does not, so an upstream that
+//!   strips them serves `/lim;x` as `/lim`: declare `paths servlet` there.
+//!
+//! A percent-encoded `;` (`%3B`) is data, not a delimiter, as in Servlet
+//! containers (which remove parameters before decoding), and stays encoded.
+//!
+//! **Double encoding**: `%25` (an encoded `%`) followed by two hex digits
+//! (`/%252e%252e/admin`) is refused ([`PathError::DoubleEncoding`]): an upstream
+//! that decodes twice would read a path the rules never saw (`/../admin`).
+//!
 //! The query is not part of the path and is never touched.
 
 use std::borrow::Cow;
@@ -49,6 +71,21 @@ pub enum PathError {
     #[error("the path has a `\\`")]
     #[diagnostic(code(gov::path::backslash))]
     Backslash,
+    /// A `;` where an upstream that strips path parameters reads another path
+    /// than the rules would (`/x/..;/admin`, `/;x/admin`, `/api;x/admin`).
+    #[error("the path has a `;` parameter that changes what the path names")]
+    #[diagnostic(
+        code(gov::path::parameters),
+        help(
+            "declare how the service reads them (`paths servlet`), or send the path without them"
+        )
+    )]
+    Parameters,
+    /// `%25` followed by two hex digits: another path to an upstream that
+    /// decodes twice.
+    #[error("the path has a double-encoded escape (`%25` followed by two hex digits)")]
+    #[diagnostic(code(gov::path::double_encoding))]
+    DoubleEncoding,
 }
 
 impl PathError {
@@ -60,6 +97,10 @@ impl PathError {
             PathError::AboveRoot => "gov-agent: the path climbs above the root with `..`\n",
             PathError::NotAbsolute => "gov-agent: the path does not start with `/`\n",
             PathError::Backslash => "gov-agent: the path has a `\\`\n",
+            PathError::Parameters => {
+                "gov-agent: the path has a `;` parameter that changes what the path names\n"
+            }
+            PathError::DoubleEncoding => "gov-agent: the path has a double-encoded escape\n",
         }
     }
 }
@@ -78,10 +119,17 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     let mut out = String::with_capacity(decoded.len());
     // The segments kept so far, as end offsets into `out` of each `/` that starts one.
     let mut starts: Vec<usize> = Vec::new();
-    let segments = decoded.split('/').skip(1);
+    let mut segments = decoded.split('/').skip(1).peekable();
     let mut trailing = false;
-    for segment in segments {
+    while let Some(segment) = segments.next() {
+        let last = segments.peek().is_none();
         trailing = false;
+        if let Some((name, _)) = segment.split_once(';') {
+            // Parameters are kept only on a named last segment (module doc).
+            if !last || matches!(name, "" | "." | "..") {
+                return Err(PathError::Parameters);
+            }
+        }
         match segment {
             // Merged slashes; a `/` at the very end keeps the trailing slash.
             "" => trailing = true,
@@ -101,18 +149,22 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     if out.is_empty() || trailing {
         out.push('/');
     }
+    if out == path {
+        return Ok(Cow::Borrowed(path));
+    }
     Ok(Cow::Owned(out))
 }
 
-/// Whether `path` (starting with `/`) is already normal: no escape, no empty,
-/// `.` or `..` segment. A `\` is an error (and [`decode_unreserved`] refuses
-/// one after an early `false` too).
+/// Whether `path` (starting with `/`) is already normal: no escape, no `;`, no
+/// empty, `.` or `..` segment. A `\` is an error (and [`decode_unreserved`]
+/// refuses one after an early `false` too).
 fn is_normal(path: &[u8]) -> Result<bool, PathError> {
     let mut i = 0;
     while i < path.len() {
         match path[i] {
             b'\\' => return Err(PathError::Backslash),
-            b'%' => return Ok(false),
+            // The rare `;` is judged segment by segment in `normalize`.
+            b'%' | b';' => return Ok(false),
             b'/' => {
                 // What follows this `/` up to the next one.
                 let rest = &path[i + 1..];
@@ -131,7 +183,8 @@ fn is_normal(path: &[u8]) -> Result<bool, PathError> {
 }
 
 /// `path` with escapes of unreserved characters decoded and the hex digits of the
-/// others upper-cased.
+/// others upper-cased. An encoded `%` followed by two hex digits, once decoded
+/// (`%2541`, `%25%34%31`), is refused.
 fn decode_unreserved(path: &[u8]) -> Result<String, PathError> {
     let mut out = Vec::with_capacity(path.len());
     let mut i = 0;
@@ -163,6 +216,12 @@ fn decode_unreserved(path: &[u8]) -> Result<String, PathError> {
             out.push(path[i + 2].to_ascii_uppercase());
         }
         i += 3;
+    }
+    if out
+        .windows(5)
+        .any(|w| w.starts_with(b"%25") && hex(w[3]).is_some() && hex(w[4]).is_some())
+    {
+        return Err(PathError::DoubleEncoding);
     }
     // Only ASCII was decoded and every other byte was copied: still UTF-8 when the
     // input was.
@@ -218,8 +277,10 @@ mod tests {
     fn other_escapes_stay_encoded_with_upper_case_hex() {
         assert_eq!(normalize("/a%20b").as_deref(), Ok("/a%20b"));
         assert_eq!(normalize("/a%3fb%c3%a9").as_deref(), Ok("/a%3Fb%C3%A9"));
-        // A decoded `%` stays a `%25`: no double decoding.
-        assert_eq!(normalize("/%2541").as_deref(), Ok("/%2541"));
+        // A decoded `%` stays a `%25` when no hex digits follow it.
+        assert_eq!(normalize("/%25zz").as_deref(), Ok("/%25zz"));
+        assert_eq!(normalize("/%25").as_deref(), Ok("/%25"));
+        assert_eq!(normalize("/%25%3F").as_deref(), Ok("/%25%3F"));
     }
 
     #[test]
@@ -238,6 +299,68 @@ mod tests {
         assert_eq!(normalize("/%2e%2e/lim"), Err(PathError::AboveRoot));
         assert_eq!(normalize("lim"), Err(PathError::NotAbsolute));
         assert_eq!(normalize(""), Err(PathError::NotAbsolute));
+    }
+
+    #[test]
+    fn parameters_that_change_what_a_path_names_are_refused() {
+        for p in [
+            // Dot segments with parameters: `/admin/` to a Servlet container.
+            "/x/..;/admin/",
+            "/x/..;x=1/admin/",
+            "/.;/admin/",
+            "/.;x/admin",
+            "/x/%2e%2e;/admin/",
+            "/x/.%2E;/admin/",
+            // An empty segment with parameters.
+            "/;x/admin/",
+            "/;/admin",
+            "//;x/admin",
+            // Parameters on a segment before the last move a prefix boundary.
+            "/api;x/admin",
+            "/a;jsessionid=1/b",
+            "/admin;x/",
+            "/a;b/..",
+            // A last segment that is only a dot segment with parameters.
+            "/admin/..;",
+            "/admin/.;x",
+            "/admin/;x",
+        ] {
+            assert_eq!(normalize(p), Err(PathError::Parameters), "{p}");
+        }
+    }
+
+    #[test]
+    fn parameters_on_a_named_last_segment_are_kept() {
+        for p in [
+            "/cart;jsessionid=A1",
+            "/a/b;c",
+            "/lim;",
+            "/a/b;c;d=e",
+            "/a/b;..",
+        ] {
+            assert!(
+                matches!(normalize(p), Ok(Cow::Borrowed(q)) if q == p),
+                "{p}"
+            );
+        }
+        assert_eq!(normalize("//a/%62;x").as_deref(), Ok("/a/b;x"));
+        // An encoded `;` is data: it stays encoded and delimits nothing.
+        assert_eq!(normalize("/..%3B/a").as_deref(), Ok("/..%3B/a"));
+        assert_eq!(normalize("/a%3bx/b").as_deref(), Ok("/a%3Bx/b"));
+    }
+
+    #[test]
+    fn double_encoded_escapes_are_refused() {
+        for p in [
+            "/%2541",
+            "/%252e%252e/admin",
+            "/%252F",
+            "/a/%25%34%31",
+            "/%25%32%35%34%31",
+            "/x%25ff",
+        ] {
+            assert_eq!(normalize(p), Err(PathError::DoubleEncoding), "{p}");
+        }
     }
 
     #[test]

@@ -88,6 +88,9 @@ const VECTORS: &[&[u8]] = &[
     b"GET http://x/lim HTTP/1.1\r\n\r\n",
     // Path spellings, pipelined.
     b"GET //lim HTTP/1.1\r\nhost: x\r\n\r\nGET /./lim HTTP/1.1\r\nhost: x\r\n\r\nGET /%6cim HTTP/1.1\r\nhost: x\r\n\r\nGET /x/../lim HTTP/1.1\r\nhost: x\r\n\r\nGET /%2flim HTTP/1.1\r\nhost: x\r\n\r\n",
+    // Path parameters: kept on a named last segment, else refused.
+    b"GET /lim;x HTTP/1.1\r\nhost: x\r\n\r\nGET /x/..;/lim HTTP/1.1\r\nhost: x\r\n\r\n",
+    b"GET /a;x/lim HTTP/1.1\r\nhost: x\r\n\r\nGET /lim HTTP/1.1\r\nhost: x\r\n\r\n",
     b"GET http://x//lim/../a HTTP/1.1\r\nhost: y\r\n\r\nPOST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhiGET /lim HTTP/1.1\r\nhost: x\r\n\r\n",
 ];
 
@@ -144,7 +147,9 @@ fn oracle(stream: &[u8]) -> (Vec<Seen>, Stop) {
 
 /// RFC 3986 section 6 normalization, written apart from the agent's: decoded
 /// unreserved escapes, merged slashes, dot segments; `None` for an encoded slash,
-/// a broken escape, or `..` above the root.
+/// a broken escape, a double-encoded escape (`%25` then two hex digits), `..`
+/// above the root, or a `;` anywhere but in a last segment whose name is not
+/// empty, `.` or `..` (docs/operations.md, "Request handling").
 fn normalize(path: &str) -> Option<String> {
     let b = path.as_bytes();
     if b.first() != Some(&b'/') {
@@ -171,8 +176,23 @@ fn normalize(path: &str) -> Option<String> {
             i += 1;
         }
     }
+    let double = decoded.match_indices("%25").any(|(i, _)| {
+        decoded
+            .get(i + 3..i + 5)
+            .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+    });
+    if double {
+        return None;
+    }
     let mut kept: Vec<&str> = Vec::new();
     let segments: Vec<&str> = decoded.split('/').skip(1).collect();
+    for (i, s) in segments.iter().enumerate() {
+        if let Some((name, _)) = s.split_once(';')
+            && (i + 1 < segments.len() || matches!(name, "" | "." | ".."))
+        {
+            return None;
+        }
+    }
     let mut dir = false;
     for s in &segments {
         dir = matches!(*s, "" | "." | "..");
@@ -442,6 +462,12 @@ fn gen_request() -> impl Strategy<Value = Gen> {
             "http://x/lim",
             "/%41",
             "/a%20b",
+            "/x/..;/lim",
+            "/.;/lim",
+            "/;x/lim",
+            "/lim;x",
+            "/a;jsessionid=1/lim",
+            "/%2541",
         ]),
         prop_oneof![8 => Just(1_u8), 1 => Just(0_u8), 1 => Just(2_u8)],
         prop::collection::vec(prop::sample::select(b"abcGET /\r\n0".to_vec()), 0..40),
@@ -550,7 +576,16 @@ fn generated_and_mutated_streams_reach_the_upstream_only_as_judged() {
         let valid = requests.iter().all(|r| {
             r.host == 1
                 && !matches!(r.extra, Some(("content-length" | "transfer-encoding", _)))
-                && !matches!(r.target, "/%2flim" | "/../lim")
+                && !matches!(
+                    r.target,
+                    "/%2flim"
+                        | "/../lim"
+                        | "/x/..;/lim"
+                        | "/.;/lim"
+                        | "/;x/lim"
+                        | "/a;jsessionid=1/lim"
+                        | "/%2541"
+                )
         });
         mutate(&mut stream, &mutations);
         let untouched = valid && mutations.is_empty();

@@ -17,6 +17,7 @@ mod grpc;
 mod h1;
 mod hostile;
 mod latches;
+mod paths;
 mod proxy;
 mod reload;
 mod shadow;

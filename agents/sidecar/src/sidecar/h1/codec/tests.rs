@@ -659,3 +659,45 @@ fn the_response_head_keeps_the_upstreams_reason_or_gives_the_canonical_one() {
     assert_eq!(line(Some("")), "HTTP/1.1 200 OK");
     assert_eq!(line(None), "HTTP/1.1 200 OK");
 }
+
+#[test]
+fn path_parameters_that_change_what_a_path_names_are_refused_byte_by_byte() {
+    for target in [
+        "/x/..;/admin/",
+        "/.;/admin/",
+        "/;x/admin/",
+        "/api;x/admin",
+        "/a;jsessionid=1/b",
+        "/x/%2e%2e;/admin/",
+    ] {
+        let head = format!("GET {target} HTTP/1.1\r\nhost: x\r\n\r\n");
+        assert_eq!(
+            verdict(&head),
+            Err(Refusal::BadRequest(PathError::Parameters.body())),
+            "{target}"
+        );
+        // The same before a hand-over to hyper (HTTP/1.0).
+        let head = format!("GET {target} HTTP/1.0\r\n\r\n");
+        assert_eq!(
+            verdict(&head),
+            Err(Refusal::BadRequest(PathError::Parameters.body())),
+            "{target}"
+        );
+    }
+    // Parameters on a named last segment are forwarded as sent; the query is
+    // never read as a path.
+    assert_eq!(
+        verdict("GET /cart;jsessionid=A1?x=/..;/ HTTP/1.1\r\nhost: x\r\n\r\n"),
+        Ok(here(
+            "/cart;jsessionid=A1?x=/..;/",
+            "/cart;jsessionid=A1",
+            "x",
+            Framing::Empty,
+            false
+        ))
+    );
+    assert_eq!(
+        verdict("GET /%252e%252e/admin HTTP/1.1\r\nhost: x\r\n\r\n"),
+        Err(Refusal::BadRequest(PathError::DoubleEncoding.body()))
+    );
+}

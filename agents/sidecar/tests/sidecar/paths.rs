@@ -1,0 +1,246 @@
+//! Path parameters (`;`) and double encoding against an upstream that reads paths
+//! as a Servlet container does (Tomcat, Jetty, Undertow): each spelling that
+//! would reach a protected page through such an upstream is refused, or matched
+//! as the upstream reads it, over HTTP/1.1, HTTP/1.0 (hyper's path) and h2c.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::h1::Wire;
+use crate::strict::{Parsed, parse};
+use crate::support::{Agent, Upstream, agent};
+
+/// `/admin` and below: one call an hour, spent before the spellings are sent.
+const PROTECTED: &str = r#"
+service: shop
+version: paths-v1
+rules:
+  - name: shop/admin
+    on: { path: { kind: PATH_KIND_PREFIX, value: /admin } }
+    limit:
+      calls: { amount: 1, window_ms: 3600000 }
+"#;
+
+/// What a Servlet container serves for `target`, per Jakarta Servlet 6.0 section
+/// 3.5.2 ("URI Path Canonicalization"; Servlet 4.0/5.0 section 3.5): the query
+/// separated (step 2), the path split into segments (3), the path parameters
+/// removed from each segment, from its first `;` on (4), each segment decoded
+/// (5), empty segments but the last removed (6), dot segments removed (7); a `..`
+/// above the root is refused (8). `None`: the container answers 400.
+fn servlet_path(target: &str) -> Option<String> {
+    let path = target.split('?').next().unwrap_or(target);
+    let segments: Vec<&str> = path.strip_prefix('/')?.split('/').collect();
+    let mut kept: Vec<String> = Vec::new();
+    let mut dir = false;
+    for (i, segment) in segments.iter().enumerate() {
+        let bare = segment.split(';').next().unwrap_or("");
+        let decoded = percent_decode(bare)?;
+        let last = i + 1 == segments.len();
+        dir = matches!(decoded.as_str(), "." | "..") || (decoded.is_empty() && last);
+        match decoded.as_str() {
+            "" | "." => {}
+            ".." => {
+                kept.pop()?;
+            }
+            _ => kept.push(decoded),
+        }
+    }
+    let mut out = String::new();
+    for s in &kept {
+        out.push('/');
+        out.push_str(s);
+    }
+    if out.is_empty() || dir {
+        out.push('/');
+    }
+    Some(out)
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// An upstream that reads each request's path as a Servlet container does
+/// ([`servlet_path`]) and answers `200` with `servlet <path>`, or `400`.
+struct Servlet {
+    addr: SocketAddr,
+    /// The targets received, as sent by the agent.
+    received: Arc<Mutex<Vec<String>>>,
+}
+
+impl Servlet {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let log = received.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    loop {
+                        if let Parsed::Complete(req, n) = parse(&buf) {
+                            buf.drain(..n);
+                            log.lock().unwrap().push(req.target.clone());
+                            let answer = match servlet_path(&req.target) {
+                                Some(path) => {
+                                    let body = format!("servlet {path}");
+                                    format!(
+                                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                                        body.len()
+                                    )
+                                }
+                                None => "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n"
+                                    .to_owned(),
+                            };
+                            if s.write_all(answer.as_bytes()).await.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                        let mut chunk = [0_u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        Self { addr, received }
+    }
+
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.received.lock().unwrap())
+    }
+}
+
+/// Starts the agent in front of `servlet` with `config` and spends the one call
+/// of `shop/admin`.
+async fn protected(servlet: &Servlet, config: &str) -> Agent {
+    let agent = agent()
+        .config(config)
+        .upstream(&Upstream::at(servlet.addr))
+        .start()
+        .await;
+    for expected in [200, 429] {
+        let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+        wire.send(b"GET /admin/ HTTP/1.1\r\nhost: x\r\n\r\n").await;
+        assert_eq!(wire.response().await.status, expected);
+    }
+    assert_eq!(servlet.take(), ["/admin/"]);
+    agent
+}
+
+/// The protocols a spelling is sent over.
+#[derive(Clone, Copy, Debug)]
+enum Over {
+    Http11,
+    /// Handed over to hyper by the HTTP/1 path.
+    Http10,
+    H2c,
+}
+
+const OVER: [Over; 3] = [Over::Http11, Over::Http10, Over::H2c];
+
+/// Sends `GET target` over `over`: the status and body.
+async fn get(agent: &Agent, over: Over, target: &str) -> (u16, String) {
+    let version = match over {
+        Over::Http11 => "1.1",
+        Over::Http10 => "1.0",
+        Over::H2c => {
+            let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+                .http2_only(true)
+                .build_http();
+            let req = Request::get(agent.url(target)).body(Empty::new()).unwrap();
+            let response = client.request(req).await.unwrap();
+            assert_eq!(response.version(), http::Version::HTTP_2);
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            return (status.as_u16(), String::from_utf8_lossy(&body).into_owned());
+        }
+    };
+    let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+    let request = format!("GET {target} HTTP/{version}\r\nhost: x\r\n\r\n");
+    wire.send(request.as_bytes()).await;
+    let reply = wire.response().await;
+    (
+        reply.status,
+        String::from_utf8_lossy(&reply.body).into_owned(),
+    )
+}
+
+/// The spellings of issue 27 and their relatives: each is `/admin` or below to
+/// a Servlet container.
+const BYPASSES: [&str; 10] = [
+    "/x/..;/admin/",
+    "/.;/admin/",
+    "/;x/admin/",
+    "/x/..;x=1/admin/secret",
+    "/x/%2e%2e;/admin/",
+    "/x/.%2E;/admin",
+    "//;/admin",
+    "/admin;x/",
+    "/admin;jsessionid=1/secret",
+    "/x/..;/%61dmin",
+];
+
+#[tokio::test]
+async fn by_default_parameters_that_change_the_path_are_refused_on_every_protocol() {
+    let servlet = Servlet::start().await;
+    let agent = protected(&servlet, PROTECTED).await;
+    for over in OVER {
+        for target in BYPASSES {
+            // The test upstream would serve the protected page for each.
+            assert!(
+                servlet_path(target).is_some_and(|p| p.starts_with("/admin")),
+                "{target}"
+            );
+            let (status, body) = get(&agent, over, target).await;
+            assert_eq!(status, 400, "{over:?} {target}: {body}");
+            assert!(body.contains("`;` parameter"), "{over:?} {target}: {body}");
+        }
+        for target in ["/%252e%252e/admin", "/admin%2541"] {
+            let (status, body) = get(&agent, over, target).await;
+            assert_eq!(status, 400, "{over:?} {target}: {body}");
+            assert!(body.contains("double-encoded"), "{over:?} {target}: {body}");
+        }
+        // Parameters on a named last segment are kept: a prefix rule that
+        // matches the path without them matches it with them.
+        let (status, _) = get(&agent, over, "/admin;jsessionid=1").await;
+        assert_eq!(status, 429, "{over:?}");
+        let (status, body) = get(&agent, over, "/shop/cart;jsessionid=1").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, "servlet /shop/cart"),
+            "{over:?}"
+        );
+    }
+    assert_eq!(
+        servlet.take(),
+        ["/shop/cart;jsessionid=1"; 3],
+        "nothing under `/admin` reached the upstream"
+    );
+}
