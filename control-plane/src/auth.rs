@@ -3,21 +3,28 @@
 //!
 //! | role | may |
 //! |---|---|
+//! | `agent` | `Connect` only, as an agent of the services its line names |
 //! | `viewer` | read: `Status`, `Watch`, `Audit` |
 //! | `operator` | read, and `Release` |
 //! | `admin` | everything, `Apply` (dry runs too: they cost a compile) |
 //!
 //! The audit log records the token's name, never what the client says it
-//! is. Agents present their own token on `Connect` (`--agent-token-file`).
-//! Without any token (`govd --insecure`, loopback only) every call is open
-//! and the audit records the client's claim, marked unverified.
+//! is. Agents prove who they are on `Connect`: an `agent` line of the token
+//! file (`name token agent SERVICE[,SERVICE...]`, the token's name is the
+//! agent's identity), a client certificate (`--tls-client-ca`), or the
+//! older `--agent-token-file` (one token for every service). Without any
+//! token (`govd --insecure`, loopback only) every call is open and the
+//! audit records the client's claim, marked unverified.
 
 use tonic::{Request, Status};
 
 /// What a role allows, least first: each role may do what the ones before
-/// it may.
+/// it may, except `Agent`, which may make no call people make.
+// INVARIANT: `Agent` is the least role, so that `caller` refuses it for
+// every call people make.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Role {
+    Agent,
     Viewer,
     Operator,
     Admin,
@@ -29,15 +36,40 @@ pub struct NamedToken {
     pub name: String,
     pub token: String,
     pub role: Role,
+    /// An `agent` token: the services an agent presenting it may claim
+    /// (empty for people).
+    pub services: Vec<String>,
 }
 
 /// The configured tokens.
 #[derive(Clone, Default)]
 pub struct Tokens {
-    /// People (`govc`, the TUI). Empty: every call is open (`--insecure`).
+    /// People (`govc`, the TUI) and agents (`agent` lines). Empty: every
+    /// call is open (`--insecure`).
     pub named: Vec<NamedToken>,
+    /// The older `--agent-token-file`: one token any agent may present, for
+    /// any service.
     pub agent: Option<String>,
 }
+
+/// Who an agent proved to be on `Connect`, and what it may claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentIdentity {
+    /// As the audit log and the view name it: the token's name, the
+    /// certificate's service, or `unverified` (`--insecure`).
+    pub name: String,
+    /// The services it may claim; `None`: any (`--insecure`, or the
+    /// `--agent-token-file` token).
+    pub services: Option<Vec<String>>,
+    /// Proved by a client certificate (else by a token, or nothing).
+    pub certificate: bool,
+}
+
+/// The identity of every agent of an open govd (`--insecure`).
+pub const UNVERIFIED_AGENT: &str = "unverified";
+
+/// The identity of an agent presenting the `--agent-token-file` token.
+pub const SHARED_AGENT_TOKEN: &str = "agent-token-file";
 
 /// Who made a call, as the audit log names them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +82,7 @@ pub struct Caller {
 impl Role {
     pub fn as_str(self) -> &'static str {
         match self {
+            Role::Agent => "agent",
             Role::Viewer => "viewer",
             Role::Operator => "operator",
             Role::Admin => "admin",
@@ -58,6 +91,7 @@ impl Role {
 
     fn parse(word: &str) -> Option<Self> {
         match word {
+            "agent" => Some(Role::Agent),
             "viewer" => Some(Role::Viewer),
             "operator" => Some(Role::Operator),
             "admin" => Some(Role::Admin),
@@ -68,6 +102,7 @@ impl Role {
     /// The roles that may do what `self` may, for refusal messages.
     fn at_least(self) -> &'static str {
         match self {
+            Role::Agent => "an agent token",
             Role::Viewer => "the viewer, operator or admin role",
             Role::Operator => "the operator or admin role",
             Role::Admin => "the admin role",
@@ -81,6 +116,7 @@ impl std::fmt::Debug for NamedToken {
         f.debug_struct("NamedToken")
             .field("name", &self.name)
             .field("role", &self.role)
+            .field("services", &self.services)
             .finish_non_exhaustive()
     }
 }
@@ -129,17 +165,7 @@ impl Tokens {
                 need.at_least()
             )));
         };
-        // Every token is compared, so the time taken does not say which
-        // one (or which prefix) matched.
-        let found = self.named.iter().fold(None, |found, t| {
-            let same = constant_time_eq(presented.as_bytes(), t.token.as_bytes());
-            if same && found.is_none() {
-                Some(t)
-            } else {
-                found
-            }
-        });
-        let Some(token) = found else {
+        let Some(token) = self.find(presented) else {
             return Err(Status::unauthenticated(
                 "the token is not one govd knows (check govc --token-file or GOV_TOKEN against govd's token file)",
             ));
@@ -157,17 +183,94 @@ impl Tokens {
         })
     }
 
-    pub fn agent<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let Some(expected) = self.agent.as_deref() else {
-            return Ok(());
-        };
-        match bearer(request) {
-            None => Err(Status::unauthenticated(
-                "this call needs the agent token (gov-agent --control-plane-token-file)",
-            )),
-            Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => Ok(()),
-            Some(_) => Err(Status::permission_denied("the token is not valid")),
+    /// Whether agents must prove who they are: whenever any token is
+    /// configured (only an open govd, `--insecure`, lets them in unproved).
+    pub fn agents_required(&self) -> bool {
+        self.required() || self.agent.is_some()
+    }
+
+    /// Who the agent calling with `request` is, by its bearer token. An
+    /// open govd takes every agent (its identity is unverified); otherwise
+    /// the token must be an `agent` line's or the `--agent-token-file` one.
+    pub fn agent<T>(&self, request: &Request<T>) -> Result<AgentIdentity, Status> {
+        if !self.agents_required() {
+            return Ok(AgentIdentity {
+                name: UNVERIFIED_AGENT.to_owned(),
+                services: None,
+                certificate: false,
+            });
         }
+        let Some(presented) = bearer(request) else {
+            return Err(Status::unauthenticated(
+                "govd requires agents to prove who they are: give this agent its service's agent token (gov-agent --control-plane-token-file FILE; govd's --token-file line `NAME TOKEN agent SERVICE`) or a client certificate",
+            ));
+        };
+        if let Some(shared) = self.agent.as_deref()
+            && constant_time_eq(presented.as_bytes(), shared.as_bytes())
+        {
+            return Ok(AgentIdentity {
+                name: SHARED_AGENT_TOKEN.to_owned(),
+                services: None,
+                certificate: false,
+            });
+        }
+        match self.find(presented) {
+            Some(t) if t.role == Role::Agent => Ok(AgentIdentity {
+                name: t.name.clone(),
+                services: Some(t.services.clone()),
+                certificate: false,
+            }),
+            Some(t) => Err(Status::permission_denied(format!(
+                "the token `{}` has the {} role, for people; an agent needs a token of its own (`NAME TOKEN agent SERVICE` in govd's --token-file)",
+                t.name,
+                t.role.as_str()
+            ))),
+            None => Err(Status::unauthenticated(
+                "the agent token is not one govd knows (check gov-agent --control-plane-token-file against govd's --token-file `agent` lines)",
+            )),
+        }
+    }
+
+    /// The token equal to `presented`. Every token is compared, so the time
+    /// taken does not say which one (or which prefix) matched.
+    fn find(&self, presented: &str) -> Option<&NamedToken> {
+        self.named.iter().fold(None, |found, t| {
+            let same = constant_time_eq(presented.as_bytes(), t.token.as_bytes());
+            if same && found.is_none() {
+                Some(t)
+            } else {
+                found
+            }
+        })
+    }
+}
+
+// === impl AgentIdentity ===
+
+impl AgentIdentity {
+    /// The identity a client certificate for `service` proves.
+    pub fn certificate(service: &str) -> Self {
+        Self {
+            name: service.to_owned(),
+            services: Some(vec![service.to_owned()]),
+            certificate: true,
+        }
+    }
+
+    /// How the audit log names it.
+    pub fn who(&self) -> String {
+        if self.certificate {
+            format!("agent with a certificate for `{}`", self.name)
+        } else {
+            format!("agent with the token `{}`", self.name)
+        }
+    }
+
+    /// Whether it may claim to be an agent of `service`.
+    pub fn may_claim(&self, service: &str) -> bool {
+        self.services
+            .as_ref()
+            .is_none_or(|s| s.iter().any(|s| s == service))
     }
 }
 
@@ -316,21 +419,50 @@ fn parse_named_tokens(text: &str) -> Result<Vec<NamedToken>, (usize, String)> {
             name: SINGLE_TOKEN_NAME.to_owned(),
             token: (*token).to_owned(),
             role: Role::Admin,
+            services: Vec::new(),
         }]);
     }
     let mut tokens: Vec<NamedToken> = Vec::new();
     for (n, words) in lines {
-        let [name, token, role] = words.as_slice() else {
-            return Err((
-                n,
-                format!("expected `name token role`, found {} word(s)", words.len()),
-            ));
+        let (name, token, role, services) = match words.as_slice() {
+            [name, token, role] => (name, token, role, None),
+            [name, token, role, services] => (name, token, role, Some(*services)),
+            _ => {
+                return Err((
+                    n,
+                    format!(
+                        "expected `name token role` (or `name token agent SERVICE[,SERVICE...]`), found {} word(s)",
+                        words.len()
+                    ),
+                ));
+            }
         };
         let Some(role) = Role::parse(role) else {
             return Err((
                 n,
-                format!("unknown role `{role}` (roles: admin, operator, viewer)"),
+                format!("unknown role `{role}` (roles: admin, operator, viewer, agent)"),
             ));
+        };
+        let services = match (role, services) {
+            (Role::Agent, None) => {
+                return Err((
+                    n,
+                    format!(
+                        "the agent token `{name}` names no service: write `{name} TOKEN agent SERVICE[,SERVICE...]`"
+                    ),
+                ));
+            }
+            (Role::Agent, Some(list)) => agent_services(list).map_err(|p| (n, p))?,
+            (_, None) => Vec::new(),
+            (_, Some(_)) => {
+                return Err((
+                    n,
+                    format!(
+                        "only an `agent` token names services; a {} token is `name token role`",
+                        role.as_str()
+                    ),
+                ));
+            }
         };
         if !name
             .chars()
@@ -354,12 +486,33 @@ fn parse_named_tokens(text: &str) -> Result<Vec<NamedToken>, (usize, String)> {
             name: (*name).to_owned(),
             token: (*token).to_owned(),
             role,
+            services,
         });
     }
     if tokens.is_empty() {
         return Err((0, "the file names no token".into()));
     }
     Ok(tokens)
+}
+
+/// The services of an `agent` line: `SERVICE[,SERVICE...]`.
+fn agent_services(list: &str) -> Result<Vec<String>, String> {
+    let mut services = Vec::new();
+    for service in list.split(',') {
+        if service.is_empty()
+            || !service
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-".contains(c))
+        {
+            return Err(format!(
+                "`{service}` is not a service name (letters, digits, `_` and `-`; services separated by `,`)"
+            ));
+        }
+        if !services.iter().any(|s| s == service) {
+            services.push(service.to_owned());
+        }
+    }
+    Ok(services)
 }
 
 #[cfg(test)]
@@ -425,7 +578,10 @@ mod tests {
             .caller(&Request::new(()), Role::Admin, "Apply", " ")
             .unwrap();
         assert_eq!(caller.name, "unknown (unverified)");
-        assert!(open.agent(&Request::new(())).is_ok());
+        assert_eq!(
+            open.agent(&Request::new(())).unwrap().name,
+            UNVERIFIED_AGENT
+        );
     }
 
     #[test]
@@ -468,7 +624,7 @@ mod tests {
     }
 
     #[test]
-    fn the_agent_token_is_checked_only_when_configured() {
+    fn the_shared_agent_token_is_checked_only_when_configured() {
         let t = Tokens {
             named: Vec::new(),
             agent: Some("agent-secret".into()),
@@ -479,8 +635,75 @@ mod tests {
         );
         assert_eq!(
             t.agent(&with_token("nope")).unwrap_err().code(),
-            tonic::Code::PermissionDenied
+            tonic::Code::Unauthenticated
         );
-        assert!(t.agent(&with_token("agent-secret")).is_ok());
+        let shared = t.agent(&with_token("agent-secret")).unwrap();
+        assert_eq!(shared.name, SHARED_AGENT_TOKEN);
+        assert!(shared.may_claim("anything"));
+    }
+
+    #[test]
+    fn an_agent_token_names_its_services_and_claims_only_those() {
+        let t = Tokens {
+            named: parse_named_tokens(
+                "alice s3cret-a admin\nshop-agents s3cret-shop agent order,payment\ncrm s3cret-crm agent crm\n",
+            )
+            .unwrap(),
+            agent: None,
+        };
+        let shop = t.agent(&with_token("s3cret-shop")).unwrap();
+        assert_eq!(shop.name, "shop-agents");
+        assert!(shop.may_claim("order") && shop.may_claim("payment"));
+        assert!(!shop.may_claim("crm") && !shop.may_claim("orde"));
+        // Without a token, with a stranger's, or with a person's: refused.
+        let missing = t.agent(&Request::new(())).unwrap_err();
+        assert_eq!(missing.code(), tonic::Code::Unauthenticated);
+        assert!(
+            missing.message().contains("prove who they are"),
+            "{}",
+            missing.message()
+        );
+        assert_eq!(
+            t.agent(&with_token("s3cret")).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        let person = t.agent(&with_token("s3cret-a")).unwrap_err();
+        assert_eq!(person.code(), tonic::Code::PermissionDenied);
+        assert!(
+            person.message().contains("`alice` has the admin role"),
+            "{}",
+            person.message()
+        );
+        // An agent token makes no call people make.
+        let status = t
+            .caller(&with_token("s3cret-crm"), Role::Viewer, "Status", "")
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert!(
+            status.message().contains("has the agent role"),
+            "{}",
+            status.message()
+        );
+        // A govd with no token at all (`--insecure`) takes any agent, unverified.
+        let open = Tokens::default().agent(&with_token("whatever")).unwrap();
+        assert_eq!(open.name, UNVERIFIED_AGENT);
+        assert!(open.may_claim("order"));
+        let certified = AgentIdentity::certificate("order");
+        assert!(certified.may_claim("order") && !certified.may_claim("crm"));
+    }
+
+    #[test]
+    fn bad_agent_lines_say_what_to_write() {
+        let bad = |text: &str| parse_named_tokens(text).unwrap_err().1;
+        assert!(
+            bad("a t1 agent\n").contains("`a TOKEN agent SERVICE"),
+            "{}",
+            bad("a t1 agent\n")
+        );
+        assert!(bad("a t1 admin order\n").contains("only an `agent` token names services"));
+        assert!(bad("a t1 agent order,,crm\n").contains("is not a service name"));
+        assert!(bad("a t1 agent or/der\n").contains("is not a service name"));
+        let t = parse_named_tokens("a t1 agent order,crm,order\n").unwrap();
+        assert_eq!(t[0].services, ["order", "crm"]);
     }
 }

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::apply::{ApplyError, ApplyRequest};
-use crate::auth::Role;
+use crate::auth::{AgentIdentity, Role};
 use crate::control_plane::{ControlPlane, Inner};
 use crate::convert::now_unix_ms;
 use crate::error::Error;
@@ -184,13 +184,17 @@ impl ControlPlaneRpc for ControlPlane {
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        self.inner.tokens().agent(&request)?;
         // With a client CA, the certificate (checked by the TLS handshake)
-        // says which service this agent is.
+        // says which service this agent is; a bearer token, when it carries
+        // one, must be an agent's too.
         let certified = if self.inner.agent_certificates {
             Some(certified_service(&request)?)
         } else {
             None
+        };
+        let identity = match &certified {
+            Some(service) if !has_bearer(&request) => AgentIdentity::certificate(service),
+            _ => self.inner.tokens().agent(&request)?,
         };
         let mut incoming = request.into_inner();
         let first = tokio::time::timeout(HELLO_TIMEOUT, incoming.message())
@@ -214,30 +218,35 @@ impl ControlPlaneRpc for ControlPlane {
                 "hello needs a service and an instance",
             ));
         }
-        if let Some(identity) = certified
-            && identity != hello.service
+        if let Some(certified) = certified
+            && certified != hello.service
         {
-            tracing::warn!(certificate = %identity, claimed = %hello.service, instance = %hello.instance, "refused an agent whose certificate is for another service");
-            // An attempt to pose as another service is worth a record.
-            self.inner
-                .audit(AuditEntry {
-                    at_unix_ms: now_unix_ms(),
-                    who: format!("agent with a certificate for `{identity}`"),
-                    action: "agent-refused".into(),
-                    version: String::new(),
-                    kind: String::new(),
-                    rule: String::new(),
-                    key: String::new(),
-                    targets: vec![format!("{}/{}", hello.service, hello.instance)],
-                    detail: format!(
-                        "claimed service `{}`; its certificate is for `{identity}`",
-                        hello.service
-                    ),
-                })
-                .await;
+            let detail = format!(
+                "claimed service `{}`; its certificate is for `{certified}`",
+                hello.service
+            );
+            refuse_agent(
+                &self.inner,
+                &AgentIdentity::certificate(&certified),
+                &hello,
+                detail,
+            )
+            .await;
             return Err(Status::permission_denied(format!(
-                "this agent's certificate is for service `{identity}`, not `{}`; give it a certificate for its own service (spiffe://.../service/{} or CN={})",
+                "this agent's certificate is for service `{certified}`, not `{}`; give it a certificate for its own service (spiffe://.../service/{} or CN={})",
                 hello.service, hello.service, hello.service
+            )));
+        }
+        if !identity.may_claim(&hello.service) {
+            let may = identity.services.as_deref().unwrap_or_default().join(", ");
+            let detail = format!(
+                "claimed service `{}`; its token names only: {may}",
+                hello.service
+            );
+            refuse_agent(&self.inner, &identity, &hello, detail).await;
+            return Err(Status::permission_denied(format!(
+                "the agent token `{}` may claim only the services {may}, not `{}`; give this agent its own service's token (or add `{}` to the token's line in govd's --token-file)",
+                identity.name, hello.service, hello.service
             )));
         }
         let (tx, rx) = mpsc::channel(AGENT_QUEUE);
@@ -410,6 +419,35 @@ impl ControlPlaneRpc for ControlPlane {
             agents_notified: u32::try_from(notified.len()).unwrap_or(u32::MAX),
         }))
     }
+}
+
+/// An agent that claimed a service its credentials do not prove: logged,
+/// and audited (an attempt to pose as another service is worth a record).
+async fn refuse_agent(inner: &Inner, identity: &AgentIdentity, hello: &pb::Hello, detail: String) {
+    let proof = if identity.certificate {
+        "certificate"
+    } else {
+        "token"
+    };
+    tracing::warn!(identity = %identity.name, claimed = %hello.service, instance = %hello.instance, "refused an agent whose {proof} is for another service");
+    inner
+        .audit(AuditEntry {
+            at_unix_ms: now_unix_ms(),
+            who: identity.who(),
+            action: "agent-refused".into(),
+            version: String::new(),
+            kind: String::new(),
+            rule: String::new(),
+            key: String::new(),
+            targets: vec![format!("{}/{}", hello.service, hello.instance)],
+            detail,
+        })
+        .await;
+}
+
+/// Whether `request` carries an `authorization` header.
+fn has_bearer<T>(request: &Request<T>) -> bool {
+    request.metadata().contains_key("authorization")
 }
 
 /// The service named by the client certificate of `request` (verified

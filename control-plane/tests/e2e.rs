@@ -38,9 +38,17 @@ const TOKEN: &str = "e2e-admin-token";
 const OPERATOR_TOKEN: &str = "e2e-operator-token";
 const VIEWER_TOKEN: &str = "e2e-viewer-token";
 /// govd's token file: one `name token role` line each.
-const TOKEN_FILE: &str = "# the e2e tests' people\ne2e e2e-admin-token admin\noncall e2e-operator-token operator\nboard e2e-viewer-token viewer\n";
+const TOKEN_FILE: &str = "# the e2e tests' people\ne2e e2e-admin-token admin\noncall e2e-operator-token operator\nboard e2e-viewer-token viewer\n# and agents, one token per service\norder-agents e2e-agent-order agent order\npayment-agents e2e-agent-payment agent payment\ninv-agents e2e-agent-inv agent inv\nweb-agents e2e-agent-web agent web\n";
+/// The `--agent-token-file` token (any service).
 const AGENT_TOKEN: &str = "e2e-agent-token";
 
+/// The token of `TOKEN_FILE`'s `agent` line for `service`.
+fn service_agent_token(service: &str) -> String {
+    format!("e2e-agent-{service}")
+}
+
+#[path = "e2e/agent_identity.rs"]
+mod agent_identity;
 #[path = "e2e/replicas.rs"]
 mod replicas;
 
@@ -351,7 +359,7 @@ struct AgentBuilder {
     upstream: SocketAddr,
     control_plane: String,
     state_dir: Option<PathBuf>,
-    token: bool,
+    token: AgentToken,
     outbound: bool,
     args: Vec<std::ffi::OsString>,
 }
@@ -363,10 +371,20 @@ fn agent(service: &str, instance: &str) -> AgentBuilder {
         upstream: SocketAddr::from(([127, 0, 0, 1], 1)),
         control_plane: String::new(),
         state_dir: None,
-        token: false,
+        token: AgentToken::Service,
         outbound: false,
         args: Vec::new(),
     }
+}
+
+/// What an agent presents to govd.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AgentToken {
+    /// Its service's token (`TOKEN_FILE`'s `agent` line).
+    Service,
+    /// The `--agent-token-file` token ([`ControlPlaneBuilder::agent_token`]).
+    Shared,
+    None,
 }
 
 struct Agent {
@@ -403,8 +421,14 @@ impl AgentBuilder {
         self.control_plane = url;
         self
     }
+    /// The `--agent-token-file` token instead of its service's.
     fn token(mut self) -> Self {
-        self.token = true;
+        self.token = AgentToken::Shared;
+        self
+    }
+    /// No token at all.
+    fn no_token(mut self) -> Self {
+        self.token = AgentToken::None;
         self
     }
     fn state_dir(mut self, dir: &Path) -> Self {
@@ -430,9 +454,14 @@ impl AgentBuilder {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .kill_on_drop(true);
-        if self.token {
+        let token = match self.token {
+            AgentToken::Service => Some(service_agent_token(&self.service)),
+            AgentToken::Shared => Some(AGENT_TOKEN.to_owned()),
+            AgentToken::None => None,
+        };
+        if let Some(token) = token {
             let token_file = logs.join(format!("agent-token-{}", rand_suffix()));
-            std::fs::write(&token_file, AGENT_TOKEN).unwrap();
+            std::fs::write(&token_file, token).unwrap();
             cmd.arg("--control-plane-token-file").arg(token_file);
         }
         if let Some(dir) = &self.state_dir {
@@ -1024,6 +1053,7 @@ async fn a_config_the_agent_cannot_enforce_is_nacked_by_rule_and_the_old_one_sta
     let intruder = agent("order", "intruder")
         .upstream(up)
         .control_plane(&govd)
+        .no_token()
         .start(dir.path())
         .await;
     wait_until(

@@ -288,7 +288,7 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
                 }
                 tracing::error!(
                     reason = %status.message(),
-                    "the control plane refused this agent's credentials; enforcing the last good config until it is fixed (check --control-plane-token-file against govd --agent-token-file, and the --tls-cert identity against --service)"
+                    "the control plane refused this agent's credentials; enforcing the last good config until it is fixed (check --control-plane-token-file against govd's --token-file `agent` line for this --service, and the --tls-cert identity against --service)"
                 )
             }
             Err(ControlError::Refused(status)) if status.code() == tonic::Code::AlreadyExists => {

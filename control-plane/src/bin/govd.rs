@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gov_control_plane::auth::{Tokens, check_start, read_named_tokens, read_token_file};
+use gov_control_plane::auth::{Role, Tokens, check_start, read_named_tokens, read_token_file};
 use gov_control_plane::etcd::{EtcdConfig, EtcdStore};
 use gov_control_plane::store::Store as _;
 use gov_control_plane::{
@@ -75,10 +75,12 @@ struct Args {
     )]
     leader_lease: Option<Duration>,
 
-    /// The tokens people present: one `name token role` line each, role
-    /// `admin` (everything), `operator` (read and release) or `viewer`
-    /// (read). The audit log names the token. A file holding one token on
-    /// one line is one admin token named `admin`.
+    /// The tokens people and agents present: one `name token role` line
+    /// each, role `admin` (everything), `operator` (read and release) or
+    /// `viewer` (read); agents `name token agent SERVICE[,SERVICE...]` (an
+    /// agent presenting it may claim only those services). The audit log
+    /// names the token. A file holding one token on one line is one admin
+    /// token named `admin`.
     #[arg(long, env = "GOV_TOKEN_FILE")]
     token_file: Option<PathBuf>,
 
@@ -131,7 +133,9 @@ struct Args {
     #[arg(long, env = "GOV_TCP_KEEPALIVE", default_value = "60s", value_parser = parse_duration)]
     tcp_keepalive: Duration,
 
-    /// A file holding the bearer token agents must present on `Connect`.
+    /// A file holding one bearer token any agent may present on `Connect`,
+    /// for any service (the older way: prefer `agent` lines in
+    /// --token-file, which bind a token to its services).
     #[arg(long, env = "GOV_AGENT_TOKEN_FILE")]
     agent_token_file: Option<PathBuf>,
 
@@ -275,9 +279,14 @@ async fn run(args: Args) -> Result<(), Error> {
             args.listen
         );
     }
-    if options.agent_token.is_none() && args.tls_client_ca.is_none() {
+    let agent_lines = options.tokens.iter().any(|t| t.role == Role::Agent);
+    if options.agent_token.is_some() {
         tracing::warn!(
-            "no --agent-token-file: any process that reaches govd can connect as an agent of any service"
+            "--agent-token-file: its one token may claim any service; give each service its own token (`NAME TOKEN agent SERVICE` lines in --token-file) and drop --agent-token-file"
+        );
+    } else if !args.insecure && !agent_lines && args.tls_client_ca.is_none() {
+        tracing::warn!(
+            "no agent credentials (no `NAME TOKEN agent SERVICE` line in --token-file, no --tls-client-ca): every agent will be refused"
         );
     }
     let shutdown = CancellationToken::new();

@@ -97,8 +97,9 @@ struct Args {
     #[arg(long, env = "GOV_STATE_DIR")]
     state_dir: Option<PathBuf>,
 
-    /// A file holding the token the control plane expects from agents
-    /// (`govd --agent-token-file`).
+    /// A file holding this agent's token: the token of an `agent` line of
+    /// govd's --token-file that names this --service (or the older
+    /// `govd --agent-token-file` token).
     #[arg(long, env = "GOV_CONTROL_PLANE_TOKEN_FILE")]
     control_plane_token_file: Option<PathBuf>,
 

@@ -1,0 +1,167 @@
+//! Agents prove who they are (issue 28): a fake agent, a raw gRPC client
+//! speaking `Connect` as an attacker would, against a real govd with the
+//! e2e token file (people and one `agent` line per service).
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::*;
+
+/// A `Connect` stream opened by a fake agent: `token` as its bearer token,
+/// `hello` sent first.
+struct FakeAgent {
+    /// What it sends after the hello.
+    tx: mpsc::Sender<pb::AgentMessage>,
+    incoming: tonic::Streaming<pb::ControlMessage>,
+}
+
+fn hello(service: &str, instance: &str) -> pb::Hello {
+    pb::Hello {
+        service: service.into(),
+        instance: instance.into(),
+        address: "127.0.0.1:9".into(),
+        ..Default::default()
+    }
+}
+
+/// Opens `Connect` as `hello` says, with `token`; govd's answer.
+async fn fake_agent(
+    govd: &Govd,
+    token: Option<&str>,
+    hello: pb::Hello,
+) -> Result<FakeAgent, tonic::Status> {
+    let mut client = gov_control_plane::client::connect(&govd.url(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Hello(hello)),
+    })
+    .await
+    .unwrap();
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(token) = token {
+        gov_control_plane::auth::authorize(&mut request, token).unwrap();
+    }
+    let incoming = tokio::time::timeout(Duration::from_secs(10), client.connect(request))
+        .await
+        .expect("govd answers a Connect within 10s")?
+        .into_inner();
+    Ok(FakeAgent { tx, incoming })
+}
+
+impl FakeAgent {
+    /// The next config govd sends (bounded wait).
+    async fn config(&mut self) -> pb::Config {
+        loop {
+            let msg = tokio::time::timeout(Duration::from_secs(10), self.incoming.message())
+                .await
+                .expect("a message within 10s")
+                .unwrap()
+                .expect("the stream is open");
+            if let Some(pb::control_message::Msg::Config(config)) = msg.msg {
+                return config;
+            }
+        }
+    }
+}
+
+/// The audit records of `action`, as `govc audit -o json` prints them.
+async fn audited(govd: &Govd, action: &str) -> Vec<serde_json::Value> {
+    let out = govc(govd, Some(VIEWER_TOKEN), &["audit", "-o", "json"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let all: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let records = all
+        .get("records")
+        .and_then(|r| r.as_array().cloned())
+        .or_else(|| all.as_array().cloned())
+        .unwrap_or_default();
+    records
+        .into_iter()
+        .filter(|r| r["action"] == action)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_without_its_services_token_gets_no_config_and_is_not_registered() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    assert_eq!(govc(&govd, Some(TOKEN), &["apply", &v1]).await.code, 0);
+
+    // No token: refused before the hello is read.
+    let none = fake_agent(&govd, None, hello("order", "order-2"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(none.code(), tonic::Code::Unauthenticated, "{none:?}");
+    assert!(
+        none.message().contains("prove who they are"),
+        "{}",
+        none.message()
+    );
+    // A token govd does not know, and a person's token: refused.
+    let unknown = fake_agent(&govd, Some("guess"), hello("order", "order-2"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(unknown.code(), tonic::Code::Unauthenticated, "{unknown:?}");
+    let person = fake_agent(&govd, Some(TOKEN), hello("order", "order-2"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(person.code(), tonic::Code::PermissionDenied, "{person:?}");
+    // Another service's token: refused, and audited with the token's name.
+    let other = fake_agent(
+        &govd,
+        Some(&service_agent_token("payment")),
+        hello("order", "order-2"),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert_eq!(other.code(), tonic::Code::PermissionDenied, "{other:?}");
+    assert!(
+        other
+            .message()
+            .contains("`payment-agents` may claim only the services payment"),
+        "{}",
+        other.message()
+    );
+    let refused = audited(&govd, "agent-refused").await;
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0]["who"], "agent with the token `payment-agents`");
+    assert_eq!(refused[0]["targets"][0], "order/order-2");
+    // None of them is known to govd: no instance, nothing to push to.
+    assert!(govd.status().await.agents.is_empty());
+
+    // Its own service's token: the config.
+    let mut real = fake_agent(
+        &govd,
+        Some(&service_agent_token("order")),
+        hello("order", "order-2"),
+    )
+    .await
+    .unwrap();
+    let config = real.config().await;
+    assert_eq!(config.target.unwrap().service, "order");
+    drop(real.tx);
+    govd.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insecure_govd_takes_agents_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut builder = control_plane(&dir.path().join("state"));
+    builder.token = false;
+    let govd = builder.start().await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    assert_eq!(govc(&govd, None, &["apply", &v1]).await.code, 0);
+    let mut agent = fake_agent(&govd, None, hello("order", "order-1"))
+        .await
+        .unwrap();
+    let config = agent.config().await;
+    assert_eq!(config.target.unwrap().service, "order");
+    drop(agent.tx);
+    govd.stop().await;
+}
