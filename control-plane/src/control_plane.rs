@@ -599,8 +599,18 @@ async fn release_timer(inner: Arc<Inner>) {
             () = inner.shutdown.cancelled() => return,
             () = inner.timer.notified() => {}
             () = tokio::time::sleep(wait) => {}
-            _ = leader.changed() => {}
+            () = leadership_change(&mut leader) => {}
         }
+    }
+}
+
+/// The next change of leadership. A closed channel never changes again (a
+/// lone govd's store drops its sender: it is the leader for good), so this
+/// then waits forever instead of being ready at once, which made the timer
+/// spin a core on every govd with a state directory.
+async fn leadership_change(leader: &mut watch::Receiver<bool>) {
+    if leader.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -633,5 +643,38 @@ async fn follow_store(inner: Arc<Inner>, mut changes: watch::Receiver<Revision>)
                 () = tokio::time::sleep(RESYNC_RETRY) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An idle govd on a state directory sleeps: on paused time the clock
+    /// only moves when every task waits, so an hour passes at once unless a
+    /// loop is always ready. A spinning loop never lets it move, and the
+    /// guard below turns that hang into a failure.
+    #[test]
+    fn an_idle_control_plane_lets_time_pass() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let shutdown = CancellationToken::new();
+                let _govd =
+                    ControlPlane::open(Options::new(dir.path()), shutdown.clone()).expect("open");
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                shutdown.cancel();
+            });
+            let _ = done.send(());
+        });
+        finished.recv_timeout(Duration::from_secs(60)).expect(
+            "an idle govd kept the paused clock from moving: one of its loops never sleeps",
+        );
     }
 }

@@ -160,6 +160,11 @@ pub struct Trip {
     /// it (an agent restart): the latch holds, but they do not enforce it.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub not_enforced: BTreeSet<String>,
+    /// Who each instance of `instances` was when it reported the latch (its
+    /// proved identity): govd re-arms it on an instance only while that
+    /// instance proves the same identity.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reported_by: BTreeMap<String, String>,
 }
 
 /// An agent the control plane has seen, shown as DISCONNECTED after a
@@ -172,6 +177,10 @@ pub struct KnownAgent {
     pub last_good_version: String,
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// The identity that holds its name (`""`: written before identities
+    /// were kept; the next agent to connect under the name takes it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub identity: String,
 }
 
 pub use crate::audit::AuditEntry;
@@ -263,6 +272,7 @@ impl DirStore {
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self, Error> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(|source| StateIo::new("create", &dir, source))?;
+        remove_stale_temp_files(&dir);
         Ok(Self {
             dir,
             revision: std::sync::atomic::AtomicI64::new(0),
@@ -495,6 +505,40 @@ fn content_address(text: &str) -> String {
     out
 }
 
+/// Removes the temp files of [`write_atomic`] that a killed govd left in
+/// `dir` (`.NAME.tmp.PID`): the directory has one writer, this process, so
+/// none of them is being written. A file that cannot be removed is logged
+/// and left; it is never read.
+fn remove_stale_temp_files(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !is_temp_file_name(name) {
+            continue;
+        }
+        let path = entry.path();
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "removed a temp file a stopped govd left")
+            }
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "cannot remove a temp file a stopped govd left")
+            }
+        }
+    }
+}
+
+/// `.NAME.tmp.PID`, as [`write_atomic`] names its temp files.
+fn is_temp_file_name(name: &str) -> bool {
+    name.starts_with('.')
+        && name.rsplit_once(".tmp.").is_some_and(|(head, pid)| {
+            head.len() > 1 && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
+        })
+}
+
 /// Writes `bytes` to `path` so that readers see the old content or the new,
 /// never a mix: temp file in the same directory, fsync, rename, fsync of the
 /// directory (so the rename itself survives a crash).
@@ -529,6 +573,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn opening_the_state_directory_removes_the_temp_files_a_killed_govd_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join(".state.json.tmp.4242");
+        let keep = [
+            "state.json",
+            ".state.json.tmp.",
+            ".tmp.12",
+            "notes.tmp.7",
+            ".x.tmp.1a",
+        ];
+        std::fs::write(&stale, b"{").unwrap();
+        for name in keep {
+            std::fs::write(dir.path().join(name), b"{}").unwrap();
+        }
+        DirStore::open(dir.path()).unwrap();
+        assert!(!stale.exists());
+        for name in keep {
+            assert!(dir.path().join(name).exists(), "{name} is not a temp file");
+        }
+    }
+
+    #[test]
     fn state_round_trips_and_replaces_atomically() {
         let dir = tempfile::tempdir().unwrap();
         let store = DirStore::open(dir.path().join("s")).unwrap();
@@ -544,6 +610,7 @@ mod tests {
             deadline_unix_ms: Some(7_200_005),
             instances: ["a".to_string()].into(),
             not_enforced: ["b".to_string()].into(),
+            reported_by: [("a".to_string(), "token `order-agents`".to_string())].into(),
         });
         store.save(&state).unwrap();
         store.save(&state).unwrap();
