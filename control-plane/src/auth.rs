@@ -257,6 +257,19 @@ impl AgentIdentity {
         }
     }
 
+    /// What the state keeps of it, to tell identities apart and to name
+    /// the prover in audit records: ``token `NAME` ``, ``certificate for
+    /// `NAME` `` or `unverified`.
+    pub fn label(&self) -> String {
+        if self.certificate {
+            format!("certificate for `{}`", self.name)
+        } else if self.name == UNVERIFIED_AGENT && self.services.is_none() {
+            UNVERIFIED_AGENT.to_owned()
+        } else {
+            format!("token `{}`", self.name)
+        }
+    }
+
     /// How the audit log names it.
     pub fn who(&self) -> String {
         if self.certificate {

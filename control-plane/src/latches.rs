@@ -35,8 +35,28 @@ pub struct Latches {
 /// fuses).
 pub type LatchId = (TripKind, String, String);
 
+/// The agent a latch change comes from: its instance, and the identity its
+/// stream proved (`auth::AgentIdentity::label`).
+#[derive(Clone, Copy, Debug)]
+pub struct Reporter<'a> {
+    pub instance: &'a str,
+    pub identity: &'a str,
+}
+
 fn id(kind: TripKind, rule: &str, key: &str) -> LatchId {
     (kind, rule.to_owned(), key.to_owned())
+}
+
+// === impl Reporter ===
+
+impl Reporter<'_> {
+    /// Its instance holds (enforces) `trip`, as reported by its identity.
+    fn holds(self, trip: &mut Trip) {
+        trip.instances.insert(self.instance.to_owned());
+        trip.not_enforced.remove(self.instance);
+        trip.reported_by
+            .insert(self.instance.to_owned(), self.identity.to_owned());
+    }
 }
 
 // === impl Latches ===
@@ -91,11 +111,12 @@ impl Latches {
         &mut self,
         policy: Option<&pb::Bundle>,
         service: &str,
-        instance: &str,
+        by: Reporter<'_>,
         event: &pb::Event,
         now: u64,
         audits: &mut Audits,
     ) -> bool {
+        let instance = by.instance;
         if event.rule.split_once('/').map(|(s, _)| s) != Some(service) {
             tracing::warn!(service, instance, rule = %event.rule, "ignoring an event about another service's rule");
             return false;
@@ -119,9 +140,8 @@ impl Latches {
         match event.kind() {
             pb::EventKind::FuseTripped | pb::EventKind::FuseHalfOpen => {
                 let half_open = event.kind() == pb::EventKind::FuseHalfOpen;
-                let trip = self.trip(&fuse, at, reason, instance, audits);
-                trip.instances.insert(instance.to_owned());
-                trip.not_enforced.remove(instance);
+                let trip = self.trip(&fuse, at, reason, by, audits);
+                by.holds(trip);
                 trip.half_open = half_open;
                 if !half_open {
                     reason.clone_into(&mut trip.reason);
@@ -130,19 +150,18 @@ impl Latches {
             }
             pb::EventKind::LimitEngaged => {
                 let deadline = release_after(policy, &event.rule).map(|ms| at.saturating_add(ms));
-                let trip = self.trip(&limit, at, reason, instance, audits);
-                trip.instances.insert(instance.to_owned());
-                trip.not_enforced.remove(instance);
+                let trip = self.trip(&limit, at, reason, by, audits);
+                by.holds(trip);
                 if trip.deadline_unix_ms.is_none() {
                     trip.deadline_unix_ms = deadline;
                 }
                 true
             }
             pb::EventKind::FuseReleased => {
-                self.untrip(&fuse, instance, "released by the agent", now, audits)
+                self.untrip(&fuse, by, "released by the agent", now, audits)
             }
             pb::EventKind::LimitReleased => {
-                self.untrip(&limit, instance, "released by the agent", now, audits)
+                self.untrip(&limit, by, "released by the agent", now, audits)
             }
             pb::EventKind::Unspecified => false,
         }
@@ -154,12 +173,12 @@ impl Latches {
         id: &LatchId,
         at: u64,
         reason: &str,
-        instance: &str,
+        by: Reporter<'_>,
         audits: &mut Audits,
     ) -> &mut Trip {
         let (kind, rule, key) = id;
         self.trips.entry(id.clone()).or_insert_with(|| {
-            audits.push(entry(*kind, rule, key, instance, "trip", reason, at));
+            audits.push(entry(*kind, rule, key, by, "trip", reason, at));
             Trip {
                 kind: *kind,
                 rule: rule.clone(),
@@ -170,6 +189,7 @@ impl Latches {
                 deadline_unix_ms: None,
                 instances: Default::default(),
                 not_enforced: Default::default(),
+                reported_by: Default::default(),
             }
         })
     }
@@ -179,20 +199,22 @@ impl Latches {
     fn untrip(
         &mut self,
         id: &LatchId,
-        instance: &str,
+        by: Reporter<'_>,
         why: &str,
         now: u64,
         audits: &mut Audits,
     ) -> bool {
+        let instance = by.instance;
         let Some(trip) = self.trips.get_mut(id) else {
             return false;
         };
         trip.instances.remove(instance);
         trip.not_enforced.remove(instance);
+        trip.reported_by.remove(instance);
         if trip.instances.is_empty() {
             self.trips.remove(id);
             let (kind, rule, key) = id;
-            audits.push(entry(*kind, rule, key, instance, "untrip", why, now));
+            audits.push(entry(*kind, rule, key, by, "untrip", why, now));
         }
         true
     }
@@ -217,16 +239,17 @@ impl Latches {
         &mut self,
         policy: Option<&pb::Bundle>,
         id: &LatchId,
-        instance: &str,
+        by: Reporter<'_>,
         now: u64,
         audits: &mut Audits,
     ) -> bool {
+        let instance = by.instance;
         if self.may_end(policy, id, now) {
             let why = match id.0 {
                 TripKind::Fuse => "recovered on the agent (recover after)",
                 TripKind::Limit => "released on the agent (release after)",
             };
-            return self.untrip(id, instance, why, now, audits);
+            return self.untrip(id, by, why, now, audits);
         }
         let Some(trip) = self.trips.get_mut(id) else {
             return false;
@@ -247,7 +270,7 @@ impl Latches {
             *kind,
             rule,
             key,
-            instance,
+            by,
             "latch-not-enforced",
             "the agent reports it released without a release (it restarted?); govd keeps the latch: release it to clear",
             now,
@@ -263,11 +286,12 @@ impl Latches {
         &mut self,
         policy: Option<&pb::Bundle>,
         service: &str,
-        instance: &str,
+        by: Reporter<'_>,
         stats: &pb::Stats,
         now: u64,
         audits: &mut Audits,
     ) -> bool {
+        let instance = by.instance;
         let mut changed = false;
         for r in &stats.rules {
             if r.rule.split_once('/').map(|(s, _)| s) != Some(service) {
@@ -279,13 +303,11 @@ impl Latches {
                     let open = r.fuse_state() != pb::FuseState::Closed;
                     let held = self.held(&fuse, instance);
                     if open && held != Held::Enforced {
-                        let trip =
-                            self.trip(&fuse, now, "reported open by the agent", instance, audits);
-                        trip.instances.insert(instance.to_owned());
-                        trip.not_enforced.remove(instance);
+                        let trip = self.trip(&fuse, now, "reported open by the agent", by, audits);
+                        by.holds(trip);
                         changed = true;
                     } else if !open && held == Held::Enforced {
-                        changed |= self.reported_closed(policy, &fuse, instance, now, audits);
+                        changed |= self.reported_closed(policy, &fuse, by, now, audits);
                     }
                 }
                 pb::RuleKind::Limit => {
@@ -297,15 +319,9 @@ impl Latches {
                         }
                         let deadline =
                             release_after(policy, &r.rule).map(|ms| now.saturating_add(ms));
-                        let trip = self.trip(
-                            &limit,
-                            now,
-                            "reported engaged by the agent",
-                            instance,
-                            audits,
-                        );
-                        trip.instances.insert(instance.to_owned());
-                        trip.not_enforced.remove(instance);
+                        let trip =
+                            self.trip(&limit, now, "reported engaged by the agent", by, audits);
+                        by.holds(trip);
                         if trip.deadline_unix_ms.is_none() {
                             trip.deadline_unix_ms = deadline;
                         }
@@ -322,7 +338,7 @@ impl Latches {
                         .collect();
                     for limit in closed {
                         if self.held(&limit, instance) == Held::Enforced {
-                            changed |= self.reported_closed(policy, &limit, instance, now, audits);
+                            changed |= self.reported_closed(policy, &limit, by, now, audits);
                         }
                     }
                 }
@@ -396,20 +412,22 @@ enum Held {
     No,
 }
 
-/// An audit entry about the latch of `rule` and `key`, caused by `instance`.
+/// An audit entry about the latch of `rule` and `key`, caused by `by`: the
+/// record names the instance and the identity it proved.
 fn entry(
     kind: TripKind,
     rule: &str,
     key: &str,
-    instance: &str,
+    by: Reporter<'_>,
     action: &str,
     detail: &str,
     at: u64,
 ) -> AuditEntry {
     let service = rule.split_once('/').map_or("", |(s, _)| s);
+    let instance = by.instance;
     AuditEntry {
         at_unix_ms: at,
-        who: format!("agent {service}/{instance}"),
+        who: format!("agent {service}/{instance} ({})", by.identity),
         action: action.to_owned(),
         version: String::new(),
         kind: kind.as_str().to_owned(),
@@ -441,6 +459,14 @@ fn target<'a>(policy: Option<&'a pb::Bundle>, service: &str) -> Option<&'a pb::T
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An agent of the tests, by its instance.
+    fn by(instance: &str) -> Reporter<'_> {
+        Reporter {
+            instance,
+            identity: "token `order-agents`",
+        }
+    }
 
     const FUSE: &str = "order/mdm";
     const LIMIT: &str = "order/crm";
@@ -525,7 +551,7 @@ mod tests {
         let mut l = Latches::default();
         let mut audits = Vec::new();
         let tripped = event(pb::EventKind::FuseTripped, FUSE, 10);
-        assert!(l.on_event(Some(&b), "order", "a", &tripped, 10, &mut audits));
+        assert!(l.on_event(Some(&b), "order", by("a"), &tripped, 10, &mut audits));
         let reason = "errors >= 3 over 10s (mode shadow: rejects nothing)";
         assert_eq!(l.iter().next().unwrap().reason, reason);
         assert_eq!(
@@ -542,28 +568,28 @@ mod tests {
         assert!(l.on_event(
             Some(&b),
             "order",
-            "a",
+            by("a"),
             &event(pb::EventKind::FuseTripped, FUSE, 10),
             10,
             &mut audits
         ));
         assert_eq!(actions(&audits), ["trip"]);
-        assert_eq!(audits[0].who, "agent order/a");
+        assert_eq!(audits[0].who, "agent order/a (token `order-agents`)");
 
         // The agent restarted and forgot: it reports the fuse closed.
         let closed = stats(FUSE, pb::RuleKind::Fuse, false);
-        assert!(l.reconcile(Some(&b), "order", "a", &closed, 20, &mut audits));
+        assert!(l.reconcile(Some(&b), "order", by("a"), &closed, 20, &mut audits));
         assert!(l.contains(TripKind::Fuse, FUSE, None), "the latch holds");
         let trip = l.iter().next().unwrap();
         assert!(trip.not_enforced.contains("a"));
         assert_eq!(actions(&audits), ["trip", "latch-not-enforced"]);
         // Every second the same report: nothing new to record.
-        assert!(!l.reconcile(Some(&b), "order", "a", &closed, 21, &mut audits));
+        assert!(!l.reconcile(Some(&b), "order", by("a"), &closed, 21, &mut audits));
         assert_eq!(audits.len(), 2);
 
         // It trips again: it enforces the latch again.
         let open = stats(FUSE, pb::RuleKind::Fuse, true);
-        assert!(l.reconcile(Some(&b), "order", "a", &open, 30, &mut audits));
+        assert!(l.reconcile(Some(&b), "order", by("a"), &open, 30, &mut audits));
         assert!(l.iter().next().unwrap().not_enforced.is_empty());
         assert_eq!(audits.len(), 2, "the same latch: no second trip entry");
         // Only a release ends it.
@@ -576,24 +602,24 @@ mod tests {
         let mut l = Latches::default();
         let mut audits = Vec::new();
         let open = stats("order/auto", pb::RuleKind::Fuse, true);
-        assert!(l.reconcile(Some(&b), "order", "a", &open, 10, &mut audits));
+        assert!(l.reconcile(Some(&b), "order", by("a"), &open, 10, &mut audits));
         let closed = stats("order/auto", pb::RuleKind::Fuse, false);
-        assert!(l.reconcile(Some(&b), "order", "a", &closed, 40_010, &mut audits));
+        assert!(l.reconcile(Some(&b), "order", by("a"), &closed, 40_010, &mut audits));
         assert!(!l.contains(TripKind::Fuse, "order/auto", None));
         assert_eq!(actions(&audits), ["trip", "untrip"]);
 
         audits.clear();
         let engaged = event(pb::EventKind::LimitEngaged, LIMIT, 1_000);
-        assert!(l.on_event(Some(&b), "order", "a", &engaged, 1_000, &mut audits));
+        assert!(l.on_event(Some(&b), "order", by("a"), &engaged, 1_000, &mut audits));
         let released = stats(LIMIT, pb::RuleKind::Limit, false);
         // Before its deadline (61s): a lost latch, kept.
-        assert!(l.reconcile(Some(&b), "order", "a", &released, 30_000, &mut audits));
+        assert!(l.reconcile(Some(&b), "order", by("a"), &released, 30_000, &mut audits));
         assert!(l.contains(TripKind::Limit, LIMIT, None));
         assert_eq!(actions(&audits), ["trip", "latch-not-enforced"]);
         // A new engage clears the mark; at its deadline the agent's release ends it.
         let engaged = stats(LIMIT, pb::RuleKind::Limit, true);
-        assert!(l.reconcile(Some(&b), "order", "a", &engaged, 31_000, &mut audits));
-        assert!(l.reconcile(Some(&b), "order", "a", &released, 61_000, &mut audits));
+        assert!(l.reconcile(Some(&b), "order", by("a"), &engaged, 31_000, &mut audits));
+        assert!(l.reconcile(Some(&b), "order", by("a"), &released, 61_000, &mut audits));
         assert!(!l.contains(TripKind::Limit, LIMIT, None));
         assert_eq!(actions(&audits), ["trip", "latch-not-enforced", "untrip"]);
     }
@@ -605,12 +631,12 @@ mod tests {
         let mut audits = Vec::new();
         for i in ["a", "b"] {
             let e = event(pb::EventKind::FuseTripped, FUSE, 10);
-            l.on_event(Some(&b), "order", i, &e, 10, &mut audits);
+            l.on_event(Some(&b), "order", by(i), &e, 10, &mut audits);
         }
         let released = event(pb::EventKind::FuseReleased, FUSE, 20);
-        assert!(l.on_event(Some(&b), "order", "a", &released, 20, &mut audits));
+        assert!(l.on_event(Some(&b), "order", by("a"), &released, 20, &mut audits));
         assert!(l.contains(TripKind::Fuse, FUSE, None), "b still holds it");
-        assert!(l.on_event(Some(&b), "order", "b", &released, 21, &mut audits));
+        assert!(l.on_event(Some(&b), "order", by("b"), &released, 21, &mut audits));
         assert!(!l.contains(TripKind::Fuse, FUSE, None));
         assert_eq!(actions(&audits), ["trip", "untrip"]);
     }
@@ -639,7 +665,7 @@ mod tests {
                 key: key.into(),
                 ..event(pb::EventKind::LimitEngaged, LIMIT, 10)
             };
-            assert!(l.on_event(Some(&b), "order", "a", &e, 10, &mut audits));
+            assert!(l.on_event(Some(&b), "order", by("a"), &e, 10, &mut audits));
         }
         assert_eq!(l.iter().count(), 2, "two consumers: two latches");
         assert_eq!(actions(&audits), ["trip", "trip"]);
@@ -647,24 +673,45 @@ mod tests {
 
         // The agent reports only bob engaged (it restarted and kept one?):
         // alice is kept, marked as not enforced there, once.
-        assert!(l.reconcile(Some(&b), "order", "a", &keyed(&["bob"]), 20, &mut audits));
+        assert!(l.reconcile(
+            Some(&b),
+            "order",
+            by("a"),
+            &keyed(&["bob"]),
+            20,
+            &mut audits
+        ));
         let alice = l.of(TripKind::Limit, LIMIT, Some("alice")).next().unwrap();
         assert!(alice.not_enforced.contains("a"));
         assert_eq!(actions(&audits), ["trip", "trip", "latch-not-enforced"]);
         assert_eq!(audits[2].key, "alice");
-        assert!(!l.reconcile(Some(&b), "order", "a", &keyed(&["bob"]), 21, &mut audits));
+        assert!(!l.reconcile(
+            Some(&b),
+            "order",
+            by("a"),
+            &keyed(&["bob"]),
+            21,
+            &mut audits
+        ));
 
         // A truncated list says nothing about the keys it leaves out.
         let mut cut = keyed(&["bob"]);
         cut.rules[0].engaged_keys_truncated = true;
-        assert!(!l.reconcile(Some(&b), "order", "a", &cut, 22, &mut audits));
+        assert!(!l.reconcile(Some(&b), "order", by("a"), &cut, 22, &mut audits));
 
         // Releasing one key leaves the other.
         assert_eq!(l.remove(TripKind::Limit, LIMIT, Some("bob")), ["bob"]);
         assert!(l.contains(TripKind::Limit, LIMIT, Some("alice")));
         assert!(!l.contains(TripKind::Limit, LIMIT, Some("bob")));
         // A third consumer reported by stats alone is latched and audited.
-        assert!(l.reconcile(Some(&b), "order", "a", &keyed(&["carol"]), 30, &mut audits));
+        assert!(l.reconcile(
+            Some(&b),
+            "order",
+            by("a"),
+            &keyed(&["carol"]),
+            30,
+            &mut audits
+        ));
         assert!(l.contains(TripKind::Limit, LIMIT, Some("carol")));
         assert_eq!(audits.last().unwrap().key, "carol");
         // Every key at once.
@@ -679,7 +726,7 @@ mod tests {
         let mut l = Latches::default();
         let mut audits = Vec::new();
         let old = stats(LIMIT, pb::RuleKind::Limit, true);
-        assert!(l.reconcile(Some(&b), "order", "a", &old, 10, &mut audits));
+        assert!(l.reconcile(Some(&b), "order", by("a"), &old, 10, &mut audits));
         assert!(l.contains(TripKind::Limit, LIMIT, Some("")));
         assert_eq!(l.iter().count(), 1);
     }

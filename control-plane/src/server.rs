@@ -225,13 +225,9 @@ impl ControlPlaneRpc for ControlPlane {
                 "claimed service `{}`; its certificate is for `{certified}`",
                 hello.service
             );
-            refuse_agent(
-                &self.inner,
-                &AgentIdentity::certificate(&certified),
-                &hello,
-                detail,
-            )
-            .await;
+            let identity = AgentIdentity::certificate(&certified);
+            let what = "its certificate is for another service";
+            refuse_agent(&self.inner, &identity, &hello, what, detail).await;
             return Err(Status::permission_denied(format!(
                 "this agent's certificate is for service `{certified}`, not `{}`; give it a certificate for its own service (spiffe://.../service/{} or CN={})",
                 hello.service, hello.service, hello.service
@@ -243,15 +239,25 @@ impl ControlPlaneRpc for ControlPlane {
                 "claimed service `{}`; its token names only: {may}",
                 hello.service
             );
-            refuse_agent(&self.inner, &identity, &hello, detail).await;
+            let what = "its token is for another service";
+            refuse_agent(&self.inner, &identity, &hello, what, detail).await;
             return Err(Status::permission_denied(format!(
                 "the agent token `{}` may claim only the services {may}, not `{}`; give this agent its own service's token (or add `{}` to the token's line in govd's --token-file)",
                 identity.name, hello.service, hello.service
             )));
         }
+        // Fenced by revision for reads too: no agent gets a config older
+        // than the stored one from a replica that slept or was cut off.
+        Ok::<(), crate::error::Error>(()).map_err(|error| {
+            Status::unavailable(format!(
+                "this govd replica cannot confirm it holds the current policy ({}); the agent keeps its config and tries again",
+                crate::error::one_line(&error)
+            ))
+        })?;
         let (tx, rx) = mpsc::channel(AGENT_QUEUE);
         let mut out = Vec::new();
-        let (key, id) = {
+        let label = identity.label();
+        let claimed = {
             let mut state = self.inner.lock();
             let now = now_unix_ms();
             if let Some(ago) = state.live_claim(&hello.service, &hello.instance, now) {
@@ -261,7 +267,23 @@ impl ControlPlaneRpc for ControlPlane {
                     hello.instance, hello.service
                 )));
             }
-            state.hello(hello, tx, now, &mut out)
+            match state.held_by_another(&hello.service, &hello.instance, &label) {
+                Some(holder) => Err(holder.to_owned()),
+                None => Ok(state.hello_as(hello.clone(), &label, tx, now, &mut out)),
+            }
+        };
+        let (key, id) = match claimed {
+            Ok(claimed) => claimed,
+            Err(holder) => {
+                let detail = format!("the name is held by {holder}; this agent proved {label}");
+                let what = "its instance name belongs to another identity";
+                refuse_agent(&self.inner, &identity, &hello, what, detail).await;
+                // The holder's identity is not told to whoever asks.
+                return Err(Status::permission_denied(format!(
+                    "instance `{}` of service `{}` belongs to another agent identity; give each agent its own `--instance`",
+                    hello.instance, hello.service
+                )));
+            }
         };
         tracing::info!(service = %key.0, instance = %key.1, pushed = !out.is_empty(), "agent connected");
         self.inner.send(out).await;
@@ -423,13 +445,14 @@ impl ControlPlaneRpc for ControlPlane {
 
 /// An agent that claimed a service its credentials do not prove: logged,
 /// and audited (an attempt to pose as another service is worth a record).
-async fn refuse_agent(inner: &Inner, identity: &AgentIdentity, hello: &pb::Hello, detail: String) {
-    let proof = if identity.certificate {
-        "certificate"
-    } else {
-        "token"
-    };
-    tracing::warn!(identity = %identity.name, claimed = %hello.service, instance = %hello.instance, "refused an agent whose {proof} is for another service");
+async fn refuse_agent(
+    inner: &Inner,
+    identity: &AgentIdentity,
+    hello: &pb::Hello,
+    what: &str,
+    detail: String,
+) {
+    tracing::warn!(identity = %identity.label(), claimed = %hello.service, instance = %hello.instance, %detail, "refused an agent: {what}");
     inner
         .audit(AuditEntry {
             at_unix_ms: now_unix_ms(),

@@ -24,7 +24,7 @@ use gov_proto::v1 as pb;
 use pb::agent_message::Msg as AgentMsg;
 
 use crate::history::HistoryLimit;
-use crate::latches::LatchId;
+use crate::latches::{LatchId, Reporter};
 use crate::store::{AppliedPolicy, HistoryEntry, KnownAgent, Persisted, Trip, TripKind};
 
 mod adopt;
@@ -92,6 +92,7 @@ impl State {
         };
         for a in p.agents {
             let mut agent = Agent::new(a.service, a.instance, 0);
+            agent.identity = a.identity;
             agent.address = a.address;
             agent.labels = a.labels;
             agent.version.clone_from(&a.last_good_version);
@@ -119,6 +120,7 @@ impl State {
                     address: a.address.clone(),
                     last_good_version: a.last_good.clone(),
                     labels: a.labels.clone(),
+                    identity: a.identity.clone(),
                 })
                 .collect(),
         }
@@ -225,11 +227,37 @@ impl State {
         }
     }
 
-    /// A new stream said hello. Returns its connection id; queues its config
-    /// when its version differs from the current one.
+    /// A new stream of an unverified agent (`--insecure`) said hello: see
+    /// [`State::hello_as`].
     pub fn hello(
         &mut self,
         hello: pb::Hello,
+        tx: AgentTx,
+        now: u64,
+        out: &mut Outbox,
+    ) -> (AgentKey, u64) {
+        self.hello_as(hello, crate::auth::UNVERIFIED_AGENT, tx, now, out)
+    }
+
+    /// The identity holding the name `service`/`instance`, when it is not
+    /// `identity`: a stream that proved `identity` may not connect under it.
+    /// A name stays held while govd remembers the instance (until it is
+    /// pruned, connected or not).
+    pub fn held_by_another(&self, service: &str, instance: &str, identity: &str) -> Option<&str> {
+        let agent = self
+            .agents
+            .get(&(service.to_owned(), instance.to_owned()))?;
+        (!agent.identity.is_empty() && agent.identity != identity)
+            .then_some(agent.identity.as_str())
+    }
+
+    /// A new stream that proved `identity` said hello (the caller checked
+    /// [`State::held_by_another`]). Returns its connection id; queues its
+    /// config when its version differs from the current one.
+    pub fn hello_as(
+        &mut self,
+        hello: pb::Hello,
+        identity: &str,
         tx: AgentTx,
         now: u64,
         out: &mut Outbox,
@@ -247,6 +275,7 @@ impl State {
             .agents
             .entry(key.clone())
             .or_insert_with(|| Agent::new(hello.service.clone(), hello.instance.clone(), now));
+        identity.clone_into(&mut agent.identity);
         agent.address = hello.address;
         agent.labels = hello.labels.into_iter().collect();
         agent.conn = Some(Conn { id, tx });
@@ -386,16 +415,21 @@ impl State {
             }
             AgentMsg::Stats(stats) => {
                 let instance = agent.instance.clone();
+                let identity = agent.identity.clone();
                 let service = agent.service.clone();
                 let policy = self.applied.as_deref().map(|a| &a.bundle);
                 // Rules whose missed release is on its way are not a trip;
                 // once reported closed they are done.
                 let mut seen = stats.clone();
                 latched::hide_releasing(&mut agent.releasing, &mut seen);
+                let by = Reporter {
+                    instance: &instance,
+                    identity: &identity,
+                };
                 effect.trips |= self.latched.latches_mut().reconcile(
                     policy,
                     &service,
-                    &instance,
+                    by,
                     &seen,
                     now,
                     &mut effect.audits,
@@ -407,11 +441,15 @@ impl State {
             }
             AgentMsg::Event(event) => {
                 let (service, instance) = (agent.service.clone(), agent.instance.clone());
+                let identity = agent.identity.clone();
                 let policy = self.applied.as_deref().map(|a| &a.bundle);
                 effect.trips |= self.latched.latches_mut().on_event(
                     policy,
                     &service,
-                    &instance,
+                    Reporter {
+                        instance: &instance,
+                        identity: &identity,
+                    },
                     &event,
                     now,
                     &mut effect.audits,
@@ -1014,7 +1052,10 @@ mod tests {
         assert!(s.latched.latches_mut().on_event(
             s.applied.as_deref().map(|a| &a.bundle),
             "order",
-            "a",
+            Reporter {
+                instance: "a",
+                identity: "unverified",
+            },
             &engaged,
             1_000,
             &mut Vec::new()
@@ -1029,7 +1070,10 @@ mod tests {
         assert!(!s.latched.latches_mut().on_event(
             s.applied.as_deref().map(|a| &a.bundle),
             "pay",
-            "p",
+            Reporter {
+                instance: "p",
+                identity: "unverified",
+            },
             &engaged,
             1_000,
             &mut Vec::new()
@@ -1047,7 +1091,10 @@ mod tests {
         assert!(s.latched.latches_mut().reconcile(
             s.applied.as_deref().map(|a| &a.bundle),
             "order",
-            "a",
+            Reporter {
+                instance: "a",
+                identity: "unverified",
+            },
             &stats,
             5,
             &mut Vec::new()
@@ -1082,7 +1129,10 @@ mod tests {
             assert!(s.latched.latches_mut().on_event(
                 bundle.as_deref().map(|a| &a.bundle),
                 "order",
-                instance,
+                Reporter {
+                    instance,
+                    identity: "unverified",
+                },
                 &tripped,
                 1_000,
                 &mut Vec::new()
@@ -1125,6 +1175,67 @@ mod tests {
         let (tx, _rx) = mpsc::channel(8);
         s.hello(hello("order", "c", "v1"), tx, 2_000, &mut out);
         assert!(out.is_empty(), "{out:?}");
+    }
+
+    /// A latch is re-armed on an instance only while it proves the identity
+    /// that reported it: a trip planted under a name by another identity
+    /// is never pushed onto the agent that holds the name later.
+    #[test]
+    fn a_latch_is_re_armed_only_on_the_identity_that_reported_it() {
+        let mut s = State::default();
+        s.commit(
+            policy("b1", vec![target("order", "v1")]),
+            &["order".into()],
+            TEN,
+            &mut Vec::new(),
+        );
+        let (tx, _rx) = mpsc::channel(8);
+        let (key, id) = s.hello_as(
+            hello("order", "a", "v1"),
+            "token `x`",
+            tx,
+            1,
+            &mut Vec::new(),
+        );
+        let tripped = pb::Event {
+            kind: pb::EventKind::FuseTripped as i32,
+            rule: "order/mdm".into(),
+            reason: "planted".into(),
+            ..Default::default()
+        };
+        let effect = s.on_message(&key, id, AgentMsg::Event(tripped), 5);
+        assert_eq!(effect.audits[0].who, "agent order/a (token `x`)");
+        assert!(s.disconnect(&key, id, "gone", 6));
+        assert_eq!(
+            s.held_by_another("order", "a", "token `y`"),
+            Some("token `x`")
+        );
+        assert_eq!(s.held_by_another("order", "a", "token `x`"), None);
+        // The name passes to `y` (here: a state that kept no holder).
+        let mut stored = s.to_persisted();
+        stored.agents[0].identity.clear();
+        let arms = |identity: &str| {
+            let mut s = State::from_persisted(stored.clone());
+            let (tx, _rx) = mpsc::channel(8);
+            let mut out = Vec::new();
+            s.hello_as(hello("order", "a", "v1"), identity, tx, 7, &mut out);
+            assert!(
+                s.is_tripped(TripKind::Fuse, "order/mdm"),
+                "govd keeps the latch"
+            );
+            out.iter()
+                .filter(|o| {
+                    matches!(
+                        o.msg.msg,
+                        Some(pb::control_message::Msg::Command(pb::Command {
+                            kind: Some(pb::command::Kind::Arm(_)),
+                        }))
+                    )
+                })
+                .count()
+        };
+        assert_eq!(arms("token `y`"), 0);
+        assert_eq!(arms("token `x`"), 1);
     }
 
     /// A keyed limit: each key is re-armed alone on a hello that lacks it,

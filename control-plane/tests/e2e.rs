@@ -38,7 +38,7 @@ const TOKEN: &str = "e2e-admin-token";
 const OPERATOR_TOKEN: &str = "e2e-operator-token";
 const VIEWER_TOKEN: &str = "e2e-viewer-token";
 /// govd's token file: one `name token role` line each.
-const TOKEN_FILE: &str = "# the e2e tests' people\ne2e e2e-admin-token admin\noncall e2e-operator-token operator\nboard e2e-viewer-token viewer\n# and agents, one token per service\norder-agents e2e-agent-order agent order\npayment-agents e2e-agent-payment agent payment\ninv-agents e2e-agent-inv agent inv\nweb-agents e2e-agent-web agent web\n";
+const TOKEN_FILE: &str = "# the e2e tests' people\ne2e e2e-admin-token admin\noncall e2e-operator-token operator\nboard e2e-viewer-token viewer\n# and agents, one token per service\norder-agents e2e-agent-order agent order\npayment-agents e2e-agent-payment agent payment\ninv-agents e2e-agent-inv agent inv\nweb-agents e2e-agent-web agent web\nshop-agents e2e-agent-shop agent order,payment\n";
 /// The `--agent-token-file` token (any service).
 const AGENT_TOKEN: &str = "e2e-agent-token";
 
@@ -3375,7 +3375,7 @@ async fn over_tls_an_agent_is_the_service_its_certificate_names_and_no_other() {
     assert!(!refused.is_empty(), "{records:?}");
     assert_eq!(refused[0]["targets"][0], "order/order-fake");
     assert!(
-        read(&govd.log).contains("refused an agent whose certificate is for another service"),
+        read(&govd.log).contains("refused an agent: its certificate is for another service"),
         "{}",
         read(&govd.log)
     );

@@ -86,6 +86,7 @@ mod tests {
             deadline_unix_ms: None,
             instances: [instance.to_string()].into(),
             not_enforced: Default::default(),
+            reported_by: Default::default(),
         }
     }
 

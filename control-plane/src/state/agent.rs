@@ -25,6 +25,9 @@ pub(super) type Agents = BTreeMap<AgentKey, Agent>;
 pub struct Agent {
     pub(super) service: String,
     pub(super) instance: String,
+    /// The identity that holds its name (`auth::AgentIdentity::label`):
+    /// another identity may not connect under it.
+    pub(super) identity: String,
     pub(super) address: String,
     pub(super) labels: BTreeMap<String, String>,
     pub(super) conn: Option<Conn>,
@@ -102,6 +105,7 @@ impl Agent {
         Agent {
             service,
             instance,
+            identity: String::new(),
             address: String::new(),
             labels: BTreeMap::new(),
             conn: None,

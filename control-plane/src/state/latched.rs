@@ -104,6 +104,15 @@ impl Latched {
             if !ours || !held_here || held.contains(&id) {
                 continue;
             }
+            // A latch another identity reported under this name (a squatter
+            // before the name was proved, or an older holder) is not this
+            // agent's to enforce: govd keeps it, shown, until released.
+            if let Some(reporter) = trip.reported_by.get(instance)
+                && *reporter != agent.identity
+            {
+                tracing::warn!(rule = %trip.rule, key = %trip.key, %instance, %reporter, identity = %agent.identity, "not re-arming a latch another identity reported under this instance's name");
+                continue;
+            }
             tracing::info!(rule = %trip.rule, key = %trip.key, %instance, kind = trip.kind.as_str(), "re-arming a latch the agent lost");
             let latch = pb::Latch {
                 kind: release_kind(trip.kind) as i32,
@@ -206,6 +215,12 @@ impl Latched {
                 Some(trip) => {
                     trip.instances.extend(local.instances.iter().cloned());
                     trip.not_enforced.extend(local.not_enforced.iter().cloned());
+                    trip.reported_by.extend(
+                        local
+                            .reported_by
+                            .iter()
+                            .map(|(i, who)| (i.clone(), who.clone())),
+                    );
                 }
                 None if !self.released_since(&id, local.since_unix_ms) => {
                     merged.insert(id, local.clone());

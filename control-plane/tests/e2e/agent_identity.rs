@@ -165,3 +165,105 @@ async fn an_insecure_govd_takes_agents_without_a_token() {
     drop(agent.tx);
     govd.stop().await;
 }
+
+impl FakeAgent {
+    async fn send(&self, msg: pb::agent_message::Msg) {
+        self.tx
+            .send(pb::AgentMessage { msg: Some(msg) })
+            .await
+            .unwrap();
+    }
+}
+
+/// Whether `instance` is connected, as govd's view says.
+async fn connected(govd: &Govd, instance: &str) -> bool {
+    govd.status()
+        .await
+        .agents
+        .iter()
+        .any(|a| a.instance == instance && a.state() != pb::SyncState::Disconnected)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_name_belongs_to_the_identity_that_proved_it_and_trips_name_who_reported_them()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    assert_eq!(govc(&govd, Some(TOKEN), &["apply", &v1]).await.code, 0);
+    let order = service_agent_token("order");
+    let shop = service_agent_token("shop");
+
+    // order-1 connects with order's token, then goes away.
+    let real = fake_agent(&govd, Some(&order), hello("order", "order-1"))
+        .await
+        .unwrap();
+    wait_until("order-1 connected", Duration::from_secs(10), async || {
+        connected(&govd, "order-1").await
+    })
+    .await;
+    drop(real);
+    wait_until(
+        "order-1 disconnected",
+        Duration::from_secs(10),
+        async || !connected(&govd, "order-1").await,
+    )
+    .await;
+    // Another identity that may claim order cannot take its name, even now.
+    let squatter = fake_agent(&govd, Some(&shop), hello("order", "order-1"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        squatter.code(),
+        tonic::Code::PermissionDenied,
+        "{squatter:?}"
+    );
+    assert!(
+        squatter
+            .message()
+            .contains("belongs to another agent identity")
+            && !squatter.message().contains("order-agents"),
+        "{}",
+        squatter.message()
+    );
+    let refused = audited(&govd, "agent-refused").await;
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0]["who"], "agent with the token `shop-agents`");
+    assert!(
+        refused[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("held by token `order-agents`"),
+        "{refused:?}"
+    );
+    // The holder comes back under its name.
+    let back = fake_agent(&govd, Some(&order), hello("order", "order-1")).await;
+    assert!(back.is_ok(), "{:?}", back.err());
+
+    // A trip reported under a name is audited with the identity that reported it.
+    let planter = fake_agent(&govd, Some(&shop), hello("order", "order-9"))
+        .await
+        .unwrap();
+    planter
+        .send(pb::agent_message::Msg::Event(pb::Event {
+            kind: pb::EventKind::FuseTripped as i32,
+            rule: "order/errors".into(),
+            reason: "planted".into(),
+            ..Default::default()
+        }))
+        .await;
+    let mut trips = Vec::new();
+    wait_until("the trip audited", Duration::from_secs(10), async || {
+        trips = audited(&govd, "trip").await;
+        !trips.is_empty()
+    })
+    .await;
+    assert_eq!(
+        trips[0]["who"], "agent order/order-9 (token `shop-agents`)",
+        "{trips:?}"
+    );
+    drop(back);
+    drop(planter);
+    govd.stop().await;
+}
