@@ -34,7 +34,10 @@ pub async fn connect(
 
 /// Connects to `url` with `tls` (`https://host:port` with TLS files,
 /// `http://host:port` without). Several comma-separated URLs (govd
-/// replicas): the first that answers.
+/// replicas): the first that answers a health check as serving within
+/// `timeout`. A replica that accepts connections but does not answer
+/// (stopped, hung) or is shutting down is passed over, instead of holding
+/// the caller until HTTP/2 keepalive gives up on it.
 pub async fn connect_tls(
     url: &str,
     tls: &ClientTls,
@@ -83,7 +86,31 @@ async fn connect_one(
         .connect()
         .await
         .map_err(|e| unreachable(error_chain(&e)))?;
+    probe(&channel, timeout).await.map_err(unreachable)?;
     Ok(ControlPlaneClient::new(channel).max_decoding_message_size(64 << 20))
+}
+
+/// Asks `channel`'s govd whether it serves (`grpc.health.v1`, which needs
+/// no token). The kernel completes a TCP (and TLS-less HTTP/2) connect for a
+/// process that is stopped, so a connect alone does not tell a live replica.
+async fn probe(channel: &Channel, timeout: Duration) -> Result<(), String> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let mut request = tonic::Request::new(tonic_health::pb::HealthCheckRequest {
+        service: String::new(),
+    });
+    request.set_timeout(timeout);
+    match tokio::time::timeout(timeout, health.check(request)).await {
+        Err(_) => Err(format!(
+            "no answer to a health check within {timeout:?}: govd is stopped, hung or overloaded"
+        )),
+        Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => Err(format!(
+            "no answer to a health check within {timeout:?}: govd is stopped, hung or overloaded"
+        )),
+        Ok(Err(status)) => Err(format!("health check failed: {}", status.message())),
+        Ok(Ok(answer)) if answer.get_ref().status() == ServingStatus::Serving => Ok(()),
+        Ok(Ok(_)) => Err("govd is shutting down (health NOT_SERVING)".to_owned()),
+    }
 }
 
 /// `error: cause: cause`, for one-line messages.

@@ -1,0 +1,50 @@
+//! govc against several govd URLs (`--control-plane A,B`) when one of them
+//! is alive to the kernel but does not answer: a stopped (SIGSTOP) replica
+//! accepts TCP connections, so only a call tells it from a live one.
+
+use super::*;
+
+/// A hung replica first in the list: status, audit and apply are served by
+/// the next one, and the stopped one is named with why it was passed over.
+#[tokio::test]
+async fn govc_passes_over_a_hung_replica_first_in_the_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let hung = control_plane(&dir.path().join("hung")).start().await;
+    let live = control_plane(&dir.path().join("live")).start().await;
+    signal(&hung.child, rustix::process::Signal::STOP);
+    let list = format!("{},{}", hung.url(), live.url());
+    let policy = write(dir.path(), "v1.gov", V1);
+
+    let status = govc(
+        &live,
+        Some(VIEWER_TOKEN),
+        &["status", "--control-plane", &list],
+    )
+    .await;
+    let applied = govc(
+        &live,
+        Some(TOKEN),
+        &["apply", &policy, "--control-plane", &list],
+    )
+    .await;
+    let audit = govc(
+        &live,
+        Some(VIEWER_TOKEN),
+        &["audit", "--control-plane", &list],
+    )
+    .await;
+    signal(&hung.child, rustix::process::Signal::CONT);
+
+    assert_eq!(status.code, 0, "status: {}", status.stderr);
+    assert_eq!(applied.code, 0, "apply: {}", applied.stderr);
+    assert_eq!(audit.code, 0, "audit: {}", audit.stderr);
+    assert!(audit.stdout.contains("apply"), "{}", audit.stdout);
+    assert!(
+        !live.status().await.version.is_empty(),
+        "the live replica applied"
+    );
+    assert!(
+        hung.status().await.version.is_empty(),
+        "the hung one did not"
+    );
+}
