@@ -60,6 +60,8 @@ pub struct Options {
     pub agent_certificates: bool,
     /// Connection cap, handshake deadline, keepalives.
     pub connections: crate::ConnectionLimits,
+    /// What agents may make govd hold (instances, labels, strings).
+    pub agent_limits: crate::AgentLimits,
 }
 
 impl Options {
@@ -73,6 +75,7 @@ impl Options {
             tls: None,
             agent_certificates: false,
             connections: crate::ConnectionLimits::default(),
+            agent_limits: crate::AgentLimits::default(),
         }
     }
 }
@@ -97,6 +100,7 @@ pub(crate) struct Inner {
     pub(crate) tls: Option<tonic::transport::ServerTlsConfig>,
     pub(crate) agent_certificates: bool,
     pub(crate) connections: crate::ConnectionLimits,
+    pub(crate) agent_limits: crate::AgentLimits,
     /// The cluster view, republished on change.
     pub(crate) view: watch::Sender<Arc<pb::ClusterView>>,
     /// Something other than stats changed: publish a view now.
@@ -166,6 +170,7 @@ impl ControlPlane {
             tls: options.tls,
             agent_certificates: options.agent_certificates,
             connections: options.connections,
+            agent_limits: options.agent_limits,
             view,
             changed: Notify::new(),
             stats_dirty: AtomicBool::new(false),
@@ -320,6 +325,25 @@ impl Inner {
     /// Takes in what another replica stored since this one's revision:
     /// its policy (pushed to this replica's agents), releases (sent to
     /// them), latches (merged with theirs). The caller holds `write_lock`.
+    /// Makes sure the state this replica serves is the stored one: on a
+    /// shared store, reads the stored revision (a quorum read) and takes in
+    /// what is newer. A replica resumed after a pause longer than its lease,
+    /// or cut off from etcd, would otherwise hand a connecting agent the
+    /// policy it held before, an older one than the agent may enforce. An
+    /// error: the revision could not be read, so nothing is current enough
+    /// to serve.
+    pub(crate) async fn confirm_current(&self) -> Result<(), Error> {
+        let Some(current) = self.store.current_revision() else {
+            return Ok(());
+        };
+        let current = current.await?;
+        if current <= self.revision.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let _write = self.write_lock.lock().await;
+        self.resync().await
+    }
+
     pub(crate) async fn resync(&self) -> Result<(), Error> {
         let loaded = self.store.load().await?;
         if loaded.revision <= self.revision.load(Ordering::SeqCst) {

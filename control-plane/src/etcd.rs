@@ -249,6 +249,21 @@ impl Store for EtcdStore {
         format!("etcd://{}/{}", hosts.join(","), self.config.prefix)
     }
 
+    fn current_revision(&self) -> Option<StoreFuture<'_, Revision>> {
+        Some(Box::pin(async move {
+            // Linearizable (etcd's default): a member cut off from the
+            // majority cannot answer it, so an old revision is never read.
+            let got = self
+                .get(
+                    self.config.key("state"),
+                    Some(GetOptions::new().with_keys_only()),
+                    "read the state's revision",
+                )
+                .await?;
+            Ok(got.kvs().first().map_or(0, |kv| kv.mod_revision()))
+        }))
+    }
+
     fn load(&self) -> StoreFuture<'_, Loaded> {
         Box::pin(async move {
             let key = self.config.key("state");

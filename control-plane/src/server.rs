@@ -248,7 +248,7 @@ impl ControlPlaneRpc for ControlPlane {
         }
         // Fenced by revision for reads too: no agent gets a config older
         // than the stored one from a replica that slept or was cut off.
-        Ok::<(), crate::error::Error>(()).map_err(|error| {
+        self.inner.confirm_current().await.map_err(|error| {
             Status::unavailable(format!(
                 "this govd replica cannot confirm it holds the current policy ({}); the agent keeps its config and tries again",
                 crate::error::one_line(&error)

@@ -251,6 +251,13 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// The revision of the shared state as stored now, read from the store
+    /// itself (a quorum read on etcd), not from what this replica last heard.
+    /// `None`: this process is the only writer, so what it holds is current.
+    fn current_revision(&self) -> Option<StoreFuture<'_, Revision>> {
+        None
+    }
+
     /// Whether this replica is the elected leader, as it changes. A lone
     /// govd always is.
     fn leader(&self) -> tokio::sync::watch::Receiver<bool> {

@@ -591,3 +591,76 @@ async fn three_replicas_survive_an_etcd_member_and_the_leader_dying_during_an_ap
     }
     drop(etcd);
 }
+
+/// The first config a raw agent `Connect` as `order` gets from `govd` (the
+/// agent token of the e2e token file), or why it got none.
+async fn first_config_from(govd: &Govd) -> Result<pb::TargetConfig, tonic::Status> {
+    let mut client = gov_control_plane::client::connect(&govd.url(), Duration::from_secs(5))
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let hello = pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Hello(pb::Hello {
+            service: "order".into(),
+            instance: "order-paused-test".into(),
+            address: "127.0.0.1:9".into(),
+            ..Default::default()
+        })),
+    };
+    // The stream stays open (no more messages) until the config is read.
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(hello).await.unwrap();
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    gov_control_plane::auth::authorize(&mut request, &service_agent_token("order")).unwrap();
+    let mut incoming = tokio::time::timeout(Duration::from_secs(10), client.connect(request))
+        .await
+        .map_err(|_| tonic::Status::deadline_exceeded("no answer to Connect in 10s"))??
+        .into_inner();
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(10), incoming.message())
+            .await
+            .map_err(|_| tonic::Status::deadline_exceeded("no config in 10s"))??
+            .ok_or_else(|| tonic::Status::aborted("the stream ended"))?;
+        if let Some(pb::control_message::Msg::Config(config)) = msg.msg {
+            drop(tx);
+            return config
+                .target
+                .ok_or_else(|| tonic::Status::internal("a config without a target"));
+        }
+    }
+}
+
+/// A replica stopped (SIGSTOP) for longer than its lease while the policy
+/// moved on, then resumed, never hands a connecting agent the policy it held
+/// before the pause: it reads etcd's revision first (issue 26).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_resumed_after_its_lease_never_serves_the_policy_it_held_before() {
+    let etcd = Etcd::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = replica(&etcd, dir.path(), "a").start().await;
+    let b = replica(&etcd, dir.path(), "b").start().await;
+    apply_on(&a, &policy(1)).await.unwrap();
+    let old = a.status().await.version;
+    wait_until(
+        "b takes in the first policy",
+        Duration::from_secs(10),
+        async || b.status().await.version == old,
+    )
+    .await;
+
+    signal(&b.child, rustix::process::Signal::STOP);
+    // Past b's 2s lease, and past its etcd client's 5s keepalive: its
+    // watch is gone when it resumes.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    apply_on(&a, &policy(2)).await.unwrap();
+    apply_on(&a, &policy(3)).await.unwrap();
+    let current = a.status().await.version;
+    assert_ne!(current, old);
+    let expected = first_config_from(&a).await.unwrap().version;
+    signal(&b.child, rustix::process::Signal::CONT);
+
+    let served = first_config_from(&b).await.unwrap();
+    assert_eq!(
+        served.version, expected,
+        "the resumed replica served an older config"
+    );
+}
