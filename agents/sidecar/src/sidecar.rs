@@ -16,6 +16,7 @@
 //! task per client connection driving its upstream connections too); hyper serves
 //! HTTP/2 and whatever that path hands over (`proxy`, with its pooled client).
 
+mod abandoned;
 mod admin;
 mod endpoints;
 mod h1;
@@ -41,6 +42,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::health::Health;
+pub use abandoned::DEFAULT_CLIENT_GONE_HOLD;
 pub use endpoints::{endpoints_to, restore_endpoints};
 pub use listener::GOV_SERVICE;
 pub use reload::{ConfigError, ConfigStatus, parse_config, read_config};
@@ -108,6 +110,10 @@ pub struct Options {
     /// Most open client connections per proxy listener (`--max-connections`); a
     /// connection accepted over it is closed at once.
     pub max_connections: usize,
+    /// How long, at most, an admitted call whose client left goes on, its
+    /// upstream's answer read and discarded and its permits held
+    /// (`--client-gone-hold`).
+    pub client_gone_hold: Duration,
     /// Where the agent keeps its latches (tripped fuses, engaged limits) and, with a
     /// control plane, the last good config it sent (`--state-dir`): both are in force
     /// again before a restarted agent accepts a connection. `None`: neither survives
@@ -138,6 +144,7 @@ impl Options {
             cluster_store: None,
             service_pid: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            client_gone_hold: DEFAULT_CLIENT_GONE_HOLD,
             client_timeout: Some(DEFAULT_CLIENT_TIMEOUT),
             state_dir: None,
             decision_log: None,
@@ -331,6 +338,7 @@ impl Sidecar {
             local: options.upstream.clone(),
             directory: directory.clone(),
             log: decision_log.clone(),
+            client_gone_hold: options.client_gone_hold,
         });
         // Idle upstream connections of the HTTP/1 path, shared by both listeners.
         let idle = Arc::new(h1::IdlePool::default());

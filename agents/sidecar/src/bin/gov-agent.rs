@@ -145,6 +145,13 @@ struct Args {
     #[arg(long, env = "GOV_CLIENT_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     client_timeout: Duration,
 
+    /// How long, at most, an admitted call whose client left (a disconnect, an
+    /// HTTP/2 reset) goes on: its upstream's answer is read and discarded and its
+    /// bulkhead permits held until the upstream is done or this passes, so a
+    /// client that leaves cannot free a permit the upstream still works under.
+    #[arg(long, env = "GOV_CLIENT_GONE_HOLD", default_value = "60s", value_parser = parse_duration)]
+    client_gone_hold: Duration,
+
     /// Most open client connections per proxy listener; a connection accepted over it
     /// is closed at once and counted in `gov_agent_connections_over_cap_total`.
     #[arg(long, env = "GOV_MAX_CONNECTIONS", default_value_t = gov_agent::sidecar::DEFAULT_MAX_CONNECTIONS)]
@@ -312,6 +319,7 @@ async fn run(args: Args) -> ExitCode {
         cluster_store,
         service_pid: args.service_pid,
         max_connections: args.max_connections,
+        client_gone_hold: args.client_gone_hold,
         client_timeout: (!args.client_timeout.is_zero()).then_some(args.client_timeout),
         state_dir: args.state_dir,
         decision_log,

@@ -26,6 +26,9 @@ pub(crate) struct Shared {
     pub(crate) directory: Arc<Directory>,
     /// `--decision-log`.
     pub(crate) log: Option<DecisionLog>,
+    /// `--client-gone-hold`: how long a call whose client left is finished
+    /// at most (hyper's side; see `abandoned`).
+    pub(crate) client_gone_hold: std::time::Duration,
 }
 
 impl Shared {

@@ -48,7 +48,7 @@ impl Source {
 
     fn render_listeners(&self, enc: &mut Encoder) {
         type Read = fn(&super::serve::Connections) -> u64;
-        let families: [(&str, &str, &str, Read); 3] = [
+        let families: [(&str, &str, &str, Read); 5] = [
             (
                 "gov_agent_connections_open",
                 "gauge",
@@ -66,6 +66,18 @@ impl Source {
                 "counter",
                 "Requests refused as malformed or ambiguous (400, 431, 501) before reaching the engine.",
                 super::serve::Connections::refused,
+            ),
+            (
+                "gov_agent_calls_client_gone_total",
+                "counter",
+                "Admitted calls whose client left before the response ended; the upstream's answer is read to its end and the call's permits held meanwhile.",
+                super::serve::Connections::client_gone,
+            ),
+            (
+                "gov_agent_calls_client_gone_cut_total",
+                "counter",
+                "Calls whose client left that were still running at --client-gone-hold, then cut (their permits released).",
+                super::serve::Connections::client_gone_cut,
             ),
         ];
         for (name, kind, help, read) in families {

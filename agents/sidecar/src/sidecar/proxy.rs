@@ -29,6 +29,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::ResponseFuture as ClientFuture;
 use tower::{Layer, Service, ServiceExt};
 
+use super::abandoned::{Held, Hold, Inner, run_detached};
 use super::h1::codec::{Refusal, valid_authority};
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::listener::{Failure, Shared, Side, target_service};
@@ -39,8 +40,9 @@ use gov_engine::{CallError, CallTarget, GovBody, Govern, GovernLayer, MeteredBod
 
 /// The body of every response of the proxy listeners: the upstream's, holding the
 /// call's admission (bulkhead permits, in-flight gauges) and its endpoint pick
-/// (requests outstanding) until it is done or the client left; or the agent's own.
-pub type ResponseBody = GovBody<PickedBody>;
+/// (requests outstanding) until the upstream is done, even if the client left
+/// ([`super::abandoned`]); or the agent's own.
+pub(crate) type ResponseBody = Held;
 
 /// The handler of one client connection on hyper's side (HTTP/2, and what the HTTP/1
 /// path hands over): the engine's [`Govern`] around this connection's [`Forward`].
@@ -58,6 +60,8 @@ struct Conn {
     side: Side,
     peer: HeaderValue,
     conns: Arc<Connections>,
+    /// How a call whose client left is finished.
+    hold: Hold,
     /// The HTTP/1 path handed this connection over after checking its request:
     /// hyper serves that one HTTP/1 request, then the connection closes, so that
     /// no HTTP/1 request reaches the upstream without the HTTP/1 path's checks.
@@ -74,6 +78,10 @@ impl Handler {
         conns: Arc<Connections>,
         handed_over: bool,
     ) -> Self {
+        let hold = Hold {
+            bound: shared.client_gone_hold,
+            conns: conns.clone(),
+        };
         let layer = match side {
             Side::Inbound => GovernLayer::new(shared.engine.clone()),
             Side::Outbound => GovernLayer::outbound(shared.engine.clone()),
@@ -84,12 +92,38 @@ impl Handler {
             side,
             peer: peer_value(peer),
             conns,
+            hold,
             handed_over,
         }))))
     }
 
-    /// Handles one request.
-    pub(crate) async fn handle(self, mut req: Request<Incoming>) -> Response<ResponseBody> {
+    /// Handles one request on a task of its own, so that a client that leaves
+    /// (hyper then drops this future) does not end the call at the upstream's
+    /// expense: see [`super::abandoned`].
+    pub(crate) async fn handle(self, req: Request<Incoming>) -> Response<ResponseBody> {
+        let hold = self.0.get_ref().0.hold.clone();
+        let held = hold.clone();
+        run_detached(
+            async move {
+                self.respond(req).await.map(|body| match body {
+                    GovBody::Response { .. } => Held::held(body, held),
+                    _ => Held::free(body),
+                })
+            },
+            hold,
+            || {
+                local_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "gov-agent: the call's task ended without an answer\n",
+                )
+                .map(Held::free)
+            },
+        )
+        .await
+    }
+
+    /// Governs and forwards one request.
+    async fn respond(self, mut req: Request<Incoming>) -> Response<Inner> {
         let conn = &self.0.get_ref().0;
         if let Err(refusal) = check(&mut req) {
             tracing::debug!(?refusal, "refused a request");
@@ -311,7 +345,10 @@ impl Service<Request<MeteredBody<Incoming>>> for Forward {
             path,
             client: client.clone(),
         });
-        let fut = client.request(Request::from_parts(parts, UpstreamBody::client(body)));
+        let fut = client.request(Request::from_parts(
+            parts,
+            UpstreamBody::client(body, conn.hold.bound),
+        ));
         Sending::Sending {
             fut,
             pick: Awaiting(pick),
@@ -439,7 +476,7 @@ fn upstream_uri(to: Authority, path: PathAndQuery) -> Option<Uri> {
 }
 
 /// A short plain-text response made by the agent.
-pub(crate) fn local_response(status: StatusCode, body: &'static str) -> Response<ResponseBody> {
+pub(crate) fn local_response(status: StatusCode, body: &'static str) -> Response<Inner> {
     let mut response = Response::new(GovBody::local(Bytes::from_static(body.as_bytes())));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -449,7 +486,7 @@ pub(crate) fn local_response(status: StatusCode, body: &'static str) -> Response
     response
 }
 
-fn failure_response(failure: Failure) -> Response<ResponseBody> {
+fn failure_response(failure: Failure) -> Response<Inner> {
     let (status, body) = failure.answer();
     local_response(status, body)
 }

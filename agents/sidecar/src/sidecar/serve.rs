@@ -151,6 +151,11 @@ pub(crate) struct Connections {
     over_cap: AtomicU64,
     /// Requests refused as malformed or ambiguous (400, 431, 501).
     pub(crate) refused: AtomicU64,
+    /// Admitted calls whose client left before the response ended (their
+    /// upstream's answer read to its end, permits held: `abandoned`).
+    pub(crate) client_gone: AtomicU64,
+    /// Of those, the ones still running at the hold bound, then cut.
+    pub(crate) client_gone_cut: AtomicU64,
 }
 
 /// One open connection; dropping it closes the count.
@@ -164,6 +169,8 @@ impl Connections {
             max: max.max(1),
             over_cap: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            client_gone: AtomicU64::new(0),
+            client_gone_cut: AtomicU64::new(0),
         }
     }
 
@@ -180,6 +187,16 @@ impl Connections {
     /// Requests refused, since start.
     pub(crate) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Admitted calls whose client left before the end, since start.
+    pub(crate) fn client_gone(&self) -> u64 {
+        self.client_gone.load(Ordering::Relaxed)
+    }
+
+    /// Of those, the ones cut at the hold bound, since start.
+    pub(crate) fn client_gone_cut(&self) -> u64 {
+        self.client_gone_cut.load(Ordering::Relaxed)
     }
 
     fn enter(self: &Arc<Self>) -> Entered {

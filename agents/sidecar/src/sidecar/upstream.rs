@@ -3,6 +3,7 @@
 //! [`balance`] (re-exported here, so their paths do not change).
 
 use std::collections::HashMap;
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -29,15 +30,40 @@ pub use balance::*;
 /// The body the proxy forwards upstream: the client's body, counted as it streams,
 /// or none (a second attempt of a request without a body, whose first attempt took
 /// the client's empty body).
-pub(crate) struct UpstreamBody(Option<GovBody<Incoming>>);
+///
+/// When the client's body fails (the client left or reset the stream mid-body),
+/// the failure is held back for `stall` before it reaches the upstream
+/// connection: the upstream already has the request's head and may be working
+/// on it, so the call (and its permits) stays open until the upstream answers
+/// or gives up on the body, not cut while it works (`abandoned`).
+pub(crate) struct UpstreamBody {
+    body: Option<GovBody<Incoming>>,
+    stall: Duration,
+    stalled: Option<Stalled>,
+}
+
+/// A client body's failure, held back until `until`.
+struct Stalled {
+    until: Pin<Box<tokio::time::Sleep>>,
+    error: Option<hyper::Error>,
+}
 
 impl UpstreamBody {
-    pub(crate) fn client(body: GovBody<Incoming>) -> Self {
-        Self(Some(body))
+    /// The client's `body`, its failure held back for `stall`.
+    pub(crate) fn client(body: GovBody<Incoming>, stall: Duration) -> Self {
+        Self {
+            body: Some(body),
+            stall,
+            stalled: None,
+        }
     }
 
     pub(crate) fn empty() -> Self {
-        Self(None)
+        Self {
+            body: None,
+            stall: Duration::ZERO,
+            stalled: None,
+        }
     }
 }
 
@@ -49,18 +75,34 @@ impl Body for UpstreamBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        match &mut self.0 {
-            Some(body) => Pin::new(body).poll_frame(cx),
+        let this = &mut *self;
+        if this.stalled.is_none() {
+            match this.body.as_mut().map(|b| Pin::new(b).poll_frame(cx)) {
+                None => return Poll::Ready(None),
+                Some(Poll::Ready(Some(Err(error)))) => {
+                    this.stalled = Some(Stalled {
+                        until: Box::pin(tokio::time::sleep(this.stall)),
+                        error: Some(error),
+                    });
+                }
+                Some(polled) => return polled,
+            }
+        }
+        match &mut this.stalled {
+            Some(stalled) => {
+                std::task::ready!(stalled.until.as_mut().poll(cx));
+                Poll::Ready(stalled.error.take().map(Err))
+            }
             None => Poll::Ready(None),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.as_ref().is_none_or(Body::is_end_stream)
+        self.stalled.is_none() && self.body.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.0
+        self.body
             .as_ref()
             .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }

@@ -10,6 +10,7 @@
 mod support;
 
 mod balance;
+mod client_gone;
 mod decision_log;
 mod differential;
 mod enforce;

@@ -35,6 +35,10 @@ pub fn ms(n: u64) -> Duration {
 enum Behaviour {
     /// 200 with the path as body after a delay.
     Delay(Duration),
+    /// 200 with the path as body after a delay that runs to its end whatever
+    /// the agent does with the request, as a servlet's worker thread does: a
+    /// reset or a closed connection does not stop the work.
+    Work(Duration),
     /// 200 with the request body as body.
     Echo,
     /// 200 with this many bytes.
@@ -69,6 +73,13 @@ impl UpstreamBuilder {
     }
 
     /// `path` answers 200 after `delay` (a slow IO endpoint).
+    /// `path` answers after `delay` of work the agent cannot cancel
+    /// (counted in flight until it is done).
+    pub fn working(mut self, path: &str, delay: Duration) -> Self {
+        self.routes.insert(path.to_owned(), Behaviour::Work(delay));
+        self
+    }
+
     pub fn slow(self, path: &str, delay: Duration) -> Self {
         self.fast(path, delay)
     }
@@ -167,7 +178,7 @@ struct UpstreamState {
 }
 
 impl UpstreamState {
-    async fn answer(&self, req: Request<Incoming>) -> Response<UpstreamBody> {
+    async fn answer(self: Arc<Self>, req: Request<Incoming>) -> Response<UpstreamBody> {
         self.received.fetch_add(1, Ordering::SeqCst);
         let version = format!("{:?}", req.version());
         let behaviour = self.routes.get(req.uri().path()).cloned();
@@ -179,6 +190,20 @@ impl UpstreamState {
                 tokio::time::sleep(delay).await;
                 self.enter(&path, -1);
                 status(StatusCode::OK, path)
+            }
+            Some(Behaviour::Work(delay)) => {
+                let path = req.uri().path().to_owned();
+                self.enter(&path, 1);
+                let state = self.clone();
+                let work = tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    state.enter(&path, -1);
+                    path
+                });
+                match work.await {
+                    Ok(path) => status(StatusCode::OK, path),
+                    Err(_) => status(StatusCode::INTERNAL_SERVER_ERROR, "work failed\n"),
+                }
             }
             Some(Behaviour::Gated) => {
                 let path = req.uri().path().to_owned();

@@ -1,0 +1,197 @@
+//! A call whose client leaves is finished anyway, on hyper's side.
+//!
+//! An admitted call holds its admission (bulkhead permits, in-flight counts)
+//! in its response body until that body ends. When the client leaves (a
+//! disconnect, an HTTP/2 `RST_STREAM`, a handed-over connection closing
+//! early), hyper drops the call's future or its response body, which would
+//! release the permit while the upstream is still working on the request: a
+//! client that connects, asks and leaves could then keep any number of calls
+//! running at the upstream behind `max_concurrent 5` (a paced HTTP/2 Rapid
+//! Reset). So the call is run on a task of its own ([`run_detached`]), and a
+//! response body dropped before its end ([`Held`]) is read to its end and
+//! discarded on another task, at most for the listener's hold bound: the
+//! permit goes back when the upstream is done, as on the HTTP/1 path.
+//!
+//! Limits and fuses count such a call once, with the upstream's own outcome
+//! (its status at the head, its end or reset from the body). Both what left
+//! and what was cut at the bound are counted in `/metrics`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt as _;
+
+use super::serve::Connections;
+use super::upstream::PickedBody;
+
+/// What [`Held`] wraps: the engine's body of a governed call.
+pub(crate) type Inner = gov_engine::GovBody<PickedBody>;
+
+/// How long, at most, the agent goes on with a call whose client left, by
+/// default (`--client-gone-hold`): the upstream's answer is read and
+/// discarded until then, and the call's permits held.
+pub const DEFAULT_CLIENT_GONE_HOLD: Duration = Duration::from_secs(60);
+
+/// What a listener's held calls report to, and how long they are held.
+#[derive(Clone)]
+pub(crate) struct Hold {
+    pub(crate) bound: Duration,
+    pub(crate) conns: Arc<Connections>,
+}
+
+/// The body of every response of the proxy listeners: [`Inner`] (the
+/// upstream's, holding the call's admission and endpoint pick; or the
+/// agent's own), which, dropped before its end, is read to its end on a
+/// task of its own (bounded by [`Hold::bound`]) instead of being dropped
+/// with the call's admission in it.
+pub(crate) struct Held {
+    body: Inner,
+    /// `None`: nothing to finish (an answer of the agent's own).
+    hold: Option<Hold>,
+    ended: bool,
+}
+
+impl Held {
+    /// A body with nothing to finish if it is dropped.
+    pub(crate) fn free(body: Inner) -> Self {
+        Self {
+            body,
+            hold: None,
+            ended: false,
+        }
+    }
+
+    /// An upstream's body, finished under `hold` if it is dropped early.
+    pub(crate) fn held(body: Inner, hold: Hold) -> Self {
+        Self {
+            body,
+            hold: Some(hold),
+            ended: false,
+        }
+    }
+}
+
+impl Body for Held {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            self.ended = true;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Held {
+    /// Hands a body dropped before its end to a task that reads it to the
+    /// end, counted, unless there is nothing to finish.
+    fn drop(&mut self) {
+        if self.ended || self.body.is_end_stream() {
+            return;
+        }
+        let Some(hold) = self.hold.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let body = std::mem::replace(&mut self.body, Inner::local(Bytes::new()));
+        hold.conns.client_gone.fetch_add(1, Ordering::Relaxed);
+        let until = tokio::time::Instant::now() + hold.bound;
+        runtime.spawn(drain(body, hold, until));
+    }
+}
+
+impl Held {
+    /// The upstream's body, unless it has ended or there is nothing to
+    /// finish; dropping what is left then does nothing more.
+    fn disown(mut self) -> Option<Inner> {
+        self.hold.take()?;
+        if self.ended || self.body.is_end_stream() {
+            return None;
+        }
+        Some(std::mem::replace(
+            &mut self.body,
+            Inner::local(Bytes::new()),
+        ))
+    }
+}
+
+/// Reads `body` to its end (or its first error), at most until `until`.
+async fn drain(mut body: Inner, hold: Hold, until: tokio::time::Instant) {
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            if frame.is_err() {
+                break;
+            }
+        }
+    };
+    if tokio::time::timeout_at(until, read).await.is_err() {
+        cut(&hold);
+    }
+}
+
+/// A call whose client left ran past the hold bound: it is cut (its permits
+/// go back with it).
+fn cut(hold: &Hold) {
+    hold.conns.client_gone_cut.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(bound = ?hold.bound, "a call whose client left ran past the hold bound; cut");
+}
+
+/// Runs `call` on a task of its own and answers with its response. If the
+/// caller (hyper, for a client) stops waiting first, the call goes on there
+/// for at most `hold.bound`, and its response body is read to its end
+/// within the same bound: the permits go back when the upstream is done.
+pub(crate) async fn run_detached<F>(
+    call: F,
+    hold: Hold,
+    lost: impl FnOnce() -> Response<Held>,
+) -> Response<Held>
+where
+    F: Future<Output = Response<Held>> + Send + 'static,
+{
+    let (mut answer, answered) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut call = std::pin::pin!(call);
+        let response = tokio::select! {
+            biased;
+            response = &mut call => response,
+            () = answer.closed() => {
+                hold.conns.client_gone.fetch_add(1, Ordering::Relaxed);
+                let until = tokio::time::Instant::now() + hold.bound;
+                match tokio::time::timeout_at(until, call).await {
+                    Ok(response) => {
+                        if let Some(body) = response.into_body().disown() {
+                            drain(body, hold, until).await;
+                        }
+                    }
+                    Err(_) => cut(&hold),
+                }
+                return;
+            }
+        };
+        // The client may leave between the two: the body's drop finishes it.
+        let _ = answer.send(response);
+    });
+    answered.await.unwrap_or_else(|_| lost())
+}

@@ -1,0 +1,139 @@
+//! Clients that leave an admitted call (a closed connection, an HTTP/2
+//! `RST_STREAM`) do not free its bulkhead permit while the upstream still
+//! works on it: the upstream here works like a servlet container (a reset
+//! does not stop the work) and counts what it is working on, and that count
+//! never passes `max_concurrent`, whatever the client does.
+
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::TcpStream;
+
+use crate::support::{Agent, Upstream, agent, http, ms, upstream};
+
+/// Five at a time on `/work`, no wait.
+const FIVE: &str = r#"
+service: shop
+version: client-gone-v1
+rules:
+  - name: shop/five
+    on: { path: { kind: PATH_KIND_PREFIX, value: /work } }
+    bulkhead:
+      max_concurrent: 5
+"#;
+
+/// How long the upstream works on each call.
+const WORK: Duration = Duration::from_millis(400);
+
+async fn start() -> (Upstream, Agent) {
+    let up = upstream().working("/work", WORK).start().await;
+    let agent = agent().config(FIVE).upstream(&up).start().await;
+    (up, agent)
+}
+
+/// After an attack: the upstream finishes what it had, every permit comes
+/// back (a call is admitted again). Returns the calls the agent counted as
+/// their client gone. (An `Expect` client that leaves before its body is not
+/// seen to: its body fails, which the upstream learns only when it answers or
+/// gives up on the body, and the agent waits for that.)
+async fn settles(up: &Upstream, agent: &Agent) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while up.in_flight("/work") > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the upstream never finished"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+    let mut answered = None;
+    while tokio::time::Instant::now() < deadline {
+        let reply = http().get(&agent.url("/work")).await.unwrap();
+        if reply.status == 200 {
+            answered = Some(reply.status.as_u16());
+            break;
+        }
+        tokio::time::sleep(ms(50)).await;
+    }
+    assert_eq!(answered, Some(200), "every permit came back");
+    let metrics = http()
+        .get(&agent.admin_url("/metrics"))
+        .await
+        .unwrap()
+        .text();
+    let gone: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("gov_agent_calls_client_gone_total{listener=\"inbound\"} "))
+        .and_then(|v| v.parse().ok())
+        .expect("the client-gone counter is exposed");
+    gone
+}
+
+/// Sends `request` on `n` connections, each closed 2 ms after its request.
+async fn send_and_leave(agent: &Agent, request: &'static [u8], n: usize) {
+    let addr = agent.sidecar.inbound_addr();
+    for _ in 0..n {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        tokio::time::sleep(ms(2)).await;
+        drop(stream);
+    }
+}
+
+#[tokio::test]
+async fn http10_clients_that_leave_keep_their_permits_until_the_upstream_is_done() {
+    let (up, agent) = start().await;
+    send_and_leave(&agent, b"GET /work HTTP/1.0\r\nhost: x\r\n\r\n", 40).await;
+    let gone = settles(&up, &agent).await;
+    assert!(
+        up.peak_in_flight("/work") <= 5,
+        "peak at the upstream: {}",
+        up.peak_in_flight("/work")
+    );
+    assert!(gone >= 1, "the calls whose client left are counted");
+}
+
+#[tokio::test]
+async fn expect_continue_clients_that_leave_keep_their_permits_until_the_upstream_is_done() {
+    let (up, agent) = start().await;
+    send_and_leave(
+        &agent,
+        b"POST /work HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\nexpect: 100-continue\r\n\r\n",
+        40,
+    )
+    .await;
+    settles(&up, &agent).await;
+    assert!(
+        up.peak_in_flight("/work") <= 5,
+        "peak at the upstream: {}",
+        up.peak_in_flight("/work")
+    );
+}
+
+/// A paced Rapid Reset: HEADERS with END_STREAM, 1 ms, RST_STREAM(CANCEL),
+/// again and again on one h2c connection.
+#[tokio::test]
+async fn h2c_streams_reset_after_their_request_keep_their_permits_until_the_upstream_is_done() {
+    let (up, agent) = start().await;
+    let addr = agent.sidecar.inbound_addr();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    for _ in 0..60 {
+        let mut client = client.clone().ready().await.unwrap();
+        let request = http::Request::get(format!("http://{addr}/work"))
+            .body(())
+            .unwrap();
+        let (_response, mut stream) = client.send_request(request, true).unwrap();
+        tokio::time::sleep(ms(1)).await;
+        stream.send_reset(h2::Reason::CANCEL);
+    }
+    let gone = settles(&up, &agent).await;
+    assert!(
+        up.peak_in_flight("/work") <= 5,
+        "peak at the upstream: {}",
+        up.peak_in_flight("/work")
+    );
+    assert!(gone >= 1, "the calls whose client left are counted");
+    drop(client);
+    connection.abort();
+}
