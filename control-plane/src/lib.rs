@@ -23,6 +23,7 @@
 //! - [`client`]: what `govc` uses to reach a control plane.
 //! - [`metrics::serve_metrics`]: `/metrics` on a listener of its own.
 
+pub mod agent_limits;
 pub mod apply;
 pub mod audit;
 pub mod auth;
@@ -41,6 +42,7 @@ pub mod state;
 pub mod store;
 pub mod view;
 
+pub use agent_limits::AgentLimits;
 pub use apply::{ApplyError, ApplyRequest, MAX_APPLY_WAIT};
 pub use connections::{ConnectionLimits, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
 pub use control_plane::{ControlPlane, Options};

@@ -20,6 +20,8 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::agent_limits::AgentCap;
+
 /// Upper bounds of the push-to-answer histogram, in seconds (`+Inf` implied).
 pub const ACK_BUCKETS_SECONDS: [f64; 9] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 
@@ -35,6 +37,10 @@ pub(crate) struct Metrics {
     acks: AtomicU64,
     nacks: AtomicU64,
     answered: Histogram,
+    /// Hellos refused and strings cut, by [`AgentCap`].
+    agent_refusals: [AtomicU64; AgentCap::ALL.len()],
+    /// Instances forgotten after `--agent-retention`.
+    agents_pruned: AtomicU64,
     /// Nonce of each unanswered push, with when it was sent.
     pending: Mutex<HashMap<String, Instant>>,
 }
@@ -139,6 +145,18 @@ impl Metrics {
             }
             pending.insert(config.nonce.clone(), Instant::now());
         }
+    }
+
+    /// Something an agent sent was over `cap`.
+    pub(crate) fn on_agent_refused(&self, cap: AgentCap) {
+        if let Some(c) = self.agent_refusals.get(cap as usize) {
+            c.fetch_add(1, Relaxed);
+        }
+    }
+
+    pub(crate) fn on_agents_pruned(&self, n: usize) {
+        self.agents_pruned
+            .fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Relaxed);
     }
 
     /// A message from an agent: an ACK or NACK stops its push's clock.
@@ -252,6 +270,28 @@ impl Metrics {
             "NACKs received from agents (a config they refused).",
         );
         enc.sample("govd_config_nacks_total", &[], self.nacks.load(Relaxed));
+        enc.family(
+            "govd_agent_refusals_total",
+            "counter",
+            "What agents sent over a cap, by cap: agents_per_service and label_bytes (hello refused), string_bytes (hello refused, or an event's reason cut).",
+        );
+        for cap in AgentCap::ALL {
+            let n = self
+                .agent_refusals
+                .get(cap as usize)
+                .map_or(0, |c| c.load(Relaxed));
+            enc.sample("govd_agent_refusals_total", &[("limit", cap.label())], n);
+        }
+        enc.family(
+            "govd_agents_pruned_total",
+            "counter",
+            "Disconnected instances forgotten after --agent-retention (audited as agents-pruned).",
+        );
+        enc.sample(
+            "govd_agents_pruned_total",
+            &[],
+            self.agents_pruned.load(Relaxed),
+        );
         enc.family(
             "govd_config_answer_seconds",
             "histogram",

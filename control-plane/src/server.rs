@@ -233,6 +233,11 @@ impl ControlPlaneRpc for ControlPlane {
                 hello.service, hello.service, hello.service
             )));
         }
+        let limits = self.inner.agent_limits;
+        if let Err(over) = limits.check_hello(&hello) {
+            self.inner.metrics.on_agent_refused(over.cap);
+            return Err(Status::resource_exhausted(over.message));
+        }
         if !identity.may_claim(&hello.service) {
             let may = identity.services.as_deref().unwrap_or_default().join(", ");
             let detail = format!(
@@ -257,6 +262,7 @@ impl ControlPlaneRpc for ControlPlane {
         let (tx, rx) = mpsc::channel(AGENT_QUEUE);
         let mut out = Vec::new();
         let label = identity.label();
+        let pruned;
         let claimed = {
             let mut state = self.inner.lock();
             let now = now_unix_ms();
@@ -267,14 +273,36 @@ impl ControlPlaneRpc for ControlPlane {
                     hello.instance, hello.service
                 )));
             }
-            match state.held_by_another(&hello.service, &hello.instance, &label) {
-                Some(holder) => Err(holder.to_owned()),
-                None => Ok(state.hello_as(hello.clone(), &label, tx, now, &mut out)),
+            pruned = state.prune(now, limits.retention_ms());
+            if state.service_full(
+                &hello.service,
+                &hello.instance,
+                limits.max_agents_per_service,
+            ) {
+                Err(None)
+            } else {
+                match state.held_by_another(&hello.service, &hello.instance, &label) {
+                    Some(holder) => Err(Some(holder.to_owned())),
+                    None => Ok(state.hello_as(hello.clone(), &label, tx, now, &mut out)),
+                }
             }
         };
+        if !pruned.is_empty() {
+            audit_pruned(&self.inner, &pruned, limits).await;
+        }
         let (key, id) = match claimed {
             Ok(claimed) => claimed,
-            Err(holder) => {
+            Err(None) => {
+                self.inner
+                    .metrics
+                    .on_agent_refused(crate::agent_limits::AgentCap::AgentsPerService);
+                tracing::warn!(service = %hello.service, instance = %hello.instance, max = limits.max_agents_per_service, "refused an agent: its service has as many instances as --max-agents-per-service");
+                return Err(Status::resource_exhausted(format!(
+                    "service `{}` has {} instances already, govd's cap (--max-agents-per-service); instances gone longer than --agent-retention are forgotten",
+                    hello.service, limits.max_agents_per_service
+                )));
+            }
+            Err(Some(holder)) => {
                 let detail = format!("the name is held by {holder}; this agent proved {label}");
                 let what = "its instance name belongs to another identity";
                 refuse_agent(&self.inner, &identity, &hello, what, detail).await;
@@ -468,6 +496,32 @@ async fn refuse_agent(
         .await;
 }
 
+/// Instances forgotten after the retention: one audit record, and counted.
+async fn audit_pruned(inner: &Inner, pruned: &[AgentKey], limits: crate::AgentLimits) {
+    inner.metrics.on_agents_pruned(pruned.len());
+    let targets: Vec<String> = pruned.iter().map(|(s, i)| format!("{s}/{i}")).collect();
+    tracing::info!(instances = ?targets, "forgot instances not heard from for --agent-retention");
+    inner.bump_sync();
+    inner.changed();
+    inner.persist_soon.notify_one();
+    inner
+        .audit(AuditEntry {
+            at_unix_ms: now_unix_ms(),
+            who: "govd (agent retention)".into(),
+            action: "agents-pruned".into(),
+            version: String::new(),
+            kind: String::new(),
+            rule: String::new(),
+            key: String::new(),
+            targets,
+            detail: format!(
+                "disconnected and not heard from for {:?} (--agent-retention)",
+                limits.retention
+            ),
+        })
+        .await;
+}
+
 /// Whether `request` carries an `authorization` header.
 fn has_bearer<T>(request: &Request<T>) -> bool {
     request.metadata().contains_key("authorization")
@@ -528,6 +582,14 @@ async fn read_agent(
             Ok(None) => break "stream closed by the agent".to_owned(),
             Err(status) => break format!("stream error: {}", status.message()),
         };
+        let mut msg = msg;
+        if let AgentMsg::Event(event) = &mut msg
+            && inner.agent_limits.bound_event(event)
+        {
+            inner
+                .metrics
+                .on_agent_refused(crate::agent_limits::AgentCap::StringBytes);
+        }
         inner.metrics.on_agent_message(&msg);
         let effect = inner.lock().on_message(&key, id, msg, now_unix_ms());
         if effect.endpoints {

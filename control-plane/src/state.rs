@@ -329,6 +329,41 @@ impl State {
         (agent.conn.is_some() && ago < LIVE_FOR_MS).then_some(ago)
     }
 
+    /// Whether a hello as `service`/`instance` would add an instance to a
+    /// service that has `max` already (connected or not).
+    pub fn service_full(&self, service: &str, instance: &str, max: usize) -> bool {
+        if self
+            .agents
+            .contains_key(&(service.to_owned(), instance.to_owned()))
+        {
+            return false;
+        }
+        self.agents.keys().filter(|(s, _)| s == service).count() >= max
+    }
+
+    /// Forgets the instances not connected and not heard from for
+    /// `retention_ms`: their names are free again. An instance remembered
+    /// from before a restart (never heard from since) gets a full retention
+    /// from the first call. Returns the keys forgotten.
+    pub fn prune(&mut self, now: u64, retention_ms: u64) -> Vec<AgentKey> {
+        let mut gone = Vec::new();
+        for (key, agent) in &mut self.agents {
+            if agent.conn.is_some() {
+                continue;
+            }
+            if agent.last_seen_unix_ms == 0 {
+                agent.last_seen_unix_ms = now;
+            }
+            if now.saturating_sub(agent.last_seen_unix_ms) > retention_ms {
+                gone.push(key.clone());
+            }
+        }
+        for key in &gone {
+            self.agents.remove(key);
+        }
+        gone
+    }
+
     /// The stream `id` of `key` ended.
     pub fn disconnect(&mut self, key: &AgentKey, id: u64, reason: &str, now: u64) -> bool {
         let Some(agent) = self.agents.get_mut(key) else {
@@ -1236,6 +1271,24 @@ mod tests {
         };
         assert_eq!(arms("token `y`"), 0);
         assert_eq!(arms("token `x`"), 1);
+    }
+
+    #[test]
+    fn a_full_service_takes_no_new_instance_and_old_disconnected_ones_are_forgotten() {
+        let mut s = State::default();
+        let (tx, _rx) = mpsc::channel(8);
+        let (a, a_id) = s.hello(hello("order", "a", ""), tx.clone(), 1_000, &mut Vec::new());
+        s.hello(hello("order", "b", ""), tx, 1_000, &mut Vec::new());
+        assert!(s.service_full("order", "c", 2));
+        assert!(
+            !s.service_full("order", "a", 2),
+            "a known instance may come back"
+        );
+        assert!(!s.service_full("pay", "p", 2));
+        assert!(s.disconnect(&a, a_id, "gone", 2_000));
+        assert!(s.prune(2_500, 1_000).is_empty(), "within the retention");
+        assert_eq!(s.prune(3_001, 1_000), [a], "b is connected, a forgotten");
+        assert!(!s.service_full("order", "c", 2));
     }
 
     /// A keyed limit: each key is re-armed alone on a hello that lacks it,

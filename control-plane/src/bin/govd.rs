@@ -12,7 +12,7 @@ use gov_control_plane::auth::{Role, Tokens, check_start, read_named_tokens, read
 use gov_control_plane::etcd::{EtcdConfig, EtcdStore};
 use gov_control_plane::store::Store as _;
 use gov_control_plane::{
-    ConnectionLimits, ControlPlane, Error, HistoryLimit, Limits, Options, serve,
+    AgentLimits, ConnectionLimits, ControlPlane, Error, HistoryLimit, Limits, Options, serve,
 };
 use gov_proto::flag::parse_duration;
 use gov_proto::log::LogFormat;
@@ -139,6 +139,28 @@ struct Args {
     #[arg(long, env = "GOV_AGENT_TOKEN_FILE")]
     agent_token_file: Option<PathBuf>,
 
+    /// Most instances govd knows per service, connected or not; a new one
+    /// beyond it is refused (RESOURCE_EXHAUSTED) until one is forgotten.
+    #[arg(long, env = "GOV_MAX_AGENTS_PER_SERVICE", default_value_t = AgentLimits::default().max_agents_per_service,
+          value_parser = at_least_one)]
+    max_agents_per_service: usize,
+
+    /// Most bytes of labels (keys and values) one agent may bring; an agent
+    /// with more is refused.
+    #[arg(long, env = "GOV_MAX_AGENT_LABEL_BYTES", default_value_t = AgentLimits::default().max_label_bytes)]
+    max_agent_label_bytes: usize,
+
+    /// Longest string an agent may send (service, instance, address, one
+    /// label); an event's reason beyond it is cut.
+    #[arg(long, env = "GOV_MAX_AGENT_STRING_BYTES", default_value_t = AgentLimits::default().max_string_bytes,
+          value_parser = at_least_one)]
+    max_agent_string_bytes: usize,
+
+    /// A disconnected instance not heard from this long is forgotten (and
+    /// audited as `agents-pruned`): its name is free again.
+    #[arg(long, env = "GOV_AGENT_RETENTION", default_value = "24h", value_parser = parse_duration)]
+    agent_retention: Duration,
+
     /// How long in-flight calls may take to finish on SIGTERM/SIGINT.
     #[arg(long, env = "GOV_DRAIN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     drain_timeout: Duration,
@@ -259,6 +281,12 @@ async fn run(args: Args) -> Result<(), Error> {
         http2_keepalive_interval: args.http2_keepalive_interval,
         http2_keepalive_timeout: args.http2_keepalive_timeout,
         tcp_keepalive: args.tcp_keepalive,
+    };
+    options.agent_limits = AgentLimits {
+        max_agents_per_service: args.max_agents_per_service,
+        max_label_bytes: args.max_agent_label_bytes,
+        max_string_bytes: args.max_agent_string_bytes,
+        retention: args.agent_retention,
     };
     options.tls = server_tls(&args)?;
     options.agent_certificates = args.tls_client_ca.is_some();

@@ -267,3 +267,119 @@ async fn an_instance_name_belongs_to_the_identity_that_proved_it_and_trips_name_
     drop(planter);
     govd.stop().await;
 }
+
+/// `name{labels}` in govd's `/metrics`.
+async fn govd_metric(govd: &Govd, sample: &str) -> u64 {
+    let (_, _, body) = http_get(govd.metrics.unwrap(), "/metrics").await;
+    body.lines()
+        .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no `{sample}` in:\n{body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_cannot_grow_govds_state_without_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state"))
+        .metrics()
+        .args(&[
+            "--max-agents-per-service",
+            "2",
+            "--max-agent-label-bytes",
+            "1000",
+            "--max-agent-string-bytes",
+            "100",
+            "--agent-retention",
+            "1s",
+        ])
+        .start()
+        .await;
+    let order = service_agent_token("order");
+    let refusals = async |cap: &str| {
+        govd_metric(
+            &govd,
+            &format!("govd_agent_refusals_total{{limit=\"{cap}\"}}"),
+        )
+        .await
+    };
+    assert_eq!(refusals("agents_per_service").await, 0);
+
+    // Labels and strings over the caps: refused, nothing kept.
+    let mut heavy = hello("order", "heavy");
+    for i in 0..20 {
+        heavy.labels.insert(format!("k{i}"), "v".repeat(90));
+    }
+    let refused = fake_agent(&govd, Some(&order), heavy).await.err().unwrap();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("--max-agent-label-bytes"),
+        "{}",
+        refused.message()
+    );
+    let long = fake_agent(&govd, Some(&order), hello("order", &"x".repeat(101)))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(long.code(), tonic::Code::ResourceExhausted, "{long:?}");
+    assert_eq!(refusals("label_bytes").await, 1);
+    assert_eq!(refusals("string_bytes").await, 1);
+
+    // Two instances per service; a third is refused, another service is not.
+    let a = fake_agent(&govd, Some(&order), hello("order", "a"))
+        .await
+        .unwrap();
+    let b = fake_agent(&govd, Some(&order), hello("order", "b"))
+        .await
+        .unwrap();
+    wait_until("a and b connected", Duration::from_secs(10), async || {
+        connected(&govd, "a").await && connected(&govd, "b").await
+    })
+    .await;
+    let third = fake_agent(&govd, Some(&order), hello("order", "c"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(third.code(), tonic::Code::ResourceExhausted, "{third:?}");
+    assert!(
+        third.message().contains("--max-agents-per-service"),
+        "{}",
+        third.message()
+    );
+    assert_eq!(refusals("agents_per_service").await, 1);
+    let pay = fake_agent(
+        &govd,
+        Some(&service_agent_token("payment")),
+        hello("payment", "p"),
+    )
+    .await;
+    assert!(pay.is_ok(), "{:?}", pay.err());
+    assert_eq!(govd.status().await.agents.len(), 3);
+
+    // `a` goes away; after the retention it is forgotten (audited) and `c` fits.
+    drop(a);
+    wait_until("a disconnected", Duration::from_secs(10), async || {
+        !connected(&govd, "a").await
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let c = fake_agent(&govd, Some(&order), hello("order", "c")).await;
+    assert!(c.is_ok(), "{:?}", c.err());
+    let mut names: Vec<String> = govd
+        .status()
+        .await
+        .agents
+        .into_iter()
+        .map(|a| a.instance)
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["b", "c", "p"]);
+    let pruned = audited(&govd, "agents-pruned").await;
+    assert_eq!(pruned.len(), 1, "{pruned:?}");
+    assert_eq!(pruned[0]["targets"][0], "order/a");
+    assert_eq!(govd_metric(&govd, "govd_agents_pruned_total").await, 1);
+    drop((b, pay, c));
+    govd.stop().await;
+}
