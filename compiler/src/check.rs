@@ -42,6 +42,7 @@ pub mod threshold_kind;
 pub mod too_large;
 pub mod unknown_match;
 pub mod unknown_method;
+pub mod unknown_paths;
 pub mod unknown_registry;
 pub mod unknown_service;
 pub mod unreachable_min_calls;
@@ -53,6 +54,7 @@ pub const CODES: &[&str] = &[
     "gov::unknown-service",
     "gov::unknown-registry",
     "gov::unknown-method",
+    "gov::unknown-paths",
     "gov::unknown-grpc-status",
     "gov::invalid-grpc-name",
     "gov::path-not-normal",
@@ -99,6 +101,7 @@ const CHECKS: &[Check] = &[
     unknown_match::check,
     match_cycle::check,
     unknown_method::check,
+    unknown_paths::check,
     grpc_status::check,
     grpc_name::check,
     path_not_normal::check,

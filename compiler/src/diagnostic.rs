@@ -54,6 +54,7 @@ diagnostics! {
     UnknownService(unknown_service::UnknownService),
     UnknownRegistry(unknown_registry::UnknownRegistry),
     UnknownMethod(unknown_method::UnknownMethod),
+    UnknownPaths(unknown_paths::UnknownPaths),
     UnknownGrpcStatus(grpc_status::UnknownGrpcStatus),
     InvalidGrpcName(grpc_name::InvalidGrpcName),
     PathNotNormal(path_not_normal::PathNotNormal),

@@ -14,6 +14,7 @@
 //! A service whose version is unchanged is unchanged: versions are content
 //! hashes (see [`crate::lower`]), so this is exact.
 
+use gov_proto::path::Dialect;
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
@@ -349,6 +350,7 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
     push(&mut settings, "domain", quoted(&t.domain));
     push(&mut settings, "consumer_header", quoted(&t.consumer_header));
     push(&mut settings, "registry", t.registry.clone());
+    push(&mut settings, "paths", paths_word(t.paths));
     out.push((RuleKind::Service, t.service.clone(), settings));
     for m in &t.matches {
         let mut f = vec![("expr".to_string(), expr_opt(m.expr.as_ref()))];
@@ -393,6 +395,16 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
 pub(crate) fn push(f: &mut Vec<(String, String)>, k: &str, v: String) {
     if !v.is_empty() {
         f.push((k.to_string(), v));
+    }
+}
+
+/// The word of a service's `paths`; empty for the default, as a service without
+/// the statement shows.
+fn paths_word(value: i32) -> String {
+    match Dialect::from_wire(value) {
+        Some(Dialect::Strict) => String::new(),
+        Some(dialect) => dialect.word().to_string(),
+        None => format!("unknown ({value})"),
     }
 }
 

@@ -102,6 +102,8 @@ pub(crate) struct Svc<'a> {
     pub registry: Option<&'a ast::UsesRegistry>,
     pub domain: Option<&'a ast::Str>,
     pub consumer_header: Option<&'a ast::Str>,
+    /// `paths WORD`, the first one.
+    pub paths: Option<&'a ast::PathsStmt>,
     pub warmup: Option<&'a Warmup>,
     pub shutdown: Option<&'a Shutdown>,
 }
@@ -272,6 +274,7 @@ impl<'a> Svc<'a> {
             registry: None,
             domain: None,
             consumer_header: None,
+            paths: None,
             warmup: None,
             shutdown: None,
         };
@@ -285,6 +288,9 @@ impl<'a> Svc<'a> {
                 }
                 ServiceStmt::Consumer(c) => {
                     svc.consumer_header.get_or_insert(&c.header);
+                }
+                ServiceStmt::Paths(p) => {
+                    svc.paths.get_or_insert(p);
                 }
                 ServiceStmt::Capacity(Capacity::Workers { count, .. }) => {
                     svc.workers.get_or_insert(count);
@@ -324,6 +330,14 @@ impl<'a> Svc<'a> {
 
     pub fn name(&self) -> &'a str {
         &self.ast.name.node
+    }
+
+    /// How the service reads request paths: its `paths WORD`, or the default
+    /// (also for an unknown word, which `gov::unknown-paths` reports).
+    pub fn dialect(&self) -> gov_proto::path::Dialect {
+        self.paths
+            .and_then(|p| gov_proto::path::Dialect::from_word(&p.dialect.node))
+            .unwrap_or_default()
     }
 
     pub fn match_names(&self) -> Vec<&'a str> {

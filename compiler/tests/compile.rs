@@ -298,3 +298,53 @@ fn a_mode_written_twice_is_a_duplicate_setting() {
             .any(|d| d.to_string().contains("`mode` is set twice"))
     );
 }
+
+#[test]
+fn paths_servlet_lowers_to_the_config_shows_in_a_plan_and_reads_match_paths_as_a_servlet() {
+    let text = |paths: &str| {
+        format!(
+            "service a {{\n{paths}  limit l on path prefix \"/admin\" {{\n    calls 10 per 1s\n  }}\n}}\n"
+        )
+    };
+    let default = bundle(&[SourceFile::new("a.gov", text(""))]);
+    let strict = bundle(&[SourceFile::new("a.gov", text("  paths strict\n"))]);
+    let servlet = bundle(&[SourceFile::new("a.gov", text("  paths servlet\n"))]);
+    use gov_proto::v1::PathDialect;
+    assert_eq!(default.targets[0].paths(), PathDialect::Strict);
+    assert_eq!(servlet.targets[0].paths(), PathDialect::Servlet);
+    // `paths strict` is the default, written or not.
+    assert_eq!(versions(&default), versions(&strict));
+    assert_ne!(versions(&default), versions(&servlet));
+    insta::assert_snapshot!(plan(&default, &servlet).render(), @r"
+    ~ service a
+      ~ settings a: paths (none) -> servlet
+
+    Plan: 0 service(s) to add, 1 to change, 0 to remove.
+    ");
+
+    // A match path with parameters can never match a servlet service's paths.
+    let Err(d) = compile(&[SourceFile::new(
+        "a.gov",
+        "service a {\n  paths servlet\n  limit l on path prefix \"/a;v=1\" { calls 1 per 1s }\n}\n",
+    )]) else {
+        panic!("a path with parameters compiles for a servlet service")
+    };
+    let codes: Vec<String> = d
+        .iter()
+        .filter_map(|d| miette::Diagnostic::code(d).map(|c| c.to_string()))
+        .collect();
+    assert_eq!(codes, ["gov::path-not-normal"], "{d:?}");
+
+    // Twice is a duplicate setting.
+    let Err(d) = compile(&[SourceFile::new(
+        "a.gov",
+        "service a {\n  paths servlet\n  paths strict\n}\n",
+    )]) else {
+        panic!("two `paths` compile")
+    };
+    assert!(
+        d.iter()
+            .any(|d| d.to_string().contains("`paths` is set twice")),
+        "{d:?}"
+    );
+}

@@ -226,6 +226,7 @@ pub enum ServiceStmt {
     Domain(DomainStmt),
     Registry(UsesRegistry),
     Consumer(ConsumerStmt),
+    Paths(PathsStmt),
     Capacity(Capacity),
     Match(MatchDef),
     /// A bulkhead, a limit, a fuse: every rule kind.
@@ -252,6 +253,15 @@ pub struct UsesRegistry {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ConsumerStmt {
     pub header: Str,
+    pub span: Span,
+}
+
+/// `paths servlet`: how the service reads request paths, so that the agent
+/// matches rules on the path the service will serve (the word is checked by
+/// the compiler).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PathsStmt {
+    pub dialect: Ident,
     pub span: Span,
 }
 

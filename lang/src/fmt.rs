@@ -198,6 +198,7 @@ impl Formatter<'_> {
         match stmt {
             ServiceStmt::Domain(d) => self.stmt(d.span, &format!("domain {}", quote(&d.name.node))),
             ServiceStmt::Registry(r) => self.stmt(r.span, &format!("registry {}", r.name.node)),
+            ServiceStmt::Paths(p) => self.stmt(p.span, &format!("paths {}", p.dialect.node)),
             ServiceStmt::Consumer(c) => self.stmt(
                 c.span,
                 &format!("consumer from header {}", quote(&c.header.node)),

@@ -582,6 +582,13 @@ impl Builder<'_> {
                     span,
                 })
             }
+            Rule::paths_stmt => {
+                k.kw(self)?;
+                ServiceStmt::Paths(PathsStmt {
+                    dialect: self.ident(k.next(self)?),
+                    span,
+                })
+            }
             Rule::uses_registry => {
                 k.kw(self)?;
                 ServiceStmt::Registry(UsesRegistry {

@@ -29,13 +29,20 @@
 //! and `/;x/admin/` are `/admin/` to it, and `/api;x/admin` is `/api/admin`
 //! (which does not start with `/api/admin`). Without a declaration of how the
 //! upstream reads them, a `;` is kept only where no reading moves a rule's
-//! boundary, and refused elsewhere ([`PathError::Parameters`]):
+//! boundary, and refused elsewhere ([`PathError::Parameters`], [`Dialect::Strict`]):
 //! - refused: a `;` in any segment but the last (`/a;jsessionid=1/b`), and a
 //!   segment that is empty, `.` or `..` before its `;` (`/..;/`, `/.;x`, `/;x`);
 //! - kept: a `;` in the last segment after a name (`/cart;jsessionid=1`): a
 //!   `path prefix` rule that matches the path without the parameters matches
 //!   it with them too. A `path exact` rule does not, so an upstream that
 //!   strips them serves `/lim;x` as `/lim`: declare `paths servlet` there.
+//!
+//! With `paths servlet` ([`Dialect::Servlet`]) the path is read as a Servlet
+//! container reads it (Jakarta Servlet 6.0 section 3.5.2, "URI Path
+//! Canonicalization"; Servlet 4.0 and 5.0 section 3.5): each segment's
+//! parameters are removed (from its first `;` on) before dot segments are, the
+//! rules match the result and the upstream receives it, without parameters
+//! (so `;jsessionid=` URL rewriting needs cookies instead).
 //!
 //! A percent-encoded `;` (`%3B`) is data, not a delimiter, as in Servlet
 //! containers (which remove parameters before decoding), and stays encoded.
@@ -47,6 +54,56 @@
 //! The query is not part of the path and is never touched.
 
 use std::borrow::Cow;
+
+use crate::v1::PathDialect;
+
+/// How the upstream reads the `;` parameters of a path (`paths WORD`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// No declaration: a `;` that could change what the path names is refused.
+    #[default]
+    Strict,
+    /// `paths servlet`: parameters removed from every segment, then dot segments.
+    Servlet,
+}
+
+impl Dialect {
+    /// Every dialect with its word in `paths WORD`.
+    pub const WORDS: [(&'static str, Dialect); 2] =
+        [("strict", Dialect::Strict), ("servlet", Dialect::Servlet)];
+
+    /// Its word in `paths WORD`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Dialect::Strict => "strict",
+            Dialect::Servlet => "servlet",
+        }
+    }
+
+    /// The dialect `paths WORD` names.
+    pub fn from_word(word: &str) -> Option<Self> {
+        Self::WORDS
+            .iter()
+            .find(|(w, _)| *w == word)
+            .map(|(_, d)| *d)
+    }
+
+    /// The wire value.
+    pub fn to_wire(self) -> PathDialect {
+        match self {
+            Dialect::Strict => PathDialect::Strict,
+            Dialect::Servlet => PathDialect::Servlet,
+        }
+    }
+
+    /// The dialect of a wire value; `None` for a value this build does not know.
+    pub fn from_wire(value: i32) -> Option<Self> {
+        match PathDialect::try_from(value).ok()? {
+            PathDialect::Strict => Some(Dialect::Strict),
+            PathDialect::Servlet => Some(Dialect::Servlet),
+        }
+    }
+}
 
 /// Why a path cannot be normalized; the proxy answers 400.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error, miette::Diagnostic)]
@@ -105,9 +162,10 @@ impl PathError {
     }
 }
 
-/// The normal form of `path` (without its query). Borrowed when `path` is already
-/// normal, which is the common case and costs one pass over its bytes.
-pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
+/// The normal form of `path` (without its query) for an upstream that reads
+/// paths as `dialect` says. Borrowed when `path` is already normal, which is the
+/// common case and costs one pass over its bytes.
+pub fn normalize(path: &str, dialect: Dialect) -> Result<Cow<'_, str>, PathError> {
     let bytes = path.as_bytes();
     if bytes.first() != Some(&b'/') {
         return Err(PathError::NotAbsolute);
@@ -124,12 +182,18 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     while let Some(segment) = segments.next() {
         let last = segments.peek().is_none();
         trailing = false;
-        if let Some((name, _)) = segment.split_once(';') {
+        let segment = match (segment.split_once(';'), dialect) {
+            (None, _) => segment,
+            // Servlet section 3.5.2 step 4: the parameters go, then dot segments.
+            (Some((name, _)), Dialect::Servlet) => name,
             // Parameters are kept only on a named last segment (module doc).
-            if !last || matches!(name, "" | "." | "..") {
-                return Err(PathError::Parameters);
+            (Some((name, _)), Dialect::Strict) => {
+                if !last || matches!(name, "" | "." | "..") {
+                    return Err(PathError::Parameters);
+                }
+                segment
             }
-        }
+        };
         match segment {
             // Merged slashes; a `/` at the very end keeps the trailing slash.
             "" => trailing = true,
@@ -234,13 +298,14 @@ fn hex(b: u8) -> Option<u8> {
 
 #[cfg(test)]
 mod tests {
+    use super::Dialect::{Servlet, Strict};
     use super::*;
 
     #[test]
     fn normal_paths_are_borrowed() {
         for p in ["/", "/lim", "/a/b/", "/a.b/c..d/.e", "/a/b;c", "/~x"] {
             assert!(
-                matches!(normalize(p), Ok(Cow::Borrowed(q)) if q == p),
+                matches!(normalize(p, Strict), Ok(Cow::Borrowed(q)) if q == p),
                 "{p}"
             );
         }
@@ -259,46 +324,49 @@ mod tests {
             "/x/%2E%2E/lim",
             "/x/./../lim",
         ] {
-            assert_eq!(normalize(p).as_deref(), Ok("/lim"), "{p}");
+            assert_eq!(normalize(p, Strict).as_deref(), Ok("/lim"), "{p}");
         }
     }
 
     #[test]
     fn trailing_slashes_and_dots_keep_a_directory() {
-        assert_eq!(normalize("/a/b/.").as_deref(), Ok("/a/b/"));
-        assert_eq!(normalize("/a/b/..").as_deref(), Ok("/a/"));
-        assert_eq!(normalize("/a//").as_deref(), Ok("/a/"));
-        assert_eq!(normalize("/.").as_deref(), Ok("/"));
-        assert_eq!(normalize("//").as_deref(), Ok("/"));
-        assert_eq!(normalize("/a/..").as_deref(), Ok("/"));
+        assert_eq!(normalize("/a/b/.", Strict).as_deref(), Ok("/a/b/"));
+        assert_eq!(normalize("/a/b/..", Strict).as_deref(), Ok("/a/"));
+        assert_eq!(normalize("/a//", Strict).as_deref(), Ok("/a/"));
+        assert_eq!(normalize("/.", Strict).as_deref(), Ok("/"));
+        assert_eq!(normalize("//", Strict).as_deref(), Ok("/"));
+        assert_eq!(normalize("/a/..", Strict).as_deref(), Ok("/"));
     }
 
     #[test]
     fn other_escapes_stay_encoded_with_upper_case_hex() {
-        assert_eq!(normalize("/a%20b").as_deref(), Ok("/a%20b"));
-        assert_eq!(normalize("/a%3fb%c3%a9").as_deref(), Ok("/a%3Fb%C3%A9"));
+        assert_eq!(normalize("/a%20b", Strict).as_deref(), Ok("/a%20b"));
+        assert_eq!(
+            normalize("/a%3fb%c3%a9", Strict).as_deref(),
+            Ok("/a%3Fb%C3%A9")
+        );
         // A decoded `%` stays a `%25` when no hex digits follow it.
-        assert_eq!(normalize("/%25zz").as_deref(), Ok("/%25zz"));
-        assert_eq!(normalize("/%25").as_deref(), Ok("/%25"));
-        assert_eq!(normalize("/%25%3F").as_deref(), Ok("/%25%3F"));
+        assert_eq!(normalize("/%25zz", Strict).as_deref(), Ok("/%25zz"));
+        assert_eq!(normalize("/%25", Strict).as_deref(), Ok("/%25"));
+        assert_eq!(normalize("/%25%3F", Strict).as_deref(), Ok("/%25%3F"));
     }
 
     #[test]
     fn ambiguous_paths_are_refused() {
-        assert_eq!(normalize("/a%2fb"), Err(PathError::EncodedSlash));
-        assert_eq!(normalize("/a%5Cb"), Err(PathError::EncodedSlash));
-        assert_eq!(normalize("/a%2"), Err(PathError::BadEscape));
-        assert_eq!(normalize("/a%zz"), Err(PathError::BadEscape));
-        assert_eq!(normalize("/x\\..\\lim"), Err(PathError::Backslash));
-        assert_eq!(normalize("/x/..\\lim"), Err(PathError::Backslash));
+        assert_eq!(normalize("/a%2fb", Strict), Err(PathError::EncodedSlash));
+        assert_eq!(normalize("/a%5Cb", Strict), Err(PathError::EncodedSlash));
+        assert_eq!(normalize("/a%2", Strict), Err(PathError::BadEscape));
+        assert_eq!(normalize("/a%zz", Strict), Err(PathError::BadEscape));
+        assert_eq!(normalize("/x\\..\\lim", Strict), Err(PathError::Backslash));
+        assert_eq!(normalize("/x/..\\lim", Strict), Err(PathError::Backslash));
         // A backslash after what makes the path not normal is still seen.
-        assert_eq!(normalize("/%41/x\\y"), Err(PathError::Backslash));
-        assert_eq!(normalize("//x\\y"), Err(PathError::Backslash));
-        assert_eq!(normalize("/../lim"), Err(PathError::AboveRoot));
-        assert_eq!(normalize("/a/../../lim"), Err(PathError::AboveRoot));
-        assert_eq!(normalize("/%2e%2e/lim"), Err(PathError::AboveRoot));
-        assert_eq!(normalize("lim"), Err(PathError::NotAbsolute));
-        assert_eq!(normalize(""), Err(PathError::NotAbsolute));
+        assert_eq!(normalize("/%41/x\\y", Strict), Err(PathError::Backslash));
+        assert_eq!(normalize("//x\\y", Strict), Err(PathError::Backslash));
+        assert_eq!(normalize("/../lim", Strict), Err(PathError::AboveRoot));
+        assert_eq!(normalize("/a/../../lim", Strict), Err(PathError::AboveRoot));
+        assert_eq!(normalize("/%2e%2e/lim", Strict), Err(PathError::AboveRoot));
+        assert_eq!(normalize("lim", Strict), Err(PathError::NotAbsolute));
+        assert_eq!(normalize("", Strict), Err(PathError::NotAbsolute));
     }
 
     #[test]
@@ -325,7 +393,7 @@ mod tests {
             "/admin/.;x",
             "/admin/;x",
         ] {
-            assert_eq!(normalize(p), Err(PathError::Parameters), "{p}");
+            assert_eq!(normalize(p, Strict), Err(PathError::Parameters), "{p}");
         }
     }
 
@@ -339,14 +407,59 @@ mod tests {
             "/a/b;..",
         ] {
             assert!(
-                matches!(normalize(p), Ok(Cow::Borrowed(q)) if q == p),
+                matches!(normalize(p, Strict), Ok(Cow::Borrowed(q)) if q == p),
                 "{p}"
             );
         }
-        assert_eq!(normalize("//a/%62;x").as_deref(), Ok("/a/b;x"));
+        assert_eq!(normalize("//a/%62;x", Strict).as_deref(), Ok("/a/b;x"));
         // An encoded `;` is data: it stays encoded and delimits nothing.
-        assert_eq!(normalize("/..%3B/a").as_deref(), Ok("/..%3B/a"));
-        assert_eq!(normalize("/a%3bx/b").as_deref(), Ok("/a%3Bx/b"));
+        assert_eq!(normalize("/..%3B/a", Strict).as_deref(), Ok("/..%3B/a"));
+        assert_eq!(normalize("/a%3bx/b", Strict).as_deref(), Ok("/a%3Bx/b"));
+    }
+
+    #[test]
+    fn a_servlet_upstream_has_the_parameters_removed_before_the_dot_segments() {
+        // Jakarta Servlet 6.0 section 3.5.2, steps 4 and 7.
+        for (p, normal) in [
+            ("/x/..;/admin/", "/admin/"),
+            ("/x/..;x=1/admin/", "/admin/"),
+            ("/.;/admin/", "/admin/"),
+            ("/;x/admin/", "/admin/"),
+            ("/api;x/admin", "/api/admin"),
+            ("/a;jsessionid=1/b", "/a/b"),
+            ("/cart;jsessionid=A1", "/cart"),
+            ("/admin;x/", "/admin/"),
+            ("/admin/..;", "/"),
+            ("/x/%2e%2e;/admin", "/admin"),
+            ("/a/b;..", "/a/b"),
+            ("/lim;", "/lim"),
+        ] {
+            assert_eq!(normalize(p, Servlet).as_deref(), Ok(normal), "{p}");
+        }
+        // A `..` with parameters still cannot climb above the root, an encoded
+        // `;` is data, and the other refusals hold.
+        assert_eq!(normalize("/..;/admin", Servlet), Err(PathError::AboveRoot));
+        assert_eq!(normalize("/a%3Bx/b", Servlet).as_deref(), Ok("/a%3Bx/b"));
+        assert_eq!(
+            normalize("/%2541;x", Servlet),
+            Err(PathError::DoubleEncoding)
+        );
+        assert_eq!(
+            normalize("/a;x%2F/b", Servlet),
+            Err(PathError::EncodedSlash)
+        );
+        assert_eq!(normalize("/lim", Servlet), Ok(Cow::Borrowed("/lim")));
+    }
+
+    #[test]
+    fn dialects_have_one_word_and_one_wire_value_each() {
+        for (word, dialect) in Dialect::WORDS {
+            assert_eq!(Dialect::from_word(word), Some(dialect));
+            assert_eq!(dialect.word(), word);
+            assert_eq!(Dialect::from_wire(dialect.to_wire() as i32), Some(dialect));
+        }
+        assert_eq!(Dialect::from_word("tomcat"), None);
+        assert_eq!(Dialect::from_wire(99), None);
     }
 
     #[test]
@@ -359,15 +472,21 @@ mod tests {
             "/%25%32%35%34%31",
             "/x%25ff",
         ] {
-            assert_eq!(normalize(p), Err(PathError::DoubleEncoding), "{p}");
+            assert_eq!(normalize(p, Strict), Err(PathError::DoubleEncoding), "{p}");
         }
     }
 
     #[test]
     fn normalizing_is_idempotent() {
-        for p in ["//a/./b/../c%41%20", "/a/b/..", "/x//y/", "/%7e"] {
-            let once = normalize(p).unwrap().into_owned();
-            assert_eq!(normalize(&once).as_deref(), Ok(once.as_str()), "{p}");
+        for dialect in [Strict, Servlet] {
+            for p in ["//a/./b/../c%41%20", "/a/b/..", "/x//y/", "/%7e", "/a/b;c"] {
+                let once = normalize(p, dialect).unwrap().into_owned();
+                assert_eq!(
+                    normalize(&once, dialect).as_deref(),
+                    Ok(once.as_str()),
+                    "{p}"
+                );
+            }
         }
     }
 }

@@ -63,6 +63,7 @@ fn order() -> TargetConfig {
         version: "5f1c0ffee".into(),
         consumer_header: "x-gov-consumer".into(),
         registry: "eureka".into(),
+        paths: gov_proto::v1::PathDialect::Servlet as i32,
         matches: vec![
             Match {
                 name: "slow".into(),

@@ -41,6 +41,9 @@ pub struct CompiledConfig {
     pub version: Arc<str>,
     /// The header carrying the caller's identity.
     pub consumer_header: HeaderName,
+    /// How the service reads request paths (`paths servlet`): the proxy
+    /// normalizes inbound paths with it ([`gov_proto::path::normalize`]).
+    pub paths: gov_proto::path::Dialect,
     /// Every rule; `RuleId(i)` is `rules[i]`.
     pub rules: Vec<Rule>,
     pub(crate) inbound: Router,
@@ -114,6 +117,7 @@ impl CompiledConfig {
             domain: "".into(),
             version: "".into(),
             consumer_header: HeaderName::from_static(gov_proto::compiled::CONSUMER_HEADER),
+            paths: gov_proto::path::Dialect::default(),
             rules: Vec::new(),
             inbound: Router::default(),
             outbound: Router::default(),
@@ -160,6 +164,9 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             header: t.consumer_header.clone(),
         })?;
 
+        let paths = gov_proto::path::Dialect::from_wire(t.paths)
+            .ok_or(InvalidConfig::Paths { value: t.paths })?;
+
         if t.rules.len() > MAX_RULES {
             return Err(InvalidConfig::TooManyRules {
                 count: t.rules.len(),
@@ -189,6 +196,7 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             domain: t.domain.as_str().into(),
             version: t.version.as_str().into(),
             consumer_header,
+            paths,
             rules,
             inbound,
             outbound,

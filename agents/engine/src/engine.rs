@@ -286,6 +286,12 @@ impl Engine {
         self.shared.current.load().config.clone()
     }
 
+    /// How the service reads request paths, by the config in force (read per
+    /// request, without cloning the config).
+    pub fn path_dialect(&self) -> gov_proto::path::Dialect {
+        self.shared.current.load().config.paths
+    }
+
     /// Events (fuse tripped, limit engaged, released) from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.shared.events.subscribe()

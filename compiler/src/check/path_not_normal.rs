@@ -11,10 +11,11 @@
 //! Example: `match old = path prefix "/api//v1"`.
 //!
 //! Fix: write the normal form the help shows (`/api/v1`); match on the path
-//! only, without a query.
+//! only, without a query. In a service that says `paths servlet` the normal
+//! form has no `;` parameters (`/a;v=1` is `/a`).
 
 use gov_lang::ast::{self, MatchExpr, ServiceStmt};
-use gov_proto::path::normalize;
+use gov_proto::path::{Dialect, normalize};
 use miette::SourceSpan;
 use thiserror::Error;
 
@@ -46,15 +47,16 @@ fn paths<'a>(expr: &'a MatchExpr, out: &mut Vec<&'a ast::Str>) {
     }
 }
 
-/// What to tell the author of `path`, or `None` when it is normal.
-fn help(path: &str) -> Option<String> {
+/// What to tell the author of `path`, or `None` when it is normal for a service
+/// that reads paths as `dialect` says.
+fn help(path: &str, dialect: Dialect) -> Option<String> {
     if path.contains('?') || path.contains('#') {
         let bare = path.split(['?', '#']).next().unwrap_or(path);
         return Some(format!(
             "a path match sees the path without its query; write `{bare}`"
         ));
     }
-    match normalize(path) {
+    match normalize(path, dialect) {
         Ok(normal) if normal == path => None,
         Ok(normal) => Some(format!("write `{normal}`, the path requests arrive with")),
         Err(gov_proto::path::PathError::NotAbsolute) => {
@@ -82,7 +84,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             if path.node.is_empty() {
                 continue;
             }
-            if let Some(help) = help(&path.node) {
+            if let Some(help) = help(&path.node, svc.dialect()) {
                 out.push(
                     PathNotNormal {
                         path: path.node.clone(),
@@ -99,24 +101,27 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
 
 #[cfg(test)]
 mod tests {
-    use super::help;
+    use super::{Dialect, help};
 
     #[test]
     fn normal_paths_pass_and_others_get_their_normal_form() {
         for ok in ["/", "/api", "/api/v1/", "/a.b", "/~me"] {
-            assert_eq!(help(ok), None, "{ok}");
+            assert_eq!(help(ok, Dialect::Strict), None, "{ok}");
         }
         assert_eq!(
-            help("/api//v1").as_deref(),
+            help("/api//v1", Dialect::Strict).as_deref(),
             Some("write `/api/v1`, the path requests arrive with")
         );
-        assert!(help("/a/./b").is_some_and(|h| h.contains("`/a/b`")));
-        assert!(help("/%61pi").is_some_and(|h| h.contains("`/api`")));
-        assert!(help("/a?x=1").is_some_and(|h| h.contains("`/a`")));
-        assert!(help("/../a").is_some_and(|h| h.contains("400")));
+        assert!(help("/a/./b", Dialect::Strict).is_some_and(|h| h.contains("`/a/b`")));
+        assert!(help("/%61pi", Dialect::Strict).is_some_and(|h| h.contains("`/api`")));
+        assert!(help("/a?x=1", Dialect::Strict).is_some_and(|h| h.contains("`/a`")));
+        assert!(help("/../a", Dialect::Strict).is_some_and(|h| h.contains("400")));
         assert_eq!(
-            help("api").as_deref(),
+            help("api", Dialect::Strict).as_deref(),
             Some("request paths start with `/`; write `/api`")
         );
+        // A servlet service never sees a path parameter: it can never match.
+        assert!(help("/a;v=1", Dialect::Servlet).is_some_and(|h| h.contains("`/a`")));
+        assert_eq!(help("/a;v=1", Dialect::Strict), None);
     }
 }

@@ -46,6 +46,12 @@ pub enum InvalidConfig {
         )
     )]
     NoConsumerHeader,
+    #[error("the config's `paths` is {value}, a path dialect this agent does not know")]
+    #[diagnostic(
+        code(gov::agent::unknown_paths),
+        help("upgrade the agent, or compile the policy without `paths`")
+    )]
+    Paths { value: i32 },
     #[error("the config has {count} rules, more than the agent supports ({max})")]
     #[diagnostic(code(gov::agent::too_many_rules))]
     TooManyRules { count: usize, max: usize },
@@ -60,6 +66,7 @@ impl InvalidConfig {
             | InvalidConfig::NoClusterStore { rule } => Some(rule),
             InvalidConfig::ConsumerHeader { .. }
             | InvalidConfig::NoConsumerHeader
+            | InvalidConfig::Paths { .. }
             | InvalidConfig::TooManyRules { .. } => None,
         }
     }

@@ -59,6 +59,7 @@ use self::relay::{Broke, Leg, READ_CHUNK, Received, receive, relay, within};
 use super::listener::{Failure, Shared, Side, target_service};
 use super::upstream::Pick;
 use gov_engine::engine::Target;
+use gov_engine::path::Dialect;
 use gov_engine::{Admission, Direction, Headers, Outcome, RequestInfo};
 
 /// A client stream: TCP in the agent, in-memory in tests.
@@ -261,7 +262,7 @@ impl Conn<'_> {
     async fn request(&mut self, client: &mut impl Io) -> Option<bool> {
         let cx = self.cx;
         let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let req = match check_request(&self.buf, &mut slots) {
+        let req = match check_request(&self.buf, &mut slots, path_dialect(&cx.shared, cx.side)) {
             Verdict::Serve(req) => req,
             Verdict::Hyper => return None,
             Verdict::Refuse(refusal) => {
@@ -661,6 +662,16 @@ impl Conn<'_> {
 /// Answers a refused request; the caller then closes the connection: after a framing
 /// error nothing that follows on it can be trusted to start a request. (Rare: the
 /// answer gets a buffer of its own, so the head it refuses can stay borrowed.)
+/// How the upstream of a listener reads request paths: the service's declared
+/// `paths` for its own instance (inbound), the default for calls to others,
+/// whose declarations this agent does not have. Both paths read it here.
+pub(crate) fn path_dialect(shared: &Shared, side: Side) -> Dialect {
+    match side {
+        Side::Inbound => shared.engine.path_dialect(),
+        Side::Outbound => Dialect::Strict,
+    }
+}
+
 async fn refuse(client: &mut impl Io, cx: &Listener, refusal: Refusal) {
     tracing::debug!(?refusal, "refused a request");
     cx.conns.refused.fetch_add(1, Ordering::Relaxed);

@@ -31,11 +31,13 @@ use tower::{Layer, Service, ServiceExt};
 
 use super::abandoned::{Held, Hold, Inner, run_detached};
 use super::h1::codec::{Refusal, valid_authority};
+use super::h1::path_dialect;
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::listener::{Failure, Shared, Side, target_service};
 use super::serve::Connections;
 use super::upstream::{Pick, PickedBody, UpstreamBody, UpstreamClient};
 use crate::decision_log::DecisionLog;
+use gov_engine::path::Dialect;
 use gov_engine::{CallError, CallTarget, GovBody, Govern, GovernLayer, MeteredBody, Outcome};
 
 /// The body of every response of the proxy listeners: the upstream's, holding the
@@ -125,7 +127,7 @@ impl Handler {
     /// Governs and forwards one request.
     async fn respond(self, mut req: Request<Incoming>) -> Response<Inner> {
         let conn = &self.0.get_ref().0;
-        if let Err(refusal) = check(&mut req) {
+        if let Err(refusal) = check(&mut req, path_dialect(&conn.shared, conn.side)) {
             tracing::debug!(?refusal, "refused a request");
             conn.conns.refused.fetch_add(1, Ordering::Relaxed);
             let mut response = failure_response(Failure::refused(refusal.answer()));
@@ -192,8 +194,9 @@ fn pick<B>(shared: &Shared, req: &mut Request<B>) -> Result<(), Failure> {
 /// The checks of the HTTP/1 path ([`super::h1`]) that still apply to a request
 /// hyper parsed: one `host` (RFC 9112 section 3.2), never both framings and one
 /// length (section 6.3), and the path normalized before matching (RFC 3986 section
-/// 6, [`gov_engine::path`]); the request then carries the normalized path.
-fn check<B>(req: &mut Request<B>) -> Result<(), Refusal> {
+/// 6, [`gov_engine::path`], as the upstream reads paths: `dialect`); the request
+/// then carries the normalized path.
+fn check<B>(req: &mut Request<B>, dialect: Dialect) -> Result<(), Refusal> {
     let headers = req.headers();
     // `content_length`, `transfer_encoding`: framing to an upstream that reads `_`
     // as `-` (hyper's parser does not).
@@ -251,7 +254,7 @@ fn check<B>(req: &mut Request<B>) -> Result<(), Refusal> {
     {
         return Ok(());
     }
-    let std::borrow::Cow::Owned(normal) = gov_engine::path::normalize(path)? else {
+    let std::borrow::Cow::Owned(normal) = gov_engine::path::normalize(path, dialect)? else {
         return Ok(());
     };
     let mut parts = req.uri().clone().into_parts();

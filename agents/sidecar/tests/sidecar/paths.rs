@@ -244,3 +244,62 @@ async fn by_default_parameters_that_change_the_path_are_refused_on_every_protoco
         "nothing under `/admin` reached the upstream"
     );
 }
+
+#[tokio::test]
+async fn paths_servlet_matches_and_forwards_the_path_a_servlet_container_serves() {
+    let servlet = Servlet::start().await;
+    let config = PROTECTED.replace(
+        "version: paths-v1\n",
+        "version: paths-v1\npaths: PATH_DIALECT_SERVLET\n",
+    );
+    let agent = protected(&servlet, &config).await;
+    for over in OVER {
+        for target in BYPASSES {
+            // `/admin` and below to the upstream: the limit of `/admin` holds.
+            let (status, body) = get(&agent, over, target).await;
+            assert_eq!(status, 429, "{over:?} {target}: {body}");
+        }
+        // What the upstream receives is the path the rules matched, without
+        // parameters: the upstream reads it as sent.
+        for (target, served) in [
+            ("/shop/cart;jsessionid=1", "/shop/cart"),
+            ("/api;v=2/items/..;/orders", "/api/orders"),
+            ("/x/..;/public/", "/public/"),
+        ] {
+            let (status, body) = get(&agent, over, target).await;
+            assert_eq!(status, 200, "{over:?} {target}: {body}");
+            assert_eq!(body, format!("servlet {served}"), "{over:?} {target}");
+            assert_eq!(servlet.take(), [served], "{over:?} {target}");
+        }
+        // A `..` above the root and double encoding are still refused.
+        for target in ["/..;/admin", "/%252e%252e/admin"] {
+            let (status, body) = get(&agent, over, target).await;
+            assert_eq!(status, 400, "{over:?} {target}: {body}");
+        }
+    }
+    assert_eq!(servlet.take(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn an_unknown_path_dialect_is_refused_with_the_config() {
+    let servlet = Servlet::start().await;
+    let agent = agent()
+        .config(PROTECTED)
+        .upstream(&Upstream::at(servlet.addr))
+        .start()
+        .await;
+    let wire = gov_proto::v1::TargetConfig {
+        service: "shop".into(),
+        consumer_header: "x-gov-consumer".into(),
+        paths: 99,
+        ..Default::default()
+    };
+    let refused = agent.sidecar.engine().apply_target(&wire);
+    assert!(
+        matches!(refused, Err(gov_engine::InvalidConfig::Paths { value: 99 })),
+        "{refused:?}"
+    );
+    // The config in force (the default dialect) still holds.
+    let (status, _) = get(&agent, Over::Http11, "/x/..;/admin/").await;
+    assert_eq!(status, 400);
+}

@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use super::super::headers::{FRAMING, HOP_BY_HOP};
 use gov_engine::WOULD_REJECT_BY;
-use gov_engine::path::{PathError, normalize};
+use gov_engine::path::{Dialect, PathError, normalize};
 
 /// Most header fields of a request head (more: 431, as Envoy's default).
 pub(crate) const MAX_HEADERS: usize = 100;
@@ -153,11 +153,12 @@ pub(crate) fn leading_empty_lines(buf: &[u8]) -> Option<usize> {
 
 /// Decides a complete request head at the start of `buf` (RFC 9112): the request
 /// line (section 3), `Host` (3.2), the message framing (6.1, 6.3), and the target
-/// normalized before matching (RFC 3986 section 6). Everything ambiguous is
-/// refused; the rest is served here or handed to hyper.
+/// normalized as the upstream reads paths (RFC 3986 section 6, `dialect`). Everything
+/// ambiguous is refused; the rest is served here or handed to hyper.
 pub(crate) fn check_request<'b>(
     buf: &'b [u8],
     slots: &'b mut [httparse::Header<'b>],
+    dialect: Dialect,
 ) -> Verdict<'b> {
     if buf.starts_with(H2_PREFACE) {
         return Verdict::Hyper;
@@ -231,7 +232,7 @@ pub(crate) fn check_request<'b>(
         Some(q) => target.split_at(q),
         None => (target, ""),
     };
-    let path = match normalize(path) {
+    let path = match normalize(path, dialect) {
         Ok(path) => path,
         Err(error) => return Verdict::Refuse(error.into()),
     };
@@ -496,8 +497,7 @@ fn trim(mut s: &[u8]) -> &[u8] {
     s
 }
 
-/// A `content-length` value: one decimal number, no sign, no list (RFC 9110
-/// section 8.6).
+/// A `content-length` value: one decimal number, no sign, no list (RFC 9110 8.6).
 fn parse_length(value: &[u8]) -> Option<u64> {
     let value = trim(value);
     if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
