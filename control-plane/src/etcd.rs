@@ -38,11 +38,13 @@ use crate::store::{
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How soon a broken watch or campaign is tried again.
 const RETRY: Duration = Duration::from_millis(500);
-/// How often a call that etcd answered UNAVAILABLE is sent (the client
-/// balances over every member, and sends some calls to a member that is
-/// down before it notices), and the pause between tries.
-const UNAVAILABLE_ATTEMPTS: usize = 5;
-const UNAVAILABLE_PAUSE: Duration = Duration::from_millis(100);
+/// How often a call that failed in transit is sent (the client balances
+/// over every member, and sends some calls to a member that is down before
+/// it notices), the pause between tries, and how long all tries of one
+/// call may take (two timeouts of a member that died under the call).
+const RETRY_ATTEMPTS: usize = 5;
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+const RETRY_BUDGET: Duration = Duration::from_secs(12);
 
 /// Where the state lives in etcd and who this replica is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,21 +175,28 @@ impl EtcdStore {
         etcd_error(&self.config, op, source)
     }
 
-    /// Runs `call` again while etcd answers UNAVAILABLE (the call did not
-    /// reach a member that could serve it), at most `UNAVAILABLE_ATTEMPTS`.
+    /// Runs `call` again while it fails in a way that says the call may not
+    /// have reached a member that could serve it, or its answer was lost
+    /// ([`transient`]: a member killed mid-call, a leader change, a
+    /// timeout), at most `RETRY_ATTEMPTS` times and for `RETRY_BUDGET`. A
+    /// write tried again may have landed the first time: the conditional
+    /// writes here find that out (a compare that fails on their own write).
     async fn retry<T, F>(&self, op: &'static str, call: impl Fn() -> F) -> Result<T, Error>
     where
         F: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
+        let deadline = tokio::time::Instant::now() + RETRY_BUDGET;
         let mut attempt = 1;
         loop {
             match call().await {
-                Err(etcd_client::Error::GRpcStatus(status))
-                    if status.code() == tonic::Code::Unavailable
-                        && attempt < UNAVAILABLE_ATTEMPTS =>
+                Err(error)
+                    if transient(&error)
+                        && attempt < RETRY_ATTEMPTS
+                        && tokio::time::Instant::now() + RETRY_PAUSE < deadline =>
                 {
+                    tracing::debug!(op, attempt, error = %error, "etcd call failed in transit; trying again");
                     attempt += 1;
-                    tokio::time::sleep(UNAVAILABLE_PAUSE).await;
+                    tokio::time::sleep(RETRY_PAUSE).await;
                 }
                 result => return result.map_err(|e| self.error(op, e)),
             }
@@ -227,6 +236,24 @@ impl EtcdStore {
             }
             self.leader.send_replace(rev != 0);
         }
+    }
+}
+
+/// Whether `error` may be a call that never reached a member able to serve
+/// it, or one whose answer was lost: worth trying again. A refusal on the
+/// merits (a bad request, a permission) is not.
+fn transient(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
+                | tonic::Code::Unknown
+                | tonic::Code::Aborted
+        ),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
     }
 }
 
@@ -369,6 +396,17 @@ impl Store for EtcdStore {
                     .and_then(vec![TxnOp::put(key.as_str(), value.clone(), None)]);
                 let response = self.txn(txn, "append to the audit log").await?;
                 if response.succeeded() {
+                    return Ok(());
+                }
+                // Taken: by this very record when a first try landed and its
+                // answer was lost (the retry then finds the key), which must
+                // not be written twice.
+                let got = self.get(key, None, "read back the audit record").await?;
+                if got
+                    .kvs()
+                    .first()
+                    .is_some_and(|kv| kv.value() == value.as_slice())
+                {
                     return Ok(());
                 }
             }

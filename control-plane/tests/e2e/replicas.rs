@@ -664,3 +664,55 @@ async fn a_replica_resumed_after_its_lease_never_serves_the_policy_it_held_befor
         "the resumed replica served an older config"
     );
 }
+
+/// One etcd member of three SIGKILLed while applies go on (the docs say
+/// nothing visible happens): every apply succeeds, and each is audited
+/// once (issue 26). Each member in turn, so the one govd's client was
+/// talking to is among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applies_go_on_when_one_etcd_member_of_three_dies_under_them() {
+    for member in 0..3 {
+        let mut etcd = Etcd::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let govd = replica(&etcd, dir.path(), "a").start().await;
+        apply_on(&govd, &policy(1)).await.unwrap();
+        let url = govd.url();
+        // An apply in flight when the member dies, then more.
+        let during = tokio::spawn(async move {
+            let mut client = gov_control_plane::client::connect(&url, Duration::from_secs(5))
+                .await
+                .unwrap();
+            let mut request = tonic::Request::new(pb::ApplyRequest {
+                sources: vec![pb::SourceFile {
+                    name: "order.gov".into(),
+                    text: policy(2),
+                }],
+                who: "e2e".into(),
+                ..Default::default()
+            });
+            gov_control_plane::auth::authorize(&mut request, TOKEN).unwrap();
+            client.apply(request).await.map(|_| ())
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        etcd.kill(member).await;
+        let mut results = vec![during.await.unwrap()];
+        for max in 3..6 {
+            results.push(apply_on(&govd, &policy(max)).await.map(|_| ()));
+        }
+        for (i, result) in results.iter().enumerate() {
+            assert!(
+                result.is_ok(),
+                "apply {i} after member {member} died: {result:?}"
+            );
+        }
+        let applies: Vec<String> = audit_of(&govd)
+            .await
+            .into_iter()
+            .filter(|r| r.action == "apply")
+            .map(|r| r.version)
+            .collect();
+        let distinct: BTreeSet<&String> = applies.iter().collect();
+        assert_eq!(applies.len(), 5, "one record per apply: {applies:?}");
+        assert_eq!(distinct.len(), 5, "{applies:?}");
+    }
+}
