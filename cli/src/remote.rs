@@ -274,6 +274,17 @@ pub fn sync_name(state: pb::SyncState) -> &'static str {
 
 /// Prints rows as left-aligned columns separated by two spaces.
 pub fn table(rows: &[Vec<String>]) -> String {
+    // Cells carry what agents wrote (names, addresses, reasons): a terminal
+    // escape or a line break is shown, never obeyed.
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            r.iter()
+                .map(|c| gov_proto::printable::printable(c).into_owned())
+                .collect()
+        })
+        .collect();
+    let rows = rows.as_slice();
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {

@@ -17,6 +17,7 @@ pub mod grpc;
 #[cfg(feature = "daemon")]
 pub mod log;
 pub mod path;
+pub mod printable;
 pub mod prom;
 pub mod report;
 mod rule;

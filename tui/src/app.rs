@@ -437,6 +437,9 @@ impl App {
     }
 
     fn on_view(&mut self, mut view: ClusterView) {
+        // What agents wrote is shown, never obeyed by the terminal (the
+        // escaping is the one `govc status` uses).
+        gov_proto::printable::view(&mut view);
         view.agents.sort_by(|a, b| {
             (a.service.as_str(), a.instance.as_str()).cmp(&(b.service.as_str(), &b.instance))
         });

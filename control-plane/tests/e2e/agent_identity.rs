@@ -383,3 +383,49 @@ async fn agents_cannot_grow_govds_state_without_bound() {
     drop((b, pay, c));
     govd.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn govc_shows_terminal_escapes_from_agents_instead_of_obeying_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    assert_eq!(govc(&govd, Some(TOKEN), &["apply", &v1]).await.code, 0);
+    let mut evil = hello("order", "evil\u{1b}[2J");
+    evil.address = "10.0.0.9:80\r\nforged row".into();
+    let agent = fake_agent(&govd, Some(&service_agent_token("order")), evil)
+        .await
+        .unwrap();
+    agent
+        .send(pb::agent_message::Msg::Event(pb::Event {
+            kind: pb::EventKind::FuseTripped as i32,
+            rule: "order/errors".into(),
+            reason: "\u{1b}]0;owned\u{7}\u{1b}[8m".into(),
+            ..Default::default()
+        }))
+        .await;
+    wait_until("the trip audited", Duration::from_secs(10), async || {
+        !audited(&govd, "trip").await.is_empty()
+    })
+    .await;
+    for args in [&["status"][..], &["audit"][..]] {
+        let out = govc(&govd, Some(VIEWER_TOKEN), args).await;
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        assert!(
+            !out.stdout.contains('\u{1b}')
+                && !out.stdout.contains('\r')
+                && !out.stdout.contains('\u{7}'),
+            "{args:?}: {:?}",
+            out.stdout
+        );
+        assert!(
+            out.stdout.contains("evil\\x1b[2J"),
+            "{args:?}: {}",
+            out.stdout
+        );
+    }
+    let status = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await.stdout;
+    assert!(status.contains("10.0.0.9:80\\r\\nforged row"), "{status}");
+    assert!(status.contains("\\x1b]0;owned\\x07\\x1b[8m"), "{status}");
+    drop(agent);
+    govd.stop().await;
+}

@@ -378,3 +378,32 @@ fn a_shadow_rule_shows_how_long_and_what_it_would_reject() {
         "{screen}"
     );
 }
+
+/// What agents wrote (an instance name, an address, a reason) is shown
+/// escaped: the screen holds `\x1b[2J`, never an ESC a terminal would obey.
+#[test]
+fn terminal_escapes_from_agents_are_shown_not_obeyed() {
+    let mut app = App::new(URL, false, T0);
+    let mut hostile = crate::fixtures::agent("order", "evil\u{1b}[2J", 9000);
+    hostile.address = "10.0.0.9:80\r\nforged".into();
+    hostile.state = SyncState::Nacked as i32;
+    hostile.reason = "\u{1b}]0;owned\u{7}".into();
+    update(
+        &mut app,
+        Msg::View(ClusterView {
+            at_unix_ms: T0,
+            agents: vec![hostile],
+            ..Default::default()
+        }),
+    );
+    let screen = draw(&app, 120, 36);
+    assert!(screen.contains("evil\\x1b[2J"), "{screen}");
+    assert!(
+        !screen.contains('\u{1b}') && !screen.contains('\r'),
+        "{screen}"
+    );
+    assert_eq!(
+        app.view.as_ref().unwrap().agents[0].address,
+        "10.0.0.9:80\\r\\nforged"
+    );
+}
