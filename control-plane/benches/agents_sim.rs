@@ -106,7 +106,7 @@ async fn agent(
                 Ok(Some(pb::ControlMessage { msg: Some(ControlMsg::Config(c)) })) => {
                     counts.configs.fetch_add(1, Relaxed);
                     version = c.target.map(|t| t.version).unwrap_or_default();
-                    Msg::Ack(pb::Ack { version: version.clone(), nonce: c.nonce })
+                    Msg::Ack(pb::Ack { version: version.clone(), nonce: c.nonce, ..Default::default() })
                 }
                 Ok(Some(pb::ControlMessage { msg: Some(ControlMsg::Endpoints(e)) })) => {
                     Msg::EndpointsAck(pb::EndpointsAck { service: e.service, version: e.version })

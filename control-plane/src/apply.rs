@@ -831,6 +831,7 @@ mod tests {
         let ack = pb::agent_message::Msg::Ack(pb::Ack {
             version: v1.clone(),
             nonce,
+            ..Default::default()
         });
         cp.inner.lock().on_message(&key, id, ack, 2);
         assert_eq!(cp.status().agents[0].state(), pb::SyncState::Synced);

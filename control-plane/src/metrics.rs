@@ -389,6 +389,7 @@ mod tests {
         m.on_agent_message(&pb::agent_message::Msg::Ack(pb::Ack {
             version: "v".into(),
             nonce: "n1".into(),
+            ..Default::default()
         }));
         m.on_agent_message(&pb::agent_message::Msg::Nack(pb::Nack {
             nonce: "n2".into(),

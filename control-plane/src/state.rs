@@ -980,6 +980,7 @@ mod tests {
             AgentMsg::Ack(pb::Ack {
                 version: "v1".into(),
                 nonce: first,
+                ..Default::default()
             }),
             2,
         );
@@ -998,6 +999,7 @@ mod tests {
             AgentMsg::Ack(pb::Ack {
                 version: "v2".into(),
                 nonce: last,
+                ..Default::default()
             }),
             5,
         );
@@ -1032,6 +1034,7 @@ mod tests {
             AgentMsg::Ack(pb::Ack {
                 version: String::new(),
                 nonce,
+                ..Default::default()
             }),
             2,
         );

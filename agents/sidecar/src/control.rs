@@ -11,7 +11,11 @@
 //!
 //! A pushed config is checked and applied through [`Engine::apply_target`]
 //! (an atomic swap); only then is it written to `--state-dir` (atomically)
-//! and ACKed. A config the agent cannot enforce is NACKed with the reason
+//! and ACKed. A config the agent enforces but cannot write (a full or
+//! read-only disk) is ACKed with `unsaved` and the reason: govd shows the
+//! agent UNSAVED, its last good still the saved version, and the hello names
+//! the saved version so that the next stream brings the config again and
+//! retries the write. A config the agent cannot enforce is NACKed with the reason
 //! and the rule at fault, and the previous config stays in force. On start
 //! the last good config is loaded from disk before connecting, so an agent
 //! restarted while the control plane is down enforces what it had. When the
@@ -59,6 +63,9 @@ pub type OnEndpoints = Arc<dyn Fn(&proto::Endpoints) + Send + Sync>;
 pub type OnRefused = Arc<dyn Fn(Option<&str>) + Send + Sync>;
 /// Called when govd says every agent dropped this instance.
 pub type OnDeregistered = Arc<dyn Fn() + Send + Sync>;
+/// Called after each pushed config the agent enforces: `None` when it is
+/// saved in `--state-dir` (or there is none), the reason when it is not.
+pub type OnSaved = Arc<dyn Fn(Option<&str>) + Send + Sync>;
 
 /// How to reach and talk to the control plane.
 #[derive(Clone)]
@@ -84,6 +91,8 @@ pub struct ControlOptions {
     /// Reconnect delays.
     pub backoff: Backoff,
     pub on_applied: Option<OnApplied>,
+    /// Told whether each pushed config was saved (`/metrics`).
+    pub on_saved: Option<OnSaved>,
     /// Told when the stream to the control plane opens (`true`) and ends (`false`).
     pub on_connection: Option<OnConnection>,
     /// Where refusals of this agent's credentials are reported (`/ready`,
@@ -132,6 +141,7 @@ impl ControlOptions {
             stats_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
             on_applied: None,
+            on_saved: None,
             on_connection: None,
             on_refused: None,
             on_drain: None,
@@ -227,6 +237,8 @@ pub fn write_last_good(dir: &Path, target: &proto::TargetConfig) -> Result<(), C
 /// to the control plane open until `shutdown`, reconnecting with backoff.
 /// Never returns an error: the agent keeps enforcing whatever it has.
 pub async fn run(engine: Engine, options: ControlOptions, shutdown: CancellationToken) {
+    // The version the hello names: the one saved in the state directory (the
+    // one in force without a state directory).
     let mut current = String::new();
     if let Some(dir) = &options.state_dir {
         match read_last_good(dir, &options.service) {
@@ -499,25 +511,22 @@ async fn handle(
             match applied {
                 Ok(applied) => {
                     tracing::info!(version = %version, kept = applied.kept, fresh = applied.fresh, "config applied");
-                    *current = version.clone();
-                    if let Some(dir) = options.state_dir.clone() {
-                        let t = target.clone();
-                        let written =
-                            tokio::task::spawn_blocking(move || write_last_good(&dir, &t)).await;
-                        match written {
-                            Ok(Ok(())) => {}
-                            Ok(Err(error)) => {
-                                tracing::error!(%error, "cannot persist the config; it is enforced but will not survive a restart")
-                            }
-                            Err(error) => tracing::error!(%error, "cannot persist the config"),
-                        }
+                    let unsaved = save(options, &target).await;
+                    // INVARIANT: the hello names a version the agent would enforce
+                    // after a restart, so an unsaved config is sent again.
+                    if unsaved.is_none() {
+                        *current = version.clone();
                     }
                     if let Some(f) = &options.on_applied {
                         f(&target);
                     }
+                    if let Some(f) = &options.on_saved {
+                        f(unsaved.as_deref());
+                    }
                     Some(proto::agent_message::Msg::Ack(proto::Ack {
                         version,
                         nonce,
+                        unsaved: unsaved.unwrap_or_default(),
                     }))
                 }
                 Err((error, rule)) => {
@@ -618,6 +627,21 @@ async fn handle(
     }
 }
 
+/// Writes `target` to the state directory: `None` when it is saved (or there
+/// is no state directory), the reason when it is not (it stays enforced, in
+/// memory only).
+async fn save(options: &ControlOptions, target: &proto::TargetConfig) -> Option<String> {
+    let dir = options.state_dir.clone()?;
+    let t = target.clone();
+    let reason = match tokio::task::spawn_blocking(move || write_last_good(&dir, &t)).await {
+        Ok(Ok(())) => return None,
+        Ok(Err(error)) => chain(&error),
+        Err(error) => format!("the write of the last good config did not finish: {error}"),
+    };
+    tracing::error!(version = %target.version, %reason, "cannot save the config; it is enforced but a restart without the control plane goes back to the last saved one (govd shows this agent UNSAVED)");
+    Some(reason)
+}
+
 fn nack(
     _current: &str,
     version: &str,
@@ -705,6 +729,68 @@ mod tests {
         assert!(read_last_good(dir.path(), "payment").unwrap().is_none());
         fs::write(dir.path().join(LAST_GOOD_FILE), b"{oops").unwrap();
         assert!(read_last_good(dir.path(), "order").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_config_that_cannot_be_saved_is_acked_unsaved_and_the_hello_keeps_the_saved_one() {
+        let dir = tempfile::tempdir().unwrap();
+        // The rename cannot replace a non-empty directory.
+        let blocker = dir.path().join(LAST_GOOD_FILE);
+        fs::create_dir_all(blocker.join("x")).unwrap();
+        let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut options = ControlOptions::new("http://127.0.0.1:1", "order", "a");
+        options.state_dir = Some(dir.path().to_owned());
+        let t = told.clone();
+        options.on_saved = Some(Arc::new(move |r: Option<&str>| {
+            t.lock().unwrap().push(r.map(str::to_owned));
+        }));
+        let engine = Engine::empty("order");
+        let config = |version: &str| proto::ControlMessage {
+            msg: Some(ControlMsg::Config(proto::Config {
+                target: Some(proto::TargetConfig {
+                    version: version.into(),
+                    ..gov_proto::compiled::target("order")
+                }),
+                nonce: format!("n-{version}"),
+            })),
+        };
+        let mut current = "v0".to_owned();
+        let Some(proto::agent_message::Msg::Ack(ack)) =
+            handle(&engine, &options, &mut current, config("v1")).await
+        else {
+            panic!("no ACK");
+        };
+        assert_eq!(ack.version, "v1");
+        assert!(
+            ack.unsaved.contains("cannot rename the last good config"),
+            "{}",
+            ack.unsaved
+        );
+        // Enforced, but the hello still names the saved version.
+        assert_eq!(&*engine.config().version, "v1");
+        assert_eq!(current, "v0");
+        // Room again: the next push is saved and ACKed plainly.
+        fs::remove_dir_all(&blocker).unwrap();
+        let Some(proto::agent_message::Msg::Ack(ack)) =
+            handle(&engine, &options, &mut current, config("v2")).await
+        else {
+            panic!("no ACK");
+        };
+        assert_eq!(ack.unsaved, "");
+        assert_eq!(current, "v2");
+        let saved = read_last_good(dir.path(), "order").unwrap().unwrap();
+        assert_eq!(saved.version, "v2");
+        let told = told.lock().unwrap().clone();
+        assert_eq!(told.len(), 2);
+        assert!(told[0].is_some() && told[1].is_none(), "{told:?}");
+        // Without a state directory nothing is saved, by design: not unsaved.
+        options.state_dir = None;
+        let Some(proto::agent_message::Msg::Ack(ack)) =
+            handle(&engine, &options, &mut current, config("v3")).await
+        else {
+            panic!("no ACK");
+        };
+        assert_eq!((ack.unsaved.as_str(), current.as_str()), ("", "v3"));
     }
 
     #[test]

@@ -549,6 +549,13 @@ impl Sidecar {
         })
     }
 
+    /// What the control-plane client calls after each pushed config: whether it
+    /// was saved in the state directory, for `/metrics`.
+    pub fn on_config_saved(&self) -> crate::control::OnSaved {
+        let config = self.config.clone();
+        Arc::new(move |unsaved: Option<&str>| config.set_unsaved(unsaved.is_some()))
+    }
+
     /// What the control-plane client calls when its stream to the control plane
     /// opens (`true`) and ends (`false`), for `/metrics`.
     pub fn on_control_plane_connection(&self) -> crate::control::OnConnection {

@@ -29,10 +29,17 @@ pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(
     let path = dir.join(name);
     let tmp = dir.join(format!(".{name}.tmp"));
     let mut file = File::create(&tmp).map_err(io("create", &tmp))?;
-    file.write_all(bytes).map_err(io("write", &tmp))?;
-    file.sync_all().map_err(io("sync", &tmp))?;
+    let written = file
+        .write_all(bytes)
+        .map_err(io("write", &tmp))
+        .and_then(|()| file.sync_all().map_err(io("sync", &tmp)));
     drop(file);
-    fs::rename(&tmp, &path).map_err(io("rename", &path))?;
+    let renamed = written.and_then(|()| fs::rename(&tmp, &path).map_err(io("rename", &path)));
+    if renamed.is_err() {
+        // A part-written temp file would keep a full disk full.
+        let _ = fs::remove_file(&tmp);
+    }
+    renamed?;
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io("sync", dir))?;

@@ -461,6 +461,7 @@ async fn start_member(
     control.address = sidecar.inbound_addr().to_string();
     control.state_dir = Some(dir.join("agents").join(name));
     control.on_applied = Some(sidecar.on_config_applied());
+    control.on_saved = Some(sidecar.on_config_saved());
     control.lifecycle = Some(sidecar.lifecycle().subscribe());
     tokio::spawn(gov_agent::control::run(
         sidecar.engine().clone(),

@@ -344,6 +344,7 @@ async fn run(args: Args) -> ExitCode {
         control.token = token;
         control.tls = tls;
         control.on_applied = Some(sidecar.on_config_applied());
+        control.on_saved = Some(sidecar.on_config_saved());
         control.on_connection = Some(sidecar.on_control_plane_connection());
         control.on_refused = Some(sidecar.on_control_plane_refused());
         // The control plane's drain runs the config's shutdown steps, like SIGTERM.

@@ -110,6 +110,16 @@ impl Source {
                 &[],
                 u64::from(self.config.control_plane_connected()),
             );
+            enc.family(
+                "gov_agent_config_unsaved",
+                "gauge",
+                "1 while the config in force could not be saved in --state-dir (a restart without the control plane goes back to the last saved one), else 0.",
+            );
+            enc.sample(
+                "gov_agent_config_unsaved",
+                &[],
+                u64::from(self.config.unsaved()),
+            );
         }
         enc.family(
             "gov_agent_ready",

@@ -78,6 +78,7 @@ pub struct ConfigStatus {
     applied: AtomicU64,
     refused: AtomicU64,
     control_plane_connected: AtomicBool,
+    unsaved: AtomicBool,
 }
 
 /// The config in force and where it came from (`GET /config`).
@@ -121,6 +122,16 @@ impl ConfigStatus {
     pub(crate) fn set_control_plane_connected(&self, connected: bool) {
         self.control_plane_connected
             .store(connected, Ordering::Relaxed);
+    }
+
+    /// Whether the config in force was pushed by the control plane and could
+    /// not be saved in the state directory.
+    pub fn unsaved(&self) -> bool {
+        self.unsaved.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_unsaved(&self, unsaved: bool) {
+        self.unsaved.store(unsaved, Ordering::Relaxed);
     }
 
     pub(crate) fn record_applied(&self, target: &TargetConfig, version: &str, source: String) {
