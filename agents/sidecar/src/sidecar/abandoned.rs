@@ -69,7 +69,7 @@ impl Held {
     }
 
     /// An upstream's body, finished under `hold` if it is dropped early.
-    pub(crate) fn held(body: Inner, hold: Hold) -> Self {
+    pub(crate) fn upstream(body: Inner, hold: Hold) -> Self {
         Self {
             body,
             hold: Some(hold),

@@ -108,7 +108,7 @@ impl Handler {
         run_detached(
             async move {
                 self.respond(req).await.map(|body| match body {
-                    GovBody::Response { .. } => Held::held(body, held),
+                    GovBody::Response { .. } => Held::upstream(body, held),
                     _ => Held::free(body),
                 })
             },

@@ -15,6 +15,11 @@
 //!    upstream's description of the n-th received request; after those, at most a
 //!    refusal, then the connection closes.
 //!
+//!
+//! And one property of concurrency (4, at the end): for generated mixes of
+//! clients that ask and leave, on every protocol, the upstream never works on
+//! more calls at once than the bulkhead allows.
+//!
 //! Cases: the classic smuggling vectors (CL.TE, TE.CL, TE.TE, obs-fold, bare CR/LF,
 //! NUL, signed and oversize lengths, chunk-size overflow, pipelining), then
 //! generated streams with byte mutations (proptest, a fixed number of cases, a few
@@ -592,6 +597,186 @@ fn generated_and_mutated_streams_reach_the_upstream_only_as_judged() {
         runtime
             .block_on(check(&agent, &up, &stream, untouched))
             .map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+// === property 4: what the upstream works on, whatever the clients do ===
+
+/// Three at a time on `/work`, no wait.
+const THREE: &str = r#"
+service: shop
+version: differential-concurrency-v1
+rules:
+  - name: shop/three
+    on: { path: { kind: PATH_KIND_PREFIX, value: /work } }
+    bulkhead:
+      max_concurrent: 3
+"#;
+
+/// One client's behaviour with one call to `/work`.
+#[derive(Clone, Debug)]
+enum Behaviour {
+    /// HTTP/1.x over its own connection, `head` the request's head; the
+    /// client closes after `leave_ms` (`None`: it reads the answer).
+    Http1 {
+        head: &'static [u8],
+        leave_ms: Option<u64>,
+    },
+    /// h2c with prior knowledge: `streams` requests on one connection, each
+    /// reset after `reset_ms` (`None`: the answers are read).
+    H2c { streams: u8, reset_ms: Option<u64> },
+}
+
+fn gen_behaviour() -> impl Strategy<Value = Behaviour> {
+    let leave = prop_oneof![Just(None), (0_u64..6).prop_map(Some)];
+    let head = prop_oneof![
+        Just(&b"GET /work HTTP/1.1\r\nhost: x\r\n\r\n"[..]),
+        Just(&b"GET /work HTTP/1.0\r\nhost: x\r\n\r\n"[..]),
+        Just(
+            &b"POST /work HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\nexpect: 100-continue\r\n\r\n"
+                [..]
+        ),
+        Just(&b"POST /work HTTP/1.0\r\nhost: x\r\ncontent-length: 5\r\n\r\nhel"[..]),
+        Just(
+            &b"GET /work HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
+                [..]
+        ),
+    ];
+    prop_oneof![
+        (head, leave.clone()).prop_map(|(head, leave_ms)| Behaviour::Http1 { head, leave_ms }),
+        (1_u8..12, leave).prop_map(|(streams, reset_ms)| Behaviour::H2c { streams, reset_ms }),
+    ]
+}
+
+/// Runs one client's behaviour against the agent at `addr` (bounded).
+async fn behave(addr: std::net::SocketAddr, behaviour: Behaviour) {
+    let run = async {
+        match behaviour {
+            Behaviour::Http1 { head, leave_ms } => {
+                let Ok(mut stream) = TcpStream::connect(addr).await else {
+                    return;
+                };
+                let _ = stream.write_all(head).await;
+                match leave_ms {
+                    Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                    None => {
+                        // The answer's head, then what follows at once (a
+                        // kept-alive connection stays open: no EOF to wait for).
+                        let mut seen = Vec::new();
+                        let mut buf = [0_u8; 1024];
+                        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match stream.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        let _ = tokio::time::timeout(
+                            Duration::from_millis(50),
+                            stream.read(&mut buf),
+                        )
+                        .await;
+                    }
+                }
+            }
+            Behaviour::H2c { streams, reset_ms } => {
+                let Ok(tcp) = TcpStream::connect(addr).await else {
+                    return;
+                };
+                let Ok((client, connection)) = h2::client::handshake(tcp).await else {
+                    return;
+                };
+                let connection = tokio::spawn(connection);
+                let mut answers = Vec::new();
+                for _ in 0..streams {
+                    let Ok(mut client) = client.clone().ready().await else {
+                        break;
+                    };
+                    let request = http::Request::get(format!("http://{addr}/work"))
+                        .body(())
+                        .unwrap();
+                    let Ok((response, mut stream)) = client.send_request(request, true) else {
+                        break;
+                    };
+                    match reset_ms {
+                        Some(ms) => {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                            stream.send_reset(h2::Reason::CANCEL);
+                        }
+                        None => answers.push(response),
+                    }
+                }
+                for answer in answers {
+                    if let Ok(response) = answer.await {
+                        let mut body = response.into_body();
+                        while let Some(Ok(_)) = body.data().await {}
+                    }
+                }
+                connection.abort();
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+}
+
+/// Property 4 (issue 27): for generated mixes of clients that ask and leave
+/// (close, reset, HTTP/1.0, `Expect`, `Upgrade`, h2c), the upstream, which
+/// works on a call to its end whatever happens to the connection (as a
+/// servlet does), never works on more calls at once than the bulkhead allows.
+#[test]
+fn generated_client_behaviours_never_put_more_calls_at_the_upstream_than_the_bulkhead() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (up, agent) = runtime.block_on(async {
+        let up = crate::support::upstream()
+            .working("/work", Duration::from_millis(150))
+            .start()
+            .await;
+        let agent = agent().config(THREE).upstream(&up).start().await;
+        (up, agent)
+    });
+    let addr = agent.sidecar.inbound_addr();
+    let config = Config {
+        cases: 12,
+        failure_persistence: None,
+        rng_algorithm: proptest::test_runner::RngAlgorithm::ChaCha,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new_with_rng(
+        config,
+        proptest::test_runner::TestRng::from_seed(
+            proptest::test_runner::RngAlgorithm::ChaCha,
+            &[27; 32],
+        ),
+    );
+    let strategy = prop::collection::vec(gen_behaviour(), 1..16);
+    let result = runner.run(&strategy, |clients| {
+        runtime.block_on(async {
+            let all: Vec<_> = clients
+                .into_iter()
+                .map(|c| tokio::spawn(behave(addr, c)))
+                .collect();
+            for client in all {
+                let _ = client.await;
+            }
+            // Whatever is still held finishes at the upstream (bounded).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while up.in_flight("/work") > 0 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        let peak = up.peak_in_flight("/work");
+        if peak > 3 {
+            return Err(TestCaseError::fail(format!(
+                "{peak} calls at once at the upstream behind max_concurrent 3"
+            )));
+        }
+        Ok(())
     });
     if let Err(e) = result {
         panic!("{e}");
