@@ -65,6 +65,10 @@ pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// file descriptor limit.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
+/// Default most open connections of one client address on the inbound listener:
+/// a quarter of the listener's, so one client cannot hold them all.
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 1024;
+
 /// Most open connections of the admin listener (scrapes and probes).
 const MAX_ADMIN_CONNECTIONS: usize = 64;
 
@@ -110,6 +114,10 @@ pub struct Options {
     /// Most open client connections per proxy listener (`--max-connections`); a
     /// connection accepted over it is closed at once.
     pub max_connections: usize,
+    /// Most open connections of one client address on the inbound listener
+    /// (`--max-connections-per-client`); one accepted over it is closed at once.
+    /// The outbound listener's one client is the local service: no such cap.
+    pub max_connections_per_client: usize,
     /// How long, at most, an admitted call whose client left goes on, its
     /// upstream's answer read and discarded and its permits held
     /// (`--client-gone-hold`).
@@ -144,6 +152,7 @@ impl Options {
             cluster_store: None,
             service_pid: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_client: DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
             client_gone_hold: DEFAULT_CLIENT_GONE_HOLD,
             client_timeout: Some(DEFAULT_CLIENT_TIMEOUT),
             state_dir: None,
@@ -329,8 +338,11 @@ impl Sidecar {
             .as_ref()
             .map(|o| crate::decision_log::DecisionLog::start(o, &options.service, engine.clone()))
             .transpose()?;
-        let inbound_conns = Arc::new(serve::Connections::new(options.max_connections));
-        let outbound_conns = Arc::new(serve::Connections::new(options.max_connections));
+        let inbound_conns = Arc::new(serve::Connections::new(
+            options.max_connections,
+            options.max_connections_per_client,
+        ));
+        let outbound_conns = Arc::new(serve::Connections::new(options.max_connections, usize::MAX));
         let directory = Arc::new(Directory::new(options.balance, &options.instances));
         let shared = Arc::new(listener::Shared {
             engine: engine.clone(),
@@ -427,7 +439,7 @@ impl Sidecar {
                 listener,
                 admin_stop.clone(),
                 crate::lifecycle::DrainDeadline::new(Duration::from_secs(1)),
-                Arc::new(serve::Connections::new(MAX_ADMIN_CONNECTIONS)),
+                Arc::new(serve::Connections::new(MAX_ADMIN_CONNECTIONS, usize::MAX)),
                 move |stream, peer| {
                     let admin = admin.clone();
                     serve::serve_hyper(

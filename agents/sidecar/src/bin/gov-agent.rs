@@ -157,6 +157,12 @@ struct Args {
     #[arg(long, env = "GOV_MAX_CONNECTIONS", default_value_t = gov_agent::sidecar::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
 
+    /// Most open connections of one client address on the inbound listener; one
+    /// accepted over it is closed at once and counted in
+    /// `gov_agent_connections_over_client_cap_total`.
+    #[arg(long, env = "GOV_MAX_CONNECTIONS_PER_CLIENT", default_value_t = gov_agent::sidecar::DEFAULT_MAX_CONNECTIONS_PER_CLIENT)]
+    max_connections_per_client: usize,
+
     /// Runtime worker threads. 1 (the default) runs everything on one thread, which
     /// is the cheapest for a sidecar sharing a core with its service.
     #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
@@ -319,6 +325,7 @@ async fn run(args: Args) -> ExitCode {
         cluster_store,
         service_pid: args.service_pid,
         max_connections: args.max_connections,
+        max_connections_per_client: args.max_connections_per_client,
         client_gone_hold: args.client_gone_hold,
         client_timeout: (!args.client_timeout.is_zero()).then_some(args.client_timeout),
         state_dir: args.state_dir,

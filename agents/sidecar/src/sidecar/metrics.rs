@@ -48,7 +48,7 @@ impl Source {
 
     fn render_listeners(&self, enc: &mut Encoder) {
         type Read = fn(&super::serve::Connections) -> u64;
-        let families: [(&str, &str, &str, Read); 5] = [
+        let families: [(&str, &str, &str, Read); 6] = [
             (
                 "gov_agent_connections_open",
                 "gauge",
@@ -60,6 +60,12 @@ impl Source {
                 "counter",
                 "Client connections closed at accept because the listener had --max-connections open.",
                 super::serve::Connections::over_cap,
+            ),
+            (
+                "gov_agent_connections_over_client_cap_total",
+                "counter",
+                "Client connections closed at accept because their address had --max-connections-per-client open.",
+                super::serve::Connections::over_client_cap,
             ),
             (
                 "gov_agent_requests_refused_total",

@@ -30,7 +30,7 @@ use hyper_util::client::legacy::ResponseFuture as ClientFuture;
 use tower::{Layer, Service, ServiceExt};
 
 use super::abandoned::{Held, Hold, Inner, run_detached};
-use super::h1::codec::{Refusal, valid_authority};
+use super::h1::codec::{MAX_HEADERS, Refusal, valid_authority};
 use super::h1::path_dialect;
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::listener::{Failure, Shared, Side, target_service};
@@ -198,6 +198,10 @@ fn pick<B>(shared: &Shared, req: &mut Request<B>) -> Result<(), Failure> {
 /// then carries the normalized path.
 fn check<B>(req: &mut Request<B>, dialect: Dialect) -> Result<(), Refusal> {
     let headers = req.headers();
+    // The HTTP/1 path's bound (431), for HTTP/2 too: one stream refused.
+    if headers.len() > MAX_HEADERS {
+        return Err(Refusal::HeadTooLarge);
+    }
     // `content_length`, `transfer_encoding`: framing to an upstream that reads `_`
     // as `-` (hyper's parser does not).
     if headers.keys().any(|name| {

@@ -4,23 +4,32 @@
 //! A listener holds at most its cap of open connections: a connection accepted over
 //! the cap is closed at once (as Envoy's `max_connections` does), so a flood of
 //! idle connections cannot take the memory and file descriptors the service's real
-//! clients need. Both are counted in `/metrics`.
+//! clients need. One client address holds at most its own cap
+//! (`--max-connections-per-client`, inbound listener), so one client cannot take
+//! the whole listener's cap. All are counted in `/metrics`.
+//!
+//! On hyper's side an HTTP/2 connection pings its client
+//! ([`H2_KEEPALIVE`]; one that does not answer is closed) and is closed with
+//! GOAWAY after `--header-read-timeout` without an open stream, the bound an idle
+//! HTTP/1 keep-alive connection meets.
 //!
 //! On stop a loop stops accepting (the listening socket is closed, so new connects are
 //! refused), and every open connection finishes what it is doing: HTTP/1.1 completes
 //! the request in progress and closes instead of keeping alive, HTTP/2 sends GOAWAY and
 //! finishes the open streams. The loop waits for them up to the drain deadline.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
+use http_body_util::BodyExt;
 use hyper::body::{Body, Incoming};
 use hyper::rt::{Read, Write};
 use hyper::service::service_fn;
@@ -29,6 +38,10 @@ use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+/// How often hyper's side pings an HTTP/2 client, and how long it waits for the
+/// answer before it closes the connection (a dead peer or a stalled one).
+pub(crate) const H2_KEEPALIVE: Duration = Duration::from_secs(20);
 
 /// Serves `listener` until `stop` is cancelled, then drains for at most `drain` (read
 /// when the drain begins: a lifecycle `drain D` step sets it). `serve` is called once
@@ -116,7 +129,20 @@ fn admit<S, F>(
     S: Fn(TcpStream, SocketAddr) -> F,
     F: Future<Output = ()> + Send + 'static,
 {
-    if open.count() >= open.max {
+    let Some(guard) = open.enter(peer.ip()) else {
+        // Dropping the stream closes it, as over the listener's cap.
+        if open.over_client_cap.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                listener = name,
+                max = open.per_client,
+                client = %peer.ip(),
+                "a client reached its connection cap; closing its new connections (raise --max-connections-per-client)"
+            );
+        }
+        drop(stream);
+        return;
+    };
+    if open.count() > open.max {
         // Dropping the stream closes it: the client sees a reset or EOF at once
         // instead of waiting in the backlog.
         if open.over_cap.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -126,13 +152,12 @@ fn admit<S, F>(
                 "connection cap reached; closing new connections (raise --max-connections)"
             );
         }
-        drop(stream);
+        drop((stream, guard));
         return;
     }
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(listener = name, %error, "cannot set TCP_NODELAY");
     }
-    let guard = open.enter();
     let conn = serve(stream, peer);
     tokio::spawn(async move {
         conn.await;
@@ -149,6 +174,12 @@ pub(crate) struct Connections {
     max: usize,
     /// Connections closed at accept because `max` were open.
     over_cap: AtomicU64,
+    /// At most this many open at once from one client address.
+    per_client: usize,
+    /// Open connections per client address (only addresses with one open).
+    clients: Mutex<HashMap<IpAddr, usize>>,
+    /// Connections closed at accept because their address had `per_client` open.
+    over_client_cap: AtomicU64,
     /// Requests refused as malformed or ambiguous (400, 431, 501).
     pub(crate) refused: AtomicU64,
     /// Admitted calls whose client left before the response ended (their
@@ -158,16 +189,21 @@ pub(crate) struct Connections {
     pub(crate) client_gone_cut: AtomicU64,
 }
 
-/// One open connection; dropping it closes the count.
-struct Entered(Arc<Connections>);
+/// One open connection; dropping it closes the counts.
+struct Entered(Arc<Connections>, IpAddr);
 
 impl Connections {
-    pub(crate) fn new(max: usize) -> Self {
+    /// A listener's counts: at most `max` connections, `per_client` from one
+    /// address.
+    pub(crate) fn new(max: usize, per_client: usize) -> Self {
         Self {
             count: AtomicUsize::new(0),
             idle: Notify::new(),
             max: max.max(1),
             over_cap: AtomicU64::new(0),
+            per_client: per_client.max(1),
+            clients: Mutex::new(HashMap::new()),
+            over_client_cap: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             client_gone: AtomicU64::new(0),
             client_gone_cut: AtomicU64::new(0),
@@ -199,9 +235,29 @@ impl Connections {
         self.client_gone_cut.load(Ordering::Relaxed)
     }
 
-    fn enter(self: &Arc<Self>) -> Entered {
+    /// Connections closed at accept over a client's cap, since start.
+    pub(crate) fn over_client_cap(&self) -> u64 {
+        self.over_client_cap.load(Ordering::Relaxed)
+    }
+
+    /// Counts a new connection from `client`; `None` when that address already has
+    /// its cap open.
+    fn enter(self: &Arc<Self>, client: IpAddr) -> Option<Entered> {
+        if self.per_client < usize::MAX {
+            // A poisoned lock only means another thread panicked mid-update of a
+            // count: the map is still a map.
+            let mut clients = self
+                .clients
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let open = clients.entry(client).or_insert(0);
+            if *open >= self.per_client {
+                return None;
+            }
+            *open += 1;
+        }
         self.count.fetch_add(1, Ordering::Relaxed);
-        Entered(self.clone())
+        Some(Entered(self.clone(), client))
     }
 
     fn count(&self) -> usize {
@@ -222,6 +278,19 @@ impl Connections {
 
 impl Drop for Entered {
     fn drop(&mut self) {
+        if self.0.per_client < usize::MAX {
+            let mut clients = self
+                .0
+                .clients
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(open) = clients.get_mut(&self.1) {
+                *open = open.saturating_sub(1);
+                if *open == 0 {
+                    clients.remove(&self.1);
+                }
+            }
+        }
         if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }
@@ -231,7 +300,9 @@ impl Drop for Entered {
 /// Serves one connection with hyper, HTTP/1.1 or HTTP/2 (by the client's preface),
 /// until it ends; on `stop` the connection finishes gracefully. `header_read_timeout`
 /// bounds how long an HTTP/1 client may take to send a request head (a slowloris guard
-/// that also closes idle keep-alive connections).
+/// that also closes idle keep-alive connections), and how long a connection may go
+/// without a request in progress before it is closed gracefully (HTTP/2: GOAWAY,
+/// streams still open finish).
 pub(crate) async fn serve_hyper<I, H, F, B>(
     name: &'static str,
     io: I,
@@ -252,21 +323,88 @@ pub(crate) async fn serve_hyper<I, H, F, B>(
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
         .http2()
-        .timer(TokioTimer::new());
+        .timer(TokioTimer::new())
+        .keep_alive_interval(H2_KEEPALIVE)
+        .keep_alive_timeout(H2_KEEPALIVE);
+    let activity = Arc::new(Activity::default());
+    let seen = activity.clone();
     let service = service_fn(move |req| {
+        let busy = Busy::enter(&seen);
         let response = handler(req);
-        async move { Ok::<_, Infallible>(response.await) }
+        async move {
+            // In progress until its response body is done or dropped.
+            let response = response.await.map(|body| {
+                body.map_frame(move |frame| {
+                    let _busy = &busy;
+                    frame
+                })
+            });
+            Ok::<_, Infallible>(response)
+        }
     });
     let conn = builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
+    let idle = async {
+        match header_read_timeout {
+            Some(timeout) => activity.idle_for(timeout).await,
+            None => std::future::pending().await,
+        }
+    };
     let result = tokio::select! {
         result = conn.as_mut() => result,
         () = stop.cancelled() => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
+        () = idle => {
+            // GOAWAY; an HTTP/2 client that does not answer its PING within the
+            // bound again is dropped: nothing is in progress.
+            tracing::debug!(listener = name, %peer, "closing an idle connection");
+            conn.as_mut().graceful_shutdown();
+            let bound = header_read_timeout.unwrap_or(H2_KEEPALIVE);
+            tokio::time::timeout(bound, conn).await.unwrap_or(Ok(()))
+        }
     };
     if let Err(error) = result {
         tracing::debug!(listener = name, %peer, error = %error, "connection ended with an error");
+    }
+}
+
+/// The requests in progress on one connection of hyper's side, and a signal at
+/// each start and end, for its idle bound.
+#[derive(Default)]
+struct Activity {
+    active: AtomicUsize,
+    seen: Notify,
+}
+
+/// One request in progress; dropping it (answered, or reset by the client) ends it.
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn enter(activity: &Arc<Activity>) -> Self {
+        activity.active.fetch_add(1, Ordering::Relaxed);
+        activity.seen.notify_one();
+        Busy(activity.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+        self.0.seen.notify_one();
+    }
+}
+
+impl Activity {
+    /// Completes once `timeout` passed with no request starting or ending and none
+    /// in progress.
+    async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let quiet = tokio::time::timeout(timeout, self.seen.notified()).await;
+            if quiet.is_err() && self.active.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+        }
     }
 }

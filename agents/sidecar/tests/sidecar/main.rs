@@ -16,6 +16,7 @@ mod differential;
 mod enforce;
 mod grpc;
 mod h1;
+mod h2_bounds;
 mod hostile;
 mod latches;
 mod paths;

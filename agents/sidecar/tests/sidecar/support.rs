@@ -392,6 +392,7 @@ pub fn agent() -> AgentBuilder {
         protocol: UpstreamProtocol::Http1,
         header_read_timeout: None,
         max_connections: None,
+        max_connections_per_client: None,
         client_timeout: None,
         balance: Balance::default(),
         state_dir: None,
@@ -408,6 +409,7 @@ pub struct AgentBuilder {
     protocol: UpstreamProtocol,
     header_read_timeout: Option<Duration>,
     max_connections: Option<usize>,
+    max_connections_per_client: Option<usize>,
     client_timeout: Option<Duration>,
     balance: Balance,
     state_dir: Option<PathBuf>,
@@ -448,6 +450,12 @@ impl AgentBuilder {
     /// Most open client connections per proxy listener.
     pub fn max_connections(mut self, max: usize) -> Self {
         self.max_connections = Some(max);
+        self
+    }
+
+    /// Most open connections of one client address on the inbound listener.
+    pub fn max_connections_per_client(mut self, max: usize) -> Self {
+        self.max_connections_per_client = Some(max);
         self
     }
 
@@ -500,6 +508,9 @@ impl AgentBuilder {
         }
         if let Some(max) = self.max_connections {
             options.max_connections = max;
+        }
+        if let Some(max) = self.max_connections_per_client {
+            options.max_connections_per_client = max;
         }
         if let Some(timeout) = self.client_timeout {
             options.client_timeout = Some(timeout);

@@ -62,6 +62,7 @@ fn connect(local: Authority) -> DuplexStream {
         local,
         directory: Arc::new(Directory::new(Balance::default(), &[])),
         log: None,
+        client_gone_hold: std::time::Duration::from_secs(60),
     });
     let cx = Listener::new(
         shared,
@@ -69,7 +70,7 @@ fn connect(local: Authority) -> DuplexStream {
         CancellationToken::new(),
         Some(STEP),
         Some(STEP),
-        Arc::new(Connections::new(16)),
+        Arc::new(Connections::new(16, 16)),
         Arc::new(IdlePool::default()),
     );
     let (client, server) = tokio::io::duplex(64 * 1024);
