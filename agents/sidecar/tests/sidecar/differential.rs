@@ -673,11 +673,9 @@ async fn behave(addr: std::net::SocketAddr, behaviour: Behaviour) {
                                 Ok(n) => seen.extend_from_slice(&buf[..n]),
                             }
                         }
-                        let _ = tokio::time::timeout(
-                            Duration::from_millis(50),
-                            stream.read(&mut buf),
-                        )
-                        .await;
+                        let _ =
+                            tokio::time::timeout(Duration::from_millis(50), stream.read(&mut buf))
+                                .await;
                     }
                 }
             }

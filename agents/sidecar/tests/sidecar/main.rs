@@ -17,6 +17,7 @@ mod enforce;
 mod grpc;
 mod h1;
 mod h2_bounds;
+mod h2spec;
 mod hostile;
 mod latches;
 mod paths;
