@@ -388,18 +388,22 @@ impl Sidecar {
                     let cx = cx.clone();
                     async move {
                         let hyper = |io| {
+                            // Stops this connection: the listener's stop, or
+                            // its own (a client over its budget of abandoned calls).
+                            let close = cx.stop.child_token();
                             let handler = proxy::Handler::new(
                                 cx.shared.clone(),
                                 side,
                                 peer,
                                 cx.conns.clone(),
                                 fast,
+                                close.clone(),
                             );
                             serve::serve_hyper(
                                 name,
                                 TokioIo::new(io),
                                 peer,
-                                cx.stop.clone(),
+                                close,
                                 cx.header_read_timeout,
                                 move |req| {
                                     let handler = handler.clone();

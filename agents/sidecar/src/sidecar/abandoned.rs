@@ -39,11 +39,63 @@ pub(crate) type Inner = gov_engine::GovBody<PickedBody>;
 /// discarded until then, and the call's permits held.
 pub const DEFAULT_CLIENT_GONE_HOLD: Duration = Duration::from_secs(60);
 
-/// What a listener's held calls report to, and how long they are held.
+/// How many admitted calls one connection may abandon in a second before
+/// it is closed: a browser or a client hedging its calls leaves a few; a
+/// client that asks and resets faster makes the upstream work for nothing.
+pub const ABANDON_BUDGET_PER_SECOND: u32 = 100;
+
+/// What a listener's held calls report to, how long they are held, and the
+/// connection's budget of abandoned calls.
 #[derive(Clone)]
 pub(crate) struct Hold {
     pub(crate) bound: Duration,
     pub(crate) conns: Arc<Connections>,
+    pub(crate) budget: Arc<Budget>,
+}
+
+/// One connection's abandoned calls in the current second; over
+/// [`ABANDON_BUDGET_PER_SECOND`], `close` is cancelled: the connection
+/// finishes what it has (HTTP/2: GOAWAY) and takes nothing new.
+pub(crate) struct Budget {
+    /// (start of the current second, calls abandoned in it).
+    window: std::sync::Mutex<(tokio::time::Instant, u32)>,
+    close: tokio_util::sync::CancellationToken,
+}
+
+impl Budget {
+    pub(crate) fn new(close: tokio_util::sync::CancellationToken) -> Self {
+        Self {
+            window: std::sync::Mutex::new((tokio::time::Instant::now(), 0)),
+            close,
+        }
+    }
+}
+
+impl Hold {
+    /// Counts one call whose client left; closes the connection once it
+    /// leaves more than its budget in a second.
+    fn abandoned(&self) {
+        self.conns.client_gone.fetch_add(1, Ordering::Relaxed);
+        let over = {
+            let Ok(mut window) = self.budget.window.lock() else {
+                return;
+            };
+            let now = tokio::time::Instant::now();
+            if now.duration_since(window.0) >= Duration::from_secs(1) {
+                *window = (now, 0);
+            }
+            window.1 = window.1.saturating_add(1);
+            window.1 > ABANDON_BUDGET_PER_SECOND
+        };
+        if over && !self.budget.close.is_cancelled() {
+            self.budget.close.cancel();
+            self.conns.closed_abandoning.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                budget = ABANDON_BUDGET_PER_SECOND,
+                "closing a connection that abandons admitted calls faster than its budget"
+            );
+        }
+    }
 }
 
 /// The body of every response of the proxy listeners: [`Inner`] (the
@@ -116,7 +168,7 @@ impl Drop for Held {
             return;
         };
         let body = std::mem::replace(&mut self.body, Inner::local(Bytes::new()));
-        hold.conns.client_gone.fetch_add(1, Ordering::Relaxed);
+        hold.abandoned();
         let until = tokio::time::Instant::now() + hold.bound;
         runtime.spawn(drain(body, hold, until));
     }
@@ -177,7 +229,7 @@ where
             biased;
             response = &mut call => response,
             () = answer.closed() => {
-                hold.conns.client_gone.fetch_add(1, Ordering::Relaxed);
+                hold.abandoned();
                 let until = tokio::time::Instant::now() + hold.bound;
                 match tokio::time::timeout_at(until, call).await {
                     Ok(response) => {

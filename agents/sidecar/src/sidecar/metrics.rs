@@ -48,7 +48,7 @@ impl Source {
 
     fn render_listeners(&self, enc: &mut Encoder) {
         type Read = fn(&super::serve::Connections) -> u64;
-        let families: [(&str, &str, &str, Read); 6] = [
+        let families: [(&str, &str, &str, Read); 7] = [
             (
                 "gov_agent_connections_open",
                 "gauge",
@@ -84,6 +84,12 @@ impl Source {
                 "counter",
                 "Calls whose client left that were still running at --client-gone-hold, then cut (their permits released).",
                 super::serve::Connections::client_gone_cut,
+            ),
+            (
+                "gov_agent_connections_closed_abandoning_total",
+                "counter",
+                "Client connections closed (HTTP/2: GOAWAY) for abandoning more admitted calls in a second than their budget (100).",
+                super::serve::Connections::closed_abandoning,
             ),
         ];
         for (name, kind, help, read) in families {

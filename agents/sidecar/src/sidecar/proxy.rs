@@ -29,7 +29,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::ResponseFuture as ClientFuture;
 use tower::{Layer, Service, ServiceExt};
 
-use super::abandoned::{Held, Hold, Inner, run_detached};
+use super::abandoned::{Budget, Held, Hold, Inner, run_detached};
 use super::h1::codec::{MAX_HEADERS, Refusal, valid_authority};
 use super::h1::path_dialect;
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
@@ -79,10 +79,12 @@ impl Handler {
         peer: std::net::SocketAddr,
         conns: Arc<Connections>,
         handed_over: bool,
+        close: tokio_util::sync::CancellationToken,
     ) -> Self {
         let hold = Hold {
             bound: shared.client_gone_hold,
             conns: conns.clone(),
+            budget: Arc::new(Budget::new(close)),
         };
         let layer = match side {
             Side::Inbound => GovernLayer::new(shared.engine.clone()),

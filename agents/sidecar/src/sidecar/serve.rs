@@ -187,6 +187,8 @@ pub(crate) struct Connections {
     pub(crate) client_gone: AtomicU64,
     /// Of those, the ones still running at the hold bound, then cut.
     pub(crate) client_gone_cut: AtomicU64,
+    /// Connections closed for abandoning admitted calls over their budget.
+    pub(crate) closed_abandoning: AtomicU64,
 }
 
 /// One open connection; dropping it closes the counts.
@@ -207,6 +209,7 @@ impl Connections {
             refused: AtomicU64::new(0),
             client_gone: AtomicU64::new(0),
             client_gone_cut: AtomicU64::new(0),
+            closed_abandoning: AtomicU64::new(0),
         }
     }
 
@@ -233,6 +236,11 @@ impl Connections {
     /// Of those, the ones cut at the hold bound, since start.
     pub(crate) fn client_gone_cut(&self) -> u64 {
         self.client_gone_cut.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed for abandoning calls over their budget, since start.
+    pub(crate) fn closed_abandoning(&self) -> u64 {
+        self.closed_abandoning.load(Ordering::Relaxed)
     }
 
     /// Connections closed at accept over a client's cap, since start.

@@ -137,3 +137,56 @@ async fn h2c_streams_reset_after_their_request_keep_their_permits_until_the_upst
     drop(client);
     connection.abort();
 }
+
+/// A wide bulkhead: every call is admitted.
+const WIDE: &str = r#"
+service: shop
+version: client-gone-wide-v1
+rules:
+  - name: shop/wide
+    on: { path: { kind: PATH_KIND_PREFIX, value: /work } }
+    bulkhead:
+      max_concurrent: 1000
+"#;
+
+/// The paced reset again, each stream admitted before its reset: past 100
+/// abandoned calls in a second the agent closes the connection (GOAWAY),
+/// counts it, and the calls already at the upstream still finish.
+#[tokio::test]
+async fn an_h2c_connection_that_abandons_admitted_calls_over_its_budget_is_closed() {
+    let up = upstream().working("/work", WORK).start().await;
+    let agent = agent().config(WIDE).upstream(&up).start().await;
+    let addr = agent.sidecar.inbound_addr();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let mut sent = 0;
+    for _ in 0..400 {
+        let Ok(mut client) = client.clone().ready().await else {
+            break;
+        };
+        let request = http::Request::get(format!("http://{addr}/work"))
+            .body(())
+            .unwrap();
+        let Ok((_response, mut stream)) = client.send_request(request, true) else {
+            break;
+        };
+        sent += 1;
+        tokio::time::sleep(ms(1)).await;
+        stream.send_reset(h2::Reason::CANCEL);
+    }
+    assert!(sent < 400, "the connection was never closed");
+    let closed = tokio::time::timeout(Duration::from_secs(10), connection).await;
+    assert!(closed.is_ok(), "the connection ends");
+    let gone = settles(&up, &agent).await;
+    assert!(gone > 100, "{gone} abandoned calls counted");
+    let metrics = http()
+        .get(&agent.admin_url("/metrics"))
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        metrics.contains("gov_agent_connections_closed_abandoning_total{listener=\"inbound\"} 1\n"),
+        "{metrics}"
+    );
+}
