@@ -33,6 +33,7 @@ mod control_plane;
 pub mod convert;
 mod error;
 pub mod etcd;
+mod gate;
 pub mod history;
 pub mod latches;
 pub mod limits;

@@ -85,7 +85,9 @@ pub async fn serve(
             .tls_config(tls.timeout(limits.handshake_timeout))
             .map_err(Error::Tls)?;
     }
+    // Tokens are checked from the headers before a body is read (`gate.rs`).
     let server = builder
+        .layer(crate::gate::GateLayer::new(control_plane.inner.clone()))
         .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
         .max_concurrent_streams(limits.max_streams_per_connection)

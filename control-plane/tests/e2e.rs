@@ -51,6 +51,8 @@ fn service_agent_token(service: &str) -> String {
 mod agent_identity;
 #[path = "e2e/failover.rs"]
 mod failover;
+#[path = "e2e/floods.rs"]
+mod floods;
 #[path = "e2e/replicas.rs"]
 mod replicas;
 
