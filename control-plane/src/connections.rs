@@ -1,14 +1,20 @@
-//! What one client may hold of govd: a cap on open connections, and a
-//! deadline for a new connection's first bytes (a TLS ClientHello or the
-//! HTTP/2 preface), so that idle sockets cannot fill the cap.
+//! What one client may hold of govd: a cap on open connections, a cap per
+//! client address, a deadline for a new connection's first bytes (a TLS
+//! ClientHello or the HTTP/2 preface), and one for its first authenticated
+//! call, so that idle sockets cannot fill the cap: a connection that only
+//! answers HTTP/2 PINGs is closed after `--auth-timeout`.
 //!
 //! Connections beyond the cap are not accepted until one closes: they wait
-//! in the kernel's backlog rather than cost govd memory.
+//! in the kernel's backlog rather than cost govd memory. A connection from
+//! an address that holds `--max-connections-per-client` already is accepted
+//! and closed at once (its address is known only once accepted).
 
+use std::collections::HashMap;
 use std::io;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -29,10 +35,14 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct ConnectionLimits {
     /// Open connections at once (agents, govc, TUIs together).
     pub max_connections: usize,
+    /// Open connections at once from one client IP address.
+    pub max_connections_per_client: usize,
     /// HTTP/2 streams at once on one connection.
     pub max_streams_per_connection: u32,
     /// A new connection must send its first bytes within this.
     pub handshake_timeout: Duration,
+    /// ... and make its first authenticated call within this.
+    pub auth_timeout: Duration,
     /// HTTP/2 pings this often notice a dead peer...
     pub http2_keepalive_interval: Duration,
     /// ... that does not answer within this.
@@ -45,8 +55,10 @@ impl Default for ConnectionLimits {
     fn default() -> Self {
         Self {
             max_connections: 1024,
+            max_connections_per_client: 256,
             max_streams_per_connection: 128,
             handshake_timeout: Duration::from_secs(10),
+            auth_timeout: Duration::from_secs(10),
             http2_keepalive_interval: KEEPALIVE_INTERVAL,
             http2_keepalive_timeout: KEEPALIVE_TIMEOUT,
             tcp_keepalive: Duration::from_secs(60),
@@ -59,20 +71,61 @@ pub struct Capped {
     stream: TcpStream,
     /// Until the first bytes arrive.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// Until its first authenticated call.
+    auth_deadline: Option<Pin<Box<Sleep>>>,
+    held: Held,
     _permit: OwnedSemaphorePermit,
 }
 
-/// `incoming` with at most `limits.max_connections` open at once, each
-/// dropped if it sends nothing within `limits.handshake_timeout`.
+/// Why govd closed a connection it had accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// Its address held `--max-connections-per-client` already.
+    ClientCap,
+    /// It sent nothing within `--handshake-timeout`.
+    NoHandshake,
+    /// It made no authenticated call within `--auth-timeout`.
+    Unauthenticated,
+}
+
+/// The open connections by client, shared by the listener (which opens
+/// and closes them) and the gate in front of the gRPC services (which marks
+/// a connection's first authenticated call), and counted for `/metrics`.
+#[derive(Debug, Default)]
+pub struct Registry {
+    table: Mutex<Table>,
+    closed: [AtomicU64; Closed::ALL.len()],
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    per_client: HashMap<IpAddr, usize>,
+    /// Whether each open connection (by its peer address) has proved itself.
+    proved: HashMap<SocketAddr, Arc<AtomicBool>>,
+}
+
+/// A connection's place in the [`Registry`], given back when it closes.
+struct Held {
+    registry: Arc<Registry>,
+    peer: Option<SocketAddr>,
+    proved: Arc<AtomicBool>,
+}
+
+/// `incoming` with at most `limits.max_connections` open at once and
+/// `limits.max_connections_per_client` from one address, each dropped if it
+/// sends nothing within `limits.handshake_timeout` or makes no
+/// authenticated call (marked with [`Registry::prove`]) within
+/// `limits.auth_timeout`.
 pub fn capped(
     incoming: impl Stream<Item = io::Result<TcpStream>> + Send + Unpin + 'static,
     limits: ConnectionLimits,
+    registry: Arc<Registry>,
 ) -> impl Stream<Item = io::Result<Capped>> + Send + 'static {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     // Said once per episode of a full cap, not once per connection.
     let warned = Arc::new(AtomicBool::new(false));
     futures::stream::unfold(incoming, move |mut incoming| {
-        let (slots, warned) = (slots.clone(), warned.clone());
+        let (slots, warned, registry) = (slots.clone(), warned.clone(), registry.clone());
         async move {
             let permit = match slots.clone().try_acquire_owned() {
                 Ok(permit) => {
@@ -89,18 +142,164 @@ pub fn capped(
                     slots.acquire_owned().await.ok()?
                 }
             };
-            let item = incoming.next().await?;
-            let item = item.map(|stream| Capped {
+            let (stream, held) = loop {
+                let stream = match incoming.next().await? {
+                    Ok(stream) => stream,
+                    Err(error) => return Some((Err(error), incoming)),
+                };
+                let peer = stream.peer_addr().ok();
+                match registry.open(peer, limits.max_connections_per_client) {
+                    Some(held) => break (stream, held),
+                    // Closed as it is dropped; the permit serves the next one.
+                    None => tracing::debug!(
+                        ?peer,
+                        "closed a connection over --max-connections-per-client"
+                    ),
+                }
+            };
+            let item = Capped {
                 stream,
                 deadline: Some(Box::pin(tokio::time::sleep(limits.handshake_timeout))),
+                auth_deadline: Some(Box::pin(tokio::time::sleep(limits.auth_timeout))),
+                held,
                 _permit: permit,
-            });
-            Some((item, incoming))
+            };
+            Some((Ok(item), incoming))
         }
     })
 }
 
+// === impl Registry ===
+
+impl Closed {
+    pub const ALL: [Closed; 3] = [
+        Closed::ClientCap,
+        Closed::NoHandshake,
+        Closed::Unauthenticated,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Closed::ClientCap => "client_cap",
+            Closed::NoHandshake => "no_handshake",
+            Closed::Unauthenticated => "unauthenticated",
+        }
+    }
+}
+
+impl Registry {
+    /// Marks the connection from `peer` as having made an authenticated
+    /// call: it is no longer closed at `--auth-timeout`.
+    pub fn prove(&self, peer: SocketAddr) {
+        if let Some(proved) = self.lock().proved.get(&peer) {
+            proved.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Connections govd closed, by why.
+    pub fn closed(&self, why: Closed) -> u64 {
+        self.closed
+            .get(why as usize)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// `govd_connections_closed_total` and `govd_connections_open`.
+    pub fn render(&self, enc: &mut gov_proto::prom::Encoder) {
+        enc.family(
+            "govd_connections_open",
+            "gauge",
+            "Connections open now (agents, govc, TUIs).",
+        );
+        let open = self.lock().proved.len() as u64;
+        enc.sample("govd_connections_open", &[], open);
+        enc.family(
+            "govd_connections_closed_total",
+            "counter",
+            "Connections govd closed before they proved anything, by why: client_cap (--max-connections-per-client), no_handshake (--handshake-timeout), unauthenticated (--auth-timeout).",
+        );
+        for why in Closed::ALL {
+            let n = self.closed(why);
+            enc.sample(
+                "govd_connections_closed_total",
+                &[("reason", why.label())],
+                n,
+            );
+        }
+    }
+
+    fn count(&self, why: Closed) {
+        if let Some(c) = self.closed.get(why as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A place for a connection from `peer`, unless its address holds `max`.
+    fn open(self: &Arc<Self>, peer: Option<SocketAddr>, max: usize) -> Option<Held> {
+        let proved = Arc::new(AtomicBool::new(false));
+        if let Some(peer) = peer {
+            let mut table = self.lock();
+            let n = table.per_client.entry(peer.ip()).or_insert(0);
+            if *n >= max.max(1) {
+                drop(table);
+                self.count(Closed::ClientCap);
+                return None;
+            }
+            *n += 1;
+            table.proved.insert(peer, proved.clone());
+        }
+        Some(Held {
+            registry: self.clone(),
+            peer,
+            proved,
+        })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let Some(peer) = self.peer else { return };
+        let mut table = self.registry.lock();
+        table.proved.remove(&peer);
+        if let Some(n) = table.per_client.get_mut(&peer.ip()) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                table.per_client.remove(&peer.ip());
+            }
+        }
+    }
+}
+
 // === impl Capped ===
+
+impl Capped {
+    /// Whether a deadline this connection has not met has passed (polling
+    /// them also registers their wake-ups); clears the deadlines it met.
+    fn overdue(&mut self, cx: &mut Context<'_>) -> Option<Closed> {
+        if self
+            .deadline
+            .as_mut()
+            .is_some_and(|d| d.as_mut().poll(cx).is_ready())
+        {
+            return Some(Closed::NoHandshake);
+        }
+        if self.held.proved.load(Ordering::Relaxed) {
+            self.auth_deadline = None;
+        } else if self
+            .auth_deadline
+            .as_mut()
+            .is_some_and(|d| d.as_mut().poll(cx).is_ready())
+        {
+            return Some(Closed::Unauthenticated);
+        }
+        None
+    }
+}
 
 impl Connected for Capped {
     type ConnectInfo = TcpConnectInfo;
@@ -121,17 +320,19 @@ impl AsyncRead for Capped {
         let spoke = matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before;
         if spoke {
             self.deadline = None;
-        } else if polled.is_pending()
-            // Polling the deadline also registers its wake-up.
-            && self
-                .deadline
-                .as_mut()
-                .is_some_and(|d| d.as_mut().poll(cx).is_ready())
+        }
+        if polled.is_pending()
+            && let Some(why) = self.overdue(cx)
         {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "no handshake within the handshake timeout",
-            )));
+            // Counted once: the error closes the connection.
+            self.held.registry.count(why);
+            self.deadline = None;
+            self.auth_deadline = None;
+            let what = match why {
+                Closed::NoHandshake => "no handshake within the handshake timeout",
+                _ => "no authenticated call within --auth-timeout",
+            };
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, what)));
         }
         polled
     }
@@ -179,10 +380,84 @@ mod tests {
         std::net::SocketAddr,
         impl Stream<Item = io::Result<Capped>> + Send,
     ) {
+        let (addr, incoming, _) = with_registry(limits).await;
+        (addr, incoming)
+    }
+
+    async fn with_registry(
+        limits: ConnectionLimits,
+    ) -> (
+        std::net::SocketAddr,
+        impl Stream<Item = io::Result<Capped>> + Send,
+        Arc<Registry>,
+    ) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        (addr, capped(incoming, limits))
+        let registry = Arc::new(Registry::default());
+        (addr, capped(incoming, limits, registry.clone()), registry)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_without_an_authenticated_call_is_closed_at_the_auth_timeout() {
+        let limits = ConnectionLimits {
+            auth_timeout: Duration::from_secs(3),
+            ..ConnectionLimits::default()
+        };
+        let (addr, incoming, registry) = with_registry(limits).await;
+        let mut incoming = std::pin::pin!(incoming);
+        let mut buf = [0u8; 8];
+        // It speaks (an HTTP/2 preface, PING answers) but never proves itself.
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        let mut accepted = incoming.next().await.unwrap().unwrap();
+        idle.write_all(b"PRI").await.unwrap();
+        assert_eq!(accepted.read(&mut buf).await.unwrap(), 3);
+        let error = accepted.read(&mut buf).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(registry.closed(Closed::Unauthenticated), 1);
+
+        // One that made an authenticated call stays past the deadline.
+        let mut proved = TcpStream::connect(addr).await.unwrap();
+        let mut accepted = incoming.next().await.unwrap().unwrap();
+        registry.prove(proved.local_addr().unwrap());
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        proved.write_all(b"hi").await.unwrap();
+        assert_eq!(accepted.read(&mut buf).await.unwrap(), 2);
+        assert_eq!(registry.closed(Closed::Unauthenticated), 1);
+    }
+
+    #[tokio::test]
+    async fn beyond_the_per_client_cap_a_connection_is_closed_and_its_slot_freed() {
+        let limits = ConnectionLimits {
+            max_connections: 3,
+            max_connections_per_client: 2,
+            ..ConnectionLimits::default()
+        };
+        let (addr, incoming, registry) = with_registry(limits).await;
+        let mut incoming = std::pin::pin!(incoming);
+        let _a = TcpStream::connect(addr).await.unwrap();
+        let _b = TcpStream::connect(addr).await.unwrap();
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let held = [
+            incoming.next().await.unwrap().unwrap(),
+            incoming.next().await.unwrap().unwrap(),
+        ];
+        // The third is accepted and closed: it reads the end of the stream.
+        let next = tokio::time::timeout(Duration::from_millis(300), incoming.next()).await;
+        assert!(
+            next.is_err(),
+            "a third connection from one address was kept"
+        );
+        let mut buf = [0u8; 1];
+        assert_eq!(third.read(&mut buf).await.unwrap_or(0), 0);
+        assert_eq!(registry.closed(Closed::ClientCap), 1);
+        // Once one closes, the address may open another.
+        drop(held);
+        let _d = TcpStream::connect(addr).await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(5), incoming.next())
+            .await
+            .expect("accepted once one closed");
+        assert!(next.unwrap().is_ok());
     }
 
     #[tokio::test(start_paused = true)]
@@ -199,9 +474,10 @@ mod tests {
         let error = accepted.read(&mut buf).await.unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::TimedOut);
 
-        // One that speaks in time keeps going after the deadline.
+        // One that speaks in time (and proves itself) keeps going after the deadline.
         let mut talker = TcpStream::connect(addr).await.unwrap();
         let mut accepted = incoming.next().await.unwrap().unwrap();
+        accepted.held.registry.prove(talker.local_addr().unwrap());
         talker.write_all(b"hi").await.unwrap();
         assert_eq!(accepted.read(&mut buf).await.unwrap(), 2);
         tokio::time::sleep(Duration::from_secs(10)).await;

@@ -11,6 +11,7 @@
 //! The methods themselves check the token again (with the name the audit
 //! log records): the gate only refuses early what they would refuse.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -109,22 +110,42 @@ where
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let (parts, body) = request.into_parts();
-        let body = match admit(&self.inner, parts.uri.path(), &parts.headers) {
-            Ok(Bound::Service) => body,
-            Ok(Bound::Small) => bounded(body, SMALL_CALL_BYTES),
+        let peer = peer(&parts.extensions);
+        let certified = peer.is_some_and(|(_, certified)| certified);
+        let (bound, proved) = match admit(&self.inner, parts.uri.path(), &parts.headers, certified)
+        {
+            Ok(admitted) => admitted,
             Err(status) => return Either::Left(std::future::ready(Ok(status.into_http()))),
+        };
+        // The connection has made an authenticated call: it may stay open
+        // past `--auth-timeout` (connections.rs).
+        if let Some((peer, _)) = peer
+            && proved
+        {
+            self.inner.metrics.connections.prove(peer);
+        }
+        let body = match bound {
+            Bound::Service => body,
+            Bound::Small => bounded(body, SMALL_CALL_BYTES),
         };
         Either::Right(self.service.call(http::Request::from_parts(parts, body)))
     }
 }
 
-/// Whether a call to `path` with `headers` may be read, and how much of it.
-/// Health checks (`grpc.health.v1`) and paths of no service are open, with
-/// a small body; `gov.v1.ControlPlane` methods need the token their method
-/// needs (none on an open govd, `--insecure`).
-fn admit(inner: &Inner, path: &str, headers: &http::HeaderMap) -> Result<Bound, Status> {
+/// Whether a call to `path` with `headers` may be read, how much of it, and
+/// whether it proves who is calling (`certified`: the connection presented
+/// a client certificate, verified by the TLS handshake). Health checks
+/// (`grpc.health.v1`) and paths of no service are open, with a small body,
+/// and prove nothing; `gov.v1.ControlPlane` methods need the token their
+/// method needs (none on an open govd, `--insecure`).
+fn admit(
+    inner: &Inner,
+    path: &str,
+    headers: &http::HeaderMap,
+    certified: bool,
+) -> Result<(Bound, bool), Status> {
     let Some(name) = path.strip_prefix(SERVICE_PREFIX) else {
-        return Ok(Bound::Small);
+        return Ok((Bound::Small, false));
     };
     let (need, body) = METHODS
         .iter()
@@ -137,13 +158,28 @@ fn admit(inner: &Inner, path: &str, headers: &http::HeaderMap) -> Result<Bound, 
         // With a client CA, an agent may prove itself by its certificate
         // alone: `Connect` checks it before it reads the hello.
         let certificate_only = inner.agent_certificates && !headers.contains_key("authorization");
-        if !certificate_only {
-            tokens.agent(&request)?;
+        if certificate_only {
+            return Ok((body, certified));
         }
+        tokens.agent(&request)?;
     } else {
         tokens.caller(&request, need, name, "")?;
     }
-    Ok(body)
+    Ok((body, true))
+}
+
+/// The peer address of the connection a call came on, and whether it
+/// presented a client certificate.
+fn peer(extensions: &http::Extensions) -> Option<(SocketAddr, bool)> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    if let Some(tls) = extensions.get::<TlsConnectInfo<TcpConnectInfo>>() {
+        let certified = tls.peer_certs().is_some_and(|c| !c.is_empty());
+        return tls.get_ref().remote_addr().map(|a| (a, certified));
+    }
+    extensions
+        .get::<TcpConnectInfo>()
+        .and_then(TcpConnectInfo::remote_addr)
+        .map(|a| (a, false))
 }
 
 /// `body`, failing with `RESOURCE_EXHAUSTED` past `limit` bytes.

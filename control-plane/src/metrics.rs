@@ -41,6 +41,8 @@ pub(crate) struct Metrics {
     agent_refusals: [AtomicU64; AgentCap::ALL.len()],
     /// Instances forgotten after `--agent-retention`.
     agents_pruned: AtomicU64,
+    /// Open connections by client, and those closed before proving anything.
+    pub(crate) connections: std::sync::Arc<crate::connections::Registry>,
     /// Nonce of each unanswered push, with when it was sent.
     pending: Mutex<HashMap<String, Instant>>,
 }
@@ -298,6 +300,7 @@ impl Metrics {
             "Time from a config push to the agent's ACK or NACK.",
         );
         self.answered.render(&mut enc, "govd_config_answer_seconds");
+        self.connections.render(&mut enc);
         gov_proto::prom::render_process(&mut enc);
         enc.finish()
     }

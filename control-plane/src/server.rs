@@ -65,7 +65,8 @@ pub async fn serve(
     let incoming = tonic::transport::server::TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(limits.tcp_keepalive));
-    let incoming = crate::connections::capped(incoming, limits);
+    let registry = control_plane.inner.metrics.connections.clone();
+    let incoming = crate::connections::capped(incoming, limits, registry);
     let signal = {
         let shutdown = shutdown.clone();
         let reporter = reporter.clone();

@@ -111,6 +111,12 @@ struct Args {
           value_parser = at_least_one)]
     max_connections: usize,
 
+    /// Most connections open at once from one client IP address; a further
+    /// one from it is closed at once (so one host cannot hold them all).
+    #[arg(long, env = "GOV_MAX_CONNECTIONS_PER_CLIENT", default_value_t = ConnectionLimits::default().max_connections_per_client,
+          value_parser = at_least_one)]
+    max_connections_per_client: usize,
+
     /// Most HTTP/2 streams (calls) at once on one connection.
     #[arg(long, env = "GOV_MAX_STREAMS_PER_CONNECTION",
           default_value_t = ConnectionLimits::default().max_streams_per_connection)]
@@ -120,6 +126,12 @@ struct Args {
     /// within this is closed; also the TLS handshake's deadline.
     #[arg(long, env = "GOV_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     handshake_timeout: Duration,
+
+    /// A connection that makes no authenticated call (a call with a token
+    /// govd accepts, or an agent's certificate) within this is closed, even
+    /// if it answers HTTP/2 pings; health checks prove nothing.
+    #[arg(long, env = "GOV_AUTH_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    auth_timeout: Duration,
 
     /// HTTP/2 pings to each peer this often...
     #[arg(long, env = "GOV_HTTP2_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = parse_duration)]
@@ -276,8 +288,10 @@ async fn run(args: Args) -> Result<(), Error> {
     };
     options.connections = ConnectionLimits {
         max_connections: args.max_connections,
+        max_connections_per_client: args.max_connections_per_client,
         max_streams_per_connection: args.max_streams_per_connection,
         handshake_timeout: args.handshake_timeout,
+        auth_timeout: args.auth_timeout,
         http2_keepalive_interval: args.http2_keepalive_interval,
         http2_keepalive_timeout: args.http2_keepalive_timeout,
         tcp_keepalive: args.tcp_keepalive,

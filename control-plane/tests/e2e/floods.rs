@@ -112,3 +112,99 @@ async fn a_call_open_to_anyone_carries_only_a_small_message() {
     assert_eq!(large.code(), tonic::Code::ResourceExhausted, "{large:?}");
     govd.stop().await;
 }
+
+/// Opens `n` sockets to `govd` from `source` that send the HTTP/2 preface
+/// and nothing more: past the handshake deadline, never a call.
+async fn idle_sockets(govd: &Govd, source: &str, n: usize) -> Vec<tokio::net::TcpStream> {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+        let Ok(mut stream) = socket.connect(govd.addr).await else {
+            continue;
+        };
+        // govd may have closed it already (over its address's cap).
+        let _ = stream.write_all(PREFACE).await;
+        held.push(stream);
+    }
+    held
+}
+
+/// The value of the sample `name` (labels included) in govd's `/metrics`.
+async fn govd_sample(govd: &Govd, name: &str) -> u64 {
+    let (_, _, body) = http_get(govd.metrics.unwrap(), "/metrics").await;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no `{name}` in /metrics:\n{body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_without_a_token_do_not_keep_govc_out() {
+    let dir = tempfile::tempdir().unwrap();
+    // Pings every hour: an idle socket is not closed for being silent (as
+    // one that answers PINGs would not be); only for proving nothing.
+    let govd = control_plane(&dir.path().join("state"))
+        .metrics()
+        .args(&[
+            "--max-connections",
+            "20",
+            "--max-connections-per-client",
+            "10",
+            "--auth-timeout",
+            "2s",
+            "--http2-keepalive-interval",
+            "1h",
+        ])
+        .start()
+        .await;
+    // Another host (127.0.0.2) opens 30: it holds 10 slots at most.
+    let other_host = idle_sockets(&govd, "127.0.0.2", 30).await;
+    let started = Instant::now();
+    let status = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        govd_sample(
+            &govd,
+            "govd_connections_closed_total{reason=\"client_cap\"}"
+        )
+        .await
+            >= 20
+    );
+
+    // govc's own address fills the rest: govc gets in once the idle ones
+    // are closed for making no authenticated call (2s).
+    let same_host = idle_sockets(&govd, "127.0.0.1", 30).await;
+    let started = Instant::now();
+    wait_until(
+        "govc status to get in",
+        Duration::from_secs(15),
+        async || govc(&govd, Some(VIEWER_TOKEN), &["status"]).await.code == 0,
+    )
+    .await;
+    eprintln!("govc status got in after {:?}", started.elapsed());
+    let closed = govd_sample(
+        &govd,
+        "govd_connections_closed_total{reason=\"unauthenticated\"}",
+    )
+    .await;
+    assert!(closed >= 20, "{closed} closed for proving nothing");
+    // A connection that proved itself stays: a fake agent's stream outlives
+    // the auth timeout.
+    let mut client = gov_control_plane::client::connect(&govd.url(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut request = tonic::Request::new(pb::StatusRequest::default());
+    gov_control_plane::auth::authorize(&mut request, VIEWER_TOKEN).unwrap();
+    client.status(request).await.unwrap();
+    let open = govd_sample(&govd, "govd_connections_open").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(govd_sample(&govd, "govd_connections_open").await, open);
+    drop((other_host, same_host));
+    govd.stop().await;
+}
