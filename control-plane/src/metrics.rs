@@ -205,12 +205,7 @@ impl Metrics {
             "gauge",
             "Agents known to govd, by sync state (as govc status shows them).",
         );
-        for state in [
-            pb::SyncState::Synced,
-            pb::SyncState::Stale,
-            pb::SyncState::Nacked,
-            pb::SyncState::Disconnected,
-        ] {
+        for state in pb::SyncState::STATES {
             let n = view.agents.iter().filter(|a| a.state() == state).count() as u64;
             enc.sample("govd_agents", &[("state", state.word())], n);
         }

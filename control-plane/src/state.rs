@@ -33,7 +33,7 @@ mod latched;
 mod registry;
 
 pub use adopt::Adopted;
-pub use agent::{Agent, AgentKey, AgentTx, Nacked, Outbox, Outgoing};
+pub use agent::{Agent, AgentKey, AgentTx, Nacked, Outbox, Outgoing, Unsaved};
 use agent::{Agents, Conn, Removal};
 pub use latched::Released;
 use latched::{Latched, trip_kind};
@@ -283,6 +283,8 @@ impl State {
         agent.last_good.clone_from(&hello.last_version);
         answered(&mut self.unanswered, agent);
         agent.nack = None;
+        // The hello names the version the agent saved.
+        agent.unsaved = None;
         agent.stats = None;
         agent.endpoints_acked.clear();
         agent.removal = None;
@@ -404,8 +406,7 @@ impl State {
                     answered(&mut self.unanswered, agent);
                     agent.nack = None;
                 }
-                // An ACK of an older push is still a config it enforces now.
-                agent.last_good = ack.version;
+                agent.acked(ack);
                 effect.sync = true;
             }
             AgentMsg::Nack(nack) => {
@@ -565,21 +566,7 @@ impl State {
         self.agents
             .values()
             .filter(|a| services.contains(&a.service))
-            .map(|a| {
-                let (state, error, rule) = self.sync_state(a);
-                pb::AgentOutcome {
-                    service: a.service.clone(),
-                    instance: a.instance.clone(),
-                    state: state as i32,
-                    version: a.last_good.clone(),
-                    error: if state == pb::SyncState::Nacked {
-                        error
-                    } else {
-                        String::new()
-                    },
-                    rule,
-                }
-            })
+            .map(|a| a.outcome(self.current_version(&a.service).as_deref()))
             .collect()
     }
 
@@ -953,6 +940,66 @@ mod tests {
             outcome.version, "v1",
             "still enforcing the last good version"
         );
+    }
+
+    #[test]
+    fn an_unsaved_ack_settles_the_push_but_keeps_the_saved_version_as_last_good() {
+        let mut s = State::default();
+        s.commit(
+            policy("b1", vec![target("order", "v1")]),
+            &["order".into()],
+            TEN,
+            &mut Vec::new(),
+        );
+        let (tx, _rx) = mpsc::channel(8);
+        let mut out = Vec::new();
+        let (key, id) = s.hello(hello("order", "a", "v1"), tx.clone(), 1, &mut out);
+        s.commit(
+            policy("b2", vec![target("order", "v2")]),
+            &["order".into()],
+            TEN,
+            &mut out,
+        );
+        let ack = |version: &str, nonce: String, unsaved: &str| {
+            AgentMsg::Ack(pb::Ack {
+                version: version.into(),
+                nonce,
+                unsaved: unsaved.into(),
+            })
+        };
+        let nonce = nonce_of(&out[0].msg);
+        s.on_message(&key, id, ack("v2", nonce, "no space left on device"), 2);
+        // Applied: `govc apply` does not wait for it any longer.
+        assert!(s.settled(&["order".into()]));
+        let agent = s.agent(&key).unwrap();
+        let (state, reason, _) = s.sync_state(agent);
+        assert_eq!(
+            (state, reason.as_str()),
+            (pb::SyncState::Unsaved, "no space left on device")
+        );
+        assert_eq!((agent.last_good(), agent.enforces()), ("v1", "v2"));
+        let outcome = &s.outcomes(&["order".into()])[0];
+        assert_eq!(
+            (
+                outcome.state(),
+                outcome.version.as_str(),
+                outcome.error.as_str()
+            ),
+            (pb::SyncState::Unsaved, "v2", "no space left on device")
+        );
+        // What govd keeps is what the agent would come back with.
+        assert_eq!(s.to_persisted().agents[0].last_good_version, "v1");
+
+        // The agent reconnects naming its saved version: v2 is sent again,
+        // and this time the save works.
+        out.clear();
+        let (key, id) = s.hello(hello("order", "a", "v1"), tx, 3, &mut out);
+        assert_eq!(out.len(), 1, "the unsaved config is sent again");
+        assert_eq!(s.sync_state(s.agent(&key).unwrap()).0, pb::SyncState::Stale);
+        s.on_message(&key, id, ack("v2", nonce_of(&out[0].msg), ""), 4);
+        let agent = s.agent(&key).unwrap();
+        assert_eq!(s.sync_state(agent).0, pb::SyncState::Synced);
+        assert_eq!((agent.last_good(), agent.enforces()), ("v2", "v2"));
     }
 
     #[test]

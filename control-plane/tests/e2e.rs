@@ -55,6 +55,8 @@ mod failover;
 mod floods;
 #[path = "e2e/replicas.rs"]
 mod replicas;
+#[path = "e2e/unsaved.rs"]
+mod unsaved;
 
 // === policies ===
 

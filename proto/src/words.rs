@@ -167,11 +167,23 @@ impl Phase {
 }
 
 impl SyncState {
-    /// `SYNCED`, `STALE`, `NACKED`, `DISCONNECTED`; `UNKNOWN` when unset. The words
-    /// of `istioctl proxy-status`, in `govc`, the TUI and govd's `/metrics`.
+    /// Every state an agent can be in (all but `Unspecified`): what govd's
+    /// `/metrics` counts, so that a new state cannot be left out.
+    pub const STATES: [SyncState; 5] = [
+        SyncState::Synced,
+        SyncState::Unsaved,
+        SyncState::Stale,
+        SyncState::Nacked,
+        SyncState::Disconnected,
+    ];
+
+    /// `SYNCED`, `UNSAVED`, `STALE`, `NACKED`, `DISCONNECTED`; `UNKNOWN` when
+    /// unset. The words of `istioctl proxy-status` (and `UNSAVED`: enforced, not
+    /// saved), in `govc`, the TUI and govd's `/metrics`.
     pub fn word(self) -> &'static str {
         match self {
             SyncState::Synced => "SYNCED",
+            SyncState::Unsaved => "UNSAVED",
             SyncState::Stale => "STALE",
             SyncState::Nacked => "NACKED",
             SyncState::Disconnected => "DISCONNECTED",

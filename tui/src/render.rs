@@ -414,18 +414,34 @@ fn render_table(frame: &mut Frame<'_>, area: Rect, spec: TableSpec<'_>) {
 
 fn sync_cell(a: &AgentView) -> TextCell {
     let state = a.state();
-    let style = match state {
+    let mut text = state.word().to_owned();
+    if matches!(state, SyncState::Nacked | SyncState::Unsaved) && !a.reason.is_empty() {
+        text.push_str(&format!(" ({})", a.reason));
+    }
+    TextCell::styled(text, sync_style(state))
+}
+
+fn sync_style(state: SyncState) -> Style {
+    match state {
         SyncState::Synced => Style::new().green(),
         SyncState::Stale => Style::new().yellow(),
+        // In force but lost on a restart without govd: a warning, not a refusal.
+        SyncState::Unsaved => Style::new().yellow().bold(),
         SyncState::Nacked => Style::new().red().bold(),
         SyncState::Disconnected => Style::new().dark_gray(),
         SyncState::Unspecified => Style::new(),
-    };
-    let mut text = state.word().to_owned();
-    if state == SyncState::Nacked && !a.reason.is_empty() {
-        text.push_str(&format!(" ({})", a.reason));
     }
-    TextCell::styled(text, style)
+}
+
+/// The version `a` enforces: the last one it acknowledged (a STALE, NACKED or
+/// DISCONNECTED agent keeps it), or for an UNSAVED one the version sent,
+/// which it acknowledged without saving.
+fn enforced(a: &AgentView) -> &str {
+    if a.state() == SyncState::Unsaved || a.last_good_version.is_empty() {
+        &a.version
+    } else {
+        &a.last_good_version
+    }
 }
 
 /// Narrow: the service, instance and sync state stay longest (and take the
@@ -448,14 +464,8 @@ fn render_agents(app: &App, frame: &mut Frame<'_>, area: Rect, agents: &[&AgentV
     let rows = agents[from..to]
         .iter()
         .map(|a| {
-            // The version it enforces: the last one it acknowledged (a STALE,
-            // NACKED or DISCONNECTED agent keeps it). The detail pane shows
-            // the version sent as well.
-            let version = if a.last_good_version.is_empty() {
-                &a.version
-            } else {
-                &a.last_good_version
-            };
+            // The detail pane shows the version sent and saved as well.
+            let version = enforced(a);
             vec![
                 TextCell::from(a.service.clone()),
                 TextCell::from(a.instance.clone()),
@@ -768,11 +778,8 @@ fn render_agent_detail(
         Line::from(vec![
             Span::styled(format!("{:<11}", "sync"), Style::new().dark_gray()),
             match a.state() {
-                SyncState::Synced => Span::raw("SYNCED").green(),
-                SyncState::Stale => Span::raw("STALE").yellow(),
-                SyncState::Nacked => Span::raw("NACKED").red().bold(),
-                SyncState::Disconnected => Span::raw("DISCONNECTED").dark_gray(),
                 SyncState::Unspecified => Span::raw("-"),
+                state => Span::styled(state.word(), sync_style(state)),
             },
         ]),
     ];
@@ -783,7 +790,19 @@ fn render_agent_detail(
         lines.push(field("rule", a.rule.clone()));
     }
     lines.push(field("sent", a.version.clone()));
-    lines.push(field("enforcing", a.last_good_version.clone()));
+    lines.push(field("enforcing", enforced(a).to_owned()));
+    if a.state() == SyncState::Unsaved {
+        // In force but not saved: a restart without govd goes back to this.
+        lines.push(Line::from(vec![
+            Span::styled(format!("{:<11}", "on restart"), Style::new().dark_gray()),
+            Span::raw(if a.last_good_version.is_empty() {
+                "no config".to_owned()
+            } else {
+                a.last_good_version.clone()
+            })
+            .yellow(),
+        ]));
+    }
     lines.push(field("phase", a.phase().word()));
     lines.push(field("last seen", ago(app.now_ms, a.last_seen_unix_ms)));
     // Leaving: the callers that still route to it (they have not acknowledged

@@ -11,7 +11,12 @@
 //! Exit codes: 0 applied and every connected agent SYNCED (or nothing to
 //! change), 1 invalid policy, control plane error, declined, any NACK or any
 //! agent still STALE when the wait ends (unless `--wait 0s`), 64 usage
-//! (including no terminal and no `--auto-approve`).
+//! (including no terminal and no `--auto-approve`). An agent UNSAVED (it
+//! enforces the config but could not save it in its state directory) leaves
+//! the exit code 0 with a warning on stderr: the config is in force
+//! everywhere, and applying again cannot fix a full disk (the same apply
+//! changes nothing); `govc status` and govd's `/metrics` keep showing it
+//! until the agent saves a config again.
 //!
 //! [`plan_remote`] is `govc plan FILE...` against the live control plane (a
 //! dry-run apply).
@@ -204,7 +209,7 @@ fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
         "VERSION".into(),
         "DETAIL".into(),
     ]];
-    let (mut synced, mut nacked, mut stale, mut gone) = (0, 0, 0, 0);
+    let (mut synced, mut unsaved, mut nacked, mut stale, mut gone) = (0, 0, 0, 0, 0);
     for o in &result.outcomes {
         let state = o.state();
         let detail = match state {
@@ -213,6 +218,7 @@ fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
                 format!("rule {}: {}", o.rule, o.error)
             }
             pb::SyncState::Nacked => o.error.clone(),
+            pb::SyncState::Unsaved => unsaved_detail(&o.error),
             pb::SyncState::Stale => format!(
                 "no answer within {}",
                 remote::human_ms(wait.as_millis() as u64)
@@ -222,6 +228,7 @@ fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
         };
         match state {
             pb::SyncState::Synced => synced += 1,
+            pb::SyncState::Unsaved => unsaved += 1,
             pb::SyncState::Nacked => nacked += 1,
             pb::SyncState::Disconnected => gone += 1,
             _ => stale += 1,
@@ -250,7 +257,20 @@ fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
     if rows.len() > 1 {
         gov_proto::out!("{}", remote::table(&rows));
     }
-    gov_proto::outln!("{synced} synced, {nacked} nacked, {stale} stale, {gone} disconnected.");
+    // `unsaved` only when there are some: the line scripts read stays as it was.
+    let unsaved_count = if unsaved > 0 {
+        format!(", {unsaved} unsaved")
+    } else {
+        String::new()
+    };
+    gov_proto::outln!(
+        "{synced} synced{unsaved_count}, {nacked} nacked, {stale} stale, {gone} disconnected."
+    );
+    if unsaved > 0 {
+        gov_proto::errln!(
+            "warning: {unsaved} agent(s) enforce the config but could not save it in their --state-dir (see DETAIL): a restart while govd is unreachable takes them back to their last saved config\n  help: make room in their state directory; the next config govd sends them (a new apply, or their next connection to govd) is saved"
+        );
+    }
     if nacked > 0 {
         gov_proto::errln!(
             "error: {nacked} agent(s) refused the config and keep enforcing their previous one; fix the rule(s) above and apply again"
@@ -269,6 +289,11 @@ fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// The DETAIL of an UNSAVED agent in `govc apply` and `govc status`.
+pub fn unsaved_detail(reason: &str) -> String {
+    format!("not saved, lost on restart: {reason}")
 }
 
 /// `govc plan FILE...` against the live control plane: the difference

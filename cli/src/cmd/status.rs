@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use gov_proto::v1 as pb;
 
-use crate::cmd::apply::short;
+use crate::cmd::apply::{short, unsaved_detail};
 use crate::remote::{self, RemoteArgs, human_ms, sync_name};
 use crate::report::Output;
 
@@ -250,6 +250,7 @@ pub fn render(view: &pb::ClusterView) -> String {
         for a in &view.agents {
             let mut detail = match (a.rule.is_empty(), a.reason.is_empty()) {
                 (false, _) => format!("rule {}: {}", a.rule, a.reason),
+                (true, false) if a.state() == pb::SyncState::Unsaved => unsaved_detail(&a.reason),
                 (true, false) => a.reason.clone(),
                 (true, true) => String::new(),
             };
@@ -426,6 +427,32 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("order/crm  -    16m40s  1h43m"), "{text}");
+    }
+
+    #[test]
+    fn an_unsaved_agent_shows_what_it_enforces_and_what_a_restart_goes_back_to() {
+        let view = pb::ClusterView {
+            version: "bbbbbbbbbbbbbbbb".into(),
+            agents: vec![pb::AgentView {
+                service: "order".into(),
+                instance: "order-1".into(),
+                state: pb::SyncState::Unsaved as i32,
+                reason: "no space left on device".into(),
+                version: "bbbbbbbbbbbbbbbb".into(),
+                last_good_version: "aaaaaaaaaaaaaaaa".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = render(&view);
+        assert!(
+            text.contains(
+                "UNSAVED  -      -       bbbbbbbbbbbb  aaaaaaaaaaaa  not saved, lost on restart: no space left on device"
+            ),
+            "{text}"
+        );
+        let json = table_words(serde_json::to_value(&view).unwrap()).to_string();
+        assert!(json.contains("\"state\":\"UNSAVED\""), "{json}");
     }
 
     #[test]

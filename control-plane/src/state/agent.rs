@@ -37,8 +37,12 @@ pub struct Agent {
     pub(super) pending: Option<String>,
     /// The last NACK, until a later ACK.
     pub(super) nack: Option<Nacked>,
-    /// The last version it acknowledged (or reported in its hello).
+    /// The last version it acknowledged and saved (or reported in its hello):
+    /// what it enforces after a restart without govd.
     pub(super) last_good: String,
+    /// The last ACK that said the config is enforced but not saved, until an
+    /// ACK without it or a new stream.
+    pub(super) unsaved: Option<Unsaved>,
     pub(super) phase: pb::Phase,
     /// Slow-start weight from its lifecycle (100% = 100000).
     pub(super) weight_milli_percent: u32,
@@ -69,6 +73,14 @@ pub struct Nacked {
     pub version: String,
     pub error: String,
     pub rule: String,
+}
+
+/// A config the agent enforces but could not save in its state directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsaved {
+    pub version: String,
+    /// The agent's reason (a full or read-only disk).
+    pub reason: String,
 }
 
 /// A deregistration waiting for every agent's acknowledgement.
@@ -113,6 +125,7 @@ impl Agent {
             pending: None,
             nack: None,
             last_good: String::new(),
+            unsaved: None,
             phase: pb::Phase::Unspecified,
             weight_milli_percent: 0,
             endpoints_acked: BTreeMap::new(),
@@ -170,9 +183,16 @@ impl Agent {
         &self.version
     }
 
-    /// The last version it acknowledged (or reported in its hello).
+    /// The last version it acknowledged and saved (or reported in its hello).
     pub fn last_good(&self) -> &str {
         &self.last_good
+    }
+
+    /// The version it enforces now: the last it acknowledged, saved or not.
+    pub fn enforces(&self) -> &str {
+        self.unsaved
+            .as_ref()
+            .map_or(&self.last_good, |u| &u.version)
     }
 
     pub fn weight_milli_percent(&self) -> u32 {
@@ -194,6 +214,39 @@ impl Agent {
 
     pub fn is_connected(&self) -> bool {
         self.conn.is_some()
+    }
+
+    /// Its ACK of `ack.version` (of the push it waited for or an older one:
+    /// either way a config it enforces now).
+    pub(super) fn acked(&mut self, ack: pb::Ack) {
+        // One it could not save is not what it enforces after a restart
+        // without govd: its last good stays the saved one.
+        if ack.unsaved.is_empty() {
+            self.last_good = ack.version;
+            self.unsaved = None;
+        } else {
+            self.unsaved = Some(Unsaved {
+                version: ack.version,
+                reason: ack.unsaved,
+            });
+        }
+    }
+
+    /// Its line of an `ApplyResult`, against `current` (as [`Self::sync_state`]).
+    pub(super) fn outcome(&self, current: Option<&str>) -> pb::AgentOutcome {
+        let (state, error, rule) = self.sync_state(current);
+        pb::AgentOutcome {
+            service: self.service.clone(),
+            instance: self.instance.clone(),
+            state: state as i32,
+            version: self.enforces().to_owned(),
+            error: if matches!(state, pb::SyncState::Nacked | pb::SyncState::Unsaved) {
+                error
+            } else {
+                String::new()
+            },
+            rule,
+        }
     }
 
     /// Its sync state, as `istioctl proxy-status` would show it, against
@@ -218,6 +271,11 @@ impl Agent {
             && current == Some(n.version.as_str())
         {
             return (pb::SyncState::Nacked, n.error.clone(), n.rule.clone());
+        }
+        if let Some(u) = &self.unsaved
+            && current == Some(u.version.as_str())
+        {
+            return (pb::SyncState::Unsaved, u.reason.clone(), String::new());
         }
         match current {
             Some(v) if v == self.last_good => (pb::SyncState::Synced, String::new(), String::new()),

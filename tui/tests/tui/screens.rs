@@ -96,6 +96,35 @@ fn a_rule_detail_counts_grpc_calls_by_code() {
     assert!(!draw(&app, 120, 36).contains("grpc   "));
 }
 
+/// An agent that enforces the config it was sent but could not save it:
+/// UNSAVED with the reason in the list, and in its detail the version a
+/// restart without govd goes back to.
+#[test]
+fn unsaved_agent() {
+    let mut app = busy_app();
+    let mut view = busy_view(61);
+    let agent = view
+        .agents
+        .iter_mut()
+        .find(|a| a.instance == "order-7d9f-2")
+        .unwrap();
+    agent.state = SyncState::Unsaved as i32;
+    agent.reason = "cannot write the last good config `last-good-config.json`: No space left on device (os error 28)".into();
+    agent.version = "sha256:77aa00bb11cc".into();
+    agent.last_good_version = V1.into();
+    update(&mut app, Msg::Tick(T0 + 1_000));
+    update(&mut app, Msg::View(view));
+    update(&mut app, key(KeyCode::End));
+    let screen = draw(&app, 120, 36);
+    assert!(screen.contains("UNSAVED (cannot write"), "{screen}");
+    assert!(
+        screen.contains("enforcing  sha256:77aa00bb11cc"),
+        "{screen}"
+    );
+    assert!(screen.contains("on restart sha256:3f2a91c0"), "{screen}");
+    assert_snapshot!(screen);
+}
+
 #[test]
 fn nacked_agent() {
     let mut app = busy_app();
