@@ -536,6 +536,12 @@ fn help(expected: &Expected, found: &Token<'_>) -> Option<String> {
                 .to_owned(),
         );
     }
+    if expected.has_word("allow") && expected.has_word("reject") {
+        return Some(
+            "a `sync exact` call the store does not answer within `timeout` is counted by this agent alone (`fallback local`), refused (`fallback reject`) or admitted (`fallback allow`)"
+                .to_owned(),
+        );
+    }
     if text == "}" && expected.has_word("service") {
         return Some(
             "this `}` closes nothing: remove it, or look for a `{` missing above".to_owned(),

@@ -12,6 +12,10 @@ use crate::v1::{Mode, Rule, TargetConfig, warmup_step::Step as WarmupStep};
 /// The request header that carries the caller's identity.
 pub const CONSUMER_HEADER: &str = "x-gov-consumer";
 
+/// How long a `sync exact` limit's call waits for the shared store when
+/// its text names no `timeout` (then its `fallback` decides the call).
+pub const SYNC_EXACT_TIMEOUT_MS: u64 = 100;
+
 /// A readiness probe's per-poll timeout when it says none: its period
 /// (`every`), so that one slow answer never overlaps the next poll.
 pub fn probe_timeout_ms(every_ms: u64) -> u64 {

@@ -9,8 +9,8 @@
 //! gov-proto.
 
 use crate::v1::{
-    ErrorClass, Fuse, GrpcCode, Phase, Recovery, ReleaseKind, RuleKind, StatusRange, SyncState,
-    recovery, rule::Spec,
+    ClusterSync, ErrorClass, Fuse, GrpcCode, LimitScope, Phase, Recovery, ReleaseKind, RuleKind,
+    StatusRange, SyncState, recovery, rule::Spec,
 };
 
 impl RuleKind {
@@ -123,7 +123,15 @@ impl Spec {
         };
         match self {
             Spec::Bulkhead(b) => reject(&mut b.reject_status, &mut b.reject_grpc_status),
-            Spec::Limit(l) => reject(&mut l.reject_status, &mut l.reject_grpc_status),
+            Spec::Limit(l) => {
+                reject(&mut l.reject_status, &mut l.reject_grpc_status);
+                if l.scope() == LimitScope::Cluster
+                    && l.sync() == ClusterSync::Exact
+                    && l.sync_timeout_ms == 0
+                {
+                    l.sync_timeout_ms = crate::compiled::SYNC_EXACT_TIMEOUT_MS;
+                }
+            }
             Spec::Fuse(f) => {
                 reject(&mut f.reject_status, &mut f.reject_grpc_status);
                 f.business.get_or_insert_with(Fuse::default_business);

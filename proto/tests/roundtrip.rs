@@ -148,6 +148,8 @@ fn order() -> TargetConfig {
                     scope: LimitScope::Cluster as i32,
                     sync: ClusterSync::Batch as i32,
                     sync_batch_ms: 100,
+                    sync_timeout_ms: 0,
+                    fallback: 0,
                 })),
             },
             Rule {

@@ -31,12 +31,14 @@
 //! (one round trip, the uncommon case). While the store answers, a window
 //! admits at most the amount. Bytes are counted locally and flushed every D in
 //! one pipeline (`INCRBY` + `PEXPIRE` + `PTTL` of the latch), reading back the
-//! cluster totals. Every call has a deadline ([`DEFAULT_TIMEOUT`]); on an
-//! error or a timeout the store is marked down (logged once per outage), limits
-//! count locally with their full amount (calls admitted without a lease are
-//! added to the store with the next lease of the window), and a background
-//! probe marks it up again when Redis answers `PING`. Requests never fail
-//! because Redis is down.
+//! cluster totals. Every call has a deadline: a `sync exact` call its limit's
+//! declared `timeout`, the others [`DEFAULT_TIMEOUT`]. On an error or a
+//! timeout the store is marked down (logged once per outage), and a
+//! background probe marks it up again when Redis answers `PING`. Meanwhile
+//! `sync batch` limits count locally with their full amount (calls admitted
+//! without a lease are added to the store with the next lease of the
+//! window), and a `sync exact` limit's declared [`Fallback`] decides each
+//! call (counted in [`ClusterStore::fallbacks`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -46,11 +48,41 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-/// The longest a request waits for Redis before it is decided locally.
+/// The deadline of a lease, a flush and a probe's `PING` (a `sync exact`
+/// call has its limit's own, [`ExactSync::timeout`](crate::config::ExactSync)).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
+/// What decides a `sync exact` call the store did not answer within the
+/// limit's timeout, or while the store is down: `sync exact timeout D
+/// fallback local|reject|allow`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fallback {
+    /// Counted by this agent alone with the full amount: N agents admit up
+    /// to N times the amount while the store is away.
+    Local,
+    /// Refused with the limit's rejection (no latch engages): the window
+    /// never admits more than the amount.
+    Reject,
+    /// Admitted without counting.
+    Allow,
+}
+
+impl Fallback {
+    /// Every fallback, in the order of [`ClusterStore::fallbacks`].
+    pub const ALL: [Fallback; 3] = [Fallback::Local, Fallback::Reject, Fallback::Allow];
+
+    /// `local`, `reject`, `allow`: the word in `.gov` and in `/metrics`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Fallback::Local => "local",
+            Fallback::Reject => "reject",
+            Fallback::Allow => "allow",
+        }
+    }
+}
+
 /// How often a down store is probed with `PING`.
-const PROBE_EVERY: Duration = Duration::from_millis(250);
+pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(250);
 
 /// A lease takes at most this fraction (1/N) of the calls a window has left,
 /// so the last calls of a window go out in small slices and an agent that
@@ -167,6 +199,12 @@ struct Inner {
     timeout: Duration,
     up: AtomicBool,
     outages: AtomicU64,
+    /// Calls each [`Fallback`] decided, indexed as [`Fallback::ALL`].
+    fallbacks: [AtomicU64; 3],
+    /// The longest deadline a call missed, in ms: the probe waits as long,
+    /// so that a store that answers `sync exact` within its declared timeout
+    /// is not kept down by the shorter default.
+    probe_ms: AtomicU64,
     /// Unix time in ms when `started` was taken: the wall clock of windows is
     /// derived from `tokio::time` so paused-time tests can drive it.
     unix_ms_at_start: u64,
@@ -186,6 +224,8 @@ impl ClusterStore {
                 timeout,
                 up: AtomicBool::new(true),
                 outages: AtomicU64::new(0),
+                fallbacks: Default::default(),
+                probe_ms: AtomicU64::new(0),
                 unix_ms_at_start,
                 started: Instant::now(),
             }),
@@ -203,6 +243,16 @@ impl ClusterStore {
         self.inner.outages.load(Relaxed)
     }
 
+    /// How many `sync exact` calls each fallback decided since start (the
+    /// store slow or down), in the order of [`Fallback::ALL`].
+    pub fn fallbacks(&self) -> [(Fallback, u64); 3] {
+        Fallback::ALL.map(|f| (f, self.inner.fallbacks[f as usize].load(Relaxed)))
+    }
+
+    pub(crate) fn count_fallback(&self, fallback: Fallback) {
+        self.inner.fallbacks[fallback as usize].fetch_add(1, Relaxed);
+    }
+
     /// Unix time in ms, the clock of cluster windows.
     pub(crate) fn unix_ms(&self, now: Instant) -> u64 {
         let elapsed = now.saturating_duration_since(self.inner.started);
@@ -212,14 +262,20 @@ impl ClusterStore {
     }
 
     async fn call<T>(&self, fut: StoreFuture<'_, T>) -> Option<T> {
-        match tokio::time::timeout(self.inner.timeout, fut).await {
+        self.call_within(fut, self.inner.timeout).await
+    }
+
+    async fn call_within<T>(&self, fut: StoreFuture<'_, T>, deadline: Duration) -> Option<T> {
+        match tokio::time::timeout(deadline, fut).await {
             Ok(Ok(v)) => Some(v),
             Ok(Err(e)) => {
                 self.mark_down(&e);
                 None
             }
             Err(_) => {
-                self.mark_down(&format!("no answer within {:?}", self.inner.timeout));
+                let ms = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX);
+                self.inner.probe_ms.fetch_max(ms, Relaxed);
+                self.mark_down(&format!("no answer within {deadline:?}"));
                 None
             }
         }
@@ -247,8 +303,12 @@ impl ClusterStore {
             if Arc::strong_count(&self.inner) <= 1 {
                 return;
             }
+            let deadline = self
+                .inner
+                .timeout
+                .max(Duration::from_millis(self.inner.probe_ms.load(Relaxed)));
             let ok = matches!(
-                tokio::time::timeout(self.inner.timeout, self.inner.backend.ping()).await,
+                tokio::time::timeout(deadline, self.inner.backend.ping()).await,
                 Ok(Ok(()))
             );
             if ok {
@@ -259,11 +319,16 @@ impl ClusterStore {
         }
     }
 
-    pub(crate) async fn exact(&self, call: ExactCall) -> Option<ExactReply> {
+    /// Runs a `sync exact` call, waiting at most `deadline`; `None` when the
+    /// store is down or did not answer in time (the call may still have
+    /// been counted there: the fallback's decision errs on the safe side for
+    /// `reject`).
+    pub(crate) async fn exact(&self, call: ExactCall, deadline: Duration) -> Option<ExactReply> {
         if !self.is_up() {
             return None;
         }
-        self.call(self.inner.backend.exact(call)).await
+        self.call_within(self.inner.backend.exact(call), deadline)
+            .await
     }
 
     pub(crate) async fn lease(&self, call: LeaseCall) -> Option<LeaseReply> {
@@ -432,11 +497,20 @@ pub(crate) mod fake {
         pub counters: Mutex<HashMap<String, u64>>,
         pub latches: Mutex<HashMap<String, Option<Instant>>>,
         pub down: AtomicBool,
+        /// How long `exact` and `ping` take to answer, in ms (a slow store).
+        pub delay_ms: AtomicU64,
         pub flushes: AtomicU64,
         pub leases: AtomicU64,
     }
 
     impl Memory {
+        async fn slow(&self) {
+            let ms = self.delay_ms.load(Relaxed);
+            if ms > 0 {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+        }
+
         fn check(&self) -> Result<(), String> {
             if self.down.load(Relaxed) {
                 Err("connection refused".into())
@@ -506,6 +580,7 @@ pub(crate) mod fake {
         fn exact(&self, call: ExactCall) -> StoreFuture<'_, ExactReply> {
             Box::pin(async move {
                 let m = &self.0;
+                m.slow().await;
                 m.check()?;
                 if let Some(l) = m.latch(&call.latch) {
                     return Ok(ExactReply::Engaged(l));
@@ -579,7 +654,10 @@ pub(crate) mod fake {
         }
 
         fn ping(&self) -> StoreFuture<'_, ()> {
-            Box::pin(async move { self.0.check() })
+            Box::pin(async move {
+                self.0.slow().await;
+                self.0.check()
+            })
         }
     }
 }

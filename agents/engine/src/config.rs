@@ -233,7 +233,7 @@ fn header(ctx: &Ctx<'_>, r: &proto::Rule, spec: RuleSpec) -> Result<Rule, Invali
         Ok(proto::Mode::Enforce) => Mode::Enforce,
         Ok(proto::Mode::Shadow) => {
             if let RuleSpec::Limit(l) = &spec
-                && l.scope == LimitScope::ClusterExact
+                && matches!(l.scope, LimitScope::ClusterExact(_))
             {
                 return Err(ctx.err(
                     "a shadow limit cannot count with `sync exact` (each call would wait for the cluster store, and a shadow rule never delays a call): use `sync batch` or `scope local` while in shadow",

@@ -47,7 +47,7 @@ pub mod specs {
         Classifier, CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, TripSpec,
     };
     pub use crate::state::limit::{
-        LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec,
+        ExactSync, Fallback, LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec,
     };
 }
 

@@ -44,6 +44,8 @@ impl RedisServer {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            // `DEBUG SLEEP` makes it slow on demand.
+            .args(["--enable-debug-command", "local"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -458,7 +460,12 @@ async fn redis_down_falls_back_to_local_counting_and_recovers() {
 async fn a_hung_redis_costs_at_most_its_timeout_then_calls_are_local() {
     const TIMEOUT: Duration = Duration::from_millis(200);
     let redis = RedisServer::start();
-    let config = limit_config(100, 60_000, EXACT, "");
+    let config = limit_config(
+        100,
+        60_000,
+        "sync: CLUSTER_SYNC_EXACT\n    sync_timeout_ms: 200",
+        "",
+    );
     let store = gov_agent::cluster::redis_with_timeout(&redis.url(), TIMEOUT).unwrap();
     let a = Engine::with_cluster_store("order", store);
     a.apply_target(&config).unwrap();
@@ -489,6 +496,101 @@ async fn a_hung_redis_costs_at_most_its_timeout_then_calls_are_local() {
         "the store never came back"
     );
     call(&a).await.unwrap();
+}
+
+/// Makes the server answer nothing for `secs` (`DEBUG SLEEP` blocks it).
+fn debug_sleep(port: u16, secs: f64) {
+    let status = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "DEBUG", "SLEEP", &secs.to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .expect("redis-cli on PATH");
+    assert!(status.success(), "DEBUG SLEEP failed");
+}
+
+/// Two agents call a `sync exact` limit at once while Redis stalls for
+/// 300ms, five times: each call waits at most the declared 100ms, and the
+/// declared fallback decides the calls Redis did not answer. With
+/// `fallback reject` the window never goes over the amount; with `local`
+/// (the old and default behaviour) each agent counts alone. Returns the
+/// calls admitted and the fallbacks counted by both agents.
+async fn through_a_slow_redis(fallback: &str) -> (u64, u64) {
+    const AMOUNT: u64 = 40;
+    let redis = RedisServer::start();
+    let sync =
+        format!("sync: CLUSTER_SYNC_EXACT\n    sync_timeout_ms: 100\n    fallback: {fallback}");
+    let config = limit_config(AMOUNT, 60_000, &sync, "");
+    fit_in_one_window(60_000, 20_000).await;
+    let (a, b) = (agent(&redis, &config), agent(&redis, &config));
+    let port = redis.port;
+    let stalls = tokio::task::spawn_blocking(move || {
+        for _ in 0..5 {
+            debug_sleep(port, 0.3);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let load = |engine: Engine| {
+        tokio::spawn(async move {
+            let mut admitted = 0;
+            // Bounded by count and time: about 2s of calls every 2ms.
+            let end = tokio::time::Instant::now() + Duration::from_secs(2);
+            for _ in 0..2_000 {
+                if tokio::time::Instant::now() > end {
+                    break;
+                }
+                let started = tokio::time::Instant::now();
+                if call(&engine).await.is_ok() {
+                    admitted += 1;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(1),
+                    "a call waited past its 100ms timeout (and the client's 1s)"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let counted: u64 = engine
+                .cluster_store()
+                .unwrap()
+                .fallbacks()
+                .iter()
+                .map(|(_, n)| n)
+                .sum();
+            (admitted, counted)
+        })
+    };
+    let (ta, tb) = (load(a), load(b));
+    let ((na, fa), (nb, fb)) = (ta.await.unwrap(), tb.await.unwrap());
+    stalls.await.unwrap();
+    eprintln!(
+        "{fallback}: admitted {} (amount {AMOUNT}), fallbacks {}",
+        na + nb,
+        fa + fb
+    );
+    (na + nb, fa + fb)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_with_fallback_reject_never_admits_over_the_amount() {
+    let (admitted, fallbacks) = through_a_slow_redis("CLUSTER_FALLBACK_REJECT").await;
+    assert!(admitted <= 40, "admitted {admitted} of 40");
+    assert!(
+        fallbacks > 0,
+        "Redis stalled, yet no call was decided by the fallback"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_with_fallback_local_counts_each_agent_alone() {
+    let (admitted, fallbacks) = through_a_slow_redis("CLUSTER_FALLBACK_LOCAL").await;
+    assert!(
+        fallbacks > 0,
+        "Redis stalled, yet no call was decided by the fallback"
+    );
+    // Each agent counts from zero while Redis is away: the overshoot.
+    assert!(
+        admitted > 40,
+        "admitted {admitted}: the fallback counted nothing locally"
+    );
 }
 
 #[test]

@@ -49,7 +49,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                 _ => None,
             });
             let Some(scope) = scope else { continue };
-            if mode.shadow && LimitEff::of(&l).scope == Scope::ClusterExact {
+            if mode.shadow && matches!(LimitEff::of(&l).scope, Scope::ClusterExact { .. }) {
                 out.push(
                     ShadowExactLimit {
                         name: l.name.node.clone(),

@@ -21,6 +21,7 @@ use crate::lower::{Lower, u32_of, unsigned};
 use crate::plan::{fmt_ms, push};
 use crate::resolve::Rule;
 use crate::units::{bytes, fmt_bytes, fmt_millis, millis};
+use gov_proto::compiled::SYNC_EXACT_TIMEOUT_MS;
 
 /// The default rejection status, beside the kind's word in gov-proto
 /// (`RuleKind::reject_status`; the compiler writes it).
@@ -48,7 +49,7 @@ pub(crate) enum LimitSetting {
     RejectWith { reject: Reject },
     /// `release after D` | `release manual`
     Release { release: Release },
-    /// `scope local` | `scope cluster [sync exact | sync batch D]`
+    /// `scope local` | `scope cluster [sync exact [timeout D] [fallback F] | sync batch D]`
     Scope { scope: LimitScope, span: Span },
 }
 
@@ -84,8 +85,32 @@ pub(crate) enum LimitScope {
 
 #[derive(Clone, Debug)]
 pub(crate) enum ClusterSync {
-    Exact,
-    Batch { every: Spanned<Duration> },
+    /// `sync exact [timeout D] [fallback local|reject|allow]`
+    Exact {
+        timeout: Option<Spanned<Duration>>,
+        fallback: Option<Fallback>,
+    },
+    Batch {
+        every: Spanned<Duration>,
+    },
+}
+
+/// What decides a `sync exact` call the store did not answer in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fallback {
+    Local,
+    Reject,
+    Allow,
+}
+
+impl Fallback {
+    fn word(self) -> &'static str {
+        match self {
+            Fallback::Local => "local",
+            Fallback::Reject => "reject",
+            Fallback::Allow => "allow",
+        }
+    }
 }
 
 /// A limit with its settings decoded.
@@ -106,7 +131,7 @@ pub(crate) struct Counter {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Scope {
     Local,
-    ClusterExact,
+    ClusterExact { timeout_ms: i64, fallback: Fallback },
     ClusterBatch(i64),
     ClusterUndeclared,
 }
@@ -213,7 +238,22 @@ fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
                 "local" => LimitScope::Local,
                 "cluster" if w.expect("sync").is_some() => {
                     let sync = match w.key()?.node {
-                        "exact" => ClusterSync::Exact,
+                        "exact" => {
+                            let timeout = match w.expect("timeout") {
+                                Some(_) => Some(w.duration()?),
+                                None => None,
+                            };
+                            let fallback = match w.expect("fallback") {
+                                Some(_) => Some(match w.key()?.node {
+                                    "local" => Fallback::Local,
+                                    "reject" => Fallback::Reject,
+                                    "allow" => Fallback::Allow,
+                                    _ => return None,
+                                }),
+                                None => None,
+                            };
+                            ClusterSync::Exact { timeout, fallback }
+                        }
                         "batch" => ClusterSync::Batch {
                             every: w.duration()?,
                         },
@@ -308,8 +348,14 @@ impl LimitEff {
                         LimitScope::Local => Scope::Local,
                         LimitScope::Cluster { sync: None } => Scope::ClusterUndeclared,
                         LimitScope::Cluster {
-                            sync: Some(ClusterSync::Exact),
-                        } => Scope::ClusterExact,
+                            sync: Some(ClusterSync::Exact { timeout, fallback }),
+                        } => Scope::ClusterExact {
+                            timeout_ms: timeout.as_ref().map_or(
+                                i64::try_from(SYNC_EXACT_TIMEOUT_MS).unwrap_or(i64::MAX),
+                                |t| millis(&t.node),
+                            ),
+                            fallback: fallback.unwrap_or(Fallback::Local),
+                        },
                         LimitScope::Cluster {
                             sync: Some(ClusterSync::Batch { every }),
                         } => Scope::ClusterBatch(millis(&every.node)),
@@ -403,6 +449,20 @@ impl super::Kind for Kind {
                         },
                     ..
                 } => out.bound_duration("sync batch", &every, Positive),
+                LimitSetting::Scope {
+                    scope:
+                        LimitScope::Cluster {
+                            sync:
+                                Some(ClusterSync::Exact {
+                                    timeout: Some(timeout),
+                                    ..
+                                }),
+                        },
+                    ..
+                } => {
+                    out.bound_duration("sync exact timeout", &timeout, Positive);
+                    out.large("sync exact timeout", Large::Duration(timeout));
+                }
                 LimitSetting::RejectWith { reject, .. } => reject.values(out),
                 _ => {}
             }
@@ -448,10 +508,18 @@ impl super::Kind for Kind {
         };
         let (scope, sync, batch) = match e.scope {
             Scope::Local => (pb::LimitScope::Local, pb::ClusterSync::Exact, 0),
-            Scope::ClusterExact | Scope::ClusterUndeclared => {
+            Scope::ClusterExact { .. } | Scope::ClusterUndeclared => {
                 (pb::LimitScope::Cluster, pb::ClusterSync::Exact, 0)
             }
             Scope::ClusterBatch(ms) => (pb::LimitScope::Cluster, pb::ClusterSync::Batch, ms),
+        };
+        let (timeout, fallback) = match e.scope {
+            Scope::ClusterExact {
+                timeout_ms,
+                fallback,
+            } => (unsigned(timeout_ms), fallback),
+            Scope::ClusterUndeclared => (SYNC_EXACT_TIMEOUT_MS, Fallback::Local),
+            _ => (0, Fallback::Local),
         };
         pb::rule::Spec::Limit(pb::Limit {
             calls: e.calls.map(rate),
@@ -484,6 +552,12 @@ impl super::Kind for Kind {
             scope: scope as i32,
             sync: sync as i32,
             sync_batch_ms: unsigned(batch),
+            sync_timeout_ms: timeout,
+            fallback: match fallback {
+                Fallback::Local => pb::ClusterFallback::Local,
+                Fallback::Reject => pb::ClusterFallback::Reject,
+                Fallback::Allow => pb::ClusterFallback::Allow,
+            } as i32,
         })
     }
 
@@ -529,7 +603,18 @@ impl super::Kind for Kind {
         push(f, "release", release);
         let scope = match (l.scope(), l.sync()) {
             (pb::LimitScope::Local, _) => "local".to_string(),
-            (pb::LimitScope::Cluster, pb::ClusterSync::Exact) => "cluster sync exact".to_string(),
+            (pb::LimitScope::Cluster, pb::ClusterSync::Exact) => {
+                let fallback = match l.fallback() {
+                    pb::ClusterFallback::Local => Fallback::Local,
+                    pb::ClusterFallback::Reject => Fallback::Reject,
+                    pb::ClusterFallback::Allow => Fallback::Allow,
+                };
+                format!(
+                    "cluster sync exact timeout {} fallback {}",
+                    fmt_ms(l.sync_timeout_ms),
+                    fallback.word()
+                )
+            }
             (pb::LimitScope::Cluster, pb::ClusterSync::Batch) => {
                 format!("cluster sync batch {}", fmt_ms(l.sync_batch_ms))
             }

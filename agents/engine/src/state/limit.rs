@@ -53,7 +53,9 @@ mod spec;
 mod store;
 
 pub(crate) use spec::spec;
-pub use spec::{LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec};
+pub use spec::{
+    ExactSync, Fallback, LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec,
+};
 
 /// Most keys (consumers, services) one limit tracks; beyond that idle keys
 /// are dropped, and if none is idle new keys share the rule's overflow counter.
@@ -194,7 +196,8 @@ impl LimitCell {
 #[derive(Debug)]
 struct ClusterLink {
     store: ClusterStore,
-    exact: bool,
+    /// `sync exact`: its deadline and fallback; `None`: `sync batch`.
+    exact: Option<ExactSync>,
     period: Duration,
 }
 
@@ -256,14 +259,14 @@ impl Limit {
     ) -> Self {
         let cluster = match (spec.scope, store) {
             (LimitScope::Local, _) | (_, None) => None,
-            (LimitScope::ClusterExact, Some(store)) => Some(ClusterLink {
+            (LimitScope::ClusterExact(sync), Some(store)) => Some(ClusterLink {
                 store: store.clone(),
-                exact: true,
+                exact: Some(sync),
                 period: EXACT_BYTES_FLUSH,
             }),
             (LimitScope::ClusterBatch(period), Some(store)) => Some(ClusterLink {
                 store: store.clone(),
-                exact: false,
+                exact: None,
                 period: period.max(Duration::from_millis(1)),
             }),
         };
@@ -284,7 +287,7 @@ impl Limit {
     pub(crate) fn remote(&self) -> bool {
         self.cluster
             .as_ref()
-            .is_some_and(|l| l.exact && self.spec.calls.is_some() && l.store.is_up())
+            .is_some_and(|l| l.exact.is_some() && self.spec.calls.is_some() && l.store.is_up())
     }
 
     fn now_ms(&self, now: Instant) -> u64 {
@@ -365,9 +368,9 @@ impl Limit {
         }
         if let Some(link) = &self.cluster {
             self.check_shared_bytes(link, cell, now)?;
-            if link.exact {
-                // Here only while the store is down: count locally.
-                return self.local_calls(cell, now_ms);
+            if let Some(sync) = link.exact {
+                // Here only without the store's answer: the fallback decides.
+                return self.exact_fallback(link, sync, cell, now_ms);
             }
             return self.batch_calls(link, cell, now);
         }
@@ -462,7 +465,7 @@ impl Limit {
             ReleaseSpec::Manual => (MANUAL, None),
         };
         cell.engaged_reason.store(e.reason as u8, Relaxed);
-        if self.cluster.as_ref().is_some_and(|l| !l.exact) {
+        if self.cluster.as_ref().is_some_and(|l| l.exact.is_none()) {
             // The next flush engages it for every agent.
             cell.shared().engage = true;
         }
@@ -1208,8 +1211,8 @@ mod tests {
             let memory = Arc::new(Memory::default());
             let store = store(&memory);
             align(&store).await;
-            let (a, _) = agent(&store, LimitScope::ClusterExact, 5, None);
-            let (b, _) = agent(&store, LimitScope::ClusterExact, 5, None);
+            let (a, _) = agent(&store, EXACT, 5, None);
+            let (b, _) = agent(&store, EXACT, 5, None);
             assert!(a.remote());
             let mut admitted = 0;
             for i in 0..12 {
@@ -1219,6 +1222,118 @@ mod tests {
                 }
             }
             assert_eq!(admitted, 5);
+        }
+
+        /// `sync exact timeout 200ms` with `fallback`.
+        fn exact(fallback: Fallback) -> LimitScope {
+            LimitScope::ClusterExact(ExactSync {
+                timeout: Duration::from_millis(200),
+                fallback,
+            })
+        }
+
+        const EXACT: LimitScope = LimitScope::ClusterExact(ExactSync {
+            timeout: Duration::from_millis(200),
+            fallback: Fallback::Local,
+        });
+
+        /// Calls of `sync exact` agents in turn; how many were admitted.
+        async fn exact_calls(agents: &[&Arc<Limit>], n: usize) -> usize {
+            let mut admitted = 0;
+            for i in 0..n {
+                admitted += admit_n(agents[i % agents.len()], 1).await;
+            }
+            admitted
+        }
+
+        fn fallbacks(store: &ClusterStore, f: Fallback) -> u64 {
+            store.fallbacks()[f as usize].1
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn exact_waits_for_a_slow_store_up_to_its_timeout() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            // Slower than the store's 50ms default, within the limit's 200ms.
+            memory.delay_ms.store(150, Relaxed);
+            let (a, _) = agent(&store, exact(Fallback::Local), 5, None);
+            let (b, _) = agent(&store, exact(Fallback::Local), 5, None);
+            assert_eq!(exact_calls(&[&a, &b], 12).await, 5);
+            assert!(store.is_up());
+            assert!(store.fallbacks().iter().all(|(_, n)| *n == 0));
+        }
+
+        /// A store that answers late: the first calls are counted there, then
+        /// every call waits the timeout and the declared fallback decides it.
+        async fn slow_store_admits(fallback: Fallback) -> (usize, ClusterStore, Arc<Limit>) {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let latch = Some(ReleaseSpec::After(Duration::from_secs(3600)));
+            let (a, _) = agent(&store, exact(fallback), 4, latch);
+            let (b, _) = agent(&store, exact(fallback), 4, latch);
+            let mut admitted = exact_calls(&[&a, &b], 2).await;
+            memory.delay_ms.store(300, Relaxed);
+            let start = Instant::now();
+            admitted += exact_calls(&[&a, &b], 2).await;
+            assert_eq!(
+                start.elapsed(),
+                Duration::from_millis(200),
+                "waited the timeout"
+            );
+            assert!(!store.is_up());
+            // Down: decided at once, without waiting.
+            admitted += exact_calls(&[&a, &b], 10).await;
+            (admitted, store, a)
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn exact_fallback_reject_never_admits_more_than_the_amount() {
+            let (admitted, store, a) = slow_store_admits(Fallback::Reject).await;
+            assert_eq!(admitted, 2, "the two the store counted");
+            assert!(
+                !a.engaged(),
+                "the store's silence is not a call over the amount"
+            );
+            assert_eq!(fallbacks(&store, Fallback::Reject), 12);
+            assert_eq!(fallbacks(&store, Fallback::Local), 0);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn exact_fallback_local_counts_each_agent_alone() {
+            let (admitted, store, _) = slow_store_admits(Fallback::Local).await;
+            // Two in the store, then each agent its full amount locally (and
+            // the calls over it engage the latch, as without a store).
+            assert_eq!(admitted, 2 + 4 + 4);
+            // Each agent's sixth call met its own latch, not the fallback.
+            assert_eq!(fallbacks(&store, Fallback::Local), 10);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn exact_fallback_allow_admits_every_call() {
+            let (admitted, store, _) = slow_store_admits(Fallback::Allow).await;
+            assert_eq!(admitted, 14);
+            assert_eq!(fallbacks(&store, Fallback::Allow), 12);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_store_slower_than_the_default_but_within_the_timeout_comes_back() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let (a, _) = agent(&store, exact(Fallback::Reject), 100, None);
+            memory.delay_ms.store(300, Relaxed);
+            assert_eq!(exact_calls(&[&a], 1).await, 0);
+            assert!(!store.is_up());
+            // 150ms: over the store's 50ms default, within the limit's 200ms.
+            memory.delay_ms.store(150, Relaxed);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert!(
+                store.is_up(),
+                "the probe waits as long as the missed deadline"
+            );
+            assert_eq!(exact_calls(&[&a], 3).await, 3);
         }
 
         #[tokio::test(start_paused = true)]
@@ -1256,7 +1371,7 @@ mod tests {
             let store = store(&memory);
             align(&store).await;
             let (a, _) = agent(&store, BATCH, 10, None);
-            let (x, _) = agent(&store, LimitScope::ClusterExact, 3, None);
+            let (x, _) = agent(&store, EXACT, 3, None);
             memory.down.store(true, Relaxed);
             assert_eq!(admit_n(&a, 4).await, 4);
             a.flush().await;

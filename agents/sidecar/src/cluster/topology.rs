@@ -107,19 +107,25 @@ pub(super) struct SentinelConn {
     lookup_timeout: Duration,
 }
 
+/// The longest the Redis client waits for a reply: a `sync exact timeout`
+/// above it waits this long.
+pub(super) const REPLY_TIMEOUT: Duration = Duration::from_secs(1);
+
 // === impl Conn ===
 
 impl Conn {
-    /// A lazy connection to `target`, each reply bounded by `timeout`; the
-    /// message says what is wrong.
+    /// A lazy connection to `target`; the message says what is wrong. The
+    /// store bounds each call (`timeout`, or a `sync exact` limit's own); the
+    /// client gives up on a reply after [`REPLY_TIMEOUT`] at the latest.
     pub(super) fn connect(target: RedisTarget, timeout: Duration) -> Result<Self, String> {
         let connect_timeout = timeout.max(Duration::from_millis(100));
+        let reply_timeout = timeout.max(REPLY_TIMEOUT);
         Ok(match target {
             RedisTarget::Single(url) => {
                 let client = redis::Client::open(url).map_err(|e| e.to_string())?;
                 let config = redis::aio::ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(Some(timeout))
+                    .set_response_timeout(Some(reply_timeout))
                     .set_number_of_retries(1)
                     .set_min_delay(Duration::from_millis(50))
                     .set_max_delay(Duration::from_secs(1));
@@ -139,7 +145,7 @@ impl Conn {
                     .map_err(|e| e.to_string())?;
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(connect_timeout)
-                    .set_response_timeout(timeout);
+                    .set_response_timeout(reply_timeout);
                 let conn = client.get_pending_async_connection_with_config(config.clone());
                 Conn::Cluster(Box::new(ClusterConns {
                     client,
@@ -157,7 +163,7 @@ impl Conn {
                     conn: tokio::sync::Mutex::new(None),
                     config: redis::AsyncConnectionConfig::new()
                         .set_connection_timeout(Some(connect_timeout))
-                        .set_response_timeout(Some(timeout)),
+                        .set_response_timeout(Some(reply_timeout)),
                     lookup_timeout: (timeout * 20).max(Duration::from_secs(1)),
                 }))
             }

@@ -182,6 +182,18 @@ impl Source {
                 "1 while Redis answers; 0 while `scope cluster` limits count locally.",
             );
             enc.sample("gov_agent_cluster_store_up", &[], u64::from(store.is_up()));
+            enc.family(
+                "gov_agent_cluster_fallback_total",
+                "counter",
+                "`sync exact` calls decided by their limit's `fallback` because Redis did not answer within the limit's `timeout`, or was down.",
+            );
+            for (fallback, n) in store.fallbacks() {
+                enc.sample(
+                    "gov_agent_cluster_fallback_total",
+                    &[("fallback", fallback.word())],
+                    n,
+                );
+            }
         }
         if let Some(latches) = &self.latches {
             enc.family(

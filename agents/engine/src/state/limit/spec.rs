@@ -6,6 +6,7 @@ use std::time::Duration;
 use gov_proto::v1::{self as proto, GrpcCode};
 use http::StatusCode;
 
+pub use crate::cluster::Fallback;
 use crate::config::invalid::{Ctx, InvalidConfig};
 
 /// Whose calls share one limit counter.
@@ -45,8 +46,16 @@ pub enum ReleaseSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LimitScope {
     Local,
-    ClusterExact,
+    ClusterExact(ExactSync),
     ClusterBatch(Duration),
+}
+
+/// How long a `sync exact` call waits for the store, and what decides it
+/// when the store does not answer in time (or is down).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExactSync {
+    pub timeout: Duration,
+    pub fallback: Fallback,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,7 +105,16 @@ pub(crate) fn spec(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, Invalid
         ctx.known::<proto::ClusterSync>("sync", l.sync)?,
     ) {
         (proto::LimitScope::Local, _) => LimitScope::Local,
-        (proto::LimitScope::Cluster, proto::ClusterSync::Exact) => LimitScope::ClusterExact,
+        (proto::LimitScope::Cluster, proto::ClusterSync::Exact) => {
+            LimitScope::ClusterExact(ExactSync {
+                timeout: ctx.positive_ms("sync_timeout_ms", l.sync_timeout_ms)?,
+                fallback: match ctx.known::<proto::ClusterFallback>("fallback", l.fallback)? {
+                    proto::ClusterFallback::Local => Fallback::Local,
+                    proto::ClusterFallback::Reject => Fallback::Reject,
+                    proto::ClusterFallback::Allow => Fallback::Allow,
+                },
+            })
+        }
         (proto::LimitScope::Cluster, proto::ClusterSync::Batch) => {
             LimitScope::ClusterBatch(ctx.positive_ms("sync_batch_ms", l.sync_batch_ms)?)
         }

@@ -20,7 +20,7 @@ impl Limit {
         let Some(link) = &self.cluster else { return };
         // `sync exact` counts calls per call; it flushes bytes, and reads
         // latches back so a release elsewhere shows here without traffic.
-        if link.exact && self.spec.bytes.is_none() && self.spec.release.is_none() {
+        if link.exact.is_some() && self.spec.bytes.is_none() && self.spec.release.is_none() {
             return;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -104,7 +104,7 @@ impl Limit {
 
     /// Whether calls are leased (`sync batch` with a calls rate).
     pub(crate) fn leases(&self) -> bool {
-        self.cluster.as_ref().is_some_and(|l| !l.exact) && self.spec.calls.is_some()
+        self.cluster.as_ref().is_some_and(|l| l.exact.is_none()) && self.spec.calls.is_some()
     }
 
     /// Whether a `sync batch` call must ask the store for a lease first: the
@@ -113,7 +113,10 @@ impl Limit {
         let (Some(link), Some(rate)) = (&self.cluster, &self.spec.calls) else {
             return false;
         };
-        if link.exact || !link.store.is_up() || cell.engaged_until.load(Relaxed) != NOT_ENGAGED {
+        if link.exact.is_some()
+            || !link.store.is_up()
+            || cell.engaged_until.load(Relaxed) != NOT_ENGAGED
+        {
             return false;
         }
         let w = ms(rate.window).max(1);
@@ -253,6 +256,9 @@ impl Limit {
         let (Some(link), Some(rate)) = (&self.cluster, &self.spec.calls) else {
             return self.try_admit(cell, now);
         };
+        let Some(sync) = link.exact else {
+            return self.try_admit(cell, now);
+        };
         self.check_shared_bytes(link, cell, now)?;
         let unix = link.store.unix_ms(now);
         let w = ms(rate.window).max(1);
@@ -263,7 +269,8 @@ impl Limit {
             amount: rate.amount,
             latch_ms: self.latch_ms(),
         };
-        match link.store.exact(call).await {
+        match link.store.exact(call, sync.timeout).await {
+            // Down, or no answer within the timeout: the fallback decides.
             None => self.try_admit(cell, now),
             Some(ExactReply::Counted(count)) => {
                 self.mirror(cell, None, now);
@@ -288,6 +295,29 @@ impl Limit {
                     engaged: true,
                 })
             }
+        }
+    }
+
+    /// `sync exact` without the store's answer (down, or none within the
+    /// timeout): the declared fallback decides the call, and is counted.
+    pub(super) fn exact_fallback(
+        &self,
+        link: &ClusterLink,
+        sync: ExactSync,
+        cell: &LimitCell,
+        now_ms: u64,
+    ) -> Result<(), Exceeded> {
+        link.store.count_fallback(sync.fallback);
+        match sync.fallback {
+            Fallback::Local => self.local_calls(cell, now_ms),
+            Fallback::Allow => Ok(()),
+            // Not over the amount, so no latch: `engaged` keeps the refusal
+            // from engaging one and from shaping (no delay makes it fit).
+            Fallback::Reject => Err(Exceeded {
+                reason: RejectReason::LimitCalls,
+                wait: Some(cluster::PROBE_EVERY),
+                engaged: true,
+            }),
         }
     }
 
@@ -345,7 +375,7 @@ impl Limit {
             .collect();
         let calls_w = self.spec.calls.map(|r| ms(r.window).max(1));
         let bytes_w = self.spec.bytes.map(|r| ms(r.window).max(1));
-        let leased = !link.exact && calls_w.is_some();
+        let leased = link.exact.is_none() && calls_w.is_some();
         let mut items = Vec::new();
         // Per item: the cell, (window, amount) sent for bytes, and whether
         // it engaged the latch.
