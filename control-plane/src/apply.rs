@@ -472,7 +472,8 @@ async fn record_and_push(
     let mut entry = AuditEntry {
         at_unix_ms: now_unix_ms(),
         who: planned.policy.who.clone(),
-        action: "apply".into(),
+        action: "apply-intended".into(),
+        intent: String::new(),
         version: planned.policy.version.clone(),
         kind: String::new(),
         rule: String::new(),
@@ -493,7 +494,9 @@ async fn record_and_push(
         if let Some(conflict) = superseded(inner, planned_against) {
             return Err(refuse(inner, entry, conflict).await);
         }
-        // The audit record first: nothing takes effect unaudited.
+        // The intent first: nothing takes effect unaudited. Its outcome
+        // follows once stored (or is written from the state after a stop).
+        entry.intent = crate::audit::new_intent();
         inner
             .append_audit(entry.clone())
             .await
@@ -544,6 +547,9 @@ async fn record_and_push(
                 &mut out,
             );
         }
+        entry.action = "apply".into();
+        entry.at_unix_ms = now_unix_ms();
+        inner.audit(entry.clone()).await;
     }
     tracing::info!(
         who = %entry.who,
@@ -855,7 +861,10 @@ mod tests {
             .into_iter()
             .map(|e| e.action)
             .collect();
-        assert_eq!(actions, ["apply", "apply", "apply-refused"]);
+        assert_eq!(
+            actions,
+            ["apply-intended", "apply", "apply-intended", "apply-refused"]
+        );
 
         // The disk is back: the same apply is a change, and it is pushed.
         std::fs::remove_dir(&blocker).unwrap();

@@ -12,13 +12,26 @@ use crate::error::{Error, StateIo};
 use serde::{Deserialize, Serialize};
 
 /// One line of `audit.jsonl`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// An operator's action is two records: its intent (`apply-intended`,
+/// `release-intended`), written before anything takes effect, then its
+/// outcome (`apply` or `apply-refused`, `release` or `release-refused`),
+/// written once the outcome is stored, both with the same `intent`. An
+/// outcome that could not be written (govd stopped between the two) is
+/// written later from what the state says ([`crate::control_plane`]'s
+/// reconciliation), so no record says something happened that did not.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {
     pub at_unix_ms: u64,
     pub who: String,
-    /// `apply`, `apply-refused`, `release`; for latches reported by agents:
+    /// `apply-intended`, `apply`, `apply-refused`, `release-intended`,
+    /// `release`, `release-refused`; for latches reported by agents:
     /// `trip`, `untrip`, `latch-not-enforced`.
     pub action: String,
+    /// An intent and its outcome: the same id (unique per intent). Empty:
+    /// a record that stands alone.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub intent: String,
     /// Apply: the new bundle version.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub version: String,
@@ -37,6 +50,18 @@ pub struct AuditEntry {
     pub targets: Vec<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
+}
+
+/// A new intent id: unique across replicas and restarts (time, then 64
+/// random bits).
+pub fn new_intent() -> String {
+    format!("{:x}-{:016x}", crate::convert::now_unix_ms(), rand::random::<u64>())
+}
+
+/// The outcome action of an intent's action (`apply-intended` -> `apply`);
+/// `None` when `action` is no intent.
+pub fn intended(action: &str) -> Option<&str> {
+    action.strip_suffix("-intended")
 }
 
 /// Most records one page holds.
@@ -138,6 +163,7 @@ mod tests {
             at_unix_ms: at,
             who: "alice".into(),
             action: "apply".into(),
+            intent: String::new(),
             version: String::new(),
             kind: String::new(),
             rule: String::new(),

@@ -125,6 +125,8 @@ pub(crate) struct Inner {
     pub(crate) shutdown: CancellationToken,
     /// What `/metrics` counts.
     pub(crate) metrics: crate::metrics::Metrics,
+    /// Audit records that could not be written yet (`journal`).
+    pub(crate) pending_audit: crate::journal::Pending,
 }
 
 // === impl ControlPlane ===
@@ -181,10 +183,12 @@ impl ControlPlane {
             apply_lock: Arc::new(AsyncMutex::new(())),
             shutdown,
             metrics: crate::metrics::Metrics::default(),
+            pending_audit: crate::journal::Pending::default(),
         });
         tokio::spawn(publish_views(inner.clone()));
         tokio::spawn(persist_agents(inner.clone()));
         tokio::spawn(release_timer(inner.clone()));
+        tokio::spawn(keep_audit_true(inner.clone()));
         if let Some(changes) = inner.store.changes() {
             tokio::spawn(follow_store(inner.clone(), changes));
         }
@@ -236,6 +240,7 @@ impl ControlPlane {
                 at_unix_ms: now_unix_ms(),
                 who: format!("govd ({why})"),
                 action: "tokens-reloaded".into(),
+                intent: String::new(),
                 version: String::new(),
                 kind: String::new(),
                 rule: String::new(),
@@ -369,9 +374,17 @@ impl Inner {
 
     /// Appends `entry` to the audit log, logging a failure (for records of
     /// actions that happen whether or not they can be written).
+    /// A record that cannot be written now is kept and tried again until
+    /// it is (`journal`), after the records already waiting.
     pub(crate) async fn audit(&self, entry: AuditEntry) {
-        if let Err(error) = self.append_audit(entry).await {
-            tracing::error!(error = %miette::Report::new(error), "cannot write the audit log");
+        if self.pending_audit.len() > 0 {
+            self.pending_audit.push(entry);
+            crate::journal::flush(self).await;
+            return;
+        }
+        if let Err(error) = self.store.audit(&entry).await {
+            tracing::error!(error = %miette::Report::new(error), "cannot write the audit log; keeping the record to try again");
+            self.pending_audit.push(entry);
         }
     }
 
@@ -449,7 +462,8 @@ impl Inner {
             let mut entry = AuditEntry {
                 at_unix_ms: now_unix_ms(),
                 who: who.to_owned(),
-                action: "release".into(),
+                action: "release-intended".into(),
+                intent: crate::audit::new_intent(),
                 version: String::new(),
                 kind: kind.as_str().into(),
                 rule: rule.to_owned(),
@@ -478,12 +492,18 @@ impl Inner {
             if let Err(error) = saved {
                 let error = ReleaseError::Store(error);
                 entry.action = "release-refused".into();
+                entry.at_unix_ms = now_unix_ms();
                 entry.detail = crate::error::one_line(&error);
                 self.audit(entry).await;
                 return Err(error);
             }
-            self.lock()
-                .release(kind, rule, key, who, released_at, &mut out)
+            let released = self
+                .lock()
+                .release(kind, rule, key, who, released_at, &mut out);
+            entry.action = "release".into();
+            entry.at_unix_ms = now_unix_ms();
+            self.audit(entry).await;
+            released
         };
         self.send(out).await;
         self.changed();
@@ -635,6 +655,33 @@ async fn release_timer(inner: Arc<Inner>) {
 async fn leadership_change(leader: &mut watch::Receiver<bool>) {
     if leader.changed().await.is_err() {
         std::future::pending::<()>().await;
+    }
+}
+
+/// Keeps the audit log true (`journal`): tries again the records that could
+/// not be written, and, on the leader, writes the outcome of intents that
+/// have none (at start, and again after the grace of any that were young).
+async fn keep_audit_true(inner: Arc<Inner>) {
+    let mut leader = inner.store.leader();
+    let mut reconcile_at = Some(tokio::time::Instant::now());
+    loop {
+        if *leader.borrow_and_update()
+            && reconcile_at.is_some_and(|at| at <= tokio::time::Instant::now())
+        {
+            let young = crate::journal::reconcile(&inner).await;
+            reconcile_at = young.then(|| tokio::time::Instant::now() + crate::journal::GRACE);
+        }
+        crate::journal::flush(&inner).await;
+        tokio::select! {
+            () = inner.shutdown.cancelled() => return,
+            () = tokio::time::sleep(crate::journal::RETRY) => {}
+            () = leadership_change(&mut leader) => {
+                // A new term: intents left by the last leader.
+                if *leader.borrow() {
+                    reconcile_at = Some(tokio::time::Instant::now());
+                }
+            }
+        }
     }
 }
 

@@ -429,6 +429,7 @@ fn entry(
         at_unix_ms: at,
         who: format!("agent {service}/{instance} ({})", by.identity),
         action: action.to_owned(),
+        intent: String::new(),
         version: String::new(),
         kind: kind.as_str().to_owned(),
         rule: rule.to_owned(),

@@ -489,6 +489,7 @@ async fn refuse_agent(
             at_unix_ms: now_unix_ms(),
             who: identity.who(),
             action: "agent-refused".into(),
+            intent: String::new(),
             version: String::new(),
             kind: String::new(),
             rule: String::new(),
@@ -512,6 +513,7 @@ async fn audit_pruned(inner: &Inner, pruned: &[AgentKey], limits: crate::AgentLi
             at_unix_ms: now_unix_ms(),
             who: "govd (agent retention)".into(),
             action: "agents-pruned".into(),
+            intent: String::new(),
             version: String::new(),
             kind: String::new(),
             rule: String::new(),
@@ -696,12 +698,18 @@ mod tests {
             pb::SyncState::Stale,
             "sent, waiting for its ACK"
         );
-        // The apply is on disk and in the audit log.
+        // The apply is on disk and in the audit log: its intent, its outcome.
         assert_eq!(
             disk(dir.path()).load().unwrap().applied.unwrap().version,
             result.version
         );
-        assert_eq!(disk(dir.path()).read_audit().unwrap().len(), 1);
+        let actions: Vec<String> = disk(dir.path())
+            .read_audit()
+            .unwrap()
+            .into_iter()
+            .map(|e| e.action)
+            .collect();
+        assert_eq!(actions, ["apply-intended", "apply"]);
     }
 
     async fn serve_on_loopback(options: Options) -> (String, CancellationToken) {
@@ -833,7 +841,7 @@ mod tests {
             .into_iter()
             .map(|e| e.action)
             .collect();
-        assert_eq!(actions, ["release", "release-refused"]);
+        assert_eq!(actions, ["release-intended", "release-refused"]);
 
         std::fs::remove_dir(&blocker).unwrap();
         let (was, notified) = cp

@@ -697,6 +697,7 @@ mod tests {
                     at_unix_ms: 1,
                     who: who.into(),
                     action: "apply".into(),
+                    intent: String::new(),
                     version: "v".into(),
                     kind: String::new(),
                     rule: String::new(),

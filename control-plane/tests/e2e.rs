@@ -1269,8 +1269,8 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
         remaining_after < remaining_before && remaining_after > 7_000_000,
         "{remaining_before} -> {remaining_after}"
     );
-    // One apply, and the trip of the fuse and of the limit (each once, across
-    // the restart).
+    // One apply (its intent and its outcome), and the trip of the fuse and
+    // of the limit (each once, across the restart).
     let audit = read(&state.join("audit.jsonl"));
     let count = |action: &str| {
         audit
@@ -1278,8 +1278,12 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
             .filter(|l| l.contains(&format!("\"action\":\"{action}\"")))
             .count()
     };
-    assert_eq!((count("apply"), count("trip")), (1, 2), "{audit}");
-    assert_eq!(audit.lines().count(), 3, "{audit}");
+    assert_eq!(
+        (count("apply-intended"), count("apply"), count("trip")),
+        (1, 1, 2),
+        "{audit}"
+    );
+    assert_eq!(audit.lines().count(), 4, "{audit}");
 
     // Release: refused without the token, then traffic flows again on every agent.
     let refused = govc(&govd, None, &["release", "fuse", "order/errors"]).await;
@@ -1316,7 +1320,8 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
         2,
         "{audit}"
     );
-    assert_eq!(audit.lines().count(), 5, "{audit}");
+    // And each release's intent.
+    assert_eq!(audit.lines().count(), 8, "{audit}");
     assert!(audit.contains("\"rule\":\"order/errors\""), "{audit}");
 
     a.stop().await;
