@@ -84,6 +84,12 @@ impl Fallback {
 /// How often a down store is probed with `PING`.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(250);
 
+/// How long a store that answered the probe must go without an error before
+/// its outage ends (logged, counted). A store that fails again within it (a
+/// failover that the probe sees before the calls do) is the same outage: it
+/// is logged once, not once per flap.
+pub(crate) const SETTLE: Duration = Duration::from_secs(1);
+
 /// A lease takes at most this fraction (1/N) of the calls a window has left,
 /// so the last calls of a window go out in small slices and an agent that
 /// stops taking traffic holds few of them.
@@ -193,11 +199,27 @@ pub struct ClusterStore {
     inner: Arc<Inner>,
 }
 
+/// Where the store is in an outage. Changed only under its lock, at a
+/// transition; calls read [`Inner::up`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Up,
+    /// Calls decided without the store; the probe runs.
+    Down,
+    /// The probe answered at `since`: calls go to the store again, and the
+    /// outage ends at `since + SETTLE` unless a call fails before.
+    Settling {
+        since: Instant,
+    },
+}
+
 #[derive(Debug)]
 struct Inner {
     backend: Box<dyn Backend>,
     timeout: Duration,
+    /// Calls go to the store (`Up` or `Settling`).
     up: AtomicBool,
+    phase: std::sync::Mutex<Phase>,
     outages: AtomicU64,
     /// Calls each [`Fallback`] decided, indexed as [`Fallback::ALL`].
     fallbacks: [AtomicU64; 3],
@@ -223,6 +245,7 @@ impl ClusterStore {
                 backend,
                 timeout,
                 up: AtomicBool::new(true),
+                phase: std::sync::Mutex::new(Phase::Up),
                 outages: AtomicU64::new(0),
                 fallbacks: Default::default(),
                 probe_ms: AtomicU64::new(0),
@@ -281,14 +304,32 @@ impl ClusterStore {
         }
     }
 
+    fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
+        // A plain enum: a panic elsewhere cannot leave it half-written.
+        self.inner.phase.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A call failed: calls stop going to the store. A new outage is logged
+    /// and counted, and its probe started; a failure while the store settles
+    /// continues the outage it was ending, silently.
     fn mark_down(&self, error: &str) {
+        if !self.is_up() {
+            return;
+        }
+        let mut phase = self.phase();
         if !self.inner.up.swap(false, Relaxed) {
+            return;
+        }
+        let was = std::mem::replace(&mut *phase, Phase::Down);
+        drop(phase);
+        if was != Phase::Up {
+            // The probe of this outage is still running.
             return;
         }
         self.inner.outages.fetch_add(1, Relaxed);
         tracing::warn!(
             %error,
-            "cluster store (redis) unreachable: `scope cluster` limits count locally until it is back"
+            "cluster store (redis) unreachable: `scope cluster` limits decide calls without it until it is back"
         );
         let store = self.clone();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -296,12 +337,33 @@ impl ClusterStore {
         }
     }
 
+    /// Probes a down store until it answers, then ends the outage once the
+    /// store has gone [`SETTLE`] without a failed call.
     async fn probe(&self) {
         loop {
             tokio::time::sleep(PROBE_EVERY).await;
             // Stop when the last engine holding the store is gone.
             if Arc::strong_count(&self.inner) <= 1 {
                 return;
+            }
+            let now = Instant::now();
+            {
+                // INVARIANT: the phase is read and changed under one lock, so
+                // a failure in between cannot be overwritten.
+                let mut phase = self.phase();
+                match *phase {
+                    Phase::Up => return,
+                    Phase::Settling { since } if now.saturating_duration_since(since) >= SETTLE => {
+                        *phase = Phase::Up;
+                        drop(phase);
+                        tracing::info!(
+                            "cluster store (redis) reachable again: limits are shared again"
+                        );
+                        return;
+                    }
+                    Phase::Settling { .. } => continue,
+                    Phase::Down => {}
+                }
             }
             let deadline = self
                 .inner
@@ -311,10 +373,12 @@ impl ClusterStore {
                 tokio::time::timeout(deadline, self.inner.backend.ping()).await,
                 Ok(Ok(()))
             );
-            if ok {
+            let mut phase = self.phase();
+            if ok && *phase == Phase::Down {
+                *phase = Phase::Settling {
+                    since: Instant::now(),
+                };
                 self.inner.up.store(true, Relaxed);
-                tracing::info!("cluster store (redis) reachable again: limits are shared again");
-                return;
             }
         }
     }
@@ -477,6 +541,97 @@ mod keys {
         let (crm, shop) = (latch_key("r", "crm"), latch_key("r", "shop"));
         assert_ne!(tag(&crm), tag(&shop));
         assert_eq!(calls_key("r", "crm", 9), "gov:{r:crm}:9");
+    }
+}
+
+#[cfg(test)]
+mod transitions {
+    use std::sync::Mutex;
+
+    use super::fake::{Memory, Shared};
+    use super::*;
+
+    /// What a test subscriber wrote, line by line.
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
+        type Writer = Log;
+
+        fn make_writer(&'a self) -> Log {
+            self.clone()
+        }
+    }
+
+    impl Log {
+        fn count(&self, text: &str) -> usize {
+            let bytes = self.0.lock().unwrap();
+            String::from_utf8_lossy(&bytes)
+                .lines()
+                .filter(|l| l.contains(text))
+                .count()
+        }
+    }
+
+    async fn call(store: &ClusterStore) -> bool {
+        let call = ExactCall {
+            counter: calls_key("svc/l", "", 1),
+            latch: latch_key("svc/l", ""),
+            expiry_ms: 1000,
+            amount: 1_000_000,
+            latch_ms: 0,
+        };
+        store.exact(call, DEFAULT_TIMEOUT).await.is_some()
+    }
+
+    /// A failover seen by the probe before the calls: the store answers
+    /// `PING`, the next call fails, six times over. One outage, one line
+    /// each way.
+    #[tokio::test(start_paused = true)]
+    async fn a_flapping_store_is_one_outage_logged_once_each_way() {
+        let log = Log::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(log.clone())
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let memory = Arc::new(Memory::default());
+        let store = ClusterStore::from_backend(Box::new(Shared(memory.clone())), DEFAULT_TIMEOUT);
+        let (down, back) = ("unreachable", "reachable again");
+        memory.down.store(true, Relaxed);
+        assert!(!call(&store).await);
+        for _ in 0..6 {
+            memory.down.store(false, Relaxed);
+            tokio::time::sleep(PROBE_EVERY + Duration::from_millis(10)).await;
+            assert!(store.is_up(), "the probe answered");
+            assert!(call(&store).await);
+            memory.down.store(true, Relaxed);
+            assert!(!call(&store).await);
+        }
+        assert_eq!((log.count(down), log.count(back)), (1, 0));
+        memory.down.store(false, Relaxed);
+        tokio::time::sleep(SETTLE + PROBE_EVERY * 3).await;
+        assert!(store.is_up());
+        assert_eq!(store.outages(), 1);
+        assert_eq!((log.count(down), log.count(back)), (1, 1));
+        // A later outage is another one.
+        memory.down.store(true, Relaxed);
+        assert!(!call(&store).await);
+        memory.down.store(false, Relaxed);
+        tokio::time::sleep(SETTLE + PROBE_EVERY * 3).await;
+        assert_eq!(store.outages(), 2);
+        assert_eq!((log.count(down), log.count(back)), (2, 2));
     }
 }
 
