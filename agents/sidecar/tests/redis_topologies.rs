@@ -546,7 +546,10 @@ async fn a_cluster_limit_is_shared_through_a_redis_cluster() {
     let cluster = RedisCluster::start();
     fit_in_one_window(20_000).await;
     let mut releasers = Vec::new();
-    for (rule, sync) in [("order/exact", EXACT), ("order/batch", BATCH)] {
+    // A generous timeout: this test is about sharing, not about a slow
+    // machine's fallbacks.
+    let exact = format!("{EXACT}\n    sync_timeout_ms: 1000");
+    for (rule, sync) in [("order/exact", exact.as_str()), ("order/batch", BATCH)] {
         let mut config = limit_config(30, sync, "release: {after_ms: 3600000}");
         config.rules[0].name = rule.into();
         let (a, b) = (
@@ -564,11 +567,28 @@ async fn a_cluster_limit_is_shared_through_a_redis_cluster() {
             }),
         );
         let total = ta.await.unwrap() + tb.await.unwrap();
-        if sync == EXACT {
+        if rule == "order/exact" {
             assert_eq!(total, 30, "two agents share one exact counter");
         } else {
-            // Batch: at most one flush of both agents' traffic over.
-            assert!((30..=50).contains(&total), "{sync}: admitted {total}");
+            // Batch: leases never add up to more than the amount. Fewer is by
+            // design when an agent ends its 25 calls holding leased calls
+            // that the other agent then asks for in vain: they are given
+            // back at its next top-ups, after the other's refusal engaged
+            // the latch ("Shared counters in Redis", calls a window can
+            // lose). Once given back, the store counts exactly the calls
+            // admitted: no lease part was lost on the way.
+            assert!(total <= 30, "{sync}: admitted {total}");
+            let counter = gov_engine::cluster::calls_key(rule, "", wall_ms() / 60_000);
+            let end = std::time::Instant::now() + Duration::from_secs(2);
+            while cluster.get(&counter) != total && std::time::Instant::now() < end {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(
+                cluster.get(&counter),
+                total,
+                "{sync}: the store counts other calls than the {total} admitted once idle leases are back"
+            );
+            eprintln!("{sync}: admitted {total} of 30");
         }
         assert_eq!(a.stats().cluster_store_up, Some(true), "{sync}");
         // The latch engaged through the cluster holds for both agents (a

@@ -1206,6 +1206,35 @@ mod tests {
             assert_eq!(lease(&a).left, 0);
         }
 
+        /// Why a window can admit fewer than the amount: an agent that stops
+        /// taking calls holds the calls it leased until its next top-ups give
+        /// them back, and the other agent's refusal meanwhile engages a latch.
+        /// Nothing is lost: once given back, the store counts the calls made.
+        #[tokio::test(start_paused = true)]
+        async fn an_idle_agents_lease_is_given_back_late_not_lost() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let latch = Some(ReleaseSpec::After(Duration::from_secs(3600)));
+            let (a, _) = agent(&store, BATCH, 4, latch);
+            let (b, _) = agent(&store, BATCH, 4, latch);
+            assert_eq!(admit_n(&a, 1).await, 1);
+            // a's top-up leases ahead of traffic that does not come.
+            a.flush().await;
+            let held = lease(&a).left;
+            assert!(held > 0, "{:?}", lease(&a));
+            // b gets what is left, then is refused: the latch engages.
+            let made_by_b = admit_n(&b, 4).await;
+            assert_eq!(1 + made_by_b + held as usize, 4);
+            assert!(b.engaged());
+            b.flush().await;
+            // a's next top-ups: it learns the latch and gives its lease back.
+            a.flush().await;
+            a.flush().await;
+            assert_eq!(lease(&a).left, 0);
+            assert_eq!(leased(&memory, &store), 1 + made_by_b as u64);
+        }
+
         #[tokio::test(start_paused = true)]
         async fn exact_counts_every_call_in_the_store() {
             let memory = Arc::new(Memory::default());
