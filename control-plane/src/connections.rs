@@ -49,6 +49,8 @@ pub struct ConnectionLimits {
     pub http2_keepalive_timeout: Duration,
     /// TCP keepalive probes after this long idle.
     pub tcp_keepalive: Duration,
+    /// `Watch` streams open at once per token.
+    pub max_watches_per_token: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -62,6 +64,7 @@ impl Default for ConnectionLimits {
             http2_keepalive_interval: KEEPALIVE_INTERVAL,
             http2_keepalive_timeout: KEEPALIVE_TIMEOUT,
             tcp_keepalive: Duration::from_secs(60),
+            max_watches_per_token: 16,
         }
     }
 }

@@ -43,6 +43,7 @@ mod server;
 pub mod state;
 pub mod store;
 pub mod view;
+pub mod watches;
 
 pub use agent_limits::AgentLimits;
 pub use apply::{ApplyError, ApplyRequest, MAX_APPLY_WAIT};

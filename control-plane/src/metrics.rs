@@ -43,6 +43,8 @@ pub(crate) struct Metrics {
     agents_pruned: AtomicU64,
     /// Open connections by client, and those closed before proving anything.
     pub(crate) connections: std::sync::Arc<crate::connections::Registry>,
+    /// Watch streams open by token, and those refused.
+    pub(crate) watches: std::sync::Arc<crate::watches::Watches>,
     /// Nonce of each unanswered push, with when it was sent.
     pending: Mutex<HashMap<String, Instant>>,
 }
@@ -296,6 +298,7 @@ impl Metrics {
         );
         self.answered.render(&mut enc, "govd_config_answer_seconds");
         self.connections.render(&mut enc);
+        self.watches.render(&mut enc);
         gov_proto::prom::render_process(&mut enc);
         enc.finish()
     }

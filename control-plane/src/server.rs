@@ -25,7 +25,7 @@ use crate::convert::now_unix_ms;
 use crate::error::Error;
 use crate::state::AgentKey;
 use crate::store::{AuditEntry, Source, TripKind};
-use crate::view::filter_view;
+use crate::view::{MAX_VIEW_BYTES, bounded, filter_view};
 
 /// How long a new stream may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -333,12 +333,27 @@ impl ControlPlaneRpc for ControlPlane {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        self.inner
+        let caller = self
+            .inner
             .tokens()
             .caller(&request, Role::Viewer, "Watch", "")?;
+        let max = self.inner.connections.max_watches_per_token;
+        let Some(slot) = self.inner.metrics.watches.open(&caller.name, max) else {
+            return Err(Status::resource_exhausted(format!(
+                "the token `{}` has {max} Watch streams open, govd's cap (--max-watches-per-token); close one (a TUI) first",
+                caller.name
+            )));
+        };
         let service = request.into_inner().service;
+        // The slot is given back when the stream is dropped.
         let stream = WatchStream::new(self.inner.view.subscribe())
-            .map(move |view| Ok(filter_view((*view).clone(), &service)))
+            .map(move |view| {
+                let _held = &slot;
+                Ok(bounded(
+                    filter_view((*view).clone(), &service),
+                    MAX_VIEW_BYTES,
+                ))
+            })
             .take_until(self.inner.shutdown.clone().cancelled_owned());
         Ok(Response::new(Box::pin(stream)))
     }
@@ -351,7 +366,8 @@ impl ControlPlaneRpc for ControlPlane {
             .tokens()
             .caller(&request, Role::Viewer, "Status", "")?;
         let service = request.into_inner().service;
-        Ok(Response::new(filter_view(self.status(), &service)))
+        let view = filter_view(self.status(), &service);
+        Ok(Response::new(bounded(view, MAX_VIEW_BYTES)))
     }
 
     async fn audit(

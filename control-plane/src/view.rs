@@ -9,6 +9,35 @@ use crate::latches::SHADOW_NOTE;
 use crate::state::State;
 use crate::store::TripKind;
 
+/// The most bytes of one `ClusterView` that `Status` and `Watch` send: a
+/// quarter of govc's decode limit (64 MiB), so that no viewer is ever sent
+/// a view it cannot read, however many agents bring however many labels.
+pub const MAX_VIEW_BYTES: usize = 16 << 20;
+
+/// `view` within `max_bytes` encoded: the agents' labels are left out
+/// first, then agent rows from the end, and the view says so
+/// (`labels_left_out`, `agents_left_out`).
+pub fn bounded(mut view: pb::ClusterView, max_bytes: usize) -> pb::ClusterView {
+    use prost::Message as _;
+    let mut size = view.encoded_len();
+    if size <= max_bytes {
+        return view;
+    }
+    for agent in &mut view.agents {
+        agent.labels.clear();
+    }
+    view.labels_left_out = true;
+    size = view.encoded_len();
+    while size > max_bytes {
+        let Some(agent) = view.agents.pop() else {
+            break;
+        };
+        size = size.saturating_sub(prost::encoding::message::encoded_len(3, &agent));
+        view.agents_left_out = view.agents_left_out.saturating_add(1);
+    }
+    view
+}
+
 /// The cluster as `Watch` and `Status` show it, at `now` (Unix ms).
 pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
     let agents = state
@@ -104,6 +133,8 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
         rules,
         fuses,
         limits,
+        labels_left_out: false,
+        agents_left_out: 0,
     }
 }
 
@@ -225,6 +256,37 @@ mod tests {
 
     use super::*;
     use crate::store::AppliedPolicy;
+
+    #[test]
+    fn a_view_over_its_bound_loses_labels_then_agent_rows_and_says_so() {
+        use prost::Message as _;
+        let agent = |i: usize| pb::AgentView {
+            service: "order".into(),
+            instance: format!("order-{i}"),
+            labels: [("blob".to_owned(), "x".repeat(1_000))].into(),
+            ..Default::default()
+        };
+        let view = pb::ClusterView {
+            agents: (0..100).map(agent).collect(),
+            ..Default::default()
+        };
+        let size = view.encoded_len();
+        assert!(size > 100_000);
+        assert_eq!(bounded(view.clone(), size), view, "within its bound: as is");
+        let small = bounded(view.clone(), 10_000);
+        assert!(small.labels_left_out);
+        assert_eq!(small.agents.len(), 100);
+        assert_eq!(small.agents_left_out, 0);
+        assert!(small.encoded_len() <= 10_000);
+        let tiny = bounded(view, 500);
+        assert!(tiny.encoded_len() <= 500, "{}", tiny.encoded_len());
+        assert!(tiny.agents_left_out > 0);
+        assert_eq!(tiny.agents.len() + tiny.agents_left_out as usize, 100);
+        assert_eq!(
+            tiny.agents[0].instance, "order-0",
+            "rows from the end go first"
+        );
+    }
 
     /// A policy of one limit, `order/crm`, in `mode`, committed as `version`.
     fn commit_limit(state: &mut State, mode: pb::Mode, version: &str) {

@@ -118,6 +118,7 @@ fn view(tick: u64) -> ClusterView {
         rules,
         fuses,
         limits,
+        ..Default::default()
     }
 }
 

@@ -141,6 +141,12 @@ struct Args {
     #[arg(long, env = "GOV_HTTP2_KEEPALIVE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     http2_keepalive_timeout: Duration,
 
+    /// Most `Watch` streams (TUIs) open at once with one token; a further
+    /// one is refused (RESOURCE_EXHAUSTED) until one closes.
+    #[arg(long, env = "GOV_MAX_WATCHES_PER_TOKEN", default_value_t = ConnectionLimits::default().max_watches_per_token,
+          value_parser = at_least_one)]
+    max_watches_per_token: usize,
+
     /// TCP keepalive probes on a connection idle this long.
     #[arg(long, env = "GOV_TCP_KEEPALIVE", default_value = "60s", value_parser = parse_duration)]
     tcp_keepalive: Duration,
@@ -295,6 +301,7 @@ async fn run(args: Args) -> Result<(), Error> {
         http2_keepalive_interval: args.http2_keepalive_interval,
         http2_keepalive_timeout: args.http2_keepalive_timeout,
         tcp_keepalive: args.tcp_keepalive,
+        max_watches_per_token: args.max_watches_per_token,
     };
     options.agent_limits = AgentLimits {
         max_agents_per_service: args.max_agents_per_service,

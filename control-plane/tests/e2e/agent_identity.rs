@@ -9,13 +9,13 @@ use super::*;
 
 /// A `Connect` stream opened by a fake agent: `token` as its bearer token,
 /// `hello` sent first.
-struct FakeAgent {
+pub(super) struct FakeAgent {
     /// What it sends after the hello.
     tx: mpsc::Sender<pb::AgentMessage>,
     incoming: tonic::Streaming<pb::ControlMessage>,
 }
 
-fn hello(service: &str, instance: &str) -> pb::Hello {
+pub(super) fn hello(service: &str, instance: &str) -> pb::Hello {
     pb::Hello {
         service: service.into(),
         instance: instance.into(),
@@ -25,7 +25,7 @@ fn hello(service: &str, instance: &str) -> pb::Hello {
 }
 
 /// Opens `Connect` as `hello` says, with `token`; govd's answer.
-async fn fake_agent(
+pub(super) async fn fake_agent(
     govd: &Govd,
     token: Option<&str>,
     hello: pb::Hello,

@@ -208,3 +208,86 @@ async fn idle_connections_without_a_token_do_not_keep_govc_out() {
     drop((other_host, same_host));
     govd.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_watch_stay_readable_over_many_agents_with_large_labels() {
+    use super::agent_identity::{fake_agent, hello};
+    let dir = tempfile::tempdir().unwrap();
+    // Caps raised so that 30 agents bring 2.5 MB of labels each: a 75 MB
+    // view, over govc's 64 MiB decode limit.
+    let govd = control_plane(&dir.path().join("state"))
+        .metrics()
+        .args(&[
+            "--max-agent-label-bytes",
+            "3000000",
+            "--max-agent-string-bytes",
+            "3000000",
+            "--max-watches-per-token",
+            "2",
+        ])
+        .start()
+        .await;
+    let token = service_agent_token("order");
+    let mut agents = Vec::new();
+    for i in 0..30 {
+        let mut hello = hello("order", &format!("order-{i}"));
+        hello.labels.insert("blob".into(), "x".repeat(2_500_000));
+        agents.push(fake_agent(&govd, Some(&token), hello).await.unwrap());
+    }
+    let status = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let view = govd.status().await;
+    assert!(view.labels_left_out);
+    assert_eq!(view.agents.len() + view.agents_left_out as usize, 30);
+    assert!(
+        prost::Message::encoded_len(&view) <= 16 << 20,
+        "{}",
+        prost::Message::encoded_len(&view)
+    );
+    // Two Watch streams per token; a third is refused until one closes.
+    let mut client = gov_control_plane::client::connect(&govd.url(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut first = client
+        .watch(as_viewer(pb::WatchRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    let view = first.message().await.unwrap().unwrap();
+    assert!(view.labels_left_out);
+    let _second = client
+        .watch(as_viewer(pb::WatchRequest::default()))
+        .await
+        .unwrap();
+    let third = client
+        .watch(as_viewer(pb::WatchRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(third.code(), tonic::Code::ResourceExhausted, "{third:?}");
+    assert!(
+        third.message().contains("--max-watches-per-token"),
+        "{}",
+        third.message()
+    );
+    assert_eq!(govd_sample(&govd, "govd_watch_refusals_total").await, 1);
+    drop(first);
+    wait_until(
+        "a closed Watch to free its slot",
+        Duration::from_secs(10),
+        async || {
+            client
+                .watch(as_viewer(pb::WatchRequest::default()))
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    let (peak, now) = memory(&govd);
+    eprintln!(
+        "govd memory with 30 agents of 2.5 MB labels: peak {} MB, now {} MB",
+        peak >> 20,
+        now >> 20
+    );
+    drop(agents);
+    govd.stop().await;
+}

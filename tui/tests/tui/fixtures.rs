@@ -241,6 +241,7 @@ pub fn busy_view(secs: u64) -> ClusterView {
             source: source(19, SUPPLIER),
             key: String::new(),
         }],
+        ..Default::default()
     }
 }
 
