@@ -241,6 +241,7 @@ async fn two_writers_from_one_revision_never_both_win_and_a_leader_without_its_l
             at_unix_ms: 5,
             who: who.into(),
             action: "apply".into(),
+            intent: String::new(),
             version: String::new(),
             kind: String::new(),
             rule: String::new(),
