@@ -288,7 +288,7 @@ impl AgentIdentity {
 }
 
 /// The service a client certificate (DER) names: the `NAME` of a SPIFFE
-/// URI SAN `spiffe://TRUST-DOMAIN/.../service/NAME`, else its subject CN.
+/// URI SAN (see [`spiffe_service`]), else its subject CN.
 pub fn certificate_service(der: &[u8]) -> Result<String, String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der)
         .map_err(|e| format!("the client certificate cannot be parsed: {e}"))?;
@@ -297,16 +297,7 @@ pub fn certificate_service(der: &[u8]) -> Result<String, String> {
             if let x509_parser::extensions::GeneralName::URI(uri) = name
                 && let Some(path) = uri.strip_prefix("spiffe://")
             {
-                let parts: Vec<&str> = path.split('/').collect();
-                // [trust domain, ..., "service", NAME]
-                if let [_, .., "service", name] = parts.as_slice()
-                    && !name.is_empty()
-                {
-                    return Ok((*name).to_owned());
-                }
-                return Err(format!(
-                    "the client certificate's SPIFFE ID `{uri}` names no service (expected `spiffe://DOMAIN/.../service/NAME`)"
-                ));
+                return spiffe_service(uri, path);
             }
         }
     }
@@ -322,6 +313,48 @@ pub fn certificate_service(der: &[u8]) -> Result<String, String> {
             "the client certificate names no service (no `spiffe://.../service/NAME` URI SAN, no CN)"
                 .into(),
         ),
+    }
+}
+
+/// The service of the SPIFFE ID `uri` (`path` is what follows
+/// `spiffe://`), in its one accepted form:
+/// `spiffe://TRUST-DOMAIN/[SEGMENT/...]service/NAME` (for example
+/// `spiffe://prod.example/ns/shop/sa/order/service/order`): `service/NAME`
+/// ends the path and appears once. Anything ambiguous is refused: two
+/// `service` segments, an empty segment (`//`, a trailing `/`), `.` or
+/// `..`, a query, a fragment or a percent escape (SPIFFE IDs have none), a
+/// `NAME` that is not a service name.
+pub fn spiffe_service(uri: &str, path: &str) -> Result<String, String> {
+    let refuse = |why: &str| {
+        Err(format!(
+            "the client certificate's SPIFFE ID `{}` {why} (expected `spiffe://TRUST-DOMAIN/.../service/NAME`, with `service/` once, at the end)",
+            gov_proto::printable::printable(uri)
+        ))
+    };
+    if path.contains(['?', '#', '%']) {
+        return refuse("has a query, a fragment or a percent escape");
+    }
+    let segments: Vec<&str> = path.split('/').collect();
+    if segments
+        .iter()
+        .any(|s| s.is_empty() || *s == "." || *s == "..")
+    {
+        return refuse("has an empty, `.` or `..` segment");
+    }
+    let services = segments.iter().skip(1).filter(|s| **s == "service").count();
+    match segments.as_slice() {
+        [_, .., "service", name] if services == 1 => {
+            let valid = name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if valid {
+                Ok((*name).to_owned())
+            } else {
+                refuse("names a service that is not a service name")
+            }
+        }
+        _ if services > 1 => refuse("names `service/` more than once"),
+        _ => refuse("names no service at its end"),
     }
 }
 
@@ -703,6 +736,38 @@ mod tests {
         assert!(open.may_claim("order"));
         let certified = AgentIdentity::certificate("order");
         assert!(certified.may_claim("order") && !certified.may_claim("crm"));
+    }
+
+    #[test]
+    fn a_spiffe_id_names_its_service_once_at_the_end_or_is_refused() {
+        let service = |uri: &str| spiffe_service(uri, uri.strip_prefix("spiffe://").unwrap());
+        assert_eq!(
+            service("spiffe://prod.example/service/order").unwrap(),
+            "order"
+        );
+        assert_eq!(
+            service("spiffe://prod.example/ns/shop/sa/order/service/order-v2").unwrap(),
+            "order-v2"
+        );
+        for (uri, why) in [
+            ("spiffe://d/service/order/service/crm", "more than once"),
+            (
+                "spiffe://d/service/crm/ns/x/service/order",
+                "more than once",
+            ),
+            ("spiffe://d/service/order/", "empty"),
+            ("spiffe://d//service/order", "empty"),
+            ("spiffe://d/ns/../service/order", "`..`"),
+            ("spiffe://d/service/order?x=1", "query"),
+            ("spiffe://d/service/ord%65r", "percent"),
+            ("spiffe://d/ns/shop", "no service"),
+            ("spiffe://d/service", "no service"),
+            ("spiffe://d/service/or.der", "not a service name"),
+            ("spiffe://d/service/\x1b[2J", "not a service name"),
+        ] {
+            let error = service(uri).unwrap_err();
+            assert!(error.contains(why), "{uri}: {error}");
+        }
     }
 
     #[test]
