@@ -57,6 +57,8 @@ mod floods;
 mod replicas;
 #[path = "e2e/unsaved.rs"]
 mod unsaved;
+#[path = "e2e/warmup.rs"]
+mod warmup;
 
 // === policies ===
 

@@ -76,7 +76,8 @@ struct Args {
     instances: Vec<(String, Vec<Authority>)>,
 
     /// How the outbound listener chooses an instance: `peak-ewma` (power of two
-    /// choices over latency x outstanding requests / weight) or `round-robin`.
+    /// choices over latency x outstanding requests, an instance's slow-start
+    /// weight capping its share) or `round-robin`.
     #[arg(long, env = "GOV_BALANCE", default_value = "peak-ewma")]
     balance: Balance,
 

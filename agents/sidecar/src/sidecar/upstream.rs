@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -236,10 +236,12 @@ const FULL_WEIGHT: u32 = crate::lifecycle::FULL_WEIGHT;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Balance {
     /// Power of two choices over peak-EWMA cost: the latency estimate times the
-    /// requests outstanding plus one, divided by the slow-start weight (the default).
+    /// requests outstanding plus one, the candidates drawn by slow-start weight
+    /// (the default).
     #[default]
     PeakEwma,
-    /// Each available endpoint in turn, blind to load: the baseline to compare with.
+    /// Each available endpoint in turn, blind to load (slow-start weights thin an
+    /// endpoint's turns): the baseline to compare with.
     RoundRobin,
 }
 

@@ -2,12 +2,21 @@
 //!
 //! The outbound balancer is power of two choices over peak-EWMA cost, as Finagle's
 //! and Linkerd's: two endpoints drawn at random, the one with the lower latency
-//! estimate times (requests outstanding + 1), divided by its slow-start weight,
-//! wins. Peak-EWMA rather than least outstanding requests because a sidecar sees
-//! few requests in flight per endpoint: at one or two outstanding, a count cannot
-//! tell a 10x slower endpoint from a fast one, and the slow one keeps its share of
-//! the tail; a latency estimate can. The estimate jumps to a slower sample at once
-//! and forgets it over about 10 s.
+//! estimate times (requests outstanding + 1) wins. Peak-EWMA rather than least
+//! outstanding requests because a sidecar sees few requests in flight per
+//! endpoint: at one or two outstanding, a count cannot tell a 10x slower endpoint
+//! from a fast one, and the slow one keeps its share of the tail; a latency
+//! estimate can. The estimate jumps to a slower sample at once and forgets it over
+//! about 10 s.
+//!
+//! Slow start: the weights choose the candidates before their costs are compared,
+//! so no estimate can lift a ramping endpoint past its weight. One below the
+//! heaviest weight of the set is only ever the first candidate, and only with
+//! probability its weight over the heaviest: of `k` endpoints, one at 30% of the
+//! heaviest gets at most 30% of `1/k` of the calls, less when it is the slower of
+//! its pair. Dividing the cost by the weight (what this did before) did not bound
+//! it: the warm endpoints' latency peaks made a fast new one at 10% the cheapest
+//! of most pairs, and it took over half the calls (issue 31).
 //!
 //! Latency outliers: P2C alone still sends a 10x slower endpoint a few percent of
 //! the calls (it wins a pair whenever the other endpoint's queue makes it look
@@ -31,15 +40,12 @@
 
 use super::*;
 
+mod endpoint;
+
+pub(crate) use endpoint::Endpoint;
+pub use endpoint::PROBE_EVERY;
+
 // === the endpoints of other services ===
-
-/// How fast a latency estimate forgets: a sample this old weighs 1/e (Linkerd's and
-/// Finagle's default).
-const DECAY_NANOS: f64 = 10e9;
-
-/// How fast the mean latency outliers are judged on forgets: a sample this old
-/// weighs 1/e.
-const MEAN_NANOS: f64 = 1e9;
 
 /// The cost of an endpoint that has not answered yet while a request to it is
 /// outstanding: a new endpoint takes one probe at a time until its first response
@@ -58,10 +64,6 @@ pub const EJECT_MAX: Duration = Duration::from_secs(60);
 /// An endpoint whose mean latency is more than this many times the median of
 /// its service's is slow: it gets probes only.
 pub const SLOW_FACTOR: f64 = 3.0;
-
-/// A slow endpoint gets one request when this long has passed since its last
-/// probe (and nothing is outstanding on it): at 2,000 calls/s, 0.05% of them.
-pub const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// How often the median and the slow endpoints are judged again.
 pub const JUDGE_EVERY: Duration = Duration::from_millis(100);
@@ -101,39 +103,6 @@ struct Service {
     /// When the slow endpoints were last judged, nanoseconds after the epoch, plus
     /// one (0: never).
     judged_at: AtomicU64,
-}
-
-/// One endpoint and what the balancer knows of it. Written with relaxed atomics: a
-/// lost race skews an estimate or a count by one sample, never a decision's safety.
-#[derive(Debug)]
-pub(crate) struct Endpoint {
-    /// Where it listens.
-    pub(crate) authority: Authority,
-    /// Its identity for client-side rules (per-instance bulkheads): `host:port`.
-    pub(crate) id: Arc<str>,
-    /// Requests picked for it whose response has not ended.
-    outstanding: AtomicU64,
-    /// Requests sent to it (each attempt), since it joined.
-    requests: AtomicU64,
-    /// Times it was ejected, since it joined.
-    ejections: AtomicU64,
-    /// Connect failures and resets since its last response.
-    failures: AtomicU32,
-    /// Ejections since its last response: the back-off doubles with each.
-    ejected_in_a_row: AtomicU32,
-    /// Nanoseconds after the epoch until which it is ejected (0: never was).
-    ejected_until: AtomicU64,
-    /// The peak-EWMA latency estimate in nanoseconds (`f64` bits; 0: none yet).
-    rtt: AtomicU64,
-    /// When `rtt` was last updated, nanoseconds after the epoch.
-    rtt_at: AtomicU64,
-    /// The plain moving average of the latency in nanoseconds (`f64` bits; 0:
-    /// none yet), over about [`MEAN_NANOS`].
-    mean: AtomicU64,
-    /// A latency outlier at the last judgement: it gets probes only.
-    slow: AtomicBool,
-    /// While slow, nanoseconds after the epoch from which its next probe may go.
-    probe_from: AtomicU64,
 }
 
 /// A request's hold on the endpoint picked for it: counts as outstanding until
@@ -326,6 +295,11 @@ impl Service {
     /// traffic to a possibly bad endpoint beats no traffic at all). A slow endpoint
     /// due for a probe takes the request instead, when an endpoint that is not slow
     /// could have.
+    ///
+    /// Slow start: of `k` eligible endpoints, one at weight `w` below the
+    /// heaviest eligible weight `w_top` is picked with probability at most
+    /// `w / w_top / k` (its full share scaled by its relative weight), however
+    /// its latency compares; within that bound the cheaper candidate wins.
     fn pick(
         self: &Arc<Self>,
         exclude: Option<usize>,
@@ -363,7 +337,6 @@ impl Service {
         let probe = probe
             .filter(|&i| counts[0] > 0 && self.endpoints.get(i).is_some_and(|e| e.claim_probe(at)));
         let tier = (0..3).find(|&t| counts[t] > 0)?;
-        let count = counts[tier];
         let eligible = |i: usize| {
             exclude != Some(i)
                 && self
@@ -371,31 +344,60 @@ impl Service {
                     .get(i)
                     .is_some_and(|e| tier == 2 || (!e.ejected(at) && (tier == 1 || !slow(e))))
         };
-        // The k-th eligible endpoint (the common case, every one eligible, is `k`).
-        let nth = |k: usize| {
-            if count == n {
-                Some(k)
-            } else {
-                (0..n).filter(|&i| eligible(i)).nth(k)
+        let weight = |i: usize| self.weights.get(i).copied().unwrap_or(1);
+        // The heaviest eligible weight, and how many eligible endpoints have it:
+        // those are at full share, the others ramp relative to them.
+        let (mut top, mut heaviest) = (0, 0);
+        for i in (0..n).filter(|&i| eligible(i)) {
+            match weight(i).cmp(&top) {
+                std::cmp::Ordering::Greater => (top, heaviest) = (weight(i), 1),
+                std::cmp::Ordering::Equal => heaviest += 1,
+                std::cmp::Ordering::Less => {}
             }
+        }
+        // The k-th eligible endpoint at the top weight other than `not`.
+        let nth_heaviest = |k: usize, not: Option<usize>| {
+            (0..n)
+                .filter(|&i| Some(i) != not && eligible(i) && weight(i) == top)
+                .nth(k)
+        };
+        // The first candidate: the next in turn or one at random, every eligible
+        // endpoint alike. One below the top weight w_top at weight w stays a
+        // candidate with probability w / w_top, else an endpoint at the top
+        // weight takes its place.
+        let first = match self.balance {
+            Balance::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % counts[tier],
+            Balance::PeakEwma => rng.random_range(0..counts[tier]),
+        };
+        let first = if counts[tier] == n {
+            first
+        } else {
+            (0..n).filter(|&i| eligible(i)).nth(first)?
+        };
+        let first = if weight(first) == top || rng.random_range(0..top) < weight(first) {
+            first
+        } else {
+            nth_heaviest(rng.random_range(0..heaviest), None)?
         };
         let index = match (probe, self.balance) {
             (Some(probe), _) => probe,
-            (None, Balance::RoundRobin) => nth(self.next.fetch_add(1, Ordering::Relaxed) % count)?,
-            (None, Balance::PeakEwma) if count == 1 => nth(0)?,
+            (None, Balance::RoundRobin) => first,
             (None, Balance::PeakEwma) => {
-                // Two distinct candidates at random; the cheaper one wins (a tie goes
-                // to the first, itself random).
-                let a = rng.random_range(0..count);
-                let mut b = rng.random_range(0..count - 1);
-                if b >= a {
-                    b += 1;
-                }
-                let (a, b) = (nth(a)?, nth(b)?);
-                if self.cost(b, at) < self.cost(a, at) {
-                    b
+                // INVARIANT: an endpoint below the top weight is only ever the first
+                // candidate, which it is with probability at most its weight over
+                // the top's divided by the eligible count: its share's bound. The
+                // second comes from those at the top weight; the cheaper of the two
+                // wins (a tie goes to the first).
+                let others = heaviest - usize::from(weight(first) == top);
+                if others == 0 {
+                    first
                 } else {
-                    a
+                    let second = nth_heaviest(rng.random_range(0..others), Some(first))?;
+                    if self.cost(second, at) < self.cost(first, at) {
+                        second
+                    } else {
+                        first
+                    }
                 }
             }
         };
@@ -469,110 +471,23 @@ impl Service {
         }
     }
 
-    /// Peak-EWMA cost: the latency estimate times the requests outstanding plus one,
-    /// over the weight. An endpoint without an estimate costs nothing while idle and
-    /// [`PENALTY`] while its first request is out.
+    /// Peak-EWMA cost: the latency estimate times the requests outstanding plus
+    /// one. An endpoint without an estimate costs nothing while idle and
+    /// [`PENALTY`] while its first request is out. The weight is not in it: it
+    /// bounds how often an endpoint is a candidate at all (`pick`).
     fn cost(&self, index: usize, at: u64) -> f64 {
-        let (Some(endpoint), Some(weight)) = (self.endpoints.get(index), self.weights.get(index))
-        else {
+        let Some(endpoint) = self.endpoints.get(index) else {
             return f64::INFINITY;
         };
         let pending = endpoint.outstanding.load(Ordering::Relaxed) as f64;
         let rtt = endpoint.estimate(at);
-        let cost = if rtt > 0.0 {
+        if rtt > 0.0 {
             rtt * (pending + 1.0)
         } else if pending > 0.0 {
             PENALTY + pending
         } else {
             0.0
-        };
-        cost * f64::from(FULL_WEIGHT) / f64::from(*weight)
-    }
-}
-
-// === impl Endpoint ===
-
-impl Endpoint {
-    fn new(authority: Authority) -> Self {
-        Self {
-            id: Arc::from(authority.as_str()),
-            authority,
-            outstanding: AtomicU64::new(0),
-            requests: AtomicU64::new(0),
-            ejections: AtomicU64::new(0),
-            failures: AtomicU32::new(0),
-            ejected_in_a_row: AtomicU32::new(0),
-            ejected_until: AtomicU64::new(0),
-            rtt: AtomicU64::new(0),
-            rtt_at: AtomicU64::new(0),
-            mean: AtomicU64::new(0),
-            slow: AtomicBool::new(false),
-            probe_from: AtomicU64::new(0),
         }
-    }
-
-    fn ejected(&self, at: u64) -> bool {
-        at < self.ejected_until.load(Ordering::Relaxed)
-    }
-
-    /// A slow endpoint may take a probe: its time has come and nothing is
-    /// outstanding on it (a probe that hangs is not followed by more).
-    fn probe_due(&self, at: u64) -> bool {
-        at >= self.probe_from.load(Ordering::Relaxed)
-            && self.outstanding.load(Ordering::Relaxed) == 0
-    }
-
-    /// Takes the probe: the next one may go [`PROBE_EVERY`] from now. False when
-    /// another request took it first.
-    fn claim_probe(&self, at: u64) -> bool {
-        let from = self.probe_from.load(Ordering::Relaxed);
-        let next = at.saturating_add(u64::try_from(PROBE_EVERY.as_nanos()).unwrap_or(u64::MAX));
-        at >= from
-            && self
-                .probe_from
-                .compare_exchange(from, next, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-    }
-
-    /// The latency estimate at `at`, decayed since its last sample (0: none yet).
-    fn estimate(&self, at: u64) -> f64 {
-        let rtt = f64::from_bits(self.rtt.load(Ordering::Relaxed));
-        if rtt <= 0.0 {
-            return 0.0;
-        }
-        let age = at.saturating_sub(self.rtt_at.load(Ordering::Relaxed)) as f64;
-        rtt * (-age / DECAY_NANOS).exp()
-    }
-
-    /// Adds a latency sample: a sample above the estimate replaces it at once (the
-    /// peak), one below moves it by how long the estimate went without a sample.
-    fn observe(&self, rtt: f64, at: u64) {
-        let rtt = rtt.max(1.0);
-        let previous = f64::from_bits(self.rtt.load(Ordering::Relaxed));
-        let age = at.saturating_sub(self.rtt_at.load(Ordering::Relaxed)) as f64;
-        let next = if rtt >= previous {
-            rtt
-        } else {
-            let w = (-age / DECAY_NANOS).exp();
-            previous * w + rtt * (1.0 - w)
-        };
-        let mean = f64::from_bits(self.mean.load(Ordering::Relaxed));
-        let mean = if mean <= 0.0 {
-            rtt
-        } else {
-            let w = (-age / MEAN_NANOS).exp();
-            mean * w + rtt * (1.0 - w)
-        };
-        self.rtt.store(next.to_bits(), Ordering::Relaxed);
-        self.mean.store(mean.to_bits(), Ordering::Relaxed);
-        self.rtt_at.store(at, Ordering::Relaxed);
-    }
-
-    /// The mean latency over about the last second of samples (0: none yet): what
-    /// outliers are judged on. Not the peak: one slow sample of a fast endpoint
-    /// (a busy host's) would make it look as slow as the outlier for seconds.
-    fn mean(&self) -> f64 {
-        f64::from_bits(self.mean.load(Ordering::Relaxed))
     }
 }
 
@@ -795,31 +710,118 @@ mod tests {
         assert_eq!(pick(&set, &mut rng).index, 1);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_slow_start_weight_scales_the_cost() {
+    /// A closed-loop load on paused time: `per_ms` calls each millisecond until
+    /// `calls` were made, each answered after `latency(index, rng)` ms; returns
+    /// how many calls each endpoint got.
+    async fn simulate(
+        set: &Arc<Service>,
+        rng: &mut StdRng,
+        calls: usize,
+        per_ms: usize,
+        latency: impl Fn(usize, &mut StdRng) -> u64,
+    ) -> Vec<usize> {
+        let mut got = vec![0; set.endpoints.len()];
+        let mut held: Vec<(u64, Pick)> = Vec::new();
+        let mut made = 0;
+        let mut t = 0;
+        while made < calls || !held.is_empty() {
+            let (due, later): (Vec<_>, Vec<_>) = held.into_iter().partition(|(at, _)| *at <= t);
+            held = later;
+            for (_, p) in due {
+                p.responded();
+            }
+            for _ in 0..per_ms.min(calls - made) {
+                let p = pick(set, rng);
+                got[p.index] += 1;
+                held.push((t + latency(p.index, rng), p));
+                made += 1;
+            }
+            tokio::time::advance(ms(1)).await;
+            t += 1;
+        }
+        got
+    }
+
+    fn weighted(ports: &[(u16, u32)]) -> Directory {
         let dir = inventory(Balance::PeakEwma, &[]);
         dir.replace(
             "inventory",
-            [
-                EndpointSpec::full(authority(9001)),
-                EndpointSpec {
-                    authority: authority(9002),
-                    weight_milli_percent: FULL_WEIGHT / 10,
-                },
-            ],
+            ports.iter().map(|(port, weight)| EndpointSpec {
+                authority: authority(*port),
+                weight_milli_percent: *weight,
+            }),
         );
-        let set = set(&dir);
-        let mut rng = StdRng::seed_from_u64(11);
-        for index in [0, 1] {
-            let p = take(&set, index);
-            tokio::time::advance(ms(1)).await;
-            p.responded();
+        dir
+    }
+
+    /// The issue 31 case: two warm endpoints whose latency has peaks (one call
+    /// in five takes 30 ms) and a new one, fast, ramping. Whatever the
+    /// estimates say, the new one gets at most its weight times the third it
+    /// gets at full weight (1.25 x that, plus one point, for the sampling), and,
+    /// being the fastest, about that much.
+    #[tokio::test(start_paused = true)]
+    async fn a_ramping_endpoint_gets_at_most_its_weight_of_a_full_share() {
+        for percent in [10, 30, 60] {
+            let dir = weighted(&[
+                (9001, FULL_WEIGHT),
+                (9002, FULL_WEIGHT),
+                (9003, FULL_WEIGHT / 100 * percent),
+            ]);
+            let set = set(&dir);
+            let mut rng = StdRng::seed_from_u64(31);
+            let calls = 4000;
+            let got = simulate(&set, &mut rng, calls, 4, |index, rng| match index {
+                2 => 1,
+                _ if rng.random_range(0..5) == 0 => 30,
+                _ => 2,
+            })
+            .await;
+            let share = got[2] as f64 / calls as f64;
+            let full = 1.0 / 3.0 * f64::from(percent) / 100.0;
+            assert!(
+                share <= 1.25 * full + 0.01,
+                "at {percent}%: {share:.3} of the calls, its bound {:.3} ({got:?})",
+                1.25 * full + 0.01
+            );
+            assert!(
+                share >= 0.75 * full - 0.01,
+                "at {percent}%: {share:.3} of the calls, starved ({got:?})"
+            );
         }
-        // Equal latency, a tenth of the weight: ten times the cost.
-        let held: Vec<Pick> = (0..9).map(|_| pick(&set, &mut rng)).collect();
-        assert!(held.iter().all(|p| p.index == 0));
-        let held_more: Vec<Pick> = (0..2).map(|_| pick(&set, &mut rng)).collect();
-        assert_eq!(held_more.iter().filter(|p| p.index == 1).count(), 1);
+    }
+
+    /// Within its bound the latency still decides: a ramping endpoint slower
+    /// than the others (cold) gets well under its weight's share.
+    #[tokio::test(start_paused = true)]
+    async fn a_ramping_endpoint_slower_than_the_others_gets_less_than_its_bound() {
+        let dir = weighted(&[
+            (9001, FULL_WEIGHT),
+            (9002, FULL_WEIGHT),
+            (9003, FULL_WEIGHT / 2),
+        ]);
+        let set = set(&dir);
+        let mut rng = StdRng::seed_from_u64(5);
+        let calls = 4000;
+        let got = simulate(&set, &mut rng, calls, 4, |index, _| match index {
+            2 => 5,
+            _ => 2,
+        })
+        .await;
+        let share = got[2] as f64 / calls as f64;
+        assert!(share < 0.5 / 3.0 * 0.6, "{share:.3} of the calls ({got:?})");
+        assert!(got[2] > 0, "a ramping endpoint gets calls");
+    }
+
+    /// The weights are relative to the heaviest endpoint's: a set whose
+    /// endpoints all ramp alike (a whole fleet started at once) shares its
+    /// calls as a set at full weight does.
+    #[tokio::test(start_paused = true)]
+    async fn endpoints_ramping_alike_share_the_calls_evenly() {
+        let dir = weighted(&[(9001, 10_000), (9002, 10_000), (9003, 10_000)]);
+        let set = set(&dir);
+        let mut rng = StdRng::seed_from_u64(8);
+        let got = simulate(&set, &mut rng, 3000, 3, |_, _| 2).await;
+        assert!(got.iter().all(|n| (800..=1200).contains(n)), "{got:?}");
     }
 
     #[tokio::test(start_paused = true)]
