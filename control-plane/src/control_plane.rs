@@ -58,6 +58,8 @@ pub struct Options {
     /// The TLS listener asks clients for a certificate signed by a client
     /// CA: agents must present one, and its identity must be their service.
     pub agent_certificates: bool,
+    /// `--identity-ca`: the CA `Certify` signs agents' certificates with.
+    pub identity: Option<Arc<crate::identity::Issuer>>,
     /// Connection cap, handshake deadline, keepalives.
     pub connections: crate::ConnectionLimits,
     /// What agents may make govd hold (instances, labels, strings).
@@ -74,6 +76,7 @@ impl Options {
             limits: Limits::default(),
             tls: None,
             agent_certificates: false,
+            identity: None,
             connections: crate::ConnectionLimits::default(),
             agent_limits: crate::AgentLimits::default(),
         }
@@ -99,6 +102,7 @@ pub(crate) struct Inner {
     pub(crate) limits: Limits,
     pub(crate) tls: Option<tonic::transport::ServerTlsConfig>,
     pub(crate) agent_certificates: bool,
+    pub(crate) identity: Option<Arc<crate::identity::Issuer>>,
     pub(crate) connections: crate::ConnectionLimits,
     pub(crate) agent_limits: crate::AgentLimits,
     /// The cluster view, republished on change.
@@ -171,6 +175,7 @@ impl ControlPlane {
             limits: options.limits,
             tls: options.tls,
             agent_certificates: options.agent_certificates,
+            identity: options.identity,
             connections: options.connections,
             agent_limits: options.agent_limits,
             view,

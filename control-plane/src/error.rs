@@ -112,6 +112,10 @@ pub enum Error {
     #[diagnostic(transparent)]
     TlsFile(#[from] gov_proto::tls::TlsError),
 
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Identity(#[from] crate::identity::IdentityError),
+
     #[error("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")]
     #[diagnostic(code(gov::govd::client_ca_without_tls))]
     ClientCaWithoutTls,

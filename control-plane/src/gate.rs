@@ -47,13 +47,15 @@ struct Method {
 
 /// Every method of `gov.v1.ControlPlane`. A path of that service not listed
 /// here (a method added to the proto and not here) needs the admin role.
-const METHODS: [Method; 6] = [
+const METHODS: [Method; 7] = [
     method("Apply", Role::Admin, Bound::Service),
     method("Connect", Role::Agent, Bound::Service),
     method("Watch", Role::Viewer, Bound::Small),
     method("Status", Role::Viewer, Bound::Small),
     method("Audit", Role::Viewer, Bound::Small),
     method("Release", Role::Operator, Bound::Small),
+    // A CSR: a few hundred bytes.
+    method("Certify", Role::Agent, Bound::Small),
 ];
 
 const SERVICE_PREFIX: &str = "/gov.v1.ControlPlane/";

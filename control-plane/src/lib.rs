@@ -35,6 +35,7 @@ mod error;
 pub mod etcd;
 mod gate;
 pub mod history;
+pub mod identity;
 mod journal;
 pub mod latches;
 pub mod limits;

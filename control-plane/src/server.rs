@@ -392,6 +392,13 @@ impl ControlPlaneRpc for ControlPlane {
         Ok(Response::new(audit_result(page)))
     }
 
+    async fn certify(
+        &self,
+        request: Request<pb::CertifyRequest>,
+    ) -> Result<Response<pb::CertifyResponse>, Status> {
+        crate::identity::certify(&self.inner, request).await
+    }
+
     async fn release(
         &self,
         request: Request<pb::ReleaseRequest>,

@@ -53,6 +53,8 @@ mod agent_identity;
 mod failover;
 #[path = "e2e/floods.rs"]
 mod floods;
+#[path = "e2e/identity.rs"]
+mod identity;
 #[path = "e2e/replicas.rs"]
 mod replicas;
 #[path = "e2e/unsaved.rs"]

@@ -105,6 +105,23 @@ struct Args {
     #[arg(long, env = "GOV_TLS_CLIENT_CA", value_name = "FILE")]
     tls_client_ca: Option<PathBuf>,
 
+    /// Issue agents their identities: the CA certificate and its private key
+    /// (PEM files, `CERT,KEY`). An agent with its service's agent token
+    /// (`gov-agent --identity`) gets a short-lived certificate naming its
+    /// service and instance; govd then takes only agents with a certificate
+    /// (this CA's, or --tls-client-ca's). Needs --tls-cert.
+    #[arg(long, env = "GOV_IDENTITY_CA", value_name = "CERT,KEY", requires = "tls_cert", value_parser = parse_pair)]
+    identity_ca: Option<(PathBuf, PathBuf)>,
+
+    /// How long an issued certificate lives; agents renew at two thirds of it.
+    #[arg(long, env = "GOV_IDENTITY_LIFETIME", default_value = "24h", value_parser = parse_duration, requires = "identity_ca")]
+    identity_lifetime: Duration,
+
+    /// The SPIFFE trust domain of issued certificates
+    /// (`spiffe://DOMAIN/instance/INSTANCE/service/SERVICE`).
+    #[arg(long, env = "GOV_IDENTITY_TRUST_DOMAIN", default_value = gov_control_plane::identity::DEFAULT_TRUST_DOMAIN, requires = "identity_ca")]
+    identity_trust_domain: String,
+
     /// Most connections open at once (agents, govc, TUIs); further ones wait
     /// in the listen backlog until one closes.
     #[arg(long, env = "GOV_MAX_CONNECTIONS", default_value_t = ConnectionLimits::default().max_connections,
@@ -309,8 +326,19 @@ async fn run(args: Args) -> Result<(), Error> {
         max_string_bytes: args.max_agent_string_bytes,
         retention: args.agent_retention,
     };
-    options.tls = server_tls(&args)?;
-    options.agent_certificates = args.tls_client_ca.is_some();
+    options.identity = match &args.identity_ca {
+        Some((cert, key)) => Some(std::sync::Arc::new(
+            gov_control_plane::identity::Issuer::read(
+                cert,
+                key,
+                &args.identity_trust_domain,
+                args.identity_lifetime,
+            )?,
+        )),
+        None => None,
+    };
+    options.tls = server_tls(&args, options.identity.as_deref())?;
+    options.agent_certificates = args.tls_client_ca.is_some() || options.identity.is_some();
     if let Some(tls) = &options.tls {
         gov_control_plane::check_tls(tls)?;
     }
@@ -333,7 +361,7 @@ async fn run(args: Args) -> Result<(), Error> {
         tracing::warn!(
             "--agent-token-file: its one token may claim any service; give each service its own token (`NAME TOKEN agent SERVICE` lines in --token-file) and drop --agent-token-file"
         );
-    } else if !args.insecure && !agent_lines && args.tls_client_ca.is_none() {
+    } else if !args.insecure && !agent_lines && !options.agent_certificates {
         tracing::warn!(
             "no agent credentials (no `NAME TOKEN agent SERVICE` line in --token-file, no --tls-client-ca): every agent will be refused"
         );
@@ -462,23 +490,46 @@ async fn reload_tokens_on_sighup(
 }
 
 /// The TLS configuration the flags ask for, if any.
-fn server_tls(args: &Args) -> Result<Option<ServerTlsConfig>, Error> {
-    let identity = read_identity(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
-    let Some(identity) = identity else {
+fn server_tls(
+    args: &Args,
+    identity: Option<&gov_control_plane::identity::Issuer>,
+) -> Result<Option<ServerTlsConfig>, Error> {
+    let server = read_identity(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
+    let Some(server) = server else {
         if args.tls_client_ca.is_some() {
             return Err(Error::ClientCaWithoutTls);
         }
         return Ok(None);
     };
-    let mut tls = ServerTlsConfig::new().identity(identity);
-    if let Some(ca) = &args.tls_client_ca {
+    let mut tls = ServerTlsConfig::new().identity(server);
+    // Agents' roots: --tls-client-ca's, and the identity CA (the
+    // certificates govd issues).
+    let mut roots = match &args.tls_client_ca {
+        Some(ca) => read_pem("client CA", ca)?,
+        None => Vec::new(),
+    };
+    if let Some(issuer) = identity {
+        roots.push(b'\n');
+        roots.extend_from_slice(issuer.ca_pem().as_bytes());
+    }
+    if !roots.is_empty() {
         // Optional at the handshake: people authenticate with tokens; the
         // agents' `Connect` refuses a stream without a certificate.
         tls = tls
-            .client_ca_root(Certificate::from_pem(read_pem("client CA", ca)?))
+            .client_ca_root(Certificate::from_pem(roots))
             .client_auth_optional(true);
     }
     Ok(Some(tls))
+}
+
+/// `A,B`: two paths (`--identity-ca CERT,KEY`).
+fn parse_pair(s: &str) -> Result<(PathBuf, PathBuf), String> {
+    match s.split_once(',') {
+        Some((a, b)) if !a.trim().is_empty() && !b.trim().is_empty() => {
+            Ok((PathBuf::from(a.trim()), PathBuf::from(b.trim())))
+        }
+        _ => Err(format!("`{s}` is not `CERT,KEY` (two PEM files)")),
+    }
 }
 
 /// A count that must be at least 1.

@@ -1,0 +1,188 @@
+//! govd issues agent identities (`--identity-ca`, issue 28): real
+//! certificates made by rcgen, checked by rustls in govd and gov-agent.
+
+use super::*;
+
+/// An identity CA for govd's `--identity-ca`, as `CERT,KEY` files in `dir`.
+pub(super) fn identity_ca(dir: &Path) -> String {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "gov e2e identity CA");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    let (cert_path, key_path) = (dir.join("identity-ca.pem"), dir.join("identity-ca.key"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    format!("{},{}", cert_path.display(), key_path.display())
+}
+
+/// A CSR for `cn` that also asks for `sans` (which govd must ignore), and
+/// its key.
+fn csr(cn: &str, sans: Vec<String>) -> (Vec<u8>, rcgen::KeyPair) {
+    let mut params = rcgen::CertificateParams::new(sans).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let der = params.serialize_request(&key).unwrap().der().to_vec();
+    (der, key)
+}
+
+/// `Certify` as an agent with `token` would call it.
+async fn certify(
+    govd: &Govd,
+    token: Option<&str>,
+    csr_der: Vec<u8>,
+    instance: &str,
+) -> Result<pb::CertifyResponse, tonic::Status> {
+    let tls = gov_proto::tls::ClientTls::read(&gov_proto::tls::ClientTlsFiles {
+        ca: govd.ca.clone(),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut client =
+        gov_control_plane::client::connect_tls(&govd.url(), &tls, Duration::from_secs(5))
+            .await
+            .unwrap();
+    let mut request = tonic::Request::new(pb::CertifyRequest {
+        csr_der,
+        instance: instance.into(),
+    });
+    if let Some(token) = token {
+        gov_control_plane::auth::authorize(&mut request, token).unwrap();
+    }
+    client
+        .certify(request)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// The audit records of `action`.
+async fn audited(govd: &Govd, ca: &str, action: &str) -> Vec<serde_json::Value> {
+    let audit = govc(
+        govd,
+        Some(VIEWER_TOKEN),
+        &["audit", "-o", "json", "--tls-ca", ca],
+    )
+    .await;
+    assert_eq!(audit.code, 0, "{}", audit.stderr);
+    let records: Vec<serde_json::Value> = serde_json::from_str(&audit.stdout).unwrap();
+    records
+        .into_iter()
+        .filter(|r| r["action"] == action)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn govd_issues_an_agent_its_services_identity_and_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"));
+    let id_ca = identity_ca(&dir.path().join("identity"));
+    let govd = control_plane(&dir.path().join("state"))
+        .tls(&pki)
+        .args(&["--identity-ca", &id_ca, "--identity-lifetime", "1h"])
+        .args(&["--identity-trust-domain", "prod.example"])
+        .start()
+        .await;
+    let ca = pki.ca.display().to_string();
+
+    // order's token gets order's identity, whatever names the CSR asks for.
+    let (der, key) = csr("order", vec!["spiffe://evil/service/payment".into()]);
+    let before = gov_control_plane::convert::now_unix_ms();
+    let issued = certify(&govd, Some(&service_agent_token("order")), der, "order-1")
+        .await
+        .unwrap();
+    assert_eq!(
+        issued.spiffe_id,
+        "spiffe://prod.example/instance/order-1/service/order"
+    );
+    let hour = 3_600_000;
+    assert!(
+        issued.not_after_unix_ms >= before - 1_000 + hour
+            && issued.not_after_unix_ms <= gov_control_plane::convert::now_unix_ms() + hour,
+        "{}",
+        issued.not_after_unix_ms
+    );
+    assert!(!issued.cert_chain_pem.contains("payment"));
+    assert_eq!(
+        issued.cert_chain_pem.matches("BEGIN CERTIFICATE").count(),
+        2
+    );
+
+    // A CSR for another service's identity, no token, a person's token, a
+    // CSR that is not one: refused.
+    let (der, _) = csr("payment", Vec::new());
+    let other = certify(&govd, Some(&service_agent_token("order")), der, "order-1")
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), tonic::Code::PermissionDenied);
+    assert!(other.message().contains("not `payment`"), "{other:?}");
+    let (der, _) = csr("order", Vec::new());
+    let none = certify(&govd, None, der.clone(), "order-1")
+        .await
+        .unwrap_err();
+    assert_eq!(none.code(), tonic::Code::Unauthenticated, "{none:?}");
+    let person = certify(&govd, Some(TOKEN), der, "order-1")
+        .await
+        .unwrap_err();
+    assert_eq!(person.code(), tonic::Code::PermissionDenied, "{person:?}");
+    let garbage = certify(
+        &govd,
+        Some(&service_agent_token("order")),
+        b"no".to_vec(),
+        "o",
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(garbage.code(), tonic::Code::InvalidArgument);
+
+    // The issued certificate is the agent's identity at govd: it connects
+    // with it (no token), and govd takes it as order's.
+    let (cert_path, key_path) = (dir.path().join("order.pem"), dir.path().join("order.key"));
+    std::fs::write(&cert_path, &issued.cert_chain_pem).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    let up = upstream().await;
+    let order = agent("order", "order-1")
+        .upstream(up)
+        .no_token()
+        .control_plane(&govd)
+        .tls(&pki, Some(&(cert_path, key_path)))
+        .start(dir.path())
+        .await;
+    wait_until(
+        "the agent connected with its issued certificate",
+        Duration::from_secs(10),
+        async || govd.status().await.agents.len() == 1,
+    )
+    .await;
+
+    // Each issue and the refusal are audited, with who asked.
+    let issued_records = audited(&govd, &ca, "certificate-issued").await;
+    assert_eq!(issued_records.len(), 1, "{issued_records:?}");
+    assert_eq!(
+        issued_records[0]["who"],
+        "agent with the token `order-agents`"
+    );
+    assert_eq!(
+        issued_records[0]["targets"][0],
+        "spiffe://prod.example/instance/order-1/service/order"
+    );
+    assert!(
+        issued_records[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&issued.not_after_unix_ms.to_string())
+    );
+    let refused = audited(&govd, &ca, "certificate-refused").await;
+    assert!(
+        refused.iter().any(|r| r["targets"][0] == "payment/order-1"
+            && r["who"] == "agent with the token `order-agents`"),
+        "{refused:?}"
+    );
+    order.stop().await;
+    govd.stop().await;
+}
