@@ -13,7 +13,7 @@ use gov_proto::v1 as pb;
 use tokio::sync::{Mutex as AsyncMutex, Notify, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::{NamedToken, Tokens};
+use crate::auth::Tokens;
 use crate::convert::now_unix_ms;
 use crate::error::Error;
 use crate::limits::Limits;
@@ -40,48 +40,7 @@ const RESYNC_RETRY: Duration = Duration::from_secs(1);
 /// keep writing first (each try reloads the state).
 const WRITE_ATTEMPTS: usize = 5;
 
-/// How to run a control plane.
-#[derive(Clone, Debug)]
-pub struct Options {
-    pub state_dir: std::path::PathBuf,
-    /// Named tokens people present (see `auth`). Empty: every call is
-    /// open (`govd --insecure`).
-    pub tokens: Vec<NamedToken>,
-    /// Bearer token agents present on `Connect`.
-    pub agent_token: Option<String>,
-    /// How much applied history is kept (versions, bytes of sources).
-    pub history: crate::HistoryLimit,
-    /// What one `Apply` (or dry run) may ask of the compiler.
-    pub limits: Limits,
-    /// TLS on the gRPC listener. `None`: plain HTTP/2.
-    pub tls: Option<tonic::transport::ServerTlsConfig>,
-    /// The TLS listener asks clients for a certificate signed by a client
-    /// CA: agents must present one, and its identity must be their service.
-    pub agent_certificates: bool,
-    /// `--identity-ca`: the CA `Certify` signs agents' certificates with.
-    pub identity: Option<Arc<crate::identity::Issuer>>,
-    /// Connection cap, handshake deadline, keepalives.
-    pub connections: crate::ConnectionLimits,
-    /// What agents may make govd hold (instances, labels, strings).
-    pub agent_limits: crate::AgentLimits,
-}
-
-impl Options {
-    pub fn new(state_dir: impl Into<std::path::PathBuf>) -> Self {
-        Self {
-            state_dir: state_dir.into(),
-            tokens: Vec::new(),
-            agent_token: None,
-            history: crate::HistoryLimit::default(),
-            limits: Limits::default(),
-            tls: None,
-            agent_certificates: false,
-            identity: None,
-            connections: crate::ConnectionLimits::default(),
-            agent_limits: crate::AgentLimits::default(),
-        }
-    }
-}
+pub use crate::options::Options;
 
 /// A running control plane (cheap to clone). Serve it with
 /// [`ControlPlane::grpc`] (see `crate::serve`).
@@ -131,6 +90,8 @@ pub(crate) struct Inner {
     pub(crate) metrics: crate::metrics::Metrics,
     /// Audit records that could not be written yet (`journal`).
     pub(crate) pending_audit: crate::journal::Pending,
+    /// See [`Options::intent_grace`].
+    pub(crate) intent_grace: Duration,
 }
 
 // === impl ControlPlane ===
@@ -189,6 +150,7 @@ impl ControlPlane {
             shutdown,
             metrics: crate::metrics::Metrics::default(),
             pending_audit: crate::journal::Pending::default(),
+            intent_grace: options.intent_grace,
         });
         tokio::spawn(publish_views(inner.clone()));
         tokio::spawn(persist_agents(inner.clone()));
@@ -382,15 +344,7 @@ impl Inner {
     /// A record that cannot be written now is kept and tried again until
     /// it is (`journal`), after the records already waiting.
     pub(crate) async fn audit(&self, entry: AuditEntry) {
-        if self.pending_audit.len() > 0 {
-            self.pending_audit.push(entry);
-            crate::journal::flush(self).await;
-            return;
-        }
-        if let Err(error) = self.store.audit(&entry).await {
-            tracing::error!(error = %miette::Report::new(error), "cannot write the audit log; keeping the record to try again");
-            self.pending_audit.push(entry);
-        }
+        self.pending_audit.write(&*self.store, entry).await;
     }
 
     /// Sends queued messages (outside the state lock). A full or closed
@@ -648,43 +602,32 @@ async fn release_timer(inner: Arc<Inner>) {
             () = inner.shutdown.cancelled() => return,
             () = inner.timer.notified() => {}
             () = tokio::time::sleep(wait) => {}
-            () = leadership_change(&mut leader) => {}
+            () = crate::store::leadership_change(&mut leader) => {}
         }
-    }
-}
-
-/// The next change of leadership. A closed channel never changes again (a
-/// lone govd's store drops its sender: it is the leader for good), so this
-/// then waits forever instead of being ready at once, which made the timer
-/// spin a core on every govd with a state directory.
-async fn leadership_change(leader: &mut watch::Receiver<bool>) {
-    if leader.changed().await.is_err() {
-        std::future::pending::<()>().await;
     }
 }
 
 /// Keeps the audit log true (`journal`): tries again the records that could
 /// not be written, and, on the leader, writes the outcome of intents that
-/// have none (at start, and again after the grace of any that were young).
+/// have none (at start of each term, and after the grace of young ones).
 async fn keep_audit_true(inner: Arc<Inner>) {
     let mut leader = inner.store.leader();
-    let mut reconcile_at = Some(tokio::time::Instant::now());
+    let mut due = Some(tokio::time::Instant::now());
     loop {
-        if *leader.borrow_and_update()
-            && reconcile_at.is_some_and(|at| at <= tokio::time::Instant::now())
-        {
-            let young = crate::journal::reconcile(&inner).await;
-            reconcile_at = young.then(|| tokio::time::Instant::now() + crate::journal::GRACE);
+        if *leader.borrow_and_update() && due.is_some_and(|at| at <= tokio::time::Instant::now()) {
+            let (old, young) = crate::journal::unanswered(&*inner.store, inner.intent_grace).await;
+            for intent in old {
+                let outcome = crate::journal::outcome_of(&inner.lock(), intent);
+                inner.audit(outcome).await;
+            }
+            due = young.then(|| tokio::time::Instant::now() + inner.intent_grace);
         }
-        crate::journal::flush(&inner).await;
+        inner.pending_audit.flush(&*inner.store).await;
         tokio::select! {
             () = inner.shutdown.cancelled() => return,
             () = tokio::time::sleep(crate::journal::RETRY) => {}
-            () = leadership_change(&mut leader) => {
-                // A new term: intents left by the last leader.
-                if *leader.borrow() {
-                    reconcile_at = Some(tokio::time::Instant::now());
-                }
+            () = crate::store::leadership_change(&mut leader) => {
+                due = due.or(Some(tokio::time::Instant::now()));
             }
         }
     }

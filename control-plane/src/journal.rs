@@ -7,8 +7,8 @@
 //! unwritable for a moment, etcd unreachable), and an intent whose outcome
 //! was never written (govd stopped between the two). The first are kept in
 //! memory, in order, and tried again until they are written ([`Pending`]);
-//! the second are found by reading the newest records and answered from
-//! what the state says ([`reconcile`]): an apply is `apply` if its version
+//! the second are found by reading the newest records ([`unanswered`]) and
+//! answered from what the state says ([`outcome_of`]): an apply is `apply` if its version
 //! is in force or in the history, else `apply-refused`; a release is
 //! `release` if the latch is gone, else `release-refused`.
 
@@ -17,14 +17,15 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::audit::{AuditEntry, Query, intended};
-use crate::control_plane::Inner;
 use crate::convert::now_unix_ms;
-use crate::store::TripKind;
+use crate::state::State;
+use crate::store::{Store, TripKind};
 
 /// How often records that could not be written are tried again.
 pub(crate) const RETRY: Duration = Duration::from_secs(5);
-/// An intent younger than this may still be in progress (on this replica
-/// or another): its outcome is left to the writer.
+/// By default, an intent younger than this may still be in progress (on
+/// this replica or another): its outcome is left to the writer
+/// (`--audit-intent-grace`).
 pub(crate) const GRACE: Duration = Duration::from_secs(120);
 /// How many of the newest records are read for intents without an outcome.
 const WINDOW: usize = 5_000;
@@ -34,7 +35,7 @@ const WINDOW: usize = 5_000;
 pub(crate) struct Pending(Mutex<Vec<AuditEntry>>);
 
 impl Pending {
-    pub(crate) fn push(&self, entry: AuditEntry) {
+    fn push(&self, entry: AuditEntry) {
         if let Ok(mut pending) = self.0.lock() {
             pending.push(entry);
         }
@@ -45,7 +46,10 @@ impl Pending {
     }
 
     fn take(&self) -> Vec<AuditEntry> {
-        self.0.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default()
+        self.0
+            .lock()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or_default()
     }
 
     /// Puts back what is still not written, before anything pushed since.
@@ -55,35 +59,51 @@ impl Pending {
             *pending = left;
         }
     }
-}
 
-/// Tries the records not written yet again, in order; stops at the first
-/// that still fails (order matters: an outcome after its intent).
-pub(crate) async fn flush(inner: &Inner) {
-    let mut left = inner.pending_audit.take();
-    if left.is_empty() {
-        return;
-    }
-    let mut written = 0;
-    for entry in &left {
-        if let Err(error) = inner.store.audit(entry).await {
-            tracing::warn!(error = %crate::error::one_line(&error), pending = left.len() - written, "the audit log still cannot be written; retrying");
-            break;
+    /// Appends `entry` to `store`'s audit log after the records already
+    /// waiting; one that cannot be written now is kept to try again.
+    pub(crate) async fn write(&self, store: &dyn Store, entry: AuditEntry) {
+        if self.len() > 0 {
+            self.push(entry);
+            self.flush(store).await;
+            return;
         }
-        written += 1;
+        if let Err(error) = store.audit(&entry).await {
+            tracing::error!(error = %miette::Report::new(error), "cannot write the audit log; keeping the record to try again");
+            self.push(entry);
+        }
     }
-    if written > 0 {
-        tracing::info!(records = written, "wrote audit records that could not be written before");
+
+    /// Tries the records not written yet again, in order; stops at the
+    /// first that still fails (order matters: an outcome after its intent).
+    pub(crate) async fn flush(&self, store: &dyn Store) {
+        let mut left = self.take();
+        if left.is_empty() {
+            return;
+        }
+        let mut written = 0;
+        for entry in &left {
+            if let Err(error) = store.audit(entry).await {
+                tracing::warn!(error = %crate::error::one_line(&error), pending = left.len() - written, "the audit log still cannot be written; retrying");
+                break;
+            }
+            written += 1;
+        }
+        if written > 0 {
+            tracing::info!(
+                records = written,
+                "wrote audit records that could not be written before"
+            );
+        }
+        self.put_back(left.split_off(written));
     }
-    inner.pending_audit.put_back(left.split_off(written));
 }
 
-/// Writes the outcome of every intent older than [`GRACE`] among the newest
-/// records that has none. Returns whether younger intents without an
-/// outcome were left (run again after [`GRACE`]).
-pub(crate) async fn reconcile(inner: &Inner) -> bool {
-    let page = match inner
-        .store
+/// The intents among the newest records of `store` that have no outcome
+/// and are older than `grace`, oldest first, and whether younger ones
+/// were left (to look at again after `grace`).
+pub(crate) async fn unanswered(store: &dyn Store, grace: Duration) -> (Vec<AuditEntry>, bool) {
+    let page = match store
         .audit_page(Query {
             limit: WINDOW,
             ..Query::default()
@@ -93,7 +113,7 @@ pub(crate) async fn reconcile(inner: &Inner) -> bool {
         Ok(page) => page,
         Err(error) => {
             tracing::warn!(error = %crate::error::one_line(&error), "cannot read the audit log for intents without an outcome");
-            return true;
+            return (Vec::new(), true);
         }
     };
     let mut open: HashMap<String, AuditEntry> = HashMap::new();
@@ -108,28 +128,27 @@ pub(crate) async fn reconcile(inner: &Inner) -> bool {
         }
     }
     let now = now_unix_ms();
-    let grace = u64::try_from(GRACE.as_millis()).unwrap_or(u64::MAX);
-    let mut young = false;
-    let mut open: Vec<AuditEntry> = open.into_values().collect();
-    open.sort_by_key(|e| e.at_unix_ms);
-    for intent in open {
-        if now.saturating_sub(intent.at_unix_ms) < grace {
-            young = true;
-            continue;
-        }
-        let outcome = outcome_of(inner, intent, now);
-        tracing::info!(action = %outcome.action, intent = %outcome.intent, "wrote the outcome of an intent whose outcome was not recorded");
-        inner.audit(outcome).await;
-    }
-    young
+    let grace = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+    let (old, young): (Vec<AuditEntry>, Vec<AuditEntry>) = open
+        .into_values()
+        .partition(|i| now.saturating_sub(i.at_unix_ms) >= grace);
+    let mut old = old;
+    old.sort_by_key(|e| e.at_unix_ms);
+    (old, !young.is_empty())
 }
 
-/// The outcome of `intent` as the state tells it.
-fn outcome_of(inner: &Inner, mut intent: AuditEntry, now: u64) -> AuditEntry {
-    let state = inner.lock();
+/// The outcome of `intent` as `state` tells it: an apply took effect if
+/// its version is in force or in the history; a release if the latch is
+/// gone.
+pub(crate) fn outcome_of(state: &State, mut intent: AuditEntry) -> AuditEntry {
     let (took_effect, action) = match intended(&intent.action) {
         Some("apply") => (
-            state.version() == intent.version || state.in_history(&intent.version),
+            state.version() == intent.version
+                || state
+                    .to_persisted()
+                    .history
+                    .iter()
+                    .any(|h| h.version == intent.version),
             "apply",
         ),
         Some("release") => {
@@ -138,22 +157,27 @@ fn outcome_of(inner: &Inner, mut intent: AuditEntry, now: u64) -> AuditEntry {
             } else {
                 TripKind::Fuse
             };
-            let key = (!intent.key.is_empty()).then_some(intent.key.as_str());
-            (!state.is_latched(kind, &intent.rule, key), "release")
+            let latched = state.trips().any(|t| {
+                t.kind == kind
+                    && t.rule == intent.rule
+                    && (intent.key.is_empty() || t.key == intent.key)
+            });
+            (!latched, "release")
         }
         _ => (false, "unknown"),
     };
-    drop(state);
-    intent.at_unix_ms = now;
+    intent.at_unix_ms = now_unix_ms();
     if took_effect {
         intent.action = action.into();
-        intent.detail = "recorded afterwards: it took effect, and govd stopped before it recorded so"
-            .into();
+        intent.detail =
+            "recorded afterwards: it took effect, and govd stopped before it recorded so".into();
     } else {
         intent.action = format!("{action}-refused");
         intent.detail =
-            "recorded afterwards: it did not take effect (govd stopped before it was stored)".into();
+            "recorded afterwards: it did not take effect (govd stopped before it was stored)"
+                .into();
     }
+    tracing::info!(action = %intent.action, intent = %intent.intent, "wrote the outcome of an intent whose outcome was not recorded");
     intent
 }
 

@@ -40,6 +40,7 @@ mod journal;
 pub mod latches;
 pub mod limits;
 pub mod metrics;
+mod options;
 mod server;
 pub mod state;
 pub mod store;

@@ -577,6 +577,7 @@ fn audit_result(page: crate::audit::Page) -> pb::AuditResult {
                 at_unix_ms: e.at_unix_ms,
                 who: e.who,
                 action: e.action,
+                intent: e.intent,
                 version: e.version,
                 kind: e.kind,
                 rule: e.rule,

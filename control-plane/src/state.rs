@@ -158,16 +158,6 @@ impl State {
         self.latched.latches().contains(kind, rule, None)
     }
 
-    /// Whether `rule` is latched for `key` (`None`: for any key).
-    pub fn is_latched(&self, kind: TripKind, rule: &str, key: Option<&str>) -> bool {
-        self.latched.latches().contains(kind, rule, key)
-    }
-
-    /// Whether `version` was applied and is still in the kept history.
-    pub fn in_history(&self, version: &str) -> bool {
-        self.history.iter().any(|h| h.version == version)
-    }
-
     /// Since when (Unix ms) `rule` has been in mode shadow; `None` when it
     /// is not in shadow.
     pub fn shadow_since(&self, rule: &str) -> Option<u64> {

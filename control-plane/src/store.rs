@@ -265,6 +265,16 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// The next change of leadership. A closed channel never changes again (a
+/// lone govd's store drops its sender: it is the leader for good), so this
+/// then waits forever instead of being ready at once, which made the timer
+/// spin a core on every govd with a state directory.
+pub(crate) async fn leadership_change(leader: &mut tokio::sync::watch::Receiver<bool>) {
+    if leader.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// The state directory.
 #[derive(Debug)]
 pub struct DirStore {

@@ -102,6 +102,7 @@ fn json(r: &pb::AuditRecord) -> serde_json::Value {
         "seq": r.seq,
         "who": r.who,
         "action": r.action,
+        "intent": r.intent,
         "version": r.version,
         "kind": r.kind,
         "rule": r.rule,

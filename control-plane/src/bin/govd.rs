@@ -196,6 +196,12 @@ struct Args {
     #[arg(long, env = "GOV_AGENT_RETENTION", default_value = "24h", value_parser = parse_duration)]
     agent_retention: Duration,
 
+    /// How long an audited intent (`apply-intended`, `release-intended`)
+    /// without an outcome may still be in progress, here or on another
+    /// replica, before the leader writes its outcome from the state.
+    #[arg(long, env = "GOV_AUDIT_INTENT_GRACE", default_value = "2m", value_parser = parse_duration)]
+    audit_intent_grace: Duration,
+
     /// How long in-flight calls may take to finish on SIGTERM/SIGINT.
     #[arg(long, env = "GOV_DRAIN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     drain_timeout: Duration,
@@ -320,6 +326,7 @@ async fn run(args: Args) -> Result<(), Error> {
         tcp_keepalive: args.tcp_keepalive,
         max_watches_per_token: args.max_watches_per_token,
     };
+    options.intent_grace = args.audit_intent_grace;
     options.agent_limits = AgentLimits {
         max_agents_per_service: args.max_agents_per_service,
         max_label_bytes: args.max_agent_label_bytes,

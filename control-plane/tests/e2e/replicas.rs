@@ -30,7 +30,7 @@ fn etcd_bin() -> PathBuf {
 }
 
 /// A three-member etcd cluster on loopback.
-struct Etcd {
+pub(super) struct Etcd {
     members: Vec<Child>,
     clients: Vec<u16>,
     _dir: tempfile::TempDir,
@@ -48,7 +48,7 @@ impl Etcd {
     /// Starts three members and waits until they answer; new ports and a
     /// new try when one could not bind its ports (another process took one
     /// between the pick and the bind).
-    async fn start() -> Etcd {
+    pub(super) async fn start() -> Etcd {
         let bin = etcd_bin();
         for _ in 0..3 {
             if let Some(etcd) = Self::try_start(&bin).await {
@@ -127,7 +127,7 @@ impl Etcd {
     }
 
     /// SIGKILL one member (a majority remains).
-    async fn kill(&mut self, member: usize) {
+    pub(super) async fn kill(&mut self, member: usize) {
         self.members[member].kill().await.unwrap();
     }
 
@@ -139,7 +139,7 @@ impl Etcd {
     }
 
     /// `etcd://...` with a key prefix of its own.
-    fn url(&self, prefix: &str) -> String {
+    pub(super) fn url(&self, prefix: &str) -> String {
         let hosts: Vec<String> = self
             .clients
             .iter()
@@ -265,7 +265,7 @@ async fn two_writers_from_one_revision_never_both_win_and_a_leader_without_its_l
 
 /// order: a limit of 3 calls per minute on /burst that releases itself
 /// after 4 s; a bulkhead on everything else.
-fn policy(max: u32) -> String {
+pub(super) fn policy(max: u32) -> String {
     format!(
         r#"service order {{
   match burst = path prefix "/burst"
@@ -300,7 +300,7 @@ async fn leader_gauge(govd: &Govd) -> String {
         .to_owned()
 }
 
-async fn apply_on(govd: &Govd, text: &str) -> Result<pb::ApplyResult, tonic::Status> {
+pub(super) async fn apply_on(govd: &Govd, text: &str) -> Result<pb::ApplyResult, tonic::Status> {
     let mut client = gov_control_plane::client::connect(&govd.url(), Duration::from_secs(5))
         .await
         .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
