@@ -4,6 +4,7 @@
 //! ```text
 //! proxy_load upstream 127.0.0.1:18080
 //! proxy_load upstream 127.0.0.1:18080 DELAY_MS                # answers after a delay
+//! proxy_load upstream 127.0.0.1:18080 DELAY_MS PEAK_MS EVERY  # every EVERY-th call after PEAK_MS
 //! proxy_load rate http://127.0.0.1:18081/ RATE SECONDS CONNECTIONS [HOST]
 //! proxy_load rate-h2 http://127.0.0.1:18081/ RATE SECONDS CONNECTIONS [grpc]
 //! proxy_load naive-proxy 127.0.0.1:18084 127.0.0.1:18080   # reference: hyper + pooled client
@@ -30,6 +31,8 @@
 //! with another status, so it counts in `rejected`).
 
 use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -58,10 +61,17 @@ fn main() -> Result<(), Error> {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["upstream", addr] => runtime.block_on(upstream(addr, Duration::ZERO)),
-        ["upstream", addr, delay_ms] => {
-            runtime.block_on(upstream(addr, Duration::from_millis(delay_ms.parse()?)))
-        }
+        ["upstream", addr] => runtime.block_on(upstream(addr, Duration::ZERO, None)),
+        ["upstream", addr, delay_ms] => runtime.block_on(upstream(
+            addr,
+            Duration::from_millis(delay_ms.parse()?),
+            None,
+        )),
+        ["upstream", addr, delay_ms, peak_ms, every] => runtime.block_on(upstream(
+            addr,
+            Duration::from_millis(delay_ms.parse()?),
+            Some((Duration::from_millis(peak_ms.parse()?), every.parse()?)),
+        )),
         ["naive-proxy", listen, to] => runtime.block_on(naive_proxy(listen, to)),
         ["conn-proxy", listen, to] => runtime.block_on(conn_proxy(listen, to)),
         ["rate-h2", url, rate, secs, conns] => runtime.block_on(open_loop_h2(
@@ -95,7 +105,7 @@ fn main() -> Result<(), Error> {
         )),
         [] => Ok(()), // `cargo bench` without arguments: nothing to do.
         _ => Err(
-            "usage: proxy_load upstream ADDR [DELAY_MS] | rate URL RATE SECONDS CONNECTIONS [HOST] \
+            "usage: proxy_load upstream ADDR [DELAY_MS [PEAK_MS EVERY]] | rate URL RATE SECONDS CONNECTIONS [HOST] \
              | rate-h2 URL RATE SECONDS CONNECTIONS [grpc]"
                 .into(),
         ),
@@ -103,42 +113,57 @@ fn main() -> Result<(), Error> {
 }
 
 /// A hello-world server (13-byte body), as in performance.md section 3.4, on
-/// HTTP/1.1 and h2c, answering after `delay` (none: at once). A gRPC call gets one
-/// empty message and `grpc-status: 0`.
-async fn upstream(addr: &str, delay: Duration) -> Result<(), Error> {
+/// HTTP/1.1 and h2c, answering after `delay` (none: at once), or with `peaks`
+/// `(peak, every)` every `every`-th call after `peak` (a warm instance's latency
+/// peaks, for bench/warmup.sh). A gRPC call gets one empty message and
+/// `grpc-status: 0`.
+async fn upstream(
+    addr: &str,
+    delay: Duration,
+    peaks: Option<(Duration, u64)>,
+) -> Result<(), Error> {
     let listener = TcpListener::bind(addr).await?;
+    let calls = Arc::new(AtomicU64::new(0));
     loop {
         let (stream, _) = listener.accept().await?;
         stream.set_nodelay(true)?;
+        let calls = calls.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req: Request<hyper::body::Incoming>| async move {
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
+            let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let n = calls.fetch_add(1, Ordering::Relaxed) + 1;
+                let delay = match peaks {
+                    Some((peak, every)) if every > 0 && n.is_multiple_of(every) => peak,
+                    _ => delay,
+                };
+                async move {
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    let grpc = req
+                        .headers()
+                        .get(http::header::CONTENT_TYPE)
+                        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+                    if grpc {
+                        // Drain the request message before answering, as a server does.
+                        let _ = req.into_body().collect().await;
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                        let frames = [
+                            Ok::<_, Infallible>(Frame::data(Bytes::from_static(&[0, 0, 0, 0, 0]))),
+                            Ok(Frame::trailers(trailers)),
+                        ];
+                        let body = StreamBody::new(futures::stream::iter(frames));
+                        let mut res = Response::new(BodyExt::boxed(body));
+                        res.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static("application/grpc"),
+                        );
+                        return Ok::<_, Infallible>(res);
+                    }
+                    Ok(Response::new(BodyExt::boxed(Full::new(
+                        Bytes::from_static(b"Hello, World!"),
+                    ))))
                 }
-                let grpc = req
-                    .headers()
-                    .get(http::header::CONTENT_TYPE)
-                    .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-                if grpc {
-                    // Drain the request message before answering, as a server does.
-                    let _ = req.into_body().collect().await;
-                    let mut trailers = http::HeaderMap::new();
-                    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-                    let frames = [
-                        Ok::<_, Infallible>(Frame::data(Bytes::from_static(&[0, 0, 0, 0, 0]))),
-                        Ok(Frame::trailers(trailers)),
-                    ];
-                    let body = StreamBody::new(futures::stream::iter(frames));
-                    let mut res = Response::new(BodyExt::boxed(body));
-                    res.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/grpc"),
-                    );
-                    return Ok::<_, Infallible>(res);
-                }
-                Ok(Response::new(BodyExt::boxed(Full::new(
-                    Bytes::from_static(b"Hello, World!"),
-                ))))
             });
             let _ =
                 hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
