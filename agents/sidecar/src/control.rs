@@ -322,6 +322,10 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
     }
 }
 
+/// How long the agent waits for govd to answer its `Connect` before it
+/// tries the next URL.
+const CONNECT_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The control plane URLs of `list` (comma-separated; at least one).
 pub fn urls(list: &str) -> Vec<&str> {
     let urls: Vec<&str> = list
@@ -412,11 +416,17 @@ async fn session(
         request.metadata_mut().insert("authorization", value);
     }
     let mut events = engine.subscribe();
-    let mut inbound = client
-        .connect(request)
+    // A govd that accepts the connection but does not answer (stopped,
+    // hung) is left for the next URL after this bound, not after keepalive.
+    let answered = tokio::time::timeout(CONNECT_ANSWER, client.connect(request))
         .await
-        .map_err(ControlError::Refused)?
-        .into_inner();
+        .map_err(|_| ControlError::Connect {
+            url: url.to_owned(),
+            reason: format!(
+                "no answer to Connect within {CONNECT_ANSWER:?}: govd is stopped, hung or overloaded"
+            ),
+        })?;
+    let mut inbound = answered.map_err(ControlError::Refused)?.into_inner();
     backoff.reset();
     if let Some(f) = &options.on_refused {
         f(None);

@@ -48,3 +48,31 @@ async fn govc_passes_over_a_hung_replica_first_in_the_list() {
         "the hung one did not"
     );
 }
+
+/// An agent whose first `--control-plane` URL is a stopped govd gets its
+/// config from the next one within the bound on Connect's answer (5 s; the
+/// 12 s here is that bound with slack), not after HTTP/2 keepalive gives
+/// up on the stopped one (10 + 5 s) and a backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_passes_over_a_hung_replica_first_in_its_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let hung = control_plane(&dir.path().join("hung")).start().await;
+    let live = control_plane(&dir.path().join("live")).start().await;
+    let policy = write(dir.path(), "v1.gov", V1);
+    assert_eq!(govc(&live, Some(TOKEN), &["apply", &policy]).await.code, 0);
+    signal(&hung.child, rustix::process::Signal::STOP);
+    let up = upstream().await;
+    let agent = agent("order", "order-1")
+        .upstream(up)
+        .control_plane_url(format!("{},{}", hung.url(), live.url()))
+        .start(dir.path())
+        .await;
+    wait_until(
+        "order-1 SYNCED on the live replica",
+        Duration::from_secs(12),
+        async || all_synced(&live, &["order-1"]).await,
+    )
+    .await;
+    signal(&hung.child, rustix::process::Signal::CONT);
+    agent.stop().await;
+}
