@@ -146,6 +146,20 @@ impl ClientTls {
         })
     }
 
+    /// These settings with `cert_pem` (the chain, leaf first) and `key_pem`
+    /// as the client's certificate, in place of any read from files (a
+    /// certificate issued by govd, or reloaded files).
+    pub fn with_identity(&self, cert_pem: &str, key_pem: &str) -> Self {
+        let config = self
+            .config
+            .clone()
+            .unwrap_or_default()
+            .identity(Identity::from_pem(cert_pem, key_pem));
+        Self {
+            config: Some(config),
+        }
+    }
+
     /// The endpoint for `url`, refusing a TLS setting on `http://` (the
     /// token would go out in clear text: tonic would silently connect
     /// without TLS) and `https://` without a CA.

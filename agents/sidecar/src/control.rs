@@ -86,6 +86,9 @@ pub struct ControlOptions {
     /// TLS to govd (`https://` URLs): the CA, and this agent's certificate
     /// for mutual TLS.
     pub tls: gov_proto::tls::ClientTls,
+    /// This agent's certificate as it changes (issued by govd, or reloaded
+    /// files): each new connection takes the one in force, over `tls`'s.
+    pub credentials: Option<crate::identity::Credentials>,
     /// How often stats are sent.
     pub stats_interval: Duration,
     /// Reconnect delays.
@@ -138,6 +141,7 @@ impl ControlOptions {
             state_dir: None,
             token: None,
             tls: gov_proto::tls::ClientTls::default(),
+            credentials: None,
             stats_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
             on_applied: None,
@@ -336,7 +340,7 @@ pub fn urls(list: &str) -> Vec<&str> {
     if urls.is_empty() { vec![list] } else { urls }
 }
 
-fn now_unix_ms() -> u64 {
+pub(crate) fn now_unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -369,8 +373,15 @@ async fn session(
     shutdown: &CancellationToken,
     backoff: &mut Backoff,
 ) -> Result<(), ControlError> {
-    let endpoint = options
-        .tls
+    // The certificate in force now; a stream already open keeps its own.
+    let tls = match &options.credentials {
+        None => options.tls.clone(),
+        Some(credentials) => match credentials.wait(shutdown).await {
+            Some(c) => options.tls.with_identity(&c.chain_pem, &c.key_pem),
+            None => return Ok(()),
+        },
+    };
+    let endpoint = tls
         .endpoint(url)?
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(10))
@@ -667,7 +678,7 @@ fn nack(
     })
 }
 
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {

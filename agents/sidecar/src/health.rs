@@ -16,6 +16,10 @@ pub struct Health {
     control_plane_refused: std::sync::Mutex<Option<String>>,
     /// Refusals of this agent's credentials since start.
     control_plane_auth_failures: AtomicU64,
+    /// When the agent's certificate expires (unix ms; 0: none yet).
+    certificate_not_after_unix_ms: AtomicU64,
+    /// Requests for a certificate (or reloads) that failed since start.
+    certificate_failures: AtomicU64,
 }
 
 impl Health {
@@ -76,6 +80,27 @@ impl Health {
     /// Refusals of this agent's credentials since start.
     pub fn control_plane_auth_failures(&self) -> u64 {
         self.control_plane_auth_failures.load(Ordering::Relaxed)
+    }
+
+    /// Records what happened to the agent's certificate (`crate::identity`).
+    pub fn on_certificate(&self, event: crate::identity::CertificateEvent) {
+        match event {
+            crate::identity::CertificateEvent::InForce { not_after_unix_ms } => self
+                .certificate_not_after_unix_ms
+                .store(not_after_unix_ms, Ordering::Relaxed),
+            crate::identity::CertificateEvent::Failed => {
+                self.certificate_failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// When the agent's certificate expires (unix ms; 0: none yet), and the
+    /// requests or reloads that failed.
+    pub fn certificate(&self) -> (u64, u64) {
+        (
+            self.certificate_not_after_unix_ms.load(Ordering::Relaxed),
+            self.certificate_failures.load(Ordering::Relaxed),
+        )
     }
 
     /// Why the agent is not ready, or `None` when it is.

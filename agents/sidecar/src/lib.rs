@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod control;
 pub mod decision_log;
 pub mod health;
+pub mod identity;
 pub mod latches;
 pub mod lifecycle;
 pub mod sidecar;

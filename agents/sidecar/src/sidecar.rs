@@ -526,6 +526,12 @@ impl Sidecar {
         &self.health
     }
 
+    /// Where the agent's certificate events go (`/metrics`).
+    pub fn on_certificate(&self) -> crate::identity::OnCertificate {
+        let health = self.health.clone();
+        Arc::new(move |event| health.on_certificate(event))
+    }
+
     /// The endpoints of the services the local service calls, which the outbound
     /// listener balances over: [`Directory::replace`] swaps a service's set (from
     /// `Endpoints` pushed by the control plane) while requests keep flowing.

@@ -186,3 +186,117 @@ async fn govd_issues_an_agent_its_services_identity_and_no_other() {
     order.stop().await;
     govd.stop().await;
 }
+
+/// `gauge`'s value in the agent's `/metrics` (0 without it).
+async fn agent_metric(agent: &Agent, series: &str) -> u64 {
+    let (_, _, metrics) = http_get(agent.admin, "/metrics").await;
+    sample(&metrics, series)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_renews_its_identity_under_load_without_a_failed_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"));
+    let id_ca = identity_ca(&dir.path().join("identity"));
+    let flags = ["--identity-ca", &id_ca, "--identity-lifetime", "6s"];
+    let govd = control_plane(&dir.path().join("state"))
+        .tls(&pki)
+        .args(&flags)
+        .start()
+        .await;
+    let ca = pki.ca.display().to_string();
+    let v1 = write(dir.path(), "v1.gov", V1);
+    let applied = govc(&govd, Some(TOKEN), &["apply", "--tls-ca", &ca, &v1]).await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+
+    // The agent has no certificate file: it asks govd for one with its
+    // token, then connects with it.
+    let up = upstream().await;
+    let mut builder = agent("order", "order-1")
+        .upstream(up)
+        .control_plane(&govd)
+        .tls(&pki, None);
+    builder.args.push("--identity".into());
+    let order = builder.start(dir.path()).await;
+    wait_until(
+        "the agent connected with an issued certificate",
+        Duration::from_secs(10),
+        async || all_synced(&govd, &["order-1"]).await,
+    )
+    .await;
+    let first = agent_metric(&order, "gov_agent_certificate_not_after_timestamp_seconds").await;
+    let now = gov_control_plane::convert::now_unix_ms() / 1000;
+    assert!((now..=now + 7).contains(&first), "{first} against {now}");
+
+    // 10s of calls through the proxy, four at a time: the certificate is
+    // renewed at about 4s and 8s (two thirds of 6s), and no call fails.
+    let inbound = order.inbound;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0_usize, Vec::new());
+                while Instant::now() < deadline {
+                    match http_get(inbound, "/").await {
+                        (200, _, _) => ok += 1,
+                        other => failed.push(other),
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    let (mut ok, mut failed) = (0, Vec::new());
+    for task in load {
+        let (o, f) = task.await.unwrap();
+        ok += o;
+        failed.extend(f);
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} calls failed: {failed:?}",
+        failed.len(),
+        ok + failed.len()
+    );
+    assert!(ok > 100, "only {ok} calls");
+    // Renewed (at least twice), the gauge moved, and the stream that the
+    // first certificate opened was never dropped.
+    let log = read(&order.log);
+    assert!(
+        log.matches("certificate issued by the control plane")
+            .count()
+            >= 3,
+        "{log}"
+    );
+    let later = agent_metric(&order, "gov_agent_certificate_not_after_timestamp_seconds").await;
+    assert!(later >= first + 4, "{later} after {first}");
+    assert_eq!(
+        log.matches("connected to the control plane").count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        agent_metric(&order, "gov_agent_certificate_failures_total").await,
+        0
+    );
+    let issued = audited(&govd, &ca, "certificate-issued").await;
+    assert!(issued.len() >= 3, "{issued:?}");
+
+    // A new connection uses the new certificate: govd restarts when the
+    // first one has long expired, and the agent connects again.
+    let port = govd.addr.port();
+    govd.stop().await;
+    let govd = control_plane(&dir.path().join("state"))
+        .tls(&pki)
+        .args(&flags)
+        .start_on(port)
+        .await;
+    wait_until(
+        "the agent connected again with a renewed certificate",
+        Duration::from_secs(15),
+        async || all_synced(&govd, &["order-1"]).await,
+    )
+    .await;
+    order.stop().await;
+    govd.stop().await;
+}

@@ -114,9 +114,18 @@ struct Args {
     #[arg(long, env = "GOV_TLS_CERT", value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
 
-    /// The private key (PEM) of --tls-cert.
+    /// The private key (PEM) of --tls-cert. Both files are read again every
+    /// 2s: a renewed certificate (cert-manager, SPIRE) is used from the next
+    /// connection to govd on.
     #[arg(long, env = "GOV_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+
+    /// Get this agent's certificate from govd (`govd --identity-ca`): the
+    /// agent makes its key in memory, asks with its
+    /// --control-plane-token-file, connects with the certificate, and renews
+    /// it at two thirds of its life.
+    #[arg(long, env = "GOV_IDENTITY", requires_all = ["control_plane", "tls_ca", "control_plane_token_file"], conflicts_with = "tls_cert")]
+    identity: bool,
 
     /// The protocol spoken to upstreams: `http1`, `http2` (prior knowledge, h2c), or
     /// `downstream` (what the client spoke: gRPC clients get HTTP/2 with trailers).
@@ -349,6 +358,33 @@ async fn run(args: Args) -> ExitCode {
             control.instance = format!("{}@{}", control.service, sidecar.inbound_addr());
         }
         control.address = sidecar.inbound_addr().to_string();
+        // The agent's certificate: issued by govd, or the files, reloaded.
+        if args.identity {
+            let identity = gov_agent::identity::IdentityOptions {
+                url: control.url.clone(),
+                service: control.service.clone(),
+                instance: control.instance.clone(),
+                token: token.clone().unwrap_or_default(),
+                tls: tls.clone(),
+                backoff: gov_agent::control::Backoff::default(),
+                on_certificate: Some(sidecar.on_certificate()),
+            };
+            match gov_agent::identity::start(identity, stopping.clone()) {
+                Ok(credentials) => control.credentials = Some(credentials),
+                Err(error) => {
+                    gov_proto::report::plain(&error);
+                    return ExitCode::FAILURE;
+                }
+            }
+        } else if let (Some(cert), Some(key)) = (args.tls_cert.clone(), args.tls_key.clone()) {
+            control.credentials = Some(gov_agent::identity::watch_files(
+                cert,
+                key,
+                gov_agent::identity::FILE_POLL,
+                Some(sidecar.on_certificate()),
+                stopping.clone(),
+            ));
+        }
         control.token = token;
         control.tls = tls;
         control.on_applied = Some(sidecar.on_config_applied());

@@ -174,6 +174,25 @@ impl Source {
             &[],
             u64::from(health.control_plane_refusal().is_some()),
         );
+        let (not_after_ms, failures) = health.certificate();
+        if not_after_ms > 0 || failures > 0 {
+            enc.family(
+                "gov_agent_certificate_not_after_timestamp_seconds",
+                "gauge",
+                "When the agent's certificate (issued by govd with --identity, or --tls-cert) expires, in seconds since the Unix epoch; 0 before the first.",
+            );
+            enc.sample(
+                "gov_agent_certificate_not_after_timestamp_seconds",
+                &[],
+                not_after_ms / 1000,
+            );
+            enc.family(
+                "gov_agent_certificate_failures_total",
+                "counter",
+                "Requests to govd for a certificate (--identity), or reloads of --tls-cert/--tls-key, that failed; each is retried and the certificate in force kept.",
+            );
+            enc.sample("gov_agent_certificate_failures_total", &[], failures);
+        }
         self.render_lifecycle(enc);
         if let Some(store) = self.engine.cluster_store() {
             enc.family(
