@@ -51,7 +51,9 @@ pub struct ControlPlane {
 
 pub(crate) struct Inner {
     state: std::sync::Mutex<State>,
+    /// The store, its health recorded (`store_health`).
     pub(crate) store: Arc<dyn Store>,
+    pub(crate) health: Arc<crate::store_health::Health>,
     /// The stored revision the state reflects: what the next write of the
     /// shared state is conditioned on. Changed under `write_lock` only.
     revision: AtomicI64,
@@ -123,9 +125,11 @@ impl ControlPlane {
             "state loaded"
         );
         let view = watch::channel(Arc::new(cluster_view(&state, now_unix_ms()))).0;
+        let store = crate::store_health::Tracked::new(store);
         let inner = Arc::new(Inner {
             state: std::sync::Mutex::new(state),
-            store,
+            health: store.health(),
+            store: Arc::new(store),
             revision,
             tokens: std::sync::RwLock::new(Arc::new(Tokens {
                 named: options.tokens,
@@ -156,6 +160,13 @@ impl ControlPlane {
         tokio::spawn(persist_agents(inner.clone()));
         tokio::spawn(release_timer(inner.clone()));
         tokio::spawn(keep_audit_true(inner.clone()));
+        let changed = inner.clone();
+        tokio::spawn(crate::store_health::watch(
+            inner.store.clone(),
+            inner.health.clone(),
+            inner.shutdown.clone(),
+            move || changed.changed(),
+        ));
         if let Some(changes) = inner.store.changes() {
             tokio::spawn(follow_store(inner.clone(), changes));
         }
@@ -170,7 +181,7 @@ impl ControlPlane {
 
     /// The cluster view now.
     pub fn status(&self) -> pb::ClusterView {
-        cluster_view(&self.inner.lock(), now_unix_ms())
+        self.inner.view_now()
     }
 
     /// `/metrics` now: the counters, with the cluster view and whether
@@ -240,6 +251,14 @@ impl ControlPlane {
 // === impl Inner ===
 
 impl Inner {
+    /// The cluster view now, with the store's health: what `Status`,
+    /// `Watch` and `/metrics` show.
+    fn view_now(&self) -> pb::ClusterView {
+        let mut view = cluster_view(&self.lock(), now_unix_ms());
+        view.store = Some(self.health.view(self.store.as_ref()));
+        view
+    }
+
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave State half-updated in a
         // way that matters more than stopping the control plane would.
@@ -530,7 +549,7 @@ async fn publish_views(inner: Arc<Inner>) {
                 }
             }
         }
-        let view = cluster_view(&inner.lock(), now_unix_ms());
+        let view = inner.view_now();
         inner.view.send_replace(Arc::new(view));
     }
 }

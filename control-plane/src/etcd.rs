@@ -45,6 +45,8 @@ const RETRY: Duration = Duration::from_millis(500);
 const RETRY_ATTEMPTS: usize = 5;
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 const RETRY_BUDGET: Duration = Duration::from_secs(12);
+/// How long the store's health probe waits for a quorum read.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Where the state lives in etcd and who this replica is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -448,6 +450,33 @@ impl Store for EtcdStore {
 
     fn leader(&self) -> watch::Receiver<bool> {
         self.leader.subscribe()
+    }
+
+    fn probe(&self) -> Option<StoreFuture<'_, String>> {
+        Some(Box::pin(async move {
+            // One try, linearizable (a member cut off from the majority
+            // cannot answer it), within a bound of its own: a probe says
+            // how etcd is now, not after the retries of a write.
+            let mut kv = self.client.kv_client();
+            let read = kv.get(self.config.key("leader"), None);
+            let got = match tokio::time::timeout(PROBE_TIMEOUT, read).await {
+                Ok(got) => got.map_err(|e| self.error("read the leader key", e))?,
+                Err(_) => {
+                    return Err(self.error(
+                        "read the leader key",
+                        etcd_client::Error::IoError(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no answer from a quorum within {PROBE_TIMEOUT:?}"),
+                        )),
+                    ));
+                }
+            };
+            Ok(got
+                .kvs()
+                .first()
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+                .unwrap_or_default())
+        }))
     }
 }
 

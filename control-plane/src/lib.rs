@@ -44,6 +44,7 @@ mod options;
 mod server;
 pub mod state;
 pub mod store;
+mod store_health;
 pub mod view;
 pub mod watches;
 

@@ -202,6 +202,20 @@ impl Metrics {
             "1 while this govd is the elected leader (runs the release after timer); a lone govd always is.",
         );
         enc.sample("govd_leader", &[], u64::from(leader));
+        let store = view.store.clone().unwrap_or_default();
+        enc.family(
+            "govd_store_reachable",
+            "gauge",
+            "1 while the store takes writes as far as this govd knows; 0 after a write of the state failed, or on etcd a call that needs the quorum (govd reads the leader key every 2s).",
+        );
+        enc.sample("govd_store_reachable", &[], u64::from(store.writable));
+        enc.family(
+            "govd_store_last_write_timestamp_seconds",
+            "gauge",
+            "Unix time of this govd's last successful write of the state; 0: none since it started.",
+        );
+        let last_write = Duration::from_millis(store.last_write_unix_ms).as_secs_f64();
+        enc.sample("govd_store_last_write_timestamp_seconds", &[], last_write);
         enc.family(
             "govd_agents",
             "gauge",

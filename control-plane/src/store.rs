@@ -263,6 +263,14 @@ pub trait Store: Send + Sync + 'static {
     fn leader(&self) -> tokio::sync::watch::Receiver<bool> {
         tokio::sync::watch::channel(true).1
     }
+
+    /// One cheap call that needs the store's quorum, bounded in time, for
+    /// `crate::store_health`: etcd reads the leader key (linearizable) and
+    /// answers the leader's name (`""`: none). `None`: nothing to probe
+    /// (the directory is known by its writes).
+    fn probe(&self) -> Option<StoreFuture<'_, String>> {
+        None
+    }
 }
 
 /// The next change of leadership. A closed channel never changes again (a

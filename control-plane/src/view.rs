@@ -135,6 +135,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
         limits,
         labels_left_out: false,
         agents_left_out: 0,
+        store: None,
     }
 }
 

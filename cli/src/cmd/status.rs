@@ -49,9 +49,15 @@ pub fn run(args: Args) -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
+    // Still a readable status: exit 0 like every degraded state govc shows
+    // (an UNSAVED agent, a NACK); the warning goes to stderr.
+    if let Some(warning) = store_warning(&view) {
+        gov_proto::errln!("{warning}");
+    }
     match args.output {
         Output::Json => match serde_json::to_value(&view)
             .map(table_words)
+            .map(|v| store_flags(v, &view))
             .and_then(|v| serde_json::to_string_pretty(&v))
         {
             Ok(json) => gov_proto::outln!("{json}"),
@@ -103,6 +109,17 @@ fn table_words(mut value: serde_json::Value) -> serde_json::Value {
         }
     }
     walk(&mut value, &words);
+    value
+}
+
+/// `value` with the store's `writable` and `leader` written out when false
+/// (proto3 JSON leaves out a field at its default), so that a script reads
+/// `.store.writable == false` rather than a missing field.
+fn store_flags(mut value: serde_json::Value, view: &pb::ClusterView) -> serde_json::Value {
+    if let (Some(store), Some(out)) = (&view.store, value.get_mut("store")) {
+        out["writable"] = store.writable.into();
+        out["leader"] = store.leader.into();
+    }
     value
 }
 
@@ -220,6 +237,71 @@ fn knows_nothing_of(view: &pb::ClusterView) -> bool {
         && view.limits.is_empty()
 }
 
+/// The store and its health: `etcd://HOSTS/PREFIX: quorum 1s ago, leader b
+/// (this replica), last write 3s ago`, or what fails and since when.
+fn store_line(store: &pb::StoreHealth, now: u64) -> String {
+    let ago = |then: u64| match then {
+        0 => "never since govd started".to_owned(),
+        then => format!("{} ago", human_ms(now.saturating_sub(then))),
+    };
+    let etcd = store.store.starts_with("etcd://");
+    let mut parts = Vec::new();
+    match (store.writable, etcd) {
+        (true, true) => parts.push(format!("quorum {}", ago(store.quorum_unix_ms))),
+        (true, false) => parts.push("writable".to_owned()),
+        (false, true) => parts.push(format!(
+            "NO QUORUM since {} (last quorum {})",
+            ago(store.failing_since_unix_ms),
+            ago(store.quorum_unix_ms)
+        )),
+        (false, false) => parts.push(format!(
+            "NOT WRITABLE since {}",
+            ago(store.failing_since_unix_ms)
+        )),
+    }
+    if etcd {
+        let leader = match (store.leader_name.as_str(), store.leader) {
+            (_, true) => "this replica",
+            ("", false) => "unknown",
+            (name, false) => name,
+        };
+        // Without a quorum, who leads is what this replica last knew.
+        parts.push(match (store.writable, store.leader) {
+            (true, true) => "this replica leads".to_owned(),
+            (true, false) => format!("leader {leader}"),
+            (false, _) => format!("leader when last known {leader}"),
+        });
+    }
+    parts.push(format!("last write {}", ago(store.last_write_unix_ms)));
+    if store.writable && !store.last_error.is_empty() {
+        parts.push(format!("last failure {}", ago(store.last_error_unix_ms)));
+    }
+    let line = format!("{}: {}", store.store, parts.join(", "));
+    gov_proto::printable::printable(&line).into_owned()
+}
+
+/// The warning `govc status` prints (to stderr) when govd's store cannot
+/// take writes: applies and releases fail until it can.
+fn store_warning(view: &pb::ClusterView) -> Option<String> {
+    let store = view.store.as_ref().filter(|s| !s.writable)?;
+    let since = human_ms(view.at_unix_ms.saturating_sub(store.failing_since_unix_ms));
+    let (what, help) = if store.store.starts_with("etcd://") {
+        (
+            format!("etcd has no quorum from this replica since {since} ago"),
+            "bring a majority of the etcd members of govd's --store back, or check this replica's network to them; see docs/operations.md, \"Replicas on etcd\"",
+        )
+    } else {
+        (
+            format!("govd cannot write its state directory since {since} ago"),
+            "make govd's --state-dir writable (or free disk space); see docs/operations.md, \"State and failure behaviour\"",
+        )
+    };
+    Some(format!(
+        "warning: {what}: applies and releases will fail\n  cause: {}\n  help: {help}",
+        gov_proto::printable::printable(&store.last_error)
+    ))
+}
+
 /// The text form (a pure function of the view, so it can be tested).
 pub fn render(view: &pb::ClusterView) -> String {
     let mut out = String::new();
@@ -228,7 +310,11 @@ pub fn render(view: &pb::ClusterView) -> String {
     } else {
         view.version.clone()
     };
-    out.push_str(&format!("Applied version: {version}\n\n"));
+    out.push_str(&format!("Applied version: {version}\n"));
+    if let Some(store) = &view.store {
+        out.push_str(&format!("Store: {}\n", store_line(store, view.at_unix_ms)));
+    }
+    out.push('\n');
     if view.agents.is_empty() {
         out.push_str("No agents.\n");
     } else {
@@ -505,6 +591,82 @@ mod tests {
         assert_eq!(json["rules"][0]["mode"], "shadow");
         assert_eq!(json["rules"][0]["shadow_since_unix_ms"], 9_100_000);
         assert_eq!(json["rules"][1]["mode"], "enforce");
+    }
+
+    #[test]
+    fn the_store_line_says_what_fails_since_when_and_a_warning_says_what_it_breaks() {
+        let etcd = |writable: bool| pb::ClusterView {
+            at_unix_ms: 1_000_000,
+            version: "0123456789abcdef".into(),
+            store: Some(pb::StoreHealth {
+                store: "etcd://127.0.0.1:2379,127.0.0.1:2380/gov".into(),
+                writable,
+                failing_since_unix_ms: if writable { 0 } else { 986_000 },
+                last_error: "etcd (http://127.0.0.1:2379) failed to read the leader key".into(),
+                last_error_unix_ms: 999_000,
+                last_write_unix_ms: 880_000,
+                quorum_unix_ms: if writable { 999_000 } else { 984_000 },
+                leader: false,
+                leader_name: "b".into(),
+            }),
+            ..Default::default()
+        };
+        let text = render(&etcd(true));
+        assert!(
+            text.starts_with(
+                "Applied version: 0123456789abcdef\nStore: etcd://127.0.0.1:2379,127.0.0.1:2380/gov: quorum 1s ago, leader b, last write 2m00s ago, last failure 1s ago\n\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(store_warning(&etcd(true)), None);
+        let text = render(&etcd(false));
+        assert!(
+            text.contains(
+                "gov: NO QUORUM since 14s ago (last quorum 16s ago), leader when last known b, last write 2m00s ago\n"
+            ),
+            "{text}"
+        );
+        let warning = store_warning(&etcd(false)).unwrap();
+        assert!(
+            warning.starts_with(
+                "warning: etcd has no quorum from this replica since 14s ago: applies and releases will fail\n  cause: etcd (http://127.0.0.1:2379) failed to read the leader key\n  help: "
+            ),
+            "{warning}"
+        );
+        let view = etcd(false);
+        let json = store_flags(serde_json::to_value(&view).unwrap(), &view);
+        assert_eq!(json["store"]["writable"], false);
+        assert_eq!(json["store"]["leader"], false);
+        assert_eq!(json["store"]["failing_since_unix_ms"], 986_000);
+
+        let dir = pb::ClusterView {
+            at_unix_ms: 1_000_000,
+            store: Some(pb::StoreHealth {
+                store: "directory /var/lib/gov".into(),
+                writable: false,
+                failing_since_unix_ms: 940_000,
+                last_error: "cannot create `/var/lib/gov/.state.json.tmp.7`: Read-only file system (os error 30)".into(),
+                leader: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(
+            render(&dir).contains(
+                "Store: directory /var/lib/gov: NOT WRITABLE since 1m00s ago, last write never since govd started\n"
+            ),
+            "{}",
+            render(&dir)
+        );
+        let warning = store_warning(&dir).unwrap();
+        assert!(
+            warning.starts_with(
+                "warning: govd cannot write its state directory since 1m00s ago: applies and releases will fail\n  cause: cannot create `/var/lib/gov/.state.json.tmp.7`: Read-only"
+            ),
+            "{warning}"
+        );
+        // A govd from before the store's health: no line.
+        assert!(!render(&pb::ClusterView::default()).contains("Store:"));
     }
 
     #[test]

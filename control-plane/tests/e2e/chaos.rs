@@ -77,7 +77,7 @@ async fn chaos_kills_and_pauses_never_break_what_an_apply_promised() {
     let dir = tempfile::tempdir().unwrap();
     let store = etcd.url("gov");
     let start = |name: &'static str, port: u16| replica_at(&store, dir.path(), name).start_on(port);
-    let mut govds = vec![start("a", 0).await, start("b", 0).await];
+    let mut govds = [start("a", 0).await, start("b", 0).await];
     let ports: Vec<u16> = govds.iter().map(|g| g.addr.port()).collect();
     let list = format!("{},{}", govds[0].url(), govds[1].url());
     apply_on(&govds[0], &policy(1)).await.unwrap();

@@ -717,3 +717,61 @@ async fn applies_go_on_when_one_etcd_member_of_three_dies_under_them() {
         assert_eq!(distinct.len(), 5, "{applies:?}");
     }
 }
+
+/// Two etcd members of three SIGKILLed: the replica can reach no quorum,
+/// and `govc status` says so within two probes (a `Store:` line with NO
+/// QUORUM, a warning on stderr that applies will fail, still exit 0),
+/// as do `-o json` and `/metrics`; and an apply does fail (issue 26).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn govc_status_warns_when_etcd_has_lost_its_majority_and_applies_fail() {
+    let mut etcd = Etcd::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let govd = replica(&etcd, dir.path(), "a").start().await;
+    apply_on(&govd, &policy(1)).await.unwrap();
+    wait_until("a leads", Duration::from_secs(10), async || leads(&govd)).await;
+    let healthy = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
+    assert_eq!(healthy.code, 0, "{}", healthy.stderr);
+    let line = healthy
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("Store: etcd://"))
+        .unwrap_or_else(|| panic!("no store line: {}", healthy.stdout));
+    assert!(line.contains("/gov: quorum "), "{line}");
+    assert!(line.contains("this replica leads"), "{line}");
+    assert!(!healthy.stderr.contains("warning"), "{}", healthy.stderr);
+
+    etcd.kill(1).await;
+    etcd.kill(2).await;
+    let killed = Instant::now();
+    let mut status = None;
+    while killed.elapsed() < Duration::from_secs(15) {
+        let s = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
+        if s.stderr.contains("etcd has no quorum from this replica") {
+            status = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let status = status.expect("govc status warns within 15s of etcd losing its majority");
+    assert_eq!(status.code, 0, "a readable status: {}", status.stderr);
+    assert!(
+        status.stderr.contains("applies and releases will fail"),
+        "{}",
+        status.stderr
+    );
+    assert!(
+        status.stdout.contains(": NO QUORUM since "),
+        "{}",
+        status.stdout
+    );
+    let json = govc(&govd, Some(VIEWER_TOKEN), &["status", "-o", "json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(json["store"]["writable"], false, "{json}");
+    let (_, _, metrics) = http_get(govd.metrics.unwrap(), "/metrics").await;
+    assert!(metrics.contains("\ngovd_store_reachable 0\n"), "{metrics}");
+
+    let apply = tokio::time::timeout(Duration::from_secs(60), apply_on(&govd, &policy(2)))
+        .await
+        .expect("an apply without etcd's majority ends");
+    assert!(apply.is_err(), "an apply without a quorum: {apply:?}");
+}
