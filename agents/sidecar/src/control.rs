@@ -848,6 +848,8 @@ mod tests {
                         amount: 1,
                         window_ms: 1000,
                     }),
+                    sync_timeout_ms: gov_proto::compiled::SYNC_EXACT_TIMEOUT_MS,
+                    fallback: proto::ClusterFallback::Local as i32,
                     reject_status: proto::RuleKind::Limit.reject_status(),
                     reject_grpc_status: proto::RuleKind::Limit.reject_grpc() as i32,
                     ..Default::default()
