@@ -55,7 +55,11 @@ pub struct AuditEntry {
 /// A new intent id: unique across replicas and restarts (time, then 64
 /// random bits).
 pub fn new_intent() -> String {
-    format!("{:x}-{:016x}", crate::convert::now_unix_ms(), rand::random::<u64>())
+    format!(
+        "{:x}-{:016x}",
+        crate::convert::now_unix_ms(),
+        rand::random::<u64>()
+    )
 }
 
 /// The outcome action of an intent's action (`apply-intended` -> `apply`);
