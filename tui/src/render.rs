@@ -21,7 +21,7 @@ use crate::format::{
     ago, bar, duration, latency_bound, quantile_bucket, rate, short_version, truncate,
 };
 use crate::history::REASONS;
-use crate::proto::{AgentView, ReleaseKind, RuleKind, RuleView, SourceRef, SyncState};
+use crate::proto::{AgentView, ReleaseKind, RuleKind, RuleView, SourceRef, StoreHealth, SyncState};
 
 const FOCUS: Color = Color::Cyan;
 const SELECTED: Style = Style::new().add_modifier(Modifier::REVERSED);
@@ -127,6 +127,9 @@ fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
                 )],
             ));
         }
+        if let Some(store) = &view.store {
+            parts.push(store_part(store, view.at_unix_ms));
+        }
     }
     // ` gov  URL │ bundle … │ ● CONNECTED │ …`: the badge, a space, then parts
     // separated by bars.
@@ -159,6 +162,28 @@ fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
         spans.extend(part);
     }
     frame.render_widget(Line::from(spans), area);
+}
+
+/// The store's health in the header, as `govc status`'s `Store:` line says
+/// it: `store ok` goes first when narrow; a store that cannot take writes
+/// (applies and releases fail) stays, in red, with how long.
+fn store_part(store: &StoreHealth, now_ms: u64) -> (u8, Vec<Span<'static>>) {
+    if store.writable {
+        return (6, vec![Span::raw("store ok")]);
+    }
+    let what = if store.store.starts_with("etcd://") {
+        "NO ETCD QUORUM"
+    } else {
+        "STORE NOT WRITABLE"
+    };
+    let since = duration(now_ms.saturating_sub(store.failing_since_unix_ms));
+    (
+        0,
+        vec![Span::styled(
+            format!("{what} {since}"),
+            Style::new().red().bold(),
+        )],
+    )
 }
 
 fn render_banner(app: &App, frame: &mut Frame<'_>, area: Rect) {

@@ -91,6 +91,13 @@ impl ControlPlane for FakeControlPlane {
         Err(Status::unimplemented("audit"))
     }
 
+    async fn certify(
+        &self,
+        _: Request<gov_tui::proto::CertifyRequest>,
+    ) -> Result<Response<gov_tui::proto::CertifyResponse>, Status> {
+        Err(Status::unimplemented("certify"))
+    }
+
     async fn release(
         &self,
         request: Request<ReleaseRequest>,

@@ -2,7 +2,7 @@
 
 use gov_tui::proto::{
     AgentView, ClusterView, FuseState, FuseView, LimitView, Phase, Rejections, RuleKind, RuleStats,
-    RuleView, SourceRef, SyncState,
+    RuleView, SourceRef, StoreHealth, SyncState,
 };
 use gov_tui::{App, Msg, update};
 use ratatui::Terminal;
@@ -241,6 +241,14 @@ pub fn busy_view(secs: u64) -> ClusterView {
             source: source(19, SUPPLIER),
             key: String::new(),
         }],
+        store: Some(StoreHealth {
+            store: "etcd://10.0.0.20:2379,10.0.0.21:2379,10.0.0.22:2379/gov".into(),
+            writable: true,
+            quorum_unix_ms: T0 - 60_000 + secs * 1000 - 1_500,
+            last_write_unix_ms: T0 - 600_000,
+            leader_name: "govd-0".into(),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }

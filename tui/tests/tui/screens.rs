@@ -99,6 +99,26 @@ fn a_rule_detail_counts_grpc_calls_by_code() {
 /// An agent that enforces the config it was sent but could not save it:
 /// UNSAVED with the reason in the list, and in its detail the version a
 /// restart without govd goes back to.
+/// etcd's majority lost: the header says so in red, whatever else it
+/// leaves out for width.
+#[test]
+fn store_without_quorum() {
+    let mut app = busy_app();
+    let mut view = busy_view(61);
+    if let Some(store) = view.store.as_mut() {
+        store.writable = false;
+        store.failing_since_unix_ms = T0 - 14_000;
+        store.last_error = "etcd failed to read the leader key".into();
+    }
+    update(&mut app, Msg::Tick(T0 + 1_000));
+    update(&mut app, Msg::View(view));
+    let screen = draw(&app, 120, 36);
+    assert!(screen.contains("NO ETCD QUORUM 15s"), "{screen}");
+    let narrow = draw(&app, 80, 24);
+    assert!(narrow.contains("NO ETCD QUORUM 15s"), "{narrow}");
+    assert_snapshot!(screen);
+}
+
 #[test]
 fn unsaved_agent() {
     let mut app = busy_app();
