@@ -16,14 +16,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use gov_proto::v1 as pb;
-use tonic::{Request, Response, Status};
-
-use crate::auth::{AgentIdentity, UNVERIFIED_AGENT};
-use crate::control_plane::Inner;
-use crate::convert::now_unix_ms;
-use crate::store::AuditEntry;
-
 /// How long a certificate lives unless `--identity-lifetime` says otherwise.
 pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
 /// The SPIFFE trust domain unless `--identity-trust-domain` says otherwise.
@@ -73,7 +65,7 @@ pub struct Issuer {
     /// for agents' client certificates.
     ca_pem: String,
     trust_domain: String,
-    lifetime: Duration,
+    pub(crate) lifetime: Duration,
 }
 
 /// A certificate issued to an agent.
@@ -87,9 +79,9 @@ pub struct Issued {
 
 /// What a CSR asks for, once its signature is checked.
 #[derive(Debug)]
-struct Csr {
+pub(crate) struct Csr {
     /// The subject CN: the service the agent says it is.
-    service: String,
+    pub(crate) service: String,
     public_key: rcgen::PublicKey,
 }
 
@@ -205,7 +197,12 @@ impl Issuer {
 
     /// A certificate for `csr`'s key, naming `service` and `instance`,
     /// valid from a minute before `now_unix_ms` for the lifetime.
-    fn issue(&self, csr: &Csr, instance: &str, now_unix_ms: u64) -> Result<Issued, String> {
+    pub(crate) fn issue(
+        &self,
+        csr: &Csr,
+        instance: &str,
+        now_unix_ms: u64,
+    ) -> Result<Issued, String> {
         let spiffe_id = self.spiffe_id(&csr.service, instance)?;
         let now = i64::try_from(now_unix_ms / 1000).map_err(|e| e.to_string())?;
         let backdate = i64::try_from(BACKDATE.as_secs()).map_err(|e| e.to_string())?;
@@ -261,7 +258,7 @@ fn first_certificate(pem: &str) -> Option<Vec<u8>> {
 
 impl Csr {
     /// Parses `der` and checks its signature (the agent holds the key).
-    fn parse(der: &[u8]) -> Result<Self, String> {
+    pub(crate) fn parse(der: &[u8]) -> Result<Self, String> {
         use x509_parser::prelude::FromDer as _;
         let (_, request) =
             x509_parser::certification_request::X509CertificationRequest::from_der(der)
@@ -280,99 +277,6 @@ impl Csr {
             service,
             public_key: params.public_key,
         })
-    }
-}
-
-// === the Certify call ===
-
-/// `Certify`: the agent's token must name the service its CSR asks for.
-pub(crate) async fn certify(
-    inner: &Inner,
-    request: Request<pb::CertifyRequest>,
-) -> Result<Response<pb::CertifyResponse>, Status> {
-    let Some(issuer) = inner.identity.as_deref() else {
-        return Err(Status::failed_precondition(
-            "this govd issues no certificates: start it with --identity-ca CERT,KEY, or give the agent --tls-cert and --tls-key instead of --identity",
-        ));
-    };
-    if !request.metadata().contains_key("authorization") {
-        return Err(Status::unauthenticated(
-            "a certificate is issued only to an agent presenting its service's agent token (gov-agent --control-plane-token-file)",
-        ));
-    }
-    let identity = inner.tokens().agent(&request)?;
-    if identity.services.is_none() && identity.name == UNVERIFIED_AGENT {
-        return Err(Status::permission_denied(
-            "an open govd (--insecure) issues no certificates: give govd a --token-file with an `agent` line for this service",
-        ));
-    }
-    let message = request.into_inner();
-    let csr = Csr::parse(&message.csr_der).map_err(Status::invalid_argument)?;
-    let target = format!(
-        "{}/{}",
-        gov_proto::printable::printable(&csr.service),
-        gov_proto::printable::printable(&message.instance)
-    );
-    if !identity.may_claim(&csr.service) {
-        let may = identity.services.as_deref().unwrap_or_default().join(", ");
-        let detail = format!(
-            "the CSR asks for service `{}`; the token names only: {may}",
-            gov_proto::printable::printable(&csr.service)
-        );
-        refused(inner, &identity, target, detail).await;
-        return Err(Status::permission_denied(format!(
-            "the agent token `{}` may have certificates only for {may}, not `{}`; ask with this agent's own --service",
-            identity.name,
-            gov_proto::printable::printable(&csr.service)
-        )));
-    }
-    let issued = match issuer.issue(&csr, &message.instance, now_unix_ms()) {
-        Ok(issued) => issued,
-        Err(reason) => {
-            refused(inner, &identity, target, reason.clone()).await;
-            return Err(Status::invalid_argument(reason));
-        }
-    };
-    tracing::info!(who = %identity.label(), spiffe_id = %issued.spiffe_id, not_after_unix_ms = issued.not_after_unix_ms, "issued an agent certificate");
-    inner
-        .audit(entry(
-            &identity,
-            "certificate-issued",
-            issued.spiffe_id.clone(),
-            format!(
-                "not after {} (unix ms), for {:?}",
-                issued.not_after_unix_ms, issuer.lifetime
-            ),
-        ))
-        .await;
-    Ok(Response::new(pb::CertifyResponse {
-        cert_chain_pem: issued.chain_pem,
-        not_after_unix_ms: issued.not_after_unix_ms,
-        spiffe_id: issued.spiffe_id,
-    }))
-}
-
-/// A CSR refused: logged and audited (asking for another service's
-/// identity is worth a record).
-async fn refused(inner: &Inner, identity: &AgentIdentity, target: String, detail: String) {
-    tracing::warn!(who = %identity.label(), %target, %detail, "refused a certificate");
-    inner
-        .audit(entry(identity, "certificate-refused", target, detail))
-        .await;
-}
-
-fn entry(identity: &AgentIdentity, action: &str, target: String, detail: String) -> AuditEntry {
-    AuditEntry {
-        at_unix_ms: now_unix_ms(),
-        who: identity.who(),
-        action: action.to_owned(),
-        intent: String::new(),
-        version: String::new(),
-        kind: String::new(),
-        rule: String::new(),
-        key: String::new(),
-        targets: vec![target],
-        detail,
     }
 }
 

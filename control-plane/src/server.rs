@@ -396,7 +396,7 @@ impl ControlPlaneRpc for ControlPlane {
         &self,
         request: Request<pb::CertifyRequest>,
     ) -> Result<Response<pb::CertifyResponse>, Status> {
-        crate::identity::certify(&self.inner, request).await
+        crate::certify::certify(&self.inner, request).await
     }
 
     async fn release(

@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use gov_proto::v1 as proto;
 use gov_proto::v1::control_plane_client::ControlPlaneClient;
@@ -44,8 +44,11 @@ use gov_engine::{Engine, Latch, Restored};
 
 use crate::state_dir::write_atomically;
 pub use backoff::Backoff;
+pub use reach::urls;
+pub(crate) use reach::{chain, now_unix_ms};
 
-mod backoff;
+pub(crate) mod backoff;
+pub(crate) mod reach;
 
 /// File name of the last good config in the state directory.
 pub const LAST_GOOD_FILE: &str = "last-good-config.json";
@@ -329,22 +332,6 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
 /// How long the agent waits for govd to answer its `Connect` before it
 /// tries the next URL.
 const CONNECT_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// The control plane URLs of `list` (comma-separated; at least one).
-pub fn urls(list: &str) -> Vec<&str> {
-    let urls: Vec<&str> = list
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .collect();
-    if urls.is_empty() { vec![list] } else { urls }
-}
-
-pub(crate) fn now_unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 /// Whether this agent can enforce `target`, beyond what the engine checks.
 fn check(
@@ -676,17 +663,6 @@ fn nack(
         error,
         rule: rule.unwrap_or_default(),
     })
-}
-
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use gov_proto::v1::control_plane_client::ControlPlaneClient;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::control::Backoff;
+use crate::control::backoff::Backoff;
 
 /// How often `--tls-cert`/`--tls-key` are read for a change. Reading two
 /// small files is cheap, and it sees a Kubernetes secret volume's symlink
@@ -170,7 +170,7 @@ async fn keep_issued(
     tx: watch::Sender<Option<Arc<Credential>>>,
     shutdown: CancellationToken,
 ) {
-    let urls: Vec<String> = crate::control::urls(&options.url)
+    let urls: Vec<String> = crate::control::reach::urls(&options.url)
         .into_iter()
         .map(str::to_owned)
         .collect();
@@ -181,7 +181,7 @@ async fn keep_issued(
                 options.backoff.reset();
                 let left = issued
                     .not_after_unix_ms
-                    .saturating_sub(crate::control::now_unix_ms());
+                    .saturating_sub(crate::control::reach::now_unix_ms());
                 let renew_in = Duration::from_millis(left / 3 * 2);
                 tracing::info!(spiffe_id = %issued.spiffe_id, not_after_unix_ms = issued.not_after_unix_ms, ?renew_in, "certificate issued by the control plane");
                 notify(
@@ -220,7 +220,7 @@ async fn certify(
 ) -> Result<proto::CertifyResponse, IdentityError> {
     let connect = |e: &dyn std::error::Error| IdentityError::Connect {
         url: url.to_owned(),
-        reason: crate::control::chain(e),
+        reason: crate::control::reach::chain(e),
     };
     let channel = options
         .tls
