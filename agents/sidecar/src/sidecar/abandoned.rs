@@ -7,10 +7,11 @@
 //! release the permit while the upstream is still working on the request: a
 //! client that connects, asks and leaves could then keep any number of calls
 //! running at the upstream behind `max_concurrent 5` (a paced HTTP/2 Rapid
-//! Reset). So the call is run on a task of its own ([`run_detached`]), and a
-//! response body dropped before its end ([`Held`]) is read to its end and
-//! discarded on another task, at most for the listener's hold bound: the
-//! permit goes back when the upstream is done, as on the HTTP/1 path.
+//! Reset). So a call whose future is dropped goes on by itself on a task of
+//! its own ([`Detached`]), and a response body dropped before its end
+//! ([`Held`]) is read to its end and discarded on another task, at most for
+//! the listener's hold bound: the permit goes back when the upstream is
+//! done, as on the HTTP/1 path. A call whose client stays starts no task.
 //!
 //! Limits and fuses count such a call once, with the upstream's own outcome
 //! (its status at the head, its end or reset from the body). Both what left
@@ -210,40 +211,60 @@ fn cut(hold: &Hold) {
     tracing::debug!(bound = ?hold.bound, "a call whose client left ran past the hold bound; cut");
 }
 
-/// Runs `call` on a task of its own and answers with its response. If the
-/// caller (hyper, for a client) stops waiting first, the call goes on there
-/// for at most `hold.bound`, and its response body is read to its end
-/// within the same bound: the permits go back when the upstream is done.
-pub(crate) async fn run_detached<F>(
-    call: F,
-    hold: Hold,
-    lost: impl FnOnce() -> Response<Held>,
-) -> Response<Held>
-where
-    F: Future<Output = Response<Held>> + Send + 'static,
-{
-    let (mut answer, answered) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let mut call = std::pin::pin!(call);
-        let response = tokio::select! {
-            biased;
-            response = &mut call => response,
-            () = answer.closed() => {
-                hold.abandoned();
-                let until = tokio::time::Instant::now() + hold.bound;
-                match tokio::time::timeout_at(until, call).await {
-                    Ok(response) => {
-                        if let Some(body) = response.into_body().disown() {
-                            drain(body, hold, until).await;
-                        }
-                    }
-                    Err(_) => cut(&hold),
-                }
-                return;
-            }
+/// A call run in place, that goes on by itself if its caller stops
+/// waiting: hyper drops a call's future when its client leaves, and this
+/// future's drop then hands the call (already boxed, so it is not copied)
+/// to a task of its own, which runs it for at most `hold.bound` and reads
+/// its response body to the end within the same bound; the permits go back
+/// when the upstream is done. A call whose client stays costs one
+/// allocation and no task. A call never polled is never run.
+pub(crate) struct Detached<F: Future<Output = Response<Held>> + Send + 'static> {
+    call: Option<Pin<Box<F>>>,
+    hold: Option<Hold>,
+}
+
+impl<F: Future<Output = Response<Held>> + Send + 'static> Detached<F> {
+    pub(crate) fn new(call: F, hold: Hold) -> Self {
+        Self {
+            call: Some(Box::pin(call)),
+            hold: Some(hold),
+        }
+    }
+}
+
+impl<F: Future<Output = Response<Held>> + Send + 'static> Future for Detached<F> {
+    type Output = Response<Held>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<Held>> {
+        let Some(call) = self.call.as_mut() else {
+            // Polled after its answer: nothing more to give.
+            return Poll::Pending;
         };
-        // The client may leave between the two: the body's drop finishes it.
-        let _ = answer.send(response);
-    });
-    answered.await.unwrap_or_else(|_| lost())
+        let response = std::task::ready!(call.as_mut().poll(cx));
+        self.call = None;
+        Poll::Ready(response)
+    }
+}
+
+impl<F: Future<Output = Response<Held>> + Send + 'static> Drop for Detached<F> {
+    fn drop(&mut self) {
+        let (Some(call), Some(hold)) = (self.call.take(), self.hold.take()) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        hold.abandoned();
+        let until = tokio::time::Instant::now() + hold.bound;
+        runtime.spawn(async move {
+            match tokio::time::timeout_at(until, call).await {
+                Ok(response) => {
+                    if let Some(body) = response.into_body().disown() {
+                        drain(body, hold, until).await;
+                    }
+                }
+                Err(_) => cut(&hold),
+            }
+        });
+    }
 }

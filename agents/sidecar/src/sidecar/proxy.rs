@@ -29,7 +29,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::ResponseFuture as ClientFuture;
 use tower::{Layer, Service, ServiceExt};
 
-use super::abandoned::{Budget, Held, Hold, Inner, run_detached};
+use super::abandoned::{Budget, Detached, Held, Hold, Inner};
 use super::h1::codec::{MAX_HEADERS, Refusal, valid_authority};
 use super::h1::path_dialect;
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
@@ -101,13 +101,13 @@ impl Handler {
         }))))
     }
 
-    /// Handles one request on a task of its own, so that a client that leaves
-    /// (hyper then drops this future) does not end the call at the upstream's
-    /// expense: see [`super::abandoned`].
+    /// Handles one request so that a client that leaves (hyper then drops this
+    /// future) does not end the call at the upstream's expense: the call goes
+    /// on by itself ([`super::abandoned`]).
     pub(crate) async fn handle(self, req: Request<Incoming>) -> Response<ResponseBody> {
         let hold = self.0.get_ref().0.hold.clone();
         let held = hold.clone();
-        run_detached(
+        Detached::new(
             async move {
                 self.respond(req).await.map(|body| match body {
                     GovBody::Response { .. } => Held::upstream(body, held),
@@ -115,13 +115,6 @@ impl Handler {
                 })
             },
             hold,
-            || {
-                local_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "gov-agent: the call's task ended without an answer\n",
-                )
-                .map(Held::free)
-            },
         )
         .await
     }
