@@ -33,6 +33,11 @@ pub struct RemoteArgs {
     /// `https://` --control-plane.
     #[arg(long, env = "GOV_TLS_CA", value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
+
+    /// Send the token over `http://` to a host that is not loopback anyway
+    /// (a lab): anyone on the path can read and replay it.
+    #[arg(long, env = "GOV_ALLOW_CLEARTEXT_TOKEN")]
+    pub allow_cleartext_token: bool,
 }
 
 /// A failure talking to the control plane, already worded for the operator.
@@ -74,6 +79,17 @@ pub enum RemoteError {
         message: String,
     },
 
+    #[error(
+        "will not send your token in clear to `{url}`: it is `http://` to a host that is not loopback, where anyone on the path can read and replay it"
+    )]
+    #[diagnostic(
+        code(gov::govc::cleartext_token),
+        help(
+            "use `https://` with --tls-ca CA.pem (govd with --tls-cert/--tls-key), or a loopback address (govd on this host, an SSH tunnel or a local TLS proxy); --allow-cleartext-token (GOV_ALLOW_CLEARTEXT_TOKEN) sends it anyway, for a lab"
+        )
+    )]
+    CleartextToken { url: String },
+
     #[error("cannot start the async runtime")]
     #[diagnostic(code(gov::govc::runtime))]
     Runtime(#[source] std::io::Error),
@@ -95,6 +111,26 @@ impl RemoteArgs {
             .filter(|t| !t.is_empty()))
     }
 
+    /// Refuses, before any connection, to send `token` over `http://` to
+    /// a --control-plane URL whose host is not loopback, unless
+    /// --allow-cleartext-token.
+    pub fn check_cleartext(&self, token: Option<&str>) -> Result<(), RemoteError> {
+        if token.is_none() || self.allow_cleartext_token {
+            return Ok(());
+        }
+        match self
+            .control_plane
+            .split(',')
+            .map(str::trim)
+            .find(|url| !url.is_empty() && cleartext_to_remote(url))
+        {
+            Some(url) => Err(RemoteError::CleartextToken {
+                url: url.to_owned(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// The TLS settings (`--tls-ca`) as the TUI and `connect` use them.
     pub fn tls(&self) -> Result<gov_proto::tls::ClientTls, RemoteError> {
         Ok(gov_proto::tls::ClientTls::read(
@@ -106,6 +142,7 @@ impl RemoteArgs {
     }
 
     pub async fn connect(&self) -> Result<Client, RemoteError> {
+        self.check_cleartext(self.token()?.as_deref())?;
         let tls = self.tls()?;
         Ok(client::connect_tls(&self.control_plane, &tls, Duration::from_secs(5)).await?)
     }
@@ -142,6 +179,28 @@ impl RemoteArgs {
             },
         }
     }
+}
+
+/// Whether a call to `url` would cross the network in clear: not
+/// `https://`, and a host other than `localhost` or a loopback address
+/// (127.0.0.0/8, `::1`). A URL without a scheme counts as `http://`.
+fn cleartext_to_remote(url: &str) -> bool {
+    let rest = match url.split_once("://") {
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => return false,
+        Some((_, rest)) => rest,
+        None => url,
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host_port.split(':').next().unwrap_or(""),
+    };
+    let loopback = host.trim_end_matches('.').eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback());
+    !loopback
 }
 
 /// Runs `f` on a fresh single-threaded runtime.
@@ -324,5 +383,58 @@ mod tests {
         assert_eq!(human_ms(950), "950ms");
         assert_eq!(human_ms(7_199_000), "1h59m");
         assert_eq!(human_ms(185_000), "3m05s");
+    }
+
+    #[test]
+    fn a_token_goes_in_clear_only_to_loopback() {
+        for remote in [
+            "http://10.0.0.1:7070",
+            "http://0.0.0.0:7070",
+            "http://govd.internal:7070",
+            "HTTP://govd.internal",
+            "http://[2001:db8::1]:7070/",
+            "http://127.0.0.1.evil.example:7070",
+            "http://localhost.evil.example:7070",
+            "http://user@10.0.0.1:7070",
+            "10.0.0.1:7070",
+        ] {
+            assert!(cleartext_to_remote(remote), "{remote}");
+        }
+        for safe in [
+            "https://10.0.0.1:7070",
+            "HTTPS://govd.internal",
+            "http://127.0.0.1:7070",
+            "http://127.9.8.7",
+            "http://[::1]:7070",
+            "http://[::ffff:127.0.0.1]:7070",
+            "http://localhost:7070",
+            "http://LOCALHOST.:7070/",
+            "localhost:7070",
+        ] {
+            assert!(!cleartext_to_remote(safe), "{safe}");
+        }
+    }
+
+    #[test]
+    fn the_token_is_refused_to_any_remote_replica_unless_allowed() {
+        let remote = |url: &str, allow: bool| RemoteArgs {
+            control_plane: url.to_owned(),
+            token_file: None,
+            tls_ca: None,
+            allow_cleartext_token: allow,
+        };
+        let token = Some("t");
+        let two = "http://127.0.0.1:7070, http://10.0.0.2:7070";
+        match remote(two, false).check_cleartext(token) {
+            Err(RemoteError::CleartextToken { url }) => assert_eq!(url, "http://10.0.0.2:7070"),
+            other => panic!("{other:?}"),
+        }
+        // No token, nothing to leak; the flag is the lab's way round.
+        assert!(remote(two, false).check_cleartext(None).is_ok());
+        assert!(remote(two, true).check_cleartext(token).is_ok());
+        let local = "http://127.0.0.1:7070,http://[::1]:7071";
+        assert!(remote(local, false).check_cleartext(token).is_ok());
+        let tls = "https://10.0.0.1:7070,https://10.0.0.2:7070";
+        assert!(remote(tls, false).check_cleartext(token).is_ok());
     }
 }

@@ -567,6 +567,35 @@ fn closed_stdout_and_stderr_change_no_exit_code() {
     }
 }
 
+/// govc will not send a token over `http://` to a host that is not
+/// loopback: it says so at once, before any connection (10.255.255.1
+/// answers nothing, so a connection attempt would wait out its timeout).
+#[test]
+fn a_token_is_not_sent_in_clear_to_a_remote_host() {
+    let (_dir, token) = file_with("me.token", "secret-token\n");
+    let started = std::time::Instant::now();
+    let out = govc()
+        .env_remove("GOV_TOKEN")
+        .env_remove("GOV_ALLOW_CLEARTEXT_TOKEN")
+        .env_remove("GOV_TLS_CA")
+        .args(["status", "--control-plane", "http://10.255.255.1:7070"])
+        .arg("--token-file")
+        .arg(&token)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("gov::govc::cleartext_token"))
+        .stderr(predicate::str::contains("https://"))
+        .stderr(predicate::str::contains("--allow-cleartext-token"))
+        .stderr(predicate::str::contains("secret-token").not());
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(!stderr.contains("unreachable"), "{stderr}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "took {:?}: govc tried to connect first",
+        started.elapsed()
+    );
+}
+
 /// `govc completions SHELL` prints a script generated from the same command
 /// definitions (every subcommand in it); an unknown shell is a usage error.
 #[test]

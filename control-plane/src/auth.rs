@@ -309,6 +309,20 @@ pub fn check_start(
     Ok(())
 }
 
+/// The warning govd logs at start when bearer tokens would cross the
+/// network in clear: tokens configured, no TLS, and a `listen` address that
+/// is not loopback (an unspecified address such as `0.0.0.0` listens on
+/// every interface). Only a warning, not a refusal: deployments that
+/// terminate TLS in front of govd on another host would stop at upgrade.
+pub fn cleartext_warning(listen: std::net::SocketAddr, tls: bool, tokens: bool) -> Option<String> {
+    if tls || !tokens || listen.ip().to_canonical().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "listening on {listen} without TLS: bearer tokens and configs travel in clear and anyone on the path can read and replay them; add --tls-cert/--tls-key, or listen on a loopback address behind a TLS proxy"
+    ))
+}
+
 /// The bearer token of `request`, if it carries one.
 fn bearer<T>(request: &Request<T>) -> Option<&str> {
     request
@@ -598,6 +612,33 @@ mod tests {
             Err(crate::Error::InsecureRemote { .. })
         ));
         assert!(check_start(&tokens(), false, addr("0.0.0.0:7070")).is_ok());
+    }
+
+    #[test]
+    fn tokens_in_clear_on_a_non_loopback_address_are_warned_of() {
+        let addr = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        for remote in [
+            "0.0.0.0:7070",
+            "10.0.0.1:7070",
+            "[::]:7070",
+            "[2001:db8::1]:7070",
+        ] {
+            let warning = cleartext_warning(addr(remote), false, true).unwrap();
+            assert!(warning.contains(remote), "{warning}");
+            assert!(warning.contains("in clear"), "{warning}");
+            assert!(warning.contains("--tls-cert/--tls-key"), "{warning}");
+            // With TLS, or with no token to leak, nothing to warn of.
+            assert_eq!(cleartext_warning(addr(remote), true, true), None);
+            assert_eq!(cleartext_warning(addr(remote), false, false), None);
+        }
+        for local in [
+            "127.0.0.1:7070",
+            "127.1.2.3:7070",
+            "[::1]:7070",
+            "[::ffff:127.0.0.1]:7070",
+        ] {
+            assert_eq!(cleartext_warning(addr(local), false, true), None, "{local}");
+        }
     }
 
     #[test]

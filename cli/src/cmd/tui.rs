@@ -25,11 +25,10 @@ fn fail(report: miette::Report) -> ExitCode {
 }
 
 pub fn run(args: Args) -> ExitCode {
-    let (token, tls) = match args
-        .remote
-        .token()
-        .and_then(|t| Ok((t, args.remote.tls()?)))
-    {
+    let (token, tls) = match args.remote.token().and_then(|t| {
+        args.remote.check_cleartext(t.as_deref())?;
+        Ok((t, args.remote.tls()?))
+    }) {
         Ok(t) => t,
         Err(e) => return fail(e.into()),
     };

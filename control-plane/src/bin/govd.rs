@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gov_control_plane::auth::{Role, Tokens, check_start, read_named_tokens, read_token_file};
+use gov_control_plane::auth::{
+    Role, Tokens, check_start, cleartext_warning, read_named_tokens, read_token_file,
+};
 use gov_control_plane::etcd::{EtcdConfig, EtcdStore};
 use gov_control_plane::store::Store as _;
 use gov_control_plane::{
@@ -357,6 +359,13 @@ async fn run(args: Args) -> Result<(), Error> {
         args.insecure,
         args.listen,
     )?;
+    if let Some(warning) = cleartext_warning(
+        args.listen,
+        options.tls.is_some(),
+        !options.tokens.is_empty() || options.agent_token.is_some(),
+    ) {
+        tracing::warn!("{warning}");
+    }
     if args.insecure {
         tracing::warn!(
             "--insecure: any local user who reaches {} can apply and release",
