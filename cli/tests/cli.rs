@@ -573,7 +573,6 @@ fn closed_stdout_and_stderr_change_no_exit_code() {
 #[test]
 fn a_token_is_not_sent_in_clear_to_a_remote_host() {
     let (_dir, token) = file_with("me.token", "secret-token\n");
-    let started = std::time::Instant::now();
     let out = govc()
         .env_remove("GOV_TOKEN")
         .env_remove("GOV_ALLOW_CLEARTEXT_TOKEN")
@@ -588,12 +587,8 @@ fn a_token_is_not_sent_in_clear_to_a_remote_host() {
         .stderr(predicate::str::contains("--allow-cleartext-token"))
         .stderr(predicate::str::contains("secret-token").not());
     let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    // Refused before any connection: no `gov::govc::unreachable`.
     assert!(!stderr.contains("unreachable"), "{stderr}");
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(3),
-        "took {:?}: govc tried to connect first",
-        started.elapsed()
-    );
 }
 
 /// `govc completions SHELL` prints a script generated from the same command
