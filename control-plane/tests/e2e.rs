@@ -2888,8 +2888,12 @@ async fn govd_will_not_start_open_unless_told_and_only_on_loopback() {
     let audit = govc(&govd, None, &["audit", "-o", "json"]).await;
     assert_eq!(audit.code, 0, "{}", audit.stderr);
     let records: Vec<serde_json::Value> = serde_json::from_str(&audit.stdout).unwrap();
-    assert_eq!(records.len(), 1, "{records:?}");
-    assert_eq!(records[0]["who"], "mallory (unverified)");
+    // The apply's intent and its outcome.
+    assert_eq!(records.len(), 2, "{records:?}");
+    assert!(
+        records.iter().all(|r| r["who"] == "mallory (unverified)"),
+        "{records:?}"
+    );
     govd.stop().await;
 }
 
@@ -2980,10 +2984,15 @@ async fn each_role_may_do_what_it_says_and_the_audit_names_the_token() {
         .collect();
     assert_eq!(
         who,
-        [("e2e", "apply"), ("oncall", "release")],
+        [
+            ("e2e", "apply-intended"),
+            ("e2e", "apply"),
+            ("oncall", "release-intended"),
+            ("oncall", "release")
+        ],
         "{records:?}"
     );
-    assert_eq!(records[1]["rule"], "order/errors");
+    assert_eq!(records[3]["rule"], "order/errors");
     assert!(records[0]["at"].as_str().unwrap().ends_with('Z'));
     let table = govc(&govd, Some(VIEWER_TOKEN), &["audit"]).await;
     assert_eq!(table.code, 0, "{}", table.stderr);
@@ -3017,7 +3026,7 @@ async fn each_role_may_do_what_it_says_and_the_audit_names_the_token() {
     assert_eq!(records.len(), 1);
     assert_eq!(records[0]["action"], "release");
     assert!(
-        flat(&last.stderr).contains("1 older record(s) left out"),
+        flat(&last.stderr).contains("3 older record(s) left out"),
         "{}",
         last.stderr
     );
@@ -3645,7 +3654,17 @@ async fn a_release_made_while_an_agent_is_away_is_not_a_new_trip_when_it_returns
         .iter()
         .map(|r| r["action"].as_str().unwrap())
         .collect();
-    assert_eq!(actions, ["apply", "trip", "release"], "{records:?}");
+    assert_eq!(
+        actions,
+        [
+            "apply-intended",
+            "apply",
+            "trip",
+            "release-intended",
+            "release"
+        ],
+        "{records:?}"
+    );
     a.stop().await;
     govd.stop().await;
 }
