@@ -203,6 +203,12 @@ async fn main() {
         // Room for every simulated agent (the default cap is 1,024).
         .arg("--max-connections")
         .arg((agents + 16).to_string())
+        // Every simulated agent is one service's instance on one address:
+        // above the per-address and per-service caps of issue 28.
+        .arg("--max-connections-per-client")
+        .arg((agents + 16).to_string())
+        .arg("--max-agents-per-service")
+        .arg((agents + 16).to_string())
         .env("GOV_LOG", "warn,govd=info")
         .stderr(std::fs::File::create(&log).unwrap())
         .kill_on_drop(true)
