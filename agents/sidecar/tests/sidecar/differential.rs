@@ -545,6 +545,24 @@ fn mutate(stream: &mut Vec<u8>, mutations: &[Mutation]) {
     }
 }
 
+/// A runner of `cases` cases from the fixed `seed`: the same corpus every
+/// run, nothing persisted.
+fn fixed_runner(cases: u32, seed: u8) -> TestRunner {
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        rng_algorithm: proptest::test_runner::RngAlgorithm::ChaCha,
+        ..Config::default()
+    };
+    TestRunner::new_with_rng(
+        config,
+        proptest::test_runner::TestRng::from_seed(
+            proptest::test_runner::RngAlgorithm::ChaCha,
+            &[seed; 32],
+        ),
+    )
+}
+
 #[test]
 fn generated_and_mutated_streams_reach_the_upstream_only_as_judged() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -554,19 +572,7 @@ fn generated_and_mutated_streams_reach_the_upstream_only_as_judged() {
         .unwrap();
     let (up, agent) = runtime.block_on(setup());
     // A fixed seed and case count: the same corpus every run, a few seconds.
-    let config = Config {
-        cases: 400,
-        failure_persistence: None,
-        rng_algorithm: proptest::test_runner::RngAlgorithm::ChaCha,
-        ..Config::default()
-    };
-    let mut runner = TestRunner::new_with_rng(
-        config,
-        proptest::test_runner::TestRng::from_seed(
-            proptest::test_runner::RngAlgorithm::ChaCha,
-            &[7; 32],
-        ),
-    );
+    let mut runner = fixed_runner(400, 7);
     let strategy = (
         prop::collection::vec(gen_request(), 1..4),
         prop::collection::vec(gen_mutation(), 0..3),
@@ -739,19 +745,7 @@ fn generated_client_behaviours_never_put_more_calls_at_the_upstream_than_the_bul
         (up, agent)
     });
     let addr = agent.sidecar.inbound_addr();
-    let config = Config {
-        cases: 12,
-        failure_persistence: None,
-        rng_algorithm: proptest::test_runner::RngAlgorithm::ChaCha,
-        ..Config::default()
-    };
-    let mut runner = TestRunner::new_with_rng(
-        config,
-        proptest::test_runner::TestRng::from_seed(
-            proptest::test_runner::RngAlgorithm::ChaCha,
-            &[27; 32],
-        ),
-    );
+    let mut runner = fixed_runner(12, 27);
     let strategy = prop::collection::vec(gen_behaviour(), 1..16);
     let result = runner.run(&strategy, |clients| {
         runtime.block_on(async {
