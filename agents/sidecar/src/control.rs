@@ -332,6 +332,13 @@ pub async fn run(engine: Engine, options: ControlOptions, shutdown: Cancellation
 /// How long the agent waits for govd to answer its `Connect` before it
 /// tries the next URL.
 const CONNECT_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
+/// An open stream to a govd that sends nothing is pinged this often, and
+/// left for the next URL when a ping is not answered within the timeout: a
+/// replica that hangs (stopped, not dead) keeps its agents at most about 8 s
+/// (was 15 s). At 10,000 agents that is 2,000 pings a second at govd, each
+/// answered by HTTP/2 itself.
+const STREAM_PING: std::time::Duration = std::time::Duration::from_secs(5);
+const STREAM_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Whether this agent can enforce `target`, beyond what the engine checks.
 fn check(
@@ -371,8 +378,8 @@ async fn session(
     let endpoint = tls
         .endpoint(url)?
         .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(STREAM_PING)
+        .keep_alive_timeout(STREAM_PING_TIMEOUT)
         .keep_alive_while_idle(true);
     let channel = endpoint
         .connect()

@@ -76,3 +76,39 @@ async fn an_agent_passes_over_a_hung_replica_first_in_its_list() {
     signal(&hung.child, rustix::process::Signal::CONT);
     agent.stop().await;
 }
+
+/// An agent connected to a replica that then hangs (SIGSTOP) moves to the
+/// next URL when its stream's ping goes unanswered (5 s + 3 s), and is
+/// SYNCED there within 13 s (that bound with slack; it was HTTP/2
+/// keepalive's 10 s + 5 s before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_leaves_a_replica_that_hangs_under_its_open_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = control_plane(&dir.path().join("first")).start().await;
+    let second = control_plane(&dir.path().join("second")).start().await;
+    let policy = write(dir.path(), "v1.gov", V1);
+    for govd in [&first, &second] {
+        assert_eq!(govc(govd, Some(TOKEN), &["apply", &policy]).await.code, 0);
+    }
+    let up = upstream().await;
+    let agent = agent("order", "order-1")
+        .upstream(up)
+        .control_plane_url(format!("{},{}", first.url(), second.url()))
+        .start(dir.path())
+        .await;
+    wait_until(
+        "order-1 SYNCED on the first replica",
+        Duration::from_secs(10),
+        async || all_synced(&first, &["order-1"]).await,
+    )
+    .await;
+    signal(&first.child, rustix::process::Signal::STOP);
+    wait_until(
+        "order-1 SYNCED on the second replica",
+        Duration::from_secs(13),
+        async || all_synced(&second, &["order-1"]).await,
+    )
+    .await;
+    signal(&first.child, rustix::process::Signal::CONT);
+    agent.stop().await;
+}
