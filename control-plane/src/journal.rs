@@ -143,12 +143,7 @@ pub(crate) async fn unanswered(store: &dyn Store, grace: Duration) -> (Vec<Audit
 pub(crate) fn outcome_of(state: &State, mut intent: AuditEntry) -> AuditEntry {
     let (took_effect, action) = match intended(&intent.action) {
         Some("apply") => (
-            state.version() == intent.version
-                || state
-                    .to_persisted()
-                    .history
-                    .iter()
-                    .any(|h| h.version == intent.version),
+            state.version() == intent.version || state.in_history(&intent.version),
             "apply",
         ),
         Some("release") => {

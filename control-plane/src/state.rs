@@ -158,6 +158,11 @@ impl State {
         self.latched.latches().contains(kind, rule, None)
     }
 
+    /// Whether `version` is still in the kept history.
+    pub fn in_history(&self, version: &str) -> bool {
+        self.history.iter().any(|h| h.version == version)
+    }
+
     /// Since when (Unix ms) `rule` has been in mode shadow; `None` when it
     /// is not in shadow.
     pub fn shadow_since(&self, rule: &str) -> Option<u64> {

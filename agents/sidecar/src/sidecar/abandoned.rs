@@ -159,34 +159,27 @@ impl Drop for Held {
     /// Hands a body dropped before its end to a task that reads it to the
     /// end, counted, unless there is nothing to finish.
     fn drop(&mut self) {
-        if self.ended || self.body.is_end_stream() {
-            return;
-        }
-        let Some(hold) = self.hold.take() else {
-            return;
-        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let body = std::mem::replace(&mut self.body, Inner::local(Bytes::new()));
-        hold.abandoned();
-        let until = tokio::time::Instant::now() + hold.bound;
-        runtime.spawn(drain(body, hold, until));
+        if let Some((body, hold)) = self.unfinished() {
+            hold.abandoned();
+            let until = tokio::time::Instant::now() + hold.bound;
+            runtime.spawn(drain(body, hold, until));
+        }
     }
 }
 
 impl Held {
-    /// The upstream's body, unless it has ended or there is nothing to
-    /// finish; dropping what is left then does nothing more.
-    fn disown(mut self) -> Option<Inner> {
-        self.hold.take()?;
+    /// The upstream's body and its hold, unless it has ended or there is
+    /// nothing to finish; what is left behind does nothing when dropped.
+    fn unfinished(&mut self) -> Option<(Inner, Hold)> {
+        let hold = self.hold.take()?;
         if self.ended || self.body.is_end_stream() {
             return None;
         }
-        Some(std::mem::replace(
-            &mut self.body,
-            Inner::local(Bytes::new()),
-        ))
+        let body = std::mem::replace(&mut self.body, Inner::local(Bytes::new()));
+        Some((body, hold))
     }
 }
 
@@ -259,7 +252,7 @@ impl<F: Future<Output = Response<Held>> + Send + 'static> Drop for Detached<F> {
         runtime.spawn(async move {
             match tokio::time::timeout_at(until, call).await {
                 Ok(response) => {
-                    if let Some(body) = response.into_body().disown() {
+                    if let Some((body, _)) = response.into_body().unfinished() {
                         drain(body, hold, until).await;
                     }
                 }
