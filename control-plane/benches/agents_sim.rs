@@ -293,6 +293,7 @@ async fn main() {
             wait_ms: 60_000,
             who: "bench".into(),
             shadow: false,
+            allow_remove_all: false,
         };
         let c = cpu(pid);
         let t = Instant::now();

@@ -126,6 +126,7 @@ async fn main() {
             wait_ms: 10_000,
             who: "bench".into(),
             shadow: false,
+            allow_remove_all: false,
         };
         let t = Instant::now();
         let result = client.apply(request).await.unwrap().into_inner();

@@ -145,6 +145,7 @@ async fn main() {
                 wait_ms: 10_000,
                 who: "bench".into(),
                 shadow: false,
+                allow_remove_all: false,
             };
             if i == 0 {
                 // Warm-up: wait until every agent is there, then apply once.

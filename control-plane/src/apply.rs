@@ -21,6 +21,7 @@ use gov_proto::v1 as pb;
 
 use crate::control_plane::{ControlPlane, Inner};
 use crate::convert::{self, now_unix_ms};
+use crate::diagnostics::{removes_every_service, removes_every_service_warning, wire_diagnostics};
 use crate::error::Error;
 use crate::limits::{Limits, TooLarge};
 use crate::store::{AppliedPolicy, AuditEntry, Fence, Source};
@@ -39,6 +40,9 @@ pub struct ApplyRequest {
     pub dry_run: bool,
     /// Every rule of this apply in mode shadow (`govc apply --shadow`).
     pub shadow: bool,
+    /// Apply a policy with no service although services are in force
+    /// (`govc apply --remove-all-services`).
+    pub allow_remove_all: bool,
     /// How long to wait for the agents' ACK/NACK (at most [`MAX_APPLY_WAIT`]).
     pub wait: Duration,
 }
@@ -107,6 +111,17 @@ pub enum ApplyError {
         planned_against: String,
         applied: String,
     },
+
+    #[error(
+        "this policy has no service, so applying it removes the rules of every service ({services}) from every agent; nothing was applied"
+    )]
+    #[diagnostic(
+        code(gov::govd::removes_every_service),
+        help(
+            "check that you passed the right files (`govc plan` shows the change); to remove every service on purpose, apply with `govc apply --remove-all-services`"
+        )
+    )]
+    RemovesEveryService { services: String },
 
     #[error("the client went away before the apply was prepared")]
     #[diagnostic(code(gov::govd::cancelled))]
@@ -234,7 +249,17 @@ pub fn prepare(
         gov_compiler::lower::shadow_all(&mut compiled.bundle);
     }
     let empty = pb::Bundle::default();
-    let plan = gov_compiler::plan(current.map_or(&empty, |c| &c.bundle), &compiled.bundle);
+    let before = current.map_or(&empty, |c| &c.bundle);
+    let mut diagnostics = diagnostics;
+    if !request.allow_remove_all
+        && let Some(services) = removes_every_service(before, &compiled.bundle)
+    {
+        if !request.dry_run {
+            return Err(ApplyError::RemovesEveryService { services });
+        }
+        diagnostics.insert(0, removes_every_service_warning(&services));
+    }
+    let plan = gov_compiler::plan(before, &compiled.bundle);
     let changed = plan
         .services
         .iter()
@@ -309,36 +334,6 @@ fn count_statements(
         }
     }
     Ok(statements)
-}
-
-/// At most `max` diagnostics on the wire (errors come first), then one note
-/// saying how many more there are.
-fn wire_diagnostics(
-    diagnostics: &gov_compiler::Diagnostics,
-    files: &[SourceFile],
-    max: usize,
-) -> Vec<pb::Diagnostic> {
-    let mut out: Vec<pb::Diagnostic> = diagnostics
-        .iter()
-        .take(max)
-        .map(|d| convert::diagnostic(d, files))
-        .collect();
-    let total = diagnostics.iter().count();
-    if total > out.len() {
-        out.push(pb::Diagnostic {
-            code: "gov::govd::diagnostics-truncated".into(),
-            severity: pb::Severity::Advice as i32,
-            message: format!(
-                "{} more diagnostic(s) not shown (govd sends at most {max})",
-                total - out.len()
-            ),
-            help: "run `govc check` on the files to see every diagnostic, or raise \
-                   `govd --max-diagnostics` (GOV_MAX_DIAGNOSTICS)"
-                .into(),
-            ..Default::default()
-        });
-    }
-    out
 }
 
 // === the use case ===
@@ -671,6 +666,7 @@ mod tests {
             who: "alice".into(),
             dry_run: false,
             shadow: false,
+            allow_remove_all: false,
             wait: Duration::ZERO,
         }
     }
@@ -692,6 +688,59 @@ mod tests {
             }
             other => panic!("not a config: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_policy_without_services_removes_them_only_when_asked() {
+        let (limits, cancel) = (Limits::default(), Cancel::default());
+        let Ok(Prepared::Planned(first)) = prepare(&request(policy(5)), None, &limits, 1, &cancel)
+        else {
+            panic!("the first policy plans")
+        };
+        let empty = || {
+            request(vec![Source {
+                name: "empty.gov".into(),
+                text: "\n".into(),
+            }])
+        };
+        // An apply of it is refused, naming the services it would remove.
+        let refused = prepare(&empty(), Some(&first.policy), &limits, 2, &cancel).unwrap_err();
+        assert!(
+            matches!(&refused, ApplyError::RemovesEveryService { services } if services == "`order`"),
+            "{refused:?}"
+        );
+        // A dry run plans it, with a warning that says so.
+        let dry = ApplyRequest {
+            dry_run: true,
+            ..empty()
+        };
+        let Ok(Prepared::Planned(planned)) =
+            prepare(&dry, Some(&first.policy), &limits, 2, &cancel)
+        else {
+            panic!("a dry run plans")
+        };
+        assert_eq!(
+            planned.diagnostics[0].code,
+            "gov::govd::removes_every_service"
+        );
+        assert_eq!(planned.changed, ["order"]);
+        // With the flag it is planned, without a warning.
+        let allowed = ApplyRequest {
+            allow_remove_all: true,
+            ..empty()
+        };
+        let Ok(Prepared::Planned(planned)) =
+            prepare(&allowed, Some(&first.policy), &limits, 2, &cancel)
+        else {
+            panic!("allowed")
+        };
+        assert!(planned.diagnostics.is_empty(), "{:?}", planned.diagnostics);
+        assert_eq!(planned.changed, ["order"]);
+        // Nothing in force: an empty policy removes nothing.
+        assert!(matches!(
+            prepare(&empty(), None, &limits, 1, &cancel),
+            Ok(Prepared::Planned(_))
+        ));
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub mod client;
 pub mod connections;
 mod control_plane;
 pub mod convert;
+mod diagnostics;
 mod error;
 pub mod etcd;
 mod gate;

@@ -142,6 +142,7 @@ fn apply_status(error: &ApplyError) -> Status {
         ApplyError::Compiler(_) => Status::internal(message),
         ApplyError::Cancelled => Status::cancelled(message),
         ApplyError::Conflict { .. } => Status::aborted(message),
+        ApplyError::RemovesEveryService { .. } => Status::failed_precondition(message),
     }
 }
 
@@ -173,6 +174,7 @@ impl ControlPlaneRpc for ControlPlane {
             who: caller.name,
             dry_run: req.dry_run,
             shadow: req.shadow,
+            allow_remove_all: req.allow_remove_all,
             wait: Duration::from_millis(u64::from(req.wait_ms)),
         };
         self.apply(request)

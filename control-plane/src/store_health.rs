@@ -293,6 +293,7 @@ mod tests {
             who: "alice".into(),
             dry_run: false,
             shadow: false,
+            allow_remove_all: false,
             wait: std::time::Duration::ZERO,
         }
     }

@@ -303,17 +303,22 @@ impl Govd {
         format!("{scheme}://{}", self.addr)
     }
 
-    async fn status(&self) -> pb::ClusterView {
+    async fn client(
+        &self,
+    ) -> pb::control_plane_client::ControlPlaneClient<tonic::transport::Channel> {
         let tls = gov_proto::tls::ClientTls::read(&gov_proto::tls::ClientTlsFiles {
             ca: self.ca.clone(),
             ..Default::default()
         })
         .unwrap();
-        let mut client =
-            gov_control_plane::client::connect_tls(&self.url(), &tls, Duration::from_secs(5))
-                .await
-                .unwrap();
-        client
+        gov_control_plane::client::connect_tls(&self.url(), &tls, Duration::from_secs(5))
+            .await
+            .unwrap()
+    }
+
+    async fn status(&self) -> pb::ClusterView {
+        self.client()
+            .await
             .status(as_viewer(pb::StatusRequest::default()))
             .await
             .unwrap()
@@ -342,8 +347,13 @@ impl Govd {
 
 /// `message` with the viewer's token (reads need one).
 fn as_viewer<T>(message: T) -> tonic::Request<T> {
+    as_token(VIEWER_TOKEN, message)
+}
+
+/// `message` with `token`.
+fn as_token<T>(token: &str, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
-    gov_control_plane::auth::authorize(&mut request, VIEWER_TOKEN).unwrap();
+    gov_control_plane::auth::authorize(&mut request, token).unwrap();
     request
 }
 
@@ -2797,6 +2807,44 @@ async fn apply_without_a_terminal_needs_auto_approve_and_calls_out_a_removal() {
             .stdout
             .contains("WARNING: this removes service payment")
     );
+    assert_ne!(govd.status().await.version, version);
+
+    // A file with no service would empty every agent: refused by govc, and
+    // by govd for a client that does not ask first, unless it is asked for.
+    let version = govd.status().await.version;
+    let empty = write(dir.path(), "empty.gov", "\n");
+    let refused = govc(&govd, Some(TOKEN), &["apply", &empty]).await;
+    assert_eq!(refused.code, 1, "{}{}", refused.stdout, refused.stderr);
+    assert!(
+        flat(&refused.stderr).contains("--remove-all-services"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(govd.status().await.version, version, "nothing was applied");
+    let direct = govd
+        .client()
+        .await
+        .apply(as_token(
+            TOKEN,
+            pb::ApplyRequest {
+                sources: vec![pb::SourceFile {
+                    name: "empty.gov".into(),
+                    text: "\n".into(),
+                }],
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(direct.code(), tonic::Code::FailedPrecondition, "{direct:?}");
+    assert_eq!(govd.status().await.version, version, "nothing was applied");
+    let removed = govc(
+        &govd,
+        Some(TOKEN),
+        &["apply", "--remove-all-services", &empty],
+    )
+    .await;
+    assert_eq!(removed.code, 0, "{}{}", removed.stdout, removed.stderr);
     assert_ne!(govd.status().await.version, version);
 }
 

@@ -43,7 +43,7 @@ pub struct Args {
     pub remote: RemoteArgs,
 
     /// How long to wait for every connected agent of a changed service to ACK or
-    /// NACK (`10s`, `500ms`; `0` does not wait).
+    /// NACK (`10s`, `500ms`; `0s` does not wait).
     #[arg(long, env = "GOV_WAIT", default_value = "10s", value_parser = parse_duration)]
     pub wait: Duration,
 
@@ -63,6 +63,12 @@ pub struct Args {
     /// again without `--shadow` to enforce (the rules keep their state).
     #[arg(long)]
     pub shadow: bool,
+
+    /// Apply a policy with no service although services are in force: it
+    /// removes every rule from every agent. Without it govc and govd refuse
+    /// such an apply (an empty or wrong file is the usual cause).
+    #[arg(long)]
+    pub remove_all_services: bool,
 
     #[command(flatten)]
     pub report: ReportArgs,
@@ -87,6 +93,7 @@ pub fn run(args: Args) -> ExitCode {
         wait_ms: if dry_run { 0 } else { wait_ms },
         who: args.who.clone().unwrap_or_else(who_am_i),
         shadow: args.shadow,
+        allow_remove_all: args.remove_all_services,
     };
     let invalid = |diagnostics: &[pb::Diagnostic]| {
         print_diagnostics(&reporter, diagnostics, &files).then(|| {
@@ -116,6 +123,16 @@ pub fn run(args: Args) -> ExitCode {
             short(&planned.version)
         );
         return ExitCode::SUCCESS;
+    }
+
+    if !args.remove_all_services
+        && planned
+            .diagnostics
+            .iter()
+            .any(|d| d.code == "gov::govd::removes_every_service")
+    {
+        gov_proto::errln!("error: not applying: the policy removes every service (warning above)");
+        return ExitCode::FAILURE;
     }
 
     // 2. Confirmation.
@@ -323,6 +340,7 @@ pub fn plan_remote(
         wait_ms: 0,
         who: who_am_i(),
         shadow: false,
+        allow_remove_all: false,
     };
     let result = match call_apply(remote, request) {
         Ok(r) => r,

@@ -506,6 +506,7 @@ async fn apply(url: &str, sources: Vec<pb::SourceFile>) -> Result<String, DemoEr
             wait_ms: 10_000,
             who: "govc demo".into(),
             shadow: false,
+            allow_remove_all: false,
         })
         .await
         .map_err(|s| DemoError::Apply {
