@@ -122,7 +122,7 @@ impl RemoteArgs {
             .control_plane
             .split(',')
             .map(str::trim)
-            .find(|url| !url.is_empty() && cleartext_to_remote(url))
+            .find(|url| !url.is_empty() && gov_proto::tls::cleartext_to_remote(url))
         {
             Some(url) => Err(RemoteError::CleartextToken {
                 url: url.to_owned(),
@@ -179,28 +179,6 @@ impl RemoteArgs {
             },
         }
     }
-}
-
-/// Whether a call to `url` would cross the network in clear: not
-/// `https://`, and a host other than `localhost` or a loopback address
-/// (127.0.0.0/8, `::1`). A URL without a scheme counts as `http://`.
-fn cleartext_to_remote(url: &str) -> bool {
-    let rest = match url.split_once("://") {
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => return false,
-        Some((_, rest)) => rest,
-        None => url,
-    };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let host = match host_port.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => host_port.split(':').next().unwrap_or(""),
-    };
-    let loopback = host.trim_end_matches('.').eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.to_canonical().is_loopback());
-    !loopback
 }
 
 /// Runs `f` on a fresh single-threaded runtime.
@@ -383,36 +361,6 @@ mod tests {
         assert_eq!(human_ms(950), "950ms");
         assert_eq!(human_ms(7_199_000), "1h59m");
         assert_eq!(human_ms(185_000), "3m05s");
-    }
-
-    #[test]
-    fn a_token_goes_in_clear_only_to_loopback() {
-        for remote in [
-            "http://10.0.0.1:7070",
-            "http://0.0.0.0:7070",
-            "http://govd.internal:7070",
-            "HTTP://govd.internal",
-            "http://[2001:db8::1]:7070/",
-            "http://127.0.0.1.evil.example:7070",
-            "http://localhost.evil.example:7070",
-            "http://user@10.0.0.1:7070",
-            "10.0.0.1:7070",
-        ] {
-            assert!(cleartext_to_remote(remote), "{remote}");
-        }
-        for safe in [
-            "https://10.0.0.1:7070",
-            "HTTPS://govd.internal",
-            "http://127.0.0.1:7070",
-            "http://127.9.8.7",
-            "http://[::1]:7070",
-            "http://[::ffff:127.0.0.1]:7070",
-            "http://localhost:7070",
-            "http://LOCALHOST.:7070/",
-            "localhost:7070",
-        ] {
-            assert!(!cleartext_to_remote(safe), "{safe}");
-        }
     }
 
     #[test]

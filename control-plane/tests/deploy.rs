@@ -13,6 +13,9 @@ use std::time::Duration;
 
 use gov_proto::v1 as pb;
 
+#[path = "../../deploy/args.rs"]
+mod deploy_args;
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -193,7 +196,8 @@ fn deploy_md_commands() -> Vec<String> {
 
 /// docs/deploy.md walked as a newcomer would, as far as this machine allows:
 /// the token recipe, then `govc plan`, `apply` and `status` against a real
-/// govd started with those tokens as `deploy/` starts it, and `promtool`.
+/// govd started with those tokens and certificates as `deploy/` starts it,
+/// and `promtool`.
 /// Every other command must be one named here with why it cannot run (a new
 /// command in the doc fails this test until it runs or is named).
 #[test]
@@ -229,13 +233,17 @@ fn deploy_md_commands_run_where_the_machine_allows() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    // Step 2: the token recipe, as written.
-    let tokens: Vec<&String> = commands.iter().filter(|c| c.starts_with("head ")).collect();
-    assert_eq!(tokens.len(), 2, "{commands:#?}");
-    for command in &tokens {
+    // Step 2: the token and certificate recipe, as written.
+    let recipe: Vec<&String> = commands
+        .iter()
+        .filter(|c| RECIPE.iter().any(|r| c.starts_with(r)))
+        .collect();
+    assert!(recipe.len() >= 7, "{commands:#?}");
+    for command in &recipe {
         sh(command, dir.path());
     }
-    // govd with those tokens, as deploy/ passes them.
+    // govd with those files, as deploy/kubernetes/govd.yaml starts it: its
+    // command line with the secrets' mount paths read as the recipe's files.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -250,9 +258,7 @@ fn deploy_md_commands_run_where_the_machine_allows() {
     }
     let _govd = Kill(
         std::process::Command::new(env!("CARGO_BIN_EXE_govd"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--state-dir", "state", "--token-file", "operator.token"])
-            .args(["--agent-token-file", "agent.token"])
+            .args(manifest_govd_args(port))
             .current_dir(dir.path())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -272,10 +278,10 @@ fn deploy_md_commands_run_where_the_machine_allows() {
         govc.display()
     );
     let examples = root().join("examples");
-    let mut ran = tokens.len();
+    let mut ran = recipe.len();
     for command in &commands {
         let first = command.split_whitespace().next().unwrap_or("");
-        if command.starts_with("head ") {
+        if recipe.contains(&command) {
             continue;
         }
         if first == "govc" {
@@ -287,12 +293,18 @@ fn deploy_md_commands_run_where_the_machine_allows() {
             };
             let command = command
                 .replacen("govc", &format!("'{}'", govc.display()), 1)
-                .replace("http://127.0.0.1:7070", &format!("http://127.0.0.1:{port}"))
+                .replace(
+                    "https://localhost:7070",
+                    &format!("https://localhost:{port}"),
+                )
                 .replace("examples/", &format!("'{}'/", examples.display()))
                 + approve;
             let out = sh(&command, dir.path());
             if command.contains(" status ") {
                 assert!(out.contains("No agents"), "{command}: {out}");
+            }
+            if command.contains(" audit ") {
+                assert!(out.contains("operator"), "{command}: {out}");
             }
         } else if first == "promtool" {
             if std::process::Command::new("promtool")
@@ -313,5 +325,43 @@ fn deploy_md_commands_run_where_the_machine_allows() {
         }
         ran += 1;
     }
-    assert!(ran >= 6, "ran {ran} of {commands:#?}");
+    assert!(ran >= 12, "ran {ran} of {commands:#?}");
+}
+
+/// The commands of step 2 that make the tokens and certificates.
+const RECIPE: [&str; 3] = ["head ", "printf ", "openssl "];
+
+/// govd's command line in deploy/kubernetes/govd.yaml, on 127.0.0.1:`port`,
+/// with the files the secrets mount read from step 2's recipe.
+fn manifest_govd_args(port: u16) -> Vec<String> {
+    let (place, args) = deploy_args::invocations("govd")
+        .into_iter()
+        .find(|(place, _)| place.contains("govd.yaml"))
+        .expect("deploy/kubernetes/govd.yaml runs govd");
+    let files = [
+        ("/etc/gov/tokens/govd.tokens", "govd.tokens"),
+        ("/etc/gov/tls/tls.crt", "govd.pem"),
+        ("/etc/gov/tls/tls.key", "govd.key"),
+        ("/etc/gov/identity-ca/tls.crt", "identity-ca.pem"),
+        ("/etc/gov/identity-ca/tls.key", "identity-ca.key"),
+    ];
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|arg| {
+            let arg = files
+                .iter()
+                .fold(arg, |arg, (mount, file)| arg.replace(mount, file));
+            match arg.split_once('=') {
+                Some(("--listen", _)) => format!("--listen=127.0.0.1:{port}"),
+                Some(("--metrics-listen", _)) => "--metrics-listen=127.0.0.1:0".into(),
+                Some(("--state-dir", _)) => "--state-dir=state".into(),
+                _ => arg,
+            }
+        })
+        .collect();
+    assert!(
+        args.iter().all(|a| !a.contains("/etc/gov/")),
+        "{place} mounts a file step 2 does not make: {args:?}"
+    );
+    args
 }

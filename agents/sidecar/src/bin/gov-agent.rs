@@ -104,6 +104,12 @@ struct Args {
     #[arg(long, env = "GOV_CONTROL_PLANE_TOKEN_FILE")]
     control_plane_token_file: Option<PathBuf>,
 
+    /// Send the agent token over `http://` to a --control-plane host that
+    /// is not loopback anyway (a lab): anyone on the path can read it and
+    /// claim this service's instances. Without it the agent refuses to start.
+    #[arg(long, env = "GOV_ALLOW_CLEARTEXT_TOKEN")]
+    allow_cleartext_token: bool,
+
     /// The CA (PEM) that signed govd's certificate; needs an `https://`
     /// --control-plane.
     #[arg(long, env = "GOV_TLS_CA", value_name = "FILE")]
@@ -303,6 +309,17 @@ async fn run(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let (Some(_), Some(c)) = (&token, &control)
+        && !args.allow_cleartext_token
+        && let Some(url) = gov_agent::control::urls(&c.url)
+            .into_iter()
+            .find(|url| gov_proto::tls::cleartext_to_remote(url))
+    {
+        gov_proto::errln!(
+            "error: will not send the agent token in clear to `{url}`: it is `http://` to a host that is not loopback, where anyone on the path can read it and claim this service's instances\n  help: use `https://` with --tls-ca CA.pem (govd with --tls-cert/--tls-key), or a loopback address; --allow-cleartext-token (GOV_ALLOW_CLEARTEXT_TOKEN) sends it anyway, for a lab"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
     let decision_log = args.decision_log.map(|path| {
         let instance = args
             .instance

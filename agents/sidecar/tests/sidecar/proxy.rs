@@ -379,6 +379,54 @@ fn a_remote_admin_listener_needs_an_explicit_flag() {
     assert!(stderr.contains("--admin-allow-remote"), "{stderr}");
 }
 
+/// The agent token proves a service: the agent will not send it over
+/// `http://` to a govd that is not on loopback (exit 64, before anything is
+/// bound or sent) unless allowed by flag; to loopback it goes.
+#[test]
+fn the_agent_token_goes_in_clear_only_to_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0k3n\n").unwrap();
+    let run = |control_plane: &str, extra: &[&str]| {
+        let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_gov-agent"));
+        agent
+            .args(["--service", "x", "--upstream", "127.0.0.1:1"])
+            .args(["--admin-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"])
+            .args(["--control-plane", control_plane])
+            .arg("--control-plane-token-file")
+            .arg(&token)
+            .args(extra)
+            .env_remove("GOV_ALLOW_CLEARTEXT_TOKEN");
+        agent
+    };
+    // One remote replica in the list is enough to refuse. (0.0.0.0 is not
+    // loopback to the check, yet a connection to it stays on this host.)
+    let out = run("http://127.0.0.1:1, http://0.0.0.0:1", &[])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("`http://0.0.0.0:1`"), "{stderr}");
+    assert!(stderr.contains("--allow-cleartext-token"), "{stderr}");
+    // Allowed, or to loopback only: the agent starts (and is stopped here).
+    for (url, extra) in [
+        ("http://0.0.0.0:1", &["--allow-cleartext-token"][..]),
+        ("http://127.0.0.1:1", &[][..]),
+    ] {
+        let mut child = run(url, extra)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the agent stopped for {url} {extra:?}"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
+
 /// hyper's path (HTTP/2) runs the engine's `Govern`: a call that outlives its rule's
 /// timeout is answered 504 naming the rule and gives its permit back; one whose
 /// upstream cannot be reached is a 502 recorded as a connect failure (a fuse that
