@@ -1,6 +1,9 @@
 //! The `Certify` call (`identity`'s issuer behind gRPC): an agent's
 //! service token must name the service its CSR asks for; each issue and
-//! refusal is audited.
+//! refusal is audited, as is a client certificate refused at the TLS
+//! handshake (`tls_server.rs`).
+
+use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
@@ -101,4 +104,49 @@ fn entry(identity: &AgentIdentity, action: &str, target: String, detail: String)
         targets: vec![target],
         detail,
     }
+}
+
+/// A client certificate refused at the TLS handshake: logged, counted in
+/// `govd_connections_closed_total{reason="certificate_refused"}`, and
+/// audited (`certificate-refused`, at a bounded rate: a flood of bad
+/// certificates cannot flood the audit log, and the next record says how
+/// many were not audited one by one).
+pub(crate) fn on_refused_certificate(inner: &Arc<Inner>) -> crate::tls_server::OnRefused {
+    let inner = inner.clone();
+    let refusals = std::sync::Mutex::new(crate::tls_server::Refusals::new());
+    Arc::new(move |refused: crate::tls_server::Refused| {
+        let peer = refused
+            .peer
+            .map_or_else(|| "an unknown address".to_owned(), |p| p.to_string());
+        tracing::warn!(%peer, reason = refused.reason, claimed = %refused.claimed, detail = %refused.detail, "refused a client certificate at the TLS handshake");
+        inner
+            .metrics
+            .connections
+            .count(crate::connections::Closed::CertificateRefused);
+        let admitted = refusals.lock().unwrap_or_else(|e| e.into_inner()).admit();
+        let Some(unaudited) = admitted else { return };
+        let mut detail = format!(
+            "at the TLS handshake: {}: {}",
+            refused.reason, refused.detail
+        );
+        if unaudited > 0 {
+            detail.push_str(&format!(
+                " ({unaudited} more refused before this one were counted, not audited one by one)"
+            ));
+        }
+        let entry = AuditEntry {
+            at_unix_ms: now_unix_ms(),
+            who: format!("unauthenticated peer {peer}"),
+            action: "certificate-refused".into(),
+            intent: String::new(),
+            version: String::new(),
+            kind: String::new(),
+            rule: String::new(),
+            key: String::new(),
+            targets: vec![refused.claimed],
+            detail,
+        };
+        let inner = inner.clone();
+        tokio::spawn(async move { inner.audit(entry).await });
+    })
 }

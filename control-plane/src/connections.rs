@@ -89,6 +89,9 @@ pub enum Closed {
     NoHandshake,
     /// It made no authenticated call within `--auth-timeout`.
     Unauthenticated,
+    /// Its client certificate was refused at the TLS handshake (expired,
+    /// not yet valid, from a CA govd does not trust).
+    CertificateRefused,
 }
 
 /// The open connections by client, shared by the listener (which opens
@@ -175,10 +178,11 @@ pub fn capped(
 // === impl Registry ===
 
 impl Closed {
-    pub const ALL: [Closed; 3] = [
+    pub const ALL: [Closed; 4] = [
         Closed::ClientCap,
         Closed::NoHandshake,
         Closed::Unauthenticated,
+        Closed::CertificateRefused,
     ];
 
     pub fn label(self) -> &'static str {
@@ -186,6 +190,7 @@ impl Closed {
             Closed::ClientCap => "client_cap",
             Closed::NoHandshake => "no_handshake",
             Closed::Unauthenticated => "unauthenticated",
+            Closed::CertificateRefused => "certificate_refused",
         }
     }
 }
@@ -218,7 +223,7 @@ impl Registry {
         enc.family(
             "govd_connections_closed_total",
             "counter",
-            "Connections govd closed before they proved anything, by why: client_cap (--max-connections-per-client), no_handshake (--handshake-timeout), unauthenticated (--auth-timeout).",
+            "Connections govd closed before they proved anything, by why: client_cap (--max-connections-per-client), no_handshake (--handshake-timeout), unauthenticated (--auth-timeout), certificate_refused (a client certificate refused at the TLS handshake).",
         );
         for why in Closed::ALL {
             let n = self.closed(why);
@@ -230,7 +235,7 @@ impl Registry {
         }
     }
 
-    fn count(&self, why: Closed) {
+    pub(crate) fn count(&self, why: Closed) {
         if let Some(c) = self.closed.get(why as usize) {
             c.fetch_add(1, Ordering::Relaxed);
         }

@@ -61,7 +61,7 @@ pub(crate) struct Inner {
     tokens: std::sync::RwLock<Arc<Tokens>>,
     pub(crate) history: crate::HistoryLimit,
     pub(crate) limits: Limits,
-    pub(crate) tls: Option<tonic::transport::ServerTlsConfig>,
+    pub(crate) tls: Option<crate::tls_server::ServerTls>,
     pub(crate) agent_certificates: bool,
     pub(crate) identity: Option<Arc<crate::identity::Issuer>>,
     pub(crate) connections: crate::ConnectionLimits,

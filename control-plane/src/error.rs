@@ -114,6 +114,10 @@ pub enum Error {
 
     #[error(transparent)]
     #[diagnostic(transparent)]
+    TlsConfig(#[from] crate::tls_server::TlsConfigError),
+
+    #[error(transparent)]
+    #[diagnostic(transparent)]
     Identity(#[from] crate::identity::IdentityError),
 
     #[error("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")]

@@ -48,6 +48,7 @@ mod spiffe;
 pub mod state;
 pub mod store;
 mod store_health;
+pub mod tls_server;
 pub mod view;
 pub mod watches;
 
@@ -58,4 +59,4 @@ pub use control_plane::{ControlPlane, Options};
 pub use error::{Error, StateIo, one_line};
 pub use history::HistoryLimit;
 pub use limits::Limits;
-pub use server::{check_tls, serve};
+pub use server::serve;

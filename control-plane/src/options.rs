@@ -22,7 +22,7 @@ pub struct Options {
     /// What one `Apply` (or dry run) may ask of the compiler.
     pub limits: Limits,
     /// TLS on the gRPC listener. `None`: plain HTTP/2.
-    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    pub tls: Option<crate::tls_server::ServerTls>,
     /// The TLS listener asks clients for a certificate signed by a client
     /// CA: agents must present one, and its identity must be their service.
     pub agent_certificates: bool,

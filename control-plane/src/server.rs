@@ -37,15 +37,6 @@ const APPLY_OVERHEAD_BYTES: usize = 64 << 10;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-/// Checks that `tls` can be served (the certificate and key match and
-/// parse), so that govd says so before it reports itself started.
-pub fn check_tls(tls: &tonic::transport::ServerTlsConfig) -> Result<(), Error> {
-    tonic::transport::Server::builder()
-        .tls_config(tls.clone())
-        .map(|_| ())
-        .map_err(Error::Tls)
-}
-
 /// Serves `control_plane` on `listener` until `shutdown` is cancelled, then:
 /// health NOT_SERVING, agent and watch streams closed, in-flight calls
 /// drained (at most `drain`), state flushed to disk.
@@ -80,21 +71,29 @@ pub async fn serve(
                 .await;
         }
     };
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = control_plane.inner.tls.clone() {
-        builder = builder
-            .tls_config(tls.timeout(limits.handshake_timeout))
-            .map_err(Error::Tls)?;
-    }
     // Tokens are checked from the headers before a body is read (`gate.rs`).
-    let server = builder
+    let router = tonic::transport::Server::builder()
         .layer(crate::gate::GateLayer::new(control_plane.inner.clone()))
         .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
         .max_concurrent_streams(limits.max_streams_per_connection)
         .add_service(health)
-        .add_service(control_plane.grpc())
-        .serve_with_incoming_shutdown(incoming, signal);
+        .add_service(control_plane.grpc());
+    // The TLS handshake is govd's own (`tls_server.rs`), so that a refused
+    // client certificate is audited.
+    let server: Pin<
+        Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>,
+    > = match control_plane.inner.tls.clone() {
+        Some(mut tls) => {
+            tls.handshake_timeout = limits.handshake_timeout;
+            let incoming = tls.accept(
+                incoming,
+                crate::certify::on_refused_certificate(&control_plane.inner),
+            );
+            Box::pin(router.serve_with_incoming_shutdown(incoming, signal))
+        }
+        None => Box::pin(router.serve_with_incoming_shutdown(incoming, signal)),
+    };
     let mut server = std::pin::pin!(server);
     tokio::select! {
         result = &mut server => {

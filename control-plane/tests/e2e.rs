@@ -333,10 +333,14 @@ impl Govd {
     /// SIGTERM and wait (bounded) for a clean exit.
     async fn stop(mut self) {
         signal(&self.child, rustix::process::Signal::TERM);
-        let status = tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .unwrap()
-            .unwrap();
+        let Ok(status) = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await
+        else {
+            panic!(
+                "govd did not stop within 10s of SIGTERM; log:\n{}",
+                read(&self.log)
+            );
+        };
+        let status = status.unwrap();
         assert!(
             status.success(),
             "govd exited with {status}; log:\n{}",

@@ -13,15 +13,15 @@ use gov_control_plane::auth::{
 };
 use gov_control_plane::etcd::{EtcdConfig, EtcdStore};
 use gov_control_plane::store::Store as _;
+use gov_control_plane::tls_server::ServerTls;
 use gov_control_plane::{
     AgentLimits, ConnectionLimits, ControlPlane, Error, HistoryLimit, Limits, Options, serve,
 };
 use gov_proto::flag::parse_duration;
 use gov_proto::log::LogFormat;
 use gov_proto::signal::Signals;
-use gov_proto::tls::{read_identity, read_pem};
+use gov_proto::tls::read_pem;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Certificate, ServerTlsConfig};
 
 /// How to stop govd when its signal handlers cannot be installed.
 const OTHERWISE: &str = "stop govd with SIGKILL";
@@ -348,9 +348,6 @@ async fn run(args: Args) -> Result<(), Error> {
     };
     options.tls = server_tls(&args, options.identity.as_deref())?;
     options.agent_certificates = args.tls_client_ca.is_some() || options.identity.is_some();
-    if let Some(tls) = &options.tls {
-        gov_control_plane::check_tls(tls)?;
-    }
     check_start(
         &Tokens {
             named: options.tokens.clone(),
@@ -505,21 +502,29 @@ async fn reload_tokens_on_sighup(
     }
 }
 
-/// The TLS configuration the flags ask for, if any.
+/// The TLS configuration the flags ask for, if any: read and checked here
+/// (a key that does not go with its certificate stops govd before it
+/// listens).
 fn server_tls(
     args: &Args,
     identity: Option<&gov_control_plane::identity::Issuer>,
-) -> Result<Option<ServerTlsConfig>, Error> {
-    let server = read_identity(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
-    let Some(server) = server else {
-        if args.tls_client_ca.is_some() {
-            return Err(Error::ClientCaWithoutTls);
+) -> Result<Option<ServerTls>, Error> {
+    let (cert, key) = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => (
+            read_pem("certificate", cert)?,
+            read_pem("private key", key)?,
+        ),
+        _ => {
+            if args.tls_client_ca.is_some() {
+                return Err(Error::ClientCaWithoutTls);
+            }
+            return Ok(None);
         }
-        return Ok(None);
     };
-    let mut tls = ServerTlsConfig::new().identity(server);
     // Agents' roots: --tls-client-ca's, and the identity CA (the
-    // certificates govd issues).
+    // certificates govd issues). Optional at the handshake: people
+    // authenticate with tokens; the agents' `Connect` refuses a stream
+    // without a certificate.
     let mut roots = match &args.tls_client_ca {
         Some(ca) => read_pem("client CA", ca)?,
         None => Vec::new(),
@@ -528,14 +533,7 @@ fn server_tls(
         roots.push(b'\n');
         roots.extend_from_slice(issuer.ca_pem().as_bytes());
     }
-    if !roots.is_empty() {
-        // Optional at the handshake: people authenticate with tokens; the
-        // agents' `Connect` refuses a stream without a certificate.
-        tls = tls
-            .client_ca_root(Certificate::from_pem(roots))
-            .client_auth_optional(true);
-    }
-    Ok(Some(tls))
+    Ok(Some(ServerTls::from_pem(&cert, &key, &roots)?))
 }
 
 /// `A,B`: two paths (`--identity-ca CERT,KEY`).

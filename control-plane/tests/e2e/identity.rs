@@ -300,3 +300,93 @@ async fn an_agent_renews_its_identity_under_load_without_a_failed_call() {
     order.stop().await;
     govd.stop().await;
 }
+
+/// A certificate govd cannot trust is refused at the TLS handshake, and the
+/// refusal is audited with the address it came from and what it claimed:
+/// an expired certificate from govd's own CA, and one from another CA. A
+/// refusing agent retries; the audit stays bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_or_foreign_certificate_is_refused_and_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"));
+    let foreign = Pki::new(&dir.path().join("foreign"));
+    let govd = control_plane(&dir.path().join("state"))
+        .tls(&pki)
+        .start()
+        .await;
+    let ca = pki.ca.display().to_string();
+    let up = upstream().await;
+
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.subject_alt_names.push(rcgen::SanType::URI(
+        "spiffe://gov.test/service/order".try_into().unwrap(),
+    ));
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2020, 1, 2);
+    let expired = pki.sign("expired-order", params);
+    let stranger = foreign.agent("order", true);
+    let mut agents = Vec::new();
+    for (instance, cert) in [("order-old", &expired), ("order-odd", &stranger)] {
+        agents.push(
+            agent("order", instance)
+                .upstream(up)
+                .control_plane(&govd)
+                .tls(&pki, Some(cert))
+                .start(dir.path())
+                .await,
+        );
+    }
+    let mut refused = Vec::new();
+    let log = govd.log.clone();
+    let _dump = Defer(move || eprintln!("govd log:\n{}", read(&log)));
+    wait_until(
+        "both refusals audited",
+        Duration::from_secs(15),
+        async || {
+            refused = audited(&govd, &ca, "certificate-refused").await;
+            let detail = |r: &serde_json::Value| r["detail"].as_str().unwrap_or("").to_owned();
+            // The foreign CA has the same name as govd's: its signature fails.
+            refused.iter().any(|r| detail(r).contains("expired"))
+                && refused.iter().any(|r| detail(r).contains("bad_signature"))
+        },
+    )
+    .await;
+    for record in &refused {
+        let who = record["who"].as_str().unwrap();
+        assert!(
+            who.starts_with("unauthenticated peer 127.0.0.1:"),
+            "{record}"
+        );
+        assert!(
+            record["targets"][0]
+                .as_str()
+                .unwrap()
+                .starts_with("spiffe://gov.test/"),
+            "{record}"
+        );
+    }
+    assert!(
+        refused.iter().any(|r| r["detail"]
+            .as_str()
+            .unwrap()
+            .contains("at the TLS handshake: expired")),
+        "{refused:?}"
+    );
+    // Neither got a config or a place in the view.
+    assert!(govd.status().await.agents.is_empty());
+    // However often they retry, at most the per-minute bound is audited.
+    assert!(
+        refused.len() <= gov_control_plane::tls_server::AUDITED_PER_WINDOW as usize,
+        "{}",
+        refused.len()
+    );
+}
+
+/// Runs its closure when dropped (a log dumped when a test fails).
+struct Defer<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for Defer<F> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
