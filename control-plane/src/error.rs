@@ -99,15 +99,6 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    #[error("the TLS certificate or key cannot be used")]
-    #[diagnostic(
-        code(gov::govd::tls),
-        help(
-            "--tls-cert and --tls-key must be the PEM certificate (chain) and its private key; --tls-client-ca a PEM CA certificate"
-        )
-    )]
-    Tls(#[source] tonic::transport::Error),
-
     #[error(transparent)]
     #[diagnostic(transparent)]
     TlsFile(#[from] gov_proto::tls::TlsError),

@@ -51,7 +51,7 @@ pub enum TlsConfigError {
     )]
     Pem { what: &'static str, reason: String },
 
-    #[error("--tls-key does not go with --tls-cert (or cannot be used): {0}")]
+    #[error("--tls-key does not go with --tls-cert, or cannot be used")]
     #[diagnostic(
         code(gov::govd::tls_key),
         help("give the private key of the first certificate of --tls-cert")
