@@ -324,6 +324,30 @@ fn the_header_of_every_diagnostic_names_its_primary_label() {
 }
 
 #[test]
+fn a_block_that_takes_its_services_brace_hides_no_error_of_that_service() {
+    let name = "unclosed-block-before-a-service.gov";
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/partial")
+        .join(name);
+    let text = std::fs::read_to_string(path).unwrap();
+    let checked = check(&[SourceFile::new(name, text)]);
+    let codes: Vec<String> = checked.diagnostics.iter().map(|d| d.code_str()).collect();
+    assert_eq!(
+        codes,
+        [
+            "gov::syntax",
+            "gov::syntax",
+            "gov::syntax",
+            "gov::percent-out-of-range",
+            "gov::non-positive",
+            "gov::unknown-match",
+        ],
+        "{}",
+        render(&checked.diagnostics)
+    );
+}
+
+#[test]
 fn three_syntax_and_three_semantic_errors_are_reported_in_one_run() {
     let name = "three-syntax-three-semantic.gov";
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
