@@ -478,17 +478,29 @@ impl ClusterStore {
 
 /// Counter key of calls.
 pub fn calls_key(rule: &str, key: &str, window: u64) -> String {
-    format!("gov:{{{rule}:{key}}}:{window}")
+    format!("gov:{{{rule}:{}}}:{window}", in_tag(key))
 }
 
 /// Counter key of bytes.
 pub fn bytes_key(rule: &str, key: &str, window: u64) -> String {
-    format!("gov:{{{rule}:{key}}}:bytes:{window}")
+    format!("gov:{{{rule}:{}}}:bytes:{window}", in_tag(key))
 }
 
-/// Latch key of one key of a rule.
+/// Latch key of one key of a rule: `gov:{RULE:KEY}:latch`.
 pub fn latch_key(rule: &str, key: &str) -> String {
-    format!("gov:{{{rule}:{key}}}{LATCH_SUFFIX}")
+    format!("gov:{{{rule}:{}{LATCH_SUFFIX}", in_tag(key))
+}
+
+/// A rule's key as it goes inside the hash tag `{RULE:KEY}`: `%` and `}`
+/// percent-encoded (`%25`, `%7D`), so that the tag ends where the key does
+/// (one slot per rule and key) and no name ends in `}}:latch`, the name
+/// older releases gave latches (renamed when an agent starts). A key
+/// without either character is written as it is.
+fn in_tag(key: &str) -> std::borrow::Cow<'_, str> {
+    if !key.contains(['%', '}']) {
+        return key.into();
+    }
+    key.replace('%', "%25").replace('}', "%7D").into()
 }
 
 /// Every latch key of `rule` starts with this (the rule name has no `:`)...
@@ -496,7 +508,8 @@ pub fn latch_prefix(rule: &str) -> String {
     format!("gov:{{{rule}:")
 }
 
-/// ...and ends with this; counter keys end with a window number.
+/// ...and ends with this (the hash tag's `}`, then `:latch`); counter keys
+/// end with a window number.
 pub const LATCH_SUFFIX: &str = "}:latch";
 
 /// Whether `redis_key` is a latch of `rule`.
@@ -541,6 +554,14 @@ mod keys {
         let (crm, shop) = (latch_key("r", "crm"), latch_key("r", "shop"));
         assert_ne!(tag(&crm), tag(&shop));
         assert_eq!(calls_key("r", "crm", 9), "gov:{r:crm}:9");
+        // As docs/operations.md names it (older releases wrote `}}:latch`).
+        assert_eq!(crm, "gov:{r:crm}:latch");
+        // A key with `}` cannot end its tag early or pass for an older
+        // latch (which a start renames): `x}` is not `x`.
+        assert_eq!(latch_key("r", "x}"), "gov:{r:x%7D}:latch");
+        assert_eq!(tag(&latch_key("r", "a}b")), "r:a%7Db");
+        assert_ne!(latch_key("r", "x%7D"), latch_key("r", "x}"));
+        assert_eq!(latch_key("svc/l", ""), "gov:{svc/l:}:latch");
     }
 }
 

@@ -68,6 +68,10 @@ pub fn redis_with_timeout(url: &str, timeout: Duration) -> Result<ClusterStore, 
         ));
     }
     let target = RedisTarget::parse(url).map_err(error)?;
+    // Latches an older release named `gov:{RULE:KEY}}:latch` get their
+    // documented name, on a connection of their own (it ends with the task).
+    let migration = Conn::connect(target.clone(), timeout).map_err(error)?;
+    tokio::spawn(store::Redis::new(migration).migrate_legacy_latches());
     let conn = Conn::connect(target, timeout).map_err(error)?;
     Ok(ClusterStore::from_backend(
         Box::new(store::Redis::new(conn)),

@@ -329,6 +329,72 @@ async fn a_latch_engaged_by_one_agent_holds_for_the_other_until_released() {
     call(&b).await.unwrap();
 }
 
+/// A latch is `gov:{RULE:KEY}:latch`, as docs/operations.md names it; one an
+/// older release wrote as `gov:{RULE:KEY}}:latch` is renamed when an agent
+/// starts, with its expiry, and still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latches_have_the_documented_name_and_older_ones_are_renamed_and_kept() {
+    let redis = RedisServer::start();
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let legacy = "gov:{order/shared:}}:latch";
+    let documented = "gov:{order/shared:}:latch";
+    let () = redis::cmd("SET")
+        .arg(legacy)
+        .arg("1")
+        .arg("PX")
+        .arg(3_600_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let config = limit_config(3, 60_000, EXACT, "release: {after_ms: 3600000}");
+    let a = agent(&redis, &config);
+    let mut conn2 = conn.clone();
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            redis::cmd("EXISTS")
+                .arg(legacy)
+                .query_async::<u64>(&mut conn2)
+                .await
+                .unwrap()
+                == 0
+        })
+        .await,
+        "the older latch was not renamed"
+    );
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(documented)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl > 3_000_000, "the expiry is kept: {ttl}");
+    // The consumer stays refused, with the latch's own time left.
+    let r = call(&a).await.unwrap_err();
+    assert!(r.retry_after_secs().unwrap() > 3_000, "{r:?}");
+    // A latch engaged now has the documented name.
+    let () = redis::cmd("DEL")
+        .arg(documented)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let b = agent(
+        &redis,
+        &limit_config(1, 60_000, EXACT, "release: {after_ms: 3600000}"),
+    );
+    let _ = call(&b).await;
+    let _ = call(&b).await;
+    assert!(call(&b).await.is_err());
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("gov:*latch")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys, [documented]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releasing_one_consumers_latch_in_the_store_leaves_the_others() {
     let redis = RedisServer::start();

@@ -73,6 +73,65 @@ macro_rules! with_conn {
     };
 }
 
+impl Redis {
+    /// Applies `op` to every key matching `pattern`: SCAN walks one node,
+    /// so on a cluster every master is walked (each command is routed to
+    /// its key's slot).
+    async fn scan_all(&self, pattern: &str, op: KeyOp) -> Result<u64, String> {
+        match &self.conn {
+            Conn::Cluster(cluster) => {
+                let mut conn = cluster.conn();
+                let mut done = 0;
+                for (host, port) in cluster_masters(&mut conn).await? {
+                    done += cluster_scan(&mut conn, pattern, &host, port, op)
+                        .await
+                        .map_err(text)?;
+                }
+                Ok(done)
+            }
+            _ => with_conn!(self, conn => scan(&mut conn, pattern, op)).map_err(text),
+        }
+    }
+
+    /// Gives every latch an older gov wrote as `gov:{RULE:KEY}}:latch` its
+    /// documented name, `gov:{RULE:KEY}:latch`, with its expiry, so that an
+    /// upgrade forgets no engaged limit. Tried until it succeeds once (at
+    /// most [`MIGRATION_TRIES`] times, backing off): Redis may be down at
+    /// start.
+    pub(super) async fn migrate_legacy_latches(self) {
+        let mut delay = Duration::from_millis(500);
+        for _ in 0..MIGRATION_TRIES {
+            match self
+                .scan_all(
+                    &format!("gov:{{*{LEGACY_LATCH_SUFFIX}"),
+                    KeyOp::RenameLegacyLatch,
+                )
+                .await
+            {
+                Ok(0) => return,
+                Ok(renamed) => {
+                    tracing::info!(
+                        renamed,
+                        "latches of an older release renamed to gov:{{RULE:KEY}}:latch"
+                    );
+                    return;
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "cannot look for latches of an older release yet")
+                }
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(30));
+        }
+        tracing::warn!(
+            "latches of an older release (gov:{{RULE:KEY}}}}:latch) were not renamed: Redis did not answer; they are still released by `govc release`, and expire as set"
+        );
+    }
+}
+
+/// How often [`Redis::migrate_legacy_latches`] tries (about 10 minutes).
+const MIGRATION_TRIES: u32 = 25;
+
 impl Backend for Redis {
     fn exact(&self, call: ExactCall) -> StoreFuture<'_, ExactReply> {
         Box::pin(async move {
@@ -173,22 +232,9 @@ impl Backend for Redis {
 
     fn release(&self, rule: String) -> StoreFuture<'_, u64> {
         Box::pin(async move {
+            // Matches the latches an older gov named with one `}` more too.
             let pattern = format!("{}*{LATCH_SUFFIX}", glob_escape(&latch_prefix(&rule)));
-            match &self.conn {
-                // SCAN walks one node: walk every master, delete by key (DEL is
-                // routed to each key's slot).
-                Conn::Cluster(cluster) => {
-                    let mut conn = cluster.conn();
-                    let mut deleted = 0;
-                    for (host, port) in cluster_masters(&mut conn).await? {
-                        deleted += cluster_scan_delete(&mut conn, &pattern, &host, port)
-                            .await
-                            .map_err(text)?;
-                    }
-                    Ok(deleted)
-                }
-                _ => with_conn!(self, conn => scan_delete(&mut conn, &pattern)).map_err(text),
-            }
+            self.scan_all(&pattern, KeyOp::Delete).await
         })
     }
 
@@ -246,59 +292,109 @@ fn flush_commands(pipe: &mut redis::Pipeline, item: &FlushItem) {
     pipe.cmd("PTTL").arg(&item.latch);
 }
 
-/// Deletes the keys matching `pattern` on one server; returns how many there
-/// were.
-async fn scan_delete<C: ConnectionLike + Send>(
+/// What to do with the keys a SCAN finds.
+#[derive(Clone, Copy, Debug)]
+enum KeyOp {
+    Delete,
+    /// Give a latch an older gov named `gov:{RULE:KEY}}:latch` (one `}` too
+    /// many) its documented name, `gov:{RULE:KEY}:latch`, keeping its expiry.
+    /// RENAMENX: a latch written under the new name meanwhile stays.
+    RenameLegacyLatch,
+}
+
+/// The documented name of a latch an older gov wrote as `legacy`.
+fn documented_latch(legacy: &[u8]) -> Option<Vec<u8>> {
+    legacy
+        .strip_suffix(LEGACY_LATCH_SUFFIX.as_bytes())
+        .map(|head| [head, LATCH_SUFFIX.as_bytes()].concat())
+}
+
+/// What older releases ended a latch key with.
+const LEGACY_LATCH_SUFFIX: &str = "}}:latch";
+
+/// Applies `op` to `keys`; returns how many it deleted or renamed.
+async fn apply<C: ConnectionLike + Send>(
+    conn: &mut C,
+    op: KeyOp,
+    keys: &[Vec<u8>],
+) -> Result<u64, redis::RedisError> {
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    match op {
+        // On a cluster, DEL is split by slot and summed by the client.
+        KeyOp::Delete => redis::cmd("DEL").arg(keys).query_async(conn).await,
+        KeyOp::RenameLegacyLatch => {
+            let mut renamed = 0;
+            for key in keys {
+                let Some(new) = documented_latch(key) else {
+                    continue;
+                };
+                // Both names share the hash tag `{RULE:KEY}`: one slot.
+                match redis::cmd("RENAMENX")
+                    .arg(key)
+                    .arg(&new)
+                    .query_async::<u64>(conn)
+                    .await
+                {
+                    Ok(n) => renamed += n,
+                    // Expired or renamed by another agent meanwhile.
+                    Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(renamed)
+        }
+    }
+}
+
+/// Applies `op` to every key matching `pattern` on `conn`'s node.
+async fn scan<C: ConnectionLike + Send>(
     conn: &mut C,
     pattern: &str,
+    op: KeyOp,
 ) -> Result<u64, redis::RedisError> {
     let mut cursor = 0u64;
-    let mut deleted = 0;
+    let mut done = 0;
     // Bounded: SCAN visits each key at most a few times.
     for _ in 0..100_000 {
         let (next, keys): (u64, Vec<Vec<u8>>) = scan_cmd(cursor, pattern).query_async(conn).await?;
-        if !keys.is_empty() {
-            let n: u64 = redis::cmd("DEL").arg(&keys).query_async(conn).await?;
-            deleted += n;
-        }
+        done += apply(conn, op, &keys).await?;
         if next == 0 {
             break;
         }
         cursor = next;
     }
-    Ok(deleted)
+    Ok(done)
 }
 
-/// Like [`scan_delete`] on the cluster node at `host:port`.
-async fn cluster_scan_delete(
+/// Like [`scan`] on the cluster node at `host:port`.
+async fn cluster_scan(
     conn: &mut ClusterConnection,
     pattern: &str,
     host: &str,
     port: u16,
+    op: KeyOp,
 ) -> Result<u64, redis::RedisError> {
     let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
         host: host.to_owned(),
         port,
     });
     let mut cursor = 0u64;
-    let mut deleted = 0;
+    let mut done = 0;
     // Bounded: SCAN visits each key at most a few times.
     for _ in 0..100_000 {
         let value = conn
             .route_command(scan_cmd(cursor, pattern), route.clone())
             .await?;
         let (next, keys): (u64, Vec<Vec<u8>>) = redis::from_redis_value(value)?;
-        if !keys.is_empty() {
-            // DEL is split by slot and summed by the cluster client.
-            let n: u64 = redis::cmd("DEL").arg(&keys).query_async(conn).await?;
-            deleted += n;
-        }
+        done += apply(conn, op, &keys).await?;
         if next == 0 {
             break;
         }
         cursor = next;
     }
-    Ok(deleted)
+    Ok(done)
 }
 
 fn scan_cmd(cursor: u64, pattern: &str) -> redis::Cmd {
