@@ -184,10 +184,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn exact(&self, call: ExactCall) -> StoreFuture<'_, ExactReply>;
     fn lease(&self, call: LeaseCall) -> StoreFuture<'_, LeaseReply>;
     fn flush(&self, items: Vec<FlushItem>) -> StoreFuture<'_, Vec<FlushReply>>;
-    /// Deletes every latch of `rule`; returns how many there were.
+    /// Deletes every latch and counter of `rule` (a release starts every
+    /// key on a fresh count); returns how many latches there were.
     fn release(&self, rule: String) -> StoreFuture<'_, u64>;
-    /// Deletes one latch (a [`latch_key`]); returns 1 if it was there, else 0.
-    fn release_latch(&self, latch: String) -> StoreFuture<'_, u64>;
+    /// Deletes one key's latch (a [`latch_key`]) and its `counters` of the
+    /// current windows (a release starts the key on a fresh count: the
+    /// next call does not engage it again); returns 1 if the latch was
+    /// there, else 0. All share one hash tag.
+    fn release_key(&self, latch: String, counters: Vec<String>) -> StoreFuture<'_, u64>;
     fn ping(&self) -> StoreFuture<'_, ()>;
 }
 
@@ -418,20 +422,29 @@ impl ClusterStore {
         }
     }
 
-    /// Deletes the latch of one key of `rule` in the store (in the background).
-    pub(crate) fn release_key(&self, rule: &str, key: &str) {
+    /// Deletes the latch and `counters` of one key of `rule` in the store
+    /// (in the background).
+    pub(crate) fn release_key(&self, rule: &str, key: &str, counters: Vec<String>) {
         let store = self.clone();
         let (rule, key) = (rule.to_owned(), key.to_owned());
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move { store.release_key_now(&rule, &key).await });
+            handle.spawn(async move { store.release_key_now(&rule, &key, counters).await });
         }
     }
 
-    /// Deletes the latch of one key of `rule` in the store; `None` if it failed.
-    pub(crate) async fn release_key_now(&self, rule: &str, key: &str) -> Option<u64> {
+    /// Deletes the latch and `counters` of one key of `rule` in the store;
+    /// `None` if it failed.
+    pub(crate) async fn release_key_now(
+        &self,
+        rule: &str,
+        key: &str,
+        counters: Vec<String>,
+    ) -> Option<u64> {
         match tokio::time::timeout(
             self.inner.timeout * 20,
-            self.inner.backend.release_latch(latch_key(rule, key)),
+            self.inner
+                .backend
+                .release_key(latch_key(rule, key), counters),
         )
         .await
         {
@@ -814,6 +827,12 @@ pub(crate) mod fake {
         fn release(&self, rule: String) -> StoreFuture<'_, u64> {
             Box::pin(async move {
                 self.0.check()?;
+                let prefix = latch_prefix(&rule);
+                self.0
+                    .counters
+                    .lock()
+                    .map_err(|e| e.to_string())?
+                    .retain(|k, _| !k.starts_with(&prefix));
                 let mut l = self.0.latches.lock().map_err(|e| e.to_string())?;
                 let before = l.len();
                 l.retain(|k, _| !is_latch_of(&rule, k));
@@ -821,9 +840,13 @@ pub(crate) mod fake {
             })
         }
 
-        fn release_latch(&self, latch: String) -> StoreFuture<'_, u64> {
+        fn release_key(&self, latch: String, counters: Vec<String>) -> StoreFuture<'_, u64> {
             Box::pin(async move {
                 self.0.check()?;
+                let mut c = self.0.counters.lock().map_err(|e| e.to_string())?;
+                for counter in &counters {
+                    c.remove(counter);
+                }
                 let mut l = self.0.latches.lock().map_err(|e| e.to_string())?;
                 Ok(u64::from(l.remove(&latch).is_some()))
             })

@@ -213,6 +213,37 @@ async fn engaged_limit_latches_per_consumer_until_released() {
     );
 }
 
+/// A release inside the window whose count engaged the latch stays
+/// released: the key starts on a fresh count, so its next call is admitted
+/// and the latch comes back only when it goes over the limit again.
+#[tokio::test(start_paused = true)]
+async fn a_release_in_an_over_count_window_holds_until_the_key_goes_over_again() {
+    let e = engine(LIMIT);
+    let mut events = e.subscribe();
+    assert!(now(&e, "/api", Some("a")).is_ok());
+    assert!(now(&e, "/api", Some("a")).is_err());
+    assert_eq!(events.try_recv().unwrap().kind, EventKind::LimitEngaged);
+    // Still the same 1 s window (time is paused).
+    assert_eq!(
+        e.release_limit("order/per_consumer", Some("a"), "ops"),
+        Ok(true)
+    );
+    assert_eq!(events.try_recv().unwrap().kind, EventKind::LimitReleased);
+    assert!(
+        now(&e, "/api", Some("a")).is_ok(),
+        "the next call after a release is admitted"
+    );
+    assert!(events.try_recv().is_err(), "and engages nothing");
+    assert!(e.engaged_limits().is_empty());
+    // Over the limit again: engaged again, for its full time.
+    let r = now(&e, "/api", Some("a")).unwrap_err();
+    assert_eq!(r.retry_after_secs(), Some(7200));
+    assert_eq!(events.try_recv().unwrap().kind, EventKind::LimitEngaged);
+    // A release of every key does the same.
+    assert_eq!(e.release_limit("order/per_consumer", None, "ops"), Ok(true));
+    assert!(now(&e, "/api", Some("a")).is_ok());
+}
+
 #[tokio::test(start_paused = true)]
 async fn one_key_of_a_consumer_limit_releases_alone_and_events_and_stats_name_keys() {
     let e = engine(LIMIT);
@@ -239,8 +270,7 @@ async fn one_key_of_a_consumer_limit_releases_alone_and_events_and_stats_name_ke
     let released = events.try_recv().unwrap();
     assert_eq!(released.kind, EventKind::LimitReleased);
     assert_eq!(&*released.key, "b");
-    // A new window (b's count is spent in this one).
-    tokio::time::advance(Duration::from_secs(1)).await;
+    // b starts on a fresh count (see the test above).
     assert!(now(&e, "/api", Some("b")).is_ok());
     assert!(now(&e, "/api", Some("a")).is_err(), "a stays latched");
     let keys: Vec<String> = stats(&e, "order/per_consumer")

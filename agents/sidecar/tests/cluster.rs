@@ -395,6 +395,42 @@ async fn latches_have_the_documented_name_and_older_ones_are_renamed_and_kept() 
     assert_eq!(keys, [documented]);
 }
 
+/// A release inside the window whose count engaged the latch holds for
+/// every agent: the store's counter starts again with the latch gone, so the
+/// next calls are admitted, and the latch comes back only when the limit is
+/// exceeded again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_in_an_over_count_window_holds_until_the_limit_is_exceeded_again() {
+    let redis = RedisServer::start();
+    let config = limit_config(3, 60_000, EXACT, "release: {after_ms: 3600000}");
+    let (a, b) = (agent(&redis, &config), agent(&redis, &config));
+    fit_in_one_window(60_000, 10_000).await;
+    for _ in 0..3 {
+        call(&a).await.unwrap();
+    }
+    assert!(call(&a).await.is_err());
+    assert!(call(&b).await.is_err(), "b sees the latch");
+    assert_eq!(
+        a.release_limit_everywhere("order/shared", Some(""), "ops")
+            .await,
+        Ok(true)
+    );
+    // b reads latches back every 100ms.
+    assert!(
+        eventually(Duration::from_secs(2), async || b
+            .engaged_limits()
+            .is_empty())
+        .await,
+        "b still shows the limit engaged"
+    );
+    // The same window: a fresh count of 3 across both agents, then engaged.
+    call(&b).await.unwrap();
+    call(&a).await.unwrap();
+    call(&b).await.unwrap();
+    let r = call(&a).await.unwrap_err();
+    assert!(r.retry_after_secs().unwrap() > 3_500, "{r:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releasing_one_consumers_latch_in_the_store_leaves_the_others() {
     let redis = RedisServer::start();

@@ -233,16 +233,27 @@ impl Backend for Redis {
     fn release(&self, rule: String) -> StoreFuture<'_, u64> {
         Box::pin(async move {
             // Matches the latches an older gov named with one `}` more too.
-            let pattern = format!("{}*{LATCH_SUFFIX}", glob_escape(&latch_prefix(&rule)));
-            self.scan_all(&pattern, KeyOp::Delete).await
+            let prefix = glob_escape(&latch_prefix(&rule));
+            let latches = self
+                .scan_all(&format!("{prefix}*{LATCH_SUFFIX}"), KeyOp::Delete)
+                .await?;
+            // Then the counters: the rule starts on a fresh count.
+            self.scan_all(&format!("{prefix}*"), KeyOp::Delete).await?;
+            Ok(latches)
         })
     }
 
-    fn release_latch(&self, latch: String) -> StoreFuture<'_, u64> {
+    fn release_key(&self, latch: String, counters: Vec<String>) -> StoreFuture<'_, u64> {
         Box::pin(async move {
-            // DEL is routed to the key's slot on a cluster.
-            with_conn!(self, conn => redis::cmd("DEL").arg(&latch).query_async::<u64>(&mut conn))
-                .map_err(text)
+            // DEL is routed to the keys' slot on a cluster (one hash tag).
+            let mut pipe = redis::pipe();
+            pipe.cmd("DEL").arg(&latch);
+            if !counters.is_empty() {
+                pipe.cmd("DEL").arg(&counters).ignore();
+            }
+            let (latches,): (u64,) =
+                with_conn!(self, conn => pipe.query_async(&mut conn)).map_err(text)?;
+            Ok(latches)
         })
     }
 

@@ -85,20 +85,27 @@ impl Limit {
 
 impl Limit {
     /// Releases every engaged key, or only `key` (operator command).
-    /// Returns whether any was engaged. For a cluster limit the store's
-    /// latches are deleted in the background ([`Limit::release_shared`]
-    /// waits for it).
+    /// Returns whether any was engaged. A released key starts on a fresh
+    /// count in the current window, so the release holds until the key goes
+    /// over the limit again (not until its next call). For a cluster limit
+    /// the store's latches and counters are deleted in the background
+    /// ([`Limit::release_shared`] waits for it).
     pub(crate) fn release(&self, who: &str, key: Option<&str>) -> bool {
         let clear = |cell: &LimitCell| {
             if self.cluster.is_some() {
                 cell.shared().engage = false;
             }
-            cell.engaged_until.swap(NOT_ENGAGED, Relaxed) != NOT_ENGAGED
+            let was = cell.engaged_until.swap(NOT_ENGAGED, Relaxed) != NOT_ENGAGED;
+            if was {
+                self.fresh_count(cell);
+            }
+            was
         };
         let released = match key {
             Some(key) => {
                 if let Some(link) = &self.cluster {
-                    link.store.release_key(&self.name, key);
+                    link.store
+                        .release_key(&self.name, key, self.counters_now(key));
                 }
                 if key.is_empty() {
                     clear(&self.single)
@@ -131,12 +138,57 @@ impl Limit {
         released
     }
 
-    /// Deletes the latches of this limit (of `key` only, if given) in the
-    /// store and waits for it. `None`: no store, or it failed.
+    /// Starts `cell` on a fresh count in the current window: its calls and
+    /// bytes, and a cluster limit's last totals from the store.
+    fn fresh_count(&self, cell: &LimitCell) {
+        let now = Instant::now();
+        if let Some(rate) = &self.spec.calls {
+            let window = (self.now_ms(now) / ms(rate.window).max(1)) & 0xffff_ffff;
+            cell.calls.store(pack(window, 0), Relaxed);
+        }
+        cell.bytes.store(0, Relaxed);
+        if self.cluster.is_some() {
+            let mut shared = cell.shared();
+            shared.lease.total = 0;
+            shared.bytes.base = 0;
+        }
+    }
+
+    /// The store's counters of `key` in the current windows (what a release
+    /// deletes with its latch).
+    fn counters_now(&self, key: &str) -> Vec<String> {
+        let Some(link) = &self.cluster else {
+            return Vec::new();
+        };
+        let unix = link.store.unix_ms(Instant::now());
+        let mut counters = Vec::new();
+        if let Some(rate) = &self.spec.calls {
+            counters.push(crate::cluster::calls_key(
+                &self.name,
+                key,
+                unix / ms(rate.window).max(1),
+            ));
+        }
+        if let Some(rate) = &self.spec.bytes {
+            counters.push(crate::cluster::bytes_key(
+                &self.name,
+                key,
+                unix / ms(rate.window).max(1),
+            ));
+        }
+        counters
+    }
+
+    /// Deletes the latches and counters of this limit (of `key` only, if
+    /// given) in the store and waits for it. `None`: no store, or it failed.
     pub(crate) async fn release_shared(&self, key: Option<&str>) -> Option<u64> {
         let link = self.cluster.as_ref()?;
         match key {
-            Some(key) => link.store.release_key_now(&self.name, key).await,
+            Some(key) => {
+                link.store
+                    .release_key_now(&self.name, key, self.counters_now(key))
+                    .await
+            }
             None => link.store.release_now(&self.name).await,
         }
     }
