@@ -2,7 +2,7 @@
 # Outbound balancing with one slow instance: three instances of `inventory` behind a
 # caller's outbound listener, one of them 10x slower, at a fixed rate; p50/p99 with
 # the agent's balancer (`--balance peak-ewma`) against round robin
-# (`--balance round-robin`), side by side. Issue 11, DESIGN.md performance targets.
+# (`--balance round-robin`), side by side. Issue 11, docs/architecture.md targets.
 #
 # Placement: vCPU0 = load generator; vCPU1 = the instances and both agents. Runs are
 # interleaved (round-robin, peak-ewma, round-robin, ...); the summary quotes medians

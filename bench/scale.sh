@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lossless scale-in and scale-out under load (issue 11, DESIGN.md problem 2).
+# Lossless scale-in and scale-out under load (issue 11, docs/architecture.md problems 5 and 6).
 #
 # govd; a caller `web` whose agent's outbound listener balances over the instances of
 # `inv` that govd registers; three instances of `inv`, each a hello-world upstream

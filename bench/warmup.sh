@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Slow start under load (issue 31, DESIGN.md problem 5): the share of a caller's calls
+# Slow start under load (issue 31, docs/architecture.md problem 5): the share of a caller's calls
 # a new instance gets, second by second, against the weight the caller gives it.
 #
 # govd; a caller `web` whose agent's outbound listener balances over the instances of

@@ -1,5 +1,5 @@
 //! `govc check` / `govc compile` of a large generated policy: 10,000 rules
-//! across 500 services in 10 files (DESIGN.md target: under 100 ms).
+//! across 500 services in 10 files (docs/architecture.md target: under 100 ms).
 //!
 //! Run: `cargo bench -j2 -p gov-compiler --bench check -- --warm-up-time 1 --measurement-time 5`
 

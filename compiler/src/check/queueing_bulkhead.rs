@@ -11,7 +11,7 @@
 //!
 //! Why: measured on a slow IO endpoint, a bulkhead with a long wait only
 //! moved the queue and raised latency for everyone; with a short wait the
-//! fast endpoint kept its latency and the slow one shed load (DESIGN.md,
+//! fast endpoint kept its latency and the slow one shed load (docs/architecture.md,
 //! problem 1).
 //!
 //! Example: `match slow = path prefix "/report" latency 2s` and

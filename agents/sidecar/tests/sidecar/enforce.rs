@@ -5,7 +5,7 @@ use http::StatusCode;
 
 use crate::support::{agent, http, load, ms, upstream};
 
-/// DESIGN.md's bulkhead experiment: a fast and a slow endpoint, a fail-fast bulkhead
+/// The bulkhead experiment of docs/architecture.md (problem 1): a fast and a slow endpoint, a fail-fast bulkhead
 /// on the slow one, concurrent load on both. The slow endpoint sheds load with the
 /// bulkhead's configured status (503 here, not the default 408); the fast one is
 /// never rejected. (Its latency under load is measured in `benches/`, not asserted.)
