@@ -20,10 +20,12 @@ mod cmd {
     pub mod compile;
     pub mod demo;
     pub mod fmt;
+    pub mod history;
     pub mod lsp;
     pub mod plan;
     pub mod release;
     pub mod replay;
+    pub mod saved;
     pub mod status;
     pub mod tui;
 }
@@ -75,6 +77,18 @@ enum Command {
     /// Show govd's audit log: applies, releases and trips, with who did them.
     #[command(after_help = examples::AUDIT)]
     Audit(cmd::audit::Args),
+    /// List the applied versions govd keeps, newest first.
+    #[command(after_help = examples::HISTORY)]
+    History(cmd::history::HistoryArgs),
+    /// Print the sources of one applied version.
+    #[command(after_help = examples::SHOW)]
+    Show(cmd::history::ShowArgs),
+    /// Apply an earlier version again (planned, confirmed, audited as a rollback).
+    #[command(after_help = examples::ROLLBACK)]
+    Rollback(cmd::history::RollbackArgs),
+    /// Print govc's version and govd's.
+    #[command(after_help = examples::VERSION)]
+    Version(cmd::history::VersionArgs),
     /// Run a control plane, demo services behind agents and a load in one process, and watch it.
     #[command(after_help = examples::DEMO)]
     Demo(cmd::demo::Args),
@@ -118,12 +132,14 @@ Examples:
 Examples:
   govc plan shop.gov
   govc plan old.gov --against new.gov
-  govc plan policies/*.gov --detailed-exitcode -o json";
+  govc plan policies/*.gov --detailed-exitcode -o json
+  govc plan policies/*.gov --out reviewed.plan";
     pub const APPLY: &str = "\
 Examples:
   govc apply shop.gov
-  govc apply policies/*.gov --auto-approve --wait 30s
-  govc apply shop.gov --control-plane https://govd.internal:7070 --tls-ca ca.pem --token-file token";
+  govc apply policies/*.gov --auto-approve --wait 30s -o json
+  govc apply shop.gov --control-plane https://govd.internal:7070 --tls-ca ca.pem --token-file token
+  govc apply reviewed.plan";
     pub const STATUS: &str = "\
 Examples:
   govc status
@@ -144,6 +160,22 @@ Examples:
   govc audit --since 2h
   govc audit --since 2026-12-01 -o json
   govc audit --limit 20";
+    pub const HISTORY: &str = "\
+Examples:
+  govc history
+  govc history -o json";
+    pub const SHOW: &str = "\
+Examples:
+  govc show 3f1c0a9e2b4d
+  govc show 3f1c0a --out-dir restored/";
+    pub const ROLLBACK: &str = "\
+Examples:
+  govc rollback 3f1c0a9e2b4d
+  govc rollback 3f1c0a --auto-approve --wait 30s";
+    pub const VERSION: &str = "\
+Examples:
+  govc version
+  govc version --control-plane https://govd.internal:7070 --tls-ca ca.pem";
     pub const DEMO: &str = "\
 Examples:
   govc demo
@@ -189,6 +221,10 @@ fn main() -> ExitCode {
         Command::Release(args) => cmd::release::run(args),
         Command::Replay(args) => cmd::replay::run(args),
         Command::Audit(args) => cmd::audit::run(args),
+        Command::History(args) => cmd::history::run_history(args),
+        Command::Show(args) => cmd::history::run_show(args),
+        Command::Rollback(args) => cmd::history::run_rollback(args),
+        Command::Version(args) => cmd::history::run_version(args),
         Command::Demo(args) => cmd::demo::run(args),
         Command::Tui(args) => cmd::tui::run(args),
         Command::Lsp(args) => cmd::lsp::run(args),

@@ -294,6 +294,7 @@ async fn main() {
             who: "bench".into(),
             shadow: false,
             allow_remove_all: false,
+            ..Default::default()
         };
         let c = cpu(pid);
         let t = Instant::now();

@@ -127,6 +127,7 @@ async fn main() {
             who: "bench".into(),
             shadow: false,
             allow_remove_all: false,
+            ..Default::default()
         };
         let t = Instant::now();
         let result = client.apply(request).await.unwrap().into_inner();

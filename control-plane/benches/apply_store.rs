@@ -146,6 +146,7 @@ async fn main() {
                 who: "bench".into(),
                 shadow: false,
                 allow_remove_all: false,
+                ..Default::default()
             };
             if i == 0 {
                 // Warm-up: wait until every agent is there, then apply once.

@@ -43,6 +43,10 @@ pub struct ApplyRequest {
     /// Apply a policy with no service although services are in force
     /// (`govc apply --remove-all-services`).
     pub allow_remove_all: bool,
+    /// Refuse unless this version is in force (a saved plan). Empty: any.
+    pub expect_version: String,
+    /// This apply restores that version (`govc rollback`), for the audit.
+    pub rollback_to: String,
     /// How long to wait for the agents' ACK/NACK (at most [`MAX_APPLY_WAIT`]).
     pub wait: Duration,
 }
@@ -123,6 +127,20 @@ pub enum ApplyError {
     )]
     RemovesEveryService { services: String },
 
+    #[error(
+        "the saved plan was made against version `{planned_against}`, but `{applied}` is in force now; nothing was applied"
+    )]
+    #[diagnostic(
+        code(gov::govd::stale_plan),
+        help(
+            "someone applied since the plan was saved: make it again (`govc plan FILES --out PLAN`), review it, and apply that"
+        )
+    )]
+    StalePlan {
+        planned_against: String,
+        applied: String,
+    },
+
     #[error("the client went away before the apply was prepared")]
     #[diagnostic(code(gov::govd::cancelled))]
     Cancelled,
@@ -152,6 +170,8 @@ pub struct Planned {
     pub first: bool,
     /// Made with `--shadow` (the audit says so).
     pub shadow: bool,
+    /// A rollback to this version (the audit says so).
+    pub rollback_to: String,
 }
 
 impl Planned {
@@ -280,6 +300,7 @@ pub fn prepare(
         diagnostics,
         first: current.is_none(),
         shadow: request.shadow,
+        rollback_to: request.rollback_to.clone(),
     })))
 }
 
@@ -361,6 +382,7 @@ impl ControlPlane {
             // A dry run changes nothing: no apply lock, so it never holds up
             // a real apply.
             let current = inner.lock().applied();
+            check_expected(&request, current.as_deref())?;
             return Ok(match self.prepare(request, current.clone()).await? {
                 Prepared::Invalid { diagnostics } => invalid(current.as_deref(), diagnostics),
                 Prepared::Planned(p) => unchanged(current.as_deref(), *p),
@@ -372,6 +394,7 @@ impl ControlPlane {
         // refused), even if the client goes away meanwhile.
         let apply_guard = inner.apply_lock.clone().lock_owned().await;
         let current = inner.lock().applied();
+        check_expected(&request, current.as_deref())?;
         let planned = match self.prepare(request.clone(), current.clone()).await? {
             Prepared::Invalid { diagnostics } => {
                 tracing::info!(who = %request.who, elapsed_ms = started.elapsed().as_millis(), "apply refused: invalid policy");
@@ -452,6 +475,38 @@ impl ControlPlane {
 /// The audit detail of an apply made with `--shadow`.
 const SHADOW_DETAIL: &str = "shadow: every rule of this apply in mode shadow (govc apply --shadow)";
 
+/// What the audit says of an apply beyond its version: a rollback, shadow.
+fn apply_detail(planned: &Planned) -> String {
+    let mut parts = Vec::new();
+    if !planned.rollback_to.is_empty() {
+        parts.push(format!(
+            "rollback to {} (govc rollback)",
+            planned.rollback_to
+        ));
+    }
+    if planned.shadow {
+        parts.push(SHADOW_DETAIL.to_owned());
+    }
+    parts.join("; ")
+}
+
+/// Refuses a saved plan's apply when the version it was planned against is
+/// no longer the one in force.
+fn check_expected(
+    request: &ApplyRequest,
+    current: Option<&AppliedPolicy>,
+) -> Result<(), ApplyError> {
+    // `(none)`: planned when nothing was applied.
+    let applied = current.map_or("(none)", |c| c.version.as_str());
+    if request.expect_version.is_empty() || request.expect_version == applied {
+        return Ok(());
+    }
+    Err(ApplyError::StalePlan {
+        planned_against: request.expect_version.clone(),
+        applied: applied.to_owned(),
+    })
+}
+
 /// Makes `planned` durable (audit record, then the stored state), then
 /// commits it to the state and pushes it to the agents of the changed
 /// services. The stored write is a compare-and-swap on the revision the
@@ -474,11 +529,7 @@ async fn record_and_push(
         rule: String::new(),
         key: String::new(),
         targets: planned.changed.clone(),
-        detail: if planned.shadow {
-            SHADOW_DETAIL.to_owned()
-        } else {
-            String::new()
-        },
+        detail: apply_detail(&planned),
     };
     let mut out = Vec::new();
     {
@@ -667,6 +718,8 @@ mod tests {
             dry_run: false,
             shadow: false,
             allow_remove_all: false,
+            expect_version: String::new(),
+            rollback_to: String::new(),
             wait: Duration::ZERO,
         }
     }

@@ -199,6 +199,8 @@ mod tests {
             dry_run: false,
             shadow: false,
             allow_remove_all: false,
+            expect_version: String::new(),
+            rollback_to: String::new(),
             wait: Duration::ZERO,
         }
     }

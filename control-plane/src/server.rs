@@ -141,7 +141,9 @@ fn apply_status(error: &ApplyError) -> Status {
         ApplyError::Compiler(_) => Status::internal(message),
         ApplyError::Cancelled => Status::cancelled(message),
         ApplyError::Conflict { .. } => Status::aborted(message),
-        ApplyError::RemovesEveryService { .. } => Status::failed_precondition(message),
+        ApplyError::RemovesEveryService { .. } | ApplyError::StalePlan { .. } => {
+            Status::failed_precondition(message)
+        }
     }
 }
 
@@ -174,6 +176,8 @@ impl ControlPlaneRpc for ControlPlane {
             dry_run: req.dry_run,
             shadow: req.shadow,
             allow_remove_all: req.allow_remove_all,
+            expect_version: req.expect_version,
+            rollback_to: req.rollback_to,
             wait: Duration::from_millis(u64::from(req.wait_ms)),
         };
         self.apply(request)
@@ -391,6 +395,24 @@ impl ControlPlaneRpc for ControlPlane {
             .await
             .map_err(|e| Status::failed_precondition(crate::error::one_line(&e)))?;
         Ok(Response::new(audit_result(page)))
+    }
+
+    async fn history(
+        &self,
+        request: Request<pb::HistoryRequest>,
+    ) -> Result<Response<pb::HistoryResult>, Status> {
+        self.inner
+            .tokens()
+            .caller(&request, Role::Viewer, "History", "")?;
+        let asked = request.into_inner().version;
+        let result = self.inner.lock().versions(&asked);
+        result.map(Response::new).map_err(|e| {
+            let message = crate::error::one_line(&e);
+            match e {
+                crate::state::versions::VersionError::NotKept { .. } => Status::not_found(message),
+                _ => Status::invalid_argument(message),
+            }
+        })
     }
 
     async fn certify(

@@ -31,6 +31,7 @@ mod adopt;
 mod agent;
 mod latched;
 mod registry;
+pub mod versions;
 
 pub use adopt::Adopted;
 pub use agent::{Agent, AgentKey, AgentTx, Nacked, Outbox, Outgoing, Unsaved};

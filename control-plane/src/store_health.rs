@@ -294,6 +294,8 @@ mod tests {
             dry_run: false,
             shadow: false,
             allow_remove_all: false,
+            expect_version: String::new(),
+            rollback_to: String::new(),
             wait: std::time::Duration::ZERO,
         }
     }

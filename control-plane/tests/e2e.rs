@@ -51,6 +51,8 @@ fn service_agent_token(service: &str) -> String {
 mod agent_identity;
 #[path = "e2e/chaos.rs"]
 mod chaos;
+#[path = "e2e/day2.rs"]
+mod day2;
 #[path = "e2e/failover.rs"]
 mod failover;
 #[path = "e2e/floods.rs"]

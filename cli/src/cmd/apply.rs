@@ -35,7 +35,9 @@ use crate::report::{ReportArgs, Reporter};
 /// Apply policy files through the control plane and wait for the agents.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The policy files (together: the whole policy).
+    /// The policy files (together: the whole policy), or one plan saved by
+    /// `govc plan FILE... --out PLAN`: applied as planned, without a
+    /// question, and refused if another version was applied since.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
 
@@ -70,17 +72,68 @@ pub struct Args {
     #[arg(long)]
     pub remove_all_services: bool,
 
+    /// `text` for people; `json` prints only the result (version, plan,
+    /// each agent's outcome) as one JSON object, and needs --auto-approve
+    /// or a saved plan.
+    #[arg(short = 'o', long = "output", value_enum, env = "GOV_OUTPUT", default_value_t = Output::Text)]
+    pub output: Output,
+
     #[command(flatten)]
     pub report: ReportArgs,
 }
 
+/// How `govc apply` prints its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+/// One apply as `govc apply`, a saved plan and `govc rollback` make it.
+pub(crate) struct Flow<'a> {
+    pub remote: &'a RemoteArgs,
+    pub report: &'a ReportArgs,
+    pub wait: Duration,
+    pub who: String,
+    pub auto_approve: bool,
+    pub shadow: bool,
+    pub remove_all_services: bool,
+    pub json: bool,
+    /// A saved plan's version (or [`NOTHING_APPLIED`]); empty: any.
+    pub expect_version: String,
+    /// `govc rollback`'s version.
+    pub rollback_to: String,
+}
+
+/// A saved plan's `planned_against` when nothing was applied yet.
+pub const NOTHING_APPLIED: &str = "(none)";
+
 pub fn run(args: Args) -> ExitCode {
-    let files = match read_files(&args.files) {
-        Ok(f) => f,
+    let (files, saved) = match read_input(&args.files) {
+        Ok(input) => input,
         Err(code) => return code,
     };
-    let reporter = Reporter::new(args.report.error_format);
-    let wait_ms = u32::try_from(args.wait.as_millis()).unwrap_or(u32::MAX);
+    let flow = Flow {
+        remote: &args.remote,
+        report: &args.report,
+        wait: args.wait,
+        who: args.who.clone().unwrap_or_else(who_am_i),
+        // A saved plan was reviewed when it was made (as terraform's).
+        auto_approve: args.auto_approve || saved.is_some(),
+        shadow: args.shadow,
+        remove_all_services: args.remove_all_services,
+        json: args.output == Output::Json,
+        expect_version: saved.map(|s| s.planned_against).unwrap_or_default(),
+        rollback_to: String::new(),
+    };
+    apply_files(&files, &flow)
+}
+
+/// Plans `files` against govd, shows the plan, asks (unless approved),
+/// applies and prints each agent's outcome.
+pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCode {
+    let reporter = Reporter::new(flow.report.error_format);
+    let wait_ms = u32::try_from(flow.wait.as_millis()).unwrap_or(u32::MAX);
     let request = |dry_run: bool| pb::ApplyRequest {
         sources: files
             .iter()
@@ -91,33 +144,46 @@ pub fn run(args: Args) -> ExitCode {
             .collect(),
         dry_run,
         wait_ms: if dry_run { 0 } else { wait_ms },
-        who: args.who.clone().unwrap_or_else(who_am_i),
-        shadow: args.shadow,
-        allow_remove_all: args.remove_all_services,
+        who: flow.who.clone(),
+        shadow: flow.shadow,
+        allow_remove_all: flow.remove_all_services,
+        expect_version: flow.expect_version.clone(),
+        rollback_to: flow.rollback_to.clone(),
     };
+    if flow.json && !flow.auto_approve {
+        gov_proto::errln!(
+            "error: `-o json` prints only the result, so nobody could confirm the plan: add --auto-approve (or apply a saved plan)"
+        );
+        return ExitCode::from(crate::EXIT_USAGE);
+    }
     let invalid = |diagnostics: &[pb::Diagnostic]| {
-        print_diagnostics(&reporter, diagnostics, &files).then(|| {
+        print_diagnostics(&reporter, diagnostics, files).then(|| {
             gov_proto::errln!("error: the policy is invalid; the control plane applied nothing");
             ExitCode::FAILURE
         })
     };
 
     // 1. The plan, as `govc plan` shows it.
-    let planned = match call_apply(&args.remote, request(true)) {
+    let planned = match call_apply(flow.remote, request(true)) {
         Ok(r) => r,
         Err(e) => return remote::fail(e),
     };
     if let Some(code) = invalid(&planned.diagnostics) {
         return code;
     }
-    let plan = planned.plan.unwrap_or_default();
-    if args.shadow {
+    let plan = planned.plan.clone().unwrap_or_default();
+    if flow.shadow && !flow.json {
         gov_proto::outln!(
             "Shadow apply (--shadow): every rule below is in mode shadow; it rejects and delays nothing and counts what it would have rejected (`govc status`).\n"
         );
     }
-    print_plan(&plan);
+    if !flow.json {
+        print_plan(&plan);
+    }
     if plan.services.is_empty() {
+        if flow.json {
+            return print_json(&planned);
+        }
         gov_proto::outln!(
             "\nNo changes: version {} is already applied.",
             short(&planned.version)
@@ -125,7 +191,7 @@ pub fn run(args: Args) -> ExitCode {
         return ExitCode::SUCCESS;
     }
 
-    if !args.remove_all_services
+    if !flow.remove_all_services
         && planned
             .diagnostics
             .iter()
@@ -136,10 +202,10 @@ pub fn run(args: Args) -> ExitCode {
     }
 
     // 2. Confirmation.
-    if !args.auto_approve {
+    if !flow.auto_approve {
         if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
             gov_proto::errln!(
-                "error: not applying: standard input is not a terminal, so nobody can confirm the plan above\n  help: review it (`govc plan` shows it too), then run `govc apply --auto-approve`"
+                "error: not applying: standard input is not a terminal, so nobody can confirm the plan above\n  help: review it (`govc plan` shows it too), then run the command again with --auto-approve"
             );
             return ExitCode::from(crate::EXIT_USAGE);
         }
@@ -156,7 +222,7 @@ pub fn run(args: Args) -> ExitCode {
     }
 
     // 3. The apply itself.
-    let result = match call_apply(&args.remote, request(false)) {
+    let result = match call_apply(flow.remote, request(false)) {
         Ok(r) => r,
         Err(e) => return remote::fail(e),
     };
@@ -165,12 +231,18 @@ pub fn run(args: Args) -> ExitCode {
     }
     if let Some(applied) = &result.plan
         && applied.rendered != plan.rendered
+        && !flow.json
     {
         // Someone applied in between: say what this apply really changed.
         gov_proto::outln!(
             "\nThe policy in force changed since the plan above; this apply changed:"
         );
         print_plan(applied);
+    }
+    if flow.json {
+        let code = outcome(&result, flow.wait, false);
+        print_json(&result);
+        return code;
     }
     if !result.applied {
         gov_proto::outln!(
@@ -180,7 +252,7 @@ pub fn run(args: Args) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     gov_proto::outln!("\nApplied version {}.", short(&result.version));
-    outcome(&result, args.wait)
+    outcome(&result, flow.wait, true)
 }
 
 /// Prints a plan and calls out the services it removes: their agents lose
@@ -212,8 +284,23 @@ fn print_plan(plan: &pb::Plan) {
     }
 }
 
-/// Prints the per-agent outcome and chooses the exit code.
-fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
+/// Prints `result` as JSON on standard output.
+fn print_json(result: &pb::ApplyResult) -> ExitCode {
+    match serde_json::to_string_pretty(result) {
+        Ok(json) => {
+            gov_proto::outln!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            gov_proto::errln!("error: cannot encode the result as JSON: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints the per-agent outcome (the table only when `table`) and chooses
+/// the exit code.
+fn outcome(result: &pb::ApplyResult, wait: Duration, table: bool) -> ExitCode {
     let changed: Vec<&pb::ServicePlan> = result
         .plan
         .as_ref()
@@ -271,7 +358,7 @@ fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
             ]);
         }
     }
-    if rows.len() > 1 {
+    if rows.len() > 1 && table {
         gov_proto::out!("{}", remote::table(&rows));
     }
     // `unsaved` only when there are some: the line scripts read stays as it was.
@@ -280,9 +367,11 @@ fn outcome(result: &pb::ApplyResult, wait: Duration) -> ExitCode {
     } else {
         String::new()
     };
-    gov_proto::outln!(
-        "{synced} synced{unsaved_count}, {nacked} nacked, {stale} stale, {gone} disconnected."
-    );
+    if table {
+        gov_proto::outln!(
+            "{synced} synced{unsaved_count}, {nacked} nacked, {stale} stale, {gone} disconnected."
+        );
+    }
     if unsaved > 0 {
         gov_proto::errln!(
             "warning: {unsaved} agent(s) enforce the config but could not save it in their --state-dir (see DETAIL): a restart while govd is unreachable takes them back to their last saved config\n  help: make room in their state directory; the next config govd sends them (a new apply, or their next connection to govd) is saved"
@@ -322,6 +411,7 @@ pub fn plan_remote(
     remote: &RemoteArgs,
     report: &ReportArgs,
     detailed_exitcode: bool,
+    out: Option<&std::path::Path>,
 ) -> ExitCode {
     let files = match read_files(files) {
         Ok(f) => f,
@@ -341,6 +431,8 @@ pub fn plan_remote(
         who: who_am_i(),
         shadow: false,
         allow_remove_all: false,
+        expect_version: String::new(),
+        rollback_to: String::new(),
     };
     let result = match call_apply(remote, request) {
         Ok(r) => r,
@@ -353,6 +445,30 @@ pub fn plan_remote(
     gov_proto::out!("{}", plan.rendered);
     if !plan.rendered.ends_with('\n') {
         gov_proto::outln!();
+    }
+    if let Some(out) = out {
+        let saved = crate::cmd::saved::SavedPlan {
+            gov_plan: crate::cmd::saved::FORMAT,
+            planned_against: if result.version.is_empty() {
+                NOTHING_APPLIED.to_owned()
+            } else {
+                result.version.clone()
+            },
+            plan: plan.rendered.clone(),
+            sources: files
+                .into_iter()
+                .map(|(name, text)| crate::cmd::saved::Source { name, text })
+                .collect(),
+        };
+        if let Err(e) = crate::cmd::saved::write(out, &saved) {
+            gov_proto::errln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+        gov_proto::outln!(
+            "\nSaved this plan to {}: `govc apply {}` applies it as planned, and is refused if another version is applied first.",
+            out.display(),
+            out.display()
+        );
     }
     if detailed_exitcode && !plan.services.is_empty() {
         ExitCode::from(2)
@@ -389,6 +505,35 @@ fn print_diagnostics(
     reporter.emit(&reports).errors > 0
 }
 
+/// Policy files as (name, text).
+type Files = Vec<(String, String)>;
+
+/// The policy files of `paths`, or the sources of the one saved plan.
+fn read_input(
+    paths: &[PathBuf],
+) -> Result<(Files, Option<crate::cmd::saved::SavedPlan>), ExitCode> {
+    if let [path] = paths
+        && path.is_file()
+    {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        match crate::cmd::saved::parse(path, &text) {
+            None => {}
+            Some(Err(e)) => {
+                gov_proto::errln!("error: {e}");
+                return Err(ExitCode::FAILURE);
+            }
+            Some(Ok(mut saved)) => {
+                let sources = std::mem::take(&mut saved.sources)
+                    .into_iter()
+                    .map(|s| (s.name, s.text))
+                    .collect();
+                return Ok((sources, Some(saved)));
+            }
+        }
+    }
+    Ok((read_files(paths)?, None))
+}
+
 fn read_files(paths: &[PathBuf]) -> Result<Vec<(String, String)>, ExitCode> {
     let (paths, errors) = input::expand(paths);
     if let Some(e) = errors.into_iter().next() {
@@ -404,7 +549,7 @@ fn read_files(paths: &[PathBuf]) -> Result<Vec<(String, String)>, ExitCode> {
     Ok(files)
 }
 
-fn who_am_i() -> String {
+pub(crate) fn who_am_i() -> String {
     std::env::var("USER")
         .ok()
         .filter(|u| !u.is_empty())

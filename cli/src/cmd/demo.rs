@@ -507,6 +507,7 @@ async fn apply(url: &str, sources: Vec<pb::SourceFile>) -> Result<String, DemoEr
             who: "govc demo".into(),
             shadow: false,
             allow_remove_all: false,
+            ..Default::default()
         })
         .await
         .map_err(|s| DemoError::Apply {

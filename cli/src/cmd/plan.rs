@@ -35,6 +35,12 @@ pub struct Args {
     #[arg(long, env = "GOV_DETAILED_EXITCODE")]
     pub detailed_exitcode: bool,
 
+    /// Save the plan (against the control plane) to this file:
+    /// `govc apply PLAN` then applies exactly it, and is refused if another
+    /// version was applied since.
+    #[arg(long, value_name = "PLAN", conflicts_with = "against")]
+    pub out: Option<PathBuf>,
+
     /// Output format of the plan.
     #[arg(short = 'o', long = "output", value_enum, env = "GOV_OUTPUT", default_value_t = Output::Text)]
     pub output: Output,
@@ -62,6 +68,7 @@ pub fn run(args: Args) -> ExitCode {
             &args.remote,
             &args.report,
             args.detailed_exitcode,
+            args.out.as_deref(),
         );
     }
     let reporter = Reporter::new(args.report.error_format);
