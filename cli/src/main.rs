@@ -19,6 +19,7 @@ mod cmd {
     pub mod check;
     pub mod compile;
     pub mod demo;
+    pub mod enforced;
     pub mod fmt;
     pub mod history;
     pub mod lsp;
@@ -77,6 +78,9 @@ enum Command {
     /// Show govd's audit log: applies, releases and trips, with who did them.
     #[command(after_help = examples::AUDIT)]
     Audit(cmd::audit::Args),
+    /// Print the config an agent enforces now, and how it differs from the applied one.
+    #[command(after_help = examples::CONFIG)]
+    Config(cmd::enforced::Args),
     /// List the applied versions govd keeps, newest first.
     #[command(after_help = examples::HISTORY)]
     History(cmd::history::HistoryArgs),
@@ -160,6 +164,10 @@ Examples:
   govc audit --since 2h
   govc audit --since 2026-12-01 -o json
   govc audit --limit 20";
+    pub const CONFIG: &str = "\
+Examples:
+  govc config --agent order-7d9f
+  govc config --service order";
     pub const HISTORY: &str = "\
 Examples:
   govc history
@@ -221,6 +229,7 @@ fn main() -> ExitCode {
         Command::Release(args) => cmd::release::run(args),
         Command::Replay(args) => cmd::replay::run(args),
         Command::Audit(args) => cmd::audit::run(args),
+        Command::Config(args) => cmd::enforced::run(args),
         Command::History(args) => cmd::history::run_history(args),
         Command::Show(args) => cmd::history::run_show(args),
         Command::Rollback(args) => cmd::history::run_rollback(args),

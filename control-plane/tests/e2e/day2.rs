@@ -153,3 +153,67 @@ async fn history_show_rollback_saved_plans_and_json() {
         version.stdout
     );
 }
+
+/// `govc config --agent` shows what the agent enforces, not what was
+/// applied: after a NACK, the config it kept, the reason, and the difference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_shows_what_an_agent_enforces_after_a_nack() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state"))
+        .agent_token()
+        .start()
+        .await;
+    let up = upstream().await;
+    let _order = agent("order", "order-1")
+        .upstream(up)
+        .control_plane(&govd)
+        .token()
+        .start(dir.path())
+        .await;
+    let v1 = write(dir.path(), "v1.gov", V1);
+    assert_eq!(govc(&govd, Some(TOKEN), &["apply", &v1]).await.code, 0);
+    wait_until("the agent synced", Duration::from_secs(10), async || {
+        all_synced(&govd, &["order-1"]).await
+    })
+    .await;
+    let synced = govc(&govd, Some(VIEWER_TOKEN), &["config", "--agent", "order-1"]).await;
+    assert_eq!(synced.code, 0, "{}", synced.stderr);
+    assert!(synced.stdout.contains("SYNCED"), "{}", synced.stdout);
+    assert!(
+        synced.stdout.contains("the version in force"),
+        "{}",
+        synced.stdout
+    );
+    assert!(
+        synced.stdout.contains("service: order"),
+        "{}",
+        synced.stdout
+    );
+    assert!(synced.stderr.is_empty(), "{}", synced.stderr);
+
+    let bad = write(dir.path(), "cluster.gov", &cluster_limit());
+    assert_eq!(
+        govc(&govd, Some(TOKEN), &["apply", "--wait", "10s", &bad])
+            .await
+            .code,
+        1,
+        "the agent NACKs a cluster limit it has no store for"
+    );
+    let kept = govc(&govd, Some(VIEWER_TOKEN), &["config", "--agent", "order-1"]).await;
+    assert_eq!(kept.code, 0, "{}", kept.stderr);
+    assert!(kept.stdout.contains("NACKED"), "{}", kept.stdout);
+    assert!(
+        kept.stdout.contains("# it refused config"),
+        "{}",
+        kept.stdout
+    );
+    assert!(!kept.stdout.contains("name: order/shared"), "{}", kept.stdout);
+    assert!(
+        kept.stderr.contains("does not enforce the applied policy")
+            && kept.stderr.contains("order/shared"),
+        "{}",
+        kept.stderr
+    );
+    let unknown = govc(&govd, Some(VIEWER_TOKEN), &["config", "--agent", "nobody"]).await;
+    assert_eq!(unknown.code, 1);
+}
