@@ -34,6 +34,17 @@ pub struct Args {
     /// govd records the token's name instead.
     #[arg(long, env = "GOV_WHO")]
     pub who: Option<String>,
+
+    /// `text` for people, `json` for tools (govd's answer: what was
+    /// released, on which agents).
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -48,7 +59,7 @@ pub fn run(args: Args) -> ExitCode {
             "error: a fuse has no keys: drop --key to release `{}`",
             args.rule
         );
-        return ExitCode::from(2);
+        return ExitCode::from(crate::EXIT_USAGE);
     }
     let request = pb::ReleaseRequest {
         kind: match args.kind {
@@ -74,6 +85,16 @@ pub fn run(args: Args) -> ExitCode {
             .map_err(|s| args.remote.status(s))
     });
     match result {
+        Ok(Ok(r)) if args.output == Output::Json => match serde_json::to_string_pretty(&r) {
+            Ok(json) => {
+                gov_proto::outln!("{json}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                gov_proto::errln!("error: cannot encode the answer as JSON: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Ok(Ok(r)) => {
             gov_proto::outln!("{}", r.message);
             ExitCode::SUCCESS

@@ -139,6 +139,27 @@ async fn history_show_rollback_saved_plans_and_json() {
     assert_eq!(result["applied"], true);
     assert_eq!(result["version"], first.as_str());
 
+    // `release -o json`: govd's answer as JSON; a fuse with --key is a usage error.
+    let released = govc(
+        &govd,
+        Some(TOKEN),
+        &["release", "limit", "order/bursty", "-o", "json"],
+    )
+    .await;
+    assert_eq!(released.code, 0, "{}", released.stderr);
+    let answer: serde_json::Value = serde_json::from_str(&released.stdout).unwrap();
+    assert!(
+        answer["message"].as_str().unwrap().contains("order/bursty"),
+        "{answer}"
+    );
+    let keyed_fuse = govc(
+        &govd,
+        Some(TOKEN),
+        &["release", "fuse", "order/f", "--key", "x"],
+    )
+    .await;
+    assert_eq!(keyed_fuse.code, 64, "{}", keyed_fuse.stderr);
+
     let version = govc(&govd, Some(VIEWER_TOKEN), &["version"]).await;
     assert_eq!(version.code, 0);
     let client = env!("CARGO_PKG_VERSION");
@@ -207,7 +228,11 @@ async fn config_shows_what_an_agent_enforces_after_a_nack() {
         "{}",
         kept.stdout
     );
-    assert!(!kept.stdout.contains("name: order/shared"), "{}", kept.stdout);
+    assert!(
+        !kept.stdout.contains("name: order/shared"),
+        "{}",
+        kept.stdout
+    );
     assert!(
         kept.stderr.contains("does not enforce the applied policy")
             && kept.stderr.contains("order/shared"),
