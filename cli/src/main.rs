@@ -28,6 +28,7 @@ mod cmd {
     pub mod replay;
     pub mod saved;
     pub mod status;
+    pub mod suggest;
     pub mod tui;
 }
 #[cfg(test)]
@@ -75,6 +76,9 @@ enum Command {
     /// Run a policy over calls recorded by `gov-agent --decision-log` and show what it would decide.
     #[command(after_help = examples::REPLAY)]
     Replay(cmd::replay::Args),
+    /// Propose a policy from recorded traffic, and replay it over that traffic.
+    #[command(after_help = examples::SUGGEST)]
+    Suggest(cmd::suggest::Args),
     /// Show govd's audit log: applies, releases and trips, with who did them.
     #[command(after_help = examples::AUDIT)]
     Audit(cmd::audit::Args),
@@ -168,6 +172,10 @@ Examples:
 Examples:
   govc config --agent order-7d9f
   govc config --service order";
+    pub const SUGGEST: &str = "\
+Examples:
+  govc suggest --log order.jsonl
+  govc suggest --log logs/*.jsonl --service order --out proposed.gov";
     pub const HISTORY: &str = "\
 Examples:
   govc history
@@ -229,6 +237,7 @@ fn main() -> ExitCode {
         Command::Release(args) => cmd::release::run(args),
         Command::Replay(args) => cmd::replay::run(args),
         Command::Audit(args) => cmd::audit::run(args),
+        Command::Suggest(args) => cmd::suggest::run(args),
         Command::Config(args) => cmd::enforced::run(args),
         Command::History(args) => cmd::history::run_history(args),
         Command::Show(args) => cmd::history::run_show(args),

@@ -305,6 +305,51 @@ async fn a_replay_reproduces_the_live_decisions_and_shows_a_stricter_policy() {
             .unwrap()
             .is_empty()
     );
+
+    // `govc suggest` over the same log: a proposal that compiles, with a
+    // fail-fast bulkhead on the slow route, a limit per consumer and a fuse,
+    // and whose replay rejects what it says: nothing the limit and the fuse
+    // saw (the comments say the traffic seen would not trip or throttle).
+    let proposed = dir.path().join("proposed.gov");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_govc"))
+        .args(["suggest", "--log", log_arg, "--out"])
+        .arg(&proposed)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("Replayed over the same log"), "{stdout}");
+    let text = std::fs::read_to_string(&proposed).unwrap();
+    for rule in [
+        "bulkhead slow_calls on slow",
+        "limit per_consumer on all",
+        "fuse errors on all",
+    ] {
+        assert!(text.contains(rule), "{rule} in\n{text}");
+    }
+    let report = govc(&[
+        "replay",
+        proposed.to_str().unwrap(),
+        "--log",
+        log_arg,
+        "-o",
+        "json",
+    ]);
+    let replay = &report["replay"];
+    assert_eq!(rule(replay, "order/per_consumer")["rejected"], 0, "{text}");
+    assert_eq!(rule(replay, "order/errors")["rejected"], 0, "{text}");
+    assert!(
+        rule(replay, "order/errors")["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["event"] != "fuse_tripped"),
+        "{text}"
+    );
     agent.shutdown();
 }
 
