@@ -98,6 +98,13 @@ impl ControlPlane for FakeControlPlane {
         Err(Status::unimplemented("certify"))
     }
 
+    async fn history(
+        &self,
+        _: Request<gov_tui::proto::HistoryRequest>,
+    ) -> Result<Response<gov_tui::proto::HistoryResult>, Status> {
+        Err(Status::unimplemented("history"))
+    }
+
     async fn release(
         &self,
         request: Request<ReleaseRequest>,
