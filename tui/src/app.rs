@@ -8,7 +8,7 @@
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 use crate::history::History;
-use crate::proto::{
+use gov_proto::v1::{
     AgentView, ClusterView, FuseState, ReleaseKind, ReleaseResult, RuleView, SourceRef,
 };
 

@@ -12,8 +12,8 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::app::Msg;
-use crate::proto::control_plane_client::ControlPlaneClient;
-use crate::proto::{ReleaseKind, ReleaseRequest, ReleaseResult, WatchRequest};
+use gov_proto::v1::control_plane_client::ControlPlaneClient;
+use gov_proto::v1::{ReleaseKind, ReleaseRequest, ReleaseResult, WatchRequest};
 
 /// First and largest pause between reconnection attempts.
 const BACKOFF_MIN: Duration = Duration::from_millis(250);

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::proto::{ClusterView, Mode, RuleView};
+use gov_proto::v1::{ClusterView, Mode, RuleView};
 
 /// How much rejection history is kept per rule.
 pub const RATE_WINDOW_MS: u64 = 5 * 60 * 1000;
