@@ -72,8 +72,11 @@ fn the_kubernetes_example_gives_its_shutdown_enough_time() {
         let sidecar = &spec["initContainers"][0];
         assert_eq!(sidecar["restartPolicy"], "Always", "a native sidecar");
         assert_eq!(sidecar["readinessProbe"]["httpGet"]["path"], "/ready");
-        let hook = serde_yaml::to_string(&spec["containers"][0]["lifecycle"]["preStop"]).unwrap();
-        pre_stop = hook.contains("/terminate") && hook.contains("/live");
+        // `sh -c HOOK`: HOOK a string, as the API server requires.
+        let hook = spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][2].as_str();
+        pre_stop = hook.is_some_and(|h| h.contains("/terminate") && h.contains("/live"));
+        // runAsNonRoot needs a numeric user: the image's, given in the pod.
+        assert_eq!(sidecar["securityContext"]["runAsUser"].as_u64(), Some(65532));
     }
     let grace = Duration::from_secs(grace.expect("terminationGracePeriodSeconds"));
     assert!(

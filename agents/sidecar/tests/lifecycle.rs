@@ -685,14 +685,21 @@ async fn the_kubernetes_pre_stop_hook_runs_the_shutdown_steps() {
         "/../../deploy/kubernetes/stock.yaml"
     );
     let manifest = std::fs::read_to_string(manifest).unwrap();
-    let hook = manifest
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("- ")
-                .filter(|c| c.contains("/terminate"))
+    // As Kubernetes reads it: the Deployment's app container's preStop
+    // command, `sh -c HOOK`, whose HOOK must be a string (an unquoted `: `
+    // makes it a mapping, which the API server refuses).
+    let hook = serde_yaml::Deserializer::from_str(&manifest)
+        .map(|doc| <serde_yaml::Value as serde::Deserialize>::deserialize(doc).unwrap())
+        .find(|doc| doc["kind"] == "Deployment")
+        .and_then(|d| {
+            d["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]
+                ["command"][2]
+                .as_str()
+                .map(str::to_owned)
         })
-        .expect("stock.yaml has a preStop command that calls /terminate");
+        .expect("stock.yaml's app has a preStop command `sh -c HOOK`, HOOK a string");
+    assert!(hook.contains("/terminate"), "{hook}");
+    let hook = hook.as_str();
     let upstream = Upstream::start(0).await;
     let dir = tempfile::tempdir().unwrap();
     let path = config(
