@@ -36,7 +36,7 @@ pub struct RemoteArgs {
 
     /// Send the token over `http://` to a host that is not loopback anyway
     /// (a lab): anyone on the path can read and replay it.
-    #[arg(long, env = "GOV_ALLOW_CLEARTEXT_TOKEN")]
+    #[arg(long, env = "GOV_ALLOW_CLEARTEXT_TOKEN", value_parser = clap::builder::BoolishValueParser::new())]
     pub allow_cleartext_token: bool,
 }
 

@@ -123,6 +123,44 @@ fn usage_errors_exit_64() {
         .code(64);
 }
 
+/// A boolean flag's variable takes the spellings people write (`1`, `yes`,
+/// `on`, `true` and their opposites), as every gov binary's do; anything else
+/// is a usage error.
+#[test]
+fn boolean_variables_take_1_yes_on_and_true() {
+    let policy = "service order {\n  match slow = path prefix \"/slow\"\n  bulkhead b on slow {\n    max_concurrent 2\n  }\n}\n";
+    let (_dir, old) = file_with("old.gov", policy);
+    let (_dir2, new) = file_with("new.gov", &policy.replace('2', "3"));
+    for yes in ["1", "yes", "on", "true", "TRUE"] {
+        govc()
+            .args(["plan"])
+            .arg(&old)
+            .arg("--against")
+            .arg(&new)
+            .env("GOV_DETAILED_EXITCODE", yes)
+            .assert()
+            .code(2);
+    }
+    for no in ["0", "no", "off", "false"] {
+        govc()
+            .args(["plan"])
+            .arg(&old)
+            .arg("--against")
+            .arg(&new)
+            .env("GOV_DETAILED_EXITCODE", no)
+            .assert()
+            .code(0);
+    }
+    govc()
+        .args(["plan"])
+        .arg(&old)
+        .arg("--against")
+        .arg(&new)
+        .env("GOV_DETAILED_EXITCODE", "maybe")
+        .assert()
+        .code(64);
+}
+
 #[test]
 fn help_and_version_exit_0_on_stdout() {
     govc()

@@ -18,7 +18,7 @@ pub struct Args {
     pub report: ReportArgs,
 
     /// Exit 1 on warnings as well as errors.
-    #[arg(long, env = "GOV_DENY_WARNINGS")]
+    #[arg(long, env = "GOV_DENY_WARNINGS", value_parser = clap::builder::BoolishValueParser::new())]
     pub deny_warnings: bool,
 
     /// Check each file as a policy of its own. By default the files together

@@ -34,7 +34,7 @@ pub struct Args {
     pub output: Output,
 
     /// Exit 1 on warnings as well as errors.
-    #[arg(long, env = "GOV_DENY_WARNINGS")]
+    #[arg(long, env = "GOV_DENY_WARNINGS", value_parser = clap::builder::BoolishValueParser::new())]
     pub deny_warnings: bool,
 
     #[command(flatten)]

@@ -32,7 +32,7 @@ pub struct Args {
     pub against: Vec<PathBuf>,
 
     /// Exit 0 when nothing changes, 2 when something does, 1 on errors.
-    #[arg(long, env = "GOV_DETAILED_EXITCODE")]
+    #[arg(long, env = "GOV_DETAILED_EXITCODE", value_parser = clap::builder::BoolishValueParser::new())]
     pub detailed_exitcode: bool,
 
     /// Save the plan (against the control plane) to this file:

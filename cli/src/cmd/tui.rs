@@ -15,7 +15,7 @@ pub struct Args {
     pub service: Option<String>,
 
     /// Hide and refuse releasing fuses and limits.
-    #[arg(long, env = "GOV_READONLY")]
+    #[arg(long, env = "GOV_READONLY", value_parser = clap::builder::BoolishValueParser::new())]
     pub readonly: bool,
 }
 

@@ -88,7 +88,7 @@ struct Args {
 
     /// Run without tokens: every call is open and the audit records who the
     /// client says it is. Only on a loopback --listen address.
-    #[arg(long, env = "GOV_INSECURE", conflicts_with = "token_file")]
+    #[arg(long, env = "GOV_INSECURE", value_parser = clap::builder::BoolishValueParser::new(), conflicts_with = "token_file")]
     insecure: bool,
 
     /// TLS on the gRPC listener: the server certificate (PEM, chain first).

@@ -58,7 +58,7 @@ struct Args {
     /// Allow `--admin-listen` on an address other than loopback (`/shutdown`
     /// stops the agent, `/metrics` shows the traffic): only behind a network
     /// that only the platform reaches.
-    #[arg(long, env = "GOV_ADMIN_ALLOW_REMOTE")]
+    #[arg(long, env = "GOV_ADMIN_ALLOW_REMOTE", value_parser = clap::builder::BoolishValueParser::new())]
     admin_allow_remote: bool,
 
     /// The target config (YAML or JSON, as `govc compile` prints it), reloaded when
@@ -107,7 +107,7 @@ struct Args {
     /// Send the agent token over `http://` to a --control-plane host that
     /// is not loopback anyway (a lab): anyone on the path can read it and
     /// claim this service's instances. Without it the agent refuses to start.
-    #[arg(long, env = "GOV_ALLOW_CLEARTEXT_TOKEN")]
+    #[arg(long, env = "GOV_ALLOW_CLEARTEXT_TOKEN", value_parser = clap::builder::BoolishValueParser::new())]
     allow_cleartext_token: bool,
 
     /// The CA (PEM) that signed govd's certificate; needs an `https://`
@@ -130,7 +130,7 @@ struct Args {
     /// agent makes its key in memory, asks with its
     /// --control-plane-token-file, connects with the certificate, and renews
     /// it at two thirds of its life.
-    #[arg(long, env = "GOV_IDENTITY", requires_all = ["control_plane", "tls_ca", "control_plane_token_file"], conflicts_with = "tls_cert")]
+    #[arg(long, env = "GOV_IDENTITY", value_parser = clap::builder::BoolishValueParser::new(), requires_all = ["control_plane", "tls_ca", "control_plane_token_file"], conflicts_with = "tls_cert")]
     identity: bool,
 
     /// The protocol spoken to upstreams: `http1`, `http2` (prior knowledge, h2c), or
