@@ -76,7 +76,10 @@ fn the_kubernetes_example_gives_its_shutdown_enough_time() {
         let hook = spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][2].as_str();
         pre_stop = hook.is_some_and(|h| h.contains("/terminate") && h.contains("/live"));
         // runAsNonRoot needs a numeric user: the image's, given in the pod.
-        assert_eq!(sidecar["securityContext"]["runAsUser"].as_u64(), Some(65532));
+        assert_eq!(
+            sidecar["securityContext"]["runAsUser"].as_u64(),
+            Some(65532)
+        );
     }
     let grace = Duration::from_secs(grace.expect("terminationGracePeriodSeconds"));
     assert!(
