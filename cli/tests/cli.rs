@@ -161,6 +161,22 @@ fn boolean_variables_take_1_yes_on_and_true() {
         .code(64);
 }
 
+/// `GOV_OUTPUT` and `GOV_SERVICE` (an agent's identity) mean nothing to
+/// govc: one command's output format is another's error, and a compile of
+/// every service must not quietly become a compile of one.
+#[test]
+fn an_agents_environment_does_not_change_govc() {
+    let (_dir, path) = file_with("p.gov", FORMATTED);
+    govc()
+        .arg("compile")
+        .arg(&path)
+        .env("GOV_OUTPUT", "text")
+        .env("GOV_SERVICE", "billing")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("service: order"));
+}
+
 #[test]
 fn help_and_version_exit_0_on_stdout() {
     govc()

@@ -75,7 +75,7 @@ pub struct Args {
     /// `text` for people; `json` prints only the result (version, plan,
     /// each agent's outcome) as one JSON object, and needs --auto-approve
     /// or a saved plan.
-    #[arg(short = 'o', long = "output", value_enum, env = "GOV_OUTPUT", default_value_t = Output::Text)]
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Text)]
     pub output: Output,
 
     #[command(flatten)]

@@ -26,11 +26,11 @@ pub struct Args {
     pub files: Vec<PathBuf>,
 
     /// Print only the config of this service.
-    #[arg(long, value_name = "NAME", env = "GOV_SERVICE")]
+    #[arg(long, value_name = "NAME")]
     pub service: Option<String>,
 
     /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, env = "GOV_OUTPUT", default_value_t = Output::Yaml)]
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Yaml)]
     pub output: Output,
 
     /// Exit 1 on warnings as well as errors.

@@ -42,7 +42,7 @@ pub struct Args {
     pub out: Option<PathBuf>,
 
     /// Output format of the plan.
-    #[arg(short = 'o', long = "output", value_enum, env = "GOV_OUTPUT", default_value_t = Output::Text)]
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Text)]
     pub output: Output,
 
     #[command(flatten)]

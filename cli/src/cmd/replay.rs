@@ -44,7 +44,7 @@ pub struct Args {
     pub log: Vec<PathBuf>,
 
     /// Replay only the calls of this service.
-    #[arg(long, short = 's', value_name = "NAME", env = "GOV_SERVICE")]
+    #[arg(long, short = 's', value_name = "NAME")]
     pub service: Option<String>,
 
     /// Another policy (the one in force, say) to compare with: what changes
@@ -53,7 +53,7 @@ pub struct Args {
     pub against: Vec<PathBuf>,
 
     /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, env = "GOV_OUTPUT", default_value_t = Output::Text)]
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Text)]
     pub output: Output,
 
     #[command(flatten)]
