@@ -82,10 +82,12 @@ pub fn init(format: LogFormat) -> Result<(), FilterError> {
         .log_internal_errors(false);
     // `try_init` fails only when a subscriber is already installed (a second
     // call); the first one stays, which is what the caller wants.
+    crate::report::set_json(format == LogFormat::Json);
+    // Colour on a terminal, unless NO_COLOR is set (https://no-color.org).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let _ = match format {
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
+        LogFormat::Text => builder.with_ansi(colour).try_init(),
         LogFormat::Json => builder
             .json()
             .flatten_event(true)
