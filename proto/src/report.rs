@@ -70,7 +70,6 @@ pub fn rfc3339(unix_ms: u64) -> String {
     )
 }
 
-
 fn render(error: &(dyn miette::Diagnostic + 'static)) -> String {
     let mut out = match error.code() {
         Some(code) => format!("error[{code}]: {error}\n"),
