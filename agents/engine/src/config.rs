@@ -46,6 +46,9 @@ pub struct CompiledConfig {
     pub paths: gov_proto::path::Dialect,
     /// Every rule; `RuleId(i)` is `rules[i]`.
     pub rules: Vec<Rule>,
+    /// The consumer header, then the headers rules match on, each once: what
+    /// the proxy checks reach the upstream as judged ([`crate::judged`]).
+    judged: Box<[HeaderName]>,
     pub(crate) inbound: Router,
     pub(crate) outbound: Router,
 }
@@ -119,6 +122,9 @@ impl CompiledConfig {
             consumer_header: HeaderName::from_static(gov_proto::compiled::CONSUMER_HEADER),
             paths: gov_proto::path::Dialect::default(),
             rules: Vec::new(),
+            judged: Box::new([HeaderName::from_static(
+                gov_proto::compiled::CONSUMER_HEADER,
+            )]),
             inbound: Router::default(),
             outbound: Router::default(),
         }
@@ -133,6 +139,13 @@ impl CompiledConfig {
             rule.on.headers(&mut out);
         }
         out
+    }
+
+    /// The consumer header, then the headers the rules match on, each once:
+    /// the headers a decision reads, which must reach the upstream as judged
+    /// ([`crate::judged::check`]).
+    pub fn judged_headers(&self) -> &[HeaderName] {
+        &self.judged
     }
 
     /// The rule called `name` (`service/rule`).
@@ -191,6 +204,10 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             rules.iter().map(|r| (r.direction, &r.on)),
             Direction::Outbound,
         );
+        let mut judged = vec![consumer_header.clone()];
+        for r in &rules {
+            r.on.headers(&mut judged);
+        }
         Ok(Self {
             service: t.service.as_str().into(),
             domain: t.domain.as_str().into(),
@@ -198,6 +215,7 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             consumer_header,
             paths,
             rules,
+            judged: judged.into_boxed_slice(),
             inbound,
             outbound,
         })

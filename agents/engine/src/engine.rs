@@ -28,10 +28,11 @@ use crate::config::{CompiledConfig, InvalidConfig, LimitScope, RuleKind, RuleSpe
 pub use crate::decision::{Decision, Observe};
 use crate::decision::{admit_matched, observed, route};
 use crate::events::{Event, Events};
+use crate::judged::JudgedHeaderError;
 use crate::latch::{Latch, LatchKind, Restored};
 use crate::rejection::Rejection;
 pub use crate::request::{RequestInfo, Target};
-use crate::route::Matched;
+use crate::route::{Headers, Matched};
 use crate::snapshot::{CACHE, Snapshot};
 use crate::state::State;
 use crate::state::bulkhead::Bulkhead;
@@ -290,6 +291,15 @@ impl Engine {
     /// request, without cloning the config).
     pub fn path_dialect(&self) -> gov_proto::path::Dialect {
         self.shared.current.load().config.paths
+    }
+
+    /// Whether the headers the config in force judges (the consumer header,
+    /// those rules match on) can reach the upstream as judged: each once,
+    /// without surrounding whitespace, not spelled with `_`, not named by
+    /// `connection` ([`crate::judged`]). Read per request, without cloning
+    /// the config.
+    pub fn check_judged(&self, headers: Headers<'_>) -> Result<(), JudgedHeaderError> {
+        crate::judged::check(headers, self.shared.current.load().config.judged_headers())
     }
 
     /// Events (fuse tripped, limit engaged, released) from now on.

@@ -73,6 +73,7 @@ pub mod decision;
 pub mod engine;
 pub mod events;
 pub mod grpc;
+pub mod judged;
 pub mod latch;
 pub mod layer;
 pub mod outcome;
@@ -96,6 +97,7 @@ pub use engine::{
 };
 pub use events::{Event, EventKind};
 pub use gov_proto::path;
+pub use judged::JudgedHeaderError;
 pub use latch::{InvalidLatch, Latch, LatchKind, Restored};
 pub use layer::{CallError, CallTarget, Govern, GovernLayer};
 pub use outcome::Outcome;

@@ -56,10 +56,9 @@ pub(crate) use self::pool::IdlePool;
 use self::pool::{Dest, Upstream, connect};
 pub(crate) use self::prefixed::Prefixed;
 use self::relay::{Broke, Leg, READ_CHUNK, Received, receive, relay, within};
-use super::listener::{Failure, Shared, Side, target_service};
+use super::listener::{Failure, Shared, Side, path_dialect, target_service};
 use super::upstream::Pick;
 use gov_engine::engine::Target;
-use gov_engine::path::Dialect;
 use gov_engine::{Admission, Direction, Headers, Outcome, RequestInfo};
 
 /// A client stream: TCP in the agent, in-memory in tests.
@@ -270,6 +269,12 @@ impl Conn<'_> {
                 return Some(false);
             }
         };
+        // The consumer header and the headers rules match on reach the upstream
+        // as the engine judges them, or the request is refused.
+        if let Err(error) = cx.shared.engine.check_judged(Headers::Raw(req.headers)) {
+            refuse(client, cx, Refusal::BadRequest(error.body())).await;
+            return Some(false);
+        }
         let head = Head {
             len: req.len,
             method: req.method.clone(),
@@ -662,16 +667,6 @@ impl Conn<'_> {
 /// Answers a refused request; the caller then closes the connection: after a framing
 /// error nothing that follows on it can be trusted to start a request. (Rare: the
 /// answer gets a buffer of its own, so the head it refuses can stay borrowed.)
-/// How the upstream of a listener reads request paths: the service's declared
-/// `paths` for its own instance (inbound), the default for calls to others,
-/// whose declarations this agent does not have. Both paths read it here.
-pub(crate) fn path_dialect(shared: &Shared, side: Side) -> Dialect {
-    match side {
-        Side::Inbound => shared.engine.path_dialect(),
-        Side::Outbound => Dialect::Strict,
-    }
-}
-
 async fn refuse(client: &mut impl Io, cx: &Listener, refusal: Refusal) {
     tracing::debug!(?refusal, "refused a request");
     cx.conns.refused.fetch_add(1, Ordering::Relaxed);

@@ -31,9 +31,9 @@ use tower::{Layer, Service, ServiceExt};
 
 use super::abandoned::{Budget, Detached, Held, Hold, Inner};
 use super::h1::codec::{MAX_HEADERS, Refusal, valid_authority};
-use super::h1::path_dialect;
+
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
-use super::listener::{Failure, Shared, Side, target_service};
+use super::listener::{Failure, Shared, Side, path_dialect, target_service};
 use super::serve::Connections;
 use super::upstream::{Pick, PickedBody, UpstreamBody, UpstreamClient};
 use crate::decision_log::DecisionLog;
@@ -122,7 +122,13 @@ impl Handler {
     /// Governs and forwards one request.
     async fn respond(self, mut req: Request<Incoming>) -> Response<Inner> {
         let conn = &self.0.get_ref().0;
-        if let Err(refusal) = check(&mut req, path_dialect(&conn.shared, conn.side)) {
+        let checked = check(&mut req, path_dialect(&conn.shared, conn.side)).and_then(|()| {
+            conn.shared
+                .engine
+                .check_judged(gov_engine::Headers::Map(req.headers()))
+                .map_err(|error| Refusal::BadRequest(error.body()))
+        });
+        if let Err(refusal) = checked {
             tracing::debug!(?refusal, "refused a request");
             conn.conns.refused.fetch_add(1, Ordering::Relaxed);
             let mut response = failure_response(Failure::refused(refusal.answer()));
@@ -207,6 +213,19 @@ fn check<B>(req: &mut Request<B>, dialect: Dialect) -> Result<(), Refusal> {
     }) {
         return Err(Refusal::BadRequest(
             "gov-agent: a framing header is spelled with `_`\n",
+        ));
+    }
+    // RFC 9113 section 8.2.1: a field value with leading or trailing whitespace
+    // is malformed in HTTP/2 (h2 lets it through). An HTTP/1.1 upstream would
+    // trim what the engine read untrimmed.
+    if req.version() == http::Version::HTTP_2
+        && headers.values().any(|v| {
+            let ws = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
+            ws(v.as_bytes().first()) || ws(v.as_bytes().last())
+        })
+    {
+        return Err(Refusal::BadRequest(
+            "gov-agent: an HTTP/2 field value has leading or trailing whitespace\n",
         ));
     }
     if headers.get_all(header::HOST).iter().nth(1).is_some() {

@@ -52,14 +52,67 @@ rules:
     on: { path: { kind: PATH_KIND_PREFIX, value: / } }
     limit:
       calls: { amount: 1000000000, window_ms: 3600000 }
+  - name: shop/crm
+    on: { consumer: crm }
+    limit:
+      calls: { amount: 1000000000, window_ms: 3600000 }
+  - name: shop/gold
+    on: { header: { name: x-tier, value: gold } }
+    limit:
+      calls: { amount: 1000000000, window_ms: 3600000 }
 "#;
 
-/// The rules above, with the path each counts (`None`: every path).
-const COUNTED: [(&str, Option<&str>); 3] = [
-    ("shop/a", Some("/a")),
-    ("shop/lim", Some("/lim")),
-    ("shop/all", None),
+/// What a rule above counts, as the upstream reads a request.
+#[derive(Clone, Copy, Debug)]
+enum On {
+    /// The path (`None`: every path).
+    Path(Option<&'static str>),
+    /// One copy of this header with this value: the consumer header, or a
+    /// header a rule matches on (issue 29).
+    Header(&'static str, &'static str),
+}
+
+/// The headers the rules judge (the consumer header first).
+const JUDGED: [&str; 2] = ["x-gov-consumer", "x-tier"];
+
+/// The rules above, with what each counts.
+const COUNTED: [(&str, On); 5] = [
+    ("shop/a", On::Path(Some("/a"))),
+    ("shop/lim", On::Path(Some("/lim"))),
+    ("shop/all", On::Path(None)),
+    ("shop/crm", On::Header("x-gov-consumer", "crm")),
+    ("shop/gold", On::Header("x-tier", "gold")),
 ];
+
+impl On {
+    fn counts(self, req: &Req, path: &str) -> bool {
+        match self {
+            On::Path(p) => p.is_none_or(|p| p == path),
+            On::Header(name, value) => req.header(name) == Some(value.as_bytes()),
+        }
+    }
+}
+
+/// Whether a strict recipient reads each judged header of `req` as the
+/// engine does: at most once, not spelled with `_`, not named by
+/// `connection` (the agent refuses the rest with 400).
+fn judged_as_read(req: &Req) -> bool {
+    let dashed = |n: &str| n.replace('_', "-");
+    JUDGED.iter().all(|j| {
+        req.count(j) <= 1
+            && !req
+                .headers
+                .iter()
+                .any(|(n, _)| n.contains('_') && dashed(n).eq_ignore_ascii_case(j))
+            && !req.headers.iter().any(|(n, v)| {
+                n.eq_ignore_ascii_case("connection")
+                    && v.split(|&b| b == b',').any(|t| {
+                        let t = String::from_utf8_lossy(t.trim_ascii()).into_owned();
+                        dashed(&t).eq_ignore_ascii_case(j)
+                    })
+            })
+    })
+}
 
 /// The classic vectors, each a whole client stream.
 const VECTORS: &[&[u8]] = &[
@@ -91,6 +144,13 @@ const VECTORS: &[&[u8]] = &[
     // Duplicate hosts, absolute form without one.
     b"GET /a HTTP/1.1\r\nhost: x\r\nhost: y\r\n\r\n",
     b"GET http://x/lim HTTP/1.1\r\n\r\n",
+    // The consumer twice, `_` for `-`, named by `connection`; then an honest
+    // one (issue 29).
+    b"GET /a HTTP/1.1\r\nhost: x\r\nx-gov-consumer: web\r\nx-gov-consumer: crm\r\n\r\n",
+    b"GET /a HTTP/1.1\r\nhost: x\r\nx-gov-consumer: web\r\nx_gov_consumer: crm\r\n\r\n",
+    b"GET /a HTTP/1.1\r\nhost: x\r\nx-gov-consumer: crm\r\nconnection: x-gov-consumer\r\n\r\n",
+    b"GET /a HTTP/1.1\r\nhost: x\r\nx-tier: gold\r\nx-tier: silver\r\n\r\n",
+    b"GET /a HTTP/1.1\r\nhost: x\r\nx-gov-consumer: \tcrm \r\nx-tier: gold\r\n\r\nGET /a HTTP/1.1\r\nhost: x\r\nx-gov-consumer: crm\r\nconnection: keep-alive, x-tier\r\n\r\n",
     // Path spellings, pipelined.
     b"GET //lim HTTP/1.1\r\nhost: x\r\n\r\nGET /./lim HTTP/1.1\r\nhost: x\r\n\r\nGET /%6cim HTTP/1.1\r\nhost: x\r\n\r\nGET /x/../lim HTTP/1.1\r\nhost: x\r\n\r\nGET /%2flim HTTP/1.1\r\nhost: x\r\n\r\n",
     // Path parameters: kept on a named last segment, else refused.
@@ -131,6 +191,9 @@ fn oracle(stream: &[u8]) -> (Vec<Seen>, Stop) {
                 let Some(path) = normalize(req.path()) else {
                     return (seen, Stop::Invalid);
                 };
+                if !judged_as_read(&req) {
+                    return (seen, Stop::Invalid);
+                }
                 // The agent closes after a request that asks it to.
                 let close = req.headers.iter().any(|(name, value)| {
                     name.eq_ignore_ascii_case("connection")
@@ -318,12 +381,18 @@ async fn check(
         .iter()
         .map(|r| (r.method.clone(), r.path().to_owned(), r.body.clone()))
         .collect();
+    if let Some(r) = received.iter().find(|r| !judged_as_read(r)) {
+        return Err(format!(
+            "the upstream received a judged header the engine may not have read: {r:?}, for {show:?}"
+        ));
+    }
 
     // 1. Nothing unjudged reaches the upstream.
-    for (i, (rule, path)) in COUNTED.iter().enumerate() {
-        let on_path = seen
+    for (i, (rule, on)) in COUNTED.iter().enumerate() {
+        let on_path = received
             .iter()
-            .filter(|(_, p, _)| path.is_none_or(|path| p == path))
+            .zip(&seen)
+            .filter(|(r, (_, p, _))| on.counts(r, p))
             .count() as u64;
         let grew = after[i] - before[i];
         if grew < on_path || grew > on_path + 1 {
@@ -401,6 +470,75 @@ async fn the_classic_smuggling_vectors_reach_the_upstream_only_as_judged() {
     }
 }
 
+/// Judged headers over h2c (hyper's path): the upstream receives a request
+/// only as the engine judged it, with each judged header once and the value
+/// the engine read; whatever the two could read differently is refused.
+#[tokio::test]
+async fn judged_headers_over_h2c_reach_the_upstream_only_as_judged() {
+    let (up, agent) = setup().await;
+    let addr = agent.sidecar.inbound_addr();
+    let cases: &[&[(&str, &str)]] = &[
+        &[("x-gov-consumer", "crm")],
+        &[("x-gov-consumer", "crm ")],
+        &[("x-gov-consumer", "\tcrm")],
+        &[("x-gov-consumer", "web"), ("x-gov-consumer", "crm")],
+        &[("x-gov-consumer", "crm"), ("x-gov-consumer", "crm")],
+        &[("x_gov_consumer", "crm")],
+        &[("x-tier", "gold"), ("x-gov-consumer", "crm")],
+        &[("x-tier", "gold "), ("x-gov-consumer", "crm")],
+        &[("x-tier", "silver"), ("x-tier", "gold")],
+        &[("x-tier", "gold"), ("x-other", "\t1")],
+        &[("x-gov-consumer", "web")],
+    ];
+    for fields in cases {
+        let before = admitted(&agent);
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+        let connection = tokio::spawn(connection);
+        let mut req = http::Request::get(format!("http://{addr}/a"));
+        for (name, value) in *fields {
+            req = req.header(*name, http::HeaderValue::from_str(value).unwrap());
+        }
+        let mut client = client.ready().await.unwrap();
+        let (response, _) = client.send_request(req.body(()).unwrap(), true).unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(10), response)
+            .await
+            .expect("answered within 10 s")
+            .unwrap()
+            .status()
+            .as_u16();
+        connection.abort();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let received: Vec<Req> = up.take().into_iter().map(Result::unwrap).collect();
+        let after = admitted(&agent);
+        // What an HTTP/1.1 recipient reads (trimmed, first copy) is what the
+        // engine read; else the agent refused.
+        let honest = {
+            let names: Vec<&str> = fields.iter().map(|(n, _)| *n).collect();
+            let mut unique = names.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            unique.len() == names.len()
+                && fields
+                    .iter()
+                    .all(|(n, v)| !n.contains('_') && v.trim() == *v)
+        };
+        assert_eq!(status, if honest { 200 } else { 400 }, "{fields:?}");
+        assert_eq!(received.len(), usize::from(honest), "{fields:?}");
+        for r in &received {
+            assert!(judged_as_read(r), "{r:?}");
+        }
+        for (i, (rule, on)) in COUNTED.iter().enumerate() {
+            let counted = received.iter().filter(|r| on.counts(r, r.path())).count() as u64;
+            assert_eq!(
+                after[i] - before[i],
+                counted,
+                "rule {rule} for {fields:?}: received {received:?}"
+            );
+        }
+    }
+}
+
 /// One generated request: well formed unless mutated afterwards.
 #[derive(Clone, Debug)]
 struct Gen {
@@ -412,6 +550,8 @@ struct Gen {
     chunk: usize,
     connection: Option<&'static str>,
     extra: Option<(&'static str, &'static str)>,
+    /// Judged header fields, each a whole `name: value` line (issue 29).
+    judged: Option<&'static str>,
 }
 
 impl Gen {
@@ -427,6 +567,9 @@ impl Gen {
         }
         if let Some((name, value)) = self.extra {
             out.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+        }
+        if let Some(lines) = self.judged {
+            out.extend_from_slice(lines.as_bytes());
         }
         match self.framing {
             0 if self.body.is_empty() => out.extend_from_slice(b"\r\n"),
@@ -484,6 +627,8 @@ fn gen_request() -> impl Strategy<Value = Gen> {
             "content-length",
             "transfer-encoding",
             "host, x-a",
+            "x-gov-consumer",
+            "keep-alive, X-Tier",
         ])),
         prop::option::of(prop::sample::select(vec![
             ("x-a", "1"),
@@ -492,9 +637,10 @@ fn gen_request() -> impl Strategy<Value = Gen> {
             ("content-length", "3"),
             ("transfer-encoding", "chunked"),
         ])),
+        prop::option::of(prop::sample::select(JUDGED_LINES.to_vec())),
     )
         .prop_map(
-            |(method, target, host, body, framing, chunk, connection, extra)| Gen {
+            |(method, target, host, body, framing, chunk, connection, extra, judged)| Gen {
                 method,
                 target,
                 host,
@@ -503,8 +649,36 @@ fn gen_request() -> impl Strategy<Value = Gen> {
                 chunk,
                 connection,
                 extra,
+                judged,
             },
         )
+}
+
+/// Spellings of the judged headers, honest and hostile (issue 29).
+const JUDGED_LINES: [&str; 10] = [
+    "x-gov-consumer: crm\r\n",
+    "X-Gov-Consumer: web\r\n",
+    "x-gov-consumer:  crm \t\r\n",
+    "x-gov-consumer: web\r\nx-gov-consumer: crm\r\n",
+    "x-gov-consumer: crm\r\nx-gov-consumer: crm\r\n",
+    "x_gov_consumer: crm\r\n",
+    "x-tier: gold\r\n",
+    "x-tier: gold\r\nx-gov-consumer: crm\r\n",
+    "x-tier: silver\r\nX-TIER: gold\r\n",
+    "x-tier:\tgold \r\n",
+];
+
+/// Whether a line of [`JUDGED_LINES`] is read alike by every recipient.
+fn judged_line_ok(lines: &str) -> bool {
+    let names: Vec<String> = lines
+        .split("\r\n")
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, _)| n.to_ascii_lowercase())
+        .collect();
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    unique.len() == names.len() && !names.iter().any(|n| n.contains('_'))
 }
 
 /// A byte mutation at a position given as a fraction of the stream.
@@ -587,6 +761,8 @@ fn generated_and_mutated_streams_reach_the_upstream_only_as_judged() {
         let valid = requests.iter().all(|r| {
             r.host == 1
                 && !matches!(r.extra, Some(("content-length" | "transfer-encoding", _)))
+                && r.judged.is_none_or(judged_line_ok)
+                && !matches!(r.connection, Some("x-gov-consumer" | "keep-alive, X-Tier"))
                 && !matches!(
                     r.target,
                     "/%2flim"

@@ -19,6 +19,7 @@ mod h1;
 mod h2_bounds;
 mod h2spec;
 mod hostile;
+mod identity;
 mod latches;
 mod paths;
 mod proxy;
