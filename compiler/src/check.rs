@@ -26,6 +26,7 @@ pub mod duplicate_setting;
 pub mod fixed_wait;
 pub mod grpc_name;
 pub mod grpc_status;
+pub mod key_cap;
 pub mod match_cycle;
 pub mod missing_field;
 pub mod mixed_direction;
@@ -66,6 +67,7 @@ pub const CODES: &[&str] = &[
     "gov::missing-field",
     "gov::non-positive",
     "gov::too-large",
+    "gov::key-cap",
     "gov::percent-out-of-range",
     "gov::threshold-kind",
     "gov::invalid-status",
@@ -108,6 +110,7 @@ const CHECKS: &[Check] = &[
     missing_field::check,
     non_positive::check,
     too_large::check,
+    key_cap::check,
     percent_range::check,
     threshold_kind::check,
     status_code::check,

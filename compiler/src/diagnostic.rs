@@ -66,6 +66,8 @@ diagnostics! {
     MissingField(missing_field::MissingField),
     NonPositive(non_positive::NonPositive),
     TooLarge(too_large::TooLarge),
+    KeyCapUnkeyed(key_cap::Unkeyed),
+    KeyCapTooMany(key_cap::TooManyKeys),
     PercentOutOfRange(percent_range::PercentOutOfRange),
     ThresholdKind(threshold_kind::ThresholdKind),
     InvalidStatus(status_code::InvalidStatus),

@@ -23,6 +23,7 @@ use crate::lower::Lower;
 
 pub(crate) mod bulkhead;
 pub(crate) mod fuse;
+pub(crate) mod keys;
 pub(crate) mod limit;
 
 /// Every rule kind, in the order of the wire's `Rule.spec`.

@@ -348,3 +348,38 @@ fn paths_servlet_lowers_to_the_config_shows_in_a_plan_and_reads_match_paths_as_a
         "{d:?}"
     );
 }
+
+/// `max_keys` and `overflow` reach the wire (issue 29); without them the
+/// wire says 0 (the agent's `--max-keys-per-rule`) and share.
+#[test]
+fn key_caps_are_lowered() {
+    use gov_proto::v1::{KeyOverflow, rule::Spec};
+    let text = r#"
+service order {
+  match api = path prefix "/api"
+  limit capped on api {
+    calls 100 per 1m
+    per consumer
+    max_keys 20000
+    overflow reject
+  }
+  limit plain on api {
+    calls 5 per 1s
+    per consumer
+  }
+}
+"#;
+    let b = bundle(&[SourceFile::new("caps.gov", text.to_owned())]);
+    let rules = &b.targets[0].rules;
+    let limit = |name: &str| match rules.iter().find(|r| r.name == name).unwrap().spec.as_ref() {
+        Some(Spec::Limit(l)) => *l,
+        other => panic!("{other:?}"),
+    };
+    let capped = limit("order/capped");
+    assert_eq!(
+        (capped.max_keys, capped.overflow()),
+        (20000, KeyOverflow::Reject)
+    );
+    let plain = limit("order/plain");
+    assert_eq!((plain.max_keys, plain.overflow()), (0, KeyOverflow::Share));
+}

@@ -12,6 +12,11 @@ use crate::v1::{Mode, Rule, TargetConfig, warmup_step::Step as WarmupStep};
 /// The request header that carries the caller's identity.
 pub const CONSUMER_HEADER: &str = "x-gov-consumer";
 
+/// The most keys one keyed limit or bulkhead may track (`max_keys`, the
+/// agent's `--max-keys-per-rule`): the compiler and the agents refuse more,
+/// since each key holds memory in every agent.
+pub const MAX_KEYS_PER_RULE: u32 = 1 << 20;
+
 /// How long a `sync exact` limit's call waits for the shared store when
 /// its text names no `timeout` (then its `fallback` decides the call).
 pub const SYNC_EXACT_TIMEOUT_MS: u64 = 100;

@@ -9,7 +9,7 @@ use gov_proto::v1::{
     TargetConfig, Trip, TripMetric, Wait, Warmup, WarmupStep, action, match_expr, recovery,
     release, shutdown_step, warmup_step,
 };
-use gov_proto::v1::{GrpcCode, Limit, LimitAction, LimitKey, Mode, Rule, rule::Spec};
+use gov_proto::v1::{GrpcCode, KeyOverflow, Limit, LimitAction, LimitKey, Mode, Rule, rule::Spec};
 
 fn src(line: u32, snippet: &str) -> Option<SourceRef> {
     Some(SourceRef {
@@ -99,6 +99,8 @@ fn order() -> TargetConfig {
                     reject_status: 408,
                     isolation: 0,
                     reject_grpc_status: GrpcCode::ResourceExhausted as i32,
+                    max_keys: 0,
+                    overflow: 0,
                 })),
             },
             Rule {
@@ -118,6 +120,8 @@ fn order() -> TargetConfig {
                     reject_status: 0,
                     isolation: 0,
                     reject_grpc_status: 0,
+                    max_keys: 300,
+                    overflow: KeyOverflow::Reject as i32,
                 })),
             },
             Rule {
@@ -150,6 +154,8 @@ fn order() -> TargetConfig {
                     sync_batch_ms: 100,
                     sync_timeout_ms: 0,
                     fallback: 0,
+                    max_keys: 20_000,
+                    overflow: KeyOverflow::Share as i32,
                 })),
             },
             Rule {

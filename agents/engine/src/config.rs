@@ -148,6 +148,19 @@ impl CompiledConfig {
         &self.judged
     }
 
+    /// Gives every keyed limit and bulkhead whose policy names no
+    /// `max_keys` the agent's cap (`--max-keys-per-rule`).
+    pub(crate) fn default_max_keys(&mut self, max: u32) {
+        for rule in &mut self.rules {
+            let keys = match &mut rule.spec {
+                RuleSpec::Limit(l) => &mut l.keys,
+                RuleSpec::Bulkhead(b) => &mut b.keys,
+                RuleSpec::Fuse(_) => continue,
+            };
+            keys.max.get_or_insert(max);
+        }
+    }
+
     /// The rule called `name` (`service/rule`).
     pub fn rule_id(&self, name: &str) -> Option<RuleId> {
         self.rules

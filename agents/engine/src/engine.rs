@@ -13,7 +13,9 @@
 //! commands and views (release, stats, latches).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::atomic::{
+    AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -24,7 +26,9 @@ use tokio::time::Instant;
 
 pub use crate::admission::{Admission, ByteMeter, Pending};
 use crate::cluster::ClusterStore;
-use crate::config::{CompiledConfig, InvalidConfig, LimitScope, RuleKind, RuleSpec};
+use crate::config::{
+    CompiledConfig, DEFAULT_MAX_KEYS, InvalidConfig, LimitScope, RuleKind, RuleSpec,
+};
 pub use crate::decision::{Decision, Observe};
 use crate::decision::{admit_matched, observed, route};
 use crate::events::{Event, Events};
@@ -55,6 +59,8 @@ struct Shared {
     events: Events,
     /// Serialises `apply` (state carry-over reads the snapshot it replaces).
     apply: Mutex<()>,
+    /// The key cap of keyed rules whose policy names none.
+    max_keys: AtomicU32,
     /// Where `scope cluster` limits share their counters.
     cluster: Option<ClusterStore>,
 }
@@ -144,7 +150,8 @@ impl Engine {
         Self::build(CompiledConfig::empty(service), Some(store))
     }
 
-    fn build(config: CompiledConfig, cluster: Option<ClusterStore>) -> Self {
+    fn build(mut config: CompiledConfig, cluster: Option<ClusterStore>) -> Self {
+        config.default_max_keys(DEFAULT_MAX_KEYS);
         let events = Events::new();
         let snapshot = Snapshot::fresh(Arc::new(config), &events, cluster.as_ref());
         Self {
@@ -154,6 +161,7 @@ impl Engine {
                 generation: AtomicU64::new(0),
                 events,
                 apply: Mutex::new(()),
+                max_keys: AtomicU32::new(DEFAULT_MAX_KEYS),
                 cluster,
             }),
         }
@@ -191,7 +199,8 @@ impl Engine {
     /// the same name, direction and parameters keep their state, whatever
     /// their mode: a rule switched between shadow and enforce keeps its
     /// windows, latches and fuse state.
-    pub fn apply(&self, config: CompiledConfig) -> Applied {
+    pub fn apply(&self, mut config: CompiledConfig) -> Applied {
+        config.default_max_keys(self.shared.max_keys.load(Relaxed));
         // A poisoned lock only means another apply panicked; the swap itself is atomic.
         let _guard = self.shared.apply.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.shared.current.load_full();
@@ -280,6 +289,13 @@ impl Engine {
         // new snapshot.
         self.shared.generation.fetch_add(1, Release);
         applied
+    }
+
+    /// How many keys a keyed limit or bulkhead tracks when its policy says
+    /// no `max_keys` (the agent's `--max-keys-per-rule`; 4096 unless set),
+    /// from the next config applied on.
+    pub fn set_max_keys_per_rule(&self, max: u32) {
+        self.shared.max_keys.store(max, Relaxed);
     }
 
     /// The config in force.

@@ -36,6 +36,7 @@ use crate::stripe::Slot;
 
 pub(crate) mod bulkhead;
 pub(crate) mod fuse;
+pub(crate) mod keys;
 pub(crate) mod limit;
 
 /// What a rule does and every kind's spec type: `config` re-exports them
@@ -46,6 +47,7 @@ pub mod specs {
     pub use crate::state::fuse::{
         Classifier, CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, TripSpec,
     };
+    pub use crate::state::keys::{DEFAULT_MAX_KEYS, KeyCap, KeyOverflow, MAX_MAX_KEYS};
     pub use crate::state::limit::{
         ExactSync, Fallback, LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec,
     };

@@ -141,6 +141,8 @@ impl Counters {
             engaged_keys: Vec::new(),
             engaged_keys_truncated: false,
             capacity: 0,
+            keys: 0,
+            keys_overflowed: 0,
         }
     }
 }
@@ -205,6 +207,12 @@ pub struct RuleStats {
     pub engaged_keys_truncated: bool,
     /// `max_concurrent` for bulkheads, calls per window for limits, else 0.
     pub capacity: u64,
+    /// Keyed limits and bulkheads: the keys (scopes) tracked now.
+    pub keys: u64,
+    /// Keyed limits and bulkheads: calls of a new key that found every
+    /// tracked key engaged and went to the overflow (shared or refused),
+    /// cumulative.
+    pub keys_overflowed: u64,
 }
 
 impl RuleStats {

@@ -122,6 +122,9 @@ pub struct Options {
     /// upstream's answer read and discarded and its permits held
     /// (`--client-gone-hold`).
     pub client_gone_hold: Duration,
+    /// Most keys a keyed limit or bulkhead tracks when its policy names no
+    /// `max_keys` (`--max-keys-per-rule`).
+    pub max_keys_per_rule: u32,
     /// Where the agent keeps its latches (tripped fuses, engaged limits) and, with a
     /// control plane, the last good config it sent (`--state-dir`): both are in force
     /// again before a restarted agent accepts a connection. `None`: neither survives
@@ -154,6 +157,7 @@ impl Options {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_client: DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
             client_gone_hold: DEFAULT_CLIENT_GONE_HOLD,
+            max_keys_per_rule: gov_engine::config::DEFAULT_MAX_KEYS,
             client_timeout: Some(DEFAULT_CLIENT_TIMEOUT),
             state_dir: None,
             decision_log: None,
@@ -230,6 +234,7 @@ impl Sidecar {
             Some(store) => Engine::with_cluster_store(&options.service, store),
             None => Engine::empty(&options.service),
         };
+        engine.set_max_keys_per_rule(options.max_keys_per_rule);
         let initial = match &options.config {
             Some(path) => {
                 let (bytes, target) = read_config(path).await?;

@@ -20,6 +20,7 @@
 use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Span, Spanned};
 use gov_proto::v1 as pb;
 
+use super::keys::{KeySetting, KeysEff};
 use super::{Bound, Large, Reject, Values, Words};
 use crate::lower::{Lower, u32_of, unsigned};
 use crate::plan::{fmt_ms, push};
@@ -49,6 +50,8 @@ pub(crate) enum BulkheadSetting {
     },
     /// `isolation semaphore` | `isolation pool`
     Isolation { mode: Spanned<Isolation> },
+    /// `max_keys N` | `overflow share|reject`
+    Keys(KeySetting),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +90,7 @@ pub(crate) struct BulkheadEff {
     pub reject_grpc: pb::GrpcCode,
     pub per: BulkheadKey,
     pub isolation: Isolation,
+    pub keys: KeysEff,
 }
 
 /// The kind.
@@ -135,7 +139,7 @@ fn decode(w: &mut Words<'_>) -> Option<BulkheadSetting> {
                 mode: Spanned::new(mode, m.span),
             }
         }
-        _ => return None,
+        key => S::Keys(KeySetting::decode(key, w)?),
     })
 }
 
@@ -166,6 +170,7 @@ impl BulkheadEff {
             reject_grpc: pb::RuleKind::Bulkhead.reject_grpc(),
             per: BulkheadKey::Operation,
             isolation: Isolation::Semaphore,
+            keys: KeysEff::default(),
         };
         for s in b.settings.iter().rev() {
             // Reversed so that the first occurrence is applied last and wins.
@@ -188,6 +193,7 @@ impl BulkheadEff {
                     }
                 },
                 BulkheadSetting::Per { key, .. } => e.per = key.node,
+                BulkheadSetting::Keys(k) => e.keys.apply(k),
                 BulkheadSetting::Isolation { mode, .. } => e.isolation = mode.node,
             }
         }
@@ -223,6 +229,7 @@ impl super::Kind for Kind {
             BulkheadSetting::RejectWith { reject } => reject.key(),
             BulkheadSetting::Per { .. } => "per",
             BulkheadSetting::Isolation { .. } => "isolation",
+            BulkheadSetting::Keys(k) => k.key(),
         })
     }
 
@@ -247,6 +254,7 @@ impl super::Kind for Kind {
                     out.large("timeout", Large::Duration(value));
                 }
                 BulkheadSetting::RejectWith { reject, .. } => reject.values(out),
+                BulkheadSetting::Keys(k) => k.values(out),
                 BulkheadSetting::Per { .. } | BulkheadSetting::Isolation { .. } => {}
             }
         }
@@ -275,7 +283,10 @@ impl super::Kind for Kind {
 
     fn lower(&self, rule: &RuleDef, _l: &Lower<'_, '_>) -> pb::rule::Spec {
         let e = BulkheadEff::of(&Bulkhead::from(rule));
+        let (max_keys, overflow) = e.keys.lower();
         pb::rule::Spec::Bulkhead(pb::Bulkhead {
+            max_keys,
+            overflow,
             key: match e.per {
                 BulkheadKey::Operation => pb::BulkheadKey::Operation,
                 BulkheadKey::Instance => pb::BulkheadKey::Instance,
@@ -324,6 +335,7 @@ impl super::Kind for Kind {
             "semaphore"
         };
         push(f, "isolation", isolation.to_string());
+        super::keys::fields(f, b.max_keys, b.overflow());
     }
 
     #[cfg(test)]

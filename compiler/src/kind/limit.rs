@@ -16,6 +16,7 @@
 use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Size, Span, Spanned};
 use gov_proto::v1 as pb;
 
+use super::keys::{KeySetting, KeysEff};
 use super::{Bound, Large, Reject, Values, Words};
 use crate::lower::{Lower, u32_of, unsigned};
 use crate::plan::{fmt_ms, push};
@@ -51,6 +52,8 @@ pub(crate) enum LimitSetting {
     Release { release: Release },
     /// `scope local` | `scope cluster [sync exact [timeout D] [fallback F] | sync batch D]`
     Scope { scope: LimitScope, span: Span },
+    /// `max_keys N` | `overflow share|reject`
+    Keys(KeySetting),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,6 +164,7 @@ pub(crate) struct LimitEff {
     pub reject_grpc: pb::GrpcCode,
     pub release: ReleaseEff,
     pub scope: Scope,
+    pub keys: KeysEff,
 }
 
 /// The kind.
@@ -266,7 +270,7 @@ fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
             };
             S::Scope { scope, span }
         }
-        _ => return None,
+        key => S::Keys(KeySetting::decode(key, w)?),
     })
 }
 
@@ -296,6 +300,7 @@ impl LimitEff {
             reject_grpc: pb::RuleKind::Limit.reject_grpc(),
             release: ReleaseEff::Window,
             scope: Scope::Local,
+            keys: KeysEff::default(),
         };
         for s in l.settings.iter().rev() {
             // Reversed so that the first occurrence is applied last and wins.
@@ -361,6 +366,7 @@ impl LimitEff {
                         } => Scope::ClusterBatch(millis(&every.node)),
                     };
                 }
+                LimitSetting::Keys(k) => e.keys.apply(k),
             }
         }
         e
@@ -410,6 +416,7 @@ impl super::Kind for Kind {
             LimitSetting::RejectWith { reject } => reject.key(),
             LimitSetting::Release { .. } => "release",
             LimitSetting::Scope { .. } => "scope",
+            LimitSetting::Keys(k) => k.key(),
         })
     }
 
@@ -464,6 +471,7 @@ impl super::Kind for Kind {
                     out.large("sync exact timeout", Large::Duration(timeout));
                 }
                 LimitSetting::RejectWith { reject, .. } => reject.values(out),
+                LimitSetting::Keys(k) => k.values(out),
                 _ => {}
             }
         }
@@ -521,7 +529,10 @@ impl super::Kind for Kind {
             Scope::ClusterUndeclared => (SYNC_EXACT_TIMEOUT_MS, Fallback::Local),
             _ => (0, Fallback::Local),
         };
+        let (max_keys, overflow) = e.keys.lower();
         pb::rule::Spec::Limit(pb::Limit {
+            max_keys,
+            overflow,
             calls: e.calls.map(rate),
             bytes: e.bytes.map(rate),
             key: match e.per {
@@ -620,6 +631,7 @@ impl super::Kind for Kind {
             }
         };
         push(f, "scope", scope);
+        super::keys::fields(f, l.max_keys, l.overflow());
     }
 
     #[cfg(test)]

@@ -23,6 +23,7 @@ use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant, Keys, Phase, Primitive};
 use crate::rejection::RejectReason;
 use crate::route::FxBuild;
+use crate::state::keys::{KeyCap, KeyOverflow, KeyTable};
 use crate::stats::Counters;
 use crate::stats::RuleStats;
 use crate::stripe::Slot;
@@ -50,6 +51,8 @@ pub struct BulkheadSpec {
     pub reject_status: StatusCode,
     /// The answer to a gRPC call it rejects.
     pub reject_grpc: GrpcCode,
+    /// Keyed per instance: how many scopes it keeps.
+    pub keys: KeyCap,
 }
 
 /// A bulkhead's spec from the wire: every value checked, nothing filled in.
@@ -69,13 +72,9 @@ pub(crate) fn spec(ctx: &Ctx<'_>, b: &proto::Bulkhead) -> Result<BulkheadSpec, I
         timeout: (b.timeout_ms > 0).then(|| Duration::from_millis(b.timeout_ms)),
         reject_status: ctx.status(b.reject_status)?,
         reject_grpc: ctx.grpc(b.reject_grpc_status)?,
+        keys: crate::state::keys::cap(ctx, b.max_keys, b.overflow)?,
     })
 }
-
-/// Most lazily keyed scopes one bulkhead keeps. Beyond that, idle scopes are
-/// dropped, and if none is idle, new keys share the rule's overflow scope (so
-/// unbounded instance+path keys cannot exhaust memory).
-pub const MAX_KEYS: usize = 4096;
 
 /// One waiter in the high half of `Cell::state`.
 const WAITER: u64 = 1 << 32;
@@ -138,6 +137,8 @@ pub(crate) enum CellRef {
     /// The rule's own scope (per operation, or the overflow scope).
     Single,
     Keyed(Arc<Cell>),
+    /// No room for the scope, and the bulkhead says `overflow reject`.
+    Full,
 }
 
 #[derive(Debug, Default)]
@@ -153,6 +154,7 @@ pub(crate) struct Bulkhead {
     /// [`Bulkhead::resized`]).
     single: Arc<Cell>,
     keyed: Arc<RwLock<HashMap<Box<str>, InstanceEntry, FxBuild>>>,
+    table: Arc<KeyTable>,
     pub(crate) counters: Counters,
 }
 
@@ -162,6 +164,7 @@ impl Bulkhead {
             single: Arc::new(Cell::new()),
             spec,
             keyed: Arc::default(),
+            table: Arc::default(),
             counters: Counters::default(),
         }
     }
@@ -174,6 +177,7 @@ impl Bulkhead {
         Self {
             single: before.single.clone(),
             keyed: before.keyed.clone(),
+            table: before.table.clone(),
             spec,
             counters: Counters::default(),
         }
@@ -211,16 +215,24 @@ impl Bulkhead {
     }
 
     fn insert(&self, instance: &str, path: Option<&str>) -> CellRef {
-        let Ok(mut map) = self.keyed.write() else {
-            return CellRef::Single;
+        let max = self.spec.keys.max();
+        let now = Instant::now();
+        let count = |map: &HashMap<Box<str>, InstanceEntry, FxBuild>| -> usize {
+            map.values()
+                .map(|e| usize::from(e.cell.is_some()) + e.paths.len())
+                .sum()
         };
-        let keys: usize = map
-            .values()
-            .map(|e| usize::from(e.cell.is_some()) + e.paths.len())
-            .sum();
-        if keys >= MAX_KEYS {
-            let max = self.spec.max_concurrent;
-            let idle = |c: &Arc<Cell>| Arc::strong_count(c) == 1 && c.in_use(max) == 0;
+        if !self.table.may_sweep(now) && self.keyed.read().is_ok_and(|m| count(&m) >= max) {
+            return self.overflow();
+        }
+        let Ok(mut map) = self.keyed.write() else {
+            return self.overflow();
+        };
+        if count(&map) >= max {
+            // Only idle scopes go: one with a call in flight or held keeps
+            // its permits counted.
+            let max_c = self.spec.max_concurrent;
+            let idle = |c: &Arc<Cell>| Arc::strong_count(c) == 1 && c.in_use(max_c) == 0;
             for entry in map.values_mut() {
                 entry.paths.retain(|_, c| !idle(c));
                 if entry.cell.as_ref().is_some_and(idle) {
@@ -228,12 +240,11 @@ impl Bulkhead {
                 }
             }
             map.retain(|_, e| e.cell.is_some() || !e.paths.is_empty());
-            let keys: usize = map
-                .values()
-                .map(|e| usize::from(e.cell.is_some()) + e.paths.len())
-                .sum();
-            if keys >= MAX_KEYS {
-                return CellRef::Single;
+            let n = count(&map);
+            self.table.set_keys(n);
+            if n >= max {
+                self.table.swept_in_vain(now);
+                return self.overflow();
             }
         }
         let entry = map.entry(instance.into()).or_default();
@@ -243,13 +254,24 @@ impl Bulkhead {
                 .paths
                 .entry(p.into())
                 .or_insert_with(|| Arc::new(Cell::new())),
-        };
-        CellRef::Keyed(cell.clone())
+        }
+        .clone();
+        self.table.set_keys(count(&map));
+        CellRef::Keyed(cell)
+    }
+
+    /// A call of a scope that found no room.
+    fn overflow(&self) -> CellRef {
+        self.table.overflowed();
+        match self.spec.keys.overflow {
+            KeyOverflow::Share => CellRef::Single,
+            KeyOverflow::Reject => CellRef::Full,
+        }
     }
 
     /// Drops the idle scopes of `instances`, which left the service's set of
     /// endpoints, so that the scopes follow the live set instead of waiting
-    /// for [`MAX_KEYS`]. A scope with a call in flight (or held by one) stays
+    /// for `max_keys`. A scope with a call in flight (or held by one) stays
     /// until it is idle and the next change, or eviction, drops it.
     pub(crate) fn forget_instances(&self, instances: &[Arc<str>]) {
         if self.spec.key == BulkheadKey::Operation {
@@ -272,6 +294,11 @@ impl Bulkhead {
                 map.remove(&**instance);
             }
         }
+        self.table.set_keys(
+            map.values()
+                .map(|e| usize::from(e.cell.is_some()) + e.paths.len())
+                .sum(),
+        );
     }
 
     /// Scopes kept per instance (and per instance and path).
@@ -286,7 +313,7 @@ impl Bulkhead {
 
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a Cell {
         match r {
-            CellRef::Single => &self.single,
+            CellRef::Single | CellRef::Full => &self.single,
             CellRef::Keyed(c) => c,
         }
     }
@@ -400,6 +427,9 @@ impl Primitive for Bulkhead {
 
     #[inline]
     fn try_acquire(&self, scope: Option<&CellRef>, _now: Instant, _start: Instant) -> Answer {
+        if let Some(CellRef::Full) = scope {
+            return Answer::Refused(RejectReason::BulkheadFull, None);
+        }
         if self.try_take(self.scope_cell(scope)) {
             Answer::Granted(Grant::default())
         } else if self.may_wait() {
@@ -414,6 +444,9 @@ impl Primitive for Bulkhead {
         scope: Option<&CellRef>,
         _start: Instant,
     ) -> Result<Grant, (RejectReason, Option<Duration>)> {
+        if let Some(CellRef::Full) = scope {
+            return Err((RejectReason::BulkheadFull, None));
+        }
         match self.wait_for(self.scope_cell(scope)).await {
             Ok(()) => Ok(Grant::default()),
             Err(reason) => Err((reason, None)),
@@ -446,6 +479,7 @@ impl Primitive for Bulkhead {
     fn stats(&self, stats: &mut RuleStats) {
         stats.capacity = u64::from(self.spec.max_concurrent);
         stats.in_flight = self.in_use();
+        (stats.keys, stats.keys_overflowed) = self.table.counts();
     }
 }
 
@@ -468,6 +502,7 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
+    const MAX_KEYS: usize = crate::state::keys::DEFAULT_MAX_KEYS as usize;
 
     fn bulkhead(max: u32, wait_ms: u64, queue: Option<u32>, key: BulkheadKey) -> Arc<Bulkhead> {
         Arc::new(Bulkhead::new(BulkheadSpec {
@@ -478,6 +513,7 @@ mod tests {
             timeout: None,
             reject_status: StatusCode::REQUEST_TIMEOUT,
             reject_grpc: gov_proto::v1::GrpcCode::Unavailable,
+            keys: KeyCap::default(),
         }))
     }
 
@@ -656,11 +692,40 @@ mod tests {
         }
         // Every keyed scope is busy: a new key falls back to the overflow scope.
         assert!(matches!(b.cell_for(Some("i"), "/new"), CellRef::Single));
-        // Idle scopes are evicted to make room.
+        // Idle scopes are evicted to make room, at the next sweep: one
+        // that found none idle is not repeated for a moment.
         for c in held.drain(..) {
             b.give(b.cell(&c));
         }
+        assert!(matches!(b.cell_for(Some("i"), "/new"), CellRef::Single));
+        tokio::time::advance(Duration::from_millis(100)).await;
         assert!(matches!(b.cell_for(Some("i"), "/new"), CellRef::Keyed(_)));
+        assert_eq!(b.table.counts(), (1, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_bulkhead_with_overflow_reject_refuses_new_scopes() {
+        let b = Arc::new(Bulkhead::new(BulkheadSpec {
+            keys: KeyCap {
+                max: Some(2),
+                overflow: KeyOverflow::Reject,
+            },
+            ..bulkhead(5, 0, None, BulkheadKey::InstancePath).spec.clone()
+        }));
+        let (x, y) = (b.cell_for(Some("i"), "/x"), b.cell_for(Some("i"), "/y"));
+        assert!(b.try_take(b.cell(&x)) && b.try_take(b.cell(&y)));
+        let z = b.cell_for(Some("i"), "/z");
+        let now = Instant::now();
+        assert!(matches!(
+            b.try_acquire(Some(&z), now, now),
+            Answer::Refused(RejectReason::BulkheadFull, None)
+        ));
+        assert!(b.acquire(Some(&z), now).await.is_err());
+        b.give(b.cell(&x));
+        drop((x, z));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(matches!(b.cell_for(Some("i"), "/z"), CellRef::Keyed(_)));
+        drop(y);
     }
 
     /// A scope a call holds before taking its permit (between `cell_for` and

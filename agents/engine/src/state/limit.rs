@@ -43,11 +43,13 @@ use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant, Keys, Phase, Primitive, Waiting};
 use crate::rejection::RejectReason;
 use crate::route::FxBuild;
+use crate::state::keys::KeyTable;
 use crate::stats::Counters;
 use crate::stats::{MAX_ENGAGED_KEYS, RuleStats};
 use crate::stripe::Slot;
 use http::StatusCode;
 
+mod keyed;
 mod latches;
 mod spec;
 mod store;
@@ -56,10 +58,6 @@ pub(crate) use spec::spec;
 pub use spec::{
     ExactSync, Fallback, LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec,
 };
-
-/// Most keys (consumers, services) one limit tracks; beyond that idle keys
-/// are dropped, and if none is idle new keys share the rule's overflow counter.
-pub const MAX_KEYS: usize = 4096;
 
 const NOT_ENGAGED: u64 = 0;
 const MANUAL: u64 = u64::MAX;
@@ -213,8 +211,12 @@ pub(crate) const LEASE_FIRST: Exceeded = Exceeded {
 /// Which key's counters a call uses.
 #[derive(Clone, Debug)]
 pub(crate) enum CellRef {
+    /// The rule's own counter: unkeyed, or the overflow of a keyed limit
+    /// whose keys are all engaged (`overflow share`).
     Single,
     Keyed(Arc<LimitCell>),
+    /// No room for the key, and the limit says `overflow reject`.
+    Full,
 }
 
 /// A limit was exceeded.
@@ -236,6 +238,7 @@ pub(crate) struct Limit {
     pub(crate) epoch: Instant,
     single: LimitCell,
     keyed: RwLock<HashMap<Box<str>, Arc<LimitCell>, FxBuild>>,
+    table: KeyTable,
     cluster: Option<ClusterLink>,
     pub(crate) counters: Counters,
 }
@@ -277,6 +280,7 @@ impl Limit {
             epoch: Instant::now(),
             single: LimitCell::default(),
             keyed: RwLock::default(),
+            table: KeyTable::default(),
             cluster,
             counters: Counters::default(),
         }
@@ -294,36 +298,9 @@ impl Limit {
         ms(now.saturating_duration_since(self.epoch))
     }
 
-    /// The counters for `key` (`None`: the rule's single counter).
-    pub(crate) fn cell_for(&self, key: Option<&str>) -> CellRef {
-        let Some(key) = key else {
-            return CellRef::Single;
-        };
-        if let Ok(map) = self.keyed.read()
-            && let Some(cell) = map.get(key)
-        {
-            return CellRef::Keyed(cell.clone());
-        }
-        let Ok(mut map) = self.keyed.write() else {
-            return CellRef::Single;
-        };
-        if map.len() >= MAX_KEYS && !map.contains_key(key) {
-            let now_ms = self.now_ms(Instant::now());
-            map.retain(|_, c| Arc::strong_count(c) > 1 || self.is_engaged(c, now_ms));
-            if map.len() >= MAX_KEYS {
-                return CellRef::Single;
-            }
-        }
-        CellRef::Keyed(
-            map.entry(key.into())
-                .or_insert_with(|| Arc::new(LimitCell::keyed(key)))
-                .clone(),
-        )
-    }
-
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a LimitCell {
         match r {
-            CellRef::Single => &self.single,
+            CellRef::Single | CellRef::Full => &self.single,
             CellRef::Keyed(c) => c,
         }
     }
@@ -545,6 +522,9 @@ impl Primitive for Limit {
 
     #[inline]
     fn try_acquire(&self, scope: Option<&CellRef>, now: Instant, start: Instant) -> Answer {
+        if let Some(CellRef::Full) = scope {
+            return self.no_room(now);
+        }
         if self.remote() {
             // `sync exact`: counted in the store, asynchronously.
             return Answer::Wait(Duration::ZERO);
@@ -563,6 +543,11 @@ impl Primitive for Limit {
         scope: Option<&CellRef>,
         start: Instant,
     ) -> Result<Grant, (RejectReason, Option<Duration>)> {
+        if let Some(CellRef::Full) = scope
+            && let Answer::Refused(reason, retry) = self.no_room(Instant::now())
+        {
+            return Err((reason, retry));
+        }
         let cell = self.cell(scope_ref(scope));
         // A call in flight to the store is not "waiting".
         let to_store = self.remote() || self.needs_lease(cell, Instant::now());
@@ -623,6 +608,7 @@ impl Primitive for Limit {
         stats.limit_engaged = count > 0;
         stats.engaged_keys_truncated = count > keys.len();
         stats.engaged_keys = keys;
+        (stats.keys, stats.keys_overflowed) = self.table.counts();
     }
 
     fn latches(&self, now: Instant, now_unix_ms: u64, out: &mut Vec<Kept>) {
@@ -670,6 +656,7 @@ mod tests {
     use http::StatusCode;
 
     use super::*;
+    const MAX_KEYS: usize = crate::state::keys::DEFAULT_MAX_KEYS as usize;
     use crate::config::{LimitAction, LimitScope};
     use crate::events::Event;
 
@@ -741,11 +728,12 @@ mod tests {
             reject_grpc: gov_proto::v1::GrpcCode::ResourceExhausted,
             release,
             scope: LimitScope::Local,
+            keys: crate::state::keys::KeyCap::default(),
         };
         (Limit::new(spec, "svc/l".into(), events, None), rx)
     }
 
-    /// At [`MAX_KEYS`] keys a new key evicts the idle keys that are not
+    /// At `MAX_KEYS` keys a new key evicts the idle keys that are not
     /// engaged: a key engaged until its release time and a key a call holds
     /// stay; an engaged key goes once its release time has come. (Without
     /// room, a new key counts in the overflow scope.)
@@ -995,6 +983,7 @@ mod tests {
                 reject_grpc: gov_proto::v1::GrpcCode::ResourceExhausted,
                 release,
                 scope,
+                keys: crate::state::keys::KeyCap::default(),
             };
             (
                 Arc::new(Limit::new(spec, "svc/shared".into(), events, Some(store))),

@@ -179,6 +179,14 @@ struct Args {
     #[arg(long, env = "GOV_MAX_CONNECTIONS_PER_CLIENT", default_value_t = gov_agent::sidecar::DEFAULT_MAX_CONNECTIONS_PER_CLIENT)]
     max_connections_per_client: usize,
 
+    /// Most keys (consumers, services, instance scopes) one keyed limit or
+    /// bulkhead tracks when its policy names no `max_keys`. Past it, a key
+    /// that is engaged is never forgotten: calls of new keys share the rule's
+    /// overflow counter (or are refused, `overflow reject`), counted in
+    /// `gov_agent_rule_keys_overflowed_total`.
+    #[arg(long, env = "GOV_MAX_KEYS_PER_RULE", default_value_t = gov_engine::config::DEFAULT_MAX_KEYS, value_parser = clap::value_parser!(u32).range(1..=i64::from(gov_engine::config::MAX_MAX_KEYS)))]
+    max_keys_per_rule: u32,
+
     /// Runtime worker threads. 1 (the default) runs everything on one thread, which
     /// is the cheapest for a sidecar sharing a core with its service.
     #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
@@ -354,6 +362,7 @@ async fn run(args: Args) -> ExitCode {
         max_connections: args.max_connections,
         max_connections_per_client: args.max_connections_per_client,
         client_gone_hold: args.client_gone_hold,
+        max_keys_per_rule: args.max_keys_per_rule,
         client_timeout: (!args.client_timeout.is_zero()).then_some(args.client_timeout),
         state_dir: args.state_dir,
         decision_log,

@@ -527,6 +527,31 @@ fn render_rules(enc: &mut Encoder, rules: &[RuleStats]) {
             u64::from(r.limit_engaged),
         );
     }
+    let keyed = || {
+        rules
+            .iter()
+            .filter(|r| matches!(r.kind, RuleKind::Limit | RuleKind::Bulkhead))
+    };
+    enc.family(
+        "gov_agent_rule_keys",
+        "gauge",
+        "Keys (consumers, services, instance scopes) the limit or bulkhead tracks now.",
+    );
+    for r in keyed() {
+        enc.sample("gov_agent_rule_keys", &[("rule", &r.rule)], r.keys);
+    }
+    enc.family(
+        "gov_agent_rule_keys_overflowed_total",
+        "counter",
+        "Calls of a new key that found max_keys engaged keys and went to the overflow.",
+    );
+    for r in keyed() {
+        enc.sample(
+            "gov_agent_rule_keys_overflowed_total",
+            &[("rule", &r.rule)],
+            r.keys_overflowed,
+        );
+    }
 }
 
 #[cfg(test)]

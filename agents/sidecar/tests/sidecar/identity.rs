@@ -189,3 +189,78 @@ async fn refused_spellings_are_counted_as_refused() {
         "{metrics}"
     );
 }
+
+/// Issue 29: rotating consumer IDs cannot reset an exhausted consumer's
+/// budget, nor each get a budget of their own past the key cap
+/// (`--max-keys-per-rule` here; `max_keys` in the policy below): they share
+/// the rule's overflow budget, and `/metrics` shows it.
+#[tokio::test]
+async fn rotating_consumers_share_the_overflow_and_never_reset_an_exhausted_one() {
+    let up = RawUpstream::start().await;
+    let agent = agent()
+        .config(PER_CONSUMER)
+        .max_keys_per_rule(8)
+        .upstream(&Upstream::at(up.addr))
+        .start()
+        .await;
+    for _ in 0..3 {
+        assert_eq!(h1(&agent, "1.1", "x-gov-consumer: web\r\n").await.0, 200);
+    }
+    assert_eq!(h1(&agent, "1.1", "x-gov-consumer: web\r\n").await.0, 429);
+    let mut admitted = 0;
+    for i in 0..40 {
+        let fields = format!("x-gov-consumer: attacker-{i}\r\n");
+        admitted += usize::from(h1(&agent, "1.1", &fields).await.0 == 200);
+    }
+    assert_eq!(
+        h1(&agent, "1.1", "x-gov-consumer: web\r\n").await.0,
+        429,
+        "web is still exhausted"
+    );
+    // Seven keys fit beside `web`; the other 33 share the rule's 3 calls.
+    assert_eq!(admitted, 7 + 3);
+    let metrics = crate::support::http()
+        .get(&agent.admin_url("/metrics"))
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        metrics.contains("gov_agent_rule_keys{rule=\"shop/per_consumer\"} 8"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gov_agent_rule_keys_overflowed_total{rule=\"shop/per_consumer\"} 33"),
+        "{metrics}"
+    );
+}
+
+/// `overflow reject` with `max_keys` in the config: new consumers past the
+/// cap are refused with the limit's status.
+#[tokio::test]
+async fn overflow_reject_refuses_new_consumers_past_max_keys() {
+    let up = RawUpstream::start().await;
+    let agent = agent()
+        .config(
+            r#"
+service: shop
+version: identity-keys-v1
+consumer_header: x-gov-consumer
+rules:
+  - name: shop/per_consumer
+    on: { path: { kind: PATH_KIND_PREFIX, value: /orders } }
+    limit:
+      key: LIMIT_KEY_CONSUMER
+      calls: { amount: 3, window_ms: 3600000 }
+      max_keys: 2
+      overflow: KEY_OVERFLOW_REJECT
+"#,
+        )
+        .upstream(&Upstream::at(up.addr))
+        .start()
+        .await;
+    assert_eq!(h1(&agent, "1.1", "x-gov-consumer: a\r\n").await.0, 200);
+    assert_eq!(h1(&agent, "1.1", "x-gov-consumer: b\r\n").await.0, 200);
+    assert_eq!(h1(&agent, "1.1", "x-gov-consumer: c\r\n").await.0, 429);
+    assert_eq!(h1(&agent, "1.1", "x-gov-consumer: a\r\n").await.0, 200);
+    assert_eq!(up.requests().len(), 3);
+}

@@ -397,6 +397,7 @@ pub fn agent() -> AgentBuilder {
         balance: Balance::default(),
         state_dir: None,
         decision_log: None,
+        max_keys_per_rule: None,
     }
 }
 
@@ -414,6 +415,7 @@ pub struct AgentBuilder {
     balance: Balance,
     state_dir: Option<PathBuf>,
     decision_log: Option<gov_agent::decision_log::LogOptions>,
+    max_keys_per_rule: Option<u32>,
 }
 
 impl AgentBuilder {
@@ -448,6 +450,11 @@ impl AgentBuilder {
     }
 
     /// Most open client connections per proxy listener.
+    pub fn max_keys_per_rule(mut self, max: u32) -> Self {
+        self.max_keys_per_rule = Some(max);
+        self
+    }
+
     pub fn max_connections(mut self, max: usize) -> Self {
         self.max_connections = Some(max);
         self
@@ -514,6 +521,9 @@ impl AgentBuilder {
         }
         if let Some(timeout) = self.client_timeout {
             options.client_timeout = Some(timeout);
+        }
+        if let Some(max) = self.max_keys_per_rule {
+            options.max_keys_per_rule = max;
         }
         options.state_dir = self.state_dir.clone();
         options.decision_log = self.decision_log.clone();

@@ -1,6 +1,7 @@
 //! What a limit does ([`LimitSpec`]), converted from its wire `Limit`:
 //! every value checked, nothing filled in.
 
+use crate::state::keys::KeyCap;
 use std::time::Duration;
 
 use gov_proto::v1::{self as proto, GrpcCode};
@@ -70,6 +71,8 @@ pub struct LimitSpec {
     /// `None`: not latched; counters reset every window.
     pub release: Option<ReleaseSpec>,
     pub scope: LimitScope,
+    /// With a key (`per consumer`, `per service`): how many keys it tracks.
+    pub keys: KeyCap,
 }
 
 /// A limit's spec from the wire.
@@ -133,6 +136,7 @@ pub(crate) fn spec(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, Invalid
         reject_grpc: ctx.grpc(l.reject_grpc_status)?,
         release,
         scope,
+        keys: crate::state::keys::cap(ctx, l.max_keys, l.overflow)?,
     })
 }
 
