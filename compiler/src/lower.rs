@@ -22,8 +22,8 @@
 //!   bundle version hashes the per-service versions.
 
 use gov_lang::ast::{
-    self, Action as AstAction, HttpCall as AstHttpCall, MatchExpr as AstExpr, ServiceStmt,
-    ShutdownStep as AstShutdownStep, Span, WarmupStep as AstWarmupStep,
+    self, Action as AstAction, ConsumerSource, HttpCall as AstHttpCall, MatchExpr as AstExpr,
+    OnInvalid, ServiceStmt, ShutdownStep as AstShutdownStep, Span, WarmupStep as AstWarmupStep,
 };
 use gov_proto::compiled;
 use gov_proto::v1 as pb;
@@ -148,11 +148,26 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
         service: svc.name().to_string(),
         domain: svc.domain.map(|d| d.node.clone()).unwrap_or_default(),
         version: String::new(),
-        consumer_header: svc
-            .consumer_header
-            .map_or(compiled::CONSUMER_HEADER.to_string(), |h| {
-                h.node.to_ascii_lowercase()
+        consumer_header: match svc.consumer.map(|c| &c.source) {
+            Some(ConsumerSource::Header { header }) => header.node.to_ascii_lowercase(),
+            Some(ConsumerSource::Jwt(_)) | None => compiled::CONSUMER_HEADER.to_string(),
+        },
+        consumer_source: match svc.consumer.map(|c| &c.source) {
+            Some(ConsumerSource::Jwt(j)) => Some(pb::ConsumerSource {
+                kind: Some(pb::consumer_source::Kind::Jwt(pb::JwtSource {
+                    header: j.header.node.to_ascii_lowercase(),
+                    issuer: j.issuer.node.clone(),
+                    audience: j.audience.node.clone(),
+                    keys_file: j.keys.node.clone(),
+                    claim: j.claim.node.clone(),
+                    on_invalid: match j.on_invalid.node {
+                        OnInvalid::Reject => pb::OnInvalid::Reject,
+                        OnInvalid::Count => pb::OnInvalid::Count,
+                    } as i32,
+                })),
             }),
+            Some(ConsumerSource::Header { .. }) | None => None,
+        },
         registry: svc
             .registry
             .map(|r| r.name.node.clone())

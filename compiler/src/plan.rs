@@ -349,6 +349,27 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
     let mut settings = Vec::new();
     push(&mut settings, "domain", quoted(&t.domain));
     push(&mut settings, "consumer_header", quoted(&t.consumer_header));
+    if let Some(pb::consumer_source::Kind::Jwt(j)) =
+        t.consumer_source.as_ref().and_then(|s| s.kind.as_ref())
+    {
+        let on_invalid = if j.on_invalid() == pb::OnInvalid::Count {
+            "count"
+        } else {
+            "reject"
+        };
+        push(
+            &mut settings,
+            "consumer from",
+            format!(
+                "jwt header {} issuer {} audience {} keys {} claim {} on invalid {on_invalid}",
+                quoted(&j.header),
+                quoted(&j.issuer),
+                quoted(&j.audience),
+                quoted(&j.keys_file),
+                quoted(&j.claim)
+            ),
+        );
+    }
     push(&mut settings, "registry", t.registry.clone());
     push(&mut settings, "paths", paths_word(t.paths));
     out.push((RuleKind::Service, t.service.clone(), settings));

@@ -101,7 +101,7 @@ pub(crate) struct Svc<'a> {
     pub rate: Option<&'a Rate<i64>>,
     pub registry: Option<&'a ast::UsesRegistry>,
     pub domain: Option<&'a ast::Str>,
-    pub consumer_header: Option<&'a ast::Str>,
+    pub consumer: Option<&'a ast::ConsumerStmt>,
     /// `paths WORD`, the first one.
     pub paths: Option<&'a ast::PathsStmt>,
     pub warmup: Option<&'a Warmup>,
@@ -273,7 +273,7 @@ impl<'a> Svc<'a> {
             rate: None,
             registry: None,
             domain: None,
-            consumer_header: None,
+            consumer: None,
             paths: None,
             warmup: None,
             shutdown: None,
@@ -287,7 +287,7 @@ impl<'a> Svc<'a> {
                     svc.registry.get_or_insert(r);
                 }
                 ServiceStmt::Consumer(c) => {
-                    svc.consumer_header.get_or_insert(&c.header);
+                    svc.consumer.get_or_insert(c);
                 }
                 ServiceStmt::Paths(p) => {
                     svc.paths.get_or_insert(p);

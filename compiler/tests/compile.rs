@@ -383,3 +383,45 @@ service order {
     let plain = limit("order/plain");
     assert_eq!((plain.max_keys, plain.overflow()), (0, KeyOverflow::Share));
 }
+
+/// `consumer from jwt` reaches the wire (issue 29); `consumer from header`
+/// stays the header as before (no source on the wire).
+#[test]
+fn consumer_sources_are_lowered() {
+    use gov_proto::v1::{OnInvalid, consumer_source::Kind};
+    let text = r#"
+service order {
+  consumer from jwt header "Authorization" issuer "https://idp" audience "order" keys "idp.jwks" claim "client_id" on invalid count
+}
+service billing {
+  consumer from header "X-Caller"
+}
+"#;
+    let b = bundle(&[SourceFile::new("consumers.gov", text.to_owned())]);
+    let order = b.targets.iter().find(|t| t.service == "order").unwrap();
+    assert_eq!(order.consumer_header, "x-gov-consumer");
+    let Some(Kind::Jwt(jwt)) = order.consumer_source.as_ref().and_then(|s| s.kind.as_ref()) else {
+        panic!("{order:?}");
+    };
+    assert_eq!(
+        (
+            jwt.header.as_str(),
+            jwt.issuer.as_str(),
+            jwt.audience.as_str(),
+            jwt.keys_file.as_str(),
+            jwt.claim.as_str(),
+            jwt.on_invalid()
+        ),
+        (
+            "authorization",
+            "https://idp",
+            "order",
+            "idp.jwks",
+            "client_id",
+            OnInvalid::Count
+        )
+    );
+    let billing = b.targets.iter().find(|t| t.service == "billing").unwrap();
+    assert_eq!(billing.consumer_header, "x-caller");
+    assert!(billing.consumer_source.is_none());
+}

@@ -249,11 +249,46 @@ pub struct UsesRegistry {
     pub span: Span,
 }
 
-/// `consumer from header "x-gov-consumer"`: where the caller's identity is read.
+/// `consumer from SOURCE`: where the caller's identity comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ConsumerStmt {
-    pub header: Str,
+    pub source: ConsumerSource,
     pub span: Span,
+}
+
+/// What proves a caller's identity. (A `peer` source, the mTLS identity of
+/// the calling agent, is a variant still to come.)
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ConsumerSource {
+    /// `header "x-gov-consumer"`: whatever the client sends; proves nothing.
+    Header { header: Str },
+    /// `jwt header "authorization" issuer "..." audience "..." keys "FILE"
+    /// claim "client_id" on invalid reject|count`: a signed token's claim.
+    Jwt(JwtSource),
+}
+
+/// A JWT consumer source.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct JwtSource {
+    /// The request header carrying the token (`Bearer ` optional).
+    pub header: Str,
+    pub issuer: Str,
+    pub audience: Str,
+    /// The JWKS file the agent reads the verification keys from.
+    pub keys: Str,
+    /// The claim that names the consumer.
+    pub claim: Str,
+    pub on_invalid: Spanned<OnInvalid>,
+}
+
+/// What a call with a missing, invalid or expired credential gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OnInvalid {
+    /// Refused: 401 (gRPC `UNAUTHENTICATED`).
+    Reject,
+    /// Served without a consumer, and counted as a system error (`token
+    /// invalid`) toward the service's fuses.
+    Count,
 }
 
 /// `paths servlet`: how the service reads request paths, so that the agent

@@ -199,10 +199,26 @@ impl Formatter<'_> {
             ServiceStmt::Domain(d) => self.stmt(d.span, &format!("domain {}", quote(&d.name.node))),
             ServiceStmt::Registry(r) => self.stmt(r.span, &format!("registry {}", r.name.node)),
             ServiceStmt::Paths(p) => self.stmt(p.span, &format!("paths {}", p.dialect.node)),
-            ServiceStmt::Consumer(c) => self.stmt(
-                c.span,
-                &format!("consumer from header {}", quote(&c.header.node)),
-            ),
+            ServiceStmt::Consumer(c) => {
+                let text = match &c.source {
+                    ConsumerSource::Header { header } => {
+                        format!("consumer from header {}", quote(&header.node))
+                    }
+                    ConsumerSource::Jwt(j) => format!(
+                        "consumer from jwt header {} issuer {} audience {} keys {} claim {} on invalid {}",
+                        quote(&j.header.node),
+                        quote(&j.issuer.node),
+                        quote(&j.audience.node),
+                        quote(&j.keys.node),
+                        quote(&j.claim.node),
+                        match j.on_invalid.node {
+                            OnInvalid::Reject => "reject",
+                            OnInvalid::Count => "count",
+                        }
+                    ),
+                };
+                self.stmt(c.span, &text)
+            }
             ServiceStmt::Capacity(c) => {
                 let (text, span) = match c {
                     Capacity::Workers { count, span } => {

@@ -599,11 +599,46 @@ impl Builder<'_> {
             Rule::consumer_stmt => {
                 k.kw(self)?;
                 k.kw(self)?;
-                k.kw(self)?;
-                ServiceStmt::Consumer(ConsumerStmt {
-                    header: self.string(k.next(self)?),
-                    span,
-                })
+                let source = k.next(self)?;
+                let rule = source.as_rule();
+                let mut s = Kids::of(source);
+                s.kw(self)?;
+                let source = if rule == Rule::consumer_jwt {
+                    s.kw(self)?;
+                    let header = self.string(s.next(self)?);
+                    s.kw(self)?;
+                    let issuer = self.string(s.next(self)?);
+                    s.kw(self)?;
+                    let audience = self.string(s.next(self)?);
+                    s.kw(self)?;
+                    let keys = self.string(s.next(self)?);
+                    s.kw(self)?;
+                    let claim = self.string(s.next(self)?);
+                    s.kw(self)?;
+                    s.kw(self)?;
+                    let outcome = s.next(self)?;
+                    let on_invalid = Spanned::new(
+                        if outcome.as_rule() == Rule::kw_count {
+                            OnInvalid::Count
+                        } else {
+                            OnInvalid::Reject
+                        },
+                        span_of(&outcome),
+                    );
+                    ConsumerSource::Jwt(JwtSource {
+                        header,
+                        issuer,
+                        audience,
+                        keys,
+                        claim,
+                        on_invalid,
+                    })
+                } else {
+                    ConsumerSource::Header {
+                        header: self.string(s.next(self)?),
+                    }
+                };
+                ServiceStmt::Consumer(ConsumerStmt { source, span })
             }
             Rule::capacity_stmt => {
                 k.kw(self)?;

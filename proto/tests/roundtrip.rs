@@ -62,6 +62,18 @@ fn order() -> TargetConfig {
         domain: "trade".into(),
         version: "5f1c0ffee".into(),
         consumer_header: "x-gov-consumer".into(),
+        consumer_source: Some(gov_proto::v1::ConsumerSource {
+            kind: Some(gov_proto::v1::consumer_source::Kind::Jwt(
+                gov_proto::v1::JwtSource {
+                    header: "authorization".into(),
+                    issuer: "https://idp".into(),
+                    audience: "order".into(),
+                    keys_file: "idp.jwks".into(),
+                    claim: "client_id".into(),
+                    on_invalid: gov_proto::v1::OnInvalid::Count as i32,
+                },
+            )),
+        }),
         registry: "eureka".into(),
         paths: gov_proto::v1::PathDialect::Servlet as i32,
         matches: vec![

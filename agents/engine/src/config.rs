@@ -28,7 +28,9 @@ pub use crate::route::{Direction, RuleId};
 /// (`state.rs`), so that a new kind does not touch this file.
 pub use crate::state::specs::*;
 
+pub(crate) mod consumer;
 pub(crate) mod invalid;
+pub use self::consumer::{ConsumerSource, JwtSpec, OnInvalid};
 
 /// A validated, compiled `TargetConfig`.
 #[derive(Debug)]
@@ -39,8 +41,11 @@ pub struct CompiledConfig {
     pub domain: Arc<str>,
     /// The content hash the compiler set (empty for hand-made configs).
     pub version: Arc<str>,
-    /// The header carrying the caller's identity.
+    /// The header carrying the caller's identity (as the client sends it, or
+    /// as the proxy wrote it from a verified source).
     pub consumer_header: HeaderName,
+    /// Where the consumer comes from (`consumer from ...`).
+    pub consumer_source: ConsumerSource,
     /// How the service reads request paths (`paths servlet`): the proxy
     /// normalizes inbound paths with it ([`gov_proto::path::normalize`]).
     pub paths: gov_proto::path::Dialect,
@@ -120,6 +125,7 @@ impl CompiledConfig {
             domain: "".into(),
             version: "".into(),
             consumer_header: HeaderName::from_static(gov_proto::compiled::CONSUMER_HEADER),
+            consumer_source: ConsumerSource::Header,
             paths: gov_proto::path::Dialect::default(),
             rules: Vec::new(),
             judged: Box::new([HeaderName::from_static(
@@ -217,7 +223,13 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             rules.iter().map(|r| (r.direction, &r.on)),
             Direction::Outbound,
         );
+        let consumer_source = ConsumerSource::from_wire(t.consumer_source.as_ref())?;
         let mut judged = vec![consumer_header.clone()];
+        if let Some(jwt) = consumer_source.jwt()
+            && !judged.contains(&jwt.header)
+        {
+            judged.push(jwt.header.clone());
+        }
         for r in &rules {
             r.on.headers(&mut judged);
         }
@@ -226,6 +238,7 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             domain: t.domain.as_str().into(),
             version: t.version.as_str().into(),
             consumer_header,
+            consumer_source,
             paths,
             rules,
             judged: judged.into_boxed_slice(),

@@ -318,6 +318,12 @@ impl Engine {
         crate::judged::check(headers, self.shared.current.load().config.judged_headers())
     }
 
+    /// Where the consumer comes from, by the config in force (cheap: an
+    /// `Arc` for a JWT source, nothing to copy for the header).
+    pub fn consumer_source(&self) -> crate::config::ConsumerSource {
+        self.shared.current.load().config.consumer_source.clone()
+    }
+
     /// Events (fuse tripped, limit engaged, released) from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.shared.events.subscribe()

@@ -18,6 +18,7 @@
 
 mod abandoned;
 mod admin;
+mod consumer;
 mod endpoints;
 mod h1;
 mod headers;
@@ -43,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::health::Health;
 pub use abandoned::DEFAULT_CLIENT_GONE_HOLD;
+pub use consumer::{Invalid, Verifier};
 pub use endpoints::{endpoints_to, restore_endpoints};
 pub use listener::GOV_SERVICE;
 pub use reload::{ConfigError, ConfigStatus, parse_config, read_config};
@@ -356,6 +358,7 @@ impl Sidecar {
             directory: directory.clone(),
             log: decision_log.clone(),
             client_gone_hold: options.client_gone_hold,
+            verifier: consumer::Verifier::default(),
         });
         // Idle upstream connections of the HTTP/1 path, shared by both listeners.
         let idle = Arc::new(h1::IdlePool::default());

@@ -88,7 +88,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             match stmt {
                 ServiceStmt::Domain(d) => stmts.push(("domain", d.span)),
                 ServiceStmt::Registry(r) => stmts.push(("registry", r.span)),
-                ServiceStmt::Consumer(c) => stmts.push(("consumer from header", c.span)),
+                ServiceStmt::Consumer(c) => stmts.push(("consumer from", c.span)),
                 ServiceStmt::Paths(p) => stmts.push(("paths", p.span)),
                 ServiceStmt::Capacity(Capacity::Workers { span, .. }) => {
                     stmts.push(("capacity workers", *span));

@@ -371,7 +371,35 @@ fn service_stmt() -> impl Strategy<Value = ServiceStmt> {
     prop_oneof![
         string().prop_map(move |name| ServiceStmt::Domain(DomainStmt { name, span })),
         ident().prop_map(move |name| ServiceStmt::Registry(UsesRegistry { name, span })),
-        string().prop_map(move |header| ServiceStmt::Consumer(ConsumerStmt { header, span })),
+        string().prop_map(move |header| ServiceStmt::Consumer(ConsumerStmt {
+            source: ConsumerSource::Header { header },
+            span
+        })),
+        (
+            string(),
+            string(),
+            string(),
+            string(),
+            string(),
+            any::<bool>()
+        )
+            .prop_map(move |(header, issuer, audience, keys, claim, count)| {
+                ServiceStmt::Consumer(ConsumerStmt {
+                    source: ConsumerSource::Jwt(JwtSource {
+                        header,
+                        issuer,
+                        audience,
+                        keys,
+                        claim,
+                        on_invalid: sp(if count {
+                            OnInvalid::Count
+                        } else {
+                            OnInvalid::Reject
+                        }),
+                    }),
+                    span,
+                })
+            }),
         capacity.prop_map(ServiceStmt::Capacity),
         (ident(), match_expr(), proptest::option::of(duration())).prop_map(
             move |(name, expr, latency)| ServiceStmt::Match(MatchDef {

@@ -46,6 +46,14 @@ pub enum InvalidConfig {
         )
     )]
     NoConsumerHeader,
+    #[error("the config's consumer source is unusable: {problem}")]
+    #[diagnostic(
+        code(gov::agent::consumer_source),
+        help(
+            "compile the policy with `govc compile`: it writes every field of `consumer from jwt`"
+        )
+    )]
+    ConsumerSource { problem: String },
     #[error("the config's `paths` is {value}, a path dialect this agent does not know")]
     #[diagnostic(
         code(gov::agent::unknown_paths),
@@ -66,6 +74,7 @@ impl InvalidConfig {
             | InvalidConfig::NoClusterStore { rule } => Some(rule),
             InvalidConfig::ConsumerHeader { .. }
             | InvalidConfig::NoConsumerHeader
+            | InvalidConfig::ConsumerSource { .. }
             | InvalidConfig::Paths { .. }
             | InvalidConfig::TooManyRules { .. } => None,
         }

@@ -28,6 +28,7 @@
 mod chunked;
 pub(crate) mod codec;
 mod deadline;
+mod local;
 mod pool;
 mod prefixed;
 mod read;
@@ -52,10 +53,12 @@ use self::codec::{
     write_request_head,
 };
 use self::deadline::Deadline;
+use self::local::{discardable, is_idempotent};
 pub(crate) use self::pool::IdlePool;
 use self::pool::{Dest, Upstream, connect};
 pub(crate) use self::prefixed::Prefixed;
 use self::relay::{Broke, Leg, READ_CHUNK, Received, receive, relay, within};
+use super::consumer;
 use super::listener::{Failure, Shared, Side, path_dialect, target_service};
 use super::upstream::Pick;
 use gov_engine::engine::Target;
@@ -66,9 +69,6 @@ trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Io for S {}
 
-/// Bodies of locally answered requests up to this size are read and dropped so the
-/// connection can stay open; longer ones close it.
-const MAX_DISCARD: u64 = 64 * 1024;
 /// Keep-alive upstream connections one client connection keeps.
 const MAX_UPSTREAMS: usize = 4;
 /// How long after the listener's stop a connection that has not sent its first
@@ -185,6 +185,8 @@ enum End {
 enum Local<'r> {
     Rejection(&'r gov_engine::Rejection),
     Failure(Failure),
+    /// `consumer from jwt ... on invalid reject`: 401 with this text.
+    Unauthenticated(&'r str),
 }
 
 /// The owned part of a checked request head, kept while its body is relayed.
@@ -281,7 +283,23 @@ impl Conn<'_> {
             framing: req.framing,
             close: req.close,
         };
-        let raw = Headers::Raw(req.headers);
+        // The consumer: as sent, or verified and written by the agent.
+        let identity = match cx.shared.identify(cx.side, Headers::Raw(req.headers)) {
+            Ok(identity) => identity,
+            Err(text) => {
+                drop(req);
+                let answer = Local::Unauthenticated(&text);
+                return Some(self.answer_locally(client, &head, answer).await);
+            }
+        };
+        let replaced;
+        let raw = match identity.value() {
+            Some((name, value)) => {
+                replaced = consumer::replaced(req.headers, name, value);
+                Headers::Raw(&replaced)
+            }
+            None => Headers::Raw(req.headers),
+        };
 
         // Where it goes, and the engine's decision. An outbound call picks its
         // endpoint first: per-instance rules key on it.
@@ -343,7 +361,8 @@ impl Conn<'_> {
         };
 
         self.out.clear();
-        write_request_head(&mut self.out, &req, &self.peer, admission.stamps());
+        let stamps = admission.stamps();
+        write_request_head(&mut self.out, &req, &self.peer, stamps, identity.value());
         drop(req);
         self.buf.advance(head.len);
         let to = match pick {
@@ -361,11 +380,14 @@ impl Conn<'_> {
         head: &Head,
         answer: Local<'_>,
     ) -> bool {
-        let keep = !head.close && discardable(head, &self.buf) && !self.cx.stopping();
+        let keep = !head.close
+            && discardable(head.framing, head.len, self.buf.len())
+            && !self.cx.stopping();
         self.out.clear();
         match answer {
             Local::Rejection(rejection) => rejection.write_http1(&mut self.out, !keep),
             Local::Failure(failure) => failure.write_http1(&mut self.out, !keep),
+            Local::Unauthenticated(text) => consumer::write_http1(&mut self.out, text, !keep),
         }
         if client.write_all(&self.out).await.is_err() {
             return false;
@@ -673,24 +695,6 @@ async fn refuse(client: &mut impl Io, cx: &Listener, refusal: Refusal) {
     let mut out = Vec::with_capacity(256);
     Failure::refused(refusal.answer()).write_http1(&mut out, true);
     let _ = client.write_all(&out).await;
-}
-
-/// Whether the rest of a locally answered request can be read and dropped.
-fn discardable(head: &Head, buf: &[u8]) -> bool {
-    match head.framing {
-        Framing::Empty => true,
-        Framing::Length(n) => {
-            n <= MAX_DISCARD || (head.len as u64).saturating_add(n) <= buf.len() as u64
-        }
-        Framing::Chunked | Framing::UntilClose => false,
-    }
-}
-
-fn is_idempotent(method: &Method) -> bool {
-    matches!(
-        *method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    )
 }
 
 #[cfg(test)]

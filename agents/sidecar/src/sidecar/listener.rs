@@ -29,9 +29,22 @@ pub(crate) struct Shared {
     /// `--client-gone-hold`: how long a call whose client left is finished
     /// at most (hyper's side; see `abandoned`).
     pub(crate) client_gone_hold: std::time::Duration,
+    /// The keys of `consumer from jwt` sources (the inbound listener).
+    pub(crate) verifier: super::consumer::Verifier,
 }
 
 impl Shared {
+    /// The consumer of a request by the service's `consumer from`
+    /// ([`super::consumer::identify`]).
+    pub(crate) fn identify(
+        &self,
+        side: Side,
+        headers: gov_engine::Headers<'_>,
+    ) -> Result<super::consumer::Identity, String> {
+        let inbound = side == Side::Inbound;
+        super::consumer::identify(&self.engine, &self.verifier, inbound, headers)
+    }
+
     /// The engine's decision on `info`, logged when the decision log samples
     /// the call (the rejection now, an admitted call when its admission drops):
     /// the HTTP/1 path's, told to the log as hyper's path tells it through

@@ -37,6 +37,7 @@ use super::listener::{Failure, Shared, Side, path_dialect, target_service};
 use super::serve::Connections;
 use super::upstream::{Pick, PickedBody, UpstreamBody, UpstreamClient};
 use crate::decision_log::DecisionLog;
+use gov_engine::Headers::Map;
 use gov_engine::path::Dialect;
 use gov_engine::{CallError, CallTarget, GovBody, Govern, GovernLayer, MeteredBody, Outcome};
 
@@ -125,7 +126,7 @@ impl Handler {
         let checked = check(&mut req, path_dialect(&conn.shared, conn.side)).and_then(|()| {
             conn.shared
                 .engine
-                .check_judged(gov_engine::Headers::Map(req.headers()))
+                .check_judged(Map(req.headers()))
                 .map_err(|error| Refusal::BadRequest(error.body()))
         });
         if let Err(refusal) = checked {
@@ -141,6 +142,14 @@ impl Handler {
         // proxied, and such a request is no call of the service's.
         if req.method() == http::Method::CONNECT && req.uri().path_and_query().is_none() {
             return failure_response(Failure::BadRequest("gov-agent: CONNECT is not supported\n"));
+        }
+        // The consumer: as sent, or verified and written by the agent.
+        match conn.shared.identify(conn.side, Map(req.headers())) {
+            Ok(identity) => identity.apply(req.headers_mut()),
+            Err(text) => {
+                let grpc = gov_engine::grpc::GrpcCall::of(&req).is_some();
+                return super::consumer::response(&text, grpc);
+            }
         }
         let close = req.version() <= http::Version::HTTP_11 && conn.handed_over;
         if conn.side == Side::Outbound

@@ -20,6 +20,7 @@ mod h2_bounds;
 mod h2spec;
 mod hostile;
 mod identity;
+mod jwt;
 mod latches;
 mod paths;
 mod proxy;

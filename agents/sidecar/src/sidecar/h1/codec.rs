@@ -401,30 +401,8 @@ fn is_framing_name(name: &[u8]) -> bool {
 /// Whether `host` is a valid `uri-host [ ":" port ]` (RFC 3986 section 3.2.2): no
 /// user info, no path, no whitespace or control bytes. May be empty.
 pub(crate) fn valid_authority(host: &str) -> bool {
-    host.bytes().all(|b| {
-        b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-                    | b':'
-                    | b'['
-                    | b']'
-                    | b'%'
-            )
-    })
+    host.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:[]%".contains(&b))
 }
 
 /// The origin-form of a request target and, for an absolute-form `http://` one, its
@@ -564,7 +542,8 @@ fn is_framing(name: &str) -> bool {
 /// `x-forwarded-for` with the client appended, and `gov-would-reject-by`
 /// naming `stamps` (the shadow rules that would have refused the call) when
 /// there are any. The client's `host`, `content-length`,
-/// `transfer-encoding` and `gov-would-reject-by` are never copied: whatever
+/// `transfer-encoding` and `gov-would-reject-by` (and, with `consumer`, the
+/// consumer header, written with the verified value) are never copied: whatever
 /// its `connection` names, the upstream frames the body exactly as the
 /// agent does, and only the agent says which rules would have refused.
 pub(crate) fn write_request_head<'a>(
@@ -572,6 +551,7 @@ pub(crate) fn write_request_head<'a>(
     req: &Checked<'_>,
     peer: &str,
     stamps: impl Iterator<Item = &'a str>,
+    consumer: Option<(&str, Option<&[u8]>)>,
 ) {
     use std::io::Write;
     out.extend_from_slice(req.method.as_str().as_bytes());
@@ -597,10 +577,16 @@ pub(crate) fn write_request_head<'a>(
                 forwarded = Some(h.value);
             }
             continue;
-        } else if name.eq_ignore_ascii_case(WOULD_REJECT_BY) {
+        } else if name.eq_ignore_ascii_case(WOULD_REJECT_BY)
+            || consumer.is_some_and(|(c, _)| name.eq_ignore_ascii_case(c))
+        {
             continue;
         }
         push_header(out, name.as_bytes(), h.value);
+    }
+    // The consumer the agent verified (`consumer from jwt`), never the client's.
+    if let Some((name, Some(value))) = consumer {
+        push_header(out, name.as_bytes(), value);
     }
     let mut stamped = false;
     // Rule names come from the compiler (identifiers), but a hand-written

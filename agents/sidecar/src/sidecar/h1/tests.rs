@@ -63,6 +63,7 @@ fn connect(local: Authority) -> DuplexStream {
         directory: Arc::new(Directory::new(Balance::default(), &[])),
         log: None,
         client_gone_hold: std::time::Duration::from_secs(60),
+        verifier: Default::default(),
     });
     let cx = Listener::new(
         shared,

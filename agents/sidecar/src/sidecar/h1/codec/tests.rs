@@ -473,7 +473,7 @@ fn upstream_head(head: &str) -> String {
         panic!("not served here: {head:?}");
     };
     let mut out = Vec::new();
-    write_request_head(&mut out, &req, "127.0.0.2", std::iter::empty());
+    write_request_head(&mut out, &req, "127.0.0.2", std::iter::empty(), None);
     String::from_utf8(out).unwrap()
 }
 
@@ -638,7 +638,7 @@ fn only_the_agent_writes_gov_would_reject_by() {
     };
     let mut out = Vec::new();
     let stamps = ["shop/trial", "shop/bad\r\nx-injected: 1", "shop/other"];
-    write_request_head(&mut out, &req, "127.0.0.2", stamps.into_iter());
+    write_request_head(&mut out, &req, "127.0.0.2", stamps.into_iter(), None);
     assert_eq!(
         String::from_utf8(out).unwrap(),
         "GET /a HTTP/1.1\r\nx-kept: 1\r\ngov-would-reject-by: shop/trial, shop/other\r\nhost: h\r\nx-forwarded-for: 127.0.0.2\r\n\r\n"
