@@ -47,6 +47,7 @@ pub mod unknown_paths;
 pub mod unknown_registry;
 pub mod unknown_service;
 pub mod unreachable_min_calls;
+pub mod unverified_consumer;
 
 /// Every stable code, errors then lints. Each has a fixture
 /// (`tests/fixtures/<name>.gov`) and an entry in `docs/checks.md`.
@@ -86,6 +87,7 @@ pub const CODES: &[&str] = &[
     "gov::lint::consumers-before-ready",
     "gov::lint::unreachable-min-calls",
     "gov::lint::cluster-limit-inconsistent",
+    "gov::lint::unverified-consumer",
 ];
 
 /// A check: reads the context, reports what it finds.
@@ -128,6 +130,7 @@ const CHECKS: &[Check] = &[
     consumers_before_ready::check,
     unreachable_min_calls::check,
     cluster_limit_inconsistent::check,
+    unverified_consumer::check,
 ];
 
 /// Runs every check.

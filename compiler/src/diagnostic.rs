@@ -86,6 +86,7 @@ diagnostics! {
     ConsumersBeforeReady(consumers_before_ready::ConsumersBeforeReady),
     UnreachableMinCalls(unreachable_min_calls::UnreachableMinCalls),
     ClusterLimitInconsistent(cluster_limit_inconsistent::ClusterLimitInconsistent),
+    UnverifiedConsumer(unverified_consumer::UnverifiedConsumer),
 }
 
 impl From<gov_lang::SyntaxError> for Diagnostic {

@@ -247,7 +247,7 @@ fn lint_thresholds_at_their_boundaries() {
 fn limits_on_different_windows_or_keys_do_not_conflict() {
     let two = |a: &str, b: &str| {
         codes(&format!(
-            "service s {{\n  limit a on any {{ {a} }}\n  limit b on any {{ {b} }}\n}}\n"
+            "service s {{\n  consumer from header \"x-gov-consumer\"\n  limit a on any {{ {a} }}\n  limit b on any {{ {b} }}\n}}\n"
         ))
     };
     assert!(two("calls 10 per 1s", "calls 500 per 1m").is_empty());

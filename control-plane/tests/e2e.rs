@@ -2262,6 +2262,7 @@ const PER_CONSUMER: &str = r#"service order {
     per consumer
     release manual
   }
+  consumer from header "x-gov-consumer"
 }
 "#;
 
