@@ -143,15 +143,20 @@ impl Handler {
         if req.method() == http::Method::CONNECT && req.uri().path_and_query().is_none() {
             return failure_response(Failure::BadRequest("gov-agent: CONNECT is not supported\n"));
         }
+        let close = req.version() <= http::Version::HTTP_11 && conn.handed_over;
         // The consumer: as sent, or verified and written by the agent.
         match conn.shared.identify(conn.side, Map(req.headers())) {
             Ok(identity) => identity.apply(req.headers_mut()),
             Err(text) => {
                 let grpc = gov_engine::grpc::GrpcCall::of(&req).is_some();
-                return super::consumer::response(&text, grpc);
+                let mut response = super::consumer::response(&text, grpc);
+                if close {
+                    let value = HeaderValue::from_static("close");
+                    response.headers_mut().insert(header::CONNECTION, value);
+                }
+                return response;
             }
         }
-        let close = req.version() <= http::Version::HTTP_11 && conn.handed_over;
         if conn.side == Side::Outbound
             && let Err(failure) = pick(&conn.shared, &mut req)
         {

@@ -294,6 +294,25 @@ async fn every_invalid_credential_is_refused_with_401_on_both_paths() {
     assert_eq!(s.up.take(), [], "nothing reached the upstream");
 }
 
+/// A refused token on a request hyper serves for the HTTP/1 path
+/// (HTTP/1.0, `Expect`) closes the connection: nothing after it reaches
+/// hyper unchecked.
+#[tokio::test]
+async fn a_refused_handed_over_request_closes_the_connection() {
+    let s = setup("ON_INVALID_REJECT").await;
+    for head in [
+        &b"GET /orders HTTP/1.0\r\nhost: x\r\nconnection: keep-alive\r\n\r\n"[..],
+        b"POST /orders HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 0\r\n\r\n",
+    ] {
+        let mut wire = Wire::connect(s.agent.sidecar.inbound_addr()).await;
+        wire.send(head).await;
+        let reply = wire.response().await;
+        assert_eq!(reply.status, 401);
+        assert!(wire.closed().await, "the connection closes after the 401");
+    }
+    assert_eq!(s.up.take(), []);
+}
+
 #[tokio::test]
 async fn an_eddsa_key_verifies_and_the_keys_file_is_reloaded_when_it_changes() {
     let s = setup("ON_INVALID_REJECT").await;
