@@ -120,8 +120,22 @@ impl Handler {
         .await
     }
 
-    /// Governs and forwards one request.
-    async fn respond(self, mut req: Request<Incoming>) -> Response<Inner> {
+    /// Governs and forwards one request. Every answer on a connection the
+    /// HTTP/1 path handed over closes it (hyper serves that one request), so
+    /// no later request there skips the HTTP/1 path's checks.
+    async fn respond(self, req: Request<Incoming>) -> Response<Inner> {
+        let handed_over = self.0.get_ref().0.handed_over;
+        let close = req.version() <= http::Version::HTTP_11 && handed_over;
+        let mut response = self.answer(req).await;
+        if close {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+
+    async fn answer(self, mut req: Request<Incoming>) -> Response<Inner> {
         let conn = &self.0.get_ref().0;
         let checked = check(&mut req, path_dialect(&conn.shared, conn.side)).and_then(|()| {
             conn.shared
@@ -143,18 +157,12 @@ impl Handler {
         if req.method() == http::Method::CONNECT && req.uri().path_and_query().is_none() {
             return failure_response(Failure::BadRequest("gov-agent: CONNECT is not supported\n"));
         }
-        let close = req.version() <= http::Version::HTTP_11 && conn.handed_over;
         // The consumer: as sent, or verified and written by the agent.
         match conn.shared.identify(conn.side, Map(req.headers())) {
             Ok(identity) => identity.apply(req.headers_mut()),
             Err(text) => {
                 let grpc = gov_engine::grpc::GrpcCall::of(&req).is_some();
-                let mut response = super::consumer::response(&text, grpc);
-                if close {
-                    let value = HeaderValue::from_static("close");
-                    response.headers_mut().insert(header::CONNECTION, value);
-                }
-                return response;
+                return super::consumer::response(&text, grpc);
             }
         }
         if conn.side == Side::Outbound
@@ -162,7 +170,7 @@ impl Handler {
         {
             return failure_response(failure);
         }
-        let mut response = match self.0.oneshot(req).await {
+        match self.0.oneshot(req).await {
             Ok(response) => response,
             Err(error) => {
                 tracing::debug!(%error, "upstream failed");
@@ -172,13 +180,7 @@ impl Handler {
                     None => Failure::BadRequest("gov-agent: bad request target\n"),
                 })
             }
-        };
-        if close {
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        response
     }
 }
 

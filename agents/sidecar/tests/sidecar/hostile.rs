@@ -299,6 +299,23 @@ async fn hyper_serves_one_handed_over_request_then_the_connection_closes() {
     assert_eq!(received, ["/a", "/a", "/a"]);
 }
 
+/// The agent's own answers on a handed-over connection close it too: a
+/// refused `CONNECT` (authority-form, hyper's) used to leave it open for
+/// hyper to parse what followed.
+#[tokio::test]
+async fn a_refused_handed_over_request_closes_the_connection_too() {
+    let up = RawUpstream::start().await;
+    let agent = agent_before(&up).await;
+    let next = b"GET /lim HTTP/1.1\r\nhost: a\r\n\r\n";
+    let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+    wire.send(&[&b"CONNECT x:443 HTTP/1.1\r\nhost: x:443\r\n\r\n"[..], next].concat())
+        .await;
+    let reply = wire.response().await;
+    assert_eq!(reply.status, 400);
+    assert!(wire.closed().await, "hyper served one request only");
+    assert_eq!(up.take(), []);
+}
+
 #[tokio::test]
 async fn a_client_that_stalls_its_body_or_stops_reading_is_closed() {
     let up = RawUpstream::start().await;
