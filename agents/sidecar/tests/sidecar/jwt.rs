@@ -313,6 +313,23 @@ async fn a_refused_handed_over_request_closes_the_connection() {
     assert_eq!(s.up.take(), []);
 }
 
+/// The token's header is judged like the consumer header (issue 29): twice
+/// (the agent would verify one, the upstream might read the other) or named
+/// by `connection` is refused with 400 before any verification.
+#[tokio::test]
+async fn a_token_header_twice_or_named_by_connection_is_refused_with_400() {
+    let s = setup("ON_INVALID_REJECT").await;
+    let token = mint(&s.key, json!({}));
+    for fields in [
+        format!("authorization: Bearer {token}\r\nauthorization: Bearer x\r\n"),
+        format!("authorization: Bearer {token}\r\nconnection: authorization\r\n"),
+        format!("authorization: Bearer {token}\r\nAuthorization: Bearer {token}\r\n"),
+    ] {
+        assert_eq!(h1(&s.agent, &fields).await.0, 400, "{fields}");
+    }
+    assert_eq!(s.up.take(), []);
+}
+
 #[tokio::test]
 async fn an_eddsa_key_verifies_and_the_keys_file_is_reloaded_when_it_changes() {
     let s = setup("ON_INVALID_REJECT").await;
