@@ -82,6 +82,8 @@ pub struct Admission {
     /// Every step passed (counted as admitted in every rule).
     admitted: bool,
     recorded: bool,
+    /// Fuses count the call as a system error whatever its outcome.
+    system_error: bool,
     /// The rules that made this call wait, and how long (the decision log
     /// reports them; empty unless a step waited, so the hot path never
     /// allocates for it).
@@ -149,6 +151,7 @@ impl Admission {
             has_bytes: false,
             admitted: true,
             recorded: true,
+            system_error: false,
             waits: Vec::new(),
             trace: None,
         }
@@ -168,6 +171,7 @@ impl Admission {
             has_bytes: false,
             admitted: false,
             recorded: false,
+            system_error: false,
             waits: Vec::new(),
             trace: None,
         }
@@ -513,13 +517,24 @@ impl Admission {
             if let Outcome::Grpc(code) = outcome {
                 state.counters().grpc(slot, code);
             }
-            state.record(slot, outcome, h.grant, now);
+            let grant = Grant {
+                system_error: self.system_error,
+                ..h.grant
+            };
+            state.record(slot, outcome, grant, now);
             // A probe has reported; dropping must not give it back.
             h.grant.probe = false;
         }
         if snap.any_shadow {
             shadow_timeouts(snap, &self.held, elapsed);
         }
+    }
+
+    /// Fuses count this call as a system error whatever its outcome: a
+    /// caller whose credential did not verify (`consumer from jwt ... on
+    /// invalid count`, a `token invalid` error). Other rules see its outcome.
+    pub fn count_as_system_error(&mut self) {
+        self.system_error = true;
     }
 
     /// Records the outcome and ends the call (releases its permits).

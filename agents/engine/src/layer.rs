@@ -245,7 +245,8 @@ where
             }
         };
         match decision {
-            Ok(Ok(admission)) => {
+            Ok(Ok(mut admission)) => {
+                mark(&req, &mut admission);
                 let req = admitted(req, &admission);
                 let fut = self.inner.call(req);
                 ResponseFuture::called(fut, admission, grpc)
@@ -270,10 +271,11 @@ where
                                 observed(&cx.observer, s, &info, bytes, waited)
                             }
                         };
-                        let admission = match waited {
+                        let mut admission = match waited {
                             Ok(a) => a,
                             Err(r) => return Ok(GovBody::rejected(&r, grpc.is_some())),
                         };
+                        mark(&req, &mut admission);
                         let req = admitted(req, &admission);
                         let fut = inner.ready().await.map_err(Into::into)?.call(req);
                         ResponseFuture::called(fut, admission, grpc).await
@@ -281,6 +283,18 @@ where
                 }
             }
         }
+    }
+}
+
+/// A request extension: fuses count the call as a system error whatever
+/// its outcome ([`Admission::count_as_system_error`]): the proxy's mark on a
+/// call whose credential did not verify (`on invalid count`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountAsSystemError;
+
+fn mark<B>(req: &Request<B>, admission: &mut Admission) {
+    if req.extensions().get::<CountAsSystemError>().is_some() {
+        admission.count_as_system_error();
     }
 }
 

@@ -99,7 +99,7 @@ pub use events::{Event, EventKind};
 pub use gov_proto::path;
 pub use judged::JudgedHeaderError;
 pub use latch::{InvalidLatch, Latch, LatchKind, Restored};
-pub use layer::{CallError, CallTarget, Govern, GovernLayer};
+pub use layer::{CallError, CallTarget, CountAsSystemError, Govern, GovernLayer};
 pub use outcome::Outcome;
 pub use rejection::{REJECTED_BY, RejectReason, Rejection, WOULD_REJECT_BY, WouldReject};
 pub use route::Headers;

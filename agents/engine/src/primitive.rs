@@ -40,6 +40,9 @@ pub(crate) struct Grant {
     pub probe: bool,
     /// The primitive counts the call's bytes ([`Primitive::add_bytes`]).
     pub bytes: bool,
+    /// The call counts as a system error whatever its outcome (a fuse's
+    /// class), set at record time ([`crate::Admission::count_as_system_error`]).
+    pub system_error: bool,
 }
 
 /// The order of the steps of a decision: fuses (cheapest, and they refuse

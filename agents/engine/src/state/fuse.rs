@@ -181,8 +181,14 @@ impl Fuse {
     }
 
     /// Records how an admitted call ended (counted in the stripe of `slot`).
+    #[cfg(test)]
     pub(crate) fn record_outcome(&self, slot: Slot, outcome: Outcome, probe: bool, now: Instant) {
-        let class = self.classify(outcome);
+        self.record_class(slot, self.classify(outcome), probe, now);
+    }
+
+    /// Records a call of `class` (a `token invalid` call is a system error
+    /// whatever its outcome).
+    fn record_class(&self, slot: Slot, class: Class, probe: bool, now: Instant) {
         if probe {
             self.record_probe(class, now);
             return;
@@ -434,6 +440,7 @@ impl Primitive for Fuse {
             Ok(probe) => Answer::Granted(Grant {
                 probe,
                 bytes: false,
+                system_error: false,
             }),
             // With automatic recovery, tell callers when probes start.
             Err(()) => Answer::Refused(
@@ -465,7 +472,12 @@ impl Primitive for Fuse {
 
     #[inline]
     fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Instant) {
-        self.record_outcome(slot, outcome, grant.probe, now);
+        let class = if grant.system_error {
+            Class::System
+        } else {
+            self.classify(outcome)
+        };
+        self.record_class(slot, class, grant.probe, now);
     }
 
     fn reject_status(&self) -> StatusCode {
@@ -573,6 +585,33 @@ mod tests {
         let e = rx.try_recv().unwrap();
         assert_eq!(e.kind, EventKind::FuseTripped);
         assert_eq!(e.reason, "system_errors 3 >= 3 over 10s (18 calls)");
+    }
+
+    /// A call marked `system_error` (a token that did not verify, `on
+    /// invalid count`) is a system error whatever its outcome.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_marked_as_a_system_error_counts_as_one_whatever_its_status() {
+        let (f, _rx) = fuse(
+            vec![trip(
+                TripMetric::SystemErrors,
+                CompareOp::Ge,
+                Threshold::Count(3),
+                10,
+                0,
+            )],
+            RecoverSpec::Manual,
+        );
+        let marked = Grant {
+            system_error: true,
+            ..Grant::default()
+        };
+        for i in 0..3 {
+            assert_eq!(f.state(), FuseState::Closed, "after {i}");
+            assert!(f.try_admit(Instant::now()).is_ok());
+            let slot = crate::stripe::current();
+            Primitive::record(&f, slot, Outcome::Status(200), marked, Instant::now());
+        }
+        assert_eq!(f.state(), FuseState::Open);
     }
 
     #[tokio::test(start_paused = true)]

@@ -631,6 +631,7 @@ impl Limit {
         Grant {
             probe: false,
             bytes: self.spec.bytes.is_some(),
+            system_error: false,
         }
     }
 

@@ -7,8 +7,8 @@
 //! implementation; a hand-written one would be the riskiest code in the
 //! agent): the signature with a key of the JWKS file (RS256, ES256, EdDSA;
 //! `alg: none` and HMAC are refused), `exp` (required) and `nbf` with the
-//! crate's 60 s leeway, `iss` and `aud`. The file is re-read when its mtime
-//! changes (polled every second on `tokio::time`); a file that cannot be read
+//! crate's 60 s leeway, `iss` and `aud`. The file is re-read when its mtime,
+//! inode or length changes (polled every second on `tokio::time`); a file that cannot be read
 //! keeps the keys in force, and with none every token is invalid.
 
 use std::collections::HashMap;
@@ -102,19 +102,26 @@ impl Verifier {
     }
 }
 
-/// Re-reads `path` when its mtime changes, until the file is dropped.
-async fn watch(file: Weak<KeyFile>, path: PathBuf, mut seen: Option<SystemTime>) {
+/// What tells a changed keys file: its mtime, and its inode and length (a
+/// file replaced within the clock's granularity keeps the mtime).
+type Stamp = Option<(SystemTime, u64, u64)>;
+
+fn stamp(meta: std::io::Result<std::fs::Metadata>) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    let meta = meta.ok()?;
+    Some((meta.modified().ok()?, meta.ino(), meta.len()))
+}
+
+/// Re-reads `path` when it changes, until the file is dropped.
+async fn watch(file: Weak<KeyFile>, path: PathBuf, mut seen: Stamp) {
     loop {
         tokio::time::sleep(POLL).await;
         let Some(file) = file.upgrade() else { return };
-        let mtime = tokio::fs::metadata(&path)
-            .await
-            .and_then(|m| m.modified())
-            .ok();
-        if mtime == seen {
+        let now = stamp(tokio::fs::metadata(&path).await);
+        if now == seen {
             continue;
         }
-        seen = mtime;
+        seen = now;
         let (set, _) = load(&path);
         match &set.error {
             Some(error) if !file.set.load().keys.is_empty() => {
@@ -128,9 +135,9 @@ async fn watch(file: Weak<KeyFile>, path: PathBuf, mut seen: Option<SystemTime>)
     }
 }
 
-/// The keys of a JWKS file, and its mtime.
-fn load(path: &Path) -> (KeySet, Option<SystemTime>) {
-    let mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+/// The keys of a JWKS file, and its stamp.
+fn load(path: &Path) -> (KeySet, Stamp) {
+    let mtime = stamp(std::fs::metadata(path));
     let text = match std::fs::read(path) {
         Ok(text) => text,
         Err(error) => {
@@ -298,6 +305,12 @@ pub(crate) fn identify(
 }
 
 impl Identity {
+    /// Whether the caller's credential did not verify (`on invalid count`):
+    /// fuses count the call as a `token invalid` system error.
+    pub(crate) fn invalid(&self) -> bool {
+        matches!(self, Identity::Dropped { .. })
+    }
+
     /// The consumer header and the value it gets (`None`: removed); `None`
     /// when the client's stays.
     pub(crate) fn value(&self) -> Option<(&str, Option<&[u8]>)> {

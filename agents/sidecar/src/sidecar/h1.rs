@@ -349,7 +349,7 @@ impl Conn<'_> {
             Framing::Length(n) => Some(n),
             Framing::Chunked | Framing::UntilClose => None,
         };
-        let admission = match cx.shared.admit(&info, declared).await {
+        let admission = match cx.shared.admit(&info, declared, identity.invalid()).await {
             Ok(admission) => admission,
             Err(rejection) => {
                 drop((req, pick));

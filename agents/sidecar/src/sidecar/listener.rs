@@ -50,14 +50,22 @@ impl Shared {
     /// the HTTP/1 path's, told to the log as hyper's path tells it through
     /// [`gov_engine::Govern`].
     #[inline]
+    /// `system_error`: fuses count the call as one whatever its outcome (a
+    /// token that did not verify, `on invalid count`).
     pub(crate) async fn admit(
         &self,
         info: &RequestInfo<'_>,
         request_bytes: Option<u64>,
+        system_error: bool,
     ) -> Result<Admission, Rejection> {
-        self.engine
+        let mut admission = self
+            .engine
             .admit_observed(info, &self.log, request_bytes)
-            .await
+            .await?;
+        if system_error {
+            admission.count_as_system_error();
+        }
+        Ok(admission)
     }
 }
 

@@ -159,7 +159,12 @@ impl Handler {
         }
         // The consumer: as sent, or verified and written by the agent.
         match conn.shared.identify(conn.side, Map(req.headers())) {
-            Ok(identity) => identity.apply(req.headers_mut()),
+            Ok(identity) => {
+                if identity.invalid() {
+                    req.extensions_mut().insert(gov_engine::CountAsSystemError);
+                }
+                identity.apply(req.headers_mut());
+            }
             Err(text) => {
                 let grpc = gov_engine::grpc::GrpcCall::of(&req).is_some();
                 return super::consumer::response(&text, grpc);

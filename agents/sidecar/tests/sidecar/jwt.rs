@@ -373,3 +373,50 @@ async fn on_invalid_count_serves_the_call_without_any_consumer() {
     assert_eq!(received.len(), 2);
     assert!(received.iter().all(|r| r.count("x-gov-consumer") == 0));
 }
+
+/// `on invalid count`: a call whose token did not verify is a `token
+/// invalid` system error toward the service's fuses, on both paths, though
+/// the upstream answered 200; valid calls alone never trip it.
+#[tokio::test]
+async fn invalid_tokens_count_toward_the_fuse_as_system_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("idp.jwks");
+    let key = es256("k1");
+    write_jwks(&jwks, &[&key]);
+    let up = RawUpstream::start().await;
+    let fuse = r#"
+  - name: shop/tokens
+    on: { path: { kind: PATH_KIND_PREFIX, value: /orders } }
+    fuse:
+      trips:
+        - { metric: TRIP_METRIC_SYSTEM_ERRORS, op: COMPARE_OP_GE, count: 3, window_ms: 60000 }
+      reject_status: 503
+"#;
+    let config = config(&jwks, "ON_INVALID_COUNT").replace(
+        "      calls: { amount: 2, window_ms: 3600000 }\n",
+        &format!("      calls: {{ amount: 1000, window_ms: 3600000 }}\n{fuse}"),
+    );
+    let agent = agent()
+        .config(&config)
+        .upstream(&Upstream::at(up.addr))
+        .start()
+        .await;
+    let valid = format!("authorization: Bearer {}\r\n", mint(&key, json!({})));
+    for _ in 0..5 {
+        assert_eq!(h1(&agent, &valid).await.0, 200);
+    }
+    let expired = mint(&key, json!({ "exp": now() - 3600 }));
+    let bad = format!("authorization: Bearer {expired}\r\n");
+    assert_eq!(h1(&agent, &bad).await.0, 200);
+    assert_eq!(h1(&agent, &bad).await.0, 200);
+    let auth = format!("Bearer {expired}");
+    assert_eq!(
+        h2c(&agent, &[("authorization", auth.as_str())]).await.0,
+        200
+    );
+    assert_eq!(
+        h1(&agent, &valid).await.0,
+        503,
+        "three token errors tripped it"
+    );
+}
