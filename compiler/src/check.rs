@@ -15,6 +15,7 @@ use crate::resolve::Ctx;
 pub mod bulkhead_over_workers;
 pub mod cluster_limit_inconsistent;
 pub mod cluster_sync;
+pub mod conflicting_paths;
 pub mod conflicting_rules;
 pub mod consumers_before_ready;
 pub mod drain_after_stop;
@@ -57,6 +58,7 @@ pub const CODES: &[&str] = &[
     "gov::unknown-registry",
     "gov::unknown-method",
     "gov::unknown-paths",
+    "gov::conflicting-paths",
     "gov::unknown-grpc-status",
     "gov::invalid-grpc-name",
     "gov::path-not-normal",
@@ -106,6 +108,7 @@ const CHECKS: &[Check] = &[
     match_cycle::check,
     unknown_method::check,
     unknown_paths::check,
+    conflicting_paths::check,
     grpc_status::check,
     grpc_name::check,
     path_not_normal::check,

@@ -55,6 +55,7 @@ diagnostics! {
     UnknownRegistry(unknown_registry::UnknownRegistry),
     UnknownMethod(unknown_method::UnknownMethod),
     UnknownPaths(unknown_paths::UnknownPaths),
+    ConflictingPaths(conflicting_paths::ConflictingPaths),
     UnknownGrpcStatus(grpc_status::UnknownGrpcStatus),
     InvalidGrpcName(grpc_name::InvalidGrpcName),
     PathNotNormal(path_not_normal::PathNotNormal),

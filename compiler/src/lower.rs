@@ -172,7 +172,7 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
             .registry
             .map(|r| r.name.node.clone())
             .unwrap_or_default(),
-        paths: svc.dialect().to_wire().into(),
+        paths: svc.reading().to_wire().into(),
         ..Default::default()
     };
     for stmt in &svc.ast.body {

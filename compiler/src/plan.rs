@@ -14,7 +14,7 @@
 //! A service whose version is unchanged is unchanged: versions are content
 //! hashes (see [`crate::lower`]), so this is exact.
 
-use gov_proto::path::Dialect;
+use gov_proto::path::Reading;
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
@@ -422,9 +422,8 @@ pub(crate) fn push(f: &mut Vec<(String, String)>, k: &str, v: String) {
 /// The word of a service's `paths`; empty for the default, as a service without
 /// the statement shows.
 fn paths_word(value: i32) -> String {
-    match Dialect::from_wire(value) {
-        Some(Dialect::Strict) => String::new(),
-        Some(dialect) => dialect.word().to_string(),
+    match Reading::from_wire(value) {
+        Some(reading) => reading.words().join(" "),
         None => format!("unknown ({value})"),
     }
 }

@@ -332,12 +332,20 @@ impl<'a> Svc<'a> {
         &self.ast.name.node
     }
 
-    /// How the service reads request paths: its `paths WORD`, or the default
-    /// (also for an unknown word, which `gov::unknown-paths` reports).
-    pub fn dialect(&self) -> gov_proto::path::Dialect {
-        self.paths
-            .and_then(|p| gov_proto::path::Dialect::from_word(&p.dialect.node))
-            .unwrap_or_default()
+    /// How the service reads request paths: its `paths WORD...`, or the
+    /// default. An unknown word (`gov::unknown-paths`) counts for nothing; of
+    /// two dialects (`gov::conflicting-paths`) the first counts.
+    pub fn reading(&self) -> gov_proto::path::Reading {
+        let mut reading = gov_proto::path::Reading::default();
+        let words = self.paths.iter().flat_map(|p| &p.words).rev();
+        for word in words.map(|w| w.node.as_str()) {
+            if word == gov_proto::path::CASE_INSENSITIVE {
+                reading.case_insensitive = true;
+            } else if let Some(dialect) = gov_proto::path::Dialect::from_word(word) {
+                reading.dialect = dialect;
+            }
+        }
+        reading
     }
 
     pub fn match_names(&self) -> Vec<&'a str> {

@@ -425,3 +425,75 @@ service billing {
     assert_eq!(billing.consumer_header, "x-caller");
     assert!(billing.consumer_source.is_none());
 }
+
+#[test]
+fn paths_case_insensitive_lowers_alone_or_with_servlet_and_conflicts_are_reported() {
+    use gov_proto::v1::PathDialect;
+    let text = |paths: &str| {
+        format!(
+            "service a {{\n{paths}  limit l on path prefix \"/admin\" {{\n    calls 10 per 1s\n  }}\n}}\n"
+        )
+    };
+    let reading = |paths: &str| bundle(&[SourceFile::new("a.gov", text(paths))]).targets[0].paths();
+    assert_eq!(
+        reading("  paths case-insensitive\n"),
+        PathDialect::StrictCaseInsensitive
+    );
+    assert_eq!(
+        reading("  paths strict case-insensitive\n"),
+        PathDialect::StrictCaseInsensitive
+    );
+    assert_eq!(
+        reading("  paths servlet case-insensitive\n"),
+        PathDialect::ServletCaseInsensitive
+    );
+    assert_eq!(
+        reading("  paths case-insensitive servlet\n"),
+        PathDialect::ServletCaseInsensitive
+    );
+    let default = bundle(&[SourceFile::new("a.gov", text(""))]);
+    let both = bundle(&[SourceFile::new(
+        "a.gov",
+        text("  paths servlet case-insensitive\n"),
+    )]);
+    insta::assert_snapshot!(plan(&default, &both).render(), @r"
+    ~ service a
+      ~ settings a: paths (none) -> servlet case-insensitive
+
+    Plan: 0 service(s) to add, 1 to change, 0 to remove.
+    ");
+
+    let codes = |paths: &str| -> Vec<String> {
+        match compile(&[SourceFile::new("a.gov", text(paths))]) {
+            Ok(_) => Vec::new(),
+            Err(d) => d
+                .iter()
+                .filter_map(|d| miette::Diagnostic::code(d).map(|c| c.to_string()))
+                .collect(),
+        }
+    };
+    assert_eq!(
+        codes("  paths strict servlet\n"),
+        ["gov::conflicting-paths"]
+    );
+    assert_eq!(
+        codes("  paths servlet case-insensitive case-insensitive\n"),
+        ["gov::conflicting-paths"]
+    );
+    assert_eq!(
+        codes("  paths servlet case_insensitive\n"),
+        ["gov::unknown-paths"]
+    );
+    // The words are one line: the next line starts another statement.
+    assert_eq!(
+        codes("  paths servlet\n  capacity workers 4\n"),
+        Vec::<String>::new()
+    );
+    // A letter that folds to ASCII in a match path can never match.
+    assert_eq!(
+        codes(
+            "  paths case-insensitive\n  limit m on path prefix \"/adm%C4%B1n\" { calls 1 per 1s }\n"
+        ),
+        ["gov::path-not-normal"]
+    );
+}

@@ -291,12 +291,12 @@ pub enum OnInvalid {
     Count,
 }
 
-/// `paths servlet`: how the service reads request paths, so that the agent
-/// matches rules on the path the service will serve (the word is checked by
-/// the compiler).
+/// `paths servlet case-insensitive`: how the service reads request paths, so
+/// that the agent matches rules on the path the service will serve (the words,
+/// at least one, are checked by the compiler).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PathsStmt {
-    pub dialect: Ident,
+    pub words: Vec<Ident>,
     pub span: Span,
 }
 

@@ -198,7 +198,10 @@ impl Formatter<'_> {
         match stmt {
             ServiceStmt::Domain(d) => self.stmt(d.span, &format!("domain {}", quote(&d.name.node))),
             ServiceStmt::Registry(r) => self.stmt(r.span, &format!("registry {}", r.name.node)),
-            ServiceStmt::Paths(p) => self.stmt(p.span, &format!("paths {}", p.dialect.node)),
+            ServiceStmt::Paths(p) => {
+                let words: Vec<&str> = p.words.iter().map(|w| w.node.as_str()).collect();
+                self.stmt(p.span, &format!("paths {}", words.join(" ")))
+            }
             ServiceStmt::Consumer(c) => {
                 let text = match &c.source {
                     ConsumerSource::Header { header } => {

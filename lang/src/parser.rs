@@ -584,10 +584,11 @@ impl Builder<'_> {
             }
             Rule::paths_stmt => {
                 k.kw(self)?;
-                ServiceStmt::Paths(PathsStmt {
-                    dialect: self.ident(k.next(self)?),
-                    span,
-                })
+                let mut words = vec![self.ident(k.next(self)?)];
+                while let Some(word) = k.opt(Rule::ident) {
+                    words.push(self.ident(word));
+                }
+                ServiceStmt::Paths(PathsStmt { words, span })
             }
             Rule::uses_registry => {
                 k.kw(self)?;

@@ -51,6 +51,15 @@
 //! (`/%252e%252e/admin`) is refused ([`PathError::DoubleEncoding`]): an upstream
 //! that decodes twice would read a path the rules never saw (`/../admin`).
 //!
+//! **Case**: a path is case-sensitive (`/ADMIN` is not `/admin`) unless the
+//! service declares `paths case-insensitive` (IIS; [`Reading`]). Then the rules
+//! match [`fold_case`] of the normal form (ASCII letters in lower case, in the
+//! rules too), and the upstream receives the normal form with its case as
+//! sent, which it reads as the rules did. A letter outside ASCII whose case
+//! mapping is an ASCII letter (`ı`, `ſ`, `K`, `İ`) is refused there
+//! ([`PathError::CaseFold`]): an upstream folding with Unicode's tables would
+//! read `/adm%C4%B1n` as `/ADMIN`.
+//!
 //! The query is not part of the path and is never touched.
 
 use std::borrow::Cow;
@@ -87,23 +96,100 @@ impl Dialect {
             .find(|(w, _)| *w == word)
             .map(|(_, d)| *d)
     }
+}
 
-    /// The wire value.
-    pub fn to_wire(self) -> PathDialect {
-        match self {
-            Dialect::Strict => PathDialect::Strict,
-            Dialect::Servlet => PathDialect::Servlet,
-        }
-    }
+/// How a service reads request paths, all its `paths` words together
+/// (`paths servlet case-insensitive`): the dialect of its `;` parameters, and
+/// whether it reads letters case-insensitively (IIS).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Reading {
+    /// How the `;` parameters are read.
+    pub dialect: Dialect,
+    /// `case-insensitive`: rules match the path with its ASCII letters folded
+    /// to lower case ([`fold_case`]).
+    pub case_insensitive: bool,
+}
 
-    /// The dialect of a wire value; `None` for a value this build does not know.
-    pub fn from_wire(value: i32) -> Option<Self> {
-        match PathDialect::try_from(value).ok()? {
-            PathDialect::Strict => Some(Dialect::Strict),
-            PathDialect::Servlet => Some(Dialect::Servlet),
+/// The `paths` word of a case-insensitive service.
+pub const CASE_INSENSITIVE: &str = "case-insensitive";
+
+impl From<Dialect> for Reading {
+    fn from(dialect: Dialect) -> Self {
+        Reading {
+            dialect,
+            case_insensitive: false,
         }
     }
 }
+
+impl Reading {
+    /// Every word `paths` accepts.
+    pub const WORDS: [&'static str; 3] = ["strict", "servlet", CASE_INSENSITIVE];
+
+    /// Its words in `paths WORD...`; empty for the default.
+    pub fn words(self) -> Vec<&'static str> {
+        let mut words = Vec::new();
+        if self.dialect != Dialect::Strict {
+            words.push(self.dialect.word());
+        }
+        if self.case_insensitive {
+            words.push(CASE_INSENSITIVE);
+        }
+        words
+    }
+
+    /// The wire value.
+    pub fn to_wire(self) -> PathDialect {
+        match (self.dialect, self.case_insensitive) {
+            (Dialect::Strict, false) => PathDialect::Strict,
+            (Dialect::Servlet, false) => PathDialect::Servlet,
+            (Dialect::Strict, true) => PathDialect::StrictCaseInsensitive,
+            (Dialect::Servlet, true) => PathDialect::ServletCaseInsensitive,
+        }
+    }
+
+    /// The reading of a wire value; `None` for a value this build does not know.
+    pub fn from_wire(value: i32) -> Option<Self> {
+        let (dialect, case_insensitive) = match PathDialect::try_from(value).ok()? {
+            PathDialect::Strict => (Dialect::Strict, false),
+            PathDialect::Servlet => (Dialect::Servlet, false),
+            PathDialect::StrictCaseInsensitive => (Dialect::Strict, true),
+            PathDialect::ServletCaseInsensitive => (Dialect::Servlet, true),
+        };
+        Some(Reading {
+            dialect,
+            case_insensitive,
+        })
+    }
+}
+
+/// `path` with its ASCII letters in lower case, what the rules of a
+/// case-insensitive service match (borrowed when it has no upper-case letter).
+/// The letters of escapes fold too (`%C3` is `%c3`), in the request and in
+/// the rules alike.
+pub fn fold_case(path: &str) -> Cow<'_, str> {
+    if path.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(path.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(path)
+    }
+}
+
+/// The letters outside ASCII whose Unicode case mapping is an ASCII letter, in
+/// the spellings a normal path has them (UTF-8, raw or percent-encoded): `İ`
+/// (lower case `i`), `ı` (upper case `I`), `ſ` (upper case `S`), `K` (the
+/// Kelvin sign, lower case `k`). A case-insensitive upstream that folds with
+/// Unicode's tables may read `/adm%C4%B1n` as `/ADMIN`.
+const FOLDS_TO_ASCII: [&str; 8] = [
+    "%C4%B0",
+    "%C4%B1",
+    "%C5%BF",
+    "%E2%84%AA",
+    "\u{130}",
+    "\u{131}",
+    "\u{17f}",
+    "\u{212a}",
+];
 
 /// Why a path cannot be normalized; the proxy answers 400.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error, miette::Diagnostic)]
@@ -143,6 +229,14 @@ pub enum PathError {
     #[error("the path has a double-encoded escape (`%25` followed by two hex digits)")]
     #[diagnostic(code(gov::path::double_encoding))]
     DoubleEncoding,
+    /// In a case-insensitive service (`paths case-insensitive`), a letter
+    /// outside ASCII whose case mapping is an ASCII letter (`ı` is `I` upper
+    /// case): the rules fold ASCII only, an upstream may fold more.
+    #[error(
+        "the path has a letter whose upper or lower case is an ASCII letter (`ı`, `ſ`, `K`, `İ`)"
+    )]
+    #[diagnostic(code(gov::path::case_fold), help("spell the path with ASCII letters"))]
+    CaseFold,
 }
 
 impl PathError {
@@ -158,14 +252,31 @@ impl PathError {
                 "gov-agent: the path has a `;` parameter that changes what the path names\n"
             }
             PathError::DoubleEncoding => "gov-agent: the path has a double-encoded escape\n",
+            PathError::CaseFold => {
+                "gov-agent: the path has a letter whose case is an ASCII letter (`ı`, `ſ`, `K`, `İ`)\n"
+            }
         }
     }
 }
 
 /// The normal form of `path` (without its query) for an upstream that reads
-/// paths as `dialect` says. Borrowed when `path` is already normal, which is the
-/// common case and costs one pass over its bytes.
-pub fn normalize(path: &str, dialect: Dialect) -> Result<Cow<'_, str>, PathError> {
+/// paths as `reading` says (a [`Dialect`] alone: case-sensitive). Borrowed when
+/// `path` is already normal, which is the common case and costs one pass over
+/// its bytes. The case is kept: a case-insensitive service's rules match
+/// [`fold_case`] of the result.
+pub fn normalize(path: &str, reading: impl Into<Reading>) -> Result<Cow<'_, str>, PathError> {
+    let reading = reading.into();
+    let normal = normalize_dialect(path, reading.dialect)?;
+    if reading.case_insensitive
+        && normal.bytes().any(|b| b == b'%' || !b.is_ascii())
+        && FOLDS_TO_ASCII.iter().any(|s| normal.contains(s))
+    {
+        return Err(PathError::CaseFold);
+    }
+    Ok(normal)
+}
+
+fn normalize_dialect(path: &str, dialect: Dialect) -> Result<Cow<'_, str>, PathError> {
     let bytes = path.as_bytes();
     if bytes.first() != Some(&b'/') {
         return Err(PathError::NotAbsolute);
@@ -452,14 +563,64 @@ mod tests {
     }
 
     #[test]
-    fn dialects_have_one_word_and_one_wire_value_each() {
+    fn dialects_have_one_word_and_readings_one_wire_value_each() {
         for (word, dialect) in Dialect::WORDS {
             assert_eq!(Dialect::from_word(word), Some(dialect));
             assert_eq!(dialect.word(), word);
-            assert_eq!(Dialect::from_wire(dialect.to_wire() as i32), Some(dialect));
         }
         assert_eq!(Dialect::from_word("tomcat"), None);
-        assert_eq!(Dialect::from_wire(99), None);
+        let mut wire = std::collections::HashSet::new();
+        for (_, dialect) in Dialect::WORDS {
+            for case_insensitive in [false, true] {
+                let reading = Reading {
+                    dialect,
+                    case_insensitive,
+                };
+                assert!(wire.insert(reading.to_wire()));
+                assert_eq!(Reading::from_wire(reading.to_wire() as i32), Some(reading));
+                assert!(reading.words().iter().all(|w| Reading::WORDS.contains(w)));
+            }
+        }
+        assert_eq!(Reading::default().words(), Vec::<&str>::new());
+        assert_eq!(Reading::from_wire(99), None);
+    }
+
+    #[test]
+    fn a_case_insensitive_reading_keeps_the_case_and_refuses_letters_that_fold_to_ascii() {
+        let ci = |dialect| Reading {
+            dialect,
+            case_insensitive: true,
+        };
+        // Normalized as before, case kept: the rules match the folded form.
+        assert_eq!(normalize("/%41dmin/", ci(Strict)).as_deref(), Ok("/Admin/"));
+        assert_eq!(
+            normalize("/x/..;/ADMIN/", ci(Servlet)).as_deref(),
+            Ok("/ADMIN/")
+        );
+        assert_eq!(
+            normalize("/ADMIN;x/", ci(Strict)),
+            Err(PathError::Parameters)
+        );
+        assert_eq!(
+            normalize("/%2561dmin", ci(Strict)),
+            Err(PathError::DoubleEncoding)
+        );
+        assert_eq!(fold_case("/ADMIN/%C3%A9"), "/admin/%c3%a9");
+        assert!(matches!(fold_case("/admin"), Cow::Borrowed(_)));
+        for p in [
+            "/adm%C4%B1n",
+            "/adm%c4%b1n/",
+            "/adm\u{131}n",
+            "/%E2%84%AAey",
+            "/ba%C5%BFket",
+            "/%C4%B0ndex",
+        ] {
+            assert_eq!(normalize(p, ci(Strict)), Err(PathError::CaseFold), "{p}");
+            assert_eq!(normalize(p, ci(Servlet)), Err(PathError::CaseFold), "{p}");
+            assert!(normalize(p, Strict).is_ok(), "{p}");
+        }
+        // Other letters outside ASCII pass.
+        assert!(normalize("/caf%C3%A9", ci(Strict)).is_ok());
     }
 
     #[test]

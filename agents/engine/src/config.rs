@@ -46,9 +46,12 @@ pub struct CompiledConfig {
     pub consumer_header: HeaderName,
     /// Where the consumer comes from (`consumer from ...`).
     pub consumer_source: ConsumerSource,
-    /// How the service reads request paths (`paths servlet`): the proxy
-    /// normalizes inbound paths with it ([`gov_proto::path::normalize`]).
-    pub paths: gov_proto::path::Dialect,
+    /// How the service reads request paths (`paths servlet case-insensitive`):
+    /// the proxy normalizes inbound paths with it
+    /// ([`gov_proto::path::normalize`]); case-insensitive, the inbound rules'
+    /// paths are folded to lower case here, and an inbound request's path when
+    /// it is matched.
+    pub paths: gov_proto::path::Reading,
     /// Every rule; `RuleId(i)` is `rules[i]`.
     pub rules: Vec<Rule>,
     /// The consumer header, then the headers rules match on, each once: what
@@ -126,7 +129,7 @@ impl CompiledConfig {
             version: "".into(),
             consumer_header: HeaderName::from_static(gov_proto::compiled::CONSUMER_HEADER),
             consumer_source: ConsumerSource::Header,
-            paths: gov_proto::path::Dialect::default(),
+            paths: gov_proto::path::Reading::default(),
             rules: Vec::new(),
             judged: Box::new([HeaderName::from_static(
                 gov_proto::compiled::CONSUMER_HEADER,
@@ -196,7 +199,7 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             header: t.consumer_header.clone(),
         })?;
 
-        let paths = gov_proto::path::Dialect::from_wire(t.paths)
+        let paths = gov_proto::path::Reading::from_wire(t.paths)
             .ok_or(InvalidConfig::Paths { value: t.paths })?;
 
         if t.rules.len() > MAX_RULES {
@@ -205,7 +208,17 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
                 max: MAX_RULES,
             });
         }
-        let rules = t.rules.iter().map(rule).collect::<Result<Vec<_>, _>>()?;
+        let mut rules = t.rules.iter().map(rule).collect::<Result<Vec<_>, _>>()?;
+        // The declaration is the service's own: outbound calls go to other
+        // services, read case-sensitively.
+        if paths.case_insensitive {
+            for r in rules
+                .iter_mut()
+                .filter(|r| r.direction == Direction::Inbound)
+            {
+                r.on.fold_case();
+            }
+        }
         let mut seen = HashSet::new();
         for r in &rules {
             if !seen.insert(r.name.clone()) {

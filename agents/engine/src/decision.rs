@@ -10,6 +10,7 @@
 //! decision with a [`Pending`] holding the steps left; the clock is read
 //! once here and once when the outcome is recorded.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -156,15 +157,28 @@ pub(crate) fn route(config: &CompiledConfig, req: &RequestInfo<'_>, matched: &mu
         return false;
     }
     let target = req.target.map(|t| t.service);
+    let path = matched_path(config, req);
     let view = View::new(
         req.method,
-        req.path,
+        &path,
         req.headers,
         &config.consumer_header,
         target,
     );
     router.matches(&view, matched);
     !matched.is_empty()
+}
+
+/// The path the rules of `config` match `req` on, and key it by: its path, or,
+/// inbound to a case-insensitive service, its path folded to lower case
+/// (allocates only then, and only for a path with an upper-case letter).
+#[inline]
+fn matched_path<'a>(config: &CompiledConfig, req: &RequestInfo<'a>) -> Cow<'a, str> {
+    if config.paths.case_insensitive && req.direction == Direction::Inbound {
+        gov_proto::path::fold_case(req.path)
+    } else {
+        Cow::Borrowed(req.path)
+    }
 }
 
 /// The decision for a request that matched the rules `matched` of `snap`.
@@ -193,11 +207,12 @@ pub(crate) fn admit_matched(
     let consumer = consumer_keyed
         .then(|| req.headers.get_str(&config.consumer_header))
         .flatten();
+    let path = matched_path(config, req);
     let keys = Keys {
         target: req.target.map(|t| t.service),
         consumer,
         instance: req.target.and_then(|t| t.instance),
-        path: req.path,
+        path: &path,
     };
     for phase in Phase::ALL {
         for (i, &id) in matched.iter().enumerate() {

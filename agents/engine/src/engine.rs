@@ -305,7 +305,7 @@ impl Engine {
 
     /// How the service reads request paths, by the config in force (read per
     /// request, without cloning the config).
-    pub fn path_dialect(&self) -> gov_proto::path::Dialect {
+    pub fn path_reading(&self) -> gov_proto::path::Reading {
         self.shared.current.load().config.paths
     }
 
@@ -609,6 +609,48 @@ rules:
             Decision::Admitted(a) => Some(a),
             _ => None,
         }
+    }
+
+    #[test]
+    fn a_case_insensitive_service_matches_and_keys_inbound_paths_folded() {
+        let e = engine(
+            r#"
+service: order
+paths: PATH_DIALECT_STRICT_CASE_INSENSITIVE
+rules:
+- name: order/admin
+  on: {path: {kind: PATH_KIND_PREFIX, value: /Admin}}
+  bulkhead:
+    max_concurrent: 1
+- name: order/out
+  on: {and: {exprs: [{calls_to: inventory}, {path: {kind: PATH_KIND_EXACT, value: /items}}]}}
+  direction: DIRECTION_OUTBOUND
+  bulkhead:
+    max_concurrent: 1
+"#,
+        );
+        let held = decide(&e, "/ADMIN/x");
+        assert!(held.as_ref().is_some_and(Admission::is_governed));
+        // Every case of the path meets the rule, and its one permit.
+        for path in ["/admin", "/aDmIn/y", "/Admin/"] {
+            assert!(decide(&e, path).is_none(), "{path}");
+        }
+        assert!(decide(&e, "/other/ADMIN").is_some_and(|a| !a.is_governed()));
+        drop(held);
+        assert!(decide(&e, "/admin").is_some_and(|a| a.is_governed()));
+        // Outbound calls go to other services: read case-sensitively.
+        let h = HeaderMap::new();
+        let out = |path| {
+            e.try_admit(&RequestInfo::outbound(
+                &Method::GET,
+                path,
+                &h,
+                "inventory",
+                None,
+            ))
+        };
+        assert!(matches!(out("/ITEMS"), Decision::Admitted(a) if !a.is_governed()));
+        assert!(matches!(out("/items"), Decision::Admitted(a) if a.is_governed()));
     }
 
     #[test]

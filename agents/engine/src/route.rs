@@ -124,6 +124,16 @@ impl<'a> View<'a> {
 }
 
 impl Cond {
+    /// Folds every path it compares to lower case (ASCII), for a service that
+    /// reads paths case-insensitively: requests are matched folded too.
+    pub(crate) fn fold_case(&mut self) {
+        match self {
+            Cond::PathExact(p) | Cond::PathPrefix(p) => p.make_ascii_lowercase(),
+            Cond::And(items) | Cond::Or(items) => items.iter_mut().for_each(Cond::fold_case),
+            _ => {}
+        }
+    }
+
     /// Adds the header names this condition reads to `out` (each once).
     pub(crate) fn headers(&self, out: &mut Vec<HeaderName>) {
         match self {

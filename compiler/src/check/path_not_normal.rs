@@ -15,7 +15,7 @@
 //! form has no `;` parameters (`/a;v=1` is `/a`).
 
 use gov_lang::ast::{self, MatchExpr, ServiceStmt};
-use gov_proto::path::{Dialect, normalize};
+use gov_proto::path::{Reading, normalize};
 use miette::SourceSpan;
 use thiserror::Error;
 
@@ -48,15 +48,15 @@ fn paths<'a>(expr: &'a MatchExpr, out: &mut Vec<&'a ast::Str>) {
 }
 
 /// What to tell the author of `path`, or `None` when it is normal for a service
-/// that reads paths as `dialect` says.
-fn help(path: &str, dialect: Dialect) -> Option<String> {
+/// that reads paths as `reading` says.
+fn help(path: &str, reading: impl Into<Reading>) -> Option<String> {
     if path.contains('?') || path.contains('#') {
         let bare = path.split(['?', '#']).next().unwrap_or(path);
         return Some(format!(
             "a path match sees the path without its query; write `{bare}`"
         ));
     }
-    match normalize(path, dialect) {
+    match normalize(path, reading) {
         Ok(normal) if normal == path => None,
         Ok(normal) => Some(format!("write `{normal}`, the path requests arrive with")),
         Err(gov_proto::path::PathError::NotAbsolute) => {
@@ -84,7 +84,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             if path.node.is_empty() {
                 continue;
             }
-            if let Some(help) = help(&path.node, svc.dialect()) {
+            if let Some(help) = help(&path.node, svc.reading()) {
                 out.push(
                     PathNotNormal {
                         path: path.node.clone(),
@@ -101,7 +101,8 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Dialect, help};
+    use super::help;
+    use gov_proto::path::Dialect;
 
     #[test]
     fn normal_paths_pass_and_others_get_their_normal_form() {

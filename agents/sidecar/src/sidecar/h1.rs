@@ -59,7 +59,7 @@ use self::pool::{Dest, Upstream, connect};
 pub(crate) use self::prefixed::Prefixed;
 use self::relay::{Broke, Leg, READ_CHUNK, Received, receive, relay, within};
 use super::consumer;
-use super::listener::{Failure, Shared, Side, path_dialect, target_service};
+use super::listener::{Failure, Shared, Side, path_reading, target_service};
 use super::upstream::Pick;
 use gov_engine::engine::Target;
 use gov_engine::{Admission, Direction, Headers, Outcome, RequestInfo};
@@ -263,7 +263,7 @@ impl Conn<'_> {
     async fn request(&mut self, client: &mut impl Io) -> Option<bool> {
         let cx = self.cx;
         let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let req = match check_request(&self.buf, &mut slots, path_dialect(&cx.shared, cx.side)) {
+        let req = match check_request(&self.buf, &mut slots, path_reading(&cx.shared, cx.side)) {
             Verdict::Serve(req) => req,
             Verdict::Hyper => return None,
             Verdict::Refuse(refusal) => {

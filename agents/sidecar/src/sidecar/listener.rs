@@ -72,10 +72,10 @@ impl Shared {
 /// How the upstream of a listener reads request paths: the service's declared
 /// `paths` for its own instance (inbound), the default for calls to others,
 /// whose declarations this agent does not have. Both proxy paths read it here.
-pub(crate) fn path_dialect(shared: &Shared, side: Side) -> gov_engine::path::Dialect {
+pub(crate) fn path_reading(shared: &Shared, side: Side) -> gov_engine::path::Reading {
     match side {
-        Side::Inbound => shared.engine.path_dialect(),
-        Side::Outbound => gov_engine::path::Dialect::Strict,
+        Side::Inbound => shared.engine.path_reading(),
+        Side::Outbound => gov_engine::path::Reading::default(),
     }
 }
 

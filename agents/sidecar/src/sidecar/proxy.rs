@@ -31,14 +31,13 @@ use tower::{Layer, Service, ServiceExt};
 
 use super::abandoned::{Budget, Detached, Held, Hold, Inner};
 use super::h1::codec::{MAX_HEADERS, Refusal, valid_authority};
-
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
-use super::listener::{Failure, Shared, Side, path_dialect, target_service};
+use super::listener::{Failure, Shared, Side, path_reading, target_service};
 use super::serve::Connections;
 use super::upstream::{Pick, PickedBody, UpstreamBody, UpstreamClient};
 use crate::decision_log::DecisionLog;
 use gov_engine::Headers::Map;
-use gov_engine::path::Dialect;
+use gov_engine::path::Reading;
 use gov_engine::{CallError, CallTarget, GovBody, Govern, GovernLayer, MeteredBody, Outcome};
 
 /// The body of every response of the proxy listeners: the upstream's, holding the
@@ -137,7 +136,7 @@ impl Handler {
 
     async fn answer(self, mut req: Request<Incoming>) -> Response<Inner> {
         let conn = &self.0.get_ref().0;
-        let checked = check(&mut req, path_dialect(&conn.shared, conn.side)).and_then(|()| {
+        let checked = check(&mut req, path_reading(&conn.shared, conn.side)).and_then(|()| {
             conn.shared
                 .engine
                 .check_judged(Map(req.headers()))
@@ -216,9 +215,9 @@ fn pick<B>(shared: &Shared, req: &mut Request<B>) -> Result<(), Failure> {
 /// The checks of the HTTP/1 path ([`super::h1`]) that still apply to a request
 /// hyper parsed: one `host` (RFC 9112 section 3.2), never both framings and one
 /// length (section 6.3), and the path normalized before matching (RFC 3986 section
-/// 6, [`gov_engine::path`], as the upstream reads paths: `dialect`); the request
+/// 6, [`gov_engine::path`], as the upstream reads paths: `reading`); the request
 /// then carries the normalized path.
-fn check<B>(req: &mut Request<B>, dialect: Dialect) -> Result<(), Refusal> {
+fn check<B>(req: &mut Request<B>, reading: Reading) -> Result<(), Refusal> {
     let headers = req.headers();
     // The HTTP/1 path's bound (431), for HTTP/2 too: one stream refused.
     if headers.len() > MAX_HEADERS {
@@ -293,7 +292,7 @@ fn check<B>(req: &mut Request<B>, dialect: Dialect) -> Result<(), Refusal> {
     {
         return Ok(());
     }
-    let std::borrow::Cow::Owned(normal) = gov_engine::path::normalize(path, dialect)? else {
+    let std::borrow::Cow::Owned(normal) = gov_engine::path::normalize(path, reading)? else {
         return Ok(());
     };
     let mut parts = req.uri().clone().into_parts();

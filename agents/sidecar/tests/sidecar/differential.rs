@@ -24,6 +24,9 @@
 //! NUL, signed and oversize lengths, chunk-size overflow, pipelining), then
 //! generated streams with byte mutations (proptest, a fixed number of cases, a few
 //! seconds).
+//! The generated streams run twice: against a service with the default reading
+//! of paths, and against one that declares `paths case-insensitive` (its rules
+//! match the path folded to lower case; property 1 counts the same way).
 
 use std::time::Duration;
 
@@ -85,9 +88,9 @@ const COUNTED: [(&str, On); 5] = [
 ];
 
 impl On {
-    fn counts(self, req: &Req, path: &str) -> bool {
+    fn counts(self, req: &Req, path: &str, folded: bool) -> bool {
         match self {
-            On::Path(p) => p.is_none_or(|p| p == path),
+            On::Path(p) => p.is_none_or(|p| p == path || folded && path.to_ascii_lowercase() == p),
             On::Header(name, value) => req.header(name) == Some(value.as_bytes()),
         }
     }
@@ -364,6 +367,7 @@ async fn check(
     stream: &[u8],
     untouched: bool,
 ) -> Result<(), String> {
+    let folded = agent.sidecar.engine().path_reading().case_insensitive;
     let before = admitted(agent);
     let got = exchange(agent, stream).await;
     // The upstream logs a request once it read it whole; give the last one a moment.
@@ -388,11 +392,13 @@ async fn check(
     }
 
     // 1. Nothing unjudged reaches the upstream.
+    // A case-insensitive service's rules match the path folded (the
+    // upstream receives it with its case).
     for (i, (rule, on)) in COUNTED.iter().enumerate() {
         let on_path = received
             .iter()
             .zip(&seen)
-            .filter(|(r, (_, p, _))| on.counts(r, p))
+            .filter(|(r, (_, p, _))| on.counts(r, p, folded))
             .count() as u64;
         let grew = after[i] - before[i];
         if grew < on_path || grew > on_path + 1 {
@@ -450,10 +456,10 @@ async fn check(
     Ok(())
 }
 
-async fn setup() -> (RawUpstream, Agent) {
+async fn setup(config: &str) -> (RawUpstream, Agent) {
     let up = RawUpstream::start().await;
     let agent = agent()
-        .config(RULES)
+        .config(config)
         .upstream(&Upstream::at(up.addr))
         .start()
         .await;
@@ -462,7 +468,7 @@ async fn setup() -> (RawUpstream, Agent) {
 
 #[tokio::test]
 async fn the_classic_smuggling_vectors_reach_the_upstream_only_as_judged() {
-    let (up, agent) = setup().await;
+    let (up, agent) = setup(RULES).await;
     for vector in VECTORS {
         if let Err(e) = check(&agent, &up, vector, false).await {
             panic!("{e}");
@@ -475,7 +481,7 @@ async fn the_classic_smuggling_vectors_reach_the_upstream_only_as_judged() {
 /// the engine read; whatever the two could read differently is refused.
 #[tokio::test]
 async fn judged_headers_over_h2c_reach_the_upstream_only_as_judged() {
-    let (up, agent) = setup().await;
+    let (up, agent) = setup(RULES).await;
     let addr = agent.sidecar.inbound_addr();
     let cases: &[&[(&str, &str)]] = &[
         &[("x-gov-consumer", "crm")],
@@ -529,7 +535,10 @@ async fn judged_headers_over_h2c_reach_the_upstream_only_as_judged() {
             assert!(judged_as_read(r), "{r:?}");
         }
         for (i, (rule, on)) in COUNTED.iter().enumerate() {
-            let counted = received.iter().filter(|r| on.counts(r, r.path())).count() as u64;
+            let counted = received
+                .iter()
+                .filter(|r| on.counts(r, r.path(), false))
+                .count() as u64;
             assert_eq!(
                 after[i] - before[i],
                 counted,
@@ -616,6 +625,10 @@ fn gen_request() -> impl Strategy<Value = Gen> {
             "/lim;x",
             "/a;jsessionid=1/lim",
             "/%2541",
+            "/LIM",
+            "/%4Cim",
+            "/A",
+            "/x/../Lim;x",
         ]),
         prop_oneof![8 => Just(1_u8), 1 => Just(0_u8), 1 => Just(2_u8)],
         prop::collection::vec(prop::sample::select(b"abcGET /\r\n0".to_vec()), 0..40),
@@ -739,14 +752,32 @@ fn fixed_runner(cases: u32, seed: u8) -> TestRunner {
 
 #[test]
 fn generated_and_mutated_streams_reach_the_upstream_only_as_judged() {
+    generated_streams(RULES, 400, 7);
+}
+
+/// The same for a service that reads paths case-insensitively (`paths
+/// case-insensitive`): `/LIM` and `/%4Cim` count for `shop/lim` and reach the
+/// upstream with their case.
+#[test]
+fn generated_streams_to_a_case_insensitive_service_reach_the_upstream_only_as_judged() {
+    let config = RULES.replace(
+        "version: differential-v1\n",
+        "version: differential-ci-v1\npaths: PATH_DIALECT_STRICT_CASE_INSENSITIVE\n",
+    );
+    assert_ne!(config, RULES);
+    generated_streams(&config, 200, 8);
+}
+
+/// Runs `cases` generated streams from `seed` through an agent with `config`.
+fn generated_streams(config: &str, cases: u32, seed: u8) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let (up, agent) = runtime.block_on(setup());
+    let (up, agent) = runtime.block_on(setup(config));
     // A fixed seed and case count: the same corpus every run, a few seconds.
-    let mut runner = fixed_runner(400, 7);
+    let mut runner = fixed_runner(cases, seed);
     let strategy = (
         prop::collection::vec(gen_request(), 1..4),
         prop::collection::vec(gen_mutation(), 0..3),

@@ -1,7 +1,8 @@
-//! Path parameters (`;`) and double encoding against an upstream that reads paths
-//! as a Servlet container does (Tomcat, Jetty, Undertow): each spelling that
-//! would reach a protected page through such an upstream is refused, or matched
-//! as the upstream reads it, over HTTP/1.1, HTTP/1.0 (hyper's path) and h2c.
+//! Path parameters (`;`), case and double encoding against an upstream that
+//! reads paths as a Servlet container does (Tomcat, Jetty, Undertow), or also
+//! case-insensitively (IIS): each spelling that would reach a protected page
+//! through such an upstream is refused, or matched as the upstream reads it,
+//! over HTTP/1.1, HTTP/1.0 (hyper's path) and h2c.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -302,4 +303,106 @@ async fn an_unknown_path_dialect_is_refused_with_the_config() {
     // The config in force (the default dialect) still holds.
     let (status, _) = get(&agent, Over::Http11, "/x/..;/admin/").await;
     assert_eq!(status, 400);
+}
+
+/// What a case-insensitive upstream (IIS) makes of a path: its ASCII letters in
+/// lower case (after [`servlet_path`] for a Servlet container that ignores case).
+fn folded(path: &str) -> String {
+    path.to_ascii_lowercase()
+}
+
+/// The spellings of `/admin` and below in other cases.
+const CASES: [&str; 6] = [
+    "/ADMIN/",
+    "/Admin/",
+    "/%41dmin/",
+    "/%41DMIN/secret",
+    "//aDmIn/./x",
+    "/x/../ADMIN",
+];
+
+#[tokio::test]
+async fn paths_case_insensitive_matches_every_case_of_a_protected_path() {
+    let servlet = Servlet::start().await;
+    let config = PROTECTED.replace(
+        "version: paths-v1\n",
+        "version: paths-v1\npaths: PATH_DIALECT_STRICT_CASE_INSENSITIVE\n",
+    );
+    let agent = protected(&servlet, &config).await;
+    for over in OVER {
+        for target in CASES {
+            // `/admin` and below to a case-insensitive upstream.
+            assert!(
+                servlet_path(target).is_some_and(|p| folded(&p).starts_with("/admin")),
+                "{target}"
+            );
+            let (status, body) = get(&agent, over, target).await;
+            assert_eq!(status, 429, "{over:?} {target}: {body}");
+        }
+        // Parameters are read as without the word (strict), in any case.
+        for target in ["/x/..;/ADMIN/", "/;x/Admin/", "/ADMIN;x/"] {
+            let (status, body) = get(&agent, over, target).await;
+            assert_eq!(status, 400, "{over:?} {target}: {body}");
+            assert!(body.contains("`;` parameter"), "{over:?} {target}: {body}");
+        }
+        let (status, _) = get(&agent, over, "/Admin;jsessionid=1").await;
+        assert_eq!(status, 429, "{over:?}");
+        // Double encoding, and letters whose case is an ASCII letter.
+        for (target, refusal) in [
+            ("/%2561dmin", "double-encoded"),
+            ("/%2541DMIN/", "double-encoded"),
+            ("/adm%C4%B1n/", "whose case is an ASCII letter"),
+            ("/%E2%84%AAey/", "whose case is an ASCII letter"),
+        ] {
+            let (status, body) = get(&agent, over, target).await;
+            assert_eq!(status, 400, "{over:?} {target}: {body}");
+            assert!(body.contains(refusal), "{over:?} {target}: {body}");
+        }
+        // The upstream receives the normalized path with its case as sent.
+        let (status, body) = get(&agent, over, "/Shop/%43art").await;
+        assert_eq!((status, body.as_str()), (200, "servlet /Shop/Cart"));
+        assert_eq!(servlet.take(), ["/Shop/Cart"], "{over:?}");
+    }
+    assert_eq!(servlet.take(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn paths_servlet_case_insensitive_matches_parameters_and_case_together() {
+    let servlet = Servlet::start().await;
+    let config = PROTECTED.replace(
+        "version: paths-v1\n",
+        "version: paths-v1\npaths: PATH_DIALECT_SERVLET_CASE_INSENSITIVE\n",
+    );
+    let agent = protected(&servlet, &config).await;
+    for over in OVER {
+        for target in BYPASSES.iter().chain(&CASES).chain(&[
+            "/x/..;/ADMIN/",
+            "/.;/Admin/",
+            "/;x/%41dmin/",
+            "/ADMIN;jsessionid=1/secret",
+        ]) {
+            let (status, body) = get(&agent, over, target).await;
+            assert_eq!(status, 429, "{over:?} {target}: {body}");
+        }
+        let (status, body) = get(&agent, over, "/x/..;/Shop/Cart;jsessionid=1").await;
+        assert_eq!((status, body.as_str()), (200, "servlet /Shop/Cart"));
+        assert_eq!(servlet.take(), ["/Shop/Cart"], "{over:?}");
+        for target in ["/..;/ADMIN", "/%2561dmin", "/adm%C4%B1n;x/"] {
+            let (status, body) = get(&agent, over, target).await;
+            assert_eq!(status, 400, "{over:?} {target}: {body}");
+        }
+    }
+    assert_eq!(servlet.take(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn by_default_case_counts_and_the_upstream_receives_the_case_sent() {
+    // Documented: without `paths case-insensitive`, `/ADMIN` is another path.
+    let servlet = Servlet::start().await;
+    let agent = protected(&servlet, PROTECTED).await;
+    for over in OVER {
+        let (status, body) = get(&agent, over, "/%41DMIN/").await;
+        assert_eq!((status, body.as_str()), (200, "servlet /ADMIN/"));
+        assert_eq!(servlet.take(), ["/ADMIN/"], "{over:?}");
+    }
 }

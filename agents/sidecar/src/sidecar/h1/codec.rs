@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use super::super::headers::{FRAMING, HOP_BY_HOP};
 use gov_engine::WOULD_REJECT_BY;
-use gov_engine::path::{Dialect, PathError, normalize};
+use gov_engine::path::{PathError, Reading, normalize};
 
 /// Most header fields of a request head (more: 431, as Envoy's default).
 pub(crate) const MAX_HEADERS: usize = 100;
@@ -153,12 +153,12 @@ pub(crate) fn leading_empty_lines(buf: &[u8]) -> Option<usize> {
 
 /// Decides a complete request head at the start of `buf` (RFC 9112): the request
 /// line (section 3), `Host` (3.2), the message framing (6.1, 6.3), and the target
-/// normalized as the upstream reads paths (RFC 3986 section 6, `dialect`). Everything
+/// normalized as the upstream reads paths (RFC 3986 section 6, `reading`). Everything
 /// ambiguous is refused; the rest is served here or handed to hyper.
 pub(crate) fn check_request<'b>(
     buf: &'b [u8],
     slots: &'b mut [httparse::Header<'b>],
-    dialect: Dialect,
+    reading: Reading,
 ) -> Verdict<'b> {
     if buf.starts_with(H2_PREFACE) {
         return Verdict::Hyper;
@@ -232,7 +232,7 @@ pub(crate) fn check_request<'b>(
         Some(q) => target.split_at(q),
         None => (target, ""),
     };
-    let path = match normalize(path, dialect) {
+    let path = match normalize(path, reading) {
         Ok(path) => path,
         Err(error) => return Verdict::Refuse(error.into()),
     };

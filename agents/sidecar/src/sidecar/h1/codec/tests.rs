@@ -232,7 +232,7 @@ fn targets_in_absolute_form_become_origin_form() {
 /// The verdict on `head`, as a comparable summary.
 fn verdict(head: &str) -> Result<Served, Refusal> {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    match check_request(head.as_bytes(), &mut slots, Dialect::Strict) {
+    match check_request(head.as_bytes(), &mut slots, Reading::default()) {
         Verdict::Serve(req) => Ok(Served::Here {
             target: req.target.to_string(),
             path: req.path().to_owned(),
@@ -469,7 +469,7 @@ fn ambiguous_requests_are_refused() {
 /// Writes the upstream head of `head` (which must be served here).
 fn upstream_head(head: &str) -> String {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let Verdict::Serve(req) = check_request(head.as_bytes(), &mut slots, Dialect::Strict) else {
+    let Verdict::Serve(req) = check_request(head.as_bytes(), &mut slots, Reading::default()) else {
         panic!("not served here: {head:?}");
     };
     let mut out = Vec::new();
@@ -633,7 +633,7 @@ fn only_the_agent_writes_gov_would_reject_by() {
         "GET /a HTTP/1.1\r\nx-kept: 1\r\nhost: h\r\nx-forwarded-for: 127.0.0.2\r\n\r\n"
     );
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let Verdict::Serve(req) = check_request(head.as_bytes(), &mut slots, Dialect::Strict) else {
+    let Verdict::Serve(req) = check_request(head.as_bytes(), &mut slots, Reading::default()) else {
         panic!("not served here");
     };
     let mut out = Vec::new();
