@@ -28,3 +28,4 @@ mod reload;
 mod shadow;
 mod shutdown;
 mod strict;
+mod tomcat;
