@@ -14,6 +14,22 @@ use gov_proto::log::LogFormat;
 use gov_proto::signal::Signals;
 use http::uri::Authority;
 
+/// The agent's allocator is jemalloc, with its background thread purging freed
+/// pages, not the system's. After a flood (many h2c connections and streams,
+/// rapid resets, large heads) the memory the flood took is freed when its
+/// connections end, but glibc's malloc keeps freed chunks that are not at the
+/// top of its heap: the agent stayed at 118 MB after a flood from 8.6 MB at
+/// rest, for as long as it ran (a `malloc_trim(0)` brought it to 13 MB, so the
+/// memory was free, not held; the workspace forbids the `unsafe` that calling
+/// it takes). jemalloc returns freed pages to the system within its decay time
+/// (10 s), and its background thread does so while the agent is idle, when
+/// nothing else would (mimalloc, tried first, purges only on allocator calls:
+/// an idle agent kept 78 of the 113 MB). BENCHMARKS.md, "Memory after floods";
+/// tests/sidecar/memory.rs checks the binary. Embedders of the engine or of the
+/// sidecar library keep their own allocator.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// How to stop the agent when its signal handlers cannot be installed.
 const OTHERWISE: &str = "stop the agent with POST /shutdown";
 
@@ -224,6 +240,13 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // Freed pages go back to the system while the agent is idle too (see
+    // ALLOCATOR). Without it jemalloc purges only on allocator calls.
+    if let Err(error) = tikv_jemalloc_ctl::background_thread::write(true) {
+        gov_proto::errln!(
+            "warning: jemalloc's background thread is off ({error}): memory freed after a flood is returned only while the agent works"
+        );
+    }
     let args = match Args::try_parse() {
         Ok(args) => args,
         Err(error) => {

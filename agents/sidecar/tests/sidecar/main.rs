@@ -22,6 +22,7 @@ mod hostile;
 mod identity;
 mod jwt;
 mod latches;
+mod memory;
 mod paths;
 mod proxy;
 mod reload;

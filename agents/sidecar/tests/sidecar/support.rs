@@ -916,6 +916,13 @@ impl Process {
         self.log.read()
     }
 
+    /// Its resident set size in KiB (`VmRSS`), while it runs.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
     /// The `--config` file (with [`BinaryBuilder::config`]).
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("target.yaml")
