@@ -66,7 +66,9 @@ fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
         gov.push(Span::styled("READ-ONLY", Style::new().black().on_yellow()));
     }
     parts.push((0, gov));
-    parts.push((5, vec![Span::raw(app.url.clone())]));
+    // The URL stays long (after the connection state and the alarms): it is
+    // how people tell two TUIs on two control planes apart, at 80x24 too.
+    parts.push((2, vec![Span::raw(app.url.clone())]));
     let version = app
         .view
         .as_ref()
