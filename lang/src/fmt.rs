@@ -14,7 +14,8 @@
 
 use crate::SyntaxError;
 use crate::ast::*;
-use crate::parser::{code_bytes, parse};
+use crate::parser::parse;
+use crate::scan::code_bytes;
 
 /// Parses and formats one file.
 pub fn format_source(name: &str, src: &str) -> Result<String, SyntaxError> {

@@ -39,11 +39,10 @@ mod fmt;
 mod grammar;
 mod parser;
 pub mod report;
+mod scan;
 
 pub use diagnostic::SyntaxError;
 pub use fmt::{format, format_source};
 pub use grammar::{keywords, starts_statement};
-pub use parser::{
-    MAX_EXPR_TERMS, MAX_NESTING, MAX_SOURCE_BYTES, MAX_SYNTAX_ERRORS, Parsed, Skipped, parse,
-    parse_all, parse_partial, parse_strict,
-};
+pub use parser::{Parsed, Skipped, parse, parse_all, parse_partial, parse_strict};
+pub use scan::{MAX_EXPR_TERMS, MAX_NESTING, MAX_SOURCE_BYTES, MAX_SYNTAX_ERRORS};
