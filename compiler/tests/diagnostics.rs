@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use gov_compiler::{Diagnostics, SourceFile, check};
+use gov_compiler::{Checked, Diagnostics, SourceFile, check};
 use gov_lang::report::{Focused, position};
 use miette::{Diagnostic as _, GraphicalReportHandler, GraphicalTheme};
 
@@ -323,15 +323,20 @@ fn the_header_of_every_diagnostic_names_its_primary_label() {
     });
 }
 
-#[test]
-fn a_block_that_takes_its_services_brace_hides_no_error_of_that_service() {
-    let name = "unclosed-block-before-a-service.gov";
+/// `tests/partial/NAME` checked, and the codes of its diagnostics in order.
+fn check_partial(name: &str) -> (Checked, Vec<String>) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/partial")
         .join(name);
     let text = std::fs::read_to_string(path).unwrap();
     let checked = check(&[SourceFile::new(name, text)]);
-    let codes: Vec<String> = checked.diagnostics.iter().map(|d| d.code_str()).collect();
+    let codes = checked.diagnostics.iter().map(|d| d.code_str()).collect();
+    (checked, codes)
+}
+
+#[test]
+fn a_block_that_takes_its_services_brace_hides_no_error_of_that_service() {
+    let (checked, codes) = check_partial("unclosed-block-before-a-service.gov");
     assert_eq!(
         codes,
         [
@@ -349,13 +354,7 @@ fn a_block_that_takes_its_services_brace_hides_no_error_of_that_service() {
 
 #[test]
 fn three_syntax_and_three_semantic_errors_are_reported_in_one_run() {
-    let name = "three-syntax-three-semantic.gov";
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/partial")
-        .join(name);
-    let text = std::fs::read_to_string(path).unwrap();
-    let checked = check(&[SourceFile::new(name, text)]);
-    let codes: Vec<String> = checked.diagnostics.iter().map(|d| d.code_str()).collect();
+    let (checked, codes) = check_partial("three-syntax-three-semantic.gov");
     assert_eq!(
         codes,
         [
