@@ -33,11 +33,19 @@ pub struct Args {
     pub remote: RemoteArgs,
 }
 
-/// govd's view and a client for the history, on one connection.
+/// Kept versions with their compiled bundles, newest first: as many as it takes to find
+/// every config in `wanted` (service, config version) and the applied one.
+/// Each version's sources are a call of their own, so an agent that
+/// enforces the applied policy costs two calls, not one per kept version.
+type Compiled = Vec<(pb::VersionRecord, pb::Bundle)>;
+
+/// govd's view of the agents `which` selects, and the kept versions that
+/// hold their configs, on one connection.
 async fn fetch(
     remote: &RemoteArgs,
     service: String,
-) -> Result<(pb::ClusterView, Vec<pb::VersionRecord>, String), RemoteError> {
+    which: impl Fn(&pb::AgentView) -> bool,
+) -> Result<(pb::ClusterView, Compiled, String), RemoteError> {
     let mut client = remote.connect().await?;
     let view = client
         .status(remote.request(pb::StatusRequest { service })?)
@@ -49,9 +57,18 @@ async fn fetch(
         .await
         .map_err(|s| remote.status(s))?
         .into_inner();
-    let mut versions = Vec::new();
-    // Each kept version with its sources, newest first (the usual match).
-    for v in history.versions {
+    let mut wanted: Vec<(&str, &str)> = view
+        .agents
+        .iter()
+        .filter(|a| which(a))
+        .map(|a| (a.service.as_str(), enforced(a)))
+        .collect();
+    let mut compiled = Vec::new();
+    let mut applied_seen = false;
+    for v in &history.versions {
+        if wanted.is_empty() && applied_seen {
+            break;
+        }
         let one = client
             .history(remote.request(pb::HistoryRequest {
                 version: v.version.clone(),
@@ -59,54 +76,59 @@ async fn fetch(
             .await
             .map_err(|s| remote.status(s))?
             .into_inner();
-        versions.extend(one.versions);
+        for record in one.versions {
+            let bundle = compile(&record);
+            wanted.retain(|(service, version)| {
+                !bundle
+                    .targets
+                    .iter()
+                    .any(|t| t.service == *service && t.version == *version)
+            });
+            applied_seen |= record.version == history.applied;
+            compiled.push((record, bundle));
+        }
     }
-    Ok((view, versions, history.applied))
+    Ok((view, compiled, history.applied))
+}
+
+/// The config version an agent enforces: after a NACK, `version` is the
+/// refused one and `last_good_version` the one in force.
+fn enforced(agent: &pb::AgentView) -> &str {
+    if agent.last_good_version.is_empty() {
+        &agent.version
+    } else {
+        &agent.last_good_version
+    }
 }
 
 pub fn run(args: Args) -> ExitCode {
-    let service = match (&args.agent, &args.service) {
-        (_, Some(s)) => s.clone(),
-        _ => String::new(),
+    let service = args.service.clone().unwrap_or_default();
+    let which = |a: &pb::AgentView| match (&args.agent, &args.service) {
+        (Some(instance), _) => &a.instance == instance,
+        (_, Some(service)) => &a.service == service,
+        _ => false,
     };
-    let (view, versions, applied) = match remote::block_on(fetch(&args.remote, service)) {
+    let (view, compiled, applied) = match remote::block_on(fetch(&args.remote, service, which)) {
         Ok(Ok(v)) => v,
         Ok(Err(e)) | Err(e) => return remote::fail(e),
     };
-    let agents: Vec<&pb::AgentView> = view
-        .agents
-        .iter()
-        .filter(|a| match (&args.agent, &args.service) {
-            (Some(instance), _) => &a.instance == instance,
-            (_, Some(service)) => &a.service == service,
-            _ => false,
-        })
-        .collect();
+    let agents: Vec<&pb::AgentView> = view.agents.iter().filter(|a| which(a)).collect();
     if agents.is_empty() {
         gov_proto::errln!(
             "error: govd knows no such agent\n  help: `govc status` lists the agents and their instance names"
         );
         return ExitCode::FAILURE;
     }
-    // One compile per kept version, at most.
-    let mut compiled: Vec<(&pb::VersionRecord, Option<pb::Bundle>)> =
-        versions.iter().map(|v| (v, None)).collect();
     let mut printed: Vec<String> = Vec::new();
     let mut code = ExitCode::SUCCESS;
     for agent in agents {
-        // NACKED: `version` is the refused one; `last_good_version` is enforced.
-        let enforced = if agent.last_good_version.is_empty() {
-            &agent.version
-        } else {
-            &agent.last_good_version
-        };
-        let found = compiled.iter_mut().find_map(|(record, bundle)| {
-            let bundle = bundle.get_or_insert_with(|| compile(record));
+        let enforced = enforced(agent);
+        let found = compiled.iter().find_map(|(record, bundle)| {
             let target = bundle
                 .targets
                 .iter()
-                .find(|t| t.service == agent.service && &t.version == enforced)?;
-            Some((*record, target.clone()))
+                .find(|t| t.service == agent.service && t.version == enforced)?;
+            Some((record, target))
         });
         let name = gov_proto::printable::printable(&agent.instance);
         let Some((record, target)) = found else {
@@ -144,7 +166,7 @@ pub fn run(args: Args) -> ExitCode {
                 gov_proto::printable::printable(&agent.reason)
             );
         }
-        match serde_yaml::to_string(&target) {
+        match serde_yaml::to_string(target) {
             Ok(yaml) => gov_proto::out!("{yaml}"),
             Err(e) => {
                 gov_proto::errln!("error: cannot encode the config: {e}");
@@ -152,7 +174,7 @@ pub fn run(args: Args) -> ExitCode {
             }
         }
         if record.version != applied
-            && let Some(diff) = differs_from_applied(&compiled, &applied, &agent.service, &target)
+            && let Some(diff) = differs_from_applied(&compiled, &applied, &agent.service, target)
         {
             gov_proto::errln!(
                 "note: {name} does not enforce the applied policy; going from what it enforces to what is applied:\n{diff}"
@@ -175,20 +197,23 @@ fn compile(record: &pb::VersionRecord) -> pb::Bundle {
 
 /// The plan from `enforced` to the applied version's config of `service`.
 fn differs_from_applied(
-    compiled: &[(&pb::VersionRecord, Option<pb::Bundle>)],
+    compiled: &Compiled,
     applied: &str,
     service: &str,
     enforced: &pb::TargetConfig,
 ) -> Option<String> {
-    let (record, bundle) = compiled.iter().find(|(r, _)| r.version == applied)?;
-    let bundle = bundle.clone().unwrap_or_else(|| compile(record));
-    let only = |targets: Vec<pb::TargetConfig>| pb::Bundle {
+    let (_, bundle) = compiled.iter().find(|(r, _)| r.version == applied)?;
+    let only = |targets: &[pb::TargetConfig]| pb::Bundle {
         targets: targets
-            .into_iter()
+            .iter()
             .filter(|t| t.service == service)
+            .cloned()
             .collect(),
         ..Default::default()
     };
-    let plan = gov_compiler::plan(&only(vec![enforced.clone()]), &only(bundle.targets));
+    let plan = gov_compiler::plan(
+        &only(std::slice::from_ref(enforced)),
+        &only(&bundle.targets),
+    );
     Some(plan.to_string())
 }
