@@ -232,14 +232,10 @@ impl Backend for Redis {
 
     fn release(&self, rule: String) -> StoreFuture<'_, u64> {
         Box::pin(async move {
-            // Matches the latches an older gov named with one `}` more too.
+            // Every key of the rule, latches (older spellings too) and
+            // counters: the rule starts on a fresh count.
             let prefix = glob_escape(&latch_prefix(&rule));
-            let latches = self
-                .scan_all(&format!("{prefix}*{LATCH_SUFFIX}"), KeyOp::Delete)
-                .await?;
-            // Then the counters: the rule starts on a fresh count.
-            self.scan_all(&format!("{prefix}*"), KeyOp::Delete).await?;
-            Ok(latches)
+            self.scan_all(&format!("{prefix}*"), KeyOp::Delete).await
         })
     }
 
@@ -306,6 +302,7 @@ fn flush_commands(pipe: &mut redis::Pipeline, item: &FlushItem) {
 /// What to do with the keys a SCAN finds.
 #[derive(Clone, Copy, Debug)]
 enum KeyOp {
+    /// Delete the keys; counts the latches among them (older spellings too).
     Delete,
     /// Give a latch an older gov named `gov:{RULE:KEY}}:latch` (one `}` too
     /// many) its documented name, `gov:{RULE:KEY}:latch`, keeping its expiry.
@@ -333,8 +330,14 @@ async fn apply<C: ConnectionLike + Send>(
         return Ok(0);
     }
     match op {
-        // On a cluster, DEL is split by slot and summed by the client.
-        KeyOp::Delete => redis::cmd("DEL").arg(keys).query_async(conn).await,
+        KeyOp::Delete => {
+            // On a cluster, DEL is split by slot by the client.
+            let () = redis::cmd("DEL").arg(keys).query_async(conn).await?;
+            Ok(keys
+                .iter()
+                .filter(|k| k.ends_with(LATCH_SUFFIX.as_bytes()))
+                .count() as u64)
+        }
         KeyOp::RenameLegacyLatch => {
             let mut renamed = 0;
             for key in keys {
