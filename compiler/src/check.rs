@@ -27,6 +27,7 @@ pub mod duplicate_setting;
 pub mod fixed_wait;
 pub mod grpc_name;
 pub mod grpc_status;
+pub mod invalid_peer;
 pub mod key_cap;
 pub mod match_cycle;
 pub mod missing_field;
@@ -62,6 +63,7 @@ pub const CODES: &[&str] = &[
     "gov::unknown-grpc-status",
     "gov::invalid-grpc-name",
     "gov::path-not-normal",
+    "gov::invalid-peer",
     "gov::duplicate-service",
     "gov::duplicate-registry",
     "gov::duplicate-match",
@@ -112,6 +114,7 @@ const CHECKS: &[Check] = &[
     grpc_status::check,
     grpc_name::check,
     path_not_normal::check,
+    invalid_peer::check,
     missing_field::check,
     non_positive::check,
     too_large::check,

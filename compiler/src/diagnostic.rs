@@ -59,6 +59,7 @@ diagnostics! {
     UnknownGrpcStatus(grpc_status::UnknownGrpcStatus),
     InvalidGrpcName(grpc_name::InvalidGrpcName),
     PathNotNormal(path_not_normal::PathNotNormal),
+    InvalidPeer(invalid_peer::InvalidPeer),
     DuplicateService(duplicate_service::DuplicateService),
     DuplicateRegistry(duplicate_registry::DuplicateRegistry),
     DuplicateMatch(duplicate_match::DuplicateMatch),

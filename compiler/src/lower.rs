@@ -141,6 +141,13 @@ pub(crate) struct Lower<'c, 'a> {
     file: &'c File<'a>,
 }
 
+fn on_invalid_wire(on_invalid: OnInvalid) -> pb::OnInvalid {
+    match on_invalid {
+        OnInvalid::Reject => pb::OnInvalid::Reject,
+        OnInvalid::Count => pb::OnInvalid::Count,
+    }
+}
+
 fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
     let file = &cx.files[svc.file];
     let l = Lower { cx, svc, file };
@@ -149,8 +156,10 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
         domain: svc.domain.map(|d| d.node.clone()).unwrap_or_default(),
         version: String::new(),
         consumer_header: match svc.consumer.map(|c| &c.source) {
-            Some(ConsumerSource::Header { header }) => header.node.to_ascii_lowercase(),
-            Some(ConsumerSource::Jwt(_)) | None => compiled::CONSUMER_HEADER.to_string(),
+            Some(ConsumerSource::Header { header, .. }) => header.node.to_ascii_lowercase(),
+            Some(ConsumerSource::Jwt(_) | ConsumerSource::Peer { .. }) | None => {
+                compiled::CONSUMER_HEADER.to_string()
+            }
         },
         consumer_source: match svc.consumer.map(|c| &c.source) {
             Some(ConsumerSource::Jwt(j)) => Some(pb::ConsumerSource {
@@ -160,12 +169,23 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
                     audience: j.audience.node.clone(),
                     keys_file: j.keys.node.clone(),
                     claim: j.claim.node.clone(),
-                    on_invalid: match j.on_invalid.node {
-                        OnInvalid::Reject => pb::OnInvalid::Reject,
-                        OnInvalid::Count => pb::OnInvalid::Count,
-                    } as i32,
+                    on_invalid: on_invalid_wire(j.on_invalid.node) as i32,
                 })),
             }),
+            Some(ConsumerSource::Peer { on_invalid }) => Some(pb::ConsumerSource {
+                kind: Some(pb::consumer_source::Kind::Peer(pb::PeerSource {
+                    on_invalid: on_invalid_wire(on_invalid.node) as i32,
+                })),
+            }),
+            Some(ConsumerSource::Header { trusted, .. }) if !trusted.is_empty() => {
+                Some(pb::ConsumerSource {
+                    kind: Some(pb::consumer_source::Kind::TrustedHeader(
+                        pb::TrustedHeader {
+                            peers: trusted.iter().map(|p| p.node.clone()).collect(),
+                        },
+                    )),
+                })
+            }
             Some(ConsumerSource::Header { .. }) | None => None,
         },
         registry: svc

@@ -287,7 +287,7 @@ impl AgentIdentity {
     }
 }
 
-pub use crate::spiffe::{certificate_service, spiffe_service};
+pub use gov_proto::spiffe::{certificate_service, spiffe_service};
 
 /// How govd may start: with tokens, or `insecure` (no tokens) on a
 /// loopback address only.

@@ -44,7 +44,6 @@ pub mod limits;
 pub mod metrics;
 mod options;
 mod server;
-mod spiffe;
 pub mod state;
 pub mod store;
 mod store_health;

@@ -283,6 +283,7 @@ impl State {
             .or_insert_with(|| Agent::new(hello.service.clone(), hello.instance.clone(), now));
         identity.clone_into(&mut agent.identity);
         agent.address = hello.address;
+        agent.mtls = hello.inbound_mtls;
         agent.labels = hello.labels.into_iter().collect();
         agent.conn = Some(Conn { id, tx });
         agent.version.clone_from(&hello.last_version);

@@ -59,6 +59,8 @@ mod failover;
 mod floods;
 #[path = "e2e/identity.rs"]
 mod identity;
+#[path = "e2e/mtls.rs"]
+mod mtls;
 #[path = "e2e/replicas.rs"]
 mod replicas;
 #[path = "e2e/unsaved.rs"]

@@ -132,12 +132,16 @@ pub struct ConsumerStmt {
     pub span: Span,
 }
 
-/// What proves a caller's identity. (A `peer` source, the mTLS identity of
-/// the calling agent, is a variant still to come.)
+/// What proves a caller's identity.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ConsumerSource {
-    /// `header "x-gov-consumer"`: whatever the client sends; proves nothing.
-    Header { header: Str },
+    /// `header "x-gov-consumer"`: whatever the client sends, which proves
+    /// nothing; with `trusted from peer "gateway", ...` only what one of
+    /// those verified calling services sends (anyone else's copy is removed).
+    Header { header: Str, trusted: Vec<Str> },
+    /// `peer on invalid reject|count`: the calling service named by the
+    /// certificate of the agent-to-agent mutual TLS connection.
+    Peer { on_invalid: Spanned<OnInvalid> },
     /// `jwt header "authorization" issuer "..." audience "..." keys "FILE"
     /// claim "client_id" on invalid reject|count`: a signed token's claim.
     Jwt(JwtSource),
@@ -165,6 +169,16 @@ pub enum OnInvalid {
     /// Served without a consumer, and counted as a system error (`token
     /// invalid`) toward the service's fuses.
     Count,
+}
+
+impl OnInvalid {
+    /// The word that declares it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnInvalid::Reject => "reject",
+            OnInvalid::Count => "count",
+        }
+    }
 }
 
 /// `paths servlet case-insensitive`: how the service reads request paths, so

@@ -205,8 +205,19 @@ impl Formatter<'_> {
             }
             ServiceStmt::Consumer(c) => {
                 let text = match &c.source {
-                    ConsumerSource::Header { header } => {
+                    ConsumerSource::Header { header, trusted } if trusted.is_empty() => {
                         format!("consumer from header {}", quote(&header.node))
+                    }
+                    ConsumerSource::Header { header, trusted } => {
+                        let peers: Vec<String> = trusted.iter().map(|p| quote(&p.node)).collect();
+                        format!(
+                            "consumer from header {} trusted from peer {}",
+                            quote(&header.node),
+                            peers.join(", ")
+                        )
+                    }
+                    ConsumerSource::Peer { on_invalid } => {
+                        format!("consumer from peer on invalid {}", on_invalid.node.as_str())
                     }
                     ConsumerSource::Jwt(j) => format!(
                         "consumer from jwt header {} issuer {} audience {} keys {} claim {} on invalid {}",
@@ -215,10 +226,7 @@ impl Formatter<'_> {
                         quote(&j.audience.node),
                         quote(&j.keys.node),
                         quote(&j.claim.node),
-                        match j.on_invalid.node {
-                            OnInvalid::Reject => "reject",
-                            OnInvalid::Count => "count",
-                        }
+                        j.on_invalid.node.as_str()
                     ),
                 };
                 self.stmt(c.span, &text)

@@ -523,7 +523,23 @@ impl Builder<'_> {
                 let rule = source.as_rule();
                 let mut s = Kids::of(source);
                 s.kw(self)?;
-                let source = if rule == Rule::consumer_jwt {
+                let on_invalid = |outcome: P<'_>| {
+                    Spanned::new(
+                        if outcome.as_rule() == Rule::kw_count {
+                            OnInvalid::Count
+                        } else {
+                            OnInvalid::Reject
+                        },
+                        span_of(&outcome),
+                    )
+                };
+                let source = if rule == Rule::consumer_peer {
+                    s.kw(self)?;
+                    s.kw(self)?;
+                    ConsumerSource::Peer {
+                        on_invalid: on_invalid(s.next(self)?),
+                    }
+                } else if rule == Rule::consumer_jwt {
                     s.kw(self)?;
                     let header = self.string(s.next(self)?);
                     s.kw(self)?;
@@ -536,15 +552,7 @@ impl Builder<'_> {
                     let claim = self.string(s.next(self)?);
                     s.kw(self)?;
                     s.kw(self)?;
-                    let outcome = s.next(self)?;
-                    let on_invalid = Spanned::new(
-                        if outcome.as_rule() == Rule::kw_count {
-                            OnInvalid::Count
-                        } else {
-                            OnInvalid::Reject
-                        },
-                        span_of(&outcome),
-                    );
+                    let on_invalid = on_invalid(s.next(self)?);
                     ConsumerSource::Jwt(JwtSource {
                         header,
                         issuer,
@@ -554,9 +562,18 @@ impl Builder<'_> {
                         on_invalid,
                     })
                 } else {
-                    ConsumerSource::Header {
-                        header: self.string(s.next(self)?),
+                    let header = self.string(s.next(self)?);
+                    let mut trusted = Vec::new();
+                    if let Some(t) = s.opt(Rule::consumer_trusted) {
+                        let mut t = Kids::of(t);
+                        t.kw(self)?;
+                        t.kw(self)?;
+                        t.kw(self)?;
+                        while let Some(peer) = t.opt(Rule::string) {
+                            trusted.push(self.string(peer));
+                        }
                     }
+                    ConsumerSource::Header { header, trusted }
                 };
                 ServiceStmt::Consumer(ConsumerStmt { source, span })
             }

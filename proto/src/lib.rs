@@ -23,6 +23,8 @@ pub mod report;
 mod rule;
 #[cfg(feature = "daemon")]
 pub mod signal;
+#[cfg(feature = "x509")]
+pub mod spiffe;
 pub mod stdio;
 #[cfg(feature = "grpc")]
 pub mod tls;

@@ -81,6 +81,8 @@ pub struct ControlOptions {
     pub instance: String,
     /// Where other agents reach this instance's inbound listener.
     pub address: String,
+    /// That listener takes mutual TLS from other agents (`--inbound-mtls`).
+    pub inbound_mtls: bool,
     pub labels: BTreeMap<String, String>,
     /// Where the last good config is kept. `None`: nothing persisted.
     pub state_dir: Option<PathBuf>,
@@ -140,6 +142,7 @@ impl ControlOptions {
             service: service.into(),
             instance: instance.into(),
             address: String::new(),
+            inbound_mtls: false,
             labels: BTreeMap::new(),
             state_dir: None,
             token: None,
@@ -403,6 +406,7 @@ async fn session(
             .iter()
             .map(Latch::to_proto)
             .collect(),
+        inbound_mtls: options.inbound_mtls,
     };
     // The queue is fresh: the hello always fits.
     let _ = tx.try_send(send(proto::agent_message::Msg::Hello(hello)));

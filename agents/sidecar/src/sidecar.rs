@@ -24,10 +24,13 @@ mod h1;
 mod headers;
 mod listener;
 mod metrics;
+mod mtls;
 mod proxy;
 mod reload;
 mod serve;
 mod upstream;
+
+pub use mtls::{Caller, InboundMtls, MtlsError, PeerTls};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -134,6 +137,9 @@ pub struct Options {
     pub state_dir: Option<PathBuf>,
     /// Where and how to log each call's decisions (`--decision-log`). `None`: no log.
     pub decision_log: Option<crate::decision_log::LogOptions>,
+    /// Mutual TLS between agents (`--inbound-mtls`, `--peer-ca`); the
+    /// certificate comes later ([`Sidecar::use_credentials`]).
+    pub mtls: Arc<PeerTls>,
 }
 
 impl Options {
@@ -163,6 +169,7 @@ impl Options {
             client_timeout: Some(DEFAULT_CLIENT_TIMEOUT),
             state_dir: None,
             decision_log: None,
+            mtls: Arc::new(PeerTls::off()),
         }
     }
 }
@@ -207,6 +214,7 @@ pub struct Sidecar {
     latches: Option<Arc<crate::latches::LatchStore>>,
     lifecycle: Arc<crate::lifecycle::Lifecycle>,
     directory: Arc<Directory>,
+    mtls: Arc<PeerTls>,
     /// `--control-plane`, for the source `GET /config` names.
     control_plane: Option<String>,
     done: tokio::task::JoinHandle<()>,
@@ -353,7 +361,12 @@ impl Sidecar {
         let directory = Arc::new(Directory::new(options.balance, &options.instances));
         let shared = Arc::new(listener::Shared {
             engine: engine.clone(),
-            clients: upstream::Clients::new(options.upstream_protocol),
+            clients: upstream::Clients::new(
+                options.upstream_protocol,
+                options.mtls.clone(),
+                directory.clone(),
+            ),
+            mtls: options.mtls.clone(),
             local: options.upstream.clone(),
             directory: directory.clone(),
             log: decision_log.clone(),
@@ -395,6 +408,17 @@ impl Sidecar {
                 move |stream, peer| {
                     let cx = cx.clone();
                     async move {
+                        // The inbound listener's mutual TLS: the calling agent.
+                        let (stream, caller) = match side {
+                            listener::Side::Inbound => match cx.shared.mtls.accept(stream).await {
+                                Ok(accepted) => accepted,
+                                Err(why) => {
+                                    tracing::debug!(listener = name, %peer, why, "refused a connection");
+                                    return;
+                                }
+                            },
+                            listener::Side::Outbound => (mtls::Stream::Plain(stream), None),
+                        };
                         let hyper = |io| {
                             // Stops this connection: the listener's stop, or
                             // its own (a client over its budget of abandoned calls).
@@ -406,6 +430,7 @@ impl Sidecar {
                                 cx.conns.clone(),
                                 fast,
                                 close.clone(),
+                                caller.clone(),
                             );
                             serve::serve_hyper(
                                 name,
@@ -419,8 +444,9 @@ impl Sidecar {
                                 },
                             )
                         };
-                        if fast {
-                            h1::serve(stream, peer, cx.clone(), hyper).await;
+                        // ALPN h2 goes to hyper without the HTTP/1 path's look.
+                        if fast && stream.alpn() != Some(b"h2") {
+                            h1::serve(stream, peer, caller.clone(), cx.clone(), hyper).await;
                         } else {
                             hyper(h1::Prefixed::new(bytes::BytesMut::new(), stream)).await;
                         }
@@ -443,6 +469,7 @@ impl Sidecar {
                     latches: latches.clone(),
                     control_plane: options.control_plane.is_some(),
                     decision_log,
+                    mtls: options.mtls.clone(),
                 },
             });
             let admin_stop_conns = admin_stop.clone();
@@ -509,9 +536,21 @@ impl Sidecar {
             latches,
             lifecycle,
             directory,
+            mtls: options.mtls.clone(),
             control_plane: options.control_plane.clone(),
             done,
         })
+    }
+
+    /// Mutual TLS between agents uses the certificate in force in
+    /// `credentials` from now on (`--identity`, `--tls-cert`).
+    pub fn use_credentials(&self, credentials: crate::identity::Credentials) {
+        self.mtls.use_credentials(credentials);
+    }
+
+    /// The inbound listener's mutual TLS mode (told to govd in the hello).
+    pub fn inbound_mtls(&self) -> InboundMtls {
+        self.mtls.inbound()
     }
 
     /// The address of the inbound listener.

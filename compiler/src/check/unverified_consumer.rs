@@ -10,11 +10,14 @@
 //! Example: `limit l on api { calls 3 per 1h  per consumer }` in a service
 //! without a `consumer from` statement.
 //!
-//! Fix: verify callers with `consumer from jwt header "authorization" issuer
-//! "..." audience "..." keys "FILE" claim "client_id" on invalid reject` (or,
-//! with mTLS between agents, the coming `consumer from peer`); when a gateway
-//! in front sets the header itself and drops the client's, say so with
-//! `consumer from header "x-gov-consumer"`.
+//! Fix: verify callers: `consumer from peer on invalid reject` (the calling
+//! service, from mutual TLS between agents), `consumer from header
+//! "x-gov-consumer" trusted from peer "gateway"` (the header only as a
+//! verified gateway sets it) or `consumer from jwt header "authorization"
+//! issuer "..." audience "..." keys "FILE" claim "client_id" on invalid
+//! reject`; when a gateway in front that is not an agent sets the header
+//! itself and drops the client's, say so with `consumer from header
+//! "x-gov-consumer"`.
 
 use miette::SourceSpan;
 use thiserror::Error;
@@ -31,7 +34,7 @@ use crate::resolve::{Ctx, Norm, Src};
     code("gov::lint::unverified-consumer"),
     severity(Warning),
     help(
-        "any client can send any consumer: verify callers with `consumer from jwt header \"authorization\" issuer \"...\" audience \"...\" keys \"FILE\" claim \"client_id\" on invalid reject` (or `consumer from peer` once agents use mTLS); if a gateway in front sets the header and drops the client's, declare `consumer from header \"x-gov-consumer\"`"
+        "any client can send any consumer: verify callers with `consumer from peer on invalid reject` (the calling service, over mutual TLS between agents), `consumer from header \"x-gov-consumer\" trusted from peer \"gateway\"` (only a verified gateway's header), or `consumer from jwt header \"authorization\" issuer \"...\" audience \"...\" keys \"FILE\" claim \"client_id\" on invalid reject`; if a gateway in front that is not an agent sets the header and drops the client's, declare `consumer from header \"x-gov-consumer\"`"
     )
 )]
 pub struct UnverifiedConsumer {

@@ -29,6 +29,8 @@ pub struct Agent {
     /// another identity may not connect under it.
     pub(super) identity: String,
     pub(super) address: String,
+    /// Its inbound listener takes agent-to-agent mutual TLS (its hello).
+    pub(super) mtls: bool,
     pub(super) labels: BTreeMap<String, String>,
     pub(super) conn: Option<Conn>,
     /// The version last sent to it (or reported in its hello).
@@ -119,6 +121,7 @@ impl Agent {
             instance,
             identity: String::new(),
             address: String::new(),
+            mtls: false,
             labels: BTreeMap::new(),
             conn: None,
             version: String::new(),

@@ -49,6 +49,7 @@ impl Registry {
                     address: a.address.clone(),
                     phase: a.phase as i32,
                     weight_milli_percent: a.weight_milli_percent,
+                    mtls: a.mtls,
                 })
                 .collect(),
         }

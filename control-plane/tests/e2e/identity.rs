@@ -188,7 +188,7 @@ async fn govd_issues_an_agent_its_services_identity_and_no_other() {
 }
 
 /// `gauge`'s value in the agent's `/metrics` (0 without it).
-async fn agent_metric(agent: &Agent, series: &str) -> u64 {
+pub(super) async fn agent_metric(agent: &Agent, series: &str) -> u64 {
     let (_, _, metrics) = http_get(agent.admin, "/metrics").await;
     sample(&metrics, series)
 }

@@ -371,8 +371,20 @@ fn service_stmt() -> impl Strategy<Value = ServiceStmt> {
     prop_oneof![
         string().prop_map(move |name| ServiceStmt::Domain(DomainStmt { name, span })),
         ident().prop_map(move |name| ServiceStmt::Registry(UsesRegistry { name, span })),
-        string().prop_map(move |header| ServiceStmt::Consumer(ConsumerStmt {
-            source: ConsumerSource::Header { header },
+        (string(), prop::collection::vec(string(), 0..3)).prop_map(move |(header, trusted)| {
+            ServiceStmt::Consumer(ConsumerStmt {
+                source: ConsumerSource::Header { header, trusted },
+                span,
+            })
+        }),
+        any::<bool>().prop_map(move |count| ServiceStmt::Consumer(ConsumerStmt {
+            source: ConsumerSource::Peer {
+                on_invalid: sp(if count {
+                    OnInvalid::Count
+                } else {
+                    OnInvalid::Reject
+                }),
+            },
             span
         })),
         (

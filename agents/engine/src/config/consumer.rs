@@ -1,8 +1,10 @@
 //! Where a service's consumer comes from (`consumer from ...`), converted
-//! from the wire: the header as the client sends it, or a signed JWT whose
-//! claim the proxy verifies and writes into the consumer header. The engine
-//! reads the consumer header either way; the verification itself lives in
-//! the proxy (`gov-agent`), which holds the keys.
+//! from the wire: the header as the client sends it; the header only as
+//! verified calling services set it; the calling service of the agent's
+//! mutual TLS connection; or a signed JWT whose claim the proxy verifies.
+//! The proxy writes what it verified into the consumer header and the
+//! engine reads that header in every case; the verification itself lives in
+//! the proxy (`gov-agent`), which holds the keys and the connections.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,13 +14,17 @@ use http::HeaderName;
 
 use super::InvalidConfig;
 
-/// What proves a caller's identity. (`Peer`, the calling agent's mTLS
-/// identity, is to come beside these.)
+/// What proves a caller's identity.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum ConsumerSource {
     /// The consumer header as the client sends it: proves nothing.
     #[default]
     Header,
+    /// The consumer header as one of these calling services (verified by
+    /// mutual TLS) sends it; anyone else's copy is removed.
+    TrustedHeader(Arc<[String]>),
+    /// The calling service of the mutual TLS connection.
+    Peer(OnInvalid),
     /// A JWT's claim, verified by the proxy.
     Jwt(Arc<JwtSpec>),
 }
@@ -49,12 +55,28 @@ pub enum OnInvalid {
 impl ConsumerSource {
     /// The source of a wire config (absent: the header).
     pub(crate) fn from_wire(source: Option<&proto::ConsumerSource>) -> Result<Self, InvalidConfig> {
-        let Some(proto::consumer_source::Kind::Jwt(j)) = source.and_then(|s| s.kind.as_ref())
-        else {
-            return Ok(ConsumerSource::Header);
-        };
         let bad = |problem: &str| InvalidConfig::ConsumerSource {
             problem: problem.to_string(),
+        };
+        let j = match source.and_then(|s| s.kind.as_ref()) {
+            None => return Ok(ConsumerSource::Header),
+            Some(proto::consumer_source::Kind::Peer(p)) => {
+                return Ok(ConsumerSource::Peer(on_invalid(p.on_invalid)?));
+            }
+            Some(proto::consumer_source::Kind::TrustedHeader(h)) => {
+                let plain = |p: &String| {
+                    !p.is_empty()
+                        && p.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                };
+                if h.peers.is_empty() || !h.peers.iter().all(plain) {
+                    return Err(bad(
+                        "`trusted from peer` names no service, or one that is not a service name",
+                    ));
+                }
+                return Ok(ConsumerSource::TrustedHeader(h.peers.clone().into()));
+            }
+            Some(proto::consumer_source::Kind::Jwt(j)) => j,
         };
         let header = HeaderName::from_bytes(j.header.to_ascii_lowercase().as_bytes())
             .map_err(|_| bad("the jwt `header` is not a header name"))?;
@@ -68,11 +90,7 @@ impl ConsumerSource {
                 return Err(bad(&format!("the jwt `{what}` is empty")));
             }
         }
-        let on_invalid = match proto::OnInvalid::try_from(j.on_invalid) {
-            Ok(proto::OnInvalid::Reject) => OnInvalid::Reject,
-            Ok(proto::OnInvalid::Count) => OnInvalid::Count,
-            Err(_) => return Err(bad("`on_invalid` is unknown to this agent")),
-        };
+        let on_invalid = on_invalid(j.on_invalid)?;
         Ok(ConsumerSource::Jwt(Arc::new(JwtSpec {
             header,
             issuer: j.issuer.clone(),
@@ -87,8 +105,28 @@ impl ConsumerSource {
     pub fn jwt(&self) -> Option<&Arc<JwtSpec>> {
         match self {
             ConsumerSource::Jwt(j) => Some(j),
-            ConsumerSource::Header => None,
+            _ => None,
         }
+    }
+
+    /// How the source is named in `/metrics`, status and the decision log.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ConsumerSource::Header => "header",
+            ConsumerSource::TrustedHeader(_) => "trusted-header",
+            ConsumerSource::Peer(_) => "peer",
+            ConsumerSource::Jwt(_) => "jwt",
+        }
+    }
+}
+
+fn on_invalid(wire: i32) -> Result<OnInvalid, InvalidConfig> {
+    match proto::OnInvalid::try_from(wire) {
+        Ok(proto::OnInvalid::Reject) => Ok(OnInvalid::Reject),
+        Ok(proto::OnInvalid::Count) => Ok(OnInvalid::Count),
+        Err(_) => Err(InvalidConfig::ConsumerSource {
+            problem: "`on_invalid` is unknown to this agent".into(),
+        }),
     }
 }
 
@@ -130,6 +168,33 @@ mod tests {
         ] {
             let error = broken.unwrap_err().to_string();
             assert!(error.contains(what), "{what}: {error}");
+        }
+    }
+
+    #[test]
+    fn peer_sources_are_checked() {
+        let source =
+            |kind| ConsumerSource::from_wire(Some(&proto::ConsumerSource { kind: Some(kind) }));
+        assert_eq!(
+            source(proto::consumer_source::Kind::Peer(proto::PeerSource {
+                on_invalid: proto::OnInvalid::Count as i32
+            }))
+            .unwrap(),
+            ConsumerSource::Peer(OnInvalid::Count)
+        );
+        let trusted = |peers: &[&str]| {
+            source(proto::consumer_source::Kind::TrustedHeader(
+                proto::TrustedHeader {
+                    peers: peers.iter().map(|p| p.to_string()).collect(),
+                },
+            ))
+        };
+        assert_eq!(
+            trusted(&["gateway"]).unwrap(),
+            ConsumerSource::TrustedHeader(vec!["gateway".to_string()].into())
+        );
+        for bad in [&[][..], &[""], &["gate way"], &["a/b"]] {
+            assert!(trusted(bad).is_err(), "{bad:?}");
         }
     }
 }

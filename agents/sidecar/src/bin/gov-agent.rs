@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gov_agent::sidecar::{Balance, Options, Sidecar, UpstreamProtocol};
+use gov_agent::sidecar::{Balance, InboundMtls, Options, Sidecar, UpstreamProtocol};
 use gov_proto::flag::parse_duration;
 use gov_proto::log::LogFormat;
 use gov_proto::signal::Signals;
@@ -148,6 +148,24 @@ struct Args {
     /// it at two thirds of its life.
     #[arg(long, env = "GOV_IDENTITY", value_parser = clap::builder::BoolishValueParser::new(), requires_all = ["control_plane", "tls_ca", "control_plane_token_file"], conflicts_with = "tls_cert")]
     identity: bool,
+
+    /// Mutual TLS between agents on the inbound listener: `off` (plain),
+    /// `permit` (TLS and plain both, for a migration) or `require` (only
+    /// agents with a valid certificate). Needs this agent's certificate
+    /// (--identity, or --tls-cert/--tls-key); govd tells callers to use TLS.
+    #[arg(
+        long,
+        env = "GOV_INBOUND_MTLS",
+        default_value = "off",
+        value_name = "MODE"
+    )]
+    inbound_mtls: gov_agent::sidecar::InboundMtls,
+
+    /// The CA (PEM) that signs other agents' certificates, for mutual TLS
+    /// between agents. Default: the CA that signed this agent's own
+    /// certificate (with --identity, govd's --identity-ca).
+    #[arg(long, env = "GOV_PEER_CA", value_name = "FILE")]
+    peer_ca: Option<PathBuf>,
 
     /// The protocol spoken to upstreams: `http1`, `http2` (prior knowledge, h2c), or
     /// `downstream` (what the client spoke: gRPC clients get HTTP/2 with trailers).
@@ -366,6 +384,21 @@ async fn run(args: Args) -> ExitCode {
         gov_proto::report::plain(&error);
         return ExitCode::from(EXIT_USAGE);
     }
+    let inbound_mtls = args.inbound_mtls;
+    if inbound_mtls != InboundMtls::Off && !args.identity && args.tls_cert.is_none() {
+        gov_proto::errln!(
+            "error: --inbound-mtls {} needs this agent's certificate\n  help: add --identity (a certificate from govd) or --tls-cert/--tls-key (the platform's files)",
+            inbound_mtls.as_str()
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let mtls = match gov_agent::sidecar::PeerTls::new(inbound_mtls, args.peer_ca.as_deref()) {
+        Ok(mtls) => std::sync::Arc::new(mtls),
+        Err(error) => {
+            gov_proto::report::plain(&error);
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let options = Options {
         service: args.service,
         listen: args.listen,
@@ -389,6 +422,7 @@ async fn run(args: Args) -> ExitCode {
         client_timeout: (!args.client_timeout.is_zero()).then_some(args.client_timeout),
         state_dir: args.state_dir,
         decision_log,
+        mtls,
     };
     // Before the listeners (and the "started" line): see `Signals`.
     let mut signals = Signals::install(OTHERWISE);
@@ -407,6 +441,7 @@ async fn run(args: Args) -> ExitCode {
             control.instance = format!("{}@{}", control.service, sidecar.inbound_addr());
         }
         control.address = sidecar.inbound_addr().to_string();
+        control.inbound_mtls = inbound_mtls != InboundMtls::Off;
         // The agent's certificate: issued by govd, or the files, reloaded.
         if args.identity {
             let identity = gov_agent::identity::IdentityOptions {
@@ -433,6 +468,9 @@ async fn run(args: Args) -> ExitCode {
                 Some(sidecar.on_certificate()),
                 stopping.clone(),
             ));
+        }
+        if let Some(credentials) = &control.credentials {
+            sidecar.use_credentials(credentials.clone());
         }
         control.token = token;
         control.tls = tls;
@@ -462,6 +500,15 @@ async fn run(args: Args) -> ExitCode {
         tokio::spawn(gov_agent::control::run(
             sidecar.engine().clone(),
             control,
+            stopping.clone(),
+        ));
+    } else if let (Some(cert), Some(key)) = (args.tls_cert.clone(), args.tls_key.clone()) {
+        // No control plane: the files still serve mutual TLS between agents.
+        sidecar.use_credentials(gov_agent::identity::watch_files(
+            cert,
+            key,
+            gov_agent::identity::FILE_POLL,
+            Some(sidecar.on_certificate()),
             stopping.clone(),
         ));
     }

@@ -261,44 +261,72 @@ pub(crate) enum Identity {
     /// The header as the client sent it (`consumer from header`, and every
     /// outbound call: the local service names its own consumer).
     AsSent,
-    /// The consumer a verified token names, written by the agent into
-    /// `header` (the config's consumer header).
+    /// The consumer a verified token or certificate names, written by the
+    /// agent into `header` (the config's consumer header).
     Verified {
         header: HeaderName,
         consumer: String,
     },
-    /// No consumer (an invalid token under `on invalid count`): the client's
-    /// `header` is dropped.
+    /// No consumer (an invalid credential under `on invalid count`): the
+    /// client's `header` is dropped.
     Dropped { header: HeaderName },
+    /// No consumer: the header came from a caller the policy does not trust
+    /// to set it (`trusted from peer`), and is dropped.
+    Untrusted { header: HeaderName },
 }
 
-/// The consumer of a request whose headers are `headers`, by the service's
-/// `consumer from` (inbound only); `Err`: the refusal's text (`on invalid
-/// reject`).
+/// The consumer of an inbound request whose headers are `headers`, by the
+/// service's `consumer from`; `caller` is the connection's calling agent
+/// (mutual TLS). `Err`: the refusal's text (`on invalid reject`).
 pub(crate) fn identify(
     engine: &gov_engine::Engine,
     verifier: &Verifier,
-    inbound: bool,
+    caller: Option<&super::mtls::Caller>,
     headers: gov_engine::Headers<'_>,
 ) -> Result<Identity, String> {
-    if !inbound {
-        return Ok(Identity::AsSent);
-    }
-    let gov_engine::config::ConsumerSource::Jwt(spec) = engine.consumer_source() else {
-        return Ok(Identity::AsSent);
-    };
+    use gov_engine::config::{ConsumerSource, OnInvalid};
     let config = engine.config();
-    let header = config.consumer_header.clone();
-    match verifier.verify(&spec, headers.get(&spec.header)) {
-        Ok(consumer) => Ok(Identity::Verified { header, consumer }),
-        Err(invalid) => match spec.on_invalid {
-            gov_engine::config::OnInvalid::Count => {
+    let header = || config.consumer_header.clone();
+    let (verified, on_invalid) = match &config.consumer_source {
+        ConsumerSource::Header => return Ok(Identity::AsSent),
+        ConsumerSource::TrustedHeader(peers) => {
+            let trusted = caller.is_some_and(|c| peers.contains(&c.service));
+            return Ok(if trusted {
+                Identity::AsSent
+            } else {
+                Identity::Untrusted { header: header() }
+            });
+        }
+        ConsumerSource::Peer(on_invalid) => (
+            caller
+                .map(|c| c.service.clone())
+                .ok_or_else(|| "the caller presented no verified agent certificate".to_string()),
+            *on_invalid,
+        ),
+        ConsumerSource::Jwt(spec) => (
+            verifier
+                .verify(spec, headers.get(&spec.header))
+                .map_err(|invalid| invalid.to_string()),
+            spec.on_invalid,
+        ),
+    };
+    match verified {
+        Ok(consumer) => Ok(Identity::Verified {
+            header: header(),
+            consumer,
+        }),
+        Err(invalid) => match on_invalid {
+            OnInvalid::Count => {
                 tracing::debug!(%invalid, "served without a consumer (on invalid count)");
-                Ok(Identity::Dropped { header })
+                Ok(Identity::Dropped { header: header() })
             }
-            gov_engine::config::OnInvalid::Reject => Err(format!(
-                "gov-agent: consumer from jwt header `{}` of service `{}`: {invalid}\n",
-                spec.header, config.service
+            OnInvalid::Reject => Err(format!(
+                "gov-agent: consumer from {} of service `{}`: {invalid}\n",
+                match &config.consumer_source {
+                    ConsumerSource::Jwt(spec) => format!("jwt header `{}`", spec.header),
+                    _ => "peer".to_string(),
+                },
+                config.service
             )),
         },
     }
@@ -319,7 +347,9 @@ impl Identity {
             Identity::Verified { header, consumer } => {
                 Some((header.as_str(), Some(consumer.as_bytes())))
             }
-            Identity::Dropped { header } => Some((header.as_str(), None)),
+            Identity::Dropped { header } | Identity::Untrusted { header } => {
+                Some((header.as_str(), None))
+            }
         }
     }
 }
@@ -335,7 +365,7 @@ impl Identity {
                     headers.insert(header, value);
                 }
             }
-            Identity::Dropped { header } => {
+            Identity::Dropped { header } | Identity::Untrusted { header } => {
                 headers.remove(&header);
             }
         }

@@ -59,7 +59,15 @@ fn apply_endpoints(directory: &Directory, endpoints: &gov_proto::v1::Endpoints) 
             }
         }
     });
-    directory.replace(&endpoints.service, specs)
+    let ids = directory.replace(&endpoints.service, specs);
+    let mtls = endpoints
+        .instances
+        .iter()
+        .filter(|i| i.mtls)
+        .filter_map(|i| i.address.parse::<Authority>().ok())
+        .collect();
+    directory.mtls_targets().set(&endpoints.service, mtls);
+    ids
 }
 
 /// Loads the endpoint sets kept in `dir` into `directory` (at start, before

@@ -60,6 +60,7 @@ pub(crate) use self::prefixed::Prefixed;
 use self::relay::{Broke, Leg, READ_CHUNK, Received, receive, relay, within};
 use super::consumer;
 use super::listener::{Failure, Shared, Side, path_reading, target_service};
+use super::mtls::Caller;
 use super::upstream::Pick;
 use gov_engine::engine::Target;
 use gov_engine::{Admission, Direction, Headers, Outcome, RequestInfo};
@@ -132,8 +133,13 @@ impl Listener {
 
 /// Serves one client connection: HTTP/1.1 here, the rest through `fallback`, which
 /// gets the connection and the bytes read but not yet handled.
-pub(crate) async fn serve<S, F, Fut>(mut client: S, peer: SocketAddr, cx: Listener, fallback: F)
-where
+pub(crate) async fn serve<S, F, Fut>(
+    mut client: S,
+    peer: SocketAddr,
+    caller: Option<Arc<Caller>>,
+    cx: Listener,
+    fallback: F,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send,
     F: FnOnce(Prefixed<S>) -> Fut,
     Fut: std::future::Future<Output = ()>,
@@ -141,6 +147,7 @@ where
     let mut conn = Conn {
         cx: &cx,
         peer: peer.ip().to_string(),
+        caller,
         buf: BytesMut::with_capacity(READ_CHUNK),
         out: Vec::with_capacity(1024),
         back: Vec::with_capacity(1024),
@@ -156,12 +163,23 @@ where
     for upstream in conn.upstreams.drain(..) {
         cx.idle.put(upstream);
     }
-    if let End::Fallback = end {
-        let buf = std::mem::take(&mut conn.buf);
-        drop(conn);
-        fallback(Prefixed::new(buf, client)).await;
+    match end {
+        End::Fallback => {
+            let buf = std::mem::take(&mut conn.buf);
+            drop(conn);
+            fallback(Prefixed::new(buf, client)).await;
+        }
+        // A TLS connection ends with its close alert (a plain one with FIN,
+        // as dropping it would).
+        End::Close => {
+            drop(conn);
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, client.shutdown()).await;
+        }
     }
 }
+
+/// How long closing a client connection may take (a TLS close alert).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How reading a request head ended.
 enum HeadRead {
@@ -202,6 +220,8 @@ struct Conn<'c> {
     cx: &'c Listener,
     /// The client address, for `x-forwarded-for`.
     peer: String,
+    /// The calling agent (the inbound listener's mutual TLS).
+    caller: Option<Arc<Caller>>,
     /// Bytes read from the client and not yet handled.
     buf: BytesMut,
     /// The head being written (to the upstream, or a local answer to the client).
@@ -284,14 +304,18 @@ impl Conn<'_> {
             close: req.close,
         };
         // The consumer: as sent, or verified and written by the agent.
-        let identity = match cx.shared.identify(cx.side, Headers::Raw(req.headers)) {
-            Ok(identity) => identity,
-            Err(text) => {
-                drop(req);
-                let answer = Local::Unauthenticated(&text);
-                return Some(self.answer_locally(client, &head, answer).await);
-            }
-        };
+        let identity =
+            match cx
+                .shared
+                .identify(cx.side, self.caller.as_deref(), Headers::Raw(req.headers))
+            {
+                Ok(identity) => identity,
+                Err(text) => {
+                    drop(req);
+                    let answer = Local::Unauthenticated(&text);
+                    return Some(self.answer_locally(client, &head, answer).await);
+                }
+            };
         let replaced;
         let raw = match identity.value() {
             Some((name, value)) => {
@@ -553,7 +577,7 @@ impl Conn<'_> {
             .iter()
             .position(|u| u.authority.as_str() == authority.as_str())
         {
-            let upstream = self.upstreams.swap_remove(i);
+            let mut upstream = self.upstreams.swap_remove(i);
             if upstream.alive() {
                 return Ok((upstream, true));
             }
@@ -561,7 +585,9 @@ impl Conn<'_> {
         if let Some(upstream) = self.cx.idle.take(authority) {
             return Ok((upstream, true));
         }
-        connect(authority).await.map(|upstream| (upstream, false))
+        connect(authority, &self.cx.shared)
+            .await
+            .map(|upstream| (upstream, false))
     }
 
     fn put_upstream(&mut self, upstream: Upstream) {
@@ -592,7 +618,8 @@ impl Conn<'_> {
         };
         let client = std::sync::Mutex::new(client);
         let (mut client_rd, mut client_wr) = split::split(&client);
-        let (mut up_rd, mut up_wr) = upstream.stream.split();
+        let up = std::sync::Mutex::new(&mut upstream.stream);
+        let (mut up_rd, mut up_wr) = split::split(&up);
         let replayable = head.framing == Framing::Empty;
         let out = &mut self.out;
         let client_buf = &mut self.buf;

@@ -31,18 +31,24 @@ pub(crate) struct Shared {
     pub(crate) client_gone_hold: std::time::Duration,
     /// The keys of `consumer from jwt` sources (the inbound listener).
     pub(crate) verifier: super::consumer::Verifier,
+    /// Mutual TLS between agents.
+    pub(crate) mtls: Arc<super::mtls::PeerTls>,
 }
 
 impl Shared {
     /// The consumer of a request by the service's `consumer from`
     /// ([`super::consumer::identify`]).
+    /// `caller`: the calling agent of the connection (mutual TLS).
     pub(crate) fn identify(
         &self,
         side: Side,
+        caller: Option<&super::mtls::Caller>,
         headers: gov_engine::Headers<'_>,
     ) -> Result<super::consumer::Identity, String> {
-        let inbound = side == Side::Inbound;
-        super::consumer::identify(&self.engine, &self.verifier, inbound, headers)
+        if side == Side::Outbound {
+            return Ok(super::consumer::Identity::AsSent);
+        }
+        super::consumer::identify(&self.engine, &self.verifier, caller, headers)
     }
 
     /// The engine's decision on `info`, logged when the decision log samples

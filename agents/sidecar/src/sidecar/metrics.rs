@@ -32,6 +32,8 @@ pub(crate) struct Source {
     pub(crate) control_plane: bool,
     /// `--decision-log`.
     pub(crate) decision_log: Option<crate::decision_log::DecisionLog>,
+    /// Mutual TLS between agents.
+    pub(crate) mtls: std::sync::Arc<super::mtls::PeerTls>,
 }
 
 impl Source {
@@ -40,6 +42,7 @@ impl Source {
         let mut enc = Encoder::default();
         self.render_agent(&mut enc, health);
         self.render_listeners(&mut enc);
+        self.render_identity(&mut enc);
         render_endpoints(&mut enc, &self.directory.stats());
         render_rules(&mut enc, &self.engine.stats().rules);
         gov_proto::prom::render_process(&mut enc);
@@ -98,6 +101,36 @@ impl Source {
                 enc.sample(name, &[("listener", listener)], read(conns));
             }
         }
+    }
+
+    /// Mutual TLS between agents, and where consumers come from.
+    fn render_identity(&self, enc: &mut Encoder) {
+        let c = &self.mtls.counts;
+        let name = "gov_agent_mtls_connections_total";
+        enc.family(
+            name,
+            "counter",
+            "Connections by mutual TLS between agents: inbound `verified` (an agent certificate), `anonymous` (TLS without one, --inbound-mtls permit), `plain` (permit), `refused` (plain under require, a failed handshake, a certificate naming no service); outbound `mtls` (to an agent that takes it) and `failed` (handshake, or a peer naming another service).",
+        );
+        for (listener, result, n) in [
+            ("inbound", "verified", &c.verified),
+            ("inbound", "anonymous", &c.tls_anonymous),
+            ("inbound", "plain", &c.plain),
+            ("inbound", "refused", &c.refused),
+            ("outbound", "mtls", &c.outbound),
+            ("outbound", "failed", &c.outbound_failed),
+        ] {
+            let n = n.load(std::sync::atomic::Ordering::Relaxed);
+            enc.sample(name, &[("listener", listener), ("result", result)], n);
+        }
+        let name = "gov_agent_consumer_source";
+        enc.family(
+            name,
+            "gauge",
+            "Always 1; where the config in force reads consumers from (`header`: whatever the client sends; `trusted-header`, `peer`, `jwt`: verified) is in the label.",
+        );
+        let source = self.engine.config().consumer_source.name();
+        enc.sample(name, &[("source", source)], 1_u64);
     }
 
     fn render_agent(&self, enc: &mut Encoder, health: &crate::health::Health) {

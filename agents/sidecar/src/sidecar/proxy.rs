@@ -68,6 +68,8 @@ struct Conn {
     /// hyper serves that one HTTP/1 request, then the connection closes, so that
     /// no HTTP/1 request reaches the upstream without the HTTP/1 path's checks.
     handed_over: bool,
+    /// The calling agent (the inbound listener's mutual TLS).
+    caller: Option<Arc<super::mtls::Caller>>,
 }
 
 // === impl Handler ===
@@ -80,6 +82,7 @@ impl Handler {
         conns: Arc<Connections>,
         handed_over: bool,
         close: tokio_util::sync::CancellationToken,
+        caller: Option<Arc<super::mtls::Caller>>,
     ) -> Self {
         let hold = Hold {
             bound: shared.client_gone_hold,
@@ -98,6 +101,7 @@ impl Handler {
             conns,
             hold,
             handed_over,
+            caller,
         }))))
     }
 
@@ -157,7 +161,10 @@ impl Handler {
             return failure_response(Failure::BadRequest("gov-agent: CONNECT is not supported\n"));
         }
         // The consumer: as sent, or verified and written by the agent.
-        match conn.shared.identify(conn.side, Map(req.headers())) {
+        match conn
+            .shared
+            .identify(conn.side, conn.caller.as_deref(), Map(req.headers()))
+        {
             Ok(identity) => {
                 if identity.invalid() {
                     req.extensions_mut().insert(gov_engine::CountAsSystemError);

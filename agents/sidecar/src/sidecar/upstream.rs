@@ -17,11 +17,13 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rand::Rng;
 use tokio::time::Instant;
 
 use gov_engine::GovBody;
+
+use super::mtls::{Alpn, PeerTls, Stream};
 
 mod balance;
 
@@ -151,7 +153,102 @@ impl Body for PickedBody {
 }
 
 /// A pooled upstream client.
-pub(crate) type UpstreamClient = Client<HttpConnector, UpstreamBody>;
+pub(crate) type UpstreamClient = Client<Connector, UpstreamBody>;
+
+/// How the pooled clients connect: TCP (hyper-util's connector), then
+/// mutual TLS to an endpoint of another agent that takes it
+/// ([`PeerTls::connect`]).
+#[derive(Clone)]
+pub(crate) struct Connector {
+    tcp: HttpConnector,
+    mtls: Arc<PeerTls>,
+    directory: Arc<Directory>,
+    alpn: Alpn,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower::Service<http::Uri> for Connector {
+    type Response = Connection;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<Connection, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        tower::Service::poll_ready(&mut self.tcp, cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let tcp = tower::Service::call(&mut self.tcp, uri.clone());
+        let (mtls, directory, alpn) = (self.mtls.clone(), self.directory.clone(), self.alpn);
+        Box::pin(async move {
+            let tcp = tcp.await?.into_inner();
+            let stream = match uri.authority() {
+                Some(authority) => {
+                    let service = directory.mtls_targets().service(authority);
+                    mtls.connect(tcp, authority, service.as_deref(), alpn)
+                        .await?
+                }
+                None => Stream::Plain(tcp),
+            };
+            Ok(Connection(TokioIo::new(stream)))
+        })
+    }
+}
+
+/// A connection of the pooled clients, plain or mutual TLS.
+pub(crate) struct Connection(TokioIo<Stream>);
+
+impl hyper::rt::Read for Connection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for Connection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+}
+
+impl hyper_util::client::legacy::connect::Connection for Connection {
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        let stream = self.0.inner();
+        let connected = stream.tcp().connected();
+        if stream.alpn() == Some(b"h2") {
+            connected.negotiated_h2()
+        } else {
+            connected
+        }
+    }
+}
 
 /// Which protocol the proxy speaks to upstreams.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -190,11 +287,15 @@ pub(crate) struct Clients {
 }
 
 impl Clients {
-    pub(crate) fn new(protocol: UpstreamProtocol) -> Self {
+    pub(crate) fn new(
+        protocol: UpstreamProtocol,
+        mtls: Arc<PeerTls>,
+        directory: Arc<Directory>,
+    ) -> Self {
         Self {
             protocol,
-            http1: client(false),
-            http2: client(true),
+            http1: client(false, mtls.clone(), directory.clone()),
+            http2: client(true, mtls, directory),
         }
     }
 
@@ -213,12 +314,18 @@ impl Clients {
     }
 }
 
-fn client(http2: bool) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(2)));
-    connector.set_keepalive(Some(Duration::from_secs(60)));
-    connector.enforce_http(true);
+fn client(http2: bool, mtls: Arc<PeerTls>, directory: Arc<Directory>) -> UpstreamClient {
+    let mut tcp = HttpConnector::new();
+    tcp.set_nodelay(true);
+    tcp.set_connect_timeout(Some(Duration::from_secs(2)));
+    tcp.set_keepalive(Some(Duration::from_secs(60)));
+    tcp.enforce_http(true);
+    let connector = Connector {
+        tcp,
+        mtls,
+        directory,
+        alpn: if http2 { Alpn::Http2 } else { Alpn::Http1 },
+    };
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(Duration::from_secs(90))

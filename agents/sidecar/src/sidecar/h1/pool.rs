@@ -2,7 +2,6 @@
 //! new connections ([`connect`]), and the idle pool a listener keeps once
 //! their client connection ended.
 
-use std::io;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -13,6 +12,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::relay::READ_CHUNK;
+use crate::sidecar::listener::Shared;
+use crate::sidecar::mtls::{Alpn, Stream};
 use crate::sidecar::upstream::Pick;
 
 /// Idle upstream connections a listener keeps once their client connection ended,
@@ -39,7 +40,7 @@ impl IdlePool {
             .iter()
             .rposition(|(u, _)| u.authority.as_str() == authority.as_str())
         {
-            let (upstream, _) = conns.swap_remove(i);
+            let (mut upstream, _) = conns.swap_remove(i);
             if upstream.alive() {
                 return Some(upstream);
             }
@@ -47,7 +48,7 @@ impl IdlePool {
         None
     }
 
-    pub(crate) fn put(&self, upstream: Upstream) {
+    pub(crate) fn put(&self, mut upstream: Upstream) {
         if !upstream.alive() {
             return;
         }
@@ -63,7 +64,8 @@ impl IdlePool {
 #[derive(Debug)]
 pub(crate) struct Upstream {
     pub(crate) authority: Authority,
-    pub(crate) stream: TcpStream,
+    /// Plain, or mutual TLS to another agent.
+    pub(crate) stream: Stream,
     pub(crate) buf: BytesMut,
 }
 
@@ -72,10 +74,8 @@ impl Upstream {
     /// has not closed it. Costs no system call unless the socket became readable
     /// (tokio keeps its readiness), which an idle HTTP/1 connection only does when
     /// the upstream closes it.
-    pub(crate) fn alive(&self) -> bool {
-        let mut byte = [0_u8; 1];
-        self.buf.is_empty()
-            && matches!(self.stream.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    pub(crate) fn alive(&mut self) -> bool {
+        self.buf.is_empty() && self.stream.idle_and_open()
     }
 }
 
@@ -119,8 +119,9 @@ impl Dest {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A new connection to `authority`: an address connects at once, a name is
-/// looked up first (on tokio's blocking pool).
-pub(super) async fn connect(authority: &Authority) -> Result<Upstream, ()> {
+/// looked up first (on tokio's blocking pool). An endpoint of another agent
+/// that takes mutual TLS is called over it (`mtls`).
+pub(super) async fn connect(authority: &Authority, shared: &Shared) -> Result<Upstream, ()> {
     let connect = async {
         match authority.as_str().parse::<SocketAddr>() {
             Ok(addr) => TcpStream::connect(addr).await,
@@ -130,6 +131,12 @@ pub(super) async fn connect(authority: &Authority) -> Result<Upstream, ()> {
     match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
         Ok(Ok(stream)) => {
             let _ = stream.set_nodelay(true);
+            let service = shared.directory.mtls_targets().service(authority);
+            let stream = shared
+                .mtls
+                .connect(stream, authority, service.as_deref(), Alpn::Http1)
+                .await
+                .map_err(drop)?;
             Ok(Upstream {
                 authority: authority.clone(),
                 stream,

@@ -56,14 +56,17 @@ async fn upstream() -> (Authority, Arc<AtomicUsize>) {
 /// An inbound HTTP/1 connection to `local` served over an in-memory pipe;
 /// returns the client's end.
 fn connect(local: Authority) -> DuplexStream {
+    let directory = Arc::new(Directory::new(Balance::default(), &[]));
+    let mtls = Arc::new(crate::sidecar::mtls::PeerTls::off());
     let shared = Arc::new(Shared {
         engine: gov_engine::Engine::empty("order"),
-        clients: Clients::new(UpstreamProtocol::Http1),
+        clients: Clients::new(UpstreamProtocol::Http1, mtls.clone(), directory.clone()),
         local,
-        directory: Arc::new(Directory::new(Balance::default(), &[])),
+        directory,
         log: None,
         client_gone_hold: std::time::Duration::from_secs(60),
         verifier: Default::default(),
+        mtls,
     });
     let cx = Listener::new(
         shared,
@@ -76,7 +79,7 @@ fn connect(local: Authority) -> DuplexStream {
     );
     let (client, server) = tokio::io::duplex(64 * 1024);
     let peer = SocketAddr::from(([127, 0, 0, 1], 40_000));
-    tokio::spawn(serve(server, peer, cx, |_handed_over| async {}));
+    tokio::spawn(serve(server, peer, None, cx, |_handed_over| async {}));
     client
 }
 

@@ -86,6 +86,8 @@ pub struct Directory {
     /// Time zero of the endpoints' clocks (ejection deadlines, estimate stamps).
     epoch: Instant,
     services: ArcSwap<HashMap<Box<str>, Arc<Service>>>,
+    /// The endpoints that take mutual TLS between agents.
+    mtls: crate::sidecar::mtls::Targets,
 }
 
 /// The endpoint set of one service, as one [`Directory::replace`] made it.
@@ -139,11 +141,17 @@ impl Directory {
             balance,
             epoch: Instant::now(),
             services: ArcSwap::from_pointee(HashMap::new()),
+            mtls: crate::sidecar::mtls::Targets::default(),
         };
         for (name, addrs) in services {
             directory.replace(name, addrs.iter().cloned().map(EndpointSpec::full));
         }
         directory
+    }
+
+    /// Which endpoints take mutual TLS between agents (from govd's sets).
+    pub(crate) fn mtls_targets(&self) -> &crate::sidecar::mtls::Targets {
+        &self.mtls
     }
 
     /// Replaces the endpoints of `service` at once: a request picks from the old set
