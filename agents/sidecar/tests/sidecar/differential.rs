@@ -390,6 +390,16 @@ async fn check(
             "the upstream received a judged header the engine may not have read: {r:?}, for {show:?}"
         ));
     }
+    // A consumer header only a verified peer may set: no client here is one.
+    let untrusted = matches!(
+        agent.sidecar.engine().config().consumer_source,
+        gov_engine::config::ConsumerSource::TrustedHeader(_)
+    );
+    if untrusted && let Some(r) = received.iter().find(|r| r.count("x-gov-consumer") > 0) {
+        return Err(format!(
+            "the upstream received an untrusted client's consumer header: {r:?}, for {show:?}"
+        ));
+    }
 
     // 1. Nothing unjudged reaches the upstream.
     // A case-insensitive service's rules match the path folded (the
@@ -481,7 +491,32 @@ async fn the_classic_smuggling_vectors_reach_the_upstream_only_as_judged() {
 /// the engine read; whatever the two could read differently is refused.
 #[tokio::test]
 async fn judged_headers_over_h2c_reach_the_upstream_only_as_judged() {
-    let (up, agent) = setup(RULES).await;
+    judged_headers_over_h2c(RULES, false).await;
+}
+
+/// The same for a service that believes the consumer header only from a
+/// verified peer (`consumer from header ... trusted from peer`): a client
+/// that is no agent has its consumer header removed, so the engine judges
+/// no consumer and the upstream receives none.
+#[tokio::test]
+async fn an_untrusted_consumer_header_over_h2c_is_neither_judged_nor_forwarded() {
+    judged_headers_over_h2c(&trusted_only_from_a_peer(), true).await;
+}
+
+/// [`RULES`] for a service whose consumer header only `gateway` may set.
+fn trusted_only_from_a_peer() -> String {
+    let config = RULES.replace(
+        "version: differential-v1\n",
+        "version: differential-trusted-v1\nconsumer_source: { trusted_header: { peers: [gateway] } }\n",
+    );
+    assert_ne!(config, RULES);
+    config
+}
+
+/// Sends each case of judged headers over h2c to an agent with `config`;
+/// `stripped`: the consumer header is removed before the engine.
+async fn judged_headers_over_h2c(config: &str, stripped: bool) {
+    let (up, agent) = setup(config).await;
     let addr = agent.sidecar.inbound_addr();
     let cases: &[&[(&str, &str)]] = &[
         &[("x-gov-consumer", "crm")],
@@ -533,6 +568,12 @@ async fn judged_headers_over_h2c_reach_the_upstream_only_as_judged() {
         assert_eq!(received.len(), usize::from(honest), "{fields:?}");
         for r in &received {
             assert!(judged_as_read(r), "{r:?}");
+            if stripped {
+                assert!(
+                    r.header("x-gov-consumer").is_none(),
+                    "{fields:?} forwarded a consumer: {r:?}"
+                );
+            }
         }
         for (i, (rule, on)) in COUNTED.iter().enumerate() {
             let counted = received
@@ -766,6 +807,14 @@ fn generated_streams_to_a_case_insensitive_service_reach_the_upstream_only_as_ju
     );
     assert_ne!(config, RULES);
     generated_streams(&config, 200, 8);
+}
+
+/// The same for a service that believes the consumer header only from a
+/// verified peer: no client of these streams is one, so `shop/crm` never
+/// counts and the upstream never receives a consumer.
+#[test]
+fn generated_streams_to_a_service_that_trusts_only_a_peer_reach_the_upstream_only_as_judged() {
+    generated_streams(&trusted_only_from_a_peer(), 200, 9);
 }
 
 /// Runs `cases` generated streams from `seed` through an agent with `config`.
