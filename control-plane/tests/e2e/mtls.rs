@@ -14,6 +14,9 @@ const POLICY: &str = r#"service inv {
     calls 3 per 1h
     per consumer
   }
+  fuse order_failures on path prefix "/fail" and consumer "order" {
+    trip when errors > 3 over 1m
+  }
 }
 service payment {
   consumer from header "x-gov-consumer" trusted from peer "web"
@@ -50,10 +53,18 @@ async fn consumer_echo() -> SocketAddr {
                         } else {
                             seen.join("\n")
                         };
+                        let status = if req.uri().path().starts_with("/fail") {
+                            500
+                        } else {
+                            200
+                        };
                         async move {
-                            Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
-                                Bytes::from(body),
-                            )))
+                            Ok::<_, std::convert::Infallible>(
+                                hyper::Response::builder()
+                                    .status(status)
+                                    .body(Full::new(Bytes::from(body)))
+                                    .unwrap(),
+                            )
                         }
                     });
                 let io = hyper_util::rt::TokioIo::new(stream);
@@ -259,6 +270,26 @@ async fn agents_call_each_other_over_mtls_and_no_caller_can_claim_another() {
     let (status, body) = call_with(order_out, "inv", "/limited", "").await;
     assert_eq!((status, body.as_str()), (200, "order"));
 
+    // A fuse scoped to `order`: web failing while claiming to be order does
+    // not trip it; order's own failures do, and order cannot evade it by
+    // claiming to be web.
+    for _ in 0..6 {
+        let (status, body) = call_with(web_out, "inv", "/fail", "x-gov-consumer: order\r\n").await;
+        assert_eq!((status, body.as_str()), (500, "web"));
+    }
+    let mut statuses = Vec::new();
+    while statuses.len() < 10 && statuses.last() != Some(&503) {
+        statuses.push(call_with(order_out, "inv", "/fail", "").await.0);
+    }
+    assert_eq!(
+        statuses.last(),
+        Some(&503),
+        "order's own failures: {statuses:?}"
+    );
+    let (status, _) = call_with(order_out, "inv", "/fail", "x-gov-consumer: web\r\n").await;
+    assert_eq!(status, 503, "order claiming to be web");
+    assert_eq!(call_with(web_out, "inv", "/fail", "").await.0, 500);
+
     // `trusted from peer "web"`: web's header passes, anyone else's is
     // removed before the rules and before the upstream.
     let alice = "x-gov-consumer: alice\r\n";
@@ -307,4 +338,115 @@ async fn agents_call_each_other_over_mtls_and_no_caller_can_claim_another() {
     for a in [inv, payment, web, order] {
         a.stop().await;
     }
+}
+
+/// Certificates that expire every 6 s under a steady load between two
+/// agents: renewals (at two thirds of the life) replace them, callee-closed
+/// idle connections make callers handshake again with the renewed ones, and
+/// no call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_certificates_rotate_under_load_between_agents_without_a_failed_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"));
+    let id_ca = identity_ca(&dir.path().join("identity"));
+    let govd = control_plane(&dir.path().join("state"))
+        .tls(&pki)
+        .args(&["--identity-ca", &id_ca, "--identity-lifetime", "6s"])
+        .start()
+        .await;
+    let ca = pki.ca.display().to_string();
+    let policy = write(dir.path(), "p.gov", POLICY);
+    let applied = govc(&govd, Some(TOKEN), &["apply", "--tls-ca", &ca, &policy]).await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    let mut callee = agent("inv", "inv-1")
+        .upstream(consumer_echo().await)
+        .control_plane(&govd)
+        .tls(&pki, None);
+    // Idle connections close after 1 s: callers connect again all along.
+    for arg in [
+        "--identity",
+        "--inbound-mtls",
+        "require",
+        "--header-read-timeout",
+        "1s",
+    ] {
+        callee.args.push(arg.into());
+    }
+    let inv = callee.start(dir.path()).await;
+    let mut caller = agent("web", "web-1")
+        .upstream(consumer_echo().await)
+        .control_plane(&govd)
+        .tls(&pki, None)
+        .outbound();
+    caller.args.push("--identity".into());
+    let web = caller.start(dir.path()).await;
+    let web_out = web.outbound.unwrap();
+    wait_until(
+        "web reaches inv over mutual TLS",
+        Duration::from_secs(30),
+        async || call_with(web_out, "inv", "/probe", "").await == (200, "web".to_owned()),
+    )
+    .await;
+    let verified = "gov_agent_mtls_connections_total{listener=\"inbound\",result=\"verified\"}";
+    let started = Instant::now();
+
+    // 12 s of calls, four loops; each pauses 1.5 s after every 20 calls.
+    let deadline = started + Duration::from_secs(12);
+    let load: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0_usize, Vec::new());
+                while Instant::now() < deadline {
+                    match call_with(web_out, "inv", "/probe", "").await {
+                        (200, body) if body == "web" => ok += 1,
+                        other => failed.push(other),
+                    }
+                    if ok % 20 == 0 {
+                        tokio::time::sleep(Duration::from_millis(1500)).await;
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    // Once every first certificate has expired (6 s), count the handshakes.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let after_expiry = agent_metric(&inv, verified).await;
+    let (mut ok, mut failed) = (0, Vec::new());
+    for task in load {
+        let (o, f) = task.await.unwrap();
+        ok += o;
+        failed.extend(f);
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} calls failed: {failed:?}",
+        failed.len(),
+        ok + failed.len()
+    );
+    assert!(ok > 50, "only {ok} calls");
+    let handshakes = agent_metric(&inv, verified).await;
+    assert!(
+        handshakes > after_expiry,
+        "no handshake after the first certificates expired ({after_expiry} then {handshakes})"
+    );
+    for a in [&inv, &web] {
+        let log = read(&a.log);
+        assert!(
+            log.matches("certificate issued by the control plane")
+                .count()
+                >= 3,
+            "{log}"
+        );
+    }
+    assert_eq!(
+        agent_metric(
+            &web,
+            "gov_agent_mtls_connections_total{listener=\"outbound\",result=\"failed\"}"
+        )
+        .await,
+        0
+    );
+    inv.stop().await;
+    web.stop().await;
 }
