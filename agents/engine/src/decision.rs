@@ -13,6 +13,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::admission::{Admission, Pending, Step, StepError, Steps};
@@ -20,9 +21,8 @@ use crate::config::{CompiledConfig, Direction, RuleId};
 use crate::primitive::{Keys, Phase};
 use crate::rejection::Rejection;
 use crate::request::RequestInfo;
-use crate::route::{Matched, View};
+use crate::route::{INLINE_RULES, Matched, View};
 use crate::snapshot::Snapshot;
-use crate::state::State;
 use crate::stripe;
 
 /// The result of [`Engine::try_admit`](crate::Engine::try_admit).
@@ -190,11 +190,14 @@ pub(crate) fn admit_matched(
     let config = &*snap.config;
     let now = Instant::now();
     let mut admission = Admission::started(now);
-    // The deadline (the shortest a matched rule sets), and whether the
-    // consumer is needed.
+    // One pass over the matched rules: each one's phase, the deadline (the
+    // shortest a matched rule sets), and whether the consumer is needed.
+    let mut order: Order = SmallVec::new();
     let mut consumer_keyed = false;
     for &id in matched {
-        let state = &snap.states[id.0 as usize];
+        let Some(state) = snap.states.get(id.0 as usize) else {
+            continue;
+        };
         // A shadow rule's deadline is counted, not enforced (`Admission::record`).
         if let Some(t) = state.timeout()
             && !snap.is_shadow(id.0)
@@ -202,6 +205,17 @@ pub(crate) fn admit_matched(
             admission.shorten_timeout(&snap, t, id.0);
         }
         consumer_keyed |= state.needs_consumer();
+        order.push((state.phase(), id));
+    }
+    // Phase order, rule-id order within a phase (`matched` is in rule-id
+    // order and the sort is stable): every request takes its rules' scopes
+    // in the same order. Insertion sort: a handful of rules.
+    for i in 1..order.len() {
+        let mut j = i;
+        while j > 0 && order[j - 1].0 > order[j].0 {
+            order.swap(j - 1, j);
+            j -= 1;
+        }
     }
     // Read the consumer only when a rule's scope needs it.
     let consumer = consumer_keyed
@@ -214,25 +228,27 @@ pub(crate) fn admit_matched(
         instance: req.target.and_then(|t| t.instance),
         path: &path,
     };
-    for phase in Phase::ALL {
-        for (i, &id) in matched.iter().enumerate() {
-            let Some(step) = step(&snap.states[id.0 as usize], phase, id, &keys) else {
-                continue;
-            };
-            match admission.step_now(&snap, step, now) {
-                Ok(()) => {}
-                Err(StepError::Rejected(r)) => {
-                    // Gives back what the earlier steps took.
-                    admission.snap = Some(snap);
-                    return Decision::Rejected(r);
-                }
-                Err(StepError::Wait(step)) => {
-                    let mut rest = Steps::new();
-                    rest.push(step);
-                    rest.extend(remaining(&snap, matched, &keys, phase, i + 1));
-                    admission.snap = Some(snap);
-                    return Decision::Wait(Pending::new(admission, rest));
-                }
+    for (i, &(_, id)) in order.iter().enumerate() {
+        let step = Step {
+            rule: id.0,
+            scope: snap.states[id.0 as usize].scope(&keys),
+        };
+        match admission.step_now(&snap, step, now) {
+            Ok(()) => {}
+            Err(StepError::Rejected(r)) => {
+                // Gives back what the earlier steps took.
+                admission.snap = Some(snap);
+                return Decision::Rejected(r);
+            }
+            Err(StepError::Wait(step)) => {
+                let mut rest = Steps::new();
+                rest.push(step);
+                rest.extend(order.iter().skip(i + 1).map(|&(_, id)| Step {
+                    rule: id.0,
+                    scope: snap.states[id.0 as usize].scope(&keys),
+                }));
+                admission.snap = Some(snap);
+                return Decision::Wait(Pending::new(admission, rest));
             }
         }
     }
@@ -241,30 +257,6 @@ pub(crate) fn admit_matched(
     Decision::Admitted(admission)
 }
 
-/// The step of rule `id` in `phase`, if its primitive acts in that phase.
-#[inline]
-fn step(state: &State, phase: Phase, id: RuleId, keys: &Keys<'_>) -> Option<Step> {
-    (state.phase() == phase).then(|| Step {
-        rule: id.0,
-        scope: state.scope(keys),
-    })
-}
-
-/// The steps after the `from`th matched rule of `phase`.
-fn remaining(
-    snap: &Snapshot,
-    matched: &Matched,
-    keys: &Keys<'_>,
-    phase: Phase,
-    from: usize,
-) -> Steps {
-    let mut steps = Steps::new();
-    let later = Phase::ALL.iter().skip_while(|&&p| p != phase);
-    for (n, &p) in later.enumerate() {
-        let skip = if n == 0 { from } else { 0 };
-        for &id in matched.iter().skip(skip) {
-            steps.extend(step(&snap.states[id.0 as usize], p, id, keys));
-        }
-    }
-    steps
-}
+/// The matched rules of a decision with their phase, in the order their
+/// steps run.
+type Order = SmallVec<[(Phase, RuleId); INLINE_RULES]>;

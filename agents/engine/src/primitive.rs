@@ -48,15 +48,11 @@ pub(crate) struct Grant {
 /// The order of the steps of a decision: fuses (cheapest, and they refuse
 /// everyone), then limits, then bulkheads (the only step that holds a
 /// resource another call may be waiting for).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Phase {
     Fuses,
     Limits,
     Bulkheads,
-}
-
-impl Phase {
-    pub(crate) const ALL: [Phase; 3] = [Phase::Fuses, Phase::Limits, Phase::Bulkheads];
 }
 
 /// What the scopes (cells) of a request's rules are keyed by.

@@ -48,6 +48,10 @@ pub(crate) enum Cond {
     Or(Box<[Cond]>),
 }
 
+/// Up to this many header names, a name is looked for by comparing them
+/// before hashing it (a miss costs no hash).
+const SCANNED_NAMES: usize = 16;
+
 /// Where the engine reads request headers from: an `http::HeaderMap`, or the
 /// headers of a head parsed in place by `httparse` (no map is built).
 #[derive(Clone, Copy, Debug)]
@@ -58,9 +62,17 @@ pub enum Headers<'a> {
 
 impl<'a> Headers<'a> {
     /// The first value of `name`, as bytes.
+    #[inline]
     pub fn get(&self, name: &HeaderName) -> Option<&'a [u8]> {
         match *self {
-            Headers::Map(map) => map.get(name).map(HeaderValue::as_bytes),
+            Headers::Map(map) => {
+                // Most requests lack the headers rules look for (`x-admin`),
+                // and comparing a few names costs less than hashing one.
+                if map.keys_len() <= SCANNED_NAMES && !map.keys().any(|k| k == name) {
+                    return None;
+                }
+                map.get(name).map(HeaderValue::as_bytes)
+            }
             Headers::Raw(raw) => raw
                 .iter()
                 .find(|h| h.name.eq_ignore_ascii_case(name.as_str()))

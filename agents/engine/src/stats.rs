@@ -87,14 +87,14 @@ impl Counters {
         stripe::add(&s.unrecorded, owned, 1);
     }
 
-    /// An admission ended `elapsed` after it began.
-    pub(crate) fn latency(&self, slot: Slot, elapsed: Duration) {
+    /// An admission ended with `latency`.
+    #[inline]
+    pub(crate) fn latency(&self, slot: Slot, latency: Latency) {
         let (s, owned) = self.stripes.get(slot);
-        if let Some(c) = s.latency.get(bucket(elapsed)) {
+        if let Some(c) = s.latency.get(latency.bucket) {
             stripe::add(c, owned, 1);
         }
-        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        stripe::add(&s.latency_sum_us, owned, micros);
+        stripe::add(&s.latency_sum_us, owned, latency.micros);
     }
 
     pub(crate) fn snapshot(&self, rule: &Arc<str>, kind: RuleKind) -> RuleStats {
@@ -143,6 +143,24 @@ impl Counters {
             capacity: 0,
             keys: 0,
             keys_overflowed: 0,
+        }
+    }
+}
+
+/// One call's latency as the counters take it: its bucket and its
+/// microseconds, worked out once for every rule that counts the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Latency {
+    bucket: usize,
+    micros: u64,
+}
+
+impl Latency {
+    #[inline]
+    pub(crate) fn of(elapsed: Duration) -> Self {
+        Self {
+            bucket: bucket(elapsed),
+            micros: u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
         }
     }
 }
