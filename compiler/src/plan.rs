@@ -349,31 +349,10 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
     let mut settings = Vec::new();
     push(&mut settings, "domain", quoted(&t.domain));
     push(&mut settings, "consumer_header", quoted(&t.consumer_header));
-    let word = |o: pb::OnInvalid| {
-        if o == pb::OnInvalid::Count {
-            "count"
-        } else {
-            "reject"
-        }
-    };
-    let source = match t.consumer_source.as_ref().and_then(|s| s.kind.as_ref()) {
-        Some(pb::consumer_source::Kind::Jwt(j)) => format!(
-            "jwt header {} issuer {} audience {} keys {} claim {} on invalid {}",
-            quoted(&j.header),
-            quoted(&j.issuer),
-            quoted(&j.audience),
-            quoted(&j.keys_file),
-            quoted(&j.claim),
-            word(j.on_invalid())
-        ),
-        Some(pb::consumer_source::Kind::Peer(p)) => {
-            format!("peer on invalid {}", word(p.on_invalid()))
-        }
-        Some(pb::consumer_source::Kind::TrustedHeader(h)) => {
-            let peers: Vec<String> = h.peers.iter().map(|p| quoted(p)).collect();
-            format!("header trusted from peer {}", peers.join(", "))
-        }
-        None => String::new(),
+    let source = if t.consumer_source.is_some() {
+        gov_proto::compiled::consumer_source_words(t)
+    } else {
+        String::new()
     };
     push(&mut settings, "consumer from", source);
     push(&mut settings, "registry", t.registry.clone());

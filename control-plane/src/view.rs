@@ -62,6 +62,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
                 },
                 labels: a.labels().clone().into_iter().collect(),
                 removal_waiting_on: state.removal_waiting_on(a),
+                inbound_mtls: a.inbound_mtls(),
             }
         })
         .collect();
@@ -136,6 +137,16 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
         labels_left_out: false,
         agents_left_out: 0,
         store: None,
+        consumer_sources: state
+            .bundle()
+            .map(|b| b.targets.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .map(|t| {
+                let words = gov_proto::compiled::consumer_source_words(t);
+                (t.service.clone(), words)
+            })
+            .collect(),
     }
 }
 
@@ -246,6 +257,7 @@ pub fn filter_view(mut view: pb::ClusterView, service: &str) -> pb::ClusterView 
     view.rules.retain(|r| ours(&r.rule));
     view.fuses.retain(|f| ours(&f.rule));
     view.limits.retain(|l| ours(&l.rule));
+    view.consumer_sources.retain(|s, _| s == service);
     view
 }
 

@@ -7,7 +7,8 @@
 //! classes and recovery) live beside its word in `words.rs`, with its arm
 //! of `Spec::fill`, so that a new kind does not touch this file.
 
-use crate::v1::{Mode, Rule, TargetConfig, warmup_step::Step as WarmupStep};
+use crate::v1::consumer_source::Kind as ConsumerKind;
+use crate::v1::{Mode, OnInvalid, Rule, TargetConfig, warmup_step::Step as WarmupStep};
 
 /// The request header that carries the caller's identity.
 pub const CONSUMER_HEADER: &str = "x-gov-consumer";
@@ -25,6 +26,40 @@ pub const SYNC_EXACT_TIMEOUT_MS: u64 = 100;
 /// (`every`), so that one slow answer never overlaps the next poll.
 pub fn probe_timeout_ms(every_ms: u64) -> u64 {
     every_ms
+}
+
+/// Where `t` reads its consumers from, in the words of its `consumer from`
+/// statement (`header "x-gov-consumer"` when it has none).
+pub fn consumer_source_words(t: &TargetConfig) -> String {
+    let word = |o: OnInvalid| {
+        if o == OnInvalid::Count {
+            "count"
+        } else {
+            "reject"
+        }
+    };
+    let quoted = |s: &str| format!("{s:?}");
+    match t.consumer_source.as_ref().and_then(|s| s.kind.as_ref()) {
+        Some(ConsumerKind::Jwt(j)) => format!(
+            "jwt header {} issuer {} audience {} keys {} claim {} on invalid {}",
+            quoted(&j.header),
+            quoted(&j.issuer),
+            quoted(&j.audience),
+            quoted(&j.keys_file),
+            quoted(&j.claim),
+            word(j.on_invalid())
+        ),
+        Some(ConsumerKind::Peer(p)) => format!("peer on invalid {}", word(p.on_invalid())),
+        Some(ConsumerKind::TrustedHeader(h)) => {
+            let peers: Vec<String> = h.peers.iter().map(|p| quoted(p)).collect();
+            format!(
+                "header {} trusted from peer {}",
+                quoted(&t.consumer_header),
+                peers.join(", ")
+            )
+        }
+        None => format!("header {}", quoted(&t.consumer_header)),
+    }
 }
 
 /// An empty config of `service` (no rules), as the compiler would emit it.

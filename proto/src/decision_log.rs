@@ -34,6 +34,13 @@ pub struct Record {
     /// The caller identity (the config's consumer header), when sent.
     #[serde(default)]
     pub consumer: Option<String>,
+    /// Inbound: where `consumer` came from, the service's `consumer from`:
+    /// `header` (as the client sent it, unverified), `trusted-header` (as a
+    /// verified calling service set it), `peer` (the calling service's
+    /// certificate), `jwt` (a verified token's claim). Added within format
+    /// version 1: older readers ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumer_source: Option<String>,
     pub method: String,
     /// The normalized path the rules matched, without the query.
     pub path: String,

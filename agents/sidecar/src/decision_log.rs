@@ -234,6 +234,8 @@ impl DecisionLog {
                 .headers
                 .get_str(&config.consumer_header)
                 .map(str::to_owned),
+            consumer_source: (info.direction == Direction::Inbound)
+                .then(|| config.consumer_source.name().to_owned()),
             method: info.method.as_str().to_owned(),
             path: info.path.to_owned(),
             target: target.map(|t| t.service.to_owned()),

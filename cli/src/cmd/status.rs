@@ -303,6 +303,48 @@ fn store_warning(view: &pb::ClusterView) -> Option<String> {
 }
 
 /// The text form (a pure function of the view, so it can be tested).
+/// Where each service reads its consumers from, whether that proves
+/// anything, and how many of its instances take mutual TLS (which `peer`
+/// and `trusted from peer` need).
+fn render_consumers(view: &pb::ClusterView, out: &mut String) {
+    if view.consumer_sources.is_empty() {
+        return;
+    }
+    let mut rows = vec![
+        ["SERVICE", "CONSUMER FROM", "VERIFIED", "MTLS"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    let mut sources: Vec<_> = view.consumer_sources.iter().collect();
+    sources.sort();
+    for (service, source) in sources {
+        let instances: Vec<&pb::AgentView> = view
+            .agents
+            .iter()
+            .filter(|a| &a.service == service)
+            .collect();
+        let mtls = instances.iter().filter(|a| a.inbound_mtls).count();
+        let needs_peer = source.starts_with("peer") || source.contains("trusted from peer");
+        let verified = if source.starts_with("header") && !source.contains("trusted from peer") {
+            "no (any client can claim any consumer)"
+        } else {
+            "yes"
+        };
+        let mut mtls_word = format!("{mtls} of {} instances", instances.len());
+        if needs_peer && mtls < instances.len() {
+            mtls_word.push_str(" (the others verify no caller: --inbound-mtls)");
+        }
+        rows.push(vec![
+            service.clone(),
+            source.clone(),
+            verified.into(),
+            mtls_word,
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&remote::table(&rows));
+}
+
 pub fn render(view: &pb::ClusterView) -> String {
     let mut out = String::new();
     let version = if view.version.is_empty() {
@@ -364,6 +406,7 @@ pub fn render(view: &pb::ClusterView) -> String {
         }
         out.push_str(&remote::table(&rows));
     }
+    render_consumers(view, &mut out);
     let now = view.at_unix_ms;
     out.push('\n');
     if view.fuses.is_empty() {
@@ -447,6 +490,54 @@ mod tests {
         assert!(
             !json.contains("SYNC_STATE_") && !json.contains("PHASE_"),
             "{json}"
+        );
+    }
+
+    #[test]
+    fn consumers_say_what_they_prove_and_which_instances_verify_callers() {
+        let agent = |service: &str, instance: &str, mtls: bool| pb::AgentView {
+            service: service.into(),
+            instance: instance.into(),
+            inbound_mtls: mtls,
+            ..Default::default()
+        };
+        let view = pb::ClusterView {
+            agents: vec![
+                agent("inv", "inv-1", true),
+                agent("inv", "inv-2", false),
+                agent("web", "web-1", false),
+            ],
+            consumer_sources: [
+                ("inv".to_string(), "peer on invalid reject".to_string()),
+                ("web".to_string(), "header \"x-gov-consumer\"".to_string()),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        let text = render(&view);
+        let line = |service: &str| {
+            text.lines()
+                .find(|l| l.starts_with(service) && l.contains("of"))
+                .unwrap_or_else(|| panic!("no consumer row of {service}:\n{text}"))
+                .to_owned()
+        };
+        let inv = line("inv ");
+        assert!(
+            inv.contains("peer on invalid reject") && inv.contains("yes"),
+            "{inv}"
+        );
+        assert!(
+            inv.contains("1 of 2 instances (the others verify no caller"),
+            "{inv}"
+        );
+        let web = line("web ");
+        assert!(
+            web.contains("no (any client can claim any consumer)"),
+            "{web}"
+        );
+        assert!(
+            web.contains("0 of 1 instances") && !web.contains("others"),
+            "{web}"
         );
     }
 

@@ -198,6 +198,11 @@ impl Agent {
             .map_or(&self.last_good, |u| &u.version)
     }
 
+    /// Its inbound listener takes mutual TLS from other agents.
+    pub fn inbound_mtls(&self) -> bool {
+        self.mtls
+    }
+
     pub fn weight_milli_percent(&self) -> u32 {
         self.weight_milli_percent
     }

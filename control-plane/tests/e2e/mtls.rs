@@ -335,6 +335,30 @@ async fn agents_call_each_other_over_mtls_and_no_caller_can_claim_another() {
         1
     );
 
+    // govc status says where each service's consumers come from and which
+    // instances verify their callers.
+    let status = govc(&govd, Some(VIEWER_TOKEN), &["status", "--tls-ca", &ca]).await;
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let row = |service: &str| {
+        status
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(service) && l.contains("instances"))
+            .unwrap_or_else(|| panic!("no consumer row of {service}: {}", status.stdout))
+            .to_owned()
+    };
+    let inv_row = row("inv ");
+    assert!(
+        inv_row.contains("peer on invalid reject") && inv_row.contains("1 of 1"),
+        "{inv_row}"
+    );
+    let payment_row = row("payment ");
+    assert!(
+        payment_row.contains("trusted from peer \"web\""),
+        "{payment_row}"
+    );
+    assert!(row("web ").contains("no (any client"), "{}", status.stdout);
+
     for a in [inv, payment, web, order] {
         a.stop().await;
     }
