@@ -30,7 +30,7 @@ mod reload;
 mod serve;
 mod upstream;
 
-pub use mtls::{Caller, InboundMtls, MtlsError, PeerTls};
+pub use mtls::{Caller, InboundMtls, MtlsError, OutboundMtls, PeerTls};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -161,6 +161,18 @@ struct Args {
     )]
     inbound_mtls: gov_agent::sidecar::InboundMtls,
 
+    /// Which endpoints of other agents this agent, once it has a
+    /// certificate, calls over mutual TLS: `auto` (those govd marks: their
+    /// inbound listener takes it), `always` (every endpoint, `--instances`
+    /// included: a fleet without govd) or `off`.
+    #[arg(
+        long,
+        env = "GOV_OUTBOUND_MTLS",
+        default_value = "auto",
+        value_name = "MODE"
+    )]
+    outbound_mtls: gov_agent::sidecar::OutboundMtls,
+
     /// The CA (PEM) that signs other agents' certificates, for mutual TLS
     /// between agents. Default: the CA that signed this agent's own
     /// certificate (with --identity, govd's --identity-ca).
@@ -392,7 +404,11 @@ async fn run(args: Args) -> ExitCode {
         );
         return ExitCode::from(EXIT_USAGE);
     }
-    let mtls = match gov_agent::sidecar::PeerTls::new(inbound_mtls, args.peer_ca.as_deref()) {
+    let mtls = match gov_agent::sidecar::PeerTls::new(
+        inbound_mtls,
+        args.outbound_mtls,
+        args.peer_ca.as_deref(),
+    ) {
         Ok(mtls) => std::sync::Arc::new(mtls),
         Err(error) => {
             gov_proto::report::plain(&error);

@@ -60,13 +60,17 @@ fn apply_endpoints(directory: &Directory, endpoints: &gov_proto::v1::Endpoints) 
         }
     });
     let ids = directory.replace(&endpoints.service, specs);
-    let mtls = endpoints
+    let address = |i: &gov_proto::v1::Instance| i.address.parse::<Authority>().ok();
+    let all = endpoints.instances.iter().filter_map(address).collect();
+    let marked = endpoints
         .instances
         .iter()
         .filter(|i| i.mtls)
-        .filter_map(|i| i.address.parse::<Authority>().ok())
+        .filter_map(address)
         .collect();
-    directory.mtls_targets().set(&endpoints.service, mtls);
+    directory
+        .mtls_targets()
+        .set(&endpoints.service, all, marked);
     ids
 }
 

@@ -142,6 +142,7 @@ pub(crate) enum Alpn {
 /// certificate in force.
 pub struct PeerTls {
     inbound: InboundMtls,
+    outbound: OutboundMtls,
     /// `--peer-ca`: the CAs that sign agents' certificates.
     peer_ca: Option<Vec<CertificateDer<'static>>>,
     credentials: ArcSwapOption<Credentials>,
@@ -153,15 +154,20 @@ impl std::fmt::Debug for PeerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PeerTls")
             .field("inbound", &self.inbound)
+            .field("outbound", &self.outbound)
             .field("peer_ca", &self.peer_ca.as_ref().map(Vec::len))
             .finish_non_exhaustive()
     }
 }
 
 impl PeerTls {
-    /// `inbound`, and the CA file of `--peer-ca` (`None`: the CA that
-    /// signed this agent's own certificate).
-    pub fn new(inbound: InboundMtls, peer_ca: Option<&std::path::Path>) -> Result<Self, MtlsError> {
+    /// `inbound`, `outbound`, and the CA file of `--peer-ca` (`None`: the
+    /// CA that signed this agent's own certificate).
+    pub fn new(
+        inbound: InboundMtls,
+        outbound: OutboundMtls,
+        peer_ca: Option<&std::path::Path>,
+    ) -> Result<Self, MtlsError> {
         let peer_ca = match peer_ca {
             None => None,
             Some(path) => {
@@ -181,6 +187,7 @@ impl PeerTls {
         };
         Ok(Self {
             inbound,
+            outbound,
             peer_ca,
             ..Self::off()
         })
@@ -191,6 +198,7 @@ impl PeerTls {
     pub fn off() -> Self {
         Self {
             inbound: InboundMtls::Off,
+            outbound: OutboundMtls::Auto,
             peer_ca: None,
             credentials: ArcSwapOption::empty(),
             built: Mutex::new(None),
@@ -201,6 +209,12 @@ impl PeerTls {
     /// The inbound listener's mode.
     pub fn inbound(&self) -> InboundMtls {
         self.inbound
+    }
+
+    /// The service of the endpoint at `authority`, when it is called over
+    /// mutual TLS (by `--outbound-mtls` and `targets`).
+    pub(crate) fn target(&self, targets: &Targets, authority: &Authority) -> Option<Arc<str>> {
+        targets.service(authority, self.outbound)
     }
 
     /// From now on, connections use the certificate in force in `credentials`.
@@ -507,16 +521,24 @@ impl ServerCertVerifier for AgentVerifier {
 }
 
 /// Which endpoints take mutual TLS, by address, and the service each is
-/// an endpoint of (from the endpoint sets govd pushes).
+/// an endpoint of: the instances govd marks in the endpoint sets it pushes
+/// (their hello said so), and every known endpoint for `--outbound-mtls
+/// always`.
 #[derive(Debug, Default)]
 pub struct Targets {
+    marked: AddressBook,
+    all: AddressBook,
+}
+
+/// Addresses by service, and the service of each address.
+#[derive(Debug, Default)]
+struct AddressBook {
     by_service: Mutex<HashMap<String, Vec<Authority>>>,
     by_authority: ArcSwap<HashMap<Authority, Arc<str>>>,
 }
 
-impl Targets {
-    /// `service`'s endpoints that take mutual TLS are now `authorities`.
-    pub(crate) fn set(&self, service: &str, authorities: Vec<Authority>) {
+impl AddressBook {
+    fn set(&self, service: &str, authorities: Vec<Authority>) {
         let mut by_service = self.by_service.lock().unwrap_or_else(|e| e.into_inner());
         if authorities.is_empty() {
             by_service.remove(service);
@@ -533,9 +555,54 @@ impl Targets {
         self.by_authority.store(Arc::new(by_authority));
     }
 
-    /// The service whose endpoint at `authority` takes mutual TLS.
-    pub(crate) fn service(&self, authority: &Authority) -> Option<Arc<str>> {
+    fn service(&self, authority: &Authority) -> Option<Arc<str>> {
         self.by_authority.load().get(authority).cloned()
+    }
+}
+
+impl Targets {
+    /// `service`'s endpoints are now `all`, of which `marked` take mutual TLS.
+    pub(crate) fn set(&self, service: &str, all: Vec<Authority>, marked: Vec<Authority>) {
+        self.all.set(service, all);
+        self.marked.set(service, marked);
+    }
+
+    /// The service whose endpoint at `authority` is called over mutual TLS
+    /// by `mode`.
+    pub(crate) fn service(&self, authority: &Authority, mode: OutboundMtls) -> Option<Arc<str>> {
+        match mode {
+            OutboundMtls::Off => None,
+            OutboundMtls::Auto => self.marked.service(authority),
+            OutboundMtls::Always => self.all.service(authority),
+        }
+    }
+}
+
+/// `--outbound-mtls`: which endpoints of other agents a caller with a
+/// certificate calls over mutual TLS.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OutboundMtls {
+    /// The instances govd marks (their inbound listener takes it).
+    #[default]
+    Auto,
+    /// Every endpoint, `--instances` included (a fleet without govd).
+    Always,
+    /// None.
+    Off,
+}
+
+impl std::str::FromStr for OutboundMtls {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "always" => Ok(Self::Always),
+            "off" => Ok(Self::Off),
+            _ => Err(format!(
+                "`{s}` is not an outbound mTLS mode: use `auto`, `always` or `off`"
+            )),
+        }
     }
 }
 

@@ -184,7 +184,7 @@ impl tower::Service<http::Uri> for Connector {
             let tcp = tcp.await?.into_inner();
             let stream = match uri.authority() {
                 Some(authority) => {
-                    let service = directory.mtls_targets().service(authority);
+                    let service = mtls.target(directory.mtls_targets(), authority);
                     mtls.connect(tcp, authority, service.as_deref(), alpn)
                         .await?
                 }

@@ -23,6 +23,7 @@ mod identity;
 mod jwt;
 mod latches;
 mod memory;
+mod mtls;
 mod paths;
 mod proxy;
 mod reload;

@@ -398,6 +398,8 @@ pub fn agent() -> AgentBuilder {
         state_dir: None,
         decision_log: None,
         max_keys_per_rule: None,
+        mtls: None,
+        instance_addrs: Vec::new(),
     }
 }
 
@@ -416,6 +418,10 @@ pub struct AgentBuilder {
     state_dir: Option<PathBuf>,
     decision_log: Option<gov_agent::decision_log::LogOptions>,
     max_keys_per_rule: Option<u32>,
+    /// Mutual TLS between agents, and the certificate and key files.
+    mtls: Option<(Arc<gov_agent::sidecar::PeerTls>, PathBuf, PathBuf)>,
+    /// Outbound instances by address (another agent's listener).
+    instance_addrs: Vec<(String, Vec<SocketAddr>)>,
 }
 
 impl AgentBuilder {
@@ -484,6 +490,22 @@ impl AgentBuilder {
         self
     }
 
+    /// Mutual TLS between agents by `mtls`, with the certificate (and key)
+    /// in these PEM files.
+    pub fn mtls(mut self, mtls: gov_agent::sidecar::PeerTls, cert: &Path, key: &Path) -> Self {
+        self.mtls = Some((Arc::new(mtls), cert.to_owned(), key.to_owned()));
+        self
+    }
+
+    /// Also listen for outbound calls, to `service` at these addresses
+    /// (other agents' inbound listeners).
+    pub fn instance_addrs(mut self, service: &str, addrs: &[SocketAddr]) -> Self {
+        self.outbound = true;
+        self.instance_addrs
+            .push((service.to_owned(), addrs.to_vec()));
+        self
+    }
+
     /// Also listen for outbound calls, to these instances of `service`.
     pub fn instances(mut self, service: &str, instances: &[&Upstream]) -> Self {
         self.outbound = true;
@@ -531,11 +553,15 @@ impl AgentBuilder {
             std::fs::write(&config_path, yaml).unwrap();
             options.config = Some(config_path.clone());
         }
+        if let Some((mtls, _, _)) = &self.mtls {
+            options.mtls = mtls.clone();
+        }
         if self.outbound {
             options.outbound_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
             options.instances = self
                 .instances
                 .iter()
+                .chain(&self.instance_addrs)
                 .map(|(name, addrs)| {
                     let addrs = addrs
                         .iter()
@@ -546,6 +572,17 @@ impl AgentBuilder {
                 .collect();
         }
         let sidecar = Sidecar::start(options).await.unwrap();
+        if let Some((_, cert, key)) = &self.mtls {
+            let credentials = gov_agent::identity::watch_files(
+                cert.clone(),
+                key.clone(),
+                gov_agent::identity::FILE_POLL,
+                None,
+                sidecar.stopping(),
+            );
+            credentials.wait(&sidecar.stopping()).await.unwrap();
+            sidecar.use_credentials(credentials);
+        }
         Agent {
             sidecar,
             config_path,

@@ -131,7 +131,9 @@ pub(super) async fn connect(authority: &Authority, shared: &Shared) -> Result<Up
     match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
         Ok(Ok(stream)) => {
             let _ = stream.set_nodelay(true);
-            let service = shared.directory.mtls_targets().service(authority);
+            let service = shared
+                .mtls
+                .target(shared.directory.mtls_targets(), authority);
             let stream = shared
                 .mtls
                 .connect(stream, authority, service.as_deref(), Alpn::Http1)

@@ -145,6 +145,7 @@ impl Directory {
         };
         for (name, addrs) in services {
             directory.replace(name, addrs.iter().cloned().map(EndpointSpec::full));
+            directory.mtls.set(name, addrs.clone(), Vec::new());
         }
         directory
     }

@@ -1,0 +1,184 @@
+//! Mutual TLS between two agents without a control plane (issue 29):
+//! platform certificates (`--tls-cert`/`--tls-key`, `--peer-ca`), static
+//! `--instances` with `--outbound-mtls always`, on the HTTP/1 path's pool
+//! and on hyper's connector (HTTP/2, ALPN `h2`).
+
+use std::path::{Path, PathBuf};
+
+use gov_agent::sidecar::{InboundMtls, OutboundMtls, PeerTls, UpstreamProtocol};
+
+use crate::h1::Wire;
+use crate::strict::RawUpstream;
+use crate::support::{Agent, Upstream, agent};
+
+/// The callee (the service behind `inv`'s address; every agent here runs
+/// beside `shop`) believes only what a certificate says.
+const PEER: &str = r#"
+service: shop
+version: mtls-v1
+consumer_source: { peer: { on_invalid: ON_INVALID_REJECT } }
+rules:
+  - name: shop/all
+    on: { path: { kind: PATH_KIND_PREFIX, value: / } }
+    limit:
+      calls: { amount: 1000000, window_ms: 3600000 }
+"#;
+
+/// A CA, and certificates it signs for services (SPIFFE IDs).
+struct Pki {
+    dir: PathBuf,
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+impl Pki {
+    fn new(dir: &Path, name: &str) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let issuer =
+            rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+                .unwrap();
+        std::fs::write(dir.join(format!("{name}.pem")), issuer.pem()).unwrap();
+        Self {
+            dir: dir.to_owned(),
+            issuer,
+        }
+    }
+
+    fn ca(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.pem"))
+    }
+
+    /// A certificate for `service`, as (cert, key) files.
+    fn agent(&self, service: &str) -> (PathBuf, PathBuf) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        let id = format!("spiffe://gov.test/ns/default/service/{service}");
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::URI(id.try_into().unwrap()));
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stem = format!("{service}-{n}");
+        let (c, k) = (
+            self.dir.join(format!("{stem}.crt")),
+            self.dir.join(format!("{stem}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+}
+
+/// The callee: `inv`'s agent requiring mTLS, presenting `cert`.
+async fn callee(pki_ca: &Path, cert: &(PathBuf, PathBuf), up: &RawUpstream) -> Agent {
+    let mtls = PeerTls::new(InboundMtls::Require, OutboundMtls::Auto, Some(pki_ca)).unwrap();
+    agent()
+        .config(PEER)
+        .upstream(&Upstream::at(up.addr))
+        .mtls(mtls, &cert.0, &cert.1)
+        .start()
+        .await
+}
+
+/// A caller of `inv` at `callee`, presenting `cert`, over `protocol`.
+async fn caller(
+    pki_ca: &Path,
+    cert: &(PathBuf, PathBuf),
+    callee: &Agent,
+    protocol: UpstreamProtocol,
+) -> Agent {
+    let mtls = PeerTls::new(InboundMtls::Off, OutboundMtls::Always, Some(pki_ca)).unwrap();
+    agent()
+        .mtls(mtls, &cert.0, &cert.1)
+        .upstream_protocol(protocol)
+        .instance_addrs("inv", &[callee.sidecar.inbound_addr()])
+        .start()
+        .await
+}
+
+/// One GET through `caller`'s outbound listener to `inv`, claiming `crm`.
+async fn call(caller: &Agent) -> u16 {
+    let mut wire = Wire::connect(caller.sidecar.outbound_addr().unwrap()).await;
+    wire.send(b"GET /x HTTP/1.1\r\nhost: inv\r\nx-gov-consumer: crm\r\n\r\n")
+        .await;
+    wire.response().await.status
+}
+
+async fn metric(agent: &Agent, series: &str) -> u64 {
+    let text = metrics_text(agent).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+async fn metrics_text(agent: &Agent) -> String {
+    crate::support::http()
+        .get(&agent.admin_url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_speak_mtls_on_both_paths_and_the_callee_knows_its_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "ca");
+    let up = RawUpstream::start().await;
+    let inv = callee(&pki.ca("ca"), &pki.agent("inv"), &up).await;
+
+    // The HTTP/1 path's pool, then hyper's connector with ALPN h2: the
+    // callee judges and forwards the caller's service, not its claim.
+    for protocol in [UpstreamProtocol::Http1, UpstreamProtocol::Http2] {
+        let web = caller(&pki.ca("ca"), &pki.agent("web"), &inv, protocol).await;
+        assert_eq!(call(&web).await, 200, "{protocol:?}");
+        let received = up.take();
+        let last = received.last().unwrap().as_ref().unwrap();
+        assert_eq!(
+            last.header("x-gov-consumer"),
+            Some(&b"web"[..]),
+            "{protocol:?}"
+        );
+        assert_eq!(last.count("x-gov-consumer"), 1);
+        let mtls = "gov_agent_mtls_connections_total{listener=\"outbound\",result=\"mtls\"}";
+        assert!(metric(&web, mtls).await >= 1, "{protocol:?}");
+    }
+
+    // A caller whose certificate another CA signed: refused by the callee's
+    // handshake, so the caller answers 502 and nothing reaches the upstream.
+    let other = Pki::new(dir.path(), "other");
+    let forged = caller(
+        &other.ca("other"),
+        &other.agent("web"),
+        &inv,
+        UpstreamProtocol::Http1,
+    )
+    .await;
+    assert_eq!(call(&forged).await, 502);
+    assert!(up.take().is_empty());
+    let refused = "gov_agent_mtls_connections_total{listener=\"inbound\",result=\"refused\"}";
+    assert!(metric(&inv, refused).await >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callee_whose_certificate_names_another_service_is_not_called() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "ca");
+    let up = RawUpstream::start().await;
+    // `inv`'s address, but a certificate of `payment`.
+    let impostor = callee(&pki.ca("ca"), &pki.agent("payment"), &up).await;
+    let web = caller(
+        &pki.ca("ca"),
+        &pki.agent("web"),
+        &impostor,
+        UpstreamProtocol::Http1,
+    )
+    .await;
+    assert_eq!(call(&web).await, 502);
+    assert!(up.take().is_empty());
+    let failed = "gov_agent_mtls_connections_total{listener=\"outbound\",result=\"failed\"}";
+    assert!(metric(&web, failed).await >= 1);
+}
