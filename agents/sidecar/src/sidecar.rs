@@ -19,6 +19,7 @@
 mod abandoned;
 mod admin;
 mod consumer;
+mod drain;
 mod endpoints;
 mod h1;
 mod headers;

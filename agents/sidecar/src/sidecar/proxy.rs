@@ -30,6 +30,7 @@ use hyper_util::client::legacy::ResponseFuture as ClientFuture;
 use tower::{Layer, Service, ServiceExt};
 
 use super::abandoned::{Budget, Detached, Held, Hold, Inner};
+use super::drain::{AfterRequest, Draining};
 use super::h1::codec::{MAX_HEADERS, Refusal, valid_authority};
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::listener::{Failure, Shared, Side, path_reading, target_service};
@@ -44,7 +45,7 @@ use gov_engine::{CallError, CallTarget, GovBody, Govern, GovernLayer, MeteredBod
 /// call's admission (bulkhead permits, in-flight gauges) and its endpoint pick
 /// (requests outstanding) until the upstream is done, even if the client left
 /// ([`super::abandoned`]); or the agent's own.
-pub(crate) type ResponseBody = Held;
+pub(crate) type ResponseBody = AfterRequest<Held>;
 
 /// The handler of one client connection on hyper's side (HTTP/2, and what the HTTP/1
 /// path hands over): the engine's [`Govern`] around this connection's [`Forward`].
@@ -109,9 +110,13 @@ impl Handler {
     /// future) does not end the call at the upstream's expense: the call goes
     /// on by itself ([`super::abandoned`]).
     pub(crate) async fn handle(self, req: Request<Incoming>) -> Response<ResponseBody> {
+        // The response ends once the request has (`drain`).
+        let (parts, body) = req.into_parts();
+        let (body, request_end) = Draining::new(body);
+        let req = Request::from_parts(parts, body);
         let hold = self.0.get_ref().0.hold.clone();
         let held = hold.clone();
-        Detached::new(
+        let response = Detached::new(
             async move {
                 self.respond(req).await.map(|body| match body {
                     GovBody::Response { .. } => Held::upstream(body, held),
@@ -120,13 +125,14 @@ impl Handler {
             },
             hold,
         )
-        .await
+        .await;
+        response.map(|body| AfterRequest::new(body, request_end))
     }
 
     /// Governs and forwards one request. Every answer on a connection the
     /// HTTP/1 path handed over closes it (hyper serves that one request), so
     /// no later request there skips the HTTP/1 path's checks.
-    async fn respond(self, req: Request<Incoming>) -> Response<Inner> {
+    async fn respond(self, req: Request<Draining>) -> Response<Inner> {
         let handed_over = self.0.get_ref().0.handed_over;
         let close = req.version() <= http::Version::HTTP_11 && handed_over;
         let mut response = self.answer(req).await;
@@ -138,7 +144,7 @@ impl Handler {
         response
     }
 
-    async fn answer(self, mut req: Request<Incoming>) -> Response<Inner> {
+    async fn answer(self, mut req: Request<Draining>) -> Response<Inner> {
         let conn = &self.0.get_ref().0;
         let checked = check(&mut req, path_reading(&conn.shared, conn.side)).and_then(|()| {
             conn.shared
@@ -335,7 +341,7 @@ fn request_host<B>(req: &Request<B>) -> Option<&str> {
 /// cannot be sent again from here, since its first attempt took the body. hyper's
 /// pool sends a request again by itself when a kept-alive connection turns out to
 /// be closed before it was written.
-impl Service<Request<MeteredBody<Incoming>>> for Forward {
+impl Service<Request<MeteredBody<Draining>>> for Forward {
     type Response = Response<PickedBody>;
     type Error = CallError;
     type Future = Sending;
@@ -344,7 +350,7 @@ impl Service<Request<MeteredBody<Incoming>>> for Forward {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: Request<MeteredBody<Incoming>>) -> Sending {
+    fn call(&mut self, mut req: Request<MeteredBody<Draining>>) -> Sending {
         let conn = &*self.0;
         let pick = req.extensions_mut().remove::<Pick>();
         let (mut parts, body) = req.into_parts();
@@ -357,11 +363,18 @@ impl Service<Request<MeteredBody<Incoming>>> for Forward {
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        // Keep the host the client asked for: the target's authority (HTTP/2's
-        // `:authority`, an absolute-form target) replaces `host` (RFC 9112 3.2.2).
-        if let Some(authority) = parts.uri.authority()
+        let grpc = gov_engine::grpc::GrpcCall::from_parts(parts.version, &parts.headers).is_some();
+        let (client, version) = conn.shared.clients.pick(parts.version, grpc);
+        if version == http::Version::HTTP_2 {
+            // RFC 9113 8.3.1: `:authority` is the upstream's address (where the
+            // connection goes, as nginx's `grpc_pass` sends by default), and a
+            // `host` that differs from it is malformed (nginx answers 400).
+            parts.headers.remove(header::HOST);
+        } else if let Some(authority) = parts.uri.authority()
             && let Ok(host) = HeaderValue::from_str(authority.as_str())
         {
+            // Keep the host the client asked for: the target's authority (HTTP/2's
+            // `:authority`, an absolute-form target) replaces `host` (RFC 9112 3.2.2).
             parts.headers.insert(header::HOST, host);
         }
         // What a second attempt needs: kept only for an outbound call without a body.
@@ -371,7 +384,6 @@ impl Service<Request<MeteredBody<Incoming>>> for Forward {
             return Sending::unsent("gov-agent: bad request target", pick);
         };
         parts.uri = uri;
-        let (client, version) = conn.shared.clients.pick(parts.version);
         parts.version = version;
         // The engine stamped the request: a client's `connection` cannot remove that.
         let stamp = if parts.headers.contains_key(header::CONNECTION) {

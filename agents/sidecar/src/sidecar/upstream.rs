@@ -21,6 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rand::Rng;
 use tokio::time::Instant;
 
+use super::drain::Draining;
 use gov_engine::GovBody;
 
 use super::mtls::{Alpn, PeerTls, Stream};
@@ -39,7 +40,7 @@ pub use balance::*;
 /// on it, so the call (and its permits) stays open until the upstream answers
 /// or gives up on the body, not cut while it works (`abandoned`).
 pub(crate) struct UpstreamBody {
-    body: Option<GovBody<Incoming>>,
+    body: Option<GovBody<Draining>>,
     stall: Duration,
     stalled: Option<Stalled>,
 }
@@ -52,7 +53,7 @@ struct Stalled {
 
 impl UpstreamBody {
     /// The client's `body`, its failure held back for `stall`.
-    pub(crate) fn client(body: GovBody<Incoming>, stall: Duration) -> Self {
+    pub(crate) fn client(body: GovBody<Draining>, stall: Duration) -> Self {
         Self {
             body: Some(body),
             stall,
@@ -253,7 +254,9 @@ impl hyper_util::client::legacy::connect::Connection for Connection {
 /// Which protocol the proxy speaks to upstreams.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum UpstreamProtocol {
-    /// HTTP/1.1 whatever the client spoke (the default: every HTTP server speaks it).
+    /// HTTP/1.1 whatever the client spoke, except gRPC calls, which go over
+    /// HTTP/2 (the default: every HTTP server speaks HTTP/1.1, every gRPC
+    /// server HTTP/2).
     #[default]
     Http1,
     /// HTTP/2 with prior knowledge (h2c), for upstreams that speak only HTTP/2.
@@ -299,10 +302,16 @@ impl Clients {
         }
     }
 
-    /// The client for a request that arrived as `version`, and the version to send.
-    pub(crate) fn pick(&self, version: http::Version) -> (&UpstreamClient, http::Version) {
+    /// The client for a request that arrived as `version`, and the version to
+    /// send. A gRPC call (`grpc`: HTTP/2, `content-type: application/grpc`)
+    /// goes over HTTP/2 whatever the protocol: gRPC has no HTTP/1 form.
+    pub(crate) fn pick(
+        &self,
+        version: http::Version,
+        grpc: bool,
+    ) -> (&UpstreamClient, http::Version) {
         let http2 = match self.protocol {
-            UpstreamProtocol::Http1 => false,
+            UpstreamProtocol::Http1 => grpc,
             UpstreamProtocol::Http2 => true,
             UpstreamProtocol::Downstream => version == http::Version::HTTP_2,
         };

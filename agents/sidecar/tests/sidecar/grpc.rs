@@ -35,7 +35,7 @@ struct Say {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-struct Reply {
+pub(crate) struct Reply {
     #[prost(string, tag = "1")]
     text: String,
 }
@@ -105,7 +105,7 @@ async fn stream(req: tonic::Request<Say>) -> Result<tonic::Response<Replies>, St
 }
 
 /// A tonic server of `Echo` on loopback.
-async fn echo_server() -> Upstream {
+pub(crate) async fn echo_server() -> Upstream {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -126,7 +126,7 @@ async fn grpc_agent(config: &str, up: &Upstream) -> Agent {
         .await
 }
 
-async fn client(agent: &Agent) -> tonic::client::Grpc<Channel> {
+pub(crate) async fn client(agent: &Agent) -> tonic::client::Grpc<Channel> {
     let channel = Channel::from_shared(agent.url(""))
         .unwrap()
         .connect()
@@ -136,7 +136,10 @@ async fn client(agent: &Agent) -> tonic::client::Grpc<Channel> {
 }
 
 /// One unary call of `Say` answering `code`.
-async fn call(c: &mut tonic::client::Grpc<Channel>, code: Code) -> Result<Reply, Status> {
+pub(crate) async fn call(
+    c: &mut tonic::client::Grpc<Channel>,
+    code: Code,
+) -> Result<Reply, Status> {
     c.ready().await.unwrap();
     let req = tonic::Request::new(Say {
         code: code as i32,

@@ -25,6 +25,7 @@ mod latches;
 mod memory;
 mod mtls;
 mod paths;
+mod protocols;
 mod proxy;
 mod reload;
 mod shadow;
