@@ -29,6 +29,7 @@ mod mtls;
 mod proxy;
 mod reload;
 mod serve;
+mod upgrade;
 mod upstream;
 
 pub use mtls::{Caller, InboundMtls, MtlsError, OutboundMtls, PeerTls};

@@ -46,13 +46,15 @@ pub(crate) struct Draining {
 }
 
 impl Draining {
-    /// `body`, and what tells its response when the request has ended.
-    pub(crate) fn new(body: Incoming) -> (Self, RequestEnd) {
+    /// `body`, and what tells its response when the request has ended. Only
+    /// an HTTP/2 body (`http2`) is drained; another is dropped unread as
+    /// before (an HTTP/1 connection then closes).
+    pub(crate) fn new(body: Incoming, http2: bool) -> (Self, RequestEnd) {
         let (ended, end) = oneshot::channel();
         let body = Self {
             body: Some(body),
-            over: false,
-            ended: Some(ended),
+            over: !http2,
+            ended: http2.then_some(ended),
         };
         (body, RequestEnd(end))
     }

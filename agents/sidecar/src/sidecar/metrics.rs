@@ -51,7 +51,7 @@ impl Source {
 
     fn render_listeners(&self, enc: &mut Encoder) {
         type Read = fn(&super::serve::Connections) -> u64;
-        let families: [(&str, &str, &str, Read); 7] = [
+        let families: [(&str, &str, &str, Read); 9] = [
             (
                 "gov_agent_connections_open",
                 "gauge",
@@ -93,6 +93,18 @@ impl Source {
                 "counter",
                 "Client connections closed (HTTP/2: GOAWAY) for abandoning more admitted calls in a second than their budget (100).",
                 super::serve::Connections::closed_abandoning,
+            ),
+            (
+                "gov_agent_upgraded_connections_open",
+                "gauge",
+                "Upgraded (WebSocket) connections open on the proxy listener; each holds its upgrade call's admission.",
+                super::serve::Connections::upgraded_open,
+            ),
+            (
+                "gov_agent_upgraded_connections_total",
+                "counter",
+                "Connections upgraded (WebSocket, 101 from the upstream) on the proxy listener.",
+                super::serve::Connections::upgraded,
             ),
         ];
         for (name, kind, help, read) in families {

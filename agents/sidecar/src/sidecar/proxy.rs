@@ -35,6 +35,7 @@ use super::h1::codec::{MAX_HEADERS, Refusal, valid_authority};
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::listener::{Failure, Shared, Side, path_reading, target_service};
 use super::serve::Connections;
+use super::upgrade;
 use super::upstream::{Pick, PickedBody, UpstreamBody, UpstreamClient};
 use crate::decision_log::DecisionLog;
 use gov_engine::Headers::Map;
@@ -110,11 +111,13 @@ impl Handler {
     /// future) does not end the call at the upstream's expense: the call goes
     /// on by itself ([`super::abandoned`]).
     pub(crate) async fn handle(self, req: Request<Incoming>) -> Response<ResponseBody> {
-        // The response ends once the request has (`drain`).
+        // An HTTP/2 response ends once its request has (`drain`); an HTTP/1
+        // connection whose request body was not read closes instead.
         let (parts, body) = req.into_parts();
-        let (body, request_end) = Draining::new(body);
+        let (body, request_end) = Draining::new(body, parts.version == http::Version::HTTP_2);
         let req = Request::from_parts(parts, body);
         let hold = self.0.get_ref().0.hold.clone();
+        let conns = self.0.get_ref().0.conns.clone();
         let held = hold.clone();
         let response = Detached::new(
             async move {
@@ -126,6 +129,14 @@ impl Handler {
             hold,
         )
         .await;
+        let mut response = response;
+        if let Some(tunnel) = response.extensions_mut().remove::<upgrade::Tunnel>() {
+            // The tunnel holds the call's admission (in its body) for its life.
+            let (parts, admission) = response.into_parts();
+            upgrade::spawn(tunnel, admission, conns);
+            let empty = Held::free(GovBody::local(Bytes::new()));
+            response = Response::from_parts(parts, empty);
+        }
         response.map(|body| AfterRequest::new(body, request_end))
     }
 
@@ -136,7 +147,7 @@ impl Handler {
         let handed_over = self.0.get_ref().0.handed_over;
         let close = req.version() <= http::Version::HTTP_11 && handed_over;
         let mut response = self.answer(req).await;
-        if close {
+        if close && response.status() != StatusCode::SWITCHING_PROTOCOLS {
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -160,6 +171,23 @@ impl Handler {
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return response;
+        }
+        if upgrade::is_websocket(&req) {
+            if upgrade::has_body(req.headers()) {
+                conn.conns.refused.fetch_add(1, Ordering::Relaxed);
+                let mut response = failure_response(Failure::BadRequest(
+                    "gov-agent: an upgrade request cannot have a body\n",
+                ));
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return response;
+            }
+            if let Some(protocol) = req.headers().get(header::UPGRADE).cloned() {
+                let on = hyper::upgrade::on(&mut req);
+                req.extensions_mut()
+                    .insert(upgrade::ClientUpgrade { on, protocol });
+            }
         }
         // Authority-form (`CONNECT host:port`) has no path: tunnels are not
         // proxied, and such a request is no call of the service's.
@@ -364,7 +392,11 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let grpc = gov_engine::grpc::GrpcCall::from_parts(parts.version, &parts.headers).is_some();
-        let (client, version) = conn.shared.clients.pick(parts.version, grpc);
+        let client_upgrade = parts.extensions.remove::<upgrade::ClientUpgrade>();
+        let (client, version) = match client_upgrade {
+            Some(_) => conn.shared.clients.http1(),
+            None => conn.shared.clients.pick(parts.version, grpc),
+        };
         if version == http::Version::HTTP_2 {
             // RFC 9113 8.3.1: `:authority` is the upstream's address (where the
             // connection goes, as nginx's `grpc_pass` sends by default), and a
@@ -395,6 +427,9 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
         if let Some(stamp) = stamp {
             parts.headers.insert(gov_engine::WOULD_REJECT_BY, stamp);
         }
+        if let Some(client_upgrade) = &client_upgrade {
+            upgrade::restore(&mut parts.headers, client_upgrade.protocol.clone());
+        }
         // hyper answered `100 Continue` itself when the body was read.
         parts.headers.remove(header::EXPECT);
         append_forwarded_for(&mut parts.headers, &conn.peer);
@@ -413,6 +448,7 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
             fut,
             pick: Awaiting(pick),
             again,
+            upgrade: client_upgrade,
         }
     }
 }
@@ -449,6 +485,8 @@ pin_project_lite::pin_project! {
             fut: ClientFuture,
             pick: Awaiting,
             again: Option<Again>,
+            // The client's side of a WebSocket upgrade request.
+            upgrade: Option<upgrade::ClientUpgrade>,
         },
         Unsent {
             error: Option<CallError>,
@@ -470,8 +508,13 @@ impl Future for Sending {
     type Output = Result<Response<PickedBody>, CallError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (mut fut, pick, again) = match self.project() {
-            SendingProj::Sending { fut, pick, again } => (fut, pick, again),
+        let (mut fut, pick, again, client_upgrade) = match self.project() {
+            SendingProj::Sending {
+                fut,
+                pick,
+                again,
+                upgrade,
+            } => (fut, pick, again, upgrade),
             SendingProj::Unsent { error } => {
                 return Poll::Ready(Err(error
                     .take()
@@ -480,13 +523,31 @@ impl Future for Sending {
         };
         loop {
             let error = match ready!(fut.as_mut().poll(cx)) {
-                Ok(response) => {
+                Ok(mut response) => {
                     let pick = pick.0.take();
                     if let Some(pick) = &pick {
                         pick.responded();
                     }
+                    let tunnel = match client_upgrade.take() {
+                        Some(client) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                            upgrade::accept(&mut response, client)
+                        }
+                        _ => None,
+                    };
+                    if response.status() == StatusCode::SWITCHING_PROTOCOLS && tunnel.is_none() {
+                        // Never a tunnel the client did not ask for.
+                        return Poll::Ready(Err(CallError::failed(
+                            Outcome::Reset,
+                            "gov-agent: the upstream switched protocols without a WebSocket upgrade",
+                        )));
+                    }
                     let (mut parts, body) = response.into_parts();
-                    strip_hop_by_hop(&mut parts.headers);
+                    if tunnel.is_none() {
+                        strip_hop_by_hop(&mut parts.headers);
+                    }
+                    if let Some(tunnel) = tunnel {
+                        parts.extensions.insert(tunnel);
+                    }
                     return Poll::Ready(Ok(Response::from_parts(
                         parts,
                         PickedBody::new(body, pick),

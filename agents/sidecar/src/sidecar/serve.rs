@@ -189,6 +189,10 @@ pub(crate) struct Connections {
     pub(crate) client_gone_cut: AtomicU64,
     /// Connections closed for abandoning admitted calls over their budget.
     pub(crate) closed_abandoning: AtomicU64,
+    /// Connections upgraded (WebSocket tunnels), since start.
+    pub(crate) upgraded: AtomicU64,
+    /// Upgraded connections open now.
+    pub(crate) upgraded_open: AtomicU64,
 }
 
 /// One open connection; dropping it closes the counts.
@@ -210,6 +214,8 @@ impl Connections {
             client_gone: AtomicU64::new(0),
             client_gone_cut: AtomicU64::new(0),
             closed_abandoning: AtomicU64::new(0),
+            upgraded: AtomicU64::new(0),
+            upgraded_open: AtomicU64::new(0),
         }
     }
 
@@ -241,6 +247,16 @@ impl Connections {
     /// Connections closed for abandoning calls over their budget, since start.
     pub(crate) fn closed_abandoning(&self) -> u64 {
         self.closed_abandoning.load(Ordering::Relaxed)
+    }
+
+    /// Connections upgraded (WebSocket), since start.
+    pub(crate) fn upgraded(&self) -> u64 {
+        self.upgraded.load(Ordering::Relaxed)
+    }
+
+    /// Upgraded connections open now.
+    pub(crate) fn upgraded_open(&self) -> u64 {
+        self.upgraded_open.load(Ordering::Relaxed)
     }
 
     /// Connections closed at accept over a client's cap, since start.
@@ -350,7 +366,8 @@ pub(crate) async fn serve_hyper<I, H, F, B>(
             Ok::<_, Infallible>(response)
         }
     });
-    let conn = builder.serve_connection(io, service);
+    // Upgrades: a WebSocket the upstream accepted becomes a tunnel (`upgrade`).
+    let conn = builder.serve_connection_with_upgrades(io, service);
     let mut conn = std::pin::pin!(conn);
     let idle = async {
         match header_read_timeout {

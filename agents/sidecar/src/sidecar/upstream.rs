@@ -302,6 +302,11 @@ impl Clients {
         }
     }
 
+    /// The HTTP/1.1 client (a WebSocket upgrade's, whatever the protocol).
+    pub(crate) fn http1(&self) -> (&UpstreamClient, http::Version) {
+        (&self.http1, http::Version::HTTP_11)
+    }
+
     /// The client for a request that arrived as `version`, and the version to
     /// send. A gRPC call (`grpc`: HTTP/2, `content-type: application/grpc`)
     /// goes over HTTP/2 whatever the protocol: gRPC has no HTTP/1 form.

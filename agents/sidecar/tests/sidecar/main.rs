@@ -32,3 +32,4 @@ mod shadow;
 mod shutdown;
 mod strict;
 mod tomcat;
+mod websocket;
