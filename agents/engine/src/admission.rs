@@ -208,11 +208,10 @@ impl Admission {
             .find_map(|(rule, scope)| (*rule == h.rule).then_some(scope))
     }
 
-    pub(crate) fn shorten_timeout(&mut self, snap: &Snapshot, t: Duration, rule: u32) {
-        let current = self.timeout.and_then(|r| snap.rule_timeout(r));
-        if current.is_none_or(|current| t < current) {
-            self.timeout = Some(rule);
-        }
+    /// Sets the rule whose deadline the call has (the shortest matched).
+    #[inline]
+    pub(crate) fn set_timeout_rule(&mut self, rule: Option<u32>) {
+        self.timeout = rule;
     }
 
     /// Runs one step of a decision on `snap` without waiting. A shadow

@@ -22,7 +22,7 @@ use http::{HeaderName, HeaderValue, Method};
 
 use self::invalid::Ctx;
 pub use self::invalid::InvalidConfig;
-use crate::route::{Cond, Router};
+use crate::route::{Cond, Router, RuleMeta};
 pub use crate::route::{Direction, RuleId};
 /// [`RuleSpec`] and every kind's spec type, listed where the kinds are
 /// (`state.rs`), so that a new kind does not touch this file.
@@ -57,6 +57,8 @@ pub struct CompiledConfig {
     /// The consumer header, then the headers rules match on, each once: what
     /// the proxy checks reach the upstream as judged ([`crate::judged`]).
     judged: Box<[HeaderName]>,
+    /// What a decision needs of each rule, by rule id.
+    pub(crate) metas: Box<[RuleMeta]>,
     pub(crate) inbound: Router,
     pub(crate) outbound: Router,
 }
@@ -134,6 +136,7 @@ impl CompiledConfig {
             judged: Box::new([HeaderName::from_static(
                 gov_proto::compiled::CONSUMER_HEADER,
             )]),
+            metas: Box::new([]),
             inbound: Router::default(),
             outbound: Router::default(),
         }
@@ -228,12 +231,22 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             }
         }
 
+        let metas: Box<[RuleMeta]> = rules
+            .iter()
+            .map(|r| RuleMeta {
+                phase: r.spec.phase(),
+                consumer: r.spec.needs_consumer(),
+                timeout: r.spec.timeout().filter(|_| !r.mode.is_shadow()),
+            })
+            .collect();
         let inbound = Router::new(
             rules.iter().map(|r| (r.direction, &r.on)),
+            &metas,
             Direction::Inbound,
         );
         let outbound = Router::new(
             rules.iter().map(|r| (r.direction, &r.on)),
+            &metas,
             Direction::Outbound,
         );
         let consumer_source = ConsumerSource::from_wire(t.consumer_source.as_ref())?;
@@ -255,6 +268,7 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             paths,
             rules,
             judged: judged.into_boxed_slice(),
+            metas,
             inbound,
             outbound,
         })

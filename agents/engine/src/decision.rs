@@ -13,15 +13,14 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::admission::{Admission, Pending, Step, StepError, Steps};
-use crate::config::{CompiledConfig, Direction, RuleId};
-use crate::primitive::{Keys, Phase};
+use crate::config::{CompiledConfig, Direction};
+use crate::primitive::Keys;
 use crate::rejection::Rejection;
 use crate::request::RequestInfo;
-use crate::route::{INLINE_RULES, Matched, View};
+use crate::route::{Plan, View};
 use crate::snapshot::Snapshot;
 use crate::stripe;
 
@@ -146,9 +145,9 @@ pub(crate) fn observed<O: Observe>(
     }
 }
 
-/// Matches `req` against `config`; `false` when no rule matched.
+/// Matches `req` against `config` into `plan`; `false` when no rule matched.
 #[inline]
-pub(crate) fn route(config: &CompiledConfig, req: &RequestInfo<'_>, matched: &mut Matched) -> bool {
+pub(crate) fn route(config: &CompiledConfig, req: &RequestInfo<'_>, plan: &mut Plan) -> bool {
     let router = match req.direction {
         Direction::Inbound => &config.inbound,
         Direction::Outbound => &config.outbound,
@@ -165,8 +164,8 @@ pub(crate) fn route(config: &CompiledConfig, req: &RequestInfo<'_>, matched: &mu
         &config.consumer_header,
         target,
     );
-    router.matches(&view, matched);
-    !matched.is_empty()
+    router.matches(&view, &config.metas, plan);
+    !plan.is_empty()
 }
 
 /// The path the rules of `config` match `req` on, and key it by: its path, or,
@@ -181,44 +180,17 @@ fn matched_path<'a>(config: &CompiledConfig, req: &RequestInfo<'a>) -> Cow<'a, s
     }
 }
 
-/// The decision for a request that matched the rules `matched` of `snap`.
-pub(crate) fn admit_matched(
-    snap: Arc<Snapshot>,
-    matched: &Matched,
-    req: &RequestInfo<'_>,
-) -> Decision {
+/// The decision for a request whose matched rules of `snap` are `plan`.
+pub(crate) fn admit_matched(snap: Arc<Snapshot>, plan: &Plan, req: &RequestInfo<'_>) -> Decision {
     let config = &*snap.config;
     let now = Instant::now();
     let mut admission = Admission::started(now);
-    // One pass over the matched rules: each one's phase, the deadline (the
-    // shortest a matched rule sets), and whether the consumer is needed.
-    let mut order: Order = SmallVec::new();
-    let mut consumer_keyed = false;
-    for &id in matched {
-        let Some(state) = snap.states.get(id.0 as usize) else {
-            continue;
-        };
-        // A shadow rule's deadline is counted, not enforced (`Admission::record`).
-        if let Some(t) = state.timeout()
-            && !snap.is_shadow(id.0)
-        {
-            admission.shorten_timeout(&snap, t, id.0);
-        }
-        consumer_keyed |= state.needs_consumer();
-        order.push((state.phase(), id));
-    }
-    // Phase order, rule-id order within a phase (`matched` is in rule-id
-    // order and the sort is stable): every request takes its rules' scopes
-    // in the same order. Insertion sort: a handful of rules.
-    for i in 1..order.len() {
-        let mut j = i;
-        while j > 0 && order[j - 1].0 > order[j].0 {
-            order.swap(j - 1, j);
-            j -= 1;
-        }
-    }
+    // The shortest deadline a matched rule enforces (a shadow rule's is
+    // counted, not enforced: `Admission::record`).
+    admission.set_timeout_rule(plan.timeout.map(|(_, id)| id.0));
     // Read the consumer only when a rule's scope needs it.
-    let consumer = consumer_keyed
+    let consumer = plan
+        .consumer
         .then(|| req.headers.get_str(&config.consumer_header))
         .flatten();
     let path = matched_path(config, req);
@@ -228,7 +200,7 @@ pub(crate) fn admit_matched(
         instance: req.target.and_then(|t| t.instance),
         path: &path,
     };
-    for (i, &(_, id)) in order.iter().enumerate() {
+    for (i, id) in plan.ids().enumerate() {
         let step = Step {
             rule: id.0,
             scope: snap.states[id.0 as usize].scope(&keys),
@@ -243,7 +215,7 @@ pub(crate) fn admit_matched(
             Err(StepError::Wait(step)) => {
                 let mut rest = Steps::new();
                 rest.push(step);
-                rest.extend(order.iter().skip(i + 1).map(|&(_, id)| Step {
+                rest.extend(plan.ids().skip(i + 1).map(|id| Step {
                     rule: id.0,
                     scope: snap.states[id.0 as usize].scope(&keys),
                 }));
@@ -256,7 +228,3 @@ pub(crate) fn admit_matched(
     admission.complete(stripe::current());
     Decision::Admitted(admission)
 }
-
-/// The matched rules of a decision with their phase, in the order their
-/// steps run.
-type Order = SmallVec<[(Phase, RuleId); INLINE_RULES]>;

@@ -36,7 +36,7 @@ use crate::judged::JudgedHeaderError;
 use crate::latch::{Latch, LatchKind, Restored};
 use crate::rejection::Rejection;
 pub use crate::request::{RequestInfo, Target};
-use crate::route::{Headers, Matched};
+use crate::route::{Headers, Plan};
 use crate::snapshot::{CACHE, Snapshot};
 use crate::state::State;
 use crate::state::bulkhead::Bulkhead;
@@ -334,13 +334,13 @@ impl Engine {
     /// scopes already exist.
     pub fn try_admit(&self, req: &RequestInfo<'_>) -> Decision {
         let generation = self.shared.generation.load(Acquire);
-        let mut matched = Matched::new();
+        let mut plan = Plan::default();
         // Route with this thread's cached config; take the snapshot only if
         // a rule matched.
         let hit = CACHE.try_with(|cache| {
             let cache = cache.try_borrow().ok()?;
             let entry = cache.find(self.shared.id, generation)?;
-            if !route(&entry.config, req, &mut matched) {
+            if !route(&entry.config, req, &mut plan) {
                 return Some(None);
             }
             // `None` (the snapshot was swapped and dropped since): load it.
@@ -356,14 +356,14 @@ impl Engine {
                         cache.insert(self.shared.id, generation, &snap);
                     }
                 });
-                matched.clear();
-                if !route(&snap.config, req, &mut matched) {
+                plan = Plan::default();
+                if !route(&snap.config, req, &mut plan) {
                     return Decision::Admitted(Admission::unmatched());
                 }
                 snap
             }
         };
-        admit_matched(snap, &matched, req)
+        admit_matched(snap, &plan, req)
     }
 
     /// Decides, waiting for a bulkhead permit or a shaping delay if the

@@ -105,11 +105,6 @@ pub(crate) trait Primitive {
         None
     }
 
-    /// Whether the scope needs the consumer (read from a header only then).
-    fn needs_consumer(&self) -> bool {
-        false
-    }
-
     /// The status of a refusal.
     fn reject_status(&self) -> StatusCode;
 

@@ -9,13 +9,24 @@
 //! keeps only what remains of its match once the path is known to meet it
 //! (nothing for a rule matching a path alone). Matching does not allocate
 //! for up to [`INLINE_RULES`] matched rules.
+//!
+//! A path that meets a prefix (or equals an exact path) meets every shorter
+//! prefix that prefix (or path) starts with, so each index entry holds, when
+//! the config is compiled, the [`Plan`] of every rule its path alone
+//! matches: the rules in the order their steps run, whether a scope needs
+//! the consumer, and the shortest deadline. A request copies the plan of
+//! the one entry it meets and adds only the rules whose match has more to
+//! check.
 
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use smallvec::SmallVec;
+
+use crate::primitive::Phase;
 
 /// Inbound (server side) or outbound (client side, `calls to X`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,8 +42,62 @@ pub struct RuleId(pub u32);
 /// Matched rules kept inline (no allocation) per request.
 pub const INLINE_RULES: usize = 8;
 
-/// The rules that matched one request, in rule-id order.
+/// The rules that matched one request.
 pub type Matched = SmallVec<[RuleId; INLINE_RULES]>;
+
+/// What a decision needs of one rule, known when the config is compiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RuleMeta {
+    /// Where its step runs in a decision.
+    pub(crate) phase: Phase,
+    /// Whether its scope needs the consumer (read from a header only then).
+    pub(crate) consumer: bool,
+    /// The deadline it enforces on a call (`None` in mode shadow: a shadow
+    /// rule's deadline is counted, not enforced).
+    pub(crate) timeout: Option<Duration>,
+}
+
+/// The rules one request matched, ready to decide with: in the order their
+/// steps run (phase, then rule id, so every request takes its rules' scopes
+/// in the same order), whether a scope needs the consumer, and the rule
+/// with the shortest deadline.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub(crate) steps: SmallVec<[(Phase, RuleId); INLINE_RULES]>,
+    pub(crate) consumer: bool,
+    /// The shortest deadline and its rule (the lowest id among equals).
+    pub(crate) timeout: Option<(Duration, RuleId)>,
+}
+
+impl Plan {
+    /// Adds rule `id` (not in the plan yet) in its place.
+    pub(crate) fn add(&mut self, id: RuleId, meta: &RuleMeta) {
+        let key = (meta.phase, id);
+        let at = self
+            .steps
+            .iter()
+            .rposition(|s| *s < key)
+            .map_or(0, |i| i + 1);
+        self.steps.insert(at, key);
+        self.consumer |= meta.consumer;
+        if let Some(t) = meta.timeout
+            && self.timeout.is_none_or(|current| (t, id) < current)
+        {
+            self.timeout = Some((t, id));
+        }
+    }
+
+    /// Whether no rule matched.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// The matched rules, in step order.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = RuleId> + '_ {
+        self.steps.iter().map(|&(_, id)| id)
+    }
+}
 
 /// A compiled match expression.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -275,6 +340,32 @@ fn head8(s: &[u8]) -> u64 {
     word
 }
 
+/// What a request meeting one index entry (a path, or a prefix) matches:
+/// the plan of the rules its path alone matches, and the rules that have
+/// more to check.
+#[derive(Debug, Default)]
+struct Node {
+    plan: Plan,
+    rest: Vec<Entry>,
+}
+
+impl Node {
+    /// The node of the rules of `entries` (each once).
+    fn new<'a>(entries: impl IntoIterator<Item = &'a Entry>, metas: &[RuleMeta]) -> Self {
+        let mut node = Node::default();
+        for e in entries {
+            match &e.rest {
+                None => node.plan.add(e.id, &metas[e.id.0 as usize]),
+                Some(c) => node.rest.push(Entry {
+                    id: e.id,
+                    rest: Some(c.clone()),
+                }),
+            }
+        }
+        node
+    }
+}
+
 /// A path prefix and the rules it indexes.
 #[derive(Debug)]
 struct Prefix {
@@ -283,11 +374,12 @@ struct Prefix {
     /// prefixes are told apart by one word comparison.
     head: u64,
     mask: u64,
-    entries: Vec<Entry>,
+    /// The rules of this prefix and of every shorter one it starts with.
+    node: Node,
 }
 
 impl Prefix {
-    fn new(text: &str, entries: Vec<Entry>) -> Self {
+    fn new(text: &str, node: Node) -> Self {
         let n = text.len().min(8);
         Self {
             head: head8(text.as_bytes()),
@@ -297,7 +389,7 @@ impl Prefix {
                 (1u64 << (8 * n)) - 1
             },
             text: text.into(),
-            entries,
+            node,
         }
     }
 
@@ -313,7 +405,8 @@ impl Prefix {
 /// The rules of one direction, indexed by required path.
 #[derive(Debug, Default)]
 pub(crate) struct Router {
-    exact: HashMap<Box<str>, Vec<Entry>, FxBuild>,
+    /// An exact path's rules, with those of every prefix it starts with.
+    exact: HashMap<Box<str>, Node, FxBuild>,
     /// Bit `min(len, 63)` is set for the length of every exact path: most
     /// requests skip the hash lookup.
     exact_lens: u64,
@@ -330,13 +423,15 @@ fn len_bit(len: usize) -> u64 {
 }
 
 impl Router {
-    /// The router of `direction` over every rule's direction and match, in
-    /// rule-id order.
+    /// The router of `direction` over every rule's direction, match and
+    /// [`RuleMeta`], in rule-id order.
     pub(crate) fn new<'a>(
         rules: impl IntoIterator<Item = (Direction, &'a Cond)>,
+        metas: &[RuleMeta],
         direction: Direction,
     ) -> Self {
         let mut router = Router::default();
+        let mut exact: HashMap<&str, Vec<Entry>> = HashMap::new();
         let mut prefixes: HashMap<&str, Vec<Entry>> = HashMap::new();
         for (i, (rule_direction, on)) in rules.into_iter().enumerate() {
             if rule_direction != direction {
@@ -348,11 +443,7 @@ impl Router {
                 Some(PathReq::Exact(p)) => {
                     router.exact_lens |= len_bit(p.len());
                     let rest = on.residual();
-                    router
-                        .exact
-                        .entry(p.into())
-                        .or_default()
-                        .push(Entry { id, rest });
+                    exact.entry(p).or_default().push(Entry { id, rest });
                 }
                 Some(PathReq::Prefix(p)) => {
                     let rest = on.residual();
@@ -364,9 +455,21 @@ impl Router {
                 }),
             }
         }
+        // A path meeting `p` meets every prefix `p` starts with.
+        let under = |p: &str| -> Vec<&Entry> {
+            prefixes
+                .iter()
+                .filter(|(q, _)| p.starts_with(**q))
+                .flat_map(|(_, entries)| entries)
+                .collect()
+        };
+        router.exact = exact
+            .iter()
+            .map(|(&p, entries)| (p.into(), Node::new(entries.iter().chain(under(p)), metas)))
+            .collect();
         router.prefixes = prefixes
-            .into_iter()
-            .map(|(p, entries)| Prefix::new(p, entries))
+            .keys()
+            .map(|&p| Prefix::new(p, Node::new(under(p), metas)))
             .collect();
         router.prefixes.sort_by(|a, b| {
             b.text
@@ -379,36 +482,36 @@ impl Router {
         router
     }
 
-    /// The rules whose match holds for `r`, in rule-id order.
-    pub(crate) fn matches(&self, r: &View<'_>, out: &mut Matched) {
-        let mut push = |e: &Entry| {
+    /// The plan of the rules whose match holds for `r` (`metas`: the
+    /// config's, by rule id).
+    #[inline]
+    pub(crate) fn matches(&self, r: &View<'_>, metas: &[RuleMeta], out: &mut Plan) {
+        let path = r.path.as_bytes();
+        let node = if self.exact_lens & len_bit(path.len()) != 0
+            && let Some(node) = self.exact.get(r.path)
+        {
+            Some(node)
+        } else {
+            // Longest first: the first prefix met holds every rule of the
+            // shorter ones the path meets.
+            let head = head8(path);
+            self.prefixes
+                .iter()
+                .find(|p| p.holds(path, head))
+                .map(|p| &p.node)
+        };
+        if let Some(node) = node {
+            out.clone_from(&node.plan);
+        }
+        let mut add = |e: &Entry| {
             if e.rest.as_ref().is_none_or(|c| c.eval(r)) {
-                out.push(e.id);
+                out.add(e.id, &metas[e.id.0 as usize]);
             }
         };
-        if self.exact_lens & len_bit(r.path.len()) != 0
-            && let Some(entries) = self.exact.get(r.path)
-        {
-            entries.iter().for_each(&mut push);
+        if let Some(node) = node {
+            node.rest.iter().for_each(&mut add);
         }
-        let path = r.path.as_bytes();
-        let head = head8(path);
-        for prefix in &self.prefixes {
-            if prefix.holds(path, head) {
-                prefix.entries.iter().for_each(&mut push);
-            }
-        }
-        self.always.iter().for_each(&mut push);
-        // Rule-id order gives every request the same acquisition order.
-        // Insertion sort: a handful of ids, mostly in order already (the
-        // slice sort's setup costs more than the sorting here).
-        for i in 1..out.len() {
-            let mut j = i;
-            while j > 0 && out[j - 1] > out[j] {
-                out.swap(j - 1, j);
-                j -= 1;
-            }
-        }
+        self.always.iter().for_each(&mut add);
     }
 }
 
@@ -474,9 +577,9 @@ mod tests {
             &cfg.consumer_header,
             None,
         );
-        let mut out = Matched::new();
-        cfg.inbound.matches(&view, &mut out);
-        out.iter()
+        let mut out = Plan::default();
+        cfg.inbound.matches(&view, &cfg.metas, &mut out);
+        out.ids()
             .map(|id| cfg.rules[id.0 as usize].name.to_string())
             .collect()
     }
@@ -603,5 +706,105 @@ mod tests {
         let cfg = CompiledConfig::try_from(&t).unwrap();
         let lens: Vec<usize> = cfg.inbound.prefixes.iter().map(|p| p.text.len()).collect();
         assert_eq!(lens, [4, 3, 2]);
+    }
+
+    /// A plan lists the rules of every prefix and exact path a request
+    /// meets, and those whose match holds beyond the path, in phase order
+    /// (fuses, limits, bulkheads; rule id within one), with the shortest
+    /// enforced deadline (a shadow rule's is not) and whether a scope needs
+    /// the consumer.
+    #[test]
+    fn plans_run_fuses_then_limits_then_bulkheads_with_the_shortest_deadline() {
+        let mut t: proto::TargetConfig = serde_yaml::from_str(
+            r#"
+service: svc
+rules:
+- name: svc/slow
+  on: {path: {kind: PATH_KIND_EXACT, value: /a/b/c}}
+  bulkhead: {max_concurrent: 5, timeout_ms: 3000}
+- name: svc/shadow_fast
+  on: {path: {kind: PATH_KIND_PREFIX, value: /a}}
+  mode: MODE_SHADOW
+  bulkhead: {max_concurrent: 5, timeout_ms: 100}
+- name: svc/per_consumer
+  on: {path: {kind: PATH_KIND_PREFIX, value: /a/b}}
+  limit: {calls: {amount: 5, window_ms: 1000}, key: LIMIT_KEY_CONSUMER}
+- name: svc/fast
+  on: {header: {name: x-fast, value: "1"}}
+  bulkhead: {max_concurrent: 5, timeout_ms: 2000}
+- name: svc/fuse
+  on: {and: {exprs: [{path: {kind: PATH_KIND_PREFIX, value: /a}}, {method: GET}]}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_SYSTEM_ERRORS, op: COMPARE_OP_GE, count: 2, window_ms: 60000}
+- name: svc/also_fast
+  on: {path: {kind: PATH_KIND_PREFIX, value: /a/b/c}}
+  bulkhead: {max_concurrent: 5, timeout_ms: 2000}
+"#,
+        )
+        .unwrap();
+        gov_proto::compiled::fill(&mut t);
+        let cfg = CompiledConfig::try_from(&t).unwrap();
+        let plan = |method: &str, path: &str, headers: &[(&str, &str)]| {
+            let mut map = HeaderMap::new();
+            for (k, v) in headers {
+                map.insert(
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            let method = Method::from_bytes(method.as_bytes()).unwrap();
+            let view = View::new(
+                &method,
+                path,
+                Headers::Map(&map),
+                &cfg.consumer_header,
+                None,
+            );
+            let mut out = Plan::default();
+            cfg.inbound.matches(&view, &cfg.metas, &mut out);
+            let names: Vec<String> = out
+                .ids()
+                .map(|id| cfg.rules[id.0 as usize].name.to_string())
+                .collect();
+            let deadline = out
+                .timeout
+                .map(|(t, id)| (t.as_millis(), cfg.rules[id.0 as usize].name.to_string()));
+            (names, out.consumer, deadline)
+        };
+        assert_eq!(
+            plan("GET", "/a/b/c", &[]),
+            (
+                vec![
+                    "svc/fuse".into(),
+                    "svc/per_consumer".into(),
+                    "svc/slow".into(),
+                    "svc/shadow_fast".into(),
+                    "svc/also_fast".into()
+                ],
+                true,
+                Some((2000, "svc/also_fast".into()))
+            )
+        );
+        assert_eq!(
+            plan("PUT", "/a/b/c", &[("x-fast", "1")]),
+            (
+                vec![
+                    "svc/per_consumer".into(),
+                    "svc/slow".into(),
+                    "svc/shadow_fast".into(),
+                    "svc/fast".into(),
+                    "svc/also_fast".into()
+                ],
+                true,
+                // Equal deadlines: the rule written first.
+                Some((2000, "svc/fast".into()))
+            )
+        );
+        assert_eq!(
+            plan("PUT", "/a/x", &[]),
+            (vec!["svc/shadow_fast".into()], false, None)
+        );
+        assert_eq!(plan("GET", "/b", &[]), (vec![], false, None));
     }
 }

@@ -71,6 +71,30 @@ impl RuleSpec {
             RuleSpec::Fuse(_) => RuleKind::Fuse,
         }
     }
+
+    /// Where the rule's step runs in a decision (its primitive's phase).
+    pub(crate) fn phase(&self) -> Phase {
+        match self {
+            RuleSpec::Bulkhead(_) => <Bulkhead as Primitive>::PHASE,
+            RuleSpec::Limit(_) => <Limit as Primitive>::PHASE,
+            RuleSpec::Fuse(_) => <Fuse as Primitive>::PHASE,
+        }
+    }
+
+    /// Whether the rule's scope needs the consumer (read from a header only
+    /// then): a limit per consumer.
+    pub(crate) fn needs_consumer(&self) -> bool {
+        matches!(self, RuleSpec::Limit(l) if l.key == specs::LimitKey::Consumer)
+    }
+
+    /// The deadline the rule sets on a call (its state's
+    /// [`Primitive::timeout`]).
+    pub(crate) fn timeout(&self) -> Option<Duration> {
+        match self {
+            RuleSpec::Bulkhead(b) => b.timeout,
+            RuleSpec::Limit(_) | RuleSpec::Fuse(_) => None,
+        }
+    }
 }
 
 /// The spec of one wire rule: the one place that turns a `oneof spec` into
@@ -166,14 +190,6 @@ impl State {
     }
 
     #[inline]
-    pub(crate) fn phase(&self) -> Phase {
-        fn phase<P: Primitive>(_: &P) -> Phase {
-            P::PHASE
-        }
-        dispatch!(self, p => phase(&**p))
-    }
-
-    #[inline]
     pub(crate) fn scope(&self, keys: &Keys<'_>) -> Scope {
         match self {
             State::Bulkhead(b) => Scope::Bulkhead(Primitive::scope(&**b, keys)),
@@ -244,11 +260,6 @@ impl State {
     #[inline]
     pub(crate) fn timeout(&self) -> Option<Duration> {
         dispatch!(self, p => Primitive::timeout(&**p))
-    }
-
-    #[inline]
-    pub(crate) fn needs_consumer(&self) -> bool {
-        dispatch!(self, p => Primitive::needs_consumer(&**p))
     }
 
     pub(crate) fn reject_status(&self) -> StatusCode {

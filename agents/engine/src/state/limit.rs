@@ -586,10 +586,6 @@ impl Primitive for Limit {
         self.count_bytes(self.cell(scope_ref(scope)), n, now);
     }
 
-    fn needs_consumer(&self) -> bool {
-        self.spec.key == LimitKey::Consumer
-    }
-
     fn reject_status(&self) -> StatusCode {
         self.spec.reject_status
     }
