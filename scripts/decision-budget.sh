@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-matched_budget=1835
+matched_budget=1770
 unmatched_budget=405
 
 if ! command -v valgrind >/dev/null 2>&1; then

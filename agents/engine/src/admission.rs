@@ -14,6 +14,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
+use crate::clock::Now;
 use crate::config::Mode;
 use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant};
@@ -72,7 +73,7 @@ pub struct Admission {
     /// The keyed scopes of `held` (consumers, instances), by rule.
     keyed: SmallVec<[(u32, Scope); 1]>,
     /// When the decision began (`None` when no rule matched: no clock read).
-    start: Option<Instant>,
+    start: Option<Now>,
     /// The rule with the shortest matched timeout.
     timeout: Option<u32>,
     /// The caller's own deadline (`grpc-timeout`), when it is shorter.
@@ -165,7 +166,7 @@ impl Admission {
 
     /// An admission whose decision began at `now` (its snapshot is set when
     /// the decision ends).
-    pub(crate) fn started(now: Instant) -> Self {
+    pub(crate) fn started(now: Now) -> Self {
         Self {
             snap: None,
             held: SmallVec::new(),
@@ -222,9 +223,9 @@ impl Admission {
         &mut self,
         snap: &Snapshot,
         step: Step,
-        now: Instant,
+        now: Now,
     ) -> Result<(), StepError> {
-        let start = self.start.unwrap_or(now);
+        let start = self.start.map_or(now.at, |s| s.at);
         let state = &snap.states[step.rule as usize];
         match state.try_acquire(&step.scope, now, start) {
             Answer::Granted(grant) => {
@@ -281,12 +282,12 @@ impl Admission {
             return Ok(());
         };
         if snap.is_shadow(step.rule) {
-            return match self.step_now(&snap, step, Instant::now()) {
+            return match self.step_now(&snap, step, Now::read()) {
                 Ok(()) | Err(StepError::Wait(_)) => Ok(()),
                 Err(StepError::Rejected(r)) => Err(r),
             };
         }
-        let start = self.start.unwrap_or_else(Instant::now);
+        let start = self.start.map_or_else(Instant::now, |s| s.at);
         let state = &snap.states[step.rule as usize];
         let began = Instant::now();
         match state.acquire(&step.scope, start).await {
@@ -514,9 +515,9 @@ impl Admission {
             return;
         };
         let slot = stripe::current();
-        let now = Instant::now();
-        let elapsed = now.saturating_duration_since(self.start.unwrap_or(now));
-        let latency = Latency::of(elapsed);
+        let now = Now::read();
+        let elapsed = self.start.map_or(0, |s| now.nanos_since(s));
+        let latency = Latency::of_nanos(elapsed);
         for h in self.held.iter_mut().filter(|h| h.granted()) {
             let state = &snap.states[h.rule as usize];
             state.counters().latency(slot, latency);
@@ -532,7 +533,7 @@ impl Admission {
             h.grant.probe = false;
         }
         if snap.any_shadow {
-            shadow_timeouts(snap, &self.held, elapsed);
+            shadow_timeouts(snap, &self.held, Duration::from_nanos(elapsed));
         }
     }
 

@@ -13,9 +13,8 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use tokio::time::Instant;
-
 use crate::admission::{Admission, Pending, Step, StepError, Steps};
+use crate::clock::Now;
 use crate::config::{CompiledConfig, Direction};
 use crate::primitive::Keys;
 use crate::rejection::Rejection;
@@ -183,7 +182,7 @@ fn matched_path<'a>(config: &CompiledConfig, req: &RequestInfo<'a>) -> Cow<'a, s
 /// The decision for a request whose matched rules of `snap` are `plan`.
 pub(crate) fn admit_matched(snap: Arc<Snapshot>, plan: &Plan, req: &RequestInfo<'_>) -> Decision {
     let config = &*snap.config;
-    let now = Instant::now();
+    let now = Now::read();
     let mut admission = Admission::started(now);
     // The shortest deadline a matched rule enforces (a shadow rule's is
     // counted, not enforced: `Admission::record`).

@@ -67,6 +67,7 @@
 
 pub mod admission;
 pub mod body;
+mod clock;
 pub mod cluster;
 pub mod config;
 pub mod decision;

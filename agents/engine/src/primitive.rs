@@ -14,6 +14,7 @@ use std::time::Duration;
 use http::StatusCode;
 use tokio::time::Instant;
 
+use crate::clock::Now;
 use crate::latch::{Latch, Restored};
 use crate::outcome::Outcome;
 use crate::rejection::RejectReason;
@@ -81,7 +82,7 @@ pub(crate) trait Primitive {
 
     /// Decides without waiting. `start`: when the decision began (a shaping
     /// delay counts from it).
-    fn try_acquire(&self, scope: Option<&Self::Scope>, now: Instant, start: Instant) -> Answer;
+    fn try_acquire(&self, scope: Option<&Self::Scope>, now: Now, start: Instant) -> Answer;
 
     /// Waits as the rule allows, after [`Primitive::try_acquire`] answered
     /// [`Answer::Wait`]: the grant, or the refusal and its `Retry-After`.
@@ -95,7 +96,7 @@ pub(crate) trait Primitive {
     fn release(&self, scope: Option<&Self::Scope>, grant: Grant);
 
     /// How a granted call ended.
-    fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Instant);
+    fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Now);
 
     /// Counts `n` request or response bytes of a call granted with `bytes`.
     fn add_bytes(&self, _scope: Option<&Self::Scope>, _n: u64, _now: Instant) {}

@@ -24,6 +24,7 @@ use self::specs::{BulkheadSpec, FuseSpec, LimitSpec};
 use self::bulkhead::Bulkhead;
 use self::fuse::Fuse;
 use self::limit::Limit;
+use crate::clock::Now;
 use crate::cluster::ClusterStore;
 use crate::config::invalid::{Ctx, InvalidConfig};
 use crate::events::Events;
@@ -202,7 +203,7 @@ impl State {
     }
 
     #[inline]
-    pub(crate) fn try_acquire(&self, scope: &Scope, now: Instant, start: Instant) -> Answer {
+    pub(crate) fn try_acquire(&self, scope: &Scope, now: Now, start: Instant) -> Answer {
         match self {
             State::Bulkhead(b) => Primitive::try_acquire(&**b, scope.bulkhead(), now, start),
             State::Limit(l) => Primitive::try_acquire(&**l, scope.limit(), now, start),
@@ -232,7 +233,7 @@ impl State {
     }
 
     #[inline]
-    pub(crate) fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Instant) {
+    pub(crate) fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Now) {
         dispatch!(self, p => Primitive::record(&**p, slot, outcome, grant, now))
     }
 

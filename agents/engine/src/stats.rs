@@ -156,11 +156,17 @@ pub(crate) struct Latency {
 }
 
 impl Latency {
+    /// The latency of a call that took `nanos` nanoseconds (as
+    /// [`bucket`] and `Duration::as_micros` take it, in integer arithmetic).
     #[inline]
-    pub(crate) fn of(elapsed: Duration) -> Self {
+    pub(crate) fn of_nanos(nanos: u64) -> Self {
+        let ms = nanos / 1_000_000;
         Self {
-            bucket: bucket(elapsed),
-            micros: u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+            bucket: LATENCY_BUCKETS_MS
+                .iter()
+                .position(|&b| ms <= b)
+                .unwrap_or(LATENCY_BUCKETS_MS.len()),
+            micros: nanos / 1_000,
         }
     }
 }
@@ -292,6 +298,21 @@ mod tests {
 
     #[test]
     fn buckets_are_inclusive_upper_bounds() {
+        for d in [
+            0,
+            999,
+            10_000_000,
+            10_500_000,
+            11_000_000,
+            1_000_000_000,
+            1_000_000_001,
+            u64::MAX,
+        ] {
+            let latency = Latency::of_nanos(d);
+            let d = Duration::from_nanos(d);
+            assert_eq!(latency.bucket, bucket(d));
+            assert_eq!(latency.micros, d.as_micros() as u64);
+        }
         assert_eq!(bucket(Duration::from_millis(0)), 0);
         assert_eq!(bucket(Duration::from_millis(10)), 0);
         assert_eq!(bucket(Duration::from_micros(10_500)), 0);

@@ -18,6 +18,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::clock::Now;
 use crate::config::invalid::{Ctx, InvalidConfig};
 use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant, Keys, Phase, Primitive};
@@ -426,7 +427,7 @@ impl Primitive for Bulkhead {
     }
 
     #[inline]
-    fn try_acquire(&self, scope: Option<&CellRef>, _now: Instant, _start: Instant) -> Answer {
+    fn try_acquire(&self, scope: Option<&CellRef>, _now: Now, _start: Instant) -> Answer {
         if let Some(CellRef::Full) = scope {
             return Answer::Refused(RejectReason::BulkheadFull, None);
         }
@@ -458,7 +459,7 @@ impl Primitive for Bulkhead {
         self.give(self.scope_cell(scope));
     }
 
-    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Instant) {}
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now) {}
 
     fn timeout(&self) -> Option<Duration> {
         self.spec.timeout
@@ -717,7 +718,7 @@ mod tests {
         let z = b.cell_for(Some("i"), "/z");
         let now = Instant::now();
         assert!(matches!(
-            b.try_acquire(Some(&z), now, now),
+            b.try_acquire(Some(&z), now.into(), now),
             Answer::Refused(RejectReason::BulkheadFull, None)
         ));
         assert!(b.acquire(Some(&z), now).await.is_err());

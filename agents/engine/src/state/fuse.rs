@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::clock::{self, Now};
 use crate::events::{EventKind, Events};
 use crate::latch::{self, Latch, LatchKind, Restored};
 use crate::outcome::Outcome;
@@ -47,6 +48,8 @@ pub(crate) struct Fuse {
     name: Arc<str>,
     events: Events,
     pub(crate) epoch: Instant,
+    /// `epoch` in nanoseconds since the clock's base ([`crate::clock`]).
+    epoch_ns: u64,
     // INVARIANT: one window per `spec.trips` entry, same order.
     windows: Box<[RollingWindow]>,
     state: AtomicU8,
@@ -67,6 +70,7 @@ fn ms(d: Duration) -> u64 {
 
 impl Fuse {
     pub(crate) fn new(spec: FuseSpec, name: Arc<str>, events: Events) -> Self {
+        let epoch = Instant::now();
         Self {
             windows: spec
                 .trips
@@ -76,7 +80,8 @@ impl Fuse {
             spec,
             name,
             events,
-            epoch: Instant::now(),
+            epoch,
+            epoch_ns: clock::ns(epoch),
             state: AtomicU8::new(CLOSED),
             opened_at_ms: AtomicU64::new(0),
             since_unix_ms: AtomicU64::new(0),
@@ -87,12 +92,14 @@ impl Fuse {
         }
     }
 
-    fn now_ms(&self, now: Instant) -> u64 {
-        ms(now.saturating_duration_since(self.epoch))
+    /// Whole milliseconds since the epoch.
+    #[inline]
+    fn now_ms(&self, now: impl Into<Now>) -> u64 {
+        now.into().ms_since(self.epoch_ns)
     }
 
     /// Whether a call may pass. `Ok(true)`: it passes as a half-open probe.
-    pub(crate) fn try_admit(&self, now: Instant) -> Result<bool, ()> {
+    pub(crate) fn try_admit(&self, now: impl Into<Now>) -> Result<bool, ()> {
         match self.state.load(Acquire) {
             CLOSED => Ok(false),
             OPEN => {
@@ -183,12 +190,12 @@ impl Fuse {
     /// Records how an admitted call ended (counted in the stripe of `slot`).
     #[cfg(test)]
     pub(crate) fn record_outcome(&self, slot: Slot, outcome: Outcome, probe: bool, now: Instant) {
-        self.record_class(slot, self.classify(outcome), probe, now);
+        self.record_class(slot, self.classify(outcome), probe, now.into());
     }
 
     /// Records a call of `class` (a `token invalid` call is a system error
     /// whatever its outcome).
-    fn record_class(&self, slot: Slot, class: Class, probe: bool, now: Instant) {
+    fn record_class(&self, slot: Slot, class: Class, probe: bool, now: Now) {
         if probe {
             self.record_probe(class, now);
             return;
@@ -208,7 +215,7 @@ impl Fuse {
         }
     }
 
-    fn record_probe(&self, class: Class, now: Instant) {
+    fn record_probe(&self, class: Class, now: Now) {
         let RecoverSpec::After { probes, .. } = self.spec.recover else {
             return;
         };
@@ -435,7 +442,7 @@ impl Primitive for Fuse {
     fn scope(&self, _keys: &Keys<'_>) {}
 
     #[inline]
-    fn try_acquire(&self, _scope: Option<&()>, now: Instant, _start: Instant) -> Answer {
+    fn try_acquire(&self, _scope: Option<&()>, now: Now, _start: Instant) -> Answer {
         match self.try_admit(now) {
             Ok(probe) => Answer::Granted(Grant {
                 probe,
@@ -455,7 +462,7 @@ impl Primitive for Fuse {
         scope: Option<&()>,
         start: Instant,
     ) -> Result<Grant, (RejectReason, Option<Duration>)> {
-        match self.try_acquire(scope, Instant::now(), start) {
+        match self.try_acquire(scope, Now::read(), start) {
             Answer::Granted(grant) => Ok(grant),
             Answer::Refused(reason, retry) => Err((reason, retry)),
             // A fuse never asks to wait.
@@ -471,7 +478,7 @@ impl Primitive for Fuse {
     }
 
     #[inline]
-    fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Instant) {
+    fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Now) {
         let class = if grant.system_error {
             Class::System
         } else {
@@ -609,7 +616,7 @@ mod tests {
             assert_eq!(f.state(), FuseState::Closed, "after {i}");
             assert!(f.try_admit(Instant::now()).is_ok());
             let slot = crate::stripe::current();
-            Primitive::record(&f, slot, Outcome::Status(200), marked, Instant::now());
+            Primitive::record(&f, slot, Outcome::Status(200), marked, Now::read());
         }
         assert_eq!(f.state(), FuseState::Open);
     }

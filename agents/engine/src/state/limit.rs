@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::clock::{self, Now};
 use crate::cluster::{ClusterStore, ExactCall, ExactReply, FlushItem, Latch};
 use crate::events::{EventKind, Events};
 // `cluster::Latch` is the store's view of a latch; this one is the exported kind.
@@ -236,6 +237,8 @@ pub(crate) struct Limit {
     name: Arc<str>,
     events: Events,
     pub(crate) epoch: Instant,
+    /// `epoch` in nanoseconds since the clock's base ([`crate::clock`]).
+    epoch_ns: u64,
     single: LimitCell,
     keyed: RwLock<HashMap<Box<str>, Arc<LimitCell>, FxBuild>>,
     table: KeyTable,
@@ -273,11 +276,13 @@ impl Limit {
                 period: period.max(Duration::from_millis(1)),
             }),
         };
+        let epoch = Instant::now();
         Self {
             spec,
             name,
             events,
-            epoch: Instant::now(),
+            epoch,
+            epoch_ns: clock::ns(epoch),
             single: LimitCell::default(),
             keyed: RwLock::default(),
             table: KeyTable::default(),
@@ -294,8 +299,10 @@ impl Limit {
             .is_some_and(|l| l.exact.is_some() && self.spec.calls.is_some() && l.store.is_up())
     }
 
-    fn now_ms(&self, now: Instant) -> u64 {
-        ms(now.saturating_duration_since(self.epoch))
+    /// Whole milliseconds since the epoch.
+    #[inline]
+    fn now_ms(&self, now: impl Into<Now>) -> u64 {
+        now.into().ms_since(self.epoch_ns)
     }
 
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a LimitCell {
@@ -318,7 +325,8 @@ impl Limit {
     }
 
     /// Counts one call against the key's counters, or says why it does not fit.
-    pub(crate) fn try_admit(&self, cell: &LimitCell, now: Instant) -> Result<(), Exceeded> {
+    pub(crate) fn try_admit(&self, cell: &LimitCell, now: impl Into<Now>) -> Result<(), Exceeded> {
+        let now: Now = now.into();
         let now_ms = self.now_ms(now);
         let until = cell.engaged_until.load(Relaxed);
         if until != NOT_ENGAGED {
@@ -344,12 +352,12 @@ impl Limit {
             }
         }
         if let Some(link) = &self.cluster {
-            self.check_shared_bytes(link, cell, now)?;
+            self.check_shared_bytes(link, cell, now.at)?;
             if let Some(sync) = link.exact {
                 // Here only without the store's answer: the fallback decides.
                 return self.exact_fallback(link, sync, cell, now_ms);
             }
-            return self.batch_calls(link, cell, now);
+            return self.batch_calls(link, cell, now.at);
         }
         if let Some(rate) = &self.spec.bytes {
             let window = now_ms / ms(rate.window).max(1);
@@ -521,9 +529,9 @@ impl Primitive for Limit {
     }
 
     #[inline]
-    fn try_acquire(&self, scope: Option<&CellRef>, now: Instant, start: Instant) -> Answer {
+    fn try_acquire(&self, scope: Option<&CellRef>, now: Now, start: Instant) -> Answer {
         if let Some(CellRef::Full) = scope {
-            return self.no_room(now);
+            return self.no_room(now.at);
         }
         if self.remote() {
             // `sync exact`: counted in the store, asynchronously.
@@ -534,7 +542,7 @@ impl Primitive for Limit {
             Ok(()) => Answer::Granted(self.grant()),
             // `sync batch` with an empty lease: asked from the store.
             Err(LEASE_FIRST) => Answer::Wait(Duration::ZERO),
-            Err(e) => self.shape(cell, e, now, start),
+            Err(e) => self.shape(cell, e, now.at, start),
         }
     }
 
@@ -565,7 +573,7 @@ impl Primitive for Limit {
                     Err(e) => self.shape(cell, e, now, start),
                 }
             } else {
-                self.try_acquire(scope, now, start)
+                self.try_acquire(scope, now.into(), start)
             };
             match answer {
                 Answer::Granted(grant) => return Ok(grant),
@@ -579,7 +587,7 @@ impl Primitive for Limit {
 
     fn release(&self, _scope: Option<&CellRef>, _grant: Grant) {}
 
-    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Instant) {}
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now) {}
 
     #[inline]
     fn add_bytes(&self, scope: Option<&CellRef>, n: u64, now: Instant) {
@@ -1001,7 +1009,7 @@ mod tests {
             let mut admitted = 0;
             for _ in 0..n {
                 let now = Instant::now();
-                let ok = match l.try_acquire(None, now, now) {
+                let ok = match l.try_acquire(None, now.into(), now) {
                     Answer::Granted(_) => true,
                     Answer::Refused(..) => false,
                     Answer::Wait(_) => l.acquire(None, now).await.is_ok(),

@@ -145,7 +145,10 @@ mod tests {
     fn call(l: &Limit, key: &str) -> bool {
         let scope = l.cell_for(Some(key));
         let now = Instant::now();
-        matches!(l.try_acquire(Some(&scope), now, now), Answer::Granted(_))
+        matches!(
+            l.try_acquire(Some(&scope), now.into(), now),
+            Answer::Granted(_)
+        )
     }
 
     /// Issue 29: 4,200 new consumers in a few seconds emptied the key table
@@ -209,7 +212,7 @@ mod tests {
         assert!(call(&l, "a") && call(&l, "b"));
         let scope = l.cell_for(Some("c"));
         let now = Instant::now();
-        match l.try_acquire(Some(&scope), now, now) {
+        match l.try_acquire(Some(&scope), now.into(), now) {
             Answer::Refused(RejectReason::LimitCalls, Some(retry)) => {
                 assert!(retry <= HOUR && retry > Duration::ZERO);
             }
