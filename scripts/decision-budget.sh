@@ -12,8 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-matched_budget=1770
-unmatched_budget=405
+matched_budget=1735
+unmatched_budget=380
 
 if ! command -v valgrind >/dev/null 2>&1; then
   echo "decision-budget: valgrind is not installed (apt-get install valgrind)" >&2

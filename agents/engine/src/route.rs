@@ -145,6 +145,25 @@ impl<'a> Headers<'a> {
         }
     }
 
+    /// Whether any of `names` is present (`lens`: the [`len_bit`] of each
+    /// name's length, so most request headers are passed over on their
+    /// length alone).
+    #[inline]
+    fn has_any(&self, names: &[HeaderName], lens: u64) -> bool {
+        match *self {
+            Headers::Map(map) if map.keys_len() <= SCANNED_NAMES => map
+                .keys()
+                .any(|k| lens & len_bit(k.as_str().len()) != 0 && names.contains(k)),
+            Headers::Map(map) => names.iter().any(|n| map.contains_key(n)),
+            Headers::Raw(raw) => raw.iter().any(|h| {
+                lens & len_bit(h.name.len()) != 0
+                    && names
+                        .iter()
+                        .any(|n| h.name.eq_ignore_ascii_case(n.as_str()))
+            }),
+        }
+    }
+
     /// The first value of `name` when it is visible ASCII (as
     /// `HeaderValue::to_str` accepts), else `None`.
     pub fn get_str(&self, name: &HeaderName) -> Option<&'a str> {
@@ -231,6 +250,16 @@ impl Cond {
             Cond::CallsTo(s) => r.target == Some(&**s),
             Cond::And(items) => items.iter().all(|c| c.eval(r)),
             Cond::Or(items) => items.iter().any(|c| c.eval(r)),
+        }
+    }
+
+    /// A header every matching request must have, if the expression
+    /// requires one.
+    fn required_header(&self) -> Option<&HeaderName> {
+        match self {
+            Cond::Header(name, _) => Some(name),
+            Cond::And(items) => items.iter().find_map(Cond::required_header),
+            _ => None,
         }
     }
 
@@ -412,8 +441,13 @@ pub(crate) struct Router {
     exact_lens: u64,
     // INVARIANT: sorted by prefix length, longest first.
     prefixes: Vec<Prefix>,
-    /// Rules without a path requirement: always evaluated.
+    /// Rules without a path requirement: evaluated for every request that
+    /// passes `gate`.
     always: Vec<Entry>,
+    /// When every rule of `always` requires a header: their names, and the
+    /// [`len_bit`]s of their lengths. A request with none of them matches
+    /// none of those rules, and is not checked against them.
+    gate: Option<(Box<[HeaderName]>, u64)>,
     /// Whether the router has any rule at all.
     pub(crate) is_empty: bool,
 }
@@ -477,6 +511,22 @@ impl Router {
                 .cmp(&a.text.len())
                 .then_with(|| a.text.cmp(&b.text))
         });
+        router.gate = router
+            .always
+            .iter()
+            .map(|e| e.rest.as_ref().and_then(Cond::required_header))
+            .collect::<Option<Vec<_>>>()
+            .filter(|names| !names.is_empty())
+            .map(|names| {
+                let mut gate: Vec<HeaderName> = Vec::new();
+                for n in names {
+                    if !gate.contains(n) {
+                        gate.push(n.clone());
+                    }
+                }
+                let lens = gate.iter().fold(0, |m, n| m | len_bit(n.as_str().len()));
+                (gate.into_boxed_slice(), lens)
+            });
         router.is_empty =
             router.exact.is_empty() && router.prefixes.is_empty() && router.always.is_empty();
         router
@@ -511,7 +561,13 @@ impl Router {
         if let Some(node) = node {
             node.rest.iter().for_each(&mut add);
         }
-        self.always.iter().for_each(&mut add);
+        if self
+            .gate
+            .as_ref()
+            .is_none_or(|(names, lens)| r.headers.has_any(names, *lens))
+        {
+            self.always.iter().for_each(&mut add);
+        }
     }
 }
 
@@ -806,5 +862,67 @@ rules:
             (vec!["svc/shadow_fast".into()], false, None)
         );
         assert_eq!(plan("GET", "/b", &[]), (vec![], false, None));
+    }
+
+    /// Rules matched on headers alone are checked only for a request with
+    /// one of their names: each name found in a map (scanned or, with many
+    /// headers, looked up) or among raw headers in any case.
+    #[test]
+    fn header_rules_are_gated_on_the_names_they_read() {
+        let and = |exprs| expr(Kind::And(proto::MatchList { exprs }));
+        let header = |name: &str, value: &str| {
+            expr(Kind::Header(proto::HeaderMatch {
+                name: name.into(),
+                value: value.into(),
+            }))
+        };
+        let t = proto::TargetConfig {
+            rules: vec![
+                rule("gold", header("x-tenant", "gold")),
+                rule(
+                    "admin_get",
+                    and(vec![
+                        expr(Kind::Method("GET".into())),
+                        header("x-admin", "yes"),
+                    ]),
+                ),
+            ],
+            ..gov_proto::compiled::target("svc")
+        };
+        let cfg = CompiledConfig::try_from(&t).unwrap();
+        assert!(cfg.inbound.gate.is_some());
+        assert_eq!(matched(&cfg, "GET", "/", &[]), Vec::<String>::new());
+        assert_eq!(
+            matched(&cfg, "GET", "/", &[("x-admin", "yes"), ("accept", "*/*")]),
+            ["svc/admin_get"]
+        );
+        assert_eq!(
+            matched(
+                &cfg,
+                "PUT",
+                "/",
+                &[("x-tenant", "gold"), ("x-admin", "yes")]
+            ),
+            ["svc/gold"]
+        );
+        let mut many: Vec<(String, String)> =
+            (0..20).map(|i| (format!("x-h{i}"), "v".into())).collect();
+        many.push(("x-tenant".into(), "gold".into()));
+        let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (&**k, &**v)).collect();
+        assert_eq!(matched(&cfg, "GET", "/", &many), ["svc/gold"]);
+        let raw = [httparse::Header {
+            name: "X-Admin",
+            value: b"yes",
+        }];
+        let view = View::new(
+            &Method::GET,
+            "/",
+            Headers::Raw(&raw),
+            &cfg.consumer_header,
+            None,
+        );
+        let mut out = Plan::default();
+        cfg.inbound.matches(&view, &cfg.metas, &mut out);
+        assert_eq!(out.ids().collect::<Vec<_>>(), [RuleId(1)]);
     }
 }
