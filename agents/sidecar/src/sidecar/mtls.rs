@@ -247,6 +247,21 @@ impl PeerTls {
         Some(b)
     }
 
+    /// The configs for the certificate in force, waiting for the first one
+    /// (at most [`HANDSHAKE_TIMEOUT`]) when the agent has a source of
+    /// certificates but none yet: right after start, `--identity` is still
+    /// asking govd, and a call made then would go out plain and be refused
+    /// by a callee that requires mutual TLS.
+    async fn ready(&self) -> Option<Arc<Built>> {
+        if let Some(built) = self.built() {
+            return Some(built);
+        }
+        let credentials = self.credentials.load_full()?;
+        let never = tokio_util::sync::CancellationToken::new();
+        let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, credentials.wait(&never)).await;
+        self.built()
+    }
+
     #[allow(clippy::type_complexity)]
     fn configs(
         &self,
@@ -339,7 +354,7 @@ impl PeerTls {
             self.counts.refused.fetch_add(1, Ordering::Relaxed);
             Err(why)
         };
-        let Some(server) = self.built().and_then(|b| b.server.clone()) else {
+        let Some(server) = self.ready().await.and_then(|b| b.server.clone()) else {
             return refused("a TLS connection before this agent has a certificate it can use");
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(server);
@@ -385,7 +400,8 @@ impl PeerTls {
             return Ok(Stream::Plain(stream));
         };
         let Some(client) = self
-            .built()
+            .ready()
+            .await
             .and_then(|b| b.client.as_ref().map(|c| c[alpn as usize].clone()))
         else {
             return Ok(Stream::Plain(stream));

@@ -182,3 +182,35 @@ async fn a_callee_whose_certificate_names_another_service_is_not_called() {
     let failed = "gov_agent_mtls_connections_total{listener=\"outbound\",result=\"failed\"}";
     assert!(metric(&web, failed).await >= 1);
 }
+
+/// A caller whose certificate is not there yet when it starts (`--identity`
+/// still asking govd, a secret not mounted yet) waits for it, within the
+/// handshake bound, instead of calling plain and being refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_made_before_the_certificate_arrives_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "ca");
+    let up = RawUpstream::start().await;
+    let inv = callee(&pki.ca("ca"), &pki.agent("inv"), &up).await;
+    let (cert, key) = (dir.path().join("late.crt"), dir.path().join("late.key"));
+    let mtls = PeerTls::new(InboundMtls::Off, OutboundMtls::Always, Some(&pki.ca("ca"))).unwrap();
+    let web = agent()
+        .mtls(mtls, &cert, &key)
+        .certificate_later()
+        .instance_addrs("inv", &[inv.sidecar.inbound_addr()])
+        .start()
+        .await;
+    // The files appear a moment after the first call is made; the next
+    // read (every 2 s) puts them in force.
+    let issued = pki.agent("web");
+    let write = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        std::fs::copy(&issued.0, &cert).unwrap();
+        std::fs::copy(&issued.1, &key).unwrap();
+    });
+    assert_eq!(call(&web).await, 200);
+    write.await.unwrap();
+    let received = up.take();
+    let last = received.last().unwrap().as_ref().unwrap();
+    assert_eq!(last.header("x-gov-consumer"), Some(&b"web"[..]));
+}

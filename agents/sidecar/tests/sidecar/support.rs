@@ -399,6 +399,7 @@ pub fn agent() -> AgentBuilder {
         decision_log: None,
         max_keys_per_rule: None,
         mtls: None,
+        certificate_later: false,
         instance_addrs: Vec::new(),
     }
 }
@@ -420,6 +421,8 @@ pub struct AgentBuilder {
     max_keys_per_rule: Option<u32>,
     /// Mutual TLS between agents, and the certificate and key files.
     mtls: Option<(Arc<gov_agent::sidecar::PeerTls>, PathBuf, PathBuf)>,
+    /// Start without waiting for the certificate files to be read.
+    certificate_later: bool,
     /// Outbound instances by address (another agent's listener).
     instance_addrs: Vec<(String, Vec<SocketAddr>)>,
 }
@@ -494,6 +497,12 @@ impl AgentBuilder {
     /// in these PEM files.
     pub fn mtls(mut self, mtls: gov_agent::sidecar::PeerTls, cert: &Path, key: &Path) -> Self {
         self.mtls = Some((Arc::new(mtls), cert.to_owned(), key.to_owned()));
+        self
+    }
+
+    /// Start before the certificate files exist (they are read every 2 s).
+    pub fn certificate_later(mut self) -> Self {
+        self.certificate_later = true;
         self
     }
 
@@ -580,7 +589,9 @@ impl AgentBuilder {
                 None,
                 sidecar.stopping(),
             );
-            credentials.wait(&sidecar.stopping()).await.unwrap();
+            if !self.certificate_later {
+                credentials.wait(&sidecar.stopping()).await.unwrap();
+            }
             sidecar.use_credentials(credentials);
         }
         Agent {
