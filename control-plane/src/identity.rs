@@ -4,7 +4,7 @@
 //! with a short-lived certificate for the agent's key whose SPIFFE ID names
 //! the service and the instance:
 //! `spiffe://TRUST-DOMAIN/instance/INSTANCE/service/SERVICE`, the one form
-//! [`crate::auth::spiffe_service`] reads. The agent then connects with it
+//! [`gov_proto::spiffe::spiffe_service`] reads. The agent then connects with it
 //! (govd trusts the identity CA for agents' client certificates) and renews
 //! it at two thirds of its life.
 //!
@@ -167,7 +167,7 @@ impl Issuer {
     }
 
     /// The SPIFFE ID of `instance` of `service`, in the form
-    /// [`crate::auth::spiffe_service`] reads (checked here). An instance
+    /// [`gov_proto::spiffe::spiffe_service`] reads (checked here). An instance
     /// name is one path segment: characters a SPIFFE ID does not allow
     /// (`@`, `:`, ...) become `_`.
     pub fn spiffe_id(&self, service: &str, instance: &str) -> Result<String, String> {
@@ -188,7 +188,7 @@ impl Issuer {
             .collect();
         let path = format!("{}/instance/{segment}/service/{service}", self.trust_domain);
         let id = format!("spiffe://{path}");
-        match crate::auth::spiffe_service(&id, &path) {
+        match gov_proto::spiffe::spiffe_service(&id, &path) {
             Ok(named) if named == service => Ok(id),
             Ok(_) => Err(format!("`{id}` would name another service")),
             Err(reason) => Err(reason),
@@ -328,7 +328,10 @@ mod tests {
         );
         assert_eq!(issued.not_after_unix_ms, now + 6_000);
         let der = first_certificate(&issued.chain_pem).unwrap();
-        assert_eq!(crate::auth::certificate_service(&der).unwrap(), "order");
+        assert_eq!(
+            gov_proto::spiffe::certificate_service(&der).unwrap(),
+            "order"
+        );
         let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
         let sans = cert.subject_alternative_name().unwrap().unwrap();
         assert_eq!(sans.value.general_names.len(), 1, "{sans:?}");

@@ -587,7 +587,7 @@ fn certified_service<T>(request: &Request<T>) -> Result<String, Status> {
             "govd requires agents to present a client certificate (gov-agent --tls-cert and --tls-key, signed by govd's --tls-client-ca)",
         ));
     };
-    crate::auth::certificate_service(leaf.as_ref()).map_err(Status::permission_denied)
+    gov_proto::spiffe::certificate_service(leaf.as_ref()).map_err(Status::permission_denied)
 }
 
 /// A page of the audit log on the wire.

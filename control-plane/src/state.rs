@@ -288,7 +288,7 @@ impl State {
         agent.conn = Some(Conn { id, tx });
         agent.version.clone_from(&hello.last_version);
         agent.last_good.clone_from(&hello.last_version);
-        answered(&mut self.unanswered, agent);
+        agent.answered(&mut self.unanswered);
         agent.nack = None;
         // The hello names the version the agent saved.
         agent.unsaved = None;
@@ -388,7 +388,7 @@ impl State {
             self.registry.changed(&agent.service);
         }
         agent.conn = None;
-        answered(&mut self.unanswered, agent);
+        agent.answered(&mut self.unanswered);
         agent.stats = None;
         // A removal ends with the stream: nobody waits for it any more.
         agent.removal = None;
@@ -410,7 +410,7 @@ impl State {
             AgentMsg::Hello(_) => {}
             AgentMsg::Ack(ack) => {
                 if agent.pending.as_deref() == Some(ack.nonce.as_str()) {
-                    answered(&mut self.unanswered, agent);
+                    agent.answered(&mut self.unanswered);
                     agent.nack = None;
                 }
                 agent.acked(ack);
@@ -418,7 +418,7 @@ impl State {
             }
             AgentMsg::Nack(nack) => {
                 if agent.pending.as_deref() == Some(nack.nonce.as_str()) {
-                    answered(&mut self.unanswered, agent);
+                    agent.answered(&mut self.unanswered);
                 }
                 agent.nack = Some(Nacked {
                     version: nack.version,
@@ -679,15 +679,6 @@ impl State {
             .all(|s| self.unanswered.get(s).is_none_or(|&n| n == 0))
     }
 }
-/// `agent`'s push (if any) is answered, or will never be.
-fn answered(unanswered: &mut BTreeMap<String, usize>, agent: &mut Agent) {
-    if agent.pending.take().is_some()
-        && let Some(n) = unanswered.get_mut(&agent.service)
-    {
-        *n = n.saturating_sub(1);
-    }
-}
-
 fn history_entry(policy: &AppliedPolicy, changed: &[String]) -> HistoryEntry {
     HistoryEntry {
         version: policy.version.clone(),

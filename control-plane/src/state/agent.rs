@@ -198,6 +198,16 @@ impl Agent {
             .map_or(&self.last_good, |u| &u.version)
     }
 
+    /// Its push (if any) is answered, or will never be: one fewer awaited
+    /// for its service in `unanswered`.
+    pub(super) fn answered(&mut self, unanswered: &mut BTreeMap<String, usize>) {
+        if self.pending.take().is_some()
+            && let Some(n) = unanswered.get_mut(&self.service)
+        {
+            *n = n.saturating_sub(1);
+        }
+    }
+
     /// Its inbound listener takes mutual TLS from other agents.
     pub fn inbound_mtls(&self) -> bool {
         self.mtls

@@ -27,6 +27,7 @@
 
 mod chunked;
 pub(crate) mod codec;
+mod context;
 mod deadline;
 mod local;
 mod pool;
@@ -38,7 +39,7 @@ mod split;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -46,12 +47,13 @@ use http::Method;
 use http::uri::Authority;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use self::codec::{
     Framing, MAX_HEAD, MAX_HEADERS, Refusal, Verdict, check_request, head_end, leading_empty_lines,
     write_request_head,
 };
+pub(crate) use self::context::Listener;
 use self::deadline::Deadline;
 use self::local::{discardable, is_idempotent};
 pub(crate) use self::pool::IdlePool;
@@ -59,7 +61,7 @@ use self::pool::{Dest, Upstream, connect};
 pub(crate) use self::prefixed::Prefixed;
 use self::relay::{Broke, Leg, READ_CHUNK, Received, receive, relay, within};
 use super::consumer;
-use super::listener::{Failure, Shared, Side, path_reading, target_service};
+use super::listener::{Failure, Side, path_reading, target_service};
 use super::mtls::Caller;
 use super::upstream::Pick;
 use gov_engine::engine::Target;
@@ -77,59 +79,6 @@ const MAX_UPSTREAMS: usize = 4;
 /// are on their way (a client cannot tell an unread first request from a lost
 /// one, and need not retry a request on a fresh connection).
 pub(crate) const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
-
-/// What a connection of a proxy listener needs.
-#[derive(Clone)]
-pub(crate) struct Listener {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) side: Side,
-    pub(crate) stop: CancellationToken,
-    /// `stop`, as a flag read on every request (`is_cancelled` takes a lock).
-    stopping: Arc<AtomicBool>,
-    pub(crate) header_read_timeout: Option<Duration>,
-    /// The longest a client may stall a request body or stop reading a response.
-    pub(crate) client_timeout: Option<Duration>,
-    /// The listener's connections, and its count of refused requests.
-    pub(crate) conns: Arc<super::serve::Connections>,
-    /// Idle upstream connections, shared by the listeners.
-    idle: Arc<IdlePool>,
-}
-
-impl Listener {
-    /// The context of a listener's connections. Call it inside the runtime: a task
-    /// raises the stop flag when `stop` is cancelled.
-    pub(crate) fn new(
-        shared: Arc<Shared>,
-        side: Side,
-        stop: CancellationToken,
-        header_read_timeout: Option<Duration>,
-        client_timeout: Option<Duration>,
-        conns: Arc<super::serve::Connections>,
-        idle: Arc<IdlePool>,
-    ) -> Self {
-        let stopping = Arc::new(AtomicBool::new(stop.is_cancelled()));
-        let (flag, token) = (stopping.clone(), stop.clone());
-        tokio::spawn(async move {
-            token.cancelled().await;
-            flag.store(true, Ordering::Relaxed);
-        });
-        Self {
-            shared,
-            side,
-            stop,
-            stopping,
-            header_read_timeout,
-            client_timeout,
-            conns,
-            idle,
-        }
-    }
-
-    /// Whether the listener is stopping (connections close after their request).
-    fn stopping(&self) -> bool {
-        self.stopping.load(Ordering::Relaxed)
-    }
-}
 
 /// Serves one client connection: HTTP/1.1 here, the rest through `fallback`, which
 /// gets the connection and the bytes read but not yet handled.

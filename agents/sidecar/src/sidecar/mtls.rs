@@ -20,26 +20,28 @@
 //! agents' certificates ([`gov_proto::spiffe`]): a SPIFFE URI SAN
 //! `spiffe://DOMAIN/.../service/NAME` in one strict form, else the CN.
 
-use std::collections::HashMap;
 use std::io;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use arc_swap::ArcSwapOption;
 use http::uri::Authority;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::net::TcpStream;
 
 use crate::identity::{Credential, Credentials};
+
+mod stream;
+mod targets;
+mod verify;
+
+pub(crate) use self::stream::Stream;
+pub use self::targets::{OutboundMtls, Targets};
+use self::verify::AgentVerifier;
 
 /// How long a TLS handshake may take, either way.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -470,267 +472,4 @@ async fn refuse_plain(mut stream: TcpStream) {
         Ok::<_, io::Error>(())
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
-}
-
-/// Checks a callee's certificate chain against the agents' CA; the name
-/// it gives is checked after the handshake ([`PeerTls::connect`]), since
-/// endpoints are addresses, not names a certificate would carry.
-#[derive(Debug)]
-struct AgentVerifier {
-    roots: Arc<RootCertStore>,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for AgentVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// Which endpoints take mutual TLS, by address, and the service each is
-/// an endpoint of: the instances govd marks in the endpoint sets it pushes
-/// (their hello said so), and every known endpoint for `--outbound-mtls
-/// always`.
-#[derive(Debug, Default)]
-pub struct Targets {
-    marked: AddressBook,
-    all: AddressBook,
-}
-
-/// Addresses by service, and the service of each address.
-#[derive(Debug, Default)]
-struct AddressBook {
-    by_service: Mutex<HashMap<String, Vec<Authority>>>,
-    by_authority: ArcSwap<HashMap<Authority, Arc<str>>>,
-}
-
-impl AddressBook {
-    fn set(&self, service: &str, authorities: Vec<Authority>) {
-        let mut by_service = self.by_service.lock().unwrap_or_else(|e| e.into_inner());
-        if authorities.is_empty() {
-            by_service.remove(service);
-        } else {
-            by_service.insert(service.to_owned(), authorities);
-        }
-        let mut by_authority = HashMap::new();
-        for (service, authorities) in by_service.iter() {
-            let name: Arc<str> = service.as_str().into();
-            for a in authorities {
-                by_authority.insert(a.clone(), name.clone());
-            }
-        }
-        self.by_authority.store(Arc::new(by_authority));
-    }
-
-    fn service(&self, authority: &Authority) -> Option<Arc<str>> {
-        self.by_authority.load().get(authority).cloned()
-    }
-}
-
-impl Targets {
-    /// `service`'s endpoints are now `all`, of which `marked` take mutual TLS.
-    pub(crate) fn set(&self, service: &str, all: Vec<Authority>, marked: Vec<Authority>) {
-        self.all.set(service, all);
-        self.marked.set(service, marked);
-    }
-
-    /// The service whose endpoint at `authority` is called over mutual TLS
-    /// by `mode`.
-    pub(crate) fn service(&self, authority: &Authority, mode: OutboundMtls) -> Option<Arc<str>> {
-        match mode {
-            OutboundMtls::Off => None,
-            OutboundMtls::Auto => self.marked.service(authority),
-            OutboundMtls::Always => self.all.service(authority),
-        }
-    }
-}
-
-/// `--outbound-mtls`: which endpoints of other agents a caller with a
-/// certificate calls over mutual TLS.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum OutboundMtls {
-    /// The instances govd marks (their inbound listener takes it).
-    #[default]
-    Auto,
-    /// Every endpoint, `--instances` included (a fleet without govd).
-    Always,
-    /// None.
-    Off,
-}
-
-impl std::str::FromStr for OutboundMtls {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "always" => Ok(Self::Always),
-            "off" => Ok(Self::Off),
-            _ => Err(format!(
-                "`{s}` is not an outbound mTLS mode: use `auto`, `always` or `off`"
-            )),
-        }
-    }
-}
-
-/// A connection, plain or over TLS.
-pub(crate) enum Stream {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
-}
-
-impl std::fmt::Debug for Stream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Stream::Plain(_) => "Plain",
-            Stream::Tls(_) => "Tls",
-        })
-    }
-}
-
-impl Stream {
-    /// The TCP connection under it.
-    pub(crate) fn tcp(&self) -> &TcpStream {
-        match self {
-            Stream::Plain(s) => s,
-            Stream::Tls(s) => s.get_ref().0,
-        }
-    }
-
-    /// The protocol TLS negotiated (ALPN), if any.
-    pub(crate) fn alpn(&self) -> Option<&[u8]> {
-        match self {
-            Stream::Plain(_) => None,
-            Stream::Tls(s) => s.get_ref().1.alpn_protocol(),
-        }
-    }
-
-    /// Whether an idle connection can carry a request: nothing to read and
-    /// not closed. A plain one costs no system call unless the socket became
-    /// readable; a TLS one reads what arrived (a close alert, nothing else
-    /// on an idle connection).
-    pub(crate) fn idle_and_open(&mut self) -> bool {
-        match self {
-            Stream::Plain(s) => {
-                let mut byte = [0_u8; 1];
-                matches!(s.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-            }
-            Stream::Tls(s) => {
-                let mut byte = [0_u8; 1];
-                let mut buf = ReadBuf::new(&mut byte);
-                let mut cx = Context::from_waker(std::task::Waker::noop());
-                matches!(
-                    Pin::new(&mut **s).poll_read(&mut cx, &mut buf),
-                    Poll::Pending
-                )
-            }
-        }
-    }
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
-        }
-    }
 }

@@ -8,6 +8,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::net::TcpListener;
 
 use super::*;
+use tokio_util::sync::CancellationToken;
+
+use crate::sidecar::listener::Shared;
 use crate::sidecar::serve::Connections;
 use crate::sidecar::upstream::{Balance, Clients, Directory, UpstreamProtocol};
 
