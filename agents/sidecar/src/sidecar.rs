@@ -432,6 +432,12 @@ impl Sidecar {
         self.mtls.use_credentials(credentials);
     }
 
+    /// The inbound listener presents the certificate in force in
+    /// `credentials` to clients that name a server (`--inbound-tls-cert`).
+    pub fn use_ingress_credentials(&self, credentials: crate::identity::Credentials) {
+        self.mtls.use_ingress_credentials(credentials);
+    }
+
     /// The inbound listener's mutual TLS mode (told to govd in the hello).
     pub fn inbound_mtls(&self) -> InboundMtls {
         self.mtls.inbound()

@@ -161,6 +161,28 @@ struct Args {
     )]
     inbound_mtls: gov_agent::sidecar::InboundMtls,
 
+    /// The certificate (PEM) the inbound listener presents to TLS clients
+    /// that name a server (SNI): an ingress that is not an agent. Agents
+    /// name none and get the agent's certificate. Needs --inbound-mtls
+    /// permit (or require, for an ingress with an agent certificate);
+    /// read again every 2s.
+    #[arg(
+        long,
+        env = "GOV_INBOUND_TLS_CERT",
+        value_name = "FILE",
+        requires = "inbound_tls_key"
+    )]
+    inbound_tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --inbound-tls-cert.
+    #[arg(
+        long,
+        env = "GOV_INBOUND_TLS_KEY",
+        value_name = "FILE",
+        requires = "inbound_tls_cert"
+    )]
+    inbound_tls_key: Option<PathBuf>,
+
     /// Which endpoints of other agents this agent, once it has a
     /// certificate, calls over mutual TLS: `auto` (those govd marks: their
     /// inbound listener takes it), `always` (every endpoint, `--instances`
@@ -404,6 +426,12 @@ async fn run(args: Args) -> ExitCode {
         );
         return ExitCode::from(EXIT_USAGE);
     }
+    if args.inbound_tls_cert.is_some() && inbound_mtls == InboundMtls::Off {
+        gov_proto::errln!(
+            "error: --inbound-tls-cert needs --inbound-mtls permit (or require): with `off` the inbound listener takes no TLS\n  help: add --inbound-mtls permit"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
     let mtls = match gov_agent::sidecar::PeerTls::new(
         inbound_mtls,
         args.outbound_mtls,
@@ -525,6 +553,15 @@ async fn run(args: Args) -> ExitCode {
             key,
             gov_agent::identity::FILE_POLL,
             Some(sidecar.on_certificate()),
+            stopping.clone(),
+        ));
+    }
+    if let (Some(cert), Some(key)) = (args.inbound_tls_cert.clone(), args.inbound_tls_key.clone()) {
+        sidecar.use_ingress_credentials(gov_agent::identity::watch_files(
+            cert,
+            key,
+            gov_agent::identity::FILE_POLL,
+            None,
             stopping.clone(),
         ));
     }

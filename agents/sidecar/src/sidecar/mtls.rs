@@ -128,6 +128,8 @@ pub(crate) struct Counts {
 /// The configs built for one certificate in force.
 struct Built {
     credential: Arc<Credential>,
+    /// `--inbound-tls-cert`, for clients that are not agents.
+    ingress: Option<Arc<Credential>>,
     server: Option<Arc<ServerConfig>>,
     /// To HTTP/1.1 and to HTTP/2 upstreams (their ALPN).
     client: Option<[Arc<ClientConfig>; 2]>,
@@ -148,6 +150,10 @@ pub struct PeerTls {
     /// `--peer-ca`: the CAs that sign agents' certificates.
     peer_ca: Option<Vec<CertificateDer<'static>>>,
     credentials: ArcSwapOption<Credentials>,
+    /// `--inbound-tls-cert`/`--inbound-tls-key`: the certificate the inbound
+    /// listener presents to a client that names a server (SNI), an ingress;
+    /// agents name none and get the agent's own.
+    ingress: ArcSwapOption<Credentials>,
     built: Mutex<Option<Arc<Built>>>,
     pub(crate) counts: Counts,
 }
@@ -203,6 +209,7 @@ impl PeerTls {
             outbound: OutboundMtls::Auto,
             peer_ca: None,
             credentials: ArcSwapOption::empty(),
+            ingress: ArcSwapOption::empty(),
             built: Mutex::new(None),
             counts: Counts::default(),
         }
@@ -224,16 +231,29 @@ impl PeerTls {
         self.credentials.store(Some(Arc::new(credentials)));
     }
 
-    /// The configs for the certificate in force (built once per certificate).
+    /// The inbound listener presents the certificate in force in
+    /// `credentials` to clients that name a server (an ingress over TLS).
+    pub fn use_ingress_credentials(&self, credentials: Credentials) {
+        self.ingress.store(Some(Arc::new(credentials)));
+    }
+
+    /// The configs for the certificates in force (built once per pair).
     fn built(&self) -> Option<Arc<Built>> {
         let credential = self.credentials.load().as_ref()?.current()?;
+        let ingress = self.ingress.load().as_ref().and_then(|c| c.current());
         let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
+        let same = |a: &Option<Arc<Credential>>, b: &Option<Arc<Credential>>| match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
         if let Some(b) = built.as_ref()
             && Arc::ptr_eq(&b.credential, &credential)
+            && same(&b.ingress, &ingress)
         {
             return Some(b.clone());
         }
-        let (server, client) = match self.configs(&credential) {
+        let (server, client) = match self.configs(&credential, ingress.as_deref()) {
             Ok(configs) => configs,
             Err(error) => {
                 tracing::warn!(%error, "cannot use this agent's certificate for mutual TLS between agents");
@@ -242,6 +262,7 @@ impl PeerTls {
         };
         let b = Arc::new(Built {
             credential,
+            ingress,
             server,
             client,
         });
@@ -268,6 +289,7 @@ impl PeerTls {
     fn configs(
         &self,
         credential: &Credential,
+        ingress: Option<&Credential>,
     ) -> Result<(Option<Arc<ServerConfig>>, Option<[Arc<ClientConfig>; 2]>), String> {
         let chain = CertificateDer::pem_slice_iter(credential.chain_pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
@@ -304,12 +326,37 @@ impl PeerTls {
         let verifier = verifier
             .build()
             .map_err(|e| format!("cannot check client certificates: {e}"))?;
+        let certified = |chain: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>, what| {
+            let signing = provider
+                .key_provider
+                .load_private_key(key)
+                .map_err(|e| format!("{what}'s key cannot be used: {e}"))?;
+            let certified = rustls::sign::CertifiedKey::new(chain, signing);
+            certified
+                .keys_match()
+                .map_err(|e| format!("{what}'s key does not go with its certificate: {e}"))?;
+            Ok::<_, String>(Arc::new(certified))
+        };
+        let ingress = match ingress {
+            None => None,
+            Some(c) => {
+                let chain = CertificateDer::pem_slice_iter(c.chain_pem.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| format!("--inbound-tls-cert is not PEM: {e}"))?;
+                let key = PrivateKeyDer::from_pem_slice(c.key_pem.as_bytes())
+                    .map_err(|e| format!("--inbound-tls-key is not PEM: {e}"))?;
+                Some(certified(chain, key, "--inbound-tls-cert")?)
+            }
+        };
+        let by_name = ByName {
+            agent: certified(chain.clone(), key()?, "this agent's certificate")?,
+            ingress,
+        };
         let mut server = ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(versions)
             .map_err(|e| e.to_string())?
             .with_client_cert_verifier(verifier)
-            .with_single_cert(chain.clone(), key()?)
-            .map_err(|e| format!("the key does not go with the certificate: {e}"))?;
+            .with_cert_resolver(Arc::new(by_name));
         server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         // An idle connection pooled by the caller stays silent.
         server.send_tls13_tickets = 0;
@@ -322,6 +369,9 @@ impl PeerTls {
             .with_client_auth_cert(chain, key()?)
             .map_err(|e| format!("the key does not go with the certificate: {e}"))?;
         client.resumption = rustls::client::Resumption::disabled();
+        // No SNI: a callee presents its agent certificate to agents, and an
+        // ingress certificate only to clients that name a server.
+        client.enable_sni = false;
         let mut h2 = client.clone();
         client.alpn_protocols = vec![b"http/1.1".to_vec()];
         h2.alpn_protocols = vec![b"h2".to_vec()];
@@ -443,6 +493,27 @@ impl PeerTls {
             ))),
             Some(Err(error)) => Err(failed(error)),
             None => Err(failed("the endpoint presented no certificate".into())),
+        }
+    }
+}
+
+/// The inbound listener's certificates: the ingress one (`--inbound-tls-cert`)
+/// for a client that names a server (SNI), the agent's to the others
+/// (agents call by address and name none).
+#[derive(Debug)]
+struct ByName {
+    agent: Arc<rustls::sign::CertifiedKey>,
+    ingress: Option<Arc<rustls::sign::CertifiedKey>>,
+}
+
+impl rustls::server::ResolvesServerCert for ByName {
+    fn resolve(
+        &self,
+        hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        match (&self.ingress, hello.server_name()) {
+            (Some(ingress), Some(_)) => Some(ingress.clone()),
+            _ => Some(self.agent.clone()),
         }
     }
 }

@@ -58,6 +58,16 @@ impl Pki {
         params
             .subject_alt_names
             .push(rcgen::SanType::URI(id.try_into().unwrap()));
+        self.sign(params, service)
+    }
+
+    /// A server certificate for the DNS name `name` (an ingress's view).
+    fn server(&self, name: &str) -> (PathBuf, PathBuf) {
+        let params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
+        self.sign(params, name)
+    }
+
+    fn sign(&self, params: rcgen::CertificateParams, service: &str) -> (PathBuf, PathBuf) {
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -210,6 +220,84 @@ async fn a_call_made_before_the_certificate_arrives_waits_for_it() {
     });
     assert_eq!(call(&web).await, 200);
     write.await.unwrap();
+    let received = up.take();
+    let last = received.last().unwrap().as_ref().unwrap();
+    assert_eq!(last.header("x-gov-consumer"), Some(&b"web"[..]));
+}
+
+/// `consumer from peer on invalid count`: a client without an agent
+/// certificate is served, as no consumer.
+const PEER_OR_NONE: &str = r#"
+service: shop
+version: mtls-count-v1
+consumer_source: { peer: { on_invalid: ON_INVALID_COUNT } }
+"#;
+
+/// An ingress that names the service (SNI) gets the listener's ingress
+/// certificate and is served as no peer; an agent, naming none, still gets
+/// the agent certificate and is verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingress_gets_its_own_certificate_and_agents_theirs() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "ca");
+    let public = Pki::new(dir.path(), "public");
+    let up = RawUpstream::start().await;
+    let site = public.server("inv.example");
+    let inv_cert = pki.agent("inv");
+    let mtls = PeerTls::new(InboundMtls::Permit, OutboundMtls::Auto, Some(&pki.ca("ca"))).unwrap();
+    let inv = agent()
+        .config(PEER_OR_NONE)
+        .upstream(&Upstream::at(up.addr))
+        .mtls(mtls, &inv_cert.0, &inv_cert.1)
+        .ingress(&site.0, &site.1)
+        .start()
+        .await;
+
+    // The ingress checks the certificate against the public CA and its name.
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = std::fs::read(public.ca("public")).unwrap();
+    use rustls::pki_types::pem::PemObject as _;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&ca) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(inv.sidecar.inbound_addr())
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("inv.example").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("the ingress certificate verifies for inv.example");
+    tls.write_all(
+        b"GET /x HTTP/1.1\r\nhost: inv.example\r\nx-gov-consumer: crm\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let received = up.take();
+    let last = received.last().unwrap().as_ref().unwrap();
+    assert_eq!(last.header("x-gov-consumer"), None, "an ingress is no peer");
+
+    // An agent still meets the agent certificate, and is its caller.
+    let web = caller(
+        &pki.ca("ca"),
+        &pki.agent("web"),
+        &inv,
+        UpstreamProtocol::Http1,
+    )
+    .await;
+    assert_eq!(call(&web).await, 200);
     let received = up.take();
     let last = received.last().unwrap().as_ref().unwrap();
     assert_eq!(last.header("x-gov-consumer"), Some(&b"web"[..]));

@@ -400,6 +400,7 @@ pub fn agent() -> AgentBuilder {
         max_keys_per_rule: None,
         mtls: None,
         certificate_later: false,
+        ingress: None,
         instance_addrs: Vec::new(),
     }
 }
@@ -423,6 +424,8 @@ pub struct AgentBuilder {
     mtls: Option<(Arc<gov_agent::sidecar::PeerTls>, PathBuf, PathBuf)>,
     /// Start without waiting for the certificate files to be read.
     certificate_later: bool,
+    /// `--inbound-tls-cert` and its key.
+    ingress: Option<(PathBuf, PathBuf)>,
     /// Outbound instances by address (another agent's listener).
     instance_addrs: Vec<(String, Vec<SocketAddr>)>,
 }
@@ -497,6 +500,13 @@ impl AgentBuilder {
     /// in these PEM files.
     pub fn mtls(mut self, mtls: gov_agent::sidecar::PeerTls, cert: &Path, key: &Path) -> Self {
         self.mtls = Some((Arc::new(mtls), cert.to_owned(), key.to_owned()));
+        self
+    }
+
+    /// The certificate the inbound listener presents to clients that name
+    /// a server (`--inbound-tls-cert`, `--inbound-tls-key`).
+    pub fn ingress(mut self, cert: &Path, key: &Path) -> Self {
+        self.ingress = Some((cert.to_owned(), key.to_owned()));
         self
     }
 
@@ -593,6 +603,17 @@ impl AgentBuilder {
                 credentials.wait(&sidecar.stopping()).await.unwrap();
             }
             sidecar.use_credentials(credentials);
+        }
+        if let Some((cert, key)) = &self.ingress {
+            let credentials = gov_agent::identity::watch_files(
+                cert.clone(),
+                key.clone(),
+                gov_agent::identity::FILE_POLL,
+                None,
+                sidecar.stopping(),
+            );
+            credentials.wait(&sidecar.stopping()).await.unwrap();
+            sidecar.use_ingress_credentials(credentials);
         }
         Agent {
             sidecar,
