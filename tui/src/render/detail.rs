@@ -101,6 +101,18 @@ pub(super) fn render_agent_detail(
         ]));
     }
     lines.push(field("phase", a.phase().word()));
+    // Where its service's consumers come from, and whether this instance
+    // verifies its callers (mutual TLS), as `govc status` shows them.
+    if let Some(source) = app
+        .view
+        .as_ref()
+        .and_then(|v| v.consumer_sources.get(&a.service))
+    {
+        lines.push(field("consumers", source.clone()));
+    }
+    if a.inbound_mtls {
+        lines.push(field("inbound", "mutual TLS from agents"));
+    }
     lines.push(field("last seen", ago(app.now_ms, a.last_seen_unix_ms)));
     // Leaving: the callers that still route to it (they have not acknowledged
     // the endpoint set without it), as `govc status` shows them.

@@ -66,6 +66,32 @@ fn a_leaving_agent_names_the_callers_it_waits_on() {
     assert!(!draw(&app, 120, 36).contains("waiting on"));
 }
 
+/// An agent's detail says where its service's consumers come from and
+/// whether it verifies its callers, as `govc status` does.
+#[test]
+fn an_agents_detail_shows_its_consumer_source_and_mutual_tls() {
+    let mut app = busy_app();
+    let mut view = busy_view(61);
+    let leaving = view
+        .agents
+        .iter_mut()
+        .find(|a| a.instance == "order-7d9f-2")
+        .unwrap();
+    leaving.inbound_mtls = true;
+    view.consumer_sources
+        .insert("order".into(), "peer on invalid reject".into());
+    update(&mut app, Msg::Tick(T0 + 1_000));
+    update(&mut app, Msg::View(view));
+    update(&mut app, key(KeyCode::End));
+    let screen = draw(&app, 120, 36);
+    assert!(screen.contains("Agent order-7d9f-2"), "{screen}");
+    assert!(screen.contains("consumers  peer on invalid reject"), "{screen}");
+    assert!(screen.contains("inbound    mutual TLS from agents"), "{screen}");
+    update(&mut app, Msg::View(busy_view(62)));
+    let screen = draw(&app, 120, 36);
+    assert!(!screen.contains("mutual TLS"), "{screen}");
+}
+
 /// A rule's gRPC calls by the code they ended with, in its detail.
 #[test]
 fn a_rule_detail_counts_grpc_calls_by_code() {
