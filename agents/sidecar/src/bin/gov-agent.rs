@@ -214,9 +214,29 @@ struct Args {
     /// Redis where `scope cluster` limits share their counters: one server
     /// `redis://HOST:PORT[/DB]`, a Redis Cluster `redis+cluster://HOST:PORT[,HOST:PORT...]`,
     /// or the master Sentinel names `redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME`.
-    /// Unset: configs with such limits are refused.
+    /// Unset: configs with such limits are refused. `rediss://` and
+    /// `rediss+cluster://`: the same over TLS (see --redis-ca).
     #[arg(long, env = "GOV_REDIS")]
     redis: Option<String>,
+
+    /// The CA (PEM) that signed the Redis servers' certificates, for a
+    /// `rediss://` --redis. Unset: the system's roots.
+    #[arg(long, env = "GOV_REDIS_CA", value_name = "FILE", requires = "redis")]
+    redis_ca: Option<PathBuf>,
+
+    /// This agent's client certificate (PEM) for Redis servers that ask for
+    /// one (`tls-auth-clients`); with --redis-key.
+    #[arg(long, env = "GOV_REDIS_CERT", value_name = "FILE", requires_all = ["redis", "redis_key"])]
+    redis_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --redis-cert.
+    #[arg(
+        long,
+        env = "GOV_REDIS_KEY",
+        value_name = "FILE",
+        requires = "redis_cert"
+    )]
+    redis_key: Option<PathBuf>,
 
     /// The local service's process id, for lifecycle steps `via signal SIG` (warmup
     /// `start`, shutdown `stop`). Unset: such steps fail with a logged error and the
@@ -372,7 +392,14 @@ async fn run(args: Args) -> ExitCode {
         }
     };
     // Connects lazily: a Redis that is down at start is an outage like any other.
-    let cluster_store = match args.redis.as_deref().map(gov_agent::cluster::redis) {
+    let redis_tls = gov_agent::cluster::RedisTlsFiles {
+        ca: args.redis_ca.clone(),
+        cert: args.redis_cert.clone(),
+        key: args.redis_key.clone(),
+    };
+    let cluster_store = match args.redis.as_deref().map(|url| {
+        gov_agent::cluster::redis_with(url, gov_agent::cluster::DEFAULT_TIMEOUT, &redis_tls)
+    }) {
         None => None,
         Some(Ok(store)) => Some(store),
         Some(Err(error)) => {

@@ -13,9 +13,9 @@ use redis::sentinel::{SentinelClient, SentinelServerType};
 /// Where the counters live, read from a `--redis` URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RedisTarget {
-    /// One server: the URL as the redis crate reads it.
+    /// One server: the URL as the redis crate reads it (`rediss://`: TLS).
     Single(String),
-    /// A Redis Cluster: seed nodes as `redis://HOST:PORT`.
+    /// A Redis Cluster: seed nodes as `redis://HOST:PORT` (`rediss://`: TLS).
     Cluster(Vec<String>),
     /// The master the sentinels (`redis://HOST:PORT`) call `master`.
     Sentinel {
@@ -25,12 +25,32 @@ pub enum RedisTarget {
 }
 
 const CLUSTER_SCHEME: &str = "redis+cluster://";
+const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
 const SENTINEL_SCHEME: &str = "redis+sentinel://";
+const TLS_SENTINEL_SCHEME: &str = "rediss+sentinel://";
 
 impl RedisTarget {
     /// Reads a `--redis` URL; the message says what is wrong.
     pub fn parse(url: &str) -> Result<Self, String> {
-        if let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) {
+        if url.starts_with(TLS_SENTINEL_SCHEME) {
+            return Err(
+                "a Sentinel set over TLS is not supported yet: reach the master with `rediss://`, \
+                 or the sentinels and master without TLS"
+                    .into(),
+            );
+        }
+        if url.starts_with("rediss") && url.contains('#') {
+            return Err(
+                "a `#` fragment (such as `#insecure`, no certificate check) is not accepted: \
+                 give the servers' CA with --redis-ca instead"
+                    .into(),
+            );
+        }
+        let (cluster, scheme) = match url.strip_prefix(TLS_CLUSTER_SCHEME) {
+            Some(rest) => (Some(rest), "rediss"),
+            None => (url.strip_prefix(CLUSTER_SCHEME), "redis"),
+        };
+        if let Some(rest) = cluster {
             let hosts = rest.strip_suffix('/').unwrap_or(rest);
             if hosts.contains('/') || hosts.contains('?') {
                 return Err(
@@ -38,7 +58,7 @@ impl RedisTarget {
                         .into(),
                 );
             }
-            return Ok(Self::Cluster(nodes(hosts)?));
+            return Ok(Self::Cluster(nodes(scheme, hosts)?));
         }
         if let Some(rest) = url.strip_prefix(SENTINEL_SCHEME) {
             let Some((hosts, master)) = rest.split_once('/') else {
@@ -53,23 +73,32 @@ impl RedisTarget {
                 ));
             }
             return Ok(Self::Sentinel {
-                sentinels: nodes(hosts)?,
+                sentinels: nodes("redis", hosts)?,
                 master: master.to_owned(),
             });
         }
         redis::Client::open(url).map_err(|e| e.to_string())?;
         Ok(Self::Single(url.to_owned()))
     }
+
+    /// Whether the connections are TLS (`rediss://`, `rediss+cluster://`).
+    pub fn tls(&self) -> bool {
+        match self {
+            Self::Single(url) => url.starts_with("rediss:"),
+            Self::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss:")),
+            Self::Sentinel { .. } => false,
+        }
+    }
 }
 
-/// `HOST:PORT,HOST:PORT` to `redis://` URLs, each checked.
-fn nodes(hosts: &str) -> Result<Vec<String>, String> {
+/// `HOST:PORT,HOST:PORT` to `SCHEME://` URLs, each checked.
+fn nodes(scheme: &str, hosts: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for host in hosts.split(',') {
         if host.is_empty() {
             return Err("an empty address in the list: give `HOST:PORT[,HOST:PORT...]`".into());
         }
-        let url = format!("redis://{host}");
+        let url = format!("{scheme}://{host}");
         redis::IntoConnectionInfo::into_connection_info(url.as_str())
             .map_err(|e| format!("`{host}`: {e}"))?;
         out.push(url);
@@ -117,12 +146,21 @@ impl Conn {
     /// A lazy connection to `target`; the message says what is wrong. The
     /// store bounds each call (`timeout`, or a `sync exact` limit's own); the
     /// client gives up on a reply after [`REPLY_TIMEOUT`] at the latest.
-    pub(super) fn connect(target: RedisTarget, timeout: Duration) -> Result<Self, String> {
+    /// `certs`: the TLS files' contents for a `rediss` target.
+    pub(super) fn connect(
+        target: RedisTarget,
+        timeout: Duration,
+        certs: Option<redis::TlsCertificates>,
+    ) -> Result<Self, String> {
         let connect_timeout = timeout.max(Duration::from_millis(100));
         let reply_timeout = timeout.max(REPLY_TIMEOUT);
         Ok(match target {
             RedisTarget::Single(url) => {
-                let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+                let client = match certs {
+                    Some(certs) => redis::Client::build_with_tls(url, certs),
+                    None => redis::Client::open(url),
+                }
+                .map_err(|e| e.to_string())?;
                 let config = redis::aio::ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(Some(reply_timeout))
@@ -137,12 +175,14 @@ impl Conn {
             RedisTarget::Cluster(nodes) => {
                 // Few retries inside the client: the store's deadline decides, and
                 // the engine counts locally while a slot has no master.
-                let client = redis::cluster::ClusterClientBuilder::new(nodes)
+                let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
                     .retries(2)
                     .min_retry_wait(10)
-                    .max_retry_wait(100)
-                    .build()
-                    .map_err(|e| e.to_string())?;
+                    .max_retry_wait(100);
+                if let Some(certs) = certs {
+                    builder = builder.certs(certs);
+                }
+                let client = builder.build().map_err(|e| e.to_string())?;
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(connect_timeout)
                     .set_response_timeout(reply_timeout);
@@ -305,6 +345,12 @@ mod tests {
             ]))
         );
         assert_eq!(
+            RedisTarget::parse("rediss+cluster://10.0.0.1:7000"),
+            Ok(RedisTarget::Cluster(vec!["rediss://10.0.0.1:7000".into()]))
+        );
+        assert!(RedisTarget::parse("rediss://h:6380").unwrap().tls());
+        assert!(!RedisTarget::parse("redis://h:6379").unwrap().tls());
+        assert_eq!(
             RedisTarget::parse("redis+sentinel://s1:26379,s2:26379/counters"),
             Ok(RedisTarget::Sentinel {
                 sentinels: vec!["redis://s1:26379".into(), "redis://s2:26379".into()],
@@ -320,6 +366,8 @@ mod tests {
             ("redis+sentinel://a:1/", "master name"),
             ("redis+sentinel://a:1/m/2", "master name"),
             ("http://a:1", ""),
+            ("rediss+sentinel://a:1/m", "not supported yet"),
+            ("rediss://a:1/#insecure", "--redis-ca"),
         ] {
             let e = RedisTarget::parse(bad).expect_err(bad);
             assert!(e.contains(says), "{bad}: {e}");
