@@ -143,10 +143,20 @@ pub enum Error {
     #[diagnostic(
         code(gov::govd::store_url),
         help(
-            "write --store etcd://HOST:PORT[,HOST:PORT...][/PREFIX], e.g. etcd://10.0.0.1:2379,10.0.0.2:2379"
+            "write --store etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (etcds:// for TLS), e.g. etcd://10.0.0.1:2379,10.0.0.2:2379"
         )
     )]
     StoreUrl { url: String, problem: String },
+
+    #[error("{problem}")]
+    #[diagnostic(
+        code(gov::govd::etcd_tls),
+        help(
+            "for TLS to etcd write --store etcds://HOST:PORT,... with --etcd-ca CA.pem, and \
+             --etcd-cert/--etcd-key when the members run with --client-cert-auth"
+        )
+    )]
+    EtcdTls { problem: String },
 
     #[error("{flag} {problem}")]
     #[diagnostic(

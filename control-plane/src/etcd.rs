@@ -1,5 +1,6 @@
-//! govd's state in etcd (`--store etcd://HOST:PORT,...[/PREFIX]`), shared
-//! by several govd replicas. Keys under `PREFIX` (default `gov`):
+//! govd's state in etcd (`--store etcd://HOST:PORT,...[/PREFIX]`, or
+//! `etcds://` over TLS: [`tls`]), shared by several govd replicas. Keys
+//! under `PREFIX` (default `gov`):
 //!
 //! - `PREFIX/state`: the shared state, as `state.json` holds it (without
 //!   the agents). Every write is a transaction on its mod revision
@@ -15,6 +16,8 @@
 //!   it makes as the leader ([`Fence::Leader`]) is conditioned on the key's
 //!   create revision, so a replica whose lease expired (a long pause, a
 //!   partition) cannot write as the leader any more, whatever it believes.
+
+mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -32,6 +35,7 @@ use crate::error::Error;
 use crate::store::{
     AuditEntry, Fence, KnownAgent, Loaded, Persisted, Revision, Store, StoreFuture, decode, encode,
 };
+pub use tls::EtcdTlsFiles;
 
 /// Each etcd call gives up after this (the store is then unavailable, and
 /// the caller says so).
@@ -51,8 +55,10 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Where the state lives in etcd and who this replica is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EtcdConfig {
-    /// `http://HOST:PORT` of each member.
+    /// `http://HOST:PORT` of each member (`https://` with `etcds://`).
     pub endpoints: Vec<String>,
+    /// TLS (`etcds://`): the files to read at connect; `None`: plain.
+    pub tls: Option<EtcdTlsFiles>,
     /// Key prefix, without a trailing `/`.
     pub prefix: String,
     /// This replica's name (its agents key, its audit keys, the leader key's value).
@@ -63,15 +69,21 @@ pub struct EtcdConfig {
 }
 
 impl EtcdConfig {
-    /// Reads `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`.
+    /// Reads `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (`etcds://`: TLS,
+    /// whose files [`EtcdConfig::with_tls`] sets).
     pub fn parse(url: &str, replica: &str, lease_ttl: Duration) -> Result<Self, Error> {
         let bad = |problem: &str| Error::StoreUrl {
             url: url.to_owned(),
             problem: problem.to_owned(),
         };
-        let rest = url
-            .strip_prefix("etcd://")
-            .ok_or_else(|| bad("it does not start with `etcd://`"))?;
+        let (rest, scheme) = match url.strip_prefix("etcds://") {
+            Some(rest) => (rest, "https"),
+            None => (
+                url.strip_prefix("etcd://")
+                    .ok_or_else(|| bad("it does not start with `etcd://` or `etcds://`"))?,
+                "http",
+            ),
+        };
         let (hosts, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         let prefix = prefix.trim_matches('/');
         let mut endpoints = Vec::new();
@@ -82,7 +94,7 @@ impl EtcdConfig {
             if name.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
                 return Err(bad(&format!("`{host}` is not HOST:PORT")));
             }
-            endpoints.push(format!("http://{host}"));
+            endpoints.push(format!("{scheme}://{host}"));
         }
         // Not the URL's fault: the error names the flag.
         if replica.is_empty() || replica.contains('/') {
@@ -100,6 +112,7 @@ impl EtcdConfig {
             });
         }
         Ok(Self {
+            tls: (scheme == "https").then(EtcdTlsFiles::default),
             endpoints,
             prefix: if prefix.is_empty() {
                 "gov".into()
@@ -109,6 +122,16 @@ impl EtcdConfig {
             replica: replica.to_owned(),
             lease_ttl,
         })
+    }
+
+    /// With the TLS files of `--etcd-ca`, `--etcd-cert`, `--etcd-key` (all
+    /// unset for `etcd://`; a CA at least for `etcds://`).
+    pub fn with_tls(mut self, files: EtcdTlsFiles) -> Result<Self, Error> {
+        files.check(self.tls.is_some())?;
+        if self.tls.is_some() {
+            self.tls = Some(files);
+        }
+        Ok(self)
     }
 
     fn key(&self, name: &str) -> String {
@@ -142,10 +165,14 @@ impl EtcdStore {
         config: EtcdConfig,
         shutdown: CancellationToken,
     ) -> Result<Arc<Self>, Error> {
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(CALL_TIMEOUT)
             .with_timeout(CALL_TIMEOUT)
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
+        if let Some(files) = &config.tls {
+            files.check(true)?;
+            options = options.with_tls(files.read()?);
+        }
         let client = Client::connect(&config.endpoints, Some(options))
             .await
             .map_err(|source| etcd_error(&config, "connect", source))?;
@@ -273,9 +300,14 @@ impl Store for EtcdStore {
             .config
             .endpoints
             .iter()
-            .map(|e| e.trim_start_matches("http://"))
+            .map(|e| e.split_once("://").map_or(e.as_str(), |(_, host)| host))
             .collect();
-        format!("etcd://{}/{}", hosts.join(","), self.config.prefix)
+        let scheme = if self.config.tls.is_some() {
+            "etcds"
+        } else {
+            "etcd"
+        };
+        format!("{scheme}://{}/{}", hosts.join(","), self.config.prefix)
     }
 
     fn current_revision(&self) -> Option<StoreFuture<'_, Revision>> {
@@ -651,6 +683,10 @@ mod tests {
         assert_eq!(c.key("state"), "prod/state");
         let c = EtcdConfig::parse("etcd://localhost:2379", "a", ttl).unwrap();
         assert_eq!(c.prefix, "gov");
+        assert_eq!(c.tls, None);
+        let c = EtcdConfig::parse("etcds://10.0.0.1:2379/prod", "a", ttl).unwrap();
+        assert_eq!(c.endpoints, ["https://10.0.0.1:2379"]);
+        assert_eq!(c.tls, Some(EtcdTlsFiles::default()));
         for (url, problem) in [
             ("http://h:1", "etcd://"),
             ("etcd://h", "no port"),
@@ -662,6 +698,35 @@ mod tests {
             let err = EtcdConfig::parse(url, "a", ttl).unwrap_err();
             assert!(matches!(err, Error::StoreUrl { .. }), "{url}: {err}");
             assert!(crate::one_line(&err).contains(problem), "{url}: {err}");
+        }
+        // TLS files go with `etcds://`, a CA at least, a key with a certificate.
+        let file = |name: &str| Some(std::path::PathBuf::from(name));
+        for (url, files, problem) in [
+            (
+                "etcd://h:1",
+                EtcdTlsFiles {
+                    ca: file("ca.pem"),
+                    ..EtcdTlsFiles::default()
+                },
+                "`etcd://` (plain)",
+            ),
+            ("etcds://h:1", EtcdTlsFiles::default(), "needs --etcd-ca"),
+            (
+                "etcds://h:1",
+                EtcdTlsFiles {
+                    ca: file("ca.pem"),
+                    cert: file("c.pem"),
+                    key: None,
+                },
+                "go together",
+            ),
+        ] {
+            let err = EtcdConfig::parse(url, "a", ttl)
+                .unwrap()
+                .with_tls(files)
+                .unwrap_err();
+            assert!(matches!(err, Error::EtcdTls { .. }), "{url}: {err}");
+            assert!(err.to_string().contains(problem), "{url}: {err}");
         }
         // A bad --replica or --leader-lease is not blamed on the URL.
         for (replica, lease, flag) in [

@@ -11,7 +11,7 @@ use clap::Parser;
 use gov_control_plane::auth::{
     Role, Tokens, check_start, cleartext_warning, read_named_tokens, read_token_file,
 };
-use gov_control_plane::etcd::{EtcdConfig, EtcdStore};
+use gov_control_plane::etcd::{EtcdConfig, EtcdStore, EtcdTlsFiles};
 use gov_control_plane::store::Store as _;
 use gov_control_plane::tls_server::ServerTls;
 use gov_control_plane::{
@@ -52,8 +52,8 @@ struct Args {
 
     /// Keep the state in etcd instead, shared by several govd replicas:
     /// `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (prefix `gov` by
-    /// default). Each replica serves agents and operators; the elected
-    /// leader runs the `release after` timer.
+    /// default), `etcds://` over TLS (with --etcd-ca). Each replica serves
+    /// agents and operators; the elected leader runs the `release after` timer.
     #[arg(
         long,
         env = "GOV_STORE",
@@ -61,6 +61,20 @@ struct Args {
         conflicts_with = "state_dir"
     )]
     store: Option<String>,
+
+    /// The CA (PEM) that signed the etcd members' certificates; needed by
+    /// `--store etcds://`.
+    #[arg(long, env = "GOV_ETCD_CA", value_name = "FILE")]
+    etcd_ca: Option<PathBuf>,
+
+    /// This replica's client certificate (PEM) for etcd members started
+    /// with `--client-cert-auth`; with --etcd-key.
+    #[arg(long, env = "GOV_ETCD_CERT", value_name = "FILE")]
+    etcd_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --etcd-cert.
+    #[arg(long, env = "GOV_ETCD_KEY", value_name = "FILE")]
+    etcd_key: Option<PathBuf>,
 
     /// This replica's name in etcd (its agents, audit records and
     /// leadership). Default: the address it listens on.
@@ -266,9 +280,15 @@ fn main() -> ExitCode {
     };
     // Not clap's `requires = "store"`: clap drops it when `--state-dir`
     // (which conflicts with `--store`) is given.
-    if args.store.is_none() && (args.leader_lease.is_some() || args.replica.is_some()) {
+    if args.store.is_none()
+        && (args.leader_lease.is_some()
+            || args.replica.is_some()
+            || args.etcd_ca.is_some()
+            || args.etcd_cert.is_some()
+            || args.etcd_key.is_some())
+    {
         gov_proto::errln!(
-            "error: --leader-lease and --replica need --store etcd://HOST:PORT,...: the state directory has one writer and no leader"
+            "error: --leader-lease, --replica and --etcd-ca/--etcd-cert/--etcd-key need --store etcd://HOST:PORT,... (or etcds://): the state directory has one writer and no leader"
         );
         return ExitCode::from(EXIT_USAGE);
     }
@@ -398,7 +418,12 @@ async fn run(args: Args) -> Result<(), Error> {
                 url,
                 &replica,
                 args.leader_lease.unwrap_or(DEFAULT_LEADER_LEASE),
-            )?;
+            )?
+            .with_tls(EtcdTlsFiles {
+                ca: args.etcd_ca.clone(),
+                cert: args.etcd_cert.clone(),
+                key: args.etcd_key.clone(),
+            })?;
             let store = EtcdStore::connect(config, shutdown.clone()).await?;
             let loaded = store.load().await?;
             ControlPlane::with_store(options, store, loaded, shutdown.clone())

@@ -1,0 +1,346 @@
+//! govd on etcd over TLS (`--store etcds://`): a real etcd member (Debian's
+//! `etcd-server`, which `.ci/run` installs) on loopback serving clients only
+//! over TLS with `--client-cert-auth`, and certificates made here (rcgen):
+//! its CA, the member's certificate for 127.0.0.1, govd's client
+//! certificate, and a foreign CA. Each test starts its own member (killed
+//! on drop); every wait is bounded.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test fixtures fail the test loudly"
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use gov_control_plane::etcd::{EtcdConfig, EtcdStore, EtcdTlsFiles};
+use gov_control_plane::store::Store as _;
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+/// A CA and the certificates it signs, as PEM files in `dir`.
+struct Pki {
+    dir: PathBuf,
+    name: String,
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+impl Pki {
+    fn new(dir: &Path, name: &str) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let issuer =
+            rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+                .unwrap();
+        std::fs::write(dir.join(format!("{name}.pem")), issuer.pem()).unwrap();
+        Self {
+            dir: dir.to_owned(),
+            name: name.to_owned(),
+            issuer,
+        }
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.join(format!("{}.pem", self.name))
+    }
+
+    /// A certificate for `sans`, as (cert, key) files.
+    fn issue(&self, stem: &str, sans: &[&str]) -> (PathBuf, PathBuf) {
+        let mut params =
+            rcgen::CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+                .unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, stem);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let (c, k) = (
+            self.dir.join(format!("{stem}.crt")),
+            self.dir.join(format!("{stem}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+}
+
+fn etcd_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("GOV_TEST_ETCD") {
+        return path.into();
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join("etcd"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "these tests need the `etcd` server binary: install Debian's `etcd-server` \
+                 (`apt-get install etcd-server`; .ci/run does), or point GOV_TEST_ETCD at one"
+            )
+        })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One etcd member whose clients must use TLS with a certificate of `pki`.
+struct TlsEtcd {
+    _member: Child,
+    port: u16,
+}
+
+impl TlsEtcd {
+    /// Started, and answering over TLS (new ports and another try, three at
+    /// most, when it could not bind the ones picked).
+    async fn start(dir: &Path, pki: &Pki, client: &(PathBuf, PathBuf)) -> Self {
+        let (cert, key) = pki.issue("etcd-member", &["127.0.0.1", "localhost"]);
+        for attempt in 0..3 {
+            let (port, peer) = (free_port(), free_port());
+            let data = dir.join(format!("member-{attempt}"));
+            let log = std::fs::File::create(dir.join(format!("member-{attempt}.log"))).unwrap();
+            let mut member = Command::new(etcd_bin())
+                .args(["--name", "m0"])
+                .arg("--data-dir")
+                .arg(&data)
+                .arg("--listen-client-urls")
+                .arg(format!("https://127.0.0.1:{port}"))
+                .arg("--advertise-client-urls")
+                .arg(format!("https://127.0.0.1:{port}"))
+                .arg("--listen-peer-urls")
+                .arg(format!("http://127.0.0.1:{peer}"))
+                .arg("--initial-advertise-peer-urls")
+                .arg(format!("http://127.0.0.1:{peer}"))
+                .arg("--initial-cluster")
+                .arg(format!("m0=http://127.0.0.1:{peer}"))
+                .arg("--cert-file")
+                .arg(&cert)
+                .arg("--key-file")
+                .arg(&key)
+                .arg("--trusted-ca-file")
+                .arg(pki.ca())
+                .arg("--client-cert-auth")
+                .args(["--logger", "zap", "--log-level", "error"])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(20) {
+                if member.try_wait().unwrap().is_some() {
+                    break;
+                }
+                if answers(port, pki, client).await {
+                    return Self {
+                        _member: member,
+                        port,
+                    };
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        panic!("an etcd member with TLS did not come up on loopback in three tries");
+    }
+
+    fn url(&self, prefix: &str) -> String {
+        format!("etcds://127.0.0.1:{}/{prefix}", self.port)
+    }
+}
+
+/// Whether the member answers a put over mutual TLS.
+async fn answers(port: u16, pki: &Pki, client: &(PathBuf, PathBuf)) -> bool {
+    let tls = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(
+            std::fs::read(pki.ca()).unwrap(),
+        ))
+        .identity(etcd_client::Identity::from_pem(
+            std::fs::read(&client.0).unwrap(),
+            std::fs::read(&client.1).unwrap(),
+        ));
+    let options = etcd_client::ConnectOptions::new()
+        .with_timeout(Duration::from_secs(1))
+        .with_tls(tls);
+    let connect =
+        etcd_client::Client::connect([format!("https://127.0.0.1:{port}")], Some(options));
+    let Ok(Ok(mut client)) = tokio::time::timeout(Duration::from_secs(2), connect).await else {
+        return false;
+    };
+    client.put("gov-test/health", "ok", None).await.is_ok()
+}
+
+fn files(ca: PathBuf, client: Option<&(PathBuf, PathBuf)>) -> EtcdTlsFiles {
+    EtcdTlsFiles {
+        ca: Some(ca),
+        cert: client.map(|c| c.0.clone()),
+        key: client.map(|c| c.1.clone()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_reads_writes_and_leads_over_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "etcd-ca");
+    let client = pki.issue("govd", &["govd.test"]);
+    let etcd = TlsEtcd::start(dir.path(), &pki, &client).await;
+    let config = EtcdConfig::parse(&etcd.url("tls"), "r1", Duration::from_secs(2))
+        .unwrap()
+        .with_tls(files(pki.ca(), Some(&client)))
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let store = EtcdStore::connect(config, shutdown.clone()).await.unwrap();
+    assert!(store.describe().starts_with("etcds://127.0.0.1:"));
+    store.load().await.unwrap();
+    // Leading takes a lease and a transaction on the leader key: writes.
+    let start = Instant::now();
+    while !store.is_leader() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "r1 never became the leader over TLS"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+}
+
+/// The real govd: it starts on `etcds://` with the three flags, and stops
+/// at start (exit 1, the reason on stderr) when the handshake fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn govd_starts_on_etcds_and_stops_when_the_handshake_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "etcd-ca");
+    let foreign = Pki::new(dir.path(), "foreign-ca");
+    let client = pki.issue("govd", &["govd.test"]);
+    let etcd = TlsEtcd::start(dir.path(), &pki, &client).await;
+    let govd = |extra: Vec<PathBuf>, flags: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_govd"));
+        cmd.args(["--listen", "127.0.0.1:0", "--insecure"])
+            .args(["--store", &etcd.url("govd")])
+            .env("GOV_LOG", "info")
+            .env_remove("GOV_TOKEN_FILE")
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
+        for (flag, file) in flags.iter().zip(extra) {
+            cmd.arg(flag).arg(file);
+        }
+        cmd
+    };
+
+    // Started: it says so, and names the store it uses.
+    let log = dir.path().join("govd.log");
+    let mut started = govd(
+        vec![pki.ca(), client.0.clone(), client.1.clone()],
+        &["--etcd-ca", "--etcd-cert", "--etcd-key"],
+    )
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .unwrap();
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("govd started") {
+            assert!(text.contains("etcds://127.0.0.1:"), "{text}");
+            break;
+        }
+        assert!(
+            started.try_wait().unwrap().is_none(),
+            "govd exited on etcds://: {text}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "govd never started: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    started.kill().await.unwrap();
+
+    // Refused handshakes: no client certificate; a CA that did not sign the member.
+    for (case, extra, flags) in [
+        ("no client certificate", vec![pki.ca()], &["--etcd-ca"][..]),
+        (
+            "a foreign CA",
+            vec![foreign.ca(), client.0.clone(), client.1.clone()],
+            &["--etcd-ca", "--etcd-cert", "--etcd-key"][..],
+        ),
+    ] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(40),
+            govd(extra, flags).stderr(Stdio::piped()).output(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{case}: govd neither started nor stopped in 40 s"))
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{case}: {stderr}");
+        assert!(stderr.contains("etcd ("), "{case}: {stderr}");
+        assert!(!stderr.contains("govd started"), "{case}: {stderr}");
+    }
+}
+
+/// The flags' mistakes are named before any connection.
+#[tokio::test]
+async fn tls_flags_that_cannot_work_stop_govd_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "etcd-ca");
+    let ca = pki.ca();
+    let ca = ca.to_str().unwrap();
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "hello").unwrap();
+    let not_pem = not_pem.to_str().unwrap();
+    for (args, code, says) in [
+        (
+            vec!["--store", "etcds://127.0.0.1:1"],
+            1,
+            "`etcds://` needs --etcd-ca",
+        ),
+        (
+            vec!["--store", "etcd://127.0.0.1:1", "--etcd-ca", ca],
+            1,
+            "are for `etcds://`",
+        ),
+        (
+            vec!["--store", "etcds://127.0.0.1:1", "--etcd-ca", not_pem],
+            1,
+            "not PEM",
+        ),
+        (
+            vec![
+                "--store",
+                "etcds://127.0.0.1:1",
+                "--etcd-ca",
+                ca,
+                "--etcd-key",
+                ca,
+            ],
+            1,
+            "go together",
+        ),
+        (vec!["--etcd-ca", ca], 64, "need --store etcd://"),
+    ] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(20),
+            Command::new(env!("CARGO_BIN_EXE_govd"))
+                .args(["--listen", "127.0.0.1:0", "--insecure"])
+                .args(&args)
+                .env_remove("GOV_TOKEN_FILE")
+                .current_dir(dir.path())
+                .output(),
+        )
+        .await
+        .expect("govd must exit, not serve")
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
