@@ -38,6 +38,11 @@ impl Pki {
             rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
                 .unwrap();
         std::fs::write(dir.join(format!("{name}.pem")), issuer.pem()).unwrap();
+        std::fs::write(
+            dir.join(format!("{name}.key")),
+            issuer.key().serialize_pem(),
+        )
+        .unwrap();
         Self {
             dir: dir.to_owned(),
             name: name.to_owned(),
@@ -47,6 +52,10 @@ impl Pki {
 
     fn ca(&self) -> PathBuf {
         self.dir.join(format!("{}.pem", self.name))
+    }
+
+    fn key(&self) -> PathBuf {
+        self.dir.join(format!("{}.key", self.name))
     }
 
     /// A certificate for `sans`, as (cert, key) files.
@@ -297,6 +306,29 @@ async fn tls_flags_that_cannot_work_stop_govd_with_what_to_do() {
     let not_pem = dir.path().join("not.pem");
     std::fs::write(&not_pem, "hello").unwrap();
     let not_pem = not_pem.to_str().unwrap();
+    // An X.509 v1 client certificate, as `openssl x509 -req` makes without -extfile.
+    let (v1_cert, v1_key) = (
+        dir.path().join("v1.pem").display().to_string(),
+        dir.path().join("v1.key").display().to_string(),
+    );
+    let openssl = |args: &str| {
+        let ok = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("openssl {args}"))
+            .current_dir(dir.path())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "openssl {args}");
+    };
+    openssl(
+        "req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=govd -keyout v1.key -out v1.csr",
+    );
+    openssl(&format!(
+        "x509 -req -in v1.csr -CA '{ca}' -CAkey '{}' -CAcreateserial -days 1 -out v1.pem",
+        pki.key().display()
+    ));
     for (args, code, says) in [
         (
             vec!["--store", "etcds://127.0.0.1:1"],
@@ -324,6 +356,20 @@ async fn tls_flags_that_cannot_work_stop_govd_with_what_to_do() {
             ],
             1,
             "go together",
+        ),
+        (
+            vec![
+                "--store",
+                "etcds://127.0.0.1:1",
+                "--etcd-ca",
+                ca,
+                "--etcd-cert",
+                &v1_cert,
+                "--etcd-key",
+                &v1_key,
+            ],
+            1,
+            "is X.509 v1: rustls takes v3 only",
         ),
         (vec!["--etcd-ca", ca], 64, "need --store etcd://"),
     ] {

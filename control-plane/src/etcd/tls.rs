@@ -51,11 +51,29 @@ impl EtcdTlsFiles {
                 options.ca_certificate(Certificate::from_pem(read_pem("etcd CA certificate", ca)?));
         }
         if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
-            options = options.identity(Identity::from_pem(
-                read_pem("etcd client certificate", cert)?,
-                read_pem("etcd client key", key)?,
-            ));
+            let pem = read_pem("etcd client certificate", cert)?;
+            if let Some(version) = old_version(&pem) {
+                return Err(Error::EtcdTls {
+                    problem: format!(
+                        "the etcd client certificate `{}` is X.509 v{version}: rustls takes v3 only \
+                         (`openssl x509 -req` makes v3 when given -extfile, e.g. with \
+                         `extendedKeyUsage=clientAuth`)",
+                        cert.display()
+                    ),
+                });
+            }
+            options = options.identity(Identity::from_pem(pem, read_pem("etcd client key", key)?));
         }
         Ok(options)
     }
+}
+
+/// The version of the first certificate in `pem` when it is older than v3
+/// (tonic's rustls refuses such a client certificate with nothing but
+/// "transport error"); `None` for v3 or what it cannot read (left to tonic).
+fn old_version(pem: &[u8]) -> Option<u32> {
+    let (_, block) = x509_parser::pem::parse_x509_pem(pem).ok()?;
+    let cert = block.parse_x509().ok()?;
+    let version = cert.version().0;
+    (version < 2).then_some(version + 1)
 }
