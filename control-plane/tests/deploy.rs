@@ -4,7 +4,8 @@
 //! e2e `docs_metrics_lists_every_family_both_binaries_export` checks against
 //! the binaries). The flags in `deploy/` are checked by each binary's own
 //! parser (`deploy_invocations_parse` in `govd` and `gov-agent`). The
-//! commands of docs/deploy.md run here where the machine allows.
+//! commands of docs/deploy.md run here where the machine allows, its HA step
+//! against a real etcd member with the certificates its recipe makes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
@@ -370,4 +371,186 @@ fn manifest_govd_args(port: u16) -> Vec<String> {
         "{place} mounts a file step 2 does not make: {args:?}"
     );
     args
+}
+
+/// docs/deploy.md's HA step walked on loopback: its certificates made by its
+/// recipe (step 2's and step 3 (HA)'s `openssl` lines, as written), one etcd
+/// member started with the TLS flags of deploy/kubernetes/govd-ha.yaml, and
+/// govd with that manifest's command line: it reads the state from etcd
+/// over mutual TLS and starts.
+#[test]
+fn the_ha_manifest_runs_govd_on_etcd_over_mutual_tls_with_the_recipes_certificates() {
+    let Some(etcd_bin) = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("etcd"))
+            .find(|p| p.is_file())
+    }) else {
+        panic!("this test needs `etcd`: apt-get install etcd-server (.ci/run does)");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let recipe: Vec<String> = deploy_md_commands()
+        .into_iter()
+        .filter(|c| RECIPE.iter().any(|r| c.starts_with(r)))
+        .collect();
+    assert!(
+        recipe.iter().any(|c| c.contains("govd-etcd.pem")),
+        "{recipe:#?}"
+    );
+    for command in &recipe {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(command)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "`{command}`: {out:?}");
+    }
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (client, peer, metrics, grpc) = (free(), free(), free(), free());
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let manifest = |binary: &str| {
+        deploy_args::invocations(binary)
+            .into_iter()
+            .find(|(place, _)| place.contains("govd-ha.yaml"))
+            .unwrap_or_else(|| panic!("deploy/kubernetes/govd-ha.yaml runs {binary}"))
+            .1
+    };
+    // The member: the manifest's flags, its names and ports on loopback.
+    let etcd_files = [
+        ("/etc/etcd/tls/tls.crt", "etcd.pem"),
+        ("/etc/etcd/tls/tls.key", "etcd.key"),
+        ("/etc/etcd/tls/ca.crt", "etcd-ca.pem"),
+    ];
+    let etcd_args: Vec<String> = manifest("etcd")
+        .into_iter()
+        .map(|arg| {
+            let arg = etcd_files
+                .iter()
+                .fold(arg, |arg, (mount, file)| arg.replace(mount, file));
+            match arg.split_once('=') {
+                Some(("--name", _)) => "--name=govd-etcd-0".into(),
+                Some(("--data-dir", _)) => "--data-dir=etcd-data".into(),
+                Some(("--listen-client-urls" | "--advertise-client-urls", _)) => {
+                    format!(
+                        "{}=https://127.0.0.1:{client}",
+                        arg.split_once('=').unwrap().0
+                    )
+                }
+                Some(("--listen-peer-urls" | "--initial-advertise-peer-urls", _)) => {
+                    format!(
+                        "{}=https://127.0.0.1:{peer}",
+                        arg.split_once('=').unwrap().0
+                    )
+                }
+                Some(("--initial-cluster", _)) => {
+                    format!("--initial-cluster=govd-etcd-0=https://127.0.0.1:{peer}")
+                }
+                Some(("--listen-metrics-urls", _)) => {
+                    format!("--listen-metrics-urls=http://127.0.0.1:{metrics}")
+                }
+                _ => arg,
+            }
+        })
+        .collect();
+    assert!(etcd_args.contains(&"--client-cert-auth".to_owned()));
+    assert!(
+        etcd_args
+            .iter()
+            .all(|a| !a.contains("/etc/") && !a.contains("$(")),
+        "{etcd_args:?}"
+    );
+    let _etcd = Kill(
+        std::process::Command::new(etcd_bin)
+            .args(&etcd_args)
+            .args(["--logger", "zap", "--log-level", "error"])
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let healthy = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", metrics)) else {
+            return false;
+        };
+        use std::io::{Read, Write};
+        let _ = s.write_all(b"GET /health HTTP/1.0\r\n\r\n");
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body);
+        body.contains("\"health\":\"true\"")
+    });
+    let etcd_log = || std::fs::read_to_string(dir.path().join("etcd.log")).unwrap_or_default();
+    assert!(healthy, "etcd never healthy: {}", etcd_log());
+
+    // govd: the manifest's command line, the secrets' mounts read as the recipe's files.
+    let files = [
+        ("/etc/gov/tokens/govd.tokens", "govd.tokens"),
+        ("/etc/gov/tls/tls.crt", "govd.pem"),
+        ("/etc/gov/tls/tls.key", "govd.key"),
+        ("/etc/gov/identity-ca/tls.crt", "identity-ca.pem"),
+        ("/etc/gov/identity-ca/tls.key", "identity-ca.key"),
+        ("/etc/gov/etcd/ca.crt", "etcd-ca.pem"),
+        ("/etc/gov/etcd/tls.crt", "govd-etcd.pem"),
+        ("/etc/gov/etcd/tls.key", "govd-etcd.key"),
+    ];
+    let govd_args: Vec<String> = manifest("govd")
+        .into_iter()
+        .map(|arg| {
+            let arg = files
+                .iter()
+                .fold(arg, |arg, (mount, file)| arg.replace(mount, file));
+            match arg.split_once('=') {
+                Some(("--listen", _)) => format!("--listen=127.0.0.1:{grpc}"),
+                Some(("--metrics-listen", _)) => "--metrics-listen=127.0.0.1:0".into(),
+                Some(("--store", url)) => {
+                    assert!(url.starts_with("etcds://"), "{url}");
+                    let prefix = url.rsplit_once('/').unwrap().1;
+                    format!("--store=etcds://127.0.0.1:{client}/{prefix}")
+                }
+                Some(("--replica", _)) => "--replica=govd-0".into(),
+                _ => arg,
+            }
+        })
+        .collect();
+    assert!(
+        govd_args
+            .iter()
+            .all(|a| !a.contains("/etc/gov/") && !a.contains("$(")),
+        "govd-ha.yaml mounts a file the recipe does not make: {govd_args:?}"
+    );
+    let log = dir.path().join("govd.log");
+    let mut govd = Kill(
+        std::process::Command::new(env!("CARGO_BIN_EXE_govd"))
+            .args(&govd_args)
+            .current_dir(dir.path())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let mut text = String::new();
+    for _ in 0..300 {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("govd started") || govd.0.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        text.contains("govd started") && text.contains(&format!("etcds://127.0.0.1:{client}/gov")),
+        "govd on the HA manifest's flags did not start on etcd over TLS:\n{text}\netcd:\n{}",
+        etcd_log()
+    );
 }
