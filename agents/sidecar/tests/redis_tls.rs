@@ -1,7 +1,9 @@
 //! `scope cluster` limits over TLS (`--redis rediss://...`): a real
 //! `redis-server` on 127.0.0.1 with only a TLS port, and certificates made
 //! here (rcgen): a CA, the server's certificate for 127.0.0.1, a client
-//! certificate for mutual TLS (`tls-auth-clients yes`), and a foreign CA.
+//! certificate for mutual TLS (`tls-auth-clients yes`), and a foreign CA;
+//! and `rediss+cluster://`, a three-master Redis Cluster whose clients and
+//! cluster bus speak only TLS (built with `redis-cli --tls --cluster create`).
 //!
 //! Each test starts its own server on an ephemeral port (killed on drop);
 //! every loop is bounded in count and time.
@@ -79,12 +81,21 @@ impl TlsRedis {
     /// present a certificate of `pki` too. `None` (with a message on stderr)
     /// when this redis-server was built without TLS.
     fn start(dir: &Path, pki: &Pki, mutual: bool) -> Option<Self> {
+        Self::start_with(dir, pki, mutual, &[])
+    }
+
+    /// Like [`TlsRedis::start`] with more arguments (`{port}` and `{bus}`
+    /// replaced by its TLS port and a free cluster bus port).
+    fn start_with(dir: &Path, pki: &Pki, mutual: bool, extra: &[&str]) -> Option<Self> {
         let (cert, key) = pki.issue("redis-server", &["127.0.0.1", "localhost"]);
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let free = || {
+            TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let (port, bus) = (free(), free());
         let log = dir.join(format!("redis-{port}.log"));
         let mut child = Command::new("redis-server")
             .args(["--port", "0", "--bind", "127.0.0.1"])
@@ -97,6 +108,10 @@ impl TlsRedis {
             .arg(pki.ca())
             .args(["--tls-auth-clients", if mutual { "yes" } else { "no" }])
             .args(["--save", "", "--appendonly", "no"])
+            .args(extra.iter().map(|a| {
+                a.replace("{port}", &port.to_string())
+                    .replace("{bus}", &bus.to_string())
+            }))
             .arg("--dir")
             .arg(dir)
             .arg("--logfile")
@@ -352,4 +367,97 @@ fn tls_files_that_cannot_work_are_usage_errors_not_panics() {
             }
         }
     });
+}
+
+/// `redis-cli` over TLS to `port`, with `pki`'s CA and `client` certificate.
+fn tls_cli(port: u16, pki: &Pki, client: &(PathBuf, PathBuf), args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli")
+        .args(["--tls", "-h", "127.0.0.1", "-p", &port.to_string()])
+        .arg("--cacert")
+        .arg(pki.ca())
+        .arg("--cert")
+        .arg(&client.0)
+        .arg("--key")
+        .arg(&client.1)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `rediss+cluster://`: a Redis Cluster of three masters whose clients and
+/// cluster bus speak only TLS; two agents share one exact limit through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_share_an_exact_limit_through_a_tls_redis_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "redis-ca");
+    let client = pki.issue("agent", &["order.agent"]);
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let Some(node) = TlsRedis::start_with(
+            dir.path(),
+            &pki,
+            true,
+            &[
+                "--tls-cluster",
+                "yes",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes-{port}.conf",
+                "--cluster-port",
+                "{bus}",
+                "--cluster-node-timeout",
+                "1000",
+            ],
+        ) else {
+            return;
+        };
+        nodes.push(node);
+    }
+    let mut create = vec!["--cluster".to_owned(), "create".to_owned()];
+    create.extend(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
+    create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+    let create: Vec<&str> = create.iter().map(String::as_str).collect();
+    let made = tls_cli(nodes[0].port, &pki, &client, &create);
+    assert!(made.is_some(), "redis-cli --tls --cluster create failed");
+    let start = std::time::Instant::now();
+    while !nodes.iter().all(|n| {
+        tls_cli(n.port, &pki, &client, &["CLUSTER", "INFO"])
+            .is_some_and(|info| info.contains("cluster_state:ok"))
+    }) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the TLS cluster never reached cluster_state:ok"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = format!(
+        "rediss+cluster://127.0.0.1:{},127.0.0.1:{}",
+        nodes[0].port, nodes[1].port
+    );
+    let tls = RedisTlsFiles {
+        ca: Some(pki.ca()),
+        cert: Some(client.0.clone()),
+        key: Some(client.1.clone()),
+    };
+    let config = limit_config(12);
+    let (a, b) = (agent(&url, &tls, &config), agent(&url, &tls, &config));
+    fit_in_one_window().await;
+    let mut admitted = 0;
+    for i in 0..20 {
+        let engine = if i % 2 == 0 { &a } else { &b };
+        match call(engine).await {
+            Ok(()) => admitted += 1,
+            Err(r) => assert_eq!(r.reason, RejectReason::LimitCalls),
+        }
+    }
+    assert_eq!(
+        admitted, 12,
+        "two agents share one counter in a TLS cluster"
+    );
+    assert_eq!(a.stats().cluster_store_up, Some(true));
 }
