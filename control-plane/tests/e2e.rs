@@ -63,6 +63,8 @@ mod identity;
 mod mtls;
 #[path = "e2e/replicas.rs"]
 mod replicas;
+#[path = "e2e/tls_stores.rs"]
+mod tls_stores;
 #[path = "e2e/unsaved.rs"]
 mod unsaved;
 #[path = "e2e/warmup.rs"]
