@@ -168,6 +168,8 @@ fn order() -> TargetConfig {
                     fallback: 0,
                     max_keys: 20_000,
                     overflow: KeyOverflow::Share as i32,
+                    algorithm: 0,
+                    burst: 0,
                 })),
             },
             Rule {

@@ -1,4 +1,4 @@
-//! The decision does not allocate: a counting global allocator around many
+//! The decision does not allocate (limits of every algorithm among its rules): a counting global allocator around many
 //! decisions (admit, record, release) with a realistic config; nor does a call
 //! through `Govern` that is admitted without waiting, with a deadline or
 //! without (the lifecycle the sidecar's hyper path runs).
@@ -46,6 +46,18 @@ rules:
     calls: {amount: 1000000000, window_ms: 1000}
     bytes: {amount: 1000000000000, window_ms: 60000}
     key: LIMIT_KEY_CONSUMER
+- name: order/sliding
+  on: {path: {kind: PATH_KIND_PREFIX, value: /v2}}
+  limit:
+    calls: {amount: 1000000000, window_ms: 1000}
+    algorithm: LIMIT_ALGORITHM_SLIDING_WINDOW
+    key: LIMIT_KEY_CONSUMER
+- name: order/bucket
+  on: {path: {kind: PATH_KIND_PREFIX, value: /v2}}
+  limit:
+    calls: {amount: 1000000000, window_ms: 1000}
+    algorithm: LIMIT_ALGORITHM_TOKEN_BUCKET
+    burst: 1000000
 - name: order/pace
   on: {calls_to: inventory}
   direction: DIRECTION_OUTBOUND
@@ -83,6 +95,7 @@ fn decisions_do_not_allocate() {
         RequestInfo::inbound(&get, "/api/orders/7", &headers),
         RequestInfo::inbound(&get, "/api/export", &headers),
         RequestInfo::inbound(&get, "/static/app.js", &headers),
+        RequestInfo::inbound(&get, "/v2/orders", &headers),
         RequestInfo::outbound(&get, "/stock", &headers, "inventory", Some("10.0.0.1:80")),
     ];
     let decide = |info: &RequestInfo<'_>| match engine.try_admit(info) {
@@ -108,7 +121,7 @@ fn decisions_do_not_allocate() {
     assert_eq!(
         (change.allocations, change.reallocations),
         (0, 0),
-        "40,000 decisions allocated"
+        "50,000 decisions allocated"
     );
     // And the stats saw them.
     let stats = engine.stats();

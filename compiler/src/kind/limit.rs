@@ -533,6 +533,8 @@ impl super::Kind for Kind {
         pb::rule::Spec::Limit(pb::Limit {
             max_keys,
             overflow,
+            algorithm: pb::LimitAlgorithm::FixedWindow as i32,
+            burst: 0,
             calls: e.calls.map(rate),
             bytes: e.bytes.map(rate),
             key: match e.per {

@@ -50,6 +50,7 @@ use crate::stats::{MAX_ENGAGED_KEYS, RuleStats};
 use crate::stripe::Slot;
 use http::StatusCode;
 
+mod algo;
 mod keyed;
 mod latches;
 mod spec;
@@ -57,7 +58,8 @@ mod store;
 
 pub(crate) use spec::spec;
 pub use spec::{
-    ExactSync, Fallback, LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec,
+    Algorithm, ExactSync, Fallback, LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec,
+    ReleaseSpec,
 };
 
 const NOT_ENGAGED: u64 = 0;
@@ -159,8 +161,11 @@ pub(crate) struct Shared {
 #[derive(Debug, Default)]
 #[repr(align(64))]
 pub(crate) struct LimitCell {
-    /// `(window number as u32) << 32 | calls in that window`.
+    /// Fixed and sliding windows: `(window number as u32) << 32 | calls in
+    /// that window`; token bucket: the theoretical arrival time ([`algo`]).
     calls: AtomicU64,
+    /// Sliding window: the previous window's word.
+    previous: AtomicU64,
     bytes_window: AtomicU64,
     bytes: AtomicU64,
     /// `NOT_ENGAGED`, `MANUAL`, or engaged until this many ms after the epoch.
@@ -239,6 +244,8 @@ pub(crate) struct Limit {
     pub(crate) epoch: Instant,
     /// `epoch` in nanoseconds since the clock's base ([`crate::clock`]).
     epoch_ns: u64,
+    /// `epoch` as a clock read (token buckets count nanoseconds from it).
+    epoch_now: Now,
     single: LimitCell,
     keyed: RwLock<HashMap<Box<str>, Arc<LimitCell>, FxBuild>>,
     table: KeyTable,
@@ -283,6 +290,7 @@ impl Limit {
             events,
             epoch,
             epoch_ns: clock::ns(epoch),
+            epoch_now: Now::from(epoch),
             single: LimitCell::default(),
             keyed: RwLock::default(),
             table: KeyTable::default(),
@@ -355,7 +363,7 @@ impl Limit {
             self.check_shared_bytes(link, cell, now.at)?;
             if let Some(sync) = link.exact {
                 // Here only without the store's answer: the fallback decides.
-                return self.exact_fallback(link, sync, cell, now_ms);
+                return self.exact_fallback(link, sync, cell, now);
             }
             return self.batch_calls(link, cell, now.at);
         }
@@ -374,39 +382,7 @@ impl Limit {
                 });
             }
         }
-        self.local_calls(cell, now_ms)
-    }
-
-    /// Counts one call in the local fixed window.
-    fn local_calls(&self, cell: &LimitCell, now_ms: u64) -> Result<(), Exceeded> {
-        if let Some(rate) = &self.spec.calls {
-            let window = (now_ms / ms(rate.window).max(1)) & 0xffff_ffff;
-            let mut current = cell.calls.load(Relaxed);
-            loop {
-                let count = if current >> 32 == window {
-                    current & 0xffff_ffff
-                } else {
-                    0
-                };
-                if count >= rate.amount {
-                    return Err(Exceeded {
-                        reason: RejectReason::LimitCalls,
-                        wait: Some(Self::window_left(rate, now_ms)),
-                        engaged: false,
-                    });
-                }
-                match cell.calls.compare_exchange_weak(
-                    current,
-                    pack(window, count + 1),
-                    Relaxed,
-                    Relaxed,
-                ) {
-                    Ok(_) => break,
-                    Err(actual) => current = actual,
-                }
-            }
-        }
-        Ok(())
+        self.local_calls(cell, now)
     }
 
     /// The latch as the store encodes it: 0 none, -1 manual, else ms.
@@ -719,6 +695,7 @@ mod tests {
         let events = Events::new();
         let rx = events.subscribe();
         let spec = LimitSpec {
+            algorithm: Algorithm::FixedWindow,
             calls: calls.map(|amount| RateSpec {
                 amount,
                 window: Duration::from_secs(1),
@@ -977,6 +954,7 @@ mod tests {
             let events = Events::new();
             let rx = events.subscribe();
             let spec = LimitSpec {
+                algorithm: Algorithm::FixedWindow,
                 calls: Some(RateSpec {
                     amount,
                     window: WINDOW,

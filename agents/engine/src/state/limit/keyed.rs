@@ -125,6 +125,7 @@ mod tests {
     /// `calls amount per 1h per consumer` with `keys`.
     fn per_consumer(amount: u64, keys: KeyCap) -> Limit {
         let spec = LimitSpec {
+            algorithm: super::super::Algorithm::FixedWindow,
             calls: Some(RateSpec {
                 amount,
                 window: HOUR,

@@ -25,6 +25,19 @@ pub struct RateSpec {
     pub window: Duration,
 }
 
+/// How a limit counts its calls (bytes are always counted in fixed windows).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Algorithm {
+    /// `amount` per window, reset at each window's start.
+    #[default]
+    FixedWindow,
+    /// The previous window's count weighted by the part of it still inside
+    /// a window ending now, plus this window's count.
+    SlidingWindow,
+    /// GCRA: one call every `window / amount`, at most `burst` at once.
+    TokenBucket { burst: u64 },
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LimitAction {
     Reject,
@@ -62,6 +75,8 @@ pub struct ExactSync {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LimitSpec {
     pub calls: Option<RateSpec>,
+    /// How `calls` are counted.
+    pub algorithm: Algorithm,
     pub bytes: Option<RateSpec>,
     pub key: LimitKey,
     pub action: LimitAction,
@@ -122,8 +137,10 @@ pub(crate) fn spec(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, Invalid
             LimitScope::ClusterBatch(ctx.positive_ms("sync_batch_ms", l.sync_batch_ms)?)
         }
     };
+    let algorithm = algorithm(ctx, l, calls.as_ref(), scope)?;
     Ok(LimitSpec {
         calls,
+        algorithm,
         bytes,
         key: match ctx.known::<proto::LimitKey>("key", l.key)? {
             proto::LimitKey::All => LimitKey::All,
@@ -148,4 +165,45 @@ fn rate(ctx: &Ctx<'_>, field: &str, r: &proto::Rate) -> Result<RateSpec, Invalid
         amount: r.amount,
         window: ctx.positive_ms(&format!("{field}.window_ms"), r.window_ms)?,
     })
+}
+
+/// The calls algorithm: a token bucket's burst is 1..=amount; the other
+/// algorithms have no burst; an algorithm other than the fixed window needs
+/// a calls rate, and `sync batch` leases fixed windows only.
+fn algorithm(
+    ctx: &Ctx<'_>,
+    l: &proto::Limit,
+    calls: Option<&RateSpec>,
+    scope: LimitScope,
+) -> Result<Algorithm, InvalidConfig> {
+    let algorithm = match ctx.known::<proto::LimitAlgorithm>("algorithm", l.algorithm)? {
+        proto::LimitAlgorithm::FixedWindow => Algorithm::FixedWindow,
+        proto::LimitAlgorithm::SlidingWindow => Algorithm::SlidingWindow,
+        proto::LimitAlgorithm::TokenBucket => Algorithm::TokenBucket { burst: l.burst },
+    };
+    match (algorithm, calls) {
+        (Algorithm::FixedWindow, _) if l.burst == 0 => return Ok(algorithm),
+        (Algorithm::TokenBucket { .. }, None) | (Algorithm::SlidingWindow, None) => {
+            return Err(ctx.err(
+                "`algorithm` counts calls, but `calls` is not set (bytes are counted in fixed windows)",
+            ));
+        }
+        (Algorithm::TokenBucket { burst }, Some(rate)) if burst == 0 || burst > rate.amount => {
+            return Err(ctx.err(format!(
+                "`burst` must be 1..={} (`calls.amount`) with a token bucket, not {burst}",
+                rate.amount
+            )));
+        }
+        (Algorithm::TokenBucket { .. }, _) => {}
+        _ if l.burst != 0 => {
+            return Err(ctx.err("`burst` is set, but only a token bucket has one"));
+        }
+        _ => {}
+    }
+    if matches!(scope, LimitScope::ClusterBatch(_)) {
+        return Err(ctx.err(
+            "`sync batch` leases fixed windows only: use `sync exact` with a sliding window or token bucket",
+        ));
+    }
+    Ok(algorithm)
 }

@@ -305,11 +305,11 @@ impl Limit {
         link: &ClusterLink,
         sync: ExactSync,
         cell: &LimitCell,
-        now_ms: u64,
+        now: Now,
     ) -> Result<(), Exceeded> {
         link.store.count_fallback(sync.fallback);
         match sync.fallback {
-            Fallback::Local => self.local_calls(cell, now_ms),
+            Fallback::Local => self.local_calls(cell, now),
             Fallback::Allow => Ok(()),
             // Not over the amount, so no latch: `engaged` keeps the refusal
             // from engaging one and from shaping (no delay makes it fit).

@@ -1,0 +1,217 @@
+//! The calls algorithms of a local limit ([`Algorithm`]), each on the key's
+//! atomic words, lock-free and without allocation:
+//! - fixed window: `calls` holds `window number << 32 | count`;
+//! - sliding window: the same, and `previous` holds the previous window's
+//!   final count (`window number << 32 | count`, written by whoever rolls the
+//!   window, before the roll is published); a call is admitted while
+//!   `previous * (w - elapsed) / w + count < amount`;
+//! - token bucket (GCRA): `calls` holds the theoretical arrival time (ns
+//!   since the limit's start); a call is admitted while it is at most
+//!   `(burst - 1) * interval` ahead of now, and moves it one interval on.
+//!
+//! A refusal says how long until a call would fit (`Exceeded::wait`): the
+//! `Retry-After` and `RateLimit` headers, and a shaped call's delay.
+
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::time::Duration;
+
+use super::{Algorithm, Exceeded, Limit, LimitCell, RateSpec, ms, pack};
+use crate::clock::Now;
+use crate::rejection::RejectReason;
+
+/// The nanoseconds between two calls of a token bucket (rounded up: never
+/// more than the rate).
+pub(crate) fn interval_ns(rate: &RateSpec) -> u64 {
+    let w = u64::try_from(rate.window.as_nanos()).unwrap_or(u64::MAX);
+    w.div_ceil(rate.amount.max(1)).max(1)
+}
+
+/// The tolerance of a token bucket: how far ahead of now its theoretical
+/// arrival time may be for a call to be admitted.
+pub(crate) fn tolerance_ns(rate: &RateSpec, burst: u64) -> u64 {
+    interval_ns(rate).saturating_mul(burst.max(1) - 1)
+}
+
+/// With a sliding window: the milliseconds from `elapsed` (into the current
+/// window) until `previous * (w - e) + count * w < amount * w`, the current
+/// window's count being `count`; past the window's end, the next one starts
+/// with `previous = count`.
+pub(crate) fn sliding_wait(amount: u64, w: u64, elapsed: u64, previous: u64, count: u64) -> u64 {
+    let (amount, w128) = (u128::from(amount), u128::from(w));
+    let fits_at = |previous: u128, count: u128| -> Option<u64> {
+        // The smallest e with previous * (w - e) < (amount - count) * w.
+        if count >= amount {
+            return None;
+        }
+        if previous == 0 {
+            return Some(0);
+        }
+        let room = (amount - count) * w128;
+        let span = room.div_ceil(previous); // w - e must be < room / previous
+        Some(u64::try_from(w128.saturating_sub(span) + 1).unwrap_or(w))
+    };
+    if let Some(e) = fits_at(u128::from(previous), u128::from(count)) {
+        return e.saturating_sub(elapsed).max(1);
+    }
+    // Not in this window: in the next, whose previous count is this one's.
+    let next = fits_at(u128::from(count), 0).unwrap_or(w);
+    (w - elapsed).saturating_add(next).max(1)
+}
+
+impl Limit {
+    /// Counts one call by the limit's algorithm, or says how long until it fits.
+    pub(super) fn local_calls(&self, cell: &LimitCell, now: Now) -> Result<(), Exceeded> {
+        let Some(rate) = &self.spec.calls else {
+            return Ok(());
+        };
+        match self.spec.algorithm {
+            Algorithm::FixedWindow => fixed(cell, rate, self.now_ms(now)),
+            Algorithm::SlidingWindow => sliding(cell, rate, self.now_ms(now)),
+            Algorithm::TokenBucket { burst } => {
+                bucket(cell, rate, burst, now.nanos_since(self.epoch_now))
+            }
+        }
+    }
+}
+
+fn over(wait_ms: u64) -> Exceeded {
+    Exceeded {
+        reason: RejectReason::LimitCalls,
+        wait: Some(Duration::from_millis(wait_ms.max(1))),
+        engaged: false,
+    }
+}
+
+fn fixed(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
+    let w = ms(rate.window).max(1);
+    let window = (now_ms / w) & 0xffff_ffff;
+    let mut current = cell.calls.load(Relaxed);
+    loop {
+        let count = if current >> 32 == window {
+            current & 0xffff_ffff
+        } else {
+            0
+        };
+        if count >= rate.amount {
+            return Err(over(w - now_ms % w));
+        }
+        match cell
+            .calls
+            .compare_exchange_weak(current, pack(window, count + 1), Relaxed, Relaxed)
+        {
+            Ok(_) => return Ok(()),
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+fn sliding(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
+    let w = ms(rate.window).max(1);
+    let number = now_ms / w;
+    let window = number & 0xffff_ffff;
+    let before = number.wrapping_sub(1) & 0xffff_ffff;
+    let elapsed = now_ms % w;
+    let mut current = cell.calls.load(Acquire);
+    loop {
+        let (count, previous, rolls) = if current >> 32 == window {
+            let p = cell.previous.load(Acquire);
+            let previous = if p >> 32 == before {
+                p & 0xffff_ffff
+            } else {
+                0
+            };
+            (current & 0xffff_ffff, previous, false)
+        } else if current >> 32 == before && current != 0 {
+            (0, current & 0xffff_ffff, true)
+        } else {
+            (0, 0, true)
+        };
+        // previous * (w - elapsed) / w + count < amount, in integers.
+        let weighted =
+            u128::from(previous) * u128::from(w - elapsed) + u128::from(count) * u128::from(w);
+        if weighted >= u128::from(rate.amount) * u128::from(w) {
+            return Err(over(sliding_wait(rate.amount, w, elapsed, previous, count)));
+        }
+        if rolls {
+            // Published before the roll: a call that sees the new window
+            // sees its previous count.
+            keep_previous(cell, before, previous);
+        }
+        match cell
+            .calls
+            .compare_exchange_weak(current, pack(window, count + 1), Release, Acquire)
+        {
+            Ok(_) => return Ok(()),
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// Stores `before`'s final count unless a roll already stored as much.
+fn keep_previous(cell: &LimitCell, before: u64, count: u64) {
+    let word = pack(before, count);
+    let mut p = cell.previous.load(Relaxed);
+    while !(p >> 32 == before && p >= word) {
+        match cell
+            .previous
+            .compare_exchange_weak(p, word, Release, Relaxed)
+        {
+            Ok(_) => return,
+            Err(actual) => p = actual,
+        }
+    }
+}
+
+fn bucket(cell: &LimitCell, rate: &RateSpec, burst: u64, now_ns: u64) -> Result<(), Exceeded> {
+    let interval = interval_ns(rate);
+    let tolerance = tolerance_ns(rate, burst);
+    let mut current = cell.calls.load(Relaxed);
+    loop {
+        let tat = current.max(now_ns);
+        let ahead = tat - now_ns;
+        if ahead > tolerance {
+            let wait_ns = ahead - tolerance;
+            return Err(over(wait_ns.div_ceil(1_000_000)));
+        }
+        match cell.calls.compare_exchange_weak(
+            current,
+            tat.saturating_add(interval),
+            Relaxed,
+            Relaxed,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wait of a sliding window is the first millisecond the estimate
+    /// admits a call: within the window, or in the next one.
+    #[test]
+    fn sliding_wait_is_the_first_millisecond_that_fits() {
+        // 10 per 1000ms; previous 10, none yet: 10 * (1000 - e) < 1000 * 10
+        // from e = 1 on... and after one more call, from e = 101.
+        assert_eq!(sliding_wait(10, 1000, 0, 10, 0), 1);
+        assert_eq!(sliding_wait(10, 1000, 0, 10, 1), 101);
+        assert_eq!(sliding_wait(10, 1000, 50, 10, 1), 51);
+        // The window is full: the next window, with previous = 10.
+        assert_eq!(sliding_wait(10, 1000, 900, 0, 10), 100 + 1);
+        // Nothing before: fits at once (but never a zero wait).
+        assert_eq!(sliding_wait(10, 1000, 10, 0, 3), 1);
+    }
+
+    #[test]
+    fn a_token_bucket_spaces_calls_by_the_rate() {
+        let rate = RateSpec {
+            amount: 3,
+            window: Duration::from_secs(1),
+        };
+        assert_eq!(interval_ns(&rate), 333_333_334, "rounded up");
+        assert_eq!(tolerance_ns(&rate, 1), 0);
+        assert_eq!(tolerance_ns(&rate, 3), 666_666_668);
+    }
+}
