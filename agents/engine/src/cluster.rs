@@ -108,15 +108,74 @@ pub struct ExactCall {
     pub amount: u64,
     /// 0: no latch, -1: manual, else `release after` in ms.
     pub latch_ms: i64,
+    /// How `counter` counts.
+    pub algorithm: StoreAlgorithm,
+}
+
+/// The calls algorithm of an [`ExactCall`] (`algorithm` of the limit).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreAlgorithm {
+    /// `counter` is the window's count; every call adds one (over the
+    /// amount too: the engine refuses a count above it).
+    FixedWindow,
+    /// `counter` is this window's count, `previous` the window before's; a
+    /// call is counted only when `previous * (window - elapsed) / window +
+    /// count < amount`, else refused ([`ExactReply::Refused`]).
+    SlidingWindow {
+        previous: String,
+        window_ms: u64,
+        elapsed_ms: u64,
+    },
+    /// GCRA: `counter` (the bucket's one key, [`bucket_key`]) holds the
+    /// theoretical arrival time in Unix microseconds; a call is admitted
+    /// while it is at most `tolerance_us` ahead of `now_us`, and moves it
+    /// `interval_us` on.
+    TokenBucket {
+        now_us: u64,
+        interval_us: u64,
+        tolerance_us: u64,
+    },
 }
 
 /// The answer to an [`ExactCall`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExactReply {
-    /// The key's count in this window, this call included.
+    /// The key's count in this window, this call included (fixed window);
+    /// admitted (the other algorithms).
     Counted(u64),
+    /// Not counted: over the limit (sliding window, token bucket); a call
+    /// fits after the wait.
+    Refused(Duration),
     /// The limit is engaged (by this call or before).
     Engaged(Option<Duration>),
+}
+
+/// A sliding window's wait: the milliseconds from `elapsed` (into the current
+/// window) until `previous * (w - e) + count * w < amount * w`, the current
+/// window's count being `count`; past the window's end, the next one starts
+/// with `previous = count`.
+pub fn sliding_wait_ms(amount: u64, w: u64, elapsed: u64, previous: u64, count: u64) -> u64 {
+    let w = w.max(1);
+    let elapsed = elapsed.min(w - 1);
+    let (amount, w128) = (u128::from(amount), u128::from(w));
+    let fits_at = |previous: u128, count: u128| -> Option<u64> {
+        // The smallest e with previous * (w - e) < (amount - count) * w.
+        if count >= amount {
+            return None;
+        }
+        if previous == 0 {
+            return Some(0);
+        }
+        let room = (amount - count) * w128;
+        let span = room.div_ceil(previous); // w - e must be < room / previous
+        Some(u64::try_from(w128.saturating_sub(span) + 1).unwrap_or(w))
+    };
+    if let Some(e) = fits_at(u128::from(previous), u128::from(count)) {
+        return e.saturating_sub(elapsed).max(1);
+    }
+    // Not in this window: in the next, whose previous count is this one's.
+    let next = fits_at(u128::from(count), 0).unwrap_or(w);
+    (w - elapsed).saturating_add(next).max(1)
 }
 
 /// One lease of `sync batch` calls for one key and window, in one atomic
@@ -278,6 +337,15 @@ impl ClusterStore {
 
     pub(crate) fn count_fallback(&self, fallback: Fallback) {
         self.inner.fallbacks[fallback as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Unix time in microseconds, the clock of cluster token buckets.
+    pub(crate) fn unix_us(&self, now: Instant) -> u64 {
+        let elapsed = now.saturating_duration_since(self.inner.started);
+        self.inner
+            .unix_ms_at_start
+            .saturating_mul(1000)
+            .saturating_add(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX))
     }
 
     /// Unix time in ms, the clock of cluster windows.
@@ -494,6 +562,11 @@ pub fn calls_key(rule: &str, key: &str, window: u64) -> String {
     format!("gov:{{{rule}:{}}}:{window}", in_tag(key))
 }
 
+/// The one key of a token bucket (`algorithm token bucket`).
+pub fn bucket_key(rule: &str, key: &str) -> String {
+    format!("gov:{{{rule}:{}}}:bucket", in_tag(key))
+}
+
 /// Counter key of bytes.
 pub fn bytes_key(rule: &str, key: &str, window: u64) -> String {
     format!("gov:{{{rule}:{}}}:bytes:{window}", in_tag(key))
@@ -625,6 +698,7 @@ mod transitions {
             expiry_ms: 1000,
             amount: 1_000_000,
             latch_ms: 0,
+            algorithm: StoreAlgorithm::FixedWindow,
         };
         store.exact(call, DEFAULT_TIMEOUT).await.is_some()
     }
@@ -774,12 +848,50 @@ pub(crate) mod fake {
                 if let Some(l) = m.latch(&call.latch) {
                     return Ok(ExactReply::Engaged(l));
                 }
-                let c = m.incr(&call.counter, 1);
-                if c > call.amount && call.latch_ms != 0 {
-                    m.engage(&call.latch, call.latch_ms);
-                    return Ok(ExactReply::Engaged(m.latch(&call.latch).flatten()));
+                let (c, refused) = match &call.algorithm {
+                    StoreAlgorithm::FixedWindow => {
+                        let c = m.incr(&call.counter, 1);
+                        (c, (c > call.amount).then_some(Duration::ZERO))
+                    }
+                    StoreAlgorithm::SlidingWindow {
+                        previous,
+                        window_ms,
+                        elapsed_ms,
+                    } => {
+                        let (p, c) = (m.get(previous), m.get(&call.counter));
+                        let w = u128::from(*window_ms);
+                        let weighted =
+                            u128::from(p) * (w - u128::from(*elapsed_ms)) + u128::from(c) * w;
+                        if weighted < u128::from(call.amount) * w {
+                            (m.incr(&call.counter, 1), None)
+                        } else {
+                            let wait = sliding_wait_ms(call.amount, *window_ms, *elapsed_ms, p, c);
+                            (c, Some(Duration::from_millis(wait)))
+                        }
+                    }
+                    StoreAlgorithm::TokenBucket {
+                        now_us,
+                        interval_us,
+                        tolerance_us,
+                    } => {
+                        let tat = m.get(&call.counter).max(*now_us);
+                        if tat - now_us > *tolerance_us {
+                            let wait = tat - now_us - tolerance_us;
+                            (0, Some(Duration::from_micros(wait)))
+                        } else {
+                            m.add(&call.counter, tat + interval_us, m.get(&call.counter));
+                            (1, None)
+                        }
+                    }
+                };
+                match refused {
+                    Some(_) if call.latch_ms != 0 => {
+                        m.engage(&call.latch, call.latch_ms);
+                        Ok(ExactReply::Engaged(m.latch(&call.latch).flatten()))
+                    }
+                    Some(wait) if wait > Duration::ZERO => Ok(ExactReply::Refused(wait)),
+                    _ => Ok(ExactReply::Counted(c)),
                 }
-                Ok(ExactReply::Counted(c))
             })
         }
 

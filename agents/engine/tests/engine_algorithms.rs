@@ -177,16 +177,21 @@ async fn a_token_bucket_admits_its_burst_then_the_rate() {
 }
 
 /// The wire refuses what no algorithm means: a burst without a token
-/// bucket, a burst above the amount, a token bucket without a burst.
+/// bucket, a burst above the amount, a token bucket without a burst, and
+/// (for now) a lease of anything but fixed windows.
 #[test]
 fn a_burst_is_checked_against_its_algorithm() {
-    for (algorithm, burst, problem) in [
-        ("FIXED_WINDOW", 5, "only a token bucket has one"),
-        ("TOKEN_BUCKET", 11, "must be 1..=10"),
-        ("TOKEN_BUCKET", 0, "must be 1..=10"),
+    let batch =
+        "\n    scope: LIMIT_SCOPE_CLUSTER\n    sync: CLUSTER_SYNC_BATCH\n    sync_batch_ms: 100";
+    for (algorithm, burst, more, problem) in [
+        ("FIXED_WINDOW", 5, "", "only a token bucket has one"),
+        ("TOKEN_BUCKET", 11, "", "must be 1..=10"),
+        ("TOKEN_BUCKET", 0, "", "must be 1..=10"),
+        ("SLIDING_WINDOW", 0, batch, "leases fixed windows only"),
+        ("TOKEN_BUCKET", 2, batch, "leases fixed windows only"),
     ] {
         let yaml = format!(
-            "service: order\nrules:\n- name: order/calls\n  on: {{any: true}}\n  limit:\n    calls: {{amount: 10, window_ms: 1000}}\n    algorithm: LIMIT_ALGORITHM_{algorithm}\n    burst: {burst}\n"
+            "service: order\nrules:\n- name: order/calls\n  on: {{any: true}}\n  limit:\n    calls: {{amount: 10, window_ms: 1000}}\n    algorithm: LIMIT_ALGORITHM_{algorithm}\n    burst: {burst}{more}\n"
         );
         let mut t: TargetConfig = serde_yaml::from_str(&yaml).unwrap();
         gov_proto::compiled::fill(&mut t);

@@ -88,6 +88,24 @@ impl RedisServer {
             .unwrap();
     }
 
+    /// One command, its reply's first line (`+OK`, `:1`, `$2`...).
+    fn command(&self, args: &[&str]) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok();
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        s.write_all(req.as_bytes()).unwrap();
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n])
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    }
+
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -717,4 +735,97 @@ async fn without_a_store_cluster_limits_are_refused_with_the_flag_to_use() {
         .unwrap_err();
     assert_eq!(error.rule(), Some("order/shared"));
     assert!(error.to_string().contains("--redis"), "{error}");
+}
+
+/// Two agents, 50 calls each, on one limit of `algorithm` (40 per minute);
+/// what they admitted, and the refusals' `Retry-After`.
+async fn two_agents(redis: &RedisServer, algorithm: &str) -> (u64, Vec<Duration>) {
+    let config = limit_config(40, 60_000, EXACT, algorithm);
+    let (a, b) = (agent(redis, &config), agent(redis, &config));
+    let run = |e: Engine| {
+        tokio::spawn(async move {
+            let (mut admitted, mut waits) = (0, Vec::new());
+            for _ in 0..50 {
+                match call(&e).await {
+                    Ok(()) => admitted += 1,
+                    Err(r) => {
+                        assert_eq!(r.reason, RejectReason::LimitCalls);
+                        waits.push(r.retry_after.expect("a limit says when to retry"));
+                    }
+                }
+            }
+            (admitted, waits)
+        })
+    };
+    let (ta, tb) = (run(a), run(b));
+    let ((n, mut w), (m, v)) = (ta.await.unwrap(), tb.await.unwrap());
+    w.extend(v);
+    (n + m, w)
+}
+
+/// A sliding window in the store with nothing before it: two agents admit
+/// the amount, no more; each refusal waits for the next window at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_sliding_window_two_agents_admit_the_amount() {
+    let redis = RedisServer::start();
+    fit_in_one_window(60_000, 20_000).await;
+    let (total, waits) = two_agents(&redis, "algorithm: LIMIT_ALGORITHM_SLIDING_WINDOW").await;
+    assert_eq!(total, 40);
+    assert_eq!(waits.len(), 60);
+    assert!(
+        waits
+            .iter()
+            .all(|w| *w > Duration::ZERO && *w <= Duration::from_secs(61))
+    );
+}
+
+/// The store's previous window weighs on this one: with 40 calls in the
+/// window before, e ms into this one admits what the weight left,
+/// `ceil(40 * e / 60,000)` (one more if a call crossed a boundary of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_sliding_window_weighs_the_previous_window_in_the_store() {
+    let redis = RedisServer::start();
+    fit_in_one_window(60_000, 20_000).await;
+    let now = wall_ms();
+    let previous = format!("gov:{{order/shared:}}:{}", now / 60_000 - 1);
+    assert_eq!(
+        redis.command(&["SET", &previous, "40", "PX", "120000"]),
+        "+OK"
+    );
+    let elapsed = now % 60_000;
+    let (total, _) = two_agents(&redis, "algorithm: LIMIT_ALGORITHM_SLIDING_WINDOW").await;
+    let expected = (40 * elapsed).div_ceil(60_000);
+    assert!(
+        total == expected || total == expected + 1,
+        "{total} admitted {elapsed} ms into the window, {expected} expected"
+    );
+    assert!(total < 40, "the previous window counted");
+}
+
+/// A token bucket in the store (one key per bucket): two agents share its
+/// burst of 5 and then its rate (one call every 1.5 s, none in the time
+/// the calls take); a refusal waits about one interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_token_bucket_two_agents_share_one_burst() {
+    let redis = RedisServer::start();
+    let (total, waits) = two_agents(
+        &redis,
+        "algorithm: LIMIT_ALGORITHM_TOKEN_BUCKET\n    burst: 5",
+    )
+    .await;
+    assert!(total == 5 || total == 6, "{total} admitted");
+    assert!(
+        waits
+            .iter()
+            .all(|w| *w > Duration::ZERO && *w <= Duration::from_millis(1500))
+    );
+    assert!(
+        redis
+            .command(&["PTTL", "gov:{order/shared:}:bucket"])
+            .starts_with(':')
+    );
+    assert_ne!(
+        redis.command(&["PTTL", "gov:{order/shared:}:bucket"]),
+        ":-2"
+    );
 }

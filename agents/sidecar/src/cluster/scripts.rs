@@ -46,3 +46,59 @@ end
 if latch ~= -2 then return {-1, latch} end
 return {grant, c}
 ";
+
+/// The `sync exact` script of a sliding window. KEYS: this window's
+/// counter, the previous window's, latch. ARGV: amount, counter expiry (ms),
+/// latch (0: none, -1: manual, else ms), window (ms), ms elapsed in it.
+/// Counts the call only when `previous * (window - elapsed) / window +
+/// count < amount` (a refused call is not counted: it would weigh on the
+/// next window). Returns `{count, 0}` counted, `{-3, previous, count}`
+/// refused, `{-1, latch pttl}` already engaged, `{-2, latch ms}` engaged by
+/// this call.
+pub(super) const SLIDING_SCRIPT: &str = r"
+local latch = redis.call('PTTL', KEYS[3])
+if latch ~= -2 then return {-1, latch} end
+local amount = tonumber(ARGV[1])
+local w = tonumber(ARGV[4])
+local e = tonumber(ARGV[5])
+local prev = tonumber(redis.call('GET', KEYS[2]) or '0')
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if prev * (w - e) + cur * w < amount * w then
+  local c = redis.call('INCR', KEYS[1])
+  if c == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+  return {c, 0}
+end
+local l = tonumber(ARGV[3])
+if l ~= 0 then
+  if l > 0 then redis.call('SET', KEYS[3], '1', 'PX', l) else redis.call('SET', KEYS[3], '1') end
+  return {-2, l}
+end
+return {-3, prev, cur}
+";
+
+/// The `sync exact` script of a token bucket (GCRA): one key per bucket,
+/// holding its theoretical arrival time in Unix microseconds. KEYS: bucket,
+/// latch. ARGV: now (Unix us), interval (us), tolerance (us), latch (as
+/// above). A call is admitted while the arrival time is at most the
+/// tolerance ahead of now, and moves it one interval on (the key expires
+/// when the bucket is full again). Returns `{1, 0}` admitted, `{-3, wait
+/// us}` refused, `{-1, latch pttl}` / `{-2, latch ms}` as above.
+pub(super) const BUCKET_SCRIPT: &str = r"
+local latch = redis.call('PTTL', KEYS[2])
+if latch ~= -2 then return {-1, latch} end
+local now = tonumber(ARGV[1])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+local ahead = tat - now - tonumber(ARGV[3])
+if ahead > 0 then
+  local l = tonumber(ARGV[4])
+  if l ~= 0 then
+    if l > 0 then redis.call('SET', KEYS[2], '1', 'PX', l) else redis.call('SET', KEYS[2], '1') end
+    return {-2, l}
+  end
+  return {-3, ahead}
+end
+local nxt = tat + tonumber(ARGV[2])
+redis.call('SET', KEYS[1], string.format('%.0f', nxt), 'PX', math.floor((nxt - now) / 1000) + 1)
+return {1, 0}
+";

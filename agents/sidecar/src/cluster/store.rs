@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use gov_engine::cluster::{
     Backend, ExactCall, ExactReply, FlushItem, FlushReply, LATCH_SUFFIX, LEASE_SHARE, Latch,
-    LeaseCall, LeaseReply, StoreFuture, latch_prefix,
+    LeaseCall, LeaseReply, StoreAlgorithm, StoreFuture, latch_prefix, sliding_wait_ms,
 };
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
@@ -18,6 +18,8 @@ use super::topology::{Conn, cluster_masters};
 pub(super) struct Redis {
     conn: Conn,
     exact: redis::Script,
+    sliding: redis::Script,
+    bucket: redis::Script,
     lease: redis::Script,
 }
 
@@ -26,6 +28,8 @@ impl Redis {
         Self {
             conn,
             exact: redis::Script::new(scripts::EXACT_SCRIPT),
+            sliding: redis::Script::new(scripts::SLIDING_SCRIPT),
+            bucket: redis::Script::new(scripts::BUCKET_SCRIPT),
             lease: redis::Script::new(scripts::LEASE_SCRIPT),
         }
     }
@@ -135,22 +139,70 @@ const MIGRATION_TRIES: u32 = 25;
 impl Backend for Redis {
     fn exact(&self, call: ExactCall) -> StoreFuture<'_, ExactReply> {
         Box::pin(async move {
-            let reply: (i64, i64) = with_conn!(self, conn => self
-                .exact
-                .key(&call.counter)
-                .key(&call.latch)
-                .arg(1)
-                .arg(call.expiry_ms)
-                .arg(call.amount)
-                .arg(call.latch_ms)
-                .invoke_async(&mut conn))
-            .map_err(text)?;
-            Ok(match reply {
-                (-1, pttl) => ExactReply::Engaged(latch_from_pttl(pttl).flatten()),
-                (-2, ms) => ExactReply::Engaged(
-                    (ms > 0).then(|| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
-                ),
-                (count, _) => ExactReply::Counted(u64::try_from(count).unwrap_or(0)),
+            let invocation = match &call.algorithm {
+                StoreAlgorithm::FixedWindow => {
+                    let mut i = self.exact.key(&call.counter);
+                    i.key(&call.latch)
+                        .arg(1)
+                        .arg(call.expiry_ms)
+                        .arg(call.amount)
+                        .arg(call.latch_ms);
+                    i
+                }
+                StoreAlgorithm::SlidingWindow {
+                    previous,
+                    window_ms,
+                    elapsed_ms,
+                } => {
+                    let mut i = self.sliding.key(&call.counter);
+                    i.key(previous)
+                        .key(&call.latch)
+                        .arg(call.amount)
+                        .arg(call.expiry_ms)
+                        .arg(call.latch_ms)
+                        .arg(*window_ms)
+                        .arg(*elapsed_ms);
+                    i
+                }
+                StoreAlgorithm::TokenBucket {
+                    now_us,
+                    interval_us,
+                    tolerance_us,
+                } => {
+                    let mut i = self.bucket.key(&call.counter);
+                    i.key(&call.latch)
+                        .arg(*now_us)
+                        .arg(*interval_us)
+                        .arg(*tolerance_us)
+                        .arg(call.latch_ms);
+                    i
+                }
+            };
+            let reply: Vec<i64> =
+                with_conn!(self, conn => invocation.invoke_async(&mut conn)).map_err(text)?;
+            let at = |i: usize| reply.get(i).copied().unwrap_or(0);
+            let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
+            Ok(match (at(0), &call.algorithm) {
+                (-1, _) => ExactReply::Engaged(latch_from_pttl(at(1)).flatten()),
+                (-2, _) => {
+                    ExactReply::Engaged((at(1) > 0).then(|| Duration::from_millis(unsigned(at(1)))))
+                }
+                (
+                    -3,
+                    StoreAlgorithm::SlidingWindow {
+                        window_ms,
+                        elapsed_ms,
+                        ..
+                    },
+                ) => ExactReply::Refused(Duration::from_millis(sliding_wait_ms(
+                    call.amount,
+                    *window_ms,
+                    *elapsed_ms,
+                    unsigned(at(1)),
+                    unsigned(at(2)),
+                ))),
+                (-3, _) => ExactReply::Refused(Duration::from_micros(unsigned(at(1)))),
+                (count, _) => ExactReply::Counted(unsigned(count)),
             })
         })
     }

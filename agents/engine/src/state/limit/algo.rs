@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use super::{Algorithm, Exceeded, Limit, LimitCell, RateSpec, ms, pack};
 use crate::clock::Now;
+use crate::cluster::sliding_wait_ms;
 use crate::rejection::RejectReason;
 
 /// The nanoseconds between two calls of a token bucket (rounded up: never
@@ -30,32 +31,6 @@ pub(crate) fn interval_ns(rate: &RateSpec) -> u64 {
 /// arrival time may be for a call to be admitted.
 pub(crate) fn tolerance_ns(rate: &RateSpec, burst: u64) -> u64 {
     interval_ns(rate).saturating_mul(burst.max(1) - 1)
-}
-
-/// With a sliding window: the milliseconds from `elapsed` (into the current
-/// window) until `previous * (w - e) + count * w < amount * w`, the current
-/// window's count being `count`; past the window's end, the next one starts
-/// with `previous = count`.
-pub(crate) fn sliding_wait(amount: u64, w: u64, elapsed: u64, previous: u64, count: u64) -> u64 {
-    let (amount, w128) = (u128::from(amount), u128::from(w));
-    let fits_at = |previous: u128, count: u128| -> Option<u64> {
-        // The smallest e with previous * (w - e) < (amount - count) * w.
-        if count >= amount {
-            return None;
-        }
-        if previous == 0 {
-            return Some(0);
-        }
-        let room = (amount - count) * w128;
-        let span = room.div_ceil(previous); // w - e must be < room / previous
-        Some(u64::try_from(w128.saturating_sub(span) + 1).unwrap_or(w))
-    };
-    if let Some(e) = fits_at(u128::from(previous), u128::from(count)) {
-        return e.saturating_sub(elapsed).max(1);
-    }
-    // Not in this window: in the next, whose previous count is this one's.
-    let next = fits_at(u128::from(count), 0).unwrap_or(w);
-    (w - elapsed).saturating_add(next).max(1)
 }
 
 impl Limit {
@@ -130,7 +105,13 @@ fn sliding(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceede
         let weighted =
             u128::from(previous) * u128::from(w - elapsed) + u128::from(count) * u128::from(w);
         if weighted >= u128::from(rate.amount) * u128::from(w) {
-            return Err(over(sliding_wait(rate.amount, w, elapsed, previous, count)));
+            return Err(over(sliding_wait_ms(
+                rate.amount,
+                w,
+                elapsed,
+                previous,
+                count,
+            )));
         }
         if rolls {
             // Published before the roll: a call that sees the new window
@@ -195,13 +176,13 @@ mod tests {
     fn sliding_wait_is_the_first_millisecond_that_fits() {
         // 10 per 1000ms; previous 10, none yet: 10 * (1000 - e) < 1000 * 10
         // from e = 1 on... and after one more call, from e = 101.
-        assert_eq!(sliding_wait(10, 1000, 0, 10, 0), 1);
-        assert_eq!(sliding_wait(10, 1000, 0, 10, 1), 101);
-        assert_eq!(sliding_wait(10, 1000, 50, 10, 1), 51);
+        assert_eq!(sliding_wait_ms(10, 1000, 0, 10, 0), 1);
+        assert_eq!(sliding_wait_ms(10, 1000, 0, 10, 1), 101);
+        assert_eq!(sliding_wait_ms(10, 1000, 50, 10, 1), 51);
         // The window is full: the next window, with previous = 10.
-        assert_eq!(sliding_wait(10, 1000, 900, 0, 10), 100 + 1);
+        assert_eq!(sliding_wait_ms(10, 1000, 900, 0, 10), 100 + 1);
         // Nothing before: fits at once (but never a zero wait).
-        assert_eq!(sliding_wait(10, 1000, 10, 0, 3), 1);
+        assert_eq!(sliding_wait_ms(10, 1000, 10, 0, 3), 1);
     }
 
     #[test]

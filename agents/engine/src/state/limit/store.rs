@@ -4,7 +4,7 @@
 //! store's latches.
 
 use super::*;
-use crate::cluster::{self, LeaseCall, LeaseReply};
+use crate::cluster::{self, LeaseCall, LeaseReply, StoreAlgorithm};
 
 /// What a lease call carried: its window and the unleased calls it sent.
 #[derive(Clone, Copy, Debug)]
@@ -262,19 +262,22 @@ impl Limit {
         self.check_shared_bytes(link, cell, now)?;
         let unix = link.store.unix_ms(now);
         let w = ms(rate.window).max(1);
+        let (counter, algorithm) = self.store_algorithm(link, cell, rate, now);
         let call = ExactCall {
-            counter: cluster::calls_key(&self.name, &cell.key, unix / w),
+            counter,
             latch: cluster::latch_key(&self.name, &cell.key),
             expiry_ms: w.saturating_mul(2),
             amount: rate.amount,
             latch_ms: self.latch_ms(),
+            algorithm,
         };
+        let fixed = self.spec.algorithm == Algorithm::FixedWindow;
         match link.store.exact(call, sync.timeout).await {
             // Down, or no answer within the timeout: the fallback decides.
             None => self.try_admit(cell, now),
             Some(ExactReply::Counted(count)) => {
                 self.mirror(cell, None, now);
-                if count <= rate.amount {
+                if !fixed || count <= rate.amount {
                     Ok(())
                 } else {
                     Err(Exceeded {
@@ -283,6 +286,14 @@ impl Limit {
                         engaged: false,
                     })
                 }
+            }
+            Some(ExactReply::Refused(wait)) => {
+                self.mirror(cell, None, now);
+                Err(Exceeded {
+                    reason: RejectReason::LimitCalls,
+                    wait: Some(wait.max(Duration::from_millis(1))),
+                    engaged: false,
+                })
             }
             Some(ExactReply::Engaged(ttl)) => {
                 cell.engaged_reason
@@ -318,6 +329,39 @@ impl Limit {
                 wait: Some(cluster::PROBE_EVERY),
                 engaged: true,
             }),
+        }
+    }
+
+    /// The store's key and algorithm for one call of `cell`: the window's
+    /// counter (fixed, sliding with the window before), or the bucket's key.
+    fn store_algorithm(
+        &self,
+        link: &ClusterLink,
+        cell: &LimitCell,
+        rate: &RateSpec,
+        now: Instant,
+    ) -> (String, StoreAlgorithm) {
+        let unix = link.store.unix_ms(now);
+        let w = ms(rate.window).max(1);
+        let counter = |window| cluster::calls_key(&self.name, &cell.key, window);
+        match self.spec.algorithm {
+            Algorithm::FixedWindow => (counter(unix / w), StoreAlgorithm::FixedWindow),
+            Algorithm::SlidingWindow => (
+                counter(unix / w),
+                StoreAlgorithm::SlidingWindow {
+                    previous: counter((unix / w).saturating_sub(1)),
+                    window_ms: w,
+                    elapsed_ms: unix % w,
+                },
+            ),
+            Algorithm::TokenBucket { burst } => (
+                cluster::bucket_key(&self.name, &cell.key),
+                StoreAlgorithm::TokenBucket {
+                    now_us: link.store.unix_us(now),
+                    interval_us: algo::interval_ns(rate).div_ceil(1000),
+                    tolerance_us: algo::tolerance_ns(rate, burst).div_ceil(1000),
+                },
+            ),
         }
     }
 
