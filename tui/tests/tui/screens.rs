@@ -85,8 +85,14 @@ fn an_agents_detail_shows_its_consumer_source_and_mutual_tls() {
     update(&mut app, key(KeyCode::End));
     let screen = draw(&app, 120, 36);
     assert!(screen.contains("Agent order-7d9f-2"), "{screen}");
-    assert!(screen.contains("consumers  peer on invalid reject"), "{screen}");
-    assert!(screen.contains("inbound    mutual TLS from agents"), "{screen}");
+    assert!(
+        screen.contains("consumers  peer on invalid reject"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("inbound    mutual TLS from agents"),
+        "{screen}"
+    );
     update(&mut app, Msg::View(busy_view(62)));
     let screen = draw(&app, 120, 36);
     assert!(!screen.contains("mutual TLS"), "{screen}");
