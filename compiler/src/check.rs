@@ -12,7 +12,9 @@ use miette::SourceSpan;
 use crate::diagnostic::{Diagnostic, FirstDefinedHere};
 use crate::resolve::Ctx;
 
+pub mod algorithm_mismatch;
 pub mod bulkhead_over_workers;
+pub mod burst_above_rate;
 pub mod cluster_limit_inconsistent;
 pub mod cluster_sync;
 pub mod conflicting_paths;
@@ -78,6 +80,8 @@ pub const CODES: &[&str] = &[
     "gov::invalid-status",
     "gov::cluster-sync-undeclared",
     "gov::shape-on-inbound",
+    "gov::burst-above-rate",
+    "gov::algorithm-mismatch",
     "gov::shadow-exact-limit",
     "gov::per-instance-on-inbound",
     "gov::mixed-direction",
@@ -125,6 +129,8 @@ const CHECKS: &[Check] = &[
     cluster_sync::check,
     mixed_direction::check,
     shape_inbound::check,
+    burst_above_rate::check,
+    algorithm_mismatch::check,
     shadow_exact::check,
     per_instance_inbound::check,
     conflicting_rules::check,

@@ -75,6 +75,8 @@ diagnostics! {
     InvalidStatus(status_code::InvalidStatus),
     ClusterSyncUndeclared(cluster_sync::ClusterSyncUndeclared),
     ShapeOnInbound(shape_inbound::ShapeOnInbound),
+    BurstAboveRate(burst_above_rate::BurstAboveRate),
+    AlgorithmMismatch(algorithm_mismatch::AlgorithmMismatch),
     ShadowExactLimit(shadow_exact::ShadowExactLimit),
     PerInstanceOnInbound(per_instance_inbound::PerInstanceOnInbound),
     MixedDirection(mixed_direction::MixedDirection),

@@ -497,3 +497,63 @@ fn paths_case_insensitive_lowers_alone_or_with_servlet_and_conflicts_are_reporte
         ["gov::path-not-normal"]
     );
 }
+
+/// The algorithm a limit lowers to: the token bucket by default, with a
+/// burst of 5% of the amount (at least 10, or the amount if smaller), or the
+/// declared one; a `sync
+/// batch` limit, which leases fixed windows, defaults to the fixed window;
+/// a `plan` shows a change of algorithm.
+#[test]
+fn a_limit_lowers_its_declared_or_default_algorithm() {
+    use gov_proto::v1::{LimitAlgorithm, rule::Spec};
+    let lowered = |settings: &str| {
+        let b = bundle(&[SourceFile::new(
+            "a.gov",
+            format!("service a {{\n  limit l on any {{\n{settings}\n  }}\n}}\n"),
+        )]);
+        let Some(Spec::Limit(l)) = b.targets[0].rules[0].spec.clone() else {
+            panic!("a limit")
+        };
+        (l.algorithm(), l.burst)
+    };
+    use LimitAlgorithm::{FixedWindow, SlidingWindow, TokenBucket};
+    assert_eq!(lowered("calls 100 per 1s"), (TokenBucket, 10));
+    assert_eq!(lowered("calls 4 per 1m"), (TokenBucket, 4));
+    assert_eq!(lowered("calls 1000 per 1s"), (TokenBucket, 50));
+    assert_eq!(lowered("calls 1001 per 1s"), (TokenBucket, 51));
+    assert_eq!(lowered("calls 100 per 1s burst 30"), (TokenBucket, 30));
+    assert_eq!(
+        lowered("calls 100 per 1s\n    algorithm token bucket"),
+        (TokenBucket, 10)
+    );
+    assert_eq!(
+        lowered("calls 100 per 1s\n    algorithm fixed window"),
+        (FixedWindow, 0)
+    );
+    assert_eq!(
+        lowered("calls 100 per 1s\n    algorithm sliding window"),
+        (SlidingWindow, 0)
+    );
+    assert_eq!(
+        lowered("calls 100 per 1s\n    scope cluster sync batch 100ms"),
+        (FixedWindow, 0)
+    );
+    assert_eq!(lowered("bytes 1MiB per 1s"), (FixedWindow, 0));
+
+    let text = |algorithm: &str| {
+        SourceFile::new(
+            "a.gov",
+            format!(
+                "service a {{\n  limit l on any {{\n    calls 10 per 1s\n{algorithm}  }}\n}}\n"
+            ),
+        )
+    };
+    let before = bundle(&[text("")]);
+    let after = bundle(&[text("    algorithm sliding window\n")]);
+    insta::assert_snapshot!(plan(&before, &after).render(), @r"
+    ~ service a
+      ~ limit a/l: algorithm token bucket burst 10 -> sliding window
+
+    Plan: 0 service(s) to add, 1 to change, 0 to remove.
+    ");
+}

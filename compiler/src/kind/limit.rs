@@ -30,12 +30,15 @@ pub(crate) const REJECT: i64 = pb::RuleKind::Limit.reject_status() as i64;
 
 #[derive(Clone, Debug)]
 pub(crate) enum LimitSetting {
-    /// `calls N per D`
+    /// `calls N per D [burst B]`
     Calls {
         amount: Spanned<i64>,
         window: Spanned<Duration>,
+        burst: Option<Spanned<i64>>,
         span: Span,
     },
+    /// `algorithm fixed window|sliding window|token bucket`
+    Algorithm { algorithm: Algorithm, span: Span },
     /// `bytes SIZE per D` (request + response bytes)
     Bytes {
         amount: Spanned<Size>,
@@ -54,6 +57,34 @@ pub(crate) enum LimitSetting {
     Scope { scope: LimitScope, span: Span },
     /// `max_keys N` | `overflow share|reject`
     Keys(KeySetting),
+}
+
+/// How calls are counted (`algorithm ...`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Algorithm {
+    FixedWindow,
+    SlidingWindow,
+    TokenBucket,
+}
+
+impl Algorithm {
+    pub fn words(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed window",
+            Algorithm::SlidingWindow => "sliding window",
+            Algorithm::TokenBucket => "token bucket",
+        }
+    }
+}
+
+/// The burst of a token bucket nobody declared: 5% of the amount, and at
+/// least 10 calls (or the amount, if smaller). An overloaded limit admits
+/// at most `amount * T + burst` in a run of T windows: 1.02x from 2.5
+/// windows on; traffic well under the rate, arriving at random, is not
+/// refused for coming in small clumps (docs/language.md, "Algorithms").
+pub(crate) fn default_burst(amount: i64) -> i64 {
+    let amount = amount.max(1);
+    ((amount + 19) / 20).max(amount.min(10))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,6 +188,11 @@ pub(crate) enum ReleaseEff {
 /// setting is given twice (an error of its own), the first wins.
 pub(crate) struct LimitEff {
     pub calls: Option<Counter>,
+    /// The algorithm with defaults applied: the token bucket, but for `sync
+    /// batch` (which leases fixed windows).
+    pub algorithm: Algorithm,
+    /// The token bucket's burst (declared or [`default_burst`]); 0 otherwise.
+    pub burst: i64,
     pub bytes: Option<Counter>,
     pub per: LimitKey,
     pub action: ActionEff,
@@ -179,11 +215,35 @@ fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
         "calls" => {
             let amount = w.int()?;
             w.expect("per")?;
+            let window = w.duration()?;
+            let burst = match w.expect("burst") {
+                Some(_) => Some(w.int()?),
+                None => None,
+            };
             S::Calls {
                 amount,
-                window: w.duration()?,
+                window,
+                burst,
                 span,
             }
+        }
+        "algorithm" => {
+            let algorithm = match w.key()?.node {
+                "fixed" => {
+                    w.expect("window")?;
+                    Algorithm::FixedWindow
+                }
+                "sliding" => {
+                    w.expect("window")?;
+                    Algorithm::SlidingWindow
+                }
+                "token" => {
+                    w.expect("bucket")?;
+                    Algorithm::TokenBucket
+                }
+                _ => return None,
+            };
+            S::Algorithm { algorithm, span }
         }
         "bytes" => {
             let amount = w.size()?;
@@ -293,6 +353,8 @@ impl LimitEff {
     pub fn of(l: &Limit<'_>) -> Self {
         let mut e = LimitEff {
             calls: None,
+            algorithm: Algorithm::TokenBucket,
+            burst: 0,
             bytes: None,
             per: LimitKey::All,
             action: ActionEff::Reject,
@@ -305,10 +367,12 @@ impl LimitEff {
         for s in l.settings.iter().rev() {
             // Reversed so that the first occurrence is applied last and wins.
             match s {
+                LimitSetting::Algorithm { .. } => {}
                 LimitSetting::Calls {
                     amount,
                     window,
                     span,
+                    ..
                 } => {
                     e.calls = Some(Counter {
                         amount: amount.node,
@@ -369,8 +433,37 @@ impl LimitEff {
                 LimitSetting::Keys(k) => e.keys.apply(k),
             }
         }
+        (e.algorithm, e.burst) = algorithm_of(l, &e);
         e
     }
+}
+
+/// The declared algorithm and burst (the first of each), or the defaults:
+/// a token bucket of [`default_burst`], a fixed window under `sync batch`.
+fn algorithm_of(l: &Limit<'_>, e: &LimitEff) -> (Algorithm, i64) {
+    let declared = l.settings.iter().find_map(|s| match s {
+        LimitSetting::Algorithm { algorithm, .. } => Some(*algorithm),
+        _ => None,
+    });
+    let burst = l.settings.iter().find_map(|s| match s {
+        LimitSetting::Calls { burst, .. } => Some(burst.as_ref().map(|b| b.node)),
+        _ => None,
+    });
+    let algorithm = match (declared, burst) {
+        (Some(a), _) => a,
+        (None, Some(Some(_))) => Algorithm::TokenBucket,
+        _ if matches!(e.scope, Scope::ClusterBatch(_)) || e.calls.is_none() => {
+            Algorithm::FixedWindow
+        }
+        _ => Algorithm::TokenBucket,
+    };
+    let burst = match algorithm {
+        Algorithm::TokenBucket => burst
+            .flatten()
+            .unwrap_or_else(|| default_burst(e.calls.map_or(1, |c| c.amount))),
+        _ => 0,
+    };
+    (algorithm, burst)
 }
 
 impl ActionEff {
@@ -410,6 +503,7 @@ impl super::Kind for Kind {
     fn setting_key(&self, setting: &Setting) -> Option<&'static str> {
         Some(match decode(&mut Words::of(setting))? {
             LimitSetting::Calls { .. } => "calls",
+            LimitSetting::Algorithm { .. } => "algorithm",
             LimitSetting::Bytes { .. } => "bytes",
             LimitSetting::Per { .. } => "per",
             LimitSetting::Action { .. } => "action",
@@ -424,7 +518,15 @@ impl super::Kind for Kind {
         use Bound::Positive;
         for s in Limit::from(rule).settings {
             match s {
-                LimitSetting::Calls { amount, window, .. } => {
+                LimitSetting::Calls {
+                    amount,
+                    window,
+                    burst,
+                    ..
+                } => {
+                    if let Some(b) = burst {
+                        out.bound("burst", b.node, b.span, Positive);
+                    }
                     out.bound("calls", amount.node, amount.span, Positive);
                     out.bound_duration("calls ... per", &window, Positive);
                     out.large("window", Large::Duration(window));
@@ -533,8 +635,12 @@ impl super::Kind for Kind {
         pb::rule::Spec::Limit(pb::Limit {
             max_keys,
             overflow,
-            algorithm: pb::LimitAlgorithm::FixedWindow as i32,
-            burst: 0,
+            algorithm: match e.algorithm {
+                Algorithm::FixedWindow => pb::LimitAlgorithm::FixedWindow,
+                Algorithm::SlidingWindow => pb::LimitAlgorithm::SlidingWindow,
+                Algorithm::TokenBucket => pb::LimitAlgorithm::TokenBucket,
+            } as i32,
+            burst: unsigned(e.burst),
             calls: e.calls.map(rate),
             bytes: e.bytes.map(rate),
             key: match e.per {
@@ -584,6 +690,12 @@ impl super::Kind for Kind {
                 "calls",
                 format!("{} per {}", c.amount, fmt_ms(c.window_ms)),
             );
+            let algorithm = match l.algorithm() {
+                pb::LimitAlgorithm::FixedWindow => "fixed window".to_string(),
+                pb::LimitAlgorithm::SlidingWindow => "sliding window".to_string(),
+                pb::LimitAlgorithm::TokenBucket => format!("token bucket burst {}", l.burst),
+            };
+            push(f, "algorithm", algorithm);
         }
         if let Some(b) = &l.bytes {
             push(
