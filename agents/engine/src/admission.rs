@@ -571,6 +571,7 @@ impl Admission {
                 retry_after: None,
                 grpc: gov_proto::v1::GrpcCode::DeadlineExceeded,
                 would_reject: Vec::new(),
+                limit: None,
             },
         }
     }

@@ -102,6 +102,9 @@ pub use judged::JudgedHeaderError;
 pub use latch::{InvalidLatch, Latch, LatchKind, Restored};
 pub use layer::{CallError, CallTarget, CountAsSystemError, Govern, GovernLayer};
 pub use outcome::Outcome;
-pub use rejection::{REJECTED_BY, RejectReason, Rejection, WOULD_REJECT_BY, WouldReject};
+pub use rejection::{
+    LimitPolicy, RATELIMIT, RATELIMIT_POLICY, REJECTED_BY, RejectReason, Rejection,
+    WOULD_REJECT_BY, WouldReject,
+};
 pub use route::Headers;
 pub use stats::{FuseState, LATENCY_BUCKETS_MS, MAX_ENGAGED_KEYS, RuleStats};

@@ -112,7 +112,27 @@ pub struct Rejection {
     /// order, among those decided before this rejection (empty without
     /// shadow rules: no allocation).
     pub would_reject: Vec<WouldReject>,
+    /// The limit that refused the call, for the `RateLimit-Policy` and
+    /// `RateLimit` headers (draft-ietf-httpapi-ratelimit-headers); `None`
+    /// for bulkheads, fuses and timeouts.
+    pub limit: Option<LimitPolicy>,
 }
+
+/// What a refusing limit allows: `quota` per `window` (a token bucket's
+/// rate), in calls or in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitPolicy {
+    pub quota: u64,
+    pub window: Duration,
+    pub bytes: bool,
+}
+
+/// `RateLimit-Policy`: the limit's quota per window, in whole seconds.
+pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
+
+/// `RateLimit`: what is left of it (nothing: the call was refused) and, when
+/// known, the seconds until a call fits (`Retry-After`).
+pub const RATELIMIT: &str = "ratelimit";
 
 /// A rule in mode shadow that would have refused a call: the call went on.
 /// On [`crate::Admission::would_reject`] and [`Rejection::would_reject`],
@@ -129,7 +149,64 @@ pub struct WouldReject {
     pub reason: RejectReason,
 }
 
+/// `s` as a structured-field string (RFC 8941): `"`, with `\` and `"`
+/// escaped and other characters outside printable ASCII dropped.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars().filter(|c| (' '..='~').contains(c)) {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
 impl Rejection {
+    /// The `RateLimit-Policy` and `RateLimit` values of a limit's refusal:
+    /// the policy is named by the rule, its window in whole seconds (a
+    /// shorter window's quota scaled to one second); `qu="content-bytes"`
+    /// for a bytes limit.
+    pub fn ratelimit_headers(&self) -> Option<(String, String)> {
+        let limit = self.limit?;
+        let window_ms = u64::try_from(limit.window.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let w = window_ms.div_ceil(1000).max(1);
+        let quota = if window_ms % 1000 == 0 {
+            limit.quota
+        } else {
+            u64::try_from(u128::from(limit.quota) * u128::from(w) * 1000 / u128::from(window_ms))
+                .unwrap_or(u64::MAX)
+        };
+        let name = sf_string(&self.rule);
+        let unit = if limit.bytes {
+            ";qu=\"content-bytes\""
+        } else {
+            ""
+        };
+        let policy = format!("{name};q={quota};w={w}{unit}");
+        let state = match self.retry_after_secs() {
+            Some(t) => format!("{name};r=0;t={t}"),
+            None => format!("{name};r=0"),
+        };
+        Some((policy, state))
+    }
+
+    fn insert_ratelimit(&self, headers: &mut http::HeaderMap) {
+        if let Some((policy, state)) = self.ratelimit_headers()
+            && let (Ok(p), Ok(s)) = (
+                HeaderValue::from_str(&policy),
+                HeaderValue::from_str(&state),
+            )
+        {
+            headers.insert(RATELIMIT_POLICY, p);
+            headers.insert(RATELIMIT, s);
+        }
+    }
+
     /// The `Retry-After` value in whole seconds (rounded up, at least 1).
     pub fn retry_after_secs(&self) -> Option<u64> {
         self.retry_after.map(|d| {
@@ -158,6 +235,7 @@ impl Rejection {
         if let Some(secs) = self.retry_after_secs() {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        self.insert_ratelimit(headers);
         response
     }
 
@@ -206,6 +284,7 @@ impl Rejection {
         if let Some(secs) = self.retry_after_secs() {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        self.insert_ratelimit(headers);
         response
     }
 
@@ -228,6 +307,15 @@ impl Rejection {
         }
         if let Some(secs) = self.retry_after_secs() {
             let _ = write!(out, "retry-after: {secs}\r\n");
+        }
+        if let Some((policy, state)) = self.ratelimit_headers()
+            && HeaderValue::from_str(&policy).is_ok()
+            && HeaderValue::from_str(&state).is_ok()
+        {
+            let _ = write!(
+                out,
+                "{RATELIMIT_POLICY}: {policy}\r\n{RATELIMIT}: {state}\r\n"
+            );
         }
         if close {
             out.extend_from_slice(b"connection: close\r\n");
@@ -254,6 +342,7 @@ mod tests {
             retry_after: Some(Duration::from_millis(1200)),
             grpc: GrpcCode::ResourceExhausted,
             would_reject: Vec::new(),
+            limit: None,
         };
         let resp = r.to_response();
         assert_eq!(resp.status(), 429);
@@ -272,6 +361,7 @@ mod tests {
             retry_after: Some(Duration::from_millis(1200)),
             grpc: GrpcCode::ResourceExhausted,
             would_reject: Vec::new(),
+            limit: None,
         };
         let mut out = Vec::new();
         r.write_http1(&mut out, true);
@@ -311,11 +401,64 @@ mod tests {
             retry_after: Some(Duration::from_millis(1)),
             grpc: GrpcCode::ResourceExhausted,
             would_reject: Vec::new(),
+            limit: None,
         };
         assert_eq!(r.retry_after_secs(), Some(1));
         r.retry_after = Some(Duration::from_secs(7200));
         assert_eq!(r.retry_after_secs(), Some(7200));
         r.retry_after = None;
         assert!(r.to_response().headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    /// The RateLimit pair names the rule, its quota per window in whole
+    /// seconds (a shorter window's quota per second), bytes as
+    /// `content-bytes`, and the seconds until a call fits; the same on every
+    /// encoding; nothing for a refusal that is not a limit's.
+    #[tokio::test]
+    async fn a_limit_refusal_carries_the_ratelimit_headers() {
+        let mut r = Rejection {
+            rule: "order/crm_supplier".into(),
+            reason: RejectReason::LimitCalls,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            retry_after: Some(Duration::from_millis(1200)),
+            grpc: GrpcCode::ResourceExhausted,
+            would_reject: Vec::new(),
+            limit: Some(LimitPolicy {
+                quota: 100,
+                window: Duration::from_secs(60),
+                bytes: false,
+            }),
+        };
+        let policy = "\"order/crm_supplier\";q=100;w=60";
+        let state = "\"order/crm_supplier\";r=0;t=2";
+        for resp in [r.to_response(), r.to_grpc_response()] {
+            assert_eq!(resp.headers()[RATELIMIT_POLICY], policy);
+            assert_eq!(resp.headers()[RATELIMIT], state);
+        }
+        let mut out = Vec::new();
+        r.write_http1(&mut out, false);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains(&format!(
+            "ratelimit-policy: {policy}\r\nratelimit: {state}\r\n"
+        )));
+
+        r.limit = Some(LimitPolicy {
+            quota: 5,
+            window: Duration::from_millis(100),
+            bytes: true,
+        });
+        r.retry_after = None;
+        assert_eq!(
+            r.ratelimit_headers(),
+            Some((
+                "\"order/crm_supplier\";q=50;w=1;qu=\"content-bytes\"".into(),
+                "\"order/crm_supplier\";r=0".into()
+            ))
+        );
+        r.limit = None;
+        assert!(r.to_response().headers().get(RATELIMIT).is_none());
+        let mut out = Vec::new();
+        r.write_http1(&mut out, false);
+        assert!(!String::from_utf8(out).unwrap().contains("ratelimit"));
     }
 }

@@ -98,6 +98,7 @@ impl Snapshot {
             retry_after,
             grpc,
             would_reject: Vec::new(),
+            limit: state.limit_policy(reason),
         }
     }
 

@@ -263,6 +263,18 @@ impl State {
         dispatch!(self, p => Primitive::timeout(&**p))
     }
 
+    /// The limit a refusal for `reason` names in its `RateLimit` headers.
+    pub(crate) fn limit_policy(&self, reason: RejectReason) -> Option<crate::LimitPolicy> {
+        let State::Limit(l) = self else { return None };
+        let bytes = reason == RejectReason::LimitBytes;
+        let rate = if bytes { l.spec.bytes } else { l.spec.calls }?;
+        Some(crate::LimitPolicy {
+            quota: rate.amount,
+            window: rate.window,
+            bytes,
+        })
+    }
+
     pub(crate) fn reject_status(&self) -> StatusCode {
         dispatch!(self, p => Primitive::reject_status(&**p))
     }

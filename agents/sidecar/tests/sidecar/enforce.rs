@@ -133,6 +133,14 @@ rules:
     assert_eq!(reply.header(REJECTED_BY), Some("shop/calls_per_consumer"));
     let retry: u64 = reply.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=60).contains(&retry), "retry-after {retry}");
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        Some("\"shop/calls_per_consumer\";q=5;w=60")
+    );
+    assert_eq!(
+        reply.header("ratelimit"),
+        Some(&*format!("\"shop/calls_per_consumer\";r=0;t={retry}"))
+    );
     for _ in 0..5 {
         assert_eq!(get("/calls", "erp").await.status, StatusCode::OK);
     }

@@ -178,6 +178,14 @@ rules:
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     assert_eq!(rejected_by(&status), Some("shop/say_rate"));
     assert_eq!(status.message(), "rejected by shop/say_rate (limit_calls)");
+    // The RateLimit headers as metadata of the trailers-only answer.
+    let meta = |name: &str| status.metadata().get(name).and_then(|v| v.to_str().ok());
+    assert_eq!(
+        meta("ratelimit-policy"),
+        Some("\"shop/say_rate\";q=2;w=600")
+    );
+    assert_eq!(meta("ratelimit"), Some("\"shop/say_rate\";r=0;t=600"));
+    assert_eq!(meta("retry-after"), Some("600"));
     // Another method of the service is not limited.
     c.ready().await.unwrap();
     let req = tonic::Request::new(Say {

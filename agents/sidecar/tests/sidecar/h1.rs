@@ -229,7 +229,16 @@ rules:
     let rejected = wire.response().await;
     assert_eq!(rejected.status, 429);
     assert_eq!(rejected.header("gov-rejected-by"), Some("shop/once"));
-    assert!(rejected.header("retry-after").is_some());
+    assert_eq!(rejected.header("retry-after"), Some("3600"));
+    // The draft-ietf-httpapi-ratelimit-headers pair, from the limit.
+    assert_eq!(
+        rejected.header("ratelimit-policy"),
+        Some("\"shop/once\";q=1;w=3600")
+    );
+    assert_eq!(
+        rejected.header("ratelimit"),
+        Some("\"shop/once\";r=0;t=3600")
+    );
     assert_eq!(rejected.body, b"rejected by shop/once (limit_calls)\n");
     assert_eq!(rejected.header("connection"), None);
     wire.send(b"GET /free HTTP/1.1\r\nhost: x\r\n\r\n").await;
