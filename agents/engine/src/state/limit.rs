@@ -363,7 +363,7 @@ impl Limit {
             self.check_shared_bytes(link, cell, now.at)?;
             if let Some(sync) = link.exact {
                 // Here only without the store's answer: the fallback decides.
-                return self.exact_fallback(link, sync, cell, now);
+                return self.exact_fallback(link, sync, cell, now, now_ms);
             }
             return self.batch_calls(link, cell, now.at);
         }
@@ -382,7 +382,7 @@ impl Limit {
                 });
             }
         }
-        self.local_calls(cell, now)
+        self.local_calls(cell, now, now_ms)
     }
 
     /// The latch as the store encodes it: 0 none, -1 manual, else ms.

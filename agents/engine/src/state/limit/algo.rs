@@ -35,16 +35,45 @@ pub(crate) fn tolerance_ns(rate: &RateSpec, burst: u64) -> u64 {
 
 impl Limit {
     /// Counts one call by the limit's algorithm, or says how long until it fits.
-    pub(super) fn local_calls(&self, cell: &LimitCell, now: Now) -> Result<(), Exceeded> {
+    /// `now_ms`: `now` in whole ms since the limit's start.
+    #[inline]
+    pub(super) fn local_calls(
+        &self,
+        cell: &LimitCell,
+        now: Now,
+        now_ms: u64,
+    ) -> Result<(), Exceeded> {
         let Some(rate) = &self.spec.calls else {
             return Ok(());
         };
         match self.spec.algorithm {
-            Algorithm::FixedWindow => fixed(cell, rate, self.now_ms(now)),
-            Algorithm::SlidingWindow => sliding(cell, rate, self.now_ms(now)),
+            Algorithm::FixedWindow => fixed(cell, rate, now_ms),
+            Algorithm::SlidingWindow => sliding(cell, rate, now_ms),
             Algorithm::TokenBucket { burst } => {
                 bucket(cell, rate, burst, now.nanos_since(self.epoch_now))
             }
+        }
+    }
+}
+
+impl Limit {
+    /// Whether forgetting the key's calls state gives nothing back: no call
+    /// counted in the current window (fixed), nor in it or the one before
+    /// (sliding, whose previous window weighs), or the bucket full again.
+    pub(super) fn calls_at_rest(&self, cell: &LimitCell, now_ms: u64) -> bool {
+        let Some(rate) = &self.spec.calls else {
+            return true;
+        };
+        let number = now_ms / ms(rate.window).max(1);
+        let calls = cell.calls.load(Relaxed);
+        let counted_in =
+            |window: u64| calls >> 32 == window & 0xffff_ffff && calls & 0xffff_ffff > 0;
+        match self.spec.algorithm {
+            Algorithm::FixedWindow => !counted_in(number),
+            Algorithm::SlidingWindow => !counted_in(number) && !counted_in(number.wrapping_sub(1)),
+            // The arrival time in ns; `now_ms` whole ms, so this errs on
+            // keeping the key for under 1 ms.
+            Algorithm::TokenBucket { .. } => calls <= now_ms.saturating_mul(1_000_000),
         }
     }
 }
@@ -57,6 +86,7 @@ fn over(wait_ms: u64) -> Exceeded {
     }
 }
 
+#[inline]
 fn fixed(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
     let w = ms(rate.window).max(1);
     let window = (now_ms / w) & 0xffff_ffff;

@@ -76,12 +76,8 @@ impl Limit {
         if Arc::strong_count(cell) > 1 || self.is_engaged(cell, now_ms) {
             return false;
         }
-        if let Some(rate) = &self.spec.calls {
-            let window = (now_ms / ms(rate.window).max(1)) & 0xffff_ffff;
-            let calls = cell.calls.load(Relaxed);
-            if calls >> 32 == window && calls & 0xffff_ffff > 0 {
-                return false;
-            }
+        if !self.calls_at_rest(cell, now_ms) {
+            return false;
         }
         if let Some(rate) = &self.spec.bytes {
             let window = now_ms / ms(rate.window).max(1);
@@ -124,8 +120,12 @@ mod tests {
 
     /// `calls amount per 1h per consumer` with `keys`.
     fn per_consumer(amount: u64, keys: KeyCap) -> Limit {
+        by(super::super::Algorithm::FixedWindow, amount, keys)
+    }
+
+    fn by(algorithm: super::super::Algorithm, amount: u64, keys: KeyCap) -> Limit {
         let spec = LimitSpec {
-            algorithm: super::super::Algorithm::FixedWindow,
+            algorithm,
             calls: Some(RateSpec {
                 amount,
                 window: HOUR,
@@ -245,5 +245,33 @@ mod tests {
         assert!(matches!(l.cell_for(Some("y")), CellRef::Keyed(_)));
         assert!(l.keyed.read().unwrap().contains_key("held"));
         drop(held);
+    }
+
+    /// A key whose sliding window still weighs (counts in this window or
+    /// the one before) or whose token bucket is not full again is not at
+    /// rest: evicting it would give its caller calls back.
+    #[tokio::test(start_paused = true)]
+    async fn keys_of_every_algorithm_rest_only_when_forgetting_them_gives_nothing() {
+        use super::super::Algorithm;
+        let cap = KeyCap {
+            max: Some(1),
+            overflow: KeyOverflow::Reject,
+        };
+        let sliding = by(Algorithm::SlidingWindow, 3, cap);
+        assert!(call(&sliding, "a"));
+        tokio::time::advance(HOUR).await;
+        assert!(!call(&sliding, "b"), "a's last window still weighs");
+        tokio::time::advance(HOUR).await;
+        assert!(call(&sliding, "b"), "two windows on, a is at rest");
+
+        // A bucket refills one call every 20 min.
+        let bucket = by(Algorithm::TokenBucket { burst: 3 }, 3, cap);
+        assert!(call(&bucket, "a"));
+        tokio::time::advance(HOUR / 3 - Duration::from_millis(1)).await;
+        assert!(!call(&bucket, "b"), "a's bucket is not full yet");
+        let bucket = by(Algorithm::TokenBucket { burst: 3 }, 3, cap);
+        assert!(call(&bucket, "a"));
+        tokio::time::advance(HOUR / 3).await;
+        assert!(call(&bucket, "b"), "a's bucket is full again");
     }
 }

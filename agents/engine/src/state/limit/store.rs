@@ -317,10 +317,11 @@ impl Limit {
         sync: ExactSync,
         cell: &LimitCell,
         now: Now,
+        now_ms: u64,
     ) -> Result<(), Exceeded> {
         link.store.count_fallback(sync.fallback);
         match sync.fallback {
-            Fallback::Local => self.local_calls(cell, now),
+            Fallback::Local => self.local_calls(cell, now, now_ms),
             Fallback::Allow => Ok(()),
             // Not over the amount, so no latch: `engaged` keeps the refusal
             // from engaging one and from shaping (no delay makes it fit).
