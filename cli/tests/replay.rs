@@ -25,6 +25,7 @@ service order {
   match slow = path prefix "/slow"
   limit per_consumer on api {
     calls 20 per 1s
+    algorithm fixed window
     per consumer
   }
   fuse flaky_fuse on flaky {

@@ -341,7 +341,7 @@ fn propose(service: &str, calls: &[Call]) -> String {
         let evidence: Vec<String> = peaks.iter().map(|(c, n)| format!("{c} {n}")).collect();
         let _ = writeln!(
             rules,
-            "\n  # Most calls in any {window}, per consumer: {}. At 1.25 times the\n  # busiest, no consumer seen is throttled; a new one that floods is.\n  limit per_consumer on all {{\n    calls {amount} per {window}\n    per consumer\n  }}",
+            "\n  # Most calls in any {window}, per consumer: {}. At 1.25 times the\n  # busiest, as the rate and as the burst (the token bucket admits at most\n  # the burst at once), no consumer seen is throttled; a new one that floods is.\n  limit per_consumer on all {{\n    calls {amount} per {window} burst {amount}\n    per consumer\n  }}",
             evidence.join(", ")
         );
     } else {
