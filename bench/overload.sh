@@ -13,11 +13,16 @@
 #   nginx proxying, and nginx `return 429`, at 3*LIMIT/s -> the same ratio for the peer
 #
 #   bench/overload.sh                       # LIMIT=1000 RUNS=3 SECS=8
+#   ALGORITHM=TOKEN_BUCKET BURST=50 bench/overload.sh   # `lim` counts by that algorithm
+#   (FIXED_WINDOW, the wire's default; SLIDING_WINDOW; TOKEN_BUCKET with BURST calls;
+#   the compiler's default for `calls 1000 per 1s` is TOKEN_BUCKET BURST=50)
 # Needs what bench/proxy.sh needs (nginx, taskset, python3, curl). Results: stdout and $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LIMIT=${LIMIT:-1000}
+ALGORITHM=${ALGORITHM:-FIXED_WINDOW}
+BURST=${BURST:-0}
 RUNS=${RUNS:-3}
 SECS=${SECS:-8}
 CONNS=${CONNS:-16}
@@ -31,7 +36,7 @@ source bench/common.sh
 
 taskset -c 1 "$LOAD" upstream "$UP" & pids+=($!)
 
-policy() { # name amount window_ms
+policy() { # name amount window_ms [algorithm burst]
   cat > "$WORK/overload-$1.yaml" <<POLICY
 service: hello
 version: bench-$1
@@ -45,11 +50,13 @@ rules:
       calls: { amount: $2, window_ms: $3 }
       reject_status: 429
       reject_grpc_status: GRPC_CODE_RESOURCE_EXHAUSTED
+      algorithm: LIMIT_ALGORITHM_${4:-FIXED_WINDOW}
+      burst: ${5:-0}
 POLICY
 }
 policy fwd 1000000000 1000
 policy rej 1 3600000
-policy lim "$LIMIT" 1000
+policy lim "$LIMIT" 1000 "$ALGORITHM" "$BURST"
 
 declare -A PORT=([fwd]=18091 [rej]=18093 [lim]=18095) PID
 for a in fwd rej lim; do

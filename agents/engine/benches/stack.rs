@@ -18,6 +18,9 @@
 //! Run: `cargo bench -j2 -p gov-engine --bench stack`
 //! (`-- --instructions`: instructions only, one `instructions NAME N` line per
 //! subject; `scripts/decision-budget.sh` checks gov's against a budget.)
+//! `GOV_BENCH_ALGORITHM=SLIDING_WINDOW` (or `TOKEN_BUCKET`, `FIXED_WINDOW`,
+//! the wire's default) counts the matched limit (`order/api_rate`) by that
+//! algorithm: the decision's cost per algorithm.
 
 #![allow(clippy::print_stdout, reason = "a bench prints its table")]
 
@@ -119,7 +122,17 @@ const PERMITS: usize = 1_000_000;
 
 impl World {
     fn new() -> Self {
-        let mut target: TargetConfig = match serde_yaml::from_str(CONFIG) {
+        let config = match std::env::var("GOV_BENCH_ALGORITHM") {
+            Ok(a) => CONFIG.replace(
+                "    calls: {amount: 1000000000000, window_ms: 1000}\n",
+                &format!(
+                    "    calls: {{amount: 1000000000000, window_ms: 1000}}\n    algorithm: LIMIT_ALGORITHM_{a}\n{}",
+                    if a == "TOKEN_BUCKET" { "    burst: 1000000000\n" } else { "" }
+                ),
+            ),
+            Err(_) => CONFIG.to_owned(),
+        };
+        let mut target: TargetConfig = match serde_yaml::from_str(&config) {
             Ok(t) => t,
             Err(e) => panic!("bench config: {e}"),
         };
