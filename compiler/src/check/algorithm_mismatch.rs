@@ -61,6 +61,26 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                             .into(),
                         );
                     }
+                    // A burst alone selects the token bucket, which `sync
+                    // batch` does not lease (an explicit algorithm is
+                    // reported below).
+                    LimitSetting::Calls {
+                        burst: Some(burst), ..
+                    } if matches!(e.scope, Scope::ClusterBatch(_))
+                        && !l
+                            .settings
+                            .iter()
+                            .any(|s| matches!(s, LimitSetting::Algorithm { .. })) =>
+                    {
+                        out.push(
+                            mismatch(
+                                "a burst (a token bucket) with `sync batch`".to_string(),
+                                "`sync batch` leases fixed windows: use `scope cluster sync exact`, or remove `burst`",
+                                burst.span,
+                            )
+                            .into(),
+                        );
+                    }
                     LimitSetting::Algorithm { algorithm, span } => {
                         if e.calls.is_none() && *algorithm != Algorithm::FixedWindow {
                             out.push(
