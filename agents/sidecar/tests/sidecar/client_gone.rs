@@ -118,15 +118,27 @@ async fn h2c_streams_reset_after_their_request_keep_their_permits_until_the_upst
     let tcp = TcpStream::connect(addr).await.unwrap();
     let (client, connection) = h2::client::handshake(tcp).await.unwrap();
     let connection = tokio::spawn(connection);
+    // On a busy machine the server may not accept the streams as fast as
+    // they are reset: past 20 reset before being accepted, h2's own Rapid
+    // Reset defence ends the connection (GOAWAY ENHANCE_YOUR_CALM). That is
+    // a defence working, not a failure: the calls sent until then must still
+    // hold their permits.
+    let mut sent = 0;
     for _ in 0..60 {
-        let mut client = client.clone().ready().await.unwrap();
+        let Ok(mut client) = client.clone().ready().await else {
+            break;
+        };
         let request = http::Request::get(format!("http://{addr}/work"))
             .body(())
             .unwrap();
-        let (_response, mut stream) = client.send_request(request, true).unwrap();
+        let Ok((_response, mut stream)) = client.send_request(request, true) else {
+            break;
+        };
+        sent += 1;
         tokio::time::sleep(ms(1)).await;
         stream.send_reset(h2::Reason::CANCEL);
     }
+    assert!(sent > 5, "only {sent} streams before the connection ended");
     let gone = settles(&up, &agent).await;
     assert!(
         up.peak_in_flight("/work") <= 5,
