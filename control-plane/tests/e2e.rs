@@ -698,9 +698,22 @@ async fn gated_upstream(
 
 /// One GET through an agent's outbound listener to `service`: (status, body).
 async fn call(outbound: SocketAddr, service: &str) -> (u16, String) {
+    call_with(outbound, service, "/x", "").await
+}
+
+/// One GET of `path` through an agent's outbound listener to `service`,
+/// with `headers` (whole `name: value\r\n` lines): (status, body); `(0, "")`
+/// when no answer came within 10 s.
+async fn call_with(
+    outbound: SocketAddr,
+    service: &str,
+    path: &str,
+    headers: &str,
+) -> (u16, String) {
     let attempt = async {
         let mut s = tokio::net::TcpStream::connect(outbound).await.ok()?;
-        let req = format!("GET /x HTTP/1.1\r\nHost: {service}\r\nConnection: close\r\n\r\n");
+        let req =
+            format!("GET {path} HTTP/1.1\r\nHost: {service}\r\n{headers}Connection: close\r\n\r\n");
         s.write_all(req.as_bytes()).await.ok()?;
         let mut buf = Vec::new();
         s.read_to_end(&mut buf).await.ok()?;

@@ -77,36 +77,6 @@ async fn consumer_echo() -> SocketAddr {
     addr
 }
 
-/// One GET of `path` through `outbound` to `service` with `headers`:
-/// (status, body).
-async fn call_with(
-    outbound: SocketAddr,
-    service: &str,
-    path: &str,
-    headers: &str,
-) -> (u16, String) {
-    let attempt = async {
-        let mut s = tokio::net::TcpStream::connect(outbound).await.ok()?;
-        let req =
-            format!("GET {path} HTTP/1.1\r\nHost: {service}\r\n{headers}Connection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let status = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map_or("", |(_, b)| b)
-            .to_owned();
-        Some((status, body))
-    };
-    tokio::time::timeout(Duration::from_secs(10), attempt)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or((0, String::new()))
-}
-
 /// A TLS client of `addr` presenting `cert` (None: no certificate) and
 /// trusting any server: whether its GET got an HTTP answer.
 async fn tls_get(addr: SocketAddr, cert: Option<(&Path, &Path)>) -> Result<String, String> {
