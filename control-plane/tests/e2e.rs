@@ -2276,6 +2276,7 @@ const PER_CONSUMER: &str = r#"service order {
 
   limit per_caller on keyed {
     calls 1 per 1s
+    algorithm fixed window
     per consumer
     release manual
   }

@@ -165,6 +165,41 @@ rules:
     release: {after_ms: 7200000}
 "#;
 
+/// The same release for every algorithm: a released key starts fresh (a
+/// token bucket full again, a sliding window without its count), not with
+/// a fixed window's word read as another algorithm's state.
+#[tokio::test(start_paused = true)]
+async fn a_released_key_starts_fresh_whatever_the_algorithm() {
+    for algorithm in [
+        "LIMIT_ALGORITHM_TOKEN_BUCKET",
+        "LIMIT_ALGORITHM_SLIDING_WINDOW",
+    ] {
+        let burst = if algorithm.ends_with("BUCKET") {
+            "burst: 1\n    "
+        } else {
+            ""
+        };
+        let config = LIMIT.replace(
+            "calls: {amount: 1, window_ms: 1000}",
+            &format!("calls: {{amount: 1, window_ms: 1000}}\n    {burst}algorithm: {algorithm}"),
+        );
+        assert_ne!(config, LIMIT);
+        let e = engine(&config);
+        // Some seconds into the limit's life: a window number well above 0.
+        tokio::time::advance(std::time::Duration::from_secs(30)).await;
+        assert!(now(&e, "/api", Some("a")).is_ok(), "{algorithm}");
+        assert!(now(&e, "/api", Some("a")).is_err(), "{algorithm}");
+        assert_eq!(
+            e.release_limit("order/per_consumer", Some("a"), "ops"),
+            Ok(true)
+        );
+        assert!(
+            now(&e, "/api", Some("a")).is_ok(),
+            "{algorithm}: the next call after a release is admitted"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn limit_rejects_one_consumer_with_retry_after() {
     let e = engine(LIMIT);

@@ -138,13 +138,22 @@ impl Limit {
         released
     }
 
-    /// Starts `cell` on a fresh count in the current window: its calls and
-    /// bytes, and a cluster limit's last totals from the store.
+    /// Starts `cell` on a fresh count in the current window: its calls (by
+    /// the limit's algorithm: a token bucket full again, a window with no
+    /// count and no previous one) and bytes, and a cluster limit's last
+    /// totals from the store.
     fn fresh_count(&self, cell: &LimitCell) {
         let now = Instant::now();
         if let Some(rate) = &self.spec.calls {
-            let window = (self.now_ms(now) / ms(rate.window).max(1)) & 0xffff_ffff;
-            cell.calls.store(pack(window, 0), Relaxed);
+            match self.spec.algorithm {
+                // The theoretical arrival time at the limit's start: full.
+                Algorithm::TokenBucket { .. } => cell.calls.store(0, Relaxed),
+                Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                    let window = (self.now_ms(now) / ms(rate.window).max(1)) & 0xffff_ffff;
+                    cell.calls.store(pack(window, 0), Relaxed);
+                    cell.previous.store(0, Relaxed);
+                }
+            }
         }
         cell.bytes.store(0, Relaxed);
         if self.cluster.is_some() {
