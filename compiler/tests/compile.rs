@@ -557,3 +557,39 @@ fn a_limit_lowers_its_declared_or_default_algorithm() {
     Plan: 0 service(s) to add, 1 to change, 0 to remove.
     ");
 }
+
+/// `headers always` lowers to `ratelimit_headers_always` (`headers on
+/// reject`, the default, to its absence) and shows in a plan; a misspelt
+/// value is an error, not a silent default.
+#[test]
+fn a_limit_lowers_whether_admitted_calls_carry_the_ratelimit_headers() {
+    use gov_proto::v1::rule::Spec;
+    let text = |settings: &str| {
+        SourceFile::new(
+            "a.gov",
+            format!("service a {{\n  limit l on any {{\n    calls 10 per 1s\n{settings}  }}\n}}\n"),
+        )
+    };
+    let always = |settings: &str| {
+        let b = bundle(&[text(settings)]);
+        let Some(Spec::Limit(l)) = b.targets[0].rules[0].spec.clone() else {
+            panic!("a limit")
+        };
+        l.ratelimit_headers_always
+    };
+    assert!(!always(""));
+    assert!(always("    headers always\n"));
+    assert!(!always("    headers on reject\n"));
+    let before = bundle(&[text("")]);
+    let after = bundle(&[text("    headers always\n")]);
+    insta::assert_snapshot!(plan(&before, &after).render(), @r"
+    ~ service a
+      ~ limit a/l: headers on reject -> always
+
+    Plan: 0 service(s) to add, 1 to change, 0 to remove.
+    ");
+    assert!(
+        compile(&[text("    headers sometimes\n")]).is_err(),
+        "`headers sometimes` compiles"
+    );
+}

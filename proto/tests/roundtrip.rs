@@ -170,6 +170,7 @@ fn order() -> TargetConfig {
                     overflow: KeyOverflow::Share as i32,
                     algorithm: 0,
                     burst: 0,
+                    ratelimit_headers_always: true,
                 })),
             },
             Rule {

@@ -24,6 +24,8 @@ use crate::state::Scope;
 use crate::stats::Latency;
 use crate::stripe::{self, Slot};
 
+mod ratelimit;
+
 /// One step of a decision: a matched rule and the scope (key) of this call.
 #[derive(Debug)]
 pub(crate) struct Step {

@@ -368,9 +368,10 @@ where
                 }
                 match fut.poll(cx) {
                     Poll::Pending => Poll::Pending,
-                    Poll::Ready(Ok(response)) => {
+                    Poll::Ready(Ok(mut response)) => {
                         let call = admission.take().map(|mut a| {
                             a.record_head(*grpc, response.status(), response.headers());
+                            a.insert_ratelimit(response.headers_mut());
                             a
                         });
                         Poll::Ready(Ok(response.map(|body| GovBody::Response { body, call })))

@@ -127,6 +127,43 @@ pub struct LimitPolicy {
     pub bytes: bool,
 }
 
+impl LimitPolicy {
+    /// The `RateLimit-Policy` item of the limit `rule` (its window in whole
+    /// seconds, a shorter window's quota scaled to one second;
+    /// `qu="content-bytes"` for a bytes limit), and its `RateLimit` item
+    /// when what is left (`remaining`) is known: `t`, the seconds until a
+    /// call fits or the quota is whole again, when known.
+    pub(crate) fn items(
+        &self,
+        rule: &str,
+        remaining: Option<u64>,
+        t: Option<u64>,
+    ) -> (String, Option<String>) {
+        let window_ms = u64::try_from(self.window.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let w = window_ms.div_ceil(1000).max(1);
+        let quota = if window_ms % 1000 == 0 {
+            self.quota
+        } else {
+            u64::try_from(u128::from(self.quota) * u128::from(w) * 1000 / u128::from(window_ms))
+                .unwrap_or(u64::MAX)
+        };
+        let name = sf_string(rule);
+        let unit = if self.bytes {
+            ";qu=\"content-bytes\""
+        } else {
+            ""
+        };
+        let policy = format!("{name};q={quota};w={w}{unit}");
+        let state = remaining.map(|r| match t {
+            Some(t) => format!("{name};r={r};t={t}"),
+            None => format!("{name};r={r}"),
+        });
+        (policy, state)
+    }
+}
+
 /// `RateLimit-Policy`: the limit's quota per window, in whole seconds.
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
 
@@ -171,28 +208,8 @@ impl Rejection {
     /// for a bytes limit.
     pub fn ratelimit_headers(&self) -> Option<(String, String)> {
         let limit = self.limit?;
-        let window_ms = u64::try_from(limit.window.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let w = window_ms.div_ceil(1000).max(1);
-        let quota = if window_ms % 1000 == 0 {
-            limit.quota
-        } else {
-            u64::try_from(u128::from(limit.quota) * u128::from(w) * 1000 / u128::from(window_ms))
-                .unwrap_or(u64::MAX)
-        };
-        let name = sf_string(&self.rule);
-        let unit = if limit.bytes {
-            ";qu=\"content-bytes\""
-        } else {
-            ""
-        };
-        let policy = format!("{name};q={quota};w={w}{unit}");
-        let state = match self.retry_after_secs() {
-            Some(t) => format!("{name};r=0;t={t}"),
-            None => format!("{name};r=0"),
-        };
-        Some((policy, state))
+        let (policy, state) = limit.items(&self.rule, Some(0), self.retry_after_secs());
+        Some((policy, state.unwrap_or_default()))
     }
 
     fn insert_ratelimit(&self, headers: &mut http::HeaderMap) {

@@ -34,6 +34,9 @@ pub(crate) struct Snapshot {
     /// Whether any rule is in mode shadow: without one, a decision never
     /// reads a rule's mode.
     pub(crate) any_shadow: bool,
+    /// Whether any limit says `headers always`: without one, an admitted
+    /// call's response is not looked at for the `RateLimit` headers.
+    pub(crate) any_headers_always: bool,
 }
 
 impl Snapshot {
@@ -53,10 +56,15 @@ impl Snapshot {
     /// The snapshot of `config` with the state of each of its rules.
     pub(crate) fn new(config: Arc<CompiledConfig>, states: Box<[State]>) -> Self {
         let any_shadow = config.rules.iter().any(|r| r.mode.is_shadow());
+        let any_headers_always = config
+            .rules
+            .iter()
+            .any(|r| matches!(&r.spec, crate::state::RuleSpec::Limit(l) if l.headers_always));
         Self {
             config,
             states,
             any_shadow,
+            any_headers_always,
         }
     }
 

@@ -263,6 +263,36 @@ impl State {
         dispatch!(self, p => Primitive::timeout(&**p))
     }
 
+    /// The `RateLimit-Policy` and `RateLimit` items of an admitted call for
+    /// this rule, when it is a limit that says `headers always`: its policy
+    /// (calls, or bytes for a limit of bytes alone) and what is left to the
+    /// call's key (`scope`, `None`: the rule's own counter) at `now`, when
+    /// this instance knows it.
+    pub(crate) fn admitted_ratelimit(
+        &self,
+        rule: &str,
+        scope: Option<&Scope>,
+        now: Now,
+    ) -> Option<(String, Option<String>)> {
+        let State::Limit(l) = self else { return None };
+        if !l.spec.headers_always {
+            return None;
+        }
+        let reason = if l.spec.calls.is_some() {
+            RejectReason::LimitCalls
+        } else {
+            RejectReason::LimitBytes
+        };
+        let policy = self.limit_policy(reason)?;
+        let cell = match scope {
+            Some(Scope::Limit(r)) => l.cell(r),
+            _ => l.cell(&limit::CellRef::Single),
+        };
+        let left = l.quota_left(cell, now);
+        let secs = |d: Duration| d.as_secs() + u64::from(d.subsec_nanos() > 0);
+        Some(policy.items(rule, left.map(|q| q.remaining), left.map(|q| secs(q.reset))))
+    }
+
     /// The limit a refusal for `reason` names in its `RateLimit` headers.
     pub(crate) fn limit_policy(&self, reason: RejectReason) -> Option<crate::LimitPolicy> {
         let State::Limit(l) = self else { return None };

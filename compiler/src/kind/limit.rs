@@ -57,6 +57,9 @@ pub(crate) enum LimitSetting {
     Scope { scope: LimitScope, span: Span },
     /// `max_keys N` | `overflow share|reject`
     Keys(KeySetting),
+    /// `headers always` | `headers on reject`: whether admitted calls carry
+    /// the RateLimit headers too.
+    Headers { always: bool },
 }
 
 /// How calls are counted (`algorithm ...`).
@@ -201,6 +204,8 @@ pub(crate) struct LimitEff {
     pub release: ReleaseEff,
     pub scope: Scope,
     pub keys: KeysEff,
+    /// `headers always`: admitted calls carry the RateLimit headers too.
+    pub headers_always: bool,
 }
 
 /// The kind.
@@ -330,6 +335,17 @@ fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
             };
             S::Scope { scope, span }
         }
+        "headers" => {
+            let always = match w.key()?.node {
+                "always" => true,
+                "on" => {
+                    w.expect("reject")?;
+                    false
+                }
+                _ => return None,
+            };
+            S::Headers { always }
+        }
         key => S::Keys(KeySetting::decode(key, w)?),
     })
 }
@@ -363,6 +379,7 @@ impl LimitEff {
             release: ReleaseEff::Window,
             scope: Scope::Local,
             keys: KeysEff::default(),
+            headers_always: false,
         };
         for s in l.settings.iter().rev() {
             // Reversed so that the first occurrence is applied last and wins.
@@ -431,6 +448,7 @@ impl LimitEff {
                     };
                 }
                 LimitSetting::Keys(k) => e.keys.apply(k),
+                LimitSetting::Headers { always, .. } => e.headers_always = *always,
             }
         }
         (e.algorithm, e.burst) = algorithm_of(l, &e);
@@ -511,6 +529,7 @@ impl super::Kind for Kind {
             LimitSetting::Release { .. } => "release",
             LimitSetting::Scope { .. } => "scope",
             LimitSetting::Keys(k) => k.key(),
+            LimitSetting::Headers { .. } => "headers",
         })
     }
 
@@ -641,6 +660,7 @@ impl super::Kind for Kind {
                 Algorithm::TokenBucket => pb::LimitAlgorithm::TokenBucket,
             } as i32,
             burst: unsigned(e.burst),
+            ratelimit_headers_always: e.headers_always,
             calls: e.calls.map(rate),
             bytes: e.bytes.map(rate),
             key: match e.per {
@@ -726,6 +746,12 @@ impl super::Kind for Kind {
             Some(pb::release::Kind::Manual(_)) => "manual".to_string(),
         };
         push(f, "release", release);
+        let headers = if l.ratelimit_headers_always {
+            "always"
+        } else {
+            "on reject"
+        };
+        push(f, "headers", headers.to_string());
         let scope = match (l.scope(), l.sync()) {
             (pb::LimitScope::Local, _) => "local".to_string(),
             (pb::LimitScope::Cluster, pb::ClusterSync::Exact) => {

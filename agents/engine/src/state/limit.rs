@@ -53,6 +53,7 @@ use http::StatusCode;
 mod algo;
 mod keyed;
 mod latches;
+mod quota;
 mod spec;
 mod store;
 
@@ -711,8 +712,17 @@ mod tests {
             release,
             scope: LimitScope::Local,
             keys: crate::state::keys::KeyCap::default(),
+            headers_always: false,
         };
         (Limit::new(spec, "svc/l".into(), events, None), rx)
+    }
+
+    /// A local limit of `amount` calls per `window`, counted by `algorithm`.
+    pub(crate) fn limit_with(algorithm: Algorithm, amount: u64, window: Duration) -> Limit {
+        let (mut l, _) = limit(Some(amount), None, None);
+        l.spec.algorithm = algorithm;
+        l.spec.calls = Some(RateSpec { amount, window });
+        l
     }
 
     /// At `MAX_KEYS` keys a new key evicts the idle keys that are not
@@ -967,6 +977,7 @@ mod tests {
                 release,
                 scope,
                 keys: crate::state::keys::KeyCap::default(),
+                headers_always: false,
             };
             (
                 Arc::new(Limit::new(spec, "svc/shared".into(), events, Some(store))),

@@ -443,3 +443,93 @@ rules:
         StatusCode::NOT_FOUND
     );
 }
+
+/// `headers always` (`ratelimit_headers_always`): admitted calls carry the
+/// `RateLimit-Policy` and `RateLimit` headers too, counting down what is left,
+/// on the HTTP/1 path and on hyper's (h2c); a limit without it adds nothing to
+/// an admitted call.
+#[tokio::test]
+async fn admitted_calls_say_what_is_left_when_the_limit_says_headers_always() {
+    use bytes::Bytes;
+    use http::Request;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let up = upstream()
+        .fast("/told", ms(0))
+        .fast("/quiet", ms(0))
+        .start()
+        .await;
+    let agent = agent()
+        .config(
+            r#"
+service: shop
+version: told-v1
+rules:
+  - name: shop/told
+    on: { path: { kind: PATH_KIND_EXACT, value: /told } }
+    limit:
+      calls: { amount: 3, window_ms: 3600000 }
+      ratelimit_headers_always: true
+  - name: shop/quiet
+    on: { path: { kind: PATH_KIND_EXACT, value: /quiet } }
+    limit:
+      calls: { amount: 3, window_ms: 3600000 }
+"#,
+        )
+        .upstream(&up)
+        .start()
+        .await;
+    let policy = "\"shop/told\";q=3;w=3600";
+    let left = |reply: &crate::support::Reply| -> (u64, u64) {
+        let state = reply.header("ratelimit").expect("a RateLimit header");
+        let rest = state
+            .strip_prefix("\"shop/told\";r=")
+            .unwrap_or_else(|| panic!("{state}"));
+        let (r, t) = rest.split_once(";t=").unwrap_or_else(|| panic!("{state}"));
+        (r.parse().unwrap(), t.parse().unwrap())
+    };
+
+    // HTTP/1.1: the agent's own codec.
+    let h1 = http();
+    let first = h1.get(&agent.url("/told")).await.unwrap();
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.header("ratelimit-policy"), Some(policy));
+    let (r, t) = left(&first);
+    assert_eq!(r, 2);
+    assert!((3590..=3600).contains(&t), "t={t}");
+    assert_eq!(left(&h1.get(&agent.url("/told")).await.unwrap()).0, 1);
+
+    // h2c: hyper's path.
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = Request::get(agent.url("/told"))
+        .body(Full::default())
+        .unwrap();
+    let third = h2.request(req).await.unwrap();
+    assert_eq!(third.status(), StatusCode::OK);
+    let headers = third.headers().clone();
+    let _ = third.into_body().collect().await;
+    assert_eq!(headers["ratelimit-policy"], policy);
+    assert!(
+        headers["ratelimit"]
+            .to_str()
+            .unwrap()
+            .starts_with("\"shop/told\";r=0;t="),
+        "{:?}",
+        headers["ratelimit"]
+    );
+
+    // Spent: the refusal says so as before.
+    let refused = h1.get(&agent.url("/told")).await.unwrap();
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(left(&refused).0, 0);
+
+    // Without `headers always`, an admitted call carries nothing.
+    let quiet = h1.get(&agent.url("/quiet")).await.unwrap();
+    assert_eq!(quiet.status, StatusCode::OK);
+    assert_eq!(quiet.header("ratelimit-policy"), None);
+    assert_eq!(quiet.header("ratelimit"), None);
+}

@@ -138,6 +138,7 @@ mod tests {
             release: None,
             scope: LimitScope::Local,
             keys,
+            headers_always: false,
         };
         Limit::new(spec, "svc/l".into(), Events::new(), None)
     }

@@ -88,6 +88,8 @@ pub struct LimitSpec {
     pub scope: LimitScope,
     /// With a key (`per consumer`, `per service`): how many keys it tracks.
     pub keys: KeyCap,
+    /// `headers always`: admitted calls carry the RateLimit headers too.
+    pub headers_always: bool,
 }
 
 /// A limit's spec from the wire.
@@ -154,6 +156,7 @@ pub(crate) fn spec(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, Invalid
         release,
         scope,
         keys: crate::state::keys::cap(ctx, l.max_keys, l.overflow)?,
+        headers_always: l.ratelimit_headers_always,
     })
 }
 

@@ -37,6 +37,27 @@ pub(super) enum Received {
     Broken,
 }
 
+/// Adds the `RateLimit-Policy` and `RateLimit` headers of the limits that
+/// admitted the call and say `headers always` to the response head in
+/// `out` (which ends with its blank line).
+fn add_ratelimit(out: &mut Vec<u8>, admission: &Admission) {
+    let Some((policy, state)) = admission.ratelimit_headers() else {
+        return;
+    };
+    out.truncate(out.len().saturating_sub(2));
+    let fields = [
+        Some((gov_engine::RATELIMIT_POLICY, policy)),
+        state.map(|s| (gov_engine::RATELIMIT, s)),
+    ];
+    for (name, value) in fields.into_iter().flatten() {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
 /// Reads the response head to a `method` request (interim 1xx heads go to the
 /// client), reports its status to the engine, and relays it with its body to the
 /// client, closing the client connection after it if `closing()` says so then.
@@ -132,6 +153,7 @@ pub(super) async fn receive(
             framing,
             close_client,
         );
+        add_ratelimit(out, admission);
         drop(conn_tokens);
         up_buf.advance(len);
         admission.record(Outcome::Status(code));
