@@ -21,19 +21,25 @@
 //! [`codec::check_request`], which refuses every ambiguity with 400 (and closes the
 //! connection), normalizes the path before matching, and decides the framing the
 //! agent writes upstream. What is left goes to hyper, with the bytes already read:
-//! HTTP/2 (by its preface), HTTP/1.0, `Upgrade`, `Expect`, `CONNECT` and
-//! `OPTIONS *`. The hand-over happens only between requests, before anything of the
+//! HTTP/2 (by its preface), HTTP/1.0 without a host, `Upgrade`, an `Expect`
+//! other than `100-continue`, `CONNECT` and `OPTIONS *`. The hand-over happens only between requests, before anything of the
 //! request was sent upstream, so a connection is served by one path at a time.
+//!
+//! HTTP/1.0 (kept alive when it asks, as nginx does) and `Expect: 100-continue`
+//! (answered `100 Continue` by the agent once the rules admitted the call) are
+//! served here too; see [`local`].
 
 mod chunked;
 pub(crate) mod codec;
 mod context;
 mod deadline;
+mod left;
 mod local;
 mod pool;
 mod prefixed;
 mod read;
 mod relay;
+mod response;
 mod split;
 
 use std::net::SocketAddr;
@@ -55,7 +61,9 @@ use self::codec::{
 };
 pub(crate) use self::context::Listener;
 use self::deadline::Deadline;
-use self::local::{discardable, is_idempotent};
+use self::local::{
+    CONTINUE, awaits_continue, discardable, is_idempotent, say_keep_alive, skip_body,
+};
 pub(crate) use self::pool::IdlePool;
 use self::pool::{Dest, Upstream, connect};
 pub(crate) use self::prefixed::Prefixed;
@@ -163,6 +171,9 @@ struct Head {
     framing: Framing,
     /// The client asked to close after this request.
     close: bool,
+    http10: bool,
+    /// `Expect: 100-continue`: the client may be waiting to send its body.
+    expect: bool,
 }
 
 struct Conn<'c> {
@@ -203,6 +214,8 @@ enum Exchange {
     TimedOut { keep_client: bool },
     /// The client went away, or the response broke after its head was sent.
     Broken,
+    /// The client left inside its request body: the upstream has the head.
+    ClientLeft,
 }
 
 impl Conn<'_> {
@@ -251,6 +264,8 @@ impl Conn<'_> {
             method: req.method.clone(),
             framing: req.framing,
             close: req.close,
+            http10: req.http10,
+            expect: req.expect,
         };
         // The consumer: as sent, or verified and written by the agent.
         let identity =
@@ -342,6 +357,15 @@ impl Conn<'_> {
             Some(pick) => Dest::Endpoint(pick),
             None => Dest::Local(cx.shared.local.clone()),
         };
+        // Admitted: the client waiting for it may send its body now.
+        if awaits_continue(head.expect, head.framing, self.buf.len())
+            && !matches!(
+                within(cx.client_timeout, client.write_all(CONTINUE)).await,
+                Some(Ok(()))
+            )
+        {
+            return Some(false);
+        }
         Some(self.forward(client, &head, to, admission).await)
     }
 
@@ -354,7 +378,7 @@ impl Conn<'_> {
         answer: Local<'_>,
     ) -> bool {
         let keep = !head.close
-            && discardable(head.framing, head.len, self.buf.len())
+            && discardable(head.framing, head.len, self.buf.len(), head.expect)
             && !self.cx.stopping();
         self.out.clear();
         match answer {
@@ -362,6 +386,7 @@ impl Conn<'_> {
             Local::Failure(failure) => failure.write_http1(&mut self.out, !keep),
             Local::Unauthenticated(text) => consumer::write_http1(&mut self.out, text, !keep),
         }
+        say_keep_alive(&mut self.out, head.http10 && keep);
         if client.write_all(&self.out).await.is_err() {
             return false;
         }
@@ -373,22 +398,7 @@ impl Conn<'_> {
             _ => 0,
         };
         self.buf.advance(head.len);
-        let mut left = body;
-        let take = left.min(self.buf.len());
-        self.buf.advance(take);
-        left -= take;
-        while left > 0 {
-            self.buf.reserve(READ_CHUNK);
-            match within(self.cx.client_timeout, client.read_buf(&mut self.buf)).await {
-                Some(Ok(0) | Err(_)) | None => return false,
-                Some(Ok(_)) => {
-                    let take = left.min(self.buf.len());
-                    self.buf.advance(take);
-                    left -= take;
-                }
-            }
-        }
-        true
+        skip_body(client, &mut self.buf, body, self.cx.client_timeout).await
     }
 
     /// Forwards the request (its head is in `self.out`) to `to` under `admission`
@@ -416,6 +426,7 @@ impl Conn<'_> {
         }
         let replayable = head.framing == Framing::Empty && is_idempotent(&head.method);
         let (mut resent, mut rerouted) = (false, false);
+        let mut left = None;
         let exchange = loop {
             let (mut upstream, reused) = match self.take_upstream(to.authority()).await {
                 Ok(found) => found,
@@ -477,6 +488,10 @@ impl Conn<'_> {
                     to.failed();
                     break Exchange::Failed(Failure::Upstream, Some(Outcome::Reset));
                 }
+                (Exchange::ClientLeft, _) => {
+                    left = Some(upstream);
+                    break Exchange::Broken;
+                }
                 (exchange, reusable) => {
                     match &exchange {
                         Exchange::Failed(_, Some(Outcome::Reset)) => to.failed(),
@@ -490,13 +505,18 @@ impl Conn<'_> {
                 }
             }
         };
+        if let Some(upstream) = left {
+            let (hold, conns) = (self.cx.shared.client_gone_hold, self.cx.conns.clone());
+            left::hold(upstream, admission, hold, conns);
+            return false;
+        }
         match exchange {
             Exchange::Done { keep_client } => {
                 drop(admission);
                 keep_client && !head.close && !self.cx.stopping()
             }
             // `Stale` was turned into a retry or a failure above.
-            Exchange::Broken | Exchange::Stale => false,
+            Exchange::Broken | Exchange::Stale | Exchange::ClientLeft => false,
             Exchange::Failed(failure, outcome) => {
                 match outcome {
                     Some(outcome) => admission.finish(outcome),
@@ -506,12 +526,14 @@ impl Conn<'_> {
                 let keep = head.framing == Framing::Empty && !head.close && !self.cx.stopping();
                 self.out.clear();
                 failure.write_http1(&mut self.out, !keep);
+                say_keep_alive(&mut self.out, head.http10 && keep);
                 client.write_all(&self.out).await.is_ok() && keep
             }
             Exchange::TimedOut { keep_client } => {
                 let close = !keep_client || head.close || self.cx.stopping();
                 self.out.clear();
                 admission.timed_out().write_http1(&mut self.out, close);
+                say_keep_alive(&mut self.out, head.http10 && !close);
                 client.write_all(&self.out).await.is_ok() && !close
             }
         }
@@ -584,6 +606,7 @@ impl Conn<'_> {
             let leg = Leg {
                 framing: head.framing,
                 request: true,
+                dechunk: false,
                 read_timeout: client_timeout,
                 write_timeout: None,
             };
@@ -601,7 +624,7 @@ impl Conn<'_> {
             &mut upstream.buf,
             &mut client_wr,
             &mut self.back,
-            (&head.method, || {
+            (&head.method, head.http10, || {
                 head.close || stopping.load(Ordering::Relaxed)
             }),
             (admission, pick),
@@ -617,7 +640,7 @@ impl Conn<'_> {
                 result = &mut send, if sent.is_none() => {
                     match result {
                         // The client broke off its request body.
-                        Err(Broke::Read | Broke::Eof) => return (Exchange::Broken, false),
+                        Err(Broke::Read | Broke::Eof) => return (Exchange::ClientLeft, false),
                         // Nothing of the response has reached the client yet.
                         Err(Broke::Chunking) => {
                             return (

@@ -79,10 +79,12 @@ async fn send_and_leave(agent: &Agent, request: &'static [u8], n: usize) {
     }
 }
 
+/// HTTP/1.0 without a host goes to hyper (with one, to the HTTP/1 path,
+/// which notices the client gone only when it answers: below).
 #[tokio::test]
 async fn http10_clients_that_leave_keep_their_permits_until_the_upstream_is_done() {
     let (up, agent) = start().await;
-    send_and_leave(&agent, b"GET /work HTTP/1.0\r\nhost: x\r\n\r\n", 40).await;
+    send_and_leave(&agent, b"GET /work HTTP/1.0\r\n\r\n", 40).await;
     let gone = settles(&up, &agent).await;
     assert!(
         up.peak_in_flight("/work") <= 5,
@@ -90,6 +92,33 @@ async fn http10_clients_that_leave_keep_their_permits_until_the_upstream_is_done
         up.peak_in_flight("/work")
     );
     assert!(gone >= 1, "the calls whose client left are counted");
+}
+
+/// On the HTTP/1 path, clients that leave inside their request body (the
+/// upstream has the head and works on it): the call goes on, its permit held,
+/// until the upstream answers (it used to be released at once: 40 calls at
+/// the upstream behind `max_concurrent 5`).
+#[tokio::test]
+async fn clients_that_leave_inside_their_body_keep_their_permits_until_the_upstream_is_done() {
+    for request in [
+        &b"POST /work HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhel"[..],
+        b"POST /work HTTP/1.0\r\nhost: x\r\nconnection: keep-alive\r\ncontent-length: 5\r\n\r\nhel",
+        b"POST /work HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel",
+    ] {
+        let (up, agent) = start().await;
+        send_and_leave(&agent, request, 40).await;
+        let gone = settles(&up, &agent).await;
+        let show = String::from_utf8_lossy(request);
+        assert!(
+            up.peak_in_flight("/work") <= 5,
+            "peak at the upstream: {}, for {show}",
+            up.peak_in_flight("/work")
+        );
+        assert!(
+            gone >= 1,
+            "the calls whose client left are counted, for {show}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -274,14 +274,13 @@ async fn hyper_serves_one_handed_over_request_then_the_connection_closes() {
     // A request the HTTP/1 path hands to hyper, then one hyper would parse
     // without the HTTP/1 path's checks: `transfer_encoding` read as
     // `transfer-encoding` by a lenient upstream smuggles `GET /lim`.
-    let smuggler = b"POST /b HTTP/1.1\r\nhost: a\r\ntransfer_encoding: chunked\r\ncontent-length: 35\r\n\r\n0\r\n\r\nGET /lim HTTP/1.1\r\nhost: a\r\n\r\n";
     for first in [
-        &b"GET /a HTTP/1.0\r\nconnection: keep-alive\r\nhost: x\r\n\r\n"[..],
+        &b"GET /a HTTP/1.0\r\nconnection: keep-alive\r\n\r\n"[..],
         b"GET /a HTTP/1.1\r\nhost: x\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n",
-        b"POST /a HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 0\r\n\r\n",
+        b"POST /a HTTP/1.1\r\nhost: x\r\nexpect: x-other\r\ncontent-length: 0\r\n\r\n",
     ] {
         let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
-        wire.send(&[first, smuggler].concat()).await;
+        wire.send(&[first, SMUGGLER].concat()).await;
         let reply = wire.response().await;
         assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(first));
         // hyper adds `keep-alive` for an HTTP/1.0 client that asked for it, after
@@ -294,6 +293,33 @@ async fn hyper_serves_one_handed_over_request_then_the_connection_closes() {
             reply.headers
         );
         assert!(wire.closed().await, "hyper served one request only");
+    }
+    let received: Vec<String> = up.requests().into_iter().map(|r| r.target).collect();
+    assert_eq!(received, ["/a", "/a", "/a"]);
+}
+
+const SMUGGLER: &[u8] = b"POST /b HTTP/1.1\r\nhost: a\r\ntransfer_encoding: chunked\r\ncontent-length: 35\r\n\r\n0\r\n\r\nGET /lim HTTP/1.1\r\nhost: a\r\n\r\n";
+
+/// HTTP/1.0 kept alive and `Expect: 100-continue` stay on the HTTP/1 path
+/// (issue 37): what follows them on the connection meets its checks, and the
+/// smuggler is refused there.
+#[tokio::test]
+async fn what_follows_http10_keep_alive_or_expect_meets_the_http1_checks() {
+    let up = RawUpstream::start().await;
+    let agent = agent_before(&up).await;
+    engage(&agent, &up).await;
+    for first in [
+        &b"GET /a HTTP/1.0\r\nconnection: keep-alive\r\nhost: x\r\n\r\n"[..],
+        b"POST /a HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 0\r\n\r\n",
+        b"POST /a HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\nhi",
+    ] {
+        let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+        wire.send(&[first, SMUGGLER].concat()).await;
+        let reply = wire.response().await;
+        assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(first));
+        assert_ne!(reply.header("connection"), Some("close"));
+        assert_eq!(wire.response().await.status, 400, "the smuggler is refused");
+        assert!(wire.closed().await);
     }
     let received: Vec<String> = up.requests().into_iter().map(|r| r.target).collect();
     assert_eq!(received, ["/a", "/a", "/a"]);

@@ -21,6 +21,7 @@ mod h2spec;
 mod hostile;
 mod identity;
 mod jwt;
+mod keepalive;
 mod latches;
 mod memory;
 mod mtls;

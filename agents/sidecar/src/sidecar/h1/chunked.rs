@@ -25,6 +25,9 @@ pub(crate) struct Chunked {
     /// carry `content-length` or `host` to an upstream that merges them, and
     /// nothing the agent judged looked at them (nginx drops them too).
     strip_trailers: bool,
+    /// Only the payload is relayed (to an HTTP/1.0 client, which knows no
+    /// chunked framing): a step is all chunk data or all framing, dropped.
+    dechunk: bool,
 }
 
 /// Where a chunked body is (RFC 9112 section 7.1).
@@ -80,6 +83,16 @@ impl Decoder {
         Self::with_trailers(framing, true)
     }
 
+    /// A decoder of a response body whose chunked framing (and trailers) is
+    /// dropped, leaving the payload: for an HTTP/1.0 client.
+    pub(crate) fn dechunked(framing: Framing) -> Self {
+        let mut decoder = Self::new(framing);
+        if let Decoder::Chunked(body) = &mut decoder {
+            body.dechunk = true;
+        }
+        decoder
+    }
+
     fn with_trailers(framing: Framing, strip_trailers: bool) -> Self {
         match framing {
             Framing::Empty | Framing::Length(0) => Decoder::Done,
@@ -88,6 +101,7 @@ impl Decoder {
                 state: Chunk::Size { size: 0, digits: 0 },
                 meta: 0,
                 strip_trailers,
+                dechunk: false,
             }),
             Framing::UntilClose => Decoder::UntilClose,
         }
@@ -205,6 +219,15 @@ impl Chunked {
                     (b'\n', size) => Chunk::Data(size),
                     _ => return None,
                 },
+                // Dechunking: chunk data is a step of its own.
+                Chunk::Data(_) if self.dechunk && i > 0 => {
+                    return Some(ChunkStep {
+                        taken: i,
+                        payload,
+                        done: false,
+                        dropped: true,
+                    });
+                }
                 Chunk::Data(left) => {
                     let take =
                         usize::try_from(left).map_or(input.len() - i, |l| l.min(input.len() - i));
@@ -216,6 +239,14 @@ impl Chunked {
                     } else {
                         Chunk::Data(left)
                     };
+                    if self.dechunk {
+                        return Some(ChunkStep {
+                            taken: i,
+                            payload,
+                            done: false,
+                            dropped: false,
+                        });
+                    }
                     continue;
                 }
                 Chunk::DataCr if b == b'\r' => Chunk::DataLf,
@@ -247,7 +278,7 @@ impl Chunked {
                         taken: i + 1,
                         payload,
                         done: true,
-                        dropped: false,
+                        dropped: self.dechunk,
                     });
                 }
                 Chunk::TrailerLf | Chunk::EndLf => return None,
@@ -291,7 +322,7 @@ impl Chunked {
             taken: i,
             payload,
             done: false,
-            dropped: dropping,
+            dropped: dropping || self.dechunk,
         })
     }
 }

@@ -4,7 +4,7 @@
 //! decision lives here, each beside the RFC 9112 section it follows:
 //! [`check_request`] says whether a request head is served, handed to hyper or
 //! refused; `chunked.rs`'s `Decoder` finds where a body ends; [`write_request_head`] and
-//! [`write_response_head`] write the heads the agent sends, with framing headers of
+//! `response.rs`'s `write_response_head` write the heads the agent sends, with framing headers of
 //! its own. Nothing here reads a socket, so all of it is tested byte by byte.
 
 use std::borrow::Cow;
@@ -78,9 +78,9 @@ impl From<PathError> for Refusal {
 pub(crate) enum Verdict<'b> {
     /// Served on this path.
     Serve(Checked<'b>),
-    /// hyper serves the connection from this request on: HTTP/2, HTTP/1.0,
-    /// `Upgrade`, `Expect`, `CONNECT` and `OPTIONS *`. The head passed every check
-    /// that applies to it.
+    /// hyper serves the connection from this request on: HTTP/2, HTTP/1.0
+    /// without a host, `Upgrade`, an `Expect` other than `100-continue`,
+    /// `CONNECT` and `OPTIONS *`. The head passed every check that applies to it.
     Hyper,
     /// Answered with this, then the connection closes.
     Refuse(Refusal),
@@ -100,8 +100,14 @@ pub(crate) struct Checked<'b> {
     /// section 3.2.2), else the client's one `Host`.
     pub(crate) host: &'b str,
     pub(crate) framing: Framing,
-    /// The client asked to close after this request.
+    /// The client asked to close after this request: `close`, or HTTP/1.0
+    /// without `keep-alive` (RFC 9112 section 9.3).
     pub(crate) close: bool,
+    /// An HTTP/1.0 request: no interim answers, no chunked response.
+    pub(crate) http10: bool,
+    /// HTTP/1.1 with `Expect: 100-continue` (RFC 9110 section 10.1.1); an
+    /// HTTP/1.0 client's is ignored.
+    pub(crate) expect: bool,
     /// The tokens of the `connection` header fields.
     pub(crate) conn: SmallVec<[&'b [u8]; 4]>,
     /// The header fields as the client sent them.
@@ -236,7 +242,7 @@ pub(crate) fn check_request<'b>(
         Ok(path) => path,
         Err(error) => return Verdict::Refuse(error.into()),
     };
-    if version == 0 || fields.upgrade || fields.expect {
+    if fields.upgrade || fields.expect == Expect::Other {
         return Verdict::Hyper;
     }
     let path_len = path.len();
@@ -248,10 +254,13 @@ pub(crate) fn check_request<'b>(
         }
     };
     let Some(host) = authority.or(host) else {
-        // HTTP/1.1 without a Host was refused above.
+        // HTTP/1.1 without a Host was refused above; HTTP/1.0 without one goes
+        // to hyper (which names the upstream).
         return Verdict::Hyper;
     };
-    let close = has_token(&fields.conn, "close");
+    // Section 9.3: HTTP/1.0 persists only with `keep-alive`; `close` always wins.
+    let close = has_token(&fields.conn, "close")
+        || (version == 0 && !has_token(&fields.conn, "keep-alive"));
     Verdict::Serve(Checked {
         len,
         method,
@@ -260,6 +269,8 @@ pub(crate) fn check_request<'b>(
         host,
         framing,
         close,
+        http10: version == 0,
+        expect: version == 1 && fields.expect == Expect::Continue,
         conn: fields.conn,
         headers,
     })
@@ -274,8 +285,18 @@ struct Fields<'b> {
     /// The transfer codings: `Some(chunked_last)`, with `chunked` at most once.
     coding: Option<Coding>,
     upgrade: bool,
-    expect: bool,
+    expect: Expect,
     conn: SmallVec<[&'b [u8]; 4]>,
+}
+
+/// The `Expect` fields of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    None,
+    /// Only `100-continue`: answered on this path.
+    Continue,
+    /// Another expectation: hyper's.
+    Other,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -295,7 +316,7 @@ impl<'b> Fields<'b> {
             length: None,
             coding: None,
             upgrade: false,
-            expect: false,
+            expect: Expect::None,
             conn: SmallVec::new(),
         };
         let mut codings: SmallVec<[&[u8]; 2]> = SmallVec::new();
@@ -330,7 +351,13 @@ impl<'b> Fields<'b> {
                         .filter(|t| !t.is_empty()),
                 ),
                 7 if name.eq_ignore_ascii_case(b"upgrade") => fields.upgrade = true,
-                6 if name.eq_ignore_ascii_case(b"expect") => fields.expect = true,
+                6 if name.eq_ignore_ascii_case(b"expect") => {
+                    let go_on = trim(h.value).eq_ignore_ascii_case(b"100-continue");
+                    fields.expect = match fields.expect {
+                        Expect::None | Expect::Continue if go_on => Expect::Continue,
+                        _ => Expect::Other,
+                    };
+                }
                 // `content_length` and `transfer_encoding`: some servers read `_` as
                 // `-`, and would frame the body by a field the agent did not.
                 14 | 17 if name.contains(&b'_') && is_framing_name(name) => {
@@ -465,7 +492,7 @@ pub(crate) fn has_token(tokens: &[&[u8]], token: &str) -> bool {
         .any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
 }
 
-fn trim(mut s: &[u8]) -> &[u8] {
+pub(super) fn trim(mut s: &[u8]) -> &[u8] {
     while let [b' ' | b'\t', rest @ ..] = s {
         s = rest;
     }
@@ -476,7 +503,7 @@ fn trim(mut s: &[u8]) -> &[u8] {
 }
 
 /// A `content-length` value: one decimal number, no sign, no list (RFC 9110 8.6).
-fn parse_length(value: &[u8]) -> Option<u64> {
+pub(super) fn parse_length(value: &[u8]) -> Option<u64> {
     let value = trim(value);
     if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
         return None;
@@ -486,42 +513,9 @@ fn parse_length(value: &[u8]) -> Option<u64> {
     })
 }
 
-/// The framing of a response to `method` (RFC 9112 section 6.3); `None` when its
-/// lengths are unusable.
-pub(crate) fn response_framing(
-    method: &Method,
-    code: u16,
-    headers: &[httparse::Header<'_>],
-) -> Option<Framing> {
-    if method == Method::HEAD || code == 204 || code == 304 || (100..200).contains(&code) {
-        return Some(Framing::Empty);
-    }
-    let mut length: Option<u64> = None;
-    let mut coding: Option<bool> = None;
-    for h in headers {
-        if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            // The last coding decides; chunked anywhere but last reads until close.
-            let last = h.value.rsplit(|&b| b == b',').next().map(trim);
-            coding = Some(last.is_some_and(|c| c.eq_ignore_ascii_case(b"chunked")));
-        } else if h.name.eq_ignore_ascii_case("content-length") {
-            let n = parse_length(h.value)?;
-            if length.is_some_and(|l| l != n) {
-                return None;
-            }
-            length = Some(n);
-        }
-    }
-    Some(match (coding, length) {
-        (Some(true), _) => Framing::Chunked,
-        (Some(false), _) => Framing::UntilClose,
-        (None, Some(n)) => Framing::Length(n),
-        (None, None) => Framing::UntilClose,
-    })
-}
-
 /// Whether `name` is hop-by-hop (RFC 9110 section 7.6.1) on either side: the fixed
 /// list `headers::strip_hop_by_hop` uses, or named by `connection`.
-fn hop_by_hop(name: &str, conn: &[&[u8]]) -> bool {
+pub(super) fn hop_by_hop(name: &str, conn: &[&[u8]]) -> bool {
     HOP_BY_HOP
         .iter()
         .any(|h| name.eq_ignore_ascii_case(h.as_str()))
@@ -542,7 +536,7 @@ fn is_framing(name: &str) -> bool {
 /// `x-forwarded-for` with the client appended, and `gov-would-reject-by`
 /// naming `stamps` (the shadow rules that would have refused the call) when
 /// there are any. The client's `host`, `content-length`,
-/// `transfer-encoding` and `gov-would-reject-by` (and, with `consumer`, the
+/// `transfer-encoding`, `expect` and `gov-would-reject-by` (and, with `consumer`, the
 /// consumer header, written with the verified value) are never copied: whatever
 /// its `connection` names, the upstream frames the body exactly as the
 /// agent does, and only the agent says which rules would have refused.
@@ -561,7 +555,8 @@ pub(crate) fn write_request_head<'a>(
     let mut forwarded: Option<&[u8]> = None;
     for h in req.headers {
         let name = h.name;
-        if is_framing(name) || hop_by_hop(name, &req.conn) {
+        // `expect: 100-continue` is the agent's to answer (the only one here).
+        if is_framing(name) || hop_by_hop(name, &req.conn) || name.eq_ignore_ascii_case("expect") {
             continue;
         }
         if name.eq_ignore_ascii_case("te") {
@@ -620,59 +615,7 @@ pub(crate) fn write_request_head<'a>(
     out.extend_from_slice(b"\r\n\r\n");
 }
 
-/// Writes a response head for the client: the upstream's status and end-to-end
-/// headers. The framing headers follow `framing`, not `connection`: one
-/// `content-length` for a length, the upstream's `transfer-encoding` for a chunked
-/// body, both as they came for a body-less response. A final head that will close
-/// the connection says so.
-pub(crate) fn write_response_head(
-    out: &mut Vec<u8>,
-    code: u16,
-    reason: Option<&str>,
-    headers: &[httparse::Header<'_>],
-    conn: &[&[u8]],
-    framing: Framing,
-    close: bool,
-) {
-    use std::io::Write;
-    let reason = reason
-        .filter(|r| !r.is_empty())
-        .or_else(|| {
-            StatusCode::from_u16(code)
-                .ok()
-                .and_then(|s| s.canonical_reason())
-        })
-        .unwrap_or("");
-    let _ = write!(out, "HTTP/1.1 {code} {reason}\r\n");
-    for h in headers {
-        let name = h.name;
-        if name.eq_ignore_ascii_case("transfer-encoding") {
-            if matches!(framing, Framing::Chunked | Framing::Empty) {
-                push_header(out, name.as_bytes(), h.value);
-            }
-            continue;
-        }
-        if name.eq_ignore_ascii_case("content-length") {
-            if framing == Framing::Empty {
-                push_header(out, name.as_bytes(), h.value);
-            }
-            continue;
-        }
-        if hop_by_hop(name, conn) {
-            continue;
-        }
-        push_header(out, name.as_bytes(), h.value);
-    }
-    if let Framing::Length(n) = framing {
-        let _ = write!(out, "content-length: {n}\r\n");
-    }
-    if close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-}
-
-fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+pub(super) fn push_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);

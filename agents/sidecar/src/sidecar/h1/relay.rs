@@ -11,11 +11,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use super::chunked::Decoder;
-use super::codec::{
-    Framing, MAX_HEAD, MAX_HEADERS, has_token, head_end, header_tokens, response_framing,
-    write_response_head,
-};
+use super::codec::{Framing, MAX_HEAD, MAX_HEADERS, has_token, head_end, header_tokens};
 use super::deadline::Deadline;
+use super::response::{Persist, response_framing, write_response_head};
 use crate::sidecar::upstream::Pick;
 use gov_engine::{Admission, Outcome};
 
@@ -61,12 +59,15 @@ fn add_ratelimit(out: &mut Vec<u8>, admission: &Admission) {
 /// Reads the response head to a `method` request (interim 1xx heads go to the
 /// client), reports its status to the engine, and relays it with its body to the
 /// client, closing the client connection after it if `closing()` says so then.
+/// An HTTP/1.0 client (`http10`) gets no interim head (RFC 9110 section 15.2)
+/// and no chunked framing: a chunked body goes to it as its payload, ended by
+/// closing the connection (RFC 9112 section 6.3, as nginx does).
 pub(super) async fn receive(
     up_rd: &mut (impl AsyncRead + Unpin),
     up_buf: &mut BytesMut,
     client_wr: &mut (impl AsyncWrite + Unpin),
     out: &mut Vec<u8>,
-    (method, closing): (&Method, impl Fn() -> bool),
+    (method, http10, closing): (&Method, bool, impl Fn() -> bool),
     (admission, pick): (&mut Admission, Option<&Pick>),
     (deadline, client_timeout): (Option<(&mut Deadline, Instant)>, Option<Duration>),
 ) -> Received {
@@ -116,6 +117,11 @@ pub(super) async fn receive(
                 // No upgrade was asked for on this path.
                 return Received::BadHead;
             }
+            if http10 {
+                drop(conn_tokens);
+                up_buf.advance(len);
+                continue;
+            }
             out.clear();
             write_response_head(
                 out,
@@ -124,7 +130,7 @@ pub(super) async fn receive(
                 headers,
                 &conn_tokens,
                 Framing::Empty,
-                false,
+                Persist::Implied,
             );
             drop(conn_tokens);
             up_buf.advance(len);
@@ -141,8 +147,13 @@ pub(super) async fn receive(
         };
         let upstream_close = has_token(&conn_tokens, "close")
             || (version == 0 && !has_token(&conn_tokens, "keep-alive"));
-        let keep_client = framing != Framing::UntilClose;
-        let close_client = !keep_client || closing();
+        let dechunk = http10 && framing == Framing::Chunked;
+        let to_client = if dechunk {
+            Framing::UntilClose
+        } else {
+            framing
+        };
+        let close_client = to_client == Framing::UntilClose || closing();
         out.clear();
         write_response_head(
             out,
@@ -150,8 +161,8 @@ pub(super) async fn receive(
             resp.reason,
             headers,
             &conn_tokens,
-            framing,
-            close_client,
+            to_client,
+            Persist::of(http10, close_client),
         );
         add_ratelimit(out, admission);
         drop(conn_tokens);
@@ -163,6 +174,7 @@ pub(super) async fn receive(
         let leg = Leg {
             framing,
             request: false,
+            dechunk,
             read_timeout: None,
             write_timeout: client_timeout,
         };
@@ -199,6 +211,8 @@ pub(super) struct Leg {
     pub(super) framing: Framing,
     /// A request body: its trailer fields are dropped.
     pub(super) request: bool,
+    /// Only the payload of a chunked body is relayed.
+    pub(super) dechunk: bool,
     /// The longest a read of the source may wait (the client's request body).
     pub(super) read_timeout: Option<Duration>,
     /// The longest a write to the destination may wait (the response to the
@@ -235,6 +249,8 @@ where
 {
     let mut decoder = if leg.request {
         Decoder::request(leg.framing)
+    } else if leg.dechunk {
+        Decoder::dechunked(leg.framing)
     } else {
         Decoder::new(leg.framing)
     };

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::sidecar::h1::chunked::Decoder;
+use crate::sidecar::h1::response::{Persist, response_framing, write_response_head};
 const CHUNKED: &[u8] = b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n";
 
 /// Feeds `body` to a decoder in pieces split at `cuts`: (taken, payload, done).
@@ -344,15 +345,132 @@ fn content_lengths_are_one_to_nineteen_digits() {
 fn unusual_requests_go_to_hyper_once_checked() {
     for hyper_s in [
         "GET / HTTP/1.0\r\n\r\n",
-        "GET / HTTP/1.0\r\nhost: x\r\ncontent-length: 2\r\n\r\n",
         "GET / HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
-        "POST / HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 1\r\n\r\n",
+        "POST / HTTP/1.1\r\nhost: x\r\nexpect: 100-continue, x\r\ncontent-length: 1\r\n\r\n",
+        "POST / HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\nexpect: x\r\ncontent-length: 1\r\n\r\n",
         "CONNECT x:443 HTTP/1.1\r\nhost: x:443\r\n\r\n",
         "OPTIONS * HTTP/1.1\r\nhost: x\r\n\r\n",
         "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
     ] {
         assert_eq!(verdict(hyper_s), Ok(Served::Hyper), "{hyper_s:?}");
     }
+}
+
+/// HTTP/1.0 with a host, and `Expect: 100-continue`, are served here (issue
+/// 37): 1.0 persists only with `keep-alive` and without `close` (RFC 9112
+/// section 9.3); a 1.0 client's expectation is ignored (RFC 9110 10.1.1).
+#[test]
+fn http10_and_expect_continue_are_served_here() {
+    let served = |head: &str| {
+        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        match check_request(head.as_bytes(), &mut slots, Reading::default()) {
+            Verdict::Serve(req) => Some((req.close, req.http10, req.expect)),
+            _ => None,
+        }
+    };
+    for (head, close, http10, expect) in [
+        ("GET / HTTP/1.0\r\nhost: x\r\n\r\n", true, true, false),
+        (
+            "GET / HTTP/1.0\r\nhost: x\r\nconnection: Keep-Alive\r\n\r\n",
+            false,
+            true,
+            false,
+        ),
+        (
+            "GET / HTTP/1.0\r\nhost: x\r\nconnection: keep-alive, close\r\n\r\n",
+            true,
+            true,
+            false,
+        ),
+        (
+            "GET / HTTP/1.0\r\nhost: x\r\nconnection: close\r\nconnection: keep-alive\r\n\r\n",
+            true,
+            true,
+            false,
+        ),
+        (
+            "POST / HTTP/1.0\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 1\r\n\r\n",
+            true,
+            true,
+            false,
+        ),
+        (
+            "GET / HTTP/1.1\r\nhost: x\r\nconnection: keep-alive\r\n\r\n",
+            false,
+            false,
+            false,
+        ),
+        (
+            "POST / HTTP/1.1\r\nhost: x\r\nexpect: 100-Continue\r\ncontent-length: 1\r\n\r\n",
+            false,
+            false,
+            true,
+        ),
+    ] {
+        assert_eq!(served(head), Some((close, http10, expect)), "{head:?}");
+    }
+    // Its `expect` never goes upstream: the agent answers it.
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let head = b"POST /a HTTP/1.1\r\nhost: h\r\nexpect: 100-continue\r\ncontent-length: 1\r\n\r\n";
+    let Verdict::Serve(req) = check_request(head, &mut slots, Reading::default()) else {
+        panic!("served");
+    };
+    let mut out = Vec::new();
+    write_request_head(&mut out, &req, "127.0.0.2", std::iter::empty(), None);
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "POST /a HTTP/1.1\r\nhost: h\r\ncontent-length: 1\r\nx-forwarded-for: 127.0.0.2\r\n\r\n"
+    );
+}
+
+/// An HTTP/1.0 client gets a chunked body as its payload alone, wherever the
+/// reads split it; the response head then has no framing header and closes.
+#[test]
+fn a_chunked_body_goes_to_an_http10_client_dechunked() {
+    let body = b"5;x=1\r\nhello\r\n6\r\n world\r\n0\r\nx-t: 1\r\n\r\n";
+    for cut in 0..body.len() {
+        let mut decoder = Decoder::dechunked(Framing::Chunked);
+        let mut out = Vec::new();
+        let mut payload = 0;
+        for piece in [&body[..cut], &body[cut..]] {
+            let mut piece = piece;
+            while !piece.is_empty() && !decoder.done() {
+                let step = decoder.advance(piece).unwrap();
+                if !step.dropped {
+                    out.extend_from_slice(&piece[..step.taken]);
+                }
+                payload += step.payload;
+                piece = &piece[step.taken..];
+            }
+        }
+        assert!(decoder.done(), "cut at {cut}");
+        assert_eq!(
+            (&out[..], payload),
+            (&b"hello world"[..], 11),
+            "cut at {cut}"
+        );
+    }
+    let mut slots = [httparse::EMPTY_HEADER; 4];
+    let mut r = httparse::Response::new(&mut slots);
+    let resp = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-a: 1\r\n\r\n";
+    assert!(r.parse(resp).unwrap().is_complete());
+    let mut out = Vec::new();
+    let persist = Persist::of(true, true);
+    write_response_head(
+        &mut out,
+        200,
+        None,
+        r.headers,
+        &[],
+        Framing::UntilClose,
+        persist,
+    );
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "HTTP/1.1 200 OK\r\nx-a: 1\r\nconnection: close\r\n\r\n"
+    );
+    assert_eq!(Persist::of(true, false), Persist::KeepAlive);
+    assert_eq!(Persist::of(false, false), Persist::Implied);
 }
 
 #[test]
@@ -524,7 +642,7 @@ fn the_response_head_keeps_the_framing_it_relays() {
             r.headers,
             &conn,
             framing,
-            false,
+            Persist::Implied,
         );
         String::from_utf8(out).unwrap()
     };
@@ -651,7 +769,15 @@ fn only_the_agent_writes_gov_would_reject_by() {
 fn the_response_head_keeps_the_upstreams_reason_or_gives_the_canonical_one() {
     let line = |reason: Option<&str>| {
         let mut out = Vec::new();
-        write_response_head(&mut out, 200, reason, &[], &[], Framing::Length(0), false);
+        write_response_head(
+            &mut out,
+            200,
+            reason,
+            &[],
+            &[],
+            Framing::Length(0),
+            Persist::Implied,
+        );
         let text = String::from_utf8_lossy(&out).into_owned();
         text.lines().next().unwrap_or_default().to_owned()
     };
