@@ -51,7 +51,7 @@ impl Source {
 
     fn render_listeners(&self, enc: &mut Encoder) {
         type Read = fn(&super::serve::Connections) -> u64;
-        let families: [(&str, &str, &str, Read); 9] = [
+        let families: [(&str, &str, &str, Read); 7] = [
             (
                 "gov_agent_connections_open",
                 "gauge",
@@ -94,23 +94,35 @@ impl Source {
                 "Client connections closed (HTTP/2: GOAWAY) for abandoning more admitted calls in a second than their budget (100).",
                 super::serve::Connections::closed_abandoning,
             ),
-            (
-                "gov_agent_upgraded_connections_open",
-                "gauge",
-                "Upgraded (WebSocket) connections open on the proxy listener; each holds its upgrade call's admission.",
-                super::serve::Connections::upgraded_open,
-            ),
-            (
-                "gov_agent_upgraded_connections_total",
-                "counter",
-                "Connections upgraded (WebSocket, 101 from the upstream) on the proxy listener.",
-                super::serve::Connections::upgraded,
-            ),
         ];
         for (name, kind, help, read) in families {
             enc.family(name, kind, help);
             for (listener, conns) in &self.listeners {
                 enc.sample(name, &[("listener", listener)], read(conns));
+            }
+        }
+        type ReadForm = fn(&super::serve::Connections, usize) -> u64;
+        let upgraded: [(&str, &str, &str, ReadForm); 2] = [
+            (
+                "gov_agent_upgraded_connections_open",
+                "gauge",
+                "Upgraded (WebSocket) connections open on the proxy listener, by the client's protocol (http1: Upgrade, h2: extended CONNECT); each holds its upgrade call's admission.",
+                super::serve::Connections::upgraded_open,
+            ),
+            (
+                "gov_agent_upgraded_connections_total",
+                "counter",
+                "Connections upgraded (WebSocket, 101 from the upstream) on the proxy listener, by the client's protocol.",
+                super::serve::Connections::upgraded,
+            ),
+        ];
+        for (name, kind, help, read) in upgraded {
+            enc.family(name, kind, help);
+            for (listener, conns) in &self.listeners {
+                for (form, protocol) in super::serve::UPGRADE_FORMS.iter().enumerate() {
+                    let labels = [("listener", *listener), ("protocol", *protocol)];
+                    enc.sample(name, &labels, read(conns, form));
+                }
             }
         }
     }

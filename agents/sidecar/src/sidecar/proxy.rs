@@ -172,7 +172,8 @@ impl Handler {
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return response;
         }
-        if upgrade::is_websocket(&req) {
+        let h2_websocket = upgrade::is_h2_websocket(&req);
+        if upgrade::is_websocket(&req) || h2_websocket {
             if upgrade::has_body(req.headers()) {
                 conn.conns.refused.fetch_add(1, Ordering::Relaxed);
                 let mut response = failure_response(Failure::BadRequest(
@@ -183,15 +184,14 @@ impl Handler {
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
                 return response;
             }
-            if let Some(protocol) = req.headers().get(header::UPGRADE).cloned() {
-                let on = hyper::upgrade::on(&mut req);
-                req.extensions_mut()
-                    .insert(upgrade::ClientUpgrade { on, protocol });
+            if let Some(client) = upgrade::client(&mut req) {
+                req.extensions_mut().insert(client);
             }
         }
         // Authority-form (`CONNECT host:port`) has no path: tunnels are not
-        // proxied, and such a request is no call of the service's.
-        if req.method() == http::Method::CONNECT && req.uri().path_and_query().is_none() {
+        // proxied, and such a request is no call of the service's; nor is an
+        // extended CONNECT to anything but a WebSocket.
+        if req.method() == http::Method::CONNECT {
             return failure_response(Failure::BadRequest("gov-agent: CONNECT is not supported\n"));
         }
         // The consumer: as sent, or verified and written by the agent.
@@ -326,9 +326,11 @@ fn check<B>(req: &mut Request<B>, reading: Reading) -> Result<(), Refusal> {
             "gov-agent: the request has more than one `content-length`\n",
         ));
     }
-    // `CONNECT` has no path (refused later), `OPTIONS *` none to normalize.
+    // `CONNECT` has no path (refused later; an extended CONNECT has one),
+    // `OPTIONS *` none to normalize.
     let path = req.uri().path();
-    if req.method() == http::Method::CONNECT
+    let extended = req.extensions().get::<hyper::ext::Protocol>().is_some();
+    if (req.method() == http::Method::CONNECT && !extended)
         || (path == "*" && req.method() == http::Method::OPTIONS)
     {
         return Ok(());
@@ -429,6 +431,9 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
         }
         if let Some(client_upgrade) = &client_upgrade {
             upgrade::restore(&mut parts.headers, client_upgrade.protocol.clone());
+            if client_upgrade.h2 {
+                upgrade::handshake_fields(&mut parts.headers);
+            }
         }
         // hyper answered `100 Continue` itself when the body was read.
         parts.headers.remove(header::EXPECT);

@@ -166,6 +166,10 @@ fn admit<S, F>(
 }
 
 /// The open connections of a listener, its cap, and what it refused.
+/// The `protocol` label of upgraded connections: an HTTP/1.1 `Upgrade`, an
+/// HTTP/2 extended CONNECT.
+pub(crate) const UPGRADE_FORMS: [&str; 2] = ["http1", "h2"];
+
 #[derive(Debug)]
 pub(crate) struct Connections {
     count: AtomicUsize,
@@ -189,10 +193,11 @@ pub(crate) struct Connections {
     pub(crate) client_gone_cut: AtomicU64,
     /// Connections closed for abandoning admitted calls over their budget.
     pub(crate) closed_abandoning: AtomicU64,
-    /// Connections upgraded (WebSocket tunnels), since start.
-    pub(crate) upgraded: AtomicU64,
-    /// Upgraded connections open now.
-    pub(crate) upgraded_open: AtomicU64,
+    /// Connections upgraded (WebSocket tunnels), since start, by the client's
+    /// form ([`UPGRADE_FORMS`]).
+    pub(crate) upgraded: [AtomicU64; 2],
+    /// Upgraded connections open now, by form.
+    pub(crate) upgraded_open: [AtomicU64; 2],
 }
 
 /// One open connection; dropping it closes the counts.
@@ -214,8 +219,8 @@ impl Connections {
             client_gone: AtomicU64::new(0),
             client_gone_cut: AtomicU64::new(0),
             closed_abandoning: AtomicU64::new(0),
-            upgraded: AtomicU64::new(0),
-            upgraded_open: AtomicU64::new(0),
+            upgraded: [AtomicU64::new(0), AtomicU64::new(0)],
+            upgraded_open: [AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
 
@@ -249,14 +254,14 @@ impl Connections {
         self.closed_abandoning.load(Ordering::Relaxed)
     }
 
-    /// Connections upgraded (WebSocket), since start.
-    pub(crate) fn upgraded(&self) -> u64 {
-        self.upgraded.load(Ordering::Relaxed)
+    /// Connections upgraded (WebSocket) in `form`, since start.
+    pub(crate) fn upgraded(&self, form: usize) -> u64 {
+        self.upgraded[form].load(Ordering::Relaxed)
     }
 
-    /// Upgraded connections open now.
-    pub(crate) fn upgraded_open(&self) -> u64 {
-        self.upgraded_open.load(Ordering::Relaxed)
+    /// Upgraded connections in `form` open now.
+    pub(crate) fn upgraded_open(&self, form: usize) -> u64 {
+        self.upgraded_open[form].load(Ordering::Relaxed)
     }
 
     /// Connections closed at accept over a client's cap, since start.
@@ -349,7 +354,9 @@ pub(crate) async fn serve_hyper<I, H, F, B>(
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(H2_KEEPALIVE)
-        .keep_alive_timeout(H2_KEEPALIVE);
+        .keep_alive_timeout(H2_KEEPALIVE)
+        // RFC 8441: WebSockets over HTTP/2 (`upgrade`).
+        .enable_connect_protocol();
     let activity = Arc::new(Activity::default());
     let seen = activity.clone();
     let service = service_fn(move |req| {

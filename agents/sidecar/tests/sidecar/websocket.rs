@@ -123,13 +123,15 @@ async fn echo(conn: &mut TcpStream, text: &str) -> String {
     String::from_utf8(payload).unwrap()
 }
 
-async fn metric(agent: &Agent, name: &str) -> String {
+/// The value of `name` on the inbound listener for upgrades from `protocol`
+/// (`http1`, `h2`).
+async fn metric(agent: &Agent, name: &str, protocol: &str) -> String {
     let text = http()
         .get(&agent.admin_url("/metrics"))
         .await
         .unwrap()
         .text();
-    let prefix = format!("{name}{{listener=\"inbound\"}} ");
+    let prefix = format!("{name}{{listener=\"inbound\",protocol=\"{protocol}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&prefix))
         .unwrap_or_else(|| panic!("{name} in /metrics"))
@@ -173,12 +175,16 @@ rules:
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert_eq!(echo(&mut second, "two").await, "two");
     assert_eq!(
-        metric(&agent, "gov_agent_upgraded_connections_open").await,
+        metric(&agent, "gov_agent_upgraded_connections_open", "http1").await,
         "2"
     );
     assert_eq!(
-        metric(&agent, "gov_agent_upgraded_connections_total").await,
+        metric(&agent, "gov_agent_upgraded_connections_total", "http1").await,
         "2"
+    );
+    assert_eq!(
+        metric(&agent, "gov_agent_upgraded_connections_open", "h2").await,
+        "0"
     );
     // The limit is spent: the third upgrade is a rejection, no tunnel.
     let (head, mut third) = ask(addr, &upgrade_head("/ws")).await;
@@ -323,4 +329,185 @@ async fn an_upgrade_to_anything_but_websocket_or_an_unasked_101_is_no_tunnel() {
         heads.try_recv().is_err(),
         "no other request reached the upstream"
     );
+}
+
+/// A masked text frame carrying `text` (client to server, RFC 6455 5.3).
+fn masked(text: &str) -> bytes::Bytes {
+    let mask = [9u8, 8, 7, 6];
+    let mut frame = vec![0x81, 0x80 | u8::try_from(text.len()).unwrap()];
+    frame.extend_from_slice(&mask);
+    frame.extend(text.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    frame.into()
+}
+
+/// An HTTP/2 WebSocket on `client`: the extended CONNECT (RFC 8441) to
+/// `path` with `:protocol`; its response and the stream's two halves.
+async fn h2_connect(
+    client: &h2::client::SendRequest<bytes::Bytes>,
+    protocol: &'static str,
+    path: &str,
+) -> (http::Response<h2::RecvStream>, h2::SendStream<bytes::Bytes>) {
+    let mut req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(format!("http://shop{path}"))
+        .header("sec-websocket-version", "13")
+        .body(())
+        .unwrap();
+    req.extensions_mut()
+        .insert(h2::ext::Protocol::from_static(protocol));
+    let mut client = client.clone().ready().await.unwrap();
+    let (response, send) = client.send_request(req, false).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("a response within 10 s")
+        .unwrap();
+    (response, send)
+}
+
+/// One frame out on `send`, its echo back on `recv`.
+async fn h2_echo(
+    send: &mut h2::SendStream<bytes::Bytes>,
+    recv: &mut h2::RecvStream,
+    text: &str,
+) -> String {
+    send.send_data(masked(text), false).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 2 || got.len() < 2 + usize::from(got[1] & 0x7f) {
+        let data = tokio::time::timeout(Duration::from_secs(10), recv.data())
+            .await
+            .expect("an echo within 10 s")
+            .expect("the stream stays open")
+            .unwrap();
+        let _ = recv.flow_control().release_capacity(data.len());
+        got.extend_from_slice(&data);
+    }
+    assert_eq!(got[0], 0x81, "a text frame");
+    String::from_utf8(got[2..].to_vec()).unwrap()
+}
+
+/// WebSocket over HTTP/2 (issue 37): the agent's h2c listener announces
+/// extended CONNECT; `:protocol websocket` is judged by the rules like the
+/// HTTP/1.1 upgrade (the same rule, by path), bridged to the upstream as an
+/// HTTP/1.1 upgrade, answered 200, and echoes both ways; counted per protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_websocket_echoes_through_the_agent_until_its_upgrade_limit_is_spent() {
+    let Some(server) = Echo::start() else { return };
+    let up = Upstream::at(server.addr);
+    let agent = agent()
+        .config(
+            r#"
+service: shop
+rules:
+  - name: shop/ws
+    on: { path: { kind: PATH_KIND_EXACT, value: /ws } }
+    limit:
+      calls: { amount: 2, window_ms: 3600000 }
+"#,
+        )
+        .upstream(&up)
+        .start()
+        .await;
+    let tcp = TcpStream::connect(agent.sidecar.inbound_addr())
+        .await
+        .unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    for _ in 0..200 {
+        if client.is_extended_connect_protocol_enabled() {
+            break;
+        }
+        tokio::time::sleep(ms(10)).await;
+        client = client.ready().await.unwrap();
+    }
+    assert!(
+        client.is_extended_connect_protocol_enabled(),
+        "the agent announces SETTINGS_ENABLE_CONNECT_PROTOCOL"
+    );
+    let (first, mut first_tx) = h2_connect(&client, "websocket", "/ws").await;
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("sec-websocket-accept").is_none());
+    assert!(first.headers().get("upgrade").is_none());
+    let mut first_rx = first.into_body();
+    assert_eq!(
+        h2_echo(&mut first_tx, &mut first_rx, "hello").await,
+        "hello"
+    );
+    let (second, mut second_tx) = h2_connect(&client, "websocket", "/ws").await;
+    assert_eq!(second.status(), 200);
+    let mut second_rx = second.into_body();
+    assert_eq!(h2_echo(&mut second_tx, &mut second_rx, "two").await, "two");
+    assert_eq!(
+        metric(&agent, "gov_agent_upgraded_connections_open", "h2").await,
+        "2"
+    );
+    assert_eq!(
+        metric(&agent, "gov_agent_upgraded_connections_total", "h2").await,
+        "2"
+    );
+    assert_eq!(
+        metric(&agent, "gov_agent_upgraded_connections_total", "http1").await,
+        "0"
+    );
+    // The limit is spent: the third is a rejection, on its stream only.
+    let (third, _tx) = h2_connect(&client, "websocket", "/ws").await;
+    assert_eq!(third.status(), 429);
+    assert_eq!(third.headers().get("gov-rejected-by").unwrap(), "shop/ws");
+    assert_eq!(
+        h2_echo(&mut first_tx, &mut first_rx, "still").await,
+        "still"
+    );
+    // Closing a stream closes its tunnel.
+    first_tx.send_data(bytes::Bytes::new(), true).unwrap();
+    drop((first_tx, first_rx));
+    let mut closed = false;
+    for _ in 0..200 {
+        if metric(&agent, "gov_agent_upgraded_connections_open", "h2").await == "1" {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+    assert!(closed, "the ended stream's tunnel closed");
+    assert_eq!(h2_echo(&mut second_tx, &mut second_rx, "on").await, "on");
+    connection.abort();
+}
+
+/// Any other CONNECT over HTTP/2 is refused on its stream and reaches no
+/// upstream: an extended CONNECT to another protocol, and a plain one
+/// (authority-form, a TCP tunnel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_h2_connects_are_refused() {
+    let up = upstream().fast("/", ms(0)).start().await;
+    let agent = agent().upstream(&up).start().await;
+    let tcp = TcpStream::connect(agent.sidecar.inbound_addr())
+        .await
+        .unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    for _ in 0..200 {
+        if client.is_extended_connect_protocol_enabled() {
+            break;
+        }
+        tokio::time::sleep(ms(10)).await;
+        client = client.ready().await.unwrap();
+    }
+    let (other, _tx) = h2_connect(&client, "connect-udp", "/x").await;
+    assert_eq!(other.status(), 400);
+    let req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri("upstream.example:443")
+        .body(())
+        .unwrap();
+    let (response, _tx) = client
+        .clone()
+        .ready()
+        .await
+        .unwrap()
+        .send_request(req, false)
+        .unwrap();
+    assert_eq!(response.await.unwrap().status(), 400);
+    assert_eq!(up.received(), 0);
+    connection.abort();
 }
