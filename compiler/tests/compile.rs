@@ -500,8 +500,7 @@ fn paths_case_insensitive_lowers_alone_or_with_servlet_and_conflicts_are_reporte
 
 /// The algorithm a limit lowers to: the token bucket by default, with a
 /// burst of 5% of the amount (at least 10, or the amount if smaller), or the
-/// declared one; a `sync
-/// batch` limit, which leases fixed windows, defaults to the fixed window;
+/// declared one, in every scope (`sync batch` leases every algorithm);
 /// a `plan` shows a change of algorithm.
 #[test]
 fn a_limit_lowers_its_declared_or_default_algorithm() {
@@ -536,7 +535,13 @@ fn a_limit_lowers_its_declared_or_default_algorithm() {
     );
     assert_eq!(
         lowered("calls 100 per 1s\n    scope cluster sync batch 100ms"),
-        (FixedWindow, 0)
+        (TokenBucket, 10)
+    );
+    assert_eq!(
+        lowered(
+            "calls 100 per 1s\n    algorithm sliding window\n    scope cluster sync batch 100ms"
+        ),
+        (SlidingWindow, 0)
     );
     assert_eq!(lowered("bytes 1MiB per 1s"), (FixedWindow, 0));
 

@@ -8,6 +8,8 @@
 //! - `gov:{RULE:KEY}:W`: calls of one key in one fixed window (`sync exact`:
 //!   made; `sync batch`: leased) (`W` = Unix time in ms / window length),
 //!   expiring after two windows;
+//! - `gov:{RULE:KEY}:bucket`: a token bucket's arrival time (Unix us),
+//!   made or leased alike, expiring when the bucket is full again;
 //! - `gov:{RULE:KEY}:bytes:W`: request + response bytes, likewise;
 //! - `gov:{RULE:KEY}:latch`: present while the limit is engaged for that key,
 //!   with `PX` = `release after` (no expiry for `release manual`).
@@ -27,7 +29,9 @@
 //! used (asking for about two periods of its own traffic) and gives back the
 //! lease of keys that were not, so an idle agent strands nothing; a slice
 //! is at most [`LEASE_SHARE`]th of what is left, so slices shrink as the
-//! budget runs out. A call that finds its lease empty asks the store itself
+//! budget runs out (a sliding window leases from what its estimate leaves
+//! when leased, a token bucket calls whose times in the bucket fit its
+//! burst then: [`LeaseAlgorithm`]). A call that finds its lease empty asks the store itself
 //! (one round trip, the uncommon case). While the store answers, a window
 //! admits at most the amount. Bytes are counted locally and flushed every D in
 //! one pipeline (`INCRBY` + `PEXPIRE` + `PTTL` of the latch), reading back the
@@ -195,14 +199,54 @@ pub struct LeaseCall {
     pub unleased: u64,
     /// Unused calls of this agent's lease in the window, returned first.
     pub give_back: u64,
+    /// How the calls are counted (`counter` is the bucket's key for a token
+    /// bucket).
+    pub algorithm: LeaseAlgorithm,
+}
+
+/// The calls algorithm of a [`LeaseCall`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseAlgorithm {
+    /// `counter` holds the window's leased and counted calls; a lease
+    /// grants from `amount - counter` ([`lease_grant`]).
+    FixedWindow,
+    /// The same counter, and `previous` the window before's: a lease grants
+    /// from what the weighted estimate leaves ([`sliding_left`]), so that
+    /// calls leased now still fit when they are made later in the window
+    /// (the previous window only weighs less by then).
+    SlidingWindow {
+        previous: String,
+        window_ms: u64,
+        elapsed_ms: u64,
+    },
+    /// GCRA: `counter` is the bucket's theoretical arrival time (Unix us); a
+    /// lease of k calls moves it k intervals on, within the tolerance
+    /// ([`bucket_lease`]). `give_back` calls are returned only when the
+    /// bucket's arrival time is still `end_us`, the end of this agent's last
+    /// lease (nobody leased after it: their calls' times stay unique);
+    /// `unleased` is not sent (calls made without the store are in the
+    /// bucket's past).
+    TokenBucket {
+        now_us: u64,
+        interval_us: u64,
+        tolerance_us: u64,
+        end_us: u64,
+    },
 }
 
 /// The answer to a [`LeaseCall`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LeaseReply {
     /// `granted` calls are this agent's; `total` calls of the window are
-    /// leased or counted by all agents, these included.
-    Granted { granted: u64, total: u64 },
+    /// leased or counted by all agents, these included (a token bucket: its
+    /// arrival time after the lease, Unix us, the end of the calls
+    /// granted); `previous`: the window before's count (sliding window; 0
+    /// for the others).
+    Granted {
+        granted: u64,
+        total: u64,
+        previous: u64,
+    },
     /// The limit is engaged (nothing leased).
     Engaged(Option<Duration>),
 }
@@ -213,6 +257,47 @@ pub enum LeaseReply {
 pub fn lease_grant(amount: u64, count: u64, unleased: u64, give_back: u64, want: u64) -> u64 {
     let left = amount.saturating_sub(count.saturating_sub(give_back).saturating_add(unleased));
     want.min(left.div_ceil(LEASE_SHARE))
+}
+
+/// How many calls a sliding window has left `elapsed` ms into a window of
+/// `w` ms, with `previous` calls in the window before and `count` in this
+/// one: the calls that, made one after the other now, each still find
+/// `previous * (w - elapsed) / w + count < amount`. Made later in the
+/// window they fit too (the previous window weighs less).
+pub fn sliding_left(amount: u64, w: u64, elapsed: u64, previous: u64, count: u64) -> u64 {
+    let w = u128::from(w.max(1));
+    let weighed = u128::from(previous) * (w - u128::from(elapsed).min(w - 1));
+    let room = (u128::from(amount) * w).saturating_sub(weighed);
+    u64::try_from(room.div_ceil(w).saturating_sub(u128::from(count))).unwrap_or(u64::MAX)
+}
+
+/// A token bucket's lease at `now_us` of a bucket whose arrival time is
+/// `tat_us`: `(granted, arrival time after)`. Grants at most `want`, and at
+/// most a [`LEASE_SHARE`]th (rounded up) of the calls that fit now (the
+/// arrival time at most `tolerance_us` ahead of now for each); the arrival
+/// time moves one interval per call granted. The Redis script computes
+/// the same.
+pub fn bucket_lease(
+    now_us: u64,
+    tat_us: u64,
+    interval_us: u64,
+    tolerance_us: u64,
+    want: u64,
+) -> (u64, u64) {
+    let interval = interval_us.max(1);
+    let from = tat_us.max(now_us);
+    if from - now_us > tolerance_us {
+        return (0, tat_us);
+    }
+    let fit = (now_us + tolerance_us - from) / interval + 1;
+    let granted = want.min(fit.div_ceil(LEASE_SHARE));
+    if granted == 0 {
+        return (0, tat_us);
+    }
+    (
+        granted,
+        from.saturating_add(granted.saturating_mul(interval)),
+    )
 }
 
 /// One key of a batch flush (bytes and the latch; calls are leased).
@@ -902,16 +987,49 @@ pub(crate) mod fake {
                 m.leases.fetch_add(1, Relaxed);
                 let latch = m.latch(&call.latch);
                 let count = m.get(&call.counter);
-                let granted = match latch {
-                    Some(_) => 0,
-                    None => {
-                        lease_grant(call.amount, count, call.unleased, call.give_back, call.want)
+                let want = if latch.is_some() { 0 } else { call.want };
+                let (granted, total, previous) = match &call.algorithm {
+                    LeaseAlgorithm::FixedWindow => {
+                        let granted =
+                            lease_grant(call.amount, count, call.unleased, call.give_back, want);
+                        let total = m.add(&call.counter, granted + call.unleased, call.give_back);
+                        (granted, total, 0)
+                    }
+                    LeaseAlgorithm::SlidingWindow {
+                        previous,
+                        window_ms,
+                        elapsed_ms,
+                    } => {
+                        let p = m.get(previous);
+                        let counted = count.saturating_sub(call.give_back) + call.unleased;
+                        let left = sliding_left(call.amount, *window_ms, *elapsed_ms, p, counted);
+                        let granted = want.min(left.div_ceil(LEASE_SHARE));
+                        let total = m.add(&call.counter, granted + call.unleased, call.give_back);
+                        (granted, total, p)
+                    }
+                    LeaseAlgorithm::TokenBucket {
+                        now_us,
+                        interval_us,
+                        tolerance_us,
+                        end_us,
+                    } => {
+                        let mut tat = count;
+                        if call.give_back > 0 && tat == *end_us {
+                            tat = tat.saturating_sub(call.give_back * interval_us);
+                        }
+                        let (granted, after) =
+                            bucket_lease(*now_us, tat, *interval_us, *tolerance_us, want);
+                        m.add(&call.counter, after, count);
+                        (granted, after, 0)
                     }
                 };
-                let total = m.add(&call.counter, granted + call.unleased, call.give_back);
                 Ok(match latch {
                     Some(l) => LeaseReply::Engaged(l),
-                    None => LeaseReply::Granted { granted, total },
+                    None => LeaseReply::Granted {
+                        granted,
+                        total,
+                        previous,
+                    },
                 })
             })
         }

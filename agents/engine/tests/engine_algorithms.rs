@@ -177,8 +177,8 @@ async fn a_token_bucket_admits_its_burst_then_the_rate() {
 }
 
 /// The wire refuses what no algorithm means: a burst without a token
-/// bucket, a burst above the amount, a token bucket without a burst, and
-/// (for now) a lease of anything but fixed windows.
+/// bucket, a burst above the amount, a token bucket without a burst (with
+/// leases too: every algorithm is leased under `sync batch`).
 #[test]
 fn a_burst_is_checked_against_its_algorithm() {
     let batch =
@@ -187,8 +187,8 @@ fn a_burst_is_checked_against_its_algorithm() {
         ("FIXED_WINDOW", 5, "", "only a token bucket has one"),
         ("TOKEN_BUCKET", 11, "", "must be 1..=10"),
         ("TOKEN_BUCKET", 0, "", "must be 1..=10"),
-        ("SLIDING_WINDOW", 0, batch, "leases fixed windows only"),
-        ("TOKEN_BUCKET", 2, batch, "leases fixed windows only"),
+        ("TOKEN_BUCKET", 0, batch, "must be 1..=10"),
+        ("SLIDING_WINDOW", 3, batch, "only a token bucket has one"),
     ] {
         let yaml = format!(
             "service: order\nrules:\n- name: order/calls\n  on: {{any: true}}\n  limit:\n    calls: {{amount: 10, window_ms: 1000}}\n    algorithm: LIMIT_ALGORITHM_{algorithm}\n    burst: {burst}{more}\n"

@@ -2,22 +2,22 @@
 //! cannot count that way.
 //!
 //! Why: bytes are counted in fixed windows (they are added as bodies
-//! stream, after admission), only a token bucket has a burst, and `sync
-//! batch` leases fixed windows: any other pairing would be ignored or
-//! refused by the agents, so it is refused here.
+//! stream, after admission), and only a token bucket has a burst: any
+//! other pairing would be ignored or refused by the agents, so it is
+//! refused here. (Every algorithm works with `scope cluster`, `sync exact`
+//! and `sync batch` alike.)
 //!
 //! Example: `limit l on api { bytes 10MiB per 1m  algorithm sliding window }`.
 //!
 //! Fix: `algorithm` on a limit with `calls N per D`; `burst` with
 //! `algorithm token bucket` (or no `algorithm`: the token bucket is the
-//! default); `scope cluster sync exact` for a cluster limit that is not a
-//! fixed window.
+//! default).
 
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::kind::limit::{Algorithm, Limit, LimitEff, LimitSetting, Scope};
+use crate::kind::limit::{Algorithm, Limit, LimitEff, LimitSetting};
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -61,48 +61,17 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                             .into(),
                         );
                     }
-                    // A burst alone selects the token bucket, which `sync
-                    // batch` does not lease (an explicit algorithm is
-                    // reported below).
-                    LimitSetting::Calls {
-                        burst: Some(burst), ..
-                    } if matches!(e.scope, Scope::ClusterBatch(_))
-                        && !l
-                            .settings
-                            .iter()
-                            .any(|s| matches!(s, LimitSetting::Algorithm { .. })) =>
+                    LimitSetting::Algorithm { algorithm, span }
+                        if e.calls.is_none() && *algorithm != Algorithm::FixedWindow =>
                     {
                         out.push(
                             mismatch(
-                                "a burst (a token bucket) with `sync batch`".to_string(),
-                                "`sync batch` leases fixed windows: use `scope cluster sync exact`, or remove `burst`",
-                                burst.span,
+                                format!("`algorithm {}` without `calls`", algorithm.words()),
+                                "bytes are counted in fixed windows (added as bodies stream); an algorithm applies to `calls N per D`",
+                                *span,
                             )
                             .into(),
                         );
-                    }
-                    LimitSetting::Algorithm { algorithm, span } => {
-                        if e.calls.is_none() && *algorithm != Algorithm::FixedWindow {
-                            out.push(
-                                mismatch(
-                                    format!("`algorithm {}` without `calls`", algorithm.words()),
-                                    "bytes are counted in fixed windows (added as bodies stream); an algorithm applies to `calls N per D`",
-                                    *span,
-                                )
-                                .into(),
-                            );
-                        } else if matches!(e.scope, Scope::ClusterBatch(_))
-                            && *algorithm != Algorithm::FixedWindow
-                        {
-                            out.push(
-                                mismatch(
-                                    format!("`algorithm {}` with `sync batch`", algorithm.words()),
-                                    "`sync batch` leases fixed windows: use `scope cluster sync exact`, or `algorithm fixed window`",
-                                    *span,
-                                )
-                                .into(),
-                            );
-                        }
                     }
                     _ => {}
                 }

@@ -191,8 +191,8 @@ pub(crate) enum ReleaseEff {
 /// setting is given twice (an error of its own), the first wins.
 pub(crate) struct LimitEff {
     pub calls: Option<Counter>,
-    /// The algorithm with defaults applied: the token bucket, but for `sync
-    /// batch` (which leases fixed windows).
+    /// The algorithm with defaults applied: the token bucket (a fixed
+    /// window for bytes alone).
     pub algorithm: Algorithm,
     /// The token bucket's burst (declared or [`default_burst`]); 0 otherwise.
     pub burst: i64,
@@ -457,7 +457,8 @@ impl LimitEff {
 }
 
 /// The declared algorithm and burst (the first of each), or the defaults:
-/// a token bucket of [`default_burst`], a fixed window under `sync batch`.
+/// a token bucket of [`default_burst`] in every scope (`sync batch` leases
+/// every algorithm), a fixed window for bytes alone.
 fn algorithm_of(l: &Limit<'_>, e: &LimitEff) -> (Algorithm, i64) {
     let declared = l.settings.iter().find_map(|s| match s {
         LimitSetting::Algorithm { algorithm, .. } => Some(*algorithm),
@@ -470,9 +471,7 @@ fn algorithm_of(l: &Limit<'_>, e: &LimitEff) -> (Algorithm, i64) {
     let algorithm = match (declared, burst) {
         (Some(a), _) => a,
         (None, Some(Some(_))) => Algorithm::TokenBucket,
-        _ if matches!(e.scope, Scope::ClusterBatch(_)) || e.calls.is_none() => {
-            Algorithm::FixedWindow
-        }
+        _ if e.calls.is_none() => Algorithm::FixedWindow,
         _ => Algorithm::TokenBucket,
     };
     let burst = match algorithm {

@@ -102,3 +102,75 @@ local nxt = tat + tonumber(ARGV[2])
 redis.call('SET', KEYS[1], string.format('%.0f', nxt), 'PX', math.floor((nxt - now) / 1000) + 1)
 return {1, 0}
 ";
+
+/// The `sync batch` lease script of a sliding window
+/// (`gov_engine::cluster::LeaseAlgorithm::SlidingWindow`). KEYS: this
+/// window's counter of leased calls, the previous window's, latch. ARGV as
+/// [`LEASE_SCRIPT`]'s, then the window (ms) and the ms elapsed in it. Grants
+/// `min(wanted, ceil(left / share))` of what the weighted estimate leaves
+/// after the give-back and the unleased calls (`left = ceil((amount *
+/// window - previous * (window - elapsed)) / window) - count`,
+/// `gov_engine::cluster::sliding_left`). Returns `{granted, count,
+/// previous}`, or `{-1, latch pttl}` when engaged.
+pub(super) const SLIDING_LEASE_SCRIPT: &str = r"
+local c = tonumber(redis.call('GET', KEYS[1]) or '0')
+local prev = tonumber(redis.call('GET', KEYS[2]) or '0')
+local back = math.min(tonumber(ARGV[5]), c)
+local unleased = tonumber(ARGV[4])
+local latch = redis.call('PTTL', KEYS[3])
+local grant = 0
+if latch == -2 then
+  local w = tonumber(ARGV[7])
+  local room = tonumber(ARGV[2]) * w - prev * (w - tonumber(ARGV[8]))
+  if room > 0 then
+    local left = math.ceil(room / w) - (c - back + unleased)
+    if left > 0 then
+      grant = math.min(tonumber(ARGV[1]), math.ceil(left / tonumber(ARGV[6])))
+    end
+  end
+end
+local delta = grant + unleased - back
+if delta ~= 0 then
+  c = redis.call('INCRBY', KEYS[1], delta)
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+if latch ~= -2 then return {-1, latch} end
+return {grant, c, prev}
+";
+
+/// The `sync batch` lease script of a token bucket
+/// (`gov_engine::cluster::LeaseAlgorithm::TokenBucket`; the bucket's one
+/// key, as [`BUCKET_SCRIPT`]'s). KEYS: bucket, latch. ARGV: calls wanted,
+/// now (Unix us), interval (us), tolerance (us), calls given back, the end
+/// of the agent's last lease (us), the lease share. Takes the give-back
+/// only while the arrival time is still that end (nobody leased after
+/// it), then grants `min(wanted, ceil(fit / share))` of the `fit` calls
+/// whose arrival times are within the tolerance of now, moving the arrival
+/// time one interval per call (`gov_engine::cluster::bucket_lease`).
+/// Returns `{granted, arrival time}`, or `{-1, latch pttl}` when engaged.
+pub(super) const BUCKET_LEASE_SCRIPT: &str = r"
+local now = tonumber(ARGV[2])
+local i = tonumber(ARGV[3])
+local tol = tonumber(ARGV[4])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+local was = tat
+local back = tonumber(ARGV[5])
+if back > 0 and tat == tonumber(ARGV[6]) then tat = tat - back * i end
+local latch = redis.call('PTTL', KEYS[2])
+local grant = 0
+local from = math.max(tat, now)
+if latch == -2 and from - now <= tol then
+  local fit = math.floor((now + tol - from) / i) + 1
+  grant = math.min(tonumber(ARGV[1]), math.ceil(fit / tonumber(ARGV[7])))
+end
+if grant > 0 then tat = from + grant * i end
+if tat ~= was then
+  if tat > now then
+    redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.floor((tat - now) / 1000) + 1)
+  else
+    redis.call('DEL', KEYS[1])
+  end
+end
+if latch ~= -2 then return {-1, latch} end
+return {grant, tat}
+";

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use gov_engine::cluster::{
     Backend, ExactCall, ExactReply, FlushItem, FlushReply, LATCH_SUFFIX, LEASE_SHARE, Latch,
-    LeaseCall, LeaseReply, StoreAlgorithm, StoreFuture, latch_prefix, sliding_wait_ms,
+    LeaseAlgorithm, LeaseCall, LeaseReply, StoreAlgorithm, StoreFuture, latch_prefix,
+    sliding_wait_ms,
 };
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
@@ -21,6 +22,8 @@ pub(super) struct Redis {
     sliding: redis::Script,
     bucket: redis::Script,
     lease: redis::Script,
+    sliding_lease: redis::Script,
+    bucket_lease: redis::Script,
 }
 
 impl Redis {
@@ -31,6 +34,8 @@ impl Redis {
             sliding: redis::Script::new(scripts::SLIDING_SCRIPT),
             bucket: redis::Script::new(scripts::BUCKET_SCRIPT),
             lease: redis::Script::new(scripts::LEASE_SCRIPT),
+            sliding_lease: redis::Script::new(scripts::SLIDING_LEASE_SCRIPT),
+            bucket_lease: redis::Script::new(scripts::BUCKET_LEASE_SCRIPT),
         }
     }
 }
@@ -209,23 +214,64 @@ impl Backend for Redis {
 
     fn lease(&self, call: LeaseCall) -> StoreFuture<'_, LeaseReply> {
         Box::pin(async move {
-            let reply: (i64, i64) = with_conn!(self, conn => self
-                .lease
-                .key(&call.counter)
-                .key(&call.latch)
-                .arg(call.want)
-                .arg(call.amount)
-                .arg(call.expiry_ms)
-                .arg(call.unleased)
-                .arg(call.give_back)
-                .arg(LEASE_SHARE)
-                .invoke_async(&mut conn))
-            .map_err(text)?;
-            Ok(match reply {
-                (-1, pttl) => LeaseReply::Engaged(latch_from_pttl(pttl).flatten()),
-                (granted, count) => LeaseReply::Granted {
-                    granted: u64::try_from(granted).unwrap_or(0),
-                    total: u64::try_from(count).unwrap_or(0),
+            let invocation = match &call.algorithm {
+                LeaseAlgorithm::FixedWindow => {
+                    let mut i = self.lease.key(&call.counter);
+                    i.key(&call.latch)
+                        .arg(call.want)
+                        .arg(call.amount)
+                        .arg(call.expiry_ms)
+                        .arg(call.unleased)
+                        .arg(call.give_back)
+                        .arg(LEASE_SHARE);
+                    i
+                }
+                LeaseAlgorithm::SlidingWindow {
+                    previous,
+                    window_ms,
+                    elapsed_ms,
+                } => {
+                    let mut i = self.sliding_lease.key(&call.counter);
+                    i.key(previous)
+                        .key(&call.latch)
+                        .arg(call.want)
+                        .arg(call.amount)
+                        .arg(call.expiry_ms)
+                        .arg(call.unleased)
+                        .arg(call.give_back)
+                        .arg(LEASE_SHARE)
+                        .arg(*window_ms)
+                        .arg(*elapsed_ms);
+                    i
+                }
+                LeaseAlgorithm::TokenBucket {
+                    now_us,
+                    interval_us,
+                    tolerance_us,
+                    end_us,
+                } => {
+                    let mut i = self.bucket_lease.key(&call.counter);
+                    i.key(&call.latch)
+                        .arg(call.want)
+                        .arg(*now_us)
+                        .arg(*interval_us)
+                        .arg(*tolerance_us)
+                        .arg(call.give_back)
+                        .arg(*end_us)
+                        .arg(LEASE_SHARE);
+                    i
+                }
+            };
+            let reply: Vec<i64> =
+                with_conn!(self, conn => invocation.invoke_async(&mut conn)).map_err(text)?;
+            let at = |i: usize| reply.get(i).copied().unwrap_or(0);
+            let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
+            Ok(match at(0) {
+                -1 => LeaseReply::Engaged(latch_from_pttl(at(1)).flatten()),
+                granted => LeaseReply::Granted {
+                    granted: unsigned(granted),
+                    total: unsigned(at(1)),
+                    previous: unsigned(at(2)),
                 },
             })
         })

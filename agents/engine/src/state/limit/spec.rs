@@ -139,7 +139,7 @@ pub(crate) fn spec(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, Invalid
             LimitScope::ClusterBatch(ctx.positive_ms("sync_batch_ms", l.sync_batch_ms)?)
         }
     };
-    let algorithm = algorithm(ctx, l, calls.as_ref(), scope)?;
+    let algorithm = algorithm(ctx, l, calls.as_ref())?;
     Ok(LimitSpec {
         calls,
         algorithm,
@@ -172,12 +172,11 @@ fn rate(ctx: &Ctx<'_>, field: &str, r: &proto::Rate) -> Result<RateSpec, Invalid
 
 /// The calls algorithm: a token bucket's burst is 1..=amount; the other
 /// algorithms have no burst; an algorithm other than the fixed window needs
-/// a calls rate, and `sync batch` leases fixed windows only.
+/// a calls rate. Every algorithm is leased under `sync batch`.
 fn algorithm(
     ctx: &Ctx<'_>,
     l: &proto::Limit,
     calls: Option<&RateSpec>,
-    scope: LimitScope,
 ) -> Result<Algorithm, InvalidConfig> {
     let algorithm = match ctx.known::<proto::LimitAlgorithm>("algorithm", l.algorithm)? {
         proto::LimitAlgorithm::FixedWindow => Algorithm::FixedWindow,
@@ -202,11 +201,6 @@ fn algorithm(
             return Err(ctx.err("`burst` is set, but only a token bucket has one"));
         }
         _ => {}
-    }
-    if matches!(scope, LimitScope::ClusterBatch(_)) {
-        return Err(ctx.err(
-            "`sync batch` leases fixed windows only: use `sync exact` with a sliding window or token bucket",
-        ));
     }
     Ok(algorithm)
 }

@@ -3,14 +3,16 @@
 //! latches, topping leases up and giving idle ones back), and mirroring the
 //! store's latches.
 
+use super::lease::Counting;
 use super::*;
-use crate::cluster::{self, LeaseCall, LeaseReply, StoreAlgorithm};
+use crate::cluster::{self, LeaseAlgorithm, LeaseCall, LeaseReply, StoreAlgorithm};
 
 /// What a lease call carried: its window and the unleased calls it sent.
 #[derive(Clone, Copy, Debug)]
 struct Asked {
     window: u64,
     unleased: u64,
+    counting: Counting,
 }
 
 impl Limit {
@@ -64,9 +66,47 @@ impl Limit {
         Ok(())
     }
 
+    /// A batched limit's lease window (0 for a token bucket, which has
+    /// none) and what its lease needs to decide at `now`.
+    fn counting(&self, link: &ClusterLink, rate: &RateSpec, now: Instant) -> (u64, Counting) {
+        let unix = link.store.unix_ms(now);
+        let w = ms(rate.window).max(1);
+        let (amount, window_ms, elapsed_ms) = (rate.amount, w, unix % w);
+        match self.spec.algorithm {
+            Algorithm::FixedWindow => (
+                unix / w,
+                Counting::Fixed {
+                    amount,
+                    window_ms,
+                    elapsed_ms,
+                },
+            ),
+            Algorithm::SlidingWindow => (
+                unix / w,
+                Counting::Sliding {
+                    amount,
+                    window_ms,
+                    elapsed_ms,
+                },
+            ),
+            Algorithm::TokenBucket { burst } => (
+                0,
+                Counting::Bucket {
+                    now_us: link.store.unix_us(now),
+                    interval_us: algo::interval_ns(rate).div_ceil(1000),
+                    tolerance_us: algo::tolerance_ns(rate, burst).div_ceil(1000),
+                    hold_us: u64::try_from(link.period.as_micros())
+                        .unwrap_or(u64::MAX)
+                        .saturating_mul(2),
+                },
+            ),
+        }
+    }
+
     /// `sync batch`: takes a leased call; without one (the store down, or
-    /// its lease call failed) counts the call locally while the window's
-    /// last known total and own unleased calls stay under the amount.
+    /// its lease call failed) counts the call locally while the last known
+    /// state leaves room (the window's total and own unleased calls under
+    /// the amount or the estimate, the bucket's arrival time in tolerance).
     pub(super) fn batch_calls(
         &self,
         link: &ClusterLink,
@@ -76,30 +116,25 @@ impl Limit {
         let Some(rate) = &self.spec.calls else {
             return Ok(());
         };
-        let unix = link.store.unix_ms(now);
-        let w = ms(rate.window).max(1);
+        let (window, c) = self.counting(link, rate, now);
         let mut s = cell.shared();
         s.active = true;
         let lease = &mut s.lease;
-        lease.roll(unix / w);
-        if lease.left == 0 && lease.budget_left(rate.amount) && link.store.is_up() {
+        lease.roll(window);
+        lease.expire(c);
+        if lease.left == 0 && lease.budget_left(c) && link.store.is_up() {
             // Counted in `demand` once decided.
             return Err(LEASE_FIRST);
         }
         lease.demand = lease.demand.saturating_add(1);
-        if lease.left > 0 {
-            lease.left -= 1;
+        if lease.take(c) || lease.count_unleased(c) {
             return Ok(());
         }
-        if !lease.budget_left(rate.amount) {
-            return Err(Exceeded {
-                reason: RejectReason::LimitCalls,
-                wait: Some(Duration::from_millis(w - unix % w)),
-                engaged: false,
-            });
-        }
-        lease.unleased += 1;
-        Ok(())
+        Err(Exceeded {
+            reason: RejectReason::LimitCalls,
+            wait: Some(lease.wait(c)),
+            engaged: false,
+        })
     }
 
     /// Whether calls are leased (`sync batch` with a calls rate).
@@ -119,10 +154,11 @@ impl Limit {
         {
             return false;
         }
-        let w = ms(rate.window).max(1);
+        let (window, c) = self.counting(link, rate, now);
         let mut s = cell.shared();
-        s.lease.roll(link.store.unix_ms(now) / w);
-        s.lease.left == 0 && s.lease.budget_left(rate.amount)
+        s.lease.roll(window);
+        s.lease.expire(c);
+        s.lease.left == 0 && s.lease.budget_left(c)
     }
 
     /// `sync batch` with an empty lease: one call of the key at a time asks
@@ -151,10 +187,12 @@ impl Limit {
         let now = Instant::now();
         match self.try_admit(cell, now) {
             Err(LEASE_FIRST) => Err(Exceeded {
-                wait: self.spec.calls.map(|rate| {
-                    let unix = self.cluster.as_ref().map_or(0, |l| l.store.unix_ms(now));
-                    Self::window_left(&rate, unix)
-                }),
+                wait: match (&self.cluster, &self.spec.calls) {
+                    (Some(link), Some(rate)) => {
+                        Some(cell.shared().lease.wait(self.counting(link, rate, now).1))
+                    }
+                    _ => Some(Duration::from_millis(1)),
+                },
                 ..LEASE_FIRST
             }),
             decided => decided,
@@ -176,9 +214,11 @@ impl Limit {
             window: Duration::from_secs(1),
         });
         let w = ms(rate.window).max(1);
+        let (window, c) = self.counting(link, &rate, now);
         let mut s = cell.shared();
         let l = &mut s.lease;
-        l.roll(link.store.unix_ms(now) / w);
+        l.roll(window);
+        l.expire(c);
         let mut give_back = 0;
         let want = if !tick {
             l.want()
@@ -187,7 +227,7 @@ impl Limit {
             l.demand = 0;
             if l.per_period == 0 {
                 // Idle for a period: its lease goes back to the others.
-                give_back = std::mem::take(&mut l.left);
+                give_back = l.give_back(c);
                 0
             } else {
                 // Keep about two periods of traffic on hand.
@@ -196,20 +236,52 @@ impl Limit {
         };
         let unleased = std::mem::take(&mut l.unleased);
         l.sending = l.sending.saturating_add(unleased);
+        let key = |window| cluster::calls_key(&self.name, &cell.key, window);
+        let (counter, algorithm) = match c {
+            Counting::Fixed { .. } => (key(window), LeaseAlgorithm::FixedWindow),
+            Counting::Sliding {
+                window_ms,
+                elapsed_ms,
+                ..
+            } => (
+                key(window),
+                LeaseAlgorithm::SlidingWindow {
+                    previous: key(window.saturating_sub(1)),
+                    window_ms,
+                    elapsed_ms,
+                },
+            ),
+            Counting::Bucket {
+                now_us,
+                interval_us,
+                tolerance_us,
+                ..
+            } => (
+                cluster::bucket_key(&self.name, &cell.key),
+                LeaseAlgorithm::TokenBucket {
+                    now_us,
+                    interval_us,
+                    tolerance_us,
+                    end_us: l.total,
+                },
+            ),
+        };
         let call = LeaseCall {
-            counter: cluster::calls_key(&self.name, &cell.key, l.window),
+            counter,
             latch: cluster::latch_key(&self.name, &cell.key),
             expiry_ms: w.saturating_mul(2),
             amount: rate.amount,
             want,
             unleased,
             give_back,
+            algorithm,
         };
         (
             call,
             Asked {
                 window: l.window,
                 unleased,
+                counting: c,
             },
         )
     }
@@ -230,9 +302,12 @@ impl Limit {
                     l.unleased = l.unleased.saturating_add(asked.unleased);
                     return;
                 }
-                Some(LeaseReply::Granted { granted, total }) => {
-                    l.left = l.left.saturating_add(granted);
-                    l.total = total;
+                Some(LeaseReply::Granted {
+                    granted,
+                    total,
+                    previous,
+                }) => {
+                    l.granted(asked.counting, granted, total, previous);
                     None
                 }
                 Some(LeaseReply::Engaged(ttl)) => Some(ttl),
@@ -431,8 +506,15 @@ impl Limit {
             let mut s = cell.shared();
             // Read back the single counter always, a key while it is used this
             // window or engaged (to see other agents' calls and releases).
-            let this_window = calls_w.is_some_and(|w| s.lease.window == unix / w)
-                || bytes_w.is_some_and(|w| s.bytes.window == unix / w);
+            // A token bucket has no window: a key in use in this period
+            // or the last one, or holding calls.
+            let calls_now = match self.spec.algorithm {
+                Algorithm::TokenBucket { .. } => {
+                    s.lease.demand > 0 || s.lease.left > 0 || s.lease.per_period > 0
+                }
+                _ => calls_w.is_some_and(|w| s.lease.window == unix / w),
+            };
+            let this_window = calls_now || bytes_w.is_some_and(|w| s.bytes.window == unix / w);
             let lease = s.lease;
             if leased && this_window && (lease.demand > 0 || lease.left > 0 || lease.unleased > 0) {
                 leases.push(cell);
