@@ -1333,6 +1333,35 @@ mod tests {
             assert_eq!(memory.get(&key), before, "not returned to the store");
         }
 
+        /// Releasing one key deletes its algorithm's state in the store: the
+        /// bucket's key (full again), a sliding window's count and the
+        /// window before's (as a local release does), not only a window's
+        /// counter.
+        #[tokio::test(start_paused = true)]
+        async fn releasing_a_key_deletes_its_algorithms_counters_in_the_store() {
+            let memory = Arc::new(Memory::default());
+            let store = store(&memory);
+            align(&store).await;
+            let window = store.unix_ms(Instant::now()) / ms(WINDOW);
+            let calls = |w| crate::cluster::calls_key("svc/shared", "", w);
+            let bucket = crate::cluster::bucket_key("svc/shared", "");
+            for (algorithm, keys) in [
+                (Algorithm::TokenBucket { burst: 5 }, vec![bucket]),
+                (
+                    Algorithm::SlidingWindow,
+                    vec![calls(window), calls(window - 1)],
+                ),
+            ] {
+                let (l, _) = counting(&store, BATCH, 10, None, algorithm);
+                for key in &keys {
+                    set(&memory, key.clone(), 7);
+                }
+                assert_eq!(l.release_shared(Some("")).await, Some(0));
+                let left = memory.counters.lock().unwrap().clone();
+                assert!(keys.iter().all(|k| !left.contains_key(k)), "{left:?}");
+            }
+        }
+
         /// `sync exact timeout 200ms` with `fallback`.
         fn exact(fallback: Fallback) -> LimitScope {
             LimitScope::ClusterExact(ExactSync {

@@ -163,8 +163,9 @@ impl Limit {
         }
     }
 
-    /// The store's counters of `key` in the current windows (what a release
-    /// deletes with its latch).
+    /// The store's counters of `key` now, by the limit's algorithm (what a
+    /// release deletes with its latch): the current window's, the window
+    /// before's too for a sliding window, the bucket's one key.
     fn counters_now(&self, key: &str) -> Vec<String> {
         let Some(link) = &self.cluster else {
             return Vec::new();
@@ -172,11 +173,19 @@ impl Limit {
         let unix = link.store.unix_ms(Instant::now());
         let mut counters = Vec::new();
         if let Some(rate) = &self.spec.calls {
-            counters.push(crate::cluster::calls_key(
-                &self.name,
-                key,
-                unix / ms(rate.window).max(1),
-            ));
+            let window = unix / ms(rate.window).max(1);
+            let calls = |window| crate::cluster::calls_key(&self.name, key, window);
+            match self.spec.algorithm {
+                Algorithm::FixedWindow => counters.push(calls(window)),
+                // Without the window before's count, as locally.
+                Algorithm::SlidingWindow => {
+                    counters.extend([calls(window), calls(window.saturating_sub(1))]);
+                }
+                // Full again.
+                Algorithm::TokenBucket { .. } => {
+                    counters.push(crate::cluster::bucket_key(&self.name, key));
+                }
+            }
         }
         if let Some(rate) = &self.spec.bytes {
             counters.push(crate::cluster::bytes_key(
