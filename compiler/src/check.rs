@@ -26,11 +26,13 @@ pub mod duplicate_registry;
 pub mod duplicate_rule;
 pub mod duplicate_service;
 pub mod duplicate_setting;
+pub mod expired_rule;
 pub mod fixed_wait;
 pub mod grpc_name;
 pub mod grpc_status;
 pub mod invalid_peer;
 pub mod key_cap;
+pub mod latch_outlives_rule;
 pub mod match_cycle;
 pub mod missing_field;
 pub mod mixed_direction;
@@ -52,6 +54,7 @@ pub mod unknown_registry;
 pub mod unknown_service;
 pub mod unreachable_min_calls;
 pub mod unverified_consumer;
+pub mod warmup_without_ramp;
 
 /// Every stable code, errors then lints. Each has a fixture
 /// (`tests/fixtures/<name>.gov`) and an entry in `docs/checks.md`.
@@ -96,6 +99,9 @@ pub const CODES: &[&str] = &[
     "gov::lint::unreachable-min-calls",
     "gov::lint::cluster-limit-inconsistent",
     "gov::lint::unverified-consumer",
+    "gov::lint::expired-rule",
+    "gov::lint::latch-outlives-rule",
+    "gov::lint::warmup-without-ramp",
 ];
 
 /// A check: reads the context, reports what it finds.
@@ -143,6 +149,9 @@ const CHECKS: &[Check] = &[
     unreachable_min_calls::check,
     cluster_limit_inconsistent::check,
     unverified_consumer::check,
+    expired_rule::check,
+    latch_outlives_rule::check,
+    warmup_without_ramp::check,
 ];
 
 /// Runs every check.

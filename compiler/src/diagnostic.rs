@@ -91,6 +91,9 @@ diagnostics! {
     UnreachableMinCalls(unreachable_min_calls::UnreachableMinCalls),
     ClusterLimitInconsistent(cluster_limit_inconsistent::ClusterLimitInconsistent),
     UnverifiedConsumer(unverified_consumer::UnverifiedConsumer),
+    ExpiredRule(expired_rule::ExpiredRule),
+    LatchOutlivesRule(latch_outlives_rule::LatchOutlivesRule),
+    WarmupWithoutRamp(warmup_without_ramp::WarmupWithoutRamp),
 }
 
 impl From<gov_lang::SyntaxError> for Diagnostic {

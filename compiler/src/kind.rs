@@ -131,10 +131,63 @@ impl RuleMode {
     }
 }
 
+/// A rule's expiry (`expires T`, `for D`), which every kind's grammar
+/// accepts and the shared header lowers: no kind decodes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RuleExpiry {
+    /// `expires 2026-12-31T00:00Z`: milliseconds since the Unix epoch.
+    At(Spanned<u64>),
+    /// `for 2h`: from the apply that introduced the rule (govd anchors it).
+    For(Spanned<Duration>),
+}
+
+impl RuleExpiry {
+    /// The rule's expiry, with the span of its setting (`None`: it never
+    /// expires; the last one when written twice, which
+    /// `gov::duplicate-setting` reports).
+    pub(crate) fn of(rule: &RuleDef) -> Option<(Self, Span)> {
+        rule.settings
+            .iter()
+            .rev()
+            .find_map(|s| Some((Self::decode(s)?, s.span)))
+    }
+
+    fn decode(setting: &Setting) -> Option<Self> {
+        let mut w = Words::of(setting);
+        let expiry = match w.key()?.node {
+            "expires" => Self::At(w.instant()?),
+            "for" => Self::For(w.duration()?),
+            _ => return None,
+        };
+        w.done().then_some(expiry)
+    }
+
+    /// `(expires_at_unix_ms, for_ms)` on the wire: a `for` is anchored by
+    /// govd's apply ([`crate::lower::anchor_expiry`]).
+    pub(crate) fn wire(rule: &RuleDef) -> (u64, u64) {
+        match Self::of(rule) {
+            None => (0, 0),
+            Some((Self::At(at), _)) => (at.node, 0),
+            Some((Self::For(d), _)) => (0, crate::lower::unsigned(crate::units::millis(&d.node))),
+        }
+    }
+}
+
 /// `gov::duplicate-setting`: the name under which a setting every kind has
 /// may appear once; `None` for a kind's own setting.
 pub(crate) fn header_key(setting: &Setting) -> Option<&'static str> {
-    RuleMode::decode(setting).map(|_| "mode")
+    RuleMode::decode(setting)
+        .map(|_| "mode")
+        .or_else(|| RuleExpiry::decode(setting).map(|_| "expires or for"))
+}
+
+/// The numbers of the settings every kind has (`for D`), for the range
+/// checks, after the kind's own ([`Kind::values`]).
+pub(crate) fn header_values(rule: &RuleDef, out: &mut Values) {
+    if let Some((RuleExpiry::For(d), _)) = RuleExpiry::of(rule) {
+        out.bound_duration("for", &d, Bound::Positive);
+        out.large("for", Large::Duration(d));
+    }
 }
 
 // === Values ===
@@ -266,6 +319,16 @@ impl<'a> Words<'a> {
                 node: Word::Size(s),
                 span,
             } => Some(Spanned::new(*s, *span)),
+            _ => None,
+        }
+    }
+
+    pub fn instant(&mut self) -> Option<Spanned<u64>> {
+        match self.next()? {
+            Spanned {
+                node: Word::Instant(i),
+                span,
+            } => Some(Spanned::new(i.unix_ms, *span)),
             _ => None,
         }
     }

@@ -30,7 +30,7 @@ use gov_proto::v1 as pb;
 use prost::Message as _;
 use sha2::{Digest, Sha256};
 
-use crate::kind::RuleMode;
+use crate::kind::{RuleExpiry, RuleMode};
 use crate::resolve::{Ctx, File, Norm, Rule, Svc};
 use crate::units::millis;
 
@@ -65,6 +65,41 @@ pub fn shadow_all(bundle: &mut pb::Bundle) {
         version_in_place(t);
     }
     bundle.version = bundle_version(&bundle.targets);
+}
+
+/// Anchors every `for D` rule of `bundle` at an apply made at
+/// `now_unix_ms` against the policy in force, `before`: a rule that
+/// `before` has under the same name with the same `for` keeps the expiry
+/// it had there (an apply that keeps a rule never restarts its clock, even
+/// once it has expired); any other (a new rule, a rule whose `for`
+/// changed, a rule that had none) expires `D` from now. Recomputes the
+/// versions: an apply that keeps every anchor keeps them too.
+pub fn anchor_expiry(bundle: &mut pb::Bundle, before: &pb::Bundle, now_unix_ms: u64) {
+    let kept: std::collections::HashMap<(&str, u64), u64> = before
+        .targets
+        .iter()
+        .flat_map(|t| &t.rules)
+        .filter(|r| r.for_ms > 0 && r.expires_at_unix_ms > 0)
+        .map(|r| ((r.name.as_str(), r.for_ms), r.expires_at_unix_ms))
+        .collect();
+    let mut changed = false;
+    for t in &mut bundle.targets {
+        let mut anchored = false;
+        for r in t.rules.iter_mut().filter(|r| r.for_ms > 0) {
+            r.expires_at_unix_ms = kept
+                .get(&(r.name.as_str(), r.for_ms))
+                .copied()
+                .unwrap_or_else(|| now_unix_ms.saturating_add(r.for_ms));
+            anchored = true;
+        }
+        if anchored {
+            version_in_place(t);
+            changed = true;
+        }
+    }
+    if changed {
+        bundle.version = bundle_version(&bundle.targets);
+    }
 }
 
 /// The version of a bundle: a hash over its services' names and versions.
@@ -331,6 +366,7 @@ impl Lower<'_, '_> {
             _ => String::new(),
         };
         let mode = RuleMode::of(rule.def);
+        let (expires_at_unix_ms, for_ms) = RuleExpiry::wire(rule.def);
         pb::Rule {
             name: format!("{}/{}", self.svc.name(), rule.name().node),
             source: Some(self.source(rule.span())),
@@ -343,6 +379,8 @@ impl Lower<'_, '_> {
                 pb::Mode::Enforce
             } as i32,
             stamp_would_reject: mode.stamp,
+            expires_at_unix_ms,
+            for_ms,
             spec: None,
         }
     }

@@ -344,6 +344,18 @@ fn mode_text(r: &pb::Rule) -> String {
     }
 }
 
+/// When a rule expires: its instant (UTC) and the `for` it came from;
+/// `for D` alone before an apply anchored it; nothing when it never does.
+pub fn expiry_text(r: &pb::Rule) -> String {
+    let at = gov_proto::instant::Utc(r.expires_at_unix_ms);
+    match (r.expires_at_unix_ms, r.for_ms) {
+        (0, 0) => String::new(),
+        (0, d) => format!("for {} from the apply", fmt_ms(d)),
+        (_, 0) => at.to_string(),
+        (_, d) => format!("{at} (for {})", fmt_ms(d)),
+    }
+}
+
 fn items(t: &pb::TargetConfig) -> Vec<Item> {
     let mut out = Vec::new();
     let mut settings = Vec::new();
@@ -369,6 +381,7 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
         let mut f = Vec::new();
         push(&mut f, "on", expr_opt(r.on.as_ref()));
         push(&mut f, "mode", mode_text(r));
+        push(&mut f, "expires", expiry_text(r));
         if let Some(spec) = &r.spec
             && let Some(kind) = crate::kind::of_spec(spec)
         {

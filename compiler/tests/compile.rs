@@ -598,3 +598,41 @@ fn a_limit_lowers_whether_admitted_calls_carry_the_ratelimit_headers() {
         "`headers sometimes` compiles"
     );
 }
+
+/// `expires T` is written as is; `for D` is anchored by the apply that
+/// introduces it, and a later apply that keeps the rule's name and `for`
+/// keeps the anchor (and the version), whatever else changed; a changed
+/// `for` starts again.
+#[test]
+fn expiry_is_lowered_and_a_for_keeps_its_anchor_across_applies() {
+    let policy = |rate: u32, life: &str| {
+        let text = format!(
+            "service s {{\n  limit a on any {{ calls {rate} per 1s  {life} }}\n  limit b on path prefix \"/b\" {{ calls 1 per 1s  expires 2026-12-31T00:00Z }}\n}}\n"
+        );
+        bundle(&[SourceFile::new("s.gov", text)])
+    };
+    let rule = |b: &Bundle, i: usize| b.targets[0].rules[i].clone();
+    let first = policy(10, "for 2h");
+    assert_eq!(rule(&first, 1).expires_at_unix_ms, 1_798_675_200_000);
+    assert_eq!(
+        (rule(&first, 0).for_ms, rule(&first, 0).expires_at_unix_ms),
+        (7_200_000, 0)
+    );
+    let mut applied = first.clone();
+    gov_compiler::lower::anchor_expiry(&mut applied, &Bundle::default(), 1_000);
+    assert_eq!(rule(&applied, 0).expires_at_unix_ms, 7_201_000);
+    assert_ne!(applied.version, first.version);
+    // The same policy applied later: the same anchor, the same version.
+    let mut again = first.clone();
+    gov_compiler::lower::anchor_expiry(&mut again, &applied, 5_000_000);
+    assert_eq!(rule(&again, 0).expires_at_unix_ms, 7_201_000);
+    assert_eq!(again.version, applied.version);
+    // Another rate, the same `for`: the clock does not restart.
+    let mut tuned = policy(20, "for 2h");
+    gov_compiler::lower::anchor_expiry(&mut tuned, &applied, 5_000_000);
+    assert_eq!(rule(&tuned, 0).expires_at_unix_ms, 7_201_000);
+    // Another `for`: it starts at this apply.
+    let mut longer = policy(10, "for 3h");
+    gov_compiler::lower::anchor_expiry(&mut longer, &applied, 5_000_000);
+    assert_eq!(rule(&longer, 0).expires_at_unix_ms, 15_800_000);
+}

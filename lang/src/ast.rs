@@ -340,6 +340,8 @@ pub enum Word {
     Duration(Duration),
     Size(Size),
     Percent(Percent),
+    /// An instant (`expires 2026-12-31T00:00Z`).
+    Instant(Instant),
     /// A status code or an inclusive range of them: `500`, `500..599`.
     Range {
         from: Status,
@@ -485,6 +487,7 @@ impl fmt::Display for Word {
             Word::Duration(d) => write!(f, "{d}"),
             Word::Size(s) => write!(f, "{s}"),
             Word::Percent(p) => write!(f, "{p}"),
+            Word::Instant(i) => f.write_str(&i.text),
             Word::Range { from, to: None } => write!(f, "{}", from.node),
             Word::Range { from, to: Some(to) } => write!(f, "{}..{}", from.node, to.node),
         }

@@ -168,6 +168,26 @@ impl SyntaxError {
         }
     }
 
+    pub(crate) fn instant(
+        name: &str,
+        src: &str,
+        span: Span,
+        error: &gov_proto::instant::InstantError,
+    ) -> Self {
+        let help = miette::Diagnostic::help(error).map(|h| h.to_string());
+        let e = SyntaxError::new(
+            name,
+            src,
+            error.to_string(),
+            span,
+            "this instant".to_owned(),
+        );
+        match help {
+            Some(help) => e.with_help(help),
+            None => e,
+        }
+    }
+
     pub(crate) fn internal(name: &str, src: &str, span: Span) -> Self {
         SyntaxError::new(
             name,

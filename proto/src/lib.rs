@@ -14,6 +14,7 @@ pub mod decision_log;
 pub mod duration;
 pub mod flag;
 pub mod grpc;
+pub mod instant;
 #[cfg(feature = "daemon")]
 pub mod log;
 pub mod path;

@@ -102,6 +102,8 @@ fn order() -> TargetConfig {
                 direction: Direction::Inbound as i32,
                 mode: Mode::Enforce as i32,
                 stamp_would_reject: false,
+                expires_at_unix_ms: 1_798_675_200_000,
+                for_ms: 7_200_000,
                 spec: Some(Spec::Bulkhead(Bulkhead {
                     key: BulkheadKey::Operation as i32,
                     max_concurrent: 10,
@@ -123,6 +125,8 @@ fn order() -> TargetConfig {
                 direction: Direction::Outbound as i32,
                 mode: Mode::Enforce as i32,
                 stamp_would_reject: false,
+                expires_at_unix_ms: 0,
+                for_ms: 0,
                 spec: Some(Spec::Bulkhead(Bulkhead {
                     key: BulkheadKey::Instance as i32,
                     max_concurrent: 20,
@@ -144,6 +148,8 @@ fn order() -> TargetConfig {
                 direction: 0,
                 mode: Mode::Enforce as i32,
                 stamp_would_reject: false,
+                expires_at_unix_ms: 0,
+                for_ms: 0,
                 spec: Some(Spec::Limit(Limit {
                     calls: Some(Rate {
                         amount: 100,
@@ -170,6 +176,7 @@ fn order() -> TargetConfig {
                     overflow: KeyOverflow::Share as i32,
                     algorithm: 0,
                     burst: 0,
+                    warmup_scale: true,
                     ratelimit_headers_always: true,
                 })),
             },
@@ -180,6 +187,8 @@ fn order() -> TargetConfig {
                 direction: Direction::Outbound as i32,
                 mode: Mode::Enforce as i32,
                 stamp_would_reject: false,
+                expires_at_unix_ms: 0,
+                for_ms: 0,
                 spec: Some(Spec::Limit(Limit {
                     calls: Some(Rate {
                         amount: 500,
@@ -202,6 +211,8 @@ fn order() -> TargetConfig {
                 direction: 0,
                 mode: Mode::Enforce as i32,
                 stamp_would_reject: false,
+                expires_at_unix_ms: 0,
+                for_ms: 0,
                 spec: Some(Spec::Fuse(Fuse {
                     trips: vec![
                         Trip {

@@ -168,6 +168,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             let mut values = Values::default();
             let text = |span| cx.text(svc.file, span).to_string();
             rule.imp.values(rule.def, &text, &mut values);
+            crate::kind::header_values(rule.def, &mut values);
             for (what, value, span, bound) in values.bounded {
                 s.value(&what, value, span, bound);
             }

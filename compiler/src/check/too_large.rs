@@ -156,6 +156,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             let mut values = Values::default();
             let text = |span| cx.text(svc.file, span).to_string();
             rule.imp.values(rule.def, &text, &mut values);
+            crate::kind::header_values(rule.def, &mut values);
             for (what, value) in &values.large {
                 match value {
                     Large::Count(v) => s.count(what, v),

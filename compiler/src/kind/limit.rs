@@ -60,6 +60,9 @@ pub(crate) enum LimitSetting {
     /// `headers always` | `headers on reject`: whether admitted calls carry
     /// the RateLimit headers too.
     Headers { always: bool },
+    /// `scale with warmup`: the amounts times the instance's slow-start
+    /// weight while it ramps.
+    WarmupScale { span: Span },
 }
 
 /// How calls are counted (`algorithm ...`).
@@ -206,6 +209,8 @@ pub(crate) struct LimitEff {
     pub keys: KeysEff,
     /// `headers always`: admitted calls carry the RateLimit headers too.
     pub headers_always: bool,
+    /// `scale with warmup`, where written.
+    pub warmup_scale: Option<Span>,
 }
 
 /// The kind.
@@ -346,6 +351,11 @@ fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
             };
             S::Headers { always }
         }
+        "scale" => {
+            w.expect("with")?;
+            w.expect("warmup")?;
+            S::WarmupScale { span }
+        }
         key => S::Keys(KeySetting::decode(key, w)?),
     })
 }
@@ -380,6 +390,7 @@ impl LimitEff {
             scope: Scope::Local,
             keys: KeysEff::default(),
             headers_always: false,
+            warmup_scale: None,
         };
         for s in l.settings.iter().rev() {
             // Reversed so that the first occurrence is applied last and wins.
@@ -449,6 +460,7 @@ impl LimitEff {
                 }
                 LimitSetting::Keys(k) => e.keys.apply(k),
                 LimitSetting::Headers { always, .. } => e.headers_always = *always,
+                LimitSetting::WarmupScale { span } => e.warmup_scale = Some(*span),
             }
         }
         (e.algorithm, e.burst) = algorithm_of(l, &e);
@@ -529,6 +541,7 @@ impl super::Kind for Kind {
             LimitSetting::Scope { .. } => "scope",
             LimitSetting::Keys(k) => k.key(),
             LimitSetting::Headers { .. } => "headers",
+            LimitSetting::WarmupScale { .. } => "scale with warmup",
         })
     }
 
@@ -660,6 +673,7 @@ impl super::Kind for Kind {
             } as i32,
             burst: unsigned(e.burst),
             ratelimit_headers_always: e.headers_always,
+            warmup_scale: e.warmup_scale.is_some(),
             calls: e.calls.map(rate),
             bytes: e.bytes.map(rate),
             key: match e.per {
@@ -771,6 +785,9 @@ impl super::Kind for Kind {
         };
         push(f, "scope", scope);
         super::keys::fields(f, l.max_keys, l.overflow());
+        if l.warmup_scale {
+            push(f, "scale with warmup", "yes".to_string());
+        }
     }
 
     #[cfg(test)]

@@ -48,6 +48,15 @@ pub struct Percent {
     pub milli: i64,
 }
 
+/// An instant as written (`2026-12-31T00:00Z`) and what it means:
+/// milliseconds since the Unix epoch, UTC ([`gov_proto::instant`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Instant {
+    pub unix_ms: u64,
+    /// The text as written (the formatter prints it back).
+    pub text: String,
+}
+
 /// `100 per 1s`: an amount per window.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Rate<T> {

@@ -42,6 +42,7 @@ impl Builder<'_> {
                 Rule::duration => self.duration(c)?.map(Word::Duration),
                 Rule::size => self.size(c)?.map(Word::Size),
                 Rule::percent => self.percent(c)?.map(Word::Percent),
+                Rule::instant => self.instant(c)?.map(Word::Instant),
                 Rule::string => self.string(c).map(Word::Str),
                 Rule::ident => self.ident(c).map(Word::Name),
                 Rule::status_range => {
@@ -421,6 +422,21 @@ impl Builder<'_> {
             .map_err(|_| SyntaxError::number_too_large(self.name, self.src, span))?;
         let value = if negative { -value } else { value };
         Ok(Spanned::new(Duration { value, unit }, span))
+    }
+
+    /// An RFC 3339 instant, read by [`gov_proto::instant::parse`].
+    pub(super) fn instant(&self, p: P<'_>) -> Result<Spanned<Instant>, SyntaxError> {
+        let span = span_of(&p);
+        let text = p.as_str();
+        let unix_ms = gov_proto::instant::parse(text)
+            .map_err(|e| SyntaxError::instant(self.name, self.src, span, &e))?;
+        Ok(Spanned::new(
+            Instant {
+                unix_ms,
+                text: text.to_string(),
+            },
+            span,
+        ))
     }
 
     pub(super) fn size(&self, p: P<'_>) -> Result<Spanned<Size>, SyntaxError> {
