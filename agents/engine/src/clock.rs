@@ -51,6 +51,12 @@ impl Now {
         self.ns.saturating_sub(epoch_ns) / 1_000_000
     }
 
+    /// Nanoseconds from the base to this read.
+    #[inline]
+    pub(crate) fn ns(self) -> u64 {
+        self.ns
+    }
+
     /// Nanoseconds from `earlier` to this read (0 if it is later).
     #[inline]
     pub(crate) fn nanos_since(self, earlier: Now) -> u64 {

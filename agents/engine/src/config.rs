@@ -59,6 +59,8 @@ pub struct CompiledConfig {
     judged: Box<[HeaderName]>,
     /// What a decision needs of each rule, by rule id.
     pub(crate) metas: Box<[RuleMeta]>,
+    /// Whether a rule has an expiry (decisions then skip the expired ones).
+    pub(crate) expiring: bool,
     pub(crate) inbound: Router,
     pub(crate) outbound: Router,
 }
@@ -76,9 +78,50 @@ pub struct Rule {
     /// the rule's identity: a re-apply that changes only the mode keeps the
     /// rule's state.
     pub mode: Mode,
+    /// When it stops being enforced (`expires T`, `for D`); `None`: never.
+    pub expires: Option<Expiry>,
     /// What it does.
     pub spec: RuleSpec,
     pub(crate) on: Cond,
+}
+
+/// When a rule stops being enforced: the instant the config names (UTC),
+/// and where it falls on this engine's clock (`tokio::time`), worked out
+/// once when the config is converted, by this machine's wall clock.
+///
+/// From then on the engine goes by the monotonic clock alone: a decision
+/// at or after `at` skips the rule, so the rule stops on time on every
+/// agent whether or not govd is reachable, and a later jump of the wall
+/// clock does not move it. An agent whose wall clock is off by S stops
+/// the rule S early or late (NTP keeps S small); a config loaded after its
+/// instant never enforces the rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expiry {
+    /// Milliseconds since the Unix epoch, as the config says.
+    pub unix_ms: u64,
+    /// The same instant on the engine's clock.
+    pub at: tokio::time::Instant,
+}
+
+impl Expiry {
+    /// The expiry at `unix_ms`, placed on the engine's clock by reading the
+    /// wall clock and `tokio::time` now.
+    pub fn at_unix_ms(unix_ms: u64) -> Self {
+        let now = tokio::time::Instant::now();
+        let wall = crate::latch::unix_ms(std::time::SystemTime::now());
+        let left = std::time::Duration::from_millis(unix_ms.saturating_sub(wall));
+        Self {
+            unix_ms,
+            at: now
+                .checked_add(left)
+                .unwrap_or(now + std::time::Duration::from_secs(100 * 365 * 86_400)),
+        }
+    }
+
+    /// Whether the rule is no longer enforced at `now`.
+    pub fn passed(&self, now: tokio::time::Instant) -> bool {
+        now >= self.at
+    }
 }
 
 /// What a rule does with the calls it matches.
@@ -137,6 +180,7 @@ impl CompiledConfig {
                 gov_proto::compiled::CONSUMER_HEADER,
             )]),
             metas: Box::new([]),
+            expiring: false,
             inbound: Router::default(),
             outbound: Router::default(),
         }
@@ -237,8 +281,10 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
                 phase: r.spec.phase(),
                 consumer: r.spec.needs_consumer(),
                 timeout: r.spec.timeout().filter(|_| !r.mode.is_shadow()),
+                expires_ns: r.expires.map_or(u64::MAX, |e| crate::clock::ns(e.at)),
             })
             .collect();
+        let expiring = rules.iter().any(|r| r.expires.is_some());
         let inbound = Router::new(
             rules.iter().map(|r| (r.direction, &r.on)),
             &metas,
@@ -269,6 +315,7 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             rules,
             judged: judged.into_boxed_slice(),
             metas,
+            expiring,
             inbound,
             outbound,
         })
@@ -339,11 +386,21 @@ fn header(ctx: &Ctx<'_>, r: &proto::Rule, spec: RuleSpec) -> Result<Rule, Invali
         Ok(proto::Direction::Outbound) => Direction::Outbound,
         Err(_) => return Err(ctx.err(format!("direction {} is unknown", r.direction))),
     };
+    let expires = match (r.expires_at_unix_ms, r.for_ms) {
+        (0, 0) => None,
+        (0, _) => {
+            return Err(ctx.err(
+                "`for_ms` is set but `expires_at_unix_ms` is not: a `for` starts at govd's apply, which sets the instant (give a config loaded without govd an `expires` instead)",
+            ));
+        }
+        (unix_ms, _) => Some(Expiry::at_unix_ms(unix_ms)),
+    };
     Ok(Rule {
         name: ctx.rule.into(),
         source,
         direction,
         mode,
+        expires,
         spec,
         on,
     })

@@ -164,6 +164,9 @@ pub(crate) fn route(config: &CompiledConfig, req: &RequestInfo<'_>, plan: &mut P
         target,
     );
     router.matches(&view, &config.metas, plan);
+    if config.expiring {
+        plan.drop_expired(&config.metas, Now::read().ns());
+    }
     !plan.is_empty()
 }
 

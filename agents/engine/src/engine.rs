@@ -41,6 +41,7 @@ use crate::snapshot::{CACHE, Snapshot};
 use crate::state::State;
 use crate::state::bulkhead::Bulkhead;
 use crate::stats::{FuseState, RuleStats};
+use crate::weight::Weight;
 
 /// The enforcement engine of one service. Cheap to clone (one `Arc`).
 #[derive(Clone, Debug)]
@@ -63,6 +64,8 @@ struct Shared {
     max_keys: AtomicU32,
     /// Where `scope cluster` limits share their counters.
     cluster: Option<ClusterStore>,
+    /// The instance's slow-start weight (`scale with warmup` limits).
+    weight: Weight,
 }
 
 /// Summary of [`Engine::apply`].
@@ -153,7 +156,8 @@ impl Engine {
     fn build(mut config: CompiledConfig, cluster: Option<ClusterStore>) -> Self {
         config.default_max_keys(DEFAULT_MAX_KEYS);
         let events = Events::new();
-        let snapshot = Snapshot::fresh(Arc::new(config), &events, cluster.as_ref());
+        let weight = Weight::default();
+        let snapshot = Snapshot::fresh(Arc::new(config), &events, cluster.as_ref(), &weight);
         Self {
             shared: Arc::new(Shared {
                 current: ArcSwap::from_pointee(snapshot),
@@ -163,6 +167,7 @@ impl Engine {
                 apply: Mutex::new(()),
                 max_keys: AtomicU32::new(DEFAULT_MAX_KEYS),
                 cluster,
+                weight,
             }),
         }
     }
@@ -244,6 +249,7 @@ impl Engine {
                                         &rule.name,
                                         &self.shared.events,
                                         self.shared.cluster.as_ref(),
+                                        &self.shared.weight,
                                     ),
                                 }
                             }
@@ -252,6 +258,7 @@ impl Engine {
                                 &rule.name,
                                 &self.shared.events,
                                 self.shared.cluster.as_ref(),
+                                &self.shared.weight,
                             ),
                         };
                         // A rule whose parameters changed keeps its latch: a
@@ -289,6 +296,14 @@ impl Engine {
         // new snapshot.
         self.shared.generation.fetch_add(1, Release);
         applied
+    }
+
+    /// The instance's slow-start weight in thousandths of a percent
+    /// ([`crate::FULL_WEIGHT`] is full, the weight until told otherwise): while it is below full,
+    /// limits with `scale with warmup` admit their calls amount times it,
+    /// at least one call per window. The agent's warmup ramp sets it.
+    pub fn set_warmup_weight(&self, milli_percent: u32) {
+        self.shared.weight.set(milli_percent);
     }
 
     /// How many keys a keyed limit or bulkhead tracks when its policy says

@@ -86,6 +86,7 @@ mod snapshot;
 mod state;
 pub mod stats;
 mod stripe;
+mod weight;
 mod window;
 
 pub use admission::Ended;
@@ -108,3 +109,4 @@ pub use rejection::{
 };
 pub use route::Headers;
 pub use stats::{FuseState, LATENCY_BUCKETS_MS, MAX_ENGAGED_KEYS, RuleStats};
+pub use weight::FULL_WEIGHT;

@@ -55,6 +55,9 @@ pub(crate) struct RuleMeta {
     /// The deadline it enforces on a call (`None` in mode shadow: a shadow
     /// rule's deadline is counted, not enforced).
     pub(crate) timeout: Option<Duration>,
+    /// When it expires, in nanoseconds since the clock's base
+    /// ([`crate::clock`]); `u64::MAX`: never.
+    pub(crate) expires_ns: u64,
 }
 
 /// The rules one request matched, ready to decide with: in the order their
@@ -84,6 +87,19 @@ impl Plan {
             && self.timeout.is_none_or(|current| (t, id) < current)
         {
             self.timeout = Some((t, id));
+        }
+    }
+
+    /// Leaves out the rules expired at `now_ns` (their steps, their
+    /// deadlines, their need of the consumer).
+    pub(crate) fn drop_expired(&mut self, metas: &[RuleMeta], now_ns: u64) {
+        let live = |id: RuleId| metas[id.0 as usize].expires_ns > now_ns;
+        if self.ids().all(live) {
+            return;
+        }
+        let kept = std::mem::take(self);
+        for id in kept.ids().filter(|&id| live(id)) {
+            self.add(id, &metas[id.0 as usize]);
         }
     }
 

@@ -21,6 +21,7 @@ use crate::events::Events;
 use crate::rejection::{RejectReason, Rejection};
 use crate::state::State;
 use crate::stripe;
+use crate::weight::Weight;
 
 /// One config and the state of each of its rules. Cache-line aligned, so
 /// that in its `Arc` the reference counts (written by every governed call)
@@ -44,11 +45,12 @@ impl Snapshot {
         config: Arc<CompiledConfig>,
         events: &Events,
         cluster: Option<&ClusterStore>,
+        weight: &Weight,
     ) -> Self {
         let states = config
             .rules
             .iter()
-            .map(|r| State::new(&r.spec, &r.name, events, cluster))
+            .map(|r| State::new(&r.spec, &r.name, events, cluster, weight))
             .collect();
         Self::new(config, states)
     }

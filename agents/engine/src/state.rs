@@ -34,6 +34,7 @@ use crate::primitive::{Answer, Grant, Keys, Phase, Primitive};
 use crate::rejection::RejectReason;
 use crate::stats::{Counters, RuleStats};
 use crate::stripe::Slot;
+use crate::weight::Weight;
 
 pub(crate) mod bulkhead;
 pub(crate) mod fuse;
@@ -176,11 +177,18 @@ impl State {
         name: &Arc<str>,
         events: &Events,
         cluster: Option<&ClusterStore>,
+        weight: &Weight,
     ) -> Self {
         match spec {
             RuleSpec::Bulkhead(s) => State::Bulkhead(Arc::new(Bulkhead::new(s.clone()))),
             RuleSpec::Limit(s) => {
-                let limit = Arc::new(Limit::new(s.clone(), name.clone(), events.clone(), cluster));
+                let limit = Arc::new(Limit::new(
+                    s.clone(),
+                    name.clone(),
+                    events.clone(),
+                    cluster,
+                    weight,
+                ));
                 limit.start();
                 State::Limit(limit)
             }

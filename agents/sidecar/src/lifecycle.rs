@@ -242,6 +242,27 @@ impl Lifecycle {
         self.state.subscribe()
     }
 
+    /// Keeps `engine`'s slow-start weight ([`gov_engine::Engine::set_warmup_weight`],
+    /// which limits with `scale with warmup` follow) at the instance's: its
+    /// ramp's weight while WARMING, full in every other phase (before the
+    /// instance is ready it takes no calls; once ramped, or without a ramp,
+    /// it takes its full share). Ends with the lifecycle.
+    pub fn follow_weight(&self, engine: gov_engine::Engine) -> impl Future<Output = ()> + use<> {
+        let mut state = self.state.subscribe();
+        async move {
+            loop {
+                let s = *state.borrow_and_update();
+                engine.set_warmup_weight(match s.phase {
+                    proto::Phase::Warming => s.weight_milli_percent,
+                    _ => gov_engine::FULL_WEIGHT,
+                });
+                if state.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
     /// The current state.
     pub fn state(&self) -> State {
         *self.state.borrow()

@@ -129,6 +129,7 @@ impl Sidecar {
             None => Engine::empty(&options.service),
         };
         engine.set_max_keys_per_rule(options.max_keys_per_rule);
+        tokio::spawn(lifecycle.follow_weight(engine.clone()));
         let initial = match &options.config {
             Some(path) => {
                 let (bytes, target) = read_config(path).await?;

@@ -49,6 +49,7 @@ use crate::state::keys::KeyTable;
 use crate::stats::Counters;
 use crate::stats::{MAX_ENGAGED_KEYS, RuleStats};
 use crate::stripe::Slot;
+use crate::weight::Weight;
 use http::StatusCode;
 
 mod algo;
@@ -208,6 +209,8 @@ pub(crate) struct Limit {
     table: KeyTable,
     cluster: Option<ClusterLink>,
     pub(crate) counters: Counters,
+    /// `scale with warmup`: the engine's slow-start weight.
+    weight: Option<Weight>,
 }
 
 fn pack(window: u64, count: u64) -> u64 {
@@ -226,6 +229,7 @@ impl Limit {
         name: Arc<str>,
         events: Events,
         store: Option<&ClusterStore>,
+        weight: &Weight,
     ) -> Self {
         let cluster = match (spec.scope, store) {
             (LimitScope::Local, _) | (_, None) => None,
@@ -241,6 +245,7 @@ impl Limit {
             }),
         };
         let epoch = Instant::now();
+        let spec_scales = spec.warmup_scale;
         Self {
             spec,
             name,
@@ -253,6 +258,7 @@ impl Limit {
             table: KeyTable::default(),
             cluster,
             counters: Counters::default(),
+            weight: spec_scales.then(|| weight.clone()),
         }
     }
 
@@ -672,8 +678,12 @@ mod tests {
             scope: LimitScope::Local,
             keys: crate::state::keys::KeyCap::default(),
             headers_always: false,
+            warmup_scale: false,
         };
-        (Limit::new(spec, "svc/l".into(), events, None), rx)
+        (
+            Limit::new(spec, "svc/l".into(), events, None, &Weight::default()),
+            rx,
+        )
     }
 
     /// A local limit of `amount` calls per `window`, counted by `algorithm`.
@@ -947,9 +957,16 @@ mod tests {
                 scope,
                 keys: crate::state::keys::KeyCap::default(),
                 headers_always: false,
+                warmup_scale: false,
             };
             (
-                Arc::new(Limit::new(spec, "svc/shared".into(), events, Some(store))),
+                Arc::new(Limit::new(
+                    spec,
+                    "svc/shared".into(),
+                    events,
+                    Some(store),
+                    &Weight::default(),
+                )),
                 rx,
             )
         }

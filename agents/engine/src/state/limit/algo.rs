@@ -19,6 +19,7 @@ use super::{Algorithm, Exceeded, Limit, LimitCell, RateSpec, ms, pack};
 use crate::clock::Now;
 use crate::cluster::sliding_wait_ms;
 use crate::rejection::RejectReason;
+use crate::weight::{self, FULL_WEIGHT};
 
 /// The nanoseconds between two calls of a token bucket (rounded up: never
 /// more than the rate).
@@ -46,11 +47,29 @@ impl Limit {
         let Some(rate) = &self.spec.calls else {
             return Ok(());
         };
+        // `scale with warmup`: while the instance ramps, the amount (and a
+        // token bucket's burst) times its weight, at least 1.
+        let (rate, burst) = match (&self.weight, self.spec.algorithm) {
+            (Some(w), algorithm) if w.get() < FULL_WEIGHT => {
+                let weight = w.get();
+                let scaled = RateSpec {
+                    amount: weight::scaled(rate.amount, weight),
+                    window: rate.window,
+                };
+                let burst = match algorithm {
+                    Algorithm::TokenBucket { burst } => weight::scaled(burst, weight),
+                    _ => 0,
+                };
+                (scaled, burst)
+            }
+            (_, Algorithm::TokenBucket { burst }) => (*rate, burst),
+            _ => (*rate, 0),
+        };
         match self.spec.algorithm {
-            Algorithm::FixedWindow => fixed(cell, rate, now_ms),
-            Algorithm::SlidingWindow => sliding(cell, rate, now_ms),
-            Algorithm::TokenBucket { burst } => {
-                bucket(cell, rate, burst, now.nanos_since(self.epoch_now))
+            Algorithm::FixedWindow => fixed(cell, &rate, now_ms),
+            Algorithm::SlidingWindow => sliding(cell, &rate, now_ms),
+            Algorithm::TokenBucket { .. } => {
+                bucket(cell, &rate, burst, now.nanos_since(self.epoch_now))
             }
         }
     }

@@ -107,6 +107,8 @@ impl Limit {
 mod tests {
     use std::time::Duration;
 
+    use crate::weight::Weight;
+
     use http::StatusCode;
     use tokio::time::Instant;
 
@@ -139,8 +141,15 @@ mod tests {
             scope: LimitScope::Local,
             keys,
             headers_always: false,
+            warmup_scale: false,
         };
-        Limit::new(spec, "svc/l".into(), Events::new(), None)
+        Limit::new(
+            spec,
+            "svc/l".into(),
+            Events::new(),
+            None,
+            &Weight::default(),
+        )
     }
 
     /// One call of `key`, as a decision makes it: whether it was admitted.

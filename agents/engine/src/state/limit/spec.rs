@@ -90,6 +90,9 @@ pub struct LimitSpec {
     pub keys: KeyCap,
     /// `headers always`: admitted calls carry the RateLimit headers too.
     pub headers_always: bool,
+    /// `scale with warmup`: local calls counting scaled by the instance's
+    /// slow-start weight while it ramps.
+    pub warmup_scale: bool,
 }
 
 /// A limit's spec from the wire.
@@ -140,6 +143,11 @@ pub(crate) fn spec(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, Invalid
         }
     };
     let algorithm = algorithm(ctx, l, calls.as_ref())?;
+    if l.warmup_scale && (calls.is_none() || scope != LimitScope::Local) {
+        return Err(ctx.err(
+            "`warmup_scale` scales one instance's calls: it needs `calls` and `scope local` (a cluster limit's amount is shared by every instance)",
+        ));
+    }
     Ok(LimitSpec {
         calls,
         algorithm,
@@ -157,6 +165,7 @@ pub(crate) fn spec(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, Invalid
         scope,
         keys: crate::state::keys::cap(ctx, l.max_keys, l.overflow)?,
         headers_always: l.ratelimit_headers_always,
+        warmup_scale: l.warmup_scale,
     })
 }
 
