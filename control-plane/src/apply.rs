@@ -270,7 +270,14 @@ pub fn prepare(
     }
     let empty = pb::Bundle::default();
     let before = current.map_or(&empty, |c| &c.bundle);
+    // A `for D` starts at the apply that introduced the rule; an apply
+    // that keeps the rule's name and `for` keeps its instant.
+    gov_compiler::lower::anchor_expiry(&mut compiled.bundle, before, now_unix_ms);
     let mut diagnostics = diagnostics;
+    diagnostics.extend(crate::diagnostics::expired_for_warnings(
+        &compiled.bundle,
+        now_unix_ms,
+    ));
     if !request.allow_remove_all
         && let Some(services) = removes_every_service(before, &compiled.bundle)
     {

@@ -159,6 +159,7 @@ impl ControlPlane {
         tokio::spawn(publish_views(inner.clone()));
         tokio::spawn(persist_agents(inner.clone()));
         tokio::spawn(release_timer(inner.clone()));
+        tokio::spawn(inner.clone().expire_rules());
         tokio::spawn(keep_audit_true(inner.clone()));
         let changed = inner.clone();
         tokio::spawn(crate::store_health::watch(

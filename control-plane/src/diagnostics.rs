@@ -57,6 +57,37 @@ pub fn removes_every_service(before: &pb::Bundle, after: &pb::Bundle) -> Option<
 }
 
 /// What a dry run says of an apply [`removes_every_service`] would refuse.
+/// Warnings for the rules of `bundle` whose `for` ran out before
+/// `now_unix_ms` (the apply keeps their instant: keeping a rule never
+/// restarts its clock). An `expires` in the past is the compiler's
+/// `gov::lint::expired-rule`.
+pub fn expired_for_warnings(bundle: &pb::Bundle, now_unix_ms: u64) -> Vec<pb::Diagnostic> {
+    bundle
+        .targets
+        .iter()
+        .flat_map(|t| &t.rules)
+        .filter(|r| r.for_ms > 0 && r.expires_at_unix_ms > 0 && r.expires_at_unix_ms <= now_unix_ms)
+        .map(|r| {
+            let source = r.source.clone().unwrap_or_default();
+            pb::Diagnostic {
+                code: "gov::lint::expired-rule".into(),
+                severity: pb::Severity::Warning as i32,
+                message: format!(
+                    "{} `{}` expired at {} (its `for` runs from the apply that introduced it): no agent enforces it",
+                    r.kind().word(),
+                    r.name,
+                    gov_proto::instant::Utc(r.expires_at_unix_ms)
+                ),
+                file: source.file,
+                line: source.line,
+                column: source.column,
+                help: "remove the rule, or change its `for` (a changed `for` starts again at the apply)".into(),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
 pub fn removes_every_service_warning(services: &str) -> pb::Diagnostic {
     pb::Diagnostic {
         code: "gov::govd::removes_every_service".into(),

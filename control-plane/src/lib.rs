@@ -35,6 +35,7 @@ pub mod convert;
 mod diagnostics;
 mod error;
 pub mod etcd;
+pub mod expiry;
 mod gate;
 pub mod history;
 pub mod identity;

@@ -81,6 +81,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
                 stats: Some(aggregate(state, &t.service, &r.name, kind)),
                 mode: r.mode,
                 shadow_since_unix_ms: state.shadow_since(&r.name).unwrap_or(0),
+                expires_at_unix_ms: r.expires_at_unix_ms,
             });
         }
     }

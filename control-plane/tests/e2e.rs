@@ -53,6 +53,8 @@ mod agent_identity;
 mod chaos;
 #[path = "e2e/day2.rs"]
 mod day2;
+#[path = "e2e/expiry.rs"]
+mod expiry;
 #[path = "e2e/failover.rs"]
 mod failover;
 #[path = "e2e/floods.rs"]

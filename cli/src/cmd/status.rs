@@ -211,6 +211,37 @@ fn render_shadow(view: &pb::ClusterView, out: &mut String) {
     out.push_str(&remote::table(&rows));
 }
 
+/// The rules that expire: when, and the time left (`expired` once it has
+/// passed: no agent enforces them).
+fn render_expiring(view: &pb::ClusterView, out: &mut String) {
+    let expiring: Vec<&pb::RuleView> = view
+        .rules
+        .iter()
+        .filter(|r| r.expires_at_unix_ms > 0)
+        .collect();
+    if expiring.is_empty() {
+        return;
+    }
+    let mut rows = vec![
+        ["RULE", "KIND", "EXPIRES (UTC)", "LEFT"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for r in expiring {
+        rows.push(vec![
+            r.rule.clone(),
+            r.kind().word().into(),
+            gov_proto::instant::Utc(r.expires_at_unix_ms).to_string(),
+            match r.expires_at_unix_ms.checked_sub(view.at_unix_ms) {
+                Some(left) if left > 0 => gov_proto::instant::left(left),
+                _ => "expired".into(),
+            },
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&remote::table(&rows));
+}
+
 /// The slow-start weight as a percentage (`-` before its lifecycle said one).
 fn weight(a: &pb::AgentView) -> String {
     match (a.phase(), a.weight_milli_percent) {
@@ -462,6 +493,7 @@ pub fn render(view: &pb::ClusterView) -> String {
         out.push_str(&remote::table(&rows));
     }
     render_shadow(view, &mut out);
+    render_expiring(view, &mut out);
     out
 }
 
