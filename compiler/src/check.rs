@@ -54,6 +54,7 @@ pub mod unknown_registry;
 pub mod unknown_service;
 pub mod unreachable_min_calls;
 pub mod unverified_consumer;
+pub mod warmup_scale_cluster;
 pub mod warmup_without_ramp;
 
 /// Every stable code, errors then lints. Each has a fixture
@@ -83,6 +84,7 @@ pub const CODES: &[&str] = &[
     "gov::invalid-status",
     "gov::cluster-sync-undeclared",
     "gov::shape-on-inbound",
+    "gov::warmup-scale-cluster",
     "gov::burst-above-rate",
     "gov::algorithm-mismatch",
     "gov::shadow-exact-limit",
@@ -135,6 +137,7 @@ const CHECKS: &[Check] = &[
     cluster_sync::check,
     mixed_direction::check,
     shape_inbound::check,
+    warmup_scale_cluster::check,
     burst_above_rate::check,
     algorithm_mismatch::check,
     shadow_exact::check,

@@ -75,6 +75,7 @@ diagnostics! {
     InvalidStatus(status_code::InvalidStatus),
     ClusterSyncUndeclared(cluster_sync::ClusterSyncUndeclared),
     ShapeOnInbound(shape_inbound::ShapeOnInbound),
+    WarmupScaleCluster(warmup_scale_cluster::WarmupScaleCluster),
     BurstAboveRate(burst_above_rate::BurstAboveRate),
     AlgorithmMismatch(algorithm_mismatch::AlgorithmMismatch),
     ShadowExactLimit(shadow_exact::ShadowExactLimit),
