@@ -16,6 +16,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod cmd {
     pub mod apply;
     pub mod audit;
+    pub mod canary;
     pub mod check;
     pub mod compile;
     pub mod demo;
@@ -67,6 +68,9 @@ enum Command {
     /// Apply policy files through the control plane and wait for the agents.
     #[command(after_help = examples::APPLY)]
     Apply(cmd::apply::Args),
+    /// End a canary apply now: roll it back (`abort`) or apply it everywhere (`promote`).
+    #[command(after_help = examples::CANARY)]
+    Canary(cmd::canary::Args),
     /// Show agents, sync state, tripped fuses and engaged limits.
     #[command(after_help = examples::STATUS)]
     Status(cmd::status::Args),
@@ -146,8 +150,12 @@ Examples:
 Examples:
   govc apply shop.gov
   govc apply policies/*.gov --auto-approve --wait 30s -o json
-  govc apply shop.gov --control-plane https://govd.internal:7070 --tls-ca ca.pem --token-file token
-  govc apply reviewed.plan";
+  govc apply reviewed.plan
+  govc apply shop.gov --canary 10% --for 5m --max-reject-ratio 2%";
+    pub const CANARY: &str = "\
+Examples:
+  govc canary abort --reason 'p99 up on order'
+  govc canary promote";
     pub const STATUS: &str = "\
 Examples:
   govc status
@@ -234,6 +242,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => cmd::plan::run(args),
         Command::Apply(args) => cmd::apply::run(args),
         Command::Status(args) => cmd::status::run(args),
+        Command::Canary(args) => cmd::canary::run(args),
         Command::Release(args) => cmd::release::run(args),
         Command::Replay(args) => cmd::replay::run(args),
         Command::Audit(args) => cmd::audit::run(args),

@@ -23,8 +23,11 @@ use crate::control_plane::{ControlPlane, Inner};
 use crate::convert::{self, now_unix_ms};
 use crate::diagnostics::{removes_every_service, removes_every_service_warning, wire_diagnostics};
 use crate::error::Error;
-use crate::limits::{Limits, TooLarge};
-use crate::store::{AppliedPolicy, AuditEntry, Fence, Source};
+use crate::limits::Limits;
+
+mod error;
+use crate::store::{AppliedPolicy, AuditEntry, CanarySpec, Fence, Source, StoredCanary};
+pub use error::ApplyError;
 
 /// Longest `Apply` wait honoured.
 pub const MAX_APPLY_WAIT: Duration = Duration::from_secs(60);
@@ -49,101 +52,9 @@ pub struct ApplyRequest {
     pub rollback_to: String,
     /// How long to wait for the agents' ACK/NACK (at most [`MAX_APPLY_WAIT`]).
     pub wait: Duration,
-}
-
-/// Why an apply was refused. Nothing was applied in every case.
-#[derive(Debug, thiserror::Error, miette::Diagnostic)]
-pub enum ApplyError {
-    #[error("no sources: send at least one `.gov` file")]
-    #[diagnostic(code(gov::govd::no_sources))]
-    NoSources,
-
-    #[error("a source has no file name ({bytes} bytes)")]
-    #[diagnostic(code(gov::govd::unnamed_source))]
-    UnnamedSource { bytes: usize },
-
-    #[error(transparent)]
-    #[diagnostic(transparent)]
-    TooLarge(#[from] TooLarge),
-
-    #[error("the compiler failed: {0}")]
-    #[diagnostic(
-        code(gov::govd::compiler),
-        help("this is a bug in govd: report it with the policy")
-    )]
-    Compiler(String),
-
-    #[error("cannot record the apply in the audit log; nothing was applied")]
-    #[diagnostic(
-        code(gov::govd::audit),
-        help(
-            "make --state-dir writable (or free disk space), or bring the etcd members of --store back, then apply again"
-        )
-    )]
-    Audit(#[source] Error),
-
-    #[error("cannot store the policy; nothing was applied")]
-    #[diagnostic(
-        code(gov::govd::store),
-        help(
-            "make --state-dir writable (or free disk space), or bring the etcd members of --store back, then apply again"
-        )
-    )]
-    Store(#[source] Error),
-
-    #[error(
-        "`--shadow` cannot put {rules} in mode shadow: with `scope cluster sync exact` every call waits for the cluster store, and a shadow rule never delays a call; nothing was applied"
-    )]
-    #[diagnostic(
-        code(gov::govd::shadow_exact_limit),
-        help(
-            "count the limit with `sync batch 100ms` while it is in shadow, or apply without `--shadow`"
-        )
-    )]
-    ShadowExactLimit { rules: String },
-
-    #[error(
-        "another replica applied `{applied}` while this apply was planned against `{planned_against}`; nothing was applied"
-    )]
-    #[diagnostic(
-        code(gov::govd::apply_conflict),
-        help(
-            "run `govc plan` to see the change against the policy in force now, then apply again"
-        )
-    )]
-    Conflict {
-        planned_against: String,
-        applied: String,
-    },
-
-    #[error(
-        "this policy has no service, so applying it removes the rules of every service ({services}) from every agent; nothing was applied"
-    )]
-    #[diagnostic(
-        code(gov::govd::removes_every_service),
-        help(
-            "check that you passed the right files (`govc plan` shows the change); to remove every service on purpose, apply with `govc apply --remove-all-services`"
-        )
-    )]
-    RemovesEveryService { services: String },
-
-    #[error(
-        "the saved plan was made against version `{planned_against}`, but `{applied}` is in force now; nothing was applied"
-    )]
-    #[diagnostic(
-        code(gov::govd::stale_plan),
-        help(
-            "someone applied since the plan was saved: make it again (`govc plan FILES --out PLAN`), review it, and apply that"
-        )
-    )]
-    StalePlan {
-        planned_against: String,
-        applied: String,
-    },
-
-    #[error("the client went away before the apply was prepared")]
-    #[diagnostic(code(gov::govd::cancelled))]
-    Cancelled,
+    /// A canary apply (`govc apply --canary`): to a share of the instances
+    /// first (`crate::canary`).
+    pub canary: Option<CanarySpec>,
 }
 
 /// The outcome of [`prepare`].
@@ -172,6 +83,8 @@ pub struct Planned {
     pub shadow: bool,
     /// A rollback to this version (the audit says so).
     pub rollback_to: String,
+    /// A canary apply.
+    pub canary: Option<CanarySpec>,
 }
 
 impl Planned {
@@ -308,6 +221,7 @@ pub fn prepare(
         first: current.is_none(),
         shadow: request.shadow,
         rollback_to: request.rollback_to.clone(),
+        canary: request.canary,
     })))
 }
 
@@ -434,13 +348,18 @@ impl ControlPlane {
             .map_err(|e| ApplyError::Store(Error::Io(join_error(e))))??;
         tracing::info!(%version, elapsed_ms = started.elapsed().as_millis(), "apply stored and pushed");
         wait_settled(inner, &changed, request.wait).await;
-        let outcomes = inner.lock().outcomes(&changed);
+        let (outcomes, canary) = {
+            let state = inner.lock();
+            let canary = state.canary().filter(|c| c.version() == version);
+            (state.outcomes(&changed), canary.map(|c| c.view()))
+        };
         Ok(pb::ApplyResult {
             applied: true,
             version,
             plan: Some(plan),
             diagnostics,
             outcomes,
+            canary,
         })
     }
 
@@ -526,10 +445,16 @@ async fn record_and_push(
     planned: Planned,
     planned_against: &str,
 ) -> Result<(), ApplyError> {
+    // A canary apply is audited as `canary-start`; every other step the same.
+    let action = if planned.canary.is_some() {
+        "canary-start"
+    } else {
+        "apply"
+    };
     let mut entry = AuditEntry {
         at_unix_ms: now_unix_ms(),
         who: planned.policy.who.clone(),
-        action: "apply-intended".into(),
+        action: format!("{action}-intended"),
         intent: String::new(),
         version: planned.policy.version.clone(),
         kind: String::new(),
@@ -547,6 +472,13 @@ async fn record_and_push(
         if let Some(conflict) = superseded(inner, planned_against) {
             return Err(refuse(inner, entry, conflict).await);
         }
+        let canary = match trial(inner, &planned) {
+            Ok(canary) => canary,
+            Err(refused) => return Err(refuse(inner, entry, refused).await),
+        };
+        if let Some(c) = &canary {
+            entry.detail = canary_detail(&entry.detail, c);
+        }
         // The intent first: nothing takes effect unaudited. Its outcome
         // follows once stored (or is written from the state after a stop).
         entry.intent = crate::audit::new_intent();
@@ -556,10 +488,14 @@ async fn record_and_push(
             .map_err(ApplyError::Audit)?;
         let mut attempt = 1;
         let saved = loop {
-            let snapshot =
-                inner
-                    .lock()
-                    .persisted_with(&planned.policy, &planned.changed, inner.history);
+            let snapshot = match &canary {
+                Some(c) => inner.lock().persisted_with_canary(c),
+                None => {
+                    inner
+                        .lock()
+                        .persisted_with(&planned.policy, &planned.changed, inner.history)
+                }
+            };
             match inner.save(snapshot, Fence::Any).await.map(|()| true) {
                 Err(Error::Conflict { .. }) if attempt < WRITE_ATTEMPTS => {
                     attempt += 1;
@@ -569,7 +505,10 @@ async fn record_and_push(
                     // This very version is in force: the write landed
                     // although its answer was lost (and was sent again),
                     // and the reload committed and pushed it.
-                    if inner.lock().version() == planned.policy.version {
+                    if inner.lock().version() == planned.policy.version
+                        || inner.lock().canary().map(|c| c.version())
+                            == Some(&planned.policy.version)
+                    {
                         break Ok(false);
                     }
                     if let Some(conflict) = superseded(inner, planned_against) {
@@ -584,7 +523,7 @@ async fn record_and_push(
             Err(error) => {
                 let store_error = ApplyError::Store(error);
                 tracing::error!(error = %crate::error::one_line(&store_error), "apply not stored");
-                entry.action = "apply-refused".into();
+                entry.action = format!("{action}-refused");
                 entry.detail = refused_detail(&entry.detail, &store_error);
                 if let Err(e) = inner.append_audit(entry).await {
                     tracing::error!(error = %miette::Report::new(e), "cannot record the refused apply in the audit log");
@@ -592,15 +531,17 @@ async fn record_and_push(
                 return Err(store_error);
             }
         };
-        if commit {
-            inner.lock().commit(
+        match (commit, canary) {
+            (false, _) => {}
+            (true, Some(canary)) => inner.lock().start_canary(canary, &mut out),
+            (true, None) => inner.lock().commit(
                 Arc::new(planned.policy),
                 &planned.changed,
                 inner.history,
                 &mut out,
-            );
+            ),
         }
-        entry.action = "apply".into();
+        entry.action = action.into();
         entry.at_unix_ms = now_unix_ms();
         inner.audit(entry.clone()).await;
     }
@@ -614,7 +555,60 @@ async fn record_and_push(
     inner.send(out).await;
     inner.changed();
     inner.timer.notify_one();
+    inner.canary.notify_one();
     Ok(())
+}
+
+/// The canary `planned` starts, if it is a canary apply: on a share of the
+/// connected instances of each changed service. Refused while another
+/// canary runs, or with no instance to try it on.
+fn trial(inner: &Inner, planned: &Planned) -> Result<Option<StoredCanary>, ApplyError> {
+    let state = inner.lock();
+    if let Some(running) = state.canary() {
+        return Err(ApplyError::CanaryRunning {
+            version: running.version().to_owned(),
+        });
+    }
+    let Some(spec) = planned.canary else {
+        return Ok(None);
+    };
+    let instances =
+        crate::state::canary_instances(state.agents(), &planned.changed, spec.share_percent);
+    if instances.is_empty() {
+        return Err(ApplyError::NoCanaryInstances {
+            services: planned.changed.join(", "),
+        });
+    }
+    let now = now_unix_ms();
+    Ok(Some(StoredCanary {
+        policy: planned.policy.clone(),
+        previous: state.version().to_owned(),
+        services: planned.changed.clone(),
+        instances,
+        started_unix_ms: now,
+        ends_unix_ms: now.saturating_add(spec.window_ms),
+        spec,
+    }))
+}
+
+/// The audit detail of a canary's start: where and for how long.
+fn canary_detail(detail: &str, c: &StoredCanary) -> String {
+    let on: Vec<String> = c
+        .instances
+        .iter()
+        .map(|(s, i)| format!("{s}/{i}"))
+        .collect();
+    let what = format!(
+        "canary {}% for {}s on {}",
+        c.spec.share_percent,
+        c.spec.window_ms / 1000,
+        on.join(", ")
+    );
+    if detail.is_empty() {
+        what
+    } else {
+        format!("{detail}; {what}")
+    }
 }
 
 /// How often an apply's write is tried while other replicas write latches
@@ -678,6 +672,7 @@ fn invalid(current: Option<&AppliedPolicy>, diagnostics: Vec<pb::Diagnostic>) ->
         plan: None,
         diagnostics,
         outcomes: Vec::new(),
+        canary: None,
     }
 }
 
@@ -689,6 +684,7 @@ fn unchanged(current: Option<&AppliedPolicy>, planned: Planned) -> pb::ApplyResu
         plan: Some(planned.plan),
         diagnostics: planned.diagnostics,
         outcomes: Vec::new(),
+        canary: None,
     }
 }
 
@@ -727,6 +723,7 @@ mod tests {
             allow_remove_all: false,
             expect_version: String::new(),
             rollback_to: String::new(),
+            canary: None,
             wait: Duration::ZERO,
         }
     }

@@ -157,6 +157,33 @@ pub fn page_of(
     })
 }
 
+/// A page of the audit log on the wire.
+impl Page {
+    pub fn to_wire(self) -> gov_proto::v1::AuditResult {
+        gov_proto::v1::AuditResult {
+            records: self
+                .records
+                .into_iter()
+                .map(|(seq, e)| gov_proto::v1::AuditRecord {
+                    at_unix_ms: e.at_unix_ms,
+                    who: e.who,
+                    action: e.action,
+                    intent: e.intent,
+                    version: e.version,
+                    kind: e.kind,
+                    rule: e.rule,
+                    key: e.key,
+                    targets: e.targets,
+                    detail: e.detail,
+                    seq,
+                })
+                .collect(),
+            left_out: self.left_out,
+            next_before_seq: self.next_before_seq,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

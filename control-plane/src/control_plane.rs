@@ -78,6 +78,8 @@ pub(crate) struct Inner {
     pub(crate) persist_soon: Notify,
     /// Trips changed: re-plan the `release after` timer.
     pub(crate) timer: Notify,
+    /// A canary started or ended: the canary watcher (`rollout`) looks.
+    pub(crate) canary: Notify,
     /// Serializes writers of `state.json`. An apply holds it from the
     /// snapshot it writes until its commit, so no other writer can put an
     /// older snapshot on disk in between.
@@ -149,6 +151,7 @@ impl ControlPlane {
             sync: watch::channel(0).0,
             persist_soon: Notify::new(),
             timer: Notify::new(),
+            canary: Notify::new(),
             write_lock: AsyncMutex::new(()),
             apply_lock: Arc::new(AsyncMutex::new(())),
             shutdown,
@@ -160,6 +163,7 @@ impl ControlPlane {
         tokio::spawn(persist_agents(inner.clone()));
         tokio::spawn(release_timer(inner.clone()));
         tokio::spawn(inner.clone().expire_rules());
+        tokio::spawn(inner.clone().watch_canary());
         tokio::spawn(keep_audit_true(inner.clone()));
         let changed = inner.clone();
         tokio::spawn(crate::store_health::watch(
@@ -351,6 +355,7 @@ impl Inner {
         self.bump_sync();
         self.changed();
         self.timer.notify_one();
+        self.canary.notify_one();
         Ok(())
     }
 

@@ -47,7 +47,7 @@ struct Method {
 
 /// Every method of `gov.v1.ControlPlane`. A path of that service not listed
 /// here (a method added to the proto and not here) needs the admin role.
-const METHODS: [Method; 8] = [
+const METHODS: [Method; 9] = [
     method("Apply", Role::Admin, Bound::Service),
     method("Connect", Role::Agent, Bound::Service),
     method("Watch", Role::Viewer, Bound::Small),
@@ -55,6 +55,9 @@ const METHODS: [Method; 8] = [
     method("Audit", Role::Viewer, Bound::Small),
     method("History", Role::Viewer, Bound::Small),
     method("Release", Role::Operator, Bound::Small),
+    // Abort: an operator; promote (an apply everywhere): the admin
+    // (checked by the method).
+    method("Canary", Role::Operator, Bound::Small),
     // A CSR: a few hundred bytes.
     method("Certify", Role::Agent, Bound::Small),
 ];

@@ -10,7 +10,10 @@
 //! the second are found by reading the newest records ([`unanswered`]) and
 //! answered from what the state says ([`outcome_of`]): an apply is `apply` if its version
 //! is in force or in the history, else `apply-refused`; a release is
-//! `release` if the latch is gone, else `release-refused`.
+//! `release` if the latch is gone, else `release-refused`; a canary's
+//! start if it runs or its version was applied, its promotion if its version
+//! was applied, its rollback or abort if it no longer runs and its version
+//! is not in force.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -159,6 +162,29 @@ pub(crate) fn outcome_of(state: &State, mut intent: AuditEntry) -> AuditEntry {
             });
             (!latched, "release")
         }
+        // A canary started if it runs or ran (its version is in force or
+        // kept, or it was rolled back: then the rollback says so itself).
+        Some("canary-start") => (
+            state
+                .canary()
+                .is_some_and(|c| c.version() == intent.version)
+                || state.version() == intent.version
+                || state.in_history(&intent.version),
+            "canary-start",
+        ),
+        Some("canary-promote") => (
+            state.version() == intent.version || state.in_history(&intent.version),
+            "canary-promote",
+        ),
+        Some(end @ ("canary-rollback" | "canary-abort")) => (
+            state.canary().is_none_or(|c| c.version() != intent.version)
+                && state.version() != intent.version,
+            if end == "canary-rollback" {
+                "canary-rollback"
+            } else {
+                "canary-abort"
+            },
+        ),
         _ => (false, "unknown"),
     };
     intent.at_unix_ms = now_unix_ms();
@@ -201,6 +227,7 @@ mod tests {
             allow_remove_all: false,
             expect_version: String::new(),
             rollback_to: String::new(),
+            canary: None,
             wait: Duration::ZERO,
         }
     }

@@ -141,9 +141,11 @@ fn apply_status(error: &ApplyError) -> Status {
         ApplyError::Compiler(_) => Status::internal(message),
         ApplyError::Cancelled => Status::cancelled(message),
         ApplyError::Conflict { .. } => Status::aborted(message),
-        ApplyError::RemovesEveryService { .. } | ApplyError::StalePlan { .. } => {
-            Status::failed_precondition(message)
-        }
+        ApplyError::RemovesEveryService { .. }
+        | ApplyError::StalePlan { .. }
+        | ApplyError::CanaryRunning { .. }
+        | ApplyError::NoCanaryInstances { .. } => Status::failed_precondition(message),
+        ApplyError::Canary(e) => crate::rollout::canary_status(e),
     }
 }
 
@@ -179,6 +181,10 @@ impl ControlPlaneRpc for ControlPlane {
             expect_version: req.expect_version,
             rollback_to: req.rollback_to,
             wait: Duration::from_millis(u64::from(req.wait_ms)),
+            canary: match &req.canary {
+                Some(c) => Some(crate::canary::spec(c).map_err(|e| apply_status(&e.into()))?),
+                None => None,
+            },
         };
         self.apply(request)
             .await
@@ -394,7 +400,7 @@ impl ControlPlaneRpc for ControlPlane {
             .audit_page(query)
             .await
             .map_err(|e| Status::failed_precondition(crate::error::one_line(&e)))?;
-        Ok(Response::new(audit_result(page)))
+        Ok(Response::new(page.to_wire()))
     }
 
     async fn history(
@@ -413,6 +419,23 @@ impl ControlPlaneRpc for ControlPlane {
                 _ => Status::invalid_argument(message),
             }
         })
+    }
+
+    async fn canary(
+        &self,
+        request: Request<pb::CanaryRequest>,
+    ) -> Result<Response<pb::CanaryResult>, Status> {
+        let claimed = request.get_ref().who.clone();
+        // Promoting applies a version everywhere: the admin's call.
+        let need = match request.get_ref().action() {
+            pb::CanaryAction::Promote => Role::Admin,
+            pb::CanaryAction::Abort => Role::Operator,
+        };
+        let caller = self
+            .inner
+            .tokens()
+            .caller(&request, need, "Canary", &claimed)?;
+        crate::rollout::by_operator(self.inner.clone(), request.into_inner(), caller.name).await
     }
 
     async fn certify(
@@ -588,31 +611,6 @@ fn certified_service<T>(request: &Request<T>) -> Result<String, Status> {
         ));
     };
     gov_proto::spiffe::certificate_service(leaf.as_ref()).map_err(Status::permission_denied)
-}
-
-/// A page of the audit log on the wire.
-fn audit_result(page: crate::audit::Page) -> pb::AuditResult {
-    pb::AuditResult {
-        records: page
-            .records
-            .into_iter()
-            .map(|(seq, e)| pb::AuditRecord {
-                at_unix_ms: e.at_unix_ms,
-                who: e.who,
-                action: e.action,
-                intent: e.intent,
-                version: e.version,
-                kind: e.kind,
-                rule: e.rule,
-                key: e.key,
-                targets: e.targets,
-                detail: e.detail,
-                seq,
-            })
-            .collect(),
-        left_out: page.left_out,
-        next_before_seq: page.next_before_seq,
-    }
 }
 
 /// Reads one agent's stream until it ends, the agent reconnects elsewhere,

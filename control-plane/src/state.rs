@@ -24,18 +24,22 @@ use gov_proto::v1 as pb;
 use pb::agent_message::Msg as AgentMsg;
 
 use crate::history::HistoryLimit;
-use crate::latches::{LatchId, Reporter};
-use crate::store::{AppliedPolicy, HistoryEntry, KnownAgent, Persisted, Trip, TripKind};
+use crate::latches::LatchId;
+use crate::store::{
+    AppliedPolicy, HistoryEntry, KnownAgent, Persisted, StoredCanary, Trip, TripKind,
+};
 
 mod adopt;
 mod agent;
+mod canary;
 mod latched;
 mod registry;
 pub mod versions;
 
 pub use adopt::Adopted;
 pub use agent::{Agent, AgentKey, AgentTx, Nacked, Outbox, Outgoing, Unsaved};
-use agent::{Agents, Conn, Removal};
+use agent::{Agents, Conn};
+pub use canary::{Canary, pick as canary_instances};
 pub use latched::Released;
 use latched::{Latched, trip_kind};
 use registry::{Registry, endpoints_message};
@@ -53,6 +57,8 @@ pub struct State {
     /// Connected agents with a push not yet answered, per service: what
     /// [`State::settled`] reads in O(1) on every ACK.
     unanswered: BTreeMap<String, usize>,
+    /// A canary apply running: its instances enforce its version.
+    canary: Option<Canary>,
     next_conn: u64,
     next_nonce: u64,
     nonce_prefix: u32,
@@ -74,9 +80,6 @@ pub struct Effect {
     pub endpoints: bool,
 }
 
-/// 100% slow-start weight.
-const FULL_WEIGHT: u32 = 100_000;
-
 /// An agent connected under a name another live agent holds.
 pub const LIVE_FOR_MS: u64 = 5_000;
 
@@ -88,6 +91,7 @@ impl State {
             applied: p.applied.map(Arc::new),
             history: p.history.into(),
             latched: Latched::new(p.trips, p.releases),
+            canary: p.canary.map(Canary::new),
             nonce_prefix: rand::random(),
             ..State::default()
         };
@@ -124,6 +128,7 @@ impl State {
                     identity: a.identity.clone(),
                 })
                 .collect(),
+            canary: self.canary.as_ref().map(|c| c.stored.clone()),
         }
     }
 
@@ -186,10 +191,24 @@ impl State {
         )
     }
 
-    fn config_for(&self, service: &str) -> pb::TargetConfig {
-        self.target(service)
-            .cloned()
-            .unwrap_or_else(|| gov_proto::compiled::target(service))
+    /// The config agent `key` must enforce: the canary's when it is on
+    /// trial, else its service's in the policy in force.
+    fn target_for(&self, key: &AgentKey) -> pb::TargetConfig {
+        self.canary
+            .as_ref()
+            .filter(|c| c.on_trial(key))
+            .and_then(|c| c.target(&key.0))
+            .or_else(|| self.target(&key.0).cloned())
+            .unwrap_or_else(|| gov_proto::compiled::target(&key.0))
+    }
+
+    /// The version agent `key` must enforce (see [`State::current_version`]).
+    pub fn version_for(&self, key: &AgentKey) -> Option<String> {
+        let current = self.current_version(&key.0)?;
+        Some(match &self.canary {
+            Some(c) if c.on_trial(key) => self.target_for(key).version,
+            _ => current,
+        })
     }
 
     fn nonce(&mut self) -> String {
@@ -200,7 +219,7 @@ impl State {
     /// Queues the current config of `key`'s service to it, with a fresh
     /// nonce, and marks it STALE until it answers.
     fn push(&mut self, key: &AgentKey, out: &mut Outbox) {
-        let target = self.config_for(&key.0);
+        let target = self.target_for(key);
         let nonce = self.nonce();
         let Some(agent) = self.agents.get_mut(key) else {
             return;
@@ -281,26 +300,12 @@ impl State {
             .agents
             .entry(key.clone())
             .or_insert_with(|| Agent::new(hello.service.clone(), hello.instance.clone(), now));
-        identity.clone_into(&mut agent.identity);
-        agent.address = hello.address;
-        agent.mtls = hello.inbound_mtls;
-        agent.labels = hello.labels.into_iter().collect();
-        agent.conn = Some(Conn { id, tx });
-        agent.version.clone_from(&hello.last_version);
-        agent.last_good.clone_from(&hello.last_version);
-        agent.answered(&mut self.unanswered);
-        agent.nack = None;
-        // The hello names the version the agent saved.
-        agent.unsaved = None;
-        agent.stats = None;
-        agent.endpoints_acked.clear();
-        agent.removal = None;
-        agent.last_seen_unix_ms = now;
-        agent.disconnect_reason.clear();
+        let last_version = hello.last_version.clone();
+        agent.connected(hello, identity, Conn { id, tx }, now, &mut self.unanswered);
         // An agent with no config at all gets one even when its service is not
         // in the policy (an empty one): it is what makes it ready.
-        if let Some(current) = self.current_version(&key.0)
-            && (current != hello.last_version || hello.last_version.is_empty())
+        if let Some(current) = self.version_for(&key)
+            && (current != last_version || last_version.is_empty())
         {
             self.push(&key, out);
         }
@@ -341,13 +346,10 @@ impl State {
     /// Whether a hello as `service`/`instance` would add an instance to a
     /// service that has `max` already (connected or not).
     pub fn service_full(&self, service: &str, instance: &str, max: usize) -> bool {
-        if self
+        !self
             .agents
             .contains_key(&(service.to_owned(), instance.to_owned()))
-        {
-            return false;
-        }
-        self.agents.keys().filter(|(s, _)| s == service).count() >= max
+            && self.agents.keys().filter(|(s, _)| s == service).count() >= max
     }
 
     /// Forgets the instances not connected and not heard from for
@@ -355,22 +357,7 @@ impl State {
     /// from before a restart (never heard from since) gets a full retention
     /// from the first call. Returns the keys forgotten.
     pub fn prune(&mut self, now: u64, retention_ms: u64) -> Vec<AgentKey> {
-        let mut gone = Vec::new();
-        for (key, agent) in &mut self.agents {
-            if agent.conn.is_some() {
-                continue;
-            }
-            if agent.last_seen_unix_ms == 0 {
-                agent.last_seen_unix_ms = now;
-            }
-            if now.saturating_sub(agent.last_seen_unix_ms) > retention_ms {
-                gone.push(key.clone());
-            }
-        }
-        for key in &gone {
-            self.agents.remove(key);
-        }
-        gone
+        agent::prune(&mut self.agents, now, retention_ms)
     }
 
     /// The stream `id` of `key` ended.
@@ -382,18 +369,11 @@ impl State {
             // A newer stream replaced this one.
             return false;
         }
-        if agent.is_registered() {
+        if agent.disconnected(reason, now, &mut self.unanswered) {
             // A lost instance leaves its callers' sets at once (a restart
             // registers it again when its lifecycle says so).
             self.registry.changed(&agent.service);
         }
-        agent.conn = None;
-        agent.answered(&mut self.unanswered);
-        agent.stats = None;
-        // A removal ends with the stream: nobody waits for it any more.
-        agent.removal = None;
-        agent.last_seen_unix_ms = now;
-        agent.disconnect_reason = reason.to_owned();
         true
     }
     /// A message (other than the hello) from stream `id` of `key`.
@@ -409,22 +389,11 @@ impl State {
         match msg {
             AgentMsg::Hello(_) => {}
             AgentMsg::Ack(ack) => {
-                if agent.pending.as_deref() == Some(ack.nonce.as_str()) {
-                    agent.answered(&mut self.unanswered);
-                    agent.nack = None;
-                }
-                agent.acked(ack);
+                agent.acked(ack, &mut self.unanswered);
                 effect.sync = true;
             }
             AgentMsg::Nack(nack) => {
-                if agent.pending.as_deref() == Some(nack.nonce.as_str()) {
-                    agent.answered(&mut self.unanswered);
-                }
-                agent.nack = Some(Nacked {
-                    version: nack.version,
-                    error: nack.error,
-                    rule: nack.rule,
-                });
+                agent.nacked(nack, &mut self.unanswered);
                 effect.sync = true;
             }
             AgentMsg::EndpointsAck(ack) => {
@@ -434,69 +403,32 @@ impl State {
                 effect.endpoints = true;
             }
             AgentMsg::Lifecycle(l) => {
-                let before = (agent.is_registered(), agent.weight_milli_percent);
-                agent.phase = l.phase();
-                // READY with no weight means full weight.
-                agent.weight_milli_percent = match (agent.phase, l.weight_milli_percent) {
-                    (pb::Phase::Ready, 0) => FULL_WEIGHT,
-                    (_, w) => w.min(FULL_WEIGHT),
-                };
-                if (agent.is_registered(), agent.weight_milli_percent) != before {
-                    self.registry.changed(&agent.service);
-                    effect.endpoints = true;
-                }
-                if agent.phase != pb::Phase::Draining {
-                    agent.removal = None;
-                } else if agent.removal.is_none() {
-                    // Its `wait for gov` waits for the set without it to be
-                    // acknowledged (even if it never registered: then at once).
-                    agent.removal = Some(Removal::Pending);
+                if agent.on_lifecycle(&l) {
                     self.registry.changed(&agent.service);
                     effect.endpoints = true;
                 }
                 effect.stats = true;
             }
             AgentMsg::Stats(stats) => {
-                let instance = agent.instance.clone();
-                let identity = agent.identity.clone();
-                let service = agent.service.clone();
-                let policy = self.applied.as_deref().map(|a| &a.bundle);
-                // Rules whose missed release is on its way are not a trip;
-                // once reported closed they are done.
-                let mut seen = stats.clone();
-                latched::hide_releasing(&mut agent.releasing, &mut seen);
-                let by = Reporter {
-                    instance: &instance,
-                    identity: &identity,
-                };
-                effect.trips |= self.latched.latches_mut().reconcile(
-                    policy,
-                    &service,
-                    by,
-                    &seen,
+                let policy = self.applied.as_deref();
+                effect.trips |= self.latched.on_stats(
+                    policy.map(|a| &a.bundle),
+                    agent,
+                    &stats,
                     now,
                     &mut effect.audits,
                 );
-                if let Some(agent) = self.agents.get_mut(key) {
-                    agent.stats = Some(stats);
+                let before = agent.stats.replace(stats);
+                if let (Some(canary), Some(now)) = (&mut self.canary, &agent.stats) {
+                    canary.observe(key, policy, before.as_ref(), now);
                 }
                 effect.stats = true;
             }
             AgentMsg::Event(event) => {
-                let (service, instance) = (agent.service.clone(), agent.instance.clone());
-                let identity = agent.identity.clone();
                 let policy = self.applied.as_deref().map(|a| &a.bundle);
-                effect.trips |= self.latched.latches_mut().on_event(
-                    policy,
-                    &service,
-                    Reporter {
-                        instance: &instance,
-                        identity: &identity,
-                    },
-                    &event,
-                    now,
-                    &mut effect.audits,
-                );
+                effect.trips |=
+                    self.latched
+                        .on_event(policy, agent, &event, now, &mut effect.audits);
             }
         }
         effect
@@ -550,9 +482,84 @@ impl State {
         self.applied = stored.applied.map(Arc::new);
         let changed = adopt::changed_services(before.as_deref(), self.applied.as_deref());
         self.push_to(&changed, out);
+        // A canary another replica started or ended: its instances' config.
+        let mut trial: Vec<String> = self
+            .canary
+            .iter()
+            .flat_map(|c| c.stored.services.clone())
+            .collect();
+        self.canary = stored.canary.map(Canary::new);
+        trial.extend(self.canary.iter().flat_map(|c| c.stored.services.clone()));
+        self.reconcile(&trial, out);
         Adopted {
             policy: before.map(|p| p.version.clone())
                 != self.applied.as_ref().map(|p| p.version.clone()),
+        }
+    }
+
+    // --- a canary apply (`canary.rs`, `crate::rollout`) ---
+
+    /// The canary running, if any.
+    pub fn canary(&self) -> Option<&Canary> {
+        self.canary.as_ref()
+    }
+
+    /// What `state.json` holds once `canary` starts.
+    pub fn persisted_with_canary(&self, canary: &StoredCanary) -> Persisted {
+        let mut p = self.to_persisted();
+        p.canary = Some(canary.clone());
+        p
+    }
+
+    /// Starts `canary`: its instances get its version.
+    // INVARIANT: called only after `persisted_with_canary(canary)` is on disk.
+    pub fn start_canary(&mut self, canary: StoredCanary, out: &mut Outbox) {
+        let services = canary.services.clone();
+        self.canary = Some(Canary::new(canary));
+        self.reconcile(&services, out);
+    }
+
+    /// What `state.json` holds once the canary ends: promoted (its policy in
+    /// force), or not (the policy in force stays).
+    pub fn persisted_ending_canary(&self, promote: bool, history: HistoryLimit) -> Persisted {
+        let mut p = match (&self.canary, promote) {
+            (Some(c), true) => self.persisted_with(&c.stored.policy, &c.stored.services, history),
+            _ => self.to_persisted(),
+        };
+        p.canary = None;
+        p
+    }
+
+    /// Ends the canary: promoted, its policy is in force and goes to every
+    /// agent of its services not on it yet; else its instances get the
+    /// policy in force again.
+    // INVARIANT: called only after `persisted_ending_canary(promote, ..)` is on disk.
+    pub fn end_canary(&mut self, promote: bool, history: HistoryLimit, out: &mut Outbox) {
+        let Some(canary) = self.canary.take() else {
+            return;
+        };
+        let services = canary.stored.services;
+        if promote {
+            self.history
+                .push_back(history_entry(&canary.stored.policy, &services));
+            crate::history::bound(&mut self.history, history);
+            self.applied = Some(Arc::new(canary.stored.policy));
+        }
+        self.reconcile(&services, out);
+    }
+
+    /// Pushes to each connected agent of `services` whose last config sent
+    /// is not the one it must enforce now.
+    fn reconcile(&mut self, services: &[String], out: &mut Outbox) {
+        let keys: Vec<AgentKey> = self
+            .agents
+            .iter()
+            .filter(|(k, a)| a.conn.is_some() && services.contains(&k.0))
+            .filter(|(k, a)| self.version_for(k).is_some_and(|v| v != a.version))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            self.push(&key, out);
         }
     }
 
@@ -565,7 +572,7 @@ impl State {
 
     /// The sync state of `agent`, as `istioctl proxy-status` would show it.
     pub fn sync_state(&self, agent: &Agent) -> (pb::SyncState, String, String) {
-        agent.sync_state(self.current_version(&agent.service).as_deref())
+        agent.sync_state(self.version_for(&agent.key()).as_deref())
     }
 
     /// The outcome of every agent of `services` (for `ApplyResult`).
@@ -573,7 +580,7 @@ impl State {
         self.agents
             .values()
             .filter(|a| services.contains(&a.service))
-            .map(|a| a.outcome(self.current_version(&a.service).as_deref()))
+            .map(|a| a.outcome(self.version_for(&a.key()).as_deref()))
             .collect()
     }
 
@@ -700,6 +707,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
+    use crate::latches::Reporter;
 
     fn policy(version: &str, targets: Vec<pb::TargetConfig>) -> Arc<AppliedPolicy> {
         Arc::new(AppliedPolicy {

@@ -54,6 +54,41 @@ pub struct Persisted {
     /// in memory: [`Store::load`] puts the texts back into the history.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub texts: BTreeMap<String, String>,
+    /// A canary apply running (`crate::canary`): the version on trial is on
+    /// its instances only until it is promoted or rolled back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<StoredCanary>,
+}
+
+/// A canary as stored: what a restart needs to carry it on (the comparison
+/// of outcomes starts again from the agents' next reports).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StoredCanary {
+    /// The policy on trial, as it is applied when promoted.
+    pub policy: AppliedPolicy,
+    /// The version in force when it started (on the other instances).
+    pub previous: String,
+    /// The services it changes.
+    pub services: Vec<String>,
+    /// The instances on trial.
+    pub instances: BTreeSet<(String, String)>,
+    pub started_unix_ms: u64,
+    /// Promoted then unless a threshold is crossed first (wall clock, so a
+    /// restart keeps the window).
+    pub ends_unix_ms: u64,
+    pub spec: CanarySpec,
+}
+
+/// A canary's share, window and thresholds (`pb::CanarySpec`, checked).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CanarySpec {
+    pub share_percent: u32,
+    pub window_ms: u64,
+    /// 0: not checked.
+    pub max_reject_ratio: f64,
+    /// 0: not checked.
+    pub max_error_ratio: f64,
+    pub min_calls: u64,
 }
 
 /// The policy in force.

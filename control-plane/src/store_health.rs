@@ -296,6 +296,7 @@ mod tests {
             allow_remove_all: false,
             expect_version: String::new(),
             rollback_to: String::new(),
+            canary: None,
             wait: std::time::Duration::ZERO,
         }
     }

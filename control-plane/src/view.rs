@@ -148,6 +148,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
                 (t.service.clone(), words)
             })
             .collect(),
+        canary: state.canary().map(|c| c.view()),
     }
 }
 

@@ -49,6 +49,8 @@ fn service_agent_token(service: &str) -> String {
 
 #[path = "e2e/agent_identity.rs"]
 mod agent_identity;
+#[path = "e2e/canary.rs"]
+mod canary;
 #[path = "e2e/chaos.rs"]
 mod chaos;
 #[path = "e2e/day2.rs"]

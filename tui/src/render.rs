@@ -55,6 +55,50 @@ pub fn render(app: &App, frame: &mut Frame<'_>) {
     }
 }
 
+/// A canary running: its version, where, how long is left, and the rule
+/// whose rejections on the canary are furthest above the other instances'.
+fn canary_part(c: &gov_proto::v1::CanaryView, now: u64) -> Span<'static> {
+    let ratio = |n: u64, calls: u64| {
+        if calls == 0 {
+            0.0
+        } else {
+            n as f64 / calls as f64
+        }
+    };
+    let worst = c
+        .rules
+        .iter()
+        .filter_map(|r| {
+            let (a, b) = (r.canary?, r.baseline?);
+            Some((
+                ratio(a.rejected, a.calls) - ratio(b.rejected, b.calls),
+                r,
+                a,
+                b,
+            ))
+        })
+        .max_by(|x, y| x.0.total_cmp(&y.0))
+        .filter(|w| w.0 > 0.0)
+        .map(|(_, r, a, b)| {
+            format!(
+                " · {} rejects {:.0}% vs {:.0}%",
+                r.rule,
+                ratio(a.rejected, a.calls) * 100.0,
+                ratio(b.rejected, b.calls) * 100.0
+            )
+        })
+        .unwrap_or_default();
+    Span::styled(
+        format!(
+            "CANARY {} on {} · {} left{worst}",
+            short_version(&c.version),
+            c.instances.join(","),
+            duration(c.ends_unix_ms.saturating_sub(now)),
+        ),
+        Style::new().black().on_magenta(),
+    )
+}
+
 /// The header's parts, most important first where it is too narrow: what is
 /// wrong (disconnected, agents not synced, trips) stays, the URL goes first.
 fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
@@ -128,6 +172,9 @@ fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
                     Style::new().red().bold(),
                 )],
             ));
+        }
+        if let Some(canary) = &view.canary {
+            parts.push((1, vec![canary_part(canary, view.at_unix_ms)]));
         }
         if let Some(store) = &view.store {
             parts.push(store_part(store, view.at_unix_ms));

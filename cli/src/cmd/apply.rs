@@ -79,6 +79,9 @@ pub struct Args {
     pub output: Output,
 
     #[command(flatten)]
+    pub canary: crate::cmd::canary::CanaryArgs,
+
+    #[command(flatten)]
     pub report: ReportArgs,
 }
 
@@ -103,6 +106,8 @@ pub(crate) struct Flow<'a> {
     pub expect_version: String,
     /// `govc rollback`'s version.
     pub rollback_to: String,
+    /// `--canary`.
+    pub canary: Option<pb::CanarySpec>,
 }
 
 /// A saved plan's `planned_against` when nothing was applied yet.
@@ -125,6 +130,7 @@ pub fn run(args: Args) -> ExitCode {
         json: args.output == Output::Json,
         expect_version: saved.map(|s| s.planned_against).unwrap_or_default(),
         rollback_to: String::new(),
+        canary: args.canary.spec(),
     };
     apply_files(&files, &flow)
 }
@@ -149,6 +155,7 @@ pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCo
         allow_remove_all: flow.remove_all_services,
         expect_version: flow.expect_version.clone(),
         rollback_to: flow.rollback_to.clone(),
+        canary: if dry_run { None } else { flow.canary },
     };
     if flow.json && !flow.auto_approve {
         gov_proto::errln!(
@@ -251,7 +258,11 @@ pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCo
         );
         return ExitCode::SUCCESS;
     }
-    gov_proto::outln!("\nApplied version {}.", short(&result.version));
+    if let Some(canary) = &result.canary {
+        crate::cmd::canary::print_started(canary);
+    } else {
+        gov_proto::outln!("\nApplied version {}.", short(&result.version));
+    }
     outcome(&result, flow.wait, true)
 }
 
@@ -433,6 +444,7 @@ pub fn plan_remote(
         allow_remove_all: false,
         expect_version: String::new(),
         rollback_to: String::new(),
+        canary: None,
     };
     let result = match call_apply(remote, request) {
         Ok(r) => r,

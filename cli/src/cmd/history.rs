@@ -213,6 +213,7 @@ pub fn run_rollback(args: RollbackArgs) -> ExitCode {
         json: false,
         expect_version: String::new(),
         rollback_to: version.version,
+        canary: None,
     };
     apply_files(&files, &flow)
 }

@@ -387,6 +387,9 @@ pub fn render(view: &pb::ClusterView) -> String {
     if let Some(store) = &view.store {
         out.push_str(&format!("Store: {}\n", store_line(store, view.at_unix_ms)));
     }
+    if let Some(canary) = &view.canary {
+        out.push_str(&crate::cmd::canary::status_lines(canary, view.at_unix_ms));
+    }
     out.push('\n');
     if view.agents.is_empty() {
         out.push_str("No agents.\n");

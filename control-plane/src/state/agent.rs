@@ -11,6 +11,9 @@ use tonic::Status;
 
 use crate::latches::LatchId;
 
+/// 100% slow-start weight.
+const FULL_WEIGHT: u32 = 100_000;
+
 /// Messages queued to one agent's stream.
 pub type AgentTx = mpsc::Sender<Result<pb::ControlMessage, Status>>;
 
@@ -110,6 +113,27 @@ pub struct Outgoing {
 
 /// Messages to send once the lock is released.
 pub type Outbox = Vec<Outgoing>;
+
+/// Forgets the agents not connected and not heard from for `retention_ms`
+/// (see `State::prune`); returns their keys.
+pub(super) fn prune(agents: &mut Agents, now: u64, retention_ms: u64) -> Vec<AgentKey> {
+    let mut gone = Vec::new();
+    for (key, agent) in agents.iter_mut() {
+        if agent.conn.is_some() {
+            continue;
+        }
+        if agent.last_seen_unix_ms == 0 {
+            agent.last_seen_unix_ms = now;
+        }
+        if now.saturating_sub(agent.last_seen_unix_ms) > retention_ms {
+            gone.push(key.clone());
+        }
+    }
+    for key in &gone {
+        agents.remove(key);
+    }
+    gone
+}
 
 // === impl Agent ===
 
@@ -234,9 +258,81 @@ impl Agent {
         self.conn.is_some()
     }
 
+    /// A new stream of it said `hello`, proving `identity`: it starts over
+    /// from what the hello says (the version the agent saved).
+    pub(super) fn connected(
+        &mut self,
+        hello: pb::Hello,
+        identity: &str,
+        conn: Conn,
+        now: u64,
+        unanswered: &mut BTreeMap<String, usize>,
+    ) {
+        identity.clone_into(&mut self.identity);
+        self.address = hello.address;
+        self.mtls = hello.inbound_mtls;
+        self.labels = hello.labels.into_iter().collect();
+        self.conn = Some(conn);
+        self.version.clone_from(&hello.last_version);
+        self.last_good = hello.last_version;
+        self.answered(unanswered);
+        self.nack = None;
+        self.unsaved = None;
+        self.stats = None;
+        self.endpoints_acked.clear();
+        self.removal = None;
+        self.last_seen_unix_ms = now;
+        self.disconnect_reason.clear();
+    }
+
+    /// Its stream ended for `reason`: whether it was registered (its
+    /// service's endpoint set changes).
+    pub(super) fn disconnected(
+        &mut self,
+        reason: &str,
+        now: u64,
+        unanswered: &mut BTreeMap<String, usize>,
+    ) -> bool {
+        let was_registered = self.is_registered();
+        self.conn = None;
+        self.answered(unanswered);
+        self.stats = None;
+        // A removal ends with the stream: nobody waits for it any more.
+        self.removal = None;
+        self.last_seen_unix_ms = now;
+        reason.clone_into(&mut self.disconnect_reason);
+        was_registered
+    }
+
+    /// Its lifecycle report: whether its registration changed (it registered,
+    /// deregistered, took a new weight, or began a removal).
+    pub(super) fn on_lifecycle(&mut self, l: &pb::Lifecycle) -> bool {
+        let before = (self.is_registered(), self.weight_milli_percent);
+        self.phase = l.phase();
+        // READY with no weight means full weight.
+        self.weight_milli_percent = match (self.phase, l.weight_milli_percent) {
+            (pb::Phase::Ready, 0) => FULL_WEIGHT,
+            (_, w) => w.min(FULL_WEIGHT),
+        };
+        let mut changed = (self.is_registered(), self.weight_milli_percent) != before;
+        if self.phase != pb::Phase::Draining {
+            self.removal = None;
+        } else if self.removal.is_none() {
+            // Its `wait for gov` waits for the set without it to be
+            // acknowledged (even if it never registered: then at once).
+            self.removal = Some(Removal::Pending);
+            changed = true;
+        }
+        changed
+    }
+
     /// Its ACK of `ack.version` (of the push it waited for or an older one:
     /// either way a config it enforces now).
-    pub(super) fn acked(&mut self, ack: pb::Ack) {
+    pub(super) fn acked(&mut self, ack: pb::Ack, unanswered: &mut BTreeMap<String, usize>) {
+        if self.pending.as_deref() == Some(ack.nonce.as_str()) {
+            self.answered(unanswered);
+            self.nack = None;
+        }
         // One it could not save is not what it enforces after a restart
         // without govd: its last good stays the saved one.
         if ack.unsaved.is_empty() {
@@ -248,6 +344,18 @@ impl Agent {
                 reason: ack.unsaved,
             });
         }
+    }
+
+    /// Its NACK: kept until a later ACK.
+    pub(super) fn nacked(&mut self, nack: pb::Nack, unanswered: &mut BTreeMap<String, usize>) {
+        if self.pending.as_deref() == Some(nack.nonce.as_str()) {
+            self.answered(unanswered);
+        }
+        self.nack = Some(Nacked {
+            version: nack.version,
+            error: nack.error,
+            rule: nack.rule,
+        });
     }
 
     /// Its line of an `ApplyResult`, against `current` (as [`Self::sync_state`]).

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use gov_proto::v1 as pb;
 
 use super::agent::{Agent, AgentKey, Agents, Outbox};
-use crate::latches::{self, LatchId, Latches};
+use crate::latches::{self, LatchId, Latches, Reporter};
 use crate::store::{self, Persisted, Trip, TripKind};
 
 /// The keys a release found latched (`""`: the rule's own counter, a fuse).
@@ -44,8 +44,47 @@ impl Latched {
         &self.latches
     }
 
+    #[cfg(test)]
     pub(super) fn latches_mut(&mut self) -> &mut Latches {
         &mut self.latches
+    }
+
+    /// Takes in the latches `agent`'s stats report: whether they changed.
+    /// Rules whose missed release is on its way are not a trip; once
+    /// reported closed they are done.
+    pub(super) fn on_stats(
+        &mut self,
+        policy: Option<&pb::Bundle>,
+        agent: &mut Agent,
+        stats: &pb::Stats,
+        now: u64,
+        audits: &mut latches::Audits,
+    ) -> bool {
+        let mut seen = stats.clone();
+        hide_releasing(&mut agent.releasing, &mut seen);
+        let by = Reporter {
+            instance: &agent.instance,
+            identity: &agent.identity,
+        };
+        self.latches
+            .reconcile(policy, &agent.service, by, &seen, now, audits)
+    }
+
+    /// Takes in a latch event `agent` reported: whether the latches changed.
+    pub(super) fn on_event(
+        &mut self,
+        policy: Option<&pb::Bundle>,
+        agent: &Agent,
+        event: &pb::Event,
+        now: u64,
+        audits: &mut latches::Audits,
+    ) -> bool {
+        let by = Reporter {
+            instance: &agent.instance,
+            identity: &agent.identity,
+        };
+        self.latches
+            .on_event(policy, &agent.service, by, event, now, audits)
     }
 
     /// The releases, as `state.json` holds them.
@@ -391,7 +430,7 @@ fn reports_tripped(agent: &Agent, kind: TripKind, rule: &str, key: Option<&str>)
 
 /// Hides from `stats` the latches whose missed release is on its way to
 /// the agent (not a trip), and forgets those the stats report released.
-pub(super) fn hide_releasing(releasing: &mut BTreeSet<LatchId>, stats: &mut pb::Stats) {
+fn hide_releasing(releasing: &mut BTreeSet<LatchId>, stats: &mut pb::Stats) {
     if !releasing.is_empty() {
         stats.rules.retain_mut(|r| {
             let kind = match r.kind() {

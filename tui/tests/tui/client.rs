@@ -105,6 +105,13 @@ impl ControlPlane for FakeControlPlane {
         Err(Status::unimplemented("history"))
     }
 
+    async fn canary(
+        &self,
+        _: Request<gov_tui::proto::CanaryRequest>,
+    ) -> Result<Response<gov_tui::proto::CanaryResult>, Status> {
+        Err(Status::unimplemented("canary"))
+    }
+
     async fn release(
         &self,
         request: Request<ReleaseRequest>,

@@ -488,3 +488,40 @@ fn terminal_escapes_from_agents_are_shown_not_obeyed() {
         "10.0.0.9:80\\r\\nforged"
     );
 }
+
+#[test]
+fn a_canary_shows_in_the_header_with_the_rule_furthest_above_the_others() {
+    use gov_tui::proto::{CanaryCounts, CanaryRule, CanaryView};
+    let mut app = busy_app();
+    let mut view = busy_view(61);
+    let counts = |calls, rejected| CanaryCounts {
+        calls,
+        rejected,
+        ..Default::default()
+    };
+    view.canary = Some(CanaryView {
+        version: V1.into(),
+        instances: vec!["order/o-1".into()],
+        ends_unix_ms: view.at_unix_ms + 125_000,
+        rules: vec![
+            CanaryRule {
+                rule: "order/even".into(),
+                canary: Some(counts(100, 1)),
+                baseline: Some(counts(300, 3)),
+            },
+            CanaryRule {
+                rule: "order/tight".into(),
+                canary: Some(counts(100, 30)),
+                baseline: Some(counts(300, 0)),
+            },
+        ],
+        ..Default::default()
+    });
+    update(&mut app, Msg::View(view));
+    let screen = draw(&app, 120, 36);
+    assert!(
+        screen
+            .contains("CANARY 3f2a91c0 on order/o-1 · 2m05s left · order/tight rejects 30% vs 0%"),
+        "{screen}"
+    );
+}
