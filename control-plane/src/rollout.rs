@@ -205,11 +205,15 @@ impl Inner {
                         refused = true;
                     }
                 }
-                let next = tokio::time::Instant::now() + CHECK_EVERY;
+                // Never sooner than the next check once the window is over:
+                // the loop always sleeps.
+                let now = tokio::time::Instant::now();
                 wait = Some(if refused {
-                    tokio::time::Instant::now() + END_RETRY
+                    now + END_RETRY
+                } else if ends > now {
+                    (now + CHECK_EVERY).min(ends)
                 } else {
-                    next.min(ends.max(tokio::time::Instant::now()))
+                    now + CHECK_EVERY
                 });
             }
             tokio::select! {
