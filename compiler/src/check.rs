@@ -31,6 +31,7 @@ pub mod fixed_wait;
 pub mod grpc_name;
 pub mod grpc_status;
 pub mod invalid_peer;
+pub mod key_attribute;
 pub mod key_cap;
 pub mod latch_outlives_rule;
 pub mod match_cycle;
@@ -79,6 +80,7 @@ pub const CODES: &[&str] = &[
     "gov::non-positive",
     "gov::too-large",
     "gov::key-cap",
+    "gov::key-attribute",
     "gov::percent-out-of-range",
     "gov::threshold-kind",
     "gov::invalid-status",
@@ -131,6 +133,7 @@ const CHECKS: &[Check] = &[
     non_positive::check,
     too_large::check,
     key_cap::check,
+    key_attribute::check,
     percent_range::check,
     threshold_kind::check,
     status_code::check,

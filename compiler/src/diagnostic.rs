@@ -70,6 +70,7 @@ diagnostics! {
     TooLarge(too_large::TooLarge),
     KeyCapUnkeyed(key_cap::Unkeyed),
     KeyCapTooMany(key_cap::TooManyKeys),
+    KeyAttribute(key_attribute::KeyAttribute),
     PercentOutOfRange(percent_range::PercentOutOfRange),
     ThresholdKind(threshold_kind::ThresholdKind),
     InvalidStatus(status_code::InvalidStatus),

@@ -293,6 +293,16 @@ impl<'a> Words<'a> {
         }
     }
 
+    pub fn string(&mut self) -> Option<Spanned<String>> {
+        match self.next()? {
+            Spanned {
+                node: Word::Str(v),
+                span,
+            } => Some(Spanned::new(v.clone(), *span)),
+            _ => None,
+        }
+    }
+
     pub fn int(&mut self) -> Option<Spanned<i64>> {
         match self.next()? {
             Spanned {

@@ -299,7 +299,12 @@ fn lower_norm(n: &Norm<'_>) -> pb::MatchExpr {
     pb::MatchExpr { kind: Some(kind) }
 }
 
-impl Lower<'_, '_> {
+impl<'a> Lower<'_, 'a> {
+    /// The service being lowered.
+    pub(crate) fn svc(&self) -> &Svc<'a> {
+        self.svc
+    }
+
     /// Where `span` is: file, line, column and the text, for the wire.
     pub(crate) fn source(&self, span: Span) -> pb::SourceRef {
         let line = self

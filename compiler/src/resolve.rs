@@ -352,6 +352,74 @@ impl<'a> Svc<'a> {
         self.matches.keys().copied().collect()
     }
 
+    /// The path segments `expr` captures (`path prefix "/t/" segment
+    /// "t"`), references expanded: `(name, prefix)`, in source order.
+    pub fn captures(&self, expr: &'a MatchExpr) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        self.walk(expr, &mut Vec::new(), &mut |e| {
+            if let MatchExpr::Path {
+                value,
+                segment: Some(name),
+                ..
+            } = e
+            {
+                out.push((name.node.clone(), value.node.clone()));
+            }
+        });
+        out
+    }
+
+    /// Whether every call `expr` matches is a gRPC call: each alternative
+    /// requires a `grpc service` or `grpc method`.
+    pub fn grpc_only(&self, expr: &'a MatchExpr) -> bool {
+        self.grpc(expr, &mut Vec::new())
+    }
+
+    fn grpc(&self, expr: &'a MatchExpr, stack: &mut Vec<&'a str>) -> bool {
+        match expr {
+            MatchExpr::Grpc { .. } => true,
+            MatchExpr::And { lhs, rhs, .. } => self.grpc(lhs, stack) || self.grpc(rhs, stack),
+            MatchExpr::Or { lhs, rhs, .. } => self.grpc(lhs, stack) && self.grpc(rhs, stack),
+            MatchExpr::Group { inner, .. } => self.grpc(inner, stack),
+            MatchExpr::Ref { name } => match self.matches.get(name.node.as_str()) {
+                Some(def) if !stack.contains(&name.node.as_str()) => {
+                    stack.push(&def.name.node);
+                    let g = self.grpc(&def.expr, stack);
+                    stack.pop();
+                    g
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Calls `f` on every atom of `expr`, references expanded once each.
+    fn walk(
+        &self,
+        expr: &'a MatchExpr,
+        stack: &mut Vec<&'a str>,
+        f: &mut impl FnMut(&'a MatchExpr),
+    ) {
+        match expr {
+            MatchExpr::And { lhs, rhs, .. } | MatchExpr::Or { lhs, rhs, .. } => {
+                self.walk(lhs, stack, f);
+                self.walk(rhs, stack, f);
+            }
+            MatchExpr::Group { inner, .. } => self.walk(inner, stack, f),
+            MatchExpr::Ref { name } => {
+                if let Some(def) = self.matches.get(name.node.as_str())
+                    && !stack.contains(&name.node.as_str())
+                {
+                    stack.push(&def.name.node);
+                    self.walk(&def.expr, stack, f);
+                    stack.pop();
+                }
+            }
+            atom => f(atom),
+        }
+    }
+
     /// The expression with references expanded.
     pub fn normalize(&self, expr: &'a MatchExpr) -> Norm<'a> {
         let mut stack = Vec::new();

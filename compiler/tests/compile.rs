@@ -372,7 +372,7 @@ service order {
     let b = bundle(&[SourceFile::new("caps.gov", text.to_owned())]);
     let rules = &b.targets[0].rules;
     let limit = |name: &str| match rules.iter().find(|r| r.name == name).unwrap().spec.as_ref() {
-        Some(Spec::Limit(l)) => *l,
+        Some(Spec::Limit(l)) => l.clone(),
         other => panic!("{other:?}"),
     };
     let capped = limit("order/capped");
@@ -635,4 +635,60 @@ fn expiry_is_lowered_and_a_for_keeps_its_anchor_across_applies() {
     let mut longer = policy(10, "for 3h");
     gov_compiler::lower::anchor_expiry(&mut longer, &applied, 5_000_000);
     assert_eq!(rule(&longer, 0).expires_at_unix_ms, 15_800_000);
+}
+
+/// Keys on attributes lower to their wire parts: a segment with every
+/// prefix of the match (through references) that captures it, gRPC
+/// metadata as the header it travels in (lower case), a query by its name.
+#[test]
+fn keys_on_attributes_lower_to_parts() {
+    use gov_proto::v1::limit_key_part::Kind;
+    use gov_proto::v1::rule::Spec;
+    let text = r#"
+service order {
+  consumer from peer on invalid reject
+  match eu = path prefix "/eu/" segment "tenant"
+  match us = path prefix "/us/v1/" segment "tenant"
+  match tenants = eu or us
+  match lookup = grpc method "order.v1.Orders/Get"
+
+  limit by_tenant on tenants {
+    calls 5 per 1s
+    per segment "tenant", query "api_key", consumer
+  }
+  limit by_metadata on lookup {
+    calls 5 per 1s
+    per metadata "X-Tenant"
+  }
+}
+"#;
+    let b = bundle(&[SourceFile::new("keys.gov", text.to_owned())]);
+    let rules = &b.targets[0].rules;
+    let parts = |name: &str| match rules.iter().find(|r| r.name == name).unwrap().spec.as_ref() {
+        Some(Spec::Limit(l)) => {
+            assert_eq!(l.key, 0, "LIMIT_KEY_ALL beside parts");
+            l.key_parts
+                .iter()
+                .map(|p| p.kind.clone().unwrap())
+                .collect::<Vec<_>>()
+        }
+        other => panic!("{other:?}"),
+    };
+    let tenant = parts("order/by_tenant");
+    match &tenant[0] {
+        Kind::Segment(s) => {
+            assert_eq!(s.name, "tenant");
+            assert_eq!(s.prefixes, ["/eu/", "/us/v1/"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(tenant[1], Kind::Query("api_key".into()));
+    assert_eq!(
+        tenant[2],
+        Kind::Key(gov_proto::v1::LimitKey::Consumer as i32)
+    );
+    assert_eq!(
+        parts("order/by_metadata"),
+        [Kind::Header("x-tenant".into())]
+    );
 }

@@ -218,10 +218,13 @@ pub struct MatchDef {
 /// A match expression. `and` binds tighter than `or`; parentheses group.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum MatchExpr {
-    /// `path exact "/a"` or `path prefix "/a"`
+    /// `path exact "/a"` or `path prefix "/a" [segment "name"]`: with
+    /// `segment`, the path segment after the prefix (up to the next `/`) is
+    /// captured under that name, a key of limits (`per segment "name"`).
     Path {
         kind: PathKind,
         value: Str,
+        segment: Option<Str>,
         span: Span,
     },
     /// `method GET` (one method; combine with `or`)
@@ -498,7 +501,8 @@ impl fmt::Display for Word {
 impl fmt::Display for Setting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, w) in self.words.iter().enumerate() {
-            if i > 0 {
+            // `per header "x", consumer`: no space before a comma.
+            if i > 0 && w.node != Word::Key(",") {
                 f.write_str(" ")?;
             }
             write!(f, "{}", w.node)?;

@@ -344,12 +344,24 @@ fn int_rate(rate: &Rate<i64>) -> String {
 /// A match expression on one line, parentheses as written.
 fn expr(e: &MatchExpr) -> String {
     match e {
-        MatchExpr::Path { kind, value, .. } => {
+        MatchExpr::Path {
+            kind,
+            value,
+            segment,
+            ..
+        } => {
             let kind = match kind {
                 PathKind::Exact => "exact",
                 PathKind::Prefix => "prefix",
             };
-            format!("path {kind} {}", quote(&value.node))
+            match segment {
+                Some(name) => format!(
+                    "path {kind} {} segment {}",
+                    quote(&value.node),
+                    quote(&name.node)
+                ),
+                None => format!("path {kind} {}", quote(&value.node)),
+            }
         }
         MatchExpr::Method { method, .. } => format!("method {}", method.node),
         MatchExpr::Header { name, value, .. } => {

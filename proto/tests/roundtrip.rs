@@ -178,6 +178,21 @@ fn order() -> TargetConfig {
                     burst: 0,
                     warmup_scale: true,
                     ratelimit_headers_always: true,
+                    key_parts: vec![
+                        gov_proto::v1::LimitKeyPart {
+                            kind: Some(gov_proto::v1::limit_key_part::Kind::Header(
+                                "x-tenant".into(),
+                            )),
+                        },
+                        gov_proto::v1::LimitKeyPart {
+                            kind: Some(gov_proto::v1::limit_key_part::Kind::Segment(
+                                gov_proto::v1::PathSegment {
+                                    name: "region".into(),
+                                    prefixes: vec!["/mdm/supplier/".into()],
+                                },
+                            )),
+                        },
+                    ],
                 })),
             },
             Rule {

@@ -98,7 +98,8 @@ pub enum Mode {
 pub struct Trip<'a> {
     pub kind: ReleaseKind,
     pub rule: &'a str,
-    /// A limit keyed by consumer or called service: the latched key (one
+    /// A keyed limit (consumer, called service, request attributes such as
+    /// `acme|web`): the latched key, as counted (one
     /// row per key). Empty: the rule's own counter, a fuse.
     pub key: &'a str,
     pub state: &'static str,

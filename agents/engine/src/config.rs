@@ -264,6 +264,9 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
                 .filter(|r| r.direction == Direction::Inbound)
             {
                 r.on.fold_case();
+                if let RuleSpec::Limit(l) = &mut r.spec {
+                    l.fold_case();
+                }
             }
         }
         let mut seen = HashSet::new();
@@ -304,6 +307,17 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
         }
         for r in &rules {
             r.on.headers(&mut judged);
+            // A header a key reads is judged too: sent twice, the engine
+            // would key on one copy while the upstream reads another.
+            if let RuleSpec::Limit(l) = &r.spec {
+                for part in &l.parts {
+                    if let KeyPart::Header(h) = part
+                        && !judged.contains(h)
+                    {
+                        judged.push(h.clone());
+                    }
+                }
+            }
         }
         Ok(Self {
             service: t.service.as_str().into(),

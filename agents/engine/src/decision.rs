@@ -201,6 +201,8 @@ pub(crate) fn admit_matched(snap: Arc<Snapshot>, plan: &Plan, req: &RequestInfo<
         consumer,
         instance: req.target.and_then(|t| t.instance),
         path: &path,
+        query: req.query,
+        headers: req.headers,
     };
     for (i, id) in plan.ids().enumerate() {
         let step = Step {

@@ -198,6 +198,7 @@ impl<O> Cx<O> {
             direction: self.direction,
             method: req.method(),
             path: req.uri().path(),
+            query: req.uri().query().unwrap_or_default(),
             headers: crate::Headers::Map(req.headers()),
             target: target.map(|t| Target {
                 service: &t.service,

@@ -78,6 +78,7 @@ pub mod judged;
 pub mod latch;
 pub mod layer;
 pub mod outcome;
+mod phase;
 mod primitive;
 pub mod rejection;
 pub mod request;

@@ -46,15 +46,7 @@ pub(crate) struct Grant {
     pub system_error: bool,
 }
 
-/// The order of the steps of a decision: fuses (cheapest, and they refuse
-/// everyone), then limits, then bulkheads (the only step that holds a
-/// resource another call may be waiting for).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Phase {
-    Fuses,
-    Limits,
-    Bulkheads,
-}
+pub(crate) use crate::phase::Phase;
 
 /// What the scopes (cells) of a request's rules are keyed by.
 #[derive(Clone, Copy, Debug)]
@@ -66,6 +58,10 @@ pub(crate) struct Keys<'a> {
     /// Outbound: the upstream instance.
     pub instance: Option<&'a str>,
     pub path: &'a str,
+    /// The query (after `?`; empty without one), for keys on a parameter.
+    pub query: &'a str,
+    /// The request headers, for keys on a header.
+    pub headers: crate::route::Headers<'a>,
 }
 
 /// An enforcement primitive: the state of one rule.

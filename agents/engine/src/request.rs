@@ -14,6 +14,9 @@ pub struct RequestInfo<'a> {
     pub method: &'a Method,
     /// The URI path, without the query.
     pub path: &'a str,
+    /// The query, after `?` (empty without one): keys on a query parameter
+    /// read it.
+    pub query: &'a str,
     /// The request headers (the consumer is read from the configured header).
     pub headers: Headers<'a>,
     /// Outbound: the called service and, once chosen, the upstream instance.
@@ -37,6 +40,7 @@ impl<'a> RequestInfo<'a> {
             direction: Direction::Inbound,
             method,
             path,
+            query: "",
             headers: Headers::Map(headers),
             target: None,
         }
@@ -54,13 +58,20 @@ impl<'a> RequestInfo<'a> {
             direction: Direction::Outbound,
             method,
             path,
+            query: "",
             headers: Headers::Map(headers),
             target: Some(Target { service, instance }),
         }
     }
 
+    /// The same request with the query `query` (after `?`).
+    pub fn with_query(self, query: &'a str) -> Self {
+        Self { query, ..self }
+    }
+
     /// The inbound view of an `http::Request`.
     pub fn from_request<B>(req: &'a Request<B>) -> Self {
         Self::inbound(req.method(), req.uri().path(), req.headers())
+            .with_query(req.uri().query().unwrap_or_default())
     }
 }

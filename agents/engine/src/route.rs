@@ -26,7 +26,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use smallvec::SmallVec;
 
-use crate::primitive::Phase;
+use crate::phase::Phase;
 
 /// Inbound (server side) or outbound (client side, `calls to X`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -50,6 +50,7 @@ pub mod specs {
         Classifier, CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, TripSpec,
     };
     pub use crate::state::keys::{DEFAULT_MAX_KEYS, KeyCap, KeyOverflow, MAX_MAX_KEYS};
+    pub use crate::state::limit::attrs::{ABSENT, INVALID, KeyPart, MAX_KEY_PARTS, MAX_VALUE};
     pub use crate::state::limit::{
         ExactSync, Fallback, LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec,
     };
@@ -86,7 +87,8 @@ impl RuleSpec {
     /// Whether the rule's scope needs the consumer (read from a header only
     /// then): a limit per consumer.
     pub(crate) fn needs_consumer(&self) -> bool {
-        matches!(self, RuleSpec::Limit(l) if l.key == specs::LimitKey::Consumer)
+        matches!(self, RuleSpec::Limit(l) if l.key == specs::LimitKey::Consumer
+            || l.parts.contains(&specs::KeyPart::Consumer))
     }
 
     /// The deadline the rule sets on a call (its state's

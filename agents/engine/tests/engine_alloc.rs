@@ -58,6 +58,15 @@ rules:
     calls: {amount: 1000000000, window_ms: 1000}
     algorithm: LIMIT_ALGORITHM_TOKEN_BUCKET
     burst: 1000000
+- name: order/tenant
+  on: {path: {kind: PATH_KIND_PREFIX, value: /v3}}
+  limit:
+    calls: {amount: 1000000000, window_ms: 1000}
+    key_parts:
+    - {header: x-tenant}
+    - {query: api_key}
+    - {segment: {name: t, prefixes: [/v3/t/]}}
+    - {key: LIMIT_KEY_CONSUMER}
 - name: order/pace
   on: {calls_to: inventory}
   direction: DIRECTION_OUTBOUND
@@ -90,12 +99,16 @@ fn decisions_do_not_allocate() {
     engine.apply_target(&target).unwrap();
     let mut headers = HeaderMap::new();
     headers.insert("x-gov-consumer", HeaderValue::from_static("shop"));
+    headers.insert("x-tenant", HeaderValue::from_static("acme|{eu}"));
     let get = Method::GET;
     let requests = [
         RequestInfo::inbound(&get, "/api/orders/7", &headers),
         RequestInfo::inbound(&get, "/api/export", &headers),
         RequestInfo::inbound(&get, "/static/app.js", &headers),
         RequestInfo::inbound(&get, "/v2/orders", &headers),
+        // Keyed on a header, a query parameter (decoded), a segment and
+        // the consumer: the key is composed on the stack.
+        RequestInfo::inbound(&get, "/v3/t/acme/orders", &headers).with_query("x=1&api_key=k%31+2"),
         RequestInfo::outbound(&get, "/stock", &headers, "inventory", Some("10.0.0.1:80")),
     ];
     let decide = |info: &RequestInfo<'_>| match engine.try_admit(info) {
@@ -121,7 +134,7 @@ fn decisions_do_not_allocate() {
     assert_eq!(
         (change.allocations, change.reallocations),
         (0, 0),
-        "50,000 decisions allocated"
+        "60,000 decisions allocated"
     );
     // And the stats saw them.
     let stats = engine.stats();
@@ -138,6 +151,13 @@ fn decisions_do_not_allocate() {
         .find(|r| &*r.rule == "order/export_trial")
         .unwrap();
     assert_eq!(trial.shadow_rejected.iter().sum::<u64>(), 10_000);
+    // The keyed-on-attributes limit counted every call under its one key.
+    let tenant = stats
+        .rules
+        .iter()
+        .find(|r| &*r.rule == "order/tenant")
+        .unwrap();
+    assert_eq!((tenant.admitted, tenant.keys), (10_001, 1));
 }
 
 /// A call through [`gov_engine::Govern`] admitted at once, with a deadline

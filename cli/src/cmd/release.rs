@@ -20,7 +20,8 @@ pub struct Args {
     #[arg(value_name = "SERVICE/RULE", value_parser = parse_rule)]
     pub rule: String,
 
-    /// Limits keyed by consumer or called service: release only this key
+    /// Keyed limits (consumer, called service, request attributes such as
+    /// `acme|web`, as `govc status` shows them): release only this key
     /// (`govc status` lists the latched keys). Default: every latched key;
     /// the answer names them.
     #[arg(long, value_name = "KEY", value_parser = parse_key)]

@@ -62,7 +62,10 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                         LimitSetting::Per { key, .. } => Some(key.node),
                         _ => None,
                     });
-                    let keyed = matches!(per, Some(LimitKey::Consumer | LimitKey::Service));
+                    let keyed = matches!(
+                        per,
+                        Some(LimitKey::Consumer | LimitKey::Service | LimitKey::Parts)
+                    );
                     let keys = l.settings.iter().filter_map(|s| match s {
                         LimitSetting::Keys(k) => Some(k.clone()),
                         _ => None,

@@ -61,7 +61,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
         for rule in &svc.rules {
             let Some(l) = Limit::of(rule) else { continue };
             for s in &l.settings {
-                if let LimitSetting::Per { key, span } = s
+                if let LimitSetting::Per { key, span, .. } = s
                     && key.node == LimitKey::Domain
                 {
                     out.push(

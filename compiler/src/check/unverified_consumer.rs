@@ -23,7 +23,7 @@ use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::kind::limit::{Limit, LimitKey, LimitSetting};
+use crate::kind::limit::{KeyPart, Limit, LimitKey, LimitSetting};
 use crate::resolve::{Ctx, Norm, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -62,9 +62,13 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
         for (rule, norm) in svc.rules_with_norms() {
             let per_consumer = Limit::of(rule).and_then(|l| {
                 l.settings.iter().rev().find_map(|s| match s {
-                    LimitSetting::Per { key, span } if key.node == LimitKey::Consumer => {
+                    LimitSetting::Per { key, span, .. } if key.node == LimitKey::Consumer => {
                         Some(*span)
                     }
+                    LimitSetting::Per { parts, .. } => parts
+                        .iter()
+                        .find(|p| p.node == KeyPart::Consumer)
+                        .map(|p| p.span),
                     _ => None,
                 })
             });

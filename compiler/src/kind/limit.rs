@@ -45,8 +45,14 @@ pub(crate) enum LimitSetting {
         window: Spanned<Duration>,
         span: Span,
     },
-    /// `per all|domain|service|consumer`: whose calls share one counter.
-    Per { key: Spanned<LimitKey>, span: Span },
+    /// `per all|domain|service|consumer`: whose calls share one counter;
+    /// `per PART, PART...` (`LimitKey::Parts`): one counter per distinct
+    /// combination of the parts' values.
+    Per {
+        key: Spanned<LimitKey>,
+        parts: Vec<Spanned<KeyPart>>,
+        span: Span,
+    },
     /// `action reject` | `action shape max_delay D`
     Action { action: LimitAction, span: Span },
     /// `reject with STATUS` (default 429)
@@ -99,7 +105,40 @@ pub(crate) enum LimitKey {
     Domain,
     Service,
     Consumer,
+    /// Keys on request attributes, or several parts: see the setting's parts.
+    Parts,
 }
+
+/// One part of a key (`per header "x-tenant", consumer`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum KeyPart {
+    Service,
+    Consumer,
+    Header(String),
+    /// gRPC metadata: a header of a gRPC call.
+    Metadata(String),
+    Query(String),
+    /// A path segment the match captures (`path prefix "/t/" segment "t"`).
+    Segment(String),
+}
+
+impl KeyPart {
+    /// The part as written.
+    pub fn describe(&self) -> String {
+        let q = |w: &str, v: &str| format!("{w} \"{v}\"");
+        match self {
+            KeyPart::Service => "service".into(),
+            KeyPart::Consumer => "consumer".into(),
+            KeyPart::Header(v) => q("header", v),
+            KeyPart::Metadata(v) => q("metadata", v),
+            KeyPart::Query(v) => q("query", v),
+            KeyPart::Segment(v) => q("segment", v),
+        }
+    }
+}
+
+/// The most parts a key has (as the agents read it).
+pub(crate) const MAX_KEY_PARTS: usize = 4;
 
 #[derive(Clone, Debug)]
 pub(crate) enum LimitAction {
@@ -201,6 +240,8 @@ pub(crate) struct LimitEff {
     pub burst: i64,
     pub bytes: Option<Counter>,
     pub per: LimitKey,
+    /// With `LimitKey::Parts`: the parts, in order.
+    pub parts: Vec<KeyPart>,
     pub action: ActionEff,
     pub reject: i64,
     pub reject_grpc: pb::GrpcCode,
@@ -265,16 +306,55 @@ fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
             }
         }
         "per" => {
-            let k = w.key()?;
-            let key = match k.node {
+            let mut parts = Vec::new();
+            let first = w.key()?;
+            let key = match first.node {
                 "all" => LimitKey::All,
                 "domain" => LimitKey::Domain,
-                "service" => LimitKey::Service,
-                "consumer" => LimitKey::Consumer,
-                _ => return None,
+                _ => {
+                    let mut k = first.clone();
+                    loop {
+                        let named: fn(String) -> KeyPart = match k.node {
+                            "service" | "consumer" => {
+                                let part = if k.node == "service" {
+                                    KeyPart::Service
+                                } else {
+                                    KeyPart::Consumer
+                                };
+                                parts.push(Spanned::new(part, k.span));
+                                if w.expect(",").is_none() {
+                                    break;
+                                }
+                                k = w.key()?;
+                                continue;
+                            }
+                            "header" => KeyPart::Header,
+                            "metadata" => KeyPart::Metadata,
+                            "query" => KeyPart::Query,
+                            "segment" => KeyPart::Segment,
+                            _ => return None,
+                        };
+                        let v = w.string()?;
+                        let at = Span::new(k.span.start, v.span.end);
+                        parts.push(Spanned::new(named(v.node), at));
+                        if w.expect(",").is_none() {
+                            break;
+                        }
+                        k = w.key()?;
+                    }
+                    match parts.as_slice() {
+                        [p] if p.node == KeyPart::Service => LimitKey::Service,
+                        [p] if p.node == KeyPart::Consumer => LimitKey::Consumer,
+                        _ => LimitKey::Parts,
+                    }
+                }
             };
+            if key != LimitKey::Parts {
+                parts.clear();
+            }
             S::Per {
-                key: Spanned::new(key, k.span),
+                key: Spanned::new(key, first.span),
+                parts,
                 span,
             }
         }
@@ -383,6 +463,7 @@ impl LimitEff {
             burst: 0,
             bytes: None,
             per: LimitKey::All,
+            parts: Vec::new(),
             action: ActionEff::Reject,
             reject: REJECT,
             reject_grpc: pb::RuleKind::Limit.reject_grpc(),
@@ -419,7 +500,10 @@ impl LimitEff {
                         span: *span,
                     });
                 }
-                LimitSetting::Per { key, .. } => e.per = key.node,
+                LimitSetting::Per { key, parts, .. } => {
+                    e.per = key.node;
+                    e.parts = parts.iter().map(|p| p.node.clone()).collect();
+                }
                 LimitSetting::Action { action, .. } => {
                     e.action = match action {
                         LimitAction::Reject => ActionEff::Reject,
@@ -618,7 +702,7 @@ impl super::Kind for Kind {
     ) -> Option<(String, &'static str)> {
         let x = LimitEff::of(&Limit::from(a));
         let y = LimitEff::of(&Limit::from(b));
-        if x.per != y.per || x.scope.is_cluster() != y.scope.is_cluster() {
+        if x.per != y.per || x.parts != y.parts || x.scope.is_cluster() != y.scope.is_cluster() {
             return None;
         }
         let help = "merge them into one limit, or count over different windows";
@@ -641,7 +725,7 @@ impl super::Kind for Kind {
         None
     }
 
-    fn lower(&self, rule: &RuleDef, _l: &Lower<'_, '_>) -> pb::rule::Spec {
+    fn lower(&self, rule: &RuleDef, l: &Lower<'_, '_>) -> pb::rule::Spec {
         let e = LimitEff::of(&Limit::from(rule));
         let rate = |c: Counter| pb::Rate {
             amount: unsigned(c.amount),
@@ -677,11 +761,12 @@ impl super::Kind for Kind {
             calls: e.calls.map(rate),
             bytes: e.bytes.map(rate),
             key: match e.per {
-                LimitKey::All => pb::LimitKey::All,
+                LimitKey::All | LimitKey::Parts => pb::LimitKey::All,
                 LimitKey::Domain => pb::LimitKey::Domain,
                 LimitKey::Service => pb::LimitKey::Service,
                 LimitKey::Consumer => pb::LimitKey::Consumer,
             } as i32,
+            key_parts: e.parts.iter().map(|p| lower_part(p, &rule.on, l)).collect(),
             action: match e.action {
                 ActionEff::Reject => pb::LimitAction::Reject,
                 ActionEff::Shape(_) => pb::LimitAction::Shape,
@@ -741,7 +826,16 @@ impl super::Kind for Kind {
                 ),
             );
         }
-        push(f, "per", format!("{:?}", l.key()).to_lowercase());
+        let per = if l.key_parts.is_empty() {
+            format!("{:?}", l.key()).to_lowercase()
+        } else {
+            l.key_parts
+                .iter()
+                .map(describe_part)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        push(f, "per", per);
         let action = match l.action() {
             pb::LimitAction::Reject => "reject".to_string(),
             pb::LimitAction::Shape => format!("shape max_delay {}", fmt_ms(l.max_delay_ms)),
@@ -794,5 +888,44 @@ impl super::Kind for Kind {
     fn decodes(&self, setting: &Setting) -> bool {
         let mut w = Words::of(setting);
         decode(&mut w).is_some() && w.done()
+    }
+}
+
+/// One key part on the wire: gRPC metadata is a header (HTTP/2 carries
+/// it so), a segment the prefixes of the match that capture it.
+fn lower_part(p: &KeyPart, on: &MatchExpr, l: &Lower<'_, '_>) -> pb::LimitKeyPart {
+    use pb::limit_key_part::Kind as K;
+    let kind = match p {
+        KeyPart::Service => K::Key(pb::LimitKey::Service as i32),
+        KeyPart::Consumer => K::Key(pb::LimitKey::Consumer as i32),
+        KeyPart::Header(h) | KeyPart::Metadata(h) => K::Header(h.to_ascii_lowercase()),
+        KeyPart::Query(q) => K::Query(q.clone()),
+        KeyPart::Segment(name) => K::Segment(pb::PathSegment {
+            name: name.clone(),
+            prefixes: l
+                .svc()
+                .captures(on)
+                .into_iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, prefix)| prefix)
+                .collect(),
+        }),
+    };
+    pb::LimitKeyPart { kind: Some(kind) }
+}
+
+/// A wire key part as a plan shows it.
+fn describe_part(p: &pb::LimitKeyPart) -> String {
+    use pb::limit_key_part::Kind as K;
+    match &p.kind {
+        Some(K::Key(k)) => match pb::LimitKey::try_from(*k) {
+            Ok(pb::LimitKey::Service) => "service".into(),
+            Ok(pb::LimitKey::Consumer) => "consumer".into(),
+            _ => "?".into(),
+        },
+        Some(K::Header(h)) => format!("header \"{h}\""),
+        Some(K::Query(q)) => format!("query \"{q}\""),
+        Some(K::Segment(s)) => format!("segment \"{}\"", s.name),
+        None => "?".into(),
     }
 }

@@ -50,6 +50,8 @@ impl Builder<'_> {
                     let (from, to) = self.status_range(c)?;
                     Spanned::new(Word::Range { from, to }, span)
                 }
+                // `per header "x", consumer`: the comma between key parts.
+                Rule::key_sep => Spanned::new(Word::Key(","), atomic(&c)),
                 Rule::compare_op => {
                     let op = if c.as_str() == ">=" { ">=" } else { ">" };
                     Spanned::new(Word::Key(op), atomic(&c))
@@ -172,9 +174,19 @@ impl Builder<'_> {
                     Rule::kw_exact => PathKind::Exact,
                     _ => PathKind::Prefix,
                 };
+                let value = self.string(k.next(self)?);
+                let segment = match k.opt(Rule::path_segment) {
+                    Some(p) => {
+                        let mut s = Kids::of(p);
+                        s.kw(self)?;
+                        Some(self.string(s.next(self)?))
+                    }
+                    None => None,
+                };
                 MatchExpr::Path {
                     kind,
-                    value: self.string(k.next(self)?),
+                    value,
+                    segment,
                     span,
                 }
             }

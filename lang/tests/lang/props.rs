@@ -80,7 +80,18 @@ fn leaf() -> impl Strategy<Value = MatchExpr> {
             prop_oneof![Just(PathKind::Exact), Just(PathKind::Prefix)],
             string()
         )
-            .prop_map(move |(kind, value)| MatchExpr::Path { kind, value, span }),
+            .prop_map(move |(kind, value)| MatchExpr::Path {
+                kind,
+                value,
+                segment: None,
+                span
+            }),
+        (string(), string()).prop_map(move |(value, name)| MatchExpr::Path {
+            kind: PathKind::Prefix,
+            value,
+            segment: Some(name),
+            span
+        }),
         ident().prop_map(move |method| MatchExpr::Method { method, span }),
         (string(), string()).prop_map(move |(name, value)| MatchExpr::Header { name, value, span }),
         string().prop_map(move |name| MatchExpr::Consumer { name, span }),
@@ -200,6 +211,31 @@ fn limit_setting() -> impl Strategy<Value = Setting> {
         fixed(&["per", "domain"]),
         fixed(&["per", "service"]),
         fixed(&["per", "consumer"]),
+        (string(), string()).prop_map(|(h, q)| setting(vec![
+            key("per"),
+            key("header"),
+            sp(Word::Str(h.node)),
+            key(","),
+            key("query"),
+            sp(Word::Str(q.node)),
+            key(","),
+            key("consumer"),
+        ])),
+        string().prop_map(|c| setting(vec![
+            key("per"),
+            key("service"),
+            key(","),
+            key("header"),
+            sp(Word::Str(c.node)),
+        ])),
+        (string(), string()).prop_map(|(m, s)| setting(vec![
+            key("per"),
+            key("metadata"),
+            sp(Word::Str(m.node)),
+            key(","),
+            key("segment"),
+            sp(Word::Str(s.node)),
+        ])),
         fixed(&["action", "reject"]),
         then(&["action", "shape", "max_delay"], duration_w()),
         then(&["reject", "with"], int_w()),

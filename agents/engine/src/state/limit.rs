@@ -53,6 +53,7 @@ use crate::weight::Weight;
 use http::StatusCode;
 
 mod algo;
+pub(crate) mod attrs;
 mod keyed;
 mod latches;
 mod lease;
@@ -459,6 +460,11 @@ impl Primitive for Limit {
 
     #[inline]
     fn scope(&self, keys: &Keys<'_>) -> CellRef {
+        if !self.spec.parts.is_empty() {
+            let mut buf = attrs::KeyBuf::new();
+            attrs::compose(&self.spec.parts, keys, &mut buf);
+            return self.cell_for(Some(buf.as_str()));
+        }
         let key = match self.spec.key {
             LimitKey::All | LimitKey::Domain => None,
             LimitKey::Service => keys.target,
@@ -679,6 +685,7 @@ mod tests {
             keys: crate::state::keys::KeyCap::default(),
             headers_always: false,
             warmup_scale: false,
+            parts: Box::default(),
         };
         (
             Limit::new(spec, "svc/l".into(), events, None, &Weight::default()),
@@ -958,6 +965,7 @@ mod tests {
                 keys: crate::state::keys::KeyCap::default(),
                 headers_always: false,
                 warmup_scale: false,
+                parts: Box::default(),
             };
             (
                 Arc::new(Limit::new(

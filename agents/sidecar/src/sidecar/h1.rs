@@ -326,6 +326,7 @@ impl Conn<'_> {
             },
             method: &head.method,
             path: req.path(),
+            query: req.query(),
             headers: raw,
             target: service.map(|service| Target {
                 service,

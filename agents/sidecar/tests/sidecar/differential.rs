@@ -63,6 +63,11 @@ rules:
     on: { header: { name: x-tier, value: gold } }
     limit:
       calls: { amount: 1000000000, window_ms: 3600000 }
+  - name: shop/tenant
+    on: { path: { kind: PATH_KIND_PREFIX, value: / } }
+    limit:
+      calls: { amount: 1000000000, window_ms: 3600000 }
+      key_parts: [{ header: x-tenant }, { query: k }, { key: LIMIT_KEY_CONSUMER }]
 "#;
 
 /// What a rule above counts, as the upstream reads a request.
@@ -76,15 +81,17 @@ enum On {
 }
 
 /// The headers the rules judge (the consumer header first).
-const JUDGED: [&str; 2] = ["x-gov-consumer", "x-tier"];
+const JUDGED: [&str; 3] = ["x-gov-consumer", "x-tier", "x-tenant"];
 
 /// The rules above, with what each counts.
-const COUNTED: [(&str, On); 5] = [
+const COUNTED: [(&str, On); 6] = [
     ("shop/a", On::Path(Some("/a"))),
     ("shop/lim", On::Path(Some("/lim"))),
     ("shop/all", On::Path(None)),
     ("shop/crm", On::Header("x-gov-consumer", "crm")),
     ("shop/gold", On::Header("x-tier", "gold")),
+    // Keyed on a header (judged: above), a query parameter and the consumer.
+    ("shop/tenant", On::Path(None)),
 ];
 
 impl On {
@@ -159,6 +166,13 @@ const VECTORS: &[&[u8]] = &[
     b"GET /a HTTP/1.1\r\nhost: x\r\nx-gov-consumer: crm\r\nconnection: x-gov-consumer\r\n\r\n",
     b"GET /a HTTP/1.1\r\nhost: x\r\nx-tier: gold\r\nx-tier: silver\r\n\r\n",
     b"GET /a HTTP/1.1\r\nhost: x\r\nx-gov-consumer: \tcrm \r\nx-tier: gold\r\n\r\nGET /a HTTP/1.1\r\nhost: x\r\nx-gov-consumer: crm\r\nconnection: keep-alive, x-tier\r\n\r\n",
+    // A header a key reads: twice, `_` for `-`, named by `connection`,
+    // padded; query parameters twice and encoded (issue 38).
+    b"GET /a HTTP/1.1\r\nhost: x\r\nx-tenant: acme\r\nx-tenant: zeta\r\n\r\nGET /a HTTP/1.1\r\nhost: x\r\nx-tenant: acme\r\n\r\n",
+    b"GET /a HTTP/1.1\r\nhost: x\r\nx-tenant: acme\r\nx_tenant: zeta\r\n\r\n",
+    b"GET /a HTTP/1.1\r\nhost: x\r\nx-tenant: acme\r\nconnection: x-tenant\r\n\r\n",
+    b"GET /a HTTP/1.1\r\nhost: x\r\nx-tenant:  acme \r\n\r\n",
+    b"GET /a?k=1&k=2 HTTP/1.1\r\nhost: x\r\n\r\nGET /lim?%6B=%7D%3A HTTP/1.1\r\nhost: x\r\nx-tenant: a|b\r\n\r\nGET /a?k HTTP/1.1\r\nhost: x\r\n\r\n",
     // Path spellings, pipelined.
     b"GET //lim HTTP/1.1\r\nhost: x\r\n\r\nGET /./lim HTTP/1.1\r\nhost: x\r\n\r\nGET /%6cim HTTP/1.1\r\nhost: x\r\n\r\nGET /x/../lim HTTP/1.1\r\nhost: x\r\n\r\nGET /%2flim HTTP/1.1\r\nhost: x\r\n\r\n",
     // Path parameters: kept on a named last segment, else refused.
@@ -545,6 +559,10 @@ async fn judged_headers_over_h2c(config: &str, stripped: bool) {
         &[("x-tier", "silver"), ("x-tier", "gold")],
         &[("x-tier", "gold"), ("x-other", "\t1")],
         &[("x-gov-consumer", "web")],
+        &[("x-tenant", "acme"), ("x-tenant", "zeta")],
+        &[("x-tenant", " acme")],
+        &[("x_tenant", "acme")],
+        &[("x-tenant", "a|b}:c"), ("x-gov-consumer", "crm")],
     ];
     for fields in cases {
         let before = admitted(&agent);
@@ -685,6 +703,8 @@ fn gen_request() -> impl Strategy<Value = Gen> {
             "/%4Cim",
             "/A",
             "/x/../Lim;x",
+            "/a?k=1&k=2",
+            "/lim?%6B=%7D%3A&x",
         ]),
         prop_oneof![8 => Just(1_u8), 1 => Just(0_u8), 1 => Just(2_u8)],
         prop::collection::vec(prop::sample::select(b"abcGET /\r\n0".to_vec()), 0..40),
@@ -698,6 +718,7 @@ fn gen_request() -> impl Strategy<Value = Gen> {
             "host, x-a",
             "x-gov-consumer",
             "keep-alive, X-Tier",
+            "x-tenant",
         ])),
         prop::option::of(prop::sample::select(vec![
             ("x-a", "1"),
@@ -724,7 +745,7 @@ fn gen_request() -> impl Strategy<Value = Gen> {
 }
 
 /// Spellings of the judged headers, honest and hostile (issue 29).
-const JUDGED_LINES: [&str; 10] = [
+const JUDGED_LINES: [&str; 13] = [
     "x-gov-consumer: crm\r\n",
     "X-Gov-Consumer: web\r\n",
     "x-gov-consumer:  crm \t\r\n",
@@ -735,6 +756,9 @@ const JUDGED_LINES: [&str; 10] = [
     "x-tier: gold\r\nx-gov-consumer: crm\r\n",
     "x-tier: silver\r\nX-TIER: gold\r\n",
     "x-tier:\tgold \r\n",
+    "x-tenant: acme\r\n",
+    "x-tenant: acme\r\nX-Tenant: zeta\r\n",
+    "x_tenant: a}:b\r\n",
 ];
 
 /// Whether a line of [`JUDGED_LINES`] is read alike by every recipient.
@@ -857,7 +881,10 @@ fn generated_streams(config: &str, cases: u32, seed: u8) {
             r.host == 1
                 && !matches!(r.extra, Some(("content-length" | "transfer-encoding", _)))
                 && r.judged.is_none_or(judged_line_ok)
-                && !matches!(r.connection, Some("x-gov-consumer" | "keep-alive, X-Tier"))
+                && !matches!(
+                    r.connection,
+                    Some("x-gov-consumer" | "keep-alive, X-Tier" | "x-tenant")
+                )
                 && !matches!(
                     r.target,
                     "/%2flim"

@@ -22,6 +22,7 @@ mod hostile;
 mod identity;
 mod jwt;
 mod keepalive;
+mod keys;
 mod latches;
 mod memory;
 mod mtls;

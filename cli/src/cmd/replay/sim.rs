@@ -200,6 +200,8 @@ async fn run(
                     direction: call.direction,
                     method: &calls.methods[call.method as usize],
                     path: calls.strings.get(call.path),
+                    // Recorded calls keep no query.
+                    query: "",
                     headers: Headers::Raw(&raw[..n]),
                     target: (call.target != NONE).then(|| Target {
                         service: calls.strings.get(call.target),

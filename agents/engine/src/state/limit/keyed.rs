@@ -116,6 +116,7 @@ mod tests {
     use crate::events::Events;
     use crate::primitive::Primitive;
     use crate::state::keys::KeyCap;
+    use crate::state::limit::attrs::KeyPart;
     use crate::state::limit::{LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec};
 
     const HOUR: Duration = Duration::from_secs(3600);
@@ -142,6 +143,7 @@ mod tests {
             keys,
             headers_always: false,
             warmup_scale: false,
+            parts: Box::default(),
         };
         Limit::new(
             spec,
@@ -255,6 +257,85 @@ mod tests {
         assert!(matches!(l.cell_for(Some("y")), CellRef::Keyed(_)));
         assert!(l.keyed.read().unwrap().contains_key("held"));
         drop(held);
+    }
+
+    /// `calls amount per 1h per header "x-tenant"` with `keys`.
+    fn per_tenant(amount: u64, keys: KeyCap) -> Limit {
+        let mut l = per_consumer(amount, keys);
+        let mut spec = l.spec.clone();
+        spec.key = LimitKey::All;
+        spec.parts = vec![KeyPart::Header(http::HeaderName::from_static("x-tenant"))].into();
+        l = Limit::new(
+            spec,
+            "svc/l".into(),
+            Events::new(),
+            None,
+            &Weight::default(),
+        );
+        l
+    }
+
+    /// One call with `x-tenant: tenant` (`None`: without the header), as
+    /// a decision makes it: whether it was admitted.
+    fn tenant_call(l: &Limit, tenant: Option<&str>) -> bool {
+        let mut headers = http::HeaderMap::new();
+        if let Some(t) = tenant {
+            headers.insert("x-tenant", http::HeaderValue::from_str(t).unwrap());
+        }
+        let keys = crate::primitive::Keys {
+            target: None,
+            consumer: None,
+            instance: None,
+            path: "/",
+            query: "",
+            headers: crate::route::Headers::Map(&headers),
+        };
+        let scope = l.scope(&keys);
+        let now = Instant::now();
+        matches!(
+            l.try_acquire(Some(&scope), now.into(), now),
+            Answer::Granted(_)
+        )
+    }
+
+    /// Keys on a header: each tenant its own budget; every call without
+    /// the header shares one (`%absent`), as do oversized values; a flood
+    /// of distinct values goes to the overflow once `max_keys` are engaged,
+    /// and an exhausted tenant stays exhausted.
+    #[tokio::test(start_paused = true)]
+    async fn header_keys_count_apart_absent_shares_one_and_a_flood_overflows() {
+        let l = per_tenant(
+            2,
+            KeyCap {
+                max: Some(8),
+                overflow: KeyOverflow::Share,
+            },
+        );
+        assert!(tenant_call(&l, Some("acme")) && tenant_call(&l, Some("acme")));
+        assert!(!tenant_call(&l, Some("acme")), "acme's budget is spent");
+        assert!(tenant_call(&l, Some("zeta")), "zeta counts apart");
+        assert!(tenant_call(&l, None) && tenant_call(&l, Some("")));
+        assert!(!tenant_call(&l, None), "calls without it share one budget");
+        let huge = "x".repeat(10_000);
+        assert!(tenant_call(&l, Some(&huge)) && tenant_call(&l, Some(&huge[1..])));
+        assert!(
+            !tenant_call(&l, Some(&huge[2..])),
+            "oversized values share one"
+        );
+        let mut admitted = 0;
+        for i in 0..1000 {
+            admitted += usize::from(tenant_call(&l, Some(&format!("t-{i}"))));
+        }
+        // acme, zeta, %absent, %invalid and 4 new tenants fill the table;
+        // the other 996 share the rule's budget of 2.
+        assert_eq!(admitted, 4 + 2);
+        assert_eq!(l.table.counts(), (8, 996));
+        assert!(!tenant_call(&l, Some("acme")), "acme is still exhausted");
+        assert!(tenant_call(&l, Some("zeta")), "zeta keeps its own budget");
+        // The next window: keys at rest make room again.
+        tokio::time::advance(HOUR).await;
+        assert!(tenant_call(&l, Some("fresh")));
+        assert_eq!(l.table.counts().0, 1);
     }
 
     /// A key whose sliding window still weighs (counts in this window or

@@ -1,11 +1,12 @@
 //! What a limit does ([`LimitSpec`]), converted from its wire `Limit`:
 //! every value checked, nothing filled in.
 
+use super::attrs::{KeyPart, MAX_KEY_PARTS, MAX_VALUE};
 use crate::state::keys::KeyCap;
 use std::time::Duration;
 
 use gov_proto::v1::{self as proto, GrpcCode};
-use http::StatusCode;
+use http::{HeaderName, StatusCode};
 
 pub use crate::cluster::Fallback;
 use crate::config::invalid::{Ctx, InvalidConfig};
@@ -93,6 +94,23 @@ pub struct LimitSpec {
     /// `scale with warmup`: local calls counting scaled by the instance's
     /// slow-start weight while it ramps.
     pub warmup_scale: bool,
+    /// Keys on request attributes (`per header "x-tenant", consumer`):
+    /// 1..=[`MAX_KEY_PARTS`] parts, and `key` is `All`; empty otherwise.
+    pub parts: Box<[KeyPart]>,
+}
+
+impl LimitSpec {
+    /// Inbound to a case-insensitive service: segment prefixes folded to
+    /// lower case, as the path they are read from is.
+    pub(crate) fn fold_case(&mut self) {
+        for part in self.parts.iter_mut() {
+            if let KeyPart::Segment { prefixes, .. } = part {
+                for p in prefixes.iter_mut() {
+                    *p = p.to_lowercase().into();
+                }
+            }
+        }
+    }
 }
 
 /// A limit's spec from the wire.
@@ -166,7 +184,81 @@ pub(crate) fn spec(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, Invalid
         keys: crate::state::keys::cap(ctx, l.max_keys, l.overflow)?,
         headers_always: l.ratelimit_headers_always,
         warmup_scale: l.warmup_scale,
+        parts: parts(ctx, l)?,
     })
+}
+
+/// The parts of a key on request attributes, each checked.
+fn parts(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<Box<[KeyPart]>, InvalidConfig> {
+    use proto::limit_key_part::Kind;
+    if l.key_parts.is_empty() {
+        return Ok(Box::default());
+    }
+    if l.key_parts.len() > MAX_KEY_PARTS {
+        return Err(ctx.err(format!(
+            "`key_parts` has {} parts, more than {MAX_KEY_PARTS}",
+            l.key_parts.len()
+        )));
+    }
+    if l.key != proto::LimitKey::All as i32 {
+        return Err(ctx.err("`key_parts` is set, so `key` must be `LIMIT_KEY_ALL`"));
+    }
+    fn name<'v>(ctx: &Ctx<'_>, what: &str, v: &'v str) -> Result<&'v str, InvalidConfig> {
+        if v.is_empty() || v.len() > MAX_VALUE {
+            Err(ctx.err(format!(
+                "a key's {what} name is empty or longer than {MAX_VALUE} bytes"
+            )))
+        } else {
+            Ok(v)
+        }
+    }
+    let header = |v: &str| {
+        HeaderName::from_bytes(name(ctx, "header", v)?.as_bytes())
+            .ok()
+            .filter(|h| h.as_str() == v)
+            .ok_or_else(|| ctx.err(format!("key header `{v}` is not a lower-case header name")))
+    };
+    l.key_parts
+        .iter()
+        .map(|p| {
+            Ok(match p.kind.as_ref() {
+                Some(Kind::Key(k)) => match ctx.known::<proto::LimitKey>("key_parts.key", *k)? {
+                    proto::LimitKey::Service => KeyPart::Service,
+                    proto::LimitKey::Consumer => KeyPart::Consumer,
+                    _ => {
+                        return Err(
+                            ctx.err("a key part is `service` or `consumer`, not `all` or `domain`")
+                        );
+                    }
+                },
+                Some(Kind::Header(h)) => KeyPart::Header(header(h)?),
+                Some(Kind::Query(q)) => KeyPart::Query(name(ctx, "query parameter", q)?.into()),
+                Some(Kind::Segment(s)) => {
+                    let mut prefixes: Vec<Box<str>> = Vec::new();
+                    for p in &s.prefixes {
+                        if !p.starts_with('/') {
+                            return Err(
+                                ctx.err(format!("segment prefix `{p}` does not start with `/`"))
+                            );
+                        }
+                        prefixes.push(p.as_str().into());
+                    }
+                    if prefixes.is_empty() {
+                        return Err(ctx.err(format!("segment `{}` has no prefix", s.name)));
+                    }
+                    // The longest a path starts with is the one found first.
+                    prefixes.sort_by_key(|p| std::cmp::Reverse(p.len()));
+                    KeyPart::Segment {
+                        name: name(ctx, "segment", &s.name)?.into(),
+                        prefixes: prefixes.into(),
+                    }
+                }
+                None => {
+                    return Err(ctx.err("a key part has no kind: upgrade the agent"));
+                }
+            })
+        })
+        .collect()
 }
 
 fn rate(ctx: &Ctx<'_>, field: &str, r: &proto::Rate) -> Result<RateSpec, InvalidConfig> {

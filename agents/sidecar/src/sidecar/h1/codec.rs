@@ -119,6 +119,12 @@ impl Checked<'_> {
     pub(crate) fn path(&self) -> &str {
         &self.target[..self.path_len]
     }
+
+    /// The query, after `?` (empty without one).
+    pub(crate) fn query(&self) -> &str {
+        let rest = &self.target[self.path_len..];
+        rest.strip_prefix('?').unwrap_or(rest)
+    }
 }
 
 /// Where the head in `buf` ends (just past its empty line), looking from `from` on.
