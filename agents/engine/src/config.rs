@@ -57,6 +57,9 @@ pub struct CompiledConfig {
     /// The consumer header, then the headers rules match on, each once: what
     /// the proxy checks reach the upstream as judged ([`crate::judged`]).
     judged: Box<[HeaderName]>,
+    /// The claims rules key on (`per claim`), each once: what the agent
+    /// hands the engine of a verified token.
+    claims: Box<[Box<str>]>,
     /// What a decision needs of each rule, by rule id.
     pub(crate) metas: Box<[RuleMeta]>,
     /// Whether a rule has an expiry (decisions then skip the expired ones).
@@ -179,6 +182,7 @@ impl CompiledConfig {
             judged: Box::new([HeaderName::from_static(
                 gov_proto::compiled::CONSUMER_HEADER,
             )]),
+            claims: Box::new([]),
             metas: Box::new([]),
             expiring: false,
             inbound: Router::default(),
@@ -202,6 +206,12 @@ impl CompiledConfig {
     /// ([`crate::judged::check`]).
     pub fn judged_headers(&self) -> &[HeaderName] {
         &self.judged
+    }
+
+    /// The claims of a verified token the rules key on (`per claim`), each
+    /// once: the agent reads these of the token it verified.
+    pub fn keyed_claims(&self) -> &[Box<str>] {
+        &self.claims
     }
 
     /// Gives every keyed limit and bulkhead whose policy names no
@@ -305,6 +315,23 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
         {
             judged.push(jwt.header.clone());
         }
+        let mut claims: Vec<Box<str>> = Vec::new();
+        for r in &rules {
+            if let RuleSpec::Limit(l) = &r.spec {
+                for part in &l.parts {
+                    let KeyPart::Claim(c) = part else { continue };
+                    // Only a verified token has claims, and only inbound.
+                    if consumer_source.jwt().is_none() || r.direction != Direction::Inbound {
+                        return Err(Ctx::new(&r.name).err(format!(
+                            "keyed on `claim \"{c}\"`, but claims are verified only on inbound calls of a service with `consumer from jwt`"
+                        )));
+                    }
+                    if !claims.contains(c) {
+                        claims.push(c.clone());
+                    }
+                }
+            }
+        }
         for r in &rules {
             r.on.headers(&mut judged);
             // A header a key reads is judged too: sent twice, the engine
@@ -328,6 +355,7 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             paths,
             rules,
             judged: judged.into_boxed_slice(),
+            claims: claims.into_boxed_slice(),
             metas,
             expiring,
             inbound,

@@ -203,6 +203,7 @@ pub(crate) fn admit_matched(snap: Arc<Snapshot>, plan: &Plan, req: &RequestInfo<
         path: &path,
         query: req.query,
         headers: req.headers,
+        claims: req.claims,
     };
     for (i, id) in plan.ids().enumerate() {
         let step = Step {

@@ -35,7 +35,7 @@ use crate::events::{Event, Events};
 use crate::judged::JudgedHeaderError;
 use crate::latch::{Latch, LatchKind, Restored};
 use crate::rejection::Rejection;
-pub use crate::request::{RequestInfo, Target};
+pub use crate::request::{RequestInfo, Target, VerifiedClaims};
 use crate::route::{Headers, Plan};
 use crate::snapshot::{CACHE, Snapshot};
 use crate::state::State;

@@ -199,6 +199,10 @@ impl<O> Cx<O> {
             method: req.method(),
             path: req.uri().path(),
             query: req.uri().query().unwrap_or_default(),
+            claims: req
+                .extensions()
+                .get::<crate::request::VerifiedClaims>()
+                .map_or(&[], |c| c.0.as_slice()),
             headers: crate::Headers::Map(req.headers()),
             target: target.map(|t| Target {
                 service: &t.service,

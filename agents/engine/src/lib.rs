@@ -96,7 +96,7 @@ pub use cluster::ClusterStore;
 pub use config::{CompiledConfig, Direction, InvalidConfig, Mode, RuleId, RuleKind};
 pub use engine::{
     Admission, Applied, ByteMeter, CommandError, Decision, Engine, FuseView, LimitView, Observe,
-    Pending, RequestInfo, StatsSnapshot, Target,
+    Pending, RequestInfo, StatsSnapshot, Target, VerifiedClaims,
 };
 pub use events::{Event, EventKind};
 pub use gov_proto::path;

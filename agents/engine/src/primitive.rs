@@ -62,6 +62,8 @@ pub(crate) struct Keys<'a> {
     pub query: &'a str,
     /// The request headers, for keys on a header.
     pub headers: crate::route::Headers<'a>,
+    /// The verified token's claims the config keys on (name, value).
+    pub claims: &'a [(String, String)],
 }
 
 /// An enforcement primitive: the state of one rule.

@@ -17,6 +17,10 @@ pub struct RequestInfo<'a> {
     /// The query, after `?` (empty without one): keys on a query parameter
     /// read it.
     pub query: &'a str,
+    /// The claims of the caller's verified token that rules key on
+    /// (`per claim`), as (name, value); empty without a verified token. The
+    /// agent fills it from the token it verified, never from a header.
+    pub claims: &'a [(String, String)],
     /// The request headers (the consumer is read from the configured header).
     pub headers: Headers<'a>,
     /// Outbound: the called service and, once chosen, the upstream instance.
@@ -41,6 +45,7 @@ impl<'a> RequestInfo<'a> {
             method,
             path,
             query: "",
+            claims: &[],
             headers: Headers::Map(headers),
             target: None,
         }
@@ -59,6 +64,7 @@ impl<'a> RequestInfo<'a> {
             method,
             path,
             query: "",
+            claims: &[],
             headers: Headers::Map(headers),
             target: Some(Target { service, instance }),
         }
@@ -69,9 +75,20 @@ impl<'a> RequestInfo<'a> {
         Self { query, ..self }
     }
 
+    /// The same request with the verified `claims` (name, value).
+    pub fn with_claims(self, claims: &'a [(String, String)]) -> Self {
+        Self { claims, ..self }
+    }
+
     /// The inbound view of an `http::Request`.
     pub fn from_request<B>(req: &'a Request<B>) -> Self {
         Self::inbound(req.method(), req.uri().path(), req.headers())
             .with_query(req.uri().query().unwrap_or_default())
     }
 }
+
+/// The claims of a caller's verified token that rules key on (`per claim`),
+/// carried by a request on hyper's path as an extension (which no client
+/// can set) from the agent's verification to the engine's decision.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerifiedClaims(pub Vec<(String, String)>);

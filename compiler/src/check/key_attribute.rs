@@ -2,7 +2,9 @@
 //! show: a path segment the rule's match does not capture (`per segment
 //! "tenant"` without `path prefix "..." segment "tenant"`), gRPC metadata on
 //! a match that is not only gRPC calls, a header name that is no header name,
-//! an empty name or one over 128 bytes, or more than 4 parts.
+//! an empty name or one over 128 bytes, more than 4 parts, or a claim
+//! (`per claim "tenant"`) where no token is verified (a service without
+//! `consumer from jwt`, an outbound rule).
 //!
 //! Why: every call would count under the key's `%absent` value, one
 //! counter for everyone, which is `per all` under another name; an agent
@@ -45,6 +47,11 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(l) = Limit::of(rule) else { continue };
+            let jwt = matches!(
+                svc.consumer.map(|c| &c.source),
+                Some(gov_lang::ast::ConsumerSource::Jwt(_))
+            );
+            let outbound = svc.normalize(l.on).is_outbound();
             for s in &l.settings {
                 let LimitSetting::Per { parts, span, .. } = s else {
                     continue;
@@ -77,7 +84,8 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                         KeyPart::Header(n)
                         | KeyPart::Metadata(n)
                         | KeyPart::Query(n)
-                        | KeyPart::Segment(n) => n,
+                        | KeyPart::Segment(n)
+                        | KeyPart::Claim(n) => n,
                     };
                     if name.is_empty() || name.len() > MAX_NAME {
                         report(
@@ -113,6 +121,16 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                                 at,
                             )
                         }
+                        KeyPart::Claim(_) if !jwt || outbound => report(
+                            p.node.describe(),
+                            if jwt {
+                                "a claim is verified on inbound calls only".into()
+                            } else {
+                                format!("service `{}` verifies no token", svc.name())
+                            },
+                            "key on a claim only where `consumer from jwt ...` verifies the caller's token, on inbound rules",
+                            at,
+                        ),
                         _ => {}
                     }
                 }

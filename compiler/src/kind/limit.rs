@@ -120,6 +120,8 @@ pub(crate) enum KeyPart {
     Query(String),
     /// A path segment the match captures (`path prefix "/t/" segment "t"`).
     Segment(String),
+    /// A claim of the verified token (`consumer from jwt`).
+    Claim(String),
 }
 
 impl KeyPart {
@@ -133,6 +135,7 @@ impl KeyPart {
             KeyPart::Metadata(v) => q("metadata", v),
             KeyPart::Query(v) => q("query", v),
             KeyPart::Segment(v) => q("segment", v),
+            KeyPart::Claim(v) => q("claim", v),
         }
     }
 }
@@ -332,6 +335,7 @@ fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
                             "metadata" => KeyPart::Metadata,
                             "query" => KeyPart::Query,
                             "segment" => KeyPart::Segment,
+                            "claim" => KeyPart::Claim,
                             _ => return None,
                         };
                         let v = w.string()?;
@@ -900,6 +904,7 @@ fn lower_part(p: &KeyPart, on: &MatchExpr, l: &Lower<'_, '_>) -> pb::LimitKeyPar
         KeyPart::Consumer => K::Key(pb::LimitKey::Consumer as i32),
         KeyPart::Header(h) | KeyPart::Metadata(h) => K::Header(h.to_ascii_lowercase()),
         KeyPart::Query(q) => K::Query(q.clone()),
+        KeyPart::Claim(c) => K::Claim(c.clone()),
         KeyPart::Segment(name) => K::Segment(pb::PathSegment {
             name: name.clone(),
             prefixes: l
@@ -926,6 +931,7 @@ fn describe_part(p: &pb::LimitKeyPart) -> String {
         Some(K::Header(h)) => format!("header \"{h}\""),
         Some(K::Query(q)) => format!("query \"{q}\""),
         Some(K::Segment(s)) => format!("segment \"{}\"", s.name),
+        Some(K::Claim(c)) => format!("claim \"{c}\""),
         None => "?".into(),
     }
 }

@@ -225,7 +225,7 @@ fn limit_setting() -> impl Strategy<Value = Setting> {
             key("per"),
             key("service"),
             key(","),
-            key("header"),
+            key("claim"),
             sp(Word::Str(c.node)),
         ])),
         (string(), string()).prop_map(|(m, s)| setting(vec![

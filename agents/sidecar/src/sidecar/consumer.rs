@@ -77,9 +77,37 @@ impl Verifier {
     /// The consumer `spec` proves for a request whose token header is
     /// `value` (`None`: absent).
     pub fn verify(&self, spec: &JwtSpec, value: Option<&[u8]>) -> Result<String, Invalid> {
+        self.verify_with(spec, value, &[])
+            .map(|(consumer, _)| consumer)
+    }
+
+    /// The consumer, and the string claims named `keyed` that the token
+    /// has (rules key on them: `per claim`).
+    pub fn verify_with(
+        &self,
+        spec: &JwtSpec,
+        value: Option<&[u8]>,
+        keyed: &[Box<str>],
+    ) -> Result<(String, Vec<(String, String)>), Invalid> {
         let file = self.file(&spec.keys_file);
         let set = file.set.load();
-        verify(spec, &set, value)
+        let claims = verify(spec, &set, value)?;
+        let consumer = claim(spec, &claims)?;
+        let keyed = keyed
+            .iter()
+            .filter_map(|name| {
+                let v = claims.get(&**name)?.as_str()?;
+                // Over 128 bytes is the engine's `%invalid`: a huge claim is
+                // cut just past that, not copied whole.
+                let mut end = v.len().min(gov_engine::config::MAX_VALUE + 1);
+                while !v.is_char_boundary(end) {
+                    end += 1;
+                }
+                let v = &v[..end];
+                Some((name.to_string(), v.to_owned()))
+            })
+            .collect();
+        Ok((consumer, keyed))
     }
 
     /// The keys file at `path`, loaded (once) and watched.
@@ -183,7 +211,13 @@ fn load(path: &Path) -> (KeySet, Stamp) {
     (KeySet { keys, error }, mtime)
 }
 
-fn verify(spec: &JwtSpec, set: &KeySet, value: Option<&[u8]>) -> Result<String, Invalid> {
+/// The claims of the token in `value`, once its signature, algorithm,
+/// times, issuer and audience verify.
+fn verify(
+    spec: &JwtSpec,
+    set: &KeySet,
+    value: Option<&[u8]>,
+) -> Result<serde_json::Map<String, serde_json::Value>, Invalid> {
     let value = value.ok_or_else(|| Invalid::Missing(spec.header.to_string()))?;
     let value = std::str::from_utf8(value).map_err(|_| Invalid::Malformed)?;
     let token = match value.get(..7) {
@@ -220,7 +254,7 @@ fn verify(spec: &JwtSpec, set: &KeySet, value: Option<&[u8]>) -> Result<String, 
     for (_, _, key) in candidates {
         use jsonwebtoken::errors::ErrorKind;
         match decode::<serde_json::Map<String, serde_json::Value>>(token, key, &validation) {
-            Ok(data) => return claim(spec, &data.claims),
+            Ok(data) => return Ok(data.claims),
             Err(error) => {
                 last = match error.kind() {
                     ErrorKind::InvalidSignature => continue,
@@ -266,6 +300,9 @@ pub(crate) enum Identity {
     Verified {
         header: HeaderName,
         consumer: String,
+        /// The token's claims rules key on (`per claim`): handed to the
+        /// engine, not to the upstream.
+        claims: Vec<(String, String)>,
     },
     /// No consumer (an invalid credential under `on invalid count`): the
     /// client's `header` is dropped.
@@ -299,21 +336,22 @@ pub(crate) fn identify(
         }
         ConsumerSource::Peer(on_invalid) => (
             caller
-                .map(|c| c.service.clone())
+                .map(|c| (c.service.clone(), Vec::new()))
                 .ok_or_else(|| "the caller presented no verified agent certificate".to_string()),
             *on_invalid,
         ),
         ConsumerSource::Jwt(spec) => (
             verifier
-                .verify(spec, headers.get(&spec.header))
+                .verify_with(spec, headers.get(&spec.header), config.keyed_claims())
                 .map_err(|invalid| invalid.to_string()),
             spec.on_invalid,
         ),
     };
     match verified {
-        Ok(consumer) => Ok(Identity::Verified {
+        Ok((consumer, claims)) => Ok(Identity::Verified {
             header: header(),
             consumer,
+            claims,
         }),
         Err(invalid) => match on_invalid {
             OnInvalid::Count => {
@@ -344,9 +382,9 @@ impl Identity {
     pub(crate) fn value(&self) -> Option<(&str, Option<&[u8]>)> {
         match self {
             Identity::AsSent => None,
-            Identity::Verified { header, consumer } => {
-                Some((header.as_str(), Some(consumer.as_bytes())))
-            }
+            Identity::Verified {
+                header, consumer, ..
+            } => Some((header.as_str(), Some(consumer.as_bytes()))),
             Identity::Dropped { header } | Identity::Untrusted { header } => {
                 Some((header.as_str(), None))
             }
@@ -354,15 +392,33 @@ impl Identity {
     }
 }
 impl Identity {
-    /// Writes the identity into `headers` (hyper's path): the client's
-    /// consumer headers go, the verified one is set.
-    pub(crate) fn apply(self, headers: &mut http::HeaderMap) {
+    /// The verified token's claims rules key on (empty without one).
+    pub(crate) fn claims(&self) -> &[(String, String)] {
+        match self {
+            Identity::Verified { claims, .. } => claims,
+            _ => &[],
+        }
+    }
+
+    /// Writes the identity into `req` (hyper's path): the client's consumer
+    /// headers go, the verified one is set, and the claims rules key on
+    /// ride as an extension no client can set.
+    pub(crate) fn apply<B>(self, req: &mut http::Request<B>) {
+        let headers = req.headers_mut();
         match self {
             Identity::AsSent => {}
-            Identity::Verified { header, consumer } => {
+            Identity::Verified {
+                header,
+                consumer,
+                claims,
+            } => {
                 headers.remove(&header);
                 if let Ok(value) = http::HeaderValue::from_str(&consumer) {
                     headers.insert(header, value);
+                }
+                if !claims.is_empty() {
+                    req.extensions_mut()
+                        .insert(gov_engine::VerifiedClaims(claims));
                 }
             }
             Identity::Dropped { header } | Identity::Untrusted { header } => {

@@ -327,6 +327,7 @@ impl Conn<'_> {
             method: &head.method,
             path: req.path(),
             query: req.query(),
+            claims: identity.claims(),
             headers: raw,
             target: service.map(|service| Target {
                 service,

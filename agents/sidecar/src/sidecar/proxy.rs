@@ -203,7 +203,7 @@ impl Handler {
                 if identity.invalid() {
                     req.extensions_mut().insert(gov_engine::CountAsSystemError);
                 }
-                identity.apply(req.headers_mut());
+                identity.apply(&mut req);
             }
             Err(text) => {
                 let grpc = gov_engine::grpc::GrpcCall::of(&req).is_some();

@@ -420,3 +420,63 @@ async fn invalid_tokens_count_toward_the_fuse_as_system_errors() {
         "three token errors tripped it"
     );
 }
+
+/// `per claim "tenant"` (issue 38): each tenant the verified token names
+/// has its own budget on both paths; a `tenant` header the client sends
+/// changes nothing (claims come from the token only); a token without the
+/// claim counts under the shared `%absent` key.
+#[tokio::test]
+async fn a_verified_claim_keys_a_limit_and_a_forged_header_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("idp.jwks");
+    let key = es256("k1");
+    write_jwks(&jwks, &[&key]);
+    let up = RawUpstream::start().await;
+    let yaml = config(&jwks, "ON_INVALID_REJECT").replace(
+        "      key: LIMIT_KEY_CONSUMER\n",
+        "      key_parts: [{ claim: tenant }]\n",
+    );
+    let agent = agent()
+        .config(&yaml)
+        .upstream(&Upstream::at(up.addr))
+        .start()
+        .await;
+    let acme = mint(&key, json!({ "tenant": "acme" }));
+    let zeta = mint(&key, json!({ "tenant": "zeta" }));
+    let none = mint(&key, json!({}));
+    let h1_as = |token: &str, forged: &str| {
+        format!("authorization: Bearer {token}\r\ntenant: {forged}\r\nx-tenant: {forged}\r\n")
+    };
+    assert_eq!(h1(&agent, &h1_as(&acme, "zeta")).await.0, 200);
+    let bearer = format!("Bearer {acme}");
+    assert_eq!(
+        h2c(&agent, &[("authorization", bearer.as_str())]).await.0,
+        200
+    );
+    assert_eq!(
+        h1(&agent, &h1_as(&acme, "zeta")).await.0,
+        429,
+        "acme is spent"
+    );
+    // zeta's budget is untouched by the calls that claimed it in a header.
+    assert_eq!(h1(&agent, &h1_as(&zeta, "acme")).await.0, 200);
+    let bearer = format!("Bearer {zeta}");
+    assert_eq!(
+        h2c(&agent, &[("authorization", bearer.as_str())]).await.0,
+        200
+    );
+    assert_eq!(h1(&agent, &h1_as(&zeta, "x")).await.0, 429);
+    // No claim: one shared budget, whatever the client adds.
+    assert_eq!(h1(&agent, &h1_as(&none, "a")).await.0, 200);
+    assert_eq!(h1(&agent, &h1_as(&none, "b")).await.0, 200);
+    assert_eq!(h1(&agent, &h1_as(&none, "c")).await.0, 429);
+    let limit = agent
+        .sidecar
+        .engine()
+        .stats()
+        .rules
+        .into_iter()
+        .find(|r| &*r.rule == "shop/per_consumer")
+        .unwrap();
+    assert_eq!(limit.keys, 3, "acme, zeta, %absent");
+}

@@ -200,8 +200,9 @@ async fn run(
                     direction: call.direction,
                     method: &calls.methods[call.method as usize],
                     path: calls.strings.get(call.path),
-                    // Recorded calls keep no query.
+                    // Recorded calls keep no query, and no token's claims.
                     query: "",
+                    claims: &[],
                     headers: Headers::Raw(&raw[..n]),
                     target: (call.target != NONE).then(|| Target {
                         service: calls.strings.get(call.target),

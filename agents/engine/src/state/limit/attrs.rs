@@ -61,6 +61,10 @@ pub enum KeyPart {
         name: Box<str>,
         prefixes: Box<[Box<str>]>,
     },
+    /// A string claim of the caller's verified token (`consumer from jwt`):
+    /// the agent hands the verified claims to the engine
+    /// ([`crate::request::RequestInfo::claims`]), never a client's header.
+    Claim(Box<str>),
 }
 
 impl KeyPart {
@@ -72,6 +76,7 @@ impl KeyPart {
             KeyPart::Header(h) => format!("header \"{h}\""),
             KeyPart::Query(q) => format!("query \"{q}\""),
             KeyPart::Segment { name, .. } => format!("segment \"{name}\""),
+            KeyPart::Claim(c) => format!("claim \"{c}\""),
         }
     }
 }
@@ -147,6 +152,13 @@ pub(crate) fn compose(parts: &[KeyPart], keys: &Keys<'_>, out: &mut KeyBuf) {
             KeyPart::Header(name) => value(out, keys.headers.get(name)),
             KeyPart::Segment { prefixes, .. } => value(out, segment(prefixes, keys.path)),
             KeyPart::Query(name) => query(out, keys.query, name.as_bytes()),
+            KeyPart::Claim(name) => value(
+                out,
+                keys.claims
+                    .iter()
+                    .find(|(n, _)| n == &**name)
+                    .map(|(_, v)| v.as_bytes()),
+            ),
         }
     }
 }
@@ -228,7 +240,9 @@ mod tests {
     use crate::route::Headers;
 
     fn key(parts: &[KeyPart], headers: &HeaderMap, path: &str, query: &str) -> String {
+        let claims = [("tenant".to_string(), "acme|eu".to_string())];
         let keys = Keys {
+            claims: &claims,
             target: Some("orders"),
             consumer: Some("web"),
             instance: None,
@@ -309,6 +323,7 @@ mod tests {
             path: "/",
             query: "",
             headers: Headers::Raw(&raw),
+            claims: &[],
         };
         let mut out = KeyBuf::new();
         compose(&[tenant()], &keys, &mut out);
@@ -347,6 +362,14 @@ mod tests {
         assert_eq!(q(&format!("api_key={fits}")), "A".repeat(MAX_VALUE));
         // Separator and Redis syntax in a decoded value are encoded again.
         assert_eq!(q("api_key=a%7Cb%7D"), "a%7Cb%7D");
+    }
+
+    #[test]
+    fn claims_are_read_from_the_verified_claims_only() {
+        let h = headers(&[("tenant", b"forged")]);
+        let c = |name: &str| key(&[KeyPart::Claim(name.into())], &h, "/", "");
+        assert_eq!(c("tenant"), "acme%7Ceu");
+        assert_eq!(c("region"), ABSENT);
     }
 
     #[test]

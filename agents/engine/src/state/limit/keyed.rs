@@ -289,6 +289,7 @@ mod tests {
             path: "/",
             query: "",
             headers: crate::route::Headers::Map(&headers),
+            claims: &[],
         };
         let scope = l.scope(&keys);
         let now = Instant::now();

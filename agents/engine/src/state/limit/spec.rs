@@ -233,6 +233,7 @@ fn parts(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<Box<[KeyPart]>, InvalidConfi
                 },
                 Some(Kind::Header(h)) => KeyPart::Header(header(h)?),
                 Some(Kind::Query(q)) => KeyPart::Query(name(ctx, "query parameter", q)?.into()),
+                Some(Kind::Claim(c)) => KeyPart::Claim(name(ctx, "claim", c)?.into()),
                 Some(Kind::Segment(s)) => {
                     let mut prefixes: Vec<Box<str>> = Vec::new();
                     for p in &s.prefixes {
