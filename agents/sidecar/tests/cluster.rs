@@ -969,3 +969,67 @@ async fn batch_token_bucket_agents_share_one_bucket() {
         );
     }
 }
+
+/// Keys on a header under `scope cluster` (issue 38): the value is in the
+/// Redis key, encoded, so a tenant spelled with Redis key syntax (`}`, `:`)
+/// or the parts' separator counts apart from the tenant it imitates, and
+/// every key keeps one hash tag `{RULE:KEY}` with no `:`, `{` or `}` in KEY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_keys_in_the_cluster_store_cannot_collide_or_break_the_hash_tag() {
+    let redis = RedisServer::start();
+    let mut config = limit_config(2, 60_000, EXACT, "");
+    let rule = &mut config.rules[0];
+    rule.name = "order/per_tenant".into();
+    if let Some(gov_proto::v1::rule::Spec::Limit(limit)) = &mut rule.spec {
+        limit.key_parts = vec![gov_proto::v1::LimitKeyPart {
+            kind: Some(gov_proto::v1::limit_key_part::Kind::Header(
+                "x-tenant".into(),
+            )),
+        }];
+    }
+    let (a, b) = (agent(&redis, &config), agent(&redis, &config));
+    fit_in_one_window(60_000, 10_000).await;
+    let call = |e: &Engine, tenant: &'static str| {
+        let e = e.clone();
+        async move {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-tenant", tenant.parse().unwrap());
+            let info = RequestInfo::inbound(&Method::GET, "/api/x", &headers);
+            e.admit(&info).await.is_ok()
+        }
+    };
+    assert!(call(&a, "acme").await && call(&b, "acme").await);
+    assert!(!call(&a, "acme").await && !call(&b, "acme").await);
+    for forged in ["acme}:latch", "acme}", "acme:1", "{acme}", "acme|x"] {
+        assert!(call(&a, forged).await, "{forged} counts apart");
+        assert!(call(&b, forged).await, "{forged} counts apart");
+        assert!(
+            !call(&a, forged).await,
+            "{forged} shares one cluster counter"
+        );
+    }
+    let out = Command::new("redis-cli")
+        .args([
+            "-p",
+            &redis.port.to_string(),
+            "--scan",
+            "--pattern",
+            "gov:*",
+        ])
+        .output()
+        .unwrap();
+    let keys: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(keys.len(), 6, "{keys:?}");
+    for k in &keys {
+        let tag = k
+            .strip_prefix("gov:{order/per_tenant:")
+            .and_then(|rest| rest.split_once('}'))
+            .map(|(key, _)| key)
+            .unwrap_or_else(|| panic!("{k}"));
+        assert!(!tag.contains([':', '{', '}', '|']), "{k}");
+    }
+}
