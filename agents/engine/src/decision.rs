@@ -165,9 +165,17 @@ pub(crate) fn route(config: &CompiledConfig, req: &RequestInfo<'_>, plan: &mut P
     );
     router.matches(&view, &config.metas, plan);
     if config.expiring {
-        plan.drop_expired(&config.metas, Now::read().ns());
+        drop_expired(config, plan);
     }
     !plan.is_empty()
+}
+
+/// Leaves out of `plan` the rules of `config` expired by now: off the hot
+/// path (only a config with an expiring rule reads the clock here).
+#[cold]
+#[inline(never)]
+fn drop_expired(config: &CompiledConfig, plan: &mut Plan) {
+    plan.drop_expired(&config.metas, Now::read().ns());
 }
 
 /// The path the rules of `config` match `req` on, and key it by: its path, or,

@@ -347,6 +347,7 @@ impl Engine {
     /// Decides without waiting. Does not allocate when at most
     /// [`INLINE_RULES`](crate::route::INLINE_RULES) rules match and their
     /// scopes already exist.
+    #[inline]
     pub fn try_admit(&self, req: &RequestInfo<'_>) -> Decision {
         let generation = self.shared.generation.load(Acquire);
         let mut plan = Plan::default();
