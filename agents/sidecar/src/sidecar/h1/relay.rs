@@ -11,7 +11,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use super::chunked::Decoder;
-use super::codec::{Framing, MAX_HEAD, MAX_HEADERS, has_token, head_end, header_tokens};
+use super::codec::{
+    Framing, MAX_HEAD, MAX_HEADERS, has_token, head_end, header_tokens, push_header,
+};
 use super::deadline::Deadline;
 use super::response::{Persist, response_framing, write_response_head};
 use crate::sidecar::upstream::Pick;
@@ -48,10 +50,7 @@ fn add_ratelimit(out: &mut Vec<u8>, admission: &Admission) {
         state.map(|s| (gov_engine::RATELIMIT, s)),
     ];
     for (name, value) in fields.into_iter().flatten() {
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        push_header(out, name.as_bytes(), value.as_bytes());
     }
     out.extend_from_slice(b"\r\n");
 }
