@@ -961,7 +961,7 @@ pub(crate) mod fake {
                     } => {
                         let tat = m.get(&call.counter).max(*now_us);
                         if tat - now_us > *tolerance_us {
-                            let wait = tat - now_us - tolerance_us;
+                            let wait = (tat - now_us - tolerance_us).min(*interval_us);
                             (0, Some(Duration::from_micros(wait)))
                         } else {
                             m.add(&call.counter, tat + interval_us, m.get(&call.counter));

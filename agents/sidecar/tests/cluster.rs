@@ -830,6 +830,41 @@ async fn exact_token_bucket_two_agents_share_one_burst() {
     );
 }
 
+/// A bucket whose arrival time another call moved on with a later clock
+/// reading than this agent's (its call reached Redis first; under load the
+/// gap is as long as the agent waits for a connection): a refusal still
+/// says to wait one interval at most, the longest a bucket can be ahead of
+/// a call that reads the clock when it is judged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_token_bucket_refusals_wait_one_interval_at_most() {
+    let redis = RedisServer::start();
+    let config = limit_config(
+        40,
+        60_000,
+        EXACT,
+        "algorithm: LIMIT_ALGORITHM_TOKEN_BUCKET\n    burst: 5",
+    );
+    let engine = agent(&redis, &config);
+    let ahead_us = (wall_ms() + 60_000) * 1_000;
+    assert_eq!(
+        redis.command(&[
+            "SET",
+            "gov:{order/shared:}:bucket",
+            &ahead_us.to_string(),
+            "PX",
+            "120000"
+        ]),
+        "+OK"
+    );
+    let refused = call(&engine).await.expect_err("the bucket is empty");
+    assert_eq!(refused.reason, RejectReason::LimitCalls);
+    let wait = refused.retry_after.expect("a limit says when to retry");
+    assert!(
+        wait > Duration::ZERO && wait <= Duration::from_millis(1500),
+        "{wait:?}"
+    );
+}
+
 /// `agents` engines on one `sync batch 50ms` limit of `algorithm` (100
 /// per 10 s), each offering a call every 5 ms for `secs`; what they admitted,
 /// and the wall time (ms) the run started and ended.

@@ -82,7 +82,10 @@ return {-3, prev, cur}
 /// above). A call is admitted while the arrival time is at most the
 /// tolerance ahead of now, and moves it one interval on (the key expires
 /// when the bucket is full again). Returns `{1, 0}` admitted, `{-3, wait
-/// us}` refused, `{-1, latch pttl}` / `{-2, latch ms}` as above.
+/// us}` refused, `{-1, latch pttl}` / `{-2, latch ms}` as above. The wait is
+/// one interval at most: a bucket is further ahead of `now` only when a
+/// call with a later clock reading reached Redis first, and the refused
+/// caller's next try is judged by a fresh reading.
 pub(super) const BUCKET_SCRIPT: &str = r"
 local latch = redis.call('PTTL', KEYS[2])
 if latch ~= -2 then return {-1, latch} end
@@ -96,7 +99,7 @@ if ahead > 0 then
     if l > 0 then redis.call('SET', KEYS[2], '1', 'PX', l) else redis.call('SET', KEYS[2], '1') end
     return {-2, l}
   end
-  return {-3, ahead}
+  return {-3, math.min(ahead, tonumber(ARGV[2]))}
 end
 local nxt = tat + tonumber(ARGV[2])
 redis.call('SET', KEYS[1], string.format('%.0f', nxt), 'PX', math.floor((nxt - now) / 1000) + 1)
