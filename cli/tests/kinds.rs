@@ -63,7 +63,24 @@ fn kinds() -> Vec<(RuleKind, BoxedStrategy<String>)> {
                 })
                 .boxed(),
         ),
+        (
+            // Outbound only: `ON` is a match on `calls to` (see `outbound`).
+            RuleKind::Retry,
+            (2u32..5, 0u32..100, 0u32..20)
+                .prop_map(|(attempts, percent, min)| {
+                    format!(
+                        "  retry NAME on ON {{\n    attempts {attempts}\n    budget {percent}% min {min} per 1s\n  }}\n"
+                    )
+                })
+                .boxed(),
+        ),
     ]
+}
+
+/// The kinds whose rules apply to outbound calls only: their match is
+/// `calls to inv and ...`, and their call is one to `inv`.
+fn outbound(kind: RuleKind) -> bool {
+    kind == RuleKind::Retry
 }
 
 #[test]
@@ -103,24 +120,30 @@ proptest! {
             for body in bodies {
                 let i = rules.len();
                 let name = format!("{}{i}", kind.word());
-                text.push_str(&format!("  match m{i} = path prefix \"/p{i}\"\n"));
+                let to = if outbound(*kind) { "calls to inv and " } else { "" };
+                text.push_str(&format!("  match m{i} = {to}path prefix \"/p{i}\"\n"));
                 text.push_str(&body.replace("NAME", &name).replace("ON", &format!("m{i}")));
                 rules.push((*kind, format!("shop/{name}"), format!("/p{i}")));
             }
         }
-        text.push_str("}\n");
+        text.push_str("}\nservice inv {\n}\n");
 
         let compiled = gov_compiler::compile(&[SourceFile::new("kinds.gov", text.as_str())])
             .map_err(|d| TestCaseError::fail(format!("{d:?}\n{text}")))?;
-        let target = &compiled.bundle.targets[0];
+        let target = compiled.bundle.targets.iter().find(|t| t.service == "shop").unwrap();
         let config = CompiledConfig::try_from(target)
             .map_err(|e| TestCaseError::fail(format!("{e}\n{text}")))?;
         let engine = Engine::new(config);
 
         // One call through each rule.
         let headers = HeaderMap::new();
-        for (_, _, path) in &rules {
-            match engine.try_admit(&RequestInfo::inbound(&Method::GET, path, &headers)) {
+        for (kind, _, path) in &rules {
+            let info = if outbound(*kind) {
+                RequestInfo::outbound(&Method::GET, path, &headers, "inv", None)
+            } else {
+                RequestInfo::inbound(&Method::GET, path, &headers)
+            };
+            match engine.try_admit(&info) {
                 Decision::Admitted(a) => a.finish(Outcome::Status(200)),
                 _ => return Err(TestCaseError::fail(format!("a first call to {path} was not admitted"))),
             }

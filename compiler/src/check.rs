@@ -42,6 +42,8 @@ pub mod path_not_normal;
 pub mod per_instance_inbound;
 pub mod percent_range;
 pub mod queueing_bulkhead;
+pub mod retry_budget;
+pub mod retry_inbound;
 pub mod shadow_exact;
 pub mod shape_inbound;
 pub mod shutdown_wait;
@@ -91,6 +93,8 @@ pub const CODES: &[&str] = &[
     "gov::algorithm-mismatch",
     "gov::shadow-exact-limit",
     "gov::per-instance-on-inbound",
+    "gov::retry-without-budget",
+    "gov::retry-on-inbound",
     "gov::mixed-direction",
     "gov::match-cycle",
     "gov::conflicting-rules",
@@ -145,6 +149,8 @@ const CHECKS: &[Check] = &[
     algorithm_mismatch::check,
     shadow_exact::check,
     per_instance_inbound::check,
+    retry_budget::check,
+    retry_inbound::check,
     conflicting_rules::check,
     bulkhead_over_workers::check,
     queueing_bulkhead::check,

@@ -81,6 +81,8 @@ diagnostics! {
     AlgorithmMismatch(algorithm_mismatch::AlgorithmMismatch),
     ShadowExactLimit(shadow_exact::ShadowExactLimit),
     PerInstanceOnInbound(per_instance_inbound::PerInstanceOnInbound),
+    RetryWithoutBudget(retry_budget::RetryWithoutBudget),
+    RetryOnInbound(retry_inbound::RetryOnInbound),
     MixedDirection(mixed_direction::MixedDirection),
     MatchCycle(match_cycle::MatchCycle),
     ConflictingRules(conflicting_rules::ConflictingRules),

@@ -25,9 +25,10 @@ pub(crate) mod bulkhead;
 pub(crate) mod fuse;
 pub(crate) mod keys;
 pub(crate) mod limit;
+pub(crate) mod retry;
 
 /// Every rule kind, in the order of the wire's `Rule.spec`.
-pub(crate) const KINDS: &[&dyn Kind] = &[&bulkhead::Kind, &limit::Kind, &fuse::Kind];
+pub(crate) const KINDS: &[&dyn Kind] = &[&bulkhead::Kind, &limit::Kind, &fuse::Kind, &retry::Kind];
 
 /// What the compiler knows of one rule kind.
 pub(crate) trait Kind: Sync {

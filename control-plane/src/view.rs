@@ -198,6 +198,8 @@ fn aggregate(state: &State, service: &str, rule: &str, kind: pb::RuleKind) -> pb
         sum.waiting += r.waiting;
         sum.admitted += r.admitted;
         sum.capacity += r.capacity;
+        sum.retries += r.retries;
+        sum.retries_refused += r.retries_refused;
         sum.limit_engaged |= r.limit_engaged;
         sum.engaged_keys_truncated |= r.engaged_keys_truncated;
         sum.engaged_keys.extend(r.engaged_keys.iter().cloned());

@@ -9,15 +9,20 @@
 //! gov-proto.
 
 use crate::v1::{
-    ClusterSync, ErrorClass, Fuse, GrpcCode, LimitScope, Phase, Recovery, ReleaseKind, RuleKind,
-    StatusRange, SyncState, recovery, rule::Spec,
+    ClusterSync, ErrorClass, Fuse, GrpcCode, LimitScope, Phase, Recovery, ReleaseKind, Retry,
+    RuleKind, StatusRange, SyncState, recovery, rule::Spec,
 };
 
 impl RuleKind {
     /// The kinds a `Rule` can be (its `spec`), in the order of the oneof.
     /// The one list of rule kinds: what loops over every kind (tests,
     /// generated docs) takes it from here.
-    pub const RULES: [RuleKind; 3] = [RuleKind::Bulkhead, RuleKind::Limit, RuleKind::Fuse];
+    pub const RULES: [RuleKind; 4] = [
+        RuleKind::Bulkhead,
+        RuleKind::Limit,
+        RuleKind::Fuse,
+        RuleKind::Retry,
+    ];
 
     /// The keyword of the kind in `.gov` text (`bulkhead`, `limit`, ...);
     /// `service` for a service's own settings, `-` when unspecified.
@@ -26,6 +31,7 @@ impl RuleKind {
             RuleKind::Bulkhead => "bulkhead",
             RuleKind::Limit => "limit",
             RuleKind::Fuse => "fuse",
+            RuleKind::Retry => "retry",
             RuleKind::Match => "match",
             RuleKind::Warmup => "warmup",
             RuleKind::Shutdown => "shutdown",
@@ -44,7 +50,10 @@ impl RuleKind {
             RuleKind::Limit => 429,
             // 503 Service Unavailable.
             RuleKind::Fuse => 503,
-            RuleKind::Match
+            // A retry rule refuses no call: a retry its budget cannot pay
+            // is not sent, and the call ends with its attempt's outcome.
+            RuleKind::Retry
+            | RuleKind::Match
             | RuleKind::Warmup
             | RuleKind::Shutdown
             | RuleKind::Service
@@ -61,7 +70,8 @@ impl RuleKind {
             // A quota.
             RuleKind::Limit => GrpcCode::ResourceExhausted,
             RuleKind::Fuse => GrpcCode::Unavailable,
-            RuleKind::Match
+            RuleKind::Retry
+            | RuleKind::Match
             | RuleKind::Warmup
             | RuleKind::Shutdown
             | RuleKind::Service
@@ -98,6 +108,31 @@ impl Fuse {
     }
 }
 
+impl Retry {
+    /// The retried outcomes when a retry rule names none: connect failure,
+    /// reset, status 502 and 503, and gRPC UNAVAILABLE.
+    pub fn default_on() -> ErrorClass {
+        ErrorClass {
+            status: vec![StatusRange { from: 502, to: 503 }],
+            connect_failure: true,
+            reset: true,
+            grpc_status: vec![GrpcCode::Unavailable as i32],
+            ..ErrorClass::default()
+        }
+    }
+
+    /// The first backoff and its cap when a retry rule says none: 25 ms up
+    /// to 250 ms, with jitter (Envoy's defaults).
+    pub const DEFAULT_BACKOFF_MS: (u64, u64) = (25, 250);
+
+    /// The methods retried when a retry rule names none: the idempotent
+    /// ones of RFC 9110 section 9.2.2 but TRACE.
+    pub const DEFAULT_METHODS: [&str; 5] = ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"];
+
+    /// The most bytes of a request body a retried call holds to send again.
+    pub const MAX_BUFFERED_BODY: u64 = 64 * 1024;
+}
+
 impl Spec {
     /// The kind of rule this spec makes.
     pub fn kind(&self) -> RuleKind {
@@ -105,6 +140,7 @@ impl Spec {
             Spec::Bulkhead(_) => RuleKind::Bulkhead,
             Spec::Limit(_) => RuleKind::Limit,
             Spec::Fuse(_) => RuleKind::Fuse,
+            Spec::Retry(_) => RuleKind::Retry,
         }
     }
 
@@ -130,6 +166,16 @@ impl Spec {
                     && l.sync_timeout_ms == 0
                 {
                     l.sync_timeout_ms = crate::compiled::SYNC_EXACT_TIMEOUT_MS;
+                }
+            }
+            Spec::Retry(r) => {
+                r.on.get_or_insert_with(Retry::default_on);
+                if r.backoff_ms == 0 {
+                    (r.backoff_ms, r.backoff_max_ms) = Retry::DEFAULT_BACKOFF_MS;
+                    r.jitter = true;
+                }
+                if r.methods.is_empty() {
+                    r.methods = Retry::DEFAULT_METHODS.map(String::from).to_vec();
                 }
             }
             Spec::Fuse(f) => {
@@ -208,11 +254,12 @@ mod tests {
     /// order: a new kind's spec goes here, beside its word.
     #[test]
     fn every_rule_kind_has_its_spec() {
-        use crate::v1::{Bulkhead, Fuse, Limit, Rule};
+        use crate::v1::{Bulkhead, Fuse, Limit, Retry, Rule};
         let specs = [
             Spec::Bulkhead(Bulkhead::default()),
             Spec::Limit(Limit::default()),
             Spec::Fuse(Fuse::default()),
+            Spec::Retry(Retry::default()),
         ];
         let kinds: Vec<RuleKind> = specs.iter().map(Spec::kind).collect();
         assert_eq!(kinds, RuleKind::RULES);
@@ -226,19 +273,23 @@ mod tests {
             .filter_map(|n| RuleKind::try_from(n).ok())
             .map(RuleKind::word)
             .collect();
-        assert_eq!(words.len(), 8);
+        assert_eq!(words.len(), 9);
         let mut unique = words.clone();
         unique.sort_unstable();
         unique.dedup();
         assert_eq!(unique.len(), words.len(), "{words:?}");
     }
 
-    /// Every rule kind refuses with a status and a code of its own choosing
-    /// (the compiler writes them; `Spec::fill` gives them to hand-written
-    /// configs); what is not a rule refuses nothing.
+    /// Every rule kind that refuses calls refuses with a status and a code
+    /// of its own choosing (the compiler writes them; `Spec::fill` gives
+    /// them to hand-written configs); what is not a rule, or a retry rule,
+    /// refuses nothing.
     #[test]
     fn every_rule_kind_has_reject_defaults() {
-        for kind in RuleKind::RULES {
+        for kind in RuleKind::RULES
+            .into_iter()
+            .filter(|k| *k != RuleKind::Retry)
+        {
             assert!(
                 (400..=599).contains(&kind.reject_status()),
                 "{}",
@@ -248,5 +299,6 @@ mod tests {
         }
         assert_eq!(RuleKind::Match.reject_status(), 0);
         assert_eq!(RuleKind::Service.reject_grpc(), GrpcCode::Ok);
+        assert_eq!(RuleKind::Retry.reject_status(), 0);
     }
 }

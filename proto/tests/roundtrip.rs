@@ -9,7 +9,9 @@ use gov_proto::v1::{
     TargetConfig, Trip, TripMetric, Wait, Warmup, WarmupStep, action, match_expr, recovery,
     release, shutdown_step, warmup_step,
 };
-use gov_proto::v1::{GrpcCode, KeyOverflow, Limit, LimitAction, LimitKey, Mode, Rule, rule::Spec};
+use gov_proto::v1::{
+    GrpcCode, KeyOverflow, Limit, LimitAction, LimitKey, Mode, Retry, RetryBudget, Rule, rule::Spec,
+};
 
 fn src(line: u32, snippet: &str) -> Option<SourceRef> {
     Some(SourceRef {
@@ -275,6 +277,34 @@ fn order() -> TargetConfig {
                     reject_status: 503,
                     reject_grpc_status: GrpcCode::Unavailable as i32,
                 })),
+            },
+            Rule {
+                name: "order/inventory_retries".into(),
+                source: src(70, "retry inventory_retries on calls to inventory { ... }"),
+                on: Some(kind(match_expr::Kind::CallsTo("inventory".into()))),
+                direction: Direction::Outbound as i32,
+                mode: Mode::Enforce as i32,
+                spec: Some(Spec::Retry(Retry {
+                    attempts: 3,
+                    on: Some(ErrorClass {
+                        status: vec![StatusRange { from: 502, to: 503 }],
+                        connect_failure: true,
+                        timeout: true,
+                        reset: true,
+                        grpc_status: vec![GrpcCode::Unavailable as i32],
+                    }),
+                    backoff_ms: 25,
+                    backoff_max_ms: 250,
+                    jitter: true,
+                    per_try_timeout_ms: 300,
+                    budget: Some(RetryBudget {
+                        ratio_milli_percent: 20_000,
+                        min_retries: 10,
+                        per_ms: 1000,
+                    }),
+                    methods: vec!["GET".into(), "PUT".into()],
+                })),
+                ..Default::default()
             },
         ],
         warmup: Some(Warmup {

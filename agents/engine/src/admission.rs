@@ -439,6 +439,17 @@ impl Admission {
         })
     }
 
+    /// The retry rule that matched this call (the first), unless it is in
+    /// mode shadow: what the proxy's retry loop asks. The call's attempts
+    /// happen under this one admission.
+    pub fn retry(&self) -> Option<crate::RetryPolicy> {
+        let snap = self.snap.as_deref()?;
+        self.held
+            .iter()
+            .filter(|h| h.granted() && !snap.is_shadow(h.rule))
+            .find_map(|h| snap.states[h.rule as usize].retry())
+    }
+
     /// Whether any rule matched (an unmatched admission holds nothing).
     pub fn is_governed(&self) -> bool {
         self.snap.is_some()

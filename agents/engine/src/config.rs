@@ -221,7 +221,7 @@ impl CompiledConfig {
             let keys = match &mut rule.spec {
                 RuleSpec::Limit(l) => &mut l.keys,
                 RuleSpec::Bulkhead(b) => &mut b.keys,
-                RuleSpec::Fuse(_) => continue,
+                RuleSpec::Fuse(_) | RuleSpec::Retry(_) => continue,
             };
             keys.max.get_or_insert(max);
         }

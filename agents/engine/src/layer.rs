@@ -307,6 +307,9 @@ fn mark<B>(req: &Request<B>, admission: &mut Admission) {
 /// with the shadow rules that would have refused it, its body counted.
 fn admitted<B>(mut req: Request<B>, admission: &Admission) -> Request<MeteredBody<B>> {
     admission.stamp(req.headers_mut());
+    if let Some(retry) = admission.retry() {
+        req.extensions_mut().insert(retry);
+    }
     req.map(|body| GovBody::request(body, admission))
 }
 

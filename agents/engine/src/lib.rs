@@ -109,5 +109,6 @@ pub use rejection::{
     WOULD_REJECT_BY, WouldReject,
 };
 pub use route::Headers;
+pub use state::retry::RetryPolicy;
 pub use stats::{FuseState, LATENCY_BUCKETS_MS, MAX_ENGAGED_KEYS, RuleStats};
 pub use weight::FULL_WEIGHT;

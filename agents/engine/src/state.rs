@@ -19,11 +19,12 @@ use tokio::time::Instant;
 
 use gov_proto::v1::{self as proto, RuleKind};
 
-use self::specs::{BulkheadSpec, FuseSpec, LimitSpec};
+use self::specs::{BulkheadSpec, FuseSpec, LimitSpec, RetrySpec};
 
 use self::bulkhead::Bulkhead;
 use self::fuse::Fuse;
 use self::limit::Limit;
+use self::retry::Retry;
 use crate::clock::Now;
 use crate::cluster::ClusterStore;
 use crate::config::invalid::{Ctx, InvalidConfig};
@@ -40,6 +41,7 @@ pub(crate) mod bulkhead;
 pub(crate) mod fuse;
 pub(crate) mod keys;
 pub(crate) mod limit;
+pub(crate) mod retry;
 
 /// What a rule does and every kind's spec type: `config` re-exports them
 /// all (`gov_engine::config::BulkheadSpec`).
@@ -54,6 +56,7 @@ pub mod specs {
     pub use crate::state::limit::{
         ExactSync, Fallback, LimitAction, LimitKey, LimitScope, LimitSpec, RateSpec, ReleaseSpec,
     };
+    pub use crate::state::retry::{RetryBudgetSpec, RetrySpec};
 }
 
 /// What a rule does. Equal specs under the same rule name keep their state
@@ -63,6 +66,7 @@ pub enum RuleSpec {
     Bulkhead(BulkheadSpec),
     Limit(LimitSpec),
     Fuse(FuseSpec),
+    Retry(RetrySpec),
 }
 
 impl RuleSpec {
@@ -72,6 +76,7 @@ impl RuleSpec {
             RuleSpec::Bulkhead(_) => RuleKind::Bulkhead,
             RuleSpec::Limit(_) => RuleKind::Limit,
             RuleSpec::Fuse(_) => RuleKind::Fuse,
+            RuleSpec::Retry(_) => RuleKind::Retry,
         }
     }
 
@@ -81,6 +86,7 @@ impl RuleSpec {
             RuleSpec::Bulkhead(_) => <Bulkhead as Primitive>::PHASE,
             RuleSpec::Limit(_) => <Limit as Primitive>::PHASE,
             RuleSpec::Fuse(_) => <Fuse as Primitive>::PHASE,
+            RuleSpec::Retry(_) => <Retry as Primitive>::PHASE,
         }
     }
 
@@ -96,7 +102,7 @@ impl RuleSpec {
     pub(crate) fn timeout(&self) -> Option<Duration> {
         match self {
             RuleSpec::Bulkhead(b) => b.timeout,
-            RuleSpec::Limit(_) | RuleSpec::Fuse(_) => None,
+            RuleSpec::Limit(_) | RuleSpec::Fuse(_) | RuleSpec::Retry(_) => None,
         }
     }
 }
@@ -109,6 +115,10 @@ pub(crate) fn spec(ctx: &Ctx<'_>, r: &proto::Rule) -> Result<RuleSpec, InvalidCo
         Some(Spec::Bulkhead(b)) => RuleSpec::Bulkhead(bulkhead::spec(ctx, b)?),
         Some(Spec::Limit(l)) => RuleSpec::Limit(limit::spec(ctx, l)?),
         Some(Spec::Fuse(f)) => RuleSpec::Fuse(fuse::spec(ctx, f)?),
+        Some(Spec::Retry(_)) if r.direction() != proto::Direction::Outbound => {
+            return Err(ctx.err("a retry rule applies to outbound calls only"));
+        }
+        Some(Spec::Retry(x)) => RuleSpec::Retry(retry::spec(ctx, x)?),
         None => {
             return Err(ctx.err(
                 "the rule has no spec: its kind is missing, or one this agent does not know (upgrade the agent)",
@@ -160,6 +170,7 @@ pub(crate) enum State {
     Bulkhead(Arc<Bulkhead>),
     Limit(Arc<Limit>),
     Fuse(Arc<Fuse>),
+    Retry(Arc<Retry>),
 }
 
 /// Calls `$method` on the primitive inside a [`State`].
@@ -169,6 +180,7 @@ macro_rules! dispatch {
             State::Bulkhead($p) => $call,
             State::Limit($p) => $call,
             State::Fuse($p) => $call,
+            State::Retry($p) => $call,
         }
     };
 }
@@ -197,6 +209,7 @@ impl State {
             RuleSpec::Fuse(s) => {
                 State::Fuse(Arc::new(Fuse::new(s.clone(), name.clone(), events.clone())))
             }
+            RuleSpec::Retry(s) => State::Retry(Arc::new(Retry::new(s.clone(), name.clone()))),
         }
     }
 
@@ -209,6 +222,10 @@ impl State {
                 Primitive::scope(&**f, keys);
                 Scope::Rule
             }
+            State::Retry(r) => {
+                Primitive::scope(&**r, keys);
+                Scope::Rule
+            }
         }
     }
 
@@ -218,6 +235,7 @@ impl State {
             State::Bulkhead(b) => Primitive::try_acquire(&**b, scope.bulkhead(), now, start),
             State::Limit(l) => Primitive::try_acquire(&**l, scope.limit(), now, start),
             State::Fuse(f) => Primitive::try_acquire(&**f, None, now, start),
+            State::Retry(r) => Primitive::try_acquire(&**r, None, now, start),
         }
     }
 
@@ -230,6 +248,7 @@ impl State {
             State::Bulkhead(b) => Primitive::acquire(&**b, scope.bulkhead(), start).await,
             State::Limit(l) => Primitive::acquire(&**l, scope.limit(), start).await,
             State::Fuse(f) => Primitive::acquire(&**f, None, start).await,
+            State::Retry(r) => Primitive::acquire(&**r, None, start).await,
         }
     }
 
@@ -239,6 +258,7 @@ impl State {
             State::Bulkhead(b) => Primitive::release(&**b, scope.and_then(Scope::bulkhead), grant),
             State::Limit(l) => Primitive::release(&**l, scope.and_then(Scope::limit), grant),
             State::Fuse(f) => Primitive::release(&**f, None, grant),
+            State::Retry(r) => Primitive::release(&**r, None, grant),
         }
     }
 
@@ -255,6 +275,7 @@ impl State {
             }
             State::Limit(l) => Primitive::add_bytes(&**l, scope.and_then(Scope::limit), n, now),
             State::Fuse(f) => Primitive::add_bytes(&**f, None, n, now),
+            State::Retry(r) => Primitive::add_bytes(&**r, None, n, now),
         }
     }
 
@@ -265,6 +286,16 @@ impl State {
             State::Bulkhead(_) => RejectReason::BulkheadTimeout,
             State::Limit(_) => RejectReason::LimitCalls,
             State::Fuse(_) => RejectReason::FuseOpen,
+            // Never asked: a retry rule never makes a call wait.
+            State::Retry(_) => RejectReason::FuseOpen,
+        }
+    }
+
+    /// The retry rule's policy, when this is one.
+    pub(crate) fn retry(&self) -> Option<crate::RetryPolicy> {
+        match self {
+            State::Retry(r) => Some(retry::RetryPolicy(r.clone())),
+            _ => None,
         }
     }
 

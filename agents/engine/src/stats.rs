@@ -143,6 +143,8 @@ impl Counters {
             capacity: 0,
             keys: 0,
             keys_overflowed: 0,
+            retries: 0,
+            retries_refused: 0,
         }
     }
 }
@@ -237,6 +239,10 @@ pub struct RuleStats {
     /// tracked key engaged and went to the overflow (shared or refused),
     /// cumulative.
     pub keys_overflowed: u64,
+    /// Retry rules: retries sent, cumulative.
+    pub retries: u64,
+    /// Retry rules: retries the budget refused, cumulative.
+    pub retries_refused: u64,
 }
 
 impl RuleStats {
@@ -288,6 +294,8 @@ impl RuleStats {
                     timeout: shadow(RejectReason::Timeout),
                 }
             }),
+            retries: self.retries,
+            retries_refused: self.retries_refused,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! `gov::percent-out-of-range`: a percentage above 100% or below 0%: a fuse
-//! ratio threshold (`business_error_ratio > 150%`) or a ramp start
-//! (`ramp 60s from 120%`).
+//! ratio threshold (`business_error_ratio > 150%`), a ramp start
+//! (`ramp 60s from 120%`) or a retry budget (`budget 150% min 10 per 1s`).
 //!
 //! Why: a ratio can never exceed 100%, so such a fuse can never trip; a
 //! ramp cannot start above full weight.
@@ -15,6 +15,7 @@ use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
 use crate::kind::fuse::{CompareOp, Fuse, Threshold};
+use crate::kind::retry::Retry;
 use crate::resolve::{Ctx, Src};
 use crate::units::fmt_milli_percent;
 
@@ -72,6 +73,20 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                         "write a ratio between 0% and 100%, e.g. `> 50%`",
                     );
                 }
+            }
+        }
+        for rule in &svc.rules {
+            let Some(b) = Retry::of(rule).and_then(|r| r.budget().cloned()) else {
+                continue;
+            };
+            if !(0..=100_000).contains(&b.percent.node.milli) {
+                push(
+                    "retry budget",
+                    b.percent.node.milli,
+                    b.percent.span,
+                    "the share of calls that may be retried",
+                    "write a share between 0% and 100%, e.g. `budget 20% min 10 per 1s`",
+                );
             }
         }
         for stmt in &svc.ast.body {

@@ -198,32 +198,9 @@ fn decode(w: &mut Words<'_>) -> Option<FuseSetting> {
                 "system" => ErrorClass::System,
                 _ => return None,
             };
-            let mut items = Vec::new();
-            while let Some(k) = w.key() {
-                items.push(match k.node {
-                    "status" => {
-                        let mut codes = Vec::new();
-                        while let Some((from, to, span)) = w.range() {
-                            codes.push(StatusRange { from, to, span });
-                        }
-                        ClassifyItem::Status { codes }
-                    }
-                    "grpc_status" => {
-                        let mut codes = Vec::new();
-                        while let Some(name) = w.name() {
-                            codes.push(name);
-                        }
-                        ClassifyItem::Grpc { codes }
-                    }
-                    "connect_failure" => ClassifyItem::ConnectFailure,
-                    "timeout" => ClassifyItem::Timeout,
-                    "reset" => ClassifyItem::Reset,
-                    _ => return None,
-                });
-            }
             FuseSetting::Classify(Classify {
                 class: Spanned::new(class, c.span),
-                items,
+                items: classify_items(w)?,
             })
         }
         "recover" => {
@@ -249,6 +226,55 @@ fn decode(w: &mut Words<'_>) -> Option<FuseSetting> {
         }
         _ => return None,
     })
+}
+
+/// The items of a `classify` (and of a retry's `on`): every word left.
+pub(crate) fn classify_items(w: &mut Words<'_>) -> Option<Vec<ClassifyItem>> {
+    let mut items = Vec::new();
+    while let Some(k) = w.key() {
+        items.push(match k.node {
+            "status" => {
+                let mut codes = Vec::new();
+                while let Some((from, to, span)) = w.range() {
+                    codes.push(StatusRange { from, to, span });
+                }
+                ClassifyItem::Status { codes }
+            }
+            "grpc_status" => {
+                let mut codes = Vec::new();
+                while let Some(name) = w.name() {
+                    codes.push(name);
+                }
+                ClassifyItem::Grpc { codes }
+            }
+            "connect_failure" => ClassifyItem::ConnectFailure,
+            "timeout" => ClassifyItem::Timeout,
+            "reset" => ClassifyItem::Reset,
+            _ => return None,
+        });
+    }
+    Some(items)
+}
+
+/// The codes of classify items for the range and gRPC name checks.
+pub(crate) fn classify_values(items: Vec<ClassifyItem>, out: &mut Values) {
+    for item in items {
+        let codes = match item {
+            ClassifyItem::Status { codes } => codes,
+            ClassifyItem::Grpc { codes } => {
+                out.grpc_codes.extend(codes.into_iter().map(|c| (c, false)));
+                continue;
+            }
+            _ => continue,
+        };
+        for r in codes {
+            out.statuses.push(r.from.clone());
+            if let Some(to) = r.to {
+                out.statuses.push(to.clone());
+                out.ranges.push((r.from, to, r.span));
+            }
+        }
+    }
 }
 
 impl<'a> Fuse<'a> {
@@ -332,7 +358,7 @@ impl RecoverEff {
     }
 }
 
-fn class(items: &[ClassifyItem]) -> pb::ErrorClass {
+pub(crate) fn class(items: &[ClassifyItem]) -> pb::ErrorClass {
     let mut c = pb::ErrorClass::default();
     for item in items {
         match item {
@@ -389,7 +415,7 @@ fn trip_text(t: &pb::Trip) -> String {
     s
 }
 
-fn class_text(c: &pb::ErrorClass) -> String {
+pub(crate) fn class_text(c: &pb::ErrorClass) -> String {
     let mut parts = Vec::new();
     if !c.status.is_empty() {
         let codes: Vec<String> = c
@@ -478,25 +504,7 @@ impl super::Kind for Kind {
                     out.large("probe", Large::Count(probes));
                 }
                 FuseSetting::RejectWith { reject, .. } => reject.values(out),
-                FuseSetting::Classify(c) => {
-                    for item in c.items {
-                        let codes = match item {
-                            ClassifyItem::Status { codes } => codes,
-                            ClassifyItem::Grpc { codes } => {
-                                out.grpc_codes.extend(codes.into_iter().map(|c| (c, false)));
-                                continue;
-                            }
-                            _ => continue,
-                        };
-                        for r in codes {
-                            out.statuses.push(r.from.clone());
-                            if let Some(to) = r.to {
-                                out.statuses.push(to.clone());
-                                out.ranges.push((r.from, to, r.span));
-                            }
-                        }
-                    }
-                }
+                FuseSetting::Classify(c) => classify_values(c.items, out),
                 FuseSetting::Recover { .. } => {}
             }
         }

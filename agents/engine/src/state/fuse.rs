@@ -35,8 +35,8 @@ use http::StatusCode;
 
 mod spec;
 
-pub(crate) use spec::spec;
 pub use spec::{Classifier, CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, TripSpec};
+pub(crate) use spec::{classifier, spec};
 
 const CLOSED: u8 = 0;
 const OPEN: u8 = 1;

@@ -183,7 +183,7 @@ pub(crate) fn spec(ctx: &Ctx<'_>, f: &proto::Fuse) -> Result<FuseSpec, InvalidCo
     })
 }
 
-fn classifier(
+pub(crate) fn classifier(
     ctx: &Ctx<'_>,
     class: &str,
     c: Option<&proto::ErrorClass>,
