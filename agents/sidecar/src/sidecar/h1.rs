@@ -31,8 +31,10 @@
 
 mod chunked;
 pub(crate) mod codec;
+mod conn;
 mod context;
 mod deadline;
+mod exchange;
 mod left;
 mod local;
 mod pool;
@@ -40,48 +42,38 @@ mod prefixed;
 mod read;
 mod relay;
 mod response;
+mod retry;
 mod split;
 
 use std::net::SocketAddr;
-use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use http::Method;
-use http::uri::Authority;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
-use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use self::codec::{
     Framing, MAX_HEAD, MAX_HEADERS, Refusal, Verdict, check_request, head_end, leading_empty_lines,
     write_request_head,
 };
+use self::conn::{Conn, Exchange, Head, Io};
 pub(crate) use self::context::Listener;
 use self::deadline::Deadline;
 use self::local::{
     CONTINUE, awaits_continue, discardable, is_idempotent, say_keep_alive, skip_body,
 };
 pub(crate) use self::pool::IdlePool;
-use self::pool::{Dest, Upstream, connect};
+use self::pool::Dest;
 pub(crate) use self::prefixed::Prefixed;
-use self::relay::{Broke, Leg, READ_CHUNK, Received, receive, relay, within};
+use self::relay::{READ_CHUNK, within};
 use super::consumer;
 use super::listener::{Failure, Side, path_reading, target_service};
 use super::mtls::Caller;
-use super::upstream::Pick;
 use gov_engine::engine::Target;
 use gov_engine::{Admission, Direction, Headers, Outcome, RequestInfo};
 
-/// A client stream: TCP in the agent, in-memory in tests.
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-
-impl<S: AsyncRead + AsyncWrite + Unpin + Send> Io for S {}
-
-/// Keep-alive upstream connections one client connection keeps.
-const MAX_UPSTREAMS: usize = 4;
 /// How long after the listener's stop a connection that has not sent its first
 /// request yet may still send it: the bytes of a request sent as the stop lands
 /// are on their way (a client cannot tell an unread first request from a lost
@@ -162,60 +154,6 @@ enum Local<'r> {
     Failure(Failure),
     /// `consumer from jwt ... on invalid reject`: 401 with this text.
     Unauthenticated(&'r str),
-}
-
-/// The owned part of a checked request head, kept while its body is relayed.
-struct Head {
-    len: usize,
-    method: Method,
-    framing: Framing,
-    /// The client asked to close after this request.
-    close: bool,
-    http10: bool,
-    /// `Expect: 100-continue`: the client may be waiting to send its body.
-    expect: bool,
-}
-
-struct Conn<'c> {
-    cx: &'c Listener,
-    /// The client address, for `x-forwarded-for`.
-    peer: String,
-    /// The calling agent (the inbound listener's mutual TLS).
-    caller: Option<Arc<Caller>>,
-    /// Bytes read from the client and not yet handled.
-    buf: BytesMut,
-    /// The head being written (to the upstream, or a local answer to the client).
-    out: Vec<u8>,
-    /// The response head being written to the client.
-    back: Vec<u8>,
-    upstreams: Vec<Upstream>,
-    idle: Deadline,
-    route: Deadline,
-    /// The listener's stop, waited on between requests. One future for the whole
-    /// connection: a new one per request would join and leave the token's waiter
-    /// list (a lock each) every time.
-    stopped: Pin<Box<WaitForCancellationFutureOwned>>,
-    /// No request head has been read on this connection yet.
-    first: bool,
-    /// Set when the stop came while the first request was still awaited: until
-    /// when it may come.
-    grace: Option<Instant>,
-}
-
-/// Why an exchange with the upstream ended.
-enum Exchange {
-    /// The response went to the client; whether the client connection may stay open.
-    Done { keep_client: bool },
-    /// Nothing reached the client; answer with this.
-    Failed(Failure, Option<Outcome>),
-    /// The upstream closed the connection before a byte of a response.
-    Stale,
-    /// The route timeout passed before the response head.
-    TimedOut { keep_client: bool },
-    /// The client went away, or the response broke after its head was sent.
-    Broken,
-    /// The client left inside its request body: the upstream has the head.
-    ClientLeft,
 }
 
 impl Conn<'_> {
@@ -413,7 +351,8 @@ impl Conn<'_> {
     /// outbound call to another endpoint when there is one, on a new connection or
     /// a kept-alive one; an inbound request only when its kept-alive connection was
     /// closed (the local service's idle timeout). Both may happen to one request: a
-    /// resend that finds the endpoint gone connects elsewhere.
+    /// resend that finds the endpoint gone connects elsewhere. A retry rule that
+    /// matched the call replaces both ([`retry`]).
     async fn forward(
         &mut self,
         client: &mut impl Io,
@@ -421,6 +360,11 @@ impl Conn<'_> {
         mut to: Dest,
         mut admission: Admission,
     ) -> bool {
+        if let Some(policy) = retry::policy(head, &to, &admission) {
+            return self
+                .forward_retried(client, head, to, admission, policy)
+                .await;
+        }
         let deadline = admission.timeout().map(|t| Instant::now() + t);
         if let Some(at) = deadline {
             // Armed once per request here; `receive` only waits on it.
@@ -454,7 +398,7 @@ impl Conn<'_> {
                     client,
                     &mut upstream,
                     head,
-                    (&mut admission, to.pick()),
+                    (&mut admission, to.pick(), None),
                     deadline,
                 )
                 .await;
@@ -507,183 +451,7 @@ impl Conn<'_> {
                 }
             }
         };
-        if let Some(upstream) = left {
-            let (hold, conns) = (self.cx.shared.client_gone_hold, self.cx.conns.clone());
-            left::hold(upstream, admission, hold, conns);
-            return false;
-        }
-        match exchange {
-            Exchange::Done { keep_client } => {
-                drop(admission);
-                keep_client && !head.close && !self.cx.stopping()
-            }
-            // `Stale` was turned into a retry or a failure above.
-            Exchange::Broken | Exchange::Stale | Exchange::ClientLeft => false,
-            Exchange::Failed(failure, outcome) => {
-                match outcome {
-                    Some(outcome) => admission.finish(outcome),
-                    None => drop(admission),
-                }
-                // Without a request body nothing of the request is left unread.
-                let keep = head.framing == Framing::Empty && !head.close && !self.cx.stopping();
-                self.out.clear();
-                failure.write_http1(&mut self.out, !keep);
-                say_keep_alive(&mut self.out, head.http10 && keep);
-                client.write_all(&self.out).await.is_ok() && keep
-            }
-            Exchange::TimedOut { keep_client } => {
-                let close = !keep_client || head.close || self.cx.stopping();
-                self.out.clear();
-                admission.timed_out().write_http1(&mut self.out, close);
-                say_keep_alive(&mut self.out, head.http10 && !close);
-                client.write_all(&self.out).await.is_ok() && !close
-            }
-        }
-    }
-
-    /// A kept-alive connection to `authority` (this client connection's own, else
-    /// one from the listener's idle pool), or a new one. `Ok((conn, reused))`.
-    async fn take_upstream(&mut self, authority: &Authority) -> Result<(Upstream, bool), ()> {
-        // Authorities come from the config: compare bytes, not case-insensitively.
-        while let Some(i) = self
-            .upstreams
-            .iter()
-            .position(|u| u.authority.as_str() == authority.as_str())
-        {
-            let mut upstream = self.upstreams.swap_remove(i);
-            if upstream.alive() {
-                return Ok((upstream, true));
-            }
-        }
-        if let Some(upstream) = self.cx.idle.take(authority) {
-            return Ok((upstream, true));
-        }
-        connect(authority, &self.cx.shared)
-            .await
-            .map(|upstream| (upstream, false))
-    }
-
-    fn put_upstream(&mut self, upstream: Upstream) {
-        if self.upstreams.len() >= MAX_UPSTREAMS {
-            let oldest = self.upstreams.remove(0);
-            self.cx.idle.put(oldest);
-        }
-        self.upstreams.push(upstream);
-    }
-
-    /// One request/response exchange on `upstream`: the request body goes up while
-    /// the response comes back. Returns how it ended and whether `upstream` can be
-    /// used again.
-    async fn exchange(
-        &mut self,
-        client: &mut impl Io,
-        upstream: &mut Upstream,
-        head: &Head,
-        (admission, pick): (&mut Admission, Option<&Pick>),
-        deadline: Option<Instant>,
-    ) -> (Exchange, bool) {
-        // A meter holds the snapshot and the limit's cells: only worth taking for
-        // a request that has a body to count.
-        let meter = if admission.counts_bytes() && head.framing != Framing::Empty {
-            admission.byte_meter()
-        } else {
-            None
-        };
-        let client = std::sync::Mutex::new(client);
-        let (mut client_rd, mut client_wr) = split::split(&client);
-        let up = std::sync::Mutex::new(&mut upstream.stream);
-        let (mut up_rd, mut up_wr) = split::split(&up);
-        let replayable = head.framing == Framing::Empty;
-        let out = &mut self.out;
-        let client_buf = &mut self.buf;
-        let client_timeout = self.cx.client_timeout;
-        let send = async {
-            if replayable {
-                // Keep the head for a second attempt.
-                return up_wr
-                    .write_all(out.as_slice())
-                    .await
-                    .map_err(|_| Broke::Write);
-            }
-            let leg = Leg {
-                framing: head.framing,
-                request: true,
-                dechunk: false,
-                read_timeout: client_timeout,
-                write_timeout: None,
-            };
-            relay(leg, client_buf, &mut client_rd, &mut up_wr, out, |n| {
-                if let Some(m) = &meter {
-                    m.add(n);
-                }
-            })
-            .await
-        };
-        let route = &mut self.route;
-        let stopping = &self.cx.stopping;
-        let recv = receive(
-            &mut up_rd,
-            &mut upstream.buf,
-            &mut client_wr,
-            &mut self.back,
-            (&head.method, head.http10, || {
-                head.close || stopping.load(Ordering::Relaxed)
-            }),
-            (admission, pick),
-            (deadline.map(|d| (route, d)), client_timeout),
-        );
-        let mut send = pin!(send);
-        let mut recv = pin!(recv);
-        let mut sent: Option<Result<(), Broke>> = None;
-        let received = loop {
-            tokio::select! {
-                biased;
-                received = &mut recv => break received,
-                result = &mut send, if sent.is_none() => {
-                    match result {
-                        // The client broke off its request body.
-                        Err(Broke::Read | Broke::Eof) => return (Exchange::ClientLeft, false),
-                        // Nothing of the response has reached the client yet.
-                        Err(Broke::Chunking) => {
-                            return (
-                                Exchange::Failed(
-                                    Failure::BadRequest("gov-agent: malformed chunked request body\n"),
-                                    None,
-                                ),
-                                false,
-                            );
-                        }
-                        result => sent = Some(result),
-                    }
-                }
-            }
-        };
-        let body_sent = matches!(sent, Some(Ok(())));
-        match received {
-            Received::Done {
-                keep_upstream,
-                keep_client,
-            } => (
-                Exchange::Done {
-                    // A request body the upstream did not wait for leaves the client
-                    // stream somewhere inside it.
-                    keep_client: keep_client && body_sent,
-                },
-                keep_upstream && body_sent,
-            ),
-            Received::NoHead => (Exchange::Stale, false),
-            Received::BadHead => (
-                Exchange::Failed(Failure::Upstream, Some(Outcome::Reset)),
-                false,
-            ),
-            Received::TimedOut => (
-                Exchange::TimedOut {
-                    keep_client: body_sent,
-                },
-                false,
-            ),
-            Received::Broken => (Exchange::Broken, false),
-        }
+        self.conclude(client, head, exchange, admission, left).await
     }
 }
 

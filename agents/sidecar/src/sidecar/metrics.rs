@@ -527,6 +527,20 @@ fn render_rules(enc: &mut Encoder, rules: &[RuleStats]) {
         }
     }
     enc.family(
+        "gov_agent_retries_total",
+        "counter",
+        "Retries of retry rules, by outcome: sent, or refused by the rule's budget.",
+    );
+    for r in rules.iter().filter(|r| r.kind == RuleKind::Retry) {
+        for (outcome, n) in [("sent", r.retries), ("budget_exhausted", r.retries_refused)] {
+            enc.sample(
+                "gov_agent_retries_total",
+                &[("rule", &r.rule), ("outcome", outcome)],
+                n,
+            );
+        }
+    }
+    enc.family(
         "gov_agent_rule_latency_seconds",
         "histogram",
         "Latency of admitted calls until the response head, per rule.",

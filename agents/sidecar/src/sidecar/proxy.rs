@@ -23,7 +23,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme, Uri};
+use http::uri::{PathAndQuery, Uri};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::ResponseFuture as ClientFuture;
@@ -36,11 +36,18 @@ use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::listener::{Failure, Shared, Side, path_reading, target_service};
 use super::serve::Connections;
 use super::upgrade;
-use super::upstream::{Pick, PickedBody, UpstreamBody, UpstreamClient};
+use super::upstream::{Pick, PickedBody, UpstreamBody};
 use crate::decision_log::DecisionLog;
+
+mod again;
+mod retry;
+
+use self::again::{Again, Awaiting, upstream_uri};
 use gov_engine::Headers::Map;
 use gov_engine::path::Reading;
-use gov_engine::{CallError, CallTarget, GovBody, Govern, GovernLayer, MeteredBody, Outcome};
+use gov_engine::{
+    CallError, CallTarget, GovBody, Govern, GovernLayer, MeteredBody, Outcome, RetryPolicy,
+};
 
 /// The body of every response of the proxy listeners: the upstream's, holding the
 /// call's admission (bulkhead permits, in-flight gauges) and its endpoint pick
@@ -368,7 +375,8 @@ fn request_host<B>(req: &Request<B>) -> Option<&str> {
 ///
 /// A call that could not connect to its endpoint goes once to another endpoint of the
 /// service if it has no body (any method: nothing was sent); a request with a body
-/// cannot be sent again from here, since its first attempt took the body. hyper's
+/// cannot be sent again from here, since its first attempt took the body. A retry
+/// rule that matched the call replaces this ([`retry`]). hyper's
 /// pool sends a request again by itself when a kept-alive connection turns out to
 /// be closed before it was written.
 impl Service<Request<MeteredBody<Draining>>> for Forward {
@@ -383,6 +391,10 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
     fn call(&mut self, mut req: Request<MeteredBody<Draining>>) -> Sending {
         let conn = &*self.0;
         let pick = req.extensions_mut().remove::<Pick>();
+        // A retry rule's attempts (an outbound call whose body can be held).
+        let policy = req.extensions_mut().remove::<RetryPolicy>().filter(|p| {
+            pick.is_some() && p.retries_method(req.method()) && retry::holds(req.body())
+        });
         let (mut parts, body) = req.into_parts();
         let to = match &pick {
             Some(pick) => pick.endpoint().authority.clone(),
@@ -438,6 +450,24 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
         // hyper answered `100 Continue` itself when the body was read.
         parts.headers.remove(header::EXPECT);
         append_forwarded_for(&mut parts.headers, &conn.peer);
+        let pick = match (policy, pick) {
+            (Some(policy), Some(pick)) if client_upgrade.is_none() => {
+                let again = Again {
+                    method: parts.method,
+                    version: parts.version,
+                    headers: parts.headers,
+                    path: parts
+                        .uri
+                        .path_and_query()
+                        .cloned()
+                        .unwrap_or_else(|| PathAndQuery::from_static("/")),
+                    client: client.clone(),
+                };
+                let fut = retry::attempts(policy, again, body, pick, grpc);
+                return Sending::Retrying { fut: Box::pin(fut) };
+            }
+            (_, pick) => pick,
+        };
         let again = again_path.map(|path| Again {
             method: parts.method.clone(),
             version: parts.version,
@@ -458,28 +488,6 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
     }
 }
 
-/// What a second attempt of an outbound call without a body needs.
-struct Again {
-    method: http::Method,
-    version: http::Version,
-    headers: http::HeaderMap,
-    path: PathAndQuery,
-    client: UpstreamClient,
-}
-
-/// The pick of a request sent and not answered yet. Dropped so (the engine's
-/// deadline passed, or the client left), the time it waited is the endpoint's
-/// latency sample: an endpoint that hangs must not look fast.
-struct Awaiting(Option<Pick>);
-
-impl Drop for Awaiting {
-    fn drop(&mut self) {
-        if let Some(pick) = self.0.take() {
-            pick.timed_out();
-        }
-    }
-}
-
 pin_project_lite::pin_project! {
     /// The future of [`Forward`]: the upstream's response head, or how the call
     /// failed ([`Outcome::ConnectFailure`] or [`Outcome::Reset`]).
@@ -495,6 +503,10 @@ pin_project_lite::pin_project! {
         },
         Unsent {
             error: Option<CallError>,
+        },
+        // A retry rule's attempts ([`retry`]).
+        Retrying {
+            fut: Pin<Box<dyn Future<Output = Result<Response<PickedBody>, CallError>> + Send>>,
         },
     }
 }
@@ -525,6 +537,7 @@ impl Future for Sending {
                     .take()
                     .unwrap_or_else(|| CallError::unsent("polled after completion"))));
             }
+            SendingProj::Retrying { fut } => return fut.as_mut().poll(cx),
         };
         loop {
             let error = match ready!(fut.as_mut().poll(cx)) {
@@ -590,15 +603,6 @@ impl Future for Sending {
             fut.set(again.client.request(req));
         }
     }
-}
-
-/// `http://{to}{path}`, the target of a request sent upstream.
-fn upstream_uri(to: Authority, path: PathAndQuery) -> Option<Uri> {
-    let mut uri = http::uri::Parts::default();
-    uri.scheme = Some(Scheme::HTTP);
-    uri.authority = Some(to);
-    uri.path_and_query = Some(path);
-    Uri::from_parts(uri).ok()
 }
 
 /// A short plain-text response made by the agent.

@@ -30,6 +30,7 @@ mod paths;
 mod protocols;
 mod proxy;
 mod reload;
+mod retry;
 mod shadow;
 mod shutdown;
 mod strict;

@@ -19,6 +19,10 @@ use super::response::{Persist, response_framing, write_response_head};
 use crate::sidecar::upstream::Pick;
 use gov_engine::{Admission, Outcome};
 
+/// Asked when an upstream's response head has a status: whether the call
+/// is sent again instead (the head is then not relayed).
+pub(super) type Retry<'r> = Option<&'r mut (dyn FnMut(Outcome) -> bool + Send)>;
+
 /// Read buffer growth step.
 pub(super) const READ_CHUNK: usize = 8 * 1024;
 
@@ -35,6 +39,9 @@ pub(super) enum Received {
     TimedOut,
     /// The response broke after its head went to the client, or the client left.
     Broken,
+    /// The retry hook took the response head's outcome: nothing of it was
+    /// relayed, and the upstream connection is not reused.
+    Retry,
 }
 
 /// Adds the `RateLimit-Policy` and `RateLimit` headers of the limits that
@@ -58,6 +65,7 @@ fn add_ratelimit(out: &mut Vec<u8>, admission: &Admission) {
 /// Reads the response head to a `method` request (interim 1xx heads go to the
 /// client), reports its status to the engine, and relays it with its body to the
 /// client, closing the client connection after it if `closing()` says so then.
+/// A status the `retry` hook takes is not relayed ([`Received::Retry`]).
 /// An HTTP/1.0 client (`http10`) gets no interim head (RFC 9110 section 15.2)
 /// and no chunked framing: a chunked body goes to it as its payload, ended by
 /// closing the connection (RFC 9112 section 6.3, as nginx does).
@@ -67,7 +75,7 @@ pub(super) async fn receive(
     client_wr: &mut (impl AsyncWrite + Unpin),
     out: &mut Vec<u8>,
     (method, http10, closing): (&Method, bool, impl Fn() -> bool),
-    (admission, pick): (&mut Admission, Option<&Pick>),
+    (admission, pick, mut retry): (&mut Admission, Option<&Pick>, Retry<'_>),
     (deadline, client_timeout): (Option<(&mut Deadline, Instant)>, Option<Duration>),
 ) -> Received {
     let mut deadline = deadline;
@@ -121,6 +129,8 @@ pub(super) async fn receive(
                 up_buf.advance(len);
                 continue;
             }
+            // An interim head went to the client: the response has begun.
+            retry = None;
             out.clear();
             write_response_head(
                 out,
@@ -144,6 +154,11 @@ pub(super) async fn receive(
         let Some(framing) = response_framing(method, code, headers) else {
             return Received::BadHead;
         };
+        if let Some(retry) = retry.as_mut()
+            && retry(Outcome::Status(code))
+        {
+            return Received::Retry;
+        }
         let upstream_close = has_token(&conn_tokens, "close")
             || (version == 0 && !has_token(&conn_tokens, "keep-alive"));
         let dechunk = http10 && framing == Framing::Chunked;
