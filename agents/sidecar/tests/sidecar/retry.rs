@@ -304,3 +304,40 @@ async fn h1_a_retried_call_takes_one_bulkhead_permit() {
 async fn h2_a_retried_call_takes_one_bulkhead_permit() {
     a_retried_call_takes_one_permit(Path::H2).await;
 }
+
+/// Hostile: a PUT under a retry rule whose client declares a body it does
+/// not send (the agent holds the body before the first attempt) gets
+/// nothing sent upstream and costs only its connection; the agent keeps
+/// serving. A declared body above the hold bound is relayed as it streams,
+/// once, and not retried.
+#[tokio::test]
+async fn a_body_the_client_does_not_send_is_never_sent_upstream() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = failing(1, ms(0)).await;
+    let agent = agent_for(&up, &config(3, 100, 5, "")).await;
+    let addr = agent.sidecar.outbound_addr().unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"PUT /stock HTTP/1.1\r\nhost: inventory\r\ncontent-length: 20\r\n\r\nfive!")
+        .await
+        .unwrap();
+    stream.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the agent closed the connection");
+    assert_eq!(
+        up.calls.load(Ordering::SeqCst),
+        0,
+        "nothing half-sent upstream"
+    );
+
+    // Above the bound: one attempt, the upstream's 503 reaches the client.
+    let big: &'static [u8] = Box::leak(vec![b'x'; 70 * 1024].into_boxed_slice());
+    let reply = call(&agent, Path::H1, Method::PUT, big).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(up.calls.load(Ordering::SeqCst), 1);
+    // And a held one is retried as before.
+    let reply = call(&agent, Path::H1, Method::PUT, b"small").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, Bytes::from_static(b"small"));
+}
