@@ -28,6 +28,7 @@ pub mod duplicate_service;
 pub mod duplicate_setting;
 pub mod expired_rule;
 pub mod fixed_wait;
+pub mod fuse_counts_retries;
 pub mod grpc_name;
 pub mod grpc_status;
 pub mod invalid_peer;
@@ -42,8 +43,11 @@ pub mod path_not_normal;
 pub mod per_instance_inbound;
 pub mod percent_range;
 pub mod queueing_bulkhead;
+pub mod retry_amplification;
 pub mod retry_budget;
 pub mod retry_inbound;
+pub mod retry_non_idempotent;
+pub mod retry_outlasts_timeout;
 pub mod shadow_exact;
 pub mod shape_inbound;
 pub mod shutdown_wait;
@@ -110,6 +114,10 @@ pub const CODES: &[&str] = &[
     "gov::lint::expired-rule",
     "gov::lint::latch-outlives-rule",
     "gov::lint::warmup-without-ramp",
+    "gov::lint::retry-amplification",
+    "gov::lint::retry-outlasts-timeout",
+    "gov::lint::retry-non-idempotent",
+    "gov::lint::fuse-counts-retries",
 ];
 
 /// A check: reads the context, reports what it finds.
@@ -164,6 +172,10 @@ const CHECKS: &[Check] = &[
     expired_rule::check,
     latch_outlives_rule::check,
     warmup_without_ramp::check,
+    retry_amplification::check,
+    retry_outlasts_timeout::check,
+    retry_non_idempotent::check,
+    fuse_counts_retries::check,
 ];
 
 /// Runs every check.

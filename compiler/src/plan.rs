@@ -21,6 +21,7 @@ use std::fmt::{self, Write as _};
 use gov_proto::v1 as pb;
 use serde::Serialize;
 
+use crate::paths;
 use crate::units::{fmt_milli_percent, fmt_millis};
 
 /// The difference between two bundles.
@@ -30,6 +31,34 @@ pub struct Plan {
     pub new_version: String,
     /// Every service of either bundle, sorted by name (unchanged ones too).
     pub services: Vec<ServicePlan>,
+    /// Every service whose retry amplification changes, sorted by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub amplification: Vec<AmplificationChange>,
+}
+
+/// A service whose retry amplification changes: how many attempts one call
+/// at the top of its worst call path can cause at it (see
+/// `gov::lint::retry-amplification`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AmplificationChange {
+    pub service: String,
+    /// The worst path to it, top first (after the change; before it when the
+    /// service is no longer reached).
+    pub path: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub old: Option<Amplification>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new: Option<Amplification>,
+}
+
+/// The amplification at one service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Amplification {
+    /// Attempts when every attempt fails and the budgets' floors pay every
+    /// retry (the product of the attempts on the path).
+    pub worst: u64,
+    /// With every budget holding its share, in thousandths (1,000: none).
+    pub budgeted_milli: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -121,7 +150,41 @@ pub fn plan(old: &pb::Bundle, new: &pb::Bundle) -> Plan {
         old_version: old.version.clone(),
         new_version: new.version.clone(),
         services,
+        amplification: amplification(old, new),
     }
+}
+
+/// The services whose amplification differs between the bundles, where it
+/// is above one attempt on either side.
+fn amplification(old: &pb::Bundle, new: &pb::Bundle) -> Vec<AmplificationChange> {
+    let (before, after) = (
+        paths::reach(&paths::bundle_hops(old)),
+        paths::reach(&paths::bundle_hops(new)),
+    );
+    let of = |r: &paths::Reach<'_>| Amplification {
+        worst: r.worst,
+        budgeted_milli: r.budgeted_milli,
+    };
+    let mut names: Vec<&str> = before.keys().chain(after.keys()).copied().collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let (b, a) = (before.get(name), after.get(name));
+            let (old, new) = (b.map(of), a.map(of));
+            let amplified = [old, new].iter().flatten().any(|x| x.worst > 1);
+            (old != new && amplified).then(|| AmplificationChange {
+                service: name.to_string(),
+                path: a
+                    .or(b)
+                    .map(|r| r.path.iter().map(|s| (*s).to_string()).collect())
+                    .unwrap_or_default(),
+                old,
+                new,
+            })
+        })
+        .collect()
 }
 
 // === impl Plan ===
@@ -230,6 +293,28 @@ impl fmt::Display for Plan {
                         show(&field.new)
                     )?;
                 }
+            }
+        }
+        if !self.amplification.is_empty() {
+            writeln!(
+                f,
+                "\nRetry amplification (attempts one call at the top of the worst path can cause; with the budgets' shares):"
+            )?;
+            let show = |a: &Option<Amplification>| {
+                a.map_or_else(
+                    || "(none)".to_string(),
+                    |a| format!("{} ({})", a.worst, paths::times(a.budgeted_milli)),
+                )
+            };
+            for c in &self.amplification {
+                writeln!(
+                    f,
+                    "  ~ {}: {} -> {} via {}",
+                    c.service,
+                    show(&c.old),
+                    show(&c.new),
+                    c.path.join(" -> ")
+                )?;
             }
         }
         writeln!(

@@ -99,6 +99,8 @@ pub(crate) struct Svc<'a> {
     pub workers: Option<&'a Spanned<i64>>,
     pub instances: Option<&'a Spanned<i64>>,
     pub rate: Option<&'a Rate<i64>>,
+    /// `capacity amplification N`.
+    pub amplification: Option<&'a Spanned<i64>>,
     pub registry: Option<&'a ast::UsesRegistry>,
     pub domain: Option<&'a ast::Str>,
     pub consumer: Option<&'a ast::ConsumerStmt>,
@@ -271,6 +273,7 @@ impl<'a> Svc<'a> {
             workers: None,
             instances: None,
             rate: None,
+            amplification: None,
             registry: None,
             domain: None,
             consumer: None,
@@ -300,6 +303,9 @@ impl<'a> Svc<'a> {
                 }
                 ServiceStmt::Capacity(Capacity::Rate { rate, .. }) => {
                     svc.rate.get_or_insert(rate);
+                }
+                ServiceStmt::Capacity(Capacity::Amplification { count, .. }) => {
+                    svc.amplification.get_or_insert(count);
                 }
                 ServiceStmt::Match(m) => {
                     svc.matches.entry(m.name.node.as_str()).or_insert(m);

@@ -221,6 +221,45 @@ fn plan_shows_added_and_removed_parts() {
     assert_eq!(proto.services.len(), 3);
 }
 
+/// A plan prints, for each service whose retry amplification a change
+/// moves, the attempts one call at the top of its worst path can cause
+/// there, and the same with the budgets' shares.
+#[test]
+fn plan_shows_the_retry_amplification_a_change_moves() {
+    let tiers = |attempts: u32| {
+        let retry = |name: &str, to: &str| {
+            format!(
+                "  retry {name} on calls to {to} {{\n    attempts {attempts}\n    budget 10% min 5 per 1s\n  }}\n"
+            )
+        };
+        format!(
+            "service edge {{\n{}}}\nservice t1 {{\n{}}}\nservice t2 {{\n  capacity amplification 27\n{}}}\nservice t3 {{\n  capacity amplification 27\n}}\n",
+            retry("to_t1", "t1"),
+            retry("to_t2", "t2"),
+            retry("to_t3", "t3")
+        )
+    };
+    let old = bundle(&[SourceFile::new("a.gov", tiers(2))]);
+    let new = bundle(&[SourceFile::new("a.gov", tiers(3))]);
+    let p = plan(&old, &new);
+    let rendered = p.render();
+    let table = rendered
+        .split_once("Retry amplification")
+        .expect("the plan has an amplification section")
+        .1;
+    insta::assert_snapshot!(table, @r"
+     (attempts one call at the top of the worst path can cause; with the budgets' shares):
+      ~ t1: 2 (1.1x) -> 3 (1.1x) via edge -> t1
+      ~ t2: 4 (1.21x) -> 9 (1.21x) via edge -> t1 -> t2
+      ~ t3: 8 (1.331x) -> 27 (1.331x) via edge -> t1 -> t2 -> t3
+
+    Plan: 0 service(s) to add, 3 to change, 0 to remove.
+    ");
+    let json = serde_json::to_value(&p).unwrap();
+    assert_eq!(json["amplification"][2]["new"]["worst"], 27);
+    assert!(plan(&new, &new).amplification.is_empty());
+}
+
 #[test]
 fn the_checked_model_lowers_to_the_compiled_bundle() {
     let shop = source(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/shop.gov"));

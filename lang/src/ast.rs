@@ -199,6 +199,10 @@ pub enum Capacity {
     Instances { count: Spanned<i64>, span: Span },
     /// `capacity rate 200 per 1s`: the request rate the service normally sees.
     Rate { rate: Rate<i64>, span: Span },
+    /// `capacity amplification 4`: the most attempts one call at the top of
+    /// any call path may cause at this service through the retries on the
+    /// path.
+    Amplification { count: Spanned<i64>, span: Span },
 }
 
 // === Matches ===

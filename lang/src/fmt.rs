@@ -242,6 +242,9 @@ impl Formatter<'_> {
                     Capacity::Rate { rate, span } => {
                         (format!("capacity rate {}", int_rate(rate)), span)
                     }
+                    Capacity::Amplification { count, span } => {
+                        (format!("capacity amplification {}", count.node), span)
+                    }
                 };
                 self.stmt(*span, &text);
             }

@@ -99,6 +99,9 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                 ServiceStmt::Capacity(Capacity::Rate { span, .. }) => {
                     stmts.push(("capacity rate", *span));
                 }
+                ServiceStmt::Capacity(Capacity::Amplification { span, .. }) => {
+                    stmts.push(("capacity amplification", *span));
+                }
                 ServiceStmt::Warmup(w) => {
                     stmts.push(("warmup", w.span));
                     let steps: Vec<_> = w

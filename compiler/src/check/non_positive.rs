@@ -112,6 +112,9 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                 ServiceStmt::Capacity(Capacity::Instances { count, .. }) => {
                     s.value("capacity instances", count.node, count.span, Positive);
                 }
+                ServiceStmt::Capacity(Capacity::Amplification { count, .. }) => {
+                    s.value("capacity amplification", count.node, count.span, Positive);
+                }
                 ServiceStmt::Capacity(Capacity::Rate { rate, .. }) => {
                     s.value(
                         "capacity rate",

@@ -132,7 +132,7 @@ impl<'a> Retry<'a> {
 
     /// The spec, every default written out (the first of a setting written
     /// twice wins).
-    fn spec(&self) -> pb::Retry {
+    pub(crate) fn spec(&self) -> pb::Retry {
         let mut r = pb::Retry {
             attempts: u32_of(DEFAULT_ATTEMPTS),
             ..pb::Retry::default()

@@ -88,6 +88,10 @@ impl Builder<'_> {
                 count: self.int(k.next(self)?)?,
                 span,
             },
+            Rule::capacity_amplification => Capacity::Amplification {
+                count: self.int(k.next(self)?)?,
+                span,
+            },
             Rule::capacity_rate => Capacity::Rate {
                 rate: self.rate(&mut k, Self::int)?,
                 span,

@@ -402,6 +402,7 @@ fn service_stmt() -> impl Strategy<Value = ServiceStmt> {
         int().prop_map(move |count| Capacity::Workers { count, span }),
         int().prop_map(move |count| Capacity::Instances { count, span }),
         rate(int()).prop_map(move |rate| Capacity::Rate { rate, span }),
+        int().prop_map(move |count| Capacity::Amplification { count, span }),
     ];
     let settings = |n| 0..n;
     prop_oneof![
