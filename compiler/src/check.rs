@@ -51,6 +51,7 @@ pub mod retry_outlasts_timeout;
 pub mod shadow_exact;
 pub mod shape_inbound;
 pub mod shutdown_wait;
+pub mod slower_than;
 pub mod status_code;
 pub mod threshold_kind;
 pub mod too_large;
@@ -89,6 +90,7 @@ pub const CODES: &[&str] = &[
     "gov::key-attribute",
     "gov::percent-out-of-range",
     "gov::threshold-kind",
+    "gov::slower-than",
     "gov::invalid-status",
     "gov::cluster-sync-undeclared",
     "gov::shape-on-inbound",
@@ -148,6 +150,7 @@ const CHECKS: &[Check] = &[
     key_attribute::check,
     percent_range::check,
     threshold_kind::check,
+    slower_than::check,
     status_code::check,
     cluster_sync::check,
     mixed_direction::check,

@@ -73,6 +73,7 @@ diagnostics! {
     KeyAttribute(key_attribute::KeyAttribute),
     PercentOutOfRange(percent_range::PercentOutOfRange),
     ThresholdKind(threshold_kind::ThresholdKind),
+    SlowerThan(slower_than::SlowerThan),
     InvalidStatus(status_code::InvalidStatus),
     ClusterSyncUndeclared(cluster_sync::ClusterSyncUndeclared),
     ShapeOnInbound(shape_inbound::ShapeOnInbound),

@@ -731,3 +731,38 @@ service order {
         [Kind::Header("x-tenant".into())]
     );
 }
+
+#[test]
+fn a_slow_call_trip_lowers_its_threshold_and_shows_it_in_a_plan() {
+    let policy = |slower: &str| {
+        bundle(&[SourceFile::new(
+            "a.gov",
+            format!(
+                "service a {{\n  match report = path prefix \"/report\"\n  fuse f on report {{\n    trip when slow_call_ratio > 50% over 1m slower than {slower} min_calls 20\n    trip when slow_calls >= 100 over 1m slower than 2s\n    trip when errors >= 5 over 10s\n  }}\n}}\n"
+            ),
+        )])
+    };
+    let old = policy("2s");
+    let gov_proto::v1::rule::Spec::Fuse(f) = old.targets[0].rules[0].spec.as_ref().unwrap() else {
+        panic!("a fuse");
+    };
+    let lowered: Vec<_> = f
+        .trips
+        .iter()
+        .map(|t| (t.metric(), t.slow_ms, t.count, t.ratio_milli_percent))
+        .collect();
+    assert_eq!(
+        lowered,
+        [
+            (gov_proto::v1::TripMetric::SlowCallRatio, 2_000, 0, 50_000),
+            (gov_proto::v1::TripMetric::SlowCalls, 2_000, 100, 0),
+            (gov_proto::v1::TripMetric::Errors, 0, 5, 0),
+        ]
+    );
+    insta::assert_snapshot!(plan(&old, &policy("1500ms")).render(), @r"
+    ~ service a
+      ~ fuse a/f: trip 1 slow_call_ratio > 50% over 1m slower than 2s min_calls 20 -> slow_call_ratio > 50% over 1m slower than 1.5s min_calls 20
+
+    Plan: 0 service(s) to add, 1 to change, 0 to remove.
+    ");
+}

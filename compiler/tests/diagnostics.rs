@@ -224,6 +224,7 @@ fn lint_thresholds_at_their_boundaries() {
     assert!(min_calls(50).is_empty());
     assert_eq!(min_calls(51), ["gov::lint::unreachable-min-calls"]);
 
+
     let cluster = |global: u32| {
         codes(&format!(
             "service s {{\n  capacity instances 3\n  limit a on any {{ calls 100 per 1s }}\n  limit b on any {{ calls {global} per 1m  scope cluster sync exact }}\n}}\n"

@@ -386,8 +386,8 @@ const ORDERED: [(&str, &str, &[&str]); 3] = [
     ),
     (
         "trip",
-        "trip when METRIC OP VALUE over D [min_calls N]",
-        &["over", "min_calls"],
+        "trip when METRIC OP VALUE over D [slower than D] [min_calls N]",
+        &["over", "slower", "min_calls"],
     ),
     ("recover", "recover after D probe N", &["after", "probe"]),
 ];

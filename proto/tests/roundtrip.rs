@@ -243,6 +243,7 @@ fn order() -> TargetConfig {
                                 66,
                                 "trip when business_error_ratio > 50% over 1m min_calls 20",
                             ),
+                            slow_ms: 0,
                         },
                         Trip {
                             metric: TripMetric::SystemErrors as i32,
@@ -252,6 +253,20 @@ fn order() -> TargetConfig {
                             window_ms: 10_000,
                             min_calls: 0,
                             source: src(67, "trip when system_errors >= 10 over 10s"),
+                            slow_ms: 0,
+                        },
+                        Trip {
+                            metric: TripMetric::SlowCallRatio as i32,
+                            op: CompareOp::Gt as i32,
+                            count: 0,
+                            ratio_milli_percent: 50_000,
+                            window_ms: 60_000,
+                            min_calls: 20,
+                            source: src(
+                                68,
+                                "trip when slow_call_ratio > 50% over 1m slower than 2s min_calls 20",
+                            ),
+                            slow_ms: 2_000,
                         },
                     ],
                     business: Some(ErrorClass {
@@ -418,6 +433,8 @@ fn yaml_is_readable() -> Result<(), Box<dyn std::error::Error>> {
         "after_ms: 7200000\n",
         "ratio_milli_percent: 50000\n",
         "metric: TRIP_METRIC_BUSINESS_ERROR_RATIO\n",
+        "metric: TRIP_METRIC_SLOW_CALL_RATIO\n",
+        "slow_ms: 2000\n",
         "calls_to: inventory\n",
         "register: true\n",
         "drain_ms: 30000\n",

@@ -541,7 +541,7 @@ impl Admission {
                 system_error: self.system_error,
                 ..h.grant
             };
-            state.record(slot, outcome, grant, now);
+            state.record(slot, outcome, grant, now, Duration::from_nanos(elapsed));
             // A probe has reported; dropping must not give it back.
             h.grant.probe = false;
         }

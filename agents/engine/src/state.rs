@@ -263,8 +263,15 @@ impl State {
     }
 
     #[inline]
-    pub(crate) fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Now) {
-        dispatch!(self, p => Primitive::record(&**p, slot, outcome, grant, now))
+    pub(crate) fn record(
+        &self,
+        slot: Slot,
+        outcome: Outcome,
+        grant: Grant,
+        now: Now,
+        elapsed: Duration,
+    ) {
+        dispatch!(self, p => Primitive::record(&**p, slot, outcome, grant, now, elapsed))
     }
 
     #[inline]

@@ -1,5 +1,6 @@
-//! Rolling-window counters for fuses: calls, business errors and system
-//! errors over the last `window`, in ten buckets, with atomics only.
+//! Rolling-window counters for fuses: calls, business errors, system
+//! errors and slow calls over the last `window`, in ten buckets, with
+//! atomics only.
 //!
 //! The buckets are thread-striped ([`crate::stripe`]): each thread slot has
 //! its own ten buckets, written only by the thread owning the slot with plain
@@ -34,6 +35,8 @@ pub(crate) struct Totals {
     pub calls: u64,
     pub business: u64,
     pub system: u64,
+    /// Calls slower than the window's trip allows (its `slower_than`).
+    pub slow: u64,
 }
 
 /// How one call ended, as a fuse counts it.
@@ -51,9 +54,11 @@ struct Bucket {
     calls: AtomicU64,
     business: AtomicU64,
     system: AtomicU64,
+    slow: AtomicU64,
 }
 
-/// One stripe's buckets (320 bytes: no two stripes share a cache line).
+/// One stripe's buckets (400 bytes, aligned to 64: no two stripes share a
+/// cache line).
 #[derive(Debug, Default)]
 #[repr(align(64))]
 struct Buckets([Bucket; BUCKETS as usize]);
@@ -84,8 +89,9 @@ impl RollingWindow {
     }
 
     /// Counts one call that ended at `now_ms` (milliseconds since the fuse's
-    /// epoch), in the stripe of `slot`.
-    pub(crate) fn record(&self, slot: Slot, now_ms: u64, class: Class) {
+    /// epoch), in the stripe of `slot`; `slow`: it was slower than the
+    /// window's trip allows.
+    pub(crate) fn record(&self, slot: Slot, now_ms: u64, class: Class, slow: bool) {
         let (tag, i) = self.tag(now_ms);
         let (stripe, owned) = self.stripes.get(slot);
         let bucket = &stripe.0[i];
@@ -94,6 +100,7 @@ impl RollingWindow {
             Class::Business => (1, 0),
             Class::System => (0, 1),
         };
+        let slow = u64::from(slow);
         if owned {
             // Only this thread writes here.
             if bucket.tag.load(Relaxed) == tag {
@@ -102,10 +109,14 @@ impl RollingWindow {
                     stripe::add(&bucket.business, true, business);
                     stripe::add(&bucket.system, true, system);
                 }
+                if slow > 0 {
+                    stripe::add(&bucket.slow, true, 1);
+                }
             } else {
                 bucket.calls.store(1, Relaxed);
                 bucket.business.store(business, Relaxed);
                 bucket.system.store(system, Relaxed);
+                bucket.slow.store(slow, Relaxed);
                 bucket.tag.store(tag, Release);
             }
             return;
@@ -120,6 +131,7 @@ impl RollingWindow {
             bucket.calls.store(0, Relaxed);
             bucket.business.store(0, Relaxed);
             bucket.system.store(0, Relaxed);
+            bucket.slow.store(0, Relaxed);
         }
         bucket.calls.fetch_add(1, Relaxed);
         if business > 0 {
@@ -127,6 +139,9 @@ impl RollingWindow {
         }
         if system > 0 {
             bucket.system.fetch_add(1, Relaxed);
+        }
+        if slow > 0 {
+            bucket.slow.fetch_add(1, Relaxed);
         }
     }
 
@@ -144,6 +159,7 @@ impl RollingWindow {
                     t.calls += b.calls.load(Relaxed);
                     t.business += b.business.load(Relaxed);
                     t.system += b.system.load(Relaxed);
+                    t.slow += b.slow.load(Relaxed);
                 }
             }
         }
@@ -164,15 +180,16 @@ mod tests {
     fn counts_within_window_and_forgets_old_buckets() {
         let w = RollingWindow::new(1000); // 100 ms buckets
         let slot = stripe::current();
-        w.record(slot, 0, Class::Business);
-        w.record(slot, 50, Class::Ok);
-        w.record(slot, 150, Class::System);
+        w.record(slot, 0, Class::Business, false);
+        w.record(slot, 50, Class::Ok, true);
+        w.record(slot, 150, Class::System, false);
         assert_eq!(
             w.totals(150),
             Totals {
                 calls: 3,
                 business: 1,
-                system: 1
+                system: 1,
+                slow: 1,
             }
         );
         // At 950 ms, bucket 0 is still inside the window (buckets 0..=9).
@@ -183,18 +200,20 @@ mod tests {
             Totals {
                 calls: 1,
                 business: 0,
-                system: 1
+                system: 1,
+                slow: 0,
             }
         );
         // Much later, everything is gone, and a reused bucket starts at zero.
         assert_eq!(w.totals(10_000), Totals::default());
-        w.record(slot, 10_000, Class::Ok);
+        w.record(slot, 10_000, Class::Ok, true);
         assert_eq!(
             w.totals(10_000),
             Totals {
                 calls: 1,
                 business: 0,
-                system: 0
+                system: 0,
+                slow: 1,
             }
         );
         w.reset();

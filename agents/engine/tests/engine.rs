@@ -703,7 +703,7 @@ fn a_missing_or_unknown_value_is_refused_naming_the_rule() {
         }
     }
     type Break = fn(&mut TargetConfig);
-    let cases: [(&str, &str, Break); 18] = [
+    let cases: [(&str, &str, Break); 20] = [
         (BULKHEAD, "names no consumer header", |t| {
             t.consumer_header.clear()
         }),
@@ -753,6 +753,15 @@ fn a_missing_or_unknown_value_is_refused_naming_the_rule() {
             FUSE,
             "`system.grpc_status` -1 is not a grpc status code",
             |t| fuse(t).system.as_mut().unwrap().grpc_status.push(-1),
+        ),
+        // A slow metric without its threshold, an error metric with one.
+        (FUSE, "`trip.slow_ms` must be > 0", |t| {
+            fuse(t).trips[0].metric = gov_proto::v1::TripMetric::SlowCallRatio as i32
+        }),
+        (
+            FUSE,
+            "`trip.slow_ms` is set on `business_error_ratio`, which counts errors",
+            |t| fuse(t).trips[0].slow_ms = 2000,
         ),
     ];
     for (yaml, expected, break_it) in cases {

@@ -7,8 +7,8 @@
 //!
 //! Example: `trip when business_error_ratio > 50 over 1m`.
 //!
-//! Fix: `*_ratio` metrics take a percentage (`> 50%`); `*_errors` and
-//! `errors` take a count (`>= 10`).
+//! Fix: `*_ratio` metrics take a percentage (`> 50%`); `*_errors`,
+//! `errors` and `slow_calls` take a count (`>= 10`).
 
 use miette::SourceSpan;
 use thiserror::Error;
@@ -43,6 +43,8 @@ pub(crate) fn metric_name(m: TripMetric) -> &'static str {
         TripMetric::SystemErrorRatio => "system_error_ratio",
         TripMetric::Errors => "errors",
         TripMetric::ErrorRatio => "error_ratio",
+        TripMetric::SlowCalls => "slow_calls",
+        TripMetric::SlowCallRatio => "slow_call_ratio",
     }
 }
 
@@ -52,6 +54,7 @@ fn ratio_of(m: TripMetric) -> &'static str {
         TripMetric::BusinessErrors | TripMetric::BusinessErrorRatio => "business_error_ratio",
         TripMetric::SystemErrors | TripMetric::SystemErrorRatio => "system_error_ratio",
         TripMetric::Errors | TripMetric::ErrorRatio => "error_ratio",
+        TripMetric::SlowCalls | TripMetric::SlowCallRatio => "slow_call_ratio",
     }
 }
 

@@ -1,4 +1,4 @@
-//! `fuse NAME on EXPR { ... }`: trips on errors over a window and then
+//! `fuse NAME on EXPR { ... }`: trips on errors or slow calls over a window and then
 //! rejects every call (503 unless `reject with` says otherwise) until it is
 //! released by hand or, with `recover after`, recovers through probes.
 //!
@@ -6,6 +6,7 @@
 //! fuse mdm on supplier {
 //!   trip when business_error_ratio > 50% over 1m min_calls 20
 //!   trip when system_errors >= 10 over 10s
+//!   trip when slow_call_ratio > 50% over 1m slower than 2s min_calls 20
 //!   classify business status 500..599
 //!   classify system connect_failure timeout status 401 403
 //!   recover manual
@@ -36,13 +37,16 @@ pub(crate) enum FuseSetting {
     RejectWith { reject: Reject },
 }
 
-/// `trip when METRIC OP VALUE over D [min_calls N]`
+/// `trip when METRIC OP VALUE over D [slower than D] [min_calls N]`
 #[derive(Clone, Debug)]
 pub(crate) struct Trip {
     pub metric: Spanned<TripMetric>,
     pub op: Spanned<CompareOp>,
     pub threshold: Spanned<Threshold>,
     pub window: Spanned<Duration>,
+    /// `slower than D`: what a slow call is (the slow metrics need it, the
+    /// others refuse it: `gov::slower-than`); spans the whole clause.
+    pub slower_than: Option<(Spanned<Duration>, Span)>,
     pub min_calls: Option<Spanned<i64>>,
     pub span: Span,
 }
@@ -55,6 +59,8 @@ pub(crate) enum TripMetric {
     SystemErrorRatio,   // system_error_ratio
     Errors,             // errors (business + system)
     ErrorRatio,         // error_ratio
+    SlowCalls,          // slow_calls (calls slower than `slower than D`)
+    SlowCallRatio,      // slow_call_ratio
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,6 +167,8 @@ fn decode(w: &mut Words<'_>) -> Option<FuseSetting> {
                 "system_error_ratio" => TripMetric::SystemErrorRatio,
                 "errors" => TripMetric::Errors,
                 "error_ratio" => TripMetric::ErrorRatio,
+                "slow_calls" => TripMetric::SlowCalls,
+                "slow_call_ratio" => TripMetric::SlowCallRatio,
                 _ => return None,
             };
             let o = w.key()?;
@@ -178,6 +186,15 @@ fn decode(w: &mut Words<'_>) -> Option<FuseSetting> {
             };
             w.expect("over")?;
             let window = w.duration()?;
+            let slower_than = match w.expect("slower") {
+                Some(from) => {
+                    w.expect("than")?;
+                    let d = w.duration()?;
+                    let clause = from.join(d.span);
+                    Some((d, clause))
+                }
+                None => None,
+            };
             let min_calls = match w.expect("min_calls") {
                 Some(_) => Some(w.int()?),
                 None => None,
@@ -187,6 +204,7 @@ fn decode(w: &mut Words<'_>) -> Option<FuseSetting> {
                 op: Spanned::new(op, o.span),
                 threshold,
                 window,
+                slower_than,
                 min_calls,
                 span,
             })
@@ -303,8 +321,16 @@ impl TripMetric {
     pub const fn is_ratio(self) -> bool {
         matches!(
             self,
-            TripMetric::BusinessErrorRatio | TripMetric::SystemErrorRatio | TripMetric::ErrorRatio
+            TripMetric::BusinessErrorRatio
+                | TripMetric::SystemErrorRatio
+                | TripMetric::ErrorRatio
+                | TripMetric::SlowCallRatio
         )
+    }
+
+    /// Counts slow calls (and so needs `slower than D`).
+    pub const fn is_slow(self) -> bool {
+        matches!(self, TripMetric::SlowCalls | TripMetric::SlowCallRatio)
     }
 }
 
@@ -397,6 +423,8 @@ fn trip_text(t: &pb::Trip) -> String {
         pb::TripMetric::BusinessErrorRatio => "business_error_ratio",
         pb::TripMetric::SystemErrors => "system_errors",
         pb::TripMetric::SystemErrorRatio => "system_error_ratio",
+        pb::TripMetric::SlowCalls => "slow_calls",
+        pb::TripMetric::SlowCallRatio => "slow_call_ratio",
     };
     let op = if t.op() == pb::CompareOp::Ge {
         ">="
@@ -409,6 +437,9 @@ fn trip_text(t: &pb::Trip) -> String {
         t.count.to_string()
     };
     let mut s = format!("{metric} {op} {threshold} over {}", fmt_ms(t.window_ms));
+    if t.slow_ms != 0 {
+        let _ = write!(s, " slower than {}", fmt_ms(t.slow_ms));
+    }
     if t.min_calls != 0 {
         let _ = write!(s, " min_calls {}", t.min_calls);
     }
@@ -481,6 +512,10 @@ impl super::Kind for Kind {
             match s {
                 FuseSetting::Trip(t) => {
                     out.bound_duration("over", &t.window, Positive);
+                    if let Some((slower, _)) = &t.slower_than {
+                        out.bound_duration("slower than", slower, Positive);
+                        out.large("slower than", Large::Duration(slower.clone()));
+                    }
                     if let Some(m) = &t.min_calls {
                         out.bound("min_calls", m.node, m.span, Positive);
                     }
@@ -552,6 +587,8 @@ impl super::Kind for Kind {
                         TripMetric::BusinessErrorRatio => pb::TripMetric::BusinessErrorRatio,
                         TripMetric::SystemErrors => pb::TripMetric::SystemErrors,
                         TripMetric::SystemErrorRatio => pb::TripMetric::SystemErrorRatio,
+                        TripMetric::SlowCalls => pb::TripMetric::SlowCalls,
+                        TripMetric::SlowCallRatio => pb::TripMetric::SlowCallRatio,
                     } as i32,
                     op: match t.op.node {
                         CompareOp::Gt => pb::CompareOp::Gt,
@@ -562,6 +599,11 @@ impl super::Kind for Kind {
                     window_ms: unsigned(millis(&t.window.node)),
                     min_calls: t.min_calls.as_ref().map_or(0, |m| unsigned(m.node)),
                     source: Some(l.source(t.span)),
+                    // On an error metric it is refused (`gov::slower-than`).
+                    slow_ms: match &t.slower_than {
+                        Some((d, _)) if t.metric.node.is_slow() => unsigned(millis(&d.node)),
+                        _ => 0,
+                    },
                 }
             })
             .collect();

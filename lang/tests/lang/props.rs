@@ -256,6 +256,8 @@ fn fuse_setting() -> impl Strategy<Value = Setting> {
         "system_error_ratio",
         "errors",
         "error_ratio",
+        "slow_calls",
+        "slow_call_ratio",
     ]);
     let threshold = prop_oneof![int_w(), percent().prop_map(|p| sp(Word::Percent(p.node))),];
     let trip = (
@@ -263,11 +265,15 @@ fn fuse_setting() -> impl Strategy<Value = Setting> {
         prop::sample::select(vec![">", ">="]),
         threshold,
         duration_w(),
+        proptest::option::of(duration_w()),
         proptest::option::of(int_w()),
     )
-        .prop_map(|(metric, op, threshold, window, min_calls)| {
+        .prop_map(|(metric, op, threshold, window, slower, min_calls)| {
             let mut w = vec![key("trip"), key("when"), key(metric), key(op), threshold];
             w.extend([key("over"), window]);
+            if let Some(d) = slower {
+                w.extend([key("slower"), key("than"), d]);
+            }
             if let Some(n) = min_calls {
                 w.extend([key("min_calls"), n]);
             }

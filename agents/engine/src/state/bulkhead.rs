@@ -459,7 +459,8 @@ impl Primitive for Bulkhead {
         self.give(self.scope_cell(scope));
     }
 
-    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now) {}
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now, _elapsed: Duration) {
+    }
 
     fn timeout(&self) -> Option<Duration> {
         self.spec.timeout

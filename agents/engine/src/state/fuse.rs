@@ -1,12 +1,16 @@
 //! Fuses: service-level circuit breakers.
 //!
 //! Closed: every call passes; outcomes are counted in rolling windows (one
-//! per `trip when` condition) and each error re-evaluates the conditions.
-//! When one holds, the fuse trips (Open): every matching call is rejected,
-//! for all consumers. Recovery is manual (an operator's release) or, when
-//! declared, automatic: after `after`, the fuse goes half-open and admits
-//! `probes` calls; if they all succeed it closes, if one fails it opens
-//! again for another `after`.
+//! per `trip when` condition) and each error, or slow call, re-evaluates
+//! the conditions. A call is slow for a `slow_calls` or `slow_call_ratio`
+//! condition when its latency (from admission to its recorded outcome, as
+//! the latency histogram measures it) is above the condition's
+//! `slower_than`, or when it timed out. When one holds, the fuse trips
+//! (Open): every matching call is rejected, for all consumers. Recovery is
+//! manual (an operator's release) or, when declared, automatic: after
+//! `after`, the fuse goes half-open and admits `probes` calls; if they all
+//! succeed (no error, and no slower than any slow condition allows) it
+//! closes, if one fails it opens again for another `after`.
 //!
 //! The fast path (Closed) is one atomic load on admission and one bucket
 //! increment per window on completion, in the calling thread's stripe of the
@@ -187,24 +191,40 @@ impl Fuse {
         }
     }
 
-    /// Records how an admitted call ended (counted in the stripe of `slot`).
+    /// Records how an admitted call ended (counted in the stripe of `slot`)
+    /// after `elapsed`.
     #[cfg(test)]
-    pub(crate) fn record_outcome(&self, slot: Slot, outcome: Outcome, probe: bool, now: Instant) {
-        self.record_class(slot, self.classify(outcome), probe, now.into());
+    pub(crate) fn record_outcome(
+        &self,
+        slot: Slot,
+        outcome: Outcome,
+        elapsed: Duration,
+        probe: bool,
+        now: Instant,
+    ) {
+        let call = Call {
+            class: self.classify(outcome),
+            elapsed,
+            timed_out: outcome == Outcome::Timeout,
+        };
+        self.record_call(slot, call, probe, now.into());
     }
 
-    /// Records a call of `class` (a `token invalid` call is a system error
-    /// whatever its outcome).
-    fn record_class(&self, slot: Slot, class: Class, probe: bool, now: Now) {
+    /// Records a call (a `token invalid` call is a system error whatever its
+    /// outcome).
+    fn record_call(&self, slot: Slot, call: Call, probe: bool, now: Now) {
         if probe {
-            self.record_probe(class, now);
+            self.record_probe(call, now);
             return;
         }
         let now_ms = self.now_ms(now);
-        for w in &*self.windows {
-            w.record(slot, now_ms, class);
+        let mut slow = false;
+        for (trip, w) in self.spec.trips.iter().zip(&*self.windows) {
+            let s = call.is_slow(trip.slower_than);
+            slow |= s;
+            w.record(slot, now_ms, call.class, s);
         }
-        if class == Class::Ok || self.state.load(Acquire) != CLOSED {
+        if (call.class == Class::Ok && !slow) || self.state.load(Acquire) != CLOSED {
             return;
         }
         for (trip, w) in self.spec.trips.iter().zip(&*self.windows) {
@@ -215,11 +235,23 @@ impl Fuse {
         }
     }
 
-    fn record_probe(&self, class: Class, now: Now) {
+    /// The smallest `slower_than` of the fuse's slow conditions that `call`
+    /// exceeded: a probe that slow fails as an error does.
+    fn slow_for_probe(&self, call: Call) -> Option<Duration> {
+        self.spec
+            .trips
+            .iter()
+            .filter_map(|t| t.slower_than)
+            .filter(|&t| call.is_slow(Some(t)))
+            .min()
+    }
+
+    fn record_probe(&self, call: Call, now: Now) {
         let RecoverSpec::After { probes, .. } = self.spec.recover else {
             return;
         };
-        if class == Class::Ok {
+        let slow = self.slow_for_probe(call);
+        if call.class == Class::Ok && slow.is_none() {
             if self.probes_ok.fetch_add(1, Relaxed) + 1 >= probes {
                 let Ok(_reason) = self.transition.lock() else {
                     return;
@@ -241,12 +273,19 @@ impl Fuse {
             if self.state.load(Acquire) == HALF_OPEN {
                 self.opened_at_ms.store(now_ms, Relaxed);
                 self.state.store(OPEN, Release);
-                *reason = "a probe call failed".into();
-                self.events.emit(
-                    EventKind::FuseTripped,
-                    &self.name,
-                    "a probe call failed".into(),
-                );
+                let why = match (call.class, slow) {
+                    (Class::Ok, Some(t)) if call.timed_out => {
+                        format!("a probe call timed out (slower than {})", secs(t))
+                    }
+                    (Class::Ok, Some(t)) => format!(
+                        "a probe call was slower than {} ({})",
+                        secs(t),
+                        secs(call.elapsed)
+                    ),
+                    _ => "a probe call failed".into(),
+                };
+                reason.clone_from(&why);
+                self.events.emit(EventKind::FuseTripped, &self.name, why);
             }
         }
     }
@@ -374,6 +413,29 @@ impl Fuse {
     }
 }
 
+/// How one call ended, as a fuse counts it.
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    class: Class,
+    /// Its latency, as the latency histogram has it.
+    elapsed: Duration,
+    /// It was cut off by its deadline: slow whatever `elapsed` says.
+    timed_out: bool,
+}
+
+impl Call {
+    /// Whether it is slow for a condition with this `slower_than`.
+    #[inline]
+    fn is_slow(self, slower_than: Option<Duration>) -> bool {
+        slower_than.is_some_and(|t| self.timed_out || self.elapsed > t)
+    }
+}
+
+/// `2s`, `0.25s`: as the windows are written in reasons.
+fn secs(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
+}
+
 /// `Some(reason)` when the condition holds for these totals.
 fn fires(t: &TripSpec, tot: Totals) -> Option<String> {
     if tot.calls == 0 || tot.calls < t.min_calls {
@@ -383,6 +445,19 @@ fn fires(t: &TripSpec, tot: Totals) -> Option<String> {
         TripMetric::Errors | TripMetric::ErrorRatio => tot.business + tot.system,
         TripMetric::BusinessErrors | TripMetric::BusinessErrorRatio => tot.business,
         TripMetric::SystemErrors | TripMetric::SystemErrorRatio => tot.system,
+        TripMetric::SlowCalls | TripMetric::SlowCallRatio => tot.slow,
+    };
+    // What the calls in parentheses were: `23 calls`, or for a slow
+    // condition `31 of 50 calls slower than 2s`.
+    let calls = || match t.slower_than {
+        Some(slower) if t.metric.is_slow() => {
+            format!(
+                "{errors} of {} calls slower than {}",
+                tot.calls,
+                secs(slower)
+            )
+        }
+        _ => format!("{} calls", tot.calls),
     };
     let cmp = |lhs: u128, rhs: u128| match t.op {
         CompareOp::Gt => lhs > rhs,
@@ -396,9 +471,9 @@ fn fires(t: &TripSpec, tot: Totals) -> Option<String> {
     match t.threshold {
         Threshold::Count(n) => cmp(u128::from(errors), u128::from(n)).then(|| {
             format!(
-                "{} {errors} {op} {n} over {window}s ({} calls)",
+                "{} {errors} {op} {n} over {window}s ({})",
                 t.metric.as_str(),
-                tot.calls
+                calls()
             )
         }),
         Threshold::MilliPercent(p) => cmp(
@@ -408,11 +483,11 @@ fn fires(t: &TripSpec, tot: Totals) -> Option<String> {
         .then(|| {
             let actual = u128::from(errors) * 100_000 / u128::from(tot.calls);
             format!(
-                "{} {} {op} {} over {window}s ({} calls)",
+                "{} {} {op} {} over {window}s ({})",
                 t.metric.as_str(),
                 percent(actual),
                 percent(u128::from(p)),
-                tot.calls
+                calls()
             )
         }),
     }
@@ -478,13 +553,18 @@ impl Primitive for Fuse {
     }
 
     #[inline]
-    fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Now) {
+    fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Now, elapsed: Duration) {
         let class = if grant.system_error {
             Class::System
         } else {
             self.classify(outcome)
         };
-        self.record_class(slot, class, grant.probe, now);
+        let call = Call {
+            class,
+            elapsed,
+            timed_out: outcome == Outcome::Timeout,
+        };
+        self.record_call(slot, call, grant.probe, now);
     }
 
     fn reject_status(&self) -> StatusCode {
@@ -532,6 +612,7 @@ mod tests {
             threshold,
             window: Duration::from_secs(window_s),
             min_calls,
+            slower_than: None,
         }
     }
 
@@ -566,7 +647,13 @@ mod tests {
                 f.try_admit(Instant::now()).is_ok(),
                 "fuse refused while closed"
             );
-            f.record_outcome(crate::stripe::current(), outcome, false, Instant::now());
+            f.record_outcome(
+                crate::stripe::current(),
+                outcome,
+                Duration::ZERO,
+                false,
+                Instant::now(),
+            );
         }
     }
 
@@ -616,7 +703,14 @@ mod tests {
             assert_eq!(f.state(), FuseState::Closed, "after {i}");
             assert!(f.try_admit(Instant::now()).is_ok());
             let slot = crate::stripe::current();
-            Primitive::record(&f, slot, Outcome::Status(200), marked, Now::read());
+            Primitive::record(
+                &f,
+                slot,
+                Outcome::Status(200),
+                marked,
+                Now::read(),
+                Duration::ZERO,
+            );
         }
         assert_eq!(f.state(), FuseState::Open);
     }
@@ -727,6 +821,7 @@ mod tests {
         f.record_outcome(
             crate::stripe::current(),
             Outcome::Status(200),
+            Duration::ZERO,
             true,
             Instant::now(),
         );
@@ -734,6 +829,7 @@ mod tests {
         f.record_outcome(
             crate::stripe::current(),
             Outcome::Status(204),
+            Duration::ZERO,
             true,
             Instant::now(),
         );
@@ -773,6 +869,7 @@ mod tests {
         f.record_outcome(
             crate::stripe::current(),
             Outcome::Status(200),
+            Duration::ZERO,
             true,
             Instant::now(),
         );
@@ -780,6 +877,7 @@ mod tests {
         f.record_outcome(
             crate::stripe::current(),
             Outcome::ConnectFailure,
+            Duration::ZERO,
             true,
             Instant::now(),
         );

@@ -532,7 +532,8 @@ impl Primitive for Limit {
 
     fn release(&self, _scope: Option<&CellRef>, _grant: Grant) {}
 
-    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now) {}
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now, _elapsed: Duration) {
+    }
 
     #[inline]
     fn add_bytes(&self, scope: Option<&CellRef>, n: u64, now: Instant) {

@@ -318,7 +318,8 @@ impl Primitive for Retry {
 
     fn release(&self, _scope: Option<&()>, _grant: Grant) {}
 
-    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now) {}
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now, _elapsed: Duration) {
+    }
 
     /// Never used: a retry rule refuses nothing.
     fn reject_status(&self) -> StatusCode {

@@ -17,6 +17,9 @@ pub enum TripMetric {
     BusinessErrorRatio,
     SystemErrors,
     SystemErrorRatio,
+    /// Calls slower than the trip's `slower_than` (or timed out).
+    SlowCalls,
+    SlowCallRatio,
 }
 
 impl TripMetric {
@@ -29,14 +32,24 @@ impl TripMetric {
             TripMetric::BusinessErrorRatio => "business_error_ratio",
             TripMetric::SystemErrors => "system_errors",
             TripMetric::SystemErrorRatio => "system_error_ratio",
+            TripMetric::SlowCalls => "slow_calls",
+            TripMetric::SlowCallRatio => "slow_call_ratio",
         }
     }
 
     pub fn is_ratio(self) -> bool {
         matches!(
             self,
-            TripMetric::ErrorRatio | TripMetric::BusinessErrorRatio | TripMetric::SystemErrorRatio
+            TripMetric::ErrorRatio
+                | TripMetric::BusinessErrorRatio
+                | TripMetric::SystemErrorRatio
+                | TripMetric::SlowCallRatio
         )
+    }
+
+    /// Counts slow calls (its trip has a `slower_than`).
+    pub fn is_slow(self) -> bool {
+        matches!(self, TripMetric::SlowCalls | TripMetric::SlowCallRatio)
     }
 }
 
@@ -60,6 +73,9 @@ pub struct TripSpec {
     pub threshold: Threshold,
     pub window: Duration,
     pub min_calls: u64,
+    /// The slow metrics only: a call whose latency is above this, or that
+    /// timed out, is slow. `None` for the error metrics.
+    pub slower_than: Option<Duration>,
 }
 
 /// Which outcomes belong to an error class: a bitmap over status codes
@@ -135,6 +151,18 @@ pub(crate) fn spec(ctx: &Ctx<'_>, f: &proto::Fuse) -> Result<FuseSpec, InvalidCo
                 proto::TripMetric::BusinessErrorRatio => TripMetric::BusinessErrorRatio,
                 proto::TripMetric::SystemErrors => TripMetric::SystemErrors,
                 proto::TripMetric::SystemErrorRatio => TripMetric::SystemErrorRatio,
+                proto::TripMetric::SlowCalls => TripMetric::SlowCalls,
+                proto::TripMetric::SlowCallRatio => TripMetric::SlowCallRatio,
+            };
+            let slower_than = match (metric.is_slow(), t.slow_ms) {
+                (true, _) => Some(ctx.positive_ms("trip.slow_ms", t.slow_ms)?),
+                (false, 0) => None,
+                (false, _) => {
+                    return Err(ctx.err(format!(
+                        "`trip.slow_ms` is set on `{}`, which counts errors, not slow calls",
+                        metric.as_str()
+                    )));
+                }
             };
             let threshold = if metric.is_ratio() {
                 if t.ratio_milli_percent > 100_000 {
@@ -153,6 +181,7 @@ pub(crate) fn spec(ctx: &Ctx<'_>, f: &proto::Fuse) -> Result<FuseSpec, InvalidCo
                 threshold,
                 window: ctx.positive_ms("trip.window_ms", t.window_ms)?,
                 min_calls: t.min_calls,
+                slower_than,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
