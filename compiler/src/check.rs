@@ -51,6 +51,8 @@ pub mod retry_outlasts_timeout;
 pub mod shadow_exact;
 pub mod shape_inbound;
 pub mod shutdown_wait;
+pub mod slow_above_timeout;
+pub mod slow_within_latency;
 pub mod slower_than;
 pub mod status_code;
 pub mod threshold_kind;
@@ -111,6 +113,8 @@ pub const CODES: &[&str] = &[
     "gov::lint::drain-after-stop",
     "gov::lint::consumers-before-ready",
     "gov::lint::unreachable-min-calls",
+    "gov::lint::slow-above-timeout",
+    "gov::lint::slow-within-latency",
     "gov::lint::cluster-limit-inconsistent",
     "gov::lint::unverified-consumer",
     "gov::lint::expired-rule",
@@ -170,6 +174,8 @@ const CHECKS: &[Check] = &[
     drain_after_stop::check,
     consumers_before_ready::check,
     unreachable_min_calls::check,
+    slow_above_timeout::check,
+    slow_within_latency::check,
     cluster_limit_inconsistent::check,
     unverified_consumer::check,
     expired_rule::check,

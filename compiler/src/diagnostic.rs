@@ -98,6 +98,8 @@ diagnostics! {
     DrainAfterStop(drain_after_stop::DrainAfterStop),
     ConsumersBeforeReady(consumers_before_ready::ConsumersBeforeReady),
     UnreachableMinCalls(unreachable_min_calls::UnreachableMinCalls),
+    SlowAboveTimeout(slow_above_timeout::SlowAboveTimeout),
+    SlowWithinLatency(slow_within_latency::SlowWithinLatency),
     ClusterLimitInconsistent(cluster_limit_inconsistent::ClusterLimitInconsistent),
     UnverifiedConsumer(unverified_consumer::UnverifiedConsumer),
     ExpiredRule(expired_rule::ExpiredRule),

@@ -224,6 +224,31 @@ fn lint_thresholds_at_their_boundaries() {
     assert!(min_calls(50).is_empty());
     assert_eq!(min_calls(51), ["gov::lint::unreachable-min-calls"]);
 
+    // `slower than` against the calls' timeout (same calls, any spelling;
+    // a shadow bulkhead sets no deadline) and their declared latency.
+    let slow = |on: &str, slower: &str, bulkhead: &str| {
+        codes(&format!(
+            "service s {{\n  match m = path prefix \"/m\" latency 200ms\n  bulkhead b on {on} {{ max_concurrent 5{bulkhead} }}\n  fuse f on m {{ trip when slow_calls >= 5 over 1m slower than {slower} }}\n}}\n"
+        ))
+    };
+    let t = ["gov::lint::slow-above-timeout"];
+    let l = ["gov::lint::slow-within-latency"];
+    assert!(slow("m", "999ms", "  timeout 1s").is_empty());
+    assert_eq!(slow("m", "1s", "  timeout 1s"), t);
+    assert_eq!(slow("path prefix \"/m\"", "2s", "  timeout 1s"), t);
+    assert!(slow("m", "2s", "  timeout 1s  mode shadow").is_empty());
+    assert!(slow("path prefix \"/other\"", "2s", "  timeout 1s").is_empty());
+    assert!(slow("m", "201ms", "").is_empty());
+    assert_eq!(slow("m", "200ms", ""), l);
+    // Through `or`, only a latency every side declares counts.
+    let either = |slower: &str, b: &str| {
+        codes(&format!(
+            "service s {{\n  match a = path prefix \"/a\" latency 2s\n  match b = path prefix \"/b\"{b}\n  fuse f on a or b {{ trip when slow_calls >= 5 over 1m slower than {slower} }}\n}}\n"
+        ))
+    };
+    assert!(either("1s", "").is_empty());
+    assert_eq!(either("1s", " latency 1s"), l);
+    assert!(either("1001ms", " latency 1s").is_empty());
 
     let cluster = |global: u32| {
         codes(&format!(
