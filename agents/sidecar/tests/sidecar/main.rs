@@ -33,6 +33,7 @@ mod reload;
 mod retry;
 mod shadow;
 mod shutdown;
+mod slow_fuse;
 mod strict;
 mod tomcat;
 mod websocket;
