@@ -78,8 +78,8 @@ pub struct Admission {
     start: Option<Now>,
     /// The rule with the shortest matched timeout.
     timeout: Option<u32>,
-    /// The caller's own deadline (`grpc-timeout`), when it is shorter.
-    caller_deadline: Option<Duration>,
+    /// The caller's own deadline (`grpc-timeout`, `gov-timeout`).
+    caller_deadline: Option<Instant>,
     /// A gRPC call whose status comes in its trailers (its head had none).
     awaits_grpc_status: bool,
     has_bytes: bool,
@@ -316,25 +316,35 @@ impl Admission {
         }
     }
 
-    /// The deadline for this call (the shortest matched timeout, or the
-    /// caller's own when shorter), if any.
+    /// The deadline for this call from now (the shortest matched timeout,
+    /// or what is left of the caller's own when shorter), if any.
     pub fn timeout(&self) -> Option<Duration> {
-        match (self.rule_timeout(), self.caller_deadline) {
+        let caller = self
+            .caller_deadline
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        match (self.rule_timeout(), caller) {
             (Some(rule), Some(caller)) => Some(rule.min(caller)),
             (rule, caller) => rule.or(caller),
         }
+    }
+
+    /// The deadline the request forwarded carries (in the header it came
+    /// in, [`crate::deadline::write`]): [`Admission::timeout`] when the
+    /// caller sent a deadline, else none.
+    pub fn forwarded_deadline(&self) -> Option<Duration> {
+        self.caller_deadline.and(self.timeout())
     }
 
     fn rule_timeout(&self) -> Option<Duration> {
         self.snap.as_deref()?.rule_timeout(self.timeout?)
     }
 
-    /// Sets the deadline the caller gave the call (a gRPC call's
-    /// `grpc-timeout`): the call's deadline when shorter than its rules'.
-    /// A call cut off by it is a timeout for fuses, answered
+    /// Sets when the deadline the caller gave the call passes
+    /// ([`crate::deadline::read`]): the call's deadline when sooner than its
+    /// rules'. A call cut off by it is a timeout for fuses, answered 504 or
     /// DEADLINE_EXCEEDED without naming a rule.
-    pub fn set_caller_deadline(&mut self, deadline: Option<Duration>) {
-        self.caller_deadline = deadline;
+    pub fn set_caller_deadline(&mut self, at: Option<Instant>) {
+        self.caller_deadline = at;
     }
 
     /// Records the outcome a response head tells (first call wins): its
@@ -568,24 +578,15 @@ impl Admission {
     /// one answer to a timeout, on every path).
     pub fn timed_out(mut self) -> Rejection {
         self.record(Outcome::Timeout);
-        let rule_first = match (self.rule_timeout(), self.caller_deadline) {
-            (Some(rule), Some(caller)) => rule <= caller,
-            (rule, _) => rule.is_some(),
-        };
+        // The timer fired: the rule's, unless the caller's deadline passed.
+        let caller_passed = crate::deadline::passed(self.caller_deadline, Instant::now());
+        let rule_first = self.rule_timeout().is_some() && !caller_passed;
         match (self.snap.as_ref(), self.timeout) {
             (Some(snap), Some(rule)) if rule_first => {
                 snap.reject(rule, RejectReason::Timeout, None)
             }
             // No rule's deadline passed: the caller's own.
-            _ => Rejection {
-                rule: "".into(),
-                reason: RejectReason::Timeout,
-                status: http::StatusCode::GATEWAY_TIMEOUT,
-                retry_after: None,
-                grpc: gov_proto::v1::GrpcCode::DeadlineExceeded,
-                would_reject: Vec::new(),
-                limit: None,
-            },
+            _ => Rejection::caller_deadline(crate::rejection::DeadlineEnd::InFlight),
         }
     }
 

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 pub use crate::admission::{Admission, ByteMeter, Pending};
 use crate::cluster::ClusterStore;
 use crate::config::{
-    CompiledConfig, DEFAULT_MAX_KEYS, InvalidConfig, LimitScope, RuleKind, RuleSpec,
+    CompiledConfig, DEFAULT_MAX_KEYS, Direction, InvalidConfig, LimitScope, RuleKind, RuleSpec,
 };
 pub use crate::decision::{Decision, Observe};
 use crate::decision::{admit_matched, observed, route};
@@ -66,6 +66,8 @@ struct Shared {
     cluster: Option<ClusterStore>,
     /// The instance's slow-start weight (`scale with warmup` limits).
     weight: Weight,
+    /// Calls refused because their caller's deadline was used up.
+    doomed: crate::deadline::Doomed,
 }
 
 /// Summary of [`Engine::apply`].
@@ -168,6 +170,7 @@ impl Engine {
                 max_keys: AtomicU32::new(DEFAULT_MAX_KEYS),
                 cluster,
                 weight,
+                doomed: Default::default(),
             }),
         }
     }
@@ -392,22 +395,89 @@ impl Engine {
         }
     }
 
-    /// [`Engine::admit`], told to `observer` when it samples the call (the
-    /// decision log of both of the sidecar's proxy paths; [`crate::Govern`]
-    /// tells its observer the same way). `request_bytes`: the request body's
-    /// declared length, when known.
+    /// [`Engine::admit`] of a call whose caller's deadline passes at
+    /// `deadline` ([`crate::deadline::read`]): refused as doomed when it is
+    /// used up on arrival or while the call waits, else admitted with it
+    /// ([`Admission::set_caller_deadline`]).
+    pub async fn admit_until(
+        &self,
+        req: &RequestInfo<'_>,
+        deadline: Option<Instant>,
+    ) -> Result<Admission, Rejection> {
+        if let Some(doomed) = self.refuse_doomed(req.direction, deadline) {
+            return Err(doomed);
+        }
+        let mut admission = match self.try_admit(req) {
+            Decision::Admitted(a) => a,
+            Decision::Rejected(r) => return Err(r),
+            Decision::Wait(p) => self.wait_until(p, req.direction, deadline).await?,
+        };
+        admission.set_caller_deadline(deadline);
+        Ok(admission)
+    }
+
+    /// [`Engine::admit_until`], told to `observer` when it samples the call
+    /// (the decision log of both of the sidecar's proxy paths;
+    /// [`crate::Govern`] tells its observer the same way). `request_bytes`:
+    /// the request body's declared length, when known.
     #[inline]
     pub async fn admit_observed<O: Observe>(
         &self,
         req: &RequestInfo<'_>,
         observer: &O,
         request_bytes: Option<u64>,
+        deadline: Option<Instant>,
     ) -> Result<Admission, Rejection> {
         let Some(sample) = observer.sample() else {
-            return self.admit(req).await;
+            return self.admit_until(req, deadline).await;
         };
-        let decided = self.admit(req).await;
+        let decided = self.admit_until(req, deadline).await;
         observed(observer, sample, req, request_bytes, decided)
+    }
+
+    /// The refusal of a call of `direction` whose caller's deadline
+    /// (`deadline`) is used up now, counted ([`Engine::doomed_calls`]);
+    /// `None` when it is not (the clock is read only for a call with one).
+    #[inline]
+    pub fn refuse_doomed(
+        &self,
+        direction: Direction,
+        deadline: Option<Instant>,
+    ) -> Option<Rejection> {
+        let at = deadline?;
+        (Instant::now() >= at).then(|| self.shared.doomed.refuse(direction))
+    }
+
+    /// [`Pending::wait`] for at most the caller's `deadline`: a call still
+    /// waiting when it passes (or admitted only as it passed) is refused as
+    /// doomed, and holds no permit.
+    pub async fn wait_until(
+        &self,
+        pending: Pending,
+        direction: Direction,
+        deadline: Option<Instant>,
+    ) -> Result<Admission, Rejection> {
+        let Some(at) = deadline else {
+            return pending.wait().await;
+        };
+        match tokio::time::timeout_at(at, pending.wait()).await {
+            Ok(Ok(admission)) => match self.refuse_doomed(direction, deadline) {
+                // Its permits go back before the refusal is answered.
+                Some(doomed) => {
+                    drop(admission);
+                    Err(doomed)
+                }
+                None => Ok(admission),
+            },
+            Ok(Err(rejection)) => Err(rejection),
+            Err(_) => Err(self.shared.doomed.refuse(direction)),
+        }
+    }
+
+    /// The calls of `direction` refused because their caller's deadline was
+    /// used up before they were admitted (doomed work), since the start.
+    pub fn doomed_calls(&self, direction: Direction) -> u64 {
+        self.shared.doomed.count(direction)
     }
 
     fn find(&self, rule: &str, expected: RuleKind) -> Result<State, CommandError> {

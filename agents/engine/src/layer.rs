@@ -19,9 +19,13 @@
 //! 504 (or DEADLINE_EXCEEDED) by [`Admission::timed_out`], and the inner
 //! service's future is dropped. A rejection never reaches the inner service
 //! and is answered by [`Rejection::respond`] (the gRPC form for a gRPC call).
-//! A gRPC call's outcome is its `grpc-status` ([`crate::grpc`]), and its
-//! `grpc-timeout` is its deadline when shorter than its rules'. Only a call
-//! that must wait (a bulkhead permit, a shaping delay) allocates.
+//! A gRPC call's outcome is its `grpc-status` ([`crate::grpc`]). The
+//! caller's deadline (`grpc-timeout`, or `gov-timeout` for any other
+//! request, [`crate::deadline`]) is the call's when sooner than its rules';
+//! a call whose deadline is used up on arrival or while it waits is refused
+//! without taking a permit, and the inner service gets the request with
+//! what is left of it. Only a call that must wait (a bulkhead permit, a
+//! shaping delay) allocates.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,12 +36,13 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service, ServiceExt};
 
 use crate::admission::Admission;
 use crate::body::{GovBody, MeteredBody};
 use crate::config::Direction;
+use crate::deadline::{self, DeadlineHeader};
 use crate::decision::{Decision, Observe, observed};
 use crate::engine::Engine;
 use crate::grpc::GrpcCall;
@@ -231,10 +236,16 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let grpc = GrpcCall::of(&req);
+        let header = DeadlineHeader::of(grpc.is_some());
+        let caller = deadline::read(header, crate::Headers::Map(req.headers()), Instant::now);
         let sample = self.cx.observer.sample();
         let decision = {
             let info = self.cx.info(&req);
-            let decision = self.cx.engine.try_admit(&info);
+            // Doomed work is refused before the rules are asked.
+            let decision = match self.cx.engine.refuse_doomed(self.cx.direction, caller) {
+                Some(doomed) => Decision::Rejected(doomed),
+                None => self.cx.engine.try_admit(&info),
+            };
             match (decision, sample) {
                 (Decision::Wait(pending), sample) => Err((pending, sample)),
                 (Decision::Admitted(a), None) => Ok(Ok(a)),
@@ -252,7 +263,8 @@ where
         match decision {
             Ok(Ok(mut admission)) => {
                 mark(&req, &mut admission);
-                let req = admitted(req, &admission);
+                admission.set_caller_deadline(caller);
+                let req = admitted(req, &admission, header);
                 let fut = self.inner.call(req);
                 ResponseFuture::called(fut, admission, grpc)
             }
@@ -267,7 +279,7 @@ where
                 let cx = self.cx.clone();
                 ResponseFuture::Waiting {
                     fut: Box::pin(async move {
-                        let waited = pending.wait().await;
+                        let waited = cx.engine.wait_until(pending, cx.direction, caller).await;
                         let waited = match sample {
                             None => waited,
                             Some(s) => {
@@ -281,7 +293,8 @@ where
                             Err(r) => return Ok(GovBody::rejected(&r, grpc.is_some())),
                         };
                         mark(&req, &mut admission);
-                        let req = admitted(req, &admission);
+                        admission.set_caller_deadline(caller);
+                        let req = admitted(req, &admission, header);
                         let fut = inner.ready().await.map_err(Into::into)?.call(req);
                         ResponseFuture::called(fut, admission, grpc).await
                     }),
@@ -304,12 +317,19 @@ fn mark<B>(req: &Request<B>, admission: &mut Admission) {
 }
 
 /// The request of an admitted call as the inner service gets it: stamped
-/// with the shadow rules that would have refused it, its body counted.
-fn admitted<B>(mut req: Request<B>, admission: &Admission) -> Request<MeteredBody<B>> {
+/// with the shadow rules that would have refused it, carrying its deadline
+/// in `header` (what is left of it, [`Admission::forwarded_deadline`]), its
+/// body counted.
+fn admitted<B>(
+    mut req: Request<B>,
+    admission: &Admission,
+    header: DeadlineHeader,
+) -> Request<MeteredBody<B>> {
     admission.stamp(req.headers_mut());
     if let Some(retry) = admission.retry() {
         req.extensions_mut().insert(retry);
     }
+    deadline::write(req.headers_mut(), header, admission.forwarded_deadline());
     req.map(|body| GovBody::request(body, admission))
 }
 
@@ -339,10 +359,7 @@ pin_project! {
 }
 
 impl<F, B> ResponseFuture<F, B> {
-    fn called(fut: F, mut admission: Admission, grpc: Option<GrpcCall>) -> Self {
-        if let Some(call) = grpc {
-            admission.set_caller_deadline(call.deadline);
-        }
+    fn called(fut: F, admission: Admission, grpc: Option<GrpcCall>) -> Self {
         let deadline = admission.timeout().map(tokio::time::sleep);
         ResponseFuture::Called {
             fut,

@@ -70,6 +70,7 @@ pub mod body;
 mod clock;
 pub mod cluster;
 pub mod config;
+pub mod deadline;
 pub mod decision;
 pub mod engine;
 pub mod events;
@@ -105,8 +106,8 @@ pub use latch::{InvalidLatch, Latch, LatchKind, Restored};
 pub use layer::{CallError, CallTarget, CountAsSystemError, Govern, GovernLayer};
 pub use outcome::Outcome;
 pub use rejection::{
-    LimitPolicy, RATELIMIT, RATELIMIT_POLICY, REJECTED_BY, RejectReason, Rejection,
-    WOULD_REJECT_BY, WouldReject,
+    DEADLINE_EXCEEDED, DeadlineEnd, LimitPolicy, RATELIMIT, RATELIMIT_POLICY, REJECTED_BY,
+    RejectReason, Rejection, WOULD_REJECT_BY, WouldReject,
 };
 pub use route::Headers;
 pub use state::retry::RetryPolicy;

@@ -25,6 +25,39 @@ pub const REJECTED_BY: &str = "gov-rejected-by";
 /// Only the agent writes it: a client's own is removed.
 pub const WOULD_REJECT_BY: &str = "gov-would-reject-by";
 
+/// The response header of an answer that no rule made but the caller's own
+/// deadline (`grpc-timeout`, `gov-timeout`): [`DeadlineEnd::as_str`].
+pub const DEADLINE_EXCEEDED: &str = "gov-deadline-exceeded";
+
+/// How a caller's own deadline ended a call ([`Rejection::deadline`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeadlineEnd {
+    /// Used up before the call was admitted (on arrival, or while it waited
+    /// for a permit): refused without taking one (doomed work).
+    BeforeAdmission,
+    /// Passed while the upstream worked on the admitted call.
+    InFlight,
+}
+
+impl DeadlineEnd {
+    /// The value of [`DEADLINE_EXCEEDED`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BeforeAdmission => "before-admission",
+            Self::InFlight => "in-flight",
+        }
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            Self::BeforeAdmission => {
+                "deadline exceeded: the caller's deadline was used up before the call was admitted"
+            }
+            Self::InFlight => "deadline exceeded: the caller's deadline passed before the response",
+        }
+    }
+}
+
 /// Why a call was rejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RejectReason {
@@ -116,6 +149,9 @@ pub struct Rejection {
     /// `RateLimit` headers (draft-ietf-httpapi-ratelimit-headers); `None`
     /// for bulkheads, fuses and timeouts.
     pub limit: Option<LimitPolicy>,
+    /// Set when no rule ended the call but its caller's own deadline did
+    /// (`rule` is empty then).
+    pub deadline: Option<DeadlineEnd>,
 }
 
 /// What a refusing limit allows: `quota` per `window` (a token bucket's
@@ -202,6 +238,21 @@ fn sf_string(s: &str) -> String {
 }
 
 impl Rejection {
+    /// The answer to a call that its caller's own deadline ended (`end`):
+    /// 504 or DEADLINE_EXCEEDED, naming no rule.
+    pub fn caller_deadline(end: DeadlineEnd) -> Self {
+        Rejection {
+            rule: "".into(),
+            reason: RejectReason::Timeout,
+            status: StatusCode::GATEWAY_TIMEOUT,
+            retry_after: None,
+            grpc: GrpcCode::DeadlineExceeded,
+            would_reject: Vec::new(),
+            limit: None,
+            deadline: Some(end),
+        }
+    }
+
     /// The `RateLimit-Policy` and `RateLimit` values of a limit's refusal:
     /// the policy is named by the rule, its window in whole seconds (a
     /// shorter window's quota scaled to one second); `qu="content-bytes"`
@@ -236,7 +287,7 @@ impl Rejection {
     /// `gov-rejected-by: service/rule`, `Retry-After` when known, and a short
     /// plain-text body. The only place a rejection becomes HTTP.
     pub fn to_response(&self) -> Response<Full<Bytes>> {
-        let body = format!("rejected by {} ({})\n", self.rule, self.reason.as_str());
+        let body = format!("{}\n", self.text());
         let mut response = Response::new(Full::new(Bytes::from(body)));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
@@ -246,14 +297,23 @@ impl Rejection {
         );
         // Rule names come from the compiler (identifiers), but a hand-written
         // config could hold anything: never panic on a bad header value.
-        if let Ok(value) = HeaderValue::from_str(&self.rule) {
+        if !self.rule.is_empty()
+            && let Ok(value) = HeaderValue::from_str(&self.rule)
+        {
             headers.insert(REJECTED_BY, value);
         }
+        self.insert_deadline(headers);
         if let Some(secs) = self.retry_after_secs() {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         self.insert_ratelimit(headers);
         response
+    }
+
+    fn insert_deadline(&self, headers: &mut http::HeaderMap) {
+        if let Some(end) = self.deadline {
+            headers.insert(DEADLINE_EXCEEDED, HeaderValue::from_static(end.as_str()));
+        }
     }
 
     /// The response for this rejection of a call that is gRPC (`grpc`, see
@@ -269,9 +329,8 @@ impl Rejection {
 
     /// The text of the rejection (the plain body, the `grpc-message`).
     fn text(&self) -> String {
-        if self.rule.is_empty() {
-            // No rule: the caller's own deadline (`grpc-timeout`) passed.
-            return format!("deadline exceeded ({})", self.reason.as_str());
+        if let Some(end) = self.deadline {
+            return end.text().to_owned();
         }
         format!("rejected by {} ({})", self.rule, self.reason.as_str())
     }
@@ -298,6 +357,7 @@ impl Rejection {
         {
             headers.insert(REJECTED_BY, value);
         }
+        self.insert_deadline(headers);
         if let Some(secs) = self.retry_after_secs() {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
@@ -310,8 +370,7 @@ impl Rejection {
     /// heads itself). `close` adds `connection: close`.
     pub fn write_http1(&self, out: &mut Vec<u8>, close: bool) {
         use std::io::Write;
-        let reason = self.reason.as_str();
-        let body_len = "rejected by  ()\n".len() + self.rule.len() + reason.len();
+        let text = self.text();
         // Writing to a Vec cannot fail.
         let _ = write!(
             out,
@@ -319,8 +378,11 @@ impl Rejection {
             self.status.as_u16(),
             self.status.canonical_reason().unwrap_or("")
         );
-        if HeaderValue::from_str(&self.rule).is_ok() {
+        if !self.rule.is_empty() && HeaderValue::from_str(&self.rule).is_ok() {
             let _ = write!(out, "{REJECTED_BY}: {}\r\n", self.rule);
+        }
+        if let Some(end) = self.deadline {
+            let _ = write!(out, "{DEADLINE_EXCEEDED}: {}\r\n", end.as_str());
         }
         if let Some(secs) = self.retry_after_secs() {
             let _ = write!(out, "retry-after: {secs}\r\n");
@@ -337,11 +399,7 @@ impl Rejection {
         if close {
             out.extend_from_slice(b"connection: close\r\n");
         }
-        let _ = write!(
-            out,
-            "content-length: {body_len}\r\n\r\nrejected by {} ({reason})\n",
-            self.rule
-        );
+        let _ = write!(out, "content-length: {}\r\n\r\n{text}\n", text.len() + 1);
     }
 }
 
@@ -360,6 +418,7 @@ mod tests {
             grpc: GrpcCode::ResourceExhausted,
             would_reject: Vec::new(),
             limit: None,
+            deadline: None,
         };
         let resp = r.to_response();
         assert_eq!(resp.status(), 429);
@@ -379,6 +438,7 @@ mod tests {
             grpc: GrpcCode::ResourceExhausted,
             would_reject: Vec::new(),
             limit: None,
+            deadline: None,
         };
         let mut out = Vec::new();
         r.write_http1(&mut out, true);
@@ -419,6 +479,7 @@ mod tests {
             grpc: GrpcCode::ResourceExhausted,
             would_reject: Vec::new(),
             limit: None,
+            deadline: None,
         };
         assert_eq!(r.retry_after_secs(), Some(1));
         r.retry_after = Some(Duration::from_secs(7200));
@@ -445,6 +506,7 @@ mod tests {
                 window: Duration::from_secs(60),
                 bytes: false,
             }),
+            deadline: None,
         };
         let policy = "\"order/crm_supplier\";q=100;w=60";
         let state = "\"order/crm_supplier\";r=0;t=2";

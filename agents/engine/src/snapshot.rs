@@ -109,6 +109,7 @@ impl Snapshot {
             grpc,
             would_reject: Vec::new(),
             limit: state.limit_policy(reason),
+            deadline: None,
         }
     }
 

@@ -315,3 +315,196 @@ rules:
     // Without a target no outbound rule matches.
     assert_eq!(seen(out, get("/stock", "")).await.0, StatusCode::OK);
 }
+
+/// A bulkhead of one that lets a call wait 500 ms, whose calls time out after
+/// 200 ms.
+const QUEUED: &str = r#"
+service: order
+rules:
+- name: order/one
+  on: {path: {kind: PATH_KIND_PREFIX, value: /}}
+  bulkhead:
+    max_concurrent: 1
+    max_wait_ms: 500
+    timeout_ms: 200
+"#;
+
+/// Answers the deadline headers it was sent (`gov-timeout|grpc-timeout`,
+/// each value `,`-joined).
+fn deadline_echo() -> impl tower::Service<
+    Request<MeteredBody<Full<Bytes>>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone
++ Send {
+    tower::service_fn(|req: Request<MeteredBody<Full<Bytes>>>| async move {
+        let all = |name: &str| {
+            let v: Vec<_> = req
+                .headers()
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect();
+            v.join(",")
+        };
+        let seen = format!("{}|{}", all("gov-timeout"), all("grpc-timeout"));
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(seen))))
+    })
+}
+
+fn with_deadline(values: &[&str]) -> Request<Full<Bytes>> {
+    let mut req = get("/a", "");
+    for v in values {
+        req.headers_mut().append("gov-timeout", v.parse().unwrap());
+    }
+    req
+}
+
+async fn answer<S>(svc: S, req: Request<Full<Bytes>>) -> (StatusCode, http::HeaderMap, String)
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<gov_engine::GovBody<Full<Bytes>>>>,
+    S::Error: std::fmt::Debug,
+{
+    let response = svc.oneshot(req).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
+}
+
+/// A call whose deadline is used up on arrival (`0m`) or while it waits for a
+/// permit is refused (504, naming why) without taking one and without the
+/// inner service: the rules do not count it, the engine does.
+#[tokio::test(start_paused = true)]
+async fn doomed_calls_are_refused_before_they_take_a_permit() {
+    let e = engine(QUEUED);
+    let svc = GovernLayer::new(e.clone()).layer(deadline_echo());
+    let (status, headers, body) = answer(svc.clone(), with_deadline(&["0m"])).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(headers["gov-deadline-exceeded"], "before-admission");
+    assert!(headers.get(REJECTED_BY).is_none());
+    assert!(
+        body.contains("used up before the call was admitted"),
+        "{body}"
+    );
+    assert_eq!(stats(&e, "order/one").admitted, 0);
+    assert_eq!(e.doomed_calls(gov_engine::Direction::Inbound), 1);
+
+    // The permit is taken: the next call waits, and its 100 ms run out
+    // before the 500 ms its bulkhead would let it wait.
+    let h = http::HeaderMap::new();
+    let held = e
+        .admit(&RequestInfo::inbound(&http::Method::GET, "/a", &h))
+        .await
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let (status, headers, _) = answer(svc.clone(), with_deadline(&["100m"])).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(headers["gov-deadline-exceeded"], "before-admission");
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    assert_eq!(e.doomed_calls(gov_engine::Direction::Inbound), 2);
+    let one = stats(&e, "order/one");
+    assert_eq!((one.admitted, one.in_flight), (1, 1), "only the held call");
+    assert_eq!(one.rejected.iter().sum::<u64>(), 0, "no rule refused it");
+
+    // The engine's own path (the HTTP/1 path's) refuses the same way.
+    let at = Some(tokio::time::Instant::now() + Duration::from_millis(50));
+    let info = RequestInfo::inbound(&http::Method::GET, "/a", &h);
+    let r = e.admit_until(&info, at).await.unwrap_err();
+    assert_eq!(r.deadline, Some(gov_engine::DeadlineEnd::BeforeAdmission));
+    assert_eq!(e.doomed_calls(gov_engine::Direction::Inbound), 3);
+    assert_eq!(e.doomed_calls(gov_engine::Direction::Outbound), 0);
+    drop(held);
+    assert_eq!(stats(&e, "order/one").in_flight, 0);
+}
+
+/// The request forwarded carries what is left of the caller's deadline, time
+/// queued included, or the rule's timeout when sooner; never a caller's
+/// malformed or repeated value; nothing when the caller sent none.
+#[tokio::test(start_paused = true)]
+async fn the_forwarded_request_carries_what_is_left_of_the_deadline() {
+    let e = engine(QUEUED);
+    let svc = GovernLayer::new(e.clone()).layer(deadline_echo());
+    // The rule's 200 ms are sooner than the caller's 5 s.
+    assert_eq!(
+        answer(svc.clone(), with_deadline(&["5S"])).await.2,
+        "200000u|"
+    );
+    // The caller's 150 ms are sooner than the rule's.
+    assert_eq!(
+        answer(svc.clone(), with_deadline(&["150m"])).await.2,
+        "150000u|"
+    );
+    // No deadline sent, a malformed one, or one sent twice: none forwarded
+    // (the rule's timeout still holds).
+    for values in [
+        &[][..],
+        &["-5m"],
+        &["1.5S"],
+        &["1S", "2S"],
+        &["99999999999m"],
+    ] {
+        assert_eq!(
+            answer(svc.clone(), with_deadline(values)).await.2,
+            "|",
+            "{values:?}"
+        );
+    }
+
+    // 120 ms queued for the permit come off the caller's 300 ms.
+    let h = http::HeaderMap::new();
+    let held = e
+        .admit(&RequestInfo::inbound(&http::Method::GET, "/a", &h))
+        .await
+        .unwrap();
+    let queued = tokio::spawn(answer(svc.clone(), with_deadline(&["300m"])));
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    drop(held);
+    let (status, _, seen) = queued.await.unwrap();
+    assert_eq!((status, &*seen), (StatusCode::OK, "180000u|"));
+
+    // A gRPC call's deadline is its `grpc-timeout`; its `gov-timeout` is
+    // left as sent.
+    let mut grpc = with_deadline(&["1S"]);
+    *grpc.version_mut() = http::Version::HTTP_2;
+    grpc.headers_mut()
+        .insert("content-type", "application/grpc".parse().unwrap());
+    grpc.headers_mut()
+        .insert("grpc-timeout", "100m".parse().unwrap());
+    assert_eq!(answer(svc.clone(), grpc).await.2, "1S|100000u");
+}
+
+/// Admitted with a deadline, a call's timeout is what is left of it (or the
+/// rule's, when sooner), and the caller's deadline ending it names no rule.
+#[tokio::test(start_paused = true)]
+async fn an_admitted_calls_timeout_is_capped_by_its_callers_deadline() {
+    let e = engine(QUEUED);
+    let h = http::HeaderMap::new();
+    let info = RequestInfo::inbound(&http::Method::GET, "/a", &h);
+    let at = tokio::time::Instant::now() + Duration::from_millis(150);
+    let a = e.admit_until(&info, Some(at)).await.unwrap();
+    assert_eq!(a.timeout(), Some(Duration::from_millis(150)));
+    assert_eq!(a.forwarded_deadline(), Some(Duration::from_millis(150)));
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert_eq!(a.forwarded_deadline(), Some(Duration::from_millis(50)));
+    tokio::time::advance(Duration::from_millis(50)).await;
+    let r = a.timed_out();
+    assert_eq!(r.deadline, Some(gov_engine::DeadlineEnd::InFlight));
+    assert!(r.rule.is_empty());
+
+    // Without a caller's deadline: the rule's, named, and none forwarded.
+    let a = e.admit_until(&info, None).await.unwrap();
+    assert_eq!(a.timeout(), Some(Duration::from_millis(200)));
+    assert_eq!(a.forwarded_deadline(), None);
+    assert_eq!(&*a.timed_out().rule, "order/one");
+    // A caller's deadline later than the rule's: the rule's, named.
+    let far = tokio::time::Instant::now() + Duration::from_secs(5);
+    let a = e.admit_until(&info, Some(far)).await.unwrap();
+    assert_eq!(a.forwarded_deadline(), Some(Duration::from_millis(200)));
+    tokio::time::advance(Duration::from_millis(200)).await;
+    assert_eq!(&*a.timed_out().rule, "order/one");
+}

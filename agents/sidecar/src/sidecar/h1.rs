@@ -47,7 +47,6 @@ mod split;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -62,7 +61,7 @@ use self::conn::{Conn, Exchange, Head, Io};
 pub(crate) use self::context::Listener;
 use self::deadline::Deadline;
 use self::local::{
-    CONTINUE, awaits_continue, discardable, is_idempotent, say_keep_alive, skip_body,
+    CONTINUE, awaits_continue, discardable, is_idempotent, refuse, say_keep_alive, skip_body,
 };
 pub(crate) use self::pool::IdlePool;
 use self::pool::Dest;
@@ -71,6 +70,7 @@ use self::relay::{READ_CHUNK, within};
 use super::consumer;
 use super::listener::{Failure, Side, path_reading, target_service};
 use super::mtls::Caller;
+use gov_engine::deadline::{DeadlineHeader, read as read_deadline};
 use gov_engine::engine::Target;
 use gov_engine::{Admission, Direction, Headers, Outcome, RequestInfo};
 
@@ -277,7 +277,10 @@ impl Conn<'_> {
             Framing::Length(n) => Some(n),
             Framing::Chunked | Framing::UntilClose => None,
         };
-        let admission = match cx.shared.admit(&info, declared, identity.invalid()).await {
+        // The clock is read only for a request with a deadline.
+        let caller = read_deadline(DeadlineHeader::Gov, raw, Instant::now);
+        let admitted = cx.shared.admit(&info, declared, identity.invalid(), caller);
+        let admission = match admitted.await {
             Ok(admission) => admission,
             Err(rejection) => {
                 drop((req, pick));
@@ -289,8 +292,14 @@ impl Conn<'_> {
         };
 
         self.out.clear();
-        let stamps = admission.stamps();
-        write_request_head(&mut self.out, &req, &self.peer, stamps, identity.value());
+        let (stamps, left) = (admission.stamps(), admission.forwarded_deadline());
+        write_request_head(
+            &mut self.out,
+            &req,
+            &self.peer,
+            (stamps, left),
+            identity.value(),
+        );
         drop(req);
         self.buf.advance(head.len);
         let to = match pick {
@@ -453,17 +462,6 @@ impl Conn<'_> {
         };
         self.conclude(client, head, exchange, admission, left).await
     }
-}
-
-/// Answers a refused request; the caller then closes the connection: after a framing
-/// error nothing that follows on it can be trusted to start a request. (Rare: the
-/// answer gets a buffer of its own, so the head it refuses can stay borrowed.)
-async fn refuse(client: &mut impl Io, cx: &Listener, refusal: Refusal) {
-    tracing::debug!(?refusal, "refused a request");
-    cx.conns.refused.fetch_add(1, Ordering::Relaxed);
-    let mut out = Vec::with_capacity(256);
-    Failure::refused(refusal.answer()).write_http1(&mut out, true);
-    let _ = client.write_all(&out).await;
 }
 
 #[cfg(test)]

@@ -57,16 +57,18 @@ impl Shared {
     /// [`gov_engine::Govern`].
     #[inline]
     /// `system_error`: fuses count the call as one whatever its outcome (a
-    /// token that did not verify, `on invalid count`).
+    /// token that did not verify, `on invalid count`). `deadline`: when the
+    /// caller's deadline passes ([`gov_engine::deadline`]).
     pub(crate) async fn admit(
         &self,
         info: &RequestInfo<'_>,
         request_bytes: Option<u64>,
         system_error: bool,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<Admission, Rejection> {
         let mut admission = self
             .engine
-            .admit_observed(info, &self.log, request_bytes)
+            .admit_observed(info, &self.log, request_bytes, deadline)
             .await?;
         if system_error {
             admission.count_as_system_error();

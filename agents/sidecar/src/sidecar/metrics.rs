@@ -125,6 +125,19 @@ impl Source {
                 }
             }
         }
+        let name = "gov_agent_doomed_calls_total";
+        enc.family(
+            name,
+            "counter",
+            "Calls refused with 504 (DEADLINE_EXCEEDED) without taking a permit: their caller's deadline (grpc-timeout, gov-timeout) was used up on arrival or while they waited.",
+        );
+        for (listener, direction) in [
+            ("inbound", gov_engine::Direction::Inbound),
+            ("outbound", gov_engine::Direction::Outbound),
+        ] {
+            let doomed = self.engine.doomed_calls(direction);
+            enc.sample(name, &[("listener", listener)], doomed);
+        }
     }
 
     /// Mutual TLS between agents, and where consumers come from.

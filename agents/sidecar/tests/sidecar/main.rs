@@ -11,6 +11,7 @@ mod support;
 
 mod balance;
 mod client_gone;
+mod deadline;
 mod decision_log;
 mod differential;
 mod enforce;

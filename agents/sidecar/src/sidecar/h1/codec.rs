@@ -14,6 +14,7 @@ use smallvec::SmallVec;
 
 use super::super::headers::{FRAMING, HOP_BY_HOP};
 use gov_engine::WOULD_REJECT_BY;
+use gov_engine::deadline::{GOV_TIMEOUT, format};
 use gov_engine::path::{PathError, Reading, normalize};
 
 /// Most header fields of a request head (more: 431, as Envoy's default).
@@ -550,7 +551,7 @@ pub(crate) fn write_request_head<'a>(
     out: &mut Vec<u8>,
     req: &Checked<'_>,
     peer: &str,
-    stamps: impl Iterator<Item = &'a str>,
+    (stamps, deadline): (impl Iterator<Item = &'a str>, Option<std::time::Duration>),
     consumer: Option<(&str, Option<&[u8]>)>,
 ) {
     use std::io::Write;
@@ -580,10 +581,19 @@ pub(crate) fn write_request_head<'a>(
             continue;
         } else if name.eq_ignore_ascii_case(WOULD_REJECT_BY)
             || consumer.is_some_and(|(c, _)| name.eq_ignore_ascii_case(c))
+            || name.eq_ignore_ascii_case(GOV_TIMEOUT.as_str())
         {
             continue;
         }
         push_header(out, name.as_bytes(), h.value);
+    }
+    // The caller's deadline, as what is left of it (`gov_engine::deadline`).
+    if let Some(left) = deadline {
+        push_header(
+            out,
+            GOV_TIMEOUT.as_str().as_bytes(),
+            format(left).as_bytes(),
+        );
     }
     // The consumer the agent verified (`consumer from jwt`), never the client's.
     if let Some((name, Some(value))) = consumer {

@@ -90,3 +90,21 @@ pub(super) async fn skip_body(
     }
     true
 }
+
+/// Answers a refused request; the caller then closes the connection: after a framing
+/// error nothing that follows on it can be trusted to start a request. (Rare: the
+/// answer gets a buffer of its own, so the head it refuses can stay borrowed.)
+pub(super) async fn refuse(
+    client: &mut (impl tokio::io::AsyncWrite + Unpin),
+    cx: &super::Listener,
+    refusal: super::codec::Refusal,
+) {
+    use tokio::io::AsyncWriteExt;
+    tracing::debug!(?refusal, "refused a request");
+    cx.conns
+        .refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut out = Vec::with_capacity(256);
+    crate::sidecar::listener::Failure::refused(refusal.answer()).write_http1(&mut out, true);
+    let _ = client.write_all(&out).await;
+}

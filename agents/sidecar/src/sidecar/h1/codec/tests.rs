@@ -416,7 +416,13 @@ fn http10_and_expect_continue_are_served_here() {
         panic!("served");
     };
     let mut out = Vec::new();
-    write_request_head(&mut out, &req, "127.0.0.2", std::iter::empty(), None);
+    write_request_head(
+        &mut out,
+        &req,
+        "127.0.0.2",
+        (std::iter::empty(), None),
+        None,
+    );
     assert_eq!(
         String::from_utf8(out).unwrap(),
         "POST /a HTTP/1.1\r\nhost: h\r\ncontent-length: 1\r\nx-forwarded-for: 127.0.0.2\r\n\r\n"
@@ -591,7 +597,13 @@ fn upstream_head(head: &str) -> String {
         panic!("not served here: {head:?}");
     };
     let mut out = Vec::new();
-    write_request_head(&mut out, &req, "127.0.0.2", std::iter::empty(), None);
+    write_request_head(
+        &mut out,
+        &req,
+        "127.0.0.2",
+        (std::iter::empty(), None),
+        None,
+    );
     String::from_utf8(out).unwrap()
 }
 
@@ -756,7 +768,13 @@ fn only_the_agent_writes_gov_would_reject_by() {
     };
     let mut out = Vec::new();
     let stamps = ["shop/trial", "shop/bad\r\nx-injected: 1", "shop/other"];
-    write_request_head(&mut out, &req, "127.0.0.2", stamps.into_iter(), None);
+    write_request_head(
+        &mut out,
+        &req,
+        "127.0.0.2",
+        (stamps.into_iter(), None),
+        None,
+    );
     assert_eq!(
         String::from_utf8(out).unwrap(),
         "GET /a HTTP/1.1\r\nx-kept: 1\r\ngov-would-reject-by: shop/trial, shop/other\r\nhost: h\r\nx-forwarded-for: 127.0.0.2\r\n\r\n"
