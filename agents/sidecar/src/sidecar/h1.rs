@@ -63,8 +63,8 @@ use self::deadline::Deadline;
 use self::local::{
     CONTINUE, awaits_continue, discardable, is_idempotent, refuse, say_keep_alive, skip_body,
 };
-pub(crate) use self::pool::IdlePool;
 use self::pool::Dest;
+pub(crate) use self::pool::IdlePool;
 pub(crate) use self::prefixed::Prefixed;
 use self::relay::{READ_CHUNK, within};
 use super::consumer;

@@ -479,7 +479,7 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
             parts,
             UpstreamBody::client(body, conn.hold.bound),
         ));
-        Sending::Sending {
+        Sending::Sent {
             fut,
             pick: Awaiting(pick),
             again,
@@ -493,7 +493,7 @@ pin_project_lite::pin_project! {
     /// failed ([`Outcome::ConnectFailure`] or [`Outcome::Reset`]).
     #[project = SendingProj]
     pub(crate) enum Sending {
-        Sending {
+        Sent {
             #[pin]
             fut: ClientFuture,
             pick: Awaiting,
@@ -526,7 +526,7 @@ impl Future for Sending {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let (mut fut, pick, again, client_upgrade) = match self.project() {
-            SendingProj::Sending {
+            SendingProj::Sent {
                 fut,
                 pick,
                 again,
