@@ -31,6 +31,7 @@ pub mod fixed_wait;
 pub mod fuse_counts_retries;
 pub mod grpc_name;
 pub mod grpc_status;
+pub mod invalid_outlier;
 pub mod invalid_peer;
 pub mod key_attribute;
 pub mod key_cap;
@@ -39,6 +40,7 @@ pub mod match_cycle;
 pub mod missing_field;
 pub mod mixed_direction;
 pub mod non_positive;
+pub mod outlier_not_called;
 pub mod path_not_normal;
 pub mod per_instance_inbound;
 pub mod percent_range;
@@ -106,6 +108,7 @@ pub const CODES: &[&str] = &[
     "gov::mixed-direction",
     "gov::match-cycle",
     "gov::conflicting-rules",
+    "gov::invalid-outlier",
     "gov::lint::bulkhead-over-workers",
     "gov::lint::queueing-bulkhead",
     "gov::lint::shutdown-wait",
@@ -124,6 +127,7 @@ pub const CODES: &[&str] = &[
     "gov::lint::retry-outlasts-timeout",
     "gov::lint::retry-non-idempotent",
     "gov::lint::fuse-counts-retries",
+    "gov::lint::outlier-not-called",
 ];
 
 /// A check: reads the context, reports what it finds.
@@ -167,6 +171,7 @@ const CHECKS: &[Check] = &[
     retry_budget::check,
     retry_inbound::check,
     conflicting_rules::check,
+    invalid_outlier::check,
     bulkhead_over_workers::check,
     queueing_bulkhead::check,
     shutdown_wait::check,
@@ -185,6 +190,7 @@ const CHECKS: &[Check] = &[
     retry_outlasts_timeout::check,
     retry_non_idempotent::check,
     fuse_counts_retries::check,
+    outlier_not_called::check,
 ];
 
 /// Runs every check.

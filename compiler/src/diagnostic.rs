@@ -87,6 +87,7 @@ diagnostics! {
     MixedDirection(mixed_direction::MixedDirection),
     MatchCycle(match_cycle::MatchCycle),
     ConflictingRules(conflicting_rules::ConflictingRules),
+    InvalidOutlier(invalid_outlier::InvalidOutlier),
     BulkheadOverWorkers(bulkhead_over_workers::BulkheadOverWorkers),
     QueueingBulkhead(queueing_bulkhead::QueueingBulkhead),
     RetryAmplification(retry_amplification::RetryAmplification),
@@ -105,6 +106,7 @@ diagnostics! {
     ExpiredRule(expired_rule::ExpiredRule),
     LatchOutlivesRule(latch_outlives_rule::LatchOutlivesRule),
     WarmupWithoutRamp(warmup_without_ramp::WarmupWithoutRamp),
+    OutlierNotCalled(outlier_not_called::OutlierNotCalled),
 }
 
 impl From<gov_lang::SyntaxError> for Diagnostic {

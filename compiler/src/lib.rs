@@ -24,6 +24,7 @@ pub mod check;
 mod diagnostic;
 mod kind;
 pub mod lower;
+mod outlier;
 mod paths;
 pub mod plan;
 mod resolve;

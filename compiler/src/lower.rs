@@ -252,6 +252,7 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
             _ => {}
         }
     }
+    (t.outlier, t.outlier_targets) = crate::outlier::lower(&svc.outliers);
     for (rule, norm) in svc.rules_with_norms() {
         t.rules.push(pb::Rule {
             spec: Some(rule.imp.lower(rule.def, &l)),

@@ -454,6 +454,7 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
     push(&mut settings, "consumer from", source);
     push(&mut settings, "registry", t.registry.clone());
     push(&mut settings, "paths", paths_word(t.paths));
+    crate::outlier::fields(t, &mut settings);
     out.push((RuleKind::Service, t.service.clone(), settings));
     for m in &t.matches {
         let mut f = vec![("expr".to_string(), expr_opt(m.expr.as_ref()))];

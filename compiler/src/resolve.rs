@@ -108,6 +108,8 @@ pub(crate) struct Svc<'a> {
     pub paths: Option<&'a ast::PathsStmt>,
     pub warmup: Option<&'a Warmup>,
     pub shutdown: Option<&'a Shutdown>,
+    /// Every `outlier` block in source order (duplicates included).
+    pub outliers: Vec<&'a ast::Outlier>,
 }
 
 /// A rule of any kind: its definition and what its kind means.
@@ -280,6 +282,7 @@ impl<'a> Svc<'a> {
             paths: None,
             warmup: None,
             shutdown: None,
+            outliers: Vec::new(),
         };
         for stmt in &ast.body {
             match stmt {
@@ -323,6 +326,7 @@ impl<'a> Svc<'a> {
                 ServiceStmt::Shutdown(s) => {
                     svc.shutdown.get_or_insert(s);
                 }
+                ServiceStmt::Outlier(o) => svc.outliers.push(o),
             }
         }
         svc.norms = svc.rules.iter().map(|r| svc.normalize(r.on())).collect();

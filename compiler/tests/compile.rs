@@ -766,3 +766,73 @@ fn a_slow_call_trip_lowers_its_threshold_and_shows_it_in_a_plan() {
     Plan: 0 service(s) to add, 1 to change, 0 to remove.
     ");
 }
+
+/// `outlier` blocks lower to `TargetConfig.outlier` and `outlier_targets`,
+/// every value written (a callee's block takes what it leaves out from the
+/// service-wide one, then the defaults), and show in a plan; without a block
+/// the wire has none (the agent's defaults, the fixed rule of before).
+#[test]
+fn outlier_blocks_lower_every_value_and_show_in_a_plan() {
+    let text = |outlier: &str| {
+        format!(
+            "service web {{\n  match co = calls to checkout\n{outlier}}}\n\nservice checkout {{}}\n\nservice billing {{}}\n"
+        )
+    };
+    let none = bundle(&[SourceFile::new("a.gov", text(""))]);
+    let web = |b: &Bundle| {
+        b.targets
+            .iter()
+            .find(|t| t.service == "web")
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(web(&none).outlier, None);
+    assert!(web(&none).outlier_targets.is_empty());
+
+    let declared = bundle(&[SourceFile::new(
+        "a.gov",
+        text(
+            "  outlier { consecutive_failures 3 }\n  \
+             outlier to checkout {\n    eject 30s growth 3x max 5m\n    max_ejected 50%\n    on status 500..599 429\n  }\n",
+        ),
+    )]);
+    use gov_proto::v1::{OutlierPolicy, StatusRange};
+    let defaults = gov_proto::compiled::outlier_defaults();
+    let wide = OutlierPolicy {
+        consecutive_failures: 3,
+        ..defaults.clone()
+    };
+    assert_eq!(web(&declared).outlier, Some(wide));
+    let t = &web(&declared).outlier_targets;
+    assert_eq!(t.len(), 1);
+    assert_eq!(t[0].service, "checkout");
+    assert_eq!(
+        t[0].policy,
+        Some(OutlierPolicy {
+            consecutive_failures: 3,
+            eject_ms: 30_000,
+            growth: 3,
+            max_eject_ms: 300_000,
+            max_ejected_milli_percent: 50_000,
+            status: vec![
+                StatusRange { from: 500, to: 599 },
+                StatusRange { from: 429, to: 429 }
+            ],
+        })
+    );
+    // An ejection above the inherited ceiling raises it.
+    let long = bundle(&[SourceFile::new(
+        "a.gov",
+        text("  outlier to checkout { eject 2m }\n"),
+    )]);
+    let p = web(&long).outlier_targets[0].policy.clone().unwrap();
+    assert_eq!((p.eject_ms, p.max_eject_ms), (120_000, 120_000));
+
+    insta::assert_snapshot!(plan(&none, &declared).render(), @r"
+    ~ service web
+      ~ settings web: outlier (none) -> consecutive_failures 3 eject 1s growth 2x max 1m
+      ~ settings web: outlier to checkout (none) -> consecutive_failures 3 eject 30s growth 3x max 5m max_ejected 50% on status 500..599 429
+
+    Plan: 0 service(s) to add, 1 to change, 0 to remove.
+    ");
+}

@@ -109,6 +109,7 @@ pub enum ServiceStmt {
     Rule(RuleDef),
     Warmup(Warmup),
     Shutdown(Shutdown),
+    Outlier(Outlier),
 }
 
 /// `domain "trade"`: the service domain, the scope of `per domain` limits.
@@ -347,6 +348,8 @@ pub enum Word {
     Duration(Duration),
     Size(Size),
     Percent(Percent),
+    /// A factor (`growth 2x`).
+    Factor(i64),
     /// An instant (`expires 2026-12-31T00:00Z`).
     Instant(Instant),
     /// A status code or an inclusive range of them: `500`, `500..599`.
@@ -365,6 +368,29 @@ impl Setting {
             _ => None,
         }
     }
+}
+
+// === Outlier ejection ===
+
+/// `outlier [to SERVICE] { SETTING... }`: when the outbound balancer ejects
+/// an instance of a service this one calls (of every callee without `to`).
+/// The settings are kept as words, as a rule's are; what they mean is the
+/// compiler's.
+///
+/// ```gov
+/// outlier to checkout {
+///   consecutive_failures 5
+///   eject 30s growth 2x max 5m
+///   max_ejected 50%
+///   on status 500..599
+/// }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Outlier {
+    /// The callee; `None` for every callee without a block of its own.
+    pub to: Option<Ident>,
+    pub settings: Vec<Setting>,
+    pub span: Span,
 }
 
 // === Warmup ===
@@ -494,6 +520,7 @@ impl fmt::Display for Word {
             Word::Duration(d) => write!(f, "{d}"),
             Word::Size(s) => write!(f, "{s}"),
             Word::Percent(p) => write!(f, "{p}"),
+            Word::Factor(n) => write!(f, "{n}x"),
             Word::Instant(i) => f.write_str(&i.text),
             Word::Range { from, to: None } => write!(f, "{}", from.node),
             Word::Range { from, to: Some(to) } => write!(f, "{}..{}", from.node, to.node),

@@ -261,6 +261,15 @@ impl Formatter<'_> {
                     f.stmt(s.span, &s.to_string());
                 });
             }
+            ServiceStmt::Outlier(o) => {
+                let header = match &o.to {
+                    Some(to) => format!("outlier to {}", to.node),
+                    None => "outlier".to_owned(),
+                };
+                self.block(o.span, &header, &o.settings, |f, s| {
+                    f.stmt(s.span, &s.to_string());
+                });
+            }
             ServiceStmt::Warmup(w) => {
                 self.block(w.span, "warmup", &w.steps, |f, s| {
                     let (text, span) = warmup_step(s);

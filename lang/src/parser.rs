@@ -616,6 +616,19 @@ impl Builder<'_> {
                     .collect::<Result<_, _>>()?;
                 ServiceStmt::Shutdown(Shutdown { steps, span })
             }
+            Rule::outlier_def => {
+                k.kw(self)?;
+                let to = match k.opt(Rule::outlier_to) {
+                    Some(t) => {
+                        let mut t = Kids::of(t);
+                        t.kw(self)?;
+                        Some(self.ident(t.rule(self, Rule::ident)?))
+                    }
+                    None => None,
+                };
+                let settings = self.settings(k)?;
+                ServiceStmt::Outlier(Outlier { to, settings, span })
+            }
             // Every other statement is a rule: the grammar's definition of
             // a kind (`KIND NAME on EXPR { SETTING... }`), read the same way
             // for every kind.

@@ -8,7 +8,9 @@
 //! of `Spec::fill`, so that a new kind does not touch this file.
 
 use crate::v1::consumer_source::Kind as ConsumerKind;
-use crate::v1::{Mode, OnInvalid, Rule, TargetConfig, warmup_step::Step as WarmupStep};
+use crate::v1::{
+    Mode, OnInvalid, OutlierPolicy, Rule, TargetConfig, warmup_step::Step as WarmupStep,
+};
 
 /// The request header that carries the caller's identity.
 pub const CONSUMER_HEADER: &str = "x-gov-consumer";
@@ -59,6 +61,22 @@ pub fn consumer_source_words(t: &TargetConfig) -> String {
             )
         }
         None => format!("header {}", quoted(&t.consumer_header)),
+    }
+}
+
+/// The outlier policy of every callee when the policy declares none (and
+/// what a declared block leaves out): the agents' fixed rule before it could be
+/// declared. 5 connect failures or resets in a row eject an instance for 1 s,
+/// doubled with each ejection in a row up to 60 s; never the last instance
+/// that is not ejected; an answer is never a failure.
+pub fn outlier_defaults() -> OutlierPolicy {
+    OutlierPolicy {
+        consecutive_failures: 5,
+        eject_ms: 1_000,
+        growth: 2,
+        max_eject_ms: 60_000,
+        max_ejected_milli_percent: 0,
+        status: Vec::new(),
     }
 }
 

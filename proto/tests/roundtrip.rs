@@ -77,6 +77,25 @@ fn order() -> TargetConfig {
             )),
         }),
         registry: "eureka".into(),
+        outlier: Some(gov_proto::v1::OutlierPolicy {
+            consecutive_failures: 3,
+            eject_ms: 10_000,
+            growth: 2,
+            max_eject_ms: 300_000,
+            max_ejected_milli_percent: 50_000,
+            status: Vec::new(),
+        }),
+        outlier_targets: vec![gov_proto::v1::OutlierTarget {
+            service: "inventory".into(),
+            policy: Some(gov_proto::v1::OutlierPolicy {
+                consecutive_failures: 5,
+                eject_ms: 30_000,
+                growth: 3,
+                max_eject_ms: 600_000,
+                max_ejected_milli_percent: 100_000,
+                status: vec![StatusRange { from: 500, to: 599 }],
+            }),
+        }],
         paths: gov_proto::v1::PathDialect::Servlet as i32,
         matches: vec![
             Match {

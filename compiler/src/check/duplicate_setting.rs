@@ -1,7 +1,8 @@
 //! `gov::duplicate-setting`: one setting given twice in the same block: in a
 //! rule (`max_concurrent` twice), a registry (`server_cache` twice), a
-//! service (`capacity workers` or `domain` twice, two `warmup` blocks) or a
-//! lifecycle block (`register` twice).
+//! service (`capacity workers` or `domain` twice, two `warmup` blocks, two
+//! `outlier` blocks for the same callee) or a lifecycle or outlier block
+//! (`register` twice, `eject` twice).
 //!
 //! Why: which value wins would be an accident of the implementation. Other
 //! systems keep the last value silently; a reviewer reading the first one
@@ -37,18 +38,18 @@ pub struct DuplicateSetting {
 }
 
 /// Reports every key seen twice in `items`.
-fn report(
+fn report<K: AsRef<str>>(
     cx: &Ctx<'_>,
     file: usize,
     owner: impl Fn() -> String,
-    items: &[(&'static str, Span)],
+    items: &[(K, Span)],
     out: &mut Vec<Diagnostic>,
 ) {
     for (i, (key, span)) in items.iter().enumerate() {
-        if let Some((_, first)) = items[..i].iter().find(|(k, _)| k == key) {
+        if let Some((_, first)) = items[..i].iter().find(|(k, _)| k.as_ref() == key.as_ref()) {
             out.push(
                 DuplicateSetting {
-                    setting: (*key).to_string(),
+                    setting: key.as_ref().to_string(),
                     owner: owner(),
                     src: cx.src(file),
                     first: (*first).into(),
@@ -140,6 +141,20 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                         out,
                     );
                 }
+                ServiceStmt::Outlier(o) => {
+                    let items: Vec<_> = o
+                        .settings
+                        .iter()
+                        .filter_map(|s| Some((s.key()?, s.span)))
+                        .collect();
+                    let owner = || match &o.to {
+                        Some(to) => {
+                            format!("the outlier policy of `{}` for `{}`", svc.name(), to.node)
+                        }
+                        None => format!("the outlier policy of `{}`", svc.name()),
+                    };
+                    report(cx, svc.file, owner, &items, out);
+                }
                 ServiceStmt::Match(_) | ServiceStmt::Rule(_) => {}
             }
         }
@@ -148,6 +163,21 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             svc.file,
             || format!("service `{}`", svc.name()),
             &stmts,
+            out,
+        );
+        let blocks: Vec<(String, Span)> = svc
+            .outliers
+            .iter()
+            .map(|o| match &o.to {
+                Some(to) => (format!("outlier to {}", to.node), o.span),
+                None => ("outlier".to_string(), o.span),
+            })
+            .collect();
+        report(
+            cx,
+            svc.file,
+            || format!("service `{}`", svc.name()),
+            &blocks,
             out,
         );
         for rule in &svc.rules {

@@ -1,5 +1,5 @@
-//! `gov::unknown-service`: `calls to NAME` names a service that no file
-//! defines.
+//! `gov::unknown-service`: `calls to NAME` or `outlier to NAME` names a
+//! service that no file defines.
 //!
 //! Why: a client-side bulkhead or limit on calls to a misspelt service
 //! never matches a call, so the caller is unprotected.
@@ -44,6 +44,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
         for rule in &svc.rules {
             calls_to(rule.on(), &mut targets);
         }
+        targets.extend(svc.outliers.iter().filter_map(|b| b.to.as_ref()));
         for target in targets {
             if cx.service_index.contains_key(target.node.as_str())
                 || !cx.service_surely_unknown(&target.node)

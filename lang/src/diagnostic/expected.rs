@@ -8,6 +8,7 @@ use crate::grammar::{MATCH_WORDS, Rule, statement_words};
 pub(super) const DURATION: &str = "a duration such as `10ms`";
 pub(super) const SIZE: &str = "a size such as `10MiB`";
 pub(super) const PERCENT: &str = "a percentage such as `50%`";
+pub(super) const FACTOR: &str = "a factor such as `2x`";
 pub(super) const INSTANT: &str = "an instant such as `2026-12-31T00:00Z`";
 pub(super) const INT: &str = "a whole number";
 pub(super) const STRING: &str = "a string such as `\"/orders\"`";
@@ -33,6 +34,7 @@ pub(super) fn describe_rule(rule: Rule) -> Vec<Phrase> {
         Rule::duration => vec![Text(DURATION)],
         Rule::size => vec![Text(SIZE)],
         Rule::percent => vec![Text(PERCENT)],
+        Rule::factor => vec![Text(FACTOR)],
         Rule::instant => vec![Text(INSTANT)],
         Rule::compare_op => words(&[">", ">="]),
         Rule::lbrace => words(&["{"]),

@@ -11,16 +11,7 @@ impl Builder<'_> {
         let name = self.ident(k.rule(self, Rule::ident)?);
         k.rule(self, Rule::kw_on)?;
         let on = self.match_expr(k.rule(self, Rule::match_expr)?, &mut 0)?;
-        let settings = k
-            .rest()
-            .map(|s| {
-                let span = span_of(&s);
-                // Most settings have two to six words; one allocation.
-                let mut words = Vec::with_capacity(8);
-                self.words(s, &mut words)?;
-                Ok(Setting { words, span })
-            })
-            .collect::<Result<_, _>>()?;
+        let settings = self.settings(k)?;
         Ok(RuleDef {
             kind,
             name,
@@ -28,6 +19,19 @@ impl Builder<'_> {
             settings,
             span,
         })
+    }
+
+    /// The settings of a block (a rule's, an `outlier`'s), each as its words.
+    pub(super) fn settings(&self, k: Kids<'_>) -> Result<Vec<Setting>, SyntaxError> {
+        k.rest()
+            .map(|s| {
+                let span = span_of(&s);
+                // Most settings have two to six words; one allocation.
+                let mut words = Vec::with_capacity(8);
+                self.words(s, &mut words)?;
+                Ok(Setting { words, span })
+            })
+            .collect()
     }
 
     /// The words and values of a setting, in order: nested rules of the
@@ -42,6 +46,11 @@ impl Builder<'_> {
                 Rule::duration => self.duration(c)?.map(Word::Duration),
                 Rule::size => self.size(c)?.map(Word::Size),
                 Rule::percent => self.percent(c)?.map(Word::Percent),
+                Rule::factor => {
+                    let span = span_of(&c);
+                    let digits = c.as_str().trim_end_matches('x');
+                    Spanned::new(Word::Factor(self.number(digits, span)?), span)
+                }
                 Rule::instant => self.instant(c)?.map(Word::Instant),
                 Rule::string => self.string(c).map(Word::Str),
                 Rule::ident => self.ident(c).map(Word::Name),

@@ -114,3 +114,21 @@ fn strings_are_escaped_again() {
         "service s {\n  domain \"a\\\"b\\\\c\"\n}\n"
     );
 }
+
+/// An outlier block: its settings in the words written; a factor keeps its
+/// `x`, and a factor without it (or a word where the callee goes) is an error.
+#[test]
+fn outlier_blocks_read_and_print_their_words() {
+    let src = "service s { outlier to inventory { eject 30s growth 3x max 5m max_ejected 25% } }";
+    let out = gov_lang::format_source("s.gov", src).unwrap();
+    assert!(out.contains("  outlier to inventory {\n"), "{out}");
+    assert!(out.contains("    eject 30s growth 3x max 5m\n"), "{out}");
+    assert!(out.contains("    max_ejected 25%\n"), "{out}");
+    for bad in [
+        "service s { outlier { eject 30s growth 3 } }",
+        "service s { outlier to { eject 30s } }",
+        "service s { outlier { max_ejected 5 } }",
+    ] {
+        assert!(gov_lang::parse("s.gov", bad).is_err(), "{bad}");
+    }
+}
