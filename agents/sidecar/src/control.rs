@@ -357,7 +357,10 @@ fn check(
             None,
         ));
     }
-    crate::lifecycle::check_steps(target).map_err(|e| (e.to_string(), None))
+    crate::lifecycle::check_steps(target).map_err(|e| (e.to_string(), None))?;
+    crate::sidecar::Outliers::from_target(target)
+        .map(|_| ())
+        .map_err(|e| (e.to_string(), None))
 }
 
 /// One stream: hello, then configs and commands in, ACK/NACK, stats and

@@ -53,7 +53,7 @@ pub use consumer::{Invalid, Verifier};
 pub use endpoints::{endpoints_to, restore_endpoints};
 pub use listener::GOV_SERVICE;
 pub use reload::{ConfigError, ConfigStatus, parse_config, read_config};
-pub use upstream::{Balance, Directory, EndpointSpec, UpstreamProtocol};
+pub use upstream::{Balance, Directory, EndpointSpec, InvalidOutlier, Outliers, UpstreamProtocol};
 
 /// Most open connections of the admin listener (scrapes and probes).
 const MAX_ADMIN_CONNECTIONS: usize = 64;
@@ -130,10 +130,12 @@ impl Sidecar {
         };
         engine.set_max_keys_per_rule(options.max_keys_per_rule);
         tokio::spawn(lifecycle.follow_weight(engine.clone()));
+        // Before the config: a config's outlier policies are the directory's.
+        let directory = Arc::new(Directory::new(options.balance, &options.instances));
         let initial = match &options.config {
             Some(path) => {
                 let (bytes, target) = read_config(path).await?;
-                let version = apply(&engine, &options.service, path, &target)?;
+                let version = apply(&engine, &directory, &options.service, path, &target)?;
                 config.record_applied(&target, &version, format!("file {}", path.display()));
                 lifecycle.set_plan(&target);
                 health.set_config_loaded();
@@ -150,21 +152,23 @@ impl Sidecar {
         {
             let path = dir.join(crate::control::LAST_GOOD_FILE);
             match crate::control::read_last_good(dir, &options.service) {
-                Ok(Some(target)) => match apply(&engine, &options.service, &path, &target) {
-                    Ok(version) => {
-                        config.record_applied(
-                            &target,
-                            &version,
-                            format!("state-dir {}", path.display()),
-                        );
-                        lifecycle.set_plan(&target);
-                        health.set_config_loaded();
-                        tracing::info!(%version, "enforcing the last good config from disk");
+                Ok(Some(target)) => {
+                    match apply(&engine, &directory, &options.service, &path, &target) {
+                        Ok(version) => {
+                            config.record_applied(
+                                &target,
+                                &version,
+                                format!("state-dir {}", path.display()),
+                            );
+                            lifecycle.set_plan(&target);
+                            health.set_config_loaded();
+                            tracing::info!(%version, "enforcing the last good config from disk");
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, "the last good config on disk is refused; starting without it")
+                        }
                     }
-                    Err(error) => {
-                        tracing::warn!(%error, "the last good config on disk is refused; starting without it")
-                    }
-                },
+                }
                 Ok(None) => {}
                 Err(error) => tracing::warn!(%error, "cannot load the last good config"),
             }
@@ -214,6 +218,7 @@ impl Sidecar {
             let status = config.clone();
             let health = health.clone();
             let engine = engine.clone();
+            let directory = directory.clone();
             let service = options.service.clone();
             let file = path.clone();
             let lifecycle = lifecycle.clone();
@@ -223,8 +228,8 @@ impl Sidecar {
                 stop.clone(),
                 config.clone(),
                 move |target| {
-                    let version =
-                        apply(&engine, &service, &file, &target).map_err(|e| e.to_string())?;
+                    let version = apply(&engine, &directory, &service, &file, &target)
+                        .map_err(|e| e.to_string())?;
                     status.record_applied(&target, &version, format!("file {}", file.display()));
                     lifecycle.set_plan(&target);
                     health.set_config_loaded();
@@ -243,7 +248,6 @@ impl Sidecar {
             options.max_connections_per_client,
         ));
         let outbound_conns = Arc::new(serve::Connections::new(options.max_connections, usize::MAX));
-        let directory = Arc::new(Directory::new(options.balance, &options.instances));
         let shared = Arc::new(listener::Shared {
             engine: engine.clone(),
             clients: upstream::Clients::new(
@@ -498,6 +502,7 @@ impl Sidecar {
     pub fn on_config_applied(&self) -> crate::control::OnApplied {
         let (config, health) = (self.config.clone(), self.health.clone());
         let lifecycle = self.lifecycle.clone();
+        let directory = self.directory.clone();
         let source = format!(
             "control-plane {}",
             self.control_plane.as_deref().unwrap_or_default()
@@ -505,6 +510,11 @@ impl Sidecar {
         Arc::new(move |target: &gov_proto::v1::TargetConfig| {
             config.record_applied(target, &target.version, source.clone());
             lifecycle.set_plan(target);
+            // `control::check` refused a config whose policies are invalid.
+            match crate::sidecar::Outliers::from_target(target) {
+                Ok(outliers) => directory.set_outliers(outliers),
+                Err(error) => tracing::error!(%error, "outlier policies not applied"),
+            }
             health.set_config_loaded();
         })
     }
@@ -563,10 +573,11 @@ impl Sidecar {
     }
 }
 
-/// Checks that `target` is for this agent's service and swaps it into the engine;
-/// returns its version.
+/// Checks that `target` is for this agent's service and swaps it into the engine
+/// and its outlier policies into the balancer; returns its version.
 fn apply(
     engine: &Engine,
+    directory: &Directory,
     service: &str,
     path: &std::path::Path,
     target: &gov_proto::v1::TargetConfig,
@@ -582,9 +593,11 @@ fn apply(
         )));
     }
     crate::lifecycle::check_steps(target).map_err(|e| invalid(e.to_string()))?;
+    let outliers = Outliers::from_target(target).map_err(|e| invalid(e.to_string()))?;
     let applied = engine
         .apply_target(target)
         .map_err(|e| invalid(e.to_string()))?;
+    directory.set_outliers(outliers);
     Ok(applied.version.to_string())
 }
 

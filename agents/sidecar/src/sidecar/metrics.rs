@@ -397,7 +397,7 @@ fn render_endpoints(enc: &mut Encoder, endpoints: &[EndpointStats]) {
         return;
     }
     type Read = fn(&EndpointStats) -> u64;
-    let families: [(&str, &str, &str, Read); 5] = [
+    let families: [(&str, &str, &str, Read); 6] = [
         (
             "gov_agent_endpoint_requests_total",
             "counter",
@@ -413,8 +413,14 @@ fn render_endpoints(enc: &mut Encoder, endpoints: &[EndpointStats]) {
         (
             "gov_agent_endpoint_ejections_total",
             "counter",
-            "Times the endpoint was ejected after connect failures or resets in a row.",
+            "Times the endpoint was ejected after failures in a row (its callee's outlier policy).",
             |e| e.ejections,
+        ),
+        (
+            "gov_agent_endpoint_ejections_withheld_total",
+            "counter",
+            "Failures past the outlier policy's count that did not eject the endpoint: its max_ejected share (or the last available endpoint) held it back.",
+            |e| e.withheld,
         ),
         (
             "gov_agent_endpoint_ejected",
@@ -656,6 +662,7 @@ mod tests {
             requests: 7,
             outstanding: 2,
             ejections: 1,
+            withheld: 3,
             ejected: true,
             slow: false,
         };
@@ -666,6 +673,7 @@ mod tests {
             "gov_agent_endpoint_outstanding{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 2\n",
             "gov_agent_endpoint_ejections_total{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 1\n",
             "gov_agent_endpoint_ejected{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 1\n",
+            "gov_agent_endpoint_ejections_withheld_total{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 3\n",
             "gov_agent_endpoint_slow{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 0\n",
             "gov_agent_endpoint_weight_ratio{service=\"inventory\",endpoint=\"127.0.0.1:9001\"} 0.5\n",
         ] {

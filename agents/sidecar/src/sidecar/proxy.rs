@@ -544,7 +544,7 @@ impl Future for Sending {
                 Ok(mut response) => {
                     let pick = pick.0.take();
                     if let Some(pick) = &pick {
-                        pick.responded();
+                        pick.responded(response.status().as_u16());
                     }
                     let tunnel = match client_upgrade.take() {
                         Some(client) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {

@@ -470,3 +470,93 @@ rules:
     );
     assert!(!held.lock().unwrap().is_empty());
 }
+
+/// The ejection time of the declared policy below.
+const DECLARED_EJECT: Duration = Duration::from_secs(5);
+
+/// `outlier to inventory { consecutive_failures 2  eject 5s growth 1x max 5s
+/// max_ejected 50% }`, as `govc compile` writes it.
+const OUTLIER_CONFIG: &str = r#"
+service: shop
+version: outlier-v1
+consumer_header: x-gov-consumer
+outlier_targets:
+  - service: inventory
+    policy:
+      consecutive_failures: 2
+      eject_ms: 5000
+      growth: 1
+      max_eject_ms: 5000
+      max_ejected_milli_percent: 50000
+"#;
+
+/// The declared outlier policy, end to end on loopback: an instance that hangs
+/// up on every call is ejected after the declared 2 failures (not the default
+/// 5), gets no call while its declared ejection lasts, then gets calls again
+/// (the probe) and, failing twice more, is ejected again; every GET is answered
+/// by the good instance (the retry elsewhere). Without the policy the rude
+/// instance takes calls until its fifth failure.
+#[tokio::test]
+async fn a_declared_outlier_policy_keeps_calls_off_an_instance_for_its_time_then_probes_it() {
+    let good = upstream().echo("/work").start().await;
+    let (rude, rude_heads) = hang_up_instance().await;
+    let rude_addr = rude.addr;
+    let local = upstream().start().await;
+    let agent = agent()
+        .upstream(&local)
+        .instances("inventory", &[&good, &rude])
+        .config(OUTLIER_CONFIG)
+        .start()
+        .await;
+    let ejections = |agent: &Agent| {
+        let agent_url = agent.admin_url("/metrics");
+        async move {
+            let metrics = http().get(&agent_url).await.unwrap().text();
+            series(
+                &metrics,
+                &format!(
+                    "gov_agent_endpoint_ejections_total{{service=\"inventory\",endpoint=\"{rude_addr}\"}}"
+                ),
+            )
+            .unwrap_or(0.0)
+        }
+    };
+    let mut sent = 0;
+    while rude_heads.load(Ordering::SeqCst) < 2 {
+        assert!(
+            sent < 200,
+            "200 GETs and the rude instance got fewer than 2"
+        );
+        assert_eq!(call(&agent, Method::GET, b"").await, Some(StatusCode::OK));
+        sent += 1;
+    }
+    let ejected_at = tokio::time::Instant::now();
+    assert_eq!(ejections(&agent).await, 1.0, "ejected after 2 failures");
+
+    // While it is out: nothing reaches it (checked while well within the
+    // ejection: a machine too slow to send 30 calls in 4 s shows nothing).
+    for _ in 0..30 {
+        assert_eq!(call(&agent, Method::GET, b"").await, Some(StatusCode::OK));
+    }
+    if ejected_at.elapsed() < DECLARED_EJECT - Duration::from_secs(1) {
+        assert_eq!(
+            rude_heads.load(Ordering::SeqCst),
+            2,
+            "a call reached the instance during its declared ejection"
+        );
+    }
+
+    // After it: probed again, and ejected again after 2 more failures.
+    tokio::time::sleep_until(ejected_at + DECLARED_EJECT + Duration::from_millis(100)).await;
+    let mut sent = 0;
+    while rude_heads.load(Ordering::SeqCst) < 4 {
+        assert!(sent < 200, "200 GETs after the ejection and no probe");
+        assert_eq!(call(&agent, Method::GET, b"").await, Some(StatusCode::OK));
+        sent += 1;
+    }
+    assert_eq!(
+        ejections(&agent).await,
+        2.0,
+        "ejected again after 2 failures"
+    );
+}

@@ -183,7 +183,7 @@ pub(super) async fn receive(
         up_buf.advance(len);
         admission.record(Outcome::Status(code));
         if let Some(pick) = pick {
-            pick.responded();
+            pick.responded(code);
         }
         let leg = Leg {
             framing,

@@ -103,7 +103,7 @@ pub(super) async fn attempts(
                 let again = status != StatusCode::SWITCHING_PROTOCOLS
                     && outcome.is_some_and(|o| decide(&policy, attempt, o));
                 if !again {
-                    current.responded();
+                    current.responded(status.as_u16());
                     if status == StatusCode::SWITCHING_PROTOCOLS {
                         return Err(CallError::failed(
                             Outcome::Reset,
@@ -117,7 +117,7 @@ pub(super) async fn attempts(
                         PickedBody::new(body, Some(current)),
                     ));
                 }
-                current.responded();
+                current.responded(status.as_u16());
                 attempt += 1;
                 pick = next(&policy, attempt, current).await;
                 continue;

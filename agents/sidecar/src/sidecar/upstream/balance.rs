@@ -32,18 +32,24 @@
 //! take its share their own latency (queueing included) rises, which lowers the
 //! ratio: the rule cannot pile a service onto one endpoint.
 //!
-//! Passive health: connect failures and resets in a row eject an endpoint for a
-//! back-off that doubles with each ejection in a row (bounded); the last available
-//! endpoint is never ejected, and if every endpoint is out anyway (a new set of
-//! ejected endpoints) the balancer uses them all (Envoy's panic threshold). The
+//! Passive health, as the config's outlier policy for the callee declares it
+//! ([`Outliers`], its defaults the fixed rule of before): connect failures and
+//! resets in a row (and the answers it names) eject an endpoint for a back-off
+//! that grows with each ejection in a row (bounded); no ejection passes the
+//! declared share of the set (without one, the last available endpoint is never
+//! ejected), and if every endpoint is out anyway (a new set of ejected endpoints,
+//! a share of 100%) the balancer uses them all (Envoy's panic threshold). The
 //! retries that use this live with each path (`h1.rs`, `proxy.rs`).
 
 use super::*;
 
 mod endpoint;
+mod outlier;
 
 pub(crate) use endpoint::Endpoint;
 pub use endpoint::PROBE_EVERY;
+use outlier::Outlier;
+pub use outlier::{InvalidOutlier, Outliers};
 
 // === the endpoints of other services ===
 
@@ -51,15 +57,6 @@ pub use endpoint::PROBE_EVERY;
 /// outstanding: a new endpoint takes one probe at a time until its first response
 /// (Finagle's penalty).
 const PENALTY: f64 = 1e15;
-
-/// Consecutive connect failures or resets that eject an endpoint.
-pub const EJECT_AFTER: u32 = 5;
-
-/// The first ejection lasts this long; each ejection in a row doubles it.
-pub const EJECT_BASE: Duration = Duration::from_secs(1);
-
-/// The longest ejection.
-pub const EJECT_MAX: Duration = Duration::from_secs(60);
 
 /// An endpoint whose mean latency is more than this many times the median of
 /// its service's is slow: it gets probes only.
@@ -86,6 +83,8 @@ pub struct Directory {
     /// Time zero of the endpoints' clocks (ejection deadlines, estimate stamps).
     epoch: Instant,
     services: ArcSwap<HashMap<Box<str>, Arc<Service>>>,
+    /// The outlier policy of each callee, from the config in force.
+    outliers: ArcSwap<Outliers>,
     /// The endpoints that take mutual TLS between agents.
     mtls: crate::sidecar::mtls::Targets,
 }
@@ -96,6 +95,8 @@ struct Service {
     name: Arc<str>,
     balance: Balance,
     epoch: Instant,
+    /// When its endpoints are ejected.
+    outlier: Arc<Outlier>,
     endpoints: Box<[Arc<Endpoint>]>,
     /// The weight of each endpoint, in milli-percent, at least 1.
     // INVARIANT: as long as `endpoints`.
@@ -127,6 +128,8 @@ pub(crate) struct EndpointStats {
     pub(crate) requests: u64,
     pub(crate) outstanding: u64,
     pub(crate) ejections: u64,
+    /// Ejections the outlier policy's share held back.
+    pub(crate) withheld: u64,
     pub(crate) ejected: bool,
     pub(crate) slow: bool,
 }
@@ -141,6 +144,7 @@ impl Directory {
             balance,
             epoch: Instant::now(),
             services: ArcSwap::from_pointee(HashMap::new()),
+            outliers: ArcSwap::from_pointee(Outliers::default()),
             mtls: crate::sidecar::mtls::Targets::default(),
         };
         for (name, addrs) in services {
@@ -148,6 +152,23 @@ impl Directory {
             directory.mtls.set(name, addrs.clone(), Vec::new());
         }
         directory
+    }
+
+    /// Takes the outlier policies of a new config: every service's set ejects by
+    /// its callee's policy from the next failure on (an endpoint ejected now
+    /// stays so until its ejection ends).
+    pub fn set_outliers(&self, outliers: Outliers) {
+        if **self.outliers.load() == outliers {
+            return;
+        }
+        self.outliers.store(Arc::new(outliers));
+        let outliers = self.outliers.load_full();
+        self.services.rcu(|current| {
+            current
+                .iter()
+                .map(|(name, set)| (name.clone(), Arc::new(set.with(outliers.of(name)))))
+                .collect::<HashMap<_, _>>()
+        });
     }
 
     /// Which endpoints take mutual TLS between agents (from govd's sets).
@@ -220,6 +241,7 @@ impl Directory {
                     name: name.clone(),
                     balance: self.balance,
                     epoch: self.epoch,
+                    outlier: self.outliers.load().of(service),
                     endpoints,
                     weights,
                     next: AtomicUsize::new(0),
@@ -283,6 +305,7 @@ impl Directory {
                     requests: endpoint.requests.load(Ordering::Relaxed),
                     outstanding: endpoint.outstanding.load(Ordering::Relaxed),
                     ejections: endpoint.ejections.load(Ordering::Relaxed),
+                    withheld: endpoint.withheld.load(Ordering::Relaxed),
                     ejected: endpoint.ejected(at),
                     slow: endpoint.slow.load(Ordering::Relaxed),
                 });
@@ -295,6 +318,20 @@ impl Directory {
 // === impl Service ===
 
 impl Service {
+    /// The same set (endpoints, weights) ejecting by `outlier`.
+    fn with(&self, outlier: Arc<Outlier>) -> Self {
+        Self {
+            name: self.name.clone(),
+            balance: self.balance,
+            epoch: self.epoch,
+            outlier,
+            endpoints: self.endpoints.clone(),
+            weights: self.weights.clone(),
+            next: AtomicUsize::new(self.next.load(Ordering::Relaxed)),
+            judged_at: AtomicU64::new(self.judged_at.load(Ordering::Relaxed)),
+        }
+    }
+
     fn nanos(&self, now: Instant) -> u64 {
         u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
@@ -513,14 +550,20 @@ impl Pick {
         &self.service.endpoints[self.index]
     }
 
-    /// The response head arrived: a latency sample, and the endpoint is healthy.
-    pub(crate) fn responded(&self) {
+    /// The response head arrived with `status`: a latency sample, and the
+    /// endpoint is healthy, unless the callee's outlier policy counts the status
+    /// as a failure (`on status 500..599`).
+    pub(crate) fn responded(&self, status: u16) {
         let now = Instant::now();
         let endpoint = self.endpoint();
         endpoint.observe(
             now.saturating_duration_since(self.start).as_nanos() as f64,
             self.service.nanos(now),
         );
+        if self.service.outlier.counts(status) {
+            self.failed();
+            return;
+        }
         if endpoint.failures.load(Ordering::Relaxed) != 0 {
             endpoint.failures.store(0, Ordering::Relaxed);
         }
@@ -539,37 +582,40 @@ impl Pick {
         );
     }
 
-    /// The connection failed or was reset before a response head. After
-    /// [`EJECT_AFTER`] such failures in a row the endpoint is ejected for a back-off
-    /// that doubles with each ejection in a row, from [`EJECT_BASE`] up to
-    /// [`EJECT_MAX`]; never when every other endpoint is ejected too.
+    /// The connection failed or was reset before a response head (or the answer
+    /// is one the outlier policy counts). After the policy's failures in a row the
+    /// endpoint is ejected for its ejection time, grown by its growth with each
+    /// ejection in a row up to its ceiling; never when that would eject more than
+    /// the policy's share of the set (without a share: when every other endpoint
+    /// is ejected too). An ejection held back leaves the count of failures as it
+    /// is: the next failure tries again.
     pub(crate) fn failed(&self) {
         let endpoint = self.endpoint();
+        let policy = &self.service.outlier;
         let failures = endpoint
             .failures
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
-        if failures < EJECT_AFTER {
+        if failures < policy.failures {
             return;
         }
         let at = self.service.nanos(Instant::now());
         if endpoint.ejected(at) {
             return;
         }
-        let others = self
+        let ejected = self
             .service
             .endpoints
             .iter()
-            .enumerate()
-            .any(|(i, e)| i != self.index && !e.ejected(at));
-        if !others {
+            .filter(|e| e.ejected(at))
+            .count();
+        if !policy.may_eject(ejected, self.service.endpoints.len()) {
+            endpoint.withheld.fetch_add(1, Ordering::Relaxed);
             return;
         }
         endpoint.failures.store(0, Ordering::Relaxed);
         let row = endpoint.ejected_in_a_row.fetch_add(1, Ordering::Relaxed);
-        let backoff = EJECT_BASE
-            .saturating_mul(1_u32 << row.min(16))
-            .min(EJECT_MAX);
+        let backoff = policy.backoff(row);
         let until = at.saturating_add(u64::try_from(backoff.as_nanos()).unwrap_or(u64::MAX));
         endpoint.ejected_until.store(until, Ordering::Relaxed);
         endpoint.ejections.fetch_add(1, Ordering::Relaxed);
@@ -577,7 +623,8 @@ impl Pick {
             service = %self.service.name,
             endpoint = %endpoint.authority,
             ?backoff,
-            "endpoint ejected after {EJECT_AFTER} connect failures or resets in a row"
+            "endpoint ejected after {} failures in a row",
+            policy.failures
         );
     }
 
@@ -652,6 +699,206 @@ mod tests {
         directory.stats().iter().map(|s| s.ejected).collect()
     }
 
+    /// The defaults: the fixed rule of before.
+    const EJECT_AFTER: u32 = 5;
+    const EJECT_BASE: Duration = Duration::from_secs(1);
+    const EJECT_MAX: Duration = Duration::from_secs(60);
+
+    /// `inventory` at `ports`, ejecting by `policy` (the defaults but what it sets).
+    fn declared(ports: &[u16], policy: gov_proto::v1::OutlierPolicy) -> Directory {
+        let dir = inventory(Balance::PeakEwma, ports);
+        let target = gov_proto::v1::TargetConfig {
+            outlier_targets: vec![gov_proto::v1::OutlierTarget {
+                service: "inventory".into(),
+                policy: Some(policy),
+            }],
+            ..gov_proto::v1::TargetConfig::default()
+        };
+        dir.set_outliers(Outliers::from_target(&target).unwrap());
+        dir
+    }
+
+    fn policy() -> gov_proto::v1::OutlierPolicy {
+        gov_proto::compiled::outlier_defaults()
+    }
+
+    /// `outlier to inventory { consecutive_failures 3  eject 30s growth 3x max 5m }`:
+    /// 30 s, 90 s, 270 s, then 300 s each; a good answer starts over at 30 s.
+    #[tokio::test(start_paused = true)]
+    async fn a_declared_policy_ejects_after_its_failures_for_its_growing_bounded_time() {
+        let dir = declared(
+            &[9001, 9002, 9003],
+            gov_proto::v1::OutlierPolicy {
+                consecutive_failures: 3,
+                eject_ms: 30_000,
+                growth: 3,
+                max_eject_ms: 300_000,
+                ..policy()
+            },
+        );
+        let set = set(&dir);
+        let secs = Duration::from_secs;
+        let eject = |set: &Arc<Service>| {
+            for _ in 0..3 {
+                take(set, 0).failed();
+            }
+        };
+        take(&set, 0).failed();
+        take(&set, 0).failed();
+        assert_eq!(ejected(&dir), [false, false, false], "2 of 3 failures");
+        take(&set, 0).responded(200);
+        for (round, lasts) in [30, 90, 270, 300, 300].into_iter().enumerate() {
+            eject(&set);
+            assert_eq!(ejected(&dir), [true, false, false], "round {round}");
+            tokio::time::advance(secs(lasts) - ms(1)).await;
+            assert_eq!(ejected(&dir)[0], true, "round {round}: out for {lasts} s");
+            tokio::time::advance(ms(1)).await;
+            assert_eq!(
+                ejected(&dir)[0],
+                false,
+                "round {round}: back after {lasts} s"
+            );
+        }
+        // A good answer resets the growth and the failures counted.
+        take(&set, 0).failed();
+        take(&set, 0).responded(200);
+        take(&set, 0).failed();
+        take(&set, 0).failed();
+        assert_eq!(ejected(&dir)[0], false, "the answer reset the count");
+        take(&set, 0).failed();
+        tokio::time::advance(secs(30)).await;
+        assert_eq!(ejected(&dir)[0], false, "30 s again after a good answer");
+        assert_eq!(dir.stats()[0].ejections, 6);
+    }
+
+    /// `max_ejected 50%` of four: two out at most, whatever fails; the third is
+    /// held back (and counted) until one comes back.
+    #[tokio::test(start_paused = true)]
+    async fn a_declared_share_bounds_the_endpoints_out_at_once() {
+        let dir = declared(
+            &[9001, 9002, 9003, 9004],
+            gov_proto::v1::OutlierPolicy {
+                consecutive_failures: 1,
+                eject_ms: 10_000,
+                max_eject_ms: 10_000,
+                max_ejected_milli_percent: 50_000,
+                ..policy()
+            },
+        );
+        let set = set(&dir);
+        take(&set, 0).failed();
+        tokio::time::advance(ms(5_000)).await;
+        take(&set, 1).failed();
+        take(&set, 2).failed();
+        take(&set, 3).failed();
+        assert_eq!(ejected(&dir), [true, true, false, false]);
+        let withheld: Vec<u64> = dir.stats().iter().map(|s| s.withheld).collect();
+        assert_eq!(withheld, [0, 0, 1, 1]);
+        // The first is back: the next failure of the third ejects it.
+        tokio::time::advance(ms(5_000)).await;
+        assert_eq!(ejected(&dir), [false, true, false, false]);
+        take(&set, 2).failed();
+        assert_eq!(ejected(&dir), [false, true, true, false]);
+
+        // One instance: half of it is none, it is never ejected.
+        let one = declared(
+            &[9001],
+            gov_proto::v1::OutlierPolicy {
+                consecutive_failures: 1,
+                max_ejected_milli_percent: 50_000,
+                ..policy()
+            },
+        );
+        for _ in 0..10 {
+            take(&set_of(&one), 0).failed();
+        }
+        assert_eq!(ejected(&one), [false]);
+        // Nor by default; only a declared 100% ejects it (and the panic rule
+        // still gives it the calls).
+        let one = inventory(Balance::PeakEwma, &[9001]);
+        for _ in 0..10 {
+            take(&set_of(&one), 0).failed();
+        }
+        assert_eq!(ejected(&one), [false]);
+        let one = declared(
+            &[9001],
+            gov_proto::v1::OutlierPolicy {
+                consecutive_failures: 1,
+                max_ejected_milli_percent: 100_000,
+                ..policy()
+            },
+        );
+        take(&set_of(&one), 0).failed();
+        assert_eq!(ejected(&one), [true]);
+        assert!(one.pick("inventory").is_some(), "the panic rule");
+    }
+
+    fn set_of(directory: &Directory) -> Arc<Service> {
+        set(directory)
+    }
+
+    /// `on status 500..599`: answers in the range count as failures, others
+    /// reset the count.
+    #[tokio::test(start_paused = true)]
+    async fn declared_statuses_count_as_failures() {
+        let dir = declared(
+            &[9001, 9002],
+            gov_proto::v1::OutlierPolicy {
+                consecutive_failures: 2,
+                status: vec![gov_proto::v1::StatusRange { from: 500, to: 599 }],
+                ..policy()
+            },
+        );
+        let set = set(&dir);
+        take(&set, 0).responded(503);
+        take(&set, 0).responded(404);
+        take(&set, 0).responded(502);
+        assert_eq!(ejected(&dir), [false, false]);
+        take(&set, 0).failed();
+        assert_eq!(ejected(&dir), [true, false]);
+        // Without the declaration a 5xx is an answer.
+        let plain = inventory(Balance::PeakEwma, &[9001, 9002]);
+        for _ in 0..10 {
+            take(&set_of(&plain), 0).responded(503);
+        }
+        assert_eq!(ejected(&plain), [false, false]);
+    }
+
+    /// A new config's policy applies to the sets already there, and to a set
+    /// made later; a callee it does not name takes its service-wide policy.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_policy_applies_to_the_sets_in_place() {
+        let dir = inventory(Balance::PeakEwma, &[9001, 9002]);
+        let target = gov_proto::v1::TargetConfig {
+            outlier: Some(gov_proto::v1::OutlierPolicy {
+                consecutive_failures: 1,
+                ..policy()
+            }),
+            ..gov_proto::v1::TargetConfig::default()
+        };
+        dir.set_outliers(Outliers::from_target(&target).unwrap());
+        take(&set(&dir), 0).failed();
+        assert_eq!(ejected(&dir), [true, false]);
+        dir.replace(
+            "billing",
+            [
+                EndpointSpec::full(authority(9101)),
+                EndpointSpec::full(authority(9102)),
+            ],
+        );
+        let billing = dir.services.load().get("billing").unwrap().clone();
+        assert_eq!(billing.outlier.failures, 1);
+        dir.set_outliers(Outliers::default());
+        assert_eq!(set(&dir).outlier.failures, EJECT_AFTER);
+        let inventory: Vec<bool> = dir
+            .stats()
+            .iter()
+            .filter(|s| &*s.service == "inventory")
+            .map(|s| s.ejected)
+            .collect();
+        assert_eq!(inventory, [true, false], "an ejection in course stays");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn round_robin_cycles_through_endpoints() {
         let dir = inventory(Balance::RoundRobin, &[9001, 9002]);
@@ -703,9 +950,9 @@ mod tests {
             (second, first)
         };
         tokio::time::advance(ms(1)).await;
-        fast.responded();
+        fast.responded(200);
         tokio::time::advance(ms(9)).await;
-        slow.responded();
+        slow.responded(200);
         drop((fast, slow));
 
         // Idle, the faster one wins every time.
@@ -737,7 +984,7 @@ mod tests {
             let (due, later): (Vec<_>, Vec<_>) = held.into_iter().partition(|(at, _)| *at <= t);
             held = later;
             for (_, p) in due {
-                p.responded();
+                p.responded(200);
             }
             for _ in 0..per_ms.min(calls - made) {
                 let p = pick(set, rng);
@@ -861,7 +1108,7 @@ mod tests {
         assert_eq!(ejected(&dir), [false, false]);
 
         // A response resets the back-off.
-        take(&set, 0).responded();
+        take(&set, 0).responded(200);
         for _ in 0..EJECT_AFTER {
             take(&set, 0).failed();
         }
@@ -964,7 +1211,7 @@ mod tests {
         for (index, latency) in latencies.iter().enumerate() {
             let p = take(set, index);
             tokio::time::advance(ms(*latency)).await;
-            p.responded();
+            p.responded(200);
         }
     }
 
@@ -1023,7 +1270,7 @@ mod tests {
                 held.push(pick(&set, &mut rng));
             }
             tokio::time::advance(ms(20)).await;
-            probe.responded();
+            probe.responded(200);
             for _ in 0..100 {
                 held.push(pick(&set, &mut rng));
             }
@@ -1053,7 +1300,7 @@ mod tests {
             let probe = pick(&set, &mut rng);
             assert_eq!(probe.index, 2, "after {seconds} s: the probe");
             tokio::time::advance(ms(2)).await;
-            probe.responded();
+            probe.responded(200);
             sample(&set, &[2, 2]).await;
             tokio::time::advance(JUDGE_EVERY).await;
             drop(pick(&set, &mut rng));

@@ -36,6 +36,8 @@ pub(crate) struct Endpoint {
     pub(super) requests: AtomicU64,
     /// Times it was ejected, since it joined.
     pub(super) ejections: AtomicU64,
+    /// Ejections the outlier policy's share held back, since it joined.
+    pub(super) withheld: AtomicU64,
     /// Connect failures and resets since its last response.
     pub(super) failures: AtomicU32,
     /// Ejections since its last response: the back-off doubles with each.
@@ -65,6 +67,7 @@ impl Endpoint {
             outstanding: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             ejections: AtomicU64::new(0),
+            withheld: AtomicU64::new(0),
             failures: AtomicU32::new(0),
             ejected_in_a_row: AtomicU32::new(0),
             ejected_until: AtomicU64::new(0),
