@@ -3,11 +3,11 @@
 //! snake_case fields, numbers as numbers.
 
 use gov_proto::v1::{
-    Action, AutoRecovery, Bulkhead, BulkheadKey, ClusterSync, CompareOp, Direction, ErrorClass,
-    Fuse, HeaderMatch, HttpCall, Invoke, LimitScope, Match, MatchExpr, MatchList, PathKind,
-    PathMatch, Rate, ReadyProbe, Recovery, Release, Shutdown, ShutdownStep, SourceRef, StatusRange,
-    TargetConfig, Trip, TripMetric, Wait, Warmup, WarmupStep, action, match_expr, recovery,
-    release, shutdown_step, warmup_step,
+    Action, AdaptiveLimit, AutoRecovery, Bulkhead, BulkheadKey, ClusterSync, CompareOp, Direction,
+    ErrorClass, Fuse, HeaderMatch, HttpCall, Invoke, LimitScope, Match, MatchExpr, MatchList,
+    PathKind, PathMatch, Rate, ReadyProbe, Recovery, Release, Shutdown, ShutdownStep, SourceRef,
+    StatusRange, TargetConfig, Trip, TripMetric, Wait, Warmup, WarmupStep, action, match_expr,
+    recovery, release, shutdown_step, warmup_step,
 };
 use gov_proto::v1::{
     GrpcCode, KeyOverflow, Limit, LimitAction, LimitKey, Mode, Retry, RetryBudget, Rule, rule::Spec,
@@ -136,6 +136,7 @@ fn order() -> TargetConfig {
                     reject_grpc_status: GrpcCode::ResourceExhausted as i32,
                     max_keys: 0,
                     overflow: 0,
+                    adaptive: Some(AdaptiveLimit { min: 4, max: 10 }),
                 })),
             },
             Rule {
@@ -159,6 +160,7 @@ fn order() -> TargetConfig {
                     reject_grpc_status: 0,
                     max_keys: 300,
                     overflow: KeyOverflow::Reject as i32,
+                    adaptive: None,
                 })),
             },
             Rule {

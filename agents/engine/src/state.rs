@@ -47,7 +47,7 @@ pub(crate) mod retry;
 /// all (`gov_engine::config::BulkheadSpec`).
 pub mod specs {
     pub use crate::state::RuleSpec;
-    pub use crate::state::bulkhead::{BulkheadKey, BulkheadSpec};
+    pub use crate::state::bulkhead::{AdaptiveSpec, BulkheadKey, BulkheadSpec};
     pub use crate::state::fuse::{
         Classifier, CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, TripSpec,
     };

@@ -270,3 +270,54 @@ fn configs_a_shadow_rule_cannot_honour_are_refused() {
     let err = gov_engine::CompiledConfig::try_from(&t).unwrap_err();
     assert!(format!("{err:?}").contains("sync exact"), "{err:?}");
 }
+
+/// An adaptive bulkhead in mode shadow computes its limit from the calls
+/// it admitted and reports it (the stats' capacity) without refusing any:
+/// the calls over the limit are counted as it would have refused them.
+#[tokio::test(start_paused = true)]
+async fn a_shadow_adaptive_bulkhead_moves_its_limit_and_rejects_nothing() {
+    let e = engine(
+        r#"
+service: order
+rules:
+- name: order/adaptive
+  on: {path: {kind: PATH_KIND_PREFIX, value: /slow}}
+  mode: MODE_SHADOW
+  bulkhead:
+    max_concurrent: 16
+    adaptive: {min: 2, max: 16}
+"#,
+    );
+    let capacity = |e: &Engine| stats(e, "order/adaptive").capacity;
+    assert_eq!(capacity(&e), 2, "starts at min");
+    // 16 clients, each calling again as soon as its call ends.
+    let mut calls: Vec<Option<(Admission, tokio::time::Instant)>> = (0..16).map(|_| None).collect();
+    let mut seen = Vec::new();
+    for (latency, ticks) in [(10u64, 5000u32), (100, 5000)] {
+        for _ in 0..ticks {
+            let now = tokio::time::Instant::now();
+            for call in &mut calls {
+                if call.as_ref().is_some_and(|(_, end)| *end <= now) {
+                    let (a, _) = call.take().unwrap();
+                    a.finish(Outcome::Status(200));
+                }
+                if call.is_none() {
+                    // Never refused, whatever the limit.
+                    let a = admitted(self::now(&e, "/slow"));
+                    *call = Some((a, now + Duration::from_millis(latency)));
+                }
+            }
+            seen.push((latency, capacity(&e)));
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+    }
+    let max_healthy = seen.iter().filter(|s| s.0 == 10).map(|s| s.1).max();
+    assert_eq!(max_healthy, Some(16), "grew to max while healthy");
+    assert_eq!(seen.last().map(|s| s.1), Some(2), "fell to min once slow");
+    assert!(
+        shadow_rejected(&e, "order/adaptive", RejectReason::BulkheadFull) > 0,
+        "the calls over the limit are counted as would-be refusals"
+    );
+    let s = stats(&e, "order/adaptive");
+    assert_eq!(s.rejected.iter().sum::<u64>(), 0);
+}

@@ -8,6 +8,11 @@
 //! them; waiters are woken one at a time in arrival order (tokio `Notify`).
 //! A call that finds no permit waits at most `max_wait`, with at most
 //! `max_queue` waiters per scope; else it is rejected.
+//!
+//! The permits of a scope are the rule's limit: `max_concurrent`, or, for
+//! an adaptive bulkhead, a limit that moves between `min` and `max` with
+//! the latency of the calls it admitted ([`adaptive`]), updated at record
+//! time once per window, never on admit.
 
 use std::collections::HashMap;
 use std::sync::atomic::{
@@ -29,6 +34,11 @@ use crate::stats::Counters;
 use crate::stats::RuleStats;
 use crate::stripe::Slot;
 use gov_proto::v1::{self as proto, GrpcCode};
+
+pub(crate) mod adaptive;
+
+use adaptive::Adaptive;
+pub use adaptive::AdaptiveSpec;
 use http::StatusCode;
 use std::time::Duration;
 
@@ -54,6 +64,9 @@ pub struct BulkheadSpec {
     pub reject_grpc: GrpcCode,
     /// Keyed per instance: how many scopes it keeps.
     pub keys: KeyCap,
+    /// The permits move between `min` and `max` (at most `max_concurrent`)
+    /// with the latency of admitted calls; `None`: `max_concurrent`, fixed.
+    pub adaptive: Option<AdaptiveSpec>,
 }
 
 /// A bulkhead's spec from the wire: every value checked, nothing filled in.
@@ -74,6 +87,11 @@ pub(crate) fn spec(ctx: &Ctx<'_>, b: &proto::Bulkhead) -> Result<BulkheadSpec, I
         reject_status: ctx.status(b.reject_status)?,
         reject_grpc: ctx.grpc(b.reject_grpc_status)?,
         keys: crate::state::keys::cap(ctx, b.max_keys, b.overflow)?,
+        adaptive: b
+            .adaptive
+            .as_ref()
+            .map(|a| adaptive::spec(ctx, a, b.max_concurrent))
+            .transpose()?,
     })
 }
 
@@ -86,7 +104,9 @@ const WAITER: u64 = 1 << 32;
 #[repr(align(64))]
 pub(crate) struct Cell {
     /// Low 32 bits: permits in use; high 32 bits: calls waiting.
-    // INVARIANT: permits in use <= max_concurrent of the owning bulkhead.
+    // INVARIANT: a permit is taken only while permits in use < the owning
+    // bulkhead's limit (an adaptive limit that shrank leaves the calls in
+    // flight their permits: none is taken until they fall below it).
     state: AtomicU64,
     notify: Notify,
     waiting: AtomicU32,
@@ -157,12 +177,23 @@ pub(crate) struct Bulkhead {
     keyed: Arc<RwLock<HashMap<Box<str>, InstanceEntry, FxBuild>>>,
     table: Arc<KeyTable>,
     pub(crate) counters: Counters,
+    /// The permits of each scope now: `max_concurrent`, or the adaptive
+    /// limit, which `adaptive` moves.
+    limit: AtomicU32,
+    adaptive: Option<Adaptive>,
 }
 
 impl Bulkhead {
     pub(crate) fn new(spec: BulkheadSpec) -> Self {
+        let adaptive = spec.adaptive.map(|a| Adaptive::new(a, None));
         Self {
             single: Arc::new(Cell::new()),
+            limit: AtomicU32::new(
+                adaptive
+                    .as_ref()
+                    .map_or(spec.max_concurrent, Adaptive::limit),
+            ),
+            adaptive,
             spec,
             keyed: Arc::default(),
             table: Arc::default(),
@@ -174,8 +205,23 @@ impl Bulkhead {
     /// scopes): calls in flight keep their permits and count against the new
     /// limit at once, so a shrink never admits above the new limit; a release
     /// by a call admitted before wakes the new bulkhead's waiters.
+    /// An adaptive limit goes on from the limit and baseline it had (or
+    /// from the fixed limit before, within `min..=max`).
     pub(crate) fn resized(spec: BulkheadSpec, before: &Bulkhead) -> Self {
+        let adaptive = spec.adaptive.map(|a| {
+            let was = match &before.adaptive {
+                Some(b) => b.carried(),
+                None => (before.limit(), 0.0),
+            };
+            Adaptive::new(a, Some(was))
+        });
         Self {
+            limit: AtomicU32::new(
+                adaptive
+                    .as_ref()
+                    .map_or(spec.max_concurrent, Adaptive::limit),
+            ),
+            adaptive,
             single: before.single.clone(),
             keyed: before.keyed.clone(),
             table: before.table.clone(),
@@ -319,9 +365,16 @@ impl Bulkhead {
         }
     }
 
+    /// The permits of each scope now.
+    #[inline]
+    pub(crate) fn limit(&self) -> u32 {
+        self.limit.load(Relaxed)
+    }
+
     /// Takes a permit if one is free now and nobody is waiting for one.
+    #[inline]
     pub(crate) fn try_take(&self, cell: &Cell) -> bool {
-        cell.take(self.spec.max_concurrent, false)
+        cell.take(self.limit(), false)
     }
 
     /// Whether a call that found no permit may wait for one: not with no
@@ -343,7 +396,7 @@ impl Bulkhead {
         let mut queued = Queued {
             cell,
             counters: &self.counters,
-            max: self.spec.max_concurrent,
+            limit: &self.limit,
             registered: false,
         };
         self.counters.waiting.fetch_add(1, Relaxed);
@@ -361,7 +414,7 @@ impl Bulkhead {
             let notified = cell.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if !behind && cell.take(self.spec.max_concurrent, true) {
+            if !behind && cell.take(self.limit(), true) {
                 return Ok(());
             }
             behind = false;
@@ -394,7 +447,8 @@ impl Bulkhead {
 struct Queued<'a> {
     cell: &'a Cell,
     counters: &'a Counters,
-    max: u32,
+    /// The bulkhead's limit, read when the waiter leaves.
+    limit: &'a AtomicU32,
     /// Counted in `Cell::state`.
     registered: bool,
 }
@@ -407,7 +461,7 @@ impl Drop for Queued<'_> {
             let after = self.cell.state.fetch_sub(WAITER, AcqRel) - WAITER;
             // This waiter may have consumed a wake-up meant for a free permit
             // (then timed out or was cancelled): pass it on.
-            if after >> 32 > 0 && after & 0xffff_ffff < u64::from(self.max) {
+            if after >> 32 > 0 && after & 0xffff_ffff < u64::from(self.limit.load(Relaxed)) {
                 self.cell.notify.notify_one();
             }
         }
@@ -459,7 +513,12 @@ impl Primitive for Bulkhead {
         self.give(self.scope_cell(scope));
     }
 
-    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now, _elapsed: Duration) {
+    #[inline]
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, now: Now, elapsed: Duration) {
+        if let Some(a) = &self.adaptive {
+            let elapsed_ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+            a.sample(&self.limit, elapsed_ns, now);
+        }
     }
 
     fn timeout(&self) -> Option<Duration> {
@@ -479,7 +538,7 @@ impl Primitive for Bulkhead {
     }
 
     fn stats(&self, stats: &mut RuleStats) {
-        stats.capacity = u64::from(self.spec.max_concurrent);
+        stats.capacity = u64::from(self.limit());
         stats.in_flight = self.in_use();
         (stats.keys, stats.keys_overflowed) = self.table.counts();
     }
@@ -516,6 +575,7 @@ mod tests {
             reject_status: StatusCode::REQUEST_TIMEOUT,
             reject_grpc: gov_proto::v1::GrpcCode::Unavailable,
             keys: KeyCap::default(),
+            adaptive: None,
         }))
     }
 
