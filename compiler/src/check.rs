@@ -12,6 +12,8 @@ use miette::SourceSpan;
 use crate::diagnostic::{Diagnostic, FirstDefinedHere};
 use crate::resolve::Ctx;
 
+pub mod adaptive_over_workers;
+pub mod adaptive_range;
 pub mod algorithm_mismatch;
 pub mod bulkhead_over_workers;
 pub mod burst_above_rate;
@@ -109,6 +111,8 @@ pub const CODES: &[&str] = &[
     "gov::match-cycle",
     "gov::conflicting-rules",
     "gov::invalid-outlier",
+    "gov::adaptive-range",
+    "gov::adaptive-over-workers",
     "gov::lint::bulkhead-over-workers",
     "gov::lint::queueing-bulkhead",
     "gov::lint::shutdown-wait",
@@ -172,6 +176,8 @@ const CHECKS: &[Check] = &[
     retry_inbound::check,
     conflicting_rules::check,
     invalid_outlier::check,
+    adaptive_range::check,
+    adaptive_over_workers::check,
     bulkhead_over_workers::check,
     queueing_bulkhead::check,
     shutdown_wait::check,

@@ -88,6 +88,8 @@ diagnostics! {
     MatchCycle(match_cycle::MatchCycle),
     ConflictingRules(conflicting_rules::ConflictingRules),
     InvalidOutlier(invalid_outlier::InvalidOutlier),
+    AdaptiveRange(adaptive_range::AdaptiveRange),
+    AdaptiveOverWorkers(adaptive_over_workers::AdaptiveOverWorkers),
     BulkheadOverWorkers(bulkhead_over_workers::BulkheadOverWorkers),
     QueueingBulkhead(queueing_bulkhead::QueueingBulkhead),
     RetryAmplification(retry_amplification::RetryAmplification),

@@ -836,3 +836,51 @@ fn outlier_blocks_lower_every_value_and_show_in_a_plan() {
     Plan: 0 service(s) to add, 1 to change, 0 to remove.
     ");
 }
+
+/// `max_concurrent adaptive min N max M` lowers to `max_concurrent M` (the
+/// ceiling an older agent enforces) and `adaptive {min, max}`; a plan shows
+/// a fixed bulkhead turning adaptive; the bounds are checked.
+#[test]
+fn an_adaptive_bulkhead_lowers_its_bounds_shows_in_a_plan_and_is_checked() {
+    use gov_proto::v1::{AdaptiveLimit, rule::Spec};
+    let text = |max: &str| {
+        SourceFile::new(
+            "a.gov",
+            format!(
+                "service a {{\n  capacity workers 64\n  bulkhead b on any {{\n    max_concurrent {max}\n  }}\n}}\n"
+            ),
+        )
+    };
+    let fixed = bundle(&[text("10")]);
+    let adaptive = bundle(&[text("adaptive min 4 max 64")]);
+    let Some(Spec::Bulkhead(b)) = adaptive.targets[0].rules[0].spec.clone() else {
+        panic!("a bulkhead")
+    };
+    assert_eq!(b.max_concurrent, 64);
+    assert_eq!(b.adaptive, Some(AdaptiveLimit { min: 4, max: 64 }));
+    let Some(Spec::Bulkhead(b)) = fixed.targets[0].rules[0].spec.clone() else {
+        panic!("a bulkhead")
+    };
+    assert_eq!(b.adaptive, None);
+    insta::assert_snapshot!(plan(&fixed, &adaptive).render(), @r"
+    ~ service a
+      ~ bulkhead a/b: max_concurrent 10 -> adaptive 4..64
+
+    Plan: 0 service(s) to add, 1 to change, 0 to remove.
+    ");
+    let codes = |max: &str| match compile(&[text(max)]) {
+        Ok(_) => Vec::new(),
+        Err(d) => d.iter().map(|d| d.code_str()).collect::<Vec<_>>(),
+    };
+    assert_eq!(codes("adaptive min 0 max 8"), ["gov::non-positive"]);
+    assert_eq!(codes("adaptive min 9 max 8"), ["gov::adaptive-range"]);
+    assert_eq!(
+        codes("adaptive min 4 max 65"),
+        ["gov::adaptive-over-workers"]
+    );
+    assert_eq!(
+        codes("adaptive min 4 max 99999999999"),
+        ["gov::adaptive-over-workers", "gov::too-large"]
+    );
+    assert_eq!(codes("adaptive max 8"), ["gov::syntax"]);
+}

@@ -15,7 +15,14 @@
 //!   max_concurrent 20
 //!   max_wait 1s
 //! }
+//! bulkhead sized on slow {
+//!   max_concurrent adaptive min 4 max 64
+//! }
 //! ```
+//!
+//! `max_concurrent adaptive min N max M` lowers to `max_concurrent M` (the
+//! ceiling an agent that knows no adaptive limit enforces) and
+//! `adaptive { min: N, max: M }`.
 
 use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Span, Spanned};
 use gov_proto::v1 as pb;
@@ -35,6 +42,8 @@ pub(crate) const REJECT: i64 = pb::RuleKind::Bulkhead.reject_status() as i64;
 pub(crate) enum BulkheadSetting {
     /// `max_concurrent N`
     MaxConcurrent { value: Spanned<i64> },
+    /// `max_concurrent adaptive min N max M`
+    Adaptive { adaptive: Adaptive },
     /// `max_wait D`: how long a call waits for a permit before rejection.
     MaxWait { value: Spanned<Duration> },
     /// `queue N`: at most N calls wait at once; more are rejected at once.
@@ -70,6 +79,13 @@ pub(crate) enum Isolation {
     Pool,
 }
 
+/// `max_concurrent adaptive min N max M`: the bounds of an adaptive limit.
+#[derive(Clone, Debug)]
+pub(crate) struct Adaptive {
+    pub min: Spanned<i64>,
+    pub max: Spanned<i64>,
+}
+
 /// A bulkhead with its settings decoded.
 pub(crate) struct Bulkhead<'a> {
     pub name: &'a Ident,
@@ -80,7 +96,9 @@ pub(crate) struct Bulkhead<'a> {
 /// The effective settings: what is written, with defaults applied. When a
 /// setting is given twice (an error of its own), the first wins.
 pub(crate) struct BulkheadEff {
+    /// A fixed `max_concurrent N` (`None` with `adaptive`).
     pub max_concurrent: Option<(i64, Span)>,
+    pub adaptive: Option<Adaptive>,
     /// Default 0: fail fast.
     pub max_wait_ms: i64,
     pub max_wait_span: Option<Span>,
@@ -102,7 +120,18 @@ fn decode(w: &mut Words<'_>) -> Option<BulkheadSetting> {
     use BulkheadSetting as S;
     let span = w.span;
     Some(match w.key()?.node {
-        "max_concurrent" => S::MaxConcurrent { value: w.int()? },
+        "max_concurrent" => match w.expect("adaptive") {
+            Some(_) => {
+                w.expect("min")?;
+                let min = w.int()?;
+                w.expect("max")?;
+                let max = w.int()?;
+                S::Adaptive {
+                    adaptive: Adaptive { min, max },
+                }
+            }
+            None => S::MaxConcurrent { value: w.int()? },
+        },
         "max_wait" => S::MaxWait {
             value: w.duration()?,
         },
@@ -162,6 +191,7 @@ impl BulkheadEff {
     pub fn of(b: &Bulkhead<'_>) -> Self {
         let mut e = BulkheadEff {
             max_concurrent: None,
+            adaptive: None,
             max_wait_ms: 0,
             max_wait_span: None,
             queue: None,
@@ -177,6 +207,11 @@ impl BulkheadEff {
             match s {
                 BulkheadSetting::MaxConcurrent { value, .. } => {
                     e.max_concurrent = Some((value.node, value.span));
+                    e.adaptive = None;
+                }
+                BulkheadSetting::Adaptive { adaptive } => {
+                    e.adaptive = Some(adaptive.clone());
+                    e.max_concurrent = None;
                 }
                 BulkheadSetting::MaxWait { value, .. } => {
                     e.max_wait_ms = millis(&value.node);
@@ -210,10 +245,12 @@ impl super::Kind for Kind {
 
     fn missing(&self, rule: &RuleDef) -> Option<(&'static str, &'static str)> {
         let b = Bulkhead::from(rule);
-        let has = b
-            .settings
-            .iter()
-            .any(|s| matches!(s, BulkheadSetting::MaxConcurrent { .. }));
+        let has = b.settings.iter().any(|s| {
+            matches!(
+                s,
+                BulkheadSetting::MaxConcurrent { .. } | BulkheadSetting::Adaptive { .. }
+            )
+        });
         (!has).then_some((
             "`max_concurrent`",
             "add `max_concurrent N`: the most calls in flight at once",
@@ -222,7 +259,9 @@ impl super::Kind for Kind {
 
     fn setting_key(&self, setting: &Setting) -> Option<&'static str> {
         Some(match decode(&mut Words::of(setting))? {
-            BulkheadSetting::MaxConcurrent { .. } => "max_concurrent",
+            BulkheadSetting::MaxConcurrent { .. } | BulkheadSetting::Adaptive { .. } => {
+                "max_concurrent"
+            }
             BulkheadSetting::MaxWait { .. } => "max_wait",
             BulkheadSetting::Queue { .. } => "queue",
             BulkheadSetting::Timeout { .. } => "timeout",
@@ -240,6 +279,13 @@ impl super::Kind for Kind {
                 BulkheadSetting::MaxConcurrent { value, .. } => {
                     out.bound("max_concurrent", value.node, value.span, Positive);
                     out.large("max_concurrent", Large::Count(value));
+                }
+                BulkheadSetting::Adaptive { adaptive: a } => {
+                    let (min, max) = ("max_concurrent adaptive min", "max_concurrent adaptive max");
+                    out.bound(min, a.min.node, a.min.span, Positive);
+                    out.bound(max, a.max.node, a.max.span, Positive);
+                    out.large(min, Large::Count(a.min));
+                    out.large(max, Large::Count(a.max));
                 }
                 BulkheadSetting::MaxWait { value, .. } => {
                     out.bound_duration("max_wait", &value, NotNegative);
@@ -271,9 +317,10 @@ impl super::Kind for Kind {
         if x.per != y.per {
             return None;
         }
-        let mc = |e: &BulkheadEff| {
-            e.max_concurrent
-                .map_or("?".to_string(), |m| m.0.to_string())
+        let mc = |e: &BulkheadEff| match (e.max_concurrent, &e.adaptive) {
+            (Some(m), _) => m.0.to_string(),
+            (None, Some(a)) => format!("adaptive min {} max {}", a.min.node, a.max.node),
+            (None, None) => "?".to_string(),
         };
         Some((
             format!("`max_concurrent {}` vs `max_concurrent {}`", mc(&x), mc(&y)),
@@ -292,7 +339,15 @@ impl super::Kind for Kind {
                 BulkheadKey::Instance => pb::BulkheadKey::Instance,
                 BulkheadKey::InstancePath => pb::BulkheadKey::InstancePath,
             } as i32,
-            max_concurrent: e.max_concurrent.map_or(0, |m| u32_of(m.0)),
+            max_concurrent: match (e.max_concurrent, &e.adaptive) {
+                (Some(m), _) => u32_of(m.0),
+                (None, Some(a)) => u32_of(a.max.node),
+                (None, None) => 0,
+            },
+            adaptive: e.adaptive.map(|a| pb::AdaptiveLimit {
+                min: u32_of(a.min.node),
+                max: u32_of(a.max.node),
+            }),
             max_wait_ms: unsigned(e.max_wait_ms),
             max_queue: e.queue.map(u32_of),
             timeout_ms: e.timeout_ms.map_or(0, unsigned),
@@ -315,7 +370,11 @@ impl super::Kind for Kind {
             pb::BulkheadKey::InstancePath => "instance path",
         };
         push(f, "per", key.to_string());
-        push(f, "max_concurrent", b.max_concurrent.to_string());
+        let max_concurrent = match &b.adaptive {
+            Some(a) => format!("adaptive {}..{}", a.min, a.max),
+            None => b.max_concurrent.to_string(),
+        };
+        push(f, "max_concurrent", max_concurrent);
         push(f, "max_wait", fmt_ms(b.max_wait_ms));
         if let Some(queue) = b.max_queue {
             push(f, "queue", queue.to_string());
