@@ -44,6 +44,11 @@
 //!   [`Outcome`] (fuses, latency), dropping releases the permits;
 //!   [`Admission::timeout`] is the route's deadline, [`Admission::timed_out`]
 //!   turns an expired one into a 504 [`Rejection`].
+//! - [`deadline`]: the caller's own deadline (`grpc-timeout`, `gov-timeout`):
+//!   [`Engine::admit_until`] refuses a call that used it up before admission
+//!   (counted by [`Engine::doomed_calls`]), it caps [`Admission::timeout`],
+//!   and [`Admission::forwarded_deadline`] is what the forwarded request
+//!   carries ([`deadline::write`]).
 //! - [`Rejection`]: rule (`service/rule`), [`RejectReason`], status,
 //!   `Retry-After`; [`Rejection::to_response`] is the one mapping to HTTP.
 //! - Rules in [`Mode::Shadow`] never reject or delay: what they would have
