@@ -473,6 +473,14 @@ fn render_rules(enc: &mut Encoder, rules: &[RuleStats]) {
         );
     }
     enc.family(
+        "gov_agent_bulkhead_limit",
+        "gauge",
+        "A bulkhead's permits now: max_concurrent, or an adaptive bulkhead's current limit.",
+    );
+    for r in rules.iter().filter(|r| r.kind == RuleKind::Bulkhead) {
+        enc.sample("gov_agent_bulkhead_limit", &[("rule", &r.rule)], r.capacity);
+    }
+    enc.family(
         "gov_agent_rule_waiting",
         "gauge",
         "Calls waiting for the rule (a bulkhead permit or a shaping delay).",

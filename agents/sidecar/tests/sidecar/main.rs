@@ -9,6 +9,7 @@
 
 mod support;
 
+mod adaptive;
 mod balance;
 mod client_gone;
 mod deadline;

@@ -45,6 +45,8 @@ enum Behaviour {
     Sized(usize),
     /// 500 while the upstream's `failing` flag is set, else 200.
     Flaky,
+    /// 200 after the upstream's delay now ([`Upstream::set_delay`]).
+    Tunable,
     /// The request body back, then a `grpc-status: 0` trailer (as gRPC answers).
     Trailers,
     /// 200 with the request's `gov-would-reject-by` values as body (`|`
@@ -63,6 +65,7 @@ pub fn upstream() -> UpstreamBuilder {
 #[derive(Default)]
 pub struct UpstreamBuilder {
     routes: HashMap<String, Behaviour>,
+    delay: Duration,
 }
 
 impl UpstreamBuilder {
@@ -115,6 +118,13 @@ impl UpstreamBuilder {
         self
     }
 
+    /// `path` answers 200 after `delay`, changed by [`Upstream::set_delay`].
+    pub fn tunable(mut self, path: &str, delay: Duration) -> Self {
+        self.routes.insert(path.to_owned(), Behaviour::Tunable);
+        self.delay = delay;
+        self
+    }
+
     /// `path` answers 500 while [`Upstream::set_failing`] is on.
     pub fn flaky(mut self, path: &str) -> Self {
         self.routes.insert(path.to_owned(), Behaviour::Flaky);
@@ -131,6 +141,7 @@ impl UpstreamBuilder {
             completed: AtomicU64::new(0),
             failing: AtomicBool::new(false),
             gate: tokio::sync::watch::channel(false).0,
+            delay_us: AtomicU64::new(u64::try_from(self.delay.as_micros()).unwrap()),
         });
         let task_state = state.clone();
         let conns = Arc::new(std::sync::Mutex::new(tokio::task::JoinSet::new()));
@@ -175,6 +186,8 @@ struct UpstreamState {
     failing: AtomicBool,
     /// Opens the `gated` routes.
     gate: tokio::sync::watch::Sender<bool>,
+    /// The `tunable` routes' delay.
+    delay_us: AtomicU64,
 }
 
 impl UpstreamState {
@@ -187,6 +200,14 @@ impl UpstreamState {
             Some(Behaviour::Delay(delay)) => {
                 let path = req.uri().path().to_owned();
                 self.enter(&path, 1);
+                tokio::time::sleep(delay).await;
+                self.enter(&path, -1);
+                status(StatusCode::OK, path)
+            }
+            Some(Behaviour::Tunable) => {
+                let path = req.uri().path().to_owned();
+                self.enter(&path, 1);
+                let delay = Duration::from_micros(self.delay_us.load(Ordering::SeqCst));
                 tokio::time::sleep(delay).await;
                 self.enter(&path, -1);
                 status(StatusCode::OK, path)
@@ -312,6 +333,7 @@ impl Upstream {
                 completed: AtomicU64::new(0),
                 failing: AtomicBool::new(false),
                 gate: tokio::sync::watch::channel(false).0,
+                delay_us: AtomicU64::new(0),
             }),
             task: tokio::spawn(async {}),
             conns: Default::default(),
@@ -361,6 +383,12 @@ impl Upstream {
     /// Lets every `gated` request, held and future, answer.
     pub fn open_gate(&self) {
         self.state.gate.send_replace(true);
+    }
+
+    /// The delay of the `tunable` routes from now on.
+    pub fn set_delay(&self, delay: Duration) {
+        let us = u64::try_from(delay.as_micros()).unwrap();
+        self.state.delay_us.store(us, Ordering::SeqCst);
     }
 
     /// Makes the `flaky` routes answer 500 (or 200 again).
