@@ -18,6 +18,10 @@
 //! ```text
 //! cargo bench -j2 -p gov-control-plane --bench agents_sim -- [AGENTS] [APPLIES] [STREAMS_PER_CONNECTION]
 //! ```
+//!
+//! `GOV_BENCH_GOVD=PATH` runs another `govd` binary (a copy of an earlier
+//! build) against the same simulator, for before/after comparisons in one
+//! session.
 
 #![allow(
     clippy::unwrap_used,
@@ -197,7 +201,9 @@ async fn main() {
 
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("govd.log");
-    let mut govd = tokio::process::Command::new(env!("CARGO_BIN_EXE_govd"))
+    let govd_bin =
+        std::env::var("GOV_BENCH_GOVD").unwrap_or_else(|_| env!("CARGO_BIN_EXE_govd").to_owned());
+    let mut govd = tokio::process::Command::new(&govd_bin)
         .args(["--insecure", "--listen", "127.0.0.1:0", "--state-dir"])
         .arg(dir.path().join("state"))
         // Room for every simulated agent (the default cap is 1,024).
@@ -319,7 +325,9 @@ async fn main() {
     times.sort();
     let per_agent = |kib: u64| (kib.saturating_sub(rss_idle)) as f64 / agents as f64;
 
-    println!("agents: {agents} ({per_connection} per HTTP/2 connection), applies: {applies}");
+    println!(
+        "govd: {govd_bin}; agents: {agents} ({per_connection} per HTTP/2 connection), applies: {applies}"
+    );
     println!(
         "connect: all {agents} connected in {:.2} s, govd CPU {:.2} s",
         connect_time.as_secs_f64(),
