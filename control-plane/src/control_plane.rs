@@ -24,14 +24,6 @@ use crate::view::cluster_view;
 /// How long a push may wait for room in an agent's queue before the
 /// agent's stream is cut (it reconnects and gets the current config).
 const SEND_TIMEOUT: Duration = Duration::from_millis(250);
-/// Stats-only changes publish a new view at most this often.
-const STATS_PERIOD: Duration = Duration::from_secs(1);
-/// Other changes publish a new view this soon, gathering whatever else
-/// changes meanwhile: an apply to N agents is N ACKs, and one O(N) view per
-/// ACK would make it O(N^2).
-const VIEW_COALESCE: Duration = Duration::from_millis(50);
-/// Debounce of agent-registry writes.
-const PERSIST_DEBOUNCE: Duration = Duration::from_millis(250);
 /// How soon the `release after` timer retries a release it could not record.
 const RELEASE_RETRY: Duration = Duration::from_secs(5);
 /// How soon a replica that could not reload the state tries again.
@@ -66,12 +58,17 @@ pub(crate) struct Inner {
     pub(crate) identity: Option<Arc<crate::identity::Issuer>>,
     pub(crate) connections: crate::ConnectionLimits,
     pub(crate) agent_limits: crate::AgentLimits,
-    /// The cluster view, republished on change.
+    /// The cluster view, republished on change while anyone watches it
+    /// (`publish.rs`); read it with [`Inner::subscribe_view`].
     pub(crate) view: watch::Sender<Arc<pb::ClusterView>>,
+    /// The published view may be behind: nobody watched when it changed.
+    pub(crate) view_stale: AtomicBool,
+    /// The version in force, republished when it changes (`publish.rs`).
+    pub(crate) policy_version: watch::Sender<String>,
     /// Something other than stats changed: publish a view now.
-    changed: Notify,
-    /// Stats changed: publish within `STATS_PERIOD`.
-    stats_dirty: AtomicBool,
+    pub(crate) changed_view: Notify,
+    /// Stats changed: publish within `publish::STATS_PERIOD`.
+    pub(crate) stats_dirty: AtomicBool,
     /// Sync state changed (ACK, NACK, disconnect): `Apply` waiters re-check.
     pub(crate) sync: watch::Sender<u64>,
     /// The agent registry changed: write `state.json` soon.
@@ -127,6 +124,7 @@ impl ControlPlane {
             "state loaded"
         );
         let view = watch::channel(Arc::new(cluster_view(&state, now_unix_ms()))).0;
+        let state_version = state.version().to_owned();
         let store = crate::store_health::Tracked::new(store);
         let inner = Arc::new(Inner {
             state: std::sync::Mutex::new(state),
@@ -146,7 +144,9 @@ impl ControlPlane {
             connections: options.connections,
             agent_limits: options.agent_limits,
             view,
-            changed: Notify::new(),
+            view_stale: AtomicBool::new(false),
+            policy_version: watch::channel(state_version).0,
+            changed_view: Notify::new(),
             stats_dirty: AtomicBool::new(false),
             sync: watch::channel(0).0,
             persist_soon: Notify::new(),
@@ -159,8 +159,8 @@ impl ControlPlane {
             pending_audit: crate::journal::Pending::default(),
             intent_grace: options.intent_grace,
         });
-        tokio::spawn(publish_views(inner.clone()));
-        tokio::spawn(persist_agents(inner.clone()));
+        tokio::spawn(inner.clone().publish_views());
+        tokio::spawn(inner.clone().persist_agents_soon());
         tokio::spawn(release_timer(inner.clone()));
         tokio::spawn(inner.clone().expire_rules());
         tokio::spawn(inner.clone().watch_canary());
@@ -181,7 +181,7 @@ impl ControlPlane {
     /// The cluster view, republished on every change (at most about once
     /// per second for stats): what `Watch` streams, for in-process users.
     pub fn watch(&self) -> watch::Receiver<Arc<pb::ClusterView>> {
-        self.inner.view.subscribe()
+        self.inner.subscribe_view()
     }
 
     /// The cluster view now.
@@ -249,7 +249,8 @@ impl ControlPlane {
 
     /// Writes the state to disk now (on shutdown).
     pub async fn flush(&self) -> Result<(), Error> {
-        self.inner.persist().await
+        self.inner.persist().await?;
+        self.inner.persist_agents().await
     }
 }
 
@@ -258,7 +259,7 @@ impl ControlPlane {
 impl Inner {
     /// The cluster view now, with the store's health: what `Status`,
     /// `Watch` and `/metrics` show.
-    fn view_now(&self) -> pb::ClusterView {
+    pub(crate) fn view_now(&self) -> pb::ClusterView {
         let mut view = cluster_view(&self.lock(), now_unix_ms());
         view.store = Some(self.health.view(self.store.as_ref()));
         view
@@ -296,16 +297,6 @@ impl Inner {
                 }
                 other => return other,
             }
-        }
-    }
-
-    /// Writes the agent registry: apart from the shared state where the
-    /// store keeps it apart (etcd), else with it.
-    pub(crate) async fn persist_agents(&self) -> Result<(), Error> {
-        let agents = self.lock().to_persisted().agents;
-        match self.store.save_agents(&agents) {
-            Some(write) => write.await,
-            None => self.persist().await,
         }
     }
 
@@ -412,7 +403,7 @@ impl Inner {
     }
 
     pub(crate) fn changed(&self) {
-        self.changed.notify_one();
+        self.changed_view.notify_one();
     }
 
     /// Only stats changed: publish within `STATS_PERIOD`.
@@ -531,48 +522,6 @@ pub enum ReleaseError {
 }
 
 // === background tasks ===
-
-/// Rebuilds the view `VIEW_COALESCE` after something changed (one
-/// rebuild for every change in that time), and at most once per
-/// `STATS_PERIOD` when only stats changed.
-async fn publish_views(inner: Arc<Inner>) {
-    let mut tick = tokio::time::interval(STATS_PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = inner.shutdown.cancelled() => return,
-            () = inner.changed.notified() => {
-                tokio::select! {
-                    () = inner.shutdown.cancelled() => return,
-                    () = tokio::time::sleep(VIEW_COALESCE) => {}
-                }
-            }
-            _ = tick.tick() => {
-                // Remaining times of limits and fuses tick down too.
-                let any_trip = inner.lock().trips().next().is_some();
-                if !inner.stats_dirty.swap(false, Ordering::Relaxed) && !any_trip {
-                    continue;
-                }
-            }
-        }
-        let view = inner.view_now();
-        inner.view.send_replace(Arc::new(view));
-    }
-}
-
-/// Writes the agent registry shortly after it changes.
-async fn persist_agents(inner: Arc<Inner>) {
-    loop {
-        tokio::select! {
-            () = inner.shutdown.cancelled() => return,
-            () = inner.persist_soon.notified() => {}
-        }
-        tokio::time::sleep(PERSIST_DEBOUNCE).await;
-        if let Err(error) = inner.persist_agents().await {
-            tracing::error!(error = %miette::Report::new(error), "cannot write the state");
-        }
-    }
-}
 
 /// Releases limits whose `release after` deadline passed. Deadlines are
 /// absolute (wall clock, stored on disk) so they survive a restart; the

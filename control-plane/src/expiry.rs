@@ -71,7 +71,7 @@ impl Inner {
     /// at each new view (an apply), and at least every minute.
     pub(crate) async fn expire_rules(self: Arc<Self>) {
         let mut leader = self.store.leader();
-        let mut views = self.view.subscribe();
+        let mut views = self.policy_version.subscribe();
         let mut recorded = self.recorded_expiries().await;
         loop {
             while !*leader.borrow_and_update() {

@@ -66,6 +66,18 @@ fn key(text: &str) -> u64 {
     h.finish()
 }
 
+/// The history entry of `policy`, which changed `changed`.
+pub fn entry(policy: &crate::store::AppliedPolicy, changed: &[String]) -> HistoryEntry {
+    HistoryEntry {
+        version: policy.version.clone(),
+        who: policy.who.clone(),
+        at_unix_ms: policy.at_unix_ms,
+        services: changed.to_vec(),
+        sources: policy.sources.clone(),
+        source_refs: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -45,6 +45,7 @@ pub mod latches;
 pub mod limits;
 pub mod metrics;
 mod options;
+mod publish;
 mod rollout;
 mod server;
 pub mod state;

@@ -357,7 +357,7 @@ impl ControlPlaneRpc for ControlPlane {
         };
         let service = request.into_inner().service;
         // The slot is given back when the stream is dropped.
-        let stream = WatchStream::new(self.inner.view.subscribe())
+        let stream = WatchStream::new(self.inner.subscribe_view())
             .map(move |view| {
                 let _held = &slot;
                 Ok(bounded(

@@ -26,7 +26,7 @@ use pb::agent_message::Msg as AgentMsg;
 use crate::history::HistoryLimit;
 use crate::latches::LatchId;
 use crate::store::{
-    AppliedPolicy, HistoryEntry, KnownAgent, Persisted, StoredCanary, Trip, TripKind,
+    AgentChanges, AppliedPolicy, HistoryEntry, Persisted, StoredCanary, Trip, TripKind,
 };
 
 mod adopt;
@@ -38,7 +38,7 @@ pub mod versions;
 
 pub use adopt::Adopted;
 pub use agent::{Agent, AgentKey, AgentTx, Nacked, Outbox, Outgoing, Unsaved};
-use agent::{Agents, Conn};
+use agent::{Agents, Conn, Dirty};
 pub use canary::{Canary, pick as canary_instances};
 pub use latched::Released;
 use latched::{Latched, trip_kind};
@@ -59,6 +59,8 @@ pub struct State {
     unanswered: BTreeMap<String, usize>,
     /// A canary apply running: its instances enforce its version.
     canary: Option<Canary>,
+    /// Agent records to write (`Inner::persist_agents`).
+    dirty: Dirty,
     next_conn: u64,
     next_nonce: u64,
     nonce_prefix: u32,
@@ -96,13 +98,7 @@ impl State {
             ..State::default()
         };
         for a in p.agents {
-            let mut agent = Agent::new(a.service, a.instance, 0);
-            agent.identity = a.identity;
-            agent.address = a.address;
-            agent.labels = a.labels;
-            agent.version.clone_from(&a.last_good_version);
-            agent.last_good = a.last_good_version;
-            agent.disconnect_reason = "control plane restarted".into();
+            let agent = Agent::from_record(a);
             state.agents.insert(agent.key(), agent);
         }
         state
@@ -116,18 +112,7 @@ impl State {
             texts: BTreeMap::new(),
             releases: self.latched.releases(),
             trips: self.latched.latches().iter().cloned().collect(),
-            agents: self
-                .agents
-                .values()
-                .map(|a| KnownAgent {
-                    service: a.service.clone(),
-                    instance: a.instance.clone(),
-                    address: a.address.clone(),
-                    last_good_version: a.last_good.clone(),
-                    labels: a.labels.clone(),
-                    identity: a.identity.clone(),
-                })
-                .collect(),
+            agents: self.agents.values().map(Agent::record).collect(),
             canary: self.canary.as_ref().map(|c| c.stored.clone()),
         }
     }
@@ -242,14 +227,27 @@ impl State {
     /// Queues the current config to every connected agent of `services`.
     fn push_to(&mut self, services: &[String], out: &mut Outbox) {
         let keys: Vec<AgentKey> = self
-            .agents
-            .iter()
-            .filter(|(k, a)| a.conn.is_some() && services.contains(&k.0))
-            .map(|(k, _)| k.clone())
+            .of_services(services)
+            .filter(|a| a.conn.is_some())
+            .map(Agent::key)
             .collect();
         for key in keys {
             self.push(&key, out);
         }
+    }
+
+    /// The agents of `services` (each service's a range of the map: an
+    /// apply to one service walks its agents only).
+    fn of_services<'a>(&'a self, services: &'a [String]) -> impl Iterator<Item = &'a Agent> {
+        let mut services: Vec<&String> = services.iter().collect();
+        services.sort_unstable();
+        services.dedup();
+        services.into_iter().flat_map(move |service| {
+            self.agents
+                .range((service.clone(), String::new())..)
+                .map(|(_, a)| a)
+                .take_while(move |a| &a.service == service)
+        })
     }
 
     /// A new stream of an unverified agent (`--insecure`) said hello: see
@@ -302,6 +300,7 @@ impl State {
             .or_insert_with(|| Agent::new(hello.service.clone(), hello.instance.clone(), now));
         let last_version = hello.last_version.clone();
         agent.connected(hello, identity, Conn { id, tx }, now, &mut self.unanswered);
+        self.dirty.touch(&key);
         // An agent with no config at all gets one even when its service is not
         // in the policy (an empty one): it is what makes it ready.
         if let Some(current) = self.version_for(&key)
@@ -315,11 +314,9 @@ impl State {
         latched::send_missed(&mut self.agents, &key, missed, out);
         // The endpoints of every service with a registered instance: where its
         // outbound calls go from now on.
-        let services: BTreeSet<String> = self
-            .agents
-            .values()
-            .filter(|a| a.is_registered())
-            .map(|a| a.service.clone())
+        let services: BTreeSet<String> = (self.registry.services())
+            .filter(|s| self.connected(s).any(Agent::is_registered))
+            .cloned()
             .collect();
         if let Some(agent) = self.agents.get(&key) {
             for service in services {
@@ -349,7 +346,7 @@ impl State {
         !self
             .agents
             .contains_key(&(service.to_owned(), instance.to_owned()))
-            && self.agents.keys().filter(|(s, _)| s == service).count() >= max
+            && self.of_services(&[service.to_owned()]).count() >= max
     }
 
     /// Forgets the instances not connected and not heard from for
@@ -357,7 +354,19 @@ impl State {
     /// from before a restart (never heard from since) gets a full retention
     /// from the first call. Returns the keys forgotten.
     pub fn prune(&mut self, now: u64, retention_ms: u64) -> Vec<AgentKey> {
-        agent::prune(&mut self.agents, now, retention_ms)
+        let gone = agent::prune(&mut self.agents, now, retention_ms);
+        gone.iter().for_each(|k| self.dirty.forget(k));
+        gone
+    }
+
+    /// The agent records changed or forgotten since the last call (see
+    /// [`State::restore_agent_changes`] when they could not be written).
+    pub fn take_agent_changes(&mut self) -> AgentChanges {
+        self.dirty.take(&self.agents)
+    }
+
+    pub fn restore_agent_changes(&mut self, changes: &AgentChanges) {
+        self.dirty.restore(changes);
     }
 
     /// The stream `id` of `key` ended.
@@ -390,6 +399,7 @@ impl State {
             AgentMsg::Hello(_) => {}
             AgentMsg::Ack(ack) => {
                 agent.acked(ack, &mut self.unanswered);
+                self.dirty.touch(key);
                 effect.sync = true;
             }
             AgentMsg::Nack(nack) => {
@@ -446,7 +456,7 @@ impl State {
     ) -> Persisted {
         let mut p = self.to_persisted();
         let mut kept: VecDeque<HistoryEntry> = std::mem::take(&mut p.history).into();
-        kept.push_back(history_entry(policy, changed));
+        kept.push_back(crate::history::entry(policy, changed));
         crate::history::bound(&mut kept, history);
         p.history = kept.into();
         p.applied = Some(policy.clone());
@@ -464,7 +474,8 @@ impl State {
         history: HistoryLimit,
         out: &mut Outbox,
     ) {
-        self.history.push_back(history_entry(&policy, changed));
+        self.history
+            .push_back(crate::history::entry(&policy, changed));
         crate::history::bound(&mut self.history, history);
         self.applied = Some(policy);
         self.push_to(changed, out);
@@ -541,7 +552,7 @@ impl State {
         let services = canary.stored.services;
         if promote {
             self.history
-                .push_back(history_entry(&canary.stored.policy, &services));
+                .push_back(crate::history::entry(&canary.stored.policy, &services));
             crate::history::bound(&mut self.history, history);
             self.applied = Some(Arc::new(canary.stored.policy));
         }
@@ -552,11 +563,10 @@ impl State {
     /// is not the one it must enforce now.
     fn reconcile(&mut self, services: &[String], out: &mut Outbox) {
         let keys: Vec<AgentKey> = self
-            .agents
-            .iter()
-            .filter(|(k, a)| a.conn.is_some() && services.contains(&k.0))
-            .filter(|(k, a)| self.version_for(k).is_some_and(|v| v != a.version))
-            .map(|(k, _)| k.clone())
+            .of_services(services)
+            .filter(|a| a.conn.is_some())
+            .filter(|a| self.version_for(&a.key()).is_some_and(|v| v != a.version))
+            .map(Agent::key)
             .collect();
         for key in keys {
             self.push(&key, out);
@@ -564,10 +574,12 @@ impl State {
     }
 
     /// Connected agents of `service`.
-    pub fn connected(&self, service: &str) -> impl Iterator<Item = &Agent> {
+    pub fn connected<'a>(&'a self, service: &'a str) -> impl Iterator<Item = &'a Agent> {
         self.agents
-            .values()
-            .filter(move |a| a.service == service && a.conn.is_some())
+            .range((service.to_owned(), String::new())..)
+            .map(|(_, a)| a)
+            .take_while(move |a| a.service == service)
+            .filter(|a| a.conn.is_some())
     }
 
     /// The sync state of `agent`, as `istioctl proxy-status` would show it.
@@ -577,9 +589,7 @@ impl State {
 
     /// The outcome of every agent of `services` (for `ApplyResult`).
     pub fn outcomes(&self, services: &[String]) -> Vec<pb::AgentOutcome> {
-        self.agents
-            .values()
-            .filter(|a| services.contains(&a.service))
+        self.of_services(services)
             .map(|a| a.outcome(self.version_for(&a.key()).as_deref()))
             .collect()
     }
@@ -686,17 +696,6 @@ impl State {
             .all(|s| self.unanswered.get(s).is_none_or(|&n| n == 0))
     }
 }
-fn history_entry(policy: &AppliedPolicy, changed: &[String]) -> HistoryEntry {
-    HistoryEntry {
-        version: policy.version.clone(),
-        who: policy.who.clone(),
-        at_unix_ms: policy.at_unix_ms,
-        services: changed.to_vec(),
-        sources: policy.sources.clone(),
-        source_refs: Vec::new(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     /// The history bound of the tests.
@@ -1065,6 +1064,53 @@ mod tests {
             s.sync_state(s.agent(&key2).unwrap()).0,
             pb::SyncState::Disconnected
         );
+    }
+
+    /// Issue 35: an ACK marks its own agent's record to write, not every
+    /// agent's; a forgotten agent is written as gone; records that could
+    /// not be written are taken again, unless the agent changed since.
+    #[test]
+    fn an_ack_changes_only_its_own_agent_record() {
+        let mut s = State::default();
+        s.commit(
+            policy("b1", vec![target("order", "v1")]),
+            &[],
+            TEN,
+            &mut Vec::new(),
+        );
+        let mut ids = Vec::new();
+        let mut out = Vec::new();
+        let (tx, _rx) = mpsc::channel(256);
+        for i in 0..50 {
+            let instance = format!("i{i}");
+            ids.push(s.hello(hello("order", &instance, ""), tx.clone(), 1, &mut out));
+        }
+        assert_eq!(s.take_agent_changes().changed.len(), 50, "every hello");
+        assert!(s.take_agent_changes().is_empty());
+        let (key, id) = ids[7].clone();
+        let nonce = nonce_of(&out[7].msg);
+        let ack = AgentMsg::Ack(pb::Ack {
+            version: "v1".into(),
+            nonce,
+            ..Default::default()
+        });
+        s.on_message(&key, id, ack, 2);
+        let changes = s.take_agent_changes();
+        assert_eq!(changes.live, 50);
+        assert_eq!(changes.changed.len(), 1);
+        assert_eq!(changes.changed[0].instance, "i7");
+        assert_eq!(changes.changed[0].last_good_version, "v1");
+
+        // Not written: taken again.
+        s.restore_agent_changes(&changes);
+        assert_eq!(s.take_agent_changes(), changes);
+
+        assert!(s.disconnect(&key, id, "gone", 3));
+        assert_eq!(s.prune(10_000, 1_000), [key.clone()]);
+        s.restore_agent_changes(&changes);
+        let forgotten = s.take_agent_changes();
+        assert!(forgotten.changed.is_empty(), "{forgotten:?}");
+        assert_eq!(forgotten.gone, [key]);
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //!   tripped fuses and engaged limits with absolute deadlines, the last
 //!   releases and the agents last seen. Rewritten atomically: temp file,
 //!   fsync, rename, fsync of the directory, so a crash leaves the old file
-//!   or the new one, never a torn one. `audit.jsonl` has one JSON object
+//!   or the new one, never a torn one. The agents are apart, in
+//!   `agents.jsonl` (`store/agents.rs`): a journal an ACK appends one line
+//!   to, rewritten whole once it is twice as long as it needs to be.
+//!   `audit.jsonl` has one JSON object
 //!   per line for every operator action (apply, release) and every timer
 //!   release; append-only, fsynced.
 //! - `crate::etcd::EtcdStore` (`--store etcd://...`): the same state in
@@ -18,7 +21,7 @@
 //! both win.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -26,6 +29,11 @@ use gov_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, StateIo};
+
+mod agents;
+mod atomic;
+pub use agents::{AgentChanges, KnownAgent};
+pub use atomic::write_atomic;
 
 /// Version of the `state.json` layout.
 const FORMAT: u32 = 1;
@@ -202,22 +210,6 @@ pub struct Trip {
     pub reported_by: BTreeMap<String, String>,
 }
 
-/// An agent the control plane has seen, shown as DISCONNECTED after a
-/// restart until it reconnects.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KnownAgent {
-    pub service: String,
-    pub instance: String,
-    pub address: String,
-    pub last_good_version: String,
-    #[serde(default)]
-    pub labels: std::collections::BTreeMap<String, String>,
-    /// The identity that holds its name (`""`: written before identities
-    /// were kept; the next agent to connect under the name takes it).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub identity: String,
-}
-
 pub use crate::audit::AuditEntry;
 
 /// A stored version of the shared state: what a conditional write
@@ -280,6 +272,18 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Writes the agent records that changed (`changes`) apart from the
+    /// shared state, where the store keeps a journal of them (the
+    /// directory); `all` gives every record, for a rewrite of the journal.
+    /// `None`: it keeps none (write them with [`Store::save_agents`]).
+    fn append_agents<'a>(
+        &'a self,
+        _changes: &'a AgentChanges,
+        _all: &dyn Fn() -> Vec<KnownAgent>,
+    ) -> Option<StoreFuture<'a, ()>> {
+        None
+    }
+
     /// The revision of each write of the shared state by anyone (another
     /// replica included), as it happens. `None`: nobody else writes it.
     fn changes(&self) -> Option<tokio::sync::watch::Receiver<Revision>> {
@@ -325,6 +329,10 @@ pub struct DirStore {
     /// Writes of `state.json` by this process: the directory has one
     /// writer, so a conditional write can only find it equal.
     revision: std::sync::atomic::AtomicI64,
+    /// Lines in `agents.jsonl`; `usize::MAX` when it must be rewritten
+    /// before anything is appended (a write failed, or its last line was
+    /// cut short).
+    journal_lines: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl DirStore {
@@ -336,6 +344,7 @@ impl DirStore {
         Ok(Self {
             dir,
             revision: std::sync::atomic::AtomicI64::new(0),
+            journal_lines: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX)),
         })
     }
 
@@ -351,22 +360,28 @@ impl DirStore {
         self.dir.join(AUDIT_FILE)
     }
 
-    /// Reads `state.json`; a missing file is an empty state.
+    /// Reads `state.json` and the agent journal over the agents it holds
+    /// (a `state.json` written before the journal); a missing file is an
+    /// empty state. Such older agents are written to a new journal at once,
+    /// so that the next `state.json`, which holds none, loses none.
     pub fn load(&self) -> Result<Persisted, Error> {
         let path = self.state_path();
-        match fs::read(&path) {
-            Ok(bytes) => decode(&bytes, &path.display().to_string()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Persisted {
+        let mut state = match fs::read(&path) {
+            Ok(bytes) => decode(&bytes, &path.display().to_string())?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Persisted {
                 format: FORMAT,
                 ..Persisted::default()
-            }),
-            Err(source) => Err(StateIo::new("read", &path, source).into()),
-        }
+            },
+            Err(source) => return Err(StateIo::new("read", &path, source).into()),
+        };
+        self.load_agents(&mut state)?;
+        Ok(state)
     }
 
-    /// Replaces `state.json` atomically.
+    /// Replaces `state.json` atomically (without the agents: they are
+    /// kept in the journal, [`DirStore::write_agents`]).
     pub fn save(&self, state: &Persisted) -> Result<(), Error> {
-        write_atomic(&self.state_path(), &encode(state)?)
+        write_atomic(&self.state_path(), &encode_parts(state, false)?)
     }
 
     /// Appends one line to `audit.jsonl` and syncs it.
@@ -415,12 +430,7 @@ impl Store for DirStore {
 
     fn load(&self) -> StoreFuture<'_, Loaded> {
         Box::pin(async move {
-            let dir = DirStore {
-                dir: self.dir.clone(),
-                revision: std::sync::atomic::AtomicI64::new(
-                    self.revision.load(std::sync::atomic::Ordering::SeqCst),
-                ),
-            };
+            let dir = self.handle();
             tokio::task::spawn_blocking(move || dir.load_now())
                 .await
                 .map_err(|e| blocking_failed("read", &self.dir, e))?
@@ -452,6 +462,21 @@ impl Store for DirStore {
         })
     }
 
+    fn append_agents<'a>(
+        &'a self,
+        changes: &'a AgentChanges,
+        all: &dyn Fn() -> Vec<KnownAgent>,
+    ) -> Option<StoreFuture<'a, ()>> {
+        let lines = self.journal_lines.load(std::sync::atomic::Ordering::SeqCst);
+        let all = agents::due_rewrite(lines, changes).then(all);
+        let (dir, changes) = (self.handle(), changes.clone());
+        Some(Box::pin(async move {
+            tokio::task::spawn_blocking(move || dir.write_agents(&changes, all.as_deref()))
+                .await
+                .map_err(|e| blocking_failed("write", &self.dir, e))?
+        }))
+    }
+
     fn audit<'a>(&'a self, entry: &'a AuditEntry) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let entry = entry.clone();
@@ -478,6 +503,19 @@ impl DirStore {
         Self {
             dir,
             revision: std::sync::atomic::AtomicI64::new(0),
+            journal_lines: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX)),
+        }
+    }
+
+    /// This directory for a blocking task: its revision as now, its
+    /// journal's line count shared.
+    fn handle(&self) -> Self {
+        Self {
+            dir: self.dir.clone(),
+            revision: std::sync::atomic::AtomicI64::new(
+                self.revision.load(std::sync::atomic::Ordering::SeqCst),
+            ),
+            journal_lines: self.journal_lines.clone(),
         }
     }
 }
@@ -490,7 +528,12 @@ fn blocking_failed(op: &'static str, dir: &Path, e: tokio::task::JoinError) -> E
 /// The stored form of `state` (JSON, history texts by content address),
 /// as the directory and etcd keep it.
 pub fn encode(state: &Persisted) -> Result<Vec<u8>, Error> {
-    let mut state = address_texts(state);
+    encode_parts(state, true)
+}
+
+/// [`encode`], with the agents or without them.
+fn encode_parts(state: &Persisted, with_agents: bool) -> Result<Vec<u8>, Error> {
+    let mut state = address_texts(state, with_agents);
     state.format = FORMAT;
     serde_json::to_vec_pretty(&state).map_err(Error::Encode)
 }
@@ -516,10 +559,20 @@ pub fn decode(bytes: &[u8], path: &str) -> Result<Persisted, Error> {
 /// `state` with each history source's text moved into `texts` under its
 /// content address: 50 versions of a policy whose files rarely change cost
 /// about one copy of it, not 50.
-fn address_texts(state: &Persisted) -> Persisted {
+fn address_texts(state: &Persisted, with_agents: bool) -> Persisted {
     let mut out = Persisted {
         history: Vec::with_capacity(state.history.len()),
-        ..state.clone()
+        agents: if with_agents {
+            state.agents.clone()
+        } else {
+            Vec::new()
+        },
+        applied: state.applied.clone(),
+        trips: state.trips.clone(),
+        releases: state.releases.clone(),
+        texts: state.texts.clone(),
+        canary: state.canary.clone(),
+        format: state.format,
     };
     out.history.clear();
     for entry in &state.history {
@@ -599,33 +652,24 @@ fn is_temp_file_name(name: &str) -> bool {
         })
 }
 
-/// Writes `bytes` to `path` so that readers see the old content or the new,
-/// never a mix: temp file in the same directory, fsync, rename, fsync of the
-/// directory (so the rename itself survives a crash).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    let dir = path.parent().unwrap_or_else(|| Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let result = (|| {
-        let mut file = File::create(&tmp).map_err(|source| StateIo::new("create", &tmp, source))?;
-        file.write_all(bytes)
-            .map_err(|source| StateIo::new("write", &tmp, source))?;
-        file.sync_all()
-            .map_err(|source| StateIo::new("sync", &tmp, source))?;
-        drop(file);
-        fs::rename(&tmp, path).map_err(|source| StateIo::new("rename", path, source))?;
-        let d = File::open(dir).map_err(|source| StateIo::new("open", dir, source))?;
-        d.sync_all()
-            .map_err(|source| StateIo::new("sync", dir, source))?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+impl DirStore {
+    pub fn agents_path(&self) -> PathBuf {
+        self.dir.join(agents::AGENTS_FILE)
     }
-    result
+
+    /// Replays the journal over the agents of `state` ([`agents::load`]).
+    pub(super) fn load_agents(&self, state: &mut Persisted) -> Result<(), Error> {
+        agents::load(&self.agents_path(), &self.journal_lines, &mut state.agents)
+    }
+
+    /// Writes `changes` to the agent journal ([`agents::write`]).
+    pub fn write_agents(
+        &self,
+        changes: &AgentChanges,
+        all: Option<&[KnownAgent]>,
+    ) -> Result<(), Error> {
+        agents::write(&self.agents_path(), &self.journal_lines, changes, all)
+    }
 }
 
 #[cfg(test)]

@@ -219,6 +219,15 @@ impl Store for Tracked {
         Some(self.tracked(Call::Write, write))
     }
 
+    fn append_agents<'a>(
+        &'a self,
+        changes: &'a crate::store::AgentChanges,
+        all: &dyn Fn() -> Vec<KnownAgent>,
+    ) -> Option<StoreFuture<'a, ()>> {
+        let write = self.store.append_agents(changes, all)?;
+        Some(self.tracked(Call::Write, write))
+    }
+
     fn changes(&self) -> Option<tokio::sync::watch::Receiver<Revision>> {
         self.store.changes()
     }

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::latches::LatchId;
+use crate::store::{AgentChanges, KnownAgent};
 
 /// 100% slow-start weight.
 const FULL_WEIGHT: u32 = 100_000;
@@ -114,6 +115,62 @@ pub struct Outgoing {
 /// Messages to send once the lock is released.
 pub type Outbox = Vec<Outgoing>;
 
+/// The agents whose stored record (address, labels, identity, last good
+/// version) changed since the store last took them, and the names
+/// forgotten since: what the next write of the agent registry holds, so
+/// that an ACK costs a write of its own agent, not of every agent.
+#[derive(Debug, Default)]
+pub(super) struct Dirty {
+    changed: BTreeSet<AgentKey>,
+    gone: BTreeSet<AgentKey>,
+}
+
+impl Dirty {
+    /// `key`'s record changed.
+    pub(super) fn touch(&mut self, key: &AgentKey) {
+        self.gone.remove(key);
+        self.changed.insert(key.clone());
+    }
+
+    /// `key` was forgotten.
+    pub(super) fn forget(&mut self, key: &AgentKey) {
+        self.changed.remove(key);
+        self.gone.insert(key.clone());
+    }
+
+    /// The changes since the last call, as records of `agents` now.
+    pub(super) fn take(&mut self, agents: &Agents) -> AgentChanges {
+        let changed = std::mem::take(&mut self.changed);
+        AgentChanges {
+            changed: changed
+                .iter()
+                .filter_map(|k| agents.get(k).map(Agent::record))
+                .collect(),
+            gone: std::mem::take(&mut self.gone).into_iter().collect(),
+            live: agents.len(),
+        }
+    }
+
+    /// `changes` were not written: they are taken again next time, unless
+    /// the agent changed again since (then what it is now is written).
+    pub(super) fn restore(&mut self, changes: &AgentChanges) {
+        let keys = changes
+            .changed
+            .iter()
+            .map(|a| (a.service.clone(), a.instance.clone()));
+        for key in keys {
+            if !self.gone.contains(&key) {
+                self.changed.insert(key);
+            }
+        }
+        for key in &changes.gone {
+            if !self.changed.contains(key) {
+                self.gone.insert(key.clone());
+            }
+        }
+    }
+}
+
 /// Forgets the agents not connected and not heard from for `retention_ms`
 /// (see `State::prune`); returns their keys.
 pub(super) fn prune(agents: &mut Agents, now: u64, retention_ms: u64) -> Vec<AgentKey> {
@@ -161,6 +218,30 @@ impl Agent {
             stats: None,
             disconnect_reason: String::new(),
             releasing: BTreeSet::new(),
+        }
+    }
+
+    /// An agent the store remembers, disconnected until it says hello.
+    pub(super) fn from_record(a: KnownAgent) -> Self {
+        let mut agent = Agent::new(a.service, a.instance, 0);
+        agent.identity = a.identity;
+        agent.address = a.address;
+        agent.labels = a.labels;
+        agent.version.clone_from(&a.last_good_version);
+        agent.last_good = a.last_good_version;
+        agent.disconnect_reason = "control plane restarted".into();
+        agent
+    }
+
+    /// What the store keeps of it.
+    pub fn record(&self) -> KnownAgent {
+        KnownAgent {
+            service: self.service.clone(),
+            instance: self.instance.clone(),
+            address: self.address.clone(),
+            last_good_version: self.last_good.clone(),
+            labels: self.labels.clone(),
+            identity: self.identity.clone(),
         }
     }
 

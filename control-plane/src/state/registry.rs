@@ -33,6 +33,12 @@ impl Registry {
         self.changed.insert(service.to_owned());
     }
 
+    /// Every service whose endpoint set ever changed: those that may have
+    /// a registered instance (a registration is a change).
+    pub(super) fn services(&self) -> impl Iterator<Item = &String> {
+        self.versions.keys().chain(&self.changed)
+    }
+
     /// The registered instances of `service` among `agents` (govd is the
     /// registry of record): connected agents whose lifecycle says WARMING
     /// (registered, ramping up) or READY, with the address their inbound
@@ -42,8 +48,10 @@ impl Registry {
             service: service.to_owned(),
             version: self.versions.get(service).copied().unwrap_or(0),
             instances: agents
-                .values()
-                .filter(|a| a.service == service && a.is_registered())
+                .range((service.to_owned(), String::new())..)
+                .map(|(_, a)| a)
+                .take_while(|a| a.service == service)
+                .filter(|a| a.is_registered())
                 .map(|a| pb::Instance {
                     instance: a.instance.clone(),
                     address: a.address.clone(),
