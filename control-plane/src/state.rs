@@ -1106,7 +1106,7 @@ mod tests {
         assert_eq!(s.take_agent_changes(), changes);
 
         assert!(s.disconnect(&key, id, "gone", 3));
-        assert_eq!(s.prune(10_000, 1_000), [key.clone()]);
+        assert_eq!(s.prune(10_000, 1_000), std::slice::from_ref(&key));
         s.restore_agent_changes(&changes);
         let forgotten = s.take_agent_changes();
         assert!(forgotten.changed.is_empty(), "{forgotten:?}");
