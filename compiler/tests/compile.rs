@@ -827,6 +827,18 @@ fn outlier_blocks_lower_every_value_and_show_in_a_plan() {
     )]);
     let p = web(&long).outlier_targets[0].policy.clone().unwrap();
     assert_eq!((p.eject_ms, p.max_eject_ms), (120_000, 120_000));
+    // A callee no file defines is an unknown service.
+    let Err(d) = compile(&[SourceFile::new(
+        "a.gov",
+        text("  outlier to checkuot { eject 2m }\n"),
+    )]) else {
+        panic!("an outlier block to an unknown service compiles")
+    };
+    let codes: Vec<String> = d
+        .iter()
+        .filter_map(|d| miette::Diagnostic::code(d).map(|c| c.to_string()))
+        .collect();
+    assert_eq!(codes, ["gov::unknown-service"], "{d:?}");
 
     insta::assert_snapshot!(plan(&none, &declared).render(), @r"
     ~ service web
