@@ -372,7 +372,6 @@ impl Bulkhead {
     }
 
     /// Takes a permit if one is free now and nobody is waiting for one.
-    #[inline]
     pub(crate) fn try_take(&self, cell: &Cell) -> bool {
         cell.take(self.limit(), false)
     }

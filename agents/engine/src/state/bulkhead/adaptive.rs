@@ -156,8 +156,9 @@ impl Adaptive {
     }
 
     /// Adds a recorded call's latency to the window; closes the window
-    /// and moves `limit` when it is due.
-    #[inline]
+    /// and moves `limit` when it is due. Out of line: a fixed bulkhead's
+    /// record is one test of `adaptive`.
+    #[inline(never)]
     pub(crate) fn sample(&self, limit: &AtomicU32, latency_ns: u64, now: Now) {
         let us = (latency_ns / 1000).min(MAX_SAMPLE_US);
         let before = self.window.fetch_add((us << COUNT_BITS) | 1, Relaxed);
