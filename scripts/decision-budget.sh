@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-matched_budget=1750
+matched_budget=1810
 unmatched_budget=380
 
 if ! command -v valgrind >/dev/null 2>&1; then
