@@ -9,11 +9,12 @@
 //! Fix: write one of `GET HEAD POST PUT DELETE PATCH OPTIONS TRACE CONNECT`
 //! in upper case (HTTP methods are case-sensitive).
 
-use gov_lang::ast::{self, Action, MatchExpr, ServiceStmt, ShutdownStep, WarmupStep};
+use gov_lang::ast::{self, Action, MatchExpr, ServiceStmt, ShutdownStep, Spanned, WarmupStep};
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
+use crate::kind::retry::{Retry, RetrySetting};
 use crate::resolve::{Ctx, Src};
 use crate::suggest;
 
@@ -83,7 +84,19 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
         for rule in &svc.rules {
             in_expr(rule.on(), &mut methods);
         }
-        for m in methods {
+        let mut named: Vec<Spanned<String>> = methods.into_iter().cloned().collect();
+        // A retry rule's `methods` (read in any case, retried upper case).
+        for rule in &svc.rules {
+            for setting in Retry::of(rule).map(|r| r.settings).unwrap_or_default() {
+                if let RetrySetting::Methods { names } = setting {
+                    named.extend(names.into_iter().filter(|n| {
+                        let upper = n.node.to_ascii_uppercase();
+                        !METHODS.contains(&upper.as_str())
+                    }));
+                }
+            }
+        }
+        for m in named {
             if METHODS.contains(&m.node.as_str()) {
                 continue;
             }
