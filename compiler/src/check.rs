@@ -54,6 +54,9 @@ pub mod retry_non_idempotent;
 pub mod retry_outlasts_timeout;
 pub mod shadow_exact;
 pub mod shape_inbound;
+pub mod share_unknown_consumer;
+pub mod share_weights;
+pub mod share_without_consumer;
 pub mod shutdown_wait;
 pub mod slow_above_timeout;
 pub mod slow_within_latency;
@@ -113,6 +116,8 @@ pub const CODES: &[&str] = &[
     "gov::invalid-outlier",
     "gov::adaptive-range",
     "gov::adaptive-over-workers",
+    "gov::share-weights",
+    "gov::share-without-consumer",
     "gov::lint::bulkhead-over-workers",
     "gov::lint::queueing-bulkhead",
     "gov::lint::shutdown-wait",
@@ -132,6 +137,7 @@ pub const CODES: &[&str] = &[
     "gov::lint::retry-non-idempotent",
     "gov::lint::fuse-counts-retries",
     "gov::lint::outlier-not-called",
+    "gov::lint::share-unknown-consumer",
 ];
 
 /// A check: reads the context, reports what it finds.
@@ -178,6 +184,8 @@ const CHECKS: &[Check] = &[
     invalid_outlier::check,
     adaptive_range::check,
     adaptive_over_workers::check,
+    share_weights::check,
+    share_without_consumer::check,
     bulkhead_over_workers::check,
     queueing_bulkhead::check,
     shutdown_wait::check,
@@ -197,6 +205,7 @@ const CHECKS: &[Check] = &[
     retry_non_idempotent::check,
     fuse_counts_retries::check,
     outlier_not_called::check,
+    share_unknown_consumer::check,
 ];
 
 /// Runs every check.

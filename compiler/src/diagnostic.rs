@@ -90,6 +90,8 @@ diagnostics! {
     InvalidOutlier(invalid_outlier::InvalidOutlier),
     AdaptiveRange(adaptive_range::AdaptiveRange),
     AdaptiveOverWorkers(adaptive_over_workers::AdaptiveOverWorkers),
+    ShareWeights(share_weights::ShareWeights),
+    ShareWithoutConsumer(share_without_consumer::ShareWithoutConsumer),
     BulkheadOverWorkers(bulkhead_over_workers::BulkheadOverWorkers),
     QueueingBulkhead(queueing_bulkhead::QueueingBulkhead),
     RetryAmplification(retry_amplification::RetryAmplification),
@@ -109,6 +111,7 @@ diagnostics! {
     LatchOutlivesRule(latch_outlives_rule::LatchOutlivesRule),
     WarmupWithoutRamp(warmup_without_ramp::WarmupWithoutRamp),
     OutlierNotCalled(outlier_not_called::OutlierNotCalled),
+    ShareUnknownConsumer(share_unknown_consumer::ShareUnknownConsumer),
 }
 
 impl From<gov_lang::SyntaxError> for Diagnostic {

@@ -26,6 +26,7 @@ pub(crate) mod fuse;
 pub(crate) mod keys;
 pub(crate) mod limit;
 pub(crate) mod retry;
+pub(crate) mod share;
 
 /// Every rule kind, in the order of the wire's `Rule.spec`.
 pub(crate) const KINDS: &[&dyn Kind] = &[&bulkhead::Kind, &limit::Kind, &fuse::Kind, &retry::Kind];

@@ -896,3 +896,52 @@ fn an_adaptive_bulkhead_lowers_its_bounds_shows_in_a_plan_and_is_checked() {
     );
     assert_eq!(codes("adaptive max 8"), ["gov::syntax"]);
 }
+
+/// `share by consumer { ... }` lowers to the wire's `FairShare` (`default`
+/// 1 unless written, the names as written, a string too), formats back as
+/// written, and shows in a plan.
+#[test]
+fn a_fair_share_lowers_formats_and_shows_in_a_plan() {
+    use gov_proto::v1::{FairShare, ShareWeight, rule::Spec};
+    let text = |share: &str| {
+        SourceFile::new(
+            "a.gov",
+            format!(
+                "service a {{\n  consumer from header \"x-gov-consumer\"\n  match crm = consumer \"crm\"\n  match eu = consumer \"crm-eu\"\n  bulkhead b on any {{\n    max_concurrent 10\n    max_wait 20ms\n{share}  }}\n}}\n"
+            ),
+        )
+    };
+    let plain = bundle(&[text("")]);
+    let shared = bundle(&[text("    share by consumer { crm 3 \"crm-eu\" 2 }\n")]);
+    let Some(Spec::Bulkhead(b)) = shared.targets[0].rules[0].spec.clone() else {
+        panic!("a bulkhead")
+    };
+    let w = |c: &str, weight| ShareWeight {
+        consumer: c.into(),
+        weight,
+    };
+    assert_eq!(
+        b.share,
+        Some(FairShare {
+            weights: vec![w("crm", 3), w("crm-eu", 2)],
+            default_weight: 1,
+        })
+    );
+    let with_default = bundle(&[text("    share by consumer { crm 3 default 5 }\n")]);
+    let Some(Spec::Bulkhead(b)) = with_default.targets[0].rules[0].spec.clone() else {
+        panic!("a bulkhead")
+    };
+    assert_eq!(b.share.map(|s| s.default_weight), Some(5));
+    insta::assert_snapshot!(plan(&plain, &shared).render(), @r"
+    ~ service a
+      ~ bulkhead a/b: share by consumer (none) -> crm 3, crm-eu 2, default 1
+
+    Plan: 0 service(s) to add, 1 to change, 0 to remove.
+    ");
+    let src = "service a {\n  bulkhead b on any {\n    max_concurrent 10\n    share by consumer {  crm 3\n  web 1 }\n  }\n}\n";
+    let formatted = gov_lang::format(&gov_lang::parse("a.gov", src).unwrap(), src);
+    assert!(
+        formatted.contains("    share by consumer { crm 3 web 1 }\n"),
+        "{formatted}"
+    );
+}

@@ -137,6 +137,7 @@ fn order() -> TargetConfig {
                     max_keys: 0,
                     overflow: 0,
                     adaptive: Some(AdaptiveLimit { min: 4, max: 10 }),
+                    share: None,
                 })),
             },
             Rule {
@@ -161,6 +162,7 @@ fn order() -> TargetConfig {
                     max_keys: 300,
                     overflow: KeyOverflow::Reject as i32,
                     adaptive: None,
+                    share: None,
                 })),
             },
             Rule {

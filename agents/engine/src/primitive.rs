@@ -44,6 +44,9 @@ pub(crate) struct Grant {
     /// The call counts as a system error whatever its outcome (a fuse's
     /// class), set at record time ([`crate::Admission::count_as_system_error`]).
     pub system_error: bool,
+    /// A bulkhead with a fair share: the consumer class its permit counts
+    /// against (given back to that class).
+    pub share_class: Option<u8>,
 }
 
 pub(crate) use crate::phase::Phase;

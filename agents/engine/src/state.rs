@@ -91,10 +91,15 @@ impl RuleSpec {
     }
 
     /// Whether the rule's scope needs the consumer (read from a header only
-    /// then): a limit per consumer.
+    /// then): a limit per consumer, a bulkhead with a share.
     pub(crate) fn needs_consumer(&self) -> bool {
-        matches!(self, RuleSpec::Limit(l) if l.key == specs::LimitKey::Consumer
-            || l.parts.contains(&specs::KeyPart::Consumer))
+        match self {
+            RuleSpec::Limit(l) => {
+                l.key == specs::LimitKey::Consumer || l.parts.contains(&specs::KeyPart::Consumer)
+            }
+            RuleSpec::Bulkhead(b) => b.share.is_some(),
+            RuleSpec::Fuse(_) | RuleSpec::Retry(_) => false,
+        }
     }
 
     /// The deadline the rule sets on a call (its state's

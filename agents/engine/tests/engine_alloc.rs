@@ -52,6 +52,11 @@ rules:
     calls: {amount: 1000000000, window_ms: 1000}
     algorithm: LIMIT_ALGORITHM_SLIDING_WINDOW
     key: LIMIT_KEY_CONSUMER
+- name: order/shared
+  on: {path: {kind: PATH_KIND_PREFIX, value: /v2}}
+  bulkhead:
+    max_concurrent: 1000
+    share: {default_weight: 1, weights: [{consumer: shop, weight: 2}]}
 - name: order/bucket
   on: {path: {kind: PATH_KIND_PREFIX, value: /v2}}
   limit:

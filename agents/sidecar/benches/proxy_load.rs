@@ -20,7 +20,8 @@
 //! (a 429 or 503 from a limit or fuse) counts in `rejected` and keeps its
 //! connection, so `achieved_rps` is the goodput under overload. Waits shorter than
 //! a millisecond spin (yielding to the runtime) because tokio's timer has
-//! millisecond resolution.
+//! millisecond resolution. With `LOAD_CONSUMER=NAME` in the environment,
+//! `rate` sends `x-gov-consumer: NAME` (bench/fairness.sh).
 //!
 //! The upstream speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c) on one port,
 //! and answers a gRPC call (`content-type: application/grpc`) with one empty
@@ -282,13 +283,16 @@ async fn open_loop(
             .path_and_query()
             .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
         let host = host.clone().unwrap_or_else(|| authority.to_string());
+        let consumer = std::env::var("LOAD_CONSUMER").ok();
         tokio::spawn(async move {
             let _ = free_tx.send(id);
             while let Some(scheduled) = rx.recv().await {
                 // Origin-form (`GET /path`), as oha and browsers send to a server.
-                let req = Request::get(path.clone())
-                    .header(http::header::HOST, host.as_str())
-                    .body(Empty::<Bytes>::new());
+                let mut req = Request::get(path.clone()).header(http::header::HOST, host.as_str());
+                if let Some(c) = &consumer {
+                    req = req.header("x-gov-consumer", c.as_str());
+                }
+                let req = req.body(Empty::<Bytes>::new());
                 let outcome = match req {
                     Ok(req) => match sender.send_request(req).await {
                         Ok(res) => {

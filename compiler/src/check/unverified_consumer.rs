@@ -1,11 +1,13 @@
 //! `gov::lint::unverified-consumer` (warning): a rule scoped to consumers (a
-//! limit `per consumer`, a match on `consumer "..."`) in a service that does
+//! limit `per consumer`, a bulkhead's `share by consumer`, a match on
+//! `consumer "..."`) in a service that does
 //! not say where its consumers come from, so the agent reads the
 //! `x-gov-consumer` header as any client sends it.
 //!
 //! Why: an unverified consumer proves nothing. A client rotating names
 //! escapes a `per consumer` limit, and one naming itself `web` spends `web`'s
-//! quota or escapes a fuse scoped to `crm`.
+//! quota, escapes a fuse scoped to `crm` or takes `crm`'s share of a
+//! bulkhead.
 //!
 //! Example: `limit l on api { calls 3 per 1h  per consumer }` in a service
 //! without a `consumer from` statement.
@@ -23,6 +25,7 @@ use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
+use crate::kind::bulkhead::{Bulkhead, BulkheadSetting};
 use crate::kind::limit::{KeyPart, Limit, LimitKey, LimitSetting};
 use crate::resolve::{Ctx, Norm, Src};
 
@@ -72,7 +75,13 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                     _ => None,
                 })
             });
-            let span = match per_consumer {
+            let shared = Bulkhead::of(rule).and_then(|b| {
+                b.settings.iter().find_map(|s| match s {
+                    BulkheadSetting::Share(share) => Some(share.span),
+                    _ => None,
+                })
+            });
+            let span = match per_consumer.or(shared) {
                 Some(span) => span,
                 None if mentions_consumer(norm) => rule.def.on.span(),
                 None => continue,

@@ -18,6 +18,11 @@
 //! bulkhead sized on slow {
 //!   max_concurrent adaptive min 4 max 64
 //! }
+//! bulkhead fair on slow {
+//!   max_concurrent 10
+//!   max_wait 50ms
+//!   share by consumer { crm 3 web 1 default 1 }
+//! }
 //! ```
 //!
 //! `max_concurrent adaptive min N max M` lowers to `max_concurrent M` (the
@@ -28,6 +33,7 @@ use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Span, Spanned}
 use gov_proto::v1 as pb;
 
 use super::keys::{KeySetting, KeysEff};
+use super::share::Share;
 use super::{Bound, Large, Reject, Values, Words};
 use crate::lower::{Lower, u32_of, unsigned};
 use crate::plan::{fmt_ms, push};
@@ -61,6 +67,8 @@ pub(crate) enum BulkheadSetting {
     Isolation { mode: Spanned<Isolation> },
     /// `max_keys N` | `overflow share|reject`
     Keys(KeySetting),
+    /// `share by consumer { NAME WEIGHT... }`
+    Share(Share),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +117,7 @@ pub(crate) struct BulkheadEff {
     pub per: BulkheadKey,
     pub isolation: Isolation,
     pub keys: KeysEff,
+    pub share: Option<Share>,
 }
 
 /// The kind.
@@ -168,6 +177,7 @@ fn decode(w: &mut Words<'_>) -> Option<BulkheadSetting> {
                 mode: Spanned::new(mode, m.span),
             }
         }
+        "share" => S::Share(Share::decode(w)?),
         key => S::Keys(KeySetting::decode(key, w)?),
     })
 }
@@ -201,6 +211,7 @@ impl BulkheadEff {
             per: BulkheadKey::Operation,
             isolation: Isolation::Semaphore,
             keys: KeysEff::default(),
+            share: None,
         };
         for s in b.settings.iter().rev() {
             // Reversed so that the first occurrence is applied last and wins.
@@ -230,6 +241,7 @@ impl BulkheadEff {
                 BulkheadSetting::Per { key, .. } => e.per = key.node,
                 BulkheadSetting::Keys(k) => e.keys.apply(k),
                 BulkheadSetting::Isolation { mode, .. } => e.isolation = mode.node,
+                BulkheadSetting::Share(share) => e.share = Some(share.clone()),
             }
         }
         e
@@ -269,6 +281,7 @@ impl super::Kind for Kind {
             BulkheadSetting::Per { .. } => "per",
             BulkheadSetting::Isolation { .. } => "isolation",
             BulkheadSetting::Keys(k) => k.key(),
+            BulkheadSetting::Share(_) => "share",
         })
     }
 
@@ -301,6 +314,7 @@ impl super::Kind for Kind {
                 }
                 BulkheadSetting::RejectWith { reject, .. } => reject.values(out),
                 BulkheadSetting::Keys(k) => k.values(out),
+                BulkheadSetting::Share(share) => share.values(out),
                 BulkheadSetting::Per { .. } | BulkheadSetting::Isolation { .. } => {}
             }
         }
@@ -348,6 +362,7 @@ impl super::Kind for Kind {
                 min: u32_of(a.min.node),
                 max: u32_of(a.max.node),
             }),
+            share: e.share.as_ref().map(Share::lower),
             max_wait_ms: unsigned(e.max_wait_ms),
             max_queue: e.queue.map(u32_of),
             timeout_ms: e.timeout_ms.map_or(0, unsigned),
@@ -395,6 +410,9 @@ impl super::Kind for Kind {
         };
         push(f, "isolation", isolation.to_string());
         super::keys::fields(f, b.max_keys, b.overflow());
+        if let Some(share) = &b.share {
+            push(f, "share by consumer", Share::field(share));
+        }
     }
 
     #[cfg(test)]

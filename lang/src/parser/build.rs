@@ -61,6 +61,9 @@ impl Builder<'_> {
                 }
                 // `per header "x", consumer`: the comma between key parts.
                 Rule::key_sep => Spanned::new(Word::Key(","), atomic(&c)),
+                // `share by consumer { ... }`: its braces.
+                Rule::share_open => Spanned::new(Word::Key("{"), atomic(&c)),
+                Rule::share_close => Spanned::new(Word::Key("}"), atomic(&c)),
                 Rule::compare_op => {
                     let op = if c.as_str() == ">=" { ">=" } else { ">" };
                     Spanned::new(Word::Key(op), atomic(&c))

@@ -36,10 +36,13 @@ use crate::stripe::Slot;
 use gov_proto::v1::{self as proto, GrpcCode};
 
 pub(crate) mod adaptive;
+pub(crate) mod share;
 
 use adaptive::Adaptive;
 pub use adaptive::AdaptiveSpec;
 use http::StatusCode;
+use share::Share;
+pub use share::ShareSpec;
 use std::time::Duration;
 
 /// Whose calls share one set of bulkhead permits.
@@ -67,6 +70,9 @@ pub struct BulkheadSpec {
     /// The permits move between `min` and `max` (at most `max_concurrent`)
     /// with the latency of admitted calls; `None`: `max_concurrent`, fixed.
     pub adaptive: Option<AdaptiveSpec>,
+    /// `share by consumer { ... }`: the permits shared between consumers by
+    /// weight ([`share`]); only per operation.
+    pub share: Option<ShareSpec>,
 }
 
 /// A bulkhead's spec from the wire: every value checked, nothing filled in.
@@ -92,6 +98,13 @@ pub(crate) fn spec(ctx: &Ctx<'_>, b: &proto::Bulkhead) -> Result<BulkheadSpec, I
             .as_ref()
             .map(|a| adaptive::spec(ctx, a, b.max_concurrent))
             .transpose()?,
+        share: match &b.share {
+            Some(_) if b.key != proto::BulkheadKey::Operation as i32 => {
+                return Err(ctx.err("`share` applies to a bulkhead `per operation` only"));
+            }
+            Some(s) => Some(share::spec(ctx, s)?),
+            None => None,
+        },
     })
 }
 
@@ -160,6 +173,8 @@ pub(crate) enum CellRef {
     Keyed(Arc<Cell>),
     /// No room for the scope, and the bulkhead says `overflow reject`.
     Full,
+    /// The rule's own scope, for a call of this consumer class of its share.
+    Share(share::Class),
 }
 
 #[derive(Debug, Default)]
@@ -181,6 +196,7 @@ pub(crate) struct Bulkhead {
     /// limit, which `adaptive` moves.
     limit: AtomicU32,
     adaptive: Option<Adaptive>,
+    share: Option<Share>,
 }
 
 impl Bulkhead {
@@ -194,6 +210,7 @@ impl Bulkhead {
                     .map_or(spec.max_concurrent, Adaptive::limit),
             ),
             adaptive,
+            share: spec.share.as_ref().map(Share::new),
             spec,
             keyed: Arc::default(),
             table: Arc::default(),
@@ -222,6 +239,7 @@ impl Bulkhead {
                     .map_or(spec.max_concurrent, Adaptive::limit),
             ),
             adaptive,
+            share: spec.share.as_ref().map(Share::new),
             single: before.single.clone(),
             keyed: before.keyed.clone(),
             table: before.table.clone(),
@@ -360,7 +378,7 @@ impl Bulkhead {
 
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a Cell {
         match r {
-            CellRef::Single | CellRef::Full => &self.single,
+            CellRef::Single | CellRef::Full | CellRef::Share(_) => &self.single,
             CellRef::Keyed(c) => c,
         }
     }
@@ -476,6 +494,9 @@ impl Primitive for Bulkhead {
 
     #[inline]
     fn scope(&self, keys: &Keys<'_>) -> CellRef {
+        if let Some(s) = &self.share {
+            return CellRef::Share(s.class(keys.consumer));
+        }
         self.cell_for(keys.instance, keys.path)
     }
 
@@ -484,9 +505,14 @@ impl Primitive for Bulkhead {
         if let Some(CellRef::Full) = scope {
             return Answer::Refused(RejectReason::BulkheadFull, None);
         }
-        if self.try_take(self.scope_cell(scope)) {
-            Answer::Granted(Grant::default())
-        } else if self.may_wait() {
+        if let Some((s, class)) = self.shared(scope) {
+            if s.try_take(&self.pool(), class) {
+                return Answer::Granted(shared_grant(class));
+            }
+        } else if self.try_take(self.scope_cell(scope)) {
+            return Answer::Granted(Grant::default());
+        }
+        if self.may_wait() {
             Answer::Wait(self.spec.max_wait)
         } else {
             Answer::Refused(RejectReason::BulkheadFull, None)
@@ -501,6 +527,13 @@ impl Primitive for Bulkhead {
         if let Some(CellRef::Full) = scope {
             return Err((RejectReason::BulkheadFull, None));
         }
+        if let Some((s, class)) = self.shared(scope) {
+            let (wait, queue) = (self.spec.max_wait, self.spec.max_queue);
+            return match s.wait(&self.pool(), class, wait, queue).await {
+                Ok(()) => Ok(shared_grant(class)),
+                Err(reason) => Err((reason, None)),
+            };
+        }
         match self.wait_for(self.scope_cell(scope)).await {
             Ok(()) => Ok(Grant::default()),
             Err(reason) => Err((reason, None)),
@@ -508,8 +541,13 @@ impl Primitive for Bulkhead {
     }
 
     #[inline]
-    fn release(&self, scope: Option<&CellRef>, _grant: Grant) {
-        self.give(self.scope_cell(scope));
+    fn release(&self, scope: Option<&CellRef>, grant: Grant) {
+        // The class rides on the grant: the admission keeps no scope of the
+        // rule's own pool.
+        match (&self.share, grant.share_class) {
+            (Some(s), Some(class)) => s.release(&self.pool(), class),
+            _ => self.give(self.scope_cell(scope)),
+        }
     }
 
     #[inline]
@@ -543,6 +581,15 @@ impl Primitive for Bulkhead {
     }
 }
 
+/// The grant of a permit of a share's class.
+#[inline]
+fn shared_grant(class: share::Class) -> Grant {
+    Grant {
+        share_class: Some(class),
+        ..Grant::default()
+    }
+}
+
 impl Bulkhead {
     /// The cell of `scope` (`None`: the rule's own).
     #[inline]
@@ -550,6 +597,26 @@ impl Bulkhead {
         match scope {
             Some(r) => self.cell(r),
             None => &self.single,
+        }
+    }
+
+    /// The share and the class of a call of `scope`, with a share.
+    #[inline]
+    fn shared<'a>(&'a self, scope: Option<&CellRef>) -> Option<(&'a Share, share::Class)> {
+        match (scope, &self.share) {
+            (Some(CellRef::Share(class)), Some(s)) => Some((s, *class)),
+            _ => None,
+        }
+    }
+
+    /// The rule's own pool, as its share sees it.
+    fn pool(&self) -> share::Pool<'_> {
+        share::Pool {
+            state: &self.single.state,
+            notify: &self.single.notify,
+            waiting: &self.single.waiting,
+            gauge: &self.counters.waiting,
+            limit: &self.limit,
         }
     }
 }
@@ -575,6 +642,7 @@ mod tests {
             reject_grpc: gov_proto::v1::GrpcCode::Unavailable,
             keys: KeyCap::default(),
             adaptive: None,
+            share: None,
         }))
     }
 

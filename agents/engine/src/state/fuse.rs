@@ -521,8 +521,7 @@ impl Primitive for Fuse {
         match self.try_admit(now) {
             Ok(probe) => Answer::Granted(Grant {
                 probe,
-                bytes: false,
-                system_error: false,
+                ..Grant::default()
             }),
             // With automatic recovery, tell callers when probes start.
             Err(()) => Answer::Refused(

@@ -581,7 +581,7 @@ impl Limit {
         Grant {
             probe: false,
             bytes: self.spec.bytes.is_some(),
-            system_error: false,
+            ..Grant::default()
         }
     }
 

@@ -34,6 +34,7 @@ mod proxy;
 mod reload;
 mod retry;
 mod shadow;
+mod share;
 mod shutdown;
 mod slow_fuse;
 mod strict;

@@ -253,6 +253,7 @@ mod tests {
             reject_grpc: gov_proto::v1::GrpcCode::Unavailable,
             keys: KeyCap::default(),
             adaptive: Some(AdaptiveSpec { min, max }),
+            share: None,
         }))
     }
 
@@ -443,6 +444,7 @@ mod tests {
         let spec = BulkheadSpec {
             max_concurrent: 40,
             adaptive: Some(AdaptiveSpec { min: 2, max: 40 }),
+            share: None,
             ..b.spec.clone()
         };
         let next = Bulkhead::resized(spec.clone(), &b);
@@ -452,6 +454,7 @@ mod tests {
         let fixed = Bulkhead::new(BulkheadSpec {
             max_concurrent: 30,
             adaptive: None,
+            share: None,
             ..spec.clone()
         });
         assert_eq!(Bulkhead::resized(spec, &fixed).limit(), 30);
