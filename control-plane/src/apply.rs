@@ -732,7 +732,8 @@ mod tests {
     /// disk does, through the store's real code: its temp file cannot be
     /// created (a directory has its name). Works for root too.
     fn break_state_writes(dir: &std::path::Path) -> std::path::PathBuf {
-        let blocker = dir.join(format!(".state.json.tmp.{}", std::process::id()));
+        // An apply's commit point: the policy's file.
+        let blocker = dir.join(format!(".policy.json.tmp.{}", std::process::id()));
         std::fs::create_dir(&blocker).unwrap();
         blocker
     }

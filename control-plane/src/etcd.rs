@@ -2,10 +2,17 @@
 //! `etcds://` over TLS: [`tls`]), shared by several govd replicas. Keys
 //! under `PREFIX` (default `gov`):
 //!
-//! - `PREFIX/state`: the shared state, as `state.json` holds it (without
-//!   the agents). Every write is a transaction on its mod revision
-//!   (compare-and-swap): two replicas writing from the same revision never
-//!   both win, the loser reloads ([`crate::store::Store::save`]).
+//! - `PREFIX/state/PART`: the shared state, a key per part as the state
+//!   directory has a file per part (`crate::store::parts`). A write puts
+//!   the parts that changed and removes those gone in one transaction with
+//!   `PREFIX/revision`, conditioned on that key's mod revision
+//!   (compare-and-swap): of two replicas writing from one revision, the
+//!   loser reloads. A trip writes its latch and `PREFIX/revision`. New
+//!   source texts go just before (content-addressed: harmless if the write
+//!   fails), removals past one transaction just after (`txn.rs`).
+//! - `PREFIX/state`: the whole state in one value, as earlier releases kept
+//!   it (`crate::store::legacy`): read while `PREFIX/revision` does not
+//!   exist, converted to parts at start ([`EtcdStore::load_converted`]).
 //! - `PREFIX/agents/REPLICA`: the agents this replica has seen (each
 //!   replica writes its own key: no contention on what agents report).
 //! - `PREFIX/audit/UNIXMS-REPLICA-SEQ`: one audit record each, created once
@@ -17,7 +24,9 @@
 //!   create revision, so a replica whose lease expired (a long pause, a
 //!   partition) cannot write as the leader any more, whatever it believes.
 
+mod config;
 mod tls;
+mod txn;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -32,10 +41,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::{Page, Query};
 use crate::error::Error;
+use crate::store::parts::{self, Stored};
 use crate::store::{
-    AuditEntry, Fence, KnownAgent, Loaded, Persisted, Revision, Store, StoreFuture, decode, encode,
+    AuditEntry, Fence, KnownAgent, Loaded, Persisted, Revision, Store, StoreFuture,
 };
+pub use config::EtcdConfig;
+use config::etcd_error;
 pub use tls::EtcdTlsFiles;
+use txn::{Split, batches, mod_revisions, split, state_of, transient, txn_op};
 
 /// Each etcd call gives up after this (the store is then unavailable, and
 /// the caller says so).
@@ -51,93 +64,8 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 const RETRY_BUDGET: Duration = Duration::from_secs(12);
 /// How long the store's health probe waits for a quorum read.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Where the state lives in etcd and who this replica is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EtcdConfig {
-    /// `http://HOST:PORT` of each member (`https://` with `etcds://`).
-    pub endpoints: Vec<String>,
-    /// TLS (`etcds://`): the files to read at connect; `None`: plain.
-    pub tls: Option<EtcdTlsFiles>,
-    /// Key prefix, without a trailing `/`.
-    pub prefix: String,
-    /// This replica's name (its agents key, its audit keys, the leader key's value).
-    pub replica: String,
-    /// The leader lease's time to live: how long a dead leader's timers wait
-    /// for a new leader at most.
-    pub lease_ttl: Duration,
-}
-
-impl EtcdConfig {
-    /// Reads `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (`etcds://`: TLS,
-    /// whose files [`EtcdConfig::with_tls`] sets).
-    pub fn parse(url: &str, replica: &str, lease_ttl: Duration) -> Result<Self, Error> {
-        let bad = |problem: &str| Error::StoreUrl {
-            url: url.to_owned(),
-            problem: problem.to_owned(),
-        };
-        let (rest, scheme) = match url.strip_prefix("etcds://") {
-            Some(rest) => (rest, "https"),
-            None => (
-                url.strip_prefix("etcd://")
-                    .ok_or_else(|| bad("it does not start with `etcd://` or `etcds://`"))?,
-                "http",
-            ),
-        };
-        let (hosts, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        let prefix = prefix.trim_matches('/');
-        let mut endpoints = Vec::new();
-        for host in hosts.split(',') {
-            let Some((name, port)) = host.rsplit_once(':') else {
-                return Err(bad(&format!("`{host}` has no port")));
-            };
-            if name.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
-                return Err(bad(&format!("`{host}` is not HOST:PORT")));
-            }
-            endpoints.push(format!("{scheme}://{host}"));
-        }
-        // Not the URL's fault: the error names the flag.
-        if replica.is_empty() || replica.contains('/') {
-            return Err(Error::StoreOption {
-                flag: "--replica",
-                problem: format!(
-                    "`{replica}` is not a replica name: it must be non-empty without `/`"
-                ),
-            });
-        }
-        if lease_ttl < Duration::from_secs(2) {
-            return Err(Error::StoreOption {
-                flag: "--leader-lease",
-                problem: format!("{lease_ttl:?} is shorter than etcd's minimum lease, 2s"),
-            });
-        }
-        Ok(Self {
-            tls: (scheme == "https").then(EtcdTlsFiles::default),
-            endpoints,
-            prefix: if prefix.is_empty() {
-                "gov".into()
-            } else {
-                prefix.to_owned()
-            },
-            replica: replica.to_owned(),
-            lease_ttl,
-        })
-    }
-
-    /// With the TLS files of `--etcd-ca`, `--etcd-cert`, `--etcd-key` (all
-    /// unset for `etcd://`; a CA at least for `etcds://`).
-    pub fn with_tls(mut self, files: EtcdTlsFiles) -> Result<Self, Error> {
-        files.check(self.tls.is_some())?;
-        if self.tls.is_some() {
-            self.tls = Some(files);
-        }
-        Ok(self)
-    }
-
-    fn key(&self, name: &str) -> String {
-        format!("{}/{name}", self.prefix)
-    }
-}
+/// The value of `PREFIX/revision`: the layout of the parts.
+const LAYOUT: &str = "parts 1";
 
 /// The state in etcd (cheap to share: `Arc`).
 pub struct EtcdStore {
@@ -148,6 +76,11 @@ pub struct EtcdStore {
     leader: watch::Sender<bool>,
     changes: watch::Sender<Revision>,
     audit_seq: AtomicU64,
+    /// The revision of the state this replica last read or wrote, and its
+    /// parts: what a write is compared with.
+    stored: std::sync::Mutex<(Revision, Stored)>,
+    /// Bytes of the shared state written (keys and values), for benchmarks.
+    written: AtomicU64,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -182,10 +115,14 @@ impl EtcdStore {
             leader: watch::channel(false).0,
             changes: watch::channel(0).0,
             audit_seq: AtomicU64::new(0),
+            stored: std::sync::Mutex::new((-1, Stored::unknown([], false))),
+            written: AtomicU64::new(0),
             config,
         });
         // A first call: a wrong address fails here, not in the first apply.
-        store.get(store.config.key("state"), None, "answer").await?;
+        store
+            .get(store.config.key("revision"), None, "answer")
+            .await?;
         tokio::spawn(follow(store.clone(), shutdown.clone()));
         tokio::spawn(campaign(store.clone(), shutdown));
         Ok(store)
@@ -193,6 +130,40 @@ impl EtcdStore {
 
     pub fn config(&self) -> &EtcdConfig {
         &self.config
+    }
+
+    /// Loads the state ([`Store::load`]) and converts a `PREFIX/state` an
+    /// earlier govd wrote into parts at once; when another replica converts
+    /// or writes first, what it wrote is read instead.
+    pub async fn load_converted(&self) -> Result<Loaded, Error> {
+        for _ in 0..5 {
+            let mut loaded = self.load().await?;
+            if !self.stored().1.legacy {
+                return Ok(loaded);
+            }
+            match self.save(&loaded.state, loaded.revision, Fence::Any).await {
+                Ok(revision) => {
+                    tracing::info!(store = %self.describe(), "converted the state an earlier govd kept in one value to one key per part");
+                    loaded.revision = revision;
+                    return Ok(loaded);
+                }
+                Err(Error::Conflict { .. }) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        self.load().await
+    }
+
+    /// Bytes of the shared state this replica wrote (each key and value),
+    /// since it connected.
+    pub fn bytes_written(&self) -> u64 {
+        self.written.load(Ordering::SeqCst)
+    }
+
+    fn stored(&self) -> std::sync::MutexGuard<'_, (Revision, Stored)> {
+        self.stored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether this replica leads now.
@@ -266,31 +237,117 @@ impl EtcdStore {
             self.leader.send_replace(rev != 0);
         }
     }
-}
 
-/// Whether `error` may be a call that never reached a member able to serve
-/// it, or one whose answer was lost: worth trying again. A refusal on the
-/// merits (a bad request, a permission) is not.
-fn transient(error: &etcd_client::Error) -> bool {
-    match error {
-        etcd_client::Error::GRpcStatus(status) => matches!(
-            status.code(),
-            tonic::Code::Unavailable
-                | tonic::Code::DeadlineExceeded
-                | tonic::Code::Cancelled
-                | tonic::Code::Unknown
-                | tonic::Code::Aborted
-        ),
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-        _ => false,
-    }
-}
-
-fn etcd_error(config: &EtcdConfig, op: &'static str, source: etcd_client::Error) -> Error {
-    Error::Etcd {
-        endpoints: config.endpoints.join(","),
-        op,
-        source,
+    /// Writes `plan` (module doc), the commit conditioned on `expected`
+    /// (and on the leader key with [`Fence::Leader`]): the new revision and
+    /// the removals that failed (to make with the next write).
+    async fn write(
+        &self,
+        plan: &parts::Plan,
+        expected: Revision,
+        fence: Fence,
+        legacy: bool,
+    ) -> Result<(Revision, Vec<String>), Error> {
+        let rev_key = self.config.key("revision");
+        let legacy_key = self.config.key("state");
+        let mut when = vec![if legacy {
+            Compare::mod_revision(legacy_key.as_str(), CompareOp::Equal, expected)
+        } else {
+            Compare::mod_revision(rev_key.as_str(), CompareOp::Equal, expected)
+        }];
+        if legacy {
+            when.push(Compare::create_revision(
+                rev_key.as_str(),
+                CompareOp::Equal,
+                0,
+            ));
+        }
+        if fence == Fence::Leader {
+            let rev = self.leader_rev.load(Ordering::SeqCst);
+            if rev == 0 {
+                return Err(Error::NotLeader {
+                    store: self.describe(),
+                });
+            }
+            let leader_key = self.config.key("leader");
+            when.push(Compare::create_revision(
+                leader_key.as_str(),
+                CompareOp::Equal,
+                rev,
+            ));
+        }
+        // The commit's own: `PREFIX/revision`, the legacy value's removal.
+        let Split { pre, main, after } =
+            split(&plan.ops, 1 + usize::from(legacy)).map_err(|puts| {
+                self.error(
+                    "write the state",
+                    etcd_client::Error::InvalidArgs(format!(
+                        "{puts} latches and releases change at once: more than one transaction takes"
+                    )),
+                )
+            })?;
+        let mut bytes = 0;
+        for batch in batches(&pre) {
+            let ops: Vec<TxnOp> = batch
+                .iter()
+                .map(|op| txn_op(&self.config, op, &mut bytes))
+                .collect();
+            let response = self
+                .txn(Txn::new().and_then(ops), "write the state")
+                .await?;
+            debug_assert!(response.succeeded());
+        }
+        let mut ops: Vec<TxnOp> = main
+            .iter()
+            .map(|op| txn_op(&self.config, op, &mut bytes))
+            .collect();
+        ops.push(TxnOp::put(rev_key.as_str(), LAYOUT, None));
+        bytes += rev_key.len() + LAYOUT.len();
+        if legacy {
+            ops.push(TxnOp::delete(legacy_key.as_str(), None));
+            bytes += legacy_key.len();
+        }
+        let txn = Txn::new().when(when).and_then(ops).or_else(vec![
+            TxnOp::get(rev_key.as_str(), None),
+            TxnOp::get(legacy_key.as_str(), None),
+        ]);
+        let response = self.txn(txn, "write the state").await?;
+        if !response.succeeded() {
+            self.written.fetch_add(bytes as u64, Ordering::SeqCst);
+            let [revision, legacy_rev] = mod_revisions(&response);
+            let found = if legacy {
+                revision.or(legacy_rev)
+            } else {
+                revision
+            }
+            .unwrap_or(0);
+            if found == expected {
+                // The state was as expected: the leader key was not ours.
+                self.set_leader(0);
+                return Err(Error::NotLeader {
+                    store: self.describe(),
+                });
+            }
+            return Err(Error::Conflict {
+                store: self.describe(),
+                expected,
+                found,
+            });
+        }
+        let revision = response.header().map_or(0, |h| h.revision());
+        let mut left = Vec::new();
+        for batch in batches(&after) {
+            let ops: Vec<TxnOp> = batch
+                .iter()
+                .map(|op| txn_op(&self.config, op, &mut bytes))
+                .collect();
+            if let Err(error) = self.txn(Txn::new().and_then(ops), "remove parts").await {
+                tracing::warn!(error = %crate::error::one_line(&error), "cannot remove parts of the state; trying again with the next write");
+                left.extend(batch.iter().map(|op| op.name().to_owned()));
+            }
+        }
+        self.written.fetch_add(bytes as u64, Ordering::SeqCst);
+        Ok((revision, left))
     }
 }
 
@@ -314,28 +371,30 @@ impl Store for EtcdStore {
         Some(Box::pin(async move {
             // Linearizable (etcd's default): a member cut off from the
             // majority cannot answer it, so an old revision is never read.
-            let got = self
-                .get(
-                    self.config.key("state"),
-                    Some(GetOptions::new().with_keys_only()),
-                    "read the state's revision",
-                )
-                .await?;
-            Ok(got.kvs().first().map_or(0, |kv| kv.mod_revision()))
+            let keys = || Some(GetOptions::new().with_keys_only());
+            let txn = Txn::new().and_then(vec![
+                TxnOp::get(self.config.key("revision"), keys()),
+                TxnOp::get(self.config.key("state"), keys()),
+            ]);
+            let got = self.txn(txn, "read the state's revision").await?;
+            let [revision, legacy] = mod_revisions(&got);
+            Ok(revision.or(legacy).unwrap_or(0))
         }))
     }
 
     fn load(&self) -> StoreFuture<'_, Loaded> {
         Box::pin(async move {
-            let key = self.config.key("state");
-            let got = self.get(key.clone(), None, "read the state").await?;
-            let (mut state, revision) = match got.kvs().first() {
-                Some(kv) => (
-                    decode(kv.value(), &format!("etcd:{key}"))?,
-                    kv.mod_revision(),
-                ),
-                None => (decode(&encode(&Persisted::default())?, "")?, 0),
-            };
+            // One transaction: the parts as of one revision.
+            let legacy_key = self.config.key("state");
+            let prefix = self.config.part("");
+            let txn = Txn::new().and_then(vec![
+                TxnOp::get(self.config.key("revision"), None),
+                TxnOp::get(legacy_key.as_str(), None),
+                TxnOp::get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+            ]);
+            let got = self.txn(txn, "read the state").await?;
+            let (mut state, stored, revision) = state_of(&got, &self.config)?;
+            *self.stored() = (revision, stored);
             let agents_key = self.config.key(&format!("agents/{}", self.config.replica));
             let got = self.get(agents_key, None, "read the agents").await?;
             if let Some(kv) = got.kvs().first() {
@@ -353,59 +412,30 @@ impl Store for EtcdStore {
         fence: Fence,
     ) -> StoreFuture<'a, Revision> {
         Box::pin(async move {
-            let key = self.config.key("state");
-            let leader_key = self.config.key("leader");
-            let mut shared = state.clone();
-            shared.agents.clear();
-            let bytes = encode(&shared)?;
-            let mut when = vec![Compare::mod_revision(
-                key.as_str(),
-                CompareOp::Equal,
-                expected,
-            )];
-            if fence == Fence::Leader {
-                let rev = self.leader_rev.load(Ordering::SeqCst);
-                if rev == 0 {
-                    return Err(Error::NotLeader {
+            let (plan, legacy) = {
+                let stored = self.stored();
+                if stored.0 != expected {
+                    // Made from another revision than this replica read.
+                    return Err(Error::Conflict {
                         store: self.describe(),
+                        expected,
+                        found: stored.0,
                     });
                 }
-                when.push(Compare::create_revision(
-                    leader_key.as_str(),
-                    CompareOp::Equal,
-                    rev,
-                ));
+                (parts::plan(&stored.1, state)?, stored.1.legacy)
+            };
+            match self.write(&plan, expected, fence, legacy).await {
+                Ok((revision, left)) => {
+                    let mut stored = self.stored();
+                    *stored = (revision, plan.stored);
+                    stored.1.left(left);
+                    Ok(revision)
+                }
+                Err(error) => {
+                    self.stored().1.forget(&plan.ops);
+                    Err(error)
+                }
             }
-            let txn = Txn::new()
-                .when(when)
-                .and_then(vec![TxnOp::put(key.as_str(), bytes, None)])
-                .or_else(vec![TxnOp::get(key.as_str(), None)]);
-            let response = self.txn(txn, "write the state").await?;
-            if response.succeeded() {
-                return Ok(response.header().map_or(0, |h| h.revision()));
-            }
-            let found = response
-                .op_responses()
-                .into_iter()
-                .find_map(|r| match r {
-                    TxnOpResponse::Get(g) => {
-                        Some(g.kvs().first().map_or(0, |kv| kv.mod_revision()))
-                    }
-                    _ => None,
-                })
-                .unwrap_or(0);
-            if found == expected {
-                // The state was as expected: the leader key was not ours.
-                self.set_leader(0);
-                return Err(Error::NotLeader {
-                    store: self.describe(),
-                });
-            }
-            Err(Error::Conflict {
-                store: self.describe(),
-                expected,
-                found,
-            })
         })
     }
 
@@ -515,7 +545,7 @@ impl Store for EtcdStore {
 /// Publishes the mod revision of every write of the state key (by any
 /// replica), re-watching after a broken stream from what it saw last.
 async fn follow(store: Arc<EtcdStore>, shutdown: CancellationToken) {
-    let key = store.config.key("state");
+    let key = store.config.key("revision");
     loop {
         let mut kv = store.client.kv_client();
         if let Ok(got) = kv.get(key.as_str(), None).await {
@@ -681,6 +711,7 @@ mod tests {
         );
         assert_eq!(c.prefix, "prod");
         assert_eq!(c.key("state"), "prod/state");
+        assert_eq!(c.part("policy.json"), "prod/state/policy.json");
         let c = EtcdConfig::parse("etcd://localhost:2379", "a", ttl).unwrap();
         assert_eq!(c.prefix, "gov");
         assert_eq!(c.tls, None);

@@ -860,10 +860,11 @@ mod tests {
         cp.inner
             .lock()
             .on_message(&key, id, AgentMsg::Event(tripped), 5);
-        // The next state.json write fails (its temp file cannot be created).
+        // The release's write fails (its temp file cannot be created).
+        let part = crate::store::parts::release_part(TripKind::Fuse, "order/mdm", "");
         let blocker = dir
             .path()
-            .join(format!(".state.json.tmp.{}", std::process::id()));
+            .join(format!(".{part}.tmp.{}", std::process::id()));
         std::fs::create_dir(&blocker).unwrap();
         let err = cp
             .inner

@@ -1,214 +1,53 @@
 //! Where the control plane keeps its state, behind one [`Store`] trait:
 //!
-//! - [`DirStore`], the embedded default (`--state-dir`): `state.json` holds
-//!   the applied policy (sources and compiled bundle), its history
-//!   (bounded; each distinct source text stored once, by content address),
-//!   tripped fuses and engaged limits with absolute deadlines, the last
-//!   releases and the agents last seen. Rewritten atomically: temp file,
-//!   fsync, rename, fsync of the directory, so a crash leaves the old file
-//!   or the new one, never a torn one. The agents are apart, in
+//! - [`DirStore`], the embedded default (`--state-dir`): the shared state
+//!   in parts, one file each (`store/parts.rs`): the policy in force, each
+//!   history entry, each distinct source text, each latch, each rule's last
+//!   release, a running canary. A write writes only the parts that changed
+//!   (a trip its latch), each atomically: temp file, fsync, rename, fsync
+//!   of the directory, so a crash leaves the old file or the new one, never
+//!   a torn one, and the parts' order makes every prefix of a write
+//!   loadable. A `state.json` an earlier govd wrote (`store/legacy.rs`) is
+//!   read and converted to parts at start. The agents are apart, in
 //!   `agents.jsonl` (`store/agents.rs`): a journal an ACK appends one line
 //!   to, rewritten whole once it is twice as long as it needs to be.
 //!   `audit.jsonl` has one JSON object
 //!   per line for every operator action (apply, release) and every timer
 //!   release; append-only, fsynced.
-//! - `crate::etcd::EtcdStore` (`--store etcd://...`): the same state in
-//!   etcd, shared by several govd replicas, with one elected leader.
+//! - `crate::etcd::EtcdStore` (`--store etcd://...`): the same parts in
+//!   etcd, one key each, shared by several govd replicas, with one elected
+//!   leader.
 //!
 //! Every write of the shared state is conditioned on the revision it was
 //! made from (compare-and-swap): a replica whose state is behind gets
 //! [`Error::Conflict`], reloads and decides again, so two writers never
-//! both win.
+//! both win. A store keeps what it last read or wrote ([`parts::Stored`])
+//! and writes the difference.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-
-use gov_proto::v1 as pb;
-use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, StateIo};
 
 mod agents;
 mod atomic;
+mod files;
+pub mod legacy;
+mod model;
+pub mod parts;
 pub use agents::{AgentChanges, KnownAgent};
 pub use atomic::write_atomic;
+pub use model::{
+    AppliedPolicy, CanarySpec, HistoryEntry, Persisted, Released, Source, SourceRef, StoredCanary,
+    Trip, TripKind,
+};
 
-/// Version of the `state.json` layout.
-const FORMAT: u32 = 1;
+/// The state file of earlier releases (`legacy.rs`).
 const STATE_FILE: &str = "state.json";
 const AUDIT_FILE: &str = "audit.jsonl";
-
-/// Everything `state.json` holds.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Persisted {
-    pub format: u32,
-    #[serde(default)]
-    pub applied: Option<AppliedPolicy>,
-    /// Oldest first, bounded.
-    #[serde(default)]
-    pub history: Vec<HistoryEntry>,
-    #[serde(default)]
-    pub trips: Vec<Trip>,
-    #[serde(default)]
-    pub agents: Vec<KnownAgent>,
-    /// The last release of each rule, so that an agent that was away and
-    /// comes back with the latch gets the release instead of re-tripping it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub releases: Vec<Released>,
-    /// On disk only: the history's source texts by content address (one
-    /// copy of each distinct text however many versions share it). Empty
-    /// in memory: [`Store::load`] puts the texts back into the history.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub texts: BTreeMap<String, String>,
-    /// A canary apply running (`crate::canary`): the version on trial is on
-    /// its instances only until it is promoted or rolled back.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub canary: Option<StoredCanary>,
-}
-
-/// A canary as stored: what a restart needs to carry it on (the comparison
-/// of outcomes starts again from the agents' next reports).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct StoredCanary {
-    /// The policy on trial, as it is applied when promoted.
-    pub policy: AppliedPolicy,
-    /// The version in force when it started (on the other instances).
-    pub previous: String,
-    /// The services it changes.
-    pub services: Vec<String>,
-    /// The instances on trial.
-    pub instances: BTreeSet<(String, String)>,
-    pub started_unix_ms: u64,
-    /// Promoted then unless a threshold is crossed first (wall clock, so a
-    /// restart keeps the window).
-    pub ends_unix_ms: u64,
-    pub spec: CanarySpec,
-}
-
-/// A canary's share, window and thresholds (`pb::CanarySpec`, checked).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CanarySpec {
-    pub share_percent: u32,
-    pub window_ms: u64,
-    /// 0: not checked.
-    pub max_reject_ratio: f64,
-    /// 0: not checked.
-    pub max_error_ratio: f64,
-    pub min_calls: u64,
-}
-
-/// The policy in force.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct AppliedPolicy {
-    pub version: String,
-    pub who: String,
-    pub at_unix_ms: u64,
-    pub sources: Vec<Source>,
-    pub bundle: pb::Bundle,
-    /// Every rule in mode shadow, with when (Unix ms) the apply that put it
-    /// there without a break since was made: `govc status` shows how long
-    /// a rule has been in shadow.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub shadow_since: BTreeMap<String, u64>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Source {
-    pub name: String,
-    pub text: String,
-}
-
-/// One applied version (the current one is the last).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct HistoryEntry {
-    pub version: String,
-    pub who: String,
-    pub at_unix_ms: u64,
-    /// Services added, changed or removed by this apply.
-    pub services: Vec<String>,
-    /// In memory (and in files written before content addressing).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sources: Vec<Source>,
-    /// On disk: each source's name and the address of its text in
-    /// [`Persisted::texts`].
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub source_refs: Vec<SourceRef>,
-}
-
-/// When a rule was last released.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Released {
-    pub kind: TripKind,
-    pub rule: String,
-    /// A limit's key released alone. Empty: every key of the rule.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub key: String,
-    pub at_unix_ms: u64,
-}
-
-/// A history source on disk: its name and its text's content address.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SourceRef {
-    pub name: String,
-    /// `sha256:HEX` of the text.
-    pub text: String,
-}
-
-/// A tripped fuse or an engaged limit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TripKind {
-    Fuse,
-    Limit,
-}
-
-impl TripKind {
-    /// The kind of rule that holds it.
-    pub fn rule_kind(self) -> gov_proto::v1::RuleKind {
-        match self {
-            TripKind::Fuse => gov_proto::v1::RuleKind::Fuse,
-            TripKind::Limit => gov_proto::v1::RuleKind::Limit,
-        }
-    }
-
-    /// `fuse` or `limit`: the kind's word.
-    pub fn as_str(self) -> &'static str {
-        self.rule_kind().word()
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Trip {
-    pub kind: TripKind,
-    /// `service/rule`.
-    pub rule: String,
-    /// Limits keyed by consumer or called service: the latched key. Empty:
-    /// the rule's own counter (and always for fuses).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub key: String,
-    pub since_unix_ms: u64,
-    pub reason: String,
-    /// Fuses: half-open now (probing).
-    #[serde(default)]
-    pub half_open: bool,
-    /// Limits with `release after`: when the control plane releases it.
-    #[serde(default)]
-    pub deadline_unix_ms: Option<u64>,
-    /// Instances that reported it tripped/engaged.
-    #[serde(default)]
-    pub instances: BTreeSet<String>,
-    /// Instances that later reported it released although nobody released
-    /// it (an agent restart): the latch holds, but they do not enforce it.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub not_enforced: BTreeSet<String>,
-    /// Who each instance of `instances` was when it reported the latch (its
-    /// proved identity): govd re-arms it on an instance only while that
-    /// instance proves the same identity.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub reported_by: BTreeMap<String, String>,
-}
 
 pub use crate::audit::AuditEntry;
 
@@ -326,13 +165,17 @@ pub(crate) async fn leadership_change(leader: &mut tokio::sync::watch::Receiver<
 #[derive(Debug)]
 pub struct DirStore {
     dir: PathBuf,
-    /// Writes of `state.json` by this process: the directory has one
+    /// Writes of the shared state by this process: the directory has one
     /// writer, so a conditional write can only find it equal.
-    revision: std::sync::atomic::AtomicI64,
+    revision: AtomicI64,
     /// Lines in `agents.jsonl`; `usize::MAX` when it must be rewritten
     /// before anything is appended (a write failed, or its last line was
     /// cut short).
-    journal_lines: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    journal_lines: Arc<AtomicUsize>,
+    /// The parts as last read or written: what a write is compared with.
+    stored: Arc<Mutex<parts::Stored>>,
+    /// Bytes of parts written (names and contents), for benchmarks.
+    written: Arc<AtomicU64>,
 }
 
 impl DirStore {
@@ -340,11 +183,15 @@ impl DirStore {
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self, Error> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(|source| StateIo::new("create", &dir, source))?;
-        remove_stale_temp_files(&dir);
+        files::remove_stale_temp_files(&dir);
+        let legacy = dir.join(STATE_FILE).exists();
+        let stored = parts::Stored::unknown(files::part_names(&dir)?, legacy);
         Ok(Self {
             dir,
-            revision: std::sync::atomic::AtomicI64::new(0),
-            journal_lines: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX)),
+            revision: AtomicI64::new(0),
+            journal_lines: Arc::new(AtomicUsize::new(usize::MAX)),
+            stored: Arc::new(Mutex::new(stored)),
+            written: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -352,6 +199,7 @@ impl DirStore {
         &self.dir
     }
 
+    /// The `state.json` of earlier releases (converted to parts at start).
     pub fn state_path(&self) -> PathBuf {
         self.dir.join(STATE_FILE)
     }
@@ -360,28 +208,68 @@ impl DirStore {
         self.dir.join(AUDIT_FILE)
     }
 
-    /// Reads `state.json` and the agent journal over the agents it holds
-    /// (a `state.json` written before the journal); a missing file is an
-    /// empty state. Such older agents are written to a new journal at once,
-    /// so that the next `state.json`, which holds none, loses none.
+    /// Bytes of the shared state this store wrote (each part's name and
+    /// contents), since it was opened.
+    pub fn bytes_written(&self) -> u64 {
+        self.written.load(SeqCst)
+    }
+
+    /// Reads the shared state (its parts, or the `state.json` an earlier
+    /// govd wrote) and the agent journal over the agents a `state.json`
+    /// older still holds; nothing stored is an empty state. Such older
+    /// agents are written to a new journal at once.
     pub fn load(&self) -> Result<Persisted, Error> {
-        let path = self.state_path();
-        let mut state = match fs::read(&path) {
-            Ok(bytes) => decode(&bytes, &path.display().to_string())?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Persisted {
-                format: FORMAT,
-                ..Persisted::default()
-            },
-            Err(source) => return Err(StateIo::new("read", &path, source).into()),
-        };
-        self.load_agents(&mut state)?;
+        let (state, stored) = self.read()?;
+        *self.stored() = stored;
         Ok(state)
     }
 
-    /// Replaces `state.json` atomically (without the agents: they are
-    /// kept in the journal, [`DirStore::write_agents`]).
+    /// The state, and what the directory holds of it.
+    fn read(&self) -> Result<(Persisted, parts::Stored), Error> {
+        let path = self.state_path();
+        let (mut state, stored) = match fs::read(&path) {
+            Ok(bytes) => (
+                legacy::decode(&bytes, &path.display().to_string())?,
+                parts::Stored::unknown(files::part_names(&self.dir)?, true),
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let place = |name: &str| self.dir.join(name).display().to_string();
+                parts::assemble(files::read_parts(&self.dir)?, &place)?
+            }
+            Err(source) => return Err(StateIo::new("read", &path, source).into()),
+        };
+        self.load_agents(&mut state)?;
+        Ok((state, stored))
+    }
+
+    fn stored(&self) -> std::sync::MutexGuard<'_, parts::Stored> {
+        self.stored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Writes `state` (without the agents: they are kept in the journal,
+    /// [`DirStore::write_agents`]): the parts that changed since the last
+    /// read or write.
     pub fn save(&self, state: &Persisted) -> Result<(), Error> {
-        write_atomic(&self.state_path(), &encode_parts(state, false)?)
+        let mut stored = self.stored();
+        let plan = parts::plan(&stored, state)?;
+        if plan.is_empty() && !stored.legacy {
+            return Ok(());
+        }
+        let legacy = stored.legacy.then(|| self.state_path());
+        match files::write(&self.dir, &plan.ops, legacy.as_deref()) {
+            Ok(left) => {
+                self.written.fetch_add(plan.bytes(), SeqCst);
+                *stored = plan.stored;
+                stored.left(left);
+                Ok(())
+            }
+            Err(error) => {
+                stored.forget(&plan.ops);
+                Err(error)
+            }
+        }
     }
 
     /// Appends one line to `audit.jsonl` and syncs it.
@@ -401,11 +289,21 @@ impl DirStore {
         Ok(())
     }
 
-    /// Reads `state.json` with its revision (this process's write count).
+    /// Reads the state with its revision (this process's write count), and
+    /// converts a `state.json` an earlier govd wrote into parts (removed
+    /// once every part is written: a crash before leaves it to convert
+    /// again).
     pub fn load_now(&self) -> Result<Loaded, Error> {
+        let (state, stored) = self.read()?;
+        let legacy = stored.legacy;
+        *self.stored() = stored;
+        if legacy {
+            self.save(&state)?;
+            tracing::info!(dir = %self.dir.display(), "converted the state.json of an earlier govd to one file per part");
+        }
         Ok(Loaded {
-            state: self.load()?,
-            revision: self.revision.load(std::sync::atomic::Ordering::SeqCst),
+            state,
+            revision: self.revision.load(SeqCst),
         })
     }
 
@@ -443,7 +341,6 @@ impl Store for DirStore {
         expected: Revision,
         _fence: Fence,
     ) -> StoreFuture<'a, Revision> {
-        use std::sync::atomic::Ordering::SeqCst;
         Box::pin(async move {
             let found = self.revision.load(SeqCst);
             if found != expected {
@@ -453,11 +350,32 @@ impl Store for DirStore {
                     found,
                 });
             }
-            let state = state.clone();
-            let dir = self.dir.clone();
-            tokio::task::spawn_blocking(move || DirStore::at(dir).save(&state))
+            // Only what changed is encoded and written; the state itself
+            // is not copied.
+            let plan = parts::plan(&self.stored(), state)?;
+            let legacy = self.stored().legacy.then(|| self.state_path());
+            if !plan.is_empty() || legacy.is_some() {
+                let dir = self.dir.clone();
+                let ops = plan.ops.clone();
+                let written = tokio::task::spawn_blocking(move || {
+                    files::write(&dir, &ops, legacy.as_deref())
+                })
                 .await
-                .map_err(|e| blocking_failed("write", &self.dir, e))??;
+                .map_err(|e| blocking_failed("write", &self.dir, e))
+                .and_then(|r| r);
+                let mut stored = self.stored();
+                match written {
+                    Ok(left) => {
+                        self.written.fetch_add(plan.bytes(), SeqCst);
+                        *stored = plan.stored;
+                        stored.left(left);
+                    }
+                    Err(error) => {
+                        stored.forget(&plan.ops);
+                        return Err(error);
+                    }
+                }
+            }
             Ok(self.revision.fetch_add(1, SeqCst) + 1)
         })
     }
@@ -467,7 +385,7 @@ impl Store for DirStore {
         changes: &'a AgentChanges,
         all: &dyn Fn() -> Vec<KnownAgent>,
     ) -> Option<StoreFuture<'a, ()>> {
-        let lines = self.journal_lines.load(std::sync::atomic::Ordering::SeqCst);
+        let lines = self.journal_lines.load(SeqCst);
         let all = agents::due_rewrite(lines, changes).then(all);
         let (dir, changes) = (self.handle(), changes.clone());
         Some(Box::pin(async move {
@@ -480,8 +398,8 @@ impl Store for DirStore {
     fn audit<'a>(&'a self, entry: &'a AuditEntry) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let entry = entry.clone();
-            let dir = self.dir.clone();
-            tokio::task::spawn_blocking(move || DirStore::at(dir).audit(&entry))
+            let dir = self.handle();
+            tokio::task::spawn_blocking(move || dir.audit(&entry))
                 .await
                 .map_err(|e| blocking_failed("append to", &self.dir, e))?
         })
@@ -498,24 +416,15 @@ impl Store for DirStore {
 }
 
 impl DirStore {
-    /// The directory, for a blocking task (the revision is the caller's).
-    fn at(dir: PathBuf) -> Self {
-        Self {
-            dir,
-            revision: std::sync::atomic::AtomicI64::new(0),
-            journal_lines: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX)),
-        }
-    }
-
     /// This directory for a blocking task: its revision as now, its
-    /// journal's line count shared.
+    /// journal's line count and its parts shared.
     fn handle(&self) -> Self {
         Self {
             dir: self.dir.clone(),
-            revision: std::sync::atomic::AtomicI64::new(
-                self.revision.load(std::sync::atomic::Ordering::SeqCst),
-            ),
+            revision: AtomicI64::new(self.revision.load(SeqCst)),
             journal_lines: self.journal_lines.clone(),
+            stored: self.stored.clone(),
+            written: self.written.clone(),
         }
     }
 }
@@ -523,133 +432,6 @@ impl DirStore {
 /// A blocking task of the directory store panicked or was cancelled.
 fn blocking_failed(op: &'static str, dir: &Path, e: tokio::task::JoinError) -> Error {
     Error::Io(StateIo::new(op, dir, std::io::Error::other(e)))
-}
-
-/// The stored form of `state` (JSON, history texts by content address),
-/// as the directory and etcd keep it.
-pub fn encode(state: &Persisted) -> Result<Vec<u8>, Error> {
-    encode_parts(state, true)
-}
-
-/// [`encode`], with the agents or without them.
-fn encode_parts(state: &Persisted, with_agents: bool) -> Result<Vec<u8>, Error> {
-    let mut state = address_texts(state, with_agents);
-    state.format = FORMAT;
-    serde_json::to_vec_pretty(&state).map_err(Error::Encode)
-}
-
-/// The inverse of [`encode`]; `path` names where it was read, for errors.
-pub fn decode(bytes: &[u8], path: &str) -> Result<Persisted, Error> {
-    let state: Persisted = serde_json::from_slice(bytes).map_err(|source| Error::CorruptState {
-        path: path.to_owned(),
-        source,
-    })?;
-    if state.format != FORMAT {
-        return Err(Error::StateFormat {
-            path: path.to_owned(),
-            found: state.format,
-        });
-    }
-    resolve_texts(state).map_err(|address| Error::MissingText {
-        path: path.to_owned(),
-        address,
-    })
-}
-
-/// `state` with each history source's text moved into `texts` under its
-/// content address: 50 versions of a policy whose files rarely change cost
-/// about one copy of it, not 50.
-fn address_texts(state: &Persisted, with_agents: bool) -> Persisted {
-    let mut out = Persisted {
-        history: Vec::with_capacity(state.history.len()),
-        agents: if with_agents {
-            state.agents.clone()
-        } else {
-            Vec::new()
-        },
-        applied: state.applied.clone(),
-        trips: state.trips.clone(),
-        releases: state.releases.clone(),
-        texts: state.texts.clone(),
-        canary: state.canary.clone(),
-        format: state.format,
-    };
-    out.history.clear();
-    for entry in &state.history {
-        let mut entry = entry.clone();
-        for source in std::mem::take(&mut entry.sources) {
-            let address = content_address(&source.text);
-            out.texts.entry(address.clone()).or_insert(source.text);
-            entry.source_refs.push(SourceRef {
-                name: source.name,
-                text: address,
-            });
-        }
-        out.history.push(entry);
-    }
-    out
-}
-
-/// The inverse of [`address_texts`]; a reference to a text the file lacks
-/// is the error (its address).
-fn resolve_texts(mut state: Persisted) -> Result<Persisted, String> {
-    let texts = std::mem::take(&mut state.texts);
-    for entry in &mut state.history {
-        for r in std::mem::take(&mut entry.source_refs) {
-            let text = texts.get(&r.text).ok_or_else(|| r.text.clone())?;
-            entry.sources.push(Source {
-                name: r.name,
-                text: text.clone(),
-            });
-        }
-    }
-    Ok(state)
-}
-
-/// `sha256:HEX` of `text`.
-fn content_address(text: &str) -> String {
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(text.as_bytes());
-    let mut out = String::with_capacity(7 + 64);
-    out.push_str("sha256:");
-    for b in digest {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
-}
-
-/// Removes the temp files of [`write_atomic`] that a killed govd left in
-/// `dir` (`.NAME.tmp.PID`): the directory has one writer, this process, so
-/// none of them is being written. A file that cannot be removed is logged
-/// and left; it is never read.
-fn remove_stale_temp_files(dir: &Path) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !is_temp_file_name(name) {
-            continue;
-        }
-        let path = entry.path();
-        match fs::remove_file(&path) {
-            Ok(()) => {
-                tracing::info!(path = %path.display(), "removed a temp file a stopped govd left")
-            }
-            Err(error) => {
-                tracing::warn!(path = %path.display(), %error, "cannot remove a temp file a stopped govd left")
-            }
-        }
-    }
-}
-
-/// `.NAME.tmp.PID`, as [`write_atomic`] names its temp files.
-fn is_temp_file_name(name: &str) -> bool {
-    name.starts_with('.')
-        && name.rsplit_once(".tmp.").is_some_and(|(head, pid)| {
-            head.len() > 1 && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
-        })
 }
 
 impl DirStore {
@@ -717,15 +499,25 @@ mod tests {
             reported_by: [("a".to_string(), "token `order-agents`".to_string())].into(),
         });
         store.save(&state).unwrap();
+        let written = store.bytes_written();
         store.save(&state).unwrap();
+        assert_eq!(
+            store.bytes_written(),
+            written,
+            "nothing changed: nothing written"
+        );
         let back = store.load().unwrap();
         assert_eq!(back.trips, state.trips);
-        // No temp file is left behind.
-        let names: Vec<_> = fs::read_dir(store.dir())
+        // One file for the one latch; no temp file is left behind.
+        let names: Vec<String> = fs::read_dir(store.dir())
             .unwrap()
-            .map(|e| e.unwrap().file_name())
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("state.json")]);
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert!(
+            names[0].starts_with("latch-") && names[0].ends_with(".json"),
+            "{names:?}"
+        );
     }
 
     #[test]
@@ -735,6 +527,10 @@ mod tests {
         fs::write(store.state_path(), b"{not json").unwrap();
         let err = store.load().unwrap_err();
         assert!(err.to_string().contains("state.json"), "{err}");
+        fs::remove_file(store.state_path()).unwrap();
+        fs::write(store.dir().join("policy.json"), b"{not json").unwrap();
+        let err = store.load().unwrap_err();
+        assert!(err.to_string().contains("policy.json"), "{err}");
     }
 
     #[test]
@@ -759,12 +555,24 @@ mod tests {
             ],
             source_refs: Vec::new(),
         };
+        let newest = entry(49);
         let state = Persisted {
             history: (0..50).map(entry).collect(),
+            applied: Some(AppliedPolicy {
+                version: newest.version,
+                who: newest.who,
+                at_unix_ms: newest.at_unix_ms,
+                sources: newest.sources,
+                bundle: Default::default(),
+                shadow_since: Default::default(),
+            }),
             ..Persisted::default()
         };
         store.save(&state).unwrap();
-        let size = fs::metadata(store.state_path()).unwrap().len();
+        let size: u64 = fs::read_dir(store.dir())
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
         assert!(
             size < 2 * big.len() as u64,
             "50 versions sharing one large file take {size} bytes (one copy: {})",
@@ -777,11 +585,71 @@ mod tests {
             assert_eq!(e.sources, entry(i).sources);
             assert!(e.source_refs.is_empty());
         }
-        // A file that lost a text is refused, not read as an empty history.
-        let text = fs::read_to_string(store.state_path()).unwrap();
-        let broken = text.replacen("sha256:", "sha256:0", 1);
-        fs::write(store.state_path(), broken).unwrap();
+        // A directory that lost a text is refused, not read as an empty
+        // history.
+        let text = fs::read_dir(store.dir())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .starts_with("text-")
+            })
+            .unwrap();
+        fs::remove_file(text).unwrap();
         assert!(matches!(store.load(), Err(Error::MissingText { .. })));
+    }
+
+    /// `tests/fixtures/legacy-state/state.json` was written by the govd of
+    /// the single-file layout (two applies of a policy; a latch, the release
+    /// before it and an agent added in the same shape): it loads, and is
+    /// converted to parts at once, `state.json` removed.
+    #[test]
+    fn a_state_json_of_an_earlier_govd_loads_and_is_converted_to_parts() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/legacy-state/state.json");
+        let dir = tempfile::tempdir().unwrap();
+        fs::copy(&fixture, dir.path().join("state.json")).unwrap();
+        let store = DirStore::open(dir.path()).unwrap();
+        let before = store.load_now().unwrap().state;
+        let policy = before.applied.clone().unwrap();
+        assert_eq!(policy.version, "0132180f030b77d8");
+        assert_eq!(before.history.len(), 2);
+        assert_eq!(before.history[1].sources, policy.sources);
+        assert_eq!(before.trips.len(), 1);
+        assert_eq!(before.releases.len(), 1);
+        assert_eq!(before.agents.len(), 1);
+        assert!(!store.state_path().exists(), "converted");
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .map(|n| n.split('-').next().unwrap().to_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "agents.jsonl",
+                "history",
+                "history",
+                "latch",
+                "policy.json",
+                "release",
+                "text",
+                "text"
+            ]
+        );
+        let after = DirStore::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(after.applied.unwrap().bundle, policy.bundle);
+        assert_eq!(after.history.len(), 2);
+        for (a, b) in after.history.iter().zip(&before.history) {
+            assert_eq!((&a.version, &a.sources), (&b.version, &b.sources));
+        }
+        assert_eq!(after.trips, before.trips);
+        assert_eq!(after.releases, before.releases);
+        assert_eq!(after.agents, before.agents);
     }
 
     #[test]

@@ -310,7 +310,7 @@ mod tests {
         }
     }
 
-    /// A write of `state.json` that fails (its temp file cannot be created,
+    /// A write of `policy.json` that fails (its temp file cannot be created,
     /// as on a read-only or full disk) shows in the view and in `/metrics`
     /// with its error, until a write succeeds again.
     #[tokio::test]
@@ -331,7 +331,7 @@ mod tests {
 
         let blocker = dir
             .path()
-            .join(format!(".state.json.tmp.{}", std::process::id()));
+            .join(format!(".policy.json.tmp.{}", std::process::id()));
         std::fs::create_dir(&blocker).unwrap();
         assert!(cp.apply(apply(2)).await.is_err());
         let failed = cp.status().store.unwrap();
@@ -339,7 +339,7 @@ mod tests {
         assert!(failed.failing_since_unix_ms >= written, "{failed:?}");
         assert_eq!(failed.last_error_unix_ms, failed.failing_since_unix_ms);
         assert!(
-            failed.last_error.contains(".state.json.tmp."),
+            failed.last_error.contains(".policy.json.tmp."),
             "{}",
             failed.last_error
         );

@@ -1261,7 +1261,7 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
         status.stdout
     );
     // govd shows a trip as soon as it holds it, and writes it (audit, then
-    // `state.json`) right after: a crash in between loses nothing the agents
+    // its latch's file) right after: a crash in between loses nothing the agents
     // enforce (they report the latch again), but the limit's release would
     // count from the report after the restart. This test is about what was
     // written, so it kills govd only once both trips are on disk.
@@ -1380,11 +1380,12 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
 /// The state directory made read-only for as long as it lives: by
 /// permissions, or (for root, whom permissions do not stop) by the
 /// immutable attribute, or, where neither is available, by making govd's
-/// `state.json` temp file impossible to create. Restored on drop.
+/// temp files of the parts an apply and a release of `order/errors` write
+/// first (`policy.json`, its release) impossible to create. Restored on drop.
 struct ReadOnly {
     dir: PathBuf,
     immutable: bool,
-    blocker: Option<PathBuf>,
+    blockers: Vec<PathBuf>,
 }
 
 impl ReadOnly {
@@ -1393,7 +1394,7 @@ impl ReadOnly {
         let mut guard = ReadOnly {
             dir: dir.to_owned(),
             immutable: false,
-            blocker: None,
+            blockers: Vec::new(),
         };
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555)).unwrap();
         if Self::writable(dir) {
@@ -1405,9 +1406,16 @@ impl ReadOnly {
                 .is_ok_and(|s| s.success());
         }
         if Self::writable(dir) {
-            let blocker = dir.join(format!(".state.json.tmp.{}", govd.child.id().unwrap()));
-            std::fs::create_dir(&blocker).unwrap();
-            guard.blocker = Some(blocker);
+            let release = gov_control_plane::store::parts::release_part(
+                gov_control_plane::store::TripKind::Fuse,
+                "order/errors",
+                "",
+            );
+            for part in ["policy.json", release.as_str()] {
+                let blocker = dir.join(format!(".{part}.tmp.{}", govd.child.id().unwrap()));
+                std::fs::create_dir(&blocker).unwrap();
+                guard.blockers.push(blocker);
+            }
         }
         guard
     }
@@ -1430,7 +1438,7 @@ impl Drop for ReadOnly {
                 .status();
         }
         let _ = std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o755));
-        if let Some(b) = &self.blocker {
+        for b in &self.blockers {
             let _ = std::fs::remove_dir(b);
         }
     }
@@ -3611,27 +3619,51 @@ async fn fifty_applies_of_the_examples_keep_one_copy_of_each_source() {
             applied.stdout, applied.stderr
         );
         if i == 0 {
-            first = std::fs::metadata(state.join("state.json")).unwrap().len();
+            first = state_bytes(&state);
         }
     }
     govd.stop().await;
-    let size = std::fs::metadata(state.join("state.json")).unwrap().len();
-    let text = read(&state.join("state.json"));
-    let history: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(history["history"].as_array().unwrap().len(), 50);
+    let size = state_bytes(&state);
+    assert_eq!(state_files(&state, "history-").len(), 50);
     // 49 more versions cost their metadata (names, content addresses), not
     // 49 more copies of the examples (before: about 49 x the examples).
     assert!(
         (size - first) * 10 < 49 * examples_bytes,
-        "state.json grew from {first} to {size} bytes over 49 applies of {examples_bytes} bytes of examples"
+        "the state grew from {first} to {size} bytes over 49 applies of {examples_bytes} bytes of examples"
     );
     println!(
-        "state.json: {first} bytes after 1 apply, {size} bytes after 50; the examples: {examples_bytes} bytes"
+        "the state: {first} bytes after 1 apply, {size} bytes after 50; the examples: {examples_bytes} bytes"
     );
 }
 
+/// The part files of the state directory whose names start with `prefix`.
+fn state_files(state: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap();
+            name.starts_with(prefix) && name.ends_with(".json") && !name.starts_with('.')
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// Bytes of the shared state in the state directory (its parts: not the
+/// agents' journal, not the audit log).
+fn state_bytes(state: &Path) -> u64 {
+    [
+        "policy", "history-", "text-", "latch-", "release-", "canary",
+    ]
+    .iter()
+    .flat_map(|p| state_files(state, p))
+    .map(|f| std::fs::metadata(f).unwrap().len())
+    .sum()
+}
+
 /// Issue 12: the history is bounded by size. Six applies of a 150 KB policy
-/// that changes every time, under `--history-bytes 400000`: `state.json`
+/// that changes every time, under `--history-bytes 400000`: the state
 /// keeps the two newest versions (two distinct texts fit, three do not),
 /// not six.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -3661,15 +3693,22 @@ async fn a_history_of_large_changing_policies_stops_at_history_bytes() {
         );
     }
     govd.stop().await;
-    let size = std::fs::metadata(state.join("state.json")).unwrap().len();
-    let saved: serde_json::Value = serde_json::from_str(&read(&state.join("state.json"))).unwrap();
-    let versions = saved["history"].as_array().unwrap();
+    let size = state_bytes(&state);
+    let versions = state_files(&state, "history-");
     assert_eq!(versions.len(), 2, "{versions:?}");
+    let newest: serde_json::Value = serde_json::from_str(&read(&versions[1])).unwrap();
+    let policy: serde_json::Value =
+        serde_json::from_str(&read(&state.join("policy.json"))).unwrap();
     assert_eq!(
-        versions[1]["version"], saved["applied"]["version"],
+        newest["version"], policy["version"],
         "the version in force is kept"
     );
-    assert!(size < 700_000, "state.json is {size} bytes");
+    assert_eq!(
+        state_files(&state, "text-").len(),
+        2,
+        "the texts of the versions dropped are removed"
+    );
+    assert!(size < 700_000, "the state is {size} bytes");
 }
 
 // === a release an agent missed ===

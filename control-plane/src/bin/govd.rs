@@ -12,7 +12,6 @@ use gov_control_plane::auth::{
     Role, Tokens, check_start, cleartext_warning, read_named_tokens, read_token_file,
 };
 use gov_control_plane::etcd::{EtcdConfig, EtcdStore, EtcdTlsFiles};
-use gov_control_plane::store::Store as _;
 use gov_control_plane::tls_server::ServerTls;
 use gov_control_plane::{
     AgentLimits, ConnectionLimits, ControlPlane, Error, HistoryLimit, Limits, Options, serve,
@@ -425,7 +424,7 @@ async fn run(args: Args) -> Result<(), Error> {
                 key: args.etcd_key.clone(),
             })?;
             let store = EtcdStore::connect(config, shutdown.clone()).await?;
-            let loaded = store.load().await?;
+            let loaded = store.load_converted().await?;
             ControlPlane::with_store(options, store, loaded, shutdown.clone())
         }
     };

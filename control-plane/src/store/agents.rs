@@ -264,8 +264,13 @@ mod tests {
                 ..Persisted::default()
             })
             .unwrap();
-        let text = fs::read_to_string(store.state_path()).unwrap();
-        assert!(!text.contains("i7"), "state.json holds no agent:\n{text}");
+        for file in fs::read_dir(dir.path()).unwrap() {
+            let file = file.unwrap().path();
+            if file != store.agents_path() {
+                let text = fs::read_to_string(&file).unwrap();
+                assert!(!text.contains("i7"), "{} holds an agent", file.display());
+            }
+        }
 
         let back = DirStore::open(dir.path()).unwrap().load().unwrap().agents;
         assert_eq!(back.len(), 99);
@@ -347,7 +352,11 @@ mod tests {
             agents: vec![agent("a", "v1")],
             ..Persisted::default()
         };
-        write_atomic(&store.state_path(), &super::super::encode(&old).unwrap()).unwrap();
+        write_atomic(
+            &store.state_path(),
+            &super::super::legacy::encode(&old).unwrap(),
+        )
+        .unwrap();
         assert_eq!(store.load().unwrap().agents, old.agents);
         store.save(&Persisted::default()).unwrap();
         let back = DirStore::open(dir.path()).unwrap().load().unwrap();

@@ -154,17 +154,27 @@ async fn store(etcd: &Etcd, replica: &str, shutdown: &CancellationToken) -> Arc<
     EtcdStore::connect(config, shutdown.clone()).await.unwrap()
 }
 
+/// A state with `version` in force (the last entry of its history).
 fn with_version(version: &str) -> Persisted {
-    let mut p = Persisted::default();
-    p.history.push(gov_control_plane::store::HistoryEntry {
-        version: version.into(),
-        who: "e2e".into(),
-        at_unix_ms: 1,
-        services: vec!["order".into()],
-        sources: Vec::new(),
-        source_refs: Vec::new(),
-    });
-    p
+    Persisted {
+        applied: Some(gov_control_plane::store::AppliedPolicy {
+            version: version.into(),
+            who: "e2e".into(),
+            at_unix_ms: 1,
+            sources: Vec::new(),
+            bundle: Default::default(),
+            shadow_since: Default::default(),
+        }),
+        history: vec![gov_control_plane::store::HistoryEntry {
+            version: version.into(),
+            who: "e2e".into(),
+            at_unix_ms: 1,
+            services: vec!["order".into()],
+            sources: Vec::new(),
+            source_refs: Vec::new(),
+        }],
+        ..Persisted::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -258,6 +268,66 @@ async fn two_writers_from_one_revision_never_both_win_and_a_leader_without_its_l
         .unwrap();
     let whos: BTreeSet<String> = page.records.iter().map(|(_, e)| e.who.clone()).collect();
     assert_eq!(whos, ["a", "a2", "b"].map(String::from).into());
+    shutdown.cancel();
+}
+
+/// A prefix an earlier govd wrote (the whole state in `PREFIX/state`, the
+/// fixture the state directory's conversion reads too) loads and is
+/// converted to one key per part: `PREFIX/state` removed, another replica
+/// reads the parts, and a trip then writes its latch alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_value_of_an_earlier_govd_loads_and_is_converted_to_parts() {
+    let etcd = Etcd::start().await;
+    let shutdown = CancellationToken::new();
+    let fixture = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/legacy-state/state.json"),
+    )
+    .unwrap();
+    let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
+        .await
+        .unwrap();
+    client.put("store/state", fixture, None).await.unwrap();
+    let a = store(&etcd, "a", &shutdown).await;
+    let loaded = a.load_converted().await.unwrap();
+    let version = "0132180f030b77d8";
+    assert_eq!(loaded.state.applied.as_ref().unwrap().version, version);
+    assert_eq!(loaded.state.history.len(), 2);
+    assert_eq!(loaded.state.trips.len(), 1);
+    assert_eq!(loaded.state.releases.len(), 1);
+    assert!(
+        client
+            .get("store/state", None)
+            .await
+            .unwrap()
+            .kvs()
+            .is_empty()
+    );
+    let keys_only = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_keys_only();
+    let parts = client.get("store/state/", Some(keys_only)).await.unwrap();
+    assert_eq!(
+        parts.kvs().len(),
+        7,
+        "policy, 2 entries, 2 texts, latch, release"
+    );
+
+    let b = store(&etcd, "b", &shutdown).await;
+    let back = b.load().await.unwrap();
+    assert_eq!(back.revision, loaded.revision);
+    assert_eq!(
+        back.state.history[1].sources,
+        loaded.state.history[1].sources
+    );
+    assert_eq!(back.state.trips, loaded.state.trips);
+    let mut tripped = back.state.clone();
+    let mut trip = tripped.trips[0].clone();
+    trip.rule = "fixture_order/other".into();
+    tripped.trips.push(trip);
+    let before = b.bytes_written();
+    b.save(&tripped, back.revision, Fence::Any).await.unwrap();
+    let written = b.bytes_written() - before;
+    assert!(written < 600, "a trip wrote {written} bytes");
     shutdown.cancel();
 }
 

@@ -1,0 +1,162 @@
+//! What etcd's answers and errors say, and how writes are cut into
+//! transactions etcd takes.
+
+use etcd_client::{DeleteOptions, TxnOp, TxnOpResponse};
+
+use super::config::EtcdConfig;
+use crate::error::Error;
+use crate::store::parts::{self, Op, Stored};
+use crate::store::{Persisted, Revision, legacy};
+
+/// Most operations in one transaction (etcd's `--max-txn-ops` is 128 by
+/// default).
+const MAX_OPS: usize = 100;
+/// Most bytes of values in one transaction of new source texts (etcd's
+/// `--max-request-bytes` is 1.5 MiB by default).
+const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// Whether `error` may be a call that never reached a member able to serve
+/// it, or one whose answer was lost: worth trying again. A refusal on the
+/// merits (a bad request, a permission) is not.
+pub(super) fn transient(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
+                | tonic::Code::Unknown
+                | tonic::Code::Aborted
+        ),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
+}
+
+/// `ops` in batches of at most [`MAX_OPS`] operations and
+/// [`MAX_BATCH_BYTES`] bytes of values (a larger value alone).
+pub(super) fn batches<'a>(ops: &'a [&'a Op]) -> Vec<&'a [&'a Op]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, op) in ops.iter().enumerate() {
+        let size = match op {
+            Op::Put(_, value) => value.len(),
+            Op::Delete(_) => 0,
+        };
+        if i > start && (i - start == MAX_OPS || bytes + size > MAX_BATCH_BYTES) {
+            out.push(&ops[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < ops.len() {
+        out.push(&ops[start..]);
+    }
+    out
+}
+
+/// The mod revision of the key each of the first two reads of `response`
+/// found (`None`: no such key).
+pub(super) fn mod_revisions(response: &etcd_client::TxnResponse) -> [Option<Revision>; 2] {
+    let mut found = response.op_responses().into_iter().filter_map(|r| match r {
+        TxnOpResponse::Get(g) => Some(g.kvs().first().map(|kv| kv.mod_revision())),
+        _ => None,
+    });
+    [found.next().flatten(), found.next().flatten()]
+}
+
+/// A write's operations: the new source texts (and history entries, when
+/// the commit would hold too many) before the commit, the commit's, and
+/// the removals that do not fit in it, after.
+pub(super) struct Split<'a> {
+    pub pre: Vec<&'a Op>,
+    pub main: Vec<&'a Op>,
+    pub after: Vec<&'a Op>,
+}
+
+/// Splits `ops` for a commit that has `fixed` operations of its own; the
+/// number of puts when they do not fit in one transaction.
+pub(super) fn split(ops: &[Op], fixed: usize) -> Result<Split<'_>, usize> {
+    let (mut pre, mut main, mut removals) = (Vec::new(), Vec::new(), Vec::new());
+    for op in ops {
+        match op {
+            Op::Put(name, _) if name.starts_with("text-") => pre.push(op),
+            Op::Put(..) => main.push(op),
+            Op::Delete(_) => removals.push(op),
+        }
+    }
+    if main.len() + fixed > MAX_OPS {
+        // History entries before the commit are not read until the policy
+        // that names them is (`parts.rs`).
+        let (history, rest): (Vec<&Op>, Vec<&Op>) = main
+            .into_iter()
+            .partition(|op| op.name().starts_with("history-"));
+        pre.extend(history);
+        main = rest;
+    }
+    if main.len() + fixed > MAX_OPS {
+        return Err(main.len());
+    }
+    let room = MAX_OPS - main.len() - fixed;
+    let after = removals.split_off(room.min(removals.len()));
+    main.extend(removals);
+    Ok(Split { pre, main, after })
+}
+
+/// The transaction operation of `op`, its bytes counted.
+pub(super) fn txn_op(config: &EtcdConfig, op: &Op, bytes: &mut usize) -> TxnOp {
+    match op {
+        Op::Put(name, value) => {
+            let key = config.part(name);
+            *bytes += key.len() + value.len();
+            TxnOp::put(key, value.clone(), None)
+        }
+        Op::Delete(name) => {
+            let key = config.part(name);
+            *bytes += key.len();
+            TxnOp::delete(key, None::<DeleteOptions>)
+        }
+    }
+}
+
+/// The state a read of `PREFIX/revision`, `PREFIX/state` and the parts
+/// under `PREFIX/state/` (one transaction, in this order) found, what the
+/// store holds of it, and its revision: the parts, or the legacy value
+/// while `PREFIX/revision` does not exist.
+pub(super) fn state_of(
+    got: &etcd_client::TxnResponse,
+    config: &EtcdConfig,
+) -> Result<(Persisted, Stored, Revision), Error> {
+    let [revision, legacy_rev] = mod_revisions(got);
+    let mut gets = got.op_responses().into_iter().filter_map(|r| match r {
+        TxnOpResponse::Get(g) => Some(g),
+        _ => None,
+    });
+    let (_, legacy_value, listed) = (gets.next(), gets.next(), gets.next());
+    let prefix = config.part("");
+    let parts: Vec<(String, Vec<u8>)> = listed
+        .iter()
+        .flat_map(|g| g.kvs())
+        .filter_map(|kv| {
+            let name = kv.key_str().ok()?.strip_prefix(prefix.as_str())?;
+            parts::is_part(name).then(|| (name.to_owned(), kv.value().to_vec()))
+        })
+        .collect();
+    Ok(match (revision, legacy_rev) {
+        (None, Some(rev)) => {
+            let value = legacy_value
+                .as_ref()
+                .and_then(|g| g.kvs().first())
+                .map(|kv| kv.value().to_vec())
+                .unwrap_or_default();
+            let state = legacy::decode(&value, &format!("etcd:{}", config.key("state")))?;
+            let names = parts.into_iter().map(|(name, _)| name);
+            (state, Stored::unknown(names, true), rev)
+        }
+        (revision, _) => {
+            let place = |name: &str| format!("etcd:{}", config.part(name));
+            let (state, stored) = parts::assemble(parts, &place)?;
+            (state, stored, revision.unwrap_or(0))
+        }
+    })
+}

@@ -1,0 +1,735 @@
+//! The shared state as parts, each its own file (the state directory) or
+//! key (etcd), so that a write writes only what changed: a trip its latch,
+//! a release its release (and removes the latches it ends), an apply the
+//! policy, its history entry and the source texts not stored yet.
+//!
+//! | part | holds |
+//! |---|---|
+//! | `policy.json` | the policy in force: version, who, when, its sources by content address, the compiled bundle |
+//! | `history-UNIXMS-VERSION.json` | one applied version: who, when, the services it changed, its sources by content address |
+//! | `text-HEX.json` | one distinct source text (a JSON string), by the sha256 of its text; written once, removed with the last entry that names it |
+//! | `latch-ID.json` | one tripped fuse or engaged limit (`ID`: a hash of its kind, rule and key) |
+//! | `release-ID.json` | the last release of one rule (or of one key of a limit) |
+//! | `canary.json` | a canary apply running |
+//!
+//! A write is a [`Plan`]: its puts in the order that keeps every prefix of
+//! them loadable (texts, history entries, releases, latches, the canary,
+//! then the policy, the commit point of an apply), then its removals.
+//! Loading repairs what a write cut short leaves: history entries after the
+//! one of the policy in force (an apply that never reached its commit point)
+//! and latches a release covers (a release whose removals did not run) are
+//! not taken in, and the next write removes them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gov_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+
+use super::model::{
+    AppliedPolicy, HistoryEntry, Persisted, Released, Source, SourceRef, StoredCanary, Trip,
+    TripKind, content_address,
+};
+use crate::error::Error;
+
+pub const POLICY: &str = "policy.json";
+pub const CANARY: &str = "canary.json";
+const HISTORY: &str = "history-";
+const TEXT: &str = "text-";
+const LATCH: &str = "latch-";
+const RELEASE: &str = "release-";
+const JSON: &str = ".json";
+
+/// Whether `name` is a part's name (a file of the state directory or a key
+/// under etcd's `PREFIX/state/`).
+pub fn is_part(name: &str) -> bool {
+    name == POLICY
+        || name == CANARY
+        || ([HISTORY, TEXT, LATCH, RELEASE]
+            .iter()
+            .any(|p| name.starts_with(p))
+            && name.ends_with(JSON))
+}
+
+/// One write of a part.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Put(String, Vec<u8>),
+    Delete(String),
+}
+
+impl Op {
+    pub fn name(&self) -> &str {
+        match self {
+            Op::Put(name, _) | Op::Delete(name) => name,
+        }
+    }
+}
+
+/// What the store holds, part by part, as it was last read or written:
+/// what the next write is compared with.
+#[derive(Clone, Debug, Default)]
+pub struct Stored {
+    /// The parts' contents are unknown (never read, or read from the legacy
+    /// layout): the next write puts every part and removes the others.
+    full: bool,
+    /// Read from the legacy layout (`legacy.rs`): the next write removes it.
+    pub legacy: bool,
+    policy: Option<(String, String, u64)>,
+    /// The text parts the policy names.
+    policy_texts: Vec<String>,
+    /// History entries: the text parts each names.
+    history: BTreeMap<String, Vec<String>>,
+    texts: BTreeSet<String>,
+    latches: BTreeMap<String, Trip>,
+    releases: BTreeMap<String, Released>,
+    canary: Option<(String, u64)>,
+    /// Parts known by name only (`full`).
+    others: BTreeSet<String>,
+}
+
+impl Stored {
+    /// Parts whose contents are unknown: `names` exist (and are removed by
+    /// the next write unless it puts them); `legacy`: the legacy layout holds
+    /// the state.
+    pub fn unknown(names: impl IntoIterator<Item = String>, legacy: bool) -> Self {
+        Stored {
+            full: true,
+            legacy,
+            others: names.into_iter().collect(),
+            ..Stored::default()
+        }
+    }
+
+    /// After a write of `ops` that failed: the parts it put may hold
+    /// either value, so the next write puts them again or removes them.
+    pub fn forget(&mut self, ops: &[Op]) {
+        for op in ops {
+            let Op::Put(name, _) = op else { continue };
+            self.history.remove(name);
+            self.texts.remove(name);
+            self.latches.remove(name);
+            self.releases.remove(name);
+            if name == POLICY {
+                self.policy = None;
+            }
+            if name == CANARY {
+                self.canary = None;
+            }
+            self.others.insert(name.clone());
+        }
+    }
+
+    /// Parts a write could not remove: the next write removes them.
+    pub fn left(&mut self, names: Vec<String>) {
+        self.others.extend(names);
+    }
+
+    /// Every part it holds but the policy and the canary.
+    fn names(&self) -> impl Iterator<Item = &String> {
+        self.history
+            .keys()
+            .chain(&self.texts)
+            .chain(self.latches.keys())
+            .chain(self.releases.keys())
+            .chain(&self.others)
+    }
+}
+
+/// The writes that take the store from `base` to `next`, and what it holds
+/// then.
+#[derive(Debug)]
+pub struct Plan {
+    pub ops: Vec<Op>,
+    pub stored: Stored,
+}
+
+impl Plan {
+    /// Bytes it writes: each put's name and value.
+    pub fn bytes(&self) -> u64 {
+        self.ops
+            .iter()
+            .map(|op| match op {
+                Op::Put(name, value) => (name.len() + value.len()) as u64,
+                Op::Delete(name) => name.len() as u64,
+            })
+            .sum()
+    }
+
+    /// Whether it writes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// The policy part: the policy with its sources by content address.
+#[derive(Serialize)]
+struct PolicyOut<'a> {
+    version: &'a str,
+    who: &'a str,
+    at_unix_ms: u64,
+    sources: Vec<SourceRef>,
+    bundle: &'a pb::Bundle,
+    #[serde(skip_serializing_if = "no_shadow")]
+    shadow_since: &'a BTreeMap<String, u64>,
+}
+
+#[derive(Deserialize)]
+struct PolicyIn {
+    version: String,
+    who: String,
+    at_unix_ms: u64,
+    sources: Vec<SourceRef>,
+    bundle: pb::Bundle,
+    #[serde(default)]
+    shadow_since: BTreeMap<String, u64>,
+}
+
+fn no_shadow(m: &&BTreeMap<String, u64>) -> bool {
+    m.is_empty()
+}
+
+fn json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Error> {
+    serde_json::to_vec(value).map_err(Error::Encode)
+}
+
+/// `history-UNIXMS-VERSION.json` (the version's characters outside
+/// `[A-Za-z0-9._-]` as `_`): sorted by name, oldest first.
+fn history_name(entry: &HistoryEntry) -> String {
+    let version: String = entry
+        .version
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{HISTORY}{:013}-{version}{JSON}", entry.at_unix_ms)
+}
+
+/// `text-HEX.json` of a `sha256:HEX` address.
+fn text_name(address: &str) -> String {
+    let hex = address.strip_prefix("sha256:").unwrap_or(address);
+    format!("{TEXT}{hex}{JSON}")
+}
+
+/// The `sha256:HEX` address of a text part.
+fn text_address(name: &str) -> Option<String> {
+    let hex = name.strip_prefix(TEXT)?.strip_suffix(JSON)?;
+    Some(format!("sha256:{hex}"))
+}
+
+/// A latch's or a release's part: `PREFIX-HASH.json`, the hash of its kind,
+/// rule and key (a key is a consumer's name: any text).
+fn id_name(prefix: &str, kind: TripKind, rule: &str, key: &str) -> String {
+    use sha2::Digest as _;
+    let mut hash = sha2::Sha256::new();
+    for part in [kind.as_str(), rule, key] {
+        hash.update(part.as_bytes());
+        hash.update([0u8]);
+    }
+    let digest = hash.finalize();
+    let mut out = String::with_capacity(prefix.len() + 32 + JSON.len());
+    out.push_str(prefix);
+    for b in &digest[..16] {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out.push_str(JSON);
+    out
+}
+
+/// The part of the release of `rule` (its `key`; `""`: every key): the
+/// file a release writes first (tests make it fail).
+pub fn release_part(kind: TripKind, rule: &str, key: &str) -> String {
+    id_name(RELEASE, kind, rule, key)
+}
+
+fn latch_name(t: &Trip) -> String {
+    id_name(LATCH, t.kind, &t.rule, &t.key)
+}
+
+fn release_name(r: &Released) -> String {
+    release_part(r.kind, &r.rule, &r.key)
+}
+
+/// Moves `sources` to content addresses: the references, and each text
+/// part not in `have` to put (added to `have`).
+fn refs(
+    sources: &[Source],
+    have: &mut BTreeSet<String>,
+    puts: &mut Vec<Op>,
+) -> Result<(Vec<SourceRef>, Vec<String>), Error> {
+    let mut out = Vec::with_capacity(sources.len());
+    let mut names = Vec::with_capacity(sources.len());
+    for s in sources {
+        let address = content_address(&s.text);
+        let name = text_name(&address);
+        if have.insert(name.clone()) {
+            puts.push(Op::Put(name.clone(), json(&s.text)?));
+        }
+        names.push(name);
+        out.push(SourceRef {
+            name: s.name.clone(),
+            text: address,
+        });
+    }
+    Ok((out, names))
+}
+
+/// The writes that take the store from `base` to `next` (see the module doc
+/// for their order).
+pub fn plan(base: &Stored, next: &Persisted) -> Result<Plan, Error> {
+    let known = !base.full;
+    let mut stored = Stored::default();
+    // Texts the store holds (or this plan puts).
+    let mut have: BTreeSet<String> = if known {
+        base.texts.clone()
+    } else {
+        BTreeSet::new()
+    };
+    let (mut texts, mut history, mut latches, mut releases, mut tail) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for entry in &next.history {
+        let name = history_name(entry);
+        if let Some(names) = base.history.get(&name).filter(|_| known) {
+            stored.history.insert(name, names.clone());
+            continue;
+        }
+        let (source_refs, names) = refs(&entry.sources, &mut have, &mut texts)?;
+        let stored_entry = HistoryEntry {
+            sources: Vec::new(),
+            source_refs,
+            ..entry.clone()
+        };
+        history.push(Op::Put(name.clone(), json(&stored_entry)?));
+        stored.history.insert(name, names);
+    }
+    for r in &next.releases {
+        let name = release_name(r);
+        if !known || base.releases.get(&name) != Some(r) {
+            releases.push(Op::Put(name.clone(), json(r)?));
+        }
+        stored.releases.insert(name, r.clone());
+    }
+    for t in &next.trips {
+        let name = latch_name(t);
+        if !known || base.latches.get(&name) != Some(t) {
+            latches.push(Op::Put(name.clone(), json(t)?));
+        }
+        stored.latches.insert(name, t.clone());
+    }
+    if let Some(c) = &next.canary {
+        let id = (c.policy.version.clone(), c.started_unix_ms);
+        if !known || base.canary.as_ref() != Some(&id) {
+            tail.push(Op::Put(CANARY.to_owned(), json(c)?));
+        }
+        stored.canary = Some(id);
+    }
+    let mut policy_texts = Vec::new();
+    if let Some(p) = &next.applied {
+        let id = (p.version.clone(), p.who.clone(), p.at_unix_ms);
+        if known && base.policy.as_ref() == Some(&id) {
+            policy_texts.clone_from(&base.policy_texts);
+        } else {
+            let (sources, names) = refs(&p.sources, &mut have, &mut texts)?;
+            policy_texts = names;
+            let part = PolicyOut {
+                version: &p.version,
+                who: &p.who,
+                at_unix_ms: p.at_unix_ms,
+                sources,
+                bundle: &p.bundle,
+                shadow_since: &p.shadow_since,
+            };
+            tail.push(Op::Put(POLICY.to_owned(), json(&part)?));
+        }
+        stored.policy = Some(id);
+        stored.policy_texts.clone_from(&policy_texts);
+    }
+    // Texts still named by an entry or the policy.
+    stored.texts = stored
+        .history
+        .values()
+        .flatten()
+        .chain(&policy_texts)
+        .cloned()
+        .collect();
+    let mut ops = texts;
+    ops.append(&mut history);
+    ops.append(&mut releases);
+    ops.append(&mut latches);
+    ops.append(&mut tail);
+    let keep: BTreeSet<&String> = stored
+        .history
+        .keys()
+        .chain(&stored.texts)
+        .chain(stored.latches.keys())
+        .chain(stored.releases.keys())
+        .collect();
+    let mut gone: Vec<&String> = base
+        .names()
+        .filter(|n| !keep.contains(n) && n.as_str() != POLICY && n.as_str() != CANARY)
+        .collect();
+    gone.sort_by(|a, b| removal_rank(a).cmp(&removal_rank(b)));
+    gone.dedup();
+    ops.extend(gone.into_iter().map(|n| Op::Delete(n.clone())));
+    if stored.canary.is_none() && (base.canary.is_some() || base.others.contains(CANARY)) {
+        ops.push(Op::Delete(CANARY.to_owned()));
+    }
+    if stored.policy.is_none() && (base.policy.is_some() || base.others.contains(POLICY)) {
+        ops.push(Op::Delete(POLICY.to_owned()));
+    }
+    Ok(Plan { ops, stored })
+}
+
+/// Removals in this order: latches (a release's), releases, history
+/// entries, then texts (no longer named by any).
+fn removal_rank(name: &str) -> (u8, &str) {
+    let rank = [LATCH, RELEASE, HISTORY, TEXT]
+        .iter()
+        .position(|p| name.starts_with(p))
+        .unwrap_or(4);
+    (u8::try_from(rank).unwrap_or(4), name)
+}
+
+/// The state the parts hold, and what the store holds (for the next
+/// [`plan`]); `place` names a part for errors (its file or key).
+pub fn assemble(
+    parts: Vec<(String, Vec<u8>)>,
+    place: &dyn Fn(&str) -> String,
+) -> Result<(Persisted, Stored), Error> {
+    let corrupt = |name: &str| {
+        let path = place(name);
+        move |source| Error::CorruptState { path, source }
+    };
+    let mut stored = Stored::default();
+    let mut state = Persisted {
+        format: super::legacy::FORMAT,
+        ..Persisted::default()
+    };
+    let mut texts: BTreeMap<String, String> = BTreeMap::new();
+    let mut entries: BTreeMap<String, HistoryEntry> = BTreeMap::new();
+    let mut policy = None;
+    for (name, bytes) in parts {
+        if let Some(address) = text_address(&name) {
+            let text: String = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
+            texts.insert(address, text);
+            stored.texts.insert(name);
+        } else if name.starts_with(HISTORY) {
+            let entry: HistoryEntry = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
+            entries.insert(name, entry);
+        } else if name.starts_with(LATCH) {
+            let trip: Trip = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
+            stored.latches.insert(name, trip);
+        } else if name.starts_with(RELEASE) {
+            let r: Released = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
+            stored.releases.insert(name, r);
+        } else if name == CANARY {
+            let c: StoredCanary = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
+            stored.canary = Some((c.policy.version.clone(), c.started_unix_ms));
+            state.canary = Some(c);
+        } else if name == POLICY {
+            let p: PolicyIn = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
+            stored.policy = Some((p.version.clone(), p.who.clone(), p.at_unix_ms));
+            stored.policy_texts = p.sources.iter().map(|r| text_name(&r.text)).collect();
+            policy = Some(p);
+        }
+    }
+    let resolve = |name: &str, r: Vec<SourceRef>| -> Result<Vec<Source>, Error> {
+        r.into_iter()
+            .map(|r| match texts.get(&r.text) {
+                Some(text) => Ok(Source {
+                    name: r.name,
+                    text: text.clone(),
+                }),
+                None => Err(Error::MissingText {
+                    path: place(name),
+                    address: r.text,
+                }),
+            })
+            .collect()
+    };
+    for (name, mut entry) in entries {
+        let refs = std::mem::take(&mut entry.source_refs);
+        stored.history.insert(
+            name.clone(),
+            refs.iter().map(|r| text_name(&r.text)).collect(),
+        );
+        entry.sources = resolve(&name, refs)?;
+        state.history.push(entry);
+    }
+    if let Some(p) = policy {
+        state.applied = Some(AppliedPolicy {
+            sources: resolve(POLICY, p.sources)?,
+            version: p.version,
+            who: p.who,
+            at_unix_ms: p.at_unix_ms,
+            bundle: p.bundle,
+            shadow_since: p.shadow_since,
+        });
+    }
+    state.releases = stored.releases.values().cloned().collect();
+    state.trips = stored.latches.values().cloned().collect();
+    repair(&mut state);
+    Ok((state, stored))
+}
+
+/// Drops what a write cut short left (see the module doc).
+fn repair(state: &mut Persisted) {
+    match &state.applied {
+        Some(p) => {
+            if let Some(i) = state
+                .history
+                .iter()
+                .rposition(|e| e.version == p.version && e.at_unix_ms == p.at_unix_ms)
+            {
+                state.history.truncate(i + 1);
+            }
+        }
+        None => state.history.clear(),
+    }
+    let released = |kind: TripKind, rule: &str, key: &str, since: u64| {
+        state.releases.iter().any(|r| {
+            r.kind == kind
+                && r.rule == rule
+                && (r.key.is_empty() || r.key == key)
+                && r.at_unix_ms >= since
+        })
+    };
+    let trips = std::mem::take(&mut state.trips);
+    state.trips = trips
+        .into_iter()
+        .filter(|t| !released(t.kind, &t.rule, &t.key, t.since_unix_ms))
+        .collect();
+    // A promoted canary whose removal did not run: its version is in force.
+    if let (Some(c), Some(p)) = (&state.canary, &state.applied)
+        && c.policy.version == p.version
+        && c.policy.at_unix_ms == p.at_unix_ms
+    {
+        state.canary = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Disk = BTreeMap<String, Vec<u8>>;
+
+    fn run(disk: &mut Disk, ops: &[Op]) {
+        for op in ops {
+            match op {
+                Op::Put(name, value) => {
+                    disk.insert(name.clone(), value.clone());
+                }
+                Op::Delete(name) => {
+                    disk.remove(name);
+                }
+            }
+        }
+    }
+
+    fn load(disk: &Disk) -> (Persisted, Stored) {
+        let parts = disk.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+        assemble(parts, &|n| n.to_owned()).unwrap()
+    }
+
+    fn policy(version: &str, at: u64) -> AppliedPolicy {
+        AppliedPolicy {
+            version: version.into(),
+            who: "alice".into(),
+            at_unix_ms: at,
+            sources: vec![
+                Source {
+                    name: "big.gov".into(),
+                    text: "# a policy\n".repeat(1_000),
+                },
+                Source {
+                    name: "v.gov".into(),
+                    text: format!("# {version}\n"),
+                },
+            ],
+            bundle: pb::Bundle::default(),
+            shadow_since: BTreeMap::new(),
+        }
+    }
+
+    /// `state` once `version` is applied at `at` (history bounded to 1,000).
+    fn applied(mut state: Persisted, version: &str, at: u64) -> Persisted {
+        let p = policy(version, at);
+        state.history.push(HistoryEntry {
+            version: version.into(),
+            who: p.who.clone(),
+            at_unix_ms: at,
+            services: vec!["order".into()],
+            sources: p.sources.clone(),
+            source_refs: Vec::new(),
+        });
+        if state.history.len() > 1_000 {
+            state.history.remove(0);
+        }
+        state.applied = Some(p);
+        state
+    }
+
+    fn trip(rule: &str, key: &str, since: u64) -> Trip {
+        Trip {
+            kind: TripKind::Limit,
+            rule: rule.into(),
+            key: key.into(),
+            since_unix_ms: since,
+            reason: "calls 100 per 1s".into(),
+            half_open: false,
+            deadline_unix_ms: None,
+            instances: ["a".to_owned()].into(),
+            not_enforced: BTreeSet::new(),
+            reported_by: BTreeMap::new(),
+        }
+    }
+
+    /// A state with `history` versions applied, written whole, and read back.
+    fn stored_with(history: usize) -> (Disk, Persisted, Stored) {
+        let mut state = Persisted::default();
+        for i in 0..history {
+            state = applied(state, &format!("v{i}"), 1_000 + i as u64);
+        }
+        let first = plan(&Stored::unknown([], false), &state).unwrap();
+        let mut disk = Disk::new();
+        run(&mut disk, &first.ops);
+        let (back, stored) = load(&disk);
+        assert_eq!(back.history.len(), history);
+        (disk, back, stored)
+    }
+
+    #[test]
+    fn a_trip_writes_its_latch_alone_whatever_the_history() {
+        let mut sizes = Vec::new();
+        for history in [10, 1_000] {
+            let (_, mut state, stored) = stored_with(history);
+            state.trips.push(trip("order/crm", "alice", 5));
+            let p = plan(&stored, &state).unwrap();
+            assert_eq!(p.ops.len(), 1, "{:?}", p.ops);
+            assert!(matches!(&p.ops[0], Op::Put(n, _) if n.starts_with(LATCH)));
+            sizes.push(p.bytes());
+            // Nothing changed: nothing written.
+            assert!(plan(&p.stored, &state).unwrap().is_empty());
+        }
+        assert_eq!(sizes[0], sizes[1]);
+    }
+
+    #[test]
+    fn an_apply_writes_its_policy_its_entry_and_new_texts_and_drops_the_oldest() {
+        let (mut disk, state, stored) = stored_with(1_000);
+        let next = applied(state, "v1000", 5_000);
+        let p = plan(&stored, &next).unwrap();
+        let names: Vec<&str> = p.ops.iter().map(Op::name).collect();
+        let puts: Vec<&str> = p
+            .ops
+            .iter()
+            .filter(|o| matches!(o, Op::Put(..)))
+            .map(Op::name)
+            .collect();
+        // The new small text, the entry, the policy (last: the commit point).
+        assert_eq!(puts.len(), 3, "{names:?}");
+        assert!(puts[0].starts_with(TEXT) && puts[1].starts_with(HISTORY));
+        assert_eq!(puts[2], POLICY);
+        // The oldest entry and its own text go.
+        let gone: Vec<&str> = p
+            .ops
+            .iter()
+            .filter(|o| matches!(o, Op::Delete(..)))
+            .map(Op::name)
+            .collect();
+        assert_eq!(gone.len(), 2, "{gone:?}");
+        assert!(gone[0].starts_with(HISTORY) && gone[1].starts_with(TEXT));
+        run(&mut disk, &p.ops);
+        let (back, _) = load(&disk);
+        assert_eq!(back.history.len(), 1_000);
+        assert_eq!(back.history[999].version, "v1000");
+        assert_eq!(
+            back.applied.unwrap().sources,
+            policy("v1000", 5_000).sources
+        );
+    }
+
+    #[test]
+    fn an_apply_cut_short_before_its_policy_is_not_in_the_history_and_is_removed() {
+        let (mut disk, state, stored) = stored_with(3);
+        let next = applied(state.clone(), "v3", 9_000);
+        let p = plan(&stored, &next).unwrap();
+        let commit = p.ops.iter().position(|o| o.name() == POLICY).unwrap();
+        run(&mut disk, &p.ops[..commit]);
+        let (back, stored) = load(&disk);
+        assert_eq!(back.applied.as_ref().unwrap().version, "v2");
+        assert_eq!(back.history.len(), 3, "the entry of v3 is not taken in");
+        // The next write removes it (and the text only it named).
+        let again = plan(&stored, &back).unwrap();
+        assert_eq!(again.ops.len(), 2, "{:?}", again.ops);
+        assert!(again.ops.iter().all(|o| matches!(o, Op::Delete(_))));
+    }
+
+    #[test]
+    fn a_release_cut_short_before_its_removals_ends_the_latch_at_load() {
+        let (mut disk, mut state, _) = stored_with(1);
+        state.trips.push(trip("order/crm", "alice", 5));
+        state.trips.push(trip("order/crm", "bob", 7));
+        let (_, stored) = {
+            let p = plan(&Stored::unknown([], false), &state).unwrap();
+            run(&mut disk, &p.ops);
+            load(&disk)
+        };
+        state.trips.retain(|t| t.key != "alice");
+        state.releases.push(Released {
+            kind: TripKind::Limit,
+            rule: "order/crm".into(),
+            key: "alice".into(),
+            at_unix_ms: 6,
+        });
+        let p = plan(&stored, &state).unwrap();
+        assert_eq!(p.ops.len(), 2, "{:?}", p.ops);
+        assert!(matches!(&p.ops[0], Op::Put(n, _) if n.starts_with(RELEASE)));
+        assert!(matches!(&p.ops[1], Op::Delete(n) if n.starts_with(LATCH)));
+        run(&mut disk, &p.ops[..1]);
+        let (back, _) = load(&disk);
+        let keys: Vec<&str> = back.trips.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, ["bob"]);
+        assert_eq!(back.releases, state.releases);
+    }
+
+    #[test]
+    fn a_failed_write_is_written_again_or_removed() {
+        let (_, state, mut stored) = stored_with(1);
+        let next = applied(state.clone(), "v1", 9_000);
+        let p = plan(&stored, &next).unwrap();
+        stored.forget(&p.ops);
+        // Given up: what it may have put goes, and the policy in force is
+        // put again (the failed write may have replaced it).
+        let back = plan(&stored, &state).unwrap();
+        let names: Vec<&str> = back.ops.iter().map(Op::name).collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert!(matches!(&back.ops[0], Op::Put(n, _) if n == POLICY));
+        assert!(matches!(&back.ops[1], Op::Delete(n) if n.starts_with(HISTORY)));
+        assert!(matches!(&back.ops[2], Op::Delete(n) if n.starts_with(TEXT)));
+        // Tried again: put again.
+        let again = plan(&stored, &next).unwrap();
+        assert_eq!(again.ops.len(), p.ops.len());
+    }
+
+    #[test]
+    fn part_names_hold_any_key() {
+        let hostile = trip("order/crm", "../../etc/passwd\0/x", 1);
+        let name = latch_name(&hostile);
+        assert!(is_part(&name) && !name.contains('/') && !name.contains(".."));
+        let entry = HistoryEntry {
+            version: "../x y".into(),
+            who: String::new(),
+            at_unix_ms: 1,
+            services: Vec::new(),
+            sources: Vec::new(),
+            source_refs: Vec::new(),
+        };
+        assert_eq!(history_name(&entry), "history-0000000000001-.._x_y.json");
+    }
+}
