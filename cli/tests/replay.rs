@@ -498,3 +498,116 @@ fn a_policy_the_log_never_saw_is_replayed_by_its_own_rule_names() {
     );
     assert_eq!(report["replay"]["as_recorded"], 20);
 }
+
+/// An adaptive bulkhead replayed on recorded latencies moves as it would
+/// have live: an upstream at 100 ms with 30 calls in flight, then at 400 ms
+/// for 10 s, then at 100 ms again. The limit grows from `min` to `max`,
+/// falls with the slow calls (the rejections rise), and grows back after
+/// the upstream heals; the report has every move and, per second, the
+/// limit's range and the rule's calls. A fixed bulkhead has no timeline.
+#[test]
+fn an_adaptive_bulkhead_replayed_moves_with_the_recorded_latencies() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("p.gov");
+    std::fs::write(
+        &policy,
+        r#"
+service reports {
+  capacity workers 20
+  match slow_io = path prefix "/io"
+  bulkhead io_calls on slow_io {
+    max_concurrent adaptive min 2 max 20
+  }
+}
+"#,
+    )
+    .unwrap();
+    let log = dir.path().join("calls.jsonl");
+    let t0: u64 = 1_700_000_000_000_000;
+    let lines: Vec<String> = (0..9000u64)
+        .map(|k| {
+            // 300 calls/s for 30 s.
+            let t = k * 1_000_000 / 300;
+            let latency = if (10_000_000..20_000_000).contains(&t) {
+                400_000
+            } else {
+                100_000
+            };
+            LINE.replace("1000000", &(t0 + t).to_string())
+                .replace("\"order\"", "\"reports\"")
+                .replace("order-1", "reports-1")
+                .replace("/api/a", "/io/x")
+                .replace("\"latency_us\":10", &format!("\"latency_us\":{latency}"))
+        })
+        .collect();
+    std::fs::write(&log, lines.join("\n")).unwrap();
+    let (p, l) = (policy.to_str().unwrap(), log.to_str().unwrap());
+    let report = govc(&["replay", p, "--log", l, "-o", "json"]);
+    let io = rule(&report["replay"], "reports/io_calls");
+    let t = &io["limit"][0];
+    assert_eq!(t["instance"], "reports-1");
+    let moves = t["moves"].as_array().unwrap();
+    assert_eq!(
+        moves[0]["limit"], 2,
+        "a new adaptive bulkhead starts at min"
+    );
+    assert_eq!(
+        moves.last().unwrap()["limit"],
+        20,
+        "back at max once healed"
+    );
+    let limit_at = |at_us: u64| {
+        moves
+            .iter()
+            .take_while(|m| m["at_us"].as_u64().unwrap() <= at_us)
+            .last()
+            .unwrap()["limit"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(limit_at(t0 + 9_900_000), 20, "grew to max while healthy");
+    assert!(limit_at(t0 + 19_900_000) <= 4, "fell with the slow calls");
+    assert!(
+        moves
+            .iter()
+            .all(|m| (2..=20).contains(&m["limit"].as_u64().unwrap())),
+        "within min..max"
+    );
+    let intervals = t["intervals"].as_array().unwrap();
+    assert_eq!(t["interval_us"], 1_000_000);
+    assert!((30..=32).contains(&intervals.len()), "{}", intervals.len());
+    let sum = |key: &str, from: usize, to: usize| -> u64 {
+        intervals[from..to]
+            .iter()
+            .map(|i| i[key].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(sum("admitted", 0, intervals.len()), io["admitted"]);
+    assert_eq!(sum("rejected", 0, intervals.len()), io["rejected"]);
+    // 300/s offered: at 20 x 100 ms about 200/s admitted; at 2 x 400 ms, 5/s.
+    assert!(sum("admitted", 5, 10) > 900, "{intervals:?}");
+    assert!(sum("admitted", 15, 20) < 100, "{intervals:?}");
+    assert!(sum("admitted", 25, 30) > 900, "recovered: {intervals:?}");
+
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_govc"))
+        .args(["replay", p, "--log", l])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("limit on reports-1:") && text.contains("per 1s from"),
+        "{text}"
+    );
+
+    // A fixed bulkhead: no limit over time.
+    let fixed = dir.path().join("fixed.gov");
+    std::fs::write(
+        &fixed,
+        std::fs::read_to_string(&policy)
+            .unwrap()
+            .replace("adaptive min 2 max 20", "20"),
+    )
+    .unwrap();
+    let report = govc(&["replay", fixed.to_str().unwrap(), "--log", l, "-o", "json"]);
+    assert!(rule(&report["replay"], "reports/io_calls")["limit"].is_null());
+}

@@ -6,8 +6,9 @@
 //! virtual time ([`sim`]): one engine per recorded agent (`service`,
 //! `instance`), as each agent counts its own windows. Per rule it prints the
 //! calls it decided, admitted and rejected by consumer, fuse trips and
-//! releases and limit latches with their times, and how many calls were
-//! decided as they were live. With `--against OLD`, the same calls under the
+//! releases and limit latches with their times, an adaptive bulkhead's
+//! limit over time ([`timeline`]), and how many calls were decided as they
+//! were live. With `--against OLD`, the same calls under the
 //! OLD policy too, and what changes: the extra rejections by rule and
 //! consumer, and the calls no longer rejected.
 //!
@@ -16,6 +17,7 @@
 
 mod calls;
 mod sim;
+mod timeline;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -31,7 +33,8 @@ use self::sim::{Got, Outcomes};
 use crate::cmd::compile::{emit, read_sources};
 use crate::report::{Output, ReportArgs, Reporter};
 
-/// Run a policy over recorded calls and show what it would have decided.
+/// Run a policy over recorded calls and show what it would have decided
+/// (and where an adaptive bulkhead's limit would have moved).
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The policy files to replay (together: the whole policy).
@@ -120,6 +123,9 @@ pub struct RuleReport {
     pub consumers: Vec<ConsumerRow>,
     /// Fuse trips, half-opens and releases, limit latches and releases, in time order.
     pub events: Vec<EventRow>,
+    /// An adaptive bulkhead: its limit over the replay, per agent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub limit: Vec<timeline::LimitTimeline>,
 }
 
 /// A rule's decisions for one consumer (`null`: calls without one).
@@ -439,6 +445,14 @@ fn summarize(
                     .admitted += 1;
             }
         }
+        for (n, name) in out.rules.iter().enumerate() {
+            let n = u32::try_from(n).unwrap_or(NONE);
+            if let Some((_, r)) = rules.get_mut(name)
+                && let Some(t) = timeline::timeline(out, calls, n, &agent.instance)
+            {
+                r.limit.push(t);
+            }
+        }
         for e in &out.events {
             if let Some((_, r)) = rules.get_mut(&e.rule) {
                 r.events.push(EventRow {
@@ -647,6 +661,10 @@ fn policy_text(out: &mut String, r: &PolicyReport) {
                     format!(": {}", e.reason)
                 }
             );
+        }
+        for t in &rule.limit {
+            let start = t.intervals.first().map_or(0, |i| i.from_us);
+            timeline::text(out, t, &time(start));
         }
     }
 }

@@ -69,6 +69,9 @@ pub struct Outcomes {
     /// Calls whose end is not known (the live policy rejected them, this
     /// one admits them): ended at once, without an outcome.
     pub unknown_end: u64,
+    /// Every move of an adaptive bulkhead's limit: (rule, Unix µs, limit),
+    /// its first value when the rule starts deciding.
+    pub limits: Vec<(u32, u64, u32)>,
 }
 
 /// An admitted call waiting for its end.
@@ -121,7 +124,16 @@ pub fn replay(
             CompiledConfig::try_from(&subset).map(|c| (t, c))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(runtime.block_on(run(full, staged_configs, calls, order, t0_us)))
+    // The adaptive bulkheads, whose limit the replay follows.
+    let adaptive: Vec<String> = target
+        .rules
+        .iter()
+        .filter(|r| {
+            matches!(&r.spec, Some(gov_proto::v1::rule::Spec::Bulkhead(b)) if b.adaptive.is_some())
+        })
+        .map(|r| r.name.clone())
+        .collect();
+    Ok(runtime.block_on(run(full, staged_configs, calls, order, t0_us, &adaptive)))
 }
 
 async fn run(
@@ -130,6 +142,7 @@ async fn run(
     calls: &Calls,
     order: &[usize],
     t0_us: u64,
+    adaptive: &[String],
 ) -> Outcomes {
     let base = Instant::now();
     let at = |t_us: u64| base + Duration::from_micros(t_us.saturating_sub(t0_us));
@@ -170,6 +183,7 @@ async fn run(
             });
         }
     };
+    let mut limits = Limits::new(&ids, adaptive);
     local
         .run_until(async {
             for &i in order {
@@ -188,12 +202,14 @@ async fn run(
                     }
                     tokio::task::yield_now().await;
                     drain_events(&mut events, &out);
+                    limits.sample(&engine, t0_us, base, &out);
                 }
                 advance_to(arrival).await;
                 if let Some(full) = full.take() {
                     engine.apply(full);
                 }
                 drain_events(&mut events, &out);
+                limits.sample(&engine, t0_us, base, &out);
                 let mut raw = [httparse::EMPTY_HEADER; 9];
                 let n = call_headers(calls, call, consumer_header.as_str(), &mut raw);
                 let info = RequestInfo {
@@ -294,6 +310,7 @@ async fn run(
                 }
                 tokio::task::yield_now().await;
                 drain_events(&mut events, &out);
+                limits.sample(&engine, t0_us, base, &out);
             }
         })
         .await;
@@ -301,6 +318,8 @@ async fn run(
     // paused clock itself when it is idle).
     local.await;
     drain_events(&mut events, &out);
+    limits.last = None;
+    limits.sample(&engine, t0_us, base, &out);
     Rc::try_unwrap(out)
         .map(RefCell::into_inner)
         .unwrap_or_else(|rc| std::mem::take(&mut *rc.borrow_mut()))
@@ -373,6 +392,51 @@ fn call_headers<'a>(
         n += 1;
     }
     n
+}
+
+/// The adaptive bulkheads' limits as last seen, to record each move once.
+struct Limits {
+    /// (rule name, its index, the limit last seen).
+    rules: Vec<(String, u32, Option<u32>)>,
+    /// The last look: a limit moves at most once per window (100 ms), so a
+    /// look every [`LOOK_EVERY`] sees each move, at most that late.
+    last: Option<Instant>,
+}
+
+const LOOK_EVERY: Duration = Duration::from_millis(5);
+
+impl Limits {
+    fn new(ids: &RuleIds, adaptive: &[String]) -> Self {
+        Self {
+            rules: adaptive
+                .iter()
+                .map(|name| (name.clone(), ids.get(name), None))
+                .collect(),
+            last: None,
+        }
+    }
+
+    /// Records the limits that moved since the last look (the engine's
+    /// stats: the limit a bulkhead enforces now).
+    fn sample(&mut self, engine: &Engine, t0_us: u64, base: Instant, out: &RefCell<Outcomes>) {
+        let now = Instant::now();
+        if self.rules.is_empty() || self.last.is_some_and(|l| now - l < LOOK_EVERY) {
+            return;
+        }
+        self.last = Some(now);
+        let stats = engine.stats();
+        let at_us = t0_us + micros(now.saturating_duration_since(base));
+        for (name, id, seen) in &mut self.rules {
+            let Some(s) = stats.rules.iter().find(|s| &*s.rule == name.as_str()) else {
+                continue;
+            };
+            let limit = u32::try_from(s.capacity).unwrap_or(u32::MAX);
+            if *seen != Some(limit) {
+                *seen = Some(limit);
+                out.borrow_mut().limits.push((*id, at_us, limit));
+            }
+        }
+    }
 }
 
 async fn advance_to(at: Instant) {
