@@ -6,7 +6,8 @@
 //! Each recorded call adds its latency to the current window: one atomic
 //! add of a packed word (sum of microseconds, count), no lock and no
 //! allocation. The first record that finds the window at least [`WINDOW`]
-//! long with at least [`MIN_SAMPLES`] samples takes the estimate's lock
+//! long with at least [`MIN_SAMPLES`] samples (or the limit's worth, if
+//! fewer) takes the estimate's lock
 //! (`try_lock`: a record never waits for it), closes the window and moves
 //! the limit once:
 //!
@@ -25,9 +26,10 @@
 //! - the gradient `clamp(TOLERANCE * baseline / avg, 0.5, 1)`: below 1 the
 //!   limit shrinks by half the gradient's shortfall (at most a quarter per
 //!   window); at 1 it grows by `sqrt(limit)`, but only when the calls in
-//!   flight reached half the limit: growth is measured under load, never
-//!   assumed (Gradient2's limit grew without bound on an idle service,
-//!   concurrency-limits #134 and #137);
+//!   flight reached half the limit (growth is measured under load, never
+//!   assumed: Gradient2's limit grew without bound on an idle service,
+//!   concurrency-limits #134 and #137) and `avg` is within [`HEADROOM`] of
+//!   the baseline (near the knee it holds instead of overshooting it);
 //! - the limit stays within `min..=max`, and `max` is at most the rule's
 //!   `max_concurrent` (the compiler bounds it by `capacity workers`).
 //!
@@ -52,10 +54,18 @@ pub struct AdaptiveSpec {
 
 /// The shortest window the limit moves once in.
 pub(crate) const WINDOW: u64 = 100_000_000;
-/// The fewest calls a window measures before the limit moves.
+/// The fewest calls a window measures before the limit moves, or the limit
+/// if it is lower: a limit of 2 over 100 ms calls would otherwise wait half
+/// a second for each window, and take seconds to grow out of `min`.
 pub(crate) const MIN_SAMPLES: u64 = 10;
 /// How much slower than the baseline a window may be and count as healthy.
 pub(crate) const TOLERANCE: f64 = 1.5;
+/// How much slower than the baseline a window may be and still grow the
+/// limit. Between HEADROOM and TOLERANCE the limit holds: a limit that grew
+/// on every healthy window overshot the knee by its last step (sqrt(limit))
+/// before the slower calls it admitted were measured, and cycled around it
+/// (6 workers: 8 -> 14 -> 8, p99 three times the unloaded latency).
+pub(crate) const HEADROOM: f64 = 1.25;
 /// A slower window raises the baseline by 1/DRIFT of the gap.
 pub(crate) const DRIFT: f64 = 32.0;
 /// The lowest gradient (a window more than twice as slow as tolerated).
@@ -162,7 +172,7 @@ impl Adaptive {
     pub(crate) fn sample(&self, limit: &AtomicU32, latency_ns: u64, now: Now) {
         let us = (latency_ns / 1000).min(MAX_SAMPLE_US);
         let before = self.window.fetch_add((us << COUNT_BITS) | 1, Relaxed);
-        if (before & COUNT_MASK) + 1 >= MIN_SAMPLES {
+        if (before & COUNT_MASK) + 1 >= MIN_SAMPLES.min(u64::from(limit.load(Relaxed))) {
             self.close(limit, now);
         }
     }
@@ -213,10 +223,11 @@ impl Estimate {
         let limit = self.limit;
         let next = if gradient < 1.0 {
             limit * (1.0 - SHRINK * (1.0 - gradient))
-        } else if in_flight >= limit / 2.0 {
+        } else if in_flight >= limit / 2.0 && avg <= HEADROOM * self.baseline {
             limit + limit.sqrt()
         } else {
-            // Not loaded enough to tell whether more would be healthy.
+            // Not loaded enough to tell whether more would be healthy, or
+            // healthy but near the knee: hold.
             limit
         };
         self.limit = next.clamp(f64::from(spec.min), f64::from(spec.max));
@@ -432,6 +443,35 @@ mod tests {
             (20.0..=40.0).contains(&healed),
             "healed: {healed} for 20 workers"
         );
+    }
+
+    /// Near the knee the limit holds: over 6 workers it settles between
+    /// the workers' number and 1.5 times it (calls at most 1.5 times the
+    /// baseline latency) instead of cycling past it by a growth step before
+    /// the slower calls are measured.
+    #[tokio::test(start_paused = true)]
+    async fn near_the_knee_the_limit_holds_instead_of_cycling() {
+        let b = adaptive(2, 20);
+        let mut sim = Sim::new(b.clone(), 60);
+        sim.run(Duration::from_secs(10), workers(6, 100)).await;
+        let limits = sim.run(Duration::from_secs(20), workers(6, 100)).await;
+        let (lo, hi) = (limits.iter().min(), limits.iter().max());
+        assert!(
+            lo >= Some(&6) && hi <= Some(&10),
+            "6 workers: the limit went {lo:?}..{hi:?}"
+        );
+    }
+
+    /// A limit below [`MIN_SAMPLES`] closes a window on the limit's worth
+    /// of calls: from `min` 2 over 100 ms calls it reaches `max` in about a
+    /// second.
+    #[tokio::test(start_paused = true)]
+    async fn a_small_limit_moves_every_window() {
+        let b = adaptive(2, 20);
+        let mut sim = Sim::new(b.clone(), 60);
+        let limits = sim.run(Duration::from_secs(3), flat(100)).await;
+        let at = limits.iter().position(|&l| l == 20).map(|t| t as u64);
+        assert!(at.is_some_and(|t| t <= 1500), "reached max after {at:?} ms");
     }
 
     /// A changed config goes on from the limit it had, within its bounds.
