@@ -19,9 +19,11 @@ pub mod bulkhead_over_workers;
 pub mod burst_above_rate;
 pub mod cluster_limit_inconsistent;
 pub mod cluster_sync;
+pub mod codel_target;
 pub mod conflicting_paths;
 pub mod conflicting_rules;
 pub mod consumers_before_ready;
+pub mod criticality_unused;
 pub mod drain_after_stop;
 pub mod duplicate_match;
 pub mod duplicate_registry;
@@ -120,6 +122,8 @@ pub const CODES: &[&str] = &[
     "gov::share-without-consumer",
     "gov::lint::bulkhead-over-workers",
     "gov::lint::queueing-bulkhead",
+    "gov::codel-target",
+    "gov::lint::criticality-unused",
     "gov::lint::shutdown-wait",
     "gov::lint::fixed-wait",
     "gov::lint::drain-after-stop",
@@ -188,6 +192,8 @@ const CHECKS: &[Check] = &[
     share_without_consumer::check,
     bulkhead_over_workers::check,
     queueing_bulkhead::check,
+    codel_target::check,
+    criticality_unused::check,
     shutdown_wait::check,
     fixed_wait::check,
     drain_after_stop::check,

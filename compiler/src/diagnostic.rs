@@ -94,6 +94,8 @@ diagnostics! {
     ShareWithoutConsumer(share_without_consumer::ShareWithoutConsumer),
     BulkheadOverWorkers(bulkhead_over_workers::BulkheadOverWorkers),
     QueueingBulkhead(queueing_bulkhead::QueueingBulkhead),
+    CodelTarget(codel_target::CodelTarget),
+    CriticalityUnused(criticality_unused::CriticalityUnused),
     RetryAmplification(retry_amplification::RetryAmplification),
     RetryOutlastsTimeout(retry_outlasts_timeout::RetryOutlastsTimeout),
     RetryNonIdempotent(retry_non_idempotent::RetryNonIdempotent),

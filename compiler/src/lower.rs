@@ -241,6 +241,12 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
                     expr: Some(l.expr(&m.expr)),
                     latency_ms: m.latency.as_ref().map_or(0, |d| unsigned(millis(&d.node))),
                     source: Some(l.source(m.span)),
+                    criticality: match m.criticality.as_ref().map(|c| c.node) {
+                        None => pb::Criticality::Unspecified,
+                        Some(gov_lang::ast::Criticality::Sheddable) => pb::Criticality::Sheddable,
+                        Some(gov_lang::ast::Criticality::Default) => pb::Criticality::Default,
+                        Some(gov_lang::ast::Criticality::Critical) => pb::Criticality::Critical,
+                    } as i32,
                 });
             }
             ServiceStmt::Warmup(w) if svc.warmup.is_some_and(|x| std::ptr::eq(x, w)) => {

@@ -217,7 +217,28 @@ pub struct MatchDef {
     pub name: Ident,
     pub expr: MatchExpr,
     pub latency: Option<Spanned<Duration>>,
+    /// `critical`, `default` or `sheddable`; `None`: not declared (default).
+    pub criticality: Option<Spanned<Criticality>>,
     pub span: Span,
+}
+
+/// A match's criticality (Google's classes), lowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Criticality {
+    Sheddable,
+    Default,
+    Critical,
+}
+
+impl Criticality {
+    /// The keyword.
+    pub fn word(self) -> &'static str {
+        match self {
+            Criticality::Sheddable => "sheddable",
+            Criticality::Default => "default",
+            Criticality::Critical => "critical",
+        }
+    }
 }
 
 /// A match expression. `and` binds tighter than `or`; parentheses group.

@@ -253,6 +253,10 @@ impl Formatter<'_> {
                 if let Some(l) = &m.latency {
                     text.push_str(&format!(" latency {}", l.node));
                 }
+                if let Some(c) = &m.criticality {
+                    text.push(' ');
+                    text.push_str(c.node.word());
+                }
                 self.stmt(m.span, &text);
             }
             ServiceStmt::Rule(r) => {

@@ -593,10 +593,25 @@ impl Builder<'_> {
                     }
                     None => None,
                 };
+                let criticality = match k.opt(Rule::criticality) {
+                    Some(c) => {
+                        let cs = c.as_span();
+                        let span = Span::new(cs.start(), cs.end());
+                        let class = match c.into_inner().next().map(|w| w.as_rule()) {
+                            Some(Rule::kw_critical) => Criticality::Critical,
+                            Some(Rule::kw_sheddable) => Criticality::Sheddable,
+                            Some(Rule::kw_default) => Criticality::Default,
+                            _ => return Err(self.internal(span)),
+                        };
+                        Some(Spanned::new(class, span))
+                    }
+                    None => None,
+                };
                 ServiceStmt::Match(MatchDef {
                     name,
                     expr,
                     latency,
+                    criticality,
                     span,
                 })
             }

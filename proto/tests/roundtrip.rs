@@ -10,7 +10,8 @@ use gov_proto::v1::{
     recovery, release, shutdown_step, warmup_step,
 };
 use gov_proto::v1::{
-    GrpcCode, KeyOverflow, Limit, LimitAction, LimitKey, Mode, Retry, RetryBudget, Rule, rule::Spec,
+    Criticality, GrpcCode, KeyOverflow, Limit, LimitAction, LimitKey, Mode, Queue, QueueCodel,
+    Retry, RetryBudget, Rule, queue, rule::Spec,
 };
 
 fn src(line: u32, snippet: &str) -> Option<SourceRef> {
@@ -106,12 +107,14 @@ fn order() -> TargetConfig {
                     23,
                     "match slow = path prefix \"/benchmark/delay/z100\" latency 100ms",
                 ),
+                criticality: Criticality::Sheddable as i32,
             },
             Match {
                 name: "writes".into(),
                 expr: Some(writes),
                 latency_ms: 0,
                 source: src(25, ""),
+                criticality: 0,
             },
         ],
         rules: vec![
@@ -138,6 +141,12 @@ fn order() -> TargetConfig {
                     overflow: 0,
                     adaptive: Some(AdaptiveLimit { min: 4, max: 10 }),
                     share: None,
+                    queue: Some(Queue {
+                        kind: Some(queue::Kind::Codel(QueueCodel {
+                            target_ms: 5,
+                            interval_ms: 100,
+                        })),
+                    }),
                 })),
             },
             Rule {
@@ -163,6 +172,7 @@ fn order() -> TargetConfig {
                     overflow: KeyOverflow::Reject as i32,
                     adaptive: None,
                     share: None,
+                    queue: None,
                 })),
             },
             Rule {

@@ -20,14 +20,17 @@ use std::sync::Arc;
 use gov_proto::v1 as proto;
 use http::{HeaderName, HeaderValue, Method};
 
+use self::classes::Classes;
 use self::invalid::Ctx;
 pub use self::invalid::InvalidConfig;
+use crate::criticality::Class;
 use crate::route::{Cond, Router, RuleMeta};
 pub use crate::route::{Direction, RuleId};
 /// [`RuleSpec`] and every kind's spec type, listed where the kinds are
 /// (`state.rs`), so that a new kind does not touch this file.
 pub use crate::state::specs::*;
 
+pub(crate) mod classes;
 pub(crate) mod consumer;
 pub(crate) mod invalid;
 pub use self::consumer::{ConsumerSource, JwtSpec, OnInvalid};
@@ -66,6 +69,8 @@ pub struct CompiledConfig {
     pub(crate) expiring: bool,
     pub(crate) inbound: Router,
     pub(crate) outbound: Router,
+    /// The classes its named matches declare ([`crate::criticality`]).
+    pub(crate) classes: Classes,
 }
 
 /// One enforced rule.
@@ -187,6 +192,7 @@ impl CompiledConfig {
             expiring: false,
             inbound: Router::default(),
             outbound: Router::default(),
+            classes: Classes::default(),
         }
     }
 
@@ -309,6 +315,14 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             Direction::Outbound,
         );
         let consumer_source = ConsumerSource::from_wire(t.consumer_source.as_ref())?;
+        let classes = classes(&t.service, &t.matches, paths.case_insensitive)?;
+        if !classes.is_empty() {
+            for r in &mut rules {
+                if let RuleSpec::Bulkhead(b) = &mut r.spec {
+                    b.by_class = true;
+                }
+            }
+        }
         let mut judged = vec![consumer_header.clone()];
         if let Some(jwt) = consumer_source.jwt()
             && !judged.contains(&jwt.header)
@@ -360,8 +374,37 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             expiring,
             inbound,
             outbound,
+            classes,
         })
     }
+}
+
+/// The named matches of `matches` that declare a class: each checked (a
+/// class this agent does not know is refused, never read as `default`),
+/// inbound paths folded for a case-insensitive service.
+fn classes(service: &str, matches: &[proto::Match], fold: bool) -> Result<Classes, InvalidConfig> {
+    let mut out = Vec::new();
+    for m in matches {
+        let name = format!("{service}/match {}", m.name);
+        let ctx = Ctx::new(&name);
+        let class = match ctx.known::<proto::Criticality>("criticality", m.criticality)? {
+            proto::Criticality::Unspecified => continue,
+            proto::Criticality::Sheddable => Class::Sheddable,
+            proto::Criticality::Default => Class::Default,
+            proto::Criticality::Critical => Class::Critical,
+        };
+        let expr = m
+            .expr
+            .as_ref()
+            .ok_or_else(|| ctx.err("`expr` is missing"))?;
+        let outbound = cond(&ctx, expr, 0)?;
+        let mut inbound = outbound.clone();
+        if fold {
+            inbound.fold_case();
+        }
+        out.push((class, inbound, outbound));
+    }
+    Ok(Classes::new(out))
 }
 
 impl TryFrom<proto::TargetConfig> for CompiledConfig {

@@ -164,6 +164,9 @@ pub(crate) fn route(config: &CompiledConfig, req: &RequestInfo<'_>, plan: &mut P
         target,
     );
     router.matches(&view, &config.metas, plan);
+    if !config.classes.is_empty() {
+        plan.class = config.classes.of(req.direction, &view);
+    }
     if config.expiring {
         drop_expired(config, plan);
     }
@@ -212,6 +215,7 @@ pub(crate) fn admit_matched(snap: Arc<Snapshot>, plan: &Plan, req: &RequestInfo<
         query: req.query,
         headers: req.headers,
         claims: req.claims,
+        class: plan.class,
     };
     for (i, id) in plan.ids().enumerate() {
         let step = Step {

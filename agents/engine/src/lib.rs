@@ -75,6 +75,7 @@ pub mod body;
 mod clock;
 pub mod cluster;
 pub mod config;
+pub mod criticality;
 pub mod deadline;
 pub mod decision;
 pub mod engine;

@@ -67,6 +67,8 @@ pub(crate) struct Keys<'a> {
     pub headers: crate::route::Headers<'a>,
     /// The verified token's claims the config keys on (name, value).
     pub claims: &'a [(String, String)],
+    /// The call's criticality ([`crate::criticality`]).
+    pub class: crate::criticality::Class,
 }
 
 /// An enforcement primitive: the state of one rule.

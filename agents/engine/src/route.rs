@@ -70,6 +70,9 @@ pub(crate) struct Plan {
     pub(crate) consumer: bool,
     /// The shortest deadline and its rule (the lowest id among equals).
     pub(crate) timeout: Option<(Duration, RuleId)>,
+    /// The call's criticality (set by the decision's routing, only for a
+    /// config that declares classes).
+    pub(crate) class: crate::criticality::Class,
 }
 
 impl Plan {

@@ -47,7 +47,7 @@ pub(crate) mod retry;
 /// all (`gov_engine::config::BulkheadSpec`).
 pub mod specs {
     pub use crate::state::RuleSpec;
-    pub use crate::state::bulkhead::{AdaptiveSpec, BulkheadKey, BulkheadSpec};
+    pub use crate::state::bulkhead::{AdaptiveSpec, BulkheadKey, BulkheadSpec, QueueDiscipline};
     pub use crate::state::fuse::{
         Classifier, CompareOp, FuseSpec, RecoverSpec, Threshold, TripMetric, TripSpec,
     };
@@ -138,21 +138,22 @@ pub(crate) enum Scope {
     /// The rule's own (fuses; unkeyed limits and bulkheads).
     Rule,
     Limit(limit::CellRef),
-    Bulkhead(bulkhead::CellRef),
+    Bulkhead(bulkhead::BulkheadScope),
 }
 
 impl Scope {
     /// Whether the scope is a keyed one (an `Arc` the admission keeps).
     pub(crate) fn is_keyed(&self) -> bool {
-        matches!(
-            self,
-            Scope::Limit(limit::CellRef::Keyed(_)) | Scope::Bulkhead(bulkhead::CellRef::Keyed(_))
-        )
+        match self {
+            Scope::Limit(c) => matches!(c, limit::CellRef::Keyed(_)),
+            Scope::Bulkhead(b) => matches!(b.cell, bulkhead::CellRef::Keyed(_)),
+            Scope::Rule => false,
+        }
     }
 
     /// The bulkhead's scope in this one (`None`: the rule's own).
     #[inline]
-    fn bulkhead(&self) -> Option<&bulkhead::CellRef> {
+    fn bulkhead(&self) -> Option<&bulkhead::BulkheadScope> {
         match self {
             Scope::Bulkhead(c) => Some(c),
             Scope::Rule | Scope::Limit(_) => None,

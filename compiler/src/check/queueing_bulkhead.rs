@@ -17,13 +17,22 @@
 //! Example: `match slow = path prefix "/report" latency 2s` and
 //! `bulkhead b on slow { max_concurrent 10  max_wait 5s }`.
 //!
-//! Fix: a short wait such as `max_wait 10ms` (or none: the default is 0).
+//! The wait it judges is the one a call sees under overload, which the
+//! bulkhead's queue discipline sets: `max_wait` for `queue fifo` (the
+//! default) and `queue lifo` (adaptive LIFO serves the newest calls of a
+//! standing queue, but the oldest still wait `max_wait` before their
+//! refusal), and the smaller of `target` and `max_wait` for `queue codel`
+//! (a standing queue refuses a call once it has waited `target`).
+//!
+//! Fix: a short wait such as `max_wait 10ms` (or none: the default is 0),
+//! or `queue codel target 5ms interval 100ms`: a burst still waits up to
+//! `max_wait`, a standing queue only `target`.
 
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::kind::bulkhead::{Bulkhead, BulkheadEff};
+use crate::kind::bulkhead::{Bulkhead, BulkheadEff, Discipline};
 use crate::resolve::{Ctx, Src};
 use crate::units::millis;
 
@@ -36,7 +45,7 @@ pub(crate) const SLOW_ROUTE_MS: i64 = 100;
     code("gov::lint::queueing-bulkhead"),
     severity(Warning),
     help(
-        "fail fast: a short `max_wait` (e.g. `10ms`) sheds load from the slow calls instead of making every caller queue behind them"
+        "fail fast: a short `max_wait` (e.g. `10ms`) sheds load from the slow calls instead of making every caller queue behind them; or `queue codel target 5ms interval 100ms`, which lets a burst wait but not a standing queue"
     )
 )]
 pub struct QueueingBulkhead {
@@ -61,10 +70,16 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
                 continue;
             };
             let eff = BulkheadEff::of(&b);
-            let Some(wait_span) = eff.max_wait_span else {
+            let Some(mut wait_span) = eff.max_wait_span else {
                 continue;
             };
-            let (wait, lat) = (eff.max_wait_ms, millis(&latency.node));
+            let (mut wait, lat) = (eff.max_wait_ms, millis(&latency.node));
+            // Under a standing queue, CoDel refuses a call after `target`.
+            if let Some(Discipline::Codel { target, .. }) = &eff.discipline
+                && millis(&target.node) < wait
+            {
+                (wait, wait_span) = (millis(&target.node), target.span);
+            }
             let queueing =
                 (wait >= lat && wait > 0) || (lat >= SLOW_ROUTE_MS && wait > SLOW_ROUTE_MS);
             if !queueing {

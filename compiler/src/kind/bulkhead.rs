@@ -23,7 +23,16 @@
 //!   max_wait 50ms
 //!   share by consumer { crm 3 web 1 default 1 }
 //! }
+//! bulkhead drained on slow {
+//!   max_concurrent 10
+//!   max_wait 200ms
+//!   queue codel target 5ms interval 100ms
+//! }
 //! ```
+//!
+//! `queue fifo | lifo [interval D] | codel target D interval D` lowers to
+//! `Bulkhead.queue` (absent for the default FIFO); `queue N` stays the
+//! bound on waiters, so both may be written.
 //!
 //! `max_concurrent adaptive min N max M` lowers to `max_concurrent M` (the
 //! ceiling an agent that knows no adaptive limit enforces) and
@@ -54,6 +63,8 @@ pub(crate) enum BulkheadSetting {
     MaxWait { value: Spanned<Duration> },
     /// `queue N`: at most N calls wait at once; more are rejected at once.
     Queue { value: Spanned<i64> },
+    /// `queue fifo | lifo [interval D] | codel target D interval D`
+    Discipline { discipline: Discipline },
     /// `timeout D`: per-call timeout once admitted.
     Timeout { value: Spanned<Duration> },
     /// `reject with STATUS` (default 408).
@@ -87,6 +98,24 @@ pub(crate) enum Isolation {
     Pool,
 }
 
+/// How waiting calls are served (`queue codel ...`, `queue lifo`).
+#[derive(Clone, Debug)]
+pub(crate) enum Discipline {
+    Fifo,
+    /// `queue lifo [interval D]` (100ms unless written).
+    Lifo {
+        interval: Option<Spanned<Duration>>,
+    },
+    /// `queue codel target D interval D`
+    Codel {
+        target: Spanned<Duration>,
+        interval: Spanned<Duration>,
+    },
+}
+
+/// The interval of `queue lifo` when none is written.
+pub(crate) const LIFO_INTERVAL_MS: u64 = 100;
+
 /// `max_concurrent adaptive min N max M`: the bounds of an adaptive limit.
 #[derive(Clone, Debug)]
 pub(crate) struct Adaptive {
@@ -111,6 +140,8 @@ pub(crate) struct BulkheadEff {
     pub max_wait_ms: i64,
     pub max_wait_span: Option<Span>,
     pub queue: Option<i64>,
+    /// `None`: FIFO, not written.
+    pub discipline: Option<Discipline>,
     pub timeout_ms: Option<i64>,
     pub reject: i64,
     pub reject_grpc: pb::GrpcCode,
@@ -144,7 +175,31 @@ fn decode(w: &mut Words<'_>) -> Option<BulkheadSetting> {
         "max_wait" => S::MaxWait {
             value: w.duration()?,
         },
-        "queue" => S::Queue { value: w.int()? },
+        "queue" => {
+            if w.expect("fifo").is_some() {
+                S::Discipline {
+                    discipline: Discipline::Fifo,
+                }
+            } else if w.expect("lifo").is_some() {
+                let interval = match w.expect("interval") {
+                    Some(_) => Some(w.duration()?),
+                    None => None,
+                };
+                S::Discipline {
+                    discipline: Discipline::Lifo { interval },
+                }
+            } else if w.expect("codel").is_some() {
+                w.expect("target")?;
+                let target = w.duration()?;
+                w.expect("interval")?;
+                let interval = w.duration()?;
+                S::Discipline {
+                    discipline: Discipline::Codel { target, interval },
+                }
+            } else {
+                S::Queue { value: w.int()? }
+            }
+        }
         "timeout" => S::Timeout {
             value: w.duration()?,
         },
@@ -205,6 +260,7 @@ impl BulkheadEff {
             max_wait_ms: 0,
             max_wait_span: None,
             queue: None,
+            discipline: None,
             timeout_ms: None,
             reject: REJECT,
             reject_grpc: pb::RuleKind::Bulkhead.reject_grpc(),
@@ -229,6 +285,9 @@ impl BulkheadEff {
                     e.max_wait_span = Some(value.span);
                 }
                 BulkheadSetting::Queue { value, .. } => e.queue = Some(value.node),
+                BulkheadSetting::Discipline { discipline } => {
+                    e.discipline = Some(discipline.clone());
+                }
                 BulkheadSetting::Timeout { value, .. } => e.timeout_ms = Some(millis(&value.node)),
                 BulkheadSetting::RejectWith { reject, .. } => match reject {
                     Reject::Status(status) => e.reject = status.node,
@@ -276,6 +335,7 @@ impl super::Kind for Kind {
             }
             BulkheadSetting::MaxWait { .. } => "max_wait",
             BulkheadSetting::Queue { .. } => "queue",
+            BulkheadSetting::Discipline { .. } => "queue discipline",
             BulkheadSetting::Timeout { .. } => "timeout",
             BulkheadSetting::RejectWith { reject } => reject.key(),
             BulkheadSetting::Per { .. } => "per",
@@ -308,6 +368,21 @@ impl super::Kind for Kind {
                     out.bound("queue", value.node, value.span, NotNegative);
                     out.large("queue", Large::Count(value));
                 }
+                BulkheadSetting::Discipline { discipline } => match discipline {
+                    Discipline::Fifo | Discipline::Lifo { interval: None } => {}
+                    Discipline::Lifo {
+                        interval: Some(interval),
+                    } => {
+                        out.bound_duration("queue lifo interval", &interval, Positive);
+                        out.large("queue lifo interval", Large::Duration(interval));
+                    }
+                    Discipline::Codel { target, interval } => {
+                        out.bound_duration("queue codel target", &target, Positive);
+                        out.bound_duration("queue codel interval", &interval, Positive);
+                        out.large("queue codel target", Large::Duration(target));
+                        out.large("queue codel interval", Large::Duration(interval));
+                    }
+                },
                 BulkheadSetting::Timeout { value, .. } => {
                     out.bound_duration("timeout", &value, Positive);
                     out.large("timeout", Large::Duration(value));
@@ -365,6 +440,7 @@ impl super::Kind for Kind {
             share: e.share.as_ref().map(Share::lower),
             max_wait_ms: unsigned(e.max_wait_ms),
             max_queue: e.queue.map(u32_of),
+            queue: e.discipline.as_ref().map(lower_queue),
             timeout_ms: e.timeout_ms.map_or(0, unsigned),
             reject_status: u32_of(e.reject),
             reject_grpc_status: e.reject_grpc as i32,
@@ -394,6 +470,19 @@ impl super::Kind for Kind {
         if let Some(queue) = b.max_queue {
             push(f, "queue", queue.to_string());
         }
+        if let Some(q) = b.queue.as_ref().and_then(|q| q.kind.as_ref()) {
+            use pb::queue::Kind;
+            let text = match q {
+                Kind::Fifo(_) => "fifo".to_string(),
+                Kind::Lifo(l) => format!("lifo interval {}", fmt_ms(l.interval_ms)),
+                Kind::Codel(c) => format!(
+                    "codel target {} interval {}",
+                    fmt_ms(c.target_ms),
+                    fmt_ms(c.interval_ms)
+                ),
+            };
+            push(f, "queue discipline", text);
+        }
         if b.timeout_ms != 0 {
             push(f, "timeout", fmt_ms(b.timeout_ms));
         }
@@ -419,5 +508,23 @@ impl super::Kind for Kind {
     fn decodes(&self, setting: &Setting) -> bool {
         let mut w = Words::of(setting);
         decode(&mut w).is_some() && w.done()
+    }
+}
+
+/// A discipline on the wire (`queue fifo` is written too: it says so).
+fn lower_queue(d: &Discipline) -> pb::Queue {
+    use pb::queue::Kind;
+    let ms = |d: &Spanned<Duration>| unsigned(millis(&d.node));
+    pb::Queue {
+        kind: Some(match d {
+            Discipline::Fifo => Kind::Fifo(true),
+            Discipline::Lifo { interval } => Kind::Lifo(pb::QueueLifo {
+                interval_ms: interval.as_ref().map_or(LIFO_INTERVAL_MS, ms),
+            }),
+            Discipline::Codel { target, interval } => Kind::Codel(pb::QueueCodel {
+                target_ms: ms(target),
+                interval_ms: ms(interval),
+            }),
+        }),
     }
 }

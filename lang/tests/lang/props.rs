@@ -200,6 +200,17 @@ fn bulkhead_setting() -> impl Strategy<Value = Setting> {
         fixed(&["per", "instance", "path"]),
         fixed(&["isolation", "semaphore"]),
         fixed(&["isolation", "pool"]),
+        fixed(&["queue", "fifo"]),
+        fixed(&["queue", "lifo"]),
+        then(&["queue", "lifo", "interval"], duration_w()),
+        (duration_w(), duration_w()).prop_map(|(t, i)| setting(vec![
+            key("queue"),
+            key("codel"),
+            key("target"),
+            t,
+            key("interval"),
+            i,
+        ])),
     ]
 }
 
@@ -456,14 +467,25 @@ fn service_stmt() -> impl Strategy<Value = ServiceStmt> {
                 })
             }),
         capacity.prop_map(ServiceStmt::Capacity),
-        (ident(), match_expr(), proptest::option::of(duration())).prop_map(
-            move |(name, expr, latency)| ServiceStmt::Match(MatchDef {
-                name,
-                expr,
-                latency,
-                span
-            })
-        ),
+        (
+            ident(),
+            match_expr(),
+            proptest::option::of(duration()),
+            proptest::option::of(prop_oneof![
+                Just(Criticality::Critical),
+                Just(Criticality::Default),
+                Just(Criticality::Sheddable),
+            ]),
+        )
+            .prop_map(move |(name, expr, latency, criticality)| {
+                ServiceStmt::Match(MatchDef {
+                    name,
+                    expr,
+                    latency,
+                    criticality: criticality.map(|c| Spanned::new(c, span)),
+                    span,
+                })
+            }),
         rule_def("bulkhead", bulkhead_setting()),
         rule_def("limit", limit_setting()),
         rule_def("fuse", fuse_setting()),

@@ -13,6 +13,10 @@
 //! an adaptive bulkhead, a limit that moves between `min` and `max` with
 //! the latency of the calls it admitted ([`adaptive`]), updated at record
 //! time once per window, never on admit.
+//!
+//! A bulkhead with a queue discipline other than FIFO (`queue codel`,
+//! `queue lifo`), or in a config that declares criticality, serves its
+//! waiters from an ordered list instead ([`queue`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{
@@ -37,9 +41,14 @@ use gov_proto::v1::{self as proto, GrpcCode};
 
 pub(crate) mod adaptive;
 pub(crate) mod share;
+pub(crate) mod queue;
 
 use adaptive::Adaptive;
 pub use adaptive::AdaptiveSpec;
+pub use queue::QueueDiscipline;
+use queue::{Permits, Waitlist};
+
+use crate::criticality::Class;
 use http::StatusCode;
 use share::Share;
 pub use share::ShareSpec;
@@ -73,6 +82,18 @@ pub struct BulkheadSpec {
     /// `share by consumer { ... }`: the permits shared between consumers by
     /// weight ([`share`]); only per operation.
     pub share: Option<ShareSpec>,
+    /// How waiting calls are served.
+    pub queue: QueueDiscipline,
+    /// The config declares criticality: waiters are served by class
+    /// (set by the config's conversion, not read from the rule).
+    pub by_class: bool,
+}
+
+impl BulkheadSpec {
+    /// Whether waiters are served from the ordered list ([`queue`]).
+    pub(crate) fn ordered(&self) -> bool {
+        self.by_class || self.queue != QueueDiscipline::Fifo
+    }
 }
 
 /// A bulkhead's spec from the wire: every value checked, nothing filled in.
@@ -105,6 +126,16 @@ pub(crate) fn spec(ctx: &Ctx<'_>, b: &proto::Bulkhead) -> Result<BulkheadSpec, I
             Some(s) => Some(share::spec(ctx, s)?),
             None => None,
         },
+        queue: match queue::spec(ctx, b.queue.as_ref())? {
+            QueueDiscipline::Fifo => QueueDiscipline::Fifo,
+            _ if b.share.is_some() => {
+                return Err(ctx.err(
+                    "a `queue` discipline does not apply to a bulkhead with `share` (the share serves its waiters)",
+                ));
+            }
+            d => d,
+        },
+        by_class: false,
     })
 }
 
@@ -123,6 +154,8 @@ pub(crate) struct Cell {
     state: AtomicU64,
     notify: Notify,
     waiting: AtomicU32,
+    /// The waiters of an ordered bulkhead.
+    ordered: Waitlist,
 }
 
 impl Cell {
@@ -131,6 +164,7 @@ impl Cell {
             state: AtomicU64::new(0),
             notify: Notify::new(),
             waiting: AtomicU32::new(0),
+            ordered: Waitlist::default(),
         }
     }
 
@@ -165,6 +199,39 @@ impl Cell {
     }
 }
 
+/// A scope's permits as its ordered wait list sees them.
+struct Pool<'a> {
+    cell: &'a Cell,
+    limit: &'a AtomicU32,
+}
+
+impl Permits for Pool<'_> {
+    fn join(&self) {
+        self.cell.state.fetch_add(WAITER, AcqRel);
+    }
+
+    fn grant(&self) -> bool {
+        let max = u64::from(self.limit.load(Relaxed));
+        let state = &self.cell.state;
+        let mut current = state.load(Relaxed);
+        while current & 0xffff_ffff < max {
+            match state.compare_exchange_weak(current, current + 1 - WAITER, AcqRel, Relaxed) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+        false
+    }
+
+    fn leave(&self) {
+        self.cell.state.fetch_sub(WAITER, AcqRel);
+    }
+
+    fn give_back(&self) {
+        self.cell.state.fetch_sub(1, Release);
+    }
+}
+
 /// Which scope of a bulkhead a call uses.
 #[derive(Clone, Debug)]
 pub(crate) enum CellRef {
@@ -175,6 +242,13 @@ pub(crate) enum CellRef {
     Full,
     /// The rule's own scope, for a call of this consumer class of its share.
     Share(share::Class),
+}
+
+/// A call's scope in a bulkhead and its criticality.
+#[derive(Clone, Debug)]
+pub(crate) struct BulkheadScope {
+    pub(crate) cell: CellRef,
+    pub(crate) class: Class,
 }
 
 #[derive(Debug, Default)]
@@ -197,6 +271,8 @@ pub(crate) struct Bulkhead {
     limit: AtomicU32,
     adaptive: Option<Adaptive>,
     share: Option<Share>,
+    /// [`BulkheadSpec::ordered`], read on every release.
+    ordered: bool,
 }
 
 impl Bulkhead {
@@ -211,6 +287,7 @@ impl Bulkhead {
             ),
             adaptive,
             share: spec.share.as_ref().map(Share::new),
+            ordered: spec.ordered(),
             spec,
             keyed: Arc::default(),
             table: Arc::default(),
@@ -240,6 +317,7 @@ impl Bulkhead {
             ),
             adaptive,
             share: spec.share.as_ref().map(Share::new),
+            ordered: spec.ordered(),
             single: before.single.clone(),
             keyed: before.keyed.clone(),
             table: before.table.clone(),
@@ -251,7 +329,7 @@ impl Bulkhead {
     /// Whether [`Bulkhead::resized`] can keep `self`'s pools for `spec`: the
     /// scopes are keyed the same way.
     pub(crate) fn can_resize_to(&self, spec: &BulkheadSpec) -> bool {
-        self.spec.key == spec.key
+        self.spec.key == spec.key && self.spec.ordered() == spec.ordered()
     }
 
     /// The scope for a call to `instance` (outbound) at `path`.
@@ -401,12 +479,31 @@ impl Bulkhead {
     }
 
     /// Waits at most `max_wait` for a permit (bounded by `max_queue` waiters).
+    #[cfg(test)]
     pub(crate) async fn wait_for(&self, cell: &Cell) -> Result<(), RejectReason> {
+        self.wait_as(cell, Class::Default).await
+    }
+
+    /// [`Bulkhead::wait_for`] for a call of `class`.
+    pub(crate) async fn wait_as(&self, cell: &Cell, class: Class) -> Result<(), RejectReason> {
         if self.try_take(cell) {
             return Ok(());
         }
-        if !self.may_wait() {
+        if !self.may_wait() || class == Class::Sheddable {
             return Err(RejectReason::BulkheadFull);
+        }
+        if self.ordered {
+            let _waiting = crate::primitive::Waiting::new(&self.counters);
+            let rules = queue::Rules {
+                discipline: self.spec.queue,
+                max_wait: self.spec.max_wait,
+                max_queue: self.spec.max_queue,
+            };
+            let pool = Pool {
+                cell,
+                limit: &self.limit,
+            };
+            return cell.ordered.wait(pool, class, rules).await;
         }
         let deadline = Instant::now() + self.spec.max_wait;
         let waiters = cell.waiting.fetch_add(1, Relaxed);
@@ -443,7 +540,17 @@ impl Bulkhead {
 
     /// Returns a permit taken by `try_take` or `wait_for`.
     pub(crate) fn give(&self, cell: &Cell) {
-        cell.give();
+        if !self.ordered {
+            return cell.give();
+        }
+        let before = cell.state.fetch_sub(1, Release);
+        if before >> 32 > 0 {
+            let pool = Pool {
+                cell,
+                limit: &self.limit,
+            };
+            cell.ordered.dispatch(&pool, self.spec.queue);
+        }
     }
 
     /// Permits in use over every scope.
@@ -490,29 +597,38 @@ impl Drop for Queued<'_> {
 impl Primitive for Bulkhead {
     const PHASE: Phase = Phase::Bulkheads;
 
-    type Scope = CellRef;
+    type Scope = BulkheadScope;
 
     #[inline]
-    fn scope(&self, keys: &Keys<'_>) -> CellRef {
-        if let Some(s) = &self.share {
-            return CellRef::Share(s.class(keys.consumer));
+    fn scope(&self, keys: &Keys<'_>) -> BulkheadScope {
+        let cell = match &self.share {
+            Some(s) => CellRef::Share(s.class(keys.consumer)),
+            None => self.cell_for(keys.instance, keys.path),
+        };
+        BulkheadScope {
+            cell,
+            class: keys.class,
         }
-        self.cell_for(keys.instance, keys.path)
     }
 
     #[inline]
-    fn try_acquire(&self, scope: Option<&CellRef>, _now: Now, _start: Instant) -> Answer {
-        if let Some(CellRef::Full) = scope {
+    fn try_acquire(&self, scope: Option<&BulkheadScope>, _now: Now, _start: Instant) -> Answer {
+        if let Some(BulkheadScope {
+            cell: CellRef::Full,
+            ..
+        }) = scope
+        {
             return Answer::Refused(RejectReason::BulkheadFull, None);
         }
-        if let Some((s, class)) = self.shared(scope) {
-            if s.try_take(&self.pool(), class) {
-                return Answer::Granted(shared_grant(class));
+        let class = scope.map_or(Class::Default, |s| s.class);
+        if let Some((s, share)) = self.shared(scope) {
+            if s.try_take(&self.pool(), share) {
+                return Answer::Granted(shared_grant(share));
             }
         } else if self.try_take(self.scope_cell(scope)) {
             return Answer::Granted(Grant::default());
         }
-        if self.may_wait() {
+        if self.may_wait() && class != Class::Sheddable {
             Answer::Wait(self.spec.max_wait)
         } else {
             Answer::Refused(RejectReason::BulkheadFull, None)
@@ -521,27 +637,39 @@ impl Primitive for Bulkhead {
 
     async fn acquire(
         &self,
-        scope: Option<&CellRef>,
+        scope: Option<&BulkheadScope>,
         _start: Instant,
     ) -> Result<Grant, (RejectReason, Option<Duration>)> {
-        if let Some(CellRef::Full) = scope {
-            return Err((RejectReason::BulkheadFull, None));
-        }
-        if let Some((s, class)) = self.shared(scope) {
+        let class = match scope {
+            Some(BulkheadScope {
+                cell: CellRef::Full,
+                ..
+            }) => return Err((RejectReason::BulkheadFull, None)),
+            Some(s) => s.class,
+            None => Class::Default,
+        };
+        if let Some((s, share)) = self.shared(scope) {
+            if class == Class::Sheddable {
+                // Never waits: a permit free now, or a refusal.
+                return match s.try_take(&self.pool(), share) {
+                    true => Ok(shared_grant(share)),
+                    false => Err((RejectReason::BulkheadFull, None)),
+                };
+            }
             let (wait, queue) = (self.spec.max_wait, self.spec.max_queue);
-            return match s.wait(&self.pool(), class, wait, queue).await {
-                Ok(()) => Ok(shared_grant(class)),
+            return match s.wait(&self.pool(), share, wait, queue).await {
+                Ok(()) => Ok(shared_grant(share)),
                 Err(reason) => Err((reason, None)),
             };
         }
-        match self.wait_for(self.scope_cell(scope)).await {
+        match self.wait_as(self.scope_cell(scope), class).await {
             Ok(()) => Ok(Grant::default()),
             Err(reason) => Err((reason, None)),
         }
     }
 
     #[inline]
-    fn release(&self, scope: Option<&CellRef>, grant: Grant) {
+    fn release(&self, scope: Option<&BulkheadScope>, grant: Grant) {
         // The class rides on the grant: the admission keeps no scope of the
         // rule's own pool.
         match (&self.share, grant.share_class) {
@@ -593,17 +721,17 @@ fn shared_grant(class: share::Class) -> Grant {
 impl Bulkhead {
     /// The cell of `scope` (`None`: the rule's own).
     #[inline]
-    fn scope_cell<'a>(&'a self, scope: Option<&'a CellRef>) -> &'a Cell {
+    fn scope_cell<'a>(&'a self, scope: Option<&'a BulkheadScope>) -> &'a Cell {
         match scope {
-            Some(r) => self.cell(r),
+            Some(s) => self.cell(&s.cell),
             None => &self.single,
         }
     }
 
     /// The share and the class of a call of `scope`, with a share.
     #[inline]
-    fn shared<'a>(&'a self, scope: Option<&CellRef>) -> Option<(&'a Share, share::Class)> {
-        match (scope, &self.share) {
+    fn shared<'a>(&'a self, scope: Option<&BulkheadScope>) -> Option<(&'a Share, share::Class)> {
+        match (scope.map(|s| &s.cell), &self.share) {
             (Some(CellRef::Share(class)), Some(s)) => Some((s, *class)),
             _ => None,
         }
@@ -643,6 +771,8 @@ mod tests {
             keys: KeyCap::default(),
             adaptive: None,
             share: None,
+            queue: QueueDiscipline::Fifo,
+            by_class: false,
         }))
     }
 
@@ -843,7 +973,10 @@ mod tests {
         }));
         let (x, y) = (b.cell_for(Some("i"), "/x"), b.cell_for(Some("i"), "/y"));
         assert!(b.try_take(b.cell(&x)) && b.try_take(b.cell(&y)));
-        let z = b.cell_for(Some("i"), "/z");
+        let z = BulkheadScope {
+            cell: b.cell_for(Some("i"), "/z"),
+            class: Class::Default,
+        };
         let now = Instant::now();
         assert!(matches!(
             b.try_acquire(Some(&z), now.into(), now),
@@ -851,7 +984,7 @@ mod tests {
         ));
         assert!(b.acquire(Some(&z), now).await.is_err());
         b.give(b.cell(&x));
-        drop((x, z));
+        drop((x, z.cell));
         tokio::time::advance(Duration::from_millis(100)).await;
         assert!(matches!(b.cell_for(Some("i"), "/z"), CellRef::Keyed(_)));
         drop(y);

@@ -265,6 +265,8 @@ mod tests {
             keys: KeyCap::default(),
             adaptive: Some(AdaptiveSpec { min, max }),
             share: None,
+            queue: crate::state::bulkhead::QueueDiscipline::Fifo,
+            by_class: false,
         }))
     }
 

@@ -243,6 +243,7 @@ mod tests {
         let claims = [("tenant".to_string(), "acme|eu".to_string())];
         let keys = Keys {
             claims: &claims,
+            class: Default::default(),
             target: Some("orders"),
             consumer: Some("web"),
             instance: None,
@@ -324,6 +325,7 @@ mod tests {
             query: "",
             headers: Headers::Raw(&raw),
             claims: &[],
+            class: Default::default(),
         };
         let mut out = KeyBuf::new();
         compose(&[tenant()], &keys, &mut out);

@@ -290,6 +290,7 @@ mod tests {
             query: "",
             headers: crate::route::Headers::Map(&headers),
             claims: &[],
+            class: Default::default(),
         };
         let scope = l.scope(&keys);
         let now = Instant::now();
