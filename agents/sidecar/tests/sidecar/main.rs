@@ -12,6 +12,7 @@ mod support;
 mod adaptive;
 mod balance;
 mod client_gone;
+mod criticality;
 mod deadline;
 mod decision_log;
 mod differential;
