@@ -464,6 +464,24 @@ fn times_and_waits_at_the_end_of_u64_do_not_panic() {
     assert_eq!(report["calls"], 4);
     assert_eq!(report["from_us"], 1);
     assert_eq!(report["to_us"].as_u64(), Some(u64::MAX));
+
+    // The same calls under an adaptive bulkhead: its timeline saturates too.
+    std::fs::write(
+        &policy,
+        "service order {\n  match api = path prefix \"/api\"\n  bulkhead b on api {\n    max_concurrent adaptive min 1 max 4\n  }\n}\n",
+    )
+    .unwrap();
+    let report = govc(&[
+        "replay",
+        policy.to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    let t = &rule(&report["replay"], "order/b")["limit"][0];
+    assert_eq!(t["moves"][0]["limit"], 1);
+    assert!(t["intervals"].as_array().unwrap().len() <= 121);
 }
 
 /// A log whose calls no rule rejected live (nothing in it names a rule),

@@ -425,7 +425,7 @@ impl Limits {
         }
         self.last = Some(now);
         let stats = engine.stats();
-        let at_us = t0_us + micros(now.saturating_duration_since(base));
+        let at_us = t0_us.saturating_add(micros(now.saturating_duration_since(base)));
         for (name, id, seen) in &mut self.rules {
             let Some(s) = stats.rules.iter().find(|s| &*s.rule == name.as_str()) else {
                 continue;
