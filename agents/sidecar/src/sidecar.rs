@@ -14,7 +14,7 @@
 //!
 //! HTTP/1.1 requests take the agent's own path (`h1`: heads parsed in place, one
 //! task per client connection driving its upstream connections too); hyper serves
-//! HTTP/2 and whatever that path hands over (`proxy`, with its pooled client).
+//! HTTP/2 and whatever that path hands over (`proxy`, with the upstream clients of `upstream`).
 
 mod abandoned;
 mod admin;

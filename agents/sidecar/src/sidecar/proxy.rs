@@ -8,7 +8,7 @@
 //! head, from a [`CallError`], or by the response body; the admission held
 //! until the response body has finished or the client left). A rejection is
 //! answered there without touching the upstream. [`Forward`] streams an
-//! admitted request to the upstream through the pooled client with its
+//! admitted request to the upstream through an upstream client with its
 //! hop-by-hop headers removed and `x-forwarded-for` appended, and reports to
 //! the balancer when the endpoint is one it picked. A gRPC call is governed
 //! through the engine's [`gov_engine::grpc`]: its rejection is the gRPC form,
@@ -23,10 +23,9 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::uri::{PathAndQuery, Uri};
+use http::uri::{Authority, PathAndQuery, Uri};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::ResponseFuture as ClientFuture;
 use tower::{Layer, Service, ServiceExt};
 
 use super::abandoned::{Budget, Detached, Held, Hold, Inner};
@@ -36,7 +35,7 @@ use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::listener::{Failure, Shared, Side, path_reading, target_service};
 use super::serve::Connections;
 use super::upgrade;
-use super::upstream::{Pick, PickedBody, UpstreamBody};
+use super::upstream::{Pick, PickedBody, UpstreamBody, UpstreamFuture};
 use crate::decision_log::DecisionLog;
 
 mod again;
@@ -377,8 +376,9 @@ fn request_host<B>(req: &Request<B>) -> Option<&str> {
 /// service if it has no body (any method: nothing was sent); a request with a body
 /// cannot be sent again from here, since its first attempt took the body. A retry
 /// rule that matched the call replaces this ([`retry`]). hyper's
-/// pool sends a request again by itself when a kept-alive connection turns out to
-/// be closed before it was written.
+/// pool (HTTP/1.1) sends a request again by itself when a kept-alive connection
+/// turns out to be closed before it was written, and the HTTP/2 client one that
+/// a closing connection handed back unsent.
 impl Service<Request<MeteredBody<Draining>>> for Forward {
     type Response = Response<PickedBody>;
     type Error = CallError;
@@ -411,12 +411,21 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
             Some(_) => conn.shared.clients.http1(),
             None => conn.shared.clients.pick(parts.version, grpc),
         };
-        if version == http::Version::HTTP_2 {
-            // RFC 9113 8.3.1: `:authority` is the upstream's address (where the
-            // connection goes, as nginx's `grpc_pass` sends by default), and a
-            // `host` that differs from it is malformed (nginx answers 400).
+        let authority = if version == http::Version::HTTP_2 {
+            // RFC 9113 8.3.1: `:authority` is the host the client asked for
+            // (its `:authority`, else its `host`), and `host` goes: one that
+            // differs from `:authority` is malformed (nginx answers 400).
+            let authority = parts.uri.authority().cloned().or_else(|| {
+                let host = parts.headers.get(header::HOST)?;
+                Authority::try_from(host.as_bytes()).ok()
+            });
             parts.headers.remove(header::HOST);
-        } else if let Some(authority) = parts.uri.authority()
+            authority
+        } else {
+            None
+        };
+        if version != http::Version::HTTP_2
+            && let Some(authority) = parts.uri.authority()
             && let Ok(host) = HeaderValue::from_str(authority.as_str())
         {
             // Keep the host the client asked for: the target's authority (HTTP/2's
@@ -426,7 +435,7 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
         // What a second attempt needs: kept only for an outbound call without a body.
         let again_path =
             (pick.is_some() && http_body::Body::is_end_stream(&body)).then(|| path.clone());
-        let Some(uri) = upstream_uri(to, path) else {
+        let Some(uri) = upstream_uri(authority.clone().unwrap_or_else(|| to.clone()), path) else {
             return Sending::unsent("gov-agent: bad request target", pick);
         };
         parts.uri = uri;
@@ -461,6 +470,7 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
                         .path_and_query()
                         .cloned()
                         .unwrap_or_else(|| PathAndQuery::from_static("/")),
+                    authority,
                     client: client.clone(),
                 };
                 let fut = retry::attempts(policy, again, body, pick, grpc);
@@ -473,12 +483,13 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
             version: parts.version,
             headers: parts.headers.clone(),
             path,
+            authority,
             client: client.clone(),
         });
-        let fut = client.request(Request::from_parts(
-            parts,
-            UpstreamBody::client(body, conn.hold.bound),
-        ));
+        let fut = client.request(
+            to,
+            Request::from_parts(parts, UpstreamBody::client(body, conn.hold.bound)),
+        );
         Sending::Sent {
             fut,
             pick: Awaiting(pick),
@@ -495,7 +506,7 @@ pin_project_lite::pin_project! {
     pub(crate) enum Sending {
         Sent {
             #[pin]
-            fut: ClientFuture,
+            fut: UpstreamFuture,
             pick: Awaiting,
             again: Option<Again>,
             // The client's side of a WebSocket upgrade request.
@@ -541,7 +552,7 @@ impl Future for Sending {
         };
         loop {
             let error = match ready!(fut.as_mut().poll(cx)) {
-                Ok(mut response) => {
+                Ok((mut response, stream)) => {
                     let pick = pick.0.take();
                     if let Some(pick) = &pick {
                         pick.responded(response.status().as_u16());
@@ -568,12 +579,12 @@ impl Future for Sending {
                     }
                     return Poll::Ready(Ok(Response::from_parts(
                         parts,
-                        PickedBody::new(body, pick),
+                        PickedBody::new(body, pick, stream),
                     )));
                 }
                 Err(error) => error,
             };
-            let connect = error.is_connect();
+            let connect = error.connect;
             let Some(first) = pick.0.take() else {
                 let outcome = if connect {
                     Outcome::ConnectFailure
@@ -591,7 +602,8 @@ impl Future for Sending {
             let Some((next, again)) = retry else {
                 return Poll::Ready(Err(CallError::failed(Outcome::ConnectFailure, error)));
             };
-            let Some(uri) = upstream_uri(next.endpoint().authority.clone(), again.path) else {
+            let to = next.endpoint().authority.clone();
+            let Some(uri) = again.uri(to.clone()) else {
                 return Poll::Ready(Err(CallError::failed(Outcome::ConnectFailure, error)));
             };
             let mut req = Request::new(UpstreamBody::empty());
@@ -600,7 +612,7 @@ impl Future for Sending {
             *req.version_mut() = again.version;
             *req.headers_mut() = again.headers;
             pick.0 = Some(next);
-            fut.set(again.client.request(req));
+            fut.set(again.client.request(to, req));
         }
     }
 }

@@ -27,8 +27,10 @@ use gov_engine::GovBody;
 use super::mtls::{Alpn, PeerTls, Stream};
 
 mod balance;
+mod direct;
 
 pub use balance::*;
+pub(crate) use direct::{OpenStream, SendError};
 
 /// The body the proxy forwards upstream: the client's body, counted as it streams,
 /// or none (a second attempt of a request without a body, whose first attempt took
@@ -119,12 +121,14 @@ pin_project_lite::pin_project! {
         #[pin]
         body: Incoming,
         pick: Option<Pick>,
+        // The stream on a connection of the HTTP/2 client, counted open.
+        stream: Option<OpenStream>,
     }
 }
 
 impl PickedBody {
-    pub(crate) fn new(body: Incoming, pick: Option<Pick>) -> Self {
-        Self { body, pick }
+    pub(crate) fn new(body: Incoming, pick: Option<Pick>, stream: Option<OpenStream>) -> Self {
+        Self { body, pick, stream }
     }
 }
 
@@ -140,6 +144,7 @@ impl Body for PickedBody {
         let polled = this.body.poll_frame(cx);
         if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
             this.pick.take();
+            this.stream.take();
         }
         polled
     }
@@ -281,12 +286,13 @@ impl std::str::FromStr for UpstreamProtocol {
     }
 }
 
-/// The pooled clients all upstream calls share: keep-alive connections pooled per
-/// upstream address (HTTP/2 ones multiplexed), `TCP_NODELAY`, a bounded connect time.
+/// The clients all upstream calls share: HTTP/1.1 keep-alive connections
+/// pooled per upstream address (hyper-util's pool), HTTP/2 ones multiplexed per
+/// address by [`direct`]'s client; `TCP_NODELAY`, a bounded connect time.
 pub(crate) struct Clients {
     protocol: UpstreamProtocol,
-    http1: UpstreamClient,
-    http2: UpstreamClient,
+    http1: Upstream,
+    http2: Upstream,
 }
 
 impl Clients {
@@ -297,24 +303,24 @@ impl Clients {
     ) -> Self {
         Self {
             protocol,
-            http1: client(false, mtls.clone(), directory.clone()),
-            http2: client(true, mtls, directory),
+            http1: Upstream::Pooled(client(mtls.clone(), directory.clone())),
+            http2: Upstream::Direct(direct::Http2Client::new(connector(
+                Alpn::Http2,
+                mtls,
+                directory,
+            ))),
         }
     }
 
     /// The HTTP/1.1 client (a WebSocket upgrade's, whatever the protocol).
-    pub(crate) fn http1(&self) -> (&UpstreamClient, http::Version) {
+    pub(crate) fn http1(&self) -> (&Upstream, http::Version) {
         (&self.http1, http::Version::HTTP_11)
     }
 
     /// The client for a request that arrived as `version`, and the version to
     /// send. A gRPC call (`grpc`: HTTP/2, `content-type: application/grpc`)
     /// goes over HTTP/2 whatever the protocol: gRPC has no HTTP/1 form.
-    pub(crate) fn pick(
-        &self,
-        version: http::Version,
-        grpc: bool,
-    ) -> (&UpstreamClient, http::Version) {
+    pub(crate) fn pick(&self, version: http::Version, grpc: bool) -> (&Upstream, http::Version) {
         let http2 = match self.protocol {
             UpstreamProtocol::Http1 => grpc,
             UpstreamProtocol::Http2 => true,
@@ -328,25 +334,87 @@ impl Clients {
     }
 }
 
-fn client(http2: bool, mtls: Arc<PeerTls>, directory: Arc<Directory>) -> UpstreamClient {
+/// An upstream client: hyper-util's pool (HTTP/1.1) or the HTTP/2 client.
+// Two live in `Clients` for the agent's life; a clone (a retry's) copies the
+// pool's handles either way, boxed or not.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+pub(crate) enum Upstream {
+    Pooled(UpstreamClient),
+    Direct(direct::Http2Client<Connector, UpstreamBody>),
+}
+
+impl Upstream {
+    /// Sends `req` on a connection to `to`. The pool connects to the
+    /// authority of `req`'s URI (which must be `to`); the HTTP/2 client
+    /// connects to `to` and sends the URI's authority as `:authority`.
+    pub(crate) fn request(
+        &self,
+        to: Authority,
+        req: http::Request<UpstreamBody>,
+    ) -> UpstreamFuture {
+        match self {
+            Self::Pooled(client) => UpstreamFuture::Pooled(client.request(req)),
+            Self::Direct(client) => UpstreamFuture::Direct(Box::pin(client.clone().send(to, req))),
+        }
+    }
+}
+
+type DirectFuture = Pin<
+    Box<
+        dyn std::future::Future<Output = Result<(http::Response<Incoming>, OpenStream), SendError>>
+            + Send,
+    >,
+>;
+
+/// The response head of [`Upstream::request`], with the HTTP/2 client's
+/// stream, or how the request failed.
+pub(crate) enum UpstreamFuture {
+    Pooled(hyper_util::client::legacy::ResponseFuture),
+    Direct(DirectFuture),
+}
+
+impl std::future::Future for UpstreamFuture {
+    type Output = Result<(http::Response<Incoming>, Option<OpenStream>), SendError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Self::Pooled(fut) => Pin::new(fut).poll(cx).map(|polled| match polled {
+                Ok(response) => Ok((response, None)),
+                Err(error) => Err(SendError {
+                    connect: error.is_connect(),
+                    source: error.into(),
+                }),
+            }),
+            Self::Direct(fut) => fut
+                .as_mut()
+                .poll(cx)
+                .map(|polled| polled.map(|(response, stream)| (response, Some(stream)))),
+        }
+    }
+}
+
+fn connector(alpn: Alpn, mtls: Arc<PeerTls>, directory: Arc<Directory>) -> Connector {
     let mut tcp = HttpConnector::new();
     tcp.set_nodelay(true);
     tcp.set_connect_timeout(Some(Duration::from_secs(2)));
     tcp.set_keepalive(Some(Duration::from_secs(60)));
     tcp.enforce_http(true);
-    let connector = Connector {
+    Connector {
         tcp,
         mtls,
         directory,
-        alpn: if http2 { Alpn::Http2 } else { Alpn::Http1 },
-    };
+        alpn,
+    }
+}
+
+fn client(mtls: Arc<PeerTls>, directory: Arc<Directory>) -> UpstreamClient {
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(1024)
         .timer(TokioTimer::new())
-        .http2_only(http2)
-        .build(connector)
+        .build(connector(Alpn::Http1, mtls, directory))
 }
 
 // === how the outbound listener is configured ===

@@ -66,6 +66,156 @@ async fn a_strict_http2_upstream_serves_every_request_through_the_agent() {
     }
 }
 
+/// Over HTTP/2 the upstream gets the host the client asked for as
+/// `:authority` (its `:authority`, or its `host`), and no `host` field: RFC
+/// 9113 8.3.1 wants the two to agree. A client's `host` that is no authority
+/// (empty) gives way to the upstream's address. The connection is reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_authority_reaches_an_http2_upstream() {
+    let h2 = H2Upstream::start(false).await;
+    let up = Upstream::at(h2.addr);
+    for protocol in [UpstreamProtocol::Http2, UpstreamProtocol::Downstream] {
+        let agent = agent()
+            .upstream(&up)
+            .upstream_protocol(protocol)
+            .start()
+            .await;
+        let inbound = agent.sidecar.inbound_addr();
+        let (status, body) = get_via(inbound, true, "http://shop.example:81/x").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, "shop.example:81|"),
+            "{protocol:?}"
+        );
+        let (status, body) = get_via(inbound, true, &agent.url("/x")).await;
+        assert_eq!((status, body), (200, format!("{inbound}|")), "{protocol:?}");
+        if protocol == UpstreamProtocol::Http2 {
+            let (status, body) = get_via(inbound, false, "http://billing.example/x").await;
+            assert_eq!((status, body.as_str()), (200, "billing.example|"));
+            let head = "GET /x HTTP/1.1\r\nhost: \r\nconnection: close\r\n\r\n";
+            let answer = raw_exchange(inbound, head).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            assert!(answer.ends_with(&format!("{}|", h2.addr)), "{answer}");
+        }
+    }
+    // Each agent opened one connection to the upstream for all its requests.
+    assert_eq!(h2.accepted(), 2);
+}
+
+/// An HTTP/2 upstream that closes each connection (GOAWAY) after one
+/// response: every request through the agent still succeeds, each on a new
+/// connection, and the agent keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_upstream_that_sends_goaway_after_each_response_is_reconnected() {
+    let h2 = H2Upstream::start(true).await;
+    let up = Upstream::at(h2.addr);
+    let agent = agent()
+        .upstream(&up)
+        .upstream_protocol(UpstreamProtocol::Http2)
+        .start()
+        .await;
+    let inbound = agent.sidecar.inbound_addr();
+    for i in 0..10 {
+        let (status, body) = get_via(inbound, true, "http://shop.example/x").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, "shop.example|"),
+            "request {i}"
+        );
+    }
+    assert!(h2.accepted() >= 2, "{}", h2.accepted());
+}
+
+/// A plain HTTP/2 (h2c) upstream answering `{:authority}|{host fields}`,
+/// counting the connections it accepted; with `goaway`, it shuts each
+/// connection down gracefully after its first response.
+struct H2Upstream {
+    addr: SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl H2Upstream {
+    async fn start(goaway: bool) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let served = Arc::new(tokio::sync::Notify::new());
+                    let notify = served.clone();
+                    let svc =
+                        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                            let notify = notify.clone();
+                            async move {
+                                let authority = req.uri().authority().map(|a| a.to_string());
+                                let hosts: Vec<&str> = req
+                                    .headers()
+                                    .get_all("host")
+                                    .iter()
+                                    .map(|h| h.to_str().unwrap_or("?"))
+                                    .collect();
+                                let body = format!(
+                                    "{}|{}",
+                                    authority.unwrap_or_default(),
+                                    hosts.join(",")
+                                );
+                                notify.notify_one();
+                                Ok::<_, std::convert::Infallible>(http::Response::new(
+                                    http_body_util::Full::new(Bytes::from(body)),
+                                ))
+                            }
+                        });
+                    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+                    let mut conn = std::pin::pin!(conn);
+                    if goaway {
+                        tokio::select! {
+                            _ = conn.as_mut() => return,
+                            () = served.notified() => {}
+                        }
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    let _ = conn.await;
+                });
+            }
+        });
+        Self {
+            addr,
+            accepted,
+            task,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for H2Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Writes `head` to `addr` and reads until the server closes.
+async fn raw_exchange(addr: SocketAddr, head: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("closed within 10 s")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 /// gRPC through the agent to nginx's `grpc_pass`, then a tonic server: the
 /// call succeeds (nginx refused the agent's request with INTERNAL before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,7 @@
 
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 
-use crate::sidecar::upstream::{Pick, UpstreamClient};
+use crate::sidecar::upstream::{Pick, Upstream};
 
 /// What another attempt of an outbound call needs besides its body.
 pub(super) struct Again {
@@ -11,7 +11,17 @@ pub(super) struct Again {
     pub(super) version: http::Version,
     pub(super) headers: http::HeaderMap,
     pub(super) path: PathAndQuery,
-    pub(super) client: UpstreamClient,
+    /// The `:authority` of a request sent over HTTP/2 (the client's), else
+    /// the endpoint's address is the target's authority.
+    pub(super) authority: Option<Authority>,
+    pub(super) client: Upstream,
+}
+
+impl Again {
+    /// The target of an attempt sent to `to`.
+    pub(super) fn uri(&self, to: Authority) -> Option<Uri> {
+        upstream_uri(self.authority.clone().unwrap_or(to), self.path.clone())
+    }
 }
 
 /// The pick of a request sent and not answered yet. Dropped so (the engine's

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
 
-use super::again::{Again, Awaiting, upstream_uri};
+use super::again::{Again, Awaiting};
 use crate::sidecar::drain::Draining;
 use crate::sidecar::headers::strip_hop_by_hop;
 use crate::sidecar::upstream::{Pick, PickedBody, UpstreamBody};
@@ -57,7 +57,8 @@ pub(super) async fn attempts(
     };
     let mut attempt = 1;
     loop {
-        let Some(uri) = upstream_uri(pick.endpoint().authority.clone(), again.path.clone()) else {
+        let to = pick.endpoint().authority.clone();
+        let Some(uri) = again.uri(to.clone()) else {
             return Err(CallError::unsent("gov-agent: bad request target"));
         };
         let mut req = Request::new(UpstreamBody::client(
@@ -68,7 +69,7 @@ pub(super) async fn attempts(
         *req.uri_mut() = uri;
         *req.version_mut() = again.version;
         *req.headers_mut() = again.headers.clone();
-        let sent = again.client.request(req);
+        let sent = again.client.request(to, req);
         // Dropped at the call's deadline: the endpoint's latency sample.
         let mut waiting = Awaiting(Some(pick));
         let result = match policy.per_try_timeout() {
@@ -86,14 +87,14 @@ pub(super) async fn attempts(
             }
             Some(Err(error)) => {
                 current.failed();
-                let outcome = if error.is_connect() {
+                let outcome = if error.connect {
                     Outcome::ConnectFailure
                 } else {
                     Outcome::Reset
                 };
                 (outcome, CallError::failed(outcome, error))
             }
-            Some(Ok(response)) => {
+            Some(Ok((response, stream))) => {
                 let status = response.status();
                 let outcome = if grpc {
                     gov_engine::grpc::head_outcome(status, response.headers())
@@ -114,7 +115,7 @@ pub(super) async fn attempts(
                     strip_hop_by_hop(&mut parts.headers);
                     return Ok(Response::from_parts(
                         parts,
-                        PickedBody::new(body, Some(current)),
+                        PickedBody::new(body, Some(current), stream),
                     ));
                 }
                 current.responded(status.as_u16());

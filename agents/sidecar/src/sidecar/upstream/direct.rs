@@ -1,0 +1,344 @@
+//! The HTTP/2 upstream client: hyper's `client::conn::http2` connections kept
+//! per upstream address, a request sent on one of them directly (no pool
+//! checkout, no connector call per request: issue 37's profile put
+//! hyper-util's legacy pool among the HTTP/2 path's costs).
+//!
+//! Per address at most [`MAX_CONNECTIONS`] connections: a request goes to the
+//! one with the fewest streams open, and a new connection is made only when
+//! every open one has [`STREAMS_PER_CONNECTION`] streams open (or none is
+//! open). Concurrent requests that find no connection wait for the one connect
+//! in progress instead of each making its own. A connection the server closed
+//! (GOAWAY, EOF, an error) is dropped from the set; a request it hands back
+//! unsent is sent once more on another. A connection without a stream for
+//! [`IDLE`] is closed, as the pool's idle timeout did.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use http::uri::{Authority, Scheme, Uri};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http2::{Builder, SendRequest};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Connections per upstream address at most.
+pub(crate) const MAX_CONNECTIONS: usize = 4;
+
+/// Streams open on a connection before another one is made (while there are
+/// fewer than [`MAX_CONNECTIONS`]): 100, the least `SETTINGS_MAX_CONCURRENT_STREAMS`
+/// RFC 9113 recommends a server allow. Past a server's own limit, its
+/// connection queues the stream until one ends.
+const STREAMS_PER_CONNECTION: usize = 100;
+
+/// How long a connection without a stream stays open (between one and two
+/// of these).
+const IDLE: Duration = Duration::from_secs(45);
+
+/// How a request sent on the HTTP/2 client failed.
+#[derive(Debug)]
+pub(crate) struct SendError {
+    /// No connection could be made: nothing was sent.
+    pub(crate) connect: bool,
+    pub(crate) source: BoxError,
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.connect {
+            write!(f, "cannot connect to the upstream: {}", self.source)
+        } else {
+            write!(f, "{}", self.source)
+        }
+    }
+}
+
+impl std::error::Error for SendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// The HTTP/2 client: connections per upstream address, made by `C`, that
+/// send `B` bodies.
+pub(crate) struct Http2Client<C, B> {
+    connector: C,
+    hosts: Arc<Mutex<HashMap<Authority, Host<B>>>>,
+}
+
+impl<C: Clone, B> Clone for Http2Client<C, B> {
+    fn clone(&self) -> Self {
+        Self {
+            connector: self.connector.clone(),
+            hosts: self.hosts.clone(),
+        }
+    }
+}
+
+struct Host<B> {
+    conns: Vec<Slot<B>>,
+    /// The connect in progress, which requests that find no connection wait for.
+    connecting: Option<Arc<Connecting>>,
+    next_id: u64,
+}
+
+impl<B> Default for Host<B> {
+    fn default() -> Self {
+        Self {
+            conns: Vec::new(),
+            connecting: None,
+            next_id: 0,
+        }
+    }
+}
+
+type Connecting = tokio::sync::OnceCell<Result<(), Arc<str>>>;
+
+struct Slot<B> {
+    id: u64,
+    send: SendRequest<B>,
+    /// Streams open on it (each held by a [`OpenStream`] until its response ends).
+    streams: Arc<AtomicUsize>,
+    /// A request was sent since the last idle check.
+    used: bool,
+}
+
+/// One stream open on a connection of the HTTP/2 client, counted until this
+/// is dropped (with the response's body).
+pub(crate) struct OpenStream(Arc<AtomicUsize>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+type Hosts<B> = Mutex<HashMap<Authority, Host<B>>>;
+
+impl<C, B> Http2Client<C, B>
+where
+    C: tower::Service<Uri> + Clone + Send + Sync + 'static,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    C::Error: Into<BoxError>,
+    C::Future: Send,
+    B: http_body::Body + Unpin + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    pub(crate) fn new(connector: C) -> Self {
+        Self {
+            connector,
+            hosts: Arc::default(),
+        }
+    }
+
+    fn hosts(&self) -> MutexGuard<'_, HashMap<Authority, Host<B>>> {
+        lock(&self.hosts)
+    }
+
+    /// Sends `req` (its URI absolute: its authority is the `:authority`) on a
+    /// connection to `to` and waits for the response's head; the [`OpenStream`]
+    /// counts the stream open until the response's body is done with.
+    pub(crate) async fn send(
+        self,
+        to: Authority,
+        mut req: Request<B>,
+    ) -> Result<(Response<Incoming>, OpenStream), SendError> {
+        // A request handed back unsent (its connection was closing) is sent
+        // once more; a connect that succeeded lets the pick go round again.
+        let mut resent = false;
+        for _ in 0..4 {
+            let picked = {
+                let mut hosts = self.hosts();
+                let found = hosts.get_mut(&to).map(Host::pick);
+                match found {
+                    Some(Ok(slot)) => {
+                        slot.used = true;
+                        slot.streams.fetch_add(1, Ordering::Relaxed);
+                        let stream = OpenStream(slot.streams.clone());
+                        Ok((slot.send.try_send_request(req), stream))
+                    }
+                    Some(Err(connecting)) => Err((connecting, req)),
+                    None => {
+                        let connecting = Arc::<Connecting>::default();
+                        let host = Host {
+                            connecting: Some(connecting.clone()),
+                            ..Host::default()
+                        };
+                        hosts.insert(to.clone(), host);
+                        Err((connecting, req))
+                    }
+                }
+            };
+            match picked {
+                Ok((sent, stream)) => match sent.await {
+                    Ok(response) => return Ok((response, stream)),
+                    Err(mut error) => match error.take_message() {
+                        Some(unsent) if !resent => {
+                            resent = true;
+                            req = unsent;
+                        }
+                        _ => {
+                            return Err(SendError {
+                                connect: false,
+                                source: error.into_error().into(),
+                            });
+                        }
+                    },
+                },
+                Err((connecting, unsent)) => {
+                    req = unsent;
+                    let connected = connecting.get_or_init(|| self.connect(&to)).await;
+                    if let Err(why) = connected {
+                        return Err(SendError {
+                            connect: true,
+                            source: why.to_string().into(),
+                        });
+                    }
+                }
+            }
+        }
+        Err(SendError {
+            connect: true,
+            source: "no connection to the upstream stayed open".into(),
+        })
+    }
+
+    /// Opens a connection to `to` and adds it to the address's set.
+    async fn connect(&self, to: &Authority) -> Result<(), Arc<str>> {
+        let opened = self.open(to).await;
+        let mut hosts = self.hosts();
+        let host = hosts.entry(to.clone()).or_default();
+        host.connecting = None;
+        let (send, conn) = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                tracing::debug!(%error, upstream = %to, "cannot open an HTTP/2 connection");
+                if host.conns.is_empty() {
+                    hosts.remove(to);
+                }
+                return Err(error.to_string().into());
+            }
+        };
+        let id = host.next_id;
+        host.next_id += 1;
+        host.conns.push(Slot {
+            id,
+            send,
+            streams: Arc::default(),
+            used: true,
+        });
+        drop(hosts);
+        let hosts = Arc::downgrade(&self.hosts);
+        let to = to.clone();
+        tokio::spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let start = tokio::time::Instant::now() + IDLE;
+            let mut idle = tokio::time::interval_at(start, IDLE);
+            loop {
+                tokio::select! {
+                    closed = &mut conn => {
+                        if let Err(error) = closed {
+                            tracing::debug!(%error, upstream = %to, "an HTTP/2 upstream connection failed");
+                        }
+                        break;
+                    }
+                    _ = idle.tick() => {
+                        if Host::idle(&hosts, &to, id) {
+                            return;
+                        }
+                    }
+                }
+            }
+            if let Some(hosts) = hosts.upgrade() {
+                Host::remove(&mut lock(&hosts), &to, id);
+            }
+        });
+        Ok(())
+    }
+
+    async fn open(
+        &self,
+        to: &Authority,
+    ) -> Result<
+        (
+            SendRequest<B>,
+            hyper::client::conn::http2::Connection<C::Response, B, TokioExecutor>,
+        ),
+        BoxError,
+    > {
+        let uri = Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(to.clone())
+            .path_and_query("/")
+            .build()?;
+        let io = tower::Service::call(&mut self.connector.clone(), uri)
+            .await
+            .map_err(Into::into)?;
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder.timer(TokioTimer::new());
+        Ok(builder.handshake(io).await?)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl<B> Host<B> {
+    /// The connection a request goes on, or the connect to wait for.
+    fn pick(&mut self) -> Result<&mut Slot<B>, Arc<Connecting>> {
+        self.conns.retain(|slot| !slot.send.is_closed());
+        let open = self.conns.len();
+        let connecting = self.connecting.is_some();
+        let best = self
+            .conns
+            .iter_mut()
+            .min_by_key(|slot| slot.streams.load(Ordering::Relaxed));
+        if let Some(slot) = best
+            && (open >= MAX_CONNECTIONS
+                || connecting
+                || slot.streams.load(Ordering::Relaxed) < STREAMS_PER_CONNECTION)
+        {
+            return Ok(slot);
+        }
+        Err(self.connecting.get_or_insert_with(Arc::default).clone())
+    }
+
+    /// Whether connection `id` of `to` has been idle since the last check
+    /// (then it leaves the set, and its task closes it).
+    fn idle(hosts: &std::sync::Weak<Hosts<B>>, to: &Authority, id: u64) -> bool {
+        let Some(hosts) = hosts.upgrade() else {
+            return true;
+        };
+        let mut hosts = lock(&hosts);
+        let Some(slot) = hosts
+            .get_mut(to)
+            .and_then(|host| host.conns.iter_mut().find(|slot| slot.id == id))
+        else {
+            return true;
+        };
+        if slot.used || slot.streams.load(Ordering::Relaxed) > 0 {
+            slot.used = false;
+            return false;
+        }
+        Self::remove(&mut hosts, to, id);
+        true
+    }
+
+    /// Drops connection `id` of `to` from the set, and the address when it has
+    /// no connection left.
+    fn remove(hosts: &mut HashMap<Authority, Host<B>>, to: &Authority, id: u64) {
+        if let Some(host) = hosts.get_mut(to) {
+            host.conns.retain(|slot| slot.id != id);
+            if host.conns.is_empty() && host.connecting.is_none() {
+                hosts.remove(to);
+            }
+        }
+    }
+}
