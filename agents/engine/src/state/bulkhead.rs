@@ -40,8 +40,8 @@ use crate::stripe::Slot;
 use gov_proto::v1::{self as proto, GrpcCode};
 
 pub(crate) mod adaptive;
-pub(crate) mod share;
 pub(crate) mod queue;
+pub(crate) mod share;
 
 use adaptive::Adaptive;
 pub use adaptive::AdaptiveSpec;

@@ -33,6 +33,7 @@ fn bulkhead(
         reject_grpc: proto::GrpcCode::Unavailable,
         keys: KeyCap::default(),
         adaptive: None,
+        share: None,
         queue,
         by_class,
     }))
