@@ -35,7 +35,10 @@ matches:
 rules:
   - name: shop/reports
     on: { path: { kind: PATH_KIND_PREFIX, value: /reports } }
+    mode: MODE_ENFORCE
     bulkhead:
+      reject_status: 408
+      reject_grpc_status: GRPC_CODE_UNAVAILABLE
       max_concurrent: 2
       max_wait_ms: 5000
       queue: { codel: { target_ms: 5000, interval_ms: 10000 } }
