@@ -26,6 +26,8 @@ use crate::error::Error;
 use crate::limits::Limits;
 
 mod error;
+use crate::change::{Change, Recheck};
+use crate::state::{Outbox, State};
 use crate::store::{AppliedPolicy, AuditEntry, CanarySpec, Fence, Source, StoredCanary};
 pub use error::ApplyError;
 
@@ -435,11 +437,11 @@ fn check_expected(
 
 /// Makes `planned` durable (audit record, then the stored state), then
 /// commits it to the state and pushes it to the agents of the changed
-/// services. The stored write is a compare-and-swap on the revision the
-/// state reflects: when another replica wrote first, the state is reloaded,
-/// and the apply is refused if the policy it was planned against is no
-/// longer the one in force (else, another replica wrote latches: the write
-/// is tried again).
+/// services: the write protocol (`transact.rs`). The stored write is a
+/// compare-and-swap on the revision the state reflects: when another
+/// replica wrote first, the state is reloaded, and the apply is refused if
+/// the policy it was planned against is no longer the one in force (else,
+/// another replica wrote latches: the write is tried again).
 async fn record_and_push(
     inner: &Inner,
     planned: Planned,
@@ -454,108 +456,63 @@ async fn record_and_push(
     let mut entry = AuditEntry {
         at_unix_ms: now_unix_ms(),
         who: planned.policy.who.clone(),
-        action: format!("{action}-intended"),
-        intent: String::new(),
+        action: action.into(),
         version: planned.policy.version.clone(),
-        kind: String::new(),
-        rule: String::new(),
-        key: String::new(),
         targets: planned.changed.clone(),
         detail: apply_detail(&planned),
+        ..AuditEntry::default()
     };
-    let mut out = Vec::new();
-    {
-        // INVARIANT: held from the snapshot to the commit, so no other
-        // writer puts a state without this apply on disk after it.
-        let _write = inner.write_lock.lock().await;
-        // Another replica's apply may have been taken in since the plan.
-        if let Some(conflict) = superseded(inner, planned_against) {
-            return Err(refuse(inner, entry, conflict).await);
-        }
-        let canary = match trial(inner, &planned) {
-            Ok(canary) => canary,
-            Err(refused) => return Err(refuse(inner, entry, refused).await),
-        };
-        if let Some(c) = &canary {
-            entry.detail = canary_detail(&entry.detail, c);
-        }
-        // The intent first: nothing takes effect unaudited. Its outcome
-        // follows once stored (or is written from the state after a stop).
-        entry.intent = crate::audit::new_intent();
-        inner
-            .append_audit(entry.clone())
-            .await
-            .map_err(ApplyError::Audit)?;
-        let mut attempt = 1;
-        let saved = loop {
-            let snapshot = match &canary {
-                Some(c) => inner.lock().persisted_with_canary(c),
-                None => {
-                    inner
-                        .lock()
-                        .persisted_with(&planned.policy, &planned.changed, inner.history)
-                }
-            };
-            match inner.save(snapshot, Fence::Any).await.map(|()| true) {
-                Err(Error::Conflict { .. }) if attempt < WRITE_ATTEMPTS => {
-                    attempt += 1;
-                    if let Err(error) = inner.resync().await {
-                        break Err(error);
-                    }
-                    // This very version is in force: the write landed
-                    // although its answer was lost (and was sent again),
-                    // and the reload committed and pushed it.
-                    if inner.lock().version() == planned.policy.version
-                        || inner.lock().canary().map(|c| c.version())
-                            == Some(&planned.policy.version)
-                    {
-                        break Ok(false);
-                    }
-                    if let Some(conflict) = superseded(inner, planned_against) {
-                        return Err(refuse(inner, entry, conflict).await);
-                    }
-                }
-                other => break other,
-            }
-        };
-        let commit = match saved {
-            Ok(commit) => commit,
-            Err(error) => {
-                let store_error = ApplyError::Store(error);
-                tracing::error!(error = %crate::error::one_line(&store_error), "apply not stored");
-                entry.action = format!("{action}-refused");
-                entry.detail = refused_detail(&entry.detail, &store_error);
-                if let Err(e) = inner.append_audit(entry).await {
-                    tracing::error!(error = %miette::Report::new(e), "cannot record the refused apply in the audit log");
-                }
-                return Err(store_error);
-            }
-        };
-        match (commit, canary) {
-            (false, _) => {}
-            (true, Some(canary)) => inner.lock().start_canary(canary, &mut out),
-            (true, None) => inner.lock().commit(
-                Arc::new(planned.policy),
-                &planned.changed,
-                inner.history,
-                &mut out,
-            ),
-        }
-        entry.action = action.into();
-        entry.at_unix_ms = now_unix_ms();
-        inner.audit(entry.clone()).await;
+    let write = inner.write_lock.lock().await;
+    // Another replica's apply may have been taken in since the plan.
+    let conflict = superseded(&inner.lock(), planned_against);
+    if let Some(conflict) = conflict {
+        return Err(refuse(inner, entry, conflict).await);
     }
-    tracing::info!(
-        who = %entry.who,
-        version = %entry.version,
-        services = ?planned.changed,
-        agents = out.len(),
-        "applied"
+    let canary = match trial(inner, &planned) {
+        Ok(canary) => canary,
+        Err(refused) => return Err(refuse(inner, entry, refused).await),
+    };
+    if let Some(c) = &canary {
+        entry.detail = canary_detail(&entry.detail, c);
+    }
+    let (who, version, changed) = (
+        entry.who.clone(),
+        entry.version.clone(),
+        planned.changed.clone(),
     );
-    inner.send(out).await;
-    inner.changed();
-    inner.timer.notify_one();
-    inner.canary.notify_one();
+    let history = inner.history;
+    let policy = &planned.policy;
+    let change = Change {
+        audit: Some(entry),
+        fence: Fence::Any,
+        next: |s: &State| match &canary {
+            Some(c) => s.persisted_with_canary(c),
+            None => s.persisted_with(policy, &changed, history),
+        },
+        recheck: |s: &State| {
+            // This very version is in force: the write landed although its
+            // answer was lost (and was sent again), and the reload
+            // committed and pushed it.
+            if s.version() == policy.version
+                || s.canary().map(|c| c.version()) == Some(&policy.version)
+            {
+                return Recheck::Done;
+            }
+            superseded(s, planned_against).map_or(Recheck::Again, Recheck::Refused)
+        },
+        commit: |s: &mut State, out: &mut Outbox| {
+            let pushed = out.len();
+            match canary.clone() {
+                Some(canary) => s.start_canary(canary, out),
+                None => s.commit(Arc::new(policy.clone()), &changed, history, out),
+            }
+            out.len() - pushed
+        },
+        audit_failed: ApplyError::Audit,
+        store_failed: ApplyError::Store,
+    };
+    let agents = inner.transact(write, change).await?.unwrap_or(0);
+    tracing::info!(%who, %version, services = ?planned.changed, agents, "applied");
     Ok(())
 }
 
@@ -611,13 +568,8 @@ fn canary_detail(detail: &str, c: &StoredCanary) -> String {
     }
 }
 
-/// How often an apply's write is tried while other replicas write latches
-/// first (each try reloads the state and checks the policy in force).
-const WRITE_ATTEMPTS: usize = 5;
-
 /// The conflict, if the policy in force is no longer `planned_against`.
-fn superseded(inner: &Inner, planned_against: &str) -> Option<ApplyError> {
-    let state = inner.lock();
+fn superseded(state: &State, planned_against: &str) -> Option<ApplyError> {
     (state.version() != planned_against).then(|| ApplyError::Conflict {
         planned_against: planned_against.to_owned(),
         applied: state.version().to_owned(),

@@ -14,6 +14,7 @@ use tokio::sync::{Mutex as AsyncMutex, Notify, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Tokens;
+use crate::change::{Change, Recheck};
 use crate::convert::now_unix_ms;
 use crate::error::Error;
 use crate::limits::Limits;
@@ -28,9 +29,6 @@ const SEND_TIMEOUT: Duration = Duration::from_millis(250);
 const RELEASE_RETRY: Duration = Duration::from_secs(5);
 /// How soon a replica that could not reload the state tries again.
 const RESYNC_RETRY: Duration = Duration::from_secs(1);
-/// How often a write of latches or agents is tried when other replicas
-/// keep writing first (each try reloads the state).
-const WRITE_ATTEMPTS: usize = 5;
 
 pub use crate::options::Options;
 
@@ -282,22 +280,23 @@ impl Inner {
             .clone()
     }
 
-    /// Writes the state (serialized with other writers). A write refused
-    /// because another replica wrote first reloads the state (keeping the
-    /// latches this replica's agents reported) and tries again.
+    /// Writes the state (latches its agents reported, each audited as it
+    /// was reported): the write protocol (`transact.rs`) without an
+    /// operator's intent. A write refused because another replica wrote
+    /// first takes its state in (keeping the latches this replica's agents
+    /// reported) and writes again.
     pub(crate) async fn persist(&self) -> Result<(), Error> {
-        let _guard = self.write_lock.lock().await;
-        let mut attempt = 1;
-        loop {
-            let snapshot = self.lock().to_persisted();
-            match self.save(snapshot, Fence::Any).await {
-                Err(Error::Conflict { .. }) if attempt < WRITE_ATTEMPTS => {
-                    attempt += 1;
-                    self.resync().await?;
-                }
-                other => return other,
-            }
-        }
+        let write = self.write_lock.lock().await;
+        let change = Change {
+            audit: None,
+            fence: Fence::Any,
+            next: State::to_persisted,
+            recheck: |_: &State| Recheck::Again,
+            commit: |_: &mut State, _: &mut Outbox| (),
+            audit_failed: std::convert::identity,
+            store_failed: std::convert::identity,
+        };
+        self.transact(write, change).await.map(drop)
     }
 
     /// Writes `snapshot`, conditioned on the revision the state reflects;
@@ -416,10 +415,10 @@ impl Inner {
     }
 
     /// Releases `rule` (a limit's `key` only, or every key) everywhere and
-    /// records who did it, all or nothing: the audit record, then
-    /// `state.json` without the latch, and only then the latch is forgotten
-    /// and the agents are told. Returns (the keys that were latched,
-    /// instances notified).
+    /// records who did it, all or nothing (`transact.rs`): the audit
+    /// record, then the stored state without the latch, and only then the
+    /// latch is forgotten and the agents are told. Returns (the keys that
+    /// were latched, instances notified).
     pub(crate) async fn release(
         &self,
         kind: TripKind,
@@ -428,62 +427,44 @@ impl Inner {
         who: &str,
         fence: Fence,
     ) -> Result<(Vec<String>, Vec<String>), ReleaseError> {
-        let mut out = Vec::new();
+        let write = self.write_lock.lock().await;
         let (keys, notified) = {
-            // INVARIANT: held from the snapshot to the commit, like an apply.
-            let _write = self.write_lock.lock().await;
-            let released_at = now_unix_ms();
-            let (keys, notified) = self.lock().release_preview(kind, rule, key);
-            let mut entry = AuditEntry {
-                at_unix_ms: now_unix_ms(),
-                who: who.to_owned(),
-                action: "release-intended".into(),
-                intent: crate::audit::new_intent(),
-                version: String::new(),
-                kind: kind.as_str().into(),
-                rule: rule.to_owned(),
-                key: key.unwrap_or("").to_owned(),
-                targets: notified,
-                detail: released_detail(kind, key, &keys),
-            };
-            self.append_audit(entry.clone())
-                .await
-                .map_err(ReleaseError::Audit)?;
-            // Another replica that wrote first (latches its agents
-            // reported) is taken in, and the release written on top.
-            let mut attempt = 1;
-            let saved = loop {
-                let snapshot = self.lock().persisted_without(kind, rule, key, released_at);
-                match self.save(snapshot, fence).await {
-                    Err(Error::Conflict { .. }) if attempt < WRITE_ATTEMPTS => {
-                        attempt += 1;
-                        if let Err(error) = self.resync().await {
-                            break Err(error);
-                        }
-                    }
-                    other => break other,
-                }
-            };
-            if let Err(error) = saved {
-                let error = ReleaseError::Store(error);
-                entry.action = "release-refused".into();
-                entry.at_unix_ms = now_unix_ms();
-                entry.detail = crate::error::one_line(&error);
-                self.audit(entry).await;
-                return Err(error);
+            let state = self.lock();
+            if !state.has_rule(kind, rule) && !state.is_tripped(kind, rule) {
+                return Err(ReleaseError::NoSuchRule {
+                    kind: kind.as_str(),
+                    rule: rule.to_owned(),
+                });
             }
-            let released = self
-                .lock()
-                .release(kind, rule, key, who, released_at, &mut out);
-            entry.action = "release".into();
-            entry.at_unix_ms = now_unix_ms();
-            self.audit(entry).await;
-            released
+            state.release_preview(kind, rule, key)
         };
-        self.send(out).await;
-        self.changed();
-        self.timer.notify_one();
-        Ok((keys, notified))
+        let released_at = now_unix_ms();
+        let entry = AuditEntry {
+            at_unix_ms: released_at,
+            who: who.to_owned(),
+            action: "release".into(),
+            kind: kind.as_str().into(),
+            rule: rule.to_owned(),
+            key: key.unwrap_or("").to_owned(),
+            targets: notified.clone(),
+            detail: released_detail(kind, key, &keys),
+            ..AuditEntry::default()
+        };
+        // Another replica that wrote first (latches its agents reported)
+        // is taken in, and the release written on top.
+        let change = Change {
+            audit: Some(entry),
+            fence,
+            next: |s: &State| s.persisted_without(kind, rule, key, released_at),
+            recheck: |_: &State| Recheck::Again,
+            commit: |s: &mut State, out: &mut Outbox| {
+                s.release(kind, rule, key, who, released_at, out)
+            },
+            audit_failed: ReleaseError::Audit,
+            store_failed: ReleaseError::Store,
+        };
+        let released = self.transact(write, change).await?;
+        Ok(released.unwrap_or((keys, notified)))
     }
 }
 
@@ -502,6 +483,10 @@ fn released_detail(kind: TripKind, key: Option<&str>, keys: &[String]) -> String
 /// Why a release was refused. Nothing was released in every case.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum ReleaseError {
+    #[error("the applied policy has no {kind} `{rule}`")]
+    #[diagnostic(code(gov::govd::no_such_rule))]
+    NoSuchRule { kind: &'static str, rule: String },
+
     #[error("cannot record the release in the audit log; nothing was released")]
     #[diagnostic(
         code(gov::govd::audit),

@@ -29,6 +29,7 @@ pub mod audit;
 pub mod auth;
 pub mod canary;
 mod certify;
+mod change;
 pub mod client;
 pub mod connections;
 mod control_plane;
@@ -52,6 +53,7 @@ pub mod state;
 pub mod store;
 mod store_health;
 pub mod tls_server;
+mod transact;
 pub mod view;
 pub mod watches;
 

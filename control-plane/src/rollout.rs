@@ -17,9 +17,10 @@ use std::time::Duration;
 use gov_proto::v1 as pb;
 
 use crate::canary::{CanaryError, Decision, decide};
+use crate::change::{Change, Recheck};
 use crate::control_plane::Inner;
 use crate::convert::now_unix_ms;
-use crate::error::Error;
+use crate::state::{Outbox, State};
 use crate::store::{AuditEntry, Fence};
 
 /// How often the watcher compares a running canary's outcomes (agents
@@ -27,8 +28,6 @@ use crate::store::{AuditEntry, Fence};
 const CHECK_EVERY: Duration = Duration::from_millis(500);
 /// How soon the watcher tries again an end it could not record.
 const END_RETRY: Duration = Duration::from_secs(5);
-/// How often an end's write is tried while other replicas write first.
-const WRITE_ATTEMPTS: usize = 5;
 
 /// How a canary ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,77 +75,47 @@ impl Inner {
     ) -> Result<pb::CanaryView, CanaryError> {
         // Not while an apply is being written: it plans against the state.
         let _apply = self.apply_lock.lock().await;
-        let mut out = Vec::new();
-        let view = {
-            // INVARIANT: held from the snapshot to the change in memory.
-            let _write = self.write_lock.lock().await;
-            let running = |inner: &Inner| {
-                let state = inner.lock();
-                state
-                    .canary()
-                    .filter(|c| version.is_none_or(|v| v == c.version()))
-                    .map(|c| c.view())
-            };
-            let mut view = running(self).ok_or(CanaryError::NotRunning)?;
-            let mut entry = AuditEntry {
-                at_unix_ms: now_unix_ms(),
-                who: who.to_owned(),
-                action: format!("{}-intended", end.action()),
-                intent: crate::audit::new_intent(),
-                version: view.version.clone(),
-                targets: if end == End::Promote {
-                    view.services.clone()
-                } else {
-                    view.instances.clone()
-                },
-                detail: why.to_owned(),
-                ..AuditEntry::default()
-            };
-            self.append_audit(entry.clone())
-                .await
-                .map_err(CanaryError::Audit)?;
-            let promote = end == End::Promote;
-            let mut attempt = 1;
-            let saved = loop {
-                let snapshot = self.lock().persisted_ending_canary(promote, self.history);
-                match self.save(snapshot, fence).await {
-                    Err(Error::Conflict { .. }) if attempt < WRITE_ATTEMPTS => {
-                        attempt += 1;
-                        if let Err(error) = self.resync().await {
-                            break Err(error);
-                        }
-                        // Another replica ended it first: nothing left to do.
-                        if running(self).is_none() {
-                            entry.action = format!("{}-refused", end.action());
-                            entry.detail = "another replica ended the canary first".into();
-                            self.audit(entry).await;
-                            return Err(CanaryError::NotRunning);
-                        }
-                    }
-                    other => break other,
-                }
-            };
-            if let Err(error) = saved {
-                let error = CanaryError::Store(error);
-                entry.action = format!("{}-refused", end.action());
-                entry.at_unix_ms = now_unix_ms();
-                entry.detail = format!("{why}; {}", crate::error::one_line(&error));
-                self.audit(entry).await;
-                return Err(error);
-            }
-            self.lock().end_canary(promote, self.history, &mut out);
-            entry.action = end.action().into();
-            entry.at_unix_ms = now_unix_ms();
-            self.audit(entry).await;
-            end.word().clone_into(&mut view.state);
-            why.clone_into(&mut view.reason);
-            view
+        let write = self.write_lock.lock().await;
+        let running = |state: &State| {
+            state
+                .canary()
+                .filter(|c| version.is_none_or(|v| v == c.version()))
+                .map(|c| c.view())
         };
+        let mut view = running(&self.lock()).ok_or(CanaryError::NotRunning)?;
+        let entry = AuditEntry {
+            at_unix_ms: now_unix_ms(),
+            who: who.to_owned(),
+            action: end.action().into(),
+            version: view.version.clone(),
+            targets: if end == End::Promote {
+                view.services.clone()
+            } else {
+                view.instances.clone()
+            },
+            detail: why.to_owned(),
+            ..AuditEntry::default()
+        };
+        let promote = end == End::Promote;
+        let history = self.history;
+        let change = Change {
+            audit: Some(entry),
+            fence,
+            next: |s: &State| s.persisted_ending_canary(promote, history),
+            // Another replica ended it first: nothing left to do.
+            recheck: |s: &State| match running(s) {
+                Some(_) => Recheck::Again,
+                None => Recheck::Refused(CanaryError::NotRunning),
+            },
+            commit: |s: &mut State, out: &mut Outbox| s.end_canary(promote, history, out),
+            audit_failed: CanaryError::Audit,
+            store_failed: CanaryError::Store,
+        };
+        self.transact(write, change).await?;
+        end.word().clone_into(&mut view.state);
+        why.clone_into(&mut view.reason);
         tracing::info!(version = %view.version, who, why, "canary {}", end.word());
-        self.send(out).await;
         self.bump_sync();
-        self.changed();
-        self.canary.notify_one();
         Ok(view)
     }
 

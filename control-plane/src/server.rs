@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::apply::{ApplyError, ApplyRequest};
 use crate::auth::{AgentIdentity, Role};
-use crate::control_plane::{ControlPlane, Inner};
+use crate::control_plane::{ControlPlane, Inner, ReleaseError};
 use crate::convert::now_unix_ms;
 use crate::error::Error;
 use crate::state::AgentKey;
@@ -481,16 +481,6 @@ impl ControlPlaneRpc for ControlPlane {
             )));
         }
         let key = (!req.key.is_empty()).then_some(req.key.as_str());
-        {
-            let state = self.inner.lock();
-            if !state.has_rule(kind, &req.rule) && !state.is_tripped(kind, &req.rule) {
-                return Err(Status::not_found(format!(
-                    "the applied policy has no {} `{}`",
-                    kind.as_str(),
-                    req.rule
-                )));
-            }
-        }
         let who = caller.name;
         // The release finishes even if the client goes away meanwhile.
         let (keys, notified) = {
@@ -505,7 +495,10 @@ impl ControlPlaneRpc for ControlPlane {
             })
             .await
             .map_err(|e| Status::internal(format!("the release failed: {e}")))?
-            .map_err(|e| Status::failed_precondition(crate::error::one_line(&e)))?
+            .map_err(|e| match e {
+                ReleaseError::NoSuchRule { .. } => Status::not_found(e.to_string()),
+                e => Status::failed_precondition(crate::error::one_line(&e)),
+            })?
         };
         let was = !keys.is_empty();
         tracing::info!(who, rule = %req.rule, key = %req.key, kind = kind.as_str(), ?keys, agents = notified.len(), "released");
