@@ -50,6 +50,9 @@ struct Held {
     grant: Grant,
     /// The scope is in `Admission::keyed`, else the rule's own.
     keyed: bool,
+    /// The rule has something to give back when the call ends (a bulkhead
+    /// permit, a fuse's probe): the end of the call visits only these.
+    gives_back: bool,
     /// A rule in mode shadow that would have refused the call, and why: it
     /// holds nothing, and the call is not counted or recorded by it.
     refused: Option<RejectReason>,
@@ -186,16 +189,19 @@ impl Admission {
         }
     }
 
-    fn hold(&mut self, step: Step, grant: Grant) {
+    #[inline]
+    fn hold(&mut self, step: Step, grant: Grant, gives_back: bool) {
         let keyed = step.scope.is_keyed();
+        let rule = step.rule;
         if keyed {
-            self.keyed.push((step.rule, step.scope));
+            self.keyed.push((rule, step.scope));
         }
         self.has_bytes |= grant.bytes;
         self.held.push(Held {
-            rule: step.rule,
+            rule,
             grant,
             keyed,
+            gives_back: gives_back || grant.probe,
             refused: None,
         });
     }
@@ -231,7 +237,7 @@ impl Admission {
         let state = &snap.states[step.rule as usize];
         match state.try_acquire(&step.scope, now, start) {
             Answer::Granted(grant) => {
-                self.hold(step, grant);
+                self.hold(step, grant, state.gives_back());
                 Ok(())
             }
             Answer::Wait(_) if snap.is_shadow(step.rule) => {
@@ -257,6 +263,7 @@ impl Admission {
             rule,
             grant: Grant::default(),
             keyed: false,
+            gives_back: false,
             refused: Some(reason),
         });
     }
@@ -298,7 +305,8 @@ impl Admission {
                 if !waited.is_zero() {
                     self.waits.push((step.rule, waited));
                 }
-                self.hold(step, grant);
+                let gives_back = state.gives_back();
+                self.hold(step, grant, gives_back);
                 Ok(())
             }
             Err((reason, retry)) => Err(self.rejection(&snap, step.rule, reason, retry)),
@@ -595,7 +603,11 @@ impl Admission {
         let Some(snap) = &self.snap else { return };
         // A recorded call ended in a latency bucket; count the others here.
         let unrecorded = (self.admitted && !self.recorded).then(stripe::current);
-        for h in self.held.iter().filter(|h| h.granted()) {
+        for h in self
+            .held
+            .iter()
+            .filter(|h| h.granted() && (h.gives_back || unrecorded.is_some()))
+        {
             let state = &snap.states[h.rule as usize];
             if let Some(slot) = unrecorded {
                 state.counters().end(slot);

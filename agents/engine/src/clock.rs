@@ -27,7 +27,12 @@ fn base() -> Instant {
 /// Nanoseconds from the base to `at`.
 #[inline]
 pub(crate) fn ns(at: Instant) -> u64 {
-    u64::try_from(at.saturating_duration_since(base()).as_nanos()).unwrap_or(u64::MAX)
+    // `as_nanos` without its 128-bit product: whole seconds since the base
+    // (about a century, times 10^9, fits in 64 bits; saturated past that).
+    let d = at.saturating_duration_since(base());
+    d.as_secs()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::from(d.subsec_nanos()))
 }
 
 /// One clock read: the instant, and its nanoseconds since the base.

@@ -174,6 +174,15 @@ pub const MAX_RULES: usize = 1 << 20;
 // === impl CompiledConfig ===
 
 impl CompiledConfig {
+    /// The rules of `direction`.
+    #[inline]
+    pub(crate) fn router(&self, direction: Direction) -> &Router {
+        match direction {
+            Direction::Inbound => &self.inbound,
+            Direction::Outbound => &self.outbound,
+        }
+    }
+
     /// A config with no rules (everything is admitted).
     pub fn empty(service: &str) -> Self {
         Self {
@@ -294,11 +303,21 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             }
         }
 
+        // Before the rules' metas: a bulkhead keyed by class keys its calls.
+        let classes = classes(&t.service, &t.matches, paths.case_insensitive)?;
+        if !classes.is_empty() {
+            for r in &mut rules {
+                if let RuleSpec::Bulkhead(b) = &mut r.spec {
+                    b.by_class = true;
+                }
+            }
+        }
         let metas: Box<[RuleMeta]> = rules
             .iter()
             .map(|r| RuleMeta {
                 phase: r.spec.phase(),
                 consumer: r.spec.needs_consumer(),
+                keyed: r.spec.keyed(),
                 timeout: r.spec.timeout().filter(|_| !r.mode.is_shadow()),
                 expires_ns: r.expires.map_or(u64::MAX, |e| crate::clock::ns(e.at)),
             })
@@ -315,14 +334,6 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             Direction::Outbound,
         );
         let consumer_source = ConsumerSource::from_wire(t.consumer_source.as_ref())?;
-        let classes = classes(&t.service, &t.matches, paths.case_insensitive)?;
-        if !classes.is_empty() {
-            for r in &mut rules {
-                if let RuleSpec::Bulkhead(b) = &mut r.spec {
-                    b.by_class = true;
-                }
-            }
-        }
         let mut judged = vec![consumer_header.clone()];
         if let Some(jwt) = consumer_source.jwt()
             && !judged.contains(&jwt.header)

@@ -16,11 +16,13 @@ use std::sync::Arc;
 use crate::admission::{Admission, Pending, Step, StepError, Steps};
 use crate::clock::Now;
 use crate::config::{CompiledConfig, Direction};
+use crate::criticality::Class;
 use crate::primitive::Keys;
 use crate::rejection::Rejection;
 use crate::request::RequestInfo;
-use crate::route::{Plan, View};
+use crate::route::{Plan, PlanAt, Router, RuleId, View};
 use crate::snapshot::Snapshot;
+use crate::state::Scope;
 use crate::stripe;
 
 /// The result of [`Engine::try_admit`](crate::Engine::try_admit).
@@ -144,15 +146,19 @@ pub(crate) fn observed<O: Observe>(
     }
 }
 
-/// Matches `req` against `config` into `plan`; `false` when no rule matched.
+/// Where the plan of the rules of `config` that `req` matches is (in step
+/// order; `scratch`: where it is built when it is not the compiled plan of
+/// one index entry; read it with [`CompiledConfig::router`] and
+/// `Router::resolve`); `None` when no rule matched.
 #[inline]
-pub(crate) fn route(config: &CompiledConfig, req: &RequestInfo<'_>, plan: &mut Plan) -> bool {
-    let router = match req.direction {
-        Direction::Inbound => &config.inbound,
-        Direction::Outbound => &config.outbound,
-    };
+pub(crate) fn route(
+    config: &CompiledConfig,
+    req: &RequestInfo<'_>,
+    scratch: &mut Option<Plan>,
+) -> Option<PlanAt> {
+    let router = config.router(req.direction);
     if router.is_empty {
-        return false;
+        return None;
     }
     let target = req.target.map(|t| t.service);
     let path = matched_path(config, req);
@@ -163,22 +169,47 @@ pub(crate) fn route(config: &CompiledConfig, req: &RequestInfo<'_>, plan: &mut P
         &config.consumer_header,
         target,
     );
-    router.matches(&view, &config.metas, plan);
-    if !config.classes.is_empty() {
-        plan.class = config.classes.of(req.direction, &view);
-    }
     if config.expiring {
-        drop_expired(config, plan);
+        return live_plan(config, router, &view, scratch);
     }
-    !plan.is_empty()
+    router.plan(&view, &config.metas, scratch)
 }
 
-/// Leaves out of `plan` the rules of `config` expired by now: off the hot
-/// path (only a config with an expiring rule reads the clock here).
+/// The plan of `view` in `router` without the rules of `config` expired by
+/// now, built in `scratch`: off the hot path (only a config with an
+/// expiring rule reads the clock here).
 #[cold]
 #[inline(never)]
-fn drop_expired(config: &CompiledConfig, plan: &mut Plan) {
+fn live_plan(
+    config: &CompiledConfig,
+    router: &Router,
+    view: &View<'_>,
+    scratch: &mut Option<Plan>,
+) -> Option<PlanAt> {
+    let mut built = None;
+    let at = router.plan(view, &config.metas, &mut built)?;
+    let mut plan = router.resolve(at, &built).clone();
     plan.drop_expired(&config.metas, Now::read().ns());
+    let live = !plan.is_empty();
+    *scratch = Some(plan);
+    live.then_some(PlanAt::Scratch)
+}
+
+/// The criticality class of `req` by the classes `config` declares: read
+/// only for a config that declares some (every bulkhead of it keys its
+/// calls by class then).
+#[cold]
+#[inline(never)]
+fn request_class(config: &CompiledConfig, req: &RequestInfo<'_>) -> Class {
+    let path = matched_path(config, req);
+    let view = View::new(
+        req.method,
+        &path,
+        req.headers,
+        &config.consumer_header,
+        req.target.map(|t| t.service),
+    );
+    config.classes.of(req.direction, &view)
 }
 
 /// The path the rules of `config` match `req` on, and key it by: its path, or,
@@ -193,49 +224,70 @@ fn matched_path<'a>(config: &CompiledConfig, req: &RequestInfo<'a>) -> Cow<'a, s
     }
 }
 
-/// The decision for a request whose matched rules of `snap` are `plan`.
-pub(crate) fn admit_matched(snap: Arc<Snapshot>, plan: &Plan, req: &RequestInfo<'_>) -> Decision {
+/// The decision for a request whose matched rules of `snap` are at `at`
+/// (`scratch`: the plan [`route`] was given).
+#[inline]
+pub(crate) fn admit_matched(
+    snap: Arc<Snapshot>,
+    at: PlanAt,
+    scratch: &Option<Plan>,
+    req: &RequestInfo<'_>,
+) -> Decision {
     let config = &*snap.config;
+    let plan = config.router(req.direction).resolve(at, scratch);
     let now = Now::read();
     let mut admission = Admission::started(now);
     // The shortest deadline a matched rule enforces (a shadow rule's is
     // counted, not enforced: `Admission::record`).
     admission.set_timeout_rule(plan.timeout.map(|(_, id)| id.0));
-    // Read the consumer only when a rule's scope needs it.
-    let consumer = plan
-        .consumer
-        .then(|| req.headers.get_str(&config.consumer_header))
-        .flatten();
-    let path = matched_path(config, req);
-    let keys = Keys {
-        target: req.target.map(|t| t.service),
-        consumer,
-        instance: req.target.and_then(|t| t.instance),
-        path: &path,
-        query: req.query,
-        headers: req.headers,
-        claims: req.claims,
-        class: plan.class,
+    // Read the request's keys only when a rule's scope depends on them, and
+    // the consumer only when a rule's scope needs it.
+    let path;
+    let keys = if plan.keyed {
+        path = matched_path(config, req);
+        Some(Keys {
+            target: req.target.map(|t| t.service),
+            consumer: plan
+                .consumer
+                .then(|| req.headers.get_str(&config.consumer_header))
+                .flatten(),
+            instance: req.target.and_then(|t| t.instance),
+            path: &path,
+            query: req.query,
+            headers: req.headers,
+            claims: req.claims,
+            class: if config.classes.is_empty() {
+                Class::default()
+            } else {
+                request_class(config, req)
+            },
+        })
+    } else {
+        None
     };
-    for (i, id) in plan.ids().enumerate() {
-        let step = Step {
-            rule: id.0,
-            scope: snap.states[id.0 as usize].scope(&keys),
-        };
-        match admission.step_now(&snap, step, now) {
+    let step = |id: RuleId| Step {
+        rule: id.0,
+        scope: match &keys {
+            Some(keys) if config.metas[id.0 as usize].keyed => {
+                snap.states[id.0 as usize].scope(keys)
+            }
+            _ => Scope::Rule,
+        },
+    };
+    // The steps' slice, not `Plan::ids` (an opaque iterator would hold its
+    // borrow of the snapshot up to the returns that move it).
+    for (i, &(_, id)) in plan.steps.iter().enumerate() {
+        match admission.step_now(&snap, step(id), now) {
             Ok(()) => {}
             Err(StepError::Rejected(r)) => {
                 // Gives back what the earlier steps took.
                 admission.snap = Some(snap);
                 return Decision::Rejected(r);
             }
-            Err(StepError::Wait(step)) => {
+            Err(StepError::Wait(waiting)) => {
                 let mut rest = Steps::new();
-                rest.push(step);
-                rest.extend(plan.ids().skip(i + 1).map(|id| Step {
-                    rule: id.0,
-                    scope: snap.states[id.0 as usize].scope(&keys),
-                }));
+                rest.push(waiting);
+                rest.extend(plan.steps[i + 1..].iter().map(|&(_, id)| step(id)));
                 admission.snap = Some(snap);
                 return Decision::Wait(Pending::new(admission, rest));
             }

@@ -36,7 +36,7 @@ use crate::judged::JudgedHeaderError;
 use crate::latch::{Latch, LatchKind, Restored};
 use crate::rejection::Rejection;
 pub use crate::request::{RequestInfo, Target, VerifiedClaims};
-use crate::route::{Headers, Plan};
+use crate::route::Headers;
 use crate::snapshot::{CACHE, Snapshot};
 use crate::state::State;
 use crate::state::bulkhead::Bulkhead;
@@ -353,36 +353,42 @@ impl Engine {
     #[inline]
     pub fn try_admit(&self, req: &RequestInfo<'_>) -> Decision {
         let generation = self.shared.generation.load(Acquire);
-        let mut plan = Plan::default();
+        let mut scratch = None;
         // Route with this thread's cached config; take the snapshot only if
-        // a rule matched.
+        // a rule matched (its config is the cached one: the plan's `PlanAt`
+        // holds in it).
         let hit = CACHE.try_with(|cache| {
             let cache = cache.try_borrow().ok()?;
             let entry = cache.find(self.shared.id, generation)?;
-            if !route(&entry.config, req, &mut plan) {
+            let Some(at) = route(&entry.config, req, &mut scratch) else {
                 return Some(None);
-            }
+            };
             // `None` (the snapshot was swapped and dropped since): load it.
-            entry.snap.upgrade().map(Some)
+            entry.snap.upgrade().map(|snap| Some((snap, at)))
         });
-        let snap = match hit {
-            Ok(Some(None)) => return Decision::Admitted(Admission::unmatched()),
-            Ok(Some(Some(snap))) => snap,
-            _ => {
-                let snap = self.shared.current.load_full();
-                let _ = CACHE.try_with(|cache| {
-                    if let Ok(mut cache) = cache.try_borrow_mut() {
-                        cache.insert(self.shared.id, generation, &snap);
-                    }
-                });
-                plan = Plan::default();
-                if !route(&snap.config, req, &mut plan) {
-                    return Decision::Admitted(Admission::unmatched());
-                }
-                snap
+        match hit {
+            Ok(Some(None)) => Decision::Admitted(Admission::unmatched()),
+            Ok(Some(Some((snap, at)))) => admit_matched(snap, at, &scratch, req),
+            _ => self.try_admit_loaded(req, generation),
+        }
+    }
+
+    /// [`Engine::try_admit`] with the snapshot loaded (and cached for this
+    /// thread): the first decision after a swap, or without the cache.
+    #[cold]
+    #[inline(never)]
+    fn try_admit_loaded(&self, req: &RequestInfo<'_>, generation: u64) -> Decision {
+        let snap = self.shared.current.load_full();
+        let _ = CACHE.try_with(|cache| {
+            if let Ok(mut cache) = cache.try_borrow_mut() {
+                cache.insert(self.shared.id, generation, &snap);
             }
-        };
-        admit_matched(snap, &plan, req)
+        });
+        let mut scratch = None;
+        match route(&snap.config, req, &mut scratch) {
+            Some(at) => admit_matched(snap, at, &scratch, req),
+            None => Decision::Admitted(Admission::unmatched()),
+        }
     }
 
     /// Decides, waiting for a bulkhead permit or a shaping delay if the

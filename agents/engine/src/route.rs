@@ -52,6 +52,8 @@ pub(crate) struct RuleMeta {
     pub(crate) phase: Phase,
     /// Whether its scope needs the consumer (read from a header only then).
     pub(crate) consumer: bool,
+    /// Whether its scope depends on the request ([`crate::state::RuleSpec::keyed`]).
+    pub(crate) keyed: bool,
     /// The deadline it enforces on a call (`None` in mode shadow: a shadow
     /// rule's deadline is counted, not enforced).
     pub(crate) timeout: Option<Duration>,
@@ -68,11 +70,11 @@ pub(crate) struct RuleMeta {
 pub(crate) struct Plan {
     pub(crate) steps: SmallVec<[(Phase, RuleId); INLINE_RULES]>,
     pub(crate) consumer: bool,
+    /// Whether any rule's scope depends on the request (else no keys are
+    /// read: every step is counted in its rule's own scope).
+    pub(crate) keyed: bool,
     /// The shortest deadline and its rule (the lowest id among equals).
     pub(crate) timeout: Option<(Duration, RuleId)>,
-    /// The call's criticality (set by the decision's routing, only for a
-    /// config that declares classes).
-    pub(crate) class: crate::criticality::Class,
 }
 
 impl Plan {
@@ -86,6 +88,7 @@ impl Plan {
             .map_or(0, |i| i + 1);
         self.steps.insert(at, key);
         self.consumer |= meta.consumer;
+        self.keyed |= meta.keyed;
         if let Some(t) = meta.timeout
             && self.timeout.is_none_or(|current| (t, id) < current)
         {
@@ -422,12 +425,13 @@ struct Prefix {
     /// prefixes are told apart by one word comparison.
     head: u64,
     mask: u64,
-    /// The rules of this prefix and of every shorter one it starts with.
-    node: Node,
+    /// The rules of this prefix and of every shorter one it starts with
+    /// (its node in the router's `nodes`).
+    node: u32,
 }
 
 impl Prefix {
-    fn new(text: &str, node: Node) -> Self {
+    fn new(text: &str, node: u32) -> Self {
         let n = text.len().min(8);
         Self {
             head: head8(text.as_bytes()),
@@ -453,8 +457,11 @@ impl Prefix {
 /// The rules of one direction, indexed by required path.
 #[derive(Debug, Default)]
 pub(crate) struct Router {
-    /// An exact path's rules, with those of every prefix it starts with.
-    exact: HashMap<Box<str>, Node, FxBuild>,
+    /// An exact path's rules (its node in `nodes`), with those of every
+    /// prefix it starts with.
+    exact: HashMap<Box<str>, u32, FxBuild>,
+    /// The nodes of the exact paths and prefixes, by [`PlanAt::Node`].
+    nodes: Vec<Node>,
     /// Bit `min(len, 63)` is set for the length of every exact path: most
     /// requests skip the hash lookup.
     exact_lens: u64,
@@ -469,6 +476,16 @@ pub(crate) struct Router {
     gate: Option<(Box<[HeaderName]>, u64)>,
     /// Whether the router has any rule at all.
     pub(crate) is_empty: bool,
+    /// The empty plan.
+    none: Plan,
+}
+
+/// Where the plan of one request is: the compiled plan of one index entry
+/// (a node of its router), or built for it in the caller's scratch plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PlanAt {
+    Node(u32),
+    Scratch,
 }
 
 fn len_bit(len: usize) -> u64 {
@@ -516,14 +533,24 @@ impl Router {
                 .flat_map(|(_, entries)| entries)
                 .collect()
         };
+        let mut nodes = Vec::new();
+        let mut node = |n: Node| {
+            nodes.push(n);
+            // At most MAX_RULES paths, so the index fits.
+            u32::try_from(nodes.len() - 1).unwrap_or(u32::MAX)
+        };
         router.exact = exact
             .iter()
-            .map(|(&p, entries)| (p.into(), Node::new(entries.iter().chain(under(p)), metas)))
+            .map(|(&p, entries)| {
+                let n = Node::new(entries.iter().chain(under(p)), metas);
+                (p.into(), node(n))
+            })
             .collect();
         router.prefixes = prefixes
             .keys()
-            .map(|&p| Prefix::new(p, Node::new(under(p), metas)))
+            .map(|&p| Prefix::new(p, node(Node::new(under(p), metas))))
             .collect();
+        router.nodes = nodes;
         router.prefixes.sort_by(|a, b| {
             b.text
                 .len()
@@ -552,12 +579,31 @@ impl Router {
     }
 
     /// The plan of the rules whose match holds for `r` (`metas`: the
-    /// config's, by rule id).
-    #[inline]
+    /// config's, by rule id), copied into `out`.
+    #[cfg(test)]
     pub(crate) fn matches(&self, r: &View<'_>, metas: &[RuleMeta], out: &mut Plan) {
+        let mut scratch = None;
+        match self.plan(r, metas, &mut scratch) {
+            Some(at) => out.clone_from(self.resolve(at, &scratch)),
+            None => out.clone_from(&Plan::default()),
+        }
+    }
+
+    /// Where the plan of the rules whose match holds for `r` is (`metas`:
+    /// the config's, by rule id): the compiled plan of the index entry the
+    /// path meets, unless a rule with more to check matches too; then that
+    /// plan copied into `scratch` with those rules added. `None`: no rule
+    /// matched.
+    #[inline]
+    pub(crate) fn plan(
+        &self,
+        r: &View<'_>,
+        metas: &[RuleMeta],
+        scratch: &mut Option<Plan>,
+    ) -> Option<PlanAt> {
         let path = r.path.as_bytes();
         let node = if self.exact_lens & len_bit(path.len()) != 0
-            && let Some(node) = self.exact.get(r.path)
+            && let Some(&node) = self.exact.get(r.path)
         {
             Some(node)
         } else {
@@ -567,27 +613,67 @@ impl Router {
             self.prefixes
                 .iter()
                 .find(|p| p.holds(path, head))
-                .map(|p| &p.node)
+                .map(|p| p.node)
         };
-        if let Some(node) = node {
-            out.clone_from(&node.plan);
-        }
-        let mut add = |e: &Entry| {
-            if e.rest.as_ref().is_none_or(|c| c.eval(r)) {
-                out.add(e.id, &metas[e.id.0 as usize]);
+        let mut at = None;
+        let found = node.and_then(|i| Some((i, self.nodes.get(i as usize)?)));
+        if let Some((i, n)) = found {
+            if !n.plan.is_empty() {
+                at = Some(PlanAt::Node(i));
             }
-        };
-        if let Some(node) = node {
-            node.rest.iter().for_each(&mut add);
+            for e in &n.rest {
+                extra(e, r, metas, &n.plan, scratch, &mut at);
+            }
         }
         if self
             .gate
             .as_ref()
             .is_none_or(|(names, lens)| r.headers.has_any(names, *lens))
         {
-            self.always.iter().for_each(&mut add);
+            let base = found.map_or(&self.none, |(_, n)| &n.plan);
+            for e in &self.always {
+                extra(e, r, metas, base, scratch, &mut at);
+            }
+        }
+        at
+    }
+
+    /// The plan at `at` (`scratch`: the one [`Router::plan`] was given;
+    /// the empty plan if it holds none).
+    #[inline]
+    pub(crate) fn resolve<'a>(&'a self, at: PlanAt, scratch: &'a Option<Plan>) -> &'a Plan {
+        let node = match at {
+            PlanAt::Node(i) => self.nodes.get(i as usize),
+            PlanAt::Scratch => None,
+        };
+        match (node, scratch) {
+            (Some(n), _) => &n.plan,
+            (None, Some(plan)) => plan,
+            (None, None) => &self.none,
         }
     }
+}
+
+/// Adds rule `e` to the plan at `at` when its match holds for `r`, the
+/// plan copied from `base` into `scratch` first (once).
+#[inline]
+fn extra(
+    e: &Entry,
+    r: &View<'_>,
+    metas: &[RuleMeta],
+    base: &Plan,
+    scratch: &mut Option<Plan>,
+    at: &mut Option<PlanAt>,
+) {
+    if e.rest.as_ref().is_some_and(|c| !c.eval(r)) {
+        return;
+    }
+    let plan = scratch.get_or_insert_default();
+    if *at != Some(PlanAt::Scratch) {
+        plan.clone_from(base);
+        *at = Some(PlanAt::Scratch);
+    }
+    plan.add(e.id, &metas[e.id.0 as usize]);
 }
 
 #[cfg(test)]

@@ -102,6 +102,22 @@ impl RuleSpec {
         }
     }
 
+    /// Whether a call's scope in the rule depends on the request (a key:
+    /// consumer, service, instance, attributes): without one, every call
+    /// is counted in the rule's own scope and no [`Keys`] are read for it.
+    pub(crate) fn keyed(&self) -> bool {
+        match self {
+            RuleSpec::Bulkhead(b) => {
+                b.key != specs::BulkheadKey::Operation || b.share.is_some() || b.by_class
+            }
+            RuleSpec::Limit(l) => {
+                !l.parts.is_empty()
+                    || matches!(l.key, specs::LimitKey::Service | specs::LimitKey::Consumer)
+            }
+            RuleSpec::Fuse(_) | RuleSpec::Retry(_) => false,
+        }
+    }
+
     /// The deadline the rule sets on a call (its state's
     /// [`Primitive::timeout`]).
     pub(crate) fn timeout(&self) -> Option<Duration> {
@@ -290,6 +306,14 @@ impl State {
             State::Fuse(f) => Primitive::add_bytes(&**f, None, n, now),
             State::Retry(r) => Primitive::add_bytes(&**r, None, n, now),
         }
+    }
+
+    /// Whether a call this rule granted may have something to give back
+    /// when it ends (a bulkhead's permit; a fuse's probe, told by its
+    /// grant): the end of a call skips the other rules.
+    #[inline]
+    pub(crate) fn gives_back(&self) -> bool {
+        matches!(self, State::Bulkhead(_))
     }
 
     /// What a call counts as when this rule, in mode shadow, would have
