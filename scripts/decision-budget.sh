@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-matched_budget=1760
+matched_budget=1680
 unmatched_budget=340
 
 if ! command -v valgrind >/dev/null 2>&1; then

@@ -315,6 +315,7 @@ impl Admission {
 
     /// Every step passed: count the call as admitted by every matched rule
     /// (in the stripe of `slot`, the calling thread's).
+    #[inline]
     pub(crate) fn complete(&mut self, slot: Slot) {
         self.admitted = true;
         if let Some(snap) = &self.snap {

@@ -265,19 +265,11 @@ pub(crate) fn admit_matched(
     } else {
         None
     };
-    let step = |id: RuleId| Step {
-        rule: id.0,
-        scope: match &keys {
-            Some(keys) if config.metas[id.0 as usize].keyed => {
-                snap.states[id.0 as usize].scope(keys)
-            }
-            _ => Scope::Rule,
-        },
-    };
+    let step = |id: RuleId| step_of(&snap, config, keys.as_ref(), id);
     // The steps' slice, not `Plan::ids` (an opaque iterator would hold its
     // borrow of the snapshot up to the returns that move it).
     for (i, &(_, id)) in plan.steps.iter().enumerate() {
-        match admission.step_now(&snap, step(id), now) {
+        match admission.step_now(&snap, step_of(&snap, config, keys.as_ref(), id), now) {
             Ok(()) => {}
             Err(StepError::Rejected(r)) => {
                 // Gives back what the earlier steps took.
@@ -296,4 +288,20 @@ pub(crate) fn admit_matched(
     admission.snap = Some(snap);
     admission.complete(stripe::current());
     Decision::Admitted(admission)
+}
+
+/// The step of rule `id`: its scope by `keys` when the rule keys its calls
+/// (and `keys` were read), else the rule's own.
+#[inline(always)]
+fn step_of(snap: &Snapshot, config: &CompiledConfig, keys: Option<&Keys<'_>>, id: RuleId) -> Step {
+    let i = id.0 as usize;
+    Step {
+        rule: id.0,
+        scope: match keys {
+            Some(keys) if config.metas.get(i).is_some_and(|m| m.keyed) => {
+                snap.states[i].scope(keys)
+            }
+            _ => Scope::Rule,
+        },
+    }
 }
