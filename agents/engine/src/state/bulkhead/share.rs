@@ -3,10 +3,11 @@
 //!
 //! Every call belongs to a class: a consumer the share names, or `default`
 //! (every other consumer, and calls without one). A class is *active* while
-//! it has a call in flight or waiting. A call is *within its share* when one
-//! more permit for its class keeps the class at or below `limit x weight /
-//! (the weights of the active classes, its own counted)`, the floor of its
-//! weighted share; else it *borrows* what an idle class's share leaves free.
+//! it has a call in flight or waiting. A call is *within its share* while its
+//! class holds fewer permits than `limit x weight / (the weights of the
+//! active classes, its own counted)`: served ahead of borrowers up to that
+//! share rounded up, and sure of it rounded down (those fit in the pool
+//! together); else it *borrows* what an idle class's share leaves free.
 //!
 //! - A free permit goes to a call within its share at once; to a borrower
 //!   only when no call within its share waits (and, for a newcomer, when
@@ -182,8 +183,10 @@ impl Share {
         }
     }
 
-    /// Whether `extra` more permits for class `i` keep it within its share of
-    /// `limit`.
+    /// Whether class `i`, holding `extra - 1` more permits than now, is still
+    /// below its share of `limit` (`limit x weight / active weights`): it is
+    /// served ahead of borrowers up to its share rounded up, and sure of it
+    /// rounded down.
     fn within(&self, c: &Counts, i: usize, extra: u32, limit: u32) -> bool {
         let w = u64::from(self.weights[i]);
         let active = if c.in_use[i] > 0 || c.waiting[i] > 0 {
@@ -191,7 +194,8 @@ impl Share {
         } else {
             c.active + w
         };
-        (u64::from(c.in_use[i]) + u64::from(extra)) * active <= u64::from(limit) * w
+        (u64::from(c.in_use[i]) + u64::from(extra.saturating_sub(1))) * active
+            < u64::from(limit) * w
     }
 
     /// Whether a call within its share waits.
@@ -432,7 +436,7 @@ mod tests {
         assert_eq!(s.counts(), [(1, 0), (3, 1), (0, 0)]);
         // A newcomer borrower does not overtake the waiting one either.
         s.release(&pool, 1);
-        assert!(!s.try_take(&pool, 2));
+        assert!(!s.try_take(&pool, 1));
         assert_eq!(web.await, Ok(()));
     }
 
