@@ -58,6 +58,7 @@ pub mod shadow_exact;
 pub mod shape_inbound;
 pub mod share_unknown_consumer;
 pub mod share_weights;
+pub mod share_with_queue;
 pub mod share_without_consumer;
 pub mod shutdown_wait;
 pub mod slow_above_timeout;
@@ -120,6 +121,7 @@ pub const CODES: &[&str] = &[
     "gov::adaptive-over-workers",
     "gov::share-weights",
     "gov::share-without-consumer",
+    "gov::share-with-queue",
     "gov::lint::bulkhead-over-workers",
     "gov::lint::queueing-bulkhead",
     "gov::codel-target",
@@ -190,6 +192,7 @@ const CHECKS: &[Check] = &[
     adaptive_over_workers::check,
     share_weights::check,
     share_without_consumer::check,
+    share_with_queue::check,
     bulkhead_over_workers::check,
     queueing_bulkhead::check,
     codel_target::check,

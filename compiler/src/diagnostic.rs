@@ -92,6 +92,7 @@ diagnostics! {
     AdaptiveOverWorkers(adaptive_over_workers::AdaptiveOverWorkers),
     ShareWeights(share_weights::ShareWeights),
     ShareWithoutConsumer(share_without_consumer::ShareWithoutConsumer),
+    ShareWithQueue(share_with_queue::ShareWithQueue),
     BulkheadOverWorkers(bulkhead_over_workers::BulkheadOverWorkers),
     QueueingBulkhead(queueing_bulkhead::QueueingBulkhead),
     CodelTarget(codel_target::CodelTarget),
