@@ -22,6 +22,13 @@
 //! `GOV_BENCH_GOVD=PATH` runs another `govd` binary (a copy of an earlier
 //! build) against the same simulator, for before/after comparisons in one
 //! session.
+//!
+//! `GOV_BENCH_STORM=1` adds a reconnect storm after the applies: govd is
+//! killed (SIGKILL) and started again on the same address and state
+//! directory; every agent reconnects as the real agent does (its
+//! `Backoff`: the first attempt spread over a second, then exponential
+//! with jitter); measured: the time from the kill until half and all of
+//! the agents are SYNCED, govd's CPU meanwhile and the streams it refused.
 
 #![allow(
     clippy::unwrap_used,
@@ -53,7 +60,9 @@ fn policy(max_concurrent: usize) -> String {
 struct Counts {
     configs: AtomicU64,
     stats: AtomicU64,
-    ended: AtomicU64,
+    /// Streams govd accepted, and refused (or did not answer in 5 s).
+    sessions: AtomicU64,
+    refused: AtomicU64,
 }
 
 fn unix_ms() -> u64 {
@@ -66,7 +75,9 @@ fn unix_ms() -> u64 {
     .unwrap()
 }
 
-/// One simulated agent: its stream until `stop`.
+/// One simulated agent: its streams until `stop`, reconnecting as the
+/// agent does (`gov_agent::control::Backoff`: the first reconnect after a
+/// lost stream spread over a second, then exponential with jitter).
 async fn agent(
     channel: Channel,
     i: usize,
@@ -74,6 +85,40 @@ async fn agent(
     counts: Arc<Counts>,
     stop: CancellationToken,
 ) {
+    let mut backoff = gov_agent::control::Backoff::default();
+    let mut version = String::new();
+    let mut admitted = 0u64;
+    while !stop.is_cancelled() {
+        let connected = session(
+            channel.clone(),
+            i,
+            agents,
+            &counts,
+            &stop,
+            &mut version,
+            &mut admitted,
+        )
+        .await;
+        if connected {
+            backoff.reset();
+        }
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(backoff.next_delay()) => {}
+        }
+    }
+}
+
+/// One stream: whether govd accepted it.
+async fn session(
+    channel: Channel,
+    i: usize,
+    agents: usize,
+    counts: &Counts,
+    stop: &CancellationToken,
+    version: &mut String,
+    admitted: &mut u64,
+) -> bool {
     let mut client = ControlPlaneClient::new(channel).max_decoding_message_size(64 << 20);
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(16);
     let send = |msg: Msg| pb::AgentMessage { msg: Some(msg) };
@@ -81,35 +126,32 @@ async fn agent(
         service: "bench".into(),
         instance: format!("sim-{i}"),
         address: format!("10.{}.{}.{}:8080", i >> 16, (i >> 8) & 255, i & 255),
+        last_version: version.clone(),
         ..Default::default()
     })))
     .unwrap();
-    let mut inbound = match client
-        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-    {
-        Ok(r) => r.into_inner(),
-        Err(status) => {
-            eprintln!("agent {i}: connect refused: {status}");
-            counts.ended.fetch_add(1, Relaxed);
-            return;
+    let connect = client.connect(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let mut inbound = match tokio::time::timeout(Duration::from_secs(5), connect).await {
+        Ok(Ok(r)) => r.into_inner(),
+        Ok(Err(_)) | Err(_) => {
+            counts.refused.fetch_add(1, Relaxed);
+            return false;
         }
     };
+    counts.sessions.fetch_add(1, Relaxed);
     // Spread the agents' stats over the second, as agents started at
     // different times would.
     let phase = Duration::from_millis((i * 1000 / agents.max(1)) as u64);
     let mut stats =
         tokio::time::interval_at(tokio::time::Instant::now() + phase, Duration::from_secs(1));
     stats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut version = String::new();
-    let mut admitted = 0u64;
     loop {
         let reply = tokio::select! {
             () = stop.cancelled() => break,
             msg = inbound.message() => match msg {
                 Ok(Some(pb::ControlMessage { msg: Some(ControlMsg::Config(c)) })) => {
                     counts.configs.fetch_add(1, Relaxed);
-                    version = c.target.map(|t| t.version).unwrap_or_default();
+                    *version = c.target.map(|t| t.version).unwrap_or_default();
                     Msg::Ack(pb::Ack { version: version.clone(), nonce: c.nonce, ..Default::default() })
                 }
                 Ok(Some(pb::ControlMessage { msg: Some(ControlMsg::Endpoints(e)) })) => {
@@ -119,7 +161,7 @@ async fn agent(
                 Ok(None) | Err(_) => break,
             },
             _ = stats.tick() => {
-                admitted += 100;
+                *admitted += 100;
                 counts.stats.fetch_add(1, Relaxed);
                 Msg::Stats(pb::Stats {
                     at_unix_ms: unix_ms(),
@@ -127,8 +169,8 @@ async fn agent(
                     rules: vec![pb::RuleStats {
                         rule: "bench/slow_calls".into(),
                         kind: pb::RuleKind::Bulkhead as i32,
-                        admitted,
-                        latency_buckets: vec![admitted, 0, 0, 0, 0, 0, 0, 0],
+                        admitted: *admitted,
+                        latency_buckets: vec![*admitted, 0, 0, 0, 0, 0, 0, 0],
                         capacity: 10,
                         ..Default::default()
                     }],
@@ -139,7 +181,7 @@ async fn agent(
             break;
         }
     }
-    counts.ended.fetch_add(1, Relaxed);
+    true
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -200,41 +242,10 @@ async fn main() {
     let per_connection = args.get(2).copied().unwrap_or(1).max(1);
 
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("govd.log");
     let govd_bin =
         std::env::var("GOV_BENCH_GOVD").unwrap_or_else(|_| env!("CARGO_BIN_EXE_govd").to_owned());
-    let mut govd = tokio::process::Command::new(&govd_bin)
-        .args(["--insecure", "--listen", "127.0.0.1:0", "--state-dir"])
-        .arg(dir.path().join("state"))
-        // Room for every simulated agent (the default cap is 1,024).
-        .arg("--max-connections")
-        .arg((agents + 16).to_string())
-        // Every simulated agent is one service's instance on one address:
-        // above the per-address and per-service caps of issue 28.
-        .arg("--max-connections-per-client")
-        .arg((agents + 16).to_string())
-        .arg("--max-agents-per-service")
-        .arg((agents + 16).to_string())
-        .env("GOV_LOG", "warn,govd=info")
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let pid = govd.id().unwrap();
-    let addr = {
-        let start = Instant::now();
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let Some(a) = text.lines().find_map(|l| l.split("listen=").nth(1)) {
-                break a.split_whitespace().next().unwrap().to_owned();
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "govd did not start:\n{text}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
+    let storm = std::env::var("GOV_BENCH_STORM").is_ok_and(|v| v == "1");
+    let (mut govd, pid, addr) = spawn_govd(&govd_bin, dir.path(), "127.0.0.1:0", agents).await;
     let url = format!("http://{addr}");
     let mut client = gov_control_plane::client::connect(&url, Duration::from_secs(5))
         .await
@@ -352,10 +363,107 @@ async fn main() {
         per_agent(rss_loaded)
     );
     println!(
-        "agents received {} configs; {} streams ended early",
+        "agents received {} configs; {} streams accepted for {agents} agents, {} refused or unanswered",
         counts.configs.load(Relaxed),
-        counts.ended.load(Relaxed)
+        counts.sessions.load(Relaxed),
+        counts.refused.load(Relaxed)
     );
+    if storm {
+        // A reconnect storm: govd killed (SIGKILL, no drain) and started
+        // again on the same address and state directory; every agent lost
+        // its stream at once and reconnects with the agent's backoff.
+        let refused0 = counts.refused.load(Relaxed);
+        govd.kill().await.unwrap();
+        let killed = Instant::now();
+        let (restarted, pid, _) = spawn_govd(&govd_bin, dir.path(), &addr, agents).await;
+        govd = restarted;
+        let mut client = loop {
+            if let Ok(c) = gov_control_plane::client::connect(&url, Duration::from_secs(5)).await {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let mut half = None;
+        let synced_in = loop {
+            let synced = synced(&mut client).await.unwrap_or(0);
+            if half.is_none() && synced * 2 >= agents {
+                half = Some(killed.elapsed());
+            }
+            if synced == agents {
+                break killed.elapsed();
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(300),
+                "storm: only {synced} of {agents} agents SYNCED after 300 s"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        println!(
+            "storm: govd killed and restarted; half the agents SYNCED in {:.2} s, all {agents} in {:.2} s; govd CPU {:.2} s; {} streams refused or unanswered meanwhile; govd RSS {} KiB",
+            half.unwrap_or_default().as_secs_f64(),
+            synced_in.as_secs_f64(),
+            cpu(pid).as_secs_f64(),
+            counts.refused.load(Relaxed) - refused0,
+            rss_kib(pid)
+        );
+    }
     stop.cancel();
     govd.kill().await.unwrap();
+}
+
+/// Agents SYNCED, as `govc status` sees them; `None` while govd does not answer.
+async fn synced(client: &mut ControlPlaneClient<Channel>) -> Option<usize> {
+    let view = client
+        .status(pb::StatusRequest::default())
+        .await
+        .ok()?
+        .into_inner();
+    Some(
+        view.agents
+            .iter()
+            .filter(|a| a.state() == pb::SyncState::Synced)
+            .count(),
+    )
+}
+
+/// `govd` on `listen` with the state directory in `dir`, room for `agents`:
+/// its process, pid and address.
+async fn spawn_govd(
+    bin: &str,
+    dir: &std::path::Path,
+    listen: &str,
+    agents: usize,
+) -> (tokio::process::Child, u32, String) {
+    let log = dir.join("govd.log");
+    let govd = tokio::process::Command::new(bin)
+        .args(["--insecure", "--listen", listen, "--state-dir"])
+        .arg(dir.join("state"))
+        // Room for every simulated agent (the default cap is 1,024).
+        .arg("--max-connections")
+        .arg((agents + 16).to_string())
+        // Every simulated agent is one service's instance on one address:
+        // above the per-address and per-service caps of issue 28.
+        .arg("--max-connections-per-client")
+        .arg((agents + 16).to_string())
+        .arg("--max-agents-per-service")
+        .arg((agents + 16).to_string())
+        .env("GOV_LOG", "warn,govd=info")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = govd.id().unwrap();
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(a) = text.lines().find_map(|l| l.split("listen=").nth(1)) {
+            let addr = a.split_whitespace().next().unwrap().to_owned();
+            return (govd, pid, addr);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "govd did not start:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -891,7 +891,7 @@ mod tests {
         let (key, id) = cp.inner.lock().hello(hello, tx, 1, &mut Vec::new());
         let first = cp.apply(request(policy(1))).await.unwrap();
         assert!(first.applied);
-        let (v1, nonce) = config_version(&agent.try_recv().unwrap().unwrap());
+        let (v1, nonce) = config_version(&agent.try_recv().unwrap().message());
         assert_eq!(cp.status().agents[0].state(), pb::SyncState::Stale);
         let ack = pb::agent_message::Msg::Ack(pb::Ack {
             version: v1.clone(),
@@ -930,7 +930,7 @@ mod tests {
         let second = cp.apply(request(policy(2))).await.unwrap();
         assert!(second.applied, "{second:?}");
         assert_ne!(second.version, first.version);
-        let (v2, _) = config_version(&agent.try_recv().unwrap().unwrap());
+        let (v2, _) = config_version(&agent.try_recv().unwrap().message());
         assert_ne!(v2, v1);
         assert_eq!(
             disk(dir.path()).load().unwrap().applied.unwrap().version,
@@ -1003,7 +1003,7 @@ mod tests {
             .await
             .expect("the config is pushed")
             .unwrap()
-            .unwrap();
+            .message();
         let (version, _) = config_version(&pushed);
         let stored = disk(dir.path()).load().unwrap().applied.unwrap();
         assert_eq!(cp.status().version, stored.version);

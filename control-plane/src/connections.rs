@@ -51,6 +51,9 @@ pub struct ConnectionLimits {
     pub tcp_keepalive: Duration,
     /// `Watch` streams open at once per token.
     pub max_watches_per_token: usize,
+    /// New agent streams admitted per second (a token bucket, see
+    /// [`Admission`]); 0: no limit.
+    pub agent_admissions_per_second: u32,
 }
 
 impl Default for ConnectionLimits {
@@ -65,6 +68,7 @@ impl Default for ConnectionLimits {
             http2_keepalive_timeout: KEEPALIVE_TIMEOUT,
             tcp_keepalive: Duration::from_secs(60),
             max_watches_per_token: 16,
+            agent_admissions_per_second: 1000,
         }
     }
 }
@@ -173,6 +177,71 @@ pub fn capped(
             Some((Ok(item), incoming))
         }
     })
+}
+
+/// How long a new agent stream waits for its turn before it is refused
+/// (UNAVAILABLE: the agent backs off and tries again): under the 5 s an
+/// agent waits for govd's answer to its `Connect`.
+pub const ADMISSION_WAIT: Duration = Duration::from_secs(3);
+
+/// New agent streams admitted at a bounded rate, so that the agents of a
+/// whole fleet reconnecting at once (a govd restart) cost govd (hellos,
+/// first pushes) and its store (a revision read per stream) a steady rate,
+/// not a spike: each stream reserves the next free slot of the schedule
+/// (one every `1 / rate`, a burst of one second's worth allowed) and waits
+/// for it, or is refused when its slot is more than [`ADMISSION_WAIT`] away.
+#[derive(Debug)]
+pub struct Admission {
+    interval: Option<Duration>,
+    burst: Duration,
+    /// The time the next stream's slot starts.
+    next: Mutex<Option<tokio::time::Instant>>,
+    refused: AtomicU64,
+}
+
+impl Admission {
+    /// `per_second` streams a second; 0: no limit.
+    pub fn new(per_second: u32) -> Self {
+        let interval = (per_second > 0).then(|| Duration::from_secs(1) / per_second);
+        Admission {
+            interval,
+            burst: Duration::from_secs(1),
+            next: Mutex::new(None),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// Waits for this stream's turn; `false` (nothing reserved) when it is
+    /// more than `max_wait` away.
+    pub async fn admit(&self, max_wait: Duration) -> bool {
+        let Some(interval) = self.interval else {
+            return true;
+        };
+        let now = tokio::time::Instant::now();
+        // Slots unused while quiet are kept up to one second's burst.
+        let earliest = now.checked_sub(self.burst).unwrap_or(now);
+        let at = {
+            let mut next = self
+                .next
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let at = next.map_or(earliest, |n| n.max(earliest));
+            if at.saturating_duration_since(now) > max_wait {
+                drop(next);
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            *next = Some(at + interval);
+            at
+        };
+        tokio::time::sleep_until(at).await;
+        true
+    }
+
+    /// Streams refused so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
 }
 
 // === impl Registry ===
@@ -491,6 +560,50 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(10)).await;
         talker.write_all(b"there").await.unwrap();
         assert_eq!(accepted.read(&mut buf).await.unwrap(), 5);
+    }
+
+    /// Issue 35: a storm of new agent streams is taken in at the rate (a
+    /// second's burst at once, then one slot every 1/rate); a stream whose
+    /// slot is further away than the wait is refused at once.
+    #[tokio::test(start_paused = true)]
+    async fn agent_streams_are_admitted_at_the_rate_and_refused_beyond_the_wait() {
+        let admission = Arc::new(Admission::new(10));
+        let start = tokio::time::Instant::now();
+        let storm: Vec<_> = (0..50)
+            .map(|_| {
+                let admission = admission.clone();
+                tokio::spawn(async move {
+                    let admitted = admission.admit(Duration::from_secs(3)).await;
+                    (admitted, start.elapsed())
+                })
+            })
+            .collect();
+        let mut admitted = Vec::new();
+        for stream in storm {
+            let (ok, at) = stream.await.unwrap();
+            if ok {
+                admitted.push(at);
+            }
+        }
+        admitted.sort();
+        // A second's burst plus the slot now at once, then 10 a second for 3 s.
+        assert_eq!(admitted.len(), 11 + 30);
+        assert_eq!(admitted.iter().filter(|at| at.is_zero()).count(), 11);
+        assert_eq!(admitted[11], Duration::from_millis(100));
+        assert_eq!(admitted[40], Duration::from_secs(3));
+        assert_eq!(admission.refused(), 9);
+        // Once quiet, a second's burst is available again.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let t = tokio::time::Instant::now();
+        for _ in 0..10 {
+            assert!(admission.admit(Duration::ZERO).await);
+        }
+        assert!(t.elapsed().is_zero());
+        // No limit: every stream at once.
+        let unlimited = Admission::new(0);
+        for _ in 0..1000 {
+            assert!(unlimited.admit(Duration::ZERO).await);
+        }
     }
 
     #[tokio::test]

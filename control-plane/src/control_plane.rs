@@ -55,6 +55,8 @@ pub(crate) struct Inner {
     pub(crate) agent_certificates: bool,
     pub(crate) identity: Option<Arc<crate::identity::Issuer>>,
     pub(crate) connections: crate::ConnectionLimits,
+    /// New agent streams at a bounded rate (reconnect storms).
+    pub(crate) admission: crate::connections::Admission,
     pub(crate) agent_limits: crate::AgentLimits,
     /// The cluster view, republished on change while anyone watches it
     /// (`publish.rs`); read it with [`Inner::subscribe_view`].
@@ -140,6 +142,9 @@ impl ControlPlane {
             agent_certificates: options.agent_certificates,
             identity: options.identity,
             connections: options.connections,
+            admission: crate::connections::Admission::new(
+                options.connections.agent_admissions_per_second,
+            ),
             agent_limits: options.agent_limits,
             view,
             view_stale: AtomicBool::new(false),
@@ -371,7 +376,7 @@ impl Inner {
             self.metrics.on_send(&o.msg);
         }
         let sends = out.into_iter().map(|o| async move {
-            match tokio::time::timeout(SEND_TIMEOUT, o.tx.send(Ok(o.msg))).await {
+            match tokio::time::timeout(SEND_TIMEOUT, o.tx.send(o.msg)).await {
                 // Sent, or the stream is gone already (its reader records that).
                 Ok(_) => None,
                 Err(_) => Some((o.key, o.conn)),

@@ -24,6 +24,7 @@
 //! - [`metrics::serve_metrics`]: `/metrics` on a listener of its own.
 
 pub mod agent_limits;
+mod agent_streams;
 pub mod apply;
 pub mod audit;
 pub mod auth;
@@ -35,6 +36,7 @@ pub mod connections;
 mod control_plane;
 pub mod convert;
 mod diagnostics;
+pub mod encoded;
 mod error;
 pub mod etcd;
 pub mod expiry;

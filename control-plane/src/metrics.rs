@@ -136,8 +136,8 @@ impl Metrics {
     }
 
     /// Messages about to be sent: config pushes start their clock.
-    pub(crate) fn on_send(&self, msg: &pb::ControlMessage) {
-        let Some(pb::control_message::Msg::Config(config)) = &msg.msg else {
+    pub(crate) fn on_send(&self, msg: &crate::encoded::Encoded) {
+        let Some(nonce) = msg.nonce() else {
             return;
         };
         self.pushes.fetch_add(1, Relaxed);
@@ -147,7 +147,7 @@ impl Metrics {
                 by_age.sort_by_key(|(_, at)| std::cmp::Reverse(*at));
                 pending.extend(by_age.into_iter().take(MAX_PENDING / 2));
             }
-            pending.insert(config.nonce.clone(), Instant::now());
+            pending.insert(nonce.to_owned(), Instant::now());
         }
     }
 
@@ -386,13 +386,13 @@ fn respond<B>(scrape: &impl Fn() -> String, req: &Request<B>) -> Response<Full<B
 mod tests {
     use super::*;
 
-    fn config(nonce: &str) -> pb::ControlMessage {
-        pb::ControlMessage {
+    fn config(nonce: &str) -> crate::encoded::Encoded {
+        crate::encoded::Encoded::new(&pb::ControlMessage {
             msg: Some(pb::control_message::Msg::Config(pb::Config {
                 target: None,
                 nonce: nonce.into(),
             })),
-        }
+        })
     }
 
     #[tokio::test(start_paused = true)]

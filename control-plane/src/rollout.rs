@@ -313,7 +313,7 @@ mod tests {
     ) -> (
         ControlPlane,
         Vec<(AgentKey, u64)>,
-        Vec<mpsc::Receiver<Result<pb::ControlMessage, tonic::Status>>>,
+        Vec<mpsc::Receiver<crate::encoded::Encoded>>,
     ) {
         let cp = ControlPlane::open(Options::new(dir), shutdown).unwrap();
         let mut keys = Vec::new();
@@ -450,7 +450,7 @@ mod tests {
         cp.inner.lock().hello(hello, tx, 1, &mut out);
         let pushed: Vec<String> = out
             .iter()
-            .filter_map(|o| match &o.msg.msg {
+            .filter_map(|o| match &o.msg.message().msg {
                 Some(pb::control_message::Msg::Config(c)) => {
                     c.target.as_ref().map(|t| t.version.clone())
                 }

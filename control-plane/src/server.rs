@@ -18,19 +18,17 @@ use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::agent_streams::GrpcService;
 use crate::apply::{ApplyError, ApplyRequest};
 use crate::auth::{AgentIdentity, Role};
 use crate::control_plane::{ControlPlane, Inner, ReleaseError};
 use crate::convert::now_unix_ms;
+use crate::encoded::Encoded;
 use crate::error::Error;
 use crate::state::AgentKey;
 use crate::store::{AuditEntry, Source, TripKind};
 use crate::view::{MAX_VIEW_BYTES, bounded, filter_view};
 
-/// How long a new stream may take to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// Messages queued per agent stream.
-const AGENT_QUEUE: usize = 64;
 /// Room for the rest of an `ApplyRequest` (names, who) beyond the policy
 /// text, so that an oversized policy gets our message, not tonic's.
 const APPLY_OVERHEAD_BYTES: usize = 64 << 10;
@@ -117,14 +115,13 @@ impl ControlPlane {
     /// The gRPC service. It decodes requests up to the policy size limit
     /// (tonic's own default, 4 MiB, would refuse a larger policy with a
     /// message that names no flag).
-    pub fn grpc(&self) -> pb::control_plane_server::ControlPlaneServer<Self> {
+    pub fn grpc(&self) -> GrpcService {
         let max = self
             .inner
             .limits
             .max_policy_bytes
             .saturating_add(APPLY_OVERHEAD_BYTES);
-        pb::control_plane_server::ControlPlaneServer::new(self.clone())
-            .max_decoding_message_size(max)
+        GrpcService::new(self, max)
     }
 }
 
@@ -194,148 +191,20 @@ impl ControlPlaneRpc for ControlPlane {
 
     type ConnectStream = BoxStream<pb::ControlMessage>;
 
+    /// Served by [`GrpcService`] on pre-encoded messages; this decodes them
+    /// again, for a server built on the generated service alone.
     async fn connect(
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        // With a client CA, the certificate (checked by the TLS handshake)
-        // says which service this agent is; a bearer token, when it carries
-        // one, must be an agent's too.
-        let certified = if self.inner.agent_certificates {
-            Some(certified_service(&request)?)
-        } else {
-            None
-        };
-        let identity = match &certified {
-            Some(service) if !has_bearer(&request) => AgentIdentity::certificate(service),
-            _ => self.inner.tokens().agent(&request)?,
-        };
-        let mut incoming = request.into_inner();
-        let first = tokio::time::timeout(HELLO_TIMEOUT, incoming.message())
-            .await
-            .map_err(|_| Status::deadline_exceeded("no hello within 10s"))??;
-        let hello = match first.and_then(|m| m.msg) {
-            Some(AgentMsg::Hello(h)) => h,
-            Some(_) => {
-                return Err(Status::invalid_argument(
-                    "the first message must be a hello",
-                ));
-            }
-            None => {
-                return Err(Status::invalid_argument(
-                    "the stream ended before the hello",
-                ));
-            }
-        };
-        if hello.service.trim().is_empty() || hello.instance.trim().is_empty() {
-            return Err(Status::invalid_argument(
-                "hello needs a service and an instance",
-            ));
-        }
-        if let Some(certified) = certified
-            && certified != hello.service
-        {
-            let detail = format!(
-                "claimed service `{}`; its certificate is for `{certified}`",
-                hello.service
-            );
-            let identity = AgentIdentity::certificate(&certified);
-            let what = "its certificate is for another service";
-            refuse_agent(&self.inner, &identity, &hello, what, detail).await;
-            return Err(Status::permission_denied(format!(
-                "this agent's certificate is for service `{certified}`, not `{}`; give it a certificate for its own service (spiffe://.../service/{} or CN={})",
-                hello.service, hello.service, hello.service
-            )));
-        }
-        let limits = self.inner.agent_limits;
-        if let Err(over) = limits.check_hello(&hello) {
-            self.inner.metrics.on_agent_refused(over.cap);
-            return Err(Status::resource_exhausted(over.message));
-        }
-        if !identity.may_claim(&hello.service) {
-            let may = identity.services.as_deref().unwrap_or_default().join(", ");
-            let detail = format!(
-                "claimed service `{}`; its token names only: {may}",
-                hello.service
-            );
-            let what = "its token is for another service";
-            refuse_agent(&self.inner, &identity, &hello, what, detail).await;
-            return Err(Status::permission_denied(format!(
-                "the agent token `{}` may claim only the services {may}, not `{}`; give this agent its own service's token (or add `{}` to the token's line in govd's --token-file)",
-                identity.name, hello.service, hello.service
-            )));
-        }
-        // Fenced by revision for reads too: no agent gets a config older
-        // than the stored one from a replica that slept or was cut off.
-        self.inner.confirm_current().await.map_err(|error| {
-            Status::unavailable(format!(
-                "this govd replica cannot confirm it holds the current policy ({}); the agent keeps its config and tries again",
-                crate::error::one_line(&error)
-            ))
-        })?;
-        let (tx, rx) = mpsc::channel(AGENT_QUEUE);
-        let mut out = Vec::new();
-        let label = identity.label();
-        let pruned;
-        let claimed = {
-            let mut state = self.inner.lock();
-            let now = now_unix_ms();
-            if let Some(ago) = state.live_claim(&hello.service, &hello.instance, now) {
-                tracing::warn!(service = %hello.service, instance = %hello.instance, address = %hello.address, "refused a second agent with a live agent's name");
-                return Err(Status::already_exists(format!(
-                    "instance `{}` of service `{}` is connected from another agent (heard from {ago} ms ago); give each agent its own `--instance`",
-                    hello.instance, hello.service
-                )));
-            }
-            pruned = state.prune(now, limits.retention_ms());
-            if state.service_full(
-                &hello.service,
-                &hello.instance,
-                limits.max_agents_per_service,
-            ) {
-                Err(None)
-            } else {
-                match state.held_by_another(&hello.service, &hello.instance, &label) {
-                    Some(holder) => Err(Some(holder.to_owned())),
-                    None => Ok(state.hello_as(hello.clone(), &label, tx, now, &mut out)),
-                }
-            }
-        };
-        if !pruned.is_empty() {
-            audit_pruned(&self.inner, &pruned, limits).await;
-        }
-        let (key, id) = match claimed {
-            Ok(claimed) => claimed,
-            Err(None) => {
-                self.inner
-                    .metrics
-                    .on_agent_refused(crate::agent_limits::AgentCap::AgentsPerService);
-                tracing::warn!(service = %hello.service, instance = %hello.instance, max = limits.max_agents_per_service, "refused an agent: its service has as many instances as --max-agents-per-service");
-                return Err(Status::resource_exhausted(format!(
-                    "service `{}` has {} instances already, govd's cap (--max-agents-per-service); instances gone longer than --agent-retention are forgotten",
-                    hello.service, limits.max_agents_per_service
-                )));
-            }
-            Err(Some(holder)) => {
-                let detail = format!("the name is held by {holder}; this agent proved {label}");
-                let what = "its instance name belongs to another identity";
-                refuse_agent(&self.inner, &identity, &hello, what, detail).await;
-                // The holder's identity is not told to whoever asks.
-                return Err(Status::permission_denied(format!(
-                    "instance `{}` of service `{}` belongs to another agent identity; give each agent its own `--instance`",
-                    hello.instance, hello.service
-                )));
-            }
-        };
-        tracing::info!(service = %key.0, instance = %key.1, pushed = !out.is_empty(), "agent connected");
-        self.inner.send(out).await;
-        self.inner.changed();
-        self.inner.bump_sync();
-        self.inner.persist_soon.notify_one();
-        tokio::spawn(read_agent(self.inner.clone(), key, id, incoming));
-        let stream =
-            ReceiverStream::new(rx).take_until(self.inner.shutdown.clone().cancelled_owned());
-        Ok(Response::new(Box::pin(stream)))
+        let stream = self.agent_stream(request).await?;
+        let decoded = stream.map(|m| {
+            m.and_then(|m| {
+                m.decode()
+                    .map_err(|e| Status::internal(format!("cannot decode a push: {e}")))
+            })
+        });
+        Ok(Response::new(Box::pin(decoded)))
     }
 
     type WatchStream = BoxStream<pb::ClusterView>;
@@ -536,145 +405,6 @@ impl ControlPlaneRpc for ControlPlane {
     }
 }
 
-/// An agent that claimed a service its credentials do not prove: logged,
-/// and audited (an attempt to pose as another service is worth a record).
-async fn refuse_agent(
-    inner: &Inner,
-    identity: &AgentIdentity,
-    hello: &pb::Hello,
-    what: &str,
-    detail: String,
-) {
-    tracing::warn!(identity = %identity.label(), claimed = %hello.service, instance = %hello.instance, %detail, "refused an agent: {what}");
-    inner
-        .audit(AuditEntry {
-            at_unix_ms: now_unix_ms(),
-            who: identity.who(),
-            action: "agent-refused".into(),
-            intent: String::new(),
-            version: String::new(),
-            kind: String::new(),
-            rule: String::new(),
-            key: String::new(),
-            targets: vec![format!("{}/{}", hello.service, hello.instance)],
-            detail,
-        })
-        .await;
-}
-
-/// Instances forgotten after the retention: one audit record, and counted.
-async fn audit_pruned(inner: &Inner, pruned: &[AgentKey], limits: crate::AgentLimits) {
-    inner.metrics.on_agents_pruned(pruned.len());
-    let targets: Vec<String> = pruned.iter().map(|(s, i)| format!("{s}/{i}")).collect();
-    tracing::info!(instances = ?targets, "forgot instances not heard from for --agent-retention");
-    inner.bump_sync();
-    inner.changed();
-    inner.persist_soon.notify_one();
-    inner
-        .audit(AuditEntry {
-            at_unix_ms: now_unix_ms(),
-            who: "govd (agent retention)".into(),
-            action: "agents-pruned".into(),
-            intent: String::new(),
-            version: String::new(),
-            kind: String::new(),
-            rule: String::new(),
-            key: String::new(),
-            targets,
-            detail: format!(
-                "disconnected and not heard from for {:?} (--agent-retention)",
-                limits.retention
-            ),
-        })
-        .await;
-}
-
-/// Whether `request` carries an `authorization` header.
-fn has_bearer<T>(request: &Request<T>) -> bool {
-    request.metadata().contains_key("authorization")
-}
-
-/// The service named by the client certificate of `request` (verified
-/// against `--tls-client-ca` by the handshake).
-fn certified_service<T>(request: &Request<T>) -> Result<String, Status> {
-    let certs = request.peer_certs();
-    let Some(leaf) = certs.as_ref().and_then(|c| c.first()) else {
-        return Err(Status::unauthenticated(
-            "govd requires agents to present a client certificate (gov-agent --tls-cert and --tls-key, signed by govd's --tls-client-ca)",
-        ));
-    };
-    gov_proto::spiffe::certificate_service(leaf.as_ref()).map_err(Status::permission_denied)
-}
-
-/// Reads one agent's stream until it ends, the agent reconnects elsewhere,
-/// or the server stops.
-async fn read_agent(
-    inner: Arc<Inner>,
-    key: AgentKey,
-    id: u64,
-    mut incoming: Streaming<pb::AgentMessage>,
-) {
-    let reason = loop {
-        let msg = tokio::select! {
-            () = inner.shutdown.cancelled() => break "control plane stopping".to_owned(),
-            m = incoming.message() => m,
-        };
-        let msg = match msg {
-            Ok(Some(pb::AgentMessage { msg: Some(msg) })) => msg,
-            Ok(Some(pb::AgentMessage { msg: None })) => continue,
-            Ok(None) => break "stream closed by the agent".to_owned(),
-            Err(status) => break format!("stream error: {}", status.message()),
-        };
-        let mut msg = msg;
-        if let AgentMsg::Event(event) = &mut msg
-            && inner.agent_limits.bound_event(event)
-        {
-            inner
-                .metrics
-                .on_agent_refused(crate::agent_limits::AgentCap::StringBytes);
-        }
-        inner.metrics.on_agent_message(&msg);
-        let effect = inner.lock().on_message(&key, id, msg, now_unix_ms());
-        if effect.endpoints {
-            let mut out = Vec::new();
-            inner.lock().endpoint_pushes(&mut out);
-            inner.send(out).await;
-        }
-        if effect.sync {
-            inner.bump_sync();
-            inner.changed();
-            inner.persist_soon.notify_one();
-        }
-        if effect.trips {
-            // The audit record first: a latch never ends unaudited.
-            for entry in effect.audits {
-                inner.audit(entry).await;
-            }
-            if let Err(error) = inner.persist().await {
-                tracing::error!(error = %miette::Report::new(error), "cannot write the fuse/limit state");
-            }
-            inner.timer.notify_one();
-            inner.changed();
-        }
-        if effect.stats {
-            inner.stats_changed();
-        }
-    };
-    let mut out = Vec::new();
-    let disconnected = {
-        let mut state = inner.lock();
-        let gone = state.disconnect(&key, id, &reason, now_unix_ms());
-        state.endpoint_pushes(&mut out);
-        gone
-    };
-    inner.send(out).await;
-    if disconnected {
-        tracing::info!(service = %key.0, instance = %key.1, %reason, "agent disconnected");
-        inner.bump_sync();
-        inner.changed();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use tokio_util::sync::CancellationToken;
@@ -701,7 +431,7 @@ mod tests {
         let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
         // A queue that is full and never read: the agent does not read its stream.
         let (stuck, _never_read) = mpsc::channel(1);
-        stuck.try_send(Ok(pb::ControlMessage::default())).unwrap();
+        stuck.try_send(Encoded::default()).unwrap();
         let (good, mut received) = mpsc::channel(8);
         {
             let mut state = cp.inner.lock();
@@ -720,7 +450,7 @@ mod tests {
             .unwrap()
             .into_inner();
         assert!(result.applied, "{:?}", result.diagnostics);
-        let msg = received.try_recv().unwrap().unwrap();
+        let msg = received.try_recv().unwrap().message();
         assert!(matches!(msg.msg, Some(pb::control_message::Msg::Config(_))));
         let view = cp.status();
         let stuck = view.agents.iter().find(|a| a.instance == "stuck").unwrap();
@@ -898,7 +628,7 @@ mod tests {
         assert_eq!(notified, ["a"]);
         assert!(!cp.inner.lock().is_tripped(TripKind::Fuse, "order/mdm"));
         assert!(disk(dir.path()).load().unwrap().trips.is_empty());
-        let command = agent.try_recv().unwrap().unwrap();
+        let command = agent.try_recv().unwrap().message();
         assert!(matches!(
             command.msg,
             Some(pb::control_message::Msg::Command(_))

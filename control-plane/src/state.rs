@@ -44,6 +44,8 @@ pub use latched::Released;
 use latched::{Latched, trip_kind};
 use registry::{Registry, endpoints_message};
 
+use crate::encoded::{Encoded, EncodedTargets};
+
 /// Everything the control plane knows.
 #[derive(Debug, Default)]
 pub struct State {
@@ -64,6 +66,8 @@ pub struct State {
     next_conn: u64,
     next_nonce: u64,
     nonce_prefix: u32,
+    /// Each config version encoded once for every agent it goes to.
+    encoded: EncodedTargets,
 }
 
 /// What an agent message changed.
@@ -204,24 +208,29 @@ impl State {
     /// Queues the current config of `key`'s service to it, with a fresh
     /// nonce, and marks it STALE until it answers.
     fn push(&mut self, key: &AgentKey, out: &mut Outbox) {
-        let target = self.target_for(key);
-        let nonce = self.nonce();
+        if !self.agents.get(key).is_some_and(|a| a.conn.is_some()) {
+            return;
+        }
+        let ((version, target), nonce) = (self.encoded_target_for(key), self.nonce());
         let Some(agent) = self.agents.get_mut(key) else {
             return;
         };
-        if agent.conn.is_none() {
-            return;
-        }
-        agent.version.clone_from(&target.version);
-        if agent.pending.replace(nonce.clone()).is_none() {
+        agent.version = version;
+        let msg = Encoded::config(&target, &nonce);
+        if agent.pending.replace(nonce).is_none() {
             *self.unanswered.entry(agent.service.clone()).or_default() += 1;
         }
-        out.extend(agent.outgoing(pb::ControlMessage {
-            msg: Some(pb::control_message::Msg::Config(pb::Config {
-                target: Some(target),
-                nonce,
-            })),
-        }));
+        out.extend(agent.outgoing(msg));
+    }
+
+    /// The version of [`State::target_for`] and its `Config.target` field,
+    /// encoded once per version and shared by every agent it is pushed to.
+    fn encoded_target_for(&mut self, key: &AgentKey) -> (String, bytes::Bytes) {
+        let trial = (self.canary.as_ref())
+            .filter(|c| c.on_trial(key))
+            .and_then(|c| c.target(&key.0));
+        let bundle = self.applied.as_ref().map(|a| &a.bundle);
+        self.encoded.for_service(trial.as_ref(), bundle, &key.0)
     }
 
     /// Queues the current config to every connected agent of `services`.
@@ -236,18 +245,9 @@ impl State {
         }
     }
 
-    /// The agents of `services` (each service's a range of the map: an
-    /// apply to one service walks its agents only).
+    /// The agents of `services` (see [`agent::of_services`]).
     fn of_services<'a>(&'a self, services: &'a [String]) -> impl Iterator<Item = &'a Agent> {
-        let mut services: Vec<&String> = services.iter().collect();
-        services.sort_unstable();
-        services.dedup();
-        services.into_iter().flat_map(move |service| {
-            self.agents
-                .range((service.clone(), String::new())..)
-                .map(|(_, a)| a)
-                .take_while(move |a| &a.service == service)
-        })
+        agent::of_services(&self.agents, services)
     }
 
     /// A new stream of an unverified agent (`--insecure`) said hello: see
@@ -320,7 +320,7 @@ impl State {
             .collect();
         if let Some(agent) = self.agents.get(&key) {
             for service in services {
-                let msg = endpoints_message(self.endpoints(&service));
+                let msg = Encoded::new(&endpoints_message(self.endpoints(&service)));
                 out.extend(agent.outgoing(msg));
             }
         }
@@ -738,8 +738,8 @@ mod tests {
         }
     }
 
-    fn nonce_of(msg: &pb::ControlMessage) -> String {
-        match &msg.msg {
+    fn nonce_of(msg: &crate::encoded::Encoded) -> String {
+        match &msg.message().msg {
             Some(pb::control_message::Msg::Config(c)) => c.nonce.clone(),
             other => panic!("not a config: {other:?}"),
         }
@@ -755,7 +755,7 @@ mod tests {
     /// The instances in the `Endpoints` pushes of `out`, per receiving agent.
     fn pushed(out: &Outbox) -> Vec<(String, Vec<(String, u32)>)> {
         out.iter()
-            .filter_map(|o| match &o.msg.msg {
+            .filter_map(|o| match &o.msg.message().msg {
                 Some(pb::control_message::Msg::Endpoints(e)) => Some((
                     o.key.1.clone(),
                     e.instances
@@ -834,7 +834,7 @@ mod tests {
         out.iter()
             .filter(|o| {
                 matches!(
-                    &o.msg.msg,
+                    &o.msg.message().msg,
                     Some(pb::control_message::Msg::Command(pb::Command {
                         kind: Some(pb::command::Kind::Deregistered(_))
                     }))
@@ -1277,7 +1277,7 @@ mod tests {
         }
         let arms = |out: &Outbox| -> Vec<pb::Latch> {
             out.iter()
-                .filter_map(|o| match &o.msg.msg {
+                .filter_map(|o| match &o.msg.message().msg {
                     Some(pb::control_message::Msg::Command(pb::Command {
                         kind: Some(pb::command::Kind::Arm(l)),
                     })) => Some(l.clone()),
@@ -1292,7 +1292,7 @@ mod tests {
         s.hello(hello("order", "a", ""), tx, 2_000, &mut out);
         assert_eq!(out.len(), 2);
         assert!(matches!(
-            out[0].msg.msg,
+            out[0].msg.message().msg,
             Some(pb::control_message::Msg::Config(_))
         ));
         let armed = arms(&out);
@@ -1363,7 +1363,7 @@ mod tests {
             out.iter()
                 .filter(|o| {
                     matches!(
-                        o.msg.msg,
+                        o.msg.message().msg,
                         Some(pb::control_message::Msg::Command(pb::Command {
                             kind: Some(pb::command::Kind::Arm(_)),
                         }))
@@ -1437,7 +1437,7 @@ mod tests {
         let (key, id) = s.hello(back, tx, 2_000, &mut out);
         let armed: Vec<String> = out
             .iter()
-            .filter_map(|o| match &o.msg.msg {
+            .filter_map(|o| match &o.msg.message().msg {
                 Some(pb::control_message::Msg::Command(pb::Command {
                     kind: Some(pb::command::Kind::Arm(l)),
                 })) => Some(l.key.clone()),
@@ -1470,12 +1470,12 @@ mod tests {
             (was, notified),
             (vec!["bob".to_string()], vec!["a".to_string()])
         );
-        let sent: Vec<&str> = out
+        let sent: Vec<String> = out
             .iter()
-            .filter_map(|o| match &o.msg.msg {
+            .filter_map(|o| match o.msg.message().msg {
                 Some(pb::control_message::Msg::Command(pb::Command {
                     kind: Some(pb::command::Kind::Release(r)),
-                })) => Some(r.key.as_str()),
+                })) => Some(r.key),
                 _ => None,
             })
             .collect();

@@ -726,6 +726,40 @@ mod tests {
         assert!(draws.len() > 1);
     }
 
+    /// Issue 35: a fleet that lost its streams at once (govd restarted)
+    /// reconnects spread over the first attempt's window, then backs off
+    /// exponentially from where a fresh backoff would be at its second try.
+    #[tokio::test(start_paused = true)]
+    async fn the_first_reconnect_after_a_lost_stream_is_spread_then_backs_off() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(35);
+        let fleet = 1000u64;
+        let spread = Duration::from_secs(1);
+        let mut per_tenth = [0u64; 10];
+        let start = tokio::time::Instant::now();
+        let mut delays = Vec::new();
+        for _ in 0..fleet {
+            let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(30))
+                .with_spread(spread);
+            b.reset();
+            let first = b.next_with(&mut rng);
+            assert!(first <= spread, "{first:?}");
+            let bucket = usize::try_from(first.as_millis() / 100).unwrap_or(9).min(9);
+            per_tenth[bucket] += 1;
+            // Then exponential, as without a spread.
+            assert_eq!(b.ceiling(), Duration::from_millis(200));
+            delays.push(first);
+        }
+        // Spread: every tenth of the window gets a share (1,000 draws, about
+        // 100 each; no tenth under 50).
+        assert!(per_tenth.iter().all(|&n| n >= 50), "{per_tenth:?}");
+        // The delays are tokio sleeps: the last agent is back within the window.
+        let last = delays.into_iter().max().unwrap_or_default();
+        tokio::time::sleep(last).await;
+        assert!(start.elapsed() <= spread);
+        // The default backoff, which the agent uses, spreads its first reconnect.
+        assert_eq!(Backoff::default().spread, backoff::RECONNECT_SPREAD);
+    }
+
     #[test]
     fn the_last_good_config_round_trips_and_belongs_to_its_service() {
         let dir = tempfile::tempdir().unwrap();

@@ -149,6 +149,14 @@ struct Args {
           value_parser = at_least_one)]
     max_connections_per_client: usize,
 
+    /// New agent streams admitted per second, so that a fleet reconnecting
+    /// at once (after a govd restart) is taken in at a steady rate; a stream
+    /// whose turn is more than 3 s away is refused (UNAVAILABLE) and its
+    /// agent retries after its backoff. 0: no limit.
+    #[arg(long, env = "GOV_AGENT_ADMISSIONS_PER_SECOND",
+          default_value_t = ConnectionLimits::default().agent_admissions_per_second)]
+    agent_admissions_per_second: u32,
+
     /// Most HTTP/2 streams (calls) at once on one connection.
     #[arg(long, env = "GOV_MAX_STREAMS_PER_CONNECTION",
           default_value_t = ConnectionLimits::default().max_streams_per_connection)]
@@ -346,6 +354,7 @@ async fn run(args: Args) -> Result<(), Error> {
         http2_keepalive_timeout: args.http2_keepalive_timeout,
         tcp_keepalive: args.tcp_keepalive,
         max_watches_per_token: args.max_watches_per_token,
+        agent_admissions_per_second: args.agent_admissions_per_second,
     };
     options.intent_grace = args.audit_intent_grace;
     options.agent_limits = AgentLimits {

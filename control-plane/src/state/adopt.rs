@@ -93,7 +93,7 @@ mod tests {
     fn kinds(out: &Outbox) -> Vec<(String, &'static str)> {
         out.iter()
             .map(|o| {
-                let what = match &o.msg.msg {
+                let what = match &o.msg.message().msg {
                     Some(pb::control_message::Msg::Config(_)) => "config",
                     Some(pb::control_message::Msg::Command(_)) => "command",
                     _ => "other",

@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gov_proto::v1 as pb;
 use tokio::sync::mpsc;
-use tonic::Status;
+
+use crate::encoded::Encoded;
 
 use crate::latches::LatchId;
 use crate::store::{AgentChanges, KnownAgent};
@@ -15,8 +16,9 @@ use crate::store::{AgentChanges, KnownAgent};
 /// 100% slow-start weight.
 const FULL_WEIGHT: u32 = 100_000;
 
-/// Messages queued to one agent's stream.
-pub type AgentTx = mpsc::Sender<Result<pb::ControlMessage, Status>>;
+/// Messages queued to one agent's stream, encoded (`encoded.rs`): a few
+/// words each, the bytes shared with every other agent they go to.
+pub type AgentTx = mpsc::Sender<Encoded>;
 
 /// `(service, instance)`.
 pub type AgentKey = (String, String);
@@ -109,7 +111,7 @@ pub struct Outgoing {
     /// The connection it is for (a slow one is cut).
     pub conn: u64,
     pub tx: AgentTx,
-    pub msg: pb::ControlMessage,
+    pub msg: Encoded,
 }
 
 /// Messages to send once the lock is released.
@@ -169,6 +171,23 @@ impl Dirty {
             }
         }
     }
+}
+
+/// The agents of `services` (each service's a range of the map: an apply
+/// to one service walks its agents only).
+pub(super) fn of_services<'a>(
+    agents: &'a Agents,
+    services: &'a [String],
+) -> impl Iterator<Item = &'a Agent> {
+    let mut services: Vec<&String> = services.iter().collect();
+    services.sort_unstable();
+    services.dedup();
+    services.into_iter().flat_map(move |service| {
+        agents
+            .range((service.clone(), String::new())..)
+            .map(|(_, a)| a)
+            .take_while(move |a| &a.service == service)
+    })
 }
 
 /// Forgets the agents not connected and not heard from for `retention_ms`
@@ -251,7 +270,7 @@ impl Agent {
     }
 
     /// `msg` for this agent's stream; `None` when it is not connected.
-    pub(super) fn outgoing(&self, msg: pb::ControlMessage) -> Option<Outgoing> {
+    pub(super) fn outgoing(&self, msg: Encoded) -> Option<Outgoing> {
         let conn = self.conn.as_ref()?;
         Some(Outgoing {
             key: self.key(),

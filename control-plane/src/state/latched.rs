@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use gov_proto::v1 as pb;
 
 use super::agent::{Agent, AgentKey, Agents, Outbox};
+use crate::encoded::Encoded;
 use crate::latches::{self, LatchId, Latches, Reporter};
 use crate::store::{self, Persisted, Trip, TripKind};
 
@@ -161,11 +162,11 @@ impl Latched {
                 deadline_unix_ms: trip.deadline_unix_ms.unwrap_or(0),
                 reason: trip.reason.clone(),
             };
-            out.extend(agent.outgoing(pb::ControlMessage {
+            out.extend(agent.outgoing(Encoded::new(&pb::ControlMessage {
                 msg: Some(pb::control_message::Msg::Command(pb::Command {
                     kind: Some(pb::command::Kind::Arm(latch)),
                 })),
-            }));
+            })));
         }
     }
 
@@ -211,9 +212,10 @@ impl Latched {
         let mut keys: BTreeSet<String> = self.latches.remove(kind, rule, key).into_iter().collect();
         forget_reported(agents, &service, kind, rule, key);
         let mut notified = Vec::new();
+        let msg = Encoded::new(&release_message(kind, rule, key, who));
         for a in connected(agents, &service) {
             keys.extend(reports_tripped(a, kind, rule, key));
-            out.extend(a.outgoing(release_message(kind, rule, key, who)));
+            out.extend(a.outgoing(msg.clone()));
             notified.push(a.instance.clone());
         }
         (keys.into_iter().collect(), notified)
@@ -298,7 +300,7 @@ pub(super) fn send_missed(
             Some(latch_key),
             "govd (a release made while this agent was away)",
         );
-        if let Some(o) = agent.outgoing(msg) {
+        if let Some(o) = agent.outgoing(Encoded::new(&msg)) {
             tracing::info!(%rule, key = %latch_key, instance = %key.1, kind = kind.as_str(), "sending a release the agent missed while away");
             out.push(o);
         }

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use gov_proto::v1 as pb;
 
 use super::agent::{Agent, AgentKey, Agents, Outbox, Removal};
+use crate::encoded::Encoded;
 
 /// The endpoint sets: what changed since the last push, and each
 /// service's set version.
@@ -76,7 +77,8 @@ impl Registry {
                     agent.removal = Some(Removal::Pushed(version));
                 }
             }
-            let msg = endpoints_message(self.endpoints(agents, &service));
+            // Encoded once: every stream sends the same bytes.
+            let msg = Encoded::new(&endpoints_message(self.endpoints(agents, &service)));
             out.extend(agents.values().filter_map(|a| a.outgoing(msg.clone())));
         }
         confirm_removals(agents, out);
@@ -131,12 +133,12 @@ fn confirm_removals(agents: &mut Agents, out: &mut Outbox) {
             continue;
         };
         agent.removal = Some(Removal::Done);
-        out.extend(agent.outgoing(pb::ControlMessage {
+        out.extend(agent.outgoing(Encoded::new(&pb::ControlMessage {
             msg: Some(pb::control_message::Msg::Command(pb::Command {
                 kind: Some(pb::command::Kind::Deregistered(pb::Deregistered {
                     version,
                 })),
             })),
-        }));
+        })));
     }
 }
