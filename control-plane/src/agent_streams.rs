@@ -4,6 +4,7 @@
 //! and its messages read into the state.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt as _};

@@ -5,28 +5,22 @@
 //! service, on one listener.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt as _};
 use gov_proto::v1 as pb;
-use pb::agent_message::Msg as AgentMsg;
 use pb::control_plane_server::ControlPlane as ControlPlaneRpc;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::{ReceiverStream, WatchStream};
+use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::agent_streams::GrpcService;
 use crate::apply::{ApplyError, ApplyRequest};
-use crate::auth::{AgentIdentity, Role};
-use crate::control_plane::{ControlPlane, Inner, ReleaseError};
-use crate::convert::now_unix_ms;
-use crate::encoded::Encoded;
+use crate::auth::Role;
+use crate::control_plane::{ControlPlane, ReleaseError};
 use crate::error::Error;
-use crate::state::AgentKey;
-use crate::store::{AuditEntry, Source, TripKind};
+use crate::store::{Source, TripKind};
 use crate::view::{MAX_VIEW_BYTES, bounded, filter_view};
 
 /// Room for the rest of an `ApplyRequest` (names, who) beyond the policy
@@ -407,9 +401,12 @@ impl ControlPlaneRpc for ControlPlane {
 
 #[cfg(test)]
 mod tests {
+    use pb::agent_message::Msg as AgentMsg;
+    use tokio::sync::mpsc;
     use tokio_util::sync::CancellationToken;
 
     use super::*;
+    use crate::encoded::Encoded;
 
     /// The state directory as written (what a restart reads).
     fn disk(dir: &std::path::Path) -> crate::store::DirStore {
