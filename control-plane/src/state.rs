@@ -208,7 +208,7 @@ impl State {
     /// Queues the current config of `key`'s service to it, with a fresh
     /// nonce, and marks it STALE until it answers.
     fn push(&mut self, key: &AgentKey, out: &mut Outbox) {
-        if !self.agents.get(key).is_some_and(|a| a.conn.is_some()) {
+        if self.agents.get(key).is_none_or(|a| a.conn.is_none()) {
             return;
         }
         let ((version, target), nonce) = (self.encoded_target_for(key), self.nonce());
