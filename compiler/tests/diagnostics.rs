@@ -421,3 +421,25 @@ fn names_whose_definitions_were_skipped_are_not_unknown_and_others_are() {
         .collect();
     assert_eq!(codes, ["gov::syntax", "gov::unknown-service"]);
 }
+
+/// A share's consumer names: an empty one is an error the agent would
+/// otherwise refuse at apply (`gov::share-weights`), and only the share's
+/// own checks fire beside `share-weights` for a well-formed share.
+#[test]
+fn a_share_that_names_an_empty_consumer_is_refused_before_apply() {
+    let share = |names: &str| {
+        codes(&format!(
+            "service s {{\n  consumer from header \"x-gov-consumer\"\n  match crm = consumer \"crm\"\n  match web = consumer \"web\"\n  bulkhead b on any {{\n    max_concurrent 10\n    max_wait 20ms\n    share by consumer {{ {names} }}\n  }}\n}}\n"
+        ))
+    };
+    assert!(
+        share("crm 3 \"\" 1").contains(&"gov::share-weights".to_string()),
+        "{:?}",
+        share("crm 3 \"\" 1")
+    );
+    assert!(
+        !share("crm 3 web 1").contains(&"gov::share-weights".to_string()),
+        "{:?}",
+        share("crm 3 web 1")
+    );
+}

@@ -1,6 +1,6 @@
 //! `gov::share-weights`: a bulkhead's `share by consumer { ... }` that names
-//! a consumer (or `default`) twice, names more than 64 consumers, or names
-//! none besides `default`.
+//! a consumer (or `default`) twice, names an empty consumer (`""`), names
+//! more than 64 consumers, or names none besides `default`.
 //!
 //! Why: a consumer has one weight; the agent refuses a share that gives it
 //! two, or that names more consumers than its table holds. A share with
@@ -41,6 +41,13 @@ pub struct ShareWeights {
 /// What is wrong with `share`: the problem, where, and the label.
 fn problem(share: &Share) -> Option<(String, gov_lang::ast::Span, String)> {
     for (i, (name, _)) in share.weights.iter().enumerate() {
+        if name.node.is_empty() {
+            return Some((
+                "the share names an empty consumer".to_string(),
+                name.span,
+                "calls without a consumer are `default`'s".to_string(),
+            ));
+        }
         if share.weights[..i].iter().any(|(n, _)| n.node == name.node) {
             return Some((
                 format!("the share names `{}` twice", name.node),

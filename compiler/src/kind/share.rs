@@ -68,7 +68,7 @@ impl Share {
     /// Hands its weights to `gov::non-positive` and `gov::too-large`.
     pub(crate) fn values(&self, out: &mut Values) {
         for (name, weight) in &self.weights {
-            let what = format!("share weight of `{}`", name.node);
+            let what = format!("share weight of {}", name.node);
             out.bound(&what, weight.node, weight.span, Bound::Positive);
             out.large(&what, Large::Count(weight.clone()));
         }
