@@ -3,23 +3,11 @@
 //! critical consumer's calls wait and are served first (docs/language.md,
 //! "Criticality").
 
-use std::io::BufRead as _;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 
-use crate::support::{http, ms, upstream};
-
-/// A child process killed and reaped when dropped.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::support::{binary, http, ms, upstream};
 
 const CONFIG: &str = r#"
 service: shop
@@ -47,47 +35,8 @@ rules:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sheddable_calls_are_refused_while_critical_ones_are_served() {
     let up = upstream().slow("/reports", ms(100)).start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("target.yaml");
-    std::fs::write(&path, CONFIG).unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_gov-agent"))
-        .args(["--service", "shop", "--upstream"])
-        .arg(up.addr.to_string())
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .arg("--config")
-        .arg(&path)
-        .env("GOV_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
-    let stderr = child.0.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = lines_tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let started = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match lines.recv_timeout(left) {
-            Ok(line) if line.contains("gov-agent started") => break line,
-            Ok(_) => {}
-            Err(e) => panic!("no `gov-agent started` line within 30 s: {e}"),
-        }
-    };
-    let at = started.find("inbound=").unwrap() + "inbound=".len();
-    let inbound: SocketAddr = started[at..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let url = format!("http://{inbound}/reports");
+    let agent = binary().upstream(&up).config(CONFIG).spawn();
+    let url = format!("http://{}/reports", agent.inbound);
     let client = http();
 
     // Overload: 8 closed-loop `batch` callers and 2 `crm` callers on 2
@@ -137,10 +86,8 @@ async fn sheddable_calls_are_refused_while_critical_ones_are_served() {
     );
 
     // The refusals are the bulkhead's fail-fast kind: none waited.
-    let admin_at = started.find("admin=").unwrap() + "admin=".len();
-    let admin = &started[admin_at..].split_whitespace().next().unwrap();
     let metrics = client
-        .get(&format!("http://{admin}/metrics"))
+        .get(&format!("http://{}/metrics", agent.admin))
         .await
         .unwrap()
         .text();
