@@ -629,3 +629,59 @@ service reports {
     let report = govc(&["replay", fixed.to_str().unwrap(), "--log", l, "-o", "json"]);
     assert!(rule(&report["replay"], "reports/io_calls")["limit"].is_null());
 }
+
+/// A fuse counts an outcome at the response head, while the body may stream
+/// for long after: a replay counts it at the record's `outcome_us`, so a
+/// call arriving between a trip and the end of the call that tripped it is
+/// rejected as it was live. Without `outcome_us` (an older agent's log) the
+/// outcome counts at the end, and that call is admitted.
+#[test]
+fn a_replay_counts_outcomes_when_the_agent_did_not_when_the_body_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("p.gov");
+    std::fs::write(&policy, P).unwrap();
+    let t0: u64 = 1_700_000_000_000_000;
+    // Ten failing calls 1 ms apart, each answered in 50 us and streaming
+    // its body for 5 ms: the tenth trips the fuse (min_calls 10) at once.
+    let failed = |k: u64| {
+        LINE.replace("1000000", &(t0 + k * 1_000).to_string())
+            .replace("\"crm\"", "\"erp\"")
+            .replace("/api/a", "/flaky/err")
+            .replace("\"status\":200", "\"status\":500")
+            .replace("\"latency_us\":10", "\"latency_us\":5000,\"outcome_us\":50")
+    };
+    // Then, 100 us after the trip, a call the live fuse rejected.
+    let rejected = LINE
+        .replace("1000000", &(t0 + 9_000 + 150).to_string())
+        .replace("\"crm\"", "\"erp\"")
+        .replace("/api/a", "/flaky/ok")
+        .replace("\"status\":200", "\"status\":503")
+        .replace("\"response\"", "\"rejected\"")
+        .replace(
+            "\"rules\":[]",
+            r#""rules":[{"rule":"order/flaky_fuse","decision":"rejected","reason":"fuse_open"}]"#,
+        );
+    let mut lines: Vec<String> = (0..10).map(failed).collect();
+    lines.push(rejected);
+    let p = policy.to_str().unwrap();
+    let replayed = |lines: &[String]| {
+        let log = dir.path().join("calls.jsonl");
+        std::fs::write(&log, lines.join("\n")).unwrap();
+        let report = govc(&["replay", p, "--log", log.to_str().unwrap(), "-o", "json"]);
+        rejected_by_consumer(&report["replay"], "order/flaky_fuse")
+    };
+    assert_eq!(
+        replayed(&lines),
+        BTreeMap::from([("erp".to_owned(), 1)]),
+        "rejected as live"
+    );
+    let older: Vec<String> = lines
+        .iter()
+        .map(|l| l.replace(",\"outcome_us\":50", ""))
+        .collect();
+    assert_eq!(
+        replayed(&older),
+        BTreeMap::new(),
+        "counted at the end, the outcomes come after the call"
+    );
+}

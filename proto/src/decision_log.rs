@@ -77,6 +77,13 @@ pub struct Record {
     /// From arrival to the end of the call (the response body done, or the
     /// rejection), in microseconds. An admitted call held its permits this long.
     pub latency_us: u64,
+    /// From arrival to the moment the outcome was recorded (the response
+    /// head, or gRPC trailers), in microseconds: when fuses and latency
+    /// histograms counted the call. Absent when the call had no outcome.
+    /// Added within format version 1: older readers ignore it, and a replay
+    /// of a record without it counts the outcome at the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome_us: Option<u64>,
     /// The version of the config that decided the call (empty: no rule matched).
     #[serde(default)]
     pub config: String,

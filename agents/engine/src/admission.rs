@@ -106,6 +106,10 @@ pub struct Ended {
     /// The recorded outcome; `None` when the call ended without one (the
     /// client left, or the request never reached the upstream).
     pub outcome: Option<Outcome>,
+    /// When the outcome was recorded (the response head, usually): when
+    /// fuses and latency histograms counted the call, which can be well
+    /// before its end. `None` with `outcome`.
+    pub outcome_at: Option<Instant>,
     /// Response bytes counted through [`Admission::add_bytes`].
     pub bytes: u64,
     /// When the admission was dropped (its permits given back).
@@ -114,7 +118,7 @@ pub struct Ended {
 
 /// An observer of one call's end, with what it needs counted.
 struct Trace {
-    outcome: Option<Outcome>,
+    outcome: Option<(Outcome, Instant)>,
     bytes: std::sync::atomic::AtomicU64,
     then: Box<dyn FnOnce(Ended) + Send + Sync>,
 }
@@ -534,7 +538,7 @@ impl Admission {
         if let Some(trace) = &mut self.trace
             && trace.outcome.is_none()
         {
-            trace.outcome = Some(outcome);
+            trace.outcome = Some((outcome, Instant::now()));
         }
         if !self.recorded {
             self.recorded = true;
@@ -626,7 +630,8 @@ impl Drop for Admission {
         }
         if let Some(trace) = self.trace.take() {
             let ended = Ended {
-                outcome: trace.outcome,
+                outcome: trace.outcome.map(|(o, _)| o),
+                outcome_at: trace.outcome.map(|(_, at)| at),
                 bytes: trace.bytes.into_inner(),
                 at: Instant::now(),
             };

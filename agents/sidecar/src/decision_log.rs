@@ -247,6 +247,7 @@ impl DecisionLog {
             grpc_status: None,
             outcome: log::Outcome::Abandoned,
             latency_us: 0,
+            outcome_us: None,
             config: String::new(),
             rules: Vec::new(),
             shadow: Vec::new(),
@@ -340,6 +341,9 @@ impl gov_engine::Observe for DecisionLog {
             record.outcome = outcome;
             record.response_bytes = Some(ended.bytes);
             record.latency_us = micros(ended.at.saturating_duration_since(at.0));
+            record.outcome_us = ended
+                .outcome_at
+                .map(|t| micros(t.saturating_duration_since(at.0)));
             this.send(record);
         });
     }

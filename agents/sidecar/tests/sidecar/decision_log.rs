@@ -153,6 +153,14 @@ async fn both_paths_log_each_call_with_what_each_rule_decided() {
     assert!(first.epochs[0].t_us <= first.t_us);
     assert!(got[1].epochs.is_empty(), "once per file and config");
 
+    // Each admitted call's outcome was counted at its response head, on
+    // both paths: at most its end; a rejected one has none.
+    for admitted in [&got[0], &got[1], &got[3]] {
+        let at = admitted.outcome_us.expect("an outcome time");
+        assert!(at <= admitted.latency_us, "{admitted:?}");
+    }
+    assert_eq!(got[2].outcome_us, None);
+
     let rejected = &got[2];
     assert_eq!(
         (rejected.status, rejected.outcome),

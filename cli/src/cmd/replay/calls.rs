@@ -50,6 +50,9 @@ pub enum Live {
 pub struct Call {
     pub t_us: u64,
     pub latency_us: u64,
+    /// From arrival to when the live agent counted its outcome, when the
+    /// record says.
+    pub outcome_us: Option<u64>,
     /// What the call waited live (for a permit or a shaping delay).
     pub live_wait_us: u64,
     pub request_bytes: u64,
@@ -268,6 +271,7 @@ impl Calls {
         let call = Call {
             t_us: r.t_us,
             latency_us: r.latency_us,
+            outcome_us: r.outcome_us,
             live_wait_us: r
                 .rules
                 .iter()

@@ -4,10 +4,11 @@
 //! A current-thread Tokio runtime with a paused clock runs the engine; the
 //! clock is advanced to each event in order: a rule's epoch (the rule is
 //! created then, so its windows line up with the live agent's), a call's
-//! arrival (decided with `try_admit`), a call's end (its recorded latency
-//! less what it waited live: the outcome is recorded with its status, then
-//! the admission dropped, giving its permits back). A call that has to wait
-//! for a permit waits in a task of its own, as it would in the agent.
+//! arrival (decided with `try_admit`), a call's outcome (recorded with its
+//! status when the live agent recorded it, at the response head) and its
+//! end (its recorded latency: the admission dropped, giving its permits
+//! back), both less what the call waited live. A call that has to wait for
+//! a permit waits in a task of its own, as it would in the agent.
 
 use std::cell::RefCell;
 use std::cmp::Reverse;
@@ -72,6 +73,14 @@ pub struct Outcomes {
     /// Every move of an adaptive bulkhead's limit: (rule, Unix µs, limit),
     /// its first value when the rule starts deciding.
     pub limits: Vec<(u32, u64, u32)>,
+}
+
+/// What happens to a held call at a time in the replay; at one instant
+/// an outcome comes before an end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    Outcome,
+    End,
 }
 
 /// An admitted call waiting for its end.
@@ -165,7 +174,7 @@ async fn run(
         advance_to(at(t)).await;
         engine.apply(config);
     }
-    let mut ends: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
+    let mut steps: BinaryHeap<Reverse<(Instant, Step, usize)>> = BinaryHeap::new();
     let mut held: Vec<Option<Held>> = Vec::new();
     // Slots of `held` whose call ended, for the next admitted call.
     let mut free: Vec<usize> = Vec::new();
@@ -189,17 +198,14 @@ async fn run(
             for &i in order {
                 let call = &calls.list[i];
                 let arrival = at(call.t_us);
-                // Every end before this arrival, in time order.
-                while let Some(Reverse((end, slot))) = ends.peek().copied() {
-                    if end > arrival {
+                // Every outcome and end before this arrival, in time order.
+                while let Some(Reverse((when, step, slot))) = steps.peek().copied() {
+                    if when > arrival {
                         break;
                     }
-                    ends.pop();
-                    advance_to(end).await;
-                    if let Some(h) = held.get_mut(slot).and_then(Option::take) {
-                        end_call(h);
-                        free.push(slot);
-                    }
+                    steps.pop();
+                    advance_to(when).await;
+                    take_step(&mut held, &mut free, step, slot);
                     tokio::task::yield_now().await;
                     drain_events(&mut events, &out);
                     limits.sample(&engine, t0_us, base, &out);
@@ -245,7 +251,8 @@ async fn run(
                                 held.len() - 1
                             }
                         };
-                        ends.push(Reverse((arrival + hold, slot)));
+                        steps.push(Reverse((arrival + hold.outcome, Step::Outcome, slot)));
+                        steps.push(Reverse((arrival + hold.end, Step::End, slot)));
                         if let Some(h) = held[slot].as_ref() {
                             h.admission.add_bytes(call.request_bytes);
                         }
@@ -278,12 +285,15 @@ async fn run(
                                         o.admitted_by.push((i, by));
                                     }
                                     admission.add_bytes(req);
-                                    tokio::time::sleep(hold).await;
-                                    end_call(Held {
+                                    let mut h = Held {
                                         admission,
                                         outcome,
                                         response_bytes: resp,
-                                    });
+                                    };
+                                    tokio::time::sleep(hold.outcome).await;
+                                    h.record();
+                                    tokio::time::sleep(hold.end - hold.outcome).await;
+                                    end_call(h);
                                 }
                                 Err(r) => {
                                     let rule = ids.get(&r.rule);
@@ -303,11 +313,9 @@ async fn run(
                 drain_events(&mut events, &out);
             }
             // The calls still held end in time order; then the waiters finish.
-            while let Some(Reverse((end, slot))) = ends.pop() {
-                advance_to(end).await;
-                if let Some(h) = held.get_mut(slot).and_then(Option::take) {
-                    end_call(h);
-                }
+            while let Some(Reverse((when, step, slot))) = steps.pop() {
+                advance_to(when).await;
+                take_step(&mut held, &mut free, step, slot);
                 tokio::task::yield_now().await;
                 drain_events(&mut events, &out);
                 limits.sample(&engine, t0_us, base, &out);
@@ -335,14 +343,51 @@ fn admitted(out: &RefCell<Outcomes>, ids: &RuleIds, i: usize, admission: &Admiss
     o.admitted_by.push((i, by));
 }
 
-/// How long an admitted call holds its permits: its recorded latency less
-/// what it waited live. A call the live policy rejected has no known end.
-fn hold_for(call: &Call, out: &RefCell<Outcomes>) -> Duration {
+/// When a held call's outcome is counted and when it gives its permits
+/// back, from its admission.
+#[derive(Clone, Copy, Debug)]
+struct Hold {
+    outcome: Duration,
+    end: Duration,
+}
+
+/// How long an admitted call holds its permits (its recorded latency) and
+/// when its outcome was counted (at the end when the record does not say),
+/// less what it waited live. A call the live policy rejected has no known
+/// end.
+fn hold_for(call: &Call, out: &RefCell<Outcomes>) -> Hold {
     if let Live::Rejected { .. } = call.live {
         out.borrow_mut().unknown_end += 1;
-        return Duration::ZERO;
+        return Hold {
+            outcome: Duration::ZERO,
+            end: Duration::ZERO,
+        };
     }
-    Duration::from_micros(call.latency_us.saturating_sub(call.live_wait_us))
+    let end = call.latency_us.saturating_sub(call.live_wait_us);
+    let outcome = call
+        .outcome_us
+        .map_or(end, |o| o.saturating_sub(call.live_wait_us).min(end));
+    Hold {
+        outcome: Duration::from_micros(outcome),
+        end: Duration::from_micros(end),
+    }
+}
+
+/// Counts the outcome of the call held in `slot`, or ends it.
+fn take_step(held: &mut [Option<Held>], free: &mut Vec<usize>, step: Step, slot: usize) {
+    match step {
+        Step::Outcome => {
+            if let Some(h) = held.get_mut(slot).and_then(Option::as_mut) {
+                h.record();
+            }
+        }
+        Step::End => {
+            if let Some(h) = held.get_mut(slot).and_then(Option::take) {
+                end_call(h);
+                free.push(slot);
+            }
+        }
+    }
 }
 
 fn outcome_of(call: &Call) -> Option<Outcome> {
@@ -358,11 +403,18 @@ fn outcome_of(call: &Call) -> Option<Outcome> {
     }
 }
 
+impl Held {
+    /// Records the call's outcome (once: the engine keeps the first).
+    fn record(&mut self) {
+        if let Some(outcome) = self.outcome.take() {
+            self.admission.record(outcome);
+        }
+    }
+}
+
 fn end_call(mut h: Held) {
     h.admission.add_bytes(h.response_bytes);
-    if let Some(outcome) = h.outcome {
-        h.admission.record(outcome);
-    }
+    h.record();
     drop(h.admission);
 }
 
