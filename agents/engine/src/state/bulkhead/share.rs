@@ -12,6 +12,14 @@
 //! - A free permit goes to a call within its share at once; to a borrower
 //!   only when no call within its share waits (and, for a newcomer, when
 //!   nobody waits at all: it does not overtake the queue).
+//! - The pool keeps one permit free for each other active class below the
+//!   share it is sure of: a call beyond its own sure share (a borrower, or
+//!   a call of the rounded-up part) does not take it. So the next call of a
+//!   consumer already served finds a permit at once, instead of waiting
+//!   for a borrower's call to end: without it, a freed permit that a
+//!   borrower takes a moment before that call arrives costs it up to a
+//!   whole call of the borrower's in wait. A class with nothing in flight
+//!   and nothing waiting keeps nothing (its share is lent whole).
 //! - A full pool makes a call within its share wait (if the bulkhead waits
 //!   at all: `max_wait`), whatever `queue` says: such waiters are bounded by
 //!   the class's share. A borrower waits only within `queue`.
@@ -198,6 +206,27 @@ impl Share {
             < u64::from(limit) * w
     }
 
+    /// Whether class `i` is sure of one more permit: holding it, still
+    /// within its share rounded down.
+    fn sure(&self, c: &Counts, i: usize, limit: u32) -> bool {
+        let w = u64::from(self.weights[i]);
+        let active = if c.in_use[i] > 0 || c.waiting[i] > 0 {
+            c.active
+        } else {
+            c.active + w
+        };
+        (u64::from(c.in_use[i]) + 1) * active <= u64::from(limit) * w
+    }
+
+    /// The permits kept free for the active classes other than `i` that
+    /// are below their sure share (one each).
+    fn kept_free(&self, c: &Counts, i: usize, limit: u32) -> u64 {
+        (0..self.weights.len())
+            .filter(|&j| j != i && (c.in_use[j] > 0 || c.waiting[j] > 0))
+            .filter(|&j| self.sure(c, j, limit))
+            .count() as u64
+    }
+
     /// Whether a call within its share waits.
     fn entitled_waiter(&self, c: &Counts, limit: u32) -> bool {
         (0..self.weights.len()).any(|j| c.waiting[j] > 0 && self.within(c, j, 1, limit))
@@ -209,6 +238,11 @@ impl Share {
         let limit = pool.limit.load(Relaxed);
         let state = pool.state.load(Relaxed);
         if state & IN_USE >= u64::from(limit) {
+            return false;
+        }
+        // Beyond its sure share, a call leaves the permits kept free.
+        let free = u64::from(limit) - (state & IN_USE);
+        if !self.sure(c, i, limit) && free <= self.kept_free(c, i, limit) {
             return false;
         }
         let allowed = if self.within(c, i, 1, limit) {
@@ -434,10 +468,48 @@ mod tests {
         assert!(futures::poll!(web.as_mut()).is_pending());
         assert_eq!(crm.await, Ok(()));
         assert_eq!(s.counts(), [(1, 0), (3, 1), (0, 0)]);
-        // A newcomer borrower does not overtake the waiting one either.
+        // The next permit freed is kept for crm (1 in flight, sure of 3):
+        // neither borrower takes it.
         s.release(&pool, 1);
         assert!(!s.try_take(&pool, 1));
+        assert!(futures::poll!(web.as_mut()).is_pending());
+        // Once crm has nothing in flight, the waiting borrower has it, and
+        // a newcomer borrower does not overtake it.
+        s.release(&pool, 0);
+        assert!(!s.try_take(&pool, 1));
         assert_eq!(web.await, Ok(()));
+    }
+
+    /// A borrower leaves one permit free for a consumer that has a call in
+    /// flight and is below its sure share, so that consumer's next call
+    /// does not wait for a borrower's call to end; a consumer with nothing
+    /// in flight keeps nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_borrower_leaves_a_permit_for_an_active_consumer_below_its_share() {
+        let (s, p) = (share(), Owned::new(10));
+        let pool = p.pool();
+        assert!(s.try_take(&pool, 1), "web has a call in flight");
+        // `default` (weight 1 of 2 active) is sure of 5 and borrows 3 more.
+        for _ in 0..8 {
+            assert!(s.try_take(&pool, 2));
+        }
+        assert!(!s.try_take(&pool, 2), "the last permit is web's");
+        let borrower = s.wait(&pool, 2, Duration::from_secs(1), None);
+        tokio::pin!(borrower);
+        assert!(futures::poll!(borrower.as_mut()).is_pending());
+        assert!(s.try_take(&pool, 1), "web's next call: at once");
+        // A permit freed by `default` goes to web's next call too, not to
+        // the waiting borrower (web, at 2 of its sure 5, keeps one free).
+        s.release(&pool, 2);
+        assert!(futures::poll!(borrower.as_mut()).is_pending());
+        assert!(s.try_take(&pool, 1));
+        // Once web has nothing in flight, its share is lent whole.
+        for _ in 0..3 {
+            s.release(&pool, 1);
+        }
+        assert_eq!(borrower.await, Ok(()));
+        assert!(s.try_take(&pool, 2) && s.try_take(&pool, 2));
+        assert_eq!(s.counts(), [(0, 0), (0, 0), (10, 0)]);
     }
 
     /// A borrower waits only within `queue`; a call within its share waits
