@@ -187,6 +187,7 @@ impl ControlPlane {
             .admit(crate::connections::ADMISSION_WAIT)
             .await
         {
+            self.inner.metrics.on_admission_refused();
             return Err(Status::unavailable(format!(
                 "govd admits {} new agent streams a second (--agent-admissions-per-second) and this one's turn is more than {:?} away; the agent keeps its config and tries again after its backoff",
                 self.inner.connections.agent_admissions_per_second,

@@ -41,6 +41,8 @@ pub(crate) struct Metrics {
     agent_refusals: [AtomicU64; AgentCap::ALL.len()],
     /// Instances forgotten after `--agent-retention`.
     agents_pruned: AtomicU64,
+    /// New agent streams refused: their admission turn was too far away.
+    admissions_refused: AtomicU64,
     /// Open connections by client, and those closed before proving anything.
     pub(crate) connections: std::sync::Arc<crate::connections::Registry>,
     /// Watch streams open by token, and those refused.
@@ -156,6 +158,11 @@ impl Metrics {
         if let Some(c) = self.agent_refusals.get(cap as usize) {
             c.fetch_add(1, Relaxed);
         }
+    }
+
+    /// A new agent stream was refused by `--agent-admissions-per-second`.
+    pub(crate) fn on_admission_refused(&self) {
+        self.admissions_refused.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn on_agents_pruned(&self, n: usize) {
@@ -295,6 +302,16 @@ impl Metrics {
                 .map_or(0, |c| c.load(Relaxed));
             enc.sample("govd_agent_refusals_total", &[("limit", cap.label())], n);
         }
+        enc.family(
+            "govd_agent_admissions_refused_total",
+            "counter",
+            "New agent streams refused because their turn under --agent-admissions-per-second was more than 3 s away (each agent retries after its backoff).",
+        );
+        enc.sample(
+            "govd_agent_admissions_refused_total",
+            &[],
+            self.admissions_refused.load(Relaxed),
+        );
         enc.family(
             "govd_agents_pruned_total",
             "counter",

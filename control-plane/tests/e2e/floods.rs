@@ -293,3 +293,54 @@ async fn status_and_watch_stay_readable_over_many_agents_with_large_labels() {
     // seconds to write it.
     govd.stop_within(Duration::from_secs(60)).await;
 }
+
+/// Issue 35: a storm of new agent streams over `--agent-admissions-per-second`
+/// is taken in at the rate; the streams whose turn is too far away are
+/// refused with UNAVAILABLE, named, and counted in `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_streams_beyond_the_admission_rate_are_refused_and_counted() {
+    use super::agent_identity::{fake_agent, hello};
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state"))
+        .metrics()
+        .args(&["--agent-admissions-per-second", "1"])
+        .start()
+        .await;
+    assert_eq!(
+        govd_sample(&govd, "govd_agent_admissions_refused_total").await,
+        0
+    );
+    // One a second, a second's burst, turns at most 3 s away: of 8 at
+    // once, 2 now and 3 within 3 s; the rest are refused.
+    let token = service_agent_token("order");
+    let storm: Vec<_> = (0..8)
+        .map(|i| {
+            let (govd, token) = (&govd, &token);
+            async move { fake_agent(govd, Some(token), hello("order", &format!("order-{i}"))).await }
+        })
+        .collect();
+    let (mut admitted, mut refused) = (Vec::new(), 0);
+    for outcome in futures::future::join_all(storm).await {
+        match outcome {
+            Ok(agent) => admitted.push(agent),
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                assert!(
+                    status.message().contains("--agent-admissions-per-second"),
+                    "{status:?}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        admitted.len() >= 2 && refused >= 1,
+        "{} admitted",
+        admitted.len()
+    );
+    assert_eq!(admitted.len() + refused, 8);
+    assert_eq!(
+        govd_sample(&govd, "govd_agent_admissions_refused_total").await,
+        refused as u64
+    );
+}
