@@ -28,9 +28,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use gov_control_plane::etcd::{EtcdConfig, EtcdStore};
+use gov_control_plane::latch::{Latch, LatchKind, Released};
 use gov_control_plane::store::{
-    AppliedPolicy, DirStore, Fence, HistoryEntry, Persisted, Released, Source, Store as _, Trip,
-    TripKind, legacy,
+    AppliedPolicy, DirStore, Fence, HistoryEntry, Persisted, Source, Store as _, legacy,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -123,8 +123,8 @@ fn states(n: usize, history: usize) -> [Persisted; 4] {
     applied.history.remove(0);
     applied.applied = Some(next);
     let mut tripped = applied.clone();
-    tripped.trips.push(Trip {
-        kind: TripKind::Limit,
+    tripped.latches.push(Latch {
+        kind: LatchKind::Limit,
         rule: "bench_1/l".into(),
         key: String::new(),
         since_unix_ms: 1_000_001,
@@ -137,7 +137,7 @@ fn states(n: usize, history: usize) -> [Persisted; 4] {
     });
     let mut released = applied.clone();
     released.releases.push(Released {
-        kind: TripKind::Limit,
+        kind: LatchKind::Limit,
         rule: "bench_1/l".into(),
         key: String::new(),
         at_unix_ms: 1_000_002,

@@ -17,9 +17,10 @@ use crate::auth::Tokens;
 use crate::change::{Change, Recheck};
 use crate::convert::now_unix_ms;
 use crate::error::Error;
+use crate::latch::LatchKind;
 use crate::limits::Limits;
 use crate::state::{Outbox, State};
-use crate::store::{AuditEntry, DirStore, Fence, Loaded, Persisted, Revision, Store, TripKind};
+use crate::store::{AuditEntry, DirStore, Fence, Loaded, Persisted, Revision, Store};
 use crate::view::cluster_view;
 
 /// How long a push may wait for room in an agent's queue before the
@@ -73,7 +74,7 @@ pub(crate) struct Inner {
     pub(crate) sync: watch::Sender<u64>,
     /// The agent registry changed: write `state.json` soon.
     pub(crate) persist_soon: Notify,
-    /// Trips changed: re-plan the `release after` timer.
+    /// Latches changed: re-plan the `release after` timer.
     pub(crate) timer: Notify,
     /// A canary started or ended: the canary watcher (`rollout`) looks.
     pub(crate) canary: Notify,
@@ -119,7 +120,7 @@ impl ControlPlane {
         tracing::info!(
             store = %store.describe(),
             version = %state.version(),
-            trips = state.trips().count(),
+            latches = state.latches().count(),
             agents = state.agents().count(),
             "state loaded"
         );
@@ -426,7 +427,7 @@ impl Inner {
     /// were latched, instances notified).
     pub(crate) async fn release(
         &self,
-        kind: TripKind,
+        kind: LatchKind,
         rule: &str,
         key: Option<&str>,
         who: &str,
@@ -435,7 +436,7 @@ impl Inner {
         let write = self.write_lock.lock().await;
         let (keys, notified) = {
             let state = self.lock();
-            if !state.has_rule(kind, rule) && !state.is_tripped(kind, rule) {
+            if !state.has_rule(kind, rule) && !state.is_latched(kind, rule) {
                 return Err(ReleaseError::NoSuchRule {
                     kind: kind.as_str(),
                     rule: rule.to_owned(),
@@ -475,10 +476,10 @@ impl Inner {
 
 /// The audit detail of a release: nothing when it released what was asked,
 /// else what it found (the keys of a release of every key of a limit).
-fn released_detail(kind: TripKind, key: Option<&str>, keys: &[String]) -> String {
+fn released_detail(kind: LatchKind, key: Option<&str>, keys: &[String]) -> String {
     match (kind, key, keys) {
         (_, _, []) => "was not tripped".into(),
-        (TripKind::Limit, None, keys) if keys.iter().any(|k| !k.is_empty()) => {
+        (LatchKind::Limit, None, keys) if keys.iter().any(|k| !k.is_empty()) => {
             format!("keys: {}", keys.join(", "))
         }
         _ => String::new(),
@@ -540,7 +541,7 @@ async fn release_timer(inner: Arc<Inner>) {
             tracing::info!(%rule, %key, "release after: releasing the limit");
             if let Err(error) = inner
                 .release(
-                    TripKind::Limit,
+                    LatchKind::Limit,
                     &rule,
                     Some(&key),
                     "govd (release after)",

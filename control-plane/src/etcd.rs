@@ -7,7 +7,7 @@
 //!   the parts that changed and removes those gone in one transaction with
 //!   `PREFIX/revision`, conditioned on that key's mod revision
 //!   (compare-and-swap): of two replicas writing from one revision, the
-//!   loser reloads. A trip writes its latch and `PREFIX/revision`. New
+//!   loser reloads. A new latch writes its part and `PREFIX/revision`. New
 //!   source texts go just before (content-addressed: harmless if the write
 //!   fails), removals past one transaction just after (`txn.rs`).
 //! - `PREFIX/state`: the whole state in one value, as earlier releases kept

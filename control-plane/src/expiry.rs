@@ -20,7 +20,8 @@ use gov_proto::v1 as pb;
 
 use crate::control_plane::Inner;
 use crate::convert::now_unix_ms;
-use crate::store::{AuditEntry, Fence, TripKind};
+use crate::latch::LatchKind;
+use crate::store::{AuditEntry, Fence};
 
 /// Who ends an expired rule's latches, in the audit.
 pub const WHO: &str = "govd (rule expired)";
@@ -81,12 +82,12 @@ impl Inner {
                 }
             }
             let now = now_unix_ms();
-            let (all, trips) = {
+            let (all, latches) = {
                 let state = self.lock();
                 let all = state.bundle().map(expiries).unwrap_or_default();
-                let trips: Vec<(TripKind, String)> =
-                    state.trips().map(|t| (t.kind, t.rule.clone())).collect();
-                (all, trips)
+                let latches: Vec<(LatchKind, String)> =
+                    state.latches().map(|t| (t.kind, t.rule.clone())).collect();
+                (all, latches)
             };
             let next = all.iter().filter(|e| e.2 > now).map(|e| e.2 - now).min();
             let mut retry = false;
@@ -95,7 +96,7 @@ impl Inner {
                 if recorded.contains(&(rule.clone(), detail.clone())) {
                     continue;
                 }
-                let mut kinds: Vec<TripKind> = trips
+                let mut kinds: Vec<LatchKind> = latches
                     .iter()
                     .filter(|(_, r)| *r == rule)
                     .map(|(k, _)| *k)

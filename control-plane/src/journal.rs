@@ -21,8 +21,9 @@ use std::time::Duration;
 
 use crate::audit::{AuditEntry, Query, intended};
 use crate::convert::now_unix_ms;
+use crate::latch::LatchKind;
 use crate::state::State;
-use crate::store::{Store, TripKind};
+use crate::store::Store;
 
 /// How often records that could not be written are tried again.
 pub(crate) const RETRY: Duration = Duration::from_secs(5);
@@ -150,12 +151,12 @@ pub(crate) fn outcome_of(state: &State, mut intent: AuditEntry) -> AuditEntry {
             "apply",
         ),
         Some("release") => {
-            let kind = if intent.kind == TripKind::Limit.as_str() {
-                TripKind::Limit
+            let kind = if intent.kind == LatchKind::Limit.as_str() {
+                LatchKind::Limit
             } else {
-                TripKind::Fuse
+                LatchKind::Fuse
             };
-            let latched = state.trips().any(|t| {
+            let latched = state.latches().any(|t| {
                 t.kind == kind
                     && t.rule == intent.rule
                     && (intent.key.is_empty() || t.key == intent.key)

@@ -44,7 +44,7 @@ mod gate;
 pub mod history;
 pub mod identity;
 mod journal;
-pub mod latches;
+pub mod latch;
 pub mod limits;
 pub mod metrics;
 mod options;

@@ -103,8 +103,8 @@ impl Inner {
                 }
                 _ = tick.tick() => {
                     // Remaining times of limits and fuses tick down too.
-                    let any_trip = inner.lock().trips().next().is_some();
-                    if !inner.stats_dirty.swap(false, Ordering::Relaxed) && !any_trip {
+                    let any_latch = inner.lock().latches().next().is_some();
+                    if !inner.stats_dirty.swap(false, Ordering::Relaxed) && !any_latch {
                         continue;
                     }
                 }

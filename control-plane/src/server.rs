@@ -20,7 +20,8 @@ use crate::apply::{ApplyError, ApplyRequest};
 use crate::auth::Role;
 use crate::control_plane::{ControlPlane, ReleaseError};
 use crate::error::Error;
-use crate::store::{Source, TripKind};
+use crate::latch::LatchKind;
+use crate::store::Source;
 use crate::view::{MAX_VIEW_BYTES, bounded, filter_view};
 
 /// Room for the rest of an `ApplyRequest` (names, who) beyond the policy
@@ -319,8 +320,8 @@ impl ControlPlaneRpc for ControlPlane {
             .caller(&request, Role::Operator, "Release", &claimed)?;
         let req = request.into_inner();
         let kind = match pb::ReleaseKind::try_from(req.kind) {
-            Ok(pb::ReleaseKind::Fuse) => TripKind::Fuse,
-            Ok(pb::ReleaseKind::Limit) => TripKind::Limit,
+            Ok(pb::ReleaseKind::Fuse) => LatchKind::Fuse,
+            Ok(pb::ReleaseKind::Limit) => LatchKind::Limit,
             Err(_) => {
                 return Err(Status::invalid_argument(format!(
                     "unknown release kind {}",
@@ -337,7 +338,7 @@ impl ControlPlaneRpc for ControlPlane {
                 )));
             }
         }
-        if kind == TripKind::Fuse && !req.key.is_empty() {
+        if kind == LatchKind::Fuse && !req.key.is_empty() {
             return Err(Status::invalid_argument(format!(
                 "fuse `{}` has no keys; release it without a key",
                 req.rule
@@ -384,7 +385,7 @@ impl ControlPlaneRpc for ControlPlane {
             (true, n) => format!("released {what} on {n} agent(s)"),
             (false, n) => format!(
                 "{what} was not {}; sent the release to {n} agent(s) anyway",
-                if kind == TripKind::Fuse {
+                if kind == LatchKind::Fuse {
                     "tripped"
                 } else {
                     "engaged"
@@ -581,7 +582,7 @@ mod tests {
             .lock()
             .on_message(&key, id, AgentMsg::Event(tripped), 5);
         // The release's write fails (its temp file cannot be created).
-        let part = crate::store::parts::release_part(TripKind::Fuse, "order/mdm", "");
+        let part = crate::store::parts::release_part(LatchKind::Fuse, "order/mdm", "");
         let blocker = dir
             .path()
             .join(format!(".{part}.tmp.{}", std::process::id()));
@@ -589,7 +590,7 @@ mod tests {
         let err = cp
             .inner
             .release(
-                TripKind::Fuse,
+                LatchKind::Fuse,
                 "order/mdm",
                 None,
                 "alice",
@@ -599,7 +600,7 @@ mod tests {
             .unwrap_err();
         let message = crate::error::one_line(&err);
         assert!(message.contains("nothing was released"), "{message}");
-        assert!(cp.inner.lock().is_tripped(TripKind::Fuse, "order/mdm"));
+        assert!(cp.inner.lock().is_latched(LatchKind::Fuse, "order/mdm"));
         assert!(agent.try_recv().is_err(), "no release command was sent");
         let actions: Vec<String> = disk(dir.path())
             .read_audit()
@@ -613,7 +614,7 @@ mod tests {
         let (was, notified) = cp
             .inner
             .release(
-                TripKind::Fuse,
+                LatchKind::Fuse,
                 "order/mdm",
                 None,
                 "alice",
@@ -623,8 +624,8 @@ mod tests {
             .unwrap();
         assert_eq!(was, [""], "the fuse was tripped");
         assert_eq!(notified, ["a"]);
-        assert!(!cp.inner.lock().is_tripped(TripKind::Fuse, "order/mdm"));
-        assert!(disk(dir.path()).load().unwrap().trips.is_empty());
+        assert!(!cp.inner.lock().is_latched(LatchKind::Fuse, "order/mdm"));
+        assert!(disk(dir.path()).load().unwrap().latches.is_empty());
         let command = agent.try_recv().unwrap().message();
         assert!(matches!(
             command.msg,

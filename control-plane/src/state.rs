@@ -14,8 +14,8 @@
 //! `State` holds its parts and says when each is used; each part owns its
 //! data and never reaches back: `agent.rs` (one agent, what is queued to
 //! it, its sync state), `registry.rs` (endpoint sets and removals),
-//! `latched.rs` (latches and releases), `adopt.rs` (what another replica's
-//! state changes).
+//! `latch_agents.rs` (what the latches, `crate::latch`, send to agents),
+//! `adopt.rs` (what another replica's state changes).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -24,15 +24,13 @@ use gov_proto::v1 as pb;
 use pb::agent_message::Msg as AgentMsg;
 
 use crate::history::HistoryLimit;
-use crate::latches::LatchId;
-use crate::store::{
-    AgentChanges, AppliedPolicy, HistoryEntry, Persisted, StoredCanary, Trip, TripKind,
-};
+use crate::latch::{self, Latch, LatchId, LatchKind, Latches};
+use crate::store::{AgentChanges, AppliedPolicy, HistoryEntry, Persisted, StoredCanary};
 
 mod adopt;
 mod agent;
 mod canary;
-mod latched;
+mod latch_agents;
 mod registry;
 pub mod versions;
 
@@ -40,8 +38,6 @@ pub use adopt::Adopted;
 pub use agent::{Agent, AgentKey, AgentTx, Nacked, Outbox, Outgoing, Unsaved};
 use agent::{Agents, Conn, Dirty};
 pub use canary::{Canary, pick as canary_instances};
-pub use latched::Released;
-use latched::{Latched, trip_kind};
 use registry::{Registry, endpoints_message};
 
 use crate::encoded::{Encoded, EncodedTargets};
@@ -53,7 +49,7 @@ pub struct State {
     /// without holding the lock.
     applied: Option<Arc<AppliedPolicy>>,
     history: VecDeque<HistoryEntry>,
-    latched: Latched,
+    latches: Latches,
     agents: Agents,
     registry: Registry,
     /// Connected agents with a push not yet answered, per service: what
@@ -80,7 +76,7 @@ pub struct Effect {
     /// Only stats changed (view at most once per second).
     pub stats: bool,
     /// Latch changes to append to the audit log.
-    pub audits: crate::latches::Audits,
+    pub audits: latch::Audits,
     /// A service's registered instances changed: send
     /// [`State::endpoint_pushes`].
     pub endpoints: bool,
@@ -96,7 +92,7 @@ impl State {
         let mut state = State {
             applied: p.applied.map(Arc::new),
             history: p.history.into(),
-            latched: Latched::new(p.trips, p.releases),
+            latches: Latches::new(p.latches, p.releases),
             canary: p.canary.map(Canary::new),
             nonce_prefix: rand::random(),
             ..State::default()
@@ -114,8 +110,8 @@ impl State {
             applied: self.applied.as_deref().cloned(),
             history: self.history.iter().cloned().collect(),
             texts: BTreeMap::new(),
-            releases: self.latched.releases(),
-            trips: self.latched.latches().iter().cloned().collect(),
+            releases: self.latches.releases(),
+            latches: self.latches.iter().cloned().collect(),
             agents: self.agents.values().map(Agent::record).collect(),
             canary: self.canary.as_ref().map(|c| c.stored.clone()),
         }
@@ -144,13 +140,13 @@ impl State {
         self.agents.get(key)
     }
 
-    /// Tripped fuses and engaged limits.
-    pub fn trips(&self) -> impl Iterator<Item = &Trip> {
-        self.latched.latches().iter()
+    /// The latches: tripped fuses and engaged limits.
+    pub fn latches(&self) -> impl Iterator<Item = &Latch> {
+        self.latches.iter()
     }
 
-    pub fn is_tripped(&self, kind: TripKind, rule: &str) -> bool {
-        self.latched.latches().contains(kind, rule, None)
+    pub fn is_latched(&self, kind: LatchKind, rule: &str) -> bool {
+        self.latches.contains(kind, rule, None)
     }
 
     /// Whether `version` is still in the kept history.
@@ -288,12 +284,8 @@ impl State {
         self.next_conn += 1;
         let id = self.next_conn;
         let key = (hello.service.clone(), hello.instance.clone());
-        let held: BTreeSet<LatchId> = hello
-            .latches
-            .iter()
-            .map(|l| (trip_kind(l.kind()), l.rule.clone(), l.key.clone()))
-            .collect();
-        let missed = self.latched.missed_releases(&hello);
+        let held: BTreeSet<LatchId> = hello.latches.iter().map(latch::release::wire_id).collect();
+        let missed = self.latches.missed_releases(&hello);
         let agent = self
             .agents
             .entry(key.clone())
@@ -310,8 +302,8 @@ impl State {
         }
         // After the config (the agent applies messages in order): every latch
         // govd holds for this instance that the agent no longer enforces.
-        self.latched.rearm(&self.agents, &key, &held, out);
-        latched::send_missed(&mut self.agents, &key, missed, out);
+        latch_agents::rearm(&self.latches, &self.agents, &key, &held, out);
+        latch_agents::send_missed(&mut self.agents, &key, missed, out);
         // The endpoints of every service with a registered instance: where its
         // outbound calls go from now on.
         let services: BTreeSet<String> = (self.registry.services())
@@ -421,9 +413,11 @@ impl State {
             }
             AgentMsg::Stats(stats) => {
                 let policy = self.applied.as_deref();
-                effect.trips |= self.latched.on_stats(
+                let (by, releasing) = latch_agents::reporter_releasing(agent);
+                effect.trips |= self.latches.on_stats(
                     policy.map(|a| &a.bundle),
-                    agent,
+                    by,
+                    releasing,
                     &stats,
                     now,
                     &mut effect.audits,
@@ -436,9 +430,10 @@ impl State {
             }
             AgentMsg::Event(event) => {
                 let policy = self.applied.as_deref().map(|a| &a.bundle);
-                effect.trips |=
-                    self.latched
-                        .on_event(policy, agent, &event, now, &mut effect.audits);
+                let by = latch_agents::reporter(agent);
+                effect.trips |= self
+                    .latches
+                    .on_event(policy, by, &event, now, &mut effect.audits);
             }
         }
         effect
@@ -483,11 +478,11 @@ impl State {
 
     /// Takes `stored` (written by another replica) in: its releases go to
     /// this replica's agents, its latches are merged with this replica's
-    /// (`Latched::adopt`), and its policy, when it is another one, is pushed
+    /// (`Latches::adopt`), and its policy, when it is another one, is pushed
     /// to the agents of every service whose config changed.
     pub fn adopt(&mut self, stored: Persisted, out: &mut Outbox) -> Adopted {
-        self.latched
-            .adopt(&mut self.agents, stored.releases, stored.trips, out);
+        let (releases, theirs) = (stored.releases, stored.latches);
+        latch_agents::adopt(&mut self.latches, &mut self.agents, releases, theirs, out);
         self.history = stored.history.into();
         let before = self.applied.take();
         self.applied = stored.applied.map(Arc::new);
@@ -619,30 +614,31 @@ impl State {
         registry::removal_waiting_on(&self.agents, agent)
     }
 
-    // --- latches (`latched.rs`) ---
+    // --- latches (`crate::latch`, `latch_agents.rs`) ---
 
     /// What [`State::release`] would return, without changing anything:
     /// for the audit record written before the release takes effect.
     pub fn release_preview(
         &self,
-        kind: TripKind,
+        kind: LatchKind,
         rule: &str,
         key: Option<&str>,
-    ) -> (Released, Vec<String>) {
-        self.latched
-            .release_preview(&self.agents, (kind, rule, key))
+    ) -> (Vec<String>, Vec<String>) {
+        latch_agents::release_preview(&self.latches, &self.agents, (kind, rule, key))
     }
 
     /// What `state.json` holds once `rule` (its `key` only, or every key)
     /// is released.
     pub fn persisted_without(
         &self,
-        kind: TripKind,
+        kind: LatchKind,
         rule: &str,
         key: Option<&str>,
         now: u64,
     ) -> Persisted {
-        latched::persisted_without(self.to_persisted(), (kind, rule, key), now)
+        let mut p = self.to_persisted();
+        latch::stored_without(&mut p.latches, &mut p.releases, (kind, rule, key), now);
+        p
     }
 
     /// Queues a release command (of `key`, or every key) to every connected
@@ -652,34 +648,34 @@ impl State {
     // on disk and the release is in the audit log.
     pub fn release(
         &mut self,
-        kind: TripKind,
+        kind: LatchKind,
         rule: &str,
         key: Option<&str>,
         who: &str,
         now: u64,
         out: &mut Outbox,
-    ) -> (Released, Vec<String>) {
-        self.latched
-            .release(&mut self.agents, (kind, rule, key), who, now, out)
+    ) -> (Vec<String>, Vec<String>) {
+        let (latches, agents) = (&mut self.latches, &mut self.agents);
+        latch_agents::release(latches, agents, (kind, rule, key), who, now, out)
     }
 
     /// The automatic recovery delay of fuse `rule` (`None`: manual).
     pub fn fuse_recovery(&self, rule: &str) -> Option<u64> {
-        crate::latches::fuse_recovery(self.bundle(), rule)
+        latch::fuse_recovery(self.bundle(), rule)
     }
 
     /// Limit latches (rule, key) whose `release after` deadline has passed.
     pub fn expired(&self, now: u64) -> Vec<(String, String)> {
-        self.latched.latches().expired(now)
+        self.latches.expired(now)
     }
 
     /// The earliest limit deadline.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.latched.latches().next_deadline()
+        self.latches.next_deadline()
     }
 
     /// Whether the applied policy has a fuse or limit called `rule`.
-    pub fn has_rule(&self, kind: TripKind, rule: &str) -> bool {
+    pub fn has_rule(&self, kind: LatchKind, rule: &str) -> bool {
         let Some((service, _)) = rule.split_once('/') else {
             return false;
         };
@@ -706,7 +702,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
-    use crate::latches::Reporter;
+    use crate::latch::Reporter;
 
     fn policy(version: &str, targets: Vec<pb::TargetConfig>) -> Arc<AppliedPolicy> {
         Arc::new(AppliedPolicy {
@@ -1186,10 +1182,10 @@ mod tests {
             reason: "calls".into(),
             at_unix_ms: 1_000,
         };
-        assert!(s.latched.latches_mut().on_event(
+        assert!(s.latches.on_event(
             s.applied.as_deref().map(|a| &a.bundle),
-            "order",
             Reporter {
+                service: "order",
                 instance: "a",
                 identity: "unverified",
             },
@@ -1204,10 +1200,10 @@ mod tests {
             vec![("order/crm".to_string(), String::new())]
         );
         // Another service's agent cannot engage our limit.
-        assert!(!s.latched.latches_mut().on_event(
+        assert!(!s.latches.on_event(
             s.applied.as_deref().map(|a| &a.bundle),
-            "pay",
             Reporter {
+                service: "pay",
                 instance: "p",
                 identity: "unverified",
             },
@@ -1225,22 +1221,23 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert!(s.latched.latches_mut().reconcile(
+        assert!(s.latches.on_stats(
             s.applied.as_deref().map(|a| &a.bundle),
-            "order",
             Reporter {
+                service: "order",
                 instance: "a",
                 identity: "unverified",
             },
+            &mut BTreeSet::new(),
             &stats,
             5,
             &mut Vec::new()
         ));
-        assert!(s.is_tripped(TripKind::Fuse, "order/mdm"));
+        assert!(s.is_latched(LatchKind::Fuse, "order/mdm"));
         let mut out = Vec::new();
-        let (was, _) = s.release(TripKind::Fuse, "order/mdm", None, "op", 1, &mut out);
+        let (was, _) = s.release(LatchKind::Fuse, "order/mdm", None, "op", 1, &mut out);
         assert_eq!(was, [""], "the fuse was tripped");
-        assert!(!s.is_tripped(TripKind::Fuse, "order/mdm"));
+        assert!(!s.is_latched(LatchKind::Fuse, "order/mdm"));
     }
 
     /// Issue 12 item 1: an agent that comes back without a latch govd holds
@@ -1263,10 +1260,10 @@ mod tests {
         };
         let bundle = s.applied.clone();
         for instance in ["a", "b"] {
-            assert!(s.latched.latches_mut().on_event(
+            assert!(s.latches.on_event(
                 bundle.as_deref().map(|a| &a.bundle),
-                "order",
                 Reporter {
+                    service: "order",
                     instance,
                     identity: "unverified",
                 },
@@ -1315,7 +1312,7 @@ mod tests {
     }
 
     /// A latch is re-armed on an instance only while it proves the identity
-    /// that reported it: a trip planted under a name by another identity
+    /// that reported it: a latch planted under a name by another identity
     /// is never pushed onto the agent that holds the name later.
     #[test]
     fn a_latch_is_re_armed_only_on_the_identity_that_reported_it() {
@@ -1357,7 +1354,7 @@ mod tests {
             let mut out = Vec::new();
             s.hello_as(hello("order", "a", "v1"), identity, tx, 7, &mut out);
             assert!(
-                s.is_tripped(TripKind::Fuse, "order/mdm"),
+                s.is_latched(LatchKind::Fuse, "order/mdm"),
                 "govd keeps the latch"
             );
             out.iter()
@@ -1421,7 +1418,7 @@ mod tests {
         };
         let effect = s.on_message(&key, id, AgentMsg::Stats(stats), 1_500);
         assert_eq!(effect.audits.len(), 2, "one trip per key");
-        let keys: Vec<&str> = s.trips().map(|t| t.key.as_str()).collect();
+        let keys: Vec<&str> = s.latches().map(|t| t.key.as_str()).collect();
         assert_eq!(keys, ["alice", "bob"]);
 
         // `a` comes back with bob only: alice alone is re-armed.
@@ -1459,7 +1456,7 @@ mod tests {
 
         let mut out = Vec::new();
         let (was, notified) = s.release(
-            TripKind::Limit,
+            LatchKind::Limit,
             "order/crm",
             Some("bob"),
             "op",
@@ -1481,18 +1478,17 @@ mod tests {
             .collect();
         assert_eq!(sent, ["bob"]);
         assert!(
-            s.latched
-                .latches()
-                .contains(TripKind::Limit, "order/crm", Some("alice"))
+            s.latches
+                .contains(LatchKind::Limit, "order/crm", Some("alice"))
         );
         // Before the agent's next stats: bob is no longer counted.
         assert_eq!(
-            s.release_preview(TripKind::Limit, "order/crm", None).0,
+            s.release_preview(LatchKind::Limit, "order/crm", None).0,
             ["alice"]
         );
-        let stored = s.persisted_without(TripKind::Limit, "order/crm", None, 4_000);
-        assert!(stored.trips.is_empty());
-        assert_eq!(s.to_persisted().trips.len(), 1, "alice is persisted");
+        let stored = s.persisted_without(LatchKind::Limit, "order/crm", None, 4_000);
+        assert!(stored.latches.is_empty());
+        assert_eq!(s.to_persisted().latches.len(), 1, "alice is persisted");
         assert_eq!(s.to_persisted().releases[0].key, "bob");
     }
 }

@@ -4,7 +4,7 @@
 //!   in parts, one file each (`store/parts.rs`): the policy in force, each
 //!   history entry, each distinct source text, each latch, each rule's last
 //!   release, a running canary. A write writes only the parts that changed
-//!   (a trip its latch), each atomically: temp file, fsync, rename, fsync
+//!   (a new latch its part), each atomically: temp file, fsync, rename, fsync
 //!   of the directory, so a crash leaves the old file or the new one, never
 //!   a torn one, and the parts' order makes every prefix of a write
 //!   loadable. A `state.json` an earlier govd wrote (`store/legacy.rs`) is
@@ -41,8 +41,7 @@ pub mod parts;
 pub use agents::{AgentChanges, KnownAgent};
 pub use atomic::write_atomic;
 pub use model::{
-    AppliedPolicy, CanarySpec, HistoryEntry, Persisted, Released, Source, SourceRef, StoredCanary,
-    Trip, TripKind,
+    AppliedPolicy, CanarySpec, HistoryEntry, Persisted, Source, SourceRef, StoredCanary,
 };
 
 /// The state file of earlier releases (`legacy.rs`).
@@ -457,6 +456,7 @@ impl DirStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::latch::{Latch, LatchKind};
 
     #[test]
     fn opening_the_state_directory_removes_the_temp_files_a_killed_govd_left() {
@@ -486,8 +486,8 @@ mod tests {
         let store = DirStore::open(dir.path().join("s")).unwrap();
         assert!(store.load().unwrap().applied.is_none());
         let mut state = Persisted::default();
-        state.trips.push(Trip {
-            kind: TripKind::Limit,
+        state.latches.push(Latch {
+            kind: LatchKind::Limit,
             rule: "order/crm".into(),
             key: "alice".into(),
             since_unix_ms: 5,
@@ -507,7 +507,7 @@ mod tests {
             "nothing changed: nothing written"
         );
         let back = store.load().unwrap();
-        assert_eq!(back.trips, state.trips);
+        assert_eq!(back.latches, state.latches);
         // One file for the one latch; no temp file is left behind.
         let names: Vec<String> = fs::read_dir(store.dir())
             .unwrap()
@@ -618,7 +618,7 @@ mod tests {
         assert_eq!(policy.version, "0132180f030b77d8");
         assert_eq!(before.history.len(), 2);
         assert_eq!(before.history[1].sources, policy.sources);
-        assert_eq!(before.trips.len(), 1);
+        assert_eq!(before.latches.len(), 1);
         assert_eq!(before.releases.len(), 1);
         assert_eq!(before.agents.len(), 1);
         assert!(!store.state_path().exists(), "converted");
@@ -647,7 +647,7 @@ mod tests {
         for (a, b) in after.history.iter().zip(&before.history) {
             assert_eq!((&a.version, &a.sources), (&b.version, &b.sources));
         }
-        assert_eq!(after.trips, before.trips);
+        assert_eq!(after.latches, before.latches);
         assert_eq!(after.releases, before.releases);
         assert_eq!(after.agents, before.agents);
     }

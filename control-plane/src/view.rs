@@ -5,9 +5,9 @@
 
 use gov_proto::v1 as pb;
 
-use crate::latches::SHADOW_NOTE;
+use crate::latch::LatchKind;
+use crate::latch::SHADOW_NOTE;
 use crate::state::State;
-use crate::store::TripKind;
 
 /// The most bytes of one `ClusterView` that `Status` and `Watch` send: a
 /// quarter of govc's decode limit (64 MiB), so that no viewer is ever sent
@@ -85,7 +85,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
             });
         }
     }
-    let source = |kind: TripKind, rule: &str| -> Option<pb::SourceRef> {
+    let source = |kind: LatchKind, rule: &str| -> Option<pb::SourceRef> {
         let (service, _) = rule.split_once('/')?;
         let t = state.target(service)?;
         t.rule(rule)
@@ -94,8 +94,8 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
             .clone()
     };
     let fuses = state
-        .trips()
-        .filter(|t| t.kind == TripKind::Fuse)
+        .latches()
+        .filter(|t| t.kind == LatchKind::Fuse)
         .map(|t| pb::FuseView {
             rule: t.rule.clone(),
             state: if t.half_open {
@@ -111,12 +111,12 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
                     .saturating_sub(now)
                     .max(1)
             }),
-            source: source(TripKind::Fuse, &t.rule),
+            source: source(LatchKind::Fuse, &t.rule),
         })
         .collect();
     let limits = state
-        .trips()
-        .filter(|t| t.kind == TripKind::Limit)
+        .latches()
+        .filter(|t| t.kind == LatchKind::Limit)
         .map(|t| pb::LimitView {
             rule: t.rule.clone(),
             key: t.key.clone(),
@@ -125,7 +125,7 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
             remaining_ms: t
                 .deadline_unix_ms
                 .map_or(0, |d| d.saturating_sub(now).max(1)),
-            source: source(TripKind::Limit, &t.rule),
+            source: source(LatchKind::Limit, &t.rule),
         })
         .collect();
     pb::ClusterView {
@@ -152,12 +152,12 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
     }
 }
 
-/// The trip's reason, saying whether it rejects nothing by the rule's mode
+/// The latch's reason, saying whether it rejects nothing by the rule's mode
 /// now (a latch engaged in shadow is enforced once the rule is switched to
 /// enforce, and the other way round), and the instances that report it
 /// released although nobody released it (an agent that restarted and
 /// forgot it): the latch is not enforced there, and an operator must know.
-fn latch_reason(state: &State, t: &crate::store::Trip) -> String {
+fn latch_reason(state: &State, t: &crate::latch::Latch) -> String {
     let base = t.reason.strip_suffix(SHADOW_NOTE).unwrap_or(&t.reason);
     let shadow = t
         .rule

@@ -2,7 +2,7 @@
 //! policy is pushed to this replica's agents of the services whose config
 //! changed ([`changed_services`]), its releases are sent to this replica's
 //! agents, and its latches are merged with those this replica's agents
-//! reported (`Latched::adopt`).
+//! reported (`Latches::adopt`, delivered by `latch_agents.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -49,8 +49,9 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
+    use crate::latch::{Latch, LatchKind, Released};
     use crate::state::{Outbox, State};
-    use crate::store::{Persisted, Released, Trip, TripKind};
+    use crate::store::Persisted;
 
     fn policy(version: &str, order: &str) -> AppliedPolicy {
         AppliedPolicy {
@@ -75,9 +76,9 @@ mod tests {
         }
     }
 
-    fn trip(rule: &str, since: u64, instance: &str) -> Trip {
-        Trip {
-            kind: TripKind::Fuse,
+    fn latch(rule: &str, since: u64, instance: &str) -> Latch {
+        Latch {
+            kind: LatchKind::Fuse,
             rule: rule.into(),
             key: String::new(),
             since_unix_ms: since,
@@ -107,13 +108,13 @@ mod tests {
     fn another_replicas_state_is_pushed_released_and_merged_without_losing_local_latches() {
         let mut s = State::from_persisted(Persisted {
             applied: Some(policy("v1", "order-1")),
-            trips: vec![
+            latches: vec![
                 // Reported here, not yet written.
-                trip("order/mine", 10, "o1"),
+                latch("order/mine", 10, "o1"),
                 // Reported here and released through another replica since.
-                trip("order/released", 10, "o1"),
+                latch("order/released", 10, "o1"),
                 // Reported here and elsewhere.
-                trip("order/both", 10, "o1"),
+                latch("order/both", 10, "o1"),
             ],
             ..Persisted::default()
         });
@@ -130,9 +131,12 @@ mod tests {
         let adopted = s.adopt(
             Persisted {
                 applied: Some(policy("v2", "order-2")),
-                trips: vec![trip("order/theirs", 20, "o9"), trip("order/both", 12, "o9")],
+                latches: vec![
+                    latch("order/theirs", 20, "o9"),
+                    latch("order/both", 12, "o9"),
+                ],
                 releases: vec![Released {
-                    kind: TripKind::Fuse,
+                    kind: LatchKind::Fuse,
                     rule: "order/released".into(),
                     key: String::new(),
                     at_unix_ms: 15,
@@ -150,7 +154,7 @@ mod tests {
             [("o1".to_string(), "command"), ("o1".to_string(), "config")]
         );
         let latches: Vec<(String, Vec<String>)> = s
-            .trips()
+            .latches()
             .map(|t| (t.rule.clone(), t.instances.iter().cloned().collect()))
             .collect();
         assert_eq!(
@@ -169,9 +173,9 @@ mod tests {
         let same = s.adopt(
             Persisted {
                 applied: Some(policy("v2", "order-2")),
-                trips: s.trips().cloned().collect(),
+                latches: s.latches().cloned().collect(),
                 releases: vec![Released {
-                    kind: TripKind::Fuse,
+                    kind: LatchKind::Fuse,
                     rule: "order/released".into(),
                     key: String::new(),
                     at_unix_ms: 15,

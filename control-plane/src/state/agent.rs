@@ -1,7 +1,7 @@
 //! One agent as the state knows it (connected or not), the messages queued
 //! to agents, and an agent's sync state as `istioctl proxy-status` shows it.
 //! Plain data: the state (`state.rs`) and its parts (`registry.rs`,
-//! `latched.rs`) change it; nothing here reaches back into them.
+//! `latch_agents.rs`) change it; nothing here reaches back into them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use crate::encoded::Encoded;
 
-use crate::latches::LatchId;
+use crate::latch::LatchId;
 use crate::store::{AgentChanges, KnownAgent};
 
 /// 100% slow-start weight.
@@ -65,7 +65,7 @@ pub struct Agent {
     pub(super) disconnect_reason: String,
     /// Latches this agent came back with that were released while it was
     /// away: govd sent the release; until its stats say closed, they are
-    /// not a new trip.
+    /// not a new latch.
     pub(super) releasing: BTreeSet<LatchId>,
 }
 

@@ -1,5 +1,6 @@
 //! The shared state as the stores keep it: the policy in force, its
-//! history, the latches and releases, a running canary. Plain data;
+//! history, the latches and releases (their types are `crate::latch`'s),
+//! a running canary. Plain data;
 //! `parts.rs` says how it is split into parts and `legacy.rs` how the
 //! single `state.json` of earlier releases held it.
 
@@ -9,6 +10,7 @@ use gov_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
 use super::agents::KnownAgent;
+use crate::latch::{Latch, Released};
 
 /// The shared state: what the parts (`parts.rs`) hold, and in memory the
 /// agents too (kept apart: `agents.jsonl`, or `PREFIX/agents/REPLICA`).
@@ -20,12 +22,13 @@ pub struct Persisted {
     /// Oldest first, bounded.
     #[serde(default)]
     pub history: Vec<HistoryEntry>,
-    #[serde(default)]
-    pub trips: Vec<Trip>,
+    /// Stored as `trips` (the name earlier releases wrote and read).
+    #[serde(default, rename = "trips")]
+    pub latches: Vec<Latch>,
     #[serde(default)]
     pub agents: Vec<KnownAgent>,
     /// The last release of each rule, so that an agent that was away and
-    /// comes back with the latch gets the release instead of re-tripping it.
+    /// comes back with the latch gets the release instead of latching it again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub releases: Vec<Released>,
     /// On disk only: the history's source texts by content address (one
@@ -108,77 +111,12 @@ pub struct HistoryEntry {
     pub source_refs: Vec<SourceRef>,
 }
 
-/// When a rule was last released.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Released {
-    pub kind: TripKind,
-    pub rule: String,
-    /// A limit's key released alone. Empty: every key of the rule.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub key: String,
-    pub at_unix_ms: u64,
-}
-
 /// A history source on disk: its name and its text's content address.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceRef {
     pub name: String,
     /// `sha256:HEX` of the text.
     pub text: String,
-}
-
-/// A tripped fuse or an engaged limit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TripKind {
-    Fuse,
-    Limit,
-}
-
-impl TripKind {
-    /// The kind of rule that holds it.
-    pub fn rule_kind(self) -> gov_proto::v1::RuleKind {
-        match self {
-            TripKind::Fuse => gov_proto::v1::RuleKind::Fuse,
-            TripKind::Limit => gov_proto::v1::RuleKind::Limit,
-        }
-    }
-
-    /// `fuse` or `limit`: the kind's word.
-    pub fn as_str(self) -> &'static str {
-        self.rule_kind().word()
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Trip {
-    pub kind: TripKind,
-    /// `service/rule`.
-    pub rule: String,
-    /// Limits keyed by consumer or called service: the latched key. Empty:
-    /// the rule's own counter (and always for fuses).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub key: String,
-    pub since_unix_ms: u64,
-    pub reason: String,
-    /// Fuses: half-open now (probing).
-    #[serde(default)]
-    pub half_open: bool,
-    /// Limits with `release after`: when the control plane releases it.
-    #[serde(default)]
-    pub deadline_unix_ms: Option<u64>,
-    /// Instances that reported it tripped/engaged.
-    #[serde(default)]
-    pub instances: BTreeSet<String>,
-    /// Instances that later reported it released although nobody released
-    /// it (an agent restart): the latch holds, but they do not enforce it.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub not_enforced: BTreeSet<String>,
-    /// Who each instance of `instances` was when it reported the latch (its
-    /// proved identity): govd re-arms it on an instance only while that
-    /// instance proves the same identity.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub reported_by: BTreeMap<String, String>,
 }
 
 /// `sha256:HEX` of `text`.

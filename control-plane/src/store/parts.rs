@@ -1,5 +1,5 @@
 //! The shared state as parts, each its own file (the state directory) or
-//! key (etcd), so that a write writes only what changed: a trip its latch,
+//! key (etcd), so that a write writes only what changed: a new latch its part,
 //! a release its release (and removes the latches it ends), an apply the
 //! policy, its history entry and the source texts not stored yet.
 //!
@@ -26,10 +26,10 @@ use gov_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
 use super::model::{
-    AppliedPolicy, HistoryEntry, Persisted, Released, Source, SourceRef, StoredCanary, Trip,
-    TripKind, content_address,
+    AppliedPolicy, HistoryEntry, Persisted, Source, SourceRef, StoredCanary, content_address,
 };
 use crate::error::Error;
+use crate::latch::{Latch, LatchKind, Released};
 
 pub const POLICY: &str = "policy.json";
 pub const CANARY: &str = "canary.json";
@@ -80,7 +80,7 @@ pub struct Stored {
     /// History entries: the text parts each names.
     history: BTreeMap<String, Vec<String>>,
     texts: BTreeSet<String>,
-    latches: BTreeMap<String, Trip>,
+    latches: BTreeMap<String, Latch>,
     releases: BTreeMap<String, Released>,
     canary: Option<(String, u64)>,
     /// Parts known by name only (`full`).
@@ -223,7 +223,7 @@ fn text_address(name: &str) -> Option<String> {
 
 /// A latch's or a release's part: `PREFIX-HASH.json`, the hash of its kind,
 /// rule and key (a key is a consumer's name: any text).
-fn id_name(prefix: &str, kind: TripKind, rule: &str, key: &str) -> String {
+fn id_name(prefix: &str, kind: LatchKind, rule: &str, key: &str) -> String {
     use sha2::Digest as _;
     let mut hash = sha2::Sha256::new();
     for part in [kind.as_str(), rule, key] {
@@ -242,11 +242,11 @@ fn id_name(prefix: &str, kind: TripKind, rule: &str, key: &str) -> String {
 
 /// The part of the release of `rule` (its `key`; `""`: every key): the
 /// file a release writes first (tests make it fail).
-pub fn release_part(kind: TripKind, rule: &str, key: &str) -> String {
+pub fn release_part(kind: LatchKind, rule: &str, key: &str) -> String {
     id_name(RELEASE, kind, rule, key)
 }
 
-fn latch_name(t: &Trip) -> String {
+fn latch_name(t: &Latch) -> String {
     id_name(LATCH, t.kind, &t.rule, &t.key)
 }
 
@@ -313,7 +313,7 @@ pub fn plan(base: &Stored, next: &Persisted) -> Result<Plan, Error> {
         }
         stored.releases.insert(name, r.clone());
     }
-    for t in &next.trips {
+    for t in &next.latches {
         let name = latch_name(t);
         if !known || base.latches.get(&name) != Some(t) {
             latches.push(Op::Put(name.clone(), json(t)?));
@@ -421,8 +421,8 @@ pub fn assemble(
             let entry: HistoryEntry = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
             entries.insert(name, entry);
         } else if name.starts_with(LATCH) {
-            let trip: Trip = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
-            stored.latches.insert(name, trip);
+            let latch: Latch = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
+            stored.latches.insert(name, latch);
         } else if name.starts_with(RELEASE) {
             let r: Released = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
             stored.releases.insert(name, r);
@@ -471,7 +471,7 @@ pub fn assemble(
         });
     }
     state.releases = stored.releases.values().cloned().collect();
-    state.trips = stored.latches.values().cloned().collect();
+    state.latches = stored.latches.values().cloned().collect();
     repair(&mut state);
     Ok((state, stored))
 }
@@ -490,7 +490,7 @@ fn repair(state: &mut Persisted) {
         }
         None => state.history.clear(),
     }
-    let released = |kind: TripKind, rule: &str, key: &str, since: u64| {
+    let released = |kind: LatchKind, rule: &str, key: &str, since: u64| {
         state.releases.iter().any(|r| {
             r.kind == kind
                 && r.rule == rule
@@ -498,8 +498,8 @@ fn repair(state: &mut Persisted) {
                 && r.at_unix_ms >= since
         })
     };
-    let trips = std::mem::take(&mut state.trips);
-    state.trips = trips
+    let latches = std::mem::take(&mut state.latches);
+    state.latches = latches
         .into_iter()
         .filter(|t| !released(t.kind, &t.rule, &t.key, t.since_unix_ms))
         .collect();
@@ -574,9 +574,9 @@ mod tests {
         state
     }
 
-    fn trip(rule: &str, key: &str, since: u64) -> Trip {
-        Trip {
-            kind: TripKind::Limit,
+    fn latch(rule: &str, key: &str, since: u64) -> Latch {
+        Latch {
+            kind: LatchKind::Limit,
             rule: rule.into(),
             key: key.into(),
             since_unix_ms: since,
@@ -604,11 +604,11 @@ mod tests {
     }
 
     #[test]
-    fn a_trip_writes_its_latch_alone_whatever_the_history() {
+    fn a_new_latch_writes_its_part_alone_whatever_the_history() {
         let mut sizes = Vec::new();
         for history in [10, 1_000] {
             let (_, mut state, stored) = stored_with(history);
-            state.trips.push(trip("order/crm", "alice", 5));
+            state.latches.push(latch("order/crm", "alice", 5));
             let p = plan(&stored, &state).unwrap();
             assert_eq!(p.ops.len(), 1, "{:?}", p.ops);
             assert!(matches!(&p.ops[0], Op::Put(n, _) if n.starts_with(LATCH)));
@@ -673,16 +673,16 @@ mod tests {
     #[test]
     fn a_release_cut_short_before_its_removals_ends_the_latch_at_load() {
         let (mut disk, mut state, _) = stored_with(1);
-        state.trips.push(trip("order/crm", "alice", 5));
-        state.trips.push(trip("order/crm", "bob", 7));
+        state.latches.push(latch("order/crm", "alice", 5));
+        state.latches.push(latch("order/crm", "bob", 7));
         let (_, stored) = {
             let p = plan(&Stored::unknown([], false), &state).unwrap();
             run(&mut disk, &p.ops);
             load(&disk)
         };
-        state.trips.retain(|t| t.key != "alice");
+        state.latches.retain(|t| t.key != "alice");
         state.releases.push(Released {
-            kind: TripKind::Limit,
+            kind: LatchKind::Limit,
             rule: "order/crm".into(),
             key: "alice".into(),
             at_unix_ms: 6,
@@ -693,7 +693,7 @@ mod tests {
         assert!(matches!(&p.ops[1], Op::Delete(n) if n.starts_with(LATCH)));
         run(&mut disk, &p.ops[..1]);
         let (back, _) = load(&disk);
-        let keys: Vec<&str> = back.trips.iter().map(|t| t.key.as_str()).collect();
+        let keys: Vec<&str> = back.latches.iter().map(|t| t.key.as_str()).collect();
         assert_eq!(keys, ["bob"]);
         assert_eq!(back.releases, state.releases);
     }
@@ -719,7 +719,7 @@ mod tests {
 
     #[test]
     fn part_names_hold_any_key() {
-        let hostile = trip("order/crm", "../../etc/passwd\0/x", 1);
+        let hostile = latch("order/crm", "../../etc/passwd\0/x", 1);
         let name = latch_name(&hostile);
         assert!(is_part(&name) && !name.contains('/') && !name.contains(".."));
         let entry = HistoryEntry {

@@ -292,7 +292,7 @@ async fn a_state_value_of_an_earlier_govd_loads_and_is_converted_to_parts() {
     let version = "0132180f030b77d8";
     assert_eq!(loaded.state.applied.as_ref().unwrap().version, version);
     assert_eq!(loaded.state.history.len(), 2);
-    assert_eq!(loaded.state.trips.len(), 1);
+    assert_eq!(loaded.state.latches.len(), 1);
     assert_eq!(loaded.state.releases.len(), 1);
     assert!(
         client
@@ -319,11 +319,11 @@ async fn a_state_value_of_an_earlier_govd_loads_and_is_converted_to_parts() {
         back.state.history[1].sources,
         loaded.state.history[1].sources
     );
-    assert_eq!(back.state.trips, loaded.state.trips);
+    assert_eq!(back.state.latches, loaded.state.latches);
     let mut tripped = back.state.clone();
-    let mut trip = tripped.trips[0].clone();
+    let mut trip = tripped.latches[0].clone();
     trip.rule = "fixture_order/other".into();
-    tripped.trips.push(trip);
+    tripped.latches.push(trip);
     let before = b.bytes_written();
     b.save(&tripped, back.revision, Fence::Any).await.unwrap();
     let written = b.bytes_written() - before;

@@ -37,7 +37,7 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
     );
     let version = govd.status().await.version;
 
-    // Trip the fuse and engage the limit on agent b.
+    // Latch the fuse and engage the limit on agent b.
     for _ in 0..3 {
         assert_eq!(http_get(b.inbound, "/fail").await.0, 500);
     }
@@ -88,7 +88,7 @@ async fn state_survives_restarts_of_govd_and_of_agents_while_govd_is_down() {
     wait_until("both trips written", Duration::from_secs(10), async || {
         gov_control_plane::store::DirStore::open(&state)
             .and_then(|s| s.load())
-            .is_ok_and(|p| p.trips.len() == 2)
+            .is_ok_and(|p| p.latches.len() == 2)
     })
     .await;
     let before = govd.status().await;

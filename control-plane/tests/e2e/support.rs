@@ -856,7 +856,7 @@ impl ReadOnly {
         }
         if Self::writable(dir) {
             let release = gov_control_plane::store::parts::release_part(
-                gov_control_plane::store::TripKind::Fuse,
+                gov_control_plane::latch::LatchKind::Fuse,
                 "order/errors",
                 "",
             );

@@ -1,60 +1,31 @@
-//! Latches: tripped fuses and engaged limits, as the control plane knows
-//! them from its agents' events and stats, with absolute deadlines for
-//! limits that release themselves. Plain data, owned by the state's
-//! `Latched` (`state/latched.rs`).
-//!
-//! A latch (a tripped fuse with `recover manual`, an engaged limit before
-//! its deadline) ends only by an operator's release, govd's `release after`
-//! timer, or an agent's explicit release event. An agent whose stats say
-//! the rule is closed while govd holds the latch (an agent that restarted
-//! and forgot it) does not end it: the latch stays, that instance is marked
-//! as not enforcing it (shown in the view) and the divergence is audited.
-//! Every trip and every end of a latch is an audit entry.
+//! What agents report does to the latches: an event latches a rule or ends
+//! an instance's hold on it; stats complete the events (one may have been
+//! lost) and tell an instance that lost a latch (it restarted) from one
+//! whose latch ended by itself (see `latch.rs`).
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 use gov_proto::v1 as pb;
 
-use crate::store::{AuditEntry, Trip, TripKind};
+use super::{
+    Audits, Latch, LatchId, LatchKind, Latches, Reporter, SHADOW_NOTE, engaged_keys, fuse_recovery,
+    id, is_shadow, release_after, service_of,
+};
+use crate::audit::AuditEntry;
 
 /// An agent releasing a `release after` limit this close to govd's
 /// deadline is on time (their clocks and start times differ a little).
 const EXPIRY_SLACK_MS: u64 = 5_000;
 
-/// Audit entries of latch changes, written by the caller after the state.
-pub type Audits = Vec<AuditEntry>;
-
-/// Every tripped fuse and engaged limit, by kind, `service/rule` and key.
-#[derive(Debug, Default)]
-pub struct Latches {
-    trips: BTreeMap<LatchId, Trip>,
-}
-
-/// Which latch: kind, `service/rule` and the key of a limit keyed by
-/// consumer or called service (`""`: the rule's own counter, and always for
-/// fuses).
-pub type LatchId = (TripKind, String, String);
-
-/// The agent a latch change comes from: its instance, and the identity its
-/// stream proved (`auth::AgentIdentity::label`).
-#[derive(Clone, Copy, Debug)]
-pub struct Reporter<'a> {
-    pub instance: &'a str,
-    pub identity: &'a str,
-}
-
-fn id(kind: TripKind, rule: &str, key: &str) -> LatchId {
-    (kind, rule.to_owned(), key.to_owned())
-}
-
 // === impl Reporter ===
 
 impl Reporter<'_> {
-    /// Its instance holds (enforces) `trip`, as reported by its identity.
-    fn holds(self, trip: &mut Trip) {
-        trip.instances.insert(self.instance.to_owned());
-        trip.not_enforced.remove(self.instance);
-        trip.reported_by
+    /// Its instance holds (enforces) `latch`, as reported by its identity.
+    fn holds(self, latch: &mut Latch) {
+        latch.instances.insert(self.instance.to_owned());
+        latch.not_enforced.remove(self.instance);
+        latch
+            .reported_by
             .insert(self.instance.to_owned(), self.identity.to_owned());
     }
 }
@@ -62,61 +33,35 @@ impl Reporter<'_> {
 // === impl Latches ===
 
 impl Latches {
-    pub fn from_trips(trips: Vec<Trip>) -> Self {
-        Self {
-            trips: trips
-                .into_iter()
-                .map(|t| ((t.kind, t.rule.clone(), t.key.clone()), t))
-                .collect(),
-        }
+    /// Takes in the latches `by`'s stats report: whether they changed.
+    /// Rules in `releasing` (a release the agent missed, on its way) are
+    /// not a latch; once reported closed they leave `releasing`.
+    pub fn on_stats(
+        &mut self,
+        policy: Option<&pb::Bundle>,
+        by: Reporter<'_>,
+        releasing: &mut BTreeSet<LatchId>,
+        stats: &pb::Stats,
+        now: u64,
+        audits: &mut Audits,
+    ) -> bool {
+        let mut seen = stats.clone();
+        hide_releasing(releasing, &mut seen);
+        self.reconcile(policy, by, &seen, now, audits)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Trip> {
-        self.trips.values()
-    }
-
-    /// The latches of `rule`: of `key` only, or every key (`None`).
-    pub fn of<'a>(
-        &'a self,
-        kind: TripKind,
-        rule: &'a str,
-        key: Option<&'a str>,
-    ) -> impl Iterator<Item = &'a Trip> + 'a {
-        self.trips
-            .values()
-            .filter(move |t| t.kind == kind && t.rule == rule && key.is_none_or(|k| t.key == k))
-    }
-
-    /// Whether `rule` is latched for `key` (`None`: for any key).
-    pub fn contains(&self, kind: TripKind, rule: &str, key: Option<&str>) -> bool {
-        self.of(kind, rule, key).next().is_some()
-    }
-
-    /// Forgets the latches of `rule` for `key` (`None`: every key)
-    /// (released); the keys that were latched.
-    pub fn remove(&mut self, kind: TripKind, rule: &str, key: Option<&str>) -> Vec<String> {
-        let gone: Vec<LatchId> = self
-            .of(kind, rule, key)
-            .map(|t| (t.kind, t.rule.clone(), t.key.clone()))
-            .collect();
-        for k in &gone {
-            self.trips.remove(k);
-        }
-        gone.into_iter().map(|(_, _, key)| key).collect()
-    }
-
-    /// Records a fuse/limit event of an agent of `service`. Events about
-    /// rules of another service are ignored: an agent speaks for itself only.
+    /// Records a fuse/limit event of agent `by`: whether the latches
+    /// changed. Events about rules of another service are ignored: an agent
+    /// speaks for itself only.
     pub fn on_event(
         &mut self,
         policy: Option<&pb::Bundle>,
-        service: &str,
         by: Reporter<'_>,
         event: &pb::Event,
         now: u64,
         audits: &mut Audits,
     ) -> bool {
-        let instance = by.instance;
+        let (service, instance) = (by.service, by.instance);
         if event.rule.split_once('/').map(|(s, _)| s) != Some(service) {
             tracing::warn!(service, instance, rule = %event.rule, "ignoring an event about another service's rule");
             return false;
@@ -126,8 +71,8 @@ impl Latches {
         } else {
             event.at_unix_ms
         };
-        let fuse = id(TripKind::Fuse, &event.rule, "");
-        let limit = id(TripKind::Limit, &event.rule, &event.key);
+        let fuse = id(LatchKind::Fuse, &event.rule, "");
+        let limit = id(LatchKind::Limit, &event.rule, &event.key);
         // A rule in shadow latches in its own state and rejects nothing: the
         // reason (in the audit, `govc status`, the TUI) says so.
         let shadow_reason;
@@ -140,46 +85,46 @@ impl Latches {
         match event.kind() {
             pb::EventKind::FuseTripped | pb::EventKind::FuseHalfOpen => {
                 let half_open = event.kind() == pb::EventKind::FuseHalfOpen;
-                let trip = self.trip(&fuse, at, reason, by, audits);
-                by.holds(trip);
-                trip.half_open = half_open;
+                let latch = self.latch(&fuse, at, reason, by, audits);
+                by.holds(latch);
+                latch.half_open = half_open;
                 if !half_open {
-                    reason.clone_into(&mut trip.reason);
+                    reason.clone_into(&mut latch.reason);
                 }
                 true
             }
             pb::EventKind::LimitEngaged => {
                 let deadline = release_after(policy, &event.rule).map(|ms| at.saturating_add(ms));
-                let trip = self.trip(&limit, at, reason, by, audits);
-                by.holds(trip);
-                if trip.deadline_unix_ms.is_none() {
-                    trip.deadline_unix_ms = deadline;
+                let latch = self.latch(&limit, at, reason, by, audits);
+                by.holds(latch);
+                if latch.deadline_unix_ms.is_none() {
+                    latch.deadline_unix_ms = deadline;
                 }
                 true
             }
             pb::EventKind::FuseReleased => {
-                self.untrip(&fuse, by, "released by the agent", now, audits)
+                self.end(&fuse, by, "released by the agent", now, audits)
             }
             pb::EventKind::LimitReleased => {
-                self.untrip(&limit, by, "released by the agent", now, audits)
+                self.end(&limit, by, "released by the agent", now, audits)
             }
             pb::EventKind::Unspecified => false,
         }
     }
 
     /// The latch `id`, created (and audited) if there is none.
-    fn trip(
+    fn latch(
         &mut self,
         id: &LatchId,
         at: u64,
         reason: &str,
         by: Reporter<'_>,
         audits: &mut Audits,
-    ) -> &mut Trip {
+    ) -> &mut Latch {
         let (kind, rule, key) = id;
-        self.trips.entry(id.clone()).or_insert_with(|| {
+        self.latches.entry(id.clone()).or_insert_with(|| {
             audits.push(entry(*kind, rule, key, by, "trip", reason, at));
-            Trip {
+            Latch {
                 kind: *kind,
                 rule: rule.clone(),
                 key: key.clone(),
@@ -196,7 +141,7 @@ impl Latches {
 
     /// `instance` no longer holds the latch `id`; the latch ends (and that
     /// is audited) when no instance holds it any more.
-    fn untrip(
+    fn end(
         &mut self,
         id: &LatchId,
         by: Reporter<'_>,
@@ -205,14 +150,14 @@ impl Latches {
         audits: &mut Audits,
     ) -> bool {
         let instance = by.instance;
-        let Some(trip) = self.trips.get_mut(id) else {
+        let Some(latch) = self.latches.get_mut(id) else {
             return false;
         };
-        trip.instances.remove(instance);
-        trip.not_enforced.remove(instance);
-        trip.reported_by.remove(instance);
-        if trip.instances.is_empty() {
-            self.trips.remove(id);
+        latch.instances.remove(instance);
+        latch.not_enforced.remove(instance);
+        latch.reported_by.remove(instance);
+        if latch.instances.is_empty() {
+            self.latches.remove(id);
             let (kind, rule, key) = id;
             audits.push(entry(*kind, rule, key, by, "untrip", why, now));
         }
@@ -224,11 +169,11 @@ impl Latches {
     /// has come. Otherwise the instance lost the latch (an agent restart).
     fn may_end(&self, policy: Option<&pb::Bundle>, id: &LatchId, now: u64) -> bool {
         match id.0 {
-            TripKind::Fuse => fuse_recovery(policy, &id.1).is_some(),
-            TripKind::Limit => self
-                .trips
+            LatchKind::Fuse => fuse_recovery(policy, &id.1).is_some(),
+            LatchKind::Limit => self
+                .latches
                 .get(id)
-                .and_then(|t| t.deadline_unix_ms)
+                .and_then(|l| l.deadline_unix_ms)
                 .is_some_and(|d| now.saturating_add(EXPIRY_SLACK_MS) >= d),
         }
     }
@@ -246,15 +191,15 @@ impl Latches {
         let instance = by.instance;
         if self.may_end(policy, id, now) {
             let why = match id.0 {
-                TripKind::Fuse => "recovered on the agent (recover after)",
-                TripKind::Limit => "released on the agent (release after)",
+                LatchKind::Fuse => "recovered on the agent (recover after)",
+                LatchKind::Limit => "released on the agent (release after)",
             };
-            return self.untrip(id, by, why, now, audits);
+            return self.end(id, by, why, now, audits);
         }
-        let Some(trip) = self.trips.get_mut(id) else {
+        let Some(latch) = self.latches.get_mut(id) else {
             return false;
         };
-        if !trip.not_enforced.insert(instance.to_owned()) {
+        if !latch.not_enforced.insert(instance.to_owned()) {
             // Known already: audited once.
             return false;
         }
@@ -282,16 +227,15 @@ impl Latches {
     /// it reports engaged, is latched (an event may have been lost); one it
     /// reports closed ends its hold on the latch only when the latch may
     /// end by itself (see the module doc).
-    pub fn reconcile(
+    fn reconcile(
         &mut self,
         policy: Option<&pb::Bundle>,
-        service: &str,
         by: Reporter<'_>,
         stats: &pb::Stats,
         now: u64,
         audits: &mut Audits,
     ) -> bool {
-        let instance = by.instance;
+        let (service, instance) = (by.service, by.instance);
         let mut changed = false;
         for r in &stats.rules {
             if r.rule.split_once('/').map(|(s, _)| s) != Some(service) {
@@ -299,12 +243,13 @@ impl Latches {
             }
             match r.kind() {
                 pb::RuleKind::Fuse => {
-                    let fuse = id(TripKind::Fuse, &r.rule, "");
+                    let fuse = id(LatchKind::Fuse, &r.rule, "");
                     let open = r.fuse_state() != pb::FuseState::Closed;
                     let held = self.held(&fuse, instance);
                     if open && held != Held::Enforced {
-                        let trip = self.trip(&fuse, now, "reported open by the agent", by, audits);
-                        by.holds(trip);
+                        let latch =
+                            self.latch(&fuse, now, "reported open by the agent", by, audits);
+                        by.holds(latch);
                         changed = true;
                     } else if !open && held == Held::Enforced {
                         changed |= self.reported_closed(policy, &fuse, by, now, audits);
@@ -313,17 +258,17 @@ impl Latches {
                 pb::RuleKind::Limit => {
                     let engaged = engaged_keys(r);
                     for key in &engaged {
-                        let limit = id(TripKind::Limit, &r.rule, key);
+                        let limit = id(LatchKind::Limit, &r.rule, key);
                         if self.held(&limit, instance) == Held::Enforced {
                             continue;
                         }
                         let deadline =
                             release_after(policy, &r.rule).map(|ms| now.saturating_add(ms));
-                        let trip =
-                            self.trip(&limit, now, "reported engaged by the agent", by, audits);
-                        by.holds(trip);
-                        if trip.deadline_unix_ms.is_none() {
-                            trip.deadline_unix_ms = deadline;
+                        let latch =
+                            self.latch(&limit, now, "reported engaged by the agent", by, audits);
+                        by.holds(latch);
+                        if latch.deadline_unix_ms.is_none() {
+                            latch.deadline_unix_ms = deadline;
                         }
                         changed = true;
                     }
@@ -332,9 +277,9 @@ impl Latches {
                         continue;
                     }
                     let closed: Vec<LatchId> = self
-                        .of(TripKind::Limit, &r.rule, None)
-                        .filter(|t| !engaged.contains(&t.key.as_str()))
-                        .map(|t| (t.kind, t.rule.clone(), t.key.clone()))
+                        .of(LatchKind::Limit, &r.rule, None)
+                        .filter(|l| !engaged.contains(&l.key.as_str()))
+                        .map(Latch::id)
                         .collect();
                     for limit in closed {
                         if self.held(&limit, instance) == Held::Enforced {
@@ -350,55 +295,11 @@ impl Latches {
 
     /// How `instance` holds the latch `id`.
     fn held(&self, id: &LatchId, instance: &str) -> Held {
-        match self.trips.get(id) {
-            Some(t) if t.not_enforced.contains(instance) => Held::Lost,
-            Some(t) if t.instances.contains(instance) => Held::Enforced,
+        match self.latches.get(id) {
+            Some(l) if l.not_enforced.contains(instance) => Held::Lost,
+            Some(l) if l.instances.contains(instance) => Held::Enforced,
             _ => Held::No,
         }
-    }
-
-    /// Limit latches (rule, key) whose `release after` deadline has passed.
-    pub fn expired(&self, now: u64) -> Vec<(String, String)> {
-        self.trips
-            .values()
-            .filter(|t| t.kind == TripKind::Limit && t.deadline_unix_ms.is_some_and(|d| d <= now))
-            .map(|t| (t.rule.clone(), t.key.clone()))
-            .collect()
-    }
-
-    /// The earliest limit deadline.
-    pub fn next_deadline(&self) -> Option<u64> {
-        self.trips.values().filter_map(|t| t.deadline_unix_ms).min()
-    }
-}
-
-/// The keys a limit's stats report latched: its `engaged_keys`, or, from an
-/// agent older than that field, the rule's own counter when engaged.
-pub fn engaged_keys(r: &pb::RuleStats) -> Vec<&str> {
-    if r.engaged_keys.is_empty() {
-        if r.limit_engaged { vec![""] } else { vec![] }
-    } else {
-        r.engaged_keys.iter().map(String::as_str).collect()
-    }
-}
-
-/// The `release after` of limit `rule`, if it has one.
-pub fn release_after(policy: Option<&pb::Bundle>, rule: &str) -> Option<u64> {
-    let (service, _) = rule.split_once('/')?;
-    let limit = target(policy, service)?.rule(rule)?.limit()?;
-    match limit.release.as_ref()?.kind.as_ref()? {
-        pb::release::Kind::AfterMs(ms) => Some(*ms),
-        pb::release::Kind::Manual(_) => None,
-    }
-}
-
-/// The automatic recovery delay of fuse `rule` (`None`: manual).
-pub fn fuse_recovery(policy: Option<&pb::Bundle>, rule: &str) -> Option<u64> {
-    let (service, _) = rule.split_once('/')?;
-    let fuse = target(policy, service)?.rule(rule)?.fuse()?;
-    match fuse.recover.as_ref()?.kind.as_ref()? {
-        pb::recovery::Kind::After(a) => Some(a.after_ms),
-        pb::recovery::Kind::Manual(_) => None,
     }
 }
 
@@ -415,7 +316,7 @@ enum Held {
 /// An audit entry about the latch of `rule` and `key`, caused by `by`: the
 /// record names the instance and the identity it proved.
 fn entry(
-    kind: TripKind,
+    kind: LatchKind,
     rule: &str,
     key: &str,
     by: Reporter<'_>,
@@ -423,7 +324,7 @@ fn entry(
     detail: &str,
     at: u64,
 ) -> AuditEntry {
-    let service = rule.split_once('/').map_or("", |(s, _)| s);
+    let service = service_of(rule);
     let instance = by.instance;
     AuditEntry {
         at_unix_ms: at,
@@ -439,22 +340,56 @@ fn entry(
     }
 }
 
-/// What the reason of a shadow rule's latch ends with. The view takes it
-/// off (or puts it on) as the rule's mode changes after the latch.
-pub const SHADOW_NOTE: &str = " (mode shadow: rejects nothing)";
-
-/// Whether `rule` is in mode shadow in `policy`.
-fn is_shadow(policy: Option<&pb::Bundle>, rule: &str) -> bool {
-    let Some((service, _)) = rule.split_once('/') else {
-        return false;
-    };
-    target(policy, service)
-        .and_then(|t| t.rules.iter().find(|r| r.name == rule))
-        .is_some_and(|r| r.mode() == pb::Mode::Shadow)
-}
-
-fn target<'a>(policy: Option<&'a pb::Bundle>, service: &str) -> Option<&'a pb::TargetConfig> {
-    policy?.targets.iter().find(|t| t.service == service)
+/// Hides from `stats` the latches whose missed release is on its way to
+/// the agent (not a new latch), and forgets those the stats report released.
+fn hide_releasing(releasing: &mut BTreeSet<LatchId>, stats: &mut pb::Stats) {
+    if !releasing.is_empty() {
+        stats.rules.retain_mut(|r| {
+            let kind = match r.kind() {
+                pb::RuleKind::Fuse => LatchKind::Fuse,
+                pb::RuleKind::Limit => LatchKind::Limit,
+                _ => return true,
+            };
+            let open: Vec<String> = match kind {
+                LatchKind::Fuse if r.fuse_state() != pb::FuseState::Closed => {
+                    vec![String::new()]
+                }
+                LatchKind::Fuse => Vec::new(),
+                LatchKind::Limit => engaged_keys(r).into_iter().map(str::to_owned).collect(),
+            };
+            let mut left = Vec::new();
+            let mut hidden = false;
+            for key in open {
+                if releasing.contains(&(kind, r.rule.clone(), key.clone())) {
+                    hidden = true;
+                } else {
+                    left.push(key);
+                }
+            }
+            // Keys no longer reported latched: their release is done.
+            releasing.retain(|(k, rule, key)| {
+                !(*k == kind && *rule == r.rule)
+                    || r.engaged_keys_truncated
+                    || match kind {
+                        LatchKind::Fuse => r.fuse_state() != pb::FuseState::Closed,
+                        LatchKind::Limit => engaged_keys(r).contains(&key.as_str()),
+                    }
+            });
+            if !hidden {
+                return true;
+            }
+            match kind {
+                // The fuse's release is on its way: not a new latch.
+                LatchKind::Fuse => false,
+                LatchKind::Limit => {
+                    // Only the keys whose release is on its way are hidden.
+                    r.limit_engaged = !left.is_empty();
+                    r.engaged_keys = left;
+                    true
+                }
+            }
+        });
+    }
 }
 
 #[cfg(test)]
@@ -464,6 +399,7 @@ mod tests {
     /// An agent of the tests, by its instance.
     fn by(instance: &str) -> Reporter<'_> {
         Reporter {
+            service: "order",
             instance,
             identity: "token `order-agents`",
         }
@@ -552,7 +488,7 @@ mod tests {
         let mut l = Latches::default();
         let mut audits = Vec::new();
         let tripped = event(pb::EventKind::FuseTripped, FUSE, 10);
-        assert!(l.on_event(Some(&b), "order", by("a"), &tripped, 10, &mut audits));
+        assert!(l.on_event(Some(&b), by("a"), &tripped, 10, &mut audits));
         let reason = "errors >= 3 over 10s (mode shadow: rejects nothing)";
         assert_eq!(l.iter().next().unwrap().reason, reason);
         assert_eq!(
@@ -568,7 +504,6 @@ mod tests {
         let mut audits = Vec::new();
         assert!(l.on_event(
             Some(&b),
-            "order",
             by("a"),
             &event(pb::EventKind::FuseTripped, FUSE, 10),
             10,
@@ -579,22 +514,22 @@ mod tests {
 
         // The agent restarted and forgot: it reports the fuse closed.
         let closed = stats(FUSE, pb::RuleKind::Fuse, false);
-        assert!(l.reconcile(Some(&b), "order", by("a"), &closed, 20, &mut audits));
-        assert!(l.contains(TripKind::Fuse, FUSE, None), "the latch holds");
-        let trip = l.iter().next().unwrap();
-        assert!(trip.not_enforced.contains("a"));
+        assert!(l.reconcile(Some(&b), by("a"), &closed, 20, &mut audits));
+        assert!(l.contains(LatchKind::Fuse, FUSE, None), "the latch holds");
+        let latch = l.iter().next().unwrap();
+        assert!(latch.not_enforced.contains("a"));
         assert_eq!(actions(&audits), ["trip", "latch-not-enforced"]);
         // Every second the same report: nothing new to record.
-        assert!(!l.reconcile(Some(&b), "order", by("a"), &closed, 21, &mut audits));
+        assert!(!l.reconcile(Some(&b), by("a"), &closed, 21, &mut audits));
         assert_eq!(audits.len(), 2);
 
         // It trips again: it enforces the latch again.
         let open = stats(FUSE, pb::RuleKind::Fuse, true);
-        assert!(l.reconcile(Some(&b), "order", by("a"), &open, 30, &mut audits));
+        assert!(l.reconcile(Some(&b), by("a"), &open, 30, &mut audits));
         assert!(l.iter().next().unwrap().not_enforced.is_empty());
         assert_eq!(audits.len(), 2, "the same latch: no second trip entry");
         // Only a release ends it.
-        assert_eq!(l.remove(TripKind::Fuse, FUSE, None), [""]);
+        assert_eq!(l.remove(LatchKind::Fuse, FUSE, None), [""]);
     }
 
     #[test]
@@ -603,25 +538,25 @@ mod tests {
         let mut l = Latches::default();
         let mut audits = Vec::new();
         let open = stats("order/auto", pb::RuleKind::Fuse, true);
-        assert!(l.reconcile(Some(&b), "order", by("a"), &open, 10, &mut audits));
+        assert!(l.reconcile(Some(&b), by("a"), &open, 10, &mut audits));
         let closed = stats("order/auto", pb::RuleKind::Fuse, false);
-        assert!(l.reconcile(Some(&b), "order", by("a"), &closed, 40_010, &mut audits));
-        assert!(!l.contains(TripKind::Fuse, "order/auto", None));
+        assert!(l.reconcile(Some(&b), by("a"), &closed, 40_010, &mut audits));
+        assert!(!l.contains(LatchKind::Fuse, "order/auto", None));
         assert_eq!(actions(&audits), ["trip", "untrip"]);
 
         audits.clear();
         let engaged = event(pb::EventKind::LimitEngaged, LIMIT, 1_000);
-        assert!(l.on_event(Some(&b), "order", by("a"), &engaged, 1_000, &mut audits));
+        assert!(l.on_event(Some(&b), by("a"), &engaged, 1_000, &mut audits));
         let released = stats(LIMIT, pb::RuleKind::Limit, false);
         // Before its deadline (61s): a lost latch, kept.
-        assert!(l.reconcile(Some(&b), "order", by("a"), &released, 30_000, &mut audits));
-        assert!(l.contains(TripKind::Limit, LIMIT, None));
+        assert!(l.reconcile(Some(&b), by("a"), &released, 30_000, &mut audits));
+        assert!(l.contains(LatchKind::Limit, LIMIT, None));
         assert_eq!(actions(&audits), ["trip", "latch-not-enforced"]);
         // A new engage clears the mark; at its deadline the agent's release ends it.
         let engaged = stats(LIMIT, pb::RuleKind::Limit, true);
-        assert!(l.reconcile(Some(&b), "order", by("a"), &engaged, 31_000, &mut audits));
-        assert!(l.reconcile(Some(&b), "order", by("a"), &released, 61_000, &mut audits));
-        assert!(!l.contains(TripKind::Limit, LIMIT, None));
+        assert!(l.reconcile(Some(&b), by("a"), &engaged, 31_000, &mut audits));
+        assert!(l.reconcile(Some(&b), by("a"), &released, 61_000, &mut audits));
+        assert!(!l.contains(LatchKind::Limit, LIMIT, None));
         assert_eq!(actions(&audits), ["trip", "latch-not-enforced", "untrip"]);
     }
 
@@ -632,13 +567,13 @@ mod tests {
         let mut audits = Vec::new();
         for i in ["a", "b"] {
             let e = event(pb::EventKind::FuseTripped, FUSE, 10);
-            l.on_event(Some(&b), "order", by(i), &e, 10, &mut audits);
+            l.on_event(Some(&b), by(i), &e, 10, &mut audits);
         }
         let released = event(pb::EventKind::FuseReleased, FUSE, 20);
-        assert!(l.on_event(Some(&b), "order", by("a"), &released, 20, &mut audits));
-        assert!(l.contains(TripKind::Fuse, FUSE, None), "b still holds it");
-        assert!(l.on_event(Some(&b), "order", by("b"), &released, 21, &mut audits));
-        assert!(!l.contains(TripKind::Fuse, FUSE, None));
+        assert!(l.on_event(Some(&b), by("a"), &released, 20, &mut audits));
+        assert!(l.contains(LatchKind::Fuse, FUSE, None), "b still holds it");
+        assert!(l.on_event(Some(&b), by("b"), &released, 21, &mut audits));
+        assert!(!l.contains(LatchKind::Fuse, FUSE, None));
         assert_eq!(actions(&audits), ["trip", "untrip"]);
     }
 
@@ -666,7 +601,7 @@ mod tests {
                 key: key.into(),
                 ..event(pb::EventKind::LimitEngaged, LIMIT, 10)
             };
-            assert!(l.on_event(Some(&b), "order", by("a"), &e, 10, &mut audits));
+            assert!(l.on_event(Some(&b), by("a"), &e, 10, &mut audits));
         }
         assert_eq!(l.iter().count(), 2, "two consumers: two latches");
         assert_eq!(actions(&audits), ["trip", "trip"]);
@@ -674,49 +609,28 @@ mod tests {
 
         // The agent reports only bob engaged (it restarted and kept one?):
         // alice is kept, marked as not enforced there, once.
-        assert!(l.reconcile(
-            Some(&b),
-            "order",
-            by("a"),
-            &keyed(&["bob"]),
-            20,
-            &mut audits
-        ));
-        let alice = l.of(TripKind::Limit, LIMIT, Some("alice")).next().unwrap();
+        assert!(l.reconcile(Some(&b), by("a"), &keyed(&["bob"]), 20, &mut audits));
+        let alice = l.of(LatchKind::Limit, LIMIT, Some("alice")).next().unwrap();
         assert!(alice.not_enforced.contains("a"));
         assert_eq!(actions(&audits), ["trip", "trip", "latch-not-enforced"]);
         assert_eq!(audits[2].key, "alice");
-        assert!(!l.reconcile(
-            Some(&b),
-            "order",
-            by("a"),
-            &keyed(&["bob"]),
-            21,
-            &mut audits
-        ));
+        assert!(!l.reconcile(Some(&b), by("a"), &keyed(&["bob"]), 21, &mut audits));
 
         // A truncated list says nothing about the keys it leaves out.
         let mut cut = keyed(&["bob"]);
         cut.rules[0].engaged_keys_truncated = true;
-        assert!(!l.reconcile(Some(&b), "order", by("a"), &cut, 22, &mut audits));
+        assert!(!l.reconcile(Some(&b), by("a"), &cut, 22, &mut audits));
 
         // Releasing one key leaves the other.
-        assert_eq!(l.remove(TripKind::Limit, LIMIT, Some("bob")), ["bob"]);
-        assert!(l.contains(TripKind::Limit, LIMIT, Some("alice")));
-        assert!(!l.contains(TripKind::Limit, LIMIT, Some("bob")));
+        assert_eq!(l.remove(LatchKind::Limit, LIMIT, Some("bob")), ["bob"]);
+        assert!(l.contains(LatchKind::Limit, LIMIT, Some("alice")));
+        assert!(!l.contains(LatchKind::Limit, LIMIT, Some("bob")));
         // A third consumer reported by stats alone is latched and audited.
-        assert!(l.reconcile(
-            Some(&b),
-            "order",
-            by("a"),
-            &keyed(&["carol"]),
-            30,
-            &mut audits
-        ));
-        assert!(l.contains(TripKind::Limit, LIMIT, Some("carol")));
+        assert!(l.reconcile(Some(&b), by("a"), &keyed(&["carol"]), 30, &mut audits));
+        assert!(l.contains(LatchKind::Limit, LIMIT, Some("carol")));
         assert_eq!(audits.last().unwrap().key, "carol");
         // Every key at once.
-        let mut gone = l.remove(TripKind::Limit, LIMIT, None);
+        let mut gone = l.remove(LatchKind::Limit, LIMIT, None);
         gone.sort();
         assert_eq!(gone, ["alice", "carol"]);
     }
@@ -727,8 +641,8 @@ mod tests {
         let mut l = Latches::default();
         let mut audits = Vec::new();
         let old = stats(LIMIT, pb::RuleKind::Limit, true);
-        assert!(l.reconcile(Some(&b), "order", by("a"), &old, 10, &mut audits));
-        assert!(l.contains(TripKind::Limit, LIMIT, Some("")));
+        assert!(l.reconcile(Some(&b), by("a"), &old, 10, &mut audits));
+        assert!(l.contains(LatchKind::Limit, LIMIT, Some("")));
         assert_eq!(l.iter().count(), 1);
     }
 }
