@@ -125,9 +125,8 @@ pub struct Counts {
 impl Counts {
     /// What `r` reports (cumulative since the agent started).
     pub fn of(r: &pb::RuleStats) -> Self {
-        let total = |x: &pb::Rejections| {
-            x.bulkhead_full + x.bulkhead_timeout + x.limit_calls + x.limit_bytes + x.fuse_open
-        };
+        // A timeout ends an admitted call: an error, not a rejection.
+        let total = |x: &pb::Rejections| x.total() - x.timeout;
         let rejected = r.rejected.as_ref();
         let mut latency = [0; 8];
         for (l, n) in latency.iter_mut().zip(&r.latency_buckets) {
@@ -137,10 +136,7 @@ impl Counts {
             admitted: r.admitted,
             rejected: rejected.map_or(0, total),
             errors: rejected.map_or(0, |x| x.timeout) + r.grpc_outcomes.iter().skip(1).sum::<u64>(),
-            would_reject: r
-                .shadow_rejected
-                .as_ref()
-                .map_or(0, |x| total(x) + x.timeout),
+            would_reject: r.shadow_rejected.as_ref().map_or(0, pb::Rejections::total),
             latency,
         }
     }

@@ -204,10 +204,10 @@ fn aggregate(state: &State, service: &str, rule: &str, kind: pb::RuleKind) -> pb
         sum.engaged_keys_truncated |= r.engaged_keys_truncated;
         sum.engaged_keys.extend(r.engaged_keys.iter().cloned());
         if let (Some(s), Some(x)) = (sum.rejected.as_mut(), r.rejected.as_ref()) {
-            add_rejections(s, x);
+            s.add(x);
         }
         if let Some(x) = &r.shadow_rejected {
-            add_rejections(sum.shadow_rejected.get_or_insert_default(), x);
+            sum.shadow_rejected.get_or_insert_default().add(x);
         }
         if sum.latency_buckets.len() < r.latency_buckets.len() {
             sum.latency_buckets.resize(r.latency_buckets.len(), 0);
@@ -236,15 +236,6 @@ fn aggregate(state: &State, service: &str, rule: &str, kind: pb::RuleKind) -> pb
         sum.engaged_keys_truncated = true;
     }
     sum
-}
-
-fn add_rejections(s: &mut pb::Rejections, x: &pb::Rejections) {
-    s.bulkhead_full += x.bulkhead_full;
-    s.bulkhead_timeout += x.bulkhead_timeout;
-    s.limit_calls += x.limit_calls;
-    s.limit_bytes += x.limit_bytes;
-    s.fuse_open += x.fuse_open;
-    s.timeout += x.timeout;
 }
 
 /// As many latched keys per rule as an agent's stats list (the agent's

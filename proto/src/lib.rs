@@ -20,6 +20,7 @@ pub mod log;
 pub mod path;
 pub mod printable;
 pub mod prom;
+pub mod rejections;
 pub mod report;
 mod rule;
 #[cfg(feature = "daemon")]

@@ -30,7 +30,7 @@ pub struct RuleRates {
     pub rejected: f64,
     /// Calls rejected per second by reason: bulkhead full, bulkhead timeout,
     /// limit calls, limit bytes, fuse open, timeout (the order of `Rejections`).
-    pub by_reason: [f64; 6],
+    pub by_reason: [f64; N],
 }
 
 /// Cumulative counters of one rule as last seen.
@@ -38,7 +38,7 @@ pub struct RuleRates {
 struct Counters {
     at_ms: u64,
     admitted: u64,
-    rejected: [u64; 6],
+    rejected: [u64; N],
 }
 
 /// Rates and history for every rule seen recently.
@@ -52,7 +52,10 @@ pub(crate) struct History {
 
 // === impl RuleRates ===
 
-pub(crate) const REASONS: [&str; 6] = [
+/// The reasons a call is rejected for (`Rejections`'s counts).
+const N: usize = gov_proto::rejections::REASONS;
+
+pub(crate) const REASONS: [&str; N] = [
     "bulkhead full",
     "bulkhead timeout",
     "limit calls",
@@ -63,24 +66,18 @@ pub(crate) const REASONS: [&str; 6] = [
 
 /// A rule's rejections; for a rule in mode shadow, the calls it would have
 /// rejected (its rates and sparkline show what it would do).
-fn rejections(rule: &RuleView) -> [u64; 6] {
+fn rejections(rule: &RuleView) -> [u64; N] {
     let stats = rule.stats.as_ref();
     let counts = if rule.mode() == Mode::Shadow {
         stats.and_then(|s| s.shadow_rejected.as_ref())
     } else {
         stats.and_then(|s| s.rejected.as_ref())
     };
-    match counts {
-        Some(r) => [
-            r.bulkhead_full,
-            r.bulkhead_timeout,
-            r.limit_calls,
-            r.limit_bytes,
-            r.fuse_open,
-            r.timeout,
-        ],
-        None => [0; 6],
-    }
+    counts
+        .copied()
+        .unwrap_or_default()
+        .by_reason()
+        .map(|(_, n)| n)
 }
 
 // === impl History ===
@@ -107,7 +104,7 @@ impl History {
                 Some(prev) if at_ms >= prev.at_ms.saturating_add(MIN_INTERVAL_MS) => {
                     let secs = (at_ms - prev.at_ms) as f64 / 1000.0;
                     let rate = |new: u64, old: u64| new.saturating_sub(old) as f64 / secs;
-                    let mut by_reason = [0.0; 6];
+                    let mut by_reason = [0.0; N];
                     for (i, slot) in by_reason.iter_mut().enumerate() {
                         *slot = rate(now.rejected[i], prev.rejected[i]);
                     }

@@ -176,15 +176,8 @@ fn render_shadow(view: &pb::ClusterView, out: &mut String) {
     for r in shadow {
         let stats = r.stats.clone().unwrap_or_default();
         let would = stats.shadow_rejected.unwrap_or_default();
-        let by_reason = [
-            ("bulkhead_full", would.bulkhead_full),
-            ("bulkhead_timeout", would.bulkhead_timeout),
-            ("limit_calls", would.limit_calls),
-            ("limit_bytes", would.limit_bytes),
-            ("fuse_open", would.fuse_open),
-            ("timeout", would.timeout),
-        ];
-        let total: u64 = by_reason.iter().map(|(_, n)| n).sum();
+        let by_reason = would.by_reason();
+        let total = would.total();
         let reasons: Vec<String> = by_reason
             .iter()
             .filter(|(_, n)| *n > 0)

@@ -117,17 +117,7 @@ pub fn render(
 }
 
 fn reasons(r: &pb::Rejections) -> Vec<(&'static str, u64)> {
-    [
-        ("bulkhead_full", r.bulkhead_full),
-        ("bulkhead_timeout", r.bulkhead_timeout),
-        ("limit_calls", r.limit_calls),
-        ("limit_bytes", r.limit_bytes),
-        ("fuse_open", r.fuse_open),
-        ("timeout", r.timeout),
-    ]
-    .into_iter()
-    .filter(|(_, n)| *n > 0)
-    .collect()
+    r.by_reason().into_iter().filter(|(_, n)| *n > 0).collect()
 }
 
 /// The first 8 characters of a version, `-` when empty.
