@@ -91,11 +91,13 @@ impl RuleSpec {
     }
 
     /// Whether the rule's scope needs the consumer (read from a header only
-    /// then): a limit per consumer, a bulkhead with a share.
+    /// then): a limit per consumer, a limit or bulkhead with a share.
     pub(crate) fn needs_consumer(&self) -> bool {
         match self {
             RuleSpec::Limit(l) => {
-                l.key == specs::LimitKey::Consumer || l.parts.contains(&specs::KeyPart::Consumer)
+                l.key == specs::LimitKey::Consumer
+                    || l.parts.contains(&specs::KeyPart::Consumer)
+                    || l.share.is_some()
             }
             RuleSpec::Bulkhead(b) => b.share.is_some(),
             RuleSpec::Fuse(_) | RuleSpec::Retry(_) => false,
@@ -113,6 +115,7 @@ impl RuleSpec {
             RuleSpec::Limit(l) => {
                 !l.parts.is_empty()
                     || matches!(l.key, specs::LimitKey::Service | specs::LimitKey::Consumer)
+                    || l.share.is_some()
             }
             RuleSpec::Fuse(_) | RuleSpec::Retry(_) => false,
         }

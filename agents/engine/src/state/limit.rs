@@ -58,6 +58,7 @@ mod keyed;
 mod latches;
 mod lease;
 mod quota;
+mod share;
 mod spec;
 mod store;
 
@@ -171,6 +172,7 @@ pub(crate) const LEASE_FIRST: Exceeded = Exceeded {
     reason: RejectReason::LimitCalls,
     wait: Some(Duration::ZERO),
     engaged: false,
+    over_share: false,
 };
 
 /// Which key's counters a call uses.
@@ -182,6 +184,9 @@ pub(crate) enum CellRef {
     Keyed(Arc<LimitCell>),
     /// No room for the key, and the limit says `overflow reject`.
     Full,
+    /// The rule's own counter, for a call of this consumer class of its
+    /// fair share ([`share`]).
+    Share(share::Class),
 }
 
 /// A limit was exceeded.
@@ -193,6 +198,9 @@ pub(crate) struct Exceeded {
     pub wait: Option<Duration>,
     /// Whether the limit is engaged (shaping cannot help).
     pub engaged: bool,
+    /// The limit has room, but the call's consumer is over its fair share
+    /// ([`share`]): no latch engages for it.
+    pub over_share: bool,
 }
 
 #[derive(Debug)]
@@ -212,6 +220,8 @@ pub(crate) struct Limit {
     pub(crate) counters: Counters,
     /// `scale with warmup`: the engine's slow-start weight.
     weight: Option<Weight>,
+    /// `share by consumer { ... }`: the calls of a window shared by weight.
+    share: Option<share::LimitShare>,
 }
 
 fn pack(window: u64, count: u64) -> u64 {
@@ -247,6 +257,7 @@ impl Limit {
         };
         let epoch = Instant::now();
         let spec_scales = spec.warmup_scale;
+        let share = spec.share.as_ref().map(share::LimitShare::new);
         Self {
             spec,
             name,
@@ -260,6 +271,7 @@ impl Limit {
             cluster,
             counters: Counters::default(),
             weight: spec_scales.then(|| weight.clone()),
+            share,
         }
     }
 
@@ -279,7 +291,7 @@ impl Limit {
 
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a LimitCell {
         match r {
-            CellRef::Single | CellRef::Full => &self.single,
+            CellRef::Single | CellRef::Full | CellRef::Share(_) => &self.single,
             CellRef::Keyed(c) => c,
         }
     }
@@ -298,7 +310,16 @@ impl Limit {
 
     /// Counts one call against the key's counters, or says why it does not fit.
     pub(crate) fn try_admit(&self, cell: &LimitCell, now: impl Into<Now>) -> Result<(), Exceeded> {
-        let now: Now = now.into();
+        self.try_admit_as(cell, now.into(), None)
+    }
+
+    /// [`Limit::try_admit`] for a call of a fair share's `class`.
+    pub(crate) fn try_admit_as(
+        &self,
+        cell: &LimitCell,
+        now: Now,
+        class: Option<share::Class>,
+    ) -> Result<(), Exceeded> {
         let now_ms = self.now_ms(now);
         let until = cell.engaged_until.load(Relaxed);
         if until != NOT_ENGAGED {
@@ -307,6 +328,7 @@ impl Limit {
                     reason: reason_from(cell.engaged_reason.load(Relaxed)),
                     wait: (until != MANUAL).then(|| Duration::from_millis(until - now_ms)),
                     engaged: true,
+                    over_share: false,
                 });
             }
             // `release after` has elapsed: whoever sees it first releases.
@@ -343,10 +365,14 @@ impl Limit {
                     reason: RejectReason::LimitBytes,
                     wait: Some(Self::window_left(rate, now_ms)),
                     engaged: false,
+                    over_share: false,
                 });
             }
         }
-        self.local_calls(cell, now, now_ms)
+        match (&self.share, class) {
+            (Some(share), Some(class)) => self.shared_calls(share, class, cell, now, now_ms),
+            _ => self.local_calls(cell, now, now_ms),
+        }
     }
 
     /// The latch as the store encodes it: 0 none, -1 manual, else ms.
@@ -378,7 +404,7 @@ impl Limit {
     /// The call is refused: engage the latch if the limit has one. Returns
     /// the `Retry-After` to send.
     pub(crate) fn refuse(&self, cell: &LimitCell, e: Exceeded, now: Instant) -> Option<Duration> {
-        if e.engaged {
+        if e.engaged || e.over_share {
             return e.wait;
         }
         let Some(release) = self.spec.release else {
@@ -460,6 +486,10 @@ impl Primitive for Limit {
 
     #[inline]
     fn scope(&self, keys: &Keys<'_>) -> CellRef {
+        if let Some(share) = &self.share {
+            // Only on a limit without a key (its spec's conversion).
+            return CellRef::Share(share.class(keys.consumer));
+        }
         if !self.spec.parts.is_empty() {
             let mut buf = attrs::KeyBuf::new();
             attrs::compose(&self.spec.parts, keys, &mut buf);
@@ -482,8 +512,13 @@ impl Primitive for Limit {
             // `sync exact`: counted in the store, asynchronously.
             return Answer::Wait(Duration::ZERO);
         }
-        let cell = self.cell(scope_ref(scope));
-        match self.try_admit(cell, now) {
+        let scope = scope_ref(scope);
+        let class = match scope {
+            CellRef::Share(class) => Some(*class),
+            _ => None,
+        };
+        let cell = self.cell(scope);
+        match self.try_admit_as(cell, now, class) {
             Ok(()) => Answer::Granted(self.grant()),
             // `sync batch` with an empty lease: asked from the store.
             Err(LEASE_FIRST) => Answer::Wait(Duration::ZERO),
@@ -687,6 +722,7 @@ mod tests {
             headers_always: false,
             warmup_scale: false,
             parts: Box::default(),
+            share: None,
         };
         (
             Limit::new(spec, "svc/l".into(), events, None, &Weight::default()),
@@ -967,6 +1003,7 @@ mod tests {
                 headers_always: false,
                 warmup_scale: false,
                 parts: Box::default(),
+                share: None,
             };
             (
                 Arc::new(Limit::new(
@@ -1582,5 +1619,122 @@ mod tests {
             l.try_admit(l.cell(&l.cell_for(Some("crm"))), Instant::now())
                 .is_err()
         );
+    }
+
+    /// A local limit of `amount` calls per second by `algorithm`, shared
+    /// `a 1  b 1  default 1`.
+    fn shared(algorithm: Algorithm, amount: u64, release: Option<ReleaseSpec>) -> Limit {
+        let (l, _rx) = limit(Some(amount), None, release);
+        let spec = LimitSpec {
+            algorithm,
+            share: Some(crate::state::bulkhead::share::ShareSpec {
+                weights: vec![("a".into(), 1), ("b".into(), 1)],
+                default_weight: 1,
+            }),
+            ..l.spec.clone()
+        };
+        Limit::new(
+            spec,
+            "svc/l".into(),
+            Events::new(),
+            None,
+            &Weight::default(),
+        )
+    }
+
+    /// One call of `consumer` through the limit's primitive, now.
+    fn call(l: &Limit, consumer: Option<&str>) -> bool {
+        let class = l.share.as_ref().map(|s| s.class(consumer));
+        let scope = class.map_or(CellRef::Single, CellRef::Share);
+        let now = Instant::now();
+        match l.try_acquire(Some(&scope), now.into(), now) {
+            Answer::Granted(_) => true,
+            Answer::Refused(RejectReason::LimitCalls, _) => false,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Runs `windows` windows of 100 ticks of 10ms: each tick `greedy` calls
+    /// once (100 a window, 10x its share of 30) and, on every tenth tick
+    /// from tick `polite_from` on, `a` and `b` call once (10 a window). Returns
+    /// the calls admitted by consumer (greedy, a, b), by window.
+    async fn run(l: &Limit, windows: usize, polite_from: usize) -> Vec<[u32; 3]> {
+        let mut out = vec![[0; 3]; windows];
+        for (w, got) in out.iter_mut().enumerate() {
+            for tick in 0..100 {
+                got[0] += u32::from(call(l, Some("greedy")));
+                if tick % 10 == 5 && w * 100 + tick >= polite_from {
+                    got[1] += u32::from(call(l, Some("a")));
+                    got[2] += u32::from(call(l, Some("b")));
+                }
+                tokio::time::advance(Duration::from_millis(10)).await;
+            }
+        }
+        out
+    }
+
+    /// A greedy consumer at 10x its share cannot starve two polite ones:
+    /// with a fixed window each polite one is admitted every call it asks
+    /// for (10, its share), the greedy one its share; with a sliding window
+    /// or a token bucket at least 6 of 10 (the room trickles back); without
+    /// the share the polite ones get 2 or none. No latch engages for a call
+    /// refused over its share.
+    #[tokio::test(start_paused = true)]
+    async fn a_greedy_consumer_cannot_starve_polite_ones() {
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket { burst: 30 },
+        ] {
+            // Latched by hand: only the fixed window never exceeds (the
+            // others refuse some calls within a share at the window's edge).
+            let fixed = algorithm == Algorithm::FixedWindow;
+            let l = shared(algorithm, 30, fixed.then_some(ReleaseSpec::Manual));
+            let got = run(&l, 6, 0).await;
+            for (w, [greedy, a, b]) in got.iter().enumerate().skip(1) {
+                if fixed {
+                    assert_eq!([*greedy, *a, *b], [10; 3], "window {w}: {got:?}");
+                } else {
+                    // The algorithm's room comes back a little at a time, and
+                    // a call within its share takes what there is: the one
+                    // calling 10x as often takes more of it.
+                    assert!(*a >= 6 && *b >= 6, "{algorithm:?} {w}: {got:?}");
+                    assert!(*greedy <= 17, "{algorithm:?} {w}: {got:?}");
+                }
+            }
+            assert!(!l.is_engaged(&l.single, l.now_ms(Instant::now())));
+
+            let (mut plain, _rx) = limit(Some(30), None, None);
+            plain.spec.algorithm = algorithm;
+            let got = run(&plain, 3, 0).await;
+            assert!(got[2][1] <= 2, "{algorithm:?} without a share: {got:?}");
+        }
+    }
+
+    /// Consumers that do not call are idle: the greedy one has the whole
+    /// window. A returning consumer is owed its share from its first call
+    /// on: it takes what the window has left (nothing here: the polite ones
+    /// return halfway through a window the greedy one has used up), then,
+    /// active, all it asks for in the next.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_share_is_lent_and_taken_back() {
+        let l = shared(Algorithm::FixedWindow, 30, None);
+        let got = run(&l, 6, 350).await;
+        for w in [1, 2, 3] {
+            assert_eq!(got[w], [30, 0, 0], "lent: {got:?}");
+        }
+        for w in [4, 5] {
+            assert_eq!(got[w], [10, 10, 10], "taken back: {got:?}");
+        }
+        // Once the polite ones stop, their shares are lent again after a
+        // window.
+        let mut greedy = [0; 3];
+        for g in &mut greedy {
+            for _ in 0..100 {
+                *g += u32::from(call(&l, Some("greedy")));
+                tokio::time::advance(Duration::from_millis(10)).await;
+            }
+        }
+        assert_eq!(greedy[2], 30, "{greedy:?}");
     }
 }

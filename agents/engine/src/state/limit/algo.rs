@@ -15,6 +15,7 @@
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::time::Duration;
 
+use super::share::{Class, LimitShare, Verdict};
 use super::{Algorithm, Exceeded, Limit, LimitCell, RateSpec, ms, pack};
 use crate::clock::Now;
 use crate::cluster::sliding_wait_ms;
@@ -47,9 +48,24 @@ impl Limit {
         let Some(rate) = &self.spec.calls else {
             return Ok(());
         };
-        // `scale with warmup`: while the instance ramps, the amount (and a
-        // token bucket's burst) times its weight, at least 1.
-        let (rate, burst) = match (&self.weight, self.spec.algorithm) {
+        let (rate, burst) = self.effective(rate);
+        match self.spec.algorithm {
+            Algorithm::FixedWindow => fixed(cell, &rate, now_ms),
+            Algorithm::SlidingWindow => sliding(cell, &rate, now_ms),
+            Algorithm::TokenBucket { .. } => {
+                bucket(cell, &rate, burst, now.nanos_since(self.epoch_now))
+            }
+        }
+    }
+}
+
+impl Limit {
+    /// The calls rate and a token bucket's burst now: under `scale with
+    /// warmup`, while the instance ramps, the amount (and the burst) times
+    /// its weight, at least 1.
+    #[inline]
+    fn effective(&self, rate: &RateSpec) -> (RateSpec, u64) {
+        match (&self.weight, self.spec.algorithm) {
             (Some(w), algorithm) if w.get() < FULL_WEIGHT => {
                 let weight = w.get();
                 let scaled = RateSpec {
@@ -64,14 +80,41 @@ impl Limit {
             }
             (_, Algorithm::TokenBucket { burst }) => (*rate, burst),
             _ => (*rate, 0),
-        };
-        match self.spec.algorithm {
-            Algorithm::FixedWindow => fixed(cell, &rate, now_ms),
-            Algorithm::SlidingWindow => sliding(cell, &rate, now_ms),
-            Algorithm::TokenBucket { .. } => {
-                bucket(cell, &rate, burst, now.nanos_since(self.epoch_now))
-            }
         }
+    }
+
+    /// Counts one call of a share's `class` ([`share`](super::share)): the
+    /// share's verdict, then the algorithm's, both under the share's lock.
+    pub(super) fn shared_calls(
+        &self,
+        share: &LimitShare,
+        class: Class,
+        cell: &LimitCell,
+        now: Now,
+        now_ms: u64,
+    ) -> Result<(), Exceeded> {
+        let Some(rate) = &self.spec.calls else {
+            return Ok(());
+        };
+        let (rate, burst) = self.effective(rate);
+        let w = ms(rate.window).max(1);
+        let mut turn = share.turn(class, now_ms / w);
+        let room = || match self.spec.algorithm {
+            Algorithm::FixedWindow => fixed_room(cell, &rate, now_ms),
+            Algorithm::SlidingWindow => sliding_room(cell, &rate, now_ms),
+            Algorithm::TokenBucket { .. } => {
+                bucket_room(cell, &rate, burst, now.nanos_since(self.epoch_now))
+            }
+        };
+        if turn.verdict(rate.amount, room) == Verdict::Refused {
+            return Err(Exceeded {
+                over_share: true,
+                ..over(w - now_ms % w)
+            });
+        }
+        self.local_calls(cell, now, now_ms)?;
+        turn.admitted();
+        Ok(())
     }
 }
 
@@ -102,6 +145,7 @@ fn over(wait_ms: u64) -> Exceeded {
         reason: RejectReason::LimitCalls,
         wait: Some(Duration::from_millis(wait_ms.max(1))),
         engaged: false,
+        over_share: false,
     }
 }
 
@@ -174,6 +218,55 @@ fn sliding(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceede
             Ok(_) => return Ok(()),
             Err(actual) => current = actual,
         }
+    }
+}
+
+/// The calls a fixed window would admit now.
+fn fixed_room(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> u64 {
+    let window = (now_ms / ms(rate.window).max(1)) & 0xffff_ffff;
+    let current = cell.calls.load(Relaxed);
+    let count = if current >> 32 == window {
+        current & 0xffff_ffff
+    } else {
+        0
+    };
+    rate.amount.saturating_sub(count)
+}
+
+/// The calls a sliding window would admit now: the `k` with
+/// `previous * (w - elapsed) + (count + k - 1) * w < amount * w`.
+fn sliding_room(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> u64 {
+    let w = ms(rate.window).max(1);
+    let number = now_ms / w;
+    let (window, before) = (number & 0xffff_ffff, number.wrapping_sub(1) & 0xffff_ffff);
+    let current = cell.calls.load(Acquire);
+    let (count, previous) = if current >> 32 == window {
+        let p = cell.previous.load(Acquire);
+        let previous = if p >> 32 == before {
+            p & 0xffff_ffff
+        } else {
+            0
+        };
+        (current & 0xffff_ffff, previous)
+    } else if current >> 32 == before && current != 0 {
+        (0, current & 0xffff_ffff)
+    } else {
+        (0, 0)
+    };
+    let left = (u128::from(rate.amount) * u128::from(w))
+        .saturating_sub(u128::from(previous) * u128::from(w - now_ms % w));
+    let fits = u64::try_from(left.div_ceil(u128::from(w))).unwrap_or(u64::MAX);
+    fits.saturating_sub(count)
+}
+
+/// The calls a token bucket would admit now: while its arrival time is at
+/// most the tolerance ahead, one interval more each.
+fn bucket_room(cell: &LimitCell, rate: &RateSpec, burst: u64, now_ns: u64) -> u64 {
+    let tolerance = tolerance_ns(rate, burst);
+    let ahead = cell.calls.load(Relaxed).max(now_ns) - now_ns;
+    match tolerance.checked_sub(ahead) {
+        Some(slack) => slack / interval_ns(rate) + 1,
+        None => 0,
     }
 }
 

@@ -144,6 +144,7 @@ mod tests {
             headers_always: false,
             warmup_scale: false,
             parts: Box::default(),
+            share: None,
         };
         Limit::new(
             spec,

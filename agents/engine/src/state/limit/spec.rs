@@ -10,6 +10,7 @@ use http::{HeaderName, StatusCode};
 
 pub use crate::cluster::Fallback;
 use crate::config::invalid::{Ctx, InvalidConfig};
+use crate::state::bulkhead::share::{self, ShareSpec};
 
 /// Whose calls share one limit counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -97,6 +98,9 @@ pub struct LimitSpec {
     /// Keys on request attributes (`per header "x-tenant", consumer`):
     /// 1..=[`MAX_KEY_PARTS`] parts, and `key` is `All`; empty otherwise.
     pub parts: Box<[KeyPart]>,
+    /// `share by consumer { ... }`: the calls of each window shared between
+    /// consumers by weight ([`super::share`]); only without a key and local.
+    pub share: Option<ShareSpec>,
 }
 
 impl LimitSpec {
@@ -166,6 +170,29 @@ pub(crate) fn spec(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, Invalid
             "`warmup_scale` scales one instance's calls: it needs `calls` and `scope local` (a cluster limit's amount is shared by every instance)",
         ));
     }
+    let share = match &l.share {
+        None => None,
+        Some(_) if calls.is_none() => {
+            return Err(ctx.err("`share` shares calls, but `calls` is not set"));
+        }
+        Some(_) if scope != LimitScope::Local => {
+            return Err(ctx.err(
+                "`share` applies to a `scope local` limit only (its counts are one agent's)",
+            ));
+        }
+        Some(_)
+            if !l.key_parts.is_empty()
+                || !matches!(
+                    ctx.known::<proto::LimitKey>("key", l.key)?,
+                    proto::LimitKey::All | proto::LimitKey::Domain
+                ) =>
+        {
+            return Err(ctx.err(
+                "`share` applies to a limit without a key (`per all`): it shares one counter",
+            ));
+        }
+        Some(s) => Some(share::spec(ctx, s)?),
+    };
     Ok(LimitSpec {
         calls,
         algorithm,
@@ -185,6 +212,7 @@ pub(crate) fn spec(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, Invalid
         headers_always: l.ratelimit_headers_always,
         warmup_scale: l.warmup_scale,
         parts: parts(ctx, l)?,
+        share,
     })
 }
 
@@ -305,4 +333,69 @@ fn algorithm(
         _ => {}
     }
     Ok(algorithm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A share needs `calls`, `scope local` and a limit without a key.
+    #[test]
+    fn a_share_is_of_one_local_counter_of_calls() {
+        let ctx = Ctx::new("svc/l");
+        let ok = proto::Limit {
+            calls: Some(proto::Rate {
+                amount: 10,
+                window_ms: 1000,
+            }),
+            reject_status: 429,
+            reject_grpc_status: GrpcCode::ResourceExhausted as i32,
+            share: Some(proto::FairShare {
+                weights: vec![proto::ShareWeight {
+                    consumer: "crm".into(),
+                    weight: 3,
+                }],
+                default_weight: 1,
+            }),
+            ..proto::Limit::default()
+        };
+        let s = spec(&ctx, &ok).expect("valid");
+        assert_eq!(s.share.map(|s| s.weights.len()), Some(1));
+        let bytes = Some(proto::Rate {
+            amount: 10,
+            window_ms: 1000,
+        });
+        for bad in [
+            proto::Limit {
+                calls: None,
+                bytes,
+                ..ok.clone()
+            },
+            proto::Limit {
+                scope: proto::LimitScope::Cluster as i32,
+                sync_batch_ms: 100,
+                sync: proto::ClusterSync::Batch as i32,
+                ..ok.clone()
+            },
+            proto::Limit {
+                key: proto::LimitKey::Consumer as i32,
+                ..ok.clone()
+            },
+            proto::Limit {
+                key_parts: vec![proto::LimitKeyPart {
+                    kind: Some(proto::limit_key_part::Kind::Header("x-t".into())),
+                }],
+                ..ok.clone()
+            },
+            proto::Limit {
+                share: Some(proto::FairShare {
+                    weights: vec![],
+                    default_weight: 0,
+                }),
+                ..ok.clone()
+            },
+        ] {
+            assert!(spec(&ctx, &bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -61,6 +61,7 @@ impl Limit {
                 reason: RejectReason::LimitBytes,
                 wait: Some(Duration::from_millis(w - unix % w)),
                 engaged: false,
+                over_share: false,
             });
         }
         Ok(())
@@ -134,6 +135,7 @@ impl Limit {
             reason: RejectReason::LimitCalls,
             wait: Some(lease.wait(c)),
             engaged: false,
+            over_share: false,
         })
     }
 
@@ -359,6 +361,7 @@ impl Limit {
                         reason: RejectReason::LimitCalls,
                         wait: Some(Duration::from_millis(w - unix % w)),
                         engaged: false,
+                        over_share: false,
                     })
                 }
             }
@@ -368,6 +371,7 @@ impl Limit {
                     reason: RejectReason::LimitCalls,
                     wait: Some(wait.max(Duration::from_millis(1))),
                     engaged: false,
+                    over_share: false,
                 })
             }
             Some(ExactReply::Engaged(ttl)) => {
@@ -379,6 +383,7 @@ impl Limit {
                     reason: reason_from(cell.engaged_reason.load(Relaxed)),
                     wait: ttl,
                     engaged: true,
+                    over_share: false,
                 })
             }
         }
@@ -404,6 +409,7 @@ impl Limit {
                 reason: RejectReason::LimitCalls,
                 wait: Some(cluster::PROBE_EVERY),
                 engaged: true,
+                over_share: false,
             }),
         }
     }
