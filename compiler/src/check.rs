@@ -40,6 +40,7 @@ pub mod invalid_peer;
 pub mod key_attribute;
 pub mod key_cap;
 pub mod latch_outlives_rule;
+pub mod limit_share_scope;
 pub mod match_cycle;
 pub mod missing_field;
 pub mod mixed_direction;
@@ -120,6 +121,7 @@ pub const CODES: &[&str] = &[
     "gov::adaptive-range",
     "gov::adaptive-over-workers",
     "gov::share-weights",
+    "gov::limit-share-scope",
     "gov::share-without-consumer",
     "gov::share-with-queue",
     "gov::lint::bulkhead-over-workers",
@@ -191,6 +193,7 @@ const CHECKS: &[Check] = &[
     adaptive_range::check,
     adaptive_over_workers::check,
     share_weights::check,
+    limit_share_scope::check,
     share_without_consumer::check,
     share_with_queue::check,
     bulkhead_over_workers::check,

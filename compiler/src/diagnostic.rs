@@ -91,6 +91,7 @@ diagnostics! {
     AdaptiveRange(adaptive_range::AdaptiveRange),
     AdaptiveOverWorkers(adaptive_over_workers::AdaptiveOverWorkers),
     ShareWeights(share_weights::ShareWeights),
+    LimitShareScope(limit_share_scope::LimitShareScope),
     ShareWithoutConsumer(share_without_consumer::ShareWithoutConsumer),
     ShareWithQueue(share_with_queue::ShareWithQueue),
     BulkheadOverWorkers(bulkhead_over_workers::BulkheadOverWorkers),

@@ -228,6 +228,13 @@ fn order() -> TargetConfig {
                             )),
                         },
                     ],
+                    share: Some(gov_proto::v1::FairShare {
+                        weights: vec![gov_proto::v1::ShareWeight {
+                            consumer: "crm".into(),
+                            weight: 3,
+                        }],
+                        default_weight: 1,
+                    }),
                 })),
             },
             Rule {

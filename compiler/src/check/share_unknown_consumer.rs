@@ -19,11 +19,11 @@ use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::kind::bulkhead::{Bulkhead, BulkheadSetting};
+use crate::kind::share;
 use crate::resolve::{Ctx, Norm, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
-#[error("bulkhead `{name}` shares with consumer `{consumer}`, which the policy names nowhere else")]
+#[error("{kind} `{name}` shares with consumer `{consumer}`, which the policy names nowhere else")]
 #[diagnostic(
     code("gov::lint::share-unknown-consumer"),
     severity(Warning),
@@ -32,6 +32,7 @@ use crate::resolve::{Ctx, Norm, Src};
     )
 )]
 pub struct ShareUnknownConsumer {
+    pub kind: &'static str,
     pub name: String,
     pub consumer: String,
     #[source_code]
@@ -69,21 +70,16 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     let mut names = None;
     for svc in &cx.services {
         for rule in &svc.rules {
-            let Some(b) = Bulkhead::of(rule) else {
-                continue;
-            };
-            for s in &b.settings {
-                let BulkheadSetting::Share(share) = s else {
-                    continue;
-                };
+            for s in share::of(rule) {
                 let names = names.get_or_insert_with(|| known(cx));
-                for c in share.consumers() {
+                for c in s.share.consumers() {
                     if names.contains(c.node.as_str()) {
                         continue;
                     }
                     out.push(
                         ShareUnknownConsumer {
-                            name: b.name.node.clone(),
+                            kind: s.kind,
+                            name: s.name.node.clone(),
                             consumer: c.node.clone(),
                             src: cx.src(svc.file),
                             span: c.span.into(),

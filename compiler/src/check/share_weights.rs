@@ -1,4 +1,4 @@
-//! `gov::share-weights`: a bulkhead's `share by consumer { ... }` that names
+//! `gov::share-weights`: a bulkhead's or a limit's `share by consumer { ... }` that names
 //! a consumer (or `default`) twice, names an empty consumer (`""`), names
 //! more than 64 consumers, or names none besides `default`.
 //!
@@ -16,12 +16,11 @@ use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::kind::bulkhead::{Bulkhead, BulkheadSetting};
-use crate::kind::share::{MAX_CONSUMERS, Share};
+use crate::kind::share::{self, MAX_CONSUMERS, Share};
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
-#[error("bulkhead `{name}`: {problem}")]
+#[error("{kind} `{name}`: {problem}")]
 #[diagnostic(
     code("gov::share-weights"),
     help(
@@ -29,6 +28,7 @@ use crate::resolve::{Ctx, Src};
     )
 )]
 pub struct ShareWeights {
+    pub kind: &'static str,
     pub name: String,
     pub problem: String,
     #[source_code]
@@ -76,17 +76,12 @@ fn problem(share: &Share) -> Option<(String, gov_lang::ast::Span, String)> {
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
         for rule in &svc.rules {
-            let Some(b) = Bulkhead::of(rule) else {
-                continue;
-            };
-            for s in &b.settings {
-                let BulkheadSetting::Share(share) = s else {
-                    continue;
-                };
-                if let Some((problem, span, label)) = problem(share) {
+            for s in share::of(rule) {
+                if let Some((problem, span, label)) = problem(&s.share) {
                     out.push(
                         ShareWeights {
-                            name: b.name.node.clone(),
+                            kind: s.kind,
+                            name: s.name.node.clone(),
                             problem,
                             src: cx.src(svc.file),
                             span: span.into(),

@@ -1,36 +1,38 @@
-//! `gov::share-without-consumer`: a `share by consumer` on a bulkhead whose
-//! calls carry no consumer to share by: one on outbound calls (`calls to`,
-//! the service's own calls), or one whose match admits a single consumer.
+//! `gov::share-without-consumer`: a `share by consumer` on a bulkhead or a
+//! limit whose calls carry no consumer to share by: one on outbound calls
+//! (`calls to`, the service's own calls), or one whose match admits a
+//! single consumer.
 //!
-//! Why: the share divides the permits between the consumers of the calls
-//! the bulkhead admits (the caller, as the service reads it: `consumer
-//! from`). A service's outbound calls are its own, and a match on `consumer
+//! Why: the share divides the permits (or a limit's calls per window)
+//! between the consumers of the calls the rule admits (the caller, as the
+//! service reads it: `consumer from`). A service's outbound calls are its own, and a match on `consumer
 //! "crm"` admits only `crm`'s: every call falls in one class, and the share
 //! does nothing. The agent refuses a share on a bulkhead keyed `per
-//! instance`.
+//! instance` (and, on a limit, see `gov::limit-share-scope`).
 //!
 //! Example: `bulkhead b on calls to inventory { max_concurrent 10  share by
 //! consumer { crm 3  web 1 } }`.
 //!
-//! Fix: put the share on the bulkhead of the inbound calls the consumers
-//! make, on a match that admits every consumer, or drop it.
+//! Fix: put the share on the bulkhead or limit of the inbound calls the
+//! consumers make, on a match that admits every consumer, or drop it.
 
 use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::diagnostic::Diagnostic;
-use crate::kind::bulkhead::{Bulkhead, BulkheadSetting};
+use crate::kind::share;
 use crate::resolve::{Ctx, Norm, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
-#[error("bulkhead `{name}` shares by consumer, but {why}")]
+#[error("{kind} `{name}` shares by consumer, but {why}")]
 #[diagnostic(
     code("gov::share-without-consumer"),
     help(
-        "share the bulkhead of inbound calls, on a match that admits every consumer, or remove `share`"
+        "share the bulkhead or limit of inbound calls, on a match that admits every consumer, or remove `share`"
     )
 )]
 pub struct ShareWithoutConsumer {
+    pub kind: &'static str,
     pub name: String,
     pub why: &'static str,
     #[source_code]
@@ -57,28 +59,24 @@ fn no_consumer(norm: &Norm<'_>) -> Option<&'static str> {
 pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for svc in &cx.services {
         for (rule, norm) in svc.rules_with_norms() {
-            let Some(b) = Bulkhead::of(rule) else {
-                continue;
-            };
             if !norm.is_valid() {
                 continue;
             }
             let Some(why) = no_consumer(norm) else {
                 continue;
             };
-            for s in &b.settings {
-                if let BulkheadSetting::Share(share) = s {
-                    out.push(
-                        ShareWithoutConsumer {
-                            name: b.name.node.clone(),
-                            why,
-                            src: cx.src(svc.file),
-                            span: share.span.into(),
-                            on: b.on.span().into(),
-                        }
-                        .into(),
-                    );
-                }
+            for s in share::of(rule) {
+                out.push(
+                    ShareWithoutConsumer {
+                        kind: s.kind,
+                        name: s.name.node.clone(),
+                        why,
+                        src: cx.src(svc.file),
+                        span: s.share.span.into(),
+                        on: s.on.span().into(),
+                    }
+                    .into(),
+                );
             }
         }
     }

@@ -17,6 +17,7 @@ use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Size, Span, Sp
 use gov_proto::v1 as pb;
 
 use super::keys::{KeySetting, KeysEff};
+use super::share::Share;
 use super::{Bound, Large, Reject, Values, Words};
 use crate::lower::{Lower, u32_of, unsigned};
 use crate::plan::{fmt_ms, push};
@@ -69,6 +70,9 @@ pub(crate) enum LimitSetting {
     /// `scale with warmup`: the amounts times the instance's slow-start
     /// weight while it ramps.
     WarmupScale { span: Span },
+    /// `share by consumer { NAME WEIGHT... }`: the calls of each window
+    /// shared between consumers by weight (a local limit without a key).
+    Share(Share),
 }
 
 /// How calls are counted (`algorithm ...`).
@@ -255,6 +259,8 @@ pub(crate) struct LimitEff {
     pub headers_always: bool,
     /// `scale with warmup`, where written.
     pub warmup_scale: Option<Span>,
+    /// `share by consumer { ... }`, where written.
+    pub share: Option<Share>,
 }
 
 /// The kind.
@@ -440,6 +446,7 @@ fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
             w.expect("warmup")?;
             S::WarmupScale { span }
         }
+        "share" => S::Share(Share::decode(w)?),
         key => S::Keys(KeySetting::decode(key, w)?),
     })
 }
@@ -476,6 +483,7 @@ impl LimitEff {
             keys: KeysEff::default(),
             headers_always: false,
             warmup_scale: None,
+            share: None,
         };
         for s in l.settings.iter().rev() {
             // Reversed so that the first occurrence is applied last and wins.
@@ -549,6 +557,7 @@ impl LimitEff {
                 LimitSetting::Keys(k) => e.keys.apply(k),
                 LimitSetting::Headers { always, .. } => e.headers_always = *always,
                 LimitSetting::WarmupScale { span } => e.warmup_scale = Some(*span),
+                LimitSetting::Share(share) => e.share = Some(share.clone()),
             }
         }
         (e.algorithm, e.burst) = algorithm_of(l, &e);
@@ -630,6 +639,7 @@ impl super::Kind for Kind {
             LimitSetting::Keys(k) => k.key(),
             LimitSetting::Headers { .. } => "headers",
             LimitSetting::WarmupScale { .. } => "scale with warmup",
+            LimitSetting::Share(_) => "share",
         })
     }
 
@@ -693,6 +703,7 @@ impl super::Kind for Kind {
                 }
                 LimitSetting::RejectWith { reject, .. } => reject.values(out),
                 LimitSetting::Keys(k) => k.values(out),
+                LimitSetting::Share(share) => share.values(out),
                 _ => {}
             }
         }
@@ -762,6 +773,7 @@ impl super::Kind for Kind {
             burst: unsigned(e.burst),
             ratelimit_headers_always: e.headers_always,
             warmup_scale: e.warmup_scale.is_some(),
+            share: e.share.as_ref().map(Share::lower),
             calls: e.calls.map(rate),
             bytes: e.bytes.map(rate),
             key: match e.per {
@@ -885,6 +897,9 @@ impl super::Kind for Kind {
         super::keys::fields(f, l.max_keys, l.overflow());
         if l.warmup_scale {
             push(f, "scale with warmup", "yes".to_string());
+        }
+        if let Some(share) = &l.share {
+            push(f, "share by consumer", Share::field(share));
         }
     }
 

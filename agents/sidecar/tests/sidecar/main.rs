@@ -27,6 +27,7 @@ mod jwt;
 mod keepalive;
 mod keys;
 mod latches;
+mod limit_share;
 mod memory;
 mod mtls;
 mod paths;
