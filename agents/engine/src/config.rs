@@ -307,8 +307,10 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
         let classes = classes(&t.service, &t.matches, paths.case_insensitive)?;
         if !classes.is_empty() {
             for r in &mut rules {
-                if let RuleSpec::Bulkhead(b) = &mut r.spec {
-                    b.by_class = true;
+                match &mut r.spec {
+                    RuleSpec::Bulkhead(b) => b.by_class = true,
+                    RuleSpec::Limit(l) => l.by_class = true,
+                    _ => {}
                 }
             }
         }

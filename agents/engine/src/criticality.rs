@@ -8,7 +8,9 @@
 //! sheddable match could lower the call's class. Bulkheads read it when a
 //! call finds no permit (`state/bulkhead/queue.rs`): a sheddable call fails
 //! fast, a critical one is served before the others and may displace a
-//! lower-class waiter from a full queue.
+//! lower-class waiter from a full queue. Limits without a key read it in
+//! their scope (`state/limit.rs`): a sheddable call leaves the last tenth of
+//! a window to the others.
 
 /// A call's criticality, lowest first (so `max` is the most critical).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -116,6 +116,7 @@ impl RuleSpec {
                 !l.parts.is_empty()
                     || matches!(l.key, specs::LimitKey::Service | specs::LimitKey::Consumer)
                     || l.share.is_some()
+                    || l.by_class
             }
             RuleSpec::Fuse(_) | RuleSpec::Retry(_) => false,
         }

@@ -38,6 +38,7 @@ use tokio::time::Instant;
 
 use crate::clock::{self, Now};
 use crate::cluster::{ClusterStore, ExactCall, ExactReply, FlushItem, Latch};
+use crate::criticality::Class;
 use crate::events::{EventKind, Events};
 // `cluster::Latch` is the store's view of a latch; this one is the exported kind.
 use crate::latch::{self, Latch as Kept, LatchKind, Restored};
@@ -172,7 +173,7 @@ pub(crate) const LEASE_FIRST: Exceeded = Exceeded {
     reason: RejectReason::LimitCalls,
     wait: Some(Duration::ZERO),
     engaged: false,
-    over_share: false,
+    room_left: false,
 };
 
 /// Which key's counters a call uses.
@@ -185,8 +186,8 @@ pub(crate) enum CellRef {
     /// No room for the key, and the limit says `overflow reject`.
     Full,
     /// The rule's own counter, for a call of this consumer class of its
-    /// fair share ([`share`]).
-    Share(share::Class),
+    /// fair share ([`share`]), if it has one, and of this criticality.
+    Own(Option<share::Class>, Class),
 }
 
 /// A limit was exceeded.
@@ -198,9 +199,10 @@ pub(crate) struct Exceeded {
     pub wait: Option<Duration>,
     /// Whether the limit is engaged (shaping cannot help).
     pub engaged: bool,
-    /// The limit has room, but the call's consumer is over its fair share
-    /// ([`share`]): no latch engages for it.
-    pub over_share: bool,
+    /// The limit has room, but not for this call: its consumer is over its
+    /// fair share ([`share`]), or it is sheddable and the window is nearly
+    /// used up. No latch engages for it.
+    pub room_left: bool,
 }
 
 #[derive(Debug)]
@@ -291,7 +293,7 @@ impl Limit {
 
     pub(crate) fn cell<'a>(&'a self, r: &'a CellRef) -> &'a LimitCell {
         match r {
-            CellRef::Single | CellRef::Full | CellRef::Share(_) => &self.single,
+            CellRef::Single | CellRef::Full | CellRef::Own(..) => &self.single,
             CellRef::Keyed(c) => c,
         }
     }
@@ -310,15 +312,17 @@ impl Limit {
 
     /// Counts one call against the key's counters, or says why it does not fit.
     pub(crate) fn try_admit(&self, cell: &LimitCell, now: impl Into<Now>) -> Result<(), Exceeded> {
-        self.try_admit_as(cell, now.into(), None)
+        self.try_admit_as(cell, now.into(), None, Class::Default)
     }
 
-    /// [`Limit::try_admit`] for a call of a fair share's `class`.
+    /// [`Limit::try_admit`] for a call of a fair share's `class`, of
+    /// criticality `crit`.
     pub(crate) fn try_admit_as(
         &self,
         cell: &LimitCell,
         now: Now,
         class: Option<share::Class>,
+        crit: Class,
     ) -> Result<(), Exceeded> {
         let now_ms = self.now_ms(now);
         let until = cell.engaged_until.load(Relaxed);
@@ -328,7 +332,7 @@ impl Limit {
                     reason: reason_from(cell.engaged_reason.load(Relaxed)),
                     wait: (until != MANUAL).then(|| Duration::from_millis(until - now_ms)),
                     engaged: true,
-                    over_share: false,
+                    room_left: false,
                 });
             }
             // `release after` has elapsed: whoever sees it first releases.
@@ -365,9 +369,12 @@ impl Limit {
                     reason: RejectReason::LimitBytes,
                     wait: Some(Self::window_left(rate, now_ms)),
                     engaged: false,
-                    over_share: false,
+                    room_left: false,
                 });
             }
+        }
+        if crit == Class::Sheddable {
+            self.sheddable_fits(cell, now, now_ms)?;
         }
         match (&self.share, class) {
             (Some(share), Some(class)) => self.shared_calls(share, class, cell, now, now_ms),
@@ -404,7 +411,7 @@ impl Limit {
     /// The call is refused: engage the latch if the limit has one. Returns
     /// the `Retry-After` to send.
     pub(crate) fn refuse(&self, cell: &LimitCell, e: Exceeded, now: Instant) -> Option<Duration> {
-        if e.engaged || e.over_share {
+        if e.engaged || e.room_left {
             return e.wait;
         }
         let Some(release) = self.spec.release else {
@@ -486,9 +493,10 @@ impl Primitive for Limit {
 
     #[inline]
     fn scope(&self, keys: &Keys<'_>) -> CellRef {
-        if let Some(share) = &self.share {
-            // Only on a limit without a key (its spec's conversion).
-            return CellRef::Share(share.class(keys.consumer));
+        if self.share.is_some() || self.spec.by_class && self.spec.unkeyed() {
+            // A share only on a limit without a key (its spec's conversion).
+            let share = self.share.as_ref().map(|s| s.class(keys.consumer));
+            return CellRef::Own(share, keys.class);
         }
         if !self.spec.parts.is_empty() {
             let mut buf = attrs::KeyBuf::new();
@@ -513,12 +521,12 @@ impl Primitive for Limit {
             return Answer::Wait(Duration::ZERO);
         }
         let scope = scope_ref(scope);
-        let class = match scope {
-            CellRef::Share(class) => Some(*class),
-            _ => None,
+        let (class, crit) = match scope {
+            CellRef::Own(class, crit) => (*class, *crit),
+            _ => (None, Class::Default),
         };
         let cell = self.cell(scope);
-        match self.try_admit_as(cell, now, class) {
+        match self.try_admit_as(cell, now, class, crit) {
             Ok(()) => Answer::Granted(self.grant()),
             // `sync batch` with an empty lease: asked from the store.
             Err(LEASE_FIRST) => Answer::Wait(Duration::ZERO),
@@ -723,6 +731,7 @@ mod tests {
             warmup_scale: false,
             parts: Box::default(),
             share: None,
+            by_class: false,
         };
         (
             Limit::new(spec, "svc/l".into(), events, None, &Weight::default()),
@@ -1004,6 +1013,7 @@ mod tests {
                 warmup_scale: false,
                 parts: Box::default(),
                 share: None,
+                by_class: false,
             };
             (
                 Arc::new(Limit::new(
@@ -1645,7 +1655,10 @@ mod tests {
     /// One call of `consumer` through the limit's primitive, now.
     fn call(l: &Limit, consumer: Option<&str>) -> bool {
         let class = l.share.as_ref().map(|s| s.class(consumer));
-        let scope = class.map_or(CellRef::Single, CellRef::Share);
+        let scope = match class {
+            Some(c) => CellRef::Own(Some(c), crate::criticality::Class::Default),
+            None => CellRef::Single,
+        };
         let now = Instant::now();
         match l.try_acquire(Some(&scope), now.into(), now) {
             Answer::Granted(_) => true,
@@ -1736,5 +1749,28 @@ mod tests {
             }
         }
         assert_eq!(greedy[2], 30, "{greedy:?}");
+    }
+
+    /// In a config that declares criticality, a sheddable call leaves the
+    /// last tenth of a window to the others, and its refusal engages no
+    /// latch; a default or critical call may use the whole window.
+    #[tokio::test(start_paused = true)]
+    async fn a_sheddable_call_leaves_a_tenth_of_the_window() {
+        use crate::criticality::Class;
+        let (mut l, _rx) = limit(Some(20), None, Some(ReleaseSpec::Manual));
+        l.spec.by_class = true;
+        let at = |l: &Limit, crit| {
+            let now = Instant::now();
+            matches!(
+                l.try_acquire(Some(&CellRef::Own(None, crit)), now.into(), now),
+                Answer::Granted(_)
+            )
+        };
+        let shed = (0..20).filter(|_| at(&l, Class::Sheddable)).count();
+        assert_eq!(shed, 18, "18 of 20: 2 left to the others");
+        assert!(!l.is_engaged(&l.single, l.now_ms(Instant::now())));
+        assert!(at(&l, Class::Default) && at(&l, Class::Critical));
+        assert!(!at(&l, Class::Critical), "the window is used up");
+        assert!(l.is_engaged(&l.single, l.now_ms(Instant::now())));
     }
 }

@@ -83,6 +83,41 @@ impl Limit {
         }
     }
 
+    /// The calls the algorithm would admit now.
+    fn room(&self, cell: &LimitCell, rate: &RateSpec, burst: u64, now: Now, now_ms: u64) -> u64 {
+        match self.spec.algorithm {
+            Algorithm::FixedWindow => fixed_room(cell, rate, now_ms),
+            Algorithm::SlidingWindow => sliding_room(cell, rate, now_ms),
+            Algorithm::TokenBucket { .. } => {
+                bucket_room(cell, rate, burst, now.nanos_since(self.epoch_now))
+            }
+        }
+    }
+
+    /// Whether a sheddable call fits: it leaves a tenth of the calls per
+    /// window (rounded up) to the other classes, so it is admitted while
+    /// the algorithm would still admit more than that. Read before the
+    /// call is counted: calls decided at the same moment may take one more.
+    pub(super) fn sheddable_fits(
+        &self,
+        cell: &LimitCell,
+        now: Now,
+        now_ms: u64,
+    ) -> Result<(), Exceeded> {
+        let Some(rate) = &self.spec.calls else {
+            return Ok(());
+        };
+        let (rate, burst) = self.effective(rate);
+        if self.room(cell, &rate, burst, now, now_ms) > rate.amount.div_ceil(10) {
+            return Ok(());
+        }
+        let w = ms(rate.window).max(1);
+        Err(Exceeded {
+            room_left: true,
+            ..over(w - now_ms % w)
+        })
+    }
+
     /// Counts one call of a share's `class` ([`share`](super::share)): the
     /// share's verdict, then the algorithm's, both under the share's lock.
     pub(super) fn shared_calls(
@@ -99,16 +134,10 @@ impl Limit {
         let (rate, burst) = self.effective(rate);
         let w = ms(rate.window).max(1);
         let mut turn = share.turn(class, now_ms / w);
-        let room = || match self.spec.algorithm {
-            Algorithm::FixedWindow => fixed_room(cell, &rate, now_ms),
-            Algorithm::SlidingWindow => sliding_room(cell, &rate, now_ms),
-            Algorithm::TokenBucket { .. } => {
-                bucket_room(cell, &rate, burst, now.nanos_since(self.epoch_now))
-            }
-        };
+        let room = || self.room(cell, &rate, burst, now, now_ms);
         if turn.verdict(rate.amount, room) == Verdict::Refused {
             return Err(Exceeded {
-                over_share: true,
+                room_left: true,
                 ..over(w - now_ms % w)
             });
         }
@@ -145,7 +174,7 @@ fn over(wait_ms: u64) -> Exceeded {
         reason: RejectReason::LimitCalls,
         wait: Some(Duration::from_millis(wait_ms.max(1))),
         engaged: false,
-        over_share: false,
+        room_left: false,
     }
 }
 

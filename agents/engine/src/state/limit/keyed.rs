@@ -145,6 +145,7 @@ mod tests {
             warmup_scale: false,
             parts: Box::default(),
             share: None,
+            by_class: false,
         };
         Limit::new(
             spec,

@@ -101,9 +101,18 @@ pub struct LimitSpec {
     /// `share by consumer { ... }`: the calls of each window shared between
     /// consumers by weight ([`super::share`]); only without a key and local.
     pub share: Option<ShareSpec>,
+    /// The config declares criticality: a sheddable call leaves a tenth of
+    /// the window to the others (a limit without a key; set by the config's
+    /// conversion, not read from the rule).
+    pub by_class: bool,
 }
 
 impl LimitSpec {
+    /// One counter for every call: no key.
+    pub(crate) fn unkeyed(&self) -> bool {
+        self.parts.is_empty() && matches!(self.key, LimitKey::All | LimitKey::Domain)
+    }
+
     /// Inbound to a case-insensitive service: segment prefixes folded to
     /// lower case, as the path they are read from is.
     pub(crate) fn fold_case(&mut self) {
@@ -213,6 +222,7 @@ pub(crate) fn spec(ctx: &Ctx<'_>, l: &proto::Limit) -> Result<LimitSpec, Invalid
         warmup_scale: l.warmup_scale,
         parts: parts(ctx, l)?,
         share,
+        by_class: false,
     })
 }
 

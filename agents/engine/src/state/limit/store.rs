@@ -61,7 +61,7 @@ impl Limit {
                 reason: RejectReason::LimitBytes,
                 wait: Some(Duration::from_millis(w - unix % w)),
                 engaged: false,
-                over_share: false,
+                room_left: false,
             });
         }
         Ok(())
@@ -135,7 +135,7 @@ impl Limit {
             reason: RejectReason::LimitCalls,
             wait: Some(lease.wait(c)),
             engaged: false,
-            over_share: false,
+            room_left: false,
         })
     }
 
@@ -361,7 +361,7 @@ impl Limit {
                         reason: RejectReason::LimitCalls,
                         wait: Some(Duration::from_millis(w - unix % w)),
                         engaged: false,
-                        over_share: false,
+                        room_left: false,
                     })
                 }
             }
@@ -371,7 +371,7 @@ impl Limit {
                     reason: RejectReason::LimitCalls,
                     wait: Some(wait.max(Duration::from_millis(1))),
                     engaged: false,
-                    over_share: false,
+                    room_left: false,
                 })
             }
             Some(ExactReply::Engaged(ttl)) => {
@@ -383,7 +383,7 @@ impl Limit {
                     reason: reason_from(cell.engaged_reason.load(Relaxed)),
                     wait: ttl,
                     engaged: true,
-                    over_share: false,
+                    room_left: false,
                 })
             }
         }
@@ -409,7 +409,7 @@ impl Limit {
                 reason: RejectReason::LimitCalls,
                 wait: Some(cluster::PROBE_EVERY),
                 engaged: true,
-                over_share: false,
+                room_left: false,
             }),
         }
     }
