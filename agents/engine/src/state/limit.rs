@@ -521,12 +521,12 @@ impl Primitive for Limit {
             return Answer::Wait(Duration::ZERO);
         }
         let scope = scope_ref(scope);
-        let (class, crit) = match scope {
-            CellRef::Own(class, crit) => (*class, *crit),
-            _ => (None, Class::Default),
-        };
         let cell = self.cell(scope);
-        match self.try_admit_as(cell, now, class, crit) {
+        let admitted = match scope {
+            CellRef::Own(class, crit) => self.try_admit_as(cell, now, *class, *crit),
+            _ => self.try_admit(cell, now),
+        };
+        match admitted {
             Ok(()) => Answer::Granted(self.grant()),
             // `sync batch` with an empty lease: asked from the store.
             Err(LEASE_FIRST) => Answer::Wait(Duration::ZERO),
