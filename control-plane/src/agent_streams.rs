@@ -263,7 +263,7 @@ impl ControlPlane {
         self.inner.persist_soon.notify_one();
         tokio::spawn(read_agent(self.inner.clone(), key, id, incoming));
         Ok(ReceiverStream::new(rx)
-            .map(Ok)
+            .map(|msg| Ok(*msg))
             .take_until(self.inner.shutdown.clone().cancelled_owned()))
     }
 }
@@ -338,6 +338,19 @@ fn certified_service<T>(request: &Request<T>) -> Result<String, Status> {
     gov_proto::spiffe::certificate_service(leaf.as_ref()).map_err(Status::permission_denied)
 }
 
+/// A fuse or limit an agent reported tripped: the audit records first (a
+/// latch never ends unaudited), then the latches on disk.
+async fn on_trips(inner: &Inner, audits: crate::latch::Audits) {
+    for entry in audits {
+        inner.audit(entry).await;
+    }
+    if let Err(error) = inner.persist().await {
+        tracing::error!(error = %miette::Report::new(error), "cannot write the fuse/limit state");
+    }
+    inner.timer.notify_one();
+    inner.changed();
+}
+
 /// Reads one agent's stream until it ends, the agent reconnects elsewhere,
 /// or the server stops.
 async fn read_agent(
@@ -378,15 +391,9 @@ async fn read_agent(
             inner.persist_soon.notify_one();
         }
         if effect.trips {
-            // The audit record first: a latch never ends unaudited.
-            for entry in effect.audits {
-                inner.audit(entry).await;
-            }
-            if let Err(error) = inner.persist().await {
-                tracing::error!(error = %miette::Report::new(error), "cannot write the fuse/limit state");
-            }
-            inner.timer.notify_one();
-            inner.changed();
+            // Boxed: a trip is rare, and its audit and store writes would
+            // otherwise size every agent's reader task for as long as it lives.
+            Box::pin(on_trips(&inner, effect.audits)).await;
         }
         if effect.stats {
             inner.stats_changed();

@@ -377,7 +377,7 @@ impl Inner {
             self.metrics.on_send(&o.msg);
         }
         let sends = out.into_iter().map(|o| async move {
-            match tokio::time::timeout(SEND_TIMEOUT, o.tx.send(o.msg)).await {
+            match tokio::time::timeout(SEND_TIMEOUT, o.tx.send(Box::new(o.msg))).await {
                 // Sent, or the stream is gone already (its reader records that).
                 Ok(_) => None,
                 Err(_) => Some((o.key, o.conn)),

@@ -313,7 +313,7 @@ mod tests {
     ) -> (
         ControlPlane,
         Vec<(AgentKey, u64)>,
-        Vec<mpsc::Receiver<crate::encoded::Encoded>>,
+        Vec<mpsc::Receiver<Box<crate::encoded::Encoded>>>,
     ) {
         let cp = ControlPlane::open(Options::new(dir), shutdown).unwrap();
         let mut keys = Vec::new();

@@ -429,7 +429,7 @@ mod tests {
         let cp = ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).unwrap();
         // A queue that is full and never read: the agent does not read its stream.
         let (stuck, _never_read) = mpsc::channel(1);
-        stuck.try_send(Encoded::default()).unwrap();
+        stuck.try_send(Box::new(Encoded::default())).unwrap();
         let (good, mut received) = mpsc::channel(8);
         {
             let mut state = cp.inner.lock();
