@@ -23,6 +23,12 @@
 //! build) against the same simulator, for before/after comparisons in one
 //! session.
 //!
+//! After the applies it prints the size of one `Status` answer (every
+//! agent's row, and the summary `govc status` asks for) and of the `Watch`
+//! views a TUI receives. `GOV_BENCH_HOLD=SECONDS` (at most 3600) then
+//! keeps govd and the agents up and prints govd's URL, to point `govc
+//! status` and `govc tui` at it.
+//!
 //! `GOV_BENCH_STORM=1` adds a reconnect storm after the applies: govd is
 //! killed (SIGKILL) and started again on the same address and state
 //! directory; every agent reconnects as the real agent does (its
@@ -245,6 +251,9 @@ async fn main() {
     let govd_bin =
         std::env::var("GOV_BENCH_GOVD").unwrap_or_else(|_| env!("CARGO_BIN_EXE_govd").to_owned());
     let storm = std::env::var("GOV_BENCH_STORM").is_ok_and(|v| v == "1");
+    let hold = std::env::var("GOV_BENCH_HOLD")
+        .ok()
+        .map(|v| v.parse::<u64>().expect("GOV_BENCH_HOLD: seconds").min(3600));
     let (mut govd, pid, addr) = spawn_govd(&govd_bin, dir.path(), "127.0.0.1:0", agents).await;
     let url = format!("http://{addr}");
     let mut client = gov_control_plane::client::connect(&url, Duration::from_secs(5))
@@ -368,6 +377,12 @@ async fn main() {
         counts.sessions.load(Relaxed),
         counts.refused.load(Relaxed)
     );
+    view_sizes(&mut client, agents).await;
+    if let Some(secs) = hold {
+        // For `govc status` and `govc tui` pointed at this govd by hand.
+        println!("holding: govd at {url} with {agents} agents for {secs} s");
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+    }
     if storm {
         // A reconnect storm: govd killed (SIGKILL, no drain) and started
         // again on the same address and state directory; every agent lost
@@ -409,6 +424,53 @@ async fn main() {
     }
     stop.cancel();
     govd.kill().await.unwrap();
+}
+
+/// What one `Status` answer and one `Watch` view weigh at `agents` agents
+/// (issue 35): every agent's row (what a client that asks nothing gets),
+/// and the summary `govc status` asks for (the agents not SYNCED, at most
+/// 50, and the counts per service and state).
+async fn view_sizes(client: &mut ControlPlaneClient<Channel>, agents: usize) {
+    use prost::Message as _;
+    let requests = [
+        ("every agent", pb::AgentRows::All, 0),
+        (
+            "summary (not SYNCED, at most 50)",
+            pb::AgentRows::NotSynced,
+            50,
+        ),
+    ];
+    for (what, rows, max) in requests {
+        let request = pb::StatusRequest {
+            service: String::new(),
+            agent_rows: rows as i32,
+            max_agents: max,
+        };
+        let t = Instant::now();
+        let view = client.status(request).await.unwrap().into_inner();
+        let took = t.elapsed();
+        println!(
+            "status, {what}: {} bytes, {} agent rows, {} counts, in {:.1} ms ({agents} agents)",
+            view.encoded_len(),
+            view.agents.len(),
+            view.agent_counts.len(),
+            ms(took)
+        );
+    }
+    let request = pb::WatchRequest::default();
+    let mut watch = client.watch(request).await.unwrap().into_inner();
+    let t = Instant::now();
+    let first = watch.message().await.unwrap().unwrap();
+    let took = t.elapsed();
+    // The next view, published on the agents' next stats (about once a second).
+    let next = tokio::time::timeout(Duration::from_secs(5), watch.message()).await;
+    let next = next.ok().and_then(Result::ok).flatten();
+    println!(
+        "watch, every agent: first view {} bytes in {:.1} ms, next {} bytes",
+        first.encoded_len(),
+        ms(took),
+        next.map_or(0, |v| v.encoded_len())
+    );
 }
 
 /// Agents SYNCED, as `govc status` sees them; `None` while govd does not answer.

@@ -22,7 +22,7 @@ use crate::control_plane::{ControlPlane, ReleaseError};
 use crate::error::Error;
 use crate::latch::LatchKind;
 use crate::store::Source;
-use crate::view::{MAX_VIEW_BYTES, bounded, filter_view};
+use crate::view::{MAX_VIEW_BYTES, bounded, filter_view, select_agents};
 
 /// Room for the rest of an `ApplyRequest` (names, who) beyond the policy
 /// text, so that an oversized policy gets our message, not tonic's.
@@ -219,15 +219,18 @@ impl ControlPlaneRpc for ControlPlane {
                 caller.name
             )));
         };
-        let service = request.into_inner().service;
+        let request = request.into_inner();
+        let (service, rows, max) = (
+            request.service.clone(),
+            request.agent_rows(),
+            request.max_agents,
+        );
         // The slot is given back when the stream is dropped.
         let stream = WatchStream::new(self.inner.subscribe_view())
             .map(move |view| {
                 let _held = &slot;
-                Ok(bounded(
-                    filter_view((*view).clone(), &service),
-                    MAX_VIEW_BYTES,
-                ))
+                let view = filter_view((*view).clone(), &service);
+                Ok(bounded(select_agents(view, rows, max), MAX_VIEW_BYTES))
             })
             .take_until(self.inner.shutdown.clone().cancelled_owned());
         Ok(Response::new(Box::pin(stream)))
@@ -240,8 +243,9 @@ impl ControlPlaneRpc for ControlPlane {
         self.inner
             .tokens()
             .caller(&request, Role::Viewer, "Status", "")?;
-        let service = request.into_inner().service;
-        let view = filter_view(self.status(), &service);
+        let request = request.into_inner();
+        let view = filter_view(self.status(), &request.service);
+        let view = select_agents(view, request.agent_rows(), request.max_agents);
         Ok(Response::new(bounded(view, MAX_VIEW_BYTES)))
     }
 

@@ -38,9 +38,57 @@ pub fn bounded(mut view: pb::ClusterView, max_bytes: usize) -> pb::ClusterView {
     view
 }
 
+/// Every agent of `agents` counted per service and sync state, by service
+/// then state: what `ClusterView.agent_counts` carries.
+pub fn agent_counts(agents: &[pb::AgentView]) -> Vec<pb::AgentCount> {
+    let mut counts: std::collections::BTreeMap<(&str, i32), (u32, u32)> = Default::default();
+    for a in agents {
+        let (n, mtls) = counts.entry((a.service.as_str(), a.state)).or_default();
+        *n = n.saturating_add(1);
+        *mtls = mtls.saturating_add(u32::from(a.inbound_mtls));
+    }
+    counts
+        .into_iter()
+        .map(
+            |((service, state), (agents, inbound_mtls))| pb::AgentCount {
+                service: service.to_owned(),
+                state,
+                agents,
+                inbound_mtls,
+            },
+        )
+        .collect()
+}
+
+/// `view` (its `agent_counts` kept) with only the agent rows asked for: `rows` of them, at most `max` (0: no bound), by service and
+/// instance when bounded; the rows of that kind left out are counted in
+/// `agents_left_out`. `AgentRows::All` with no bound leaves the rows as
+/// they are, as `Status` and `Watch` answered before these fields.
+pub fn select_agents(mut view: pb::ClusterView, rows: pb::AgentRows, max: u32) -> pb::ClusterView {
+    match rows {
+        pb::AgentRows::All => {}
+        pb::AgentRows::NotSynced => view.agents.retain(|a| a.state() != pb::SyncState::Synced),
+        pb::AgentRows::None => view.agents.clear(),
+    }
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
+    if max > 0 && view.agents.len() > max {
+        let by_name = |a: &pb::AgentView, b: &pb::AgentView| {
+            (&a.service, &a.instance).cmp(&(&b.service, &b.instance))
+        };
+        let left = view.agents.len() - max;
+        view.agents.select_nth_unstable_by(max - 1, by_name);
+        view.agents.truncate(max);
+        view.agents.sort_unstable_by(by_name);
+        view.agents_left_out = view
+            .agents_left_out
+            .saturating_add(u32::try_from(left).unwrap_or(u32::MAX));
+    }
+    view
+}
+
 /// The cluster as `Watch` and `Status` show it, at `now` (Unix ms).
 pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
-    let agents = state
+    let agents: Vec<pb::AgentView> = state
         .agents()
         .map(|a| {
             let (sync, reason, rule) = state.sync_state(a);
@@ -131,7 +179,6 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
     pb::ClusterView {
         at_unix_ms: now,
         version: state.version().to_owned(),
-        agents,
         rules,
         fuses,
         limits,
@@ -149,6 +196,8 @@ pub fn cluster_view(state: &State, now: u64) -> pb::ClusterView {
             })
             .collect(),
         canary: state.canary().map(|c| c.view()),
+        agent_counts: agent_counts(&agents),
+        agents,
     }
 }
 
@@ -249,6 +298,7 @@ pub fn filter_view(mut view: pb::ClusterView, service: &str) -> pb::ClusterView 
     }
     let ours = |rule: &str| rule.split_once('/').is_some_and(|(s, _)| s == service);
     view.agents.retain(|a| a.service == service);
+    view.agent_counts.retain(|c| c.service == service);
     view.rules.retain(|r| ours(&r.rule));
     view.fuses.retain(|f| ours(&f.rule));
     view.limits.retain(|l| ours(&l.rule));
@@ -294,6 +344,79 @@ mod tests {
             tiny.agents[0].instance, "order-0",
             "rows from the end go first"
         );
+    }
+
+    #[test]
+    fn ten_thousand_agents_are_counted_and_the_rows_not_synced_bounded() {
+        use prost::Message as _;
+        // One agent in 97 not SYNCED (104 of them), over four services.
+        let agent = |i: usize| pb::AgentView {
+            service: format!("svc-{}", i % 4),
+            instance: format!("svc-{}-{i:05}", i % 4),
+            address: format!("10.0.{}.{}:8080", i >> 8, i & 255),
+            state: if i.is_multiple_of(97) {
+                pb::SyncState::Stale
+            } else {
+                pb::SyncState::Synced
+            } as i32,
+            version: "0123456789abcdef".into(),
+            last_good_version: "0123456789abcdef".into(),
+            last_seen_unix_ms: 1_700_000_000_000,
+            ..Default::default()
+        };
+        let mut agents: Vec<pb::AgentView> = (0..10_000).map(agent).collect();
+        agents.reverse();
+        let view = pb::ClusterView {
+            agent_counts: agent_counts(&agents),
+            agents,
+            ..Default::default()
+        };
+        assert_eq!(view.agent_counts.len(), 8, "4 services x 2 states");
+        let total: u32 = view.agent_counts.iter().map(|c| c.agents).sum();
+        assert_eq!(total, 10_000);
+        let stale: u32 = view
+            .agent_counts
+            .iter()
+            .filter(|c| c.state() == pb::SyncState::Stale)
+            .map(|c| c.agents)
+            .sum();
+        assert_eq!(stale, 104);
+
+        let full = select_agents(view.clone(), pb::AgentRows::All, 0);
+        assert_eq!((full.agents.len(), full.agents_left_out), (10_000, 0));
+
+        let summary = select_agents(view.clone(), pb::AgentRows::NotSynced, 50);
+        assert_eq!(summary.agents.len(), 50);
+        assert_eq!(summary.agents_left_out, 54, "the not SYNCED rows left out");
+        assert!(
+            summary
+                .agents
+                .iter()
+                .all(|a| a.state() == pb::SyncState::Stale)
+        );
+        assert!(
+            summary
+                .agents
+                .windows(2)
+                .all(|w| (&w[0].service, &w[0].instance) < (&w[1].service, &w[1].instance)),
+            "the first by service and instance, in order"
+        );
+        assert_eq!(
+            summary.agent_counts, view.agent_counts,
+            "counts every agent"
+        );
+        let (full_bytes, summary_bytes) = (full.encoded_len(), summary.encoded_len());
+        assert!(full_bytes > 500_000, "{full_bytes}");
+        assert!(summary_bytes < 10_000, "{summary_bytes}");
+
+        let none = select_agents(view.clone(), pb::AgentRows::None, 0);
+        assert_eq!((none.agents.len(), none.agents_left_out), (0, 0));
+        assert_eq!(none.agent_counts.len(), 8);
+
+        let one = filter_view(view, "svc-1");
+        assert_eq!(one.agents.len(), 2_500);
+        assert!(one.agent_counts.iter().all(|c| c.service == "svc-1"));
+        assert_eq!(one.agent_counts.len(), 2, "svc-1 has a STALE agent (97)");
     }
 
     /// A policy of one limit, `order/crm`, in `mode`, committed as `version`.

@@ -258,10 +258,18 @@ impl App {
     }
 
     /// The selected agent, if the agents pane has rows.
+    /// The selected row of `agents` (the first when the selected agent is
+    /// not among them), found without a key per agent: the agents pane
+    /// does this every frame, at 10,000 agents too.
+    pub(crate) fn selected_agent_in(&self, agents: &[&AgentView]) -> Option<usize> {
+        let wanted = self.selected[Pane::Agents as usize].as_deref();
+        let at = wanted.and_then(|key| agents.iter().position(|a| is_agent(a, key)));
+        at.or((!agents.is_empty()).then_some(0))
+    }
+
     pub fn selected_agent(&self) -> Option<&AgentView> {
         let agents = self.agents();
-        let keys: Vec<String> = agents.iter().map(|a| agent_key(a)).collect();
-        let i = self.selected_in(Pane::Agents, keys.iter().map(String::as_str))?;
+        let i = self.selected_agent_in(&agents)?;
         agents.get(i).copied()
     }
 
@@ -282,6 +290,16 @@ impl App {
 
     /// Moves the selection of the focused pane by `delta` rows, clamped.
     fn move_selection(&mut self, delta: isize) {
+        if self.focus == Pane::Agents {
+            let agents = self.agents();
+            let Some(current) = self.selected_agent_in(&agents) else {
+                return;
+            };
+            let next = current.saturating_add_signed(delta).min(agents.len() - 1);
+            let key = agent_key(agents[next]);
+            self.selected[Pane::Agents as usize] = Some(key);
+            return;
+        }
         let keys = self.keys(self.focus);
         if keys.is_empty() {
             return;
@@ -524,6 +542,13 @@ pub(crate) fn service_of(rule: &str) -> &str {
 
 pub(crate) fn agent_key(a: &AgentView) -> String {
     format!("{}/{}", a.service, a.instance)
+}
+
+/// Whether `key` is [`agent_key`] of `a`, without building it.
+fn is_agent(a: &AgentView, key: &str) -> bool {
+    key.strip_prefix(a.service.as_str())
+        .and_then(|rest| rest.strip_prefix('/'))
+        == Some(a.instance.as_str())
 }
 
 pub(crate) fn trip_key(t: Trip<'_>) -> String {

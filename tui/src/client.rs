@@ -134,6 +134,7 @@ async fn watch_once(
     let mut client = connect(opts).await?;
     let request = opts.request(WatchRequest {
         service: opts.service.clone(),
+        ..Default::default()
     })?;
     let mut stream = client
         .watch(request)

@@ -136,7 +136,17 @@ fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
         }],
     ));
     if let Some(view) = &app.view {
-        let mut services: Vec<&str> = view.agents.iter().map(|a| a.service.as_str()).collect();
+        // From the counts per service and state where govd sends them (a
+        // few rows at 10,000 agents), from the rows otherwise.
+        let counted = !view.agent_counts.is_empty();
+        let mut services: Vec<&str> = if counted {
+            view.agent_counts
+                .iter()
+                .map(|c| c.service.as_str())
+                .collect()
+        } else {
+            view.agents.iter().map(|a| a.service.as_str()).collect()
+        };
         services.extend(view.rules.iter().map(|r| service_of(&r.rule)));
         services.sort_unstable();
         services.dedup();
@@ -149,11 +159,19 @@ fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
                 view.rules.len()
             ))],
         ));
-        let unsynced = view
-            .agents
-            .iter()
-            .filter(|a| a.state() != SyncState::Synced)
-            .count();
+        let unsynced = if counted {
+            let not_synced = view
+                .agent_counts
+                .iter()
+                .filter(|c| c.state() != SyncState::Synced);
+            not_synced.map(|c| c.agents as usize).sum()
+        } else {
+            let not_synced = view
+                .agents
+                .iter()
+                .filter(|a| a.state() != SyncState::Synced);
+            not_synced.count()
+        };
         if unsynced > 0 {
             parts.push((
                 1,

@@ -48,7 +48,10 @@ async fn fetch(
 ) -> Result<(pb::ClusterView, Compiled, String), RemoteError> {
     let mut client = remote.connect().await?;
     let view = client
-        .status(remote.request(pb::StatusRequest { service })?)
+        .status(remote.request(pb::StatusRequest {
+            service,
+            ..Default::default()
+        })?)
         .await
         .map_err(|s| remote.status(s))?
         .into_inner();

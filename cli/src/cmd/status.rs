@@ -18,6 +18,16 @@ pub struct Args {
     #[arg(long, short = 's', value_name = "SERVICE")]
     pub service: Option<String>,
 
+    /// Every agent's row, however many (by default, beyond 100 agents, a
+    /// count per service and state and the agents not SYNCED, at most 50).
+    #[arg(long, conflicts_with = "summary")]
+    pub agents: bool,
+
+    /// The count per service and state and the agents not SYNCED (at most
+    /// 50), however few agents there are.
+    #[arg(long)]
+    pub summary: bool,
+
     #[command(flatten)]
     pub remote: RemoteArgs,
 
@@ -26,18 +36,52 @@ pub struct Args {
     pub output: Output,
 }
 
+/// Up to this many agents `govc status` lists every one (as before
+/// summaries); beyond, it summarises.
+pub const TABLE_UP_TO: u32 = 100;
+
+/// The most agents not SYNCED a summary lists.
+pub const SUMMARY_ROWS: u32 = 50;
+
+/// The agent rows to ask for: every agent (`--agents`, `-o json` for the
+/// scripts that read every row), the summary's (`--summary`), or every
+/// agent up to [`TABLE_UP_TO`] (one more tells there are more).
+fn rows(args: &Args) -> (pb::AgentRows, u32) {
+    if args.summary {
+        (pb::AgentRows::NotSynced, SUMMARY_ROWS)
+    } else if args.agents || args.output == Output::Json {
+        (pb::AgentRows::All, 0)
+    } else {
+        (pb::AgentRows::All, TABLE_UP_TO + 1)
+    }
+}
+
 pub fn run(args: Args) -> ExitCode {
     let service = args.service.clone().unwrap_or_default();
+    let (agent_rows, max_agents) = rows(&args);
     let view = remote::block_on(async {
         let mut client = args.remote.connect().await?;
-        let request = args.remote.request(pb::StatusRequest { service })?;
-        client
-            .status(request)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| args.remote.status(s))
+        let mut ask = async |agent_rows: pb::AgentRows, max_agents: u32| {
+            let request = args.remote.request(pb::StatusRequest {
+                service: service.clone(),
+                agent_rows: agent_rows as i32,
+                max_agents,
+            })?;
+            client
+                .status(request)
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|s| args.remote.status(s))
+        };
+        let view = ask(agent_rows, max_agents).await?;
+        if max_agents == TABLE_UP_TO + 1 && view.agents_left_out > 0 {
+            // More than a table's worth: the summary instead.
+            let summary = ask(pb::AgentRows::NotSynced, SUMMARY_ROWS).await?;
+            return Ok((summary, true));
+        }
+        Ok((view, agent_rows == pb::AgentRows::NotSynced))
     });
-    let view = match view {
+    let (view, summary) = match view {
         Ok(Ok(v)) => v,
         Ok(Err(e)) | Err(e) => return remote::fail(e),
     };
@@ -66,6 +110,9 @@ pub fn run(args: Args) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         },
+        Output::Text if summary => {
+            gov_proto::out!("{}", render_summary(&view));
+        }
         Output::Text => gov_proto::out!("{}", render(&view)),
     }
     ExitCode::SUCCESS
@@ -256,6 +303,7 @@ fn removal_waiting_on(a: &pb::AgentView) -> String {
 /// fuse or limit (the service is unknown, or misspelt).
 fn knows_nothing_of(view: &pb::ClusterView) -> bool {
     view.agents.is_empty()
+        && view.agent_counts.is_empty()
         && view.rules.is_empty()
         && view.fuses.is_empty()
         && view.limits.is_empty()
@@ -342,20 +390,15 @@ fn render_consumers(view: &pb::ClusterView, out: &mut String) {
     let mut sources: Vec<_> = view.consumer_sources.iter().collect();
     sources.sort();
     for (service, source) in sources {
-        let instances: Vec<&pb::AgentView> = view
-            .agents
-            .iter()
-            .filter(|a| &a.service == service)
-            .collect();
-        let mtls = instances.iter().filter(|a| a.inbound_mtls).count();
+        let (instances, mtls) = instances(view, service);
         let needs_peer = source.starts_with("peer") || source.contains("trusted from peer");
         let verified = if source.starts_with("header") && !source.contains("trusted from peer") {
             "no (any client can claim any consumer)"
         } else {
             "yes"
         };
-        let mut mtls_word = format!("{mtls} of {} instances", instances.len());
-        if needs_peer && mtls < instances.len() {
+        let mut mtls_word = format!("{mtls} of {instances} instances");
+        if needs_peer && mtls < instances {
             mtls_word.push_str(" (the others verify no caller: --inbound-mtls)");
         }
         rows.push(vec![
@@ -369,7 +412,146 @@ fn render_consumers(view: &pb::ClusterView, out: &mut String) {
     out.push_str(&remote::table(&rows));
 }
 
+/// The instances of `service` and how many of them take mutual TLS: from
+/// the counts (a summary carries no row of a SYNCED agent), or from the
+/// rows of a govd older than the counts.
+fn instances(view: &pb::ClusterView, service: &str) -> (u64, u64) {
+    if view.agent_counts.is_empty() {
+        let rows = view.agents.iter().filter(|a| a.service == service);
+        let (n, mtls) = rows.fold((0, 0), |(n, m), a| (n + 1, m + u64::from(a.inbound_mtls)));
+        return (n, mtls);
+    }
+    view.agent_counts
+        .iter()
+        .filter(|c| c.service == service)
+        .fold((0, 0), |(n, m), c| {
+            (n + u64::from(c.agents), m + u64::from(c.inbound_mtls))
+        })
+}
+
+/// The states a summary counts, in its columns' order.
+const COUNTED: [pb::SyncState; 5] = [
+    pb::SyncState::Synced,
+    pb::SyncState::Stale,
+    pb::SyncState::Nacked,
+    pb::SyncState::Unsaved,
+    pb::SyncState::Disconnected,
+];
+
+/// The agents per service and state, then the rows of those not SYNCED
+/// (the view of a `NotSynced` request): readable at 10,000 agents.
+fn agents_summary(view: &pb::ClusterView, out: &mut String) {
+    if view.agent_counts.is_empty() {
+        out.push_str("No agents.\n");
+        return;
+    }
+    let mut header = vec!["SERVICE".to_owned(), "AGENTS".to_owned()];
+    header.extend(COUNTED.iter().map(|s| sync_name(*s).to_owned()));
+    let mut rows = vec![header];
+    let mut services: Vec<&str> = view
+        .agent_counts
+        .iter()
+        .map(|c| c.service.as_str())
+        .collect();
+    services.dedup();
+    let count = |service: &str, state: Option<pb::SyncState>| -> u64 {
+        view.agent_counts
+            .iter()
+            .filter(|c| c.service == service && state.is_none_or(|s| c.state() == s))
+            .map(|c| u64::from(c.agents))
+            .sum()
+    };
+    for service in &services {
+        let mut row = vec![(*service).to_owned(), count(service, None).to_string()];
+        row.extend(COUNTED.iter().map(|s| count(service, Some(*s)).to_string()));
+        rows.push(row);
+    }
+    out.push_str(&remote::table(&rows));
+    let listed = view.agents.len() as u64;
+    let not_synced = listed + u64::from(view.agents_left_out);
+    out.push('\n');
+    if not_synced == 0 {
+        out.push_str("Every agent is SYNCED (`govc status --agents` lists them).\n");
+        return;
+    }
+    if view.agents_left_out == 0 {
+        out.push_str(&format!("Not SYNCED: {not_synced}.\n"));
+    } else {
+        out.push_str(&format!(
+            "Not SYNCED: {not_synced}, the first {listed} listed (`govc status --agents` lists every agent, with `-s SERVICE` one service's).\n"
+        ));
+    }
+    agents_table(view, out);
+}
+
+/// `govc status` beyond [`TABLE_UP_TO`] agents, or with `--summary`: the
+/// agents counted per service and state and those not SYNCED listed, then
+/// what [`render`] shows after the agents.
+pub fn render_summary(view: &pb::ClusterView) -> String {
+    render_with(view, agents_summary)
+}
+
+/// `govc status` with every agent's row.
 pub fn render(view: &pb::ClusterView) -> String {
+    render_with(view, |view, out| {
+        if view.agents.is_empty() {
+            out.push_str("No agents.\n");
+        } else {
+            agents_table(view, out);
+        }
+    })
+}
+
+/// One row per agent of the view.
+fn agents_table(view: &pb::ClusterView, out: &mut String) {
+    let mut rows = vec![
+        [
+            "SERVICE",
+            "INSTANCE",
+            "ADDRESS",
+            "STATE",
+            "PHASE",
+            "WEIGHT",
+            "VERSION",
+            "LAST GOOD",
+            "DETAIL",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for a in &view.agents {
+        let mut detail = match (a.rule.is_empty(), a.reason.is_empty()) {
+            (false, _) => format!("rule {}: {}", a.rule, a.reason),
+            (true, false) if a.state() == pb::SyncState::Unsaved => unsaved_detail(&a.reason),
+            (true, false) => a.reason.clone(),
+            (true, true) => String::new(),
+        };
+        if !a.removal_waiting_on.is_empty() {
+            if !detail.is_empty() {
+                detail.push_str("; ");
+            }
+            detail.push_str(&removal_waiting_on(a));
+        }
+        rows.push(vec![
+            a.service.clone(),
+            a.instance.clone(),
+            if a.address.is_empty() {
+                "-".into()
+            } else {
+                a.address.clone()
+            },
+            sync_name(a.state()).into(),
+            a.phase().word().into(),
+            weight(a),
+            short(&a.version),
+            short(&a.last_good_version),
+            detail,
+        ]);
+    }
+    out.push_str(&remote::table(&rows));
+}
+
+fn render_with(view: &pb::ClusterView, agents: impl Fn(&pb::ClusterView, &mut String)) -> String {
     let mut out = String::new();
     let version = if view.version.is_empty() {
         "nothing applied yet".to_owned()
@@ -384,55 +566,7 @@ pub fn render(view: &pb::ClusterView) -> String {
         out.push_str(&crate::cmd::canary::status_lines(canary, view.at_unix_ms));
     }
     out.push('\n');
-    if view.agents.is_empty() {
-        out.push_str("No agents.\n");
-    } else {
-        let mut rows = vec![
-            [
-                "SERVICE",
-                "INSTANCE",
-                "ADDRESS",
-                "STATE",
-                "PHASE",
-                "WEIGHT",
-                "VERSION",
-                "LAST GOOD",
-                "DETAIL",
-            ]
-            .map(String::from)
-            .to_vec(),
-        ];
-        for a in &view.agents {
-            let mut detail = match (a.rule.is_empty(), a.reason.is_empty()) {
-                (false, _) => format!("rule {}: {}", a.rule, a.reason),
-                (true, false) if a.state() == pb::SyncState::Unsaved => unsaved_detail(&a.reason),
-                (true, false) => a.reason.clone(),
-                (true, true) => String::new(),
-            };
-            if !a.removal_waiting_on.is_empty() {
-                if !detail.is_empty() {
-                    detail.push_str("; ");
-                }
-                detail.push_str(&removal_waiting_on(a));
-            }
-            rows.push(vec![
-                a.service.clone(),
-                a.instance.clone(),
-                if a.address.is_empty() {
-                    "-".into()
-                } else {
-                    a.address.clone()
-                },
-                sync_name(a.state()).into(),
-                a.phase().word().into(),
-                weight(a),
-                short(&a.version),
-                short(&a.last_good_version),
-                detail,
-            ]);
-        }
-        out.push_str(&remote::table(&rows));
-    }
+    agents(view, &mut out);
     render_consumers(view, &mut out);
     let now = view.at_unix_ms;
     out.push('\n');
@@ -566,6 +700,76 @@ mod tests {
         assert!(
             web.contains("0 of 1 instances") && !web.contains("others"),
             "{web}"
+        );
+    }
+
+    #[test]
+    fn ten_thousand_agents_read_as_a_count_per_service_and_state() {
+        // What govd answers `govc status` at 10,000 agents (104 STALE):
+        // the counts, and the first 50 agents not SYNCED.
+        let count = |service: &str, state: pb::SyncState, agents: u32| pb::AgentCount {
+            service: service.into(),
+            state: state as i32,
+            agents,
+            inbound_mtls: 0,
+        };
+        let stale = |i: usize| pb::AgentView {
+            service: "order".into(),
+            instance: format!("order-{i:05}"),
+            address: "10.0.0.1:8080".into(),
+            state: pb::SyncState::Stale as i32,
+            version: "bbbbbbbbbbbbbbbb".into(),
+            last_good_version: "aaaaaaaaaaaaaaaa".into(),
+            ..Default::default()
+        };
+        let view = pb::ClusterView {
+            version: "bbbbbbbbbbbbbbbb".into(),
+            agents: (0..50).map(stale).collect(),
+            agents_left_out: 54,
+            agent_counts: vec![
+                count("order", pb::SyncState::Synced, 7_396),
+                count("order", pb::SyncState::Stale, 104),
+                count("pay", pb::SyncState::Synced, 2_500),
+            ],
+            consumer_sources: [("pay".to_owned(), "peer on invalid reject".to_owned())].into(),
+            ..Default::default()
+        };
+        let text = render_summary(&view);
+        assert!(
+            text.contains("SERVICE  AGENTS  SYNCED  STALE  NACKED  UNSAVED  DISCONNECTED"),
+            "{text}"
+        );
+        assert!(
+            text.contains("order    7500    7396    104    0       0        0"),
+            "{text}"
+        );
+        assert!(text.contains("pay      2500    2500    0"), "{text}");
+        assert!(
+            text.contains(
+                "Not SYNCED: 104, the first 50 listed (`govc status --agents` lists every agent"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("order-00049"), "{text}");
+        assert!(
+            text.contains("0 of 2500 instances (the others verify no caller"),
+            "the instances come from the counts: {text}"
+        );
+        let lines = text.lines().count();
+        assert!(lines < 80, "{lines} lines:\n{text}");
+
+        let all_synced = pb::ClusterView {
+            agent_counts: vec![count("order", pb::SyncState::Synced, 10_000)],
+            ..Default::default()
+        };
+        let text = render_summary(&all_synced);
+        assert!(
+            text.contains("Every agent is SYNCED (`govc status --agents` lists them)."),
+            "{text}"
+        );
+        assert!(
+            !knows_nothing_of(&all_synced),
+            "agents without rows are known"
         );
     }
 

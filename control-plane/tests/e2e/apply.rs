@@ -67,6 +67,7 @@ async fn apply_reaches_every_agent_of_the_changed_service_and_only_them() {
     let mut watch = client
         .watch(as_viewer(pb::WatchRequest {
             service: "order".into(),
+            ..Default::default()
         }))
         .await
         .unwrap()

@@ -107,6 +107,7 @@ async fn a_call_open_to_anyone_carries_only_a_small_message() {
         .unwrap();
     let request = as_viewer(pb::StatusRequest {
         service: "x".repeat(1 << 20),
+        ..Default::default()
     });
     let large = client.status(request).await.unwrap_err();
     assert_eq!(large.code(), tonic::Code::ResourceExhausted, "{large:?}");

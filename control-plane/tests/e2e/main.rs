@@ -38,6 +38,7 @@ mod mtls;
 mod operability;
 mod pki;
 mod replicas;
+mod status_summary;
 mod restarts;
 mod tls_stores;
 mod unsaved;

@@ -525,3 +525,57 @@ fn a_canary_shows_in_the_header_with_the_rule_furthest_above_the_others() {
         "{screen}"
     );
 }
+
+/// 10,000 agents (issue 35): the agents pane draws only the rows that fit,
+/// the header counts from govd's counts per service and state, and the
+/// selection reaches the last agent.
+#[test]
+fn ten_thousand_agents_draw_the_rows_that_fit() {
+    use gov_tui::proto::AgentCount;
+    let mut agents: Vec<_> = (0..10_000_usize)
+        .map(|i| {
+            let mut a =
+                crate::fixtures::agent(&format!("svc-{}", i % 4), &format!("i-{i:05}"), 8080);
+            if i.is_multiple_of(97) {
+                a.state = SyncState::Stale as i32;
+            }
+            a
+        })
+        .collect();
+    agents.reverse();
+    let mut counts = std::collections::BTreeMap::<(String, i32), u32>::new();
+    for a in &agents {
+        *counts.entry((a.service.clone(), a.state)).or_default() += 1;
+    }
+    let agent_counts = counts
+        .into_iter()
+        .map(|((service, state), agents)| AgentCount {
+            service,
+            state,
+            agents,
+            inbound_mtls: 0,
+        })
+        .collect();
+    let mut app = App::new(URL, false, T0);
+    update(
+        &mut app,
+        Msg::View(ClusterView {
+            at_unix_ms: T0,
+            version: V1.into(),
+            agents,
+            agent_counts,
+            ..Default::default()
+        }),
+    );
+    let screen = draw(&app, 200, 50);
+    assert!(screen.contains("4 services · 10000 agents"), "{screen}");
+    assert!(screen.contains("104 not synced"), "{screen}");
+    assert!(screen.contains("i-00000"), "{screen}");
+    let rows = screen.lines().filter(|l| l.contains(" i-0")).count();
+    assert!((1..50).contains(&rows), "{rows} rows:\n{screen}");
+    update(&mut app, key(KeyCode::End));
+    assert_eq!(app.selected_agent().unwrap().instance, "i-09999");
+    let screen = draw(&app, 200, 50);
+    assert!(screen.contains("i-09999"), "{screen}");
+    assert!(!screen.contains("i-00000 "), "{screen}");
+}
