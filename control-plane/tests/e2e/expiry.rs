@@ -70,8 +70,20 @@ async fn a_rule_stops_on_time_without_govd_and_govd_audits_its_expiry_and_latch(
         row.ends_with('s') && !row.contains("expired"),
         "time left before the expiry: {row}"
     );
+    // Recorded on disk, not only in govd's memory: govd shows a latch an
+    // agent reported before its audit and its part file are written, and
+    // the kill below must not fall between the two.
+    let latch_on_disk = || {
+        std::fs::read_dir(&state).is_ok_and(|dir| {
+            dir.flatten().any(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                name.starts_with("latch-") && name.ends_with(".json")
+            })
+        })
+    };
     wait_until("the latch recorded", Duration::from_secs(10), async || {
-        govd.status().await.limits.len() == 1
+        govd.status().await.limits.len() == 1 && latch_on_disk()
     })
     .await;
 
