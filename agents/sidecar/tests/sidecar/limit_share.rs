@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 
+use crate::share::caller;
 use crate::support::{agent, http, ms, upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -41,24 +42,7 @@ rules:
 
     // `batch`: 4 closed-loop callers, each pausing 5 ms after a refusal;
     // `crm` and `web`: a call every 200 ms (5 a window, below their share).
-    let caller = |consumer: &'static str, pause: Duration| {
-        let (client, url) = (client.clone(), url.clone());
-        tokio::spawn(async move {
-            let mut calls = Vec::new();
-            while Instant::now() < end {
-                let at = Instant::now();
-                let status = client
-                    .get_with(&url, &[("x-gov-consumer", consumer)])
-                    .await
-                    .map(|r| r.status);
-                if status != Ok(StatusCode::OK) || !pause.is_zero() {
-                    tokio::time::sleep(pause.max(ms(5))).await;
-                }
-                calls.push((at, status));
-            }
-            calls
-        })
-    };
+    let caller = |consumer, pause| caller(&client, &url, consumer, pause, end);
     let greedy: Vec<_> = (0..4).map(|_| caller("batch", Duration::ZERO)).collect();
     tokio::time::sleep(ms(300)).await;
     let polite = [caller("crm", ms(200)), caller("web", ms(200))];

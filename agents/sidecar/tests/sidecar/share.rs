@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 
-use crate::support::{agent, http, ms, upstream};
+use crate::support::{Http, agent, http, ms, upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_greedy_consumer_does_not_starve_two_polite_ones() {
@@ -38,30 +38,14 @@ rules:
 
     // `batch`: 24 closed-loop callers, each pausing 5 ms after a refusal;
     // `crm` and `web`: one caller each, a call every 60 ms or so.
-    let caller = |consumer: &'static str, pause: Duration| {
-        let (client, url) = (client.clone(), url.clone());
-        tokio::spawn(async move {
-            let mut statuses = Vec::new();
-            while Instant::now() < end {
-                let status = client
-                    .get_with(&url, &[("x-gov-consumer", consumer)])
-                    .await
-                    .map(|r| r.status);
-                if status != Ok(StatusCode::OK) || !pause.is_zero() {
-                    tokio::time::sleep(pause.max(ms(5))).await;
-                }
-                statuses.push(status);
-            }
-            statuses
-        })
-    };
+    let caller = |consumer, pause| caller(&client, &url, consumer, pause, end);
     let greedy: Vec<_> = (0..24).map(|_| caller("batch", Duration::ZERO)).collect();
     tokio::time::sleep(ms(300)).await;
     let polite = [caller("crm", ms(10)), caller("web", ms(10))];
 
     let mut greedy_ok = 0;
     for g in greedy {
-        for status in g.await.unwrap() {
+        for (_, status) in g.await.unwrap() {
             match status {
                 Ok(StatusCode::OK) => greedy_ok += 1,
                 Ok(StatusCode::REQUEST_TIMEOUT) => {}
@@ -73,7 +57,7 @@ rules:
         let statuses = p.await.unwrap();
         let ok = statuses
             .iter()
-            .filter(|s| **s == Ok(StatusCode::OK))
+            .filter(|(_, s)| *s == Ok(StatusCode::OK))
             .count();
         assert!(statuses.len() >= 10, "{name}: {} calls", statuses.len());
         // Within its share it waits for the next released permit: never
@@ -82,4 +66,34 @@ rules:
     }
     assert!(greedy_ok > 0, "the greedy consumer keeps what is left");
     assert!(up.peak_in_flight("/slow") <= 6, "never more than the pool");
+}
+
+/// When a consumer's call was sent, and what it got.
+pub(crate) type Call = (Instant, Result<StatusCode, String>);
+
+/// One closed-loop caller of `consumer` until `end`: after each call it
+/// pauses `pause`, and at least 5 ms after a refusal.
+pub(crate) fn caller(
+    client: &Http,
+    url: &str,
+    consumer: &'static str,
+    pause: Duration,
+    end: Instant,
+) -> tokio::task::JoinHandle<Vec<Call>> {
+    let (client, url) = (client.clone(), url.to_owned());
+    tokio::spawn(async move {
+        let mut calls = Vec::new();
+        while Instant::now() < end {
+            let at = Instant::now();
+            let status = client
+                .get_with(&url, &[("x-gov-consumer", consumer)])
+                .await
+                .map(|r| r.status);
+            if status != Ok(StatusCode::OK) || !pause.is_zero() {
+                tokio::time::sleep(pause.max(ms(5))).await;
+            }
+            calls.push((at, status));
+        }
+        calls
+    })
 }

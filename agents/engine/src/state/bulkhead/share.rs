@@ -191,17 +191,24 @@ impl Share {
         }
     }
 
-    /// Whether class `i`, holding `extra - 1` more permits than now, is still
-    /// below its share of `limit` (`limit x weight / active weights`): it is
-    /// served ahead of borrowers up to its share rounded up, and sure of it
-    /// rounded down.
-    fn within(&self, c: &Counts, i: usize, extra: u32, limit: u32) -> bool {
+    /// Class `i`'s weight, and the active classes' weights with `i`'s
+    /// counted (whether or not it is active yet).
+    fn weights_with(&self, c: &Counts, i: usize) -> (u64, u64) {
         let w = u64::from(self.weights[i]);
         let active = if c.in_use[i] > 0 || c.waiting[i] > 0 {
             c.active
         } else {
             c.active + w
         };
+        (w, active)
+    }
+
+    /// Whether class `i`, holding `extra - 1` more permits than now, is still
+    /// below its share of `limit` (`limit x weight / active weights`): it is
+    /// served ahead of borrowers up to its share rounded up, and sure of it
+    /// rounded down.
+    fn within(&self, c: &Counts, i: usize, extra: u32, limit: u32) -> bool {
+        let (w, active) = self.weights_with(c, i);
         (u64::from(c.in_use[i]) + u64::from(extra.saturating_sub(1))) * active
             < u64::from(limit) * w
     }
@@ -209,12 +216,7 @@ impl Share {
     /// Whether class `i` is sure of one more permit: holding it, still
     /// within its share rounded down.
     fn sure(&self, c: &Counts, i: usize, limit: u32) -> bool {
-        let w = u64::from(self.weights[i]);
-        let active = if c.in_use[i] > 0 || c.waiting[i] > 0 {
-            c.active
-        } else {
-            c.active + w
-        };
+        let (w, active) = self.weights_with(c, i);
         (u64::from(c.in_use[i]) + 1) * active <= u64::from(limit) * w
     }
 
