@@ -140,7 +140,10 @@ def main(crates):
         for m, text in files.items():
             paths = set(uses[m])
             for g in PATH.finditer(text):
-                paths.add(g.group(1) + g.group(2))
+                # `crate::a::{b, c}` imports b and c (the use tree above),
+                # not `a` itself.
+                if not g.group(3):
+                    paths.add(g.group(1) + g.group(2))
             # A path that starts at a child module (`use listener::Side`).
             for g in CHILD.finditer(text):
                 if m + (g.group(1),) in files:

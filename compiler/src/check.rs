@@ -6,10 +6,7 @@
 //! says what it catches, why it matters, an example and the fix; the same
 //! text is in `docs/checks.md`.
 
-use gov_lang::ast::Span;
-use miette::SourceSpan;
-
-use crate::diagnostic::{Diagnostic, FirstDefinedHere};
+use crate::diagnostic::Diagnostic;
 use crate::resolve::Ctx;
 
 pub mod adaptive_over_workers;
@@ -225,24 +222,4 @@ pub(crate) fn run(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
     for check in CHECKS {
         check(cx, out);
     }
-}
-
-/// The labels of a duplicate: "first defined here" in the same file, or a
-/// related note pointing into the other file.
-pub(crate) fn first_defined(
-    cx: &Ctx<'_>,
-    name: &str,
-    first: (usize, Span),
-    again_file: usize,
-) -> (Option<SourceSpan>, Vec<FirstDefinedHere>) {
-    if first.0 == again_file {
-        return (Some(first.1.into()), Vec::new());
-    }
-    let note = FirstDefinedHere {
-        name: name.to_string(),
-        file: cx.files[first.0].name.to_string(),
-        src: cx.src(first.0),
-        span: first.1.into(),
-    };
-    (None, vec![note])
 }

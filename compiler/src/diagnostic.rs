@@ -5,10 +5,24 @@
 //! and the source with its file name. Lints are warnings
 //! (`severity(Warning)`); everything else is an error.
 
-use miette::{Diagnostic as _, Severity, SourceSpan};
+use miette::{Diagnostic as _, Severity};
 use thiserror::Error;
 
-use crate::check::*;
+use crate::check::{
+    adaptive_over_workers, adaptive_range, algorithm_mismatch, bulkhead_over_workers,
+    burst_above_rate, cluster_limit_inconsistent, cluster_sync, codel_target, conflicting_paths,
+    conflicting_rules, consumers_before_ready, criticality_unused, drain_after_stop,
+    duplicate_match, duplicate_registry, duplicate_rule, duplicate_service, duplicate_setting,
+    expired_rule, fixed_wait, fuse_counts_retries, grpc_name, grpc_status, invalid_outlier,
+    invalid_peer, key_attribute, key_cap, latch_outlives_rule, limit_share_scope, match_cycle,
+    missing_field, mixed_direction, non_positive, outlier_not_called, path_not_normal,
+    per_instance_inbound, percent_range, queueing_bulkhead, retry_amplification, retry_budget,
+    retry_inbound, retry_non_idempotent, retry_outlasts_timeout, shadow_exact, shape_inbound,
+    share_unknown_consumer, share_weights, share_with_queue, share_without_consumer, shutdown_wait,
+    slow_above_timeout, slow_within_latency, slower_than, status_code, threshold_kind, too_large,
+    unknown_match, unknown_method, unknown_paths, unknown_registry, unknown_service,
+    unreachable_min_calls, unverified_consumer, warmup_scale_cluster, warmup_without_ramp,
+};
 use crate::resolve::Src;
 
 macro_rules! diagnostics {
@@ -205,16 +219,3 @@ impl std::fmt::Display for Diagnostics {
 }
 
 impl std::error::Error for Diagnostics {}
-
-/// The other half of a duplicate that was first defined in another file.
-#[derive(Debug, Error, miette::Diagnostic)]
-#[error("`{name}` is first defined in `{file}`")]
-#[diagnostic(severity(Advice))]
-pub struct FirstDefinedHere {
-    pub name: String,
-    pub file: String,
-    #[source_code]
-    pub src: Src,
-    #[label("first defined here")]
-    pub span: SourceSpan,
-}

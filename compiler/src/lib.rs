@@ -22,6 +22,7 @@ pub use gov_proto::v1::{Bundle, TargetConfig};
 
 pub mod check;
 mod diagnostic;
+mod first_defined;
 mod kind;
 pub mod lower;
 mod outlier;
@@ -31,7 +32,8 @@ mod resolve;
 mod suggest;
 pub mod units;
 
-pub use diagnostic::{Diagnostic, Diagnostics, FirstDefinedHere};
+pub use diagnostic::{Diagnostic, Diagnostics};
+pub use first_defined::FirstDefinedHere;
 pub use plan::{Plan, plan};
 
 /// One `.gov` file: its name (shown in diagnostics and source references)

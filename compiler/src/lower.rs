@@ -30,9 +30,9 @@ use gov_proto::v1 as pb;
 use prost::Message as _;
 use sha2::{Digest, Sha256};
 
-use crate::kind::{RuleExpiry, RuleMode};
-use crate::resolve::{Ctx, File, Norm, Rule, Svc};
-use crate::units::millis;
+use crate::kind::{LowerCx, Rule, RuleExpiry, RuleMode};
+use crate::resolve::{Ctx, File, Norm, Svc};
+use crate::units::{millis, u32_of, unsigned};
 
 /// At most this many lines of a rule's text travel as its `SourceRef` snippet.
 const MAX_SNIPPET_LINES: usize = 40;
@@ -269,14 +269,6 @@ fn target(cx: &Ctx<'_>, svc: &Svc<'_>) -> pb::TargetConfig {
     t
 }
 
-pub(crate) fn unsigned(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
-}
-
-pub(crate) fn u32_of(v: i64) -> u32 {
-    u32::try_from(v).unwrap_or(0)
-}
-
 fn lower_norm(n: &Norm<'_>) -> pb::MatchExpr {
     use pb::match_expr::Kind;
     let kind = match n {
@@ -306,12 +298,18 @@ fn lower_norm(n: &Norm<'_>) -> pb::MatchExpr {
     pb::MatchExpr { kind: Some(kind) }
 }
 
-impl<'a> Lower<'_, 'a> {
-    /// The service being lowered.
-    pub(crate) fn svc(&self) -> &Svc<'a> {
-        self.svc
+impl LowerCx for Lower<'_, '_> {
+    fn source(&self, span: Span) -> pb::SourceRef {
+        Lower::source(self, span)
     }
 
+    fn captures(&self, on: &AstExpr) -> Vec<(String, String)> {
+        let svc: &Svc<'_> = self.svc;
+        svc.captures(on)
+    }
+}
+
+impl Lower<'_, '_> {
     /// Where `span` is: file, line, column and the text, for the wire.
     pub(crate) fn source(&self, span: Span) -> pb::SourceRef {
         let line = self
@@ -450,51 +448,52 @@ impl<'a> Lower<'_, 'a> {
 
     fn shutdown(&self, s: &ast::Shutdown) -> pb::Shutdown {
         use pb::shutdown_step::Step;
-        let steps =
-            s.steps
-                .iter()
-                .map(|step| {
-                    let (lowered, span) = match step {
-                        AstShutdownStep::Deregister { span } => (Step::Deregister(true), *span),
-                        AstShutdownStep::Wait { duration, span } => (
-                            Step::Wait(pb::Wait {
-                                duration_ms: unsigned(millis(&duration.node)),
-                                registry: String::new(),
+        let steps = s
+            .steps
+            .iter()
+            .map(|step| {
+                let (lowered, span) = match step {
+                    AstShutdownStep::Deregister { span } => (Step::Deregister(true), *span),
+                    AstShutdownStep::Wait { duration, span } => (
+                        Step::Wait(pb::Wait {
+                            duration_ms: unsigned(millis(&duration.node)),
+                            registry: String::new(),
+                        }),
+                        *span,
+                    ),
+                    AstShutdownStep::WaitFor { registry, span }
+                        if is_gov(self.cx, &registry.node) =>
+                    {
+                        (
+                            Step::WaitForGov(pb::WaitForGov {
+                                timeout_ms: WAIT_FOR_GOV_TIMEOUT_MS,
                             }),
                             *span,
-                        ),
-                        AstShutdownStep::WaitFor { registry, span }
-                            if is_gov(self.cx, &registry.node) =>
-                        {
-                            (
-                                Step::WaitForGov(pb::WaitForGov {
-                                    timeout_ms: WAIT_FOR_GOV_TIMEOUT_MS,
-                                }),
-                                *span,
-                            )
-                        }
-                        AstShutdownStep::WaitFor { registry, span } => (
-                            Step::Wait(pb::Wait {
-                                duration_ms: self.cx.registry(&registry.node).map_or(0, |r| {
-                                    unsigned(crate::check::shutdown_wait::expiry_ms(r))
-                                }),
-                                registry: registry.node.clone(),
-                            }),
-                            *span,
-                        ),
-                        AstShutdownStep::Stop { what, action, span } => {
-                            (Step::Stop(invoke(what, action)), *span)
-                        }
-                        AstShutdownStep::Drain { deadline, span } => {
-                            (Step::DrainMs(unsigned(millis(&deadline.node))), *span)
-                        }
-                    };
-                    pb::ShutdownStep {
-                        source: Some(self.source(span)),
-                        step: Some(lowered),
+                        )
                     }
-                })
-                .collect();
+                    AstShutdownStep::WaitFor { registry, span } => (
+                        Step::Wait(pb::Wait {
+                            duration_ms: self
+                                .cx
+                                .registry(&registry.node)
+                                .map_or(0, |r| unsigned(crate::resolve::registry_expiry_ms(r))),
+                            registry: registry.node.clone(),
+                        }),
+                        *span,
+                    ),
+                    AstShutdownStep::Stop { what, action, span } => {
+                        (Step::Stop(invoke(what, action)), *span)
+                    }
+                    AstShutdownStep::Drain { deadline, span } => {
+                        (Step::DrainMs(unsigned(millis(&deadline.node))), *span)
+                    }
+                };
+                pb::ShutdownStep {
+                    source: Some(self.source(span)),
+                    step: Some(lowered),
+                }
+            })
+            .collect();
         pb::Shutdown {
             steps,
             source: Some(self.source(s.span)),

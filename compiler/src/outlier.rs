@@ -11,8 +11,7 @@
 use gov_lang::ast::{self, Span, Word};
 use gov_proto::v1 as pb;
 
-use crate::lower::{u32_of, unsigned};
-use crate::units::{fmt_milli_percent, millis};
+use crate::units::{fmt_milli_percent, millis, u32_of, unsigned};
 
 /// An outlier block's settings, decoded; what it leaves out is `None`.
 #[derive(Clone, Debug, Default)]
@@ -147,9 +146,9 @@ pub(crate) fn words(p: &pb::OutlierPolicy) -> String {
     let mut s = format!(
         "consecutive_failures {} eject {} growth {}x max {}",
         p.consecutive_failures,
-        crate::plan::fmt_ms(p.eject_ms),
+        crate::units::fmt_ms(p.eject_ms),
         p.growth,
-        crate::plan::fmt_ms(p.max_eject_ms)
+        crate::units::fmt_ms(p.max_eject_ms)
     );
     if p.max_ejected_milli_percent > 0 {
         s.push_str(&format!(

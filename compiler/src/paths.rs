@@ -18,8 +18,9 @@ use std::collections::BTreeMap;
 
 use gov_proto::v1 as pb;
 
+use crate::kind::Rule;
 use crate::kind::retry::Retry;
-use crate::resolve::{Ctx, Norm, Rule, Svc, calls_to};
+use crate::resolve::{Ctx, Norm, Svc, calls_to};
 
 /// One service calling another.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use gov_proto::v1 as pb;
 use serde::Serialize;
 
 use crate::paths;
-use crate::units::{fmt_milli_percent, fmt_millis};
+use crate::units::{fmt_milli_percent, fmt_ms, push};
 
 /// The difference between two bundles.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -496,13 +496,6 @@ fn items(t: &pb::TargetConfig) -> Vec<Item> {
     out
 }
 
-/// Adds a field to a plan, unless its value is empty.
-pub(crate) fn push(f: &mut Vec<(String, String)>, k: &str, v: String) {
-    if !v.is_empty() {
-        f.push((k.to_string(), v));
-    }
-}
-
 /// The word of a service's `paths`; empty for the default, as a service without
 /// the statement shows.
 fn paths_word(value: i32) -> String {
@@ -518,10 +511,6 @@ fn quoted(s: &str) -> String {
     } else {
         format!("{s:?}")
     }
-}
-
-pub(crate) fn fmt_ms(ms: u64) -> String {
-    fmt_millis(i64::try_from(ms).unwrap_or(i64::MAX))
 }
 
 fn expr_opt(e: Option<&pb::MatchExpr>) -> String {

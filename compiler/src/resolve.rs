@@ -11,12 +11,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use gov_lang::ast::{
-    self, Capacity, MatchDef, MatchExpr, Policy, Rate, Registry, RuleDef, Service, ServiceStmt,
-    Shutdown, Span, Spanned, Warmup,
+    self, Capacity, MatchDef, MatchExpr, Policy, Rate, Registry, Service, ServiceStmt, Shutdown,
+    Span, Spanned, Warmup,
 };
 use miette::NamedSource;
 
-use crate::kind::{self, Kind};
+use crate::kind::{self, Rule};
 
 /// The source of one file, shared by every diagnostic that points into it.
 pub type Src = NamedSource<Arc<str>>;
@@ -110,13 +110,6 @@ pub(crate) struct Svc<'a> {
     pub shutdown: Option<&'a Shutdown>,
     /// Every `outlier` block in source order (duplicates included).
     pub outliers: Vec<&'a ast::Outlier>,
-}
-
-/// A rule of any kind: its definition and what its kind means.
-#[derive(Clone, Copy)]
-pub(crate) struct Rule<'a> {
-    pub def: &'a RuleDef,
-    pub imp: &'static dyn Kind,
 }
 
 /// A match expression with references expanded, groups dropped and nested
@@ -541,27 +534,6 @@ impl<'a> Svc<'a> {
     }
 }
 
-// === impl Rule ===
-
-impl<'a> Rule<'a> {
-    pub fn name(&self) -> &'a ast::Ident {
-        &self.def.name
-    }
-
-    pub fn on(&self) -> &'a MatchExpr {
-        &self.def.on
-    }
-
-    pub fn span(&self) -> Span {
-        self.def.span
-    }
-
-    /// The kind's keyword (`bulkhead`, ...): the wire's word for it.
-    pub fn kind(&self) -> &'static str {
-        self.imp.wire().word()
-    }
-}
-
 // === impl Norm ===
 
 impl Norm<'_> {
@@ -590,6 +562,14 @@ fn lower(s: &str) -> Cow<'_, str> {
     } else {
         Cow::Borrowed(s)
     }
+}
+
+/// How long consumers may keep calling a deregistered instance, in ms.
+pub(crate) fn registry_expiry_ms(reg: &gov_lang::ast::Registry) -> i64 {
+    reg.settings
+        .iter()
+        .map(|s| crate::units::millis(&s.value.node).max(0))
+        .fold(0i64, i64::saturating_add)
 }
 
 /// Every `calls to` in an expression (references not followed).

@@ -55,6 +55,31 @@ pub fn fmt_milli_percent(milli: i64) -> String {
     format!("{}%", s.trim_end_matches('0'))
 }
 
+/// A count or duration as `u64`; a negative one (which the range checks
+/// report) as 0.
+pub(crate) fn unsigned(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// A count as `u32`; a negative or larger one (which the range checks
+/// report) as 0.
+pub(crate) fn u32_of(v: i64) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+/// [`fmt_millis`] of an unsigned count of milliseconds.
+pub(crate) fn fmt_ms(ms: u64) -> String {
+    fmt_millis(i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
+/// Adds a field to a plan's list of a rule's fields, unless its value is
+/// empty.
+pub(crate) fn push(f: &mut Vec<(String, String)>, k: &str, v: String) {
+    if !v.is_empty() {
+        f.push((k.to_string(), v));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

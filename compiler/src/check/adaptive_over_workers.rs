@@ -18,7 +18,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::bulkhead::{Bulkhead, BulkheadEff};
 use crate::resolve::{Ctx, Src};
 
@@ -46,7 +45,7 @@ pub struct AdaptiveOverWorkers {
     pub workers_span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<AdaptiveOverWorkers>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let Some(workers) = svc.workers else { continue };
         if workers.node <= 0 {

@@ -12,7 +12,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::bulkhead::{Bulkhead, BulkheadEff};
 use crate::resolve::{Ctx, Src};
 
@@ -32,7 +31,7 @@ pub struct AdaptiveRange {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<AdaptiveRange>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(b) = Bulkhead::of(rule) else {

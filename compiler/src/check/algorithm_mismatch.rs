@@ -16,7 +16,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::limit::{Algorithm, Limit, LimitEff, LimitSetting};
 use crate::resolve::{Ctx, Src};
 
@@ -33,7 +32,7 @@ pub struct AlgorithmMismatch {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<AlgorithmMismatch>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(l) = Limit::of(rule) else { continue };

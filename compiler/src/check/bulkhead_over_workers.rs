@@ -15,7 +15,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::bulkhead::{Bulkhead, BulkheadEff};
 use crate::resolve::{Ctx, Src};
 
@@ -44,7 +43,7 @@ pub struct BulkheadOverWorkers {
     pub workers_span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<BulkheadOverWorkers>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let Some(workers) = svc.workers else { continue };
         if workers.node <= 0 {

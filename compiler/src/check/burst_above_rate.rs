@@ -13,7 +13,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::limit::{Algorithm, Limit, LimitEff, LimitSetting};
 use crate::resolve::{Ctx, Src};
 
@@ -35,7 +34,7 @@ pub struct BurstAboveRate {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<BurstAboveRate>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(l) = Limit::of(rule) else { continue };

@@ -22,7 +22,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::limit::{Counter, Limit, LimitEff};
 use crate::resolve::{Ctx, Src};
 use crate::units::{fmt_bytes, fmt_millis};
@@ -56,7 +55,7 @@ fn at_least(a: &Counter, b: &Counter, n: i64) -> bool {
     a.window_ms > 0 && b.window_ms > 0 && lhs >= rhs
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ClusterLimitInconsistent>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let Some(instances) = svc.instances else {
             continue;

@@ -17,7 +17,6 @@ use gov_proto::path::{CASE_INSENSITIVE, Dialect};
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -37,7 +36,7 @@ pub struct ConflictingPaths {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ConflictingPaths>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for stmt in &svc.ast.body {
             let ServiceStmt::Paths(p) = stmt else {

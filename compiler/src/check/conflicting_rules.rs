@@ -31,7 +31,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -52,7 +51,7 @@ pub struct ConflictingRules {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ConflictingRules>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let norms = &svc.norms;
         // Rules that already conflict with an earlier one: each rule is

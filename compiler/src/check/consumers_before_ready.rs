@@ -14,7 +14,6 @@ use gov_lang::ast::WarmupStep;
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -34,7 +33,7 @@ pub struct ConsumersBeforeReady {
     pub later: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ConsumersBeforeReady>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let Some(warmup) = svc.warmup else { continue };
         for (i, step) in warmup.steps.iter().enumerate() {

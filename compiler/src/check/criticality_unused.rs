@@ -20,7 +20,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::bulkhead::Bulkhead;
 use crate::kind::limit::{Limit, LimitEff, LimitKey};
 use crate::resolve::{Ctx, Src};
@@ -46,7 +45,7 @@ pub struct CriticalityUnused {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<CriticalityUnused>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         if svc
             .rules
@@ -75,7 +74,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
 
 /// Whether `rule` is a limit that sheds by class: local, of calls, without
 /// a key (as the agent reads it).
-fn sheds(rule: &crate::resolve::Rule<'_>) -> bool {
+fn sheds(rule: &crate::kind::Rule<'_>) -> bool {
     Limit::of(rule).is_some_and(|l| {
         let e = LimitEff::of(&l);
         e.calls.is_some()

@@ -20,7 +20,6 @@ use gov_lang::ast::ShutdownStep;
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -40,7 +39,7 @@ pub struct DrainAfterStop {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<DrainAfterStop>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let Some(shutdown) = svc.shutdown else {
             continue;

@@ -12,7 +12,6 @@ use gov_lang::ast::ServiceStmt;
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -32,7 +31,7 @@ pub struct DuplicateMatch {
     pub again: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<DuplicateMatch>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for stmt in &svc.ast.body {
             let ServiceStmt::Match(m) = stmt else {

@@ -10,8 +10,7 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::check::first_defined;
-use crate::diagnostic::{Diagnostic, FirstDefinedHere};
+use crate::first_defined::{FirstDefinedHere, first_defined};
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -32,7 +31,7 @@ pub struct DuplicateRegistry {
     pub elsewhere: Vec<FirstDefinedHere>,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<DuplicateRegistry>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for (i, (file, reg)) in cx.registries.iter().enumerate() {
         let name = reg.name.node.as_str();
         let first = cx.registry_index[name];

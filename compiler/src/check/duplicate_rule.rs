@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -34,7 +33,7 @@ pub struct DuplicateRule {
     pub again: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<DuplicateRule>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let mut seen = BTreeMap::new();
         for rule in &svc.rules {

@@ -11,8 +11,7 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::check::first_defined;
-use crate::diagnostic::{Diagnostic, FirstDefinedHere};
+use crate::first_defined::{FirstDefinedHere, first_defined};
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -33,7 +32,7 @@ pub struct DuplicateService {
     pub elsewhere: Vec<FirstDefinedHere>,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<DuplicateService>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for (i, svc) in cx.services.iter().enumerate() {
         let first = cx.service_index[svc.name()];
         if first == i {

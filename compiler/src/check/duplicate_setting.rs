@@ -16,7 +16,6 @@ use gov_lang::ast::{Capacity, RegistryKey, ServiceStmt, ShutdownStep, Span, Warm
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind;
 use crate::resolve::{Ctx, Src};
 
@@ -38,12 +37,12 @@ pub struct DuplicateSetting {
 }
 
 /// Reports every key seen twice in `items`.
-fn report<K: AsRef<str>>(
+fn report<K: AsRef<str>, D: From<DuplicateSetting>>(
     cx: &Ctx<'_>,
     file: usize,
     owner: impl Fn() -> String,
     items: &[(K, Span)],
-    out: &mut Vec<Diagnostic>,
+    out: &mut Vec<D>,
 ) {
     for (i, (key, span)) in items.iter().enumerate() {
         if let Some((_, first)) = items[..i].iter().find(|(k, _)| k.as_ref() == key.as_ref()) {
@@ -61,7 +60,7 @@ fn report<K: AsRef<str>>(
     }
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<DuplicateSetting>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for (file, reg) in &cx.registries {
         let items: Vec<_> = reg
             .settings

@@ -15,7 +15,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::RuleExpiry;
 use crate::resolve::{Ctx, Src};
 
@@ -38,7 +37,7 @@ pub struct ExpiredRule {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ExpiredRule>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     let now = gov_proto::instant::now_unix_ms();
     for svc in &cx.services {
         for rule in &svc.rules {

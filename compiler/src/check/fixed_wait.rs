@@ -23,7 +23,6 @@ use gov_lang::ast::ShutdownStep;
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -39,7 +38,7 @@ pub struct FixedWait {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<FixedWait>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let (None, Some(shutdown)) = (svc.registry, svc.shutdown) else {
             continue;

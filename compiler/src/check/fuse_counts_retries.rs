@@ -22,7 +22,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::fuse::Fuse;
 use crate::paths;
 use crate::resolve::{Ctx, Src};
@@ -49,7 +48,7 @@ pub struct FuseCountsRetries {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<FuseCountsRetries>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     let retries = paths::retries(cx);
     for svc in cx.unique_services() {
         let me = svc.name();

@@ -16,7 +16,6 @@ use gov_lang::ast::{GrpcKind, MatchExpr, ServiceStmt};
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -72,7 +71,7 @@ fn in_expr<'a>(expr: &'a MatchExpr, out: &mut Vec<&'a MatchExpr>) {
     }
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<InvalidGrpcName>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let mut found = Vec::new();
         for stmt in &svc.ast.body {

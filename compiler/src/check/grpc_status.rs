@@ -18,7 +18,6 @@ use gov_proto::v1::GrpcCode;
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::Values;
 use crate::resolve::{Ctx, Src};
 use crate::suggest;
@@ -37,7 +36,7 @@ pub struct UnknownGrpcStatus {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<UnknownGrpcStatus>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let mut values = Values::default();
         for rule in &svc.rules {

@@ -19,7 +19,6 @@ use gov_lang::ast::Span;
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::outlier::Decl;
 use crate::resolve::{Ctx, Src};
 
@@ -37,7 +36,7 @@ pub struct InvalidOutlier {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<InvalidOutlier>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let mut push = |setting: &str, problem: String, span: Span, help: &str| {
             out.push(

@@ -17,7 +17,6 @@ use gov_lang::ast::{ConsumerSource, ServiceStmt};
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -44,7 +43,7 @@ pub(crate) fn is_service_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<InvalidPeer>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for stmt in &svc.ast.body {
             let ServiceStmt::Consumer(c) = stmt else {

@@ -21,7 +21,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::limit::{KeyPart, Limit, LimitSetting, MAX_KEY_PARTS};
 use crate::resolve::{Ctx, Src};
 
@@ -43,7 +42,7 @@ pub struct KeyAttribute {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<KeyAttribute>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(l) = Limit::of(rule) else { continue };

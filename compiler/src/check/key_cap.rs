@@ -14,7 +14,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::bulkhead::{Bulkhead, BulkheadKey, BulkheadSetting};
 use crate::kind::keys::{KeySetting, MAX_MAX_KEYS};
 use crate::kind::limit::{Limit, LimitKey, LimitSetting};
@@ -53,7 +52,7 @@ pub struct TooManyKeys {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<Unkeyed> + From<TooManyKeys>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let (kind, name, keyed, settings): (_, _, _, Vec<KeySetting>) =

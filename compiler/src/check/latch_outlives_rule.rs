@@ -19,7 +19,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::RuleExpiry;
 use crate::kind::limit::{Limit, LimitEff, ReleaseEff};
 use crate::resolve::{Ctx, Src};
@@ -44,7 +43,7 @@ pub struct LatchOutlivesRule {
     pub life_span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<LatchOutlivesRule>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some((RuleExpiry::For(d), span)) = RuleExpiry::of(rule.def) else {

@@ -19,7 +19,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::limit::{Limit, LimitEff, LimitKey};
 use crate::resolve::{Ctx, Src};
 
@@ -53,7 +52,7 @@ fn why(e: &LimitEff) -> Option<&'static str> {
     }
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<LimitShareScope>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(l) = Limit::of(rule) else { continue };

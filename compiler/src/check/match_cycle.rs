@@ -13,7 +13,6 @@ use gov_lang::ast::{Ident, MatchDef, ServiceStmt};
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src, Svc, refs};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -61,7 +60,7 @@ fn find<'a>(
     false
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<MatchCycle>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let defs: Vec<&MatchDef> = svc
             .ast

@@ -16,7 +16,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::limit::{Limit, LimitKey, LimitSetting};
 use crate::resolve::{Ctx, Src};
 
@@ -36,7 +35,7 @@ pub struct MissingField {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<MissingField>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some((missing, help)) = rule.imp.missing(rule.def) else {

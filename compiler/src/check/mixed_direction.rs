@@ -16,7 +16,6 @@ use gov_lang::ast::{MatchExpr, ServiceStmt};
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Norm, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -45,7 +44,7 @@ fn mixed(n: &Norm<'_>) -> bool {
     }
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<MixedDirection>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let mut exprs: Vec<&MatchExpr> = Vec::new();
         for stmt in &svc.ast.body {

@@ -16,7 +16,6 @@ use gov_lang::ast::{Capacity, ServiceStmt, ShutdownStep, Span, WarmupStep};
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::{Bound, Values};
 use crate::resolve::{Ctx, Src};
 use crate::units::millis;
@@ -36,13 +35,13 @@ pub struct NonPositive {
     pub help: String,
 }
 
-struct Sink<'c, 'a> {
+struct Sink<'c, 'a, D> {
     cx: &'c Ctx<'a>,
     file: usize,
-    out: &'c mut Vec<Diagnostic>,
+    out: &'c mut Vec<D>,
 }
 
-impl Sink<'_, '_> {
+impl<D: From<NonPositive>> Sink<'_, '_, D> {
     fn value(&mut self, what: &str, value: i64, span: Span, bound: Bound) {
         let bad = match bound {
             Bound::Positive => value <= 0,
@@ -85,7 +84,7 @@ impl Sink<'_, '_> {
     }
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<NonPositive>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     use Bound::{NotNegative, Positive};
     for (file, reg) in &cx.registries {
         let mut s = Sink {

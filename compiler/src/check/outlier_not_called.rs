@@ -15,7 +15,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src, calls_to};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -38,7 +37,7 @@ pub struct OutlierNotCalled {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<OutlierNotCalled>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         if svc.outliers.iter().all(|b| b.to.is_none()) {
             continue;

@@ -19,7 +19,6 @@ use gov_proto::path::{Reading, normalize};
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -68,7 +67,7 @@ fn help(path: &str, reading: impl Into<Reading>) -> Option<String> {
     }
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<PathNotNormal>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let mut found = Vec::new();
         for stmt in &svc.ast.body {

@@ -13,7 +13,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::bulkhead::{Bulkhead, BulkheadKey, BulkheadSetting};
 use crate::resolve::{Ctx, Src};
 
@@ -38,7 +37,7 @@ pub struct PerInstanceOnInbound {
     pub on: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<PerInstanceOnInbound>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for (rule, norm) in svc.rules_with_norms() {
             let Some(b) = Bulkhead::of(rule) else {

@@ -13,7 +13,6 @@ use gov_lang::ast::{ServiceStmt, Span, WarmupStep};
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::fuse::{CompareOp, Fuse, Threshold};
 use crate::kind::retry::Retry;
 use crate::resolve::{Ctx, Src};
@@ -34,7 +33,7 @@ pub struct PercentOutOfRange {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<PercentOutOfRange>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let mut push = |what: &str, milli: i64, span: Span, reason: &str, help: &str| {
             out.push(

@@ -31,7 +31,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::bulkhead::{Bulkhead, BulkheadEff, Discipline};
 use crate::resolve::{Ctx, Src};
 use crate::units::millis;
@@ -60,7 +59,7 @@ pub struct QueueingBulkhead {
     pub latency_span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<QueueingBulkhead>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(b) = Bulkhead::of(rule) else {

@@ -29,7 +29,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::paths::{self, RetryAt};
 use crate::resolve::{Ctx, Src};
 
@@ -62,7 +61,7 @@ pub struct RetryAmplification {
     pub to: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<RetryAmplification>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     let retries = paths::retries(cx);
     let reach = paths::reach(&paths::ctx_hops(cx, &retries));
     for svc in cx.unique_services() {

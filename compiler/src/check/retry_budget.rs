@@ -15,7 +15,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::retry::Retry;
 use crate::resolve::{Ctx, Src};
 
@@ -35,7 +34,7 @@ pub struct RetryWithoutBudget {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<RetryWithoutBudget>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(r) = Retry::of(rule) else { continue };

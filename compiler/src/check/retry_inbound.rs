@@ -13,7 +13,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::retry::Retry;
 use crate::resolve::{Ctx, Src};
 
@@ -33,7 +32,7 @@ pub struct RetryOnInbound {
     pub on: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<RetryOnInbound>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for (rule, norm) in svc.rules_with_norms() {
             let Some(r) = Retry::of(rule) else { continue };

@@ -18,7 +18,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::retry::{Retry, RetrySetting};
 use crate::resolve::{Ctx, Src};
 
@@ -43,7 +42,7 @@ pub struct RetryNonIdempotent {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<RetryNonIdempotent>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(retry) = Retry::of(rule) else {

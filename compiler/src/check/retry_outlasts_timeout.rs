@@ -28,11 +28,10 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::bulkhead::{Bulkhead, BulkheadEff};
 use crate::paths::{self, norm_callees};
-use crate::plan::fmt_ms;
 use crate::resolve::{Ctx, Norm, Src, Svc};
+use crate::units::fmt_ms;
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error(
@@ -78,7 +77,7 @@ fn calls(norm: &Norm<'_>, to: &str) -> bool {
     callees.contains(&to)
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<RetryOutlastsTimeout>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for r in paths::retries(cx) {
         let Some(worst) = paths::retry_worst_ms(&r.spec) else {
             continue;

@@ -14,7 +14,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::RuleMode;
 use crate::kind::limit::{Limit, LimitEff, LimitSetting, Scope};
 use crate::resolve::{Ctx, Src};
@@ -37,7 +36,7 @@ pub struct ShadowExactLimit {
     pub scope: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ShadowExactLimit>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for (rule, _) in svc.rules_with_norms() {
             let Some(l) = Limit::of(rule) else { continue };

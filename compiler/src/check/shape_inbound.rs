@@ -13,7 +13,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::limit::{Limit, LimitAction, LimitSetting};
 use crate::resolve::{Ctx, Src};
 
@@ -35,7 +34,7 @@ pub struct ShapeOnInbound {
     pub on: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ShapeOnInbound>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for (rule, norm) in svc.rules_with_norms() {
             let Some(l) = Limit::of(rule) else { continue };

@@ -18,8 +18,7 @@ use std::collections::BTreeSet;
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
-use crate::kind::share;
+use crate::kind::shares;
 use crate::resolve::{Ctx, Norm, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -66,11 +65,11 @@ fn known<'a>(cx: &Ctx<'a>) -> BTreeSet<&'a str> {
     out
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ShareUnknownConsumer>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     let mut names = None;
     for svc in &cx.services {
         for rule in &svc.rules {
-            for s in share::of(rule) {
+            for s in shares::of(rule) {
                 let names = names.get_or_insert_with(|| known(cx));
                 for c in s.share.consumers() {
                     if names.contains(c.node.as_str()) {

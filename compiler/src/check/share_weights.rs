@@ -15,8 +15,8 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
-use crate::kind::share::{self, MAX_CONSUMERS, Share};
+use crate::kind::share::{MAX_CONSUMERS, Share};
+use crate::kind::shares;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -73,10 +73,10 @@ fn problem(share: &Share) -> Option<(String, gov_lang::ast::Span, String)> {
     })
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ShareWeights>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
-            for s in share::of(rule) {
+            for s in shares::of(rule) {
                 if let Some((problem, span, label)) = problem(&s.share) {
                     out.push(
                         ShareWeights {

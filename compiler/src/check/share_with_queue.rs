@@ -16,7 +16,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::bulkhead::{Bulkhead, BulkheadEff, Discipline};
 use crate::resolve::{Ctx, Src};
 
@@ -37,7 +36,7 @@ pub struct ShareWithQueue {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ShareWithQueue>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(b) = Bulkhead::of(rule) else {

@@ -19,8 +19,7 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
-use crate::kind::share;
+use crate::kind::shares;
 use crate::resolve::{Ctx, Norm, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -56,7 +55,7 @@ fn no_consumer(norm: &Norm<'_>) -> Option<&'static str> {
     one.then_some("its match admits the calls of one consumer only")
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ShareWithoutConsumer>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for (rule, norm) in svc.rules_with_norms() {
             if !norm.is_valid() {
@@ -65,7 +64,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
             let Some(why) = no_consumer(norm) else {
                 continue;
             };
-            for s in share::of(rule) {
+            for s in shares::of(rule) {
                 out.push(
                     ShareWithoutConsumer {
                         kind: s.kind,

@@ -24,8 +24,7 @@ use gov_lang::ast::ShutdownStep;
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
-use crate::resolve::{Ctx, Src};
+use crate::resolve::{Ctx, Src, registry_expiry_ms};
 use crate::units::{fmt_millis, millis};
 
 #[derive(Debug, Error, miette::Diagnostic)]
@@ -42,15 +41,7 @@ pub struct ShutdownWait {
     pub help: String,
 }
 
-/// How long consumers may keep calling a deregistered instance, in ms.
-pub(crate) fn expiry_ms(reg: &gov_lang::ast::Registry) -> i64 {
-    reg.settings
-        .iter()
-        .map(|s| millis(&s.value.node).max(0))
-        .fold(0i64, i64::saturating_add)
-}
-
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ShutdownWait>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let (Some(uses), Some(shutdown)) = (svc.registry, svc.shutdown) else {
             continue;
@@ -58,7 +49,7 @@ pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
         let Some(reg) = cx.registry(&uses.name.node) else {
             continue;
         };
-        let expiry = expiry_ms(reg);
+        let expiry = registry_expiry_ms(reg);
         let reg_name = &reg.name.node;
         let Some((dereg, dereg_span)) =
             shutdown

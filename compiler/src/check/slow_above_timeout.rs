@@ -27,7 +27,6 @@ use gov_lang::ast::Span;
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::RuleMode;
 use crate::kind::bulkhead::{Bulkhead, BulkheadSetting};
 use crate::kind::fuse::Fuse;
@@ -58,7 +57,7 @@ pub struct SlowAboveTimeout {
     pub timeout_span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<SlowAboveTimeout>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         // The enforced bulkhead timeouts, with the index of their rule.
         let timeouts: Vec<(usize, &str, Span, i64)> = svc

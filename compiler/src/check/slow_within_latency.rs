@@ -26,7 +26,6 @@ use gov_lang::ast::{Duration, MatchExpr, Spanned};
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::fuse::Fuse;
 use crate::resolve::{Ctx, Src, Svc};
 use crate::units::millis;
@@ -97,7 +96,7 @@ fn every_call<'a>(
     }
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<SlowWithinLatency>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(f) = Fuse::of(rule) else { continue };

@@ -18,7 +18,6 @@ use miette::SourceSpan;
 use thiserror::Error;
 
 use super::threshold_kind::metric_name;
-use crate::diagnostic::Diagnostic;
 use crate::kind::fuse::Fuse;
 use crate::resolve::{Ctx, Src};
 
@@ -36,7 +35,7 @@ pub struct SlowerThan {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<SlowerThan>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(f) = Fuse::of(rule) else { continue };

@@ -12,7 +12,6 @@ use gov_lang::ast::{ServiceStmt, Span, Status, WarmupStep};
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::Values;
 use crate::resolve::{Ctx, Src};
 
@@ -30,7 +29,7 @@ pub struct InvalidStatus {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<InvalidStatus>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let mut codes: Vec<&Status> = Vec::new();
         let mut ranges: Vec<(&Status, &Status, Span)> = Vec::new();

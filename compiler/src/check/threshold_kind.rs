@@ -13,7 +13,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::fuse::{Fuse, Threshold, TripMetric};
 use crate::resolve::{Ctx, Src};
 
@@ -58,7 +57,7 @@ fn ratio_of(m: TripMetric) -> &'static str {
     }
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<ThresholdKind>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(f) = Fuse::of(rule) else { continue };

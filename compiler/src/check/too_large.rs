@@ -16,7 +16,6 @@ use gov_lang::ast::{self, ServiceStmt, ShutdownStep, Spanned, WarmupStep};
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::{Large, Values};
 use crate::resolve::{Ctx, Src};
 
@@ -35,13 +34,13 @@ pub struct TooLarge {
     pub help: String,
 }
 
-struct Sink<'c, 'a> {
+struct Sink<'c, 'a, D> {
     cx: &'c Ctx<'a>,
     file: usize,
-    out: &'c mut Vec<Diagnostic>,
+    out: &'c mut Vec<D>,
 }
 
-impl Sink<'_, '_> {
+impl<D: From<TooLarge>> Sink<'_, '_, D> {
     fn push(&mut self, what: &str, span: ast::Span, limit: &str, help: &str) {
         let found = self.cx.files[self.file]
             .text
@@ -94,7 +93,7 @@ impl Sink<'_, '_> {
     }
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<TooLarge>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for (file, reg) in &cx.registries {
         let mut s = Sink {
             cx,

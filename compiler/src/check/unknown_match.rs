@@ -13,7 +13,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src, refs};
 use crate::suggest;
 
@@ -31,7 +30,7 @@ pub struct UnknownMatch {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<UnknownMatch>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let mut names = Vec::new();
         for stmt in &svc.ast.body {

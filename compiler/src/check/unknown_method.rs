@@ -13,7 +13,6 @@ use gov_lang::ast::{self, Action, MatchExpr, ServiceStmt, ShutdownStep, Spanned,
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::retry::{Retry, RetrySetting};
 use crate::resolve::{Ctx, Src};
 use crate::suggest;
@@ -47,7 +46,7 @@ fn in_expr<'a>(expr: &'a MatchExpr, out: &mut Vec<&'a ast::Ident>) {
     }
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<UnknownMethod>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let mut methods = Vec::new();
         for stmt in &svc.ast.body {

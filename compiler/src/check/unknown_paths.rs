@@ -20,7 +20,6 @@ use gov_proto::path::Reading;
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src};
 use crate::suggest;
 
@@ -37,7 +36,7 @@ pub struct UnknownPaths {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<UnknownPaths>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     let words = Reading::WORDS;
     for svc in &cx.services {
         for stmt in &svc.ast.body {

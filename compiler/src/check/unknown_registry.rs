@@ -14,7 +14,6 @@ use gov_lang::ast::{ServiceStmt, ShutdownStep};
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src};
 use crate::suggest;
 
@@ -31,7 +30,7 @@ pub struct UnknownRegistry {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<UnknownRegistry>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     let known: Vec<&str> = cx.registry_index.keys().copied().collect();
     for svc in &cx.services {
         let mut names = Vec::new();

@@ -15,7 +15,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::resolve::{Ctx, Src, calls_to};
 use crate::suggest;
 
@@ -32,7 +31,7 @@ pub struct UnknownService {
     pub help: String,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<UnknownService>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     let known: Vec<&str> = cx.service_index.keys().copied().collect();
     for svc in &cx.services {
         let mut targets = Vec::new();

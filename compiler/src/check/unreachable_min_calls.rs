@@ -19,7 +19,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::fuse::Fuse;
 use crate::resolve::{Ctx, Src};
 use crate::units::millis;
@@ -47,7 +46,7 @@ pub struct UnreachableMinCalls {
     pub rate_span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<UnreachableMinCalls>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let Some(rate) = svc.rate else { continue };
         let (amount, per) = (

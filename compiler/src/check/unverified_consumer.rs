@@ -24,7 +24,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::bulkhead::{Bulkhead, BulkheadSetting};
 use crate::kind::limit::{KeyPart, Limit, LimitKey, LimitSetting};
 use crate::resolve::{Ctx, Norm, Src};
@@ -57,7 +56,7 @@ fn mentions_consumer(norm: &Norm<'_>) -> bool {
     }
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<UnverifiedConsumer>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         if svc.consumer.is_some() {
             continue;

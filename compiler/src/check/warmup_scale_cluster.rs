@@ -14,7 +14,6 @@
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::limit::{Limit, LimitEff, Scope};
 use crate::resolve::{Ctx, Src};
 
@@ -32,7 +31,7 @@ pub struct WarmupScaleCluster {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<WarmupScaleCluster>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some(l) = Limit::of(rule) else { continue };

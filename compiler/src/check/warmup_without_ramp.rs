@@ -16,7 +16,6 @@ use gov_lang::ast::WarmupStep;
 use miette::SourceSpan;
 use thiserror::Error;
 
-use crate::diagnostic::Diagnostic;
 use crate::kind::limit::{Limit, LimitEff};
 use crate::resolve::{Ctx, Src};
 
@@ -39,7 +38,7 @@ pub struct WarmupWithoutRamp {
     pub span: SourceSpan,
 }
 
-pub(crate) fn check(cx: &Ctx<'_>, out: &mut Vec<Diagnostic>) {
+pub(crate) fn check<D: From<WarmupWithoutRamp>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for svc in &cx.services {
         let ramps = svc
             .warmup

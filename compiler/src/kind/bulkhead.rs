@@ -43,11 +43,8 @@ use gov_proto::v1 as pb;
 
 use super::keys::{KeySetting, KeysEff};
 use super::share::Share;
-use super::{Bound, Large, Reject, Values, Words};
-use crate::lower::{Lower, u32_of, unsigned};
-use crate::plan::{fmt_ms, push};
-use crate::resolve::Rule;
-use crate::units::millis;
+use super::{Bound, Large, LowerCx, Reject, Rule, Values, Words};
+use crate::units::{fmt_ms, millis, push, u32_of, unsigned};
 
 /// The default rejection status, beside the kind's word in gov-proto
 /// (`RuleKind::reject_status`; the compiler writes it).
@@ -417,7 +414,7 @@ impl super::Kind for Kind {
         ))
     }
 
-    fn lower(&self, rule: &RuleDef, _l: &Lower<'_, '_>) -> pb::rule::Spec {
+    fn lower(&self, rule: &RuleDef, _l: &dyn LowerCx) -> pb::rule::Spec {
         let e = BulkheadEff::of(&Bulkhead::from(rule));
         let (max_keys, overflow) = e.keys.lower();
         pb::rule::Spec::Bulkhead(pb::Bulkhead {

@@ -19,11 +19,8 @@ use std::fmt::Write as _;
 use gov_lang::ast::{Duration, Ident, Percent, RuleDef, Setting, Span, Spanned, Status};
 use gov_proto::v1 as pb;
 
-use super::{Bound, Large, Reject, Values, Words};
-use crate::lower::{Lower, u32_of, unsigned};
-use crate::plan::{fmt_ms, push};
-use crate::resolve::Rule;
-use crate::units::{fmt_milli_percent, fmt_millis, millis};
+use super::{Bound, Large, LowerCx, Reject, Rule, Values, Words};
+use crate::units::{fmt_milli_percent, fmt_millis, fmt_ms, millis, push, u32_of, unsigned};
 
 /// The default rejection status, beside the kind's word in gov-proto
 /// (`RuleKind::reject_status`; the compiler writes it).
@@ -569,7 +566,7 @@ impl super::Kind for Kind {
         None
     }
 
-    fn lower(&self, rule: &RuleDef, l: &Lower<'_, '_>) -> pb::rule::Spec {
+    fn lower(&self, rule: &RuleDef, l: &dyn LowerCx) -> pb::rule::Spec {
         let e = FuseEff::of(Fuse::from(rule));
         let trips = e
             .trips

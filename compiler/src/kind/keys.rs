@@ -15,8 +15,7 @@ use gov_lang::ast::{Span, Spanned};
 use gov_proto::v1 as pb;
 
 use super::{Bound, Values, Words};
-use crate::lower::u32_of;
-use crate::plan::push;
+use crate::units::{push, u32_of};
 
 /// The most keys one rule may track (the agents refuse more).
 pub(crate) const MAX_MAX_KEYS: i64 = gov_proto::compiled::MAX_KEYS_PER_RULE as i64;

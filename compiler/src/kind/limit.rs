@@ -13,90 +13,27 @@
 //! }
 //! ```
 
-use gov_lang::ast::{Duration, Ident, MatchExpr, RuleDef, Setting, Size, Span, Spanned};
+use gov_lang::ast::{Ident, MatchExpr, RuleDef, Setting, Span};
 use gov_proto::v1 as pb;
 
-use super::keys::{KeySetting, KeysEff};
+use super::keys::KeysEff;
 use super::share::Share;
-use super::{Bound, Large, Reject, Values, Words};
-use crate::lower::{Lower, u32_of, unsigned};
-use crate::plan::{fmt_ms, push};
-use crate::resolve::Rule;
-use crate::units::{bytes, fmt_bytes, fmt_millis};
+use super::{Bound, Large, LowerCx, Rule, Values, Words};
+use crate::units::{bytes, fmt_bytes, fmt_millis, fmt_ms, push, u32_of, unsigned};
 use gov_proto::compiled::SYNC_EXACT_TIMEOUT_MS;
 
-mod decode;
 mod effective;
+mod setting;
 
-use decode::decode;
+use setting::decode;
+pub(crate) use setting::{
+    Algorithm, ClusterSync, Fallback, KeyPart, LimitAction, LimitKey, LimitScope, LimitSetting,
+    MAX_KEY_PARTS, Release,
+};
 
 /// The default rejection status, beside the kind's word in gov-proto
 /// (`RuleKind::reject_status`; the compiler writes it).
 pub(crate) const REJECT: i64 = pb::RuleKind::Limit.reject_status() as i64;
-
-#[derive(Clone, Debug)]
-pub(crate) enum LimitSetting {
-    /// `calls N per D [burst B]`
-    Calls {
-        amount: Spanned<i64>,
-        window: Spanned<Duration>,
-        burst: Option<Spanned<i64>>,
-        span: Span,
-    },
-    /// `algorithm fixed window|sliding window|token bucket`
-    Algorithm { algorithm: Algorithm, span: Span },
-    /// `bytes SIZE per D` (request + response bytes)
-    Bytes {
-        amount: Spanned<Size>,
-        window: Spanned<Duration>,
-        span: Span,
-    },
-    /// `per all|domain|service|consumer`: whose calls share one counter;
-    /// `per PART, PART...` (`LimitKey::Parts`): one counter per distinct
-    /// combination of the parts' values.
-    Per {
-        key: Spanned<LimitKey>,
-        parts: Vec<Spanned<KeyPart>>,
-        span: Span,
-    },
-    /// `action reject` | `action shape max_delay D`
-    Action { action: LimitAction, span: Span },
-    /// `reject with STATUS` (default 429)
-    RejectWith { reject: Reject },
-    /// `release after D` | `release manual`
-    Release { release: Release },
-    /// `scope local` | `scope cluster [sync exact [timeout D] [fallback F] | sync batch D]`
-    Scope { scope: LimitScope, span: Span },
-    /// `max_keys N` | `overflow share|reject`
-    Keys(KeySetting),
-    /// `headers always` | `headers on reject`: whether admitted calls carry
-    /// the RateLimit headers too.
-    Headers { always: bool },
-    /// `scale with warmup`: the amounts times the instance's slow-start
-    /// weight while it ramps.
-    WarmupScale { span: Span },
-    /// `share by consumer { NAME WEIGHT... }`: the calls of each window
-    /// shared between consumers by weight (a local limit without a key).
-    Share(Share),
-}
-
-/// How calls are counted (`algorithm ...`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Algorithm {
-    FixedWindow,
-    SlidingWindow,
-    TokenBucket,
-}
-
-impl Algorithm {
-    pub fn words(self) -> &'static str {
-        match self {
-            Algorithm::FixedWindow => "fixed window",
-            Algorithm::SlidingWindow => "sliding window",
-            Algorithm::TokenBucket => "token bucket",
-        }
-    }
-}
 
 /// The burst of a token bucket nobody declared: 5% of the amount, and at
 /// least 10 calls (or the amount, if smaller). An overloaded limit admits
@@ -106,102 +43,6 @@ impl Algorithm {
 pub(crate) fn default_burst(amount: i64) -> i64 {
     let amount = amount.max(1);
     ((amount + 19) / 20).max(amount.min(10))
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LimitKey {
-    All,
-    Domain,
-    Service,
-    Consumer,
-    /// Keys on request attributes, or several parts: see the setting's parts.
-    Parts,
-}
-
-/// One part of a key (`per header "x-tenant", consumer`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum KeyPart {
-    Service,
-    Consumer,
-    Header(String),
-    /// gRPC metadata: a header of a gRPC call.
-    Metadata(String),
-    Query(String),
-    /// A path segment the match captures (`path prefix "/t/" segment "t"`).
-    Segment(String),
-    /// A claim of the verified token (`consumer from jwt`).
-    Claim(String),
-}
-
-impl KeyPart {
-    /// The part as written.
-    pub fn describe(&self) -> String {
-        let q = |w: &str, v: &str| format!("{w} \"{v}\"");
-        match self {
-            KeyPart::Service => "service".into(),
-            KeyPart::Consumer => "consumer".into(),
-            KeyPart::Header(v) => q("header", v),
-            KeyPart::Metadata(v) => q("metadata", v),
-            KeyPart::Query(v) => q("query", v),
-            KeyPart::Segment(v) => q("segment", v),
-            KeyPart::Claim(v) => q("claim", v),
-        }
-    }
-}
-
-/// The most parts a key has (as the agents read it).
-pub(crate) const MAX_KEY_PARTS: usize = 4;
-
-#[derive(Clone, Debug)]
-pub(crate) enum LimitAction {
-    Reject,
-    Shape { max_delay: Spanned<Duration> },
-}
-
-#[derive(Clone, Debug)]
-pub(crate) enum Release {
-    After { after: Spanned<Duration> },
-    Manual,
-}
-
-#[derive(Clone, Debug)]
-pub(crate) enum LimitScope {
-    Local,
-    /// `sync` is optional in the grammar so that the compiler can say the
-    /// choice must be declared.
-    Cluster {
-        sync: Option<ClusterSync>,
-    },
-}
-
-#[derive(Clone, Debug)]
-pub(crate) enum ClusterSync {
-    /// `sync exact [timeout D] [fallback local|reject|allow]`
-    Exact {
-        timeout: Option<Spanned<Duration>>,
-        fallback: Option<Fallback>,
-    },
-    Batch {
-        every: Spanned<Duration>,
-    },
-}
-
-/// What decides a `sync exact` call the store did not answer in time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Fallback {
-    Local,
-    Reject,
-    Allow,
-}
-
-impl Fallback {
-    fn word(self) -> &'static str {
-        match self {
-            Fallback::Local => "local",
-            Fallback::Reject => "reject",
-            Fallback::Allow => "allow",
-        }
-    }
 }
 
 /// A limit with its settings decoded.
@@ -434,7 +275,7 @@ impl super::Kind for Kind {
         None
     }
 
-    fn lower(&self, rule: &RuleDef, l: &Lower<'_, '_>) -> pb::rule::Spec {
+    fn lower(&self, rule: &RuleDef, l: &dyn LowerCx) -> pb::rule::Spec {
         let e = LimitEff::of(&Limit::from(rule));
         let rate = |c: Counter| pb::Rate {
             amount: unsigned(c.amount),
@@ -606,7 +447,7 @@ impl super::Kind for Kind {
 
 /// One key part on the wire: gRPC metadata is a header (HTTP/2 carries
 /// it so), a segment the prefixes of the match that capture it.
-fn lower_part(p: &KeyPart, on: &MatchExpr, l: &Lower<'_, '_>) -> pb::LimitKeyPart {
+fn lower_part(p: &KeyPart, on: &MatchExpr, l: &dyn LowerCx) -> pb::LimitKeyPart {
     use pb::limit_key_part::Kind as K;
     let kind = match p {
         KeyPart::Service => K::Key(pb::LimitKey::Service as i32),
@@ -617,7 +458,6 @@ fn lower_part(p: &KeyPart, on: &MatchExpr, l: &Lower<'_, '_>) -> pb::LimitKeyPar
         KeyPart::Segment(name) => K::Segment(pb::PathSegment {
             name: name.clone(),
             prefixes: l
-                .svc()
                 .captures(on)
                 .into_iter()
                 .filter(|(n, _)| n == name)

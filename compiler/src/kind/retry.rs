@@ -19,11 +19,8 @@ use gov_lang::ast::{Duration, Ident, MatchExpr, Percent, RuleDef, Setting, Span,
 use gov_proto::v1 as pb;
 
 use super::fuse::{ClassifyItem, class, class_text, classify_items, classify_values};
-use super::{Bound, Large, Values, Words};
-use crate::lower::{Lower, u32_of, unsigned};
-use crate::plan::{fmt_ms, push};
-use crate::resolve::Rule;
-use crate::units::{fmt_milli_percent, millis};
+use super::{Bound, Large, LowerCx, Rule, Values, Words};
+use crate::units::{fmt_milli_percent, fmt_ms, millis, push, u32_of, unsigned};
 
 #[derive(Clone, Debug)]
 pub(crate) enum RetrySetting {
@@ -258,7 +255,7 @@ impl super::Kind for Kind {
         }
     }
 
-    fn lower(&self, rule: &RuleDef, _l: &Lower<'_, '_>) -> pb::rule::Spec {
+    fn lower(&self, rule: &RuleDef, _l: &dyn LowerCx) -> pb::rule::Spec {
         pb::rule::Spec::Retry(Retry::from(rule).spec())
     }
 

@@ -13,61 +13,17 @@
 //! }
 //! ```
 
-use gov_lang::ast::{Ident, MatchExpr, Span, Spanned};
+use gov_lang::ast::{Span, Spanned};
 use gov_proto::v1 as pb;
 
-use super::bulkhead::{Bulkhead, BulkheadSetting};
-use super::limit::{Limit, LimitSetting};
 use super::{Bound, Large, Values, Words};
-use crate::lower::u32_of;
-use crate::resolve::Rule;
+use crate::units::u32_of;
 
 /// The most consumers one share names (the agents refuse more).
 pub(crate) const MAX_CONSUMERS: usize = 64;
 
 /// The `default` weight when the share does not write one.
 pub(crate) const DEFAULT_WEIGHT: i64 = 1;
-
-/// A `share by consumer` of a bulkhead or a limit, for the checks that
-/// read every share the same way.
-pub(crate) struct RuleShare<'a> {
-    /// `bulkhead` or `limit`.
-    pub kind: &'static str,
-    pub name: &'a Ident,
-    pub on: &'a MatchExpr,
-    pub share: Share,
-}
-
-/// The shares `rule` declares (a bulkhead's or a limit's; one unless a
-/// share is written twice, which is `gov::duplicate-setting`).
-pub(crate) fn of<'a>(rule: &Rule<'a>) -> Vec<RuleShare<'a>> {
-    let shares = |kind, name, on, shares: Vec<Share>| {
-        shares
-            .into_iter()
-            .map(|share| RuleShare {
-                kind,
-                name,
-                on,
-                share,
-            })
-            .collect()
-    };
-    if let Some(b) = Bulkhead::of(rule) {
-        let found = b.settings.into_iter().filter_map(|s| match s {
-            BulkheadSetting::Share(share) => Some(share),
-            _ => None,
-        });
-        return shares("bulkhead", b.name, b.on, found.collect());
-    }
-    if let Some(l) = Limit::of(rule) {
-        let found = l.settings.into_iter().filter_map(|s| match s {
-            LimitSetting::Share(share) => Some(share),
-            _ => None,
-        });
-        return shares("limit", l.name, l.on, found.collect());
-    }
-    Vec::new()
-}
 
 /// `share by consumer { ... }` as written.
 #[derive(Clone, Debug)]
