@@ -136,67 +136,7 @@ fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
         }],
     ));
     if let Some(view) = &app.view {
-        // From the counts per service and state where govd sends them (a
-        // few rows at 10,000 agents), from the rows otherwise.
-        let counted = !view.agent_counts.is_empty();
-        let mut services: Vec<&str> = if counted {
-            view.agent_counts
-                .iter()
-                .map(|c| c.service.as_str())
-                .collect()
-        } else {
-            view.agents.iter().map(|a| a.service.as_str()).collect()
-        };
-        services.extend(view.rules.iter().map(|r| service_of(&r.rule)));
-        services.sort_unstable();
-        services.dedup();
-        parts.push((
-            4,
-            vec![Span::raw(format!(
-                "{} services · {} agents · {} rules",
-                services.len(),
-                view.agents.len(),
-                view.rules.len()
-            ))],
-        ));
-        let unsynced = if counted {
-            let not_synced = view
-                .agent_counts
-                .iter()
-                .filter(|c| c.state() != SyncState::Synced);
-            not_synced.map(|c| c.agents as usize).sum()
-        } else {
-            let not_synced = view
-                .agents
-                .iter()
-                .filter(|a| a.state() != SyncState::Synced);
-            not_synced.count()
-        };
-        if unsynced > 0 {
-            parts.push((
-                1,
-                vec![Span::styled(
-                    format!("{unsynced} not synced"),
-                    Style::new().yellow(),
-                )],
-            ));
-        }
-        let trips = view.fuses.len() + view.limits.len();
-        if trips > 0 {
-            parts.push((
-                1,
-                vec![Span::styled(
-                    format!("{trips} tripped"),
-                    Style::new().red().bold(),
-                )],
-            ));
-        }
-        if let Some(canary) = &view.canary {
-            parts.push((1, vec![canary_part(canary, view.at_unix_ms)]));
-        }
-        if let Some(store) = &view.store {
-            parts.push(store_part(store, view.at_unix_ms));
-        }
+        view_parts(view, &mut parts);
     }
     // ` gov  URL │ bundle … │ ● CONNECTED │ …`: the badge, a space, then parts
     // separated by bars.
@@ -229,6 +169,72 @@ fn render_header(app: &App, frame: &mut Frame<'_>, area: Rect) {
         spans.extend(part);
     }
     frame.render_widget(Line::from(spans), area);
+}
+
+/// The header's parts from govd's view: counts, what is not synced,
+/// trips, a canary, the store.
+fn view_parts(view: &gov_proto::v1::ClusterView, parts: &mut Vec<(u8, Vec<Span<'static>>)>) {
+    // From the counts per service and state where govd sends them (a
+    // few rows at 10,000 agents), from the rows otherwise.
+    let counted = !view.agent_counts.is_empty();
+    let mut services: Vec<&str> = if counted {
+        view.agent_counts
+            .iter()
+            .map(|c| c.service.as_str())
+            .collect()
+    } else {
+        view.agents.iter().map(|a| a.service.as_str()).collect()
+    };
+    services.extend(view.rules.iter().map(|r| service_of(&r.rule)));
+    services.sort_unstable();
+    services.dedup();
+    parts.push((
+        4,
+        vec![Span::raw(format!(
+            "{} services · {} agents · {} rules",
+            services.len(),
+            view.agents.len(),
+            view.rules.len()
+        ))],
+    ));
+    let unsynced = if counted {
+        let not_synced = view
+            .agent_counts
+            .iter()
+            .filter(|c| c.state() != SyncState::Synced);
+        not_synced.map(|c| c.agents as usize).sum()
+    } else {
+        let not_synced = view
+            .agents
+            .iter()
+            .filter(|a| a.state() != SyncState::Synced);
+        not_synced.count()
+    };
+    if unsynced > 0 {
+        parts.push((
+            1,
+            vec![Span::styled(
+                format!("{unsynced} not synced"),
+                Style::new().yellow(),
+            )],
+        ));
+    }
+    let trips = view.fuses.len() + view.limits.len();
+    if trips > 0 {
+        parts.push((
+            1,
+            vec![Span::styled(
+                format!("{trips} tripped"),
+                Style::new().red().bold(),
+            )],
+        ));
+    }
+    if let Some(canary) = &view.canary {
+        parts.push((1, vec![canary_part(canary, view.at_unix_ms)]));
+    }
+    if let Some(store) = &view.store {
+        parts.push(store_part(store, view.at_unix_ms));
+    }
 }
 
 /// The store's health in the header, as `govc status`'s `Store:` line says

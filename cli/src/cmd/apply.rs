@@ -209,23 +209,10 @@ pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCo
     }
 
     // 2. Confirmation.
-    if !flow.auto_approve {
-        if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
-            gov_proto::errln!(
-                "error: not applying: standard input is not a terminal, so nobody can confirm the plan above\n  help: review it (`govc plan` shows it too), then run the command again with --auto-approve"
-            );
-            return ExitCode::from(crate::EXIT_USAGE);
-        }
-        gov_proto::out!(
-            "\nDo you want to apply this plan? Only `yes` applies it.\n  Enter a value: "
-        );
-        // The question has no newline: flush it before waiting for the answer.
-        let _ = std::io::Write::flush(&mut std::io::stdout());
-        let mut answer = String::new();
-        if std::io::stdin().read_line(&mut answer).is_err() || answer.trim() != "yes" {
-            gov_proto::errln!("Apply cancelled: nothing was sent.");
-            return ExitCode::FAILURE;
-        }
+    if !flow.auto_approve
+        && let Err(code) = confirm()
+    {
+        return code;
     }
 
     // 3. The apply itself.
@@ -264,6 +251,25 @@ pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCo
         gov_proto::outln!("\nApplied version {}.", short(&result.version));
     }
     outcome(&result, flow.wait, true)
+}
+
+/// Asks on the terminal whether to apply the plan shown; only `yes` does.
+fn confirm() -> Result<(), ExitCode> {
+    if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        gov_proto::errln!(
+            "error: not applying: standard input is not a terminal, so nobody can confirm the plan above\n  help: review it (`govc plan` shows it too), then run the command again with --auto-approve"
+        );
+        return Err(ExitCode::from(crate::EXIT_USAGE));
+    }
+    gov_proto::out!("\nDo you want to apply this plan? Only `yes` applies it.\n  Enter a value: ");
+    // The question has no newline: flush it before waiting for the answer.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    let mut answer = String::new();
+    if std::io::stdin().read_line(&mut answer).is_err() || answer.trim() != "yes" {
+        gov_proto::errln!("Apply cancelled: nothing was sent.");
+        return Err(ExitCode::FAILURE);
+    }
+    Ok(())
 }
 
 /// Prints a plan and calls out the services it removes: their agents lose

@@ -360,18 +360,9 @@ fn consumer_of(calls: &Calls, i: usize) -> Option<String> {
     (c != NONE).then(|| calls.strings.get(c).to_owned())
 }
 
-/// The per-rule report of one policy's replay.
-fn summarize(
-    policy: Vec<String>,
-    targets: &[TargetConfig],
-    calls: &Calls,
-    outcomes: &[Outcomes],
-) -> PolicyReport {
-    let mut report = PolicyReport {
-        policy,
-        ..PolicyReport::default()
-    };
-    let mut rules: BTreeMap<String, (usize, RuleReport)> = BTreeMap::new();
+/// An empty report per rule of `targets`, with its place in source order.
+fn rule_reports(targets: &[TargetConfig]) -> BTreeMap<String, (usize, RuleReport)> {
+    let mut rules = BTreeMap::new();
     for t in targets {
         for r in &t.rules {
             let kind = r
@@ -393,27 +384,46 @@ fn summarize(
             );
         }
     }
+    rules
+}
+
+/// Whether the replay decided call `i` as it was decided live (the same
+/// rule and reason when rejected).
+fn as_recorded(out: &Outcomes, calls: &Calls, i: usize, got: Got) -> bool {
+    match (got, calls.list[i].live) {
+        (Got::Admitted, Live::Admitted) => true,
+        (
+            Got::Rejected { rule, reason },
+            Live::Rejected {
+                rule: r,
+                reason: why,
+            },
+        ) => {
+            rule_name(out, rule) == calls.strings.get(r)
+                && calls.strings.get(why) == reason_name(reason)
+        }
+        _ => false,
+    }
+}
+
+/// The per-rule report of one policy's replay.
+fn summarize(
+    policy: Vec<String>,
+    targets: &[TargetConfig],
+    calls: &Calls,
+    outcomes: &[Outcomes],
+) -> PolicyReport {
+    let mut report = PolicyReport {
+        policy,
+        ..PolicyReport::default()
+    };
+    let mut rules = rule_reports(targets);
     let mut consumers: BTreeMap<(String, Option<String>), ConsumerRow> = BTreeMap::new();
     for (agent, out) in calls.agents.iter().zip(outcomes) {
         report.unknown_end += out.unknown_end;
         for &(i, got) in &out.got {
             report.calls += 1;
-            let live = calls.list[i].live;
-            let same = match (got, live) {
-                (Got::Admitted, Live::Admitted) => true,
-                (
-                    Got::Rejected { rule, reason },
-                    Live::Rejected {
-                        rule: r,
-                        reason: why,
-                    },
-                ) => {
-                    rule_name(out, rule) == calls.strings.get(r)
-                        && calls.strings.get(why) == reason_name(reason)
-                }
-                _ => false,
-            };
-            report.as_recorded += u64::from(same);
+            report.as_recorded += u64::from(as_recorded(out, calls, i, got));
             match got {
                 Got::Admitted => report.admitted += 1,
                 Got::Rejected { rule, reason } => {

@@ -351,8 +351,23 @@ fn propose(service: &str, calls: &[Call]) -> String {
         ));
     }
 
-    // The error ratio of every window of that length ending at a call, among
-    // those with enough calls.
+    propose_fuse(calls, (window_us, window), &mut rules, &mut notes);
+    out.push_str(&rules);
+    for note in notes {
+        let _ = writeln!(out, "  # Not proposed: {note}.");
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// A fuse above the worst error ratio of any window (of `window`'s length,
+/// ending at a call) with enough calls, or a note why none is proposed.
+fn propose_fuse(
+    calls: &[Call],
+    (window_us, window): (u64, &str),
+    rules: &mut String,
+    notes: &mut Vec<String>,
+) {
     let mut admitted: Vec<(u64, bool)> = calls
         .iter()
         .filter(|c| c.admitted)
@@ -387,12 +402,6 @@ fn propose(service: &str, calls: &[Call]) -> String {
             );
         }
     }
-    out.push_str(&rules);
-    for note in notes {
-        let _ = writeln!(out, "  # Not proposed: {note}.");
-    }
-    out.push_str("}\n");
-    out
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use miette::SourceSpan;
 use thiserror::Error;
 
 use crate::kind;
-use crate::resolve::{Ctx, Src};
+use crate::resolve::{Ctx, Src, Svc};
 
 #[derive(Debug, Error, miette::Diagnostic)]
 #[error("`{setting}` is set twice in {owner}")]
@@ -61,6 +61,15 @@ fn report<K: AsRef<str>, D: From<DuplicateSetting>>(
 }
 
 pub(crate) fn check<D: From<DuplicateSetting>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
+    registries(cx, out);
+    for svc in &cx.services {
+        service(cx, svc, out);
+        rules(cx, svc, out);
+    }
+}
+
+/// A registry's settings.
+fn registries<D: From<DuplicateSetting>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
     for (file, reg) in &cx.registries {
         let items: Vec<_> = reg
             .settings
@@ -82,115 +91,122 @@ pub(crate) fn check<D: From<DuplicateSetting>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
             out,
         );
     }
-    for svc in &cx.services {
-        let mut stmts = Vec::new();
-        for stmt in &svc.ast.body {
-            match stmt {
-                ServiceStmt::Domain(d) => stmts.push(("domain", d.span)),
-                ServiceStmt::Registry(r) => stmts.push(("registry", r.span)),
-                ServiceStmt::Consumer(c) => stmts.push(("consumer from", c.span)),
-                ServiceStmt::Paths(p) => stmts.push(("paths", p.span)),
-                ServiceStmt::Capacity(Capacity::Workers { span, .. }) => {
-                    stmts.push(("capacity workers", *span));
-                }
-                ServiceStmt::Capacity(Capacity::Instances { span, .. }) => {
-                    stmts.push(("capacity instances", *span));
-                }
-                ServiceStmt::Capacity(Capacity::Rate { span, .. }) => {
-                    stmts.push(("capacity rate", *span));
-                }
-                ServiceStmt::Capacity(Capacity::Amplification { span, .. }) => {
-                    stmts.push(("capacity amplification", *span));
-                }
-                ServiceStmt::Warmup(w) => {
-                    stmts.push(("warmup", w.span));
-                    let steps: Vec<_> = w
-                        .steps
-                        .iter()
-                        .filter_map(|s| match s {
-                            WarmupStep::Ready { span, .. } => Some(("ready when", *span)),
-                            WarmupStep::Register { span } => Some(("register", *span)),
-                            WarmupStep::Ramp { span, .. } => Some(("ramp", *span)),
-                            WarmupStep::Start { .. } => None,
-                        })
-                        .collect();
-                    report(
-                        cx,
-                        svc.file,
-                        || format!("the warmup of `{}`", svc.name()),
-                        &steps,
-                        out,
-                    );
-                }
-                ServiceStmt::Shutdown(s) => {
-                    stmts.push(("shutdown", s.span));
-                    let steps: Vec<_> = s
-                        .steps
-                        .iter()
-                        .filter_map(|s| match s {
-                            ShutdownStep::Deregister { span } => Some(("deregister", *span)),
-                            _ => None,
-                        })
-                        .collect();
-                    report(
-                        cx,
-                        svc.file,
-                        || format!("the shutdown of `{}`", svc.name()),
-                        &steps,
-                        out,
-                    );
-                }
-                ServiceStmt::Outlier(o) => {
-                    let items: Vec<_> = o
-                        .settings
-                        .iter()
-                        .filter_map(|s| Some((s.key()?, s.span)))
-                        .collect();
-                    let owner = || match &o.to {
-                        Some(to) => {
-                            format!("the outlier policy of `{}` for `{}`", svc.name(), to.node)
-                        }
-                        None => format!("the outlier policy of `{}`", svc.name()),
-                    };
-                    report(cx, svc.file, owner, &items, out);
-                }
-                ServiceStmt::Match(_) | ServiceStmt::Rule(_) => {}
+}
+
+/// A service's statements, the steps of its warmup and shutdown, its
+/// outlier blocks and their settings.
+fn service<D: From<DuplicateSetting>>(cx: &Ctx<'_>, svc: &Svc<'_>, out: &mut Vec<D>) {
+    let mut stmts = Vec::new();
+    for stmt in &svc.ast.body {
+        match stmt {
+            ServiceStmt::Domain(d) => stmts.push(("domain", d.span)),
+            ServiceStmt::Registry(r) => stmts.push(("registry", r.span)),
+            ServiceStmt::Consumer(c) => stmts.push(("consumer from", c.span)),
+            ServiceStmt::Paths(p) => stmts.push(("paths", p.span)),
+            ServiceStmt::Capacity(Capacity::Workers { span, .. }) => {
+                stmts.push(("capacity workers", *span));
             }
+            ServiceStmt::Capacity(Capacity::Instances { span, .. }) => {
+                stmts.push(("capacity instances", *span));
+            }
+            ServiceStmt::Capacity(Capacity::Rate { span, .. }) => {
+                stmts.push(("capacity rate", *span));
+            }
+            ServiceStmt::Capacity(Capacity::Amplification { span, .. }) => {
+                stmts.push(("capacity amplification", *span));
+            }
+            ServiceStmt::Warmup(w) => {
+                stmts.push(("warmup", w.span));
+                let steps: Vec<_> = w
+                    .steps
+                    .iter()
+                    .filter_map(|s| match s {
+                        WarmupStep::Ready { span, .. } => Some(("ready when", *span)),
+                        WarmupStep::Register { span } => Some(("register", *span)),
+                        WarmupStep::Ramp { span, .. } => Some(("ramp", *span)),
+                        WarmupStep::Start { .. } => None,
+                    })
+                    .collect();
+                report(
+                    cx,
+                    svc.file,
+                    || format!("the warmup of `{}`", svc.name()),
+                    &steps,
+                    out,
+                );
+            }
+            ServiceStmt::Shutdown(s) => {
+                stmts.push(("shutdown", s.span));
+                let steps: Vec<_> = s
+                    .steps
+                    .iter()
+                    .filter_map(|s| match s {
+                        ShutdownStep::Deregister { span } => Some(("deregister", *span)),
+                        _ => None,
+                    })
+                    .collect();
+                report(
+                    cx,
+                    svc.file,
+                    || format!("the shutdown of `{}`", svc.name()),
+                    &steps,
+                    out,
+                );
+            }
+            ServiceStmt::Outlier(o) => {
+                let items: Vec<_> = o
+                    .settings
+                    .iter()
+                    .filter_map(|s| Some((s.key()?, s.span)))
+                    .collect();
+                let owner = || match &o.to {
+                    Some(to) => {
+                        format!("the outlier policy of `{}` for `{}`", svc.name(), to.node)
+                    }
+                    None => format!("the outlier policy of `{}`", svc.name()),
+                };
+                report(cx, svc.file, owner, &items, out);
+            }
+            ServiceStmt::Match(_) | ServiceStmt::Rule(_) => {}
         }
-        report(
-            cx,
-            svc.file,
-            || format!("service `{}`", svc.name()),
-            &stmts,
-            out,
-        );
-        let blocks: Vec<(String, Span)> = svc
-            .outliers
+    }
+    report(
+        cx,
+        svc.file,
+        || format!("service `{}`", svc.name()),
+        &stmts,
+        out,
+    );
+    let blocks: Vec<(String, Span)> = svc
+        .outliers
+        .iter()
+        .map(|o| match &o.to {
+            Some(to) => (format!("outlier to {}", to.node), o.span),
+            None => ("outlier".to_string(), o.span),
+        })
+        .collect();
+    report(
+        cx,
+        svc.file,
+        || format!("service `{}`", svc.name()),
+        &blocks,
+        out,
+    );
+}
+
+/// Each rule's settings, as its kind says which may appear once.
+fn rules<D: From<DuplicateSetting>>(cx: &Ctx<'_>, svc: &Svc<'_>, out: &mut Vec<D>) {
+    for rule in &svc.rules {
+        let items: Vec<_> = rule
+            .def
+            .settings
             .iter()
-            .map(|o| match &o.to {
-                Some(to) => (format!("outlier to {}", to.node), o.span),
-                None => ("outlier".to_string(), o.span),
+            .filter_map(|s| {
+                let key = rule.imp.setting_key(s).or_else(|| kind::header_key(s))?;
+                Some((key, s.span))
             })
             .collect();
-        report(
-            cx,
-            svc.file,
-            || format!("service `{}`", svc.name()),
-            &blocks,
-            out,
-        );
-        for rule in &svc.rules {
-            let items: Vec<_> = rule
-                .def
-                .settings
-                .iter()
-                .filter_map(|s| {
-                    let key = rule.imp.setting_key(s).or_else(|| kind::header_key(s))?;
-                    Some((key, s.span))
-                })
-                .collect();
-            let owner = || format!("{} `{}`", rule.kind(), rule.name().node);
-            report(cx, svc.file, owner, &items, out);
-        }
+        let owner = || format!("{} `{}`", rule.kind(), rule.name().node);
+        report(cx, svc.file, owner, &items, out);
     }
 }

@@ -218,46 +218,11 @@ pub(super) fn render_rule_detail(
 
     frame.render_widget(Paragraph::new(top).wrap(Wrap { trim: false }), top_area);
 
-    if stats.capacity == 0 {
-        frame.render_widget(field("in flight", stats.in_flight.to_string()), gauge_area);
-    } else {
-        let ratio = (stats.in_flight as f64 / stats.capacity as f64).clamp(0.0, 1.0);
-        let color = if ratio >= 1.0 {
-            Color::Red
-        } else if ratio >= 0.8 {
-            Color::Yellow
-        } else {
-            Color::Green
-        };
-        frame.render_widget(
-            Gauge::default()
-                .ratio(ratio)
-                .label(format!("in flight {}/{}", stats.in_flight, stats.capacity))
-                .gauge_style(Style::new().fg(color).bg(Color::Black)),
-            gauge_area,
-        );
-    }
+    render_in_flight(frame, gauge_area, stats.in_flight, stats.capacity);
 
     frame.render_widget(Paragraph::new(latency), latency_area);
 
-    let samples: Vec<f64> = app.rejection_history(name).collect();
-    let max = samples.iter().copied().fold(0.0, f64::max);
-    let width = usize::from(spark_area.width);
-    // Rates are scaled to integers for the widget; its bars are relative anyway.
-    let data: Vec<u64> = samples[samples.len().saturating_sub(width)..]
-        .iter()
-        .map(|v| (v * 100.0).round() as u64)
-        .collect();
-    let [spark_label, spark_bars] =
-        Layout::vertical([Constraint::Length(1), Constraint::Length(2)]).areas(spark_area);
-    frame.render_widget(
-        Line::from(vec![
-            Span::styled("rejections/s, last 5m", Style::new().dark_gray()),
-            Span::raw(format!(" (max {})", rate(max))),
-        ]),
-        spark_label,
-    );
-    frame.render_widget(Sparkline::default().data(&data).red(), spark_bars);
+    render_rejections(app, name, frame, spark_area);
 
     frame.render_widget(
         Paragraph::new(Text::from(snippet))
@@ -270,6 +235,51 @@ pub(super) fn render_rule_detail(
             .style(Style::new().fg(Color::Gray)),
         snippet_area,
     );
+}
+
+/// Calls in flight: a gauge against the capacity, or the count alone.
+fn render_in_flight(frame: &mut Frame<'_>, area: Rect, in_flight: u64, capacity: u64) {
+    if capacity == 0 {
+        frame.render_widget(field("in flight", in_flight.to_string()), area);
+    } else {
+        let ratio = (in_flight as f64 / capacity as f64).clamp(0.0, 1.0);
+        let color = if ratio >= 1.0 {
+            Color::Red
+        } else if ratio >= 0.8 {
+            Color::Yellow
+        } else {
+            Color::Green
+        };
+        frame.render_widget(
+            Gauge::default()
+                .ratio(ratio)
+                .label(format!("in flight {}/{}", in_flight, capacity))
+                .gauge_style(Style::new().fg(color).bg(Color::Black)),
+            area,
+        );
+    }
+}
+
+/// The rule's rejections per second over the last five minutes.
+fn render_rejections(app: &App, name: &str, frame: &mut Frame<'_>, area: Rect) {
+    let samples: Vec<f64> = app.rejection_history(name).collect();
+    let max = samples.iter().copied().fold(0.0, f64::max);
+    let width = usize::from(area.width);
+    // Rates are scaled to integers for the widget; its bars are relative anyway.
+    let data: Vec<u64> = samples[samples.len().saturating_sub(width)..]
+        .iter()
+        .map(|v| (v * 100.0).round() as u64)
+        .collect();
+    let [spark_label, spark_bars] =
+        Layout::vertical([Constraint::Length(1), Constraint::Length(2)]).areas(area);
+    frame.render_widget(
+        Line::from(vec![
+            Span::styled("rejections/s, last 5m", Style::new().dark_gray()),
+            Span::raw(format!(" (max {})", rate(max))),
+        ]),
+        spark_label,
+    );
+    frame.render_widget(Sparkline::default().data(&data).red(), spark_bars);
 }
 
 /// Two lines: bucket bounds and the share of calls in each.

@@ -17,7 +17,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use gov_engine::{
-    Admission, CompiledConfig, Decision, Engine, EventKind, Headers, Outcome, RequestInfo, Target,
+    Admission, CompiledConfig, Decision, Engine, EventKind, Headers, Outcome, Pending, Rejection,
+    RequestInfo, Target,
 };
 use gov_proto::decision_log as log;
 use gov_proto::v1::TargetConfig;
@@ -179,19 +180,6 @@ async fn run(
     // Slots of `held` whose call ended, for the next admitted call.
     let mut free: Vec<usize> = Vec::new();
     let local = tokio::task::LocalSet::new();
-    let drain_events = |events: &mut tokio::sync::broadcast::Receiver<gov_engine::Event>,
-                        out: &RefCell<Outcomes>| {
-        while let Ok(e) = events.try_recv() {
-            let at_us = t0_us + micros(Instant::now().saturating_duration_since(base));
-            out.borrow_mut().events.push(Seen {
-                at_us,
-                kind: e.kind,
-                rule: e.rule.to_string(),
-                key: e.key.to_string(),
-                reason: e.reason,
-            });
-        }
-    };
     let mut limits = Limits::new(&ids, adaptive);
     local
         .run_until(async {
@@ -207,30 +195,18 @@ async fn run(
                     advance_to(when).await;
                     take_step(&mut held, &mut free, step, slot);
                     tokio::task::yield_now().await;
-                    drain_events(&mut events, &out);
+                    drain_events(&mut events, &out, t0_us, base);
                     limits.sample(&engine, t0_us, base, &out);
                 }
                 advance_to(arrival).await;
                 if let Some(full) = full.take() {
                     engine.apply(full);
                 }
-                drain_events(&mut events, &out);
+                drain_events(&mut events, &out, t0_us, base);
                 limits.sample(&engine, t0_us, base, &out);
                 let mut raw = [httparse::EMPTY_HEADER; 9];
                 let n = call_headers(calls, call, consumer_header.as_str(), &mut raw);
-                let info = RequestInfo {
-                    direction: call.direction,
-                    method: &calls.methods[call.method as usize],
-                    path: calls.strings.get(call.path),
-                    // Recorded calls keep no query, and no token's claims.
-                    query: "",
-                    claims: &[],
-                    headers: Headers::Raw(&raw[..n]),
-                    target: (call.target != NONE).then(|| Target {
-                        service: calls.strings.get(call.target),
-                        instance: (call.upstream != NONE).then(|| calls.strings.get(call.upstream)),
-                    }),
-                };
+                let info = request_info(calls, call, &raw[..n]);
                 let outcome = outcome_of(call);
                 match engine.try_admit(&info) {
                     Decision::Admitted(admission) => {
@@ -241,83 +217,40 @@ async fn run(
                             outcome,
                             response_bytes: call.response_bytes,
                         });
-                        let slot = match free.pop() {
-                            Some(slot) => {
-                                held[slot] = h;
-                                slot
-                            }
-                            None => {
-                                held.push(h);
-                                held.len() - 1
-                            }
-                        };
+                        let slot = hold_slot(&mut held, &mut free, h);
                         steps.push(Reverse((arrival + hold.outcome, Step::Outcome, slot)));
                         steps.push(Reverse((arrival + hold.end, Step::End, slot)));
                         if let Some(h) = held[slot].as_ref() {
                             h.admission.add_bytes(call.request_bytes);
                         }
                     }
-                    Decision::Rejected(r) => {
-                        let rule = ids.get(&r.rule);
-                        out.borrow_mut().got.push((
-                            i,
-                            Got::Rejected {
-                                rule,
-                                reason: r.reason as u8,
-                            },
-                        ));
-                    }
+                    Decision::Rejected(r) => rejected(&out, &ids, i, &r),
                     Decision::Wait(pending) => {
                         let out = out.clone();
                         let hold = hold_for(call, &out);
                         let (req, resp) = (call.request_bytes, call.response_bytes);
                         let ids = ids.clone();
                         tokio::task::spawn_local(async move {
-                            match pending.wait().await {
-                                Ok(admission) => {
-                                    let by = admission
-                                        .rules()
-                                        .map(|(rule, wait)| (ids.get(rule), wait.is_some()))
-                                        .collect();
-                                    {
-                                        let mut o = out.borrow_mut();
-                                        o.got.push((i, Got::Admitted));
-                                        o.admitted_by.push((i, by));
-                                    }
-                                    admission.add_bytes(req);
-                                    let mut h = Held {
-                                        admission,
-                                        outcome,
-                                        response_bytes: resp,
-                                    };
-                                    tokio::time::sleep(hold.outcome).await;
-                                    h.record();
-                                    tokio::time::sleep(hold.end - hold.outcome).await;
-                                    end_call(h);
-                                }
-                                Err(r) => {
-                                    let rule = ids.get(&r.rule);
-                                    out.borrow_mut().got.push((
-                                        i,
-                                        Got::Rejected {
-                                            rule,
-                                            reason: r.reason as u8,
-                                        },
-                                    ));
-                                }
-                            }
+                            let waited = Waited {
+                                i,
+                                outcome,
+                                hold,
+                                req,
+                                resp,
+                            };
+                            wait_for(pending, waited, &out, &ids).await;
                         });
                         tokio::task::yield_now().await;
                     }
                 }
-                drain_events(&mut events, &out);
+                drain_events(&mut events, &out, t0_us, base);
             }
             // The calls still held end in time order; then the waiters finish.
             while let Some(Reverse((when, step, slot))) = steps.pop() {
                 advance_to(when).await;
                 take_step(&mut held, &mut free, step, slot);
                 tokio::task::yield_now().await;
-                drain_events(&mut events, &out);
+                drain_events(&mut events, &out, t0_us, base);
                 limits.sample(&engine, t0_us, base, &out);
             }
         })
@@ -325,12 +258,118 @@ async fn run(
     // Waiters left: let their timers run out (the runtime advances the
     // paused clock itself when it is idle).
     local.await;
-    drain_events(&mut events, &out);
+    drain_events(&mut events, &out, t0_us, base);
     limits.last = None;
     limits.sample(&engine, t0_us, base, &out);
     Rc::try_unwrap(out)
         .map(RefCell::into_inner)
         .unwrap_or_else(|rc| std::mem::take(&mut *rc.borrow_mut()))
+}
+
+/// What the engine judges of a recorded call, with its headers.
+fn request_info<'c>(
+    calls: &'c Calls,
+    call: &Call,
+    raw: &'c [httparse::Header<'c>],
+) -> RequestInfo<'c> {
+    RequestInfo {
+        direction: call.direction,
+        method: &calls.methods[call.method as usize],
+        path: calls.strings.get(call.path),
+        // Recorded calls keep no query, and no token's claims.
+        query: "",
+        claims: &[],
+        headers: Headers::Raw(raw),
+        target: (call.target != NONE).then(|| Target {
+            service: calls.strings.get(call.target),
+            instance: (call.upstream != NONE).then(|| calls.strings.get(call.upstream)),
+        }),
+    }
+}
+
+/// Records the engine's events so far, at the replay's time (`t0_us` at
+/// `base`).
+fn drain_events(
+    events: &mut tokio::sync::broadcast::Receiver<gov_engine::Event>,
+    out: &RefCell<Outcomes>,
+    t0_us: u64,
+    base: Instant,
+) {
+    while let Ok(e) = events.try_recv() {
+        let at_us = t0_us + micros(Instant::now().saturating_duration_since(base));
+        out.borrow_mut().events.push(Seen {
+            at_us,
+            kind: e.kind,
+            rule: e.rule.to_string(),
+            key: e.key.to_string(),
+            reason: e.reason,
+        });
+    }
+}
+
+/// Keeps an admitted call in a free slot of `held` (or a new one).
+fn hold_slot(held: &mut Vec<Option<Held>>, free: &mut Vec<usize>, h: Option<Held>) -> usize {
+    match free.pop() {
+        Some(slot) => {
+            held[slot] = h;
+            slot
+        }
+        None => {
+            held.push(h);
+            held.len() - 1
+        }
+    }
+}
+
+/// Call `i` was rejected by `r`.
+fn rejected(out: &RefCell<Outcomes>, ids: &RuleIds, i: usize, r: &Rejection) {
+    let rule = ids.get(&r.rule);
+    out.borrow_mut().got.push((
+        i,
+        Got::Rejected {
+            rule,
+            reason: r.reason as u8,
+        },
+    ));
+}
+
+/// A call that waits for a permit: its index, what it will count, how long
+/// it holds once admitted, and its bytes each way.
+struct Waited {
+    i: usize,
+    outcome: Option<Outcome>,
+    hold: Hold,
+    req: u64,
+    resp: u64,
+}
+
+/// Waits for a waiting call's permit, then holds it as an admitted call
+/// does; or records its rejection.
+async fn wait_for(pending: Pending, w: Waited, out: &RefCell<Outcomes>, ids: &RuleIds) {
+    match pending.wait().await {
+        Ok(admission) => {
+            let by = admission
+                .rules()
+                .map(|(rule, wait)| (ids.get(rule), wait.is_some()))
+                .collect();
+            {
+                let mut o = out.borrow_mut();
+                o.got.push((w.i, Got::Admitted));
+                o.admitted_by.push((w.i, by));
+            }
+            admission.add_bytes(w.req);
+            let mut h = Held {
+                admission,
+                outcome: w.outcome,
+                response_bytes: w.resp,
+            };
+            tokio::time::sleep(w.hold.outcome).await;
+            h.record();
+            tokio::time::sleep(w.hold.end - w.hold.outcome).await;
+            end_call(h);
+        }
+        Err(r) => rejected(out, ids, w.i, &r),
+    }
 }
 
 fn admitted(out: &RefCell<Outcomes>, ids: &RuleIds, i: usize, admission: &Admission) {

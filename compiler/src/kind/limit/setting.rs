@@ -213,60 +213,7 @@ pub(super) fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
                 span,
             }
         }
-        "per" => {
-            let mut parts = Vec::new();
-            let first = w.key()?;
-            let key = match first.node {
-                "all" => LimitKey::All,
-                "domain" => LimitKey::Domain,
-                _ => {
-                    let mut k = first.clone();
-                    loop {
-                        let named: fn(String) -> KeyPart = match k.node {
-                            "service" | "consumer" => {
-                                let part = if k.node == "service" {
-                                    KeyPart::Service
-                                } else {
-                                    KeyPart::Consumer
-                                };
-                                parts.push(Spanned::new(part, k.span));
-                                if w.expect(",").is_none() {
-                                    break;
-                                }
-                                k = w.key()?;
-                                continue;
-                            }
-                            "header" => KeyPart::Header,
-                            "metadata" => KeyPart::Metadata,
-                            "query" => KeyPart::Query,
-                            "segment" => KeyPart::Segment,
-                            "claim" => KeyPart::Claim,
-                            _ => return None,
-                        };
-                        let v = w.string()?;
-                        let at = Span::new(k.span.start, v.span.end);
-                        parts.push(Spanned::new(named(v.node), at));
-                        if w.expect(",").is_none() {
-                            break;
-                        }
-                        k = w.key()?;
-                    }
-                    match parts.as_slice() {
-                        [p] if p.node == KeyPart::Service => LimitKey::Service,
-                        [p] if p.node == KeyPart::Consumer => LimitKey::Consumer,
-                        _ => LimitKey::Parts,
-                    }
-                }
-            };
-            if key != LimitKey::Parts {
-                parts.clear();
-            }
-            S::Per {
-                key: Spanned::new(key, first.span),
-                parts,
-                span,
-            }
-        }
+        "per" => decode_per(w, span)?,
         "action" => {
             let action = match w.key()?.node {
                 "reject" => LimitAction::Reject,
@@ -296,39 +243,7 @@ pub(super) fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
             };
             S::Release { release }
         }
-        "scope" => {
-            let scope = match w.key()?.node {
-                "local" => LimitScope::Local,
-                "cluster" if w.expect("sync").is_some() => {
-                    let sync = match w.key()?.node {
-                        "exact" => {
-                            let timeout = match w.expect("timeout") {
-                                Some(_) => Some(w.duration()?),
-                                None => None,
-                            };
-                            let fallback = match w.expect("fallback") {
-                                Some(_) => Some(match w.key()?.node {
-                                    "local" => Fallback::Local,
-                                    "reject" => Fallback::Reject,
-                                    "allow" => Fallback::Allow,
-                                    _ => return None,
-                                }),
-                                None => None,
-                            };
-                            ClusterSync::Exact { timeout, fallback }
-                        }
-                        "batch" => ClusterSync::Batch {
-                            every: w.duration()?,
-                        },
-                        _ => return None,
-                    };
-                    LimitScope::Cluster { sync: Some(sync) }
-                }
-                "cluster" => LimitScope::Cluster { sync: None },
-                _ => return None,
-            };
-            S::Scope { scope, span }
-        }
+        "scope" => decode_scope(w, span)?,
         "headers" => {
             let always = match w.key()?.node {
                 "always" => true,
@@ -348,4 +263,97 @@ pub(super) fn decode(w: &mut Words<'_>) -> Option<LimitSetting> {
         "share" => S::Share(Share::decode(w)?),
         key => S::Keys(KeySetting::decode(key, w)?),
     })
+}
+
+/// `per all`, `per domain` or the parts of a key (`per header "x-tenant", consumer`).
+fn decode_per(w: &mut Words<'_>, span: Span) -> Option<LimitSetting> {
+    use LimitSetting as S;
+    let mut parts = Vec::new();
+    let first = w.key()?;
+    let key = match first.node {
+        "all" => LimitKey::All,
+        "domain" => LimitKey::Domain,
+        _ => {
+            let mut k = first.clone();
+            loop {
+                let named: fn(String) -> KeyPart = match k.node {
+                    "service" | "consumer" => {
+                        let part = if k.node == "service" {
+                            KeyPart::Service
+                        } else {
+                            KeyPart::Consumer
+                        };
+                        parts.push(Spanned::new(part, k.span));
+                        if w.expect(",").is_none() {
+                            break;
+                        }
+                        k = w.key()?;
+                        continue;
+                    }
+                    "header" => KeyPart::Header,
+                    "metadata" => KeyPart::Metadata,
+                    "query" => KeyPart::Query,
+                    "segment" => KeyPart::Segment,
+                    "claim" => KeyPart::Claim,
+                    _ => return None,
+                };
+                let v = w.string()?;
+                let at = Span::new(k.span.start, v.span.end);
+                parts.push(Spanned::new(named(v.node), at));
+                if w.expect(",").is_none() {
+                    break;
+                }
+                k = w.key()?;
+            }
+            match parts.as_slice() {
+                [p] if p.node == KeyPart::Service => LimitKey::Service,
+                [p] if p.node == KeyPart::Consumer => LimitKey::Consumer,
+                _ => LimitKey::Parts,
+            }
+        }
+    };
+    if key != LimitKey::Parts {
+        parts.clear();
+    }
+    Some(S::Per {
+        key: Spanned::new(key, first.span),
+        parts,
+        span,
+    })
+}
+
+/// `scope local`, `scope cluster [sync exact [timeout D] [fallback F] | sync batch D]`.
+fn decode_scope(w: &mut Words<'_>, span: Span) -> Option<LimitSetting> {
+    use LimitSetting as S;
+    let scope = match w.key()?.node {
+        "local" => LimitScope::Local,
+        "cluster" if w.expect("sync").is_some() => {
+            let sync = match w.key()?.node {
+                "exact" => {
+                    let timeout = match w.expect("timeout") {
+                        Some(_) => Some(w.duration()?),
+                        None => None,
+                    };
+                    let fallback = match w.expect("fallback") {
+                        Some(_) => Some(match w.key()?.node {
+                            "local" => Fallback::Local,
+                            "reject" => Fallback::Reject,
+                            "allow" => Fallback::Allow,
+                            _ => return None,
+                        }),
+                        None => None,
+                    };
+                    ClusterSync::Exact { timeout, fallback }
+                }
+                "batch" => ClusterSync::Batch {
+                    every: w.duration()?,
+                },
+                _ => return None,
+            };
+            LimitScope::Cluster { sync: Some(sync) }
+        }
+        "cluster" => LimitScope::Cluster { sync: None },
+        _ => return None,
+    };
+    Some(S::Scope { scope, span })
 }
