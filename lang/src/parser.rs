@@ -489,6 +489,66 @@ impl Builder<'_> {
         Ok(Service { name, body, span })
     }
 
+    /// `header "x" [trusted from peers ...]`, `jwt ...` or `peer ...`: where a
+    /// service's consumer comes from.
+    fn consumer_source(&self, source: P<'_>) -> Result<ConsumerSource, SyntaxError> {
+        let rule = source.as_rule();
+        let mut s = Kids::of(source);
+        s.kw(self)?;
+        let on_invalid = |outcome: P<'_>| {
+            Spanned::new(
+                if outcome.as_rule() == Rule::kw_count {
+                    OnInvalid::Count
+                } else {
+                    OnInvalid::Reject
+                },
+                span_of(&outcome),
+            )
+        };
+        if rule == Rule::consumer_peer {
+            s.kw(self)?;
+            s.kw(self)?;
+            Ok(ConsumerSource::Peer {
+                on_invalid: on_invalid(s.next(self)?),
+            })
+        } else if rule == Rule::consumer_jwt {
+            s.kw(self)?;
+            let header = self.string(s.next(self)?);
+            s.kw(self)?;
+            let issuer = self.string(s.next(self)?);
+            s.kw(self)?;
+            let audience = self.string(s.next(self)?);
+            s.kw(self)?;
+            let keys = self.string(s.next(self)?);
+            s.kw(self)?;
+            let claim = self.string(s.next(self)?);
+            s.kw(self)?;
+            s.kw(self)?;
+            let on_invalid = on_invalid(s.next(self)?);
+            Ok(ConsumerSource::Jwt(JwtSource {
+                header,
+                issuer,
+                audience,
+                keys,
+                claim,
+                on_invalid,
+            }))
+        } else {
+            let header = self.string(s.next(self)?);
+            let mut trusted = Vec::new();
+            if let Some(t) = s.opt(Rule::consumer_trusted) {
+                let mut t = Kids::of(t);
+                t.kw(self)?;
+                t.kw(self)?;
+                t.kw(self)?;
+                while let Some(peer) = t.opt(Rule::string) {
+                    trusted.push(self.string(peer));
+                }
+            }
+            Ok(ConsumerSource::Header { header, trusted })
+        }
+    }
+
     fn service_stmt(&self, p: P<'_>) -> Result<ServiceStmt, SyntaxError> {
         let span = span_of(&p);
         let rule = p.as_rule();
@@ -519,62 +579,7 @@ impl Builder<'_> {
             Rule::consumer_stmt => {
                 k.kw(self)?;
                 k.kw(self)?;
-                let source = k.next(self)?;
-                let rule = source.as_rule();
-                let mut s = Kids::of(source);
-                s.kw(self)?;
-                let on_invalid = |outcome: P<'_>| {
-                    Spanned::new(
-                        if outcome.as_rule() == Rule::kw_count {
-                            OnInvalid::Count
-                        } else {
-                            OnInvalid::Reject
-                        },
-                        span_of(&outcome),
-                    )
-                };
-                let source = if rule == Rule::consumer_peer {
-                    s.kw(self)?;
-                    s.kw(self)?;
-                    ConsumerSource::Peer {
-                        on_invalid: on_invalid(s.next(self)?),
-                    }
-                } else if rule == Rule::consumer_jwt {
-                    s.kw(self)?;
-                    let header = self.string(s.next(self)?);
-                    s.kw(self)?;
-                    let issuer = self.string(s.next(self)?);
-                    s.kw(self)?;
-                    let audience = self.string(s.next(self)?);
-                    s.kw(self)?;
-                    let keys = self.string(s.next(self)?);
-                    s.kw(self)?;
-                    let claim = self.string(s.next(self)?);
-                    s.kw(self)?;
-                    s.kw(self)?;
-                    let on_invalid = on_invalid(s.next(self)?);
-                    ConsumerSource::Jwt(JwtSource {
-                        header,
-                        issuer,
-                        audience,
-                        keys,
-                        claim,
-                        on_invalid,
-                    })
-                } else {
-                    let header = self.string(s.next(self)?);
-                    let mut trusted = Vec::new();
-                    if let Some(t) = s.opt(Rule::consumer_trusted) {
-                        let mut t = Kids::of(t);
-                        t.kw(self)?;
-                        t.kw(self)?;
-                        t.kw(self)?;
-                        while let Some(peer) = t.opt(Rule::string) {
-                            trusted.push(self.string(peer));
-                        }
-                    }
-                    ConsumerSource::Header { header, trusted }
-                };
+                let source = self.consumer_source(k.next(self)?)?;
                 ServiceStmt::Consumer(ConsumerStmt { source, span })
             }
             Rule::capacity_stmt => {
