@@ -30,6 +30,7 @@ mod options;
 mod proxy;
 mod reload;
 mod serve;
+mod start;
 mod upgrade;
 mod upstream;
 
@@ -38,13 +39,8 @@ pub use options::*;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
-
-use hyper_util::rt::TokioIo;
 
 use gov_engine::Engine;
-use tokio::net::TcpListener;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::health::Health;
@@ -53,38 +49,8 @@ pub use consumer::{Invalid, Verifier};
 pub use endpoints::{endpoints_to, restore_endpoints};
 pub use listener::GOV_SERVICE;
 pub use reload::{ConfigError, ConfigStatus, parse_config, read_config};
+pub use start::StartError;
 pub use upstream::{Balance, Directory, EndpointSpec, InvalidOutlier, Outliers, UpstreamProtocol};
-
-/// Most open connections of the admin listener (scrapes and probes).
-const MAX_ADMIN_CONNECTIONS: usize = 64;
-
-/// A sidecar that could not start.
-#[derive(Debug, thiserror::Error, miette::Diagnostic)]
-pub enum StartError {
-    /// A listener could not bind.
-    #[error("cannot listen on `{addr}` for the {listener} listener")]
-    #[diagnostic(
-        code(gov::agent::bind),
-        help("is another process using the port? pick another with the matching --*listen flag")
-    )]
-    Bind {
-        /// Which listener.
-        listener: &'static str,
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The decision log cannot start.
-    #[error(transparent)]
-    #[diagnostic(transparent)]
-    DecisionLog(#[from] crate::decision_log::LogError),
-    /// The config file at start is unusable.
-    #[error(transparent)]
-    #[diagnostic(transparent)]
-    Config(#[from] ConfigError),
-}
 
 /// A running sidecar.
 pub struct Sidecar {
@@ -132,110 +98,26 @@ impl Sidecar {
         tokio::spawn(lifecycle.follow_weight(engine.clone()));
         // Before the config: a config's outlier policies are the directory's.
         let directory = Arc::new(Directory::new(options.balance, &options.instances));
-        let initial = match &options.config {
-            Some(path) => {
-                let (bytes, target) = read_config(path).await?;
-                let version = apply(&engine, &directory, &options.service, path, &target)?;
-                config.record_applied(&target, &version, format!("file {}", path.display()));
-                lifecycle.set_plan(&target);
-                health.set_config_loaded();
-                tracing::info!(%version, path = %path.display(), "config loaded");
-                Some(bytes)
-            }
-            None => None,
+        let applied = start::Applied {
+            config: config.clone(),
+            lifecycle: lifecycle.clone(),
+            health: health.clone(),
         };
-        // With a control plane, the last good config it sent, from the state directory:
-        // in force before the first connection is accepted, whether govd is up or not.
-        if initial.is_none()
-            && options.control_plane.is_some()
-            && let Some(dir) = &options.state_dir
-        {
-            let path = dir.join(crate::control::LAST_GOOD_FILE);
-            match crate::control::read_last_good(dir, &options.service) {
-                Ok(Some(target)) => {
-                    match apply(&engine, &directory, &options.service, &path, &target) {
-                        Ok(version) => {
-                            config.record_applied(
-                                &target,
-                                &version,
-                                format!("state-dir {}", path.display()),
-                            );
-                            lifecycle.set_plan(&target);
-                            health.set_config_loaded();
-                            tracing::info!(%version, "enforcing the last good config from disk");
-                        }
-                        Err(error) => {
-                            tracing::warn!(%error, "the last good config on disk is refused; starting without it")
-                        }
-                    }
-                }
-                Ok(None) => {}
-                Err(error) => tracing::warn!(%error, "cannot load the last good config"),
-            }
-        }
+        let initial = start::load_config(&options, &engine, &directory, &applied).await?;
         // Then the latches kept across the restart, before any call is admitted: a fuse
         // tripped before the restart refuses the first call after it.
-        let latches = match &options.state_dir {
-            Some(dir) => Some(crate::latches::LatchStore::open(
-                &engine,
-                dir,
-                &options.service,
-            )),
-            None => {
-                tracing::info!(
-                    "no --state-dir: tripped fuses and engaged limits do not survive a restart"
-                );
-                None
-            }
-        };
+        let latches = start::open_latches(&options, &engine);
 
-        // Standalone without a file: nothing will ever bring a config, so run with no
-        // rules rather than never becoming ready. With a control plane the agent is not
-        // ready until it sends a config.
-        if initial.is_none() && options.control_plane.is_none() {
-            tracing::warn!("no --config and no --control-plane: proxying with no rules");
-            lifecycle.set_plan(&gov_proto::v1::TargetConfig::default());
-            health.set_config_loaded();
-        }
-
-        let inbound = bind("inbound", options.listen).await?;
-        let outbound = match options.outbound_listen {
-            Some(addr) => Some(bind("outbound", addr).await?),
-            None => None,
-        };
-        let admin = match options.admin_listen {
-            Some(addr) => Some(bind("admin", addr).await?),
-            None => None,
-        };
-        let inbound_addr = local_addr("inbound", &inbound)?;
-        let outbound_addr = outbound
-            .as_ref()
-            .map(|l| local_addr("outbound", l))
-            .transpose()?;
-        let admin_addr = admin.as_ref().map(|l| local_addr("admin", l)).transpose()?;
+        let start::Bound {
+            inbound,
+            outbound,
+            admin,
+            addrs: (inbound_addr, outbound_addr, admin_addr),
+        } = start::bind_all(&options).await?;
 
         if let (Some(path), Some(bytes)) = (&options.config, initial) {
-            let status = config.clone();
-            let health = health.clone();
-            let engine = engine.clone();
-            let directory = directory.clone();
-            let service = options.service.clone();
-            let file = path.clone();
-            let lifecycle = lifecycle.clone();
-            reload::spawn_watch(
-                path.clone(),
-                bytes,
-                stop.clone(),
-                config.clone(),
-                move |target| {
-                    let version = apply(&engine, &directory, &service, &file, &target)
-                        .map_err(|e| e.to_string())?;
-                    status.record_applied(&target, &version, format!("file {}", file.display()));
-                    lifecycle.set_plan(&target);
-                    health.set_config_loaded();
-                    Ok(version)
-                },
-            )?;
+            let cx = (engine.clone(), directory.clone(), applied.clone());
+            start::watch_file(&options, path, bytes, stop.clone(), cx)?;
         }
 
         let decision_log = options
@@ -243,106 +125,12 @@ impl Sidecar {
             .as_ref()
             .map(|o| crate::decision_log::DecisionLog::start(o, &options.service, engine.clone()))
             .transpose()?;
-        let inbound_conns = Arc::new(serve::Connections::new(
-            options.max_connections,
-            options.max_connections_per_client,
-        ));
-        let outbound_conns = Arc::new(serve::Connections::new(options.max_connections, usize::MAX));
-        let shared = Arc::new(listener::Shared {
-            engine: engine.clone(),
-            clients: upstream::Clients::new(
-                options.upstream_protocol,
-                options.mtls.clone(),
-                directory.clone(),
-            ),
-            mtls: options.mtls.clone(),
-            local: options.upstream.clone(),
-            directory: directory.clone(),
-            log: decision_log.clone(),
-            client_gone_hold: options.client_gone_hold,
-            verifier: consumer::Verifier::default(),
-        });
-        // Idle upstream connections of the HTTP/1 path, shared by both listeners.
-        let idle = Arc::new(h1::IdlePool::default());
-
+        let shared = start::shared(&options, &engine, &directory, decision_log.clone());
         // The proxy listeners drain on `stop`; the admin listener keeps answering
         // (`/ready` says 503) until they are done, then stops on `admin_stop`.
-        let mut proxies = JoinSet::new();
-        // HTTP/1 clients take the HTTP/1 path unless every upstream call must be HTTP/2.
-        let fast = options.upstream_protocol != UpstreamProtocol::Http2;
-        let mut listener_stats = vec![("inbound", inbound_conns.clone())];
-        if outbound.is_some() {
-            listener_stats.push(("outbound", outbound_conns.clone()));
-        }
-        let listeners = [
-            Some(("inbound", inbound, listener::Side::Inbound, inbound_conns)),
-            outbound.map(|l| ("outbound", l, listener::Side::Outbound, outbound_conns)),
-        ];
-        for (name, listener, side, conns) in listeners.into_iter().flatten() {
-            let cx = h1::Listener::new(
-                shared.clone(),
-                side,
-                stop.clone(),
-                options.header_read_timeout,
-                options.client_timeout,
-                conns.clone(),
-                idle.clone(),
-            );
-            proxies.spawn(serve::accept_loop(
-                name,
-                listener,
-                stop.clone(),
-                drain_deadline.clone(),
-                conns,
-                move |stream, peer| {
-                    let cx = cx.clone();
-                    async move {
-                        // The inbound listener's mutual TLS: the calling agent.
-                        let (stream, caller) = match side {
-                            listener::Side::Inbound => match cx.shared.mtls.accept(stream).await {
-                                Ok(accepted) => accepted,
-                                Err(why) => {
-                                    tracing::debug!(listener = name, %peer, why, "refused a connection");
-                                    return;
-                                }
-                            },
-                            listener::Side::Outbound => (mtls::Stream::Plain(stream), None),
-                        };
-                        let hyper = |io| {
-                            // Stops this connection: the listener's stop, or
-                            // its own (a client over its budget of abandoned calls).
-                            let close = cx.stop.child_token();
-                            let handler = proxy::Handler::new(
-                                cx.shared.clone(),
-                                side,
-                                peer,
-                                cx.conns.clone(),
-                                fast,
-                                close.clone(),
-                                caller.clone(),
-                            );
-                            serve::serve_hyper(
-                                name,
-                                TokioIo::new(io),
-                                peer,
-                                close,
-                                cx.header_read_timeout,
-                                move |req| {
-                                    let handler = handler.clone();
-                                    async move { handler.handle(req).await }
-                                },
-                            )
-                        };
-                        // ALPN h2 goes to hyper without the HTTP/1 path's look.
-                        if fast && stream.alpn() != Some(b"h2") {
-                            h1::serve(stream, peer, caller.clone(), cx.clone(), hyper).await;
-                        } else {
-                            hyper(h1::Prefixed::new(bytes::BytesMut::new(), stream)).await;
-                        }
-                    }
-                },
-            ));
-        }
+        let listeners = (inbound, outbound);
+        let (proxies, listener_stats) =
+            start::serve_proxies(&options, shared, &stop, &drain_deadline, listeners);
         if let Some(listener) = admin {
             let admin = Arc::new(admin::Admin {
                 health: health.clone(),
@@ -361,28 +149,7 @@ impl Sidecar {
                     mtls: options.mtls.clone(),
                 },
             });
-            let admin_stop_conns = admin_stop.clone();
-            tokio::spawn(serve::accept_loop(
-                "admin",
-                listener,
-                admin_stop.clone(),
-                crate::lifecycle::DrainDeadline::new(Duration::from_secs(1)),
-                Arc::new(serve::Connections::new(MAX_ADMIN_CONNECTIONS, usize::MAX)),
-                move |stream, peer| {
-                    let admin = admin.clone();
-                    serve::serve_hyper(
-                        "admin",
-                        TokioIo::new(stream),
-                        peer,
-                        admin_stop_conns.clone(),
-                        Some(DEFAULT_HEADER_READ_TIMEOUT),
-                        move |req| {
-                            let admin = admin.clone();
-                            async move { admin.handle(req).await }
-                        },
-                    )
-                },
-            ));
+            tokio::spawn(start::serve_admin(listener, admin, admin_stop.clone()));
         }
 
         if let Some(store) = &latches {
@@ -390,18 +157,7 @@ impl Sidecar {
             tokio::spawn(store.clone().run(admin_stop.clone()));
         }
 
-        let done = {
-            let stop = stop.clone();
-            let health = health.clone();
-            tokio::spawn(async move {
-                stop.cancelled().await;
-                health.set_draining();
-                tracing::info!("stopping: no new connections, draining in-flight requests");
-                while proxies.join_next().await.is_some() {}
-                admin_stop.cancel();
-                tracing::info!("stopped");
-            })
-        };
+        let done = start::supervise(stop.clone(), health.clone(), proxies, admin_stop);
 
         tokio::spawn(lifecycle.clone().run_warmup());
 
@@ -500,22 +256,23 @@ impl Sidecar {
     /// state dir or pushed): records the version for `/metrics` and marks the agent
     /// ready. (Added for `crate::control`.)
     pub fn on_config_applied(&self) -> crate::control::OnApplied {
-        let (config, health) = (self.config.clone(), self.health.clone());
-        let lifecycle = self.lifecycle.clone();
+        let applied = start::Applied {
+            config: self.config.clone(),
+            lifecycle: self.lifecycle.clone(),
+            health: self.health.clone(),
+        };
         let directory = self.directory.clone();
         let source = format!(
             "control-plane {}",
             self.control_plane.as_deref().unwrap_or_default()
         );
         Arc::new(move |target: &gov_proto::v1::TargetConfig| {
-            config.record_applied(target, &target.version, source.clone());
-            lifecycle.set_plan(target);
             // `control::check` refused a config whose policies are invalid.
             match crate::sidecar::Outliers::from_target(target) {
                 Ok(outliers) => directory.set_outliers(outliers),
                 Err(error) => tracing::error!(%error, "outlier policies not applied"),
             }
-            health.set_config_loaded();
+            applied.record(target, &target.version, source.clone());
         })
     }
 
@@ -571,52 +328,6 @@ impl Sidecar {
         }
         self.lifecycle.finished().await;
     }
-}
-
-/// Checks that `target` is for this agent's service and swaps it into the engine
-/// and its outlier policies into the balancer; returns its version.
-fn apply(
-    engine: &Engine,
-    directory: &Directory,
-    service: &str,
-    path: &std::path::Path,
-    target: &gov_proto::v1::TargetConfig,
-) -> Result<String, ConfigError> {
-    let invalid = |message: String| ConfigError::Invalid {
-        path: path.to_owned(),
-        message,
-    };
-    if target.service != service {
-        return Err(invalid(format!(
-            "it is the config of service `{}`, and this agent runs beside `{service}`",
-            target.service
-        )));
-    }
-    crate::lifecycle::check_steps(target).map_err(|e| invalid(e.to_string()))?;
-    let outliers = Outliers::from_target(target).map_err(|e| invalid(e.to_string()))?;
-    let applied = engine
-        .apply_target(target)
-        .map_err(|e| invalid(e.to_string()))?;
-    directory.set_outliers(outliers);
-    Ok(applied.version.to_string())
-}
-
-async fn bind(listener: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind {
-            listener,
-            addr,
-            source,
-        })
-}
-
-fn local_addr(listener: &'static str, l: &TcpListener) -> Result<SocketAddr, StartError> {
-    l.local_addr().map_err(|source| StartError::Bind {
-        listener,
-        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-        source,
-    })
 }
 
 /// Displays an optional address, `-` when absent.

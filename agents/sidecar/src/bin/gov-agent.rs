@@ -8,11 +8,16 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gov_agent::sidecar::{Balance, InboundMtls, Options, Sidecar, UpstreamProtocol};
+use gov_agent::sidecar::{Balance, Options, Sidecar, UpstreamProtocol};
 use gov_proto::flag::parse_duration;
 use gov_proto::log::LogFormat;
 use gov_proto::signal::Signals;
 use http::uri::Authority;
+
+#[path = "gov-agent/setup.rs"]
+mod setup;
+
+use setup::{Credentials, cluster_store, decision_log, peer_tls, read_token, start_control};
 
 /// The agent's allocator is jemalloc, with its background thread purging freed
 /// pages, not the system's. After a flood (many h2c connections and streams,
@@ -391,84 +396,22 @@ async fn run(args: Args) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    // Connects lazily: a Redis that is down at start is an outage like any other.
-    let redis_tls = gov_agent::cluster::RedisTlsFiles {
-        ca: args.redis_ca.clone(),
-        cert: args.redis_cert.clone(),
-        key: args.redis_key.clone(),
+    let cluster_store = match cluster_store(&args) {
+        Ok(store) => store,
+        Err(code) => return code,
     };
-    let cluster_store = match args.redis.as_deref().map(|url| {
-        gov_agent::cluster::redis_with(url, gov_agent::cluster::DEFAULT_TIMEOUT, &redis_tls)
-    }) {
-        None => None,
-        Some(Ok(store)) => Some(store),
-        Some(Err(error)) => {
-            gov_proto::report::plain(&error);
-            return ExitCode::from(EXIT_USAGE);
-        }
+    let token = match read_token(&args, control.as_ref()) {
+        Ok(token) => token,
+        Err(code) => return code,
     };
-    let token = match args
-        .control_plane_token_file
-        .as_deref()
-        .map(std::fs::read_to_string)
-        .transpose()
-    {
-        Ok(token) => token.map(|t| t.trim().to_owned()),
-        Err(error) => {
-            gov_proto::errln!("error: cannot read --control-plane-token-file: {error}");
-            return ExitCode::FAILURE;
-        }
+    let decision_log = match decision_log(&args) {
+        Ok(log) => log,
+        Err(code) => return code,
     };
-    if let (Some(_), Some(c)) = (&token, &control)
-        && !args.allow_cleartext_token
-        && let Some(url) = gov_agent::control::urls(&c.url)
-            .into_iter()
-            .find(|url| gov_proto::tls::cleartext_to_remote(url))
-    {
-        gov_proto::errln!(
-            "error: will not send the agent token in clear to `{url}`: it is `http://` to a host that is not loopback, where anyone on the path can read it and claim this service's instances\n  help: use `https://` with --tls-ca CA.pem (govd with --tls-cert/--tls-key), or a loopback address; --allow-cleartext-token (GOV_ALLOW_CLEARTEXT_TOKEN) sends it anyway, for a lab"
-        );
-        return ExitCode::from(EXIT_USAGE);
-    }
-    let decision_log = args.decision_log.map(|path| {
-        let instance = args
-            .instance
-            .clone()
-            .unwrap_or_else(|| format!("{}@{}", args.service, args.listen));
-        let mut log = gov_agent::decision_log::LogOptions::new(path, instance);
-        log.sample = args.decision_log_sample;
-        log.max_bytes = args.decision_log_max_bytes;
-        log.keep = args.decision_log_keep;
-        log
-    });
-    if let Some(Err(error)) = decision_log.as_ref().map(|o| o.check()) {
-        gov_proto::report::plain(&error);
-        return ExitCode::from(EXIT_USAGE);
-    }
     let inbound_mtls = args.inbound_mtls;
-    if inbound_mtls != InboundMtls::Off && !args.identity && args.tls_cert.is_none() {
-        gov_proto::errln!(
-            "error: --inbound-mtls {} needs this agent's certificate\n  help: add --identity (a certificate from govd) or --tls-cert/--tls-key (the platform's files)",
-            inbound_mtls.as_str()
-        );
-        return ExitCode::from(EXIT_USAGE);
-    }
-    if args.inbound_tls_cert.is_some() && inbound_mtls == InboundMtls::Off {
-        gov_proto::errln!(
-            "error: --inbound-tls-cert needs --inbound-mtls permit (or require): with `off` the inbound listener takes no TLS\n  help: add --inbound-mtls permit"
-        );
-        return ExitCode::from(EXIT_USAGE);
-    }
-    let mtls = match gov_agent::sidecar::PeerTls::new(
-        inbound_mtls,
-        args.outbound_mtls,
-        args.peer_ca.as_deref(),
-    ) {
-        Ok(mtls) => std::sync::Arc::new(mtls),
-        Err(error) => {
-            gov_proto::report::plain(&error);
-            return ExitCode::from(EXIT_USAGE);
-        }
+    let mtls = match peer_tls(&args) {
+        Ok(mtls) => mtls,
+        Err(code) => return code,
     };
     let options = Options {
         service: args.service,
@@ -505,74 +448,16 @@ async fn run(args: Args) -> ExitCode {
         }
     };
     let stopping = sidecar.stopping();
-    if let Some(mut control) = control {
-        // The control-plane client (gov_agent::control): pushed configs, ACK/NACK,
-        // stats, events, release and drain commands.
-        if control.instance.is_empty() {
-            control.instance = format!("{}@{}", control.service, sidecar.inbound_addr());
+    if let Some(control) = control {
+        let credentials = Credentials {
+            identity: args.identity,
+            files: args.tls_cert.clone().zip(args.tls_key.clone()),
+            token,
+            tls,
+        };
+        if let Err(code) = start_control(&sidecar, control, credentials, inbound_mtls, &stopping) {
+            return code;
         }
-        control.address = sidecar.inbound_addr().to_string();
-        control.inbound_mtls = inbound_mtls != InboundMtls::Off;
-        // The agent's certificate: issued by govd, or the files, reloaded.
-        if args.identity {
-            let identity = gov_agent::identity::IdentityOptions {
-                url: control.url.clone(),
-                service: control.service.clone(),
-                instance: control.instance.clone(),
-                token: token.clone().unwrap_or_default(),
-                tls: tls.clone(),
-                backoff: gov_agent::control::Backoff::default(),
-                on_certificate: Some(sidecar.on_certificate()),
-            };
-            match gov_agent::identity::start(identity, stopping.clone()) {
-                Ok(credentials) => control.credentials = Some(credentials),
-                Err(error) => {
-                    gov_proto::report::plain(&error);
-                    return ExitCode::FAILURE;
-                }
-            }
-        } else if let (Some(cert), Some(key)) = (args.tls_cert.clone(), args.tls_key.clone()) {
-            control.credentials = Some(gov_agent::identity::watch_files(
-                cert,
-                key,
-                gov_agent::identity::FILE_POLL,
-                Some(sidecar.on_certificate()),
-                stopping.clone(),
-            ));
-        }
-        if let Some(credentials) = &control.credentials {
-            sidecar.use_credentials(credentials.clone());
-        }
-        control.token = token;
-        control.tls = tls;
-        control.on_applied = Some(sidecar.on_config_applied());
-        control.on_saved = Some(sidecar.on_config_saved());
-        control.on_connection = Some(sidecar.on_control_plane_connection());
-        control.on_refused = Some(sidecar.on_control_plane_refused());
-        // The control plane's drain runs the config's shutdown steps, like SIGTERM.
-        let lifecycle = sidecar.lifecycle().clone();
-        control.on_drain = Some(std::sync::Arc::new(move |_| lifecycle.begin_shutdown()));
-        control.lifecycle = Some(sidecar.lifecycle().subscribe());
-        // govd is the registry: its endpoints replace `--instances` for the
-        // services it knows.
-        if let Some(dir) = &control.state_dir {
-            gov_agent::sidecar::restore_endpoints(sidecar.directory(), dir);
-        }
-        control.on_endpoints = Some(gov_agent::sidecar::endpoints_to(
-            sidecar.directory().clone(),
-            sidecar.engine().clone(),
-            control.state_dir.clone(),
-        ));
-        let lifecycle = sidecar.lifecycle().clone();
-        lifecycle.use_control_plane();
-        control.on_deregistered = Some(std::sync::Arc::new(move || {
-            lifecycle.confirm_deregistered();
-        }));
-        tokio::spawn(gov_agent::control::run(
-            sidecar.engine().clone(),
-            control,
-            stopping.clone(),
-        ));
     } else if let (Some(cert), Some(key)) = (args.tls_cert.clone(), args.tls_key.clone()) {
         // No control plane: the files still serve mutual TLS between agents.
         sidecar.use_credentials(gov_agent::identity::watch_files(

@@ -224,46 +224,30 @@ impl Source {
             &[("service", &self.service), ("version", &version)],
             1_u64,
         );
-        enc.family(
-            "gov_agent_control_plane_auth_failures_total",
-            "counter",
-            "Times the control plane refused this agent's token or certificate.",
-        );
-        enc.sample(
-            "gov_agent_control_plane_auth_failures_total",
-            &[],
-            health.control_plane_auth_failures(),
-        );
-        enc.family(
-            "gov_agent_control_plane_refused",
-            "gauge",
-            "1 while the control plane refuses this agent's credentials (see /ready for why), else 0.",
-        );
-        enc.sample(
-            "gov_agent_control_plane_refused",
-            &[],
-            u64::from(health.control_plane_refusal().is_some()),
-        );
-        let (not_after_ms, failures) = health.certificate();
-        if not_after_ms > 0 || failures > 0 {
-            enc.family(
-                "gov_agent_certificate_not_after_timestamp_seconds",
-                "gauge",
-                "When the agent's certificate (issued by govd with --identity, or --tls-cert) expires, in seconds since the Unix epoch; 0 before the first.",
-            );
-            enc.sample(
-                "gov_agent_certificate_not_after_timestamp_seconds",
-                &[],
-                not_after_ms / 1000,
-            );
-            enc.family(
-                "gov_agent_certificate_failures_total",
-                "counter",
-                "Requests to govd for a certificate (--identity), or reloads of --tls-cert/--tls-key, that failed; each is retried and the certificate in force kept.",
-            );
-            enc.sample("gov_agent_certificate_failures_total", &[], failures);
-        }
+        render_credentials(enc, health);
         self.render_lifecycle(enc);
+        self.render_stores(enc);
+        let (applied, refused) = self.config.counts();
+        enc.family(
+            "gov_agent_config_reloads_total",
+            "counter",
+            "Configs applied and refused since start.",
+        );
+        enc.sample(
+            "gov_agent_config_reloads_total",
+            &[("result", "applied")],
+            applied,
+        );
+        enc.sample(
+            "gov_agent_config_reloads_total",
+            &[("result", "refused")],
+            refused,
+        );
+    }
+
+    /// The state of what the agent keeps outside the process: the cluster
+    /// store, the latch file, the decision log.
+    fn render_stores(&self, enc: &mut Encoder) {
         if let Some(store) = self.engine.cluster_store() {
             enc.family(
                 "gov_agent_cluster_store_up",
@@ -334,22 +318,49 @@ impl Source {
                 enc.sample(name, &[], value);
             }
         }
-        let (applied, refused) = self.config.counts();
+    }
+}
+
+/// The agent's credentials towards govd: refusals and its certificate.
+fn render_credentials(enc: &mut Encoder, health: &crate::health::Health) {
+    enc.family(
+        "gov_agent_control_plane_auth_failures_total",
+        "counter",
+        "Times the control plane refused this agent's token or certificate.",
+    );
+    enc.sample(
+        "gov_agent_control_plane_auth_failures_total",
+        &[],
+        health.control_plane_auth_failures(),
+    );
+    enc.family(
+        "gov_agent_control_plane_refused",
+        "gauge",
+        "1 while the control plane refuses this agent's credentials (see /ready for why), else 0.",
+    );
+    enc.sample(
+        "gov_agent_control_plane_refused",
+        &[],
+        u64::from(health.control_plane_refusal().is_some()),
+    );
+    let (not_after_ms, failures) = health.certificate();
+    if not_after_ms > 0 || failures > 0 {
         enc.family(
-            "gov_agent_config_reloads_total",
+            "gov_agent_certificate_not_after_timestamp_seconds",
+            "gauge",
+            "When the agent's certificate (issued by govd with --identity, or --tls-cert) expires, in seconds since the Unix epoch; 0 before the first.",
+        );
+        enc.sample(
+            "gov_agent_certificate_not_after_timestamp_seconds",
+            &[],
+            not_after_ms / 1000,
+        );
+        enc.family(
+            "gov_agent_certificate_failures_total",
             "counter",
-            "Configs applied and refused since start.",
+            "Requests to govd for a certificate (--identity), or reloads of --tls-cert/--tls-key, that failed; each is retried and the certificate in force kept.",
         );
-        enc.sample(
-            "gov_agent_config_reloads_total",
-            &[("result", "applied")],
-            applied,
-        );
-        enc.sample(
-            "gov_agent_config_reloads_total",
-            &[("result", "refused")],
-            refused,
-        );
+        enc.sample("gov_agent_certificate_failures_total", &[], failures);
     }
 }
 
@@ -459,6 +470,8 @@ fn render_endpoints(enc: &mut Encoder, endpoints: &[EndpointStats]) {
     }
 }
 
+/// Each rule's counts: in flight, waiting, admitted, rejected by reason,
+/// gRPC outcomes, shadow rejections, retries; then its state.
 fn render_rules(enc: &mut Encoder, rules: &[RuleStats]) {
     enc.family(
         "gov_agent_rule_in_flight",
@@ -567,6 +580,11 @@ fn render_rules(enc: &mut Encoder, rules: &[RuleStats]) {
             );
         }
     }
+    render_rule_states(enc, rules);
+}
+
+/// Each rule's latency histogram, fuse state, engaged limit and keys.
+fn render_rule_states(enc: &mut Encoder, rules: &[RuleStats]) {
     enc.family(
         "gov_agent_rule_latency_seconds",
         "histogram",
