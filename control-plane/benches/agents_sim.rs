@@ -161,7 +161,7 @@ async fn session(
                     Msg::Ack(pb::Ack { version: version.clone(), nonce: c.nonce, ..Default::default() })
                 }
                 Ok(Some(pb::ControlMessage { msg: Some(ControlMsg::Endpoints(e)) })) => {
-                    Msg::EndpointsAck(pb::EndpointsAck { service: e.service, version: e.version })
+                    Msg::EndpointsAck(pb::EndpointsAck { service: e.service, version: e.version, want_full: false })
                 }
                 Ok(Some(_)) => continue,
                 Ok(None) | Err(_) => break,

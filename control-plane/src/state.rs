@@ -38,7 +38,7 @@ pub use adopt::Adopted;
 pub use agent::{Agent, AgentKey, AgentTx, Nacked, Outbox, Outgoing, Unsaved};
 use agent::{Agents, Conn, Dirty};
 pub use canary::{Canary, pick as canary_instances};
-use registry::{Registry, endpoints_message};
+use registry::Registry;
 
 use crate::encoded::{Encoded, EncodedTargets};
 
@@ -306,15 +306,14 @@ impl State {
         latch_agents::send_missed(&mut self.agents, &key, missed, out);
         // The endpoints of every service with a registered instance: where its
         // outbound calls go from now on.
-        let services: BTreeSet<String> = (self.registry.services())
-            .filter(|s| self.connected(s).any(Agent::is_registered))
-            .cloned()
-            .collect();
+        // Each the set as last pushed (encoded once per version): a change
+        // not pushed yet reaches it with the next push, as every agent.
         if let Some(agent) = self.agents.get(&key) {
-            for service in services {
-                let msg = Encoded::new(&endpoints_message(self.endpoints(&service)));
-                out.extend(agent.outgoing(msg));
-            }
+            out.extend(
+                self.registry
+                    .fulls()
+                    .filter_map(|m| agent.outgoing(m.clone())),
+            );
         }
         (key, id)
     }
@@ -399,6 +398,11 @@ impl State {
                 effect.sync = true;
             }
             AgentMsg::EndpointsAck(ack) => {
+                if ack.want_full {
+                    // It holds another version than a delta's base: the
+                    // whole set, never a guess.
+                    self.registry.resend(key, &ack.service);
+                }
                 let seen = agent.endpoints_acked.entry(ack.service).or_insert(0);
                 *seen = (*seen).max(ack.version);
                 // A removal may now be acknowledged by everyone.
@@ -844,6 +848,7 @@ mod tests {
         AgentMsg::EndpointsAck(pb::EndpointsAck {
             service: service.into(),
             version,
+            want_full: false,
         })
     }
 

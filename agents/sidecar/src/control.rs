@@ -7,6 +7,8 @@
 //!   │ Ack{version, nonce} | Nack{error, rule} ─▶
 //!   │ Stats (every second), Event (as they happen) ─▶
 //!   │ ◀─ Command{Release | Drain | Arm}
+//!   │ ◀─ Endpoints{set, version} | EndpointsDelta{base, changes, version}
+//!   │ EndpointsAck{version} | EndpointsAck{held, want_full} ─▶
 //! ```
 //!
 //! A pushed config is checked and applied through [`Engine::apply_target`]
@@ -27,6 +29,11 @@
 //! command for each latch it holds for this instance that the list lacks (an
 //! agent restarted without its state), and the agent re-arms it and sends its
 //! stats at once.
+//!
+//! Endpoint sets come whole, or as a delta onto the version this stream
+//! holds (the hello says the agent applies them; `control/endpoints.rs`):
+//! a delta onto any other version is answered `want_full`, and govd sends
+//! the whole set.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -48,6 +55,7 @@ pub use reach::urls;
 pub(crate) use reach::{chain, now_unix_ms};
 
 pub(crate) mod backoff;
+pub(crate) mod endpoints;
 pub(crate) mod reach;
 
 /// File name of the last good config in the state directory.
@@ -410,6 +418,7 @@ async fn session(
             .map(Latch::to_proto)
             .collect(),
         inbound_mtls: options.inbound_mtls,
+        endpoint_deltas: true,
     };
     // The queue is fresh: the hello always fits.
     let _ = tx.try_send(send(proto::agent_message::Msg::Hello(hello)));
@@ -448,6 +457,8 @@ async fn session(
         f(true);
     }
 
+    // The endpoint set versions are this stream's: govd sends every set anew.
+    let mut held = endpoints::Held::default();
     let mut stats = tokio::time::interval(options.stats_interval);
     stats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -459,7 +470,7 @@ async fn session(
                     Ok(None) => return Ok(()),
                     Err(status) => return Err(ControlError::Stream(status)),
                 };
-                if let Some(reply) = handle(engine, options, current, msg).await
+                if let Some(reply) = handle(engine, options, current, &mut held, msg).await
                     && tx.send(send(reply)).await.is_err()
                 {
                     return Ok(());
@@ -511,6 +522,7 @@ async fn handle(
     engine: &Engine,
     options: &ControlOptions,
     current: &mut String,
+    held: &mut endpoints::Held,
     msg: proto::ControlMessage,
 ) -> Option<proto::agent_message::Msg> {
     match msg.msg? {
@@ -629,23 +641,19 @@ async fn handle(
             }
             None
         }
-        ControlMsg::Endpoints(endpoints) => {
-            tracing::debug!(
-                service = %endpoints.service,
-                instances = endpoints.instances.len(),
-                "endpoints"
-            );
-            if let Some(f) = &options.on_endpoints {
-                f(&endpoints);
-            }
-            // Applied: govd counts this toward a `wait for gov`.
-            Some(proto::agent_message::Msg::EndpointsAck(
-                proto::EndpointsAck {
-                    service: endpoints.service,
-                    version: endpoints.version,
-                },
-            ))
-        }
+        ControlMsg::Endpoints(endpoints) => Some(proto::agent_message::Msg::EndpointsAck(
+            held.on_full(endpoints, |e| apply_endpoints(options, e)),
+        )),
+        ControlMsg::EndpointsDelta(delta) => Some(proto::agent_message::Msg::EndpointsAck(
+            held.on_delta(delta, |e| apply_endpoints(options, e)),
+        )),
+    }
+}
+
+/// A whole set (pushed or made by a delta) to the balancer.
+fn apply_endpoints(options: &ControlOptions, endpoints: &proto::Endpoints) {
+    if let Some(f) = &options.on_endpoints {
+        f(endpoints);
     }
 }
 
@@ -800,8 +808,14 @@ mod tests {
             })),
         };
         let mut current = "v0".to_owned();
-        let Some(proto::agent_message::Msg::Ack(ack)) =
-            handle(&engine, &options, &mut current, config("v1")).await
+        let Some(proto::agent_message::Msg::Ack(ack)) = handle(
+            &engine,
+            &options,
+            &mut current,
+            &mut endpoints::Held::default(),
+            config("v1"),
+        )
+        .await
         else {
             panic!("no ACK");
         };
@@ -816,8 +830,14 @@ mod tests {
         assert_eq!(current, "v0");
         // Room again: the next push is saved and ACKed plainly.
         fs::remove_dir_all(&blocker).unwrap();
-        let Some(proto::agent_message::Msg::Ack(ack)) =
-            handle(&engine, &options, &mut current, config("v2")).await
+        let Some(proto::agent_message::Msg::Ack(ack)) = handle(
+            &engine,
+            &options,
+            &mut current,
+            &mut endpoints::Held::default(),
+            config("v2"),
+        )
+        .await
         else {
             panic!("no ACK");
         };
@@ -830,12 +850,77 @@ mod tests {
         assert!(told[0].is_some() && told[1].is_none(), "{told:?}");
         // Without a state directory nothing is saved, by design: not unsaved.
         options.state_dir = None;
-        let Some(proto::agent_message::Msg::Ack(ack)) =
-            handle(&engine, &options, &mut current, config("v3")).await
+        let Some(proto::agent_message::Msg::Ack(ack)) = handle(
+            &engine,
+            &options,
+            &mut current,
+            &mut endpoints::Held::default(),
+            config("v3"),
+        )
+        .await
         else {
             panic!("no ACK");
         };
         assert_eq!((ack.unsaved.as_str(), current.as_str()), ("", "v3"));
+    }
+
+    /// Issue 35: a whole set, then deltas onto it reach the balancer as whole
+    /// sets and are ACKed with their versions; a delta onto a version this
+    /// stream does not hold changes nothing and asks govd for the whole set.
+    #[tokio::test]
+    async fn endpoint_deltas_apply_onto_their_base_and_a_mismatch_asks_for_the_whole_set() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut options = ControlOptions::new("http://127.0.0.1:1", "web", "w1");
+        let s = seen.clone();
+        options.on_endpoints = Some(Arc::new(move |e: &proto::Endpoints| {
+            let ids = e.instances.iter().map(|i| i.instance.clone()).collect();
+            s.lock().unwrap().push((e.version, ids));
+        }));
+        let engine = Engine::empty("web");
+        let mut current = String::new();
+        let mut held = endpoints::Held::default();
+        let instance = |id: &str| proto::Instance {
+            instance: id.into(),
+            address: "127.0.0.1:9001".into(),
+            phase: proto::Phase::Ready as i32,
+            weight_milli_percent: 100_000,
+            mtls: false,
+        };
+        let full = proto::ControlMessage {
+            msg: Some(ControlMsg::Endpoints(proto::Endpoints {
+                service: "inv".into(),
+                instances: vec![instance("a"), instance("b")],
+                version: 7,
+            })),
+        };
+        let delta = |base: u64, version: u64, up: &[&str], rm: &[&str]| proto::ControlMessage {
+            msg: Some(ControlMsg::EndpointsDelta(proto::EndpointsDelta {
+                service: "inv".into(),
+                version,
+                base_version: base,
+                upserted: up.iter().map(|i| instance(i)).collect(),
+                removed: rm.iter().map(|i| (*i).to_owned()).collect(),
+            })),
+        };
+        let ack = |reply: Option<proto::agent_message::Msg>| match reply {
+            Some(proto::agent_message::Msg::EndpointsAck(a)) => (a.version, a.want_full),
+            other => panic!("not an endpoints ack: {other:?}"),
+        };
+        let mut handle = async |msg| handle(&engine, &options, &mut current, &mut held, msg).await;
+        // A delta before any whole set: nothing to apply it onto.
+        assert_eq!(ack(handle(delta(6, 7, &["c"], &[])).await), (0, true));
+        assert_eq!(ack(handle(full).await), (7, false));
+        assert_eq!(ack(handle(delta(7, 8, &["c"], &["a"])).await), (8, false));
+        // A delta onto another version than the one held: refused, set kept.
+        assert_eq!(ack(handle(delta(9, 10, &[], &["b"])).await), (8, true));
+        assert_eq!(ack(handle(delta(8, 9, &[], &["b"])).await), (9, false));
+        let seen = seen.lock().unwrap().clone();
+        let expected: Vec<(u64, Vec<String>)> = vec![
+            (7, vec!["a".into(), "b".into()]),
+            (8, vec!["b".into(), "c".into()]),
+            (9, vec!["c".into()]),
+        ];
+        assert_eq!(seen, expected, "the balancer saw only whole, right sets");
     }
 
     #[test]

@@ -57,8 +57,10 @@ pub struct Agent {
     pub(super) phase: pb::Phase,
     /// Slow-start weight from its lifecycle (100% = 100000).
     pub(super) weight_milli_percent: u32,
-    /// The endpoint set version it acknowledged, per service.
+    /// The endpoint set version it acknowledged, per service (this stream's).
     pub(super) endpoints_acked: BTreeMap<String, u64>,
+    /// It applies endpoint deltas (its hello says so).
+    pub(super) endpoint_deltas: bool,
     /// It deregistered (DRAINING) and waits to hear that every agent dropped
     /// it: `Some(v)` once the set version `v` without it was pushed.
     pub(super) removal: Option<Removal>,
@@ -235,6 +237,7 @@ impl Agent {
             phase: pb::Phase::Unspecified,
             weight_milli_percent: 0,
             endpoints_acked: BTreeMap::new(),
+            endpoint_deltas: false,
             removal: None,
             last_seen_unix_ms: now,
             stats: None,
@@ -374,6 +377,7 @@ impl Agent {
         identity.clone_into(&mut self.identity);
         self.address = hello.address;
         self.mtls = hello.inbound_mtls;
+        self.endpoint_deltas = hello.endpoint_deltas;
         self.labels = hello.labels.into_iter().collect();
         self.conn = Some(conn);
         self.version.clone_from(&hello.last_version);
