@@ -444,3 +444,70 @@ async fn govd_shows_each_agents_phase_and_weight_from_start_to_drain() {
     .await;
     a.stop().await;
 }
+
+/// The endpoints of `inv` that `agent`'s outbound balancer holds now, with
+/// their weights (its `/metrics`: one series per endpoint of the directory).
+async fn balancer_set(agent: &Agent) -> Vec<(String, String)> {
+    let (_, _, body) = http_get(agent.admin, "/metrics").await;
+    let mut set: Vec<(String, String)> = body
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("gov_agent_endpoint_weight_ratio{service=\"inv\",endpoint=\"")
+        })
+        .filter_map(|l| l.split_once("\"} "))
+        .map(|(endpoint, weight)| (endpoint.to_owned(), weight.to_owned()))
+        .collect();
+    set.sort();
+    set
+}
+
+/// Issue 35: a real caller follows instances joining and leaving by deltas
+/// onto the set it acknowledged (govd sends one instance, not the set), and
+/// its balancer ends with exactly the instances registered, at full weight.
+#[tokio::test]
+async fn a_caller_follows_joins_and_leaves_by_endpoint_deltas() {
+    let dir = tempfile::tempdir().unwrap();
+    let govd = control_plane(&dir.path().join("state")).start().await;
+    apply_inv_and_web(&govd, dir.path(), "  capacity workers 10\n").await;
+    let web = agent("web", "web-1")
+        .control_plane(&govd)
+        .outbound()
+        .log_filter("info,gov_agent::control::endpoints=debug")
+        .start(dir.path())
+        .await;
+    let expect = |agents: &[&Agent]| {
+        let mut set: Vec<(String, String)> = agents
+            .iter()
+            .map(|a| (a.inbound.to_string(), "1".to_owned()))
+            .collect();
+        set.sort();
+        set
+    };
+    let settles = async |what: &str, want: Vec<(String, String)>| {
+        wait_until(what, Duration::from_secs(30), async || {
+            balancer_set(&web).await == want
+        })
+        .await;
+    };
+    let a = inv_instance(&govd, dir.path(), "a").await;
+    settles("the caller's set to be {a}", expect(&[&a])).await;
+    let b = inv_instance(&govd, dir.path(), "b").await;
+    settles("the caller's set to be {a, b}", expect(&[&a, &b])).await;
+    let c = inv_instance(&govd, dir.path(), "c").await;
+    settles("the caller's set to be {a, b, c}", expect(&[&a, &b, &c])).await;
+    assert_eq!(reached(web.outbound.unwrap(), 3).await, ["a", "b", "c"]);
+    b.stop().await;
+    settles("the caller's set to be {a, c}", expect(&[&a, &c])).await;
+    let d = inv_instance(&govd, dir.path(), "d").await;
+    settles("the caller's set to be {a, c, d}", expect(&[&a, &c, &d])).await;
+    a.kill().await;
+    settles("the caller's set to be {c, d}", expect(&[&c, &d])).await;
+    assert_eq!(reached(web.outbound.unwrap(), 2).await, ["c", "d"]);
+
+    // Joins and leaves after the first set came as deltas; none was refused.
+    let log = read(&web.log);
+    let deltas = log.matches("endpoints delta").count();
+    assert!(deltas >= 4, "{deltas} deltas:\n{log}");
+    assert!(!log.contains("asking govd for the whole set"), "{log}");
+    drop((c, d));
+}

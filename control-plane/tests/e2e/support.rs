@@ -304,6 +304,8 @@ pub struct AgentBuilder {
     pub token: AgentToken,
     pub outbound: bool,
     pub args: Vec<std::ffi::OsString>,
+    /// `GOV_LOG` (`info` unless told).
+    pub log_filter: String,
 }
 
 pub fn agent(service: &str, instance: &str) -> AgentBuilder {
@@ -316,6 +318,7 @@ pub fn agent(service: &str, instance: &str) -> AgentBuilder {
         token: AgentToken::Service,
         outbound: false,
         args: Vec::new(),
+        log_filter: "info".into(),
     }
 }
 
@@ -378,6 +381,12 @@ impl AgentBuilder {
         self
     }
     /// Also an outbound listener (no `--instances`: govd says where calls go).
+    /// Its logs filtered by `filter` (`GOV_LOG`), not `info`.
+    pub fn log_filter(mut self, filter: &str) -> Self {
+        filter.clone_into(&mut self.log_filter);
+        self
+    }
+
     pub fn outbound(mut self) -> Self {
         self.outbound = true;
         self
@@ -392,7 +401,7 @@ impl AgentBuilder {
             .arg("--control-plane")
             .arg(&self.control_plane)
             .args(["--drain-timeout", "1s"])
-            .env("GOV_LOG", "info")
+            .env("GOV_LOG", &self.log_filter)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .kill_on_drop(true);
