@@ -102,12 +102,11 @@ impl Registry {
     }
 
     /// The full sets a new stream is sent with its hello: every service's
-    /// last pushed set that has an instance, encoded once per version.
+    /// last pushed set, encoded once per version. An empty one too: it
+    /// clears what the agent kept from before, and its ACK is what a
+    /// removal of that service's last instance waits for.
     pub(super) fn fulls(&self) -> impl Iterator<Item = &Encoded> {
-        self.sets
-            .values()
-            .filter(|p| !p.instances.is_empty())
-            .map(|p| &p.full)
+        self.sets.values().map(|p| &p.full)
     }
 
     /// The registered instances of `service` among `agents` (govd is the

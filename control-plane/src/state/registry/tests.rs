@@ -266,6 +266,28 @@ fn a_removal_sent_as_a_delta_ends_once_every_caller_acked_it() {
     assert!(told, "`a` hears its removal is acknowledged");
 }
 
+#[test]
+fn a_stream_that_comes_after_the_last_instance_left_gets_the_empty_set() {
+    let mut f = two_callers_one_instance();
+    let out = f.phase("a", pb::Phase::Draining);
+    // The empty set is smaller than a delta that removes `a`: whole.
+    assert_eq!(sent_to(&out, "new"), [full(2, &[])]);
+    // A caller connecting now (or again) is told the set is empty: it drops
+    // what it kept, and the removal can count its acknowledgement.
+    let out = f.hello("web", "late", true);
+    assert_eq!(sent_to(&out, "late"), [full(2, &[])]);
+    let waiting = |f: &Fleet| {
+        let a = f.s.agent(&f.stream("a").0).expect("a");
+        f.s.removal_waiting_on(a)
+    };
+    assert_eq!(waiting(&f), ["web/late", "web/new", "web/old"]);
+    f.ack("new", 2);
+    f.ack("old", 2);
+    assert_eq!(waiting(&f), ["web/late"]);
+    f.ack("late", 2);
+    assert!(waiting(&f).is_empty());
+}
+
 /// Bytes on the wire to one caller for one instance joining a set of `n`:
 /// the whole set (what an agent without deltas gets, and every agent got
 /// before issue 35) and the delta.
