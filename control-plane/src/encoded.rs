@@ -26,6 +26,20 @@ const CONFIG_FIELD: u32 = 1;
 /// `Config.nonce`: field 2.
 const NONCE_FIELD: u32 = 2;
 
+/// The first byte of a `ControlMessage` whose oneof is `endpoints` (field
+/// 3) or `endpoints_delta` (field 4): the field's key, length-delimited.
+const ENDPOINTS_KEY: u8 = (3 << 3) | 2;
+const ENDPOINTS_DELTA_KEY: u8 = (4 << 3) | 2;
+
+/// How an endpoint set goes to an agent (issue 35).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndpointsForm {
+    /// `Endpoints`: the whole set.
+    Full,
+    /// `EndpointsDelta`: one change onto the version the agent holds.
+    Delta,
+}
+
 /// One `ControlMessage` as it goes on the wire: `head`, then `shared` (the
 /// same bytes for every agent it is sent to), then `tail`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -74,6 +88,20 @@ impl Encoded {
     /// The nonce of a config push.
     pub fn nonce(&self) -> Option<&str> {
         self.nonce.as_deref()
+    }
+
+    /// Whether these bytes are an endpoint set, whole or a delta (read from
+    /// the message's one field key: a message of [`Encoded::new`] is all
+    /// `shared`).
+    pub fn endpoints_form(&self) -> Option<EndpointsForm> {
+        if !self.head.is_empty() {
+            return None;
+        }
+        match self.shared.first() {
+            Some(&ENDPOINTS_KEY) => Some(EndpointsForm::Full),
+            Some(&ENDPOINTS_DELTA_KEY) => Some(EndpointsForm::Delta),
+            _ => None,
+        }
     }
 
     /// Bytes on the wire.
@@ -278,5 +306,18 @@ mod tests {
         assert_eq!(one.shared().as_ptr(), two.shared().as_ptr());
         assert_eq!(two.message(), msg);
         assert_eq!(one.nonce(), None);
+        assert_eq!(one.endpoints_form(), Some(EndpointsForm::Full));
+        let delta = Encoded::new(&pb::ControlMessage {
+            msg: Some(pb::control_message::Msg::EndpointsDelta(
+                pb::EndpointsDelta::default(),
+            )),
+        });
+        assert_eq!(delta.endpoints_form(), Some(EndpointsForm::Delta));
+        let config = Encoded::config(&EncodedTargets::default().get(&target("v1")), "n");
+        assert_eq!(config.endpoints_form(), None);
+        let command = Encoded::new(&pb::ControlMessage {
+            msg: Some(pb::control_message::Msg::Command(pb::Command::default())),
+        });
+        assert_eq!(command.endpoints_form(), None);
     }
 }

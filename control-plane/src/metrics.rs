@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use bytes::Bytes;
+
+use crate::encoded::EndpointsForm;
 use gov_proto::prom::{Encoder, le_label};
 use gov_proto::v1 as pb;
 use http::{Method, Request, Response, StatusCode, header};
@@ -34,6 +36,9 @@ const MAX_PENDING: usize = 10_000;
 pub(crate) struct Metrics {
     applies: [AtomicU64; ApplyOutcome::ALL.len()],
     pushes: AtomicU64,
+    /// Endpoint sets sent, and their bytes, whole and as deltas.
+    endpoint_pushes: [AtomicU64; 2],
+    endpoint_bytes: [AtomicU64; 2],
     acks: AtomicU64,
     nacks: AtomicU64,
     answered: Histogram,
@@ -139,6 +144,14 @@ impl Metrics {
 
     /// Messages about to be sent: config pushes start their clock.
     pub(crate) fn on_send(&self, msg: &crate::encoded::Encoded) {
+        if let Some(form) = msg.endpoints_form() {
+            let i = form as usize;
+            if let (Some(n), Some(b)) = (self.endpoint_pushes.get(i), self.endpoint_bytes.get(i)) {
+                n.fetch_add(1, Relaxed);
+                b.fetch_add(u64::try_from(msg.len()).unwrap_or(u64::MAX), Relaxed);
+            }
+            return;
+        }
         let Some(nonce) = msg.nonce() else {
             return;
         };
@@ -278,6 +291,34 @@ impl Metrics {
             "Configs sent to agents (each answered by an ACK or a NACK).",
         );
         enc.sample("govd_config_pushes_total", &[], self.pushes.load(Relaxed));
+        let forms = [
+            (EndpointsForm::Full, "full"),
+            (EndpointsForm::Delta, "delta"),
+        ];
+        enc.family(
+            "govd_endpoint_pushes_total",
+            "counter",
+            "Endpoint sets sent to agents, by form: full (the whole set) or delta (one change onto the version the agent acknowledged).",
+        );
+        for (form, label) in forms {
+            let n = self
+                .endpoint_pushes
+                .get(form as usize)
+                .map_or(0, |c| c.load(Relaxed));
+            enc.sample("govd_endpoint_pushes_total", &[("form", label)], n);
+        }
+        enc.family(
+            "govd_endpoint_push_bytes_total",
+            "counter",
+            "Bytes of the endpoint sets sent to agents (encoded messages), by form.",
+        );
+        for (form, label) in forms {
+            let n = self
+                .endpoint_bytes
+                .get(form as usize)
+                .map_or(0, |c| c.load(Relaxed));
+            enc.sample("govd_endpoint_push_bytes_total", &[("form", label)], n);
+        }
         enc.family(
             "govd_config_acks_total",
             "counter",
@@ -430,9 +471,38 @@ mod tests {
         // An answer to an unknown push counts, but has no time.
         m.on_agent_message(&pb::agent_message::Msg::Ack(pb::Ack::default()));
         m.on_apply(ApplyOutcome::Applied);
+        // Endpoint sets are counted apart, by form, with their bytes.
+        let endpoints = |msg| crate::encoded::Encoded::new(&pb::ControlMessage { msg: Some(msg) });
+        let full = endpoints(pb::control_message::Msg::Endpoints(pb::Endpoints {
+            service: "inv".into(),
+            ..Default::default()
+        }));
+        let delta = endpoints(pb::control_message::Msg::EndpointsDelta(
+            pb::EndpointsDelta {
+                service: "inv".into(),
+                removed: vec!["a".into()],
+                ..Default::default()
+            },
+        ));
+        m.on_send(&full);
+        m.on_send(&delta);
+        m.on_send(&delta);
         let text = m.render(&pb::ClusterView::default(), true);
+        let full_bytes = format!(
+            "govd_endpoint_push_bytes_total{{form=\"full\"}} {}\n",
+            full.len()
+        );
+        let delta_bytes = format!(
+            "govd_endpoint_push_bytes_total{{form=\"delta\"}} {}\n",
+            2 * delta.len()
+        );
+        for line in [full_bytes.as_str(), delta_bytes.as_str()] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
         for line in [
             "govd_config_pushes_total 2\n",
+            "govd_endpoint_pushes_total{form=\"full\"} 1\n",
+            "govd_endpoint_pushes_total{form=\"delta\"} 2\n",
             "govd_config_acks_total 2\n",
             "govd_config_nacks_total 1\n",
             "govd_config_answer_seconds_bucket{le=\"0.025\"} 0\n",

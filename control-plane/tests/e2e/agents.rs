@@ -467,7 +467,10 @@ async fn balancer_set(agent: &Agent) -> Vec<(String, String)> {
 #[tokio::test]
 async fn a_caller_follows_joins_and_leaves_by_endpoint_deltas() {
     let dir = tempfile::tempdir().unwrap();
-    let govd = control_plane(&dir.path().join("state")).start().await;
+    let govd = control_plane(&dir.path().join("state"))
+        .metrics()
+        .start()
+        .await;
     apply_inv_and_web(&govd, dir.path(), "  capacity workers 10\n").await;
     let web = agent("web", "web-1")
         .control_plane(&govd)
@@ -509,5 +512,19 @@ async fn a_caller_follows_joins_and_leaves_by_endpoint_deltas() {
     let deltas = log.matches("endpoints delta").count();
     assert!(deltas >= 4, "{deltas} deltas:\n{log}");
     assert!(!log.contains("asking govd for the whole set"), "{log}");
+    // govd counted them, and what they cost: a delta is one instance.
+    let (_, _, metrics) = http_get(govd.metrics.unwrap(), "/metrics").await;
+    let counter = |name: &str, form: &str| -> u64 {
+        let prefix = format!("{name}{{form=\"{form}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in\n{metrics}"))
+    };
+    let pushed = counter("govd_endpoint_pushes_total", "delta");
+    assert!(pushed >= 4, "{pushed} deltas pushed:\n{metrics}");
+    let bytes = counter("govd_endpoint_push_bytes_total", "delta");
+    assert!(bytes <= pushed * 100, "{bytes} bytes in {pushed} deltas");
     drop((c, d));
 }
