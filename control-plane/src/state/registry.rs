@@ -160,7 +160,12 @@ impl Registry {
             let Some(agent) = agents.get(&key) else {
                 continue;
             };
+            let acked = agent.endpoints_acked.get(&service).copied();
             let msg = match self.sets.get(&service) {
+                // It acknowledged this version already: an ask is not a
+                // reason to send the set again (nor a way to have it sent
+                // over and over).
+                Some(p) if acked >= Some(p.version) => continue,
                 Some(p) => p.full.clone(),
                 // Never pushed: govd knows no instance of it.
                 None => full(&service, 0, &BTreeMap::new()),

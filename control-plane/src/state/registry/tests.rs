@@ -181,14 +181,18 @@ fn a_lost_ack_gets_the_whole_set_and_so_does_an_agent_that_asks() {
     f.hello("inv", "ccc", true);
     let out = f.phase("ccc", pb::Phase::Ready);
     assert_eq!(sent_to(&out, "new"), [full(3, &["a", "bb", "ccc"])]);
-    f.ack("new", 3);
-    // A delta it cannot apply: it names the version it holds and asks.
+    // An agent that could not apply a delta names the version it holds and
+    // asks: the whole set of the version govd is at goes to it alone.
     let out = f.says("new", ack(2, true));
     assert_eq!(sent_to(&out, "new"), [full(3, &["a", "bb", "ccc"])]);
     assert!(
         sent_to(&out, "old").is_empty(),
         "only to the agent that asked"
     );
+    f.ack("new", 3);
+    // It holds 3 (acknowledged): asking again sends nothing.
+    let out = f.says("new", ack(0, true));
+    assert!(sent_to(&out, "new").is_empty());
     // Its acknowledgement never goes back for the ask: 4 is a delta onto 3.
     let out = f.phase("bb", pb::Phase::Draining);
     assert_eq!(sent_to(&out, "new"), [delta(3, 4, &[], &["bb"])]);
