@@ -21,7 +21,10 @@
 //!
 //! `GOV_BENCH_GOVD=PATH` runs another `govd` binary (a copy of an earlier
 //! build) against the same simulator, for before/after comparisons in one
-//! session.
+//! session. `GOV_BENCH_ETCD=etcd://HOST:PORT,...` keeps govd's state in
+//! that etcd (`--store`, a prefix of its own per run) instead of a state
+//! directory, and prints the bytes etcd's members received from clients per
+//! apply (their `/metrics`: the state, audit records, the agents' registry).
 //!
 //! After the applies it prints the size of one `Status` answer (every
 //! agent's row, and the summary `govc status` asks for) and of the `Watch`
@@ -254,7 +257,17 @@ async fn main() {
     let hold = std::env::var("GOV_BENCH_HOLD")
         .ok()
         .map(|v| v.parse::<u64>().expect("GOV_BENCH_HOLD: seconds").min(3600));
-    let (mut govd, pid, addr) = spawn_govd(&govd_bin, dir.path(), "127.0.0.1:0", agents).await;
+    let etcd = std::env::var("GOV_BENCH_ETCD").ok();
+    let store: [std::ffi::OsString; 2] = match &etcd {
+        // A prefix of its own per run: no state of an earlier run.
+        Some(etcd) => [
+            "--store".into(),
+            format!("{etcd}/bench-sim-{}", std::process::id()).into(),
+        ],
+        None => ["--state-dir".into(), dir.path().join("state").into()],
+    };
+    let (mut govd, pid, addr) =
+        spawn_govd(&govd_bin, dir.path(), &store, "127.0.0.1:0", agents).await;
     let url = format!("http://{addr}");
     let mut client = gov_control_plane::client::connect(&url, Duration::from_secs(5))
         .await
@@ -309,6 +322,7 @@ async fn main() {
     // One warm-up apply (first compile, first file creation), then the measured ones.
     let mut times = Vec::with_capacity(applies);
     let mut apply_cpu = Duration::ZERO;
+    let mut etcd_bytes = 0;
     for i in 0..=applies {
         let request = pb::ApplyRequest {
             sources: vec![pb::SourceFile {
@@ -323,6 +337,7 @@ async fn main() {
             ..Default::default()
         };
         let c = cpu(pid);
+        let received = etcd_received(etcd.as_deref());
         let t = Instant::now();
         let result = client.apply(request).await.unwrap().into_inner();
         let elapsed = t.elapsed();
@@ -339,6 +354,7 @@ async fn main() {
         if i > 0 {
             times.push(elapsed);
             apply_cpu += cpu(pid) - c;
+            etcd_bytes += etcd_received(etcd.as_deref()) - received;
         }
     }
     let rss_loaded = rss_kib(pid);
@@ -346,7 +362,8 @@ async fn main() {
     let per_agent = |kib: u64| (kib.saturating_sub(rss_idle)) as f64 / agents as f64;
 
     println!(
-        "govd: {govd_bin}; agents: {agents} ({per_connection} per HTTP/2 connection), applies: {applies}"
+        "govd: {govd_bin}; store: {}; agents: {agents} ({per_connection} per HTTP/2 connection), applies: {applies}",
+        store[1].to_string_lossy()
     );
     println!(
         "connect: all {agents} connected in {:.2} s, govd CPU {:.2} s",
@@ -366,6 +383,12 @@ async fn main() {
         ms(times[times.len() - 1]),
         ms(apply_cpu) / applies as f64
     );
+    if etcd.is_some() {
+        println!(
+            "etcd: {} bytes received from clients per apply (until all ACKed)",
+            etcd_bytes / applies.max(1) as u64
+        );
+    }
     println!(
         "govd RSS: {rss_idle} KiB idle, {rss_connected} KiB connected ({:.1} KiB per agent), {rss_loaded} KiB after the applies ({:.1} KiB per agent)",
         per_agent(rss_connected),
@@ -390,7 +413,7 @@ async fn main() {
         let refused0 = counts.refused.load(Relaxed);
         govd.kill().await.unwrap();
         let killed = Instant::now();
-        let (restarted, pid, _) = spawn_govd(&govd_bin, dir.path(), &addr, agents).await;
+        let (restarted, pid, _) = spawn_govd(&govd_bin, dir.path(), &store, &addr, agents).await;
         govd = restarted;
         let mut client = loop {
             if let Ok(c) = gov_control_plane::client::connect(&url, Duration::from_secs(5)).await {
@@ -488,18 +511,43 @@ async fn synced(client: &mut ControlPlaneClient<Channel>) -> Option<usize> {
     )
 }
 
-/// `govd` on `listen` with the state directory in `dir`, room for `agents`:
-/// its process, pid and address.
+/// Bytes the members of `etcd` (`etcd://HOST:PORT,...`) received from
+/// clients so far, from their `/metrics`; 0 without it.
+fn etcd_received(etcd: Option<&str>) -> u64 {
+    use std::io::{Read as _, Write as _};
+    let Some(url) = etcd else { return 0 };
+    let hosts = url.trim_start_matches("etcd://").split('/').next().unwrap();
+    hosts
+        .split(',')
+        .map(|host| {
+            let mut stream = std::net::TcpStream::connect(host).unwrap();
+            let request = format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n");
+            stream.write_all(request.as_bytes()).unwrap();
+            let mut text = String::new();
+            stream.read_to_string(&mut text).unwrap();
+            let value = text
+                .lines()
+                .find_map(|l| l.strip_prefix("etcd_network_client_grpc_received_bytes_total "))
+                .expect("etcd's /metrics count the bytes received from clients");
+            value.trim().parse::<f64>().unwrap() as u64
+        })
+        .sum()
+}
+
+/// `govd` on `listen` with its log in `dir` and its state where `store`
+/// says (`--state-dir DIR` or `--store URL`), room for `agents`: its
+/// process, pid and address.
 async fn spawn_govd(
     bin: &str,
     dir: &std::path::Path,
+    store: &[std::ffi::OsString],
     listen: &str,
     agents: usize,
 ) -> (tokio::process::Child, u32, String) {
     let log = dir.join("govd.log");
     let govd = tokio::process::Command::new(bin)
-        .args(["--insecure", "--listen", listen, "--state-dir"])
-        .arg(dir.join("state"))
+        .args(["--insecure", "--listen", listen])
+        .args(store)
         // Room for every simulated agent (the default cap is 1,024).
         .arg("--max-connections")
         .arg((agents + 16).to_string())

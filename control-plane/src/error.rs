@@ -35,6 +35,15 @@ pub enum Error {
     )]
     MissingText { path: String, address: String },
 
+    #[error(
+        "the state file `{path}` names a service's compiled config it does not hold (`{part}`)"
+    )]
+    #[diagnostic(
+        code(gov::govd::missing_config),
+        help("restore it from a backup, or move it away to start with an empty state")
+    )]
+    MissingConfig { path: String, part: String },
+
     #[error("cannot encode the state")]
     #[diagnostic(code(gov::govd::encode))]
     Encode(#[source] serde_json::Error),

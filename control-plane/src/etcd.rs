@@ -8,8 +8,8 @@
 //!   `PREFIX/revision`, conditioned on that key's mod revision
 //!   (compare-and-swap): of two replicas writing from one revision, the
 //!   loser reloads. A new latch writes its part and `PREFIX/revision`. New
-//!   source texts go just before (content-addressed: harmless if the write
-//!   fails), removals past one transaction just after (`txn.rs`).
+//!   source texts and services' configs go just before (content-addressed:
+//!   harmless if the write fails), removals past one txn after (`txn.rs`).
 //! - `PREFIX/state`: the whole state in one value, as earlier releases kept
 //!   it (`crate::store::legacy`): read while `PREFIX/revision` does not
 //!   exist, converted to parts at start ([`EtcdStore::load_converted`]).
@@ -48,7 +48,7 @@ use crate::store::{
 pub use config::EtcdConfig;
 use config::etcd_error;
 pub use tls::EtcdTlsFiles;
-use txn::{Split, batches, mod_revisions, split, state_of, transient, txn_op};
+use txn::{Split, batches, mod_revisions, removals, split, state_of, transient, txn_op};
 
 /// Each etcd call gives up after this (the store is then unavailable, and
 /// the caller says so).
@@ -341,8 +341,9 @@ impl EtcdStore {
                 .iter()
                 .map(|op| txn_op(&self.config, op, &mut bytes))
                 .collect();
-            if let Err(error) = self.txn(Txn::new().and_then(ops), "remove parts").await {
-                tracing::warn!(error = %crate::error::one_line(&error), "cannot remove parts of the state; trying again with the next write");
+            let done = self.txn(removals(&rev_key, revision, ops), "remove parts");
+            let done = done.await.inspect_err(|error| tracing::warn!(error = %crate::error::one_line(error), "cannot remove parts of the state; trying again with the next write"));
+            if !done.is_ok_and(|r| r.succeeded()) {
                 left.extend(batch.iter().map(|op| op.name().to_owned()));
             }
         }

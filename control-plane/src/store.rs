@@ -2,8 +2,9 @@
 //!
 //! - [`DirStore`], the embedded default (`--state-dir`): the shared state
 //!   in parts, one file each (`store/parts.rs`): the policy in force, each
-//!   history entry, each distinct source text, each latch, each rule's last
-//!   release, a running canary. A write writes only the parts that changed
+//!   service's compiled config (`store/targets.rs`), each history entry,
+//!   each distinct source text, each latch, each rule's last release, a
+//!   running canary. A write writes only the parts that changed
 //!   (a new latch its part), each atomically: temp file, fsync, rename, fsync
 //!   of the directory, so a crash leaves the old file or the new one, never
 //!   a torn one, and the parts' order makes every prefix of a write
@@ -38,6 +39,7 @@ mod files;
 pub mod legacy;
 mod model;
 pub mod parts;
+mod targets;
 pub use agents::{AgentChanges, KnownAgent};
 pub use atomic::write_atomic;
 pub use model::{
@@ -637,6 +639,7 @@ mod tests {
                 "latch",
                 "policy.json",
                 "release",
+                "target",
                 "text",
                 "text"
             ]
@@ -650,6 +653,64 @@ mod tests {
         assert_eq!(after.latches, before.latches);
         assert_eq!(after.releases, before.releases);
         assert_eq!(after.agents, before.agents);
+    }
+
+    /// `tests/fixtures/parts-state/` was written by the govd of the layout
+    /// before services' configs had parts of their own (the legacy fixture
+    /// converted at its start): `policy.json` holds the whole bundle. It
+    /// loads as it is, and the next apply writes the config parts.
+    #[test]
+    fn a_state_directory_before_config_parts_loads_and_the_next_apply_splits_it() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parts-state");
+        let dir = tempfile::tempdir().unwrap();
+        for e in fs::read_dir(&fixture).unwrap() {
+            let e = e.unwrap();
+            fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+        }
+        let store = DirStore::open(dir.path()).unwrap();
+        let mut state = store.load_now().unwrap().state;
+        assert_eq!(store.bytes_written(), 0, "read as it is");
+        let policy = state.applied.clone().unwrap();
+        assert_eq!(policy.version, "0132180f030b77d8");
+        let services: Vec<&str> = policy
+            .bundle
+            .targets
+            .iter()
+            .map(|t| t.service.as_str())
+            .collect();
+        assert_eq!(services, ["fixture_order"]);
+        assert!(!policy.bundle.targets[0].rules.is_empty());
+        assert_eq!(state.history.len(), 2);
+        assert_eq!(state.history[1].sources, policy.sources);
+        assert_eq!(
+            (
+                state.latches.len(),
+                state.releases.len(),
+                state.agents.len()
+            ),
+            (1, 1, 1)
+        );
+        let mut next = policy.clone();
+        next.who = "bob".into();
+        next.at_unix_ms += 1;
+        state.applied = Some(next);
+        store.save(&state).unwrap();
+        let configs = fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_str().unwrap().starts_with("target-")
+            })
+            .count();
+        assert_eq!(configs, 1);
+        let policy_part = fs::read_to_string(dir.path().join("policy.json")).unwrap();
+        assert!(!policy_part.contains("\"bundle\""), "{policy_part}");
+        let back = DirStore::open(dir.path()).unwrap().load().unwrap();
+        let back_policy = back.applied.unwrap();
+        assert_eq!(back_policy.who, "bob");
+        assert_eq!(back_policy.bundle, policy.bundle);
+        assert_eq!(back.history.len(), 2);
+        assert_eq!(back.latches, state.latches);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! What etcd's answers and errors say, and how writes are cut into
 //! transactions etcd takes.
 
-use etcd_client::{DeleteOptions, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::config::EtcdConfig;
 use crate::error::Error;
@@ -65,7 +65,7 @@ pub(super) fn mod_revisions(response: &etcd_client::TxnResponse) -> [Option<Revi
     [found.next().flatten(), found.next().flatten()]
 }
 
-/// A write's operations: the new source texts (and history entries, when
+/// A write's operations: the new source texts and services' configs (and history entries, when
 /// the commit would hold too many) before the commit, the commit's, and
 /// the removals that do not fit in it, after.
 pub(super) struct Split<'a> {
@@ -80,7 +80,10 @@ pub(super) fn split(ops: &[Op], fixed: usize) -> Result<Split<'_>, usize> {
     let (mut pre, mut main, mut removals) = (Vec::new(), Vec::new(), Vec::new());
     for op in ops {
         match op {
-            Op::Put(name, _) if name.starts_with("text-") => pre.push(op),
+            // Content-addressed: nothing names them before the commit.
+            Op::Put(name, _) if name.starts_with("text-") || name.starts_with("target-") => {
+                pre.push(op)
+            }
             Op::Put(..) => main.push(op),
             Op::Delete(_) => removals.push(op),
         }
@@ -101,6 +104,22 @@ pub(super) fn split(ops: &[Op], fixed: usize) -> Result<Split<'_>, usize> {
     let after = removals.split_off(room.min(removals.len()));
     main.extend(removals);
     Ok(Split { pre, main, after })
+}
+
+/// A transaction of removals past the commit at `revision` (`rev_key`'s
+/// mod revision then): made only while no other write came after it. A
+/// replica that read the state before these removals ran may name again,
+/// in its own commit, a part they remove (a source text, a service's
+/// config it holds and so does not put again); that part is then left, and
+/// removed by a later write that finds nothing names it.
+pub(super) fn removals(rev_key: &str, revision: Revision, ops: Vec<TxnOp>) -> Txn {
+    Txn::new()
+        .when(vec![Compare::mod_revision(
+            rev_key,
+            CompareOp::Equal,
+            revision,
+        )])
+        .and_then(ops)
 }
 
 /// The transaction operation of `op`, its bytes counted.

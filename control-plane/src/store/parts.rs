@@ -5,7 +5,8 @@
 //!
 //! | part | holds |
 //! |---|---|
-//! | `policy.json` | the policy in force: version, who, when, its sources by content address, the compiled bundle |
+//! | `policy.json` | the policy in force: version, who, when, its sources by content address, the compiled bundle's version and its services' configs by content address |
+//! | `target-HEX.json` | one service's compiled config, by the sha256 of its contents (`targets.rs`); written once, removed when the policy in force no longer names it |
 //! | `history-UNIXMS-VERSION.json` | one applied version: who, when, the services it changed, its sources by content address |
 //! | `text-HEX.json` | one distinct source text (a JSON string), by the sha256 of its text; written once, removed with the last entry that names it |
 //! | `latch-ID.json` | one tripped fuse or engaged limit (`ID`: a hash of its kind, rule and key) |
@@ -13,8 +14,11 @@
 //! | `canary.json` | a canary apply running |
 //!
 //! A write is a [`Plan`]: its puts in the order that keeps every prefix of
-//! them loadable (texts, history entries, releases, latches, the canary,
-//! then the policy, the commit point of an apply), then its removals.
+//! them loadable (texts, services' configs, history entries, releases,
+//! latches, the canary, then the policy, the commit point of an apply),
+//! then its removals. A `policy.json` written before the configs had parts
+//! of their own holds the whole bundle: it is read as it is, and the next
+//! apply writes the new layout.
 //! Loading repairs what a write cut short leaves: history entries after the
 //! one of the policy in force (an apply that never reached its commit point)
 //! and latches a release covers (a release whose removals did not run) are
@@ -28,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use super::model::{
     AppliedPolicy, HistoryEntry, Persisted, Source, SourceRef, StoredCanary, content_address,
 };
+use super::targets::{self, TARGET};
 use crate::error::Error;
 use crate::latch::{Latch, LatchKind, Released};
 
@@ -44,7 +49,7 @@ const JSON: &str = ".json";
 pub fn is_part(name: &str) -> bool {
     name == POLICY
         || name == CANARY
-        || ([HISTORY, TEXT, LATCH, RELEASE]
+        || ([HISTORY, TEXT, TARGET, LATCH, RELEASE]
             .iter()
             .any(|p| name.starts_with(p))
             && name.ends_with(JSON))
@@ -77,6 +82,11 @@ pub struct Stored {
     policy: Option<(String, String, u64)>,
     /// The text parts the policy names.
     policy_texts: Vec<String>,
+    /// The config parts the policy names, in its bundle's order (empty:
+    /// a policy part of the layout before them, its bundle inline).
+    policy_targets: Vec<String>,
+    /// Config parts (`targets.rs`).
+    targets: BTreeSet<String>,
     /// History entries: the text parts each names.
     history: BTreeMap<String, Vec<String>>,
     texts: BTreeSet<String>,
@@ -107,6 +117,7 @@ impl Stored {
             let Op::Put(name, _) = op else { continue };
             self.history.remove(name);
             self.texts.remove(name);
+            self.targets.remove(name);
             self.latches.remove(name);
             self.releases.remove(name);
             if name == POLICY {
@@ -129,6 +140,7 @@ impl Stored {
         self.history
             .keys()
             .chain(&self.texts)
+            .chain(&self.targets)
             .chain(self.latches.keys())
             .chain(self.releases.keys())
             .chain(&self.others)
@@ -161,14 +173,18 @@ impl Plan {
     }
 }
 
-/// The policy part: the policy with its sources by content address.
+/// The policy part: the policy with its sources and its services'
+/// configs by content address. It has no `bundle`, so that a govd of the
+/// layout before refuses it rather than reads an empty bundle.
 #[derive(Serialize)]
 struct PolicyOut<'a> {
     version: &'a str,
     who: &'a str,
     at_unix_ms: u64,
     sources: Vec<SourceRef>,
-    bundle: &'a pb::Bundle,
+    bundle_version: &'a str,
+    /// Each service's config part (`targets::id`), in the bundle's order.
+    targets: Vec<&'a str>,
     #[serde(skip_serializing_if = "no_shadow")]
     shadow_since: &'a BTreeMap<String, u64>,
 }
@@ -179,7 +195,13 @@ struct PolicyIn {
     who: String,
     at_unix_ms: u64,
     sources: Vec<SourceRef>,
-    bundle: pb::Bundle,
+    /// The whole bundle inline: the layout before config parts.
+    #[serde(default)]
+    bundle: Option<pb::Bundle>,
+    #[serde(default)]
+    bundle_version: String,
+    #[serde(default)]
+    targets: Vec<String>,
     #[serde(default)]
     shadow_since: BTreeMap<String, u64>,
 }
@@ -291,6 +313,7 @@ pub fn plan(base: &Stored, next: &Persisted) -> Result<Plan, Error> {
     };
     let (mut texts, mut history, mut latches, mut releases, mut tail) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut configs = Vec::new();
     for entry in &next.history {
         let name = history_name(entry);
         if let Some(names) = base.history.get(&name).filter(|_| known) {
@@ -332,15 +355,22 @@ pub fn plan(base: &Stored, next: &Persisted) -> Result<Plan, Error> {
         let id = (p.version.clone(), p.who.clone(), p.at_unix_ms);
         if known && base.policy.as_ref() == Some(&id) {
             policy_texts.clone_from(&base.policy_texts);
+            stored.policy_targets.clone_from(&base.policy_targets);
         } else {
             let (sources, names) = refs(&p.sources, &mut have, &mut texts)?;
             policy_texts = names;
+            stored.policy_targets = config_parts(&p.bundle, base, known, &mut configs)?;
             let part = PolicyOut {
                 version: &p.version,
                 who: &p.who,
                 at_unix_ms: p.at_unix_ms,
                 sources,
-                bundle: &p.bundle,
+                bundle_version: &p.bundle.version,
+                targets: stored
+                    .policy_targets
+                    .iter()
+                    .map(|n| targets::id(n))
+                    .collect(),
                 shadow_since: &p.shadow_since,
             };
             tail.push(Op::Put(POLICY.to_owned(), json(&part)?));
@@ -348,6 +378,7 @@ pub fn plan(base: &Stored, next: &Persisted) -> Result<Plan, Error> {
         stored.policy = Some(id);
         stored.policy_texts.clone_from(&policy_texts);
     }
+    stored.targets = stored.policy_targets.iter().cloned().collect();
     // Texts still named by an entry or the policy.
     stored.texts = stored
         .history
@@ -357,6 +388,7 @@ pub fn plan(base: &Stored, next: &Persisted) -> Result<Plan, Error> {
         .cloned()
         .collect();
     let mut ops = texts;
+    ops.append(&mut configs);
     ops.append(&mut history);
     ops.append(&mut releases);
     ops.append(&mut latches);
@@ -365,6 +397,7 @@ pub fn plan(base: &Stored, next: &Persisted) -> Result<Plan, Error> {
         .history
         .keys()
         .chain(&stored.texts)
+        .chain(&stored.targets)
         .chain(stored.latches.keys())
         .chain(stored.releases.keys())
         .collect();
@@ -384,14 +417,34 @@ pub fn plan(base: &Stored, next: &Persisted) -> Result<Plan, Error> {
     Ok(Plan { ops, stored })
 }
 
+/// The config parts of `bundle`'s services, in its order; the parts the
+/// store does not hold yet are put (into `puts`).
+fn config_parts(
+    bundle: &pb::Bundle,
+    base: &Stored,
+    known: bool,
+    puts: &mut Vec<Op>,
+) -> Result<Vec<String>, Error> {
+    let mut names = Vec::with_capacity(bundle.targets.len());
+    let mut put = BTreeSet::new();
+    for target in &bundle.targets {
+        let (name, bytes) = targets::encode(target)?;
+        if !(known && base.targets.contains(&name)) && put.insert(name.clone()) {
+            puts.push(Op::Put(name.clone(), bytes));
+        }
+        names.push(name);
+    }
+    Ok(names)
+}
+
 /// Removals in this order: latches (a release's), releases, history
-/// entries, then texts (no longer named by any).
+/// entries, then texts and configs (no longer named by any).
 fn removal_rank(name: &str) -> (u8, &str) {
-    let rank = [LATCH, RELEASE, HISTORY, TEXT]
+    let rank = [LATCH, RELEASE, HISTORY, TEXT, TARGET]
         .iter()
         .position(|p| name.starts_with(p))
-        .unwrap_or(4);
-    (u8::try_from(rank).unwrap_or(4), name)
+        .unwrap_or(5);
+    (u8::try_from(rank).unwrap_or(5), name)
 }
 
 /// The state the parts hold, and what the store holds (for the next
@@ -410,6 +463,7 @@ pub fn assemble(
         ..Persisted::default()
     };
     let mut texts: BTreeMap<String, String> = BTreeMap::new();
+    let mut configs: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut entries: BTreeMap<String, HistoryEntry> = BTreeMap::new();
     let mut policy = None;
     for (name, bytes) in parts {
@@ -417,6 +471,11 @@ pub fn assemble(
             let text: String = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
             texts.insert(address, text);
             stored.texts.insert(name);
+        } else if name.starts_with(TARGET) {
+            // Read once the policy names it: a config part nothing names is
+            // removed by the next write.
+            stored.targets.insert(name.clone());
+            configs.insert(name, bytes);
         } else if name.starts_with(HISTORY) {
             let entry: HistoryEntry = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
             entries.insert(name, entry);
@@ -434,6 +493,9 @@ pub fn assemble(
             let p: PolicyIn = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
             stored.policy = Some((p.version.clone(), p.who.clone(), p.at_unix_ms));
             stored.policy_texts = p.sources.iter().map(|r| text_name(&r.text)).collect();
+            if p.bundle.is_none() {
+                stored.policy_targets = p.targets.iter().map(|id| targets::name(id)).collect();
+            }
             policy = Some(p);
         }
     }
@@ -461,12 +523,29 @@ pub fn assemble(
         state.history.push(entry);
     }
     if let Some(p) = policy {
+        let bundle = match p.bundle {
+            Some(bundle) => bundle,
+            None => pb::Bundle {
+                version: p.bundle_version,
+                targets: stored
+                    .policy_targets
+                    .iter()
+                    .map(|name| match configs.get(name) {
+                        Some(bytes) => serde_json::from_slice(bytes).map_err(corrupt(name)),
+                        None => Err(Error::MissingConfig {
+                            path: place(POLICY),
+                            part: name.clone(),
+                        }),
+                    })
+                    .collect::<Result<_, _>>()?,
+            },
+        };
         state.applied = Some(AppliedPolicy {
             sources: resolve(POLICY, p.sources)?,
             version: p.version,
             who: p.who,
             at_unix_ms: p.at_unix_ms,
-            bundle: p.bundle,
+            bundle,
             shadow_since: p.shadow_since,
         });
     }
@@ -731,5 +810,112 @@ mod tests {
             source_refs: Vec::new(),
         };
         assert_eq!(history_name(&entry), "history-0000000000001-.._x_y.json");
+    }
+
+    /// A bundle of `n` services, `changed` at `edit` (its consumer header).
+    fn bundle(n: usize, edit: usize) -> pb::Bundle {
+        pb::Bundle {
+            version: format!("b{edit}"),
+            targets: (0..n)
+                .map(|i| pb::TargetConfig {
+                    service: format!("s{i:04}"),
+                    version: format!("{i}-{}", if i == 0 { edit } else { 0 }),
+                    consumer_header: format!("x-consumer-{}", if i == 0 { edit } else { 0 }),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    fn with_bundle(state: Persisted, version: &str, at: u64, bundle: pb::Bundle) -> Persisted {
+        let mut next = applied(state, version, at);
+        if let Some(p) = next.applied.as_mut() {
+            p.bundle = bundle;
+        }
+        next
+    }
+
+    #[test]
+    fn an_apply_that_changes_one_service_writes_its_config_alone_whatever_the_services() {
+        let mut writes = Vec::new();
+        for n in [10, 1_000] {
+            let (mut disk, state, stored) = stored_with(1);
+            let first = with_bundle(state, "v1", 2_000, bundle(n, 1));
+            let p = plan(&stored, &first).unwrap();
+            let configs = p.ops.iter().filter(|o| o.name().starts_with(TARGET));
+            assert_eq!(configs.count(), n, "the first apply puts every config");
+            run(&mut disk, &p.ops);
+            let (back, stored) = load(&disk);
+            assert_eq!(back.applied.as_ref().unwrap().bundle, bundle(n, 1));
+            let next = with_bundle(back, "v2", 3_000, bundle(n, 2));
+            let p = plan(&stored, &next).unwrap();
+            let names: Vec<&str> = p.ops.iter().map(Op::name).collect();
+            let puts: Vec<&str> = p
+                .ops
+                .iter()
+                .filter(|o| matches!(o, Op::Put(..)))
+                .map(Op::name)
+                .collect();
+            // The new small text, the changed service's config, the entry,
+            // the policy (last); the config it replaces goes.
+            assert_eq!(puts.len(), 4, "{names:?}");
+            assert!(puts[0].starts_with(TEXT) && puts[1].starts_with(TARGET));
+            assert!(puts[2].starts_with(HISTORY) && puts[3] == POLICY);
+            let gone: Vec<&str> = names[4..].to_vec();
+            assert!(gone.iter().any(|n| n.starts_with(TARGET)), "{gone:?}");
+            assert!(p.ops[4..].iter().all(|o| matches!(o, Op::Delete(_))));
+            let policy_bytes = p.ops.iter().find(|o| o.name() == POLICY);
+            let Some(Op::Put(_, policy_bytes)) = policy_bytes else {
+                panic!("{names:?}")
+            };
+            writes.push((p.bytes(), policy_bytes.len() as u64));
+            // Cut short before the policy: the old bundle is in force, and
+            // the next write removes the new config.
+            let commit = p.ops.iter().position(|o| o.name() == POLICY).unwrap();
+            let mut cut = disk.clone();
+            run(&mut cut, &p.ops[..commit]);
+            let (back, stored_cut) = load(&cut);
+            assert_eq!(back.applied.as_ref().unwrap().bundle, bundle(n, 1));
+            let again = plan(&stored_cut, &back).unwrap();
+            assert!(
+                again
+                    .ops
+                    .iter()
+                    .any(|o| matches!(o, Op::Delete(n) if n.starts_with(TARGET))),
+                "{:?}",
+                again.ops
+            );
+            run(&mut disk, &p.ops);
+            let (back, _) = load(&disk);
+            assert_eq!(back.applied.unwrap().bundle, bundle(n, 2));
+            assert_eq!(
+                disk.keys().filter(|k| k.starts_with(TARGET)).count(),
+                n,
+                "one config part per service"
+            );
+        }
+        // What grows with the services is the policy part's list of
+        // config ids (35 bytes a service), not their configs.
+        let ((small, small_policy), (large, large_policy)) = (writes[0], writes[1]);
+        assert!(
+            large - large_policy == small - small_policy,
+            "{writes:?}: only the policy part's size depends on the services"
+        );
+        assert!(large_policy - small_policy <= 35 * 990, "{writes:?}");
+    }
+
+    #[test]
+    fn a_policy_part_that_names_a_missing_config_is_refused() {
+        let (mut disk, state, stored) = stored_with(1);
+        let next = with_bundle(state, "v1", 2_000, bundle(3, 1));
+        run(&mut disk, &plan(&stored, &next).unwrap().ops);
+        let config = disk.keys().find(|k| k.starts_with(TARGET)).unwrap().clone();
+        disk.remove(&config);
+        let parts = disk.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+        let err = assemble(parts, &|n| n.to_owned()).unwrap_err();
+        assert!(
+            matches!(&err, Error::MissingConfig { part, .. } if *part == config),
+            "{err}"
+        );
     }
 }

@@ -308,8 +308,8 @@ async fn a_state_value_of_an_earlier_govd_loads_and_is_converted_to_parts() {
     let parts = client.get("store/state/", Some(keys_only)).await.unwrap();
     assert_eq!(
         parts.kvs().len(),
-        7,
-        "policy, 2 entries, 2 texts, latch, release"
+        8,
+        "policy, its one service's config, 2 entries, 2 texts, latch, release"
     );
 
     let b = store(&etcd, "b", &shutdown).await;
@@ -328,6 +328,60 @@ async fn a_state_value_of_an_earlier_govd_loads_and_is_converted_to_parts() {
     b.save(&tripped, back.revision, Fence::Any).await.unwrap();
     let written = b.bytes_written() - before;
     assert!(written < 600, "a trip wrote {written} bytes");
+    shutdown.cancel();
+}
+
+/// `tests/fixtures/parts-state/` is the state in parts as the govd before
+/// per-service config parts wrote it (`policy.json` holds the whole
+/// bundle): as etcd keys, it loads, and the next apply writes the service's
+/// config as a key of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parts_of_the_layout_before_config_parts_load_from_etcd() {
+    let etcd = Etcd::start().await;
+    let shutdown = CancellationToken::new();
+    let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
+        .await
+        .unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parts-state");
+    for entry in std::fs::read_dir(&fixture).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        if name.ends_with(".json") {
+            let value = std::fs::read(entry.path()).unwrap();
+            client
+                .put(format!("store/state/{name}"), value, None)
+                .await
+                .unwrap();
+        }
+    }
+    client.put("store/revision", "parts 1", None).await.unwrap();
+    let a = store(&etcd, "a", &shutdown).await;
+    let loaded = a.load_converted().await.unwrap();
+    let policy = loaded.state.applied.clone().unwrap();
+    assert_eq!(policy.version, "0132180f030b77d8");
+    assert_eq!(policy.bundle.targets.len(), 1);
+    assert_eq!(policy.bundle.targets[0].service, "fixture_order");
+    assert_eq!(loaded.state.history.len(), 2);
+    assert_eq!(loaded.state.latches.len(), 1);
+    assert_eq!(a.bytes_written(), 0, "read as it is");
+    let mut next = loaded.state.clone();
+    if let Some(p) = next.applied.as_mut() {
+        p.who = "bob".into();
+        p.at_unix_ms += 1;
+    }
+    a.save(&next, loaded.revision, Fence::Any).await.unwrap();
+    let keys_only = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_keys_only();
+    let configs = client
+        .get("store/state/target-", Some(keys_only))
+        .await
+        .unwrap();
+    assert_eq!(configs.kvs().len(), 1);
+    let back = store(&etcd, "b", &shutdown).await.load().await.unwrap();
+    let back_policy = back.state.applied.unwrap();
+    assert_eq!(back_policy.who, "bob");
+    assert_eq!(back_policy.bundle, policy.bundle);
     shutdown.cancel();
 }
 
