@@ -24,7 +24,10 @@ use crate::state::Scope;
 use crate::stats::Latency;
 use crate::stripe::{self, Slot};
 
+mod meter;
 mod ratelimit;
+
+pub use meter::ByteMeter;
 
 /// One step of a decision: a matched rule and the scope (key) of this call.
 #[derive(Debug)]
@@ -75,8 +78,9 @@ pub struct Admission {
     /// `None` when no rule matched: nothing to hold or record.
     pub(crate) snap: Option<Arc<Snapshot>>,
     held: SmallVec<[Held; 4]>,
-    /// The keyed scopes of `held` (consumers, instances), by rule.
-    keyed: SmallVec<[(u32, Scope); 1]>,
+    /// The keyed scopes of `held` (consumers, instances), by rule; `None`
+    /// (no drop to run) until a rule keys the call.
+    keyed: Option<SmallVec<[(u32, Scope); 1]>>,
     /// When the decision began (`None` when no rule matched: no clock read).
     start: Option<Now>,
     /// The rule with the shortest matched timeout.
@@ -144,13 +148,6 @@ struct Waiting {
     steps: Steps,
 }
 
-/// Counts streamed bytes for the byte limits of one admitted call.
-#[derive(Clone, Debug)]
-pub struct ByteMeter {
-    snap: Arc<Snapshot>,
-    scopes: SmallVec<[(u32, Scope); 2]>,
-}
-
 // === impl Admission ===
 
 impl Admission {
@@ -159,7 +156,7 @@ impl Admission {
         Self {
             snap: None,
             held: SmallVec::new(),
-            keyed: SmallVec::new(),
+            keyed: None,
             start: None,
             timeout: None,
             caller_deadline: None,
@@ -179,7 +176,7 @@ impl Admission {
         Self {
             snap: None,
             held: SmallVec::new(),
-            keyed: SmallVec::new(),
+            keyed: None,
             start: Some(now),
             timeout: None,
             caller_deadline: None,
@@ -198,7 +195,7 @@ impl Admission {
         let keyed = step.scope.is_keyed();
         let rule = step.rule;
         if keyed {
-            self.keyed.push((rule, step.scope));
+            self.keyed.get_or_insert_default().push((rule, step.scope));
         }
         self.has_bytes |= grant.bytes;
         self.held.push(Held {
@@ -218,6 +215,7 @@ impl Admission {
         }
         self.keyed
             .iter()
+            .flatten()
             .find_map(|(rule, scope)| (*rule == h.rule).then_some(scope))
     }
 
@@ -623,8 +621,20 @@ impl Admission {
 }
 
 impl Drop for Admission {
+    /// Inline, and all an unmatched admission without an observer pays.
     #[inline]
     fn drop(&mut self) {
+        if self.snap.is_some() || self.trace.is_some() {
+            self.ended();
+        }
+    }
+}
+
+impl Admission {
+    /// The end of a governed or observed call (out of line: the drop of an
+    /// unmatched one stays small enough to inline).
+    #[inline(never)]
+    fn ended(&mut self) {
         if self.snap.is_some() {
             self.end();
         }
@@ -653,18 +663,6 @@ fn shadow_timeouts(snap: &Snapshot, held: &[Held], elapsed: Duration) {
             .is_some_and(|t| elapsed > t)
         {
             snap.shadow_reject(h.rule, RejectReason::Timeout);
-        }
-    }
-}
-
-// === impl ByteMeter ===
-
-impl ByteMeter {
-    /// Adds `n` request or response bytes.
-    pub fn add(&self, n: u64) {
-        let now = Instant::now();
-        for (rule, scope) in &self.scopes {
-            self.snap.states[*rule as usize].add_bytes(Some(scope), n, now);
         }
     }
 }

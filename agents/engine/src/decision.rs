@@ -20,7 +20,7 @@ use crate::criticality::Class;
 use crate::primitive::Keys;
 use crate::rejection::Rejection;
 use crate::request::RequestInfo;
-use crate::route::{Plan, PlanAt, Router, RuleId, View};
+use crate::route::{Plan, PlanAt, Reach, Router, RuleId, View};
 use crate::snapshot::Snapshot;
 use crate::state::Scope;
 use crate::stripe;
@@ -157,7 +157,10 @@ pub(crate) fn route(
     scratch: &mut Option<Plan>,
 ) -> Option<PlanAt> {
     let router = config.router(req.direction);
-    if router.is_empty {
+    // Most requests no rule matches are told so here, before their path
+    // is folded or a view of them is built.
+    let reach = router.reach(req.path, &req.headers);
+    if reach.nothing() {
         return None;
     }
     let target = req.target.map(|t| t.service);
@@ -170,9 +173,9 @@ pub(crate) fn route(
         target,
     );
     if config.expiring {
-        return live_plan(config, router, &view, scratch);
+        return live_plan(config, router, &view, reach, scratch);
     }
-    router.plan(&view, &config.metas, scratch)
+    router.plan(&view, reach, &config.metas, scratch)
 }
 
 /// The plan of `view` in `router` without the rules of `config` expired by
@@ -184,10 +187,11 @@ fn live_plan(
     config: &CompiledConfig,
     router: &Router,
     view: &View<'_>,
+    reach: Reach,
     scratch: &mut Option<Plan>,
 ) -> Option<PlanAt> {
     let mut built = None;
-    let at = router.plan(view, &config.metas, &mut built)?;
+    let at = router.plan(view, reach, &config.metas, &mut built)?;
     let mut plan = router.resolve(at, &built).clone();
     plan.drop_expired(&config.metas, Now::read().ns());
     let live = !plan.is_empty();

@@ -20,13 +20,18 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use smallvec::SmallVec;
 
 use crate::phase::Phase;
+
+mod filter;
+mod fx;
+
+use filter::PathFilter;
+pub(crate) use fx::FxBuild;
 
 /// Inbound (server side) or outbound (client side, `calls to X`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -324,51 +329,6 @@ enum PathReq<'a> {
     Prefix(&'a str),
 }
 
-/// FxHash (rustc's hasher): paths are not attacker-chosen keys here (the map
-/// is built from the config, requests only look up), and SipHash would cost
-/// more than the rest of the decision.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct FxHasher {
-    hash: u64,
-}
-
-const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut buf = [0u8; 8];
-            buf.copy_from_slice(c);
-            self.add(u64::from_le_bytes(buf));
-        }
-        for &b in chunks.remainder() {
-            self.add(u64::from(b));
-        }
-    }
-
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.hash
-    }
-}
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(FX_SEED);
-    }
-}
-
-pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
-
 /// A rule under a path index, with what its match still has to check once
 /// the request's path is known to meet the index (`None`: nothing, so a
 /// rule matching only on a path costs no evaluation).
@@ -462,7 +422,7 @@ pub(crate) struct Router {
     exact: HashMap<Box<str>, u32, FxBuild>,
     /// The nodes of the exact paths and prefixes, by [`PlanAt::Node`].
     nodes: Vec<Node>,
-    /// Bit `min(len, 63)` is set for the length of every exact path: most
+    /// Bit `len % 64` is set for the length of every exact path: most
     /// requests skip the hash lookup.
     exact_lens: u64,
     // INVARIANT: sorted by prefix length, longest first.
@@ -474,10 +434,28 @@ pub(crate) struct Router {
     /// [`len_bit`]s of their lengths. A request with none of them matches
     /// none of those rules, and is not checked against them.
     gate: Option<(Box<[HeaderName]>, u64)>,
-    /// Whether the router has any rule at all.
-    pub(crate) is_empty: bool,
+    /// The second bytes of the exact paths and prefixes: most requests
+    /// that meet none are told so by one bit.
+    filter: PathFilter,
     /// The empty plan.
     none: Plan,
+}
+
+/// What of a router one request may reach ([`Router::reach`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reach {
+    /// Its path may meet an exact path or a prefix.
+    path: bool,
+    /// It passes the gate of the rules without a path (there are some).
+    always: bool,
+}
+
+impl Reach {
+    /// Whether the request matches no rule of the router.
+    #[inline]
+    pub(crate) fn nothing(self) -> bool {
+        !self.path && !self.always
+    }
 }
 
 /// Where the plan of one request is: the compiled plan of one index entry
@@ -488,8 +466,11 @@ pub(crate) enum PlanAt {
     Scratch,
 }
 
+/// The bit of a length in a set of lengths: `len % 64` (lengths 64 apart
+/// share one; the sets are filters, a shared bit only costs a comparison).
+#[inline]
 fn len_bit(len: usize) -> u64 {
-    1 << len.min(63)
+    1 << (len % 64)
 }
 
 impl Router {
@@ -512,10 +493,12 @@ impl Router {
             match on.required_path() {
                 Some(PathReq::Exact(p)) => {
                     router.exact_lens |= len_bit(p.len());
+                    router.filter.add(p);
                     let rest = on.residual();
                     exact.entry(p).or_default().push(Entry { id, rest });
                 }
                 Some(PathReq::Prefix(p)) => {
+                    router.filter.add(p);
                     let rest = on.residual();
                     prefixes.entry(p).or_default().push(Entry { id, rest });
                 }
@@ -573,9 +556,22 @@ impl Router {
                 let lens = gate.iter().fold(0, |m, n| m | len_bit(n.as_str().len()));
                 (gate.into_boxed_slice(), lens)
             });
-        router.is_empty =
-            router.exact.is_empty() && router.prefixes.is_empty() && router.always.is_empty();
         router
+    }
+
+    /// What of the router a request with `path` and `headers` may reach
+    /// ([`Reach::nothing`]: it matches no rule): an exact path or a prefix
+    /// (by [`PathFilter`]), the rules without a path (by their gate).
+    #[inline]
+    pub(crate) fn reach(&self, path: &str, headers: &Headers<'_>) -> Reach {
+        Reach {
+            path: self.filter.may_meet(path.as_bytes()),
+            always: !self.always.is_empty()
+                && self
+                    .gate
+                    .as_ref()
+                    .is_none_or(|(names, lens)| headers.has_any(names, *lens)),
+        }
     }
 
     /// The plan of the rules whose match holds for `r` (`metas`: the
@@ -583,26 +579,30 @@ impl Router {
     #[cfg(test)]
     pub(crate) fn matches(&self, r: &View<'_>, metas: &[RuleMeta], out: &mut Plan) {
         let mut scratch = None;
-        match self.plan(r, metas, &mut scratch) {
+        let reach = self.reach(r.path, &r.headers);
+        match self.plan(r, reach, metas, &mut scratch) {
             Some(at) => out.clone_from(self.resolve(at, &scratch)),
             None => out.clone_from(&Plan::default()),
         }
     }
 
-    /// Where the plan of the rules whose match holds for `r` is (`metas`:
-    /// the config's, by rule id): the compiled plan of the index entry the
-    /// path meets, unless a rule with more to check matches too; then that
-    /// plan copied into `scratch` with those rules added. `None`: no rule
-    /// matched.
+    /// Where the plan of the rules whose match holds for `r` is (`reach`:
+    /// [`Router::reach`] of `r`; `metas`: the config's, by rule id): the
+    /// compiled plan of the index entry the path meets, unless a rule with
+    /// more to check matches too; then that plan copied into `scratch` with
+    /// those rules added. `None`: no rule matched.
     #[inline]
     pub(crate) fn plan(
         &self,
         r: &View<'_>,
+        reach: Reach,
         metas: &[RuleMeta],
         scratch: &mut Option<Plan>,
     ) -> Option<PlanAt> {
         let path = r.path.as_bytes();
-        let node = if self.exact_lens & len_bit(path.len()) != 0
+        let node = if !reach.path {
+            None
+        } else if self.exact_lens & len_bit(path.len()) != 0
             && let Some(&node) = self.exact.get(r.path)
         {
             Some(node)
@@ -625,11 +625,7 @@ impl Router {
                 extra(e, r, metas, &n.plan, scratch, &mut at);
             }
         }
-        if self
-            .gate
-            .as_ref()
-            .is_none_or(|(names, lens)| r.headers.has_any(names, *lens))
-        {
+        if reach.always {
             let base = found.map_or(&self.none, |(_, n)| &n.plan);
             for e in &self.always {
                 extra(e, r, metas, base, scratch, &mut at);
@@ -1029,5 +1025,68 @@ rules:
         let mut out = Plan::default();
         cfg.inbound.matches(&view, &cfg.metas, &mut out);
         assert_eq!(out.ids().collect::<Vec<_>>(), [RuleId(1)]);
+    }
+
+    /// A rule of the property below: a prefix, an exact path, a header, or
+    /// a prefix with a method (the index keeps what is left to check).
+    fn rule_of(i: usize, kind: u8, text: &str) -> proto::Rule {
+        let on = match kind % 4 {
+            0 => prefix(text),
+            1 => exact(text),
+            2 => expr(Kind::Header(proto::HeaderMatch {
+                name: "x-admin".into(),
+                value: "yes".into(),
+            })),
+            _ => expr(Kind::And(proto::MatchList {
+                exprs: vec![expr(Kind::Method("POST".into())), prefix(text)],
+            })),
+        };
+        rule(&format!("r{i}"), on)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
+        /// The decision's routing (the path filter, the index, the gate)
+        /// finds exactly the rules whose match, evaluated alone on the
+        /// request (its path folded for a case-insensitive service), holds.
+        #[test]
+        fn routing_matches_every_rule_evaluated_alone(
+            rules in proptest::collection::vec((0u8..4, "/(A|a|_|\u{e9}){0,2}"), 0..6),
+            path in "/?(A|a|_|/|\u{e9}){0,3}",
+            post in proptest::bool::ANY,
+            admin in proptest::bool::ANY,
+            insensitive in proptest::bool::ANY,
+        ) {
+            let t = proto::TargetConfig {
+                service: "svc".into(),
+                rules: rules.iter().enumerate().map(|(i, (k, text))| rule_of(i, *k, text)).collect(),
+                paths: if insensitive {
+                    proto::PathDialect::StrictCaseInsensitive as i32
+                } else {
+                    proto::PathDialect::Strict as i32
+                },
+                ..gov_proto::compiled::target("svc")
+            };
+            let cfg = CompiledConfig::try_from(&t).unwrap();
+            let mut map = HeaderMap::new();
+            map.insert("accept", HeaderValue::from_static("*/*"));
+            if admin {
+                map.insert("x-admin", HeaderValue::from_static("yes"));
+            }
+            let method = if post { Method::POST } else { Method::GET };
+            let req = crate::request::RequestInfo::inbound(&method, &path, &map);
+            let mut scratch = None;
+            let mut found: Vec<RuleId> = crate::decision::route(&cfg, &req, &mut scratch)
+                .map(|at| cfg.inbound.resolve(at, &scratch).ids().collect())
+                .unwrap_or_default();
+            found.sort();
+            let folded = if insensitive { path.to_ascii_lowercase() } else { path.clone() };
+            let view = View::new(&method, &folded, Headers::Map(&map), &cfg.consumer_header, None);
+            let expected: Vec<RuleId> = (0..cfg.rules.len())
+                .filter(|&i| cfg.rules[i].on.eval(&view))
+                .map(|i| RuleId(i as u32))
+                .collect();
+            proptest::prop_assert_eq!(found, expected);
+        }
     }
 }

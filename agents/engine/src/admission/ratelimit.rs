@@ -24,7 +24,7 @@ impl Admission {
             };
             let scope = h
                 .keyed
-                .then(|| self.keyed.iter().find(|(r, _)| *r == h.rule))
+                .then(|| self.keyed.iter().flatten().find(|(r, _)| *r == h.rule))
                 .flatten()
                 .map(|(_, s)| s);
             let Some((policy, state)) = state.admitted_ratelimit(&rule.name, scope, now) else {
