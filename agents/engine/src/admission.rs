@@ -582,6 +582,14 @@ impl Admission {
     #[inline]
     pub fn finish(mut self, outcome: Outcome) {
         self.record(outcome);
+        if self.snap.is_none() && self.trace.is_none() {
+            // No rule matched and nothing observes the call: it holds
+            // nothing (rules, scopes and waits are only held with a
+            // snapshot), so its end is nothing, without the drop's call.
+            debug_assert!(self.held.is_empty() && self.keyed.is_none());
+            debug_assert!(self.waits.capacity() == 0);
+            std::mem::forget(self);
+        }
     }
 
     /// The call exceeded [`Admission::timeout`]: records a timeout for fuses,
