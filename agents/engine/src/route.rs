@@ -8,7 +8,10 @@
 //! the rules whose match has no path requirement. Under a path index a rule
 //! keeps only what remains of its match once the path is known to meet it
 //! (nothing for a rule matching a path alone). Matching does not allocate
-//! for up to [`INLINE_RULES`] matched rules.
+//! for up to [`INLINE_RULES`] matched rules. Before any of it, one bit (the
+//! second byte of every exact path and prefix, `filter::PathFilter`) and the
+//! gate of the rules without a path tell most requests that match nothing
+//! so (`Router::reach`).
 //!
 //! A path that meets a prefix (or equals an exact path) meets every shorter
 //! prefix that prefix (or path) starts with, so each index entry holds, when
