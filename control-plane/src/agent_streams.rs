@@ -359,9 +359,13 @@ async fn read_agent(
     id: u64,
     mut incoming: Streaming<pb::AgentMessage>,
 ) {
+    // Made once per stream: a new one per message would join and leave the
+    // token's list of waiters, shared by every agent's reader, each time.
+    let stopping = inner.shutdown.cancelled();
+    tokio::pin!(stopping);
     let reason = loop {
         let msg = tokio::select! {
-            () = inner.shutdown.cancelled() => break "control plane stopping".to_owned(),
+            () = &mut stopping => break "control plane stopping".to_owned(),
             m = incoming.message() => m,
         };
         let msg = match msg {

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use gov_proto::v1 as pb;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{Mutex as AsyncMutex, Notify, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -19,7 +20,7 @@ use crate::convert::now_unix_ms;
 use crate::error::Error;
 use crate::latch::LatchKind;
 use crate::limits::Limits;
-use crate::state::{Outbox, State};
+use crate::state::{Outbox, Outgoing, State};
 use crate::store::{AuditEntry, DirStore, Fence, Loaded, Persisted, Revision, Store};
 use crate::view::cluster_view;
 
@@ -372,11 +373,39 @@ impl Inner {
     /// queue means the agent is gone or hopelessly slow: its stream task
     /// notices and marks it disconnected.
     pub(crate) async fn send(&self, out: Outbox) {
-        // All at once, each bounded: one stuck agent cannot hold up the others.
-        for o in &out {
+        // A queue with room takes its message at once, without a future and
+        // a timer per agent (an apply to N agents is N messages, polled by
+        // the runtime in batches); only the messages for full queues wait,
+        // all at once, each bounded: one stuck agent cannot hold up the
+        // others. Once one message of a stream waits, its later ones wait
+        // behind it, so that each stream gets its messages in order.
+        let mut waiting: Vec<Outgoing> = Vec::new();
+        let mut waiting_streams = std::collections::HashSet::new();
+        for o in out {
             self.metrics.on_send(&o.msg);
+            if waiting_streams.contains(&o.conn) {
+                waiting.push(o);
+                continue;
+            }
+            let Outgoing { key, conn, tx, msg } = o;
+            match tx.try_send(Box::new(msg)) {
+                // Sent, or the stream is gone already (its reader records that).
+                Ok(()) | Err(TrySendError::Closed(_)) => {}
+                Err(TrySendError::Full(msg)) => {
+                    waiting_streams.insert(conn);
+                    waiting.push(Outgoing {
+                        key,
+                        conn,
+                        tx,
+                        msg: *msg,
+                    });
+                }
+            }
         }
-        let sends = out.into_iter().map(|o| async move {
+        if waiting.is_empty() {
+            return;
+        }
+        let sends = waiting.into_iter().map(|o| async move {
             match tokio::time::timeout(SEND_TIMEOUT, o.tx.send(Box::new(o.msg))).await {
                 // Sent, or the stream is gone already (its reader records that).
                 Ok(_) => None,
@@ -633,6 +662,43 @@ async fn follow_store(inner: Arc<Inner>, mut changes: watch::Receiver<Revision>)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::encoded::Encoded;
+    use crate::state::AgentTx;
+
+    /// Issue 35: a send to a queue with room happens at once, without a
+    /// waiting future per agent; messages for a full queue wait (bounded)
+    /// and reach their stream in the order they were queued, later ones
+    /// for the same stream included, while the other streams get theirs.
+    #[tokio::test(start_paused = true)]
+    async fn sends_to_a_full_queue_wait_in_order_and_the_others_go_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cp =
+            ControlPlane::open(Options::new(dir.path()), CancellationToken::new()).expect("open");
+        let (slow, mut slow_rx) = tokio::sync::mpsc::channel(1);
+        let (fast, mut fast_rx) = tokio::sync::mpsc::channel(8);
+        let push = |tx: &AgentTx, conn: u64, nonce: &str| Outgoing {
+            key: ("order".into(), format!("i{conn}")),
+            conn,
+            tx: tx.clone(),
+            msg: Encoded::config(&bytes::Bytes::new(), nonce),
+        };
+        let outbox = vec![
+            push(&slow, 1, "a"),
+            push(&slow, 1, "b"),
+            push(&fast, 2, "c"),
+            push(&slow, 1, "d"),
+        ];
+        let inner = cp.inner.clone();
+        let sending = tokio::spawn(async move { inner.send(outbox).await });
+        tokio::task::yield_now().await;
+        let nonce = |m: Option<Box<Encoded>>| m.expect("a message").nonce().map(str::to_owned);
+        assert_eq!(nonce(fast_rx.try_recv().ok()).as_deref(), Some("c"));
+        assert!(!sending.is_finished(), "b and d wait for room");
+        for expected in ["a", "b", "d"] {
+            assert_eq!(nonce(slow_rx.recv().await).as_deref(), Some(expected));
+        }
+        sending.await.expect("send");
+    }
 
     /// An idle govd on a state directory sleeps: on paused time the clock
     /// only moves when every task waits, so an hour passes at once unless a
