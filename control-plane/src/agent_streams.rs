@@ -124,60 +124,9 @@ impl ControlPlane {
             _ => self.inner.tokens().agent(&request)?,
         };
         let mut incoming = request.into_inner();
-        let first = tokio::time::timeout(HELLO_TIMEOUT, incoming.message())
-            .await
-            .map_err(|_| Status::deadline_exceeded("no hello within 10s"))??;
-        let hello = match first.and_then(|m| m.msg) {
-            Some(AgentMsg::Hello(h)) => h,
-            Some(_) => {
-                return Err(Status::invalid_argument(
-                    "the first message must be a hello",
-                ));
-            }
-            None => {
-                return Err(Status::invalid_argument(
-                    "the stream ended before the hello",
-                ));
-            }
-        };
-        if hello.service.trim().is_empty() || hello.instance.trim().is_empty() {
-            return Err(Status::invalid_argument(
-                "hello needs a service and an instance",
-            ));
-        }
-        if let Some(certified) = certified
-            && certified != hello.service
-        {
-            let detail = format!(
-                "claimed service `{}`; its certificate is for `{certified}`",
-                hello.service
-            );
-            let identity = AgentIdentity::certificate(&certified);
-            let what = "its certificate is for another service";
-            refuse_agent(&self.inner, &identity, &hello, what, detail).await;
-            return Err(Status::permission_denied(format!(
-                "this agent's certificate is for service `{certified}`, not `{}`; give it a certificate for its own service (spiffe://.../service/{} or CN={})",
-                hello.service, hello.service, hello.service
-            )));
-        }
+        let hello = read_hello(&mut incoming).await?;
         let limits = self.inner.agent_limits;
-        if let Err(over) = limits.check_hello(&hello) {
-            self.inner.metrics.on_agent_refused(over.cap);
-            return Err(Status::resource_exhausted(over.message));
-        }
-        if !identity.may_claim(&hello.service) {
-            let may = identity.services.as_deref().unwrap_or_default().join(", ");
-            let detail = format!(
-                "claimed service `{}`; its token names only: {may}",
-                hello.service
-            );
-            let what = "its token is for another service";
-            refuse_agent(&self.inner, &identity, &hello, what, detail).await;
-            return Err(Status::permission_denied(format!(
-                "the agent token `{}` may claim only the services {may}, not `{}`; give this agent its own service's token (or add `{}` to the token's line in govd's --token-file)",
-                identity.name, hello.service, hello.service
-            )));
-        }
+        check_claim(&self.inner, certified, &identity, &hello).await?;
         // A fleet reconnecting at once (govd restarted) is taken in at a
         // bounded rate: its hellos and first pushes, and the revision read
         // below (a read of etcd per stream), do not all land at once.
@@ -266,6 +215,78 @@ impl ControlPlane {
             .map(|msg| Ok(*msg))
             .take_until(self.inner.shutdown.clone().cancelled_owned()))
     }
+}
+
+/// The stream's first message, which must be a hello naming a service and
+/// an instance, within [`HELLO_TIMEOUT`].
+async fn read_hello(incoming: &mut Streaming<pb::AgentMessage>) -> Result<pb::Hello, Status> {
+    let first = tokio::time::timeout(HELLO_TIMEOUT, incoming.message())
+        .await
+        .map_err(|_| Status::deadline_exceeded("no hello within 10s"))??;
+    let hello = match first.and_then(|m| m.msg) {
+        Some(AgentMsg::Hello(h)) => h,
+        Some(_) => {
+            return Err(Status::invalid_argument(
+                "the first message must be a hello",
+            ));
+        }
+        None => {
+            return Err(Status::invalid_argument(
+                "the stream ended before the hello",
+            ));
+        }
+    };
+    if hello.service.trim().is_empty() || hello.instance.trim().is_empty() {
+        return Err(Status::invalid_argument(
+            "hello needs a service and an instance",
+        ));
+    }
+    Ok(hello)
+}
+
+/// Whether the agent's credentials prove the service its hello claims (the
+/// service of its certificate, the services its token names) and the hello
+/// is within govd's caps; a refusal is audited.
+async fn check_claim(
+    inner: &Inner,
+    certified: Option<String>,
+    identity: &AgentIdentity,
+    hello: &pb::Hello,
+) -> Result<(), Status> {
+    if let Some(certified) = certified
+        && certified != hello.service
+    {
+        let detail = format!(
+            "claimed service `{}`; its certificate is for `{certified}`",
+            hello.service
+        );
+        let identity = AgentIdentity::certificate(&certified);
+        let what = "its certificate is for another service";
+        refuse_agent(inner, &identity, hello, what, detail).await;
+        return Err(Status::permission_denied(format!(
+            "this agent's certificate is for service `{certified}`, not `{}`; give it a certificate for its own service (spiffe://.../service/{} or CN={})",
+            hello.service, hello.service, hello.service
+        )));
+    }
+    let limits = inner.agent_limits;
+    if let Err(over) = limits.check_hello(hello) {
+        inner.metrics.on_agent_refused(over.cap);
+        return Err(Status::resource_exhausted(over.message));
+    }
+    if !identity.may_claim(&hello.service) {
+        let may = identity.services.as_deref().unwrap_or_default().join(", ");
+        let detail = format!(
+            "claimed service `{}`; its token names only: {may}",
+            hello.service
+        );
+        let what = "its token is for another service";
+        refuse_agent(inner, identity, hello, what, detail).await;
+        return Err(Status::permission_denied(format!(
+            "the agent token `{}` may claim only the services {may}, not `{}`; give this agent its own service's token (or add `{}` to the token's line in govd's --token-file)",
+            identity.name, hello.service, hello.service
+        )));
+    }
+    Ok(())
 }
 
 /// An agent that claimed a service its credentials do not prove: logged,

@@ -206,73 +206,7 @@ impl Metrics {
     /// elected leader (a lone govd always is).
     pub(crate) fn render(&self, view: &pb::ClusterView, leader: bool) -> String {
         let mut enc = Encoder::default();
-        enc.family(
-            "govd_build_info",
-            "gauge",
-            "Always 1; govd's version is in the label.",
-        );
-        enc.sample(
-            "govd_build_info",
-            &[("version", env!("CARGO_PKG_VERSION"))],
-            1_u64,
-        );
-        enc.family(
-            "govd_leader",
-            "gauge",
-            "1 while this govd is the elected leader (runs the release after timer); a lone govd always is.",
-        );
-        enc.sample("govd_leader", &[], u64::from(leader));
-        let store = view.store.clone().unwrap_or_default();
-        enc.family(
-            "govd_store_reachable",
-            "gauge",
-            "1 while the store takes writes as far as this govd knows; 0 after a write of the state failed, or on etcd a call that needs the quorum (govd reads the leader key every 2s).",
-        );
-        enc.sample("govd_store_reachable", &[], u64::from(store.writable));
-        enc.family(
-            "govd_store_last_write_timestamp_seconds",
-            "gauge",
-            "Unix time of this govd's last successful write of the state; 0: none since it started.",
-        );
-        let last_write = Duration::from_millis(store.last_write_unix_ms).as_secs_f64();
-        enc.sample("govd_store_last_write_timestamp_seconds", &[], last_write);
-        enc.family(
-            "govd_agents",
-            "gauge",
-            "Agents known to govd, by sync state (as govc status shows them).",
-        );
-        for state in pb::SyncState::STATES {
-            let n = view.agents.iter().filter(|a| a.state() == state).count() as u64;
-            enc.sample("govd_agents", &[("state", state.word())], n);
-        }
-        enc.family(
-            "govd_fuses_tripped",
-            "gauge",
-            "Fuses govd holds tripped (open or half-open), by rule.",
-        );
-        for fuse in &view.fuses {
-            enc.sample("govd_fuses_tripped", &[("rule", &fuse.rule)], 1_u64);
-        }
-        enc.family(
-            "govd_fuse_tripped_seconds",
-            "gauge",
-            "How long each tripped fuse has been tripped, by rule.",
-        );
-        for fuse in &view.fuses {
-            enc.sample(
-                "govd_fuse_tripped_seconds",
-                &[("rule", &fuse.rule)],
-                view.at_unix_ms.saturating_sub(fuse.since_unix_ms) as f64 / 1000.0,
-            );
-        }
-        enc.family(
-            "govd_limits_engaged",
-            "gauge",
-            "Limits govd holds engaged, by rule.",
-        );
-        for limit in &view.limits {
-            enc.sample("govd_limits_engaged", &[("rule", &limit.rule)], 1_u64);
-        }
+        render_view(&mut enc, view, leader);
         enc.family(
             "govd_applies_total",
             "counter",
@@ -438,6 +372,78 @@ fn respond<B>(scrape: &impl Fn() -> String, req: &Request<B>) -> Response<Full<B
         header::HeaderValue::from_static(content_type),
     );
     response
+}
+
+/// govd's build, leadership and store, and the agents, fuses and limits of
+/// `view`.
+fn render_view(enc: &mut Encoder, view: &pb::ClusterView, leader: bool) {
+    enc.family(
+        "govd_build_info",
+        "gauge",
+        "Always 1; govd's version is in the label.",
+    );
+    enc.sample(
+        "govd_build_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1_u64,
+    );
+    enc.family(
+        "govd_leader",
+        "gauge",
+        "1 while this govd is the elected leader (runs the release after timer); a lone govd always is.",
+    );
+    enc.sample("govd_leader", &[], u64::from(leader));
+    let store = view.store.clone().unwrap_or_default();
+    enc.family(
+        "govd_store_reachable",
+        "gauge",
+        "1 while the store takes writes as far as this govd knows; 0 after a write of the state failed, or on etcd a call that needs the quorum (govd reads the leader key every 2s).",
+    );
+    enc.sample("govd_store_reachable", &[], u64::from(store.writable));
+    enc.family(
+        "govd_store_last_write_timestamp_seconds",
+        "gauge",
+        "Unix time of this govd's last successful write of the state; 0: none since it started.",
+    );
+    let last_write = Duration::from_millis(store.last_write_unix_ms).as_secs_f64();
+    enc.sample("govd_store_last_write_timestamp_seconds", &[], last_write);
+    enc.family(
+        "govd_agents",
+        "gauge",
+        "Agents known to govd, by sync state (as govc status shows them).",
+    );
+    for state in pb::SyncState::STATES {
+        let n = view.agents.iter().filter(|a| a.state() == state).count() as u64;
+        enc.sample("govd_agents", &[("state", state.word())], n);
+    }
+    enc.family(
+        "govd_fuses_tripped",
+        "gauge",
+        "Fuses govd holds tripped (open or half-open), by rule.",
+    );
+    for fuse in &view.fuses {
+        enc.sample("govd_fuses_tripped", &[("rule", &fuse.rule)], 1_u64);
+    }
+    enc.family(
+        "govd_fuse_tripped_seconds",
+        "gauge",
+        "How long each tripped fuse has been tripped, by rule.",
+    );
+    for fuse in &view.fuses {
+        enc.sample(
+            "govd_fuse_tripped_seconds",
+            &[("rule", &fuse.rule)],
+            view.at_unix_ms.saturating_sub(fuse.since_unix_ms) as f64 / 1000.0,
+        );
+    }
+    enc.family(
+        "govd_limits_engaged",
+        "gauge",
+        "Limits govd holds engaged, by rule.",
+    );
+    for limit in &view.limits {
+        enc.sample("govd_limits_engaged", &[("rule", &limit.rule)], 1_u64);
+    }
 }
 
 #[cfg(test)]

@@ -324,58 +324,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), Error> {
-    let mut options = Options::new(&args.state_dir);
-    options.tokens = match &args.token_file {
-        Some(path) => read_named_tokens(path)?,
-        None => Vec::new(),
-    };
-    options.agent_token = args
-        .agent_token_file
-        .as_deref()
-        .map(read_token_file)
-        .transpose()?;
-    options.history = HistoryLimit {
-        entries: args.history,
-        bytes: args.history_bytes,
-    };
-    options.limits = Limits {
-        max_policy_bytes: args.max_policy_bytes,
-        max_statements: args.max_statements,
-        max_diagnostics: args.max_diagnostics,
-        concurrent_compiles: args.max_concurrent_compiles,
-    };
-    options.connections = ConnectionLimits {
-        max_connections: args.max_connections,
-        max_connections_per_client: args.max_connections_per_client,
-        max_streams_per_connection: args.max_streams_per_connection,
-        handshake_timeout: args.handshake_timeout,
-        auth_timeout: args.auth_timeout,
-        http2_keepalive_interval: args.http2_keepalive_interval,
-        http2_keepalive_timeout: args.http2_keepalive_timeout,
-        tcp_keepalive: args.tcp_keepalive,
-        max_watches_per_token: args.max_watches_per_token,
-        agent_admissions_per_second: args.agent_admissions_per_second,
-    };
-    options.intent_grace = args.audit_intent_grace;
-    options.agent_limits = AgentLimits {
-        max_agents_per_service: args.max_agents_per_service,
-        max_label_bytes: args.max_agent_label_bytes,
-        max_string_bytes: args.max_agent_string_bytes,
-        retention: args.agent_retention,
-    };
-    options.identity = match &args.identity_ca {
-        Some((cert, key)) => Some(std::sync::Arc::new(
-            gov_control_plane::identity::Issuer::read(
-                cert,
-                key,
-                &args.identity_trust_domain,
-                args.identity_lifetime,
-            )?,
-        )),
-        None => None,
-    };
-    options.tls = server_tls(&args, options.identity.as_deref())?;
-    options.agent_certificates = args.tls_client_ca.is_some() || options.identity.is_some();
+    let options = options_of(&args)?;
     check_start(
         &Tokens {
             named: options.tokens.clone(),
@@ -384,29 +333,7 @@ async fn run(args: Args) -> Result<(), Error> {
         args.insecure,
         args.listen,
     )?;
-    if let Some(warning) = cleartext_warning(
-        args.listen,
-        options.tls.is_some(),
-        !options.tokens.is_empty() || options.agent_token.is_some(),
-    ) {
-        tracing::warn!("{warning}");
-    }
-    if args.insecure {
-        tracing::warn!(
-            "--insecure: any local user who reaches {} can apply and release",
-            args.listen
-        );
-    }
-    let agent_lines = options.tokens.iter().any(|t| t.role == Role::Agent);
-    if options.agent_token.is_some() {
-        tracing::warn!(
-            "--agent-token-file: its one token may claim any service; give each service its own token (`NAME TOKEN agent SERVICE` lines in --token-file) and drop --agent-token-file"
-        );
-    } else if !args.insecure && !agent_lines && !options.agent_certificates {
-        tracing::warn!(
-            "no agent credentials (no `NAME TOKEN agent SERVICE` line in --token-file, no --tls-client-ca): every agent will be refused"
-        );
-    }
+    warn_about_access(&args, &options);
     let shutdown = CancellationToken::new();
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -489,6 +416,92 @@ async fn run(args: Args) -> Result<(), Error> {
         });
     }
     serve(listener, control_plane, shutdown, args.drain_timeout).await
+}
+
+/// govd's options from its flags, with the token files, the identity CA
+/// and the TLS files read.
+fn options_of(args: &Args) -> Result<Options, Error> {
+    let mut options = Options::new(&args.state_dir);
+    options.tokens = match &args.token_file {
+        Some(path) => read_named_tokens(path)?,
+        None => Vec::new(),
+    };
+    options.agent_token = args
+        .agent_token_file
+        .as_deref()
+        .map(read_token_file)
+        .transpose()?;
+    options.history = HistoryLimit {
+        entries: args.history,
+        bytes: args.history_bytes,
+    };
+    options.limits = Limits {
+        max_policy_bytes: args.max_policy_bytes,
+        max_statements: args.max_statements,
+        max_diagnostics: args.max_diagnostics,
+        concurrent_compiles: args.max_concurrent_compiles,
+    };
+    options.connections = ConnectionLimits {
+        max_connections: args.max_connections,
+        max_connections_per_client: args.max_connections_per_client,
+        max_streams_per_connection: args.max_streams_per_connection,
+        handshake_timeout: args.handshake_timeout,
+        auth_timeout: args.auth_timeout,
+        http2_keepalive_interval: args.http2_keepalive_interval,
+        http2_keepalive_timeout: args.http2_keepalive_timeout,
+        tcp_keepalive: args.tcp_keepalive,
+        max_watches_per_token: args.max_watches_per_token,
+        agent_admissions_per_second: args.agent_admissions_per_second,
+    };
+    options.intent_grace = args.audit_intent_grace;
+    options.agent_limits = AgentLimits {
+        max_agents_per_service: args.max_agents_per_service,
+        max_label_bytes: args.max_agent_label_bytes,
+        max_string_bytes: args.max_agent_string_bytes,
+        retention: args.agent_retention,
+    };
+    options.identity = match &args.identity_ca {
+        Some((cert, key)) => Some(std::sync::Arc::new(
+            gov_control_plane::identity::Issuer::read(
+                cert,
+                key,
+                &args.identity_trust_domain,
+                args.identity_lifetime,
+            )?,
+        )),
+        None => None,
+    };
+    options.tls = server_tls(args, options.identity.as_deref())?;
+    options.agent_certificates = args.tls_client_ca.is_some() || options.identity.is_some();
+    Ok(options)
+}
+
+/// Warns of what the flags leave open: cleartext, `--insecure`, the one
+/// agent token, no agent credentials at all.
+fn warn_about_access(args: &Args, options: &Options) {
+    if let Some(warning) = cleartext_warning(
+        args.listen,
+        options.tls.is_some(),
+        !options.tokens.is_empty() || options.agent_token.is_some(),
+    ) {
+        tracing::warn!("{warning}");
+    }
+    if args.insecure {
+        tracing::warn!(
+            "--insecure: any local user who reaches {} can apply and release",
+            args.listen
+        );
+    }
+    let agent_lines = options.tokens.iter().any(|t| t.role == Role::Agent);
+    if options.agent_token.is_some() {
+        tracing::warn!(
+            "--agent-token-file: its one token may claim any service; give each service its own token (`NAME TOKEN agent SERVICE` lines in --token-file) and drop --agent-token-file"
+        );
+    } else if !args.insecure && !agent_lines && !options.agent_certificates {
+        tracing::warn!(
+            "no agent credentials (no `NAME TOKEN agent SERVICE` line in --token-file, no --tls-client-ca): every agent will be refused"
+        );
+    }
 }
 
 /// Re-reads `--token-file` and `--agent-token-file` on each SIGHUP: a
