@@ -317,10 +317,12 @@ async fn httpx_concurrent_uploads_on_one_http2_connection_all_succeed() {
             .sum();
         // Before the drain, up to 20 of every 20 uploads failed. One race is
         // left on a loaded machine: about one upload in 100 to an upstream
-        // that answers early gets a non-200 from the agent (issue 37 stays
-        // open for it; the script prints the status). The echo upstream, which
-        // reads the whole body, must see none.
-        let allowed = if path == "/early" { 2 } else { 0 };
+        // that answers early gets a 502 from the agent (issue 37 stays open
+        // for it; the script prints the status). At that rate 3 or more of
+        // the 100 fail in about 8% of runs (Poisson), which is how this test
+        // failed a CI run with 3; 6 or more, under 0.1%. The echo upstream,
+        // which reads the whole body, must see none.
+        let allowed = if path == "/early" { 5 } else { 0 };
         assert!(failures <= allowed, "{path}: {stdout}\n{stderr}");
     }
 }
