@@ -41,6 +41,10 @@ enum Behaviour {
     Work(Duration),
     /// 200 with the request body as body.
     Echo,
+    /// 200 at once, before the request body is read; the body is then read
+    /// to its end and discarded, as nginx does with a body it does not want,
+    /// so the connection is not reset under the data still coming.
+    Early,
     /// 200 with this many bytes.
     Sized(usize),
     /// 500 while the upstream's `failing` flag is set, else 200.
@@ -90,6 +94,15 @@ impl UpstreamBuilder {
     /// `path` echoes the request body.
     pub fn echo(mut self, path: &str) -> Self {
         self.routes.insert(path.to_owned(), Behaviour::Echo);
+        self
+    }
+
+    /// `path` answers 200 before it reads the request body, then reads
+    /// (discards) the rest ([`Behaviour::Early`]). `fast(path, ms(0))` answers
+    /// as early but closes the connection with the body unread, which makes
+    /// the kernel reset it.
+    pub fn early(mut self, path: &str) -> Self {
+        self.routes.insert(path.to_owned(), Behaviour::Early);
         self
     }
 
@@ -240,6 +253,12 @@ impl UpstreamState {
                     Ok(body) => Response::new(Full::new(body)),
                     Err(_) => status(StatusCode::BAD_REQUEST, "body failed\n"),
                 }
+            }
+            Some(Behaviour::Early) => {
+                let path = req.uri().path().to_owned();
+                let mut body = req.into_body();
+                tokio::spawn(async move { while body.frame().await.is_some_and(|f| f.is_ok()) {} });
+                status(StatusCode::OK, path)
             }
             Some(Behaviour::WouldRejectBy) => {
                 let seen: Vec<&str> = req
