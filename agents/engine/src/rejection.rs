@@ -58,7 +58,11 @@ impl DeadlineEnd {
     }
 }
 
-/// Why a call was rejected.
+/// Why a call was rejected: the engine's side of the wire's
+/// `RejectReason`, without its `Unspecified`. A reason is declared in
+/// `control.proto` (gov-proto generates its count's readers from it) and
+/// here: its variant, at the wire value minus one, in [`Self::ALL`] and in
+/// [`Self::kind`]; the name and the wire form come from gov-proto.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RejectReason {
     /// No permit, and no waiting allowed (no `max_wait`, or the queue is full).
@@ -76,10 +80,10 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
-    /// Number of reasons (array sizes).
-    pub const COUNT: usize = 6;
+    /// Number of reasons (array sizes): the wire's.
+    pub const COUNT: usize = gov_proto::rejections::REASONS;
 
-    /// Every reason, in index order.
+    /// Every reason, in index order (a test checks it against the wire's).
     pub const ALL: [RejectReason; Self::COUNT] = [
         RejectReason::BulkheadFull,
         RejectReason::BulkheadTimeout,
@@ -104,26 +108,12 @@ impl RejectReason {
 
     /// The snake_case name used in metrics labels and the TUI.
     pub fn as_str(self) -> &'static str {
-        match self {
-            RejectReason::BulkheadFull => "bulkhead_full",
-            RejectReason::BulkheadTimeout => "bulkhead_timeout",
-            RejectReason::LimitCalls => "limit_calls",
-            RejectReason::LimitBytes => "limit_bytes",
-            RejectReason::FuseOpen => "fuse_open",
-            RejectReason::Timeout => "timeout",
-        }
+        gov_proto::rejections::NAMES[self as usize]
     }
 
     /// The wire form.
     pub fn to_proto(self) -> proto::RejectReason {
-        match self {
-            RejectReason::BulkheadFull => proto::RejectReason::BulkheadFull,
-            RejectReason::BulkheadTimeout => proto::RejectReason::BulkheadTimeout,
-            RejectReason::LimitCalls => proto::RejectReason::LimitCalls,
-            RejectReason::LimitBytes => proto::RejectReason::LimitBytes,
-            RejectReason::FuseOpen => proto::RejectReason::FuseOpen,
-            RejectReason::Timeout => proto::RejectReason::Timeout,
-        }
+        proto::RejectReason::ALL[self as usize]
     }
 }
 
@@ -407,6 +397,15 @@ impl Rejection {
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    #[test]
+    fn every_reason_is_at_its_wire_index() {
+        for (i, reason) in RejectReason::ALL.into_iter().enumerate() {
+            assert_eq!(reason as usize, i, "{reason:?}");
+            assert_eq!(reason.to_proto().index(), Some(i), "{reason:?}");
+        }
+        assert_eq!(RejectReason::FuseOpen.as_str(), "fuse_open");
+    }
 
     #[tokio::test]
     async fn response_names_the_rule() {

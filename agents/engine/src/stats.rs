@@ -253,22 +253,13 @@ impl RuleStats {
 
     /// The wire form (`gov.v1.RuleStats`).
     pub fn to_proto(&self) -> proto::RuleStats {
-        let r = |reason| self.rejected(reason);
-        let shadow = |reason: RejectReason| self.shadow_rejected[reason as usize];
         proto::RuleStats {
             rule: self.rule.to_string(),
             kind: self.kind as i32,
             in_flight: self.in_flight,
             waiting: self.waiting,
             admitted: self.admitted,
-            rejected: Some(proto::Rejections {
-                bulkhead_full: r(RejectReason::BulkheadFull),
-                bulkhead_timeout: r(RejectReason::BulkheadTimeout),
-                limit_calls: r(RejectReason::LimitCalls),
-                limit_bytes: r(RejectReason::LimitBytes),
-                fuse_open: r(RejectReason::FuseOpen),
-                timeout: r(RejectReason::Timeout),
-            }),
+            rejected: Some(proto::Rejections::from_counts(self.rejected)),
             latency_buckets: self.latency.to_vec(),
             fuse_state: match self.fuse {
                 None | Some(FuseState::Closed) => proto::FuseState::Closed,
@@ -284,16 +275,11 @@ impl RuleStats {
             } else {
                 self.grpc.to_vec()
             },
-            shadow_rejected: self.shadow_rejected.iter().any(|&n| n > 0).then(|| {
-                proto::Rejections {
-                    bulkhead_full: shadow(RejectReason::BulkheadFull),
-                    bulkhead_timeout: shadow(RejectReason::BulkheadTimeout),
-                    limit_calls: shadow(RejectReason::LimitCalls),
-                    limit_bytes: shadow(RejectReason::LimitBytes),
-                    fuse_open: shadow(RejectReason::FuseOpen),
-                    timeout: shadow(RejectReason::Timeout),
-                }
-            }),
+            shadow_rejected: self
+                .shadow_rejected
+                .iter()
+                .any(|&n| n > 0)
+                .then(|| proto::Rejections::from_counts(self.shadow_rejected)),
             retries: self.retries,
             retries_refused: self.retries_refused,
         }

@@ -1,8 +1,9 @@
 //! Cluster views built in code, read like the scenario they stand for.
 
+use gov_proto::rejections::REASONS;
 use gov_tui::proto::{
-    AgentView, ClusterView, FuseState, FuseView, LimitView, Phase, Rejections, RuleKind, RuleStats,
-    RuleView, SourceRef, StoreHealth, SyncState,
+    AgentView, ClusterView, FuseState, FuseView, LimitView, Phase, RejectReason, Rejections,
+    RuleKind, RuleStats, RuleView, SourceRef, StoreHealth, SyncState,
 };
 use gov_tui::{App, Msg, update};
 use ratatui::Terminal;
@@ -65,10 +66,19 @@ pub struct Traffic {
     pub waiting: u64,
     pub capacity: u64,
     pub admitted_per_s: u64,
-    /// bulkhead full, bulkhead timeout, limit calls, limit bytes, fuse open, timeout
-    pub rejected_per_s: [u64; 6],
+    /// Per reason, in `RejectReason::ALL`'s order ([`per_s`]).
+    pub rejected_per_s: [u64; REASONS],
     /// Share of calls per latency bucket (per mille of admitted).
     pub latency: [u64; 8],
+}
+
+/// Rejections per second for the reasons named, 0 for the others.
+pub fn per_s(rates: &[(RejectReason, u64)]) -> [u64; REASONS] {
+    let mut out = [0; REASONS];
+    for &(reason, n) in rates {
+        out[reason.index().expect("a reason")] = n;
+    }
+    out
 }
 
 pub fn rule(name: &str, kind: RuleKind, src: Option<SourceRef>, t: Traffic, secs: u64) -> RuleView {
@@ -84,14 +94,7 @@ pub fn rule(name: &str, kind: RuleKind, src: Option<SourceRef>, t: Traffic, secs
             in_flight: t.in_flight,
             waiting: t.waiting,
             admitted,
-            rejected: Some(Rejections {
-                bulkhead_full: r[0],
-                bulkhead_timeout: r[1],
-                limit_calls: r[2],
-                limit_bytes: r[3],
-                fuse_open: r[4],
-                timeout: r[5],
-            }),
+            rejected: Some(Rejections::from_counts(r)),
             latency_buckets: if t.latency.iter().sum::<u64>() == 0 {
                 Vec::new()
             } else {
@@ -135,7 +138,7 @@ pub fn busy_view(secs: u64) -> ClusterView {
             waiting: 3,
             capacity: 10,
             admitted_per_s: 40,
-            rejected_per_s: [0, 3, 0, 0, 0, 0],
+            rejected_per_s: per_s(&[(RejectReason::BulkheadTimeout, 3)]),
             latency: [0, 0, 10, 200, 700, 80, 10, 0],
         },
         secs,
@@ -175,7 +178,7 @@ pub fn busy_view(secs: u64) -> ClusterView {
                 Traffic {
                     capacity: 100,
                     admitted_per_s: 100,
-                    rejected_per_s: [0, 0, 25, 0, 0, 0],
+                    rejected_per_s: per_s(&[(RejectReason::LimitCalls, 25)]),
                     ..Traffic::default()
                 },
                 secs,
@@ -185,7 +188,7 @@ pub fn busy_view(secs: u64) -> ClusterView {
                 RuleKind::Fuse,
                 source(26, MDM),
                 Traffic {
-                    rejected_per_s: [0, 0, 0, 0, 30, 0],
+                    rejected_per_s: per_s(&[(RejectReason::FuseOpen, 30)]),
                     ..Traffic::default()
                 },
                 secs,
@@ -208,7 +211,7 @@ pub fn busy_view(secs: u64) -> ClusterView {
                 RuleKind::Bulkhead,
                 None,
                 Traffic {
-                    rejected_per_s: [0, 0, 0, 0, 0, 1],
+                    rejected_per_s: per_s(&[(RejectReason::Timeout, 1)]),
                     ..Traffic::default()
                 },
                 secs,

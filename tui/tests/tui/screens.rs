@@ -413,7 +413,7 @@ fn a_shadow_rule_shows_how_long_and_what_it_would_reject() {
                 waiting: 0,
                 capacity: 100,
                 admitted_per_s: 100,
-                rejected_per_s: [0; 6],
+                rejected_per_s: Default::default(),
                 latency: [1000, 0, 0, 0, 0, 0, 0, 0],
             },
             secs,
