@@ -165,6 +165,18 @@ struct ChunkStep {
     dropped: bool,
 }
 
+impl ChunkStep {
+    /// A step that does not end the body.
+    fn part(taken: usize, payload: u64, dropped: bool) -> Self {
+        Self {
+            taken,
+            payload,
+            done: false,
+            dropped,
+        }
+    }
+}
+
 impl Chunked {
     /// Whether `state` is inside a trailer field (dropped when stripping).
     fn in_trailer_field(state: Chunk) -> bool {
@@ -183,21 +195,7 @@ impl Chunked {
         while i < input.len() {
             let b = input[i];
             let state = match self.state {
-                Chunk::Size { size, digits } => match (b as char).to_digit(16) {
-                    // 15 hex digits fit in a u64; more is an overflow attempt.
-                    Some(d) if digits < 15 => Chunk::Size {
-                        size: size * 16 + u64::from(d),
-                        digits: digits + 1,
-                    },
-                    Some(_) => return None,
-                    None if digits == 0 => return None,
-                    None => match b {
-                        b'\r' => Chunk::SizeLf { size },
-                        b';' => Chunk::Ext { size },
-                        b' ' | b'\t' => Chunk::SizeWs { size },
-                        _ => return None,
-                    },
-                },
+                Chunk::Size { size, digits } => size_digit(size, digits, b)?,
                 Chunk::SizeWs { size } => {
                     self.meta += 1;
                     match b {
@@ -221,31 +219,14 @@ impl Chunked {
                 },
                 // Dechunking: chunk data is a step of its own.
                 Chunk::Data(_) if self.dechunk && i > 0 => {
-                    return Some(ChunkStep {
-                        taken: i,
-                        payload,
-                        done: false,
-                        dropped: true,
-                    });
+                    return Some(ChunkStep::part(i, payload, true));
                 }
                 Chunk::Data(left) => {
-                    let take =
-                        usize::try_from(left).map_or(input.len() - i, |l| l.min(input.len() - i));
+                    let take = self.take_data(left, input.len() - i);
                     payload += take as u64;
                     i += take;
-                    let left = left - take as u64;
-                    self.state = if left == 0 {
-                        Chunk::DataCr
-                    } else {
-                        Chunk::Data(left)
-                    };
                     if self.dechunk {
-                        return Some(ChunkStep {
-                            taken: i,
-                            payload,
-                            done: false,
-                            dropped: false,
-                        });
+                        return Some(ChunkStep::part(i, payload, false));
                     }
                     continue;
                 }
@@ -263,14 +244,7 @@ impl Chunked {
                 },
                 Chunk::TrailerLine { colon } => {
                     self.meta += 1;
-                    match b {
-                        b'\r' if colon => Chunk::TrailerLf,
-                        b'\r' | b'\n' => return None,
-                        b if is_control(b) => return None,
-                        b':' => Chunk::TrailerLine { colon: true },
-                        b if !colon && !is_tchar(b) => return None,
-                        _ => Chunk::TrailerLine { colon },
-                    }
+                    trailer_byte(colon, b)?
                 }
                 Chunk::TrailerLf if b == b'\n' => Chunk::Trailer,
                 Chunk::EndLf if b == b'\n' => {
@@ -288,41 +262,90 @@ impl Chunked {
             }
             // Stripping: stop where a trailer field starts (before its first
             // byte) or ends (after its LF), so a step is all kept or all dropped.
-            if self.strip_trailers
-                && Self::in_trailer_field(state) != Self::in_trailer_field(self.state)
-            {
-                let starts = Self::in_trailer_field(state);
-                if starts && i > 0 {
-                    return Some(ChunkStep {
-                        taken: i,
-                        payload,
-                        done: false,
-                        dropped: dropping,
-                    });
-                }
-                self.state = state;
-                if starts {
+            if self.strip_trailers {
+                match self.trailer_edge(state) {
+                    Edge::Neither => {}
+                    Edge::Starts if i > 0 => {
+                        return Some(ChunkStep::part(i, payload, dropping));
+                    }
                     // This step begins with the field: all of it is dropped.
-                    dropping = true;
-                } else {
-                    return Some(ChunkStep {
-                        taken: i + 1,
-                        payload,
-                        done: false,
-                        dropped: true,
-                    });
+                    Edge::Starts => dropping = true,
+                    Edge::Ends => {
+                        self.state = state;
+                        return Some(ChunkStep::part(i + 1, payload, true));
+                    }
                 }
-                i += 1;
-                continue;
             }
             self.state = state;
             i += 1;
         }
-        Some(ChunkStep {
-            taken: i,
-            payload,
-            done: false,
-            dropped: dropping || self.dechunk,
-        })
+        Some(ChunkStep::part(i, payload, dropping || self.dechunk))
     }
+
+    /// Takes up to `left` bytes of chunk data from the `available` ones and
+    /// says how many; once the chunk's data is all taken, its CRLF is next.
+    fn take_data(&mut self, left: u64, available: usize) -> usize {
+        let take = usize::try_from(left).map_or(available, |l| l.min(available));
+        let left = left - take as u64;
+        self.state = if left == 0 {
+            Chunk::DataCr
+        } else {
+            Chunk::Data(left)
+        };
+        take
+    }
+
+    /// Whether going to `next` starts or ends a trailer field.
+    fn trailer_edge(&self, next: Chunk) -> Edge {
+        match (
+            Self::in_trailer_field(self.state),
+            Self::in_trailer_field(next),
+        ) {
+            (false, true) => Edge::Starts,
+            (true, false) => Edge::Ends,
+            _ => Edge::Neither,
+        }
+    }
+}
+
+/// Whether a change of state crosses the edge of a trailer field (where a
+/// stripping step ends).
+enum Edge {
+    /// It stays inside a field, or outside every field.
+    Neither,
+    Starts,
+    Ends,
+}
+
+/// The state after `b` on a chunk's hex size (`digits` of them read so far,
+/// giving `size`); `None` when `b` breaks the line.
+fn size_digit(size: u64, digits: u8, b: u8) -> Option<Chunk> {
+    Some(match (b as char).to_digit(16) {
+        // 15 hex digits fit in a u64; more is an overflow attempt.
+        Some(d) if digits < 15 => Chunk::Size {
+            size: size * 16 + u64::from(d),
+            digits: digits + 1,
+        },
+        Some(_) => return None,
+        None if digits == 0 => return None,
+        None => match b {
+            b'\r' => Chunk::SizeLf { size },
+            b';' => Chunk::Ext { size },
+            b' ' | b'\t' => Chunk::SizeWs { size },
+            _ => return None,
+        },
+    })
+}
+
+/// The state after `b` inside a trailer field (`colon`: its `:` was seen);
+/// `None` when `b` breaks the field.
+fn trailer_byte(colon: bool, b: u8) -> Option<Chunk> {
+    Some(match b {
+        b'\r' if colon => Chunk::TrailerLf,
+        b'\r' | b'\n' => return None,
+        b if is_control(b) => return None,
+        b':' => Chunk::TrailerLine { colon: true },
+        b if !colon && !is_tchar(b) => return None,
+        _ => Chunk::TrailerLine { colon },
+    })
 }
