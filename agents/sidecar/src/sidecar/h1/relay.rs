@@ -80,33 +80,8 @@ pub(super) async fn receive(
 ) -> Received {
     let mut deadline = deadline;
     loop {
-        // The head, within the route's deadline.
-        let mut scanned = 0;
-        loop {
-            if matches!(head_end(up_buf, scanned, false), Ok(Some(_))) {
-                break;
-            }
-            if up_buf.len() >= MAX_HEAD {
-                return Received::BadHead;
-            }
-            scanned = up_buf.len().saturating_sub(3);
-            up_buf.reserve(READ_CHUNK);
-            let read = up_rd.read_buf(up_buf);
-            let n = match &mut deadline {
-                None => read.await,
-                Some((timer, at)) => {
-                    let at = *at;
-                    tokio::select! {
-                        n = read => n,
-                        () = timer.expired(at) => return Received::TimedOut,
-                    }
-                }
-            };
-            match n {
-                Ok(0) | Err(_) if up_buf.is_empty() => return Received::NoHead,
-                Ok(0) | Err(_) => return Received::BadHead,
-                Ok(_) => {}
-            }
+        if let Err(ended) = read_head(up_rd, up_buf, &mut deadline).await {
+            return ended;
         }
         let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut slots);
@@ -203,6 +178,42 @@ pub(super) async fn receive(
             },
             Err(_) => Received::Broken,
         };
+    }
+}
+
+/// Reads until `up_buf` holds a whole response head, within the route's
+/// deadline; how receiving ended when it does not come.
+async fn read_head(
+    up_rd: &mut (impl AsyncRead + Unpin),
+    up_buf: &mut BytesMut,
+    deadline: &mut Option<(&mut Deadline, Instant)>,
+) -> Result<(), Received> {
+    let mut scanned = 0;
+    loop {
+        if matches!(head_end(up_buf, scanned, false), Ok(Some(_))) {
+            return Ok(());
+        }
+        if up_buf.len() >= MAX_HEAD {
+            return Err(Received::BadHead);
+        }
+        scanned = up_buf.len().saturating_sub(3);
+        up_buf.reserve(READ_CHUNK);
+        let read = up_rd.read_buf(up_buf);
+        let n = match deadline {
+            None => read.await,
+            Some((timer, at)) => {
+                let at = *at;
+                tokio::select! {
+                    n = read => n,
+                    () = timer.expired(at) => return Err(Received::TimedOut),
+                }
+            }
+        };
+        match n {
+            Ok(0) | Err(_) if up_buf.is_empty() => return Err(Received::NoHead),
+            Ok(0) | Err(_) => return Err(Received::BadHead),
+            Ok(_) => {}
+        }
     }
 }
 
