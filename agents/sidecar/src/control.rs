@@ -47,7 +47,7 @@ use proto::control_message::Msg as ControlMsg;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use gov_engine::{Engine, Latch, Restored};
+use gov_engine::{Engine, Latch};
 
 use crate::state_dir::write_atomically;
 pub use backoff::Backoff;
@@ -55,6 +55,7 @@ pub use reach::urls;
 pub(crate) use reach::{chain, now_unix_ms};
 
 pub(crate) mod backoff;
+pub(crate) mod commands;
 pub(crate) mod endpoints;
 pub(crate) mod reach;
 
@@ -381,45 +382,14 @@ async fn session(
     shutdown: &CancellationToken,
     backoff: &mut Backoff,
 ) -> Result<(), ControlError> {
-    // The certificate in force now; a stream already open keeps its own.
-    let tls = match &options.credentials {
-        None => options.tls.clone(),
-        Some(credentials) => match credentials.wait(shutdown).await {
-            Some(c) => options.tls.with_identity(&c.chain_pem, &c.key_pem),
-            None => return Ok(()),
-        },
+    let Some(channel) = channel(options, url, shutdown).await? else {
+        return Ok(());
     };
-    let endpoint = tls
-        .endpoint(url)?
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(STREAM_PING)
-        .keep_alive_timeout(STREAM_PING_TIMEOUT)
-        .keep_alive_while_idle(true);
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| ControlError::Connect {
-            url: url.to_owned(),
-            reason: chain(&e),
-        })?;
     let mut client = ControlPlaneClient::new(channel).max_decoding_message_size(64 << 20);
 
     let (tx, rx) = mpsc::channel::<proto::AgentMessage>(64);
     let send = |msg: proto::agent_message::Msg| proto::AgentMessage { msg: Some(msg) };
-    let hello = proto::Hello {
-        service: options.service.clone(),
-        instance: options.instance.clone(),
-        address: options.address.clone(),
-        labels: options.labels.clone().into_iter().collect(),
-        last_version: current.clone(),
-        latches: engine
-            .latches(now_unix_ms())
-            .iter()
-            .map(Latch::to_proto)
-            .collect(),
-        inbound_mtls: options.inbound_mtls,
-        endpoint_deltas: true,
-    };
+    let hello = hello(engine, options, current);
     // The queue is fresh: the hello always fits.
     let _ = tx.try_send(send(proto::agent_message::Msg::Hello(hello)));
     let mut lifecycle = options.lifecycle.clone();
@@ -505,6 +475,55 @@ async fn session(
     }
 }
 
+/// A connection to govd at `url`, with the certificate in force now (a
+/// stream already open keeps its own); `None` when `shutdown` came first.
+async fn channel(
+    options: &ControlOptions,
+    url: &str,
+    shutdown: &CancellationToken,
+) -> Result<Option<tonic::transport::Channel>, ControlError> {
+    let tls = match &options.credentials {
+        None => options.tls.clone(),
+        Some(credentials) => match credentials.wait(shutdown).await {
+            Some(c) => options.tls.with_identity(&c.chain_pem, &c.key_pem),
+            None => return Ok(None),
+        },
+    };
+    let endpoint = tls
+        .endpoint(url)?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(STREAM_PING)
+        .keep_alive_timeout(STREAM_PING_TIMEOUT)
+        .keep_alive_while_idle(true);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| ControlError::Connect {
+            url: url.to_owned(),
+            reason: chain(&e),
+        })?;
+    Ok(Some(channel))
+}
+
+/// The stream's first message: who this agent is, the version it saved
+/// (`current`) and the latches it enforces.
+fn hello(engine: &Engine, options: &ControlOptions, current: &str) -> proto::Hello {
+    proto::Hello {
+        service: options.service.clone(),
+        instance: options.instance.clone(),
+        address: options.address.clone(),
+        labels: options.labels.clone().into_iter().collect(),
+        last_version: current.to_owned(),
+        latches: engine
+            .latches(now_unix_ms())
+            .iter()
+            .map(Latch::to_proto)
+            .collect(),
+        inbound_mtls: options.inbound_mtls,
+        endpoint_deltas: true,
+    }
+}
+
 /// The next lifecycle state; `None` when its sender is gone; pending forever without
 /// a lifecycle.
 async fn lifecycle_changed(
@@ -526,121 +545,8 @@ async fn handle(
     msg: proto::ControlMessage,
 ) -> Option<proto::agent_message::Msg> {
     match msg.msg? {
-        ControlMsg::Config(proto::Config { target, nonce }) => {
-            let Some(target) = target else {
-                return Some(nack(
-                    current,
-                    "",
-                    nonce,
-                    "the config message has no target".into(),
-                    None,
-                ));
-            };
-            let version = target.version.clone();
-            let applied = check(options, &target).and_then(|()| {
-                engine
-                    .apply_target(&target)
-                    .map_err(|e| (e.to_string(), e.rule().map(str::to_owned)))
-            });
-            match applied {
-                Ok(applied) => {
-                    tracing::info!(version = %version, kept = applied.kept, fresh = applied.fresh, "config applied");
-                    let unsaved = save(options, &target).await;
-                    // INVARIANT: the hello names a version the agent would enforce
-                    // after a restart, so an unsaved config is sent again.
-                    if unsaved.is_none() {
-                        *current = version.clone();
-                    }
-                    if let Some(f) = &options.on_applied {
-                        f(&target);
-                    }
-                    if let Some(f) = &options.on_saved {
-                        f(unsaved.as_deref());
-                    }
-                    Some(proto::agent_message::Msg::Ack(proto::Ack {
-                        version,
-                        nonce,
-                        unsaved: unsaved.unwrap_or_default(),
-                    }))
-                }
-                Err((error, rule)) => {
-                    tracing::warn!(version = %version, %error, "config refused; keeping the previous one");
-                    Some(nack(current, &version, nonce, error, rule))
-                }
-            }
-        }
-        ControlMsg::Command(proto::Command { kind }) => {
-            match kind? {
-                proto::command::Kind::Release(r) => {
-                    let who = if r.who.is_empty() {
-                        "control plane"
-                    } else {
-                        r.who.as_str()
-                    };
-                    let result = match r.kind() {
-                        proto::ReleaseKind::Fuse => engine.release_fuse(&r.rule, who),
-                        // Empty: every key (a control plane older than the field, too).
-                        proto::ReleaseKind::Limit => {
-                            let key = (!r.key.is_empty()).then_some(r.key.as_str());
-                            engine.release_limit(&r.rule, key, who)
-                        }
-                    };
-                    match result {
-                        Ok(was) => {
-                            tracing::info!(rule = %r.rule, key = %r.key, who, was, "release command")
-                        }
-                        Err(error) => {
-                            tracing::warn!(rule = %r.rule, %error, "release command refused")
-                        }
-                    }
-                }
-                proto::command::Kind::Arm(latch) => {
-                    let rule = latch.rule.clone();
-                    let armed = Latch::try_from(&latch)
-                        .map_err(|e| e.to_string())
-                        .and_then(|l| {
-                            engine
-                                .restore_latch(&l, now_unix_ms())
-                                .map_err(|e| e.to_string())
-                        });
-                    match armed {
-                        Ok(Restored::Armed) => {
-                            tracing::info!(%rule, key = %latch.key, reason = %latch.reason, "re-armed a latch the control plane holds for this agent")
-                        }
-                        Ok(Restored::Held) => {
-                            tracing::debug!(%rule, "the control plane re-armed a latch this agent holds")
-                        }
-                        Ok(Restored::Expired) => {
-                            tracing::info!(%rule, "the control plane re-armed a latch past its deadline; it ended")
-                        }
-                        Ok(Restored::KeyMissing) => tracing::warn!(
-                            %rule,
-                            "the control plane cannot re-arm a per-consumer or per-service limit without its key; it stays NOT ENFORCED here until released"
-                        ),
-                        Err(error) => {
-                            tracing::warn!(%rule, %error, "cannot re-arm the latch the control plane sent")
-                        }
-                    }
-                    // Report at once: the control plane sees the latch enforced again.
-                    return Some(proto::agent_message::Msg::Stats(
-                        engine.stats().to_proto(now_unix_ms()),
-                    ));
-                }
-                proto::command::Kind::Drain(d) => {
-                    tracing::info!(deadline_ms = d.deadline_ms, "drain command");
-                    if let Some(f) = &options.on_drain {
-                        f(Duration::from_millis(d.deadline_ms));
-                    }
-                }
-                proto::command::Kind::Deregistered(d) => {
-                    tracing::info!(version = d.version, "every agent dropped this instance");
-                    if let Some(f) = &options.on_deregistered {
-                        f();
-                    }
-                }
-            }
-            None
-        }
+        ControlMsg::Config(config) => Some(apply_config(engine, options, current, config).await),
+        ControlMsg::Command(proto::Command { kind }) => command(engine, options, kind?),
         ControlMsg::Endpoints(endpoints) => Some(proto::agent_message::Msg::EndpointsAck(
             held.on_full(endpoints, |e| apply_endpoints(options, e)),
         )),
@@ -648,6 +554,88 @@ async fn handle(
             held.on_delta(delta, |e| apply_endpoints(options, e)),
         )),
     }
+}
+
+/// Checks and applies a pushed config, then saves it: the ACK (`unsaved`
+/// when the write failed), or the NACK with the reason and the rule at fault.
+async fn apply_config(
+    engine: &Engine,
+    options: &ControlOptions,
+    current: &mut String,
+    proto::Config { target, nonce }: proto::Config,
+) -> proto::agent_message::Msg {
+    let Some(target) = target else {
+        return nack(
+            current,
+            "",
+            nonce,
+            "the config message has no target".into(),
+            None,
+        );
+    };
+    let version = target.version.clone();
+    let applied = check(options, &target).and_then(|()| {
+        engine
+            .apply_target(&target)
+            .map_err(|e| (e.to_string(), e.rule().map(str::to_owned)))
+    });
+    match applied {
+        Ok(applied) => {
+            tracing::info!(version = %version, kept = applied.kept, fresh = applied.fresh, "config applied");
+            let unsaved = save(options, &target).await;
+            // INVARIANT: the hello names a version the agent would enforce
+            // after a restart, so an unsaved config is sent again.
+            if unsaved.is_none() {
+                *current = version.clone();
+            }
+            if let Some(f) = &options.on_applied {
+                f(&target);
+            }
+            if let Some(f) = &options.on_saved {
+                f(unsaved.as_deref());
+            }
+            proto::agent_message::Msg::Ack(proto::Ack {
+                version,
+                nonce,
+                unsaved: unsaved.unwrap_or_default(),
+            })
+        }
+        Err((error, rule)) => {
+            tracing::warn!(version = %version, %error, "config refused; keeping the previous one");
+            nack(current, &version, nonce, error, rule)
+        }
+    }
+}
+
+/// Carries out a command; an `Arm` is answered with the stats at once, so
+/// that the control plane sees the latch enforced again.
+fn command(
+    engine: &Engine,
+    options: &ControlOptions,
+    kind: proto::command::Kind,
+) -> Option<proto::agent_message::Msg> {
+    match kind {
+        proto::command::Kind::Release(r) => commands::release(engine, &r),
+        proto::command::Kind::Arm(latch) => {
+            commands::arm(engine, &latch);
+            return Some(proto::agent_message::Msg::Stats(
+                engine.stats().to_proto(now_unix_ms()),
+            ));
+        }
+        proto::command::Kind::Drain(d) => {
+            tracing::info!(deadline_ms = d.deadline_ms, "drain command");
+            if let Some(f) = &options.on_drain {
+                f(Duration::from_millis(d.deadline_ms));
+            }
+        }
+        proto::command::Kind::Deregistered(d) => {
+            tracing::info!(version = d.version, "every agent dropped this instance");
+            if let Some(f) = &options.on_deregistered {
+                f();
+            }
+        }
+    }
+    None
 }
 
 /// A whole set (pushed or made by a delta) to the balancer.
