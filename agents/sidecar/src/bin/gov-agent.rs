@@ -17,7 +17,9 @@ use http::uri::Authority;
 #[path = "gov-agent/setup.rs"]
 mod setup;
 
-use setup::{Credentials, cluster_store, decision_log, peer_tls, read_token, start_control};
+use setup::{
+    Credentials, cluster_store, control_tls, decision_log, peer_tls, read_token, start_control,
+};
 
 /// The agent's allocator is jemalloc, with its background thread purging freed
 /// pages, not the system's. After a flood (many h2c connections and streams,
@@ -374,27 +376,9 @@ async fn run(args: Args) -> ExitCode {
         c.state_dir = args.state_dir.clone();
         c
     });
-    // TLS files and the URL are checked once, here: a mistake is a usage
-    // error, not a reason to retry forever.
-    let tls = gov_proto::tls::ClientTls::read(&gov_proto::tls::ClientTlsFiles {
-        ca: args.tls_ca.clone(),
-        cert: args.tls_cert.clone(),
-        key: args.tls_key.clone(),
-    })
-    .and_then(|tls| {
-        if let Some(c) = &control {
-            for url in gov_agent::control::urls(&c.url) {
-                tls.endpoint(url)?;
-            }
-        }
-        Ok(tls)
-    });
-    let tls = match tls {
+    let tls = match control_tls(&args, control.as_ref()) {
         Ok(tls) => tls,
-        Err(error) => {
-            gov_proto::report::plain(&error);
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(code) => return code,
     };
     let cluster_store = match cluster_store(&args) {
         Ok(store) => store,
@@ -439,7 +423,7 @@ async fn run(args: Args) -> ExitCode {
         mtls,
     };
     // Before the listeners (and the "started" line): see `Signals`.
-    let mut signals = Signals::install(OTHERWISE);
+    let signals = Signals::install(OTHERWISE);
     let sidecar = match Sidecar::start(options).await {
         Ok(sidecar) => sidecar,
         Err(error) => {
@@ -477,6 +461,18 @@ async fn run(args: Args) -> ExitCode {
             stopping.clone(),
         ));
     }
+    stop_on_signal(signals, sidecar, &stopping).await;
+    ExitCode::SUCCESS
+}
+
+/// Runs until a signal (then the config's shutdown steps) or until the
+/// sidecar stops of itself, and returns once it has stopped; a second signal
+/// while it drains exits at once.
+async fn stop_on_signal(
+    mut signals: Signals,
+    sidecar: Sidecar,
+    stopping: &tokio_util::sync::CancellationToken,
+) {
     tokio::select! {
         signal = signals.next() => {
             tracing::info!(signal, "received signal");
@@ -493,7 +489,6 @@ async fn run(args: Args) -> ExitCode {
         std::process::exit(130);
     });
     sidecar.stopped().await;
-    ExitCode::SUCCESS
 }
 
 fn parse_authority(s: &str) -> Result<Authority, String> {

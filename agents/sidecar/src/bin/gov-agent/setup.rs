@@ -30,6 +30,32 @@ pub(super) fn cluster_store(
     }
 }
 
+/// TLS towards govd: the files read, and every `--control-plane` URL
+/// checked against it once, here: a mistake is a usage error, not a reason
+/// to retry forever.
+pub(super) fn control_tls(
+    args: &Args,
+    control: Option<&gov_agent::control::ControlOptions>,
+) -> Result<gov_proto::tls::ClientTls, ExitCode> {
+    let tls = gov_proto::tls::ClientTls::read(&gov_proto::tls::ClientTlsFiles {
+        ca: args.tls_ca.clone(),
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+    })
+    .and_then(|tls| {
+        if let Some(c) = control {
+            for url in gov_agent::control::urls(&c.url) {
+                tls.endpoint(url)?;
+            }
+        }
+        Ok(tls)
+    });
+    tls.map_err(|error| {
+        gov_proto::report::plain(&error);
+        ExitCode::from(EXIT_USAGE)
+    })
+}
+
 /// The decision log's options, checked.
 pub(super) fn decision_log(
     args: &Args,
