@@ -274,34 +274,7 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
         let paths = gov_proto::path::Reading::from_wire(t.paths)
             .ok_or(InvalidConfig::Paths { value: t.paths })?;
 
-        if t.rules.len() > MAX_RULES {
-            return Err(InvalidConfig::TooManyRules {
-                count: t.rules.len(),
-                max: MAX_RULES,
-            });
-        }
-        let mut rules = t.rules.iter().map(rule).collect::<Result<Vec<_>, _>>()?;
-        // The declaration is the service's own: outbound calls go to other
-        // services, read case-sensitively.
-        if paths.case_insensitive {
-            for r in rules
-                .iter_mut()
-                .filter(|r| r.direction == Direction::Inbound)
-            {
-                r.on.fold_case();
-                if let RuleSpec::Limit(l) = &mut r.spec {
-                    l.fold_case();
-                }
-            }
-        }
-        let mut seen = HashSet::new();
-        for r in &rules {
-            if !seen.insert(r.name.clone()) {
-                return Err(InvalidConfig::Duplicate {
-                    rule: r.name.to_string(),
-                });
-            }
-        }
+        let mut rules = rules(&t.rules, paths.case_insensitive)?;
 
         // Before the rules' metas: a bulkhead keyed by class keys its calls.
         let classes = classes(&t.service, &t.matches, paths.case_insensitive)?;
@@ -336,43 +309,8 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             Direction::Outbound,
         );
         let consumer_source = ConsumerSource::from_wire(t.consumer_source.as_ref())?;
-        let mut judged = vec![consumer_header.clone()];
-        if let Some(jwt) = consumer_source.jwt()
-            && !judged.contains(&jwt.header)
-        {
-            judged.push(jwt.header.clone());
-        }
-        let mut claims: Vec<Box<str>> = Vec::new();
-        for r in &rules {
-            if let RuleSpec::Limit(l) = &r.spec {
-                for part in &l.parts {
-                    let KeyPart::Claim(c) = part else { continue };
-                    // Only a verified token has claims, and only inbound.
-                    if consumer_source.jwt().is_none() || r.direction != Direction::Inbound {
-                        return Err(Ctx::new(&r.name).err(format!(
-                            "keyed on `claim \"{c}\"`, but claims are verified only on inbound calls of a service with `consumer from jwt`"
-                        )));
-                    }
-                    if !claims.contains(c) {
-                        claims.push(c.clone());
-                    }
-                }
-            }
-        }
-        for r in &rules {
-            r.on.headers(&mut judged);
-            // A header a key reads is judged too: sent twice, the engine
-            // would key on one copy while the upstream reads another.
-            if let RuleSpec::Limit(l) = &r.spec {
-                for part in &l.parts {
-                    if let KeyPart::Header(h) = part
-                        && !judged.contains(h)
-                    {
-                        judged.push(h.clone());
-                    }
-                }
-            }
-        }
+        let claims = claims(&rules, &consumer_source)?;
+        let judged = judged(&rules, &consumer_header, &consumer_source);
         Ok(Self {
             service: t.service.as_str().into(),
             domain: t.domain.as_str().into(),
@@ -381,8 +319,8 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             consumer_source,
             paths,
             rules,
-            judged: judged.into_boxed_slice(),
-            claims: claims.into_boxed_slice(),
+            judged,
+            claims,
             metas,
             expiring,
             inbound,
@@ -390,6 +328,92 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             classes,
         })
     }
+}
+
+/// The rules of the wire, at most [`MAX_RULES`], each converted, their names
+/// unique; inbound ones folded for a case-insensitive service (`fold`).
+fn rules(wire: &[proto::Rule], fold: bool) -> Result<Vec<Rule>, InvalidConfig> {
+    if wire.len() > MAX_RULES {
+        return Err(InvalidConfig::TooManyRules {
+            count: wire.len(),
+            max: MAX_RULES,
+        });
+    }
+    let mut rules = wire.iter().map(rule).collect::<Result<Vec<_>, _>>()?;
+    // The declaration is the service's own: outbound calls go to other
+    // services, read case-sensitively.
+    if fold {
+        for r in rules
+            .iter_mut()
+            .filter(|r| r.direction == Direction::Inbound)
+        {
+            r.on.fold_case();
+            if let RuleSpec::Limit(l) = &mut r.spec {
+                l.fold_case();
+            }
+        }
+    }
+    let mut seen = HashSet::new();
+    for r in &rules {
+        if !seen.insert(r.name.clone()) {
+            return Err(InvalidConfig::Duplicate {
+                rule: r.name.to_string(),
+            });
+        }
+    }
+    Ok(rules)
+}
+
+/// The token claims limits key on, each once; refused on a rule that could
+/// not have them (only a verified token has claims, and only inbound).
+fn claims(rules: &[Rule], source: &ConsumerSource) -> Result<Box<[Box<str>]>, InvalidConfig> {
+    let mut claims: Vec<Box<str>> = Vec::new();
+    for r in rules {
+        if let RuleSpec::Limit(l) = &r.spec {
+            for part in &l.parts {
+                let KeyPart::Claim(c) = part else { continue };
+                if source.jwt().is_none() || r.direction != Direction::Inbound {
+                    return Err(Ctx::new(&r.name).err(format!(
+                        "keyed on `claim \"{c}\"`, but claims are verified only on inbound calls of a service with `consumer from jwt`"
+                    )));
+                }
+                if !claims.contains(c) {
+                    claims.push(c.clone());
+                }
+            }
+        }
+    }
+    Ok(claims.into_boxed_slice())
+}
+
+/// The headers the engine judges, each once: the consumer's (and the
+/// token's), those the rules match on, and those limits key on.
+fn judged(
+    rules: &[Rule],
+    consumer_header: &HeaderName,
+    source: &ConsumerSource,
+) -> Box<[HeaderName]> {
+    let mut judged = vec![consumer_header.clone()];
+    if let Some(jwt) = source.jwt()
+        && !judged.contains(&jwt.header)
+    {
+        judged.push(jwt.header.clone());
+    }
+    for r in rules {
+        r.on.headers(&mut judged);
+        // A header a key reads is judged too: sent twice, the engine
+        // would key on one copy while the upstream reads another.
+        if let RuleSpec::Limit(l) = &r.spec {
+            for part in &l.parts {
+                if let KeyPart::Header(h) = part
+                    && !judged.contains(h)
+                {
+                    judged.push(h.clone());
+                }
+            }
+        }
+    }
+    judged.into_boxed_slice()
 }
 
 /// The named matches of `matches` that declare a class: each checked (a
