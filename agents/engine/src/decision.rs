@@ -13,7 +13,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::admission::{Admission, Pending, Step, StepError, Steps};
+use crate::admission::{Admission, Call, Pending, Step, StepError, Steps};
 use crate::clock::Now;
 use crate::config::{CompiledConfig, Direction};
 use crate::criticality::Class;
@@ -240,10 +240,12 @@ pub(crate) fn admit_matched(
     let config = &*snap.config;
     let plan = config.router(req.direction).resolve(at, scratch);
     let now = Now::read();
-    let mut admission = Admission::started(now);
+    // Worked on in its box, made an `Admission` (which ends it when
+    // dropped) at every return.
+    let mut call = Call::take(Some(now));
     // The shortest deadline a matched rule enforces (a shadow rule's is
     // counted, not enforced: `Admission::record`).
-    admission.set_timeout_rule(plan.timeout.map(|(_, id)| id.0));
+    call.timeout = plan.timeout.map(|(_, id)| id.0);
     // Read the request's keys only when a rule's scope depends on them, and
     // the consumer only when a rule's scope needs it.
     let path;
@@ -273,25 +275,26 @@ pub(crate) fn admit_matched(
     // The steps' slice, not `Plan::ids` (an opaque iterator would hold its
     // borrow of the snapshot up to the returns that move it).
     for (i, &(_, id)) in plan.steps.iter().enumerate() {
-        match admission.step_now(&snap, step_of(&snap, config, keys.as_ref(), id), now) {
+        match call.step_now(&snap, step_of(&snap, config, keys.as_ref(), id), now) {
             Ok(()) => {}
             Err(StepError::Rejected(r)) => {
                 // Gives back what the earlier steps took.
-                admission.snap = Some(snap);
+                call.snap = Some(snap);
+                drop(Admission::of(call));
                 return Decision::Rejected(r);
             }
             Err(StepError::Wait(waiting)) => {
                 let mut rest = Steps::new();
                 rest.push(waiting);
                 rest.extend(plan.steps[i + 1..].iter().map(|&(_, id)| step(id)));
-                admission.snap = Some(snap);
-                return Decision::Wait(Pending::new(admission, rest));
+                call.snap = Some(snap);
+                return Decision::Wait(Pending::new(Admission::of(call), rest));
             }
         }
     }
-    admission.snap = Some(snap);
-    admission.complete(stripe::current());
-    Decision::Admitted(admission)
+    call.snap = Some(snap);
+    call.complete(stripe::current());
+    Decision::Admitted(Admission::of(call))
 }
 
 /// The step of rule `id`: its scope by `keys` when the rule keys its calls

@@ -349,7 +349,8 @@ impl Engine {
 
     /// Decides without waiting. Does not allocate when at most
     /// [`INLINE_RULES`](crate::route::INLINE_RULES) rules match and their
-    /// scopes already exist.
+    /// scopes already exist (and, for a matched call, this thread's free
+    /// list has a box: `admission::call`).
     #[inline]
     pub fn try_admit(&self, req: &RequestInfo<'_>) -> Decision {
         let generation = self.shared.generation.load(Acquire);

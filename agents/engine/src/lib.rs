@@ -67,7 +67,9 @@
 //!   [`cluster::Backend`] (Redis in `gov-agent`).
 //!
 //! The decision does not allocate and takes no lock when at most
-//! [`route::INLINE_RULES`] rules match and their scopes exist; only
+//! [`route::INLINE_RULES`] rules match and their scopes exist (a governed
+//! call's state is boxed from a per-thread free list, allocated only while
+//! a thread's list is empty); only
 //! `tokio::time` is read, so every state machine runs under paused time in tests.
 
 pub mod admission;

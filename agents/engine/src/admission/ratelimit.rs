@@ -12,10 +12,11 @@ impl Admission {
     /// the shared store, names its policy alone). `None` when there is no
     /// such limit (or none names what is left: `RateLimit` empty).
     pub fn ratelimit_headers(&self) -> Option<(String, Option<String>)> {
-        let snap = self.snap.as_deref().filter(|s| s.any_headers_always)?;
+        let call = self.0.as_deref()?;
+        let snap = call.snap.as_deref().filter(|s| s.any_headers_always)?;
         let now = Now::read();
         let mut out: Option<(String, Option<String>)> = None;
-        for h in self.held.iter().filter(|h| h.granted()) {
+        for h in call.held.iter().filter(|h| h.granted()) {
             let (Some(state), Some(rule)) = (
                 snap.states.get(h.rule as usize),
                 snap.config.rules.get(h.rule as usize),
@@ -24,7 +25,7 @@ impl Admission {
             };
             let scope = h
                 .keyed
-                .then(|| self.keyed.iter().flatten().find(|(r, _)| *r == h.rule))
+                .then(|| call.keyed.iter().flatten().find(|(r, _)| *r == h.rule))
                 .flatten()
                 .map(|(_, s)| s);
             let Some((policy, state)) = state.admitted_ratelimit(&rule.name, scope, now) else {

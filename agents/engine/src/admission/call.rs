@@ -1,0 +1,665 @@
+//! What an admission keeps of a governed (or observed) call, behind one
+//! pointer: the rules it holds, its deadlines, its outcome, its observer.
+//! An [`Admission`](super::Admission) of a request no rule matched holds
+//! none of it (a null pointer: nothing to move, nothing to drop).
+//!
+//! The boxes come from a per-thread free list (issue 39): a decision takes
+//! one and the end of the call gives it back blank, on the thread that ends
+//! it, so a steady flow of calls allocates nothing; each list keeps at most
+//! [`KEPT`] boxes and frees what is given beyond that.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use tokio::time::Instant;
+
+use crate::clock::Now;
+use crate::config::Mode;
+use crate::outcome::Outcome;
+use crate::primitive::{Answer, Grant};
+use crate::rejection::{RejectReason, Rejection, WouldReject};
+use crate::snapshot::Snapshot;
+use crate::state::Scope;
+use crate::stats::Latency;
+use crate::stripe::{self, Slot};
+
+/// One step of a decision: a matched rule and the scope (key) of this call.
+#[derive(Debug)]
+pub(crate) struct Step {
+    pub(crate) rule: u32,
+    pub(crate) scope: Scope,
+}
+
+pub(crate) type Steps = SmallVec<[Step; 4]>;
+
+/// Why a step did not pass at once.
+pub(crate) enum StepError {
+    Rejected(Rejection),
+    /// The step may pass after waiting.
+    Wait(Step),
+}
+
+/// What an admission holds of one rule until it ends. Copied whole: a
+/// keyed scope (an `Arc`) is kept aside in [`Call::keyed`].
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Held {
+    pub(super) rule: u32,
+    pub(super) grant: Grant,
+    /// The scope is in `Call::keyed`, else the rule's own.
+    pub(super) keyed: bool,
+    /// The rule has something to give back when the call ends (a bulkhead
+    /// permit, a fuse's probe): the end of the call visits only these.
+    gives_back: bool,
+    /// A rule in mode shadow that would have refused the call, and why: it
+    /// holds nothing, and the call is not counted or recorded by it.
+    refused: Option<RejectReason>,
+}
+
+impl Held {
+    /// Whether the rule granted the call (and so counts and records it).
+    #[inline]
+    pub(super) fn granted(&self) -> bool {
+        self.refused.is_none()
+    }
+}
+
+/// How an admitted call ended, for [`Admission::on_end`](super::Admission::on_end).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ended {
+    /// The recorded outcome; `None` when the call ended without one (the
+    /// client left, or the request never reached the upstream).
+    pub outcome: Option<Outcome>,
+    /// When the outcome was recorded (the response head, usually): when
+    /// fuses and latency histograms counted the call, which can be well
+    /// before its end. `None` with `outcome`.
+    pub outcome_at: Option<Instant>,
+    /// Response bytes counted through [`Admission::add_bytes`](super::Admission::add_bytes).
+    pub bytes: u64,
+    /// When the admission was dropped (its permits given back).
+    pub at: Instant,
+}
+
+/// An observer of one call's end, with what it needs counted.
+pub(super) struct Trace {
+    outcome: Option<(Outcome, Instant)>,
+    pub(super) bytes: std::sync::atomic::AtomicU64,
+    then: Box<dyn FnOnce(Ended) + Send + Sync>,
+}
+
+impl std::fmt::Debug for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trace")
+            .field("outcome", &self.outcome)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A governed or observed call. Blank (no snapshot, nothing held, no
+/// trace, no waits) while it is on a free list.
+#[derive(Debug)]
+pub(crate) struct Call {
+    /// `None` when no rule matched: nothing to hold or record.
+    pub(crate) snap: Option<Arc<Snapshot>>,
+    pub(super) held: SmallVec<[Held; 4]>,
+    /// The keyed scopes of `held` (consumers, instances), by rule; `None`
+    /// (no drop to run) until a rule keys the call.
+    pub(super) keyed: Option<SmallVec<[(u32, Scope); 1]>>,
+    /// When the decision began (`None` when no rule matched: no clock read).
+    start: Option<Now>,
+    /// The rule with the shortest matched timeout.
+    pub(crate) timeout: Option<u32>,
+    /// The caller's own deadline (`grpc-timeout`, `gov-timeout`).
+    pub(super) caller_deadline: Option<Instant>,
+    /// A gRPC call whose status comes in its trailers (its head had none).
+    pub(super) awaits_grpc_status: bool,
+    pub(super) has_bytes: bool,
+    /// Every step passed (counted as admitted in every rule).
+    admitted: bool,
+    recorded: bool,
+    /// Fuses count the call as a system error whatever its outcome.
+    pub(super) system_error: bool,
+    /// The rules that made this call wait, and how long (the decision log
+    /// reports them; empty unless a step waited, so the hot path never
+    /// allocates for it).
+    pub(super) waits: Vec<(u32, Duration)>,
+    /// Told how the call ended; `None` for almost every call.
+    pub(super) trace: Option<Box<Trace>>,
+    /// The next box of this thread's free list (`None` in use).
+    next: Option<Box<Call>>,
+    /// On a free list: how many boxes it holds from this one on.
+    kept: u32,
+}
+
+/// The most boxes one thread's free list keeps.
+pub(super) const KEPT: u32 = 64;
+
+thread_local! {
+    /// This thread's free boxes, a list through [`Call::next`].
+    static FREE: Cell<Option<Box<Call>>> = const { Cell::new(None) };
+}
+
+impl Call {
+    /// A call whose decision began at `start` (`None`: no rule matched, the
+    /// call is admitted and recorded as far as rules go), from this
+    /// thread's free list when it has one.
+    #[inline]
+    pub(crate) fn take(start: Option<Now>) -> Box<Self> {
+        let free = FREE
+            .try_with(|f| {
+                let mut call = f.take()?;
+                f.set(call.next.take());
+                Some(call)
+            })
+            .ok()
+            .flatten();
+        let settled = start.is_none();
+        match free {
+            Some(mut call) => {
+                // Blank but for these (`give`).
+                call.start = start;
+                call.timeout = None;
+                call.caller_deadline = None;
+                call.awaits_grpc_status = false;
+                call.has_bytes = false;
+                call.admitted = settled;
+                call.recorded = settled;
+                call.system_error = false;
+                call
+            }
+            None => Box::new(Self {
+                snap: None,
+                held: SmallVec::new(),
+                keyed: None,
+                start,
+                timeout: None,
+                caller_deadline: None,
+                awaits_grpc_status: false,
+                has_bytes: false,
+                admitted: settled,
+                recorded: settled,
+                system_error: false,
+                waits: Vec::new(),
+                trace: None,
+                next: None,
+                kept: 0,
+            }),
+        }
+    }
+
+    /// Ends the call (gives back what it holds, tells its observer), then
+    /// puts its box on this thread's free list, blank.
+    #[inline(never)]
+    pub(super) fn end_and_give(mut self: Box<Self>) {
+        self.ended();
+        self.snap = None;
+        self.held.clear();
+        self.keyed = None;
+        self.waits.clear();
+        self.trace = None;
+        let _ = FREE.try_with(move |f| {
+            let head = f.take();
+            let kept = head.as_ref().map_or(0, |h| h.kept);
+            if kept < KEPT {
+                self.kept = kept + 1;
+                self.next = head;
+                f.set(Some(self));
+            } else {
+                // Full: this box is freed.
+                f.set(head);
+            }
+        });
+    }
+
+    #[inline]
+    fn hold(&mut self, step: Step, grant: Grant, gives_back: bool) {
+        let keyed = step.scope.is_keyed();
+        let rule = step.rule;
+        if keyed {
+            self.keyed.get_or_insert_default().push((rule, step.scope));
+        }
+        self.has_bytes |= grant.bytes;
+        self.held.push(Held {
+            rule,
+            grant,
+            keyed,
+            gives_back: gives_back || grant.probe,
+            refused: None,
+        });
+    }
+
+    /// The keyed scope held for `h` (`None`: the rule's own).
+    #[inline]
+    pub(super) fn scope(&self, h: &Held) -> Option<&Scope> {
+        if !h.keyed {
+            return None;
+        }
+        self.keyed
+            .iter()
+            .flatten()
+            .find_map(|(rule, scope)| (*rule == h.rule).then_some(scope))
+    }
+
+    /// Runs one step of a decision on `snap` without waiting. A shadow
+    /// rule's step always passes: what it would refuse (or make wait) is
+    /// counted and kept in `held` as refused, and it holds nothing then.
+    #[inline]
+    pub(crate) fn step_now(
+        &mut self,
+        snap: &Snapshot,
+        step: Step,
+        now: Now,
+    ) -> Result<(), StepError> {
+        let start = self.start.map_or(now.at, |s| s.at);
+        let state = &snap.states[step.rule as usize];
+        match state.try_acquire(&step.scope, now, start) {
+            Answer::Granted(grant) => {
+                self.hold(step, grant, state.gives_back());
+                Ok(())
+            }
+            Answer::Wait(_) if snap.is_shadow(step.rule) => {
+                self.shadow(snap, step.rule, state.wait_refusal());
+                Ok(())
+            }
+            Answer::Refused(reason, _) if snap.is_shadow(step.rule) => {
+                self.shadow(snap, step.rule, reason);
+                Ok(())
+            }
+            Answer::Wait(_) => Err(StepError::Wait(step)),
+            Answer::Refused(reason, retry) => Err(StepError::Rejected(
+                self.rejection(snap, step.rule, reason, retry),
+            )),
+        }
+    }
+
+    /// Counts and keeps a shadow rule's would-be refusal.
+    #[cold]
+    fn shadow(&mut self, snap: &Snapshot, rule: u32, reason: RejectReason) {
+        snap.shadow_reject(rule, reason);
+        self.held.push(Held {
+            rule,
+            grant: Grant::default(),
+            keyed: false,
+            gives_back: false,
+            refused: Some(reason),
+        });
+    }
+
+    /// Counts the rejection of this call by `rule` and builds it, with the
+    /// shadow rules that would have refused it too.
+    fn rejection(
+        &self,
+        snap: &Snapshot,
+        rule: u32,
+        reason: RejectReason,
+        retry: Option<Duration>,
+    ) -> Rejection {
+        let mut r = snap.reject(rule, reason, retry);
+        if snap.any_shadow && self.held.iter().any(|h| !h.granted()) {
+            r.would_reject = self.would_reject_on(snap).collect();
+        }
+        r
+    }
+
+    /// Runs one step, waiting as the rule allows (a shadow rule's step
+    /// never waits).
+    pub(super) async fn step_wait(&mut self, step: Step) -> Result<(), Rejection> {
+        let Some(snap) = self.snap.clone() else {
+            return Ok(());
+        };
+        if snap.is_shadow(step.rule) {
+            return match self.step_now(&snap, step, Now::read()) {
+                Ok(()) | Err(StepError::Wait(_)) => Ok(()),
+                Err(StepError::Rejected(r)) => Err(r),
+            };
+        }
+        let start = self.start.map_or_else(Instant::now, |s| s.at);
+        let state = &snap.states[step.rule as usize];
+        let began = Instant::now();
+        match state.acquire(&step.scope, start).await {
+            Ok(grant) => {
+                let waited = began.elapsed();
+                if !waited.is_zero() {
+                    self.waits.push((step.rule, waited));
+                }
+                let gives_back = state.gives_back();
+                self.hold(step, grant, gives_back);
+                Ok(())
+            }
+            Err((reason, retry)) => Err(self.rejection(&snap, step.rule, reason, retry)),
+        }
+    }
+
+    /// Every step passed: count the call as admitted by every matched rule
+    /// (in the stripe of `slot`, the calling thread's).
+    #[inline]
+    pub(crate) fn complete(&mut self, slot: Slot) {
+        self.admitted = true;
+        if let Some(snap) = &self.snap {
+            for h in self.held.iter().filter(|h| h.granted()) {
+                snap.states[h.rule as usize].counters().admit(slot);
+            }
+        }
+    }
+
+    pub(super) fn rule_timeout(&self) -> Option<Duration> {
+        self.snap.as_deref()?.rule_timeout(self.timeout?)
+    }
+
+    pub(super) fn would_reject_on<'a>(
+        &'a self,
+        snap: &'a Snapshot,
+    ) -> impl Iterator<Item = WouldReject> + 'a {
+        self.held.iter().filter_map(|h| {
+            Some(WouldReject {
+                rule: snap.config.rules.get(h.rule as usize)?.name.clone(),
+                reason: h.refused?,
+            })
+        })
+    }
+
+    /// The rules to name to the upstream in `gov-would-reject-by`.
+    pub(super) fn stamps(&self) -> impl Iterator<Item = &str> + '_ {
+        let rules = self.snap.as_deref().map(|s| &s.config.rules[..]);
+        self.held
+            .iter()
+            .filter(|h| !h.granted())
+            .filter_map(move |h| {
+                let rule = rules?.get(h.rule as usize)?;
+                (rule.mode == Mode::Shadow { stamp: true }).then_some(&*rule.name)
+            })
+    }
+
+    /// The rules that admitted this call, each with how long it waited.
+    pub(super) fn rules(&self) -> impl Iterator<Item = (&Arc<str>, Option<Duration>)> {
+        let snap = self.snap.as_deref();
+        self.held.iter().filter_map(move |h| {
+            let rule = &snap?.config.rules.get(h.rule as usize)?.name;
+            let wait = self
+                .waits
+                .iter()
+                .find_map(|&(r, d)| (r == h.rule).then_some(d));
+            Some((rule, wait))
+        })
+    }
+
+    /// The retry rule that matched this call (the first), unless in mode shadow.
+    pub(super) fn retry(&self) -> Option<crate::RetryPolicy> {
+        let snap = self.snap.as_deref()?;
+        self.held
+            .iter()
+            .filter(|h| h.granted() && !snap.is_shadow(h.rule))
+            .find_map(|h| snap.states[h.rule as usize].retry())
+    }
+
+    /// Calls `then` once when this call ends.
+    pub(super) fn on_end(&mut self, then: Box<dyn FnOnce(Ended) + Send + Sync>) {
+        self.trace = Some(Box::new(Trace {
+            outcome: None,
+            bytes: std::sync::atomic::AtomicU64::new(0),
+            then,
+        }));
+    }
+
+    /// Adds request or response bytes to every matched byte limit.
+    pub(super) fn add_bytes(&self, n: u64) {
+        if let Some(trace) = &self.trace {
+            trace
+                .bytes
+                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+        if !self.has_bytes {
+            return;
+        }
+        if let Some(snap) = &self.snap {
+            let now = Instant::now();
+            for h in self.held.iter().filter(|h| h.grant.bytes) {
+                snap.states[h.rule as usize].add_bytes(self.scope(h), n, now);
+            }
+        }
+    }
+
+    /// Records how the call ended (first call wins).
+    #[inline]
+    pub(super) fn record(&mut self, outcome: Outcome) {
+        if let Some(trace) = &mut self.trace
+            && trace.outcome.is_none()
+        {
+            trace.outcome = Some((outcome, Instant::now()));
+        }
+        if !self.recorded {
+            self.recorded = true;
+            self.record_outcome(outcome);
+        }
+    }
+
+    fn record_outcome(&mut self, outcome: Outcome) {
+        let Some(snap) = self.snap.as_deref() else {
+            return;
+        };
+        let slot = stripe::current();
+        let now = Now::read();
+        let elapsed = self.start.map_or(0, |s| now.nanos_since(s));
+        let latency = Latency::of_nanos(elapsed);
+        for h in self.held.iter_mut().filter(|h| h.granted()) {
+            let state = &snap.states[h.rule as usize];
+            state.counters().latency(slot, latency);
+            if let Outcome::Grpc(code) = outcome {
+                state.counters().grpc(slot, code);
+            }
+            let grant = Grant {
+                system_error: self.system_error,
+                ..h.grant
+            };
+            state.record(slot, outcome, grant, now, Duration::from_nanos(elapsed));
+            // A probe has reported; dropping must not give it back.
+            h.grant.probe = false;
+        }
+        if snap.any_shadow {
+            shadow_timeouts(snap, &self.held, Duration::from_nanos(elapsed));
+        }
+    }
+
+    /// The call exceeded its timeout: records a timeout for fuses, counts
+    /// it on the timeout's rule, and returns the 504 rejection.
+    pub(super) fn timed_out(&mut self) -> Rejection {
+        self.record(Outcome::Timeout);
+        // The timer fired: the rule's, unless the caller's deadline passed.
+        let caller_passed = crate::deadline::passed(self.caller_deadline, Instant::now());
+        let rule_first = self.rule_timeout().is_some() && !caller_passed;
+        match (self.snap.as_ref(), self.timeout) {
+            (Some(snap), Some(rule)) if rule_first => {
+                snap.reject(rule, RejectReason::Timeout, None)
+            }
+            // No rule's deadline passed: the caller's own.
+            _ => Rejection::caller_deadline(crate::rejection::DeadlineEnd::InFlight),
+        }
+    }
+
+    /// Ends a governed call: returns permits and abandoned probes.
+    fn end(&mut self) {
+        let Some(snap) = &self.snap else { return };
+        // A recorded call ended in a latency bucket; count the others here.
+        let unrecorded = (self.admitted && !self.recorded).then(stripe::current);
+        for h in self
+            .held
+            .iter()
+            .filter(|h| h.granted() && (h.gives_back || unrecorded.is_some()))
+        {
+            let state = &snap.states[h.rule as usize];
+            if let Some(slot) = unrecorded {
+                state.counters().end(slot);
+            }
+            state.release(self.scope(h), h.grant);
+        }
+    }
+
+    /// The end of a governed or observed call.
+    fn ended(&mut self) {
+        if self.snap.is_some() {
+            self.end();
+        }
+        if let Some(trace) = self.trace.take() {
+            let ended = Ended {
+                outcome: trace.outcome.map(|(o, _)| o),
+                outcome_at: trace.outcome.map(|(_, at)| at),
+                bytes: trace.bytes.into_inner(),
+                at: Instant::now(),
+            };
+            (trace.then)(ended);
+        }
+    }
+}
+
+/// A shadow rule's deadline is not enforced: counts the calls that
+/// outlived it as the timeouts it would have cut off.
+#[cold]
+fn shadow_timeouts(snap: &Snapshot, held: &[Held], elapsed: Duration) {
+    for h in held
+        .iter()
+        .filter(|h| h.granted() && snap.is_shadow(h.rule))
+    {
+        if snap.states[h.rule as usize]
+            .timeout()
+            .is_some_and(|t| elapsed > t)
+        {
+            snap.shadow_reject(h.rule, RejectReason::Timeout);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http::{HeaderMap, Method};
+
+    use super::*;
+    use crate::{Admission, Decision, Engine, RequestInfo};
+
+    /// How many boxes this thread's free list holds.
+    fn free_len() -> u32 {
+        FREE.with(|f| {
+            let head = f.take();
+            let n = head.as_ref().map_or(0, |h| h.kept);
+            f.set(head);
+            n
+        })
+    }
+
+    /// Whether the head of this thread's free list is blank.
+    fn head_blank() -> bool {
+        FREE.with(|f| {
+            let head = f.take();
+            let blank = head.as_ref().is_some_and(|c| {
+                c.snap.is_none()
+                    && c.held.is_empty()
+                    && c.keyed.is_none()
+                    && c.trace.is_none()
+                    && c.waits.is_empty()
+            });
+            f.set(head);
+            blank
+        })
+    }
+
+    fn engine() -> Engine {
+        let engine = Engine::empty("order");
+        let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+            r#"
+service: order
+rules:
+- name: order/one
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  bulkhead:
+    max_concurrent: 1
+    timeout_ms: 1000
+"#,
+        )
+        .expect("the test config parses");
+        gov_proto::compiled::fill(&mut target);
+        assert!(engine.apply_target(&target).is_ok());
+        engine
+    }
+
+    fn decide(e: &Engine, path: &str) -> Option<Admission> {
+        let h = HeaderMap::new();
+        match e.try_admit(&RequestInfo::inbound(&Method::GET, path, &h)) {
+            Decision::Admitted(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Each test on a thread of its own: a free list of its own.
+    fn on_a_thread(test: impl FnOnce() + Send + 'static) {
+        assert!(std::thread::spawn(test).join().is_ok());
+    }
+
+    #[test]
+    fn an_unmatched_admission_takes_no_box() {
+        on_a_thread(|| {
+            let e = engine();
+            let a = decide(&e, "/other");
+            assert!(a.as_ref().is_some_and(|a| a.0.is_none()));
+            drop(a);
+            assert_eq!(free_len(), 0);
+        });
+    }
+
+    #[test]
+    fn an_ended_call_gives_its_box_back_blank_and_the_next_reuses_it() {
+        on_a_thread(|| {
+            let e = engine();
+            let a = decide(&e, "/one");
+            assert!(a.as_ref().is_some_and(Admission::is_governed));
+            assert_eq!(free_len(), 0);
+            assert!(decide(&e, "/one").is_none(), "the one permit is held");
+            // The refused decision's box came back.
+            assert_eq!(free_len(), 1);
+            drop(a);
+            assert_eq!(free_len(), 2);
+            assert!(head_blank(), "no snapshot, rule or observer kept");
+            // The permit came back, and a box is taken again.
+            let b = decide(&e, "/one");
+            assert!(b.as_ref().is_some_and(Admission::is_governed));
+            assert_eq!(free_len(), 1);
+            drop(b);
+            assert_eq!(free_len(), 2);
+            // An unmatched call that is observed takes a blank box: it
+            // holds nothing of the governed call before it.
+            let ended = Arc::new(AtomicUsize::new(0));
+            let mut c = Admission::unmatched();
+            let seen = ended.clone();
+            c.on_end(move |end| {
+                assert_eq!(end.outcome, None);
+                seen.fetch_add(1, Ordering::Relaxed);
+            });
+            assert_eq!(free_len(), 1);
+            assert!(!c.is_governed());
+            assert_eq!(c.rules().count(), 0);
+            assert_eq!(c.timeout(), None);
+            assert!(!c.counts_bytes());
+            assert_eq!(c.config_version(), None);
+            drop(c);
+            assert_eq!(ended.load(Ordering::Relaxed), 1);
+            assert!(head_blank());
+        });
+    }
+
+    #[test]
+    fn a_free_list_keeps_at_most_kept_boxes() {
+        on_a_thread(|| {
+            let held: Vec<Admission> = (0..KEPT + 5)
+                .map(|_| {
+                    let mut a = Admission::unmatched();
+                    a.set_caller_deadline(Some(Instant::now()));
+                    a
+                })
+                .collect();
+            assert_eq!(free_len(), 0);
+            drop(held);
+            assert_eq!(free_len(), KEPT);
+        });
+    }
+}
