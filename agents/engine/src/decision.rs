@@ -25,8 +25,11 @@ use crate::snapshot::Snapshot;
 use crate::state::Scope;
 use crate::stripe;
 
-/// The result of [`Engine::try_admit`](crate::Engine::try_admit).
+/// The result of [`Engine::try_admit`](crate::Engine::try_admit). Tagged
+/// by a byte of its own (issue 39: without it the variant was read from a
+/// niche of [`Rejection`], a dozen instructions on every decision).
 #[derive(Debug)]
+#[repr(u8)]
 pub enum Decision {
     Admitted(Admission),
     Rejected(Rejection),
