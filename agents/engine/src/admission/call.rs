@@ -102,7 +102,10 @@ impl std::fmt::Debug for Trace {
 pub(crate) struct Call {
     /// `None` when no rule matched: nothing to hold or record.
     pub(crate) snap: Option<Arc<Snapshot>>,
-    pub(super) held: SmallVec<[Held; 4]>,
+    /// A `Vec`, not a `SmallVec`: a box from the free list keeps its
+    /// capacity (no allocation in steady state), and pushes and walks skip
+    /// the inline-or-spilled test.
+    pub(super) held: Vec<Held>,
     /// The keyed scopes of `held` (consumers, instances), by rule; `None`
     /// (no drop to run) until a rule keys the call.
     pub(super) keyed: Option<SmallVec<[(u32, Scope); 1]>>,
@@ -170,7 +173,7 @@ impl Call {
             }
             None => Box::new(Self {
                 snap: None,
-                held: SmallVec::new(),
+                held: Vec::new(),
                 keyed: None,
                 start,
                 timeout: None,
