@@ -12,8 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-matched_budget=1740
-unmatched_budget=210
+matched_budget=1720
+unmatched_budget=160
 
 if ! command -v valgrind >/dev/null 2>&1; then
   echo "decision-budget: valgrind is not installed (apt-get install valgrind)" >&2
