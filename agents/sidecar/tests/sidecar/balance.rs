@@ -247,9 +247,12 @@ async fn hyper_path_retries_bodiless_calls_and_ejects_a_dead_instance() {
 
 /// Serves `CLIENTS` x `PER_CLIENT` GETs through an agent balancing with `balance` over
 /// a fast instance and one 10x slower; returns the calls the slow one received.
+/// 5 ms and 50 ms rather than 2 and 20: a loaded machine adds a few ms of
+/// scheduling to both, which at 2 and 20 brought the ratio the balancer sees
+/// near 4x (peak-EWMA then sent 180 of 800 to the slow one, at load 6).
 async fn slow_share(balance: Balance) -> u64 {
-    let fast = upstream().fast("/work", ms(2)).start().await;
-    let slow = upstream().slow("/work", ms(20)).start().await;
+    let fast = upstream().fast("/work", ms(5)).start().await;
+    let slow = upstream().slow("/work", ms(50)).start().await;
     let local = upstream().start().await;
     let agent = agent()
         .upstream(&local)
