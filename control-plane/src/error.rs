@@ -187,7 +187,7 @@ pub enum Error {
         endpoints: String,
         op: &'static str,
         #[source]
-        source: etcd_client::Error,
+        source: crate::etcd::client::EtcdError,
     },
 }
 

@@ -24,6 +24,7 @@
 //!   create revision, so a replica whose lease expired (a long pause, a
 //!   partition) cannot write as the leader any more, whatever it believes.
 
+pub mod client;
 mod config;
 mod tls;
 mod txn;
@@ -32,10 +33,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    WatchOptions,
-};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -45,10 +42,14 @@ use crate::store::parts::{self, Stored};
 use crate::store::{
     AuditEntry, Fence, KnownAgent, Loaded, Persisted, Revision, Store, StoreFuture,
 };
+use client::pb::etcdserverpb::{
+    Compare, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse,
+};
+use client::{Client, ConnectOptions, EtcdError};
 pub use config::EtcdConfig;
 use config::etcd_error;
 pub use tls::EtcdTlsFiles;
-use txn::{Split, batches, mod_revisions, removals, split, state_of, transient, txn_op};
+use txn::{Split, batches, mod_revisions, removals, split, state_of, txn_op};
 
 /// Each etcd call gives up after this (the store is then unavailable, and
 /// the caller says so).
@@ -98,16 +99,17 @@ impl EtcdStore {
         config: EtcdConfig,
         shutdown: CancellationToken,
     ) -> Result<Arc<Self>, Error> {
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(CALL_TIMEOUT)
-            .with_timeout(CALL_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
+        let mut options = ConnectOptions {
+            timeout: Some(CALL_TIMEOUT),
+            connect_timeout: Some(CALL_TIMEOUT),
+            keep_alive: Some((Duration::from_secs(5), Duration::from_secs(5))),
+            tls: None,
+        };
         if let Some(files) = &config.tls {
             files.check(true)?;
-            options = options.with_tls(files.read()?);
+            options.tls = Some(files.read()?);
         }
-        let client = Client::connect(&config.endpoints, Some(options))
-            .await
+        let client = Client::connect(&config.endpoints, &options)
             .map_err(|source| etcd_error(&config, "connect", source))?;
         let store = Arc::new(Self {
             client,
@@ -121,7 +123,7 @@ impl EtcdStore {
         });
         // A first call: a wrong address fails here, not in the first apply.
         store
-            .get(store.config.key("revision"), None, "answer")
+            .get(RangeRequest::key(store.config.key("revision")), "answer")
             .await?;
         tokio::spawn(follow(store.clone(), shutdown.clone()));
         tokio::spawn(campaign(store.clone(), shutdown));
@@ -171,26 +173,26 @@ impl EtcdStore {
         self.leader_rev.load(Ordering::SeqCst) != 0
     }
 
-    fn error(&self, op: &'static str, source: etcd_client::Error) -> Error {
+    fn error(&self, op: &'static str, source: EtcdError) -> Error {
         etcd_error(&self.config, op, source)
     }
 
     /// Runs `call` again while it fails in a way that says the call may not
     /// have reached a member that could serve it, or its answer was lost
-    /// ([`transient`]: a member killed mid-call, a leader change, a
+    /// ([`EtcdError::transient`]: a member killed mid-call, a leader change, a
     /// timeout), at most `RETRY_ATTEMPTS` times and for `RETRY_BUDGET`. A
     /// write tried again may have landed the first time: the conditional
     /// writes here find that out (a compare that fails on their own write).
     async fn retry<T, F>(&self, op: &'static str, call: impl Fn() -> F) -> Result<T, Error>
     where
-        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+        F: std::future::Future<Output = Result<T, EtcdError>>,
     {
         let deadline = tokio::time::Instant::now() + RETRY_BUDGET;
         let mut attempt = 1;
         loop {
             match call().await {
                 Err(error)
-                    if transient(&error)
+                    if error.transient()
                         && attempt < RETRY_ATTEMPTS
                         && tokio::time::Instant::now() + RETRY_PAUSE < deadline =>
                 {
@@ -203,27 +205,12 @@ impl EtcdStore {
         }
     }
 
-    async fn get(
-        &self,
-        key: String,
-        options: Option<GetOptions>,
-        op: &'static str,
-    ) -> Result<etcd_client::GetResponse, Error> {
-        self.retry(op, || {
-            let (key, options) = (key.clone(), options.clone());
-            let mut kv = self.client.kv_client();
-            async move { kv.get(key, options).await }
-        })
-        .await
+    async fn get(&self, request: RangeRequest, op: &'static str) -> Result<RangeResponse, Error> {
+        self.retry(op, || self.client.range(request.clone())).await
     }
 
-    async fn txn(&self, txn: Txn, op: &'static str) -> Result<etcd_client::TxnResponse, Error> {
-        self.retry(op, || {
-            let txn = txn.clone();
-            let mut kv = self.client.kv_client();
-            async move { kv.txn(txn).await }
-        })
-        .await
+    async fn txn(&self, txn: TxnRequest, op: &'static str) -> Result<TxnResponse, Error> {
+        self.retry(op, || self.client.txn(txn.clone())).await
     }
 
     fn set_leader(&self, rev: Revision) {
@@ -251,16 +238,12 @@ impl EtcdStore {
         let rev_key = self.config.key("revision");
         let legacy_key = self.config.key("state");
         let mut when = vec![if legacy {
-            Compare::mod_revision(legacy_key.as_str(), CompareOp::Equal, expected)
+            Compare::mod_revision_is(legacy_key.as_str(), expected)
         } else {
-            Compare::mod_revision(rev_key.as_str(), CompareOp::Equal, expected)
+            Compare::mod_revision_is(rev_key.as_str(), expected)
         }];
         if legacy {
-            when.push(Compare::create_revision(
-                rev_key.as_str(),
-                CompareOp::Equal,
-                0,
-            ));
+            when.push(Compare::create_revision_is(rev_key.as_str(), 0));
         }
         if fence == Fence::Leader {
             let rev = self.leader_rev.load(Ordering::SeqCst);
@@ -270,49 +253,45 @@ impl EtcdStore {
                 });
             }
             let leader_key = self.config.key("leader");
-            when.push(Compare::create_revision(
-                leader_key.as_str(),
-                CompareOp::Equal,
-                rev,
-            ));
+            when.push(Compare::create_revision_is(leader_key.as_str(), rev));
         }
         // The commit's own: `PREFIX/revision`, the legacy value's removal.
         let Split { pre, main, after } =
             split(&plan.ops, 1 + usize::from(legacy)).map_err(|puts| {
                 self.error(
                     "write the state",
-                    etcd_client::Error::InvalidArgs(format!(
+                    EtcdError::Invalid(format!(
                         "{puts} latches and releases change at once: more than one transaction takes"
                     )),
                 )
             })?;
         let mut bytes = 0;
         for batch in batches(&pre) {
-            let ops: Vec<TxnOp> = batch
+            let ops: Vec<RequestOp> = batch
                 .iter()
                 .map(|op| txn_op(&self.config, op, &mut bytes))
                 .collect();
             let response = self
-                .txn(Txn::new().and_then(ops), "write the state")
+                .txn(TxnRequest::default().and_then(ops), "write the state")
                 .await?;
-            debug_assert!(response.succeeded());
+            debug_assert!(response.succeeded);
         }
-        let mut ops: Vec<TxnOp> = main
+        let mut ops: Vec<RequestOp> = main
             .iter()
             .map(|op| txn_op(&self.config, op, &mut bytes))
             .collect();
-        ops.push(TxnOp::put(rev_key.as_str(), LAYOUT, None));
+        ops.push(RequestOp::put(rev_key.as_str(), LAYOUT, 0));
         bytes += rev_key.len() + LAYOUT.len();
         if legacy {
-            ops.push(TxnOp::delete(legacy_key.as_str(), None));
+            ops.push(RequestOp::delete(legacy_key.as_str()));
             bytes += legacy_key.len();
         }
-        let txn = Txn::new().when(when).and_then(ops).or_else(vec![
-            TxnOp::get(rev_key.as_str(), None),
-            TxnOp::get(legacy_key.as_str(), None),
+        let txn = TxnRequest::default().when(when).and_then(ops).or_else(vec![
+            RequestOp::get(rev_key.as_str()),
+            RequestOp::get(legacy_key.as_str()),
         ]);
         let response = self.txn(txn, "write the state").await?;
-        if !response.succeeded() {
+        if !response.succeeded {
             self.written.fetch_add(bytes as u64, Ordering::SeqCst);
             let [revision, legacy_rev] = mod_revisions(&response);
             let found = if legacy {
@@ -334,16 +313,16 @@ impl EtcdStore {
                 found,
             });
         }
-        let revision = response.header().map_or(0, |h| h.revision());
+        let revision = response.revision();
         let mut left = Vec::new();
         for batch in batches(&after) {
-            let ops: Vec<TxnOp> = batch
+            let ops: Vec<RequestOp> = batch
                 .iter()
                 .map(|op| txn_op(&self.config, op, &mut bytes))
                 .collect();
             let done = self.txn(removals(&rev_key, revision, ops), "remove parts");
             let done = done.await.inspect_err(|error| tracing::warn!(error = %crate::error::one_line(error), "cannot remove parts of the state; trying again with the next write"));
-            if !done.is_ok_and(|r| r.succeeded()) {
+            if !done.is_ok_and(|r| r.succeeded) {
                 left.extend(batch.iter().map(|op| op.name().to_owned()));
             }
         }
@@ -372,11 +351,9 @@ impl Store for EtcdStore {
         Some(Box::pin(async move {
             // Linearizable (etcd's default): a member cut off from the
             // majority cannot answer it, so an old revision is never read.
-            let keys = || Some(GetOptions::new().with_keys_only());
-            let txn = Txn::new().and_then(vec![
-                TxnOp::get(self.config.key("revision"), keys()),
-                TxnOp::get(self.config.key("state"), keys()),
-            ]);
+            let keys =
+                |name| RequestOp::range(RangeRequest::key(self.config.key(name)).keys_only());
+            let txn = TxnRequest::default().and_then(vec![keys("revision"), keys("state")]);
             let got = self.txn(txn, "read the state's revision").await?;
             let [revision, legacy] = mod_revisions(&got);
             Ok(revision.or(legacy).unwrap_or(0))
@@ -388,19 +365,21 @@ impl Store for EtcdStore {
             // One transaction: the parts as of one revision.
             let legacy_key = self.config.key("state");
             let prefix = self.config.part("");
-            let txn = Txn::new().and_then(vec![
-                TxnOp::get(self.config.key("revision"), None),
-                TxnOp::get(legacy_key.as_str(), None),
-                TxnOp::get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+            let txn = TxnRequest::default().and_then(vec![
+                RequestOp::get(self.config.key("revision")),
+                RequestOp::get(legacy_key.as_str()),
+                RequestOp::range(RangeRequest::prefix(prefix.as_str())),
             ]);
             let got = self.txn(txn, "read the state").await?;
             let (mut state, stored, revision) = state_of(&got, &self.config)?;
             *self.stored() = (revision, stored);
             let agents_key = self.config.key(&format!("agents/{}", self.config.replica));
-            let got = self.get(agents_key, None, "read the agents").await?;
-            if let Some(kv) = got.kvs().first() {
+            let got = self
+                .get(RangeRequest::key(agents_key), "read the agents")
+                .await?;
+            if let Some(kv) = got.kvs.first() {
                 // An unreadable registry only costs the DISCONNECTED rows.
-                state.agents = serde_json::from_slice(kv.value()).unwrap_or_default();
+                state.agents = serde_json::from_slice(&kv.value).unwrap_or_default();
             }
             Ok(Loaded { state, revision })
         })
@@ -452,44 +431,35 @@ impl Store for EtcdStore {
                     "audit/{:013}-{}-{seq:010}",
                     entry.at_unix_ms, self.config.replica
                 ));
-                let txn = Txn::new()
-                    .when(vec![Compare::create_revision(
-                        key.as_str(),
-                        CompareOp::Equal,
-                        0,
-                    )])
-                    .and_then(vec![TxnOp::put(key.as_str(), value.clone(), None)]);
+                let txn = TxnRequest::default()
+                    .when(vec![Compare::create_revision_is(key.as_str(), 0)])
+                    .and_then(vec![RequestOp::put(key.as_str(), value.clone(), 0)]);
                 let response = self.txn(txn, "append to the audit log").await?;
-                if response.succeeded() {
+                if response.succeeded {
                     return Ok(());
                 }
                 // Taken: by this very record when a first try landed and its
                 // answer was lost (the retry then finds the key), which must
                 // not be written twice.
-                let got = self.get(key, None, "read back the audit record").await?;
-                if got
-                    .kvs()
-                    .first()
-                    .is_some_and(|kv| kv.value() == value.as_slice())
-                {
+                let got = self
+                    .get(RangeRequest::key(key), "read back the audit record")
+                    .await?;
+                if got.kvs.first().is_some_and(|kv| kv.value == value) {
                     return Ok(());
                 }
             }
             Err(self.error(
                 "append to the audit log",
-                etcd_client::Error::InvalidArgs("no free audit key".into()),
+                EtcdError::Invalid("no free audit key".into()),
             ))
         })
     }
 
     fn audit_page(&self, query: Query) -> StoreFuture<'_, Page> {
         Box::pin(async move {
-            let prefix = self.config.key("audit/");
-            let options = GetOptions::new().with_prefix();
-            let got = self
-                .get(prefix, Some(options), "read the audit log")
-                .await?;
-            crate::audit::page_of(got.kvs().iter().map(|kv| Ok(kv.value().to_vec())), &query)
+            let prefix = RangeRequest::prefix(self.config.key("audit/"));
+            let got = self.get(prefix, "read the audit log").await?;
+            crate::audit::page_of(got.kvs.into_iter().map(|kv| Ok(kv.value)), &query)
         })
     }
 
@@ -498,9 +468,7 @@ impl Store for EtcdStore {
             let value = serde_json::to_vec(agents).map_err(Error::Encode)?;
             let key = self.config.key(&format!("agents/{}", self.config.replica));
             self.retry("write the agents", || {
-                let (key, value) = (key.clone(), value.clone());
-                let mut kv = self.client.kv_client();
-                async move { kv.put(key, value, None).await }
+                self.client.put(key.as_str(), value.as_slice())
             })
             .await?;
             Ok(())
@@ -520,24 +488,19 @@ impl Store for EtcdStore {
             // One try, linearizable (a member cut off from the majority
             // cannot answer it), within a bound of its own: a probe says
             // how etcd is now, not after the retries of a write.
-            let mut kv = self.client.kv_client();
-            let read = kv.get(self.config.key("leader"), None);
+            let read = self.client.get(self.config.key("leader"));
             let got = match tokio::time::timeout(PROBE_TIMEOUT, read).await {
                 Ok(got) => got.map_err(|e| self.error("read the leader key", e))?,
                 Err(_) => {
-                    return Err(self.error(
-                        "read the leader key",
-                        etcd_client::Error::IoError(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("no answer from a quorum within {PROBE_TIMEOUT:?}"),
-                        )),
-                    ));
+                    // No answer from a quorum within the bound.
+                    let error = EtcdError::TimedOut(PROBE_TIMEOUT);
+                    return Err(self.error("read the leader key", error));
                 }
             };
             Ok(got
-                .kvs()
+                .kvs
                 .first()
-                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+                .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
                 .unwrap_or_default())
         }))
     }
@@ -548,34 +511,29 @@ impl Store for EtcdStore {
 async fn follow(store: Arc<EtcdStore>, shutdown: CancellationToken) {
     let key = store.config.key("revision");
     loop {
-        let mut kv = store.client.kv_client();
-        if let Ok(got) = kv.get(key.as_str(), None).await {
-            let seen = got.kvs().first().map_or(0, |kv| kv.mod_revision());
+        if let Ok(got) = store.client.get(key.as_str()).await {
+            let seen = got.kvs.first().map_or(0, |kv| kv.mod_revision);
             store.changes.send_if_modified(|r| {
                 let newer = seen > *r;
                 *r = (*r).max(seen);
                 newer
             });
-            let from = got.header().map_or(0, |h| h.revision()) + 1;
-            let options = WatchOptions::new().with_start_revision(from);
-            if let Ok(mut stream) = store
-                .client
-                .watch_client()
-                .watch(key.as_str(), Some(options))
-                .await
-            {
+            let from = got.revision() + 1;
+            if let Ok(mut stream) = store.client.watch(key.as_str(), from).await {
                 loop {
                     let message = tokio::select! {
                         () = shutdown.cancelled() => return,
                         m = stream.message() => m,
                     };
                     let Ok(Some(response)) = message else { break };
-                    if response.canceled() {
+                    // Canceled: by etcd, or its start revision compacted away
+                    // (read again, then watch from there).
+                    if response.canceled {
                         break;
                     }
-                    for event in response.events() {
-                        if let Some(kv) = event.kv() {
-                            let rev = kv.mod_revision();
+                    for event in &response.events {
+                        if let Some(kv) = &event.kv {
+                            let rev = kv.mod_revision;
                             store.changes.send_if_modified(|r| {
                                 let newer = rev > *r;
                                 *r = (*r).max(rev);
@@ -602,10 +560,9 @@ async fn campaign(store: Arc<EtcdStore>, shutdown: CancellationToken) {
     let period = ttl / 3;
     let leader_key = store.config.key("leader");
     loop {
-        let mut lease_client = store.client.lease_client();
         let ttl_secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
-        let lease = match lease_client.grant(ttl_secs, None).await {
-            Ok(granted) => granted.id(),
+        let lease = match store.client.lease_grant(ttl_secs).await {
+            Ok(id) => id,
             Err(error) => {
                 tracing::warn!(%error, "cannot get a lease from etcd; retrying");
                 tokio::select! {
@@ -625,7 +582,7 @@ async fn campaign(store: Arc<EtcdStore>, shutdown: CancellationToken) {
                         tracing::info!("stopping: giving the leadership up");
                         store.leader.send_replace(false);
                     }
-                    let revoke = lease_client.revoke(lease);
+                    let revoke = store.client.lease_revoke(lease);
                     let _ = tokio::time::timeout(Duration::from_secs(1), revoke).await;
                     return;
                 }
@@ -634,16 +591,13 @@ async fn campaign(store: Arc<EtcdStore>, shutdown: CancellationToken) {
             // Keep the lease alive (a new stream after a broken one, while
             // the lease may still be alive).
             if keeper.is_none() {
-                keeper = lease_client.keep_alive(lease).await.ok();
+                keeper = store.client.lease_keep_alive(lease).await.ok();
             }
             let renewed = match keeper.as_mut() {
-                Some((k, acks)) => {
-                    let sent = k.keep_alive().await.is_ok();
-                    sent && matches!(
-                        tokio::time::timeout(period, acks.message()).await,
-                        Ok(Ok(Some(ack))) if ack.ttl() > 0
-                    )
-                }
+                Some(k) => matches!(
+                    tokio::time::timeout(period, k.renew()).await,
+                    Ok(Ok(ttl)) if ttl > 0
+                ),
                 None => false,
             };
             if renewed {
@@ -661,30 +615,21 @@ async fn campaign(store: Arc<EtcdStore>, shutdown: CancellationToken) {
                 store.set_leader(0);
                 continue;
             }
-            let txn = Txn::new()
-                .when(vec![Compare::create_revision(
-                    leader_key.as_str(),
-                    CompareOp::Equal,
-                    0,
-                )])
-                .and_then(vec![TxnOp::put(
+            let txn = TxnRequest::default()
+                .when(vec![Compare::create_revision_is(leader_key.as_str(), 0)])
+                .and_then(vec![RequestOp::put(
                     leader_key.as_str(),
                     store.config.replica.as_str(),
-                    Some(PutOptions::new().with_lease(lease)),
+                    lease,
                 )])
-                .or_else(vec![TxnOp::get(leader_key.as_str(), None)]);
+                .or_else(vec![RequestOp::get(leader_key.as_str())]);
             match store.txn(txn, "campaign").await {
-                Ok(r) if r.succeeded() => {
-                    store.set_leader(r.header().map_or(0, |h| h.revision()));
-                }
+                Ok(r) if r.succeeded => store.set_leader(r.revision()),
                 Ok(r) => {
                     // Someone holds it: this replica, or another.
-                    let holder = r.op_responses().into_iter().find_map(|op| match op {
-                        TxnOpResponse::Get(g) => g.kvs().first().cloned(),
-                        _ => None,
-                    });
+                    let holder = r.ranges().find_map(|g| g.kvs.first());
                     match holder {
-                        Some(kv) if kv.lease() == lease => store.set_leader(kv.create_revision()),
+                        Some(kv) if kv.lease == lease => store.set_leader(kv.create_revision),
                         _ => store.set_leader(0),
                     }
                 }

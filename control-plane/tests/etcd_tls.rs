@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use gov_control_plane::etcd::client::{Client, ConnectOptions};
 use gov_control_plane::etcd::{EtcdConfig, EtcdStore, EtcdTlsFiles};
 use gov_control_plane::store::Store as _;
 use tokio::process::{Child, Command};
@@ -169,23 +170,26 @@ impl TlsEtcd {
 
 /// Whether the member answers a put over mutual TLS.
 async fn answers(port: u16, pki: &Pki, client: &(PathBuf, PathBuf)) -> bool {
-    let tls = etcd_client::TlsOptions::new()
-        .ca_certificate(etcd_client::Certificate::from_pem(
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(
             std::fs::read(pki.ca()).unwrap(),
         ))
-        .identity(etcd_client::Identity::from_pem(
+        .identity(tonic::transport::Identity::from_pem(
             std::fs::read(&client.0).unwrap(),
             std::fs::read(&client.1).unwrap(),
         ));
-    let options = etcd_client::ConnectOptions::new()
-        .with_timeout(Duration::from_secs(1))
-        .with_tls(tls);
-    let connect =
-        etcd_client::Client::connect([format!("https://127.0.0.1:{port}")], Some(options));
-    let Ok(Ok(mut client)) = tokio::time::timeout(Duration::from_secs(2), connect).await else {
-        return false;
+    let options = ConnectOptions {
+        timeout: Some(Duration::from_secs(1)),
+        connect_timeout: Some(Duration::from_secs(1)),
+        tls: Some(tls),
+        ..ConnectOptions::default()
     };
-    client.put("gov-test/health", "ok", None).await.is_ok()
+    let client = Client::connect(&[format!("https://127.0.0.1:{port}")], &options).unwrap();
+    let put = client.put("gov-test/health", "ok");
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), put).await,
+        Ok(Ok(_))
+    )
 }
 
 fn files(ca: PathBuf, client: Option<&(PathBuf, PathBuf)>) -> EtcdTlsFiles {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::client::EtcdError;
 use super::tls::EtcdTlsFiles;
 use crate::error::Error;
 
@@ -102,11 +103,7 @@ impl EtcdConfig {
 }
 
 /// An etcd call of `op` that failed.
-pub(super) fn etcd_error(
-    config: &EtcdConfig,
-    op: &'static str,
-    source: etcd_client::Error,
-) -> Error {
+pub(super) fn etcd_error(config: &EtcdConfig, op: &'static str, source: EtcdError) -> Error {
     Error::Etcd {
         endpoints: config.endpoints.join(","),
         op,

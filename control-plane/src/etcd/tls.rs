@@ -5,8 +5,8 @@
 
 use std::path::PathBuf;
 
-use etcd_client::{Certificate, Identity, TlsOptions};
 use gov_proto::tls::read_pem;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use crate::error::Error;
 
@@ -44,8 +44,8 @@ impl EtcdTlsFiles {
     }
 
     /// tonic's TLS settings from the files.
-    pub(super) fn read(&self) -> Result<TlsOptions, Error> {
-        let mut options = TlsOptions::new();
+    pub(super) fn read(&self) -> Result<ClientTlsConfig, Error> {
+        let mut options = ClientTlsConfig::new();
         if let Some(ca) = &self.ca {
             options =
                 options.ca_certificate(Certificate::from_pem(read_pem("etcd CA certificate", ca)?));

@@ -1,8 +1,7 @@
 //! What etcd's answers and errors say, and how writes are cut into
 //! transactions etcd takes.
 
-use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp, TxnOpResponse};
-
+use super::client::pb::etcdserverpb::{Compare, RequestOp, TxnRequest, TxnResponse};
 use super::config::EtcdConfig;
 use crate::error::Error;
 use crate::store::parts::{self, Op, Stored};
@@ -14,24 +13,6 @@ const MAX_OPS: usize = 100;
 /// Most bytes of values in one transaction of new source texts (etcd's
 /// `--max-request-bytes` is 1.5 MiB by default).
 const MAX_BATCH_BYTES: usize = 1 << 20;
-
-/// Whether `error` may be a call that never reached a member able to serve
-/// it, or one whose answer was lost: worth trying again. A refusal on the
-/// merits (a bad request, a permission) is not.
-pub(super) fn transient(error: &etcd_client::Error) -> bool {
-    match error {
-        etcd_client::Error::GRpcStatus(status) => matches!(
-            status.code(),
-            tonic::Code::Unavailable
-                | tonic::Code::DeadlineExceeded
-                | tonic::Code::Cancelled
-                | tonic::Code::Unknown
-                | tonic::Code::Aborted
-        ),
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-        _ => false,
-    }
-}
 
 /// `ops` in batches of at most [`MAX_OPS`] operations and
 /// [`MAX_BATCH_BYTES`] bytes of values (a larger value alone).
@@ -57,11 +38,10 @@ pub(super) fn batches<'a>(ops: &'a [&'a Op]) -> Vec<&'a [&'a Op]> {
 
 /// The mod revision of the key each of the first two reads of `response`
 /// found (`None`: no such key).
-pub(super) fn mod_revisions(response: &etcd_client::TxnResponse) -> [Option<Revision>; 2] {
-    let mut found = response.op_responses().into_iter().filter_map(|r| match r {
-        TxnOpResponse::Get(g) => Some(g.kvs().first().map(|kv| kv.mod_revision())),
-        _ => None,
-    });
+pub(super) fn mod_revisions(response: &TxnResponse) -> [Option<Revision>; 2] {
+    let mut found = response
+        .ranges()
+        .map(|g| g.kvs.first().map(|kv| kv.mod_revision));
     [found.next().flatten(), found.next().flatten()]
 }
 
@@ -112,28 +92,24 @@ pub(super) fn split(ops: &[Op], fixed: usize) -> Result<Split<'_>, usize> {
 /// in its own commit, a part they remove (a source text, a service's
 /// config it holds and so does not put again); that part is then left, and
 /// removed by a later write that finds nothing names it.
-pub(super) fn removals(rev_key: &str, revision: Revision, ops: Vec<TxnOp>) -> Txn {
-    Txn::new()
-        .when(vec![Compare::mod_revision(
-            rev_key,
-            CompareOp::Equal,
-            revision,
-        )])
+pub(super) fn removals(rev_key: &str, revision: Revision, ops: Vec<RequestOp>) -> TxnRequest {
+    TxnRequest::default()
+        .when(vec![Compare::mod_revision_is(rev_key, revision)])
         .and_then(ops)
 }
 
 /// The transaction operation of `op`, its bytes counted.
-pub(super) fn txn_op(config: &EtcdConfig, op: &Op, bytes: &mut usize) -> TxnOp {
+pub(super) fn txn_op(config: &EtcdConfig, op: &Op, bytes: &mut usize) -> RequestOp {
     match op {
         Op::Put(name, value) => {
             let key = config.part(name);
             *bytes += key.len() + value.len();
-            TxnOp::put(key, value.clone(), None)
+            RequestOp::put(key, value.clone(), 0)
         }
         Op::Delete(name) => {
             let key = config.part(name);
             *bytes += key.len();
-            TxnOp::delete(key, None::<DeleteOptions>)
+            RequestOp::delete(key)
         }
     }
 }
@@ -143,30 +119,28 @@ pub(super) fn txn_op(config: &EtcdConfig, op: &Op, bytes: &mut usize) -> TxnOp {
 /// store holds of it, and its revision: the parts, or the legacy value
 /// while `PREFIX/revision` does not exist.
 pub(super) fn state_of(
-    got: &etcd_client::TxnResponse,
+    got: &TxnResponse,
     config: &EtcdConfig,
 ) -> Result<(Persisted, Stored, Revision), Error> {
     let [revision, legacy_rev] = mod_revisions(got);
-    let mut gets = got.op_responses().into_iter().filter_map(|r| match r {
-        TxnOpResponse::Get(g) => Some(g),
-        _ => None,
-    });
+    let mut gets = got.ranges();
     let (_, legacy_value, listed) = (gets.next(), gets.next(), gets.next());
     let prefix = config.part("");
     let parts: Vec<(String, Vec<u8>)> = listed
         .iter()
-        .flat_map(|g| g.kvs())
+        .flat_map(|g| &g.kvs)
         .filter_map(|kv| {
-            let name = kv.key_str().ok()?.strip_prefix(prefix.as_str())?;
-            parts::is_part(name).then(|| (name.to_owned(), kv.value().to_vec()))
+            let name = std::str::from_utf8(&kv.key).ok()?;
+            let name = name.strip_prefix(prefix.as_str())?;
+            parts::is_part(name).then(|| (name.to_owned(), kv.value.clone()))
         })
         .collect();
     Ok(match (revision, legacy_rev) {
         (None, Some(rev)) => {
             let value = legacy_value
                 .as_ref()
-                .and_then(|g| g.kvs().first())
-                .map(|kv| kv.value().to_vec())
+                .and_then(|g| g.kvs.first())
+                .map(|kv| kv.value.clone())
                 .unwrap_or_default();
             let state = legacy::decode(&value, &format!("etcd:{}", config.key("state")))?;
             let names = parts.into_iter().map(|(name, _)| name);

@@ -5,6 +5,8 @@
 
 use std::collections::BTreeSet;
 
+use gov_control_plane::etcd::client::pb::etcdserverpb::RangeRequest;
+use gov_control_plane::etcd::client::{Client, ConnectOptions};
 use gov_control_plane::etcd::{EtcdConfig, EtcdStore};
 use gov_control_plane::store::{Fence, Persisted, Store as _};
 use tokio_util::sync::CancellationToken;
@@ -116,14 +118,17 @@ impl Etcd {
     }
 
     async fn healthy(&self) -> bool {
-        let connect = etcd_client::Client::connect(
-            self.endpoints(),
-            Some(etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(1))),
-        );
-        let Ok(Ok(mut client)) = tokio::time::timeout(Duration::from_secs(2), connect).await else {
-            return false;
+        let options = ConnectOptions {
+            timeout: Some(Duration::from_secs(1)),
+            connect_timeout: Some(Duration::from_secs(1)),
+            ..ConnectOptions::default()
         };
-        client.put("gov-e2e/health", "ok", None).await.is_ok()
+        let client = Client::connect(&self.endpoints(), &options).unwrap();
+        let put = client.put("gov-e2e/health", "ok");
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), put).await,
+            Ok(Ok(_))
+        )
     }
 
     /// SIGKILL one member (a majority remains).
@@ -131,7 +136,7 @@ impl Etcd {
         self.members[member].kill().await.unwrap();
     }
 
-    fn endpoints(&self) -> Vec<String> {
+    pub(super) fn endpoints(&self) -> Vec<String> {
         self.clients
             .iter()
             .map(|p| format!("http://127.0.0.1:{p}"))
@@ -225,11 +230,9 @@ async fn two_writers_from_one_revision_never_both_win_and_a_leader_without_its_l
     // The leader loses its lease behind its back (revoked, as etcd does
     // when it is not renewed): its next leader write is refused by etcd
     // itself, whatever the replica still believes.
-    let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
-        .await
-        .unwrap();
-    let holder = client.get("store/leader", None).await.unwrap();
-    let lease = holder.kvs()[0].lease();
+    let client = Client::connect(&etcd.endpoints(), &ConnectOptions::default()).unwrap();
+    let holder = client.get("store/leader").await.unwrap();
+    let lease = holder.kvs[0].lease;
     client.lease_revoke(lease).await.unwrap();
     let err = leader
         .save(&with_version("stale"), won, Fence::Leader)
@@ -283,10 +286,8 @@ async fn a_state_value_of_an_earlier_govd_loads_and_is_converted_to_parts() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/legacy-state/state.json"),
     )
     .unwrap();
-    let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
-        .await
-        .unwrap();
-    client.put("store/state", fixture, None).await.unwrap();
+    let client = Client::connect(&etcd.endpoints(), &ConnectOptions::default()).unwrap();
+    client.put("store/state", fixture).await.unwrap();
     let a = store(&etcd, "a", &shutdown).await;
     let loaded = a.load_converted().await.unwrap();
     let version = "0132180f030b77d8";
@@ -294,20 +295,11 @@ async fn a_state_value_of_an_earlier_govd_loads_and_is_converted_to_parts() {
     assert_eq!(loaded.state.history.len(), 2);
     assert_eq!(loaded.state.latches.len(), 1);
     assert_eq!(loaded.state.releases.len(), 1);
-    assert!(
-        client
-            .get("store/state", None)
-            .await
-            .unwrap()
-            .kvs()
-            .is_empty()
-    );
-    let keys_only = etcd_client::GetOptions::new()
-        .with_prefix()
-        .with_keys_only();
-    let parts = client.get("store/state/", Some(keys_only)).await.unwrap();
+    assert!(client.get("store/state").await.unwrap().kvs.is_empty());
+    let keys_only = RangeRequest::prefix("store/state/").keys_only();
+    let parts = client.range(keys_only).await.unwrap();
     assert_eq!(
-        parts.kvs().len(),
+        parts.kvs.len(),
         8,
         "policy, its one service's config, 2 entries, 2 texts, latch, release"
     );
@@ -339,9 +331,7 @@ async fn a_state_value_of_an_earlier_govd_loads_and_is_converted_to_parts() {
 async fn parts_of_the_layout_before_config_parts_load_from_etcd() {
     let etcd = Etcd::start().await;
     let shutdown = CancellationToken::new();
-    let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
-        .await
-        .unwrap();
+    let client = Client::connect(&etcd.endpoints(), &ConnectOptions::default()).unwrap();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parts-state");
     for entry in std::fs::read_dir(&fixture).unwrap() {
         let entry = entry.unwrap();
@@ -349,12 +339,12 @@ async fn parts_of_the_layout_before_config_parts_load_from_etcd() {
         if name.ends_with(".json") {
             let value = std::fs::read(entry.path()).unwrap();
             client
-                .put(format!("store/state/{name}"), value, None)
+                .put(format!("store/state/{name}"), value)
                 .await
                 .unwrap();
         }
     }
-    client.put("store/revision", "parts 1", None).await.unwrap();
+    client.put("store/revision", "parts 1").await.unwrap();
     let a = store(&etcd, "a", &shutdown).await;
     let loaded = a.load_converted().await.unwrap();
     let policy = loaded.state.applied.clone().unwrap();
@@ -370,14 +360,9 @@ async fn parts_of_the_layout_before_config_parts_load_from_etcd() {
         p.at_unix_ms += 1;
     }
     a.save(&next, loaded.revision, Fence::Any).await.unwrap();
-    let keys_only = etcd_client::GetOptions::new()
-        .with_prefix()
-        .with_keys_only();
-    let configs = client
-        .get("store/state/target-", Some(keys_only))
-        .await
-        .unwrap();
-    assert_eq!(configs.kvs().len(), 1);
+    let keys_only = RangeRequest::prefix("store/state/target-").keys_only();
+    let configs = client.range(keys_only).await.unwrap();
+    assert_eq!(configs.kvs.len(), 1);
     let back = store(&etcd, "b", &shutdown).await.load().await.unwrap();
     let back_policy = back.state.applied.unwrap();
     assert_eq!(back_policy.who, "bob");

@@ -1,5 +1,0 @@
-mod kv;
-mod lease;
-
-pub use kv::KvClientPrefix;
-pub use lease::LeaseClientPrefix;

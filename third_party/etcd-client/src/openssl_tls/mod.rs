@@ -1,6 +1,0 @@
-#![cfg(feature = "tls-openssl")]
-
-mod backoff;
-mod transport;
-
-pub use self::transport::*;
