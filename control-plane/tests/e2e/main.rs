@@ -29,6 +29,7 @@ mod apply;
 mod canary;
 mod chaos;
 mod day2;
+mod etcd_client;
 mod expiry;
 mod failover;
 mod floods;
