@@ -15,7 +15,7 @@ use std::time::Duration;
 use tonic::transport::channel::Change;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
-pub use error::EtcdError;
+pub use error::{EtcdError, GrpcStatus};
 use pb::etcdserverpb::{
     LeaseGrantRequest, LeaseRevokeRequest, PutRequest, RangeRequest, RangeResponse, TxnRequest,
     TxnResponse, kv_client::KvClient, lease_client::LeaseClient, watch_client::WatchClient,

@@ -1,7 +1,8 @@
 //! govd's own etcd client (`gov_control_plane::etcd::client`) against real
 //! members: a watch replays from its start revision and then follows, a
-//! lease kept alive holds its key until revoked, and a transaction's
-//! compares choose its side.
+//! watch of a compacted revision is canceled with the compaction's
+//! revision, a lease kept alive holds its key until revoked, and a
+//! transaction's compares choose its side.
 
 use std::time::Duration;
 
@@ -61,6 +62,27 @@ async fn the_client_watches_from_a_revision_and_keeps_a_lease_alive() {
         ]
     );
 
+    // Compacted past a watch's start revision: etcd cancels the watch and
+    // says up to where (govd's follower then reads the key again and
+    // watches from there).
+    compact(&etcd.endpoints()[0], third).await;
+    let mut stale = client.watch("c/watched", first).await.unwrap();
+    let mut canceled = None;
+    for _ in 0..3 {
+        let message = tokio::time::timeout(Duration::from_secs(10), stale.message())
+            .await
+            .expect("a watch answer within 10 s")
+            .unwrap()
+            .expect("the watch stream stays open");
+        assert!(message.events.is_empty(), "{message:?}");
+        if message.canceled {
+            canceled = Some(message);
+            break;
+        }
+    }
+    let canceled = canceled.expect("the watch of a compacted revision is canceled");
+    assert_eq!(canceled.compact_revision, third);
+
     // A key on a lease: kept alive past its TTL, gone with the lease.
     let lease = client.lease_grant(2).await.unwrap();
     let take = TxnRequest::default()
@@ -101,4 +123,26 @@ async fn the_client_watches_from_a_revision_and_keeps_a_lease_alive() {
     let names: Vec<&[u8]> = keys.kvs.iter().map(|kv| kv.key.as_slice()).collect();
     assert_eq!(names, [&b"c/other"[..], &b"c/watched"[..]]);
     assert!(keys.kvs.iter().all(|kv| kv.value.is_empty()));
+}
+
+/// Compacts etcd's history up to `revision` through the member's JSON
+/// gateway (`/v3/kv/compaction`: govd itself never compacts, so its client
+/// has no such call).
+async fn compact(endpoint: &str, revision: i64) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let host = endpoint.strip_prefix("http://").unwrap();
+    let body = format!(r#"{{"revision":"{revision}","physical":true}}"#);
+    let request = format!(
+        "POST /v3/kv/compaction HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer))
+        .await
+        .expect("the compaction answered within 10 s")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 pub enum EtcdError {
     /// etcd, or the channel to it, answered with a gRPC status (a member
     /// unreachable is `Unavailable`, a call past its timeout `Cancelled`).
-    #[error("the call failed")]
+    #[error(transparent)]
     #[diagnostic(code(gov::govd::etcd::status))]
-    Status(#[from] tonic::Status),
+    Status(GrpcStatus),
 
     /// No answer within the time the caller gave.
     #[error("no answer within {0:?}")]
@@ -44,13 +44,40 @@ pub enum EtcdError {
     Invalid(String),
 }
 
+impl From<tonic::Status> for EtcdError {
+    fn from(status: tonic::Status) -> Self {
+        Self::Status(GrpcStatus(status))
+    }
+}
+
+/// A gRPC status said as its code and message, its causes (the transport's,
+/// down to the OS error) as sources: tonic's own `Display` repeats them.
+#[derive(Debug)]
+pub struct GrpcStatus(pub tonic::Status);
+
+impl std::fmt::Display for GrpcStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "gRPC {:?}", self.0.code())?;
+        if !self.0.message().is_empty() {
+            write!(f, ": {}", self.0.message())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for GrpcStatus {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.0)
+    }
+}
+
 impl EtcdError {
     /// Whether the call may never have reached a member able to serve it,
     /// or its answer was lost: worth trying again. A refusal on the merits
     /// (a bad request, a permission, a compare that failed) is not.
     pub fn transient(&self) -> bool {
         match self {
-            Self::Status(status) => matches!(
+            Self::Status(GrpcStatus(status)) => matches!(
                 status.code(),
                 tonic::Code::Unavailable
                     | tonic::Code::DeadlineExceeded
@@ -99,5 +126,7 @@ mod tests {
         assert!(!EtcdError::Ended("watch").transient());
         assert!(!EtcdError::Refused("lease 7 not found".into()).transient());
         assert!(!EtcdError::Invalid("no endpoints".into()).transient());
+        let refused = EtcdError::from(tonic::Status::unavailable("tcp connect error"));
+        assert_eq!(refused.to_string(), "gRPC Unavailable: tcp connect error");
     }
 }
