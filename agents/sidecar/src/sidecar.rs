@@ -21,6 +21,7 @@ mod admin;
 mod consumer;
 mod drain;
 mod endpoints;
+mod front;
 mod h1;
 mod headers;
 mod listener;

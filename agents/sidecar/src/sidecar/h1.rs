@@ -54,8 +54,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use self::codec::{
-    Framing, MAX_HEAD, MAX_HEADERS, Refusal, Verdict, check_request, head_end, leading_empty_lines,
-    write_request_head,
+    Checked, Framing, MAX_HEAD, MAX_HEADERS, Refusal, Verdict, check_request, head_end,
+    leading_empty_lines, write_request_head,
 };
 use self::conn::{Conn, Exchange, Head, Io};
 pub(crate) use self::context::Listener;
@@ -68,11 +68,13 @@ pub(crate) use self::pool::IdlePool;
 pub(crate) use self::prefixed::Prefixed;
 use self::relay::{READ_CHUNK, within};
 use super::consumer;
-use super::listener::{Failure, Side, path_reading, target_service};
+use super::front::{Answer, Front, front};
+#[cfg(test)]
+use super::listener::Side;
+use super::listener::{Failure, path_reading};
 use super::mtls::Caller;
 use gov_engine::deadline::{DeadlineHeader, read as read_deadline};
-use gov_engine::engine::Target;
-use gov_engine::{Admission, Direction, Headers, Outcome, RequestInfo};
+use gov_engine::{Admission, Headers, Outcome};
 
 /// How long after the listener's stop a connection that has not sent its first
 /// request yet may still send it: the bytes of a request sent as the stop lands
@@ -179,11 +181,15 @@ impl Conn<'_> {
     }
 
     /// Handles the request whose head is in the buffer. `Some(keep_open)`, or
-    /// `None` when hyper must take the connection.
+    /// `None` when hyper must take the connection. The steps: the codec's
+    /// verdict, the request front ([`front`]: refusals, the consumer, an
+    /// outbound call's instance), the engine's decision, the head sent
+    /// upstream, then the exchange.
     async fn request(&mut self, client: &mut impl Io) -> Option<bool> {
         let cx = self.cx;
         let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let req = match check_request(&self.buf, &mut slots, path_reading(&cx.shared, cx.side)) {
+        let mut req = match check_request(&self.buf, &mut slots, path_reading(&cx.shared, cx.side))
+        {
             Verdict::Serve(req) => req,
             Verdict::Hyper => return None,
             Verdict::Refuse(refusal) => {
@@ -191,12 +197,6 @@ impl Conn<'_> {
                 return Some(false);
             }
         };
-        // The consumer header and the headers rules match on reach the upstream
-        // as the engine judges them, or the request is refused.
-        if let Err(error) = cx.shared.engine.check_judged(Headers::Raw(req.headers)) {
-            refuse(client, cx, Refusal::BadRequest(error.body())).await;
-            return Some(false);
-        }
         let head = Head {
             len: req.len,
             method: req.method.clone(),
@@ -205,92 +205,33 @@ impl Conn<'_> {
             http10: req.http10,
             expect: req.expect,
         };
-        // The consumer: as sent, or verified and written by the agent.
-        let identity =
-            match cx
-                .shared
-                .identify(cx.side, self.caller.as_deref(), Headers::Raw(req.headers))
-            {
-                Ok(identity) => identity,
-                Err(text) => {
-                    drop(req);
-                    let answer = Local::Unauthenticated(&text);
-                    return Some(self.answer_locally(client, &head, answer).await);
-                }
-            };
-        let replaced;
-        let raw = match identity.value() {
-            Some((name, value)) => {
-                replaced = consumer::replaced(req.headers, name, value);
-                Headers::Raw(&replaced)
+        let front = match front(&cx.shared, cx.side, self.caller.as_deref(), &mut req) {
+            Ok(front) => front,
+            Err(Answer::Refused(refusal)) => {
+                refuse(client, cx, refusal).await;
+                return Some(false);
             }
-            None => Headers::Raw(req.headers),
+            Err(Answer::Unauthenticated(text)) => {
+                drop(req);
+                let answer = Local::Unauthenticated(&text);
+                return Some(self.answer_locally(client, &head, answer).await);
+            }
+            Err(Answer::Failure(failure)) => {
+                drop(req);
+                let answer = Local::Failure(failure);
+                return Some(self.answer_locally(client, &head, answer).await);
+            }
         };
-
-        // Where it goes, and the engine's decision. An outbound call picks its
-        // endpoint first: per-instance rules key on it.
-        let service = match cx.side {
-            Side::Inbound => None,
-            Side::Outbound => match target_service(raw, Some(req.host)) {
-                Some(service) => Some(service),
-                None => {
-                    drop(req);
-                    let failure = Failure::BadRequest(
-                        "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
-                    );
-                    return Some(
-                        self.answer_locally(client, &head, Local::Failure(failure))
-                            .await,
-                    );
-                }
-            },
-        };
-        let pick = match service {
-            None => None,
-            Some(service) => match cx.shared.directory.pick(service) {
-                Some(pick) => Some(pick),
-                None => {
-                    tracing::debug!(service, "outbound call to an unknown service");
-                    drop(req);
-                    let failure = Local::Failure(Failure::UnknownService);
-                    return Some(self.answer_locally(client, &head, failure).await);
-                }
-            },
-        };
-        let info = RequestInfo {
-            direction: match cx.side {
-                Side::Inbound => Direction::Inbound,
-                Side::Outbound => Direction::Outbound,
-            },
-            method: &head.method,
-            path: req.path(),
-            query: req.query(),
-            claims: identity.claims(),
-            headers: raw,
-            target: service.map(|service| Target {
-                service,
-                instance: pick.as_ref().map(|p| &*p.endpoint().id),
-            }),
-        };
-        let declared = match head.framing {
-            Framing::Empty => Some(0),
-            Framing::Length(n) => Some(n),
-            Framing::Chunked | Framing::UntilClose => None,
-        };
-        // The clock is read only for a request with a deadline.
-        let caller = read_deadline(DeadlineHeader::Gov, raw, Instant::now);
-        let admitted = cx.shared.admit(&info, declared, identity.invalid(), caller);
-        let admission = match admitted.await {
+        let admission = match self.admit(&req, &head, &front).await {
             Ok(admission) => admission,
             Err(rejection) => {
-                drop((req, pick));
+                drop((req, front));
                 return Some(
                     self.answer_locally(client, &head, Local::Rejection(&rejection))
                         .await,
                 );
             }
         };
-
         self.out.clear();
         let (stamps, left) = (admission.stamps(), admission.forwarded_deadline());
         write_request_head(
@@ -298,11 +239,11 @@ impl Conn<'_> {
             &req,
             &self.peer,
             (stamps, left),
-            identity.value(),
+            front.identity.value(),
         );
         drop(req);
         self.buf.advance(head.len);
-        let to = match pick {
+        let to = match front.pick {
             Some(pick) => Dest::Endpoint(pick),
             None => Dest::Local(cx.shared.local.clone()),
         };
@@ -316,6 +257,35 @@ impl Conn<'_> {
             return Some(false);
         }
         Some(self.forward(client, &head, to, admission).await)
+    }
+
+    /// The engine's decision on `req`: its `RequestInfo` from the front,
+    /// with the consumer header as the agent writes it upstream, the body's
+    /// declared length, and the caller's deadline.
+    async fn admit(
+        &self,
+        req: &Checked<'_>,
+        head: &Head,
+        front: &Front,
+    ) -> Result<Admission, gov_engine::Rejection> {
+        let replaced;
+        let raw = match front.identity.value() {
+            Some((name, value)) => {
+                replaced = consumer::replaced(req.headers, name, value);
+                Headers::Raw(&replaced)
+            }
+            None => Headers::Raw(req.headers),
+        };
+        let info = front.info(self.cx.side, req, raw);
+        let declared = match head.framing {
+            Framing::Empty => Some(0),
+            Framing::Length(n) => Some(n),
+            Framing::Chunked | Framing::UntilClose => None,
+        };
+        // The clock is read only for a request with a deadline.
+        let caller = read_deadline(DeadlineHeader::Gov, raw, Instant::now);
+        let invalid = front.identity.invalid();
+        self.cx.shared.admit(&info, declared, invalid, caller).await
     }
 
     /// Answers the request here (its head is still in the buffer) and skips its

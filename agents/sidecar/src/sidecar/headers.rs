@@ -53,13 +53,22 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         }
     }
     if let Some(te) = headers.get(header::TE)
-        && !te.to_str().is_ok_and(|v| {
-            v.split(',')
-                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-        })
+        && !(te.to_str().is_ok() && keeps_te(te.as_bytes()))
     {
         headers.remove(header::TE);
     }
+}
+
+/// Whether a `te` field with `value` is forwarded (both proxy paths): only
+/// when it names `trailers`, the one value that must reach an HTTP/2 (gRPC)
+/// upstream; it is then forwarded as sent.
+pub(crate) fn keeps_te(value: &[u8]) -> bool {
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    value.split(|&b| b == b',').any(|t| {
+        let start = t.iter().position(|b| !blank(b)).unwrap_or(t.len());
+        let end = t.iter().rposition(|b| !blank(b)).map_or(start, |i| i + 1);
+        t[start..end].eq_ignore_ascii_case(b"trailers")
+    })
 }
 
 /// Appends the client address to `x-forwarded-for` (`peer` is the address already

@@ -1,6 +1,7 @@
 //! What both proxy paths (the HTTP/1 path and hyper's) share: the listener
 //! context ([`Shared`], [`Side`]), where an outbound call goes
 //! ([`target_service`]), and the answers the agent makes itself ([`Failure`]).
+//! The steps both paths run on a request head are `front`'s.
 
 use std::sync::Arc;
 
@@ -116,6 +117,11 @@ pub(crate) enum Failure {
 }
 
 impl Failure {
+    /// An outbound call that names no service (both paths' front).
+    pub(crate) const NO_SERVICE: Failure = Failure::BadRequest(
+        "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
+    );
+
     /// A refusal answered with `(status, body)`.
     pub(crate) fn refused((status, body): (StatusCode, &'static str)) -> Self {
         Failure::Refused { status, body }

@@ -30,9 +30,14 @@ use tower::{Layer, Service, ServiceExt};
 
 use super::abandoned::{Budget, Detached, Held, Hold, Inner};
 use super::drain::{AfterRequest, Draining};
-use super::h1::codec::{MAX_HEADERS, Refusal, valid_authority};
+use super::front::{
+    Answer, HeadView, MAX_HEADERS, Refusal, front, one_framing, one_host, retry_rule,
+    underscored_framing, valid_authority,
+};
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
-use super::listener::{Failure, Shared, Side, path_reading, target_service};
+#[cfg(test)]
+use super::listener::target_service;
+use super::listener::{Failure, Shared, Side};
 use super::serve::Connections;
 use super::upgrade;
 use super::upstream::{Pick, PickedBody, UpstreamBody, UpstreamFuture};
@@ -44,9 +49,7 @@ mod retry;
 use self::again::{Again, Awaiting, upstream_uri};
 use gov_engine::Headers::Map;
 use gov_engine::path::Reading;
-use gov_engine::{
-    CallError, CallTarget, GovBody, Govern, GovernLayer, MeteredBody, Outcome, RetryPolicy,
-};
+use gov_engine::{CallError, GovBody, Govern, GovernLayer, MeteredBody, Outcome, RetryPolicy};
 
 /// The body of every response of the proxy listeners: the upstream's, holding the
 /// call's admission (bulkhead permits, in-flight gauges) and its endpoint pick
@@ -163,63 +166,22 @@ impl Handler {
 
     async fn answer(self, mut req: Request<Draining>) -> Response<Inner> {
         let conn = &self.0.get_ref().0;
-        let checked = check(&mut req, path_reading(&conn.shared, conn.side)).and_then(|()| {
-            conn.shared
-                .engine
-                .check_judged(Map(req.headers()))
-                .map_err(|error| Refusal::BadRequest(error.body()))
-        });
-        if let Err(refusal) = checked {
-            tracing::debug!(?refusal, "refused a request");
-            conn.conns.refused.fetch_add(1, Ordering::Relaxed);
-            let mut response = failure_response(Failure::refused(refusal.answer()));
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return response;
-        }
-        let h2_websocket = upgrade::is_h2_websocket(&req);
-        if upgrade::is_websocket(&req) || h2_websocket {
-            if upgrade::has_body(req.headers()) {
+        match front(&conn.shared, conn.side, conn.caller.as_deref(), &mut req) {
+            Ok(front) => front.apply(&mut req),
+            Err(Answer::Refused(refusal)) => {
+                tracing::debug!(?refusal, "refused a request");
                 conn.conns.refused.fetch_add(1, Ordering::Relaxed);
-                let mut response = failure_response(Failure::BadRequest(
-                    "gov-agent: an upgrade request cannot have a body\n",
-                ));
+                let mut response = failure_response(Failure::refused(refusal.answer()));
                 response
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
                 return response;
             }
-            if let Some(client) = upgrade::client(&mut req) {
-                req.extensions_mut().insert(client);
-            }
-        }
-        // Authority-form (`CONNECT host:port`) has no path: tunnels are not
-        // proxied, and such a request is no call of the service's; nor is an
-        // extended CONNECT to anything but a WebSocket.
-        if req.method() == http::Method::CONNECT {
-            return failure_response(Failure::BadRequest("gov-agent: CONNECT is not supported\n"));
-        }
-        // The consumer: as sent, or verified and written by the agent.
-        match conn
-            .shared
-            .identify(conn.side, conn.caller.as_deref(), Map(req.headers()))
-        {
-            Ok(identity) => {
-                if identity.invalid() {
-                    req.extensions_mut().insert(gov_engine::CountAsSystemError);
-                }
-                identity.apply(&mut req);
-            }
-            Err(text) => {
+            Err(Answer::Unauthenticated(text)) => {
                 let grpc = gov_engine::grpc::GrpcCall::of(&req).is_some();
                 return super::consumer::response(&text, grpc);
             }
-        }
-        if conn.side == Side::Outbound
-            && let Err(failure) = pick(&conn.shared, &mut req)
-        {
-            return failure_response(failure);
+            Err(Answer::Failure(failure)) => return failure_response(failure),
         }
         match self.0.oneshot(req).await {
             Ok(response) => response,
@@ -235,28 +197,56 @@ impl Handler {
     }
 }
 
-/// Picks the endpoint of an outbound call before the decision (per-instance rules
-/// key on it): the request then carries its [`CallTarget`] and the [`Pick`].
-fn pick<B>(shared: &Shared, req: &mut Request<B>) -> Result<(), Failure> {
-    let Some(service) = target_service(gov_engine::Headers::Map(req.headers()), request_host(req))
-    else {
-        return Err(Failure::BadRequest(
-            "gov-agent: an outbound call needs a `gov-service` or `host` header naming the service\n",
-        ));
-    };
-    let Some(pick) = shared.directory.pick(service) else {
-        tracing::debug!(service, "outbound call to an unknown service");
-        return Err(Failure::UnknownService);
-    };
-    let endpoint = pick.endpoint();
-    tracing::trace!(service, instance = %endpoint.id, "outbound call");
-    let target = CallTarget {
-        service: pick.service().clone(),
-        instance: Some(endpoint.id.clone()),
-    };
-    req.extensions_mut().insert(target);
-    req.extensions_mut().insert(pick);
-    Ok(())
+/// hyper's request as the front reads it ([`super::front`]): the checks of
+/// the HTTP/1 path that still apply to a request hyper parsed ([`check`]),
+/// and the upgrade and `CONNECT` answers of this path.
+impl<B> HeadView for Request<B> {
+    fn method(&self) -> &http::Method {
+        Request::method(self)
+    }
+
+    fn path(&self) -> &str {
+        self.uri().path()
+    }
+
+    fn query(&self) -> &str {
+        self.uri().query().unwrap_or_default()
+    }
+
+    fn headers(&self) -> gov_engine::Headers<'_> {
+        Map(Request::headers(self))
+    }
+
+    fn host(&self) -> Option<&str> {
+        request_host(self)
+    }
+
+    fn refuse(&mut self, reading: impl FnOnce() -> Reading) -> Result<(), Refusal> {
+        check(self, reading())
+    }
+
+    fn unserved(&mut self) -> Result<(), Answer> {
+        let h2_websocket = upgrade::is_h2_websocket(self);
+        if upgrade::is_websocket(self) || h2_websocket {
+            if upgrade::has_body(Request::headers(self)) {
+                return Err(Answer::Refused(Refusal::BadRequest(
+                    "gov-agent: an upgrade request cannot have a body\n",
+                )));
+            }
+            if let Some(client) = upgrade::client(self) {
+                self.extensions_mut().insert(client);
+            }
+        }
+        // Authority-form (`CONNECT host:port`) has no path: tunnels are not
+        // proxied, and such a request is no call of the service's; nor is an
+        // extended CONNECT to anything but a WebSocket.
+        if Request::method(self) == http::Method::CONNECT {
+            return Err(Answer::Failure(Failure::BadRequest(
+                "gov-agent: CONNECT is not supported\n",
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The checks of the HTTP/1 path ([`super::h1`]) that still apply to a request
@@ -272,15 +262,11 @@ fn check<B>(req: &mut Request<B>, reading: Reading) -> Result<(), Refusal> {
     }
     // `content_length`, `transfer_encoding`: framing to an upstream that reads `_`
     // as `-` (hyper's parser does not).
-    if headers.keys().any(|name| {
-        let name = name.as_str();
-        name.contains('_')
-            && (name.eq_ignore_ascii_case("content_length")
-                || name.eq_ignore_ascii_case("transfer_encoding"))
-    }) {
-        return Err(Refusal::BadRequest(
-            "gov-agent: a framing header is spelled with `_`\n",
-        ));
+    if headers
+        .keys()
+        .any(|name| underscored_framing(name.as_str().as_bytes()))
+    {
+        return Err(Refusal::UNDERSCORED);
     }
     // RFC 9113 section 8.2.1: a field value with leading or trailing whitespace
     // is malformed in HTTP/2 (h2 lets it through). An HTTP/1.1 upstream would
@@ -295,16 +281,6 @@ fn check<B>(req: &mut Request<B>, reading: Reading) -> Result<(), Refusal> {
             "gov-agent: an HTTP/2 field value has leading or trailing whitespace\n",
         ));
     }
-    if headers.get_all(header::HOST).iter().nth(1).is_some() {
-        return Err(Refusal::BadRequest(
-            "gov-agent: the request has more than one `host` header\n",
-        ));
-    }
-    if req.version() == http::Version::HTTP_11 && !headers.contains_key(header::HOST) {
-        return Err(Refusal::BadRequest(
-            "gov-agent: an HTTP/1.1 request needs a `host` header\n",
-        ));
-    }
     let host_ok = headers
         .get(header::HOST)
         .is_none_or(|h| h.to_str().is_ok_and(valid_authority));
@@ -312,26 +288,15 @@ fn check<B>(req: &mut Request<B>, reading: Reading) -> Result<(), Refusal> {
         .uri()
         .authority()
         .is_none_or(|a| valid_authority(a.as_str()));
-    if !host_ok || !authority_ok {
-        return Err(Refusal::BadRequest("gov-agent: the `host` is malformed\n"));
-    }
-    if headers.contains_key(header::TRANSFER_ENCODING)
-        && headers.contains_key(header::CONTENT_LENGTH)
-    {
-        return Err(Refusal::BadRequest(
-            "gov-agent: the request has both `content-length` and `transfer-encoding`\n",
-        ));
-    }
-    if headers
-        .get_all(header::CONTENT_LENGTH)
-        .iter()
-        .nth(1)
-        .is_some()
-    {
-        return Err(Refusal::BadRequest(
-            "gov-agent: the request has more than one `content-length`\n",
-        ));
-    }
+    one_host(
+        headers.get_all(header::HOST).iter().count(),
+        host_ok && authority_ok,
+        req.version() == http::Version::HTTP_11,
+    )?;
+    one_framing(
+        headers.contains_key(header::TRANSFER_ENCODING),
+        headers.get_all(header::CONTENT_LENGTH).iter().count(),
+    )?;
     // `CONNECT` has no path (refused later; an extended CONNECT has one),
     // `OPTIONS *` none to normalize.
     let path = req.uri().path();
@@ -349,12 +314,9 @@ fn check<B>(req: &mut Request<B>, reading: Reading) -> Result<(), Refusal> {
         Some(q) => format!("{normal}?{q}"),
         None => normal,
     };
-    parts.path_and_query = Some(
-        PathAndQuery::try_from(with_query)
-            .map_err(|_| Refusal::BadRequest("gov-agent: bad request target\n"))?,
-    );
-    *req.uri_mut() = Uri::from_parts(parts)
-        .map_err(|_| Refusal::BadRequest("gov-agent: bad request target\n"))?;
+    parts.path_and_query =
+        Some(PathAndQuery::try_from(with_query).map_err(|_| Refusal::BAD_TARGET)?);
+    *req.uri_mut() = Uri::from_parts(parts).map_err(|_| Refusal::BAD_TARGET)?;
     Ok(())
 }
 
@@ -392,9 +354,9 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
         let conn = &*self.0;
         let pick = req.extensions_mut().remove::<Pick>();
         // A retry rule's attempts (an outbound call whose body can be held).
-        let policy = req.extensions_mut().remove::<RetryPolicy>().filter(|p| {
-            pick.is_some() && p.retries_method(req.method()) && retry::holds(req.body())
-        });
+        let rule = req.extensions_mut().remove::<RetryPolicy>();
+        let len = retry::known_len(req.body());
+        let policy = retry_rule(|| rule, pick.is_some(), req.method(), len);
         let (mut parts, body) = req.into_parts();
         let to = match &pick {
             Some(pick) => pick.endpoint().authority.clone(),

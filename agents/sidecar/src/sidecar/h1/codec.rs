@@ -9,16 +9,19 @@
 
 use std::borrow::Cow;
 
-use http::{HeaderValue, Method, StatusCode};
+use http::{HeaderValue, Method};
 use smallvec::SmallVec;
 
-use super::super::headers::{FRAMING, HOP_BY_HOP};
+use super::super::headers::{FRAMING, HOP_BY_HOP, keeps_te};
+use crate::sidecar::front::{HeadView, one_framing, one_host, underscored_framing};
+pub(crate) use crate::sidecar::front::{MAX_HEADERS, Refusal, valid_authority};
+use gov_engine::Headers;
 use gov_engine::WOULD_REJECT_BY;
 use gov_engine::deadline::{GOV_TIMEOUT, format};
-use gov_engine::path::{PathError, Reading, normalize};
+#[cfg(test)]
+use gov_engine::path::PathError;
+use gov_engine::path::{Reading, normalize};
 
-/// Most header fields of a request head (more: 431, as Envoy's default).
-pub(crate) const MAX_HEADERS: usize = 100;
 /// Largest head (larger: 431).
 pub(crate) const MAX_HEAD: usize = 64 * 1024;
 /// Longest chunk extension and trailer section accepted in a chunked body.
@@ -36,42 +39,6 @@ pub(crate) enum Framing {
     Chunked,
     /// Responses only: the body ends when the upstream closes.
     UntilClose,
-}
-
-/// Why the agent refuses a request before anything of it goes upstream. The answer
-/// closes the connection: after a framing error nothing that follows on it can be
-/// trusted to start a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// 400, with a short reason.
-    BadRequest(&'static str),
-    /// 431: too many header fields or too large a head.
-    HeadTooLarge,
-    /// 501: a transfer coding other than `chunked`.
-    UnknownCoding,
-}
-
-impl Refusal {
-    /// The status and short body of the answer.
-    pub(crate) fn answer(self) -> (StatusCode, &'static str) {
-        match self {
-            Refusal::BadRequest(body) => (StatusCode::BAD_REQUEST, body),
-            Refusal::HeadTooLarge => (
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "gov-agent: the request head is too large\n",
-            ),
-            Refusal::UnknownCoding => (
-                StatusCode::NOT_IMPLEMENTED,
-                "gov-agent: only the `chunked` transfer coding is supported\n",
-            ),
-        }
-    }
-}
-
-impl From<PathError> for Refusal {
-    fn from(error: PathError) -> Self {
-        Refusal::BadRequest(error.body())
-    }
 }
 
 /// What the HTTP/1 path does with a request head.
@@ -125,6 +92,30 @@ impl Checked<'_> {
     pub(crate) fn query(&self) -> &str {
         let rest = &self.target[self.path_len..];
         rest.strip_prefix('?').unwrap_or(rest)
+    }
+}
+
+/// The checked head as the request front reads it ([`crate::sidecar::front`]):
+/// [`check_request`] already refused and normalized it while parsing.
+impl HeadView for Checked<'_> {
+    fn method(&self) -> &Method {
+        &self.method
+    }
+
+    fn path(&self) -> &str {
+        Checked::path(self)
+    }
+
+    fn query(&self) -> &str {
+        Checked::query(self)
+    }
+
+    fn headers(&self) -> Headers<'_> {
+        Headers::Raw(self.headers)
+    }
+
+    fn host(&self) -> Option<&str> {
+        Some(self.host)
     }
 }
 
@@ -212,21 +203,10 @@ pub(crate) fn check_request<'b>(
     }
     // Section 3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0, and a
     // valid one.
-    let host = match (fields.hosts, version) {
-        (0, 1) => {
-            return Verdict::Refuse(Refusal::BadRequest(
-                "gov-agent: an HTTP/1.1 request needs a `host` header\n",
-            ));
-        }
-        (0 | 1, _) => fields.host,
-        _ => {
-            return Verdict::Refuse(Refusal::BadRequest(
-                "gov-agent: the request has more than one `host` header\n",
-            ));
-        }
-    };
-    if host.is_some_and(|h| !valid_authority(h)) {
-        return Verdict::Refuse(Refusal::BadRequest("gov-agent: the `host` is malformed\n"));
+    let host = fields.host;
+    let valid = host.is_none_or(valid_authority);
+    if let Err(refusal) = one_host(fields.hosts, valid, version == 1) {
+        return Verdict::Refuse(refusal);
     }
     let framing = match fields.framing() {
         Ok(framing) => framing,
@@ -333,9 +313,8 @@ impl<'b> Fields<'b> {
             match name.len() {
                 4 if name.eq_ignore_ascii_case(b"host") => {
                     fields.hosts += 1;
-                    fields.host = Some(std::str::from_utf8(trim(h.value)).map_err(|_| {
-                        Refusal::BadRequest("gov-agent: the `host` is malformed\n")
-                    })?);
+                    fields.host =
+                        Some(std::str::from_utf8(trim(h.value)).map_err(|_| Refusal::BAD_HOST)?);
                 }
                 14 if name.eq_ignore_ascii_case(b"content-length") => {
                     fields.lengths += 1;
@@ -367,11 +346,7 @@ impl<'b> Fields<'b> {
                 }
                 // `content_length` and `transfer_encoding`: some servers read `_` as
                 // `-`, and would frame the body by a field the agent did not.
-                14 | 17 if name.contains(&b'_') && is_framing_name(name) => {
-                    return Err(Refusal::BadRequest(
-                        "gov-agent: a framing header is spelled with `_`\n",
-                    ));
-                }
+                14 | 17 if underscored_framing(name) => return Err(Refusal::UNDERSCORED),
                 _ => {}
             }
         }
@@ -396,47 +371,15 @@ impl<'b> Fields<'b> {
 
     /// The framing of the body (RFC 9112 section 6.3).
     fn framing(&self) -> Result<Framing, Refusal> {
-        match (self.coding, self.lengths, self.length) {
-            // Section 6.3 (3) lets a server reject both rather than guess: the
-            // classic request smuggling shape.
-            (Some(_), n, _) if n > 0 => Err(Refusal::BadRequest(
-                "gov-agent: the request has both `content-length` and `transfer-encoding`\n",
-            )),
-            (Some(Coding::Other), _, _) => Err(Refusal::UnknownCoding),
-            (Some(Coding::Chunked), _, _) => Ok(Framing::Chunked),
-            // Section 6.3 (5): several lengths are refused even when equal.
-            (None, n, _) if n > 1 => Err(Refusal::BadRequest(
-                "gov-agent: the request has more than one `content-length`\n",
-            )),
-            (None, _, Some(n)) => Ok(Framing::Length(n)),
-            (None, _, None) => Ok(Framing::Empty),
+        // Never both, at most one length (even when equal).
+        one_framing(self.coding.is_some(), self.lengths)?;
+        match (self.coding, self.length) {
+            (Some(Coding::Other), _) => Err(Refusal::UnknownCoding),
+            (Some(Coding::Chunked), _) => Ok(Framing::Chunked),
+            (None, Some(n)) => Ok(Framing::Length(n)),
+            (None, None) => Ok(Framing::Empty),
         }
     }
-}
-
-/// Whether `name` is `content-length` or `transfer-encoding` with `_` for `-`.
-fn is_framing_name(name: &[u8]) -> bool {
-    let dashed = |b: &u8| {
-        if *b == b'_' {
-            b'-'
-        } else {
-            b.to_ascii_lowercase()
-        }
-    };
-    name.iter()
-        .map(dashed)
-        .eq(b"content-length".iter().copied())
-        || name
-            .iter()
-            .map(dashed)
-            .eq(b"transfer-encoding".iter().copied())
-}
-
-/// Whether `host` is a valid `uri-host [ ":" port ]` (RFC 3986 section 3.2.2): no
-/// user info, no path, no whitespace or control bytes. May be empty.
-pub(crate) fn valid_authority(host: &str) -> bool {
-    host.bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:[]%".contains(&b))
 }
 
 /// The origin-form of a request target and, for an absolute-form `http://` one, its
@@ -567,11 +510,7 @@ pub(crate) fn write_request_head<'a>(
             continue;
         }
         if name.eq_ignore_ascii_case("te") {
-            if !h
-                .value
-                .split(|&b| b == b',')
-                .any(|t| trim(t).eq_ignore_ascii_case(b"trailers"))
-            {
+            if !keeps_te(h.value) {
                 continue;
             }
         } else if name.eq_ignore_ascii_case("x-forwarded-for") {

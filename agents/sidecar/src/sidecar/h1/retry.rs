@@ -21,31 +21,26 @@ use super::codec::Framing;
 use super::conn::{Conn, Exchange, Head, Io};
 use super::pool::Dest;
 use super::relay::within;
+use crate::sidecar::front::{retries, retry_rule};
 use crate::sidecar::listener::Failure;
 use gov_engine::{Admission, Outcome, RetryPolicy};
 
 /// The retry rule that may send this call again: an outbound call whose
 /// method the rule retries and whose body the agent can hold.
 pub(super) fn policy(head: &Head, to: &Dest, admission: &Admission) -> Option<RetryPolicy> {
-    let held = match head.framing {
-        Framing::Empty => true,
-        Framing::Length(n) => n <= gov_proto::v1::Retry::MAX_BUFFERED_BODY,
-        Framing::Chunked | Framing::UntilClose => false,
+    let len = match head.framing {
+        Framing::Empty => Some(0),
+        Framing::Length(n) => Some(n),
+        Framing::Chunked | Framing::UntilClose => None,
     };
-    if !held || !matches!(to, Dest::Endpoint(_)) {
-        return None;
-    }
-    admission.retry().filter(|p| p.retries_method(&head.method))
+    let picked = matches!(to, Dest::Endpoint(_));
+    retry_rule(|| admission.retry(), picked, &head.method, len)
 }
 
-/// Whether an attempt that ended with `outcome` is sent again: attempts are
-/// left, the call's deadline has not passed, the rule retries the outcome,
-/// and the budget pays (asked last: a retry it pays is sent).
+/// The rule's decision ([`retries`]), with the call's own deadline: this
+/// path runs the attempts and the deadline itself.
 fn decide(policy: &RetryPolicy, attempt: u32, deadline: Option<Instant>, outcome: Outcome) -> bool {
-    attempt < policy.attempts()
-        && deadline.is_none_or(|d| Instant::now() < d)
-        && policy.retries(outcome)
-        && policy.try_retry()
+    retries(policy, attempt, deadline, outcome)
 }
 
 impl Conn<'_> {

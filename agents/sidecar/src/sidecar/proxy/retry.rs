@@ -10,7 +10,8 @@
 //! attempts are left and the budget pays. Each retry waits its backoff and
 //! goes to another endpoint of the service when there is one. The request
 //! body is held whole first (empty, or a declared length of at most
-//! [`gov_proto::v1::Retry::MAX_BUFFERED_BODY`]: [`holds`]); the call's
+//! [`gov_proto::v1::Retry::MAX_BUFFERED_BODY`]:
+//! [`crate::sidecar::front::retry_rule`]); the call's
 //! deadline is [`gov_engine::Govern`]'s, which drops this future.
 
 use std::time::Duration;
@@ -21,22 +22,25 @@ use http_body_util::BodyExt as _;
 
 use super::again::{Again, Awaiting};
 use crate::sidecar::drain::Draining;
+use crate::sidecar::front::retries;
 use crate::sidecar::headers::strip_hop_by_hop;
 use crate::sidecar::upstream::{Pick, PickedBody, UpstreamBody};
 use gov_engine::{CallError, GovBody, MeteredBody, Outcome, RetryPolicy};
 
-/// Whether a request body can be held to be sent again.
-pub(super) fn holds(body: &MeteredBody<Draining>) -> bool {
-    http_body::Body::is_end_stream(body)
-        || http_body::Body::size_hint(body)
-            .exact()
-            .is_some_and(|n| n <= gov_proto::v1::Retry::MAX_BUFFERED_BODY)
+/// The length of a request body when it is known before it ends, for
+/// [`crate::sidecar::front::retry_rule`].
+pub(super) fn known_len(body: &MeteredBody<Draining>) -> Option<u64> {
+    if http_body::Body::is_end_stream(body) {
+        Some(0)
+    } else {
+        http_body::Body::size_hint(body).exact()
+    }
 }
 
-/// Whether an attempt that ended with `outcome` is sent again (the budget
-/// is asked last: a retry it pays is sent).
+/// The rule's decision ([`retries`]) without a deadline: the engine's
+/// `Govern` owns the call's and drops these attempts when it passes.
 fn decide(policy: &RetryPolicy, attempt: u32, outcome: Outcome) -> bool {
-    attempt < policy.attempts() && policy.retries(outcome) && policy.try_retry()
+    retries(policy, attempt, None, outcome)
 }
 
 /// The attempts of one call: its first to `pick`, the rest as the rule says.
