@@ -1,8 +1,10 @@
 //! The forwarding path on hyper's side: inbound (clients -> local service) and
 //! outbound (local service -> instances of other services).
 //!
-//! A request passes the HTTP/1 path's checks ([`check`]), then goes through the
-//! engine's [`Govern`] around [`Forward`]: the engine's one lifecycle of an
+//! A request passes the request front both paths share ([`super::front`]:
+//! here its refusals are [`check`], the HTTP/1 path's checks that still apply
+//! to a request hyper parsed), then goes through the engine's [`Govern`]
+//! around [`Forward`]: the engine's one lifecycle of an
 //! admitted call (the decision, told to the decision log; the shadow stamps;
 //! both bodies counted; the deadline and its 504; the outcome recorded at the
 //! head, from a [`CallError`], or by the response body; the admission held
@@ -190,7 +192,7 @@ impl Handler {
                 failure_response(match CallError::outcome_of(&error) {
                     Some(Outcome::ConnectFailure) => Failure::Connect,
                     Some(_) => Failure::Upstream,
-                    None => Failure::BadRequest("gov-agent: bad request target\n"),
+                    None => Failure::refused(Refusal::BAD_TARGET.answer()),
                 })
             }
         }
