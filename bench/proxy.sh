@@ -36,6 +36,9 @@ ARMS=${ARMS:-"direct nginx hyper gov-agent"}
 # others, for a before/after comparison of a change under the same load.
 BEFORE_BIN=${BEFORE_BIN:-}
 if [ -n "$BEFORE_BIN" ]; then ARMS="$ARMS before"; fi
+# The before arm's config: the wire shape before issue 20 (policy-before.yaml,
+# below) unless BEFORE_CONFIG=policy.yaml, for a BEFORE_BIN built after it.
+BEFORE_CONFIG=${BEFORE_CONFIG:-policy-before.yaml}
 # DECISION_LOG=1 adds an arm `gov-agent-log`: the same agent and policy with
 # `--decision-log` at 100% sampling (the file in $WORK, rotated at 64 MiB).
 DECISION_LOG=${DECISION_LOG:-}
@@ -142,7 +145,7 @@ AGENT_PID=$!
 BEFORE_PID=""
 if [ -n "$BEFORE_BIN" ]; then
   GOV_LOG=warn taskset -c 1 "$BEFORE_BIN" --service hello --listen "$BEFORE" --admin-listen "$BEFORE_ADMIN" \
-    --upstream "$UP" --config "$WORK/policy-before.yaml" & pids+=($!)
+    --upstream "$UP" --config "$WORK/$BEFORE_CONFIG" & pids+=($!)
   BEFORE_PID=$!
 fi
 
