@@ -347,3 +347,61 @@ pub(crate) fn retries(
         && policy.retries(outcome)
         && policy.try_retry()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_host_refuses_none_in_http11_several_and_malformed() {
+        assert_eq!(one_host(0, true, true), Err(Refusal::NO_HOST));
+        assert_eq!(one_host(0, true, false), Ok(()));
+        assert_eq!(one_host(1, true, true), Ok(()));
+        assert_eq!(one_host(1, false, true), Err(Refusal::BAD_HOST));
+        // An HTTP/2 request without `host` whose `:authority` is malformed.
+        assert_eq!(one_host(0, false, false), Err(Refusal::BAD_HOST));
+        assert_eq!(one_host(2, true, true), Err(Refusal::HOSTS));
+        assert_eq!(one_host(2, false, false), Err(Refusal::HOSTS));
+    }
+
+    #[test]
+    fn one_framing_refuses_both_and_several_lengths() {
+        assert_eq!(one_framing(false, 0), Ok(()));
+        assert_eq!(one_framing(false, 1), Ok(()));
+        assert_eq!(one_framing(true, 0), Ok(()));
+        assert_eq!(one_framing(true, 1), Err(Refusal::BOTH_FRAMINGS));
+        assert_eq!(one_framing(true, 2), Err(Refusal::BOTH_FRAMINGS));
+        assert_eq!(one_framing(false, 2), Err(Refusal::LENGTHS));
+    }
+
+    #[test]
+    fn underscored_framing_names_only_the_two_framing_fields() {
+        for name in [
+            "content_length",
+            "Content_Length",
+            "transfer_encoding",
+            "TRANSFER_ENCODING",
+        ] {
+            assert!(underscored_framing(name.as_bytes()), "{name}");
+        }
+        for name in [
+            "content-length",
+            "transfer-encoding",
+            "x_content_length",
+            "content_type",
+            "content__length",
+            "",
+        ] {
+            assert!(!underscored_framing(name.as_bytes()), "{name}");
+        }
+    }
+
+    #[test]
+    fn holds_a_body_only_of_a_known_length_within_the_bound() {
+        let max = gov_proto::v1::Retry::MAX_BUFFERED_BODY;
+        assert!(holds_body(Some(0)));
+        assert!(holds_body(Some(max)));
+        assert!(!holds_body(Some(max + 1)));
+        assert!(!holds_body(None));
+    }
+}
