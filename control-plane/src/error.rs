@@ -177,15 +177,13 @@ pub enum Error {
     StoreOption { flag: &'static str, problem: String },
 
     #[error("etcd ({endpoints}) failed to {op}")]
-    #[diagnostic(
-        code(gov::govd::etcd),
-        help(
-            "check that a majority of the etcd members in --store are up and reachable from this host"
-        )
-    )]
+    #[diagnostic(code(gov::govd::etcd))]
     Etcd {
         endpoints: String,
         op: &'static str,
+        /// What to do: `EtcdError::advice` of the source.
+        #[help]
+        advice: &'static str,
         #[source]
         source: crate::etcd::client::EtcdError,
     },

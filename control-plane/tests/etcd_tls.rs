@@ -235,10 +235,10 @@ async fn govd_starts_on_etcds_and_stops_when_the_handshake_fails() {
     let foreign = Pki::new(dir.path(), "foreign-ca");
     let client = pki.issue("govd", &["govd.test"]);
     let etcd = TlsEtcd::start(dir.path(), &pki, &client).await;
-    let govd = |extra: Vec<PathBuf>, flags: &[&str]| {
+    let govd_on = |store: &str, extra: Vec<PathBuf>, flags: &[&str]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_govd"));
         cmd.args(["--listen", "127.0.0.1:0", "--insecure"])
-            .args(["--store", &etcd.url("govd")])
+            .args(["--store", store])
             .env("GOV_LOG", "info")
             .env_remove("GOV_TOKEN_FILE")
             .stdout(Stdio::null())
@@ -248,6 +248,8 @@ async fn govd_starts_on_etcds_and_stops_when_the_handshake_fails() {
         }
         cmd
     };
+    let tls = etcd.url("govd");
+    let govd = |extra: Vec<PathBuf>, flags: &[&str]| govd_on(&tls, extra, flags);
 
     // Started: it says so, and names the store it uses.
     let log = dir.path().join("govd.log");
@@ -277,27 +279,116 @@ async fn govd_starts_on_etcds_and_stops_when_the_handshake_fails() {
     }
     started.kill().await.unwrap();
 
-    // Refused handshakes: no client certificate; a CA that did not sign the member.
-    for (case, extra, flags) in [
-        ("no client certificate", vec![pki.ca()], &["--etcd-ca"][..]),
+    // Refused handshakes: no client certificate; a CA that did not sign the
+    // member; plain gRPC to a member that serves TLS. Each help says which
+    // flag to change, not "is etcd up?".
+    let plain = etcd.url("govd").replace("etcds://", "etcd://");
+    for (case, extra, flags, help) in [
+        (
+            "no client certificate",
+            vec![pki.ca()],
+            &["--etcd-ca"][..],
+            "--etcd-cert",
+        ),
         (
             "a foreign CA",
             vec![foreign.ca(), client.0.clone(), client.1.clone()],
             &["--etcd-ca", "--etcd-cert", "--etcd-key"][..],
+            "not signed by the CA given with --etcd-ca",
+        ),
+        ("etcd:// to a TLS member", vec![], &[][..], "etcds://"),
+    ] {
+        let store = if flags.is_empty() { &plain } else { &tls };
+        let mut cmd = govd_on(store, extra, flags);
+        let out =
+            tokio::time::timeout(Duration::from_secs(40), cmd.stderr(Stdio::piped()).output())
+                .await
+                .unwrap_or_else(|_| panic!("{case}: govd neither started nor stopped in 40 s"))
+                .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{case}: {stderr}");
+        assert!(stderr.contains("etcd ("), "{case}: {stderr}");
+        assert!(!stderr.contains("govd started"), "{case}: {stderr}");
+        let help_line = stderr.lines().find(|l| l.contains("help:")).unwrap_or("");
+        assert!(help_line.contains(help), "{case}: {stderr}");
+    }
+}
+
+/// Endpoints that are not etcd stop govd with the cause said once and a
+/// help that fits it: a closed port (is etcd up?), an HTTP server (not
+/// etcd's client URL), a name that does not resolve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn govd_says_what_is_wrong_with_an_endpoint_that_is_not_etcd() {
+    let closed = free_port();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http_port = http.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        while let Ok((mut conn, _)) = http.accept().await {
+            let mut buf = [0_u8; 1024];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn
+                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                .await;
+            // Kept open, as an HTTP/1.1 server keeps it, until govd closes it.
+            tokio::spawn(async move { while conn.read(&mut buf).await.is_ok_and(|n| n > 0) {} });
+        }
+    });
+    for (case, store, cause, help) in [
+        (
+            "a closed port",
+            format!("etcd://127.0.0.1:{closed}"),
+            "Connection refused",
+            "majority of the etcd members",
+        ),
+        (
+            "an HTTP server",
+            format!("etcd://127.0.0.1:{http_port}"),
+            // h2 reads the HTTP/1.1 answer as a frame (`h2 protocol error`)
+            // or first sees the request end (`connection closed`).
+            "failed to answer",
+            "names the members' client URLs",
+        ),
+        (
+            "a name that does not resolve",
+            "etcd://no-such-host.invalid:2379".to_owned(),
+            "dns error",
+            "does not resolve",
         ),
     ] {
         let out = tokio::time::timeout(
             Duration::from_secs(40),
-            govd(extra, flags).stderr(Stdio::piped()).output(),
+            Command::new(env!("CARGO_BIN_EXE_govd"))
+                .args(["--listen", "127.0.0.1:0", "--insecure", "--store", &store])
+                .env_remove("GOV_TOKEN_FILE")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .output(),
         )
         .await
         .unwrap_or_else(|_| panic!("{case}: govd neither started nor stopped in 40 s"))
         .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{case}: {stderr}");
-        assert!(stderr.contains("etcd ("), "{case}: {stderr}");
-        assert!(!stderr.contains("govd started"), "{case}: {stderr}");
+        assert!(stderr.contains(cause), "{case}: {stderr}");
+        let help_line = stderr.lines().find(|l| l.contains("help:")).unwrap_or("");
+        assert!(help_line.contains(help), "{case}: {stderr}");
+        // Each cause once: tonic's chain repeats `transport error`,
+        // `tcp connect error`, `dns error` between the status and the OS error.
+        let causes: Vec<&str> = stderr
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("caused by: "))
+            .collect();
+        assert!(!causes.contains(&"transport error"), "{case}: {stderr}");
+        for (i, c) in causes.iter().enumerate() {
+            assert!(
+                !causes[..i].iter().any(|earlier| earlier.contains(c)),
+                "{case}: `{c}` said twice: {stderr}"
+            );
+        }
     }
+    server.abort();
 }
 
 /// The flags' mistakes are named before any connection.

@@ -107,6 +107,10 @@ pub(super) fn etcd_error(config: &EtcdConfig, op: &'static str, source: EtcdErro
     Error::Etcd {
         endpoints: config.endpoints.join(","),
         op,
+        advice: source.advice(
+            config.tls.is_some(),
+            config.tls.as_ref().is_some_and(|t| t.cert.is_some()),
+        ),
         source,
     }
 }

@@ -66,12 +66,89 @@ impl std::fmt::Display for GrpcStatus {
 }
 
 impl std::error::Error for GrpcStatus {
+    /// The transport's root cause (the OS error, the handshake's), unless
+    /// the status's message says it already: tonic's chain in between
+    /// (`transport error`, `tcp connect error` twice) only repeats it.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&self.0)
+        let mut root = std::error::Error::source(&self.0)?;
+        while let Some(next) = root.source() {
+            root = next;
+        }
+        let said = root.to_string();
+        (!self.0.message().contains(&said) && said != "transport error").then_some(root)
+    }
+}
+
+impl GrpcStatus {
+    /// The status's message and its causes, lower-cased, to tell failures
+    /// apart by what they say.
+    fn text(&self) -> String {
+        let mut text = self.0.message().to_lowercase();
+        let mut source = std::error::Error::source(&self.0);
+        while let Some(cause) = source {
+            text.push(' ');
+            text.push_str(&cause.to_string().to_lowercase());
+            source = cause.source();
+        }
+        text
     }
 }
 
 impl EtcdError {
+    /// What to do about this failure, for the operator who started govd:
+    /// a handshake refused, an endpoint that is not etcd's gRPC, a name
+    /// that does not resolve each say so instead of "is etcd up?". `tls`:
+    /// the store is `etcds://`; `client_cert`: govd has a client certificate
+    /// (a member that wants one and gets none closes the connection after
+    /// a TLS 1.3 handshake, with no reason).
+    pub fn advice(&self, tls: bool, client_cert: bool) -> &'static str {
+        const REACH: &str = "check that a majority of the etcd members in --store are up and \
+                             reachable from this host";
+        let Self::Status(status) = self else {
+            return REACH;
+        };
+        let text = status.text();
+        if text.contains("unknownissuer") || text.contains("invalid peer certificate") {
+            "the members' certificates are not signed by the CA given with --etcd-ca (or do \
+             not name the host written in --store): give --etcd-ca the CA that signed them"
+        } else if text.contains("certificaterequired") || text.contains("badcertificate") {
+            if client_cert {
+                "the members refused govd's client certificate: check that --etcd-cert is \
+                 signed by a CA they trust (their --trusted-ca-file) and is for client auth"
+            } else {
+                "the members ask for a client certificate (etcd's --client-cert-auth): give \
+                 govd --etcd-cert and --etcd-key, signed by a CA they trust"
+            }
+        } else if text.contains("tls handshake eof") || text.contains("invalidcontenttype") {
+            "the endpoint does not speak TLS: write --store etcd://... for members that \
+             serve plain gRPC, or point etcds:// at their TLS client URLs"
+        } else if text.contains("h2 protocol error") {
+            "the endpoint does not answer as etcd's gRPC: check that --store names the \
+             members' client URLs (port 2379 by default)"
+        } else if text.contains("broken pipe") || text.contains("connection closed") {
+            match (tls, client_cert) {
+                (false, _) => {
+                    "the endpoint closed the connection: check that --store names the \
+                     members' client URLs (port 2379 by default), as etcds://... with \
+                     --etcd-ca if they serve TLS, and that a majority of them are up"
+                }
+                (true, false) => {
+                    "the members closed the connection after the TLS handshake: if they run \
+                     with --client-cert-auth, give govd --etcd-cert and --etcd-key, signed by a \
+                     CA they trust; otherwise check that a majority of them are up"
+                }
+                (true, true) => {
+                    "the members closed the connection after the TLS handshake: check that \
+                     they trust the CA that signed --etcd-cert, and that a majority of them are up"
+                }
+            }
+        } else if text.contains("dns error") {
+            "a host in --store does not resolve from this host: check its name"
+        } else {
+            REACH
+        }
+    }
+
     /// Whether the call may never have reached a member able to serve it,
     /// or its answer was lost: worth trying again. A refusal on the merits
     /// (a bad request, a permission, a compare that failed) is not.
