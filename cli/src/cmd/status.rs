@@ -521,7 +521,9 @@ fn agents_table(view: &pb::ClusterView, out: &mut String) {
     ];
     for a in &view.agents {
         let mut detail = match (a.rule.is_empty(), a.reason.is_empty()) {
-            (false, _) => format!("rule {}: {}", a.rule, a.reason),
+            // The agent's reason usually names the rule already (`rule `x`: ...`).
+            (false, _) if !a.reason.contains(&a.rule) => format!("rule {}: {}", a.rule, a.reason),
+            (false, _) => a.reason.clone(),
             (true, false) if a.state() == pb::SyncState::Unsaved => unsaved_detail(&a.reason),
             (true, false) => a.reason.clone(),
             (true, true) => String::new(),

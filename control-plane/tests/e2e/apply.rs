@@ -267,7 +267,11 @@ async fn a_config_the_agent_cannot_enforce_is_nacked_by_rule_and_the_old_one_sta
     let status = govc(&govd, Some(VIEWER_TOKEN), &["status"]).await;
     assert!(status.stdout.contains("NACKED"), "{}", status.stdout);
     assert!(
-        status.stdout.contains("rule order/shared: "),
+        // The rule once here too, as the agent's reason names it.
+        status
+            .stdout
+            .contains("rule `order/shared`: `scope cluster`")
+            && !status.stdout.contains("rule order/shared: rule"),
         "{}",
         status.stdout
     );
