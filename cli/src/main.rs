@@ -6,7 +6,7 @@
 //! can mean "changes present" for `plan --detailed-exitcode`).
 
 // A closed stdout or stderr (`govc status | head -1`) must not panic:
-// print through `gov_proto::out!`/`errln!` and friends instead.
+// print through `gov_common::out!`/`errln!` and friends instead.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 use std::process::ExitCode;
@@ -33,7 +33,7 @@ mod cmd {
     pub mod tui;
 }
 #[cfg(test)]
-mod help_examples;
+use gov_common::testing::help_examples;
 mod input;
 mod remote;
 mod report;
@@ -258,7 +258,7 @@ fn main() -> ExitCode {
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "govc", &mut script);
-            gov_proto::out!("{}", String::from_utf8_lossy(&script));
+            gov_common::out!("{}", String::from_utf8_lossy(&script));
             ExitCode::SUCCESS
         }
     }

@@ -49,7 +49,7 @@ pub enum RemoteError {
 
     #[error(transparent)]
     #[diagnostic(transparent)]
-    Tls(#[from] gov_proto::tls::TlsError),
+    Tls(#[from] gov_common::tls::TlsError),
 
     #[error("cannot read the token file `{path}`")]
     #[diagnostic(
@@ -122,7 +122,7 @@ impl RemoteArgs {
             .control_plane
             .split(',')
             .map(str::trim)
-            .find(|url| !url.is_empty() && gov_proto::tls::cleartext_to_remote(url))
+            .find(|url| !url.is_empty() && gov_common::tls::cleartext_to_remote(url))
         {
             Some(url) => Err(RemoteError::CleartextToken {
                 url: url.to_owned(),
@@ -132,9 +132,9 @@ impl RemoteArgs {
     }
 
     /// The TLS settings (`--tls-ca`) as the TUI and `connect` use them.
-    pub fn tls(&self) -> Result<gov_proto::tls::ClientTls, RemoteError> {
-        Ok(gov_proto::tls::ClientTls::read(
-            &gov_proto::tls::ClientTlsFiles {
+    pub fn tls(&self) -> Result<gov_common::tls::ClientTls, RemoteError> {
+        Ok(gov_common::tls::ClientTls::read(
+            &gov_common::tls::ClientTlsFiles {
                 ca: self.tls_ca.clone(),
                 ..Default::default()
             },
@@ -192,7 +192,7 @@ pub fn block_on<F: std::future::Future>(f: F) -> Result<F::Output, RemoteError> 
 
 /// Prints an error the way every govc error is printed; exit 1.
 pub fn fail(error: impl miette::Diagnostic + Send + Sync + 'static) -> ExitCode {
-    gov_proto::errln!("{:?}", miette::Report::new(error));
+    gov_common::errln!("{:?}", miette::Report::new(error));
     ExitCode::FAILURE
 }
 

@@ -432,7 +432,7 @@ fn mode_text(r: &pb::Rule) -> String {
 /// When a rule expires: its instant (UTC) and the `for` it came from;
 /// `for D` alone before an apply anchored it; nothing when it never does.
 pub fn expiry_text(r: &pb::Rule) -> String {
-    let at = gov_proto::instant::Utc(r.expires_at_unix_ms);
+    let at = gov_common::instant::Utc(r.expires_at_unix_ms);
     match (r.expires_at_unix_ms, r.for_ms) {
         (0, 0) => String::new(),
         (0, d) => format!("for {} from the apply", fmt_ms(d)),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use gov_proto::tls::ClientTls;
+use gov_common::tls::ClientTls;
 use gov_proto::v1::control_plane_client::ControlPlaneClient;
 use tonic::transport::Channel;
 

@@ -272,7 +272,7 @@ impl Registry {
     }
 
     /// `govd_connections_closed_total` and `govd_connections_open`.
-    pub fn render(&self, enc: &mut gov_proto::prom::Encoder) {
+    pub fn render(&self, enc: &mut gov_common::prom::Encoder) {
         enc.family(
             "govd_connections_open",
             "gauge",

@@ -76,7 +76,7 @@ pub fn expired_for_warnings(bundle: &pb::Bundle, now_unix_ms: u64) -> Vec<pb::Di
                     "{} `{}` expired at {} (its `for` runs from the apply that introduced it): no agent enforces it",
                     r.kind().word(),
                     r.name,
-                    gov_proto::instant::Utc(r.expires_at_unix_ms)
+                    gov_common::instant::Utc(r.expires_at_unix_ms)
                 ),
                 file: source.file,
                 line: source.line,

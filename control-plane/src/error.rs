@@ -110,7 +110,7 @@ pub enum Error {
 
     #[error(transparent)]
     #[diagnostic(transparent)]
-    TlsFile(#[from] gov_proto::tls::TlsError),
+    TlsFile(#[from] gov_common::tls::TlsError),
 
     #[error(transparent)]
     #[diagnostic(transparent)]

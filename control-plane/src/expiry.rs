@@ -39,12 +39,12 @@ fn expiries(bundle: &pb::Bundle) -> Vec<(String, pb::RuleKind, u64, u64)> {
 
 /// The audit detail of an expiry.
 fn detail(at: u64, for_ms: u64) -> String {
-    let at = gov_proto::instant::Utc(at);
+    let at = gov_common::instant::Utc(at);
     match for_ms {
         0 => format!("expired at {at} (expires); every agent stopped enforcing it then"),
         d => format!(
             "expired at {at} (for {} from its apply); every agent stopped enforcing it then",
-            gov_proto::instant::left(d)
+            gov_common::instant::left(d)
         ),
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::encoded::EndpointsForm;
-use gov_proto::prom::{Encoder, le_label};
+use gov_common::prom::{Encoder, le_label};
 use gov_proto::v1 as pb;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
@@ -305,7 +305,7 @@ impl Metrics {
         self.answered.render(&mut enc, "govd_config_answer_seconds");
         self.connections.render(&mut enc);
         self.watches.render(&mut enc);
-        gov_proto::prom::render_process(&mut enc);
+        gov_common::prom::render_process(&mut enc);
         enc.finish()
     }
 }

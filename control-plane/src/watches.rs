@@ -41,7 +41,7 @@ impl Watches {
     }
 
     /// `govd_watch_streams` and `govd_watch_refusals_total`.
-    pub fn render(&self, enc: &mut gov_proto::prom::Encoder) {
+    pub fn render(&self, enc: &mut gov_common::prom::Encoder) {
         enc.family(
             "govd_watch_streams",
             "gauge",

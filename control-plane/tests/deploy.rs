@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use gov_proto::v1 as pb;
 
-#[path = "../../deploy/args.rs"]
-mod deploy_args;
+use gov_common::testing::deploy_args;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -152,7 +152,7 @@ impl SyntaxError {
         name: &str,
         src: &str,
         span: Span,
-        error: &gov_proto::duration::DurationError,
+        error: &gov_common::duration::DurationError,
     ) -> Self {
         let help = miette::Diagnostic::help(error).map(|h| h.to_string());
         let e = SyntaxError::new(
@@ -172,7 +172,7 @@ impl SyntaxError {
         name: &str,
         src: &str,
         span: Span,
-        error: &gov_proto::instant::InstantError,
+        error: &gov_common::instant::InstantError,
     ) -> Self {
         let help = miette::Diagnostic::help(error).map(|h| h.to_string());
         let e = SyntaxError::new(
@@ -474,7 +474,7 @@ fn help(expected: &Expected, found: &Token<'_>) -> Option<String> {
     if expected.has_phrase(DURATION) && starts_with_digit {
         return Some(if all_digits {
             // The words of a duration flag without a unit.
-            let no_unit = gov_proto::duration::DurationError::NoUnit(numeric.to_owned());
+            let no_unit = gov_common::duration::DurationError::NoUnit(numeric.to_owned());
             miette::Diagnostic::help(&no_unit).map_or_else(String::new, |h| h.to_string())
         } else {
             "a duration is a number (a decimal fraction is allowed) followed directly by `ms`, `s`, `m` (or `min`) or `h`, as in `10ms` or `1.5s`".to_owned()

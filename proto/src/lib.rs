@@ -8,28 +8,19 @@
 //! flattened into their parent, snake_case field names on output and both
 //! snake_case and camelCase on input, 64-bit integers as plain numbers.
 //! This is the format of `govc compile -o yaml|json` and `gov-agent --config`.
+//!
+//! Only the wire and what reads or writes it: the utilities every binary
+//! shares (durations, flags, logs, TLS files) are `gov-common`.
 
 pub mod compiled;
 pub mod decision_log;
-pub mod duration;
-pub mod flag;
 pub mod grpc;
-pub mod instant;
-#[cfg(feature = "daemon")]
-pub mod log;
 pub mod path;
 pub mod printable;
-pub mod prom;
 pub mod rejections;
-pub mod report;
 mod rule;
-#[cfg(feature = "daemon")]
-pub mod signal;
 #[cfg(feature = "x509")]
 pub mod spiffe;
-pub mod stdio;
-#[cfg(feature = "grpc")]
-pub mod tls;
 mod words;
 
 /// Generated types of package `gov.v1`, with the tonic client and server when the

@@ -27,7 +27,7 @@ pub struct WatchOptions {
     /// Sent as `authorization: Bearer <token>` when set.
     pub token: Option<String>,
     /// TLS (`--tls-ca`) for an `https://` URL.
-    pub tls: gov_proto::tls::ClientTls,
+    pub tls: gov_common::tls::ClientTls,
     /// Only this service; empty: all.
     pub service: String,
 }
@@ -35,7 +35,7 @@ pub struct WatchOptions {
 // === impl WatchOptions ===
 
 impl WatchOptions {
-    pub(crate) fn endpoint(&self) -> Result<Endpoint, gov_proto::tls::TlsError> {
+    pub(crate) fn endpoint(&self) -> Result<Endpoint, gov_common::tls::TlsError> {
         Ok(self
             .tls
             .endpoint(&self.url)?

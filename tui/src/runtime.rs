@@ -25,7 +25,7 @@ pub struct TuiOptions {
     /// Bearer token for `Watch` and `Release`.
     pub token: Option<String>,
     /// TLS (`--tls-ca`) for an `https://` URL.
-    pub tls: gov_proto::tls::ClientTls,
+    pub tls: gov_common::tls::ClientTls,
     /// Hide and refuse release.
     pub readonly: bool,
     /// Recorded as the releasing operator in the audit log.

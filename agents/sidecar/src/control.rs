@@ -99,7 +99,7 @@ pub struct ControlOptions {
     pub token: Option<String>,
     /// TLS to govd (`https://` URLs): the CA, and this agent's certificate
     /// for mutual TLS.
-    pub tls: gov_proto::tls::ClientTls,
+    pub tls: gov_common::tls::ClientTls,
     /// This agent's certificate as it changes (issued by govd, or reloaded
     /// files): each new connection takes the one in force, over `tls`'s.
     pub credentials: Option<crate::identity::Credentials>,
@@ -155,7 +155,7 @@ impl ControlOptions {
             labels: BTreeMap::new(),
             state_dir: None,
             token: None,
-            tls: gov_proto::tls::ClientTls::default(),
+            tls: gov_common::tls::ClientTls::default(),
             credentials: None,
             stats_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
@@ -176,7 +176,7 @@ impl ControlOptions {
 pub enum ControlError {
     #[error(transparent)]
     #[diagnostic(transparent)]
-    Url(#[from] gov_proto::tls::TlsError),
+    Url(#[from] gov_common::tls::TlsError),
     #[error("cannot connect to the control plane at `{url}`: {reason}")]
     #[diagnostic(
         code(gov::agent::control_connect),

@@ -70,7 +70,7 @@ pub struct IdentityOptions {
     /// The service's agent token, which `Certify` needs.
     pub token: String,
     /// TLS to govd: its CA (no client certificate is needed to ask).
-    pub tls: gov_proto::tls::ClientTls,
+    pub tls: gov_common::tls::ClientTls,
     /// Retries of a failed request.
     pub backoff: Backoff,
     pub on_certificate: Option<OnCertificate>,
@@ -84,7 +84,7 @@ pub enum IdentityError {
     Key(String),
     #[error(transparent)]
     #[diagnostic(transparent)]
-    Url(#[from] gov_proto::tls::TlsError),
+    Url(#[from] gov_common::tls::TlsError),
     #[error("cannot reach the control plane at `{url}` for a certificate: {reason}")]
     #[diagnostic(
         code(gov::agent::identity_connect),

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use gov_proto::flag::parse_duration;
+use gov_common::flag::parse_duration;
 use gov_proto::v1 as pb;
 
 use crate::input;
@@ -158,14 +158,14 @@ pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCo
         canary: if dry_run { None } else { flow.canary },
     };
     if flow.json && !flow.auto_approve {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: `-o json` prints only the result, so nobody could confirm the plan: add --auto-approve (or apply a saved plan)"
         );
         return ExitCode::from(crate::EXIT_USAGE);
     }
     let invalid = |diagnostics: &[pb::Diagnostic]| {
         print_diagnostics(&reporter, diagnostics, files).then(|| {
-            gov_proto::errln!("error: the policy is invalid; the control plane applied nothing");
+            gov_common::errln!("error: the policy is invalid; the control plane applied nothing");
             ExitCode::FAILURE
         })
     };
@@ -180,7 +180,7 @@ pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCo
     }
     let plan = planned.plan.clone().unwrap_or_default();
     if flow.shadow && !flow.json {
-        gov_proto::outln!(
+        gov_common::outln!(
             "Shadow apply (--shadow): every rule below is in mode shadow; it rejects and delays nothing and counts what it would have rejected (`govc status`).\n"
         );
     }
@@ -191,7 +191,7 @@ pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCo
         if flow.json {
             return print_json(&planned);
         }
-        gov_proto::outln!(
+        gov_common::outln!(
             "\nNo changes: version {} is already applied.",
             short(&planned.version)
         );
@@ -204,7 +204,7 @@ pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCo
             .iter()
             .any(|d| d.code == "gov::govd::removes_every_service")
     {
-        gov_proto::errln!("error: not applying: the policy removes every service (warning above)");
+        gov_common::errln!("error: not applying: the policy removes every service (warning above)");
         return ExitCode::FAILURE;
     }
 
@@ -228,7 +228,7 @@ pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCo
         && !flow.json
     {
         // Someone applied in between: say what this apply really changed.
-        gov_proto::outln!(
+        gov_common::outln!(
             "\nThe policy in force changed since the plan above; this apply changed:"
         );
         print_plan(applied);
@@ -239,7 +239,7 @@ pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCo
         return code;
     }
     if !result.applied {
-        gov_proto::outln!(
+        gov_common::outln!(
             "\nNo changes: version {} is already applied.",
             short(&result.version)
         );
@@ -248,7 +248,7 @@ pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCo
     if let Some(canary) = &result.canary {
         crate::cmd::canary::print_started(canary);
     } else {
-        gov_proto::outln!("\nApplied version {}.", short(&result.version));
+        gov_common::outln!("\nApplied version {}.", short(&result.version));
     }
     outcome(&result, flow.wait, true)
 }
@@ -256,17 +256,17 @@ pub(crate) fn apply_files(files: &[(String, String)], flow: &Flow<'_>) -> ExitCo
 /// Asks on the terminal whether to apply the plan shown; only `yes` does.
 fn confirm() -> Result<(), ExitCode> {
     if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: not applying: standard input is not a terminal, so nobody can confirm the plan above\n  help: review it (`govc plan` shows it too), then run the command again with --auto-approve"
         );
         return Err(ExitCode::from(crate::EXIT_USAGE));
     }
-    gov_proto::out!("\nDo you want to apply this plan? Only `yes` applies it.\n  Enter a value: ");
+    gov_common::out!("\nDo you want to apply this plan? Only `yes` applies it.\n  Enter a value: ");
     // The question has no newline: flush it before waiting for the answer.
     let _ = std::io::Write::flush(&mut std::io::stdout());
     let mut answer = String::new();
     if std::io::stdin().read_line(&mut answer).is_err() || answer.trim() != "yes" {
-        gov_proto::errln!("Apply cancelled: nothing was sent.");
+        gov_common::errln!("Apply cancelled: nothing was sent.");
         return Err(ExitCode::FAILURE);
     }
     Ok(())
@@ -276,9 +276,9 @@ fn confirm() -> Result<(), ExitCode> {
 /// their config (a policy applied from a file that lacks a service someone
 /// else applied removes it).
 fn print_plan(plan: &pb::Plan) {
-    gov_proto::out!("{}", plan.rendered);
+    gov_common::out!("{}", plan.rendered);
     if !plan.rendered.ends_with('\n') {
-        gov_proto::outln!();
+        gov_common::outln!();
     }
     let removed: Vec<&str> = plan
         .services
@@ -287,7 +287,7 @@ fn print_plan(plan: &pb::Plan) {
         .map(|s| s.service.as_str())
         .collect();
     if !removed.is_empty() {
-        gov_proto::outln!(
+        gov_common::outln!(
             "\nWARNING: this removes {} {}: every rule of {} goes, and {} agents enforce nothing.",
             if removed.len() == 1 {
                 "service"
@@ -305,11 +305,11 @@ fn print_plan(plan: &pb::Plan) {
 fn print_json(result: &pb::ApplyResult) -> ExitCode {
     match serde_json::to_string_pretty(result) {
         Ok(json) => {
-            gov_proto::outln!("{json}");
+            gov_common::outln!("{json}");
             ExitCode::SUCCESS
         }
         Err(e) => {
-            gov_proto::errln!("error: cannot encode the result as JSON: {e}");
+            gov_common::errln!("error: cannot encode the result as JSON: {e}");
             ExitCode::FAILURE
         }
     }
@@ -376,7 +376,7 @@ fn outcome(result: &pb::ApplyResult, wait: Duration, table: bool) -> ExitCode {
         }
     }
     if rows.len() > 1 && table {
-        gov_proto::out!("{}", remote::table(&rows));
+        gov_common::out!("{}", remote::table(&rows));
     }
     // `unsaved` only when there are some: the line scripts read stays as it was.
     let unsaved_count = if unsaved > 0 {
@@ -385,28 +385,28 @@ fn outcome(result: &pb::ApplyResult, wait: Duration, table: bool) -> ExitCode {
         String::new()
     };
     if table {
-        gov_proto::outln!(
+        gov_common::outln!(
             "{synced} synced{unsaved_count}, {nacked} nacked, {stale} stale, {gone} disconnected."
         );
     }
     if unsaved > 0 {
-        gov_proto::errln!(
+        gov_common::errln!(
             "warning: {unsaved} agent(s) enforce the config but could not save it in their --state-dir (see DETAIL): a restart while govd is unreachable takes them back to their last saved config\n  help: make room in their state directory; the next config govd sends them (a new apply, or their next connection to govd) is saved"
         );
     }
     if nacked > 0 {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: {nacked} agent(s) refused the config and keep enforcing their previous one; fix the rule(s) above and apply again"
         );
         return ExitCode::FAILURE;
     }
     if stale > 0 && wait.is_zero() {
         // `--wait 0s`: the caller chose not to wait; STALE is expected.
-        gov_proto::errln!(
+        gov_common::errln!(
             "note: not waiting (--wait 0s); `govc status` shows whether the agents took it"
         );
     } else if stale > 0 {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: {stale} agent(s) did not answer in time; `govc status` shows their state"
         );
         return ExitCode::FAILURE;
@@ -460,9 +460,9 @@ pub fn plan_remote(
         return ExitCode::FAILURE;
     }
     let plan = result.plan.unwrap_or_default();
-    gov_proto::out!("{}", plan.rendered);
+    gov_common::out!("{}", plan.rendered);
     if !plan.rendered.ends_with('\n') {
-        gov_proto::outln!();
+        gov_common::outln!();
     }
     if let Some(out) = out {
         let saved = crate::cmd::saved::SavedPlan {
@@ -479,10 +479,10 @@ pub fn plan_remote(
                 .collect(),
         };
         if let Err(e) = crate::cmd::saved::write(out, &saved) {
-            gov_proto::errln!("error: {e}");
+            gov_common::errln!("error: {e}");
             return ExitCode::FAILURE;
         }
-        gov_proto::outln!(
+        gov_common::outln!(
             "\nSaved this plan to {}: `govc apply {}` applies it as planned, and is refused if another version is applied first.",
             out.display(),
             out.display()
@@ -537,7 +537,7 @@ fn read_input(
         match crate::cmd::saved::parse(path, &text) {
             None => {}
             Some(Err(e)) => {
-                gov_proto::errln!("error: {e}");
+                gov_common::errln!("error: {e}");
                 return Err(ExitCode::FAILURE);
             }
             Some(Ok(mut saved)) => {

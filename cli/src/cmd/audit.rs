@@ -75,17 +75,17 @@ pub fn run(args: Args) -> ExitCode {
         Output::Json => {
             let records: Vec<serde_json::Value> = result.records.iter().map(json).collect();
             match serde_json::to_string_pretty(&records) {
-                Ok(text) => gov_proto::outln!("{text}"),
+                Ok(text) => gov_common::outln!("{text}"),
                 Err(e) => {
-                    gov_proto::errln!("error: cannot encode the records: {e}");
+                    gov_common::errln!("error: cannot encode the records: {e}");
                     return ExitCode::FAILURE;
                 }
             }
         }
-        Output::Text => gov_proto::out!("{}", render(&result)),
+        Output::Text => gov_common::out!("{}", render(&result)),
     }
     if result.left_out > 0 {
-        gov_proto::errln!(
+        gov_common::errln!(
             "note: {} older record(s) left out; the next page: govc audit --before {}",
             result.left_out,
             result.next_before_seq
@@ -181,7 +181,7 @@ fn parse_since(s: &str) -> Result<Since, String> {
             .map(Since::Ago)
             .ok_or_else(|| format!("`{s}` is too long ago"));
     }
-    let ago = gov_proto::flag::parse_duration(s).map_err(|e| format!("{}: {e}", bad()))?;
+    let ago = gov_common::flag::parse_duration(s).map_err(|e| format!("{}: {e}", bad()))?;
     u64::try_from(ago.as_millis())
         .map(Since::Ago)
         .map_err(|_| format!("`{s}` is too long ago"))
@@ -247,7 +247,7 @@ fn days_from_civil(y: u64, m: u64, d: u64) -> u64 {
 }
 
 /// `2026-12-01T08:00:00Z` for ms since the epoch.
-pub(crate) use gov_proto::report::rfc3339;
+pub(crate) use gov_common::report::rfc3339;
 
 #[cfg(test)]
 mod tests {

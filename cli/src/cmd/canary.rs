@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use gov_proto::flag::parse_duration;
+use gov_common::flag::parse_duration;
 use gov_proto::v1 as pb;
 
 use crate::remote::{self, RemoteArgs};
@@ -95,7 +95,7 @@ fn percent(s: &str) -> Result<f64, String> {
 /// What `govc apply --canary` prints once the canary started.
 pub fn print_started(c: &pb::CanaryView) {
     let spec = c.spec.unwrap_or_default();
-    gov_proto::outln!(
+    gov_common::outln!(
         "\nCanary of version {} started on {} ({}% of {}); the other instances keep version {}.",
         super::apply::short(&c.version),
         c.instances.join(", "),
@@ -103,13 +103,13 @@ pub fn print_started(c: &pb::CanaryView) {
         c.services.join(", "),
         super::apply::short(&c.previous_version),
     );
-    gov_proto::outln!(
+    gov_common::outln!(
         "It is promoted in {} unless a rule's rejections on the canary exceed the other instances' by {} (errors: {}) first, then it is rolled back.",
         remote::human_ms(spec.window_ms),
         threshold(spec.max_reject_ratio),
         threshold(spec.max_error_ratio),
     );
-    gov_proto::outln!(
+    gov_common::outln!(
         "Watch it with `govc status`; end it now with `govc canary abort` (or `govc canary promote`)."
     );
 }
@@ -243,7 +243,7 @@ pub fn run(args: Args) -> ExitCode {
     });
     match result {
         Ok(Ok(r)) => {
-            gov_proto::outln!("{}", r.message);
+            gov_common::outln!("{}", r.message);
             ExitCode::SUCCESS
         }
         Ok(Err(e)) | Err(e) => remote::fail(e),

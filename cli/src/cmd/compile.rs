@@ -102,18 +102,18 @@ pub fn run(args: Args) -> ExitCode {
                     name: name.clone(),
                     help,
                 };
-                gov_proto::err!("{}", reporter.render(&e));
+                gov_common::err!("{}", reporter.render(&e));
                 return ExitCode::FAILURE;
             }
         },
     };
     match text {
         Ok(text) => {
-            gov_proto::out!("{text}");
+            gov_common::out!("{text}");
             ExitCode::SUCCESS
         }
         Err(e) => {
-            gov_proto::err!("{}", reporter.render(&e));
+            gov_common::err!("{}", reporter.render(&e));
             ExitCode::FAILURE
         }
     }

@@ -75,7 +75,7 @@ pub struct Args {
 
     /// Stop by itself after this long (`90s`, `2m`; default: run until Ctrl-C
     /// or `q`).
-    #[arg(long, value_name = "DURATION", value_parser = gov_proto::flag::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = gov_common::flag::parse_duration)]
     pub duration: Option<Duration>,
 
     /// Apply these policy files instead of the built-in `examples/shop.gov`
@@ -84,7 +84,7 @@ pub struct Args {
     pub policy: Vec<PathBuf>,
 
     /// Time between two summaries with --no-tui (at least 1s).
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = gov_proto::flag::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = gov_common::flag::parse_duration)]
     pub every: Duration,
 }
 
@@ -137,7 +137,7 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 fn fail(e: DemoError) -> ExitCode {
-    gov_proto::errln!("{:?}", miette::Report::new(e));
+    gov_common::errln!("{:?}", miette::Report::new(e));
     ExitCode::FAILURE
 }
 

@@ -117,7 +117,7 @@ pub fn run(args: Args) -> ExitCode {
     };
     let agents: Vec<&pb::AgentView> = view.agents.iter().filter(|a| which(a)).collect();
     if agents.is_empty() {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: govd knows no such agent\n  help: `govc status` lists the agents and their instance names"
         );
         return ExitCode::FAILURE;
@@ -135,7 +135,7 @@ pub fn run(args: Args) -> ExitCode {
         });
         let name = gov_proto::printable::printable(&agent.instance);
         let Some((record, target)) = found else {
-            gov_proto::errln!(
+            gov_common::errln!(
                 "error: {name} enforces config {} of `{}`, which no version govd keeps compiles to (applied before its history began, or by an older release); the agent's admin port shows it: GET /config",
                 short(enforced),
                 agent.service
@@ -144,11 +144,11 @@ pub fn run(args: Args) -> ExitCode {
             continue;
         };
         if printed.contains(&target.version) {
-            gov_proto::outln!("# {name}: the same config {}", short(&target.version));
+            gov_common::outln!("# {name}: the same config {}", short(&target.version));
             continue;
         }
         printed.push(target.version.clone());
-        gov_proto::outln!(
+        gov_common::outln!(
             "# {name} ({}): enforces config {} of `{}`, from version {} (applied {} by {}){}",
             remote::sync_name(agent.state()),
             short(&target.version),
@@ -163,23 +163,23 @@ pub fn run(args: Args) -> ExitCode {
             }
         );
         if agent.state() == pb::SyncState::Nacked {
-            gov_proto::outln!(
+            gov_common::outln!(
                 "# it refused config {}: {}",
                 short(&agent.version),
                 gov_proto::printable::printable(&agent.reason)
             );
         }
         match serde_yaml::to_string(target) {
-            Ok(yaml) => gov_proto::out!("{yaml}"),
+            Ok(yaml) => gov_common::out!("{yaml}"),
             Err(e) => {
-                gov_proto::errln!("error: cannot encode the config: {e}");
+                gov_common::errln!("error: cannot encode the config: {e}");
                 return ExitCode::FAILURE;
             }
         }
         if record.version != applied
             && let Some(diff) = differs_from_applied(&compiled, &applied, &agent.service, target)
         {
-            gov_proto::errln!(
+            gov_common::errln!(
                 "note: {name} does not enforce the applied policy; going from what it enforces to what is applied:\n{diff}"
             );
         }

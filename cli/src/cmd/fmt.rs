@@ -48,7 +48,7 @@ struct WriteError {
 
 pub fn run(args: Args) -> ExitCode {
     if args.write && args.files.iter().any(|f| input::is_stdin(f)) {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: `--write` cannot rewrite standard input; leave out `--write` to print the result"
         );
         return ExitCode::from(crate::EXIT_USAGE);
@@ -117,7 +117,7 @@ pub fn run(args: Args) -> ExitCode {
         } else {
             "files are"
         };
-        gov_proto::errln!("{unformatted} {files} not formatted; run `govc fmt --write` to fix");
+        gov_common::errln!("{unformatted} {files} not formatted; run `govc fmt --write` to fix");
         return ExitCode::FAILURE;
     }
     summary.exit_code(false)

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use gov_proto::flag::parse_duration;
+use gov_common::flag::parse_duration;
 use gov_proto::v1 as pb;
 
 use crate::cmd::apply::{Flow, apply_files, short};
@@ -103,7 +103,7 @@ pub fn run_history(args: HistoryArgs) -> ExitCode {
         return print_json(&result);
     }
     if result.versions.is_empty() {
-        gov_proto::outln!("Nothing applied yet.");
+        gov_common::outln!("Nothing applied yet.");
         return ExitCode::SUCCESS;
     }
     let mut rows = vec![vec![
@@ -130,8 +130,8 @@ pub fn run_history(args: HistoryArgs) -> ExitCode {
             },
         ]);
     }
-    gov_proto::out!("{}", remote::table(&rows));
-    gov_proto::outln!(
+    gov_common::out!("{}", remote::table(&rows));
+    gov_common::outln!(
         "\n* in force. `govc show VERSION` prints a version's sources; `govc rollback VERSION` applies it again."
     );
     ExitCode::SUCCESS
@@ -142,7 +142,7 @@ fn one_version(remote: &RemoteArgs, asked: &str) -> Result<pb::VersionRecord, Ex
     match history(remote, asked) {
         Ok(mut r) if r.versions.len() == 1 => Ok(r.versions.remove(0)),
         Ok(_) => {
-            gov_proto::errln!("error: govd did not send version `{asked}`");
+            gov_common::errln!("error: govd did not send version `{asked}`");
             Err(ExitCode::FAILURE)
         }
         Err(e) => Err(remote::fail(e)),
@@ -165,21 +165,21 @@ pub fn run_show(args: ShowArgs) -> ExitCode {
             if let Err(e) =
                 std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, &s.text))
             {
-                gov_proto::errln!("error: cannot write `{}`: {e}", path.display());
+                gov_common::errln!("error: cannot write `{}`: {e}", path.display());
                 return ExitCode::FAILURE;
             }
-            gov_proto::outln!("wrote {}", path.display());
+            gov_common::outln!("wrote {}", path.display());
         }
         return ExitCode::SUCCESS;
     }
     let many = version.sources.len() > 1;
     for s in &version.sources {
         if many {
-            gov_proto::outln!("==> {} <==", gov_proto::printable::printable(&s.name));
+            gov_common::outln!("==> {} <==", gov_proto::printable::printable(&s.name));
         }
-        gov_proto::out!("{}", s.text);
+        gov_common::out!("{}", s.text);
         if many && !s.text.ends_with('\n') {
-            gov_proto::outln!();
+            gov_common::outln!();
         }
     }
     ExitCode::SUCCESS
@@ -190,7 +190,7 @@ pub fn run_rollback(args: RollbackArgs) -> ExitCode {
         Ok(v) => v,
         Err(code) => return code,
     };
-    gov_proto::outln!(
+    gov_common::outln!(
         "Rolling back to version {} (applied {} by {}):\n",
         short(&version.version),
         rfc3339(version.at_unix_ms),
@@ -219,10 +219,10 @@ pub fn run_rollback(args: RollbackArgs) -> ExitCode {
 }
 
 pub fn run_version(args: VersionArgs) -> ExitCode {
-    gov_proto::outln!("govc {}", env!("CARGO_PKG_VERSION"));
+    gov_common::outln!("govc {}", env!("CARGO_PKG_VERSION"));
     match history(&args.remote, "") {
-        Ok(r) => gov_proto::outln!("govd {} at {}", r.govd_version, args.remote.control_plane),
-        Err(e) => gov_proto::errln!("govd: unknown ({e})"),
+        Ok(r) => gov_common::outln!("govd {} at {}", r.govd_version, args.remote.control_plane),
+        Err(e) => gov_common::errln!("govd: unknown ({e})"),
     }
     ExitCode::SUCCESS
 }
@@ -230,11 +230,11 @@ pub fn run_version(args: VersionArgs) -> ExitCode {
 fn print_json(result: &pb::HistoryResult) -> ExitCode {
     match serde_json::to_string_pretty(result) {
         Ok(json) => {
-            gov_proto::outln!("{json}");
+            gov_common::outln!("{json}");
             ExitCode::SUCCESS
         }
         Err(e) => {
-            gov_proto::errln!("error: cannot encode the history as JSON: {e}");
+            gov_common::errln!("error: cannot encode the history as JSON: {e}");
             ExitCode::FAILURE
         }
     }

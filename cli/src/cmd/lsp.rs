@@ -68,11 +68,11 @@ pub fn run(_args: Args) -> ExitCode {
     match (served, joined) {
         (Ok(()), Ok(())) => ExitCode::SUCCESS,
         (Err(e), _) => {
-            gov_proto::errln!("govc lsp: {e}");
+            gov_common::errln!("govc lsp: {e}");
             ExitCode::FAILURE
         }
         (Ok(()), Err(e)) => {
-            gov_proto::errln!("govc lsp: {e}");
+            gov_common::errln!("govc lsp: {e}");
             ExitCode::FAILURE
         }
     }

@@ -83,7 +83,7 @@ pub fn run(args: Args) -> ExitCode {
         Ok(c) => c.bundle,
         Err(diagnostics) => {
             emit(&reporter, diagnostics);
-            gov_proto::errln!("error: the OLD policy does not compile");
+            gov_common::errln!("error: the OLD policy does not compile");
             return ExitCode::FAILURE;
         }
     };
@@ -99,11 +99,11 @@ pub fn run(args: Args) -> ExitCode {
     };
     let plan = gov_compiler::plan(&old, &new);
     match args.output {
-        Output::Text => gov_proto::out!("{plan}"),
+        Output::Text => gov_common::out!("{plan}"),
         Output::Json => match serde_json::to_string_pretty(&plan) {
-            Ok(json) => gov_proto::outln!("{json}"),
+            Ok(json) => gov_common::outln!("{json}"),
             Err(e) => {
-                gov_proto::errln!("error: cannot encode the plan as json: {e}");
+                gov_common::errln!("error: cannot encode the plan as json: {e}");
                 return ExitCode::FAILURE;
             }
         },

@@ -56,7 +56,7 @@ pub enum Kind {
 
 pub fn run(args: Args) -> ExitCode {
     if args.kind == Kind::Fuse && args.key.is_some() {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: a fuse has no keys: drop --key to release `{}`",
             args.rule
         );
@@ -88,16 +88,16 @@ pub fn run(args: Args) -> ExitCode {
     match result {
         Ok(Ok(r)) if args.output == Output::Json => match serde_json::to_string_pretty(&r) {
             Ok(json) => {
-                gov_proto::outln!("{json}");
+                gov_common::outln!("{json}");
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                gov_proto::errln!("error: cannot encode the answer as JSON: {e}");
+                gov_common::errln!("error: cannot encode the answer as JSON: {e}");
                 ExitCode::FAILURE
             }
         },
         Ok(Ok(r)) => {
-            gov_proto::outln!("{}", r.message);
+            gov_common::outln!("{}", r.message);
             ExitCode::SUCCESS
         }
         Ok(Err(e)) | Err(e) => remote::fail(e),

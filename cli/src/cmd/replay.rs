@@ -184,7 +184,7 @@ pub struct Report {
 pub fn run(args: Args) -> ExitCode {
     let reporter = Reporter::new(args.report.error_format);
     let fail = |e: &dyn miette::Diagnostic| {
-        gov_proto::err!("{}", reporter.render(e));
+        gov_common::err!("{}", reporter.render(e));
         ExitCode::FAILURE
     };
     let Some(policy) = compile(&args.files, &reporter) else {
@@ -235,10 +235,10 @@ pub fn run(args: Args) -> ExitCode {
     };
     match args.output {
         Output::Json => match serde_json::to_string_pretty(&report) {
-            Ok(text) => gov_proto::out!("{text}\n"),
+            Ok(text) => gov_common::out!("{text}\n"),
             Err(e) => return fail(&ReplayError::Encode(e.to_string())),
         },
-        Output::Text => gov_proto::out!("{}", text(&report)),
+        Output::Text => gov_common::out!("{}", text(&report)),
     }
     ExitCode::SUCCESS
 }

@@ -88,7 +88,7 @@ pub fn run(args: Args) -> ExitCode {
     if let Some(service) = &args.service
         && knows_nothing_of(&view)
     {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: govd knows no service `{service}`: it is not in the applied policy and no agent of it is connected\n  help: `govc status` without `-s` lists every service"
         );
         return ExitCode::FAILURE;
@@ -96,7 +96,7 @@ pub fn run(args: Args) -> ExitCode {
     // Still a readable status: exit 0 like every degraded state govc shows
     // (an UNSAVED agent, a NACK); the warning goes to stderr.
     if let Some(warning) = store_warning(&view) {
-        gov_proto::errln!("{warning}");
+        gov_common::errln!("{warning}");
     }
     match args.output {
         Output::Json => match serde_json::to_value(&view)
@@ -104,16 +104,16 @@ pub fn run(args: Args) -> ExitCode {
             .map(|v| store_flags(v, &view))
             .and_then(|v| serde_json::to_string_pretty(&v))
         {
-            Ok(json) => gov_proto::outln!("{json}"),
+            Ok(json) => gov_common::outln!("{json}"),
             Err(e) => {
-                gov_proto::errln!("error: cannot encode the view: {e}");
+                gov_common::errln!("error: cannot encode the view: {e}");
                 return ExitCode::FAILURE;
             }
         },
         Output::Text if summary => {
-            gov_proto::out!("{}", render_summary(&view));
+            gov_common::out!("{}", render_summary(&view));
         }
-        Output::Text => gov_proto::out!("{}", render(&view)),
+        Output::Text => gov_common::out!("{}", render(&view)),
     }
     ExitCode::SUCCESS
 }
@@ -271,9 +271,9 @@ fn render_expiring(view: &pb::ClusterView, out: &mut String) {
         rows.push(vec![
             r.rule.clone(),
             r.kind().word().into(),
-            gov_proto::instant::Utc(r.expires_at_unix_ms).to_string(),
+            gov_common::instant::Utc(r.expires_at_unix_ms).to_string(),
             match r.expires_at_unix_ms.checked_sub(view.at_unix_ms) {
-                Some(left) if left > 0 => gov_proto::instant::left(left),
+                Some(left) if left > 0 => gov_common::instant::left(left),
                 _ => "expired".into(),
             },
         ]);

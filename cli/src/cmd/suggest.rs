@@ -63,12 +63,12 @@ pub fn run(args: Args) -> ExitCode {
     let mut by_service: BTreeMap<String, Vec<Call>> = BTreeMap::new();
     for path in &args.log {
         if let Err(e) = read(path, args.service.as_deref(), &mut by_service) {
-            gov_proto::errln!("error: {e}");
+            gov_common::errln!("error: {e}");
             return ExitCode::FAILURE;
         }
     }
     if by_service.is_empty() {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: no inbound call{} in the log: nothing to propose from\n  help: record with `gov-agent --decision-log FILE` under real traffic first",
             args.service
                 .as_deref()
@@ -87,7 +87,7 @@ pub fn run(args: Args) -> ExitCode {
             let dir = match tempfile::tempdir() {
                 Ok(d) => d,
                 Err(e) => {
-                    gov_proto::errln!("error: cannot make a temporary directory: {e}");
+                    gov_common::errln!("error: cannot make a temporary directory: {e}");
                     return ExitCode::FAILURE;
                 }
             };
@@ -95,16 +95,16 @@ pub fn run(args: Args) -> ExitCode {
         }
     };
     if let Err(e) = std::fs::write(&path, &policy) {
-        gov_proto::errln!("error: cannot write `{}`: {e}", path.display());
+        gov_common::errln!("error: cannot write `{}`: {e}", path.display());
         return ExitCode::FAILURE;
     }
     if args.out.is_some() {
-        gov_proto::outln!("Wrote the proposal to {}.", path.display());
+        gov_common::outln!("Wrote the proposal to {}.", path.display());
     } else {
-        gov_proto::out!("{policy}");
+        gov_common::out!("{policy}");
     }
     // The check: the real compiler, then the agents' engine over the log.
-    gov_proto::outln!("\nReplayed over the same log (govc replay):\n");
+    gov_common::outln!("\nReplayed over the same log (govc replay):\n");
     crate::cmd::replay::run(crate::cmd::replay::Args {
         files: vec![path],
         log: args.log.clone(),

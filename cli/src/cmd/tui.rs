@@ -20,7 +20,7 @@ pub struct Args {
 }
 
 fn fail(report: miette::Report) -> ExitCode {
-    gov_proto::errln!("{report:?}");
+    gov_common::errln!("{report:?}");
     ExitCode::FAILURE
 }
 

@@ -38,7 +38,7 @@ pub struct ExpiredRule {
 }
 
 pub(crate) fn check<D: From<ExpiredRule>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
-    let now = gov_proto::instant::now_unix_ms();
+    let now = gov_common::instant::now_unix_ms();
     for svc in &cx.services {
         for rule in &svc.rules {
             let Some((RuleExpiry::At(at), span)) = RuleExpiry::of(rule.def) else {
@@ -51,7 +51,7 @@ pub(crate) fn check<D: From<ExpiredRule>>(cx: &Ctx<'_>, out: &mut Vec<D>) {
                 ExpiredRule {
                     kind: rule.def.kind.node.to_string(),
                     name: rule.def.name.node.clone(),
-                    at: gov_proto::instant::Utc(at.node).to_string(),
+                    at: gov_common::instant::Utc(at.node).to_string(),
                     src: cx.src(svc.file),
                     span: span.into(),
                 }

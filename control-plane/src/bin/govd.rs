@@ -8,6 +8,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use gov_common::flag::parse_duration;
+use gov_common::log::LogFormat;
+use gov_common::signal::Signals;
+use gov_common::tls::read_pem;
 use gov_control_plane::auth::{
     Role, Tokens, check_start, cleartext_warning, read_named_tokens, read_token_file,
 };
@@ -16,10 +20,6 @@ use gov_control_plane::tls_server::ServerTls;
 use gov_control_plane::{
     AgentLimits, ConnectionLimits, ControlPlane, Error, HistoryLimit, Limits, Options, serve,
 };
-use gov_proto::flag::parse_duration;
-use gov_proto::log::LogFormat;
-use gov_proto::signal::Signals;
-use gov_proto::tls::read_pem;
 use tokio_util::sync::CancellationToken;
 
 /// How to stop govd when its signal handlers cannot be installed.
@@ -294,13 +294,13 @@ fn main() -> ExitCode {
             || args.etcd_cert.is_some()
             || args.etcd_key.is_some())
     {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: --leader-lease, --replica and --etcd-ca/--etcd-cert/--etcd-key need --store etcd://HOST:PORT,... (or etcds://): the state directory has one writer and no leader"
         );
         return ExitCode::from(EXIT_USAGE);
     }
-    if let Err(error) = gov_proto::log::init(args.log_format) {
-        gov_proto::report::plain(&error);
+    if let Err(error) = gov_common::log::init(args.log_format) {
+        gov_common::report::plain(&error);
         return ExitCode::from(EXIT_USAGE);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -310,14 +310,14 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(error) => {
-            gov_proto::errln!("error: cannot start the async runtime: {error}");
+            gov_common::errln!("error: cannot start the async runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            gov_proto::report::plain(&error);
+            gov_common::report::plain(&error);
             ExitCode::FAILURE
         }
     }
@@ -602,12 +602,10 @@ fn at_least_one(s: &str) -> Result<usize, String> {
 }
 
 #[cfg(test)]
-#[path = "../../../deploy/args.rs"]
-mod deploy_args;
+use gov_common::testing::deploy_args;
 
 #[cfg(test)]
-#[path = "../../../cli/src/help_examples.rs"]
-mod help_examples;
+use gov_common::testing::help_examples;
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use gov_proto::tls::read_pem;
+use gov_common::tls::read_pem;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use crate::error::Error;

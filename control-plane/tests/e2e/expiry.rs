@@ -96,7 +96,7 @@ async fn a_rule_stops_on_time_without_govd_and_govd_audits_its_expiry_and_latch(
     )
     .await;
     assert!(
-        gov_proto::instant::now_unix_ms() + 500 >= expires,
+        gov_common::instant::now_unix_ms() + 500 >= expires,
         "not before its instant"
     );
     assert_eq!(http_get(a.inbound, "/promo").await.0, 200);

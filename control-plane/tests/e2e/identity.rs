@@ -39,7 +39,7 @@ async fn certify(
     csr_der: Vec<u8>,
     instance: &str,
 ) -> Result<pb::CertifyResponse, tonic::Status> {
-    let tls = gov_proto::tls::ClientTls::read(&gov_proto::tls::ClientTlsFiles {
+    let tls = gov_common::tls::ClientTls::read(&gov_common::tls::ClientTlsFiles {
         ca: govd.ca.clone(),
         ..Default::default()
     })

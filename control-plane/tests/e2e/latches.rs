@@ -532,7 +532,7 @@ async fn the_tuis_watch_and_token_release_work_against_govd() {
     let opts = |token: Option<&str>| gov_tui::WatchOptions {
         url: govd.url(),
         token: token.map(str::to_owned),
-        tls: gov_proto::tls::ClientTls::default(),
+        tls: gov_common::tls::ClientTls::default(),
         service: String::new(),
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(64);

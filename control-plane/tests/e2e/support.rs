@@ -217,7 +217,7 @@ impl Govd {
     pub async fn client(
         &self,
     ) -> pb::control_plane_client::ControlPlaneClient<tonic::transport::Channel> {
-        let tls = gov_proto::tls::ClientTls::read(&gov_proto::tls::ClientTlsFiles {
+        let tls = gov_common::tls::ClientTls::read(&gov_common::tls::ClientTlsFiles {
             ca: self.ca.clone(),
             ..Default::default()
         })

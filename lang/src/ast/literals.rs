@@ -49,7 +49,7 @@ pub struct Percent {
 }
 
 /// An instant as written (`2026-12-31T00:00Z`) and what it means:
-/// milliseconds since the Unix epoch, UTC ([`gov_proto::instant`]).
+/// milliseconds since the Unix epoch, UTC ([`gov_common::instant`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Instant {
     pub unix_ms: u64,

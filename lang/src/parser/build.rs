@@ -422,7 +422,7 @@ impl Builder<'_> {
         text.split_at(at)
     }
 
-    /// Read by `gov_proto::duration`, as duration flags are. A fraction is
+    /// Read by `gov_common::duration`, as duration flags are. A fraction is
     /// kept in the largest unit it is whole in (`1.5s` is `1500ms`); a `-`
     /// is kept for the checks to point at.
     pub(super) fn duration(&self, p: P<'_>) -> Result<Spanned<Duration>, SyntaxError> {
@@ -433,7 +433,7 @@ impl Builder<'_> {
             None => (false, text),
         };
         let bad = |e| SyntaxError::duration(self.name, self.src, span, &e);
-        let literal = gov_proto::duration::parse(unsigned).map_err(bad)?;
+        let literal = gov_common::duration::parse(unsigned).map_err(bad)?;
         let Some(mut unit) = TimeUnit::from_suffix(literal.unit.suffix()) else {
             return Err(self.internal(span));
         };
@@ -452,11 +452,11 @@ impl Builder<'_> {
         Ok(Spanned::new(Duration { value, unit }, span))
     }
 
-    /// An RFC 3339 instant, read by [`gov_proto::instant::parse`].
+    /// An RFC 3339 instant, read by [`gov_common::instant::parse`].
     pub(super) fn instant(&self, p: P<'_>) -> Result<Spanned<Instant>, SyntaxError> {
         let span = span_of(&p);
         let text = p.as_str();
-        let unix_ms = gov_proto::instant::parse(text)
+        let unix_ms = gov_common::instant::parse(text)
             .map_err(|e| SyntaxError::instant(self.name, self.src, span, &e))?;
         Ok(Spanned::new(
             Instant {

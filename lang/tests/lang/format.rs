@@ -30,7 +30,7 @@ fn literals_print_as_written() {
 }
 
 /// A duration literal reads as a duration flag does (one parser,
-/// `gov_proto::duration`): the same milliseconds, the same errors. A fraction
+/// `gov_common::duration`): the same milliseconds, the same errors. A fraction
 /// is printed in the largest unit it is whole in.
 #[test]
 fn durations_read_as_flags_read_them() {
@@ -50,7 +50,7 @@ fn durations_read_as_flags_read_them() {
         "10ms", "5s", "2m", "2min", "1h", "1.5s", "0.25m", "1.5h", "0.0001h", "1.50s",
     ] {
         let d = latency(text).unwrap_or_else(|e| panic!("{text}: {e:?}"));
-        let flag = gov_proto::flag::parse_duration(text).unwrap();
+        let flag = gov_common::flag::parse_duration(text).unwrap();
         assert_eq!(
             d.as_millis(),
             i64::try_from(flag.as_millis()).ok(),
@@ -63,7 +63,7 @@ fn durations_read_as_flags_read_them() {
     assert_eq!(latency("2min").unwrap().to_string(), "2m");
     for bad in ["2.5ms", "0.00001s", "99999999999999999999s"] {
         let err = latency(bad).unwrap_err();
-        let flag = gov_proto::duration::parse_millis(bad).unwrap_err();
+        let flag = gov_common::duration::parse_millis(bad).unwrap_err();
         assert_eq!(err.message(), flag.to_string(), "{bad}");
         assert_eq!(
             err.help_text(),
@@ -74,7 +74,7 @@ fn durations_read_as_flags_read_them() {
     }
     // Without a unit: the flag's help, at the language's "expected" message.
     let err = latency("30").unwrap_err();
-    let flag = gov_proto::duration::parse_millis("30").unwrap_err();
+    let flag = gov_common::duration::parse_millis("30").unwrap_err();
     assert_eq!(
         err.help_text(),
         miette::Diagnostic::help(&flag)

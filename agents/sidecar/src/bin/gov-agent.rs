@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use gov_agent::sidecar::{Balance, Options, Sidecar, UpstreamProtocol};
-use gov_proto::flag::parse_duration;
-use gov_proto::log::LogFormat;
-use gov_proto::signal::Signals;
+use gov_common::flag::parse_duration;
+use gov_common::log::LogFormat;
+use gov_common::signal::Signals;
 use http::uri::Authority;
 
 #[path = "gov-agent/setup.rs"]
@@ -322,7 +322,7 @@ fn main() -> ExitCode {
     // Freed pages go back to the system while the agent is idle too (see
     // ALLOCATOR). Without it jemalloc purges only on allocator calls.
     if let Err(error) = tikv_jemalloc_ctl::background_thread::write(true) {
-        gov_proto::errln!(
+        gov_common::errln!(
             "warning: jemalloc's background thread is off ({error}): memory freed after a flood is returned only while the agent works"
         );
     }
@@ -334,12 +334,12 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    if let Err(error) = gov_proto::log::init(args.log_format) {
-        gov_proto::report::plain(&error);
+    if let Err(error) = gov_common::log::init(args.log_format) {
+        gov_common::report::plain(&error);
         return ExitCode::from(EXIT_USAGE);
     }
     if !args.admin_listen.ip().is_loopback() && !args.admin_allow_remote {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: --admin-listen {} is not a loopback address; the admin listener can stop the agent (POST /shutdown)\n  help: listen on 127.0.0.1, or add --admin-allow-remote (GOV_ADMIN_ALLOW_REMOTE) if only the platform can reach that address",
             args.admin_listen
         );
@@ -359,7 +359,7 @@ fn main() -> ExitCode {
     let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => {
-            gov_proto::errln!("error: cannot start the async runtime: {error}");
+            gov_common::errln!("error: cannot start the async runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
@@ -427,7 +427,7 @@ async fn run(args: Args) -> ExitCode {
     let sidecar = match Sidecar::start(options).await {
         Ok(sidecar) => sidecar,
         Err(error) => {
-            gov_proto::report::plain(&error);
+            gov_common::report::plain(&error);
             return ExitCode::FAILURE;
         }
     };
@@ -517,12 +517,10 @@ fn parse_instances(s: &str) -> Result<(String, Vec<Authority>), String> {
 }
 
 #[cfg(test)]
-#[path = "../../../../deploy/args.rs"]
-mod deploy_args;
+use gov_common::testing::deploy_args;
 
 #[cfg(test)]
-#[path = "../../../../cli/src/help_examples.rs"]
-mod help_examples;
+use gov_common::testing::help_examples;
 
 #[cfg(test)]
 mod tests {

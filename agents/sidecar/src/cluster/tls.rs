@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use gov_proto::tls::{TlsError, read_pem};
+use gov_common::tls::{TlsError, read_pem};
 
 /// TLS files for Redis that cannot be used.
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]

@@ -10,8 +10,8 @@
 //! `endpoint`: one series per endpoint the outbound directory holds now, so as many
 //! as discovery gives, never one per request or per client).
 
+use gov_common::prom::{Encoder, le_label};
 use gov_engine::{Engine, FuseState, RejectReason, RuleKind, RuleStats};
-use gov_proto::prom::{Encoder, le_label};
 
 use super::upstream::EndpointStats;
 
@@ -45,7 +45,7 @@ impl Source {
         self.render_identity(&mut enc);
         render_endpoints(&mut enc, &self.directory.stats());
         render_rules(&mut enc, &self.engine.stats().rules);
-        gov_proto::prom::render_process(&mut enc);
+        gov_common::prom::render_process(&mut enc);
         enc.finish()
     }
 

@@ -24,7 +24,7 @@ pub(super) fn cluster_store(
         None => Ok(None),
         Some(Ok(store)) => Ok(Some(store)),
         Some(Err(error)) => {
-            gov_proto::report::plain(&error);
+            gov_common::report::plain(&error);
             Err(ExitCode::from(EXIT_USAGE))
         }
     }
@@ -36,8 +36,8 @@ pub(super) fn cluster_store(
 pub(super) fn control_tls(
     args: &Args,
     control: Option<&gov_agent::control::ControlOptions>,
-) -> Result<gov_proto::tls::ClientTls, ExitCode> {
-    let tls = gov_proto::tls::ClientTls::read(&gov_proto::tls::ClientTlsFiles {
+) -> Result<gov_common::tls::ClientTls, ExitCode> {
+    let tls = gov_common::tls::ClientTls::read(&gov_common::tls::ClientTlsFiles {
         ca: args.tls_ca.clone(),
         cert: args.tls_cert.clone(),
         key: args.tls_key.clone(),
@@ -51,7 +51,7 @@ pub(super) fn control_tls(
         Ok(tls)
     });
     tls.map_err(|error| {
-        gov_proto::report::plain(&error);
+        gov_common::report::plain(&error);
         ExitCode::from(EXIT_USAGE)
     })
 }
@@ -72,7 +72,7 @@ pub(super) fn decision_log(
         log
     });
     if let Some(Err(error)) = decision_log.as_ref().map(|o| o.check()) {
-        gov_proto::report::plain(&error);
+        gov_common::report::plain(&error);
         return Err(ExitCode::from(EXIT_USAGE));
     }
     Ok(decision_log)
@@ -92,7 +92,7 @@ pub(super) fn read_token(
     {
         Ok(token) => token.map(|t| t.trim().to_owned()),
         Err(error) => {
-            gov_proto::errln!("error: cannot read --control-plane-token-file: {error}");
+            gov_common::errln!("error: cannot read --control-plane-token-file: {error}");
             return Err(ExitCode::FAILURE);
         }
     };
@@ -100,9 +100,9 @@ pub(super) fn read_token(
         && !args.allow_cleartext_token
         && let Some(url) = gov_agent::control::urls(&c.url)
             .into_iter()
-            .find(|url| gov_proto::tls::cleartext_to_remote(url))
+            .find(|url| gov_common::tls::cleartext_to_remote(url))
     {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: will not send the agent token in clear to `{url}`: it is `http://` to a host that is not loopback, where anyone on the path can read it and claim this service's instances\n  help: use `https://` with --tls-ca CA.pem (govd with --tls-cert/--tls-key), or a loopback address; --allow-cleartext-token (GOV_ALLOW_CLEARTEXT_TOKEN) sends it anyway, for a lab"
         );
         return Err(ExitCode::from(EXIT_USAGE));
@@ -117,14 +117,14 @@ pub(super) fn peer_tls(
 ) -> Result<std::sync::Arc<gov_agent::sidecar::PeerTls>, ExitCode> {
     let inbound_mtls = args.inbound_mtls;
     if inbound_mtls != InboundMtls::Off && !args.identity && args.tls_cert.is_none() {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: --inbound-mtls {} needs this agent's certificate\n  help: add --identity (a certificate from govd) or --tls-cert/--tls-key (the platform's files)",
             inbound_mtls.as_str()
         );
         return Err(ExitCode::from(EXIT_USAGE));
     }
     if args.inbound_tls_cert.is_some() && inbound_mtls == InboundMtls::Off {
-        gov_proto::errln!(
+        gov_common::errln!(
             "error: --inbound-tls-cert needs --inbound-mtls permit (or require): with `off` the inbound listener takes no TLS\n  help: add --inbound-mtls permit"
         );
         return Err(ExitCode::from(EXIT_USAGE));
@@ -136,7 +136,7 @@ pub(super) fn peer_tls(
     ) {
         Ok(mtls) => Ok(std::sync::Arc::new(mtls)),
         Err(error) => {
-            gov_proto::report::plain(&error);
+            gov_common::report::plain(&error);
             Err(ExitCode::from(EXIT_USAGE))
         }
     }
@@ -148,7 +148,7 @@ pub(super) struct Credentials {
     pub(super) identity: bool,
     pub(super) files: Option<(PathBuf, PathBuf)>,
     pub(super) token: Option<String>,
-    pub(super) tls: gov_proto::tls::ClientTls,
+    pub(super) tls: gov_common::tls::ClientTls,
 }
 
 /// Connects the control-plane client (gov_agent::control) to the running
@@ -186,7 +186,7 @@ pub(super) fn start_control(
         match gov_agent::identity::start(identity, stopping.clone()) {
             Ok(credentials) => control.credentials = Some(credentials),
             Err(error) => {
-                gov_proto::report::plain(&error);
+                gov_common::report::plain(&error);
                 return Err(ExitCode::FAILURE);
             }
         }

@@ -1,7 +1,7 @@
 //! The command lines `deploy/` gives `govd` and `gov-agent`: Kubernetes
 //! containers (`command`, `args`, `GOV_` variables with a literal `value`) and
 //! systemd units (`ExecStart`, and for a templated unit the example
-//! `EnvironmentFile` beside it). Included by each binary's tests, which run
+//! `EnvironmentFile` beside it). Used by each binary's tests, which run
 //! their own argument parser over every one, so `deploy/` cannot drift from
 //! the flags.
 

@@ -1,8 +1,7 @@
 //! Tests of the `Examples:` sections of `--help`: every command shows 2 to 4
 //! invocations, and each one parses with the binary's own clap definition,
-//! so an example cannot drift from the flags. `govc`'s tests use it, and
-//! `govd`'s and `gov-agent`'s include this file by path (as they include
-//! `deploy/args.rs`).
+//! so an example cannot drift from the flags. The tests of `govc`, `govd`
+//! and `gov-agent` use it (`gov_common::testing`).
 
 /// Checks the examples of `cmd` and of every subcommand below it (leaving out
 /// clap's `help`): each help has an `Examples:` section with 2 to 4 lines

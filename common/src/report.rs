@@ -88,9 +88,15 @@ fn render(error: &(dyn miette::Diagnostic + 'static)) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// An error with a code, as the daemons report them.
+    #[derive(Debug, thiserror::Error, miette::Diagnostic)]
+    #[error("the path climbs above the root with `..`")]
+    #[diagnostic(code(gov::path::above_root))]
+    struct AboveRoot;
+
     #[test]
     fn a_fatal_error_is_one_json_line_when_the_logs_are_json() {
-        let line = super::json(&crate::path::PathError::AboveRoot, 1_796_112_000_000);
+        let line = super::json(&AboveRoot, 1_796_112_000_000);
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert!(!line.contains('\n'));
         assert_eq!(v["level"], "ERROR");
@@ -101,7 +107,7 @@ mod tests {
 
     #[test]
     fn code_message_and_help_in_plain_text() {
-        let text = super::render(&crate::path::PathError::AboveRoot);
+        let text = super::render(&AboveRoot);
         assert_eq!(
             text,
             "error[gov::path::above_root]: the path climbs above the root with `..`\n"
