@@ -16,7 +16,7 @@
 #   RUNS=5 SECS=15 bench/balance.sh
 #
 # Needs: taskset, python3. The upstreams and the open-loop generator are
-# agents/sidecar/benches/proxy_load.rs (latency measured from the scheduled send
+# agents/agent/benches/proxy_load.rs (latency measured from the scheduled send
 # time). Results go to stdout and to $OUT (default target/bench-balance/results.tsv).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,7 @@
 # Shared by bench/proxy.sh and bench/overload.sh (sourced, not run): builds the
 # release agent and the load tool, and tracks the processes a script starts.
 #
-# Sets AGENT_BIN and LOAD (agents/sidecar/benches/proxy_load.rs: the hello-world upstream,
+# Sets AGENT_BIN and LOAD (agents/agent/benches/proxy_load.rs: the hello-world upstream,
 # the fixed-rate generator and the reference proxies), `pids` with an EXIT trap
 # that stops them, and `ticks PID` (utime+stime in clock ticks) with HZ.
 

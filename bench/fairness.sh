@@ -3,7 +3,7 @@
 # polite ones on one bulkhead, with and without `share by consumer`.
 #
 # One upstream answering after DELAY_MS (100 ms), two gov-agents in front of it,
-# all on vCPU1; the open-loop generators (agents/sidecar/benches/proxy_load.rs,
+# all on vCPU1; the open-loop generators (agents/agent/benches/proxy_load.rs,
 # one per consumer, `LOAD_CONSUMER` naming it in x-gov-consumer) on vCPU0:
 #   plain   a bulkhead of POOL (10) permits, max_wait WAIT_MS (50 ms)
 #   share   the same with `share by consumer { crm 1  web 1  default 1 }`

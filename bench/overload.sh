@@ -3,7 +3,7 @@
 # goodput under overload per limit algorithm beside nginx and HAProxy (issue 38).
 #
 # Agents and peers in front of the same hello-world upstream, all on vCPU1 with the
-# upstream; the open-loop generator (agents/sidecar/benches/proxy_load.rs) on vCPU0:
+# upstream; the open-loop generator (agents/agent/benches/proxy_load.rs) on vCPU0:
 #   fwd          gov-agent, a limit nobody reaches: every call forwarded
 #   rej          gov-agent, a limit of 1 call per hour: every call answered 429
 #   lim-fixed    gov-agent, LIMIT calls per 1 s, fixed window

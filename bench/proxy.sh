@@ -12,7 +12,7 @@
 #
 # Needs: nginx and wrk (`apt-get install -y nginx wrk`; add an `exit 101`
 # /usr/sbin/policy-rc.d first so that nginx does not start on port 80), taskset,
-# python3. The fixed-rate generator is agents/sidecar/benches/proxy_load.rs (open loop,
+# python3. The fixed-rate generator is agents/agent/benches/proxy_load.rs (open loop,
 # latency measured from the scheduled send time, like `oha --latency-correction`).
 # Results go to stdout and to $OUT (default target/bench-proxy/results.tsv).
 set -euo pipefail

@@ -7,7 +7,7 @@ trees and in expressions), resolves it to the file that defines the item (a
 of files that import each other in a circle. Exits 1 when there is one.
 Test modules (`#[cfg(test)]` blocks, `tests.rs`) are not counted: a test may
 use anything. Usage: scripts/cycles.py [CRATE_DIR...] (default: agents/engine
-agents/sidecar control-plane); EDGES=1 also prints every module's imports.
+agents/agent control-plane); EDGES=1 also prints every module's imports.
 """
 import os
 import re
@@ -202,4 +202,4 @@ def main(crates):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["agents/engine", "agents/sidecar", "control-plane"]))
+    sys.exit(main(sys.argv[1:] or ["agents/engine", "agents/agent", "control-plane"]))

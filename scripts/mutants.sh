@@ -23,7 +23,7 @@ TOOLS="$ROOT/target/tools"
 BIN="$TOOLS/bin/cargo-mutants"
 
 ENGINE_FILES=(state/bulkhead state/fuse state/limit admission primitive decision engine)
-CODEC=agents/sidecar/src/sidecar/h1/codec.rs
+CODEC=agents/agent/src/sidecar/h1/codec.rs
 
 if ! "$BIN" mutants --version 2>/dev/null | grep -qF "$VERSION"; then
     nice -n 19 cargo install --locked --root "$TOOLS" -j2 "cargo-mutants@$VERSION"
@@ -80,9 +80,9 @@ case "${1:-all}" in
         shift
         run codec "$CODEC" -- "$@" || status=$?
         ;;
-    agents/engine/src/*.rs | agents/sidecar/src/*.rs)
+    agents/engine/src/*.rs | agents/agent/src/*.rs)
         set_=engine
-        case $1 in agents/sidecar/*) set_=codec ;; esac
+        case $1 in agents/agent/*) set_=codec ;; esac
         files=()
         while [ "$#" -gt 0 ] && [[ $1 == *.rs ]]; do
             files+=("$1")
