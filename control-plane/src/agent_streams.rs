@@ -384,6 +384,10 @@ async fn read_agent(
     // token's list of waiters, shared by every agent's reader, each time.
     let stopping = inner.shutdown.cancelled();
     tokio::pin!(stopping);
+    // Its agent's slot, taken once: each message reaches the agent in O(1)
+    // (issue 35). `None`: a newer stream replaced this one already, and
+    // every message of this one is refused, as the state refuses them.
+    let stream = inner.lock().stream(&key, id);
     let reason = loop {
         let msg = tokio::select! {
             () = &mut stopping => break "control plane stopping".to_owned(),
@@ -404,7 +408,10 @@ async fn read_agent(
                 .on_agent_refused(crate::agent_limits::AgentCap::StringBytes);
         }
         inner.metrics.on_agent_message(&msg);
-        let effect = inner.lock().on_message(&key, id, msg, now_unix_ms());
+        let Some(stream) = &stream else {
+            continue;
+        };
+        let effect = inner.lock().on_stream_message(stream, msg, now_unix_ms());
         if effect.endpoints {
             let mut out = Vec::new();
             inner.lock().endpoint_pushes(&mut out);

@@ -13,7 +13,9 @@
 //!
 //! `State` holds its parts and says when each is used; each part owns its
 //! data and never reaches back: `agent.rs` (one agent, what is queued to
-//! it, its sync state), `registry.rs` (endpoint sets and removals),
+//! it, its sync state), `agents.rs` (every agent, in slots an agent's
+//! stream reaches in O(1), ordered by key; the records to write),
+//! `registry.rs` (endpoint sets and removals),
 //! `latch_agents.rs` (what the latches, `crate::latch`, send to agents),
 //! `adopt.rs` (what another replica's state changes).
 
@@ -29,14 +31,17 @@ use crate::store::{AgentChanges, AppliedPolicy, HistoryEntry, Persisted, StoredC
 
 mod adopt;
 mod agent;
+mod agents;
 mod canary;
 mod latch_agents;
 mod registry;
 pub mod versions;
 
 pub use adopt::Adopted;
+use agent::Conn;
 pub use agent::{Agent, AgentKey, AgentTx, Nacked, Outbox, Outgoing, Unsaved};
-use agent::{Agents, Conn, Dirty};
+use agents::{Agents, Dirty};
+pub use agents::{LIVE_FOR_MS, Stream};
 pub use canary::{Canary, pick as canary_instances};
 use registry::Registry;
 
@@ -82,9 +87,6 @@ pub struct Effect {
     pub endpoints: bool,
 }
 
-/// An agent connected under a name another live agent holds.
-pub const LIVE_FOR_MS: u64 = 5_000;
-
 // === impl State ===
 
 impl State {
@@ -98,8 +100,7 @@ impl State {
             ..State::default()
         };
         for a in p.agents {
-            let agent = Agent::from_record(a);
-            state.agents.insert(agent.key(), agent);
+            state.agents.insert(Agent::from_record(a));
         }
         state
     }
@@ -204,11 +205,25 @@ impl State {
     /// Queues the current config of `key`'s service to it, with a fresh
     /// nonce, and marks it STALE until it answers.
     fn push(&mut self, key: &AgentKey, out: &mut Outbox) {
-        if self.agents.get(key).is_none_or(|a| a.conn.is_none()) {
-            return;
+        if let Some(slot) = self.agents.slot(key) {
+            self.push_slot(slot, out);
         }
-        let ((version, target), nonce) = (self.encoded_target_for(key), self.nonce());
-        let Some(agent) = self.agents.get_mut(key) else {
+    }
+
+    /// [`State::push`] to the agent in `slot` (no walk of the index: an
+    /// apply pushes to every agent of its services).
+    fn push_slot(&mut self, slot: usize, out: &mut Outbox) {
+        let Some(agent) = self.agents.at(slot).filter(|a| a.conn.is_some()) else {
+            return;
+        };
+        // `State::target_for`'s version and field, encoded once per version.
+        let trial = (self.canary.as_ref())
+            .filter(|c| c.on_trial(&agent.key()))
+            .and_then(|c| c.target(&agent.service));
+        let bundle = self.applied.as_ref().map(|a| &a.bundle);
+        let (version, target) = (self.encoded).for_service(trial.as_ref(), bundle, &agent.service);
+        let nonce = self.nonce();
+        let Some(agent) = self.agents.at_mut(slot) else {
             return;
         };
         agent.version = version;
@@ -219,31 +234,20 @@ impl State {
         out.extend(agent.outgoing(msg));
     }
 
-    /// The version of [`State::target_for`] and its `Config.target` field,
-    /// encoded once per version and shared by every agent it is pushed to.
-    fn encoded_target_for(&mut self, key: &AgentKey) -> (String, bytes::Bytes) {
-        let trial = (self.canary.as_ref())
-            .filter(|c| c.on_trial(key))
-            .and_then(|c| c.target(&key.0));
-        let bundle = self.applied.as_ref().map(|a| &a.bundle);
-        self.encoded.for_service(trial.as_ref(), bundle, &key.0)
-    }
-
     /// Queues the current config to every connected agent of `services`.
     fn push_to(&mut self, services: &[String], out: &mut Outbox) {
-        let keys: Vec<AgentKey> = self
-            .of_services(services)
-            .filter(|a| a.conn.is_some())
-            .map(Agent::key)
+        let slots: Vec<usize> = agents::slots_of_services(&self.agents, services)
+            .filter(|(_, a)| a.conn.is_some())
+            .map(|(slot, _)| slot)
             .collect();
-        for key in keys {
-            self.push(&key, out);
+        for slot in slots {
+            self.push_slot(slot, out);
         }
     }
 
-    /// The agents of `services` (see [`agent::of_services`]).
+    /// The agents of `services` (see [`agents::of_services`]).
     fn of_services<'a>(&'a self, services: &'a [String]) -> impl Iterator<Item = &'a Agent> {
-        agent::of_services(&self.agents, services)
+        agents::of_services(&self.agents, services)
     }
 
     /// A new stream of an unverified agent (`--insecure`) said hello: see
@@ -263,11 +267,7 @@ impl State {
     /// A name stays held while govd remembers the instance (until it is
     /// pruned, connected or not).
     pub fn held_by_another(&self, service: &str, instance: &str, identity: &str) -> Option<&str> {
-        let agent = self
-            .agents
-            .get(&(service.to_owned(), instance.to_owned()))?;
-        (!agent.identity.is_empty() && agent.identity != identity)
-            .then_some(agent.identity.as_str())
+        self.agents.held_by_another(service, instance, identity)
     }
 
     /// A new stream that proved `identity` said hello (the caller checked
@@ -286,10 +286,9 @@ impl State {
         let key = (hello.service.clone(), hello.instance.clone());
         let held: BTreeSet<LatchId> = hello.latches.iter().map(latch::release::wire_id).collect();
         let missed = self.latches.missed_releases(&hello);
-        let agent = self
-            .agents
-            .entry(key.clone())
-            .or_insert_with(|| Agent::new(hello.service.clone(), hello.instance.clone(), now));
+        let agent = self.agents.get_or_insert_with(&key, || {
+            Agent::new(hello.service.clone(), hello.instance.clone(), now)
+        });
         let last_version = hello.last_version.clone();
         agent.connected(hello, identity, Conn { id, tx }, now, &mut self.unanswered);
         self.dirty.touch(&key);
@@ -324,20 +323,13 @@ impl State {
     /// would be mixed up with the first's). A stream that went quiet longer is
     /// taken over (a reconnect whose old stream was not closed yet).
     pub fn live_claim(&self, service: &str, instance: &str, now: u64) -> Option<u64> {
-        let agent = self
-            .agents
-            .get(&(service.to_owned(), instance.to_owned()))?;
-        let ago = now.saturating_sub(agent.last_seen_unix_ms);
-        (agent.conn.is_some() && ago < LIVE_FOR_MS).then_some(ago)
+        self.agents.live_claim(service, instance, now)
     }
 
     /// Whether a hello as `service`/`instance` would add an instance to a
     /// service that has `max` already (connected or not).
     pub fn service_full(&self, service: &str, instance: &str, max: usize) -> bool {
-        !self
-            .agents
-            .contains_key(&(service.to_owned(), instance.to_owned()))
-            && self.of_services(&[service.to_owned()]).count() >= max
+        self.agents.service_full(service, instance, max)
     }
 
     /// Forgets the instances not connected and not heard from for
@@ -345,7 +337,7 @@ impl State {
     /// from before a restart (never heard from since) gets a full retention
     /// from the first call. Returns the keys forgotten.
     pub fn prune(&mut self, now: u64, retention_ms: u64) -> Vec<AgentKey> {
-        let gone = agent::prune(&mut self.agents, now, retention_ms);
+        let gone = agents::prune(&mut self.agents, now, retention_ms);
         gone.iter().for_each(|k| self.dirty.forget(k));
         gone
     }
@@ -376,15 +368,29 @@ impl State {
         }
         true
     }
-    /// A message (other than the hello) from stream `id` of `key`.
+    /// The handle by which stream `id` of `key` reaches its agent in O(1)
+    /// ([`State::on_stream_message`]); `None` when a newer stream replaced it.
+    pub fn stream(&self, key: &AgentKey, id: u64) -> Option<Stream> {
+        self.agents.stream(key, id)
+    }
+
+    /// A message (other than the hello) from stream `id` of `key`, as an
+    /// agent's reader passes it to [`State::on_stream_message`].
     pub fn on_message(&mut self, key: &AgentKey, id: u64, msg: AgentMsg, now: u64) -> Effect {
+        match self.agents.stream(key, id) {
+            Some(stream) => self.on_stream_message(&stream, msg, now),
+            None => Effect::default(),
+        }
+    }
+
+    /// A message (other than the hello) from `stream`, refused (no effect)
+    /// once a newer stream replaced it or its agent was forgotten.
+    pub fn on_stream_message(&mut self, stream: &Stream, msg: AgentMsg, now: u64) -> Effect {
         let mut effect = Effect::default();
-        let Some(agent) = self.agents.get_mut(key) else {
+        let Some(agent) = self.agents.of_stream_mut(stream) else {
             return effect;
         };
-        if agent.conn.as_ref().is_none_or(|c| c.id != id) {
-            return effect;
-        }
+        let key = &stream.key;
         agent.last_seen_unix_ms = now;
         match msg {
             AgentMsg::Hello(_) => {}
@@ -574,11 +580,7 @@ impl State {
 
     /// Connected agents of `service`.
     pub fn connected<'a>(&'a self, service: &'a str) -> impl Iterator<Item = &'a Agent> {
-        self.agents
-            .range((service.to_owned(), String::new())..)
-            .map(|(_, a)| a)
-            .take_while(move |a| a.service == service)
-            .filter(|a| a.conn.is_some())
+        self.agents.of_service(service).filter(|a| a.conn.is_some())
     }
 
     /// The sync state of `agent`, as `istioctl proxy-status` would show it.

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use crate::encoded::Encoded;
 
 use crate::latch::LatchId;
-use crate::store::{AgentChanges, KnownAgent};
+use crate::store::KnownAgent;
 
 /// 100% slow-start weight.
 const FULL_WEIGHT: u32 = 100_000;
@@ -25,9 +25,6 @@ pub type AgentTx = mpsc::Sender<Box<Encoded>>;
 
 /// `(service, instance)`.
 pub type AgentKey = (String, String);
-
-/// Every agent known, by key.
-pub(super) type Agents = BTreeMap<AgentKey, Agent>;
 
 /// One agent (connected or not).
 #[derive(Debug)]
@@ -121,100 +118,6 @@ pub struct Outgoing {
 
 /// Messages to send once the lock is released.
 pub type Outbox = Vec<Outgoing>;
-
-/// The agents whose stored record (address, labels, identity, last good
-/// version) changed since the store last took them, and the names
-/// forgotten since: what the next write of the agent registry holds, so
-/// that an ACK costs a write of its own agent, not of every agent.
-#[derive(Debug, Default)]
-pub(super) struct Dirty {
-    changed: BTreeSet<AgentKey>,
-    gone: BTreeSet<AgentKey>,
-}
-
-impl Dirty {
-    /// `key`'s record changed.
-    pub(super) fn touch(&mut self, key: &AgentKey) {
-        self.gone.remove(key);
-        self.changed.insert(key.clone());
-    }
-
-    /// `key` was forgotten.
-    pub(super) fn forget(&mut self, key: &AgentKey) {
-        self.changed.remove(key);
-        self.gone.insert(key.clone());
-    }
-
-    /// The changes since the last call, as records of `agents` now.
-    pub(super) fn take(&mut self, agents: &Agents) -> AgentChanges {
-        let changed = std::mem::take(&mut self.changed);
-        AgentChanges {
-            changed: changed
-                .iter()
-                .filter_map(|k| agents.get(k).map(Agent::record))
-                .collect(),
-            gone: std::mem::take(&mut self.gone).into_iter().collect(),
-            live: agents.len(),
-        }
-    }
-
-    /// `changes` were not written: they are taken again next time, unless
-    /// the agent changed again since (then what it is now is written).
-    pub(super) fn restore(&mut self, changes: &AgentChanges) {
-        let keys = changes
-            .changed
-            .iter()
-            .map(|a| (a.service.clone(), a.instance.clone()));
-        for key in keys {
-            if !self.gone.contains(&key) {
-                self.changed.insert(key);
-            }
-        }
-        for key in &changes.gone {
-            if !self.changed.contains(key) {
-                self.gone.insert(key.clone());
-            }
-        }
-    }
-}
-
-/// The agents of `services` (each service's a range of the map: an apply
-/// to one service walks its agents only).
-pub(super) fn of_services<'a>(
-    agents: &'a Agents,
-    services: &'a [String],
-) -> impl Iterator<Item = &'a Agent> {
-    let mut services: Vec<&String> = services.iter().collect();
-    services.sort_unstable();
-    services.dedup();
-    services.into_iter().flat_map(move |service| {
-        agents
-            .range((service.clone(), String::new())..)
-            .map(|(_, a)| a)
-            .take_while(move |a| &a.service == service)
-    })
-}
-
-/// Forgets the agents not connected and not heard from for `retention_ms`
-/// (see `State::prune`); returns their keys.
-pub(super) fn prune(agents: &mut Agents, now: u64, retention_ms: u64) -> Vec<AgentKey> {
-    let mut gone = Vec::new();
-    for (key, agent) in agents.iter_mut() {
-        if agent.conn.is_some() {
-            continue;
-        }
-        if agent.last_seen_unix_ms == 0 {
-            agent.last_seen_unix_ms = now;
-        }
-        if now.saturating_sub(agent.last_seen_unix_ms) > retention_ms {
-            gone.push(key.clone());
-        }
-    }
-    for key in &gone {
-        agents.remove(key);
-    }
-    gone
-}
 
 // === impl Agent ===
 

@@ -6,7 +6,8 @@
 
 use std::collections::BTreeSet;
 
-use super::agent::{Agent, AgentKey, Agents, Outbox};
+use super::agent::{Agent, AgentKey, Outbox};
+use super::agents::Agents;
 use crate::encoded::Encoded;
 use crate::latch::release::{self, arm_message, release_message};
 use crate::latch::{LatchId, Latches, Release, Reporter};

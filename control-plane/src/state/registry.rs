@@ -14,7 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gov_proto::v1 as pb;
 
-use super::agent::{Agent, AgentKey, Agents, Outbox, Removal};
+use super::agent::{Agent, AgentKey, Outbox, Removal};
+use super::agents::Agents;
 use crate::encoded::Encoded;
 
 /// The endpoint sets: what changed since the last push, and each
@@ -186,9 +187,7 @@ fn takes_delta(agent: &Agent, service: &str, base: u64) -> bool {
 /// The registered instances of `service` among `agents`, by instance id.
 fn registered(agents: &Agents, service: &str) -> BTreeMap<String, pb::Instance> {
     agents
-        .range((service.to_owned(), String::new())..)
-        .map(|(_, a)| a)
-        .take_while(|a| a.service == service)
+        .of_service(service)
         .filter(|a| a.is_registered())
         .map(|a| {
             let instance = pb::Instance {
