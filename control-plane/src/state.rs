@@ -1397,6 +1397,40 @@ mod tests {
         assert!(!s.service_full("order", "c", 2));
     }
 
+    /// A reader's stream handle, taken once: its messages count while it is
+    /// the agent's stream, and are refused after a reconnect, and after the
+    /// agent was forgotten and its slot given to another agent.
+    #[test]
+    fn a_stream_handle_is_refused_once_replaced_or_its_agent_forgotten() {
+        let mut s = State::default();
+        let (tx, _rx) = mpsc::channel(8);
+        let (key, id) = s.hello(hello("order", "a", ""), tx.clone(), 1_000, &mut Vec::new());
+        let old = s.stream(&key, id).expect("its current stream");
+        let effect = s.on_stream_message(&old, lifecycle(pb::Phase::Ready, 0), 1_100);
+        assert!(effect.endpoints, "READY registers it");
+        assert_eq!(s.agent(&key).unwrap().last_seen_unix_ms, 1_100);
+
+        let (_, id2) = s.hello(hello("order", "a", ""), tx.clone(), 1_200, &mut Vec::new());
+        assert!(s.stream(&key, id).is_none());
+        let effect = s.on_stream_message(&old, lifecycle(pb::Phase::Draining, 0), 1_300);
+        assert_eq!(effect, Effect::default(), "the old stream is refused");
+        assert_eq!(s.agent(&key).unwrap().phase, pb::Phase::Ready);
+        assert_eq!(s.agent(&key).unwrap().last_seen_unix_ms, 1_200);
+
+        let new = s.stream(&key, id2).expect("the new stream");
+        assert!(s.disconnect(&key, id2, "gone", 2_000));
+        assert_eq!(s.prune(5_000, 1_000), std::slice::from_ref(&key));
+        let (other, other_id) = s.hello(hello("pay", "p", ""), tx, 5_000, &mut Vec::new());
+        let reused = s.stream(&other, other_id).expect("pay/p's stream");
+        let effect = s.on_stream_message(&new, lifecycle(pb::Phase::Ready, 0), 5_100);
+        assert_eq!(effect, Effect::default(), "a forgotten agent's stream");
+        assert_eq!(s.agent(&other).unwrap().phase, pb::Phase::Unspecified);
+        assert!(
+            s.on_stream_message(&reused, lifecycle(pb::Phase::Ready, 0), 5_200)
+                .endpoints
+        );
+    }
+
     /// A keyed limit: each key is re-armed alone on a hello that lacks it,
     /// a key-release tells agents that key only, and the last stats no
     /// longer count a released key (a release of all right after names the
