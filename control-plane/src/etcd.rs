@@ -511,43 +511,68 @@ impl Store for EtcdStore {
 async fn follow(store: Arc<EtcdStore>, shutdown: CancellationToken) {
     let key = store.config.key("revision");
     loop {
-        if let Ok(got) = store.client.get(key.as_str()).await {
-            let seen = got.kvs.first().map_or(0, |kv| kv.mod_revision);
-            store.changes.send_if_modified(|r| {
-                let newer = seen > *r;
-                *r = (*r).max(seen);
-                newer
-            });
-            let from = got.revision() + 1;
-            if let Ok(mut stream) = store.client.watch(key.as_str(), from).await {
-                loop {
-                    let message = tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        m = stream.message() => m,
-                    };
-                    let Ok(Some(response)) = message else { break };
-                    // Canceled: by etcd, or its start revision compacted away
-                    // (read again, then watch from there).
-                    if response.canceled {
-                        break;
-                    }
-                    for event in &response.events {
-                        if let Some(kv) = &event.kv {
-                            let rev = kv.mod_revision;
-                            store.changes.send_if_modified(|r| {
-                                let newer = rev > *r;
-                                *r = (*r).max(rev);
-                                newer
-                            });
-                        }
-                    }
-                }
-            }
-        }
-        tracing::warn!("the watch of the state in etcd broke; watching again");
+        let Some(why) = watch_once(&store, &key, &shutdown).await else {
+            return;
+        };
+        tracing::warn!(reason = %why, "the watch of the state in etcd broke; watching again");
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(RETRY) => {}
+        }
+    }
+}
+
+/// Reads the state key's revision, then watches it from there until the
+/// watch breaks: why it broke, or `None` on shutdown.
+async fn watch_once(store: &EtcdStore, key: &str, shutdown: &CancellationToken) -> Option<String> {
+    let got = match store.client.get(key).await {
+        Ok(got) => got,
+        Err(error) => return Some(format!("cannot read {key}: {error}")),
+    };
+    let seen = got.kvs.first().map_or(0, |kv| kv.mod_revision);
+    store.changes.send_if_modified(|r| {
+        let newer = seen > *r;
+        *r = (*r).max(seen);
+        newer
+    });
+    let from = got.revision() + 1;
+    let mut stream = match store.client.watch(key, from).await {
+        Ok(stream) => stream,
+        Err(error) => return Some(format!("cannot watch {key}: {error}")),
+    };
+    loop {
+        let message = tokio::select! {
+            () = shutdown.cancelled() => return None,
+            m = stream.message() => m,
+        };
+        let response = match message {
+            Ok(Some(response)) => response,
+            Ok(None) => return Some("etcd ended the watch stream".to_owned()),
+            Err(error) => return Some(format!("the watch stream failed: {error}")),
+        };
+        // Canceled: by etcd, or its start revision compacted away (read
+        // again, then watch from there).
+        if response.canceled {
+            return Some(if response.compact_revision > 0 {
+                format!(
+                    "revision {from} was compacted (to {})",
+                    response.compact_revision
+                )
+            } else if response.cancel_reason.is_empty() {
+                "etcd canceled the watch".to_owned()
+            } else {
+                format!("etcd canceled the watch: {}", response.cancel_reason)
+            });
+        }
+        for event in &response.events {
+            if let Some(kv) = &event.kv {
+                let rev = kv.mod_revision;
+                store.changes.send_if_modified(|r| {
+                    let newer = rev > *r;
+                    *r = (*r).max(rev);
+                    newer
+                });
+            }
         }
     }
 }
