@@ -127,7 +127,14 @@ fn reasons(fds: &prost_types::FileDescriptorSet) -> Result<String, Box<dyn std::
     let variant = |field: &str| -> String {
         field
             .split('_')
-            .map(|w| w[..1].to_uppercase() + &w[1..])
+            .flat_map(|w| {
+                let mut chars = w.chars();
+                chars
+                    .next()
+                    .map(|c| c.to_ascii_uppercase())
+                    .into_iter()
+                    .chain(chars)
+            })
             .collect()
     };
     let n = fields.len();

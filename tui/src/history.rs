@@ -55,8 +55,6 @@ pub(crate) struct History {
 /// The reasons a call is rejected for (`Rejections`'s counts).
 const N: usize = gov_proto::rejections::REASONS;
 
-pub(crate) const REASONS: [&str; N] = gov_proto::rejections::LABELS;
-
 /// A rule's rejections; for a rule in mode shadow, the calls it would have
 /// rejected (its rates and sparkline show what it would do).
 fn rejections(rule: &RuleView) -> [u64; N] {

@@ -8,7 +8,7 @@ use ratatui::widgets::{Block, BorderType, Borders, Gauge, Paragraph, Sparkline, 
 
 use crate::app::{App, Pane, Trip};
 use crate::format::{ago, latency_bound, rate};
-use crate::history::REASONS;
+use gov_proto::rejections::LABELS;
 use gov_proto::v1::{AgentView, ReleaseKind, RuleKind, RuleView, SourceRef, SyncState};
 
 use super::panes::*;
@@ -187,7 +187,7 @@ pub(super) fn render_rule_detail(
     top.push(field("waiting", stats.waiting.to_string()));
     top.push(field("admitted", format!("{}/s", rate(rates.admitted))));
     top.push(field("rejected", format!("{}/s", rate(rates.rejected))));
-    for (reason, r) in REASONS.iter().zip(rates.by_reason) {
+    for (reason, r) in LABELS.iter().zip(rates.by_reason) {
         if r > 0.0 {
             top.push(Line::styled(
                 format!("{:<11}{reason} {}/s", "", rate(r)),
