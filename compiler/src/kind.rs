@@ -116,4 +116,73 @@ mod tests {
         }
         assert!(seen > 50, "only {seen} settings");
     }
+
+    /// The ```gov blocks of docs/language.md, each with its line: a whole
+    /// policy, or the body of a service (wrapped in one to be read).
+    fn language_doc_blocks() -> Vec<(usize, String)> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/language.md");
+        let text = std::fs::read_to_string(path).expect("docs/language.md");
+        let mut blocks = Vec::new();
+        let mut open: Option<(usize, String)> = None;
+        for (i, line) in text.lines().enumerate() {
+            match (&mut open, line.trim_end()) {
+                (None, "```gov") => open = Some((i + 1, String::new())),
+                (Some(_), "```") => blocks.extend(open.take()),
+                (Some((_, block)), _) => {
+                    block.push_str(line);
+                    block.push('\n');
+                }
+                (None, _) => {}
+            }
+        }
+        assert!(
+            open.is_none(),
+            "docs/language.md: a ```gov block is not closed"
+        );
+        blocks
+    }
+
+    /// Every example in docs/language.md reads, every setting of its rules
+    /// decodes, and every kind has an example there: what the language
+    /// reference shows is what the language takes.
+    #[test]
+    fn every_example_in_the_language_docs_reads_and_every_kind_has_one() {
+        let blocks = language_doc_blocks();
+        assert!(blocks.len() > 20, "only {} blocks", blocks.len());
+        let mut kinds = std::collections::BTreeSet::new();
+        for (line, block) in &blocks {
+            let policy = gov_lang::parse("language.md", block)
+                .or_else(|whole| {
+                    gov_lang::parse("language.md", &format!("service doc {{\n{block}}}\n"))
+                        .map_err(|body| (whole, body))
+                })
+                .unwrap_or_else(|(whole, body)| {
+                    panic!(
+                        "docs/language.md:{line}: the example reads neither as a policy ({whole}) \
+                         nor as a service's body ({body})"
+                    )
+                });
+            for item in &policy.items {
+                let Item::Service(s) = item else { continue };
+                for stmt in &s.body {
+                    let ServiceStmt::Rule(r) = stmt else { continue };
+                    let kind = by_word(r.kind.node).expect("a known kind");
+                    kinds.insert(r.kind.node);
+                    for setting in &r.settings {
+                        assert!(
+                            kind.decodes(setting) || header_key(setting).is_some(),
+                            "docs/language.md:{line}: `{setting}` does not decode"
+                        );
+                    }
+                }
+            }
+        }
+        for kind in KINDS {
+            let word = kind.wire().word();
+            assert!(
+                kinds.contains(word),
+                "docs/language.md has no example of a `{word}` rule"
+            );
+        }
+    }
 }

@@ -1,82 +1,29 @@
 //! The words users read for the wire's enums, written once: the TUI, `govc`,
-//! the engine's errors and the plan all take them from here. The rule kinds
-//! are named here once: their word, the list of them ([`RuleKind::RULES`]),
-//! the kind of each `Rule.spec` ([`Spec::kind`]), each kind's defaults
-//! ([`RuleKind::reject_status`], [`RuleKind::reject_grpc`], a fuse's
-//! classes and recovery), which the compiler writes into every config, and
-//! the same values for what a hand-written spec leaves out ([`Spec::fill`]).
-//! A new kind touches `config.proto` and this file, nothing else in
-//! gov-proto.
+//! the engine's errors and the plan all take them from here. The rule
+//! kinds' words, their list ([`RuleKind::RULES`]), the kind of each
+//! `Rule.spec` ([`Spec::kind`]) and each kind's default refusal
+//! ([`RuleKind::reject_status`], [`RuleKind::reject_grpc`]) are generated
+//! by the build from `config.proto`, where a kind is declared. The other
+//! defaults (a fuse's classes and recovery, a retry's outcomes), which the
+//! compiler writes into every config, are here, with the same values for
+//! what a hand-written spec leaves out ([`Spec::fill`]). A new kind touches
+//! `config.proto` and nothing else in gov-proto, unless it has defaults
+//! beyond its refusal.
 
 use crate::v1::{
     ClusterSync, ErrorClass, Fuse, GrpcCode, LimitScope, Phase, Recovery, ReleaseKind, Retry,
     RuleKind, StatusRange, SyncState, recovery, rule::Spec,
 };
 
-impl RuleKind {
-    /// The kinds a `Rule` can be (its `spec`), in the order of the oneof.
-    /// The one list of rule kinds: what loops over every kind (tests,
-    /// generated docs) takes it from here.
-    pub const RULES: [RuleKind; 4] = [
-        RuleKind::Bulkhead,
-        RuleKind::Limit,
-        RuleKind::Fuse,
-        RuleKind::Retry,
-    ];
+include!(concat!(env!("OUT_DIR"), "/kinds.rs"));
 
-    /// The keyword of the kind in `.gov` text (`bulkhead`, `limit`, ...);
-    /// `service` for a service's own settings, `-` when unspecified.
-    pub fn word(self) -> &'static str {
-        match self {
-            RuleKind::Bulkhead => "bulkhead",
-            RuleKind::Limit => "limit",
-            RuleKind::Fuse => "fuse",
-            RuleKind::Retry => "retry",
-            RuleKind::Match => "match",
-            RuleKind::Warmup => "warmup",
-            RuleKind::Shutdown => "shutdown",
-            RuleKind::Service => "service",
-            RuleKind::Unspecified => "-",
-        }
+/// Writes `kind`'s default refusal into a hand-written spec's zero ones.
+fn fill_reject(kind: RuleKind, status: &mut u32, grpc: &mut i32) {
+    if *status == 0 {
+        *status = kind.reject_status();
     }
-
-    /// The HTTP status a rule of this kind refuses a call with when its
-    /// text names none (`reject with`); 0 for what refuses nothing.
-    pub const fn reject_status(self) -> u32 {
-        match self {
-            // 408 Request Timeout: no permit came within `max_wait`.
-            RuleKind::Bulkhead => 408,
-            // 429 Too Many Requests.
-            RuleKind::Limit => 429,
-            // 503 Service Unavailable.
-            RuleKind::Fuse => 503,
-            // A retry rule refuses no call: a retry its budget cannot pay
-            // is not sent, and the call ends with its attempt's outcome.
-            RuleKind::Retry
-            | RuleKind::Match
-            | RuleKind::Warmup
-            | RuleKind::Shutdown
-            | RuleKind::Service
-            | RuleKind::Unspecified => 0,
-        }
-    }
-
-    /// The gRPC code a rule of this kind refuses a gRPC call with when its
-    /// text names none; `OK` for what refuses nothing.
-    pub const fn reject_grpc(self) -> GrpcCode {
-        match self {
-            // Retryable, as a full server's answer is.
-            RuleKind::Bulkhead => GrpcCode::Unavailable,
-            // A quota.
-            RuleKind::Limit => GrpcCode::ResourceExhausted,
-            RuleKind::Fuse => GrpcCode::Unavailable,
-            RuleKind::Retry
-            | RuleKind::Match
-            | RuleKind::Warmup
-            | RuleKind::Shutdown
-            | RuleKind::Service
-            | RuleKind::Unspecified => GrpcCode::Ok,
-        }
+    if *grpc == GrpcCode::Ok as i32 {
+        *grpc = kind.reject_grpc() as i32;
     }
 }
 
@@ -134,39 +81,20 @@ impl Retry {
 }
 
 impl Spec {
-    /// The kind of rule this spec makes.
-    pub fn kind(&self) -> RuleKind {
-        match self {
-            Spec::Bulkhead(_) => RuleKind::Bulkhead,
-            Spec::Limit(_) => RuleKind::Limit,
-            Spec::Fuse(_) => RuleKind::Fuse,
-            Spec::Retry(_) => RuleKind::Retry,
-        }
-    }
-
     /// Writes the compiler's value into every setting of this spec a
     /// hand-written config left out (zero or absent), and keeps every
-    /// written one: the per-kind part of [`crate::compiled::fill`].
+    /// written one: the per-kind part of [`crate::compiled::fill`]. The
+    /// refusal of every kind that has one comes from config.proto; a kind
+    /// with other defaults has its arm here.
     pub(crate) fn fill(&mut self) {
-        let kind = self.kind();
-        let reject = |s: &mut u32, g: &mut i32| {
-            if *s == 0 {
-                *s = kind.reject_status();
-            }
-            if *g == GrpcCode::Ok as i32 {
-                *g = kind.reject_grpc() as i32;
-            }
-        };
+        self.fill_reject();
         match self {
-            Spec::Bulkhead(b) => reject(&mut b.reject_status, &mut b.reject_grpc_status),
-            Spec::Limit(l) => {
-                reject(&mut l.reject_status, &mut l.reject_grpc_status);
+            Spec::Limit(l)
                 if l.scope() == LimitScope::Cluster
                     && l.sync() == ClusterSync::Exact
-                    && l.sync_timeout_ms == 0
-                {
-                    l.sync_timeout_ms = crate::compiled::SYNC_EXACT_TIMEOUT_MS;
-                }
+                    && l.sync_timeout_ms == 0 =>
+            {
+                l.sync_timeout_ms = crate::compiled::SYNC_EXACT_TIMEOUT_MS;
             }
             Spec::Retry(r) => {
                 r.on.get_or_insert_with(Retry::default_on);
@@ -179,7 +107,6 @@ impl Spec {
                 }
             }
             Spec::Fuse(f) => {
-                reject(&mut f.reject_status, &mut f.reject_grpc_status);
                 f.business.get_or_insert_with(Fuse::default_business);
                 f.system.get_or_insert_with(Fuse::default_system);
                 f.recover.get_or_insert_with(Fuse::default_recovery);
@@ -191,6 +118,9 @@ impl Spec {
                     }
                 }
             }
+            // A kind whose only default is its refusal (above), or a spec
+            // that already has its values.
+            _ => {}
         }
     }
 }
@@ -250,10 +180,10 @@ impl SyncState {
 mod tests {
     use super::*;
 
-    /// `RuleKind::RULES` lists every kind of `Rule.spec`, in the oneof's
-    /// order: a new kind's spec goes here, beside its word.
+    /// The generated lists follow the oneof, and the words and refusals
+    /// the kinds had when they were written by hand.
     #[test]
-    fn every_rule_kind_has_its_spec() {
+    fn the_generated_kinds_are_the_oneofs() {
         use crate::v1::{Bulkhead, Fuse, Limit, Retry, Rule};
         let specs = [
             Spec::Bulkhead(Bulkhead::default()),
@@ -262,43 +192,60 @@ mod tests {
             Spec::Retry(Retry::default()),
         ];
         let kinds: Vec<RuleKind> = specs.iter().map(Spec::kind).collect();
-        assert_eq!(kinds, RuleKind::RULES);
+        assert_eq!(kinds[..], RuleKind::RULES[..kinds.len()]);
         assert_eq!(Rule::default().kind(), RuleKind::Unspecified);
+        let words: Vec<&str> = kinds.iter().map(|k| k.word()).collect();
+        assert_eq!(words, ["bulkhead", "limit", "fuse", "retry"]);
+        assert_eq!(RuleKind::Service.word(), "service");
+        assert_eq!(RuleKind::Unspecified.word(), "-");
+        let refusals: Vec<(u32, GrpcCode)> = kinds
+            .iter()
+            .map(|k| (k.reject_status(), k.reject_grpc()))
+            .collect();
+        assert_eq!(
+            refusals,
+            [
+                (408, GrpcCode::Unavailable),
+                (429, GrpcCode::ResourceExhausted),
+                (503, GrpcCode::Unavailable),
+                (0, GrpcCode::Ok),
+            ]
+        );
     }
 
     #[test]
     fn every_kind_has_a_distinct_word() {
         // 4 is reserved (the old unproducible timeout kind).
-        let words: Vec<&str> = (0..=16)
+        let words: Vec<&str> = (0..=64)
             .filter_map(|n| RuleKind::try_from(n).ok())
             .map(RuleKind::word)
             .collect();
-        assert_eq!(words.len(), 9);
+        assert!(words.len() >= 9, "{words:?}");
         let mut unique = words.clone();
         unique.sort_unstable();
         unique.dedup();
         assert_eq!(unique.len(), words.len(), "{words:?}");
     }
 
-    /// Every rule kind that refuses calls refuses with a status and a code
-    /// of its own choosing (the compiler writes them; `Spec::fill` gives
-    /// them to hand-written configs); what is not a rule, or a retry rule,
-    /// refuses nothing.
+    /// A kind refuses with both a status and a code, or with neither
+    /// (a retry rule); what is not a rule refuses nothing.
     #[test]
     fn every_rule_kind_has_reject_defaults() {
-        for kind in RuleKind::RULES
-            .into_iter()
-            .filter(|k| *k != RuleKind::Retry)
-        {
+        for kind in RuleKind::RULES {
+            let status = kind.reject_status();
             assert!(
-                (400..=599).contains(&kind.reject_status()),
+                status == 0 || (400..=599).contains(&status),
                 "{}",
                 kind.word()
             );
-            assert_ne!(kind.reject_grpc(), GrpcCode::Ok, "{}", kind.word());
+            assert_eq!(
+                status == 0,
+                kind.reject_grpc() == GrpcCode::Ok,
+                "{}",
+                kind.word()
+            );
         }
         assert_eq!(RuleKind::Match.reject_status(), 0);
         assert_eq!(RuleKind::Service.reject_grpc(), GrpcCode::Ok);
-        assert_eq!(RuleKind::Retry.reject_status(), 0);
     }
 }
