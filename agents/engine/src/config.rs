@@ -233,12 +233,9 @@ impl CompiledConfig {
     /// `max_keys` the agent's cap (`--max-keys-per-rule`).
     pub(crate) fn default_max_keys(&mut self, max: u32) {
         for rule in &mut self.rules {
-            let keys = match &mut rule.spec {
-                RuleSpec::Limit(l) => &mut l.keys,
-                RuleSpec::Bulkhead(b) => &mut b.keys,
-                RuleSpec::Fuse(_) | RuleSpec::Retry(_) => continue,
-            };
-            keys.max.get_or_insert(max);
+            if let Some(keys) = rule.spec.keys_mut() {
+                keys.max.get_or_insert(max);
+            }
         }
     }
 

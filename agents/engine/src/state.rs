@@ -8,8 +8,9 @@
 //! Adding a kind means one module here (`state/<kind>.rs`: its spec type,
 //! its `spec` conversion from the wire and its primitive implementing
 //! [`Primitive`]) and its variant in this file (`mod`, the `pub use` of its
-//! spec types in `specs`, `RuleSpec`, `RuleSpec::kind`, `spec`, `State`, `State::new`,
-//! `Scope` if it keys its calls, and `dispatch!`).
+//! spec types in `specs`, `RuleSpec` and its methods, `spec`, `State`,
+//! `State::new`, `Scope` if it keys its calls, and `dispatch!`): nothing
+//! else in the engine needs an arm for a new kind.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,6 +120,16 @@ impl RuleSpec {
                     || l.by_class
             }
             RuleSpec::Fuse(_) | RuleSpec::Retry(_) => false,
+        }
+    }
+
+    /// The cap on the keys the rule tracks, when it keys its calls (a
+    /// limit's, a bulkhead's).
+    pub(crate) fn keys_mut(&mut self) -> Option<&mut specs::KeyCap> {
+        match self {
+            RuleSpec::Limit(l) => Some(&mut l.keys),
+            RuleSpec::Bulkhead(b) => Some(&mut b.keys),
+            RuleSpec::Fuse(_) | RuleSpec::Retry(_) => None,
         }
     }
 
