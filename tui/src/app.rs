@@ -8,6 +8,7 @@
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 use crate::history::History;
+use crate::keys::{self, Command};
 use gov_proto::v1::{
     AgentView, ClusterView, FuseState, ReleaseKind, ReleaseResult, RuleView, SourceRef,
 };
@@ -400,33 +401,27 @@ impl App {
 
     fn on_normal_key(&mut self, key: KeyEvent) -> Option<Action> {
         self.notice = None;
-        match key.code {
-            KeyCode::Char('q') => return Some(Action::Quit),
-            KeyCode::Esc => self.filter.clear(),
-            KeyCode::Char('?') => self.mode = Mode::Help,
-            KeyCode::Char('/') => self.mode = Mode::Filter,
-            KeyCode::Tab => {
+        match keys::command(key.code)? {
+            Command::Quit => return Some(Action::Quit),
+            Command::Back => self.filter.clear(),
+            Command::Help => self.mode = Mode::Help,
+            Command::Filter => self.mode = Mode::Filter,
+            Command::NextPane => {
                 self.focus = match self.focus {
                     Pane::Agents => Pane::Rules,
                     Pane::Rules => Pane::Trips,
                     Pane::Trips => Pane::Agents,
                 }
             }
-            KeyCode::BackTab => {
+            Command::PreviousPane => {
                 self.focus = match self.focus {
                     Pane::Agents => Pane::Trips,
                     Pane::Rules => Pane::Agents,
                     Pane::Trips => Pane::Rules,
                 }
             }
-            KeyCode::Up | KeyCode::Char('k') => self.move_selection(-1),
-            KeyCode::Down | KeyCode::Char('j') => self.move_selection(1),
-            KeyCode::PageUp => self.move_selection(-10),
-            KeyCode::PageDown => self.move_selection(10),
-            KeyCode::Home | KeyCode::Char('g') => self.move_selection(isize::MIN),
-            KeyCode::End | KeyCode::Char('G') => self.move_selection(isize::MAX),
-            KeyCode::Char('r') => self.on_release_key(),
-            _ => {}
+            Command::Move(delta) => self.move_selection(delta),
+            Command::Release => self.on_release_key(),
         }
         None
     }

@@ -13,6 +13,7 @@ mod app;
 mod client;
 mod format;
 mod history;
+mod keys;
 mod render;
 mod runtime;
 

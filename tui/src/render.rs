@@ -313,23 +313,12 @@ fn render_footer(app: &App, frame: &mut Frame<'_>, area: Rect) {
         spans.push(key("<esc>"));
         spans.push(Span::raw(" clear"));
     } else {
-        spans.extend([
-            key("<↑↓/jk>"),
-            Span::raw(" select  "),
-            key("<tab>"),
-            Span::raw(" pane  "),
-            key("</>"),
-            Span::raw(" filter  "),
-        ]);
-        if !app.readonly {
-            spans.extend([key("<r>"), Span::raw(" release  ")]);
+        for (i, (keys, what)) in crate::keys::hints(app.readonly).enumerate() {
+            if i > 0 {
+                spans.push(Span::raw("  "));
+            }
+            spans.extend([key(keys), Span::raw(format!(" {what}"))]);
         }
-        spans.extend([
-            key("<?>"),
-            Span::raw(" help  "),
-            key("<q>"),
-            Span::raw(" quit"),
-        ]);
         if !app.filter.is_empty() {
             spans.push(Span::raw("  │ filter: "));
             spans.push(Span::styled(app.filter.clone(), Style::new().yellow()));
@@ -363,22 +352,7 @@ fn centered(area: Rect, width: u16, height: u16) -> Rect {
 }
 
 fn render_help(app: &App, frame: &mut Frame<'_>, area: Rect) {
-    let mut rows = vec![
-        ("↑ ↓  j k", "move the selection"),
-        ("PgUp PgDn  g G", "page, first, last"),
-        ("Tab  Shift-Tab", "next, previous pane"),
-        ("/", "filter by service, instance or rule"),
-        ("Esc", "back: close, clear the filter"),
-        ("?", "this help"),
-        ("q  Ctrl-C", "quit"),
-    ];
-    if app.readonly {
-        rows.push(("", "read-only: release is disabled"));
-    } else {
-        rows.push(("r", "release the selected fuse or limit"));
-        rows.push(("", "(asks first; the default is No)"));
-    }
-    let lines: Vec<Line<'_>> = rows
+    let lines: Vec<Line<'_>> = crate::keys::help(app.readonly)
         .into_iter()
         .map(|(k, v)| {
             Line::from(vec![
