@@ -98,13 +98,12 @@ fn numbers_not_strings(src: &str) -> String {
 fn variant(name: &str) -> String {
     name.split('_')
         .flat_map(|w| {
-            let lower = w.to_ascii_lowercase();
-            let mut chars = lower.chars().collect::<Vec<_>>().into_iter();
+            let mut chars = w.chars();
             chars
                 .next()
                 .map(|c| c.to_ascii_uppercase())
                 .into_iter()
-                .chain(chars)
+                .chain(chars.map(|c| c.to_ascii_lowercase()))
         })
         .collect()
 }

@@ -48,9 +48,12 @@ pub(crate) fn kinds(pool: &DescriptorPool) -> Generated {
         let (s, g) = rule
             .and_then(|r| r.reject.clone())
             .unwrap_or((0, "OK".to_owned()));
-        word.push_str(&format!("RuleKind::{rust} => \"{w}\",\n"));
-        status.push_str(&format!("RuleKind::{rust} => {s},\n"));
-        grpc.push_str(&format!("RuleKind::{rust} => GrpcCode::{},\n", variant(&g)));
+        word.push_str(&format!("\n            RuleKind::{rust} => \"{w}\","));
+        status.push_str(&format!("\n            RuleKind::{rust} => {s},"));
+        grpc.push_str(&format!(
+            "\n            RuleKind::{rust} => GrpcCode::{},",
+            variant(&g)
+        ));
     }
     let list = |f: &dyn Fn(&RuleKindDecl) -> String| rules.iter().map(f).collect::<String>();
     Ok(format!(
@@ -60,14 +63,14 @@ impl RuleKind {{
     /// The kinds a `Rule` can be (its `spec`), in the order of the oneof.
     /// The one list of rule kinds: what loops over every kind (tests,
     /// generated docs) takes it from here.
-    pub const RULES: [RuleKind; {n}] = [{rules}];
+    pub const RULES: [RuleKind; {n}] = [{rules}
+    ];
 
     /// The keyword of the kind in `.gov` text (`bulkhead`, `limit`, ...): its
     /// `Rule.spec` field's name; for what is not a rule, its value's name
     /// (`service` for a service's own settings), `-` when unspecified.
     pub fn word(self) -> &'static str {{
-        match self {{
-            {word}
+        match self {{{word}
         }}
     }}
 
@@ -75,8 +78,7 @@ impl RuleKind {{
     /// text names none (`reject with`), as config.proto declares it; 0 for
     /// what refuses nothing.
     pub const fn reject_status(self) -> u32 {{
-        match self {{
-            {status}
+        match self {{{status}
         }}
     }}
 
@@ -84,8 +86,7 @@ impl RuleKind {{
     /// text names none, as config.proto declares it; `OK` for what refuses
     /// nothing.
     pub const fn reject_grpc(self) -> GrpcCode {{
-        match self {{
-            {grpc}
+        match self {{{grpc}
         }}
     }}
 }}
@@ -93,8 +94,7 @@ impl RuleKind {{
 impl Spec {{
     /// The kind of rule this spec makes.
     pub fn kind(&self) -> RuleKind {{
-        match self {{
-            {kind}
+        match self {{{kind}
         }}
     }}
 
@@ -102,21 +102,23 @@ impl Spec {{
     /// one: the kind's default.
     fn fill_reject(&mut self) {{
         let kind = self.kind();
-        match self {{
-            {fill}
+        match self {{{fill}
         }}
     }}
 }}
 "#,
         n = rules.len(),
-        rules = list(&|r| format!("RuleKind::{},", variant(&r.field))),
-        kind = list(&|r| format!("Spec::{v}(_) => RuleKind::{v},\n", v = variant(&r.field))),
+        rules = list(&|r| format!("\n        RuleKind::{},", variant(&r.field))),
+        kind = list(&|r| format!(
+            "\n            Spec::{v}(_) => RuleKind::{v},",
+            v = variant(&r.field)
+        )),
         fill = list(&|r| match r.reject {
             Some(_) => format!(
-                "Spec::{}(s) => fill_reject(kind, &mut s.reject_status, &mut s.reject_grpc_status),\n",
+                "\n            Spec::{}(s) => fill_reject(kind, &mut s.reject_status, &mut s.reject_grpc_status),",
                 variant(&r.field)
             ),
-            None => format!("Spec::{}(_) => {{}}\n", variant(&r.field)),
+            None => format!("\n            Spec::{}(_) => {{}}", variant(&r.field)),
         }),
     ))
 }
