@@ -62,7 +62,8 @@ impl DeadlineEnd {
 /// `RejectReason`, without its `Unspecified`. A reason is declared in
 /// `control.proto` (gov-proto generates its count's readers from it) and
 /// here: its variant, at the wire value minus one, in [`Self::ALL`] and in
-/// [`Self::kind`]; the name and the wire form come from gov-proto.
+/// [`Self::kind`]; the name and the wire form come from gov-proto, and
+/// docs/metrics.md lists it under its kind (a test reads the list).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RejectReason {
     /// No permit, and no waiting allowed (no `max_wait`, or the queue is full).
@@ -405,6 +406,55 @@ mod tests {
             assert_eq!(reason.to_proto().index(), Some(i), "{reason:?}");
         }
         assert_eq!(RejectReason::FuseOpen.as_str(), "fuse_open");
+    }
+
+    /// docs/metrics.md names every reason under its kind, and no other, in
+    /// the row of `gov_agent_rule_rejected_total` (`A rule has only the
+    /// reasons of its kind: bulkhead `bulkhead_full` (...), ...; limit
+    /// ...`): the one list of the reasons a reader of `/metrics` or the
+    /// decision log sees, so a new reason is documented with its kind.
+    #[test]
+    fn the_metrics_doc_lists_every_reason_under_its_kind() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/metrics.md");
+        let doc = std::fs::read_to_string(path).expect("docs/metrics.md");
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with("| `gov_agent_rule_rejected_total` |"))
+            .expect("docs/metrics.md has a row of `gov_agent_rule_rejected_total`");
+        let (_, list) = row
+            .split_once("the reasons of its kind: ")
+            .expect("the row lists the reasons of each kind");
+        let list = list.split(" |").next().unwrap_or(list);
+        // What is in parentheses explains a reason; it names none.
+        let mut plain = String::new();
+        let mut depth = 0usize;
+        for c in list.chars() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                c if depth == 0 => plain.push(c),
+                _ => {}
+            }
+        }
+        let mut listed: Vec<(String, String)> = Vec::new();
+        for part in plain.trim_end().trim_end_matches('.').split(';') {
+            let part = part.trim();
+            let (kind, reasons) = part.split_once(' ').unwrap_or((part, ""));
+            for reason in reasons.split('`').skip(1).step_by(2) {
+                listed.push((kind.to_owned(), reason.to_owned()));
+            }
+        }
+        listed.sort();
+        let mut reasons: Vec<(String, String)> = RejectReason::ALL
+            .iter()
+            .map(|r| (r.kind().word().to_owned(), r.as_str().to_owned()))
+            .collect();
+        reasons.sort();
+        assert_eq!(
+            listed, reasons,
+            "docs/metrics.md, `gov_agent_rule_rejected_total`: list each reason after its \
+             kind's word (`KIND `reason`, `reason`; KIND ...`)"
+        );
     }
 
     #[tokio::test]
