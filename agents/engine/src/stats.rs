@@ -33,8 +33,11 @@ pub(crate) struct Counters {
     pub waiting: AtomicU64,
 }
 
-/// One thread's share of a rule's counters: 40 words in five cache lines
-/// (aligned so that two threads never write the same line).
+/// One thread's share of a rule's counters, in whole cache lines (aligned
+/// so that two threads never write the same line): its words are
+/// `3 + 2 x RejectReason::COUNT + LATENCY_BUCKETS + GRPC_CODES`. With 6
+/// reasons that is 40 words in five lines; a seventh reason makes it six
+/// lines (a rule holds one stripe per CPU and one more).
 #[derive(Debug, Default)]
 #[repr(align(64))]
 struct Stripe {
@@ -289,6 +292,14 @@ impl RuleStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stripe is the words its doc counts, in whole cache lines.
+    #[test]
+    fn a_stripe_is_its_counters_in_whole_cache_lines() {
+        let words = 3 + 2 * RejectReason::COUNT + LATENCY_BUCKETS + GRPC_CODES;
+        let size = std::mem::size_of::<Stripe>();
+        assert_eq!(size, (words * 8).next_multiple_of(64), "{words} words");
+    }
 
     #[test]
     fn buckets_are_inclusive_upper_bounds() {
