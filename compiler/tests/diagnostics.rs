@@ -316,7 +316,7 @@ fn n_conflicting_rules_give_one_diagnostic_per_rule_after_the_first() {
     assert_eq!(messages.len(), 29, "{messages:#?}");
     for (i, m) in messages.iter().enumerate() {
         let second = format!("`l{}`", i + 1);
-        assert!(m.starts_with("limits `l0` and "), "{m}");
+        assert!(m.starts_with("limit rules `l0` and "), "{m}");
         assert!(m.contains(&second), "{m} should name {second}");
     }
 }

@@ -15,6 +15,8 @@
 //!   sustained limit) or different keys stack and are fine;
 //! - two fuses whose recovery or rejection status differ: one would
 //!   release the calls while the other keeps them out.
+//! - two retry rules whose `attempts` or `budget` differ: one retry rule
+//!   applies to a call, so the other's would never be used.
 //!
 //! Why: other systems evaluate such rules one by one and let the strictest
 //! win by accident; nobody checks rules against each other.
@@ -34,7 +36,7 @@ use thiserror::Error;
 use crate::resolve::{Ctx, Src};
 
 #[derive(Debug, Error, miette::Diagnostic)]
-#[error("{kind}s `{first}` and `{second}` conflict on the same calls: {detail}")]
+#[error("{kind} rules `{first}` and `{second}` conflict on the same calls: {detail}")]
 #[diagnostic(code("gov::conflicting-rules"))]
 pub struct ConflictingRules {
     pub kind: String,
