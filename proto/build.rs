@@ -26,11 +26,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .open_files(PROTOS)?;
     let fds = compiler.file_descriptor_set();
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(out.join("reasons.rs"), reasons::reasons(&fds)?)?;
-    std::fs::write(
-        out.join("kinds.rs"),
-        kinds::kinds(&compiler.descriptor_pool())?,
-    )?;
+    let pool = compiler.descriptor_pool();
+    std::fs::write(out.join("reasons.rs"), reasons::reasons(&pool)?)?;
+    std::fs::write(out.join("kinds.rs"), kinds::kinds(&pool)?)?;
 
     // compile_fds() does not write a descriptor set: write it ourselves, for
     // pbjson below and for gRPC reflection.

@@ -1,50 +1,43 @@
 //! The readers of `Rejections` (`src/rejections.rs`), generated from
 //! control.proto.
 
+use prost_reflect::{DescriptorPool, EnumValueDescriptor, Kind, Value};
+
 use crate::{Generated, variant};
 
 /// The readers of `Rejections` (`src/rejections.rs`), generated from the
 /// message and the `RejectReason` enum, so that a reason is declared once, in
 /// `control.proto`: its count in `Rejections` and its value in `RejectReason`,
 /// with the same name and number. Refuses to build when the two disagree.
-pub(crate) fn reasons(fds: &prost_types::FileDescriptorSet) -> Generated {
-    let file = fds
-        .file
-        .iter()
-        .find(|f| f.name() == "gov/v1/control.proto")
-        .ok_or("control.proto is not among the compiled files")?;
-    let message = file
-        .message_type
-        .iter()
-        .find(|m| m.name() == "Rejections")
+pub(crate) fn reasons(pool: &DescriptorPool) -> Generated {
+    let message = pool
+        .get_message_by_name("gov.v1.Rejections")
         .ok_or("control.proto has no `Rejections` message")?;
-    let reasons = file
-        .enum_type
-        .iter()
-        .find(|e| e.name() == "RejectReason")
+    let reasons = pool
+        .get_enum_by_name("gov.v1.RejectReason")
         .ok_or("control.proto has no `RejectReason` enum")?;
-    let fields: Vec<&str> = message.field.iter().map(|f| f.name()).collect();
-    let values: Vec<(&str, i32)> = reasons
-        .value
-        .iter()
-        .filter(|v| v.number() != 0)
-        .map(|v| (v.name(), v.number()))
-        .collect();
-    let expected: Vec<(String, i32)> = message
-        .field
-        .iter()
+    let kind_ext = pool
+        .get_extension_by_name("gov.v1.reason_kind")
+        .ok_or("config.proto has no extension `reason_kind`")?;
+    let kinds = pool
+        .get_enum_by_name("gov.v1.RuleKind")
+        .ok_or("config.proto has no `RuleKind` enum")?;
+    let fields: Vec<String> = message.fields().map(|f| f.name().to_owned()).collect();
+    let expected: Vec<(String, u32)> = message
+        .fields()
         .map(|f| {
-            let name = format!("REJECT_REASON_{}", f.name().to_uppercase());
-            (name, f.number())
+            (
+                format!("REJECT_REASON_{}", f.name().to_uppercase()),
+                f.number(),
+            )
         })
         .collect();
-    let got: Vec<(String, i32)> = values.iter().map(|(n, i)| ((*n).to_owned(), *i)).collect();
-    if got != expected
-        || message
-            .field
-            .iter()
-            .any(|f| f.r#type() != prost_types::field_descriptor_proto::Type::Uint64)
-    {
+    let values: Vec<EnumValueDescriptor> = reasons.values().filter(|v| v.number() != 0).collect();
+    let got: Vec<(String, u32)> = values
+        .iter()
+        .map(|v| (v.name().to_owned(), v.number().unsigned_abs()))
+        .collect();
+    if got != expected || message.fields().any(|f| f.kind() != Kind::Uint64) {
         return Err(format!(
             "control.proto: every `Rejections` field must be a uint64 with a `RejectReason` value of the same \
              name and number, in the same order (REJECT_REASON_<FIELD> = <field number>); \
@@ -52,6 +45,28 @@ pub(crate) fn reasons(fds: &prost_types::FileDescriptorSet) -> Generated {
         )
         .into());
     }
+    let mut engine = Vec::new();
+    for value in &values {
+        let options = value.options();
+        let kind = match options.get_extension(&kind_ext).as_ref() {
+            Value::EnumNumber(n) if options.has_extension(&kind_ext) => kinds.get_value(*n),
+            _ => None,
+        }
+        .filter(|k| k.number() != 0)
+        .ok_or_else(|| {
+            format!(
+                "control.proto: `{}` must name the kind of rule that rejects for it: \
+                 `[(reason_kind) = RULE_KIND_...]`",
+                value.name()
+            )
+        })?;
+        engine.push(EngineReason {
+            variant: variant(value.name().trim_start_matches("REJECT_REASON_")),
+            kind: variant(kind.name().trim_start_matches("RULE_KIND_")),
+            doc: comments(value),
+        });
+    }
+    let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
     let n = fields.len();
     let list =
         |f: &dyn Fn(&str) -> String| fields.iter().map(|x| f(x)).collect::<Vec<_>>().join(" ");
@@ -107,5 +122,81 @@ impl RejectReason {{
         add = list(&|f| format!("self.{f} = self.{f}.saturating_add(other.{f});")),
         fields = list(&|f| format!("{f},")),
         all = list(&|f| format!("RejectReason::{},", variant(f))),
-    ))
+    ) + &engine_reasons(&engine))
+}
+
+/// One reason as the engine names it.
+struct EngineReason {
+    variant: String,
+    /// The `RuleKind` variant of the kind that rejects for it.
+    kind: String,
+    /// The value's comment in control.proto.
+    doc: String,
+}
+
+/// The engine's reasons ([`Reason`]): the wire's without `Unspecified`,
+/// numbered from 0 as the counts are indexed.
+fn engine_reasons(reasons: &[EngineReason]) -> String {
+    let mut variants = String::new();
+    let mut all = String::new();
+    let mut kinds = String::new();
+    for (i, r) in reasons.iter().enumerate() {
+        for line in r.doc.lines() {
+            variants.push_str(&format!("\n    ///{line}"));
+        }
+        variants.push_str(&format!("\n    {} = {i},", r.variant));
+        all.push_str(&format!("\n        Reason::{},", r.variant));
+        kinds.push_str(&format!(
+            "\n            Reason::{} => RuleKind::{},",
+            r.variant, r.kind
+        ));
+    }
+    format!(
+        r#"
+/// Why a call was rejected, as the engine counts it: [`RejectReason`]
+/// without `Unspecified`, numbered from 0 (the index of its count in
+/// [`NAMES`] and [`Rejections::from_counts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {{{variants}
+}}
+
+impl Reason {{
+    /// How many reasons there are (array sizes).
+    pub const COUNT: usize = REASONS;
+
+    /// Every reason, in index order.
+    pub const ALL: [Reason; REASONS] = [{all}
+    ];
+
+    /// The kind of rule that rejects for this reason (control.proto's
+    /// `reason_kind`): `/metrics` shows a rule only its kind's reasons.
+    pub const fn kind(self) -> RuleKind {{
+        match self {{{kinds}
+        }}
+    }}
+
+    /// The snake_case name of `/metrics` labels and the decision log.
+    pub fn as_str(self) -> &'static str {{
+        NAMES[self as usize]
+    }}
+
+    /// The wire form.
+    pub fn to_proto(self) -> RejectReason {{
+        RejectReason::ALL[self as usize]
+    }}
+}}
+"#
+    )
+}
+
+/// The leading comment of `value` in its file, one line per line without
+/// the `//`; empty without one.
+fn comments(value: &EnumValueDescriptor) -> String {
+    let file = value.parent_file();
+    let info = file.file_descriptor_proto().source_code_info.as_ref();
+    info.and_then(|i| i.location.iter().find(|l| l.path == value.path()))
+        .and_then(|l| l.leading_comments.clone())
+        .unwrap_or_default()
+        .trim_end()
+        .to_owned()
 }

@@ -4,13 +4,15 @@
 //! `govc status`, the demo's summary, the TUI's history).
 //!
 //! A reason is declared once, in `control.proto`: a `uint64` field of
-//! `Rejections` and a `RejectReason` value of the same name and number. The
-//! build generates what follows from the two ([`REASONS`], [`NAMES`],
+//! `Rejections` and a `RejectReason` value of the same name and number,
+//! naming the kind of rule that rejects for it (`reason_kind`). The build
+//! generates what follows from the two ([`REASONS`], [`NAMES`],
 //! [`LABELS`], [`Rejections::by_reason`], [`Rejections::add`],
-//! [`Rejections::from_counts`], [`RejectReason::ALL`]) and refuses to build
-//! when they disagree, so no reader can leave a new reason's count out.
+//! [`Rejections::from_counts`], [`RejectReason::ALL`], and the engine's
+//! [`Reason`]) and refuses to build when they disagree, so no reader can
+//! leave a new reason's count out.
 
-use crate::v1::{RejectReason, Rejections};
+use crate::v1::{RejectReason, Rejections, RuleKind};
 
 include!(concat!(env!("OUT_DIR"), "/reasons.rs"));
 
