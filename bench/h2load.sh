@@ -8,8 +8,10 @@
 # request (utime+stime over the run); the summary gives medians of per-run ratios.
 #
 #   BEFORE_BIN=path/to/older/gov-agent RUNS=5 N=100000 bench/h2load.sh
+#   WORKERS=2 BEFORE_BIN=... bench/h2load.sh     # both agents with --worker-threads 2
 #
-# Placement: h2load on vCPU0; the upstream and the agent on vCPU1. Needs h2load
+# Placement: h2load on vCPU0; the upstream and the agent on vCPU1 (WORKERS=2: the
+# agent on both vCPUs, as bench/peers.sh places two workers). Needs h2load
 # (nghttp2-client). Results: stdout and $OUT (target/bench-h2load/results.tsv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +21,9 @@ N=${N:-100000}
 CONNS=${CONNS:-4}
 STREAMS=${STREAMS:-16}
 BEFORE_BIN=${BEFORE_BIN:-}
+WORKERS=${WORKERS:-1}
+AGENT_CPUS=1
+[ "$WORKERS" -gt 1 ] && AGENT_CPUS=0,1
 WORK=${WORK:-target/bench-h2load}
 OUT=${OUT:-$WORK/results.tsv}
 UP=127.0.0.1:18380
@@ -34,9 +39,9 @@ printf '\0\0\0\0\5hello' > "$WORK/grpc-body"
 taskset -c 1 "$LOAD" upstream "$UP" & pids+=($!)
 declare -A PORT=([gov]=18383 [gov-before]=18385) PID
 start() { # arm binary
-  GOV_LOG=warn taskset -c 1 "$2" --service hello --listen "127.0.0.1:${PORT[$1]}" \
+  GOV_LOG=warn taskset -c "$AGENT_CPUS" "$2" --service hello --listen "127.0.0.1:${PORT[$1]}" \
     --admin-listen "127.0.0.1:$((PORT[$1] + 1))" --upstream "$UP" --upstream-protocol downstream \
-    --worker-threads 1 --config "$WORK/policy.yaml" & pids+=($!)
+    --worker-threads "$WORKERS" --config "$WORK/policy.yaml" & pids+=($!)
   PID[$1]=$!
 }
 start gov "$AGENT_BIN"

@@ -34,6 +34,7 @@ mod serve;
 mod start;
 mod upgrade;
 mod upstream;
+pub mod workers;
 
 pub use mtls::{Caller, InboundMtls, MtlsError, OutboundMtls, PeerTls};
 pub use options::*;

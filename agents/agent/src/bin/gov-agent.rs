@@ -283,7 +283,10 @@ struct Args {
     max_keys_per_rule: u32,
 
     /// Runtime worker threads. 1 (the default) runs everything on one thread, which
-    /// is the cheapest for a sidecar sharing a core with its service.
+    /// is the cheapest for a sidecar sharing a core with its service. N above 1: N
+    /// threads serve the proxy's connections, each connection whole on one of them
+    /// (its own runtime, no work stealing, upstream connections kept per thread),
+    /// beside the thread of the agent's own tasks (control plane, admin).
     #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
     worker_threads: usize,
 
@@ -346,16 +349,18 @@ fn main() -> ExitCode {
         return ExitCode::from(EXIT_USAGE);
     }
 
-    let runtime = if args.worker_threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(args.worker_threads)
-            .enable_all()
-            .build()
-    };
+    // One thread: everything on it. More: the agent's own tasks on this
+    // one, the proxy's connections on that many workers, each with its own
+    // runtime (no work stealing; `sidecar::workers`).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    if args.worker_threads > 1
+        && let Err(error) = gov_agent::sidecar::workers::start(args.worker_threads)
+    {
+        gov_common::errln!("error: cannot start the worker threads: {error}");
+        return ExitCode::FAILURE;
+    }
     let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => {

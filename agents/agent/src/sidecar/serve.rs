@@ -43,20 +43,34 @@ use tokio_util::sync::CancellationToken;
 /// answer before it closes the connection (a dead peer or a stalled one).
 pub(crate) const H2_KEEPALIVE: Duration = Duration::from_secs(20);
 
+/// Where an accepted connection is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// On the accepting thread (the admin listener).
+    Here,
+    /// On the worker threads in turn, when there are some
+    /// ([`super::workers`]); else here.
+    Workers,
+}
+
 /// Serves `listener` until `stop` is cancelled, then drains for at most `drain` (read
 /// when the drain begins: a lifecycle `drain D` step sets it). `serve` is called once
-/// per connection and must finish the connection soon after `stop` is cancelled.
+/// per connection, on the thread `placement` gives it, and must finish the
+/// connection soon after `stop` is cancelled.
 pub(crate) async fn accept_loop<S, F>(
     name: &'static str,
     listener: TcpListener,
     stop: CancellationToken,
     drain: crate::lifecycle::DrainDeadline,
     open: Arc<Connections>,
+    placement: Placement,
     serve: S,
 ) where
-    S: Fn(TcpStream, SocketAddr) -> F,
+    S: Fn(TcpStream, SocketAddr) -> F + Send + Sync + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
+    let serve = Arc::new(serve);
+    let admit = |stream, peer| admit(name, stream, peer, &open, placement, &serve);
     loop {
         let accepted = tokio::select! {
             biased;
@@ -73,7 +87,7 @@ pub(crate) async fn accept_loop<S, F>(
                 continue;
             }
         };
-        admit(name, stream, peer, &open, &serve);
+        admit(stream, peer);
     }
 
     // The connects already in the listen backlog completed their handshake, and
@@ -90,7 +104,7 @@ pub(crate) async fn accept_loop<S, F>(
                         .set_nonblocking(true)
                         .and_then(|()| TcpStream::from_std(stream));
                     match stream {
-                        Ok(stream) => admit(name, stream, peer, &open, &serve),
+                        Ok(stream) => admit(stream, peer),
                         Err(error) => {
                             tracing::debug!(listener = name, %error, "cannot serve a connection of the backlog");
                         }
@@ -124,9 +138,10 @@ fn admit<S, F>(
     stream: TcpStream,
     peer: SocketAddr,
     open: &Arc<Connections>,
-    serve: &S,
+    placement: Placement,
+    serve: &Arc<S>,
 ) where
-    S: Fn(TcpStream, SocketAddr) -> F,
+    S: Fn(TcpStream, SocketAddr) -> F + Send + Sync + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
     let Some(guard) = open.enter(peer.ip()) else {
@@ -158,9 +173,35 @@ fn admit<S, F>(
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(listener = name, %error, "cannot set TCP_NODELAY");
     }
-    let conn = serve(stream, peer);
-    tokio::spawn(async move {
-        conn.await;
+    let worker = match placement {
+        Placement::Workers => super::workers::next(),
+        Placement::Here => None,
+    };
+    let Some(worker) = worker else {
+        let conn = serve(stream, peer);
+        tokio::spawn(async move {
+            conn.await;
+            drop(guard);
+        });
+        return;
+    };
+    // Registered again with the worker's own reactor, so that the worker
+    // alone polls it.
+    let stream = match stream.into_std() {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::debug!(listener = name, %error, "cannot hand a connection to a worker");
+            return;
+        }
+    };
+    let serve = serve.clone();
+    worker.spawn(async move {
+        match TcpStream::from_std(stream) {
+            Ok(stream) => serve(stream, peer).await,
+            Err(error) => {
+                tracing::debug!(listener = name, %error, "a worker cannot serve a connection");
+            }
+        }
         drop(guard);
     });
 }

@@ -144,6 +144,7 @@ pub(super) async fn serve_proxy(
         cx.stop.clone(),
         drain_deadline,
         conns,
+        serve::Placement::Workers,
         move |stream, peer| {
             let cx = cx.clone();
             async move {
@@ -207,6 +208,7 @@ pub(super) async fn serve_admin(
         admin_stop.clone(),
         crate::lifecycle::DrainDeadline::new(Duration::from_secs(1)),
         Arc::new(serve::Connections::new(MAX_ADMIN_CONNECTIONS, usize::MAX)),
+        serve::Placement::Here,
         move |stream, peer| {
             let admin = admin.clone();
             serve::serve_hyper(

@@ -42,3 +42,4 @@ mod slow_fuse;
 mod strict;
 mod tomcat;
 mod websocket;
+mod workers;

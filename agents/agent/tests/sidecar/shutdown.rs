@@ -16,10 +16,25 @@ use crate::support::{binary, http, ms, upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_loses_no_accepted_request() {
+    sigterm_under_load(1).await;
+}
+
+/// The same with two worker threads: connections served on the workers,
+/// the accept loop and the drain on the agent's own thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_on_worker_threads_loses_no_accepted_request() {
+    sigterm_under_load(2).await;
+}
+
+async fn sigterm_under_load(workers: usize) {
     let up = upstream().fast("/fast", ms(1)).gated("/slow").start().await;
     // A drain deadline far above anything this test waits for: an agent that waits
     // it out instead of finishing when its connections are done fails `wait` below.
-    let agent = binary().upstream(&up).drain(ms(60_000)).spawn();
+    let agent = binary()
+        .upstream(&up)
+        .workers(workers)
+        .drain(ms(60_000))
+        .spawn();
 
     // Bounded load: 8 clients, at most 2,000 requests each, each request on a fresh
     // connection, so that a failure is either a refused connect (the agent never saw

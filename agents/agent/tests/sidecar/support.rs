@@ -836,10 +836,12 @@ pub fn binary() -> BinaryBuilder {
         state_dir: None,
         log_beside_config: false,
         close_stderr: false,
+        workers: 1,
     }
 }
 
 pub struct BinaryBuilder {
+    workers: usize,
     upstream: Option<SocketAddr>,
     drain: Duration,
     config: Option<String>,
@@ -849,6 +851,13 @@ pub struct BinaryBuilder {
 }
 
 impl BinaryBuilder {
+    /// `--worker-threads`: above 1, each connection is served on one of that
+    /// many threads, each with its own runtime.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+
     /// Where the agent keeps its latches (`--state-dir`).
     pub fn state_dir(mut self, dir: &Path) -> Self {
         self.state_dir = Some(dir.to_owned());
@@ -896,6 +905,7 @@ impl BinaryBuilder {
             .args(["--admin-listen", "127.0.0.1:0"])
             .args(["--upstream", &upstream.to_string()])
             .args(["--drain-timeout", &format!("{}ms", self.drain.as_millis())])
+            .args(["--worker-threads", &self.workers.to_string()])
             .env("GOV_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -1033,6 +1043,11 @@ impl Process {
     }
 
     /// Its resident set size in KiB (`VmRSS`), while it runs.
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn rss_kib(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
         let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;

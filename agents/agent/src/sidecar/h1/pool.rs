@@ -27,20 +27,24 @@ const IDLE_FOR: Duration = Duration::from_secs(90);
 /// request to an upstream; after that it keeps its own.
 #[derive(Debug, Default)]
 pub(crate) struct IdlePool {
-    conns: Mutex<Vec<(Upstream, Instant)>>,
+    /// Each with the worker thread that drives it (`sidecar::workers`: 0
+    /// without workers) and since when it is idle.
+    conns: Mutex<Vec<(Upstream, usize, Instant)>>,
 }
 
 impl IdlePool {
     /// A live idle connection to `authority`, most recent first.
+    /// Only one the calling worker drives: its reads and writes stay on it.
     pub(crate) fn take(&self, authority: &Authority) -> Option<Upstream> {
+        let worker = crate::sidecar::workers::index();
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        conns.retain(|(_, since)| now.saturating_duration_since(*since) < IDLE_FOR);
+        conns.retain(|(_, _, since)| now.saturating_duration_since(*since) < IDLE_FOR);
         while let Some(i) = conns
             .iter()
-            .rposition(|(u, _)| u.authority.as_str() == authority.as_str())
+            .rposition(|(u, w, _)| *w == worker && u.authority.as_str() == authority.as_str())
         {
-            let (mut upstream, _) = conns.swap_remove(i);
+            let (mut upstream, _, _) = conns.swap_remove(i);
             if upstream.alive() {
                 return Some(upstream);
             }
@@ -56,7 +60,7 @@ impl IdlePool {
         if conns.len() >= MAX_IDLE {
             conns.remove(0);
         }
-        conns.push((upstream, Instant::now()));
+        conns.push((upstream, crate::sidecar::workers::index(), Instant::now()));
     }
 }
 

@@ -66,7 +66,7 @@ impl std::error::Error for SendError {
 /// send `B` bodies.
 pub(crate) struct Http2Client<C, B> {
     connector: C,
-    hosts: Arc<Mutex<HashMap<Authority, Host<B>>>>,
+    hosts: Arc<Hosts<B>>,
 }
 
 impl<C: Clone, B> Clone for Http2Client<C, B> {
@@ -116,7 +116,11 @@ impl Drop for OpenStream {
     }
 }
 
-type Hosts<B> = Mutex<HashMap<Authority, Host<B>>>;
+type Hosts<B> = Mutex<HashMap<HostKey, Host<B>>>;
+
+/// A set of connections: the worker thread that drives them (0 without
+/// workers: `sidecar::workers`) and the upstream address.
+type HostKey = (usize, Authority);
 
 impl<C, B> Http2Client<C, B>
 where
@@ -135,7 +139,7 @@ where
         }
     }
 
-    fn hosts(&self) -> MutexGuard<'_, HashMap<Authority, Host<B>>> {
+    fn hosts(&self) -> MutexGuard<'_, HashMap<HostKey, Host<B>>> {
         lock(&self.hosts)
     }
 
@@ -149,6 +153,8 @@ where
     ) -> Result<(Response<Incoming>, OpenStream), SendError> {
         // A request handed back unsent (its connection was closing) is sent
         // once more; a connect that succeeded lets the pick go round again.
+        // The calling worker's own connections (`sidecar::workers`).
+        let to: HostKey = (crate::sidecar::workers::index(), to);
         let mut resent = false;
         for _ in 0..4 {
             let picked = {
@@ -208,15 +214,15 @@ where
     }
 
     /// Opens a connection to `to` and adds it to the address's set.
-    async fn connect(&self, to: &Authority) -> Result<(), Arc<str>> {
-        let opened = self.open(to).await;
+    async fn connect(&self, to: &HostKey) -> Result<(), Arc<str>> {
+        let opened = self.open(&to.1).await;
         let mut hosts = self.hosts();
         let host = hosts.entry(to.clone()).or_default();
         host.connecting = None;
         let (send, conn) = match opened {
             Ok(opened) => opened,
             Err(error) => {
-                tracing::debug!(%error, upstream = %to, "cannot open an HTTP/2 connection");
+                tracing::debug!(%error, upstream = %to.1, "cannot open an HTTP/2 connection");
                 if host.conns.is_empty() {
                     hosts.remove(to);
                 }
@@ -242,7 +248,7 @@ where
                 tokio::select! {
                     closed = &mut conn => {
                         if let Err(error) = closed {
-                            tracing::debug!(%error, upstream = %to, "an HTTP/2 upstream connection failed");
+                            tracing::debug!(%error, upstream = %to.1, "an HTTP/2 upstream connection failed");
                         }
                         break;
                     }
@@ -312,7 +318,7 @@ impl<B> Host<B> {
 
     /// Whether connection `id` of `to` has been idle since the last check
     /// (then it leaves the set, and its task closes it).
-    fn idle(hosts: &std::sync::Weak<Hosts<B>>, to: &Authority, id: u64) -> bool {
+    fn idle(hosts: &std::sync::Weak<Hosts<B>>, to: &HostKey, id: u64) -> bool {
         let Some(hosts) = hosts.upgrade() else {
             return true;
         };
@@ -333,7 +339,7 @@ impl<B> Host<B> {
 
     /// Drops connection `id` of `to` from the set, and the address when it has
     /// no connection left.
-    fn remove(hosts: &mut HashMap<Authority, Host<B>>, to: &Authority, id: u64) {
+    fn remove(hosts: &mut HashMap<HostKey, Host<B>>, to: &HostKey, id: u64) {
         if let Some(host) = hosts.get_mut(to) {
             host.conns.retain(|slot| slot.id != id);
             if host.conns.is_empty() && host.connecting.is_none() {
