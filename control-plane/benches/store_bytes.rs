@@ -6,7 +6,9 @@
 //!
 //! Since each service's compiled config is a part of its own
 //! (`store/targets.rs`), an apply that changes one service writes that
-//! service's config, not every service's.
+//! service's config, not every service's; since the policy part names the
+//! services' list and the apply that wrote the configs, not each config,
+//! the bytes of such an apply do not depend on the number of services.
 //!
 //! For each number of services: a compiled policy of that many services
 //! (a match, a bulkhead, a fuse and a limit each) in force, with HISTORY

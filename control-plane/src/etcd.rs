@@ -8,8 +8,9 @@
 //!   `PREFIX/revision`, conditioned on that key's mod revision
 //!   (compare-and-swap): of two replicas writing from one revision, the
 //!   loser reloads. A new latch writes its part and `PREFIX/revision`. New
-//!   source texts and services' configs go just before (content-addressed:
-//!   harmless if the write fails), removals past one txn after (`txn.rs`).
+//!   source texts, services' configs and lists go just before (not read
+//!   until a commit names them), in transactions conditioned on the same
+//!   revision, removals past one txn after (`txn.rs`).
 //! - `PREFIX/state`: the whole state in one value, as earlier releases kept
 //!   it (`crate::store::legacy`): read while `PREFIX/revision` does not
 //!   exist, converted to parts at start ([`EtcdStore::load_converted`]).
@@ -49,7 +50,7 @@ use client::{Client, ConnectOptions, EtcdError};
 pub use config::EtcdConfig;
 use config::etcd_error;
 pub use tls::EtcdTlsFiles;
-use txn::{Split, batches, mod_revisions, removals, split, state_of, txn_op};
+use txn::{Split, batches, found, mod_revisions, removals, split, state_of, txn_op};
 
 /// Each etcd call gives up after this (the store is then unavailable, and
 /// the caller says so).
@@ -245,6 +246,9 @@ impl EtcdStore {
         if legacy {
             when.push(Compare::create_revision_is(rev_key.as_str(), 0));
         }
+        // What goes before the commit lands only while the state is still
+        // the one the commit is made from (`txn::split`).
+        let unchanged = when.clone();
         if fence == Fence::Leader {
             let rev = self.leader_rev.load(Ordering::SeqCst);
             if rev == 0 {
@@ -257,7 +261,7 @@ impl EtcdStore {
         }
         // The commit's own: `PREFIX/revision`, the legacy value's removal.
         let Split { pre, main, after } =
-            split(&plan.ops, 1 + usize::from(legacy)).map_err(|puts| {
+            split(&plan.ops, plan.first, 1 + usize::from(legacy)).map_err(|puts| {
                 self.error(
                     "write the state",
                     EtcdError::Invalid(format!(
@@ -266,16 +270,8 @@ impl EtcdStore {
                 )
             })?;
         let mut bytes = 0;
-        for batch in batches(&pre) {
-            let ops: Vec<RequestOp> = batch
-                .iter()
-                .map(|op| txn_op(&self.config, op, &mut bytes))
-                .collect();
-            let response = self
-                .txn(TxnRequest::default().and_then(ops), "write the state")
-                .await?;
-            debug_assert!(response.succeeded);
-        }
+        self.write_before(&pre, unchanged, expected, legacy, &mut bytes)
+            .await?;
         let mut ops: Vec<RequestOp> = main
             .iter()
             .map(|op| txn_op(&self.config, op, &mut bytes))
@@ -293,13 +289,7 @@ impl EtcdStore {
         let response = self.txn(txn, "write the state").await?;
         if !response.succeeded {
             self.written.fetch_add(bytes as u64, Ordering::SeqCst);
-            let [revision, legacy_rev] = mod_revisions(&response);
-            let found = if legacy {
-                revision.or(legacy_rev)
-            } else {
-                revision
-            }
-            .unwrap_or(0);
+            let found = found(&response, legacy);
             if found == expected {
                 // The state was as expected: the leader key was not ours.
                 self.set_leader(0);
@@ -328,6 +318,45 @@ impl EtcdStore {
         }
         self.written.fetch_add(bytes as u64, Ordering::SeqCst);
         Ok((revision, left))
+    }
+}
+
+impl EtcdStore {
+    /// Writes `pre`, what a write puts (and removes) before its commit, in
+    /// transactions that land only while the state is still the one the
+    /// commit is made from (`unchanged`); [`Error::Conflict`] otherwise.
+    async fn write_before(
+        &self,
+        pre: &[&parts::Op],
+        unchanged: Vec<Compare>,
+        expected: Revision,
+        legacy: bool,
+        bytes: &mut usize,
+    ) -> Result<(), Error> {
+        let (rev_key, legacy_key) = (self.config.key("revision"), self.config.key("state"));
+        for batch in batches(pre) {
+            let ops: Vec<RequestOp> = batch
+                .iter()
+                .map(|op| txn_op(&self.config, op, bytes))
+                .collect();
+            let txn = TxnRequest::default()
+                .when(unchanged.clone())
+                .and_then(ops)
+                .or_else(vec![
+                    RequestOp::get(rev_key.as_str()),
+                    RequestOp::get(legacy_key.as_str()),
+                ]);
+            let response = self.txn(txn, "write the state").await?;
+            if !response.succeeded {
+                self.written.fetch_add(*bytes as u64, Ordering::SeqCst);
+                return Err(Error::Conflict {
+                    store: self.describe(),
+                    expected,
+                    found: found(&response, legacy),
+                });
+            }
+        }
+        Ok(())
     }
 }
 

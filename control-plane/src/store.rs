@@ -259,7 +259,7 @@ impl DirStore {
             return Ok(());
         }
         let legacy = stored.legacy.then(|| self.state_path());
-        match files::write(&self.dir, &plan.ops, legacy.as_deref()) {
+        match files::write(&self.dir, &plan.ops, plan.first, legacy.as_deref()) {
             Ok(left) => {
                 self.written.fetch_add(plan.bytes(), SeqCst);
                 *stored = plan.stored;
@@ -357,9 +357,9 @@ impl Store for DirStore {
             let legacy = self.stored().legacy.then(|| self.state_path());
             if !plan.is_empty() || legacy.is_some() {
                 let dir = self.dir.clone();
-                let ops = plan.ops.clone();
+                let (ops, first) = (plan.ops.clone(), plan.first);
                 let written = tokio::task::spawn_blocking(move || {
-                    files::write(&dir, &ops, legacy.as_deref())
+                    files::write(&dir, &ops, first, legacy.as_deref())
                 })
                 .await
                 .map_err(|e| blocking_failed("write", &self.dir, e))
@@ -634,12 +634,13 @@ mod tests {
             names,
             [
                 "agents.jsonl",
+                "config",
                 "history",
                 "history",
                 "latch",
                 "policy.json",
                 "release",
-                "target",
+                "services",
                 "text",
                 "text"
             ]
@@ -699,7 +700,7 @@ mod tests {
             .unwrap()
             .filter(|e| {
                 let name = e.as_ref().unwrap().file_name();
-                name.to_str().unwrap().starts_with("target-")
+                name.to_str().unwrap().starts_with("config-")
             })
             .count();
         assert_eq!(configs, 1);
@@ -711,6 +712,88 @@ mod tests {
         assert_eq!(back_policy.bundle, policy.bundle);
         assert_eq!(back.history.len(), 2);
         assert_eq!(back.latches, state.latches);
+    }
+
+    /// The names of the files of `dir`, each up to its first `-`.
+    fn kinds(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .map(|n| n.split('-').next().unwrap().to_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// `tests/fixtures/targets-state/` was written by the govd of the
+    /// layout before this one (the parts-state fixture, applied again with
+    /// a second service): `policy.json` lists every service's config by
+    /// content address (`target-HEX.json`). It loads as it is; the next
+    /// write writes the services' list and a config part each, and removes
+    /// the `target-` parts once `policy.json` no longer names them.
+    #[test]
+    fn a_state_directory_with_listed_config_addresses_loads_and_the_next_write_converts_it() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/targets-state");
+        let dir = tempfile::tempdir().unwrap();
+        for e in fs::read_dir(&fixture).unwrap() {
+            let e = e.unwrap();
+            fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+        }
+        let store = DirStore::open(dir.path()).unwrap();
+        let state = store.load_now().unwrap().state;
+        assert_eq!(store.bytes_written(), 0, "read as it is");
+        let policy = state.applied.clone().unwrap();
+        assert_eq!(
+            (policy.version.as_str(), policy.who.as_str()),
+            ("0132180f030b77d8", "bob")
+        );
+        let services: Vec<&str> = policy
+            .bundle
+            .targets
+            .iter()
+            .map(|t| t.service.as_str())
+            .collect();
+        assert_eq!(services, ["fixture_order", "fixture_pay"]);
+        assert!(policy.bundle.targets.iter().all(|t| !t.rules.is_empty()));
+        assert_eq!(state.history.len(), 2);
+        assert_eq!(
+            (
+                state.latches.len(),
+                state.releases.len(),
+                state.agents.len()
+            ),
+            (1, 1, 1)
+        );
+        // Any write converts it (here the latch's end).
+        let mut next = state.clone();
+        next.latches.clear();
+        store.save(&next).unwrap();
+        assert_eq!(
+            kinds(dir.path()),
+            [
+                "agents.jsonl",
+                "config",
+                "config",
+                "history",
+                "history",
+                "policy.json",
+                "release",
+                "services",
+                "text",
+                "text"
+            ]
+        );
+        let policy_part = fs::read_to_string(dir.path().join("policy.json")).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&policy_part).unwrap();
+        assert!(value["targets"].is_object(), "{policy_part}");
+        let back = DirStore::open(dir.path()).unwrap().load().unwrap();
+        let back_policy = back.applied.unwrap();
+        assert_eq!(back_policy.bundle, policy.bundle);
+        assert_eq!(back_policy.sources, policy.sources);
+        assert_eq!(back.history.len(), 2);
+        assert!(back.latches.is_empty());
+        assert_eq!(back.releases, state.releases);
+        assert_eq!(back.agents, state.agents);
     }
 
     #[test]

@@ -45,23 +45,48 @@ pub(super) fn mod_revisions(response: &TxnResponse) -> [Option<Revision>; 2] {
     [found.next().flatten(), found.next().flatten()]
 }
 
-/// A write's operations: the new source texts and services' configs (and history entries, when
-/// the commit would hold too many) before the commit, the commit's, and
-/// the removals that do not fit in it, after.
+/// The revision of the state a refused write found: `PREFIX/revision`'s,
+/// or while converting the `legacy` value, that value's until the parts
+/// exist (0: neither).
+pub(super) fn found(response: &TxnResponse, legacy: bool) -> Revision {
+    let [revision, legacy_rev] = mod_revisions(response);
+    if legacy {
+        revision.or(legacy_rev)
+    } else {
+        revision
+    }
+    .unwrap_or(0)
+}
+
+/// A write's operations: the removals the plan makes first, the new source
+/// texts, services' configs and lists (and history entries, when the
+/// commit would hold too many) before the commit, the commit's, and the
+/// removals that do not fit in it, after. What goes before the commit is
+/// written in transactions conditioned on the revision the commit is
+/// (`EtcdStore::write`): none lands once another replica committed, so a
+/// replica that reads the state after a commit sees every part written
+/// before it.
 pub(super) struct Split<'a> {
     pub pre: Vec<&'a Op>,
     pub main: Vec<&'a Op>,
     pub after: Vec<&'a Op>,
 }
 
-/// Splits `ops` for a commit that has `fixed` operations of its own; the
-/// number of puts when they do not fit in one transaction.
-pub(super) fn split(ops: &[Op], fixed: usize) -> Result<Split<'_>, usize> {
+/// Splits `ops` (the first `first` of them removals to make before the
+/// rest) for a commit that has `fixed` operations of its own; the number
+/// of puts when they do not fit in one transaction.
+pub(super) fn split(ops: &[Op], first: usize, fixed: usize) -> Result<Split<'_>, usize> {
     let (mut pre, mut main, mut removals) = (Vec::new(), Vec::new(), Vec::new());
-    for op in ops {
+    pre.extend(&ops[..first.min(ops.len())]);
+    for op in &ops[first.min(ops.len())..] {
         match op {
-            // Content-addressed: nothing names them before the commit.
-            Op::Put(name, _) if name.starts_with("text-") || name.starts_with("target-") => {
+            // Content-addressed, or named by the write that puts them:
+            // nothing the store's policy commits reads them before the commit.
+            Op::Put(name, _)
+                if ["text-", "config-", "services-"]
+                    .iter()
+                    .any(|p| name.starts_with(p)) =>
+            {
                 pre.push(op)
             }
             Op::Put(..) => main.push(op),

@@ -43,17 +43,27 @@ pub(super) fn read_parts(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, Error> {
 /// Writes `ops` in order, each put atomically, then syncs the directory
 /// once after removals (so that they survive a crash too), then removes
 /// `legacy` (the file the parts replace) when named. A put that fails fails
-/// the write; a removal that fails is logged and returned (to try again
-/// with the next write: what is left is repaired at load, `parts.rs`).
-pub(super) fn write(dir: &Path, ops: &[Op], legacy: Option<&Path>) -> Result<Vec<String>, Error> {
+/// the write, and so does one of the `first` removals (made before the
+/// puts, `parts::Plan::first`); another removal that fails is logged and
+/// returned (to try again with the next write: what is left is repaired at
+/// load, `parts.rs`).
+pub(super) fn write(
+    dir: &Path,
+    ops: &[Op],
+    first: usize,
+    legacy: Option<&Path>,
+) -> Result<Vec<String>, Error> {
     let mut removed = false;
     let mut left = Vec::new();
-    for op in ops {
+    for (i, op) in ops.iter().enumerate() {
         match op {
             Op::Put(name, bytes) => write_atomic(&dir.join(name), bytes)?,
             Op::Delete(name) => match fs::remove_file(dir.join(name)) {
                 Ok(()) => removed = true,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) if i < first => {
+                    return Err(StateIo::new("remove", &dir.join(name), source).into());
+                }
                 Err(error) => {
                     tracing::warn!(part = %name, %error, "cannot remove a part of the state directory; trying again with the next write");
                     left.push(name.clone());

@@ -5,8 +5,9 @@
 //!
 //! | part | holds |
 //! |---|---|
-//! | `policy.json` | the policy in force: version, who, when, its sources by content address, the compiled bundle's version and its services' configs by content address |
-//! | `target-HEX.json` | one service's compiled config, by the sha256 of its contents (`targets.rs`); written once, removed when the policy in force no longer names it |
+//! | `policy.json` | the policy in force: version, who, when, its sources by content address, the compiled bundle's version, its services' list and the number and id of the write that put it |
+//! | `config-KEY-SEQ-WRITE.json` | one service's compiled config (`targets.rs`): written by the applies that change it, removed when a newer one replaces it |
+//! | `services-HEX.json` | the services' names, in the bundle's order, by the sha256 of its contents (`targets.rs`) |
 //! | `history-UNIXMS-VERSION.json` | one applied version: who, when, the services it changed, its sources by content address |
 //! | `text-HEX.json` | one distinct source text (a JSON string), by the sha256 of its text; written once, removed with the last entry that names it |
 //! | `latch-ID.json` | one tripped fuse or engaged limit (`ID`: a hash of its kind, rule and key) |
@@ -16,9 +17,11 @@
 //! A write is a [`Plan`]: its puts in the order that keeps every prefix of
 //! them loadable (texts, services' configs, history entries, releases,
 //! latches, the canary, then the policy, the commit point of an apply),
-//! then its removals. A `policy.json` written before the configs had parts
-//! of their own holds the whole bundle: it is read as it is, and the next
-//! apply writes the new layout.
+//! then its removals; the removals of config parts the policy in force does
+//! not commit come first (`targets.rs`). A `policy.json` of the layouts
+//! before (the whole bundle inline, then the configs' content addresses
+//! listed, 35 bytes a service) is read as it is, and the next write
+//! writes the layout of today.
 //! Loading repairs what a write cut short leaves: history entries after the
 //! one of the policy in force (an apply that never reached its commit point)
 //! and latches a release covers (a release whose removals did not run) are
@@ -32,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use super::model::{
     AppliedPolicy, HistoryEntry, Persisted, Source, SourceRef, StoredCanary, content_address,
 };
-use super::targets::{self, TARGET};
+use super::targets::{self, CONFIG, Committed, SERVICES, TARGET, TargetsIn};
 use crate::error::Error;
 use crate::latch::{Latch, LatchKind, Released};
 
@@ -49,7 +52,7 @@ const JSON: &str = ".json";
 pub fn is_part(name: &str) -> bool {
     name == POLICY
         || name == CANARY
-        || ([HISTORY, TEXT, TARGET, LATCH, RELEASE]
+        || ([HISTORY, TEXT, TARGET, CONFIG, SERVICES, LATCH, RELEASE]
             .iter()
             .any(|p| name.starts_with(p))
             && name.ends_with(JSON))
@@ -82,11 +85,11 @@ pub struct Stored {
     policy: Option<(String, String, u64)>,
     /// The text parts the policy names.
     policy_texts: Vec<String>,
-    /// The config parts the policy names, in its bundle's order (empty:
-    /// a policy part of the layout before them, its bundle inline).
-    policy_targets: Vec<String>,
-    /// Config parts (`targets.rs`).
-    targets: BTreeSet<String>,
+    /// The configs of the policy in force (`None`: unknown, or a layout
+    /// before: the next policy write writes every one).
+    configs: Option<Committed>,
+    /// The config and list parts (`targets.rs`), of any layout.
+    bundle_parts: BTreeSet<String>,
     /// History entries: the text parts each names.
     history: BTreeMap<String, Vec<String>>,
     texts: BTreeSet<String>,
@@ -117,11 +120,14 @@ impl Stored {
             let Op::Put(name, _) = op else { continue };
             self.history.remove(name);
             self.texts.remove(name);
-            self.targets.remove(name);
+            self.bundle_parts.remove(name);
             self.latches.remove(name);
             self.releases.remove(name);
-            if name == POLICY {
+            if name == POLICY || name.starts_with(CONFIG) || name.starts_with(SERVICES) {
+                // Its configs may be in force or not: the next policy
+                // write writes every one, above any `SEQ` written.
                 self.policy = None;
+                self.configs = None;
             }
             if name == CANARY {
                 self.canary = None;
@@ -140,7 +146,7 @@ impl Stored {
         self.history
             .keys()
             .chain(&self.texts)
-            .chain(&self.targets)
+            .chain(&self.bundle_parts)
             .chain(self.latches.keys())
             .chain(self.releases.keys())
             .chain(&self.others)
@@ -152,6 +158,9 @@ impl Stored {
 #[derive(Debug)]
 pub struct Plan {
     pub ops: Vec<Op>,
+    /// How many of `ops`, first, are removals that must be made before
+    /// its puts (a write that cannot make them fails).
+    pub first: usize,
     pub stored: Stored,
 }
 
@@ -183,8 +192,8 @@ struct PolicyOut<'a> {
     at_unix_ms: u64,
     sources: Vec<SourceRef>,
     bundle_version: &'a str,
-    /// Each service's config part (`targets::id`), in the bundle's order.
-    targets: Vec<&'a str>,
+    /// The services' list and the write that put their configs.
+    targets: &'a targets::Configs,
     #[serde(skip_serializing_if = "no_shadow")]
     shadow_since: &'a BTreeMap<String, u64>,
 }
@@ -201,7 +210,7 @@ struct PolicyIn {
     #[serde(default)]
     bundle_version: String,
     #[serde(default)]
-    targets: Vec<String>,
+    targets: TargetsIn,
     #[serde(default)]
     shadow_since: BTreeMap<String, u64>,
 }
@@ -353,32 +362,28 @@ pub fn plan(base: &Stored, next: &Persisted) -> Result<Plan, Error> {
     let mut policy_texts = Vec::new();
     if let Some(p) = &next.applied {
         let id = (p.version.clone(), p.who.clone(), p.at_unix_ms);
-        if known && base.policy.as_ref() == Some(&id) {
+        if known && base.policy.as_ref() == Some(&id) && base.configs.is_some() {
             policy_texts.clone_from(&base.policy_texts);
-            stored.policy_targets.clone_from(&base.policy_targets);
+            stored.configs.clone_from(&base.configs);
         } else {
-            let (sources, names) = refs(&p.sources, &mut have, &mut texts)?;
-            policy_texts = names;
-            stored.policy_targets = config_parts(&p.bundle, base, known, &mut configs)?;
-            let part = PolicyOut {
-                version: &p.version,
-                who: &p.who,
-                at_unix_ms: p.at_unix_ms,
-                sources,
-                bundle_version: &p.bundle.version,
-                targets: stored
-                    .policy_targets
-                    .iter()
-                    .map(|n| targets::id(n))
-                    .collect(),
-                shadow_since: &p.shadow_since,
+            let mut puts = Puts {
+                have: &mut have,
+                texts: &mut texts,
+                configs: &mut configs,
             };
-            tail.push(Op::Put(POLICY.to_owned(), json(&part)?));
+            let (names, held) = policy_part(p, base, known, &mut puts, &mut tail)?;
+            policy_texts = names;
+            stored.configs = Some(held);
         }
         stored.policy = Some(id);
         stored.policy_texts.clone_from(&policy_texts);
     }
-    stored.targets = stored.policy_targets.iter().cloned().collect();
+    stored.bundle_parts = stored
+        .configs
+        .iter()
+        .flat_map(targets::part_names)
+        .cloned()
+        .collect();
     // Texts still named by an entry or the policy.
     stored.texts = stored
         .history
@@ -393,11 +398,32 @@ pub fn plan(base: &Stored, next: &Persisted) -> Result<Plan, Error> {
     ops.append(&mut releases);
     ops.append(&mut latches);
     ops.append(&mut tail);
+    let (first, after) = gone(base, &stored, known);
+    let first_len = first.len();
+    let delete = |n: &String| Op::Delete(n.clone());
+    let mut ops: Vec<Op> = first.into_iter().map(delete).chain(ops).collect();
+    ops.extend(after.into_iter().map(delete));
+    if stored.canary.is_none() && (base.canary.is_some() || base.others.contains(CANARY)) {
+        ops.push(Op::Delete(CANARY.to_owned()));
+    }
+    if stored.policy.is_none() && (base.policy.is_some() || base.others.contains(POLICY)) {
+        ops.push(Op::Delete(POLICY.to_owned()));
+    }
+    Ok(Plan {
+        ops,
+        first: first_len,
+        stored,
+    })
+}
+
+/// The parts of `base` that `stored` no longer holds, in the order they are
+/// removed: those to remove before the plan's puts, and after them.
+fn gone<'a>(base: &'a Stored, stored: &Stored, known: bool) -> (Vec<&'a String>, Vec<&'a String>) {
     let keep: BTreeSet<&String> = stored
         .history
         .keys()
         .chain(&stored.texts)
-        .chain(&stored.targets)
+        .chain(&stored.bundle_parts)
         .chain(stored.latches.keys())
         .chain(stored.releases.keys())
         .collect();
@@ -407,43 +433,66 @@ pub fn plan(base: &Stored, next: &Persisted) -> Result<Plan, Error> {
         .collect();
     gone.sort_by(|a, b| removal_rank(a).cmp(&removal_rank(b)));
     gone.dedup();
-    ops.extend(gone.into_iter().map(|n| Op::Delete(n.clone())));
-    if stored.canary.is_none() && (base.canary.is_some() || base.others.contains(CANARY)) {
-        ops.push(Op::Delete(CANARY.to_owned()));
-    }
-    if stored.policy.is_none() && (base.policy.is_some() || base.others.contains(POLICY)) {
-        ops.push(Op::Delete(POLICY.to_owned()));
-    }
-    Ok(Plan { ops, stored })
+    // Config parts the store's policy does not commit go first: once the
+    // policy part is written, a later `SEQ` could commit them.
+    let held = base.configs.as_ref().filter(|_| known);
+    gone.into_iter()
+        .partition(|name| targets::remove_first(name, held))
 }
 
-/// The config parts of `bundle`'s services, in its order; the parts the
-/// store does not hold yet are put (into `puts`).
-fn config_parts(
-    bundle: &pb::Bundle,
+/// Where a plan collects what it puts: the text parts the store holds (or
+/// the plan puts), the new texts, the new configs.
+struct Puts<'a> {
+    have: &'a mut BTreeSet<String>,
+    texts: &'a mut Vec<Op>,
+    configs: &'a mut Vec<Op>,
+}
+
+/// The policy part of `p` put into `tail`, its texts and configs not in
+/// the store into `puts`: the text parts it names, and the configs the
+/// store holds then.
+fn policy_part(
+    p: &AppliedPolicy,
     base: &Stored,
     known: bool,
-    puts: &mut Vec<Op>,
-) -> Result<Vec<String>, Error> {
-    let mut names = Vec::with_capacity(bundle.targets.len());
-    let mut put = BTreeSet::new();
-    for target in &bundle.targets {
-        let (name, bytes) = targets::encode(target)?;
-        if !(known && base.targets.contains(&name)) && put.insert(name.clone()) {
-            puts.push(Op::Put(name.clone(), bytes));
-        }
-        names.push(name);
-    }
-    Ok(names)
+    puts: &mut Puts<'_>,
+    tail: &mut Vec<Op>,
+) -> Result<(Vec<String>, Committed), Error> {
+    let (sources, names) = refs(&p.sources, puts.have, puts.texts)?;
+    let write = targets::write_id(&p.version, &p.who, p.at_unix_ms);
+    let held = base.configs.as_ref().filter(|_| known);
+    let mut put = |name, bytes| puts.configs.push(Op::Put(name, bytes));
+    let held = targets::plan(&p.bundle, held, next_seq(base), write, &mut put)?;
+    let part = PolicyOut {
+        version: &p.version,
+        who: &p.who,
+        at_unix_ms: p.at_unix_ms,
+        sources,
+        bundle_version: &p.bundle.version,
+        targets: &held.configs,
+        shadow_since: &p.shadow_since,
+    };
+    tail.push(Op::Put(POLICY.to_owned(), json(&part)?));
+    Ok((names, held))
+}
+
+/// The `SEQ` of the next policy write: above every config part the store
+/// holds or may hold.
+fn next_seq(base: &Stored) -> u64 {
+    let seen = base
+        .names()
+        .filter_map(|n| targets::parse(n).map(|(_, seq, _)| seq));
+    let held = base.configs.iter().map(|c| c.configs.seq);
+    seen.chain(held).max().unwrap_or(0) + 1
 }
 
 /// Removals in this order: latches (a release's), releases, history
 /// entries, then texts and configs (no longer named by any).
 fn removal_rank(name: &str) -> (u8, &str) {
-    let rank = [LATCH, RELEASE, HISTORY, TEXT, TARGET]
+    let rank = [LATCH, RELEASE, HISTORY, TEXT, TARGET, CONFIG, SERVICES]
         .iter()
         .position(|p| name.starts_with(p))
-        .unwrap_or(5);
+        .map_or(5, |i| i.min(3));
     (u8::try_from(rank).unwrap_or(5), name)
 }
 
@@ -463,7 +512,7 @@ pub fn assemble(
         ..Persisted::default()
     };
     let mut texts: BTreeMap<String, String> = BTreeMap::new();
-    let mut configs: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut bundle_parts: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut entries: BTreeMap<String, HistoryEntry> = BTreeMap::new();
     let mut policy = None;
     for (name, bytes) in parts {
@@ -471,11 +520,14 @@ pub fn assemble(
             let text: String = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
             texts.insert(address, text);
             stored.texts.insert(name);
-        } else if name.starts_with(TARGET) {
+        } else if [TARGET, CONFIG, SERVICES]
+            .iter()
+            .any(|p| name.starts_with(p))
+        {
             // Read once the policy names it: a config part nothing names is
             // removed by the next write.
-            stored.targets.insert(name.clone());
-            configs.insert(name, bytes);
+            stored.bundle_parts.insert(name.clone());
+            bundle_parts.insert(name, bytes);
         } else if name.starts_with(HISTORY) {
             let entry: HistoryEntry = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
             entries.insert(name, entry);
@@ -493,9 +545,6 @@ pub fn assemble(
             let p: PolicyIn = serde_json::from_slice(&bytes).map_err(corrupt(&name))?;
             stored.policy = Some((p.version.clone(), p.who.clone(), p.at_unix_ms));
             stored.policy_texts = p.sources.iter().map(|r| text_name(&r.text)).collect();
-            if p.bundle.is_none() {
-                stored.policy_targets = p.targets.iter().map(|id| targets::name(id)).collect();
-            }
             policy = Some(p);
         }
     }
@@ -523,22 +572,24 @@ pub fn assemble(
         state.history.push(entry);
     }
     if let Some(p) = policy {
-        let bundle = match p.bundle {
-            Some(bundle) => bundle,
-            None => pb::Bundle {
-                version: p.bundle_version,
-                targets: stored
-                    .policy_targets
-                    .iter()
-                    .map(|name| match configs.get(name) {
-                        Some(bytes) => serde_json::from_slice(bytes).map_err(corrupt(name)),
-                        None => Err(Error::MissingConfig {
-                            path: place(POLICY),
-                            part: name.clone(),
-                        }),
-                    })
-                    .collect::<Result<_, _>>()?,
-            },
+        let missing = |part: String| Error::MissingConfig {
+            path: place(POLICY),
+            part,
+        };
+        let corrupt = |name: &str, e| corrupt(name)(e);
+        let (version, parts) = (p.bundle_version, &bundle_parts);
+        let bundle = match (p.bundle, p.targets) {
+            (None, TargetsIn::Parts(configs)) => {
+                let (bundle, held) =
+                    targets::assemble(version, configs, parts, &missing, &corrupt)?;
+                stored.configs = Some(held);
+                bundle
+            }
+            // The layouts before: rewritten by the next write.
+            (Some(bundle), _) => bundle,
+            (None, TargetsIn::Ids(ids)) => {
+                targets::listed(version, &ids, parts, &missing, &corrupt)?
+            }
         };
         state.applied = Some(AppliedPolicy {
             sources: resolve(POLICY, p.sources)?,
@@ -784,16 +835,19 @@ mod tests {
         let p = plan(&stored, &next).unwrap();
         stored.forget(&p.ops);
         // Given up: what it may have put goes, and the policy in force is
-        // put again (the failed write may have replaced it).
+        // put again with its services' list and configs (the failed write
+        // may have replaced it; here there are none).
         let back = plan(&stored, &state).unwrap();
         let names: Vec<&str> = back.ops.iter().map(Op::name).collect();
-        assert_eq!(names.len(), 3, "{names:?}");
-        assert!(matches!(&back.ops[0], Op::Put(n, _) if n == POLICY));
-        assert!(matches!(&back.ops[1], Op::Delete(n) if n.starts_with(HISTORY)));
-        assert!(matches!(&back.ops[2], Op::Delete(n) if n.starts_with(TEXT)));
-        // Tried again: put again.
+        assert_eq!(names.len(), 4, "{names:?}");
+        assert!(matches!(&back.ops[0], Op::Put(n, _) if n.starts_with(SERVICES)));
+        assert!(matches!(&back.ops[1], Op::Put(n, _) if n == POLICY));
+        assert!(matches!(&back.ops[2], Op::Delete(n) if n.starts_with(HISTORY)));
+        assert!(matches!(&back.ops[3], Op::Delete(n) if n.starts_with(TEXT)));
         let again = plan(&stored, &next).unwrap();
-        assert_eq!(again.ops.len(), p.ops.len());
+        // Tried again: put again, with the services' list (after a failed
+        // write, which configs the store holds is not known).
+        assert_eq!(again.ops.len(), p.ops.len() + 1);
     }
 
     #[test]
@@ -835,14 +889,22 @@ mod tests {
         next
     }
 
+    fn puts(p: &Plan) -> Vec<&str> {
+        p.ops
+            .iter()
+            .filter(|o| matches!(o, Op::Put(..)))
+            .map(Op::name)
+            .collect()
+    }
+
     #[test]
-    fn an_apply_that_changes_one_service_writes_its_config_alone_whatever_the_services() {
+    fn an_apply_that_changes_one_service_writes_the_same_bytes_whatever_the_services() {
         let mut writes = Vec::new();
         for n in [10, 1_000] {
             let (mut disk, state, stored) = stored_with(1);
             let first = with_bundle(state, "v1", 2_000, bundle(n, 1));
             let p = plan(&stored, &first).unwrap();
-            let configs = p.ops.iter().filter(|o| o.name().starts_with(TARGET));
+            let configs = p.ops.iter().filter(|o| o.name().starts_with(CONFIG));
             assert_eq!(configs.count(), n, "the first apply puts every config");
             run(&mut disk, &p.ops);
             let (back, stored) = load(&disk);
@@ -850,58 +912,103 @@ mod tests {
             let next = with_bundle(back, "v2", 3_000, bundle(n, 2));
             let p = plan(&stored, &next).unwrap();
             let names: Vec<&str> = p.ops.iter().map(Op::name).collect();
-            let puts: Vec<&str> = p
-                .ops
-                .iter()
-                .filter(|o| matches!(o, Op::Put(..)))
-                .map(Op::name)
-                .collect();
+            let puts = puts(&p);
             // The new small text, the changed service's config, the entry,
-            // the policy (last); the config it replaces goes.
+            // the policy (last); the set of services is the same, so its
+            // list is not written again; the config it replaces goes.
             assert_eq!(puts.len(), 4, "{names:?}");
-            assert!(puts[0].starts_with(TEXT) && puts[1].starts_with(TARGET));
+            assert!(puts[0].starts_with(TEXT) && puts[1].starts_with(CONFIG));
             assert!(puts[2].starts_with(HISTORY) && puts[3] == POLICY);
+            assert_eq!(p.first, 0);
             let gone: Vec<&str> = names[4..].to_vec();
-            assert!(gone.iter().any(|n| n.starts_with(TARGET)), "{gone:?}");
+            assert!(gone.iter().any(|n| n.starts_with(CONFIG)), "{gone:?}");
             assert!(p.ops[4..].iter().all(|o| matches!(o, Op::Delete(_))));
-            let policy_bytes = p.ops.iter().find(|o| o.name() == POLICY);
-            let Some(Op::Put(_, policy_bytes)) = policy_bytes else {
-                panic!("{names:?}")
-            };
-            writes.push((p.bytes(), policy_bytes.len() as u64));
+            writes.push(p.bytes());
             // Cut short before the policy: the old bundle is in force, and
-            // the next write removes the new config.
+            // the next write removes the new config before anything else.
             let commit = p.ops.iter().position(|o| o.name() == POLICY).unwrap();
             let mut cut = disk.clone();
             run(&mut cut, &p.ops[..commit]);
             let (back, stored_cut) = load(&cut);
             assert_eq!(back.applied.as_ref().unwrap().bundle, bundle(n, 1));
             let again = plan(&stored_cut, &back).unwrap();
-            assert!(
-                again
-                    .ops
-                    .iter()
-                    .any(|o| matches!(o, Op::Delete(n) if n.starts_with(TARGET))),
-                "{:?}",
-                again.ops
-            );
+            assert_eq!(again.first, 1, "{:?}", again.ops);
+            assert!(matches!(&again.ops[0], Op::Delete(n) if n.starts_with(CONFIG)));
             run(&mut disk, &p.ops);
             let (back, _) = load(&disk);
             assert_eq!(back.applied.unwrap().bundle, bundle(n, 2));
             assert_eq!(
-                disk.keys().filter(|k| k.starts_with(TARGET)).count(),
+                disk.keys().filter(|k| k.starts_with(CONFIG)).count(),
                 n,
                 "one config part per service"
             );
         }
-        // What grows with the services is the policy part's list of
-        // config ids (35 bytes a service), not their configs.
-        let ((small, small_policy), (large, large_policy)) = (writes[0], writes[1]);
-        assert!(
-            large - large_policy == small - small_policy,
-            "{writes:?}: only the policy part's size depends on the services"
+        assert_eq!(
+            writes[0], writes[1],
+            "bytes of the apply at 10 and 1,000 services"
         );
-        assert!(large_policy - small_policy <= 35 * 990, "{writes:?}");
+    }
+
+    /// A bundle of `n` services, `s0` at `a` and `s1` at `b`.
+    fn two(a: usize, b: usize) -> pb::Bundle {
+        let mut out = bundle(3, a);
+        out.targets[1] = bundle(3, b).targets.swap_remove(0);
+        out.targets[1].service = "s0001".into();
+        out
+    }
+
+    /// An apply cut short (or another replica's that lost) leaves a config
+    /// part of a `SEQ` the policy in force does not commit; a later apply
+    /// that does not change that service would commit it by its `SEQ`, so
+    /// it is removed first.
+    #[test]
+    fn a_config_an_apply_left_uncommitted_is_removed_before_a_later_apply_commits() {
+        let (mut disk, state, stored) = stored_with(1);
+        let v1 = with_bundle(state, "v1", 2_000, two(1, 1));
+        run(&mut disk, &plan(&stored, &v1).unwrap().ops);
+        let (back, stored) = load(&disk);
+        // Two applies from the same state: `lost` changes s0, `won` s1.
+        let lost = with_bundle(back.clone(), "v2", 3_000, two(2, 1));
+        let won = with_bundle(back, "v3", 3_001, two(1, 3));
+        let lost = plan(&stored, &lost).unwrap();
+        let won = plan(&stored, &won).unwrap();
+        let commit = lost.ops.iter().position(|o| o.name() == POLICY).unwrap();
+        run(&mut disk, &lost.ops[..commit]);
+        run(&mut disk, &won.ops);
+        let (back, stored) = load(&disk);
+        assert_eq!(back.applied.as_ref().unwrap().bundle, two(1, 3));
+        // A third apply, s1 again: the part `lost` left goes first.
+        let v4 = with_bundle(back, "v4", 4_000, two(1, 4));
+        let p = plan(&stored, &v4).unwrap();
+        assert_eq!(p.first, 1, "{:?}", p.ops);
+        let left = lost.ops.iter().find(|o| o.name().starts_with(CONFIG));
+        assert_eq!(p.ops[0], Op::Delete(left.unwrap().name().to_owned()));
+        let mut skipped = disk.clone();
+        run(&mut disk, &p.ops);
+        assert_eq!(load(&disk).0.applied.unwrap().bundle, two(1, 4));
+        // Without that removal, s0 would read as `lost` wrote it.
+        run(&mut skipped, &p.ops[1..]);
+        let read = load(&skipped).0.applied.unwrap().bundle;
+        assert_eq!(read.targets, two(2, 4).targets);
+    }
+
+    /// Adding or removing a service writes the list of services; a service
+    /// removed is removed from the store after the commit.
+    #[test]
+    fn the_list_of_services_is_written_when_the_set_changes() {
+        let (mut disk, state, stored) = stored_with(1);
+        let v1 = with_bundle(state, "v1", 2_000, bundle(3, 1));
+        run(&mut disk, &plan(&stored, &v1).unwrap().ops);
+        let (back, stored) = load(&disk);
+        let v2 = with_bundle(back, "v2", 3_000, bundle(2, 1));
+        let p = plan(&stored, &v2).unwrap();
+        let puts = puts(&p);
+        assert!(puts.iter().any(|n| n.starts_with(SERVICES)), "{puts:?}");
+        assert!(!puts.iter().any(|n| n.starts_with(CONFIG)), "{puts:?}");
+        run(&mut disk, &p.ops);
+        assert_eq!(load(&disk).0.applied.unwrap().bundle, bundle(2, 1));
+        assert_eq!(disk.keys().filter(|k| k.starts_with(CONFIG)).count(), 2);
+        assert_eq!(disk.keys().filter(|k| k.starts_with(SERVICES)).count(), 1);
     }
 
     #[test]
@@ -909,13 +1016,13 @@ mod tests {
         let (mut disk, state, stored) = stored_with(1);
         let next = with_bundle(state, "v1", 2_000, bundle(3, 1));
         run(&mut disk, &plan(&stored, &next).unwrap().ops);
-        let config = disk.keys().find(|k| k.starts_with(TARGET)).unwrap().clone();
-        disk.remove(&config);
-        let parts = disk.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
-        let err = assemble(parts, &|n| n.to_owned()).unwrap_err();
-        assert!(
-            matches!(&err, Error::MissingConfig { part, .. } if *part == config),
-            "{err}"
-        );
+        for prefix in [CONFIG, SERVICES] {
+            let mut disk = disk.clone();
+            let part = disk.keys().find(|k| k.starts_with(prefix)).unwrap().clone();
+            disk.remove(&part);
+            let parts = disk.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+            let err = assemble(parts, &|n| n.to_owned()).unwrap_err();
+            assert!(matches!(&err, Error::MissingConfig { .. }), "{err}");
+        }
     }
 }

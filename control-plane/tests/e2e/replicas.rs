@@ -155,7 +155,11 @@ impl Etcd {
 }
 
 async fn store(etcd: &Etcd, replica: &str, shutdown: &CancellationToken) -> Arc<EtcdStore> {
-    let config = EtcdConfig::parse(&etcd.url("store"), replica, Duration::from_secs(2)).unwrap();
+    store_at(&etcd.url("store"), replica, shutdown).await
+}
+
+async fn store_at(url: &str, replica: &str, shutdown: &CancellationToken) -> Arc<EtcdStore> {
+    let config = EtcdConfig::parse(url, replica, Duration::from_secs(2)).unwrap();
     EtcdStore::connect(config, shutdown.clone()).await.unwrap()
 }
 
@@ -180,6 +184,53 @@ fn with_version(version: &str) -> Persisted {
         }],
         ..Persisted::default()
     }
+}
+
+/// The parts a write puts before its commit (services' configs, named by
+/// the write) land only while the state is the one it was made from: the
+/// replica that loses a race leaves none of them, so no later write can
+/// read them as committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loser_of_two_applies_leaves_no_config_of_its_own() {
+    let etcd = Etcd::start().await;
+    let shutdown = CancellationToken::new();
+    let client = Client::connect(&etcd.endpoints(), &ConnectOptions::default()).unwrap();
+    let (a, b) = (
+        store(&etcd, "a", &shutdown).await,
+        store(&etcd, "b", &shutdown).await,
+    );
+    let (la, lb) = (a.load().await.unwrap(), b.load().await.unwrap());
+    let with_service = |version: &str, header: &str| {
+        let mut state = with_version(version);
+        if let Some(p) = state.applied.as_mut() {
+            p.bundle.targets.push(pb::TargetConfig {
+                service: "order".into(),
+                consumer_header: header.into(),
+                ..Default::default()
+            });
+        }
+        state
+    };
+    let won = a
+        .save(&with_service("va", "x-a"), la.revision, Fence::Any)
+        .await
+        .unwrap();
+    let lost = b
+        .save(&with_service("vb", "x-b"), lb.revision, Fence::Any)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(lost, gov_control_plane::Error::Conflict { found, .. } if found == won),
+        "{lost}"
+    );
+    let configs = RangeRequest::prefix("store/state/config-");
+    let configs = client.range(configs).await.unwrap();
+    assert_eq!(configs.kvs.len(), 1, "the loser's config is not in etcd");
+    assert!(String::from_utf8_lossy(&configs.kvs[0].value).contains("x-a"));
+    let back = b.load().await.unwrap();
+    let policy = back.state.applied.unwrap();
+    assert_eq!(policy.bundle.targets[0].consumer_header, "x-a");
+    shutdown.cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,8 +351,8 @@ async fn a_state_value_of_an_earlier_govd_loads_and_is_converted_to_parts() {
     let parts = client.range(keys_only).await.unwrap();
     assert_eq!(
         parts.kvs.len(),
-        8,
-        "policy, its one service's config, 2 entries, 2 texts, latch, release"
+        9,
+        "policy, its services' list, its one service's config, 2 entries, 2 texts, latch, release"
     );
 
     let b = store(&etcd, "b", &shutdown).await;
@@ -325,48 +376,72 @@ async fn a_state_value_of_an_earlier_govd_loads_and_is_converted_to_parts() {
 
 /// `tests/fixtures/parts-state/` is the state in parts as the govd before
 /// per-service config parts wrote it (`policy.json` holds the whole
-/// bundle): as etcd keys, it loads, and the next apply writes the service's
-/// config as a key of its own.
+/// bundle), `tests/fixtures/targets-state/` as the govd after it wrote it
+/// (`policy.json` lists each service's config by content address, a second
+/// service added): as etcd keys, each loads, and the next write writes each
+/// service's config as a key of its own and the list of services, and
+/// removes the keys of the layout before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parts_of_the_layout_before_config_parts_load_from_etcd() {
+async fn parts_of_the_layouts_before_load_from_etcd_and_are_converted() {
     let etcd = Etcd::start().await;
     let shutdown = CancellationToken::new();
     let client = Client::connect(&etcd.endpoints(), &ConnectOptions::default()).unwrap();
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parts-state");
-    for entry in std::fs::read_dir(&fixture).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name().into_string().unwrap();
-        if name.ends_with(".json") {
-            let value = std::fs::read(entry.path()).unwrap();
-            client
-                .put(format!("store/state/{name}"), value)
-                .await
-                .unwrap();
+    for (fixture, services) in [
+        ("parts-state", &["fixture_order"][..]),
+        ("targets-state", &["fixture_order", "fixture_pay"][..]),
+    ] {
+        let prefix = format!("store-{fixture}");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(fixture);
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name().into_string().unwrap();
+            if name.ends_with(".json") {
+                let value = std::fs::read(entry.path()).unwrap();
+                client
+                    .put(format!("{prefix}/state/{name}"), value)
+                    .await
+                    .unwrap();
+            }
         }
+        client
+            .put(format!("{prefix}/revision"), "parts 1")
+            .await
+            .unwrap();
+        let url = etcd.url(&prefix);
+        let a = store_at(&url, "a", &shutdown).await;
+        let loaded = a.load_converted().await.unwrap();
+        let policy = loaded.state.applied.clone().unwrap();
+        assert_eq!(policy.version, "0132180f030b77d8");
+        let names: Vec<&str> = policy
+            .bundle
+            .targets
+            .iter()
+            .map(|t| t.service.as_str())
+            .collect();
+        assert_eq!(names, services, "{fixture}");
+        assert!(policy.bundle.targets.iter().all(|t| !t.rules.is_empty()));
+        assert_eq!(loaded.state.history.len(), 2);
+        assert_eq!(loaded.state.latches.len(), 1);
+        assert_eq!(a.bytes_written(), 0, "read as it is");
+        let mut next = loaded.state.clone();
+        if let Some(p) = next.applied.as_mut() {
+            p.who = "carol".into();
+            p.at_unix_ms += 1;
+        }
+        a.save(&next, loaded.revision, Fence::Any).await.unwrap();
+        let keys = |kind: &str| RangeRequest::prefix(format!("{prefix}/state/{kind}-")).keys_only();
+        let configs = client.range(keys("config")).await.unwrap();
+        assert_eq!(configs.kvs.len(), services.len(), "{fixture}");
+        assert_eq!(client.range(keys("services")).await.unwrap().kvs.len(), 1);
+        assert!(client.range(keys("target")).await.unwrap().kvs.is_empty());
+        let back = store_at(&url, "b", &shutdown).await.load().await.unwrap();
+        let back_policy = back.state.applied.unwrap();
+        assert_eq!(back_policy.who, "carol");
+        assert_eq!(back_policy.bundle, policy.bundle);
+        assert_eq!(back.state.history.len(), 2);
     }
-    client.put("store/revision", "parts 1").await.unwrap();
-    let a = store(&etcd, "a", &shutdown).await;
-    let loaded = a.load_converted().await.unwrap();
-    let policy = loaded.state.applied.clone().unwrap();
-    assert_eq!(policy.version, "0132180f030b77d8");
-    assert_eq!(policy.bundle.targets.len(), 1);
-    assert_eq!(policy.bundle.targets[0].service, "fixture_order");
-    assert_eq!(loaded.state.history.len(), 2);
-    assert_eq!(loaded.state.latches.len(), 1);
-    assert_eq!(a.bytes_written(), 0, "read as it is");
-    let mut next = loaded.state.clone();
-    if let Some(p) = next.applied.as_mut() {
-        p.who = "bob".into();
-        p.at_unix_ms += 1;
-    }
-    a.save(&next, loaded.revision, Fence::Any).await.unwrap();
-    let keys_only = RangeRequest::prefix("store/state/target-").keys_only();
-    let configs = client.range(keys_only).await.unwrap();
-    assert_eq!(configs.kvs.len(), 1);
-    let back = store(&etcd, "b", &shutdown).await.load().await.unwrap();
-    let back_policy = back.state.applied.unwrap();
-    assert_eq!(back_policy.who, "bob");
-    assert_eq!(back_policy.bundle, policy.bundle);
     shutdown.cancel();
 }
 
