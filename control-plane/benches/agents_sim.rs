@@ -25,6 +25,10 @@
 //! that etcd (`--store`, a prefix of its own per run) instead of a state
 //! directory, and prints the bytes etcd's members received from clients per
 //! apply (their `/metrics`: the state, audit records, the agents' registry).
+//! `GOV_BENCH_APPLY_GAP_MS=N` (at most 10,000) waits N ms after each apply
+//! before the next, counted in that apply's etcd bytes (not its time or
+//! CPU): past govd's 250 ms debounce of agent-registry writes, each apply's
+//! registry write is its own, not shared with the applies around it.
 //!
 //! After the applies it prints the size of one `Status` answer (every
 //! agent's row, and the summary `govc status` asks for) and of the `Watch`
@@ -258,6 +262,10 @@ async fn main() {
         .ok()
         .map(|v| v.parse::<u64>().expect("GOV_BENCH_HOLD: seconds").min(3600));
     let etcd = std::env::var("GOV_BENCH_ETCD").ok();
+    let gap = std::env::var("GOV_BENCH_APPLY_GAP_MS")
+        .ok()
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .map_or(Duration::ZERO, |ms| Duration::from_millis(ms.min(10_000)));
     let store: [std::ffi::OsString; 2] = match &etcd {
         // A prefix of its own per run: no state of an earlier run.
         Some(etcd) => [
@@ -354,6 +362,7 @@ async fn main() {
         if i > 0 {
             times.push(elapsed);
             apply_cpu += cpu(pid) - c;
+            tokio::time::sleep(gap).await;
             etcd_bytes += etcd_received(etcd.as_deref()) - received;
         }
     }
@@ -385,8 +394,9 @@ async fn main() {
     );
     if etcd.is_some() {
         println!(
-            "etcd: {} bytes received from clients per apply (until all ACKed)",
-            etcd_bytes / applies.max(1) as u64
+            "etcd: {} bytes received from clients per apply (until all ACKed, then {} ms)",
+            etcd_bytes / applies.max(1) as u64,
+            gap.as_millis()
         );
     }
     // The agents' stats keep arriving during an apply, and an apply lasts

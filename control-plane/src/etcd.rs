@@ -14,8 +14,9 @@
 //! - `PREFIX/state`: the whole state in one value, as earlier releases kept
 //!   it (`crate::store::legacy`): read while `PREFIX/revision` does not
 //!   exist, converted to parts at start ([`EtcdStore::load_converted`]).
-//! - `PREFIX/agents/REPLICA`: the agents this replica has seen (each
-//!   replica writes its own key: no contention on what agents report).
+//! - `PREFIX/agents/REPLICA/SERVICE/INSTANCE[/v]`: the agents this replica
+//!   has seen, a record and a version key each (`agents.rs`: an ACK writes
+//!   its agent's version; each replica its own keys, no contention).
 //! - `PREFIX/audit/UNIXMS-REPLICA-SEQ`: one audit record each, created once
 //!   and never rewritten.
 //! - `PREFIX/leader`: the leader's name, attached to its lease. A replica
@@ -25,6 +26,7 @@
 //!   create revision, so a replica whose lease expired (a long pause, a
 //!   partition) cannot write as the leader any more, whatever it believes.
 
+mod agents;
 pub mod client;
 mod config;
 mod tls;
@@ -41,7 +43,7 @@ use crate::audit::{Page, Query};
 use crate::error::Error;
 use crate::store::parts::{self, Stored};
 use crate::store::{
-    AuditEntry, Fence, KnownAgent, Loaded, Persisted, Revision, Store, StoreFuture,
+    AgentChanges, AuditEntry, Fence, KnownAgent, Loaded, Persisted, Revision, Store, StoreFuture,
 };
 use client::pb::etcdserverpb::{
     Compare, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse,
@@ -50,7 +52,7 @@ use client::{Client, ConnectOptions, EtcdError};
 pub use config::EtcdConfig;
 use config::etcd_error;
 pub use tls::EtcdTlsFiles;
-use txn::{Split, batches, found, mod_revisions, removals, split, state_of, txn_op};
+use txn::{MAX_OPS, Split, batches, found, mod_revisions, removals, split, state_of, txn_op};
 
 /// Each etcd call gives up after this (the store is then unavailable, and
 /// the caller says so).
@@ -83,6 +85,8 @@ pub struct EtcdStore {
     stored: std::sync::Mutex<(Revision, Stored)>,
     /// Bytes of the shared state written (keys and values), for benchmarks.
     written: AtomicU64,
+    /// This replica's agents as etcd holds them (`agents.rs`).
+    agents: std::sync::Mutex<agents::Written>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -120,6 +124,7 @@ impl EtcdStore {
             audit_seq: AtomicU64::new(0),
             stored: std::sync::Mutex::new((-1, Stored::unknown([], false))),
             written: AtomicU64::new(0),
+            agents: std::sync::Mutex::default(),
             config,
         });
         // A first call: a wrong address fails here, not in the first apply.
@@ -322,6 +327,12 @@ impl EtcdStore {
 }
 
 impl EtcdStore {
+    fn agents(&self) -> std::sync::MutexGuard<'_, agents::Written> {
+        self.agents
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Writes `pre`, what a write puts (and removes) before its commit, in
     /// transactions that land only while the state is still the one the
     /// commit is made from (`unchanged`); [`Error::Conflict`] otherwise.
@@ -362,18 +373,7 @@ impl EtcdStore {
 
 impl Store for EtcdStore {
     fn describe(&self) -> String {
-        let hosts: Vec<&str> = self
-            .config
-            .endpoints
-            .iter()
-            .map(|e| e.split_once("://").map_or(e.as_str(), |(_, host)| host))
-            .collect();
-        let scheme = if self.config.tls.is_some() {
-            "etcds"
-        } else {
-            "etcd"
-        };
-        format!("{scheme}://{}/{}", hosts.join(","), self.config.prefix)
+        self.config.describe()
     }
 
     fn current_revision(&self) -> Option<StoreFuture<'_, Revision>> {
@@ -402,14 +402,10 @@ impl Store for EtcdStore {
             let got = self.txn(txn, "read the state").await?;
             let (mut state, stored, revision) = state_of(&got, &self.config)?;
             *self.stored() = (revision, stored);
-            let agents_key = self.config.key(&format!("agents/{}", self.config.replica));
-            let got = self
-                .get(RangeRequest::key(agents_key), "read the agents")
-                .await?;
-            if let Some(kv) = got.kvs.first() {
-                // An unreadable registry only costs the DISCONNECTED rows.
-                state.agents = serde_json::from_slice(&kv.value).unwrap_or_default();
-            }
+            let txn = |txn, op| self.txn(txn, op);
+            let (agents, written) = agents::load(&self.config, MAX_OPS, txn).await?;
+            *self.agents() = written;
+            state.agents = agents;
             Ok(Loaded { state, revision })
         })
     }
@@ -492,14 +488,18 @@ impl Store for EtcdStore {
         })
     }
 
-    fn save_agents<'a>(&'a self, agents: &'a [KnownAgent]) -> Option<StoreFuture<'a, ()>> {
+    fn append_agents<'a>(
+        &'a self,
+        changes: &'a AgentChanges,
+        _all: &dyn Fn() -> Vec<KnownAgent>,
+    ) -> Option<StoreFuture<'a, ()>> {
         Some(Box::pin(async move {
-            let value = serde_json::to_vec(agents).map_err(Error::Encode)?;
-            let key = self.config.key(&format!("agents/{}", self.config.replica));
-            self.retry("write the agents", || {
-                self.client.put(key.as_str(), value.as_slice())
-            })
-            .await?;
+            let batches = agents::ops(&self.config, changes, &self.agents(), MAX_OPS);
+            for batch in batches {
+                let txn = TxnRequest::default().and_then(batch);
+                self.txn(txn, "write the agents").await?;
+            }
+            agents::record(changes, &mut self.agents());
             Ok(())
         }))
     }

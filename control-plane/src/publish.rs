@@ -9,8 +9,8 @@
 //!   tenth of a core however many agents there are;
 //! - the agent-registry writer: after a sync change, the records of the
 //!   agents that changed (`State::take_agent_changes`), appended to the
-//!   store's journal where it keeps one (the directory), else the whole
-//!   registry (etcd: one value per replica).
+//!   directory's journal, or written to their own keys in etcd (an ACK its
+//!   agent's version key).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -46,10 +46,9 @@ impl Inner {
         receiver
     }
 
-    /// Writes the agent records changed since the last write: appended to
-    /// the store's journal, or the whole registry apart from the shared
-    /// state (etcd), or with it. Records that could not be written are
-    /// written next time.
+    /// Writes the agent records changed since the last write, apart from
+    /// the shared state (the directory's journal, etcd's key per agent) or
+    /// with it. Records that could not be written are written next time.
     pub(crate) async fn persist_agents(&self) -> Result<(), Error> {
         {
             // Journal writes in the order their records were taken.
@@ -72,15 +71,7 @@ impl Inner {
                 return written;
             }
         }
-        let agents: Vec<_> = self
-            .lock()
-            .agents()
-            .map(crate::state::Agent::record)
-            .collect();
-        match self.store.save_agents(&agents) {
-            Some(write) => write.await,
-            None => self.persist().await,
-        }
+        self.persist().await
     }
 }
 

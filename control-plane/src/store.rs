@@ -105,17 +105,11 @@ pub trait Store: Send + Sync + 'static {
     /// One page of the audit log, oldest first.
     fn audit_page(&self, query: crate::audit::Query) -> StoreFuture<'_, crate::audit::Page>;
 
-    /// Writes the agents this replica has seen apart from the shared state
-    /// (each replica its own), or `None` when they are part of it (the
-    /// directory: write it with [`Store::save`]).
-    fn save_agents<'a>(&'a self, _agents: &'a [KnownAgent]) -> Option<StoreFuture<'a, ()>> {
-        None
-    }
-
     /// Writes the agent records that changed (`changes`) apart from the
-    /// shared state, where the store keeps a journal of them (the
-    /// directory); `all` gives every record, for a rewrite of the journal.
-    /// `None`: it keeps none (write them with [`Store::save_agents`]).
+    /// shared state: appended to the directory's journal (`all` gives every
+    /// record, for a rewrite of the journal), a key per agent in etcd (each
+    /// replica its own). `None`: they are part of the shared state (write
+    /// it with [`Store::save`]).
     fn append_agents<'a>(
         &'a self,
         _changes: &'a AgentChanges,

@@ -214,11 +214,6 @@ impl Store for Tracked {
         self.tracked(Call::Other, self.store.audit_page(query))
     }
 
-    fn save_agents<'a>(&'a self, agents: &'a [KnownAgent]) -> Option<StoreFuture<'a, ()>> {
-        let write = self.store.save_agents(agents)?;
-        Some(self.tracked(Call::Write, write))
-    }
-
     fn append_agents<'a>(
         &'a self,
         changes: &'a crate::store::AgentChanges,

@@ -96,6 +96,18 @@ impl EtcdConfig {
         format!("{}/{name}", self.prefix)
     }
 
+    /// Where the store is, for messages: `etcd://HOSTS/PREFIX` (`etcds://`
+    /// over TLS).
+    pub(super) fn describe(&self) -> String {
+        let hosts: Vec<&str> = self
+            .endpoints
+            .iter()
+            .map(|e| e.split_once("://").map_or(e.as_str(), |(_, host)| host))
+            .collect();
+        let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
+        format!("{scheme}://{}/{}", hosts.join(","), self.prefix)
+    }
+
     /// The key of a part of the state: `PREFIX/state/NAME`.
     pub(super) fn part(&self, name: &str) -> String {
         format!("{}/state/{name}", self.prefix)

@@ -9,7 +9,7 @@ use crate::store::{Persisted, Revision, legacy};
 
 /// Most operations in one transaction (etcd's `--max-txn-ops` is 128 by
 /// default).
-const MAX_OPS: usize = 100;
+pub(super) const MAX_OPS: usize = 100;
 /// Most bytes of values in one transaction of new source texts (etcd's
 /// `--max-request-bytes` is 1.5 MiB by default).
 const MAX_BATCH_BYTES: usize = 1 << 20;

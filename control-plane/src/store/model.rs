@@ -13,7 +13,8 @@ use super::agents::KnownAgent;
 use crate::latch::{Latch, Released};
 
 /// The shared state: what the parts (`parts.rs`) hold, and in memory the
-/// agents too (kept apart: `agents.jsonl`, or `PREFIX/agents/REPLICA`).
+/// agents too (kept apart: `agents.jsonl`, or a key per agent under
+/// `PREFIX/agents/REPLICA/`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Persisted {
     pub format: u32,

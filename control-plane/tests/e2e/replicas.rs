@@ -3,7 +3,7 @@
 //! data directory and free ports (picked, and picked again when a member
 //! cannot bind them), and real govd and gov-agent processes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gov_control_plane::etcd::client::pb::etcdserverpb::RangeRequest;
 use gov_control_plane::etcd::client::{Client, ConnectOptions};
@@ -443,6 +443,114 @@ async fn parts_of_the_layouts_before_load_from_etcd_and_are_converted() {
         assert_eq!(back.state.history.len(), 2);
     }
     shutdown.cancel();
+}
+
+/// The agents' registry on etcd is a key per agent: the registry of an
+/// earlier release (every agent in one value) is read and converted at the
+/// first load; an ACK writes its agent's version key alone; a forgotten
+/// agent's keys go; a new store of the same replica reads them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_on_etcd_are_a_key_each_and_an_ack_writes_its_own() {
+    use gov_control_plane::store::{AgentChanges, KnownAgent};
+    let etcd = Etcd::start().await;
+    let shutdown = CancellationToken::new();
+    let client = Client::connect(&etcd.endpoints(), &ConnectOptions::default()).unwrap();
+    let agent = |instance: &str, version: &str| KnownAgent {
+        service: "order".into(),
+        instance: instance.into(),
+        address: "127.0.0.1:1".into(),
+        last_good_version: version.into(),
+        labels: Default::default(),
+        identity: "token `order`".into(),
+    };
+    let legacy = vec![agent("order-a", "v1"), agent("order-b", "v1")];
+    let value = serde_json::to_vec(&legacy).unwrap();
+    client.put("store/agents/a", value).await.unwrap();
+    let a = store(&etcd, "a", &shutdown).await;
+    assert_eq!(a.load().await.unwrap().state.agents, legacy);
+    assert!(client.get("store/agents/a").await.unwrap().kvs.is_empty());
+    let keys = async || {
+        let prefix = RangeRequest::prefix("store/agents/a/");
+        let got = client.range(prefix).await.unwrap();
+        got.kvs
+            .iter()
+            .map(|kv| {
+                let key = String::from_utf8_lossy(&kv.key).into_owned();
+                (key, kv.mod_revision)
+            })
+            .collect::<BTreeMap<String, i64>>()
+    };
+    let before = keys().await;
+    assert_eq!(before.len(), 4, "{before:?}");
+    // An ACK of order-a, order-b forgotten.
+    let changes = AgentChanges {
+        changed: vec![agent("order-a", "v2")],
+        gone: vec![("order".into(), "order-b".into())],
+        live: 1,
+    };
+    a.append_agents(&changes, &Vec::new).unwrap().await.unwrap();
+    let after = keys().await;
+    let changed: Vec<&String> = after
+        .iter()
+        .filter(|(k, rev)| before.get(*k) != Some(rev))
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(changed, ["store/agents/a/order/order-a/v"], "{after:?}");
+    assert_eq!(after.len(), 2, "{after:?}");
+    let back = store(&etcd, "a", &shutdown).await.load().await.unwrap();
+    assert_eq!(back.state.agents, [agent("order-a", "v2")]);
+    // Another replica's agents are its own.
+    let b = store(&etcd, "b", &shutdown).await.load().await.unwrap();
+    assert!(b.state.agents.is_empty());
+    shutdown.cancel();
+}
+
+/// govd on etcd: an agent that ACKed is read back from its keys after a
+/// restart (DISCONNECTED, with the version it ACKed, until it reconnects).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_acked_on_etcd_is_known_after_a_restart() {
+    let etcd = Etcd::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let govd = replica(&etcd, dir.path(), "a").start().await;
+    let port = govd.addr.port();
+    let up = upstream().await;
+    let agent = agent("order", "order-a")
+        .upstream(up)
+        .control_plane(&govd)
+        .start(dir.path())
+        .await;
+    wait_until("the agent connected", Duration::from_secs(10), async || {
+        govd.status().await.agents.len() == 1
+    })
+    .await;
+    let applied = apply_on(&govd, &policy(5)).await.unwrap();
+    assert!(applied.applied);
+    let synced = applied.outcomes.iter().map(pb::AgentOutcome::state);
+    assert_eq!(synced.collect::<Vec<_>>(), [pb::SyncState::Synced]);
+    // The service's config version the agent ACKed.
+    let version = applied.outcomes[0].version.clone();
+    let client = Client::connect(&etcd.endpoints(), &ConnectOptions::default()).unwrap();
+    let key = "gov/agents/a/order/order-a/v";
+    wait_until(
+        "the agent's version in etcd",
+        Duration::from_secs(10),
+        async || {
+            let got = client.get(key).await.unwrap();
+            got.kvs
+                .first()
+                .is_some_and(|kv| kv.value == version.as_bytes())
+        },
+    )
+    .await;
+    agent.stop().await;
+    govd.stop().await;
+    let govd = replica(&etcd, dir.path(), "a").start_on(port).await;
+    let view = govd.status().await;
+    let row = view.agents.iter().find(|a| a.instance == "order-a");
+    let row = row.expect("order-a is known after the restart");
+    assert_eq!(row.state(), pb::SyncState::Disconnected);
+    assert_eq!(row.last_good_version, version);
+    govd.stop().await;
 }
 
 // === three replicas ===
