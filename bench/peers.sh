@@ -25,6 +25,8 @@
 #   overload    3x LIMIT on /hot/: reject share, goodput/LIMIT, CPU per request
 #   h2 R        h2c (prior knowledge) at R calls/s, 4 connections
 #   grpc R      unary gRPC over h2c at R calls/s (nginx: grpc_pass; HAProxy: proto h2)
+#   h2-closed, grpc-closed   the same closed loop (h2load -c 4 -m 16, H2_N calls;
+#               only when h2load is installed: nghttp2-client)
 #
 #   bench/peers.sh                      # RUNS=3 SECS=8 RATES="2000 8000" LIMIT=1000
 #   WORKERS=2 RUNS=3 bench/peers.sh
@@ -38,6 +40,7 @@ RUNS=${RUNS:-3}
 SECS=${SECS:-8}
 RATES=${RATES:-"2000 8000"}
 H2_RATE=${H2_RATE:-2000}
+H2_N=${H2_N:-100000}
 LIMIT=${LIMIT:-1000}
 API_LIMIT=${API_LIMIT:-1000000}
 WORKERS=${WORKERS:-1}
@@ -60,6 +63,8 @@ for tool in nginx haproxy wrk taskset curl python3; do
   command -v "$tool" >/dev/null || { echo "missing: $tool (apt-get install -y nginx haproxy wrk)" >&2; exit 1; }
 done
 mkdir -p "$WORK"
+# A unary gRPC request body for h2load: one uncompressed 5-byte-prefixed message.
+printf '\0\0\0\0\5hello' > "$WORK/grpc-body"
 # shellcheck source=bench/common.sh
 source bench/common.sh
 
@@ -211,6 +216,18 @@ measure() { # arm row -> one TSV line
       n=$(awk '/requests in/ {print $1}' <<<"$line")
       errors=$(awk '/Non-2xx|Socket errors/ {e+=$NF} END {print e+0}' <<<"$line")
       ;;
+    h2-closed|grpc-closed)
+      if [ "$row" = h2-closed ]; then
+        line=$(taskset -c "$LOAD_CPUS" h2load -n "$H2_N" -c 4 -m 16 "http://127.0.0.1:${H2PORT[$arm]}/api/x" 2>&1)
+      else
+        line=$(taskset -c "$LOAD_CPUS" h2load -n "$H2_N" -c 4 -m 16 -d "$WORK/grpc-body" \
+          -H 'content-type: application/grpc' -H 'te: trailers' \
+          "http://127.0.0.1:${GRPCPORT[$arm]}/api/hello.Greeter/SayHello" 2>&1)
+      fi
+      rps=$(awk '/^finished in/ {print $4}' <<<"$line")
+      n=$(awk '/^requests:/ {print $8}' <<<"$line")
+      errors=$(awk '/^requests:/ {print $10 + $12}' <<<"$line")
+      ;;
     *)
       case $row in
         http1-*) line=$(taskset -c "$LOAD_CPUS" "$LOAD" rate "http://127.0.0.1:$port/api/x" "${row#http1-}" "$SECS" "$CONNS") ;;
@@ -251,6 +268,8 @@ done
 ROWS="wrk"
 for r in $RATES; do ROWS="$ROWS http1-$r"; done
 ROWS="$ROWS overload h2-$H2_RATE grpc-$H2_RATE"
+# Closed loop over HTTP/2 (h2load, 4 connections x 16 streams, H2_N calls).
+command -v h2load >/dev/null && ROWS="$ROWS h2-closed grpc-closed"
 arms=($ARMS)
 for run in $(seq 1 "$RUNS"); do
   for row in $ROWS; do
@@ -292,7 +311,7 @@ for row in table:
             ratio = lambda k: med([val(r, arm, row, k) / val(r, "nginx", row, k) for r in runs
                                    if val(r, arm, row, k) and val(r, "nginx", row, k)])
             line += f"  | vs nginx: rps {ratio('rps'):.2f}x cpu {ratio('cpu_us_per_req'):.2f}x"
-            if row != "wrk":
+            if row not in ("wrk", "h2-closed", "grpc-closed"):
                 line += f" p99 {ratio('p99_us'):.2f}x"
         if row.startswith("http1-") and arm != "direct":
             add = lambda k: med([val(r, arm, row, k) - val(r, "direct", row, k) for r in runs
