@@ -287,7 +287,7 @@ struct Args {
     /// threads serve the proxy's connections, each connection whole on one of them
     /// (its own runtime, no work stealing, upstream connections kept per thread),
     /// beside the thread of the agent's own tasks (control plane, admin).
-    #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1)]
+    #[arg(long, env = "GOV_WORKER_THREADS", default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     worker_threads: usize,
 
     /// Write one JSON line per call (time, consumer, method, path, status, latency,
@@ -352,22 +352,25 @@ fn main() -> ExitCode {
     // One thread: everything on it. More: the agent's own tasks on this
     // one, the proxy's connections on that many workers, each with its own
     // runtime (no work stealing; `sidecar::workers`).
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build();
-    if args.worker_threads > 1
-        && let Err(error) = gov_agent::sidecar::workers::start(args.worker_threads)
+        .build()
     {
-        gov_common::errln!("error: cannot start the worker threads: {error}");
-        return ExitCode::FAILURE;
-    }
-    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => {
             gov_common::errln!("error: cannot start the async runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
+    if args.worker_threads > 1
+        && let Err(error) = gov_agent::sidecar::workers::start(args.worker_threads)
+    {
+        gov_common::errln!(
+            "error: cannot start {} worker threads: {error}\n  help: lower --worker-threads",
+            args.worker_threads
+        );
+        return ExitCode::FAILURE;
+    }
     runtime.block_on(run(args))
 }
 

@@ -33,6 +33,11 @@ thread_local! {
 /// process exits. Called once, before the listeners accept; a second call
 /// starts nothing and says so.
 pub fn start(n: usize) -> std::io::Result<()> {
+    if WORKERS.get().is_some() {
+        return Err(std::io::Error::other(
+            "the worker threads were started already",
+        ));
+    }
     let mut handles = Vec::with_capacity(n);
     for i in 0..n {
         let runtime = tokio::runtime::Builder::new_current_thread()
