@@ -291,7 +291,7 @@ impl State {
         });
         let last_version = hello.last_version.clone();
         agent.connected(hello, identity, Conn { id, tx }, now, &mut self.unanswered);
-        self.dirty.touch(&key);
+        self.dirty.touch_key(&mut self.agents, &key);
         // An agent with no config at all gets one even when its service is not
         // in the policy (an empty one): it is what makes it ready.
         if let Some(current) = self.version_for(&key)
@@ -345,11 +345,11 @@ impl State {
     /// The agent records changed or forgotten since the last call (see
     /// [`State::restore_agent_changes`] when they could not be written).
     pub fn take_agent_changes(&mut self) -> AgentChanges {
-        self.dirty.take(&self.agents)
+        self.dirty.take(&mut self.agents)
     }
 
     pub fn restore_agent_changes(&mut self, changes: &AgentChanges) {
-        self.dirty.restore(changes);
+        self.dirty.restore(&mut self.agents, changes);
     }
 
     /// The stream `id` of `key` ended.
@@ -396,7 +396,7 @@ impl State {
             AgentMsg::Hello(_) => {}
             AgentMsg::Ack(ack) => {
                 agent.acked(ack, &mut self.unanswered);
-                self.dirty.touch(key);
+                self.dirty.touch(agent, stream.slot());
                 effect.sync = true;
             }
             AgentMsg::Nack(nack) => {

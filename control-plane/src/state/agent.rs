@@ -69,6 +69,9 @@ pub struct Agent {
     /// away: govd sent the release; until its stats say closed, they are
     /// not a new latch.
     pub(super) releasing: BTreeSet<LatchId>,
+    /// Its stored record changed since the store last took it: its slot is
+    /// in `Dirty`'s list once (`agents::Dirty`).
+    pub(super) record_changed: bool,
 }
 
 /// An agent's open stream.
@@ -146,6 +149,7 @@ impl Agent {
             stats: None,
             disconnect_reason: String::new(),
             releasing: BTreeSet::new(),
+            record_changed: false,
         }
     }
 

@@ -37,6 +37,13 @@ pub struct Stream {
     slot: usize,
 }
 
+impl Stream {
+    /// The slot of its agent.
+    pub(super) fn slot(&self) -> usize {
+        self.slot
+    }
+}
+
 impl Agents {
     pub(crate) fn len(&self) -> usize {
         self.by_key.len()
@@ -206,52 +213,73 @@ impl Agents {
 /// version) changed since the store last took them, and the names
 /// forgotten since: what the next write of the agent registry holds, so
 /// that an ACK costs a write of its own agent, not of every agent.
+///
+/// A changed agent is flagged (`Agent::record_changed`) and its slot listed
+/// once: an ACK marks its agent in O(1), found by its stream's slot, with
+/// no key cloned or compared (issue 35). A listed slot whose agent was
+/// forgotten, or whose flag is clear, is skipped when taken; a new agent in
+/// a reused slot lists it again when it changes.
 #[derive(Debug, Default)]
 pub(super) struct Dirty {
-    changed: BTreeSet<AgentKey>,
+    changed: Vec<usize>,
     gone: BTreeSet<AgentKey>,
 }
 
 impl Dirty {
-    /// `key`'s record changed.
-    pub(super) fn touch(&mut self, key: &AgentKey) {
-        self.gone.remove(key);
-        self.changed.insert(key.clone());
+    /// The record of `agent`, in `slot`, changed.
+    pub(super) fn touch(&mut self, agent: &mut Agent, slot: usize) {
+        if !agent.record_changed {
+            agent.record_changed = true;
+            self.changed.push(slot);
+        }
+        if !self.gone.is_empty() {
+            self.gone.remove(&agent.key());
+        }
+    }
+
+    /// The record of `key`'s agent changed.
+    pub(super) fn touch_key(&mut self, agents: &mut Agents, key: &AgentKey) {
+        if let Some(slot) = agents.slot(key)
+            && let Some(agent) = agents.at_mut(slot)
+        {
+            self.touch(agent, slot);
+        }
     }
 
     /// `key` was forgotten.
     pub(super) fn forget(&mut self, key: &AgentKey) {
-        self.changed.remove(key);
         self.gone.insert(key.clone());
     }
 
-    /// The changes since the last call, as records of `agents` now.
-    pub(super) fn take(&mut self, agents: &Agents) -> AgentChanges {
-        let changed = std::mem::take(&mut self.changed);
+    /// The changes since the last call, as records of `agents` now, in the
+    /// order the agents first changed.
+    pub(super) fn take(&mut self, agents: &mut Agents) -> AgentChanges {
+        let changed = std::mem::take(&mut self.changed)
+            .into_iter()
+            .filter_map(|slot| {
+                let agent = agents.at_mut(slot)?;
+                std::mem::take(&mut agent.record_changed).then(|| agent.record())
+            })
+            .collect();
         AgentChanges {
-            changed: changed
-                .iter()
-                .filter_map(|k| agents.get(k).map(Agent::record))
-                .collect(),
+            changed,
             gone: std::mem::take(&mut self.gone).into_iter().collect(),
             live: agents.len(),
         }
     }
 
     /// `changes` were not written: they are taken again next time, unless
-    /// the agent changed again since (then what it is now is written).
-    pub(super) fn restore(&mut self, changes: &AgentChanges) {
-        let keys = changes
-            .changed
-            .iter()
-            .map(|a| (a.service.clone(), a.instance.clone()));
-        for key in keys {
+    /// the agent was forgotten since (or changed again since: then what it
+    /// is now is written).
+    pub(super) fn restore(&mut self, agents: &mut Agents, changes: &AgentChanges) {
+        for a in &changes.changed {
+            let key = (a.service.clone(), a.instance.clone());
             if !self.gone.contains(&key) {
-                self.changed.insert(key);
+                self.touch_key(agents, &key);
             }
         }
         for key in &changes.gone {
-            if !self.changed.contains(key) {
+            if agents.get(key).is_none_or(|a| !a.record_changed) {
                 self.gone.insert(key.clone());
             }
         }
