@@ -26,15 +26,23 @@
 //! directory, and prints the bytes etcd's members received from clients per
 //! apply (their `/metrics`: the state, audit records, the agents' registry).
 //! `GOV_BENCH_APPLY_GAP_MS=N` (at most 10,000) waits N ms after each apply
-//! before the next, counted in that apply's etcd bytes (not its time or
-//! CPU): past govd's 250 ms debounce of agent-registry writes, each apply's
-//! registry write is its own, not shared with the applies around it.
+//! before the next, counted in that apply's etcd bytes and govd CPU (not
+//! its time): past govd's 250 ms debounce of agent-registry writes, each
+//! apply's registry write is its own, not shared with the applies around
+//! it. Without a gap, applies shorter than the debounce share one registry
+//! write, so CPU per apply is comparable across agent counts only with a
+//! gap (1,000 ms).
 //!
 //! After the applies it prints the size of one `Status` answer (every
 //! agent's row, and the summary `govc status` asks for) and of the `Watch`
 //! views a TUI receives. `GOV_BENCH_HOLD=SECONDS` (at most 3600) then
 //! keeps govd and the agents up and prints govd's URL, to point `govc
 //! status` and `govc tui` at it.
+//!
+//! `GOV_BENCH_PAUSE_STATS=1` has the agents send no stats from one second
+//! before the first apply until after the last: govd's CPU per apply is
+//! then the applies' own, measured, instead of the stats-only rate taken
+//! out of it (an estimate, less exact as applies take longer).
 //!
 //! `GOV_BENCH_STORM=1` adds a reconnect storm after the applies: govd is
 //! killed (SIGKILL) and started again on the same address and state
@@ -51,7 +59,7 @@
 )]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gov_proto::v1 as pb;
@@ -76,6 +84,9 @@ struct Counts {
     /// Streams govd accepted, and refused (or did not answer in 5 s).
     sessions: AtomicU64,
     refused: AtomicU64,
+    /// Set while the applies are measured with `GOV_BENCH_PAUSE_STATS=1`:
+    /// the agents skip their stats ticks.
+    stats_paused: AtomicBool,
 }
 
 fn unix_ms() -> u64 {
@@ -174,6 +185,9 @@ async fn session(
                 Ok(None) | Err(_) => break,
             },
             _ = stats.tick() => {
+                if counts.stats_paused.load(Relaxed) {
+                    continue;
+                }
                 *admitted += 100;
                 counts.stats.fetch_add(1, Relaxed);
                 Msg::Stats(pb::Stats {
@@ -327,9 +341,17 @@ async fn main() {
     let (steady_cpu, steady_wall) = (cpu(pid) - cpu0, t0.elapsed());
     let stats_sent = counts.stats.load(Relaxed) - stats0;
 
+    let pause_stats = std::env::var("GOV_BENCH_PAUSE_STATS").is_ok_and(|v| v == "1");
+    if pause_stats {
+        counts.stats_paused.store(true, Relaxed);
+        // The stats already sent are read before the first apply.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     // One warm-up apply (first compile, first file creation), then the measured ones.
     let mut times = Vec::with_capacity(applies);
     let mut apply_cpu = Duration::ZERO;
+    // Wall time of the applies with their gaps, over which `apply_cpu` is taken.
+    let mut applying = Duration::ZERO;
     let mut etcd_bytes = 0;
     for i in 0..=applies {
         let request = pb::ApplyRequest {
@@ -361,11 +383,16 @@ async fn main() {
         );
         if i > 0 {
             times.push(elapsed);
-            apply_cpu += cpu(pid) - c;
+            // The gap's CPU is the apply's too: the agents' registry write
+            // its ACKs made, debounced, lands there (without a gap it lands
+            // in a later apply, shared by every apply in its window).
             tokio::time::sleep(gap).await;
+            apply_cpu += cpu(pid) - c;
+            applying += t.elapsed();
             etcd_bytes += etcd_received(etcd.as_deref()) - received;
         }
     }
+    counts.stats_paused.store(false, Relaxed);
     let rss_loaded = rss_kib(pid);
     times.sort();
     let per_agent = |kib: u64| (kib.saturating_sub(rss_idle)) as f64 / agents as f64;
@@ -399,17 +426,24 @@ async fn main() {
             gap.as_millis()
         );
     }
-    // The agents' stats keep arriving during an apply, and an apply lasts
-    // longer with more agents: their share at the stats-only rate, taken
-    // out, leaves what the applies themselves cost.
-    let stats_share = steady_cpu.as_secs_f64() / steady_wall.as_secs_f64();
-    let applying: Duration = times.iter().sum();
-    println!(
-        "govd CPU per apply without the stats received meanwhile ({:.1}% of a core over {:.1} ms of applies each): {:.1} ms",
-        100.0 * stats_share,
-        ms(applying) / applies as f64,
-        (ms(apply_cpu) - stats_share * ms(applying)) / applies as f64
-    );
+    if pause_stats {
+        println!(
+            "govd CPU per apply, the agents' stats paused ({:.1} ms of apply and gap each): {:.1} ms",
+            ms(applying) / applies as f64,
+            ms(apply_cpu) / applies as f64
+        );
+    } else {
+        // The agents' stats keep arriving during an apply, and an apply lasts
+        // longer with more agents: their share at the stats-only rate, taken
+        // out, leaves what the applies themselves cost.
+        let stats_share = steady_cpu.as_secs_f64() / steady_wall.as_secs_f64();
+        println!(
+            "govd CPU per apply without the stats received meanwhile ({:.1}% of a core over {:.1} ms of apply and gap each): {:.1} ms",
+            100.0 * stats_share,
+            ms(applying) / applies as f64,
+            (ms(apply_cpu) - stats_share * ms(applying)) / applies as f64
+        );
+    }
     println!(
         "govd RSS: {rss_idle} KiB idle, {rss_connected} KiB connected ({:.1} KiB per agent), {rss_loaded} KiB after the applies ({:.1} KiB per agent)",
         per_agent(rss_connected),
