@@ -338,7 +338,7 @@ impl Inner {
     }
 
     pub(crate) async fn resync(&self) -> Result<(), Error> {
-        let loaded = self.store.load().await?;
+        let loaded = self.store.load_shared().await?;
         if loaded.revision <= self.revision.load(Ordering::SeqCst) {
             return Ok(());
         }

@@ -52,7 +52,10 @@ use client::{Client, ConnectOptions, EtcdError};
 pub use config::EtcdConfig;
 use config::etcd_error;
 pub use tls::EtcdTlsFiles;
-use txn::{MAX_OPS, Split, batches, found, mod_revisions, removals, split, state_of, txn_op};
+use txn::{
+    MAX_OPS, Split, batches, commit, found, mod_revisions, removals, split, state_of, state_read,
+    txn_op, unchanged_since,
+};
 
 /// Each etcd call gives up after this (the store is then unavailable, and
 /// the caller says so).
@@ -68,8 +71,6 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 const RETRY_BUDGET: Duration = Duration::from_secs(12);
 /// How long the store's health probe waits for a quorum read.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// The value of `PREFIX/revision`: the layout of the parts.
-const LAYOUT: &str = "parts 1";
 
 /// The state in etcd (cheap to share: `Arc`).
 pub struct EtcdStore {
@@ -219,6 +220,23 @@ impl EtcdStore {
         self.retry(op, || self.client.txn(txn.clone())).await
     }
 
+    /// [`EtcdStore::txn`] with the rest of each paged read
+    /// ([`Client::txn_whole`]), tried again whole when it fails in transit.
+    async fn txn_whole(&self, txn: TxnRequest, op: &'static str) -> Result<TxnResponse, Error> {
+        self.retry(op, || self.client.txn_whole(txn.clone())).await
+    }
+
+    /// The shared state without the agents ([`Store::load_shared`]): one
+    /// transaction, so the parts are of one revision.
+    async fn load_state(&self) -> Result<Loaded, Error> {
+        let got = self
+            .txn_whole(state_read(&self.config), "read the state")
+            .await?;
+        let (state, stored, revision) = state_of(&got, &self.config)?;
+        *self.stored() = (revision, stored);
+        Ok(Loaded { state, revision })
+    }
+
     fn set_leader(&self, rev: Revision) {
         let was = self.leader_rev.swap(rev, Ordering::SeqCst);
         if (was != 0) != (rev != 0) {
@@ -241,16 +259,7 @@ impl EtcdStore {
         fence: Fence,
         legacy: bool,
     ) -> Result<(Revision, Vec<String>), Error> {
-        let rev_key = self.config.key("revision");
-        let legacy_key = self.config.key("state");
-        let mut when = vec![if legacy {
-            Compare::mod_revision_is(legacy_key.as_str(), expected)
-        } else {
-            Compare::mod_revision_is(rev_key.as_str(), expected)
-        }];
-        if legacy {
-            when.push(Compare::create_revision_is(rev_key.as_str(), 0));
-        }
+        let mut when = unchanged_since(&self.config, expected, legacy);
         // What goes before the commit lands only while the state is still
         // the one the commit is made from (`txn::split`).
         let unchanged = when.clone();
@@ -277,20 +286,7 @@ impl EtcdStore {
         let mut bytes = 0;
         self.write_before(&pre, unchanged, expected, legacy, &mut bytes)
             .await?;
-        let mut ops: Vec<RequestOp> = main
-            .iter()
-            .map(|op| txn_op(&self.config, op, &mut bytes))
-            .collect();
-        ops.push(RequestOp::put(rev_key.as_str(), LAYOUT, 0));
-        bytes += rev_key.len() + LAYOUT.len();
-        if legacy {
-            ops.push(RequestOp::delete(legacy_key.as_str()));
-            bytes += legacy_key.len();
-        }
-        let txn = TxnRequest::default().when(when).and_then(ops).or_else(vec![
-            RequestOp::get(rev_key.as_str()),
-            RequestOp::get(legacy_key.as_str()),
-        ]);
+        let txn = commit(&self.config, &main, when, legacy, &mut bytes);
         let response = self.txn(txn, "write the state").await?;
         if !response.succeeded {
             self.written.fetch_add(bytes as u64, Ordering::SeqCst);
@@ -315,7 +311,10 @@ impl EtcdStore {
                 .iter()
                 .map(|op| txn_op(&self.config, op, &mut bytes))
                 .collect();
-            let done = self.txn(removals(&rev_key, revision, ops), "remove parts");
+            let done = self.txn(
+                removals(&self.config.key("revision"), revision, ops),
+                "remove parts",
+            );
             let done = done.await.inspect_err(|error| tracing::warn!(error = %crate::error::one_line(error), "cannot remove parts of the state; trying again with the next write"));
             if !done.is_ok_and(|r| r.succeeded) {
                 left.extend(batch.iter().map(|op| op.name().to_owned()));
@@ -391,23 +390,17 @@ impl Store for EtcdStore {
 
     fn load(&self) -> StoreFuture<'_, Loaded> {
         Box::pin(async move {
-            // One transaction: the parts as of one revision.
-            let legacy_key = self.config.key("state");
-            let prefix = self.config.part("");
-            let txn = TxnRequest::default().and_then(vec![
-                RequestOp::get(self.config.key("revision")),
-                RequestOp::get(legacy_key.as_str()),
-                RequestOp::range(RangeRequest::prefix(prefix.as_str())),
-            ]);
-            let got = self.txn(txn, "read the state").await?;
-            let (mut state, stored, revision) = state_of(&got, &self.config)?;
-            *self.stored() = (revision, stored);
-            let txn = |txn, op| self.txn(txn, op);
+            let mut loaded = self.load_state().await?;
+            let txn = |txn, op| self.txn_whole(txn, op);
             let (agents, written) = agents::load(&self.config, MAX_OPS, txn).await?;
             *self.agents() = written;
-            state.agents = agents;
-            Ok(Loaded { state, revision })
+            loaded.state.agents = agents;
+            Ok(loaded)
         })
+    }
+
+    fn load_shared(&self) -> StoreFuture<'_, Loaded> {
+        Box::pin(self.load_state())
     }
 
     fn save<'a>(

@@ -94,7 +94,8 @@ pub(super) fn read(
 }
 
 /// This replica's agents and what etcd holds of them, read with `txn` (a
-/// transaction and what it is for); the registry of an earlier release in
+/// transaction and what it is for, which reads the rest of a paged read:
+/// `EtcdStore::txn_whole`); the registry of an earlier release in
 /// one value is converted to a key per agent at once ([`convert`]), or at
 /// the next load when that fails.
 pub(super) async fn load<F, T>(
@@ -109,7 +110,7 @@ where
     let legacy_key = legacy_key(config);
     let both = TxnRequest::default().and_then(vec![
         RequestOp::get(legacy_key.as_str()),
-        RequestOp::range(RangeRequest::prefix(prefix(config))),
+        RequestOp::range(RangeRequest::prefix(prefix(config)).paged()),
     ]);
     let got = txn(both, "read the agents").await?;
     let mut gets = got.ranges();

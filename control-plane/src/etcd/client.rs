@@ -16,11 +16,17 @@ use tonic::transport::channel::Change;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 pub use error::{EtcdError, GrpcStatus};
+pub use ops::PAGE;
+use pb::etcdserverpb::request_op::Request;
+use pb::etcdserverpb::response_op::Response;
 use pb::etcdserverpb::{
     LeaseGrantRequest, LeaseRevokeRequest, PutRequest, RangeRequest, RangeResponse, TxnRequest,
     TxnResponse, kv_client::KvClient, lease_client::LeaseClient, watch_client::WatchClient,
 };
 pub use stream::{KeepAlive, Watch};
+
+/// The largest answer the client takes.
+const MAX_ANSWER: usize = 64 << 20;
 
 /// How to reach the members.
 #[derive(Clone, Debug, Default)]
@@ -63,7 +69,9 @@ impl Client {
                 .map_err(|_| EtcdError::Invalid("the balanced channel closed".into()))?;
         }
         Ok(Self {
-            kv: KvClient::new(channel.clone()),
+            // Answers of up to 64 MiB (tonic's default is 4 MiB): a page of
+            // a paged read ([`RangeRequest::paged`]) and a transaction's reads.
+            kv: KvClient::new(channel.clone()).max_decoding_message_size(MAX_ANSWER),
             watch: WatchClient::new(channel.clone()),
             lease: LeaseClient::new(channel),
         })
@@ -97,6 +105,35 @@ impl Client {
     /// A transaction (compares, then the operations of the side they chose).
     pub async fn txn(&self, request: TxnRequest) -> Result<TxnResponse, EtcdError> {
         Ok(self.kv.clone().txn(request).await?.into_inner())
+    }
+
+    /// A transaction, then the rest of each of its paged reads
+    /// ([`RangeRequest::paged`]), page after page at the transaction's
+    /// revision: one consistent read of any number of keys (10,000 agents'
+    /// keys are about 2 MB), no answer larger than a page.
+    pub async fn txn_whole(&self, txn: TxnRequest) -> Result<TxnResponse, EtcdError> {
+        let mut got = self.txn(txn.clone()).await?;
+        let revision = got.revision();
+        let ops = if got.succeeded {
+            &txn.success
+        } else {
+            &txn.failure
+        };
+        for (request, answer) in ops.iter().zip(got.responses.iter_mut()) {
+            let (Some(Request::RequestRange(read)), Some(Response::ResponseRange(page))) =
+                (&request.request, &mut answer.response)
+            else {
+                continue;
+            };
+            while page.more
+                && let Some(last) = page.kvs.last()
+            {
+                let next = self.range(read.after(&last.key, revision)).await?;
+                page.more = next.more;
+                page.kvs.extend(next.kvs);
+            }
+        }
+        Ok(got)
     }
 
     /// Watches `key` from `start_revision` (0: from now).

@@ -1,18 +1,76 @@
 //! What etcd's answers and errors say, and how writes are cut into
 //! transactions etcd takes.
 
-use super::client::pb::etcdserverpb::{Compare, RequestOp, TxnRequest, TxnResponse};
+use super::client::pb::etcdserverpb::{Compare, RangeRequest, RequestOp, TxnRequest, TxnResponse};
 use super::config::EtcdConfig;
 use crate::error::Error;
 use crate::store::parts::{self, Op, Stored};
 use crate::store::{Persisted, Revision, legacy};
 
+/// The value of `PREFIX/revision`: the layout of the parts.
+const LAYOUT: &str = "parts 1";
 /// Most operations in one transaction (etcd's `--max-txn-ops` is 128 by
 /// default).
 pub(super) const MAX_OPS: usize = 100;
 /// Most bytes of values in one transaction of new source texts (etcd's
 /// `--max-request-bytes` is 1.5 MiB by default).
 const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// The read of the shared state, in one transaction (its parts as of one
+/// revision): the revision key, the value an earlier govd kept the whole
+/// state in, and every part, paged (`Client::txn_whole` reads the rest).
+pub(super) fn state_read(config: &EtcdConfig) -> TxnRequest {
+    let prefix = config.part("");
+    TxnRequest::default().and_then(vec![
+        RequestOp::get(config.key("revision")),
+        RequestOp::get(config.key("state")),
+        RequestOp::range(RangeRequest::prefix(prefix).paged()),
+    ])
+}
+
+/// What holds while the stored state is still the one of revision
+/// `expected`: the revision key's last write (the legacy value's, with no
+/// revision key yet, when the state is still kept the earlier way).
+pub(super) fn unchanged_since(
+    config: &EtcdConfig,
+    expected: Revision,
+    legacy: bool,
+) -> Vec<Compare> {
+    let rev_key = config.key("revision");
+    if legacy {
+        vec![
+            Compare::mod_revision_is(config.key("state"), expected),
+            Compare::create_revision_is(rev_key, 0),
+        ]
+    } else {
+        vec![Compare::mod_revision_is(rev_key, expected)]
+    }
+}
+
+/// The commit of a write: the operations of `main` and the layout put at
+/// the revision key (the legacy value removed), when `when` holds; else
+/// reads of what the keys' revisions are instead. `bytes` counts the
+/// keys and values written.
+pub(super) fn commit(
+    config: &EtcdConfig,
+    main: &[&Op],
+    when: Vec<Compare>,
+    legacy: bool,
+    bytes: &mut usize,
+) -> TxnRequest {
+    let (rev_key, legacy_key) = (config.key("revision"), config.key("state"));
+    let mut ops: Vec<RequestOp> = main.iter().map(|op| txn_op(config, op, bytes)).collect();
+    ops.push(RequestOp::put(rev_key.as_str(), LAYOUT, 0));
+    *bytes += rev_key.len() + LAYOUT.len();
+    if legacy {
+        ops.push(RequestOp::delete(legacy_key.as_str()));
+        *bytes += legacy_key.len();
+    }
+    TxnRequest::default().when(when).and_then(ops).or_else(vec![
+        RequestOp::get(rev_key.as_str()),
+        RequestOp::get(legacy_key.as_str()),
+    ])
+}
 
 /// `ops` in batches of at most [`MAX_OPS`] operations and
 /// [`MAX_BATCH_BYTES`] bytes of values (a larger value alone).

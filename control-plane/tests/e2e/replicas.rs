@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gov_control_plane::etcd::client::pb::etcdserverpb::RangeRequest;
+use gov_control_plane::etcd::client::pb::etcdserverpb::{RangeRequest, RequestOp, TxnRequest};
 use gov_control_plane::etcd::client::{Client, ConnectOptions};
 use gov_control_plane::etcd::{EtcdConfig, EtcdStore};
 use gov_control_plane::store::{Fence, Persisted, Store as _};
@@ -502,6 +502,51 @@ async fn agents_on_etcd_are_a_key_each_and_an_ack_writes_its_own() {
     // Another replica's agents are its own.
     let b = store(&etcd, "b", &shutdown).await.load().await.unwrap();
     assert!(b.state.agents.is_empty());
+    shutdown.cancel();
+}
+
+/// A replica's agents are read page by page (1,000 keys a page) at one
+/// revision: 2,500 agents (5,000 keys, three pages of the read) all load
+/// with the versions they ACKed, where one answer of every key would grow
+/// with the fleet past a gRPC message's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_agents_on_etcd_load_page_by_page() {
+    use gov_control_plane::store::KnownAgent;
+    let etcd = Etcd::start().await;
+    let shutdown = CancellationToken::new();
+    let client = Client::connect(&etcd.endpoints(), &ConnectOptions::default()).unwrap();
+    let agent = |i: usize| KnownAgent {
+        service: "order".into(),
+        instance: format!("order-{i:05}"),
+        address: "127.0.0.1:1".into(),
+        last_good_version: "v1".into(),
+        labels: Default::default(),
+        identity: "token `order`".into(),
+    };
+    let count = 2_500;
+    let puts: Vec<RequestOp> = (0..count)
+        .flat_map(|i| {
+            let key = format!("store/agents/a/order/order-{i:05}");
+            let record = serde_json::to_vec(&agent(i)).unwrap();
+            let version = format!("v{}", i % 7 + 2);
+            [
+                RequestOp::put(key.as_str(), record, 0),
+                RequestOp::put(format!("{key}/v"), version, 0),
+            ]
+        })
+        .collect();
+    for batch in puts.chunks(100) {
+        let txn = TxnRequest::default().and_then(batch.to_vec());
+        client.txn(txn).await.unwrap();
+    }
+    let loaded = store(&etcd, "a", &shutdown).await.load().await.unwrap();
+    let agents = loaded.state.agents;
+    assert_eq!(agents.len(), count);
+    for (i, a) in agents.iter().enumerate() {
+        let mut want = agent(i);
+        want.last_good_version = format!("v{}", i % 7 + 2);
+        assert_eq!(*a, want);
+    }
     shutdown.cancel();
 }
 

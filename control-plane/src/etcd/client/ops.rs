@@ -8,6 +8,11 @@ use super::pb::etcdserverpb::{
     ResponseHeader, TxnRequest, TxnResponse, compare, request_op, response_op,
 };
 
+/// The keys of a page of a [`RangeRequest::paged`] read: 1,000 agent keys
+/// are about 0.2 MB, a service's config part at most etcd's request limit
+/// (1.5 MiB by default), so a page stays under the client's 64 MiB.
+pub const PAGE: i64 = 1_000;
+
 impl RangeRequest {
     /// A read of `key`.
     pub fn key(key: impl Into<Vec<u8>>) -> Self {
@@ -29,6 +34,27 @@ impl RangeRequest {
             key,
             range_end,
             ..Self::default()
+        }
+    }
+
+    /// At most [`PAGE`] keys in its answer (`more` says when there are
+    /// others): a read of a prefix that grows with the fleet (an agent's
+    /// keys, a service's config) stays under a gRPC message's size; the
+    /// caller reads the rest after the last key ([`RangeRequest::after`]).
+    pub fn paged(mut self) -> Self {
+        self.limit = PAGE;
+        self
+    }
+
+    /// The same read from just after `key` (the last of a page), at
+    /// `revision` (the first page's, so that every page is of one state).
+    pub fn after(&self, key: &[u8], revision: i64) -> Self {
+        let mut from = key.to_vec();
+        from.push(0);
+        Self {
+            key: from,
+            revision,
+            ..self.clone()
         }
     }
 
