@@ -278,7 +278,11 @@ pub(crate) fn admit_matched(
     // The steps' slice, not `Plan::ids` (an opaque iterator would hold its
     // borrow of the snapshot up to the returns that move it).
     for (i, &(_, id)) in plan.steps.iter().enumerate() {
-        match call.step_now(&snap, step_of(&snap, config, keys.as_ref(), id), now) {
+        let stepped = match &keys {
+            None => call.step_own(&snap, id.0, now),
+            keys => call.step_now(&snap, step_of(&snap, config, keys.as_ref(), id), now),
+        };
+        match stepped {
             Ok(()) => {}
             Err(StepError::Rejected(r)) => {
                 // Gives back what the earlier steps took.

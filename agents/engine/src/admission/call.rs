@@ -261,6 +261,59 @@ impl Call {
                 self.hold(step, grant, state.gives_back());
                 Ok(())
             }
+            answer => self.not_granted(snap, step, answer),
+        }
+    }
+
+    /// [`Call::step_now`] of a decision begun at `now`, in the rule's own
+    /// scope (a rule that does not key its calls): no scope to move or
+    /// keep (issue 39).
+    #[inline]
+    pub(crate) fn step_own(
+        &mut self,
+        snap: &Snapshot,
+        rule: u32,
+        now: Now,
+    ) -> Result<(), StepError> {
+        let state = &snap.states[rule as usize];
+        match state.try_acquire(&Scope::Rule, now, now.at) {
+            Answer::Granted(grant) => {
+                self.has_bytes |= grant.bytes;
+                self.held.push(Held {
+                    rule,
+                    grant,
+                    keyed: false,
+                    gives_back: state.gives_back() || grant.probe,
+                    refused: None,
+                });
+                Ok(())
+            }
+            answer => {
+                let step = Step {
+                    rule,
+                    scope: Scope::Rule,
+                };
+                self.not_granted(snap, step, answer)
+            }
+        }
+    }
+
+    /// A step that did not pass at once: a shadow rule's is counted and
+    /// passes, another's waits or is refused.
+    #[cold]
+    #[inline(never)]
+    fn not_granted(
+        &mut self,
+        snap: &Snapshot,
+        step: Step,
+        answer: Answer,
+    ) -> Result<(), StepError> {
+        let state = &snap.states[step.rule as usize];
+        match answer {
+            Answer::Granted(grant) => {
+                self.hold(step, grant, state.gives_back());
+                Ok(())
+            }
             Answer::Wait(_) if snap.is_shadow(step.rule) => {
                 self.shadow(snap, step.rule, state.wait_refusal());
                 Ok(())
