@@ -110,6 +110,20 @@ fn subtracts_as_instants(at: Instant, at_parts: (i64, u32)) -> bool {
 /// earlier), saturated.
 #[inline]
 fn since(to: (i64, u32), from: (i64, u32)) -> u64 {
+    /// Whole seconds whose nanoseconds fit in 63 bits (292 years).
+    const FIT: u64 = 9_000_000_000;
+    match to.0.checked_sub(from.0).map(u64::try_from) {
+        // One compare on the hot path: the seconds apart are in range.
+        Some(Ok(secs)) if secs < FIT => {
+            (secs * u64::from(NANOS_PER_SEC) + u64::from(to.1)).saturating_sub(u64::from(from.1))
+        }
+        _ => since_far(to, from),
+    }
+}
+
+/// [`since`] of instants 292 years or more apart, or in the wrong order.
+#[cold]
+fn since_far(to: (i64, u32), from: (i64, u32)) -> u64 {
     let secs = to.0.saturating_sub(from.0);
     let nanos = i64::from(to.1) - i64::from(from.1);
     match u64::try_from(secs) {
@@ -239,5 +253,27 @@ mod tests {
     #[test]
     fn on_unix_reads_take_the_fields() {
         assert!(base().parts.is_some());
+    }
+
+    /// The one-compare difference of fields is the saturated one.
+    #[test]
+    fn fields_subtract_saturated() {
+        let cases = [
+            ((5, 10), (5, 10)),
+            ((5, 9), (5, 10)),
+            ((6, 0), (5, 999_999_999)),
+            ((4, 0), (5, 0)),
+            ((8_999_999_999, 5), (0, 7)),
+            ((9_000_000_000, 5), (0, 7)),
+            ((i64::MAX, 999_999_999), (0, 0)),
+            ((i64::MAX, 0), (i64::MIN, 0)),
+            ((i64::MIN, 0), (i64::MAX, 0)),
+        ];
+        for (to, from) in cases {
+            assert_eq!(since(to, from), since_far(to, from), "{to:?} - {from:?}");
+        }
+        assert_eq!(since((6, 0), (5, 999_999_999)), 1);
+        assert_eq!(since((5, 9), (5, 10)), 0);
+        assert_eq!(since((i64::MAX, 0), (0, 0)), u64::MAX);
     }
 }

@@ -224,6 +224,10 @@ pub(crate) struct Limit {
     weight: Option<Weight>,
     /// `share by consumer { ... }`: the calls of a window shared by weight.
     share: Option<share::LimitShare>,
+    /// A local fixed window of calls alone (no bytes, store, share or
+    /// warm-up weight): its amount and window in milliseconds, worked out
+    /// once (issue 39: a call of such a limit goes straight to the window).
+    plain: Option<(u64, u64)>,
 }
 
 fn pack(window: u64, count: u64) -> u64 {
@@ -260,7 +264,7 @@ impl Limit {
         let epoch = Instant::now();
         let spec_scales = spec.warmup_scale;
         let share = spec.share.as_ref().map(share::LimitShare::new);
-        Self {
+        let mut limit = Self {
             spec,
             name,
             events,
@@ -274,6 +278,24 @@ impl Limit {
             counters: Counters::default(),
             weight: spec_scales.then(|| weight.clone()),
             share,
+            plain: None,
+        };
+        limit.plain = limit.plain_window();
+        limit
+    }
+
+    /// [`Limit::plain`] of this limit's spec and set-up.
+    fn plain_window(&self) -> Option<(u64, u64)> {
+        match (&self.spec.calls, self.spec.algorithm) {
+            (Some(rate), Algorithm::FixedWindow)
+                if self.cluster.is_none()
+                    && self.spec.bytes.is_none()
+                    && self.share.is_none()
+                    && self.weight.is_none() =>
+            {
+                Some((rate.amount, ms(rate.window).max(1)))
+            }
+            _ => None,
         }
     }
 
@@ -348,6 +370,11 @@ impl Limit {
                     "released after its `release after` time".into(),
                 );
             }
+        }
+        if let Some((amount, w)) = self.plain
+            && crit != Class::Sheddable
+        {
+            return Self::plain_calls(cell, amount, w, now_ms);
         }
         if let Some(link) = &self.cluster {
             self.check_shared_bytes(link, cell, now.at)?;
@@ -744,6 +771,7 @@ mod tests {
         let (mut l, _) = limit(Some(amount), None, None);
         l.spec.algorithm = algorithm;
         l.spec.calls = Some(RateSpec { amount, window });
+        l.plain = l.plain_window();
         l
     }
 
@@ -1719,6 +1747,7 @@ mod tests {
 
             let (mut plain, _rx) = limit(Some(30), None, None);
             plain.spec.algorithm = algorithm;
+            plain.plain = plain.plain_window();
             let got = run(&plain, 3, 0).await;
             assert!(got[2][1] <= 2, "{algorithm:?} without a share: {got:?}");
         }

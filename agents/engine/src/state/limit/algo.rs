@@ -60,6 +60,18 @@ impl Limit {
 }
 
 impl Limit {
+    /// A call of a plain limit ([`Limit::plain`]): `amount` calls per
+    /// fixed window of `w` milliseconds.
+    #[inline]
+    pub(super) fn plain_calls(
+        cell: &LimitCell,
+        amount: u64,
+        w: u64,
+        now_ms: u64,
+    ) -> Result<(), Exceeded> {
+        fixed_ms(cell, amount, w, now_ms)
+    }
+
     /// The calls rate and a token bucket's burst now: under `scale with
     /// warmup`, while the instance ramps, the amount (and the burst) times
     /// its weight, at least 1.
@@ -180,7 +192,12 @@ fn over(wait_ms: u64) -> Exceeded {
 
 #[inline]
 fn fixed(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
-    let w = ms(rate.window).max(1);
+    fixed_ms(cell, rate.amount, ms(rate.window).max(1), now_ms)
+}
+
+/// [`fixed`] of `amount` calls per window of `w` milliseconds (at least 1).
+#[inline]
+fn fixed_ms(cell: &LimitCell, amount: u64, w: u64, now_ms: u64) -> Result<(), Exceeded> {
     let window = (now_ms / w) & 0xffff_ffff;
     let mut current = cell.calls.load(Relaxed);
     loop {
@@ -189,7 +206,7 @@ fn fixed(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded>
         } else {
             0
         };
-        if count >= rate.amount {
+        if count >= amount {
             return Err(over(w - now_ms % w));
         }
         match cell
