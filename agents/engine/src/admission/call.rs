@@ -275,20 +275,19 @@ impl Call {
         rule: u32,
         now: Now,
     ) -> Result<(), StepError> {
-        let state = &snap.states[rule as usize];
-        match state.try_acquire(&Scope::Rule, now, now.at) {
-            Answer::Granted(grant) => {
+        match snap.states[rule as usize].try_acquire_own(now) {
+            (Answer::Granted(grant), gives_back) => {
                 self.has_bytes |= grant.bytes;
                 self.held.push(Held {
                     rule,
                     grant,
                     keyed: false,
-                    gives_back: state.gives_back() || grant.probe,
+                    gives_back: gives_back || grant.probe,
                     refused: None,
                 });
                 Ok(())
             }
-            answer => {
+            (answer, _) => {
                 let step = Step {
                     rule,
                     scope: Scope::Rule,
@@ -499,16 +498,13 @@ impl Call {
         let elapsed = self.start.map_or(0, |s| now.nanos_since(s));
         let latency = Latency::of_nanos(elapsed);
         for h in self.held.iter_mut().filter(|h| h.granted()) {
-            let state = &snap.states[h.rule as usize];
-            state.counters().latency(slot, latency);
-            if let Outcome::Grpc(code) = outcome {
-                state.counters().grpc(slot, code);
-            }
             let grant = Grant {
                 system_error: self.system_error,
                 ..h.grant
             };
-            state.record(slot, outcome, grant, now, Duration::from_nanos(elapsed));
+            let elapsed = Duration::from_nanos(elapsed);
+            snap.states[h.rule as usize]
+                .count_and_record(slot, latency, outcome, grant, now, elapsed);
             // A probe has reported; dropping must not give it back.
             h.grant.probe = false;
         }
