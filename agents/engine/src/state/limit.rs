@@ -549,8 +549,15 @@ impl Primitive for Limit {
         }
         let scope = scope_ref(scope);
         let cell = self.cell(scope);
-        let admitted = match scope {
-            CellRef::Own(class, crit) => self.try_admit_as(cell, now, *class, *crit),
+        let admitted = match (scope, self.plain) {
+            // A plain limit's own counter, not engaged: straight to its
+            // window (as `try_admit_as` would go after its latch test).
+            (CellRef::Single, Some((amount, w)))
+                if cell.engaged_until.load(Relaxed) == NOT_ENGAGED =>
+            {
+                Self::plain_calls(cell, amount, w, self.now_ms(now))
+            }
+            (CellRef::Own(class, crit), _) => self.try_admit_as(cell, now, *class, *crit),
             _ => self.try_admit(cell, now),
         };
         match admitted {
