@@ -166,6 +166,13 @@ pub(crate) fn route(
     if reach.nothing() {
         return None;
     }
+    // A request only rules of its path may match is planned by the path
+    // alone when they have nothing more to check.
+    if !(reach.always() || config.expiring || folds(config, req))
+        && let Some(at) = router.path_plan(req.path)
+    {
+        return at;
+    }
     let target = req.target.map(|t| t.service);
     let path = matched_path(config, req);
     let view = View::new(
@@ -219,12 +226,19 @@ fn request_class(config: &CompiledConfig, req: &RequestInfo<'_>) -> Class {
     config.classes.of(req.direction, &view)
 }
 
+/// Whether the rules of `config` match `req` on its path folded to lower
+/// case (inbound to a case-insensitive service).
+#[inline]
+fn folds(config: &CompiledConfig, req: &RequestInfo<'_>) -> bool {
+    config.paths.case_insensitive && req.direction == Direction::Inbound
+}
+
 /// The path the rules of `config` match `req` on, and key it by: its path, or,
 /// inbound to a case-insensitive service, its path folded to lower case
 /// (allocates only then, and only for a path with an upper-case letter).
 #[inline]
 fn matched_path<'a>(config: &CompiledConfig, req: &RequestInfo<'a>) -> Cow<'a, str> {
-    if config.paths.case_insensitive && req.direction == Direction::Inbound {
+    if folds(config, req) {
         gov_proto::path::fold_case(req.path)
     } else {
         Cow::Borrowed(req.path)

@@ -459,6 +459,12 @@ impl Reach {
     pub(crate) fn nothing(self) -> bool {
         !self.path && !self.always
     }
+
+    /// Whether it may match a rule without a path.
+    #[inline]
+    pub(crate) fn always(self) -> bool {
+        self.always
+    }
 }
 
 /// Where the plan of one request is: the compiled plan of one index entry
@@ -602,24 +608,8 @@ impl Router {
         metas: &[RuleMeta],
         scratch: &mut Option<Plan>,
     ) -> Option<PlanAt> {
-        let path = r.path.as_bytes();
-        let node = if !reach.path {
-            None
-        } else if self.exact_lens & len_bit(path.len()) != 0
-            && let Some(&node) = self.exact.get(r.path)
-        {
-            Some(node)
-        } else {
-            // Longest first: the first prefix met holds every rule of the
-            // shorter ones the path meets.
-            let head = head8(path);
-            self.prefixes
-                .iter()
-                .find(|p| p.holds(path, head))
-                .map(|p| p.node)
-        };
+        let found = if reach.path { self.node(r.path) } else { None };
         let mut at = None;
-        let found = node.and_then(|i| Some((i, self.nodes.get(i as usize)?)));
         if let Some((i, n)) = found {
             if !n.plan.is_empty() {
                 at = Some(PlanAt::Node(i));
@@ -635,6 +625,42 @@ impl Router {
             }
         }
         at
+    }
+
+    /// The node of the exact path or longest prefix `path` meets, and its
+    /// index.
+    #[inline]
+    fn node(&self, path: &str) -> Option<(u32, &Node)> {
+        let bytes = path.as_bytes();
+        let node = if self.exact_lens & len_bit(bytes.len()) != 0
+            && let Some(&node) = self.exact.get(path)
+        {
+            Some(node)
+        } else {
+            // Longest first: the first prefix met holds every rule of the
+            // shorter ones the path meets.
+            let head = head8(bytes);
+            self.prefixes
+                .iter()
+                .find(|p| p.holds(bytes, head))
+                .map(|p| p.node)
+        };
+        node.and_then(|i| Some((i, self.nodes.get(i as usize)?)))
+    }
+
+    /// [`Router::plan`] of a request that reaches no rule without a path
+    /// (`reach.always` false), by its `path` alone: `None` when a rule of
+    /// the node it meets has more to check (then ask [`Router::plan`]).
+    /// Neither the request's view nor a scratch plan is built (issue 39).
+    #[inline]
+    pub(crate) fn path_plan(&self, path: &str) -> Option<Option<PlanAt>> {
+        match self.node(path) {
+            None => Some(None),
+            Some((i, n)) if n.rest.is_empty() => {
+                Some((!n.plan.is_empty()).then_some(PlanAt::Node(i)))
+            }
+            Some(_) => None,
+        }
     }
 
     /// The plan at `at` (`scratch`: the one [`Router::plan`] was given;
