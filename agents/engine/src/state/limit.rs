@@ -55,6 +55,7 @@ use http::StatusCode;
 
 mod algo;
 pub(crate) mod attrs;
+mod decide;
 mod keyed;
 mod latches;
 mod lease;
@@ -282,21 +283,6 @@ impl Limit {
         };
         limit.plain = limit.plain_window();
         limit
-    }
-
-    /// [`Limit::plain`] of this limit's spec and set-up.
-    fn plain_window(&self) -> Option<(u64, u64)> {
-        match (&self.spec.calls, self.spec.algorithm) {
-            (Some(rate), Algorithm::FixedWindow)
-                if self.cluster.is_none()
-                    && self.spec.bytes.is_none()
-                    && self.share.is_none()
-                    && self.weight.is_none() =>
-            {
-                Some((rate.amount, ms(rate.window).max(1)))
-            }
-            _ => None,
-        }
     }
 
     /// Whether calls must be counted in the store first ([`Limit::admit_exact`]):
@@ -538,34 +524,20 @@ impl Primitive for Limit {
         self.cell_for(key)
     }
 
-    #[inline]
+    /// A plain limit's own counter, not engaged, inline: straight to its
+    /// window (as `try_admit_as` would go after its latch test; issue 39).
+    #[inline(always)]
     fn try_acquire(&self, scope: Option<&CellRef>, now: Now, start: Instant) -> Answer {
-        if let Some(CellRef::Full) = scope {
-            return self.no_room(now.at);
+        if scope.is_none()
+            && let Some((amount, w)) = self.plain
+            && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
+        {
+            return match Self::plain_calls(&self.single, amount, w, self.now_ms(now)) {
+                Ok(()) => Answer::Granted(self.grant()),
+                Err(e) => self.refused(&self.single, e, now, start),
+            };
         }
-        if self.remote() {
-            // `sync exact`: counted in the store, asynchronously.
-            return Answer::Wait(Duration::ZERO);
-        }
-        let scope = scope_ref(scope);
-        let cell = self.cell(scope);
-        let admitted = match (scope, self.plain) {
-            // A plain limit's own counter, not engaged: straight to its
-            // window (as `try_admit_as` would go after its latch test).
-            (CellRef::Single, Some((amount, w)))
-                if cell.engaged_until.load(Relaxed) == NOT_ENGAGED =>
-            {
-                Self::plain_calls(cell, amount, w, self.now_ms(now))
-            }
-            (CellRef::Own(class, crit), _) => self.try_admit_as(cell, now, *class, *crit),
-            _ => self.try_admit(cell, now),
-        };
-        match admitted {
-            Ok(()) => Answer::Granted(self.grant()),
-            // `sync batch` with an empty lease: asked from the store.
-            Err(LEASE_FIRST) => Answer::Wait(Duration::ZERO),
-            Err(e) => self.shape(cell, e, now.at, start),
-        }
+        self.try_acquire_any(scope, now, start)
     }
 
     async fn acquire(
