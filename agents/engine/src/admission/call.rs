@@ -254,12 +254,14 @@ impl Call {
     /// puts its box on this thread's free list, blank.
     #[inline(never)]
     pub(super) fn end_and_give(mut self: Box<Self>) {
+        // Takes the trace.
         self.ended();
         self.snap = None;
         self.held.clear();
-        self.keyed = None;
+        if self.keyed.is_some() {
+            self.keyed = None;
+        }
         self.waits.clear();
-        self.trace = None;
         let _ = FREE.try_with(move |f| {
             let head = f.take();
             let kept = head.as_ref().map_or(0, |h| h.kept);
