@@ -288,34 +288,49 @@ pub(crate) fn admit_matched(
     } else {
         None
     };
-    let step = |id: RuleId| step_of(&snap, config, keys.as_ref(), id);
     // The steps' slice, not `Plan::ids` (an opaque iterator would hold its
     // borrow of the snapshot up to the returns that move it).
-    for (i, &(_, id)) in plan.steps.iter().enumerate() {
+    let mut steps = plan.steps.iter();
+    while let Some(&(_, id)) = steps.next() {
         let stepped = match &keys {
             None => call.step_own(&snap, id.0, now),
             keys => call.step_now(&snap, step_of(&snap, config, keys.as_ref(), id), now),
         };
-        match stepped {
-            Ok(()) => {}
-            Err(StepError::Rejected(r)) => {
-                // Gives back what the earlier steps took.
-                call.snap = Some(snap);
-                drop(Admission::of(call));
-                return Decision::Rejected(r);
-            }
-            Err(StepError::Wait(waiting)) => {
-                let mut rest = Steps::new();
-                rest.push(waiting);
-                rest.extend(plan.steps[i + 1..].iter().map(|&(_, id)| step(id)));
-                call.snap = Some(snap);
-                return Decision::Wait(Pending::new(Admission::of(call), rest));
-            }
+        if let Err(e) = stepped {
+            let rest = match e {
+                StepError::Wait(_) => (steps.as_slice().iter())
+                    .map(|&(_, id)| step_of(&snap, config, keys.as_ref(), id))
+                    .collect(),
+                StepError::Rejected(_) => Steps::new(),
+            };
+            return not_admitted(call, snap, e, rest);
         }
     }
     call.snap = Some(snap);
     call.complete(stripe::current());
     Decision::Admitted(Admission::of(call))
+}
+
+/// A decision whose step did not pass at once (`e`): refused (what the
+/// earlier steps took is given back), or waiting with the steps left
+/// (`rest`).
+#[cold]
+#[inline(never)]
+fn not_admitted(mut call: Box<Call>, snap: Arc<Snapshot>, e: StepError, rest: Steps) -> Decision {
+    call.snap = Some(snap);
+    match e {
+        StepError::Rejected(r) => {
+            // Gives back what the earlier steps took.
+            drop(Admission::of(call));
+            Decision::Rejected(r)
+        }
+        StepError::Wait(waiting) => {
+            let mut steps = Steps::new();
+            steps.push(waiting);
+            steps.extend(rest);
+            Decision::Wait(Pending::new(Admission::of(call), steps))
+        }
+    }
 }
 
 /// The step of rule `id`: its scope by `keys` when the rule keys its calls
