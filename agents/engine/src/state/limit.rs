@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use crate::clock::{self, Now};
 use crate::cluster::{ClusterStore, ExactCall, ExactReply, FlushItem, Latch};
 use crate::criticality::Class;
+use crate::divisor::Divisor;
 use crate::events::{EventKind, Events};
 // `cluster::Latch` is the store's view of a latch; this one is the exported kind.
 use crate::latch::{self, Latch as Kept, LatchKind, Restored};
@@ -228,7 +229,7 @@ pub(crate) struct Limit {
     /// A local fixed window of calls alone (no bytes, store, share or
     /// warm-up weight): its amount and window in milliseconds, worked out
     /// once (issue 39: a call of such a limit goes straight to the window).
-    plain: Option<(u64, u64)>,
+    plain: Option<(u64, Divisor)>,
 }
 
 fn pack(window: u64, count: u64) -> u64 {

@@ -19,6 +19,7 @@ use super::share::{Class, LimitShare, Verdict};
 use super::{Algorithm, Exceeded, Limit, LimitCell, RateSpec, ms, pack};
 use crate::clock::Now;
 use crate::cluster::sliding_wait_ms;
+use crate::divisor::Divisor;
 use crate::rejection::RejectReason;
 use crate::weight::{self, FULL_WEIGHT};
 
@@ -66,10 +67,10 @@ impl Limit {
     pub(super) fn plain_calls(
         cell: &LimitCell,
         amount: u64,
-        w: u64,
+        w: Divisor,
         now_ms: u64,
     ) -> Result<(), Exceeded> {
-        fixed_ms(cell, amount, w, now_ms)
+        fixed_in(cell, amount, w.get(), w.div(now_ms), now_ms)
     }
 
     /// The calls rate and a token bucket's burst now: under `scale with
@@ -192,13 +193,21 @@ fn over(wait_ms: u64) -> Exceeded {
 
 #[inline]
 fn fixed(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
-    fixed_ms(cell, rate.amount, ms(rate.window).max(1), now_ms)
+    let w = ms(rate.window).max(1);
+    fixed_in(cell, rate.amount, w, now_ms / w, now_ms)
 }
 
-/// [`fixed`] of `amount` calls per window of `w` milliseconds (at least 1).
+/// [`fixed`] of `amount` calls per window of `w` milliseconds (at least
+/// 1), `now_ms` in window `number` (`now_ms / w`).
 #[inline]
-fn fixed_ms(cell: &LimitCell, amount: u64, w: u64, now_ms: u64) -> Result<(), Exceeded> {
-    let window = (now_ms / w) & 0xffff_ffff;
+fn fixed_in(
+    cell: &LimitCell,
+    amount: u64,
+    w: u64,
+    number: u64,
+    now_ms: u64,
+) -> Result<(), Exceeded> {
+    let window = number & 0xffff_ffff;
     let mut current = cell.calls.load(Relaxed);
     loop {
         let count = if current >> 32 == window {

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::{Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, ms, scope_ref};
 use crate::clock::Now;
+use crate::divisor::Divisor;
 use crate::primitive::Answer;
 
 impl Limit {
@@ -56,7 +57,7 @@ impl Limit {
     }
 
     /// [`Limit::plain`] of this limit's spec and set-up.
-    pub(super) fn plain_window(&self) -> Option<(u64, u64)> {
+    pub(super) fn plain_window(&self) -> Option<(u64, Divisor)> {
         match (&self.spec.calls, self.spec.algorithm) {
             (Some(rate), Algorithm::FixedWindow)
                 if self.cluster.is_none()
@@ -64,7 +65,7 @@ impl Limit {
                     && self.share.is_none()
                     && self.weight.is_none() =>
             {
-                Some((rate.amount, ms(rate.window).max(1)))
+                Some((rate.amount, Divisor::new(ms(rate.window))))
             }
             _ => None,
         }
