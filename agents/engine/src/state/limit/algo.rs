@@ -63,7 +63,7 @@ impl Limit {
 impl Limit {
     /// A call of a plain limit ([`Limit::plain`]): `amount` calls per
     /// fixed window of `w` milliseconds.
-    #[inline]
+    #[inline(always)]
     pub(super) fn plain_calls(
         cell: &LimitCell,
         amount: u64,
