@@ -322,7 +322,7 @@ impl State {
         outcome: Outcome,
         grant: Grant,
         now: Now,
-        elapsed: Duration,
+        elapsed_ns: u64,
     ) {
         dispatch!(self, p => {
             let counters = Primitive::counters(&**p);
@@ -330,7 +330,7 @@ impl State {
             if let Outcome::Grpc(code) = outcome {
                 counters.grpc(slot, code);
             }
-            Primitive::record(&**p, slot, outcome, grant, now, elapsed);
+            Primitive::record(&**p, slot, outcome, grant, now, elapsed_ns);
         })
     }
 

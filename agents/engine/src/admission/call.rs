@@ -550,7 +550,6 @@ impl Call {
                 system_error: self.system_error,
                 ..h.grant()
             };
-            let elapsed = Duration::from_nanos(elapsed);
             snap.states[h.rule as usize]
                 .count_and_record(slot, latency, outcome, grant, now, elapsed);
             // A probe has reported; dropping must not give it back.

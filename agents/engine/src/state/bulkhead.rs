@@ -598,9 +598,8 @@ impl Primitive for Bulkhead {
     }
 
     #[inline]
-    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, now: Now, elapsed: Duration) {
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, now: Now, elapsed_ns: u64) {
         if let Some(a) = &self.adaptive {
-            let elapsed_ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
             a.sample(&self.limit, elapsed_ns, now);
         }
     }

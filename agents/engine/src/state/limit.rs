@@ -582,8 +582,7 @@ impl Primitive for Limit {
 
     fn release(&self, _scope: Option<&CellRef>, _grant: Grant) {}
 
-    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now, _elapsed: Duration) {
-    }
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now, _elapsed_ns: u64) {}
 
     #[inline]
     fn add_bytes(&self, scope: Option<&CellRef>, n: u64, now: Instant) {
