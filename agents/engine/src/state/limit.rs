@@ -530,11 +530,12 @@ impl Primitive for Limit {
     #[inline(always)]
     fn try_acquire(&self, scope: Option<&CellRef>, now: Now, start: Instant) -> Answer {
         if scope.is_none()
-            && let Some((amount, w)) = self.plain
+            && let Some((amount, w)) = &self.plain
             && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
         {
-            return match Self::plain_calls(&self.single, amount, w, self.now_ms(now)) {
-                Ok(()) => Answer::Granted(self.grant()),
+            return match Self::plain_calls(&self.single, *amount, *w, self.now_ms(now)) {
+                // A plain limit counts no bytes: its grant is the default.
+                Ok(()) => Answer::Granted(Grant::default()),
                 Err(e) => self.refused(&self.single, e, now, start),
             };
         }
