@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-matched_budget=1720
+matched_budget=1250
 unmatched_budget=160
 
 if ! command -v valgrind >/dev/null 2>&1; then

@@ -226,7 +226,7 @@ impl Admission {
         let scopes = call
             .held
             .iter()
-            .filter(|h| h.grant.bytes)
+            .filter(|h| h.bytes())
             .map(|h| (h.rule, call.scope(h).cloned().unwrap_or(Scope::Rule)))
             .collect();
         Some(ByteMeter { snap, scopes })

@@ -1,11 +1,17 @@
 //! The engine's clock, read through `tokio::time` (paused in tests): each
-//! read is turned once into nanoseconds since one process-wide base, so a
-//! decision subtracts one `Instant` per clock read, and each windowed rule
-//! works out its milliseconds from its epoch (kept in nanoseconds since the
-//! same base) with integer arithmetic. The results are those of
-//! `now.saturating_duration_since(epoch)`, exactly: both are whole
+//! read is turned once into nanoseconds since one process-wide base, so each
+//! windowed rule works out its milliseconds from its epoch (kept in
+//! nanoseconds since the same base) with integer arithmetic. The results are
+//! those of `now.saturating_duration_since(epoch)`, exactly: both are whole
 //! nanoseconds since the base.
+//!
+//! A read's nanoseconds come from the seconds and nanoseconds the instant
+//! holds, as its `Hash` writes them (issue 39: `Instant` has no other way
+//! to its fields, and a subtraction of two is a call into std of about 35
+//! instructions); the base checks, once, that what `Hash` writes subtracts
+//! as `Instant`s do, and where it does not every read subtracts the base.
 
+use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -16,20 +22,137 @@ use tokio::time::Instant;
 /// only moves forward) is after it.
 const BEFORE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-fn base() -> Instant {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    *BASE.get_or_init(|| {
+const NANOS_PER_SEC: u32 = 1_000_000_000;
+
+/// The process-wide base, and its fields when reading them from an
+/// instant's `Hash` subtracts as instants do.
+struct Base {
+    at: Instant,
+    parts: Option<(i64, u32)>,
+}
+
+fn base() -> &'static Base {
+    static BASE: OnceLock<Base> = OnceLock::new();
+    BASE.get_or_init(|| {
         let now = Instant::now();
-        now.checked_sub(BEFORE).unwrap_or(now)
+        let at = now.checked_sub(BEFORE).unwrap_or(now);
+        Base {
+            at,
+            parts: parts(at).filter(|&p| subtracts_as_instants(at, p)),
+        }
     })
+}
+
+/// What an instant's `Hash` writes: on Unix its seconds (`i64`) then its
+/// nanoseconds (`u32`). Anything else is marked `odd`.
+#[derive(Default)]
+struct Parts {
+    sec: i64,
+    nsec: u32,
+    writes: u8,
+    odd: bool,
+}
+
+impl Hasher for Parts {
+    fn finish(&self) -> u64 {
+        0
+    }
+
+    fn write(&mut self, _: &[u8]) {
+        self.odd = true;
+    }
+
+    #[inline]
+    fn write_i64(&mut self, v: i64) {
+        self.odd |= self.writes != 0;
+        self.sec = v;
+        self.writes += 1;
+    }
+
+    #[inline]
+    fn write_u32(&mut self, v: u32) {
+        self.odd |= self.writes != 1;
+        self.nsec = v;
+        self.writes += 1;
+    }
+}
+
+/// The seconds and nanoseconds `at` holds, when its `Hash` writes them as
+/// [`Parts`] reads them.
+fn parts(at: Instant) -> Option<(i64, u32)> {
+    let mut p = Parts::default();
+    at.hash(&mut p);
+    (p.writes == 2 && !p.odd && p.nsec < NANOS_PER_SEC).then_some((p.sec, p.nsec))
+}
+
+/// Whether instants after `at` (whose fields are `at_parts`), read by
+/// [`parts`], are as far from it as `Instant` subtraction says.
+fn subtracts_as_instants(at: Instant, at_parts: (i64, u32)) -> bool {
+    [
+        1,
+        999_999_999,
+        1_000_000_000,
+        1_500_000_001,
+        86_400_000_000_123,
+    ]
+    .into_iter()
+    .map(Duration::from_nanos)
+    .all(|d| {
+        at.checked_add(d).is_some_and(|later| {
+            parts(later).is_some_and(|p| {
+                since(p, at_parts) == later.saturating_duration_since(at).as_nanos() as u64
+            })
+        })
+    })
+}
+
+/// Nanoseconds from the fields `from` to the fields `to` (0 when `to` is
+/// earlier), saturated.
+#[inline]
+fn since(to: (i64, u32), from: (i64, u32)) -> u64 {
+    /// Whole seconds whose nanoseconds fit in 63 bits (292 years).
+    const FIT: u64 = 9_000_000_000;
+    match to.0.checked_sub(from.0).map(u64::try_from) {
+        // One compare on the hot path: the seconds apart are in range.
+        Some(Ok(secs)) if secs < FIT => {
+            (secs * u64::from(NANOS_PER_SEC) + u64::from(to.1)).saturating_sub(u64::from(from.1))
+        }
+        _ => since_far(to, from),
+    }
+}
+
+/// [`since`] of instants 292 years or more apart, or in the wrong order.
+#[cold]
+fn since_far(to: (i64, u32), from: (i64, u32)) -> u64 {
+    let secs = to.0.saturating_sub(from.0);
+    let nanos = i64::from(to.1) - i64::from(from.1);
+    match u64::try_from(secs) {
+        Ok(secs) => secs
+            .saturating_mul(u64::from(NANOS_PER_SEC))
+            .saturating_add_signed(nanos),
+        Err(_) => 0,
+    }
 }
 
 /// Nanoseconds from the base to `at`.
 #[inline]
 pub(crate) fn ns(at: Instant) -> u64 {
+    let base = base();
+    if let Some(from) = base.parts {
+        let mut p = Parts::default();
+        at.hash(&mut p);
+        return since((p.sec, p.nsec), from);
+    }
+    slow_ns(base, at)
+}
+
+/// [`ns`] by `Instant` subtraction, where [`parts`] does not hold.
+#[cold]
+#[inline(never)]
+fn slow_ns(base: &Base, at: Instant) -> u64 {
     // `as_nanos` without its 128-bit product: whole seconds since the base
     // (about a century, times 10^9, fits in 64 bits; saturated past that).
-    let d = at.saturating_duration_since(base());
+    let d = at.saturating_duration_since(base.at);
     d.as_secs()
         .saturating_mul(1_000_000_000)
         .saturating_add(u64::from(d.subsec_nanos()))
@@ -104,5 +227,53 @@ mod tests {
         let later = Now::from(now.at + Duration::from_millis(5));
         assert_eq!(now.ms_since(ns(later.at)), 0);
         assert_eq!(now.nanos_since(later), 0);
+    }
+
+    /// The fields an instant's `Hash` writes give what subtraction does,
+    /// at and before the base too.
+    #[test]
+    fn fields_and_subtraction_agree() {
+        let b = base();
+        let now = Instant::now();
+        for step_ns in [0, 1, 999_999_999, 1_000_000_000, 123_456_789_012] {
+            let at = now + Duration::from_nanos(step_ns);
+            assert_eq!(ns(at), slow_ns(b, at));
+        }
+        assert_eq!(ns(b.at), 0);
+        if let Some(earlier) = b.at.checked_sub(Duration::from_nanos(1)) {
+            assert_eq!(ns(earlier), 0);
+            assert_eq!(slow_ns(b, earlier), 0);
+        }
+    }
+
+    /// On Unix (the agent's platforms) reads take the fields, not the
+    /// subtraction: a std whose `Instant` hashes otherwise fails here, and
+    /// its reads cost a subtraction each (issue 39).
+    #[cfg(unix)]
+    #[test]
+    fn on_unix_reads_take_the_fields() {
+        assert!(base().parts.is_some());
+    }
+
+    /// The one-compare difference of fields is the saturated one.
+    #[test]
+    fn fields_subtract_saturated() {
+        let cases = [
+            ((5, 10), (5, 10)),
+            ((5, 9), (5, 10)),
+            ((6, 0), (5, 999_999_999)),
+            ((4, 0), (5, 0)),
+            ((8_999_999_999, 5), (0, 7)),
+            ((9_000_000_000, 5), (0, 7)),
+            ((i64::MAX, 999_999_999), (0, 0)),
+            ((i64::MAX, 0), (i64::MIN, 0)),
+            ((i64::MIN, 0), (i64::MAX, 0)),
+        ];
+        for (to, from) in cases {
+            assert_eq!(since(to, from), since_far(to, from), "{to:?} - {from:?}");
+        }
+        assert_eq!(since((6, 0), (5, 999_999_999)), 1);
+        assert_eq!(since((5, 9), (5, 10)), 0);
+        assert_eq!(since((i64::MAX, 0), (0, 0)), u64::MAX);
     }
 }

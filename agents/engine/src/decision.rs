@@ -166,6 +166,13 @@ pub(crate) fn route(
     if reach.nothing() {
         return None;
     }
+    // A request only rules of its path may match is planned by the path
+    // alone when they have nothing more to check.
+    if !(reach.always() || config.expiring || folds(config, req))
+        && let Some(at) = router.path_plan(req.path)
+    {
+        return at;
+    }
     let target = req.target.map(|t| t.service);
     let path = matched_path(config, req);
     let view = View::new(
@@ -219,12 +226,19 @@ fn request_class(config: &CompiledConfig, req: &RequestInfo<'_>) -> Class {
     config.classes.of(req.direction, &view)
 }
 
+/// Whether the rules of `config` match `req` on its path folded to lower
+/// case (inbound to a case-insensitive service).
+#[inline]
+fn folds(config: &CompiledConfig, req: &RequestInfo<'_>) -> bool {
+    config.paths.case_insensitive && req.direction == Direction::Inbound
+}
+
 /// The path the rules of `config` match `req` on, and key it by: its path, or,
 /// inbound to a case-insensitive service, its path folded to lower case
 /// (allocates only then, and only for a path with an upper-case letter).
 #[inline]
 fn matched_path<'a>(config: &CompiledConfig, req: &RequestInfo<'a>) -> Cow<'a, str> {
-    if config.paths.case_insensitive && req.direction == Direction::Inbound {
+    if folds(config, req) {
         gov_proto::path::fold_case(req.path)
     } else {
         Cow::Borrowed(req.path)
@@ -274,30 +288,49 @@ pub(crate) fn admit_matched(
     } else {
         None
     };
-    let step = |id: RuleId| step_of(&snap, config, keys.as_ref(), id);
     // The steps' slice, not `Plan::ids` (an opaque iterator would hold its
     // borrow of the snapshot up to the returns that move it).
-    for (i, &(_, id)) in plan.steps.iter().enumerate() {
-        match call.step_now(&snap, step_of(&snap, config, keys.as_ref(), id), now) {
-            Ok(()) => {}
-            Err(StepError::Rejected(r)) => {
-                // Gives back what the earlier steps took.
-                call.snap = Some(snap);
-                drop(Admission::of(call));
-                return Decision::Rejected(r);
-            }
-            Err(StepError::Wait(waiting)) => {
-                let mut rest = Steps::new();
-                rest.push(waiting);
-                rest.extend(plan.steps[i + 1..].iter().map(|&(_, id)| step(id)));
-                call.snap = Some(snap);
-                return Decision::Wait(Pending::new(Admission::of(call), rest));
-            }
+    let mut steps = plan.steps.iter();
+    while let Some(&(_, id)) = steps.next() {
+        let stepped = match &keys {
+            None => call.step_own(&snap, id.0, now),
+            keys => call.step_now(&snap, step_of(&snap, config, keys.as_ref(), id), now),
+        };
+        if let Err(e) = stepped {
+            let rest = match e {
+                StepError::Wait(_) => (steps.as_slice().iter())
+                    .map(|&(_, id)| step_of(&snap, config, keys.as_ref(), id))
+                    .collect(),
+                StepError::Rejected(_) => Steps::new(),
+            };
+            return not_admitted(call, snap, e, rest);
         }
     }
     call.snap = Some(snap);
     call.complete(stripe::current());
     Decision::Admitted(Admission::of(call))
+}
+
+/// A decision whose step did not pass at once (`e`): refused (what the
+/// earlier steps took is given back), or waiting with the steps left
+/// (`rest`).
+#[cold]
+#[inline(never)]
+fn not_admitted(mut call: Box<Call>, snap: Arc<Snapshot>, e: StepError, rest: Steps) -> Decision {
+    call.snap = Some(snap);
+    match e {
+        StepError::Rejected(r) => {
+            // Gives back what the earlier steps took.
+            drop(Admission::of(call));
+            Decision::Rejected(r)
+        }
+        StepError::Wait(waiting) => {
+            let mut steps = Steps::new();
+            steps.push(waiting);
+            steps.extend(rest);
+            Decision::Wait(Pending::new(Admission::of(call), steps))
+        }
+    }
 }
 
 /// The step of rule `id`: its scope by `keys` when the rule keys its calls

@@ -80,6 +80,7 @@ pub mod config;
 pub mod criticality;
 pub mod deadline;
 pub mod decision;
+mod divisor;
 pub mod engine;
 pub mod events;
 pub mod grpc;

@@ -98,9 +98,10 @@ pub(crate) trait Primitive {
     /// A granted call ended: gives back what it held.
     fn release(&self, scope: Option<&Self::Scope>, grant: Grant);
 
-    /// How a granted call ended, `elapsed` after its decision began (the
-    /// latency the histogram counts; a fuse's slow calls).
-    fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Now, elapsed: Duration);
+    /// How a granted call ended, `elapsed_ns` nanoseconds after its
+    /// decision began (the latency the histogram counts; a fuse's slow
+    /// calls, an adaptive bulkhead's sample).
+    fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Now, elapsed_ns: u64);
 
     /// Counts `n` request or response bytes of a call granted with `bytes`.
     fn add_bytes(&self, _scope: Option<&Self::Scope>, _n: u64, _now: Instant) {}

@@ -32,9 +32,11 @@ use crate::phase::Phase;
 
 mod filter;
 mod fx;
+mod prefix;
 
 use filter::PathFilter;
 pub(crate) use fx::FxBuild;
+use prefix::{Prefix, Prefixes};
 
 /// Inbound (server side) or outbound (client side, `calls to X`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -341,19 +343,6 @@ struct Entry {
     rest: Option<Cond>,
 }
 
-/// The first 8 bytes of `s`, zero-padded, as one word.
-#[inline]
-fn head8(s: &[u8]) -> u64 {
-    if let Some(head) = s.first_chunk::<8>() {
-        return u64::from_le_bytes(*head);
-    }
-    let mut word = 0u64;
-    for (i, &b) in s.iter().enumerate() {
-        word |= u64::from(b) << (8 * i);
-    }
-    word
-}
-
 /// What a request meeting one index entry (a path, or a prefix) matches:
 /// the plan of the rules its path alone matches, and the rules that have
 /// more to check.
@@ -380,43 +369,6 @@ impl Node {
     }
 }
 
-/// A path prefix and the rules it indexes.
-#[derive(Debug)]
-struct Prefix {
-    text: Box<str>,
-    /// The first 8 bytes of `text` and the mask of those present: most
-    /// prefixes are told apart by one word comparison.
-    head: u64,
-    mask: u64,
-    /// The rules of this prefix and of every shorter one it starts with
-    /// (its node in the router's `nodes`).
-    node: u32,
-}
-
-impl Prefix {
-    fn new(text: &str, node: u32) -> Self {
-        let n = text.len().min(8);
-        Self {
-            head: head8(text.as_bytes()),
-            mask: if n == 8 {
-                u64::MAX
-            } else {
-                (1u64 << (8 * n)) - 1
-            },
-            text: text.into(),
-            node,
-        }
-    }
-
-    /// Whether `path` (whose `head8` is `path_head`) starts with this prefix.
-    #[inline]
-    fn holds(&self, path: &[u8], path_head: u64) -> bool {
-        path_head & self.mask == self.head
-            && path.len() >= self.text.len()
-            && (self.text.len() <= 8 || path.starts_with(self.text.as_bytes()))
-    }
-}
-
 /// The rules of one direction, indexed by required path.
 #[derive(Debug, Default)]
 pub(crate) struct Router {
@@ -428,8 +380,8 @@ pub(crate) struct Router {
     /// Bit `len % 64` is set for the length of every exact path: most
     /// requests skip the hash lookup.
     exact_lens: u64,
-    // INVARIANT: sorted by prefix length, longest first.
-    prefixes: Vec<Prefix>,
+    /// The prefixes, by their second byte, each group longest first.
+    prefixes: Prefixes,
     /// Rules without a path requirement: evaluated for every request that
     /// passes `gate`.
     always: Vec<Entry>,
@@ -458,6 +410,12 @@ impl Reach {
     #[inline]
     pub(crate) fn nothing(self) -> bool {
         !self.path && !self.always
+    }
+
+    /// Whether it may match a rule without a path.
+    #[inline]
+    pub(crate) fn always(self) -> bool {
+        self.always
     }
 }
 
@@ -532,17 +490,13 @@ impl Router {
                 (p.into(), node(n))
             })
             .collect();
-        router.prefixes = prefixes
-            .keys()
-            .map(|&p| Prefix::new(p, node(Node::new(under(p), metas))))
-            .collect();
+        router.prefixes = Prefixes::new(
+            prefixes
+                .keys()
+                .map(|&p| Prefix::new(p, node(Node::new(under(p), metas))))
+                .collect(),
+        );
         router.nodes = nodes;
-        router.prefixes.sort_by(|a, b| {
-            b.text
-                .len()
-                .cmp(&a.text.len())
-                .then_with(|| a.text.cmp(&b.text))
-        });
         router.gate = router
             .always
             .iter()
@@ -602,24 +556,8 @@ impl Router {
         metas: &[RuleMeta],
         scratch: &mut Option<Plan>,
     ) -> Option<PlanAt> {
-        let path = r.path.as_bytes();
-        let node = if !reach.path {
-            None
-        } else if self.exact_lens & len_bit(path.len()) != 0
-            && let Some(&node) = self.exact.get(r.path)
-        {
-            Some(node)
-        } else {
-            // Longest first: the first prefix met holds every rule of the
-            // shorter ones the path meets.
-            let head = head8(path);
-            self.prefixes
-                .iter()
-                .find(|p| p.holds(path, head))
-                .map(|p| p.node)
-        };
+        let found = if reach.path { self.node(r.path) } else { None };
         let mut at = None;
-        let found = node.and_then(|i| Some((i, self.nodes.get(i as usize)?)));
         if let Some((i, n)) = found {
             if !n.plan.is_empty() {
                 at = Some(PlanAt::Node(i));
@@ -635,6 +573,36 @@ impl Router {
             }
         }
         at
+    }
+
+    /// The node of the exact path or longest prefix `path` meets, and its
+    /// index.
+    #[inline]
+    fn node(&self, path: &str) -> Option<(u32, &Node)> {
+        let bytes = path.as_bytes();
+        let node = if self.exact_lens & len_bit(bytes.len()) != 0
+            && let Some(&node) = self.exact.get(path)
+        {
+            Some(node)
+        } else {
+            self.prefixes.find(bytes)
+        };
+        node.and_then(|i| Some((i, self.nodes.get(i as usize)?)))
+    }
+
+    /// [`Router::plan`] of a request that reaches no rule without a path
+    /// (`reach.always` false), by its `path` alone: `None` when a rule of
+    /// the node it meets has more to check (then ask [`Router::plan`]).
+    /// Neither the request's view nor a scratch plan is built (issue 39).
+    #[inline]
+    pub(crate) fn path_plan(&self, path: &str) -> Option<Option<PlanAt>> {
+        match self.node(path) {
+            None => Some(None),
+            Some((i, n)) if n.rest.is_empty() => {
+                Some((!n.plan.is_empty()).then_some(PlanAt::Node(i)))
+            }
+            Some(_) => None,
+        }
     }
 
     /// The plan at `at` (`scratch`: the one [`Router::plan`] was given;
@@ -864,7 +832,7 @@ mod tests {
             ..gov_proto::compiled::target("svc")
         };
         let cfg = CompiledConfig::try_from(&t).unwrap();
-        let lens: Vec<usize> = cfg.inbound.prefixes.iter().map(|p| p.text.len()).collect();
+        let lens: Vec<usize> = cfg.inbound.prefixes.lens().collect();
         assert_eq!(lens, [4, 3, 2]);
     }
 

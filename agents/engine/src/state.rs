@@ -34,7 +34,7 @@ use crate::latch::{Latch, Restored};
 use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant, Keys, Phase, Primitive};
 use crate::rejection::RejectReason;
-use crate::stats::{Counters, RuleStats};
+use crate::stats::{Counters, Latency, RuleStats};
 use crate::stripe::Slot;
 use crate::weight::Weight;
 
@@ -276,6 +276,19 @@ impl State {
         }
     }
 
+    /// [`State::try_acquire`] in the rule's own scope, of a decision that
+    /// began `now`, and whether a grant may have something to give back
+    /// ([`State::gives_back`]): one dispatch for both (issue 39).
+    #[inline(always)]
+    pub(crate) fn try_acquire_own(&self, now: Now) -> (Answer, bool) {
+        match self {
+            State::Bulkhead(b) => (Primitive::try_acquire(&**b, None, now, now.at), true),
+            State::Limit(l) => (Primitive::try_acquire(&**l, None, now, now.at), false),
+            State::Fuse(f) => (Primitive::try_acquire(&**f, None, now, now.at), false),
+            State::Retry(r) => (Primitive::try_acquire(&**r, None, now, now.at), false),
+        }
+    }
+
     pub(crate) async fn acquire(
         &self,
         scope: &Scope,
@@ -299,16 +312,26 @@ impl State {
         }
     }
 
-    #[inline]
-    pub(crate) fn record(
+    /// Counts a granted call's `latency` (and a gRPC call's code) and
+    /// records its outcome: one dispatch for both (issue 39).
+    #[inline(always)]
+    pub(crate) fn count_and_record(
         &self,
         slot: Slot,
+        latency: Latency,
         outcome: Outcome,
         grant: Grant,
         now: Now,
-        elapsed: Duration,
+        elapsed_ns: u64,
     ) {
-        dispatch!(self, p => Primitive::record(&**p, slot, outcome, grant, now, elapsed))
+        dispatch!(self, p => {
+            let counters = Primitive::counters(&**p);
+            counters.latency(slot, latency);
+            if let Outcome::Grpc(code) = outcome {
+                counters.grpc(slot, code);
+            }
+            Primitive::record(&**p, slot, outcome, grant, now, elapsed_ns);
+        })
     }
 
     #[inline]

@@ -67,20 +67,23 @@ thread_local! {
     static LEASE: Lease = Lease::take();
 }
 
-/// The calling thread's stripe, valid on this thread only (not `Send`).
+/// The calling thread's stripe, valid on this thread only (not `Send`):
+/// its index in every counter set, worked out once per [`current`] (issue
+/// 39: a look-up is then one bounds test), and whether the thread owns it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Slot {
-    /// `None`: the shared stripe.
-    own: Option<usize>,
+    /// The thread's own slot, or [`slots`] (the shared stripe).
+    idx: usize,
+    owned: bool,
     _not_send: PhantomData<*const ()>,
 }
 
 impl Slot {
     /// The shared stripe (always correct, from any thread).
-    #[cfg(test)]
     pub(crate) fn shared() -> Self {
         Self {
-            own: None,
+            idx: slots(),
+            owned: false,
             _not_send: PhantomData,
         }
     }
@@ -88,7 +91,7 @@ impl Slot {
     /// Whether this thread owns a stripe (else it uses the shared one).
     #[cfg(test)]
     pub(crate) fn is_owned(self) -> bool {
-        self.own.is_some()
+        self.owned
     }
 }
 
@@ -96,9 +99,13 @@ impl Slot {
 /// shared stripe when every slot is taken or the thread is exiting.
 #[inline]
 pub(crate) fn current() -> Slot {
-    Slot {
-        own: LEASE.try_with(|l| l.0).ok().flatten(),
-        _not_send: PhantomData,
+    match LEASE.try_with(|l| l.0) {
+        Ok(Some(idx)) => Slot {
+            idx,
+            owned: true,
+            _not_send: PhantomData,
+        },
+        _ => Slot::shared(),
     }
 }
 
@@ -136,11 +143,19 @@ impl<T> Striped<T> {
     /// with plain stores).
     #[inline]
     pub(crate) fn get(&self, slot: Slot) -> (&T, bool) {
-        let shared = self.stripes.len() - 1;
-        match slot.own {
-            Some(i) if i < shared => (&self.stripes[i], true),
-            _ => (&self.stripes[shared], false),
+        // A thread's own slot is below `slots()`, the shared one is
+        // `slots()`: both in bounds (the invariant above).
+        match self.stripes.get(slot.idx) {
+            Some(s) => (s, slot.owned),
+            None => self.last(),
         }
+    }
+
+    /// The shared stripe.
+    #[cold]
+    fn last(&self) -> (&T, bool) {
+        let shared = self.stripes.len() - 1;
+        (&self.stripes[shared], false)
     }
 
     /// Every stripe, to sum them.

@@ -20,6 +20,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
+use crate::divisor::Divisor;
 use crate::stripe::{self, Slot, Striped};
 
 /// Buckets per window.
@@ -65,7 +66,7 @@ struct Buckets([Bucket; BUCKETS as usize]);
 
 #[derive(Debug)]
 pub(crate) struct RollingWindow {
-    bucket_ms: u64,
+    bucket_ms: Divisor,
     /// Bumped by `reset`: buckets of older generations count for nothing.
     generation: AtomicU64,
     stripes: Striped<Buckets>,
@@ -74,7 +75,7 @@ pub(crate) struct RollingWindow {
 impl RollingWindow {
     pub(crate) fn new(window_ms: u64) -> Self {
         Self {
-            bucket_ms: (window_ms / BUCKETS).max(1),
+            bucket_ms: Divisor::new(window_ms / BUCKETS),
             generation: AtomicU64::new(0),
             stripes: Striped::default(),
         }
@@ -82,7 +83,7 @@ impl RollingWindow {
 
     /// The tag of the bucket holding `now_ms` in the current generation.
     fn tag(&self, now_ms: u64) -> (u64, usize) {
-        let index = now_ms / self.bucket_ms;
+        let index = self.bucket_ms.div(now_ms);
         let generation = self.generation.load(Acquire);
         let tag = (generation << INDEX_BITS) | ((index + 1) & INDEX_MASK);
         (tag, (index % BUCKETS) as usize)

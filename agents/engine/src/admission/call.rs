@@ -41,27 +41,86 @@ pub(crate) enum StepError {
     Wait(Step),
 }
 
-/// What an admission holds of one rule until it ends. Copied whole: a
-/// keyed scope (an `Arc`) is kept aside in [`Call::keyed`].
+/// What an admission holds of one rule until it ends, in 8 bytes (issue
+/// 39: a hold is written by one step and read by three passes). Copied
+/// whole: a keyed scope (an `Arc`) is kept aside in [`Call::keyed`].
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Held {
     pub(super) rule: u32,
-    pub(super) grant: Grant,
-    /// The scope is in `Call::keyed`, else the rule's own.
-    pub(super) keyed: bool,
-    /// The rule has something to give back when the call ends (a bulkhead
-    /// permit, a fuse's probe): the end of the call visits only these.
-    gives_back: bool,
+    /// [`PROBE`], [`BYTES`], [`KEYED`], [`GIVES_BACK`].
+    bits: u8,
+    /// The grant's share class.
+    share_class: Option<u8>,
     /// A rule in mode shadow that would have refused the call, and why: it
     /// holds nothing, and the call is not counted or recorded by it.
     refused: Option<RejectReason>,
 }
 
+/// The grant is a half-open fuse's probe ([`Grant::probe`]).
+const PROBE: u8 = 1;
+/// The rule counts the call's bytes ([`Grant::bytes`]).
+const BYTES: u8 = 2;
+/// The scope is in `Call::keyed`, else the rule's own.
+const KEYED: u8 = 4;
+/// The rule has something to give back when the call ends (a bulkhead
+/// permit, a fuse's probe): the end of the call visits only these.
+const GIVES_BACK: u8 = 8;
+
 impl Held {
+    /// The hold of `grant` by `rule`.
+    #[inline]
+    fn new(rule: u32, grant: Grant, keyed: bool, gives_back: bool) -> Self {
+        let bit = |on: bool, bit: u8| if on { bit } else { 0 };
+        Self {
+            rule,
+            bits: bit(grant.probe, PROBE)
+                | bit(grant.bytes, BYTES)
+                | bit(keyed, KEYED)
+                | bit(gives_back || grant.probe, GIVES_BACK),
+            share_class: grant.share_class,
+            refused: None,
+        }
+    }
+
     /// Whether the rule granted the call (and so counts and records it).
     #[inline]
     pub(super) fn granted(&self) -> bool {
         self.refused.is_none()
+    }
+
+    /// What the rule granted (a system error is the call's, not kept here).
+    #[inline]
+    pub(super) fn grant(&self) -> Grant {
+        Grant {
+            probe: self.bits & PROBE != 0,
+            bytes: self.bytes(),
+            system_error: false,
+            share_class: self.share_class,
+        }
+    }
+
+    /// Whether the rule counts the call's bytes.
+    #[inline]
+    pub(super) fn bytes(&self) -> bool {
+        self.bits & BYTES != 0
+    }
+
+    /// Whether the scope is a keyed one, in `Call::keyed`.
+    #[inline]
+    pub(super) fn keyed(&self) -> bool {
+        self.bits & KEYED != 0
+    }
+
+    /// Whether the end of the call visits the rule.
+    #[inline]
+    fn gives_back(&self) -> bool {
+        self.bits & GIVES_BACK != 0
+    }
+
+    /// A probe has reported: dropping must not give it back.
+    #[inline]
+    fn reported(&mut self) {
+        self.bits &= !PROBE;
     }
 }
 
@@ -195,12 +254,14 @@ impl Call {
     /// puts its box on this thread's free list, blank.
     #[inline(never)]
     pub(super) fn end_and_give(mut self: Box<Self>) {
+        // Takes the trace.
         self.ended();
         self.snap = None;
         self.held.clear();
-        self.keyed = None;
+        if self.keyed.is_some() {
+            self.keyed = None;
+        }
         self.waits.clear();
-        self.trace = None;
         let _ = FREE.try_with(move |f| {
             let head = f.take();
             let kept = head.as_ref().map_or(0, |h| h.kept);
@@ -223,19 +284,13 @@ impl Call {
             self.keyed.get_or_insert_default().push((rule, step.scope));
         }
         self.has_bytes |= grant.bytes;
-        self.held.push(Held {
-            rule,
-            grant,
-            keyed,
-            gives_back: gives_back || grant.probe,
-            refused: None,
-        });
+        self.held.push(Held::new(rule, grant, keyed, gives_back));
     }
 
     /// The keyed scope held for `h` (`None`: the rule's own).
     #[inline]
     pub(super) fn scope(&self, h: &Held) -> Option<&Scope> {
-        if !h.keyed {
+        if !h.keyed() {
             return None;
         }
         self.keyed
@@ -261,6 +316,52 @@ impl Call {
                 self.hold(step, grant, state.gives_back());
                 Ok(())
             }
+            answer => self.not_granted(snap, step, answer),
+        }
+    }
+
+    /// [`Call::step_now`] of a decision begun at `now`, in the rule's own
+    /// scope (a rule that does not key its calls): no scope to move or
+    /// keep (issue 39).
+    #[inline]
+    pub(crate) fn step_own(
+        &mut self,
+        snap: &Snapshot,
+        rule: u32,
+        now: Now,
+    ) -> Result<(), StepError> {
+        match snap.states[rule as usize].try_acquire_own(now) {
+            (Answer::Granted(grant), gives_back) => {
+                self.has_bytes |= grant.bytes;
+                self.held.push(Held::new(rule, grant, false, gives_back));
+                Ok(())
+            }
+            (answer, _) => {
+                let step = Step {
+                    rule,
+                    scope: Scope::Rule,
+                };
+                self.not_granted(snap, step, answer)
+            }
+        }
+    }
+
+    /// A step that did not pass at once: a shadow rule's is counted and
+    /// passes, another's waits or is refused.
+    #[cold]
+    #[inline(never)]
+    fn not_granted(
+        &mut self,
+        snap: &Snapshot,
+        step: Step,
+        answer: Answer,
+    ) -> Result<(), StepError> {
+        let state = &snap.states[step.rule as usize];
+        match answer {
+            Answer::Granted(grant) => {
+                self.hold(step, grant, state.gives_back());
+                Ok(())
+            }
             Answer::Wait(_) if snap.is_shadow(step.rule) => {
                 self.shadow(snap, step.rule, state.wait_refusal());
                 Ok(())
@@ -282,9 +383,8 @@ impl Call {
         snap.shadow_reject(rule, reason);
         self.held.push(Held {
             rule,
-            grant: Grant::default(),
-            keyed: false,
-            gives_back: false,
+            bits: 0,
+            share_class: None,
             refused: Some(reason),
         });
     }
@@ -417,7 +517,7 @@ impl Call {
         }
         if let Some(snap) = &self.snap {
             let now = Instant::now();
-            for h in self.held.iter().filter(|h| h.grant.bytes) {
+            for h in self.held.iter().filter(|h| h.bytes()) {
                 snap.states[h.rule as usize].add_bytes(self.scope(h), n, now);
             }
         }
@@ -446,18 +546,14 @@ impl Call {
         let elapsed = self.start.map_or(0, |s| now.nanos_since(s));
         let latency = Latency::of_nanos(elapsed);
         for h in self.held.iter_mut().filter(|h| h.granted()) {
-            let state = &snap.states[h.rule as usize];
-            state.counters().latency(slot, latency);
-            if let Outcome::Grpc(code) = outcome {
-                state.counters().grpc(slot, code);
-            }
             let grant = Grant {
                 system_error: self.system_error,
-                ..h.grant
+                ..h.grant()
             };
-            state.record(slot, outcome, grant, now, Duration::from_nanos(elapsed));
+            snap.states[h.rule as usize]
+                .count_and_record(slot, latency, outcome, grant, now, elapsed);
             // A probe has reported; dropping must not give it back.
-            h.grant.probe = false;
+            h.reported();
         }
         if snap.any_shadow {
             shadow_timeouts(snap, &self.held, Duration::from_nanos(elapsed));
@@ -488,13 +584,13 @@ impl Call {
         for h in self
             .held
             .iter()
-            .filter(|h| h.granted() && (h.gives_back || unrecorded.is_some()))
+            .filter(|h| h.granted() && (h.gives_back() || unrecorded.is_some()))
         {
             let state = &snap.states[h.rule as usize];
             if let Some(slot) = unrecorded {
                 state.counters().end(slot);
             }
-            state.release(self.scope(h), h.grant);
+            state.release(self.scope(h), h.grant());
         }
     }
 
@@ -597,6 +693,26 @@ rules:
     /// Each test on a thread of its own: a free list of its own.
     fn on_a_thread(test: impl FnOnce() + Send + 'static) {
         assert!(std::thread::spawn(test).join().is_ok());
+    }
+
+    /// A hold is 8 bytes, and keeps what the rule granted.
+    #[test]
+    fn a_hold_is_one_word() {
+        assert_eq!(std::mem::size_of::<Held>(), 8);
+        let grant = Grant {
+            probe: true,
+            bytes: true,
+            system_error: false,
+            share_class: Some(3),
+        };
+        let mut h = Held::new(7, grant, true, false);
+        assert_eq!((h.rule, h.grant()), (7, grant));
+        assert!(h.keyed() && h.bytes() && h.gives_back() && h.granted());
+        h.reported();
+        assert!(!h.grant().probe && h.gives_back());
+        let plain = Held::new(1, Grant::default(), false, false);
+        assert!(!plain.keyed() && !plain.bytes() && !plain.gives_back());
+        assert_eq!(plain.grant(), Grant::default());
     }
 
     #[test]

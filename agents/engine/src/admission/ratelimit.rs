@@ -24,7 +24,7 @@ impl Admission {
                 continue;
             };
             let scope = h
-                .keyed
+                .keyed()
                 .then(|| call.keyed.iter().flatten().find(|(r, _)| *r == h.rule))
                 .flatten()
                 .map(|(_, s)| s);

@@ -106,13 +106,6 @@ impl Cell {
             }
         }
     }
-
-    fn give(&self) {
-        let before = self.state.fetch_sub(1, Release);
-        if before >> 32 > 0 {
-            self.notify.notify_one();
-        }
-    }
 }
 
 /// A scope's permits as its ordered wait list sees them.
@@ -454,19 +447,29 @@ impl Bulkhead {
         }
     }
 
-    /// Returns a permit taken by `try_take` or `wait_for`.
+    /// Returns a permit taken by `try_take` or `wait_for`: inline, and all
+    /// a permit no call waits for costs (issue 39).
+    #[inline]
     pub(crate) fn give(&self, cell: &Cell) {
-        if !self.ordered {
-            return cell.give();
-        }
         let before = cell.state.fetch_sub(1, Release);
         if before >> 32 > 0 {
-            let pool = Pool {
-                cell,
-                limit: &self.limit,
-            };
-            cell.ordered.dispatch(&pool, self.spec.queue);
+            self.wake(cell);
         }
+    }
+
+    /// A permit came back to `cell` while calls wait for one.
+    #[cold]
+    #[inline(never)]
+    fn wake(&self, cell: &Cell) {
+        if !self.ordered {
+            cell.notify.notify_one();
+            return;
+        }
+        let pool = Pool {
+            cell,
+            limit: &self.limit,
+        };
+        cell.ordered.dispatch(&pool, self.spec.queue);
     }
 
     /// Permits in use over every scope.
@@ -595,9 +598,8 @@ impl Primitive for Bulkhead {
     }
 
     #[inline]
-    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, now: Now, elapsed: Duration) {
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, now: Now, elapsed_ns: u64) {
         if let Some(a) = &self.adaptive {
-            let elapsed_ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
             a.sample(&self.limit, elapsed_ns, now);
         }
     }

@@ -204,7 +204,7 @@ impl Fuse {
     ) {
         let call = Call {
             class: self.classify(outcome),
-            elapsed,
+            elapsed_ns: u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
             timed_out: outcome == Outcome::Timeout,
         };
         self.record_call(slot, call, probe, now.into());
@@ -280,7 +280,7 @@ impl Fuse {
                     (Class::Ok, Some(t)) => format!(
                         "a probe call was slower than {} ({})",
                         secs(t),
-                        secs(call.elapsed)
+                        secs(Duration::from_nanos(call.elapsed_ns))
                     ),
                     _ => "a probe call failed".into(),
                 };
@@ -417,9 +417,9 @@ impl Fuse {
 #[derive(Clone, Copy, Debug)]
 struct Call {
     class: Class,
-    /// Its latency, as the latency histogram has it.
-    elapsed: Duration,
-    /// It was cut off by its deadline: slow whatever `elapsed` says.
+    /// Its latency in nanoseconds, as the latency histogram has it.
+    elapsed_ns: u64,
+    /// It was cut off by its deadline: slow whatever `elapsed_ns` says.
     timed_out: bool,
 }
 
@@ -427,7 +427,7 @@ impl Call {
     /// Whether it is slow for a condition with this `slower_than`.
     #[inline]
     fn is_slow(self, slower_than: Option<Duration>) -> bool {
-        slower_than.is_some_and(|t| self.timed_out || self.elapsed > t)
+        slower_than.is_some_and(|t| self.timed_out || u128::from(self.elapsed_ns) > t.as_nanos())
     }
 }
 
@@ -552,7 +552,7 @@ impl Primitive for Fuse {
     }
 
     #[inline]
-    fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Now, elapsed: Duration) {
+    fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Now, elapsed_ns: u64) {
         let class = if grant.system_error {
             Class::System
         } else {
@@ -560,7 +560,7 @@ impl Primitive for Fuse {
         };
         let call = Call {
             class,
-            elapsed,
+            elapsed_ns,
             timed_out: outcome == Outcome::Timeout,
         };
         self.record_call(slot, call, grant.probe, now);
@@ -702,14 +702,7 @@ mod tests {
             assert_eq!(f.state(), FuseState::Closed, "after {i}");
             assert!(f.try_admit(Instant::now()).is_ok());
             let slot = crate::stripe::current();
-            Primitive::record(
-                &f,
-                slot,
-                Outcome::Status(200),
-                marked,
-                Now::read(),
-                Duration::ZERO,
-            );
+            Primitive::record(&f, slot, Outcome::Status(200), marked, Now::read(), 0);
         }
         assert_eq!(f.state(), FuseState::Open);
     }

@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use crate::clock::{self, Now};
 use crate::cluster::{ClusterStore, ExactCall, ExactReply, FlushItem, Latch};
 use crate::criticality::Class;
+use crate::divisor::Divisor;
 use crate::events::{EventKind, Events};
 // `cluster::Latch` is the store's view of a latch; this one is the exported kind.
 use crate::latch::{self, Latch as Kept, LatchKind, Restored};
@@ -55,6 +56,7 @@ use http::StatusCode;
 
 mod algo;
 pub(crate) mod attrs;
+mod decide;
 mod keyed;
 mod latches;
 mod lease;
@@ -224,6 +226,10 @@ pub(crate) struct Limit {
     weight: Option<Weight>,
     /// `share by consumer { ... }`: the calls of a window shared by weight.
     share: Option<share::LimitShare>,
+    /// A local fixed window of calls alone (no bytes, store, share or
+    /// warm-up weight): its amount and window in milliseconds, worked out
+    /// once (issue 39: a call of such a limit goes straight to the window).
+    plain: Option<(u64, Divisor)>,
 }
 
 fn pack(window: u64, count: u64) -> u64 {
@@ -260,7 +266,7 @@ impl Limit {
         let epoch = Instant::now();
         let spec_scales = spec.warmup_scale;
         let share = spec.share.as_ref().map(share::LimitShare::new);
-        Self {
+        let mut limit = Self {
             spec,
             name,
             events,
@@ -274,7 +280,10 @@ impl Limit {
             counters: Counters::default(),
             weight: spec_scales.then(|| weight.clone()),
             share,
-        }
+            plain: None,
+        };
+        limit.plain = limit.plain_window();
+        limit
     }
 
     /// Whether calls must be counted in the store first ([`Limit::admit_exact`]):
@@ -348,6 +357,11 @@ impl Limit {
                     "released after its `release after` time".into(),
                 );
             }
+        }
+        if let Some((amount, w)) = self.plain
+            && crit != Class::Sheddable
+        {
+            return Self::plain_calls(cell, amount, w, now_ms);
         }
         if let Some(link) = &self.cluster {
             self.check_shared_bytes(link, cell, now.at)?;
@@ -511,27 +525,21 @@ impl Primitive for Limit {
         self.cell_for(key)
     }
 
-    #[inline]
+    /// A plain limit's own counter, not engaged, inline: straight to its
+    /// window (as `try_admit_as` would go after its latch test; issue 39).
+    #[inline(always)]
     fn try_acquire(&self, scope: Option<&CellRef>, now: Now, start: Instant) -> Answer {
-        if let Some(CellRef::Full) = scope {
-            return self.no_room(now.at);
+        if scope.is_none()
+            && let Some((amount, w)) = &self.plain
+            && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
+        {
+            return match Self::plain_calls(&self.single, *amount, *w, self.now_ms(now)) {
+                // A plain limit counts no bytes: its grant is the default.
+                Ok(()) => Answer::Granted(Grant::default()),
+                Err(e) => self.refused(&self.single, e, now, start),
+            };
         }
-        if self.remote() {
-            // `sync exact`: counted in the store, asynchronously.
-            return Answer::Wait(Duration::ZERO);
-        }
-        let scope = scope_ref(scope);
-        let cell = self.cell(scope);
-        let admitted = match scope {
-            CellRef::Own(class, crit) => self.try_admit_as(cell, now, *class, *crit),
-            _ => self.try_admit(cell, now),
-        };
-        match admitted {
-            Ok(()) => Answer::Granted(self.grant()),
-            // `sync batch` with an empty lease: asked from the store.
-            Err(LEASE_FIRST) => Answer::Wait(Duration::ZERO),
-            Err(e) => self.shape(cell, e, now.at, start),
-        }
+        self.try_acquire_any(scope, now, start)
     }
 
     async fn acquire(
@@ -575,8 +583,7 @@ impl Primitive for Limit {
 
     fn release(&self, _scope: Option<&CellRef>, _grant: Grant) {}
 
-    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now, _elapsed: Duration) {
-    }
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now, _elapsed_ns: u64) {}
 
     #[inline]
     fn add_bytes(&self, scope: Option<&CellRef>, n: u64, now: Instant) {
@@ -744,6 +751,7 @@ mod tests {
         let (mut l, _) = limit(Some(amount), None, None);
         l.spec.algorithm = algorithm;
         l.spec.calls = Some(RateSpec { amount, window });
+        l.plain = l.plain_window();
         l
     }
 
@@ -1719,6 +1727,7 @@ mod tests {
 
             let (mut plain, _rx) = limit(Some(30), None, None);
             plain.spec.algorithm = algorithm;
+            plain.plain = plain.plain_window();
             let got = run(&plain, 3, 0).await;
             assert!(got[2][1] <= 2, "{algorithm:?} without a share: {got:?}");
         }

@@ -318,8 +318,7 @@ impl Primitive for Retry {
 
     fn release(&self, _scope: Option<&()>, _grant: Grant) {}
 
-    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now, _elapsed: Duration) {
-    }
+    fn record(&self, _slot: Slot, _outcome: Outcome, _grant: Grant, _now: Now, _elapsed_ns: u64) {}
 
     /// Never used: a retry rule refuses nothing.
     fn reject_status(&self) -> StatusCode {

@@ -306,7 +306,7 @@ mod tests {
                     if let Some((start, done)) = *call
                         && done <= now
                     {
-                        let elapsed = now - start;
+                        let elapsed = u64::try_from((now - start).as_nanos()).unwrap_or(u64::MAX);
                         let slot = crate::stripe::current();
                         let (ok, grant) = (Outcome::Status(200), Grant::default());
                         self.b.record(slot, ok, grant, Now::from(now), elapsed);

@@ -19,6 +19,7 @@ use super::share::{Class, LimitShare, Verdict};
 use super::{Algorithm, Exceeded, Limit, LimitCell, RateSpec, ms, pack};
 use crate::clock::Now;
 use crate::cluster::sliding_wait_ms;
+use crate::divisor::Divisor;
 use crate::rejection::RejectReason;
 use crate::weight::{self, FULL_WEIGHT};
 
@@ -60,6 +61,18 @@ impl Limit {
 }
 
 impl Limit {
+    /// A call of a plain limit ([`Limit::plain`]): `amount` calls per
+    /// fixed window of `w` milliseconds.
+    #[inline(always)]
+    pub(super) fn plain_calls(
+        cell: &LimitCell,
+        amount: u64,
+        w: Divisor,
+        now_ms: u64,
+    ) -> Result<(), Exceeded> {
+        fixed_in(cell, amount, w.get(), w.div(now_ms), now_ms)
+    }
+
     /// The calls rate and a token bucket's burst now: under `scale with
     /// warmup`, while the instance ramps, the amount (and the burst) times
     /// its weight, at least 1.
@@ -181,7 +194,20 @@ fn over(wait_ms: u64) -> Exceeded {
 #[inline]
 fn fixed(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
     let w = ms(rate.window).max(1);
-    let window = (now_ms / w) & 0xffff_ffff;
+    fixed_in(cell, rate.amount, w, now_ms / w, now_ms)
+}
+
+/// [`fixed`] of `amount` calls per window of `w` milliseconds (at least
+/// 1), `now_ms` in window `number` (`now_ms / w`).
+#[inline]
+fn fixed_in(
+    cell: &LimitCell,
+    amount: u64,
+    w: u64,
+    number: u64,
+    now_ms: u64,
+) -> Result<(), Exceeded> {
+    let window = number & 0xffff_ffff;
     let mut current = cell.calls.load(Relaxed);
     loop {
         let count = if current >> 32 == window {
@@ -189,7 +215,7 @@ fn fixed(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded>
         } else {
             0
         };
-        if count >= rate.amount {
+        if count >= amount {
             return Err(over(w - now_ms % w));
         }
         match cell

@@ -1,0 +1,73 @@
+//! A call's decision in one limit without waiting, off the inline path
+//! of a plain limit's own counter ([`Limit::plain`], issue 39): any scope
+//! and set-up, a refusal, and whether a limit is plain.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, ms, scope_ref};
+use crate::clock::Now;
+use crate::divisor::Divisor;
+use crate::primitive::Answer;
+
+impl Limit {
+    /// [`Primitive::try_acquire`](crate::primitive::Primitive::try_acquire) of any scope and set-up.
+    #[inline(never)]
+    pub(super) fn try_acquire_any(
+        &self,
+        scope: Option<&CellRef>,
+        now: Now,
+        start: Instant,
+    ) -> Answer {
+        if let Some(CellRef::Full) = scope {
+            return self.no_room(now.at);
+        }
+        if self.remote() {
+            // `sync exact`: counted in the store, asynchronously.
+            return Answer::Wait(Duration::ZERO);
+        }
+        let scope = scope_ref(scope);
+        let cell = self.cell(scope);
+        let admitted = match scope {
+            CellRef::Own(class, crit) => self.try_admit_as(cell, now, *class, *crit),
+            _ => self.try_admit(cell, now),
+        };
+        match admitted {
+            Ok(()) => Answer::Granted(self.grant()),
+            Err(e) => self.refused(cell, e, now, start),
+        }
+    }
+
+    /// A call `cell` did not admit at once.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn refused(
+        &self,
+        cell: &LimitCell,
+        e: Exceeded,
+        now: Now,
+        start: Instant,
+    ) -> Answer {
+        match e {
+            // `sync batch` with an empty lease: asked from the store.
+            LEASE_FIRST => Answer::Wait(Duration::ZERO),
+            e => self.shape(cell, e, now.at, start),
+        }
+    }
+
+    /// [`Limit::plain`] of this limit's spec and set-up.
+    pub(super) fn plain_window(&self) -> Option<(u64, Divisor)> {
+        match (&self.spec.calls, self.spec.algorithm) {
+            (Some(rate), Algorithm::FixedWindow)
+                if self.cluster.is_none()
+                    && self.spec.bytes.is_none()
+                    && self.share.is_none()
+                    && self.weight.is_none() =>
+            {
+                Some((rate.amount, Divisor::new(ms(rate.window))))
+            }
+            _ => None,
+        }
+    }
+}
