@@ -125,6 +125,51 @@ async fn the_client_watches_from_a_revision_and_keeps_a_lease_alive() {
     assert!(keys.kvs.iter().all(|kv| kv.value.is_empty()));
 }
 
+/// A paged read in a transaction is read whole, page by page, as of the
+/// transaction's revision: every key once, in order, none written after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paged_read_is_read_whole_at_the_transactions_revision() {
+    use gov_control_plane::etcd::client::PAGE;
+    let etcd = Etcd::start().await;
+    let client = Client::connect(&etcd.endpoints(), &options()).unwrap();
+    let count = usize::try_from(PAGE).unwrap() * 2 + 500;
+    let puts: Vec<RequestOp> = (0..count)
+        .map(|i| RequestOp::put(format!("p/{i:05}"), "x", 0))
+        .collect();
+    for batch in puts.chunks(100) {
+        client
+            .txn(TxnRequest::default().and_then(batch.to_vec()))
+            .await
+            .unwrap();
+    }
+    client.put("q/after", "outside the prefix").await.unwrap();
+    let read = TxnRequest::default().and_then(vec![
+        RequestOp::get("q/after"),
+        RequestOp::range(RangeRequest::prefix("p/").paged()),
+    ]);
+    let got = client.txn_whole(read).await.unwrap();
+    let mut ranges = got.ranges();
+    assert_eq!(ranges.next().unwrap().kvs.len(), 1);
+    let whole = ranges.next().unwrap();
+    assert!(!whole.more);
+    let keys: Vec<String> = whole
+        .kvs
+        .iter()
+        .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+        .collect();
+    let expected: Vec<String> = (0..count).map(|i| format!("p/{i:05}")).collect();
+    assert_eq!(keys, expected, "every key once, in order");
+    // Written after the transaction: not in a read at its revision.
+    client.put("p/99999", "later").await.unwrap();
+    let at = RangeRequest::prefix("p/").paged();
+    let last = whole.kvs.last().unwrap();
+    let rest = client
+        .range(at.after(&last.key, got.revision()))
+        .await
+        .unwrap();
+    assert!(rest.kvs.is_empty(), "{:?}", rest.kvs.len());
+}
+
 /// Compacts etcd's history up to `revision` through the member's JSON
 /// gateway (`/v3/kv/compaction`: govd itself never compacts, so its client
 /// has no such call).
