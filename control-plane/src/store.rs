@@ -664,12 +664,7 @@ mod tests {
     /// loads as it is, and the next apply writes the config parts.
     #[test]
     fn a_state_directory_before_config_parts_loads_and_the_next_apply_splits_it() {
-        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parts-state");
-        let dir = tempfile::tempdir().unwrap();
-        for e in fs::read_dir(&fixture).unwrap() {
-            let e = e.unwrap();
-            fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
-        }
+        let dir = fixture_copy("parts-state");
         let store = DirStore::open(dir.path()).unwrap();
         let mut state = store.load_now().unwrap().state;
         assert_eq!(store.bytes_written(), 0, "read as it is");
@@ -716,6 +711,19 @@ mod tests {
         assert_eq!(back.latches, state.latches);
     }
 
+    /// A copy of the state directory `tests/fixtures/NAME`, to load and write.
+    fn fixture_copy(name: &str) -> tempfile::TempDir {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        let dir = tempfile::tempdir().unwrap();
+        for e in fs::read_dir(&fixture).unwrap() {
+            let e = e.unwrap();
+            fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+        }
+        dir
+    }
+
     /// The names of the files of `dir`, each up to its first `-`.
     fn kinds(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = fs::read_dir(dir)
@@ -735,12 +743,7 @@ mod tests {
     /// the `target-` parts once `policy.json` no longer names them.
     #[test]
     fn a_state_directory_with_listed_config_addresses_loads_and_the_next_write_converts_it() {
-        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/targets-state");
-        let dir = tempfile::tempdir().unwrap();
-        for e in fs::read_dir(&fixture).unwrap() {
-            let e = e.unwrap();
-            fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
-        }
+        let dir = fixture_copy("targets-state");
         let store = DirStore::open(dir.path()).unwrap();
         let state = store.load_now().unwrap().state;
         assert_eq!(store.bytes_written(), 0, "read as it is");

@@ -218,10 +218,7 @@ async fn a_config_the_agent_cannot_enforce_is_nacked_by_rule_and_the_old_one_sta
         .token()
         .start(dir.path())
         .await;
-    wait_until("the agent connected", Duration::from_secs(10), async || {
-        govd.status().await.agents.len() == 1
-    })
-    .await;
+    govd.wait_for_agents(1).await;
     assert_eq!(
         agent_state(&govd.status().await, "order-1").instance,
         "order-1"

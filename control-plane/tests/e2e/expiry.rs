@@ -33,10 +33,7 @@ async fn a_rule_stops_on_time_without_govd_and_govd_audits_its_expiry_and_latch(
         .control_plane(&govd)
         .start(dir.path())
         .await;
-    wait_until("the agent connected", Duration::from_secs(10), async || {
-        govd.status().await.agents.len() == 1
-    })
-    .await;
+    govd.wait_for_agents(1).await;
     let policy = write(dir.path(), "expiring.gov", EXPIRING);
     let applied = govc(&govd, Some(TOKEN), &["apply", "--wait", "10s", &policy]).await;
     assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);

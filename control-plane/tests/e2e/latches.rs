@@ -23,10 +23,7 @@ async fn an_agent_restart_never_drops_a_manual_fuse_from_govd_unaudited() {
             .start(dir.path())
     };
     let a = start_a().await;
-    wait_until("the agent connected", Duration::from_secs(10), async || {
-        govd.status().await.agents.len() == 1
-    })
-    .await;
+    govd.wait_for_agents(1).await;
     let v1 = write(dir.path(), "v1.gov", V1);
     let applied = govc(&govd, Some(TOKEN), &["apply", &v1]).await;
     assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
@@ -288,10 +285,7 @@ async fn latches_of_two_consumers_of_one_limit_are_released_and_kept_apart_acros
             .start(dir.path())
     };
     let a = start_a(dir.path().join("agent-a")).await;
-    wait_until("the agent connected", Duration::from_secs(10), async || {
-        govd.status().await.agents.len() == 1
-    })
-    .await;
+    govd.wait_for_agents(1).await;
     let policy = write(dir.path(), "keyed.gov", PER_CONSUMER);
     let applied = govc(&govd, Some(TOKEN), &["apply", "--wait", "10s", &policy]).await;
     assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
@@ -436,10 +430,7 @@ async fn a_release_made_while_an_agent_is_away_is_not_a_new_trip_when_it_returns
             .start(dir.path())
     };
     let a = start_a().await;
-    wait_until("the agent connected", Duration::from_secs(10), async || {
-        govd.status().await.agents.len() == 1
-    })
-    .await;
+    govd.wait_for_agents(1).await;
     let v1 = write(dir.path(), "v1.gov", V1);
     let applied = govc(&govd, Some(TOKEN), &["apply", "--wait", "10s", &v1]).await;
     assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
@@ -517,10 +508,7 @@ async fn the_tuis_watch_and_token_release_work_against_govd() {
         .await;
     // `apply --wait` waits for the agents connected when it applies: one not
     // connected yet would get the policy later, after the calls below.
-    wait_until("the agent connected", Duration::from_secs(10), async || {
-        govd.status().await.agents.len() == 1
-    })
-    .await;
+    govd.wait_for_agents(1).await;
     let v1 = write(dir.path(), "v1.gov", V1);
     let applied = govc(&govd, Some(TOKEN), &["apply", "--wait", "10s", &v1]).await;
     assert_eq!(applied.code, 0, "{}", applied.stderr);

@@ -564,10 +564,7 @@ async fn an_agent_that_acked_on_etcd_is_known_after_a_restart() {
         .control_plane(&govd)
         .start(dir.path())
         .await;
-    wait_until("the agent connected", Duration::from_secs(10), async || {
-        govd.status().await.agents.len() == 1
-    })
-    .await;
+    govd.wait_for_agents(1).await;
     let applied = apply_on(&govd, &policy(5)).await.unwrap();
     assert!(applied.applied);
     let synced = applied.outcomes.iter().map(pb::AgentOutcome::state);

@@ -258,10 +258,7 @@ async fn an_apply_refused_by_a_read_only_state_dir_changes_nothing_and_works_onc
         .control_plane(&govd)
         .start(dir.path())
         .await;
-    wait_until("the agent connected", Duration::from_secs(10), async || {
-        govd.status().await.agents.len() == 1
-    })
-    .await;
+    govd.wait_for_agents(1).await;
     let v1 = write(dir.path(), "v1.gov", V1);
     let applied = govc(&govd, Some(TOKEN), &["apply", &v1]).await;
     assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
@@ -336,10 +333,7 @@ async fn a_release_that_cannot_be_recorded_is_refused_and_the_fuse_stays() {
         .control_plane(&govd)
         .start(dir.path())
         .await;
-    wait_until("the agent connected", Duration::from_secs(10), async || {
-        govd.status().await.agents.len() == 1
-    })
-    .await;
+    govd.wait_for_agents(1).await;
     let v1 = write(dir.path(), "v1.gov", V1);
     let applied = govc(&govd, Some(TOKEN), &["apply", &v1]).await;
     assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);

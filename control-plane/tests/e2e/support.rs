@@ -236,6 +236,16 @@ impl Govd {
             .into_inner()
     }
 
+    /// Waits (10 s at most) until it knows `n` agents.
+    pub async fn wait_for_agents(&self, n: usize) {
+        wait_until(
+            "the agents connected",
+            Duration::from_secs(10),
+            async || self.status().await.agents.len() == n,
+        )
+        .await;
+    }
+
     /// SIGKILL: no flush, no goodbye (the harshest restart).
     pub async fn kill(mut self) {
         self.child.kill().await.unwrap();
