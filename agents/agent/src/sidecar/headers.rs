@@ -32,7 +32,15 @@ pub(crate) static FRAMING: [HeaderName; 3] = [
 /// Removes the hop-by-hop headers from `headers`. `te` is kept only as `te: trailers`,
 /// the one value that must reach an HTTP/2 (gRPC) upstream.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // The common case has no `connection` header at all: no allocation then.
+    // The common message has none of them: one pass over its names tells,
+    // where a look-up per listed name hashes each (about 1,500 instructions
+    // a call in issue 37's fixed-rate profile, request and response).
+    if !headers
+        .keys()
+        .any(|name| *name == header::TE || HOP_BY_HOP.contains(name))
+    {
+        return;
+    }
     if headers.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
@@ -121,6 +129,21 @@ mod tests {
         let mut left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, ["host", "x-kept"]);
+    }
+
+    #[test]
+    fn each_hop_by_hop_header_alone_among_end_to_end_ones_is_stripped() {
+        // The one-pass test before any look-up must see every listed name.
+        for name in HOP_BY_HOP.iter().map(HeaderName::as_str).chain(["te"]) {
+            let mut headers = map(&[("host", "a"), (name, "gzip"), ("x-kept", "2")]);
+            strip_hop_by_hop(&mut headers);
+            let mut left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
+            left.sort_unstable();
+            assert_eq!(left, ["host", "x-kept"], "{name} was forwarded");
+        }
+        let mut plain = map(&[("host", "a"), ("accept", "*/*")]);
+        strip_hop_by_hop(&mut plain);
+        assert_eq!(plain.len(), 2);
     }
 
     #[test]

@@ -37,6 +37,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// How often hyper's side pings an HTTP/2 client, and how long it waits for the
@@ -398,7 +399,7 @@ pub(crate) async fn serve_hyper<I, H, F, B>(
         .keep_alive_timeout(H2_KEEPALIVE)
         // RFC 8441: WebSockets over HTTP/2 (`upgrade`).
         .enable_connect_protocol();
-    let activity = Arc::new(Activity::default());
+    let activity = Arc::new(Activity::new());
     let seen = activity.clone();
     let service = service_fn(move |req| {
         let busy = Busy::enter(&seen);
@@ -443,12 +444,16 @@ pub(crate) async fn serve_hyper<I, H, F, B>(
     }
 }
 
-/// The requests in progress on one connection of hyper's side, and a signal at
-/// each start and end, for its idle bound.
-#[derive(Default)]
+/// The requests in progress on one connection of hyper's side, and when the
+/// last one ended, for its idle bound. The bound reads them when its timer
+/// fires; a request does not signal it: a signal at each start and end woke
+/// the connection and armed a new timer twice a request (issue 37's
+/// fixed-rate profile).
 struct Activity {
     active: AtomicUsize,
-    seen: Notify,
+    /// Milliseconds from `base` to the last end of a request.
+    last_end: AtomicU64,
+    base: Instant,
 }
 
 /// One request in progress; dropping it (answered, or reset by the client) ends it.
@@ -457,27 +462,92 @@ struct Busy(Arc<Activity>);
 impl Busy {
     fn enter(activity: &Arc<Activity>) -> Self {
         activity.active.fetch_add(1, Ordering::Relaxed);
-        activity.seen.notify_one();
         Busy(activity.clone())
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
-        self.0.seen.notify_one();
+        let activity = &self.0;
+        let ms = u64::try_from(activity.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        activity.last_end.store(ms, Ordering::Relaxed);
+        activity.active.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 impl Activity {
-    /// Completes once `timeout` passed with no request starting or ending and none
-    /// in progress.
+    fn new() -> Self {
+        Self {
+            active: AtomicUsize::new(0),
+            last_end: AtomicU64::new(0),
+            base: Instant::now(),
+        }
+    }
+
+    /// Completes once `timeout` passed with no request in progress and none
+    /// ending (a request that starts is in progress until it ends).
     async fn idle_for(&self, timeout: Duration) {
+        let mut deadline = self.base + timeout;
         loop {
-            let quiet = tokio::time::timeout(timeout, self.seen.notified()).await;
-            if quiet.is_err() && self.active.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep_until(deadline).await;
+            let last_end = Duration::from_millis(self.last_end.load(Ordering::Relaxed));
+            let quiet_until = self.base + last_end + timeout;
+            let now = Instant::now();
+            if quiet_until > now {
+                deadline = quiet_until;
+            } else if self.active.load(Ordering::Relaxed) == 0 {
                 return;
+            } else {
+                deadline = now + timeout;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// When `idle_for(timeout)` completes, from the activity's start.
+    async fn idle_after(activity: &Arc<Activity>, timeout: Duration) -> Duration {
+        activity.idle_for(timeout).await;
+        activity.base.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_without_requests_is_idle_after_the_timeout() {
+        let activity = Arc::new(Activity::new());
+        assert_eq!(idle_after(&activity, ms(300)).await, ms(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_timeout_runs_from_the_last_end_of_a_request() {
+        let activity = Arc::new(Activity::new());
+        let ender = activity.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ms(200)).await;
+            drop(Busy::enter(&ender));
+            tokio::time::sleep(ms(250)).await;
+            drop(Busy::enter(&ender));
+        });
+        assert_eq!(idle_after(&activity, ms(300)).await, ms(750));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_in_progress_is_never_idle() {
+        let activity = Arc::new(Activity::new());
+        let holder = activity.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ms(100)).await;
+            let busy = Busy::enter(&holder);
+            tokio::time::sleep(ms(2_000)).await;
+            drop(busy);
+        });
+        // In progress from 100 ms to 2,100 ms; idle 300 ms after its end.
+        assert_eq!(idle_after(&activity, ms(300)).await, ms(2_400));
     }
 }
