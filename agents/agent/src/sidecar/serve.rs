@@ -403,7 +403,10 @@ pub(crate) async fn serve_hyper<I, H, F, B>(
     let seen = activity.clone();
     let service = service_fn(move |req| {
         let busy = Busy::enter(&seen);
-        let response = handler(req);
+        // Boxed: hyper moves the future it spawns a task with (into the task,
+        // and with each of the task's stages), so a pointer is copied instead
+        // of the whole call's state (issue 37's fixed-rate profile).
+        let response = Box::pin(handler(req));
         async move {
             // In progress until its response body is done or dropped.
             let response = response.await.map(|body| {
