@@ -7,6 +7,7 @@
 # `h2load -n N -c 4 -m 16` on /api/x, dumped; prints instructions per call.
 #
 #   LOAD=path/to/proxy_load bash bench/callgrind-h2c.sh path/to/gov-agent [path/to/other/gov-agent ...]
+#   GRPC=1 ...   the same with unary gRPC calls (a 5-byte message each, as peers.sh's)
 #
 # Needs valgrind (callgrind_control), h2load, curl.
 set -euo pipefail
@@ -21,6 +22,15 @@ mkdir -p "$WORK"
 # shellcheck source=bench/common.sh
 AGENT_BIN=${1:?name at least one gov-agent binary} source bench/common.sh
 api_policy "$WORK/policy.yaml" bench-callgrind
+printf '\0\0\0\0\5hello' > "$WORK/grpc-body"
+load() { # N: h2load's closed loop, h2c or unary gRPC
+  if [ -n "${GRPC:-}" ]; then
+    h2load -n "$1" -c 4 -m 16 -d "$WORK/grpc-body" -H 'content-type: application/grpc' -H 'te: trailers' \
+      "http://127.0.0.1:$PORT/api/hello.Greeter/SayHello"
+  else
+    h2load -n "$1" -c 4 -m 16 "http://127.0.0.1:$PORT/api/x"
+  fi
+}
 UP=127.0.0.1:18780
 PORT=18783
 "$LOAD" upstream "$UP" & pids+=($!)
@@ -37,9 +47,9 @@ for bin in "$@"; do
     curl -s --http2-prior-knowledge -o /dev/null "http://127.0.0.1:$PORT/api/x" && break
     sleep 0.5
   done
-  h2load -n 2000 -c 4 -m 16 "http://127.0.0.1:$PORT/api/x" >/dev/null
+  load 2000 >/dev/null
   callgrind_control -z "$vg" >/dev/null
-  h2load -n "$N" -c 4 -m 16 "http://127.0.0.1:$PORT/api/x" | grep -E '^requests:'
+  load "$N" | grep -E '^requests:'
   callgrind_control -d "$vg" >/dev/null
   sleep 1
   kill "$vg"; wait "$vg" 2>/dev/null || true

@@ -30,7 +30,7 @@ mod balance;
 mod direct;
 
 pub use balance::*;
-pub(crate) use direct::{OpenStream, SendError};
+pub(crate) use direct::{H2Body, OpenStream, SendError};
 
 /// The body the proxy forwards upstream: the client's body, counted as it streams,
 /// or none (a second attempt of a request without a body, whose first attempt took
@@ -113,13 +113,53 @@ impl Body for UpstreamBody {
     }
 }
 
+/// The body of an upstream's response: from the pooled (HTTP/1.1) client or
+/// from the HTTP/2 client.
+pub(crate) enum Incoming2 {
+    Pooled(Incoming),
+    Direct(H2Body),
+}
+
+impl Body for Incoming2 {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Self::Pooled(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map_err(Into::into))),
+            Self::Direct(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map_err(Into::into))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Pooled(body) => body.is_end_stream(),
+            Self::Direct(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Pooled(body) => body.size_hint(),
+            Self::Direct(body) => body.size_hint(),
+        }
+    }
+}
+
 pin_project_lite::pin_project! {
     /// The body of an upstream's response, holding the balancer's pick of the
     /// endpoint (`None` for the local service) until it ends, fails, or is
     /// dropped: the endpoint counts the request outstanding until then.
     pub(crate) struct PickedBody {
         #[pin]
-        body: Incoming,
+        body: Incoming2,
         pick: Option<Pick>,
         // The stream on a connection of the HTTP/2 client, counted open.
         stream: Option<OpenStream>,
@@ -127,14 +167,14 @@ pin_project_lite::pin_project! {
 }
 
 impl PickedBody {
-    pub(crate) fn new(body: Incoming, pick: Option<Pick>, stream: Option<OpenStream>) -> Self {
+    pub(crate) fn new(body: Incoming2, pick: Option<Pick>, stream: Option<OpenStream>) -> Self {
         Self { body, pick, stream }
     }
 }
 
 impl Body for PickedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
@@ -362,7 +402,7 @@ impl Upstream {
 
 type DirectFuture = Pin<
     Box<
-        dyn std::future::Future<Output = Result<(http::Response<Incoming>, OpenStream), SendError>>
+        dyn std::future::Future<Output = Result<(http::Response<H2Body>, OpenStream), SendError>>
             + Send,
     >,
 >;
@@ -375,21 +415,20 @@ pub(crate) enum UpstreamFuture {
 }
 
 impl std::future::Future for UpstreamFuture {
-    type Output = Result<(http::Response<Incoming>, Option<OpenStream>), SendError>;
+    type Output = Result<(http::Response<Incoming2>, Option<OpenStream>), SendError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.get_mut() {
             Self::Pooled(fut) => Pin::new(fut).poll(cx).map(|polled| match polled {
-                Ok(response) => Ok((response, None)),
+                Ok(response) => Ok((response.map(Incoming2::Pooled), None)),
                 Err(error) => Err(SendError {
                     connect: error.is_connect(),
                     source: error.into(),
                 }),
             }),
-            Self::Direct(fut) => fut
-                .as_mut()
-                .poll(cx)
-                .map(|polled| polled.map(|(response, stream)| (response, Some(stream)))),
+            Self::Direct(fut) => fut.as_mut().poll(cx).map(|polled| {
+                polled.map(|(response, stream)| (response.map(Incoming2::Direct), Some(stream)))
+            }),
         }
     }
 }

@@ -552,3 +552,72 @@ http {{
         std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
     }
 }
+
+/// The HTTP/2 upstream client sends a request's body as it comes: a body
+/// all there at once (up to 64 KiB inline, the rest piped), and one streamed
+/// in pieces well past the stream's 2 MiB window, both echoed byte for byte
+/// by an HTTP/2 upstream; the streamed one ends with trailers, after which
+/// the upstream must see the end of the stream to answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_reach_an_http2_upstream_whole_whether_ready_or_streamed() {
+    use http_body_util::{Full, StreamBody};
+    use hyper::body::Frame;
+
+    let up = upstream().echo("/echo").start().await;
+    let agent = agent()
+        .upstream(&up)
+        .upstream_protocol(UpstreamProtocol::Http2)
+        .start()
+        .await;
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>>(
+    );
+    let pattern = |n: usize| -> Vec<u8> { (0..n).map(|i| (i % 251) as u8).collect() };
+
+    // All there at once: 10 bytes, and 300 KiB (past the inline 64 KiB).
+    for size in [10, 300 * 1024] {
+        let body = Full::new(Bytes::from(pattern(size))).boxed();
+        let req = Request::post(agent.url("/echo")).body(body).unwrap();
+        let response = client.request(req).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let echoed = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(echoed.len(), size);
+        assert!(
+            echoed.as_ref() == pattern(size).as_slice(),
+            "{size} bytes came back changed"
+        );
+    }
+
+    // Streamed: 48 pieces of 64 KiB (3 MiB), then trailers.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(2);
+    let whole = pattern(48 * 64 * 1024);
+    let pieces: Vec<Bytes> = whole
+        .chunks(64 * 1024)
+        .map(Bytes::copy_from_slice)
+        .collect();
+    tokio::spawn(async move {
+        for piece in pieces {
+            if tx.send(Ok(Frame::data(piece))).await.is_err() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-checksum", http::HeaderValue::from_static("done"));
+        let _ = tx.send(Ok(Frame::trailers(trailers))).await;
+    });
+    let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)).boxed();
+    let req = Request::post(agent.url("/echo")).body(body).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(30), client.request(req))
+        .await
+        .expect("the streamed upload is answered")
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let echoed = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(echoed.len(), whole.len());
+    assert!(
+        echoed.as_ref() == whole.as_slice(),
+        "the streamed body came back changed"
+    );
+}

@@ -1,7 +1,8 @@
-//! The HTTP/2 upstream client: hyper's `client::conn::http2` connections kept
-//! per upstream address, a request sent on one of them directly (no pool
+//! The HTTP/2 upstream client: the `h2` crate's client connections kept per
+//! upstream address, a request sent on one of them directly (no pool
 //! checkout, no connector call per request: issue 37's profile put
-//! hyper-util's legacy pool among the HTTP/2 path's costs).
+//! hyper-util's legacy pool among the HTTP/2 path's costs), by the request's
+//! own future (no dispatch through hyper's client: [`stream`]).
 //!
 //! Per address at most [`MAX_CONNECTIONS`] connections: a request goes to the
 //! one with the fewest streams open, and a new connection is made only when
@@ -17,11 +18,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use bytes::Bytes;
+use h2::client::SendRequest;
 use http::uri::{Authority, Scheme, Uri};
 use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper::client::conn::http2::{Builder, SendRequest};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::TokioIo;
+
+mod stream;
+
+pub(crate) use stream::H2Body;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -37,6 +42,13 @@ const STREAMS_PER_CONNECTION: usize = 100;
 /// How long a connection without a stream stays open (between one and two
 /// of these).
 const IDLE: Duration = Duration::from_secs(45);
+
+/// The windows and buffers hyper's HTTP/2 client set, kept: 2 MiB a stream,
+/// 5 MiB a connection, 1 MiB of send buffer a stream, 16 KiB of response head.
+const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
+const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
+const SEND_BUFFER: usize = 1024 * 1024;
+const MAX_HEADER_LIST: u32 = 16 * 1024;
 
 /// How a request sent on the HTTP/2 client failed.
 #[derive(Debug)]
@@ -66,7 +78,8 @@ impl std::error::Error for SendError {
 /// send `B` bodies.
 pub(crate) struct Http2Client<C, B> {
     connector: C,
-    hosts: Arc<Hosts<B>>,
+    hosts: Arc<Hosts>,
+    body: std::marker::PhantomData<fn(B)>,
 }
 
 impl<C: Clone, B> Clone for Http2Client<C, B> {
@@ -74,32 +87,24 @@ impl<C: Clone, B> Clone for Http2Client<C, B> {
         Self {
             connector: self.connector.clone(),
             hosts: self.hosts.clone(),
+            body: std::marker::PhantomData,
         }
     }
 }
 
-struct Host<B> {
-    conns: Vec<Slot<B>>,
+#[derive(Default)]
+struct Host {
+    conns: Vec<Slot>,
     /// The connect in progress, which requests that find no connection wait for.
     connecting: Option<Arc<Connecting>>,
     next_id: u64,
 }
 
-impl<B> Default for Host<B> {
-    fn default() -> Self {
-        Self {
-            conns: Vec::new(),
-            connecting: None,
-            next_id: 0,
-        }
-    }
-}
-
 type Connecting = tokio::sync::OnceCell<Result<(), Arc<str>>>;
 
-struct Slot<B> {
+struct Slot {
     id: u64,
-    send: SendRequest<B>,
+    send: SendRequest<Bytes>,
     /// Streams open on it (each held by a [`OpenStream`] until its response ends).
     streams: Arc<AtomicUsize>,
     /// A request was sent since the last idle check.
@@ -109,6 +114,18 @@ struct Slot<B> {
 /// One stream open on a connection of the HTTP/2 client, counted until this
 /// is dropped (with the response's body).
 pub(crate) struct OpenStream(Arc<AtomicUsize>);
+
+/// Tells a request body's pipe to reset its stream when the request's future
+/// is dropped before the response's head came (taken empty once it came).
+struct CancelOnDrop(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(cancel) = self.0.take() {
+            let _ = cancel.send(());
+        }
+    }
+}
 
 impl Drop for OpenStream {
     fn drop(&mut self) {
@@ -120,9 +137,9 @@ impl Drop for OpenStream {
 /// looked up per request, and std's SipHash of an `Authority` (a byte at a
 /// time) cost about 1,400 instructions a call in issue 37's fixed-rate
 /// profile. The keys are configured addresses, not client input.
-type HostMap<B> = HashMap<HostKey, Host<B>, foldhash::fast::RandomState>;
+type HostMap = HashMap<HostKey, Host, foldhash::fast::RandomState>;
 
-type Hosts<B> = Mutex<HostMap<B>>;
+type Hosts = Mutex<HostMap>;
 
 /// A set of connections: the worker thread that drives them (0 without
 /// workers: `sidecar::workers`) and the upstream address.
@@ -147,18 +164,18 @@ where
     C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     C::Error: Into<BoxError>,
     C::Future: Send,
-    B: http_body::Body + Unpin + Send + 'static,
-    B::Data: Send,
+    B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: Into<BoxError>,
 {
     pub(crate) fn new(connector: C) -> Self {
         Self {
             connector,
             hosts: Arc::default(),
+            body: std::marker::PhantomData,
         }
     }
 
-    fn hosts(&self) -> MutexGuard<'_, HostMap<B>> {
+    fn hosts(&self) -> MutexGuard<'_, HostMap> {
         lock(&self.hosts)
     }
 
@@ -168,11 +185,11 @@ where
     pub(crate) async fn send(
         self,
         to: Authority,
-        mut req: Request<B>,
-    ) -> Result<(Response<Incoming>, OpenStream), SendError> {
-        // A request handed back unsent (its connection was closing) is sent
-        // once more; a connect that succeeded lets the pick go round again.
-        // The calling worker's own connections (`sidecar::workers`).
+        req: Request<B>,
+    ) -> Result<(Response<H2Body>, OpenStream), SendError> {
+        // A connection found closing takes no stream: the request goes once
+        // more, on another; a connect that succeeded lets the pick go round
+        // again. The calling worker's own connections (`sidecar::workers`).
         let to = HostKey(crate::sidecar::workers::index(), to);
         let mut resent = false;
         for _ in 0..4 {
@@ -184,9 +201,9 @@ where
                         slot.used = true;
                         slot.streams.fetch_add(1, Ordering::Relaxed);
                         let stream = OpenStream(slot.streams.clone());
-                        Ok((slot.send.try_send_request(req), stream))
+                        Ok((slot.send.clone(), stream, slot.id))
                     }
-                    Some(Err(connecting)) => Err((connecting, req)),
+                    Some(Err(connecting)) => Err(connecting),
                     None => {
                         let connecting = Arc::<Connecting>::default();
                         let host = Host {
@@ -194,28 +211,25 @@ where
                             ..Host::default()
                         };
                         hosts.insert(to.clone(), host);
-                        Err((connecting, req))
+                        Err(connecting)
                     }
                 }
             };
             match picked {
-                Ok((sent, stream)) => match sent.await {
-                    Ok(response) => return Ok((response, stream)),
-                    Err(mut error) => match error.take_message() {
-                        Some(unsent) if !resent => {
-                            resent = true;
-                            req = unsent;
-                        }
-                        _ => {
+                Ok((send, stream, id)) => match send.ready().await {
+                    Ok(send) => return Self::on(send, req).await.map(|r| (r, stream)),
+                    Err(error) => {
+                        Host::remove(&mut self.hosts(), &to, id);
+                        if resent {
                             return Err(SendError {
                                 connect: false,
-                                source: error.into_error().into(),
+                                source: error.into(),
                             });
                         }
-                    },
+                        resent = true;
+                    }
                 },
-                Err((connecting, unsent)) => {
-                    req = unsent;
+                Err(connecting) => {
                     let connected = connecting.get_or_init(|| self.connect(&to)).await;
                     if let Err(why) = connected {
                         return Err(SendError {
@@ -230,6 +244,44 @@ where
             connect: true,
             source: "no connection to the upstream stayed open".into(),
         })
+    }
+
+    /// Sends `req` on a connection ready for a stream, its body's ready part
+    /// inline and the rest piped by a task, and waits for the response's head.
+    async fn on(
+        mut send: SendRequest<Bytes>,
+        req: Request<B>,
+    ) -> Result<Response<H2Body>, SendError> {
+        let failed = |error: h2::Error| SendError {
+            connect: false,
+            source: error.into(),
+        };
+        let (mut parts, mut body) = req.into_parts();
+        stream::content_length(&parts.method, &mut parts.headers, &body.size_hint());
+        let end = body.is_end_stream();
+        let (response, mut sending) = send
+            .send_request(Request::from_parts(parts, ()), end)
+            .map_err(failed)?;
+        let mut cancel = None;
+        if !end {
+            let whole = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(stream::send_ready(&mut body, &mut sending, cx))
+            })
+            .await;
+            if !whole {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                cancel = Some(CancelOnDrop(Some(tx)));
+                tokio::spawn(stream::pipe(body, sending, rx));
+            }
+        }
+        let response = response.await.map_err(failed)?;
+        if let Some(mut cancel) = cancel {
+            // The response came: the body's pipe goes on by itself.
+            cancel.0.take();
+        }
+        let (parts, recv) = response.into_parts();
+        let body = H2Body::new(recv, &parts.headers);
+        Ok(Response::from_parts(parts, body))
     }
 
     /// Opens a connection to `to` and adds it to the address's set.
@@ -290,8 +342,8 @@ where
         to: &Authority,
     ) -> Result<
         (
-            SendRequest<B>,
-            hyper::client::conn::http2::Connection<C::Response, B, TokioExecutor>,
+            SendRequest<Bytes>,
+            h2::client::Connection<TokioIo<C::Response>, Bytes>,
         ),
         BoxError,
     > {
@@ -303,9 +355,15 @@ where
         let io = tower::Service::call(&mut self.connector.clone(), uri)
             .await
             .map_err(Into::into)?;
-        let mut builder = Builder::new(TokioExecutor::new());
-        builder.timer(TokioTimer::new());
-        Ok(builder.handshake(io).await?)
+        let (send, conn) = h2::client::Builder::new()
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_send_buffer_size(SEND_BUFFER)
+            .max_header_list_size(MAX_HEADER_LIST)
+            .enable_push(false)
+            .handshake(TokioIo::new(io))
+            .await?;
+        Ok((send, conn))
     }
 }
 
@@ -315,10 +373,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-impl<B> Host<B> {
-    /// The connection a request goes on, or the connect to wait for.
-    fn pick(&mut self) -> Result<&mut Slot<B>, Arc<Connecting>> {
-        self.conns.retain(|slot| !slot.send.is_closed());
+impl Host {
+    /// The connection a request goes on, or the connect to wait for. (A
+    /// connection leaves the set when its task ends.)
+    fn pick(&mut self) -> Result<&mut Slot, Arc<Connecting>> {
         let open = self.conns.len();
         let connecting = self.connecting.is_some();
         let best = self
@@ -337,7 +395,7 @@ impl<B> Host<B> {
 
     /// Whether connection `id` of `to` has been idle since the last check
     /// (then it leaves the set, and its task closes it).
-    fn idle(hosts: &std::sync::Weak<Hosts<B>>, to: &HostKey, id: u64) -> bool {
+    fn idle(hosts: &std::sync::Weak<Hosts>, to: &HostKey, id: u64) -> bool {
         let Some(hosts) = hosts.upgrade() else {
             return true;
         };
@@ -358,7 +416,7 @@ impl<B> Host<B> {
 
     /// Drops connection `id` of `to` from the set, and the address when it has
     /// no connection left.
-    fn remove(hosts: &mut HostMap<B>, to: &HostKey, id: u64) {
+    fn remove(hosts: &mut HostMap, to: &HostKey, id: u64) {
         if let Some(host) = hosts.get_mut(to) {
             host.conns.retain(|slot| slot.id != id);
             if host.conns.is_empty() && host.connecting.is_none() {
