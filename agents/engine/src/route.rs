@@ -196,6 +196,19 @@ impl<'a> Headers<'a> {
         }
     }
 
+    /// Whether a name may be one of a set whose lengths' [`len_bit`]s are
+    /// `lens`: some name has such a length, or there are too many to scan.
+    #[inline]
+    pub(crate) fn may_have(&self, lens: u64) -> bool {
+        match *self {
+            Headers::Map(map) if map.keys_len() <= SCANNED_NAMES => {
+                map.keys().any(|k| lens & len_bit(k.as_str().len()) != 0)
+            }
+            Headers::Map(_) => true,
+            Headers::Raw(raw) => raw.iter().any(|h| lens & len_bit(h.name.len()) != 0),
+        }
+    }
+
     /// The first value of `name` when it is visible ASCII (as
     /// `HeaderValue::to_str` accepts), else `None`.
     pub fn get_str(&self, name: &HeaderName) -> Option<&'a str> {
@@ -529,6 +542,21 @@ impl Router {
                     .as_ref()
                     .is_none_or(|(names, lens)| headers.has_any(names, *lens)),
         }
+    }
+
+    /// What of this router a request must miss to match none of its rules,
+    /// as words ([`crate::quick`]): the second bytes of its exact paths and
+    /// prefixes ([`PathFilter::words`]; every bit when a rule without a path
+    /// has no gate), then the [`len_bit`]s of its gate's names (0 without
+    /// rules without a path).
+    pub(crate) fn miss_words(&self) -> [u64; 5] {
+        let ([a, b, c, d], lens) = match &self.gate {
+            // (A gate is built only over rules without a path.)
+            Some((_, lens)) => (self.filter.words(), *lens),
+            None if self.always.is_empty() => (self.filter.words(), 0),
+            None => ([u64::MAX; 4], 0),
+        };
+        [a, b, c, d, lens]
     }
 
     /// The plan of the rules whose match holds for `r` (`metas`: the
