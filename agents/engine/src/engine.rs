@@ -362,10 +362,10 @@ impl Engine {
     /// list has a box: `admission::call`).
     #[inline]
     pub fn try_admit(&self, req: &RequestInfo<'_>) -> Decision {
-        let generation = self.shared.generation.load(Acquire);
-        if (self.shared.miss).misses(generation, &self.shared.generation, req) {
+        if self.shared.miss.misses(req) {
             return Decision::Admitted(Admission::unmatched());
         }
+        let generation = self.shared.generation.load(Acquire);
         let mut scratch = None;
         // Route with this thread's cached config; take the snapshot only if
         // a rule matched (its config is the cached one: the plan's `PlanAt`

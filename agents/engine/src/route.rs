@@ -196,16 +196,19 @@ impl<'a> Headers<'a> {
         }
     }
 
-    /// Whether a name may be one of a set whose lengths' [`len_bit`]s are
-    /// `lens`: some name has such a length, or there are too many to scan.
+    /// Whether a name may be one of those whose lengths' bits are set in
+    /// `lens` ([`Router::miss_word`]'s upper half, in both halves: bit
+    /// `len % 64` is then bit `len % 32` of the half): some name has such a
+    /// length, or there are too many names to scan.
     #[inline]
     pub(crate) fn may_have(&self, lens: u64) -> bool {
+        let has = |len: usize| lens >> (len % 64) & 1 != 0;
         match *self {
             Headers::Map(map) if map.keys_len() <= SCANNED_NAMES => {
-                map.keys().any(|k| lens & len_bit(k.as_str().len()) != 0)
+                map.keys().any(|k| has(k.as_str().len()))
             }
             Headers::Map(_) => true,
-            Headers::Raw(raw) => raw.iter().any(|h| lens & len_bit(h.name.len()) != 0),
+            Headers::Raw(raw) => raw.iter().any(|h| has(h.name.len())),
         }
     }
 
@@ -545,18 +548,20 @@ impl Router {
     }
 
     /// What of this router a request must miss to match none of its rules,
-    /// as words ([`crate::quick`]): the second bytes of its exact paths and
-    /// prefixes ([`PathFilter::words`]; every bit when a rule without a path
-    /// has no gate), then the [`len_bit`]s of its gate's names (0 without
-    /// rules without a path).
-    pub(crate) fn miss_words(&self) -> [u64; 5] {
-        let ([a, b, c, d], lens) = match &self.gate {
+    /// in one word ([`crate::quick`]): in the lower half, bit `b & 31` for
+    /// the second byte `b` of each exact path and prefix (every bit when a
+    /// rule without a path has no gate, or an entry is shorter than 2
+    /// bytes); in the upper half, bit `len % 32` for the length of each of
+    /// its gate's names.
+    pub(crate) fn miss_word(&self) -> u64 {
+        let fold = |w: u64| (w | w >> 32) & 0xffff_ffff;
+        let seconds = fold(self.filter.words().into_iter().fold(0, |m, w| m | w));
+        match &self.gate {
             // (A gate is built only over rules without a path.)
-            Some((_, lens)) => (self.filter.words(), *lens),
-            None if self.always.is_empty() => (self.filter.words(), 0),
-            None => ([u64::MAX; 4], 0),
-        };
-        [a, b, c, d, lens]
+            Some((_, lens)) => seconds | fold(*lens) << 32,
+            None if self.always.is_empty() => seconds,
+            None => 0xffff_ffff,
+        }
     }
 
     /// The plan of the rules whose match holds for `r` (`metas`: the
