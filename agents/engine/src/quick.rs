@@ -151,6 +151,24 @@ mod tests {
     }
 
     #[test]
+    fn a_request_with_more_names_than_are_scanned_is_routed() {
+        let (filter, engine) = (MissFilter::new(&config(BENCH)), engine(BENCH));
+        let get = Method::GET;
+        let mut many = HeaderMap::new();
+        for i in 0..17 {
+            let name = http::HeaderName::from_bytes(format!("x-h{i:02}").as_bytes()).unwrap();
+            many.insert(name, HeaderValue::from_static("1"));
+        }
+        let req = RequestInfo::inbound(&get, "/static/app.js", &many);
+        assert!(!misses(&filter, &req));
+        assert!(rules(&engine, &req).is_empty());
+        many.insert("x-admin", HeaderValue::from_static("yes"));
+        let req = RequestInfo::inbound(&get, "/static/app.js", &many);
+        assert!(!misses(&filter, &req));
+        assert_eq!(rules(&engine, &req), ["order/admin_timeout"]);
+    }
+
+    #[test]
     fn a_rule_without_a_path_or_a_gate_and_short_paths_are_always_routed() {
         let filter = MissFilter::new(&config(BENCH));
         let (get, plain) = (Method::GET, map(&[("accept", "*/*")]));
