@@ -405,6 +405,10 @@ pub(crate) struct Router {
     /// [`len_bit`]s of their lengths. A request with none of them matches
     /// none of those rules, and is not checked against them.
     gate: Option<(Box<[HeaderName]>, u64)>,
+    /// Whether a request that meets no rule without a path may be planned
+    /// by its path alone (the config has no expiring rule, and does not
+    /// fold this direction's paths): set by the config.
+    pub(crate) by_path: bool,
     /// The second bytes of the exact paths and prefixes: most requests
     /// that meet none are told so by one bit.
     filter: PathFilter,
