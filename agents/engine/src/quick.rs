@@ -195,7 +195,7 @@ mod tests {
     const API: &str = "service: order\nrules:\n- name: order/api\n  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}\n  bulkhead: {max_concurrent: 9}\n";
 
     #[test]
-    fn while_a_config_is_applied_the_words_hold_both_and_a_new_generation_is_routed() {
+    fn while_a_config_is_applied_the_words_hold_both_configs_bits() {
         let (get, plain) = (Method::GET, map(&[("accept", "*/*")]));
         let assets = RequestInfo::inbound(&get, "/static/app.js", &plain);
         let api = RequestInfo::inbound(&get, "/api/orders/7", &plain);
