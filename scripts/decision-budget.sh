@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 matched_budget=1250
-unmatched_budget=160
+unmatched_budget=97
 
 if ! command -v valgrind >/dev/null 2>&1; then
   echo "decision-budget: valgrind is not installed (apt-get install valgrind)" >&2

@@ -295,16 +295,18 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             })
             .collect();
         let expiring = rules.iter().any(|r| r.expires.is_some());
-        let inbound = Router::new(
+        let mut inbound = Router::new(
             rules.iter().map(|r| (r.direction, &r.on)),
             &metas,
             Direction::Inbound,
         );
-        let outbound = Router::new(
+        let mut outbound = Router::new(
             rules.iter().map(|r| (r.direction, &r.on)),
             &metas,
             Direction::Outbound,
         );
+        inbound.by_path = !(expiring || paths.case_insensitive);
+        outbound.by_path = !expiring;
         let consumer_source = ConsumerSource::from_wire(t.consumer_source.as_ref())?;
         let claims = claims(&rules, &consumer_source)?;
         let judged = judged(&rules, &consumer_header, &consumer_source);

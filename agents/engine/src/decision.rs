@@ -168,7 +168,8 @@ pub(crate) fn route(
     }
     // A request only rules of its path may match is planned by the path
     // alone when they have nothing more to check.
-    if !(reach.always() || config.expiring || folds(config, req))
+    if router.by_path
+        && !reach.always()
         && let Some(at) = router.path_plan(req.path)
     {
         return at;

@@ -34,6 +34,7 @@ use crate::decision::{admit_matched, observed, route};
 use crate::events::{Event, Events};
 use crate::judged::JudgedHeaderError;
 use crate::latch::{Latch, LatchKind, Restored};
+use crate::quick::MissFilter;
 use crate::rejection::Rejection;
 pub use crate::request::{RequestInfo, Target, VerifiedClaims};
 use crate::route::Headers;
@@ -57,6 +58,9 @@ struct Shared {
     /// Bumped after every swap of `current` (under `apply`): a thread whose
     /// cached snapshot has this generation may use it without loading `current`.
     generation: AtomicU64,
+    /// What a request must miss to match no rule of the current config,
+    /// read before the thread cache (kept in step with `current` by `apply`).
+    miss: MissFilter,
     events: Events,
     /// Serialises `apply` (state carry-over reads the snapshot it replaces).
     apply: Mutex<()>,
@@ -159,12 +163,14 @@ impl Engine {
         config.default_max_keys(DEFAULT_MAX_KEYS);
         let events = Events::new();
         let weight = Weight::default();
+        let miss = MissFilter::new(&config);
         let snapshot = Snapshot::fresh(Arc::new(config), &events, cluster.as_ref(), &weight);
         Self {
             shared: Arc::new(Shared {
                 current: ArcSwap::from_pointee(snapshot),
                 id: NEXT_ENGINE_ID.fetch_add(1, Relaxed),
                 generation: AtomicU64::new(0),
+                miss,
                 events,
                 apply: Mutex::new(()),
                 max_keys: AtomicU32::new(DEFAULT_MAX_KEYS),
@@ -292,12 +298,15 @@ impl Engine {
             kept,
             fresh: states.len() - kept,
         };
+        let config = Arc::new(config);
+        self.shared.miss.widen(&config);
         self.shared
             .current
-            .store(Arc::new(Snapshot::new(Arc::new(config), states)));
+            .store(Arc::new(Snapshot::new(config.clone(), states)));
         // After the store: a thread that reads the new generation sees the
         // new snapshot.
         self.shared.generation.fetch_add(1, Release);
+        self.shared.miss.narrow(&config);
         applied
     }
 
@@ -353,6 +362,9 @@ impl Engine {
     /// list has a box: `admission::call`).
     #[inline]
     pub fn try_admit(&self, req: &RequestInfo<'_>) -> Decision {
+        if self.shared.miss.misses(req) {
+            return Decision::Admitted(Admission::unmatched());
+        }
         let generation = self.shared.generation.load(Acquire);
         let mut scratch = None;
         // Route with this thread's cached config; take the snapshot only if

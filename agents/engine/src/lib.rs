@@ -90,6 +90,7 @@ pub mod layer;
 pub mod outcome;
 mod phase;
 mod primitive;
+mod quick;
 pub mod rejection;
 pub mod request;
 pub mod route;

@@ -196,6 +196,22 @@ impl<'a> Headers<'a> {
         }
     }
 
+    /// Whether a name may be one of those whose lengths' bits are set in
+    /// `lens` ([`Router::miss_word`]'s upper half, in both halves: bit
+    /// `len % 64` is then bit `len % 32` of the half): some name has such a
+    /// length, or there are too many names to scan.
+    #[inline]
+    pub(crate) fn may_have(&self, lens: u64) -> bool {
+        let has = |len: usize| lens >> (len % 64) & 1 != 0;
+        match *self {
+            Headers::Map(map) if map.keys_len() <= SCANNED_NAMES => {
+                map.keys().any(|k| has(k.as_str().len()))
+            }
+            Headers::Map(_) => true,
+            Headers::Raw(raw) => raw.iter().any(|h| has(h.name.len())),
+        }
+    }
+
     /// The first value of `name` when it is visible ASCII (as
     /// `HeaderValue::to_str` accepts), else `None`.
     pub fn get_str(&self, name: &HeaderName) -> Option<&'a str> {
@@ -389,6 +405,10 @@ pub(crate) struct Router {
     /// [`len_bit`]s of their lengths. A request with none of them matches
     /// none of those rules, and is not checked against them.
     gate: Option<(Box<[HeaderName]>, u64)>,
+    /// Whether a request that meets no rule without a path may be planned
+    /// by its path alone (the config has no expiring rule, and does not
+    /// fold this direction's paths): set by the config.
+    pub(crate) by_path: bool,
     /// The second bytes of the exact paths and prefixes: most requests
     /// that meet none are told so by one bit.
     filter: PathFilter,
@@ -528,6 +548,23 @@ impl Router {
                     .gate
                     .as_ref()
                     .is_none_or(|(names, lens)| headers.has_any(names, *lens)),
+        }
+    }
+
+    /// What of this router a request must miss to match none of its rules,
+    /// in one word ([`crate::quick`]): in the lower half, bit `b & 31` for
+    /// the second byte `b` of each exact path and prefix (every bit when a
+    /// rule without a path has no gate, or an entry is shorter than 2
+    /// bytes); in the upper half, bit `len % 32` for the length of each of
+    /// its gate's names.
+    pub(crate) fn miss_word(&self) -> u64 {
+        let fold = |w: u64| (w | w >> 32) & 0xffff_ffff;
+        let seconds = fold(self.filter.words().into_iter().fold(0, |m, w| m | w));
+        match &self.gate {
+            // (A gate is built only over rules without a path.)
+            Some((_, lens)) => seconds | fold(*lens) << 32,
+            None if self.always.is_empty() => seconds,
+            None => 0xffff_ffff,
         }
     }
 

@@ -36,6 +36,12 @@ impl PathFilter {
         self.seconds[usize::from(b >> 6)] |= 1 << (b & 63);
     }
 
+    /// The set of second bytes as four words (bit `b & 63` of word `b >> 6`;
+    /// every bit set when an entry is shorter than 2 bytes).
+    pub(crate) fn words(&self) -> [u64; 4] {
+        self.seconds
+    }
+
     /// Whether `path` may meet an exact path or a prefix that was added
     /// (`false`: it meets none of them).
     #[inline]
