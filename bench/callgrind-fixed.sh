@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # User-space instructions per h2c call at a fixed, low rate (every call its own
-# wake-up, as `peers.sh`'s 2,000/s rows), gov-agent beside nginx, each alone under
-# callgrind (load-independent: issue 37's fixed-rate rows swing 10-20% in CPU
-# time between runs). The arms:
+# wake-up, as `peers.sh`'s 2,000/s rows), gov-agent beside nginx and HAProxy, each
+# alone under callgrind (load-independent: issue 37's fixed-rate rows swing
+# 10-20% in CPU time between runs). The arms:
 #   nginx      h2c in, HTTP/1.1 upstream with keepalive (peers.sh's set-up, one
-#              process: `master_process off`)
+#              process: `master_process off`); gRPC: `grpc_pass`
+#   haproxy    h2c in, HTTP/1.1 upstream (`http-reuse always`, one thread);
+#              gRPC: an h2 backend (`proto h2`), as peers.sh
 #   gov-h1     gov-agent, the peers' /api/ policy, `--upstream-protocol http1`
 #   gov-h2     the same with `--upstream-protocol downstream` (h2c upstream)
 # Each: CONNS h2c connections at RPS calls/s each (`h2load --rps`), WARM calls to
-# warm up, the counters zeroed, N calls counted, dumped.
+# warm up, the counters zeroed, N calls counted, dumped. CLOSED=1 runs the
+# closed loop instead (`h2load -c 4 -m 16`); GRPC=1 sends unary gRPC calls (a
+# 5-byte message each, as peers.sh's).
 #
 #   bench/callgrind-fixed.sh                          # ARMS="nginx gov-h1 gov-h2" RPS=50 CONNS=4 N=4000
 #   AGENT_BIN=path/to/gov-agent LOAD=path/to/proxy_load ARMS="gov-h1" bench/callgrind-fixed.sh
+#   GRPC=1 CLOSED=1 N=20000 ARMS="haproxy gov-h2" bench/callgrind-fixed.sh
 #
-# Needs valgrind (callgrind_control), h2load (nghttp2-client), nginx, curl.
+# Needs valgrind (callgrind_control), h2load (nghttp2-client), nginx, haproxy, curl.
 # Also prints each arm's top functions by inclusive instructions with PROFILE=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +28,7 @@ RPS=${RPS:-50}
 CONNS=${CONNS:-4}
 ARMS=${ARMS:-"nginx gov-h1 gov-h2"}
 WORK=${WORK:-target/bench-callgrind-fixed}
-for tool in valgrind callgrind_control h2load nginx curl; do
+for tool in valgrind callgrind_control h2load nginx haproxy curl; do
   command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 1; }
 done
 mkdir -p "$WORK"
@@ -45,16 +50,42 @@ http {
   access_log off;
   keepalive_requests 1000000;
   upstream app { server $UP; keepalive 64; }
+  upstream grpcapp { server $UP; keepalive 64; }
   server {
     listen 127.0.0.1:$PORT http2;
+    location /api/hello.Greeter/ { grpc_pass grpc://grpcapp; }
     location /api/ { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }
   }
 }
 NGINX
 
+cat > "$WORK/haproxy.cfg" <<HAPROXY
+global
+  nbthread 1
+  maxconn 8192
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 30s
+  timeout server 30s
+  option http-keep-alive
+frontend fe
+  bind 127.0.0.1:$PORT proto h2
+  use_backend grpc if { path_beg /api/hello.Greeter/ }
+  default_backend app
+backend app
+  http-reuse always
+  server app $UP maxconn 256
+backend grpc
+  http-reuse always
+  server app $UP maxconn 256 proto h2
+HAPROXY
+printf '\0\0\0\0\5hello' > "$WORK/grpc-body"
+
 start_arm() {
   case "$1" in
     nginx) echo nginx -e "$PWD/$WORK/nginx-error.log" -c "$PWD/$WORK/nginx.conf" ;;
+    haproxy) echo haproxy -db -f "$PWD/$WORK/haproxy.cfg" ;;
     gov-h1 | gov-h2)
       local proto=http1
       [ "$1" = gov-h2 ] && proto=downstream
@@ -65,7 +96,16 @@ start_arm() {
   esac
 }
 
-h2() { h2load -n "$1" -c "$CONNS" -m 1 --rps "$RPS" "http://127.0.0.1:$PORT/api/x"; }
+h2() { # N
+  local shape=(-c "$CONNS" -m 1 --rps "$RPS")
+  [ -n "${CLOSED:-}" ] && shape=(-c 4 -m 16)
+  if [ -n "${GRPC:-}" ]; then
+    h2load -n "$1" "${shape[@]}" -d "$WORK/grpc-body" -H 'content-type: application/grpc' -H 'te: trailers' \
+      "http://127.0.0.1:$PORT/api/hello.Greeter/SayHello"
+  else
+    h2load -n "$1" "${shape[@]}" "http://127.0.0.1:$PORT/api/x"
+  fi
+}
 
 for arm in $ARMS; do
   out="$WORK/cg.$arm.out"
