@@ -12,7 +12,8 @@
 # Each: CONNS h2c connections at RPS calls/s each (`h2load --rps`), WARM calls to
 # warm up, the counters zeroed, N calls counted, dumped. CLOSED=1 runs the
 # closed loop instead (`h2load -c 4 -m 16`); GRPC=1 sends unary gRPC calls (a
-# 5-byte message each, as peers.sh's).
+# 5-byte message each, as peers.sh's); H1=1 sends HTTP/1.1 calls (`h2load --h1`;
+# the gov arms only: the peers here listen for h2c).
 #
 #   bench/callgrind-fixed.sh                          # ARMS="nginx gov-h1 gov-h2" RPS=50 CONNS=4 N=4000
 #   AGENT_BIN=path/to/gov-agent LOAD=path/to/proxy_load ARMS="gov-h1" bench/callgrind-fixed.sh
@@ -99,6 +100,7 @@ start_arm() {
 h2() { # N
   local shape=(-c "$CONNS" -m 1 --rps "$RPS")
   [ -n "${CLOSED:-}" ] && shape=(-c 4 -m 16)
+  [ -n "${H1:-}" ] && shape+=(--h1)
   if [ -n "${GRPC:-}" ]; then
     h2load -n "$1" "${shape[@]}" -d "$WORK/grpc-body" -H 'content-type: application/grpc' -H 'te: trailers' \
       "http://127.0.0.1:$PORT/api/hello.Greeter/SayHello"
