@@ -115,12 +115,12 @@ impl Body for UpstreamBody {
 
 /// The body of an upstream's response: from the pooled (HTTP/1.1) client or
 /// from the HTTP/2 client.
-pub(crate) enum Incoming2 {
+pub(crate) enum ResponseIncoming {
     Pooled(Incoming),
     Direct(H2Body),
 }
 
-impl Body for Incoming2 {
+impl Body for ResponseIncoming {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -159,7 +159,7 @@ pin_project_lite::pin_project! {
     /// dropped: the endpoint counts the request outstanding until then.
     pub(crate) struct PickedBody {
         #[pin]
-        body: Incoming2,
+        body: ResponseIncoming,
         pick: Option<Pick>,
         // The stream on a connection of the HTTP/2 client, counted open.
         stream: Option<OpenStream>,
@@ -167,7 +167,11 @@ pin_project_lite::pin_project! {
 }
 
 impl PickedBody {
-    pub(crate) fn new(body: Incoming2, pick: Option<Pick>, stream: Option<OpenStream>) -> Self {
+    pub(crate) fn new(
+        body: ResponseIncoming,
+        pick: Option<Pick>,
+        stream: Option<OpenStream>,
+    ) -> Self {
         Self { body, pick, stream }
     }
 }
@@ -415,19 +419,21 @@ pub(crate) enum UpstreamFuture {
 }
 
 impl std::future::Future for UpstreamFuture {
-    type Output = Result<(http::Response<Incoming2>, Option<OpenStream>), SendError>;
+    type Output = Result<(http::Response<ResponseIncoming>, Option<OpenStream>), SendError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.get_mut() {
             Self::Pooled(fut) => Pin::new(fut).poll(cx).map(|polled| match polled {
-                Ok(response) => Ok((response.map(Incoming2::Pooled), None)),
+                Ok(response) => Ok((response.map(ResponseIncoming::Pooled), None)),
                 Err(error) => Err(SendError {
                     connect: error.is_connect(),
                     source: error.into(),
                 }),
             }),
             Self::Direct(fut) => fut.as_mut().poll(cx).map(|polled| {
-                polled.map(|(response, stream)| (response.map(Incoming2::Direct), Some(stream)))
+                polled.map(|(response, stream)| {
+                    (response.map(ResponseIncoming::Direct), Some(stream))
+                })
             }),
         }
     }

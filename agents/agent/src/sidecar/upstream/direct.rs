@@ -115,6 +115,12 @@ struct Slot {
 /// is dropped (with the response's body).
 pub(crate) struct OpenStream(Arc<AtomicUsize>);
 
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Tells a request body's pipe to reset its stream when the request's future
 /// is dropped before the response's head came (taken empty once it came).
 struct CancelOnDrop(Option<tokio::sync::oneshot::Sender<()>>);
@@ -124,12 +130,6 @@ impl Drop for CancelOnDrop {
         if let Some(cancel) = self.0.take() {
             let _ = cancel.send(());
         }
-    }
-}
-
-impl Drop for OpenStream {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -37,6 +37,63 @@ pub(super) fn content_length(method: &Method, headers: &mut HeaderMap, size: &Si
     }
 }
 
+/// What sending one frame of a request's body did.
+enum Step {
+    /// Sent this many bytes of data; more is to come.
+    Sent(usize),
+    /// The body is all sent (its end or its trailers), or it failed, or the
+    /// stream did: nothing more to send.
+    Done,
+}
+
+/// Takes one frame of `body` and sends it on `stream`, with the end of the
+/// stream when it is the last; a body error resets the stream.
+fn poll_send_frame<B>(
+    body: &mut B,
+    stream: &mut SendStream<Bytes>,
+    cx: &mut Context<'_>,
+) -> Poll<Step>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let frame = if body.is_end_stream() {
+        None
+    } else {
+        ready!(Pin::new(&mut *body).poll_frame(cx))
+    };
+    Poll::Ready(match frame {
+        None => {
+            let _ = stream.send_data(Bytes::new(), true);
+            Step::Done
+        }
+        Some(Err(error)) => {
+            let error: BoxError = error.into();
+            tracing::debug!(%error, "a request body failed; resetting its upstream stream");
+            stream.send_reset(h2::Reason::INTERNAL_ERROR);
+            Step::Done
+        }
+        Some(Ok(frame)) => match frame.into_data() {
+            Ok(data) => {
+                let len = data.len();
+                let end = body.is_end_stream();
+                if stream.send_data(data, end).is_err() || end {
+                    Step::Done
+                } else {
+                    Step::Sent(len)
+                }
+            }
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    stream.reserve_capacity(0);
+                    let _ = stream.send_trailers(trailers);
+                }
+                Step::Done
+            }
+        },
+    })
+}
+
 /// Sends what `body` has ready now on `stream`, up to about [`INLINE`] bytes,
 /// and the body's end when it comes within them (then `true`: the body is
 /// all sent, or failed and the stream was reset). `false`: the rest is for
@@ -52,35 +109,10 @@ where
 {
     let mut sent = 0;
     while sent <= INLINE {
-        if body.is_end_stream() {
-            let _ = stream.send_data(Bytes::new(), true);
-            return true;
-        }
-        match Pin::new(&mut *body).poll_frame(cx) {
+        match poll_send_frame(body, stream, cx) {
             Poll::Pending => return false,
-            Poll::Ready(None) => {
-                let _ = stream.send_data(Bytes::new(), true);
-                return true;
-            }
-            Poll::Ready(Some(Err(_))) => {
-                stream.send_reset(h2::Reason::INTERNAL_ERROR);
-                return true;
-            }
-            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                Ok(data) => {
-                    sent += data.len();
-                    let end = body.is_end_stream();
-                    if stream.send_data(data, end).is_err() || end {
-                        return true;
-                    }
-                }
-                Err(frame) => {
-                    if let Ok(trailers) = frame.into_trailers() {
-                        let _ = stream.send_trailers(trailers);
-                    }
-                    return true;
-                }
-            },
+            Poll::Ready(Step::Done) => return true,
+            Poll::Ready(Step::Sent(len)) => sent += len,
         }
     }
     false
@@ -110,71 +142,39 @@ pub(super) async fn pipe<B>(
             watch_cancel = false;
         }
         loop {
-            match ready!(poll_pipe_once(&mut body, &mut stream, cx)) {
-                Ok(true) => {}
-                Ok(false) | Err(()) => return Poll::Ready(()),
+            if !ready!(poll_window(&mut stream, cx)) {
+                return Poll::Ready(());
+            }
+            if let Step::Done = ready!(poll_send_frame(&mut body, &mut stream, cx)) {
+                return Poll::Ready(());
             }
         }
     })
     .await;
 }
 
-/// One step of [`pipe`]: `Ok(true)` when it may go on at once, `Ok(false)`
-/// when the body is all sent, `Err` when the stream was reset or failed.
-fn poll_pipe_once<B>(
-    body: &mut B,
-    stream: &mut SendStream<Bytes>,
-    cx: &mut Context<'_>,
-) -> Poll<Result<bool, ()>>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    // Some window before taking more of the body: the client's body is read
-    // no faster than the upstream takes it.
+/// Waits for some window on `stream` before more of the body is taken, so
+/// the client's body is read no faster than the upstream takes it; `false`
+/// when the stream was reset or failed.
+fn poll_window(stream: &mut SendStream<Bytes>, cx: &mut Context<'_>) -> Poll<bool> {
     stream.reserve_capacity(1);
     if stream.capacity() == 0 {
         loop {
             match ready!(stream.poll_capacity(cx)) {
                 Some(Ok(0)) => {}
-                Some(Ok(_)) => break,
-                Some(Err(_)) | None => return Poll::Ready(Err(())),
+                Some(Ok(_)) => return Poll::Ready(true),
+                Some(Err(_)) | None => return Poll::Ready(false),
             }
         }
-    } else if let Poll::Ready(reset) = stream.poll_reset(cx) {
+    }
+    if let Poll::Ready(reset) = stream.poll_reset(cx) {
         tracing::debug!(
             ?reset,
             "the upstream reset a stream whose request body was being sent"
         );
-        return Poll::Ready(Err(()));
+        return Poll::Ready(false);
     }
-    match ready!(Pin::new(&mut *body).poll_frame(cx)) {
-        None => Poll::Ready(
-            stream
-                .send_data(Bytes::new(), true)
-                .map(|()| false)
-                .map_err(|_| ()),
-        ),
-        Some(Err(error)) => {
-            let error: BoxError = error.into();
-            tracing::debug!(%error, "a request body failed; resetting its upstream stream");
-            stream.send_reset(h2::Reason::INTERNAL_ERROR);
-            Poll::Ready(Err(()))
-        }
-        Some(Ok(frame)) => match frame.into_data() {
-            Ok(data) => {
-                let end = body.is_end_stream();
-                Poll::Ready(stream.send_data(data, end).map(|()| !end).map_err(|_| ()))
-            }
-            Err(frame) => {
-                if let Ok(trailers) = frame.into_trailers() {
-                    stream.reserve_capacity(0);
-                    let _ = stream.send_trailers(trailers);
-                }
-                Poll::Ready(Ok(false))
-            }
-        },
-    }
+    Poll::Ready(true)
 }
 
 /// The body of a response on the HTTP/2 client: the stream's data, its
