@@ -111,6 +111,10 @@ fn listed(name: &HeaderName) -> Listed {
 /// when it names `trailers`, the one value that must reach an HTTP/2 (gRPC)
 /// upstream; it is then forwarded as sent.
 pub(crate) fn keeps_te(value: &[u8]) -> bool {
+    // What every gRPC client sends, checked before the general split.
+    if value == b"trailers" {
+        return true;
+    }
     let blank = |b: &u8| *b == b' ' || *b == b'\t';
     value.split(|&b| b == b',').any(|t| {
         let start = t.iter().position(|b| !blank(b)).unwrap_or(t.len());
