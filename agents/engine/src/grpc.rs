@@ -39,13 +39,18 @@ impl GrpcCall {
         Self::from_parts(req.version(), req.headers())
     }
 
+    /// Whether a request of `version` with `headers` is a gRPC call (without
+    /// reading its deadline).
+    pub fn is(version: Version, headers: &HeaderMap) -> bool {
+        version == Version::HTTP_2
+            && headers
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|v| is_grpc_content_type(v.as_bytes()))
+    }
+
     /// The gRPC call a request of `version` with `headers` is, if it is one.
     pub fn from_parts(version: Version, headers: &HeaderMap) -> Option<Self> {
-        if version != Version::HTTP_2 {
-            return None;
-        }
-        let content_type = headers.get(header::CONTENT_TYPE)?.as_bytes();
-        if !is_grpc_content_type(content_type) {
+        if !Self::is(version, headers) {
             return None;
         }
         let deadline = headers
@@ -237,6 +242,19 @@ mod tests {
             })
         );
         assert_eq!(GrpcCall::of(&req(Version::HTTP_11)), None);
+        // `is` says the same without the deadline.
+        let h2 = req(Version::HTTP_2);
+        assert!(GrpcCall::is(h2.version(), h2.headers()));
+        let h1 = req(Version::HTTP_11);
+        assert!(!GrpcCall::is(h1.version(), h1.headers()));
+        let mut web = req(Version::HTTP_2);
+        web.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc-web"),
+        );
+        assert!(!GrpcCall::is(web.version(), web.headers()));
+        web.headers_mut().remove(http::header::CONTENT_TYPE);
+        assert!(!GrpcCall::is(web.version(), web.headers()));
     }
 
     #[test]

@@ -180,7 +180,7 @@ impl Handler {
                 return response;
             }
             Err(Answer::Unauthenticated(text)) => {
-                let grpc = gov_engine::grpc::GrpcCall::of(&req).is_some();
+                let grpc = gov_engine::grpc::GrpcCall::is(req.version(), req.headers());
                 return super::consumer::response(&text, grpc);
             }
             Err(Answer::Failure(failure)) => return failure_response(failure),
@@ -369,7 +369,7 @@ impl Service<Request<MeteredBody<Draining>>> for Forward {
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let grpc = gov_engine::grpc::GrpcCall::from_parts(parts.version, &parts.headers).is_some();
+        let grpc = gov_engine::grpc::GrpcCall::is(parts.version, &parts.headers);
         let client_upgrade = parts.extensions.remove::<upgrade::ClientUpgrade>();
         let (client, version) = match client_upgrade {
             Some(_) => conn.shared.clients.http1(),
