@@ -267,7 +267,7 @@ impl State {
     }
 
     #[inline]
-    pub(crate) fn try_acquire(&self, scope: &Scope, now: Now, start: Instant) -> Answer {
+    pub(crate) fn try_acquire(&self, scope: &Scope, now: Now, start: Now) -> Answer {
         match self {
             State::Bulkhead(b) => Primitive::try_acquire(&**b, scope.bulkhead(), now, start),
             State::Limit(l) => Primitive::try_acquire(&**l, scope.limit(), now, start),
@@ -282,10 +282,10 @@ impl State {
     #[inline(always)]
     pub(crate) fn try_acquire_own(&self, now: Now) -> (Answer, bool) {
         match self {
-            State::Bulkhead(b) => (Primitive::try_acquire(&**b, None, now, now.at), true),
-            State::Limit(l) => (Primitive::try_acquire(&**l, None, now, now.at), false),
-            State::Fuse(f) => (Primitive::try_acquire(&**f, None, now, now.at), false),
-            State::Retry(r) => (Primitive::try_acquire(&**r, None, now, now.at), false),
+            State::Bulkhead(b) => (Primitive::try_acquire(&**b, None, now, now), true),
+            State::Limit(l) => (Primitive::try_acquire(&**l, None, now, now), false),
+            State::Fuse(f) => (Primitive::try_acquire(&**f, None, now, now), false),
+            State::Retry(r) => (Primitive::try_acquire(&**r, None, now, now), false),
         }
     }
 

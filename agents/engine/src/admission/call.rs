@@ -309,7 +309,7 @@ impl Call {
         step: Step,
         now: Now,
     ) -> Result<(), StepError> {
-        let start = self.start.map_or(now.at, |s| s.at);
+        let start = self.start.unwrap_or(now);
         let state = &snap.states[step.rule as usize];
         match state.try_acquire(&step.scope, now, start) {
             Answer::Granted(grant) => {
@@ -417,7 +417,7 @@ impl Call {
                 Err(StepError::Rejected(r)) => Err(r),
             };
         }
-        let start = self.start.map_or_else(Instant::now, |s| s.at);
+        let start = self.start.map_or_else(Instant::now, Now::at);
         let state = &snap.states[step.rule as usize];
         let began = Instant::now();
         match state.acquire(&step.scope, start).await {

@@ -517,7 +517,7 @@ impl Primitive for Fuse {
     fn scope(&self, _keys: &Keys<'_>) {}
 
     #[inline]
-    fn try_acquire(&self, _scope: Option<&()>, now: Now, _start: Instant) -> Answer {
+    fn try_acquire(&self, _scope: Option<&()>, now: Now, _start: Now) -> Answer {
         match self.try_admit(now) {
             Ok(probe) => Answer::Granted(Grant {
                 probe,
@@ -536,7 +536,7 @@ impl Primitive for Fuse {
         scope: Option<&()>,
         start: Instant,
     ) -> Result<Grant, (RejectReason, Option<Duration>)> {
-        match self.try_acquire(scope, Now::read(), start) {
+        match self.try_acquire(scope, Now::read(), start.into()) {
             Answer::Granted(grant) => Ok(grant),
             Answer::Refused(reason, retry) => Err((reason, retry)),
             // A fuse never asks to wait.
