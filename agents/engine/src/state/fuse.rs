@@ -246,6 +246,10 @@ impl Fuse {
             .min()
     }
 
+    /// Out of line (issue 39): a probe is rare, and its reason's
+    /// formatting, inlined, was worked out ahead for every call.
+    #[cold]
+    #[inline(never)]
     fn record_probe(&self, call: Call, now: Now) {
         let RecoverSpec::After { probes, .. } = self.spec.recover else {
             return;
@@ -427,7 +431,12 @@ impl Call {
     /// Whether it is slow for a condition with this `slower_than`.
     #[inline]
     fn is_slow(self, slower_than: Option<Duration>) -> bool {
-        slower_than.is_some_and(|t| self.timed_out || u128::from(self.elapsed_ns) > t.as_nanos())
+        // `t` in nanoseconds worked out only for a slow condition (issue
+        // 39: `u128` of the elapsed time split it into seconds and
+        // nanoseconds for every call); past `u64::MAX` nothing is slower.
+        slower_than.is_some_and(|t| {
+            self.timed_out || self.elapsed_ns > u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
+        })
     }
 }
 
