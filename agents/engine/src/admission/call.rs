@@ -330,20 +330,20 @@ impl Call {
         rule: u32,
         now: Now,
     ) -> Result<(), StepError> {
-        match snap.states[rule as usize].try_acquire_own(now) {
-            (Answer::Granted(grant), gives_back) => {
+        snap.states[rule as usize].try_acquire_own(now, |answer| match answer {
+            Ok((grant, gives_back)) => {
                 self.has_bytes |= grant.bytes;
                 self.held.push(Held::new(rule, grant, false, gives_back));
                 Ok(())
             }
-            (answer, _) => {
+            Err(answer) => {
                 let step = Step {
                     rule,
                     scope: Scope::Rule,
                 };
                 self.not_granted(snap, step, answer)
             }
-        }
+        })
     }
 
     /// A step that did not pass at once: a shadow rule's is counted and
