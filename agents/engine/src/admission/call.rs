@@ -567,10 +567,18 @@ impl Call {
             };
             let state = &snap.states[h.rule as usize];
             state.count_and_record(slot, latency, outcome, grant, now, elapsed);
-            // A probe has reported; dropping must not give it back.
-            h.reported();
-            if give_back && h.gives_back() {
-                state.release(scope_in(&self.keyed, h), h.grant());
+            // A probe has reported: it is not given back (here, or when the
+            // call is dropped later).
+            let kept = Grant {
+                probe: false,
+                ..h.grant()
+            };
+            if give_back {
+                if h.gives_back() {
+                    state.release(scope_in(&self.keyed, h), kept);
+                }
+            } else {
+                h.reported();
             }
         }
         if snap.any_shadow {
