@@ -620,11 +620,22 @@ impl Call {
         }
     }
 
-    /// The end of a governed or observed call.
+    /// The end of a governed or observed call. A call `finish`ed holds
+    /// nothing by now, and was observed by nothing: it does nothing here.
+    #[inline(always)]
     fn ended(&mut self) {
-        if self.snap.is_some() {
+        if self.snap.is_some() && !self.held.is_empty() {
             self.end();
         }
+        if self.trace.is_some() {
+            self.tell_trace();
+        }
+    }
+
+    /// Tells the call's observer how it ended.
+    #[cold]
+    #[inline(never)]
+    fn tell_trace(&mut self) {
         if let Some(trace) = self.trace.take() {
             let ended = Ended {
                 outcome: trace.outcome.map(|(o, _)| o),
