@@ -212,6 +212,7 @@ impl Fuse {
 
     /// Records a call (a `token invalid` call is a system error whatever its
     /// outcome).
+    #[inline(always)]
     fn record_call(&self, slot: Slot, call: Call, probe: bool, now: Now) {
         if probe {
             self.record_probe(call, now);
@@ -224,7 +225,19 @@ impl Fuse {
             slow |= s;
             w.record(slot, now_ms, call.class, s);
         }
-        if (call.class == Class::Ok && !slow) || self.state.load(Acquire) != CLOSED {
+        if call.class == Class::Ok && !slow {
+            return;
+        }
+        self.check_trips(now_ms);
+    }
+
+    /// After a failed or slow call: trips the fuse when closed and one of
+    /// its conditions holds. Out of line (issue 39): the record of a call
+    /// that went well stays small.
+    #[cold]
+    #[inline(never)]
+    fn check_trips(&self, now_ms: u64) {
+        if self.state.load(Acquire) != CLOSED {
             return;
         }
         for (trip, w) in self.spec.trips.iter().zip(&*self.windows) {
