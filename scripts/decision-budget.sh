@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-matched_budget=1250
+matched_budget=1120
 unmatched_budget=97
 
 if ! command -v valgrind >/dev/null 2>&1; then

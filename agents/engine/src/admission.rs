@@ -255,7 +255,9 @@ impl Admission {
     /// Records the outcome and ends the call (releases its permits).
     #[inline]
     pub fn finish(mut self, outcome: Outcome) {
-        self.record(outcome);
+        if let Some(call) = &mut self.0 {
+            call.finish(outcome);
+        }
     }
 
     /// The call exceeded [`Admission::timeout`]: records a timeout for fuses,

@@ -158,10 +158,11 @@ fn slow_ns(base: &Base, at: Instant) -> u64 {
         .saturating_add(u64::from(d.subsec_nanos()))
 }
 
-/// One clock read: the instant, and its nanoseconds since the base.
+/// One clock read, as its nanoseconds since the base: one word to pass
+/// and keep (issue 39: the instant beside it was two more, copied with
+/// every step and record); [`Now::at`] gives the instant back, exactly.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Now {
-    pub(crate) at: Instant,
     ns: u64,
 }
 
@@ -185,6 +186,15 @@ impl Now {
         self.ns
     }
 
+    /// The instant of this read: the base plus its nanoseconds, which is
+    /// the instant read for every instant at or after the base (all the
+    /// engine sees: [`BEFORE`]).
+    pub(crate) fn at(self) -> Instant {
+        let base = base().at;
+        base.checked_add(Duration::from_nanos(self.ns))
+            .unwrap_or(base)
+    }
+
     /// Nanoseconds from `earlier` to this read (0 if it is later).
     #[inline]
     pub(crate) fn nanos_since(self, earlier: Now) -> u64 {
@@ -195,7 +205,7 @@ impl Now {
 impl From<Instant> for Now {
     #[inline]
     fn from(at: Instant) -> Self {
-        Self { at, ns: ns(at) }
+        Self { ns: ns(at) }
     }
 }
 
@@ -219,14 +229,25 @@ mod tests {
         ] {
             tokio::time::advance(Duration::from_nanos(step_ns)).await;
             let now = Now::read();
-            let d = now.at.saturating_duration_since(epoch);
+            let d = now.at().saturating_duration_since(epoch);
             assert_eq!(now.ms_since(epoch_ns), d.as_millis() as u64);
             assert_eq!(now.nanos_since(Now::from(epoch)), d.as_nanos() as u64);
         }
         let now = Now::read();
-        let later = Now::from(now.at + Duration::from_millis(5));
-        assert_eq!(now.ms_since(ns(later.at)), 0);
+        let later = Now::from(now.at() + Duration::from_millis(5));
+        assert_eq!(now.ms_since(later.ns()), 0);
         assert_eq!(now.nanos_since(later), 0);
+    }
+
+    /// A read's instant is the one read, from its nanoseconds alone.
+    #[test]
+    fn a_read_gives_its_instant_back() {
+        let now = Instant::now();
+        for step_ns in [0, 1, 999_999_999, 1_000_000_000, 86_400_000_000_123] {
+            let at = now + Duration::from_nanos(step_ns);
+            assert_eq!(Now::from(at).at(), at);
+        }
+        assert_eq!(Now::from(base().at).at(), base().at);
     }
 
     /// The fields an instant's `Hash` writes give what subtraction does,

@@ -85,7 +85,7 @@ pub(crate) trait Primitive {
 
     /// Decides without waiting. `start`: when the decision began (a shaping
     /// delay counts from it).
-    fn try_acquire(&self, scope: Option<&Self::Scope>, now: Now, start: Instant) -> Answer;
+    fn try_acquire(&self, scope: Option<&Self::Scope>, now: Now, start: Now) -> Answer;
 
     /// Waits as the rule allows, after [`Primitive::try_acquire`] answered
     /// [`Answer::Wait`]: the grant, or the refusal and its `Retry-After`.

@@ -267,7 +267,7 @@ impl State {
     }
 
     #[inline]
-    pub(crate) fn try_acquire(&self, scope: &Scope, now: Now, start: Instant) -> Answer {
+    pub(crate) fn try_acquire(&self, scope: &Scope, now: Now, start: Now) -> Answer {
         match self {
             State::Bulkhead(b) => Primitive::try_acquire(&**b, scope.bulkhead(), now, start),
             State::Limit(l) => Primitive::try_acquire(&**l, scope.limit(), now, start),
@@ -279,13 +279,29 @@ impl State {
     /// [`State::try_acquire`] in the rule's own scope, of a decision that
     /// began `now`, and whether a grant may have something to give back
     /// ([`State::gives_back`]): one dispatch for both (issue 39).
+    ///
+    /// The answer goes to `then` inside the kind's own arm (issue 39: a
+    /// grant's hold is then built with that kind's constants, not from an
+    /// answer merged from every arm through memory).
     #[inline(always)]
-    pub(crate) fn try_acquire_own(&self, now: Now) -> (Answer, bool) {
+    pub(crate) fn try_acquire_own<R>(
+        &self,
+        now: Now,
+        then: impl FnOnce(Result<(Grant, bool), Answer>) -> R,
+    ) -> R {
+        macro_rules! own {
+            ($p:expr, $gives_back:expr) => {
+                match Primitive::try_acquire(&**$p, None, now, now) {
+                    Answer::Granted(grant) => then(Ok((grant, $gives_back))),
+                    answer => then(Err(answer)),
+                }
+            };
+        }
         match self {
-            State::Bulkhead(b) => (Primitive::try_acquire(&**b, None, now, now.at), true),
-            State::Limit(l) => (Primitive::try_acquire(&**l, None, now, now.at), false),
-            State::Fuse(f) => (Primitive::try_acquire(&**f, None, now, now.at), false),
-            State::Retry(r) => (Primitive::try_acquire(&**r, None, now, now.at), false),
+            State::Bulkhead(b) => own!(b, true),
+            State::Limit(l) => own!(l, false),
+            State::Fuse(f) => own!(f, false),
+            State::Retry(r) => own!(r, false),
         }
     }
 

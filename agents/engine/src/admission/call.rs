@@ -290,13 +290,7 @@ impl Call {
     /// The keyed scope held for `h` (`None`: the rule's own).
     #[inline]
     pub(super) fn scope(&self, h: &Held) -> Option<&Scope> {
-        if !h.keyed() {
-            return None;
-        }
-        self.keyed
-            .iter()
-            .flatten()
-            .find_map(|(rule, scope)| (*rule == h.rule).then_some(scope))
+        scope_in(&self.keyed, h)
     }
 
     /// Runs one step of a decision on `snap` without waiting. A shadow
@@ -309,7 +303,7 @@ impl Call {
         step: Step,
         now: Now,
     ) -> Result<(), StepError> {
-        let start = self.start.map_or(now.at, |s| s.at);
+        let start = self.start.unwrap_or(now);
         let state = &snap.states[step.rule as usize];
         match state.try_acquire(&step.scope, now, start) {
             Answer::Granted(grant) => {
@@ -330,20 +324,20 @@ impl Call {
         rule: u32,
         now: Now,
     ) -> Result<(), StepError> {
-        match snap.states[rule as usize].try_acquire_own(now) {
-            (Answer::Granted(grant), gives_back) => {
+        snap.states[rule as usize].try_acquire_own(now, |answer| match answer {
+            Ok((grant, gives_back)) => {
                 self.has_bytes |= grant.bytes;
                 self.held.push(Held::new(rule, grant, false, gives_back));
                 Ok(())
             }
-            (answer, _) => {
+            Err(answer) => {
                 let step = Step {
                     rule,
                     scope: Scope::Rule,
                 };
                 self.not_granted(snap, step, answer)
             }
-        }
+        })
     }
 
     /// A step that did not pass at once: a shadow rule's is counted and
@@ -417,7 +411,7 @@ impl Call {
                 Err(StepError::Rejected(r)) => Err(r),
             };
         }
-        let start = self.start.map_or_else(Instant::now, |s| s.at);
+        let start = self.start.map_or_else(Instant::now, Now::at);
         let state = &snap.states[step.rule as usize];
         let began = Instant::now();
         match state.acquire(&step.scope, start).await {
@@ -537,7 +531,28 @@ impl Call {
         }
     }
 
+    /// Records the outcome and gives back what the call holds, in one
+    /// pass over its holds ([`Admission::finish`](super::Admission::finish),
+    /// issue 39): the end of the call that follows has none left to visit.
+    #[inline]
+    pub(super) fn finish(&mut self, outcome: Outcome) {
+        if self.recorded || self.trace.is_some() {
+            self.record(outcome);
+            return;
+        }
+        self.recorded = true;
+        self.record_outcome_and(outcome, true);
+        self.held.clear();
+    }
+
     fn record_outcome(&mut self, outcome: Outcome) {
+        self.record_outcome_and(outcome, false);
+    }
+
+    /// Records the outcome for every granted rule; with `give_back`, gives
+    /// back what each holds too.
+    #[inline(always)]
+    fn record_outcome_and(&mut self, outcome: Outcome, give_back: bool) {
         let Some(snap) = self.snap.as_deref() else {
             return;
         };
@@ -550,10 +565,21 @@ impl Call {
                 system_error: self.system_error,
                 ..h.grant()
             };
-            snap.states[h.rule as usize]
-                .count_and_record(slot, latency, outcome, grant, now, elapsed);
-            // A probe has reported; dropping must not give it back.
-            h.reported();
+            let state = &snap.states[h.rule as usize];
+            state.count_and_record(slot, latency, outcome, grant, now, elapsed);
+            // A probe has reported: it is not given back (here, or when the
+            // call is dropped later).
+            let kept = Grant {
+                probe: false,
+                ..h.grant()
+            };
+            if give_back {
+                if h.gives_back() {
+                    state.release(scope_in(&self.keyed, h), kept);
+                }
+            } else {
+                h.reported();
+            }
         }
         if snap.any_shadow {
             shadow_timeouts(snap, &self.held, Duration::from_nanos(elapsed));
@@ -594,11 +620,22 @@ impl Call {
         }
     }
 
-    /// The end of a governed or observed call.
+    /// The end of a governed or observed call. A call `finish`ed holds
+    /// nothing by now, and was observed by nothing: it does nothing here.
+    #[inline(always)]
     fn ended(&mut self) {
-        if self.snap.is_some() {
+        if self.snap.is_some() && !self.held.is_empty() {
             self.end();
         }
+        if self.trace.is_some() {
+            self.tell_trace();
+        }
+    }
+
+    /// Tells the call's observer how it ended.
+    #[cold]
+    #[inline(never)]
+    fn tell_trace(&mut self) {
         if let Some(trace) = self.trace.take() {
             let ended = Ended {
                 outcome: trace.outcome.map(|(o, _)| o),
@@ -609,6 +646,18 @@ impl Call {
             (trace.then)(ended);
         }
     }
+}
+
+/// The keyed scope in `keyed` held for `h` (`None`: the rule's own).
+#[inline]
+fn scope_in<'a>(keyed: &'a Option<SmallVec<[(u32, Scope); 1]>>, h: &Held) -> Option<&'a Scope> {
+    if !h.keyed() {
+        return None;
+    }
+    keyed
+        .iter()
+        .flatten()
+        .find_map(|(rule, scope)| (*rule == h.rule).then_some(scope))
 }
 
 /// A shadow rule's deadline is not enforced: counts the calls that
@@ -763,6 +812,28 @@ rules:
             drop(c);
             assert_eq!(ended.load(Ordering::Relaxed), 1);
             assert!(head_blank());
+        });
+    }
+
+    /// `finish` records and gives the permit back in one pass: the next
+    /// call gets the one permit, the box comes back blank, and the call is
+    /// counted once, in a latency bucket.
+    #[test]
+    fn a_finished_call_gives_its_permit_back_once() {
+        on_a_thread(|| {
+            let e = engine();
+            for _ in 0..3 {
+                let Some(a) = decide(&e, "/one") else {
+                    panic!("the permit was not given back");
+                };
+                assert!(a.is_governed());
+                a.finish(Outcome::Status(200));
+                assert!(head_blank());
+            }
+            let stats = e.stats();
+            let one = &stats.rules[0];
+            assert_eq!((one.admitted, one.in_flight), (3, 0));
+            assert_eq!(one.latency.iter().sum::<u64>(), 3);
         });
     }
 

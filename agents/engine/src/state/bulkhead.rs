@@ -531,7 +531,7 @@ impl Primitive for Bulkhead {
     }
 
     #[inline]
-    fn try_acquire(&self, scope: Option<&BulkheadScope>, _now: Now, _start: Instant) -> Answer {
+    fn try_acquire(&self, scope: Option<&BulkheadScope>, _now: Now, _start: Now) -> Answer {
         if let Some(BulkheadScope {
             cell: CellRef::Full,
             ..
@@ -898,7 +898,7 @@ mod tests {
         };
         let now = Instant::now();
         assert!(matches!(
-            b.try_acquire(Some(&z), now.into(), now),
+            b.try_acquire(Some(&z), now.into(), now.into()),
             Answer::Refused(RejectReason::BulkheadFull, None)
         ));
         assert!(b.acquire(Some(&z), now).await.is_err());

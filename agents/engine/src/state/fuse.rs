@@ -212,6 +212,7 @@ impl Fuse {
 
     /// Records a call (a `token invalid` call is a system error whatever its
     /// outcome).
+    #[inline(always)]
     fn record_call(&self, slot: Slot, call: Call, probe: bool, now: Now) {
         if probe {
             self.record_probe(call, now);
@@ -224,7 +225,19 @@ impl Fuse {
             slow |= s;
             w.record(slot, now_ms, call.class, s);
         }
-        if (call.class == Class::Ok && !slow) || self.state.load(Acquire) != CLOSED {
+        if call.class == Class::Ok && !slow {
+            return;
+        }
+        self.check_trips(now_ms);
+    }
+
+    /// After a failed or slow call: trips the fuse when closed and one of
+    /// its conditions holds. Out of line (issue 39): the record of a call
+    /// that went well stays small.
+    #[cold]
+    #[inline(never)]
+    fn check_trips(&self, now_ms: u64) {
+        if self.state.load(Acquire) != CLOSED {
             return;
         }
         for (trip, w) in self.spec.trips.iter().zip(&*self.windows) {
@@ -246,6 +259,10 @@ impl Fuse {
             .min()
     }
 
+    /// Out of line (issue 39): a probe is rare, and its reason's
+    /// formatting, inlined, was worked out ahead for every call.
+    #[cold]
+    #[inline(never)]
     fn record_probe(&self, call: Call, now: Now) {
         let RecoverSpec::After { probes, .. } = self.spec.recover else {
             return;
@@ -427,7 +444,12 @@ impl Call {
     /// Whether it is slow for a condition with this `slower_than`.
     #[inline]
     fn is_slow(self, slower_than: Option<Duration>) -> bool {
-        slower_than.is_some_and(|t| self.timed_out || u128::from(self.elapsed_ns) > t.as_nanos())
+        // `t` in nanoseconds worked out only for a slow condition (issue
+        // 39: `u128` of the elapsed time split it into seconds and
+        // nanoseconds for every call); past `u64::MAX` nothing is slower.
+        slower_than.is_some_and(|t| {
+            self.timed_out || self.elapsed_ns > u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
+        })
     }
 }
 
@@ -517,7 +539,7 @@ impl Primitive for Fuse {
     fn scope(&self, _keys: &Keys<'_>) {}
 
     #[inline]
-    fn try_acquire(&self, _scope: Option<&()>, now: Now, _start: Instant) -> Answer {
+    fn try_acquire(&self, _scope: Option<&()>, now: Now, _start: Now) -> Answer {
         match self.try_admit(now) {
             Ok(probe) => Answer::Granted(Grant {
                 probe,
@@ -536,7 +558,7 @@ impl Primitive for Fuse {
         scope: Option<&()>,
         start: Instant,
     ) -> Result<Grant, (RejectReason, Option<Duration>)> {
-        match self.try_acquire(scope, Now::read(), start) {
+        match self.try_acquire(scope, Now::read(), start.into()) {
             Answer::Granted(grant) => Ok(grant),
             Answer::Refused(reason, retry) => Err((reason, retry)),
             // A fuse never asks to wait.

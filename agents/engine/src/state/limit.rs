@@ -364,12 +364,12 @@ impl Limit {
             return Self::plain_calls(cell, amount, w, now_ms);
         }
         if let Some(link) = &self.cluster {
-            self.check_shared_bytes(link, cell, now.at)?;
+            self.check_shared_bytes(link, cell, now.at())?;
             if let Some(sync) = link.exact {
                 // Here only without the store's answer: the fallback decides.
                 return self.exact_fallback(link, sync, cell, now, now_ms);
             }
-            return self.batch_calls(link, cell, now.at);
+            return self.batch_calls(link, cell, now.at());
         }
         if let Some(rate) = &self.spec.bytes {
             let window = now_ms / ms(rate.window).max(1);
@@ -528,7 +528,7 @@ impl Primitive for Limit {
     /// A plain limit's own counter, not engaged, inline: straight to its
     /// window (as `try_admit_as` would go after its latch test; issue 39).
     #[inline(always)]
-    fn try_acquire(&self, scope: Option<&CellRef>, now: Now, start: Instant) -> Answer {
+    fn try_acquire(&self, scope: Option<&CellRef>, now: Now, start: Now) -> Answer {
         if scope.is_none()
             && let Some((amount, w)) = &self.plain
             && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
@@ -569,7 +569,7 @@ impl Primitive for Limit {
                     Err(e) => self.shape(cell, e, now, start),
                 }
             } else {
-                self.try_acquire(scope, now.into(), start)
+                self.try_acquire(scope, now.into(), start.into())
             };
             match answer {
                 Answer::Granted(grant) => return Ok(grant),
@@ -1048,7 +1048,7 @@ mod tests {
             let mut admitted = 0;
             for _ in 0..n {
                 let now = Instant::now();
-                let ok = match l.try_acquire(None, now.into(), now) {
+                let ok = match l.try_acquire(None, now.into(), now.into()) {
                     Answer::Granted(_) => true,
                     Answer::Refused(..) => false,
                     Answer::Wait(_) => l.acquire(None, now).await.is_ok(),
@@ -1668,7 +1668,7 @@ mod tests {
             None => CellRef::Single,
         };
         let now = Instant::now();
-        match l.try_acquire(Some(&scope), now.into(), now) {
+        match l.try_acquire(Some(&scope), now.into(), now.into()) {
             Answer::Granted(_) => true,
             Answer::Refused(RejectReason::LimitCalls, _) => false,
             other => panic!("{other:?}"),
@@ -1771,7 +1771,7 @@ mod tests {
         let at = |l: &Limit, crit| {
             let now = Instant::now();
             matches!(
-                l.try_acquire(Some(&CellRef::Own(None, crit)), now.into(), now),
+                l.try_acquire(Some(&CellRef::Own(None, crit)), now.into(), now.into()),
                 Answer::Granted(_)
             )
         };

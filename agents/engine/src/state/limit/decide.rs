@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::{Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, ms, scope_ref};
 use crate::clock::Now;
 use crate::divisor::Divisor;
@@ -14,14 +12,9 @@ use crate::primitive::Answer;
 impl Limit {
     /// [`Primitive::try_acquire`](crate::primitive::Primitive::try_acquire) of any scope and set-up.
     #[inline(never)]
-    pub(super) fn try_acquire_any(
-        &self,
-        scope: Option<&CellRef>,
-        now: Now,
-        start: Instant,
-    ) -> Answer {
+    pub(super) fn try_acquire_any(&self, scope: Option<&CellRef>, now: Now, start: Now) -> Answer {
         if let Some(CellRef::Full) = scope {
-            return self.no_room(now.at);
+            return self.no_room(now.at());
         }
         if self.remote() {
             // `sync exact`: counted in the store, asynchronously.
@@ -42,17 +35,11 @@ impl Limit {
     /// A call `cell` did not admit at once.
     #[cold]
     #[inline(never)]
-    pub(super) fn refused(
-        &self,
-        cell: &LimitCell,
-        e: Exceeded,
-        now: Now,
-        start: Instant,
-    ) -> Answer {
+    pub(super) fn refused(&self, cell: &LimitCell, e: Exceeded, now: Now, start: Now) -> Answer {
         match e {
             // `sync batch` with an empty lease: asked from the store.
             LEASE_FIRST => Answer::Wait(Duration::ZERO),
-            e => self.shape(cell, e, now.at, start),
+            e => self.shape(cell, e, now.at(), start.at()),
         }
     }
 

@@ -161,7 +161,7 @@ mod tests {
         let scope = l.cell_for(Some(key));
         let now = Instant::now();
         matches!(
-            l.try_acquire(Some(&scope), now.into(), now),
+            l.try_acquire(Some(&scope), now.into(), now.into()),
             Answer::Granted(_)
         )
     }
@@ -227,7 +227,7 @@ mod tests {
         assert!(call(&l, "a") && call(&l, "b"));
         let scope = l.cell_for(Some("c"));
         let now = Instant::now();
-        match l.try_acquire(Some(&scope), now.into(), now) {
+        match l.try_acquire(Some(&scope), now.into(), now.into()) {
             Answer::Refused(RejectReason::LimitCalls, Some(retry)) => {
                 assert!(retry <= HOUR && retry > Duration::ZERO);
             }
@@ -297,7 +297,7 @@ mod tests {
         let scope = l.scope(&keys);
         let now = Instant::now();
         matches!(
-            l.try_acquire(Some(&scope), now.into(), now),
+            l.try_acquire(Some(&scope), now.into(), now.into()),
             Answer::Granted(_)
         )
     }

@@ -171,11 +171,11 @@ async fn sheddable_calls_fail_fast_under_contention() {
         class,
     };
     let now = Instant::now();
-    let free = b.try_acquire(Some(&scope(Class::Sheddable)), now.into(), now);
+    let free = b.try_acquire(Some(&scope(Class::Sheddable)), now.into(), now.into());
     assert!(matches!(free, Answer::Granted(_)));
-    let shed = b.try_acquire(Some(&scope(Class::Sheddable)), now.into(), now);
+    let shed = b.try_acquire(Some(&scope(Class::Sheddable)), now.into(), now.into());
     assert_eq!(shed, Answer::Refused(RejectReason::BulkheadFull, None));
-    let wait = b.try_acquire(Some(&scope(Class::Default)), now.into(), now);
+    let wait = b.try_acquire(Some(&scope(Class::Default)), now.into(), now.into());
     assert_eq!(wait, Answer::Wait(Duration::from_secs(1)));
     let start = Instant::now();
     assert_eq!(
