@@ -77,12 +77,23 @@ fn strip_listed(headers: &mut HeaderMap) {
     strip_te(headers);
 }
 
-/// Removes `te` unless it is `te: trailers`.
+/// Removes each `te` field that does not name `trailers` (as the HTTP/1
+/// path does, a field at a time: a second `te: gzip` behind a
+/// `te: trailers` is not forwarded with it).
 fn strip_te(headers: &mut HeaderMap) {
-    if let Some(te) = headers.get(header::TE)
-        && !(te.to_str().is_ok() && keeps_te(te.as_bytes()))
-    {
-        headers.remove(header::TE);
+    let keeps = |v: &HeaderValue| v.to_str().is_ok() && keeps_te(v.as_bytes());
+    if headers.get_all(header::TE).iter().all(keeps) {
+        return;
+    }
+    let kept: Vec<HeaderValue> = headers
+        .get_all(header::TE)
+        .iter()
+        .filter(|v| keeps(v))
+        .cloned()
+        .collect();
+    headers.remove(header::TE);
+    for value in kept {
+        headers.append(header::TE, value);
     }
 }
 
@@ -247,6 +258,26 @@ mod tests {
         let mut headers = map(&[("te", " Trailers , deflate")]);
         strip_hop_by_hop(&mut headers);
         assert_eq!(headers.get("te").unwrap(), " Trailers , deflate");
+    }
+
+    #[test]
+    fn each_te_field_is_judged_alone() {
+        for fields in [["trailers", "gzip"], ["gzip", "trailers"]] {
+            let mut headers = HeaderMap::new();
+            for value in fields {
+                headers.append(header::TE, HeaderValue::from_static(value));
+            }
+            headers.insert(header::HOST, HeaderValue::from_static("a"));
+            strip_hop_by_hop(&mut headers);
+            let te: Vec<_> = headers.get_all(header::TE).iter().collect();
+            assert_eq!(te, ["trailers"], "{fields:?}");
+            assert_eq!(headers.len(), 2);
+        }
+        let mut headers = HeaderMap::new();
+        headers.append(header::TE, HeaderValue::from_static("gzip"));
+        headers.append(header::TE, HeaderValue::from_static("deflate"));
+        strip_hop_by_hop(&mut headers);
+        assert!(headers.is_empty());
     }
 
     #[test]

@@ -473,3 +473,33 @@ rules:
     wire.send(b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n").await;
     assert_eq!(wire.response().await.status, 429);
 }
+
+/// `te` is hop-by-hop but for `te: trailers`: each `te` field is judged on
+/// its own, on the HTTP/1 path and on hyper's (a handed-over request), so a
+/// `te: gzip` behind a `te: trailers` never reaches the upstream.
+#[tokio::test]
+async fn a_second_te_field_is_not_forwarded_behind_te_trailers() {
+    let up = RawUpstream::start().await;
+    let agent = agent_before(&up).await;
+    for (path, extra) in [
+        ("/h1", ""),
+        // `upgrade` to anything but websocket: handed to hyper, forwarded as
+        // a plain request.
+        ("/hyper", "upgrade: x\r\nconnection: upgrade\r\n"),
+    ] {
+        for te in [["trailers", "gzip"], ["gzip", "trailers"]] {
+            let mut wire = Wire::connect(agent.sidecar.inbound_addr()).await;
+            let request = format!(
+                "GET {path} HTTP/1.1\r\nhost: x\r\n{extra}te: {}\r\nte: {}\r\n\r\n",
+                te[0], te[1]
+            );
+            wire.send(request.as_bytes()).await;
+            assert_eq!(wire.response().await.status, 200, "{request}");
+            let received = up.requests();
+            let got = received.last().expect("the upstream got the request");
+            assert_eq!(got.path(), path);
+            assert_eq!(got.count("te"), 1, "{request}: {:?}", got.headers);
+            assert_eq!(got.header("te"), Some(&b"trailers"[..]), "{request}");
+        }
+    }
+}
