@@ -545,6 +545,7 @@ impl Call {
         self.held.clear();
     }
 
+    #[inline]
     fn record_outcome(&mut self, outcome: Outcome) {
         self.record_outcome_and(outcome, false);
     }
