@@ -13,8 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-matched_budget=1155
-recorded_budget=1197
+matched_budget=1152
+recorded_budget=1194
 unmatched_budget=97
 
 if ! command -v valgrind >/dev/null 2>&1; then
