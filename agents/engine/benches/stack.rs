@@ -8,6 +8,9 @@
 //! `benches/decision.rs` (10 rules): `GET /api/orders/7` matches three
 //! (bulkhead, limit, fuse), `GET /static/app.js` none. The stack is given
 //! the request already routed (a web framework's router would do that).
+//! `gov_recorded` is the proxy's path on the same matched call: `try_admit`,
+//! `record(200)` at the response head, then the admission dropped when the
+//! body ends (gov-agent's HTTP/1 relay and [`gov_engine::Govern`] both).
 //!
 //! Time: thread CPU time per call, each subject in turn, five interleaved
 //! rounds, the median printed. Instructions: each subject's loop alone under
@@ -56,8 +59,9 @@ const COUNTED_CALLS: i64 = 20_000;
 const ROUNDS: usize = 5;
 
 /// The subjects, in the order of the table.
-const SUBJECTS: [&str; 8] = [
+const SUBJECTS: [&str; 9] = [
     "gov_matched",
+    "gov_recorded",
     "gov_unmatched",
     "governor",
     "semaphore",
@@ -70,6 +74,9 @@ const SUBJECTS: [&str; 8] = [
 fn label(subject: &str) -> &'static str {
     match subject {
         "gov_matched" => "gov-engine, 3 rules matched (bulkhead, limit, fuse)",
+        "gov_recorded" => {
+            "gov-engine, 3 rules matched, recorded at the head then dropped (the proxy's path)"
+        }
         "gov_unmatched" => "gov-engine, no rule matched",
         "governor" => "governor `check`",
         "semaphore" => "tokio `Semaphore::try_acquire` + drop",
@@ -178,6 +185,7 @@ impl World {
             "gov_matched" | "gov_unmatched" => {
                 Box::new(move |n| drive(n, || gov(engine, black_box(&info))))
             }
+            "gov_recorded" => Box::new(move |n| drive(n, || recorded(engine, black_box(&info)))),
             "governor" => Box::new(move |n| drive(n, || check(limiter))),
             "semaphore" => Box::new(move |n| drive(n, || drop(permit(semaphore)))),
             "tower_concurrency_limit" => {
@@ -236,6 +244,20 @@ fn warm_up(n: u64, mut call: impl FnMut()) {
 fn gov(engine: &Engine, info: &RequestInfo<'_>) {
     match engine.try_admit(info) {
         Decision::Admitted(a) => a.finish(Outcome::Status(200)),
+        Decision::Rejected(r) => panic!("unexpected rejection: {r}"),
+        Decision::Wait(_) => panic!("unexpected wait"),
+    }
+}
+
+/// The proxy's path: the outcome recorded at the response head, the
+/// permits given back when the body ends (the admission dropped).
+#[inline]
+fn recorded(engine: &Engine, info: &RequestInfo<'_>) {
+    match engine.try_admit(info) {
+        Decision::Admitted(mut a) => {
+            a.record(Outcome::Status(200));
+            drop(black_box(a));
+        }
         Decision::Rejected(r) => panic!("unexpected rejection: {r}"),
         Decision::Wait(_) => panic!("unexpected wait"),
     }

@@ -360,11 +360,19 @@ impl Engine {
     /// [`INLINE_RULES`](crate::route::INLINE_RULES) rules match and their
     /// scopes already exist (and, for a matched call, this thread's free
     /// list has a box: `admission::call`).
-    #[inline]
+    #[inline(always)]
     pub fn try_admit(&self, req: &RequestInfo<'_>) -> Decision {
         if self.shared.miss.misses(req) {
             return Decision::Admitted(Admission::unmatched());
         }
+        self.try_admit_routed(req)
+    }
+
+    /// [`Engine::try_admit`] of a request the miss filter may not pass. Only
+    /// the miss test is inlined into every caller: with several callers (as
+    /// in gov-agent) an unmatched call pays no call of this.
+    #[inline]
+    fn try_admit_routed(&self, req: &RequestInfo<'_>) -> Decision {
         let generation = self.shared.generation.load(Acquire);
         let mut scratch = None;
         // Route with this thread's cached config; take the snapshot only if

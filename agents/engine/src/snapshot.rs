@@ -181,5 +181,11 @@ impl SnapshotCache {
 }
 
 thread_local! {
-    pub(crate) static CACHE: RefCell<SnapshotCache> = RefCell::default();
+    /// Initialized as a constant: an access tests no lazy initialization.
+    pub(crate) static CACHE: RefCell<SnapshotCache> = const {
+        RefCell::new(SnapshotCache {
+            entries: [const { None }; CACHED_ENGINES],
+            next: 0,
+        })
+    };
 }

@@ -545,6 +545,7 @@ impl Call {
         self.held.clear();
     }
 
+    #[inline]
     fn record_outcome(&mut self, outcome: Outcome) {
         self.record_outcome_and(outcome, false);
     }
@@ -606,17 +607,19 @@ impl Call {
     fn end(&mut self) {
         let Some(snap) = &self.snap else { return };
         // A recorded call ended in a latency bucket; count the others here.
-        let unrecorded = (self.admitted && !self.recorded).then(stripe::current);
-        for h in self
-            .held
-            .iter()
-            .filter(|h| h.granted() && (h.gives_back() || unrecorded.is_some()))
-        {
-            let state = &snap.states[h.rule as usize];
-            if let Some(slot) = unrecorded {
+        if self.admitted && !self.recorded {
+            let slot = stripe::current();
+            for h in self.held.iter().filter(|h| h.granted()) {
+                let state = &snap.states[h.rule as usize];
                 state.counters().end(slot);
+                state.release(self.scope(h), h.grant());
             }
-            state.release(self.scope(h), h.grant());
+            return;
+        }
+        // A recorded call (the proxy's path: recorded at the head, dropped
+        // when the body ends) visits only the holds that give back.
+        for h in self.held.iter().filter(|h| h.granted() && h.gives_back()) {
+            snap.states[h.rule as usize].release(self.scope(h), h.grant());
         }
     }
 
