@@ -125,7 +125,12 @@ impl EtcdError {
         } else if text.contains("h2 protocol error") {
             "the endpoint does not answer as etcd's gRPC: check that --store names the \
              members' client URLs (port 2379 by default)"
-        } else if text.contains("broken pipe") || text.contains("connection closed") {
+        } else if text.contains("broken pipe")
+            || text.contains("connection closed")
+            || text.contains("connection reset")
+        {
+            // A reset is a close with our bytes unread (a TLS member given
+            // plain gRPC's preface does either, as timing has it).
             match (tls, client_cert) {
                 (false, _) => {
                     "the endpoint closed the connection: check that --store names the \
@@ -205,5 +210,25 @@ mod tests {
         assert!(!EtcdError::Invalid("no endpoints".into()).transient());
         let refused = EtcdError::from(tonic::Status::unavailable("tcp connect error"));
         assert_eq!(refused.to_string(), "gRPC Unavailable: tcp connect error");
+    }
+
+    /// A plain connection a TLS member drops is said as such whether it was
+    /// closed or reset (which of the two comes depends on timing).
+    #[test]
+    fn a_connection_closed_or_reset_by_the_endpoint_gets_the_same_advice() {
+        for kind in [
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::BrokenPipe,
+        ] {
+            let error = EtcdError::from(tonic::Status::from_error(Box::new(std::io::Error::from(
+                kind,
+            ))));
+            let advice = error.advice(false, false);
+            assert!(advice.contains("etcds://"), "{kind:?}: {advice}");
+            assert!(
+                error.advice(true, false).contains("--etcd-cert"),
+                "{kind:?}"
+            );
+        }
     }
 }
