@@ -92,7 +92,8 @@ def main():
         by_owner[owner(function)] += cost
     total = sum(by_owner.values())
     for name, cost in by_owner.most_common():
-        print(f"{cost / calls:9.0f}  {name}")
+        if cost >= calls:  # at least one instruction a call
+            print(f"{cost / calls:9.0f}  {name}")
     libraries = sum(by_owner[name] for name in HTTP2_LIBRARIES)
     print(f"{libraries / calls:9.0f}  the HTTP/2 libraries' functions ({', '.join(sorted(HTTP2_LIBRARIES))})")
     # What gov's own code asks of them beyond HTTP/2 (header look-ups in

@@ -70,9 +70,7 @@ fn strip_listed(headers: &mut HeaderMap) {
         }
     }
     for name in &HOP_BY_HOP {
-        if headers.contains_key(name) {
-            headers.remove(name);
-        }
+        headers.remove(name);
     }
     strip_te(headers);
 }

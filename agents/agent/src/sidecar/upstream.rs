@@ -113,45 +113,9 @@ impl Body for UpstreamBody {
     }
 }
 
-/// The body of an upstream's response: from the pooled (HTTP/1.1) client or
-/// from the HTTP/2 client.
-pub(crate) enum ResponseIncoming {
-    Pooled(Incoming),
-    Direct(H2Body),
-}
-
-impl Body for ResponseIncoming {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            Self::Pooled(body) => Pin::new(body)
-                .poll_frame(cx)
-                .map(|f| f.map(|f| f.map_err(Into::into))),
-            Self::Direct(body) => Pin::new(body)
-                .poll_frame(cx)
-                .map(|f| f.map(|f| f.map_err(Into::into))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Self::Pooled(body) => body.is_end_stream(),
-            Self::Direct(body) => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Self::Pooled(body) => body.size_hint(),
-            Self::Direct(body) => body.size_hint(),
-        }
-    }
-}
+/// The body of an upstream's response: from the pooled (HTTP/1.1) client
+/// (`Left`) or from the HTTP/2 client (`Right`).
+pub(crate) type ResponseIncoming = http_body_util::Either<Incoming, H2Body>;
 
 pin_project_lite::pin_project! {
     /// The body of an upstream's response, holding the balancer's pick of the
@@ -424,16 +388,15 @@ impl std::future::Future for UpstreamFuture {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.get_mut() {
             Self::Pooled(fut) => Pin::new(fut).poll(cx).map(|polled| match polled {
-                Ok(response) => Ok((response.map(ResponseIncoming::Pooled), None)),
+                Ok(response) => Ok((response.map(ResponseIncoming::Left), None)),
                 Err(error) => Err(SendError {
                     connect: error.is_connect(),
                     source: error.into(),
                 }),
             }),
             Self::Direct(fut) => fut.as_mut().poll(cx).map(|polled| {
-                polled.map(|(response, stream)| {
-                    (response.map(ResponseIncoming::Direct), Some(stream))
-                })
+                polled
+                    .map(|(response, stream)| (response.map(ResponseIncoming::Right), Some(stream)))
             }),
         }
     }
