@@ -554,24 +554,28 @@ impl Router {
 
     /// The index entry `path` meets (the exact path it equals, else the
     /// longest prefix it starts with): its node, and whether the node is
-    /// plain ([`Node::plain`]).
+    /// plain ([`Node::plain`]). Without a hashed exact path of its length,
+    /// a scan that calls nothing (issue 39: so it needs no frame).
     #[inline]
     fn meet(&self, path: &str) -> Option<(u32, bool)> {
-        if self.exact_lens & len_bit(path.len()) != 0
-            && let Some(met) = self.hashed(path)
-        {
-            return Some(met);
+        if self.exact_lens & len_bit(path.len()) != 0 {
+            return self.hashed(path);
         }
         self.prefixes
             .find(path.as_bytes())
             .map(|p| (p.node, p.plain))
     }
 
-    /// The entry of `exact` that `path` equals: out of line, so that
-    /// [`Router::meet`] keeps no registers for a hash (issue 39).
+    /// [`Router::meet`] of a path that may equal an exact path of `exact`:
+    /// out of line, so that the scan keeps no registers for a hash.
     #[inline(never)]
     fn hashed(&self, path: &str) -> Option<(u32, bool)> {
-        self.exact.get(path).copied()
+        if let Some(&met) = self.exact.get(path) {
+            return Some(met);
+        }
+        self.prefixes
+            .find(path.as_bytes())
+            .map(|p| (p.node, p.plain))
     }
 
     /// The node of the exact path or longest prefix `path` meets, and its

@@ -141,8 +141,33 @@ impl Prefix {
         path_head & self.mask == self.head
             && path.len() >= self.text.len()
             && path.len() <= self.max_len
-            && (self.text.len() <= 8 || path.starts_with(self.text.as_bytes()))
+            && (self.text.len() <= 8 || same_words(self.text.as_bytes(), path))
     }
+}
+
+/// Whether `path` starts with `text`, a text of at least 8 bytes,
+/// compared a word at a time (the last word overlapping the one before)
+/// rather than by `memcmp` (issue 39: a call would make the router's scan
+/// keep registers for it).
+#[inline]
+fn same_words(text: &[u8], path: &[u8]) -> bool {
+    let word = |s: &[u8], at: usize| {
+        s.get(at..)
+            .and_then(|s| s.first_chunk::<8>())
+            .map(|w| u64::from_ne_bytes(*w))
+    };
+    let n = text.len();
+    if path.len() < n || n < 8 {
+        return false;
+    }
+    let mut at = 0;
+    while at + 8 < n {
+        if word(text, at) != word(path, at) {
+            return false;
+        }
+        at += 8;
+    }
+    word(text, n - 8) == word(path, n - 8)
 }
 
 /// The first 8 bytes of `s`, zero-padded, as one word.
@@ -205,6 +230,22 @@ mod tests {
         assert!(api.find(b"/static").is_none());
         assert!(api.find(b"/").is_none());
         assert_eq!(api.find(b"/api").map(|e| e.node), Some(0));
+    }
+
+    #[test]
+    fn long_texts_are_compared_whole() {
+        let text = b"/mdm/supplier/long/er";
+        for n in 8..=text.len() {
+            let t = &text[..n];
+            assert!(same_words(t, text), "{n}");
+            assert!(same_words(t, t), "{n}");
+            assert!(!same_words(t, &text[..n - 1]), "{n}");
+            for at in 0..n {
+                let mut other = text.to_vec();
+                other[at] ^= 1;
+                assert!(!same_words(t, &other), "{n} {at}");
+            }
+        }
     }
 
     /// An exact path is met by that path alone, before a prefix of its
