@@ -702,7 +702,8 @@ mod tests {
             None,
         );
         let mut out = Plan::default();
-        cfg.inbound.matches(&view, &cfg.metas, &mut out);
+        cfg.router(Direction::Inbound)
+            .matches(&view, &cfg.metas, &mut out);
         out.ids()
             .map(|id| cfg.rules[id.0 as usize].name.to_string())
             .collect()
@@ -825,7 +826,7 @@ mod tests {
         let mut scratch = None;
         let mut found: Vec<String> = crate::decision::route(cfg, &req, &mut scratch)
             .map(|at| {
-                let plan = cfg.inbound.resolve(at, &scratch);
+                let plan = cfg.router(Direction::Inbound).resolve(at, &scratch);
                 plan.ids()
                     .map(|id| cfg.rules[id.0 as usize].name.to_string())
                     .collect()
@@ -851,7 +852,7 @@ mod tests {
             };
             let cfg = CompiledConfig::try_from(&t).unwrap();
             assert_eq!(
-                cfg.inbound.exact.len() > SCANNED_EXACT,
+                cfg.router(Direction::Inbound).exact.len() > SCANNED_EXACT,
                 n + 1 > SCANNED_EXACT
             );
             assert_eq!(routed(&cfg, "/e0"), ["svc/e0"], "{n}");
@@ -884,7 +885,7 @@ mod tests {
             ..gov_proto::compiled::target("svc")
         };
         let cfg = CompiledConfig::try_from(&t).unwrap();
-        let lens: Vec<usize> = cfg.inbound.prefixes.lens().collect();
+        let lens: Vec<usize> = cfg.router(Direction::Inbound).prefixes.lens().collect();
         assert_eq!(lens, [4, 3, 2]);
     }
 
@@ -942,7 +943,8 @@ rules:
                 None,
             );
             let mut out = Plan::default();
-            cfg.inbound.matches(&view, &cfg.metas, &mut out);
+            cfg.router(Direction::Inbound)
+                .matches(&view, &cfg.metas, &mut out);
             let names: Vec<String> = out
                 .ids()
                 .map(|id| cfg.rules[id.0 as usize].name.to_string())
@@ -1014,7 +1016,7 @@ rules:
             ..gov_proto::compiled::target("svc")
         };
         let cfg = CompiledConfig::try_from(&t).unwrap();
-        assert!(cfg.inbound.gate.is_some());
+        assert!(cfg.router(Direction::Inbound).gate.is_some());
         assert_eq!(matched(&cfg, "GET", "/", &[]), Vec::<String>::new());
         assert_eq!(
             matched(&cfg, "GET", "/", &[("x-admin", "yes"), ("accept", "*/*")]),
@@ -1046,7 +1048,8 @@ rules:
             None,
         );
         let mut out = Plan::default();
-        cfg.inbound.matches(&view, &cfg.metas, &mut out);
+        cfg.router(Direction::Inbound)
+            .matches(&view, &cfg.metas, &mut out);
         assert_eq!(out.ids().collect::<Vec<_>>(), [RuleId(1)]);
     }
 
@@ -1100,7 +1103,7 @@ rules:
             let req = crate::request::RequestInfo::inbound(&method, &path, &map);
             let mut scratch = None;
             let mut found: Vec<RuleId> = crate::decision::route(&cfg, &req, &mut scratch)
-                .map(|at| cfg.inbound.resolve(at, &scratch).ids().collect())
+                .map(|at| cfg.router(Direction::Inbound).resolve(at, &scratch).ids().collect())
                 .unwrap_or_default();
             found.sort();
             let folded = if insensitive { path.to_ascii_lowercase() } else { path.clone() };
