@@ -2,8 +2,8 @@
 //! byte (issue 39: a path is compared only with the entries that share it,
 //! as an exact path or a prefix of at least 2 bytes that a path equals or
 //! starts with has the path's second byte), each group longest first (an
-//! exact path before a prefix of its length), then those shorter than 2
-//! bytes (`/`), which every path may meet. One scan finds the entry a path
+//! exact path before a prefix of its length), a slice per byte, then those
+//! shorter than 2 bytes (`/`), which every path may meet. One scan finds the entry a path
 //! meets, exact or prefix, with no hash of the path; a router with more
 //! exact paths than [`SCANNED_EXACT`] keeps them in a hash map instead.
 
@@ -14,14 +14,13 @@ pub(super) const SCANNED_EXACT: usize = 16;
 /// A router's exact paths (up to [`SCANNED_EXACT`]) and prefixes.
 #[derive(Debug)]
 pub(super) struct Prefixes {
-    // INVARIANT: the entries of each second byte together, longest first
-    // (an exact path before a prefix of its length, then by text), then
-    // those shorter than 2 bytes in the same order.
-    list: Vec<Prefix>,
-    /// Where each second byte's entries are in `list` (start, end).
-    groups: Box<[(u32, u32); 256]>,
-    /// Where the entries shorter than 2 bytes start in `list`.
-    short: usize,
+    // INVARIANT: each group longest first (an exact path before a prefix of
+    // its length, then by text).
+    /// The entries of each second byte (a slice each, so that a path's
+    /// group is two loads, no bounds to test).
+    groups: Box<[Box<[Prefix]>; 256]>,
+    /// The entries shorter than 2 bytes.
+    short: Box<[Prefix]>,
 }
 
 impl Default for Prefixes {
@@ -32,33 +31,24 @@ impl Default for Prefixes {
 
 impl Prefixes {
     pub(super) fn new(mut list: Vec<Prefix>) -> Self {
-        // The short ones last: key 256.
-        let second = |p: &Prefix| p.text.as_bytes().get(1).map_or(256, |&b| usize::from(b));
         list.sort_by(|a, b| {
-            second(a)
-                .cmp(&second(b))
-                .then_with(|| b.text.len().cmp(&a.text.len()))
+            b.text
+                .len()
+                .cmp(&a.text.len())
                 .then_with(|| b.exact().cmp(&a.exact()))
                 .then_with(|| a.text.cmp(&b.text))
         });
-        let short = list
-            .iter()
-            .position(|p| p.text.len() < 2)
-            .unwrap_or(list.len());
-        let mut groups = Box::new([(0u32, 0u32); 256]);
-        for (i, p) in list[..short].iter().enumerate() {
-            // At most MAX_RULES entries, so the index fits.
-            let i = u32::try_from(i).unwrap_or(u32::MAX);
-            let g = &mut groups[second(p)];
-            if g.1 == 0 {
-                g.0 = i;
+        let mut groups: Box<[Vec<Prefix>; 256]> = Box::new(std::array::from_fn(|_| Vec::new()));
+        let mut short = Vec::new();
+        for p in list {
+            match p.text.as_bytes().get(1) {
+                Some(&b) => groups[usize::from(b)].push(p),
+                None => short.push(p),
             }
-            g.1 = i + 1;
         }
         Self {
-            list,
-            groups,
-            short,
+            groups: Box::new(groups.map(Vec::into_boxed_slice)),
+            short: short.into_boxed_slice(),
         }
     }
 
@@ -68,29 +58,22 @@ impl Prefixes {
     #[inline]
     pub(super) fn find(&self, path: &[u8]) -> Option<&Prefix> {
         let head = head8(path);
-        let group = match path.get(1) {
-            Some(&b) => {
-                let (start, end) = self.groups[usize::from(b)];
-                self.list
-                    .get(start as usize..end as usize)
-                    .unwrap_or_default()
-            }
+        let group: &[Prefix] = match path.get(1) {
+            Some(&b) => &self.groups[usize::from(b)],
             None => &[],
         };
         if let Some(p) = group.iter().find(|p| p.holds(path, head)) {
             return Some(p);
         }
-        self.list
-            .get(self.short..)
-            .unwrap_or_default()
-            .iter()
-            .find(|p| p.holds(path, head))
+        self.short.iter().find(|p| p.holds(path, head))
     }
 
-    /// The entries' lengths in the order they are tried in.
+    /// The entries' lengths in the order they are tried in (by second byte).
     #[cfg(test)]
     pub(super) fn lens(&self) -> impl Iterator<Item = usize> + '_ {
-        self.list.iter().map(|p| p.text.len())
+        (self.groups.iter().flatten())
+            .chain(self.short.iter())
+            .map(|p| p.text.len())
     }
 }
 
