@@ -4,15 +4,17 @@
 //! tree; a `Router` per direction indexes rules by the path their match
 //! requires (exact paths and prefixes in lists by their second byte, each
 //! longest first, compared first by their leading 8 bytes as one word; many
-//! exact paths in a hash map instead),
-//! so a request only evaluates the trees of rules whose path can match, plus
-//! the rules whose match has no path requirement. Under a path index a rule
-//! keeps only what remains of its match once the path is known to meet it
-//! (nothing for a rule matching a path alone). Matching does not allocate
-//! for up to [`INLINE_RULES`] matched rules. Before any of it, one bit (the
-//! second byte of every exact path and prefix, `filter::PathFilter`) and the
-//! gate of the rules without a path tell most requests that match nothing
-//! so (`Router::reach`).
+//! exact paths in a hash map instead), so a request only evaluates the
+//! trees of rules whose path can match, plus the rules whose match has no
+//! path requirement. Under a path index a rule keeps only what remains of
+//! its match once the path is known to meet it (nothing for a rule matching
+//! a path alone). Matching does not allocate for up to [`INLINE_RULES`]
+//! matched rules. The gate of the rules without a path tells most requests
+//! that they match none of those; a request that passes no gate and meets
+//! an entry whose rules match on the path alone takes its plan from one scan
+//! of the index (`Router::path_plan`). Else one bit (the second byte of
+//! every exact path and prefix, `filter::PathFilter`) tells most requests
+//! that match nothing so (`Router::reach_past_gate`).
 //!
 //! A path that meets a prefix (or equals an exact path) meets every shorter
 //! prefix that prefix (or path) starts with, so each index entry holds, when
@@ -350,7 +352,7 @@ pub(crate) struct Router {
     none: Plan,
 }
 
-/// What of a router one request may reach ([`Router::reach`]).
+/// What of a router one request may reach ([`Router::reach_past_gate`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Reach {
     /// Its path may meet an exact path or a prefix.
@@ -462,9 +464,7 @@ impl Router {
         router
     }
 
-    /// What of the router a request with `path` and `headers` may reach
-    /// ([`Reach::nothing`]: it matches no rule): an exact path or a prefix
-    /// (by [`PathFilter`]), the rules without a path (by their gate).
+    /// [`Router::reach_past_gate`] of a request with `path` and `headers`.
     #[cfg(test)]
     pub(crate) fn reach(&self, path: &str, headers: &Headers<'_>) -> Reach {
         self.reach_past_gate(path, self.passes_gate(headers))
@@ -481,8 +481,10 @@ impl Router {
                 .is_none_or(|(names, lens)| headers.has_any(names, *lens))
     }
 
-    /// [`Router::reach`] of a request with `path` whose
-    /// [`Router::passes_gate`] is `always`.
+    /// What of the router a request with `path` whose
+    /// [`Router::passes_gate`] is `always` may reach ([`Reach::nothing`]: it
+    /// matches no rule): an exact path or a prefix (by [`PathFilter`]), the
+    /// rules without a path (by their gate).
     #[inline]
     pub(crate) fn reach_past_gate(&self, path: &str, always: bool) -> Reach {
         Reach {
@@ -521,7 +523,7 @@ impl Router {
     }
 
     /// Where the plan of the rules whose match holds for `r` is (`reach`:
-    /// [`Router::reach`] of `r`; `metas`: the config's, by rule id): the
+    /// [`Router::reach_past_gate`] of `r`; `metas`: the config's, by rule id): the
     /// compiled plan of the index entry the path meets, unless a rule with
     /// more to check matches too; then that plan copied into `scratch` with
     /// those rules added. `None`: no rule matched.

@@ -63,7 +63,7 @@ impl<'a> Headers<'a> {
     }
 
     /// Whether a name may be one of those whose lengths' bits are set in
-    /// `lens` ([`Router::miss_word`]'s upper half, in both halves: bit
+    /// `lens` ([`super::Router::miss_word`]'s upper half, in both halves: bit
     /// `len % 64` is then bit `len % 32` of the half): some name has such a
     /// length, or there are too many names to scan.
     #[inline]
