@@ -67,8 +67,9 @@ pub struct CompiledConfig {
     pub(crate) metas: Box<[RuleMeta]>,
     /// Whether a rule has an expiry (decisions then skip the expired ones).
     pub(crate) expiring: bool,
-    pub(crate) inbound: Router,
-    pub(crate) outbound: Router,
+    /// The rules of each direction, by [`Direction`] (issue 39: a decision
+    /// finds its router by an index, not a branch).
+    routers: [Router; 2],
     /// The classes its named matches declare ([`crate::criticality`]).
     pub(crate) classes: Classes,
 }
@@ -177,10 +178,7 @@ impl CompiledConfig {
     /// The rules of `direction`.
     #[inline]
     pub(crate) fn router(&self, direction: Direction) -> &Router {
-        match direction {
-            Direction::Inbound => &self.inbound,
-            Direction::Outbound => &self.outbound,
-        }
+        &self.routers[direction as usize]
     }
 
     /// A config with no rules (everything is admitted).
@@ -199,8 +197,7 @@ impl CompiledConfig {
             claims: Box::new([]),
             metas: Box::new([]),
             expiring: false,
-            inbound: Router::default(),
-            outbound: Router::default(),
+            routers: Default::default(),
             classes: Classes::default(),
         }
     }
@@ -322,8 +319,7 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             claims,
             metas,
             expiring,
-            inbound,
-            outbound,
+            routers: [inbound, outbound],
             classes,
         })
     }

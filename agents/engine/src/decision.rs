@@ -160,19 +160,21 @@ pub(crate) fn route(
     scratch: &mut Option<Plan>,
 ) -> Option<PlanAt> {
     let router = config.router(req.direction);
-    // Most requests no rule matches are told so here, before their path
-    // is folded or a view of them is built.
-    let reach = router.reach(req.path, &req.headers);
-    if reach.nothing() {
-        return None;
-    }
+    let always = router.passes_gate(&req.headers);
     // A request only rules of its path may match is planned by the path
-    // alone when they have nothing more to check.
+    // alone when they have nothing more to check (issue 39: one scan of
+    // its second byte's index entries, no path filter first).
     if router.by_path
-        && !reach.always()
+        && !always
         && let Some(at) = router.path_plan(req.path)
     {
         return at;
+    }
+    // Most requests no rule matches are told so here, before their path
+    // is folded or a view of them is built.
+    let reach = router.reach_past_gate(req.path, always);
+    if reach.nothing() {
+        return None;
     }
     let target = req.target.map(|t| t.service);
     let path = matched_path(config, req);

@@ -2,16 +2,19 @@
 //!
 //! Compiled once per config. Each rule's match expression becomes a `Cond`
 //! tree; a `Router` per direction indexes rules by the path their match
-//! requires (an exact path in a hash map, a prefix in a list sorted
-//! longest-first, each compared first by its leading 8 bytes as one word),
-//! so a request only evaluates the trees of rules whose path can match, plus
-//! the rules whose match has no path requirement. Under a path index a rule
-//! keeps only what remains of its match once the path is known to meet it
-//! (nothing for a rule matching a path alone). Matching does not allocate
-//! for up to [`INLINE_RULES`] matched rules. Before any of it, one bit (the
-//! second byte of every exact path and prefix, `filter::PathFilter`) and the
-//! gate of the rules without a path tell most requests that match nothing
-//! so (`Router::reach`).
+//! requires (exact paths and prefixes in lists by their second byte, each
+//! longest first, compared first by their leading 8 bytes as one word; many
+//! exact paths in a hash map instead), so a request only evaluates the
+//! trees of rules whose path can match, plus the rules whose match has no
+//! path requirement. Under a path index a rule keeps only what remains of
+//! its match once the path is known to meet it (nothing for a rule matching
+//! a path alone). Matching does not allocate for up to [`INLINE_RULES`]
+//! matched rules. The gate of the rules without a path tells most requests
+//! that they match none of those; a request that passes no gate and meets
+//! an entry whose rules match on the path alone takes its plan from one scan
+//! of the index (`Router::path_plan`). Else one bit (the second byte of
+//! every exact path and prefix, `filter::PathFilter`) tells most requests
+//! that match nothing so (`Router::reach_past_gate`).
 //!
 //! A path that meets a prefix (or equals an exact path) meets every shorter
 //! prefix that prefix (or path) starts with, so each index entry holds, when
@@ -25,18 +28,21 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use http::{HeaderName, HeaderValue, Method};
 use smallvec::SmallVec;
 
 use crate::phase::Phase;
 
 mod filter;
 mod fx;
+mod headers;
 mod prefix;
 
 use filter::PathFilter;
 pub(crate) use fx::FxBuild;
-use prefix::{Prefix, Prefixes};
+pub use headers::Headers;
+use headers::len_bit;
+use prefix::{Prefix, Prefixes, SCANNED_EXACT};
 
 /// Inbound (server side) or outbound (client side, `calls to X`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -143,85 +149,6 @@ pub(crate) enum Cond {
     CallsTo(Box<str>),
     And(Box<[Cond]>),
     Or(Box<[Cond]>),
-}
-
-/// Up to this many header names, a name is looked for by comparing them
-/// before hashing it (a miss costs no hash).
-const SCANNED_NAMES: usize = 16;
-
-/// Where the engine reads request headers from: an `http::HeaderMap`, or the
-/// headers of a head parsed in place by `httparse` (no map is built).
-#[derive(Clone, Copy, Debug)]
-pub enum Headers<'a> {
-    Map(&'a HeaderMap),
-    Raw(&'a [httparse::Header<'a>]),
-}
-
-impl<'a> Headers<'a> {
-    /// The first value of `name`, as bytes.
-    #[inline]
-    pub fn get(&self, name: &HeaderName) -> Option<&'a [u8]> {
-        match *self {
-            Headers::Map(map) => {
-                // Most requests lack the headers rules look for (`x-admin`),
-                // and comparing a few names costs less than hashing one.
-                if map.keys_len() <= SCANNED_NAMES && !map.keys().any(|k| k == name) {
-                    return None;
-                }
-                map.get(name).map(HeaderValue::as_bytes)
-            }
-            Headers::Raw(raw) => raw
-                .iter()
-                .find(|h| h.name.eq_ignore_ascii_case(name.as_str()))
-                .map(|h| h.value),
-        }
-    }
-
-    /// Whether any of `names` is present (`lens`: the [`len_bit`] of each
-    /// name's length, so most request headers are passed over on their
-    /// length alone).
-    #[inline]
-    fn has_any(&self, names: &[HeaderName], lens: u64) -> bool {
-        match *self {
-            Headers::Map(map) if map.keys_len() <= SCANNED_NAMES => map
-                .keys()
-                .any(|k| lens & len_bit(k.as_str().len()) != 0 && names.contains(k)),
-            Headers::Map(map) => names.iter().any(|n| map.contains_key(n)),
-            Headers::Raw(raw) => raw.iter().any(|h| {
-                lens & len_bit(h.name.len()) != 0
-                    && names
-                        .iter()
-                        .any(|n| h.name.eq_ignore_ascii_case(n.as_str()))
-            }),
-        }
-    }
-
-    /// Whether a name may be one of those whose lengths' bits are set in
-    /// `lens` ([`Router::miss_word`]'s upper half, in both halves: bit
-    /// `len % 64` is then bit `len % 32` of the half): some name has such a
-    /// length, or there are too many names to scan.
-    #[inline]
-    pub(crate) fn may_have(&self, lens: u64) -> bool {
-        let has = |len: usize| lens >> (len % 64) & 1 != 0;
-        match *self {
-            Headers::Map(map) if map.keys_len() <= SCANNED_NAMES => {
-                map.keys().any(|k| has(k.as_str().len()))
-            }
-            Headers::Map(_) => true,
-            Headers::Raw(raw) => raw.iter().any(|h| has(h.name.len())),
-        }
-    }
-
-    /// The first value of `name` when it is visible ASCII (as
-    /// `HeaderValue::to_str` accepts), else `None`.
-    pub fn get_str(&self, name: &HeaderName) -> Option<&'a str> {
-        let value = self.get(name)?;
-        if value.iter().all(|&b| b == b'\t' || (32..127).contains(&b)) {
-            std::str::from_utf8(value).ok()
-        } else {
-            None
-        }
-    }
 }
 
 /// The parts of a request that matches look at.
@@ -369,6 +296,12 @@ struct Node {
 }
 
 impl Node {
+    /// Whether a request meeting it matches exactly the rules of its plan
+    /// (no rule has more to check) and some rule: its plan is the request's.
+    fn plain(&self) -> bool {
+        self.rest.is_empty() && !self.plan.is_empty()
+    }
+
     /// The node of the rules of `entries` (each once).
     fn new<'a>(entries: impl IntoIterator<Item = &'a Entry>, metas: &[RuleMeta]) -> Self {
         let mut node = Node::default();
@@ -388,15 +321,18 @@ impl Node {
 /// The rules of one direction, indexed by required path.
 #[derive(Debug, Default)]
 pub(crate) struct Router {
-    /// An exact path's rules (its node in `nodes`), with those of every
-    /// prefix it starts with.
-    exact: HashMap<Box<str>, u32, FxBuild>,
+    /// With more than [`SCANNED_EXACT`] exact paths, each one's node in
+    /// `nodes` (with the rules of every prefix it starts with) and whether
+    /// it is plain ([`Prefix::plain`]); else empty, the exact paths are in
+    /// `prefixes`.
+    exact: HashMap<Box<str>, (u32, bool), FxBuild>,
     /// The nodes of the exact paths and prefixes, by [`PlanAt::Node`].
     nodes: Vec<Node>,
-    /// Bit `len % 64` is set for the length of every exact path: most
-    /// requests skip the hash lookup.
+    /// Bit `len % 64` is set for the length of every exact path of `exact`:
+    /// most requests skip the hash lookup (none when it is empty).
     exact_lens: u64,
-    /// The prefixes, by their second byte, each group longest first.
+    /// The prefixes (and the exact paths, unless in `exact`), by their
+    /// second byte, each group longest first.
     prefixes: Prefixes,
     /// Rules without a path requirement: evaluated for every request that
     /// passes `gate`.
@@ -416,7 +352,7 @@ pub(crate) struct Router {
     none: Plan,
 }
 
-/// What of a router one request may reach ([`Router::reach`]).
+/// What of a router one request may reach ([`Router::reach_past_gate`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Reach {
     /// Its path may meet an exact path or a prefix.
@@ -431,12 +367,6 @@ impl Reach {
     pub(crate) fn nothing(self) -> bool {
         !self.path && !self.always
     }
-
-    /// Whether it may match a rule without a path.
-    #[inline]
-    pub(crate) fn always(self) -> bool {
-        self.always
-    }
 }
 
 /// Where the plan of one request is: the compiled plan of one index entry
@@ -445,13 +375,6 @@ impl Reach {
 pub(crate) enum PlanAt {
     Node(u32),
     Scratch,
-}
-
-/// The bit of a length in a set of lengths: `len % 64` (lengths 64 apart
-/// share one; the sets are filters, a shared bit only costs a comparison).
-#[inline]
-fn len_bit(len: usize) -> u64 {
-    1 << (len % 64)
 }
 
 impl Router {
@@ -473,7 +396,6 @@ impl Router {
             let id = RuleId(u32::try_from(i).unwrap_or(u32::MAX));
             match on.required_path() {
                 Some(PathReq::Exact(p)) => {
-                    router.exact_lens |= len_bit(p.len());
                     router.filter.add(p);
                     let rest = on.residual();
                     exact.entry(p).or_default().push(Entry { id, rest });
@@ -503,19 +425,25 @@ impl Router {
             // At most MAX_RULES paths, so the index fits.
             u32::try_from(nodes.len() - 1).unwrap_or(u32::MAX)
         };
-        router.exact = exact
-            .iter()
-            .map(|(&p, entries)| {
-                let n = Node::new(entries.iter().chain(under(p)), metas);
-                (p.into(), node(n))
-            })
-            .collect();
-        router.prefixes = Prefixes::new(
-            prefixes
-                .keys()
-                .map(|&p| Prefix::new(p, node(Node::new(under(p), metas))))
-                .collect(),
-        );
+        let hashed = exact.len() > SCANNED_EXACT;
+        let mut list = Vec::new();
+        for (&p, entries) in &exact {
+            let n = Node::new(entries.iter().chain(under(p)), metas);
+            let plain = n.plain();
+            let i = node(n);
+            if hashed {
+                router.exact_lens |= len_bit(p.len());
+                router.exact.insert(p.into(), (i, plain));
+            } else {
+                list.push(Prefix::new(p, true, i, plain));
+            }
+        }
+        for &p in prefixes.keys() {
+            let n = Node::new(under(p), metas);
+            let plain = n.plain();
+            list.push(Prefix::new(p, false, node(n), plain));
+        }
+        router.prefixes = Prefixes::new(list);
         router.nodes = nodes;
         router.gate = router
             .always
@@ -536,18 +464,32 @@ impl Router {
         router
     }
 
-    /// What of the router a request with `path` and `headers` may reach
-    /// ([`Reach::nothing`]: it matches no rule): an exact path or a prefix
-    /// (by [`PathFilter`]), the rules without a path (by their gate).
-    #[inline]
+    /// [`Router::reach_past_gate`] of a request with `path` and `headers`.
+    #[cfg(test)]
     pub(crate) fn reach(&self, path: &str, headers: &Headers<'_>) -> Reach {
+        self.reach_past_gate(path, self.passes_gate(headers))
+    }
+
+    /// Whether a request with `headers` may match a rule without a path
+    /// (there are some, and it passes their gate).
+    #[inline]
+    pub(crate) fn passes_gate(&self, headers: &Headers<'_>) -> bool {
+        !self.always.is_empty()
+            && self
+                .gate
+                .as_ref()
+                .is_none_or(|(names, lens)| headers.has_any(names, *lens))
+    }
+
+    /// What of the router a request with `path` whose
+    /// [`Router::passes_gate`] is `always` may reach ([`Reach::nothing`]: it
+    /// matches no rule): an exact path or a prefix (by [`PathFilter`]), the
+    /// rules without a path (by their gate).
+    #[inline]
+    pub(crate) fn reach_past_gate(&self, path: &str, always: bool) -> Reach {
         Reach {
             path: self.filter.may_meet(path.as_bytes()),
-            always: !self.always.is_empty()
-                && self
-                    .gate
-                    .as_ref()
-                    .is_none_or(|(names, lens)| headers.has_any(names, *lens)),
+            always,
         }
     }
 
@@ -581,7 +523,7 @@ impl Router {
     }
 
     /// Where the plan of the rules whose match holds for `r` is (`reach`:
-    /// [`Router::reach`] of `r`; `metas`: the config's, by rule id): the
+    /// [`Router::reach_past_gate`] of `r`; `metas`: the config's, by rule id): the
     /// compiled plan of the index entry the path meets, unless a rule with
     /// more to check matches too; then that plan copied into `scratch` with
     /// those rules added. `None`: no rule matched.
@@ -612,33 +554,51 @@ impl Router {
         at
     }
 
+    /// The index entry `path` meets (the exact path it equals, else the
+    /// longest prefix it starts with): its node, and whether the node is
+    /// plain ([`Node::plain`]). Without a hashed exact path of its length,
+    /// a scan that calls nothing (issue 39: so it needs no frame).
+    #[inline]
+    fn meet(&self, path: &str) -> Option<(u32, bool)> {
+        if self.exact_lens & len_bit(path.len()) != 0 {
+            return self.hashed(path);
+        }
+        self.prefixes
+            .find(path.as_bytes())
+            .map(|p| (p.node, p.plain))
+    }
+
+    /// [`Router::meet`] of a path that may equal an exact path of `exact`:
+    /// out of line, so that the scan keeps no registers for a hash.
+    #[inline(never)]
+    fn hashed(&self, path: &str) -> Option<(u32, bool)> {
+        if let Some(&met) = self.exact.get(path) {
+            return Some(met);
+        }
+        self.prefixes
+            .find(path.as_bytes())
+            .map(|p| (p.node, p.plain))
+    }
+
     /// The node of the exact path or longest prefix `path` meets, and its
     /// index.
     #[inline]
     fn node(&self, path: &str) -> Option<(u32, &Node)> {
-        let bytes = path.as_bytes();
-        let node = if self.exact_lens & len_bit(bytes.len()) != 0
-            && let Some(&node) = self.exact.get(path)
-        {
-            Some(node)
-        } else {
-            self.prefixes.find(bytes)
-        };
-        node.and_then(|i| Some((i, self.nodes.get(i as usize)?)))
+        let (i, _) = self.meet(path)?;
+        Some((i, self.nodes.get(i as usize)?))
     }
 
     /// [`Router::plan`] of a request that reaches no rule without a path
     /// (`reach.always` false), by its `path` alone: `None` when a rule of
     /// the node it meets has more to check (then ask [`Router::plan`]).
-    /// Neither the request's view nor a scratch plan is built (issue 39).
+    /// Neither the request's view nor a scratch plan is built, nor the node
+    /// read: the index entry says whether it is plain (issue 39).
     #[inline]
     pub(crate) fn path_plan(&self, path: &str) -> Option<Option<PlanAt>> {
-        match self.node(path) {
+        match self.meet(path) {
             None => Some(None),
-            Some((i, n)) if n.rest.is_empty() => {
-                Some((!n.plan.is_empty()).then_some(PlanAt::Node(i)))
-            }
-            Some(_) => None,
+            Some((i, true)) => Some(Some(PlanAt::Node(i))),
+            Some((_, false)) => None,
         }
     }
 
@@ -685,6 +645,7 @@ mod tests {
     use super::*;
     use crate::config::CompiledConfig;
     use gov_proto::v1 as proto;
+    use http::HeaderMap;
     use proto::match_expr::Kind;
 
     fn expr(kind: Kind) -> proto::MatchExpr {
@@ -743,7 +704,8 @@ mod tests {
             None,
         );
         let mut out = Plan::default();
-        cfg.inbound.matches(&view, &cfg.metas, &mut out);
+        cfg.router(Direction::Inbound)
+            .matches(&view, &cfg.metas, &mut out);
         out.ids()
             .map(|id| cfg.rules[id.0 as usize].name.to_string())
             .collect()
@@ -858,6 +820,62 @@ mod tests {
         assert_eq!(matched(&cfg, "GET", "/e/", &[]), Vec::<String>::new());
     }
 
+    /// The rules `cfg` routes an inbound `GET path` to, as a decision does
+    /// (by the path alone when it can), by name.
+    fn routed(cfg: &CompiledConfig, path: &str) -> Vec<String> {
+        let map = HeaderMap::new();
+        let req = crate::request::RequestInfo::inbound(&Method::GET, path, &map);
+        let mut scratch = None;
+        let mut found: Vec<String> = crate::decision::route(cfg, &req, &mut scratch)
+            .map(|at| {
+                let plan = cfg.router(Direction::Inbound).resolve(at, &scratch);
+                plan.ids()
+                    .map(|id| cfg.rules[id.0 as usize].name.to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        found.sort();
+        found
+    }
+
+    /// Exact paths are met in the index's lists up to `SCANNED_EXACT` of
+    /// them, in a hash map beyond: the same rules either way.
+    #[test]
+    fn exact_paths_listed_or_hashed_meet_the_same_rules() {
+        for n in [3, SCANNED_EXACT, SCANNED_EXACT + 1, 40] {
+            let mut rules: Vec<proto::Rule> = (0..n)
+                .map(|i| rule(&format!("e{i}"), exact(&format!("/e{i}"))))
+                .collect();
+            rules.push(rule("p", prefix("/e1")));
+            rules.push(rule("long", exact("/e1/a/much/longer/path")));
+            let t = proto::TargetConfig {
+                rules,
+                ..gov_proto::compiled::target("svc")
+            };
+            let cfg = CompiledConfig::try_from(&t).unwrap();
+            assert_eq!(
+                cfg.router(Direction::Inbound).exact.len() > SCANNED_EXACT,
+                n + 1 > SCANNED_EXACT
+            );
+            assert_eq!(routed(&cfg, "/e0"), ["svc/e0"], "{n}");
+            assert_eq!(routed(&cfg, "/e1"), ["svc/e1", "svc/p"], "{n}");
+            assert_eq!(routed(&cfg, "/e2"), ["svc/e2"], "{n}");
+            assert_eq!(routed(&cfg, "/e1x"), ["svc/p"], "{n}");
+            assert_eq!(routed(&cfg, "/e2x"), Vec::<String>::new(), "{n}");
+            assert_eq!(
+                routed(&cfg, "/e1/a/much/longer/path"),
+                ["svc/long", "svc/p"],
+                "{n}"
+            );
+            assert_eq!(routed(&cfg, "/e1/a/much/longer/pat"), ["svc/p"], "{n}");
+            assert_eq!(
+                matched(&cfg, "GET", "/e1/a/much/longer/path", &[]),
+                ["svc/p", "svc/long"],
+                "{n}"
+            );
+        }
+    }
+
     #[test]
     fn prefixes_sorted_longest_first() {
         let t = proto::TargetConfig {
@@ -869,7 +887,7 @@ mod tests {
             ..gov_proto::compiled::target("svc")
         };
         let cfg = CompiledConfig::try_from(&t).unwrap();
-        let lens: Vec<usize> = cfg.inbound.prefixes.lens().collect();
+        let lens: Vec<usize> = cfg.router(Direction::Inbound).prefixes.lens().collect();
         assert_eq!(lens, [4, 3, 2]);
     }
 
@@ -927,7 +945,8 @@ rules:
                 None,
             );
             let mut out = Plan::default();
-            cfg.inbound.matches(&view, &cfg.metas, &mut out);
+            cfg.router(Direction::Inbound)
+                .matches(&view, &cfg.metas, &mut out);
             let names: Vec<String> = out
                 .ids()
                 .map(|id| cfg.rules[id.0 as usize].name.to_string())
@@ -999,7 +1018,7 @@ rules:
             ..gov_proto::compiled::target("svc")
         };
         let cfg = CompiledConfig::try_from(&t).unwrap();
-        assert!(cfg.inbound.gate.is_some());
+        assert!(cfg.router(Direction::Inbound).gate.is_some());
         assert_eq!(matched(&cfg, "GET", "/", &[]), Vec::<String>::new());
         assert_eq!(
             matched(&cfg, "GET", "/", &[("x-admin", "yes"), ("accept", "*/*")]),
@@ -1031,7 +1050,8 @@ rules:
             None,
         );
         let mut out = Plan::default();
-        cfg.inbound.matches(&view, &cfg.metas, &mut out);
+        cfg.router(Direction::Inbound)
+            .matches(&view, &cfg.metas, &mut out);
         assert_eq!(out.ids().collect::<Vec<_>>(), [RuleId(1)]);
     }
 
@@ -1085,7 +1105,7 @@ rules:
             let req = crate::request::RequestInfo::inbound(&method, &path, &map);
             let mut scratch = None;
             let mut found: Vec<RuleId> = crate::decision::route(&cfg, &req, &mut scratch)
-                .map(|at| cfg.inbound.resolve(at, &scratch).ids().collect())
+                .map(|at| cfg.router(Direction::Inbound).resolve(at, &scratch).ids().collect())
                 .unwrap_or_default();
             found.sort();
             let folded = if insensitive { path.to_ascii_lowercase() } else { path.clone() };

@@ -1,19 +1,26 @@
-//! The prefixes of one router, grouped by their second byte (issue 39: a
-//! path is compared only with the prefixes that share it, as a prefix of
-//! at least 2 bytes that a path starts with has the path's second byte),
-//! each group longest first, then those shorter than 2 bytes (`/`), which
-//! every path may meet.
+//! The exact paths and prefixes of one router, grouped by their second
+//! byte (issue 39: a path is compared only with the entries that share it,
+//! as an exact path or a prefix of at least 2 bytes that a path equals or
+//! starts with has the path's second byte), each group longest first (an
+//! exact path before a prefix of its length), a slice per byte, then those
+//! shorter than 2 bytes (`/`), which every path may meet. One scan finds the entry a path
+//! meets, exact or prefix, with no hash of the path; a router with more
+//! exact paths than [`SCANNED_EXACT`] keeps them in a hash map instead.
 
-/// A router's prefixes.
+/// Up to this many exact paths, a router keeps them in its lists beside the
+/// prefixes (a miss costs a word comparison each, less than a hash).
+pub(super) const SCANNED_EXACT: usize = 16;
+
+/// A router's exact paths (up to [`SCANNED_EXACT`]) and prefixes.
 #[derive(Debug)]
 pub(super) struct Prefixes {
-    // INVARIANT: the prefixes of each second byte together, longest first
-    // (then by text), then those shorter than 2 bytes, longest first.
-    list: Vec<Prefix>,
-    /// Where each second byte's prefixes are in `list` (start, end).
-    groups: Box<[(u32, u32); 256]>,
-    /// Where the prefixes shorter than 2 bytes start in `list`.
-    short: usize,
+    // INVARIANT: each group longest first (an exact path before a prefix of
+    // its length, then by text).
+    /// The entries of each second byte (a slice each, so that a path's
+    /// group is two loads, no bounds to test).
+    groups: Box<[Box<[Prefix]>; 256]>,
+    /// The entries shorter than 2 bytes.
+    short: Box<[Prefix]>,
 }
 
 impl Default for Prefixes {
@@ -24,76 +31,73 @@ impl Default for Prefixes {
 
 impl Prefixes {
     pub(super) fn new(mut list: Vec<Prefix>) -> Self {
-        // The short ones last: key 256.
-        let second = |p: &Prefix| p.text.as_bytes().get(1).map_or(256, |&b| usize::from(b));
         list.sort_by(|a, b| {
-            second(a)
-                .cmp(&second(b))
-                .then_with(|| b.text.len().cmp(&a.text.len()))
+            b.text
+                .len()
+                .cmp(&a.text.len())
+                .then_with(|| b.exact().cmp(&a.exact()))
                 .then_with(|| a.text.cmp(&b.text))
         });
-        let short = list
-            .iter()
-            .position(|p| p.text.len() < 2)
-            .unwrap_or(list.len());
-        let mut groups = Box::new([(0u32, 0u32); 256]);
-        for (i, p) in list[..short].iter().enumerate() {
-            // At most MAX_RULES prefixes, so the index fits.
-            let i = u32::try_from(i).unwrap_or(u32::MAX);
-            let g = &mut groups[second(p)];
-            if g.1 == 0 {
-                g.0 = i;
+        let mut groups: Box<[Vec<Prefix>; 256]> = Box::new(std::array::from_fn(|_| Vec::new()));
+        let mut short = Vec::new();
+        for p in list {
+            match p.text.as_bytes().get(1) {
+                Some(&b) => groups[usize::from(b)].push(p),
+                None => short.push(p),
             }
-            g.1 = i + 1;
         }
         Self {
-            list,
-            groups,
-            short,
+            groups: Box::new(groups.map(Vec::into_boxed_slice)),
+            short: short.into_boxed_slice(),
         }
     }
 
-    /// The node of the longest prefix `path` starts with: the first met
-    /// holds every rule of the shorter ones the path meets.
+    /// The entry `path` meets: the exact path it equals, else the longest
+    /// prefix it starts with (the first met holds every rule of the
+    /// shorter ones the path meets).
     #[inline]
-    pub(super) fn find(&self, path: &[u8]) -> Option<u32> {
+    pub(super) fn find(&self, path: &[u8]) -> Option<&Prefix> {
         let head = head8(path);
-        let (start, end) = match path.get(1) {
-            Some(&b) => self.groups[usize::from(b)],
-            None => (0, 0),
+        let group: &[Prefix] = match path.get(1) {
+            Some(&b) => &self.groups[usize::from(b)],
+            None => &[],
         };
-        let group = &self.list[start as usize..end as usize];
         if let Some(p) = group.iter().find(|p| p.holds(path, head)) {
-            return Some(p.node);
+            return Some(p);
         }
-        self.list[self.short..]
-            .iter()
-            .find(|p| p.holds(path, head))
-            .map(|p| p.node)
+        self.short.iter().find(|p| p.holds(path, head))
     }
 
-    /// The prefixes' lengths in the order they are tried in.
+    /// The entries' lengths in the order they are tried in (by second byte).
     #[cfg(test)]
     pub(super) fn lens(&self) -> impl Iterator<Item = usize> + '_ {
-        self.list.iter().map(|p| p.text.len())
+        (self.groups.iter().flatten())
+            .chain(self.short.iter())
+            .map(|p| p.text.len())
     }
 }
 
-/// A path prefix and the rules it indexes.
+/// An exact path or a path prefix, and the rules it indexes.
 #[derive(Debug)]
 pub(super) struct Prefix {
     text: Box<str>,
     /// The first 8 bytes of `text` and the mask of those present: most
-    /// prefixes are told apart by one word comparison.
+    /// entries are told apart by one word comparison.
     head: u64,
     mask: u64,
-    /// The rules of this prefix and of every shorter one it starts with
+    /// The longest path that meets it: its own length for an exact path.
+    max_len: usize,
+    /// The rules of this entry and of every shorter prefix it starts with
     /// (its node in the router's `nodes`).
-    node: u32,
+    pub(super) node: u32,
+    /// Whether its node is plain (`Node::plain`): its plan is then the
+    /// plan of every request that meets it.
+    pub(super) plain: bool,
 }
 
 impl Prefix {
-    pub(super) fn new(text: &str, node: u32) -> Self {
+    /// The prefix `text`, or the exact path when `exact`.
+    pub(super) fn new(text: &str, exact: bool, node: u32, plain: bool) -> Self {
         let n = text.len().min(8);
         Self {
             head: head8(text.as_bytes()),
@@ -102,18 +106,51 @@ impl Prefix {
             } else {
                 (1u64 << (8 * n)) - 1
             },
+            max_len: if exact { text.len() } else { usize::MAX },
             text: text.into(),
             node,
+            plain,
         }
     }
 
-    /// Whether `path` (whose `head8` is `path_head`) starts with this prefix.
+    fn exact(&self) -> bool {
+        self.max_len != usize::MAX
+    }
+
+    /// Whether `path` (whose `head8` is `path_head`) equals this exact path
+    /// or starts with this prefix.
     #[inline]
     fn holds(&self, path: &[u8], path_head: u64) -> bool {
         path_head & self.mask == self.head
             && path.len() >= self.text.len()
-            && (self.text.len() <= 8 || path.starts_with(self.text.as_bytes()))
+            && path.len() <= self.max_len
+            && (self.text.len() <= 8 || same_words(self.text.as_bytes(), path))
     }
+}
+
+/// Whether `path` starts with `text`, a text of at least 8 bytes,
+/// compared a word at a time (the last word overlapping the one before)
+/// rather than by `memcmp` (issue 39: a call would make the router's scan
+/// keep registers for it).
+#[inline]
+fn same_words(text: &[u8], path: &[u8]) -> bool {
+    let word = |s: &[u8], at: usize| {
+        s.get(at..)
+            .and_then(|s| s.first_chunk::<8>())
+            .map(|w| u64::from_ne_bytes(*w))
+    };
+    let n = text.len();
+    if path.len() < n || n < 8 {
+        return false;
+    }
+    let mut at = 0;
+    while at + 8 < n {
+        if word(text, at) != word(path, at) {
+            return false;
+        }
+        at += 8;
+    }
+    word(text, n - 8) == word(path, n - 8)
 }
 
 /// The first 8 bytes of `s`, zero-padded, as one word.
@@ -138,7 +175,10 @@ mod tests {
             texts
                 .iter()
                 .zip(0..)
-                .map(|(t, i)| Prefix::new(t, i))
+                .map(|(t, i)| match t.strip_prefix('=') {
+                    Some(exact) => Prefix::new(exact, true, i, true),
+                    None => Prefix::new(t, false, i, true),
+                })
                 .collect(),
         )
     }
@@ -156,7 +196,7 @@ mod tests {
             "/mdm",
         ];
         let p = prefixes(&texts);
-        let met = |path: &str| p.find(path.as_bytes()).map(|i| texts[i as usize]);
+        let met = |path: &str| p.find(path.as_bytes()).map(|e| texts[e.node as usize]);
         assert_eq!(met("/api/orders/7"), Some("/api/orders"));
         assert_eq!(met("/api/x"), Some("/api"));
         assert_eq!(met("/apx"), Some("/"));
@@ -170,8 +210,54 @@ mod tests {
         assert_eq!(met("/"), Some("/"));
         assert_eq!(met(""), None);
         let api = prefixes(&["/api"]);
-        assert_eq!(api.find(b"/static"), None);
-        assert_eq!(api.find(b"/"), None);
-        assert_eq!(api.find(b"/api"), Some(0));
+        assert!(api.find(b"/static").is_none());
+        assert!(api.find(b"/").is_none());
+        assert_eq!(api.find(b"/api").map(|e| e.node), Some(0));
+    }
+
+    #[test]
+    fn long_texts_are_compared_whole() {
+        let text = b"/mdm/supplier/long/er";
+        for n in 8..=text.len() {
+            let t = &text[..n];
+            assert!(same_words(t, text), "{n}");
+            assert!(same_words(t, t), "{n}");
+            assert!(!same_words(t, &text[..n - 1]), "{n}");
+            for at in 0..n {
+                let mut other = text.to_vec();
+                other[at] ^= 1;
+                assert!(!same_words(t, &other), "{n} {at}");
+            }
+        }
+    }
+
+    /// An exact path is met by that path alone, before a prefix of its
+    /// length; a longer path goes on to the prefixes.
+    #[test]
+    fn an_exact_path_is_met_only_by_itself_and_first() {
+        let texts = [
+            "/api",
+            "=/api",
+            "=/api/orders/7",
+            "=/api/orders/77777",
+            "/api/orders",
+            "=/",
+            "/",
+            "=/a",
+        ];
+        let p = prefixes(&texts);
+        let met = |path: &str| p.find(path.as_bytes()).map(|e| texts[e.node as usize]);
+        assert_eq!(met("/api"), Some("=/api"));
+        assert_eq!(met("/api/"), Some("/api"));
+        assert_eq!(met("/api/orders/7"), Some("=/api/orders/7"));
+        assert_eq!(met("/api/orders/77777"), Some("=/api/orders/77777"));
+        assert_eq!(met("/api/orders/7777"), Some("/api/orders"));
+        assert_eq!(met("/api/orders/777777"), Some("/api/orders"));
+        assert_eq!(met("/api/order"), Some("/api"));
+        assert_eq!(met("/a"), Some("=/a"));
+        assert_eq!(met("/ab"), Some("/"));
+        assert_eq!(met("/"), Some("=/"));
+        assert_eq!(met("/x"), Some("/"));
+        assert_eq!(met(""), None);
     }
 }
