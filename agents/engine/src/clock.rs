@@ -186,6 +186,12 @@ impl Now {
         self.ns
     }
 
+    /// The read `ns` nanoseconds after the base.
+    #[cfg(test)]
+    pub(crate) fn from_ns(ns: u64) -> Self {
+        Self { ns }
+    }
+
     /// The instant of this read: the base plus its nanoseconds, which is
     /// the instant read for every instant at or after the base (all the
     /// engine sees: [`BEFORE`]).
