@@ -25,11 +25,17 @@ const BEFORE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 const NANOS_PER_SEC: u32 = 1_000_000_000;
 
 /// The process-wide base, and its fields when reading them from an
-/// instant's `Hash` subtracts as instants do.
+/// instant's `Hash` subtracts as instants do: its seconds and nanoseconds,
+/// and both in nanoseconds (within [`NEAR_NS`]).
 struct Base {
     at: Instant,
-    parts: Option<(i64, u32)>,
+    parts: Option<((i64, u32), i64)>,
 }
+
+/// The largest magnitude of the base's fields in nanoseconds that
+/// [`since_base`] subtracts from without overflow (2^62, 146 years from
+/// the clock's zero).
+const NEAR_NS: i64 = 1 << 62;
 
 fn base() -> &'static Base {
     static BASE: OnceLock<Base> = OnceLock::new();
@@ -38,7 +44,9 @@ fn base() -> &'static Base {
         let at = now.checked_sub(BEFORE).unwrap_or(now);
         Base {
             at,
-            parts: parts(at).filter(|&p| subtracts_as_instants(at, p)),
+            parts: parts(at)
+                .filter(|&p| subtracts_as_instants(at, p))
+                .and_then(|p| Some((p, in_ns(p).filter(|n| n.abs() <= NEAR_NS)?))),
         }
     })
 }
@@ -121,6 +129,27 @@ fn since(to: (i64, u32), from: (i64, u32)) -> u64 {
     }
 }
 
+/// The fields `p` in nanoseconds, when that fits.
+fn in_ns(p: (i64, u32)) -> Option<i64> {
+    p.0.checked_mul(i64::from(NANOS_PER_SEC))?
+        .checked_add(i64::from(p.1))
+}
+
+/// [`since`] from the base's fields `from`, `from_ns` in nanoseconds (at
+/// most [`NEAR_NS`] from zero): for an instant whose seconds fit in an
+/// `i32` (68 years from the clock's zero), one compare and a subtraction
+/// of nanoseconds that cannot overflow (issue 39: a read's conversion).
+#[inline]
+fn since_base(to: (i64, u32), from: (i64, u32), from_ns: i64) -> u64 {
+    if let Ok(secs) = i32::try_from(to.0) {
+        // At most 2^31 s (2.2e18 ns) plus a second from zero, less at most
+        // 2^62 (4.6e18) ns: within an `i64`.
+        let to_ns = i64::from(secs) * i64::from(NANOS_PER_SEC) + i64::from(to.1);
+        return u64::try_from(to_ns - from_ns).unwrap_or(0);
+    }
+    since(to, from)
+}
+
 /// [`since`] of instants 292 years or more apart, or in the wrong order.
 #[cold]
 fn since_far(to: (i64, u32), from: (i64, u32)) -> u64 {
@@ -138,10 +167,10 @@ fn since_far(to: (i64, u32), from: (i64, u32)) -> u64 {
 #[inline]
 pub(crate) fn ns(at: Instant) -> u64 {
     let base = base();
-    if let Some(from) = base.parts {
+    if let Some((from, from_ns)) = base.parts {
         let mut p = Parts::default();
         at.hash(&mut p);
-        return since((p.sec, p.nsec), from);
+        return since_base((p.sec, p.nsec), from, from_ns);
     }
     slow_ns(base, at)
 }
@@ -302,5 +331,46 @@ mod tests {
         assert_eq!(since((6, 0), (5, 999_999_999)), 1);
         assert_eq!(since((5, 9), (5, 10)), 0);
         assert_eq!(since((i64::MAX, 0), (0, 0)), u64::MAX);
+    }
+
+    /// The difference from the base's fields in nanoseconds is the one of
+    /// [`since`], within [`NEAR_NS`] and for any instant.
+    #[test]
+    fn nanoseconds_from_the_base_subtract_as_fields_do() {
+        let secs = [
+            i64::MIN,
+            -(NEAR_NS / 1_000_000_000) - 1,
+            -(NEAR_NS / 1_000_000_000),
+            -3_155_760_000,
+            i64::from(i32::MIN) - 1,
+            i64::from(i32::MIN),
+            -1,
+            0,
+            1,
+            86_400,
+            i64::from(i32::MAX),
+            i64::from(i32::MAX) + 1,
+            NEAR_NS / 1_000_000_000,
+            i64::MAX,
+        ];
+        let nanos = [0, 1, 999_999_999];
+        for &fs in &secs {
+            for &fn_ in &nanos {
+                let from = (fs, fn_);
+                let Some(from_ns) = in_ns(from).filter(|n| n.abs() <= NEAR_NS) else {
+                    continue;
+                };
+                for &ts in &secs {
+                    for &tn in &nanos {
+                        let to = (ts, tn);
+                        assert_eq!(
+                            since_base(to, from, from_ns),
+                            since(to, from),
+                            "{to:?} - {from:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
