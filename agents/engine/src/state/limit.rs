@@ -227,9 +227,18 @@ pub(crate) struct Limit {
     /// `share by consumer { ... }`: the calls of a window shared by weight.
     share: Option<share::LimitShare>,
     /// A local fixed window of calls alone (no bytes, store, share or
-    /// warm-up weight): its amount and window in milliseconds, worked out
-    /// once (issue 39: a call of such a limit goes straight to the window).
-    plain: Option<(u64, Divisor)>,
+    /// warm-up weight): its amount and window, worked out once (issue 39: a
+    /// call of such a limit goes straight to the window).
+    plain: Option<Plain>,
+}
+
+/// A plain limit's window ([`Limit::plain`]): `amount` calls per `w_ms`
+/// milliseconds, `w_ns` nanoseconds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Plain {
+    amount: u64,
+    w_ms: u64,
+    w_ns: Divisor,
 }
 
 fn pack(window: u64, count: u64) -> u64 {
@@ -358,10 +367,10 @@ impl Limit {
                 );
             }
         }
-        if let Some((amount, w)) = self.plain
+        if let Some(plain) = &self.plain
             && crit != Class::Sheddable
         {
-            return Self::plain_calls(cell, amount, w, now_ms);
+            return Self::plain_calls(cell, plain, now.ns().saturating_sub(self.epoch_ns));
         }
         if let Some(link) = &self.cluster {
             self.check_shared_bytes(link, cell, now.at())?;
@@ -530,10 +539,11 @@ impl Primitive for Limit {
     #[inline(always)]
     fn try_acquire(&self, scope: Option<&CellRef>, now: Now, start: Now) -> Answer {
         if scope.is_none()
-            && let Some((amount, w)) = &self.plain
+            && let Some(plain) = &self.plain
             && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
         {
-            return match Self::plain_calls(&self.single, *amount, *w, self.now_ms(now)) {
+            let since_ns = now.ns().saturating_sub(self.epoch_ns);
+            return match Self::plain_calls(&self.single, plain, since_ns) {
                 // A plain limit counts no bytes: its grant is the default.
                 Ok(()) => Answer::Granted(Grant::default()),
                 Err(e) => self.refused(&self.single, e, now, start),
@@ -753,6 +763,38 @@ mod tests {
         l.spec.calls = Some(RateSpec { amount, window });
         l.plain = l.plain_window();
         l
+    }
+
+    /// A plain limit (its window's number from the nanoseconds, issue 39)
+    /// admits and refuses, with the same `Retry-After`, as the fixed window
+    /// counted from the milliseconds does, at any time of its windows.
+    #[tokio::test(start_paused = true)]
+    async fn a_plain_limit_decides_as_its_fixed_window() {
+        for window in [
+            Duration::from_millis(1),
+            Duration::from_millis(7),
+            Duration::from_secs(1),
+            Duration::from_millis(1500),
+        ] {
+            let plain = limit_with(Algorithm::FixedWindow, 3, window);
+            assert!(plain.plain.is_some());
+            let mut general = limit_with(Algorithm::FixedWindow, 3, window);
+            general.plain = None;
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            for i in 0..3_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let now = Now::read();
+                let at = |l: &Limit| match Primitive::try_acquire(l, None, now, now) {
+                    Answer::Granted(_) => None,
+                    Answer::Refused(reason, retry) => Some((reason, retry)),
+                    Answer::Wait(d) => panic!("a plain limit waits {d:?}"),
+                };
+                assert_eq!(at(&plain), at(&general), "{window:?}, call {i}");
+                tokio::time::advance(Duration::from_nanos(x % 400_000_000)).await;
+            }
+        }
     }
 
     /// At `MAX_KEYS` keys a new key evicts the idle keys that are not

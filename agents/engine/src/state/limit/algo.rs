@@ -16,10 +16,9 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::time::Duration;
 
 use super::share::{Class, LimitShare, Verdict};
-use super::{Algorithm, Exceeded, Limit, LimitCell, RateSpec, ms, pack};
+use super::{Algorithm, Exceeded, Limit, LimitCell, Plain, RateSpec, ms, pack};
 use crate::clock::Now;
 use crate::cluster::sliding_wait_ms;
-use crate::divisor::Divisor;
 use crate::rejection::RejectReason;
 use crate::weight::{self, FULL_WEIGHT};
 
@@ -61,16 +60,19 @@ impl Limit {
 }
 
 impl Limit {
-    /// A call of a plain limit ([`Limit::plain`]): `amount` calls per
-    /// fixed window of `w` milliseconds.
+    /// A call of a plain limit ([`Limit::plain`]) `since_ns` nanoseconds
+    /// after its epoch: its window's number from the nanoseconds, in one
+    /// division (issue 39: the milliseconds are worked out on a refusal
+    /// alone), the number [`fixed`] works out from the milliseconds.
     #[inline(always)]
     pub(super) fn plain_calls(
         cell: &LimitCell,
-        amount: u64,
-        w: Divisor,
-        now_ms: u64,
+        plain: &Plain,
+        since_ns: u64,
     ) -> Result<(), Exceeded> {
-        fixed_in(cell, amount, w.get(), w.div(now_ms), now_ms)
+        fixed_in(cell, plain.amount, plain.w_ns.div(since_ns), || {
+            plain.w_ms - (since_ns / 1_000_000) % plain.w_ms
+        })
     }
 
     /// The calls rate and a token bucket's burst now: under `scale with
@@ -194,18 +196,17 @@ fn over(wait_ms: u64) -> Exceeded {
 #[inline]
 fn fixed(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
     let w = ms(rate.window).max(1);
-    fixed_in(cell, rate.amount, w, now_ms / w, now_ms)
+    fixed_in(cell, rate.amount, now_ms / w, || w - now_ms % w)
 }
 
-/// [`fixed`] of `amount` calls per window of `w` milliseconds (at least
-/// 1), `now_ms` in window `number` (`now_ms / w`).
+/// [`fixed`] of `amount` calls per window, now in window `number`;
+/// `left_ms`: the milliseconds left of it, asked on a refusal.
 #[inline]
 fn fixed_in(
     cell: &LimitCell,
     amount: u64,
-    w: u64,
     number: u64,
-    now_ms: u64,
+    left_ms: impl FnOnce() -> u64,
 ) -> Result<(), Exceeded> {
     let window = number & 0xffff_ffff;
     let mut current = cell.calls.load(Relaxed);
@@ -216,7 +217,7 @@ fn fixed_in(
             0
         };
         if count >= amount {
-            return Err(over(w - now_ms % w));
+            return Err(over(left_ms()));
         }
         match cell
             .calls

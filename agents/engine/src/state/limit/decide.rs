@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, ms, scope_ref};
+use super::{Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, Plain, ms, scope_ref};
 use crate::clock::Now;
 use crate::divisor::Divisor;
 use crate::primitive::Answer;
@@ -44,7 +44,7 @@ impl Limit {
     }
 
     /// [`Limit::plain`] of this limit's spec and set-up.
-    pub(super) fn plain_window(&self) -> Option<(u64, Divisor)> {
+    pub(super) fn plain_window(&self) -> Option<Plain> {
         match (&self.spec.calls, self.spec.algorithm) {
             (Some(rate), Algorithm::FixedWindow)
                 if self.cluster.is_none()
@@ -52,7 +52,14 @@ impl Limit {
                     && self.share.is_none()
                     && self.weight.is_none() =>
             {
-                Some((rate.amount, Divisor::new(ms(rate.window))))
+                let w_ms = ms(rate.window).max(1);
+                // A window of 584 years or more is not plain.
+                let w_ns = w_ms.checked_mul(1_000_000)?;
+                Some(Plain {
+                    amount: rate.amount,
+                    w_ms,
+                    w_ns: Divisor::new(w_ns),
+                })
             }
             _ => None,
         }
