@@ -13,6 +13,8 @@
 
 use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
+use std::sync::atomic::AtomicI64;
+use std::sync::atomic::Ordering::{Acquire, Release};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -37,17 +39,23 @@ struct Base {
 /// the clock's zero).
 const NEAR_NS: i64 = 1 << 62;
 
+/// The base's fields in nanoseconds ([`Base::parts`]) once the base is
+/// set, when they hold; 0 before, or where they do not (issue 39: a read
+/// tests this one word, not the base's cell and then its fields).
+static BASE_NS: AtomicI64 = AtomicI64::new(0);
+
 fn base() -> &'static Base {
     static BASE: OnceLock<Base> = OnceLock::new();
     BASE.get_or_init(|| {
         let now = Instant::now();
         let at = now.checked_sub(BEFORE).unwrap_or(now);
-        Base {
-            at,
-            parts: parts(at)
-                .filter(|&p| subtracts_as_instants(at, p))
-                .and_then(|p| Some((p, in_ns(p).filter(|n| n.abs() <= NEAR_NS)?))),
+        let parts = parts(at)
+            .filter(|&p| subtracts_as_instants(at, p))
+            .and_then(|p| Some((p, in_ns(p).filter(|n| n.abs() <= NEAR_NS)?)));
+        if let Some((_, from_ns)) = parts {
+            BASE_NS.store(from_ns, Release);
         }
+        Base { at, parts }
     })
 }
 
@@ -141,13 +149,20 @@ fn in_ns(p: (i64, u32)) -> Option<i64> {
 /// of nanoseconds that cannot overflow (issue 39: a read's conversion).
 #[inline]
 fn since_base(to: (i64, u32), from: (i64, u32), from_ns: i64) -> u64 {
-    if let Ok(secs) = i32::try_from(to.0) {
-        // At most 2^31 s (2.2e18 ns) plus a second from zero, less at most
-        // 2^62 (4.6e18) ns: within an `i64`.
-        let to_ns = i64::from(secs) * i64::from(NANOS_PER_SEC) + i64::from(to.1);
-        return u64::try_from(to_ns - from_ns).unwrap_or(0);
+    match i32::try_from(to.0) {
+        Ok(secs) => near(secs, to.1, from_ns),
+        Err(_) => since(to, from),
     }
-    since(to, from)
+}
+
+/// Nanoseconds from `from_ns` (at most [`NEAR_NS`] from zero) to `secs`
+/// seconds and `nsec` nanoseconds (0 when earlier).
+#[inline]
+fn near(secs: i32, nsec: u32, from_ns: i64) -> u64 {
+    // At most 2^31 s (2.2e18 ns) plus a second from zero, less at most
+    // 2^62 (4.6e18) ns: within an `i64`.
+    let to_ns = i64::from(secs) * i64::from(NANOS_PER_SEC) + i64::from(nsec);
+    u64::try_from(to_ns - from_ns).unwrap_or(0)
 }
 
 /// [`since`] of instants 292 years or more apart, or in the wrong order.
@@ -166,6 +181,22 @@ fn since_far(to: (i64, u32), from: (i64, u32)) -> u64 {
 /// Nanoseconds from the base to `at`.
 #[inline]
 pub(crate) fn ns(at: Instant) -> u64 {
+    let from_ns = BASE_NS.load(Acquire);
+    if from_ns != 0 {
+        let mut p = Parts::default();
+        at.hash(&mut p);
+        if let Ok(secs) = i32::try_from(p.sec) {
+            return near(secs, p.nsec, from_ns);
+        }
+    }
+    ns_of_base(at)
+}
+
+/// [`ns`] before the base is set, of an instant whose seconds do not fit
+/// in an `i32`, or where [`parts`] does not hold.
+#[cold]
+#[inline(never)]
+fn ns_of_base(at: Instant) -> u64 {
     let base = base();
     if let Some((from, from_ns)) = base.parts {
         let mut p = Parts::default();
@@ -308,7 +339,11 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn on_unix_reads_take_the_fields() {
-        assert!(base().parts.is_some());
+        let from_ns = base().parts.map(|(_, n)| n);
+        assert!(from_ns.is_some());
+        assert_eq!(Some(BASE_NS.load(Acquire)), from_ns);
+        let now = Instant::now();
+        assert_eq!(ns(now), ns_of_base(now));
     }
 
     /// The one-compare difference of fields is the saturated one.
