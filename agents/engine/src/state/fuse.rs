@@ -47,7 +47,12 @@ const OPEN: u8 = 1;
 const HALF_OPEN: u8 = 2;
 
 #[derive(Debug)]
+// `counters` first and one alignment for every primitive: at the same
+// offset of each (`state::tests`, issue 39), so `State::counters` reads
+// them without a match on the kind.
+#[repr(C, align(64))]
 pub(crate) struct Fuse {
+    pub(crate) counters: Counters,
     pub(crate) spec: FuseSpec,
     name: Arc<str>,
     events: Events,
@@ -72,7 +77,6 @@ pub(crate) struct Fuse {
     probes_ok: AtomicU32,
     /// Serialises state changes; holds the reason of the last trip.
     transition: Mutex<String>,
-    pub(crate) counters: Counters,
 }
 
 fn ms(d: Duration) -> u64 {

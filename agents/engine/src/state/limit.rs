@@ -208,7 +208,12 @@ pub(crate) struct Exceeded {
 }
 
 #[derive(Debug)]
+// `counters` first and one alignment for every primitive: at the same
+// offset of each (`state::tests`, issue 39), so `State::counters` reads
+// them without a match on the kind.
+#[repr(C, align(64))]
 pub(crate) struct Limit {
+    pub(crate) counters: Counters,
     pub(crate) spec: LimitSpec,
     name: Arc<str>,
     events: Events,
@@ -221,7 +226,6 @@ pub(crate) struct Limit {
     keyed: RwLock<HashMap<Box<str>, Arc<LimitCell>, FxBuild>>,
     table: KeyTable,
     cluster: Option<ClusterLink>,
-    pub(crate) counters: Counters,
     /// `scale with warmup`: the engine's slow-start weight.
     weight: Option<Weight>,
     /// `share by consumer { ... }`: the calls of a window shared by weight.
