@@ -234,6 +234,10 @@ pub(crate) struct Limit {
     /// warm-up weight): its amount and window, worked out once (issue 39: a
     /// call of such a limit goes straight to the window).
     plain: Option<Plain>,
+    /// A local sliding window or token bucket of calls alone (as `plain`
+    /// but for its algorithm): its rate and algorithm, for a call of the
+    /// rule's own counter to go straight to it (issue 39).
+    paced: Option<(RateSpec, Algorithm)>,
 }
 
 /// A plain limit's window ([`Limit::plain`]): `amount` calls per `w_ms`
@@ -294,8 +298,9 @@ impl Limit {
             weight: spec_scales.then(|| weight.clone()),
             share,
             plain: None,
+            paced: None,
         };
-        limit.plain = limit.plain_window();
+        limit.set_plain();
         limit
     }
 
@@ -765,38 +770,49 @@ mod tests {
         let (mut l, _) = limit(Some(amount), None, None);
         l.spec.algorithm = algorithm;
         l.spec.calls = Some(RateSpec { amount, window });
-        l.plain = l.plain_window();
+        l.set_plain();
         l
     }
 
     /// A plain limit (its window's number from the nanoseconds, issue 39)
-    /// admits and refuses, with the same `Retry-After`, as the fixed window
-    /// counted from the milliseconds does, at any time of its windows.
+    /// and a paced one (straight to its algorithm) admit and refuse, with
+    /// the same `Retry-After`, as the limit counted the general way does,
+    /// at any time of its windows.
     #[tokio::test(start_paused = true)]
-    async fn a_plain_limit_decides_as_its_fixed_window() {
-        for window in [
-            Duration::from_millis(1),
-            Duration::from_millis(7),
-            Duration::from_secs(1),
-            Duration::from_millis(1500),
+    async fn a_plain_or_paced_limit_decides_as_the_general_way() {
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket { burst: 2 },
         ] {
-            let plain = limit_with(Algorithm::FixedWindow, 3, window);
-            assert!(plain.plain.is_some());
-            let mut general = limit_with(Algorithm::FixedWindow, 3, window);
-            general.plain = None;
-            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-            for i in 0..3_000 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let now = Now::read();
-                let at = |l: &Limit| match Primitive::try_acquire(l, None, now, now) {
-                    Answer::Granted(_) => None,
-                    Answer::Refused(reason, retry) => Some((reason, retry)),
-                    Answer::Wait(d) => panic!("a plain limit waits {d:?}"),
-                };
-                assert_eq!(at(&plain), at(&general), "{window:?}, call {i}");
-                tokio::time::advance(Duration::from_nanos(x % 400_000_000)).await;
+            for window in [
+                Duration::from_millis(1),
+                Duration::from_millis(7),
+                Duration::from_secs(1),
+                Duration::from_millis(1500),
+            ] {
+                let plain = limit_with(algorithm, 3, window);
+                let fixed = algorithm == Algorithm::FixedWindow;
+                assert_eq!(plain.plain.is_some(), fixed);
+                assert_eq!(plain.paced.is_some(), !fixed);
+                let mut general = limit_with(algorithm, 3, window);
+                general.plain = None;
+                general.paced = None;
+                let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+                for i in 0..3_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let now = Now::read();
+                    let at = |l: &Limit| match Primitive::try_acquire(l, None, now, now) {
+                        Answer::Granted(grant) => Ok(grant),
+                        Answer::Refused(reason, retry) => Err((reason, retry)),
+                        Answer::Wait(d) => panic!("a plain limit waits {d:?}"),
+                    };
+                    let got = at(&plain);
+                    assert_eq!(got, at(&general), "{algorithm:?} {window:?}, call {i}");
+                    tokio::time::advance(Duration::from_nanos(x % 400_000_000)).await;
+                }
             }
         }
     }
@@ -1773,7 +1789,7 @@ mod tests {
 
             let (mut plain, _rx) = limit(Some(30), None, None);
             plain.spec.algorithm = algorithm;
-            plain.plain = plain.plain_window();
+            plain.set_plain();
             let got = run(&plain, 3, 0).await;
             assert!(got[2][1] <= 2, "{algorithm:?} without a share: {got:?}");
         }

@@ -75,6 +75,22 @@ impl Limit {
         })
     }
 
+    /// A call of a paced limit ([`Limit::paced`]) `since_ns` nanoseconds
+    /// after its epoch: as [`Limit::local_calls`] counts it without a
+    /// warm-up weight (`since_ns` whole ms are its `now_ms`).
+    pub(super) fn paced_calls(
+        cell: &LimitCell,
+        rate: &RateSpec,
+        algorithm: Algorithm,
+        since_ns: u64,
+    ) -> Result<(), Exceeded> {
+        match algorithm {
+            Algorithm::FixedWindow => fixed(cell, rate, since_ns / 1_000_000),
+            Algorithm::SlidingWindow => sliding(cell, rate, since_ns / 1_000_000),
+            Algorithm::TokenBucket { burst } => bucket(cell, rate, burst, since_ns),
+        }
+    }
+
     /// The calls rate and a token bucket's burst now: under `scale with
     /// warmup`, while the instance ramps, the amount (and the burst) times
     /// its weight, at least 1.

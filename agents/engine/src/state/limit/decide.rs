@@ -4,7 +4,11 @@
 
 use std::time::Duration;
 
-use super::{Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, Plain, ms, scope_ref};
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::{
+    Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, NOT_ENGAGED, Plain, ms, scope_ref,
+};
 use crate::clock::Now;
 use crate::divisor::Divisor;
 use crate::primitive::Answer;
@@ -13,6 +17,18 @@ impl Limit {
     /// [`Primitive::try_acquire`](crate::primitive::Primitive::try_acquire) of any scope and set-up.
     #[inline(never)]
     pub(super) fn try_acquire_any(&self, scope: Option<&CellRef>, now: Now, start: Now) -> Answer {
+        if scope.is_none()
+            && let Some((rate, algorithm)) = &self.paced
+            && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
+        {
+            // As `try_admit` would go after its latch test: a paced limit
+            // counts no bytes, its grant is the default.
+            let since_ns = now.ns().saturating_sub(self.epoch_ns);
+            return match Self::paced_calls(&self.single, rate, *algorithm, since_ns) {
+                Ok(()) => Answer::Granted(crate::primitive::Grant::default()),
+                Err(e) => self.refused(&self.single, e, now, start),
+            };
+        }
         if let Some(CellRef::Full) = scope {
             return self.no_room(now.at());
         }
@@ -43,15 +59,29 @@ impl Limit {
         }
     }
 
+    /// Sets [`Limit::plain`] and [`Limit::paced`] by this limit's spec and
+    /// set-up.
+    pub(super) fn set_plain(&mut self) {
+        self.plain = self.plain_window();
+        self.paced = match (&self.spec.calls, self.spec.algorithm) {
+            (Some(_), Algorithm::FixedWindow) | (None, _) => None,
+            (Some(rate), algorithm) => self.alone().then_some((*rate, algorithm)),
+        };
+    }
+
+    /// Calls are counted here alone: no store, no bytes, no share, no
+    /// warm-up weight.
+    fn alone(&self) -> bool {
+        self.cluster.is_none()
+            && self.spec.bytes.is_none()
+            && self.share.is_none()
+            && self.weight.is_none()
+    }
+
     /// [`Limit::plain`] of this limit's spec and set-up.
-    pub(super) fn plain_window(&self) -> Option<Plain> {
+    fn plain_window(&self) -> Option<Plain> {
         match (&self.spec.calls, self.spec.algorithm) {
-            (Some(rate), Algorithm::FixedWindow)
-                if self.cluster.is_none()
-                    && self.spec.bytes.is_none()
-                    && self.share.is_none()
-                    && self.weight.is_none() =>
-            {
+            (Some(rate), Algorithm::FixedWindow) if self.alone() => {
                 let w_ms = ms(rate.window).max(1);
                 // A window of 584 years or more is not plain.
                 let w_ns = w_ms.checked_mul(1_000_000)?;
