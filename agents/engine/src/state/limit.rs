@@ -235,9 +235,20 @@ pub(crate) struct Limit {
     /// call of such a limit goes straight to the window).
     plain: Option<Plain>,
     /// A local sliding window or token bucket of calls alone (as `plain`
-    /// but for its algorithm): its rate and algorithm, for a call of the
-    /// rule's own counter to go straight to it (issue 39).
-    paced: Option<(RateSpec, Algorithm)>,
+    /// but for its algorithm), worked out once: a call of the rule's own
+    /// counter goes straight to it (issue 39).
+    paced: Option<Paced>,
+}
+
+/// A paced limit ([`Limit::paced`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Paced {
+    /// `amount` calls per sliding window of `w_ms` milliseconds (at least
+    /// 1; `w`: its divisor).
+    Sliding { amount: u64, w_ms: u64, w: Divisor },
+    /// A token bucket: a call every `interval_ns`, at most `tolerance_ns`
+    /// ahead of now.
+    Bucket { interval_ns: u64, tolerance_ns: u64 },
 }
 
 /// A plain limit's window ([`Limit::plain`]): `amount` calls per `w_ms`

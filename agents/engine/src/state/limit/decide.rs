@@ -7,24 +7,26 @@ use std::time::Duration;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{
-    Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, NOT_ENGAGED, Plain, ms, scope_ref,
+    Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, NOT_ENGAGED, Paced, Plain, ms,
+    scope_ref,
 };
 use crate::clock::Now;
 use crate::divisor::Divisor;
 use crate::primitive::Answer;
+use crate::state::limit::algo::{interval_ns, tolerance_ns};
 
 impl Limit {
     /// [`Primitive::try_acquire`](crate::primitive::Primitive::try_acquire) of any scope and set-up.
     #[inline(never)]
     pub(super) fn try_acquire_any(&self, scope: Option<&CellRef>, now: Now, start: Now) -> Answer {
         if scope.is_none()
-            && let Some((rate, algorithm)) = &self.paced
+            && let Some(paced) = &self.paced
             && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
         {
             // As `try_admit` would go after its latch test: a paced limit
             // counts no bytes, its grant is the default.
             let since_ns = now.ns().saturating_sub(self.epoch_ns);
-            return match Self::paced_calls(&self.single, rate, *algorithm, since_ns) {
+            return match Self::paced_calls(&self.single, paced, since_ns) {
                 Ok(()) => Answer::Granted(crate::primitive::Grant::default()),
                 Err(e) => self.refused(&self.single, e, now, start),
             };
@@ -64,8 +66,19 @@ impl Limit {
     pub(super) fn set_plain(&mut self) {
         self.plain = self.plain_window();
         self.paced = match (&self.spec.calls, self.spec.algorithm) {
-            (Some(_), Algorithm::FixedWindow) | (None, _) => None,
-            (Some(rate), algorithm) => self.alone().then_some((*rate, algorithm)),
+            (Some(rate), Algorithm::SlidingWindow) if self.alone() => {
+                let w_ms = ms(rate.window).max(1);
+                Some(Paced::Sliding {
+                    amount: rate.amount,
+                    w_ms,
+                    w: Divisor::new(w_ms),
+                })
+            }
+            (Some(rate), Algorithm::TokenBucket { burst }) if self.alone() => Some(Paced::Bucket {
+                interval_ns: interval_ns(rate),
+                tolerance_ns: tolerance_ns(rate, burst),
+            }),
+            _ => None,
         };
     }
 
