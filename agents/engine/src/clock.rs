@@ -13,6 +13,8 @@
 
 use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
+use std::sync::atomic::AtomicI64;
+use std::sync::atomic::Ordering::{Acquire, Release};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -25,21 +27,35 @@ const BEFORE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 const NANOS_PER_SEC: u32 = 1_000_000_000;
 
 /// The process-wide base, and its fields when reading them from an
-/// instant's `Hash` subtracts as instants do.
+/// instant's `Hash` subtracts as instants do: its seconds and nanoseconds,
+/// and both in nanoseconds (within [`NEAR_NS`]).
 struct Base {
     at: Instant,
-    parts: Option<(i64, u32)>,
+    parts: Option<((i64, u32), i64)>,
 }
+
+/// The largest magnitude of the base's fields in nanoseconds that
+/// [`since_base`] subtracts from without overflow (2^62, 146 years from
+/// the clock's zero).
+const NEAR_NS: i64 = 1 << 62;
+
+/// The base's fields in nanoseconds ([`Base::parts`]) once the base is
+/// set, when they hold; 0 before, or where they do not (issue 39: a read
+/// tests this one word, not the base's cell and then its fields).
+static BASE_NS: AtomicI64 = AtomicI64::new(0);
 
 fn base() -> &'static Base {
     static BASE: OnceLock<Base> = OnceLock::new();
     BASE.get_or_init(|| {
         let now = Instant::now();
         let at = now.checked_sub(BEFORE).unwrap_or(now);
-        Base {
-            at,
-            parts: parts(at).filter(|&p| subtracts_as_instants(at, p)),
+        let parts = parts(at)
+            .filter(|&p| subtracts_as_instants(at, p))
+            .and_then(|p| Some((p, in_ns(p).filter(|n| n.abs() <= NEAR_NS)?)));
+        if let Some((_, from_ns)) = parts {
+            BASE_NS.store(from_ns, Release);
         }
+        Base { at, parts }
     })
 }
 
@@ -121,6 +137,34 @@ fn since(to: (i64, u32), from: (i64, u32)) -> u64 {
     }
 }
 
+/// The fields `p` in nanoseconds, when that fits.
+fn in_ns(p: (i64, u32)) -> Option<i64> {
+    p.0.checked_mul(i64::from(NANOS_PER_SEC))?
+        .checked_add(i64::from(p.1))
+}
+
+/// [`since`] from the base's fields `from`, `from_ns` in nanoseconds (at
+/// most [`NEAR_NS`] from zero): for an instant whose seconds fit in an
+/// `i32` (68 years from the clock's zero), one compare and a subtraction
+/// of nanoseconds that cannot overflow (issue 39: a read's conversion).
+#[inline]
+fn since_base(to: (i64, u32), from: (i64, u32), from_ns: i64) -> u64 {
+    match i32::try_from(to.0) {
+        Ok(secs) => near(secs, to.1, from_ns),
+        Err(_) => since(to, from),
+    }
+}
+
+/// Nanoseconds from `from_ns` (at most [`NEAR_NS`] from zero) to `secs`
+/// seconds and `nsec` nanoseconds (0 when earlier).
+#[inline]
+fn near(secs: i32, nsec: u32, from_ns: i64) -> u64 {
+    // At most 2^31 s (2.2e18 ns) plus a second from zero, less at most
+    // 2^62 (4.6e18) ns: within an `i64`.
+    let to_ns = i64::from(secs) * i64::from(NANOS_PER_SEC) + i64::from(nsec);
+    u64::try_from(to_ns - from_ns).unwrap_or(0)
+}
+
 /// [`since`] of instants 292 years or more apart, or in the wrong order.
 #[cold]
 fn since_far(to: (i64, u32), from: (i64, u32)) -> u64 {
@@ -137,11 +181,27 @@ fn since_far(to: (i64, u32), from: (i64, u32)) -> u64 {
 /// Nanoseconds from the base to `at`.
 #[inline]
 pub(crate) fn ns(at: Instant) -> u64 {
-    let base = base();
-    if let Some(from) = base.parts {
+    let from_ns = BASE_NS.load(Acquire);
+    if from_ns != 0 {
         let mut p = Parts::default();
         at.hash(&mut p);
-        return since((p.sec, p.nsec), from);
+        if let Ok(secs) = i32::try_from(p.sec) {
+            return near(secs, p.nsec, from_ns);
+        }
+    }
+    ns_of_base(at)
+}
+
+/// [`ns`] before the base is set, of an instant whose seconds do not fit
+/// in an `i32`, or where [`parts`] does not hold.
+#[cold]
+#[inline(never)]
+fn ns_of_base(at: Instant) -> u64 {
+    let base = base();
+    if let Some((from, from_ns)) = base.parts {
+        let mut p = Parts::default();
+        at.hash(&mut p);
+        return since_base((p.sec, p.nsec), from, from_ns);
     }
     slow_ns(base, at)
 }
@@ -184,6 +244,12 @@ impl Now {
     #[inline]
     pub(crate) fn ns(self) -> u64 {
         self.ns
+    }
+
+    /// The read `ns` nanoseconds after the base.
+    #[cfg(test)]
+    pub(crate) fn from_ns(ns: u64) -> Self {
+        Self { ns }
     }
 
     /// The instant of this read: the base plus its nanoseconds, which is
@@ -273,7 +339,11 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn on_unix_reads_take_the_fields() {
-        assert!(base().parts.is_some());
+        let from_ns = base().parts.map(|(_, n)| n);
+        assert!(from_ns.is_some());
+        assert_eq!(Some(BASE_NS.load(Acquire)), from_ns);
+        let now = Instant::now();
+        assert_eq!(ns(now), ns_of_base(now));
     }
 
     /// The one-compare difference of fields is the saturated one.
@@ -296,5 +366,46 @@ mod tests {
         assert_eq!(since((6, 0), (5, 999_999_999)), 1);
         assert_eq!(since((5, 9), (5, 10)), 0);
         assert_eq!(since((i64::MAX, 0), (0, 0)), u64::MAX);
+    }
+
+    /// The difference from the base's fields in nanoseconds is the one of
+    /// [`since`], within [`NEAR_NS`] and for any instant.
+    #[test]
+    fn nanoseconds_from_the_base_subtract_as_fields_do() {
+        let secs = [
+            i64::MIN,
+            -(NEAR_NS / 1_000_000_000) - 1,
+            -(NEAR_NS / 1_000_000_000),
+            -3_155_760_000,
+            i64::from(i32::MIN) - 1,
+            i64::from(i32::MIN),
+            -1,
+            0,
+            1,
+            86_400,
+            i64::from(i32::MAX),
+            i64::from(i32::MAX) + 1,
+            NEAR_NS / 1_000_000_000,
+            i64::MAX,
+        ];
+        let nanos = [0, 1, 999_999_999];
+        for &fs in &secs {
+            for &fn_ in &nanos {
+                let from = (fs, fn_);
+                let Some(from_ns) = in_ns(from).filter(|n| n.abs() <= NEAR_NS) else {
+                    continue;
+                };
+                for &ts in &secs {
+                    for &tn in &nanos {
+                        let to = (ts, tn);
+                        assert_eq!(
+                            since_base(to, from, from_ns),
+                            since(to, from),
+                            "{to:?} - {from:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -467,3 +467,25 @@ impl State {
         dispatch!(self, p => Primitive::restore(&**p, latch, now, now_unix_ms))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::mem::{align_of, offset_of};
+
+    use super::*;
+
+    /// Every primitive has its counters first and one alignment: at the
+    /// same offset of each (issue 39: `State::counters` reads them
+    /// without a match on the kind).
+    #[test]
+    fn counters_are_at_one_offset_in_every_primitive() {
+        assert_eq!(offset_of!(Bulkhead, counters), 0);
+        assert_eq!(offset_of!(Limit, counters), 0);
+        assert_eq!(offset_of!(Fuse, counters), 0);
+        assert_eq!(offset_of!(Retry, counters), 0);
+        let align = align_of::<Bulkhead>();
+        assert_eq!(align_of::<Limit>(), align);
+        assert_eq!(align_of::<Fuse>(), align);
+        assert_eq!(align_of::<Retry>(), align);
+    }
+}

@@ -41,8 +41,8 @@ pub(crate) fn slots() -> usize {
     })
 }
 
-/// A thread's lease on one slot (`None`: every slot was taken).
-struct Lease(Option<usize>);
+/// A thread's lease on one slot ([`SHARED`]: every slot was taken).
+struct Lease(usize);
 
 impl Lease {
     fn take() -> Self {
@@ -51,14 +51,14 @@ impl Lease {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
         });
-        Self(slot)
+        Self(slot.unwrap_or(SHARED))
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Some(i) = self.0 {
-            TAKEN[i].store(false, Ordering::Release);
+        if let Some(taken) = TAKEN.get(self.0) {
+            taken.store(false, Ordering::Release);
         }
     }
 }
@@ -69,21 +69,24 @@ thread_local! {
 
 /// The calling thread's stripe, valid on this thread only (not `Send`):
 /// its index in every counter set, worked out once per [`current`] (issue
-/// 39: a look-up is then one bounds test), and whether the thread owns it.
+/// 39: a look-up is then one bounds test, which tells whether the thread
+/// owns the stripe too).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Slot {
-    /// The thread's own slot, or [`slots`] (the shared stripe).
+    /// The thread's own slot, or [`SHARED`] (past every counter set's
+    /// stripes: the shared stripe).
     idx: usize,
-    owned: bool,
     _not_send: PhantomData<*const ()>,
 }
+
+/// The index of a [`Slot`] without a stripe of its own.
+const SHARED: usize = usize::MAX;
 
 impl Slot {
     /// The shared stripe (always correct, from any thread).
     pub(crate) fn shared() -> Self {
         Self {
-            idx: slots(),
-            owned: false,
+            idx: SHARED,
             _not_send: PhantomData,
         }
     }
@@ -91,7 +94,7 @@ impl Slot {
     /// Whether this thread owns a stripe (else it uses the shared one).
     #[cfg(test)]
     pub(crate) fn is_owned(self) -> bool {
-        self.owned
+        self.idx < slots()
     }
 }
 
@@ -100,12 +103,11 @@ impl Slot {
 #[inline]
 pub(crate) fn current() -> Slot {
     match LEASE.try_with(|l| l.0) {
-        Ok(Some(idx)) => Slot {
+        Ok(idx) => Slot {
             idx,
-            owned: true,
             _not_send: PhantomData,
         },
-        _ => Slot::shared(),
+        Err(_) => Slot::shared(),
     }
 }
 
@@ -143,10 +145,10 @@ impl<T> Striped<T> {
     /// with plain stores).
     #[inline]
     pub(crate) fn get(&self, slot: Slot) -> (&T, bool) {
-        // A thread's own slot is below `slots()`, the shared one is
-        // `slots()`: both in bounds (the invariant above).
+        // A thread's own slot is below `slots()` (in bounds: the invariant
+        // above), [`SHARED`] past every stripe.
         match self.stripes.get(slot.idx) {
-            Some(s) => (s, slot.owned),
+            Some(s) => (s, true),
             None => self.last(),
         }
     }

@@ -11,6 +11,12 @@
 //! everything ([`RollingWindow::reset`]) bumps the generation, so it writes
 //! no stripe.
 //!
+//! Each owned stripe keeps a cursor on the bucket it counted in last (its
+//! start on the clock, its generation): a call that went well inside it
+//! counts with one increment there, without working out the bucket from
+//! the time (issue 39: the count of a successful call was the largest part
+//! of a fuse's record).
+//!
 //! The shared stripe (threads without a slot) is written by several threads:
 //! there the first writer that sees a stale bucket claims it (a
 //! compare-exchange on its tag) and zeroes it, and counts use `fetch_add`.
@@ -20,6 +26,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
+use crate::clock::Now;
 use crate::divisor::Divisor;
 use crate::stripe::{self, Slot, Striped};
 
@@ -58,44 +65,111 @@ struct Bucket {
     slow: AtomicU64,
 }
 
-/// One stripe's buckets (400 bytes, aligned to 64: no two stripes share a
-/// cache line).
+/// One stripe's buckets and its cursor (424 bytes, aligned to 64: no two
+/// stripes share a cache line).
 #[derive(Debug, Default)]
 #[repr(align(64))]
-struct Buckets([Bucket; BUCKETS as usize]);
+struct Buckets {
+    buckets: [Bucket; BUCKETS as usize],
+    /// The bucket this stripe counted in last, for the owner of the stripe
+    /// alone (the shared stripe's is never used).
+    cursor: Cursor,
+}
+
+/// Where an owned stripe counted last: the bucket at `at` holds the tag of
+/// the bucket of the window that starts `from_ns` (on the clock,
+/// [`Now::ns`]) in generation `generation`, until the owner writes another.
+/// Never set: `from_ns` 0 and `generation` `u64::MAX`, which no window
+/// reaches.
+#[derive(Debug)]
+struct Cursor {
+    from_ns: AtomicU64,
+    generation: AtomicU64,
+    at: AtomicU64,
+}
+
+impl Default for Cursor {
+    fn default() -> Self {
+        Self {
+            from_ns: AtomicU64::new(0),
+            generation: AtomicU64::new(u64::MAX),
+            at: AtomicU64::new(0),
+        }
+    }
+}
 
 #[derive(Debug)]
 pub(crate) struct RollingWindow {
     bucket_ms: Divisor,
+    /// A bucket's length in nanoseconds (saturated: a bucket that long
+    /// holds every call).
+    bucket_ns: u64,
+    /// The start of bucket 0 on the clock ([`Now::ns`]): the milliseconds
+    /// given to [`RollingWindow::record`] count from it.
+    epoch_ns: u64,
     /// Bumped by `reset`: buckets of older generations count for nothing.
     generation: AtomicU64,
     stripes: Striped<Buckets>,
 }
 
 impl RollingWindow {
-    pub(crate) fn new(window_ms: u64) -> Self {
+    /// A window of `window_ms` whose milliseconds count from `epoch_ns` on
+    /// the clock ([`Now::ns`]).
+    pub(crate) fn new(window_ms: u64, epoch_ns: u64) -> Self {
+        let bucket_ms = Divisor::new(window_ms / BUCKETS);
         Self {
-            bucket_ms: Divisor::new(window_ms / BUCKETS),
+            bucket_ms,
+            bucket_ns: bucket_ms.get().saturating_mul(1_000_000),
+            epoch_ns,
             generation: AtomicU64::new(0),
             stripes: Striped::default(),
         }
     }
 
-    /// The tag of the bucket holding `now_ms` in the current generation.
-    fn tag(&self, now_ms: u64) -> (u64, usize) {
+    /// The tag of the bucket holding `now_ms` in the current generation,
+    /// its place in a stripe, and the generation.
+    #[inline]
+    fn tag(&self, now_ms: u64) -> (u64, usize, u64) {
         let index = self.bucket_ms.div(now_ms);
         let generation = self.generation.load(Acquire);
         let tag = (generation << INDEX_BITS) | ((index + 1) & INDEX_MASK);
-        (tag, (index % BUCKETS) as usize)
+        (tag, (index % BUCKETS) as usize, generation)
+    }
+
+    /// Counts one call that went well (no error, not slow) at `now`, in the
+    /// stripe of `slot`: one increment in the bucket its cursor is on when
+    /// `now` lies in that bucket (issue 39), else as
+    /// [`RollingWindow::record`] counts it.
+    #[inline]
+    pub(crate) fn count_ok(&self, slot: Slot, now: Now) {
+        let (stripe, owned) = self.stripes.get(slot);
+        let c = &stripe.cursor;
+        if owned
+            && now.ns().wrapping_sub(c.from_ns.load(Relaxed)) < self.bucket_ns
+            && c.generation.load(Relaxed) == self.generation.load(Acquire)
+            && let Some(bucket) = stripe.buckets.get(c.at.load(Relaxed) as usize)
+        {
+            // Only this thread writes here, and the bucket's tag is the
+            // one `now` has (`Cursor`).
+            stripe::add(&bucket.calls, true, 1);
+            return;
+        }
+        self.count_ok_by_time(slot, now);
+    }
+
+    /// [`RollingWindow::count_ok`] off the cursor: by the milliseconds.
+    #[inline(never)]
+    fn count_ok_by_time(&self, slot: Slot, now: Now) {
+        self.record(slot, now.ms_since(self.epoch_ns), Class::Ok, false);
     }
 
     /// Counts one call that ended at `now_ms` (milliseconds since the fuse's
     /// epoch), in the stripe of `slot`; `slow`: it was slower than the
     /// window's trip allows.
     pub(crate) fn record(&self, slot: Slot, now_ms: u64, class: Class, slow: bool) {
-        let (tag, i) = self.tag(now_ms);
+        let (tag, i, generation) = self.tag(now_ms);
         let (stripe, owned) = self.stripes.get(slot);
-        let bucket = &stripe.0[i];
+        let bucket = &stripe.buckets[i];
         let (business, system) = match class {
             Class::Ok => (0, 0),
             Class::Business => (1, 0),
@@ -120,6 +194,17 @@ impl RollingWindow {
                 bucket.slow.store(slow, Relaxed);
                 bucket.tag.store(tag, Release);
             }
+            // The cursor is on this bucket now: its start on the clock
+            // (`index * bucket_ms` ms after the epoch, `index` of `tag`).
+            let index = self.bucket_ms.div(now_ms);
+            let c = &stripe.cursor;
+            c.from_ns.store(
+                self.epoch_ns
+                    .saturating_add(index.saturating_mul(self.bucket_ns)),
+                Relaxed,
+            );
+            c.generation.store(generation, Relaxed);
+            c.at.store(i as u64, Relaxed);
             return;
         }
         let current = bucket.tag.load(Relaxed);
@@ -148,13 +233,13 @@ impl RollingWindow {
 
     /// Sums the buckets that lie within the window ending at `now_ms`.
     pub(crate) fn totals(&self, now_ms: u64) -> Totals {
-        let (newest, _) = self.tag(now_ms);
+        let (newest, _, _) = self.tag(now_ms);
         // Tags of the current generation from `oldest` to `newest` (the
         // index part never wraps: 2^44 ms is over 500 years).
         let oldest = (newest & !INDEX_MASK) | ((newest & INDEX_MASK).saturating_sub(BUCKETS - 1));
         let mut t = Totals::default();
         for stripe in self.stripes.all() {
-            for b in &stripe.0 {
+            for b in &stripe.buckets {
                 let tag = b.tag.load(Acquire);
                 if tag >= oldest.max(1) && tag <= newest && tag & INDEX_MASK != 0 {
                     t.calls += b.calls.load(Relaxed);
@@ -179,7 +264,7 @@ mod tests {
 
     #[test]
     fn counts_within_window_and_forgets_old_buckets() {
-        let w = RollingWindow::new(1000); // 100 ms buckets
+        let w = RollingWindow::new(1000, 0); // 100 ms buckets
         let slot = stripe::current();
         w.record(slot, 0, Class::Business, false);
         w.record(slot, 50, Class::Ok, true);
@@ -219,5 +304,43 @@ mod tests {
         );
         w.reset();
         assert_eq!(w.totals(10_000), Totals::default());
+    }
+
+    /// Calls counted by [`RollingWindow::count_ok`] (through the cursor or
+    /// not) are counted as [`RollingWindow::record`] counts them, across
+    /// buckets, windows, resets, a clock before the epoch and going back.
+    #[test]
+    fn counting_ok_calls_is_recording_them() {
+        let epoch_ns = 5_000_000_123;
+        let slot = stripe::current();
+        for window_ms in [1000, 10, 7, 0, 60_000, u64::MAX] {
+            let by_cursor = RollingWindow::new(window_ms, epoch_ns);
+            let by_time = RollingWindow::new(window_ms, epoch_ns);
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            let mut ns = epoch_ns - 3_000_000;
+            for i in 0..5_000u64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ns = match x % 100 {
+                    0 => ns.saturating_sub(x % 150_000_000),
+                    1..=9 => ns + x % 1_500_000_000,
+                    _ => ns + x % 2_000_000,
+                };
+                if i % 997 == 0 {
+                    by_cursor.reset();
+                    by_time.reset();
+                }
+                let now = Now::from_ns(ns);
+                by_cursor.count_ok(slot, now);
+                by_time.record(slot, now.ms_since(epoch_ns), Class::Ok, false);
+                let now_ms = now.ms_since(epoch_ns);
+                assert_eq!(
+                    by_cursor.totals(now_ms),
+                    by_time.totals(now_ms),
+                    "{window_ms} ms, call {i} at {ns} ns"
+                );
+            }
+        }
     }
 }

@@ -167,14 +167,18 @@ struct InstanceEntry {
 }
 
 #[derive(Debug)]
+// `counters` first and one alignment for every primitive: at the same
+// offset of each (`state::tests`, issue 39), so `State::counters` reads
+// them without a match on the kind.
+#[repr(C, align(64))]
 pub(crate) struct Bulkhead {
+    pub(crate) counters: Counters,
     pub(crate) spec: BulkheadSpec,
     /// The permit pools, shared with the bulkhead this one resized (see
     /// [`Bulkhead::resized`]).
     single: Arc<Cell>,
     keyed: Arc<RwLock<HashMap<Box<str>, InstanceEntry, FxBuild>>>,
     table: Arc<KeyTable>,
-    pub(crate) counters: Counters,
     /// The permits of each scope now: `max_concurrent`, or the adaptive
     /// limit, which `adaptive` moves.
     limit: AtomicU32,

@@ -47,7 +47,12 @@ const OPEN: u8 = 1;
 const HALF_OPEN: u8 = 2;
 
 #[derive(Debug)]
+// `counters` first and one alignment for every primitive: at the same
+// offset of each (`state::tests`, issue 39), so `State::counters` reads
+// them without a match on the kind.
+#[repr(C, align(64))]
 pub(crate) struct Fuse {
+    pub(crate) counters: Counters,
     pub(crate) spec: FuseSpec,
     name: Arc<str>,
     events: Events,
@@ -56,6 +61,13 @@ pub(crate) struct Fuse {
     epoch_ns: u64,
     // INVARIANT: one window per `spec.trips` entry, same order.
     windows: Box<[RollingWindow]>,
+    /// The outcomes a call may not end with to count as one that went well
+    /// ([`Fuse::record`]): the errors of either class, and a timeout when a
+    /// condition counts slow calls.
+    not_plain: Classifier,
+    /// The smallest `slower_than` of the slow conditions, in nanoseconds
+    /// (`u64::MAX` without one): a call no slower is slow for none.
+    fast_ns: u64,
     state: AtomicU8,
     opened_at_ms: AtomicU64,
     /// When it tripped (Unix ms, for the wire and the agent's state only):
@@ -65,7 +77,6 @@ pub(crate) struct Fuse {
     probes_ok: AtomicU32,
     /// Serialises state changes; holds the reason of the last trip.
     transition: Mutex<String>,
-    pub(crate) counters: Counters,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -75,17 +86,25 @@ fn ms(d: Duration) -> u64 {
 impl Fuse {
     pub(crate) fn new(spec: FuseSpec, name: Arc<str>, events: Events) -> Self {
         let epoch = Instant::now();
+        let epoch_ns = clock::ns(epoch);
+        let slowest = spec.trips.iter().filter_map(|t| t.slower_than).min();
+        let mut not_plain = spec.system.or(&spec.business);
+        not_plain.timeout |= slowest.is_some();
         Self {
             windows: spec
                 .trips
                 .iter()
-                .map(|t| RollingWindow::new(ms(t.window)))
+                .map(|t| RollingWindow::new(ms(t.window), epoch_ns))
                 .collect(),
+            not_plain,
+            fast_ns: slowest.map_or(u64::MAX, |t| {
+                u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
+            }),
             spec,
             name,
             events,
             epoch,
-            epoch_ns: clock::ns(epoch),
+            epoch_ns,
             state: AtomicU8::new(CLOSED),
             opened_at_ms: AtomicU64::new(0),
             since_unix_ms: AtomicU64::new(0),
@@ -166,25 +185,9 @@ impl Fuse {
     }
 
     fn classify(&self, outcome: Outcome) -> Class {
-        let (system, business) = match outcome {
-            Outcome::Status(code) => (
-                self.spec.system.has_status(code),
-                self.spec.business.has_status(code),
-            ),
-            Outcome::Grpc(code) => (
-                self.spec.system.has_grpc(code),
-                self.spec.business.has_grpc(code),
-            ),
-            Outcome::ConnectFailure => (
-                self.spec.system.connect_failure,
-                self.spec.business.connect_failure,
-            ),
-            Outcome::Timeout => (self.spec.system.timeout, self.spec.business.timeout),
-            Outcome::Reset => (self.spec.system.reset, self.spec.business.reset),
-        };
-        if system {
+        if self.spec.system.has(outcome) {
             Class::System
-        } else if business {
+        } else if self.spec.business.has(outcome) {
             Class::Business
         } else {
             Class::Ok
@@ -202,12 +205,37 @@ impl Fuse {
         probe: bool,
         now: Instant,
     ) {
+        let grant = Grant {
+            probe,
+            ..Grant::default()
+        };
+        let elapsed_ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        Primitive::record(self, slot, outcome, grant, now.into(), elapsed_ns);
+    }
+
+    /// Records a call that did not go well, or a probe: classified (a call
+    /// counted as a system error is one whatever its outcome). Out of line:
+    /// the record of a call that went well stays small.
+    #[inline(never)]
+    fn record_classified(
+        &self,
+        slot: Slot,
+        outcome: Outcome,
+        grant: Grant,
+        now: Now,
+        elapsed_ns: u64,
+    ) {
+        let class = if grant.system_error {
+            Class::System
+        } else {
+            self.classify(outcome)
+        };
         let call = Call {
-            class: self.classify(outcome),
-            elapsed_ns: u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
+            class,
+            elapsed_ns,
             timed_out: outcome == Outcome::Timeout,
         };
-        self.record_call(slot, call, probe, now.into());
+        self.record_call(slot, call, grant.probe, now);
     }
 
     /// Records a call (a `token invalid` call is a system error whatever its
@@ -573,19 +601,27 @@ impl Primitive for Fuse {
         }
     }
 
-    #[inline]
+    /// A call that went well (no error, not a probe, slow for no condition)
+    /// is one more call in each window now, counted without classifying it
+    /// (issue 39: most calls); any other is classified. Inlined into the
+    /// end of a call, where only the grant's two bits are read.
+    #[inline(always)]
     fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Now, elapsed_ns: u64) {
-        let class = if grant.system_error {
-            Class::System
-        } else {
-            self.classify(outcome)
-        };
-        let call = Call {
-            class,
-            elapsed_ns,
-            timed_out: outcome == Outcome::Timeout,
-        };
-        self.record_call(slot, call, grant.probe, now);
+        if !(grant.probe | grant.system_error)
+            && elapsed_ns <= self.fast_ns
+            && !self.not_plain.has(outcome)
+        {
+            // Most fuses have one condition: no loop then.
+            if let [w] = &*self.windows {
+                w.count_ok(slot, now);
+                return;
+            }
+            for w in &*self.windows {
+                w.count_ok(slot, now);
+            }
+            return;
+        }
+        self.record_classified(slot, outcome, grant, now, elapsed_ns);
     }
 
     fn reject_status(&self) -> StatusCode {
@@ -727,6 +763,58 @@ mod tests {
             Primitive::record(&f, slot, Outcome::Status(200), marked, Now::read(), 0);
         }
         assert_eq!(f.state(), FuseState::Open);
+    }
+
+    /// A call that went well counts as slow when it is slower than a slow
+    /// condition allows, or timed out (an outcome no class holds here): it
+    /// is not counted as one that went well.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_went_well_may_be_slow() {
+        let slow = TripSpec {
+            slower_than: Some(Duration::from_secs(1)),
+            ..trip(
+                TripMetric::SlowCalls,
+                CompareOp::Ge,
+                Threshold::Count(2),
+                10,
+                0,
+            )
+        };
+        let (f, _rx) = fuse(vec![slow], RecoverSpec::Manual);
+        let mut spec = f.spec.clone();
+        spec.system.timeout = false;
+        let f = Fuse::new(spec, "svc/f".into(), Events::new());
+        let record = |outcome, elapsed| {
+            let slot = crate::stripe::current();
+            f.record_outcome(slot, outcome, elapsed, false, Instant::now());
+        };
+        record(Outcome::Status(200), Duration::from_secs(1));
+        record(Outcome::Status(200), Duration::from_millis(10));
+        record(Outcome::Status(200), Duration::from_millis(1001));
+        assert_eq!(f.state(), FuseState::Closed);
+        record(Outcome::Timeout, Duration::ZERO);
+        assert_eq!(f.state(), FuseState::Open);
+        let w = &f.windows[0];
+        let t = w.totals(f.now_ms(Instant::now()));
+        assert_eq!((t.calls, t.slow, t.system, t.business), (4, 2, 0, 0));
+
+        // Without a slow condition a timeout in no class went well.
+        let errors = trip(
+            TripMetric::Errors,
+            CompareOp::Ge,
+            Threshold::Count(1),
+            10,
+            0,
+        );
+        let (f, _rx) = fuse(vec![errors], RecoverSpec::Manual);
+        let mut spec = f.spec.clone();
+        spec.system.timeout = false;
+        let f = Fuse::new(spec, "svc/f".into(), Events::new());
+        let slot = crate::stripe::current();
+        f.record_outcome(slot, Outcome::Timeout, Duration::MAX, false, Instant::now());
+        assert_eq!(f.state(), FuseState::Closed);
+        let t = f.windows[0].totals(f.now_ms(Instant::now()));
+        assert_eq!((t.calls, t.slow, t.system, t.business), (1, 0, 0, 0));
     }
 
     #[tokio::test(start_paused = true)]

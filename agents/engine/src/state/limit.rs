@@ -208,7 +208,12 @@ pub(crate) struct Exceeded {
 }
 
 #[derive(Debug)]
+// `counters` first and one alignment for every primitive: at the same
+// offset of each (`state::tests`, issue 39), so `State::counters` reads
+// them without a match on the kind.
+#[repr(C, align(64))]
 pub(crate) struct Limit {
+    pub(crate) counters: Counters,
     pub(crate) spec: LimitSpec,
     name: Arc<str>,
     events: Events,
@@ -221,15 +226,38 @@ pub(crate) struct Limit {
     keyed: RwLock<HashMap<Box<str>, Arc<LimitCell>, FxBuild>>,
     table: KeyTable,
     cluster: Option<ClusterLink>,
-    pub(crate) counters: Counters,
     /// `scale with warmup`: the engine's slow-start weight.
     weight: Option<Weight>,
     /// `share by consumer { ... }`: the calls of a window shared by weight.
     share: Option<share::LimitShare>,
     /// A local fixed window of calls alone (no bytes, store, share or
-    /// warm-up weight): its amount and window in milliseconds, worked out
-    /// once (issue 39: a call of such a limit goes straight to the window).
-    plain: Option<(u64, Divisor)>,
+    /// warm-up weight): its amount and window, worked out once (issue 39: a
+    /// call of such a limit goes straight to the window).
+    plain: Option<Plain>,
+    /// A local sliding window or token bucket of calls alone (as `plain`
+    /// but for its algorithm), worked out once: a call of the rule's own
+    /// counter goes straight to it (issue 39).
+    paced: Option<Paced>,
+}
+
+/// A paced limit ([`Limit::paced`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Paced {
+    /// `amount` calls per sliding window of `w_ms` milliseconds (at least
+    /// 1; `w`: its divisor).
+    Sliding { amount: u64, w_ms: u64, w: Divisor },
+    /// A token bucket: a call every `interval_ns`, at most `tolerance_ns`
+    /// ahead of now.
+    Bucket { interval_ns: u64, tolerance_ns: u64 },
+}
+
+/// A plain limit's window ([`Limit::plain`]): `amount` calls per `w_ms`
+/// milliseconds, `w_ns` nanoseconds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Plain {
+    amount: u64,
+    w_ms: u64,
+    w_ns: Divisor,
 }
 
 fn pack(window: u64, count: u64) -> u64 {
@@ -281,8 +309,9 @@ impl Limit {
             weight: spec_scales.then(|| weight.clone()),
             share,
             plain: None,
+            paced: None,
         };
-        limit.plain = limit.plain_window();
+        limit.set_plain();
         limit
     }
 
@@ -358,10 +387,10 @@ impl Limit {
                 );
             }
         }
-        if let Some((amount, w)) = self.plain
+        if let Some(plain) = &self.plain
             && crit != Class::Sheddable
         {
-            return Self::plain_calls(cell, amount, w, now_ms);
+            return Self::plain_calls(cell, plain, now.ns().saturating_sub(self.epoch_ns));
         }
         if let Some(link) = &self.cluster {
             self.check_shared_bytes(link, cell, now.at())?;
@@ -530,10 +559,11 @@ impl Primitive for Limit {
     #[inline(always)]
     fn try_acquire(&self, scope: Option<&CellRef>, now: Now, start: Now) -> Answer {
         if scope.is_none()
-            && let Some((amount, w)) = &self.plain
+            && let Some(plain) = &self.plain
             && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
         {
-            return match Self::plain_calls(&self.single, *amount, *w, self.now_ms(now)) {
+            let since_ns = now.ns().saturating_sub(self.epoch_ns);
+            return match Self::plain_calls(&self.single, plain, since_ns) {
                 // A plain limit counts no bytes: its grant is the default.
                 Ok(()) => Answer::Granted(Grant::default()),
                 Err(e) => self.refused(&self.single, e, now, start),
@@ -751,8 +781,51 @@ mod tests {
         let (mut l, _) = limit(Some(amount), None, None);
         l.spec.algorithm = algorithm;
         l.spec.calls = Some(RateSpec { amount, window });
-        l.plain = l.plain_window();
+        l.set_plain();
         l
+    }
+
+    /// A plain limit (its window's number from the nanoseconds, issue 39)
+    /// and a paced one (straight to its algorithm) admit and refuse, with
+    /// the same `Retry-After`, as the limit counted the general way does,
+    /// at any time of its windows.
+    #[tokio::test(start_paused = true)]
+    async fn a_plain_or_paced_limit_decides_as_the_general_way() {
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket { burst: 2 },
+        ] {
+            for window in [
+                Duration::from_millis(1),
+                Duration::from_millis(7),
+                Duration::from_secs(1),
+                Duration::from_millis(1500),
+            ] {
+                let plain = limit_with(algorithm, 3, window);
+                let fixed = algorithm == Algorithm::FixedWindow;
+                assert_eq!(plain.plain.is_some(), fixed);
+                assert_eq!(plain.paced.is_some(), !fixed);
+                let mut general = limit_with(algorithm, 3, window);
+                general.plain = None;
+                general.paced = None;
+                let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+                for i in 0..3_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let now = Now::read();
+                    let at = |l: &Limit| match Primitive::try_acquire(l, None, now, now) {
+                        Answer::Granted(grant) => Ok(grant),
+                        Answer::Refused(reason, retry) => Err((reason, retry)),
+                        Answer::Wait(d) => panic!("a plain limit waits {d:?}"),
+                    };
+                    let got = at(&plain);
+                    assert_eq!(got, at(&general), "{algorithm:?} {window:?}, call {i}");
+                    tokio::time::advance(Duration::from_nanos(x % 400_000_000)).await;
+                }
+            }
+        }
     }
 
     /// At `MAX_KEYS` keys a new key evicts the idle keys that are not
@@ -1727,7 +1800,7 @@ mod tests {
 
             let (mut plain, _rx) = limit(Some(30), None, None);
             plain.spec.algorithm = algorithm;
-            plain.plain = plain.plain_window();
+            plain.set_plain();
             let got = run(&plain, 3, 0).await;
             assert!(got[2][1] <= 2, "{algorithm:?} without a share: {got:?}");
         }

@@ -187,11 +187,15 @@ impl Budget {
 
 /// The state of one retry rule.
 #[derive(Debug)]
+// `counters` first and one alignment for every primitive: at the same
+// offset of each (`state::tests`, issue 39), so `State::counters` reads
+// them without a match on the kind.
+#[repr(C, align(64))]
 pub(crate) struct Retry {
+    pub(crate) counters: Counters,
     pub(crate) spec: RetrySpec,
     name: Arc<str>,
     budget: Budget,
-    counters: Counters,
     /// Retries sent.
     retries: AtomicU64,
     /// Retries the budget refused.

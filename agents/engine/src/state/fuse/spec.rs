@@ -103,6 +103,34 @@ impl Classifier {
         code < 640 && self.statuses[usize::from(code / 64)] & (1 << (code % 64)) != 0
     }
 
+    /// Whether a call that ended with `outcome` is in this class.
+    #[inline]
+    pub(crate) fn has(&self, outcome: crate::outcome::Outcome) -> bool {
+        use crate::outcome::Outcome;
+        match outcome {
+            Outcome::Status(code) => self.has_status(code),
+            Outcome::Grpc(code) => self.has_grpc(code),
+            Outcome::ConnectFailure => self.connect_failure,
+            Outcome::Timeout => self.timeout,
+            Outcome::Reset => self.reset,
+        }
+    }
+
+    /// The outcomes of this class or of `other`.
+    pub(crate) fn or(&self, other: &Self) -> Self {
+        let mut statuses = self.statuses;
+        for (s, o) in statuses.iter_mut().zip(other.statuses) {
+            *s |= o;
+        }
+        Self {
+            statuses,
+            grpc: self.grpc | other.grpc,
+            connect_failure: self.connect_failure || other.connect_failure,
+            timeout: self.timeout || other.timeout,
+            reset: self.reset || other.reset,
+        }
+    }
+
     /// Adds the gRPC code `code`.
     pub fn add_grpc(&mut self, code: GrpcCode) {
         self.grpc |= 1 << (code as u32);

@@ -16,10 +16,9 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::time::Duration;
 
 use super::share::{Class, LimitShare, Verdict};
-use super::{Algorithm, Exceeded, Limit, LimitCell, RateSpec, ms, pack};
+use super::{Algorithm, Exceeded, Limit, LimitCell, Paced, Plain, RateSpec, ms, pack};
 use crate::clock::Now;
 use crate::cluster::sliding_wait_ms;
-use crate::divisor::Divisor;
 use crate::rejection::RejectReason;
 use crate::weight::{self, FULL_WEIGHT};
 
@@ -61,16 +60,42 @@ impl Limit {
 }
 
 impl Limit {
-    /// A call of a plain limit ([`Limit::plain`]): `amount` calls per
-    /// fixed window of `w` milliseconds.
+    /// A call of a plain limit ([`Limit::plain`]) `since_ns` nanoseconds
+    /// after its epoch: its window's number from the nanoseconds, in one
+    /// division (issue 39: the milliseconds are worked out on a refusal
+    /// alone), the number [`fixed`] works out from the milliseconds.
     #[inline(always)]
     pub(super) fn plain_calls(
         cell: &LimitCell,
-        amount: u64,
-        w: Divisor,
-        now_ms: u64,
+        plain: &Plain,
+        since_ns: u64,
     ) -> Result<(), Exceeded> {
-        fixed_in(cell, amount, w.get(), w.div(now_ms), now_ms)
+        fixed_in(cell, plain.amount, plain.w_ns.div(since_ns), || {
+            plain.w_ms - (since_ns / 1_000_000) % plain.w_ms
+        })
+    }
+
+    /// A call of a paced limit ([`Limit::paced`]) `since_ns` nanoseconds
+    /// after its epoch: as [`Limit::local_calls`] counts it without a
+    /// warm-up weight (`since_ns` whole ms are its `now_ms`), with the
+    /// window's divisor, or the bucket's interval and tolerance, worked out
+    /// once (issue 39).
+    pub(super) fn paced_calls(
+        cell: &LimitCell,
+        paced: &Paced,
+        since_ns: u64,
+    ) -> Result<(), Exceeded> {
+        match *paced {
+            Paced::Sliding { amount, w_ms, w } => {
+                let now_ms = since_ns / 1_000_000;
+                let number = w.div(now_ms);
+                sliding_in(cell, amount, w_ms, number, now_ms - number * w_ms)
+            }
+            Paced::Bucket {
+                interval_ns,
+                tolerance_ns,
+            } => bucket_in(cell, interval_ns, tolerance_ns, since_ns),
+        }
     }
 
     /// The calls rate and a token bucket's burst now: under `scale with
@@ -194,18 +219,17 @@ fn over(wait_ms: u64) -> Exceeded {
 #[inline]
 fn fixed(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
     let w = ms(rate.window).max(1);
-    fixed_in(cell, rate.amount, w, now_ms / w, now_ms)
+    fixed_in(cell, rate.amount, now_ms / w, || w - now_ms % w)
 }
 
-/// [`fixed`] of `amount` calls per window of `w` milliseconds (at least
-/// 1), `now_ms` in window `number` (`now_ms / w`).
+/// [`fixed`] of `amount` calls per window, now in window `number`;
+/// `left_ms`: the milliseconds left of it, asked on a refusal.
 #[inline]
 fn fixed_in(
     cell: &LimitCell,
     amount: u64,
-    w: u64,
     number: u64,
-    now_ms: u64,
+    left_ms: impl FnOnce() -> u64,
 ) -> Result<(), Exceeded> {
     let window = number & 0xffff_ffff;
     let mut current = cell.calls.load(Relaxed);
@@ -216,7 +240,7 @@ fn fixed_in(
             0
         };
         if count >= amount {
-            return Err(over(w - now_ms % w));
+            return Err(over(left_ms()));
         }
         match cell
             .calls
@@ -230,10 +254,21 @@ fn fixed_in(
 
 fn sliding(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
     let w = ms(rate.window).max(1);
-    let number = now_ms / w;
+    sliding_in(cell, rate.amount, w, now_ms / w, now_ms % w)
+}
+
+/// [`sliding`] of `amount` calls per window of `w` milliseconds (at least
+/// 1), now `elapsed` ms into window `number`.
+#[inline]
+fn sliding_in(
+    cell: &LimitCell,
+    amount: u64,
+    w: u64,
+    number: u64,
+    elapsed: u64,
+) -> Result<(), Exceeded> {
     let window = number & 0xffff_ffff;
     let before = number.wrapping_sub(1) & 0xffff_ffff;
-    let elapsed = now_ms % w;
     let mut current = cell.calls.load(Acquire);
     loop {
         let (count, previous, rolls) = if current >> 32 == window {
@@ -252,14 +287,8 @@ fn sliding(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceede
         // previous * (w - elapsed) / w + count < amount, in integers.
         let weighted =
             u128::from(previous) * u128::from(w - elapsed) + u128::from(count) * u128::from(w);
-        if weighted >= u128::from(rate.amount) * u128::from(w) {
-            return Err(over(sliding_wait_ms(
-                rate.amount,
-                w,
-                elapsed,
-                previous,
-                count,
-            )));
+        if weighted >= u128::from(amount) * u128::from(w) {
+            return Err(over(sliding_wait_ms(amount, w, elapsed, previous, count)));
         }
         if rolls {
             // Published before the roll: a call that sees the new window
@@ -341,8 +370,12 @@ fn keep_previous(cell: &LimitCell, before: u64, count: u64) {
 }
 
 fn bucket(cell: &LimitCell, rate: &RateSpec, burst: u64, now_ns: u64) -> Result<(), Exceeded> {
-    let interval = interval_ns(rate);
-    let tolerance = tolerance_ns(rate, burst);
+    bucket_in(cell, interval_ns(rate), tolerance_ns(rate, burst), now_ns)
+}
+
+/// [`bucket`] of a call every `interval` ns, at most `tolerance` ns ahead.
+#[inline]
+fn bucket_in(cell: &LimitCell, interval: u64, tolerance: u64, now_ns: u64) -> Result<(), Exceeded> {
     let mut current = cell.calls.load(Relaxed);
     loop {
         let tat = current.max(now_ns);

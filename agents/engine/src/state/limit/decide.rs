@@ -4,15 +4,33 @@
 
 use std::time::Duration;
 
-use super::{Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, ms, scope_ref};
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::{
+    Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, NOT_ENGAGED, Paced, Plain, ms,
+    scope_ref,
+};
 use crate::clock::Now;
 use crate::divisor::Divisor;
 use crate::primitive::Answer;
+use crate::state::limit::algo::{interval_ns, tolerance_ns};
 
 impl Limit {
     /// [`Primitive::try_acquire`](crate::primitive::Primitive::try_acquire) of any scope and set-up.
     #[inline(never)]
     pub(super) fn try_acquire_any(&self, scope: Option<&CellRef>, now: Now, start: Now) -> Answer {
+        if scope.is_none()
+            && let Some(paced) = &self.paced
+            && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
+        {
+            // As `try_admit` would go after its latch test: a paced limit
+            // counts no bytes, its grant is the default.
+            let since_ns = now.ns().saturating_sub(self.epoch_ns);
+            return match Self::paced_calls(&self.single, paced, since_ns) {
+                Ok(()) => Answer::Granted(crate::primitive::Grant::default()),
+                Err(e) => self.refused(&self.single, e, now, start),
+            };
+        }
         if let Some(CellRef::Full) = scope {
             return self.no_room(now.at());
         }
@@ -43,16 +61,48 @@ impl Limit {
         }
     }
 
+    /// Sets [`Limit::plain`] and [`Limit::paced`] by this limit's spec and
+    /// set-up.
+    pub(super) fn set_plain(&mut self) {
+        self.plain = self.plain_window();
+        self.paced = match (&self.spec.calls, self.spec.algorithm) {
+            (Some(rate), Algorithm::SlidingWindow) if self.alone() => {
+                let w_ms = ms(rate.window).max(1);
+                Some(Paced::Sliding {
+                    amount: rate.amount,
+                    w_ms,
+                    w: Divisor::new(w_ms),
+                })
+            }
+            (Some(rate), Algorithm::TokenBucket { burst }) if self.alone() => Some(Paced::Bucket {
+                interval_ns: interval_ns(rate),
+                tolerance_ns: tolerance_ns(rate, burst),
+            }),
+            _ => None,
+        };
+    }
+
+    /// Calls are counted here alone: no store, no bytes, no share, no
+    /// warm-up weight.
+    fn alone(&self) -> bool {
+        self.cluster.is_none()
+            && self.spec.bytes.is_none()
+            && self.share.is_none()
+            && self.weight.is_none()
+    }
+
     /// [`Limit::plain`] of this limit's spec and set-up.
-    pub(super) fn plain_window(&self) -> Option<(u64, Divisor)> {
+    fn plain_window(&self) -> Option<Plain> {
         match (&self.spec.calls, self.spec.algorithm) {
-            (Some(rate), Algorithm::FixedWindow)
-                if self.cluster.is_none()
-                    && self.spec.bytes.is_none()
-                    && self.share.is_none()
-                    && self.weight.is_none() =>
-            {
-                Some((rate.amount, Divisor::new(ms(rate.window))))
+            (Some(rate), Algorithm::FixedWindow) if self.alone() => {
+                let w_ms = ms(rate.window).max(1);
+                // A window of 584 years or more is not plain.
+                let w_ns = w_ms.checked_mul(1_000_000)?;
+                Some(Plain {
+                    amount: rate.amount,
+                    w_ms,
+                    w_ns: Divisor::new(w_ns),
+                })
             }
             _ => None,
         }
