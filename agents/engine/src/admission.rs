@@ -255,7 +255,7 @@ impl Admission {
     /// Records the outcome and ends the call (releases its permits).
     #[inline]
     pub fn finish(mut self, outcome: Outcome) {
-        if let Some(call) = &mut self.0 {
+        if let Some(call) = self.0.take() {
             call.finish(outcome);
         }
     }

@@ -256,6 +256,13 @@ impl Call {
     pub(super) fn end_and_give(mut self: Box<Self>) {
         // Takes the trace.
         self.ended();
+        self.give();
+    }
+
+    /// Puts the box of an ended call on this thread's free list, blank
+    /// (freed when the list is full).
+    #[inline]
+    fn give(mut self: Box<Self>) {
         self.snap = None;
         self.held.clear();
         if self.keyed.is_some() {
@@ -531,18 +538,21 @@ impl Call {
         }
     }
 
-    /// Records the outcome and gives back what the call holds, in one
-    /// pass over its holds ([`Admission::finish`](super::Admission::finish),
-    /// issue 39): the end of the call that follows has none left to visit.
+    /// Records the outcome, gives back what the call holds in the same
+    /// pass over its holds, and gives its box back
+    /// ([`Admission::finish`](super::Admission::finish), issue 39: a call
+    /// finished holds nothing and is observed by nothing, so nothing is
+    /// left for [`Call::end_and_give`] to do).
     #[inline]
-    pub(super) fn finish(&mut self, outcome: Outcome) {
+    pub(super) fn finish(mut self: Box<Self>, outcome: Outcome) {
         if self.recorded || self.trace.is_some() {
             self.record(outcome);
+            self.end_and_give();
             return;
         }
         self.recorded = true;
         self.record_outcome_and(outcome, true);
-        self.held.clear();
+        self.give();
     }
 
     #[inline]
@@ -623,8 +633,8 @@ impl Call {
         }
     }
 
-    /// The end of a governed or observed call. A call `finish`ed holds
-    /// nothing by now, and was observed by nothing: it does nothing here.
+    /// The end of a governed or observed call (a call `finish`ed without
+    /// an observer never comes here: its record pass gave everything back).
     #[inline(always)]
     fn ended(&mut self) {
         if self.snap.is_some() && !self.held.is_empty() {
@@ -837,6 +847,38 @@ rules:
             let one = &stats.rules[0];
             assert_eq!((one.admitted, one.in_flight), (3, 0));
             assert_eq!(one.latency.iter().sum::<u64>(), 3);
+        });
+    }
+
+    /// A call recorded or observed before `finish` is ended the general
+    /// way: told once, counted once, its permit given back, its box blank.
+    #[test]
+    fn a_recorded_or_observed_call_finishes_once() {
+        on_a_thread(|| {
+            let e = engine();
+            let told = Arc::new(AtomicUsize::new(0));
+            for observed in [false, true] {
+                let Some(mut a) = decide(&e, "/one") else {
+                    panic!("the permit was not given back");
+                };
+                if observed {
+                    let seen = told.clone();
+                    a.on_end(move |end| {
+                        assert_eq!(end.outcome, Some(Outcome::Status(500)));
+                        seen.fetch_add(1, Ordering::Relaxed);
+                    });
+                } else {
+                    a.record(Outcome::Status(200));
+                }
+                a.finish(Outcome::Status(500));
+                assert!(head_blank());
+            }
+            assert_eq!(told.load(Ordering::Relaxed), 1);
+            assert!(decide(&e, "/one").is_some(), "the permit came back");
+            let stats = e.stats();
+            let one = &stats.rules[0];
+            assert_eq!((one.admitted, one.in_flight), (3, 0));
+            assert_eq!(one.latency.iter().sum::<u64>(), 2);
         });
     }
 
