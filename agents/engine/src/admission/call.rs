@@ -41,9 +41,10 @@ pub(crate) enum StepError {
     Wait(Step),
 }
 
-/// What an admission holds of one rule until it ends, in 8 bytes (issue
-/// 39: a hold is written by one step and read by three passes). Copied
-/// whole: a keyed scope (an `Arc`) is kept aside in [`Call::keyed`].
+/// What an admission holds of one rule that granted it until it ends, in
+/// 8 bytes (issue 39: a hold is written by one step and read by three
+/// passes). Copied whole: a keyed scope (an `Arc`) is kept aside in
+/// [`Call::keyed`].
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Held {
     pub(super) rule: u32,
@@ -51,9 +52,6 @@ pub(super) struct Held {
     bits: u8,
     /// The grant's share class.
     share_class: Option<u8>,
-    /// A rule in mode shadow that would have refused the call, and why: it
-    /// holds nothing, and the call is not counted or recorded by it.
-    refused: Option<RejectReason>,
 }
 
 /// The grant is a half-open fuse's probe ([`Grant::probe`]).
@@ -78,14 +76,7 @@ impl Held {
                 | bit(keyed, KEYED)
                 | bit(gives_back || grant.probe, GIVES_BACK),
             share_class: grant.share_class,
-            refused: None,
         }
-    }
-
-    /// Whether the rule granted the call (and so counts and records it).
-    #[inline]
-    pub(super) fn granted(&self) -> bool {
-        self.refused.is_none()
     }
 
     /// What the rule granted (a system error is the call's, not kept here).
@@ -155,16 +146,23 @@ impl std::fmt::Debug for Trace {
     }
 }
 
-/// A governed or observed call. Blank (no snapshot, nothing held, no
-/// trace, no waits) while it is on a free list.
+/// A governed or observed call. Blank (no snapshot, nothing held or
+/// refused, no trace, no waits) while it is on a free list.
 #[derive(Debug)]
 pub(crate) struct Call {
     /// `None` when no rule matched: nothing to hold or record.
     pub(crate) snap: Option<Arc<Snapshot>>,
-    /// A `Vec`, not a `SmallVec`: a box from the free list keeps its
-    /// capacity (no allocation in steady state), and pushes and walks skip
-    /// the inline-or-spilled test.
+    /// The rules that granted the call, in decision order. A `Vec`, not a
+    /// `SmallVec`: a box from the free list keeps its capacity (no
+    /// allocation in steady state), and pushes and walks skip the
+    /// inline-or-spilled test.
     pub(super) held: Vec<Held>,
+    /// The rules in mode shadow that would have refused the call, and why,
+    /// in decision order: they hold nothing, and do not count or record the
+    /// call (issue 39: apart, so that no pass over `held` tests a hold).
+    /// Room for two is made with the box (a decision that meets a shadow
+    /// refusal then allocates nothing); a box keeps what it grew.
+    pub(super) refused: Vec<(u32, RejectReason)>,
     /// The keyed scopes of `held` (consumers, instances), by rule; `None`
     /// (no drop to run) until a rule keys the call.
     pub(super) keyed: Option<SmallVec<[(u32, Scope); 1]>>,
@@ -233,6 +231,7 @@ impl Call {
             None => Box::new(Self {
                 snap: None,
                 held: Vec::new(),
+                refused: Vec::with_capacity(2),
                 keyed: None,
                 start,
                 timeout: None,
@@ -265,6 +264,7 @@ impl Call {
     fn give(mut self: Box<Self>) {
         self.snap = None;
         self.held.clear();
+        self.refused.clear();
         if self.keyed.is_some() {
             self.keyed = None;
         }
@@ -302,7 +302,7 @@ impl Call {
 
     /// Runs one step of a decision on `snap` without waiting. A shadow
     /// rule's step always passes: what it would refuse (or make wait) is
-    /// counted and kept in `held` as refused, and it holds nothing then.
+    /// counted and kept in `refused`, and it holds nothing then.
     #[inline]
     pub(crate) fn step_now(
         &mut self,
@@ -382,12 +382,7 @@ impl Call {
     #[cold]
     fn shadow(&mut self, snap: &Snapshot, rule: u32, reason: RejectReason) {
         snap.shadow_reject(rule, reason);
-        self.held.push(Held {
-            rule,
-            bits: 0,
-            share_class: None,
-            refused: Some(reason),
-        });
+        self.refused.push((rule, reason));
     }
 
     /// Counts the rejection of this call by `rule` and builds it, with the
@@ -400,7 +395,7 @@ impl Call {
         retry: Option<Duration>,
     ) -> Rejection {
         let mut r = snap.reject(rule, reason, retry);
-        if snap.any_shadow && self.held.iter().any(|h| !h.granted()) {
+        if !self.refused.is_empty() {
             r.would_reject = self.would_reject_on(snap).collect();
         }
         r
@@ -441,7 +436,7 @@ impl Call {
     pub(crate) fn complete(&mut self, slot: Slot) {
         self.admitted = true;
         if let Some(snap) = &self.snap {
-            for h in self.held.iter().filter(|h| h.granted()) {
+            for h in &self.held {
                 snap.states[h.rule as usize].counters().admit(slot);
             }
         }
@@ -455,10 +450,10 @@ impl Call {
         &'a self,
         snap: &'a Snapshot,
     ) -> impl Iterator<Item = WouldReject> + 'a {
-        self.held.iter().filter_map(|h| {
+        self.refused.iter().filter_map(|&(rule, reason)| {
             Some(WouldReject {
-                rule: snap.config.rules.get(h.rule as usize)?.name.clone(),
-                reason: h.refused?,
+                rule: snap.config.rules.get(rule as usize)?.name.clone(),
+                reason,
             })
         })
     }
@@ -466,24 +461,31 @@ impl Call {
     /// The rules to name to the upstream in `gov-would-reject-by`.
     pub(super) fn stamps(&self) -> impl Iterator<Item = &str> + '_ {
         let rules = self.snap.as_deref().map(|s| &s.config.rules[..]);
-        self.held
-            .iter()
-            .filter(|h| !h.granted())
-            .filter_map(move |h| {
-                let rule = rules?.get(h.rule as usize)?;
-                (rule.mode == Mode::Shadow { stamp: true }).then_some(&*rule.name)
-            })
+        self.refused.iter().filter_map(move |&(rule, _)| {
+            let rule = rules?.get(rule as usize)?;
+            (rule.mode == Mode::Shadow { stamp: true }).then_some(&*rule.name)
+        })
     }
 
     /// The rules that admitted this call, each with how long it waited.
+    /// Those that granted it and the shadow rules that would have refused
+    /// it, merged back into decision order (phase, then rule id).
     pub(super) fn rules(&self) -> impl Iterator<Item = (&Arc<str>, Option<Duration>)> {
         let snap = self.snap.as_deref();
-        self.held.iter().filter_map(move |h| {
-            let rule = &snap?.config.rules.get(h.rule as usize)?.name;
-            let wait = self
-                .waits
-                .iter()
-                .find_map(|&(r, d)| (r == h.rule).then_some(d));
+        let order = move |rule: u32| {
+            let phase = snap.and_then(|s| s.config.metas.get(rule as usize));
+            (phase.map(|m| m.phase), rule)
+        };
+        let mut held = self.held.iter().map(|h| h.rule).peekable();
+        let mut refused = self.refused.iter().map(|&(rule, _)| rule).peekable();
+        let merged = std::iter::from_fn(move || match (held.peek(), refused.peek()) {
+            (Some(&h), Some(&r)) if order(r) < order(h) => refused.next(),
+            (Some(_), _) => held.next(),
+            (None, _) => refused.next(),
+        });
+        merged.filter_map(move |id| {
+            let rule = &snap?.config.rules.get(id as usize)?.name;
+            let wait = self.waits.iter().find_map(|&(r, d)| (r == id).then_some(d));
             Some((rule, wait))
         })
     }
@@ -493,7 +495,7 @@ impl Call {
         let snap = self.snap.as_deref()?;
         self.held
             .iter()
-            .filter(|h| h.granted() && !snap.is_shadow(h.rule))
+            .filter(|h| !snap.is_shadow(h.rule))
             .find_map(|h| snap.states[h.rule as usize].retry())
     }
 
@@ -571,7 +573,7 @@ impl Call {
         let now = Now::read();
         let elapsed = self.start.map_or(0, |s| now.nanos_since(s));
         let latency = Latency::of_nanos(elapsed);
-        for h in self.held.iter_mut().filter(|h| h.granted()) {
+        for h in &mut self.held {
             let grant = Grant {
                 system_error: self.system_error,
                 ..h.grant()
@@ -619,7 +621,7 @@ impl Call {
         // A recorded call ended in a latency bucket; count the others here.
         if self.admitted && !self.recorded {
             let slot = stripe::current();
-            for h in self.held.iter().filter(|h| h.granted()) {
+            for h in &self.held {
                 let state = &snap.states[h.rule as usize];
                 state.counters().end(slot);
                 state.release(self.scope(h), h.grant());
@@ -628,7 +630,7 @@ impl Call {
         }
         // A recorded call (the proxy's path: recorded at the head, dropped
         // when the body ends) visits only the holds that give back.
-        for h in self.held.iter().filter(|h| h.granted() && h.gives_back()) {
+        for h in self.held.iter().filter(|h| h.gives_back()) {
             snap.states[h.rule as usize].release(self.scope(h), h.grant());
         }
     }
@@ -677,10 +679,7 @@ fn scope_in<'a>(keyed: &'a Option<SmallVec<[(u32, Scope); 1]>>, h: &Held) -> Opt
 /// outlived it as the timeouts it would have cut off.
 #[cold]
 fn shadow_timeouts(snap: &Snapshot, held: &[Held], elapsed: Duration) {
-    for h in held
-        .iter()
-        .filter(|h| h.granted() && snap.is_shadow(h.rule))
-    {
+    for h in held.iter().filter(|h| snap.is_shadow(h.rule)) {
         if snap.states[h.rule as usize]
             .timeout()
             .is_some_and(|t| elapsed > t)
@@ -716,6 +715,7 @@ mod tests {
             let blank = head.as_ref().is_some_and(|c| {
                 c.snap.is_none()
                     && c.held.is_empty()
+                    && c.refused.is_empty()
                     && c.keyed.is_none()
                     && c.trace.is_none()
                     && c.waits.is_empty()
@@ -769,7 +769,7 @@ rules:
         };
         let mut h = Held::new(7, grant, true, false);
         assert_eq!((h.rule, h.grant()), (7, grant));
-        assert!(h.keyed() && h.bytes() && h.gives_back() && h.granted());
+        assert!(h.keyed() && h.bytes() && h.gives_back());
         h.reported();
         assert!(!h.grant().probe && h.gives_back());
         let plain = Held::new(1, Grant::default(), false, false);
@@ -879,6 +879,71 @@ rules:
             let one = &stats.rules[0];
             assert_eq!((one.admitted, one.in_flight), (3, 0));
             assert_eq!(one.latency.iter().sum::<u64>(), 2);
+        });
+    }
+
+    /// A shadow rule's would-be refusal is kept apart from the holds: the
+    /// call lists every matched rule in decision order (phase, then id),
+    /// and the shadow rule neither counts nor records it.
+    #[test]
+    fn a_shadow_refusal_is_listed_in_decision_order_and_holds_nothing() {
+        on_a_thread(|| {
+            let e = Engine::empty("order");
+            let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+                r#"
+service: order
+rules:
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  bulkhead: {max_concurrent: 10}
+- name: order/shadow_rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  mode: MODE_SHADOW
+  limit: {calls: {amount: 1, window_ms: 60000}}
+- name: order/fuse
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_SYSTEM_ERRORS, op: COMPARE_OP_GE, count: 10, window_ms: 10000}
+- name: order/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+"#,
+            )
+            .expect("the test config parses");
+            gov_proto::compiled::fill(&mut target);
+            assert!(e.apply_target(&target).is_ok());
+            let order = [
+                "order/fuse",
+                "order/shadow_rate",
+                "order/rate",
+                "order/pool",
+            ];
+            let names =
+                |a: &Admission| -> Vec<String> { a.rules().map(|(r, _)| r.to_string()).collect() };
+            let Some(first) = decide(&e, "/one") else {
+                panic!("not admitted");
+            };
+            assert_eq!(names(&first), order);
+            assert_eq!(first.would_reject().count(), 0);
+            first.finish(Outcome::Status(200));
+            let Some(second) = decide(&e, "/one") else {
+                panic!("a shadow rule refused");
+            };
+            assert_eq!(names(&second), order);
+            let would: Vec<_> = second.would_reject().map(|w| w.rule).collect();
+            assert_eq!(would, [Arc::from("order/shadow_rate")]);
+            second.finish(Outcome::Status(200));
+            assert!(head_blank());
+            let stats = e.stats();
+            let counted = |rule: &str| {
+                let s = stats.rules.iter().find(|s| &*s.rule == rule);
+                s.map(|s| (s.admitted, s.latency.iter().sum::<u64>(), s.in_flight))
+            };
+            assert_eq!(counted("order/shadow_rate"), Some((1, 1, 0)));
+            for rule in ["order/fuse", "order/rate", "order/pool"] {
+                assert_eq!(counted(rule), Some((2, 2, 0)), "{rule}");
+            }
         });
     }
 
