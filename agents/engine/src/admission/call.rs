@@ -436,8 +436,10 @@ impl Call {
     pub(crate) fn complete(&mut self, slot: Slot) {
         self.admitted = true;
         if let Some(snap) = &self.snap {
+            // Read once, not after each count (issue 39).
+            let states = &snap.states[..];
             for h in &self.held {
-                snap.states[h.rule as usize].counters().admit(slot);
+                states[h.rule as usize].counters().admit(slot);
             }
         }
     }
@@ -573,12 +575,13 @@ impl Call {
         let now = Now::read();
         let elapsed = self.start.map_or(0, |s| now.nanos_since(s));
         let latency = Latency::of_nanos(elapsed);
+        let states = &snap.states[..];
         for h in &mut self.held {
             let grant = Grant {
                 system_error: self.system_error,
                 ..h.grant()
             };
-            let state = &snap.states[h.rule as usize];
+            let state = &states[h.rule as usize];
             state.count_and_record(slot, latency, outcome, grant, now, elapsed);
             // A probe has reported: it is not given back (here, or when the
             // call is dropped later).
