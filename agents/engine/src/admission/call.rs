@@ -21,7 +21,7 @@ use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant};
 use crate::rejection::{RejectReason, Rejection, WouldReject};
 use crate::snapshot::Snapshot;
-use crate::state::Scope;
+use crate::state::{Scope, State};
 use crate::stats::Latency;
 use crate::stripe::{self, Slot};
 
@@ -274,7 +274,10 @@ impl Call {
             let kept = head.as_ref().map_or(0, |h| h.kept);
             if kept < KEPT {
                 self.kept = kept + 1;
-                self.next = head;
+                // A box in use has no next (`take` took it): nothing to drop
+                // (issue 39: not even the test of it).
+                debug_assert!(self.next.is_none());
+                std::mem::forget(std::mem::replace(&mut self.next, head));
                 f.set(Some(self));
             } else {
                 // Full: this box is freed.
@@ -328,10 +331,11 @@ impl Call {
     pub(crate) fn step_own(
         &mut self,
         snap: &Snapshot,
+        states: &[State],
         rule: u32,
         now: Now,
     ) -> Result<(), StepError> {
-        snap.states[rule as usize].try_acquire_own(now, |answer| match answer {
+        states[rule as usize].try_acquire_own(now, |answer| match answer {
             Ok((grant, gives_back)) => {
                 self.has_bytes |= grant.bytes;
                 self.held.push(Held::new(rule, grant, false, gives_back));
@@ -947,6 +951,33 @@ rules:
             for rule in ["order/fuse", "order/rate", "order/pool"] {
                 assert_eq!(counted(rule), Some((2, 2, 0)), "{rule}");
             }
+        });
+    }
+
+    /// A box taken from the free list is blank and linked to nothing: a
+    /// decision and the give-back rely on it (they drop no snapshot or next
+    /// box they find there).
+    #[test]
+    fn a_taken_box_is_blank_and_unlinked() {
+        on_a_thread(|| {
+            let e = engine();
+            let governed = decide(&e, "/one");
+            let observed: Vec<Admission> = (0..2)
+                .map(|_| {
+                    let mut a = Admission::unmatched();
+                    a.set_caller_deadline(Some(Instant::now()));
+                    a
+                })
+                .collect();
+            drop((governed, observed));
+            assert_eq!(free_len(), 3);
+            let taken: Vec<_> = (0..3).map(|_| Call::take(None)).collect();
+            assert_eq!(free_len(), 0);
+            for call in taken {
+                assert!(call.next.is_none() && call.snap.is_none() && call.held.is_empty());
+                call.give();
+            }
+            assert_eq!(free_len(), 3);
         });
     }
 
