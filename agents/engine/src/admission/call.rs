@@ -676,10 +676,17 @@ fn scope_in<'a>(keyed: &'a Option<SmallVec<[(u32, Scope); 1]>>, h: &Held) -> Opt
     if !h.keyed() {
         return None;
     }
+    keyed_scope(keyed, h.rule)
+}
+
+/// The keyed scope in `keyed` of `rule`. Out of line (issue 39: inline, a
+/// pass over the holds read `keyed` before its first hold, keyed or not).
+#[inline(never)]
+fn keyed_scope(keyed: &Option<SmallVec<[(u32, Scope); 1]>>, rule: u32) -> Option<&Scope> {
     keyed
         .iter()
         .flatten()
-        .find_map(|(rule, scope)| (*rule == h.rule).then_some(scope))
+        .find_map(|(r, scope)| (*r == rule).then_some(scope))
 }
 
 /// A shadow rule's deadline is not enforced: counts the calls that
