@@ -25,6 +25,8 @@ use crate::state::{Scope, State};
 use crate::stats::Latency;
 use crate::stripe::{self, Slot};
 
+use super::held::Held;
+
 /// One step of a decision: a matched rule and the scope (key) of this call.
 #[derive(Debug)]
 pub(crate) struct Step {
@@ -39,80 +41,6 @@ pub(crate) enum StepError {
     Rejected(Rejection),
     /// The step may pass after waiting.
     Wait(Step),
-}
-
-/// What an admission holds of one rule that granted it until it ends, in
-/// 8 bytes (issue 39: a hold is written by one step and read by three
-/// passes). Copied whole: a keyed scope (an `Arc`) is kept aside in
-/// [`Call::keyed`].
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Held {
-    pub(super) rule: u32,
-    /// [`PROBE`], [`BYTES`], [`KEYED`], [`GIVES_BACK`].
-    bits: u8,
-    /// The grant's share class.
-    share_class: Option<u8>,
-}
-
-/// The grant is a half-open fuse's probe ([`Grant::probe`]).
-const PROBE: u8 = 1;
-/// The rule counts the call's bytes ([`Grant::bytes`]).
-const BYTES: u8 = 2;
-/// The scope is in `Call::keyed`, else the rule's own.
-const KEYED: u8 = 4;
-/// The rule has something to give back when the call ends (a bulkhead
-/// permit, a fuse's probe): the end of the call visits only these.
-const GIVES_BACK: u8 = 8;
-
-impl Held {
-    /// The hold of `grant` by `rule`.
-    #[inline]
-    fn new(rule: u32, grant: Grant, keyed: bool, gives_back: bool) -> Self {
-        let bit = |on: bool, bit: u8| if on { bit } else { 0 };
-        Self {
-            rule,
-            bits: bit(grant.probe, PROBE)
-                | bit(grant.bytes, BYTES)
-                | bit(keyed, KEYED)
-                | bit(gives_back || grant.probe, GIVES_BACK),
-            share_class: grant.share_class,
-        }
-    }
-
-    /// What the rule granted (a system error is the call's, not kept here).
-    #[inline]
-    pub(super) fn grant(&self) -> Grant {
-        Grant {
-            probe: self.bits & PROBE != 0,
-            bytes: self.bytes(),
-            system_error: false,
-            share_class: self.share_class,
-        }
-    }
-
-    /// Whether the rule counts the call's bytes.
-    #[inline]
-    pub(super) fn bytes(&self) -> bool {
-        self.bits & BYTES != 0
-    }
-
-    /// Whether the scope is a keyed one, in `Call::keyed`.
-    #[inline]
-    pub(super) fn keyed(&self) -> bool {
-        self.bits & KEYED != 0
-    }
-
-    /// Whether the end of the call visits the rule.
-    #[inline]
-    fn gives_back(&self) -> bool {
-        self.bits & GIVES_BACK != 0
-    }
-
-    /// A probe has reported: dropping must not give it back.
-    #[inline]
-    fn reported(&mut self) {
-        self.bits &= !PROBE;
-    }
 }
 
 /// How an admitted call ended, for [`Admission::on_end`](super::Admission::on_end).
@@ -166,8 +94,10 @@ pub(crate) struct Call {
     /// The keyed scopes of `held` (consumers, instances), by rule; `None`
     /// (no drop to run) until a rule keys the call.
     pub(super) keyed: Option<SmallVec<[(u32, Scope); 1]>>,
-    /// When the decision began (`None` when no rule matched: no clock read).
-    start: Option<Now>,
+    /// When the decision began. Read only for a call a rule matched (with
+    /// `snap`): a box taken for another keeps its last (issue 39: a plain
+    /// word, not an `Option` tested by every record).
+    start: Now,
     /// The rule with the shortest matched timeout.
     pub(crate) timeout: Option<u32>,
     /// The caller's own deadline (`grpc-timeout`, `gov-timeout`).
@@ -218,7 +148,9 @@ impl Call {
         match free {
             Some(mut call) => {
                 // Blank but for these (`give`).
-                call.start = start;
+                if let Some(start) = start {
+                    call.start = start;
+                }
                 call.timeout = None;
                 call.caller_deadline = None;
                 call.awaits_grpc_status = false;
@@ -233,7 +165,7 @@ impl Call {
                 held: Vec::new(),
                 refused: Vec::with_capacity(2),
                 keyed: None,
-                start,
+                start: start.unwrap_or_else(Now::read),
                 timeout: None,
                 caller_deadline: None,
                 awaits_grpc_status: false,
@@ -313,7 +245,7 @@ impl Call {
         step: Step,
         now: Now,
     ) -> Result<(), StepError> {
-        let start = self.start.unwrap_or(now);
+        let start = self.start;
         let state = &snap.states[step.rule as usize];
         match state.try_acquire(&step.scope, now, start) {
             Answer::Granted(grant) => {
@@ -417,7 +349,7 @@ impl Call {
                 Err(StepError::Rejected(r)) => Err(r),
             };
         }
-        let start = self.start.map_or_else(Instant::now, Now::at);
+        let start = self.start.at();
         let state = &snap.states[step.rule as usize];
         let began = Instant::now();
         match state.acquire(&step.scope, start).await {
@@ -577,7 +509,7 @@ impl Call {
         };
         let slot = stripe::current();
         let now = Now::read();
-        let elapsed = self.start.map_or(0, |s| now.nanos_since(s));
+        let elapsed = now.nanos_since(self.start);
         let latency = Latency::of_nanos(elapsed);
         let states = &snap.states[..];
         for h in &mut self.held {
@@ -769,26 +701,6 @@ rules:
     /// Each test on a thread of its own: a free list of its own.
     fn on_a_thread(test: impl FnOnce() + Send + 'static) {
         assert!(std::thread::spawn(test).join().is_ok());
-    }
-
-    /// A hold is 8 bytes, and keeps what the rule granted.
-    #[test]
-    fn a_hold_is_one_word() {
-        assert_eq!(std::mem::size_of::<Held>(), 8);
-        let grant = Grant {
-            probe: true,
-            bytes: true,
-            system_error: false,
-            share_class: Some(3),
-        };
-        let mut h = Held::new(7, grant, true, false);
-        assert_eq!((h.rule, h.grant()), (7, grant));
-        assert!(h.keyed() && h.bytes() && h.gives_back());
-        h.reported();
-        assert!(!h.grant().probe && h.gives_back());
-        let plain = Held::new(1, Grant::default(), false, false);
-        assert!(!plain.keyed() && !plain.bytes() && !plain.gives_back());
-        assert_eq!(plain.grant(), Grant::default());
     }
 
     #[test]
@@ -986,6 +898,29 @@ rules:
             }
             assert_eq!(free_len(), 3);
         });
+    }
+
+    /// A governed call counts its latency from its own decision, also in a
+    /// box an unmatched call used since (which keeps the start it found).
+    #[tokio::test(start_paused = true)]
+    async fn a_governed_call_counts_its_latency_from_its_own_decision() {
+        let e = engine();
+        let Some(a) = decide(&e, "/one") else {
+            panic!("not admitted");
+        };
+        tokio::time::advance(Duration::from_secs(10)).await;
+        a.finish(Outcome::Status(200));
+        let mut observed = Admission::unmatched();
+        observed.set_caller_deadline(Some(Instant::now()));
+        drop(observed);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let Some(b) = decide(&e, "/one") else {
+            panic!("not admitted");
+        };
+        b.finish(Outcome::Status(200));
+        let stats = e.stats();
+        let latency = &stats.rules[0].latency;
+        assert_eq!((latency[0], latency.iter().sum::<u64>()), (1, 2));
     }
 
     #[test]
