@@ -258,7 +258,7 @@ impl Call {
 
     /// [`Call::step_now`] of a decision begun at `now`, in the rule's own
     /// scope (a rule that does not key its calls): no scope to move or
-    /// keep (issue 39).
+    /// keep (issue 39). `states`: `snap`'s, read once by the decision.
     #[inline]
     pub(crate) fn step_own(
         &mut self,
