@@ -22,6 +22,7 @@ use crate::state::Scope;
 use crate::stripe;
 
 mod call;
+mod held;
 mod meter;
 mod ratelimit;
 
@@ -255,7 +256,11 @@ impl Admission {
     /// Records the outcome and ends the call (releases its permits).
     #[inline]
     pub fn finish(mut self, outcome: Outcome) {
-        if let Some(call) = &mut self.0 {
+        let call = self.0.take();
+        // Holds nothing now: no drop to run (issue 39: not even the test of
+        // the pointer just taken).
+        std::mem::forget(self);
+        if let Some(call) = call {
             call.finish(outcome);
         }
     }

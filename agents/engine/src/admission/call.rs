@@ -21,9 +21,11 @@ use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant};
 use crate::rejection::{RejectReason, Rejection, WouldReject};
 use crate::snapshot::Snapshot;
-use crate::state::Scope;
+use crate::state::{Scope, State};
 use crate::stats::Latency;
 use crate::stripe::{self, Slot};
+
+use super::held::Held;
 
 /// One step of a decision: a matched rule and the scope (key) of this call.
 #[derive(Debug)]
@@ -39,89 +41,6 @@ pub(crate) enum StepError {
     Rejected(Rejection),
     /// The step may pass after waiting.
     Wait(Step),
-}
-
-/// What an admission holds of one rule until it ends, in 8 bytes (issue
-/// 39: a hold is written by one step and read by three passes). Copied
-/// whole: a keyed scope (an `Arc`) is kept aside in [`Call::keyed`].
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Held {
-    pub(super) rule: u32,
-    /// [`PROBE`], [`BYTES`], [`KEYED`], [`GIVES_BACK`].
-    bits: u8,
-    /// The grant's share class.
-    share_class: Option<u8>,
-    /// A rule in mode shadow that would have refused the call, and why: it
-    /// holds nothing, and the call is not counted or recorded by it.
-    refused: Option<RejectReason>,
-}
-
-/// The grant is a half-open fuse's probe ([`Grant::probe`]).
-const PROBE: u8 = 1;
-/// The rule counts the call's bytes ([`Grant::bytes`]).
-const BYTES: u8 = 2;
-/// The scope is in `Call::keyed`, else the rule's own.
-const KEYED: u8 = 4;
-/// The rule has something to give back when the call ends (a bulkhead
-/// permit, a fuse's probe): the end of the call visits only these.
-const GIVES_BACK: u8 = 8;
-
-impl Held {
-    /// The hold of `grant` by `rule`.
-    #[inline]
-    fn new(rule: u32, grant: Grant, keyed: bool, gives_back: bool) -> Self {
-        let bit = |on: bool, bit: u8| if on { bit } else { 0 };
-        Self {
-            rule,
-            bits: bit(grant.probe, PROBE)
-                | bit(grant.bytes, BYTES)
-                | bit(keyed, KEYED)
-                | bit(gives_back || grant.probe, GIVES_BACK),
-            share_class: grant.share_class,
-            refused: None,
-        }
-    }
-
-    /// Whether the rule granted the call (and so counts and records it).
-    #[inline]
-    pub(super) fn granted(&self) -> bool {
-        self.refused.is_none()
-    }
-
-    /// What the rule granted (a system error is the call's, not kept here).
-    #[inline]
-    pub(super) fn grant(&self) -> Grant {
-        Grant {
-            probe: self.bits & PROBE != 0,
-            bytes: self.bytes(),
-            system_error: false,
-            share_class: self.share_class,
-        }
-    }
-
-    /// Whether the rule counts the call's bytes.
-    #[inline]
-    pub(super) fn bytes(&self) -> bool {
-        self.bits & BYTES != 0
-    }
-
-    /// Whether the scope is a keyed one, in `Call::keyed`.
-    #[inline]
-    pub(super) fn keyed(&self) -> bool {
-        self.bits & KEYED != 0
-    }
-
-    /// Whether the end of the call visits the rule.
-    #[inline]
-    fn gives_back(&self) -> bool {
-        self.bits & GIVES_BACK != 0
-    }
-
-    /// A probe has reported: dropping must not give it back.
-    #[inline]
-    fn reported(&mut self) {
-        self.bits &= !PROBE;
-    }
 }
 
 /// How an admitted call ended, for [`Admission::on_end`](super::Admission::on_end).
@@ -155,21 +74,30 @@ impl std::fmt::Debug for Trace {
     }
 }
 
-/// A governed or observed call. Blank (no snapshot, nothing held, no
-/// trace, no waits) while it is on a free list.
+/// A governed or observed call. Blank (no snapshot, nothing held or
+/// refused, no trace, no waits) while it is on a free list.
 #[derive(Debug)]
 pub(crate) struct Call {
     /// `None` when no rule matched: nothing to hold or record.
     pub(crate) snap: Option<Arc<Snapshot>>,
-    /// A `Vec`, not a `SmallVec`: a box from the free list keeps its
-    /// capacity (no allocation in steady state), and pushes and walks skip
-    /// the inline-or-spilled test.
+    /// The rules that granted the call, in decision order. A `Vec`, not a
+    /// `SmallVec`: a box from the free list keeps its capacity (no
+    /// allocation in steady state), and pushes and walks skip the
+    /// inline-or-spilled test.
     pub(super) held: Vec<Held>,
+    /// The rules in mode shadow that would have refused the call, and why,
+    /// in decision order: they hold nothing, and do not count or record the
+    /// call (issue 39: apart, so that no pass over `held` tests a hold).
+    /// Room for two is made with the box (a decision that meets a shadow
+    /// refusal then allocates nothing); a box keeps what it grew.
+    pub(super) refused: Vec<(u32, RejectReason)>,
     /// The keyed scopes of `held` (consumers, instances), by rule; `None`
     /// (no drop to run) until a rule keys the call.
     pub(super) keyed: Option<SmallVec<[(u32, Scope); 1]>>,
-    /// When the decision began (`None` when no rule matched: no clock read).
-    start: Option<Now>,
+    /// When the decision began. Read only for a call a rule matched (with
+    /// `snap`): a box taken for another keeps its last (issue 39: a plain
+    /// word, not an `Option` tested by every record).
+    start: Now,
     /// The rule with the shortest matched timeout.
     pub(crate) timeout: Option<u32>,
     /// The caller's own deadline (`grpc-timeout`, `gov-timeout`).
@@ -220,7 +148,9 @@ impl Call {
         match free {
             Some(mut call) => {
                 // Blank but for these (`give`).
-                call.start = start;
+                if let Some(start) = start {
+                    call.start = start;
+                }
                 call.timeout = None;
                 call.caller_deadline = None;
                 call.awaits_grpc_status = false;
@@ -233,8 +163,9 @@ impl Call {
             None => Box::new(Self {
                 snap: None,
                 held: Vec::new(),
+                refused: Vec::with_capacity(2),
                 keyed: None,
-                start,
+                start: start.unwrap_or_else(Now::read),
                 timeout: None,
                 caller_deadline: None,
                 awaits_grpc_status: false,
@@ -256,8 +187,16 @@ impl Call {
     pub(super) fn end_and_give(mut self: Box<Self>) {
         // Takes the trace.
         self.ended();
+        self.give();
+    }
+
+    /// Puts the box of an ended call on this thread's free list, blank
+    /// (freed when the list is full).
+    #[inline]
+    fn give(mut self: Box<Self>) {
         self.snap = None;
         self.held.clear();
+        self.refused.clear();
         if self.keyed.is_some() {
             self.keyed = None;
         }
@@ -267,7 +206,10 @@ impl Call {
             let kept = head.as_ref().map_or(0, |h| h.kept);
             if kept < KEPT {
                 self.kept = kept + 1;
-                self.next = head;
+                // A box in use has no next (`take` took it): nothing to drop
+                // (issue 39: not even the test of it).
+                debug_assert!(self.next.is_none());
+                std::mem::forget(std::mem::replace(&mut self.next, head));
                 f.set(Some(self));
             } else {
                 // Full: this box is freed.
@@ -295,7 +237,7 @@ impl Call {
 
     /// Runs one step of a decision on `snap` without waiting. A shadow
     /// rule's step always passes: what it would refuse (or make wait) is
-    /// counted and kept in `held` as refused, and it holds nothing then.
+    /// counted and kept in `refused`, and it holds nothing then.
     #[inline]
     pub(crate) fn step_now(
         &mut self,
@@ -303,7 +245,7 @@ impl Call {
         step: Step,
         now: Now,
     ) -> Result<(), StepError> {
-        let start = self.start.unwrap_or(now);
+        let start = self.start;
         let state = &snap.states[step.rule as usize];
         match state.try_acquire(&step.scope, now, start) {
             Answer::Granted(grant) => {
@@ -316,15 +258,16 @@ impl Call {
 
     /// [`Call::step_now`] of a decision begun at `now`, in the rule's own
     /// scope (a rule that does not key its calls): no scope to move or
-    /// keep (issue 39).
+    /// keep (issue 39). `states`: `snap`'s, read once by the decision.
     #[inline]
     pub(crate) fn step_own(
         &mut self,
         snap: &Snapshot,
+        states: &[State],
         rule: u32,
         now: Now,
     ) -> Result<(), StepError> {
-        snap.states[rule as usize].try_acquire_own(now, |answer| match answer {
+        states[rule as usize].try_acquire_own(now, |answer| match answer {
             Ok((grant, gives_back)) => {
                 self.has_bytes |= grant.bytes;
                 self.held.push(Held::new(rule, grant, false, gives_back));
@@ -375,12 +318,7 @@ impl Call {
     #[cold]
     fn shadow(&mut self, snap: &Snapshot, rule: u32, reason: RejectReason) {
         snap.shadow_reject(rule, reason);
-        self.held.push(Held {
-            rule,
-            bits: 0,
-            share_class: None,
-            refused: Some(reason),
-        });
+        self.refused.push((rule, reason));
     }
 
     /// Counts the rejection of this call by `rule` and builds it, with the
@@ -393,7 +331,7 @@ impl Call {
         retry: Option<Duration>,
     ) -> Rejection {
         let mut r = snap.reject(rule, reason, retry);
-        if snap.any_shadow && self.held.iter().any(|h| !h.granted()) {
+        if !self.refused.is_empty() {
             r.would_reject = self.would_reject_on(snap).collect();
         }
         r
@@ -411,7 +349,7 @@ impl Call {
                 Err(StepError::Rejected(r)) => Err(r),
             };
         }
-        let start = self.start.map_or_else(Instant::now, Now::at);
+        let start = self.start.at();
         let state = &snap.states[step.rule as usize];
         let began = Instant::now();
         match state.acquire(&step.scope, start).await {
@@ -434,8 +372,10 @@ impl Call {
     pub(crate) fn complete(&mut self, slot: Slot) {
         self.admitted = true;
         if let Some(snap) = &self.snap {
-            for h in self.held.iter().filter(|h| h.granted()) {
-                snap.states[h.rule as usize].counters().admit(slot);
+            // Read once, not after each count (issue 39).
+            let states = &snap.states[..];
+            for h in &self.held {
+                states[h.rule as usize].counters().admit(slot);
             }
         }
     }
@@ -448,10 +388,10 @@ impl Call {
         &'a self,
         snap: &'a Snapshot,
     ) -> impl Iterator<Item = WouldReject> + 'a {
-        self.held.iter().filter_map(|h| {
+        self.refused.iter().filter_map(|&(rule, reason)| {
             Some(WouldReject {
-                rule: snap.config.rules.get(h.rule as usize)?.name.clone(),
-                reason: h.refused?,
+                rule: snap.config.rules.get(rule as usize)?.name.clone(),
+                reason,
             })
         })
     }
@@ -459,24 +399,31 @@ impl Call {
     /// The rules to name to the upstream in `gov-would-reject-by`.
     pub(super) fn stamps(&self) -> impl Iterator<Item = &str> + '_ {
         let rules = self.snap.as_deref().map(|s| &s.config.rules[..]);
-        self.held
-            .iter()
-            .filter(|h| !h.granted())
-            .filter_map(move |h| {
-                let rule = rules?.get(h.rule as usize)?;
-                (rule.mode == Mode::Shadow { stamp: true }).then_some(&*rule.name)
-            })
+        self.refused.iter().filter_map(move |&(rule, _)| {
+            let rule = rules?.get(rule as usize)?;
+            (rule.mode == Mode::Shadow { stamp: true }).then_some(&*rule.name)
+        })
     }
 
     /// The rules that admitted this call, each with how long it waited.
+    /// Those that granted it and the shadow rules that would have refused
+    /// it, merged back into decision order (phase, then rule id).
     pub(super) fn rules(&self) -> impl Iterator<Item = (&Arc<str>, Option<Duration>)> {
         let snap = self.snap.as_deref();
-        self.held.iter().filter_map(move |h| {
-            let rule = &snap?.config.rules.get(h.rule as usize)?.name;
-            let wait = self
-                .waits
-                .iter()
-                .find_map(|&(r, d)| (r == h.rule).then_some(d));
+        let order = move |rule: u32| {
+            let phase = snap.and_then(|s| s.config.metas.get(rule as usize));
+            (phase.map(|m| m.phase), rule)
+        };
+        let mut held = self.held.iter().map(|h| h.rule).peekable();
+        let mut refused = self.refused.iter().map(|&(rule, _)| rule).peekable();
+        let merged = std::iter::from_fn(move || match (held.peek(), refused.peek()) {
+            (Some(&h), Some(&r)) if order(r) < order(h) => refused.next(),
+            (Some(_), _) => held.next(),
+            (None, _) => refused.next(),
+        });
+        merged.filter_map(move |id| {
+            let rule = &snap?.config.rules.get(id as usize)?.name;
+            let wait = self.waits.iter().find_map(|&(r, d)| (r == id).then_some(d));
             Some((rule, wait))
         })
     }
@@ -486,7 +433,7 @@ impl Call {
         let snap = self.snap.as_deref()?;
         self.held
             .iter()
-            .filter(|h| h.granted() && !snap.is_shadow(h.rule))
+            .filter(|h| !snap.is_shadow(h.rule))
             .find_map(|h| snap.states[h.rule as usize].retry())
     }
 
@@ -531,18 +478,21 @@ impl Call {
         }
     }
 
-    /// Records the outcome and gives back what the call holds, in one
-    /// pass over its holds ([`Admission::finish`](super::Admission::finish),
-    /// issue 39): the end of the call that follows has none left to visit.
+    /// Records the outcome, gives back what the call holds in the same
+    /// pass over its holds, and gives its box back
+    /// ([`Admission::finish`](super::Admission::finish), issue 39: a call
+    /// finished holds nothing and is observed by nothing, so nothing is
+    /// left for [`Call::end_and_give`] to do).
     #[inline]
-    pub(super) fn finish(&mut self, outcome: Outcome) {
+    pub(super) fn finish(mut self: Box<Self>, outcome: Outcome) {
         if self.recorded || self.trace.is_some() {
             self.record(outcome);
+            self.end_and_give();
             return;
         }
         self.recorded = true;
         self.record_outcome_and(outcome, true);
-        self.held.clear();
+        self.give();
     }
 
     #[inline]
@@ -559,14 +509,15 @@ impl Call {
         };
         let slot = stripe::current();
         let now = Now::read();
-        let elapsed = self.start.map_or(0, |s| now.nanos_since(s));
+        let elapsed = now.nanos_since(self.start);
         let latency = Latency::of_nanos(elapsed);
-        for h in self.held.iter_mut().filter(|h| h.granted()) {
+        let states = &snap.states[..];
+        for h in &mut self.held {
             let grant = Grant {
                 system_error: self.system_error,
                 ..h.grant()
             };
-            let state = &snap.states[h.rule as usize];
+            let state = &states[h.rule as usize];
             state.count_and_record(slot, latency, outcome, grant, now, elapsed);
             // A probe has reported: it is not given back (here, or when the
             // call is dropped later).
@@ -609,7 +560,7 @@ impl Call {
         // A recorded call ended in a latency bucket; count the others here.
         if self.admitted && !self.recorded {
             let slot = stripe::current();
-            for h in self.held.iter().filter(|h| h.granted()) {
+            for h in &self.held {
                 let state = &snap.states[h.rule as usize];
                 state.counters().end(slot);
                 state.release(self.scope(h), h.grant());
@@ -618,13 +569,13 @@ impl Call {
         }
         // A recorded call (the proxy's path: recorded at the head, dropped
         // when the body ends) visits only the holds that give back.
-        for h in self.held.iter().filter(|h| h.granted() && h.gives_back()) {
+        for h in self.held.iter().filter(|h| h.gives_back()) {
             snap.states[h.rule as usize].release(self.scope(h), h.grant());
         }
     }
 
-    /// The end of a governed or observed call. A call `finish`ed holds
-    /// nothing by now, and was observed by nothing: it does nothing here.
+    /// The end of a governed or observed call (a call `finish`ed without
+    /// an observer never comes here: its record pass gave everything back).
     #[inline(always)]
     fn ended(&mut self) {
         if self.snap.is_some() && !self.held.is_empty() {
@@ -657,20 +608,24 @@ fn scope_in<'a>(keyed: &'a Option<SmallVec<[(u32, Scope); 1]>>, h: &Held) -> Opt
     if !h.keyed() {
         return None;
     }
+    keyed_scope(keyed, h.rule)
+}
+
+/// The keyed scope in `keyed` of `rule`. Out of line (issue 39: inline, a
+/// pass over the holds read `keyed` before its first hold, keyed or not).
+#[inline(never)]
+fn keyed_scope(keyed: &Option<SmallVec<[(u32, Scope); 1]>>, rule: u32) -> Option<&Scope> {
     keyed
         .iter()
         .flatten()
-        .find_map(|(rule, scope)| (*rule == h.rule).then_some(scope))
+        .find_map(|(r, scope)| (*r == rule).then_some(scope))
 }
 
 /// A shadow rule's deadline is not enforced: counts the calls that
 /// outlived it as the timeouts it would have cut off.
 #[cold]
 fn shadow_timeouts(snap: &Snapshot, held: &[Held], elapsed: Duration) {
-    for h in held
-        .iter()
-        .filter(|h| h.granted() && snap.is_shadow(h.rule))
-    {
+    for h in held.iter().filter(|h| snap.is_shadow(h.rule)) {
         if snap.states[h.rule as usize]
             .timeout()
             .is_some_and(|t| elapsed > t)
@@ -706,6 +661,7 @@ mod tests {
             let blank = head.as_ref().is_some_and(|c| {
                 c.snap.is_none()
                     && c.held.is_empty()
+                    && c.refused.is_empty()
                     && c.keyed.is_none()
                     && c.trace.is_none()
                     && c.waits.is_empty()
@@ -745,26 +701,6 @@ rules:
     /// Each test on a thread of its own: a free list of its own.
     fn on_a_thread(test: impl FnOnce() + Send + 'static) {
         assert!(std::thread::spawn(test).join().is_ok());
-    }
-
-    /// A hold is 8 bytes, and keeps what the rule granted.
-    #[test]
-    fn a_hold_is_one_word() {
-        assert_eq!(std::mem::size_of::<Held>(), 8);
-        let grant = Grant {
-            probe: true,
-            bytes: true,
-            system_error: false,
-            share_class: Some(3),
-        };
-        let mut h = Held::new(7, grant, true, false);
-        assert_eq!((h.rule, h.grant()), (7, grant));
-        assert!(h.keyed() && h.bytes() && h.gives_back() && h.granted());
-        h.reported();
-        assert!(!h.grant().probe && h.gives_back());
-        let plain = Held::new(1, Grant::default(), false, false);
-        assert!(!plain.keyed() && !plain.bytes() && !plain.gives_back());
-        assert_eq!(plain.grant(), Grant::default());
     }
 
     #[test]
@@ -838,6 +774,153 @@ rules:
             assert_eq!((one.admitted, one.in_flight), (3, 0));
             assert_eq!(one.latency.iter().sum::<u64>(), 3);
         });
+    }
+
+    /// A call recorded or observed before `finish` is ended the general
+    /// way: told once, counted once, its permit given back, its box blank.
+    #[test]
+    fn a_recorded_or_observed_call_finishes_once() {
+        on_a_thread(|| {
+            let e = engine();
+            let told = Arc::new(AtomicUsize::new(0));
+            for observed in [false, true] {
+                let Some(mut a) = decide(&e, "/one") else {
+                    panic!("the permit was not given back");
+                };
+                if observed {
+                    let seen = told.clone();
+                    a.on_end(move |end| {
+                        assert_eq!(end.outcome, Some(Outcome::Status(500)));
+                        seen.fetch_add(1, Ordering::Relaxed);
+                    });
+                } else {
+                    a.record(Outcome::Status(200));
+                }
+                a.finish(Outcome::Status(500));
+                assert!(head_blank());
+            }
+            assert_eq!(told.load(Ordering::Relaxed), 1);
+            assert!(decide(&e, "/one").is_some(), "the permit came back");
+            let stats = e.stats();
+            let one = &stats.rules[0];
+            assert_eq!((one.admitted, one.in_flight), (3, 0));
+            assert_eq!(one.latency.iter().sum::<u64>(), 2);
+        });
+    }
+
+    /// A shadow rule's would-be refusal is kept apart from the holds: the
+    /// call lists every matched rule in decision order (phase, then id),
+    /// and the shadow rule neither counts nor records it.
+    #[test]
+    fn a_shadow_refusal_is_listed_in_decision_order_and_holds_nothing() {
+        on_a_thread(|| {
+            let e = Engine::empty("order");
+            let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+                r#"
+service: order
+rules:
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  bulkhead: {max_concurrent: 10}
+- name: order/shadow_rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  mode: MODE_SHADOW
+  limit: {calls: {amount: 1, window_ms: 60000}}
+- name: order/fuse
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_SYSTEM_ERRORS, op: COMPARE_OP_GE, count: 10, window_ms: 10000}
+- name: order/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+"#,
+            )
+            .expect("the test config parses");
+            gov_proto::compiled::fill(&mut target);
+            assert!(e.apply_target(&target).is_ok());
+            let order = [
+                "order/fuse",
+                "order/shadow_rate",
+                "order/rate",
+                "order/pool",
+            ];
+            let names =
+                |a: &Admission| -> Vec<String> { a.rules().map(|(r, _)| r.to_string()).collect() };
+            let Some(first) = decide(&e, "/one") else {
+                panic!("not admitted");
+            };
+            assert_eq!(names(&first), order);
+            assert_eq!(first.would_reject().count(), 0);
+            first.finish(Outcome::Status(200));
+            let Some(second) = decide(&e, "/one") else {
+                panic!("a shadow rule refused");
+            };
+            assert_eq!(names(&second), order);
+            let would: Vec<_> = second.would_reject().map(|w| w.rule).collect();
+            assert_eq!(would, [Arc::from("order/shadow_rate")]);
+            second.finish(Outcome::Status(200));
+            assert!(head_blank());
+            let stats = e.stats();
+            let counted = |rule: &str| {
+                let s = stats.rules.iter().find(|s| &*s.rule == rule);
+                s.map(|s| (s.admitted, s.latency.iter().sum::<u64>(), s.in_flight))
+            };
+            assert_eq!(counted("order/shadow_rate"), Some((1, 1, 0)));
+            for rule in ["order/fuse", "order/rate", "order/pool"] {
+                assert_eq!(counted(rule), Some((2, 2, 0)), "{rule}");
+            }
+        });
+    }
+
+    /// A box taken from the free list is blank and linked to nothing: a
+    /// decision and the give-back rely on it (they drop no snapshot or next
+    /// box they find there).
+    #[test]
+    fn a_taken_box_is_blank_and_unlinked() {
+        on_a_thread(|| {
+            let e = engine();
+            let governed = decide(&e, "/one");
+            let observed: Vec<Admission> = (0..2)
+                .map(|_| {
+                    let mut a = Admission::unmatched();
+                    a.set_caller_deadline(Some(Instant::now()));
+                    a
+                })
+                .collect();
+            drop((governed, observed));
+            assert_eq!(free_len(), 3);
+            let taken: Vec<_> = (0..3).map(|_| Call::take(None)).collect();
+            assert_eq!(free_len(), 0);
+            for call in taken {
+                assert!(call.next.is_none() && call.snap.is_none() && call.held.is_empty());
+                call.give();
+            }
+            assert_eq!(free_len(), 3);
+        });
+    }
+
+    /// A governed call counts its latency from its own decision, also in a
+    /// box an unmatched call used since (which keeps the start it found).
+    #[tokio::test(start_paused = true)]
+    async fn a_governed_call_counts_its_latency_from_its_own_decision() {
+        let e = engine();
+        let Some(a) = decide(&e, "/one") else {
+            panic!("not admitted");
+        };
+        tokio::time::advance(Duration::from_secs(10)).await;
+        a.finish(Outcome::Status(200));
+        let mut observed = Admission::unmatched();
+        observed.set_caller_deadline(Some(Instant::now()));
+        drop(observed);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let Some(b) = decide(&e, "/one") else {
+            panic!("not admitted");
+        };
+        b.finish(Outcome::Status(200));
+        let stats = e.stats();
+        let latency = &stats.rules[0].latency;
+        assert_eq!((latency[0], latency.iter().sum::<u64>()), (1, 2));
     }
 
     #[test]

@@ -16,7 +16,7 @@ impl Admission {
         let snap = call.snap.as_deref().filter(|s| s.any_headers_always)?;
         let now = Now::read();
         let mut out: Option<(String, Option<String>)> = None;
-        for h in call.held.iter().filter(|h| h.granted()) {
+        for h in &call.held {
             let (Some(state), Some(rule)) = (
                 snap.states.get(h.rule as usize),
                 snap.config.rules.get(h.rule as usize),
