@@ -116,6 +116,9 @@ pub(crate) struct Call {
     pub(super) waits: Vec<(u32, Duration)>,
     /// Told how the call ended; `None` for almost every call.
     pub(super) trace: Option<Box<Trace>>,
+    /// Something was kept in `refused`, `waits` or `keyed`: the give-back
+    /// clears them only then (issue 39: one test, not three).
+    aside: bool,
     /// The next box of this thread's free list (`None` in use).
     next: Option<Box<Call>>,
     /// On a free list: how many boxes it holds from this one on.
@@ -132,10 +135,11 @@ thread_local! {
 
 impl Call {
     /// A call whose decision began at `start` (`None`: no rule matched, the
-    /// call is admitted and recorded as far as rules go), from this
-    /// thread's free list when it has one.
+    /// call is admitted and recorded as far as rules go), with the rule of
+    /// its shortest matched timeout (issue 39: set once, not reset and then
+    /// set), from this thread's free list when it has one.
     #[inline]
-    pub(crate) fn take(start: Option<Now>) -> Box<Self> {
+    pub(crate) fn take(start: Option<Now>, timeout: Option<u32>) -> Box<Self> {
         let free = FREE
             .try_with(|f| {
                 let mut call = f.take()?;
@@ -151,7 +155,7 @@ impl Call {
                 if let Some(start) = start {
                     call.start = start;
                 }
-                call.timeout = None;
+                call.timeout = timeout;
                 call.caller_deadline = None;
                 call.awaits_grpc_status = false;
                 call.has_bytes = false;
@@ -166,7 +170,7 @@ impl Call {
                 refused: Vec::with_capacity(2),
                 keyed: None,
                 start: start.unwrap_or_else(Now::read),
-                timeout: None,
+                timeout,
                 caller_deadline: None,
                 awaits_grpc_status: false,
                 has_bytes: false,
@@ -175,6 +179,7 @@ impl Call {
                 system_error: false,
                 waits: Vec::new(),
                 trace: None,
+                aside: false,
                 next: None,
                 kept: 0,
             }),
@@ -196,11 +201,9 @@ impl Call {
     fn give(mut self: Box<Self>) {
         self.snap = None;
         self.held.clear();
-        self.refused.clear();
-        if self.keyed.is_some() {
-            self.keyed = None;
+        if self.aside {
+            self.put_back_aside();
         }
-        self.waits.clear();
         let _ = FREE.try_with(move |f| {
             let head = f.take();
             let kept = head.as_ref().map_or(0, |h| h.kept);
@@ -218,11 +221,22 @@ impl Call {
         });
     }
 
+    /// Clears what was kept aside of the holds (`Call::aside`).
+    #[cold]
+    #[inline(never)]
+    fn put_back_aside(&mut self) {
+        self.aside = false;
+        self.refused.clear();
+        self.keyed = None;
+        self.waits.clear();
+    }
+
     #[inline]
     fn hold(&mut self, step: Step, grant: Grant, gives_back: bool) {
         let keyed = step.scope.is_keyed();
         let rule = step.rule;
         if keyed {
+            self.aside = true;
             self.keyed.get_or_insert_default().push((rule, step.scope));
         }
         self.has_bytes |= grant.bytes;
@@ -318,6 +332,7 @@ impl Call {
     #[cold]
     fn shadow(&mut self, snap: &Snapshot, rule: u32, reason: RejectReason) {
         snap.shadow_reject(rule, reason);
+        self.aside = true;
         self.refused.push((rule, reason));
     }
 
@@ -356,6 +371,7 @@ impl Call {
             Ok(grant) => {
                 let waited = began.elapsed();
                 if !waited.is_zero() {
+                    self.aside = true;
                     self.waits.push((step.rule, waited));
                 }
                 let gives_back = state.gives_back();
@@ -490,7 +506,7 @@ impl Call {
             self.end_and_give();
             return;
         }
-        self.recorded = true;
+        // Not marked recorded: nothing reads it before `take` sets it again.
         self.record_outcome_and(outcome, true);
         self.give();
     }
@@ -665,6 +681,7 @@ mod tests {
                     && c.keyed.is_none()
                     && c.trace.is_none()
                     && c.waits.is_empty()
+                    && !c.aside
             });
             f.set(head);
             blank
@@ -890,7 +907,7 @@ rules:
                 .collect();
             drop((governed, observed));
             assert_eq!(free_len(), 3);
-            let taken: Vec<_> = (0..3).map(|_| Call::take(None)).collect();
+            let taken: Vec<_> = (0..3).map(|_| Call::take(None, None)).collect();
             assert_eq!(free_len(), 0);
             for call in taken {
                 assert!(call.next.is_none() && call.snap.is_none() && call.held.is_empty());
@@ -921,6 +938,55 @@ rules:
         let stats = e.stats();
         let latency = &stats.rules[0].latency;
         assert_eq!((latency[0], latency.iter().sum::<u64>()), (1, 2));
+    }
+
+    /// A call that keyed its scope or waited is marked so (`Call::aside`):
+    /// its box comes back blank, the next call holds nothing of it.
+    #[tokio::test(start_paused = true)]
+    async fn a_keyed_or_waiting_call_gives_its_box_back_blank() {
+        let e = Engine::empty("order");
+        let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+            r#"
+service: order
+rules:
+- name: order/per_instance
+  on: {calls_to: inventory}
+  direction: DIRECTION_OUTBOUND
+  bulkhead: {key: BULKHEAD_KEY_INSTANCE, max_concurrent: 1, max_wait_ms: 500}
+"#,
+        )
+        .expect("the test config parses");
+        gov_proto::compiled::fill(&mut target);
+        assert!(e.apply_target(&target).is_ok());
+        let h = HeaderMap::new();
+        let info =
+            RequestInfo::outbound(&Method::GET, "/stock", &h, "inventory", Some("10.0.0.1:80"));
+        let Ok(first) = e.admit(&info).await else {
+            panic!("not admitted");
+        };
+        assert!(
+            first
+                .0
+                .as_ref()
+                .is_some_and(|c| c.aside && c.keyed.is_some())
+        );
+        let e2 = e.clone();
+        let second = tokio::spawn(async move {
+            let h = HeaderMap::new();
+            let info =
+                RequestInfo::outbound(&Method::GET, "/stock", &h, "inventory", Some("10.0.0.1:80"));
+            let admitted = e2.admit(&info).await;
+            let Ok(a) = admitted else {
+                panic!("not admitted after waiting");
+            };
+            assert!(a.0.as_ref().is_some_and(|c| c.aside && !c.waits.is_empty()));
+            drop(a);
+            assert!(head_blank(), "no keyed scope or wait kept");
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(first);
+        assert!(head_blank(), "no keyed scope kept");
+        assert!(second.await.is_ok());
     }
 
     #[test]
