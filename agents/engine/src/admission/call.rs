@@ -102,14 +102,8 @@ pub(crate) struct Call {
     pub(crate) timeout: Option<u32>,
     /// The caller's own deadline (`grpc-timeout`, `gov-timeout`).
     pub(super) caller_deadline: Option<Instant>,
-    /// A gRPC call whose status comes in its trailers (its head had none).
-    pub(super) awaits_grpc_status: bool,
-    pub(super) has_bytes: bool,
-    /// Every step passed (counted as admitted in every rule).
-    admitted: bool,
-    recorded: bool,
-    /// Fuses count the call as a system error whatever its outcome.
-    pub(super) system_error: bool,
+    /// Its flags, set blank by one store (issue 39).
+    pub(super) marks: Marks,
     /// The rules that made this call wait, and how long (the decision log
     /// reports them; empty unless a step waited, so the hot path never
     /// allocates for it).
@@ -123,6 +117,34 @@ pub(crate) struct Call {
     next: Option<Box<Call>>,
     /// On a free list: how many boxes it holds from this one on.
     kept: u32,
+}
+
+/// A call's flags, in one word (issue 39: `Call::take` sets them blank
+/// with one store, not one a flag).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(4))]
+pub(super) struct Marks {
+    /// A gRPC call whose status comes in its trailers (its head had none).
+    pub(super) awaits_grpc_status: bool,
+    pub(super) has_bytes: bool,
+    /// How far the call got: admitted (counted in every rule), then
+    /// recorded (issue 39: one byte tested by the end, not two).
+    progress: Progress,
+    /// Fuses count the call as a system error whatever its outcome.
+    pub(super) system_error: bool,
+}
+
+/// How far a call got. Recorded implies admitted: only an admitted call
+/// is handed out to be recorded (a call no rule matched starts recorded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Progress {
+    /// Its steps are being run (or waited for).
+    Deciding,
+    /// Every step passed: counted as admitted in every rule.
+    Admitted,
+    /// Its outcome was recorded (first call wins).
+    Recorded,
 }
 
 /// The most boxes one thread's free list keeps.
@@ -148,7 +170,17 @@ impl Call {
             })
             .ok()
             .flatten();
-        let settled = start.is_none();
+        let progress = if start.is_none() {
+            Progress::Recorded
+        } else {
+            Progress::Deciding
+        };
+        let marks = Marks {
+            awaits_grpc_status: false,
+            has_bytes: false,
+            progress,
+            system_error: false,
+        };
         match free {
             Some(mut call) => {
                 // Blank but for these (`give`).
@@ -157,11 +189,7 @@ impl Call {
                 }
                 call.timeout = timeout;
                 call.caller_deadline = None;
-                call.awaits_grpc_status = false;
-                call.has_bytes = false;
-                call.admitted = settled;
-                call.recorded = settled;
-                call.system_error = false;
+                call.marks = marks;
                 call
             }
             None => Box::new(Self {
@@ -172,11 +200,7 @@ impl Call {
                 start: start.unwrap_or_else(Now::read),
                 timeout,
                 caller_deadline: None,
-                awaits_grpc_status: false,
-                has_bytes: false,
-                admitted: settled,
-                recorded: settled,
-                system_error: false,
+                marks,
                 waits: Vec::new(),
                 trace: None,
                 aside: false,
@@ -239,7 +263,7 @@ impl Call {
             self.aside = true;
             self.keyed.get_or_insert_default().push((rule, step.scope));
         }
-        self.has_bytes |= grant.bytes;
+        self.marks.has_bytes |= grant.bytes;
         self.held.push(Held::new(rule, grant, keyed, gives_back));
     }
 
@@ -283,7 +307,7 @@ impl Call {
     ) -> Result<(), StepError> {
         states[rule as usize].try_acquire_own(now, |answer| match answer {
             Ok((grant, gives_back)) => {
-                self.has_bytes |= grant.bytes;
+                self.marks.has_bytes |= grant.bytes;
                 self.held.push(Held::new(rule, grant, false, gives_back));
                 Ok(())
             }
@@ -386,7 +410,7 @@ impl Call {
     /// (in the stripe of `slot`, the calling thread's).
     #[inline]
     pub(crate) fn complete(&mut self, slot: Slot) {
-        self.admitted = true;
+        self.marks.progress = Progress::Admitted;
         if let Some(snap) = &self.snap {
             // Read once, not after each count (issue 39).
             let states = &snap.states[..];
@@ -469,7 +493,7 @@ impl Call {
                 .bytes
                 .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         }
-        if !self.has_bytes {
+        if !self.marks.has_bytes {
             return;
         }
         if let Some(snap) = &self.snap {
@@ -488,8 +512,8 @@ impl Call {
         {
             trace.outcome = Some((outcome, Instant::now()));
         }
-        if !self.recorded {
-            self.recorded = true;
+        if self.marks.progress != Progress::Recorded {
+            self.marks.progress = Progress::Recorded;
             self.record_outcome(outcome);
         }
     }
@@ -501,7 +525,7 @@ impl Call {
     /// left for [`Call::end_and_give`] to do).
     #[inline]
     pub(super) fn finish(mut self: Box<Self>, outcome: Outcome) {
-        if self.recorded || self.trace.is_some() {
+        if self.marks.progress == Progress::Recorded || self.trace.is_some() {
             self.record(outcome);
             self.end_and_give();
             return;
@@ -530,7 +554,7 @@ impl Call {
         let states = &snap.states[..];
         for h in &mut self.held {
             let grant = Grant {
-                system_error: self.system_error,
+                system_error: self.marks.system_error,
                 ..h.grant()
             };
             let state = &states[h.rule as usize];
@@ -574,7 +598,7 @@ impl Call {
     fn end(&mut self) {
         let Some(snap) = &self.snap else { return };
         // A recorded call ended in a latency bucket; count the others here.
-        if self.admitted && !self.recorded {
+        if self.marks.progress == Progress::Admitted {
             let slot = stripe::current();
             for h in &self.held {
                 let state = &snap.states[h.rule as usize];
@@ -987,6 +1011,13 @@ rules:
         drop(first);
         assert!(head_blank(), "no keyed scope kept");
         assert!(second.await.is_ok());
+    }
+
+    /// A call's flags are one word, set blank by one store.
+    #[test]
+    fn marks_are_one_word() {
+        assert_eq!(std::mem::size_of::<Marks>(), 4);
+        assert_eq!(std::mem::align_of::<Marks>(), 4);
     }
 
     #[test]
