@@ -67,7 +67,7 @@ impl Admission {
     /// The call's state, made (as an unmatched call's) when it has none.
     #[cold]
     fn made(&mut self) -> &mut Call {
-        self.0.get_or_insert_with(|| Call::take(None))
+        self.0.get_or_insert_with(|| Call::take(None, None))
     }
 
     /// The deadline for this call from now (the shortest matched timeout,
@@ -114,14 +114,14 @@ impl Admission {
         };
         match outcome {
             Some(outcome) => self.record(outcome),
-            None => self.made().awaits_grpc_status = true,
+            None => self.made().marks.awaits_grpc_status = true,
         }
     }
 
     /// A gRPC call's response ended: a call whose status never came ended
     /// `UNKNOWN`, as its client reads it. Nothing for any other call.
     pub(crate) fn end_of_response(&mut self) {
-        if self.0.as_ref().is_some_and(|c| c.awaits_grpc_status) {
+        if self.0.as_ref().is_some_and(|c| c.marks.awaits_grpc_status) {
             self.record(Outcome::Grpc(gov_proto::v1::GrpcCode::Unknown));
         }
     }
@@ -200,7 +200,7 @@ impl Admission {
 
     /// Whether a byte limit counts this call's bytes.
     pub fn counts_bytes(&self) -> bool {
-        self.0.as_ref().is_some_and(|c| c.has_bytes)
+        self.0.as_ref().is_some_and(|c| c.marks.has_bytes)
     }
 
     /// Calls `then` once when this call ends (the admission is dropped),
@@ -222,7 +222,7 @@ impl Admission {
     /// A handle that counts bytes for this call's byte limits from another
     /// place (a request body wrapper). `None` when no byte limit matched.
     pub fn byte_meter(&self) -> Option<ByteMeter> {
-        let call = self.0.as_deref().filter(|c| c.has_bytes)?;
+        let call = self.0.as_deref().filter(|c| c.marks.has_bytes)?;
         let snap = call.snap.as_ref()?.clone();
         let scopes = call
             .held
@@ -249,7 +249,7 @@ impl Admission {
     pub fn count_as_system_error(&mut self) {
         // Only a matched call's fuses read it.
         if let Some(call) = &mut self.0 {
-            call.system_error = true;
+            call.marks.system_error = true;
         }
     }
 

@@ -262,10 +262,9 @@ pub(crate) fn admit_matched(
     let now = Now::read();
     // Worked on in its box, made an `Admission` (which ends it when
     // dropped) at every return.
-    let mut call = Call::take(Some(now));
-    // The shortest deadline a matched rule enforces (a shadow rule's is
-    // counted, not enforced: `Admission::record`).
-    call.timeout = plan.timeout.map(|(_, id)| id.0);
+    // With the shortest deadline a matched rule enforces (a shadow rule's
+    // is counted, not enforced: `Admission::record`).
+    let mut call = Call::take(Some(now), plan.timeout.map(|(_, id)| id.0));
     // Read the request's keys only when a rule's scope depends on them, and
     // the consumer only when a rule's scope needs it.
     let path;

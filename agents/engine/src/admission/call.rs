@@ -102,24 +102,49 @@ pub(crate) struct Call {
     pub(crate) timeout: Option<u32>,
     /// The caller's own deadline (`grpc-timeout`, `gov-timeout`).
     pub(super) caller_deadline: Option<Instant>,
-    /// A gRPC call whose status comes in its trailers (its head had none).
-    pub(super) awaits_grpc_status: bool,
-    pub(super) has_bytes: bool,
-    /// Every step passed (counted as admitted in every rule).
-    admitted: bool,
-    recorded: bool,
-    /// Fuses count the call as a system error whatever its outcome.
-    pub(super) system_error: bool,
+    /// Its flags, set blank by one store (issue 39).
+    pub(super) marks: Marks,
     /// The rules that made this call wait, and how long (the decision log
     /// reports them; empty unless a step waited, so the hot path never
     /// allocates for it).
     pub(super) waits: Vec<(u32, Duration)>,
     /// Told how the call ended; `None` for almost every call.
     pub(super) trace: Option<Box<Trace>>,
+    /// Something was kept in `refused`, `waits` or `keyed`: the give-back
+    /// clears them only then (issue 39: one test, not three).
+    aside: bool,
     /// The next box of this thread's free list (`None` in use).
     next: Option<Box<Call>>,
     /// On a free list: how many boxes it holds from this one on.
     kept: u32,
+}
+
+/// A call's flags, in one word (issue 39: `Call::take` sets them blank
+/// with one store, not one a flag).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(4))]
+pub(super) struct Marks {
+    /// A gRPC call whose status comes in its trailers (its head had none).
+    pub(super) awaits_grpc_status: bool,
+    pub(super) has_bytes: bool,
+    /// How far the call got: admitted (counted in every rule), then
+    /// recorded (issue 39: one byte tested by the end, not two).
+    progress: Progress,
+    /// Fuses count the call as a system error whatever its outcome.
+    pub(super) system_error: bool,
+}
+
+/// How far a call got. Recorded implies admitted: only an admitted call
+/// is handed out to be recorded (a call no rule matched starts recorded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Progress {
+    /// Its steps are being run (or waited for).
+    Deciding,
+    /// Every step passed: counted as admitted in every rule.
+    Admitted,
+    /// Its outcome was recorded (first call wins).
+    Recorded,
 }
 
 /// The most boxes one thread's free list keeps.
@@ -132,10 +157,11 @@ thread_local! {
 
 impl Call {
     /// A call whose decision began at `start` (`None`: no rule matched, the
-    /// call is admitted and recorded as far as rules go), from this
-    /// thread's free list when it has one.
+    /// call is admitted and recorded as far as rules go), with the rule of
+    /// its shortest matched timeout (issue 39: set once, not reset and then
+    /// set), from this thread's free list when it has one.
     #[inline]
-    pub(crate) fn take(start: Option<Now>) -> Box<Self> {
+    pub(crate) fn take(start: Option<Now>, timeout: Option<u32>) -> Box<Self> {
         let free = FREE
             .try_with(|f| {
                 let mut call = f.take()?;
@@ -144,20 +170,26 @@ impl Call {
             })
             .ok()
             .flatten();
-        let settled = start.is_none();
+        let progress = if start.is_none() {
+            Progress::Recorded
+        } else {
+            Progress::Deciding
+        };
+        let marks = Marks {
+            awaits_grpc_status: false,
+            has_bytes: false,
+            progress,
+            system_error: false,
+        };
         match free {
             Some(mut call) => {
                 // Blank but for these (`give`).
                 if let Some(start) = start {
                     call.start = start;
                 }
-                call.timeout = None;
+                call.timeout = timeout;
                 call.caller_deadline = None;
-                call.awaits_grpc_status = false;
-                call.has_bytes = false;
-                call.admitted = settled;
-                call.recorded = settled;
-                call.system_error = false;
+                call.marks = marks;
                 call
             }
             None => Box::new(Self {
@@ -166,15 +198,12 @@ impl Call {
                 refused: Vec::with_capacity(2),
                 keyed: None,
                 start: start.unwrap_or_else(Now::read),
-                timeout: None,
+                timeout,
                 caller_deadline: None,
-                awaits_grpc_status: false,
-                has_bytes: false,
-                admitted: settled,
-                recorded: settled,
-                system_error: false,
+                marks,
                 waits: Vec::new(),
                 trace: None,
+                aside: false,
                 next: None,
                 kept: 0,
             }),
@@ -196,11 +225,9 @@ impl Call {
     fn give(mut self: Box<Self>) {
         self.snap = None;
         self.held.clear();
-        self.refused.clear();
-        if self.keyed.is_some() {
-            self.keyed = None;
+        if self.aside {
+            self.put_back_aside();
         }
-        self.waits.clear();
         let _ = FREE.try_with(move |f| {
             let head = f.take();
             let kept = head.as_ref().map_or(0, |h| h.kept);
@@ -218,14 +245,25 @@ impl Call {
         });
     }
 
+    /// Clears what was kept aside of the holds (`Call::aside`).
+    #[cold]
+    #[inline(never)]
+    fn put_back_aside(&mut self) {
+        self.aside = false;
+        self.refused.clear();
+        self.keyed = None;
+        self.waits.clear();
+    }
+
     #[inline]
     fn hold(&mut self, step: Step, grant: Grant, gives_back: bool) {
         let keyed = step.scope.is_keyed();
         let rule = step.rule;
         if keyed {
+            self.aside = true;
             self.keyed.get_or_insert_default().push((rule, step.scope));
         }
-        self.has_bytes |= grant.bytes;
+        self.marks.has_bytes |= grant.bytes;
         self.held.push(Held::new(rule, grant, keyed, gives_back));
     }
 
@@ -269,7 +307,7 @@ impl Call {
     ) -> Result<(), StepError> {
         states[rule as usize].try_acquire_own(now, |answer| match answer {
             Ok((grant, gives_back)) => {
-                self.has_bytes |= grant.bytes;
+                self.marks.has_bytes |= grant.bytes;
                 self.held.push(Held::new(rule, grant, false, gives_back));
                 Ok(())
             }
@@ -318,6 +356,7 @@ impl Call {
     #[cold]
     fn shadow(&mut self, snap: &Snapshot, rule: u32, reason: RejectReason) {
         snap.shadow_reject(rule, reason);
+        self.aside = true;
         self.refused.push((rule, reason));
     }
 
@@ -356,6 +395,7 @@ impl Call {
             Ok(grant) => {
                 let waited = began.elapsed();
                 if !waited.is_zero() {
+                    self.aside = true;
                     self.waits.push((step.rule, waited));
                 }
                 let gives_back = state.gives_back();
@@ -370,7 +410,7 @@ impl Call {
     /// (in the stripe of `slot`, the calling thread's).
     #[inline]
     pub(crate) fn complete(&mut self, slot: Slot) {
-        self.admitted = true;
+        self.marks.progress = Progress::Admitted;
         if let Some(snap) = &self.snap {
             // Read once, not after each count (issue 39).
             let states = &snap.states[..];
@@ -453,7 +493,7 @@ impl Call {
                 .bytes
                 .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         }
-        if !self.has_bytes {
+        if !self.marks.has_bytes {
             return;
         }
         if let Some(snap) = &self.snap {
@@ -472,8 +512,8 @@ impl Call {
         {
             trace.outcome = Some((outcome, Instant::now()));
         }
-        if !self.recorded {
-            self.recorded = true;
+        if self.marks.progress != Progress::Recorded {
+            self.marks.progress = Progress::Recorded;
             self.record_outcome(outcome);
         }
     }
@@ -485,12 +525,12 @@ impl Call {
     /// left for [`Call::end_and_give`] to do).
     #[inline]
     pub(super) fn finish(mut self: Box<Self>, outcome: Outcome) {
-        if self.recorded || self.trace.is_some() {
+        if self.marks.progress == Progress::Recorded || self.trace.is_some() {
             self.record(outcome);
             self.end_and_give();
             return;
         }
-        self.recorded = true;
+        // Not marked recorded: nothing reads it before `take` sets it again.
         self.record_outcome_and(outcome, true);
         self.give();
     }
@@ -514,7 +554,7 @@ impl Call {
         let states = &snap.states[..];
         for h in &mut self.held {
             let grant = Grant {
-                system_error: self.system_error,
+                system_error: self.marks.system_error,
                 ..h.grant()
             };
             let state = &states[h.rule as usize];
@@ -558,7 +598,7 @@ impl Call {
     fn end(&mut self) {
         let Some(snap) = &self.snap else { return };
         // A recorded call ended in a latency bucket; count the others here.
-        if self.admitted && !self.recorded {
+        if self.marks.progress == Progress::Admitted {
             let slot = stripe::current();
             for h in &self.held {
                 let state = &snap.states[h.rule as usize];
@@ -665,6 +705,7 @@ mod tests {
                     && c.keyed.is_none()
                     && c.trace.is_none()
                     && c.waits.is_empty()
+                    && !c.aside
             });
             f.set(head);
             blank
@@ -890,7 +931,7 @@ rules:
                 .collect();
             drop((governed, observed));
             assert_eq!(free_len(), 3);
-            let taken: Vec<_> = (0..3).map(|_| Call::take(None)).collect();
+            let taken: Vec<_> = (0..3).map(|_| Call::take(None, None)).collect();
             assert_eq!(free_len(), 0);
             for call in taken {
                 assert!(call.next.is_none() && call.snap.is_none() && call.held.is_empty());
@@ -921,6 +962,62 @@ rules:
         let stats = e.stats();
         let latency = &stats.rules[0].latency;
         assert_eq!((latency[0], latency.iter().sum::<u64>()), (1, 2));
+    }
+
+    /// A call that keyed its scope or waited is marked so (`Call::aside`):
+    /// its box comes back blank, the next call holds nothing of it.
+    #[tokio::test(start_paused = true)]
+    async fn a_keyed_or_waiting_call_gives_its_box_back_blank() {
+        let e = Engine::empty("order");
+        let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+            r#"
+service: order
+rules:
+- name: order/per_instance
+  on: {calls_to: inventory}
+  direction: DIRECTION_OUTBOUND
+  bulkhead: {key: BULKHEAD_KEY_INSTANCE, max_concurrent: 1, max_wait_ms: 500}
+"#,
+        )
+        .expect("the test config parses");
+        gov_proto::compiled::fill(&mut target);
+        assert!(e.apply_target(&target).is_ok());
+        let h = HeaderMap::new();
+        let info =
+            RequestInfo::outbound(&Method::GET, "/stock", &h, "inventory", Some("10.0.0.1:80"));
+        let Ok(first) = e.admit(&info).await else {
+            panic!("not admitted");
+        };
+        assert!(
+            first
+                .0
+                .as_ref()
+                .is_some_and(|c| c.aside && c.keyed.is_some())
+        );
+        let e2 = e.clone();
+        let second = tokio::spawn(async move {
+            let h = HeaderMap::new();
+            let info =
+                RequestInfo::outbound(&Method::GET, "/stock", &h, "inventory", Some("10.0.0.1:80"));
+            let admitted = e2.admit(&info).await;
+            let Ok(a) = admitted else {
+                panic!("not admitted after waiting");
+            };
+            assert!(a.0.as_ref().is_some_and(|c| c.aside && !c.waits.is_empty()));
+            drop(a);
+            assert!(head_blank(), "no keyed scope or wait kept");
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(first);
+        assert!(head_blank(), "no keyed scope kept");
+        assert!(second.await.is_ok());
+    }
+
+    /// A call's flags are one word, set blank by one store.
+    #[test]
+    fn marks_are_one_word() {
+        assert_eq!(std::mem::size_of::<Marks>(), 4);
+        assert_eq!(std::mem::align_of::<Marks>(), 4);
     }
 
     #[test]
