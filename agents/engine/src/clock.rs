@@ -13,8 +13,8 @@
 
 use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
-use std::sync::atomic::AtomicI64;
-use std::sync::atomic::Ordering::{Acquire, Release};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -44,6 +44,15 @@ const NEAR_NS: i64 = 1 << 62;
 /// tests this one word, not the base's cell and then its fields).
 static BASE_NS: AtomicI64 = AtomicI64::new(0);
 
+/// The seconds below which a read's fields go to [`near`]: 2^31 (its
+/// seconds fit an `i32`) once [`BASE_NS`] is set, stored after it; 0
+/// before, or where the base's fields do not hold (issue 39: a read tests
+/// its seconds against this one word, not the base and then their range).
+static NEAR_SECS: AtomicU64 = AtomicU64::new(0);
+
+/// [`NEAR_SECS`] once set: seconds from 0 to `i32::MAX`.
+const NEAR_SECS_SET: u64 = 1 << 31;
+
 fn base() -> &'static Base {
     static BASE: OnceLock<Base> = OnceLock::new();
     BASE.get_or_init(|| {
@@ -54,6 +63,7 @@ fn base() -> &'static Base {
             .and_then(|p| Some((p, in_ns(p).filter(|n| n.abs() <= NEAR_NS)?)));
         if let Some((_, from_ns)) = parts {
             BASE_NS.store(from_ns, Release);
+            NEAR_SECS.store(NEAR_SECS_SET, Release);
         }
         Base { at, parts }
     })
@@ -181,13 +191,14 @@ fn since_far(to: (i64, u32), from: (i64, u32)) -> u64 {
 /// Nanoseconds from the base to `at`.
 #[inline]
 pub(crate) fn ns(at: Instant) -> u64 {
-    let from_ns = BASE_NS.load(Acquire);
-    if from_ns != 0 {
-        let mut p = Parts::default();
-        at.hash(&mut p);
-        if let Ok(secs) = i32::try_from(p.sec) {
-            return near(secs, p.nsec, from_ns);
-        }
+    let near_secs = NEAR_SECS.load(Acquire);
+    let mut p = Parts::default();
+    at.hash(&mut p);
+    // Negative seconds, as a `u64`, are past 2^63: never below.
+    if (p.sec as u64) < near_secs {
+        // Below 2^31: an `i32`; the base is set (stored before
+        // `NEAR_SECS`, which this read saw set).
+        return near(p.sec as i32, p.nsec, BASE_NS.load(Relaxed));
     }
     ns_of_base(at)
 }
@@ -342,8 +353,29 @@ mod tests {
         let from_ns = base().parts.map(|(_, n)| n);
         assert!(from_ns.is_some());
         assert_eq!(Some(BASE_NS.load(Acquire)), from_ns);
+        assert_eq!(NEAR_SECS.load(Acquire), NEAR_SECS_SET);
         let now = Instant::now();
         assert_eq!(ns(now), ns_of_base(now));
+    }
+
+    /// Instants whose seconds are negative or past `i32::MAX` read as
+    /// subtraction says, not through `near` (issue 39: `ns` tests their
+    /// seconds with one unsigned compare).
+    #[test]
+    fn seconds_out_of_i32_read_as_subtraction_says() {
+        let b = base();
+        let now = Instant::now();
+        let secs = parts(now).map_or(0, |p| p.0.unsigned_abs());
+        for d in [1 << 31, (1 << 40) + 123, 1 << 32] {
+            let d = Duration::from_secs(d);
+            let at = [
+                now.checked_add(d),
+                now.checked_sub(d + Duration::from_secs(secs)),
+            ];
+            for at in at.into_iter().flatten() {
+                assert_eq!(ns(at), slow_ns(b, at), "{:?}", parts(at));
+            }
+        }
     }
 
     /// The one-compare difference of fields is the saturated one.

@@ -20,6 +20,7 @@
 //! used to write from another (an admission may move between threads, so it
 //! asks for the slot again in each phase).
 
+use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -57,6 +58,8 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        // The thread stops writing the slot before it is free for another.
+        IDX.set(SHARED);
         if let Some(taken) = TAKEN.get(self.0) {
             taken.store(false, Ordering::Release);
         }
@@ -65,7 +68,16 @@ impl Drop for Lease {
 
 thread_local! {
     static LEASE: Lease = Lease::take();
+    /// The slot of this thread's lease, [`UNASKED`] before its first
+    /// [`current`], [`SHARED`] without one (every slot taken, or the lease
+    /// gone): a `const` cell that needs no drop, read with one load and no
+    /// test of a lazy state (issue 39: a read of [`LEASE`] took five
+    /// instructions).
+    static IDX: Cell<usize> = const { Cell::new(UNASKED) };
 }
+
+/// [`IDX`] of a thread that has not asked for a lease yet.
+const UNASKED: usize = SHARED - 1;
 
 /// The calling thread's stripe, valid on this thread only (not `Send`):
 /// its index in every counter set, worked out once per [`current`] (issue
@@ -84,6 +96,7 @@ const SHARED: usize = usize::MAX;
 
 impl Slot {
     /// The shared stripe (always correct, from any thread).
+    #[cfg(test)]
     pub(crate) fn shared() -> Self {
         Self {
             idx: SHARED,
@@ -102,13 +115,24 @@ impl Slot {
 /// shared stripe when every slot is taken or the thread is exiting.
 #[inline]
 pub(crate) fn current() -> Slot {
-    match LEASE.try_with(|l| l.0) {
-        Ok(idx) => Slot {
-            idx,
-            _not_send: PhantomData,
-        },
-        Err(_) => Slot::shared(),
+    let mut idx = IDX.get();
+    if idx == UNASKED {
+        idx = lease();
     }
+    Slot {
+        idx,
+        _not_send: PhantomData,
+    }
+}
+
+/// The first [`current`] of a thread: takes its lease (none when the
+/// thread is exiting) and keeps its slot in [`IDX`].
+#[cold]
+#[inline(never)]
+fn lease() -> usize {
+    let idx = LEASE.try_with(|l| l.0).unwrap_or(SHARED);
+    IDX.set(idx);
+    idx
 }
 
 /// Adds `n` to a counter of the stripe `owned` says the caller owns (plain
@@ -224,6 +248,25 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(sum(&s), 10_000 * threads as u64 + 3_000);
+    }
+
+    /// A thread's first [`current`] leases its slot and later ones give the
+    /// same; once its lease is dropped (at thread exit) it counts in the
+    /// shared stripe: the slot may then be another thread's.
+    #[test]
+    fn a_thread_keeps_its_slot_until_its_lease_is_dropped() {
+        std::thread::spawn(|| {
+            let first = current();
+            assert_ne!(first.idx, UNASKED);
+            assert_eq!(current().idx, first.idx);
+            // What `LEASE`'s destructor does (a lease of no slot: nothing
+            // else is given back).
+            drop(Lease(SHARED));
+            assert_eq!(current().idx, SHARED);
+            assert!(!current().is_owned());
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
