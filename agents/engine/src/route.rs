@@ -337,10 +337,8 @@ pub(crate) struct Router {
     /// Rules without a path requirement: evaluated for every request that
     /// passes `gate`.
     always: Vec<Entry>,
-    /// When every rule of `always` requires a header: their names, and the
-    /// [`len_bit`]s of their lengths. A request with none of them matches
-    /// none of those rules, and is not checked against them.
-    gate: Option<(Box<[HeaderName]>, u64)>,
+    /// Which requests may match a rule of `always`.
+    gate: Gate,
     /// Whether a request that meets no rule without a path may be planned
     /// by its path alone (the config has no expiring rule, and does not
     /// fold this direction's paths): set by the config.
@@ -350,6 +348,25 @@ pub(crate) struct Router {
     filter: PathFilter,
     /// The empty plan.
     none: Plan,
+}
+
+/// Which requests may match a router's rules without a path, told by one
+/// match (issue 39: not a test of the rules, then of their names).
+#[derive(Debug, Default)]
+enum Gate {
+    /// None: the router has no rule without a path.
+    #[default]
+    Shut,
+    /// Every one: a rule without a path requires no header.
+    Open,
+    /// Every rule without a path requires this header: a request with it
+    /// (and the [`len_bit`] of its length).
+    One(HeaderName, u64),
+    /// Every rule without a path requires a header: a request with any of
+    /// these names (and the [`len_bit`]s of their lengths). A request with
+    /// none of them matches none of those rules, and is not checked
+    /// against them.
+    Names(Box<[HeaderName]>, u64),
 }
 
 /// What of a router one request may reach ([`Router::reach_past_gate`]).
@@ -445,13 +462,15 @@ impl Router {
         }
         router.prefixes = Prefixes::new(list);
         router.nodes = nodes;
-        router.gate = router
+        let names = router
             .always
             .iter()
             .map(|e| e.rest.as_ref().and_then(Cond::required_header))
-            .collect::<Option<Vec<_>>>()
-            .filter(|names| !names.is_empty())
-            .map(|names| {
+            .collect::<Option<Vec<_>>>();
+        router.gate = match names {
+            _ if router.always.is_empty() => Gate::Shut,
+            None => Gate::Open,
+            Some(names) => {
                 let mut gate: Vec<HeaderName> = Vec::new();
                 for n in names {
                     if !gate.contains(n) {
@@ -459,8 +478,12 @@ impl Router {
                     }
                 }
                 let lens = gate.iter().fold(0, |m, n| m | len_bit(n.as_str().len()));
-                (gate.into_boxed_slice(), lens)
-            });
+                match <[HeaderName; 1]>::try_from(gate) {
+                    Ok([one]) => Gate::One(one, lens),
+                    Err(gate) => Gate::Names(gate.into_boxed_slice(), lens),
+                }
+            }
+        };
         router
     }
 
@@ -474,11 +497,12 @@ impl Router {
     /// (there are some, and it passes their gate).
     #[inline]
     pub(crate) fn passes_gate(&self, headers: &Headers<'_>) -> bool {
-        !self.always.is_empty()
-            && self
-                .gate
-                .as_ref()
-                .is_none_or(|(names, lens)| headers.has_any(names, *lens))
+        match &self.gate {
+            Gate::Shut => false,
+            Gate::Open => true,
+            Gate::One(name, lens) => headers.has_any(std::slice::from_ref(name), *lens),
+            Gate::Names(names, lens) => headers.has_any(names, *lens),
+        }
     }
 
     /// What of the router a request with `path` whose
@@ -503,10 +527,9 @@ impl Router {
         let fold = |w: u64| (w | w >> 32) & 0xffff_ffff;
         let seconds = fold(self.filter.words().into_iter().fold(0, |m, w| m | w));
         match &self.gate {
-            // (A gate is built only over rules without a path.)
-            Some((_, lens)) => seconds | fold(*lens) << 32,
-            None if self.always.is_empty() => seconds,
-            None => 0xffff_ffff,
+            Gate::One(_, lens) | Gate::Names(_, lens) => seconds | fold(*lens) << 32,
+            Gate::Shut => seconds,
+            Gate::Open => 0xffff_ffff,
         }
     }
 
@@ -992,6 +1015,42 @@ rules:
         assert_eq!(plan("GET", "/b", &[]), (vec![], false, None));
     }
 
+    /// A gate of one name is kept as that name: a request with it (in any
+    /// case, raw) reaches the rule, one without it does not.
+    #[test]
+    fn a_gate_of_one_name_finds_it() {
+        let t = proto::TargetConfig {
+            rules: vec![rule(
+                "admin",
+                expr(Kind::Header(proto::HeaderMatch {
+                    name: "x-admin".into(),
+                    value: "yes".into(),
+                })),
+            )],
+            ..gov_proto::compiled::target("svc")
+        };
+        let cfg = CompiledConfig::try_from(&t).unwrap();
+        let router = cfg.router(Direction::Inbound);
+        assert!(matches!(router.gate, Gate::One(..)));
+        assert_eq!(
+            matched(&cfg, "GET", "/", &[("accept", "*/*")]),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            matched(&cfg, "GET", "/", &[("accept", "*/*"), ("x-admin", "yes")]),
+            ["svc/admin"]
+        );
+        let raw = [httparse::Header {
+            name: "X-Admin",
+            value: b"yes",
+        }];
+        assert!(router.passes_gate(&Headers::Raw(&raw)));
+        assert!(
+            !cfg.router(Direction::Outbound)
+                .passes_gate(&Headers::Raw(&raw))
+        );
+    }
+
     /// Rules matched on headers alone are checked only for a request with
     /// one of their names: each name found in a map (scanned or, with many
     /// headers, looked up) or among raw headers in any case.
@@ -1018,7 +1077,10 @@ rules:
             ..gov_proto::compiled::target("svc")
         };
         let cfg = CompiledConfig::try_from(&t).unwrap();
-        assert!(cfg.router(Direction::Inbound).gate.is_some());
+        assert!(matches!(
+            cfg.router(Direction::Inbound).gate,
+            Gate::Names(..)
+        ));
         assert_eq!(matched(&cfg, "GET", "/", &[]), Vec::<String>::new());
         assert_eq!(
             matched(&cfg, "GET", "/", &[("x-admin", "yes"), ("accept", "*/*")]),
