@@ -13,8 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-matched_budget=1152
-recorded_budget=1194
+matched_budget=845
+recorded_budget=920
 unmatched_budget=97
 
 if ! command -v valgrind >/dev/null 2>&1; then
