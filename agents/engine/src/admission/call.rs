@@ -507,14 +507,33 @@ impl Call {
     /// Records how the call ended (first call wins).
     #[inline]
     pub(super) fn record(&mut self, outcome: Outcome) {
-        if let Some(trace) = &mut self.trace
-            && trace.outcome.is_none()
-        {
-            trace.outcome = Some((outcome, Instant::now()));
+        if self.trace.is_some() {
+            self.trace_outcome(outcome);
         }
         if self.marks.progress != Progress::Recorded {
             self.marks.progress = Progress::Recorded;
             self.record_outcome(outcome);
+        }
+    }
+
+    /// [`Call::finish`] of a call recorded or observed before: the general
+    /// way (out of line, issue 39: apart from the finish of most calls).
+    #[cold]
+    #[inline(never)]
+    fn record_and_end(mut self: Box<Self>, outcome: Outcome) {
+        self.record(outcome);
+        self.end_and_give();
+    }
+
+    /// Keeps the outcome for the call's observer (first call wins). Out of
+    /// line (issue 39: few calls are observed).
+    #[cold]
+    #[inline(never)]
+    fn trace_outcome(&mut self, outcome: Outcome) {
+        if let Some(trace) = &mut self.trace
+            && trace.outcome.is_none()
+        {
+            trace.outcome = Some((outcome, Instant::now()));
         }
     }
 
@@ -526,9 +545,7 @@ impl Call {
     #[inline]
     pub(super) fn finish(mut self: Box<Self>, outcome: Outcome) {
         if self.marks.progress == Progress::Recorded || self.trace.is_some() {
-            self.record(outcome);
-            self.end_and_give();
-            return;
+            return self.record_and_end(outcome);
         }
         // Not marked recorded: nothing reads it before `take` sets it again.
         self.record_outcome_and(outcome, true);
