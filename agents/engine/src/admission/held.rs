@@ -68,12 +68,6 @@ impl Held {
     pub(super) fn gives_back(&self) -> bool {
         self.bits & GIVES_BACK != 0
     }
-
-    /// A probe has reported: dropping must not give it back.
-    #[inline]
-    pub(super) fn reported(&mut self) {
-        self.bits &= !PROBE;
-    }
 }
 
 #[cfg(test)]
@@ -90,11 +84,9 @@ mod tests {
             system_error: false,
             share_class: Some(3),
         };
-        let mut h = Held::new(7, grant, true, false);
+        let h = Held::new(7, grant, true, false);
         assert_eq!((h.rule, h.grant()), (7, grant));
         assert!(h.keyed() && h.bytes() && h.gives_back());
-        h.reported();
-        assert!(!h.grant().probe && h.gives_back());
         let plain = Held::new(1, Grant::default(), false, false);
         assert!(!plain.keyed() && !plain.bytes() && !plain.gives_back());
         assert_eq!(plain.grant(), Grant::default());
