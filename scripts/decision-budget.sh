@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 matched_budget=845
-recorded_budget=920
+recorded_budget=908
 unmatched_budget=97
 
 if ! command -v valgrind >/dev/null 2>&1; then
