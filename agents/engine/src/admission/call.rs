@@ -735,9 +735,18 @@ mod tests {
         })
     }
 
+    /// An engine of the service the config `yaml` names, with it applied.
+    fn engine_of(yaml: &str) -> Engine {
+        let mut target: gov_proto::v1::TargetConfig =
+            serde_yaml::from_str(yaml).expect("the test config parses");
+        gov_proto::compiled::fill(&mut target);
+        let engine = Engine::empty(&target.service);
+        assert!(engine.apply_target(&target).is_ok());
+        engine
+    }
+
     fn engine() -> Engine {
-        let engine = Engine::empty("order");
-        let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+        engine_of(
             r#"
 service: order
 rules:
@@ -748,10 +757,6 @@ rules:
     timeout_ms: 1000
 "#,
         )
-        .expect("the test config parses");
-        gov_proto::compiled::fill(&mut target);
-        assert!(engine.apply_target(&target).is_ok());
-        engine
     }
 
     fn decide(e: &Engine, path: &str) -> Option<Admission> {
@@ -878,8 +883,7 @@ rules:
     #[test]
     fn a_shadow_refusal_is_listed_in_decision_order_and_holds_nothing() {
         on_a_thread(|| {
-            let e = Engine::empty("order");
-            let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+            let e = engine_of(
                 r#"
 service: order
 rules:
@@ -899,10 +903,7 @@ rules:
   on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
   limit: {calls: {amount: 100, window_ms: 60000}}
 "#,
-            )
-            .expect("the test config parses");
-            gov_proto::compiled::fill(&mut target);
-            assert!(e.apply_target(&target).is_ok());
+            );
             let order = [
                 "order/fuse",
                 "order/shadow_rate",
@@ -991,8 +992,7 @@ rules:
     /// its box comes back blank, the next call holds nothing of it.
     #[tokio::test(start_paused = true)]
     async fn a_keyed_or_waiting_call_gives_its_box_back_blank() {
-        let e = Engine::empty("order");
-        let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+        let e = engine_of(
             r#"
 service: order
 rules:
@@ -1001,10 +1001,7 @@ rules:
   direction: DIRECTION_OUTBOUND
   bulkhead: {key: BULKHEAD_KEY_INSTANCE, max_concurrent: 1, max_wait_ms: 500}
 "#,
-        )
-        .expect("the test config parses");
-        gov_proto::compiled::fill(&mut target);
-        assert!(e.apply_target(&target).is_ok());
+        );
         let h = HeaderMap::new();
         let info =
             RequestInfo::outbound(&Method::GET, "/stock", &h, "inventory", Some("10.0.0.1:80"));
@@ -1042,8 +1039,7 @@ rules:
     /// and a third call is refused.
     #[tokio::test(start_paused = true)]
     async fn a_recorded_probe_is_not_given_back_when_dropped() {
-        let e = Engine::empty("inventory");
-        let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+        let e = engine_of(
             r#"
 service: inventory
 rules:
@@ -1054,10 +1050,7 @@ rules:
     - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 30000}
     recover: {after: {after_ms: 30000, probes: 2}}
 "#,
-        )
-        .expect("the test config parses");
-        gov_proto::compiled::fill(&mut target);
-        assert!(e.apply_target(&target).is_ok());
+        );
         let Some(first) = decide(&e, "/stock") else {
             panic!("not admitted");
         };
