@@ -12,6 +12,15 @@
 //! `record(200)` at the response head, then the admission dropped when the
 //! body ends (gov-agent's HTTP/1 relay and [`gov_engine::Govern`] both).
 //!
+//! `stack_observed` is the stack doing what gov's decision does besides the
+//! three checks, with the crates such a service would take for it: the
+//! request's rules picked among the config's by `matchit` (axum's router)
+//! and tests of the header and method by hand, the call timed (two clock
+//! reads), and each matched rule's admitted count and latency kept in
+//! `prometheus` counters and histograms with gov's latency buckets. It is a
+//! measure of what gov does beyond the stack, not the yardstick: the
+//! ratios stay against `stack`.
+//!
 //! Time: thread CPU time per call, each subject in turn, five interleaved
 //! rounds, the median printed. Instructions: each subject's loop alone under
 //! `valgrind --tool=callgrind` (collection toggled on the loop, so set-up and
@@ -41,7 +50,7 @@ use failsafe::{CircuitBreaker, Config};
 use gov_engine::{Decision, Engine, Outcome, RequestInfo};
 use gov_proto::v1::TargetConfig;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
-use http::{HeaderMap, HeaderValue, Method};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tokio::sync::Semaphore;
 use tower::Service;
@@ -59,7 +68,7 @@ const COUNTED_CALLS: i64 = 20_000;
 const ROUNDS: usize = 5;
 
 /// The subjects, in the order of the table.
-const SUBJECTS: [&str; 9] = [
+const SUBJECTS: [&str; 10] = [
     "gov_matched",
     "gov_recorded",
     "gov_unmatched",
@@ -69,6 +78,7 @@ const SUBJECTS: [&str; 9] = [
     "failsafe",
     "stack",
     "stack_tower",
+    "stack_observed",
 ];
 
 fn label(subject: &str) -> &'static str {
@@ -84,6 +94,9 @@ fn label(subject: &str) -> &'static str {
         "failsafe" => "failsafe `call` (default policy)",
         "stack" => "stack: failsafe + governor + Semaphore",
         "stack_tower" => "stack: failsafe + governor + ConcurrencyLimit",
+        "stack_observed" => {
+            "stack + rules picked (matchit, header and method) + per-rule counts and latency (prometheus)"
+        }
         _ => "?",
     }
 }
@@ -103,6 +116,85 @@ struct World {
         >,
         (),
     >,
+    observed: Observed,
+}
+
+/// What `stack_observed` adds to the stack: the config's inbound rules
+/// routed by path (each route with the rules it holds and what else they
+/// test), and each rule's admitted count and latency histogram.
+struct Observed {
+    router: matchit::Router<Route>,
+    admitted: Vec<prometheus::IntCounter>,
+    latency: Vec<prometheus::Histogram>,
+}
+
+/// The rules (indices into [`Observed`]'s metrics) a path route holds, and
+/// what they test besides the path.
+struct Route {
+    rules: &'static [usize],
+    when: When,
+}
+
+#[derive(Clone, Copy)]
+enum When {
+    Always,
+    Consumer(&'static str),
+    Writes,
+}
+
+impl Observed {
+    /// The inbound rules of `decision-config.yaml`, numbered in its order
+    /// (0 `order/slow_calls` ... 9 `order/api_fuse`; 2, outbound, is not
+    /// routed here; 4, `x-admin: yes`, is the header test of [`observed`]).
+    fn new() -> Self {
+        let mut router = matchit::Router::new();
+        let prefixes: [(&str, &'static [usize], When); 4] = [
+            ("/benchmark/delay/z100", &[0], When::Always),
+            ("/api", &[1, 6, 9], When::Always),
+            ("/mdm/supplier", &[5, 8], When::Consumer("crm")),
+            ("/orders", &[7], When::Writes),
+        ];
+        for (path, rules, when) in prefixes {
+            for route in [path.to_owned(), format!("{path}/{{*rest}}")] {
+                if let Err(e) = router.insert(route, Route { rules, when }) {
+                    panic!("route {path}: {e}");
+                }
+            }
+        }
+        if let Err(e) = router.insert(
+            "/export",
+            Route {
+                rules: &[3],
+                when: When::Always,
+            },
+        ) {
+            panic!("route /export: {e}");
+        }
+        let buckets = gov_proto::LATENCY_BOUNDS_MS
+            .iter()
+            .map(|&ms| ms as f64 / 1e3)
+            .collect::<Vec<_>>();
+        let metric = |kind: &str, i: usize| format!("rule_{i}_{kind}");
+        let admitted = (0..10)
+            .map(|i| prometheus::IntCounter::new(metric("admitted", i), "admitted calls"))
+            .collect::<Result<Vec<_>, _>>();
+        let latency = (0..10)
+            .map(|i| {
+                prometheus::Histogram::with_opts(
+                    prometheus::HistogramOpts::new(metric("latency", i), "latency")
+                        .buckets(buckets.clone()),
+                )
+            })
+            .collect::<Result<Vec<_>, _>>();
+        match (admitted, latency) {
+            (Ok(admitted), Ok(latency)) => Self {
+                router,
+                admitted,
+                latency,
+            },
+            (Err(e), _) | (_, Err(e)) => panic!("metrics: {e}"),
+        }
+    }
 }
 
 /// The inner service of the concurrency limit: answers at once.
@@ -161,6 +253,7 @@ impl World {
             semaphore: Semaphore::new(PERMITS),
             limit: ConcurrencyLimit::new(Ready, PERMITS),
             breaker: Config::new().build(),
+            observed: Observed::new(),
         }
     }
 
@@ -178,7 +271,9 @@ impl World {
             semaphore,
             limit,
             breaker,
+            observed,
         } = self;
+        let (get, headers): (&Method, &HeaderMap) = (get, headers);
         let info = RequestInfo::inbound(get, path, headers);
         let mut cx = Context::from_waker(Waker::noop());
         match subject {
@@ -208,6 +303,22 @@ impl World {
                     })
                 })
             }),
+            "stack_observed" => {
+                // The request routes to the three rules the stack checks.
+                if !matches!(observed.router.at(path).map(|m| m.value.rules.len()), Ok(3)) {
+                    panic!("`{path}` does not route to three rules");
+                }
+                Box::new(move |n| {
+                    drive(n, || {
+                        observed_call(observed, black_box((path, get, headers)), || {
+                            breaker_call(breaker, || {
+                                check(limiter);
+                                drop(permit(semaphore));
+                            })
+                        })
+                    })
+                })
+            }
             other => panic!("no subject `{other}`"),
         }
     }
@@ -260,6 +371,38 @@ fn recorded(engine: &Engine, info: &RequestInfo<'_>) {
         }
         Decision::Rejected(r) => panic!("unexpected rejection: {r}"),
         Decision::Wait(_) => panic!("unexpected wait"),
+    }
+}
+
+/// The request's rules picked, `checks` run and timed when any matched, and
+/// each matched rule's admitted count and latency recorded.
+#[inline]
+fn observed_call(o: &Observed, req: (&str, &Method, &HeaderMap), checks: impl FnOnce()) {
+    let (path, method, headers) = req;
+    // The names parsed once, as a careful service would.
+    const ADMIN: HeaderName = HeaderName::from_static("x-admin");
+    const CONSUMER: HeaderName = HeaderName::from_static("x-gov-consumer");
+    let admin = headers.get(ADMIN).is_some_and(|v| v == "yes");
+    let rules = match o.router.at(path) {
+        Ok(m) => {
+            let passes = match m.value.when {
+                When::Always => true,
+                When::Consumer(c) => headers.get(CONSUMER).is_some_and(|v| v == c),
+                When::Writes => matches!(*method, Method::POST | Method::PUT),
+            };
+            if passes { m.value.rules } else { &[] }
+        }
+        Err(_) => &[],
+    };
+    if rules.is_empty() && !admin {
+        return;
+    }
+    let start = Instant::now();
+    checks();
+    let secs = start.elapsed().as_secs_f64();
+    for &rule in rules {
+        o.admitted[rule].inc();
+        o.latency[rule].observe(secs);
     }
 }
 
