@@ -580,15 +580,14 @@ impl Router {
     /// The index entry `path` meets (the exact path it equals, else the
     /// longest prefix it starts with): its node, and whether the node is
     /// plain ([`Node::plain`]). Without a hashed exact path of its length,
-    /// a scan that calls nothing (issue 39: so it needs no frame).
+    /// a scan that calls nothing but in tail position (issue 39: so it
+    /// needs no frame).
     #[inline]
     fn meet(&self, path: &str) -> Option<(u32, bool)> {
         if self.exact_lens & len_bit(path.len()) != 0 {
             return self.hashed(path);
         }
-        self.prefixes
-            .find(path.as_bytes())
-            .map(|p| (p.node, p.plain))
+        self.prefixes.find(path.as_bytes())
     }
 
     /// [`Router::meet`] of a path that may equal an exact path of `exact`:
@@ -598,9 +597,7 @@ impl Router {
         if let Some(&met) = self.exact.get(path) {
             return Some(met);
         }
-        self.prefixes
-            .find(path.as_bytes())
-            .map(|p| (p.node, p.plain))
+        self.prefixes.find(path.as_bytes())
     }
 
     /// The node of the exact path or longest prefix `path` meets, and its
