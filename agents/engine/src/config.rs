@@ -24,7 +24,7 @@ use self::classes::Classes;
 use self::invalid::Ctx;
 pub use self::invalid::InvalidConfig;
 use crate::criticality::Class;
-use crate::route::{Cond, Router, RuleMeta};
+use crate::route::{Cond, Plan, PlanAt, Router, RuleMeta};
 pub use crate::route::{Direction, RuleId};
 /// [`RuleSpec`] and every kind's spec type, listed where the kinds are
 /// (`state.rs`), so that a new kind does not touch this file.
@@ -70,6 +70,10 @@ pub struct CompiledConfig {
     /// The rules of each direction, by [`Direction`] (issue 39: a decision
     /// finds its router by an index, not a branch).
     routers: [Router; 2],
+    /// The plan of every node of both routers, by [`PlanAt::Node`] (issue
+    /// 39: a decision reads its plan by its number alone, not through its
+    /// router).
+    plans: Box<[Plan]>,
     /// The classes its named matches declare ([`crate::criticality`]).
     pub(crate) classes: Classes,
 }
@@ -181,6 +185,19 @@ impl CompiledConfig {
         &self.routers[direction as usize]
     }
 
+    /// The plan at `at`, which a router of this config gave (`scratch`: the
+    /// one it was given): [`Router::resolve`] without finding the router.
+    #[inline]
+    pub(crate) fn plan<'a>(&'a self, at: PlanAt, scratch: &'a Option<Plan>) -> &'a Plan {
+        match at {
+            PlanAt::Node(i) => match self.plans.get(i as usize) {
+                Some(plan) => plan,
+                None => self.routers[0].resolve(PlanAt::Scratch, &None),
+            },
+            PlanAt::Scratch => self.routers[0].resolve(at, scratch),
+        }
+    }
+
     /// A config with no rules (everything is admitted).
     pub fn empty(service: &str) -> Self {
         Self {
@@ -198,6 +215,7 @@ impl CompiledConfig {
             metas: Box::new([]),
             expiring: false,
             routers: Default::default(),
+            plans: Box::new([]),
             classes: Classes::default(),
         }
     }
@@ -296,12 +314,15 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             rules.iter().map(|r| (r.direction, &r.on)),
             &metas,
             Direction::Inbound,
+            0,
         );
         let mut outbound = Router::new(
             rules.iter().map(|r| (r.direction, &r.on)),
             &metas,
             Direction::Outbound,
+            inbound.end(),
         );
+        let plans = inbound.plans().chain(outbound.plans()).cloned().collect();
         inbound.by_path = !(expiring || paths.case_insensitive);
         outbound.by_path = !expiring;
         let consumer_source = ConsumerSource::from_wire(t.consumer_source.as_ref())?;
@@ -320,6 +341,7 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             metas,
             expiring,
             routers: [inbound, outbound],
+            plans,
             classes,
         })
     }

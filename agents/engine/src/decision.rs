@@ -151,8 +151,8 @@ pub(crate) fn observed<O: Observe>(
 
 /// Where the plan of the rules of `config` that `req` matches is (in step
 /// order; `scratch`: where it is built when it is not the compiled plan of
-/// one index entry; read it with [`CompiledConfig::router`] and
-/// `Router::resolve`); `None` when no rule matched.
+/// one index entry; read it with [`CompiledConfig::plan`]); `None` when no
+/// rule matched.
 #[inline]
 pub(crate) fn route(
     config: &CompiledConfig,
@@ -258,7 +258,7 @@ pub(crate) fn admit_matched(
     req: &RequestInfo<'_>,
 ) -> Decision {
     let config = &*snap.config;
-    let plan = config.router(req.direction).resolve(at, scratch);
+    let plan = config.plan(at, scratch);
     let now = Now::read();
     // Worked on in its box, made an `Admission` (which ends it when
     // dropped) at every return.

@@ -326,8 +326,13 @@ pub(crate) struct Router {
     /// it is plain ([`Prefix::plain`]); else empty, the exact paths are in
     /// `prefixes`.
     exact: HashMap<Box<str>, (u32, bool), FxBuild>,
-    /// The nodes of the exact paths and prefixes, by [`PlanAt::Node`].
+    /// The nodes of the exact paths and prefixes, by [`PlanAt::Node`] less
+    /// `base`.
     nodes: Vec<Node>,
+    /// The [`PlanAt::Node`] of its first node: the nodes of both routers
+    /// are numbered as one list, so that a plan is found by its number
+    /// alone ([`CompiledConfig::plan`](crate::config::CompiledConfig::plan)).
+    base: u32,
     /// Bit `len % 64` is set for the length of every exact path of `exact`:
     /// most requests skip the hash lookup (none when it is empty).
     exact_lens: u64,
@@ -396,13 +401,17 @@ pub(crate) enum PlanAt {
 
 impl Router {
     /// The router of `direction` over every rule's direction, match and
-    /// [`RuleMeta`], in rule-id order.
+    /// [`RuleMeta`], in rule-id order, its nodes numbered from `base`.
     pub(crate) fn new<'a>(
         rules: impl IntoIterator<Item = (Direction, &'a Cond)>,
         metas: &[RuleMeta],
         direction: Direction,
+        base: u32,
     ) -> Self {
-        let mut router = Router::default();
+        let mut router = Router {
+            base,
+            ..Router::default()
+        };
         let mut exact: HashMap<&str, Vec<Entry>> = HashMap::new();
         let mut prefixes: HashMap<&str, Vec<Entry>> = HashMap::new();
         for (i, (rule_direction, on)) in rules.into_iter().enumerate() {
@@ -439,8 +448,8 @@ impl Router {
         let mut nodes = Vec::new();
         let mut node = |n: Node| {
             nodes.push(n);
-            // At most MAX_RULES paths, so the index fits.
-            u32::try_from(nodes.len() - 1).unwrap_or(u32::MAX)
+            // At most MAX_RULES paths a direction, so the number fits.
+            base.saturating_add(u32::try_from(nodes.len() - 1).unwrap_or(u32::MAX))
         };
         let hashed = exact.len() > SCANNED_EXACT;
         let mut list = Vec::new();
@@ -580,15 +589,14 @@ impl Router {
     /// The index entry `path` meets (the exact path it equals, else the
     /// longest prefix it starts with): its node, and whether the node is
     /// plain ([`Node::plain`]). Without a hashed exact path of its length,
-    /// a scan that calls nothing (issue 39: so it needs no frame).
+    /// a scan that calls nothing but in tail position (issue 39: so it
+    /// needs no frame).
     #[inline]
     fn meet(&self, path: &str) -> Option<(u32, bool)> {
         if self.exact_lens & len_bit(path.len()) != 0 {
             return self.hashed(path);
         }
-        self.prefixes
-            .find(path.as_bytes())
-            .map(|p| (p.node, p.plain))
+        self.prefixes.find(path.as_bytes())
     }
 
     /// [`Router::meet`] of a path that may equal an exact path of `exact`:
@@ -598,9 +606,7 @@ impl Router {
         if let Some(&met) = self.exact.get(path) {
             return Some(met);
         }
-        self.prefixes
-            .find(path.as_bytes())
-            .map(|p| (p.node, p.plain))
+        self.prefixes.find(path.as_bytes())
     }
 
     /// The node of the exact path or longest prefix `path` meets, and its
@@ -608,7 +614,18 @@ impl Router {
     #[inline]
     fn node(&self, path: &str) -> Option<(u32, &Node)> {
         let (i, _) = self.meet(path)?;
-        Some((i, self.nodes.get(i as usize)?))
+        Some((i, self.nodes.get(i.wrapping_sub(self.base) as usize)?))
+    }
+
+    /// The number of the node after its last: the next router's `base`.
+    pub(crate) fn end(&self) -> u32 {
+        let len = u32::try_from(self.nodes.len()).unwrap_or(u32::MAX);
+        self.base.saturating_add(len)
+    }
+
+    /// The plan of each of its nodes, in their order.
+    pub(crate) fn plans(&self) -> impl Iterator<Item = &Plan> {
+        self.nodes.iter().map(|n| &n.plan)
     }
 
     /// [`Router::plan`] of a request that reaches no rule without a path
@@ -630,7 +647,7 @@ impl Router {
     #[inline]
     pub(crate) fn resolve<'a>(&'a self, at: PlanAt, scratch: &'a Option<Plan>) -> &'a Plan {
         let node = match at {
-            PlanAt::Node(i) => self.nodes.get(i as usize),
+            PlanAt::Node(i) => self.nodes.get(i.wrapping_sub(self.base) as usize),
             PlanAt::Scratch => None,
         };
         match (node, scratch) {
@@ -841,6 +858,46 @@ mod tests {
         assert_eq!(matched(&cfg, "GET", "/e", &[]), ["svc/exact_get"]);
         assert_eq!(matched(&cfg, "PUT", "/e", &[]), Vec::<String>::new());
         assert_eq!(matched(&cfg, "GET", "/e/", &[]), Vec::<String>::new());
+    }
+
+    /// The nodes of both routers are numbered as one list: a decision reads
+    /// an outbound request's plan by its number alone (issue 39), the plan
+    /// its router holds.
+    #[test]
+    fn both_routers_plans_are_read_by_their_number() {
+        let bulkhead = "bulkhead: {max_concurrent: 9}";
+        let out = "direction: DIRECTION_OUTBOUND";
+        let yaml = format!(
+            "service: order\nrules:\n\
+             - {{name: order/in_api, on: {{path: {{kind: PATH_KIND_PREFIX, value: /api}}}}, {bulkhead}}}\n\
+             - {{name: order/in_x, on: {{path: {{kind: PATH_KIND_EXACT, value: /x}}}}, {bulkhead}}}\n\
+             - {{name: order/out_api, on: {{path: {{kind: PATH_KIND_PREFIX, value: /api/v2}}}}, {out}, {bulkhead}}}\n\
+             - {{name: order/out_b, on: {{path: {{kind: PATH_KIND_PREFIX, value: /b}}}}, {out}, {bulkhead}}}\n"
+        );
+        let mut target = serde_yaml::from_str(&yaml).unwrap();
+        gov_proto::compiled::fill(&mut target);
+        let cfg = CompiledConfig::try_from(&target).unwrap();
+        let (map, get) = (HeaderMap::new(), Method::GET);
+        let outbound = |path| crate::RequestInfo::outbound(&get, path, &map, "inv", None);
+        for (req, expected) in [
+            (
+                crate::RequestInfo::inbound(&get, "/api/1", &map),
+                "order/in_api",
+            ),
+            (crate::RequestInfo::inbound(&get, "/x", &map), "order/in_x"),
+            (outbound("/api/v2/1"), "order/out_api"),
+            (outbound("/b/1"), "order/out_b"),
+        ] {
+            let mut scratch = None;
+            let at = crate::decision::route(&cfg, &req, &mut scratch).unwrap();
+            let plan = cfg.plan(at, &scratch);
+            assert_eq!(plan, cfg.router(req.direction).resolve(at, &scratch));
+            let names: Vec<String> = plan
+                .ids()
+                .map(|id| cfg.rules[id.0 as usize].name.to_string())
+                .collect();
+            assert_eq!(names, [expected], "{}", req.path);
+        }
     }
 
     /// The rules `cfg` routes an inbound `GET path` to, as a decision does

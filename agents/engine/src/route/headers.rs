@@ -28,15 +28,16 @@ impl<'a> Headers<'a> {
     #[inline]
     pub fn get(&self, name: &HeaderName) -> Option<&'a [u8]> {
         match *self {
-            Headers::Map(map) => {
-                // Most requests lack the headers rules look for (`x-admin`),
-                // and comparing a few names costs less than hashing one.
-                // (`name` on the left: its kind is tested once, see `has_any`.)
-                if map.keys_len() <= SCANNED_NAMES && !map.keys().any(|k| name == k) {
-                    return None;
-                }
-                map.get(name).map(HeaderValue::as_bytes)
-            }
+            // Comparing a few names costs less than hashing one, and the
+            // scan that finds the name gives its value (issue 39: no hash
+            // for a consumer or a header a rule matches on). The first
+            // value of a name is the first the map yields with it. (`name`
+            // on the left: its kind is tested once, see `has_any`.)
+            Headers::Map(map) if map.keys_len() <= SCANNED_NAMES => map
+                .iter()
+                .find(|&(k, _)| name == k)
+                .map(|(_, v)| v.as_bytes()),
+            Headers::Map(map) => map.get(name).map(HeaderValue::as_bytes),
             Headers::Raw(raw) => raw
                 .iter()
                 .find(|h| h.name.eq_ignore_ascii_case(name.as_str()))
@@ -104,6 +105,32 @@ impl<'a> Headers<'a> {
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    /// A name's first value, found by the scan of a few names or, with
+    /// many, by the map's own lookup: the value `HeaderMap::get` gives, the
+    /// first of several (issue 39).
+    #[test]
+    fn a_name_gives_its_first_value_scanned_or_looked_up() {
+        for extra in [0, 20] {
+            let mut map = HeaderMap::new();
+            map.append("x-tenant", HeaderValue::from_static("gold"));
+            for i in 0..extra {
+                let name = HeaderName::from_bytes(format!("x-h{i:02}").as_bytes()).unwrap();
+                map.insert(name, HeaderValue::from_static("1"));
+            }
+            map.append("accept", HeaderValue::from_static("*/*"));
+            map.append("x-tenant", HeaderValue::from_static("silver"));
+            map.append("x-gov-consumer", HeaderValue::from_static("crm"));
+            let headers = Headers::Map(&map);
+            for name in ["x-tenant", "accept", "x-gov-consumer", "x-admin", "cookie"] {
+                let name = HeaderName::from_static(name);
+                let want = map.get(&name).map(HeaderValue::as_bytes);
+                assert_eq!(headers.get(&name), want, "{name} {extra}");
+            }
+            let tenant = HeaderName::from_static("x-tenant");
+            assert_eq!(headers.get(&tenant), Some(&b"gold"[..]));
+        }
+    }
 
     /// A gate of one, two or more names finds any of them in a scanned
     /// map, standard names (a table entry) and custom ones alike, and

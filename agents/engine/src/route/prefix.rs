@@ -54,18 +54,41 @@ impl Prefixes {
 
     /// The entry `path` meets: the exact path it equals, else the longest
     /// prefix it starts with (the first met holds every rule of the
-    /// shorter ones the path meets).
+    /// shorter ones the path meets); its node and whether it is plain.
     #[inline]
-    pub(super) fn find(&self, path: &[u8]) -> Option<&Prefix> {
+    pub(super) fn find(&self, path: &[u8]) -> Option<(u32, bool)> {
         let head = head8(path);
         let group: &[Prefix] = match path.get(1) {
             Some(&b) => &self.groups[usize::from(b)],
             None => &[],
         };
-        if let Some(p) = group.iter().find(|p| p.holds(path, head)) {
-            return Some(p);
+        // The scan tests heads and lengths alone, and hands an entry longer
+        // than its head on to `find_long` (issue 39: so it keeps no
+        // register past its arguments, and its callers save none).
+        let mut rest = group;
+        while let [p, tail @ ..] = rest {
+            if p.holds_head(path, head) {
+                if p.text.len() <= 8 {
+                    return Some(p.met());
+                }
+                return self.find_long(rest, path);
+            }
+            rest = tail;
         }
-        self.short.iter().find(|p| p.holds(path, head))
+        // Shorter than 2 bytes: the head is the whole text.
+        (self.short.iter().find(|p| p.holds_head(path, head))).map(Prefix::met)
+    }
+
+    /// [`Prefixes::find`] from `rest` (the tail of `path`'s group) on, its
+    /// first entry's head met: each text compared whole. (Its head read
+    /// again: five arguments, all in registers, so that `find` calls it in
+    /// tail position.)
+    #[inline(never)]
+    fn find_long(&self, rest: &[Prefix], path: &[u8]) -> Option<(u32, bool)> {
+        let head = head8(path);
+        (rest.iter().chain(self.short.iter()))
+            .find(|p| p.holds(path, head))
+            .map(Prefix::met)
     }
 
     /// The entries' lengths in the order they are tried in (by second byte).
@@ -85,8 +108,9 @@ pub(super) struct Prefix {
     /// entries are told apart by one word comparison.
     head: u64,
     mask: u64,
-    /// The longest path that meets it: its own length for an exact path.
-    max_len: usize,
+    /// How much longer than `text` a path that meets it may be: 0 for an
+    /// exact path (issue 39: one comparison tests both lengths).
+    span: usize,
     /// The rules of this entry and of every shorter prefix it starts with
     /// (its node in the router's `nodes`).
     pub(super) node: u32,
@@ -106,25 +130,37 @@ impl Prefix {
             } else {
                 (1u64 << (8 * n)) - 1
             },
-            max_len: if exact { text.len() } else { usize::MAX },
+            span: if exact { 0 } else { usize::MAX - text.len() },
             text: text.into(),
             node,
             plain,
         }
     }
 
+    /// Its node and whether it is plain.
+    #[inline]
+    fn met(&self) -> (u32, bool) {
+        (self.node, self.plain)
+    }
+
     fn exact(&self) -> bool {
-        self.max_len != usize::MAX
+        self.span == 0
     }
 
     /// Whether `path` (whose `head8` is `path_head`) equals this exact path
     /// or starts with this prefix.
     #[inline]
     fn holds(&self, path: &[u8], path_head: u64) -> bool {
-        path_head & self.mask == self.head
-            && path.len() >= self.text.len()
-            && path.len() <= self.max_len
+        self.holds_head(path, path_head)
             && (self.text.len() <= 8 || same_words(self.text.as_bytes(), path))
+    }
+
+    /// [`Prefix::holds`] by the head and the length alone: the whole test
+    /// for a text of up to 8 bytes.
+    #[inline]
+    fn holds_head(&self, path: &[u8], path_head: u64) -> bool {
+        // A path shorter than `text` wraps to more than any span.
+        path_head & self.mask == self.head && path.len().wrapping_sub(self.text.len()) <= self.span
     }
 }
 
@@ -196,7 +232,7 @@ mod tests {
             "/mdm",
         ];
         let p = prefixes(&texts);
-        let met = |path: &str| p.find(path.as_bytes()).map(|e| texts[e.node as usize]);
+        let met = |path: &str| p.find(path.as_bytes()).map(|(n, _)| texts[n as usize]);
         assert_eq!(met("/api/orders/7"), Some("/api/orders"));
         assert_eq!(met("/api/x"), Some("/api"));
         assert_eq!(met("/apx"), Some("/"));
@@ -212,7 +248,7 @@ mod tests {
         let api = prefixes(&["/api"]);
         assert!(api.find(b"/static").is_none());
         assert!(api.find(b"/").is_none());
-        assert_eq!(api.find(b"/api").map(|e| e.node), Some(0));
+        assert_eq!(api.find(b"/api"), Some((0, true)));
     }
 
     #[test]
@@ -231,6 +267,28 @@ mod tests {
         }
     }
 
+    /// A longer text whose head a path meets but whose rest it does not
+    /// passes the scan on to the shorter entries of its group, then to
+    /// those shorter than 2 bytes (issue 39: compared out of line).
+    #[test]
+    fn a_long_text_met_by_its_head_alone_is_passed_over() {
+        let texts = ["/mdm/supplier/long/er", "/mdm/supplier/x", "/mdm", "/"];
+        let p = prefixes(&texts);
+        let met = |path: &str| p.find(path.as_bytes()).map(|(n, _)| texts[n as usize]);
+        assert_eq!(met("/mdm/supplier/long/eR"), Some("/mdm"));
+        assert_eq!(met("/mdm/supplier/x/1"), Some("/mdm/supplier/x"));
+        assert_eq!(met("/mdm/supplier/long/er"), Some("/mdm/supplier/long/er"));
+        let p = prefixes(
+            &texts[..1]
+                .iter()
+                .chain(&texts[3..])
+                .copied()
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(p.find(b"/mdm/supplier/lonG"), Some((1, true)));
+        assert_eq!(p.find(b"/mdm/supplier/long/er/2"), Some((0, true)));
+    }
+
     /// An exact path is met by that path alone, before a prefix of its
     /// length; a longer path goes on to the prefixes.
     #[test]
@@ -246,7 +304,7 @@ mod tests {
             "=/a",
         ];
         let p = prefixes(&texts);
-        let met = |path: &str| p.find(path.as_bytes()).map(|e| texts[e.node as usize]);
+        let met = |path: &str| p.find(path.as_bytes()).map(|(n, _)| texts[n as usize]);
         assert_eq!(met("/api"), Some("=/api"));
         assert_eq!(met("/api/"), Some("/api"));
         assert_eq!(met("/api/orders/7"), Some("=/api/orders/7"));
