@@ -37,12 +37,14 @@ struct Base {
     parts: Option<(i64, u32)>,
 }
 
-/// The base's seconds ([`Base::parts`], as a `u64`) once the base is set,
-/// when they hold; 0 before, or where they do not.
-static BASE_SECS: AtomicU64 = AtomicU64::new(0);
+/// The base's seconds ([`Base::parts`], as a `u64`) negated, once the
+/// base is set, when they hold; 0 before, or where they do not: what a read
+/// adds to its seconds (issue 39: an add that leaves the read's seconds as
+/// they are, one `lea`, where a subtraction overwrites them).
+static TO_BASE_SECS: AtomicU64 = AtomicU64::new(0);
 
 /// The whole seconds since the base below which a read goes to [`near`]:
-/// [`SPAN_SECS_SET`] once [`BASE_SECS`] is set, stored after it; 0 before,
+/// [`SPAN_SECS_SET`] once [`TO_BASE_SECS`] is set, stored after it; 0 before,
 /// or where the base's fields do not hold (issue 39: a read tests its
 /// seconds since the base against this one word, which also tells it is
 /// after the base).
@@ -65,7 +67,7 @@ fn base() -> &'static Base {
         }
         let parts = parts(at).filter(|&p| p.1 == 0 && fits(p.0) && subtracts_as_instants(at, p));
         if let Some((secs, _)) = parts {
-            BASE_SECS.store(secs as u64, Release);
+            TO_BASE_SECS.store((secs as u64).wrapping_neg(), Release);
             SPAN_SECS.store(SPAN_SECS_SET, Release);
         }
         Base { at, parts }
@@ -156,14 +158,14 @@ fn fits(secs: i64) -> bool {
     secs <= i64::MAX - SPAN_SECS_SET as i64
 }
 
-/// Nanoseconds from the base (whose seconds, as a `u64`, are `base_secs`,
-/// which [`fits`], and nanoseconds 0) to `secs` seconds and `nsec` nanoseconds, when they
+/// Nanoseconds from the base (whose seconds, as a `u64` and negated, are
+/// `to_base`, which [`fits`], and nanoseconds 0) to `secs` seconds and `nsec` nanoseconds, when they
 /// are less than `span` ([`SPAN_SECS_SET`] at most) whole seconds after it:
 /// one subtraction and one compare (issue 39: a read's conversion).
 #[inline]
-fn near(secs: i64, nsec: u32, base_secs: u64, span: u64) -> Option<u64> {
+fn near(secs: i64, nsec: u32, to_base: u64, span: u64) -> Option<u64> {
     // Seconds before the base wrap past any span.
-    let whole = (secs as u64).wrapping_sub(base_secs);
+    let whole = (secs as u64).wrapping_add(to_base);
     (whole < span).then(|| whole * u64::from(NANOS_PER_SEC) + u64::from(nsec))
 }
 
@@ -188,7 +190,7 @@ pub(crate) fn ns(at: Instant) -> u64 {
     at.hash(&mut p);
     // The base is set when `span` is (stored before it, which this read
     // saw set).
-    match near(p.sec, p.nsec, BASE_SECS.load(Relaxed), span) {
+    match near(p.sec, p.nsec, TO_BASE_SECS.load(Relaxed), span) {
         Some(ns) => ns,
         None => ns_of_base(at),
     }
@@ -344,12 +346,13 @@ mod tests {
     fn on_unix_reads_take_the_fields() {
         let from = base().parts;
         assert_eq!(from.map(|(_, n)| n), Some(0), "a whole second");
-        assert_eq!(Some(BASE_SECS.load(Acquire)), from.map(|(s, _)| s as u64));
+        let to_base = TO_BASE_SECS.load(Acquire);
+        assert_eq!(Some(to_base), from.map(|(s, _)| (s as u64).wrapping_neg()));
         assert_eq!(SPAN_SECS.load(Acquire), SPAN_SECS_SET);
         let now = Instant::now();
         assert_eq!(ns(now), ns_of_base(now));
         let p = parts(now).unwrap();
-        assert!(near(p.0, p.1, BASE_SECS.load(Acquire), SPAN_SECS_SET).is_some());
+        assert!(near(p.0, p.1, to_base, SPAN_SECS_SET).is_some());
     }
 
     /// Instants before the base, or its span or more after it, read as
@@ -433,7 +436,7 @@ mod tests {
         for &fs in secs.iter().filter(|&&s| fits(s)) {
             for &ts in &secs {
                 for &tn in &nanos {
-                    let near = near(ts, tn, fs as u64, SPAN_SECS_SET);
+                    let near = near(ts, tn, (fs as u64).wrapping_neg(), SPAN_SECS_SET);
                     let want = since((ts, tn), (fs, 0));
                     let within = i128::from(ts) - i128::from(fs);
                     assert_eq!(near.is_some(), (0..i128::from(span)).contains(&within));
