@@ -83,8 +83,9 @@ impl Limit {
         if let Some(number) = plain.w_ns.div_near(since_ns) {
             let word = cell.calls.load(Relaxed);
             // Below 2^32 (and so below `room`) only when the word's window
-            // is `number`'s (its low 32 bits, as `pack` keeps it).
-            if word.wrapping_sub(number << 32) < plain.room
+            // is `number`'s (its low 32 bits, as `pack` keeps them, `at`
+            // bits up).
+            if word.wrapping_sub(number << plain.at) < plain.room
                 && cell
                     .calls
                     .compare_exchange_weak(word, word + 1, Relaxed, Relaxed)

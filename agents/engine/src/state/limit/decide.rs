@@ -104,6 +104,7 @@ impl Limit {
                 Some(Plain {
                     amount: rate.amount,
                     room: rate.amount.min(0xffff_ffff),
+                    at: 32,
                     w_ms,
                     w_ns: Divisor::new(w_ns),
                 })
