@@ -10,11 +10,13 @@
 //! to its fields, and a subtraction of two is a call into std of about 35
 //! instructions); the base checks, once, that what `Hash` writes subtracts
 //! as `Instant`s do, and where it does not every read subtracts the base.
+//! The base is a whole second: a read's nanoseconds are its whole seconds
+//! since the base, times 10^9, plus its own nanoseconds.
 
 use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -26,44 +28,47 @@ const BEFORE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 const NANOS_PER_SEC: u32 = 1_000_000_000;
 
-/// The process-wide base, and its fields when reading them from an
-/// instant's `Hash` subtracts as instants do: its seconds and nanoseconds,
-/// and both in nanoseconds (within [`NEAR_NS`]).
+/// The process-wide base, a whole second (issue 39: a read then adds its
+/// nanoseconds to its whole seconds since the base, with nothing to
+/// subtract or saturate), and its fields when reading them from an
+/// instant's `Hash` subtracts as instants do (its nanoseconds 0 then).
 struct Base {
     at: Instant,
-    parts: Option<((i64, u32), i64)>,
+    parts: Option<(i64, u32)>,
 }
 
-/// The largest magnitude of the base's fields in nanoseconds that
-/// [`since_base`] subtracts from without overflow (2^62, 146 years from
-/// the clock's zero).
-const NEAR_NS: i64 = 1 << 62;
+/// The base's seconds ([`Base::parts`], as a `u64`) negated, once the
+/// base is set, when they hold; 0 before, or where they do not: what a read
+/// adds to its seconds (issue 39: an add that leaves the read's seconds as
+/// they are, one `lea`, where a subtraction overwrites them).
+static TO_BASE_SECS: AtomicU64 = AtomicU64::new(0);
 
-/// The base's fields in nanoseconds ([`Base::parts`]) once the base is
-/// set, when they hold; 0 before, or where they do not (issue 39: a read
-/// tests this one word, not the base's cell and then its fields).
-static BASE_NS: AtomicI64 = AtomicI64::new(0);
+/// The whole seconds since the base below which a read goes to [`near`]:
+/// [`SPAN_SECS_SET`] once [`TO_BASE_SECS`] is set, stored after it; 0 before,
+/// or where the base's fields do not hold (issue 39: a read tests its
+/// seconds since the base against this one word, which also tells it is
+/// after the base).
+static SPAN_SECS: AtomicU64 = AtomicU64::new(0);
 
-/// The seconds below which a read's fields go to [`near`]: 2^31 (its
-/// seconds fit an `i32`) once [`BASE_NS`] is set, stored after it; 0
-/// before, or where the base's fields do not hold (issue 39: a read tests
-/// its seconds against this one word, not the base and then their range).
-static NEAR_SECS: AtomicU64 = AtomicU64::new(0);
-
-/// [`NEAR_SECS`] once set: seconds from 0 to `i32::MAX`.
-const NEAR_SECS_SET: u64 = 1 << 31;
+/// [`SPAN_SECS`] once set: 2^33 s (272 years), whose nanoseconds, and a
+/// second more, fit in a `u64`.
+const SPAN_SECS_SET: u64 = 1 << 33;
 
 fn base() -> &'static Base {
     static BASE: OnceLock<Base> = OnceLock::new();
     BASE.get_or_init(|| {
         let now = Instant::now();
-        let at = now.checked_sub(BEFORE).unwrap_or(now);
-        let parts = parts(at)
-            .filter(|&p| subtracts_as_instants(at, p))
-            .and_then(|p| Some((p, in_ns(p).filter(|n| n.abs() <= NEAR_NS)?)));
-        if let Some((_, from_ns)) = parts {
-            BASE_NS.store(from_ns, Release);
-            NEAR_SECS.store(NEAR_SECS_SET, Release);
+        let mut at = now.checked_sub(BEFORE).unwrap_or(now);
+        // Back to its whole second, where the fields say which.
+        if let Some(whole) =
+            parts(at).and_then(|(_, n)| at.checked_sub(Duration::from_nanos(u64::from(n))))
+        {
+            at = whole;
+        }
+        let parts = parts(at).filter(|&p| p.1 == 0 && fits(p.0) && subtracts_as_instants(at, p));
+        if let Some((secs, _)) = parts {
+            TO_BASE_SECS.store((secs as u64).wrapping_neg(), Release);
+            SPAN_SECS.store(SPAN_SECS_SET, Release);
         }
         Base { at, parts }
     })
@@ -147,32 +152,21 @@ fn since(to: (i64, u32), from: (i64, u32)) -> u64 {
     }
 }
 
-/// The fields `p` in nanoseconds, when that fits.
-fn in_ns(p: (i64, u32)) -> Option<i64> {
-    p.0.checked_mul(i64::from(NANOS_PER_SEC))?
-        .checked_add(i64::from(p.1))
+/// Whether a base of `secs` seconds leaves the span after it within an
+/// `i64` of seconds: then no instant's seconds wrap into it ([`near`]).
+fn fits(secs: i64) -> bool {
+    secs <= i64::MAX - SPAN_SECS_SET as i64
 }
 
-/// [`since`] from the base's fields `from`, `from_ns` in nanoseconds (at
-/// most [`NEAR_NS`] from zero): for an instant whose seconds fit in an
-/// `i32` (68 years from the clock's zero), one compare and a subtraction
-/// of nanoseconds that cannot overflow (issue 39: a read's conversion).
+/// Nanoseconds from the base (whose seconds, as a `u64` and negated, are
+/// `to_base`, which [`fits`], and nanoseconds 0) to `secs` seconds and `nsec` nanoseconds, when they
+/// are less than `span` ([`SPAN_SECS_SET`] at most) whole seconds after it:
+/// one subtraction and one compare (issue 39: a read's conversion).
 #[inline]
-fn since_base(to: (i64, u32), from: (i64, u32), from_ns: i64) -> u64 {
-    match i32::try_from(to.0) {
-        Ok(secs) => near(secs, to.1, from_ns),
-        Err(_) => since(to, from),
-    }
-}
-
-/// Nanoseconds from `from_ns` (at most [`NEAR_NS`] from zero) to `secs`
-/// seconds and `nsec` nanoseconds (0 when earlier).
-#[inline]
-fn near(secs: i32, nsec: u32, from_ns: i64) -> u64 {
-    // At most 2^31 s (2.2e18 ns) plus a second from zero, less at most
-    // 2^62 (4.6e18) ns: within an `i64`.
-    let to_ns = i64::from(secs) * i64::from(NANOS_PER_SEC) + i64::from(nsec);
-    u64::try_from(to_ns - from_ns).unwrap_or(0)
+fn near(secs: i64, nsec: u32, to_base: u64, span: u64) -> Option<u64> {
+    // Seconds before the base wrap past any span.
+    let whole = (secs as u64).wrapping_add(to_base);
+    (whole < span).then(|| whole * u64::from(NANOS_PER_SEC) + u64::from(nsec))
 }
 
 /// [`since`] of instants 292 years or more apart, or in the wrong order.
@@ -191,28 +185,28 @@ fn since_far(to: (i64, u32), from: (i64, u32)) -> u64 {
 /// Nanoseconds from the base to `at`.
 #[inline]
 pub(crate) fn ns(at: Instant) -> u64 {
-    let near_secs = NEAR_SECS.load(Acquire);
+    let span = SPAN_SECS.load(Acquire);
     let mut p = Parts::default();
     at.hash(&mut p);
-    // Negative seconds, as a `u64`, are past 2^63: never below.
-    if (p.sec as u64) < near_secs {
-        // Below 2^31: an `i32`; the base is set (stored before
-        // `NEAR_SECS`, which this read saw set).
-        return near(p.sec as i32, p.nsec, BASE_NS.load(Relaxed));
+    // The base is set when `span` is (stored before it, which this read
+    // saw set).
+    match near(p.sec, p.nsec, TO_BASE_SECS.load(Relaxed), span) {
+        Some(ns) => ns,
+        None => ns_of_base(at),
     }
-    ns_of_base(at)
 }
 
-/// [`ns`] before the base is set, of an instant whose seconds do not fit
-/// in an `i32`, or where [`parts`] does not hold.
+/// [`ns`] before the base is set, of an instant before it or
+/// [`SPAN_SECS_SET`] seconds or more after it, or where [`parts`] does not
+/// hold.
 #[cold]
 #[inline(never)]
 fn ns_of_base(at: Instant) -> u64 {
     let base = base();
-    if let Some((from, from_ns)) = base.parts {
+    if let Some(from) = base.parts {
         let mut p = Parts::default();
         at.hash(&mut p);
-        return since_base((p.sec, p.nsec), from, from_ns);
+        return since((p.sec, p.nsec), from);
     }
     slow_ns(base, at)
 }
@@ -350,27 +344,40 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn on_unix_reads_take_the_fields() {
-        let from_ns = base().parts.map(|(_, n)| n);
-        assert!(from_ns.is_some());
-        assert_eq!(Some(BASE_NS.load(Acquire)), from_ns);
-        assert_eq!(NEAR_SECS.load(Acquire), NEAR_SECS_SET);
+        let from = base().parts;
+        assert_eq!(from.map(|(_, n)| n), Some(0), "a whole second");
+        let to_base = TO_BASE_SECS.load(Acquire);
+        assert_eq!(Some(to_base), from.map(|(s, _)| (s as u64).wrapping_neg()));
+        assert_eq!(SPAN_SECS.load(Acquire), SPAN_SECS_SET);
         let now = Instant::now();
         assert_eq!(ns(now), ns_of_base(now));
+        let p = parts(now).unwrap();
+        assert!(near(p.0, p.1, to_base, SPAN_SECS_SET).is_some());
     }
 
-    /// Instants whose seconds are negative or past `i32::MAX` read as
+    /// Instants before the base, or its span or more after it, read as
     /// subtraction says, not through `near` (issue 39: `ns` tests their
-    /// seconds with one unsigned compare).
+    /// seconds since the base with one unsigned compare).
     #[test]
-    fn seconds_out_of_i32_read_as_subtraction_says() {
+    fn seconds_out_of_the_span_read_as_subtraction_says() {
         let b = base();
         let now = Instant::now();
-        let secs = parts(now).map_or(0, |p| p.0.unsigned_abs());
-        for d in [1 << 31, (1 << 40) + 123, 1 << 32] {
+        let since = Duration::from_nanos(ns(now));
+        for d in [
+            SPAN_SECS_SET - 1,
+            SPAN_SECS_SET,
+            SPAN_SECS_SET + 1,
+            1 << 31,
+            1 << 32,
+            (1 << 40) + 123,
+        ] {
             let d = Duration::from_secs(d);
             let at = [
+                b.at.checked_add(d),
+                b.at.checked_add(d - Duration::from_nanos(1)),
                 now.checked_add(d),
-                now.checked_sub(d + Duration::from_secs(secs)),
+                now.checked_sub(d + since),
+                now.checked_sub(since + Duration::from_nanos(1)),
             ];
             for at in at.into_iter().flatten() {
                 assert_eq!(ns(at), slow_ns(b, at), "{:?}", parts(at));
@@ -400,44 +407,46 @@ mod tests {
         assert_eq!(since((i64::MAX, 0), (0, 0)), u64::MAX);
     }
 
-    /// The difference from the base's fields in nanoseconds is the one of
-    /// [`since`], within [`NEAR_NS`] and for any instant.
+    /// The nanoseconds from a base of a whole second are the ones of
+    /// [`since`] when `near` gives them, and `near` gives them for every
+    /// instant from the base to its span.
     #[test]
     fn nanoseconds_from_the_base_subtract_as_fields_do() {
+        let span = SPAN_SECS_SET as i64;
         let secs = [
             i64::MIN,
-            -(NEAR_NS / 1_000_000_000) - 1,
-            -(NEAR_NS / 1_000_000_000),
+            -span - 1,
             -3_155_760_000,
             i64::from(i32::MIN) - 1,
-            i64::from(i32::MIN),
             -1,
             0,
             1,
             86_400,
             i64::from(i32::MAX),
             i64::from(i32::MAX) + 1,
-            NEAR_NS / 1_000_000_000,
+            span - 1,
+            span,
+            span + 1,
+            i64::MAX - span,
+            i64::MAX - span + 1,
+            i64::MAX - 1,
             i64::MAX,
         ];
         let nanos = [0, 1, 999_999_999];
-        for &fs in &secs {
-            for &fn_ in &nanos {
-                let from = (fs, fn_);
-                let Some(from_ns) = in_ns(from).filter(|n| n.abs() <= NEAR_NS) else {
-                    continue;
-                };
-                for &ts in &secs {
-                    for &tn in &nanos {
-                        let to = (ts, tn);
-                        assert_eq!(
-                            since_base(to, from, from_ns),
-                            since(to, from),
-                            "{to:?} - {from:?}"
-                        );
+        for &fs in secs.iter().filter(|&&s| fits(s)) {
+            for &ts in &secs {
+                for &tn in &nanos {
+                    let near = near(ts, tn, (fs as u64).wrapping_neg(), SPAN_SECS_SET);
+                    let want = since((ts, tn), (fs, 0));
+                    let within = i128::from(ts) - i128::from(fs);
+                    assert_eq!(near.is_some(), (0..i128::from(span)).contains(&within));
+                    if let Some(near) = near {
+                        assert_eq!(near, want, "{ts}.{tn} - {fs}");
                     }
                 }
             }
         }
+        // Before the base is set nothing is near.
+        assert_eq!(near(0, 0, 0, 0), None);
     }
 }

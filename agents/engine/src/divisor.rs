@@ -38,11 +38,15 @@ impl Divisor {
     /// `n / d`, rounded down.
     #[inline]
     pub(crate) fn div(self, n: u64) -> u64 {
-        if n <= self.max {
-            ((u128::from(n) * u128::from(self.m)) >> 64) as u64
-        } else {
-            n / self.d
-        }
+        self.div_near(n).unwrap_or_else(|| n / self.d)
+    }
+
+    /// `n / d` by the multiply alone: `None` for an `n` past its range
+    /// (above `floor((2^64 - 1) / d)`, none at all for `d` = 1), which a
+    /// caller sends to its slow path with no division inline (issue 39).
+    #[inline]
+    pub(crate) fn div_near(self, n: u64) -> Option<u64> {
+        (n <= self.max).then(|| ((u128::from(n) * u128::from(self.m)) >> 64) as u64)
     }
 }
 
@@ -82,5 +86,12 @@ mod tests {
             }
         }
         assert_eq!(Divisor::new(0).div(5), 5);
+        assert_eq!(Divisor::new(1).div_near(0), Some(0));
+        assert_eq!(Divisor::new(1).div_near(1), None);
+        assert_eq!(Divisor::new(1000).div_near(u64::MAX), None);
+        assert_eq!(
+            Divisor::new(1000).div_near(u64::MAX / 1000),
+            Some(u64::MAX / 1000 / 1000)
+        );
     }
 }

@@ -12,10 +12,10 @@
 //! no stripe.
 //!
 //! Each owned stripe keeps a cursor on the bucket it counted in last (its
-//! start on the clock, its generation): a call that went well inside it
-//! counts with one increment there, without working out the bucket from
-//! the time (issue 39: the count of a successful call was the largest part
-//! of a fuse's record).
+//! start on the clock, its generation and place): a call that went well
+//! inside it counts with one increment there, without working out the
+//! bucket from the time (issue 39: the count of a successful call was the
+//! largest part of a fuse's record).
 //!
 //! The shared stripe (threads without a slot) is written by several threads:
 //! there the first writer that sees a stale bucket claims it (a
@@ -37,6 +37,14 @@ pub(crate) const BUCKETS: u64 = 10;
 const INDEX_BITS: u32 = 44;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 
+/// [`RollingWindow::generation`] counts generations in steps of this, past
+/// the place of a bucket in a stripe: a cursor keeps its generation and its
+/// place in one word ([`Cursor::gen_at`]).
+const GEN_STEP: u64 = 1 << 8;
+
+// A place is below a step: a generation's places are its own.
+const _: () = assert!(BUCKETS < GEN_STEP);
+
 /// Sums over a window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Totals {
@@ -57,7 +65,8 @@ pub(crate) enum Class {
 
 #[derive(Debug, Default)]
 struct Bucket {
-    /// `generation << INDEX_BITS | (time index + 1)`; 0 means never used.
+    /// `generation / GEN_STEP << INDEX_BITS | (time index + 1)`; 0 means
+    /// never used.
     tag: AtomicU64,
     calls: AtomicU64,
     business: AtomicU64,
@@ -65,7 +74,7 @@ struct Bucket {
     slow: AtomicU64,
 }
 
-/// One stripe's buckets and its cursor (424 bytes, aligned to 64: no two
+/// One stripe's buckets and its cursor (416 bytes, aligned to 64: no two
 /// stripes share a cache line).
 #[derive(Debug, Default)]
 #[repr(align(64))]
@@ -78,22 +87,23 @@ struct Buckets {
 
 /// Where an owned stripe counted last: the bucket at `at` holds the tag of
 /// the bucket of the window that starts `from_ns` (on the clock,
-/// [`Now::ns`]) in generation `generation`, until the owner writes another.
-/// Never set: `from_ns` 0 and `generation` `u64::MAX`, which no window
-/// reaches.
+/// [`Now::ns`]) in generation `g` (as [`RollingWindow::generation`] keeps
+/// it, a multiple of [`GEN_STEP`]), `gen_at` = `g + at`, until the owner
+/// writes another (issue 39: a call finds its bucket's place, and whether
+/// its generation is the window's, in one subtraction: `at` below
+/// [`BUCKETS`] in that generation alone). Never set: `from_ns` 0 and
+/// `gen_at` `u64::MAX`, at least [`GEN_STEP`] - 1 past any generation.
 #[derive(Debug)]
 struct Cursor {
     from_ns: AtomicU64,
-    generation: AtomicU64,
-    at: AtomicU64,
+    gen_at: AtomicU64,
 }
 
 impl Default for Cursor {
     fn default() -> Self {
         Self {
             from_ns: AtomicU64::new(0),
-            generation: AtomicU64::new(u64::MAX),
-            at: AtomicU64::new(0),
+            gen_at: AtomicU64::new(u64::MAX),
         }
     }
 }
@@ -107,7 +117,8 @@ pub(crate) struct RollingWindow {
     /// The start of bucket 0 on the clock ([`Now::ns`]): the milliseconds
     /// given to [`RollingWindow::record`] count from it.
     epoch_ns: u64,
-    /// Bumped by `reset`: buckets of older generations count for nothing.
+    /// Bumped by `reset`, by [`GEN_STEP`]: buckets of older generations
+    /// count for nothing.
     generation: AtomicU64,
     stripes: Striped<Buckets>,
 }
@@ -127,12 +138,13 @@ impl RollingWindow {
     }
 
     /// The tag of the bucket holding `now_ms` in the current generation,
-    /// its place in a stripe, and the generation.
+    /// its place in a stripe, and the generation (as `generation` keeps
+    /// it).
     #[inline]
     fn tag(&self, now_ms: u64) -> (u64, usize, u64) {
         let index = self.bucket_ms.div(now_ms);
         let generation = self.generation.load(Acquire);
-        let tag = (generation << INDEX_BITS) | ((index + 1) & INDEX_MASK);
+        let tag = ((generation / GEN_STEP) << INDEX_BITS) | ((index + 1) & INDEX_MASK);
         (tag, (index % BUCKETS) as usize, generation)
     }
 
@@ -146,8 +158,11 @@ impl RollingWindow {
         let c = &stripe.cursor;
         if owned
             && now.ns().wrapping_sub(c.from_ns.load(Relaxed)) < self.bucket_ns
-            && c.generation.load(Relaxed) == self.generation.load(Acquire)
-            && let Some(bucket) = stripe.buckets.get(c.at.load(Relaxed) as usize)
+            && let at = c
+                .gen_at
+                .load(Relaxed)
+                .wrapping_sub(self.generation.load(Acquire))
+            && let Some(bucket) = stripe.buckets.get(at as usize)
         {
             // Only this thread writes here, and the bucket's tag is the
             // one `now` has (`Cursor`).
@@ -203,8 +218,7 @@ impl RollingWindow {
                     .saturating_add(index.saturating_mul(self.bucket_ns)),
                 Relaxed,
             );
-            c.generation.store(generation, Relaxed);
-            c.at.store(i as u64, Relaxed);
+            c.gen_at.store(generation + i as u64, Relaxed);
             return;
         }
         let current = bucket.tag.load(Relaxed);
@@ -254,7 +268,7 @@ impl RollingWindow {
 
     /// Forgets everything (after a release, so old errors do not re-trip).
     pub(crate) fn reset(&self) {
-        self.generation.fetch_add(1, Release);
+        self.generation.fetch_add(GEN_STEP, Release);
     }
 }
 
@@ -304,6 +318,27 @@ mod tests {
         );
         w.reset();
         assert_eq!(w.totals(10_000), Totals::default());
+    }
+
+    /// A cursor never set, or set in another generation, is on no bucket:
+    /// its word less the window's generation is [`BUCKETS`] or more
+    /// (issue 39: one subtraction tells the place and the generation).
+    #[test]
+    fn a_cursor_of_another_generation_is_on_no_bucket() {
+        let w = RollingWindow::new(1000, 0);
+        for _ in 0..3 {
+            let g = w.generation.load(Acquire);
+            assert_eq!(g % GEN_STEP, 0);
+            let never = Cursor::default().gen_at.load(Relaxed);
+            assert!(never.wrapping_sub(g) >= BUCKETS);
+            for at in 0..BUCKETS {
+                assert_eq!((g + at).wrapping_sub(g), at);
+                for other in [g.wrapping_sub(GEN_STEP), g + GEN_STEP, g + 7 * GEN_STEP] {
+                    assert!((other + at).wrapping_sub(g) >= BUCKETS, "{other} {at}");
+                }
+            }
+            w.reset();
+        }
     }
 
     /// Calls counted by [`RollingWindow::count_ok`] (through the cursor or

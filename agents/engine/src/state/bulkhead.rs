@@ -90,11 +90,19 @@ impl Cell {
     }
 
     /// Takes a permit if one is free; unless `waiter`, only when nobody waits.
+    #[inline]
     fn take(&self, max: u32, waiter: bool) -> bool {
         let mut current = self.state.load(Relaxed);
         loop {
-            let in_use = current & 0xffff_ffff;
-            if in_use >= u64::from(max) || (!waiter && current >> 32 > 0) {
+            // Unless `waiter`, the whole word below `max` says both in one
+            // compare (issue 39): nobody waits (its high half is 0) and a
+            // permit is free.
+            let free = if waiter {
+                current & 0xffff_ffff < u64::from(max)
+            } else {
+                current < u64::from(max)
+            };
+            if !free {
                 return false;
             }
             match self
@@ -697,6 +705,30 @@ mod tests {
             queue: QueueDiscipline::Fifo,
             by_class: false,
         }))
+    }
+
+    /// A permit is taken as "permits in use below the limit, and nobody
+    /// waits unless a waiter takes it" says, whatever the word (issue 39:
+    /// a call that is no waiter compares the whole word).
+    #[test]
+    fn a_permit_is_taken_while_one_is_free_and_nobody_waits() {
+        let halves = [0, 1, 2, 9, 10, 11, 0x7fff_ffff, 0xffff_fffe, 0xffff_ffff];
+        for max in [0, 1, 10, u32::MAX - 1, u32::MAX] {
+            for waiters in halves {
+                for in_use in halves {
+                    for waiter in [false, true] {
+                        let word = (waiters << 32) | in_use;
+                        let cell = Cell::new();
+                        cell.state.store(word, Relaxed);
+                        let free = in_use < u64::from(max) && (waiter || waiters == 0);
+                        let ctx = format!("{waiters} waiting, {in_use} of {max}, {waiter}");
+                        assert_eq!(cell.take(max, waiter), free, "{ctx}");
+                        let after = if free { word + 1 } else { word };
+                        assert_eq!(cell.state.load(Relaxed), after, "{ctx}");
+                    }
+                }
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -59,8 +59,13 @@ pub(crate) struct Fuse {
     pub(crate) epoch: Instant,
     /// `epoch` in nanoseconds since the clock's base ([`crate::clock`]).
     epoch_ns: u64,
-    // INVARIANT: one window per `spec.trips` entry, same order.
-    windows: Box<[RollingWindow]>,
+    // INVARIANT: one window per `spec.trips` entry, same order: `window`
+    // the first's (a window no trip reads without one), `more` the others'.
+    /// The first condition's window, in place (issue 39: most fuses have
+    /// one condition, whose window a call then counts in with no pointer
+    /// and no length read first).
+    window: RollingWindow,
+    more: Box<[RollingWindow]>,
     /// The outcomes a call may not end with to count as one that went well
     /// ([`Fuse::record`]): the errors of either class, and a timeout when a
     /// condition counts slow calls.
@@ -90,12 +95,13 @@ impl Fuse {
         let slowest = spec.trips.iter().filter_map(|t| t.slower_than).min();
         let mut not_plain = spec.system.or(&spec.business);
         not_plain.timeout |= slowest.is_some();
+        let window = |t: &TripSpec| RollingWindow::new(ms(t.window), epoch_ns);
         Self {
-            windows: spec
+            window: spec
                 .trips
-                .iter()
-                .map(|t| RollingWindow::new(ms(t.window), epoch_ns))
-                .collect(),
+                .first()
+                .map_or_else(|| RollingWindow::new(0, epoch_ns), window),
+            more: spec.trips.iter().skip(1).map(window).collect(),
             not_plain,
             fast_ns: slowest.map_or(u64::MAX, |t| {
                 u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
@@ -113,6 +119,12 @@ impl Fuse {
             transition: Mutex::new(String::new()),
             counters: Counters::default(),
         }
+    }
+
+    /// The windows of the conditions, in order (with none, one no trip
+    /// reads).
+    fn windows(&self) -> impl Iterator<Item = &RollingWindow> {
+        std::iter::once(&self.window).chain(&*self.more)
     }
 
     /// Whole milliseconds since the epoch.
@@ -248,7 +260,7 @@ impl Fuse {
         }
         let now_ms = self.now_ms(now);
         let mut slow = false;
-        for (trip, w) in self.spec.trips.iter().zip(&*self.windows) {
+        for (trip, w) in self.spec.trips.iter().zip(self.windows()) {
             let s = call.is_slow(trip.slower_than);
             slow |= s;
             w.record(slot, now_ms, call.class, s);
@@ -268,7 +280,7 @@ impl Fuse {
         if self.state.load(Acquire) != CLOSED {
             return;
         }
-        for (trip, w) in self.spec.trips.iter().zip(&*self.windows) {
+        for (trip, w) in self.spec.trips.iter().zip(self.windows()) {
             if let Some(reason) = fires(trip, w.totals(now_ms)) {
                 self.trip(now_ms, reason);
                 return;
@@ -352,7 +364,7 @@ impl Fuse {
 
     /// Caller holds `transition`.
     fn close(&self) {
-        for w in &*self.windows {
+        for w in self.windows() {
             w.reset();
         }
         self.probes_taken.store(0, Relaxed);
@@ -611,12 +623,8 @@ impl Primitive for Fuse {
             && elapsed_ns <= self.fast_ns
             && !self.not_plain.has(outcome)
         {
-            // Most fuses have one condition: no loop then.
-            if let [w] = &*self.windows {
-                w.count_ok(slot, now);
-                return;
-            }
-            for w in &*self.windows {
+            self.window.count_ok(slot, now);
+            for w in &*self.more {
                 w.count_ok(slot, now);
             }
             return;
@@ -738,6 +746,41 @@ mod tests {
         assert_eq!(e.reason, "system_errors 3 >= 3 over 10s (18 calls)");
     }
 
+    /// Each condition counts every call in its own window, the first's in
+    /// place and the others' apart (issue 39), calls that went well too:
+    /// the second condition trips the fuse, and the reason counts its calls.
+    #[tokio::test(start_paused = true)]
+    async fn every_condition_counts_in_its_own_window() {
+        let never = trip(
+            TripMetric::Errors,
+            CompareOp::Ge,
+            Threshold::Count(99),
+            60,
+            0,
+        );
+        let system = trip(
+            TripMetric::SystemErrors,
+            CompareOp::Ge,
+            Threshold::Count(2),
+            10,
+            0,
+        );
+        let (f, mut rx) = fuse(vec![never, system], RecoverSpec::Manual);
+        let slot = crate::stripe::current();
+        for _ in 0..4 {
+            assert!(f.try_admit(Instant::now()).is_ok());
+            let ok = Outcome::Status(200);
+            Primitive::record(&f, slot, ok, Grant::default(), Now::read(), 0);
+        }
+        let now_ms = f.now_ms(Instant::now());
+        let counted = |w: &RollingWindow| w.totals(now_ms).calls;
+        assert_eq!(f.windows().map(counted).collect::<Vec<_>>(), [4, 4]);
+        calls(&f, 2, Outcome::ConnectFailure);
+        assert_eq!(f.state(), FuseState::Open);
+        let e = rx.try_recv().unwrap();
+        assert_eq!(e.reason, "system_errors 2 >= 2 over 10s (6 calls)");
+    }
+
     /// A call marked `system_error` (a token that did not verify, `on
     /// invalid count`) is a system error whatever its outcome.
     #[tokio::test(start_paused = true)]
@@ -794,7 +837,7 @@ mod tests {
         assert_eq!(f.state(), FuseState::Closed);
         record(Outcome::Timeout, Duration::ZERO);
         assert_eq!(f.state(), FuseState::Open);
-        let w = &f.windows[0];
+        let w = &f.window;
         let t = w.totals(f.now_ms(Instant::now()));
         assert_eq!((t.calls, t.slow, t.system, t.business), (4, 2, 0, 0));
 
@@ -813,7 +856,7 @@ mod tests {
         let slot = crate::stripe::current();
         f.record_outcome(slot, Outcome::Timeout, Duration::MAX, false, Instant::now());
         assert_eq!(f.state(), FuseState::Closed);
-        let t = f.windows[0].totals(f.now_ms(Instant::now()));
+        let t = f.window.totals(f.now_ms(Instant::now()));
         assert_eq!((t.calls, t.slow, t.system, t.business), (1, 0, 0, 0));
     }
 

@@ -256,6 +256,15 @@ pub(crate) enum Paced {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Plain {
     amount: u64,
+    /// `amount` as far as the count of a window's word holds it (at most
+    /// `0xffff_ffff`): a word whose count is below it counts one more
+    /// call with an add ([`Limit::plain_calls`]).
+    room: u64,
+    /// Where the word keeps its window's number: 32 bits up, as [`pack`]
+    /// puts it. A field, not the constant (issue 39: the multiply's high
+    /// half shifted by a constant 32 took three instructions, through its
+    /// low half; by a field, one).
+    at: u32,
     w_ms: u64,
     w_ns: Divisor,
 }
@@ -390,7 +399,7 @@ impl Limit {
         if let Some(plain) = &self.plain
             && crit != Class::Sheddable
         {
-            return Self::plain_calls(cell, plain, now.ns().saturating_sub(self.epoch_ns));
+            return Self::plain_calls(cell, plain, now.ns(), self.epoch_ns);
         }
         if let Some(link) = &self.cluster {
             self.check_shared_bytes(link, cell, now.at())?;
@@ -562,8 +571,7 @@ impl Primitive for Limit {
             && let Some(plain) = &self.plain
             && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
         {
-            let since_ns = now.ns().saturating_sub(self.epoch_ns);
-            return match Self::plain_calls(&self.single, plain, since_ns) {
+            return match Self::plain_calls(&self.single, plain, now.ns(), self.epoch_ns) {
                 // A plain limit counts no bytes: its grant is the default.
                 Ok(()) => Answer::Granted(Grant::default()),
                 Err(e) => self.refused(&self.single, e, now, start),
@@ -824,6 +832,69 @@ mod tests {
                     assert_eq!(got, at(&general), "{algorithm:?} {window:?}, call {i}");
                     tokio::time::advance(Duration::from_nanos(x % 400_000_000)).await;
                 }
+            }
+        }
+    }
+
+    /// A plain limit's word as the general way leaves it, and its answers,
+    /// for every amount the word's count holds or not (0, 1, up to 2^32 and
+    /// past it, where the count stays at `0xffff_ffff`), from any count of
+    /// the window, another window's, and a time before the epoch (issue 39:
+    /// a call with room in the word's window adds one to it).
+    #[tokio::test(start_paused = true)]
+    async fn a_plain_word_counts_as_the_general_way() {
+        let window = Duration::from_millis(7);
+        for amount in [0, 1, 2, 0xffff_fffe, 0xffff_ffff, 1 << 32, u64::MAX] {
+            let plain = limit_with(Algorithm::FixedWindow, amount, window);
+            let mut general = limit_with(Algorithm::FixedWindow, amount, window);
+            general.plain = None;
+            assert_eq!(plain.plain.map(|p| p.at), Some(32), "as `pack` puts it");
+            // The clock is paused: one epoch.
+            assert_eq!(plain.epoch_ns, general.epoch_ns);
+            let epoch = plain.epoch_ns;
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            for i in 0..2_000u64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Counts near zero, near `amount` and at the word's top,
+                // in this window, the one before or one long gone.
+                let now_ns = match x % 8 {
+                    0 => epoch - x % 5_000_000,
+                    _ => epoch + (i * 1_300_000) + x % 900_000,
+                };
+                let number = (now_ns - plain.epoch_ns.min(now_ns)) / 7_000_000;
+                let count = match (x >> 8) % 4 {
+                    0 => (x >> 16) % 3,
+                    1 => amount.saturating_sub((x >> 16) % 3),
+                    2 => 0xffff_ffff - (x >> 16) % 3,
+                    _ => x >> 20,
+                };
+                let win = match (x >> 12) % 3 {
+                    0 => number,
+                    1 => number.wrapping_sub(1),
+                    _ => x >> 30,
+                };
+                let word = pack(win, count);
+                for l in [&plain, &general] {
+                    l.single.calls.store(word, Relaxed);
+                }
+                let now = Now::from_ns(now_ns);
+                let at = |l: &Limit| match Primitive::try_acquire(l, None, now, now) {
+                    Answer::Granted(grant) => Ok(grant),
+                    Answer::Refused(reason, retry) => Err((reason, retry)),
+                    Answer::Wait(d) => panic!("a plain limit waits {d:?}"),
+                };
+                let (got, want) = (at(&plain), at(&general));
+                let ctx = format!("amount {amount}, call {i}, word {word:#x} at {now_ns}");
+                assert_eq!(got, want, "{ctx}");
+                assert_eq!(
+                    plain.single.calls.load(Relaxed),
+                    general.single.calls.load(Relaxed),
+                    "{ctx}"
+                );
+                // A refusal of either engages neither (no `release`).
+                assert!(!plain.is_engaged(&plain.single, 0), "{ctx}");
             }
         }
     }

@@ -60,16 +60,48 @@ impl Limit {
 }
 
 impl Limit {
-    /// A call of a plain limit ([`Limit::plain`]) `since_ns` nanoseconds
-    /// after its epoch: its window's number from the nanoseconds, in one
-    /// division (issue 39: the milliseconds are worked out on a refusal
-    /// alone), the number [`fixed`] works out from the milliseconds.
+    /// A call of a plain limit ([`Limit::plain`]) at `now_ns` on the clock,
+    /// its epoch at `epoch_ns`: its window's number from the nanoseconds,
+    /// in one multiply (issue 39: the milliseconds are worked out on a
+    /// refusal alone), the number [`fixed`] works out from the
+    /// milliseconds. A call in the window the word counts, with room left
+    /// in it, adds one to the word (issue 39: its count is the word less
+    /// the window's number above it, below `room` in that window alone);
+    /// any other (a window's first call, a full window, a time before the
+    /// epoch or past the multiply) is counted by [`Limit::plain_by_window`].
     #[inline(always)]
     pub(super) fn plain_calls(
         cell: &LimitCell,
         plain: &Plain,
-        since_ns: u64,
+        now_ns: u64,
+        epoch_ns: u64,
     ) -> Result<(), Exceeded> {
+        // Before the epoch this wraps past 2^63 (the epoch is below it,
+        // `plain_window`), past the multiply's range for a window of 1 ms
+        // or more: `None`.
+        let since_ns = now_ns.wrapping_sub(epoch_ns);
+        if let Some(number) = plain.w_ns.div_near(since_ns) {
+            let word = cell.calls.load(Relaxed);
+            // Below 2^32 (and so below `room`) only when the word's window
+            // is `number`'s (its low 32 bits, as `pack` keeps them, `at`
+            // bits up).
+            if word.wrapping_sub(number << plain.at) < plain.room
+                && cell
+                    .calls
+                    .compare_exchange_weak(word, word + 1, Relaxed, Relaxed)
+                    .is_ok()
+            {
+                return Ok(());
+            }
+        }
+        Self::plain_by_window(cell, plain, now_ns.saturating_sub(epoch_ns))
+    }
+
+    /// [`Limit::plain_calls`] `since_ns` after the epoch, as [`fixed`]
+    /// counts it.
+    #[cold]
+    #[inline(never)]
+    fn plain_by_window(cell: &LimitCell, plain: &Plain, since_ns: u64) -> Result<(), Exceeded> {
         fixed_in(cell, plain.amount, plain.w_ns.div(since_ns), || {
             plain.w_ms - (since_ns / 1_000_000) % plain.w_ms
         })

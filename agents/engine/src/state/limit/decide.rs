@@ -94,12 +94,17 @@ impl Limit {
     /// [`Limit::plain`] of this limit's spec and set-up.
     fn plain_window(&self) -> Option<Plain> {
         match (&self.spec.calls, self.spec.algorithm) {
-            (Some(rate), Algorithm::FixedWindow) if self.alone() => {
+            // An epoch 292 years or more after the clock's base is not
+            // plain either: `plain_calls` takes a time before it for one
+            // past the multiply's range.
+            (Some(rate), Algorithm::FixedWindow) if self.alone() && self.epoch_ns < 1 << 63 => {
                 let w_ms = ms(rate.window).max(1);
                 // A window of 584 years or more is not plain.
                 let w_ns = w_ms.checked_mul(1_000_000)?;
                 Some(Plain {
                     amount: rate.amount,
+                    room: rate.amount.min(0xffff_ffff),
+                    at: 32,
                     w_ms,
                     w_ns: Divisor::new(w_ns),
                 })
