@@ -263,9 +263,12 @@ fn fixed_in(
     number: u64,
     left_ms: impl FnOnce() -> u64,
 ) -> Result<(), Exceeded> {
-    let window = number & 0xffff_ffff;
+    let mut window = number & 0xffff_ffff;
     let mut current = cell.calls.load(Relaxed);
     loop {
+        if just_after(current >> 32, window) {
+            window = current >> 32;
+        }
         let count = if current >> 32 == window {
             current & 0xffff_ffff
         } else {
@@ -284,6 +287,18 @@ fn fixed_in(
     }
 }
 
+/// Whether a window word's number `word` is the one just after a call's
+/// `window` (both 32-bit, as [`pack`] keeps them): the call read the clock
+/// before another call rolled the word on, and counts in the word's window
+/// rather than rolling it back, which would forget the calls already
+/// counted there and admit them again. A call later by more windows than
+/// one rolls the word back as before; only a word idle for 2^32 - 1
+/// windows looks one ahead, and counts calls one window too long.
+#[inline]
+fn just_after(word: u64, window: u64) -> bool {
+    word == (window + 1) & 0xffff_ffff
+}
+
 fn sliding(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
     let w = ms(rate.window).max(1);
     sliding_in(cell, rate.amount, w, now_ms / w, now_ms % w)
@@ -299,10 +314,15 @@ fn sliding_in(
     number: u64,
     elapsed: u64,
 ) -> Result<(), Exceeded> {
-    let window = number & 0xffff_ffff;
-    let before = number.wrapping_sub(1) & 0xffff_ffff;
+    let (mut window, mut elapsed) = (number & 0xffff_ffff, elapsed);
     let mut current = cell.calls.load(Acquire);
     loop {
+        if just_after(current >> 32, window) {
+            // Counted at the start of the word's window: its previous
+            // count weighs the most there.
+            (window, elapsed) = (current >> 32, 0);
+        }
+        let before = window.wrapping_sub(1) & 0xffff_ffff;
         let (count, previous, rolls) = if current >> 32 == window {
             let p = cell.previous.load(Acquire);
             let previous = if p >> 32 == before {
@@ -445,6 +465,53 @@ mod tests {
         assert_eq!(sliding_wait_ms(10, 1000, 900, 0, 10), 100 + 1);
         // Nothing before: fits at once (but never a zero wait).
         assert_eq!(sliding_wait_ms(10, 1000, 10, 0, 3), 1);
+    }
+
+    /// A call that read the clock in a window the word has already left
+    /// (another call rolled it on meanwhile) is counted in the word's
+    /// window: rolling the word back would forget that window's calls, and
+    /// the next call would roll it on afresh, admitting them again.
+    #[test]
+    fn a_late_call_counts_in_the_newer_window_and_forgets_none() {
+        let cell = LimitCell::default();
+        // Window 7 has 3 calls of 3 (fixed) when a call of window 6 arrives.
+        cell.calls.store(pack(7, 3), Relaxed);
+        assert!(
+            fixed_in(&cell, 3, 6, || 1).is_err(),
+            "counted in window 7: full"
+        );
+        cell.calls.store(pack(7, 2), Relaxed);
+        assert!(fixed_in(&cell, 3, 6, || 1).is_ok());
+        assert_eq!(
+            cell.calls.load(Relaxed),
+            pack(7, 3),
+            "window 7 keeps its calls"
+        );
+        assert!(fixed_in(&cell, 3, 7, || 1).is_err(), "and is full");
+        // Windows further back, and forward, roll the word as before.
+        cell.calls.store(pack(9, 3), Relaxed);
+        assert!(fixed_in(&cell, 3, 6, || 1).is_ok());
+        assert_eq!(cell.calls.load(Relaxed), pack(6, 1));
+        assert!(fixed_in(&cell, 3, 7, || 1).is_ok());
+        assert_eq!(cell.calls.load(Relaxed), pack(7, 1));
+        // Across the 32 bits the word keeps.
+        cell.calls.store(pack(0, 3), Relaxed);
+        assert!(fixed_in(&cell, 3, 0xffff_ffff, || 1).is_err());
+        // Sliding: window 7 has 2 calls and 10 before it (of 10 per 1000
+        // ms): a call of window 6 weighs as at window 7's start, refused.
+        let cell = LimitCell::default();
+        cell.previous.store(pack(6, 10), Relaxed);
+        cell.calls.store(pack(7, 0), Relaxed);
+        assert!(sliding_in(&cell, 10, 1000, 6, 999).is_err());
+        assert_eq!(
+            cell.calls.load(Relaxed),
+            pack(7, 0),
+            "window 7 keeps its calls"
+        );
+        // Late past the rolled window with room: counted in window 7.
+        cell.previous.store(pack(6, 5), Relaxed);
+        assert!(sliding_in(&cell, 10, 1000, 6, 999).is_ok());
+        assert_eq!(cell.calls.load(Relaxed), pack(7, 1));
     }
 
     #[test]
