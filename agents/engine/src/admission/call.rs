@@ -25,7 +25,7 @@ use crate::state::{Scope, State};
 use crate::stats::Latency;
 use crate::stripe::{self, Slot};
 
-use super::held::Held;
+use super::held::{Held, Keyed, reported, scope_in};
 
 /// One step of a decision: a matched rule and the scope (key) of this call.
 #[derive(Debug)]
@@ -93,7 +93,7 @@ pub(crate) struct Call {
     pub(super) refused: Vec<(u32, RejectReason)>,
     /// The keyed scopes of `held` (consumers, instances), by rule; `None`
     /// (no drop to run) until a rule keys the call.
-    pub(super) keyed: Option<SmallVec<[(u32, Scope); 1]>>,
+    pub(super) keyed: Keyed,
     /// When the decision began. Read only for a call a rule matched (with
     /// `snap`): a box taken for another keeps its last (issue 39: a plain
     /// word, not an `Option` tested by every record).
@@ -622,8 +622,15 @@ impl Call {
         // A recorded call (the proxy's path: recorded at the head, dropped
         // when the body ends) visits only the holds that give back; its
         // probes reported.
+        if self.marks.progress == Progress::Recorded {
+            for h in self.held.iter().filter(|h| h.gives_back()) {
+                snap.states[h.rule as usize].release(self.scope(h), reported(h));
+            }
+            return;
+        }
+        // A call refused or dropped while deciding: its probes never report.
         for h in self.held.iter().filter(|h| h.gives_back()) {
-            snap.states[h.rule as usize].release(self.scope(h), reported(h));
+            snap.states[h.rule as usize].release(self.scope(h), h.grant());
         }
     }
 
@@ -653,35 +660,6 @@ impl Call {
             (trace.then)(ended);
         }
     }
-}
-
-/// What `h` gives back once its call recorded an outcome: not a probe (it
-/// reported).
-#[inline]
-fn reported(h: &Held) -> Grant {
-    Grant {
-        probe: false,
-        ..h.grant()
-    }
-}
-
-/// The keyed scope in `keyed` held for `h` (`None`: the rule's own).
-#[inline]
-fn scope_in<'a>(keyed: &'a Option<SmallVec<[(u32, Scope); 1]>>, h: &Held) -> Option<&'a Scope> {
-    if !h.keyed() {
-        return None;
-    }
-    keyed_scope(keyed, h.rule)
-}
-
-/// The keyed scope in `keyed` of `rule`. Out of line (issue 39: inline, a
-/// pass over the holds read `keyed` before its first hold, keyed or not).
-#[inline(never)]
-fn keyed_scope(keyed: &Option<SmallVec<[(u32, Scope); 1]>>, rule: u32) -> Option<&Scope> {
-    keyed
-        .iter()
-        .flatten()
-        .find_map(|(r, scope)| (*r == rule).then_some(scope))
 }
 
 /// A shadow rule's deadline is not enforced: counts the calls that
@@ -1069,6 +1047,40 @@ rules:
             "the recorded probe was given back"
         );
         drop(second);
+    }
+
+    /// A half-open fuse's probe taken by a call a later rule refuses is
+    /// given back (the call never reported): the next call, once the limit
+    /// lets it through, is the fuse's one probe.
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_refused_by_a_later_rule_is_given_back() {
+        let e = engine_of(
+            r#"
+service: inventory
+rules:
+- name: inventory/fuse
+  on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 30000}
+    recover: {after: {after_ms: 30000, probes: 1}}
+- name: inventory/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
+  limit: {calls: {amount: 1, window_ms: 60000}}
+"#,
+        );
+        let Some(first) = decide(&e, "/stock") else {
+            panic!("not admitted");
+        };
+        first.finish(Outcome::ConnectFailure);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert!(
+            decide(&e, "/stock").is_none(),
+            "the limit refuses the probe"
+        );
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let probe = decide(&e, "/stock");
+        assert!(probe.is_some(), "the refused call's probe was given back");
     }
 
     /// A call's flags are one word, set blank by one store.

@@ -1,6 +1,13 @@
 //! [`Held`]: what an admitted call holds of one rule that granted it.
 
+use smallvec::SmallVec;
+
 use crate::primitive::Grant;
+use crate::state::Scope;
+
+/// The keyed scopes of a call's holds (consumers, instances), by rule;
+/// `None` (no drop to run) until a rule keys the call.
+pub(super) type Keyed = Option<SmallVec<[(u32, Scope); 1]>>;
 
 /// What an admission holds of one rule that granted it until it ends, in
 /// 8 bytes (issue 39: a hold is written by one step and read by three
@@ -68,6 +75,35 @@ impl Held {
     pub(super) fn gives_back(&self) -> bool {
         self.bits & GIVES_BACK != 0
     }
+}
+
+/// What `h` gives back once its call recorded an outcome: not a probe (it
+/// reported).
+#[inline]
+pub(super) fn reported(h: &Held) -> Grant {
+    Grant {
+        probe: false,
+        ..h.grant()
+    }
+}
+
+/// The keyed scope in `keyed` held for `h` (`None`: the rule's own).
+#[inline]
+pub(super) fn scope_in<'a>(keyed: &'a Keyed, h: &Held) -> Option<&'a Scope> {
+    if !h.keyed() {
+        return None;
+    }
+    keyed_scope(keyed, h.rule)
+}
+
+/// The keyed scope in `keyed` of `rule`. Out of line (issue 39: inline, a
+/// pass over the holds read `keyed` before its first hold, keyed or not).
+#[inline(never)]
+fn keyed_scope(keyed: &Keyed, rule: u32) -> Option<&Scope> {
+    keyed
+        .iter()
+        .flatten()
+        .find_map(|(r, scope)| (*r == rule).then_some(scope))
 }
 
 #[cfg(test)]
