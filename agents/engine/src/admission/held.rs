@@ -77,6 +77,69 @@ impl Held {
     }
 }
 
+/// A call's plain holds (issue 39: most holds): the rules below 64 that
+/// granted it with nothing to keep (no probe, no bytes, no share class, in
+/// their own scope), a bit each (a step sets one, not a [`Held`] pushed),
+/// and those of them that give back at the end (bulkheads). What each
+/// granted is [`Grant::default`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Plain {
+    held: u64,
+    gives: u64,
+}
+
+impl Plain {
+    /// Holds `rule`'s `grant` here when it is plain (and the rule's own
+    /// scope): whether it did.
+    #[inline]
+    pub(super) fn add(&mut self, rule: u32, grant: Grant, gives_back: bool) -> bool {
+        if rule >= 64 || grant != Grant::default() {
+            return false;
+        }
+        let bit = 1 << rule;
+        self.held |= bit;
+        if gives_back {
+            self.gives |= bit;
+        }
+        true
+    }
+
+    /// The rules held, lowest first.
+    #[inline]
+    pub(super) fn rules(self) -> Bits {
+        Bits(self.held)
+    }
+
+    /// The rules held that give back at the end, lowest first.
+    #[inline]
+    pub(super) fn giving(self) -> Bits {
+        Bits(self.gives)
+    }
+
+    /// Whether `rule` (held here) gives back at the end.
+    #[inline]
+    pub(super) fn gives_back(self, rule: u32) -> bool {
+        self.gives.wrapping_shr(rule) & 1 != 0
+    }
+}
+
+/// The rules of a mask, lowest first.
+pub(super) struct Bits(u64);
+
+impl Iterator for Bits {
+    type Item = u32;
+
+    #[inline]
+    fn next(&mut self) -> Option<u32> {
+        if self.0 == 0 {
+            return None;
+        }
+        let rule = self.0.trailing_zeros();
+        self.0 &= self.0 - 1;
+        Some(rule)
+    }
+}
+
 /// What `h` gives back once its call recorded an outcome: not a probe (it
 /// reported).
 #[inline]
@@ -126,5 +189,36 @@ mod tests {
         let plain = Held::new(1, Grant::default(), false, false);
         assert!(!plain.keyed() && !plain.bytes() && !plain.gives_back());
         assert_eq!(plain.grant(), Grant::default());
+    }
+
+    /// Only a plain grant of a rule below 64 is held as a bit; the rules
+    /// come back lowest first, those that give back apart.
+    #[test]
+    fn plain_holds_are_bits_of_rules_below_64() {
+        let mut p = Plain::default();
+        assert_eq!(p, Plain::default());
+        assert!(p.add(9, Grant::default(), false));
+        assert!(p.add(2, Grant::default(), true));
+        assert!(p.add(63, Grant::default(), true));
+        assert!(!p.add(64, Grant::default(), false), "rule 64 has no bit");
+        for grant in [
+            Grant {
+                probe: true,
+                ..Grant::default()
+            },
+            Grant {
+                bytes: true,
+                ..Grant::default()
+            },
+            Grant {
+                share_class: Some(0),
+                ..Grant::default()
+            },
+        ] {
+            assert!(!p.add(5, grant, false), "{grant:?} is kept in a Held");
+        }
+        assert_eq!(p.rules().collect::<Vec<_>>(), [2, 9, 63]);
+        assert_eq!(p.giving().collect::<Vec<_>>(), [2, 63]);
+        assert!(p.gives_back(2) && !p.gives_back(9) && p.gives_back(63));
     }
 }
