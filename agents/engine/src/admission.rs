@@ -28,6 +28,7 @@ mod ratelimit;
 mod trace;
 
 pub(crate) use call::{Call, Step, StepError, Steps};
+pub(crate) use held::Plain;
 pub use meter::ByteMeter;
 pub use trace::Ended;
 

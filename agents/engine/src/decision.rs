@@ -13,7 +13,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::admission::{Admission, Call, Pending, Step, StepError, Steps};
+use crate::admission::{Admission, Call, Pending, Plain, Step, StepError, Steps};
 use crate::clock::Now;
 use crate::config::{CompiledConfig, Direction};
 use crate::criticality::Class;
@@ -294,12 +294,14 @@ pub(crate) fn admit_matched(
     // borrow of the snapshot up to the returns that move it).
     let mut steps = plan.steps.iter();
     let states = &snap.states[..];
+    let mut plain = Plain::default();
     while let Some(&(_, id)) = steps.next() {
         let stepped = match &keys {
-            None => call.step_own(&snap, states, id.0, now),
+            None => call.step_own(&snap, states, id.0, now, &mut plain),
             keys => call.step_now(&snap, step_of(&snap, config, keys.as_ref(), id), now),
         };
         if let Err(e) = stepped {
+            call.hold_plain(plain);
             let rest = match e {
                 StepError::Wait(_) => (steps.as_slice().iter())
                     .map(|&(_, id)| step_of(&snap, config, keys.as_ref(), id))
@@ -313,6 +315,7 @@ pub(crate) fn admit_matched(
     // test of it).
     debug_assert!(call.snap.is_none());
     std::mem::forget(call.snap.replace(snap));
+    call.hold_plain(plain);
     call.complete(stripe::current());
     Decision::Admitted(Admission::of(call))
 }

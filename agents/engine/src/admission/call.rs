@@ -245,6 +245,14 @@ impl Call {
         self.held.push(Held::new(rule, grant, keyed, gives_back));
     }
 
+    /// Holds the plain grants a decision's steps kept in `plain`
+    /// ([`Call::step_own`]): before the call is admitted, refused or made
+    /// to wait.
+    #[inline]
+    pub(crate) fn hold_plain(&mut self, plain: Plain) {
+        self.plain.join(plain);
+    }
+
     /// Holds a grant in the rule's own scope that is not plain. Out of
     /// line (issue 39: the step of a plain grant stays small enough to be
     /// inlined in each kind's arm).
@@ -283,7 +291,10 @@ impl Call {
 
     /// [`Call::step_now`] of a decision begun at `now`, in the rule's own
     /// scope (a rule that does not key its calls): no scope to move or
-    /// keep (issue 39). `states`: `snap`'s, read once by the decision.
+    /// keep (issue 39). `states`: `snap`'s, read once by the decision; a
+    /// plain grant is held in `plain`, the decision's until it ends
+    /// ([`Call::hold_plain`], issue 39: a word kept in a register, not
+    /// stored to the box by every step).
     #[inline]
     pub(crate) fn step_own(
         &mut self,
@@ -291,10 +302,11 @@ impl Call {
         states: &[State],
         rule: u32,
         now: Now,
+        plain: &mut Plain,
     ) -> Result<(), StepError> {
         states[rule as usize].try_acquire_own(now, |answer| match answer {
             Ok((grant, gives_back)) => {
-                if !self.plain.add(rule, grant, gives_back) {
+                if !plain.add(rule, grant, gives_back) {
                     self.hold_own(rule, grant, gives_back);
                 }
                 Ok(())
@@ -626,6 +638,11 @@ impl Call {
         // reported.
         for rule in self.plain.giving() {
             snap.states[rule as usize].release(None, Grant::default());
+        }
+        // Most calls hold nothing but plain grants (issue 39: tested once,
+        // not by the set-up of a walk).
+        if self.held.is_empty() {
+            return;
         }
         if self.marks.progress == Progress::Recorded {
             for h in self.held.iter().filter(|h| h.gives_back()) {

@@ -83,7 +83,7 @@ impl Held {
 /// and those of them that give back at the end (bulkheads). What each
 /// granted is [`Grant::default`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Plain {
+pub(crate) struct Plain {
     held: u64,
     gives: u64,
 }
@@ -93,7 +93,15 @@ impl Plain {
     /// scope): whether it did.
     #[inline]
     pub(super) fn add(&mut self, rule: u32, grant: Grant, gives_back: bool) -> bool {
-        if rule >= 64 || grant != Grant::default() {
+        // Field by field (issue 39: a grant a kind's arm built of constants
+        // is then tested by none; compared whole, it was read back).
+        let Grant {
+            probe,
+            bytes,
+            system_error,
+            share_class,
+        } = grant;
+        if probe || bytes || system_error || share_class.is_some() || rule >= 64 {
             return false;
         }
         let bit = 1 << rule;
@@ -102,6 +110,13 @@ impl Plain {
             self.gives |= bit;
         }
         true
+    }
+
+    /// Holds `other`'s rules too.
+    #[inline]
+    pub(super) fn join(&mut self, other: Plain) {
+        self.held |= other.held;
+        self.gives |= other.gives;
     }
 
     /// The rules held, lowest first.
