@@ -572,7 +572,10 @@ impl Call {
         for rule in plain.rules() {
             let state = &states[rule as usize];
             state.count_and_record(slot, latency, outcome, grant, now, elapsed);
-            if give_back && plain.gives_back(rule) {
+            // Every hold may be released at the end (`end` does); only a
+            // bulkhead's plain grant gives something back, told by the kind
+            // the dispatch reads anyway (issue 39: no test of the bits).
+            if give_back {
                 state.release(None, Grant::default());
             }
         }

@@ -130,12 +130,6 @@ impl Plain {
     pub(super) fn giving(self) -> Bits {
         Bits(self.gives)
     }
-
-    /// Whether `rule` (held here) gives back at the end.
-    #[inline]
-    pub(super) fn gives_back(self, rule: u32) -> bool {
-        self.gives.wrapping_shr(rule) & 1 != 0
-    }
 }
 
 /// The rules of a mask, lowest first.
@@ -234,6 +228,5 @@ mod tests {
         }
         assert_eq!(p.rules().collect::<Vec<_>>(), [2, 9, 63]);
         assert_eq!(p.giving().collect::<Vec<_>>(), [2, 63]);
-        assert!(p.gives_back(2) && !p.gives_back(9) && p.gives_back(63));
     }
 }
