@@ -25,7 +25,7 @@ use crate::state::{Scope, State};
 use crate::stats::Latency;
 use crate::stripe::{self, Slot};
 
-use super::held::{Held, Keyed, Plain, reported, scope_in};
+use super::held::{Held, Keyed, Plain, reported, scope_in, shadow_timeouts};
 use super::trace::Trace;
 
 /// One step of a decision: a matched rule and the scope (key) of this call.
@@ -622,18 +622,7 @@ impl Call {
         let Some(snap) = &self.snap else { return };
         // A recorded call ended in a latency bucket; count the others here.
         if self.marks.progress == Progress::Admitted {
-            let slot = stripe::current();
-            for rule in self.plain.rules() {
-                let state = &snap.states[rule as usize];
-                state.counters().end(slot);
-                state.release(None, Grant::default());
-            }
-            for h in &self.held {
-                let state = &snap.states[h.rule as usize];
-                state.counters().end(slot);
-                state.release(self.scope(h), h.grant());
-            }
-            return;
+            return self.end_unrecorded();
         }
         // A recorded call (the proxy's path: recorded at the head, dropped
         // when the body ends), or one refused or dropped while deciding,
@@ -643,10 +632,37 @@ impl Call {
             snap.states[rule as usize].release(None, Grant::default());
         }
         // Most calls hold nothing but plain grants (issue 39: tested once,
-        // not by the set-up of a walk).
-        if self.held.is_empty() {
-            return;
+        // the walk of the others out of line).
+        if !self.held.is_empty() {
+            self.end_held();
         }
+    }
+
+    /// [`Call::end`] of an admitted call dropped without an outcome:
+    /// counted as unrecorded by every rule, everything given back. Out of
+    /// line (issue 39: the end of most calls keeps fewer registers).
+    #[inline(never)]
+    fn end_unrecorded(&mut self) {
+        let Some(snap) = &self.snap else { return };
+        let slot = stripe::current();
+        for rule in self.plain.rules() {
+            let state = &snap.states[rule as usize];
+            state.counters().end(slot);
+            state.release(None, Grant::default());
+        }
+        for h in &self.held {
+            let state = &snap.states[h.rule as usize];
+            state.counters().end(slot);
+            state.release(self.scope(h), h.grant());
+        }
+    }
+
+    /// [`Call::end`] of the holds other than plain of a call recorded, or
+    /// refused or dropped while deciding: those that give back. Out of line
+    /// (issue 39: as `end_unrecorded`).
+    #[inline(never)]
+    fn end_held(&mut self) {
+        let Some(snap) = &self.snap else { return };
         if self.marks.progress == Progress::Recorded {
             for h in self.held.iter().filter(|h| h.gives_back()) {
                 snap.states[h.rule as usize].release(self.scope(h), reported(h));
@@ -668,20 +684,6 @@ impl Call {
         }
         if self.trace.is_some() {
             self.tell_trace();
-        }
-    }
-}
-
-/// A shadow rule's deadline is not enforced: counts the calls that
-/// outlived it as the timeouts it would have cut off.
-#[cold]
-fn shadow_timeouts(snap: &Snapshot, rules: impl Iterator<Item = u32>, elapsed: Duration) {
-    for rule in rules.filter(|&rule| snap.is_shadow(rule)) {
-        if snap.states[rule as usize]
-            .timeout()
-            .is_some_and(|t| elapsed > t)
-        {
-            snap.shadow_reject(rule, RejectReason::Timeout);
         }
     }
 }

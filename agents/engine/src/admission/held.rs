@@ -1,8 +1,13 @@
-//! [`Held`]: what an admitted call holds of one rule that granted it.
+//! [`Held`] and [`Plain`]: what an admitted call holds of the rules that
+//! granted it, and the helpers of the passes over them.
+
+use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use crate::primitive::Grant;
+use crate::rejection::RejectReason;
+use crate::snapshot::Snapshot;
 use crate::state::Scope;
 
 /// The keyed scopes of a call's holds (consumers, instances), by rule;
@@ -176,6 +181,24 @@ fn keyed_scope(keyed: &Keyed, rule: u32) -> Option<&Scope> {
         .iter()
         .flatten()
         .find_map(|(r, scope)| (*r == rule).then_some(scope))
+}
+
+/// A shadow rule's deadline is not enforced: counts the calls that
+/// outlived it as the timeouts it would have cut off.
+#[cold]
+pub(super) fn shadow_timeouts(
+    snap: &Snapshot,
+    rules: impl Iterator<Item = u32>,
+    elapsed: Duration,
+) {
+    for rule in rules.filter(|&rule| snap.is_shadow(rule)) {
+        if snap.states[rule as usize]
+            .timeout()
+            .is_some_and(|t| elapsed > t)
+        {
+            snap.shadow_reject(rule, RejectReason::Timeout);
+        }
+    }
 }
 
 #[cfg(test)]
