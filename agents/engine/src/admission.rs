@@ -25,6 +25,7 @@ mod call;
 mod held;
 mod meter;
 mod ratelimit;
+mod report;
 mod trace;
 
 pub(crate) use call::{Call, Step, StepError, Steps};

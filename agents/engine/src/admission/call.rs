@@ -16,10 +16,9 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::clock::Now;
-use crate::config::Mode;
 use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant};
-use crate::rejection::{RejectReason, Rejection, WouldReject};
+use crate::rejection::{RejectReason, Rejection};
 use crate::snapshot::Snapshot;
 use crate::state::{Scope, State};
 use crate::stats::Latency;
@@ -119,6 +118,10 @@ enum Progress {
     /// Its outcome was recorded (first call wins).
     Recorded,
 }
+
+/// An outcome as a record pass counts it: the stripe, the latency, the
+/// outcome, when and how long after the decision began (ns).
+type Counted = (Slot, Latency, Outcome, Now, u64);
 
 /// The most boxes one thread's free list keeps.
 pub(super) const KEPT: u32 = 64;
@@ -427,72 +430,6 @@ impl Call {
         self.snap.as_deref()?.rule_timeout(self.timeout?)
     }
 
-    pub(super) fn would_reject_on<'a>(
-        &'a self,
-        snap: &'a Snapshot,
-    ) -> impl Iterator<Item = WouldReject> + 'a {
-        self.refused.iter().filter_map(|&(rule, reason)| {
-            Some(WouldReject {
-                rule: snap.config.rules.get(rule as usize)?.name.clone(),
-                reason,
-            })
-        })
-    }
-
-    /// The rules to name to the upstream in `gov-would-reject-by`.
-    pub(super) fn stamps(&self) -> impl Iterator<Item = &str> + '_ {
-        let rules = self.snap.as_deref().map(|s| &s.config.rules[..]);
-        self.refused.iter().filter_map(move |&(rule, _)| {
-            let rule = rules?.get(rule as usize)?;
-            (rule.mode == Mode::Shadow { stamp: true }).then_some(&*rule.name)
-        })
-    }
-
-    /// The rules that admitted this call, each with how long it waited.
-    /// Those that granted it and the shadow rules that would have refused
-    /// it, merged back into decision order (phase, then rule id).
-    pub(super) fn rules(&self) -> impl Iterator<Item = (&Arc<str>, Option<Duration>)> {
-        let snap = self.snap.as_deref();
-        let order = move |rule: u32| {
-            let phase = snap.and_then(|s| s.config.metas.get(rule as usize));
-            (phase.map(|m| m.phase), rule)
-        };
-        let mut held = self.granted().into_iter().peekable();
-        let mut refused = self.refused.iter().map(|&(rule, _)| rule).peekable();
-        let merged = std::iter::from_fn(move || match (held.peek(), refused.peek()) {
-            (Some(&h), Some(&r)) if order(r) < order(h) => refused.next(),
-            (Some(_), _) => held.next(),
-            (None, _) => refused.next(),
-        });
-        merged.filter_map(move |id| {
-            let rule = &snap?.config.rules.get(id as usize)?.name;
-            let wait = self.waits.iter().find_map(|&(r, d)| (r == id).then_some(d));
-            Some((rule, wait))
-        })
-    }
-
-    /// The rules that granted this call, in decision order (phase, then
-    /// rule id): its plain holds and the others merged.
-    fn granted(&self) -> SmallVec<[u32; 8]> {
-        let snap = self.snap.as_deref();
-        let mut granted: SmallVec<[u32; 8]> = (self.plain.rules())
-            .chain(self.held.iter().map(|h| h.rule))
-            .collect();
-        granted.sort_unstable_by_key(|&rule| {
-            let meta = snap.and_then(|s| s.config.metas.get(rule as usize));
-            (meta.map(|m| m.phase), rule)
-        });
-        granted
-    }
-
-    /// The retry rule that matched this call (the first), unless in mode shadow.
-    pub(super) fn retry(&self) -> Option<crate::RetryPolicy> {
-        let snap = self.snap.as_deref()?;
-        (self.granted().into_iter())
-            .filter(|&rule| !snap.is_shadow(rule))
-            .find_map(|rule| snap.states[rule as usize].retry())
-    }
-
     /// Adds request or response bytes to every matched byte limit.
     pub(super) fn add_bytes(&self, n: u64) {
         if let Some(trace) = &self.trace {
@@ -579,8 +516,23 @@ impl Call {
                 state.release(None, Grant::default());
             }
         }
-        // Through `&mut`, unwritten (issue 39: 21 fewer instructions in finish).
-        for h in &mut self.held {
+        if !self.held.is_empty() {
+            let counted = (slot, latency, outcome, now, elapsed);
+            self.record_held(states, counted, give_back);
+        }
+        if snap.any_shadow {
+            let rules = plain.rules().chain(self.held.iter().map(|h| h.rule));
+            shadow_timeouts(snap, rules, Duration::from_nanos(elapsed));
+        }
+    }
+
+    /// [`Call::record_outcome_and`] of the holds other than plain, the
+    /// outcome `counted` as the plain ones were. Out of line (issue 39: the
+    /// record pass of most calls keeps fewer registers).
+    #[inline(never)]
+    fn record_held(&self, states: &[State], counted: Counted, give_back: bool) {
+        let (slot, latency, outcome, now, elapsed) = counted;
+        for h in &self.held {
             let grant = Grant {
                 system_error: self.marks.system_error,
                 ..h.grant()
@@ -590,14 +542,9 @@ impl Call {
             // A probe has reported: it is not given back (here, or when the
             // call is dropped later: `end` reads the progress, issue 39: no
             // hold written here).
-            let kept = reported(h);
             if give_back && h.gives_back() {
-                state.release(scope_in(&self.keyed, h), kept);
+                state.release(scope_in(&self.keyed, h), reported(h));
             }
-        }
-        if snap.any_shadow {
-            let rules = plain.rules().chain(self.held.iter().map(|h| h.rule));
-            shadow_timeouts(snap, rules, Duration::from_nanos(elapsed));
         }
     }
 
