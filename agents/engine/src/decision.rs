@@ -345,7 +345,7 @@ fn admitted(mut call: Box<Call>, snap: Arc<Snapshot>) -> Decision {
     // test of it).
     debug_assert!(call.snap.is_none());
     std::mem::forget(call.snap.replace(snap));
-    call.complete(stripe::current());
+    call.count_admitted(stripe::current());
     Decision::Admitted(Admission::of(call))
 }
 
@@ -356,6 +356,7 @@ fn admitted(mut call: Box<Call>, snap: Arc<Snapshot>) -> Decision {
 #[inline(never)]
 fn not_admitted(mut call: Box<Call>, snap: Arc<Snapshot>, e: StepError, rest: Steps) -> Decision {
     call.snap = Some(snap);
+    call.deciding();
     match e {
         StepError::Rejected(r) => {
             // Gives back what the earlier steps took.

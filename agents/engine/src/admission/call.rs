@@ -146,10 +146,13 @@ impl Call {
             })
             .ok()
             .flatten();
+        // A decision's call is marked admitted from the start (issue 39: not
+        // by one more store when it is): one that is not at once is marked
+        // deciding (`Call::deciding`).
         let progress = if start.is_none() {
             Progress::Recorded
         } else {
-            Progress::Deciding
+            Progress::Admitted
         };
         let marks = Marks {
             awaits_grpc_status: false,
@@ -409,11 +412,24 @@ impl Call {
         }
     }
 
-    /// Every step passed: count the call as admitted by every matched rule
-    /// (in the stripe of `slot`, the calling thread's).
+    /// A decision whose steps did not all pass at once: its call is not
+    /// admitted (yet), and its end counts it in no rule.
     #[inline]
-    pub(crate) fn complete(&mut self, slot: Slot) {
+    pub(crate) fn deciding(&mut self) {
+        self.marks.progress = Progress::Deciding;
+    }
+
+    /// Every step passed after a wait: count the call as admitted.
+    pub(super) fn complete(&mut self, slot: Slot) {
         self.marks.progress = Progress::Admitted;
+        self.count_admitted(slot);
+    }
+
+    /// Every step passed: count the call as admitted by every matched rule
+    /// (in the stripe of `slot`, the calling thread's); marked admitted
+    /// already (by `take`, or by `complete` after a wait).
+    #[inline]
+    pub(crate) fn count_admitted(&self, slot: Slot) {
         if let Some(snap) = &self.snap {
             // Read once, not after each count (issue 39).
             let states = &snap.states[..];
@@ -1109,6 +1125,34 @@ rules:
                     drop(a);
                 }
             }
+        });
+    }
+
+    /// A call a later rule refuses is counted in no rule: the limit that
+    /// granted it first sees only the call in flight.
+    #[test]
+    fn a_refused_call_is_counted_in_no_rule() {
+        on_a_thread(|| {
+            let e = engine_of(
+                r#"
+service: order
+rules:
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  bulkhead: {max_concurrent: 1}
+- name: order/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+"#,
+            );
+            let a = decide(&e, "/one");
+            assert!(a.is_some());
+            assert!(decide(&e, "/one").is_none(), "the one permit is held");
+            let stats = e.stats();
+            for s in &stats.rules {
+                assert_eq!((s.admitted, s.in_flight), (1, 1), "{}", s.rule);
+            }
+            drop(a);
         });
     }
 
