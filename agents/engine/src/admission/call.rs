@@ -111,9 +111,10 @@ pub(super) struct Marks {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 enum Progress {
-    /// Its steps are being run (or waited for).
+    /// Refused, or waiting for a step (`Call::deciding`).
     Deciding,
-    /// Every step passed: counted as admitted in every rule.
+    /// Every step passed: counted as admitted in every rule. Also while a
+    /// decision runs its steps (from `Call::take`: nothing reads it then).
     Admitted,
     /// Its outcome was recorded (first call wins).
     Recorded,
