@@ -254,10 +254,13 @@ impl Call {
 
     /// Holds the plain grants a decision's steps kept in `plain`
     /// ([`Call::step_own`]): before the call is admitted, refused or made
-    /// to wait.
+    /// to wait. Its own are none then (issue 39: stored, not joined): a
+    /// box is taken blank, and `step_own` holds a plain grant in `plain`
+    /// only.
     #[inline]
     pub(crate) fn hold_plain(&mut self, plain: Plain) {
-        self.plain.join(plain);
+        debug_assert_eq!(self.plain, Plain::default());
+        self.plain = plain;
     }
 
     /// Holds a grant in the rule's own scope that is not plain. Out of

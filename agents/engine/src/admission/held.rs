@@ -117,13 +117,6 @@ impl Plain {
         true
     }
 
-    /// Holds `other`'s rules too.
-    #[inline]
-    pub(super) fn join(&mut self, other: Plain) {
-        self.held |= other.held;
-        self.gives |= other.gives;
-    }
-
     /// The rules held, lowest first.
     #[inline]
     pub(super) fn rules(self) -> Bits {
