@@ -25,10 +25,13 @@ mod call;
 mod held;
 mod meter;
 mod ratelimit;
+mod report;
+mod trace;
 
-pub use call::Ended;
 pub(crate) use call::{Call, Step, StepError, Steps};
+pub(crate) use held::Plain;
 pub use meter::ByteMeter;
+pub use trace::Ended;
 
 /// An admitted call. Holds its bulkhead permits until dropped; report how
 /// the call ended with [`Admission::record`] (or [`Admission::finish`]) so

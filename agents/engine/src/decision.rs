@@ -13,7 +13,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::admission::{Admission, Call, Pending, Step, StepError, Steps};
+use crate::admission::{Admission, Call, Pending, Plain, Step, StepError, Steps};
 use crate::clock::Now;
 use crate::config::{CompiledConfig, Direction};
 use crate::criticality::Class;
@@ -265,55 +265,87 @@ pub(crate) fn admit_matched(
     // With the shortest deadline a matched rule enforces (a shadow rule's
     // is counted, not enforced: `Admission::record`).
     let mut call = Call::take(Some(now), plan.timeout.map(|(_, id)| id.0));
-    // Read the request's keys only when a rule's scope depends on them, and
-    // the consumer only when a rule's scope needs it.
-    let path;
-    let keys = if plan.keyed {
-        path = matched_path(config, req);
-        Some(Keys {
-            target: req.target.map(|t| t.service),
-            consumer: plan
-                .consumer
-                .then(|| req.headers.get_str(&config.consumer_header))
-                .flatten(),
-            instance: req.target.and_then(|t| t.instance),
-            path: &path,
-            query: req.query,
-            headers: req.headers,
-            claims: req.claims,
-            class: if config.classes.is_empty() {
-                Class::default()
-            } else {
-                request_class(config, req)
-            },
-        })
-    } else {
-        None
-    };
+    // A plan some rule of which keys its calls reads the request's keys
+    // first, apart (issue 39: the others build no empty keys, test none).
+    if plan.keyed {
+        return admit_keyed(call, snap, at, scratch, req, now);
+    }
     // The steps' slice, not `Plan::ids` (an opaque iterator would hold its
     // borrow of the snapshot up to the returns that move it).
     let mut steps = plan.steps.iter();
     let states = &snap.states[..];
+    let mut plain = Plain::default();
     while let Some(&(_, id)) = steps.next() {
-        let stepped = match &keys {
-            None => call.step_own(&snap, states, id.0, now),
-            keys => call.step_now(&snap, step_of(&snap, config, keys.as_ref(), id), now),
-        };
-        if let Err(e) = stepped {
+        if let Err(e) = call.step_own(&snap, states, id.0, now, &mut plain) {
+            call.hold_plain(plain);
             let rest = match e {
                 StepError::Wait(_) => (steps.as_slice().iter())
-                    .map(|&(_, id)| step_of(&snap, config, keys.as_ref(), id))
+                    .map(|&(_, id)| step_of(&snap, config, None, id))
                     .collect(),
                 StepError::Rejected(_) => Steps::new(),
             };
             return not_admitted(call, snap, e, rest);
         }
     }
+    call.hold_plain(plain);
+    admitted(call, snap)
+}
+
+/// [`admit_matched`] of a plan some rule of which keys its calls: the
+/// request's keys read (the consumer only when a rule's scope needs it),
+/// then each step in its scope.
+fn admit_keyed(
+    mut call: Box<Call>,
+    snap: Arc<Snapshot>,
+    at: PlanAt,
+    scratch: &Option<Plan>,
+    req: &RequestInfo<'_>,
+    now: Now,
+) -> Decision {
+    let config = &*snap.config;
+    let plan = config.router(req.direction).resolve(at, scratch);
+    let path = matched_path(config, req);
+    let keys = Keys {
+        target: req.target.map(|t| t.service),
+        consumer: plan
+            .consumer
+            .then(|| req.headers.get_str(&config.consumer_header))
+            .flatten(),
+        instance: req.target.and_then(|t| t.instance),
+        path: &path,
+        query: req.query,
+        headers: req.headers,
+        claims: req.claims,
+        class: if config.classes.is_empty() {
+            Class::default()
+        } else {
+            request_class(config, req)
+        },
+    };
+    let mut steps = plan.steps.iter();
+    while let Some(&(_, id)) = steps.next() {
+        if let Err(e) = call.step_now(&snap, step_of(&snap, config, Some(&keys), id), now) {
+            let rest = match e {
+                StepError::Wait(_) => (steps.as_slice().iter())
+                    .map(|&(_, id)| step_of(&snap, config, Some(&keys), id))
+                    .collect(),
+                StepError::Rejected(_) => Steps::new(),
+            };
+            return not_admitted(call, snap, e, rest);
+        }
+    }
+    admitted(call, snap)
+}
+
+/// A decision every step of which passed: the call holds its snapshot and
+/// is counted as admitted by every matched rule.
+#[inline(always)]
+fn admitted(mut call: Box<Call>, snap: Arc<Snapshot>) -> Decision {
     // A box is taken blank: no snapshot to drop (issue 39: not even the
     // test of it).
     debug_assert!(call.snap.is_none());
     std::mem::forget(call.snap.replace(snap));
-    call.complete(stripe::current());
+    call.count_admitted(stripe::current());
     Decision::Admitted(Admission::of(call))
 }
 
@@ -324,6 +356,7 @@ pub(crate) fn admit_matched(
 #[inline(never)]
 fn not_admitted(mut call: Box<Call>, snap: Arc<Snapshot>, e: StepError, rest: Steps) -> Decision {
     call.snap = Some(snap);
+    call.deciding();
     match e {
         StepError::Rejected(r) => {
             // Gives back what the earlier steps took.

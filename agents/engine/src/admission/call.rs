@@ -16,16 +16,16 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::clock::Now;
-use crate::config::Mode;
 use crate::outcome::Outcome;
 use crate::primitive::{Answer, Grant};
-use crate::rejection::{RejectReason, Rejection, WouldReject};
+use crate::rejection::{RejectReason, Rejection};
 use crate::snapshot::Snapshot;
 use crate::state::{Scope, State};
 use crate::stats::Latency;
 use crate::stripe::{self, Slot};
 
-use super::held::Held;
+use super::held::{Held, Keyed, Plain, reported, scope_in, shadow_timeouts};
+use super::trace::Trace;
 
 /// One step of a decision: a matched rule and the scope (key) of this call.
 #[derive(Debug)]
@@ -43,44 +43,16 @@ pub(crate) enum StepError {
     Wait(Step),
 }
 
-/// How an admitted call ended, for [`Admission::on_end`](super::Admission::on_end).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ended {
-    /// The recorded outcome; `None` when the call ended without one (the
-    /// client left, or the request never reached the upstream).
-    pub outcome: Option<Outcome>,
-    /// When the outcome was recorded (the response head, usually): when
-    /// fuses and latency histograms counted the call, which can be well
-    /// before its end. `None` with `outcome`.
-    pub outcome_at: Option<Instant>,
-    /// Response bytes counted through [`Admission::add_bytes`](super::Admission::add_bytes).
-    pub bytes: u64,
-    /// When the admission was dropped (its permits given back).
-    pub at: Instant,
-}
-
-/// An observer of one call's end, with what it needs counted.
-pub(super) struct Trace {
-    outcome: Option<(Outcome, Instant)>,
-    pub(super) bytes: std::sync::atomic::AtomicU64,
-    then: Box<dyn FnOnce(Ended) + Send + Sync>,
-}
-
-impl std::fmt::Debug for Trace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Trace")
-            .field("outcome", &self.outcome)
-            .finish_non_exhaustive()
-    }
-}
-
 /// A governed or observed call. Blank (no snapshot, nothing held or
 /// refused, no trace, no waits) while it is on a free list.
 #[derive(Debug)]
 pub(crate) struct Call {
     /// `None` when no rule matched: nothing to hold or record.
     pub(crate) snap: Option<Arc<Snapshot>>,
-    /// The rules that granted the call, in decision order. A `Vec`, not a
+    /// The rules that granted the call plainly (most), a bit each: the
+    /// passes over the holds walk these, then `held`.
+    pub(super) plain: Plain,
+    /// The other rules that granted the call, in decision order. A `Vec`, not a
     /// `SmallVec`: a box from the free list keeps its capacity (no
     /// allocation in steady state), and pushes and walks skip the
     /// inline-or-spilled test.
@@ -93,7 +65,7 @@ pub(crate) struct Call {
     pub(super) refused: Vec<(u32, RejectReason)>,
     /// The keyed scopes of `held` (consumers, instances), by rule; `None`
     /// (no drop to run) until a rule keys the call.
-    pub(super) keyed: Option<SmallVec<[(u32, Scope); 1]>>,
+    pub(super) keyed: Keyed,
     /// When the decision began. Read only for a call a rule matched (with
     /// `snap`): a box taken for another keeps its last (issue 39: a plain
     /// word, not an `Option` tested by every record).
@@ -139,13 +111,18 @@ pub(super) struct Marks {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 enum Progress {
-    /// Its steps are being run (or waited for).
+    /// Refused, or waiting for a step (`Call::deciding`).
     Deciding,
-    /// Every step passed: counted as admitted in every rule.
+    /// Every step passed: counted as admitted in every rule. Also while a
+    /// decision runs its steps (from `Call::take`: nothing reads it then).
     Admitted,
     /// Its outcome was recorded (first call wins).
     Recorded,
 }
+
+/// An outcome as a record pass counts it: the stripe, the latency, the
+/// outcome, when and how long after the decision began (ns).
+type Counted = (Slot, Latency, Outcome, Now, u64);
 
 /// The most boxes one thread's free list keeps.
 pub(super) const KEPT: u32 = 64;
@@ -170,10 +147,13 @@ impl Call {
             })
             .ok()
             .flatten();
+        // A decision's call is marked admitted from the start (issue 39: not
+        // by one more store when it is): one that is not at once is marked
+        // deciding (`Call::deciding`).
         let progress = if start.is_none() {
             Progress::Recorded
         } else {
-            Progress::Deciding
+            Progress::Admitted
         };
         let marks = Marks {
             awaits_grpc_status: false,
@@ -194,6 +174,7 @@ impl Call {
             }
             None => Box::new(Self {
                 snap: None,
+                plain: Plain::default(),
                 held: Vec::new(),
                 refused: Vec::with_capacity(2),
                 keyed: None,
@@ -224,6 +205,7 @@ impl Call {
     #[inline]
     fn give(mut self: Box<Self>) {
         self.snap = None;
+        self.plain = Plain::default();
         self.held.clear();
         if self.aside {
             self.put_back_aside();
@@ -259,12 +241,35 @@ impl Call {
     fn hold(&mut self, step: Step, grant: Grant, gives_back: bool) {
         let keyed = step.scope.is_keyed();
         let rule = step.rule;
+        if !keyed && self.plain.add(rule, grant, gives_back) {
+            return;
+        }
         if keyed {
             self.aside = true;
             self.keyed.get_or_insert_default().push((rule, step.scope));
         }
         self.marks.has_bytes |= grant.bytes;
         self.held.push(Held::new(rule, grant, keyed, gives_back));
+    }
+
+    /// Holds the plain grants a decision's steps kept in `plain`
+    /// ([`Call::step_own`]): before the call is admitted, refused or made
+    /// to wait. Its own are none then (issue 39: stored, not joined): a
+    /// box is taken blank, and `step_own` holds a plain grant in `plain`
+    /// only.
+    #[inline]
+    pub(crate) fn hold_plain(&mut self, plain: Plain) {
+        debug_assert_eq!(self.plain, Plain::default());
+        self.plain = plain;
+    }
+
+    /// Holds a grant in the rule's own scope that is not plain. Out of
+    /// line (issue 39: the step of a plain grant stays small enough to be
+    /// inlined in each kind's arm).
+    #[inline(never)]
+    fn hold_own(&mut self, rule: u32, grant: Grant, gives_back: bool) {
+        self.marks.has_bytes |= grant.bytes;
+        self.held.push(Held::new(rule, grant, false, gives_back));
     }
 
     /// The keyed scope held for `h` (`None`: the rule's own).
@@ -296,7 +301,10 @@ impl Call {
 
     /// [`Call::step_now`] of a decision begun at `now`, in the rule's own
     /// scope (a rule that does not key its calls): no scope to move or
-    /// keep (issue 39). `states`: `snap`'s, read once by the decision.
+    /// keep (issue 39). `states`: `snap`'s, read once by the decision; a
+    /// plain grant is held in `plain`, the decision's until it ends
+    /// ([`Call::hold_plain`], issue 39: a word kept in a register, not
+    /// stored to the box by every step).
     #[inline]
     pub(crate) fn step_own(
         &mut self,
@@ -304,11 +312,13 @@ impl Call {
         states: &[State],
         rule: u32,
         now: Now,
+        plain: &mut Plain,
     ) -> Result<(), StepError> {
         states[rule as usize].try_acquire_own(now, |answer| match answer {
             Ok((grant, gives_back)) => {
-                self.marks.has_bytes |= grant.bytes;
-                self.held.push(Held::new(rule, grant, false, gives_back));
+                if !plain.add(rule, grant, gives_back) {
+                    self.hold_own(rule, grant, gives_back);
+                }
                 Ok(())
             }
             Err(answer) => {
@@ -406,14 +416,30 @@ impl Call {
         }
     }
 
-    /// Every step passed: count the call as admitted by every matched rule
-    /// (in the stripe of `slot`, the calling thread's).
+    /// A decision whose steps did not all pass at once: its call is not
+    /// admitted (yet), and its end counts it in no rule.
     #[inline]
-    pub(crate) fn complete(&mut self, slot: Slot) {
+    pub(crate) fn deciding(&mut self) {
+        self.marks.progress = Progress::Deciding;
+    }
+
+    /// Every step passed after a wait: count the call as admitted.
+    pub(super) fn complete(&mut self, slot: Slot) {
         self.marks.progress = Progress::Admitted;
+        self.count_admitted(slot);
+    }
+
+    /// Every step passed: count the call as admitted by every matched rule
+    /// (in the stripe of `slot`, the calling thread's); marked admitted
+    /// already (by `take`, or by `complete` after a wait).
+    #[inline]
+    pub(crate) fn count_admitted(&self, slot: Slot) {
         if let Some(snap) = &self.snap {
             // Read once, not after each count (issue 39).
             let states = &snap.states[..];
+            for rule in self.plain.rules() {
+                states[rule as usize].counters().admit(slot);
+            }
             for h in &self.held {
                 states[h.rule as usize].counters().admit(slot);
             }
@@ -422,68 +448,6 @@ impl Call {
 
     pub(super) fn rule_timeout(&self) -> Option<Duration> {
         self.snap.as_deref()?.rule_timeout(self.timeout?)
-    }
-
-    pub(super) fn would_reject_on<'a>(
-        &'a self,
-        snap: &'a Snapshot,
-    ) -> impl Iterator<Item = WouldReject> + 'a {
-        self.refused.iter().filter_map(|&(rule, reason)| {
-            Some(WouldReject {
-                rule: snap.config.rules.get(rule as usize)?.name.clone(),
-                reason,
-            })
-        })
-    }
-
-    /// The rules to name to the upstream in `gov-would-reject-by`.
-    pub(super) fn stamps(&self) -> impl Iterator<Item = &str> + '_ {
-        let rules = self.snap.as_deref().map(|s| &s.config.rules[..]);
-        self.refused.iter().filter_map(move |&(rule, _)| {
-            let rule = rules?.get(rule as usize)?;
-            (rule.mode == Mode::Shadow { stamp: true }).then_some(&*rule.name)
-        })
-    }
-
-    /// The rules that admitted this call, each with how long it waited.
-    /// Those that granted it and the shadow rules that would have refused
-    /// it, merged back into decision order (phase, then rule id).
-    pub(super) fn rules(&self) -> impl Iterator<Item = (&Arc<str>, Option<Duration>)> {
-        let snap = self.snap.as_deref();
-        let order = move |rule: u32| {
-            let phase = snap.and_then(|s| s.config.metas.get(rule as usize));
-            (phase.map(|m| m.phase), rule)
-        };
-        let mut held = self.held.iter().map(|h| h.rule).peekable();
-        let mut refused = self.refused.iter().map(|&(rule, _)| rule).peekable();
-        let merged = std::iter::from_fn(move || match (held.peek(), refused.peek()) {
-            (Some(&h), Some(&r)) if order(r) < order(h) => refused.next(),
-            (Some(_), _) => held.next(),
-            (None, _) => refused.next(),
-        });
-        merged.filter_map(move |id| {
-            let rule = &snap?.config.rules.get(id as usize)?.name;
-            let wait = self.waits.iter().find_map(|&(r, d)| (r == id).then_some(d));
-            Some((rule, wait))
-        })
-    }
-
-    /// The retry rule that matched this call (the first), unless in mode shadow.
-    pub(super) fn retry(&self) -> Option<crate::RetryPolicy> {
-        let snap = self.snap.as_deref()?;
-        self.held
-            .iter()
-            .filter(|h| !snap.is_shadow(h.rule))
-            .find_map(|h| snap.states[h.rule as usize].retry())
-    }
-
-    /// Calls `then` once when this call ends.
-    pub(super) fn on_end(&mut self, then: Box<dyn FnOnce(Ended) + Send + Sync>) {
-        self.trace = Some(Box::new(Trace {
-            outcome: None,
-            bytes: std::sync::atomic::AtomicU64::new(0),
-            then,
-        }));
     }
 
     /// Adds request or response bytes to every matched byte limit.
@@ -525,18 +489,6 @@ impl Call {
         self.end_and_give();
     }
 
-    /// Keeps the outcome for the call's observer (first call wins). Out of
-    /// line (issue 39: few calls are observed).
-    #[cold]
-    #[inline(never)]
-    fn trace_outcome(&mut self, outcome: Outcome) {
-        if let Some(trace) = &mut self.trace
-            && trace.outcome.is_none()
-        {
-            trace.outcome = Some((outcome, Instant::now()));
-        }
-    }
-
     /// Records the outcome, gives back what the call holds in the same
     /// pass over its holds, and gives its box back
     /// ([`Admission::finish`](super::Admission::finish), issue 39: a call
@@ -569,8 +521,38 @@ impl Call {
         let elapsed = now.nanos_since(self.start);
         let latency = Latency::of_nanos(elapsed);
         let states = &snap.states[..];
-        // Through `&mut`, unwritten (issue 39: 21 fewer instructions in finish).
-        for h in &mut self.held {
+        let plain = self.plain;
+        let grant = Grant {
+            system_error: self.marks.system_error,
+            ..Grant::default()
+        };
+        for rule in plain.rules() {
+            let state = &states[rule as usize];
+            state.count_and_record(slot, latency, outcome, grant, now, elapsed);
+            // Every hold may be released at the end (`end` does); only a
+            // bulkhead's plain grant gives something back, told by the kind
+            // the dispatch reads anyway (issue 39: no test of the bits).
+            if give_back {
+                state.release(None, Grant::default());
+            }
+        }
+        if !self.held.is_empty() {
+            let counted = (slot, latency, outcome, now, elapsed);
+            self.record_held(states, counted, give_back);
+        }
+        if snap.any_shadow {
+            let rules = plain.rules().chain(self.held.iter().map(|h| h.rule));
+            shadow_timeouts(snap, rules, Duration::from_nanos(elapsed));
+        }
+    }
+
+    /// [`Call::record_outcome_and`] of the holds other than plain, the
+    /// outcome `counted` as the plain ones were. Out of line (issue 39: the
+    /// record pass of most calls keeps fewer registers).
+    #[inline(never)]
+    fn record_held(&self, states: &[State], counted: Counted, give_back: bool) {
+        let (slot, latency, outcome, now, elapsed) = counted;
+        for h in &self.held {
             let grant = Grant {
                 system_error: self.marks.system_error,
                 ..h.grant()
@@ -580,13 +562,9 @@ impl Call {
             // A probe has reported: it is not given back (here, or when the
             // call is dropped later: `end` reads the progress, issue 39: no
             // hold written here).
-            let kept = reported(h);
             if give_back && h.gives_back() {
-                state.release(scope_in(&self.keyed, h), kept);
+                state.release(scope_in(&self.keyed, h), reported(h));
             }
-        }
-        if snap.any_shadow {
-            shadow_timeouts(snap, &self.held, Duration::from_nanos(elapsed));
         }
     }
 
@@ -611,19 +589,56 @@ impl Call {
         let Some(snap) = &self.snap else { return };
         // A recorded call ended in a latency bucket; count the others here.
         if self.marks.progress == Progress::Admitted {
-            let slot = stripe::current();
-            for h in &self.held {
-                let state = &snap.states[h.rule as usize];
-                state.counters().end(slot);
-                state.release(self.scope(h), h.grant());
+            return self.end_unrecorded();
+        }
+        // A recorded call (the proxy's path: recorded at the head, dropped
+        // when the body ends), or one refused or dropped while deciding,
+        // visits only the holds that give back; a recorded call's probes
+        // reported.
+        for rule in self.plain.giving() {
+            snap.states[rule as usize].release(None, Grant::default());
+        }
+        // Most calls hold nothing but plain grants (issue 39: tested once,
+        // the walk of the others out of line).
+        if !self.held.is_empty() {
+            self.end_held();
+        }
+    }
+
+    /// [`Call::end`] of an admitted call dropped without an outcome:
+    /// counted as unrecorded by every rule, everything given back. Out of
+    /// line (issue 39: the end of most calls keeps fewer registers).
+    #[inline(never)]
+    fn end_unrecorded(&mut self) {
+        let Some(snap) = &self.snap else { return };
+        let slot = stripe::current();
+        for rule in self.plain.rules() {
+            let state = &snap.states[rule as usize];
+            state.counters().end(slot);
+            state.release(None, Grant::default());
+        }
+        for h in &self.held {
+            let state = &snap.states[h.rule as usize];
+            state.counters().end(slot);
+            state.release(self.scope(h), h.grant());
+        }
+    }
+
+    /// [`Call::end`] of the holds other than plain of a call recorded, or
+    /// refused or dropped while deciding: those that give back. Out of line
+    /// (issue 39: as `end_unrecorded`).
+    #[inline(never)]
+    fn end_held(&mut self) {
+        let Some(snap) = &self.snap else { return };
+        if self.marks.progress == Progress::Recorded {
+            for h in self.held.iter().filter(|h| h.gives_back()) {
+                snap.states[h.rule as usize].release(self.scope(h), reported(h));
             }
             return;
         }
-        // A recorded call (the proxy's path: recorded at the head, dropped
-        // when the body ends) visits only the holds that give back; its
-        // probes reported.
+        // A call refused or dropped while deciding: its probes never report.
         for h in self.held.iter().filter(|h| h.gives_back()) {
-            snap.states[h.rule as usize].release(self.scope(h), reported(h));
+            snap.states[h.rule as usize].release(self.scope(h), h.grant());
         }
     }
 
@@ -631,69 +646,11 @@ impl Call {
     /// an observer never comes here: its record pass gave everything back).
     #[inline(always)]
     fn ended(&mut self) {
-        if self.snap.is_some() && !self.held.is_empty() {
+        if self.snap.is_some() {
             self.end();
         }
         if self.trace.is_some() {
             self.tell_trace();
-        }
-    }
-
-    /// Tells the call's observer how it ended.
-    #[cold]
-    #[inline(never)]
-    fn tell_trace(&mut self) {
-        if let Some(trace) = self.trace.take() {
-            let ended = Ended {
-                outcome: trace.outcome.map(|(o, _)| o),
-                outcome_at: trace.outcome.map(|(_, at)| at),
-                bytes: trace.bytes.into_inner(),
-                at: Instant::now(),
-            };
-            (trace.then)(ended);
-        }
-    }
-}
-
-/// What `h` gives back once its call recorded an outcome: not a probe (it
-/// reported).
-#[inline]
-fn reported(h: &Held) -> Grant {
-    Grant {
-        probe: false,
-        ..h.grant()
-    }
-}
-
-/// The keyed scope in `keyed` held for `h` (`None`: the rule's own).
-#[inline]
-fn scope_in<'a>(keyed: &'a Option<SmallVec<[(u32, Scope); 1]>>, h: &Held) -> Option<&'a Scope> {
-    if !h.keyed() {
-        return None;
-    }
-    keyed_scope(keyed, h.rule)
-}
-
-/// The keyed scope in `keyed` of `rule`. Out of line (issue 39: inline, a
-/// pass over the holds read `keyed` before its first hold, keyed or not).
-#[inline(never)]
-fn keyed_scope(keyed: &Option<SmallVec<[(u32, Scope); 1]>>, rule: u32) -> Option<&Scope> {
-    keyed
-        .iter()
-        .flatten()
-        .find_map(|(r, scope)| (*r == rule).then_some(scope))
-}
-
-/// A shadow rule's deadline is not enforced: counts the calls that
-/// outlived it as the timeouts it would have cut off.
-#[cold]
-fn shadow_timeouts(snap: &Snapshot, held: &[Held], elapsed: Duration) {
-    for h in held.iter().filter(|h| snap.is_shadow(h.rule)) {
-        if snap.states[h.rule as usize]
-            .timeout()
-            .is_some_and(|t| elapsed > t)
-        {
-            snap.shadow_reject(h.rule, RejectReason::Timeout);
         }
     }
 }
@@ -723,6 +680,7 @@ mod tests {
             let head = f.take();
             let blank = head.as_ref().is_some_and(|c| {
                 c.snap.is_none()
+                    && c.plain == Plain::default()
                     && c.held.is_empty()
                     && c.refused.is_empty()
                     && c.keyed.is_none()
@@ -958,7 +916,12 @@ rules:
             let taken: Vec<_> = (0..3).map(|_| Call::take(None, None)).collect();
             assert_eq!(free_len(), 0);
             for call in taken {
-                assert!(call.next.is_none() && call.snap.is_none() && call.held.is_empty());
+                assert!(
+                    call.next.is_none()
+                        && call.snap.is_none()
+                        && call.plain == Plain::default()
+                        && call.held.is_empty()
+                );
                 call.give();
             }
             assert_eq!(free_len(), 3);
@@ -1069,6 +1032,132 @@ rules:
             "the recorded probe was given back"
         );
         drop(second);
+    }
+
+    /// A half-open fuse's probe taken by a call a later rule refuses is
+    /// given back (the call never reported): the next call, once the limit
+    /// lets it through, is the fuse's one probe.
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_refused_by_a_later_rule_is_given_back() {
+        let e = engine_of(
+            r#"
+service: inventory
+rules:
+- name: inventory/fuse
+  on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 30000}
+    recover: {after: {after_ms: 30000, probes: 1}}
+- name: inventory/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
+  limit: {calls: {amount: 1, window_ms: 60000}}
+"#,
+        );
+        let Some(first) = decide(&e, "/stock") else {
+            panic!("not admitted");
+        };
+        first.finish(Outcome::ConnectFailure);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert!(
+            decide(&e, "/stock").is_none(),
+            "the limit refuses the probe"
+        );
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let probe = decide(&e, "/stock");
+        assert!(probe.is_some(), "the refused call's probe was given back");
+    }
+
+    /// A call whose rules granted it plainly (bits) and not (a limit of
+    /// bytes: a `Held`) lists them in decision order, counts its bytes,
+    /// and gives everything back once.
+    #[test]
+    fn a_call_of_plain_and_other_holds_lists_and_gives_back_both() {
+        on_a_thread(|| {
+            let e = engine_of(
+                r#"
+service: order
+rules:
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  bulkhead: {max_concurrent: 1}
+- name: order/bytes
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  limit: {bytes: {amount: 1000000, window_ms: 60000}}
+- name: order/fuse
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_SYSTEM_ERRORS, op: COMPARE_OP_GE, count: 10, window_ms: 10000}
+"#,
+            );
+            for _ in 0..2 {
+                let Some(a) = decide(&e, "/one") else {
+                    panic!("the permit was not given back");
+                };
+                let names: Vec<String> = a.rules().map(|(r, _)| r.to_string()).collect();
+                assert_eq!(names, ["order/fuse", "order/bytes", "order/pool"]);
+                assert!(a.counts_bytes());
+                assert!(decide(&e, "/one").is_none(), "the one permit is held");
+                drop(a);
+                assert!(head_blank());
+            }
+            let stats = e.stats();
+            for s in &stats.rules {
+                assert_eq!((s.admitted, s.in_flight), (2, 0), "{}", s.rule);
+            }
+        });
+    }
+
+    /// A rule past the 64th is held as a `Held` (no bit of its own): its
+    /// permit is held and given back all the same.
+    #[test]
+    fn a_rule_past_the_64th_holds_and_gives_back_its_permit() {
+        on_a_thread(|| {
+            let mut yaml = String::from("service: order\nrules:\n");
+            for i in 0..66 {
+                yaml.push_str(&format!(
+                    "- name: order/r{i}\n  on: {{path: {{kind: PATH_KIND_EXACT, value: /r{i}}}}}\n  bulkhead: {{max_concurrent: 1}}\n"
+                ));
+            }
+            let e = engine_of(&yaml);
+            for path in ["/r2", "/r65"] {
+                for _ in 0..2 {
+                    let a = decide(&e, path);
+                    assert!(a.as_ref().is_some_and(Admission::is_governed), "{path}");
+                    assert!(decide(&e, path).is_none(), "{path}: the one permit is held");
+                    drop(a);
+                }
+            }
+        });
+    }
+
+    /// A call a later rule refuses is counted in no rule: the limit that
+    /// granted it first sees only the call in flight.
+    #[test]
+    fn a_refused_call_is_counted_in_no_rule() {
+        on_a_thread(|| {
+            let e = engine_of(
+                r#"
+service: order
+rules:
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  bulkhead: {max_concurrent: 1}
+- name: order/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+"#,
+            );
+            let a = decide(&e, "/one");
+            assert!(a.is_some());
+            assert!(decide(&e, "/one").is_none(), "the one permit is held");
+            let stats = e.stats();
+            for s in &stats.rules {
+                assert_eq!((s.admitted, s.in_flight), (1, 1), "{}", s.rule);
+            }
+            drop(a);
+        });
     }
 
     /// A call's flags are one word, set blank by one store.

@@ -1,6 +1,18 @@
-//! [`Held`]: what an admitted call holds of one rule that granted it.
+//! [`Held`] and [`Plain`]: what an admitted call holds of the rules that
+//! granted it, and the helpers of the passes over them.
+
+use std::time::Duration;
+
+use smallvec::SmallVec;
 
 use crate::primitive::Grant;
+use crate::rejection::RejectReason;
+use crate::snapshot::Snapshot;
+use crate::state::Scope;
+
+/// The keyed scopes of a call's holds (consumers, instances), by rule;
+/// `None` (no drop to run) until a rule keys the call.
+pub(super) type Keyed = Option<SmallVec<[(u32, Scope); 1]>>;
 
 /// What an admission holds of one rule that granted it until it ends, in
 /// 8 bytes (issue 39: a hold is written by one step and read by three
@@ -70,6 +82,118 @@ impl Held {
     }
 }
 
+/// A call's plain holds (issue 39: most holds): the rules below 64 that
+/// granted it with nothing to keep (no probe, no bytes, no share class, in
+/// their own scope), a bit each (a step sets one, not a [`Held`] pushed),
+/// and those of them that give back at the end (bulkheads). What each
+/// granted is [`Grant::default`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Plain {
+    held: u64,
+    gives: u64,
+}
+
+impl Plain {
+    /// Holds `rule`'s `grant` here when it is plain (and the rule's own
+    /// scope): whether it did.
+    #[inline]
+    pub(super) fn add(&mut self, rule: u32, grant: Grant, gives_back: bool) -> bool {
+        // Field by field (issue 39: a grant a kind's arm built of constants
+        // is then tested by none; compared whole, it was read back).
+        let Grant {
+            probe,
+            bytes,
+            system_error,
+            share_class,
+        } = grant;
+        if probe || bytes || system_error || share_class.is_some() || rule >= 64 {
+            return false;
+        }
+        let bit = 1 << rule;
+        self.held |= bit;
+        if gives_back {
+            self.gives |= bit;
+        }
+        true
+    }
+
+    /// The rules held, lowest first.
+    #[inline]
+    pub(super) fn rules(self) -> Bits {
+        Bits(self.held)
+    }
+
+    /// The rules held that give back at the end, lowest first.
+    #[inline]
+    pub(super) fn giving(self) -> Bits {
+        Bits(self.gives)
+    }
+}
+
+/// The rules of a mask, lowest first.
+pub(super) struct Bits(u64);
+
+impl Iterator for Bits {
+    type Item = u32;
+
+    #[inline]
+    fn next(&mut self) -> Option<u32> {
+        if self.0 == 0 {
+            return None;
+        }
+        let rule = self.0.trailing_zeros();
+        self.0 &= self.0 - 1;
+        Some(rule)
+    }
+}
+
+/// What `h` gives back once its call recorded an outcome: not a probe (it
+/// reported).
+#[inline]
+pub(super) fn reported(h: &Held) -> Grant {
+    Grant {
+        probe: false,
+        ..h.grant()
+    }
+}
+
+/// The keyed scope in `keyed` held for `h` (`None`: the rule's own).
+#[inline]
+pub(super) fn scope_in<'a>(keyed: &'a Keyed, h: &Held) -> Option<&'a Scope> {
+    if !h.keyed() {
+        return None;
+    }
+    keyed_scope(keyed, h.rule)
+}
+
+/// The keyed scope in `keyed` of `rule`. Out of line (issue 39: inline, a
+/// pass over the holds read `keyed` before its first hold, keyed or not).
+#[inline(never)]
+fn keyed_scope(keyed: &Keyed, rule: u32) -> Option<&Scope> {
+    keyed
+        .iter()
+        .flatten()
+        .find_map(|(r, scope)| (*r == rule).then_some(scope))
+}
+
+/// A shadow rule's deadline is not enforced: counts the calls that
+/// outlived it as the timeouts it would have cut off.
+#[cold]
+pub(super) fn shadow_timeouts(
+    snap: &Snapshot,
+    rules: impl Iterator<Item = u32>,
+    elapsed: Duration,
+) {
+    for rule in rules.filter(|&rule| snap.is_shadow(rule)) {
+        if snap.states[rule as usize]
+            .timeout()
+            .is_some_and(|t| elapsed > t)
+        {
+            snap.shadow_reject(rule, RejectReason::Timeout);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +214,35 @@ mod tests {
         let plain = Held::new(1, Grant::default(), false, false);
         assert!(!plain.keyed() && !plain.bytes() && !plain.gives_back());
         assert_eq!(plain.grant(), Grant::default());
+    }
+
+    /// Only a plain grant of a rule below 64 is held as a bit; the rules
+    /// come back lowest first, those that give back apart.
+    #[test]
+    fn plain_holds_are_bits_of_rules_below_64() {
+        let mut p = Plain::default();
+        assert_eq!(p, Plain::default());
+        assert!(p.add(9, Grant::default(), false));
+        assert!(p.add(2, Grant::default(), true));
+        assert!(p.add(63, Grant::default(), true));
+        assert!(!p.add(64, Grant::default(), false), "rule 64 has no bit");
+        for grant in [
+            Grant {
+                probe: true,
+                ..Grant::default()
+            },
+            Grant {
+                bytes: true,
+                ..Grant::default()
+            },
+            Grant {
+                share_class: Some(0),
+                ..Grant::default()
+            },
+        ] {
+            assert!(!p.add(5, grant, false), "{grant:?} is kept in a Held");
+        }
+        assert_eq!(p.rules().collect::<Vec<_>>(), [2, 9, 63]);
+        assert_eq!(p.giving().collect::<Vec<_>>(), [2, 63]);
     }
 }
