@@ -13,8 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-matched_budget=845
-recorded_budget=908
+matched_budget=759
+recorded_budget=788
 unmatched_budget=97
 
 if ! command -v valgrind >/dev/null 2>&1; then

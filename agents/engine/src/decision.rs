@@ -303,7 +303,7 @@ fn admit_keyed(
     now: Now,
 ) -> Decision {
     let config = &*snap.config;
-    let plan = config.router(req.direction).resolve(at, scratch);
+    let plan = config.plan(at, scratch);
     let path = matched_path(config, req);
     let keys = Keys {
         target: req.target.map(|t| t.service),
