@@ -211,7 +211,7 @@ impl Admission {
     /// [`Admission::add_bytes`]: how a decision log sees both proxy paths
     /// end a call. A second call replaces the first observer.
     pub fn on_end(&mut self, then: impl FnOnce(Ended) + Send + Sync + 'static) {
-        self.made().on_end(Box::new(then));
+        self.made().trace = Some(trace::Trace::new(Box::new(then)));
     }
 
     /// Adds request or response bytes to every matched byte limit. Call it as

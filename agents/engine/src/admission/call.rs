@@ -25,7 +25,7 @@ use crate::stats::Latency;
 use crate::stripe::{self, Slot};
 
 use super::held::{Held, Keyed, Plain, reported, scope_in, shadow_timeouts};
-use super::trace::Trace;
+use super::trace::{self, Trace};
 
 /// One step of a decision: a matched rule and the scope (key) of this call.
 #[derive(Debug)]
@@ -472,7 +472,7 @@ impl Call {
     #[inline]
     pub(super) fn record(&mut self, outcome: Outcome) {
         if self.trace.is_some() {
-            self.trace_outcome(outcome);
+            trace::keep_outcome(&mut self.trace, outcome);
         }
         if self.marks.progress != Progress::Recorded {
             self.marks.progress = Progress::Recorded;
@@ -650,7 +650,7 @@ impl Call {
             self.end();
         }
         if self.trace.is_some() {
-            self.tell_trace();
+            trace::tell(&mut self.trace);
         }
     }
 }

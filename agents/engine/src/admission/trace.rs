@@ -1,11 +1,9 @@
-//! An observed call's trace: what its observer ([`Admission::on_end`](super::Admission::on_end))
+//! An observed call's trace (kept in its `Call`): what its observer ([`Admission::on_end`](super::Admission::on_end))
 //! is told when it ends, and what is counted for it until then.
 
 use tokio::time::Instant;
 
 use crate::outcome::Outcome;
-
-use super::call::Call;
 
 /// How an admitted call ended, for [`Admission::on_end`](super::Admission::on_end).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,40 +36,40 @@ impl std::fmt::Debug for Trace {
     }
 }
 
-impl Call {
-    /// Calls `then` once when this call ends.
-    pub(super) fn on_end(&mut self, then: Box<dyn FnOnce(Ended) + Send + Sync>) {
-        self.trace = Some(Box::new(Trace {
+impl Trace {
+    /// A trace that calls `then` once when its call ends.
+    pub(super) fn new(then: Box<dyn FnOnce(Ended) + Send + Sync>) -> Box<Self> {
+        Box::new(Self {
             outcome: None,
             bytes: std::sync::atomic::AtomicU64::new(0),
             then,
-        }));
+        })
     }
+}
 
-    /// Keeps the outcome for the call's observer (first call wins). Out of
-    /// line (issue 39: few calls are observed).
-    #[cold]
-    #[inline(never)]
-    pub(super) fn trace_outcome(&mut self, outcome: Outcome) {
-        if let Some(trace) = &mut self.trace
-            && trace.outcome.is_none()
-        {
-            trace.outcome = Some((outcome, Instant::now()));
-        }
+/// Keeps the outcome for a call's observer, if it has one (first call
+/// wins). Out of line (issue 39: few calls are observed).
+#[cold]
+#[inline(never)]
+pub(super) fn keep_outcome(trace: &mut Option<Box<Trace>>, outcome: Outcome) {
+    if let Some(trace) = trace
+        && trace.outcome.is_none()
+    {
+        trace.outcome = Some((outcome, Instant::now()));
     }
+}
 
-    /// Tells the call's observer how it ended.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn tell_trace(&mut self) {
-        if let Some(trace) = self.trace.take() {
-            let ended = Ended {
-                outcome: trace.outcome.map(|(o, _)| o),
-                outcome_at: trace.outcome.map(|(_, at)| at),
-                bytes: trace.bytes.into_inner(),
-                at: Instant::now(),
-            };
-            (trace.then)(ended);
-        }
+/// Tells a call's observer, if it has one, how the call ended.
+#[cold]
+#[inline(never)]
+pub(super) fn tell(trace: &mut Option<Box<Trace>>) {
+    if let Some(trace) = trace.take() {
+        let ended = Ended {
+            outcome: trace.outcome.map(|(o, _)| o),
+            outcome_at: trace.outcome.map(|(_, at)| at),
+            bytes: trace.bytes.into_inner(),
+            at: Instant::now(),
+        };
+        (trace.then)(ended);
     }
 }
