@@ -16,17 +16,17 @@ impl Admission {
         let snap = call.snap.as_deref().filter(|s| s.any_headers_always)?;
         let now = Now::read();
         let mut out: Option<(String, Option<String>)> = None;
-        for h in &call.held {
+        // Its plain holds too (issue 39: a limit in its own scope is held
+        // as a bit, not a `Held`); a keyed scope is kept for keyed holds alone.
+        for id in call.granted() {
             let (Some(state), Some(rule)) = (
-                snap.states.get(h.rule as usize),
-                snap.config.rules.get(h.rule as usize),
+                snap.states.get(id as usize),
+                snap.config.rules.get(id as usize),
             ) else {
                 continue;
             };
-            let scope = h
-                .keyed()
-                .then(|| call.keyed.iter().flatten().find(|(r, _)| *r == h.rule))
-                .flatten()
+            let scope = (call.keyed.iter().flatten())
+                .find(|(r, _)| *r == id)
                 .map(|(_, s)| s);
             let Some((policy, state)) = state.admitted_ratelimit(&rule.name, scope, now) else {
                 continue;
@@ -58,5 +58,57 @@ impl Admission {
         if let Some(v) = state.and_then(|s| http::HeaderValue::from_str(&s).ok()) {
             headers.append(crate::RATELIMIT, v);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderMap, Method};
+
+    use crate::{Decision, Engine, RequestInfo};
+
+    /// A limit that says `headers always` names what is left to every call
+    /// it admits, a call it granted plainly too (issue 39: held as a bit of
+    /// the call's plain holds, not a `Held`); one that does not, nothing.
+    #[test]
+    fn an_admitted_call_names_its_plain_limit() {
+        let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+            r#"
+service: shop
+rules:
+- name: shop/told
+  on: {path: {kind: PATH_KIND_PREFIX, value: /told}}
+  limit:
+    calls: {amount: 3, window_ms: 3600000}
+    ratelimit_headers_always: true
+- name: shop/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /told}}
+  bulkhead: {max_concurrent: 9}
+- name: shop/quiet
+  on: {path: {kind: PATH_KIND_PREFIX, value: /quiet}}
+  limit:
+    calls: {amount: 3, window_ms: 3600000}
+"#,
+        )
+        .unwrap();
+        gov_proto::compiled::fill(&mut target);
+        let e = Engine::empty(&target.service);
+        assert!(e.apply_target(&target).is_ok());
+        let h = HeaderMap::new();
+        let admit = |path| match e.try_admit(&RequestInfo::inbound(&Method::GET, path, &h)) {
+            Decision::Admitted(a) => a,
+            _ => panic!("{path} not admitted"),
+        };
+        for left in [2, 1, 0] {
+            let a = admit("/told");
+            let (policy, state) = a.ratelimit_headers().expect("the told limit's headers");
+            assert_eq!(policy, "\"shop/told\";q=3;w=3600");
+            let state = state.expect("what is left");
+            assert!(
+                state.starts_with(&format!("\"shop/told\";r={left};t=")),
+                "{state}"
+            );
+        }
+        assert!(admit("/quiet").ratelimit_headers().is_none());
     }
 }
