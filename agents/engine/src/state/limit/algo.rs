@@ -266,7 +266,7 @@ fn fixed_in(
     let mut window = number & 0xffff_ffff;
     let mut current = cell.calls.load(Relaxed);
     loop {
-        if just_after(current >> 32, window) {
+        if just_after(current, window) {
             window = current >> 32;
         }
         let count = if current >> 32 == window {
@@ -287,16 +287,17 @@ fn fixed_in(
     }
 }
 
-/// Whether a window word's number `word` is the one just after a call's
-/// `window` (both 32-bit, as [`pack`] keeps them): the call read the clock
-/// before another call rolled the word on, and counts in the word's window
-/// rather than rolling it back, which would forget the calls already
+/// Whether the number of a window word `current` is the one just after a
+/// call's `window` (both 32-bit, as [`pack`] keeps them): the call read the
+/// clock before another call rolled the word on, and counts in the word's
+/// window rather than rolling it back, which would forget the calls already
 /// counted there and admit them again. A call later by more windows than
 /// one rolls the word back as before; only a word idle for 2^32 - 1
-/// windows looks one ahead, and counts calls one window too long.
+/// windows looks one ahead, and counts calls one window too long. A word
+/// never written (0: a counted window has a call) is no window.
 #[inline]
-fn just_after(word: u64, window: u64) -> bool {
-    word == (window + 1) & 0xffff_ffff
+fn just_after(current: u64, window: u64) -> bool {
+    current != 0 && current >> 32 == (window + 1) & 0xffff_ffff
 }
 
 fn sliding(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
@@ -317,7 +318,7 @@ fn sliding_in(
     let (mut window, mut elapsed) = (number & 0xffff_ffff, elapsed);
     let mut current = cell.calls.load(Acquire);
     loop {
-        if just_after(current >> 32, window) {
+        if just_after(current, window) {
             // Counted at the start of the word's window: its previous
             // count weighs the most there.
             (window, elapsed) = (current >> 32, 0);
@@ -512,6 +513,26 @@ mod tests {
         cell.previous.store(pack(6, 5), Relaxed);
         assert!(sliding_in(&cell, 10, 1000, 6, 999).is_ok());
         assert_eq!(cell.calls.load(Relaxed), pack(7, 1));
+    }
+
+    /// A word never written (0) is no window, not window 0 just after a
+    /// call's: a first call in a window whose 32 bits are all ones counts
+    /// there, and the next window (0 in 32 bits) starts empty (fixed), or
+    /// weighs it as the one before (sliding).
+    #[test]
+    fn a_blank_word_is_no_window_after_the_call() {
+        let last = 0xffff_ffff;
+        let cell = LimitCell::default();
+        assert!(fixed_in(&cell, 1, last, || 1).is_ok());
+        assert_eq!(cell.calls.load(Relaxed), pack(last, 1));
+        assert!(fixed_in(&cell, 1, last + 1, || 1).is_ok(), "a new window");
+        let cell = LimitCell::default();
+        assert!(sliding_in(&cell, 1, 1000, last, 0).is_ok());
+        assert_eq!(cell.calls.load(Relaxed), pack(last, 1));
+        assert!(
+            sliding_in(&cell, 1, 1000, last + 1, 999).is_ok(),
+            "weighs 1/1000"
+        );
     }
 
     #[test]
