@@ -60,7 +60,7 @@ impl Call {
 
     /// The rules that granted this call, in decision order (phase, then
     /// rule id): its plain holds and the others merged.
-    fn granted(&self) -> SmallVec<[u32; 8]> {
+    pub(super) fn granted(&self) -> SmallVec<[u32; 8]> {
         let snap = self.snap.as_deref();
         let mut granted: SmallVec<[u32; 8]> = (self.plain.rules())
             .chain(self.held.iter().map(|h| h.rule))
