@@ -16,8 +16,8 @@ impl Admission {
         let snap = call.snap.as_deref().filter(|s| s.any_headers_always)?;
         let now = Now::read();
         let mut out: Option<(String, Option<String>)> = None;
-        // Its plain holds too (issue 39: a limit in its own scope is held
-        // as a bit, not a `Held`); a keyed scope is kept for keyed holds alone.
+        // Every rule that granted the call, held plainly (a bit) or not,
+        // in decision order.
         for id in call.granted() {
             let (Some(state), Some(rule)) = (
                 snap.states.get(id as usize),
@@ -25,9 +25,10 @@ impl Admission {
             ) else {
                 continue;
             };
-            let scope = (call.keyed.iter().flatten())
-                .find(|(r, _)| *r == id)
-                .map(|(_, s)| s);
+            // A plain hold is in the rule's own scope.
+            let scope = (call.held.iter())
+                .find(|h| h.rule == id)
+                .and_then(|h| call.scope(h));
             let Some((policy, state)) = state.admitted_ratelimit(&rule.name, scope, now) else {
                 continue;
             };
@@ -63,7 +64,7 @@ impl Admission {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, Method};
+    use http::{HeaderMap, HeaderValue, Method};
 
     use crate::{Decision, Engine, RequestInfo};
 
@@ -110,5 +111,56 @@ rules:
             );
         }
         assert!(admit("/quiet").ratelimit_headers().is_none());
+    }
+
+    /// Every limit that admitted a call and says `headers always` names
+    /// itself, in decision order: one held plainly (its own scope, a bit
+    /// of the call) and one keyed by consumer (a hold of its own), each
+    /// with what is left to its key.
+    #[test]
+    fn plain_and_keyed_limits_both_name_what_is_left() {
+        let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+            r#"
+service: order
+consumer_header: x-gov-consumer
+rules:
+- name: order/plain
+  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
+  limit:
+    calls: {amount: 3, window_ms: 3600000}
+    ratelimit_headers_always: true
+- name: order/keyed
+  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
+  limit:
+    calls: {amount: 5, window_ms: 3600000}
+    key: LIMIT_KEY_CONSUMER
+    ratelimit_headers_always: true
+- name: order/quiet
+  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
+  limit:
+    calls: {amount: 7, window_ms: 3600000}
+"#,
+        )
+        .expect("the test config parses");
+        gov_proto::compiled::fill(&mut target);
+        let engine = Engine::empty("order");
+        assert!(engine.apply_target(&target).is_ok());
+        let mut headers = HeaderMap::new();
+        headers.insert("x-gov-consumer", HeaderValue::from_static("crm"));
+        let req = RequestInfo::inbound(&Method::GET, "/api/x", &headers);
+        let Decision::Admitted(a) = engine.try_admit(&req) else {
+            panic!("admitted");
+        };
+        let (policy, state) = a.ratelimit_headers().expect("the headers");
+        assert_eq!(
+            policy,
+            "\"order/plain\";q=3;w=3600, \"order/keyed\";q=5;w=3600"
+        );
+        let state = state.expect("what is left");
+        assert!(
+            state.starts_with("\"order/plain\";r=2;t=")
+                && state.contains(", \"order/keyed\";r=4;t="),
+            "{state}"
+        );
     }
 }
