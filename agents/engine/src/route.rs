@@ -900,6 +900,67 @@ mod tests {
         }
     }
 
+    /// Exact paths past the scanned few (hashed) in both directions, the
+    /// same texts in each: a request finds its own direction's rule by its
+    /// node's number, and a prefix of equal length or a text differing
+    /// after its 8th byte does not stand in for it (issue 39).
+    #[test]
+    fn hashed_exact_paths_of_both_directions_plan_by_their_number() {
+        let bulkhead = "bulkhead: {max_concurrent: 9}";
+        let mut yaml = String::from("service: order\nrules:\n");
+        for dir in ["in", "out"] {
+            let d = if dir == "out" {
+                "direction: DIRECTION_OUTBOUND, "
+            } else {
+                ""
+            };
+            for i in 0..20 {
+                yaml.push_str(&format!(
+                    "- {{name: order/{dir}{i}, {d}on: {{path: {{kind: PATH_KIND_EXACT, value: /api/orders/{i}}}}}, {bulkhead}}}\n"
+                ));
+            }
+            yaml.push_str(&format!(
+                "- {{name: order/{dir}_pre, {d}on: {{path: {{kind: PATH_KIND_PREFIX, value: /api/orders/1}}}}, {bulkhead}}}\n"
+            ));
+        }
+        let mut target = serde_yaml::from_str(&yaml).unwrap();
+        gov_proto::compiled::fill(&mut target);
+        let cfg = CompiledConfig::try_from(&target).unwrap();
+        let (map, get) = (HeaderMap::new(), Method::GET);
+        for dir in ["in", "out"] {
+            let cases: Vec<(String, Vec<String>)> = (0..20)
+                .map(|i| {
+                    let mut want = vec![format!("order/{dir}{i}")];
+                    if (10..20).contains(&i) || i == 1 {
+                        want.push(format!("order/{dir}_pre"));
+                    }
+                    (format!("/api/orders/{i}"), want)
+                })
+                .chain([
+                    ("/api/orders/1x".into(), vec![format!("order/{dir}_pre")]),
+                    ("/api/orders/x".into(), vec![]),
+                    ("/api/orderz/1".into(), vec![]),
+                ])
+                .collect();
+            for (path, mut want) in cases {
+                let r = match dir {
+                    "in" => crate::RequestInfo::inbound(&get, &path, &map),
+                    _ => crate::RequestInfo::outbound(&get, &path, &map, "inv", None),
+                };
+                let mut scratch = None;
+                let mut names: Vec<String> = match crate::decision::route(&cfg, &r, &mut scratch) {
+                    Some(at) => (cfg.plan(at, &scratch).ids())
+                        .map(|id| cfg.rules[id.0 as usize].name.to_string())
+                        .collect(),
+                    None => vec![],
+                };
+                names.sort();
+                want.sort();
+                assert_eq!(names, want, "{dir} {path}");
+            }
+        }
+    }
+
     /// The rules `cfg` routes an inbound `GET path` to, as a decision does
     /// (by the path alone when it can), by name.
     fn routed(cfg: &CompiledConfig, path: &str) -> Vec<String> {

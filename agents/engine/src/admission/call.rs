@@ -1160,6 +1160,64 @@ rules:
         });
     }
 
+    /// A call made to wait by a later rule keeps the plain grants of the
+    /// rules before it (issue 39: held as bits while the decision ran):
+    /// given back once when its wait is dropped, counted as admitted once
+    /// and given back once when the wait ends admitted.
+    #[tokio::test(start_paused = true)]
+    async fn plain_holds_before_a_wait_are_given_back_once() {
+        let e = engine_of(
+            r#"
+service: order
+rules:
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  bulkhead: {max_concurrent: 2}
+- name: order/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+- name: order/one
+  on: {path: {kind: PATH_KIND_PREFIX, value: /one}}
+  bulkhead: {max_concurrent: 1, max_wait_ms: 10000}
+"#,
+        );
+        let h = HeaderMap::new();
+        let req = RequestInfo::inbound(&Method::GET, "/one", &h);
+        let wait = || match e.try_admit(&req) {
+            Decision::Wait(p) => p,
+            _ => panic!("not made to wait"),
+        };
+        let stat = |rule: &str| {
+            let stats = e.stats();
+            let s = stats.rules.iter().find(|s| &*s.rule == rule).unwrap();
+            (s.admitted, s.in_flight)
+        };
+        let Some(first) = decide(&e, "/one") else {
+            panic!("not admitted");
+        };
+        // Dropped while waiting, three times: the pool's permit comes back
+        // each time (else the third would be refused by it).
+        for _ in 0..3 {
+            drop(wait());
+        }
+        assert_eq!(stat("order/pool"), (1, 1));
+        let waiting = tokio::spawn(wait().wait());
+        tokio::task::yield_now().await;
+        first.finish(Outcome::Status(200));
+        let second = waiting.await.unwrap().expect("admitted after the wait");
+        for rule in ["order/pool", "order/rate", "order/one"] {
+            assert_eq!(stat(rule), (2, 1), "{rule}");
+        }
+        second.finish(Outcome::Status(200));
+        for rule in ["order/pool", "order/rate", "order/one"] {
+            assert_eq!(stat(rule), (2, 0), "{rule}");
+        }
+        // Both pools whole again: two calls at once pass the pool of two.
+        let (a, b) = (decide(&e, "/one"), wait());
+        assert!(a.is_some());
+        drop((a, b));
+    }
+
     /// A call's flags are one word, set blank by one store.
     #[test]
     fn marks_are_one_word() {

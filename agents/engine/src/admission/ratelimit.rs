@@ -68,6 +68,51 @@ mod tests {
 
     use crate::{Decision, Engine, RequestInfo};
 
+    /// A limit that says `headers always` names what is left to every call
+    /// it admits, a call it granted plainly too (issue 39: held as a bit of
+    /// the call's plain holds, not a `Held`); one that does not, nothing.
+    #[test]
+    fn an_admitted_call_names_its_plain_limit() {
+        let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+            r#"
+service: shop
+rules:
+- name: shop/told
+  on: {path: {kind: PATH_KIND_PREFIX, value: /told}}
+  limit:
+    calls: {amount: 3, window_ms: 3600000}
+    ratelimit_headers_always: true
+- name: shop/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /told}}
+  bulkhead: {max_concurrent: 9}
+- name: shop/quiet
+  on: {path: {kind: PATH_KIND_PREFIX, value: /quiet}}
+  limit:
+    calls: {amount: 3, window_ms: 3600000}
+"#,
+        )
+        .unwrap();
+        gov_proto::compiled::fill(&mut target);
+        let e = Engine::empty(&target.service);
+        assert!(e.apply_target(&target).is_ok());
+        let h = HeaderMap::new();
+        let admit = |path| match e.try_admit(&RequestInfo::inbound(&Method::GET, path, &h)) {
+            Decision::Admitted(a) => a,
+            _ => panic!("{path} not admitted"),
+        };
+        for left in [2, 1, 0] {
+            let a = admit("/told");
+            let (policy, state) = a.ratelimit_headers().expect("the told limit's headers");
+            assert_eq!(policy, "\"shop/told\";q=3;w=3600");
+            let state = state.expect("what is left");
+            assert!(
+                state.starts_with(&format!("\"shop/told\";r={left};t=")),
+                "{state}"
+            );
+        }
+        assert!(admit("/quiet").ratelimit_headers().is_none());
+    }
+
     /// Every limit that admitted a call and says `headers always` names
     /// itself, in decision order: one held plainly (its own scope, a bit
     /// of the call) and one keyed by consumer (a hold of its own), each

@@ -219,6 +219,64 @@ mod tests {
         )
     }
 
+    /// The scan by heads and lengths meets what a plain search says (the
+    /// exact path a path equals, else the longest prefix it starts with),
+    /// over random texts of a few letters that share heads, are longer than
+    /// 8 bytes and differ past their 8th byte, exact and prefix of one text
+    /// alike, and paths made of their pieces (issue 39).
+    #[test]
+    fn the_scan_meets_what_a_plain_search_says() {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..300 {
+            let word = |next: &mut dyn FnMut(u64) -> u64| -> String {
+                let len = next(14);
+                (0..len)
+                    .map(|_| ["/", "a", "b", "/a"][next(4) as usize])
+                    .collect()
+            };
+            let mut texts: Vec<String> = Vec::new();
+            for _ in 0..1 + next(12) {
+                let text = word(&mut next);
+                let text = if next(3) == 0 {
+                    format!("={text}")
+                } else {
+                    text
+                };
+                if !texts.contains(&text) {
+                    texts.push(text);
+                }
+            }
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let p = prefixes(&refs);
+            let mut paths: Vec<String> = texts
+                .iter()
+                .map(|t| t.trim_start_matches('=').to_string())
+                .collect();
+            for _ in 0..30 {
+                let base = &paths[next(paths.len() as u64) as usize];
+                let cut = next(base.len() as u64 + 1) as usize;
+                let path = format!("{}{}", &base[..cut], word(&mut next));
+                paths.push(path);
+            }
+            for path in &paths {
+                let exact = (refs.iter().zip(0..))
+                    .find(|(t, _)| t.strip_prefix('=') == Some(path.as_str()));
+                let longest = (refs.iter().zip(0..))
+                    .filter(|(t, _)| !t.starts_with('=') && path.starts_with(**t))
+                    .max_by_key(|(t, _)| t.len());
+                let want = exact.or(longest).map(|(_, i)| i);
+                let got = p.find(path.as_bytes()).map(|(n, _)| n);
+                assert_eq!(got, want, "{path:?} in {refs:?}");
+            }
+        }
+    }
+
     /// Grouped by second byte, a path still meets the longest prefix it
     /// starts with, a prefix shorter than 2 bytes last.
     #[test]

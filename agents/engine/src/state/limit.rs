@@ -793,6 +793,32 @@ mod tests {
         l
     }
 
+    /// A plain limit admits exactly its amount in a window when threads
+    /// race for it, through its one-add word and the general way alike
+    /// (issue 39: the add is a compare-exchange of the word read, never a
+    /// blind add past the amount).
+    #[test]
+    fn a_plain_limit_is_exact_across_threads() {
+        for amount in [1, 7, 1000] {
+            let l = limit_with(Algorithm::FixedWindow, amount, Duration::from_secs(3600));
+            assert!(l.plain.is_some());
+            let granted = std::sync::atomic::AtomicU64::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| {
+                        for _ in 0..600 {
+                            let now = Now::read();
+                            if let Answer::Granted(_) = Primitive::try_acquire(&l, None, now, now) {
+                                granted.fetch_add(1, Relaxed);
+                            }
+                        }
+                    });
+                }
+            });
+            assert_eq!(granted.into_inner(), amount, "amount {amount}");
+        }
+    }
+
     /// A plain limit (its window's number from the nanoseconds, issue 39)
     /// and a paced one (straight to its algorithm) admit and refuse, with
     /// the same `Retry-After`, as the limit counted the general way does,

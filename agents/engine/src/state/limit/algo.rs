@@ -102,9 +102,12 @@ impl Limit {
     #[cold]
     #[inline(never)]
     fn plain_by_window(cell: &LimitCell, plain: &Plain, since_ns: u64) -> Result<(), Exceeded> {
-        fixed_in(cell, plain.amount, plain.w_ns.div(since_ns), || {
-            plain.w_ms - (since_ns / 1_000_000) % plain.w_ms
-        })
+        fixed_in(
+            cell,
+            plain.amount,
+            (plain.w_ns.div(since_ns), plain.w_ms),
+            || plain.w_ms - (since_ns / 1_000_000) % plain.w_ms,
+        )
     }
 
     /// A call of a paced limit ([`Limit::paced`]) `since_ns` nanoseconds
@@ -251,23 +254,26 @@ fn over(wait_ms: u64) -> Exceeded {
 #[inline]
 fn fixed(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
     let w = ms(rate.window).max(1);
-    fixed_in(cell, rate.amount, now_ms / w, || w - now_ms % w)
+    fixed_in(cell, rate.amount, (now_ms / w, w), || w - now_ms % w)
 }
 
-/// [`fixed`] of `amount` calls per window, now in window `number`;
-/// `left_ms`: the milliseconds left of it, asked on a refusal.
+/// [`fixed`] of `amount` calls per window of `w_ms`, now in window
+/// `number`; `left_ms`: the milliseconds left of it, asked on a refusal (a
+/// late call's refusal, in the window after it, waits a window more).
 #[inline]
 fn fixed_in(
     cell: &LimitCell,
     amount: u64,
-    number: u64,
+    (number, w_ms): (u64, u64),
     left_ms: impl FnOnce() -> u64,
 ) -> Result<(), Exceeded> {
     let mut window = number & 0xffff_ffff;
+    let mut late_ms = 0;
     let mut current = cell.calls.load(Relaxed);
     loop {
-        if just_after(current >> 32, window) {
+        if just_after(current, window) {
             window = current >> 32;
+            late_ms = w_ms;
         }
         let count = if current >> 32 == window {
             current & 0xffff_ffff
@@ -275,7 +281,7 @@ fn fixed_in(
             0
         };
         if count >= amount {
-            return Err(over(left_ms()));
+            return Err(over(left_ms().saturating_add(late_ms)));
         }
         match cell
             .calls
@@ -287,16 +293,17 @@ fn fixed_in(
     }
 }
 
-/// Whether a window word's number `word` is the one just after a call's
-/// `window` (both 32-bit, as [`pack`] keeps them): the call read the clock
-/// before another call rolled the word on, and counts in the word's window
-/// rather than rolling it back, which would forget the calls already
+/// Whether the number of a window word `current` is the one just after a
+/// call's `window` (both 32-bit, as [`pack`] keeps them): the call read the
+/// clock before another call rolled the word on, and counts in the word's
+/// window rather than rolling it back, which would forget the calls already
 /// counted there and admit them again. A call later by more windows than
 /// one rolls the word back as before; only a word idle for 2^32 - 1
-/// windows looks one ahead, and counts calls one window too long.
+/// windows looks one ahead, and counts calls one window too long. A word
+/// never written (0: a counted window has a call) is no window.
 #[inline]
-fn just_after(word: u64, window: u64) -> bool {
-    word == (window + 1) & 0xffff_ffff
+fn just_after(current: u64, window: u64) -> bool {
+    current != 0 && current >> 32 == (window + 1) & 0xffff_ffff
 }
 
 fn sliding(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceeded> {
@@ -315,11 +322,15 @@ fn sliding_in(
     elapsed: u64,
 ) -> Result<(), Exceeded> {
     let (mut window, mut elapsed) = (number & 0xffff_ffff, elapsed);
+    // How long before the window counted in the call is: a late call's
+    // wait starts there.
+    let mut late_ms = 0;
     let mut current = cell.calls.load(Acquire);
     loop {
-        if just_after(current >> 32, window) {
+        if just_after(current, window) {
             // Counted at the start of the word's window: its previous
             // count weighs the most there.
+            late_ms = w - elapsed;
             (window, elapsed) = (current >> 32, 0);
         }
         let before = window.wrapping_sub(1) & 0xffff_ffff;
@@ -340,7 +351,8 @@ fn sliding_in(
         let weighted =
             u128::from(previous) * u128::from(w - elapsed) + u128::from(count) * u128::from(w);
         if weighted >= u128::from(amount) * u128::from(w) {
-            return Err(over(sliding_wait_ms(amount, w, elapsed, previous, count)));
+            let wait = sliding_wait_ms(amount, w, elapsed, previous, count);
+            return Err(over(wait.saturating_add(late_ms)));
         }
         if rolls {
             // Published before the roll: a call that sees the new window
@@ -476,33 +488,45 @@ mod tests {
         let cell = LimitCell::default();
         // Window 7 has 3 calls of 3 (fixed) when a call of window 6 arrives.
         cell.calls.store(pack(7, 3), Relaxed);
-        assert!(
-            fixed_in(&cell, 3, 6, || 1).is_err(),
+        // Its refusal waits for window 7's end: 1 ms of window 6, then 1000.
+        let wait = fixed_in(&cell, 3, (6, 1000), || 1).map_err(|e| e.wait);
+        assert_eq!(
+            wait,
+            Err(Some(Duration::from_millis(1001))),
             "counted in window 7: full"
         );
+        let wait = fixed_in(&cell, 3, (7, 1000), || 1).map_err(|e| e.wait);
+        assert_eq!(
+            wait,
+            Err(Some(Duration::from_millis(1))),
+            "on time: window 7's 1 ms"
+        );
         cell.calls.store(pack(7, 2), Relaxed);
-        assert!(fixed_in(&cell, 3, 6, || 1).is_ok());
+        assert!(fixed_in(&cell, 3, (6, 1000), || 1).is_ok());
         assert_eq!(
             cell.calls.load(Relaxed),
             pack(7, 3),
             "window 7 keeps its calls"
         );
-        assert!(fixed_in(&cell, 3, 7, || 1).is_err(), "and is full");
+        assert!(fixed_in(&cell, 3, (7, 1000), || 1).is_err(), "and is full");
         // Windows further back, and forward, roll the word as before.
         cell.calls.store(pack(9, 3), Relaxed);
-        assert!(fixed_in(&cell, 3, 6, || 1).is_ok());
+        assert!(fixed_in(&cell, 3, (6, 1000), || 1).is_ok());
         assert_eq!(cell.calls.load(Relaxed), pack(6, 1));
-        assert!(fixed_in(&cell, 3, 7, || 1).is_ok());
+        assert!(fixed_in(&cell, 3, (7, 1000), || 1).is_ok());
         assert_eq!(cell.calls.load(Relaxed), pack(7, 1));
         // Across the 32 bits the word keeps.
         cell.calls.store(pack(0, 3), Relaxed);
-        assert!(fixed_in(&cell, 3, 0xffff_ffff, || 1).is_err());
+        assert!(fixed_in(&cell, 3, (0xffff_ffff, 1000), || 1).is_err());
         // Sliding: window 7 has 2 calls and 10 before it (of 10 per 1000
         // ms): a call of window 6 weighs as at window 7's start, refused.
         let cell = LimitCell::default();
         cell.previous.store(pack(6, 10), Relaxed);
         cell.calls.store(pack(7, 0), Relaxed);
-        assert!(sliding_in(&cell, 10, 1000, 6, 999).is_err());
+        // It waits the 1 ms left of window 6, then what window 7's start
+        // would (1 ms: 10 * 999 < 10 * 1000).
+        let wait = sliding_in(&cell, 10, 1000, 6, 999).map_err(|e| e.wait);
+        assert_eq!(wait, Err(Some(Duration::from_millis(2))));
         assert_eq!(
             cell.calls.load(Relaxed),
             pack(7, 0),
@@ -512,6 +536,29 @@ mod tests {
         cell.previous.store(pack(6, 5), Relaxed);
         assert!(sliding_in(&cell, 10, 1000, 6, 999).is_ok());
         assert_eq!(cell.calls.load(Relaxed), pack(7, 1));
+    }
+
+    /// A word never written (0) is no window, not window 0 just after a
+    /// call's: a first call in a window whose 32 bits are all ones counts
+    /// there, and the next window (0 in 32 bits) starts empty (fixed), or
+    /// weighs it as the one before (sliding).
+    #[test]
+    fn a_blank_word_is_no_window_after_the_call() {
+        let last = 0xffff_ffff;
+        let cell = LimitCell::default();
+        assert!(fixed_in(&cell, 1, (last, 1000), || 1).is_ok());
+        assert_eq!(cell.calls.load(Relaxed), pack(last, 1));
+        assert!(
+            fixed_in(&cell, 1, (last + 1, 1000), || 1).is_ok(),
+            "a new window"
+        );
+        let cell = LimitCell::default();
+        assert!(sliding_in(&cell, 1, 1000, last, 0).is_ok());
+        assert_eq!(cell.calls.load(Relaxed), pack(last, 1));
+        assert!(
+            sliding_in(&cell, 1, 1000, last + 1, 999).is_ok(),
+            "weighs 1/1000"
+        );
     }
 
     #[test]
