@@ -329,8 +329,12 @@ impl State {
     }
 
     /// Counts a granted call's `latency` (and a gRPC call's code) and
-    /// records its outcome: one dispatch for both (issue 39).
+    /// records its outcome; with `give_back`, then gives back a plain grant
+    /// ([`Grant::default`]) in the rule's own scope: one dispatch for all
+    /// (issue 39: the end of a finished call's plain holds matched the kind
+    /// twice; only a bulkhead's arm gives something back).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn count_and_record(
         &self,
         slot: Slot,
@@ -339,6 +343,7 @@ impl State {
         grant: Grant,
         now: Now,
         elapsed_ns: u64,
+        give_back: bool,
     ) {
         dispatch!(self, p => {
             let counters = Primitive::counters(&**p);
@@ -347,6 +352,9 @@ impl State {
                 counters.grpc(slot, code);
             }
             Primitive::record(&**p, slot, outcome, grant, now, elapsed_ns);
+            if give_back {
+                Primitive::release(&**p, None, Grant::default());
+            }
         })
     }
 

@@ -528,13 +528,11 @@ impl Call {
         };
         for rule in plain.rules() {
             let state = &states[rule as usize];
-            state.count_and_record(slot, latency, outcome, grant, now, elapsed);
             // Every hold may be released at the end (`end` does); only a
             // bulkhead's plain grant gives something back, told by the kind
-            // the dispatch reads anyway (issue 39: no test of the bits).
-            if give_back {
-                state.release(None, Grant::default());
-            }
+            // the dispatch reads anyway (issue 39: no test of the bits, no
+            // second dispatch).
+            state.count_and_record(slot, latency, outcome, grant, now, elapsed, give_back);
         }
         if !self.held.is_empty() {
             let counted = (slot, latency, outcome, now, elapsed);
@@ -558,7 +556,7 @@ impl Call {
                 ..h.grant()
             };
             let state = &states[h.rule as usize];
-            state.count_and_record(slot, latency, outcome, grant, now, elapsed);
+            state.count_and_record(slot, latency, outcome, grant, now, elapsed, false);
             // A probe has reported: it is not given back (here, or when the
             // call is dropped later: `end` reads the progress, issue 39: no
             // hold written here).
