@@ -241,7 +241,7 @@ impl Call {
     fn hold(&mut self, step: Step, grant: Grant, gives_back: bool) {
         let keyed = step.scope.is_keyed();
         let rule = step.rule;
-        if !keyed && self.plain.add(rule, grant, gives_back) {
+        if !keyed && self.plain.add(rule, grant) {
             return;
         }
         if keyed {
@@ -316,7 +316,7 @@ impl Call {
     ) -> Result<(), StepError> {
         states[rule as usize].try_acquire_own(now, |answer| match answer {
             Ok((grant, gives_back)) => {
-                if !plain.add(rule, grant, gives_back) {
+                if !plain.add(rule, grant) {
                     self.hold_own(rule, grant, gives_back);
                 }
                 Ok(())
@@ -593,7 +593,7 @@ impl Call {
         // when the body ends), or one refused or dropped while deciding,
         // visits only the holds that give back; a recorded call's probes
         // reported.
-        for rule in self.plain.giving() {
+        for rule in self.plain.giving(snap.gives_back) {
             snap.states[rule as usize].release(None, Grant::default());
         }
         // Most calls hold nothing but plain grants (issue 39: tested once,
@@ -1127,6 +1127,41 @@ rules:
                     drop(a);
                 }
             }
+        });
+    }
+
+    /// The snapshot's mask of the rules that give back (what a call's plain
+    /// holds give back at its end) is its bulkheads below 64, whatever the
+    /// rules' order; a recorded call dropped later gives its permit back.
+    #[test]
+    fn the_rules_that_give_back_are_the_bulkheads_below_64() {
+        on_a_thread(|| {
+            let mut yaml = String::from("service: order\nrules:\n");
+            for i in 0..66 {
+                let spec = if i % 3 == 1 {
+                    "limit: {calls: {amount: 100, window_ms: 60000}}"
+                } else {
+                    "bulkhead: {max_concurrent: 1}"
+                };
+                yaml.push_str(&format!(
+                    "- name: order/r{i}\n  on: {{path: {{kind: PATH_KIND_PREFIX, value: /r{i}}}}}\n  {spec}\n"
+                ));
+            }
+            let e = engine_of(&yaml);
+            let Some(mut a) = decide(&e, "/r0") else {
+                panic!("not admitted");
+            };
+            let Some(snap) = a.0.as_ref().and_then(|c| c.snap.clone()) else {
+                panic!("not governed");
+            };
+            for (i, state) in snap.states.iter().enumerate() {
+                let bit = i < 64 && snap.gives_back >> i & 1 == 1;
+                assert_eq!(bit, i < 64 && matches!(state, State::Bulkhead(_)), "{i}");
+            }
+            a.record(Outcome::Status(200));
+            assert!(decide(&e, "/r0").is_none(), "the one permit is held");
+            drop(a);
+            assert!(decide(&e, "/r0").is_some(), "the permit came back");
         });
     }
 
