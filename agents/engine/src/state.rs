@@ -299,7 +299,12 @@ impl State {
         }
         match self {
             State::Bulkhead(b) => own!(b, true),
-            State::Limit(l) => own!(l, false),
+            // A plain limit's grant is the default (issue 39: a constant).
+            State::Limit(l) => match l.try_acquire_own(now) {
+                Ok(()) => then(Ok((Grant::default(), false))),
+                Err(Answer::Granted(grant)) => then(Ok((grant, false))),
+                Err(answer) => then(Err(answer)),
+            },
             State::Fuse(f) => own!(f, false),
             State::Retry(r) => own!(r, false),
         }
