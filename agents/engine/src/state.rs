@@ -305,7 +305,19 @@ impl State {
                 Err(Answer::Granted(grant)) => then(Ok((grant, false))),
                 Err(answer) => then(Err(answer)),
             },
-            State::Fuse(f) => own!(f, false),
+            // A closed fuse's grant is the default (issue 39: a constant,
+            // as a plain limit's).
+            State::Fuse(f) => match f.try_admit(now) {
+                Ok(false) => then(Ok((Grant::default(), false))),
+                Ok(true) => {
+                    let probe = Grant {
+                        probe: true,
+                        ..Grant::default()
+                    };
+                    then(Ok((probe, false)))
+                }
+                Err(()) => then(Err(f.refusal())),
+            },
             State::Retry(r) => own!(r, false),
         }
     }
