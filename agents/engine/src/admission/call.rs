@@ -314,7 +314,13 @@ impl Call {
         now: Now,
         plain: &mut Plain,
     ) -> Result<(), StepError> {
-        states[rule as usize].try_acquire_own(now, |answer| match answer {
+        // A rule with a bit (below 64) is told from the others by the
+        // bounds test of its state (issue 39: no test of the rule's number
+        // when its grant is held); the others are stepped apart.
+        let Some(state) = states.get(..64).unwrap_or(states).get(rule as usize) else {
+            return self.step_past_64(snap, rule, now);
+        };
+        state.try_acquire_own(now, |answer| match answer {
             Ok((grant, gives_back)) => {
                 if !plain.add(rule, grant) {
                     self.hold_own(rule, grant, gives_back);
@@ -329,6 +335,17 @@ impl Call {
                 self.not_granted(snap, step, answer)
             }
         })
+    }
+
+    /// [`Call::step_own`] of a rule past the 64th (no bit of its own).
+    #[cold]
+    #[inline(never)]
+    fn step_past_64(&mut self, snap: &Snapshot, rule: u32, now: Now) -> Result<(), StepError> {
+        let step = Step {
+            rule,
+            scope: Scope::Rule,
+        };
+        self.step_now(snap, step, now)
     }
 
     /// A step that did not pass at once: a shadow rule's is counted and
