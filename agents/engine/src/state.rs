@@ -299,11 +299,15 @@ impl State {
         }
         match self {
             State::Bulkhead(b) => own!(b, true),
-            // A plain limit's grant is the default (issue 39: a constant).
+            // A plain limit's grant is the default (issue 39: a constant);
+            // its other answers go to one `then` (with two, the step's result
+            // was merged through memory).
             State::Limit(l) => match l.try_acquire_own(now) {
                 Ok(()) => then(Ok((Grant::default(), false))),
-                Err(Answer::Granted(grant)) => then(Ok((grant, false))),
-                Err(answer) => then(Err(answer)),
+                Err(answer) => then(match answer {
+                    Answer::Granted(grant) => Ok((grant, false)),
+                    answer => Err(answer),
+                }),
             },
             // A closed fuse's grant is the default (issue 39: a constant,
             // as a plain limit's).
