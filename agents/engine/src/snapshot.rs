@@ -38,6 +38,10 @@ pub(crate) struct Snapshot {
     /// Whether any limit says `headers always`: without one, an admitted
     /// call's response is not looked at for the `RateLimit` headers.
     pub(crate) any_headers_always: bool,
+    /// The rules below 64 whose state [gives back](State::gives_back), a
+    /// bit each: what a call's plain holds give back at its end (issue 39:
+    /// not kept by each decision's steps).
+    pub(crate) gives_back: u64,
 }
 
 impl Snapshot {
@@ -62,11 +66,15 @@ impl Snapshot {
             .rules
             .iter()
             .any(|r| matches!(&r.spec, crate::state::RuleSpec::Limit(l) if l.headers_always));
+        let gives_back = (states.iter().take(64).enumerate())
+            .filter(|(_, s)| s.gives_back())
+            .fold(0, |bits, (i, _)| bits | 1 << i);
         Self {
             config,
             states,
             any_shadow,
             any_headers_always,
+            gives_back,
         }
     }
 

@@ -299,8 +299,29 @@ impl State {
         }
         match self {
             State::Bulkhead(b) => own!(b, true),
-            State::Limit(l) => own!(l, false),
-            State::Fuse(f) => own!(f, false),
+            // A plain limit's grant is the default (issue 39: a constant);
+            // its other answers go to one `then` (with two, the step's result
+            // was merged through memory).
+            State::Limit(l) => match l.try_acquire_own(now) {
+                Ok(()) => then(Ok((Grant::default(), false))),
+                Err(answer) => then(match answer {
+                    Answer::Granted(grant) => Ok((grant, false)),
+                    answer => Err(answer),
+                }),
+            },
+            // A closed fuse's grant is the default (issue 39: a constant,
+            // as a plain limit's).
+            State::Fuse(f) => match f.try_admit(now) {
+                Ok(false) => then(Ok((Grant::default(), false))),
+                Ok(true) => {
+                    let probe = Grant {
+                        probe: true,
+                        ..Grant::default()
+                    };
+                    then(Ok((probe, false)))
+                }
+                Err(()) => then(Err(f.refusal())),
+            },
             State::Retry(r) => own!(r, false),
         }
     }
@@ -329,8 +350,12 @@ impl State {
     }
 
     /// Counts a granted call's `latency` (and a gRPC call's code) and
-    /// records its outcome: one dispatch for both (issue 39).
+    /// records its outcome; with `give_back`, then gives back a plain grant
+    /// ([`Grant::default`]) in the rule's own scope: one dispatch for all
+    /// (issue 39: the end of a finished call's plain holds matched the kind
+    /// twice; only a bulkhead's arm gives something back).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn count_and_record(
         &self,
         slot: Slot,
@@ -339,6 +364,7 @@ impl State {
         grant: Grant,
         now: Now,
         elapsed_ns: u64,
+        give_back: bool,
     ) {
         dispatch!(self, p => {
             let counters = Primitive::counters(&**p);
@@ -347,6 +373,9 @@ impl State {
                 counters.grpc(slot, code);
             }
             Primitive::record(&**p, slot, outcome, grant, now, elapsed_ns);
+            if give_back {
+                Primitive::release(&**p, None, Grant::default());
+            }
         })
     }
 

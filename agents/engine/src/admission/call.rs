@@ -241,7 +241,7 @@ impl Call {
     fn hold(&mut self, step: Step, grant: Grant, gives_back: bool) {
         let keyed = step.scope.is_keyed();
         let rule = step.rule;
-        if !keyed && self.plain.add(rule, grant, gives_back) {
+        if !keyed && self.plain.add(rule, grant) {
             return;
         }
         if keyed {
@@ -314,9 +314,15 @@ impl Call {
         now: Now,
         plain: &mut Plain,
     ) -> Result<(), StepError> {
-        states[rule as usize].try_acquire_own(now, |answer| match answer {
+        // A rule with a bit (below 64) is told from the others by the
+        // bounds test of its state (issue 39: no test of the rule's number
+        // when its grant is held); the others are stepped apart.
+        let Some(state) = states.get(..64).unwrap_or(states).get(rule as usize) else {
+            return self.step_past_64(snap, rule, now);
+        };
+        state.try_acquire_own(now, |answer| match answer {
             Ok((grant, gives_back)) => {
-                if !plain.add(rule, grant, gives_back) {
+                if !plain.add(rule, grant) {
                     self.hold_own(rule, grant, gives_back);
                 }
                 Ok(())
@@ -329,6 +335,17 @@ impl Call {
                 self.not_granted(snap, step, answer)
             }
         })
+    }
+
+    /// [`Call::step_own`] of a rule past the 64th (no bit of its own).
+    #[cold]
+    #[inline(never)]
+    fn step_past_64(&mut self, snap: &Snapshot, rule: u32, now: Now) -> Result<(), StepError> {
+        let step = Step {
+            rule,
+            scope: Scope::Rule,
+        };
+        self.step_now(snap, step, now)
     }
 
     /// A step that did not pass at once: a shadow rule's is counted and
@@ -528,13 +545,11 @@ impl Call {
         };
         for rule in plain.rules() {
             let state = &states[rule as usize];
-            state.count_and_record(slot, latency, outcome, grant, now, elapsed);
             // Every hold may be released at the end (`end` does); only a
             // bulkhead's plain grant gives something back, told by the kind
-            // the dispatch reads anyway (issue 39: no test of the bits).
-            if give_back {
-                state.release(None, Grant::default());
-            }
+            // the dispatch reads anyway (issue 39: no test of the bits, no
+            // second dispatch).
+            state.count_and_record(slot, latency, outcome, grant, now, elapsed, give_back);
         }
         if !self.held.is_empty() {
             let counted = (slot, latency, outcome, now, elapsed);
@@ -558,7 +573,7 @@ impl Call {
                 ..h.grant()
             };
             let state = &states[h.rule as usize];
-            state.count_and_record(slot, latency, outcome, grant, now, elapsed);
+            state.count_and_record(slot, latency, outcome, grant, now, elapsed, false);
             // A probe has reported: it is not given back (here, or when the
             // call is dropped later: `end` reads the progress, issue 39: no
             // hold written here).
@@ -595,7 +610,7 @@ impl Call {
         // when the body ends), or one refused or dropped while deciding,
         // visits only the holds that give back; a recorded call's probes
         // reported.
-        for rule in self.plain.giving() {
+        for rule in self.plain.giving(snap.gives_back) {
             snap.states[rule as usize].release(None, Grant::default());
         }
         // Most calls hold nothing but plain grants (issue 39: tested once,
@@ -1129,6 +1144,41 @@ rules:
                     drop(a);
                 }
             }
+        });
+    }
+
+    /// The snapshot's mask of the rules that give back (what a call's plain
+    /// holds give back at its end) is its bulkheads below 64, whatever the
+    /// rules' order; a recorded call dropped later gives its permit back.
+    #[test]
+    fn the_rules_that_give_back_are_the_bulkheads_below_64() {
+        on_a_thread(|| {
+            let mut yaml = String::from("service: order\nrules:\n");
+            for i in 0..66 {
+                let spec = if i % 3 == 1 {
+                    "limit: {calls: {amount: 100, window_ms: 60000}}"
+                } else {
+                    "bulkhead: {max_concurrent: 1}"
+                };
+                yaml.push_str(&format!(
+                    "- name: order/r{i}\n  on: {{path: {{kind: PATH_KIND_PREFIX, value: /r{i}}}}}\n  {spec}\n"
+                ));
+            }
+            let e = engine_of(&yaml);
+            let Some(mut a) = decide(&e, "/r0") else {
+                panic!("not admitted");
+            };
+            let Some(snap) = a.0.as_ref().and_then(|c| c.snap.clone()) else {
+                panic!("not governed");
+            };
+            for (i, state) in snap.states.iter().enumerate() {
+                let bit = i < 64 && snap.gives_back >> i & 1 == 1;
+                assert_eq!(bit, i < 64 && matches!(state, State::Bulkhead(_)), "{i}");
+            }
+            a.record(Outcome::Status(200));
+            assert!(decide(&e, "/r0").is_none(), "the one permit is held");
+            drop(a);
+            assert!(decide(&e, "/r0").is_some(), "the permit came back");
         });
     }
 

@@ -84,20 +84,20 @@ impl Held {
 
 /// A call's plain holds (issue 39: most holds): the rules below 64 that
 /// granted it with nothing to keep (no probe, no bytes, no share class, in
-/// their own scope), a bit each (a step sets one, not a [`Held`] pushed),
-/// and those of them that give back at the end (bulkheads). What each
-/// granted is [`Grant::default`].
+/// their own scope), a bit each (a step sets one, not a [`Held`] pushed).
+/// What each granted is [`Grant::default`]; those that give back at the
+/// end are told by the snapshot's mask ([`Snapshot::gives_back`]), not
+/// kept here (issue 39: one word a step sets).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Plain {
     held: u64,
-    gives: u64,
 }
 
 impl Plain {
     /// Holds `rule`'s `grant` here when it is plain (and the rule's own
     /// scope): whether it did.
     #[inline]
-    pub(super) fn add(&mut self, rule: u32, grant: Grant, gives_back: bool) -> bool {
+    pub(super) fn add(&mut self, rule: u32, grant: Grant) -> bool {
         // Field by field (issue 39: a grant a kind's arm built of constants
         // is then tested by none; compared whole, it was read back).
         let Grant {
@@ -109,11 +109,7 @@ impl Plain {
         if probe || bytes || system_error || share_class.is_some() || rule >= 64 {
             return false;
         }
-        let bit = 1 << rule;
-        self.held |= bit;
-        if gives_back {
-            self.gives |= bit;
-        }
+        self.held |= 1 << rule;
         true
     }
 
@@ -123,10 +119,11 @@ impl Plain {
         Bits(self.held)
     }
 
-    /// The rules held that give back at the end, lowest first.
+    /// The rules held that give back at the end, lowest first, of those
+    /// that do in the snapshot (`gives_back`: [`Snapshot::gives_back`]).
     #[inline]
-    pub(super) fn giving(self) -> Bits {
-        Bits(self.gives)
+    pub(super) fn giving(self, gives_back: u64) -> Bits {
+        Bits(self.held & gives_back)
     }
 }
 
@@ -222,10 +219,10 @@ mod tests {
     fn plain_holds_are_bits_of_rules_below_64() {
         let mut p = Plain::default();
         assert_eq!(p, Plain::default());
-        assert!(p.add(9, Grant::default(), false));
-        assert!(p.add(2, Grant::default(), true));
-        assert!(p.add(63, Grant::default(), true));
-        assert!(!p.add(64, Grant::default(), false), "rule 64 has no bit");
+        assert!(p.add(9, Grant::default()));
+        assert!(p.add(2, Grant::default()));
+        assert!(p.add(63, Grant::default()));
+        assert!(!p.add(64, Grant::default()), "rule 64 has no bit");
         for grant in [
             Grant {
                 probe: true,
@@ -240,9 +237,10 @@ mod tests {
                 ..Grant::default()
             },
         ] {
-            assert!(!p.add(5, grant, false), "{grant:?} is kept in a Held");
+            assert!(!p.add(5, grant), "{grant:?} is kept in a Held");
         }
         assert_eq!(p.rules().collect::<Vec<_>>(), [2, 9, 63]);
-        assert_eq!(p.giving().collect::<Vec<_>>(), [2, 63]);
+        let gives_back = 1 << 2 | 1 << 5 | 1 << 63;
+        assert_eq!(p.giving(gives_back).collect::<Vec<_>>(), [2, 63]);
     }
 }

@@ -133,6 +133,16 @@ impl Fuse {
         now.into().ms_since(self.epoch_ns)
     }
 
+    /// The answer to a call the fuse does not let pass: with automatic
+    /// recovery, it tells callers when probes start.
+    #[cold]
+    pub(crate) fn refusal(&self) -> Answer {
+        Answer::Refused(
+            RejectReason::FuseOpen,
+            self.remaining().filter(|d| !d.is_zero()),
+        )
+    }
+
     /// Whether a call may pass. `Ok(true)`: it passes as a half-open probe.
     pub(crate) fn try_admit(&self, now: impl Into<Now>) -> Result<bool, ()> {
         match self.state.load(Acquire) {
@@ -585,11 +595,7 @@ impl Primitive for Fuse {
                 probe,
                 ..Grant::default()
             }),
-            // With automatic recovery, tell callers when probes start.
-            Err(()) => Answer::Refused(
-                RejectReason::FuseOpen,
-                self.remaining().filter(|d| !d.is_zero()),
-            ),
+            Err(()) => self.refusal(),
         }
     }
 

@@ -16,6 +16,25 @@ use crate::primitive::Answer;
 use crate::state::limit::algo::{interval_ns, tolerance_ns};
 
 impl Limit {
+    /// `Primitive::try_acquire` in the limit's own scope, of a decision
+    /// that began `now`, inline (the one part of this file that is): `Ok`
+    /// for a plain limit's grant (the default), any other answer (a grant
+    /// of the other paths too) in `Err` (issue 39: the plain grant is then
+    /// a constant where it is held, not an answer merged through memory
+    /// with the out-of-line paths').
+    #[inline(always)]
+    pub(crate) fn try_acquire_own(&self, now: Now) -> Result<(), Answer> {
+        if let Some(plain) = &self.plain
+            && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
+        {
+            return match Self::plain_calls(&self.single, plain, now.ns(), self.epoch_ns) {
+                Ok(()) => Ok(()),
+                Err(e) => Err(self.refused(&self.single, e, now, now)),
+            };
+        }
+        Err(self.try_acquire_any(None, now, now))
+    }
+
     /// [`Primitive::try_acquire`](crate::primitive::Primitive::try_acquire) of any scope and set-up.
     #[inline(never)]
     pub(super) fn try_acquire_any(&self, scope: Option<&CellRef>, now: Now, start: Now) -> Answer {
