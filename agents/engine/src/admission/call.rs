@@ -1147,6 +1147,125 @@ rules:
         });
     }
 
+    /// A call in flight across a config swap that moves its bulkhead to
+    /// another rule number (a limit where it was) gives its permit back by
+    /// its own snapshot's rules and mask (issue 39: the mask is the
+    /// snapshot's): recorded then dropped, finished, or dropped unrecorded.
+    #[test]
+    fn a_call_across_a_swap_gives_back_by_its_own_snapshot() {
+        on_a_thread(|| {
+            let before = r#"
+service: order
+rules:
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /p}}
+  bulkhead: {max_concurrent: 1}
+- name: order/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /p}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+"#;
+            let after = r#"
+service: order
+rules:
+- name: order/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /p}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+- name: order/other
+  on: {path: {kind: PATH_KIND_PREFIX, value: /q}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /p}}
+  bulkhead: {max_concurrent: 1}
+"#;
+            let target = |yaml: &str| {
+                let mut t: gov_proto::v1::TargetConfig = serde_yaml::from_str(yaml).unwrap();
+                gov_proto::compiled::fill(&mut t);
+                t
+            };
+            let (before, after) = (target(before), target(after));
+            let e = engine_of("service: order\nrules: []\n");
+            for end in 0..3 {
+                assert!(e.apply_target(&before).is_ok());
+                let Some(mut a) = decide(&e, "/p") else {
+                    panic!("{end}: not admitted");
+                };
+                if end == 0 {
+                    a.record(Outcome::Status(200));
+                }
+                assert!(e.apply_target(&after).is_ok());
+                assert!(decide(&e, "/p").is_none(), "{end}: the permit is held");
+                match end {
+                    1 => a.finish(Outcome::Status(200)),
+                    _ => drop(a),
+                }
+                let b = decide(&e, "/p");
+                assert!(b.is_some(), "{end}: the permit came back");
+                drop(b);
+                let stats = e.stats();
+                for s in &stats.rules {
+                    assert_eq!(s.in_flight, 0, "{end}: {}", s.rule);
+                }
+            }
+        });
+    }
+
+    /// A rule past the 64th is stepped apart: a shadow one's refusal is
+    /// counted and passes, another's refusal gives back the plain holds
+    /// before it, and a call it admits counts, records and gives back.
+    #[test]
+    fn a_rule_past_the_64th_refuses_shadows_and_records() {
+        on_a_thread(|| {
+            let mut yaml = String::from("service: order\nrules:\n");
+            for i in 0..64 {
+                yaml.push_str(&format!(
+                    "- name: order/r{i}\n  on: {{path: {{kind: PATH_KIND_EXACT, value: /r{i}}}}}\n  bulkhead: {{max_concurrent: 1}}\n"
+                ));
+            }
+            // Rule 64 (shadow) matches every path, rule 65 /r0 alone.
+            yaml.push_str(
+                "- name: order/shadow\n  mode: MODE_SHADOW\n  on: {path: {kind: PATH_KIND_PREFIX, value: /r}}\n  bulkhead: {max_concurrent: 1}\n\
+                 - name: order/last\n  on: {path: {kind: PATH_KIND_EXACT, value: /r0}}\n  limit: {calls: {amount: 2, window_ms: 3600000}}\n",
+            );
+            let e = engine_of(&yaml);
+            let in_flight = || {
+                let stats = e.stats();
+                stats.rules.iter().map(|s| s.in_flight).sum::<u64>()
+            };
+            let stat = |rule: &str| {
+                let stats = e.stats();
+                let s = stats.rules.iter().find(|s| &*s.rule == rule).unwrap();
+                (s.admitted, s.in_flight)
+            };
+            let Some(mut a) = decide(&e, "/r0") else {
+                panic!("not admitted");
+            };
+            let mut names: Vec<String> = a.rules().map(|(r, _)| r.to_string()).collect();
+            names.sort();
+            assert_eq!(names, ["order/last", "order/r0", "order/shadow"]);
+            a.record(Outcome::Status(200));
+            drop(a);
+            assert_eq!(in_flight(), 0);
+            assert_eq!(stat("order/r0"), (1, 0));
+            assert_eq!(stat("order/last"), (1, 0));
+            // The shadow pool held by one call: another's refusal by it is
+            // counted, and passes.
+            let a = decide(&e, "/r0").expect("admitted again");
+            let b = decide(&e, "/r1").expect("the shadow refusal passes");
+            let would: Vec<String> = b.would_reject().map(|w| w.rule.to_string()).collect();
+            assert_eq!(would, ["order/shadow"]);
+            b.finish(Outcome::Status(200));
+            drop(a);
+            assert_eq!(in_flight(), 0);
+            // The limit past 64 (2 an hour) refuses the third: rule 0's
+            // plain permit and the shadow rule's are given back.
+            assert!(decide(&e, "/r0").is_none(), "the limit past 64 refuses");
+            assert_eq!(in_flight(), 0);
+            assert_eq!(stat("order/r0"), (2, 0));
+            let b = decide(&e, "/r1").expect("admitted");
+            assert_eq!(b.would_reject().count(), 0, "the shadow pool is whole");
+        });
+    }
+
     /// The snapshot's mask of the rules that give back (what a call's plain
     /// holds give back at its end) is its bulkheads below 64, whatever the
     /// rules' order; a recorded call dropped later gives its permit back.
