@@ -1049,6 +1049,50 @@ rules:
         drop(second);
     }
 
+    /// A half-open fuse's probe finished (the record pass that gives
+    /// back the call's holds, a bulkhead's plain permit beside it) is not
+    /// given back: the fuse's one other probe is then taken, a third call
+    /// refused, and the pool's permits are whole.
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_probe_is_not_given_back() {
+        let e = engine_of(
+            r#"
+service: inventory
+rules:
+- name: inventory/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
+  bulkhead: {max_concurrent: 2}
+- name: inventory/fuse
+  on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 30000}
+    recover: {after: {after_ms: 30000, probes: 2}}
+"#,
+        );
+        let Some(first) = decide(&e, "/stock") else {
+            panic!("not admitted");
+        };
+        first.finish(Outcome::ConnectFailure);
+        assert!(decide(&e, "/stock").is_none(), "the fuse is open");
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let Some(probe) = decide(&e, "/stock") else {
+            panic!("no probe admitted");
+        };
+        probe.finish(Outcome::Status(200));
+        let Some(second) = decide(&e, "/stock") else {
+            panic!("the second probe is not admitted (or the permit is held)");
+        };
+        assert!(
+            decide(&e, "/stock").is_none(),
+            "the finished probe was given back"
+        );
+        second.finish(Outcome::Status(200));
+        let stats = e.stats();
+        let pool = stats.rules.iter().find(|s| &*s.rule == "inventory/pool");
+        assert_eq!(pool.map(|s| (s.admitted, s.in_flight)), Some((3, 0)));
+    }
+
     /// A half-open fuse's probe taken by a call a later rule refuses is
     /// given back (the call never reported): the next call, once the limit
     /// lets it through, is the fuse's one probe.
