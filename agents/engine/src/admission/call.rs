@@ -1169,7 +1169,8 @@ rules:
     }
 
     /// A rule past the 64th is held as a `Held` (no bit of its own): its
-    /// permit is held and given back all the same.
+    /// permit is held and given back all the same, the call dropped,
+    /// finished or recorded first.
     #[test]
     fn a_rule_past_the_64th_holds_and_gives_back_its_permit() {
         on_a_thread(|| {
@@ -1181,11 +1182,19 @@ rules:
             }
             let e = engine_of(&yaml);
             for path in ["/r2", "/r65"] {
-                for _ in 0..2 {
+                // Dropped, finished, recorded then dropped, and once more.
+                for end in 0..4 {
                     let a = decide(&e, path);
                     assert!(a.as_ref().is_some_and(Admission::is_governed), "{path}");
                     assert!(decide(&e, path).is_none(), "{path}: the one permit is held");
-                    drop(a);
+                    match (end, a) {
+                        (1, Some(a)) => a.finish(Outcome::Status(200)),
+                        (2, Some(mut a)) => {
+                            a.record(Outcome::Status(200));
+                            drop(a);
+                        }
+                        (_, a) => drop(a),
+                    }
                 }
             }
         });
