@@ -1262,6 +1262,76 @@ rules:
         });
     }
 
+    /// A call waiting across a config swap that resizes its bulkhead and
+    /// moves it to another rule number keeps the plain holds of its own
+    /// snapshot: admitted after the wait, counted once, and everything
+    /// given back once by that snapshot's rules (the new pool whole after).
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_across_a_swap_gives_back_by_its_own_snapshot() {
+        let target = |yaml: &str| {
+            let mut t: gov_proto::v1::TargetConfig = serde_yaml::from_str(yaml).unwrap();
+            gov_proto::compiled::fill(&mut t);
+            t
+        };
+        let before = target(
+            r#"
+service: order
+rules:
+- name: order/front
+  on: {path: {kind: PATH_KIND_PREFIX, value: /w}}
+  bulkhead: {max_concurrent: 5}
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /w}}
+  bulkhead: {max_concurrent: 1, max_wait_ms: 10000}
+"#,
+        );
+        let after = target(
+            r#"
+service: order
+rules:
+- name: order/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /w}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+- name: order/front
+  on: {path: {kind: PATH_KIND_PREFIX, value: /w}}
+  bulkhead: {max_concurrent: 5}
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /w}}
+  bulkhead: {max_concurrent: 2, max_wait_ms: 10000}
+"#,
+        );
+        let e = engine_of("service: order\nrules: []\n");
+        assert!(e.apply_target(&before).is_ok());
+        let h = HeaderMap::new();
+        let req = RequestInfo::inbound(&Method::GET, "/w", &h);
+        let Some(first) = decide(&e, "/w") else {
+            panic!("not admitted");
+        };
+        let Decision::Wait(p) = e.try_admit(&req) else {
+            panic!("not made to wait");
+        };
+        let waiting = tokio::spawn(p.wait());
+        tokio::task::yield_now().await;
+        assert!(e.apply_target(&after).is_ok());
+        first.finish(Outcome::Status(200));
+        let mut second = waiting.await.unwrap().expect("admitted after the wait");
+        let stat = |rule: &str| {
+            let stats = e.stats();
+            let s = stats.rules.iter().find(|s| &*s.rule == rule).unwrap();
+            (s.admitted, s.in_flight)
+        };
+        assert_eq!(stat("order/front"), (2, 1));
+        // Recorded at the head, dropped at the end (the mask's way).
+        second.record(Outcome::Status(200));
+        drop(second);
+        assert_eq!(stat("order/front"), (2, 0));
+        assert_eq!(stat("order/pool").1, 0);
+        // The resized pool of two is whole, and the front's five.
+        let calls: Vec<_> = (0..2).map(|_| decide(&e, "/w")).collect();
+        assert!(calls.iter().all(Option::is_some));
+        assert_eq!(stat("order/front"), (4, 2));
+    }
+
     /// A rule past the 64th is stepped apart: a shadow one's refusal is
     /// counted and passes, another's refusal gives back the plain holds
     /// before it, and a call it admits counts, records and gives back.
