@@ -1332,6 +1332,40 @@ rules:
         assert_eq!(stat("order/front"), (4, 2));
     }
 
+    /// The retry rule of a call is found among its plain holds (a bit)
+    /// and its others (past the 64th) alike, a shadow one passed over.
+    #[test]
+    fn the_retry_rule_is_found_plain_or_not() {
+        on_a_thread(|| {
+            let retry = "retry: {attempts: 3, on: {status: [{from: 503, to: 503}]}, backoff_ms: 1, backoff_max_ms: 5, budget: {ratio_milli_percent: 10000, min_retries: 10, per_ms: 1000}}";
+            let mut yaml = String::from("service: order\nrules:\n");
+            yaml.push_str(&format!(
+                "- {{name: order/shadow, mode: MODE_SHADOW, direction: DIRECTION_OUTBOUND, on: {{path: {{kind: PATH_KIND_PREFIX, value: /x}}}}, {retry}}}\n\
+                 - {{name: order/own, direction: DIRECTION_OUTBOUND, on: {{path: {{kind: PATH_KIND_PREFIX, value: /x}}}}, {retry}}}\n"
+            ));
+            for i in 0..62 {
+                yaml.push_str(&format!(
+                    "- {{name: order/f{i}, on: {{path: {{kind: PATH_KIND_EXACT, value: /f{i}}}}}, bulkhead: {{max_concurrent: 1}}}}\n"
+                ));
+            }
+            yaml.push_str(&format!(
+                "- {{name: order/late, direction: DIRECTION_OUTBOUND, on: {{path: {{kind: PATH_KIND_PREFIX, value: /y}}}}, {retry}}}\n"
+            ));
+            let e = engine_of(&yaml);
+            for (path, want) in [("/x", "order/own"), ("/y", "order/late")] {
+                let h = HeaderMap::new();
+                let req = RequestInfo::outbound(&Method::GET, path, &h, "inv", None);
+                let Decision::Admitted(a) = e.try_admit(&req) else {
+                    panic!("{path} not admitted");
+                };
+                assert!(a.is_governed(), "{path}");
+                let rule = a.retry().map(|r| r.rule().to_string());
+                assert_eq!(rule.as_deref(), Some(want), "{path}");
+            }
+            assert!(decide(&e, "/f1").expect("admitted").retry().is_none());
+        });
+    }
+
     /// A rule past the 64th is stepped apart: a shadow one's refusal is
     /// counted and passes, another's refusal gives back the plain holds
     /// before it, and a call it admits counts, records and gives back.
