@@ -1049,6 +1049,50 @@ rules:
         drop(second);
     }
 
+    /// A half-open fuse's probe finished (the record pass that gives
+    /// back the call's holds, a bulkhead's plain permit beside it) is not
+    /// given back: the fuse's one other probe is then taken, a third call
+    /// refused, and the pool's permits are whole.
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_probe_is_not_given_back() {
+        let e = engine_of(
+            r#"
+service: inventory
+rules:
+- name: inventory/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
+  bulkhead: {max_concurrent: 2}
+- name: inventory/fuse
+  on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 30000}
+    recover: {after: {after_ms: 30000, probes: 2}}
+"#,
+        );
+        let Some(first) = decide(&e, "/stock") else {
+            panic!("not admitted");
+        };
+        first.finish(Outcome::ConnectFailure);
+        assert!(decide(&e, "/stock").is_none(), "the fuse is open");
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let Some(probe) = decide(&e, "/stock") else {
+            panic!("no probe admitted");
+        };
+        probe.finish(Outcome::Status(200));
+        let Some(second) = decide(&e, "/stock") else {
+            panic!("the second probe is not admitted (or the permit is held)");
+        };
+        assert!(
+            decide(&e, "/stock").is_none(),
+            "the finished probe was given back"
+        );
+        second.finish(Outcome::Status(200));
+        let stats = e.stats();
+        let pool = stats.rules.iter().find(|s| &*s.rule == "inventory/pool");
+        assert_eq!(pool.map(|s| (s.admitted, s.in_flight)), Some((3, 0)));
+    }
+
     /// A half-open fuse's probe taken by a call a later rule refuses is
     /// given back (the call never reported): the next call, once the limit
     /// lets it through, is the fuse's one probe.
@@ -1125,7 +1169,8 @@ rules:
     }
 
     /// A rule past the 64th is held as a `Held` (no bit of its own): its
-    /// permit is held and given back all the same.
+    /// permit is held and given back all the same, the call dropped,
+    /// finished or recorded first.
     #[test]
     fn a_rule_past_the_64th_holds_and_gives_back_its_permit() {
         on_a_thread(|| {
@@ -1137,13 +1182,244 @@ rules:
             }
             let e = engine_of(&yaml);
             for path in ["/r2", "/r65"] {
-                for _ in 0..2 {
+                // Dropped, finished, recorded then dropped, and once more.
+                for end in 0..4 {
                     let a = decide(&e, path);
                     assert!(a.as_ref().is_some_and(Admission::is_governed), "{path}");
                     assert!(decide(&e, path).is_none(), "{path}: the one permit is held");
-                    drop(a);
+                    match (end, a) {
+                        (1, Some(a)) => a.finish(Outcome::Status(200)),
+                        (2, Some(mut a)) => {
+                            a.record(Outcome::Status(200));
+                            drop(a);
+                        }
+                        (_, a) => drop(a),
+                    }
                 }
             }
+        });
+    }
+
+    /// A call in flight across a config swap that moves its bulkhead to
+    /// another rule number (a limit where it was) gives its permit back by
+    /// its own snapshot's rules and mask (issue 39: the mask is the
+    /// snapshot's): recorded then dropped, finished, or dropped unrecorded.
+    #[test]
+    fn a_call_across_a_swap_gives_back_by_its_own_snapshot() {
+        on_a_thread(|| {
+            let before = r#"
+service: order
+rules:
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /p}}
+  bulkhead: {max_concurrent: 1}
+- name: order/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /p}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+"#;
+            let after = r#"
+service: order
+rules:
+- name: order/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /p}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+- name: order/other
+  on: {path: {kind: PATH_KIND_PREFIX, value: /q}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /p}}
+  bulkhead: {max_concurrent: 1}
+"#;
+            let target = |yaml: &str| {
+                let mut t: gov_proto::v1::TargetConfig = serde_yaml::from_str(yaml).unwrap();
+                gov_proto::compiled::fill(&mut t);
+                t
+            };
+            let (before, after) = (target(before), target(after));
+            let e = engine_of("service: order\nrules: []\n");
+            for end in 0..3 {
+                assert!(e.apply_target(&before).is_ok());
+                let Some(mut a) = decide(&e, "/p") else {
+                    panic!("{end}: not admitted");
+                };
+                if end == 0 {
+                    a.record(Outcome::Status(200));
+                }
+                assert!(e.apply_target(&after).is_ok());
+                assert!(decide(&e, "/p").is_none(), "{end}: the permit is held");
+                match end {
+                    1 => a.finish(Outcome::Status(200)),
+                    _ => drop(a),
+                }
+                let b = decide(&e, "/p");
+                assert!(b.is_some(), "{end}: the permit came back");
+                drop(b);
+                let stats = e.stats();
+                for s in &stats.rules {
+                    assert_eq!(s.in_flight, 0, "{end}: {}", s.rule);
+                }
+            }
+        });
+    }
+
+    /// A call waiting across a config swap that resizes its bulkhead and
+    /// moves it to another rule number keeps the plain holds of its own
+    /// snapshot: admitted after the wait, counted once, and everything
+    /// given back once by that snapshot's rules (the new pool whole after).
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_across_a_swap_gives_back_by_its_own_snapshot() {
+        let target = |yaml: &str| {
+            let mut t: gov_proto::v1::TargetConfig = serde_yaml::from_str(yaml).unwrap();
+            gov_proto::compiled::fill(&mut t);
+            t
+        };
+        let before = target(
+            r#"
+service: order
+rules:
+- name: order/front
+  on: {path: {kind: PATH_KIND_PREFIX, value: /w}}
+  bulkhead: {max_concurrent: 5}
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /w}}
+  bulkhead: {max_concurrent: 1, max_wait_ms: 10000}
+"#,
+        );
+        let after = target(
+            r#"
+service: order
+rules:
+- name: order/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /w}}
+  limit: {calls: {amount: 100, window_ms: 60000}}
+- name: order/front
+  on: {path: {kind: PATH_KIND_PREFIX, value: /w}}
+  bulkhead: {max_concurrent: 5}
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /w}}
+  bulkhead: {max_concurrent: 2, max_wait_ms: 10000}
+"#,
+        );
+        let e = engine_of("service: order\nrules: []\n");
+        assert!(e.apply_target(&before).is_ok());
+        let h = HeaderMap::new();
+        let req = RequestInfo::inbound(&Method::GET, "/w", &h);
+        let Some(first) = decide(&e, "/w") else {
+            panic!("not admitted");
+        };
+        let Decision::Wait(p) = e.try_admit(&req) else {
+            panic!("not made to wait");
+        };
+        let waiting = tokio::spawn(p.wait());
+        tokio::task::yield_now().await;
+        assert!(e.apply_target(&after).is_ok());
+        first.finish(Outcome::Status(200));
+        let mut second = waiting.await.unwrap().expect("admitted after the wait");
+        let stat = |rule: &str| {
+            let stats = e.stats();
+            let s = stats.rules.iter().find(|s| &*s.rule == rule).unwrap();
+            (s.admitted, s.in_flight)
+        };
+        assert_eq!(stat("order/front"), (2, 1));
+        // Recorded at the head, dropped at the end (the mask's way).
+        second.record(Outcome::Status(200));
+        drop(second);
+        assert_eq!(stat("order/front"), (2, 0));
+        assert_eq!(stat("order/pool").1, 0);
+        // The resized pool of two is whole, and the front's five.
+        let calls: Vec<_> = (0..2).map(|_| decide(&e, "/w")).collect();
+        assert!(calls.iter().all(Option::is_some));
+        assert_eq!(stat("order/front"), (4, 2));
+    }
+
+    /// The retry rule of a call is found among its plain holds (a bit)
+    /// and its others (past the 64th) alike, a shadow one passed over.
+    #[test]
+    fn the_retry_rule_is_found_plain_or_not() {
+        on_a_thread(|| {
+            let retry = "retry: {attempts: 3, on: {status: [{from: 503, to: 503}]}, backoff_ms: 1, backoff_max_ms: 5, budget: {ratio_milli_percent: 10000, min_retries: 10, per_ms: 1000}}";
+            let mut yaml = String::from("service: order\nrules:\n");
+            yaml.push_str(&format!(
+                "- {{name: order/shadow, mode: MODE_SHADOW, direction: DIRECTION_OUTBOUND, on: {{path: {{kind: PATH_KIND_PREFIX, value: /x}}}}, {retry}}}\n\
+                 - {{name: order/own, direction: DIRECTION_OUTBOUND, on: {{path: {{kind: PATH_KIND_PREFIX, value: /x}}}}, {retry}}}\n"
+            ));
+            for i in 0..62 {
+                yaml.push_str(&format!(
+                    "- {{name: order/f{i}, on: {{path: {{kind: PATH_KIND_EXACT, value: /f{i}}}}}, bulkhead: {{max_concurrent: 1}}}}\n"
+                ));
+            }
+            yaml.push_str(&format!(
+                "- {{name: order/late, direction: DIRECTION_OUTBOUND, on: {{path: {{kind: PATH_KIND_PREFIX, value: /y}}}}, {retry}}}\n"
+            ));
+            let e = engine_of(&yaml);
+            for (path, want) in [("/x", "order/own"), ("/y", "order/late")] {
+                let h = HeaderMap::new();
+                let req = RequestInfo::outbound(&Method::GET, path, &h, "inv", None);
+                let Decision::Admitted(a) = e.try_admit(&req) else {
+                    panic!("{path} not admitted");
+                };
+                assert!(a.is_governed(), "{path}");
+                let rule = a.retry().map(|r| r.rule().to_string());
+                assert_eq!(rule.as_deref(), Some(want), "{path}");
+            }
+            assert!(decide(&e, "/f1").expect("admitted").retry().is_none());
+        });
+    }
+
+    /// A rule past the 64th is stepped apart: a shadow one's refusal is
+    /// counted and passes, another's refusal gives back the plain holds
+    /// before it, and a call it admits counts, records and gives back.
+    #[test]
+    fn a_rule_past_the_64th_refuses_shadows_and_records() {
+        on_a_thread(|| {
+            let mut yaml = String::from("service: order\nrules:\n");
+            for i in 0..64 {
+                yaml.push_str(&format!(
+                    "- name: order/r{i}\n  on: {{path: {{kind: PATH_KIND_EXACT, value: /r{i}}}}}\n  bulkhead: {{max_concurrent: 1}}\n"
+                ));
+            }
+            // Rule 64 (shadow) matches every path, rule 65 /r0 alone.
+            yaml.push_str(
+                "- name: order/shadow\n  mode: MODE_SHADOW\n  on: {path: {kind: PATH_KIND_PREFIX, value: /r}}\n  bulkhead: {max_concurrent: 1}\n\
+                 - name: order/last\n  on: {path: {kind: PATH_KIND_EXACT, value: /r0}}\n  limit: {calls: {amount: 2, window_ms: 3600000}}\n",
+            );
+            let e = engine_of(&yaml);
+            let in_flight = || {
+                let stats = e.stats();
+                stats.rules.iter().map(|s| s.in_flight).sum::<u64>()
+            };
+            let stat = |rule: &str| {
+                let stats = e.stats();
+                let s = stats.rules.iter().find(|s| &*s.rule == rule).unwrap();
+                (s.admitted, s.in_flight)
+            };
+            let Some(mut a) = decide(&e, "/r0") else {
+                panic!("not admitted");
+            };
+            let mut names: Vec<String> = a.rules().map(|(r, _)| r.to_string()).collect();
+            names.sort();
+            assert_eq!(names, ["order/last", "order/r0", "order/shadow"]);
+            a.record(Outcome::Status(200));
+            drop(a);
+            assert_eq!(in_flight(), 0);
+            assert_eq!(stat("order/r0"), (1, 0));
+            assert_eq!(stat("order/last"), (1, 0));
+            // The shadow pool held by one call: another's refusal by it is
+            // counted, and passes.
+            let a = decide(&e, "/r0").expect("admitted again");
+            let b = decide(&e, "/r1").expect("the shadow refusal passes");
+            let would: Vec<String> = b.would_reject().map(|w| w.rule.to_string()).collect();
+            assert_eq!(would, ["order/shadow"]);
+            b.finish(Outcome::Status(200));
+            drop(a);
+            assert_eq!(in_flight(), 0);
+            // The limit past 64 (2 an hour) refuses the third: rule 0's
+            // plain permit and the shadow rule's are given back.
+            assert!(decide(&e, "/r0").is_none(), "the limit past 64 refuses");
+            assert_eq!(in_flight(), 0);
+            assert_eq!(stat("order/r0"), (2, 0));
+            let b = decide(&e, "/r1").expect("admitted");
+            assert_eq!(b.would_reject().count(), 0, "the shadow pool is whole");
         });
     }
 
