@@ -273,7 +273,7 @@ fn fixed_in(
     loop {
         if just_after(current, window) {
             window = current >> 32;
-            late_ms = w_ms;
+            late_ms += w_ms;
         }
         let count = if current >> 32 == window {
             current & 0xffff_ffff
@@ -330,7 +330,7 @@ fn sliding_in(
         if just_after(current, window) {
             // Counted at the start of the word's window: its previous
             // count weighs the most there.
-            late_ms = w - elapsed;
+            late_ms += w - elapsed;
             (window, elapsed) = (current >> 32, 0);
         }
         let before = window.wrapping_sub(1) & 0xffff_ffff;
