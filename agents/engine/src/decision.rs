@@ -270,25 +270,49 @@ pub(crate) fn admit_matched(
     if plan.keyed {
         return admit_keyed(call, snap, at, scratch, req, now);
     }
-    // The steps' slice, not `Plan::ids` (an opaque iterator would hold its
-    // borrow of the snapshot up to the returns that move it).
-    let mut steps = plan.steps.iter();
+    // A step that does not pass returns with its rule (issue 39: the loop
+    // keeps no count of the steps left; `not_admitted_at` finds them).
     let states = &snap.states[..];
     let mut plain = Plain::default();
-    while let Some(&(_, id)) = steps.next() {
+    for &(_, id) in &plan.steps {
         if let Err(e) = call.step_own(&snap, states, id.0, now, &mut plain) {
             call.hold_plain(plain);
-            let rest = match e {
-                StepError::Wait(_) => (steps.as_slice().iter())
-                    .map(|&(_, id)| step_of(&snap, config, None, id))
-                    .collect(),
-                StepError::Rejected(_) => Steps::new(),
-            };
-            return not_admitted(call, snap, e, rest);
+            return not_admitted_at(call, snap, at, scratch, e, id);
         }
     }
     call.hold_plain(plain);
     admitted(call, snap)
+}
+
+/// [`not_admitted`] of a plan's step `id` (a plan holds a rule once): the
+/// steps after it wait too when it waits.
+#[cold]
+#[inline(never)]
+fn not_admitted_at(
+    call: Box<Call>,
+    snap: Arc<Snapshot>,
+    at: PlanAt,
+    scratch: &Option<Plan>,
+    e: StepError,
+    id: RuleId,
+) -> Decision {
+    let rest = match e {
+        StepError::Wait(_) => {
+            let config = &*snap.config;
+            let steps = &config.plan(at, scratch).steps;
+            // `Plan::add` adds a rule not in the plan yet.
+            debug_assert_eq!(steps.iter().filter(|&&(_, s)| s == id).count(), 1);
+            let after = steps
+                .iter()
+                .position(|&(_, s)| s == id)
+                .map_or(steps.len(), |i| i + 1);
+            (steps[after..].iter())
+                .map(|&(_, id)| step_of(&snap, config, None, id))
+                .collect()
+        }
+        StepError::Rejected(_) => Steps::new(),
+    };
+    not_admitted(call, snap, e, rest)
 }
 
 /// [`admit_matched`] of a plan some rule of which keys its calls: the

@@ -82,8 +82,9 @@ pub(crate) struct Call {
     pub(super) waits: Vec<(u32, Duration)>,
     /// Told how the call ended; `None` for almost every call.
     pub(super) trace: Option<Box<Trace>>,
-    /// Something was kept in `refused`, `waits` or `keyed`: the give-back
-    /// clears them only then (issue 39: one test, not three).
+    /// Something was kept in `held`, `refused`, `waits` or `keyed`: the
+    /// give-back clears them only then (issue 39: one test, not four; a
+    /// plain grant is kept in `plain`, so most calls hold nothing here).
     aside: bool,
     /// The next box of this thread's free list (`None` in use).
     next: Option<Box<Call>>,
@@ -206,7 +207,6 @@ impl Call {
     fn give(mut self: Box<Self>) {
         self.snap = None;
         self.plain = Plain::default();
-        self.held.clear();
         if self.aside {
             self.put_back_aside();
         }
@@ -232,6 +232,7 @@ impl Call {
     #[inline(never)]
     fn put_back_aside(&mut self) {
         self.aside = false;
+        self.held.clear();
         self.refused.clear();
         self.keyed = None;
         self.waits.clear();
@@ -245,9 +246,9 @@ impl Call {
             return;
         }
         if keyed {
-            self.aside = true;
             self.keyed.get_or_insert_default().push((rule, step.scope));
         }
+        self.aside = true;
         self.marks.has_bytes |= grant.bytes;
         self.held.push(Held::new(rule, grant, keyed, gives_back));
     }
@@ -268,6 +269,7 @@ impl Call {
     /// inlined in each kind's arm).
     #[inline(never)]
     fn hold_own(&mut self, rule: u32, grant: Grant, gives_back: bool) {
+        self.aside = true;
         self.marks.has_bytes |= grant.bytes;
         self.held.push(Held::new(rule, grant, false, gives_back));
     }
