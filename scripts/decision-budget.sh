@@ -13,8 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-matched_budget=709
-recorded_budget=754
+matched_budget=704
+recorded_budget=749
 unmatched_budget=97
 
 if ! command -v valgrind >/dev/null 2>&1; then
