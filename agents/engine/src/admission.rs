@@ -312,3 +312,15 @@ impl Pending {
         Ok(admission)
     }
 }
+
+/// An engine with the config of a test's YAML applied (the admission's
+/// tests: one parse, fill and apply).
+#[cfg(test)]
+fn engine_of(yaml: &str) -> crate::Engine {
+    let mut target: gov_proto::v1::TargetConfig =
+        serde_yaml::from_str(yaml).expect("the test config parses");
+    gov_proto::compiled::fill(&mut target);
+    let engine = crate::Engine::empty(&target.service);
+    assert!(engine.apply_target(&target).is_ok());
+    engine
+}

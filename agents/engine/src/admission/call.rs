@@ -679,6 +679,7 @@ mod tests {
     use http::{HeaderMap, Method};
 
     use super::*;
+    use crate::admission::engine_of;
     use crate::{Admission, Decision, Engine, RequestInfo};
 
     /// How many boxes this thread's free list holds.
@@ -711,15 +712,6 @@ mod tests {
     }
 
     /// An engine of the service the config `yaml` names, with it applied.
-    fn engine_of(yaml: &str) -> Engine {
-        let mut target: gov_proto::v1::TargetConfig =
-            serde_yaml::from_str(yaml).expect("the test config parses");
-        gov_proto::compiled::fill(&mut target);
-        let engine = Engine::empty(&target.service);
-        assert!(engine.apply_target(&target).is_ok());
-        engine
-    }
-
     fn engine() -> Engine {
         engine_of(
             r#"
@@ -740,6 +732,17 @@ rules:
             Decision::Admitted(a) => Some(a),
             _ => None,
         }
+    }
+
+    /// Trips the fuse on `/stock` of `e` (one call that fails to connect)
+    /// and waits out its 30 s open: the next calls are its probes.
+    async fn trip_and_wait(e: &Engine) {
+        let Some(first) = decide(e, "/stock") else {
+            panic!("not admitted");
+        };
+        first.finish(Outcome::ConnectFailure);
+        assert!(decide(e, "/stock").is_none(), "the fuse is open");
+        tokio::time::advance(Duration::from_secs(30)).await;
     }
 
     /// Each test on a thread of its own: a free list of its own.
@@ -1031,12 +1034,7 @@ rules:
     recover: {after: {after_ms: 30000, probes: 2}}
 "#,
         );
-        let Some(first) = decide(&e, "/stock") else {
-            panic!("not admitted");
-        };
-        first.finish(Outcome::ConnectFailure);
-        assert!(decide(&e, "/stock").is_none(), "the fuse is open");
-        tokio::time::advance(Duration::from_secs(30)).await;
+        trip_and_wait(&e).await;
         let Some(mut probe) = decide(&e, "/stock") else {
             panic!("no probe admitted");
         };
@@ -1072,12 +1070,7 @@ rules:
     recover: {after: {after_ms: 30000, probes: 2}}
 "#,
         );
-        let Some(first) = decide(&e, "/stock") else {
-            panic!("not admitted");
-        };
-        first.finish(Outcome::ConnectFailure);
-        assert!(decide(&e, "/stock").is_none(), "the fuse is open");
-        tokio::time::advance(Duration::from_secs(30)).await;
+        trip_and_wait(&e).await;
         let Some(probe) = decide(&e, "/stock") else {
             panic!("no probe admitted");
         };

@@ -66,14 +66,14 @@ impl Admission {
 mod tests {
     use http::{HeaderMap, HeaderValue, Method};
 
-    use crate::{Decision, Engine, RequestInfo};
+    use crate::{Decision, RequestInfo};
 
     /// A limit that says `headers always` names what is left to every call
     /// it admits, a call it granted plainly too (issue 39: held as a bit of
     /// the call's plain holds, not a `Held`); one that does not, nothing.
     #[test]
     fn an_admitted_call_names_its_plain_limit() {
-        let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+        let e = crate::admission::engine_of(
             r#"
 service: shop
 rules:
@@ -90,11 +90,7 @@ rules:
   limit:
     calls: {amount: 3, window_ms: 3600000}
 "#,
-        )
-        .unwrap();
-        gov_proto::compiled::fill(&mut target);
-        let e = Engine::empty(&target.service);
-        assert!(e.apply_target(&target).is_ok());
+        );
         let h = HeaderMap::new();
         let admit = |path| match e.try_admit(&RequestInfo::inbound(&Method::GET, path, &h)) {
             Decision::Admitted(a) => a,
@@ -119,7 +115,7 @@ rules:
     /// with what is left to its key.
     #[test]
     fn plain_and_keyed_limits_both_name_what_is_left() {
-        let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(
+        let e = crate::admission::engine_of(
             r#"
 service: order
 consumer_header: x-gov-consumer
@@ -140,15 +136,11 @@ rules:
   limit:
     calls: {amount: 7, window_ms: 3600000}
 "#,
-        )
-        .expect("the test config parses");
-        gov_proto::compiled::fill(&mut target);
-        let engine = Engine::empty("order");
-        assert!(engine.apply_target(&target).is_ok());
+        );
         let mut headers = HeaderMap::new();
         headers.insert("x-gov-consumer", HeaderValue::from_static("crm"));
         let req = RequestInfo::inbound(&Method::GET, "/api/x", &headers);
-        let Decision::Admitted(a) = engine.try_admit(&req) else {
+        let Decision::Admitted(a) = e.try_admit(&req) else {
             panic!("admitted");
         };
         let (policy, state) = a.ratelimit_headers().expect("the headers");
