@@ -32,8 +32,10 @@ impl<'a> Headers<'a> {
             // scan that finds the name gives its value (issue 39: no hash
             // for a consumer or a header a rule matches on). The first
             // value of a name is the first the map yields with it. (`name`
-            // on the left: its kind is tested once, see `has_any`.)
-            Headers::Map(map) if map.keys_len() <= SCANNED_NAMES => map
+            // on the left: its kind is tested once, see `has_any`.) Bounded
+            // by the values, not the names: the scan visits each value, and
+            // a client may repeat one name hundreds of times.
+            Headers::Map(map) if map.len() <= SCANNED_NAMES => map
                 .iter()
                 .find(|&(k, _)| name == k)
                 .map(|(_, v)| v.as_bytes()),
@@ -130,6 +132,18 @@ mod tests {
             let tenant = HeaderName::from_static("x-tenant");
             assert_eq!(headers.get(&tenant), Some(&b"gold"[..]));
         }
+        // One name repeated past the scan's bound: looked up, the first.
+        let mut map = HeaderMap::new();
+        map.append("x-tenant", HeaderValue::from_static("gold"));
+        for _ in 0..30 {
+            map.append("x-tenant", HeaderValue::from_static("silver"));
+        }
+        let tenant = HeaderName::from_static("x-tenant");
+        assert_eq!(Headers::Map(&map).get(&tenant), Some(&b"gold"[..]));
+        assert_eq!(
+            Headers::Map(&map).get(&HeaderName::from_static("x-admin")),
+            None
+        );
     }
 
     /// A gate of one, two or more names finds any of them in a scanned
