@@ -38,7 +38,7 @@ use crate::quick::MissFilter;
 use crate::rejection::Rejection;
 pub use crate::request::{RequestInfo, Target, VerifiedClaims};
 use crate::route::Headers;
-use crate::snapshot::{CACHE, Snapshot};
+use crate::snapshot::{CACHE, Snapshot, next_generation};
 use crate::state::State;
 use crate::state::bulkhead::Bulkhead;
 use crate::stats::{FuseState, RuleStats};
@@ -53,10 +53,12 @@ pub struct Engine {
 #[derive(Debug)]
 struct Shared {
     current: ArcSwap<Snapshot>,
-    /// Unique per engine in the process: the key of the thread-local cache.
+    /// Unique per engine in the process: which thread cache entry a new
+    /// snapshot replaces.
     id: u64,
-    /// Bumped after every swap of `current` (under `apply`): a thread whose
-    /// cached snapshot has this generation may use it without loading `current`.
+    /// Set anew after every swap of `current` (under `apply`), unique in the
+    /// process ([`next_generation`]): a thread whose cached snapshot has
+    /// this generation may use it without loading `current`.
     generation: AtomicU64,
     /// What a request must miss to match no rule of the current config,
     /// read before the thread cache (kept in step with `current` by `apply`).
@@ -169,7 +171,7 @@ impl Engine {
             shared: Arc::new(Shared {
                 current: ArcSwap::from_pointee(snapshot),
                 id: NEXT_ENGINE_ID.fetch_add(1, Relaxed),
-                generation: AtomicU64::new(0),
+                generation: AtomicU64::new(next_generation()),
                 miss,
                 events,
                 apply: Mutex::new(()),
@@ -305,7 +307,7 @@ impl Engine {
             .store(Arc::new(Snapshot::new(config.clone(), states)));
         // After the store: a thread that reads the new generation sees the
         // new snapshot.
-        self.shared.generation.fetch_add(1, Release);
+        self.shared.generation.store(next_generation(), Release);
         self.shared.miss.narrow(&config);
         applied
     }
@@ -380,7 +382,7 @@ impl Engine {
         // holds in it).
         let hit = CACHE.try_with(|cache| {
             let cache = cache.try_borrow().ok()?;
-            let entry = cache.find(self.shared.id, generation)?;
+            let entry = cache.find(generation)?;
             let Some(at) = route(&entry.config, req, &mut scratch) else {
                 return Some(None);
             };
@@ -782,6 +784,40 @@ rules:
         drop(a);
         assert!(old.upgrade().is_none(), "nothing else holds the old state");
         assert!(decide(&e, "/slow").is_some_and(|a| !a.is_governed()));
+    }
+
+    /// Engines' generations are unique in the process and never an empty
+    /// cache entry's 0 (issue 39: a thread's cache finds an entry by its
+    /// generation alone): engines deciding on one thread each decide by
+    /// their own rules, before and after a swap.
+    #[test]
+    fn engines_on_one_thread_decide_by_their_own_rules() {
+        let other = BULKHEAD.replace("order/slow_calls", "order/other_calls");
+        let (a, b) = (engine(BULKHEAD), engine(&other));
+        let generation = |e: &Engine| e.shared.generation.load(Acquire);
+        let rule = |e: &Engine| {
+            let a = decide(e, "/slow").expect("admitted");
+            a.rules().next().map(|(r, _)| r.to_string())
+        };
+        assert!(![generation(&a), generation(&b)].contains(&0));
+        assert_ne!(generation(&a), generation(&b));
+        for _ in 0..2 {
+            assert_eq!(rule(&a).as_deref(), Some("order/slow_calls"));
+            assert_eq!(rule(&b).as_deref(), Some("order/other_calls"));
+        }
+        // Each takes the other's rules (the configs as they were).
+        let swap = |e: &Engine, yaml: &str| {
+            let mut target: proto::TargetConfig = serde_yaml::from_str(yaml).unwrap();
+            gov_proto::compiled::fill(&mut target);
+            assert!(e.apply_target(&target).is_ok());
+        };
+        swap(&a, &other);
+        swap(&b, BULKHEAD);
+        assert_ne!(generation(&a), generation(&b));
+        for _ in 0..2 {
+            assert_eq!(rule(&a).as_deref(), Some("order/other_calls"));
+            assert_eq!(rule(&b).as_deref(), Some("order/slow_calls"));
+        }
     }
 
     /// The engine passes departed instances to every bulkhead, whose idle

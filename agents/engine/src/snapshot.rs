@@ -2,14 +2,16 @@
 //! each thread's cache of the snapshots it decides with.
 //!
 //! Each thread caches, per engine, the snapshot it last used with the
-//! engine's generation (bumped after every swap): while the generation is
-//! unchanged, a decision routes with the cached config (no shared write at
-//! all for a request no rule matches) and upgrades the cached weak reference
-//! to hold the snapshot only when a rule matched. The cache keeps configs
+//! engine's generation (set anew after every swap, unique in the process):
+//! while the generation is unchanged, a decision routes with the cached
+//! config (no shared write at all for a request no rule matches) and
+//! upgrades the cached weak reference to hold the snapshot only when a rule
+//! matched. The cache keeps configs
 //! (plain data) alive, never rule state.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use gov_proto::v1::GrpcCode;
@@ -135,32 +137,65 @@ const CACHED_ENGINES: usize = 4;
 /// One engine's current snapshot as one thread last saw it.
 pub(crate) struct CachedSnapshot {
     pub(crate) engine: u64,
+    /// The engine's generation when the snapshot was current: unique in
+    /// the process ([`next_generation`]), so it alone finds the entry
+    /// (issue 39: one compare, not one of the engine and one of the
+    /// generation); 0 in an entry that caches nothing.
     pub(crate) generation: u64,
     /// The snapshot's config: plain data (rules and routers), so keeping it
-    /// after a swap or after the engine is gone holds no live state.
+    /// after a swap or after the engine is gone holds no live state. An
+    /// empty entry's is [`nothing`] (issue 39: a found entry has a config,
+    /// with no `Option` to test).
     pub(crate) config: Arc<CompiledConfig>,
     /// The snapshot itself, not kept alive by the cache: rule state (tasks,
     /// store connections) ends with the last admission that uses it.
     pub(crate) snap: Weak<Snapshot>,
 }
 
+/// A generation no engine had before: engines' generations are unique in
+/// the process, and never 0 (an empty cache entry's).
+pub(crate) fn next_generation() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Relaxed)
+}
+
+/// The config of an empty cache entry (never routed with: no engine has
+/// its generation 0).
+fn nothing() -> Arc<CompiledConfig> {
+    static NOTHING: OnceLock<Arc<CompiledConfig>> = OnceLock::new();
+    NOTHING
+        .get_or_init(|| Arc::new(CompiledConfig::empty("")))
+        .clone()
+}
+
 /// Each thread's snapshots of the engines it decides for, so that a
 /// decision reads one atomic (the engine's generation) instead of loading
 /// the `ArcSwap`, and an unmatched request touches no shared counter.
-#[derive(Default)]
 pub(crate) struct SnapshotCache {
-    entries: [Option<CachedSnapshot>; CACHED_ENGINES],
+    entries: [CachedSnapshot; CACHED_ENGINES],
     /// The entry to replace next when an engine is not cached.
     next: usize,
 }
 
+impl Default for SnapshotCache {
+    fn default() -> Self {
+        Self {
+            entries: std::array::from_fn(|_| CachedSnapshot {
+                engine: 0,
+                generation: 0,
+                config: nothing(),
+                snap: Weak::new(),
+            }),
+            next: 0,
+        }
+    }
+}
+
 impl SnapshotCache {
+    /// The entry of `generation` (an engine's, never 0).
     #[inline]
-    pub(crate) fn find(&self, engine: u64, generation: u64) -> Option<&CachedSnapshot> {
-        self.entries
-            .iter()
-            .flatten()
-            .find(|e| e.engine == engine && e.generation == generation)
+    pub(crate) fn find(&self, generation: u64) -> Option<&CachedSnapshot> {
+        self.entries.iter().find(|e| e.generation == generation)
     }
 
     pub(crate) fn insert(&mut self, engine: u64, generation: u64, snap: &Arc<Snapshot>) {
@@ -173,7 +208,7 @@ impl SnapshotCache {
         let at = match self
             .entries
             .iter()
-            .position(|e| e.as_ref().is_none_or(|e| e.engine == engine))
+            .position(|e| e.generation == 0 || e.engine == engine)
         {
             Some(i) => i,
             None => {
@@ -183,17 +218,12 @@ impl SnapshotCache {
             }
         };
         if let Some(slot) = self.entries.get_mut(at) {
-            *slot = Some(entry);
+            *slot = entry;
         }
     }
 }
 
 thread_local! {
-    /// Initialized as a constant: an access tests no lazy initialization.
-    pub(crate) static CACHE: RefCell<SnapshotCache> = const {
-        RefCell::new(SnapshotCache {
-            entries: [const { None }; CACHED_ENGINES],
-            next: 0,
-        })
-    };
+    /// Made on a thread's first decision (its entries empty).
+    pub(crate) static CACHE: RefCell<SnapshotCache> = RefCell::default();
 }
