@@ -401,6 +401,9 @@ impl Engine {
     #[cold]
     #[inline(never)]
     fn try_admit_loaded(&self, req: &RequestInfo<'_>, generation: u64) -> Decision {
+        // The thread's stripe, from its first decision on (issue 39: not
+        // asked for by every count).
+        crate::stripe::lease();
         let snap = self.shared.current.load_full();
         let _ = CACHE.try_with(|cache| {
             if let Ok(mut cache) = cache.try_borrow_mut() {
@@ -818,6 +821,19 @@ rules:
             assert_eq!(rule(&a).as_deref(), Some("order/other_calls"));
             assert_eq!(rule(&b).as_deref(), Some("order/slow_calls"));
         }
+    }
+
+    /// A thread's first decision asks for its stripe (issue 39: a count
+    /// does not), so its counts take no locked instruction.
+    #[test]
+    fn a_deciding_thread_counts_in_its_own_stripe() {
+        let e = engine(BULKHEAD);
+        std::thread::spawn(move || {
+            drop(decide(&e, "/slow"));
+            assert!(crate::stripe::leased());
+        })
+        .join()
+        .unwrap();
     }
 
     /// The engine passes departed instances to every bulkhead, whose idle

@@ -2,9 +2,10 @@
 //! without a locked read-modify-write.
 //!
 //! Each counter set has one stripe per thread slot plus one shared stripe.
-//! A thread leases a slot from a small global registry the first time it
-//! counts ([`current`]) and gives it back when it exits (a thread-local
-//! destructor). The thread owning a slot is the only writer of that slot's
+//! A thread leases a slot from a small global registry when it first
+//! decides with a snapshot it loads ([`lease`]: the first decision of every
+//! thread fills its cache so) and gives it back when it exits (a
+//! thread-local destructor); until then it counts in the shared stripe. The thread owning a slot is the only writer of that slot's
 //! stripe in every counter set, so it bumps it with a plain `Relaxed` load
 //! and store (no lock prefix, no cache line shared with other writers).
 //! Threads beyond the slot count, and code running after the thread's lease
@@ -68,16 +69,13 @@ impl Drop for Lease {
 
 thread_local! {
     static LEASE: Lease = Lease::take();
-    /// The slot of this thread's lease, [`UNASKED`] before its first
-    /// [`current`], [`SHARED`] without one (every slot taken, or the lease
-    /// gone): a `const` cell that needs no drop, read with one load and no
-    /// test of a lazy state (issue 39: a read of [`LEASE`] took five
-    /// instructions).
-    static IDX: Cell<usize> = const { Cell::new(UNASKED) };
+    /// The slot of this thread's lease, [`SHARED`] without one (not asked
+    /// for yet, every slot taken, or the lease gone): a `const` cell that
+    /// needs no drop, read with one load and no test of a lazy state (issue
+    /// 39: a read of [`LEASE`] took five instructions), nor of whether the
+    /// thread asked (issue 39: [`lease`] is asked for off the hot path).
+    static IDX: Cell<usize> = const { Cell::new(SHARED) };
 }
-
-/// [`IDX`] of a thread that has not asked for a lease yet.
-const UNASKED: usize = SHARED - 1;
 
 /// The calling thread's stripe, valid on this thread only (not `Send`):
 /// its index in every counter set, worked out once per [`current`] (issue
@@ -111,28 +109,34 @@ impl Slot {
     }
 }
 
-/// The calling thread's stripe: its own slot, taken on first use, or the
-/// shared stripe when every slot is taken or the thread is exiting.
+/// The calling thread's stripe: its own slot once it has one ([`lease`]),
+/// else the shared stripe.
 #[inline]
 pub(crate) fn current() -> Slot {
-    let mut idx = IDX.get();
-    if idx == UNASKED {
-        idx = lease();
-    }
     Slot {
-        idx,
+        idx: IDX.get(),
         _not_send: PhantomData,
     }
 }
 
-/// The first [`current`] of a thread: takes its lease (none when the
-/// thread is exiting) and keeps its slot in [`IDX`].
+/// Gives the calling thread its slot if it has none yet: asked for by a
+/// decision that loads its snapshot (each thread's first, and the first
+/// after a swap), off the hot path. Takes a slot once in the thread's life
+/// (none when every slot is taken or the thread is exiting), kept in
+/// [`IDX`]; later calls read what it took.
 #[cold]
 #[inline(never)]
-fn lease() -> usize {
-    let idx = LEASE.try_with(|l| l.0).unwrap_or(SHARED);
-    IDX.set(idx);
-    idx
+pub(crate) fn lease() {
+    if IDX.get() == SHARED {
+        IDX.set(LEASE.try_with(|l| l.0).unwrap_or(SHARED));
+    }
+}
+
+/// Whether the calling thread counts in the slot its lease took (it asked
+/// for it: [`lease`]).
+#[cfg(test)]
+pub(crate) fn leased() -> bool {
+    LEASE.with(|l| l.0) == IDX.get()
 }
 
 /// Adds `n` to a counter of the stripe `owned` says the caller owns (plain
@@ -204,6 +208,7 @@ mod tests {
     }
 
     fn bump(s: &Striped<One>, n: u64) -> bool {
+        lease();
         let slot = current();
         for _ in 0..n {
             let (one, owned) = s.get(slot);
@@ -250,15 +255,17 @@ mod tests {
         assert_eq!(sum(&s), 10_000 * threads as u64 + 3_000);
     }
 
-    /// A thread's first [`current`] leases its slot and later ones give the
-    /// same; once its lease is dropped (at thread exit) it counts in the
+    /// A thread counts in the shared stripe until it asks for its slot
+    /// ([`lease`], once: later asks keep it); once its lease is dropped (at thread exit) it counts in the
     /// shared stripe: the slot may then be another thread's.
     #[test]
     fn a_thread_keeps_its_slot_until_its_lease_is_dropped() {
         std::thread::spawn(|| {
+            assert_eq!(current().idx, SHARED, "no slot before it is asked for");
+            lease();
             let first = current();
-            assert_ne!(first.idx, UNASKED);
-            assert_eq!(current().idx, first.idx);
+            lease();
+            assert_eq!(current().idx, first.idx, "one slot in a thread's life");
             // What `LEASE`'s destructor does (a lease of no slot: nothing
             // else is given back).
             drop(Lease(SHARED));
