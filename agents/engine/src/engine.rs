@@ -381,7 +381,10 @@ impl Engine {
         // a rule matched (its config is the cached one: the plan's `PlanAt`
         // holds in it).
         let hit = CACHE.try_with(|cache| {
-            let cache = cache.try_borrow().ok()?;
+            // Borrowed mutably, though only read (issue 39: a test of one
+            // borrow state, where a shared borrow counts readers; nothing a
+            // decision does reads the cache again).
+            let cache = cache.try_borrow_mut().ok()?;
             let entry = cache.find(generation)?;
             let Some(at) = route(&entry.config, req, &mut scratch) else {
                 return Some(None);
