@@ -13,9 +13,7 @@
 //! commands and views (release, stats, latches).
 
 use std::collections::HashMap;
-use std::sync::atomic::{
-    AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
-};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::Release};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -29,8 +27,8 @@ use crate::cluster::ClusterStore;
 use crate::config::{
     CompiledConfig, DEFAULT_MAX_KEYS, Direction, InvalidConfig, LimitScope, RuleKind, RuleSpec,
 };
+use crate::decision::observed;
 pub use crate::decision::{Decision, Observe};
-use crate::decision::{admit_matched, observed, route};
 use crate::events::{Event, Events};
 use crate::judged::JudgedHeaderError;
 use crate::latch::{Latch, LatchKind, Restored};
@@ -38,11 +36,13 @@ use crate::quick::MissFilter;
 use crate::rejection::Rejection;
 pub use crate::request::{RequestInfo, Target, VerifiedClaims};
 use crate::route::Headers;
-use crate::snapshot::{CACHE, Snapshot, next_generation};
+use crate::snapshot::{Snapshot, next_generation};
 use crate::state::State;
 use crate::state::bulkhead::Bulkhead;
 use crate::stats::{FuseState, RuleStats};
 use crate::weight::Weight;
+
+mod cached;
 
 /// The enforcement engine of one service. Cheap to clone (one `Arc`).
 #[derive(Clone, Debug)]
@@ -367,57 +367,7 @@ impl Engine {
         if self.shared.miss.misses(req) {
             return Decision::Admitted(Admission::unmatched());
         }
-        self.try_admit_routed(req)
-    }
-
-    /// [`Engine::try_admit`] of a request the miss filter may not pass. Only
-    /// the miss test is inlined into every caller: with several callers (as
-    /// in gov-agent) an unmatched call pays no call of this.
-    #[inline]
-    fn try_admit_routed(&self, req: &RequestInfo<'_>) -> Decision {
-        let generation = self.shared.generation.load(Acquire);
-        let mut scratch = None;
-        // Route with this thread's cached config; take the snapshot only if
-        // a rule matched (its config is the cached one: the plan's `PlanAt`
-        // holds in it).
-        let hit = CACHE.try_with(|cache| {
-            // Borrowed mutably, though only read (issue 39: a test of one
-            // borrow state, where a shared borrow counts readers; nothing a
-            // decision does reads the cache again).
-            let cache = cache.try_borrow_mut().ok()?;
-            let entry = cache.find(generation)?;
-            let Some(at) = route(&entry.config, req, &mut scratch) else {
-                return Some(None);
-            };
-            // `None` (the snapshot was swapped and dropped since): load it.
-            entry.snap.upgrade().map(|snap| Some((snap, at)))
-        });
-        match hit {
-            Ok(Some(None)) => Decision::Admitted(Admission::unmatched()),
-            Ok(Some(Some((snap, at)))) => admit_matched(snap, at, &scratch, req),
-            _ => self.try_admit_loaded(req, generation),
-        }
-    }
-
-    /// [`Engine::try_admit`] with the snapshot loaded (and cached for this
-    /// thread): the first decision after a swap, or without the cache.
-    #[cold]
-    #[inline(never)]
-    fn try_admit_loaded(&self, req: &RequestInfo<'_>, generation: u64) -> Decision {
-        // The thread's stripe, from its first decision on (issue 39: not
-        // asked for by every count).
-        crate::stripe::lease();
-        let snap = self.shared.current.load_full();
-        let _ = CACHE.try_with(|cache| {
-            if let Ok(mut cache) = cache.try_borrow_mut() {
-                cache.insert(self.shared.id, generation, &snap);
-            }
-        });
-        let mut scratch = None;
-        match route(&snap.config, req, &mut scratch) {
-            Some(at) => admit_matched(snap, at, &scratch, req),
-            None => Decision::Admitted(Admission::unmatched()),
-        }
+        self.shared.try_admit_routed(req)
     }
 
     /// Decides, waiting for a bulkhead permit or a shaping delay if the
@@ -698,11 +648,14 @@ impl Engine {
     }
 }
 
-/// Engine ids (the thread-local caches' keys); 0 is never used.
+/// Engine ids (which thread cache entry a new snapshot replaces); 0 is
+/// never used.
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering::Acquire;
+
     use super::*;
     use http::{HeaderMap, Method};
 
