@@ -365,8 +365,9 @@ enum Gate {
     /// Every one: a rule without a path requires no header.
     Open,
     /// Every rule without a path requires this header: a request with it
-    /// (and the [`len_bit`] of its length).
-    One(HeaderName, u64),
+    /// (tested apart from [`Gate::Names`], so that the test of it is not
+    /// merged into theirs: issue 39).
+    One(HeaderName),
     /// Every rule without a path requires a header: a request with any of
     /// these names (and the [`len_bit`]s of their lengths). A request with
     /// none of them matches none of those rules, and is not checked
@@ -488,7 +489,7 @@ impl Router {
                 }
                 let lens = gate.iter().fold(0, |m, n| m | len_bit(n.as_str().len()));
                 match <[HeaderName; 1]>::try_from(gate) {
-                    Ok([one]) => Gate::One(one, lens),
+                    Ok([one]) => Gate::One(one),
                     Err(gate) => Gate::Names(gate.into_boxed_slice(), lens),
                 }
             }
@@ -509,7 +510,7 @@ impl Router {
         match &self.gate {
             Gate::Shut => false,
             Gate::Open => true,
-            Gate::One(name, lens) => headers.has_any(std::slice::from_ref(name), *lens),
+            Gate::One(name) => headers.has(name),
             Gate::Names(names, lens) => headers.has_any(names, *lens),
         }
     }
@@ -536,7 +537,8 @@ impl Router {
         let fold = |w: u64| (w | w >> 32) & 0xffff_ffff;
         let seconds = fold(self.filter.words().into_iter().fold(0, |m, w| m | w));
         match &self.gate {
-            Gate::One(_, lens) | Gate::Names(_, lens) => seconds | fold(*lens) << 32,
+            Gate::One(name) => seconds | fold(len_bit(name.as_str().len())) << 32,
+            Gate::Names(_, lens) => seconds | fold(*lens) << 32,
             Gate::Shut => seconds,
             Gate::Open => 0xffff_ffff,
         }
