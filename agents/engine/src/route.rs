@@ -42,7 +42,7 @@ use filter::PathFilter;
 pub(crate) use fx::FxBuild;
 pub use headers::Headers;
 use headers::len_bit;
-use prefix::{Prefix, Prefixes, SCANNED_EXACT};
+use prefix::{Met, Prefix, Prefixes, SCANNED_EXACT};
 
 /// Inbound (server side) or outbound (client side, `calls to X`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -323,9 +323,9 @@ impl Node {
 pub(crate) struct Router {
     /// With more than [`SCANNED_EXACT`] exact paths, each one's node in
     /// `nodes` (with the rules of every prefix it starts with) and whether
-    /// it is plain ([`Prefix::plain`]); else empty, the exact paths are in
+    /// it is plain ([`Met::plain`]); else empty, the exact paths are in
     /// `prefixes`.
-    exact: HashMap<Box<str>, (u32, bool), FxBuild>,
+    exact: HashMap<Box<str>, Met, FxBuild>,
     /// The nodes of the exact paths and prefixes, by [`PlanAt::Node`] less
     /// `base`.
     nodes: Vec<Node>,
@@ -460,7 +460,7 @@ impl Router {
             let i = node(n);
             if hashed {
                 router.exact_lens |= len_bit(p.len());
-                router.exact.insert(p.into(), (i, plain));
+                router.exact.insert(p.into(), Met { node: i, plain });
             } else {
                 list.push(Prefix::new(p, true, i, plain));
             }
@@ -594,7 +594,7 @@ impl Router {
     /// a scan that calls nothing but in tail position (issue 39: so it
     /// needs no frame).
     #[inline]
-    fn meet(&self, path: &str) -> Option<(u32, bool)> {
+    fn meet(&self, path: &str) -> Option<&Met> {
         if self.exact_lens & len_bit(path.len()) != 0 {
             return self.hashed(path);
         }
@@ -604,8 +604,8 @@ impl Router {
     /// [`Router::meet`] of a path that may equal an exact path of `exact`:
     /// out of line, so that the scan keeps no registers for a hash.
     #[inline(never)]
-    fn hashed(&self, path: &str) -> Option<(u32, bool)> {
-        if let Some(&met) = self.exact.get(path) {
+    fn hashed(&self, path: &str) -> Option<&Met> {
+        if let Some(met) = self.exact.get(path) {
             return Some(met);
         }
         self.prefixes.find(path.as_bytes())
@@ -615,7 +615,7 @@ impl Router {
     /// index.
     #[inline]
     fn node(&self, path: &str) -> Option<(u32, &Node)> {
-        let (i, _) = self.meet(path)?;
+        let i = self.meet(path)?.node;
         Some((i, self.nodes.get(i.wrapping_sub(self.base) as usize)?))
     }
 
@@ -639,8 +639,8 @@ impl Router {
     pub(crate) fn path_plan(&self, path: &str) -> Option<Option<PlanAt>> {
         match self.meet(path) {
             None => Some(None),
-            Some((i, true)) => Some(Some(PlanAt::Node(i))),
-            Some((_, false)) => None,
+            Some(&Met { node, plain: true }) => Some(Some(PlanAt::Node(node))),
+            Some(_) => None,
         }
     }
 
