@@ -70,9 +70,9 @@ pub struct CompiledConfig {
     /// The rules of each direction, by [`Direction`] (issue 39: a decision
     /// finds its router by an index, not a branch).
     routers: [Router; 2],
-    /// The plan of every node of both routers, by [`PlanAt::Node`] (issue
-    /// 39: a decision reads its plan by its number alone, not through its
-    /// router).
+    /// The plan of every node of both routers, by its [`PlanAt`]'s number
+    /// (issue 39: a decision reads its plan by its number alone, not
+    /// through its router).
     plans: Box<[Plan]>,
     /// The classes its named matches declare ([`crate::criticality`]).
     pub(crate) classes: Classes,
@@ -189,12 +189,11 @@ impl CompiledConfig {
     /// one it was given): [`Router::resolve`] without finding the router.
     #[inline]
     pub(crate) fn plan<'a>(&'a self, at: PlanAt, scratch: &'a Option<Plan>) -> &'a Plan {
-        match at {
-            PlanAt::Node(i) => match self.plans.get(i as usize) {
-                Some(plan) => plan,
-                None => self.routers[0].resolve(PlanAt::Scratch, &None),
-            },
-            PlanAt::Scratch => self.routers[0].resolve(at, scratch),
+        match self.plans.get(at.index()) {
+            Some(plan) => plan,
+            // The scratch plan's number is past every node's.
+            None if at == PlanAt::SCRATCH => self.routers[0].resolve(at, scratch),
+            None => self.routers[0].resolve(PlanAt::SCRATCH, &None),
         }
     }
 

@@ -209,7 +209,7 @@ fn live_plan(
     plan.drop_expired(&config.metas, Now::read().ns());
     let live = !plan.is_empty();
     *scratch = Some(plan);
-    live.then_some(PlanAt::Scratch)
+    live.then_some(PlanAt::SCRATCH)
 }
 
 /// The criticality class of `req` by the classes `config` declares: read

@@ -326,10 +326,10 @@ pub(crate) struct Router {
     /// it is plain ([`Met::plain`]); else empty, the exact paths are in
     /// `prefixes`.
     exact: HashMap<Box<str>, Met, FxBuild>,
-    /// The nodes of the exact paths and prefixes, by [`PlanAt::Node`] less
+    /// The nodes of the exact paths and prefixes, by [`PlanAt`] less
     /// `base`.
     nodes: Vec<Node>,
-    /// The [`PlanAt::Node`] of its first node: the nodes of both routers
+    /// The [`PlanAt`] of its first node: the nodes of both routers
     /// are numbered as one list, so that a plan is found by its number
     /// alone ([`CompiledConfig::plan`](crate::config::CompiledConfig::plan)).
     base: u32,
@@ -393,11 +393,37 @@ impl Reach {
 }
 
 /// Where the plan of one request is: the compiled plan of one index entry
-/// (a node of its router), or built for it in the caller's scratch plan.
+/// (a node of its router, by its number), or built for it in the caller's
+/// scratch plan ([`PlanAt::SCRATCH`]). A number, not an enum (issue 39: the
+/// bounds test of a node's number tells the scratch plan apart too, no tag
+/// is kept or tested).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PlanAt {
-    Node(u32),
-    Scratch,
+pub(crate) struct PlanAt(u32);
+
+impl PlanAt {
+    /// The caller's scratch plan: a number past every node's (a config has
+    /// at most [`MAX_RULES`](crate::config::MAX_RULES) paths a direction).
+    pub(crate) const SCRATCH: PlanAt = PlanAt(u32::MAX);
+
+    /// The node numbered `i` (of both routers, as one list).
+    #[inline]
+    fn node(i: u32) -> Self {
+        debug_assert!(i != u32::MAX);
+        PlanAt(i)
+    }
+
+    /// Its node's number (of both routers, as one list), `None` for the
+    /// scratch plan.
+    #[inline]
+    pub(crate) fn node_number(self) -> Option<u32> {
+        (self != PlanAt::SCRATCH).then_some(self.0)
+    }
+
+    /// Its number as an index: the node's, or one no list of nodes reaches.
+    #[inline]
+    pub(crate) fn index(self) -> usize {
+        self.0 as usize
+    }
 }
 
 impl Router {
@@ -573,7 +599,7 @@ impl Router {
         let mut at = None;
         if let Some((i, n)) = found {
             if !n.plan.is_empty() {
-                at = Some(PlanAt::Node(i));
+                at = Some(PlanAt::node(i));
             }
             for e in &n.rest {
                 extra(e, r, metas, &n.plan, scratch, &mut at);
@@ -639,7 +665,7 @@ impl Router {
     pub(crate) fn path_plan(&self, path: &str) -> Option<Option<PlanAt>> {
         match self.meet(path) {
             None => Some(None),
-            Some(&Met { node, plain: true }) => Some(Some(PlanAt::Node(node))),
+            Some(&Met { node, plain: true }) => Some(Some(PlanAt::node(node))),
             Some(_) => None,
         }
     }
@@ -648,10 +674,8 @@ impl Router {
     /// the empty plan if it holds none).
     #[inline]
     pub(crate) fn resolve<'a>(&'a self, at: PlanAt, scratch: &'a Option<Plan>) -> &'a Plan {
-        let node = match at {
-            PlanAt::Node(i) => self.nodes.get(i.wrapping_sub(self.base) as usize),
-            PlanAt::Scratch => None,
-        };
+        let node =
+            (at.node_number()).and_then(|i| self.nodes.get(i.wrapping_sub(self.base) as usize));
         match (node, scratch) {
             (Some(n), _) => &n.plan,
             (None, Some(plan)) => plan,
@@ -675,9 +699,9 @@ fn extra(
         return;
     }
     let plan = scratch.get_or_insert_default();
-    if *at != Some(PlanAt::Scratch) {
+    if *at != Some(PlanAt::SCRATCH) {
         plan.clone_from(base);
-        *at = Some(PlanAt::Scratch);
+        *at = Some(PlanAt::SCRATCH);
     }
     plan.add(e.id, &metas[e.id.0 as usize]);
 }
@@ -899,6 +923,20 @@ mod tests {
                 .map(|id| cfg.rules[id.0 as usize].name.to_string())
                 .collect();
             assert_eq!(names, [expected], "{}", req.path);
+            assert_ne!(at, PlanAt::SCRATCH);
+        }
+        // The scratch plan's number is past every node's: it reads the
+        // scratch plan (the empty plan without one), and a number past the
+        // nodes reads the empty plan, not the scratch plan.
+        let mut built = Plan::default();
+        built.add(RuleId(1), &cfg.metas[1]);
+        let scratch = Some(built.clone());
+        assert_eq!(cfg.plan(PlanAt::SCRATCH, &scratch), &built);
+        assert!(cfg.plan(PlanAt::SCRATCH, &None).is_empty());
+        let past = cfg.router(Direction::Outbound).end();
+        assert!(cfg.plan(PlanAt::node(past), &scratch).is_empty());
+        for d in [Direction::Inbound, Direction::Outbound] {
+            assert_eq!(cfg.router(d).resolve(PlanAt::SCRATCH, &scratch), &built);
         }
     }
 
