@@ -103,7 +103,11 @@ impl Prefixes {
 
 /// An exact path or a path prefix, and the rules it indexes.
 #[derive(Debug)]
+#[repr(C)]
 pub(super) struct Prefix {
+    /// Its node and whether the node is plain. First (issue 39: the scan's
+    /// reference to it is the entry's own address, no offset added).
+    met: Met,
     text: Box<str>,
     /// The first 8 bytes of `text` and the mask of those present: most
     /// entries are told apart by one word comparison.
@@ -112,8 +116,6 @@ pub(super) struct Prefix {
     /// How much longer than `text` a path that meets it may be: 0 for an
     /// exact path (issue 39: one comparison tests both lengths).
     span: usize,
-    /// Its node and whether the node is plain.
-    met: Met,
 }
 
 /// What a request that meets an index entry meets.
@@ -139,8 +141,8 @@ impl Prefix {
                 (1u64 << (8 * n)) - 1
             },
             span: if exact { 0 } else { usize::MAX - text.len() },
-            text: text.into(),
             met: Met { node, plain },
+            text: text.into(),
         }
     }
 
