@@ -91,6 +91,9 @@ pub(crate) struct Plan {
     pub(crate) keyed: bool,
     /// The shortest deadline and its rule (the lowest id among equals).
     pub(crate) timeout: Option<(Duration, RuleId)>,
+    /// The id of `timeout`'s rule: what a call keeps of it (issue 39: read
+    /// whole, not taken apart from the deadline).
+    pub(crate) deadline_rule: Option<u32>,
 }
 
 impl Plan {
@@ -109,6 +112,7 @@ impl Plan {
             && self.timeout.is_none_or(|current| (t, id) < current)
         {
             self.timeout = Some((t, id));
+            self.deadline_rule = Some(id.0);
         }
     }
 
@@ -1135,6 +1139,8 @@ rules:
             let deadline = out
                 .timeout
                 .map(|(t, id)| (t.as_millis(), cfg.rules[id.0 as usize].name.to_string()));
+            // What a call keeps of the deadline: its rule's id.
+            assert_eq!(out.deadline_rule, out.timeout.map(|(_, id)| id.0));
             (names, out.consumer, deadline)
         };
         assert_eq!(
