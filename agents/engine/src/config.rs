@@ -322,8 +322,8 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             inbound.end(),
         );
         let plans = inbound.plans().chain(outbound.plans()).cloned().collect();
-        inbound.by_path = !(expiring || paths.case_insensitive);
-        outbound.by_path = !expiring;
+        inbound.plan_by_path(!(expiring || paths.case_insensitive));
+        outbound.plan_by_path(!expiring);
         let consumer_source = ConsumerSource::from_wire(t.consumer_source.as_ref())?;
         let claims = claims(&rules, &consumer_source)?;
         let judged = judged(&rules, &consumer_header, &consumer_source);

@@ -164,10 +164,7 @@ pub(crate) fn route(
     // A request only rules of its path may match is planned by the path
     // alone when they have nothing more to check (issue 39: one scan of
     // its second byte's index entries, no path filter first).
-    if router.by_path
-        && !always
-        && let Some(at) = router.path_plan(req.path)
-    {
+    if !always && let Some(at) = router.path_plan(req.path) {
         return at;
     }
     // Most requests no rule matches are told so here, before their path
