@@ -68,8 +68,9 @@ pub struct CompiledConfig {
     /// Whether a rule has an expiry (decisions then skip the expired ones).
     pub(crate) expiring: bool,
     /// The rules of each direction, by [`Direction`] (issue 39: a decision
-    /// finds its router by an index, not a branch).
-    routers: [Router; 2],
+    /// finds its router by an index, not a branch, and a load: boxed, not
+    /// a multiple of a router's size).
+    routers: [Box<Router>; 2],
     /// The plan of every node of both routers, by its [`PlanAt`]'s number
     /// (issue 39: a decision reads its plan by its number alone, not
     /// through its router).
@@ -339,7 +340,7 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             claims,
             metas,
             expiring,
-            routers: [inbound, outbound],
+            routers: [Box::new(inbound), Box::new(outbound)],
             plans,
             classes,
         })
