@@ -68,11 +68,12 @@ pub struct CompiledConfig {
     /// Whether a rule has an expiry (decisions then skip the expired ones).
     pub(crate) expiring: bool,
     /// The rules of each direction, by [`Direction`] (issue 39: a decision
-    /// finds its router by an index, not a branch).
-    routers: [Router; 2],
-    /// The plan of every node of both routers, by [`PlanAt::Node`] (issue
-    /// 39: a decision reads its plan by its number alone, not through its
-    /// router).
+    /// finds its router by an index, not a branch, and a load: boxed, not
+    /// a multiple of a router's size).
+    routers: [Box<Router>; 2],
+    /// The plan of every node of both routers, by its [`PlanAt`]'s number
+    /// (issue 39: a decision reads its plan by its number alone, not
+    /// through its router).
     plans: Box<[Plan]>,
     /// The classes its named matches declare ([`crate::criticality`]).
     pub(crate) classes: Classes,
@@ -189,12 +190,11 @@ impl CompiledConfig {
     /// one it was given): [`Router::resolve`] without finding the router.
     #[inline]
     pub(crate) fn plan<'a>(&'a self, at: PlanAt, scratch: &'a Option<Plan>) -> &'a Plan {
-        match at {
-            PlanAt::Node(i) => match self.plans.get(i as usize) {
-                Some(plan) => plan,
-                None => self.routers[0].resolve(PlanAt::Scratch, &None),
-            },
-            PlanAt::Scratch => self.routers[0].resolve(at, scratch),
+        match self.plans.get(at.index()) {
+            Some(plan) => plan,
+            // The scratch plan's number is past every node's.
+            None if at == PlanAt::SCRATCH => self.routers[0].resolve(at, scratch),
+            None => self.routers[0].resolve(PlanAt::SCRATCH, &None),
         }
     }
 
@@ -323,8 +323,8 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             inbound.end(),
         );
         let plans = inbound.plans().chain(outbound.plans()).cloned().collect();
-        inbound.by_path = !(expiring || paths.case_insensitive);
-        outbound.by_path = !expiring;
+        inbound.plan_by_path(!(expiring || paths.case_insensitive));
+        outbound.plan_by_path(!expiring);
         let consumer_source = ConsumerSource::from_wire(t.consumer_source.as_ref())?;
         let claims = claims(&rules, &consumer_source)?;
         let judged = judged(&rules, &consumer_header, &consumer_source);
@@ -340,7 +340,7 @@ impl TryFrom<&proto::TargetConfig> for CompiledConfig {
             claims,
             metas,
             expiring,
-            routers: [inbound, outbound],
+            routers: [Box::new(inbound), Box::new(outbound)],
             plans,
             classes,
         })

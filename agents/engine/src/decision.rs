@@ -164,10 +164,7 @@ pub(crate) fn route(
     // A request only rules of its path may match is planned by the path
     // alone when they have nothing more to check (issue 39: one scan of
     // its second byte's index entries, no path filter first).
-    if router.by_path
-        && !always
-        && let Some(at) = router.path_plan(req.path)
-    {
+    if !always && let Some(at) = router.path_plan(req.path) {
         return at;
     }
     // Most requests no rule matches are told so here, before their path
@@ -209,7 +206,7 @@ fn live_plan(
     plan.drop_expired(&config.metas, Now::read().ns());
     let live = !plan.is_empty();
     *scratch = Some(plan);
-    live.then_some(PlanAt::Scratch)
+    live.then_some(PlanAt::SCRATCH)
 }
 
 /// The criticality class of `req` by the classes `config` declares: read
@@ -264,7 +261,7 @@ pub(crate) fn admit_matched(
     // dropped) at every return.
     // With the shortest deadline a matched rule enforces (a shadow rule's
     // is counted, not enforced: `Admission::record`).
-    let mut call = Call::take(Some(now), plan.timeout.map(|(_, id)| id.0));
+    let mut call = Call::take(Some(now), plan.deadline_rule);
     // A plan some rule of which keys its calls reads the request's keys
     // first, apart (issue 39: the others build no empty keys, test none).
     if plan.keyed {

@@ -26,115 +26,28 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Method};
-use smallvec::SmallVec;
-
-use crate::phase::Phase;
 
 mod filter;
 mod fx;
 mod headers;
+mod plan;
 mod prefix;
 
 use filter::PathFilter;
 pub(crate) use fx::FxBuild;
 pub use headers::Headers;
 use headers::len_bit;
-use prefix::{Prefix, Prefixes, SCANNED_EXACT};
+pub use plan::{INLINE_RULES, Matched, RuleId};
+pub(crate) use plan::{Plan, PlanAt, RuleMeta};
+use prefix::{Met, Prefix, Prefixes, SCANNED_EXACT};
 
 /// Inbound (server side) or outbound (client side, `calls to X`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Direction {
     Inbound,
     Outbound,
-}
-
-/// A dense index into [`CompiledConfig::rules`], valid for one config.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RuleId(pub u32);
-
-/// Matched rules kept inline (no allocation) per request.
-pub const INLINE_RULES: usize = 8;
-
-/// The rules that matched one request.
-pub type Matched = SmallVec<[RuleId; INLINE_RULES]>;
-
-/// What a decision needs of one rule, known when the config is compiled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct RuleMeta {
-    /// Where its step runs in a decision.
-    pub(crate) phase: Phase,
-    /// Whether its scope needs the consumer (read from a header only then).
-    pub(crate) consumer: bool,
-    /// Whether its scope depends on the request ([`crate::state::RuleSpec::keyed`]).
-    pub(crate) keyed: bool,
-    /// The deadline it enforces on a call (`None` in mode shadow: a shadow
-    /// rule's deadline is counted, not enforced).
-    pub(crate) timeout: Option<Duration>,
-    /// When it expires, in nanoseconds since the clock's base
-    /// ([`crate::clock`]); `u64::MAX`: never.
-    pub(crate) expires_ns: u64,
-}
-
-/// The rules one request matched, ready to decide with: in the order their
-/// steps run (phase, then rule id, so every request takes its rules' scopes
-/// in the same order), whether a scope needs the consumer, and the rule
-/// with the shortest deadline.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Plan {
-    pub(crate) steps: SmallVec<[(Phase, RuleId); INLINE_RULES]>,
-    pub(crate) consumer: bool,
-    /// Whether any rule's scope depends on the request (else no keys are
-    /// read: every step is counted in its rule's own scope).
-    pub(crate) keyed: bool,
-    /// The shortest deadline and its rule (the lowest id among equals).
-    pub(crate) timeout: Option<(Duration, RuleId)>,
-}
-
-impl Plan {
-    /// Adds rule `id` (not in the plan yet) in its place.
-    pub(crate) fn add(&mut self, id: RuleId, meta: &RuleMeta) {
-        let key = (meta.phase, id);
-        let at = self
-            .steps
-            .iter()
-            .rposition(|s| *s < key)
-            .map_or(0, |i| i + 1);
-        self.steps.insert(at, key);
-        self.consumer |= meta.consumer;
-        self.keyed |= meta.keyed;
-        if let Some(t) = meta.timeout
-            && self.timeout.is_none_or(|current| (t, id) < current)
-        {
-            self.timeout = Some((t, id));
-        }
-    }
-
-    /// Leaves out the rules expired at `now_ns` (their steps, their
-    /// deadlines, their need of the consumer).
-    pub(crate) fn drop_expired(&mut self, metas: &[RuleMeta], now_ns: u64) {
-        let live = |id: RuleId| metas[id.0 as usize].expires_ns > now_ns;
-        if self.ids().all(live) {
-            return;
-        }
-        let kept = std::mem::take(self);
-        for id in kept.ids().filter(|&id| live(id)) {
-            self.add(id, &metas[id.0 as usize]);
-        }
-    }
-
-    /// Whether no rule matched.
-    #[inline]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.steps.is_empty()
-    }
-
-    /// The matched rules, in step order.
-    pub(crate) fn ids(&self) -> impl Iterator<Item = RuleId> + '_ {
-        self.steps.iter().map(|&(_, id)| id)
-    }
 }
 
 /// A compiled match expression.
@@ -319,17 +232,17 @@ impl Node {
 }
 
 /// The rules of one direction, indexed by required path.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Router {
     /// With more than [`SCANNED_EXACT`] exact paths, each one's node in
     /// `nodes` (with the rules of every prefix it starts with) and whether
-    /// it is plain ([`Prefix::plain`]); else empty, the exact paths are in
+    /// it is plain ([`Met::plain`]); else empty, the exact paths are in
     /// `prefixes`.
-    exact: HashMap<Box<str>, (u32, bool), FxBuild>,
-    /// The nodes of the exact paths and prefixes, by [`PlanAt::Node`] less
+    exact: HashMap<Box<str>, Met, FxBuild>,
+    /// The nodes of the exact paths and prefixes, by [`PlanAt`] less
     /// `base`.
     nodes: Vec<Node>,
-    /// The [`PlanAt::Node`] of its first node: the nodes of both routers
+    /// The [`PlanAt`] of its first node: the nodes of both routers
     /// are numbered as one list, so that a plan is found by its number
     /// alone ([`CompiledConfig::plan`](crate::config::CompiledConfig::plan)).
     base: u32,
@@ -346,13 +259,38 @@ pub(crate) struct Router {
     gate: Gate,
     /// Whether a request that meets no rule without a path may be planned
     /// by its path alone (the config has no expiring rule, and does not
-    /// fold this direction's paths): set by the config.
-    pub(crate) by_path: bool,
+    /// fold this direction's paths): set by the config
+    /// ([`Router::plan_by_path`]).
+    by_path: bool,
+    /// Bit `len % 64` is set for the lengths of path [`Router::path_plan`]
+    /// does not plan by the prefix scan alone: every one unless `by_path`
+    /// (as by default), else those of `exact_lens` (issue 39: one test of
+    /// the path for both).
+    unscanned: u64,
     /// The second bytes of the exact paths and prefixes: most requests
     /// that meet none are told so by one bit.
     filter: PathFilter,
     /// The empty plan.
     none: Plan,
+}
+
+/// No rules: planned by path alone only once the config says so.
+impl Default for Router {
+    fn default() -> Self {
+        Self {
+            exact: HashMap::default(),
+            nodes: Vec::new(),
+            base: 0,
+            exact_lens: 0,
+            prefixes: Prefixes::default(),
+            always: Vec::new(),
+            gate: Gate::default(),
+            by_path: false,
+            unscanned: u64::MAX,
+            filter: PathFilter::default(),
+            none: Plan::default(),
+        }
+    }
 }
 
 /// Which requests may match a router's rules without a path, told by one
@@ -365,8 +303,9 @@ enum Gate {
     /// Every one: a rule without a path requires no header.
     Open,
     /// Every rule without a path requires this header: a request with it
-    /// (and the [`len_bit`] of its length).
-    One(HeaderName, u64),
+    /// (tested apart from [`Gate::Names`], so that the test of it is not
+    /// merged into theirs: issue 39).
+    One(HeaderName),
     /// Every rule without a path requires a header: a request with any of
     /// these names (and the [`len_bit`]s of their lengths). A request with
     /// none of them matches none of those rules, and is not checked
@@ -389,14 +328,6 @@ impl Reach {
     pub(crate) fn nothing(self) -> bool {
         !self.path && !self.always
     }
-}
-
-/// Where the plan of one request is: the compiled plan of one index entry
-/// (a node of its router), or built for it in the caller's scratch plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PlanAt {
-    Node(u32),
-    Scratch,
 }
 
 impl Router {
@@ -459,7 +390,7 @@ impl Router {
             let i = node(n);
             if hashed {
                 router.exact_lens |= len_bit(p.len());
-                router.exact.insert(p.into(), (i, plain));
+                router.exact.insert(p.into(), Met { node: i, plain });
             } else {
                 list.push(Prefix::new(p, true, i, plain));
             }
@@ -488,7 +419,7 @@ impl Router {
                 }
                 let lens = gate.iter().fold(0, |m, n| m | len_bit(n.as_str().len()));
                 match <[HeaderName; 1]>::try_from(gate) {
-                    Ok([one]) => Gate::One(one, lens),
+                    Ok([one]) => Gate::One(one),
                     Err(gate) => Gate::Names(gate.into_boxed_slice(), lens),
                 }
             }
@@ -509,7 +440,7 @@ impl Router {
         match &self.gate {
             Gate::Shut => false,
             Gate::Open => true,
-            Gate::One(name, lens) => headers.has_any(std::slice::from_ref(name), *lens),
+            Gate::One(name) => headers.has(name),
             Gate::Names(names, lens) => headers.has_any(names, *lens),
         }
     }
@@ -536,7 +467,8 @@ impl Router {
         let fold = |w: u64| (w | w >> 32) & 0xffff_ffff;
         let seconds = fold(self.filter.words().into_iter().fold(0, |m, w| m | w));
         match &self.gate {
-            Gate::One(_, lens) | Gate::Names(_, lens) => seconds | fold(*lens) << 32,
+            Gate::One(name) => seconds | fold(len_bit(name.as_str().len())) << 32,
+            Gate::Names(_, lens) => seconds | fold(*lens) << 32,
             Gate::Shut => seconds,
             Gate::Open => 0xffff_ffff,
         }
@@ -571,7 +503,7 @@ impl Router {
         let mut at = None;
         if let Some((i, n)) = found {
             if !n.plan.is_empty() {
-                at = Some(PlanAt::Node(i));
+                at = Some(PlanAt::node(i));
             }
             for e in &n.rest {
                 extra(e, r, metas, &n.plan, scratch, &mut at);
@@ -592,7 +524,7 @@ impl Router {
     /// a scan that calls nothing but in tail position (issue 39: so it
     /// needs no frame).
     #[inline]
-    fn meet(&self, path: &str) -> Option<(u32, bool)> {
+    fn meet(&self, path: &str) -> Option<&Met> {
         if self.exact_lens & len_bit(path.len()) != 0 {
             return self.hashed(path);
         }
@@ -602,8 +534,8 @@ impl Router {
     /// [`Router::meet`] of a path that may equal an exact path of `exact`:
     /// out of line, so that the scan keeps no registers for a hash.
     #[inline(never)]
-    fn hashed(&self, path: &str) -> Option<(u32, bool)> {
-        if let Some(&met) = self.exact.get(path) {
+    fn hashed(&self, path: &str) -> Option<&Met> {
+        if let Some(met) = self.exact.get(path) {
             return Some(met);
         }
         self.prefixes.find(path.as_bytes())
@@ -613,7 +545,7 @@ impl Router {
     /// index.
     #[inline]
     fn node(&self, path: &str) -> Option<(u32, &Node)> {
-        let (i, _) = self.meet(path)?;
+        let i = self.meet(path)?.node;
         Some((i, self.nodes.get(i.wrapping_sub(self.base) as usize)?))
     }
 
@@ -628,17 +560,32 @@ impl Router {
         self.nodes.iter().map(|n| &n.plan)
     }
 
+    /// Sets whether a request that meets no rule without a path may be
+    /// planned by its path alone ([`Router::path_plan`]).
+    pub(crate) fn plan_by_path(&mut self, by_path: bool) {
+        self.by_path = by_path;
+        self.unscanned = if by_path { self.exact_lens } else { u64::MAX };
+    }
+
     /// [`Router::plan`] of a request that reaches no rule without a path
     /// (`reach.always` false), by its `path` alone: `None` when a rule of
-    /// the node it meets has more to check (then ask [`Router::plan`]).
+    /// the node it meets has more to check, or the router does not plan by
+    /// path alone ([`Router::plan_by_path`]; then ask [`Router::plan`]).
     /// Neither the request's view nor a scratch plan is built, nor the node
     /// read: the index entry says whether it is plain (issue 39).
     #[inline]
     pub(crate) fn path_plan(&self, path: &str) -> Option<Option<PlanAt>> {
-        match self.meet(path) {
+        let met = if self.unscanned & len_bit(path.len()) == 0 {
+            self.prefixes.find(path.as_bytes())
+        } else if self.by_path {
+            self.hashed(path)
+        } else {
+            return None;
+        };
+        match met {
             None => Some(None),
-            Some((i, true)) => Some(Some(PlanAt::Node(i))),
-            Some((_, false)) => None,
+            Some(&Met { node, plain: true }) => Some(Some(PlanAt::node(node))),
+            Some(_) => None,
         }
     }
 
@@ -646,10 +593,8 @@ impl Router {
     /// the empty plan if it holds none).
     #[inline]
     pub(crate) fn resolve<'a>(&'a self, at: PlanAt, scratch: &'a Option<Plan>) -> &'a Plan {
-        let node = match at {
-            PlanAt::Node(i) => self.nodes.get(i.wrapping_sub(self.base) as usize),
-            PlanAt::Scratch => None,
-        };
+        let node =
+            (at.node_number()).and_then(|i| self.nodes.get(i.wrapping_sub(self.base) as usize));
         match (node, scratch) {
             (Some(n), _) => &n.plan,
             (None, Some(plan)) => plan,
@@ -673,9 +618,9 @@ fn extra(
         return;
     }
     let plan = scratch.get_or_insert_default();
-    if *at != Some(PlanAt::Scratch) {
+    if *at != Some(PlanAt::SCRATCH) {
         plan.clone_from(base);
-        *at = Some(PlanAt::Scratch);
+        *at = Some(PlanAt::SCRATCH);
     }
     plan.add(e.id, &metas[e.id.0 as usize]);
 }
@@ -897,6 +842,20 @@ mod tests {
                 .map(|id| cfg.rules[id.0 as usize].name.to_string())
                 .collect();
             assert_eq!(names, [expected], "{}", req.path);
+            assert_ne!(at, PlanAt::SCRATCH);
+        }
+        // The scratch plan's number is past every node's: it reads the
+        // scratch plan (the empty plan without one), and a number past the
+        // nodes reads the empty plan, not the scratch plan.
+        let mut built = Plan::default();
+        built.add(RuleId(1), &cfg.metas[1]);
+        let scratch = Some(built.clone());
+        assert_eq!(cfg.plan(PlanAt::SCRATCH, &scratch), &built);
+        assert!(cfg.plan(PlanAt::SCRATCH, &None).is_empty());
+        let past = cfg.router(Direction::Outbound).end();
+        assert!(cfg.plan(PlanAt::node(past), &scratch).is_empty());
+        for d in [Direction::Inbound, Direction::Outbound] {
+            assert_eq!(cfg.router(d).resolve(PlanAt::SCRATCH, &scratch), &built);
         }
     }
 
@@ -959,6 +918,56 @@ mod tests {
                 assert_eq!(names, want, "{dir} {path}");
             }
         }
+    }
+
+    /// A router the config does not let plan by path alone (an expiring
+    /// rule, paths read case-insensitively) plans no path by it, hashed
+    /// exact paths' lengths or not; one it lets plans by the scan, or by
+    /// the hash for an exact path's length (issue 39: one word tests both).
+    #[test]
+    fn only_a_router_planned_by_path_plans_by_the_path_alone() {
+        let bulkhead = "bulkhead: {max_concurrent: 9}";
+        let mut yaml = String::from("service: order\nrules:\n");
+        for i in 0..20 {
+            yaml.push_str(&format!(
+                "- {{name: order/x{i}, on: {{path: {{kind: PATH_KIND_EXACT, value: /api/orders/{i}}}}}, {bulkhead}}}\n"
+            ));
+        }
+        yaml.push_str(&format!(
+            "- {{name: order/api, on: {{path: {{kind: PATH_KIND_PREFIX, value: /api}}}}, {bulkhead}}}\n"
+        ));
+        let mut target = serde_yaml::from_str(&yaml).unwrap();
+        gov_proto::compiled::fill(&mut target);
+        let cfg = CompiledConfig::try_from(&target).unwrap();
+        let rules = || cfg.rules.iter().map(|r| (r.direction, &r.on));
+        let mut router = Router::new(rules(), &cfg.metas, Direction::Inbound, 0);
+        let map = HeaderMap::new();
+        let paths = ["/api/orders/7", "/api/orders/12", "/api/x", "/static", "/"];
+        for path in paths {
+            assert_eq!(router.path_plan(path), None, "{path}");
+        }
+        for by_path in [false, true, false] {
+            router.plan_by_path(by_path);
+            for path in paths {
+                let want = by_path.then(|| {
+                    let (mut scratch, reach) = (None, router.reach(path, &Headers::Map(&map)));
+                    let view = View::new(
+                        &Method::GET,
+                        path,
+                        Headers::Map(&map),
+                        &cfg.consumer_header,
+                        None,
+                    );
+                    router.plan(&view, reach, &cfg.metas, &mut scratch)
+                });
+                assert_eq!(router.path_plan(path), want, "{path} {by_path}");
+            }
+        }
+        router.plan_by_path(true);
+        let exact = router.path_plan("/api/orders/12").flatten();
+        let prefix = router.path_plan("/api/orders/x").flatten();
+        assert!(exact.is_some() && prefix.is_some() && exact != prefix);
+        assert_eq!(router.path_plan("/static"), Some(None));
     }
 
     /// The rules `cfg` routes an inbound `GET path` to, as a decision does
@@ -1095,6 +1104,8 @@ rules:
             let deadline = out
                 .timeout
                 .map(|(t, id)| (t.as_millis(), cfg.rules[id.0 as usize].name.to_string()));
+            // What a call keeps of the deadline: its rule's id.
+            assert_eq!(out.deadline_rule, out.timeout.map(|(_, id)| id.0));
             (names, out.consumer, deadline)
         };
         assert_eq!(

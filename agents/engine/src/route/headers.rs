@@ -47,6 +47,21 @@ impl<'a> Headers<'a> {
         }
     }
 
+    /// Whether `name` is present (a gate of one name: issue 39, its test
+    /// neither passes over names by their length nor tells apart how many
+    /// names it has).
+    #[inline]
+    pub(super) fn has(&self, name: &HeaderName) -> bool {
+        match *self {
+            // `name` on the left: see `has_any`.
+            Headers::Map(map) if map.keys_len() <= SCANNED_NAMES => map.keys().any(|k| name == k),
+            Headers::Map(map) => map.contains_key(name),
+            Headers::Raw(raw) => raw
+                .iter()
+                .any(|h| h.name.eq_ignore_ascii_case(name.as_str())),
+        }
+    }
+
     /// Whether any of `names` is present (`lens`: the [`len_bit`] of each
     /// name's length, so that with more than two names most request
     /// headers are passed over on their length alone).
@@ -144,6 +159,52 @@ mod tests {
             Headers::Map(&map).get(&HeaderName::from_static("x-admin")),
             None
         );
+    }
+
+    /// A gate of one name finds it in a scanned map, in a map with more
+    /// names than are scanned and among raw headers in any case, standard
+    /// names and custom ones alike, and no other name of its length
+    /// (issue 39: tested apart from a gate of several names).
+    #[test]
+    fn a_gate_of_one_name_finds_exactly_it_however_the_headers_come() {
+        let names = ["accept", "user-agent", "x-gov-consumer", "x-admim"];
+        for extra in [0, 20] {
+            let mut map = HeaderMap::new();
+            for i in 0..extra {
+                let name = HeaderName::from_bytes(format!("x-h{i:02}").as_bytes()).unwrap();
+                map.insert(name, HeaderValue::from_static("1"));
+            }
+            for name in names {
+                map.insert(HeaderName::from_static(name), HeaderValue::from_static("v"));
+            }
+            let raw: Vec<httparse::Header<'_>> = (names.iter())
+                .map(|n| httparse::Header {
+                    name: n,
+                    value: b"v",
+                })
+                .collect();
+            let upper: Vec<String> = names.iter().map(|n| n.to_ascii_uppercase()).collect();
+            let raw_upper: Vec<httparse::Header<'_>> = (upper.iter())
+                .map(|n| httparse::Header {
+                    name: n,
+                    value: b"v",
+                })
+                .collect();
+            for (name, present) in [
+                ("accept", true),
+                ("x-gov-consumer", true),
+                ("x-admim", true),
+                ("x-admin", false),
+                ("cookie", false),
+                ("accept-encoding", false),
+                ("x-gov-consumers", false),
+            ] {
+                let name = HeaderName::from_static(name);
+                assert_eq!(Headers::Map(&map).has(&name), present, "{name} {extra}");
+                assert_eq!(Headers::Raw(&raw).has(&name), present, "{name}");
+                assert_eq!(Headers::Raw(&raw_upper).has(&name), present, "{name}");
+            }
+        }
     }
 
     /// A gate of one, two or more names finds any of them in a scanned

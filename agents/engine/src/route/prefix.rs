@@ -54,9 +54,10 @@ impl Prefixes {
 
     /// The entry `path` meets: the exact path it equals, else the longest
     /// prefix it starts with (the first met holds every rule of the
-    /// shorter ones the path meets); its node and whether it is plain.
+    /// shorter ones the path meets); its node and whether it is plain, by
+    /// reference (issue 39: one register, no flag to decode).
     #[inline]
-    pub(super) fn find(&self, path: &[u8]) -> Option<(u32, bool)> {
+    pub(super) fn find(&self, path: &[u8]) -> Option<&Met> {
         let head = head8(path);
         let group: &[Prefix] = match path.get(1) {
             Some(&b) => &self.groups[usize::from(b)],
@@ -69,14 +70,14 @@ impl Prefixes {
         while let [p, tail @ ..] = rest {
             if p.holds_head(path, head) {
                 if p.text.len() <= 8 {
-                    return Some(p.met());
+                    return Some(&p.met);
                 }
                 return self.find_long(rest, path);
             }
             rest = tail;
         }
         // Shorter than 2 bytes: the head is the whole text.
-        (self.short.iter().find(|p| p.holds_head(path, head))).map(Prefix::met)
+        (self.short.iter().find(|p| p.holds_head(path, head))).map(|p| &p.met)
     }
 
     /// [`Prefixes::find`] from `rest` (the tail of `path`'s group) on, its
@@ -84,11 +85,11 @@ impl Prefixes {
     /// again: five arguments, all in registers, so that `find` calls it in
     /// tail position.)
     #[inline(never)]
-    fn find_long(&self, rest: &[Prefix], path: &[u8]) -> Option<(u32, bool)> {
+    fn find_long<'a>(&'a self, rest: &'a [Prefix], path: &[u8]) -> Option<&'a Met> {
         let head = head8(path);
         (rest.iter().chain(self.short.iter()))
             .find(|p| p.holds(path, head))
-            .map(Prefix::met)
+            .map(|p| &p.met)
     }
 
     /// The entries' lengths in the order they are tried in (by second byte).
@@ -102,7 +103,11 @@ impl Prefixes {
 
 /// An exact path or a path prefix, and the rules it indexes.
 #[derive(Debug)]
+#[repr(C)]
 pub(super) struct Prefix {
+    /// Its node and whether the node is plain. First (issue 39: the scan's
+    /// reference to it is the entry's own address, no offset added).
+    met: Met,
     text: Box<str>,
     /// The first 8 bytes of `text` and the mask of those present: most
     /// entries are told apart by one word comparison.
@@ -111,7 +116,12 @@ pub(super) struct Prefix {
     /// How much longer than `text` a path that meets it may be: 0 for an
     /// exact path (issue 39: one comparison tests both lengths).
     span: usize,
-    /// The rules of this entry and of every shorter prefix it starts with
+}
+
+/// What a request that meets an index entry meets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Met {
+    /// The rules of the entry and of every shorter prefix it starts with
     /// (its node in the router's `nodes`).
     pub(super) node: u32,
     /// Whether its node is plain (`Node::plain`): its plan is then the
@@ -131,16 +141,9 @@ impl Prefix {
                 (1u64 << (8 * n)) - 1
             },
             span: if exact { 0 } else { usize::MAX - text.len() },
+            met: Met { node, plain },
             text: text.into(),
-            node,
-            plain,
         }
-    }
-
-    /// Its node and whether it is plain.
-    #[inline]
-    fn met(&self) -> (u32, bool) {
-        (self.node, self.plain)
     }
 
     fn exact(&self) -> bool {
@@ -271,7 +274,7 @@ mod tests {
                     .filter(|(t, _)| !t.starts_with('=') && path.starts_with(**t))
                     .max_by_key(|(t, _)| t.len());
                 let want = exact.or(longest).map(|(_, i)| i);
-                let got = p.find(path.as_bytes()).map(|(n, _)| n);
+                let got = p.find(path.as_bytes()).map(|m| m.node);
                 assert_eq!(got, want, "{path:?} in {refs:?}");
             }
         }
@@ -290,7 +293,7 @@ mod tests {
             "/mdm",
         ];
         let p = prefixes(&texts);
-        let met = |path: &str| p.find(path.as_bytes()).map(|(n, _)| texts[n as usize]);
+        let met = |path: &str| p.find(path.as_bytes()).map(|m| texts[m.node as usize]);
         assert_eq!(met("/api/orders/7"), Some("/api/orders"));
         assert_eq!(met("/api/x"), Some("/api"));
         assert_eq!(met("/apx"), Some("/"));
@@ -306,7 +309,13 @@ mod tests {
         let api = prefixes(&["/api"]);
         assert!(api.find(b"/static").is_none());
         assert!(api.find(b"/").is_none());
-        assert_eq!(api.find(b"/api"), Some((0, true)));
+        assert_eq!(
+            api.find(b"/api"),
+            Some(&Met {
+                node: 0,
+                plain: true
+            })
+        );
     }
 
     #[test]
@@ -332,7 +341,7 @@ mod tests {
     fn a_long_text_met_by_its_head_alone_is_passed_over() {
         let texts = ["/mdm/supplier/long/er", "/mdm/supplier/x", "/mdm", "/"];
         let p = prefixes(&texts);
-        let met = |path: &str| p.find(path.as_bytes()).map(|(n, _)| texts[n as usize]);
+        let met = |path: &str| p.find(path.as_bytes()).map(|m| texts[m.node as usize]);
         assert_eq!(met("/mdm/supplier/long/eR"), Some("/mdm"));
         assert_eq!(met("/mdm/supplier/x/1"), Some("/mdm/supplier/x"));
         assert_eq!(met("/mdm/supplier/long/er"), Some("/mdm/supplier/long/er"));
@@ -343,8 +352,20 @@ mod tests {
                 .copied()
                 .collect::<Vec<_>>(),
         );
-        assert_eq!(p.find(b"/mdm/supplier/lonG"), Some((1, true)));
-        assert_eq!(p.find(b"/mdm/supplier/long/er/2"), Some((0, true)));
+        assert_eq!(
+            p.find(b"/mdm/supplier/lonG"),
+            Some(&Met {
+                node: 1,
+                plain: true
+            })
+        );
+        assert_eq!(
+            p.find(b"/mdm/supplier/long/er/2"),
+            Some(&Met {
+                node: 0,
+                plain: true
+            })
+        );
     }
 
     /// An exact path is met by that path alone, before a prefix of its
@@ -362,7 +383,7 @@ mod tests {
             "=/a",
         ];
         let p = prefixes(&texts);
-        let met = |path: &str| p.find(path.as_bytes()).map(|(n, _)| texts[n as usize]);
+        let met = |path: &str| p.find(path.as_bytes()).map(|m| texts[m.node as usize]);
         assert_eq!(met("/api"), Some("=/api"));
         assert_eq!(met("/api/"), Some("/api"));
         assert_eq!(met("/api/orders/7"), Some("=/api/orders/7"));
