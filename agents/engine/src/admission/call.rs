@@ -193,19 +193,31 @@ impl Call {
     }
 
     /// Ends the call (gives back what it holds, tells its observer), then
-    /// puts its box on this thread's free list, blank.
+    /// puts its box on this thread's free list, blank (a call `finish`ed
+    /// without an observer never comes here: its record pass gave
+    /// everything back).
     #[inline(never)]
     pub(super) fn end_and_give(mut self: Box<Self>) {
+        // The snapshot is taken first and dropped once the call has ended
+        // (issue 39: its pointer tested once, not again by `give`).
+        let snap = self.snap.take();
+        if let Some(snap) = &snap {
+            self.end(snap);
+        }
         // Takes the trace.
-        self.ended();
+        if self.trace.is_some() {
+            trace::tell(&mut self.trace);
+        }
+        drop(snap);
         self.give();
     }
 
     /// Puts the box of an ended call on this thread's free list, blank
-    /// (freed when the list is full).
+    /// (freed when the list is full). Its snapshot was taken (and dropped)
+    /// by the caller (issue 39: the pointer is tested once, not again here).
     #[inline]
     fn give(mut self: Box<Self>) {
-        self.snap = None;
+        debug_assert!(self.snap.is_none());
         self.plain = Plain::default();
         if self.aside {
             self.put_back_aside();
@@ -519,22 +531,25 @@ impl Call {
             return self.record_and_end(outcome);
         }
         // Not marked recorded: nothing reads it before `take` sets it again.
-        self.record_outcome_and(outcome, true);
+        // The snapshot is taken first, and dropped once the holds are given
+        // back (issue 39: its pointer tested once).
+        if let Some(snap) = self.snap.take() {
+            self.record_outcome_and(&snap, outcome, true);
+        }
         self.give();
     }
 
     #[inline]
     fn record_outcome(&mut self, outcome: Outcome) {
-        self.record_outcome_and(outcome, false);
+        if let Some(snap) = &self.snap {
+            self.record_outcome_and(snap, outcome, false);
+        }
     }
 
-    /// Records the outcome for every granted rule; with `give_back`, gives
-    /// back what each holds too.
+    /// Records the outcome for every granted rule of `snap` (the call's);
+    /// with `give_back`, gives back what each holds too.
     #[inline(always)]
-    fn record_outcome_and(&mut self, outcome: Outcome, give_back: bool) {
-        let Some(snap) = self.snap.as_deref() else {
-            return;
-        };
+    fn record_outcome_and(&self, snap: &Snapshot, outcome: Outcome, give_back: bool) {
         let slot = stripe::current();
         let now = Now::read();
         let elapsed = now.nanos_since(self.start);
@@ -602,11 +617,10 @@ impl Call {
     }
 
     /// Ends a governed call: returns permits and abandoned probes.
-    fn end(&mut self) {
-        let Some(snap) = &self.snap else { return };
+    fn end(&self, snap: &Snapshot) {
         // A recorded call ended in a latency bucket; count the others here.
         if self.marks.progress == Progress::Admitted {
-            return self.end_unrecorded();
+            return self.end_unrecorded(snap);
         }
         // A recorded call (the proxy's path: recorded at the head, dropped
         // when the body ends), or one refused or dropped while deciding,
@@ -618,7 +632,7 @@ impl Call {
         // Most calls hold nothing but plain grants (issue 39: tested once,
         // the walk of the others out of line).
         if !self.held.is_empty() {
-            self.end_held();
+            self.end_held(snap);
         }
     }
 
@@ -626,8 +640,7 @@ impl Call {
     /// counted as unrecorded by every rule, everything given back. Out of
     /// line (issue 39: the end of most calls keeps fewer registers).
     #[inline(never)]
-    fn end_unrecorded(&mut self) {
-        let Some(snap) = &self.snap else { return };
+    fn end_unrecorded(&self, snap: &Snapshot) {
         let slot = stripe::current();
         for rule in self.plain.rules() {
             let state = &snap.states[rule as usize];
@@ -645,8 +658,7 @@ impl Call {
     /// refused or dropped while deciding: those that give back. Out of line
     /// (issue 39: as `end_unrecorded`).
     #[inline(never)]
-    fn end_held(&mut self) {
-        let Some(snap) = &self.snap else { return };
+    fn end_held(&self, snap: &Snapshot) {
         if self.marks.progress == Progress::Recorded {
             for h in self.held.iter().filter(|h| h.gives_back()) {
                 snap.states[h.rule as usize].release(self.scope(h), reported(h));
@@ -656,18 +668,6 @@ impl Call {
         // A call refused or dropped while deciding: its probes never report.
         for h in self.held.iter().filter(|h| h.gives_back()) {
             snap.states[h.rule as usize].release(self.scope(h), h.grant());
-        }
-    }
-
-    /// The end of a governed or observed call (a call `finish`ed without
-    /// an observer never comes here: its record pass gave everything back).
-    #[inline(always)]
-    fn ended(&mut self) {
-        if self.snap.is_some() {
-            self.end();
-        }
-        if self.trace.is_some() {
-            trace::tell(&mut self.trace);
         }
     }
 }
