@@ -24,7 +24,7 @@ use crate::state::{Scope, State};
 use crate::stats::Latency;
 use crate::stripe::{self, Slot};
 
-use super::held::{Held, Keyed, Plain, reported, scope_in, shadow_timeouts};
+use super::held::{Held, Keyed, Plain, reported, scope_in, shadow_timeouts, state_of};
 use super::trace::{self, Trace};
 
 /// One step of a decision: a matched rule and the scope (key) of this call.
@@ -469,7 +469,7 @@ impl Call {
             // Read once, not after each count (issue 39).
             let states = &snap.states[..];
             for rule in self.plain.rules() {
-                states[rule as usize].counters().admit(slot);
+                state_of(states, rule).counters().admit(slot);
             }
             for h in &self.held {
                 states[h.rule as usize].counters().admit(slot);
@@ -561,7 +561,7 @@ impl Call {
             ..Grant::default()
         };
         for rule in plain.rules() {
-            let state = &states[rule as usize];
+            let state = state_of(states, rule);
             // Every hold may be released at the end (`end` does); only a
             // bulkhead's plain grant gives something back, told by the kind
             // the dispatch reads anyway (issue 39: no test of the bits, no
@@ -627,7 +627,7 @@ impl Call {
         // visits only the holds that give back; a recorded call's probes
         // reported.
         for rule in self.plain.giving(snap.gives_back) {
-            snap.states[rule as usize].release(None, Grant::default());
+            state_of(&snap.states, rule).release(None, Grant::default());
         }
         // Most calls hold nothing but plain grants (issue 39: tested once,
         // the walk of the others out of line).
