@@ -83,8 +83,9 @@ pub(crate) struct Call {
     /// Told how the call ended; `None` for almost every call.
     pub(super) trace: Option<Box<Trace>>,
     /// Something was kept in `held`, `refused`, `waits` or `keyed`: the
-    /// give-back clears them only then (issue 39: one test, not four; a
-    /// plain grant is kept in `plain`, so most calls hold nothing here).
+    /// give-back clears them only then, and the passes over the holds walk
+    /// `held` only then (issue 39: one test, not four; a plain grant is
+    /// kept in `plain`, so most calls hold nothing here).
     aside: bool,
     /// The next box of this thread's free list (`None` in use).
     next: Option<Box<Call>>,
@@ -471,10 +472,28 @@ impl Call {
             for rule in self.plain.rules() {
                 state_of(states, rule).counters().admit(slot);
             }
-            for h in &self.held {
-                states[h.rule as usize].counters().admit(slot);
+            if self.holds_aside() {
+                self.count_held_admitted(states, slot);
             }
         }
+    }
+
+    /// [`Call::count_admitted`] of the holds other than plain. Out of line
+    /// (issue 39: as `record_held`).
+    #[inline(never)]
+    fn count_held_admitted(&self, states: &[State], slot: Slot) {
+        for h in &self.held {
+            states[h.rule as usize].counters().admit(slot);
+        }
+    }
+
+    /// Whether the call may hold something other than plain grants (in
+    /// `held`): `aside` says so (issue 39: a flag tested, not the length
+    /// loaded); a hold is kept aside only with it set.
+    #[inline]
+    fn holds_aside(&self) -> bool {
+        debug_assert!(self.aside || self.held.is_empty());
+        self.aside
     }
 
     pub(super) fn rule_timeout(&self) -> Option<Duration> {
@@ -568,7 +587,7 @@ impl Call {
             // second dispatch).
             state.count_and_record(slot, latency, outcome, grant, now, elapsed, give_back);
         }
-        if !self.held.is_empty() {
+        if self.holds_aside() {
             let counted = (slot, latency, outcome, now, elapsed);
             self.record_held(states, counted, give_back);
         }
@@ -631,7 +650,7 @@ impl Call {
         }
         // Most calls hold nothing but plain grants (issue 39: tested once,
         // the walk of the others out of line).
-        if !self.held.is_empty() {
+        if self.holds_aside() {
             self.end_held(snap);
         }
     }
