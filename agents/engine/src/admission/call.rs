@@ -200,17 +200,27 @@ impl Call {
     #[inline(never)]
     pub(super) fn end_and_give(mut self: Box<Self>) {
         // The snapshot is taken first and dropped once the call has ended
-        // (issue 39: its pointer tested once, not again by `give`).
-        let snap = self.snap.take();
-        if let Some(snap) = &snap {
-            self.end(snap);
+        // and its observer was told (issue 39: its pointer tested once, not
+        // again by `give` or by the drop; an arm each, so that the paths do
+        // not merge before the drop).
+        match self.snap.take() {
+            Some(snap) => {
+                self.end(&snap);
+                self.tell();
+                drop(snap);
+            }
+            None => self.tell(),
         }
-        // Takes the trace.
+        self.give();
+    }
+
+    /// Tells the call's observer, if it has one, how it ended (takes the
+    /// trace).
+    #[inline]
+    fn tell(&mut self) {
         if self.trace.is_some() {
             trace::tell(&mut self.trace);
         }
-        drop(snap);
-        self.give();
     }
 
     /// Puts the box of an ended call on this thread's free list, blank
