@@ -477,14 +477,19 @@ impl Call {
     #[inline]
     pub(crate) fn count_admitted(&self, slot: Slot) {
         if let Some(snap) = &self.snap {
-            // Read once, not after each count (issue 39).
-            let states = &snap.states[..];
-            for rule in self.plain.rules() {
-                state_of(states, rule).counters().admit(slot);
-            }
-            if self.holds_aside() {
-                self.count_held_admitted(states, slot);
-            }
+            self.count_admitted_in(&snap.states, slot);
+        }
+    }
+
+    /// [`Call::count_admitted`] by `states`, the call's snapshot's (issue
+    /// 39: a decision passes them as its steps read them, not read again).
+    #[inline]
+    pub(crate) fn count_admitted_in(&self, states: &[State], slot: Slot) {
+        for rule in self.plain.rules() {
+            state_of(states, rule).counters().admit(slot);
+        }
+        if self.holds_aside() {
+            self.count_held_admitted(states, slot);
         }
     }
 
