@@ -206,21 +206,12 @@ impl Call {
         match self.snap.take() {
             Some(snap) => {
                 self.end(&snap);
-                self.tell();
+                trace::ended(&mut self.trace);
                 drop(snap);
             }
-            None => self.tell(),
+            None => trace::ended(&mut self.trace),
         }
         self.give();
-    }
-
-    /// Tells the call's observer, if it has one, how it ended (takes the
-    /// trace).
-    #[inline]
-    fn tell(&mut self) {
-        if self.trace.is_some() {
-            trace::tell(&mut self.trace);
-        }
     }
 
     /// Puts the box of an ended call on this thread's free list, blank
@@ -468,21 +459,16 @@ impl Call {
     /// Every step passed after a wait: count the call as admitted.
     pub(super) fn complete(&mut self, slot: Slot) {
         self.marks.progress = Progress::Admitted;
-        self.count_admitted(slot);
-    }
-
-    /// Every step passed: count the call as admitted by every matched rule
-    /// (in the stripe of `slot`, the calling thread's); marked admitted
-    /// already (by `take`, or by `complete` after a wait).
-    #[inline]
-    pub(crate) fn count_admitted(&self, slot: Slot) {
         if let Some(snap) = &self.snap {
             self.count_admitted_in(&snap.states, slot);
         }
     }
 
-    /// [`Call::count_admitted`] by `states`, the call's snapshot's (issue
-    /// 39: a decision passes them as its steps read them, not read again).
+    /// Every step passed: count the call as admitted by every matched rule
+    /// of `states`, its snapshot's (in the stripe of `slot`, the calling
+    /// thread's); marked admitted already (by `take`, or by `complete`
+    /// after a wait). Issue 39: a decision passes the states its steps
+    /// read, not read again.
     #[inline]
     pub(crate) fn count_admitted_in(&self, states: &[State], slot: Slot) {
         for rule in self.plain.rules() {
@@ -493,7 +479,7 @@ impl Call {
         }
     }
 
-    /// [`Call::count_admitted`] of the holds other than plain. Out of line
+    /// [`Call::count_admitted_in`] of the holds other than plain. Out of line
     /// (issue 39: as `record_held`).
     #[inline(never)]
     fn count_held_admitted(&self, states: &[State], slot: Slot) {
