@@ -278,7 +278,8 @@ pub(crate) fn admit_matched(
         }
     }
     call.hold_plain(plain);
-    admitted(call, snap)
+    call.count_admitted_in(states, stripe::current());
+    holding(call, snap)
 }
 
 /// [`not_admitted`] of a plan's step `id` (a plan holds a rule once): the
@@ -361,12 +362,19 @@ fn admit_keyed(
 /// A decision every step of which passed: the call holds its snapshot and
 /// is counted as admitted by every matched rule.
 #[inline(always)]
-fn admitted(mut call: Box<Call>, snap: Arc<Snapshot>) -> Decision {
+fn admitted(call: Box<Call>, snap: Arc<Snapshot>) -> Decision {
+    call.count_admitted_in(&snap.states, stripe::current());
+    holding(call, snap)
+}
+
+/// [`admitted`] of a call counted as admitted already: it holds its
+/// snapshot.
+#[inline(always)]
+fn holding(mut call: Box<Call>, snap: Arc<Snapshot>) -> Decision {
     // A box is taken blank: no snapshot to drop (issue 39: not even the
     // test of it).
     debug_assert!(call.snap.is_none());
     std::mem::forget(call.snap.replace(snap));
-    call.count_admitted(stripe::current());
     Decision::Admitted(Admission::of(call))
 }
 

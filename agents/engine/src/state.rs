@@ -366,12 +366,14 @@ impl State {
         elapsed_ns: u64,
         give_back: bool,
     ) {
+        // Every kind's counters are at one offset (issue 39: counted before
+        // the dispatch, once, not in each kind's arm).
+        let counters = self.counters();
+        counters.latency(slot, latency);
+        if let Outcome::Grpc(code) = outcome {
+            counters.grpc(slot, code);
+        }
         dispatch!(self, p => {
-            let counters = Primitive::counters(&**p);
-            counters.latency(slot, latency);
-            if let Outcome::Grpc(code) = outcome {
-                counters.grpc(slot, code);
-            }
             Primitive::record(&**p, slot, outcome, grant, now, elapsed_ns);
             if give_back {
                 Primitive::release(&**p, None, Grant::default());

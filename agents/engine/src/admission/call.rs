@@ -24,7 +24,7 @@ use crate::state::{Scope, State};
 use crate::stats::Latency;
 use crate::stripe::{self, Slot};
 
-use super::held::{Held, Keyed, Plain, reported, scope_in, shadow_timeouts};
+use super::held::{Held, Keyed, Plain, reported, scope_in, shadow_timeouts, state_of};
 use super::trace::{self, Trace};
 
 /// One step of a decision: a matched rule and the scope (key) of this call.
@@ -83,8 +83,9 @@ pub(crate) struct Call {
     /// Told how the call ended; `None` for almost every call.
     pub(super) trace: Option<Box<Trace>>,
     /// Something was kept in `held`, `refused`, `waits` or `keyed`: the
-    /// give-back clears them only then (issue 39: one test, not four; a
-    /// plain grant is kept in `plain`, so most calls hold nothing here).
+    /// give-back clears them only then, and the passes over the holds walk
+    /// `held` only then (issue 39: one test, not four; a plain grant is
+    /// kept in `plain`, so most calls hold nothing here).
     aside: bool,
     /// The next box of this thread's free list (`None` in use).
     next: Option<Box<Call>>,
@@ -193,19 +194,32 @@ impl Call {
     }
 
     /// Ends the call (gives back what it holds, tells its observer), then
-    /// puts its box on this thread's free list, blank.
+    /// puts its box on this thread's free list, blank (a call `finish`ed
+    /// without an observer never comes here: its record pass gave
+    /// everything back).
     #[inline(never)]
     pub(super) fn end_and_give(mut self: Box<Self>) {
-        // Takes the trace.
-        self.ended();
+        // The snapshot is taken first and dropped once the call has ended
+        // and its observer was told (issue 39: its pointer tested once, not
+        // again by `give` or by the drop; an arm each, so that the paths do
+        // not merge before the drop).
+        match self.snap.take() {
+            Some(snap) => {
+                self.end(&snap);
+                trace::ended(&mut self.trace);
+                drop(snap);
+            }
+            None => trace::ended(&mut self.trace),
+        }
         self.give();
     }
 
     /// Puts the box of an ended call on this thread's free list, blank
-    /// (freed when the list is full).
+    /// (freed when the list is full). Its snapshot was taken (and dropped)
+    /// by the caller (issue 39: the pointer is tested once, not again here).
     #[inline]
     fn give(mut self: Box<Self>) {
-        self.snap = None;
+        debug_assert!(self.snap.is_none());
         self.plain = Plain::default();
         if self.aside {
             self.put_back_aside();
@@ -445,24 +459,42 @@ impl Call {
     /// Every step passed after a wait: count the call as admitted.
     pub(super) fn complete(&mut self, slot: Slot) {
         self.marks.progress = Progress::Admitted;
-        self.count_admitted(slot);
+        if let Some(snap) = &self.snap {
+            self.count_admitted_in(&snap.states, slot);
+        }
     }
 
     /// Every step passed: count the call as admitted by every matched rule
-    /// (in the stripe of `slot`, the calling thread's); marked admitted
-    /// already (by `take`, or by `complete` after a wait).
+    /// of `states`, its snapshot's (in the stripe of `slot`, the calling
+    /// thread's); marked admitted already (by `take`, or by `complete`
+    /// after a wait). Issue 39: a decision passes the states its steps
+    /// read, not read again.
     #[inline]
-    pub(crate) fn count_admitted(&self, slot: Slot) {
-        if let Some(snap) = &self.snap {
-            // Read once, not after each count (issue 39).
-            let states = &snap.states[..];
-            for rule in self.plain.rules() {
-                states[rule as usize].counters().admit(slot);
-            }
-            for h in &self.held {
-                states[h.rule as usize].counters().admit(slot);
-            }
+    pub(crate) fn count_admitted_in(&self, states: &[State], slot: Slot) {
+        for rule in self.plain.rules() {
+            state_of(states, rule).counters().admit(slot);
         }
+        if self.holds_aside() {
+            self.count_held_admitted(states, slot);
+        }
+    }
+
+    /// [`Call::count_admitted_in`] of the holds other than plain. Out of line
+    /// (issue 39: as `record_held`).
+    #[inline(never)]
+    fn count_held_admitted(&self, states: &[State], slot: Slot) {
+        for h in &self.held {
+            states[h.rule as usize].counters().admit(slot);
+        }
+    }
+
+    /// Whether the call may hold something other than plain grants (in
+    /// `held`): `aside` says so (issue 39: a flag tested, not the length
+    /// loaded); a hold is kept aside only with it set.
+    #[inline]
+    fn holds_aside(&self) -> bool {
+        debug_assert!(self.aside || self.held.is_empty());
+        self.aside
     }
 
     pub(super) fn rule_timeout(&self) -> Option<Duration> {
@@ -519,22 +551,25 @@ impl Call {
             return self.record_and_end(outcome);
         }
         // Not marked recorded: nothing reads it before `take` sets it again.
-        self.record_outcome_and(outcome, true);
+        // The snapshot is taken first, and dropped once the holds are given
+        // back (issue 39: its pointer tested once).
+        if let Some(snap) = self.snap.take() {
+            self.record_outcome_and(&snap, outcome, true);
+        }
         self.give();
     }
 
     #[inline]
     fn record_outcome(&mut self, outcome: Outcome) {
-        self.record_outcome_and(outcome, false);
+        if let Some(snap) = &self.snap {
+            self.record_outcome_and(snap, outcome, false);
+        }
     }
 
-    /// Records the outcome for every granted rule; with `give_back`, gives
-    /// back what each holds too.
+    /// Records the outcome for every granted rule of `snap` (the call's);
+    /// with `give_back`, gives back what each holds too.
     #[inline(always)]
-    fn record_outcome_and(&mut self, outcome: Outcome, give_back: bool) {
-        let Some(snap) = self.snap.as_deref() else {
-            return;
-        };
+    fn record_outcome_and(&self, snap: &Snapshot, outcome: Outcome, give_back: bool) {
         let slot = stripe::current();
         let now = Now::read();
         let elapsed = now.nanos_since(self.start);
@@ -546,14 +581,14 @@ impl Call {
             ..Grant::default()
         };
         for rule in plain.rules() {
-            let state = &states[rule as usize];
+            let state = state_of(states, rule);
             // Every hold may be released at the end (`end` does); only a
             // bulkhead's plain grant gives something back, told by the kind
             // the dispatch reads anyway (issue 39: no test of the bits, no
             // second dispatch).
             state.count_and_record(slot, latency, outcome, grant, now, elapsed, give_back);
         }
-        if !self.held.is_empty() {
+        if self.holds_aside() {
             let counted = (slot, latency, outcome, now, elapsed);
             self.record_held(states, counted, give_back);
         }
@@ -602,23 +637,22 @@ impl Call {
     }
 
     /// Ends a governed call: returns permits and abandoned probes.
-    fn end(&mut self) {
-        let Some(snap) = &self.snap else { return };
+    fn end(&self, snap: &Snapshot) {
         // A recorded call ended in a latency bucket; count the others here.
         if self.marks.progress == Progress::Admitted {
-            return self.end_unrecorded();
+            return self.end_unrecorded(snap);
         }
         // A recorded call (the proxy's path: recorded at the head, dropped
         // when the body ends), or one refused or dropped while deciding,
         // visits only the holds that give back; a recorded call's probes
         // reported.
         for rule in self.plain.giving(snap.gives_back) {
-            snap.states[rule as usize].release(None, Grant::default());
+            state_of(&snap.states, rule).release(None, Grant::default());
         }
         // Most calls hold nothing but plain grants (issue 39: tested once,
         // the walk of the others out of line).
-        if !self.held.is_empty() {
-            self.end_held();
+        if self.holds_aside() {
+            self.end_held(snap);
         }
     }
 
@@ -626,8 +660,7 @@ impl Call {
     /// counted as unrecorded by every rule, everything given back. Out of
     /// line (issue 39: the end of most calls keeps fewer registers).
     #[inline(never)]
-    fn end_unrecorded(&mut self) {
-        let Some(snap) = &self.snap else { return };
+    fn end_unrecorded(&self, snap: &Snapshot) {
         let slot = stripe::current();
         for rule in self.plain.rules() {
             let state = &snap.states[rule as usize];
@@ -645,8 +678,7 @@ impl Call {
     /// refused or dropped while deciding: those that give back. Out of line
     /// (issue 39: as `end_unrecorded`).
     #[inline(never)]
-    fn end_held(&mut self) {
-        let Some(snap) = &self.snap else { return };
+    fn end_held(&self, snap: &Snapshot) {
         if self.marks.progress == Progress::Recorded {
             for h in self.held.iter().filter(|h| h.gives_back()) {
                 snap.states[h.rule as usize].release(self.scope(h), reported(h));
@@ -656,18 +688,6 @@ impl Call {
         // A call refused or dropped while deciding: its probes never report.
         for h in self.held.iter().filter(|h| h.gives_back()) {
             snap.states[h.rule as usize].release(self.scope(h), h.grant());
-        }
-    }
-
-    /// The end of a governed or observed call (a call `finish`ed without
-    /// an observer never comes here: its record pass gave everything back).
-    #[inline(always)]
-    fn ended(&mut self) {
-        if self.snap.is_some() {
-            self.end();
-        }
-        if self.trace.is_some() {
-            trace::tell(&mut self.trace);
         }
     }
 }

@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 use crate::primitive::Grant;
 use crate::rejection::RejectReason;
 use crate::snapshot::Snapshot;
-use crate::state::Scope;
+use crate::state::{Scope, State};
 
 /// The keyed scopes of a call's holds (consumers, instances), by rule;
 /// `None` (no drop to run) until a rule keys the call.
@@ -144,6 +144,25 @@ impl Iterator for Bits {
     }
 }
 
+/// The state of `rule`, a rule a call of `states`' snapshot holds (in
+/// bounds). Its panic is out of line (issue 39: a pass over the holds
+/// indexed `states`, and kept the panic's location in a register or on the
+/// stack throughout).
+#[inline(always)]
+pub(super) fn state_of(states: &[State], rule: u32) -> &State {
+    match states.get(rule as usize) {
+        Some(state) => state,
+        None => past_the_states(rule, states.len()),
+    }
+}
+
+/// A rule past its snapshot's states: a broken invariant.
+#[cold]
+#[inline(never)]
+fn past_the_states(rule: u32, len: usize) -> ! {
+    panic!("rule {rule} held past the snapshot's {len} states")
+}
+
 /// What `h` gives back once its call recorded an outcome: not a probe (it
 /// reported).
 #[inline]
@@ -211,6 +230,14 @@ mod tests {
         let plain = Held::new(1, Grant::default(), false, false);
         assert!(!plain.keyed() && !plain.bytes() && !plain.gives_back());
         assert_eq!(plain.grant(), Grant::default());
+    }
+
+    /// A rule past the states is a broken invariant, told as such (not
+    /// skipped).
+    #[test]
+    #[should_panic(expected = "rule 3 held past the snapshot's 0 states")]
+    fn a_rule_past_the_states_panics() {
+        state_of(&[], 3);
     }
 
     /// Only a plain grant of a rule below 64 is held as a bit; the rules

@@ -59,6 +59,15 @@ pub(super) fn keep_outcome(trace: &mut Option<Box<Trace>>, outcome: Outcome) {
     }
 }
 
+/// [`tell`] of a call that ended (takes its trace): the test inline,
+/// the telling out of line.
+#[inline]
+pub(super) fn ended(trace: &mut Option<Box<Trace>>) {
+    if trace.is_some() {
+        tell(trace);
+    }
+}
+
 /// Tells a call's observer, if it has one, how the call ended.
 #[cold]
 #[inline(never)]

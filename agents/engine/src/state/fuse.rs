@@ -243,11 +243,11 @@ impl Fuse {
         &self,
         slot: Slot,
         outcome: Outcome,
-        grant: Grant,
+        (probe, system_error): (bool, bool),
         now: Now,
         elapsed_ns: u64,
     ) {
-        let class = if grant.system_error {
+        let class = if system_error {
             Class::System
         } else {
             self.classify(outcome)
@@ -257,7 +257,7 @@ impl Fuse {
             elapsed_ns,
             timed_out: outcome == Outcome::Timeout,
         };
-        self.record_call(slot, call, grant.probe, now);
+        self.record_call(slot, call, probe, now);
     }
 
     /// Records a call (a `token invalid` call is a system error whatever its
@@ -635,7 +635,10 @@ impl Primitive for Fuse {
             }
             return;
         }
-        self.record_classified(slot, outcome, grant, now, elapsed_ns);
+        // The grant's two bits, not the grant (issue 39: the record pass
+        // keeps no grant word for this call).
+        let bits = (grant.probe, grant.system_error);
+        self.record_classified(slot, outcome, bits, now, elapsed_ns);
     }
 
     fn reject_status(&self) -> StatusCode {
