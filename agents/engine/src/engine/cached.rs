@@ -64,3 +64,151 @@ impl Shared {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use http::{HeaderMap, Method};
+
+    use super::*;
+    use crate::Engine;
+    use crate::outcome::Outcome;
+
+    const BULKHEAD: &str = r#"
+service: order
+rules:
+- name: order/slow_calls
+  on: {path: {kind: PATH_KIND_PREFIX, value: /slow}}
+  bulkhead:
+    max_concurrent: 2
+"#;
+
+    fn engine(yaml: &str) -> Engine {
+        let engine = Engine::empty("order");
+        let mut target: gov_proto::v1::TargetConfig =
+            serde_yaml::from_str(yaml).expect("the test config parses");
+        gov_proto::compiled::fill(&mut target);
+        assert!(engine.apply_target(&target).is_ok());
+        engine
+    }
+
+    fn decide(e: &Engine, path: &str) -> Option<Admission> {
+        let h = HeaderMap::new();
+        match e.try_admit(&RequestInfo::inbound(&Method::GET, path, &h)) {
+            Decision::Admitted(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    fn admitted(e: &Engine) -> (u64, u64) {
+        let s = e.stats();
+        let r = s.rules.iter().find(|r| &*r.rule == "order/slow_calls");
+        r.map_or((0, 0), |r| (r.admitted, r.latency.iter().sum()))
+    }
+
+    /// Two permits: two governed admissions, a third refused.
+    fn two_permits_then_refused(e: &Engine) {
+        let held: Vec<_> = (0..2).filter_map(|_| decide(e, "/slow")).collect();
+        assert_eq!(held.iter().filter(|a| a.is_governed()).count(), 2);
+        assert!(decide(e, "/slow").is_none(), "the bulkhead is full");
+        assert!(decide(e, "/other").is_some_and(|a| !a.is_governed()));
+        for a in held {
+            a.finish(Outcome::Status(200));
+        }
+    }
+
+    /// A decision made while this thread's cache is borrowed (a decision
+    /// inside another's routing: the cache is borrowed mutably by a
+    /// decision) decides by the current rules without the cache, before and
+    /// after a swap, and counts.
+    #[test]
+    fn a_decision_while_the_cache_is_borrowed_decides_by_the_current_rules() {
+        let e = engine(BULKHEAD);
+        CACHE.with(|cache| {
+            let _held = cache.borrow();
+            two_permits_then_refused(&e);
+        });
+        two_permits_then_refused(&e);
+        CACHE.with(|cache| {
+            let _held = cache.borrow_mut();
+            two_permits_then_refused(&e);
+            e.apply(crate::config::CompiledConfig::empty("order"));
+            assert!(decide(&e, "/slow").is_some_and(|a| !a.is_governed()));
+        });
+        assert!(decide(&e, "/slow").is_some_and(|a| !a.is_governed()));
+    }
+
+    /// Calls decided on one thread and finished on threads that never
+    /// decide (they count in the shared stripe, several at once) are all
+    /// counted: the stats sum every stripe.
+    #[test]
+    fn calls_finished_on_threads_that_never_decide_are_all_counted() {
+        const THREADS: usize = 4;
+        const CALLS: usize = 10_000;
+        let e = engine(&BULKHEAD.replace("max_concurrent: 2", "max_concurrent: 100000"));
+        let calls: Vec<Vec<Admission>> = (0..THREADS)
+            .map(|_| (0..CALLS).filter_map(|_| decide(&e, "/slow")).collect())
+            .collect();
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
+        let threads: Vec<_> = calls
+            .into_iter()
+            .map(|calls| {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    for a in calls {
+                        a.finish(Outcome::Status(200));
+                    }
+                    assert!(!crate::stripe::current().is_owned());
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("the thread finishes its calls");
+        }
+        let total = (THREADS * CALLS) as u64;
+        assert_eq!(admitted(&e), (total, total));
+        assert_eq!(e.stats().rules[0].in_flight, 0);
+    }
+
+    thread_local! {
+        /// An admission dropped at thread exit.
+        static AT_EXIT: RefCell<Option<(Engine, Option<Admission>)>> = const { RefCell::new(None) };
+    }
+
+    /// Decides, finishes and drops admissions in a thread-local destructor
+    /// (after this thread's cache and stripe lease may be gone): decisions
+    /// by the rules, every call counted.
+    struct DecideAtExit(Engine);
+
+    impl Drop for DecideAtExit {
+        fn drop(&mut self) {
+            two_permits_then_refused(&self.0);
+        }
+    }
+
+    thread_local! {
+        static DECIDER: RefCell<Option<DecideAtExit>> = const { RefCell::new(None) };
+    }
+
+    #[test]
+    fn a_thread_decides_and_counts_in_its_thread_local_destructors() {
+        let e = engine(BULKHEAD);
+        let in_thread = e.clone();
+        std::thread::spawn(move || {
+            // Registered before the cache and the lease: destroyed after
+            // them (and, for the other, before them).
+            DECIDER.with(|d| *d.borrow_mut() = Some(DecideAtExit(in_thread.clone())));
+            two_permits_then_refused(&in_thread);
+            let held = decide(&in_thread, "/slow");
+            AT_EXIT.with(|x| *x.borrow_mut() = Some((in_thread, held)));
+        })
+        .join()
+        .expect("the thread exits");
+        // 2 + 1 held + 2 at exit.
+        assert_eq!(admitted(&e).0, 5);
+        assert_eq!(e.stats().rules[0].in_flight, 0);
+        two_permits_then_refused(&e);
+    }
+}
