@@ -211,4 +211,63 @@ rules:
         assert_eq!(e.stats().rules[0].in_flight, 0);
         two_permits_then_refused(&e);
     }
+
+    /// The config of version `n`: its rules on `/p0` .. `/p{n % 4}`, each
+    /// named by the version and its path (the nodes and plans of two
+    /// versions differ in number and order).
+    fn version(n: usize) -> gov_proto::v1::TargetConfig {
+        let mut yaml = format!("service: order\nversion: v{n}\nrules:\n");
+        for j in (0..=n % 4).rev() {
+            yaml.push_str(&format!(
+                "- {{name: order/v{n}_p{j}, on: {{path: {{kind: PATH_KIND_PREFIX, value: /p{j}}}}}, bulkhead: {{max_concurrent: 100000}}}}\n"
+            ));
+        }
+        let mut target: gov_proto::v1::TargetConfig =
+            serde_yaml::from_str(&yaml).expect("the test config parses");
+        gov_proto::compiled::fill(&mut target);
+        target
+    }
+
+    /// Decisions racing config swaps each name the rule of the config
+    /// they were decided with (issue 39: a thread routes with its cached
+    /// config and decides with the snapshot it cached with it, never one
+    /// of another generation).
+    #[test]
+    fn decisions_racing_swaps_name_the_rules_of_their_own_config() {
+        const SWAPS: usize = 2_000;
+        let e = engine(BULKHEAD);
+        e.apply_target(&version(0)).expect("the config applies");
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let deciders: Vec<_> = (0..2)
+            .map(|_| {
+                let (e, done) = (e.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let mut seen = std::collections::HashSet::new();
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        for path in ["/p0/x", "/p1"] {
+                            let a = decide(&e, path).expect("admitted");
+                            let Some(v) = a.config_version() else {
+                                // `/p1` in a version with one rule.
+                                assert_eq!(path, "/p1");
+                                continue;
+                            };
+                            let n: usize = v[1..].parse().expect("a version");
+                            let rules: Vec<String> =
+                                a.rules().map(|(r, _)| r.to_string()).collect();
+                            assert_eq!(rules, [format!("order/{v}_{}", &path[1..3])]);
+                            seen.insert(n);
+                        }
+                    }
+                    seen.len()
+                })
+            })
+            .collect();
+        for n in 1..=SWAPS {
+            e.apply_target(&version(n)).expect("the config applies");
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        for d in deciders {
+            assert!(d.join().expect("every decision names its rules") > 1);
+        }
+    }
 }
