@@ -270,4 +270,34 @@ rules:
             assert!(d.join().expect("every decision names its rules") > 1);
         }
     }
+
+    /// A thread that decided with a config decides with the next one once
+    /// told of the swap by another thread (its cached snapshot is of an
+    /// older generation: not used).
+    #[test]
+    fn a_thread_decides_with_a_config_swapped_on_another() {
+        let e = engine(BULKHEAD);
+        let (to_decider, told) = std::sync::mpsc::channel::<()>();
+        let (to_swapper, heard) = std::sync::mpsc::channel::<Option<String>>();
+        let in_thread = e.clone();
+        let decider = std::thread::spawn(move || {
+            // The last call is held: its snapshot (the one cached) lives on.
+            let mut held = None;
+            for () in told {
+                let a = decide(&in_thread, "/p0").expect("admitted");
+                to_swapper
+                    .send(a.rules().next().map(|(r, _)| r.to_string()))
+                    .expect("sent");
+                held = Some(a);
+            }
+            drop(held);
+        });
+        for n in 0..20 {
+            e.apply_target(&version(n)).expect("the config applies");
+            to_decider.send(()).expect("sent");
+            assert_eq!(heard.recv().expect("heard"), Some(format!("order/v{n}_p0")));
+        }
+        drop(to_decider);
+        decider.join().expect("the decider ends");
+    }
 }
