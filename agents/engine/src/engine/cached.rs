@@ -197,6 +197,11 @@ rules:
         let e = engine(BULKHEAD);
         let in_thread = e.clone();
         std::thread::spawn(move || {
+            // Tokio's context first: with the clock paused by another test
+            // in this process, a clock read asks it, so it must outlive the
+            // destructor that decides (thread-local destructors run last
+            // registered first).
+            let _ = tokio::runtime::Handle::try_current();
             // Registered before the cache and the lease: destroyed after
             // them (and, for the other, before them).
             DECIDER.with(|d| *d.borrow_mut() = Some(DecideAtExit(in_thread.clone())));
