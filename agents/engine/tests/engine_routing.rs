@@ -28,7 +28,7 @@ const NAMES: [&str; 4] = ["x-admin", "x-tenant", "accept", "x-other"];
 
 /// Pieces of paths: segments whose lengths put texts on either side of
 /// eight bytes, and bytes a hostile client sends.
-const PIECES: [&str; 13] = [
+const PIECES: [&str; 15] = [
     "/api",
     "/orders",
     "/7",
@@ -44,6 +44,9 @@ const PIECES: [&str; 13] = [
     // 64 bytes: a path this much longer than an exact path has its length's
     // bit in a set of lengths.
     "/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde",
+    // Not ASCII: folded by no case-insensitive service.
+    "\u{e9}",
+    "/\u{c9}",
 ];
 
 #[derive(Clone, Debug)]
@@ -326,7 +329,14 @@ proptest! {
             {
                 let mut p = s.text.clone();
                 match delta {
-                    d if d < 0 => p.truncate(p.len().saturating_sub(d.unsigned_abs() as usize).max(1)),
+                    d if d < 0 => {
+                        // Bytes off, down to a character's boundary.
+                        let mut at = p.len().saturating_sub(d.unsigned_abs() as usize).max(1);
+                        while !p.is_char_boundary(at) {
+                            at -= 1;
+                        }
+                        p.truncate(at);
+                    }
                     0 => {}
                     d => p.push_str(&"/x"[..d as usize]),
                 }
