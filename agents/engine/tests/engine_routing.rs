@@ -59,6 +59,8 @@ struct RuleSpec {
     outbound: bool,
     /// 0 none, 1 expires in the future, 2 expired.
     expiry: u8,
+    /// The bulkhead's deadline on a call (0: none; some equal).
+    timeout_ms: u64,
 }
 
 fn text() -> impl Strategy<Value = String> {
@@ -86,14 +88,18 @@ fn rule_spec() -> impl Strategy<Value = RuleSpec> {
         0..3usize,
         proptest::bool::weighted(0.2),
         prop_oneof![6 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8)],
+        prop_oneof![Just(0u64), (1u64..4).prop_map(|t| t * 100_000)],
     )
-        .prop_map(|(kind, text, header, outbound, expiry)| RuleSpec {
-            kind,
-            text,
-            header,
-            outbound,
-            expiry,
-        })
+        .prop_map(
+            |(kind, text, header, outbound, expiry, timeout_ms)| RuleSpec {
+                kind,
+                text,
+                header,
+                outbound,
+                expiry,
+                timeout_ms,
+            },
+        )
 }
 
 fn path_expr(exact: bool, p: &str) -> proto::MatchExpr {
@@ -160,6 +166,7 @@ fn rule(i: usize, s: &RuleSpec) -> proto::Rule {
         },
         spec: Some(proto::rule::Spec::Bulkhead(proto::Bulkhead {
             max_concurrent: 1000,
+            timeout_ms: s.timeout_ms,
             reject_status: proto::RuleKind::Bulkhead.reject_status(),
             reject_grpc_status: proto::RuleKind::Bulkhead.reject_grpc() as i32,
             ..Default::default()
@@ -246,9 +253,10 @@ fn expected(s: &RuleSpec, r: &Req, insensitive: bool) -> bool {
     }
 }
 
-/// The rules `e` names for `r`, sorted (decided twice: the second decision
-/// reads this thread's cached snapshot).
-fn decided(e: &Engine, r: &Req) -> [Vec<String>; 2] {
+/// The rules `e` names for `r`, sorted, and the call's deadline in
+/// seconds (decided twice: the second decision reads this thread's cached
+/// snapshot).
+fn decided(e: &Engine, r: &Req) -> [(Vec<String>, Option<u64>); 2] {
     let method = if r.post { Method::POST } else { Method::GET };
     let mut map = HeaderMap::new();
     let mut raw_names: Vec<String> = Vec::new();
@@ -292,7 +300,7 @@ fn decided(e: &Engine, r: &Req) -> [Vec<String>; 2] {
         };
         let mut names: Vec<String> = a.rules().map(|(n, _)| n.to_string()).collect();
         names.sort();
-        names
+        (names, a.timeout().map(|t| t.as_secs()))
     })
 }
 
@@ -342,16 +350,12 @@ proptest! {
                 }
                 r.path = p;
             }
-            let want: Vec<String> = {
-                let mut w: Vec<String> = specs
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| expected(s, &r, insensitive))
-                    .map(|(i, _)| format!("svc/r{i}"))
-                    .collect();
-                w.sort();
-                w
-            };
+            let matched = || specs.iter().enumerate().filter(|(_, s)| expected(s, &r, insensitive));
+            let mut names: Vec<String> = matched().map(|(i, _)| format!("svc/r{i}")).collect();
+            names.sort();
+            // The shortest deadline of a matched rule.
+            let deadline = matched().filter_map(|(_, s)| (s.timeout_ms > 0).then_some(s.timeout_ms)).min();
+            let want = (names, deadline.map(|ms| ms / 1000));
             let [first, cached] = decided(&e, &r);
             prop_assert_eq!(&first, &want, "{:?}", r);
             prop_assert_eq!(&cached, &want, "{:?} (cached)", r);
