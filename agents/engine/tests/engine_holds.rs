@@ -89,3 +89,35 @@ fn rules_past_64_count_and_give_back_every_call() {
     assert_eq!(counts(&e, "order/fuse"), (9 * 4, 0));
     assert_eq!(counts(&e, "order/limit"), (9 * 4, 0));
 }
+
+/// A call that waits for the permit of a rule past 64 is counted admitted
+/// once admitted, and gives the permit back.
+#[tokio::test(start_paused = true)]
+async fn a_wait_for_a_rule_past_64_counts_and_gives_back() {
+    let mut t = config();
+    if let Some(gov_proto::v1::rule::Spec::Bulkhead(b)) = t.rules[69].spec.as_mut() {
+        b.max_wait_ms = 1_000;
+    }
+    let e = Engine::empty("order");
+    e.apply_target(&t).unwrap();
+    let held = decide(&e, "/r69/x").unwrap();
+    let h = HeaderMap::new();
+    let pending = match e.try_admit(&RequestInfo::inbound(&Method::GET, "/r69/y", &h)) {
+        Decision::Wait(p) => p,
+        _ => panic!("the second call waits"),
+    };
+    let waiting = tokio::spawn(pending.wait());
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    assert_eq!(counts(&e, "order/b69"), (1, 1));
+    held.finish(Outcome::Status(200));
+    let second = waiting.await.unwrap().unwrap();
+    assert_eq!(counts(&e, "order/b69"), (2, 1));
+    // Full again: a third call would wait.
+    let third = e.try_admit(&RequestInfo::inbound(&Method::GET, "/r69/z", &h));
+    assert!(matches!(third, Decision::Wait(_)));
+    drop(third);
+    second.finish(Outcome::Status(500));
+    assert_eq!(counts(&e, "order/b69"), (2, 0));
+    assert_eq!(counts(&e, "order/fuse"), (2, 0));
+    assert!(decide(&e, "/r69/z").is_ok());
+}
