@@ -91,18 +91,20 @@ struct Buckets {
 /// it, a multiple of [`GEN_STEP`]), `gen_at` = `g + at`, until the owner
 /// writes another (issue 39: a call finds its bucket's place, and whether
 /// its generation is the window's, in one subtraction: `at` below
-/// [`BUCKETS`] in that generation alone). Never set: `from_ns` 0 and
+/// [`BUCKETS`] in that generation alone). Never set: `neg_from_ns` 0 and
 /// `gen_at` `u64::MAX`, at least [`GEN_STEP`] - 1 past any generation.
 #[derive(Debug)]
 struct Cursor {
-    from_ns: AtomicU64,
+    /// `from_ns` negated (wrapping): a time's distance past it is one add
+    /// (issue 39: a subtraction took a copy of the time and a load too).
+    neg_from_ns: AtomicU64,
     gen_at: AtomicU64,
 }
 
 impl Default for Cursor {
     fn default() -> Self {
         Self {
-            from_ns: AtomicU64::new(0),
+            neg_from_ns: AtomicU64::new(0),
             gen_at: AtomicU64::new(u64::MAX),
         }
     }
@@ -157,7 +159,7 @@ impl RollingWindow {
         let (stripe, owned) = self.stripes.get(slot);
         let c = &stripe.cursor;
         if owned
-            && now.ns().wrapping_sub(c.from_ns.load(Relaxed)) < self.bucket_ns
+            && now.ns().wrapping_add(c.neg_from_ns.load(Relaxed)) < self.bucket_ns
             && let at = c
                 .gen_at
                 .load(Relaxed)
@@ -213,11 +215,10 @@ impl RollingWindow {
             // (`index * bucket_ms` ms after the epoch, `index` of `tag`).
             let index = self.bucket_ms.div(now_ms);
             let c = &stripe.cursor;
-            c.from_ns.store(
-                self.epoch_ns
-                    .saturating_add(index.saturating_mul(self.bucket_ns)),
-                Relaxed,
-            );
+            let from_ns = self
+                .epoch_ns
+                .saturating_add(index.saturating_mul(self.bucket_ns));
+            c.neg_from_ns.store(from_ns.wrapping_neg(), Relaxed);
             c.gen_at.store(generation + i as u64, Relaxed);
             return;
         }
