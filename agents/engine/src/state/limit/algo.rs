@@ -322,8 +322,10 @@ fn sliding(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceede
 }
 
 /// [`sliding`] of `amount` calls per window of `w` milliseconds (at least
-/// 1), now `elapsed` ms into window `number`.
-#[inline]
+/// 1), now `elapsed` ms into window `number`. Inline (issue 39: a paced
+/// limit's call paid for a call, its saved registers and its answer
+/// through memory).
+#[inline(always)]
 fn sliding_in(
     cell: &LimitCell,
     amount: u64,
