@@ -65,12 +65,12 @@ pub(crate) enum Class {
     System,
 }
 
+/// A bucket's tag and error counts (its calls are in [`Buckets::calls`]).
 #[derive(Debug, Default)]
 struct Bucket {
     /// `generation / GEN_STEP << INDEX_BITS | (time index + 1)`; 0 means
     /// never used.
     tag: AtomicU64,
-    calls: AtomicU64,
     business: AtomicU64,
     system: AtomicU64,
     slow: AtomicU64,
@@ -82,6 +82,10 @@ struct Bucket {
 #[repr(align(64))]
 struct Buckets {
     buckets: [Bucket; BUCKETS as usize],
+    /// The calls of each bucket, apart (issue 39: a call that went well
+    /// finds its count at eight bytes a place, with no multiply by a
+    /// bucket's size).
+    calls: [AtomicU64; BUCKETS as usize],
     /// The bucket this stripe counted in last, for the owner of the stripe
     /// alone (the shared stripe's is never used).
     cursor: Cursor,
@@ -93,18 +97,20 @@ struct Buckets {
 /// it, a multiple of [`GEN_STEP`]), `gen_at` = `g + at`, until the owner
 /// writes another (issue 39: a call finds its bucket's place, and whether
 /// its generation is the window's, in one subtraction: `at` below
-/// [`BUCKETS`] in that generation alone). Never set: `from_ns` 0 and
+/// [`BUCKETS`] in that generation alone). Never set: `neg_from_ns` 0 and
 /// `gen_at` `u64::MAX`, at least [`GEN_STEP`] - 1 past any generation.
 #[derive(Debug)]
 struct Cursor {
-    from_ns: AtomicU64,
+    /// `from_ns` negated (wrapping): a time's distance past it is one add
+    /// (issue 39: a subtraction took a copy of the time and a load too).
+    neg_from_ns: AtomicU64,
     gen_at: AtomicU64,
 }
 
 impl Default for Cursor {
     fn default() -> Self {
         Self {
-            from_ns: AtomicU64::new(0),
+            neg_from_ns: AtomicU64::new(0),
             gen_at: AtomicU64::new(u64::MAX),
         }
     }
@@ -159,16 +165,16 @@ impl RollingWindow {
         let (stripe, owned) = self.stripes.get(slot);
         let c = &stripe.cursor;
         if owned
-            && now.ns().wrapping_sub(c.from_ns.load(Relaxed)) < self.bucket_ns
+            && now.ns().wrapping_add(c.neg_from_ns.load(Relaxed)) < self.bucket_ns
             && let at = c
                 .gen_at
                 .load(Relaxed)
                 .wrapping_sub(self.generation.load(Acquire))
-            && let Some(bucket) = stripe.buckets.get(at as usize)
+            && let Some(calls) = stripe.calls.get(at as usize)
         {
             // Only this thread writes here, and the bucket's tag is the
             // one `now` has (`Cursor`).
-            stripe::add(&bucket.calls, true, 1);
+            stripe::add(calls, true, 1);
             return;
         }
         self.count_ok_by_time(slot, now);
@@ -187,6 +193,7 @@ impl RollingWindow {
         let (tag, i, generation) = self.tag(now_ms);
         let (stripe, owned) = self.stripes.get(slot);
         let bucket = &stripe.buckets[i];
+        let calls = &stripe.calls[i];
         let (business, system) = match class {
             Class::Ok => (0, 0),
             Class::Business => (1, 0),
@@ -196,7 +203,7 @@ impl RollingWindow {
         if owned {
             // Only this thread writes here.
             if bucket.tag.load(Relaxed) == tag {
-                stripe::add(&bucket.calls, true, 1);
+                stripe::add(calls, true, 1);
                 if class != Class::Ok {
                     stripe::add(&bucket.business, true, business);
                     stripe::add(&bucket.system, true, system);
@@ -205,7 +212,7 @@ impl RollingWindow {
                     stripe::add(&bucket.slow, true, 1);
                 }
             } else {
-                bucket.calls.store(1, Relaxed);
+                calls.store(1, Relaxed);
                 bucket.business.store(business, Relaxed);
                 bucket.system.store(system, Relaxed);
                 bucket.slow.store(slow, Relaxed);
@@ -215,11 +222,10 @@ impl RollingWindow {
             // (`index * bucket_ms` ms after the epoch, `index` of `tag`).
             let index = self.bucket_ms.div(now_ms);
             let c = &stripe.cursor;
-            c.from_ns.store(
-                self.epoch_ns
-                    .saturating_add(index.saturating_mul(self.bucket_ns)),
-                Relaxed,
-            );
+            let from_ns = self
+                .epoch_ns
+                .saturating_add(index.saturating_mul(self.bucket_ns));
+            c.neg_from_ns.store(from_ns.wrapping_neg(), Relaxed);
             c.gen_at.store(generation + i as u64, Relaxed);
             return;
         }
@@ -233,13 +239,13 @@ impl RollingWindow {
                 .compare_exchange(current, 0, Relaxed, Relaxed)
                 .is_ok()
         {
-            bucket.calls.store(0, Relaxed);
+            calls.store(0, Relaxed);
             bucket.business.store(0, Relaxed);
             bucket.system.store(0, Relaxed);
             bucket.slow.store(0, Relaxed);
             bucket.tag.store(tag, Release);
         }
-        bucket.calls.fetch_add(1, Relaxed);
+        calls.fetch_add(1, Relaxed);
         if business > 0 {
             bucket.business.fetch_add(1, Relaxed);
         }
@@ -259,10 +265,10 @@ impl RollingWindow {
         let oldest = (newest & !INDEX_MASK) | ((newest & INDEX_MASK).saturating_sub(BUCKETS - 1));
         let mut t = Totals::default();
         for stripe in self.stripes.all() {
-            for b in &stripe.buckets {
+            for (b, calls) in stripe.buckets.iter().zip(&stripe.calls) {
                 let tag = b.tag.load(Acquire);
                 if tag >= oldest.max(1) && tag <= newest && tag & INDEX_MASK != 0 {
-                    t.calls += b.calls.load(Relaxed);
+                    t.calls += calls.load(Relaxed);
                     t.business += b.business.load(Relaxed);
                     t.system += b.system.load(Relaxed);
                     t.slow += b.slow.load(Relaxed);

@@ -90,19 +90,30 @@ impl Cell {
     }
 
     /// Takes a permit if one is free; unless `waiter`, only when nobody waits.
+    /// One attempt inline, any retry out of line (issue 39: the loop's
+    /// alignment padding and its back edge cost a call with no contention).
     #[inline]
     fn take(&self, max: u32, waiter: bool) -> bool {
-        let mut current = self.state.load(Relaxed);
+        let current = self.state.load(Relaxed);
+        if !free(current, max, waiter) {
+            return false;
+        }
+        match self
+            .state
+            .compare_exchange_weak(current, current + 1, Acquire, Relaxed)
+        {
+            Ok(_) => true,
+            Err(actual) => self.take_from(actual, max, waiter),
+        }
+    }
+
+    /// [`Cell::take`] once the word moved under it (`current`: its value
+    /// then), until the permit is taken or none is free.
+    #[cold]
+    #[inline(never)]
+    fn take_from(&self, mut current: u64, max: u32, waiter: bool) -> bool {
         loop {
-            // Unless `waiter`, the whole word below `max` says both in one
-            // compare (issue 39): nobody waits (its high half is 0) and a
-            // permit is free.
-            let free = if waiter {
-                current & 0xffff_ffff < u64::from(max)
-            } else {
-                current < u64::from(max)
-            };
-            if !free {
+            if !free(current, max, waiter) {
                 return false;
             }
             match self
@@ -113,6 +124,19 @@ impl Cell {
                 Err(actual) => current = actual,
             }
         }
+    }
+}
+
+/// Whether a cell whose word is `current` has a permit for a call (a
+/// waiter's, with `waiter`). Unless `waiter`, the whole word below `max`
+/// says both in one compare (issue 39): nobody waits (its high half is 0)
+/// and a permit is free.
+#[inline(always)]
+fn free(current: u64, max: u32, waiter: bool) -> bool {
+    if waiter {
+        current & 0xffff_ffff < u64::from(max)
+    } else {
+        current < u64::from(max)
     }
 }
 
@@ -725,6 +749,17 @@ mod tests {
                         assert_eq!(cell.take(max, waiter), free, "{ctx}");
                         let after = if free { word + 1 } else { word };
                         assert_eq!(cell.state.load(Relaxed), after, "{ctx}");
+                        // The retry out of line decides as `take` on the
+                        // word a failed exchange read, and on the word as
+                        // it is when it moved again since.
+                        for seen in [word, word ^ 1] {
+                            if seen != word && !super::free(seen, max, waiter) {
+                                continue;
+                            }
+                            cell.state.store(word, Relaxed);
+                            assert_eq!(cell.take_from(seen, max, waiter), free, "{ctx}");
+                            assert_eq!(cell.state.load(Relaxed), after, "{ctx}");
+                        }
                     }
                 }
             }

@@ -73,6 +73,12 @@ pub(crate) struct Fuse {
     /// The smallest `slower_than` of the slow conditions, in nanoseconds
     /// (`u64::MAX` without one): a call no slower is slow for none.
     fast_ns: u64,
+    /// A call that went well and took less than this many nanoseconds
+    /// counts with one increment in `window` alone ([`Fuse::record`]):
+    /// `fast_ns + 1` (saturated) with one window, 0 with more (issue 39: a
+    /// fuse with one condition tests for no others; the calls of one with
+    /// more, and of one that took `u64::MAX`, are counted out of line).
+    plain_below_ns: u64,
     state: AtomicU8,
     opened_at_ms: AtomicU64,
     /// When it tripped (Unix ms, for the wire and the agent's state only):
@@ -96,6 +102,9 @@ impl Fuse {
         let mut not_plain = spec.system.or(&spec.business);
         not_plain.timeout |= slowest.is_some();
         let window = |t: &TripSpec| RollingWindow::new(ms(t.window), epoch_ns);
+        let fast_ns = slowest.map_or(u64::MAX, |t| {
+            u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
+        });
         Self {
             window: spec
                 .trips
@@ -103,9 +112,12 @@ impl Fuse {
                 .map_or_else(|| RollingWindow::new(0, epoch_ns), window),
             more: spec.trips.iter().skip(1).map(window).collect(),
             not_plain,
-            fast_ns: slowest.map_or(u64::MAX, |t| {
-                u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
-            }),
+            fast_ns,
+            plain_below_ns: if spec.trips.len() > 1 {
+                0
+            } else {
+                fast_ns.saturating_add(1)
+            },
             spec,
             name,
             events,
@@ -235,9 +247,11 @@ impl Fuse {
         Primitive::record(self, slot, outcome, grant, now.into(), elapsed_ns);
     }
 
-    /// Records a call that did not go well, or a probe: classified (a call
-    /// counted as a system error is one whatever its outcome). Out of line:
-    /// the record of a call that went well stays small.
+    /// Records a call [`Fuse::record`] does not count inline: one that
+    /// went well in each window, any other (one that did not go well, or a
+    /// probe) classified (a call counted as a system error is one whatever
+    /// its outcome). Out of line: the record of a call that went well
+    /// stays small.
     #[inline(never)]
     fn record_classified(
         &self,
@@ -247,6 +261,12 @@ impl Fuse {
         now: Now,
         elapsed_ns: u64,
     ) {
+        if !(probe | system_error) && elapsed_ns <= self.fast_ns && !self.not_plain.has(outcome) {
+            for w in self.windows() {
+                w.count_ok(slot, now);
+            }
+            return;
+        }
         let class = if system_error {
             Class::System
         } else {
@@ -621,18 +641,16 @@ impl Primitive for Fuse {
 
     /// A call that went well (no error, not a probe, slow for no condition)
     /// is one more call in each window now, counted without classifying it
-    /// (issue 39: most calls); any other is classified. Inlined into the
-    /// end of a call, where only the grant's two bits are read.
+    /// (issue 39: most calls), inline in a fuse's one window
+    /// (`plain_below_ns`); any other is classified. Inlined into the end of
+    /// a call, where only the grant's two bits are read.
     #[inline(always)]
     fn record(&self, slot: Slot, outcome: Outcome, grant: Grant, now: Now, elapsed_ns: u64) {
         if !(grant.probe | grant.system_error)
-            && elapsed_ns <= self.fast_ns
+            && elapsed_ns < self.plain_below_ns
             && !self.not_plain.has(outcome)
         {
             self.window.count_ok(slot, now);
-            for w in &*self.more {
-                w.count_ok(slot, now);
-            }
             return;
         }
         // The grant's two bits, not the grant (issue 39: the record pass
@@ -788,6 +806,64 @@ mod tests {
         assert_eq!(f.state(), FuseState::Open);
         let e = rx.try_recv().unwrap();
         assert_eq!(e.reason, "system_errors 2 >= 2 over 10s (6 calls)");
+    }
+
+    /// A call that went well counts the same inline (a fuse of one
+    /// condition, faster than `plain_below_ns`) or out of line (issue 39):
+    /// in every window, slow for a slow condition alone, with one condition
+    /// or two, at the edges of `slower_than` and of the clock.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_went_well_counts_the_same_inline_or_not() {
+        let errors = trip(
+            TripMetric::Errors,
+            CompareOp::Ge,
+            Threshold::Count(99),
+            10,
+            0,
+        );
+        let slow = TripSpec {
+            slower_than: Some(Duration::from_nanos(1000)),
+            ..trip(
+                TripMetric::SlowCalls,
+                CompareOp::Ge,
+                Threshold::Count(99),
+                10,
+                0,
+            )
+        };
+        let elapsed = [0, 999, 1000, 1001, u64::MAX - 1, u64::MAX];
+        for trips in [
+            vec![errors.clone()],
+            vec![slow.clone()],
+            vec![errors.clone(), slow.clone()],
+            vec![slow.clone(), errors.clone()],
+        ] {
+            let (f, _rx) = fuse(trips.clone(), RecoverSpec::Manual);
+            let fast = match trips.iter().any(|t| t.slower_than.is_some()) {
+                true => 1000,
+                false => u64::MAX,
+            };
+            let below = match trips.len() {
+                1 => fast.saturating_add(1),
+                _ => 0,
+            };
+            assert_eq!((f.fast_ns, f.plain_below_ns), (fast, below), "{trips:?}");
+            let slot = crate::stripe::current();
+            for e in elapsed {
+                let ok = Outcome::Status(200);
+                Primitive::record(&f, slot, ok, Grant::default(), Now::read(), e);
+            }
+            let now_ms = f.now_ms(Instant::now());
+            for (t, w) in trips.iter().zip(f.windows()) {
+                let slow = match t.slower_than {
+                    Some(_) => 3,
+                    None => 0,
+                };
+                let got = w.totals(now_ms);
+                assert_eq!((got.calls, got.slow, got.business), (6, slow, 0), "{t:?}");
+            }
+            assert_eq!(f.state(), FuseState::Closed);
+        }
     }
 
     /// A call marked `system_error` (a token that did not verify, `on

@@ -59,13 +59,26 @@ impl Limit {
     }
 }
 
+impl Plain {
+    /// Whether `word` counts calls of window `number` with room for one
+    /// more. The word less the window's number its low 32 bits keep (as
+    /// `pack` does, `at` bits up) is below 2^32 (and so below `room`) only
+    /// in that window: then it is the count; so is the word but for those
+    /// bits (issue 39: an exclusive or, unlike a subtraction, needs no copy
+    /// of the word the exchange keeps).
+    #[inline(always)]
+    pub(super) fn has_room(&self, word: u64, number: u64) -> bool {
+        (word ^ (number << self.at)) < self.room
+    }
+}
+
 impl Limit {
     /// A call of a plain limit ([`Limit::plain`]) at `now_ns` on the clock,
     /// its epoch at `epoch_ns`: its window's number from the nanoseconds,
     /// in one multiply (issue 39: the milliseconds are worked out on a
     /// refusal alone), the number [`fixed`] works out from the
     /// milliseconds. A call in the window the word counts, with room left
-    /// in it, adds one to the word (issue 39: its count is the word less
+    /// in it, adds one to the word (issue 39: its count is the word but for
     /// the window's number above it, below `room` in that window alone);
     /// any other (a window's first call, a full window, a time before the
     /// epoch or past the multiply) is counted by [`Limit::plain_by_window`].
@@ -82,10 +95,7 @@ impl Limit {
         let since_ns = now_ns.wrapping_sub(epoch_ns);
         if let Some(number) = plain.w_ns.div_near(since_ns) {
             let word = cell.calls.load(Relaxed);
-            // Below 2^32 (and so below `room`) only when the word's window
-            // is `number`'s (its low 32 bits, as `pack` keeps them, `at`
-            // bits up).
-            if word.wrapping_sub(number << plain.at) < plain.room
+            if plain.has_room(word, number)
                 && cell
                     .calls
                     .compare_exchange_weak(word, word + 1, Relaxed, Relaxed)
@@ -312,8 +322,10 @@ fn sliding(cell: &LimitCell, rate: &RateSpec, now_ms: u64) -> Result<(), Exceede
 }
 
 /// [`sliding`] of `amount` calls per window of `w` milliseconds (at least
-/// 1), now `elapsed` ms into window `number`.
-#[inline]
+/// 1), now `elapsed` ms into window `number`. Inline (issue 39: a paced
+/// limit's call paid for a call, its saved registers and its answer
+/// through memory).
+#[inline(always)]
 fn sliding_in(
     cell: &LimitCell,
     amount: u64,
@@ -463,6 +475,44 @@ fn bucket_in(cell: &LimitCell, interval: u64, tolerance: u64, now_ns: u64) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A plain word has room for a call of its window alone, while its
+    /// count is below the amount (as far as the word holds it), whatever
+    /// the window's number (issue 39: tested by an exclusive or).
+    #[test]
+    fn a_plain_word_has_room_in_its_window_alone() {
+        let numbers = [
+            0,
+            1,
+            2,
+            0xffff_fffe,
+            0xffff_ffff,
+            1 << 32,
+            (1 << 40) + 5,
+            u64::MAX,
+        ];
+        let counts = [0, 1, 2, 99, 100, 101, 0xffff_fffe, 0xffff_ffff, u64::MAX];
+        for amount in [0, 1, 100, 0xffff_fffe, 0xffff_ffff, 1 << 40, u64::MAX] {
+            let plain = Plain {
+                amount,
+                room: amount.min(0xffff_ffff),
+                at: 32,
+                w_ms: 1000,
+                w_ns: crate::divisor::Divisor::new(1_000_000_000),
+            };
+            for window in numbers {
+                for count in counts {
+                    let word = pack(window, count);
+                    for number in numbers {
+                        let same = window & 0xffff_ffff == number & 0xffff_ffff;
+                        let room = same && count.min(0xffff_ffff) < amount.min(0xffff_ffff);
+                        let ctx = format!("{amount} {window} {count} {number}");
+                        assert_eq!(plain.has_room(word, number), room, "{ctx}");
+                    }
+                }
+            }
+        }
+    }
 
     /// The wait of a sliding window is the first millisecond the estimate
     /// admits a call: within the window, or in the next one.
