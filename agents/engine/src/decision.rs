@@ -342,8 +342,7 @@ pub(crate) fn admit_matched(
         }
     }
     call.hold_plain(plain);
-    call.count_admitted_in(states, stripe::current());
-    holding(call, snap)
+    admitted(call, snap)
 }
 
 /// [`not_admitted`] of a plan's step `id` (a plan holds a rule once): the
