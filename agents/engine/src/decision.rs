@@ -231,6 +231,20 @@ pub(crate) fn route(
     if !always && let Some(at) = router.path_plan(req.path) {
         return at;
     }
+    route_past_gate(config, req, always, scratch)
+}
+
+/// [`route`] of a request not planned by its path alone (`always`: it
+/// passes the gate of the rules without a path). Out of line (issue 39:
+/// what it reads is not kept across the path's look-up).
+#[inline(never)]
+fn route_past_gate(
+    config: &CompiledConfig,
+    req: &RequestInfo<'_>,
+    always: bool,
+    scratch: &mut Option<Plan>,
+) -> Option<PlanAt> {
+    let router = config.router(req.direction);
     // Most requests no rule matches are told so here, before their path
     // is folded or a view of them is built.
     let reach = router.reach_past_gate(req.path, always);
