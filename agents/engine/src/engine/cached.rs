@@ -39,7 +39,9 @@ impl Shared {
         match hit {
             Ok(Some(None)) => Decided::Admitted(Admission::unmatched()),
             Ok(Some(Some((snap, at)))) => admit_matched(snap, at, &scratch, req),
-            _ => self.try_admit_loaded(req, generation),
+            // Its generation read again (issue 39: not kept across the
+            // routing; it is still read before the snapshot is loaded).
+            _ => self.try_admit_loaded(req),
         }
     }
 
@@ -47,7 +49,8 @@ impl Shared {
     /// thread): the first decision after a swap, or without the cache.
     #[cold]
     #[inline(never)]
-    fn try_admit_loaded(&self, req: &RequestInfo<'_>, generation: u64) -> Decided {
+    fn try_admit_loaded(&self, req: &RequestInfo<'_>) -> Decided {
+        let generation = self.generation.load(Acquire);
         // The thread's stripe, from its first decision on (issue 39: not
         // asked for by every count).
         crate::stripe::lease();
