@@ -224,14 +224,16 @@ pub(crate) fn route(
     scratch: &mut Option<Plan>,
 ) -> Option<PlanAt> {
     let router = config.router(req.direction);
-    let always = router.passes_gate(&req.headers);
+    if router.passes_gate(&req.headers) {
+        return route_past_gate(config, req, true, scratch);
+    }
     // A request only rules of its path may match is planned by the path
     // alone when they have nothing more to check (issue 39: one scan of
     // its second byte's index entries, no path filter first).
-    if !always && let Some(at) = router.path_plan(req.path) {
-        return at;
+    match router.path_plan(req.path) {
+        Some(at) => at,
+        None => route_past_gate(config, req, false, scratch),
     }
-    route_past_gate(config, req, always, scratch)
 }
 
 /// [`route`] of a request not planned by its path alone (`always`: it
