@@ -10,7 +10,7 @@
 //! decision with a [`Pending`] holding the steps left; the clock is read
 //! once here and once when the outcome is recorded.
 
-use std::borrow::Cow;
+use std::borrow::{Borrow, Cow};
 use std::cell::Cell;
 use std::sync::Arc;
 
@@ -213,26 +213,29 @@ pub(crate) fn observed<O: Observe>(
     }
 }
 
-/// Where the plan of the rules of `config` that `req` matches is (in step
-/// order; `scratch`: where it is built when it is not the compiled plan of
-/// one index entry; read it with [`CompiledConfig::plan`]); `None` when no
-/// rule matched.
+/// Where the plan of the rules of the config `shared` that `req` matches
+/// is (in step order; `scratch`: where it is built when it is not the
+/// compiled plan of one index entry; read it with
+/// [`CompiledConfig::plan`]); `None` when no rule matched. A decision
+/// gives the `Arc` where it keeps it (issue 39: in the thread cache's
+/// entry or the snapshot, whose address it holds anyway; not the config's
+/// own address, one more value kept across the routing).
 #[inline]
-pub(crate) fn route(
-    config: &CompiledConfig,
+pub(crate) fn route<C: Borrow<CompiledConfig>>(
+    shared: &C,
     req: &RequestInfo<'_>,
     scratch: &mut Option<Plan>,
 ) -> Option<PlanAt> {
-    let router = config.router(req.direction);
+    let router = shared.borrow().router(req.direction);
     if router.passes_gate(&req.headers) {
-        return route_past_gate(config, req, true, scratch);
+        return route_past_gate(shared, req, true, scratch);
     }
     // A request only rules of its path may match is planned by the path
     // alone when they have nothing more to check (issue 39: one scan of
     // its second byte's index entries, no path filter first).
     match router.path_plan(req.path) {
         Some(at) => at,
-        None => route_past_gate(config, req, false, scratch),
+        None => route_past_gate(shared, req, false, scratch),
     }
 }
 
@@ -240,12 +243,13 @@ pub(crate) fn route(
 /// passes the gate of the rules without a path). Out of line (issue 39:
 /// what it reads is not kept across the path's look-up).
 #[inline(never)]
-fn route_past_gate(
-    config: &CompiledConfig,
+fn route_past_gate<C: Borrow<CompiledConfig>>(
+    shared: &C,
     req: &RequestInfo<'_>,
     always: bool,
     scratch: &mut Option<Plan>,
 ) -> Option<PlanAt> {
+    let config = shared.borrow();
     let router = config.router(req.direction);
     // Most requests no rule matches are told so here, before their path
     // is folded or a view of them is built.
