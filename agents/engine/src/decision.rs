@@ -10,7 +10,8 @@
 //! decision with a [`Pending`] holding the steps left; the clock is read
 //! once here and once when the outcome is recorded.
 
-use std::borrow::Cow;
+use std::borrow::{Borrow, Cow};
+use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::admission::{Admission, Call, Pending, Plain, Step, StepError, Steps};
@@ -35,6 +36,69 @@ pub enum Decision {
     Rejected(Rejection),
     /// A bulkhead or a shaping limit asks the call to wait: await [`Pending::wait`].
     Wait(Pending),
+}
+
+/// A [`Decision`] as the engine's out-of-line part hands it to the inlined
+/// [`Engine::try_admit`](crate::Engine::try_admit): two words, returned in
+/// registers (issue 39: a `Decision` holds its [`Rejection`] inline, so it
+/// was returned through memory, stored by every decision and loaded again
+/// by every caller).
+pub(crate) enum Decided {
+    Admitted(Admission),
+    Wait(Pending),
+    Rejected(Refused),
+}
+
+impl Decided {
+    /// The decision this is.
+    #[inline(always)]
+    pub(crate) fn decision(self) -> Decision {
+        match self {
+            Self::Admitted(a) => Decision::Admitted(a),
+            Self::Wait(p) => Decision::Wait(p),
+            Self::Rejected(r) => Decision::Rejected(r.rejection()),
+        }
+    }
+}
+
+/// A refusal's [`Rejection`], in a box this thread reuses from one refusal
+/// to the next: refusals (at a high rate under overload) allocate nothing
+/// but the thread's first.
+pub(crate) struct Refused(Box<Rejection>);
+
+thread_local! {
+    /// This thread's box of [`Refused`] between refusals. It holds the last
+    /// refusal's rule name (plain data, no rule state) until the next.
+    static SPARE: Cell<Option<Box<Rejection>>> = const { Cell::new(None) };
+}
+
+impl Refused {
+    /// `rejection`, in this thread's spare box when it has one.
+    fn new(rejection: Rejection) -> Self {
+        match SPARE.try_with(Cell::take) {
+            Ok(Some(mut spare)) => {
+                *spare = rejection;
+                Self(spare)
+            }
+            _ => Self(Box::new(rejection)),
+        }
+    }
+
+    /// The rejection, its box kept as this thread's spare: the rule name
+    /// is shared (a reference count) and the shadow rules' list taken, the
+    /// rest copied, so nothing is allocated.
+    #[cold]
+    #[inline(never)]
+    fn rejection(mut self) -> Rejection {
+        let kept = &mut *self.0;
+        let rejection = Rejection {
+            rule: kept.rule.clone(),
+            would_reject: std::mem::take(&mut kept.would_reject),
+            ..*kept
+        };
+        let _ = SPARE.try_with(|spare| spare.set(Some(self.0)));
+        rejection
+    }
 }
 
 /// Told of the decisions it samples: a decision log, an audit trail. Both
@@ -149,24 +213,44 @@ pub(crate) fn observed<O: Observe>(
     }
 }
 
-/// Where the plan of the rules of `config` that `req` matches is (in step
-/// order; `scratch`: where it is built when it is not the compiled plan of
-/// one index entry; read it with [`CompiledConfig::plan`]); `None` when no
-/// rule matched.
+/// Where the plan of the rules of the config `shared` that `req` matches
+/// is (in step order; `scratch`: where it is built when it is not the
+/// compiled plan of one index entry; read it with
+/// [`CompiledConfig::plan`]); `None` when no rule matched. A decision
+/// gives the `Arc` where it keeps it (issue 39: in the thread cache's
+/// entry or the snapshot, whose address it holds anyway; not the config's
+/// own address, one more value kept across the routing).
 #[inline]
-pub(crate) fn route(
-    config: &CompiledConfig,
+pub(crate) fn route<C: Borrow<CompiledConfig>>(
+    shared: &C,
     req: &RequestInfo<'_>,
     scratch: &mut Option<Plan>,
 ) -> Option<PlanAt> {
-    let router = config.router(req.direction);
-    let always = router.passes_gate(&req.headers);
+    let router = shared.borrow().router(req.direction);
+    if router.passes_gate(&req.headers) {
+        return route_past_gate(shared, req, true, scratch);
+    }
     // A request only rules of its path may match is planned by the path
     // alone when they have nothing more to check (issue 39: one scan of
     // its second byte's index entries, no path filter first).
-    if !always && let Some(at) = router.path_plan(req.path) {
-        return at;
+    match router.path_plan(req.path) {
+        Some(at) => at,
+        None => route_past_gate(shared, req, false, scratch),
     }
+}
+
+/// [`route`] of a request not planned by its path alone (`always`: it
+/// passes the gate of the rules without a path). Out of line (issue 39:
+/// what it reads is not kept across the path's look-up).
+#[inline(never)]
+fn route_past_gate<C: Borrow<CompiledConfig>>(
+    shared: &C,
+    req: &RequestInfo<'_>,
+    always: bool,
+    scratch: &mut Option<Plan>,
+) -> Option<PlanAt> {
+    let config = shared.borrow();
+    let router = config.router(req.direction);
     // Most requests no rule matches are told so here, before their path
     // is folded or a view of them is built.
     let reach = router.reach_past_gate(req.path, always);
@@ -253,7 +337,7 @@ pub(crate) fn admit_matched(
     at: PlanAt,
     scratch: &Option<Plan>,
     req: &RequestInfo<'_>,
-) -> Decision {
+) -> Decided {
     let config = &*snap.config;
     let plan = config.plan(at, scratch);
     let now = Now::read();
@@ -278,8 +362,7 @@ pub(crate) fn admit_matched(
         }
     }
     call.hold_plain(plain);
-    call.count_admitted_in(states, stripe::current());
-    holding(call, snap)
+    admitted(call, snap)
 }
 
 /// [`not_admitted`] of a plan's step `id` (a plan holds a rule once): the
@@ -293,7 +376,7 @@ fn not_admitted_at(
     scratch: &Option<Plan>,
     e: StepError,
     id: RuleId,
-) -> Decision {
+) -> Decided {
     let rest = match e {
         StepError::Wait(_) => {
             let config = &*snap.config;
@@ -323,7 +406,7 @@ fn admit_keyed(
     scratch: &Option<Plan>,
     req: &RequestInfo<'_>,
     now: Now,
-) -> Decision {
+) -> Decided {
     let config = &*snap.config;
     let plan = config.plan(at, scratch);
     let path = matched_path(config, req);
@@ -362,7 +445,7 @@ fn admit_keyed(
 /// A decision every step of which passed: the call holds its snapshot and
 /// is counted as admitted by every matched rule.
 #[inline(always)]
-fn admitted(call: Box<Call>, snap: Arc<Snapshot>) -> Decision {
+fn admitted(call: Box<Call>, snap: Arc<Snapshot>) -> Decided {
     call.count_admitted_in(&snap.states, stripe::current());
     holding(call, snap)
 }
@@ -370,12 +453,12 @@ fn admitted(call: Box<Call>, snap: Arc<Snapshot>) -> Decision {
 /// [`admitted`] of a call counted as admitted already: it holds its
 /// snapshot.
 #[inline(always)]
-fn holding(mut call: Box<Call>, snap: Arc<Snapshot>) -> Decision {
+fn holding(mut call: Box<Call>, snap: Arc<Snapshot>) -> Decided {
     // A box is taken blank: no snapshot to drop (issue 39: not even the
     // test of it).
     debug_assert!(call.snap.is_none());
     std::mem::forget(call.snap.replace(snap));
-    Decision::Admitted(Admission::of(call))
+    Decided::Admitted(Admission::of(call))
 }
 
 /// A decision whose step did not pass at once (`e`): refused (what the
@@ -383,20 +466,20 @@ fn holding(mut call: Box<Call>, snap: Arc<Snapshot>) -> Decision {
 /// (`rest`).
 #[cold]
 #[inline(never)]
-fn not_admitted(mut call: Box<Call>, snap: Arc<Snapshot>, e: StepError, rest: Steps) -> Decision {
+fn not_admitted(mut call: Box<Call>, snap: Arc<Snapshot>, e: StepError, rest: Steps) -> Decided {
     call.snap = Some(snap);
     call.deciding();
     match e {
         StepError::Rejected(r) => {
             // Gives back what the earlier steps took.
             drop(Admission::of(call));
-            Decision::Rejected(r)
+            Decided::Rejected(Refused::new(r))
         }
         StepError::Wait(waiting) => {
             let mut steps = Steps::new();
             steps.push(waiting);
             steps.extend(rest);
-            Decision::Wait(Pending::new(Admission::of(call), steps))
+            Decided::Wait(Pending::new(Admission::of(call), steps))
         }
     }
 }
@@ -414,5 +497,53 @@ fn step_of(snap: &Snapshot, config: &CompiledConfig, keys: Option<&Keys<'_>>, id
             }
             _ => Scope::Rule,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use gov_proto::v1::GrpcCode;
+    use http::StatusCode;
+
+    use super::*;
+    use crate::rejection::{RejectReason, WouldReject};
+
+    fn rejection(rule: &str, shadow: bool) -> Rejection {
+        Rejection {
+            rule: rule.into(),
+            reason: RejectReason::Timeout,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            retry_after: Some(Duration::from_secs(3)),
+            grpc: GrpcCode::ResourceExhausted,
+            would_reject: (shadow.then(|| WouldReject {
+                rule: "s/shadow".into(),
+                reason: RejectReason::Timeout,
+            }))
+            .into_iter()
+            .collect(),
+            limit: None,
+            deadline: None,
+        }
+    }
+
+    fn rejected(decided: Decided) -> Rejection {
+        match decided.decision() {
+            Decision::Rejected(r) => r,
+            other => panic!("not rejected: {other:?}"),
+        }
+    }
+
+    /// A refusal's rejection comes out of [`Decided`] whole, and the next
+    /// refusal on the thread reuses its box (nothing allocated).
+    #[test]
+    fn refusals_reuse_the_threads_box() {
+        let first = Refused::new(rejection("s/a", true));
+        let boxed: *const Rejection = &*first.0;
+        assert_eq!(rejected(Decided::Rejected(first)), rejection("s/a", true));
+        let second = Refused::new(rejection("s/b", false));
+        assert!(std::ptr::eq(&*second.0, boxed));
+        assert_eq!(rejected(Decided::Rejected(second)), rejection("s/b", false));
     }
 }

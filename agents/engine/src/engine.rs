@@ -367,7 +367,7 @@ impl Engine {
         if self.shared.miss.misses(req) {
             return Decision::Admitted(Admission::unmatched());
         }
-        self.shared.try_admit_routed(req)
+        self.shared.try_admit_routed(req).decision()
     }
 
     /// Decides, waiting for a bulkhead permit or a shaping delay if the

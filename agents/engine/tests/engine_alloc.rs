@@ -95,6 +95,8 @@ fn main() {
     println!("test decisions_do_not_allocate ... ok");
     governed_calls_do_not_allocate();
     println!("test governed_calls_do_not_allocate ... ok");
+    refusals_do_not_allocate();
+    println!("test refusals_do_not_allocate ... ok");
 }
 
 fn decisions_do_not_allocate() {
@@ -163,6 +165,46 @@ fn decisions_do_not_allocate() {
         .find(|r| &*r.rule == "order/tenant")
         .unwrap();
     assert_eq!((tenant.admitted, tenant.keys), (10_001, 1));
+}
+
+/// A refused decision does not allocate either (refusals come at a high
+/// rate under overload): but for the thread's first, its rejection is
+/// handed over in a box the thread reuses.
+fn refusals_do_not_allocate() {
+    let config = r#"
+service: order
+rules:
+- name: order/closed
+  on: {path: {kind: PATH_KIND_PREFIX, value: /closed}}
+  limit:
+    calls: {amount: 1, window_ms: 3600000}
+"#;
+    let mut target: TargetConfig = serde_yaml::from_str(config).unwrap();
+    gov_proto::compiled::fill(&mut target);
+    let engine = Engine::empty("order");
+    engine.apply_target(&target).unwrap();
+    let headers = HeaderMap::new();
+    let get = Method::GET;
+    let info = RequestInfo::inbound(&get, "/closed/7", &headers);
+    let refuse = || match engine.try_admit(black_box(&info)) {
+        Decision::Rejected(r) => assert_eq!(&*black_box(r).rule, "order/closed"),
+        other => panic!("not refused: {other:?}"),
+    };
+    match engine.try_admit(&info) {
+        Decision::Admitted(a) => a.finish(Outcome::Status(200)),
+        other => panic!("the first call is admitted: {other:?}"),
+    }
+    refuse();
+    let region = Region::new(GLOBAL);
+    for _ in 0..10_000 {
+        refuse();
+    }
+    let change = region.change();
+    assert_eq!(
+        (change.allocations, change.reallocations),
+        (0, 0),
+        "10,000 refusals allocated"
+    );
 }
 
 /// A call through [`gov_engine::Govern`] admitted at once, with a deadline

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Acquire;
 
 use super::Shared;
 use crate::admission::Admission;
-use crate::decision::{Decision, admit_matched, route};
+use crate::decision::{Decided, admit_matched, route};
 use crate::request::RequestInfo;
 use crate::snapshot::CACHE;
 
@@ -18,7 +18,7 @@ impl Shared {
     /// shared part (issue 39: the caller has its address at hand from the
     /// miss test, and passes it).
     #[inline]
-    pub(super) fn try_admit_routed(&self, req: &RequestInfo<'_>) -> Decision {
+    pub(super) fn try_admit_routed(&self, req: &RequestInfo<'_>) -> Decided {
         let generation = self.generation.load(Acquire);
         let mut scratch = None;
         // Route with this thread's cached config; take the snapshot only if
@@ -37,9 +37,11 @@ impl Shared {
             entry.snap.upgrade().map(|snap| Some((snap, at)))
         });
         match hit {
-            Ok(Some(None)) => Decision::Admitted(Admission::unmatched()),
+            Ok(Some(None)) => Decided::Admitted(Admission::unmatched()),
             Ok(Some(Some((snap, at)))) => admit_matched(snap, at, &scratch, req),
-            _ => self.try_admit_loaded(req, generation),
+            // Its generation read again (issue 39: not kept across the
+            // routing; it is still read before the snapshot is loaded).
+            _ => self.try_admit_loaded(req),
         }
     }
 
@@ -47,7 +49,8 @@ impl Shared {
     /// thread): the first decision after a swap, or without the cache.
     #[cold]
     #[inline(never)]
-    fn try_admit_loaded(&self, req: &RequestInfo<'_>, generation: u64) -> Decision {
+    fn try_admit_loaded(&self, req: &RequestInfo<'_>) -> Decided {
+        let generation = self.generation.load(Acquire);
         // The thread's stripe, from its first decision on (issue 39: not
         // asked for by every count).
         crate::stripe::lease();
@@ -60,7 +63,7 @@ impl Shared {
         let mut scratch = None;
         match route(&snap.config, req, &mut scratch) {
             Some(at) => admit_matched(snap, at, &scratch, req),
-            None => Decision::Admitted(Admission::unmatched()),
+            None => Decided::Admitted(Admission::unmatched()),
         }
     }
 }
