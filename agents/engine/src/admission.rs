@@ -22,6 +22,7 @@ use crate::state::Scope;
 use crate::stripe;
 
 mod call;
+mod free;
 mod held;
 mod meter;
 mod ratelimit;

@@ -2,13 +2,8 @@
 //! pointer: the rules it holds, its deadlines, its outcome, its observer.
 //! An [`Admission`](super::Admission) of a request no rule matched holds
 //! none of it (a null pointer: nothing to move, nothing to drop).
-//!
-//! The boxes come from a per-thread free list (issue 39): a decision takes
-//! one and the end of the call gives it back blank, on the thread that ends
-//! it, so a steady flow of calls allocates nothing; each list keeps at most
-//! [`KEPT`] boxes and frees what is given beyond that.
+//! The boxes come from a per-thread free list ([`super::free`]).
 
-use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,7 +64,7 @@ pub(crate) struct Call {
     /// When the decision began. Read only for a call a rule matched (with
     /// `snap`): a box taken for another keeps its last (issue 39: a plain
     /// word, not an `Option` tested by every record).
-    start: Now,
+    pub(super) start: Now,
     /// The rule with the shortest matched timeout.
     pub(crate) timeout: Option<u32>,
     /// The caller's own deadline (`grpc-timeout`, `gov-timeout`).
@@ -86,11 +81,11 @@ pub(crate) struct Call {
     /// give-back clears them only then, and the passes over the holds walk
     /// `held` only then (issue 39: one test, not four; a plain grant is
     /// kept in `plain`, so most calls hold nothing here).
-    aside: bool,
+    pub(super) aside: bool,
     /// The next box of this thread's free list (`None` in use).
-    next: Option<Box<Call>>,
+    pub(super) next: Option<Box<Call>>,
     /// On a free list: how many boxes it holds from this one on.
-    kept: u32,
+    pub(super) kept: u32,
 }
 
 /// A call's flags, in one word (issue 39: `Call::take` sets them blank
@@ -103,7 +98,7 @@ pub(super) struct Marks {
     pub(super) has_bytes: bool,
     /// How far the call got: admitted (counted in every rule), then
     /// recorded (issue 39: one byte tested by the end, not two).
-    progress: Progress,
+    pub(super) progress: Progress,
     /// Fuses count the call as a system error whatever its outcome.
     pub(super) system_error: bool,
 }
@@ -112,7 +107,7 @@ pub(super) struct Marks {
 /// is handed out to be recorded (a call no rule matched starts recorded).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
-enum Progress {
+pub(super) enum Progress {
     /// Refused, or waiting for a step (`Call::deciding`).
     Deciding,
     /// Every step passed: counted as admitted in every rule. Also while a
@@ -126,73 +121,7 @@ enum Progress {
 /// outcome, when and how long after the decision began (ns).
 type Counted = (Slot, Latency, Outcome, Now, u64);
 
-/// The most boxes one thread's free list keeps.
-pub(super) const KEPT: u32 = 64;
-
-thread_local! {
-    /// This thread's free boxes, a list through [`Call::next`].
-    static FREE: Cell<Option<Box<Call>>> = const { Cell::new(None) };
-}
-
 impl Call {
-    /// A call whose decision began at `start` (`None`: no rule matched, the
-    /// call is admitted and recorded as far as rules go), with the rule of
-    /// its shortest matched timeout (issue 39: set once, not reset and then
-    /// set), from this thread's free list when it has one.
-    #[inline]
-    pub(crate) fn take(start: Option<Now>, timeout: Option<u32>) -> Box<Self> {
-        let free = FREE
-            .try_with(|f| {
-                let mut call = f.take()?;
-                f.set(call.next.take());
-                Some(call)
-            })
-            .ok()
-            .flatten();
-        // A decision's call is marked admitted from the start (issue 39: not
-        // by one more store when it is): one that is not at once is marked
-        // deciding (`Call::deciding`).
-        let progress = if start.is_none() {
-            Progress::Recorded
-        } else {
-            Progress::Admitted
-        };
-        let marks = Marks {
-            awaits_grpc_status: false,
-            has_bytes: false,
-            progress,
-            system_error: false,
-        };
-        match free {
-            Some(mut call) => {
-                // Blank but for these (`give`).
-                if let Some(start) = start {
-                    call.start = start;
-                }
-                call.timeout = timeout;
-                call.caller_deadline = None;
-                call.marks = marks;
-                call
-            }
-            None => Box::new(Self {
-                snap: None,
-                plain: Plain::default(),
-                held: Vec::new(),
-                refused: Vec::with_capacity(2),
-                keyed: None,
-                start: start.unwrap_or_else(Now::read),
-                timeout,
-                caller_deadline: None,
-                marks,
-                waits: Vec::new(),
-                trace: None,
-                aside: false,
-                next: None,
-                kept: 0,
-            }),
-        }
-    }
-
     /// Ends the call (gives back what it holds, tells its observer), then
     /// puts its box on this thread's free list, blank (a call `finish`ed
     /// without an observer never comes here: its record pass gave
@@ -214,37 +143,10 @@ impl Call {
         self.give();
     }
 
-    /// Puts the box of an ended call on this thread's free list, blank
-    /// (freed when the list is full). Its snapshot was taken (and dropped)
-    /// by the caller (issue 39: the pointer is tested once, not again here).
-    #[inline]
-    fn give(mut self: Box<Self>) {
-        debug_assert!(self.snap.is_none());
-        self.plain = Plain::default();
-        if self.aside {
-            self.put_back_aside();
-        }
-        let _ = FREE.try_with(move |f| {
-            let head = f.take();
-            let kept = head.as_ref().map_or(0, |h| h.kept);
-            if kept < KEPT {
-                self.kept = kept + 1;
-                // A box in use has no next (`take` took it): nothing to drop
-                // (issue 39: not even the test of it).
-                debug_assert!(self.next.is_none());
-                std::mem::forget(std::mem::replace(&mut self.next, head));
-                f.set(Some(self));
-            } else {
-                // Full: this box is freed.
-                f.set(head);
-            }
-        });
-    }
-
     /// Clears what was kept aside of the holds (`Call::aside`).
     #[cold]
     #[inline(never)]
-    fn put_back_aside(&mut self) {
+    pub(super) fn put_back_aside(&mut self) {
         self.aside = false;
         self.held.clear();
         self.refused.clear();
@@ -700,35 +602,35 @@ mod tests {
 
     use super::*;
     use crate::admission::engine_of;
+    use crate::admission::free::{
+        FREE, GONE, GUARD_STATE, GUARDED, Guard, KEPT, UNGUARDED, free_head,
+    };
     use crate::{Admission, Decision, Engine, RequestInfo};
+    use std::mem::ManuallyDrop;
 
     /// How many boxes this thread's free list holds.
     fn free_len() -> u32 {
-        FREE.with(|f| {
-            let head = f.take();
-            let n = head.as_ref().map_or(0, |h| h.kept);
-            f.set(head);
-            n
-        })
+        let head = free_head();
+        let n = head.as_ref().map_or(0, |h| h.kept);
+        FREE.set(ManuallyDrop::new(head));
+        n
     }
 
     /// Whether the head of this thread's free list is blank.
     fn head_blank() -> bool {
-        FREE.with(|f| {
-            let head = f.take();
-            let blank = head.as_ref().is_some_and(|c| {
-                c.snap.is_none()
-                    && c.plain == Plain::default()
-                    && c.held.is_empty()
-                    && c.refused.is_empty()
-                    && c.keyed.is_none()
-                    && c.trace.is_none()
-                    && c.waits.is_empty()
-                    && !c.aside
-            });
-            f.set(head);
-            blank
-        })
+        let head = free_head();
+        let blank = head.as_ref().is_some_and(|c| {
+            c.snap.is_none()
+                && c.plain == Plain::default()
+                && c.held.is_empty()
+                && c.refused.is_empty()
+                && c.keyed.is_none()
+                && c.trace.is_none()
+                && c.waits.is_empty()
+                && !c.aside
+        });
+        FREE.set(ManuallyDrop::new(head));
+        blank
     }
 
     /// An engine of the service the config `yaml` names, with it applied.
@@ -1564,6 +1466,23 @@ rules:
     fn marks_are_one_word() {
         assert_eq!(std::mem::size_of::<Marks>(), 4);
         assert_eq!(std::mem::align_of::<Marks>(), 4);
+    }
+
+    /// A list keeps boxes only while its guard will free them: the first
+    /// box kept registers the guard; once it is dropped (the thread exits)
+    /// the list is empty and a box given is freed, not kept (a leak).
+    #[test]
+    fn a_free_list_keeps_boxes_only_while_its_guard_will_free_them() {
+        on_a_thread(|| {
+            assert_eq!(GUARD_STATE.get(), UNGUARDED);
+            drop(Admission::of(Call::take(None, None)));
+            assert_eq!((GUARD_STATE.get(), free_len()), (GUARDED, 1));
+            // What `GUARD`'s destructor does at the thread's exit.
+            drop(Guard);
+            assert_eq!((GUARD_STATE.get(), free_len()), (GONE, 0));
+            drop(Admission::of(Call::take(None, None)));
+            assert_eq!(free_len(), 0, "a box given after the guard is freed");
+        });
     }
 
     #[test]
