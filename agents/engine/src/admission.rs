@@ -22,6 +22,7 @@ use crate::state::Scope;
 use crate::stripe;
 
 mod call;
+mod course;
 mod free;
 mod held;
 mod meter;
@@ -212,7 +213,7 @@ impl Admission {
     /// [`Admission::add_bytes`]: how a decision log sees both proxy paths
     /// end a call. A second call replaces the first observer.
     pub fn on_end(&mut self, then: impl FnOnce(Ended) + Send + Sync + 'static) {
-        self.made().trace = Some(trace::Trace::new(Box::new(then)));
+        self.made().observe(trace::Trace::new(Box::new(then)));
     }
 
     /// Adds request or response bytes to every matched byte limit. Call it as

@@ -19,6 +19,7 @@ use crate::state::{Scope, State};
 use crate::stats::Latency;
 use crate::stripe::{self, Slot};
 
+use super::course::{Course, Progress};
 use super::held::{Held, Keyed, Plain, reported, scope_in, shadow_timeouts, state_of};
 use super::trace::{self, Trace};
 
@@ -77,11 +78,6 @@ pub(crate) struct Call {
     pub(super) waits: Vec<(u32, Duration)>,
     /// Told how the call ended; `None` for almost every call.
     pub(super) trace: Option<Box<Trace>>,
-    /// Something was kept in `held`, `refused`, `waits` or `keyed`: the
-    /// give-back clears them only then, and the passes over the holds walk
-    /// `held` only then (issue 39: one test, not four; a plain grant is
-    /// kept in `plain`, so most calls hold nothing here).
-    pub(super) aside: bool,
     /// The next box of this thread's free list (`None` in use).
     pub(super) next: Option<Box<Call>>,
     /// On a free list: how many boxes it holds from this one on.
@@ -97,24 +93,13 @@ pub(super) struct Marks {
     pub(super) awaits_grpc_status: bool,
     pub(super) has_bytes: bool,
     /// How far the call got: admitted (counted in every rule), then
-    /// recorded (issue 39: one byte tested by the end, not two).
-    pub(super) progress: Progress,
+    /// recorded; and whether it has an observer, or something kept in
+    /// `held`, `refused`, `waits` or `keyed` (the give-back clears them only
+    /// then, and the passes over the holds walk `held` only then: issue 39,
+    /// a plain grant is kept in `plain`, so most calls hold nothing here).
+    pub(super) course: Course,
     /// Fuses count the call as a system error whatever its outcome.
     pub(super) system_error: bool,
-}
-
-/// How far a call got. Recorded implies admitted: only an admitted call
-/// is handed out to be recorded (a call no rule matched starts recorded).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub(super) enum Progress {
-    /// Refused, or waiting for a step (`Call::deciding`).
-    Deciding,
-    /// Every step passed: counted as admitted in every rule. Also while a
-    /// decision runs its steps (from `Call::take`: nothing reads it then).
-    Admitted,
-    /// Its outcome was recorded (first call wins).
-    Recorded,
 }
 
 /// An outcome as a record pass counts it: the stripe, the latency, the
@@ -128,6 +113,23 @@ impl Call {
     /// everything back).
     #[inline(never)]
     pub(super) fn end_and_give(mut self: Box<Self>) {
+        // Most calls: recorded, observed by nothing, holding nothing aside
+        // (issue 39: one compare; no observer to tell, nothing aside to
+        // give back or clear).
+        if !self.marks.course.plain_at(Progress::Recorded) {
+            return self.end_other_and_give();
+        }
+        if let Some(snap) = self.snap.take() {
+            self.give_back_plain(&snap);
+        }
+        self.give_plain();
+    }
+
+    /// [`Call::end_and_give`] of a call observed, holding something aside,
+    /// or not recorded.
+    #[cold]
+    #[inline(never)]
+    fn end_other_and_give(mut self: Box<Self>) {
         // The snapshot is taken first and dropped once the call has ended
         // and its observer was told (issue 39: its pointer tested once, not
         // again by `give` or by the drop; an arm each, so that the paths do
@@ -147,7 +149,7 @@ impl Call {
     #[cold]
     #[inline(never)]
     pub(super) fn put_back_aside(&mut self) {
-        self.aside = false;
+        self.marks.course.set_aside(false);
         self.held.clear();
         self.refused.clear();
         self.keyed = None;
@@ -164,7 +166,7 @@ impl Call {
         if keyed {
             self.keyed.get_or_insert_default().push((rule, step.scope));
         }
-        self.aside = true;
+        self.marks.course.set_aside(true);
         self.marks.has_bytes |= grant.bytes;
         self.held.push(Held::new(rule, grant, keyed, gives_back));
     }
@@ -185,7 +187,7 @@ impl Call {
     /// inlined in each kind's arm).
     #[inline(never)]
     fn hold_own(&mut self, rule: u32, grant: Grant, gives_back: bool) {
-        self.aside = true;
+        self.marks.course.set_aside(true);
         self.marks.has_bytes |= grant.bytes;
         self.held.push(Held::new(rule, grant, false, gives_back));
     }
@@ -301,7 +303,7 @@ impl Call {
     #[cold]
     fn shadow(&mut self, snap: &Snapshot, rule: u32, reason: RejectReason) {
         snap.shadow_reject(rule, reason);
-        self.aside = true;
+        self.marks.course.set_aside(true);
         self.refused.push((rule, reason));
     }
 
@@ -340,7 +342,7 @@ impl Call {
             Ok(grant) => {
                 let waited = began.elapsed();
                 if !waited.is_zero() {
-                    self.aside = true;
+                    self.marks.course.set_aside(true);
                     self.waits.push((step.rule, waited));
                 }
                 let gives_back = state.gives_back();
@@ -355,12 +357,12 @@ impl Call {
     /// admitted (yet), and its end counts it in no rule.
     #[inline]
     pub(crate) fn deciding(&mut self) {
-        self.marks.progress = Progress::Deciding;
+        self.marks.course.set(Progress::Deciding);
     }
 
     /// Every step passed after a wait: count the call as admitted.
     pub(super) fn complete(&mut self, slot: Slot) {
-        self.marks.progress = Progress::Admitted;
+        self.marks.course.set(Progress::Admitted);
         if let Some(snap) = &self.snap {
             self.count_admitted_in(&snap.states, slot);
         }
@@ -395,8 +397,9 @@ impl Call {
     /// loaded); a hold is kept aside only with it set.
     #[inline]
     fn holds_aside(&self) -> bool {
-        debug_assert!(self.aside || self.held.is_empty());
-        self.aside
+        let aside = self.marks.course.aside();
+        debug_assert!(aside || self.held.is_empty());
+        aside
     }
 
     pub(super) fn rule_timeout(&self) -> Option<Duration> {
@@ -424,12 +427,31 @@ impl Call {
     /// Records how the call ended (first call wins).
     #[inline]
     pub(super) fn record(&mut self, outcome: Outcome) {
+        // Most calls: admitted, observed by nothing, holding nothing aside
+        // (issue 39: one compare, not a test of each).
+        if !self.marks.course.plain_at(Progress::Admitted) {
+            return self.record_other(outcome);
+        }
+        self.marks.course = Course::at(Progress::Recorded);
+        if let Some(snap) = &self.snap {
+            self.record_outcome_and(snap, outcome, false, false);
+        }
+    }
+
+    /// [`Call::record`] of a call observed, holding something aside, or
+    /// not admitted (recorded already, or deciding).
+    #[cold]
+    #[inline(never)]
+    fn record_other(&mut self, outcome: Outcome) {
         if self.trace.is_some() {
             trace::keep_outcome(&mut self.trace, outcome);
         }
-        if self.marks.progress != Progress::Recorded {
-            self.marks.progress = Progress::Recorded;
-            self.record_outcome(outcome);
+        if !self.marks.course.is(Progress::Recorded) {
+            self.marks.course.set(Progress::Recorded);
+            if let Some(snap) = &self.snap {
+                let aside = self.holds_aside();
+                self.record_outcome_and(snap, outcome, false, aside);
+            }
         }
     }
 
@@ -449,29 +471,26 @@ impl Call {
     /// left for [`Call::end_and_give`] to do).
     #[inline]
     pub(super) fn finish(mut self: Box<Self>, outcome: Outcome) {
-        if self.marks.progress == Progress::Recorded || self.trace.is_some() {
+        // Admitted, observed by nothing, holding nothing aside (issue 39:
+        // one compare; nothing aside to record or clear).
+        if !self.marks.course.plain_at(Progress::Admitted) {
             return self.record_and_end(outcome);
         }
         // Not marked recorded: nothing reads it before `take` sets it again.
         // The snapshot is taken first, and dropped once the holds are given
         // back (issue 39: its pointer tested once).
         if let Some(snap) = self.snap.take() {
-            self.record_outcome_and(&snap, outcome, true);
+            self.record_outcome_and(&snap, outcome, true, false);
         }
-        self.give();
-    }
-
-    #[inline]
-    fn record_outcome(&mut self, outcome: Outcome) {
-        if let Some(snap) = &self.snap {
-            self.record_outcome_and(snap, outcome, false);
-        }
+        self.give_plain();
     }
 
     /// Records the outcome for every granted rule of `snap` (the call's);
-    /// with `give_back`, gives back what each holds too.
+    /// with `give_back`, gives back what each holds too; with `aside`, of
+    /// the holds in `held` too (`holds_aside`, issue 39: tested by the
+    /// caller, with the rest of the course).
     #[inline(always)]
-    fn record_outcome_and(&self, snap: &Snapshot, outcome: Outcome, give_back: bool) {
+    fn record_outcome_and(&self, snap: &Snapshot, outcome: Outcome, give_back: bool, aside: bool) {
         let slot = stripe::current();
         let now = Now::read();
         let elapsed = now.nanos_since(self.start);
@@ -490,7 +509,7 @@ impl Call {
             // second dispatch).
             state.count_and_record(slot, latency, outcome, grant, now, elapsed, give_back);
         }
-        if self.holds_aside() {
+        if aside {
             let counted = (slot, latency, outcome, now, elapsed);
             self.record_held(states, counted, give_back);
         }
@@ -541,21 +560,34 @@ impl Call {
     /// Ends a governed call: returns permits and abandoned probes.
     fn end(&self, snap: &Snapshot) {
         // A recorded call ended in a latency bucket; count the others here.
-        if self.marks.progress == Progress::Admitted {
+        if self.marks.course.is(Progress::Admitted) {
             return self.end_unrecorded(snap);
         }
         // A recorded call (the proxy's path: recorded at the head, dropped
         // when the body ends), or one refused or dropped while deciding,
         // visits only the holds that give back; a recorded call's probes
         // reported.
-        for rule in self.plain.giving(snap.gives_back) {
-            state_of(&snap.states, rule).release(None, Grant::default());
-        }
+        self.give_back_plain(snap);
         // Most calls hold nothing but plain grants (issue 39: tested once,
         // the walk of the others out of line).
         if self.holds_aside() {
             self.end_held(snap);
         }
+    }
+
+    /// Gives back the plain holds that do (a bulkhead's permit) of a call
+    /// recorded, or refused or dropped while deciding.
+    #[inline]
+    fn give_back_plain(&self, snap: &Snapshot) {
+        for rule in self.plain.giving(snap.gives_back) {
+            state_of(&snap.states, rule).release(None, Grant::default());
+        }
+    }
+
+    /// Sets the call's observer: its end is then not a plain one.
+    pub(super) fn observe(&mut self, trace: Box<Trace>) {
+        self.trace = Some(trace);
+        self.marks.course.observed();
     }
 
     /// [`Call::end`] of an admitted call dropped without an outcome:
@@ -581,7 +613,7 @@ impl Call {
     /// (issue 39: as `end_unrecorded`).
     #[inline(never)]
     fn end_held(&self, snap: &Snapshot) {
-        if self.marks.progress == Progress::Recorded {
+        if self.marks.course.is(Progress::Recorded) {
             for h in self.held.iter().filter(|h| h.gives_back()) {
                 snap.states[h.rule as usize].release(self.scope(h), reported(h));
             }
@@ -627,7 +659,7 @@ mod tests {
                 && c.keyed.is_none()
                 && c.trace.is_none()
                 && c.waits.is_empty()
-                && !c.aside
+                && !c.marks.course.aside()
         });
         FREE.set(ManuallyDrop::new(head));
         blank
@@ -917,7 +949,7 @@ rules:
             first
                 .0
                 .as_ref()
-                .is_some_and(|c| c.aside && c.keyed.is_some())
+                .is_some_and(|c| c.marks.course.aside() && c.keyed.is_some())
         );
         let e2 = e.clone();
         let second = tokio::spawn(async move {
@@ -928,7 +960,10 @@ rules:
             let Ok(a) = admitted else {
                 panic!("not admitted after waiting");
             };
-            assert!(a.0.as_ref().is_some_and(|c| c.aside && !c.waits.is_empty()));
+            assert!(
+                a.0.as_ref()
+                    .is_some_and(|c| c.marks.course.aside() && !c.waits.is_empty())
+            );
             drop(a);
             assert!(head_blank(), "no keyed scope or wait kept");
         });

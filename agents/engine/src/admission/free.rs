@@ -8,7 +8,8 @@ use std::mem::ManuallyDrop;
 
 use crate::clock::Now;
 
-use super::call::{Call, Marks, Progress};
+use super::call::{Call, Marks};
+use super::course::{Course, Progress};
 use super::held::Plain;
 
 /// The most boxes one thread's free list keeps.
@@ -65,15 +66,15 @@ impl Call {
         // A decision's call is marked admitted from the start (issue 39: not
         // by one more store when it is): one that is not at once is marked
         // deciding (`Call::deciding`).
-        let progress = if start.is_none() {
+        let course = Course::at(if start.is_none() {
             Progress::Recorded
         } else {
             Progress::Admitted
-        };
+        });
         let marks = Marks {
             awaits_grpc_status: false,
             has_bytes: false,
-            progress,
+            course,
             system_error: false,
         };
         match free {
@@ -99,7 +100,6 @@ impl Call {
                 marks,
                 waits: Vec::new(),
                 trace: None,
-                aside: false,
                 next: None,
                 kept: 0,
             }),
@@ -111,11 +111,19 @@ impl Call {
     /// by the caller (issue 39: the pointer is tested once, not again here).
     #[inline]
     pub(super) fn give(mut self: Box<Self>) {
-        debug_assert!(self.snap.is_none());
-        self.plain = Plain::default();
-        if self.aside {
+        if self.marks.course.aside() {
             self.put_back_aside();
         }
+        self.give_plain();
+    }
+
+    /// [`Call::give`] of a box that holds nothing aside (issue 39: told by
+    /// the caller, with the rest of its course).
+    #[inline]
+    pub(super) fn give_plain(mut self: Box<Self>) {
+        debug_assert!(self.snap.is_none());
+        debug_assert!(!self.marks.course.aside());
+        self.plain = Plain::default();
         let head = free_head();
         let kept = match &head {
             Some(h) => h.kept,
