@@ -124,23 +124,24 @@ impl Call {
         debug_assert!(self.snap.is_none());
         debug_assert!(!self.marks.course.aside());
         self.plain = Plain::default();
-        let head = free_head();
-        let kept = match &head {
-            Some(h) => h.kept,
+        // A box in use has no next (`take` took it): nothing to drop, and
+        // nothing to set on an empty list (issue 39: not even the test of
+        // it; the count of an empty list's one box a constant).
+        debug_assert!(self.next.is_none());
+        match free_head() {
             // An empty list keeps a box only once its guard will free it.
-            None if GUARD_STATE.get() == GUARDED => 0,
-            None => return Self::give_unguarded(self),
-        };
-        if kept < KEPT {
-            self.kept = kept + 1;
-            // A box in use has no next (`take` took it): nothing to drop
-            // (issue 39: not even the test of it).
-            debug_assert!(self.next.is_none());
-            std::mem::forget(std::mem::replace(&mut self.next, head));
-            FREE.set(ManuallyDrop::new(Some(self)));
-        } else {
+            None if GUARD_STATE.get() == GUARDED => {
+                self.kept = 1;
+                FREE.set(ManuallyDrop::new(Some(self)));
+            }
+            None => Self::give_unguarded(self),
+            Some(head) if head.kept < KEPT => {
+                self.kept = head.kept + 1;
+                std::mem::forget(self.next.replace(head));
+                FREE.set(ManuallyDrop::new(Some(self)));
+            }
             // Full: this box is freed.
-            FREE.set(ManuallyDrop::new(head));
+            Some(head) => FREE.set(ManuallyDrop::new(Some(head))),
         }
     }
 
