@@ -181,8 +181,10 @@ impl<T> Striped<T> {
         }
     }
 
-    /// The shared stripe.
+    /// The shared stripe. Out of line (issue 39: inline, the length of the
+    /// stripes was kept in a register by every look-up, for this).
     #[cold]
+    #[inline(never)]
     fn last(&self) -> (&T, bool) {
         let shared = self.stripes.len() - 1;
         (&self.stripes[shared], false)
