@@ -254,7 +254,7 @@ impl Admission {
     pub fn count_as_system_error(&mut self) {
         // Only a matched call's fuses read it.
         if let Some(call) = &mut self.0 {
-            call.marks.system_error = true;
+            call.count_as_system_error();
         }
     }
 

@@ -98,9 +98,11 @@ pub(super) struct Marks {
     /// then, and the passes over the holds walk `held` only then: issue 39,
     /// a plain grant is kept in `plain`, so most calls hold nothing here).
     pub(super) course: Course,
-    /// Fuses count the call as a system error whatever its outcome.
-    pub(super) system_error: bool,
 }
+
+/// The course of a call admitted, observed by nothing, holding nothing
+/// aside, not a system error ([`Call::record_outcome_and`]).
+const PLAIN: Course = Course::at(Progress::Admitted);
 
 /// An outcome as a record pass counts it: the stripe, the latency, the
 /// outcome, when and how long after the decision began (ns).
@@ -434,7 +436,7 @@ impl Call {
         }
         self.marks.course = Course::at(Progress::Recorded);
         if let Some(snap) = &self.snap {
-            self.record_outcome_and(snap, outcome, false, false);
+            self.record_outcome_and(snap, outcome, false, PLAIN);
         }
     }
 
@@ -449,8 +451,7 @@ impl Call {
         if !self.marks.course.is(Progress::Recorded) {
             self.marks.course.set(Progress::Recorded);
             if let Some(snap) = &self.snap {
-                let aside = self.holds_aside();
-                self.record_outcome_and(snap, outcome, false, aside);
+                self.record_outcome_and(snap, outcome, false, self.marks.course);
             }
         }
     }
@@ -480,17 +481,23 @@ impl Call {
         // The snapshot is taken first, and dropped once the holds are given
         // back (issue 39: its pointer tested once).
         if let Some(snap) = self.snap.take() {
-            self.record_outcome_and(&snap, outcome, true, false);
+            self.record_outcome_and(&snap, outcome, true, PLAIN);
         }
         self.give_plain();
     }
 
     /// Records the outcome for every granted rule of `snap` (the call's);
-    /// with `give_back`, gives back what each holds too; with `aside`, of
-    /// the holds in `held` too (`holds_aside`, issue 39: tested by the
-    /// caller, with the rest of the course).
+    /// with `give_back`, gives back what each holds too. `course`: the
+    /// call's, or [`PLAIN`] when the caller told it is (issue 39: then no
+    /// hold aside or system error is tested again).
     #[inline(always)]
-    fn record_outcome_and(&self, snap: &Snapshot, outcome: Outcome, give_back: bool, aside: bool) {
+    fn record_outcome_and(
+        &self,
+        snap: &Snapshot,
+        outcome: Outcome,
+        give_back: bool,
+        course: Course,
+    ) {
         let slot = stripe::current();
         let now = Now::read();
         let elapsed = now.nanos_since(self.start);
@@ -498,7 +505,7 @@ impl Call {
         let states = &snap.states[..];
         let plain = self.plain;
         let grant = Grant {
-            system_error: self.marks.system_error,
+            system_error: course.system_error(),
             ..Grant::default()
         };
         for rule in plain.rules() {
@@ -509,7 +516,8 @@ impl Call {
             // second dispatch).
             state.count_and_record(slot, latency, outcome, grant, now, elapsed, give_back);
         }
-        if aside {
+        if course.aside() {
+            debug_assert!(self.holds_aside());
             let counted = (slot, latency, outcome, now, elapsed);
             self.record_held(states, counted, give_back);
         }
@@ -527,7 +535,7 @@ impl Call {
         let (slot, latency, outcome, now, elapsed) = counted;
         for h in &self.held {
             let grant = Grant {
-                system_error: self.marks.system_error,
+                system_error: self.marks.course.system_error(),
                 ..h.grant()
             };
             let state = &states[h.rule as usize];
@@ -582,6 +590,12 @@ impl Call {
         for rule in self.plain.giving(snap.gives_back) {
             state_of(&snap.states, rule).release(None, Grant::default());
         }
+    }
+
+    /// Fuses count the call as a system error whatever its outcome: its
+    /// end is then not a plain one.
+    pub(super) fn count_as_system_error(&mut self) {
+        self.marks.course.count_as_system_error();
     }
 
     /// Sets the call's observer: its end is then not a plain one.
@@ -971,6 +985,39 @@ rules:
         drop(first);
         assert!(head_blank(), "no keyed scope kept");
         assert!(second.await.is_ok());
+    }
+
+    /// A call counted as a system error is one for fuses whatever its
+    /// outcome, finished or recorded (not the plain end of a call): one
+    /// trips a fuse that trips on one error; a call that went well does not.
+    #[tokio::test(start_paused = true)]
+    async fn a_system_error_trips_a_fuse_whatever_the_outcome() {
+        let config = r#"
+service: inventory
+rules:
+- name: inventory/fuse
+  on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 30000}
+"#;
+        for (system_error, record) in [(false, false), (true, false), (true, true)] {
+            let e = engine_of(config);
+            let Some(mut a) = decide(&e, "/stock") else {
+                panic!("not admitted");
+            };
+            if system_error {
+                a.count_as_system_error();
+            }
+            if record {
+                a.record(Outcome::Status(200));
+                drop(a);
+            } else {
+                a.finish(Outcome::Status(200));
+            }
+            let tripped = decide(&e, "/stock").is_none();
+            assert_eq!(tripped, system_error, "{system_error} {record}");
+        }
     }
 
     /// A half-open fuse's probe recorded at the head is not given back

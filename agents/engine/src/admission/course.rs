@@ -16,10 +16,10 @@ pub(super) enum Progress {
 }
 
 /// A call's [`Progress`] (the low bits) and whether it is observed
-/// ([`OBSERVED`]: it has a trace) or keeps holds aside ([`ASIDE`]).
-/// Issue 39: the end of most calls (at a progress, observed by nothing,
-/// holding nothing aside) is told by one compare ([`Course::plain_at`]),
-/// not by a test of each.
+/// ([`OBSERVED`]: it has a trace), keeps holds aside ([`ASIDE`]) or is
+/// counted by fuses as a system error ([`SYSTEM_ERROR`]). Issue 39: the end
+/// of most calls (at a progress, none of these) is told by one compare
+/// ([`Course::plain_at`]), not by a test of each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Course(u8);
 
@@ -29,6 +29,8 @@ const PROGRESS: u8 = 3;
 const OBSERVED: u8 = 4;
 /// Something was kept in `held`, `refused`, `waits` or `keyed`.
 const ASIDE: u8 = 8;
+/// Fuses count the call as a system error whatever its outcome.
+const SYSTEM_ERROR: u8 = 16;
 
 impl Course {
     /// At `progress`, observed by nothing, holding nothing aside.
@@ -47,7 +49,8 @@ impl Course {
         self.0 = self.0 & !PROGRESS | progress as u8;
     }
 
-    /// At `progress`, and neither observed nor holding anything aside.
+    /// At `progress`, and neither observed, nor holding anything aside,
+    /// nor a system error.
     #[inline]
     pub(super) fn plain_at(self, progress: Progress) -> bool {
         self == Self::at(progress)
@@ -56,6 +59,16 @@ impl Course {
     #[inline]
     pub(super) fn observed(&mut self) {
         self.0 |= OBSERVED;
+    }
+
+    #[inline]
+    pub(super) fn count_as_system_error(&mut self) {
+        self.0 |= SYSTEM_ERROR;
+    }
+
+    #[inline]
+    pub(super) fn system_error(self) -> bool {
+        self.0 & SYSTEM_ERROR != 0
     }
 
     #[inline]
@@ -91,6 +104,10 @@ mod tests {
             assert!(!c.aside() && c.is(p) && !c.plain_at(p), "observed");
             c.set(Progress::Recorded);
             assert!(c.is(Progress::Recorded) && !c.plain_at(Progress::Recorded));
+            let mut e = Course::at(p);
+            e.count_as_system_error();
+            assert!(e.system_error() && e.is(p) && !e.plain_at(p) && !e.aside());
+            assert!(!c.system_error());
         }
     }
 }

@@ -75,7 +75,6 @@ impl Call {
             awaits_grpc_status: false,
             has_bytes: false,
             course,
-            system_error: false,
         };
         match free {
             Some(mut call) => {
