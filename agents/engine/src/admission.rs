@@ -22,6 +22,8 @@ use crate::state::Scope;
 use crate::stripe;
 
 mod call;
+mod course;
+mod free;
 mod held;
 mod meter;
 mod ratelimit;
@@ -211,7 +213,7 @@ impl Admission {
     /// [`Admission::add_bytes`]: how a decision log sees both proxy paths
     /// end a call. A second call replaces the first observer.
     pub fn on_end(&mut self, then: impl FnOnce(Ended) + Send + Sync + 'static) {
-        self.made().trace = Some(trace::Trace::new(Box::new(then)));
+        self.made().observe(trace::Trace::new(Box::new(then)));
     }
 
     /// Adds request or response bytes to every matched byte limit. Call it as
@@ -252,7 +254,7 @@ impl Admission {
     pub fn count_as_system_error(&mut self) {
         // Only a matched call's fuses read it.
         if let Some(call) = &mut self.0 {
-            call.marks.system_error = true;
+            call.count_as_system_error();
         }
     }
 

@@ -156,14 +156,20 @@ pub(crate) fn add(counter: &AtomicU64, owned: bool, n: u64) {
 /// One value of `T` per thread slot plus the shared one.
 #[derive(Debug)]
 pub(crate) struct Striped<T> {
-    // INVARIANT: `slots() + 1` stripes; the last is the shared one.
+    // INVARIANT: `slots()` stripes, one a slot.
     stripes: Box<[T]>,
+    /// The shared stripe, apart (issue 39: a look-up in it is an offset
+    /// from `self`, not a call or a read of the stripes' length, so the
+    /// look-up of an owned stripe compares the length in memory and keeps
+    /// nothing in a register for it).
+    shared: T,
 }
 
 impl<T: Default> Default for Striped<T> {
     fn default() -> Self {
         Self {
-            stripes: (0..=slots()).map(|_| T::default()).collect(),
+            stripes: (0..slots()).map(|_| T::default()).collect(),
+            shared: T::default(),
         }
     }
 }
@@ -177,20 +183,13 @@ impl<T> Striped<T> {
         // above), [`SHARED`] past every stripe.
         match self.stripes.get(slot.idx) {
             Some(s) => (s, true),
-            None => self.last(),
+            None => (&self.shared, false),
         }
     }
 
-    /// The shared stripe.
-    #[cold]
-    fn last(&self) -> (&T, bool) {
-        let shared = self.stripes.len() - 1;
-        (&self.stripes[shared], false)
-    }
-
-    /// Every stripe, to sum them.
-    pub(crate) fn all(&self) -> &[T] {
-        &self.stripes
+    /// Every stripe (the shared one last), to sum them.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &T> {
+        self.stripes.iter().chain(std::iter::once(&self.shared))
     }
 }
 
@@ -204,7 +203,7 @@ mod tests {
     struct One(AtomicU64);
 
     fn sum(s: &Striped<One>) -> u64 {
-        s.all().iter().map(|o| o.0.load(Ordering::Relaxed)).sum()
+        s.all().map(|o| o.0.load(Ordering::Relaxed)).sum()
     }
 
     fn bump(s: &Striped<One>, n: u64) -> bool {

@@ -2,13 +2,8 @@
 //! pointer: the rules it holds, its deadlines, its outcome, its observer.
 //! An [`Admission`](super::Admission) of a request no rule matched holds
 //! none of it (a null pointer: nothing to move, nothing to drop).
-//!
-//! The boxes come from a per-thread free list (issue 39): a decision takes
-//! one and the end of the call gives it back blank, on the thread that ends
-//! it, so a steady flow of calls allocates nothing; each list keeps at most
-//! [`KEPT`] boxes and frees what is given beyond that.
+//! The boxes come from a per-thread free list ([`super::free`]).
 
-use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +19,7 @@ use crate::state::{Scope, State};
 use crate::stats::Latency;
 use crate::stripe::{self, Slot};
 
+use super::course::{Course, Progress};
 use super::held::{Held, Keyed, Plain, reported, scope_in, shadow_timeouts, state_of};
 use super::trace::{self, Trace};
 
@@ -69,7 +65,7 @@ pub(crate) struct Call {
     /// When the decision began. Read only for a call a rule matched (with
     /// `snap`): a box taken for another keeps its last (issue 39: a plain
     /// word, not an `Option` tested by every record).
-    start: Now,
+    pub(super) start: Now,
     /// The rule with the shortest matched timeout.
     pub(crate) timeout: Option<u32>,
     /// The caller's own deadline (`grpc-timeout`, `gov-timeout`).
@@ -82,15 +78,10 @@ pub(crate) struct Call {
     pub(super) waits: Vec<(u32, Duration)>,
     /// Told how the call ended; `None` for almost every call.
     pub(super) trace: Option<Box<Trace>>,
-    /// Something was kept in `held`, `refused`, `waits` or `keyed`: the
-    /// give-back clears them only then, and the passes over the holds walk
-    /// `held` only then (issue 39: one test, not four; a plain grant is
-    /// kept in `plain`, so most calls hold nothing here).
-    aside: bool,
     /// The next box of this thread's free list (`None` in use).
-    next: Option<Box<Call>>,
+    pub(super) next: Option<Box<Call>>,
     /// On a free list: how many boxes it holds from this one on.
-    kept: u32,
+    pub(super) kept: u32,
 }
 
 /// A call's flags, in one word (issue 39: `Call::take` sets them blank
@@ -102,103 +93,45 @@ pub(super) struct Marks {
     pub(super) awaits_grpc_status: bool,
     pub(super) has_bytes: bool,
     /// How far the call got: admitted (counted in every rule), then
-    /// recorded (issue 39: one byte tested by the end, not two).
-    progress: Progress,
-    /// Fuses count the call as a system error whatever its outcome.
-    pub(super) system_error: bool,
+    /// recorded; and whether it has an observer, or something kept in
+    /// `held`, `refused`, `waits` or `keyed` (the give-back clears them only
+    /// then, and the passes over the holds walk `held` only then: issue 39,
+    /// a plain grant is kept in `plain`, so most calls hold nothing here).
+    pub(super) course: Course,
 }
 
-/// How far a call got. Recorded implies admitted: only an admitted call
-/// is handed out to be recorded (a call no rule matched starts recorded).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-enum Progress {
-    /// Refused, or waiting for a step (`Call::deciding`).
-    Deciding,
-    /// Every step passed: counted as admitted in every rule. Also while a
-    /// decision runs its steps (from `Call::take`: nothing reads it then).
-    Admitted,
-    /// Its outcome was recorded (first call wins).
-    Recorded,
-}
+/// The course of a call admitted, observed by nothing, holding nothing
+/// aside, not a system error ([`Call::record_outcome_and`]).
+const PLAIN: Course = Course::at(Progress::Admitted);
 
 /// An outcome as a record pass counts it: the stripe, the latency, the
 /// outcome, when and how long after the decision began (ns).
 type Counted = (Slot, Latency, Outcome, Now, u64);
 
-/// The most boxes one thread's free list keeps.
-pub(super) const KEPT: u32 = 64;
-
-thread_local! {
-    /// This thread's free boxes, a list through [`Call::next`].
-    static FREE: Cell<Option<Box<Call>>> = const { Cell::new(None) };
-}
-
 impl Call {
-    /// A call whose decision began at `start` (`None`: no rule matched, the
-    /// call is admitted and recorded as far as rules go), with the rule of
-    /// its shortest matched timeout (issue 39: set once, not reset and then
-    /// set), from this thread's free list when it has one.
-    #[inline]
-    pub(crate) fn take(start: Option<Now>, timeout: Option<u32>) -> Box<Self> {
-        let free = FREE
-            .try_with(|f| {
-                let mut call = f.take()?;
-                f.set(call.next.take());
-                Some(call)
-            })
-            .ok()
-            .flatten();
-        // A decision's call is marked admitted from the start (issue 39: not
-        // by one more store when it is): one that is not at once is marked
-        // deciding (`Call::deciding`).
-        let progress = if start.is_none() {
-            Progress::Recorded
-        } else {
-            Progress::Admitted
-        };
-        let marks = Marks {
-            awaits_grpc_status: false,
-            has_bytes: false,
-            progress,
-            system_error: false,
-        };
-        match free {
-            Some(mut call) => {
-                // Blank but for these (`give`).
-                if let Some(start) = start {
-                    call.start = start;
-                }
-                call.timeout = timeout;
-                call.caller_deadline = None;
-                call.marks = marks;
-                call
-            }
-            None => Box::new(Self {
-                snap: None,
-                plain: Plain::default(),
-                held: Vec::new(),
-                refused: Vec::with_capacity(2),
-                keyed: None,
-                start: start.unwrap_or_else(Now::read),
-                timeout,
-                caller_deadline: None,
-                marks,
-                waits: Vec::new(),
-                trace: None,
-                aside: false,
-                next: None,
-                kept: 0,
-            }),
-        }
-    }
-
     /// Ends the call (gives back what it holds, tells its observer), then
     /// puts its box on this thread's free list, blank (a call `finish`ed
     /// without an observer never comes here: its record pass gave
     /// everything back).
     #[inline(never)]
     pub(super) fn end_and_give(mut self: Box<Self>) {
+        // Most calls: recorded, observed by nothing, holding nothing aside
+        // (issue 39: one compare; no observer to tell, nothing aside to
+        // give back or clear).
+        if !self.marks.course.plain_at(Progress::Recorded) {
+            return self.end_other_and_give();
+        }
+        if let Some(snap) = self.snap.take() {
+            self.give_back_plain(&snap);
+        }
+        self.give_plain();
+    }
+
+    /// [`Call::end_and_give`] of a call observed, holding something aside,
+    /// or not recorded.
+    #[cold]
+    #[inline(never)]
+    fn end_other_and_give(mut self: Box<Self>) {
         // The snapshot is taken first and dropped once the call has ended
         // and its observer was told (issue 39: its pointer tested once, not
         // again by `give` or by the drop; an arm each, so that the paths do
@@ -214,38 +147,11 @@ impl Call {
         self.give();
     }
 
-    /// Puts the box of an ended call on this thread's free list, blank
-    /// (freed when the list is full). Its snapshot was taken (and dropped)
-    /// by the caller (issue 39: the pointer is tested once, not again here).
-    #[inline]
-    fn give(mut self: Box<Self>) {
-        debug_assert!(self.snap.is_none());
-        self.plain = Plain::default();
-        if self.aside {
-            self.put_back_aside();
-        }
-        let _ = FREE.try_with(move |f| {
-            let head = f.take();
-            let kept = head.as_ref().map_or(0, |h| h.kept);
-            if kept < KEPT {
-                self.kept = kept + 1;
-                // A box in use has no next (`take` took it): nothing to drop
-                // (issue 39: not even the test of it).
-                debug_assert!(self.next.is_none());
-                std::mem::forget(std::mem::replace(&mut self.next, head));
-                f.set(Some(self));
-            } else {
-                // Full: this box is freed.
-                f.set(head);
-            }
-        });
-    }
-
     /// Clears what was kept aside of the holds (`Call::aside`).
     #[cold]
     #[inline(never)]
-    fn put_back_aside(&mut self) {
-        self.aside = false;
+    pub(super) fn put_back_aside(&mut self) {
+        self.marks.course.set_aside(false);
         self.held.clear();
         self.refused.clear();
         self.keyed = None;
@@ -262,7 +168,7 @@ impl Call {
         if keyed {
             self.keyed.get_or_insert_default().push((rule, step.scope));
         }
-        self.aside = true;
+        self.marks.course.set_aside(true);
         self.marks.has_bytes |= grant.bytes;
         self.held.push(Held::new(rule, grant, keyed, gives_back));
     }
@@ -283,7 +189,7 @@ impl Call {
     /// inlined in each kind's arm).
     #[inline(never)]
     fn hold_own(&mut self, rule: u32, grant: Grant, gives_back: bool) {
-        self.aside = true;
+        self.marks.course.set_aside(true);
         self.marks.has_bytes |= grant.bytes;
         self.held.push(Held::new(rule, grant, false, gives_back));
     }
@@ -399,7 +305,7 @@ impl Call {
     #[cold]
     fn shadow(&mut self, snap: &Snapshot, rule: u32, reason: RejectReason) {
         snap.shadow_reject(rule, reason);
-        self.aside = true;
+        self.marks.course.set_aside(true);
         self.refused.push((rule, reason));
     }
 
@@ -438,7 +344,7 @@ impl Call {
             Ok(grant) => {
                 let waited = began.elapsed();
                 if !waited.is_zero() {
-                    self.aside = true;
+                    self.marks.course.set_aside(true);
                     self.waits.push((step.rule, waited));
                 }
                 let gives_back = state.gives_back();
@@ -453,12 +359,12 @@ impl Call {
     /// admitted (yet), and its end counts it in no rule.
     #[inline]
     pub(crate) fn deciding(&mut self) {
-        self.marks.progress = Progress::Deciding;
+        self.marks.course.set(Progress::Deciding);
     }
 
     /// Every step passed after a wait: count the call as admitted.
     pub(super) fn complete(&mut self, slot: Slot) {
-        self.marks.progress = Progress::Admitted;
+        self.marks.course.set(Progress::Admitted);
         if let Some(snap) = &self.snap {
             self.count_admitted_in(&snap.states, slot);
         }
@@ -493,8 +399,9 @@ impl Call {
     /// loaded); a hold is kept aside only with it set.
     #[inline]
     fn holds_aside(&self) -> bool {
-        debug_assert!(self.aside || self.held.is_empty());
-        self.aside
+        let aside = self.marks.course.aside();
+        debug_assert!(aside || self.held.is_empty());
+        aside
     }
 
     pub(super) fn rule_timeout(&self) -> Option<Duration> {
@@ -522,12 +429,30 @@ impl Call {
     /// Records how the call ended (first call wins).
     #[inline]
     pub(super) fn record(&mut self, outcome: Outcome) {
+        // Most calls: admitted, observed by nothing, holding nothing aside
+        // (issue 39: one compare, not a test of each).
+        if !self.marks.course.plain_at(Progress::Admitted) {
+            return self.record_other(outcome);
+        }
+        self.marks.course = Course::at(Progress::Recorded);
+        if let Some(snap) = &self.snap {
+            self.record_outcome_and(snap, outcome, false, PLAIN);
+        }
+    }
+
+    /// [`Call::record`] of a call observed, holding something aside, or
+    /// not admitted (recorded already, or deciding).
+    #[cold]
+    #[inline(never)]
+    fn record_other(&mut self, outcome: Outcome) {
         if self.trace.is_some() {
             trace::keep_outcome(&mut self.trace, outcome);
         }
-        if self.marks.progress != Progress::Recorded {
-            self.marks.progress = Progress::Recorded;
-            self.record_outcome(outcome);
+        if !self.marks.course.is(Progress::Recorded) {
+            self.marks.course.set(Progress::Recorded);
+            if let Some(snap) = &self.snap {
+                self.record_outcome_and(snap, outcome, false, self.marks.course);
+            }
         }
     }
 
@@ -547,29 +472,32 @@ impl Call {
     /// left for [`Call::end_and_give`] to do).
     #[inline]
     pub(super) fn finish(mut self: Box<Self>, outcome: Outcome) {
-        if self.marks.progress == Progress::Recorded || self.trace.is_some() {
+        // Admitted, observed by nothing, holding nothing aside (issue 39:
+        // one compare; nothing aside to record or clear).
+        if !self.marks.course.plain_at(Progress::Admitted) {
             return self.record_and_end(outcome);
         }
         // Not marked recorded: nothing reads it before `take` sets it again.
         // The snapshot is taken first, and dropped once the holds are given
         // back (issue 39: its pointer tested once).
         if let Some(snap) = self.snap.take() {
-            self.record_outcome_and(&snap, outcome, true);
+            self.record_outcome_and(&snap, outcome, true, PLAIN);
         }
-        self.give();
-    }
-
-    #[inline]
-    fn record_outcome(&mut self, outcome: Outcome) {
-        if let Some(snap) = &self.snap {
-            self.record_outcome_and(snap, outcome, false);
-        }
+        self.give_plain();
     }
 
     /// Records the outcome for every granted rule of `snap` (the call's);
-    /// with `give_back`, gives back what each holds too.
+    /// with `give_back`, gives back what each holds too. `course`: the
+    /// call's, or [`PLAIN`] when the caller told it is (issue 39: then no
+    /// hold aside or system error is tested again).
     #[inline(always)]
-    fn record_outcome_and(&self, snap: &Snapshot, outcome: Outcome, give_back: bool) {
+    fn record_outcome_and(
+        &self,
+        snap: &Snapshot,
+        outcome: Outcome,
+        give_back: bool,
+        course: Course,
+    ) {
         let slot = stripe::current();
         let now = Now::read();
         let elapsed = now.nanos_since(self.start);
@@ -577,7 +505,7 @@ impl Call {
         let states = &snap.states[..];
         let plain = self.plain;
         let grant = Grant {
-            system_error: self.marks.system_error,
+            system_error: course.system_error(),
             ..Grant::default()
         };
         for rule in plain.rules() {
@@ -588,7 +516,8 @@ impl Call {
             // second dispatch).
             state.count_and_record(slot, latency, outcome, grant, now, elapsed, give_back);
         }
-        if self.holds_aside() {
+        if course.aside() {
+            debug_assert!(self.holds_aside());
             let counted = (slot, latency, outcome, now, elapsed);
             self.record_held(states, counted, give_back);
         }
@@ -606,7 +535,7 @@ impl Call {
         let (slot, latency, outcome, now, elapsed) = counted;
         for h in &self.held {
             let grant = Grant {
-                system_error: self.marks.system_error,
+                system_error: self.marks.course.system_error(),
                 ..h.grant()
             };
             let state = &states[h.rule as usize];
@@ -639,21 +568,40 @@ impl Call {
     /// Ends a governed call: returns permits and abandoned probes.
     fn end(&self, snap: &Snapshot) {
         // A recorded call ended in a latency bucket; count the others here.
-        if self.marks.progress == Progress::Admitted {
+        if self.marks.course.is(Progress::Admitted) {
             return self.end_unrecorded(snap);
         }
         // A recorded call (the proxy's path: recorded at the head, dropped
         // when the body ends), or one refused or dropped while deciding,
         // visits only the holds that give back; a recorded call's probes
         // reported.
-        for rule in self.plain.giving(snap.gives_back) {
-            state_of(&snap.states, rule).release(None, Grant::default());
-        }
+        self.give_back_plain(snap);
         // Most calls hold nothing but plain grants (issue 39: tested once,
         // the walk of the others out of line).
         if self.holds_aside() {
             self.end_held(snap);
         }
+    }
+
+    /// Gives back the plain holds that do (a bulkhead's permit) of a call
+    /// recorded, or refused or dropped while deciding.
+    #[inline]
+    fn give_back_plain(&self, snap: &Snapshot) {
+        for rule in self.plain.giving(snap.gives_back) {
+            state_of(&snap.states, rule).release(None, Grant::default());
+        }
+    }
+
+    /// Fuses count the call as a system error whatever its outcome: its
+    /// end is then not a plain one.
+    pub(super) fn count_as_system_error(&mut self) {
+        self.marks.course.count_as_system_error();
+    }
+
+    /// Sets the call's observer: its end is then not a plain one.
+    pub(super) fn observe(&mut self, trace: Box<Trace>) {
+        self.trace = Some(trace);
+        self.marks.course.observed();
     }
 
     /// [`Call::end`] of an admitted call dropped without an outcome:
@@ -679,7 +627,7 @@ impl Call {
     /// (issue 39: as `end_unrecorded`).
     #[inline(never)]
     fn end_held(&self, snap: &Snapshot) {
-        if self.marks.progress == Progress::Recorded {
+        if self.marks.course.is(Progress::Recorded) {
             for h in self.held.iter().filter(|h| h.gives_back()) {
                 snap.states[h.rule as usize].release(self.scope(h), reported(h));
             }
@@ -700,35 +648,35 @@ mod tests {
 
     use super::*;
     use crate::admission::engine_of;
+    use crate::admission::free::{
+        FREE, GONE, GUARD_STATE, GUARDED, Guard, KEPT, UNGUARDED, free_head,
+    };
     use crate::{Admission, Decision, Engine, RequestInfo};
+    use std::mem::ManuallyDrop;
 
     /// How many boxes this thread's free list holds.
     fn free_len() -> u32 {
-        FREE.with(|f| {
-            let head = f.take();
-            let n = head.as_ref().map_or(0, |h| h.kept);
-            f.set(head);
-            n
-        })
+        let head = free_head();
+        let n = head.as_ref().map_or(0, |h| h.kept);
+        FREE.set(ManuallyDrop::new(head));
+        n
     }
 
     /// Whether the head of this thread's free list is blank.
     fn head_blank() -> bool {
-        FREE.with(|f| {
-            let head = f.take();
-            let blank = head.as_ref().is_some_and(|c| {
-                c.snap.is_none()
-                    && c.plain == Plain::default()
-                    && c.held.is_empty()
-                    && c.refused.is_empty()
-                    && c.keyed.is_none()
-                    && c.trace.is_none()
-                    && c.waits.is_empty()
-                    && !c.aside
-            });
-            f.set(head);
-            blank
-        })
+        let head = free_head();
+        let blank = head.as_ref().is_some_and(|c| {
+            c.snap.is_none()
+                && c.plain == Plain::default()
+                && c.held.is_empty()
+                && c.refused.is_empty()
+                && c.keyed.is_none()
+                && c.trace.is_none()
+                && c.waits.is_empty()
+                && !c.marks.course.aside()
+        });
+        FREE.set(ManuallyDrop::new(head));
+        blank
     }
 
     /// An engine of the service the config `yaml` names, with it applied.
@@ -1015,7 +963,7 @@ rules:
             first
                 .0
                 .as_ref()
-                .is_some_and(|c| c.aside && c.keyed.is_some())
+                .is_some_and(|c| c.marks.course.aside() && c.keyed.is_some())
         );
         let e2 = e.clone();
         let second = tokio::spawn(async move {
@@ -1026,7 +974,10 @@ rules:
             let Ok(a) = admitted else {
                 panic!("not admitted after waiting");
             };
-            assert!(a.0.as_ref().is_some_and(|c| c.aside && !c.waits.is_empty()));
+            assert!(
+                a.0.as_ref()
+                    .is_some_and(|c| c.marks.course.aside() && !c.waits.is_empty())
+            );
             drop(a);
             assert!(head_blank(), "no keyed scope or wait kept");
         });
@@ -1034,6 +985,39 @@ rules:
         drop(first);
         assert!(head_blank(), "no keyed scope kept");
         assert!(second.await.is_ok());
+    }
+
+    /// A call counted as a system error is one for fuses whatever its
+    /// outcome, finished or recorded (not the plain end of a call): one
+    /// trips a fuse that trips on one error; a call that went well does not.
+    #[tokio::test(start_paused = true)]
+    async fn a_system_error_trips_a_fuse_whatever_the_outcome() {
+        let config = r#"
+service: inventory
+rules:
+- name: inventory/fuse
+  on: {path: {kind: PATH_KIND_PREFIX, value: /stock}}
+  fuse:
+    trips:
+    - {metric: TRIP_METRIC_ERRORS, op: COMPARE_OP_GE, count: 1, window_ms: 30000}
+"#;
+        for (system_error, record) in [(false, false), (true, false), (true, true)] {
+            let e = engine_of(config);
+            let Some(mut a) = decide(&e, "/stock") else {
+                panic!("not admitted");
+            };
+            if system_error {
+                a.count_as_system_error();
+            }
+            if record {
+                a.record(Outcome::Status(200));
+                drop(a);
+            } else {
+                a.finish(Outcome::Status(200));
+            }
+            let tripped = decide(&e, "/stock").is_none();
+            assert_eq!(tripped, system_error, "{system_error} {record}");
+        }
     }
 
     /// A half-open fuse's probe recorded at the head is not given back
@@ -1564,6 +1548,23 @@ rules:
     fn marks_are_one_word() {
         assert_eq!(std::mem::size_of::<Marks>(), 4);
         assert_eq!(std::mem::align_of::<Marks>(), 4);
+    }
+
+    /// A list keeps boxes only while its guard will free them: the first
+    /// box kept registers the guard; once it is dropped (the thread exits)
+    /// the list is empty and a box given is freed, not kept (a leak).
+    #[test]
+    fn a_free_list_keeps_boxes_only_while_its_guard_will_free_them() {
+        on_a_thread(|| {
+            assert_eq!(GUARD_STATE.get(), UNGUARDED);
+            drop(Admission::of(Call::take(None, None)));
+            assert_eq!((GUARD_STATE.get(), free_len()), (GUARDED, 1));
+            // What `GUARD`'s destructor does at the thread's exit.
+            drop(Guard);
+            assert_eq!((GUARD_STATE.get(), free_len()), (GONE, 0));
+            drop(Admission::of(Call::take(None, None)));
+            assert_eq!(free_len(), 0, "a box given after the guard is freed");
+        });
     }
 
     #[test]
