@@ -413,8 +413,7 @@ mod tests {
                     // The step's other calls, in the bucket started (the
                     // shared stripe is the last), as many records would.
                     let shared = w.stripes.all().last().expect("a shared stripe");
-                    let b = &shared.buckets[(s % BUCKETS) as usize];
-                    b.calls.fetch_add(calls(s) - 1, Relaxed);
+                    shared.calls[(s % BUCKETS) as usize].fetch_add(calls(s) - 1, Relaxed);
                 }
                 done.store(true, Release);
             })

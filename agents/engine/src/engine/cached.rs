@@ -75,8 +75,8 @@ mod tests {
     use http::{HeaderMap, Method};
 
     use super::*;
-    use crate::Engine;
     use crate::outcome::Outcome;
+    use crate::{Decision, Engine};
 
     const BULKHEAD: &str = r#"
 service: order
