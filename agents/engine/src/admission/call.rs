@@ -98,6 +98,9 @@ pub(super) struct Marks {
     /// then, and the passes over the holds walk `held` only then: issue 39,
     /// a plain grant is kept in `plain`, so most calls hold nothing here).
     pub(super) course: Course,
+    /// Zero: the marks fill their word, so that blank ones are written by
+    /// one store (issue 39: with three bytes, two).
+    pub(super) spare: u8,
 }
 
 /// The course of a call admitted, observed by nothing, holding nothing

@@ -75,6 +75,7 @@ impl Call {
             awaits_grpc_status: false,
             has_bytes: false,
             course,
+            spare: 0,
         };
         match free {
             Some(mut call) => {
