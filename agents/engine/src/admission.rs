@@ -80,7 +80,7 @@ impl Admission {
     pub fn timeout(&self) -> Option<Duration> {
         let call = self.0.as_deref()?;
         let caller = call
-            .caller_deadline
+            .caller_deadline()
             .map(|at| at.saturating_duration_since(tokio::time::Instant::now()));
         match (call.rule_timeout(), caller) {
             (Some(rule), Some(caller)) => Some(rule.min(caller)),
@@ -92,7 +92,7 @@ impl Admission {
     /// in, [`crate::deadline::write`]): [`Admission::timeout`] when the
     /// caller sent a deadline, else none.
     pub fn forwarded_deadline(&self) -> Option<Duration> {
-        self.0.as_deref()?.caller_deadline.and(self.timeout())
+        self.0.as_deref()?.caller_deadline().and(self.timeout())
     }
 
     /// Sets when the deadline the caller gave the call passes
@@ -101,9 +101,9 @@ impl Admission {
     /// DEADLINE_EXCEEDED without naming a rule.
     pub fn set_caller_deadline(&mut self, at: Option<tokio::time::Instant>) {
         match (&mut self.0, at) {
-            (Some(call), at) => call.caller_deadline = at,
+            (Some(call), at) => call.set_caller_deadline(at),
             (None, None) => {}
-            (None, at) => self.made().caller_deadline = at,
+            (None, at) => self.made().set_caller_deadline(at),
         }
     }
 

@@ -68,7 +68,9 @@ pub(crate) struct Call {
     pub(super) start: Now,
     /// The rule with the shortest matched timeout.
     pub(crate) timeout: Option<u32>,
-    /// The caller's own deadline (`grpc-timeout`, `gov-timeout`).
+    /// The caller's own deadline (`grpc-timeout`, `gov-timeout`), when the
+    /// marks say the call has one ([`Call::caller_deadline`]): a box taken
+    /// keeps its last (issue 39: `take` writes the marks, not this too).
     pub(super) caller_deadline: Option<Instant>,
     /// Its flags, set blank by one store (issue 39).
     pub(super) marks: Marks,
@@ -98,9 +100,10 @@ pub(super) struct Marks {
     /// then, and the passes over the holds walk `held` only then: issue 39,
     /// a plain grant is kept in `plain`, so most calls hold nothing here).
     pub(super) course: Course,
-    /// Zero: the marks fill their word, so that blank ones are written by
-    /// one store (issue 39: with three bytes, two).
-    pub(super) spare: u8,
+    /// Whether `Call::caller_deadline` is the call's (else a box's last).
+    /// Four bytes: blank marks are written by one store (issue 39: three
+    /// took two).
+    pub(super) caller_deadline: bool,
 }
 
 /// The course of a call admitted, observed by nothing, holding nothing
@@ -195,6 +198,18 @@ impl Call {
         self.marks.course.set_aside(true);
         self.marks.has_bytes |= grant.bytes;
         self.held.push(Held::new(rule, grant, false, gives_back));
+    }
+
+    /// The caller's own deadline, if it gave one.
+    #[inline]
+    pub(super) fn caller_deadline(&self) -> Option<Instant> {
+        self.caller_deadline.filter(|_| self.marks.caller_deadline)
+    }
+
+    /// Sets the caller's own deadline (`None`: it gave none).
+    pub(super) fn set_caller_deadline(&mut self, at: Option<Instant>) {
+        self.caller_deadline = at;
+        self.marks.caller_deadline = at.is_some();
     }
 
     /// The keyed scope held for `h` (`None`: the rule's own).
@@ -557,7 +572,7 @@ impl Call {
     pub(super) fn timed_out(&mut self) -> Rejection {
         self.record(Outcome::Timeout);
         // The timer fired: the rule's, unless the caller's deadline passed.
-        let caller_passed = crate::deadline::passed(self.caller_deadline, Instant::now());
+        let caller_passed = crate::deadline::passed(self.caller_deadline(), Instant::now());
         let rule_first = self.rule_timeout().is_some() && !caller_passed;
         match (self.snap.as_ref(), self.timeout) {
             (Some(snap), Some(rule)) if rule_first => {
@@ -889,7 +904,8 @@ rules:
 
     /// A box taken from the free list is blank and linked to nothing: a
     /// decision and the give-back rely on it (they drop no snapshot or next
-    /// box they find there).
+    /// box they find there). It has no caller's deadline, though its last
+    /// call's is kept (only its mark is written blank).
     #[test]
     fn a_taken_box_is_blank_and_unlinked() {
         on_a_thread(|| {
@@ -912,6 +928,7 @@ rules:
                         && call.snap.is_none()
                         && call.plain == Plain::default()
                         && call.held.is_empty()
+                        && call.caller_deadline().is_none()
                 );
                 call.give();
             }

@@ -75,7 +75,7 @@ impl Call {
             awaits_grpc_status: false,
             has_bytes: false,
             course,
-            spare: 0,
+            caller_deadline: false,
         };
         match free {
             Some(mut call) => {
@@ -84,7 +84,6 @@ impl Call {
                     call.start = start;
                 }
                 call.timeout = timeout;
-                call.caller_deadline = None;
                 call.marks = marks;
                 call
             }
