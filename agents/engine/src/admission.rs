@@ -72,7 +72,7 @@ impl Admission {
     /// The call's state, made (as an unmatched call's) when it has none.
     #[cold]
     fn made(&mut self) -> &mut Call {
-        self.0.get_or_insert_with(|| Call::take(None, None))
+        self.0.get_or_insert_with(|| Call::take(None, &None))
     }
 
     /// The deadline for this call from now (the shortest matched timeout,

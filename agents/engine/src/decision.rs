@@ -345,7 +345,7 @@ pub(crate) fn admit_matched(
     // dropped) at every return.
     // With the shortest deadline a matched rule enforces (a shadow rule's
     // is counted, not enforced: `Admission::record`).
-    let mut call = Call::take(Some(now), plan.deadline_rule);
+    let mut call = Call::take(Some(now), &plan.deadline_rule);
     // A plan some rule of which keys its calls reads the request's keys
     // first, apart (issue 39: the others build no empty keys, test none).
     if plan.keyed {

@@ -920,7 +920,7 @@ rules:
                 .collect();
             drop((governed, observed));
             assert_eq!(free_len(), 3);
-            let taken: Vec<_> = (0..3).map(|_| Call::take(None, None)).collect();
+            let taken: Vec<_> = (0..3).map(|_| Call::take(None, &None)).collect();
             assert_eq!(free_len(), 0);
             for call in taken {
                 assert!(
@@ -1577,12 +1577,12 @@ rules:
     fn a_free_list_keeps_boxes_only_while_its_guard_will_free_them() {
         on_a_thread(|| {
             assert_eq!(GUARD_STATE.get(), UNGUARDED);
-            drop(Admission::of(Call::take(None, None)));
+            drop(Admission::of(Call::take(None, &None)));
             assert_eq!((GUARD_STATE.get(), free_len()), (GUARDED, 1));
             // What `GUARD`'s destructor does at the thread's exit.
             drop(Guard);
             assert_eq!((GUARD_STATE.get(), free_len()), (GONE, 0));
-            drop(Admission::of(Call::take(None, None)));
+            drop(Admission::of(Call::take(None, &None)));
             assert_eq!(free_len(), 0, "a box given after the guard is freed");
         });
     }

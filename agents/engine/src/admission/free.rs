@@ -56,9 +56,11 @@ impl Call {
     /// A call whose decision began at `start` (`None`: no rule matched, the
     /// call is admitted and recorded as far as rules go), with the rule of
     /// its shortest matched timeout (issue 39: set once, not reset and then
-    /// set), from this thread's free list when it has one.
+    /// set), from this thread's free list when it has one. The rule is
+    /// taken by reference (issue 39: copied as one word, not as its two
+    /// halves).
     #[inline]
-    pub(crate) fn take(start: Option<Now>, timeout: Option<u32>) -> Box<Self> {
+    pub(crate) fn take(start: Option<Now>, timeout: &Option<u32>) -> Box<Self> {
         let free = free_head().map(|mut call| {
             FREE.set(ManuallyDrop::new(call.next.take()));
             call
@@ -83,7 +85,7 @@ impl Call {
                 if let Some(start) = start {
                     call.start = start;
                 }
-                call.timeout = timeout;
+                call.timeout = *timeout;
                 call.marks = marks;
                 call
             }
@@ -94,7 +96,7 @@ impl Call {
                 refused: Vec::with_capacity(2),
                 keyed: None,
                 start: start.unwrap_or_else(Now::read),
-                timeout,
+                timeout: *timeout,
                 caller_deadline: None,
                 marks,
                 waits: Vec::new(),
