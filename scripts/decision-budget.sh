@@ -13,9 +13,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-matched_budget=704
-recorded_budget=749
-unmatched_budget=97
+matched_budget=592
+recorded_budget=631
+unmatched_budget=95
 
 if ! command -v valgrind >/dev/null 2>&1; then
   echo "decision-budget: valgrind is not installed (apt-get install valgrind)" >&2
