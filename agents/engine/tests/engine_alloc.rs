@@ -97,6 +97,8 @@ fn main() {
     println!("test governed_calls_do_not_allocate ... ok");
     refusals_do_not_allocate();
     println!("test refusals_do_not_allocate ... ok");
+    threads_that_exit_leave_nothing_allocated();
+    println!("test threads_that_exit_leave_nothing_allocated ... ok");
 }
 
 fn decisions_do_not_allocate() {
@@ -273,4 +275,93 @@ fn governed_calls_do_not_allocate() {
         .find(|r| &*r.rule == "order/api_calls")
         .unwrap();
     assert_eq!((api.admitted, api.in_flight), (10_001, 0));
+}
+
+/// Admissions a thread's destructor drops, and an engine it decides with
+/// then (a call finished, a refusal).
+struct Exit(Engine, Vec<gov_engine::Admission>);
+
+impl Drop for Exit {
+    fn drop(&mut self) {
+        self.1.clear();
+        let headers = HeaderMap::new();
+        for path in ["/p/3", "/p/closed"] {
+            match self
+                .0
+                .try_admit(&RequestInfo::inbound(&Method::GET, path, &headers))
+            {
+                Decision::Admitted(a) => a.finish(Outcome::Status(200)),
+                Decision::Rejected(r) => assert_eq!(&*r.rule, "order/closed"),
+                other => panic!("{path}: {other:?}"),
+            }
+        }
+    }
+}
+
+std::thread_local! {
+    /// Registered before the free list's guard, so destroyed after it.
+    static AT_EXIT: std::cell::RefCell<Option<Exit>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A thread that decides (boxes on its free list, a refusal's reused box),
+/// and whose thread-local destructors drop calls and decide after its free
+/// list's guard ran, leaves nothing allocated when it exits (the guard
+/// frees the list; a box given after it is freed, not kept).
+fn threads_that_exit_leave_nothing_allocated() {
+    let config = r#"
+service: order
+rules:
+- name: order/pool
+  on: {path: {kind: PATH_KIND_PREFIX, value: /p}}
+  bulkhead: {max_concurrent: 100}
+- name: order/closed
+  on: {path: {kind: PATH_KIND_PREFIX, value: /p/closed}}
+  limit:
+    calls: {amount: 1, window_ms: 3600000}
+"#;
+    let mut target: TargetConfig = serde_yaml::from_str(config).unwrap();
+    gov_proto::compiled::fill(&mut target);
+    let engine = Engine::empty("order");
+    engine.apply_target(&target).unwrap();
+    let run = |engine: Engine| {
+        std::thread::spawn(move || {
+            let headers = HeaderMap::new();
+            let get = Method::GET;
+            let decide = |e: &Engine, path: &str| match e
+                .try_admit(&RequestInfo::inbound(&get, path, &headers))
+            {
+                Decision::Admitted(a) => Some(a),
+                _ => None,
+            };
+            AT_EXIT.with(|x| *x.borrow_mut() = Some(Exit(engine.clone(), Vec::new())));
+            let held: Vec<_> = (0..5).filter_map(|_| decide(&engine, "/p/1")).collect();
+            assert_eq!(held.len(), 5);
+            let later: Vec<_> = (0..3).filter_map(|_| decide(&engine, "/p/2")).collect();
+            drop(held);
+            // Refused (its box kept for the next refusal), the first call
+            // of the hour's one admitted.
+            drop(decide(&engine, "/p/closed"));
+            assert!(decide(&engine, "/p/closed").is_none());
+            AT_EXIT.with(|x| x.borrow_mut().as_mut().unwrap().1.extend(later));
+        })
+        .join()
+        .unwrap();
+    };
+    // Once to set up what lives for the process (the thread's slot, ...).
+    run(engine.clone());
+    let region = Region::new(GLOBAL);
+    run(engine.clone());
+    let change = region.change();
+    assert_eq!(
+        (change.allocations, change.bytes_allocated),
+        (change.deallocations, change.bytes_deallocated),
+        "a thread that exited left allocations: {change:?}"
+    );
+    let stats = engine.stats();
+    let pool = stats
+        .rules
+        .iter()
+        .find(|r| &*r.rule == "order/pool")
+        .unwrap();
+    assert_eq!((pool.admitted, pool.in_flight), (19, 0));
 }

@@ -235,3 +235,32 @@ async fn a_slow_trip_latches_and_is_released_as_an_error_trip_is() {
     );
     assert_eq!(fresh.tripped_fuses()[0].reason, latch.reason);
 }
+
+/// A fuse of two conditions (error ratio, slow call ratio), in either
+/// order: a call that went well is counted in both windows (issue 39: out
+/// of line with more than one condition), so each ratio trips where its
+/// calls say, not at its `min_calls`.
+#[tokio::test(start_paused = true)]
+async fn a_fuse_of_two_conditions_counts_calls_that_went_well_in_both() {
+    let errors = "    - {metric: TRIP_METRIC_ERROR_RATIO, op: COMPARE_OP_GT, ratio_milli_percent: 50000, window_ms: 60000, min_calls: 4}\n";
+    let slow = "    - {metric: TRIP_METRIC_SLOW_CALL_RATIO, op: COMPARE_OP_GT, ratio_milli_percent: 50000, window_ms: 60000, min_calls: 4, slow_ms: 2000}\n";
+    for (first, second) in [(errors, slow), (slow, errors)] {
+        let yaml = format!(
+            "service: order\nrules:\n- name: order/slow\n  on: {{path: {{kind: PATH_KIND_PREFIX, value: /report}}}}\n  fuse:\n    trips:\n{first}{second}"
+        );
+        for (took, status) in [(MS(10), 500), (MS(2001), 200)] {
+            let e = engine(&yaml);
+            // Five calls that went well (exactly 2s is not slow).
+            for took in [MS(10), MS(2000), MS(10), MS(2000), MS(10)] {
+                assert!(call(&e, took, 200).await);
+            }
+            // Then bad ones: more than half of the calls at the sixth.
+            for i in 0..5 {
+                assert!(call(&e, took, status).await, "bad call {i} refused");
+                assert_eq!(state(&e), Some(FuseState::Closed), "after {i}");
+            }
+            assert!(call(&e, took, status).await);
+            assert_eq!(state(&e), Some(FuseState::Open), "{status}");
+        }
+    }
+}
