@@ -653,13 +653,15 @@ impl Engine {
 static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::atomic::Ordering::Acquire;
 
     use super::*;
     use http::{HeaderMap, Method};
 
-    const BULKHEAD: &str = r#"
+    /// A bulkhead of two permits on `/slow` (the thread cache's tests use
+    /// it too).
+    pub(super) const BULKHEAD: &str = r#"
 service: order
 rules:
 - name: order/slow_calls
@@ -668,7 +670,7 @@ rules:
     max_concurrent: 2
 "#;
 
-    fn engine(yaml: &str) -> Engine {
+    pub(super) fn engine(yaml: &str) -> Engine {
         let engine = Engine::empty("order");
         let mut target: proto::TargetConfig =
             serde_yaml::from_str(yaml).expect("the test config parses");
@@ -677,7 +679,7 @@ rules:
         engine
     }
 
-    fn decide(e: &Engine, path: &str) -> Option<Admission> {
+    pub(super) fn decide(e: &Engine, path: &str) -> Option<Admission> {
         let h = HeaderMap::new();
         match e.try_admit(&RequestInfo::inbound(&Method::GET, path, &h)) {
             Decision::Admitted(a) => Some(a),

@@ -72,37 +72,10 @@ impl Shared {
 mod tests {
     use std::cell::RefCell;
 
-    use http::{HeaderMap, Method};
-
+    use super::super::tests::{BULKHEAD, decide, engine};
     use super::*;
+    use crate::Engine;
     use crate::outcome::Outcome;
-    use crate::{Decision, Engine};
-
-    const BULKHEAD: &str = r#"
-service: order
-rules:
-- name: order/slow_calls
-  on: {path: {kind: PATH_KIND_PREFIX, value: /slow}}
-  bulkhead:
-    max_concurrent: 2
-"#;
-
-    fn engine(yaml: &str) -> Engine {
-        let engine = Engine::empty("order");
-        let mut target: gov_proto::v1::TargetConfig =
-            serde_yaml::from_str(yaml).expect("the test config parses");
-        gov_proto::compiled::fill(&mut target);
-        assert!(engine.apply_target(&target).is_ok());
-        engine
-    }
-
-    fn decide(e: &Engine, path: &str) -> Option<Admission> {
-        let h = HeaderMap::new();
-        match e.try_admit(&RequestInfo::inbound(&Method::GET, path, &h)) {
-            Decision::Admitted(a) => Some(a),
-            _ => None,
-        }
-    }
 
     fn admitted(e: &Engine) -> (u64, u64) {
         let s = e.stats();
