@@ -5,9 +5,10 @@
 //! A thread leases a slot from a small global registry when it first
 //! decides with a snapshot it loads ([`lease`]: the first decision of every
 //! thread fills its cache so) and gives it back when it exits (a
-//! thread-local destructor); until then it counts in the shared stripe. The thread owning a slot is the only writer of that slot's
-//! stripe in every counter set, so it bumps it with a plain `Relaxed` load
-//! and store (no lock prefix, no cache line shared with other writers).
+//! thread-local destructor); until then it counts in the shared stripe.
+//! The thread owning a slot is the only writer of that slot's stripe in
+//! every counter set, so it bumps it with a plain `Relaxed` load and store
+//! (no lock prefix, no cache line shared with other writers).
 //! Threads beyond the slot count, and code running after the thread's lease
 //! is gone (other thread-local destructors), use the shared stripe with
 //! `fetch_add`. A reader sums the stripes: sums are exact (no count is
@@ -255,8 +256,9 @@ mod tests {
     }
 
     /// A thread counts in the shared stripe until it asks for its slot
-    /// ([`lease`], once: later asks keep it); once its lease is dropped (at thread exit) it counts in the
-    /// shared stripe: the slot may then be another thread's.
+    /// ([`lease`], once: later asks keep it); once its lease is dropped (at
+    /// thread exit) it counts in the shared stripe: the slot may then be
+    /// another thread's.
     #[test]
     fn a_thread_keeps_its_slot_until_its_lease_is_dropped() {
         std::thread::spawn(|| {

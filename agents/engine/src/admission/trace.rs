@@ -1,5 +1,6 @@
-//! An observed call's trace (kept in its `Call`): what its observer ([`Admission::on_end`](super::Admission::on_end))
-//! is told when it ends, and what is counted for it until then.
+//! An observed call's trace (kept in its `Call`): what its observer
+//! ([`Admission::on_end`](super::Admission::on_end)) is told when it ends,
+//! and what is counted for it until then.
 
 use tokio::time::Instant;
 

@@ -12,11 +12,11 @@ use crate::request::RequestInfo;
 use crate::snapshot::CACHE;
 
 impl Shared {
-    /// [`Engine::try_admit`](crate::Engine::try_admit) of a request the miss filter may not pass. Only
-    /// the miss test is inlined into every caller: with several callers (as
-    /// in gov-agent) an unmatched call pays no call of this. Of the engine's
-    /// shared part (issue 39: the caller has its address at hand from the
-    /// miss test, and passes it).
+    /// [`Engine::try_admit`](crate::Engine::try_admit) of a request the
+    /// miss filter may not pass. Only the miss test is inlined into every
+    /// caller: with several callers (as in gov-agent) an unmatched call
+    /// pays no call of this. Of the engine's shared part (issue 39: the
+    /// caller has its address at hand from the miss test, and passes it).
     #[inline]
     pub(super) fn try_admit_routed(&self, req: &RequestInfo<'_>) -> Decided {
         let generation = self.generation.load(Acquire);
@@ -45,8 +45,9 @@ impl Shared {
         }
     }
 
-    /// [`Engine::try_admit`](crate::Engine::try_admit) with the snapshot loaded (and cached for this
-    /// thread): the first decision after a swap, or without the cache.
+    /// [`Engine::try_admit`](crate::Engine::try_admit) with the snapshot
+    /// loaded (and cached for this thread): the first decision after a
+    /// swap, or without the cache.
     #[cold]
     #[inline(never)]
     fn try_admit_loaded(&self, req: &RequestInfo<'_>) -> Decided {
