@@ -211,7 +211,12 @@ impl Admission {
     /// Calls `then` once when this call ends (the admission is dropped),
     /// with its outcome and the response bytes counted through
     /// [`Admission::add_bytes`]: how a decision log sees both proxy paths
-    /// end a call. A second call replaces the first observer.
+    /// end a call. A second call replaces the first observer. Set it
+    /// before the outcome is recorded (both proxy paths do): it is told the
+    /// first outcome given after it was set, so one set after
+    /// [`Admission::record`] is told the outcome [`Admission::finish`]
+    /// gives (or none, if the call is dropped), not the one the fuses and
+    /// latency histograms counted.
     pub fn on_end(&mut self, then: impl FnOnce(Ended) + Send + Sync + 'static) {
         self.made().observe(trace::Trace::new(Box::new(then)));
     }

@@ -9,8 +9,10 @@ use crate::outcome::Outcome;
 /// How an admitted call ended, for [`Admission::on_end`](super::Admission::on_end).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ended {
-    /// The recorded outcome; `None` when the call ended without one (the
-    /// client left, or the request never reached the upstream).
+    /// The recorded outcome (the first given after the observer was set:
+    /// [`Admission::on_end`](super::Admission::on_end)); `None` when the
+    /// call ended without one (the client left, or the request never
+    /// reached the upstream).
     pub outcome: Option<Outcome>,
     /// When the outcome was recorded (the response head, usually): when
     /// fuses and latency histograms counted the call, which can be well
