@@ -45,7 +45,7 @@ trap cleanup EXIT
 git worktree add --detach --quiet "$tree" HEAD
 if ! git -C "$tree" apply "$root/scripts/decision-parts.patch"; then
   echo "decision-parts: scripts/decision-parts.patch no longer applies to HEAD;" \
-    "redo its four switches (routing, admitted, latency) on the code as it is" >&2
+    "redo its switches (routing, admitted, latency) on the code as it is" >&2
   exit 1
 fi
 
