@@ -1,7 +1,7 @@
 //! The semantic checks and lints, one per file (the model is ruff: one rule,
 //! one file, one doc, one fixture).
 //!
-//! Every check reads the resolved [`Ctx`] and pushes diagnostics; none stops
+//! Every check reads the resolved `Ctx` and pushes diagnostics; none stops
 //! the others, so `check` reports every mistake at once. Each module's doc
 //! says what it catches, why it matters, an example and the fix; the same
 //! text is in `docs/checks.md`.

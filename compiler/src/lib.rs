@@ -11,7 +11,7 @@
 //! # Ok::<(), String>(())
 //! ```
 //!
-//! - [`check`] parses every file, resolves names and runs every check and
+//! - [`fn@check`] parses every file, resolves names and runs every check and
 //!   lint (`check/*.rs`), returning every diagnostic, never only the first.
 //! - [`compile`] lowers a policy without errors to a [`Bundle`]: one
 //!   [`TargetConfig`] per service with defaults applied and a content-hash
@@ -53,7 +53,7 @@ impl SourceFile {
     }
 }
 
-/// What [`check`] found.
+/// What [`fn@check`] found.
 #[derive(Debug)]
 pub struct Checked {
     /// Syntax errors (per file, in file order), then semantic errors, then

@@ -9,12 +9,13 @@
 //!   status 500..599 and system = connect_failure, timeout, reset; consumer
 //!   header `x-gov-consumer`), every rule's mode is `enforce`, and
 //!   `max_wait` 0 (fail fast) is a value.
-//! - Each rule is one `Rule`: the shared header ([`Lower::head`]) and the
+//! - Each rule is one `Rule`: the shared header (`Lower::head`) and the
 //!   kind's spec.
 //! - `wait for R` becomes a wait of R's expiry
 //!   (`server_cache + client_refresh + balancer_refresh`).
-//! - Each rule is named `service/rule` and carries a [`SourceRef`] (file,
-//!   line, column, first line of its text).
+//! - Each rule is named `service/rule` and carries a
+//!   [`SourceRef`](gov_proto::v1::SourceRef) (file, line, column, first
+//!   line of its text).
 //! - `version` is a content hash (sha-256, 16 hex digits) of the config
 //!   encoded with prost with `version` empty and every source reference
 //!   cleared, so reformatting or moving text between files never changes

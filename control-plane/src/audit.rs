@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 /// outcome (`apply` or `apply-refused`, `release` or `release-refused`),
 /// written once the outcome is stored, both with the same `intent`. An
 /// outcome that could not be written (govd stopped between the two) is
-/// written later from what the state says ([`crate::control_plane`]'s
+/// written later from what the state says (`crate::control_plane`'s
 /// reconciliation), so no record says something happened that did not.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {

@@ -1,5 +1,5 @@
 //! govd's state in etcd (`--store etcd://HOST:PORT,...[/PREFIX]`, or
-//! `etcds://` over TLS: [`tls`]), shared by several govd replicas. Keys
+//! `etcds://` over TLS: `tls`), shared by several govd replicas. Keys
 //! under `PREFIX` (default `gov`):
 //!
 //! - `PREFIX/state/PART`: the shared state, a key per part as the state

@@ -186,7 +186,7 @@ impl ControlPlaneRpc for ControlPlane {
 
     type ConnectStream = BoxStream<pb::ControlMessage>;
 
-    /// Served by [`GrpcService`] on pre-encoded messages; this decodes them
+    /// Served by `GrpcService` on pre-encoded messages; this decodes them
     /// again, for a server built on the generated service alone.
     async fn connect(
         &self,

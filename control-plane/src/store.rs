@@ -447,7 +447,7 @@ impl DirStore {
         agents::load(&self.agents_path(), &self.journal_lines, &mut state.agents)
     }
 
-    /// Writes `changes` to the agent journal ([`agents::write`]).
+    /// Writes `changes` to the agent journal (`agents::write`).
     pub fn write_agents(
         &self,
         changes: &AgentChanges,

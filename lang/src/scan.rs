@@ -15,7 +15,7 @@ pub const MAX_NESTING: usize = 64;
 /// make recursive walks (drop, equality, the formatter) a stack risk.
 pub const MAX_EXPR_TERMS: usize = 256;
 
-/// The most syntax errors [`parse_all`] reports for one file.
+/// The most syntax errors [`parse_all`](crate::parse_all) reports for one file.
 pub const MAX_SYNTAX_ERRORS: usize = 20;
 
 /// The bytes of `src` that are code: outside strings and comments. A string

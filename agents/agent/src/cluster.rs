@@ -89,7 +89,7 @@ pub fn redis(url: &str) -> Result<ClusterStore, ClusterError> {
     redis_with_timeout(url, DEFAULT_TIMEOUT)
 }
 
-/// Like [`redis`] with another per-call deadline.
+/// Like [`fn@redis`] with another per-call deadline.
 pub fn redis_with_timeout(url: &str, timeout: Duration) -> Result<ClusterStore, ClusterError> {
     redis_with(url, timeout, &RedisTlsFiles::default())
 }

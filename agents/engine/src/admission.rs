@@ -3,9 +3,9 @@
 //! its outcome (fuses, latency), the bytes it streams (byte limits), and the
 //! release of its permits.
 //!
-//! Every rule is reached through [`crate::state::State`], so nothing here
+//! Every rule is reached through `crate::state::State`, so nothing here
 //! knows a rule kind. Statistics (admitted, latency) and fuse windows are
-//! counted in the calling thread's stripe ([`crate::stripe`]), without a
+//! counted in the calling thread's stripe (`crate::stripe`), without a
 //! locked instruction.
 //!
 //! An [`Admission`] is one pointer: null for a request no rule matched and

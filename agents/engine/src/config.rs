@@ -6,8 +6,9 @@
 //!
 //! Everything the hot path needs is decided here, once per config: rules get
 //! dense indices ([`RuleId`]), match expressions become `Cond` trees in a
-//! `Router`, durations become [`Duration`]s, status
-//! codes [`StatusCode`]s and header names [`HeaderName`]s. Bad wire data is a
+//! `Router`, durations become [`Duration`](std::time::Duration)s, status
+//! codes [`StatusCode`](http::StatusCode)s and header names
+//! [`HeaderName`]s. Bad wire data is a
 //! typed [`InvalidConfig`] that names the rule at fault, so the agent can NACK
 //! it with the rule and keep its previous config. Nothing is filled in: the
 //! compiler writes every value (`gov_proto::compiled`), and a config without

@@ -9,7 +9,7 @@
 //!
 //! The decision itself is in [`crate::decision`], an admitted call's life
 //! in [`crate::admission`], each rule's state behind one interface in
-//! [`crate::primitive`]; this module owns the engine's config and its
+//! `crate::primitive`; this module owns the engine's config and its
 //! commands and views (release, stats, latches).
 
 use std::collections::HashMap;

@@ -18,10 +18,10 @@
 //!
 //! A path that meets a prefix (or equals an exact path) meets every shorter
 //! prefix that prefix (or path) starts with, so each index entry holds, when
-//! the config is compiled, the [`Plan`] of every rule its path alone
+//! the config is compiled, the `Plan` of every rule its path alone
 //! matches: the rules in the order their steps run, whether a scope needs
 //! the consumer, and the shortest deadline. A request takes the plan of
-//! the one entry it meets by reference ([`PlanAt`]), and copies it only to
+//! the one entry it meets by reference (`PlanAt`), and copies it only to
 //! add rules whose match has more to check and holds.
 
 use std::cell::Cell;

@@ -29,7 +29,7 @@ pub const LIVE_FOR_MS: u64 = 5_000;
 
 /// Where one connected stream's agent lives: its key, its connection id and
 /// its slot. Stale once the agent reconnects (another connection id) or is
-/// forgotten: [`Agents::of_stream`] then finds nothing.
+/// forgotten: `Agents::of_stream` then finds nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stream {
     pub key: AgentKey,

@@ -34,7 +34,8 @@ pub struct Persisted {
     pub releases: Vec<Released>,
     /// On disk only: the history's source texts by content address (one
     /// copy of each distinct text however many versions share it). Empty
-    /// in memory: [`Store::load`] puts the texts back into the history.
+    /// in memory: [`Store::load`](super::Store::load) puts the texts back
+    /// into the history.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub texts: BTreeMap<String, String>,
     /// A canary apply running (`crate::canary`): the version on trial is on

@@ -50,7 +50,8 @@ pub struct Options {
     /// How long in-flight requests may take to finish once stopping.
     pub drain_timeout: Duration,
     /// Static instance lists of the services the local service calls (static
-    /// discovery; [`Sidecar::directory`] replaces a service's set at run time).
+    /// discovery; [`Sidecar::directory`](super::Sidecar::directory) replaces a
+    /// service's set at run time).
     pub instances: Vec<(String, Vec<Authority>)>,
     /// How the outbound listener chooses among a service's endpoints (`--balance`).
     pub balance: Balance,
@@ -93,7 +94,8 @@ pub struct Options {
     /// Where and how to log each call's decisions (`--decision-log`). `None`: no log.
     pub decision_log: Option<crate::decision_log::LogOptions>,
     /// Mutual TLS between agents (`--inbound-mtls`, `--peer-ca`); the
-    /// certificate comes later ([`Sidecar::use_credentials`]).
+    /// certificate comes later
+    /// ([`Sidecar::use_credentials`](super::Sidecar::use_credentials)).
     pub mtls: Arc<PeerTls>,
 }
 

@@ -7,7 +7,7 @@
 //! the control-plane stream, the admin listener, config swaps) stay on the
 //! thread that started them.
 //!
-//! Upstream connections are kept per worker ([`index`]): a call goes out on
+//! Upstream connections are kept per worker (`index`): a call goes out on
 //! a connection its own thread reads and writes, not through another
 //! thread's.
 

@@ -8,7 +8,8 @@ use smallvec::SmallVec;
 
 use crate::phase::Phase;
 
-/// A dense index into [`CompiledConfig::rules`], valid for one config.
+/// A dense index into [`CompiledConfig::rules`](crate::CompiledConfig::rules),
+/// valid for one config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RuleId(pub u32);
 

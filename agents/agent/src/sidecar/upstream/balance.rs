@@ -75,7 +75,7 @@ pub const MIN_FOR_OUTLIERS: usize = 3;
 /// swaps in a new one, and a request reads it without a lock or an allocation
 /// (a guarded load, a hash lookup, two reference counts). The per-endpoint state that
 /// must outlive a swap (requests outstanding, the latency estimate, ejection,
-/// counters) lives in each [`Endpoint`], which a new set reuses for an address the
+/// counters) lives in each `Endpoint`, which a new set reuses for an address the
 /// old set had.
 #[derive(Debug)]
 pub struct Directory {

@@ -38,7 +38,7 @@ pub struct BulkheadSpec {
     /// with the latency of admitted calls; `None`: `max_concurrent`, fixed.
     pub adaptive: Option<AdaptiveSpec>,
     /// `share by consumer { ... }`: the permits shared between consumers by
-    /// weight ([`share`]); only per operation.
+    /// weight (`share`); only per operation.
     pub share: Option<ShareSpec>,
     /// How waiting calls are served.
     pub queue: QueueDiscipline,

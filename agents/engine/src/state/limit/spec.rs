@@ -99,7 +99,7 @@ pub struct LimitSpec {
     /// 1..=[`MAX_KEY_PARTS`] parts, and `key` is `All`; empty otherwise.
     pub parts: Box<[KeyPart]>,
     /// `share by consumer { ... }`: the calls of each window shared between
-    /// consumers by weight ([`super::share`]); only without a key and local.
+    /// consumers by weight (`super::share`); only without a key and local.
     pub share: Option<ShareSpec>,
     /// The config declares criticality: a sheddable call leaves a tenth of
     /// the window to the others (a limit without a key; set by the config's
