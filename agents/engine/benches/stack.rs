@@ -32,7 +32,10 @@
 //! subject; `scripts/decision-budget.sh` checks gov's against a budget.)
 //! `GOV_BENCH_ALGORITHM=SLIDING_WINDOW` (or `TOKEN_BUCKET`, `FIXED_WINDOW`,
 //! the wire's default) counts the matched limit (`order/api_rate`) by that
-//! algorithm: the decision's cost per algorithm.
+//! algorithm: the decision's cost per algorithm. `GOV_BENCH_BULKHEAD=ADAPTIVE`
+//! makes the matched bulkhead (`order/api_calls`) adaptive (`min 1000 max
+//! 1000000`), `SHARE` shares it by consumer (`crm 3  web 1  default 1`; the
+//! bench's consumer `shop` is in the default class).
 
 #![allow(clippy::print_stdout, reason = "a bench prints its table")]
 
@@ -61,6 +64,14 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 /// The config of `benches/decision.rs`.
 const CONFIG: &str = include_str!("decision-config.yaml");
+
+/// The matched bulkhead of [`CONFIG`], which `GOV_BENCH_BULKHEAD` makes
+/// adaptive or shared.
+const API_CALLS: &str = "- name: order/api_calls
+  on: {path: {kind: PATH_KIND_PREFIX, value: /api}}
+  bulkhead:
+    max_concurrent: 1000000
+";
 
 /// Calls per subject per timed round, and under callgrind.
 const TIMED_CALLS: i64 = 1_000_000;
@@ -230,6 +241,23 @@ impl World {
                 ),
             ),
             Err(_) => CONFIG.to_owned(),
+        };
+        let config = match std::env::var("GOV_BENCH_BULKHEAD").as_deref() {
+            Ok(_) if !config.contains(API_CALLS) => {
+                panic!("GOV_BENCH_BULKHEAD: the bench config has no `order/api_calls` as the bench knows it")
+            }
+            Ok(kind) => config.replace(
+                API_CALLS,
+                &format!(
+                    "{API_CALLS}{}",
+                    match kind {
+                        "ADAPTIVE" => "    adaptive: {min: 1000, max: 1000000}\n",
+                        "SHARE" => "    share: {weights: [{consumer: crm, weight: 3}, {consumer: web, weight: 1}], default_weight: 1}\n",
+                        other => panic!("GOV_BENCH_BULKHEAD={other}: ADAPTIVE or SHARE"),
+                    }
+                ),
+            ),
+            Err(_) => config,
         };
         let mut target: TargetConfig = match serde_yaml::from_str(&config) {
             Ok(t) => t,
