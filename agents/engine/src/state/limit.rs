@@ -246,6 +246,11 @@ pub(crate) enum Paced {
     /// `amount` calls per sliding window of `w_ms` milliseconds (at least
     /// 1; `w`: its divisor).
     Sliding { amount: u64, w_ms: u64, w: Divisor },
+    /// A sliding window whose number a plain window's numbers tell (its
+    /// nanoseconds in a `u64`, the epoch before 2^63): a call of the
+    /// rule's own counter far enough below the amount is counted inline
+    /// ([`Limit::paced_at_once`], issue 39).
+    SlidingPlain(Plain),
     /// A token bucket: a call every `interval_ns`, at most `tolerance_ns`
     /// ahead of now.
     Bucket { interval_ns: u64, tolerance_ns: u64 },

@@ -120,6 +120,81 @@ impl Limit {
         )
     }
 
+    /// Counts a call of a paced limit ([`Limit::paced`]) at `now_ns` on the
+    /// clock, its epoch at `epoch_ns`, if it fits at once, inline (issue
+    /// 39): whether it did. A sliding window of plain numbers counts a call
+    /// in the window its word counts whose count and the previous window's
+    /// (whole, unweighted) add up to less than `room` (the weighted
+    /// estimate is at most their sum, so [`sliding`] admits it too, with
+    /// no multiply); a token bucket one its arrival time admits. Any other
+    /// call, with nothing counted, goes to [`Limit::paced_calls`].
+    #[inline(always)]
+    pub(super) fn paced_at_once(
+        cell: &LimitCell,
+        paced: &Paced,
+        now_ns: u64,
+        epoch_ns: u64,
+    ) -> bool {
+        match *paced {
+            Paced::SlidingPlain(ref window) => {
+                // Its number as `plain_calls` works it out (the one
+                // `sliding` works out from the milliseconds).
+                let Some(number) = window.w_ns.div_near(now_ns.wrapping_sub(epoch_ns)) else {
+                    return false;
+                };
+                let word = cell.calls.load(Acquire);
+                // The count, below 2^32 in its window alone (as in
+                // `Plain::has_room`), and the previous word's count
+                // whatever its window (no test of it: one of another
+                // window counts none, so this errs on the slow path alone;
+                // and as every roll writes the word first, it is then the
+                // blank word of a cell's first window, or one fresh after a
+                // release).
+                let count = word ^ (number << window.at);
+                let previous = cell.previous.load(Acquire) & 0xffff_ffff;
+                count < window.room
+                    && previous < window.room - count
+                    && cell
+                        .calls
+                        .compare_exchange_weak(word, word + 1, Release, Acquire)
+                        .is_ok()
+            }
+            Paced::Bucket {
+                interval_ns,
+                tolerance_ns,
+            } => {
+                let now_ns = now_ns.saturating_sub(epoch_ns);
+                let current = cell.calls.load(Relaxed);
+                let tat = current.max(now_ns);
+                tat - now_ns <= tolerance_ns
+                    && cell
+                        .calls
+                        .compare_exchange_weak(
+                            current,
+                            tat.saturating_add(interval_ns),
+                            Relaxed,
+                            Relaxed,
+                        )
+                        .is_ok()
+            }
+            Paced::Sliding { .. } => false,
+        }
+    }
+
+    /// [`Limit::paced_calls`] of a sliding window of plain numbers,
+    /// `since_ns` after the epoch, as [`sliding`] counts it.
+    fn sliding_by_window(cell: &LimitCell, window: &Plain, since_ns: u64) -> Result<(), Exceeded> {
+        let now_ms = since_ns / 1_000_000;
+        let number = window.w_ns.div(since_ns);
+        sliding_in(
+            cell,
+            window.amount,
+            window.w_ms,
+            number,
+            now_ms - number * window.w_ms,
+        )
+    }
+
     /// A call of a paced limit ([`Limit::paced`]) `since_ns` nanoseconds
     /// after its epoch: as [`Limit::local_calls`] counts it without a
     /// warm-up weight (`since_ns` whole ms are its `now_ms`), with the
@@ -136,6 +211,7 @@ impl Limit {
                 let number = w.div(now_ms);
                 sliding_in(cell, amount, w_ms, number, now_ms - number * w_ms)
             }
+            Paced::SlidingPlain(ref window) => Self::sliding_by_window(cell, window, since_ns),
             Paced::Bucket {
                 interval_ns,
                 tolerance_ns,
@@ -609,6 +685,149 @@ mod tests {
             sliding_in(&cell, 1, 1000, last + 1, 999).is_ok(),
             "weighs 1/1000"
         );
+    }
+
+    /// A sliding window of plain numbers, counted by
+    /// [`Limit::paced_at_once`] (issue 39), then [`Limit::paced_calls`],
+    /// or by the latter alone, admits and refuses exactly as [`sliding`]
+    /// does from the milliseconds, with the same wait, and leaves the same
+    /// words, whatever they held: at a window's edges, near the amount and
+    /// the 32 bits of a count, with a previous word of another window,
+    /// before the epoch.
+    #[test]
+    fn a_plain_sliding_window_decides_as_the_milliseconds_do() {
+        const MS: u64 = 1_000_000;
+        let mut checked = 0;
+        for w_ms in [1, 2, 7, 1000, 86_400_000] {
+            let w_ns = w_ms * MS;
+            for amount in [
+                0,
+                1,
+                2,
+                10,
+                0xffff_fffe,
+                0xffff_ffff,
+                1 << 32,
+                1 << 40,
+                u64::MAX,
+            ] {
+                let rate = RateSpec {
+                    amount,
+                    window: Duration::from_millis(w_ms),
+                };
+                let plain = Plain::new(&rate).expect("a window's ns fit");
+                let paced = Paced::SlidingPlain(plain);
+                let counts: Vec<u64> = [0, 1, 2, 9, 10, 0xffff_fffe, 0xffff_ffff]
+                    .into_iter()
+                    .chain([amount.saturating_sub(1), amount, amount.saturating_add(1)])
+                    .filter(|&c| c <= 0xffff_ffff)
+                    .collect();
+                for epoch in [0, 3 * MS + 7, 1 << 40] {
+                    let mut times = vec![epoch.saturating_sub(1), epoch.saturating_sub(5 * MS)];
+                    for k in [0u64, 1, 2, 5, 0xffff_ffff, 1 << 32] {
+                        for at in [0, 1, MS - 1, MS, w_ns / 2, w_ns - MS, w_ns - 1] {
+                            let since = k.checked_mul(w_ns).and_then(|t| t.checked_add(at));
+                            times.extend(since.and_then(|t| t.checked_add(epoch)));
+                        }
+                    }
+                    for now in times {
+                        let now_ms = now.saturating_sub(epoch) / MS;
+                        let number = now_ms / w_ms;
+                        let near = [0, 1, 2, 5].map(|d| number.wrapping_sub(d));
+                        let mut words = vec![0];
+                        let mut previous = vec![0];
+                        for window in near.into_iter().chain([number + 1]) {
+                            for &c in &counts {
+                                words.push(pack(window, c));
+                                previous.push(pack(window, c));
+                            }
+                        }
+                        for &word in &words {
+                            for &p in &previous {
+                                let (old, new, paced_cell) = (
+                                    LimitCell::default(),
+                                    LimitCell::default(),
+                                    LimitCell::default(),
+                                );
+                                for cell in [&old, &new, &paced_cell] {
+                                    cell.calls.store(word, Relaxed);
+                                    cell.previous.store(p, Relaxed);
+                                }
+                                let want = sliding(&old, &rate, now_ms);
+                                let since = now.saturating_sub(epoch);
+                                let got = if Limit::paced_at_once(&new, &paced, now, epoch) {
+                                    Ok(())
+                                } else {
+                                    Limit::paced_calls(&new, &paced, since)
+                                };
+                                let by_paced = Limit::paced_calls(&paced_cell, &paced, since);
+                                let words = |c: &LimitCell| {
+                                    (c.calls.load(Relaxed), c.previous.load(Relaxed))
+                                };
+                                let ctx =
+                                    || format!("{w_ms} {amount} {epoch} {now} {word:x} {p:x}");
+                                assert_eq!(got, want, "{}", ctx());
+                                assert_eq!(by_paced, want, "{}", ctx());
+                                assert_eq!(words(&new), words(&old), "{}", ctx());
+                                assert_eq!(words(&paced_cell), words(&old), "{}", ctx());
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 1_000_000, "{checked}");
+    }
+
+    /// A token bucket counted by [`Limit::paced_at_once`] (issue 39), then
+    /// [`Limit::paced_calls`], admits and refuses exactly as [`bucket`]
+    /// does, with the same wait, and leaves the same arrival time: ahead
+    /// of now by up to the tolerance and past it, at the `u64`'s edge,
+    /// before the epoch.
+    #[test]
+    fn a_token_bucket_at_once_decides_as_the_bucket_does() {
+        let mut checked = 0;
+        for (amount, w_ms, burst) in [(1, 1, 1), (3, 1000, 1), (3, 1000, 3), (10, 7, 4)] {
+            let rate = RateSpec {
+                amount,
+                window: Duration::from_millis(w_ms),
+            };
+            let (interval, tolerance) = (interval_ns(&rate), tolerance_ns(&rate, burst));
+            let paced = Paced::Bucket {
+                interval_ns: interval,
+                tolerance_ns: tolerance,
+            };
+            for epoch in [0u64, 12_345, 1 << 40] {
+                for since in [0, 1, interval - 1, interval, 5 * interval + 3, u64::MAX - 1] {
+                    let now = epoch.saturating_add(since);
+                    for now in [now, epoch.saturating_sub(1)] {
+                        let at = now.saturating_sub(epoch);
+                        let ahead = [0, 1, tolerance, tolerance + 1, tolerance + interval];
+                        let tats = ahead
+                            .iter()
+                            .flat_map(|&a| [at.saturating_add(a), at.saturating_sub(a)])
+                            .chain([0, u64::MAX, u64::MAX - interval]);
+                        for tat in tats {
+                            let (old, new) = (LimitCell::default(), LimitCell::default());
+                            old.calls.store(tat, Relaxed);
+                            new.calls.store(tat, Relaxed);
+                            let want = bucket(&old, &rate, burst, at);
+                            let got = if Limit::paced_at_once(&new, &paced, now, epoch) {
+                                Ok(())
+                            } else {
+                                Limit::paced_calls(&new, &paced, at)
+                            };
+                            let ctx = format!("{amount} {w_ms} {burst} {epoch} {now} {tat}");
+                            assert_eq!(got, want, "{ctx}");
+                            assert_eq!(new.calls.load(Relaxed), old.calls.load(Relaxed), "{ctx}");
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 1000, "{checked}");
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::time::Duration;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{
-    Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, NOT_ENGAGED, Paced, Plain, ms,
-    scope_ref,
+    Algorithm, CellRef, Exceeded, LEASE_FIRST, Limit, LimitCell, NOT_ENGAGED, Paced, Plain,
+    RateSpec, ms, scope_ref,
 };
 use crate::clock::Now;
 use crate::divisor::Divisor;
@@ -18,10 +18,10 @@ use crate::state::limit::algo::{interval_ns, tolerance_ns};
 impl Limit {
     /// `Primitive::try_acquire` in the limit's own scope, of a decision
     /// that began `now`, inline (the one part of this file that is): `Ok`
-    /// for a plain limit's grant (the default), any other answer (a grant
-    /// of the other paths too) in `Err` (issue 39: the plain grant is then
-    /// a constant where it is held, not an answer merged through memory
-    /// with the out-of-line paths').
+    /// for a plain limit's grant (the default), or a paced one's at once,
+    /// any other answer (a grant of the other paths too) in `Err` (issue
+    /// 39: such a grant is then a constant where it is held, not an answer
+    /// merged through memory with the out-of-line paths').
     #[inline(always)]
     pub(crate) fn try_acquire_own(&self, now: Now) -> Result<(), Answer> {
         if let Some(plain) = &self.plain
@@ -31,6 +31,15 @@ impl Limit {
                 Ok(()) => Ok(()),
                 Err(e) => Err(self.refused(&self.single, e, now, now)),
             };
+        }
+        // A paced limit's call that fits at once too (issue 39: its grant a
+        // constant, not an answer through memory); any other is counted
+        // by `try_acquire_any`, as if this had not looked.
+        if let Some(paced) = &self.paced
+            && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
+            && Self::paced_at_once(&self.single, paced, now.ns(), self.epoch_ns)
+        {
+            return Ok(());
         }
         Err(self.try_acquire_any(None, now, now))
     }
@@ -87,10 +96,13 @@ impl Limit {
         self.paced = match (&self.spec.calls, self.spec.algorithm) {
             (Some(rate), Algorithm::SlidingWindow) if self.alone() => {
                 let w_ms = ms(rate.window).max(1);
-                Some(Paced::Sliding {
-                    amount: rate.amount,
-                    w_ms,
-                    w: Divisor::new(w_ms),
+                Some(match self.plain_numbers(rate) {
+                    Some(window) => Paced::SlidingPlain(window),
+                    None => Paced::Sliding {
+                        amount: rate.amount,
+                        w_ms,
+                        w: Divisor::new(w_ms),
+                    },
                 })
             }
             (Some(rate), Algorithm::TokenBucket { burst }) if self.alone() => Some(Paced::Bucket {
@@ -113,22 +125,35 @@ impl Limit {
     /// [`Limit::plain`] of this limit's spec and set-up.
     fn plain_window(&self) -> Option<Plain> {
         match (&self.spec.calls, self.spec.algorithm) {
-            // An epoch 292 years or more after the clock's base is not
-            // plain either: `plain_calls` takes a time before it for one
-            // past the multiply's range.
-            (Some(rate), Algorithm::FixedWindow) if self.alone() && self.epoch_ns < 1 << 63 => {
-                let w_ms = ms(rate.window).max(1);
-                // A window of 584 years or more is not plain.
-                let w_ns = w_ms.checked_mul(1_000_000)?;
-                Some(Plain {
-                    amount: rate.amount,
-                    room: rate.amount.min(0xffff_ffff),
-                    at: 32,
-                    w_ms,
-                    w_ns: Divisor::new(w_ns),
-                })
-            }
+            (Some(rate), Algorithm::FixedWindow) if self.alone() => self.plain_numbers(rate),
             _ => None,
         }
+    }
+
+    /// The [`Plain`] numbers of a window of `rate`: none for a window of
+    /// 584 years or more, nor for an epoch 292 years or more after the
+    /// clock's base (`plain_calls` and `paced_at_once` take a time before
+    /// it for one past the multiply's range).
+    fn plain_numbers(&self, rate: &RateSpec) -> Option<Plain> {
+        if self.epoch_ns >= 1 << 63 {
+            return None;
+        }
+        Plain::new(rate)
+    }
+}
+
+impl Plain {
+    /// The numbers of a window of `rate`: none for a window of 584 years
+    /// or more (its nanoseconds past a `u64`).
+    pub(super) fn new(rate: &RateSpec) -> Option<Self> {
+        let w_ms = ms(rate.window).max(1);
+        let w_ns = w_ms.checked_mul(1_000_000)?;
+        Some(Self {
+            amount: rate.amount,
+            room: rate.amount.min(0xffff_ffff),
+            at: 32,
+            w_ms,
+            w_ns: Divisor::new(w_ns),
+        })
     }
 }
