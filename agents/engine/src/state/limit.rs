@@ -240,12 +240,11 @@ pub(crate) struct Limit {
     paced: Option<Paced>,
 }
 
-/// A paced limit ([`Limit::paced`]).
+/// A paced limit ([`Limit::paced`]). The two kinds a call may be counted
+/// inline first (issue 39: a limit with neither, or none at all, is then
+/// told by one comparison of the kind).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Paced {
-    /// `amount` calls per sliding window of `w_ms` milliseconds (at least
-    /// 1; `w`: its divisor).
-    Sliding { amount: u64, w_ms: u64, w: Divisor },
     /// A sliding window whose number a plain window's numbers tell (its
     /// nanoseconds in a `u64`, the epoch before 2^63): a call of the
     /// rule's own counter far enough below the amount is counted inline
@@ -254,6 +253,9 @@ pub(crate) enum Paced {
     /// A token bucket: a call every `interval_ns`, at most `tolerance_ns`
     /// ahead of now.
     Bucket { interval_ns: u64, tolerance_ns: u64 },
+    /// `amount` calls per sliding window of `w_ms` milliseconds (at least
+    /// 1; `w`: its divisor).
+    Sliding { amount: u64, w_ms: u64, w: Divisor },
 }
 
 /// A plain limit's window ([`Limit::plain`]): `amount` calls per `w_ms`

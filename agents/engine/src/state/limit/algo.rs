@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::time::Duration;
 
 use super::share::{Class, LimitShare, Verdict};
-use super::{Algorithm, Exceeded, Limit, LimitCell, Paced, Plain, RateSpec, ms, pack};
+use super::{Algorithm, Exceeded, Limit, LimitCell, NOT_ENGAGED, Paced, Plain, RateSpec, ms, pack};
 use crate::clock::Now;
 use crate::cluster::sliding_wait_ms;
 use crate::rejection::RejectReason;
@@ -127,16 +127,19 @@ impl Limit {
     /// (whole, unweighted) add up to less than `room` (the weighted
     /// estimate is at most their sum, so [`sliding`] admits it too, with
     /// no multiply); a token bucket one its arrival time admits. Any other
-    /// call, with nothing counted, goes to [`Limit::paced_calls`].
+    /// call, with nothing counted, goes to [`Limit::paced_calls`], as does
+    /// any of a limit not paced, or engaged (issue 39: its kind told in
+    /// one match, not by `Option` first).
     #[inline(always)]
     pub(super) fn paced_at_once(
         cell: &LimitCell,
-        paced: &Paced,
+        paced: Option<&Paced>,
         now_ns: u64,
         epoch_ns: u64,
     ) -> bool {
-        match *paced {
-            Paced::SlidingPlain(ref window) => {
+        let free = || cell.engaged_until.load(Relaxed) == NOT_ENGAGED;
+        match paced {
+            Some(Paced::SlidingPlain(window)) if free() => {
                 // Its number as `plain_calls` works it out (the one
                 // `sliding` works out from the milliseconds).
                 let Some(number) = window.w_ns.div_near(now_ns.wrapping_sub(epoch_ns)) else {
@@ -159,10 +162,10 @@ impl Limit {
                         .compare_exchange_weak(word, word + 1, Release, Acquire)
                         .is_ok()
             }
-            Paced::Bucket {
+            Some(&Paced::Bucket {
                 interval_ns,
                 tolerance_ns,
-            } => {
+            }) if free() => {
                 let now_ns = now_ns.saturating_sub(epoch_ns);
                 let current = cell.calls.load(Relaxed);
                 let tat = current.max(now_ns);
@@ -177,7 +180,7 @@ impl Limit {
                         )
                         .is_ok()
             }
-            Paced::Sliding { .. } => false,
+            _ => false,
         }
     }
 
@@ -755,7 +758,7 @@ mod tests {
                                 }
                                 let want = sliding(&old, &rate, now_ms);
                                 let since = now.saturating_sub(epoch);
-                                let got = if Limit::paced_at_once(&new, &paced, now, epoch) {
+                                let got = if Limit::paced_at_once(&new, Some(&paced), now, epoch) {
                                     Ok(())
                                 } else {
                                     Limit::paced_calls(&new, &paced, since)
@@ -813,7 +816,7 @@ mod tests {
                             old.calls.store(tat, Relaxed);
                             new.calls.store(tat, Relaxed);
                             let want = bucket(&old, &rate, burst, at);
-                            let got = if Limit::paced_at_once(&new, &paced, now, epoch) {
+                            let got = if Limit::paced_at_once(&new, Some(&paced), now, epoch) {
                                 Ok(())
                             } else {
                                 Limit::paced_calls(&new, &paced, at)
@@ -828,6 +831,41 @@ mod tests {
             }
         }
         assert!(checked > 1000, "{checked}");
+    }
+
+    /// Nothing is counted at once for an engaged cell (its refusal is
+    /// `try_acquire_any`'s), nor for a limit not paced, or a sliding
+    /// window of no plain numbers.
+    #[test]
+    fn nothing_is_counted_at_once_engaged_or_unpaced() {
+        let rate = RateSpec {
+            amount: 10,
+            window: Duration::from_secs(1),
+        };
+        let window = Plain::new(&rate).expect("plain");
+        let bucket = Paced::Bucket {
+            interval_ns: 1,
+            tolerance_ns: 1_000,
+        };
+        let sliding = Paced::Sliding {
+            amount: 10,
+            w_ms: 1000,
+            w: crate::divisor::Divisor::new(1000),
+        };
+        for paced in [Paced::SlidingPlain(window), bucket] {
+            let cell = LimitCell::default();
+            assert!(Limit::paced_at_once(&cell, Some(&paced), 5, 0), "free");
+            let counted = cell.calls.load(Relaxed);
+            cell.engaged_until.store(super::super::MANUAL, Relaxed);
+            assert!(!Limit::paced_at_once(&cell, Some(&paced), 5, 0), "engaged");
+            cell.engaged_until.store(7, Relaxed);
+            assert!(!Limit::paced_at_once(&cell, Some(&paced), 5, 0), "engaged");
+            assert_eq!(cell.calls.load(Relaxed), counted, "nothing counted");
+        }
+        let cell = LimitCell::default();
+        assert!(!Limit::paced_at_once(&cell, None, 5, 0));
+        assert!(!Limit::paced_at_once(&cell, Some(&sliding), 5, 0));
+        assert_eq!(cell.calls.load(Relaxed), 0);
     }
 
     #[test]

@@ -35,10 +35,7 @@ impl Limit {
         // A paced limit's call that fits at once too (issue 39: its grant a
         // constant, not an answer through memory); any other is counted
         // by `try_acquire_any`, as if this had not looked.
-        if let Some(paced) = &self.paced
-            && self.single.engaged_until.load(Relaxed) == NOT_ENGAGED
-            && Self::paced_at_once(&self.single, paced, now.ns(), self.epoch_ns)
-        {
+        if Self::paced_at_once(&self.single, self.paced.as_ref(), now.ns(), self.epoch_ns) {
             return Ok(());
         }
         Err(self.try_acquire_any(None, now, now))
