@@ -190,6 +190,14 @@ impl Call {
         self.plain = plain;
     }
 
+    /// Holds the plain grants a keyed decision's steps in their rule's own
+    /// scope kept in `plain`, with those its keyed steps held here (issue
+    /// 39: those steps are the plain ones' [`Call::step_own`]).
+    #[inline]
+    pub(crate) fn join_plain(&mut self, plain: Plain) {
+        self.plain = self.plain.joined(plain);
+    }
+
     /// Holds a grant in the rule's own scope that is not plain. Out of
     /// line (issue 39: the step of a plain grant stays small enough to be
     /// inlined in each kind's arm).
