@@ -612,6 +612,8 @@ rules:
         let stats = engine.stats().rules;
         for r in &stats {
             assert_eq!(r.admitted, 3, "{}", r.rule);
+            // The two recorded calls, in a latency bucket once each.
+            assert_eq!(r.latency.iter().sum::<u64>(), 2, "{}", r.rule);
         }
     }
 

@@ -487,6 +487,19 @@ impl Call {
     #[cold]
     #[inline(never)]
     fn record_and_end(mut self: Box<Self>, outcome: Outcome) {
+        // A call admitted and observed by nothing that holds something
+        // aside (a share's class, a keyed scope) is finished as a plain
+        // one is, in one pass over its holds (issue 39: not recorded, then
+        // ended by a second pass).
+        let mut aside = PLAIN;
+        aside.set_aside(true);
+        if self.marks.course == aside {
+            if let Some(snap) = self.snap.take() {
+                self.record_outcome_and(&snap, outcome, true, aside);
+            }
+            self.put_back_aside();
+            return self.give_plain();
+        }
         self.record(outcome);
         self.end_and_give();
     }
@@ -545,7 +558,11 @@ impl Call {
         if course.aside() {
             debug_assert!(self.holds_aside());
             let counted = (slot, latency, outcome, now, elapsed);
-            self.record_held(states, counted, give_back);
+            if give_back {
+                self.record_held::<true>(states, counted);
+            } else {
+                self.record_held::<false>(states, counted);
+            }
         }
         if snap.any_shadow {
             let rules = plain.rules().chain(self.held.iter().map(|h| h.rule));
@@ -554,10 +571,12 @@ impl Call {
     }
 
     /// [`Call::record_outcome_and`] of the holds other than plain, the
-    /// outcome `counted` as the plain ones were. Out of line (issue 39: the
-    /// record pass of most calls keeps fewer registers).
+    /// outcome `counted` as the plain ones were; with `GIVE_BACK`, gives
+    /// back what each holds too. Out of line (issue 39: the record pass of
+    /// most calls keeps fewer registers), one for each (issue 39: a record
+    /// and a finish each test no flag).
     #[inline(never)]
-    fn record_held(&self, states: &[State], counted: Counted, give_back: bool) {
+    fn record_held<const GIVE_BACK: bool>(&self, states: &[State], counted: Counted) {
         let (slot, latency, outcome, now, elapsed) = counted;
         for h in &self.held {
             let grant = Grant {
@@ -569,7 +588,7 @@ impl Call {
             // A probe has reported: it is not given back (here, or when the
             // call is dropped later: `end` reads the progress, issue 39: no
             // hold written here).
-            if give_back && h.gives_back() {
+            if GIVE_BACK && h.gives_back() {
                 state.release(scope_in(&self.keyed, h), reported(h));
             }
         }
