@@ -119,10 +119,20 @@ pub(crate) struct Pool<'a> {
     pub limit: &'a AtomicU32,
 }
 
+/// The most consumers a share looks up by a scan of their names; past
+/// that, by a map.
+const SCANNED: usize = 8;
+
 /// The share of one bulkhead: its classes and their counts.
 #[derive(Debug)]
 pub(crate) struct Share {
-    classes: HashMap<Box<str>, Class, FxBuild>,
+    /// The consumers the share names, by class: a call's is found by a
+    /// scan while they are few (issue 39: most names differ from the
+    /// call's in length, and the scan costs less than the name's hash).
+    names: Box<[Box<str>]>,
+    /// The classes by consumer, when the share names more than
+    /// [`SCANNED`].
+    classes: Option<HashMap<Box<str>, Class, FxBuild>>,
     /// By class; the last is `default`.
     weights: Box<[u32]>,
     counts: Mutex<Counts>,
@@ -141,14 +151,18 @@ struct Counts {
 impl Share {
     pub(crate) fn new(spec: &ShareSpec) -> Self {
         let n = spec.weights.len() + 1;
-        let mut weights = Vec::with_capacity(n);
-        let mut classes = HashMap::with_capacity_and_hasher(n, FxBuild::default());
-        for (i, (name, w)) in spec.weights.iter().enumerate() {
-            classes.insert(name.clone(), Class::try_from(i).unwrap_or(Class::MAX));
-            weights.push(*w);
-        }
+        let mut weights: Vec<u32> = spec.weights.iter().map(|&(_, w)| w).collect();
         weights.push(spec.default_weight);
+        let names: Box<[Box<str>]> = spec.weights.iter().map(|(n, _)| n.clone()).collect();
+        let classes = (names.len() > SCANNED).then(|| {
+            let mut classes = HashMap::with_capacity_and_hasher(n, FxBuild::default());
+            for (i, name) in names.iter().enumerate() {
+                classes.insert(name.clone(), Class::try_from(i).unwrap_or(Class::MAX));
+            }
+            classes
+        });
         Self {
+            names,
             classes,
             weights: weights.into(),
             counts: Mutex::new(Counts {
@@ -163,9 +177,16 @@ impl Share {
     #[inline]
     pub(crate) fn class(&self, consumer: Option<&str>) -> Class {
         let default = (self.weights.len() - 1) as Class;
-        consumer
-            .and_then(|c| self.classes.get(c).copied())
-            .unwrap_or(default)
+        let Some(consumer) = consumer else {
+            return default;
+        };
+        let class = match &self.classes {
+            Some(classes) => classes.get(consumer).copied(),
+            None => (self.names.iter())
+                .position(|name| **name == *consumer)
+                .map(|i| i as Class),
+        };
+        class.unwrap_or(default)
     }
 
     fn lock(&self) -> MutexGuard<'_, Counts> {
@@ -432,6 +453,25 @@ mod tests {
         assert_eq!(s.class(Some("CRM")), 2, "names are exact");
         assert_eq!(s.class(Some("")), 2);
         assert_eq!(s.class(None), 2);
+    }
+
+    /// A share of many consumers finds their classes by a map, of few by
+    /// a scan: the same classes.
+    #[test]
+    fn classes_are_found_by_a_scan_or_a_map() {
+        for n in [1, SCANNED, SCANNED + 1, MAX_CONSUMERS] {
+            let s = Share::new(&ShareSpec {
+                weights: (0..n).map(|i| (format!("c{i}").into(), 1)).collect(),
+                default_weight: 1,
+            });
+            assert_eq!(s.classes.is_some(), n > SCANNED);
+            for i in 0..n {
+                assert_eq!(usize::from(s.class(Some(&format!("c{i}")))), i);
+            }
+            for other in [None, Some(""), Some("c"), Some("C0"), Some("c0 ")] {
+                assert_eq!(usize::from(s.class(other)), n, "{other:?}");
+            }
+        }
     }
 
     #[test]
