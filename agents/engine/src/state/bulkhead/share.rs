@@ -212,6 +212,30 @@ impl Share {
         }
     }
 
+    /// [`Share::count`] of a permit taken by class `i` (issue 39: no
+    /// signed counts, no second test of its activity).
+    #[inline]
+    fn count_taken(&self, c: &mut Counts, i: usize) {
+        let idle = c.in_use[i] == 0 && c.waiting[i] == 0;
+        c.in_use[i] = c.in_use[i].saturating_add(1);
+        if idle {
+            c.active += u64::from(self.weights[i]);
+        }
+    }
+
+    /// [`Share::count`] of a permit class `i` gives back.
+    #[inline]
+    fn count_given(&self, c: &mut Counts, i: usize) {
+        let held = c.in_use[i];
+        if held == 0 {
+            return;
+        }
+        c.in_use[i] = held - 1;
+        if held == 1 && c.waiting[i] == 0 {
+            c.active = c.active.saturating_sub(u64::from(self.weights[i]));
+        }
+    }
+
     /// Class `i`'s weight, and the active classes' weights with `i`'s
     /// counted (whether or not it is active yet).
     fn weights_with(&self, c: &Counts, i: usize) -> (u64, u64) {
@@ -265,10 +289,13 @@ impl Share {
         }
         // Beyond its sure share, a call leaves the permits kept free.
         let free = u64::from(limit) - (state & IN_USE);
-        if !self.sure(c, i, limit) && free <= self.kept_free(c, i, limit) {
+        let sure = self.sure(c, i, limit);
+        if !sure && free <= self.kept_free(c, i, limit) {
             return false;
         }
-        let allowed = if self.within(c, i, 1, limit) {
+        // A call sure of its permit is within its share (issue 39: not
+        // computed again).
+        let allowed = if sure || self.within(c, i, 1, limit) {
             // Not ahead of a waiter of its own class.
             waiter || c.waiting[i] == 0
         } else if waiter {
@@ -279,7 +306,7 @@ impl Share {
         if !allowed || !take(pool.state, limit) {
             return false;
         }
-        self.count(c, i, 1, 0);
+        self.count_taken(c, i);
         true
     }
 
@@ -345,7 +372,7 @@ impl Share {
         let i = self.idx(class);
         let waiters = {
             let mut c = self.lock();
-            self.count(&mut c, i, -1, 0);
+            self.count_given(&mut c, i);
             pool.state.fetch_sub(1, Release) >> 32
         };
         if waiters > 0 {
@@ -472,6 +499,63 @@ mod tests {
                 assert_eq!(usize::from(s.class(other)), n, "{other:?}");
             }
         }
+    }
+
+    /// A class sure of one more permit is within its share ([`Share::admit`]
+    /// tests only the first then), and the counts of a permit taken or given
+    /// back are [`Share::count`]'s.
+    #[test]
+    fn a_sure_class_is_within_its_share_and_counts_are_counts() {
+        let s = share();
+        let n = [0, 1, 2, 3, 7, u32::MAX - 1, u32::MAX];
+        for (in_use, waiting, other, limit) in
+            product(&n, &n, &[0, 1, 5], &[0, 1, 2, 4, 10, 1000, u32::MAX])
+        {
+            let counts = |in_use, waiting| {
+                let mut c = Counts {
+                    in_use: vec![0; 3].into(),
+                    waiting: vec![0; 3].into(),
+                    active: 0,
+                };
+                s.count(&mut c, 2, 0, i32::try_from(other).unwrap());
+                s.count(&mut c, 1, in_use, waiting);
+                c
+            };
+            let sat = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+            let c = counts(sat(in_use), sat(waiting));
+            if s.sure(&c, 1, limit) {
+                assert!(s.within(&c, 1, 1, limit), "{in_use} {waiting} {limit}");
+            }
+            for (delta, mut fast) in [(1, counts(sat(in_use), sat(waiting))), (-1, c)] {
+                let mut slow = counts(sat(in_use), sat(waiting));
+                s.count(&mut slow, 1, delta, 0);
+                if delta > 0 {
+                    s.count_taken(&mut fast, 1);
+                } else {
+                    s.count_given(&mut fast, 1);
+                }
+                assert_eq!(
+                    (fast.in_use, fast.waiting, fast.active),
+                    (slow.in_use, slow.waiting, slow.active),
+                    "{delta}: {in_use} {waiting} {other}"
+                );
+            }
+        }
+    }
+
+    /// Every tuple of the four lists.
+    fn product<'a>(
+        a: &'a [u32],
+        b: &'a [u32],
+        c: &'a [u32],
+        d: &'a [u32],
+    ) -> impl Iterator<Item = (u32, u32, u32, u32)> + 'a {
+        a.iter().flat_map(move |&a| {
+            b.iter().flat_map(move |&b| {
+                c.iter()
+                    .flat_map(move |&c| d.iter().map(move |&d| (a, b, c, d)))
+            })
+        })
     }
 
     #[test]
