@@ -138,6 +138,18 @@ impl Call {
     #[cold]
     #[inline(never)]
     fn end_other_and_give(mut self: Box<Self>) {
+        // Recorded, observed by nothing, holding something aside (issue
+        // 39: no observer to tell, no progress tested again).
+        let mut aside = Course::at(Progress::Recorded);
+        aside.set_aside(true);
+        if self.marks.course == aside {
+            if let Some(snap) = self.snap.take() {
+                self.give_back_plain(&snap);
+                self.end_held(&snap);
+            }
+            self.put_back_aside();
+            return self.give_plain();
+        }
         // The snapshot is taken first and dropped once the call has ended
         // and its observer was told (issue 39: its pointer tested once, not
         // again by `give` or by the drop; an arm each, so that the paths do
