@@ -356,7 +356,7 @@ pub(crate) fn admit_matched(
     let states = &snap.states[..];
     let mut plain = Plain::default();
     for &(_, id) in &plan.steps {
-        if let Err(e) = call.step_own(&snap, states, id.0, now, &mut plain) {
+        if let Err(e) = call.step_own::<false>(&snap, states, id.0, now, &mut plain) {
             call.hold_plain(plain);
             return not_admitted_at(call, snap, at, scratch, e, id);
         }
@@ -437,7 +437,7 @@ fn admit_keyed(
         let stepped = if keys_its_calls(config, id) {
             call.step_now(&snap, step_of(&snap, config, Some(&keys), id), now)
         } else {
-            call.step_own(&snap, states, id.0, now, &mut plain)
+            call.step_own::<true>(&snap, states, id.0, now, &mut plain)
         };
         if let Err(e) = stepped {
             call.join_plain(plain);

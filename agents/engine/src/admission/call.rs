@@ -202,9 +202,8 @@ impl Call {
         self.plain = plain;
     }
 
-    /// Holds the plain grants a keyed decision's steps in their rule's own
-    /// scope kept in `plain`, with those its keyed steps held here (issue
-    /// 39: those steps are the plain ones' [`Call::step_own`]).
+    /// Holds the plain grants a keyed decision's [`Call::step_own`] kept
+    /// in `plain` with those its keyed steps held here (issue 39).
     #[inline]
     pub(crate) fn join_plain(&mut self, plain: Plain) {
         self.plain = self.plain.joined(plain);
@@ -264,9 +263,10 @@ impl Call {
     /// keep (issue 39). `states`: `snap`'s, read once by the decision; a
     /// plain grant is held in `plain`, the decision's until it ends
     /// ([`Call::hold_plain`], issue 39: a word kept in a register, not
-    /// stored to the box by every step).
+    /// stored to the box by every step). `KEYED`: a keyed decision's, a
+    /// copy of its own (issue 39: each inlined in its one caller).
     #[inline]
-    pub(crate) fn step_own(
+    pub(crate) fn step_own<const KEYED: bool>(
         &mut self,
         snap: &Snapshot,
         states: &[State],
