@@ -435,7 +435,7 @@ fn admit_keyed(
     let mut steps = plan.steps.iter();
     while let Some(&(_, id)) = steps.next() {
         let stepped = if keys_its_calls(config, id) {
-            call.step_now(&snap, step_of(&snap, config, Some(&keys), id), now)
+            call.step_now::<true>(&snap, step_of(&snap, config, Some(&keys), id), now)
         } else {
             call.step_own::<true>(&snap, states, id.0, now, &mut plain)
         };

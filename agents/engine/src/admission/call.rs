@@ -239,9 +239,10 @@ impl Call {
 
     /// Runs one step of a decision on `snap` without waiting. A shadow
     /// rule's step always passes: what it would refuse (or make wait) is
-    /// counted and kept in `refused`, and it holds nothing then.
+    /// counted and kept in `refused`, and it holds nothing then. `KEYED`:
+    /// a keyed decision's, a copy of its own (as [`Call::step_own`]).
     #[inline]
-    pub(crate) fn step_now(
+    pub(crate) fn step_now<const KEYED: bool>(
         &mut self,
         snap: &Snapshot,
         step: Step,
@@ -305,7 +306,7 @@ impl Call {
             rule,
             scope: Scope::Rule,
         };
-        self.step_now(snap, step, now)
+        self.step_now::<false>(snap, step, now)
     }
 
     /// A step that did not pass at once: a shadow rule's is counted and
@@ -370,7 +371,7 @@ impl Call {
             return Ok(());
         };
         if snap.is_shadow(step.rule) {
-            return match self.step_now(&snap, step, Now::read()) {
+            return match self.step_now::<false>(&snap, step, Now::read()) {
                 Ok(()) | Err(StepError::Wait(_)) => Ok(()),
                 Err(StepError::Rejected(r)) => Err(r),
             };
