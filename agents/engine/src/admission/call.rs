@@ -176,7 +176,7 @@ impl Call {
         self.waits.clear();
     }
 
-    #[inline]
+    #[inline(always)]
     fn hold(&mut self, step: Step, grant: Grant, gives_back: bool) {
         let keyed = step.scope.is_keyed();
         let rule = step.rule;
