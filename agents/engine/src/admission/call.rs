@@ -165,9 +165,9 @@ impl Call {
         self.give();
     }
 
-    /// Clears what was kept aside of the holds (`Call::aside`).
-    #[cold]
-    #[inline(never)]
+    /// Clears what was kept aside of the holds (`Call::aside`); not cold
+    /// (issue 39: every call of a shared bulkhead keeps its class aside).
+    #[inline]
     pub(super) fn put_back_aside(&mut self) {
         self.marks.course.set_aside(false);
         self.held.clear();
