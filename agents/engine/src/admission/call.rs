@@ -585,10 +585,10 @@ impl Call {
 
     /// [`Call::record_outcome_and`] of the holds other than plain, the
     /// outcome `counted` as the plain ones were; with `GIVE_BACK`, gives
-    /// back what each holds too. Out of line (issue 39: the record pass of
-    /// most calls keeps fewer registers), one for each (issue 39: a record
-    /// and a finish each test no flag).
-    #[inline(never)]
+    /// back what each holds too, a copy each (issue 39: a record and a
+    /// finish each test no flag). Inline: a plain call's pass (its course
+    /// a constant) has none, a call holding aside pays no call (issue 39).
+    #[inline]
     fn record_held<const GIVE_BACK: bool>(&self, states: &[State], counted: Counted) {
         let (slot, latency, outcome, now, elapsed) = counted;
         for h in &self.held {
