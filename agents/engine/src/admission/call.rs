@@ -139,13 +139,15 @@ impl Call {
     #[inline(never)]
     fn end_other_and_give(mut self: Box<Self>) {
         // Recorded, observed by nothing, holding something aside (issue
-        // 39: no observer to tell, no progress tested again).
+        // 39: no observer to tell, no progress tested, `end_held` inline).
         let mut aside = Course::at(Progress::Recorded);
         aside.set_aside(true);
         if self.marks.course == aside {
             if let Some(snap) = self.snap.take() {
                 self.give_back_plain(&snap);
-                self.end_held(&snap);
+                for h in self.held.iter().filter(|h| h.gives_back()) {
+                    snap.states[h.rule as usize].release(self.scope(h), reported(h));
+                }
             }
             self.put_back_aside();
             return self.give_plain();
@@ -500,10 +502,8 @@ impl Call {
     #[cold]
     #[inline(never)]
     fn record_and_end(mut self: Box<Self>, outcome: Outcome) {
-        // A call admitted and observed by nothing that holds something
-        // aside (a share's class, a keyed scope) is finished as a plain
-        // one is, in one pass over its holds (issue 39: not recorded, then
-        // ended by a second pass).
+        // Admitted, observed by nothing, holding something aside: finished
+        // as a plain call is, in one pass (issue 39: not record, then end).
         let mut aside = PLAIN;
         aside.set_aside(true);
         if self.marks.course == aside {
