@@ -356,7 +356,7 @@ pub(crate) fn admit_matched(
     let states = &snap.states[..];
     let mut plain = Plain::default();
     for &(_, id) in &plan.steps {
-        if let Err(e) = call.step_own(&snap, states, id.0, now, &mut plain) {
+        if let Err(e) = call.step_own::<false>(&snap, states, id.0, now, &mut plain) {
             call.hold_plain(plain);
             return not_admitted_at(call, snap, at, scratch, e, id);
         }
@@ -427,9 +427,20 @@ fn admit_keyed(
             request_class(config, req)
         },
     };
+    // A rule that keys no call steps in its own scope as in a plan
+    // without keys (issue 39: its plain grant kept in a word, no scope
+    // built or held), the others in theirs.
+    let states = &snap.states[..];
+    let mut plain = Plain::default();
     let mut steps = plan.steps.iter();
     while let Some(&(_, id)) = steps.next() {
-        if let Err(e) = call.step_now(&snap, step_of(&snap, config, Some(&keys), id), now) {
+        let stepped = if keys_its_calls(config, id) {
+            call.step_now::<true>(&snap, step_of(&snap, config, Some(&keys), id), now)
+        } else {
+            call.step_own::<true>(&snap, states, id.0, now, &mut plain)
+        };
+        if let Err(e) = stepped {
+            call.join_plain(plain);
             let rest = match e {
                 StepError::Wait(_) => (steps.as_slice().iter())
                     .map(|&(_, id)| step_of(&snap, config, Some(&keys), id))
@@ -439,7 +450,15 @@ fn admit_keyed(
             return not_admitted(call, snap, e, rest);
         }
     }
+    call.join_plain(plain);
     admitted(call, snap)
+}
+
+/// Whether rule `id` of `config` keys its calls (its scope is read from
+/// the request's keys).
+#[inline(always)]
+fn keys_its_calls(config: &CompiledConfig, id: RuleId) -> bool {
+    config.metas.get(id.0 as usize).is_some_and(|m| m.keyed)
 }
 
 /// A decision every step of which passed: the call holds its snapshot and
@@ -488,13 +507,10 @@ fn not_admitted(mut call: Box<Call>, snap: Arc<Snapshot>, e: StepError, rest: St
 /// (and `keys` were read), else the rule's own.
 #[inline(always)]
 fn step_of(snap: &Snapshot, config: &CompiledConfig, keys: Option<&Keys<'_>>, id: RuleId) -> Step {
-    let i = id.0 as usize;
     Step {
         rule: id.0,
         scope: match keys {
-            Some(keys) if config.metas.get(i).is_some_and(|m| m.keyed) => {
-                snap.states[i].scope(keys)
-            }
+            Some(keys) if keys_its_calls(config, id) => snap.states[id.0 as usize].scope(keys),
             _ => Scope::Rule,
         },
     }
@@ -508,6 +524,7 @@ mod tests {
     use http::StatusCode;
 
     use super::*;
+    use crate::Outcome;
     use crate::rejection::{RejectReason, WouldReject};
 
     fn rejection(rule: &str, shadow: bool) -> Rejection {
@@ -532,6 +549,71 @@ mod tests {
         match decided.decision() {
             Decision::Rejected(r) => r,
             other => panic!("not rejected: {other:?}"),
+        }
+    }
+
+    /// A plan some rule of which keys its calls: a bulkhead of the rule's
+    /// own scope (stepped as in a plan without keys), one keyed by instance
+    /// (an inbound call has none: its grant is plain too, held by its own
+    /// step) and a shared one (held aside), one permit each. However the
+    /// call ends, each gives its permit back and counts it once; a refusal
+    /// gives back what the steps before it took.
+    #[test]
+    fn a_keyed_plan_gives_back_every_rules_permit() {
+        let yaml = r#"
+service: order
+rules:
+- name: order/own
+  on: {path: {kind: PATH_KIND_PREFIX, value: /k}}
+  bulkhead: {max_concurrent: 1}
+- name: order/by_instance
+  on: {path: {kind: PATH_KIND_PREFIX, value: /k}}
+  bulkhead: {key: BULKHEAD_KEY_INSTANCE, max_concurrent: 1}
+- name: order/shared
+  on: {path: {kind: PATH_KIND_PREFIX, value: /k}}
+  bulkhead:
+    max_concurrent: 1
+    share: {weights: [{consumer: crm, weight: 3}], default_weight: 1}
+- name: order/rate
+  on: {path: {kind: PATH_KIND_PREFIX, value: /k}}
+  limit: {calls: {amount: 1000, window_ms: 60000}}
+"#;
+        let mut target: gov_proto::v1::TargetConfig = serde_yaml::from_str(yaml).unwrap();
+        gov_proto::compiled::fill(&mut target);
+        let engine = crate::Engine::empty("order");
+        assert!(engine.apply_target(&target).is_ok());
+        let mut h = http::HeaderMap::new();
+        h.insert("x-gov-consumer", http::HeaderValue::from_static("crm"));
+        let get = http::Method::GET;
+        let decide = || engine.try_admit(&RequestInfo::inbound(&get, "/k/1", &h));
+        let in_flight = || {
+            let stats = engine.stats().rules;
+            (stats.iter().map(|r| r.in_flight).collect::<Vec<_>>())
+                .into_iter()
+                .take(3)
+                .sum::<u64>()
+        };
+        for end in 0..3 {
+            let Decision::Admitted(mut a) = decide() else {
+                panic!("call {end} not admitted");
+            };
+            assert_eq!(in_flight(), 3);
+            assert!(matches!(decide(), Decision::Rejected(_)), "one permit each");
+            match end {
+                0 => a.finish(Outcome::Status(200)),
+                1 => {
+                    a.record(Outcome::Status(200));
+                    drop(a);
+                }
+                _ => drop(a),
+            }
+            assert_eq!(in_flight(), 0, "end {end}: every permit given back");
+        }
+        let stats = engine.stats().rules;
+        for r in &stats {
+            assert_eq!(r.admitted, 3, "{}", r.rule);
+            // The two recorded calls, in a latency bucket once each.
+            assert_eq!(r.latency.iter().sum::<u64>(), 2, "{}", r.rule);
         }
     }
 

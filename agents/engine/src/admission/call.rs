@@ -138,6 +138,20 @@ impl Call {
     #[cold]
     #[inline(never)]
     fn end_other_and_give(mut self: Box<Self>) {
+        // Recorded, observed by nothing, holding something aside (issue
+        // 39: no observer to tell, no progress tested, `end_held` inline).
+        let mut aside = Course::at(Progress::Recorded);
+        aside.set_aside(true);
+        if self.marks.course == aside {
+            if let Some(snap) = self.snap.take() {
+                self.give_back_plain(&snap);
+                for h in self.held.iter().filter(|h| h.gives_back()) {
+                    snap.states[h.rule as usize].release(self.scope(h), reported(h));
+                }
+            }
+            self.put_back_aside();
+            return self.give_plain();
+        }
         // The snapshot is taken first and dropped once the call has ended
         // and its observer was told (issue 39: its pointer tested once, not
         // again by `give` or by the drop; an arm each, so that the paths do
@@ -153,9 +167,9 @@ impl Call {
         self.give();
     }
 
-    /// Clears what was kept aside of the holds (`Call::aside`).
-    #[cold]
-    #[inline(never)]
+    /// Clears what was kept aside of the holds (`Call::aside`); not cold
+    /// (issue 39: every call of a shared bulkhead keeps its class aside).
+    #[inline]
     pub(super) fn put_back_aside(&mut self) {
         self.marks.course.set_aside(false);
         self.held.clear();
@@ -164,7 +178,7 @@ impl Call {
         self.waits.clear();
     }
 
-    #[inline]
+    #[inline(always)]
     fn hold(&mut self, step: Step, grant: Grant, gives_back: bool) {
         let keyed = step.scope.is_keyed();
         let rule = step.rule;
@@ -188,6 +202,13 @@ impl Call {
     pub(crate) fn hold_plain(&mut self, plain: Plain) {
         debug_assert_eq!(self.plain, Plain::default());
         self.plain = plain;
+    }
+
+    /// Holds the plain grants a keyed decision's [`Call::step_own`] kept
+    /// in `plain` with those its keyed steps held here (issue 39).
+    #[inline]
+    pub(crate) fn join_plain(&mut self, plain: Plain) {
+        self.plain = self.plain.joined(plain);
     }
 
     /// Holds a grant in the rule's own scope that is not plain. Out of
@@ -220,9 +241,10 @@ impl Call {
 
     /// Runs one step of a decision on `snap` without waiting. A shadow
     /// rule's step always passes: what it would refuse (or make wait) is
-    /// counted and kept in `refused`, and it holds nothing then.
+    /// counted and kept in `refused`, and it holds nothing then. `KEYED`:
+    /// a keyed decision's, a copy of its own (as [`Call::step_own`]).
     #[inline]
-    pub(crate) fn step_now(
+    pub(crate) fn step_now<const KEYED: bool>(
         &mut self,
         snap: &Snapshot,
         step: Step,
@@ -244,9 +266,10 @@ impl Call {
     /// keep (issue 39). `states`: `snap`'s, read once by the decision; a
     /// plain grant is held in `plain`, the decision's until it ends
     /// ([`Call::hold_plain`], issue 39: a word kept in a register, not
-    /// stored to the box by every step).
+    /// stored to the box by every step). `KEYED`: a keyed decision's, a
+    /// copy of its own (issue 39: each inlined in its one caller).
     #[inline]
-    pub(crate) fn step_own(
+    pub(crate) fn step_own<const KEYED: bool>(
         &mut self,
         snap: &Snapshot,
         states: &[State],
@@ -285,7 +308,7 @@ impl Call {
             rule,
             scope: Scope::Rule,
         };
-        self.step_now(snap, step, now)
+        self.step_now::<false>(snap, step, now)
     }
 
     /// A step that did not pass at once: a shadow rule's is counted and
@@ -350,7 +373,7 @@ impl Call {
             return Ok(());
         };
         if snap.is_shadow(step.rule) {
-            return match self.step_now(&snap, step, Now::read()) {
+            return match self.step_now::<false>(&snap, step, Now::read()) {
                 Ok(()) | Err(StepError::Wait(_)) => Ok(()),
                 Err(StepError::Rejected(r)) => Err(r),
             };
@@ -479,6 +502,17 @@ impl Call {
     #[cold]
     #[inline(never)]
     fn record_and_end(mut self: Box<Self>, outcome: Outcome) {
+        // Admitted, observed by nothing, holding something aside: finished
+        // as a plain call is, in one pass (issue 39: not record, then end).
+        let mut aside = PLAIN;
+        aside.set_aside(true);
+        if self.marks.course == aside {
+            if let Some(snap) = self.snap.take() {
+                self.record_outcome_and(&snap, outcome, true, aside);
+            }
+            self.put_back_aside();
+            return self.give_plain();
+        }
         self.record(outcome);
         self.end_and_give();
     }
@@ -537,7 +571,11 @@ impl Call {
         if course.aside() {
             debug_assert!(self.holds_aside());
             let counted = (slot, latency, outcome, now, elapsed);
-            self.record_held(states, counted, give_back);
+            if give_back {
+                self.record_held::<true>(states, counted);
+            } else {
+                self.record_held::<false>(states, counted);
+            }
         }
         if snap.any_shadow {
             let rules = plain.rules().chain(self.held.iter().map(|h| h.rule));
@@ -546,10 +584,12 @@ impl Call {
     }
 
     /// [`Call::record_outcome_and`] of the holds other than plain, the
-    /// outcome `counted` as the plain ones were. Out of line (issue 39: the
-    /// record pass of most calls keeps fewer registers).
-    #[inline(never)]
-    fn record_held(&self, states: &[State], counted: Counted, give_back: bool) {
+    /// outcome `counted` as the plain ones were; with `GIVE_BACK`, gives
+    /// back what each holds too, a copy each (issue 39: a record and a
+    /// finish each test no flag). Inline: a plain call's pass (its course
+    /// a constant) has none, a call holding aside pays no call (issue 39).
+    #[inline]
+    fn record_held<const GIVE_BACK: bool>(&self, states: &[State], counted: Counted) {
         let (slot, latency, outcome, now, elapsed) = counted;
         for h in &self.held {
             let grant = Grant {
@@ -561,7 +601,7 @@ impl Call {
             // A probe has reported: it is not given back (here, or when the
             // call is dropped later: `end` reads the progress, issue 39: no
             // hold written here).
-            if give_back && h.gives_back() {
+            if GIVE_BACK && h.gives_back() {
                 state.release(scope_in(&self.keyed, h), reported(h));
             }
         }

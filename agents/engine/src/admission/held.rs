@@ -113,6 +113,14 @@ impl Plain {
         true
     }
 
+    /// The rules held here or in `other`.
+    #[inline]
+    pub(super) fn joined(self, other: Plain) -> Plain {
+        Plain {
+            held: self.held | other.held,
+        }
+    }
+
     /// The rules held, lowest first.
     #[inline]
     pub(super) fn rules(self) -> Bits {
@@ -267,6 +275,9 @@ mod tests {
             assert!(!p.add(5, grant), "{grant:?} is kept in a Held");
         }
         assert_eq!(p.rules().collect::<Vec<_>>(), [2, 9, 63]);
+        let mut q = Plain::default();
+        assert!(q.add(4, Grant::default()) && q.add(9, Grant::default()));
+        assert_eq!(p.joined(q).rules().collect::<Vec<_>>(), [2, 4, 9, 63]);
         let gives_back = 1 << 2 | 1 << 5 | 1 << 63;
         assert_eq!(p.giving(gives_back).collect::<Vec<_>>(), [2, 63]);
     }

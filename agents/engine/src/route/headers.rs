@@ -28,18 +28,7 @@ impl<'a> Headers<'a> {
     #[inline]
     pub fn get(&self, name: &HeaderName) -> Option<&'a [u8]> {
         match *self {
-            // Comparing a few names costs less than hashing one, and the
-            // scan that finds the name gives its value (issue 39: no hash
-            // for a consumer or a header a rule matches on). The first
-            // value of a name is the first the map yields with it. (`name`
-            // on the left: its kind is tested once, see `has_any`.) Bounded
-            // by the values, not the names: the scan visits each value, and
-            // a client may repeat one name hundreds of times.
-            Headers::Map(map) if map.len() <= SCANNED_NAMES => map
-                .iter()
-                .find(|&(k, _)| name == k)
-                .map(|(_, v)| v.as_bytes()),
-            Headers::Map(map) => map.get(name).map(HeaderValue::as_bytes),
+            Headers::Map(map) => value_in(map, name).map(HeaderValue::as_bytes),
             Headers::Raw(raw) => raw
                 .iter()
                 .find(|h| h.name.eq_ignore_ascii_case(name.as_str()))
@@ -109,13 +98,35 @@ impl<'a> Headers<'a> {
     /// The first value of `name` when it is visible ASCII (as
     /// `HeaderValue::to_str` accepts), else `None`.
     pub fn get_str(&self, name: &HeaderName) -> Option<&'a str> {
-        let value = self.get(name)?;
+        // A map's value is checked by `to_str`, which accepts the same
+        // bytes (issue 39: once, not checked, then read again by
+        // `from_utf8`).
+        let value = match *self {
+            Headers::Map(map) => return value_in(map, name)?.to_str().ok(),
+            Headers::Raw(_) => self.get(name)?,
+        };
         if value.iter().all(|&b| b == b'\t' || (32..127).contains(&b)) {
             std::str::from_utf8(value).ok()
         } else {
             None
         }
     }
+}
+
+/// The first value of `name` in `map`.
+#[inline]
+fn value_in<'a>(map: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
+    if map.len() > SCANNED_NAMES {
+        return map.get(name);
+    }
+    // Comparing a few names costs less than hashing one, and the scan that
+    // finds the name gives its value (issue 39: no hash for a consumer or a
+    // header a rule matches on). The first value of a name is the first
+    // the map yields with it. (`name` on the left: its kind is tested
+    // once, see `has_any`.) Bounded by the values, not the names: the scan
+    // visits each value, and a client may repeat one name hundreds of
+    // times.
+    map.iter().find(|&(k, _)| name == k).map(|(_, v)| v)
 }
 
 #[cfg(test)]
@@ -159,6 +170,37 @@ mod tests {
             Headers::Map(&map).get(&HeaderName::from_static("x-admin")),
             None
         );
+    }
+
+    /// A value as a string: visible ASCII (and tabs) only, from a map (by
+    /// `to_str`) or a raw head alike.
+    #[test]
+    fn a_value_is_a_string_when_it_is_visible_ascii() {
+        let name = HeaderName::from_static("x-gov-consumer");
+        let values: [(&[u8], Option<&str>); 5] = [
+            (b"crm", Some("crm")),
+            (b"a\tb ~", Some("a\tb ~")),
+            (b"", Some("")),
+            ("caf\u{e9}".as_bytes(), None),
+            (b"x\xff", None),
+        ];
+        for (value, want) in values {
+            for extra in [0, 20] {
+                let mut map = HeaderMap::new();
+                for i in 0..extra {
+                    let name = HeaderName::from_bytes(format!("x-h{i:02}").as_bytes()).unwrap();
+                    map.insert(name, HeaderValue::from_static("1"));
+                }
+                map.insert(&name, HeaderValue::from_bytes(value).unwrap());
+                assert_eq!(Headers::Map(&map).get_str(&name), want, "{value:?}");
+            }
+            let raw = [httparse::Header {
+                name: "X-Gov-Consumer",
+                value,
+            }];
+            assert_eq!(Headers::Raw(&raw).get_str(&name), want, "{value:?}");
+        }
+        assert_eq!(Headers::Map(&HeaderMap::new()).get_str(&name), None);
     }
 
     /// A gate of one name finds it in a scanned map, in a map with more

@@ -119,10 +119,20 @@ pub(crate) struct Pool<'a> {
     pub limit: &'a AtomicU32,
 }
 
+/// The most consumers a share looks up by a scan of their names; past
+/// that, by a map.
+const SCANNED: usize = 8;
+
 /// The share of one bulkhead: its classes and their counts.
 #[derive(Debug)]
 pub(crate) struct Share {
-    classes: HashMap<Box<str>, Class, FxBuild>,
+    /// The consumers the share names, by class: a call's is found by a
+    /// scan while they are few (issue 39: most names differ from the
+    /// call's in length, and the scan costs less than the name's hash).
+    names: Box<[Box<str>]>,
+    /// The classes by consumer, when the share names more than
+    /// [`SCANNED`].
+    classes: Option<HashMap<Box<str>, Class, FxBuild>>,
     /// By class; the last is `default`.
     weights: Box<[u32]>,
     counts: Mutex<Counts>,
@@ -141,14 +151,18 @@ struct Counts {
 impl Share {
     pub(crate) fn new(spec: &ShareSpec) -> Self {
         let n = spec.weights.len() + 1;
-        let mut weights = Vec::with_capacity(n);
-        let mut classes = HashMap::with_capacity_and_hasher(n, FxBuild::default());
-        for (i, (name, w)) in spec.weights.iter().enumerate() {
-            classes.insert(name.clone(), Class::try_from(i).unwrap_or(Class::MAX));
-            weights.push(*w);
-        }
+        let mut weights: Vec<u32> = spec.weights.iter().map(|&(_, w)| w).collect();
         weights.push(spec.default_weight);
+        let names: Box<[Box<str>]> = spec.weights.iter().map(|(n, _)| n.clone()).collect();
+        let classes = (names.len() > SCANNED).then(|| {
+            let mut classes = HashMap::with_capacity_and_hasher(n, FxBuild::default());
+            for (i, name) in names.iter().enumerate() {
+                classes.insert(name.clone(), Class::try_from(i).unwrap_or(Class::MAX));
+            }
+            classes
+        });
         Self {
+            names,
             classes,
             weights: weights.into(),
             counts: Mutex::new(Counts {
@@ -163,9 +177,16 @@ impl Share {
     #[inline]
     pub(crate) fn class(&self, consumer: Option<&str>) -> Class {
         let default = (self.weights.len() - 1) as Class;
-        consumer
-            .and_then(|c| self.classes.get(c).copied())
-            .unwrap_or(default)
+        let Some(consumer) = consumer else {
+            return default;
+        };
+        let class = match &self.classes {
+            Some(classes) => classes.get(consumer).copied(),
+            None => (self.names.iter())
+                .position(|name| **name == *consumer)
+                .map(|i| i as Class),
+        };
+        class.unwrap_or(default)
     }
 
     fn lock(&self) -> MutexGuard<'_, Counts> {
@@ -188,6 +209,30 @@ impl Share {
             (false, true) => c.active += w,
             (true, false) => c.active = c.active.saturating_sub(w),
             _ => {}
+        }
+    }
+
+    /// [`Share::count`] of a permit taken by class `i` (issue 39: no
+    /// signed counts, no second test of its activity).
+    #[inline]
+    fn count_taken(&self, c: &mut Counts, i: usize) {
+        let idle = c.in_use[i] == 0 && c.waiting[i] == 0;
+        c.in_use[i] = c.in_use[i].saturating_add(1);
+        if idle {
+            c.active += u64::from(self.weights[i]);
+        }
+    }
+
+    /// [`Share::count`] of a permit class `i` gives back.
+    #[inline]
+    fn count_given(&self, c: &mut Counts, i: usize) {
+        let held = c.in_use[i];
+        if held == 0 {
+            return;
+        }
+        c.in_use[i] = held - 1;
+        if held == 1 && c.waiting[i] == 0 {
+            c.active = c.active.saturating_sub(u64::from(self.weights[i]));
         }
     }
 
@@ -244,10 +289,13 @@ impl Share {
         }
         // Beyond its sure share, a call leaves the permits kept free.
         let free = u64::from(limit) - (state & IN_USE);
-        if !self.sure(c, i, limit) && free <= self.kept_free(c, i, limit) {
+        let sure = self.sure(c, i, limit);
+        if !sure && free <= self.kept_free(c, i, limit) {
             return false;
         }
-        let allowed = if self.within(c, i, 1, limit) {
+        // A call sure of its permit is within its share (issue 39: not
+        // computed again).
+        let allowed = if sure || self.within(c, i, 1, limit) {
             // Not ahead of a waiter of its own class.
             waiter || c.waiting[i] == 0
         } else if waiter {
@@ -258,7 +306,7 @@ impl Share {
         if !allowed || !take(pool.state, limit) {
             return false;
         }
-        self.count(c, i, 1, 0);
+        self.count_taken(c, i);
         true
     }
 
@@ -324,7 +372,7 @@ impl Share {
         let i = self.idx(class);
         let waiters = {
             let mut c = self.lock();
-            self.count(&mut c, i, -1, 0);
+            self.count_given(&mut c, i);
             pool.state.fetch_sub(1, Release) >> 32
         };
         if waiters > 0 {
@@ -432,6 +480,82 @@ mod tests {
         assert_eq!(s.class(Some("CRM")), 2, "names are exact");
         assert_eq!(s.class(Some("")), 2);
         assert_eq!(s.class(None), 2);
+    }
+
+    /// A share of many consumers finds their classes by a map, of few by
+    /// a scan: the same classes.
+    #[test]
+    fn classes_are_found_by_a_scan_or_a_map() {
+        for n in [1, SCANNED, SCANNED + 1, MAX_CONSUMERS] {
+            let s = Share::new(&ShareSpec {
+                weights: (0..n).map(|i| (format!("c{i}").into(), 1)).collect(),
+                default_weight: 1,
+            });
+            assert_eq!(s.classes.is_some(), n > SCANNED);
+            for i in 0..n {
+                assert_eq!(usize::from(s.class(Some(&format!("c{i}")))), i);
+            }
+            for other in [None, Some(""), Some("c"), Some("C0"), Some("c0 ")] {
+                assert_eq!(usize::from(s.class(other)), n, "{other:?}");
+            }
+        }
+    }
+
+    /// A class sure of one more permit is within its share ([`Share::admit`]
+    /// tests only the first then), and the counts of a permit taken or given
+    /// back are [`Share::count`]'s.
+    #[test]
+    fn a_sure_class_is_within_its_share_and_counts_are_counts() {
+        let s = share();
+        let n = [0, 1, 2, 3, 7, u32::MAX - 1, u32::MAX];
+        for (in_use, waiting, other, limit) in
+            product(&n, &n, &[0, 1, 5], &[0, 1, 2, 4, 10, 1000, u32::MAX])
+        {
+            let counts = |in_use, waiting| {
+                let mut c = Counts {
+                    in_use: vec![0; 3].into(),
+                    waiting: vec![0; 3].into(),
+                    active: 0,
+                };
+                s.count(&mut c, 2, 0, i32::try_from(other).unwrap());
+                s.count(&mut c, 1, in_use, waiting);
+                c
+            };
+            let sat = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+            let c = counts(sat(in_use), sat(waiting));
+            if s.sure(&c, 1, limit) {
+                assert!(s.within(&c, 1, 1, limit), "{in_use} {waiting} {limit}");
+            }
+            for (delta, mut fast) in [(1, counts(sat(in_use), sat(waiting))), (-1, c)] {
+                let mut slow = counts(sat(in_use), sat(waiting));
+                s.count(&mut slow, 1, delta, 0);
+                if delta > 0 {
+                    s.count_taken(&mut fast, 1);
+                } else {
+                    s.count_given(&mut fast, 1);
+                }
+                assert_eq!(
+                    (fast.in_use, fast.waiting, fast.active),
+                    (slow.in_use, slow.waiting, slow.active),
+                    "{delta}: {in_use} {waiting} {other}"
+                );
+            }
+        }
+    }
+
+    /// Every tuple of the four lists.
+    fn product<'a>(
+        a: &'a [u32],
+        b: &'a [u32],
+        c: &'a [u32],
+        d: &'a [u32],
+    ) -> impl Iterator<Item = (u32, u32, u32, u32)> + 'a {
+        a.iter().flat_map(move |&a| {
+            b.iter().flat_map(move |&b| {
+                c.iter()
+                    .flat_map(move |&c| d.iter().map(move |&d| (a, b, c, d)))
+            })
+        })
     }
 
     #[test]
