@@ -1981,29 +1981,35 @@ mod tests {
     #[test]
     fn a_paced_limit_counted_at_once_is_exact_across_threads() {
         let w = Duration::from_secs(1);
-        let cases: [(Algorithm, u64, u64); 7] = [
-            (Algorithm::SlidingWindow, 1, 0),
-            (Algorithm::SlidingWindow, 10, 6),
-            (Algorithm::SlidingWindow, 1000, 0),
-            (Algorithm::SlidingWindow, 1000, 700),
-            (Algorithm::TokenBucket { burst: 1 }, 10, 0),
-            (Algorithm::TokenBucket { burst: 7 }, 10, 0),
-            (Algorithm::TokenBucket { burst: 500 }, 1000, 0),
+        // Small amounts in many rounds: threads let go at once race for
+        // the last call of the window.
+        let cases: [(Algorithm, u64, u64, u64); 10] = [
+            (Algorithm::SlidingWindow, 1, 0, 150),
+            (Algorithm::SlidingWindow, 3, 1, 150),
+            (Algorithm::SlidingWindow, 10, 6, 30),
+            (Algorithm::SlidingWindow, 1000, 0, 3),
+            (Algorithm::SlidingWindow, 1000, 700, 3),
+            (Algorithm::TokenBucket { burst: 1 }, 10, 0, 150),
+            (Algorithm::TokenBucket { burst: 2 }, 10, 0, 150),
+            (Algorithm::TokenBucket { burst: 7 }, 10, 0, 30),
+            (Algorithm::TokenBucket { burst: 500 }, 1000, 0, 3),
+            (Algorithm::SlidingWindow, 2, 0, 150),
         ];
-        for (algorithm, amount, previous) in cases {
-            for round in 0..3u64 {
-                let l = limit_with(algorithm, amount, w);
+        for (algorithm, amount, previous, rounds) in cases {
+            for round in 0..rounds {
+                let mut l = limit_with(algorithm, amount, w);
                 let mut general = limit_with(algorithm, amount, w);
+                // An epoch well after the clock's base, at no whole window.
+                shift_epoch(&mut l, 5_000_000_123_457);
+                shift_epoch(&mut general, 5_000_000_123_457);
                 general.plain = None;
                 general.paced = None;
                 assert!(l.paced.is_some());
                 // Window 5 (or one wrapped past 2^32), a third of it gone.
-                let number: u64 = [5, 1 << 32 | 5, 0xffff_ffff][round as usize];
-                let Some(since) = number.checked_mul(1_000_000_000) else {
-                    continue;
-                };
-                let now = Now::from_ns(l.epoch_ns + since + 333_333_333);
-                let general_now = Now::from_ns(general.epoch_ns + since + 333_333_333);
+                let number: u64 = [5, 1 << 32 | 5, 0xffff_ffff][round as usize % 3];
+                let since = number * 1_000_000_000 + 333_333_333;
+                let now = Now::from_ns(l.epoch_ns + since);
+                let general_now = Now::from_ns(general.epoch_ns + since);
                 if previous > 0 {
                     for c in [&l.single, &general.single] {
                         c.calls.store(pack(number - 1, previous), Relaxed);
@@ -2015,9 +2021,11 @@ mod tests {
                     assert!(want <= amount + previous, "{algorithm:?}");
                 }
                 let granted = std::sync::atomic::AtomicU64::new(0);
+                let start = std::sync::Barrier::new(8);
                 std::thread::scope(|s| {
                     for _ in 0..8 {
                         s.spawn(|| {
+                            start.wait();
                             for _ in 0..(amount + 50) / 4 + 10 {
                                 if own(&l, now).is_ok() {
                                     granted.fetch_add(1, Relaxed);
@@ -2033,6 +2041,56 @@ mod tests {
                 assert_eq!(words(&l.single), words(&general.single), "{ctx}");
             }
         }
+    }
+
+    /// The last call of a window, raced for by threads let go at once (a
+    /// spin, not a lock, so they start together), is admitted once: a
+    /// call counted at once is counted by a compare-exchange of the word
+    /// it read, never an add (or a bucket's move) after a test of a word
+    /// another call has counted since (issue 39).
+    #[test]
+    fn the_last_call_counted_at_once_is_admitted_once() {
+        use std::sync::atomic::AtomicUsize;
+        let threads = 4;
+        for (algorithm, amount) in [
+            (Algorithm::SlidingWindow, 2),
+            (Algorithm::TokenBucket { burst: 2 }, 10),
+        ] {
+            for round in 0..1_500 {
+                let l = limit_with(algorithm, amount, Duration::from_secs(1));
+                let now = Now::from_ns(l.epoch_ns + 7_000_000_000);
+                // The window's first call (a sliding one's rolls the word
+                // the exact way): one left.
+                assert!(own(&l, now).is_ok());
+                let (ready, granted) = (AtomicUsize::new(0), AtomicUsize::new(0));
+                std::thread::scope(|s| {
+                    for _ in 0..threads {
+                        s.spawn(|| {
+                            ready.fetch_add(1, Relaxed);
+                            let mut spins = 0u32;
+                            while ready.load(Relaxed) < threads {
+                                spins += 1;
+                                if spins.is_multiple_of(4096) {
+                                    std::thread::yield_now();
+                                }
+                                std::hint::spin_loop();
+                            }
+                            granted.fetch_add(usize::from(own(&l, now).is_ok()), Relaxed);
+                        });
+                    }
+                });
+                assert_eq!(granted.into_inner(), 1, "{algorithm:?} round {round}");
+            }
+        }
+    }
+
+    /// Moves a limit's epoch `by` nanoseconds on (its windows' numbers
+    /// counted from there), and sets it up again.
+    fn shift_epoch(l: &mut Limit, by: u64) {
+        l.epoch += Duration::from_nanos(by);
+        l.epoch_ns += by;
+        l.epoch_now = Now::from_ns(l.epoch_ns);
+        l.set_plain();
     }
 
     /// A paced limit's own call (counted at once where it fits, issue 39)
@@ -2057,10 +2115,12 @@ mod tests {
                     let (mut l, _rx) = limit(Some(amount), None, Some(ReleaseSpec::Manual));
                     l.spec.algorithm = algorithm;
                     l.spec.calls = Some(RateSpec { amount, window: w });
-                    l.set_plain();
+                    // An epoch after the clock's base, at no whole window.
+                    let shift = 5_000_000_123_457 + w_ms * 333_333;
+                    shift_epoch(&mut l, shift);
                     let (mut general, _rx2) = limit(Some(amount), None, Some(ReleaseSpec::Manual));
                     general.spec = l.spec.clone();
-                    general.set_plain();
+                    shift_epoch(&mut general, shift);
                     general.plain = None;
                     general.paced = None;
                     let sliding = algorithm == Algorithm::SlidingWindow;
@@ -2088,7 +2148,19 @@ mod tests {
                         let number = since.unwrap_or(0) / w_ns;
                         // The words: kept from the last call most times, set.
                         if x >> 60 < 6 {
-                            let back = [0, 1, 2, u64::MAX, 1 << 32][(x >> 4) as usize % 5];
+                            // And the windows the epoch's distance from the
+                            // clock's base (or two) puts ahead: counted as
+                            // ahead, not as now.
+                            let ahead = l.epoch_ns / w_ns + (x >> 10) % 2;
+                            let back = [
+                                0,
+                                1,
+                                2,
+                                u64::MAX,
+                                1 << 32,
+                                ahead.wrapping_neg(),
+                                u64::MAX - 1,
+                            ][(x >> 4) as usize % 7];
                             let win = number.wrapping_sub(back);
                             let count = match (x >> 24) % 5 {
                                 0 => (x >> 32) % 4,
@@ -2103,7 +2175,12 @@ mod tests {
                                 _ => x >> 42,
                             };
                             let pwin = win.wrapping_sub([1, 0, 2, 7][(x >> 50) as usize % 4]);
-                            let (calls, previous) = if sliding {
+                            // A count at the word's top, none before it.
+                            let top = [(0xffff_ffff, 0), (0xffff_fffe, 0), (0xffff_fffe, 1)];
+                            let (calls, previous) = if sliding && (x >> 56) % 8 == 0 {
+                                let (count, pc) = top[(x >> 20) as usize % 3];
+                                (pack(number, count), pack(number.wrapping_sub(1), pc))
+                            } else if sliding {
                                 (pack(win, count), pack(pwin, pc))
                             } else {
                                 let t = since.unwrap_or(0) + w_ns * ((x >> 24) % 4);
