@@ -2000,8 +2000,8 @@ mod tests {
                 let mut l = limit_with(algorithm, amount, w);
                 let mut general = limit_with(algorithm, amount, w);
                 // An epoch well after the clock's base, at no whole window.
-                shift_epoch(&mut l, 5_000_000_123_457);
-                shift_epoch(&mut general, 5_000_000_123_457);
+                set_epoch(&mut l, 5_000_000_123_457);
+                set_epoch(&mut general, 5_000_000_123_457);
                 general.plain = None;
                 general.paced = None;
                 assert!(l.paced.is_some());
@@ -2084,12 +2084,12 @@ mod tests {
         }
     }
 
-    /// Moves a limit's epoch `by` nanoseconds on (its windows' numbers
-    /// counted from there), and sets it up again.
-    fn shift_epoch(l: &mut Limit, by: u64) {
-        l.epoch += Duration::from_nanos(by);
-        l.epoch_ns += by;
-        l.epoch_now = Now::from_ns(l.epoch_ns);
+    /// Puts a limit's epoch `ns` after the clock's base (its windows'
+    /// numbers and a bucket's arrival times counted from there), and sets
+    /// it up again.
+    fn set_epoch(l: &mut Limit, ns: u64) {
+        l.epoch_ns = ns;
+        l.epoch_now = Now::from_ns(ns);
         l.set_plain();
     }
 
@@ -2115,12 +2115,16 @@ mod tests {
                     let (mut l, _rx) = limit(Some(amount), None, Some(ReleaseSpec::Manual));
                     l.spec.algorithm = algorithm;
                     l.spec.calls = Some(RateSpec { amount, window: w });
-                    // An epoch after the clock's base, at no whole window.
-                    let shift = 5_000_000_123_457 + w_ms * 333_333;
-                    shift_epoch(&mut l, shift);
+                    // An epoch at no whole window after the clock's base:
+                    // 3.5 windows (the base's time in the window's range
+                    // too), or 83 minutes.
+                    let w_ns = w_ms * MS;
+                    let epoch =
+                        [3 * w_ns + w_ns / 2 + 12_345, 5_000_000_123_457][amount as usize % 2];
+                    set_epoch(&mut l, epoch);
                     let (mut general, _rx2) = limit(Some(amount), None, Some(ReleaseSpec::Manual));
                     general.spec = l.spec.clone();
-                    shift_epoch(&mut general, shift);
+                    set_epoch(&mut general, epoch);
                     general.plain = None;
                     general.paced = None;
                     let sliding = algorithm == Algorithm::SlidingWindow;
@@ -2132,7 +2136,6 @@ mod tests {
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;
-                        let w_ns = w_ms * MS;
                         let since = match x % 16 {
                             0 => None,
                             1 => Some((x >> 8) % 3 * w_ns),
@@ -2143,7 +2146,9 @@ mod tests {
                         };
                         let at = |l: &Limit| match since {
                             Some(s) => Now::from_ns(l.epoch_ns + s),
-                            None => Now::from_ns(l.epoch_ns - 1 - (x >> 8) % (5 * w_ns)),
+                            None => {
+                                Now::from_ns(l.epoch_ns.saturating_sub(1 + (x >> 8) % (5 * w_ns)))
+                            }
                         };
                         let number = since.unwrap_or(0) / w_ns;
                         // The words: kept from the last call most times, set.
