@@ -2182,7 +2182,7 @@ mod tests {
                             let pwin = win.wrapping_sub([1, 0, 2, 7][(x >> 50) as usize % 4]);
                             // A count at the word's top, none before it.
                             let top = [(0xffff_ffff, 0), (0xffff_fffe, 0), (0xffff_fffe, 1)];
-                            let (calls, previous) = if sliding && (x >> 56) % 8 == 0 {
+                            let (calls, previous) = if sliding && (x >> 56).is_multiple_of(8) {
                                 let (count, pc) = top[(x >> 20) as usize % 3];
                                 (pack(number, count), pack(number.wrapping_sub(1), pc))
                             } else if sliding {
@@ -2211,7 +2211,9 @@ mod tests {
                         ] {
                             assert_eq!(a.load(Relaxed), b.load(Relaxed), "{ctx}");
                         }
-                        if l.single.engaged_until.load(Relaxed) != NOT_ENGAGED && x % 3 == 0 {
+                        if l.single.engaged_until.load(Relaxed) != NOT_ENGAGED
+                            && x.is_multiple_of(3)
+                        {
                             assert_eq!(l.release("op", None), general.release("op", None));
                             // A fresh count of the wall clock's window: the
                             // general way's as the limit's.
