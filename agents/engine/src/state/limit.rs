@@ -1959,4 +1959,299 @@ mod tests {
         assert!(!at(&l, Class::Critical), "the window is used up");
         assert!(l.is_engaged(&l.single, l.now_ms(Instant::now())));
     }
+
+    /// A paced limit's own call ([`Limit::try_acquire_own`], counted at
+    /// once where it fits, issue 39), as an answer of the general way.
+    fn own(l: &Limit, now: Now) -> Result<Grant, (RejectReason, Option<Duration>)> {
+        match l.try_acquire_own(now) {
+            Ok(()) => Ok(Grant::default()),
+            Err(Answer::Granted(grant)) => Ok(grant),
+            Err(Answer::Refused(reason, retry)) => Err((reason, retry)),
+            Err(Answer::Wait(d)) => panic!("a local limit waits {d:?}"),
+        }
+    }
+
+    /// A sliding window or token bucket admits exactly what the old way
+    /// admits when 8 threads race for its own counter at one time, with
+    /// a previous window's count weighing on the sliding one (issue 39:
+    /// the calls counted at once add to the count of the word they read,
+    /// by a compare-exchange, and stop where the count and the previous
+    /// window's reach the amount; the rest go the exact way), and leaves
+    /// the same words.
+    #[test]
+    fn a_paced_limit_counted_at_once_is_exact_across_threads() {
+        let w = Duration::from_secs(1);
+        // Small amounts in many rounds: threads let go at once race for
+        // the last call of the window.
+        let cases: [(Algorithm, u64, u64, u64); 10] = [
+            (Algorithm::SlidingWindow, 1, 0, 150),
+            (Algorithm::SlidingWindow, 3, 1, 150),
+            (Algorithm::SlidingWindow, 10, 6, 30),
+            (Algorithm::SlidingWindow, 1000, 0, 3),
+            (Algorithm::SlidingWindow, 1000, 700, 3),
+            (Algorithm::TokenBucket { burst: 1 }, 10, 0, 150),
+            (Algorithm::TokenBucket { burst: 2 }, 10, 0, 150),
+            (Algorithm::TokenBucket { burst: 7 }, 10, 0, 30),
+            (Algorithm::TokenBucket { burst: 500 }, 1000, 0, 3),
+            (Algorithm::SlidingWindow, 2, 0, 150),
+        ];
+        for (algorithm, amount, previous, rounds) in cases {
+            for round in 0..rounds {
+                let mut l = limit_with(algorithm, amount, w);
+                let mut general = limit_with(algorithm, amount, w);
+                // An epoch well after the clock's base, at no whole window.
+                set_epoch(&mut l, 5_000_000_123_457);
+                set_epoch(&mut general, 5_000_000_123_457);
+                general.plain = None;
+                general.paced = None;
+                assert!(l.paced.is_some());
+                // Window 5 (or one wrapped past 2^32), a third of it gone.
+                let number: u64 = [5, 1 << 32 | 5, 0xffff_ffff][round as usize % 3];
+                let since = number * 1_000_000_000 + 333_333_333;
+                let now = Now::from_ns(l.epoch_ns + since);
+                let general_now = Now::from_ns(general.epoch_ns + since);
+                if previous > 0 {
+                    for c in [&l.single, &general.single] {
+                        c.calls.store(pack(number - 1, previous), Relaxed);
+                    }
+                }
+                let mut want = 0;
+                while own(&general, general_now).is_ok() {
+                    want += 1;
+                    assert!(want <= amount + previous, "{algorithm:?}");
+                }
+                let granted = std::sync::atomic::AtomicU64::new(0);
+                let start = std::sync::Barrier::new(8);
+                std::thread::scope(|s| {
+                    for _ in 0..8 {
+                        s.spawn(|| {
+                            start.wait();
+                            for _ in 0..(amount + 50) / 4 + 10 {
+                                if own(&l, now).is_ok() {
+                                    granted.fetch_add(1, Relaxed);
+                                }
+                            }
+                        });
+                    }
+                });
+                let ctx = format!("{algorithm:?} {amount} {previous} window {number}");
+                assert!(want > 0, "{ctx}");
+                assert_eq!(granted.into_inner(), want, "{ctx}");
+                let words = |c: &LimitCell| (c.calls.load(Relaxed), c.previous.load(Relaxed));
+                assert_eq!(words(&l.single), words(&general.single), "{ctx}");
+            }
+        }
+    }
+
+    /// The last call of a window, raced for by threads let go at once (a
+    /// spin, not a lock, so they start together), is admitted once: a
+    /// call counted at once is counted by a compare-exchange of the word
+    /// it read, never an add (or a bucket's move) after a test of a word
+    /// another call has counted since (issue 39).
+    #[test]
+    fn the_last_call_counted_at_once_is_admitted_once() {
+        use std::sync::atomic::AtomicUsize;
+        let threads = 4;
+        for (algorithm, amount) in [
+            (Algorithm::SlidingWindow, 2),
+            (Algorithm::TokenBucket { burst: 2 }, 10),
+        ] {
+            for round in 0..1_500 {
+                let l = limit_with(algorithm, amount, Duration::from_secs(1));
+                let now = Now::from_ns(l.epoch_ns + 7_000_000_000);
+                // The window's first call (a sliding one's rolls the word
+                // the exact way): one left.
+                assert!(own(&l, now).is_ok());
+                let (ready, granted) = (AtomicUsize::new(0), AtomicUsize::new(0));
+                std::thread::scope(|s| {
+                    for _ in 0..threads {
+                        s.spawn(|| {
+                            ready.fetch_add(1, Relaxed);
+                            let mut spins = 0u32;
+                            while ready.load(Relaxed) < threads {
+                                spins += 1;
+                                if spins.is_multiple_of(4096) {
+                                    std::thread::yield_now();
+                                }
+                                std::hint::spin_loop();
+                            }
+                            granted.fetch_add(usize::from(own(&l, now).is_ok()), Relaxed);
+                        });
+                    }
+                });
+                assert_eq!(granted.into_inner(), 1, "{algorithm:?} round {round}");
+            }
+        }
+    }
+
+    /// Puts a limit's epoch `ns` after the clock's base (its windows'
+    /// numbers and a bucket's arrival times counted from there), and sets
+    /// it up again.
+    fn set_epoch(l: &mut Limit, ns: u64) {
+        l.epoch_ns = ns;
+        l.epoch_now = Now::from_ns(ns);
+        l.set_plain();
+    }
+
+    /// A paced limit's own call (counted at once where it fits, issue 39)
+    /// admits and refuses as the general way does, with the same
+    /// `Retry-After`, and leaves the same words, from whatever its words
+    /// held: counts of this window, the one before, two before, one
+    /// ahead and one 2^32 windows back, near the amount and the 32 bits of
+    /// a count, at a window's edges and before the epoch; engaged (a
+    /// latch of the general way), released (a fresh count), and again.
+    #[test]
+    fn a_paced_limit_counted_at_once_decides_as_the_general_way() {
+        const MS: u64 = 1_000_000;
+        let mut checked = 0u64;
+        for algorithm in [
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket { burst: 1 },
+            Algorithm::TokenBucket { burst: 3 },
+        ] {
+            for w_ms in [1u64, 7, 1000] {
+                for amount in [0u64, 1, 3, 10, 0xffff_fffe, 1 << 32] {
+                    let w = Duration::from_millis(w_ms);
+                    let (mut l, _rx) = limit(Some(amount), None, Some(ReleaseSpec::Manual));
+                    l.spec.algorithm = algorithm;
+                    l.spec.calls = Some(RateSpec { amount, window: w });
+                    // An epoch at no whole window after the clock's base:
+                    // 3.5 windows (the base's time in the window's range
+                    // too), or 83 minutes.
+                    let w_ns = w_ms * MS;
+                    let epoch =
+                        [3 * w_ns + w_ns / 2 + 12_345, 5_000_000_123_457][amount as usize % 2];
+                    set_epoch(&mut l, epoch);
+                    let (mut general, _rx2) = limit(Some(amount), None, Some(ReleaseSpec::Manual));
+                    general.spec = l.spec.clone();
+                    set_epoch(&mut general, epoch);
+                    general.plain = None;
+                    general.paced = None;
+                    let sliding = algorithm == Algorithm::SlidingWindow;
+                    if sliding {
+                        assert!(matches!(l.paced, Some(Paced::SlidingPlain(_))));
+                    }
+                    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ amount ^ w_ms;
+                    for i in 0..3_000u64 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let since = match x % 16 {
+                            0 => None,
+                            1 => Some((x >> 8) % 3 * w_ns),
+                            2 => Some(((x >> 8) % 40 + 1) * w_ns - 1),
+                            3 => Some((1 << 32) * w_ns + (x >> 8) % w_ns),
+                            4 => Some(0xffff_ffff * w_ns + (x >> 8) % (2 * w_ns)),
+                            _ => Some(i * w_ns / 3 + (x >> 8) % w_ns),
+                        };
+                        let at = |l: &Limit| match since {
+                            Some(s) => Now::from_ns(l.epoch_ns + s),
+                            None => {
+                                Now::from_ns(l.epoch_ns.saturating_sub(1 + (x >> 8) % (5 * w_ns)))
+                            }
+                        };
+                        let number = since.unwrap_or(0) / w_ns;
+                        // The words: kept from the last call most times, set.
+                        if x >> 60 < 6 {
+                            // And the windows the epoch's distance from the
+                            // clock's base (or two) puts ahead: counted as
+                            // ahead, not as now.
+                            let ahead = l.epoch_ns / w_ns + (x >> 10) % 2;
+                            let back = [
+                                0,
+                                1,
+                                2,
+                                u64::MAX,
+                                1 << 32,
+                                ahead.wrapping_neg(),
+                                u64::MAX - 1,
+                            ][(x >> 4) as usize % 7];
+                            let win = number.wrapping_sub(back);
+                            let count = match (x >> 24) % 5 {
+                                0 => (x >> 32) % 4,
+                                1 => amount.saturating_sub((x >> 32) % 4),
+                                2 => 0xffff_ffff - (x >> 32) % 3,
+                                3 => (x >> 32) % 12,
+                                _ => x >> 33,
+                            };
+                            let pc = match (x >> 40) % 3 {
+                                0 => (x >> 42) % 12,
+                                1 => amount.saturating_sub((x >> 42) % 4),
+                                _ => x >> 42,
+                            };
+                            let pwin = win.wrapping_sub([1, 0, 2, 7][(x >> 50) as usize % 4]);
+                            // A count at the word's top, none before it.
+                            let top = [(0xffff_ffff, 0), (0xffff_fffe, 0), (0xffff_fffe, 1)];
+                            let (calls, previous) = if sliding && (x >> 56).is_multiple_of(8) {
+                                let (count, pc) = top[(x >> 20) as usize % 3];
+                                (pack(number, count), pack(number.wrapping_sub(1), pc))
+                            } else if sliding {
+                                (pack(win, count), pack(pwin, pc))
+                            } else {
+                                let t = since.unwrap_or(0) + w_ns * ((x >> 24) % 4);
+                                (t - (x >> 30) % (2 * w_ns).min(t + 1), 0)
+                            };
+                            for c in [&l.single, &general.single] {
+                                c.calls.store(calls, Relaxed);
+                                c.previous.store(previous, Relaxed);
+                            }
+                        }
+                        let ctx = format!(
+                            "{algorithm:?} {w_ms} ms {amount}, call {i} at {since:?}, words {:#x} {:#x}",
+                            l.single.calls.load(Relaxed),
+                            l.single.previous.load(Relaxed)
+                        );
+                        let got = own(&l, at(&l));
+                        let want = own(&general, at(&general));
+                        assert_eq!(got, want, "{ctx}");
+                        for (a, b) in [
+                            (&l.single.calls, &general.single.calls),
+                            (&l.single.previous, &general.single.previous),
+                            (&l.single.engaged_until, &general.single.engaged_until),
+                        ] {
+                            assert_eq!(a.load(Relaxed), b.load(Relaxed), "{ctx}");
+                        }
+                        if l.single.engaged_until.load(Relaxed) != NOT_ENGAGED
+                            && x.is_multiple_of(3)
+                        {
+                            assert_eq!(l.release("op", None), general.release("op", None));
+                            // A fresh count of the wall clock's window: the
+                            // general way's as the limit's.
+                            for (a, b) in [
+                                (&l.single.calls, &general.single.calls),
+                                (&l.single.previous, &general.single.previous),
+                            ] {
+                                b.store(a.load(Relaxed), Relaxed);
+                            }
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked >= 50_000, "{checked}");
+    }
+
+    /// Under `scale with warmup` a sliding window or token bucket is not
+    /// paced, so no call of it is counted at once (issue 39): at a tenth
+    /// of its weight its own calls admit a tenth of the amount.
+    #[test]
+    fn a_warming_paced_limit_is_not_counted_at_once() {
+        for algorithm in [
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket { burst: 10 },
+        ] {
+            let (mut l, _rx) = limit(Some(10), None, None);
+            l.spec.algorithm = algorithm;
+            l.spec.warmup_scale = true;
+            let weight = Weight::default();
+            weight.set(crate::weight::FULL_WEIGHT / 10);
+            l.weight = Some(weight);
+            l.set_plain();
+            assert!(l.paced.is_none() && l.plain.is_none(), "{algorithm:?}");
+            let now = Now::from_ns(l.epoch_ns + 3_000_000_000);
+            let granted = (0..20).filter(|_| own(&l, now).is_ok()).count();
+            assert_eq!(granted, 1, "{algorithm:?}");
+        }
+    }
 }
