@@ -1,20 +1,25 @@
 //! Division by a divisor fixed when a rule is built (a window's or a
-//! bucket's milliseconds) as a multiply by its reciprocal (issue 39: a
-//! `div` costs tens of cycles, twice on every governed call), exact.
+//! bucket's length) as a multiply by its reciprocal (issue 39: a `div`
+//! costs tens of cycles, twice on every governed call), exact.
 //!
-//! With `m = floor((2^64 - 1) / d) + 1`, `2^64 / d <= m < 2^64 / d + 1`, so
-//! `n * m / 2^64` lies in `[n / d, n / d + n / 2^64)`: its floor is
-//! `floor(n / d)` whenever `n / 2^64 < 1 / d`, that is `n * d < 2^64`
-//! (`n <= floor((2^64 - 1) / d)`). Any larger `n` is divided.
+//! For `d` of `l = ceil(log2 d)` bits and `m = ceil(2^(63 + l) / d)` (below
+//! 2^64), `floor(n / d) = floor(n * m / 2^(63 + l))` for every `n` below
+//! 2^63 (Granlund and Montgomery, "Division by invariant integers using
+//! multiplication", 1994, theorem 4.2: `m * d - 2^(63 + l) < d <= 2^l`). So
+//! the high word of one multiply, shifted right by `l - 1`, divides any `n`
+//! below 2^63 (292 years of nanoseconds since a rule's epoch); a larger `n`
+//! (a time before the epoch, wrapped) is left to the caller.
 
 /// A divisor and its reciprocal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Divisor {
     d: u64,
-    /// `floor((2^64 - 1) / d) + 1` (0 for `d` = 1, which `max` = 0 keeps
-    /// off the multiply but for `n` = 0).
+    /// `ceil(2^(63 + l) / d)` (0 for `d` = 1, which `max` = 0 keeps off
+    /// the multiply but for `n` = 0).
     m: u64,
-    /// The largest `n` the multiply divides exactly: `floor((2^64 - 1) / d)`.
+    /// `l - 1`: the shift of the multiply's high word.
+    shift: u32,
+    /// The largest `n` [`Divisor::div_near`] divides: 2^63 - 1.
     max: u64,
 }
 
@@ -23,10 +28,22 @@ impl Divisor {
     pub(crate) fn new(d: u64) -> Self {
         let d = d.max(1);
         if d == 1 {
-            return Self { d, m: 0, max: 0 };
+            return Self {
+                d,
+                m: 0,
+                shift: 0,
+                max: 0,
+            };
         }
-        let max = u64::MAX / d;
-        Self { d, m: max + 1, max }
+        let l = u64::BITS - (d - 1).leading_zeros();
+        let m = ((1u128 << (63 + l)) + u128::from(d) - 1) / u128::from(d);
+        Self {
+            d,
+            // Below 2^64 for any `d` of 2 or more (the module's doc).
+            m: u64::try_from(m).unwrap_or(u64::MAX),
+            shift: l - 1,
+            max: (1 << 63) - 1,
+        }
     }
 
     /// The divisor.
@@ -42,11 +59,14 @@ impl Divisor {
     }
 
     /// `n / d` by the multiply alone: `None` for an `n` past its range
-    /// (above `floor((2^64 - 1) / d)`, none at all for `d` = 1), which a
-    /// caller sends to its slow path with no division inline (issue 39).
+    /// (2^63 or more: a time before a rule's epoch, wrapped; none at all
+    /// for `d` = 1), which a caller sends to its slow path with no division
+    /// inline (issue 39). Its range was `n * d < 2^64` before, 18 seconds of
+    /// nanoseconds for a window of one second: a limit older than that took
+    /// its slow path on every call.
     #[inline]
     pub(crate) fn div_near(self, n: u64) -> Option<u64> {
-        (n <= self.max).then(|| ((u128::from(n) * u128::from(self.m)) >> 64) as u64)
+        (n <= self.max).then(|| (((u128::from(n) * u128::from(self.m)) >> 64) as u64) >> self.shift)
     }
 }
 
@@ -85,6 +105,27 @@ mod tests {
                 assert_eq!(v.div(n), n / d, "{n} / {d}");
             }
         }
+        // The multiply's range: every `n` below 2^63, whatever `d`.
+        for &d in &divisors[1..] {
+            let v = Divisor::new(d);
+            let top = (1u64 << 63) - 1;
+            let edges = [top, top - 1, top / d * d, top / d * d - 1, u64::MAX / d + 1];
+            let edges = edges.into_iter().filter(|&n| n <= top);
+            for n in edges.chain(ns.iter().map(|&n| n & top)) {
+                assert_eq!(v.div_near(n), Some(n / d), "{n} / {d}");
+            }
+            for n in [1 << 63, u64::MAX] {
+                assert_eq!(v.div_near(n), None, "{n} / {d}");
+            }
+        }
+        // A window of one second in nanoseconds, a year after its epoch.
+        let year_ns = 365 * 24 * 3600 * 1_000_000_000u64;
+        assert_eq!(
+            Divisor::new(1_000_000_000).div_near(year_ns),
+            Some(365 * 24 * 3600)
+        );
+        let huge = Divisor::new((1 << 63) + 5);
+        assert_eq!((huge.div_near(1), huge.div(u64::MAX)), (Some(0), 1));
         assert_eq!(Divisor::new(0).div(5), 5);
         assert_eq!(Divisor::new(1).div_near(0), Some(0));
         assert_eq!(Divisor::new(1).div_near(1), None);
