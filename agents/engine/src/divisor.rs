@@ -36,7 +36,7 @@ impl Divisor {
             };
         }
         let l = u64::BITS - (d - 1).leading_zeros();
-        let m = ((1u128 << (63 + l)) + u128::from(d) - 1) / u128::from(d);
+        let m = (1u128 << (63 + l)).div_ceil(u128::from(d));
         Self {
             d,
             // Below 2^64 for any `d` of 2 or more (the module's doc).
